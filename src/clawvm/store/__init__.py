@@ -1,0 +1,34 @@
+"""Storage engines behind one contract (:class:`Store`), chosen by URL.
+
+``memory://`` is the in-process reference engine; ``sqlite:///path/to/file.db`` (or a plain path) is the
+embedded default. Opening by URL does no I/O: call ``setup()`` (the Harness does).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlparse
+
+from ..errors import ConfigError
+from .base import Edge, Event, Query, QueryResult, Store
+from .memory import MemoryStore
+from .sqlite import SQLiteStore
+
+__all__ = ["Edge", "Event", "MemoryStore", "Query", "QueryResult", "SQLiteStore", "Store", "store_from_url"]
+
+
+def store_from_url(target: str | Path, dim: int = 384) -> Store:
+    """An engine for ``target``: ``memory://``, ``sqlite:///abs/path``, ``sqlite://rel/path`` or a path."""
+    if isinstance(target, Path):
+        return SQLiteStore(target, dim=dim)
+    if "://" not in target:
+        return SQLiteStore(target, dim=dim)
+    url = urlparse(target)
+    if url.scheme == "memory":
+        return MemoryStore(dim=dim)
+    if url.scheme in ("sqlite", "file"):
+        path = url.netloc + url.path
+        if not path:
+            raise ConfigError(f"store URL {target!r} names no file: use sqlite:///path/to/memories.db")
+        return SQLiteStore(path, dim=dim)
+    raise ConfigError(f"unknown store URL scheme {url.scheme!r} in {target!r}: use memory:// or sqlite:///PATH")

@@ -1,0 +1,178 @@
+"""The storage contract every engine implements.
+
+An engine implements the handful of abstract methods below; everything else (``get``, ``put``,
+``delete``, ``count`` ...) is built once on top of them here. Engines translate their driver's errors
+into :mod:`clawvm.errors` at this boundary, do no I/O in their constructor (``setup()`` opens and
+migrates), and are safe to call from several threads.
+
+Write semantics (optimistic locking): ``put_many`` stores a memory only if its ``version`` is exactly one
+more than the stored version, or 1 for an id that does not exist yet. Otherwise nothing of the batch is
+written and :class:`ConflictError` is raised. Callers bump the version; the engine checks and writes
+atomically.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConflictError, NotFoundError, ValidationError
+from ..model import Filters, LinkType, Memory, utcnow
+
+
+@dataclass(frozen=True)
+class Query:
+    """One search: metadata filters plus optional lexical text and/or dense vector.
+
+    ``limit`` is per channel. With neither text nor vector, the newest memories matching the filters
+    are returned in ``QueryResult.filtered``.
+    """
+
+    filters: Filters = field(default_factory=Filters)
+    text: str | None = None
+    vector: np.ndarray | None = None
+    limit: int = 50
+
+
+@dataclass
+class QueryResult:
+    """Raw per-channel candidates (id, engine score), best first. Fusion happens in retrieval."""
+
+    lexical: list[tuple[str, float]] = field(default_factory=list)
+    dense: list[tuple[str, float]] = field(default_factory=list)
+    filtered: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    type: LinkType
+    target: str
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of the append-only event log (what happened to which memory, and why)."""
+
+    kind: str
+    memory_id: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    tenant: str = "default"
+    at: datetime = field(default_factory=utcnow)
+    seq: int | None = None  # assigned by the store
+
+
+def check_versions(batch: Sequence[Memory], stored: dict[str, int]) -> None:
+    """The optimistic-locking rule, shared by engines: each memory must be version 1 (new id) or
+    exactly the stored version + 1; one batch may not hold the same id twice."""
+    if len({m.id for m in batch}) != len(batch):
+        raise ValidationError("memories", "the same id appears twice in one batch", "write each id once")
+    for m in batch:
+        current = stored.get(m.id)
+        expected = 1 if current is None else current + 1
+        if m.version != expected:
+            raise ConflictError(m.id, m.version - 1 if m.version > 1 else None, current)
+
+
+class Store(ABC):
+    """Abstract storage engine. See the module docstring for the contract."""
+
+    #: URL scheme(s) this engine serves, e.g. ``("sqlite",)``.
+    schemes: tuple[str, ...] = ()
+
+    # ---- required -----------------------------------------------------------------------------------
+    @abstractmethod
+    def setup(self) -> None:
+        """Open connections, apply pending migrations, load in-process indexes. Idempotent."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release resources. Idempotent."""
+
+    @abstractmethod
+    def put_many(self, memories: Sequence[Memory]) -> None:
+        """Insert or replace memories atomically, with the optimistic version check."""
+
+    @abstractmethod
+    def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
+        """The stored memories among ``ids`` (missing ids are simply absent)."""
+
+    @abstractmethod
+    def delete_many(self, ids: Sequence[str]) -> int:
+        """Delete memories (their vectors and outgoing links); returns how many existed."""
+
+    @abstractmethod
+    def query(self, query: Query) -> QueryResult:
+        """Filtered lexical and/or dense candidates, or filtered listing. See :class:`Query`."""
+
+    @abstractmethod
+    def set_vectors(self, ids: Sequence[str], vectors: np.ndarray) -> None:
+        """Attach embeddings (unit-normalised here) to stored memories; unknown ids are ignored."""
+
+    @abstractmethod
+    def unembedded(self, limit: int) -> list[tuple[str, str]]:
+        """Up to ``limit`` (id, content) pairs of memories that still lack a vector, oldest first."""
+
+    @abstractmethod
+    def edges(self, ids: Sequence[str]) -> list[Edge]:
+        """Every link whose source or target is in ``ids``."""
+
+    @abstractmethod
+    def append_events(self, events: Sequence[Event]) -> list[int]:
+        """Append events; returns their sequence numbers (increasing)."""
+
+    @abstractmethod
+    def read_events(
+        self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None
+    ) -> list[Event]:
+        """Events with ``seq > after_seq`` in order, optionally for one memory."""
+
+    # ---- built on top -------------------------------------------------------------------------------
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+
+    def get(self, memory_id: str) -> Memory:
+        found = self.get_many([memory_id]).get(memory_id)
+        if found is None:
+            raise NotFoundError("memory", memory_id)
+        return found
+
+    def put(self, memory: Memory) -> None:
+        self.put_many([memory])
+
+    def delete(self, memory_id: str) -> None:
+        if self.delete_many([memory_id]) == 0:
+            raise NotFoundError("memory", memory_id)
+
+    def list(self, filters: Filters | None = None, limit: int = 100) -> list[Memory]:
+        """Newest memories matching ``filters``."""
+        ids = self.query(Query(filters=filters or Filters(), limit=limit)).filtered
+        found = self.get_many(ids)
+        return [found[i] for i in ids if i in found]
+
+    def count(self, filters: Filters | None = None) -> int:
+        return len(self.query(Query(filters=filters or Filters(), limit=2**62)).filtered)
+
+    def iter_all(self, filters: Filters | None = None, batch: int = 500) -> Iterator[Memory]:
+        """Every memory matching ``filters``, oldest first (for export)."""
+        ids = list(reversed(self.query(Query(filters=filters or Filters(), limit=2**62)).filtered))
+        for start in range(0, len(ids), batch):
+            chunk = ids[start : start + batch]
+            found = self.get_many(chunk)
+            yield from (found[i] for i in chunk if i in found)
+
+    def append_event(self, event: Event) -> int:
+        return self.append_events([event])[0]
+
+    def __enter__(self) -> Store:
+        self.setup()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

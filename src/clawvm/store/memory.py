@@ -1,0 +1,104 @@
+"""The in-process reference engine: dicts plus the shared :class:`SearchIndex`. Nothing persists."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from ..model import Memory
+from .base import Edge, Event, Query, QueryResult, Store, check_versions
+from .index import SearchIndex
+
+
+class MemoryStore(Store):
+    schemes = ("memory",)
+
+    def __init__(self, dim: int = 384) -> None:
+        super().__init__()
+        self.dim = dim
+        self._memories: dict[str, Memory] = {}
+        self._vectors: dict[str, np.ndarray] = {}
+        self._events: list[Event] = []
+        self._index: SearchIndex | None = None
+
+    def setup(self) -> None:
+        with self._lock:
+            if self._index is None:
+                self._index = SearchIndex(self.dim)
+
+    def close(self) -> None:
+        """Nothing to release; the data stays readable until the object is dropped."""
+
+    @property
+    def index(self) -> SearchIndex:
+        if self._index is None:
+            self.setup()
+        assert self._index is not None
+        return self._index
+
+    def put_many(self, memories: Sequence[Memory]) -> None:
+        with self._lock:
+            check_versions(memories, {m.id: self._memories[m.id].version for m in memories if m.id in self._memories})
+            for m in memories:
+                old = self._memories.get(m.id)
+                if old is not None and old.content != m.content:
+                    self._vectors.pop(m.id, None)
+                    self.index.drop_vector(m.id)
+                self._memories[m.id] = m
+                self.index.upsert(m)
+
+    def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
+        with self._lock:
+            return {i: self._memories[i] for i in ids if i in self._memories}
+
+    def delete_many(self, ids: Sequence[str]) -> int:
+        with self._lock:
+            n = 0
+            for i in dict.fromkeys(ids):
+                if self._memories.pop(i, None) is not None:
+                    n += 1
+                    self._vectors.pop(i, None)
+                    self.index.remove(i)
+            return n
+
+    def query(self, query: Query) -> QueryResult:
+        with self._lock:
+            return self.index.query(query)
+
+    def set_vectors(self, ids: Sequence[str], vectors: np.ndarray) -> None:
+        with self._lock:
+            for i, v in zip(ids, np.asarray(vectors, dtype=np.float32), strict=True):
+                if i in self._memories:
+                    self._vectors[i] = v
+                    self.index.set_vector(i, v)
+
+    def unembedded(self, limit: int) -> list[tuple[str, str]]:
+        with self._lock:
+            out = [(i, m.content) for i, m in self._memories.items() if i not in self._vectors]
+            return out[:limit]
+
+    def edges(self, ids: Sequence[str]) -> list[Edge]:
+        wanted = set(ids)
+        with self._lock:
+            return [
+                Edge(m.id, link.type, link.target)
+                for m in self._memories.values()
+                for link in m.links
+                if m.id in wanted or link.target in wanted
+            ]
+
+    def append_events(self, events: Sequence[Event]) -> list[int]:
+        with self._lock:
+            seqs = []
+            for e in events:
+                seq = len(self._events) + 1
+                self._events.append(replace(e, seq=seq))
+                seqs.append(seq)
+            return seqs
+
+    def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
+        with self._lock:
+            found = [e for e in self._events[after_seq:] if memory_id is None or e.memory_id == memory_id]
+            return found[:limit]

@@ -1,0 +1,349 @@
+"""The embedded default engine: one SQLite file (WAL) plus the in-process :class:`SearchIndex`.
+
+The file is the source of truth; the search index is rebuilt from its rows on open and kept current by
+every write. Several processes may open the same file: each write transaction bumps a change counter
+(``rev``), and before every operation an engine that sees another connection committed
+(``PRAGMA data_version``) replays the rows and tombstones with a newer ``rev`` into its index.
+
+sqlite3 errors are translated into :mod:`clawvm.errors` in :func:`_translated`, the one place that
+knows about the driver.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SchemaError, StoreError
+from ..model import LinkType, Memory
+from ..vectors import normalize
+from .base import Edge, Event, Query, QueryResult, Store, check_versions
+from .index import SearchIndex
+
+# Append-only: never edit a shipped entry, add a new one. PRAGMA user_version = number applied.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE memories (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        rev INTEGER NOT NULL,
+        tenant TEXT NOT NULL,
+        session_id TEXT, task_id TEXT, agent_id TEXT, tool_name TEXT,
+        kind TEXT NOT NULL, state TEXT, status TEXT NOT NULL, tier TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        body TEXT NOT NULL,
+        embedding BLOB
+    );
+    CREATE INDEX memories_rev ON memories(rev);
+    CREATE INDEX memories_scope ON memories(tenant, session_id, task_id);
+    CREATE INDEX memories_unembedded ON memories(seq) WHERE embedding IS NULL;
+    CREATE TABLE tombstones (id TEXT NOT NULL, rev INTEGER NOT NULL);
+    CREATE INDEX tombstones_rev ON tombstones(rev);
+    CREATE TABLE links (
+        source TEXT NOT NULL, type TEXT NOT NULL, target TEXT NOT NULL,
+        PRIMARY KEY (source, type, target)
+    ) WITHOUT ROWID;
+    CREATE INDEX links_target ON links(target);
+    CREATE TABLE events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        at TEXT NOT NULL, tenant TEXT NOT NULL, kind TEXT NOT NULL, memory_id TEXT, data TEXT NOT NULL
+    );
+    CREATE INDEX events_memory ON events(memory_id, seq);
+    CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+    INSERT INTO counters VALUES ('rev', 0);
+    """,
+)
+
+
+@contextmanager
+def _translated(action: str) -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise StoreError(f"sqlite {action} failed: {exc}") from exc
+
+
+def _blob(v: np.ndarray) -> bytes:
+    return np.asarray(v, dtype="<f4").tobytes()
+
+
+class SQLiteStore(Store):
+    schemes = ("sqlite", "file")
+
+    def __init__(self, path: str | Path, dim: int = 384, timeout_s: float = 30.0) -> None:
+        super().__init__()
+        self.path = str(path)
+        self.dim = dim
+        self.timeout_s = timeout_s
+        self._conn: sqlite3.Connection | None = None
+        self._index: SearchIndex | None = None
+        self._rev = 0
+        self._data_version = -1
+        self._index_dirty = False  # set while a write transaction is changing the in-process index
+
+    # ---- lifecycle ----------------------------------------------------------------------------------
+    def setup(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                return
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            with _translated("open"):
+                conn = sqlite3.connect(
+                    self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
+                )
+                try:
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.execute("PRAGMA synchronous=NORMAL")
+                    conn.execute("PRAGMA foreign_keys=ON")
+                    self._migrate(conn)
+                except BaseException:
+                    conn.close()
+                    raise
+            self._conn = conn
+            self._index = SearchIndex(self.dim)
+            self._catch_up()
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        applied = conn.execute("PRAGMA user_version").fetchone()[0]
+        if applied > len(MIGRATIONS):
+            raise SchemaError(
+                f"database schema version {applied} is newer than this ClawVM knows ({len(MIGRATIONS)}): upgrade clawvm"
+            )
+        for number in range(applied, len(MIGRATIONS)):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                # re-check under the write lock: another process may have migrated meanwhile
+                if conn.execute("PRAGMA user_version").fetchone()[0] == number:
+                    for statement in MIGRATIONS[number].split(";"):
+                        if statement.strip():
+                            conn.execute(statement)
+                    conn.execute(f"PRAGMA user_version = {number + 1}")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                with _translated("close"):
+                    self._conn.close()
+                self._conn = None
+                self._index = None
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self.setup()
+        assert self._conn is not None
+        return self._conn
+
+    @property
+    def index(self) -> SearchIndex:
+        self._db  # noqa: B018 - opens on first use
+        assert self._index is not None
+        return self._index
+
+    # ---- keeping the in-process index in step with the file -----------------------------------------
+    def _catch_up(self) -> None:
+        """Replay rows and tombstones newer than our ``rev`` (written by us before open, or by others)."""
+        db, index = self._db, self.index
+        version = db.execute("PRAGMA data_version").fetchone()[0]
+        if version == self._data_version:
+            return
+        self._data_version = version
+        newest = self._rev
+        for rev, body, emb in db.execute(
+            "SELECT rev, body, embedding FROM memories WHERE rev > ? ORDER BY seq", (self._rev,)
+        ):
+            m = Memory.model_validate_json(body)
+            index.upsert(m)
+            if emb is not None:
+                index.set_vector(m.id, np.frombuffer(emb, dtype="<f4"))
+            else:
+                index.drop_vector(m.id)
+            newest = max(newest, rev)
+        for memory_id, rev in db.execute("SELECT id, rev FROM tombstones WHERE rev > ?", (self._rev,)):
+            if db.execute("SELECT 1 FROM memories WHERE id = ? AND rev > ?", (memory_id, rev)).fetchone() is None:
+                index.remove(memory_id)
+            newest = max(newest, rev)
+        self._rev = newest
+
+    @contextmanager
+    def _write(self, action: str) -> Iterator[tuple[sqlite3.Connection, int]]:
+        """A write transaction holding SQLite's write lock, caught up first, with its new ``rev``."""
+        with self._lock, _translated(action):
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                self._catch_up()
+                rev = db.execute("UPDATE counters SET value = value + 1 WHERE name = 'rev' RETURNING value").fetchone()[0]
+                yield db, rev
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                if self._index_dirty:  # the index may hold half of this batch: rebuild it from the file
+                    self._rev, self._data_version = 0, -1
+                    self._index = SearchIndex(self.dim)
+                    self._catch_up()
+                raise
+            finally:
+                self._index_dirty = False
+            self._rev = rev
+            self._data_version = db.execute("PRAGMA data_version").fetchone()[0]
+
+    @contextmanager
+    def _read(self, action: str) -> Iterator[sqlite3.Connection]:
+        with self._lock, _translated(action):
+            self._catch_up()
+            yield self._db
+
+    # ---- contract -----------------------------------------------------------------------------------
+    def put_many(self, memories: Sequence[Memory]) -> None:
+        if not memories:
+            return
+        with self._write("put") as (db, rev):
+            ids = [m.id for m in memories]
+            stored = dict(
+                db.execute(
+                    f"SELECT id, version FROM memories WHERE id IN ({','.join('?' * len(ids))})", ids
+                ).fetchall()
+            )
+            check_versions(memories, stored)
+            old_content = {
+                i: json.loads(b)["content"]
+                for i, b in db.execute(
+                    f"SELECT id, body FROM memories WHERE id IN ({','.join('?' * len(ids))})", ids
+                )
+            } if stored else {}
+            for m in memories:
+                row = (
+                    m.id, rev, m.tenant, m.session_id, m.task_id, m.agent_id, m.tool_name, m.kind.value,
+                    m.state.value if m.state else None, m.status.value, m.tier.value,
+                    m.created_at.isoformat(), m.version, m.model_dump_json(),
+                )
+                db.execute(
+                    """INSERT INTO memories (id, rev, tenant, session_id, task_id, agent_id, tool_name, kind,
+                           state, status, tier, created_at, version, body)
+                       VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                       ON CONFLICT(id) DO UPDATE SET rev=excluded.rev, tenant=excluded.tenant,
+                           session_id=excluded.session_id, task_id=excluded.task_id, agent_id=excluded.agent_id,
+                           tool_name=excluded.tool_name, kind=excluded.kind, state=excluded.state,
+                           status=excluded.status, tier=excluded.tier, created_at=excluded.created_at,
+                           version=excluded.version, body=excluded.body""",
+                    row,
+                )
+                changed = m.id in old_content and old_content[m.id] != m.content
+                if changed:
+                    db.execute("UPDATE memories SET embedding = NULL WHERE id = ?", (m.id,))
+                db.execute("DELETE FROM links WHERE source = ?", (m.id,))
+                db.executemany(
+                    "INSERT OR IGNORE INTO links VALUES (?,?,?)",
+                    [(m.id, link.type.value, link.target) for link in m.links],
+                )
+            self._index_dirty = True
+            for m in memories:
+                self.index.upsert(m)
+                if m.id in old_content and old_content[m.id] != m.content:
+                    self.index.drop_vector(m.id)
+
+    def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
+        if not ids:
+            return {}
+        out: dict[str, Memory] = {}
+        with self._read("get") as db:
+            for start in range(0, len(ids), 500):
+                chunk = list(ids[start : start + 500])
+                for (body,) in db.execute(
+                    f"SELECT body FROM memories WHERE id IN ({','.join('?' * len(chunk))})", chunk
+                ):
+                    m = Memory.model_validate_json(body)
+                    out[m.id] = m
+        return out
+
+    def delete_many(self, ids: Sequence[str]) -> int:
+        unique = list(dict.fromkeys(ids))
+        if not unique:
+            return 0
+        with self._write("delete") as (db, rev):
+            n = 0
+            for memory_id in unique:
+                cur = db.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
+                if cur.rowcount:
+                    n += 1
+                    db.execute("DELETE FROM links WHERE source = ?", (memory_id,))
+                    db.execute("INSERT INTO tombstones VALUES (?, ?)", (memory_id, rev))
+            self._index_dirty = True
+            for memory_id in unique:
+                self.index.remove(memory_id)
+            return n
+
+    def query(self, query: Query) -> QueryResult:
+        with self._read("query"):
+            return self.index.query(query)
+
+    def set_vectors(self, ids: Sequence[str], vectors: np.ndarray) -> None:
+        vecs = normalize(np.asarray(vectors, dtype=np.float32).reshape(len(ids), self.dim))
+        with self._write("set_vectors") as (db, rev):
+            db.executemany(
+                "UPDATE memories SET embedding = ?, rev = ? WHERE id = ?",
+                [(_blob(v), rev, memory_id) for memory_id, v in zip(ids, vecs, strict=True)],
+            )
+            self._index_dirty = True
+            for memory_id, v in zip(ids, vecs, strict=True):
+                self.index.set_vector(memory_id, v)
+
+    def unembedded(self, limit: int) -> list[tuple[str, str]]:
+        with self._read("unembedded") as db:
+            return [
+                (i, json.loads(body)["content"])
+                for i, body in db.execute(
+                    "SELECT id, body FROM memories WHERE embedding IS NULL ORDER BY seq LIMIT ?", (limit,)
+                )
+            ]
+
+    def edges(self, ids: Sequence[str]) -> list[Edge]:
+        out: list[Edge] = []
+        with self._read("edges") as db:
+            for start in range(0, len(ids), 400):
+                chunk = list(ids[start : start + 400])
+                marks = ",".join("?" * len(chunk))
+                for s, t, d in db.execute(
+                    f"SELECT source, type, target FROM links WHERE source IN ({marks}) OR target IN ({marks})",
+                    chunk + chunk,
+                ):
+                    out.append(Edge(s, LinkType(t), d))
+        return list(dict.fromkeys(out))
+
+    def append_events(self, events: Sequence[Event]) -> list[int]:
+        with self._write("append_events") as (db, _rev):
+            return [
+                db.execute(
+                    "INSERT INTO events (at, tenant, kind, memory_id, data) VALUES (?,?,?,?,?) RETURNING seq",
+                    (e.at.isoformat(), e.tenant, e.kind, e.memory_id, json.dumps(e.data, default=str)),
+                ).fetchone()[0]
+                for e in events
+            ]
+
+    def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
+        sql = "SELECT seq, at, tenant, kind, memory_id, data FROM events WHERE seq > ?"
+        args: list[object] = [after_seq]
+        if memory_id is not None:
+            sql += " AND memory_id = ?"
+            args.append(memory_id)
+        sql += " ORDER BY seq LIMIT ?"
+        args.append(limit)
+        with self._read("read_events") as db:
+            return [
+                Event(kind=k, memory_id=mid, data=json.loads(d), tenant=t, at=datetime.fromisoformat(at), seq=s)
+                for s, at, t, k, mid, d in db.execute(sql, args)
+            ]
