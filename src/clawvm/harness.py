@@ -128,6 +128,21 @@ class Harness:
         self.store.delete(memory_id)
         self._event("forget", memory, {"kind": memory.kind.value})
 
+    def import_memories(self, memories: Sequence[Memory]) -> int:
+        """Store exported memories as they are (ids, versions, timestamps kept), in one atomic batch.
+
+        Ids already present are skipped, so importing the same file twice is harmless. Returns how many
+        were written. They are embedded in the background like new records.
+        """
+        existing = self.store.get_many([m.id for m in memories])
+        fresh = [m for m in memories if m.id not in existing]
+        if fresh:
+            self.store.put_many(fresh)
+            self.store.append_events([Event(kind="import", memory_id=m.id, tenant=m.tenant) for m in fresh])
+            if self._worker is not None:
+                self._worker.notify()
+        return len(fresh)
+
     # ---- reading ------------------------------------------------------------------------------------
     def get(self, memory_id: str) -> Memory:
         return self.store.get(memory_id)

@@ -6,7 +6,7 @@ into :mod:`clawvm.errors` at this boundary, do no I/O in their constructor (``se
 migrates), and are safe to call from several threads.
 
 Write semantics (optimistic locking): ``put_many`` stores a memory only if its ``version`` is exactly one
-more than the stored version, or 1 for an id that does not exist yet. Otherwise nothing of the batch is
+more than the stored version (any version for an id not stored yet, so imports keep theirs). Otherwise nothing of the batch is
 written and :class:`ConflictError` is raised. Callers bump the version; the engine checks and writes
 atomically.
 """
@@ -69,15 +69,15 @@ class Event:
 
 
 def check_versions(batch: Sequence[Memory], stored: dict[str, int]) -> None:
-    """The optimistic-locking rule, shared by engines: each memory must be version 1 (new id) or
-    exactly the stored version + 1; one batch may not hold the same id twice."""
+    """The optimistic-locking rule, shared by engines: a memory whose id is stored must be exactly the
+    stored version + 1; a new id may carry any version (imports keep theirs); one batch may not hold the
+    same id twice."""
     if len({m.id for m in batch}) != len(batch):
         raise ValidationError("memories", "the same id appears twice in one batch", "write each id once")
     for m in batch:
         current = stored.get(m.id)
-        expected = 1 if current is None else current + 1
-        if m.version != expected:
-            raise ConflictError(m.id, m.version - 1 if m.version > 1 else None, current)
+        if current is not None and m.version != current + 1:
+            raise ConflictError(m.id, m.version - 1, current)
 
 
 class Store(ABC):
