@@ -42,8 +42,13 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group)
-@click.option("--db", envvar="CLAWVM_DB", default=DEFAULT_DB, show_default=True,
-              help="Store to use: a SQLite file path, sqlite:///PATH or memory:// (env CLAWVM_DB).")
+@click.option(
+    "--db",
+    envvar="CLAWVM_DB",
+    default=DEFAULT_DB,
+    show_default=True,
+    help="Store to use: a SQLite file path, sqlite:///PATH or memory:// (env CLAWVM_DB).",
+)
 @click.option("--no-embed", is_flag=True, help="Do not load the embedding model (lexical recall only).")
 @click.version_option(package_name="clawvm")
 @click.pass_context
@@ -54,7 +59,9 @@ def main(ctx: click.Context, db: str, no_embed: bool) -> None:
 
 @main.command()
 @click.argument("content")
-@click.option("--kind", default="note", show_default=True, help="Memory kind, e.g. user_input, tool_result, decision.")
+@click.option(
+    "--kind", default="note", show_default=True, help="Memory kind, e.g. user_input, tool_result, decision."
+)
 @click.option("--state", default=None, help="pending, success, error or intermediate.")
 @click.option("--session", "session_id", default=None, help="Session id.")
 @click.option("--task", "task_id", default=None, help="Task id.")
@@ -63,14 +70,18 @@ def main(ctx: click.Context, db: str, no_embed: bool) -> None:
 @click.option("--tag", "tags", multiple=True, help="Tag (repeatable).")
 @click.option("--json-content", is_flag=True, help="Parse CONTENT as JSON and store it as canonical JSON.")
 @click.pass_context
-def add(ctx: click.Context, content: str, json_content: bool, tags: tuple[str, ...], **fields: Any) -> None:
+def add(
+    ctx: click.Context, /, content: str, json_content: bool, tags: tuple[str, ...], **fields: Any
+) -> None:
     """Record CONTENT as a new memory and print its id."""
     payload: Any = content
     if json_content:
         try:
             payload = json.loads(content)
         except json.JSONDecodeError as exc:
-            raise ValidationError("content", f"is not valid JSON ({exc.msg})", "drop --json-content or fix the JSON") from None
+            raise ValidationError(
+                "content", f"is not valid JSON ({exc.msg})", "drop --json-content or fix the JSON"
+            ) from None
     with _opened(ctx) as h:
         m = h.record(payload, tags=list(tags), **{k: v for k, v in fields.items() if v is not None})
         click.echo(m.id)
@@ -82,11 +93,23 @@ def add(ctx: click.Context, content: str, json_content: bool, tags: tuple[str, .
 @click.option("--preset", default=None, help="Recall preset: hybrid (default), bm25 or dense.")
 @click.option("--session", "session_id", default=None, help="Only this session.")
 @click.option("--kind", default=None, help="Only this kind.")
-@click.option("--tag", "tags", multiple=True, help="Only memories with this tag (repeatable: all must match).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON Lines with scores and per-channel breakdown.")
+@click.option(
+    "--tag", "tags", multiple=True, help="Only memories with this tag (repeatable: all must match)."
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON Lines with scores and per-channel breakdown."
+)
 @click.pass_context
-def search(ctx: click.Context, query: str, k: int, preset: str | None, as_json: bool, tags: tuple[str, ...],
-           **filters: Any) -> None:
+def search(
+    ctx: click.Context,
+    /,
+    query: str,
+    k: int,
+    preset: str | None,
+    as_json: bool,
+    tags: tuple[str, ...],
+    **filters: Any,
+) -> None:
     """Hybrid recall: the K best memories for QUERY."""
     given = {name: v for name, v in filters.items() if v is not None}
     if tags:
@@ -94,10 +117,20 @@ def search(ctx: click.Context, query: str, k: int, preset: str | None, as_json: 
     with _opened(ctx) as h:
         for r in h.recall(query, k=k, preset=preset, **given):
             if as_json:
-                explain = {c: {"raw": s.raw, "normalized": s.normalized, "weight": s.weight, "rank": s.rank}
-                           for c, s in r.explain.items()}
-                click.echo(json.dumps({"id": r.id, "score": r.score, "explain": explain,
-                                       "memory": json.loads(r.memory.to_json())}))
+                explain = {
+                    c: {"raw": s.raw, "normalized": s.normalized, "weight": s.weight, "rank": s.rank}
+                    for c, s in r.explain.items()
+                }
+                click.echo(
+                    json.dumps(
+                        {
+                            "id": r.id,
+                            "score": r.score,
+                            "explain": explain,
+                            "memory": json.loads(r.memory.to_json()),
+                        }
+                    )
+                )
             else:
                 text = r.memory.content.replace("\n", " ")
                 click.echo(f"{r.score:.3f}  {r.id}  [{r.memory.kind.value}] {text[:120]}")
@@ -123,8 +156,13 @@ def forget(ctx: click.Context, memory_id: str) -> None:
 
 
 @main.command()
-@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write to this file instead of standard output.")
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write to this file instead of standard output.",
+)
 @click.option("--session", "session_id", default=None, help="Only this session.")
 @click.pass_context
 def export(ctx: click.Context, out: Path | None, session_id: str | None) -> None:
@@ -185,8 +223,12 @@ def stats(ctx: click.Context) -> None:
 
 
 @main.command()
-@click.option("--locomo", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="Also ingest LoCoMo conversations from this JSON file (evaluation data, not shipped).")
+@click.option(
+    "--locomo",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Also ingest LoCoMo conversations from this JSON file (evaluation data, not shipped).",
+)
 @click.option("--fresh/--keep", default=True, show_default=True, help="Start from an empty store file.")
 @click.pass_context
 def demo(ctx: click.Context, locomo: Path | None, fresh: bool) -> None:

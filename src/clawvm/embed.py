@@ -115,7 +115,9 @@ class MiniLMEmbedder:
         enc = tok.encode_batch(texts)
         ids = np.asarray([e.ids for e in enc], dtype=np.int64)
         mask = np.asarray([e.attention_mask for e in enc], dtype=np.int64)
-        hidden = session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})[0]
+        hidden = session.run(
+            None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        )[0]
         weights = mask[..., None].astype(np.float32)
         pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
         return normalize(pooled)
@@ -132,13 +134,16 @@ class MiniLMEmbedder:
         return out
 
     def embed_query(self, text: str) -> np.ndarray:
-        return self.embed([text])[0]
+        vector: np.ndarray = self.embed([text])[0]
+        return vector
 
 
 class OpenAIEmbedder:
     """Any OpenAI-compatible ``/embeddings`` endpoint (base_url like ``http://host:port/v1``)."""
 
-    def __init__(self, base_url: str, model: str, dim: int, api_key: str | None = None, timeout_s: float = 30.0):
+    def __init__(
+        self, base_url: str, model: str, dim: int, api_key: str | None = None, timeout_s: float = 30.0
+    ):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.dim = dim
@@ -151,7 +156,9 @@ class OpenAIEmbedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         body = json.dumps({"model": self.model, "input": list(texts)}).encode()
         req = urllib.request.Request(
-            f"{self.base_url}/embeddings", data=body, method="POST",
+            f"{self.base_url}/embeddings",
+            data=body,
+            method="POST",
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"},
         )
         try:
@@ -166,7 +173,8 @@ class OpenAIEmbedder:
         return normalize(vecs)
 
     def embed_query(self, text: str) -> np.ndarray:
-        return self.embed([text])[0]
+        vector: np.ndarray = self.embed([text])[0]
+        return vector
 
 
 class EmbedWorker:

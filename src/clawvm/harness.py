@@ -7,6 +7,7 @@ pager, context builder, teams) build on these methods.
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -64,7 +65,9 @@ class Harness:
         elif embedder is None or embedder == "none":
             emb = None
         elif isinstance(embedder, str):
-            raise ValidationError("embedder", f"unknown embedder {embedder!r}", "use 'default', 'none' or an Embedder")
+            raise ValidationError(
+                "embedder", f"unknown embedder {embedder!r}", "use 'default', 'none' or an Embedder"
+            )
         else:
             emb = embedder
         store = target if isinstance(target, Store) else store_from_url(target, dim=emb.dim if emb else 384)
@@ -76,7 +79,9 @@ class Harness:
         return harness
 
     # ---- writing ------------------------------------------------------------------------------------
-    def record(self, content: Any, *, embedding: Sequence[float] | np.ndarray | None = None, **fields: Any) -> Memory:
+    def record(
+        self, content: Any, *, embedding: Sequence[float] | np.ndarray | None = None, **fields: Any
+    ) -> Memory:
         """Store a new memory and return it. Lexically searchable at once; embedded in the background.
 
         ``embedding`` attaches a precomputed vector instead (it must match the embedder's dimension).
@@ -89,7 +94,13 @@ class Harness:
         vector = self._check_vector(embedding) if embedding is not None else None
         fields.setdefault("tenant", self.tenant)
         memory = build_memory(
-            {**fields, "content": text, "content_type": ctype, "token_count": count_tokens(text), "version": 1}
+            {
+                **fields,
+                "content": text,
+                "content_type": ctype,
+                "token_count": count_tokens(text),
+                "version": 1,
+            }
         )
         self.store.put(memory)
         if vector is not None:
@@ -169,20 +180,26 @@ class Harness:
     ) -> list[Recalled]:
         """Recall with a precomputed query vector (used by benchmarks to time embedding separately)."""
         hits = self.store.query(
-            Query(filters=filters, text=query if cfg.uses("lexical") else None,
-                  vector=vector if cfg.uses("dense") else None, limit=max(cfg.candidates, k))
+            Query(
+                filters=filters,
+                text=query if cfg.uses("lexical") else None,
+                vector=vector if cfg.uses("dense") else None,
+                limit=max(cfg.candidates, k),
+            )
         )
         fused = fuse({"lexical": hits.lexical, "dense": hits.dense}, cfg.weights)[:k]
         found = self.store.get_many([f.id for f in fused])
         return [Recalled(found[f.id], f.score, f.channels) for f in fused if f.id in found]
 
-    def list(self, limit: int = 100, **filters: Any) -> list[Memory]:
+    def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]:
         return self.store.list(self._filters(filters), limit=limit)
 
     def count(self, **filters: Any) -> int:
         return self.store.count(self._filters(filters))
 
-    def events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
+    def events(
+        self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None
+    ) -> builtins.list[Event]:
         return self.store.read_events(after_seq, limit, memory_id)
 
     # ---- lifecycle ----------------------------------------------------------------------------------
@@ -219,7 +236,9 @@ class Harness:
         v = np.asarray(embedding, dtype=np.float32).reshape(-1)
         dim = self.embedder.dim if self.embedder else v.shape[0]
         if v.shape[0] != dim or not np.isfinite(v).all():
-            raise ValidationError("embedding", f"has {v.shape[0]} values or non-finite ones", f"pass {dim} finite floats")
+            raise ValidationError(
+                "embedding", f"has {v.shape[0]} values or non-finite ones", f"pass {dim} finite floats"
+            )
         return v
 
     def _event(self, kind: str, memory: Memory, data: dict[str, Any]) -> None:

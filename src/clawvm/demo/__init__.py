@@ -58,15 +58,19 @@ def ingest_locomo(harness: Harness, path: Path) -> int:
                 continue
             for turn in turns:
                 harness.record(
-                    f"{turn['speaker']}: {turn['text']}", kind="user_input",
-                    session_id=f"{sample['sample_id']}/{key}", task_id=sample["sample_id"],
+                    f"{turn['speaker']}: {turn['text']}",
+                    kind="user_input",
+                    session_id=f"{sample['sample_id']}/{key}",
+                    task_id=sample["sample_id"],
                     metadata={"dia_id": turn["dia_id"]},
                 )
                 n += 1
     return n
 
 
-def run_demo(harness: Harness, echo: Callable[[str], None] = print, locomo: Path | None = None, k: int = 5) -> dict[str, Any]:
+def run_demo(
+    harness: Harness, echo: Callable[[str], None] = print, locomo: Path | None = None, k: int = 5
+) -> dict[str, Any]:
     """Ingest the workload, wait for embeddings, answer its questions; returns a summary."""
     workload = load_workload()
     n = ingest_workload(harness, workload)
@@ -85,7 +89,8 @@ def run_demo(harness: Harness, echo: Callable[[str], None] = print, locomo: Path
             m = h.memory
             channels = ", ".join(f"{c} {s.raw:.2f}" for c, s in h.explain.items())
             line = m.content if len(m.content) < 160 else m.content[:157] + "..."
-            echo(f"  {h.score:.2f} [{m.kind.value} {m.session_id} {m.created_at:%Y-%m-%d} {m.id[-8:]}] ({channels}) {line}")
+            where = f"{m.kind.value} {m.session_id} {m.created_at:%Y-%m-%d} {m.id[-8:]}"
+            echo(f"  {h.score:.2f} [{where}] ({channels}) {line}")
     echo(f"\n{found}/{len(workload['queries'])} questions had their evidence in the top {k}")
     return {"memories": n, "questions": len(workload["queries"]), f"evidence_in_top_{k}": found}
 

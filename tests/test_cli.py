@@ -1,0 +1,149 @@
+"""The CLI is a thin shell: every command has help, and the commands work end to end on a SQLite file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clawvm.cli import main
+
+COMMANDS = sorted(main.commands)
+
+
+def run(db: Path, *args: str, ok: bool = True) -> str:
+    result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", *args], catch_exceptions=False)
+    if ok:
+        assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_expected_commands_exist() -> None:
+    assert {"add", "search", "show", "forget", "export", "import", "stats", "demo"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command: str) -> None:
+    result = CliRunner().invoke(main, [command, "--help"])
+    assert result.exit_code == 0
+    assert "Usage:" in result.output
+    cmd = main.commands[command]
+    assert cmd.help, f"{command} has no help text"
+    for param in cmd.params:
+        if isinstance(param, click.Option):
+            assert param.help, f"{command} {param.opts} has no help"
+
+
+def test_add_search_show_forget(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    mid = run(
+        db,
+        "add",
+        "The deploy failed because the disk on build-07 was full",
+        "--kind",
+        "error",
+        "--session",
+        "s1",
+        "--tag",
+        "ci",
+    ).strip()
+    run(db, "add", "Lunch order: two pizzas", "--session", "s2")
+    out = run(db, "search", "why did the deploy fail", "--json")
+    first = json.loads(out.splitlines()[0])
+    assert first["id"] == mid and "lexical" in first["explain"]
+    assert mid in run(db, "search", "disk full", "--session", "s1", "--tag", "ci")
+    assert run(db, "search", "disk full", "--session", "s2").strip() == ""
+    shown = json.loads(run(db, "show", mid))
+    assert shown["kind"] == "error" and shown["tags"] == ["ci"]
+    run(db, "forget", mid)
+    result = CliRunner().invoke(main, ["--db", str(db), "show", mid])
+    assert result.exit_code == 2 and "not found" in result.output
+
+
+def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    run(db, "add", "keep me")
+    result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", "add", "x", "--kind", "bogus"])
+    assert result.exit_code == 2
+    assert "kind" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", "add", "{oops", "--json-content"])
+    assert result.exit_code == 2 and "content" in result.output
+    assert json.loads(run(db, "stats"))["memories"] == 1
+
+
+def test_export_import_round_trip(tmp_path: Path) -> None:
+    src, dst = tmp_path / "a.db", tmp_path / "b.db"
+    run(
+        src,
+        "add",
+        '{"url": "https://x.test", "n": 3}',
+        "--json-content",
+        "--kind",
+        "tool_call",
+        "--tool",
+        "http",
+    )
+    run(src, "add", "a note", "--tag", "t1", "--tag", "t2")
+    dump = tmp_path / "dump.jsonl"
+    run(src, "export", "-o", str(dump))
+    run(dst, "import", str(dump))
+    dump2 = tmp_path / "dump2.jsonl"
+    run(dst, "export", "-o", str(dump2))
+    assert dump.read_text() == dump2.read_text()
+    assert "imported 0" in run(dst, "import", str(dump))  # idempotent
+
+
+def test_import_of_a_bad_file_imports_nothing(tmp_path: Path) -> None:
+    src, dst = tmp_path / "a.db", tmp_path / "b.db"
+    run(src, "add", "first")
+    dump = tmp_path / "dump.jsonl"
+    run(src, "export", "-o", str(dump))
+    lines = dump.read_text().splitlines()
+    bad = json.loads(lines[0])
+    bad["id"] = "01a2b3c4-0000-7000-8000-000000000001"
+    bad["kind"] = "nonsense"
+    dump.write_text("\n".join([*lines, json.dumps(bad)]) + "\n")
+    result = CliRunner().invoke(main, ["--db", str(dst), "--no-embed", "import", str(dump)])
+    assert result.exit_code == 2
+    assert f"{dump}:2: kind" in result.output
+    assert json.loads(run(dst, "stats"))["memories"] == 0
+
+
+texts = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=80).filter(
+    lambda s: s.strip()
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    contents=st.lists(texts, min_size=1, max_size=5),
+    tags=st.lists(st.sampled_from(["a", "b", "ü"]), max_size=3),
+)
+def test_jsonl_round_trip_is_lossless(
+    tmp_path_factory: pytest.TempPathFactory, contents: list[str], tags: list[str]
+) -> None:
+    base = tmp_path_factory.mktemp("rt")
+    src, dst = base / "a.db", base / "b.db"
+    for c in contents:
+        tag_args = [a for t in tags for a in ("--tag", t)]
+        run(src, "add", *tag_args, "--", c)  # "--": content may start with a dash
+    dump, dump2 = base / "d1.jsonl", base / "d2.jsonl"
+    run(src, "export", "-o", str(dump))
+    run(dst, "import", str(dump))
+    run(dst, "export", "-o", str(dump2))
+    assert dump.read_bytes() == dump2.read_bytes()
+    assert dump.read_bytes().count(b"\n") == len(contents)  # one line each, whatever the text holds
+
+
+def test_stats_and_demo(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    out = run(db, "demo")
+    assert "questions had their evidence" in out
+    stats = json.loads(run(db, "stats"))
+    assert stats["memories"] > 100 and stats["sessions"] == 5
+    assert stats["by_kind"]["tool_call"] == stats["by_kind"]["tool_result"]
