@@ -189,7 +189,7 @@ class EmbedWorker:
         self,
         embedder: Embedder,
         pending: Callable[[int], list[tuple[str, str]]],
-        write: Callable[[list[str], np.ndarray], None],
+        write: Callable[[list[str], np.ndarray, list[str]], None],
         batch_size: int = 64,
     ) -> None:
         self.embedder = embedder
@@ -231,8 +231,9 @@ class EmbedWorker:
                     batch = self._pending(self.batch_size)
                     if not batch:
                         break
-                    ids = [i for i, _ in batch]
-                    self._write(ids, self.embedder.embed([text for _, text in batch]))
+                    ids, texts = [i for i, _ in batch], [text for _, text in batch]
+                    # passing the texts makes the write conditional: a newer text or vector wins
+                    self._write(ids, self.embedder.embed(texts), texts)
             except BaseException as exc:  # surfaced by flush(); the worker keeps serving later notifies
                 self._error = exc
                 time.sleep(0.05)

@@ -20,6 +20,7 @@ from .errors import ConflictError, ValidationError
 from .model import DEFAULT_MAX_CONTENT_BYTES, Filters, Memory, build_memory, normalize_content, revalidate
 from .retrieval import RecallConfig, Recalled, fuse, preset
 from .store import Event, Query, Store, store_from_url
+from .store.base import check_vectors
 
 _IMMUTABLE = frozenset({"id", "created_at", "version", "tenant"})
 
@@ -59,6 +60,7 @@ class Harness:
         ``target``: a path, ``sqlite:///path``, ``memory://``, or a Store instance.
         ``embedder``: ``"default"`` (offline MiniLM), ``None``/``"none"`` (lexical only), or an Embedder.
         """
+        config = _preset(preset)  # validate options before any I/O
         emb: Embedder | None
         if embedder == "default":
             emb = _default_embedder()
@@ -72,7 +74,7 @@ class Harness:
             emb = embedder
         store = target if isinstance(target, Store) else store_from_url(target, dim=emb.dim if emb else 384)
         store.setup()
-        harness = cls(store, emb, tenant=tenant, preset_name=preset, max_content_bytes=max_content_bytes)
+        harness = cls(store, emb, tenant=tenant, preset_name=config, max_content_bytes=max_content_bytes)
         if emb is not None:
             harness._worker = EmbedWorker(emb, store.unembedded, store.set_vectors)
             harness._worker.start()  # picks up anything a previous process left un-embedded
@@ -187,7 +189,7 @@ class Harness:
                 limit=max(cfg.candidates, k),
             )
         )
-        fused = fuse({"lexical": hits.lexical, "dense": hits.dense}, cfg.weights)[:k]
+        fused = fuse({"lexical": hits.lexical, "dense": hits.dense}, cfg.weights, k)
         found = self.store.get_many([f.id for f in fused])
         return [Recalled(found[f.id], f.score, f.channels) for f in fused if f.id in found]
 
@@ -233,13 +235,9 @@ class Harness:
         return Filters.of(**args)
 
     def _check_vector(self, embedding: Sequence[float] | np.ndarray) -> np.ndarray:
-        v = np.asarray(embedding, dtype=np.float32).reshape(-1)
-        dim = self.embedder.dim if self.embedder else v.shape[0]
-        if v.shape[0] != dim or not np.isfinite(v).all():
-            raise ValidationError(
-                "embedding", f"has {v.shape[0]} values or non-finite ones", f"pass {dim} finite floats"
-            )
-        return v
+        dim = self.embedder.dim if self.embedder else self.store.dim
+        vector: np.ndarray = check_vectors(1, embedding, dim, field="embedding")[0]
+        return vector
 
     def _event(self, kind: str, memory: Memory, data: dict[str, Any]) -> None:
         self.store.append_event(Event(kind=kind, memory_id=memory.id, data=data, tenant=memory.tenant))

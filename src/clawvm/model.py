@@ -91,16 +91,22 @@ class Link(BaseModel):
 class Cost(BaseModel):
     """What producing the memory cost: wall time, model tokens, money (any currency, caller's choice)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # inf/NaN would be written to JSON as null and could not be read back
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     seconds: float = Field(default=0.0, ge=0)
     tokens: int = Field(default=0, ge=0)
     money: float = Field(default=0.0, ge=0)
 
 
 class Memory(BaseModel):
-    """One structured memory object. ``version`` starts at 1 and grows by one on every stored change."""
+    """One structured memory object, immutable once validated (change it with ``Harness.update``).
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=False, use_enum_values=False)
+    ``version`` starts at 1 and grows by one on every stored change.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, use_enum_values=False, allow_inf_nan=False
+    )
 
     id: str = Field(default_factory=new_id)
     content: str
@@ -136,6 +142,13 @@ class Memory(BaseModel):
             raise ValueError("must be a canonical UUID string such as one returned by record()")
         return v
 
+    @field_validator("content", "tenant", "session_id", "task_id", "agent_id", "tool_name")
+    @classmethod
+    def _encodable(cls, v: str | None) -> str | None:
+        if v is not None:
+            _check_utf8(v)
+        return v
+
     @field_validator("content_type")
     @classmethod
     def _known_content_type(cls, v: str) -> str:
@@ -153,6 +166,7 @@ class Memory(BaseModel):
                 raise ValueError("tags must be non-empty strings")
             if len(tag) > 200:
                 raise ValueError("each tag must be at most 200 characters")
+            _check_utf8(tag)
             seen.setdefault(tag, None)
         return list(seen)
 
@@ -163,16 +177,23 @@ class Memory(BaseModel):
             return None
         if v.tzinfo is None:  # naive datetimes are taken as UTC, the only zone we store
             return v.replace(tzinfo=UTC)
-        return v.astimezone(UTC)
+        try:
+            return v.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("is out of range once converted to UTC") from None
 
     @field_validator("metadata")
     @classmethod
     def _json_metadata(cls, v: dict[str, Any]) -> dict[str, Any]:
         try:
-            json.dumps(v, allow_nan=False)
-        except (TypeError, ValueError) as exc:
+            text = json.dumps(v, allow_nan=False, ensure_ascii=False)
+            text.encode("utf-8")
+        except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
             raise ValueError(f"must be JSON-serialisable ({exc})") from None
-        return v
+        # Stored as JSON, so keep it as JSON reads back (tuples -> lists, non-str keys -> str): every
+        # engine then returns exactly what was validated.
+        normalized: dict[str, Any] = json.loads(text)
+        return normalized
 
     def content_json(self) -> Any:
         """The payload as a Python object when ``content_type`` is JSON, else the text."""
@@ -190,12 +211,21 @@ class Memory(BaseModel):
             raise _translate(exc) from None
 
 
+def _check_utf8(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("contains unpaired surrogates (not valid UTF-8)") from None
+
+
 def canonical_json(payload: Any) -> str:
     """Canonical JSON text: sorted keys, no insignificant whitespace, UTF-8 kept as is, no NaN."""
     try:
         return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise ValidationError("content", f"is not JSON-serialisable ({exc})", "pass text, or a dict/list of JSON values") from None
+        raise ValidationError(
+            "content", f"is not JSON-serialisable ({exc})", "pass text, or a dict/list of JSON values"
+        ) from None
 
 
 def normalize_content(content: Any, max_bytes: int = DEFAULT_MAX_CONTENT_BYTES) -> tuple[str, str]:
@@ -314,7 +344,9 @@ class Filters:
     created_after: datetime | None = None
     created_before: datetime | None = None
 
-    SET_FIELDS = ("tenant", "session_id", "task_id", "agent_id", "tool_name", "kind", "state", "status", "tier")
+    SET_FIELDS = (
+        "tenant", "session_id", "task_id", "agent_id", "tool_name", "kind", "state", "status", "tier"
+    )
 
     @classmethod
     def of(cls, **given: Any) -> Filters:

@@ -44,45 +44,53 @@ def preset(name: str | RecallConfig | None) -> RecallConfig:
     return PRESETS[key]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ChannelScore:
     raw: float
     normalized: float
-    weight: float
     rank: int  # 1-based rank inside the channel
+    weight: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Fused:
     id: str
     score: float
     channels: dict[str, ChannelScore]
 
 
-def fuse(channels: dict[str, list[tuple[str, float]]], weights: dict[str, float]) -> list[Fused]:
-    """Weighted sum of min-max normalised channel scores, best first.
+def fuse(
+    channels: dict[str, list[tuple[str, float]]], weights: dict[str, float], k: int | None = None
+) -> list[Fused]:
+    """Weighted sum of min-max normalised channel scores; the best ``k`` (all if None), best first.
 
-    For each channel c with hits (id, s) sorted best first: n(s) = (s - min_c) / (max_c - min_c), or 1.0
-    when all scores are equal. score(id) = sum_c weight_c * n_c(id), a channel that missed id adds 0.
-    Ties break by id (ids sort by creation time, so the newer memory wins).
+    For each channel c with hits (id, s): n(s) = (s - min_c) / (max_c - min_c), or 1.0 when all its
+    scores are equal. score(id) = sum_c weight_c * n_c(id); a channel that missed id adds 0. Ties go to
+    the larger id (ids sort by creation time, so the newer memory wins).
     """
-    parts: dict[str, dict[str, ChannelScore]] = {}
+    normalized: dict[str, dict[str, tuple[float, float, int]]] = {}
+    totals: dict[str, float] = {}
     for name, hits in channels.items():
         w = weights.get(name, 0.0)
         if w <= 0.0 or not hits:
             continue
         hi, lo = max(s for _, s in hits), min(s for _, s in hits)
         span = hi - lo
+        part = normalized[name] = {}
         for rank, (ident, s) in enumerate(hits, start=1):
             n = (s - lo) / span if span > 0 else 1.0
-            parts.setdefault(ident, {})[name] = ChannelScore(s, n, w, rank)
-    fused = [Fused(i, sum(c.weight * c.normalized for c in cs.values()), cs) for i, cs in parts.items()]
-    fused.sort(key=lambda f: (-f.score, _neg(f.id)))
-    return fused
-
-
-def _neg(ident: str) -> tuple[int, ...]:
-    return tuple(-ord(ch) for ch in ident)
+            part[ident] = (s, n, rank)
+            totals[ident] = totals.get(ident, 0.0) + w * n
+    ranked = sorted(totals.items(), key=lambda kv: kv[0], reverse=True)
+    ranked.sort(key=lambda kv: kv[1], reverse=True)  # stable: equal scores keep the newer id first
+    return [
+        Fused(
+            ident,
+            score,
+            {c: ChannelScore(*part[ident], weights[c]) for c, part in normalized.items() if ident in part},
+        )
+        for ident, score in ranked[:k]
+    ]
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,8 @@ class VectorIndex:
 
     def get(self, row: int) -> np.ndarray | None:
         if row < len(self._has) and self._has[row]:
-            return self._x[row].copy()
+            vector: np.ndarray = self._x[row].copy()
+            return vector
         return None
 
     def _maybe_fit(self) -> None:

@@ -6,9 +6,9 @@ into :mod:`clawvm.errors` at this boundary, do no I/O in their constructor (``se
 migrates), and are safe to call from several threads.
 
 Write semantics (optimistic locking): ``put_many`` stores a memory only if its ``version`` is exactly one
-more than the stored version (any version for an id not stored yet, so imports keep theirs). Otherwise nothing of the batch is
-written and :class:`ConflictError` is raised. Callers bump the version; the engine checks and writes
-atomically.
+more than the stored version (any version for an id not stored yet, so imports keep theirs). Otherwise
+nothing of the batch is written and :class:`ConflictError` is raised. Callers bump the version; the
+engine checks and writes atomically.
 """
 
 from __future__ import annotations
@@ -80,11 +80,29 @@ def check_versions(batch: Sequence[Memory], stored: dict[str, int]) -> None:
             raise ConflictError(m.id, m.version - 1, current)
 
 
+def check_vectors(
+    n: int, vectors: np.ndarray | Sequence[Any], dim: int, field: str = "vectors"
+) -> np.ndarray:
+    """``vectors`` as an ``(n, dim)`` float32 array of finite values, or :class:`ValidationError`."""
+    fix = f"pass {n} vector(s) of {dim} finite floats"
+    try:
+        v = np.asarray(vectors, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise ValidationError(field, "is not an array of numbers", fix) from None
+    if v.shape != (n, dim) and not (n == 1 and v.shape == (dim,)):
+        raise ValidationError(field, f"has shape {v.shape}, not ({n}, {dim})", fix)
+    if not np.isfinite(v).all():
+        raise ValidationError(field, "contains NaN or infinite values", fix)
+    return v.reshape(n, dim)
+
+
 class Store(ABC):
     """Abstract storage engine. See the module docstring for the contract."""
 
     #: URL scheme(s) this engine serves, e.g. ``("sqlite",)``.
     schemes: tuple[str, ...] = ()
+    #: Dimension of the vectors this store holds.
+    dim: int = 384
 
     # ---- required -----------------------------------------------------------------------------------
     @abstractmethod
@@ -112,8 +130,15 @@ class Store(ABC):
         """Filtered lexical and/or dense candidates, or filtered listing. See :class:`Query`."""
 
     @abstractmethod
-    def set_vectors(self, ids: Sequence[str], vectors: np.ndarray) -> None:
-        """Attach embeddings (unit-normalised here) to stored memories; unknown ids are ignored."""
+    def set_vectors(
+        self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None
+    ) -> None:
+        """Attach embeddings (unit-normalised here) to stored memories; unknown ids are ignored.
+
+        With ``contents`` (what the background worker embedded), a vector is written only where the memory
+        still has exactly that content and no vector yet: a caller-supplied vector, or an update of the
+        text while the worker was busy, always wins over the worker's late result.
+        """
 
     @abstractmethod
     def unembedded(self, limit: int) -> list[tuple[str, str]]:

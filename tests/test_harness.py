@@ -1,0 +1,330 @@
+"""The Harness facade on every engine, with the real offline embedding model."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import clawvm
+from clawvm import (
+    PRESETS,
+    ConfigError,
+    ConflictError,
+    Filters,
+    Harness,
+    NotFoundError,
+    RecallConfig,
+    ValidationError,
+)
+from clawvm.store import SQLiteStore
+from engines import harness_target
+
+CORPUS = [
+    (
+        "The deploy failed because the disk on build-07 was full",
+        {"kind": "error", "session_id": "s1", "tags": ["ci", "disk"]},
+    ),
+    ("Lunch order: two pizzas and a salad for the team", {"kind": "note", "session_id": "s2"}),
+    (
+        "User prefers answers in French and short bullet lists",
+        {"kind": "user_input", "session_id": "s1", "tags": ["prefs"]},
+    ),
+    (
+        "Retry the payment API call with exponential backoff",
+        {"kind": "decision", "session_id": "s2", "tags": ["api"]},
+    ),
+]
+
+
+def fill(h: Harness) -> list[clawvm.Memory]:
+    return [h.record(text, **fields) for text, fields in CORPUS]
+
+
+def test_record_is_lexically_recallable_at_once(harness: Harness) -> None:
+    ms = fill(harness)
+    hits = harness.recall("why did the deploy fail? disk full", k=3, preset="bm25")
+    assert hits[0].id == ms[0].id
+    assert set(hits[0].explain) == {"lexical"}
+    hybrid = harness.recall("disk on build-07", k=2)  # default preset, whatever the worker has done
+    assert hybrid[0].id == ms[0].id and "lexical" in hybrid[0].explain
+
+
+def test_after_flush_the_dense_channel_is_present(harness: Harness) -> None:
+    ms = fill(harness)
+    harness.flush(timeout=60)
+    assert harness.store.unembedded(10) == []
+    hits = harness.recall("which build machine ran out of storage space?", k=4)
+    top = hits[0]
+    assert top.id == ms[0].id
+    assert {"lexical", "dense"} <= set(top.explain)
+    assert 0.0 < top.explain["dense"].raw <= 1.0 and top.explain["dense"].rank == 1
+    # a paraphrase with no word in common is found by the dense channel alone
+    para = harness.recall("meal for the staff", k=1, preset="dense")
+    assert para[0].id == ms[1].id and set(para[0].explain) == {"dense"}
+
+
+def test_recall_filters_and_default_status(harness: Harness) -> None:
+    ms = fill(harness)
+    other_tenant = harness.record("the deploy failed again in another tenant", tenant="acme")
+    q = "deploy disk pizzas French payment"
+    ids = lambda hits: {h.id for h in hits}  # noqa: E731
+    assert ids(harness.recall(q, k=10, preset="bm25")) == {m.id for m in ms}
+    assert ids(harness.recall(q, k=10, preset="bm25", session_id="s1")) == {ms[0].id, ms[2].id}
+    assert ids(harness.recall(q, k=10, preset="bm25", kind=["note", "decision"])) == {ms[1].id, ms[3].id}
+    assert ids(harness.recall(q, k=10, preset="bm25", tags=["ci"])) == {ms[0].id}
+    assert ids(harness.recall(q, k=10, preset="bm25", tags_any=["api", "prefs"])) == {ms[2].id, ms[3].id}
+    assert ids(harness.recall(q, k=10, preset="bm25", tenant="acme")) == {other_tenant.id}
+    assert len(harness.recall(q, k=2, preset="bm25")) == 2
+
+    harness.update(ms[0].id, status="archived")
+    assert ms[0].id not in ids(harness.recall(q, k=10, preset="bm25"))
+    assert ms[0].id in ids(harness.recall(q, k=10, preset="bm25", status="any"))
+    assert ids(harness.recall(q, k=10, preset="bm25", status="archived")) == {ms[0].id}
+    assert harness.count() == 3 and harness.count(status="any") == 4
+    assert [m.id for m in harness.list(session_id="s2")] == [ms[3].id, ms[1].id]
+    with pytest.raises(ValidationError) as exc:
+        harness.recall(q, sesion_id="s1")
+    assert exc.value.field == "sesion_id"
+
+
+def test_recall_argument_validation(harness: Harness) -> None:
+    with pytest.raises(ValidationError) as exc:
+        harness.recall(b"bytes query", k=3)  # type: ignore[arg-type]
+    assert exc.value.field == "query"
+    with pytest.raises(ValidationError) as exc:
+        harness.recall("x", k=0)
+    assert exc.value.field == "k"
+    assert harness.recall("nothing stored yet") == []
+
+
+def test_update_with_expected_version(harness: Harness) -> None:
+    m = harness.record("the cache hit rate dropped to ten percent", tags=["cache"])
+    u = harness.update(m.id, expected_version=1, content="the cache hit rate recovered", state="success")
+    assert u.version == 2 and u.id == m.id and u.created_at == m.created_at
+    assert u.token_count > 0 and u.content_type == "text/plain"
+    assert harness.get(m.id) == u
+    assert [h.id for h in harness.recall("recovered", preset="bm25")] == [m.id]
+    assert harness.recall("dropped", preset="bm25") == []
+
+    events_before = len(harness.events())
+    with pytest.raises(ConflictError) as exc:
+        harness.update(m.id, expected_version=1, content="stale writer")
+    assert exc.value.expected == 1 and exc.value.actual == 2
+    assert harness.get(m.id) == u
+    assert len(harness.events()) == events_before
+
+    for field, value in (
+        ("id", clawvm.Memory(content="x").id),
+        ("created_at", u.created_at),
+        ("version", 9),
+        ("tenant", "other"),
+    ):
+        with pytest.raises(ValidationError) as vexc:
+            harness.update(m.id, **{field: value})
+        assert vexc.value.field == field
+    with pytest.raises(ValidationError) as vexc:
+        harness.update(m.id, kind="bogus")
+    assert vexc.value.field == "kind"
+    with pytest.raises(ValidationError) as vexc:
+        harness.update(m.id, no_such_field=1)
+    assert vexc.value.field == "no_such_field"
+    with pytest.raises(ValidationError) as vexc:
+        harness.update(m.id, content="")
+    assert vexc.value.field == "content"
+    assert harness.get(m.id) == u
+    with pytest.raises(NotFoundError):
+        harness.update(clawvm.Memory(content="x").id, tags=["x"])
+
+
+def test_updated_content_is_re_embedded(harness: Harness) -> None:
+    m = harness.record("a note about gardening and tomatoes")
+    harness.flush(timeout=60)
+    harness.update(m.id, content="quarterly revenue grew by twelve percent")
+    harness.flush(timeout=60)
+    hit = harness.recall("how much did sales increase this quarter?", k=1, preset="dense")[0]
+    assert hit.id == m.id and hit.explain["dense"].raw > 0.3
+
+
+def test_forget(harness: Harness) -> None:
+    m, keep = harness.record("secret token rotated on monday"), harness.record("token bucket rate limiter")
+    harness.flush(timeout=60)
+    harness.forget(m.id)
+    with pytest.raises(NotFoundError):
+        harness.get(m.id)
+    with pytest.raises(NotFoundError):
+        harness.forget(m.id)
+    assert [h.id for h in harness.recall("secret token rotated monday", k=5)] == [keep.id]
+    assert harness.count() == 1
+
+
+def test_events_are_recorded(harness: Harness) -> None:
+    m = harness.record("event source", kind="observation")
+    harness.update(m.id, tags=["x"])
+    harness.forget(m.id)
+    events = harness.events(memory_id=m.id)
+    assert [e.kind for e in events] == ["add", "update", "forget"]
+    assert events[0].data == {"kind": "observation", "tier": "short_term"}
+    assert events[1].data == {"fields": ["tags"], "version": 2}
+    assert all(e.memory_id == m.id and e.tenant == "default" for e in events)
+    assert [e.seq for e in harness.events(after_seq=events[0].seq or 0)] == [events[1].seq, events[2].seq]
+
+
+def test_precomputed_embedding_is_used(harness: Harness) -> None:
+    harness.flush(timeout=60)
+    rng = np.random.default_rng(7)
+    v = rng.standard_normal(384).astype(np.float32)
+    m = harness.record("text unrelated to the vector", embedding=v)
+    other = harness.record("another memory")
+    harness.flush(timeout=60)
+    hits = harness.recall_with("", v, 2, PRESETS["dense"], Filters.of(tenant="default"))
+    assert hits[0].id == m.id
+    assert hits[0].explain["dense"].raw == pytest.approx(1.0, abs=1e-4)
+    assert hits[1].id == other.id and hits[1].explain["dense"].raw < 0.5
+
+
+@pytest.mark.engines("sqlite")
+def test_memories_recorded_without_an_embedder_are_embedded_on_the_next_open(
+    engine_name: str, tmp_path: Path, embedder: clawvm.MiniLMEmbedder
+) -> None:
+    target = harness_target(engine_name, tmp_path)
+    with Harness.open(target, embedder=None) as h:
+        a = h.record("the nightly backup job failed with a permission error")
+        h.record("the team offsite is in march")
+        assert h.recall("backup failed", k=1)[0].id == a.id
+    with Harness.open(target, embedder=embedder) as h:
+        h.flush(timeout=60)
+        assert h.store.unembedded(10) == []
+        hit = h.recall("why did the database dump not complete?", k=1, preset="dense")[0]
+        assert hit.id == a.id and hit.explain["dense"].raw > 0.2
+
+
+def test_concurrent_records_and_recalls(harness: Harness) -> None:
+    errors: list[BaseException] = []
+    recorded: list[list[str]] = [[] for _ in range(8)]
+
+    def work(t: int) -> None:
+        try:
+            for i in range(50):
+                m = harness.record(f"worker{t} wrote entry{i} about topic{i % 5}", session_id=f"s{t}")
+                recorded[t].append(m.id)
+                if i % 10 == 9:
+                    hits = harness.recall(f"worker{t} entry{i}", k=3, preset="bm25", session_id=f"s{t}")
+                    assert hits and hits[0].id == m.id
+                    harness.recall(f"topic{i % 5}", k=5)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors[:3]
+    everything = [i for ids in recorded for i in ids]
+    assert len(set(everything)) == 400
+    assert harness.count() == 400
+    assert set(harness.store.get_many(everything)) == set(everything)
+    for t in range(8):
+        assert {h.id for h in harness.recall(f"worker{t}", k=100, preset="bm25")} == set(recorded[t])
+    assert len([e for e in harness.events(limit=10_000) if e.kind == "add"]) == 400
+
+
+def test_concurrent_updates_lose_nothing(harness: Harness) -> None:
+    m = harness.record("shared counter", metadata={"n": 0})
+    per_thread, n_threads = 10, 8
+    errors: list[BaseException] = []
+    conflicts: list[int] = []
+
+    def increment() -> None:
+        try:
+            for _ in range(per_thread):
+                while True:
+                    cur = harness.get(m.id)
+                    time.sleep(0)  # let another thread in between the read and the write
+                    try:
+                        harness.update(
+                            m.id, expected_version=cur.version, metadata={"n": cur.metadata["n"] + 1}
+                        )
+                        break
+                    except ConflictError:
+                        conflicts.append(1)  # list.append is atomic
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=increment) for _ in range(n_threads)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # switch threads often, so read-modify-write cycles really interleave
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors
+    assert conflicts, "the threads never raced; the test proves nothing"
+    final = harness.get(m.id)
+    assert final.metadata["n"] == per_thread * n_threads
+    assert final.version == per_thread * n_threads + 1
+    assert len([e for e in harness.events(memory_id=m.id) if e.kind == "update"]) == per_thread * n_threads
+
+
+def test_presets(harness: Harness) -> None:
+    ms = fill(harness)
+    harness.flush(timeout=60)
+    q = "deploy failed disk full"
+    assert set(harness.recall(q, k=1, preset="bm25")[0].explain) == {"lexical"}
+    assert set(harness.recall(q, k=1, preset="dense")[0].explain) == {"dense"}
+    assert set(harness.recall(q, k=1, preset="hybrid")[0].explain) == {"lexical", "dense"}
+    custom = RecallConfig("custom", {"lexical": 0.5, "dense": 0.5}, candidates=3)
+    assert harness.recall(q, k=1, preset=custom)[0].id == ms[0].id
+    with pytest.raises(ConfigError):
+        harness.recall(q, preset="nope")
+    assert sorted(PRESETS) == ["bm25", "dense", "hybrid"]
+
+
+def test_unknown_preset_at_open_is_a_config_error(engine_name: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        Harness.open(harness_target(engine_name, tmp_path), embedder=None, preset="nope")
+
+
+def test_open_rejects_unknown_targets(tmp_path: Path) -> None:
+    for target in ("redis://localhost/0", "sqlite://"):
+        with pytest.raises(ConfigError):
+            Harness.open(target, embedder=None)
+    with pytest.raises(ValidationError) as exc:
+        Harness.open("memory://", embedder="no-such-model")
+    assert exc.value.field == "embedder"
+
+
+def test_open_with_a_path_or_a_store(tmp_path: Path) -> None:
+    with Harness.open(tmp_path / "p.db", embedder=None) as h:
+        m = h.record("via a Path")
+    store = SQLiteStore(tmp_path / "p.db")
+    with Harness.open(store, embedder=None) as h:
+        assert h.get(m.id) == m
+    with Harness.open(str(tmp_path / "p.db"), embedder=None) as h:
+        assert h.count() == 1
+
+
+def test_context_manager_flushes_and_closes(
+    engine_name: str, tmp_path: Path, embedder: clawvm.MiniLMEmbedder
+) -> None:
+    target = harness_target(engine_name, tmp_path)
+    with Harness.open(target, embedder=embedder) as h:
+        for i in range(5):
+            h.record(f"memory number {i} recorded right before close")
+        worker = h._worker
+        assert worker is not None
+    assert h._worker is None
+    assert worker._thread is None  # the embedding thread was stopped and joined
+    if engine_name == "sqlite":
+        assert isinstance(h.store, SQLiteStore) and h.store._conn is None
+        with Harness.open(target, embedder=None) as again:
+            assert again.count() == 5
+            assert again.store.unembedded(10) == []  # close() waited for the embedding queue

@@ -1,0 +1,263 @@
+"""The memory model: validation (through the Harness, on every engine), JSON content, ids, filters."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+
+import clawvm.ids
+from clawvm import Filters, Harness, Kind, Memory, ValidationError
+from clawvm.ids import is_valid_id, new_id
+from clawvm.model import JSON, TEXT, build_memory
+from engines import harness_target
+from strategies import memories
+
+VALID_ID = "0190abcd-ef00-7000-8000-00000000000a"
+BAD_INPUT: list[tuple[Any, dict[str, Any], str]] = [
+    ("x", {"session_id": 5}, "session_id"),
+    ("x", {"tags": "x"}, "tags"),
+    ("x", {"tags": [1]}, "tags.0"),
+    ("x", {"tags": ["ok", "   "]}, "tags"),
+    ("x", {"value": "high"}, "value"),
+    ("x", {"value": 1.5}, "value"),
+    ("x", {"confidence": -0.1}, "confidence"),
+    ("x", {"kind": "bogus"}, "kind"),
+    ("x", {"state": "done"}, "state"),
+    ("x", {"status": "deleted"}, "status"),
+    ("x", {"tier": "l3"}, "tier"),
+    ("x" * 1_000_001, {}, "content"),
+    ("é" * 500_001, {}, "content"),  # 500,001 characters, 1,000,002 bytes
+    (b"valid start \xff\xfe", {}, "content"),
+    ("lone \ud800 surrogate", {}, "content"),
+    ("", {}, "content"),
+    (" \n\t ", {}, "content"),
+    (12345, {}, "content"),
+    ({"x": float("nan")}, {}, "content"),
+    ("x", {"no_such_field": 1}, "no_such_field"),
+    ("x", {"parent_id": "not-a-uuid"}, "parent_id"),
+    ("x", {"parent_id": VALID_ID.upper()}, "parent_id"),
+    ("x", {"links": [{"type": "refers_to", "target": "memory-7"}]}, "links.0.target"),
+    ("x", {"links": [{"type": "inspired_by", "target": VALID_ID}]}, "links.0.type"),
+    ("x", {"metadata": {"when": object()}}, "metadata"),
+    ("x", {"metadata": {"f": float("nan")}}, "metadata"),
+    ("x", {"metadata": "not a dict"}, "metadata"),
+    ("x", {"session_id": "s\ud800"}, "session_id"),
+    ("x", {"tags": ["ok", "\udfff"]}, "tags"),
+    ("x", {"metadata": {"k": "\ud800"}}, "metadata"),
+    ("x", {"created_at": "yesterday"}, "created_at"),
+    ("x", {"created_at": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5)))}, "created_at"),
+    ("x", {"cost": {"seconds": float("inf")}}, "cost.seconds"),
+    ("x", {"cost": {"tokens": -1}}, "cost.tokens"),
+    ("x", {"access_count": -1}, "access_count"),
+    ("x", {"version": 3}, "version"),
+    ("x", {"content_type": "text/html"}, "content_type"),
+    ("x", {"token_count": 7}, "token_count"),
+]
+
+
+@pytest.mark.parametrize(
+    ("content", "fields", "field"), BAD_INPUT, ids=[c[2] + str(i) for i, c in enumerate(BAD_INPUT)]
+)
+def test_bad_input_names_the_field_and_writes_nothing(
+    harness: Harness, content: Any, fields: dict[str, Any], field: str
+) -> None:
+    kept = harness.record("a memory recorded before the bad one", tags=["t"])
+    before = (harness.store.count(), len(harness.events()), harness.get(kept.id))
+    with pytest.raises(ValidationError) as exc:
+        harness.record(content, **fields)
+    assert exc.value.field == field, str(exc.value)
+    assert exc.value.problem and exc.value.fix
+    assert (harness.store.count(), len(harness.events()), harness.get(kept.id)) == before
+
+
+def test_precomputed_embedding_of_the_wrong_size_is_rejected(harness: Harness) -> None:
+    with pytest.raises(ValidationError) as exc:
+        harness.record("x", embedding=[0.1, 0.2, 0.3])
+    assert exc.value.field == "embedding"
+    with pytest.raises(ValidationError):
+        harness.record("x", embedding=[float("nan")] * 384)
+    assert harness.store.count() == 0
+
+
+def test_custom_content_limit(engine_name: str, tmp_path: Path) -> None:
+    with Harness.open(harness_target(engine_name, tmp_path), embedder=None, max_content_bytes=10) as h:
+        h.record("x" * 10)
+        h.record("é" * 5)  # 10 bytes
+        for too_big in ("x" * 11, "é" * 6, b"x" * 11, {"k": "long value"}):
+            with pytest.raises(ValidationError) as exc:
+                h.record(too_big)
+            assert exc.value.field == "content"
+            assert "10-byte limit" in exc.value.problem
+        assert h.store.count() == 2
+
+
+def test_content_exactly_at_the_default_limit_is_accepted(engine_name: str, tmp_path: Path) -> None:
+    with Harness.open(harness_target(engine_name, tmp_path), embedder=None) as h:
+        m = h.record("é" * 500_000)  # exactly 1,000,000 bytes
+        assert len(h.get(m.id).content.encode()) == 1_000_000
+
+
+def test_json_content_is_stored_as_canonical_json(harness: Harness) -> None:
+    payload = {"url": "https://api.example/charge", "b": [1, 2.5, None, True], "a": {"ü": "ß"}}
+    m = harness.record(payload, kind="tool_call")
+    assert m.content_type == JSON
+    assert m.content == '{"a":{"ü":"ß"},"b":[1,2.5,null,true],"url":"https://api.example/charge"}'
+    stored = harness.get(m.id)
+    assert stored.content == m.content and stored.content_type == JSON
+    assert stored.content_json() == payload
+    lst = harness.record(["x", {"z": 1, "y": 2}])
+    assert lst.content == '["x",{"y":2,"z":1}]' and harness.get(lst.id).content_json() == [
+        "x",
+        {"z": 1, "y": 2},
+    ]
+    text = harness.record('{"looks": "like json"}')
+    assert text.content_type == TEXT and text.content_json() == '{"looks": "like json"}'
+    raw = harness.record("caf\u00e9 bytes".encode())
+    assert raw.content == "café bytes" and raw.content_type == TEXT
+
+
+def test_metadata_is_kept_as_json_reads_it_back(engine_name: str, tmp_path: Path) -> None:
+    m = build_memory({"content": "x", "metadata": {"pair": (1, 2), "by_number": {1: "one"}, "big": 2**80}})
+    assert m.metadata == {"pair": [1, 2], "by_number": {"1": "one"}, "big": 2**80}
+    with Harness.open(harness_target(engine_name, tmp_path), embedder=None) as h:
+        r = h.record("x", metadata={"pair": (1, 2), "by_number": {1: "one"}})
+        assert h.get(r.id).metadata == r.metadata == {"pair": [1, 2], "by_number": {"1": "one"}}
+
+
+def test_naive_and_offset_datetimes_are_stored_as_utc() -> None:
+    naive = datetime(2026, 3, 1, 12, 0)
+    m = build_memory(
+        {
+            "content": "x",
+            "created_at": naive,
+            "expires_at": datetime(2026, 3, 1, 14, 0, tzinfo=timezone(timedelta(hours=2))),
+        }
+    )
+    assert m.created_at == datetime(2026, 3, 1, 12, 0, tzinfo=UTC) and m.created_at.tzinfo is UTC
+    assert (
+        m.expires_at == m.created_at and m.expires_at is not None and m.expires_at.utcoffset() == timedelta(0)
+    )
+
+
+# ---- ids ----------------------------------------------------------------------------------------------
+def _parts(ident: str) -> tuple[int, int, int]:
+    u = uuid.UUID(ident)
+    return u.int >> 80, u.version or 0, (u.int >> 64) & 0xFFF
+
+
+def test_ids_are_uuid7_unique_and_strictly_increasing() -> None:
+    t0 = datetime.now(UTC).timestamp() * 1000
+    ids = [new_id() for _ in range(20_000)]
+    assert len(set(ids)) == len(ids)
+    assert all(a < b for a, b in itertools.pairwise(ids))
+    for ident in (ids[0], ids[-1]):
+        u = uuid.UUID(ident)
+        assert u.version == 7 and u.variant == uuid.RFC_4122
+        assert str(u) == ident and is_valid_id(ident)
+    assert abs(_parts(ids[0])[0] - t0) < 5_000  # the first 48 bits are the creation time in ms
+    assert Memory(content="x").id > ids[-1]
+
+
+def test_ids_are_unique_across_threads_and_increasing_within_each() -> None:
+    per_thread: list[list[str]] = [[] for _ in range(8)]
+    barrier = threading.Barrier(8)
+
+    def make(out: list[str]) -> None:
+        barrier.wait()
+        out.extend(new_id() for _ in range(3000))
+
+    threads = [threading.Thread(target=make, args=(out,)) for out in per_thread]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    everything = [i for out in per_thread for i in out]
+    assert len(set(everything)) == 8 * 3000
+    for out in per_thread:
+        assert all(a < b for a, b in itertools.pairwise(out))
+
+
+def test_ids_stay_increasing_when_the_counter_overflows_or_the_clock_goes_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    frozen = [1_900_000_000_000 * 1_000_000]  # ns; beyond any real clock today
+    # only the ids module sees the fake clock; its state is restored afterwards, so later ids stay real
+    monkeypatch.setattr(clawvm.ids, "time", SimpleNamespace(time_ns=lambda: frozen[0]))
+    monkeypatch.setattr(clawvm.ids, "_last_ms", 0)
+    monkeypatch.setattr(clawvm.ids, "_counter", 0)
+    ids = [new_id() for _ in range(5000)]  # > 4096 in one millisecond
+    frozen[0] -= 10_000 * 1_000_000  # the wall clock steps back 10 s
+    ids += [new_id() for _ in range(10)]
+    assert all(a < b for a, b in itertools.pairwise(ids))
+    assert all(uuid.UUID(i).version == 7 for i in ids)
+    assert _parts(ids[0])[0] == 1_900_000_000_000
+    assert _parts(ids[4096])[0] == 1_900_000_000_001  # borrowed the next millisecond
+
+
+def test_is_valid_id_accepts_only_canonical_uuid_text() -> None:
+    ident = new_id()
+    assert is_valid_id(ident)
+    assert is_valid_id(str(uuid.uuid4()))  # imported ids keep their version
+    for bad in (ident.upper(), ident.replace("-", ""), "{" + ident + "}", ident[:-1], "", "memory-1"):
+        assert not is_valid_id(bad)
+
+
+# ---- JSON round trip ----------------------------------------------------------------------------------
+@settings(max_examples=150, deadline=None)
+@given(m=memories())
+def test_memory_json_round_trip(m: Memory) -> None:
+    text = m.to_json()
+    back = Memory.from_json(text)
+    assert back == m
+    assert back.to_json() == text
+    assert Memory.from_json(text.encode()) == m
+    assert json.loads(text)["id"] == m.id
+
+
+def test_from_json_errors_are_ours_and_name_the_field() -> None:
+    good = json.loads(Memory(content="x").to_json())
+    with pytest.raises(ValidationError) as exc:
+        Memory.from_json(json.dumps({**good, "kind": "bogus"}))
+    assert exc.value.field == "kind"
+    with pytest.raises(ValidationError) as exc:
+        Memory.from_json("{not json")
+    with pytest.raises(ValidationError) as exc:
+        Memory.from_json(json.dumps({k: v for k, v in good.items() if k != "content"}))
+    assert exc.value.field == "content"
+
+
+# ---- filters ------------------------------------------------------------------------------------------
+def test_filters_of_rejects_unknown_names() -> None:
+    with pytest.raises(ValidationError) as exc:
+        Filters.of(session_id="s1", sesion_id="typo")
+    assert exc.value.field == "sesion_id"
+    assert "session_id" in exc.value.fix
+
+
+def test_filters_of_normalizes_what_callers_write() -> None:
+    f = Filters.of(
+        kind=Kind.TOOL_CALL,
+        tags=["a", "b"],
+        tags_any="c",
+        session_id=["s1", "s2"],
+        tenant=None,
+        created_after=datetime(2026, 1, 1),
+        pinned=1,
+    )
+    assert f.kind == frozenset({"tool_call"})
+    assert f.tags_all == frozenset({"a", "b"}) and f.tags_any == frozenset({"c"})
+    assert f.session_id == frozenset({"s1", "s2"}) and f.tenant is None
+    assert f.created_after == datetime(2026, 1, 1, tzinfo=UTC)
+    assert f.pinned is True
+    with pytest.raises(ValidationError) as exc:
+        Filters.of(created_before="2026-01-01")
+    assert exc.value.field == "created_before"

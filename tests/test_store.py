@@ -1,0 +1,924 @@
+"""The storage contract, written once and run on every engine (``engine`` fixture, see conftest).
+
+SQLite-only behaviour (persistence, several connections/processes on one file, driver errors) is at
+the end, marked ``@pytest.mark.engines("sqlite")``.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pydantic
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clawvm import (
+    ConflictError,
+    Filters,
+    Kind,
+    Link,
+    LinkType,
+    Memory,
+    NotFoundError,
+    SchemaError,
+    State,
+    Status,
+    StoreError,
+    Tier,
+    ValidationError,
+)
+from clawvm.store import Edge, Event, Query, SQLiteStore, Store
+from engines import make_store
+from strategies import at, memories
+
+DIM = 384
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def mem(content: str = "some content", **fields: Any) -> Memory:
+    return Memory(content=content, **fields)
+
+
+def bump(m: Memory, **changes: Any) -> Memory:
+    """The next version of ``m`` with ``changes`` (what an updater writes)."""
+    return m.model_copy(update={**changes, "version": m.version + 1})
+
+
+def unit_vectors(n: int, seed: int = 0) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal((n, DIM)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def all_ids(store: Store) -> list[str]:
+    return store.query(Query(limit=10**9)).filtered
+
+
+# ---- put / get / delete -------------------------------------------------------------------------------
+def test_put_then_get_returns_an_equal_memory(engine: Store) -> None:
+    m = mem(
+        "the build broke on step three",
+        session_id="s1",
+        tags=["ci", "build"],
+        links=[Link(type=LinkType.REFERS_TO, target=mem().id)],
+        metadata={"n": 1, "nested": {"a": [1, 2.5]}},
+    )
+    engine.put(m)
+    got = engine.get(m.id)
+    assert got == m
+    assert got.tags == ["ci", "build"]
+
+
+def test_get_many_returns_only_existing_ids(engine: Store) -> None:
+    a, b = mem("alpha"), mem("beta")
+    engine.put_many([a, b])
+    missing = mem().id
+    found = engine.get_many([a.id, missing, b.id])
+    assert found == {a.id: a, b.id: b}
+    assert engine.get_many([]) == {}
+    assert engine.get_many([missing]) == {}
+
+
+def test_get_and_delete_of_missing_id_raise_not_found(engine: Store) -> None:
+    ghost = mem().id
+    with pytest.raises(NotFoundError) as exc:
+        engine.get(ghost)
+    assert exc.value.ident == ghost
+    with pytest.raises(NotFoundError):
+        engine.delete(ghost)
+    assert isinstance(exc.value, LookupError)
+
+
+def test_delete_removes_memory_from_get_and_every_query(engine: Store) -> None:
+    a, b = mem("zebra crossing"), mem("zebra stripes")
+    engine.put_many([a, b])
+    engine.set_vectors([a.id, b.id], unit_vectors(2))
+    engine.delete(a.id)
+    with pytest.raises(NotFoundError):
+        engine.get(a.id)
+    assert all_ids(engine) == [b.id]
+    res = engine.query(Query(text="zebra", vector=unit_vectors(2)[0]))
+    assert [i for i, _ in res.lexical] == [b.id]
+    assert [i for i, _ in res.dense] == [b.id]
+    with pytest.raises(NotFoundError):
+        engine.delete(a.id)
+
+
+def test_delete_many_counts_existing_ids_once(engine: Store) -> None:
+    a, b, c = mem("a"), mem("b"), mem("c")
+    engine.put_many([a, b, c])
+    assert engine.delete_many([a.id, a.id, mem().id, b.id]) == 2
+    assert all_ids(engine) == [c.id]
+    assert engine.delete_many([]) == 0
+
+
+def test_put_many_of_nothing_is_a_no_op(engine: Store) -> None:
+    engine.put_many([])
+    assert engine.count() == 0
+
+
+def test_memory_can_be_re_created_after_delete(engine: Store) -> None:
+    a = mem("phoenix rises")
+    engine.put(a)
+    engine.delete(a.id)
+    engine.put(a)  # version 1 again: the id no longer exists
+    assert engine.get(a.id) == a
+    assert [i for i, _ in engine.query(Query(text="phoenix")).lexical] == [a.id]
+
+
+def test_stored_memory_is_isolated_from_the_callers_objects(engine: Store) -> None:
+    a = mem("original text", tags=["x"], metadata={"k": [1]})
+    engine.put(a)
+    with pytest.raises(pydantic.ValidationError):
+        a.content = "mutated after put"  # type: ignore[misc]  # Memory is frozen
+    a.tags.append("y")
+    a.metadata["k"].append(2)
+    got = engine.get(a.id)
+    assert got.content == "original text" and got.tags == ["x"] and got.metadata == {"k": [1]}
+    got.tags.append("z")
+    assert engine.get(a.id).tags == ["x"]
+
+
+# ---- optimistic locking -------------------------------------------------------------------------------
+def test_a_new_id_keeps_the_version_it_carries(engine: Store) -> None:
+    # imports keep their versions: any version is accepted for an id that is not stored yet
+    m = mem("imported at version five", version=5)
+    engine.put(m)
+    assert engine.get(m.id).version == 5
+    with pytest.raises(ConflictError) as exc:
+        engine.put(m.model_copy(update={"content": "stale"}))
+    assert exc.value.actual == 5
+    engine.put(bump(m, content="six"))
+    assert engine.get(m.id).version == 6
+
+
+def test_version_must_be_stored_plus_one(engine: Store) -> None:
+    a = mem("v1")
+    engine.put(a)
+    with pytest.raises(ConflictError) as exc:
+        engine.put(a.model_copy(update={"content": "v1 again"}))  # same version: stale
+    assert exc.value.actual == 1 and exc.value.ident == a.id
+    with pytest.raises(ConflictError):
+        engine.put(a.model_copy(update={"version": 3}))  # skips a version
+    a2 = bump(a, content="v2")
+    engine.put(a2)
+    assert engine.get(a.id) == a2
+    with pytest.raises(ConflictError):
+        engine.put(bump(a, content="lost update"))  # also version 2, but 2 is now stored
+    assert engine.get(a.id).content == "v2"
+
+
+@pytest.mark.parametrize("stale_first", [True, False])
+def test_stale_put_writes_nothing_of_the_batch(engine: Store, stale_first: bool) -> None:
+    a = mem("apple original")
+    engine.put(a)
+    engine.put(bump(a, content="apple second"))
+    fresh1, fresh2 = mem("banana fresh"), mem("cherry fresh")
+    stale = bump(a, content="apple stale durian")  # version 2 again
+    batch = [stale, fresh1, fresh2] if stale_first else [fresh1, fresh2, stale]
+    with pytest.raises(ConflictError):
+        engine.put_many(batch)
+    assert engine.get_many([fresh1.id, fresh2.id]) == {}
+    assert engine.get(a.id).content == "apple second"
+    assert all_ids(engine) == [a.id]
+    for word in ("banana", "cherry", "durian"):
+        assert engine.query(Query(text=word)).lexical == []
+    assert [i for i, _ in engine.query(Query(text="apple second")).lexical] == [a.id]
+
+
+def test_duplicate_ids_in_one_batch_are_rejected(engine: Store) -> None:
+    a, other = mem("one"), mem("other")
+    with pytest.raises(ValidationError) as exc:
+        engine.put_many([a, other, a.model_copy(update={"content": "two"})])
+    assert exc.value.field == "memories"
+    assert engine.count() == 0
+
+
+# ---- queries ------------------------------------------------------------------------------------------
+def test_lexical_query_ranks_the_matching_memory_first(engine: Store) -> None:
+    docs = [
+        mem("the weather today is sunny and warm"),
+        mem("kubernetes pod stuck in crashloop backoff after deploy"),
+        mem("lunch order: two pizzas and a salad"),
+        mem("deploy finished without errors"),
+    ]
+    engine.put_many(docs)
+    hits = engine.query(Query(text="why is the kubernetes pod crashlooping?")).lexical
+    assert hits[0][0] == docs[1].id
+    assert [s for _, s in hits] == sorted((s for _, s in hits), reverse=True)
+    assert docs[2].id not in {i for i, _ in hits}
+    assert engine.query(Query(text="the and of")).lexical == []  # stop words only
+
+
+def test_lexical_index_covers_tags_and_tool_name(engine: Store) -> None:
+    a = mem("plain text", tags=["postgres"], tool_name="psql_runner")
+    b = mem("other text")
+    engine.put_many([a, b])
+    assert [i for i, _ in engine.query(Query(text="postgres")).lexical] == [a.id]
+    assert [i for i, _ in engine.query(Query(text="psql_runner")).lexical] == [a.id]
+
+
+def test_dense_query_returns_nearest_first(engine: Store) -> None:
+    docs = [mem(f"doc {i}") for i in range(6)]
+    engine.put_many(docs)
+    vecs = unit_vectors(6, seed=1)
+    engine.set_vectors([d.id for d in docs], vecs * 3.0)  # stored unit-normalised
+    q = vecs[4] + 0.05 * unit_vectors(1, seed=2)[0]
+    hits = engine.query(Query(vector=q, limit=3)).dense
+    assert len(hits) == 3
+    assert hits[0][0] == docs[4].id
+    assert hits[0][1] == pytest.approx(float(vecs[4] @ (q / np.linalg.norm(q))), abs=1e-4)
+    assert [s for _, s in hits] == sorted((s for _, s in hits), reverse=True)
+    expected = np.argsort(-(vecs @ q))[:3]
+    assert [i for i, _ in hits] == [docs[j].id for j in expected]
+
+
+def test_set_vectors_ignores_unknown_ids(engine: Store) -> None:
+    a = mem("a")
+    engine.put(a)
+    engine.set_vectors([mem().id, a.id], unit_vectors(2))
+    assert engine.unembedded(10) == []
+    assert [i for i, _ in engine.query(Query(vector=unit_vectors(2)[1])).dense] == [a.id]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        np.zeros((1, 3)),
+        np.zeros((2, DIM)),
+        np.full((1, DIM), np.nan),
+        np.full((1, DIM), np.inf),
+        [["x"] * DIM],
+    ],
+    ids=["wrong-dim", "wrong-count", "nan", "inf", "not-numbers"],
+)
+def test_bad_vectors_are_rejected_and_change_nothing(engine: Store, bad: Any) -> None:
+    a = mem("a")
+    engine.put(a)
+    with pytest.raises(ValidationError) as exc:
+        engine.set_vectors([a.id], bad)
+    assert exc.value.field == "vectors"
+    assert engine.unembedded(10) == [(a.id, "a")]
+    with pytest.raises(ValidationError) as exc:
+        engine.query(Query(vector=np.zeros(DIM // 2)))
+    assert exc.value.field == "vector"
+
+
+def test_filter_only_query_lists_newest_first_with_limit(engine: Store) -> None:
+    docs = [mem(f"m{i}", created_at=T0 + timedelta(minutes=i)) for i in (3, 0, 4, 1, 2)]
+    engine.put_many(docs)
+    by_time = sorted(docs, key=lambda m: m.created_at, reverse=True)
+    assert engine.query(Query(limit=10)).filtered == [m.id for m in by_time]
+    assert engine.query(Query(limit=2)).filtered == [m.id for m in by_time[:2]]
+    assert [m.id for m in engine.list(limit=3)] == [m.id for m in by_time[:3]]
+    assert [m.id for m in engine.iter_all(batch=2)] == [m.id for m in reversed(by_time)]
+    assert engine.count() == 5
+
+
+def _corpus() -> dict[str, Memory]:
+    a = mem(
+        "shared alpha",
+        tenant="t1",
+        session_id="s1",
+        task_id="k1",
+        agent_id="g1",
+        tool_name="grep",
+        kind=Kind.TOOL_CALL,
+        state=State.PENDING,
+        status=Status.ACTIVE,
+        tier=Tier.WORKING,
+        tags=["x", "y"],
+        pinned=True,
+        created_at=T0,
+    )
+    b = mem(
+        "shared beta",
+        tenant="t1",
+        session_id="s2",
+        task_id="k2",
+        agent_id="g2",
+        tool_name="curl",
+        kind=Kind.TOOL_RESULT,
+        state=State.ERROR,
+        status=Status.ARCHIVED,
+        tier=Tier.LONG_TERM,
+        tags=["y"],
+        parent_id=a.id,
+        created_at=T0 + timedelta(hours=1),
+    )
+    c = mem(
+        "shared gamma",
+        tenant="t2",
+        session_id="s1",
+        kind=Kind.NOTE,
+        status=Status.ACTIVE,
+        tier=Tier.SHORT_TERM,
+        parent_id=a.id,
+        created_at=T0 + timedelta(hours=2),
+    )
+    d = mem(
+        "shared delta",
+        tenant="t1",
+        kind=Kind.ERROR,
+        state=State.SUCCESS,
+        status=Status.OBSOLETE,
+        tier=Tier.ARCHIVE,
+        tags=["z", "x"],
+        parent_id=b.id,
+        created_at=T0 + timedelta(hours=3),
+    )
+    return {"a": a, "b": b, "c": c, "d": d}
+
+
+T1 = T0 + timedelta(hours=1)
+FILTER_CASES: list[tuple[dict[str, Any], str]] = [
+    ({"tenant": "t2"}, "c"),
+    ({"tenant": ["t1", "t2"]}, "abcd"),
+    ({"tenant": []}, ""),
+    ({"session_id": "s1"}, "ac"),
+    ({"session_id": "nope"}, ""),
+    ({"task_id": "k2"}, "b"),
+    ({"agent_id": ["g1", "g2"]}, "ab"),
+    ({"tool_name": "curl"}, "b"),
+    ({"kind": "note"}, "c"),
+    ({"kind": [Kind.TOOL_CALL, "error"]}, "ad"),
+    ({"state": "error"}, "b"),
+    ({"state": [State.PENDING, "success"]}, "ad"),
+    ({"status": "active"}, "ac"),
+    ({"status": ["archived", "obsolete"]}, "bd"),
+    ({"tier": Tier.ARCHIVE}, "d"),
+    ({"tier": ["working", "short_term"]}, "ac"),
+    ({"tags_all": ["x"]}, "ad"),
+    ({"tags": ["x", "y"]}, "a"),
+    ({"tags_all": ["x", "nope"]}, ""),
+    ({"tags_any": ["y", "z"]}, "abd"),
+    ({"tags_any": ["nope"]}, ""),
+    ({"parent_id": "@a"}, "bc"),
+    ({"parent_id": "@b"}, "d"),
+    ({"pinned": True}, "a"),
+    ({"pinned": False}, "bcd"),
+    ({"created_after": T1}, "bcd"),  # inclusive
+    ({"created_before": T1}, "a"),  # exclusive
+    ({"created_after": T1, "created_before": T1 + timedelta(hours=2)}, "bc"),
+    ({"tenant": "t1", "status": "active"}, "a"),
+    ({"session_id": "s1", "tags_any": ["y"], "kind": "tool_call"}, "a"),
+]
+
+
+@pytest.mark.parametrize(("spec", "expected"), FILTER_CASES, ids=[str(c[0]) for c in FILTER_CASES])
+def test_every_filter_field_on_every_channel(engine: Store, spec: dict[str, Any], expected: str) -> None:
+    corpus = _corpus()
+    engine.put_many(list(corpus.values()))
+    engine.set_vectors([m.id for m in corpus.values()], unit_vectors(4))
+    spec = {k: corpus[v[1:]].id if isinstance(v, str) and v.startswith("@") else v for k, v in spec.items()}
+    f = Filters.of(**spec)
+    want = {corpus[name].id for name in expected}
+    assert want == {m.id for m in corpus.values() if f.matches(m)}  # reference semantics agree
+    listed = engine.query(Query(filters=f, limit=100)).filtered
+    assert listed == [
+        m.id for m in sorted(corpus.values(), key=lambda m: m.created_at, reverse=True) if m.id in want
+    ]
+    res = engine.query(Query(filters=f, text="shared", vector=unit_vectors(1, seed=9)[0], limit=100))
+    assert {i for i, _ in res.lexical} == want
+    assert {i for i, _ in res.dense} == want
+    assert engine.count(f) == len(want)
+
+
+@pytest.mark.parametrize("year", [1, 1969, 2026, 2300, 9999])
+def test_time_filters_are_exact_to_the_microsecond(engine: Store, year: int) -> None:
+    before, exact, after = (mem(f"t{d}", created_at=at(year, us=d)) for d in (-1, 0, 1))
+    engine.put_many([before, exact, after])
+    assert engine.query(Query(filters=Filters.of(created_before=at(year)))).filtered == [before.id]
+    assert engine.query(Query(filters=Filters.of(created_after=at(year)))).filtered == [after.id, exact.id]
+    f = Filters.of(created_after=at(year), created_before=at(year, us=1))
+    assert engine.query(Query(filters=f, text="t0")).lexical[0][0] == exact.id
+    assert engine.query(Query(filters=f)).filtered == [exact.id]
+
+
+def test_filtered_queries_honour_limit_per_channel(engine: Store) -> None:
+    docs = [mem(f"shared item {i}", session_id="s" + str(i % 2)) for i in range(10)]
+    engine.put_many(docs)
+    engine.set_vectors([d.id for d in docs], unit_vectors(10))
+    f = Filters.of(session_id="s1")
+    res = engine.query(Query(filters=f, text="shared item", vector=unit_vectors(1, seed=5)[0], limit=3))
+    odd = {d.id for d in docs[1::2]}
+    assert len(res.lexical) == 3 and {i for i, _ in res.lexical} <= odd
+    assert len(res.dense) == 3 and {i for i, _ in res.dense} <= odd
+
+
+# ---- vectors and the embedding queue ------------------------------------------------------------------
+def test_updating_content_drops_the_vector(engine: Store) -> None:
+    a, b = mem("first text"), mem("second text")
+    engine.put_many([a, b])
+    vecs = unit_vectors(2)
+    engine.set_vectors([a.id, b.id], vecs)
+    assert engine.unembedded(10) == []
+    a2 = bump(a, tags=["only", "tags"])  # same content: the vector stays
+    engine.put(a2)
+    assert engine.unembedded(10) == []
+    assert engine.query(Query(vector=vecs[0], limit=1)).dense[0][0] == a.id
+    a3 = bump(a2, content="rewritten text")
+    engine.put(a3)
+    assert engine.unembedded(10) == [(a.id, "rewritten text")]
+    assert [i for i, _ in engine.query(Query(vector=vecs[0])).dense] == [b.id]
+    engine.set_vectors([a.id], vecs[:1])
+    assert engine.unembedded(10) == []
+    assert engine.query(Query(vector=vecs[0], limit=1)).dense[0][0] == a.id
+
+
+def test_unembedded_lists_memories_without_vectors_oldest_first(engine: Store) -> None:
+    docs = [mem(f"text {i}", created_at=T0 + timedelta(seconds=i)) for i in range(5)]
+    for d in docs:
+        engine.put(d)
+    assert engine.unembedded(10) == [(d.id, d.content) for d in docs]
+    assert engine.unembedded(2) == [(d.id, d.content) for d in docs[:2]]
+    engine.set_vectors([docs[0].id, docs[3].id], unit_vectors(2))
+    assert engine.unembedded(10) == [(docs[i].id, docs[i].content) for i in (1, 2, 4)]
+    engine.delete(docs[1].id)
+    assert [i for i, _ in engine.unembedded(10)] == [docs[2].id, docs[4].id]
+
+
+# ---- edges --------------------------------------------------------------------------------------------
+def test_edges_in_both_directions_replaced_and_removed(engine: Store) -> None:
+    b, c, d = mem("b"), mem("c"), mem("d")
+    a = mem(
+        "a", links=[Link(type=LinkType.CAUSED_BY, target=b.id), Link(type=LinkType.REFERS_TO, target=c.id)]
+    )
+    engine.put_many([a, b, c, d])
+    ab, ac = Edge(a.id, LinkType.CAUSED_BY, b.id), Edge(a.id, LinkType.REFERS_TO, c.id)
+    assert set(engine.edges([a.id])) == {ab, ac}
+    assert engine.edges([b.id]) == [ab]  # incoming
+    assert set(engine.edges([b.id, c.id])) == {ab, ac}
+    assert engine.edges([d.id]) == []
+    assert engine.edges([]) == []
+
+    a2 = bump(a, links=[Link(type=LinkType.DERIVED_FROM, target=d.id)])
+    engine.put(a2)
+    ad = Edge(a.id, LinkType.DERIVED_FROM, d.id)
+    assert engine.edges([a.id]) == [ad]
+    assert engine.edges([b.id, c.id]) == []
+    assert engine.edges([d.id]) == [ad]
+
+    engine.delete(a.id)
+    assert engine.edges([a.id, b.id, c.id, d.id]) == []
+
+
+def test_edges_are_listed_once(engine: Store) -> None:
+    b = mem("b")
+    link = Link(type=LinkType.REVISES, target=b.id)
+    a = mem("a", links=[link, link])
+    c = mem("c", links=[Link(type=LinkType.REVISES, target=a.id)])
+    engine.put_many([a, b, c])
+    edges = engine.edges([a.id, b.id, c.id])
+    assert len(edges) == len(set(edges)) == 2
+
+
+def test_links_to_a_deleted_target_stay(engine: Store) -> None:
+    b = mem("b")
+    a = mem("a", links=[Link(type=LinkType.SUMMARIZES, target=b.id)])
+    engine.put_many([a, b])
+    engine.delete(b.id)
+    assert engine.edges([a.id]) == [Edge(a.id, LinkType.SUMMARIZES, b.id)]
+
+
+# ---- events -------------------------------------------------------------------------------------------
+def test_events_append_and_read(engine: Store) -> None:
+    m1, m2 = mem().id, mem().id
+    first = [
+        Event(
+            "add",
+            m1,
+            {"kind": "note", "n": [1, 2.5, None, True], "deep": {"x": {"y": "ü"}}},
+            tenant="t1",
+            at=T0,
+        ),
+        Event("add", m2, {}, at=T0 + timedelta(seconds=1)),
+    ]
+    s1 = engine.append_events(first)
+    s2 = engine.append_events([Event("update", m1, {"fields": ["tags"]}), Event("note", None, {"msg": "hi"})])
+    seqs = s1 + s2
+    assert seqs == sorted(seqs) and len(set(seqs)) == 4
+    assert engine.append_event(Event("forget", m2, {})) > seqs[-1]
+
+    read = engine.read_events()
+    assert [e.seq for e in read] == [*seqs, read[-1].seq]
+    assert [e.kind for e in read] == ["add", "add", "update", "note", "forget"]
+    assert read[0].data == first[0].data
+    assert read[0].tenant == "t1" and read[0].at == T0 and read[0].memory_id == m1
+    assert read[3].memory_id is None
+    assert [e.kind for e in engine.read_events(after_seq=seqs[1])] == ["update", "note", "forget"]
+    assert [e.kind for e in engine.read_events(memory_id=m1)] == ["add", "update"]
+    assert [e.seq for e in engine.read_events(after_seq=seqs[0], memory_id=m1)] == [seqs[2]]
+    assert [e.kind for e in engine.read_events(limit=2)] == ["add", "add"]
+    assert [e.kind for e in engine.read_events(after_seq=seqs[0], limit=1, memory_id=m2)] == ["add"]
+    assert engine.read_events(after_seq=read[-1].seq) == []
+
+
+# ---- properties ---------------------------------------------------------------------------------------
+POOL_TIMES = [at(2026), at(2026, us=1), at(2026, us=-1), at(2030), at(1969), at(9999), at(9999, us=-1), at(1)]
+SMALL = ["a", "b"]
+PARENTS = ["00000000-0000-7000-8000-00000000aaaa", "00000000-0000-7000-8000-00000000bbbb"]
+
+
+def _opt(values: list[str]) -> st.SearchStrategy[str | None]:
+    return st.none() | st.sampled_from(values)
+
+
+@st.composite
+def scoped_memories(draw: st.DrawFn) -> list[Memory]:
+    n = draw(st.integers(min_value=0, max_value=12))
+    out = []
+    for i in range(n):
+        out.append(
+            Memory(
+                id=f"00000000-0000-7000-8000-{i:012x}",
+                content=f"shared word{i % 3}",
+                tenant=draw(st.sampled_from(SMALL)),
+                session_id=draw(_opt(SMALL)),
+                task_id=draw(_opt(SMALL)),
+                agent_id=draw(_opt(SMALL)),
+                tool_name=draw(_opt(SMALL)),
+                kind=draw(st.sampled_from([Kind.NOTE, Kind.ERROR, Kind.TOOL_CALL])),
+                state=draw(st.none() | st.sampled_from([State.PENDING, State.ERROR])),
+                status=draw(st.sampled_from([Status.ACTIVE, Status.ARCHIVED])),
+                tier=draw(st.sampled_from([Tier.WORKING, Tier.LONG_TERM])),
+                tags=draw(st.lists(st.sampled_from(["x", "y", "z"]), max_size=3)),
+                parent_id=draw(st.none() | st.sampled_from(PARENTS)),
+                pinned=draw(st.booleans()),
+                created_at=draw(st.sampled_from(POOL_TIMES)),
+            )
+        )
+    return out
+
+
+def _set_of(values: list[str]) -> st.SearchStrategy[frozenset[str] | None]:
+    return st.none() | st.frozensets(st.sampled_from([*values, "other"]), max_size=3)
+
+
+FILTER_VALUES: dict[str, st.SearchStrategy[Any]] = {
+    "tenant": _set_of(SMALL),
+    "session_id": _set_of(SMALL),
+    "task_id": _set_of(SMALL),
+    "agent_id": _set_of(SMALL),
+    "tool_name": _set_of(SMALL),
+    "kind": _set_of(["note", "error", "tool_call"]),
+    "state": _set_of(["pending", "error"]),
+    "status": _set_of(["active", "archived"]),
+    "tier": _set_of(["working", "long_term"]),
+    "tags_all": st.frozensets(st.sampled_from(["x", "y", "z"]), max_size=2),
+    "tags_any": _set_of(["x", "y", "z"]),
+    "parent_id": st.none() | st.sampled_from(PARENTS),
+    "pinned": st.none() | st.booleans(),
+    "created_after": st.none() | st.sampled_from(POOL_TIMES),
+    "created_before": st.none() | st.sampled_from(POOL_TIMES),
+}
+
+
+@st.composite
+def random_filters(draw: st.DrawFn) -> Filters:
+    """Filters on a few random fields (filters on every field would almost always match nothing)."""
+    names = draw(st.lists(st.sampled_from(sorted(FILTER_VALUES)), max_size=4, unique=True))
+    return Filters(**{name: draw(FILTER_VALUES[name]) for name in names})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ms=scoped_memories(), filters=st.lists(random_filters(), min_size=1, max_size=4))
+def test_queries_agree_with_filters_matches(
+    engine_name: str, tmp_path: Path, ms: list[Memory], filters: list[Filters]
+) -> None:
+    store = make_store(engine_name, tmp_path)
+    store.setup()
+    try:
+        store.put_many(ms)
+        store.set_vectors([m.id for m in ms], unit_vectors(len(ms)))
+        by_id = {m.id: m for m in ms}
+        for f in filters:
+            want = {m.id for m in ms if f.matches(m)}
+            res = store.query(Query(filters=f, limit=10**9))
+            assert len(res.filtered) == len(set(res.filtered))
+            assert set(res.filtered) == want
+            times = [by_id[i].created_at for i in res.filtered]
+            assert times == sorted(times, reverse=True)
+            res = store.query(Query(filters=f, text="shared", vector=unit_vectors(1, seed=3)[0], limit=10**9))
+            assert {i for i, _ in res.lexical} == want
+            assert {i for i, _ in res.dense} == want
+    finally:
+        store.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(m=memories(version=1))
+def test_any_valid_memory_round_trips_through_the_store(engine_name: str, tmp_path: Path, m: Memory) -> None:
+    store = make_store(engine_name, tmp_path)
+    store.setup()
+    try:
+        store.put(m)
+        got = store.get(m.id)
+        assert got == m
+        assert got.to_json() == m.to_json()
+        assert store.get_many([m.id]) == {m.id: m}
+    finally:
+        store.close()
+
+
+# ---- SQLite only ---------------------------------------------------------------------------------------
+sqlite_only = pytest.mark.engines("sqlite")
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "shared.db"
+
+
+@pytest.fixture
+def opened(db_path: Path) -> Iterator[list[SQLiteStore]]:
+    """Stores opened with :func:`open_store` during the test; all closed afterwards."""
+    stores: list[SQLiteStore] = []
+    yield stores
+    for s in stores:
+        s.close()
+
+
+def open_store(stores: list[SQLiteStore], path: Path, **kw: Any) -> SQLiteStore:
+    s = SQLiteStore(path, **kw)
+    s.setup()
+    stores.append(s)
+    return s
+
+
+@sqlite_only
+def test_reopen_brings_everything_back(engine_name: str, db_path: Path, opened: list[SQLiteStore]) -> None:
+    s = open_store(opened, db_path)
+    b = mem("the database migration finished", tags=["db"])
+    a = mem("the cache warmup timed out", links=[Link(type=LinkType.CAUSED_BY, target=b.id)], session_id="s9")
+    c = mem("never embedded")
+    s.put_many([a, b, c])
+    vecs = unit_vectors(2)
+    s.set_vectors([a.id, b.id], vecs)
+    s.put(bump(b, status=Status.ARCHIVED))
+    s.delete(c.id)
+    d = mem("still waiting for a vector")
+    s.put(d)
+    seqs = s.append_events([Event("add", a.id, {"x": [1, {"y": None}]}, at=T0)])
+    s.close()
+
+    r = open_store(opened, db_path)
+    assert r.get(a.id) == a
+    assert r.get(b.id).status == Status.ARCHIVED and r.get(b.id).version == 2
+    with pytest.raises(NotFoundError):
+        r.get(c.id)
+    assert set(all_ids(r)) == {a.id, b.id, d.id}
+    assert next(i for i, _ in r.query(Query(text="cache timed out")).lexical) == a.id
+    dense = r.query(Query(vector=vecs[1], limit=1)).dense
+    assert dense[0][0] == b.id and dense[0][1] == pytest.approx(1.0, abs=1e-5)
+    assert r.unembedded(10) == [(d.id, d.content)]
+    assert r.edges([b.id]) == [Edge(a.id, LinkType.CAUSED_BY, b.id)]
+    assert r.read_events() == [Event("add", a.id, {"x": [1, {"y": None}]}, at=T0, seq=seqs[0])]
+    assert r.query(Query(filters=Filters.of(session_id="s9"))).filtered == [a.id]
+    r.put(bump(r.get(b.id), content="a new version after reopen"))  # version checks continue from the file
+    assert r.get(b.id).version == 3
+
+
+@sqlite_only
+def test_two_stores_on_one_file_see_each_others_writes(
+    engine_name: str, db_path: Path, opened: list[SQLiteStore]
+) -> None:
+    one, two = open_store(opened, db_path), open_store(opened, db_path)
+    a, b = mem("quokka sighting on the island"), mem("wombat burrow")
+    one.put_many([a, b])
+    assert two.get(a.id) == a
+    assert [i for i, _ in two.query(Query(text="quokka")).lexical] == [a.id]
+    vecs = unit_vectors(2)
+    one.set_vectors([a.id, b.id], vecs)
+    assert two.query(Query(vector=vecs[1], limit=1)).dense[0][0] == b.id
+    assert two.unembedded(10) == []
+
+    # writes through `two` are seen by `one`, including a content change that drops the vector
+    two.put(bump(a, content="quokka left the island"))
+    assert one.get(a.id).content == "quokka left the island"
+    assert [i for i, _ in one.query(Query(vector=vecs[0])).dense] == [b.id]
+    assert one.unembedded(10) == [(a.id, "quokka left the island")]
+
+    # a stale put through `one` (it last wrote version 1) conflicts
+    with pytest.raises(ConflictError):
+        one.put(bump(a, content="quokka overwritten"))
+    assert two.get(a.id).content == "quokka left the island"
+    one.put(bump(one.get(a.id), content="quokka came back"))  # version 3, through `one`
+    with pytest.raises(ConflictError):  # `two` last wrote version 2
+        two.put(bump(a, content="quokka stale again"))
+    assert two.get(a.id).content == "quokka came back"
+
+    one.delete(b.id)
+    with pytest.raises(NotFoundError):
+        two.get(b.id)
+    assert all_ids(two) == [a.id]
+    assert two.query(Query(text="wombat")).lexical == []
+    assert two.query(Query(vector=vecs[1])).dense == []
+    e = two.append_event(Event("note", a.id, {"from": "two"}))
+    assert [x.seq for x in one.read_events()] == [e]
+
+
+@sqlite_only
+def test_concurrent_writers_on_two_connections_converge(
+    engine_name: str, db_path: Path, opened: list[SQLiteStore]
+) -> None:
+    one, two = open_store(opened, db_path), open_store(opened, db_path)
+    errors: list[BaseException] = []
+
+    def writer(store: Store, tag: str) -> None:
+        try:
+            prev: Memory | None = None
+            for i in range(60):
+                m = mem(f"{tag} item {i}")
+                store.put(m)
+                if prev is not None and i % 3 == 0:
+                    store.delete(prev.id)
+                store.count()
+                prev = m
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(s, t)) for s, t in ((one, "left"), (two, "right"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    fresh = open_store(opened, db_path)
+    truth = set(all_ids(fresh))
+    assert set(all_ids(one)) == truth
+    assert set(all_ids(two)) == truth
+    for s in (one, two):
+        assert {i for i, _ in s.query(Query(text="item", limit=10**6)).lexical} == truth
+
+
+@sqlite_only
+def test_reader_catching_up_while_another_connection_writes(
+    engine_name: str, db_path: Path, opened: list[SQLiteStore]
+) -> None:
+    reader, writer = open_store(opened, db_path), open_store(opened, db_path)
+    stop = threading.Event()
+
+    def read_loop() -> None:
+        while not stop.is_set():
+            reader.count()
+
+    t = threading.Thread(target=read_loop)
+    t.start()
+    try:
+        prev = None
+        for i in range(150):
+            m = mem(f"catch up {i}")
+            writer.put(m)
+            if prev is not None and i % 2 == 0:
+                writer.delete(prev.id)
+            prev = m
+    finally:
+        stop.set()
+        t.join()
+    assert set(all_ids(reader)) == set(all_ids(writer))
+
+
+WRITER_SCRIPT = """
+import sys, numpy as np
+from clawvm import Memory
+from clawvm.store import SQLiteStore, Event
+path, keep_id, gone_id = sys.argv[1:4]
+s = SQLiteStore(path)
+s.setup()
+old = s.get(keep_id)
+s.put(old.model_copy(update={"content": "written by another process", "version": old.version + 1}))
+new = Memory(content="platypus from the child process", session_id="child")
+s.put(new)
+v = np.zeros(384, dtype=np.float32); v[7] = 1.0
+s.set_vectors([new.id], v[None, :])
+s.delete(gone_id)
+s.append_event(Event("child", new.id, {"pid": 1}))
+s.close()
+print(new.id)
+"""
+
+
+@sqlite_only
+def test_a_second_process_writing_is_seen(engine_name: str, db_path: Path, opened: list[SQLiteStore]) -> None:
+    s = open_store(opened, db_path)
+    keep, gone = mem("kept original"), mem("about to vanish")
+    s.put_many([keep, gone])
+    assert s.count() == 2
+    out = subprocess.run(
+        [sys.executable, "-c", WRITER_SCRIPT, str(db_path), keep.id, gone.id],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    child_id = out.stdout.strip().splitlines()[-1]
+    assert s.get(keep.id).content == "written by another process"
+    assert s.get(keep.id).version == 2
+    with pytest.raises(NotFoundError):
+        s.get(gone.id)
+    assert set(all_ids(s)) == {keep.id, child_id}
+    assert [i for i, _ in s.query(Query(text="platypus")).lexical] == [child_id]
+    v = np.zeros(DIM, dtype=np.float32)
+    v[7] = 1.0
+    assert s.query(Query(vector=v, limit=1)).dense[0] == (child_id, pytest.approx(1.0))
+    assert s.query(Query(filters=Filters.of(session_id="child"))).filtered == [child_id]
+    assert [e.kind for e in s.read_events()] == ["child"]
+    with pytest.raises(ConflictError):
+        s.put(bump(keep, content="stale write from the parent"))
+
+
+@sqlite_only
+def test_corrupt_file_raises_store_error(engine_name: str, db_path: Path) -> None:
+    db_path.write_bytes(b"this is not a database, just some bytes " * 200)
+    s = SQLiteStore(db_path)
+    with pytest.raises(StoreError) as exc:
+        s.setup()
+    assert not isinstance(exc.value, sqlite3.Error)
+    assert type(exc.value) is StoreError
+    with pytest.raises(StoreError):  # still unusable, still our error
+        s.count()
+    s.close()
+
+
+@sqlite_only
+def test_newer_schema_raises_schema_error(engine_name: str, db_path: Path, opened: list[SQLiteStore]) -> None:
+    s = open_store(opened, db_path)
+    s.put(mem("from the current version"))
+    s.close()
+    conn = sqlite3.connect(db_path)
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    with pytest.raises(SchemaError) as exc:
+        SQLiteStore(db_path).setup()
+    assert isinstance(exc.value, StoreError)
+    assert "99" in str(exc.value)
+
+
+@sqlite_only
+def test_locked_database_is_a_store_error_and_the_store_recovers(
+    engine_name: str, db_path: Path, opened: list[SQLiteStore]
+) -> None:
+    s = open_store(opened, db_path, timeout_s=0.05)
+    a = mem("before the lock")
+    s.put(a)
+    blocker = sqlite3.connect(db_path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(StoreError) as exc:
+            s.put(mem("while locked"))
+        assert not isinstance(exc.value, sqlite3.Error)
+        assert isinstance(exc.value.__cause__, sqlite3.OperationalError)
+        assert s.get(a.id) == a  # reads still work under WAL
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    b = mem("after the lock")
+    s.put(b)
+    assert set(all_ids(s)) == {a.id, b.id}
+
+
+@sqlite_only
+def test_driver_error_on_a_dead_connection_is_a_store_error(
+    engine_name: str, db_path: Path, opened: list[SQLiteStore]
+) -> None:
+    s = open_store(opened, db_path)
+    s.put(mem("x"))
+    assert s._conn is not None
+    s._conn.close()  # the connection dies underneath the engine
+    for call in (
+        lambda: s.count(),
+        lambda: s.put(mem("y")),
+        lambda: s.read_events(),
+        lambda: s.unembedded(1),
+        lambda: s.edges(["00000000-0000-7000-8000-000000000001"]),
+    ):
+        with pytest.raises(StoreError) as exc:
+            call()
+        assert not isinstance(exc.value, sqlite3.Error)
+
+
+@sqlite_only
+def test_sqlite_url_and_plain_path_open_the_same_file(engine_name: str, tmp_path: Path) -> None:
+    from clawvm.store import store_from_url
+
+    p = tmp_path / "sub" / "dir" / "x.db"
+    s1 = store_from_url(f"sqlite:///{p}")
+    s1.setup()
+    m = mem("via url")
+    s1.put(m)
+    s1.close()
+    s2 = store_from_url(str(p))
+    s2.setup()
+    assert s2.get(m.id) == m
+    s2.close()
+    assert os.path.exists(p)
