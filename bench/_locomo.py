@@ -87,7 +87,8 @@ class EvidenceReport:
 
     def summary(self) -> str:
         return (
-            f"evidence strings {self.strings}: clean {self.clean}, split {self.split} (into {self.split_ids} ids), "
+            f"evidence strings {self.strings}: clean {self.clean}, "
+            f"split {self.split} (into {self.split_ids} ids), "
             f"repaired {self.repaired}, dropped {self.dropped}; QA items with no usable evidence: "
             f"{self.no_evidence_qa}"
         )
@@ -154,7 +155,8 @@ def load(path: str | Path) -> tuple[list[Conversation], EvidenceReport]:
             date = parse_date(conv[f"{key}_date_time"])
             dates[key] = date
             sessions[key] = [
-                Turn(t["dia_id"].strip(), t["speaker"], t["text"], key, n, i, date) for i, t in enumerate(turns)
+                Turn(t["dia_id"].strip(), t["speaker"], t["text"], key, n, i, date)
+                for i, t in enumerate(turns)
             ]
         known = {t.dia_id for ts in sessions.values() for t in ts}
         qa: list[QA] = []
@@ -188,6 +190,7 @@ class VectorCache:
 
     ``mode`` separates batch ("doc") embeddings from one-at-a-time ``embed_query`` ones: the int8 model
     quantises activations per batch, so the same text can differ in the last digits between the two.
+    Computed vectors are written to a new shard every 8192 vectors and at :meth:`save`.
     """
 
     def __init__(self, model: str, dim: int, root: Path | None = None) -> None:
@@ -195,8 +198,8 @@ class VectorCache:
         self.dir = (root or cache_dir()) / safe
         self.dim = dim
         self.model = model
-        self._row: dict[bytes, int] = {}
-        self._vecs: list[np.ndarray] = []
+        self._blocks: list[np.ndarray] = []
+        self._row: dict[bytes, tuple[int, int]] = {}  # key -> (block, row)
         self._pending_keys: list[bytes] = []
         self._pending_vecs: list[np.ndarray] = []
         self.hits = 0
@@ -206,24 +209,34 @@ class VectorCache:
     def _load(self) -> None:
         if not self.dir.exists():
             return
-        offset = 0
         for shard in sorted(self.dir.glob("shard-*.npz")):
-            with np.load(shard) as z:
-                keys, vecs = z["keys"], z["vecs"]
-            if vecs.ndim != 2 or vecs.shape[1] != self.dim:
+            try:
+                with np.load(shard) as z:
+                    keys, vecs = z["keys"], z["vecs"]
+            except (OSError, ValueError, KeyError):
+                continue  # a torn or foreign file: ignore it
+            if vecs.ndim != 2 or vecs.shape[1] != self.dim or keys.shape != (len(vecs), 20):
                 continue
+            b = len(self._blocks)
+            self._blocks.append(vecs.astype(np.float32, copy=False))
             for j, k in enumerate(keys):
-                self._row[bytes(k)] = offset + j
-            self._vecs.append(vecs.astype(np.float32, copy=False))
-            offset += len(vecs)
-        self._all = np.concatenate(self._vecs) if self._vecs else np.zeros((0, self.dim), np.float32)
-        self._vecs = [self._all]
+                self._row[k.tobytes()] = (b, j)
 
     def key(self, text: str, mode: str) -> bytes:
         return hashlib.sha1(f"{self.model}\0{mode}\0{text}".encode()).digest()
 
     def __len__(self) -> int:
         return len(self._row)
+
+    def _add(self, keys: list[bytes], vecs: np.ndarray) -> None:
+        b = len(self._blocks)
+        self._blocks.append(vecs)
+        for j, k in enumerate(keys):
+            self._row[k] = (b, j)
+        self._pending_keys.extend(keys)
+        self._pending_vecs.append(vecs)
+        if len(self._pending_keys) >= 8192:
+            self.save()  # keep progress if a long run is interrupted
 
     def get_or_compute(
         self, texts: Sequence[str], compute: Callable[[list[str]], np.ndarray], mode: str = "doc",
@@ -233,12 +246,11 @@ class VectorCache:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         missing: dict[bytes, list[int]] = {}
         missing_text: dict[bytes, str] = {}
-        stored = self._vecs[0] if self._vecs else None
         for i, t in enumerate(texts):
             k = self.key(t, mode)
-            row = self._row.get(k)
-            if row is not None and stored is not None:
-                out[i] = stored[row]
+            where = self._row.get(k)
+            if where is not None:
+                out[i] = self._blocks[where[0]][where[1]]
                 self.hits += 1
             else:
                 missing.setdefault(k, []).append(i)
@@ -249,15 +261,13 @@ class VectorCache:
         for start in range(0, len(keys), chunk):
             part = keys[start : start + chunk]
             vecs = np.asarray(compute([missing_text[k] for k in part]), dtype=np.float32)
+            vecs = vecs.reshape(-1, self.dim)
             for k, v in zip(part, vecs, strict=True):
                 out[missing[k]] = v
-            self._pending_keys.extend(part)
-            self._pending_vecs.append(vecs)
+            self._add(part, vecs)
             done += len(part)
             if progress is not None:
                 progress(done, len(keys))
-            if sum(len(v) for v in self._pending_vecs) >= 8192:
-                self.save()  # keep progress if a long run is interrupted
         return out
 
     def save(self) -> None:
@@ -265,15 +275,12 @@ class VectorCache:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         vecs = np.concatenate(self._pending_vecs)
-        keys = np.frombuffer(b"".join(self._pending_keys), dtype="S20")
-        name = f"shard-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}-{os.getpid()}.npz"
-        tmp = self.dir / (name + ".tmp.npz")
-        np.savez(tmp, keys=keys, vecs=vecs)
-        tmp.rename(self.dir / name)
-        base = len(self._vecs[0]) if self._vecs else 0
-        for j, k in enumerate(self._pending_keys):
-            self._row[k] = base + j
-        self._vecs = [np.concatenate([*self._vecs, vecs])] if self._vecs else [vecs]
+        keys = np.frombuffer(b"".join(self._pending_keys), dtype=np.uint8).reshape(-1, 20)
+        name = f"shard-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%f')}-{os.getpid()}"
+        tmp = self.dir / f"{name}.tmp"
+        with open(tmp, "wb") as fh:
+            np.savez(fh, keys=keys, vecs=vecs)
+        tmp.rename(self.dir / f"{name}.npz")
         self._pending_keys, self._pending_vecs = [], []
 
     def describe(self) -> str:

@@ -243,7 +243,7 @@ class Harness:
         self.store.append_event(Event(kind=kind, memory_id=memory.id, data=data, tenant=memory.tenant))
 
 
-def _preset(p: str | RecallConfig) -> RecallConfig:
+def _preset(p: str | RecallConfig | None) -> RecallConfig:
     return preset(p)
 
 
