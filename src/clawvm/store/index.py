@@ -9,6 +9,8 @@ Not internally locked: the owning engine holds its lock around every call.
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -33,10 +35,44 @@ def micros(t: datetime) -> int:
     return (t - _EPOCH) // _MICROSECOND
 
 
-def index_text(memory: Memory) -> str:
+def index_text(memory: Memory | IndexDoc) -> str:
     """The text the lexical index sees for a memory: its content, tags and tool name."""
     extra = " ".join([*memory.tags, memory.tool_name or ""])
     return f"{memory.content} {extra}" if extra.strip() else memory.content
+
+
+@dataclass(slots=True)
+class IndexDoc:
+    """The fields the index reads, parsed straight from a stored memory's JSON.
+
+    Rebuilding the index on open from these is ~5x cheaper than validating every row into a Memory
+    (at 100k rows: seconds, not tens of seconds). ``SearchIndex.upsert`` takes either.
+    """
+
+    id: str
+    content: str
+    tenant: str
+    session_id: str | None
+    task_id: str | None
+    agent_id: str | None
+    tool_name: str | None
+    kind: str
+    state: str | None
+    status: str
+    tier: str
+    parent_id: str | None
+    tags: list[str]
+    pinned: bool
+    created_at: datetime
+
+    @classmethod
+    def from_json(cls, body: str | bytes) -> IndexDoc:
+        d = json.loads(body)
+        return cls(
+            d["id"], d["content"], d["tenant"], d["session_id"], d["task_id"], d["agent_id"], d["tool_name"],
+            d["kind"], d["state"], d["status"], d["tier"], d["parent_id"], d["tags"], d["pinned"],
+            datetime.fromisoformat(d["created_at"]),
+        )
 
 
 class _Column:
@@ -93,7 +129,7 @@ class SearchIndex:
                 new[: len(old)] = old
                 setattr(self, name, new)
 
-    def upsert(self, memory: Memory) -> int:
+    def upsert(self, memory: Memory | IndexDoc) -> int:
         """Index (or re-index) a memory; returns its row."""
         row = self.row_of.get(memory.id)
         if row is None:

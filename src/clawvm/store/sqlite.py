@@ -24,7 +24,7 @@ from ..errors import SchemaError, StoreError
 from ..model import LinkType, Memory
 from ..vectors import normalize
 from .base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions
-from .index import SearchIndex
+from .index import IndexDoc, SearchIndex
 
 # Append-only: never edit a shipped entry, add a new one. PRAGMA user_version = number applied.
 MIGRATIONS: tuple[str, ...] = (
@@ -165,6 +165,8 @@ class SQLiteStore(Store):
         if db.in_transaction:
             self._replay(db)
             return
+        if db.execute("PRAGMA data_version").fetchone()[0] == self._data_version:
+            return  # nobody committed since we last looked: skip the snapshot transaction
         db.execute("BEGIN")
         try:
             self._replay(db)
@@ -182,7 +184,7 @@ class SQLiteStore(Store):
         for rev, body, emb in db.execute(
             "SELECT rev, body, embedding FROM memories WHERE rev > ? ORDER BY seq", (self._rev,)
         ):
-            m = Memory.model_validate_json(body)
+            m = IndexDoc.from_json(body)
             index.upsert(m)
             if emb is not None:
                 index.set_vector(m.id, np.frombuffer(emb, dtype="<f4"))
