@@ -68,6 +68,13 @@ def memory_fields(draw: st.DrawFn) -> dict[str, Any]:
             "tokens": draw(st.integers(min_value=0, max_value=2**40)),
             "money": draw(st.floats(min_value=0.0)),
         },
+        "usage": {
+            "injected": draw(st.integers(min_value=0, max_value=2**40)),
+            "cited": draw(st.integers(min_value=0, max_value=2**40)),
+            "successes": draw(st.integers(min_value=0, max_value=2**20)),
+            "failures": draw(st.integers(min_value=0, max_value=2**20)),
+            "feedback": draw(st.integers(min_value=-(2**20), max_value=2**20)),
+        },
         "token_count": draw(st.integers(min_value=0, max_value=2**31)),
         "metadata": draw(st.dictionaries(texts, json_values, max_size=5)),
     }

@@ -98,6 +98,22 @@ class Cost(BaseModel):
     money: float = Field(default=0.0, ge=0)
 
 
+class Usage(BaseModel):
+    """How a memory has been used since it was recorded; an input of the value score.
+
+    ``injected``: times it went into a built context; ``cited``: times an output cited it;
+    ``successes``/``failures``: tasks it contributed to that ended well/badly; ``feedback``: the sum of
+    user votes (+1/-1).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    injected: int = Field(default=0, ge=0)
+    cited: int = Field(default=0, ge=0)
+    successes: int = Field(default=0, ge=0)
+    failures: int = Field(default=0, ge=0)
+    feedback: int = 0
+
+
 class Memory(BaseModel):
     """One structured memory object, immutable once validated (change it with ``Harness.update``).
 
@@ -132,6 +148,7 @@ class Memory(BaseModel):
     tier: Tier = Tier.SHORT_TERM
     confidence: float = Field(default=1.0, ge=0.0, le=1.0)
     cost: Cost = Field(default_factory=Cost)
+    usage: Usage = Field(default_factory=Usage)
     token_count: int = Field(default=0, ge=0)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
