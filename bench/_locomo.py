@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -290,3 +291,17 @@ class VectorCache:
         if self.misses == 0:
             return f"all {total} vectors from cache ({self.dir})"
         return f"{self.hits}/{total} vectors from cache, {self.misses} computed and stored in {self.dir}"
+
+
+def source_state() -> dict[str, object]:
+    """The commit and uncommitted ``src/`` files the numbers were measured on (src moves between runs)."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {"commit": git("rev-parse", "--short", "HEAD").strip(),
+            "dirty_src": git("status", "--porcelain", "--", "src").split("\n")[:-1]}

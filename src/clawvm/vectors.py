@@ -83,6 +83,10 @@ class VectorIndex:
             return vector
         return None
 
+    def prepare(self) -> None:
+        """Fit the search projection now if the index is big enough (else the first search does)."""
+        self._maybe_fit()
+
     def _maybe_fit(self) -> None:
         if self._n < self.exact_below or (self._proj is not None and self._n < 2 * self._fitted_at):
             return

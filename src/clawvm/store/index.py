@@ -173,6 +173,16 @@ class SearchIndex:
         self.vectors.add([row], vector.reshape(1, -1))
         return True
 
+    def set_vectors(self, ids: list[str], vectors: np.ndarray) -> None:
+        """Batched :meth:`set_vector` (unknown ids skipped)."""
+        keep = [n for n, i in enumerate(ids) if i in self.row_of]
+        if keep:
+            self.vectors.add([self.row_of[ids[n]] for n in keep], vectors[keep])
+
+    def count(self, f: Filters) -> int:
+        m = self.mask(f)
+        return len(self.row_of) if m is None else int(m.sum())
+
     def drop_vector(self, memory_id: str) -> None:
         row = self.row_of.get(memory_id)
         if row is not None:

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..model import Memory
+from ..model import Filters, Memory
 from .base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions
 from .index import SearchIndex
 
@@ -66,6 +66,10 @@ class MemoryStore(Store):
                     self._vectors.pop(i, None)
                     self.index.remove(i)
             return n
+
+    def count(self, filters: Filters | None = None) -> int:
+        with self._lock:
+            return self.index.count(filters or Filters())
 
     def query(self, query: Query) -> QueryResult:
         with self._lock:

