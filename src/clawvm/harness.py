@@ -18,8 +18,8 @@ import numpy as np
 from .embed import Embedder, EmbedWorker, MiniLMEmbedder, count_tokens
 from .errors import ConflictError, ValidationError
 from .model import DEFAULT_MAX_CONTENT_BYTES, Filters, Memory, build_memory, normalize_content, revalidate
-from .retrieval import RecallConfig, Recalled, fuse, preset
-from .store import Event, Query, Store, store_from_url
+from .retrieval import RecallConfig, Recalled, preset, run_recall
+from .store import Event, Store, store_from_url
 from .store.base import check_vectors
 
 _IMMUTABLE = frozenset({"id", "created_at", "version", "tenant"})
@@ -181,17 +181,7 @@ class Harness:
         self, query: str, vector: np.ndarray | None, k: int, cfg: RecallConfig, filters: Filters
     ) -> list[Recalled]:
         """Recall with a precomputed query vector (used by benchmarks to time embedding separately)."""
-        hits = self.store.query(
-            Query(
-                filters=filters,
-                text=query if cfg.uses("lexical") else None,
-                vector=vector if cfg.uses("dense") else None,
-                limit=max(cfg.candidates, k),
-            )
-        )
-        fused = fuse({"lexical": hits.lexical, "dense": hits.dense}, cfg.weights, k)
-        found = self.store.get_many([f.id for f in fused])
-        return [Recalled(found[f.id], f.score, f.channels) for f in fused if f.id in found]
+        return run_recall(self.store, query, vector, k, cfg, filters)
 
     def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]:
         return self.store.list(self._filters(filters), limit=limit)

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .errors import ConfigError
-from .model import Memory
+from .model import Filters, Memory
+from .store import Query, Store
 
 
 @dataclass(frozen=True)
@@ -104,3 +107,20 @@ class Recalled:
     @property
     def id(self) -> str:
         return self.memory.id
+
+
+def run_recall(
+    store: Store, query: str, vector: np.ndarray | None, k: int, cfg: RecallConfig, filters: Filters
+) -> list[Recalled]:
+    """The recall pipeline: per-channel candidates from the store, fusion, then the memories."""
+    hits = store.query(
+        Query(
+            filters=filters,
+            text=query if cfg.uses("lexical") else None,
+            vector=vector if cfg.uses("dense") else None,
+            limit=max(cfg.candidates, k),
+        )
+    )
+    fused = fuse({"lexical": hits.lexical, "dense": hits.dense}, cfg.weights, k)
+    found = store.get_many([f.id for f in fused])
+    return [Recalled(found[f.id], f.score, f.channels) for f in fused if f.id in found]
