@@ -8,19 +8,48 @@ pager, context builder, teams) build on these methods.
 from __future__ import annotations
 
 import builtins
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from . import checkpoint as checkpoints
+from .compress import (
+    ExtractiveSummarizer,
+    Summarizer,
+    compress_memory,
+    decompress_memory,
+    is_compressible,
+    referenced_raw,
+)
+from .context import Candidate, Context, Quotas, pack
 from .embed import Embedder, EmbedWorker, MiniLMEmbedder, count_tokens
 from .errors import ConflictError, ValidationError
-from .model import DEFAULT_MAX_CONTENT_BYTES, Filters, Memory, build_memory, normalize_content, revalidate
+from .model import (
+    DEFAULT_MAX_CONTENT_BYTES,
+    Filters,
+    Kind,
+    LinkType,
+    Memory,
+    State,
+    Status,
+    Tier,
+    build_memory,
+    normalize_content,
+    revalidate,
+    utcnow,
+)
 from .retrieval import RecallConfig, Recalled, preset, run_recall
-from .store import Event, Store, store_from_url
+from .scoring import ValueBreakdown
+from .scoring import explain as explain_value
+from .store import Event, Query, Store, store_from_url
 from .store.base import check_vectors
+from .tiers import Pager, PagerConfig
 
 _IMMUTABLE = frozenset({"id", "created_at", "version", "tenant"})
 
@@ -36,13 +65,23 @@ class Harness:
         tenant: str = "default",
         preset_name: str | RecallConfig | None = None,
         max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES,
+        pager: PagerConfig | None = None,
+        clock: Callable[[], datetime] = utcnow,
+        summarizer: Summarizer | None = None,
+        prefetch: bool = False,
     ) -> None:
         self.store = store
         self.embedder = embedder
         self.tenant = tenant
         self.config = preset(preset_name)
         self.max_content_bytes = max_content_bytes
+        self.clock = clock
+        self.summarizer: Summarizer = summarizer or ExtractiveSummarizer()
+        self.pager = Pager(store, pager, compress=self._compress_on_archive)
         self._worker: EmbedWorker | None = None
+        self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="clawvm-prefetch") if prefetch else None
+        self._working: dict[tuple[str, str], tuple[int, int]] = {}  # (tenant, session) -> (items, tokens)
+        self._working_lock = threading.Lock()
         self.last_query_embed_ms = 0.0
 
     @classmethod
@@ -54,11 +93,18 @@ class Harness:
         tenant: str = "default",
         preset: str | RecallConfig | None = None,
         max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES,
+        pager: PagerConfig | None = None,
+        clock: Callable[[], datetime] = utcnow,
+        summarizer: Summarizer | None = None,
+        prefetch: bool = False,
     ) -> Harness:
         """Open (creating or migrating) a store and start the embedding worker.
 
         ``target``: a path, ``sqlite:///path``, ``memory://``, or a Store instance.
         ``embedder``: ``"default"`` (offline MiniLM), ``None``/``"none"`` (lexical only), or an Embedder.
+        ``pager``: tier budgets and policy; ``clock``: the harness's notion of now (replays pass their
+        own); ``summarizer``: for compression (default extractive, or ``compress.LLMSummarizer``);
+        ``prefetch``: after each record, warm related memories in a background thread.
         """
         config = _preset(preset)  # validate options before any I/O
         emb: Embedder | None
@@ -74,7 +120,17 @@ class Harness:
             emb = embedder
         store = target if isinstance(target, Store) else store_from_url(target, dim=emb.dim if emb else 384)
         store.setup()
-        harness = cls(store, emb, tenant=tenant, preset_name=config, max_content_bytes=max_content_bytes)
+        harness = cls(
+            store,
+            emb,
+            tenant=tenant,
+            preset_name=config,
+            max_content_bytes=max_content_bytes,
+            pager=pager,
+            clock=clock,
+            summarizer=summarizer,
+            prefetch=prefetch,
+        )
         if emb is not None:
             harness._worker = EmbedWorker(emb, store.unembedded, store.set_vectors)
             harness._worker.start()  # picks up anything a previous process left un-embedded
@@ -95,6 +151,9 @@ class Harness:
         text, ctype = normalize_content(content, self.max_content_bytes)
         vector = self._check_vector(embedding) if embedding is not None else None
         fields.setdefault("tenant", self.tenant)
+        fields.setdefault("tier", Tier.WORKING)  # new memories start next to the prompt; the pager moves them
+        if fields.get("pinned") and fields.get("session_id") is not None:
+            self.pager.check_pin(build_memory({**fields, "content": text, "token_count": count_tokens(text)}))
         memory = build_memory(
             {
                 **fields,
@@ -110,6 +169,9 @@ class Harness:
         elif self._worker is not None:
             self._worker.notify()
         self._event("add", memory, {"kind": memory.kind.value, "tier": memory.tier.value})
+        self._admit(memory)
+        if self._prefetcher is not None:
+            self._prefetcher.submit(self._prefetch, memory)
         return memory
 
     def update(self, memory_id: str, *, expected_version: int | None = None, **changes: Any) -> Memory:
@@ -138,7 +200,15 @@ class Harness:
     def forget(self, memory_id: str) -> None:
         """Delete a memory for good (its vector and outgoing links too)."""
         memory = self.store.get(memory_id)
+        owners = referenced_raw(self.store, memory)
+        if owners:
+            raise ValidationError(
+                "memory_id",
+                f"is the raw content of compressed memory {owners[0]}",
+                "decompress or forget that memory first",
+            )
         self.store.delete(memory_id)
+        self._working.clear()
         self._event("forget", memory, {"kind": memory.kind.value})
 
     def import_memories(self, memories: Sequence[Memory]) -> int:
@@ -161,9 +231,19 @@ class Harness:
         return self.store.get(memory_id)
 
     def recall(
-        self, query: str, k: int = 10, *, preset: str | RecallConfig | None = None, **filters: Any
+        self,
+        query: str,
+        k: int = 10,
+        *,
+        preset: str | RecallConfig | None = None,
+        track: bool = True,
+        **filters: Any,
     ) -> list[Recalled]:
-        """The ``k`` best memories for ``query`` under ``filters`` (default: this tenant, status active)."""
+        """The ``k`` best memories for ``query`` under ``filters`` (default: this tenant, status active).
+
+        With ``track`` (default) the hits count as accessed: their access stats grow and the pager may
+        promote them to the working tier.
+        """
         if not isinstance(query, str):
             raise ValidationError("query", f"has type {type(query).__name__}", "pass a string")
         if not isinstance(k, int) or k < 1:
@@ -175,7 +255,12 @@ class Harness:
             t0 = time.perf_counter()
             vector = self.embedder.embed_query(query)
             self.last_query_embed_ms = (time.perf_counter() - t0) * 1000
-        return self.recall_with(query, vector, k, cfg, f)
+        hits = self.recall_with(query, vector, k, cfg, f)
+        if track and hits:
+            warmed = {m.id: m for m in self.pager.warm([h.memory for h in hits], self.now())}
+            self._working.clear()
+            hits = [Recalled(warmed.get(h.id, h.memory), h.score, h.explain) for h in hits]
+        return hits
 
     def recall_with(
         self, query: str, vector: np.ndarray | None, k: int, cfg: RecallConfig, filters: Filters
@@ -194,6 +279,284 @@ class Harness:
     ) -> builtins.list[Event]:
         return self.store.read_events(after_seq, limit, memory_id)
 
+    # ---- virtual memory: value, tiers, paging ---------------------------------------------------------
+    def now(self) -> datetime:
+        return self.clock()
+
+    def explain(self, memory_id: str) -> ValueBreakdown:
+        """Every component of the memory's value score right now (see :mod:`clawvm.scoring`)."""
+        return explain_value(self.store.get(memory_id), self.now(), self.pager.config.scoring)
+
+    def pin(self, memory_id: str) -> Memory:
+        """Keep a memory in the working tier (and in every context of its session) until unpinned."""
+        memory = self.store.get(memory_id)
+        self.pager.check_pin(memory)
+        pinned = self.pager.mutate(memory, lambda _m: {"pinned": True, "tier": Tier.WORKING}, self.now())
+        self._after_move(pinned, "pin", {"from": memory.tier.value})
+        return pinned
+
+    def unpin(self, memory_id: str) -> Memory:
+        memory = self.store.get(memory_id)
+        unpinned = self.pager.mutate(memory, lambda _m: {"pinned": False}, self.now())
+        self._after_move(unpinned, "unpin", {})
+        return unpinned
+
+    def rate(self, memory_id: str, delta: int) -> Memory:
+        """User feedback: +1 (useful) or -1 (not useful); feeds the value score."""
+        if delta not in (-1, 1):
+            raise ValidationError("delta", f"is {delta!r}", "pass +1 or -1")
+        memory = self.store.get(memory_id)
+        rated = self.pager.mutate(
+            memory,
+            lambda m: {"usage": m.usage.model_copy(update={"feedback": m.usage.feedback + delta})},
+            self.now(),
+        )
+        self._event("feedback", rated, {"delta": delta, "value": rated.value})
+        return rated
+
+    def tick(self) -> dict[str, int]:
+        """Run the pager over the tenant: expire TTLs, refresh values, enforce every session's budgets."""
+        now = self.now()
+        expired = self.pager.expire(self.tenant, now)
+        sessions: set[str] = set()
+        refreshed = 0
+        for m in self.store.list(Filters.of(tenant=self.tenant, status="active"), limit=10**9):
+            if m.session_id is not None:
+                sessions.add(m.session_id)
+            fresh = self.pager.value_now(m, now)
+            if abs(fresh - m.value) > 0.01:
+                self.pager.mutate(m, lambda _m: {}, now)
+                refreshed += 1
+        moved = sum(len(self.pager.enforce(self.tenant, s, now)) for s in sorted(sessions))
+        self._working.clear()
+        return {"expired": len(expired), "refreshed": refreshed, "moved": moved}
+
+    def start_session(
+        self, session_id: str, task: str | None = None, *, task_id: str | None = None, k: int = 8
+    ) -> builtins.list[Memory]:
+        """Preload the working tier with the memories most relevant to ``task`` (of this task, if given)."""
+        if not task:
+            return []
+        scope = {"task_id": task_id} if task_id else {}
+        hits = self.recall(task, k=k, track=False, **scope)
+        now = self.now()
+        loaded = []
+        for h in hits:
+            if h.memory.tier is not Tier.WORKING:
+                loaded.append(
+                    self.pager.move(h.memory, Tier.WORKING, f"preloaded for session {session_id}", now)
+                )
+        for sid in {m.session_id for m in loaded if m.session_id}:
+            self.pager.enforce(self.tenant, sid, now)
+        self._working.clear()
+        self.store.append_event(
+            Event(
+                kind="preload",
+                tenant=self.tenant,
+                at=now,
+                data={"session_id": session_id, "task": task, "ids": [m.id for m in loaded]},
+            )
+        )
+        return loaded
+
+    def _admit(self, memory: Memory) -> None:
+        """After a record: count it into its session's working tier; enforce budgets when over."""
+        if memory.session_id is None or memory.tier is not Tier.WORKING:
+            return
+        key = (memory.tenant, memory.session_id)
+        items, tokens = self.pager.config.budgets.limits(Tier.WORKING)
+        with self._working_lock:
+            state = self._working.get(key)
+            if state is None:
+                members = self.pager.tier_members(memory.tenant, memory.session_id, Tier.WORKING)
+                state = (len(members), sum(m.token_count for m in members))
+            else:
+                state = (state[0] + 1, state[1] + memory.token_count)
+            if (items is not None and state[0] > items) or (tokens is not None and state[1] > tokens):
+                self.pager.enforce(memory.tenant, memory.session_id, self.now())
+                members = self.pager.tier_members(memory.tenant, memory.session_id, Tier.WORKING)
+                state = (len(members), sum(m.token_count for m in members))
+            self._working[key] = state
+
+    def _prefetch(self, memory: Memory) -> None:
+        """Background: warm what the next step will likely need (memories related to the new one)."""
+        try:
+            hits = self.recall(memory.content[:500], k=4, track=False)
+            related = [h.memory for h in hits if h.id != memory.id and h.memory.tier is not Tier.WORKING]
+            if related:
+                self.pager.warm(related, self.now())
+                self._working.clear()
+        except Exception as exc:  # a background helper must never take the caller down; leave a trace
+            self.store.append_event(
+                Event(
+                    kind="prefetch_error",
+                    memory_id=memory.id,
+                    tenant=memory.tenant,
+                    data={"error": repr(exc)},
+                )
+            )
+
+    def _after_move(self, memory: Memory, kind: str, data: dict[str, Any]) -> None:
+        self._working.clear()
+        if memory.session_id is not None:
+            self.pager.enforce(memory.tenant, memory.session_id, self.now())
+        self._event(kind, memory, {**data, "tier": memory.tier.value, "value": memory.value})
+
+    # ---- compression ----------------------------------------------------------------------------------
+    def compress(self, memory_id: str) -> Memory:
+        """Summarize a memory reversibly (its raw text is kept and pointed to)."""
+        return compress_memory(
+            self.store, self.store.get(memory_id), self.summarizer, self.now(), reason="manual"
+        )
+
+    def decompress(self, memory_id: str) -> Memory:
+        restored = decompress_memory(self.store, self.store.get(memory_id), self.now())
+        self._working.clear()
+        return restored
+
+    def _compress_on_archive(self, memory: Memory, reason: str) -> Memory:
+        if memory.token_count <= self.pager.config.compress_over_tokens or not is_compressible(memory):
+            return memory
+        return compress_memory(self.store, memory, self.summarizer, self.now(), reason=f"archived: {reason}")
+
+    def collapse_task(self, task_id: str) -> Memory | None:
+        """Compress a finished task's INTERMEDIATE memories into one SUCCESS summary linked to each of them.
+
+        The intermediates are archived, not deleted; the summary ``summarizes`` every one of them.
+        """
+        steps = [
+            m
+            for m in self.store.list(
+                Filters.of(tenant=self.tenant, task_id=task_id, state="intermediate", status="active"),
+                limit=10**9,
+            )
+        ]
+        if not steps:
+            return None
+        steps.sort(key=lambda m: (m.created_at, m.id))
+        text = "\n".join(m.content for m in steps)
+        summary_text = self.summarizer.summarize(text, max(200, len(text) // 3))
+        first = steps[0]
+        summary = self.record(
+            f"Task {task_id} summary ({len(steps)} steps): {summary_text}",
+            kind=Kind.SUMMARY,
+            state=State.SUCCESS,
+            task_id=task_id,
+            session_id=first.session_id,
+            agent_id=first.agent_id,
+            links=[{"type": LinkType.SUMMARIZES, "target": m.id} for m in steps],
+            metadata={"collapsed": len(steps)},
+        )
+        now = self.now()
+        for m in steps:
+            self.pager.mutate(m, lambda _m: {"status": Status.ARCHIVED, "tier": Tier.ARCHIVE}, now)
+        self._working.clear()
+        self._event("collapse", summary, {"task_id": task_id, "steps": [m.id for m in steps]})
+        return summary
+
+    # ---- checkpoints ----------------------------------------------------------------------------------
+    def checkpoint(self, session_id: str, name: str) -> str:
+        """Snapshot the session's tiers and value state; returns the checkpoint id."""
+        return checkpoints.take(self.store, self.tenant, session_id, name, self.now()).id
+
+    def rollback(self, checkpoint_id: str) -> checkpoints.RollbackReport:
+        """Restore a checkpoint; memories created after it become obsolete (kept for analytics)."""
+        report = checkpoints.rollback(self.store, self.pager, checkpoint_id, self.now())
+        self._working.clear()
+        return report
+
+    # ---- context --------------------------------------------------------------------------------------
+    def context(
+        self,
+        query: str,
+        *,
+        budget_tokens: int = 2000,
+        session_id: str | None = None,
+        task_id: str | None = None,
+        agent_id: str | None = None,
+        k: int = 40,
+        neighbours: int = 8,
+        quotas: Quotas | None = None,
+        record_usage: bool = True,
+    ) -> Context:
+        """A prompt-ready context for ``query`` under ``budget_tokens``, with the manifest of every line.
+
+        Packs pinned memories of the scope, then its working tier, then retrieved memories (with the
+        neighbours of the best ``neighbours`` hits), never over budget (see :mod:`clawvm.context`).
+        """
+        if not isinstance(budget_tokens, int) or budget_tokens < 1:
+            raise ValidationError("budget_tokens", f"is {budget_tokens!r}", "pass a positive integer")
+        now = self.now()
+        scope = {
+            n: v for n, v in (("session_id", session_id), ("task_id", task_id), ("agent_id", agent_id)) if v
+        }
+        if session_id:
+            self.pager.enforce(self.tenant, session_id, now)
+        candidates: list[Candidate] = []
+        if scope:
+            for m in self.list(limit=10**6, pinned=True, **scope):
+                candidates.append(Candidate(m, "pinned", 1.0, "pinned"))
+            for m in self.list(limit=10**6, tier="working", pinned=False, **scope):
+                candidates.append(Candidate(m, "working", m.value, "working tier"))
+        agent_scope = {"agent_id": agent_id} if agent_id else {}
+        hits = self.recall(query, k=k, track=False, **agent_scope) if query.strip() else []
+        for rank, h in enumerate(hits):
+            near = self._neighbours(h.memory) if rank < neighbours else ()
+            candidates.append(
+                Candidate(h.memory, "retrieved", h.score, f"recall #{rank + 1} ({h.score:.2f})", near)
+            )
+        ctx = pack(candidates, budget_tokens, count_tokens, quotas or Quotas())
+        if record_usage and ctx.manifest:
+            self._record_injection(ctx, {h.id for h in hits}, now)
+        self.store.append_event(
+            Event(
+                kind="context",
+                tenant=self.tenant,
+                at=now,
+                data={
+                    "query": query,
+                    "budget": budget_tokens,
+                    "tokens": ctx.tokens,
+                    "scope": scope,
+                    "manifest": [e.as_dict() for e in ctx.manifest],
+                },
+            )
+        )
+        return ctx
+
+    def _neighbours(self, memory: Memory) -> tuple[Memory, ...]:
+        """The memory recorded just before and just after ``memory`` in its session."""
+        if memory.session_id is None:
+            return ()
+        base = {"session_id": memory.session_id, "status": "any"}
+        before = self.list(limit=1, created_before=memory.created_at, **base)
+        after = self.store.query(
+            Query(filters=self._filters({**base, "created_after": memory.created_at}), limit=10**6)
+        ).filtered
+        after = [i for i in after if i != memory.id]
+        found = self.store.get_many(after[-1:]) if after else {}
+        return tuple(before) + tuple(found.values())
+
+    def _record_injection(self, ctx: Context, retrieved: set[str], now: datetime) -> None:
+        """Usage bookkeeping of a built context, in one batch: injected+1, retrieved ones accessed."""
+        for _ in range(5):
+            current = self.store.get_many(ctx.ids)
+            batch = []
+            for m in current.values():
+                change: dict[str, Any] = {
+                    "usage": m.usage.model_copy(update={"injected": m.usage.injected + 1}),
+                    "version": m.version + 1,
+                }
+                if m.id in retrieved:
+                    change.update(access_count=m.access_count + 1, last_accessed_at=now)
+                changed = revalidate(m, change)
+                batch.append(revalidate(changed, {"value": self.pager.value_now(changed, now)}))
+            try:
+                self.store.put_many(batch)
+                return
+            except ConflictError:
+                continue
+
     # ---- lifecycle ----------------------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every recorded memory is embedded."""
@@ -202,6 +565,9 @@ class Harness:
 
     def close(self, wait: bool = True) -> None:
         """Stop the worker (after draining the queue unless ``wait=False``) and close the store."""
+        if self._prefetcher is not None:
+            self._prefetcher.shutdown(wait=True)
+            self._prefetcher = None
         if self._worker is not None:
             if wait:
                 self._worker.flush()

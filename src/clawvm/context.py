@@ -1,0 +1,134 @@
+"""The context builder's packing: what goes into the prompt, under a token budget, with provenance.
+
+``pack`` is pure: given candidates (memory, section, relevance, reason) it returns the prompt text and
+its manifest. Sections are packed in order — pinned, working tier, retrieved — each within its quota of
+the budget (unused quota flows to the next section); retrieved memories go by priority = relevance ×
+(0.5 + value) and each may bring its conversational neighbours (the question before, the answer after)
+when they fit. The text lists each section chronologically, one line per memory:
+``[<short id> <date>] <kind>: <content>``. Token counts use the embedding model's tokenizer, and the
+manifest's counts add up to exactly the text's count (lines are joined by newlines, which that tokenizer
+treats as plain whitespace). Nothing ever goes over the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from .model import Memory
+
+SECTIONS = ("pinned", "working", "retrieved")
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """Fractions of the budget each section may use at most (unused budget flows to later sections)."""
+
+    pinned: float = 0.3
+    working: float = 0.4
+    retrieved: float = 1.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    memory: Memory
+    section: str
+    relevance: float = 0.0
+    reason: str = ""
+    neighbours: tuple[Memory, ...] = ()
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One line of the context: which memory, from where, how much, and why."""
+
+    id: str
+    short_id: str
+    section: str
+    tier: str
+    value: float
+    score: float
+    tokens: int
+    reason: str
+    created_at: str
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass
+class Context:
+    text: str
+    manifest: list[ManifestEntry]
+    budget: int
+    tokens: int
+    by_section: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ids(self) -> list[str]:
+        return [e.id for e in self.manifest]
+
+
+def short_id(memory_id: str) -> str:
+    """The last 8 hex digits: UUIDv7's random tail, unique enough to cite inside one context."""
+    return memory_id.replace("-", "")[-8:]
+
+
+def render(memory: Memory) -> str:
+    text = " ".join(memory.content.split())  # one line per memory
+    return f"[{short_id(memory.id)} {memory.created_at:%Y-%m-%d}] {memory.kind.value}: {text}"
+
+
+def pack(
+    candidates: Sequence[Candidate],
+    budget: int,
+    count_tokens: Callable[[str], int],
+    quotas: Quotas = Quotas(),
+) -> Context:
+    chosen: dict[str, tuple[Memory, str, float, str, int]] = {}
+    used = 0
+    by_section = dict.fromkeys(SECTIONS, 0)
+
+    def take(m: Memory, section: str, score: float, reason: str, limit: int) -> bool:
+        nonlocal used
+        if m.id in chosen:
+            return True
+        tokens = count_tokens(render(m))
+        if by_section[section] + tokens > limit or used + tokens > budget:
+            return False
+        chosen[m.id] = (m, section, score, reason, tokens)
+        by_section[section] += tokens
+        used += tokens
+        return True
+
+    for section in SECTIONS:
+        limit = int(budget * getattr(quotas, section))
+        group = [c for c in candidates if c.section == section]
+        if section == "retrieved":
+            group.sort(key=lambda c: -c.relevance * (0.5 + c.memory.value))
+        for c in group:
+            if take(c.memory, section, c.relevance, c.reason, limit):
+                for n in c.neighbours:
+                    take(n, section, 0.0, f"neighbour of {short_id(c.memory.id)}", limit)
+    lines: list[str] = []
+    manifest: list[ManifestEntry] = []
+    for section in SECTIONS:
+        rows = sorted(
+            (v for v in chosen.values() if v[1] == section), key=lambda v: (v[0].created_at, v[0].id)
+        )
+        for m, sec, score, reason, tokens in rows:
+            lines.append(render(m))
+            manifest.append(
+                ManifestEntry(
+                    m.id,
+                    short_id(m.id),
+                    sec,
+                    m.tier.value,
+                    round(m.value, 4),
+                    round(score, 4),
+                    tokens,
+                    reason,
+                    m.created_at.isoformat(),
+                )
+            )
+    return Context("\n".join(lines), manifest, budget, used, by_section)

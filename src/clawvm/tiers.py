@@ -1,0 +1,213 @@
+"""Tiers and the pager: the policy engine that decides which memories sit where.
+
+Tiers, nearest to the prompt first: ``working`` (what the context builder puts in the prompt),
+``short_term``, ``long_term``, ``archive``. Budgets apply per session (every memory with a session id
+belongs to its session's tiers); ``working`` has a token and an item budget, the others item budgets,
+``archive`` is unbounded. The pager runs on record, on access, on context build and on ``tick()``:
+
+- new memories enter ``working``; when a tier is over budget, its unpinned memories with the lowest
+  value per token move one tier down until it fits (with 10% slack below short/long-term budgets, so
+  demotions come in batches rather than one per record);
+- recalled memories are "warmed": access stats grow and, if their value reaches ``promote_value``,
+  they move back to ``working``;
+- memories whose ``expires_at`` passed become ``expired`` and go to ``archive``;
+- memories entering ``archive`` are compressed reversibly when long (see :mod:`clawvm.compress`).
+
+Invariants (property-tested): no tier is over budget after any operation; a pinned memory stays in
+``working`` until unpinned (pinning refuses when pinned memories alone would exceed the working budget);
+moves never change content except through reversible compression; ids and links stay valid.
+Every move is an :class:`~clawvm.store.Event` with kind, memory, from/to tier, value before/after, reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from itertools import pairwise
+from typing import Any
+
+from .errors import ConflictError, ValidationError
+from .model import Filters, Memory, Status, Tier, revalidate
+from .scoring import DEFAULT_SCORING, ScoringConfig, value
+from .store import Event, Store
+
+ORDER = (Tier.WORKING, Tier.SHORT_TERM, Tier.LONG_TERM, Tier.ARCHIVE)
+
+
+@dataclass(frozen=True)
+class TierBudgets:
+    """Per-session budgets. ``None`` means unbounded."""
+
+    working_tokens: int | None = 1200
+    working_items: int | None = 24
+    short_term_items: int | None = 400
+    long_term_items: int | None = 4000
+    short_term_tokens: int | None = None
+    long_term_tokens: int | None = None
+
+    def limits(self, tier: Tier) -> tuple[int | None, int | None]:
+        """(items, tokens) for ``tier``."""
+        return {
+            Tier.WORKING: (self.working_items, self.working_tokens),
+            Tier.SHORT_TERM: (self.short_term_items, self.short_term_tokens),
+            Tier.LONG_TERM: (self.long_term_items, self.long_term_tokens),
+            Tier.ARCHIVE: (None, None),
+        }[tier]
+
+
+@dataclass(frozen=True)
+class PagerConfig:
+    budgets: TierBudgets = TierBudgets()
+    scoring: ScoringConfig = DEFAULT_SCORING
+    promote_value: float = 0.3  # a recalled memory at or above this value is promoted to working
+    compress_over_tokens: int = 96  # archive-bound text memories longer than this are compressed
+    slack: float = 0.1  # demote below this fraction under budget (short/long term), in one batch
+
+
+def value_per_token(m: Memory, now: datetime, cfg: ScoringConfig) -> float:
+    return value(m, now, cfg) / max(1, m.token_count)
+
+
+def over(ms: Sequence[Memory], items: int | None, tokens: int | None) -> bool:
+    return (items is not None and len(ms) > items) or (
+        tokens is not None and sum(m.token_count for m in ms) > tokens
+    )
+
+
+class Pager:
+    """Applies :class:`PagerConfig` to a store. Stateless between calls: the store is the truth."""
+
+    def __init__(
+        self,
+        store: Store,
+        config: PagerConfig | None = None,
+        compress: Callable[[Memory, str], Memory] | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config or PagerConfig()
+        self._compress = compress  # set by the harness: compresses a memory on its way to archive
+
+    def value_now(self, memory: Memory, now: datetime) -> float:
+        return value(memory, now, self.config.scoring)
+
+    # ---- moving one memory -----------------------------------------------------------------------------
+    def mutate(self, memory: Memory, change: Callable[[Memory], dict[str, Any]], now: datetime) -> Memory:
+        """Apply ``change(current)`` as a new version, re-reading and retrying when someone else wrote."""
+        for _ in range(20):
+            changed = revalidate(memory, {**change(memory), "version": memory.version + 1})
+            changed = revalidate(changed, {"value": value(changed, now, self.config.scoring)})
+            try:
+                self.store.put(changed)
+                return changed
+            except ConflictError:
+                memory = self.store.get(memory.id)
+        raise ConflictError(memory.id, memory.version, None)
+
+    def move(self, memory: Memory, to: Tier, reason: str, now: datetime, **changes: Any) -> Memory:
+        """Store ``memory`` in tier ``to`` and log the move (kind promote/demote/archive)."""
+        before_tier, before = memory.tier, value(memory, now, self.config.scoring)
+        moved = self.mutate(memory, lambda _m: {**changes, "tier": to}, now)
+        kind = (
+            "archive"
+            if to is Tier.ARCHIVE
+            else ("promote" if ORDER.index(to) < ORDER.index(before_tier) else "demote")
+        )
+        self.store.append_event(
+            Event(
+                kind=kind,
+                memory_id=memory.id,
+                tenant=memory.tenant,
+                at=now,
+                data={
+                    "from": before_tier.value,
+                    "to": to.value,
+                    "value_before": round(before, 4),
+                    "value_after": round(moved.value, 4),
+                    "reason": reason,
+                },
+            )
+        )
+        if to is Tier.ARCHIVE and self._compress is not None:
+            moved = self._compress(moved, reason)
+        return moved
+
+    # ---- policies ----------------------------------------------------------------------------------------
+    def tier_members(self, tenant: str, session_id: str, tier: Tier) -> list[Memory]:
+        f = Filters.of(tenant=tenant, session_id=session_id, tier=tier, status="active")
+        return self.store.list(f, limit=10**9)
+
+    def enforce(self, tenant: str, session_id: str, now: datetime) -> list[Memory]:
+        """Demote until every tier of the session fits its budget; returns the memories moved."""
+        moved: list[Memory] = []
+        cfg = self.config
+        for tier, below in pairwise(ORDER):
+            items, tokens = cfg.budgets.limits(tier)
+            if items is None and tokens is None:
+                continue
+            if (
+                tier is not Tier.WORKING
+                and items is not None
+                and self.store.count(
+                    Filters.of(tenant=tenant, session_id=session_id, tier=tier, status="active")
+                )
+                <= items
+                and tokens is None
+            ):
+                continue  # cheap check: within the item budget and no token budget
+            members = self.tier_members(tenant, session_id, tier)
+            if not over(members, items, tokens):
+                continue
+            slack = 0.0 if tier is Tier.WORKING else cfg.slack
+            target_items = None if items is None else int(items * (1 - slack))
+            target_tokens = None if tokens is None else int(tokens * (1 - slack))
+            victims = sorted(
+                (m for m in members if not m.pinned), key=lambda m: value_per_token(m, now, cfg.scoring)
+            )
+            keep = list(members)
+            for victim in victims:
+                if not over(keep, target_items, target_tokens):
+                    break
+                keep.remove(victim)
+                moved.append(self.move(victim, below, f"{tier.value} over budget", now))
+        return moved
+
+    def warm(self, memories: Sequence[Memory], now: datetime) -> list[Memory]:
+        """Access bookkeeping for recalled memories; promotes the valuable ones back to working."""
+        out = []
+        for m in memories:
+            touched = self.mutate(
+                m, lambda cur: {"access_count": cur.access_count + 1, "last_accessed_at": now}, now
+            )
+            if (
+                touched.tier is not Tier.WORKING
+                and touched.status is Status.ACTIVE
+                and (touched.value >= self.config.promote_value)
+            ):
+                touched = self.move(touched, Tier.WORKING, "warmed by retrieval", now)
+            out.append(touched)
+        return out
+
+    def expire(self, tenant: str, now: datetime) -> list[Memory]:
+        """Memories past ``expires_at`` become ``expired`` and move to archive."""
+        expired = []
+        for m in self.store.list(Filters.of(tenant=tenant, status="active"), limit=10**9):
+            if m.expires_at is not None and m.expires_at <= now:
+                expired.append(
+                    self.move(m, Tier.ARCHIVE, "ttl expired", now, status=Status.EXPIRED, pinned=False)
+                )
+        return expired
+
+    def check_pin(self, memory: Memory) -> None:
+        """Refuse a pin that would make the pinned memories alone exceed the working budget."""
+        if memory.session_id is None:
+            return
+        items, tokens = self.config.budgets.limits(Tier.WORKING)
+        pinned = [m for m in self.tier_members(memory.tenant, memory.session_id, Tier.WORKING) if m.pinned]
+        pinned = [m for m in pinned if m.id != memory.id] + [memory]
+        if over(pinned, items, tokens):
+            raise ValidationError(
+                "pinned",
+                "would put the pinned memories of this session over the working-tier budget",
+                "unpin another memory first or raise TierBudgets.working_tokens / working_items",
+            )
