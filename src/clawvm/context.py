@@ -3,8 +3,8 @@
 ``pack`` is pure: given candidates (memory, section, relevance, reason) it returns the prompt text and
 its manifest. Sections are packed in order — pinned, working tier, retrieved — each within its quota of
 the budget (unused quota flows to the next section); retrieved memories go by priority = relevance ×
-(0.5 + value) and each may bring its conversational neighbours (the question before, the answer after)
-when they fit. The text lists each section chronologically, one line per memory:
+(0.5 + value), then the conversational neighbours of the packed hits (the question before, the answer
+after) fill what is left. The text lists each section chronologically, one line per memory:
 ``[<short id> <date>] <kind>: <content>``. Token counts use the embedding model's tokenizer, and the
 manifest's counts add up to exactly the text's count (lines are joined by newlines, which that tokenizer
 treats as plain whitespace). Nothing ever goes over the budget.
@@ -13,7 +13,7 @@ treats as plain whitespace). Nothing ever goes over the budget.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from .model import Memory
 
@@ -53,7 +53,7 @@ class ManifestEntry:
     created_at: str
 
     def as_dict(self) -> dict[str, object]:
-        return asdict(self)
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
 @dataclass
@@ -74,9 +74,19 @@ def short_id(memory_id: str) -> str:
     return memory_id.replace("-", "")[-8:]
 
 
+def label(memory: Memory) -> str:
+    return f"[{short_id(memory.id)} {memory.created_at:%Y-%m-%d}] {memory.kind.value}:"
+
+
 def render(memory: Memory) -> str:
     text = " ".join(memory.content.split())  # one line per memory
-    return f"[{short_id(memory.id)} {memory.created_at:%Y-%m-%d}] {memory.kind.value}: {text}"
+    return f"{label(memory)} {text}"
+
+
+def line_tokens(memory: Memory, count_tokens: Callable[[str], int]) -> int:
+    """Tokens of ``render(memory)`` without re-tokenizing the content: the tokenizer splits on
+    whitespace first, so the label's count plus the stored ``token_count`` is exactly the line's count."""
+    return count_tokens(label(memory)) + memory.token_count
 
 
 def pack(
@@ -93,7 +103,7 @@ def pack(
         nonlocal used
         if m.id in chosen:
             return True
-        tokens = count_tokens(render(m))
+        tokens = line_tokens(m, count_tokens)
         if by_section[section] + tokens > limit or used + tokens > budget:
             return False
         chosen[m.id] = (m, section, score, reason, tokens)
@@ -107,7 +117,9 @@ def pack(
         if section == "retrieved":
             group.sort(key=lambda c: -c.relevance * (0.5 + c.memory.value))
         for c in group:
-            if take(c.memory, section, c.relevance, c.reason, limit):
+            take(c.memory, section, c.relevance, c.reason, limit)
+        for c in group:  # neighbours only fill what the hits themselves left over
+            if c.memory.id in chosen:
                 for n in c.neighbours:
                     take(n, section, 0.0, f"neighbour of {short_id(c.memory.id)}", limit)
     lines: list[str] = []

@@ -315,7 +315,7 @@ class Harness:
         return rated
 
     def tick(self) -> dict[str, int]:
-        """Run the pager over the tenant: expire TTLs, refresh values, enforce every session's budgets."""
+        """Pager pass over the tenant: expire TTLs, refresh values, page idle sessions out, enforce budgets."""
         now = self.now()
         expired = self.pager.expire(self.tenant, now)
         sessions: set[str] = set()
@@ -327,7 +327,8 @@ class Harness:
             if abs(fresh - m.value) > 0.01:
                 self.pager.mutate(m, lambda _m: {}, now)
                 refreshed += 1
-        moved = sum(len(self.pager.enforce(self.tenant, s, now)) for s in sorted(sessions))
+        moved = sum(len(self.pager.page_out_idle(self.tenant, s, now)) for s in sorted(sessions))
+        moved += sum(len(self.pager.enforce(self.tenant, s, now)) for s in sorted(sessions))
         self._working.clear()
         return {"expired": len(expired), "refreshed": refreshed, "moved": moved}
 
@@ -474,10 +475,11 @@ class Harness:
         session_id: str | None = None,
         task_id: str | None = None,
         agent_id: str | None = None,
-        k: int = 40,
+        k: int | None = None,
         neighbours: int = 8,
         quotas: Quotas | None = None,
         record_usage: bool = True,
+        vector: np.ndarray | None = None,
     ) -> Context:
         """A prompt-ready context for ``query`` under ``budget_tokens``, with the manifest of every line.
 
@@ -487,6 +489,7 @@ class Harness:
         if not isinstance(budget_tokens, int) or budget_tokens < 1:
             raise ValidationError("budget_tokens", f"is {budget_tokens!r}", "pass a positive integer")
         now = self.now()
+        k = k or max(20, budget_tokens // 40)  # enough hits to fill most of the budget; neighbours fill the rest
         scope = {
             n: v for n, v in (("session_id", session_id), ("task_id", task_id), ("agent_id", agent_id)) if v
         }
@@ -499,7 +502,11 @@ class Harness:
             for m in self.list(limit=10**6, tier="working", pinned=False, **scope):
                 candidates.append(Candidate(m, "working", m.value, "working tier"))
         agent_scope = {"agent_id": agent_id} if agent_id else {}
-        hits = self.recall(query, k=k, track=False, **agent_scope) if query.strip() else []
+        hits: builtins.list[Recalled] = []
+        if query.strip() and vector is not None:  # a precomputed query vector (benchmarks time it apart)
+            hits = self.recall_with(query, vector, k, self.config, self._filters(agent_scope))
+        elif query.strip():
+            hits = self.recall(query, k=k, track=False, **agent_scope)
         for rank, h in enumerate(hits):
             near = self._neighbours(h.memory) if rank < neighbours else ()
             candidates.append(
@@ -543,14 +550,15 @@ class Harness:
             current = self.store.get_many(ctx.ids)
             batch = []
             for m in current.values():
+                # plain copies, no re-validation: the changed values are counters and a timestamp we built
                 change: dict[str, Any] = {
                     "usage": m.usage.model_copy(update={"injected": m.usage.injected + 1}),
                     "version": m.version + 1,
                 }
                 if m.id in retrieved:
                     change.update(access_count=m.access_count + 1, last_accessed_at=now)
-                changed = revalidate(m, change)
-                batch.append(revalidate(changed, {"value": self.pager.value_now(changed, now)}))
+                changed = m.model_copy(update=change)
+                batch.append(changed.model_copy(update={"value": self.pager.value_now(changed, now)}))
             try:
                 self.store.put_many(batch)
                 return

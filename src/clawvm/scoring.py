@@ -17,6 +17,31 @@ The value of memory m at time t (every weight and default lives in :class:`Scori
     pinned memories are worth 1.0 whatever the rest says.
 
 ``explain`` returns every component so the dashboard (and ``harness.explain(id)``) can show why.
+
+Defaults (``ScoringConfig()``; the tests check this table against the code):
+
+    kind          base  half_life_hours
+    user_input    0.55  336
+    decision      0.55  720
+    knowledge     0.55  2160
+    tool_result   0.5   72
+    error         0.5   336
+    summary       0.45  336
+    observation   0.4   168
+    note          0.4   168
+    tool_call     0.3   24
+    agent_state   0.3   24
+    llm_thought   0.15  6
+    (a kind missing from the maps: base 0.4, half-life 168 h)
+
+    signal_error = 0.12        signal_conclusion = 0.12    signal_numbers = 0.05
+    signal_code = 0.05         signal_entities = 0.05      cost_weight = 0.1
+    recency_floor = 0.35       access_weight = 0.1         inject_weight = 0.05
+    cite_weight = 0.15         success_weight = 0.1        feedback_weight = 0.25
+
+Signals are cheap regular expressions: error words or ``SomethingError``; conclusion phrases ("final
+answer", "root cause", "decided", ...); any digit; code (fences, ``def f(``, ``class X:``, SQL, a line
+ending in ``{ } ;``, ``=>``, a line starting with ``return``); a capitalised word not at a sentence start.
 """
 
 from __future__ import annotations
@@ -25,13 +50,18 @@ import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 
 from .model import Kind, Memory
 
-_ERROR = re.compile(r"\b(error|exception|traceback|failed|failure|timeout|timed out)\b|\w+Error\b", re.I)
+_ERROR = re.compile(
+    r"\b(error|exception|traceback|failed|failure|timeout|timed out)\b|\b(?-i:[A-Z]\w*Error)\b", re.I
+)
 _CONCLUSION = re.compile(r"\b(conclusion|final answer|in summary|decided|resolved|root cause|fixed)\b", re.I)
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
-_CODE = re.compile(r"```|\bdef \w+\(|\bclass \w+|\bSELECT\b.+\bFROM\b|[{};]\s*$|=>|\breturn\b", re.M)
+_CODE = re.compile(
+    r"```|\bdef \w+\(|^\s*class \w+\s*[(:]|\bSELECT\b.+\bFROM\b|[{};]\s*$|=>|^\s*return\b", re.M
+)
 _ENTITY = re.compile(r"(?<![.!?]\s)(?<!^)\b[A-Z][a-z]+(?:\s[A-Z][a-z]+)*")
 
 
@@ -107,20 +137,29 @@ class ValueBreakdown:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
+@lru_cache(maxsize=65536)
+def _signals_present(text: str) -> tuple[str, ...]:
+    """Which signals a text carries (cached: values are recomputed far more often than texts change)."""
+    checks = (
+        ("error", _ERROR),
+        ("conclusion", _CONCLUSION),
+        ("numbers", _NUMBER),
+        ("code", _CODE),
+        ("entities", _ENTITY),
+    )
+    return tuple(name for name, pattern in checks if pattern.search(text))
+
+
 def content_signals(text: str, cfg: ScoringConfig = DEFAULT_SCORING) -> dict[str, float]:
     """The content signals present in ``text`` with their weights."""
-    found: dict[str, float] = {}
-    if _ERROR.search(text):
-        found["error"] = cfg.signal_error
-    if _CONCLUSION.search(text):
-        found["conclusion"] = cfg.signal_conclusion
-    if _NUMBER.search(text):
-        found["numbers"] = cfg.signal_numbers
-    if _CODE.search(text):
-        found["code"] = cfg.signal_code
-    if _ENTITY.search(text):
-        found["entities"] = cfg.signal_entities
-    return found
+    weights = {
+        "error": cfg.signal_error,
+        "conclusion": cfg.signal_conclusion,
+        "numbers": cfg.signal_numbers,
+        "code": cfg.signal_code,
+        "entities": cfg.signal_entities,
+    }
+    return {name: weights[name] for name in _signals_present(text)}
 
 
 def recency(memory: Memory, now: datetime, cfg: ScoringConfig = DEFAULT_SCORING) -> float:

@@ -11,6 +11,7 @@ belongs to its session's tiers); ``working`` has a token and an item budget, the
 - recalled memories are "warmed": access stats grow and, if their value reaches ``promote_value``,
   they move back to ``working``;
 - memories whose ``expires_at`` passed become ``expired`` and go to ``archive``;
+- on ``tick()``, a session idle for ``session_idle_hours`` pages its (unpinned) working tier out;
 - memories entering ``archive`` are compressed reversibly when long (see :mod:`clawvm.compress`).
 
 Invariants (property-tested): no tier is over budget after any operation; a pinned memory stays in
@@ -63,6 +64,7 @@ class PagerConfig:
     promote_value: float = 0.3  # a recalled memory at or above this value is promoted to working
     compress_over_tokens: int = 96  # archive-bound text memories longer than this are compressed
     slack: float = 0.1  # demote below this fraction under budget (short/long term), in one batch
+    session_idle_hours: float = 2.0  # on tick, a session untouched this long pages its working tier out
 
 
 def value_per_token(m: Memory, now: datetime, cfg: ScoringConfig) -> float:
@@ -171,6 +173,16 @@ class Pager:
                 keep.remove(victim)
                 moved.append(self.move(victim, below, f"{tier.value} over budget", now))
         return moved
+
+    def page_out_idle(self, tenant: str, session_id: str, now: datetime) -> list[Memory]:
+        """A session nobody touched for ``session_idle_hours`` gives its working tier back (pins stay)."""
+        members = self.tier_members(tenant, session_id, Tier.WORKING)
+        if not members:
+            return []
+        last = max(max(m.created_at, m.last_accessed_at or m.created_at) for m in members)
+        if (now - last).total_seconds() < self.config.session_idle_hours * 3600:
+            return []
+        return [self.move(m, Tier.SHORT_TERM, "session idle", now) for m in members if not m.pinned]
 
     def warm(self, memories: Sequence[Memory], now: datetime) -> list[Memory]:
         """Access bookkeeping for recalled memories; promotes the valuable ones back to working."""
