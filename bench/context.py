@@ -167,9 +167,8 @@ def main() -> None:
                 packed = replay.bm25_packed(qa.question, b)
                 base["bm25_packed"][b].append(sum(1 for i in ev_ids if i in packed) / len(ev_ids))
         h.close(wait=False)
-        print(
-            f"  {conv.sample_id}: {len(qas)} questions x {len(budgets)} budgets ({time.time() - t_start:.0f}s)"
-        )
+        elapsed = time.time() - t_start
+        print(f"  {conv.sample_id}: {len(qas)} questions x {len(budgets)} budgets ({elapsed:.0f}s)")
 
     result: dict[str, Any] = {
         "by_budget": {},
@@ -178,9 +177,8 @@ def main() -> None:
         "questions": len(ours[budgets[0]]["ev"]),
         "source": _locomo.source_state(),
     }
-    print(
-        f"\n{'budget':>7} {'ours':>7} {'bm25pk':>7} {'window':>7} {'tokens':>7} {'p95 ms':>7} {'w.hit':>7} {'regret':>7}"
-    )
+    heads = ("budget", "ours", "bm25pk", "window", "tokens", "p95 ms", "w.hit", "regret")
+    print("\n" + " ".join(f"{h:>7}" for h in heads))
     for b in budgets:
         o = ours[b]
         row = {
@@ -200,11 +198,16 @@ def main() -> None:
             "evidence_in_context": 100.0,
             "tokens_used": round(statistics.mean(full_tokens), 1),
         }
-        print(
-            f"{b:>7} {row['evidence_in_context']:>7.1f} {result['baselines']['bm25_packed'][str(b)]['evidence_in_context']:>7.1f}"
-            f" {result['baselines']['sliding_window'][str(b)]['evidence_in_context']:>7.1f} {row['tokens_used']:>7.0f}"
-            f" {row['build_p95_ms']:>7.1f} {row['working_hit_rate']:>7.1f} {row['eviction_regret']:>7.1f}"
+        cells = (
+            row["evidence_in_context"],
+            result["baselines"]["bm25_packed"][str(b)]["evidence_in_context"],
+            result["baselines"]["sliding_window"][str(b)]["evidence_in_context"],
+            row["tokens_used"],
+            row["build_p95_ms"],
+            row["working_hit_rate"],
+            row["eviction_regret"],
         )
+        print(f"{b:>7} " + " ".join(f"{c:>7.1f}" for c in cells))
     print(
         f"full context: evidence 100% at {statistics.mean(full_tokens):.0f} tokens per conversation; "
         f"query embedding p50 {result['embed_query_p50_ms']} ms (excluded from build times)"

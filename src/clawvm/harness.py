@@ -315,7 +315,7 @@ class Harness:
         return rated
 
     def tick(self) -> dict[str, int]:
-        """Pager pass over the tenant: expire TTLs, refresh values, page idle sessions out, enforce budgets."""
+        """Pager pass: expire TTLs, refresh values, page idle sessions out, enforce every budget."""
         now = self.now()
         expired = self.pager.expire(self.tenant, now)
         sessions: set[str] = set()
@@ -489,7 +489,7 @@ class Harness:
         if not isinstance(budget_tokens, int) or budget_tokens < 1:
             raise ValidationError("budget_tokens", f"is {budget_tokens!r}", "pass a positive integer")
         now = self.now()
-        k = k or max(20, budget_tokens // 40)  # enough hits to fill most of the budget; neighbours fill the rest
+        k = k or max(20, budget_tokens // 40)  # hits to fill most of the budget; neighbours fill the rest
         scope = {
             n: v for n, v in (("session_id", session_id), ("task_id", task_id), ("agent_id", agent_id)) if v
         }
