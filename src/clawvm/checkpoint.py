@@ -90,7 +90,7 @@ def rollback(store: Store, pager: Pager, checkpoint_id: str, now: datetime) -> R
             continue
         old = state.get(m.id)
         if old is None:
-            if m.created_at >= snap.created_at or m.status is not Status.OBSOLETE:
+            if m.status is not Status.OBSOLETE:  # already undone (an earlier rollback): nothing to do
                 pager.mutate(
                     m, lambda _m: {"status": Status.OBSOLETE, "tier": Tier.ARCHIVE, "pinned": False}, now
                 )

@@ -154,6 +154,9 @@ def compress_memory(
     summary = summarizer.summarize(memory.content, max(80, int(len(memory.content) * ratio)))
     if not summary.strip() or len(summary) >= len(memory.content):
         return memory
+    summary_tokens = count_tokens(summary)
+    if summary_tokens >= count_tokens(memory.content):  # fewer characters, no fewer tokens: no gain
+        return memory
     raw = build_memory(
         {
             **memory.model_dump(exclude={"id", "links", "version", "value", "pinned", "usage", "metadata"}),
@@ -174,7 +177,7 @@ def compress_memory(
         memory,
         {
             "content": summary,
-            "token_count": count_tokens(summary),
+            "token_count": summary_tokens,
             "version": memory.version + 1,
             "links": [*memory.links, Link(type=LinkType.DERIVED_FROM, target=raw.id)],
             "metadata": {**memory.metadata, "compression": info},

@@ -22,9 +22,12 @@ SECTIONS = ("pinned", "working", "retrieved")
 
 @dataclass(frozen=True)
 class Quotas:
-    """Fractions of the budget each section may use at most (unused budget flows to later sections)."""
+    """Fractions of the budget each section may use at most (unused budget flows to later sections).
 
-    pinned: float = 0.3
+    Pinned memories may use the whole budget: a pin means "in every context of the session" (pinning
+    already refuses to pin more than the working tier's budget)."""
+
+    pinned: float = 1.0
     working: float = 0.4
     retrieved: float = 1.0
 
@@ -85,7 +88,12 @@ def render(memory: Memory) -> str:
 
 def line_tokens(memory: Memory, count_tokens: Callable[[str], int]) -> int:
     """Tokens of ``render(memory)`` without re-tokenizing the content: the tokenizer splits on
-    whitespace first, so the label's count plus the stored ``token_count`` is exactly the line's count."""
+    whitespace first, so the label's count plus the stored ``token_count`` is exactly the line's count.
+
+    That holds only when rendering leaves the content as it is: where ``str.split`` sees whitespace that
+    the tokenizer does not (e.g. ``\\x1f``, which it drops), the line is counted as rendered."""
+    if " ".join(memory.content.split()) != memory.content:
+        return count_tokens(render(memory))
     return count_tokens(label(memory)) + memory.token_count
 
 

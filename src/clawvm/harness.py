@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,9 @@ class Harness:
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="clawvm-prefetch") if prefetch else None
         self._working: dict[tuple[str, str], tuple[int, int]] = {}  # (tenant, session) -> (items, tokens)
         self._working_lock = threading.Lock()
+        # session -> memories preloaded for it (from any session); the context builder adds them to its
+        # working section. Kept in process: after a restart, start_session again.
+        self._preloaded: dict[str, builtins.list[str]] = {}
         self.last_query_embed_ms = 0.0
 
     @classmethod
@@ -152,6 +156,7 @@ class Harness:
         vector = self._check_vector(embedding) if embedding is not None else None
         fields.setdefault("tenant", self.tenant)
         fields.setdefault("tier", Tier.WORKING)  # new memories start next to the prompt; the pager moves them
+        fields.setdefault("created_at", self.now())
         if fields.get("pinned") and fields.get("session_id") is not None:
             self.pager.check_pin(build_memory({**fields, "content": text, "token_count": count_tokens(text)}))
         memory = build_memory(
@@ -163,6 +168,7 @@ class Harness:
                 "version": 1,
             }
         )
+        memory = memory.model_copy(update={"value": self.pager.value_now(memory, self.now())})
         self.store.put(memory)
         if vector is not None:
             self.store.set_vectors([memory.id], vector[None, :])
@@ -190,11 +196,21 @@ class Harness:
         if "content" in changes:
             text, ctype = normalize_content(changes["content"], self.max_content_bytes)
             changes = {**changes, "content": text, "content_type": ctype, "token_count": count_tokens(text)}
+            info = current.metadata.get("compression")
+            if info and "metadata" not in changes:
+                # new text supersedes the summary: drop the pointer so decompress cannot bring old text back
+                # (the raw copy stays archived, and becomes forgettable)
+                changes["metadata"] = {k: v for k, v in current.metadata.items() if k != "compression"}
+                changes["links"] = [link for link in current.links if link.target != info["raw_id"]]
         updated = revalidate(current, {**changes, "version": current.version + 1})
+        if updated.pinned and updated.token_count > current.token_count:
+            self.pager.check_pin(updated)
+        updated = updated.model_copy(update={"value": self.pager.value_now(updated, self.now())})
         self.store.put(updated)
         if "content" in changes and self._worker is not None:
             self._worker.notify()
         self._event("update", updated, {"fields": sorted(changes), "version": updated.version})
+        self._rebalance(updated)
         return updated
 
     def forget(self, memory_id: str) -> None:
@@ -218,7 +234,12 @@ class Harness:
         were written. They are embedded in the background like new records.
         """
         existing = self.store.get_many([m.id for m in memories])
-        fresh = [m for m in memories if m.id not in existing]
+        # token counts are the harness's own measure: recount rather than trust the file
+        fresh = [
+            m if m.token_count == (n := count_tokens(m.content)) else m.model_copy(update={"token_count": n})
+            for m in memories
+            if m.id not in existing
+        ]
         if fresh:
             self.store.put_many(fresh)
             self.store.append_events([Event(kind="import", memory_id=m.id, tenant=m.tenant) for m in fresh])
@@ -290,9 +311,25 @@ class Harness:
     def pin(self, memory_id: str) -> Memory:
         """Keep a memory in the working tier (and in every context of its session) until unpinned."""
         memory = self.store.get(memory_id)
+        if memory.status is not Status.ACTIVE:
+            raise ValidationError(
+                "memory_id", f"is {memory.status.value}", "only active memories can be pinned"
+            )
         self.pager.check_pin(memory)
-        pinned = self.pager.mutate(memory, lambda _m: {"pinned": True, "tier": Tier.WORKING}, self.now())
-        self._after_move(pinned, "pin", {"from": memory.tier.value})
+        now = self.now()
+        before = self.pager.value_now(memory, now)
+        pinned = self.pager.mutate(memory, lambda _m: {"pinned": True, "tier": Tier.WORKING}, now)
+        self._after_move(
+            pinned,
+            "pin",
+            {
+                "from": memory.tier.value,
+                "to": Tier.WORKING.value,
+                "value_before": round(before, 4),
+                "value_after": round(pinned.value, 4),
+                "reason": "pinned by user",
+            },
+        )
         return pinned
 
     def unpin(self, memory_id: str) -> Memory:
@@ -347,8 +384,10 @@ class Harness:
                 loaded.append(
                     self.pager.move(h.memory, Tier.WORKING, f"preloaded for session {session_id}", now)
                 )
+        protect = frozenset(m.id for m in loaded)
         for sid in {m.session_id for m in loaded if m.session_id}:
-            self.pager.enforce(self.tenant, sid, now)
+            self.pager.enforce(self.tenant, sid, now, protect=protect)
+        self._preloaded[session_id] = [h.id for h in hits]
         self._working.clear()
         self.store.append_event(
             Event(
@@ -397,6 +436,12 @@ class Harness:
                 )
             )
 
+    def _rebalance(self, memory: Memory) -> None:
+        """After a change that may grow a tier (an update, a decompress): re-enforce the session's budgets."""
+        self._working.clear()
+        if memory.session_id is not None:
+            self.pager.enforce(memory.tenant, memory.session_id, self.now())
+
     def _after_move(self, memory: Memory, kind: str, data: dict[str, Any]) -> None:
         self._working.clear()
         if memory.session_id is not None:
@@ -412,7 +457,7 @@ class Harness:
 
     def decompress(self, memory_id: str) -> Memory:
         restored = decompress_memory(self.store, self.store.get(memory_id), self.now())
-        self._working.clear()
+        self._rebalance(restored)
         return restored
 
     def _compress_on_archive(self, memory: Memory, reason: str) -> Memory:
@@ -501,6 +546,10 @@ class Harness:
                 candidates.append(Candidate(m, "pinned", 1.0, "pinned"))
             for m in self.list(limit=10**6, tier="working", pinned=False, **scope):
                 candidates.append(Candidate(m, "working", m.value, "working tier"))
+            preloaded = self.store.get_many(self._preloaded.get(session_id or "", []))
+            for m in preloaded.values():
+                if m.status is Status.ACTIVE:
+                    candidates.append(Candidate(m, "working", m.value, "preloaded for this session"))
         agent_scope = {"agent_id": agent_id} if agent_id else {}
         hits: builtins.list[Recalled] = []
         if query.strip() and vector is not None:  # a precomputed query vector (benchmarks time it apart)
@@ -512,7 +561,9 @@ class Harness:
             candidates.append(
                 Candidate(h.memory, "retrieved", h.score, f"recall #{rank + 1} ({h.score:.2f})", near)
             )
-        ctx = pack(candidates, budget_tokens, count_tokens, quotas or Quotas())
+        ctx = pack(
+            [self._valued(c, now) for c in candidates], budget_tokens, count_tokens, quotas or Quotas()
+        )
         if record_usage and ctx.manifest:
             self._record_injection(ctx, {h.id for h in hits}, now)
         self.store.append_event(
@@ -530,6 +581,14 @@ class Harness:
             )
         )
         return ctx
+
+    def _valued(self, c: Candidate, now: datetime) -> Candidate:
+        """The candidate with values as of ``now`` (stored values date from the memory's last write)."""
+
+        def fresh(m: Memory) -> Memory:
+            return m.model_copy(update={"value": self.pager.value_now(m, now)})
+
+        return replace(c, memory=fresh(c.memory), neighbours=tuple(fresh(n) for n in c.neighbours))
 
     def _neighbours(self, memory: Memory) -> tuple[Memory, ...]:
         """The memory recorded just before and just after ``memory`` in its session."""
@@ -604,7 +663,9 @@ class Harness:
         return vector
 
     def _event(self, kind: str, memory: Memory, data: dict[str, Any]) -> None:
-        self.store.append_event(Event(kind=kind, memory_id=memory.id, data=data, tenant=memory.tenant))
+        self.store.append_event(
+            Event(kind=kind, memory_id=memory.id, data=data, tenant=memory.tenant, at=self.now())
+        )
 
 
 def _preset(p: str | RecallConfig | None) -> RecallConfig:

@@ -8,11 +8,13 @@ belongs to its session's tiers); ``working`` has a token and an item budget, the
 - new memories enter ``working``; when a tier is over budget, its unpinned memories with the lowest
   value per token move one tier down until it fits (with 10% slack below short/long-term budgets, so
   demotions come in batches rather than one per record);
-- recalled memories are "warmed": access stats grow and, if their value reaches ``promote_value``,
-  they move back to ``working``;
+- recalled memories are "warmed": access stats grow and, if their value reaches ``promote_value`` (and
+  they fit the working token budget on their own), they move back to ``working``, whose budget is then
+  enforced again with the memories just warmed evicted last;
 - memories whose ``expires_at`` passed become ``expired`` and go to ``archive``;
 - on ``tick()``, a session idle for ``session_idle_hours`` pages its (unpinned) working tier out;
-- memories entering ``archive`` are compressed reversibly when long (see :mod:`clawvm.compress`).
+- memories entering ``archive`` are compressed reversibly when long (see :mod:`clawvm.compress`); when
+  the summarizer fails (an LLM endpoint down) they stay uncompressed and a ``compress_error`` event says why.
 
 Invariants (property-tested): no tier is over budget after any operation; a pinned memory stays in
 ``working`` until unpinned (pinning refuses when pinned memories alone would exceed the working budget);
@@ -28,6 +30,7 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
+from .compress import SummarizerError
 from .errors import ConflictError, ValidationError
 from .model import Filters, Memory, Status, Tier, revalidate
 from .scoring import DEFAULT_SCORING, ScoringConfig, value
@@ -131,7 +134,18 @@ class Pager:
             )
         )
         if to is Tier.ARCHIVE and self._compress is not None:
-            moved = self._compress(moved, reason)
+            try:
+                moved = self._compress(moved, reason)
+            except SummarizerError as exc:  # a policy move must not fail the caller: stay uncompressed
+                self.store.append_event(
+                    Event(
+                        kind="compress_error",
+                        memory_id=memory.id,
+                        tenant=memory.tenant,
+                        at=now,
+                        data={"error": str(exc), "reason": reason},
+                    )
+                )
         return moved
 
     # ---- policies ----------------------------------------------------------------------------------------
@@ -139,8 +153,13 @@ class Pager:
         f = Filters.of(tenant=tenant, session_id=session_id, tier=tier, status="active")
         return self.store.list(f, limit=10**9)
 
-    def enforce(self, tenant: str, session_id: str, now: datetime) -> list[Memory]:
-        """Demote until every tier of the session fits its budget; returns the memories moved."""
+    def enforce(
+        self, tenant: str, session_id: str, now: datetime, protect: frozenset[str] = frozenset()
+    ) -> list[Memory]:
+        """Demote until every tier of the session fits its budget; returns the memories moved.
+
+        Memories in ``protect`` (just promoted) go last, so a warm-up is not undone by its own budget check.
+        """
         moved: list[Memory] = []
         cfg = self.config
         for tier, below in pairwise(ORDER):
@@ -164,7 +183,8 @@ class Pager:
             target_items = None if items is None else int(items * (1 - slack))
             target_tokens = None if tokens is None else int(tokens * (1 - slack))
             victims = sorted(
-                (m for m in members if not m.pinned), key=lambda m: value_per_token(m, now, cfg.scoring)
+                (m for m in members if not m.pinned),
+                key=lambda m: (m.id in protect, value_per_token(m, now, cfg.scoring)),
             )
             keep = list(members)
             for victim in victims:
@@ -187,6 +207,8 @@ class Pager:
     def warm(self, memories: Sequence[Memory], now: datetime) -> list[Memory]:
         """Access bookkeeping for recalled memories; promotes the valuable ones back to working."""
         out = []
+        promoted: set[tuple[str, str]] = set()
+        _, max_tokens = self.config.budgets.limits(Tier.WORKING)
         for m in memories:
             touched = self.mutate(
                 m, lambda cur: {"access_count": cur.access_count + 1, "last_accessed_at": now}, now
@@ -195,10 +217,18 @@ class Pager:
                 touched.tier is not Tier.WORKING
                 and touched.status is Status.ACTIVE
                 and (touched.value >= self.config.promote_value)
+                and (max_tokens is None or touched.session_id is None or touched.token_count <= max_tokens)
             ):
                 touched = self.move(touched, Tier.WORKING, "warmed by retrieval", now)
+                if touched.session_id is not None:
+                    promoted.add((touched.tenant, touched.session_id))
             out.append(touched)
-        return out
+        # promotions may have filled a working tier past its budget: page out again (lowest value first)
+        evicted: dict[str, Memory] = {}
+        warmed = frozenset(m.id for m in out)
+        for tenant, session_id in sorted(promoted):
+            evicted.update((m.id, m) for m in self.enforce(tenant, session_id, now, protect=warmed))
+        return [evicted.get(m.id, m) for m in out]
 
     def expire(self, tenant: str, now: datetime) -> list[Memory]:
         """Memories past ``expires_at`` become ``expired`` and move to archive."""

@@ -1,0 +1,252 @@
+"""Checkpoints and rollback, and exact session restore across processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import clawvm
+from clawvm import Filters, Harness, NotFoundError, Status, Tier, ValidationError
+from clawvm.tiers import PagerConfig, TierBudgets
+
+T0 = datetime(2030, 7, 1, 9, 0, tzinfo=UTC)
+BUDGETS = TierBudgets(working_tokens=120, working_items=4, short_term_items=4, long_term_items=4)
+CFG = PagerConfig(budgets=BUDGETS)
+RESTORED = ("tier", "pinned", "status", "usage", "access_count", "last_accessed_at")
+
+
+def state(h: Harness, ids: list[str]) -> dict[str, tuple[Any, ...]]:
+    ms = h.store.get_many(ids)
+    return {i: tuple(getattr(ms[i], f) for f in RESTORED) for i in ids}
+
+
+def open_clocked(target: str = "memory://") -> tuple[Harness, list[datetime]]:
+    now = [T0]
+    return Harness.open(target, embedder=None, pager=CFG, preset="bm25", clock=lambda: now[0]), now
+
+
+def test_rollback_restores_tiers_pins_status_and_usage() -> None:
+    h, now = open_clocked()
+    with h:
+        old = [h.record(f"fact {i}: the invoice for Paris is {100 + i} euros", session_id="s1",
+                        kind="user_input", created_at=now[0]) for i in range(4)]
+        ttl = h.record("temporary session token", session_id="s1", created_at=now[0],
+                       expires_at=T0 + timedelta(hours=5))
+        other = h.record("another session", session_id="s2", created_at=now[0])
+        ids = [m.id for m in [*old, ttl]]
+        h.rate(old[1].id, +1)
+        before = state(h, ids)
+        cp = h.checkpoint("s1", "before the detour")
+        assert h.get(cp).metadata == {"checkpoint": "before the detour", "memories": 5}
+
+        now[0] += timedelta(hours=1)
+        h.pin(old[0].id)
+        h.rate(old[2].id, -1)
+        h.recall("invoice Paris euros", k=2)
+        h.context("invoice Paris", budget_tokens=200, session_id="s1")
+        new = [h.record(f"detour step {i} with more words to push the budget", session_id="s1",
+                        kind="user_input", created_at=now[0]) for i in range(6)]
+        now[0] += timedelta(hours=6)
+        h.tick()  # the ttl memory expires
+        assert h.get(ttl.id).status is Status.EXPIRED
+        changed = state(h, ids)
+        assert changed != before
+        assert any(changed[i][0] != before[i][0] for i in ids), "the detour should have moved tiers"
+
+        other_before = h.get(other.id)
+        report = h.rollback(cp)
+        assert state(h, ids) == before
+        assert set(report.restored) == {i for i in ids if changed[i] != before[i]}
+        assert set(report.obsoleted) == {m.id for m in new}
+        for m in new:
+            after = h.get(m.id)  # still there, for analytics
+            assert after.status is Status.OBSOLETE and not after.pinned and after.content == m.content
+        assert h.get(other.id) == other_before  # another session is untouched
+        ev = [e for e in h.events(limit=10**6) if e.kind == "rollback"][-1]
+        assert ev.memory_id == cp and ev.data["name"] == "before the detour"
+        assert set(ev.data["obsoleted"]) == {m.id for m in new}
+        assert set(ev.data["restored"]) == set(report.restored)
+        # the session is back within its budgets and the obsolete memories are out of recall
+        assert len(h.list(session_id="s1", tier="working")) <= (BUDGETS.working_items or 0)
+        assert not {m.id for m in new} & {r.id for r in h.recall("detour step", k=10)}
+        # rolling back twice is harmless
+        again = h.rollback(cp)
+        assert again.restored == [] and again.obsoleted == []
+
+
+def test_rollback_needs_a_checkpoint_id() -> None:
+    h, _now = open_clocked()
+    with h:
+        m = h.record("plain memory", session_id="s1")
+        with pytest.raises(ValidationError) as err:
+            h.rollback(m.id)
+        assert err.value.field == "checkpoint_id"
+        with pytest.raises(NotFoundError):
+            h.rollback("01900000-0000-7000-8000-000000000000")
+        fake = h.record({"memories": {}}, kind="agent_state", tags=["not-a-checkpoint"], session_id="s1")
+        with pytest.raises(ValidationError):
+            h.rollback(fake.id)
+        assert h.get(m.id).status is Status.ACTIVE
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("pin"), st.integers(0, 20)),
+        st.tuples(st.just("unpin"), st.integers(0, 20)),
+        st.tuples(st.just("rate"), st.integers(0, 20)),
+        st.tuples(st.just("recall"), st.sampled_from(["invoice", "deploy disk", "Paris euros", "step"])),
+        st.tuples(st.just("context"), st.sampled_from(["invoice", "deploy disk", "Paris euros", "step"])),
+        st.tuples(st.just("record"), st.sampled_from(["s1", "s2"])),
+        st.tuples(st.just("tick"), st.sampled_from([1, 5, 48])),
+    ),
+    max_size=15,
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 10), ops)
+def test_rollback_undoes_any_detour(n: int, detour: list[tuple[str, Any]]) -> None:
+    h, now = open_clocked()
+    with h:
+        texts = ["the invoice for Paris is 120 euros", "deploy failed, the disk was full", "lunch at noon"]
+        for i in range(n):
+            h.record(f"{texts[i % 3]} ({i})", session_id="s1" if i % 3 else "s2", created_at=now[0],
+                     expires_at=T0 + timedelta(hours=4) if i == 1 else None)
+        s1 = [m.id for m in h.list(limit=100, status="any", session_id="s1")]
+        before = state(h, s1)
+        cp = h.checkpoint("s1", "cp")
+        new: set[str] = set()
+        for op, arg in detour:
+            if op in ("pin", "unpin", "rate"):
+                mid = sorted(s1)[arg % len(s1)] if s1 else None
+                if mid is None:
+                    continue
+                with contextlib.suppress(ValidationError):
+                    getattr(h, op)(mid, +1) if op == "rate" else getattr(h, op)(mid)
+            elif op == "recall":
+                h.recall(arg, k=3)
+            elif op == "context":
+                h.context(arg, budget_tokens=150, session_id="s1")
+            elif op == "record":
+                m = h.record(f"step {len(new)}", session_id=arg, created_at=now[0])
+                if arg == "s1":
+                    new.add(m.id)
+            else:
+                now[0] += timedelta(hours=arg)
+                h.tick()
+        report = h.rollback(cp)
+        assert state(h, s1) == before
+        assert set(report.obsoleted) == new
+        assert all(h.get(i).status is Status.OBSOLETE for i in new)
+
+
+# ---- exact restore in another process -------------------------------------------------------------------
+def dump(h: Harness) -> str:
+    """Everything observable about a store: memories, event log, pending embeddings, values, tiers."""
+    ms = sorted(h.store.list(Filters(), limit=10**9), key=lambda m: m.id)
+    events = h.events(limit=10**9)
+    sessions = sorted({m.session_id for m in ms if m.session_id})
+    return json.dumps(
+        {
+            "memories": [json.loads(m.to_json()) for m in ms],
+            "events": [
+                {"seq": e.seq, "kind": e.kind, "memory_id": e.memory_id, "tenant": e.tenant,
+                 "at": e.at.isoformat(), "data": e.data}
+                for e in events
+            ],
+            "unembedded": sorted(h.store.unembedded(10**6)),
+            "explain": {m.id: h.explain(m.id).as_dict() for m in ms},
+            "tiers": {
+                s: {t.value: sorted(x.id for x in h.list(limit=10**6, session_id=s, tier=t)) for t in Tier}
+                for s in sessions
+            },
+            "recall": [
+                (r.id, round(r.score, 9)) for r in h.recall("invoice Paris deploy", k=10, track=False)
+            ],
+        },
+        sort_keys=True,
+        indent=1,
+    )
+
+
+RESTORE_SCRIPT = """
+import sys
+from datetime import datetime
+sys.path.insert(0, sys.argv[1])
+from clawvm import Harness
+from test_checkpoint import CFG, dump
+now = datetime.fromisoformat(sys.argv[3])
+with Harness.open("sqlite:///" + sys.argv[2], embedder=None, pager=CFG, clock=lambda: now) as h:
+    text = dump(h)
+open(sys.argv[4], "w", encoding="utf-8").write(text)
+"""
+
+
+def test_restore_in_another_process_is_exact(tmp_path: Path, embedder: clawvm.MiniLMEmbedder) -> None:
+    db = tmp_path / "state.db"
+    now = [T0]
+    long_text = " ".join(
+        f"The {w} part of a long tool output keeps going about refunds and invoices."
+        for w in ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "last")
+    ) + " The total was 1240 euros."
+    with Harness.open(f"sqlite:///{db}", embedder=embedder, pager=CFG, clock=lambda: now[0]) as h:
+        for i in range(3):
+            h.record(f"embedded fact {i}: the invoice for Paris is {100 + i} euros", session_id="s1",
+                     kind="user_input", created_at=now[0])
+        h.flush(timeout=60)
+    with Harness.open(f"sqlite:///{db}", embedder=None, pager=CFG, clock=lambda: now[0]) as h:
+        assert h.store.unembedded(10) == []
+        ids = [h.record(f"s1 turn {i} about the deploy and the disk", session_id="s1", created_at=now[0]).id
+               for i in range(8)]
+        long_id = h.record(long_text, session_id="s2", kind="tool_result", created_at=now[0]).id
+        for i in range(12):  # pushes the long tool output down to the archive, where it is compressed
+            h.record(f"s2 turn {i} on lunch plans", session_id="s2", kind="note", created_at=now[0])
+        h.pin(ids[0])
+        h.rate(ids[1], +1)
+        manual = h.record(long_text.replace("refunds", "payments"), session_id="s1", created_at=now[0])
+        h.compress(manual.id)
+        h.record("session token", session_id="s1", created_at=now[0], expires_at=T0 + timedelta(hours=1))
+        for i in range(3):
+            h.record(f"thinking step {i}: maybe 4096 MB", session_id="s1", task_id="t1", state="intermediate",
+                     kind="llm_thought", created_at=now[0])
+        h.collapse_task("t1")
+        now[0] += timedelta(hours=3)
+        h.tick()
+        h.recall("invoice Paris", k=3)
+        h.context("deploy disk", budget_tokens=300, session_id="s1")
+        h.checkpoint("s1", "restore me")
+        h.record("recorded last, not embedded yet", session_id="s1", created_at=now[0])
+        # the state has everything the restore must bring back
+        everything = h.store.list(Filters(), limit=10**9)
+        assert {m.tier for m in everything} == set(Tier)
+        assert {m.status for m in everything} >= {Status.ACTIVE, Status.ARCHIVED, Status.EXPIRED}
+        assert any(m.pinned for m in everything)
+        assert "compression" in h.get(long_id).metadata and "compression" in h.get(manual.id).metadata
+        assert 0 < len(h.store.unembedded(10**6)) < len(everything)
+        live = dump(h)
+    out = tmp_path / "restored.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", RESTORE_SCRIPT, str(Path(__file__).parent), str(db), now[0].isoformat(),
+         str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    restored = out.read_text(encoding="utf-8")
+    assert restored == live
+    # and the restored store carries on: a rollback of the restored checkpoint still works
+    with Harness.open(f"sqlite:///{db}", embedder=None, pager=CFG, clock=lambda: now[0]) as h:
+        cp = [e for e in h.events(limit=10**6) if e.kind == "checkpoint"][-1].memory_id
+        assert cp is not None
+        report = h.rollback(cp)
+        assert len(report.obsoleted) == 1

@@ -1,0 +1,362 @@
+"""Reversible compression: the extractive summarizer, compress/decompress, collapse_task, and the optional
+OpenAI-compatible LLM summarizer against a real HTTP server on loopback."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clawvm import Filters, Harness, Kind, LinkType, State, Status, Tier, ValidationError
+from clawvm.compress import ExtractiveSummarizer, LLMSummarizer, SummarizerError, referenced_raw
+from clawvm.tiers import PagerConfig, TierBudgets
+
+T0 = datetime(2030, 5, 1, 9, 0, tzinfo=UTC)
+
+PROSE = [
+    "We talked about the weather and the long queue at the coffee shop.",
+    "Nobody remembered where the old dashboards were kept.",
+    "It rained all afternoon so the team stayed inside and planned.",
+    "Everyone agreed that the retry policy needs a maximum delay.",
+    "The user prefers short answers with bullet lists and no jargon.",
+    "Bob thinks the cache should be warmed before the meeting starts.",
+    "Alice asked whether the invoice could be split across two months.",
+    "The payment service kept retrying the refund before giving up.",
+]
+NUMERIC = [
+    "The invoice total came to 1240 euros including taxes.",
+    "Build 7 failed at step 3 with exit code 137.",
+    "She moved to Lisbon on 12 May 2023.",
+    "The p95 latency dropped from 48.5 ms to 21 ms.",
+]
+CODE = [
+    "    return total * 1.2",
+    "def refund(order_id):",
+    "SELECT id FROM orders WHERE paid = 0",
+    "if (retries > max) {",
+    "import json",
+    "call `make test` before pushing",
+]
+
+
+@st.composite
+def documents(draw: st.DrawFn) -> tuple[str, list[str], list[str]]:
+    """A text of prose lines (several sentences each) and code lines; returns (text, numeric, code)."""
+    lines: list[str] = []
+    numeric: list[str] = []
+    code: list[str] = []
+    for _ in range(draw(st.integers(1, 8))):
+        if draw(st.integers(0, 3)) == 0:
+            c = draw(st.sampled_from(CODE))
+            lines.append(c)
+            code.append(c)
+        else:
+            sentences = draw(st.lists(st.sampled_from(PROSE + NUMERIC), min_size=1, max_size=6))
+            numeric += [s for s in sentences if s in NUMERIC]
+            lines.append(" ".join(sentences))
+    return "\n".join(lines), numeric, code
+
+
+def units(text: str) -> set[str]:
+    """Every line and every sentence of ``text``."""
+    out = set()
+    for line in text.splitlines():
+        out.add(line)
+        out.update(s for s in PROSE + NUMERIC if s in line)
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(documents(), st.floats(0.1, 1.0))
+def test_extractive_keeps_numbers_and_code_verbatim(
+    doc: tuple[str, list[str], list[str]], ratio: float
+) -> None:
+    text, numeric, code = doc
+    max_chars = max(1, int(len(text) * ratio))
+    summary = ExtractiveSummarizer().summarize(text, max_chars)
+    out_lines = summary.splitlines()
+    for c in code:
+        assert c in out_lines, c  # a code line is kept whole, as its own line
+    for s in numeric:
+        assert s in out_lines, s  # a sentence with a digit is kept whole
+    for line in out_lines:  # extractive: nothing invented
+        assert line in units(text), line
+    must = sum(len(u) + 1 for u in code + numeric)
+    assert len(summary) <= max(max_chars, must)  # over the budget only by what must be kept
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.sampled_from(PROSE), min_size=4, max_size=20))
+def test_extractive_shortens_plain_prose(sentences: list[str]) -> None:
+    text = " ".join(sentences)
+    budget = len(text) // 3
+    summary = ExtractiveSummarizer().summarize(text, budget)
+    assert len(summary) <= budget < len(text)
+    assert all(line in PROSE for line in summary.splitlines())
+
+
+def test_extractive_keeps_short_text_whole() -> None:
+    text = "First point. Second point."
+    assert ExtractiveSummarizer().summarize(text, 500).split("\n") == ["First point.", "Second point."]
+
+
+# ---- compress / decompress through the harness ---------------------------------------------------------
+def open_harness(**kw: Any) -> Harness:
+    kw.setdefault("embedder", None)
+    return Harness.open("memory://", clock=lambda: T0, **kw)
+
+
+LONG = " ".join(PROSE + NUMERIC) + "\n" + "\n".join(CODE)
+
+raw_texts = st.one_of(
+    st.lists(st.sampled_from(PROSE + NUMERIC + CODE), min_size=1, max_size=25).map(" ".join),
+    st.lists(st.sampled_from(PROSE + NUMERIC + CODE), min_size=1, max_size=25).map("\n".join),
+    st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=400),
+).filter(lambda s: bool(s.strip()))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw_texts)
+def test_compress_then_decompress_restores_the_exact_original(text: str) -> None:
+    with open_harness() as h:
+        m = h.record(text, session_id="s1", kind="tool_result", tags=["x"], created_at=T0)
+        c = h.compress(m.id)
+        if "compression" in c.metadata:
+            info = c.metadata["compression"]
+            raw = h.get(info["raw_id"])
+            assert raw.content == text and raw.metadata == {"raw_of": m.id}
+            assert raw.status is Status.ARCHIVED and raw.tier is Tier.ARCHIVE
+            assert len(c.content) < len(text) and c.token_count <= m.token_count
+            assert any(link.type is LinkType.DERIVED_FROM and link.target == raw.id for link in c.links)
+            assert info["raw_tokens"] == m.token_count and info["method"] == "extractive"
+            assert isinstance(info["entities"], list)
+            assert c.id == m.id and c.version == m.version + 1
+        else:
+            assert c == h.get(m.id) and c.content == text  # nothing to gain: left as it was
+        d = h.decompress(m.id)
+        assert d.content == text and h.get(m.id).content == text
+        assert d.token_count == m.token_count
+        assert "compression" not in d.metadata
+        assert [link for link in d.links if link.type is LinkType.DERIVED_FROM] == []
+        assert d.kind is m.kind and d.session_id == m.session_id and d.tags == m.tags
+
+
+def test_compression_events_and_recompression() -> None:
+    with open_harness() as h:
+        m = h.record(LONG, session_id="s1", created_at=T0)
+        c = h.compress(m.id)
+        assert "compression" in c.metadata
+        assert h.compress(m.id) == h.get(m.id)  # already compressed: unchanged
+        ev = [e for e in h.events(memory_id=m.id) if e.kind == "compress"][-1]
+        assert ev.data["raw_id"] == c.metadata["compression"]["raw_id"]
+        assert ev.data["tokens_before"] == m.token_count and ev.data["tokens_after"] == c.token_count
+        h.decompress(m.id)
+        assert [e.kind for e in h.events(memory_id=m.id)][-1] == "decompress"
+        again = h.compress(m.id)  # a decompressed memory can be compressed again
+        assert "compression" in again.metadata and h.decompress(m.id).content == LONG
+        # numbers survive the summary
+        for s in NUMERIC:
+            assert s in again.content
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"rows": [{"id": i, "text": PROSE[i % len(PROSE)]} for i in range(30)]},
+        [PROSE * 3],
+        {"note": " ".join(PROSE * 4)},
+    ],
+)
+def test_json_content_is_never_compressed(payload: Any) -> None:
+    budgets = TierBudgets(working_tokens=50, working_items=1, short_term_items=1, long_term_items=1)
+    with open_harness(pager=PagerConfig(budgets=budgets)) as h:
+        m = h.record(payload, session_id="s1", created_at=T0)
+        assert m.content_type == "application/json"
+        assert h.compress(m.id).content == m.content
+        for i in range(6):  # push it down to the archive
+            h.record(f"filler {i}", session_id="s1", created_at=T0)
+        after = h.get(m.id)
+        assert after.tier is Tier.ARCHIVE
+        assert after.content == m.content and "compression" not in after.metadata
+        assert h.count(status="any") == 7  # no raw copy was made
+
+
+def test_long_text_is_compressed_on_its_way_to_the_archive() -> None:
+    budgets = TierBudgets(working_tokens=400, working_items=1, short_term_items=1, long_term_items=1)
+    with open_harness(pager=PagerConfig(budgets=budgets)) as h:
+        m = h.record(LONG, session_id="s1", kind="note", created_at=T0)
+        for i in range(4):
+            h.record(f"filler {i}", session_id="s1", kind="user_input", created_at=T0)
+        after = h.get(m.id)
+        assert after.tier is Tier.ARCHIVE and "compression" in after.metadata
+        assert h.get(after.metadata["compression"]["raw_id"]).content == LONG
+        ev = [e for e in h.events(memory_id=m.id) if e.kind == "compress"][-1]
+        assert ev.data["reason"].startswith("archived")
+        assert h.decompress(m.id).content == LONG
+
+
+def test_raw_copy_cannot_be_forgotten_while_referenced() -> None:
+    with open_harness() as h:
+        m = h.record(LONG, session_id="s1", created_at=T0)
+        raw_id = h.compress(m.id).metadata["compression"]["raw_id"]
+        assert referenced_raw(h.store, h.get(raw_id)) == [m.id]
+        with pytest.raises(ValidationError) as err:
+            h.forget(raw_id)
+        assert err.value.field == "memory_id"
+        assert h.get(raw_id).content == LONG
+        h.decompress(m.id)
+        assert referenced_raw(h.store, h.get(raw_id)) == []
+        h.forget(raw_id)
+        assert h.count(status="any") == 1 and h.get(m.id).content == LONG
+
+
+# ---- collapse a task -------------------------------------------------------------------------------------
+def test_collapse_task_summarizes_intermediates_into_one_success() -> None:
+    with open_harness() as h:
+        steps = [
+            h.record(text, task_id="t1", session_id="s1", state="intermediate", kind="llm_thought",
+                     created_at=T0 + timedelta(minutes=i))
+            for i, text in enumerate([
+                "Looking at the failing build first.",
+                "Build 7 failed at step 3 with exit code 137.",
+                "Exit code 137 means the container ran out of memory.",
+                "Raising the memory limit to 4096 MB should fix it.",
+            ])
+        ]
+        done = h.record("Raised the limit; build 8 passed.", task_id="t1", session_id="s1", state="success",
+                        created_at=T0 + timedelta(minutes=9))
+        other = h.record("Unrelated thought.", task_id="t2", session_id="s1", state="intermediate",
+                         created_at=T0)
+        summary = h.collapse_task("t1")
+        assert summary is not None
+        assert summary.kind is Kind.SUMMARY and summary.state is State.SUCCESS and summary.task_id == "t1"
+        assert summary.status is Status.ACTIVE
+        targets = [link.target for link in summary.links if link.type is LinkType.SUMMARIZES]
+        assert targets == [m.id for m in steps]
+        assert summary.metadata["collapsed"] == 4
+        assert "137" in summary.content and "4096" in summary.content  # exact numbers survive
+        for m in steps:
+            after = h.get(m.id)  # archived, not deleted, content untouched
+            assert after.status is Status.ARCHIVED and after.tier is Tier.ARCHIVE
+            assert after.content == m.content
+        assert h.get(done.id).status is Status.ACTIVE and h.get(other.id).status is Status.ACTIVE
+        assert {m.id for m in h.list(task_id="t1")} == {summary.id, done.id}
+        ev = [e for e in h.events(limit=10**6) if e.kind == "collapse"][-1]
+        assert ev.memory_id == summary.id and ev.data["steps"] == [m.id for m in steps]
+        assert h.collapse_task("t1") is None  # nothing left to collapse
+        assert h.count(status="any", task_id="t1") == 6
+        edges = h.store.edges([summary.id])
+        assert {(e.source, e.type, e.target) for e in edges} >= {
+            (summary.id, LinkType.SUMMARIZES, m.id) for m in steps
+        }
+        assert h.store.list(Filters.of(task_id="t1", state="intermediate", status="active")) == []
+
+
+# ---- the LLM summarizer against a real server -------------------------------------------------------------
+class FakeLLM(BaseHTTPRequestHandler):
+    """An OpenAI-compatible /v1/chat/completions endpoint answering with ``reply`` (or ``status``)."""
+
+    requests: ClassVar[list[dict[str, Any]]] = []
+    reply: ClassVar[str] = "Short summary: 1240 euros, build 7."
+    status: ClassVar[int] = 200
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        type(self).requests.append(
+            {"path": self.path, "headers": dict(self.headers), "json": json.loads(body)}
+        )
+        if self.status != 200:
+            self.send_response(self.status)
+            self.end_headers()
+            self.wfile.write(b'{"error": "boom"}')
+            return
+        payload = json.dumps({
+            "id": "cmpl-1", "object": "chat.completion", "model": "tiny",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": self.reply}}],
+        }).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def llm() -> Iterator[tuple[str, type[FakeLLM]]]:
+    handler = type("Handler", (FakeLLM,), {"requests": [], "status": 200})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_llm_summarizer_against_a_real_server(llm: tuple[str, type[FakeLLM]]) -> None:
+    url, handler = llm
+    summarizer = LLMSummarizer(base_url=url, model="tiny-model", api_key="sk-test", timeout_s=10)
+    with open_harness(summarizer=summarizer) as h:
+        m = h.record(LONG, session_id="s1", created_at=T0)
+        c = h.compress(m.id)
+        assert c.content == FakeLLM.reply
+        assert c.metadata["compression"]["method"] == "llm"
+        (req,) = handler.requests
+        assert req["path"] == "/v1/chat/completions"
+        assert req["headers"]["Authorization"] == "Bearer sk-test"
+        body = req["json"]
+        assert body["model"] == "tiny-model"
+        assert [msg["role"] for msg in body["messages"]] == ["user"]
+        assert LONG in body["messages"][0]["content"]
+        assert h.decompress(m.id).content == LONG
+
+
+def test_llm_summarizer_server_error_leaves_the_memory_unchanged(llm: tuple[str, type[FakeLLM]]) -> None:
+    url, handler = llm
+    handler.status = 500
+    with open_harness(summarizer=LLMSummarizer(base_url=url, model="tiny", timeout_s=10)) as h:
+        m = h.record(LONG, session_id="s1", created_at=T0)
+        before = h.get(m.id)
+        with pytest.raises(SummarizerError):
+            h.compress(m.id)
+        assert h.get(m.id) == before
+        assert h.count(status="any") == 1  # no raw copy left behind
+        assert len(handler.requests) == 1
+
+
+def test_llm_summarizer_unreachable_or_malformed(llm: tuple[str, type[FakeLLM]]) -> None:
+    url, handler = llm
+    handler.reply = "   "
+    with pytest.raises(SummarizerError):
+        LLMSummarizer(base_url=url, model="tiny").summarize(LONG, 100)
+    with pytest.raises(SummarizerError):  # nothing listens on port 9 of loopback
+        LLMSummarizer(base_url="http://127.0.0.1:9/v1", model="tiny", timeout_s=2).summarize(LONG, 100)
+
+
+def test_a_failing_summarizer_does_not_fail_the_record_that_archives(llm: tuple[str, type[FakeLLM]]) -> None:
+    url, handler = llm
+    handler.status = 500
+    budgets = TierBudgets(working_tokens=400, working_items=1, short_term_items=1, long_term_items=1)
+    with open_harness(summarizer=LLMSummarizer(base_url=url, model="tiny", timeout_s=10),
+                      pager=PagerConfig(budgets=budgets)) as h:
+        m = h.record(LONG, session_id="s1", created_at=T0)
+        for i in range(4):  # each of these records pushes older memories down; LONG reaches the archive
+            h.record(f"filler {i}", session_id="s1", kind="user_input", created_at=T0)
+        after = h.get(m.id)
+        assert after.tier is Tier.ARCHIVE and after.content == LONG and "compression" not in after.metadata
+        assert handler.requests, "the summarizer was asked"
+        errors = [e for e in h.events(memory_id=m.id) if e.kind == "compress_error"]
+        assert errors and "500" in errors[-1].data["error"]

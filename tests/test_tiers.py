@@ -1,0 +1,569 @@
+"""Tiers and the pager: a rule-based state machine over the invariants, and the policies one by one."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from clawvm import Filters, Harness, Kind, Memory, Status, Tier, ValidationError
+from clawvm.embed import count_tokens
+from clawvm.model import build_memory
+from clawvm.store import MemoryStore
+from clawvm.tiers import ORDER, Pager, PagerConfig, TierBudgets, value_per_token
+
+BUDGETS = TierBudgets(working_tokens=120, working_items=5, short_term_items=6, long_term_items=8)
+CFG = PagerConfig(budgets=BUDGETS)
+SESSIONS = ("s1", "s2")
+
+WORDS = ["payment", "api", "refund", "deploy", "disk", "lunch", "Alice", "Bob", "Paris", "invoice", "retry",
+         "cache", "user", "asked", "about", "the", "failed", "timeout", "coffee", "meeting"]
+SENTENCES = [
+    "The payment service retried the refund three times before giving up.",
+    "Alice asked whether the invoice could be split across two months.",
+    "We talked about the weather and the long queue at the coffee shop.",
+    "The deploy on build-07 stopped because the disk was full.",
+    "Bob thinks the cache should be warmed before the meeting starts.",
+    "Nobody remembered where the old dashboards were kept.",
+    "The invoice total came to 1240 euros including taxes.",
+    "Everyone agreed that the retry policy needs a maximum delay.",
+    "It rained all afternoon so the team stayed inside and planned.",
+    "The user prefers short answers with bullet lists and no jargon.",
+]
+
+short_texts = st.lists(st.sampled_from(WORDS), min_size=2, max_size=8).map(" ".join) | st.builds(
+    lambda ws, n: f"{' '.join(ws)} {n}", st.lists(st.sampled_from(WORDS), min_size=1, max_size=6),
+    st.integers(0, 10**5),
+)
+long_texts = st.lists(st.sampled_from(SENTENCES), min_size=9, max_size=14).map(" ".join)
+texts = st.one_of(short_texts, short_texts, long_texts)
+kinds = st.sampled_from([Kind.USER_INPUT, Kind.LLM_THOUGHT, Kind.TOOL_RESULT, Kind.NOTE, Kind.DECISION])
+
+
+def everything(h: Harness) -> list[Memory]:
+    return h.store.list(Filters(), limit=10**9)
+
+
+def snapshot(h: Harness) -> dict[str, str]:
+    return {m.id: m.to_json() for m in everything(h)}
+
+
+class TierMachine(RuleBasedStateMachine):
+    """Random record / recall / pin / unpin / tick / context / update sequences on small budgets."""
+
+    engine = "memory"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = [datetime.now(UTC).replace(microsecond=0)]
+        self.dir: str | None = None
+        target = "memory://"
+        if self.engine == "sqlite":
+            self.dir = tempfile.mkdtemp(prefix="clawvm-tiers-")
+            target = f"sqlite:///{self.dir}/t.db"
+        self.h = Harness.open(target, embedder=None, pager=CFG, clock=lambda: self.now[0])
+        self.originals: dict[str, str] = {}  # every id we recorded -> the text we last gave it
+
+    def teardown(self) -> None:
+        self.h.close()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def pick(self, i: int) -> str:
+        ids = sorted(self.originals)
+        return ids[i % len(ids)]
+
+    # ---- rules ----------------------------------------------------------------------------------------
+    @rule(
+        text=texts,
+        session=st.sampled_from(SESSIONS),
+        kind=kinds,
+        stamp=st.booleans(),
+        ttl_h=st.none() | st.integers(1, 72),
+        link=st.none() | st.integers(0, 10**6),
+    )
+    def record(
+        self, text: str, session: str, kind: Kind, stamp: bool, ttl_h: int | None, link: int | None
+    ) -> None:
+        fields: dict[str, Any] = {"session_id": session, "kind": kind}
+        if stamp:
+            fields["created_at"] = self.now[0]
+        if ttl_h is not None:
+            fields["expires_at"] = self.now[0] + timedelta(hours=ttl_h)
+        if link is not None and self.originals:
+            fields["links"] = [{"type": "refers_to", "target": self.pick(link)}]
+        m = self.h.record(text, **fields)
+        self.originals[m.id] = text
+
+    @initialize(batch=st.lists(st.tuples(texts, st.sampled_from(SESSIONS), kinds), min_size=4, max_size=25))
+    def seed(self, batch: list[tuple[str, str, Kind]]) -> None:
+        self.record_many(batch)
+
+    @rule(batch=st.lists(st.tuples(texts, st.sampled_from(SESSIONS), kinds), min_size=1, max_size=10))
+    def record_many(self, batch: list[tuple[str, str, Kind]]) -> None:
+        for text, session, kind in batch:
+            m = self.h.record(text, session_id=session, kind=kind)
+            self.originals[m.id] = text
+
+    @rule(query=st.lists(st.sampled_from(WORDS), min_size=1, max_size=4).map(" ".join),
+          k=st.integers(1, 8), session=st.none() | st.sampled_from(SESSIONS))
+    def recall(self, query: str, k: int, session: str | None) -> None:
+        scope = {"session_id": session} if session else {}
+        for hit in self.h.recall(query, k=k, track=True, **scope):
+            assert hit.memory.status is Status.ACTIVE
+
+    @precondition(lambda self: bool(self.originals))
+    @rule(i=st.integers(0, 10**6))
+    def pin(self, i: int) -> None:
+        mid = self.pick(i)
+        before = snapshot(self.h)
+        events = len(self.h.events(limit=10**6))
+        try:
+            pinned = self.h.pin(mid)
+        except ValidationError:
+            assert snapshot(self.h) == before, "a refused pin changed something"
+            assert len(self.h.events(limit=10**6)) == events
+            return
+        assert pinned.pinned and pinned.tier is Tier.WORKING
+
+    @precondition(lambda self: bool(self.originals))
+    @rule(i=st.integers(0, 10**6))
+    def unpin(self, i: int) -> None:
+        assert not self.h.unpin(self.pick(i)).pinned
+
+    @rule(hours=st.sampled_from([0, 1, 3, 12, 24, 24 * 3, 24 * 30]))
+    def tick(self, hours: int) -> None:
+        self.now[0] += timedelta(hours=hours)
+        self.h.tick()
+
+    @rule(query=st.lists(st.sampled_from(WORDS), min_size=0, max_size=4).map(" ".join),
+          budget=st.integers(1, 600), session=st.none() | st.sampled_from(SESSIONS))
+    def context(self, query: str, budget: int, session: str | None) -> None:
+        ctx = self.h.context(query, budget_tokens=budget, session_id=session)
+        assert ctx.tokens <= budget and count_tokens(ctx.text) == ctx.tokens
+
+    @precondition(lambda self: bool(self.originals))
+    @rule(i=st.integers(0, 10**6), text=short_texts)
+    def update(self, i: int, text: str) -> None:
+        mid = self.pick(i)
+        before = self.h.get(mid)
+        try:
+            self.h.update(mid, content=text)
+        except ValidationError:  # a pinned memory may not grow past the working budget; nothing changed
+            assert self.h.get(mid) == before
+            return
+        self.originals[mid] = text
+
+    @precondition(lambda self: bool(self.originals))
+    @rule(i=st.integers(0, 10**6))
+    def compress(self, i: int) -> None:
+        self.h.compress(self.pick(i))
+
+    @precondition(lambda self: bool(self.originals))
+    @rule(i=st.integers(0, 10**6))
+    def decompress(self, i: int) -> None:
+        mid = self.pick(i)
+        assert self.h.decompress(mid).content == self.originals[mid]
+
+    # ---- invariants -------------------------------------------------------------------------------------
+    @invariant()
+    def tiers_within_budget(self) -> None:
+        for session in SESSIONS:
+            for tier in ORDER:
+                items, tokens = BUDGETS.limits(tier)
+                members = self.h.list(limit=10**6, session_id=session, tier=tier)  # active only
+                if items is not None:
+                    assert len(members) <= items, (session, tier, len(members))
+                if tokens is not None:
+                    assert sum(m.token_count for m in members) <= tokens, (session, tier)
+
+    @invariant()
+    def pinned_stay_in_working(self) -> None:
+        for m in self.h.list(limit=10**6, pinned=True):
+            assert m.tier is Tier.WORKING, m.id
+
+    @invariant()
+    def nothing_is_lost(self) -> None:
+        stored = {m.id: m for m in everything(self.h)}
+        raws = {i for i, m in stored.items() if "raw_of" in m.metadata}
+        assert set(stored) - raws == set(self.originals)
+        for rid in raws:
+            assert stored[rid].metadata["raw_of"] in self.originals
+        for mid, text in self.originals.items():
+            m = stored[mid]
+            info = m.metadata.get("compression")
+            if info is None:
+                assert m.content == text
+            else:
+                raw = stored[info["raw_id"]]
+                assert raw.content == text and raw.metadata["raw_of"] == mid
+                assert any(link.target == raw.id for link in m.links)
+                assert m.token_count < raw.token_count
+
+    @invariant()
+    def links_are_valid(self) -> None:
+        stored = {m.id: m for m in everything(self.h)}
+        for m in stored.values():
+            for link in m.links:
+                assert link.target in stored, (m.id, link)
+
+
+MACHINE_SETTINGS = settings(
+    max_examples=25, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
+)
+
+
+class SQLiteTierMachine(TierMachine):
+    engine = "sqlite"
+
+
+TestTiersMemory = TierMachine.TestCase
+TestTiersMemory.settings = MACHINE_SETTINGS
+TestTiersSQLite = SQLiteTierMachine.TestCase
+TestTiersSQLite.settings = settings(MACHINE_SETTINGS, max_examples=20)
+
+
+# ---- the policies, one by one -----------------------------------------------------------------------------
+T0 = datetime(2030, 1, 1, 9, 0, tzinfo=UTC)
+
+
+def clocked(
+    budgets: TierBudgets = BUDGETS, target: str = "memory://", **kw: Any
+) -> tuple[Harness, list[datetime]]:
+    """A lexical-only harness on a fresh memory store whose clock the test moves (``now[0]``).
+
+    BM25 recall keeps these pager tests independent of how the default preset fuses its channels.
+    """
+    now = [T0]
+    kw.setdefault("preset", "bm25")
+    pager = PagerConfig(budgets=budgets)
+    h = Harness.open(target, embedder=None, pager=pager, clock=lambda: now[0], **kw)
+    return h, now
+
+
+mem_specs = st.lists(
+    st.tuples(
+        kinds,
+        st.integers(1, 30),  # words
+        st.integers(0, 24 * 20),  # age in hours
+        st.integers(0, 5),  # accesses
+        st.booleans(),  # pinned
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(mem_specs, st.integers(1, 6), st.integers(20, 300))
+def test_demotion_takes_the_lowest_value_per_token_first(
+    specs: list[tuple[Kind, int, int, int, bool]], max_items: int, max_tokens: int
+) -> None:
+    store = MemoryStore()
+    store.setup()
+    budgets = TierBudgets(working_items=max_items, working_tokens=max_tokens)
+    pager = Pager(store, PagerConfig(budgets=budgets))
+    pinned_tokens = 0
+    ms: list[Memory] = []
+    for kind, words, age, accesses, pinned in specs:
+        text = " ".join(["word"] * words)
+        room = pinned_tokens + words <= max_tokens and len([m for m in ms if m.pinned]) < max_items
+        pinned = pinned and room
+        pinned_tokens += words if pinned else 0
+        ms.append(build_memory({
+            "content": text, "kind": kind, "session_id": "s", "tier": Tier.WORKING, "pinned": pinned,
+            "created_at": T0 - timedelta(hours=age), "access_count": accesses, "token_count": words,
+        }))
+    store.put_many(ms)
+    moved = pager.enforce("default", "s", T0)
+    cfg = pager.config.scoring
+    vpt = {m.id: value_per_token(m, T0, cfg) for m in ms}
+    moved_ids = [m.id for m in moved]
+    assert all(m.tier is Tier.SHORT_TERM for m in moved)
+    assert not any(m.pinned for m in moved)
+    # moved in increasing value per token ...
+    assert [vpt[i] for i in moved_ids] == sorted(vpt[i] for i in moved_ids)
+    # ... and every kept unpinned memory is worth at least as much per token as every moved one
+    kept = [m for m in ms if m.id not in moved_ids]
+    kept_unpinned = [vpt[m.id] for m in kept if not m.pinned]
+    if moved_ids and kept_unpinned:
+        assert min(kept_unpinned) >= max(vpt[i] for i in moved_ids)
+    # the working tier now fits, and no more was moved than needed
+    assert len(kept) <= max_items and sum(m.token_count for m in kept) <= max_tokens
+    if moved_ids:
+        last = next(m for m in ms if m.id == moved_ids[-1])
+        back = [*kept, last]
+        assert len(back) > max_items or sum(m.token_count for m in back) > max_tokens
+
+
+def test_recall_promotes_a_demoted_memory_back_to_working() -> None:
+    h, now = clocked()
+    with h:
+        target = h.record("the refund for the Payment API failed with a timeout", kind="tool_result",
+                          session_id="s1", created_at=now[0])
+        for i in range(6):
+            h.record(f"coffee chat {i}", kind="user_input", session_id="s1", created_at=now[0])
+        assert h.get(target.id).tier is not Tier.WORKING
+        assert h.explain(target.id).value >= h.pager.config.promote_value
+        hits = h.recall("refund payment timeout", k=1)
+        assert hits[0].id == target.id
+        after = h.get(target.id)
+        assert after.tier is Tier.WORKING and after.access_count == 1 and after.last_accessed_at == now[0]
+        assert hits[0].memory.tier is Tier.WORKING
+        promote = [e for e in h.events(memory_id=target.id) if e.kind == "promote"]
+        assert promote and promote[-1].data["to"] == "working"
+        assert promote[-1].data["reason"] == "warmed by retrieval"
+        # and the working tier still fits its budget
+        working = h.list(session_id="s1", tier="working")
+        assert len(working) <= (BUDGETS.working_items or 0)
+
+
+def test_recall_that_warms_many_keeps_working_within_budget() -> None:
+    h, now = clocked()
+    with h:
+        for i in range(12):
+            h.record(f"note {i} about the Payment API", kind="user_input", session_id="s1", created_at=now[0])
+        h.recall("payment api note", k=12)
+        assert len(h.list(session_id="s1", tier="working")) <= (BUDGETS.working_items or 0)
+
+
+def test_low_value_recalled_memories_are_not_promoted() -> None:
+    h, now = clocked()
+    with h:
+        thought = h.record("maybe the refund timeout is due to caching", kind="llm_thought", session_id="s1",
+                           created_at=now[0])
+        for i in range(6):
+            h.record(f"coffee chat {i}", kind="user_input", session_id="s1", created_at=now[0])
+        assert h.get(thought.id).tier is not Tier.WORKING
+        now[0] += timedelta(days=10)  # a thought is stale after a few hours
+        assert h.explain(thought.id).value < h.pager.config.promote_value
+        tier = h.get(thought.id).tier
+        h.recall("refund timeout caching", k=1)
+        assert h.get(thought.id).tier is tier and h.get(thought.id).access_count == 1
+
+
+def test_ttl_expiry_archives_on_tick() -> None:
+    h, now = clocked()
+    with h:
+        m = h.record("temporary token abc", session_id="s1", expires_at=T0 + timedelta(hours=1),
+                     created_at=T0)
+        keep = h.record("permanent note", session_id="s1", created_at=T0)
+        assert h.tick()["expired"] == 0
+        now[0] = T0 + timedelta(hours=2)
+        assert h.tick()["expired"] == 1
+        gone = h.get(m.id)
+        assert gone.status is Status.EXPIRED and gone.tier is Tier.ARCHIVE and not gone.pinned
+        assert h.get(keep.id).status is Status.ACTIVE
+        ev = [e for e in h.events(memory_id=m.id) if e.kind == "archive"][-1]
+        assert ev.data["reason"] == "ttl expired" and ev.data["to"] == "archive"
+        assert m.id not in {r.id for r in h.recall("temporary token", k=5)}  # expired is not recalled
+
+
+def test_a_pinned_memory_that_expires_is_unpinned_and_archived() -> None:
+    h, now = clocked()
+    with h:
+        m = h.record("short lived pin", session_id="s1", expires_at=T0 + timedelta(hours=1), created_at=T0)
+        h.pin(m.id)
+        now[0] = T0 + timedelta(days=1)
+        h.tick()
+        assert h.get(m.id).tier is Tier.ARCHIVE and not h.get(m.id).pinned
+
+
+MOVE_KEYS = {"from", "to", "value_before", "value_after", "reason"}
+
+
+def test_every_pager_move_is_an_event() -> None:
+    h, now = clocked(TierBudgets(working_tokens=120, working_items=2, short_term_items=2, long_term_items=2))
+    with h:
+        ids = []
+        for i in range(9):
+            ids.append(h.record(f"entry {i} about deploys and refunds " + "filler " * 20 * (i % 2),
+                                kind="user_input", session_id="s1", created_at=now[0]).id)
+            now[0] += timedelta(minutes=1)
+        h.record("short lived", session_id="s1", expires_at=now[0], created_at=now[0])
+        h.tick()
+        h.recall("entry 0 deploys refunds", k=3)
+        moves = [e for e in h.events(limit=10**6) if e.kind in ("promote", "demote", "archive")]
+        assert {e.kind for e in moves} == {"promote", "demote", "archive"}
+        for e in moves:
+            assert set(e.data) >= MOVE_KEYS and e.memory_id is not None
+            assert e.data["from"] in {t.value for t in Tier} and e.data["to"] in {t.value for t in Tier}
+            assert 0.0 <= e.data["value_before"] <= 1.0 and 0.0 <= e.data["value_after"] <= 1.0
+            assert e.data["from"] != e.data["to"] and e.data["reason"]
+            direction = ORDER.index(Tier(e.data["to"])) - ORDER.index(Tier(e.data["from"]))
+            assert (e.kind == "promote") == (direction < 0)
+        # replaying the moves from the "add" tier gives every memory's current tier
+        tiers: dict[str, str] = {}
+        for e in h.events(limit=10**6):
+            if e.kind == "add":
+                tiers[e.memory_id or ""] = e.data["tier"]
+            elif e.kind in ("promote", "demote", "archive"):
+                assert tiers[e.memory_id or ""] == e.data["from"]
+                tiers[e.memory_id or ""] = e.data["to"]
+        for mid, tier in tiers.items():
+            assert h.get(mid).tier.value == tier
+
+
+def test_pin_is_logged_like_every_move() -> None:
+    h, now = clocked()
+    with h:
+        m = h.record("pin me", session_id="s1", created_at=now[0])
+        for i in range(6):
+            h.record(f"filler {i}", session_id="s1", kind="user_input", created_at=now[0])
+        assert h.get(m.id).tier is not Tier.WORKING
+        h.pin(m.id)
+        ev = [e for e in h.events(memory_id=m.id) if e.kind in ("pin", "promote")][-1]
+        assert set(ev.data) >= MOVE_KEYS and ev.data["to"] == "working"
+
+
+def test_pin_refused_over_the_working_budget_changes_nothing() -> None:
+    h, now = clocked()
+    with h:
+        ids = [h.record(f"pinned fact number {i}", session_id="s1", created_at=now[0]).id for i in range(6)]
+        for i in ids[:5]:
+            h.pin(i)
+        before = snapshot(h)
+        with pytest.raises(ValidationError) as err:
+            h.pin(ids[5])
+        assert err.value.field == "pinned"
+        assert snapshot(h) == before
+        big = h.record("word " * 130, session_id="s2", created_at=now[0])
+        with pytest.raises(ValidationError):
+            h.pin(big.id)
+        h.unpin(ids[0])
+        assert h.pin(ids[5]).tier is Tier.WORKING
+
+
+def test_start_session_preloads_relevant_memories_into_working() -> None:
+    h, now = clocked()
+    with h:
+        refund = h.record("refund for the Payment API failed with a timeout", session_id="s0",
+                          kind="tool_result", created_at=now[0])
+        key = h.record("payment API refunds need an idempotency key", session_id="s0", kind="knowledge",
+                       created_at=now[0])
+        other = h.record("the team lunch is on friday", session_id="s0", kind="note", created_at=now[0])
+        now[0] += timedelta(days=1)
+        h.tick()  # the idle session pages its working tier out
+        assert h.get(refund.id).tier is not Tier.WORKING
+        loaded = h.start_session("s1", task="payment API refund", k=2)
+        assert {m.id for m in loaded} == {refund.id, key.id}
+        for mid in (refund.id, key.id):
+            assert h.get(mid).tier is Tier.WORKING
+            assert [e for e in h.events(memory_id=mid) if e.kind == "promote"][-1].data["reason"] == (
+                "preloaded for session s1"
+            )
+        assert h.get(other.id).tier is not Tier.WORKING
+        pre = [e for e in h.events(limit=10**6) if e.kind == "preload"][-1]
+        assert pre.data["session_id"] == "s1" and set(pre.data["ids"]) == {refund.id, key.id}
+        assert h.start_session("s2") == []  # no task: nothing to preload
+
+
+def test_preloaded_memories_are_in_the_new_sessions_working_set() -> None:
+    h, now = clocked()
+    with h:
+        refund = h.record("refund for the Payment API failed with a timeout", session_id="s0",
+                          kind="tool_result", created_at=now[0])
+        for i in range(6):
+            h.record(f"coffee chat {i}", session_id="s0", kind="user_input", created_at=now[0])
+        loaded = h.start_session("s1", task="payment API refund", k=1)
+        assert [m.id for m in loaded] == [refund.id]
+        assert h.get(refund.id).tier is Tier.WORKING
+        ctx = h.context("what next?", session_id="s1", budget_tokens=500)
+        assert refund.id in ctx.ids
+
+
+def test_prefetch_warms_related_memories_without_blocking_record(tmp_path: Path) -> None:
+    target = f"sqlite:///{tmp_path}/prefetch.db"
+    h, now = clocked(target=target, prefetch=True)
+    related = h.record("the Payment API refund endpoint returns 409 on duplicates", session_id="s1",
+                       kind="tool_result", created_at=now[0])
+    for i in range(6):
+        h.record(f"coffee chat {i}", session_id="s1", kind="user_input", created_at=now[0])
+    assert h._prefetcher is not None
+    h._prefetcher.submit(lambda: None).result(timeout=30)  # the prefetches so far are done
+    assert h.get(related.id).tier is not Tier.WORKING
+    accesses = h.get(related.id).access_count
+    gate = threading.Event()
+    h._prefetcher.submit(gate.wait, 30)  # hold the prefetch thread: record must not wait for it
+    done = threading.Event()
+
+    def record() -> None:
+        h.record("retry the payment API refund after the 409", session_id="s1", kind="decision",
+                 created_at=now[0])
+        done.set()
+
+    t = threading.Thread(target=record)
+    t.start()
+    assert done.wait(10), "record() blocked on the prefetch thread"
+    assert h.get(related.id).access_count == accesses  # not prefetched yet: the worker is held
+    gate.set()
+    t.join()
+    h.close()  # waits for the pending prefetch
+    h, _ = clocked(target=target)
+    after = h.get(related.id)
+    assert after.access_count == accesses + 1 and after.tier is Tier.WORKING
+    ev = [e for e in h.events(memory_id=related.id) if e.kind == "promote"][-1]
+    assert ev.data["reason"] == "warmed by retrieval"
+    assert not [e for e in h.events(limit=10**6) if e.kind == "prefetch_error"]
+    h.close()
+
+
+def test_update_that_grows_a_working_memory_keeps_the_budget() -> None:
+    h, now = clocked()
+    with h:
+        m = h.record("small note", session_id="s1", created_at=now[0])
+        h.record("another small note", session_id="s1", created_at=now[0])
+        h.update(m.id, content="grown " * 150)
+        working = h.list(session_id="s1", tier="working")
+        assert sum(x.token_count for x in working) <= (BUDGETS.working_tokens or 0)
+
+
+def test_update_of_a_compressed_memory_is_not_undone() -> None:
+    h, now = clocked()
+    with h:
+        m = h.record(" ".join(SENTENCES * 2), session_id="s1", created_at=now[0])
+        assert "compression" in h.compress(m.id).metadata
+        h.update(m.id, content="the corrected text")
+        assert h.decompress(m.id).content == "the corrected text"
+
+
+def test_the_pager_reads_the_harness_clock() -> None:
+    h, now = clocked()
+    with h:
+        m = h.record("a thought", kind="llm_thought", session_id="s1", created_at=now[0])
+        v0 = h.explain(m.id).value
+        now[0] += timedelta(hours=6)
+        assert h.explain(m.id).recency == pytest.approx(0.5)
+        assert h.explain(m.id).value < v0
+
+
+def test_record_stamps_created_at_with_the_harness_clock() -> None:
+    h, _now = clocked()
+    with h:
+        m = h.record("what time is it", session_id="s1")
+        assert m.created_at == T0
+        assert next(e for e in h.events(memory_id=m.id) if e.kind == "add").at == T0
+
+
+def test_decompress_keeps_the_working_budget() -> None:
+    h, now = clocked()
+    with h:
+        text = " ".join(SENTENCES[:8])
+        assert 96 < count_tokens(text) <= 120
+        m = h.record(text, session_id="s1", created_at=now[0])
+        assert h.compress(m.id).token_count < 60
+        for i in range(3):
+            h.record(f"the queue at the coffee shop was long again on day {i}", session_id="s1",
+                     kind="user_input", created_at=now[0])
+        assert h.get(m.id).tier is Tier.WORKING
+        h.decompress(m.id)
+        working = h.list(session_id="s1", tier="working")
+        assert sum(x.token_count for x in working) <= (BUDGETS.working_tokens or 0)
