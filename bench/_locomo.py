@@ -40,10 +40,18 @@ class Turn:
     session_no: int
     index: int  # 0-based position inside the session
     date: datetime
+    caption: str | None = None  # ``blip_caption``: what an image model saw in the photo the turn shared
 
     @property
     def content(self) -> str:
         return f"{self.speaker}: {self.text}"
+
+    @property
+    def recorded(self) -> str:
+        """What an agent records for the turn: the line, plus the photo it shared as words when it has one
+        (``"[shares a photo of a dog ...]"``, the way an agent with an image captioner would note it).
+        The image ``query`` field is not used: it is how the dataset's authors found the image."""
+        return f"{self.content} [shares {self.caption}]" if self.caption else self.content
 
 
 @dataclass(frozen=True)
@@ -156,7 +164,8 @@ def load(path: str | Path) -> tuple[list[Conversation], EvidenceReport]:
             date = parse_date(conv[f"{key}_date_time"])
             dates[key] = date
             sessions[key] = [
-                Turn(t["dia_id"].strip(), t["speaker"], t["text"], key, n, i, date)
+                Turn(t["dia_id"].strip(), t["speaker"], t["text"], key, n, i, date,
+                     (t.get("blip_caption") or "").strip() or None)
                 for i, t in enumerate(turns)
             ]
         known = {t.dia_id for ts in sessions.values() for t in ts}

@@ -2,8 +2,10 @@
 
 For each conversation: a fresh ``Harness.open("memory://")`` with the real default embedder; every turn is
 recorded as ``"<speaker>: <text>"`` (kind user_input, session_id = session key, created_at = session date,
-metadata dia_id, task_id = conversation id); then every QA item with evidence is recalled with k=20,
-filtered to the conversation, under each preset. Corpus and query vectors are computed once (and cached
+metadata dia_id, task_id = conversation id), followed by ``" [shares <caption>]"`` when the turn shared a
+photo (LoCoMo's ``blip_caption``, what any agent with an image captioner would note; ``--no-captions``
+records the bare line); then every QA item with evidence is recalled with k=20, filtered to the
+conversation, under each preset. Corpus and query vectors are computed once (and cached
 on disk outside the repository, see ``_locomo.VectorCache``) and reused across presets via
 ``Harness.recall_with``.
 
@@ -12,7 +14,11 @@ Hit@5 = share of questions with at least one evidence turn in the top 5; MRR = m
 first evidence turn within the top 20 (0 when none). QA items left without usable evidence are excluded.
 
     .venv/bin/python bench/locomo.py --data ../shared/data/locomo/locomo_dev.json --json /tmp/locomo.json
-    [--preset hybrid bm25 dense] [--sweep]
+    [--preset hybrid bm25 dense] [--sweep] [--ablation] [--no-captions]
+
+``--ablation`` turns each lever of the default preset off (or, for levers the default leaves off, on)
+and reports R@5, R@10 and multi-hop (category 1) R@10 against the default, plus the default's
+per-category R@5/R@10 (JSON key ``ablation``).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _locomo
 import clawvm
-from clawvm.retrieval import DEFAULT_PRESET, PRESETS
+from clawvm.retrieval import DEFAULT_PRESET, PRESETS, RecallConfig
 
 K = 20
 CUTOFFS = (1, 5, 10, 20)
@@ -64,17 +70,30 @@ def aggregate(rows: list[tuple[int, dict[str, float]]]) -> dict[str, Any]:
     }
 
 
-class Corpus:
-    """One conversation loaded into its own in-memory harness."""
+def recorded_text(turn: _locomo.Turn, captions: bool) -> str:
+    return turn.recorded if captions else turn.content
 
-    def __init__(self, conv: _locomo.Conversation, harness: clawvm.Harness, vectors: np.ndarray) -> None:
+
+class Corpus:
+    """One conversation loaded into its own in-memory harness.
+
+    ``window`` overrides the store's neighbourhood window (``store.index.CONTEXT_WINDOW``) before anything is
+    recorded: an index-time setting, varied only by the ablation.
+    """
+
+    def __init__(
+        self, conv: _locomo.Conversation, harness: clawvm.Harness, vectors: np.ndarray, captions: bool = True,
+        window: int | None = None,
+    ) -> None:
         self.conv = conv
         self.harness = harness
+        if window is not None:
+            harness.store.index.window = window  # type: ignore[attr-defined]
         self.dia_of: dict[str, str] = {}
         for turn, vec in zip(conv.turns, vectors, strict=True):
             m = harness.record(
-                turn.content, embedding=vec, kind="user_input", session_id=turn.session, created_at=turn.date,
-                task_id=conv.sample_id, metadata={"dia_id": turn.dia_id},
+                recorded_text(turn, captions), embedding=vec, kind="user_input", session_id=turn.session,
+                created_at=turn.date, task_id=conv.sample_id, metadata={"dia_id": turn.dia_id},
             )
             self.dia_of[m.id] = turn.dia_id
         harness.flush()
@@ -116,6 +135,81 @@ def table(title: str, result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _summary(result: dict[str, Any]) -> dict[str, Any]:
+    o, c1 = result["overall"], result["by_category"].get("1", {})
+    return {"R@5": o["R@5"], "R@10": o["R@10"], "cat1_R@10": c1.get("R@10"), "cat1_R@5": c1.get("R@5")}
+
+
+def ablation(
+    convs: list[_locomo.Conversation], corpora: list[Corpus], qvecs: list[np.ndarray],
+    embedder: clawvm.Embedder, cache: _locomo.VectorCache, captions: bool,
+) -> dict[str, Any]:
+    """Each lever of the default against the default: query-time levers by changing the config, write-time
+    ones (captions, neighbourhood window) by recording the conversations again."""
+    base = PRESETS[DEFAULT_PRESET]
+    variants: list[tuple[str, RecallConfig, list[Corpus]]] = [(f"default ({base.name})", base, corpora)]
+    for channel in ("context", "time", "dense"):
+        if base.uses(channel):
+            variants.append((f"- {channel} channel", base.with_(weights={channel: 0.0}), corpora))
+    if base.smoothing > 0:
+        variants.append(("- neighbour smoothing", base.with_(smoothing=0.0), corpora))
+    if not base.uses("graph"):
+        variants.append(("+ entity graph (0.4)", base.with_(weights={"graph": 0.4}), corpora))
+    for w in (0.7, 0.9):
+        if base.weights.get("lexical") != w:
+            variants.append((f"lexical weight {w}", base.with_(weights={"lexical": w}), corpora))
+    if base.uses("context"):
+        for w in (0.3, 0.7):
+            variants.append((f"context weight {w}", base.with_(weights={"context": w}), corpora))
+    if base.smoothing > 0:
+        for a in (0.2, 0.4):
+            variants.append((f"smoothing {a}", base.with_(smoothing=a), corpora))
+    extra: list[Corpus] = []
+
+    def rebuilt(with_captions: bool, window: int | None) -> list[Corpus]:
+        vecs = [
+            cache.get_or_compute([recorded_text(t, with_captions) for t in c.turns], embedder.embed, "doc")
+            for c in convs
+        ]
+        cache.save()
+        built = [Corpus(c, clawvm.Harness.open("memory://"), v, with_captions, window)
+                 for c, v in zip(convs, vecs, strict=True)]
+        extra.extend(built)
+        return built
+
+    other = rebuilt(not captions, None)
+    variants.append((f"{'- ' if captions else '+ '}photo captions", base, other))
+    for w in (1, 3):
+        variants.append((f"neighbourhood window ±{w}", base, rebuilt(captions, w)))
+    plain = other if captions else corpora
+    variants.append(("hybrid-v1 (previous default)", PRESETS["hybrid-v1"], plain))
+    variants.append(("hybrid-v1 + photo captions", PRESETS["hybrid-v1"], corpora if captions else other))
+
+    rows: dict[str, Any] = {}
+    print("\nablation: each lever against the default (percent; delta vs the default in brackets)")
+    print(f"  {'variant':<34}{'R@5':>15}{'R@10':>15}{'cat-1 R@10':>15}")
+    ref: dict[str, Any] | None = None
+    for label, cfg, corp in variants:
+        result, _ = evaluate(corp, qvecs, cfg)
+        summary = _summary(result)
+        if ref is None:
+            ref = summary
+            rows["default_by_category"] = {
+                c: {"name": m["name"], "R@5": m["R@5"], "R@10": m["R@10"], "n": m["n"]}
+                for c, m in result["by_category"].items()
+            }
+        delta = {key: round(summary[key] - ref[key], 2) for key in ("R@5", "R@10", "cat1_R@10")}
+        rows[label] = {**summary, "delta": delta, "weights": cfg.weights, "smoothing": cfg.smoothing}
+        cells = "".join(f"{summary[key]:>8.1f} ({delta[key]:+5.1f})" for key in ("R@5", "R@10", "cat1_R@10"))
+        print(f"  {label:<34}{cells}")
+    print("  default by category (R@5 / R@10):")
+    for c, m in rows["default_by_category"].items():
+        print(f"    {c} {m['name']:<14} {m['R@5']:6.1f} / {m['R@10']:6.1f}  (n={m['n']})")
+    for c in extra:
+        c.harness.close()
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, help="path to locomo_dev.json (read in place, never copied)")
@@ -123,7 +217,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--preset", nargs="+", choices=sorted(PRESETS), default=None,
                     help=f"presets to evaluate (default: all: {', '.join(PRESETS)})")
     ap.add_argument("--sweep", action="store_true", help="also sweep hybrid weights x candidates")
+    ap.add_argument("--ablation", action="store_true",
+                    help="each lever of the default on/off against the default (R@5, R@10, cat-1 R@10)")
+    ap.add_argument("--no-captions", action="store_true",
+                    help="record turns without their photo captions")
     args = ap.parse_args(argv)
+    captions = not args.no_captions
     presets = args.preset or list(PRESETS)
 
     t_start = time.perf_counter()
@@ -140,7 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     corpus_vecs = [
-        doc_cache.get_or_compute([t.content for t in c.turns], embedder.embed, "doc") for c in convs
+        doc_cache.get_or_compute([recorded_text(t, captions) for t in c.turns], embedder.embed, "doc")
+        for c in convs
     ]
     doc_cache.save()
     t_embed_docs = time.perf_counter() - t0
@@ -148,7 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     corpora = [
-        Corpus(c, clawvm.Harness.open("memory://"), v) for c, v in zip(convs, corpus_vecs, strict=True)
+        Corpus(c, clawvm.Harness.open("memory://"), v, captions)
+        for c, v in zip(convs, corpus_vecs, strict=True)
     ]
     t_record = time.perf_counter() - t0
 
@@ -178,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "queries_from_cache": query_cache.misses == 0, "dir": str(doc_cache.dir)},
         "evidence": report.as_dict(),
         "n_questions": sum(len(c.qa) for c in corpora),
+        "captions": captions,
         "source": _locomo.source_state(),
         "presets": {},
     }
@@ -189,8 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         out["presets"][name] = result
         print()
-        print(table(f"preset {name}  weights={cfg.weights} candidates={cfg.candidates}  "
-                    f"(recall_with {ms:.2f} ms/query mean)", result))
+        print(table(f"preset {name}  weights={cfg.weights} candidates={cfg.candidates} "
+                    f"smoothing={cfg.smoothing}  (recall_with {ms:.2f} ms/query mean)", result))
     default = DEFAULT_PRESET if DEFAULT_PRESET in out["presets"] else presets[0]
     out["default_preset"] = default
     out["overall"] = out["presets"][default]["overall"]
@@ -224,6 +326,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"best by R@5+R@10 (cat 1-4):        lexical {best4['lexical']} dense {best4['dense']} "
               f"candidates {best4['candidates']}: "
               f"R@5 {best4['cat1_4']['R@5']} R@10 {best4['cat1_4']['R@10']}")
+
+    if args.ablation:
+        out["ablation"] = ablation(convs, corpora, qvecs, embedder, doc_cache, captions)
 
     out["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     Path(args.json).write_text(json.dumps(out, indent=2))

@@ -8,8 +8,9 @@ computed once with the real embedder and cached outside the repository (``_locom
 Measured (milliseconds unless noted), in a SQLite store in a temporary directory:
 - ``record_p50_ms`` / ``record_p95_ms``: ``Harness.record(..., embedding=vector)`` per call, all N calls;
 - ``recall_p50_ms`` / ``recall_p95_ms``: top-10 default-preset ``recall_with`` with precomputed query vectors,
-  warm (warm-up queries first), over ~300 LoCoMo questions; ``lexical_*`` / ``dense_*``: the two channel
-  searches timed directly (same filter mask, same candidate count), plus mask / fuse / get_many parts;
+  warm (warm-up queries first), over ~300 LoCoMo questions; ``lexical_*`` / ``context_*`` / ``dense_*``: the
+  channel searches timed directly (same filter mask, same candidate count), plus mask / fuse / get_many
+  parts (``fuse`` over the lexical and dense lists only);
 - ``embed_query_p50_ms``: ``embedder.embed_query`` alone; ``embedder_raw_per_s``: ``embedder.embed`` on
   1000 corpus texts;
 - ``ingest_per_s``: a fresh store, M records with real background embedding, then ``flush``: M / elapsed;
@@ -39,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _locomo
 import clawvm
+from clawvm.lexical import top_rows
 from clawvm.retrieval import fuse
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo_dev.json"
@@ -119,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--data", default=str(DEFAULT_DATA), help="LoCoMo dev JSON (read in place)")
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--preset", default=None, help="recall preset to time (default: the default preset)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
 
@@ -162,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     target = str(path) if args.engine == "sqlite" else "memory://"
 
     # ---- record with precomputed vectors, every call timed --------------------------------------------
-    h = clawvm.Harness.open(target)
+    h = clawvm.Harness.open(target, preset=args.preset)
     rec_ms: list[float] = []
     t_build = time.perf_counter()
     for i, (spec, v) in enumerate(zip(specs, vecs, strict=True)):
@@ -192,12 +195,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     timed_q = list(zip(questions[args.warmup :], qvecs[args.warmup :], strict=True))
     recall_ms = [timed(lambda q=q, v=v: h.recall_with(q, v, k, cfg, filters))[0] for q, v in timed_q]
     index = h.store.index  # type: ignore[attr-defined]
-    parts: dict[str, list[float]] = {"mask": [], "lexical": [], "dense": [], "fuse": [], "get_many": []}
+    parts: dict[str, list[float]] = {
+        "mask": [], "lexical": [], "context": [], "dense": [], "fuse": [], "get_many": []
+    }
     for q, v in timed_q:
         ms, allowed = timed(lambda: index.mask(filters))
         parts["mask"].append(ms)
         ms, lex = timed(lambda q=q, a=allowed: index.lexical.search(q, cfg.candidates, a))
         parts["lexical"].append(ms)
+        if cfg.uses("context"):  # own BM25 of every row, then neighbourhood BM25 around the best
+            def context(q: str = q, a: Any = allowed) -> Any:
+                terms = index.lexical.analyzer.terms(q)
+                own = index.lexical.scores(terms)
+                best = [] if own is None else top_rows(own, 2 * cfg.candidates, a)
+                return index.context_search(terms, np.asarray([r for r, _ in best]), cfg.candidates, a)
+
+            ms, _ = timed(context)
+            parts["context"].append(ms)
         ms, den = timed(lambda v=v, a=allowed: index.vectors.search(v, cfg.candidates, a))
         parts["dense"].append(ms)
         lex_ids = [(index.ids[r], s) for r, s in lex]
@@ -274,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("recall top-10 p50 / p95 (ms)", f"{res['recall_p50_ms']} / {res['recall_p95_ms']}"),
         ("  mask p50 / p95", f"{res['mask_p50_ms']} / {res['mask_p95_ms']}"),
         ("  lexical p50 / p95", f"{res['lexical_p50_ms']} / {res['lexical_p95_ms']}"),
+        ("  context p50 / p95", f"{res['context_p50_ms']} / {res['context_p95_ms']}"),
         ("  dense p50 / p95", f"{res['dense_p50_ms']} / {res['dense_p95_ms']}"),
         ("  fuse p50 / p95", f"{res['fuse_p50_ms']} / {res['fuse_p95_ms']}"),
         ("  get_many p50 / p95", f"{res['get_many_p50_ms']} / {res['get_many_p95_ms']}"),

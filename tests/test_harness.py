@@ -281,12 +281,13 @@ def test_presets(harness: Harness) -> None:
     q = "deploy failed disk full"
     assert set(harness.recall(q, k=1, preset="bm25")[0].explain) == {"lexical"}
     assert set(harness.recall(q, k=1, preset="dense")[0].explain) == {"dense"}
-    assert set(harness.recall(q, k=1, preset="hybrid")[0].explain) == {"lexical", "dense"}
+    assert set(harness.recall(q, k=1, preset="hybrid-v1")[0].explain) == {"lexical", "dense"}
+    assert {"lexical", "context", "dense"} <= set(harness.recall(q, k=1, preset="hybrid")[0].explain)
     custom = RecallConfig("custom", {"lexical": 0.5, "dense": 0.5}, candidates=3)
     assert harness.recall(q, k=1, preset=custom)[0].id == ms[0].id
     with pytest.raises(ConfigError):
         harness.recall(q, preset="nope")
-    assert sorted(PRESETS) == ["bm25", "dense", "hybrid"]
+    assert sorted(PRESETS) == ["bm25", "dense", "graph", "hybrid", "hybrid-v1"]
 
 
 def test_unknown_preset_at_open_is_a_config_error(engine_name: str, tmp_path: Path) -> None:

@@ -413,9 +413,9 @@ class Harness:
             else:
                 state = (state[0] + 1, state[1] + memory.token_count)
             if (items is not None and state[0] > items) or (tokens is not None and state[1] > tokens):
-                self.pager.enforce(memory.tenant, memory.session_id, self.now())
-                members = self.pager.tier_members(memory.tenant, memory.session_id, Tier.WORKING)
-                state = (len(members), sum(m.token_count for m in members))
+                moved = self.pager.enforce(memory.tenant, memory.session_id, self.now())
+                out = [m for m in moved if m.tier is Tier.SHORT_TERM]  # what left working (cascades go lower)
+                state = (state[0] - len(out), state[1] - sum(m.token_count for m in out))
             self._working[key] = state
 
     def _prefetch(self, memory: Memory) -> None:

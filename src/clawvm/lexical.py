@@ -85,22 +85,45 @@ class _Postings:
     turns a query from ~8 ms of per-term arithmetic into a few gathers).
     """
 
-    __slots__ = ("cache", "rows", "tfs")
+    __slots__ = ("by_row", "cache", "rows", "tfs")
 
     def __init__(self) -> None:
         self.rows: list[int] = []
         self.tfs: list[int] = []
-        self.cache: tuple[np.ndarray, np.ndarray, float] | None = None
+        self.cache: tuple[np.ndarray, np.ndarray, float, np.ndarray] | None = None
+        self.by_row: tuple[np.ndarray, np.ndarray] | None = None  # (rows sorted, their tfs)
 
     def impacts(self, doc_len: np.ndarray, avgdl: float, params: BM25Params) -> tuple[np.ndarray, np.ndarray]:
+        c = self._cached(doc_len, avgdl, params)
+        return c[0], c[1]
+
+    def arrays(self, doc_len: np.ndarray, avgdl: float, params: BM25Params) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, term frequencies) as arrays, from the same cache."""
+        c = self._cached(doc_len, avgdl, params)
+        return c[0], c[3]
+
+    def tf_of(self, rows: np.ndarray) -> np.ndarray:
+        """The term's frequency in each of ``rows`` (0 where absent; rows < 0 are absent)."""
+        b = self.by_row
+        if b is None or len(b[0]) != len(self.rows):
+            order = np.argsort(np.asarray(self.rows, dtype=np.int64), kind="stable")
+            b = self.by_row = (
+                np.asarray(self.rows, dtype=np.int64)[order], np.asarray(self.tfs, dtype=np.float32)[order]
+            )
+        where = np.minimum(np.searchsorted(b[0], rows), len(b[0]) - 1)
+        return np.where(b[0][where] == rows, b[1][where], np.float32(0.0))
+
+    def _cached(
+        self, doc_len: np.ndarray, avgdl: float, params: BM25Params
+    ) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
         c = self.cache
         if c is None or len(c[0]) != len(self.rows) or abs(c[2] - avgdl) > 0.02 * avgdl:
             rows = np.asarray(self.rows, dtype=np.int64)
             tfs = np.asarray(self.tfs, dtype=np.float32)
             k1, b = params.k1, params.b
             impact = tfs * (k1 + 1.0) / (tfs + k1 * (1.0 - b + b * doc_len[rows] / avgdl))
-            c = self.cache = (rows, impact.astype(np.float32), avgdl)
-        return c[0], c[1]
+            c = self.cache = (rows, impact.astype(np.float32), avgdl, tfs)
+        return c
 
 
 class LexicalIndex:
@@ -165,7 +188,7 @@ class LexicalIndex:
                 if p.rows[i] == row:
                     del p.rows[i]
                     del p.tfs[i]
-                    p.cache = None
+                    p.cache = p.by_row = None
                     break
             if not p.rows:
                 del self._postings[t]
@@ -174,9 +197,14 @@ class LexicalIndex:
         self, query: str, limit: int, allowed: np.ndarray | None = None
     ) -> list[tuple[int, float]]:
         """Top ``limit`` (row, bm25) pairs for ``query``; ``allowed`` is an optional boolean row mask."""
-        terms = list(dict.fromkeys(self.analyzer.terms(query)))
-        if not terms or self._n_alive == 0 or limit <= 0:
-            return []
+        scores = self.scores(self.analyzer.terms(query))
+        return [] if scores is None else top_rows(scores, limit, allowed)
+
+    def scores(self, terms: list[str]) -> np.ndarray | None:
+        """BM25 of every row for the query ``terms`` (0 where nothing matches), or None if none can."""
+        terms = list(dict.fromkeys(terms))
+        if not terms or self._n_alive == 0:
+            return None
         avgdl = max(self._total_len / self._n_alive, 1.0)
         scores = np.zeros(len(self._alive), dtype=np.float32)
         for t in terms:
@@ -184,20 +212,48 @@ class LexicalIndex:
             if p is None:
                 continue
             rows, impact = p.impacts(self._doc_len, avgdl, self.params)
-            df = len(rows)
-            idf = math.log(1.0 + (self._n_alive - df + 0.5) / (df + 0.5))
-            scores[rows] += np.float32(idf) * impact
-        if allowed is not None:
-            n = min(len(allowed), len(scores))
-            scores[:n] *= allowed[:n]
-            scores[n:] = 0.0
-        # every posting scores > 0 (idf > 0, tf > 0), so the non-zero rows are exactly the candidates
-        cand = np.flatnonzero(scores)
-        if len(cand) == 0:
-            return []
-        cs = scores[cand]
-        if len(cand) > limit:
-            top = np.argpartition(-cs, limit - 1)[:limit]
-            cand, cs = cand[top], cs[top]
-        order = np.argsort(-cs, kind="stable")
-        return [(int(cand[i]), float(cs[i])) for i in order]
+            scores[rows] += np.float32(self.idf(len(rows), self._n_alive)) * impact
+        return scores
+
+    @staticmethod
+    def idf(df: int, n: int) -> float:
+        return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+
+    def postings(self, term: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(rows, term frequencies) of ``term``'s postings as cached arrays, or None for an unknown term."""
+        p = self._postings.get(term)
+        if p is None or self._n_alive == 0:
+            return None
+        return p.arrays(self._doc_len, max(self._total_len / self._n_alive, 1.0), self.params)
+
+    def tf(self, term: str, rows: np.ndarray) -> np.ndarray | None:
+        """``term``'s frequency in each of ``rows`` (0 where absent, rows < 0 included), None if unknown.
+        O(len(rows) * log(postings)) from a row-sorted copy of the postings, cached."""
+        p = self._postings.get(term)
+        return None if p is None else p.tf_of(rows)
+
+    @property
+    def doc_len(self) -> np.ndarray:
+        """Document length (terms kept by the analyzer) per row; do not modify."""
+        return self._doc_len
+
+
+def top_rows(scores: np.ndarray, limit: int, allowed: np.ndarray | None = None) -> list[tuple[int, float]]:
+    """The ``limit`` best (row, score) pairs with a positive score, best first (``allowed``: row mask)."""
+    if limit <= 0:
+        return []
+    if allowed is not None:
+        n = min(len(allowed), len(scores))
+        scores = scores.copy()
+        scores[:n] *= allowed[:n]
+        scores[n:] = 0.0
+    # every posting scores > 0 (idf > 0, tf > 0), so the non-zero rows are exactly the candidates
+    cand = np.flatnonzero(scores > 0)
+    if len(cand) == 0:
+        return []
+    cs = scores[cand]
+    if len(cand) > limit:
+        top = np.argpartition(-cs, limit - 1)[:limit]
+        cand, cs = cand[top], cs[top]
+    order = np.argsort(-cs, kind="stable")
+    return [(int(cand[i]), float(cs[i])) for i in order]

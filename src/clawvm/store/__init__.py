@@ -10,11 +10,21 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from ..errors import ConfigError
-from .base import Edge, Event, Query, QueryResult, Store
+from .base import CandidateInfo, Edge, Event, Query, QueryResult, Store
 from .memory import MemoryStore
 from .sqlite import SQLiteStore
 
-__all__ = ["Edge", "Event", "MemoryStore", "Query", "QueryResult", "SQLiteStore", "Store", "store_from_url"]
+__all__ = [
+    "CandidateInfo",
+    "Edge",
+    "Event",
+    "MemoryStore",
+    "Query",
+    "QueryResult",
+    "SQLiteStore",
+    "Store",
+    "store_from_url",
+]
 
 
 def store_from_url(target: str | Path, dim: int = 384) -> Store:

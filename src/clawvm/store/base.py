@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -30,14 +30,47 @@ from ..model import Filters, LinkType, Memory, utcnow
 class Query:
     """One search: metadata filters plus optional lexical text and/or dense vector.
 
-    ``limit`` is per channel. With neither text nor vector, the newest memories matching the filters
-    are returned in ``QueryResult.filtered``.
+    ``limit`` is per channel. With neither text, vector nor ``expand``, the newest memories matching the
+    filters are returned in ``QueryResult.filtered``.
+
+    Optional channels (all off by default; every engine implements them, see ``store/index.py``):
+
+    - ``lexical``: with ``text``, BM25 over each memory's own text (``QueryResult.lexical``);
+    - ``context``: with ``text``, BM25 over each memory's *neighbourhood* document: its own text plus that
+      of the memories recorded just before and after it in the same session (tenant + session_id, by
+      creation time), ``CONTEXT_WINDOW`` on each side (``QueryResult.context``). In a conversation the
+      other speaker's reply often carries the words of the question;
+    - ``info``: ``QueryResult.info`` for every candidate of the channels above and for their same-session
+      neighbours that pass the filters (creation time, session, previous/next memory);
+    - ``expand``: seed ids for entity-graph expansion: ``QueryResult.related`` lists memories that share
+      an entity with a seed (entities extracted at write time, :mod:`clawvm.graph`), at most
+      ``expand_limit`` links, ignoring entities named by more than ``expand_max_df`` memories.
     """
 
     filters: Filters = field(default_factory=Filters)
     text: str | None = None
     vector: np.ndarray | None = None
     limit: int = 50
+    lexical: bool = True
+    context: bool = False
+    info: bool = False
+    expand: tuple[str, ...] = ()
+    expand_limit: int = 50
+    expand_max_df: int = 20
+
+
+class CandidateInfo(NamedTuple):
+    """Where a candidate sits: its creation time, session and same-session neighbours (by creation time).
+
+    ``previous``/``next`` name the adjacent memories of the session whether or not they pass the query's
+    filters; only those that pass appear in ``QueryResult.info`` themselves. (A NamedTuple: a query builds
+    hundreds of these, and a frozen dataclass costs several times more to create.)
+    """
+
+    created_at: datetime
+    session_id: str | None
+    previous: str | None
+    next: str | None
 
 
 @dataclass
@@ -47,6 +80,9 @@ class QueryResult:
     lexical: list[tuple[str, float]] = field(default_factory=list)
     dense: list[tuple[str, float]] = field(default_factory=list)
     filtered: list[str] = field(default_factory=list)
+    context: list[tuple[str, float]] = field(default_factory=list)
+    info: dict[str, CandidateInfo] = field(default_factory=dict)
+    related: list[tuple[str, str, float]] = field(default_factory=list)  # (seed, linked id, weight in [0, 1])
 
 
 @dataclass(frozen=True)

@@ -50,12 +50,12 @@ class MemoryStore(Store):
                     self.index.drop_vector(m.id)
                 # keep a private copy: Memory is mutable, and a caller changing the object it passed
                 # (or got back) must not change what is stored behind the index's back
-                self._memories[m.id] = _private(m)
+                self._memories[m.id] = private_copy(m)
                 self.index.upsert(m)
 
     def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
         with self._lock:
-            return {i: _private(self._memories[i]) for i in ids if i in self._memories}
+            return {i: private_copy(self._memories[i]) for i in ids if i in self._memories}
 
     def delete_many(self, ids: Sequence[str]) -> int:
         with self._lock:
@@ -119,7 +119,7 @@ class MemoryStore(Store):
             return found[:limit]
 
 
-def _private(m: Memory) -> Memory:
+def private_copy(m: Memory) -> Memory:
     """A copy sharing nothing mutable with ``m`` (4x cheaper than ``model_copy(deep=True)``: the other
     fields are immutable values, and ``links``/``cost`` hold frozen models)."""
     fresh = {"tags": list(m.tags), "links": list(m.links), "metadata": copy.deepcopy(m.metadata)}

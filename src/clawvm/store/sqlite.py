@@ -15,6 +15,7 @@ import json
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import lru_cache
 from datetime import datetime
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from ..model import Filters, LinkType, Memory
 from ..vectors import normalize
 from .base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions
 from .index import IndexDoc, SearchIndex
+from .memory import private_copy
 
 # Append-only: never edit a shipped entry, add a new one. PRAGMA user_version = number applied.
 MIGRATIONS: tuple[str, ...] = (
@@ -68,6 +70,14 @@ def _translated(action: str) -> Iterator[None]:
         yield
     except sqlite3.Error as exc:
         raise StoreError(f"sqlite {action} failed: {exc}") from exc
+
+
+@lru_cache(maxsize=8192)
+def _parse(body: str) -> Memory:
+    """Stored JSON -> Memory, memoised on the exact text: hot rows (a session's working tier, recent hits)
+    are read far more often than written, and validation costs ~70 µs a row. Memory is immutable, so
+    sharing one object between readers is safe."""
+    return Memory.model_validate_json(body)
 
 
 def _blob(v: np.ndarray) -> bytes:
@@ -296,7 +306,7 @@ class SQLiteStore(Store):
                 for (body,) in db.execute(
                     f"SELECT body FROM memories WHERE id IN ({','.join('?' * len(chunk))})", chunk
                 ):
-                    m = Memory.model_validate_json(body)
+                    m = private_copy(_parse(body))  # callers may mutate lists: never the cached one
                     out[m.id] = m
         return out
 
