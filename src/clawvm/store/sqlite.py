@@ -15,8 +15,8 @@ import json
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from functools import lru_cache
 from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
