@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import Stemmer
 
+from .vectors import top_indices
+
 # English stop words (the common Lucene/Snowball set plus chat fillers). Removing them is worth about
 # 6 points of R@5 on LoCoMo (shared/notes/retrieval-levers.md).
 STOP_WORDS = frozenset(
@@ -183,13 +185,16 @@ class LexicalIndex:
         self._n_alive -= 1
         for t in self._doc_terms.pop(row, []):
             p = self._postings[t]
-            # Physically drop the posting so df stays exact; rows are appended in order, search from the end.
-            for i in range(len(p.rows) - 1, -1, -1):
-                if p.rows[i] == row:
-                    del p.rows[i]
-                    del p.tfs[i]
-                    p.cache = p.by_row = None
-                    break
+            # Physically drop the posting so df stays exact. list.index scans in C: re-indexing an old row
+            # (a neighbour's context document) was a Python loop over long postings, O(n) per record.
+            try:
+                i = p.rows.index(row)
+            except ValueError:
+                i = -1
+            if i >= 0:
+                del p.rows[i]
+                del p.tfs[i]
+                p.cache = p.by_row = None
             if not p.rows:
                 del self._postings[t]
 
@@ -253,7 +258,7 @@ def top_rows(scores: np.ndarray, limit: int, allowed: np.ndarray | None = None) 
         return []
     cs = scores[cand]
     if len(cand) > limit:
-        top = np.argpartition(-cs, limit - 1)[:limit]
+        top = top_indices(cs, limit)
         cand, cs = cand[top], cs[top]
     order = np.argsort(-cs, kind="stable")
     return [(int(cand[i]), float(cs[i])) for i in order]

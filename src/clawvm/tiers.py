@@ -187,12 +187,52 @@ class Pager:
                 key=lambda m: (m.id in protect, value_per_token(m, now, cfg.scoring)),
             )
             keep = list(members)
+            chosen = []
             for victim in victims:
                 if not over(keep, target_items, target_tokens):
                     break
                 keep.remove(victim)
-                moved.append(self.move(victim, below, f"{tier.value} over budget", now))
+                chosen.append(victim)
+            if below is Tier.ARCHIVE:  # archive-bound moves may compress: one by one
+                moved.extend(self.move(v, below, f"{tier.value} over budget", now) for v in chosen)
+            else:
+                moved.extend(self.move_many(chosen, below, f"{tier.value} over budget", now))
         return moved
+
+    def move_many(self, memories: Sequence[Memory], to: Tier, reason: str, now: datetime) -> list[Memory]:
+        """Demote several memories in one write and one event batch (the record path's hot case); falls
+        back to one by one when a concurrent writer got there first."""
+        if not memories:
+            return []
+        changed = [
+            m.model_copy(
+                update={"tier": to, "version": m.version + 1, "value": value(m, now, self.config.scoring)}
+            )
+            for m in memories
+        ]
+        try:
+            self.store.put_many(changed)
+        except ConflictError:
+            return [self.move(self.store.get(m.id), to, reason, now) for m in memories]
+        self.store.append_events(
+            [
+                Event(
+                    kind="demote",
+                    memory_id=m.id,
+                    tenant=m.tenant,
+                    at=now,
+                    data={
+                        "from": m.tier.value,
+                        "to": to.value,
+                        "value_before": round(c.value, 4),
+                        "value_after": round(c.value, 4),
+                        "reason": reason,
+                    },
+                )
+                for m, c in zip(memories, changed, strict=True)
+            ]
+        )
+        return changed
 
     def page_out_idle(self, tenant: str, session_id: str, now: datetime) -> list[Memory]:
         """A session nobody touched for ``session_idle_hours`` gives its working tier back (pins stay)."""

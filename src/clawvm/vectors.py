@@ -124,13 +124,28 @@ class VectorIndex:
             valid = valid[: self._hi]
             screen[~valid] = -np.inf
             n_cand = min(max(self.rescore, 4 * limit), n_valid)
-            rows = np.argpartition(-screen, n_cand - 1)[:n_cand]
+            rows = top_indices(screen, n_cand)
             scores = self._x[rows] @ q
         if len(rows) > limit:
             top = np.argpartition(-scores, limit - 1)[:limit]
             rows, scores = rows[top], scores[top]
         order = np.argsort(-scores, kind="stable")
         return [(int(rows[i]), float(scores[i])) for i in order]
+
+
+def top_indices(x: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the ``n`` largest values of ``x`` (any order): ``argpartition``, but on large arrays first
+    cut to the values above a threshold estimated from a 1-in-64 sample, about 3x the wanted count (a
+    compare is much cheaper than a partition). If fewer than ``n`` pass, the full partition runs, so the
+    result is exactly the top ``n`` either way."""
+    if len(x) >= 64 * 1024 and 0 < n < len(x) // 64:
+        sample = x[::64]
+        want = min(len(sample) - 1, 3 * (n // 64) + 8)
+        cut = np.partition(sample, len(sample) - 1 - want)[len(sample) - 1 - want]
+        above = np.flatnonzero(x >= cut)
+        if len(above) >= n:
+            return above[np.argpartition(x[above], len(above) - n)[len(above) - n :]]
+    return np.argpartition(x, len(x) - n)[len(x) - n :]
 
 
 def _fit(mask: np.ndarray, size: int) -> np.ndarray:

@@ -30,8 +30,8 @@ from ..model import Filters, LinkType, Memory, utcnow
 class Query:
     """One search: metadata filters plus optional lexical text and/or dense vector.
 
-    ``limit`` is per channel. With neither text, vector nor ``expand``, the newest memories matching the
-    filters are returned in ``QueryResult.filtered``.
+    ``limit`` is per channel. With neither text, vector, ``around`` nor ``expand``, the newest memories
+    matching the filters are returned in ``QueryResult.filtered``.
 
     Optional channels (all off by default; every engine implements them, see ``store/index.py``):
 
@@ -42,6 +42,8 @@ class Query:
       other speaker's reply often carries the words of the question;
     - ``info``: ``QueryResult.info`` for every candidate of the channels above and for their same-session
       neighbours that pass the filters (creation time, session, previous/next memory);
+    - ``around``: ``QueryResult.info`` for these ids and their same-session neighbours that pass the
+      filters (recall asks it for its best fused candidates only: cheaper than ``info`` for all);
     - ``expand``: seed ids for entity-graph expansion: ``QueryResult.related`` lists memories that share
       an entity with a seed (entities extracted at write time, :mod:`clawvm.graph`), at most
       ``expand_limit`` links, ignoring entities named by more than ``expand_max_df`` memories.
@@ -54,6 +56,7 @@ class Query:
     lexical: bool = True
     context: bool = False
     info: bool = False
+    around: tuple[str, ...] = ()
     expand: tuple[str, ...] = ()
     expand_limit: int = 50
     expand_max_df: int = 20

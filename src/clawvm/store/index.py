@@ -426,10 +426,11 @@ class SearchIndex:
             links = self.related(seeds, q.expand_limit, q.expand_max_df, allowed)
             result.related = [(ids[s], ids[r], w) for s, r, w in links]  # type: ignore[misc]
             found.append([(r, w) for _, r, w in links])
-        if q.info:
-            rows = [r for hits in found for r, _ in hits]
+        if q.info or q.around:
+            rows = [r for hits in found for r, _ in hits] if q.info else []
+            rows += [self.row_of[i] for i in q.around if i in self.row_of]
             result.info = self._info(np.asarray(rows, dtype=np.int64), allowed)
-        if not q.text and q.vector is None and not q.expand:
+        if not q.text and q.vector is None and not q.expand and not q.around:
             live = self._alive[: len(ids)] if allowed is None else allowed
             rows_ = np.flatnonzero(live)
             created = self._created[rows_]
