@@ -355,3 +355,16 @@ def test_incremental_neighbourhoods_equal_a_fresh_build(
             assert got[i] == pytest.approx(want[i], rel=2e-2)  # cached impacts tolerate a 2% avgdl drift
     everything = Query(text=" ".join(WORDS), info=True, limit=100)
     assert index.query(everything).info == fresh.query(everything).info
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 500), st.integers(0, 2**32 - 1), st.sampled_from([1000, 70_000, 150_000]))
+def test_top_indices_is_exactly_the_top_n(n: int, seed: int, size: int) -> None:
+    from clawvm.vectors import top_indices
+
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-50, 50, size).astype(np.float32)  # many ties
+    x[rng.integers(0, size, size // 10)] = -np.inf
+    got = top_indices(x, n)
+    assert len(got) == len(set(got.tolist())) == n
+    assert np.sort(x[got]).tolist() == np.sort(x)[-n:].tolist()
