@@ -413,9 +413,9 @@ class Harness:
             else:
                 state = (state[0] + 1, state[1] + memory.token_count)
             if (items is not None and state[0] > items) or (tokens is not None and state[1] > tokens):
-                moved = self.pager.enforce(memory.tenant, memory.session_id, self.now())
-                out = [m for m in moved if m.tier is Tier.SHORT_TERM]  # what left working (cascades go lower)
-                state = (state[0] - len(out), state[1] - sum(m.token_count for m in out))
+                self.pager.enforce(memory.tenant, memory.session_id, self.now())
+                members = self.pager.tier_members(memory.tenant, memory.session_id, Tier.WORKING)
+                state = (len(members), sum(m.token_count for m in members))  # exact again after moves
             self._working[key] = state
 
     def _prefetch(self, memory: Memory) -> None:
@@ -456,7 +456,12 @@ class Harness:
         )
 
     def decompress(self, memory_id: str) -> Memory:
-        restored = decompress_memory(self.store, self.store.get(memory_id), self.now())
+        current = self.store.get(memory_id)
+        info = current.metadata.get("compression")
+        if current.pinned and info:  # a pinned memory cannot be demoted: refuse to grow it past the budget
+            raw = self.store.get(info["raw_id"])
+            self.pager.check_pin(current.model_copy(update={"token_count": raw.token_count}))
+        restored = decompress_memory(self.store, current, self.now())
         self._rebalance(restored)
         return restored
 
