@@ -117,9 +117,10 @@ def test_time_match() -> None:
 # ---- presets and configs ------------------------------------------------------------------------------
 def test_presets() -> None:
     assert DEFAULT_PRESET == "hybrid" and preset(None) is PRESETS["hybrid"]
-    assert {"hybrid", "hybrid-v1", "bm25", "dense", "graph"} <= set(PRESETS)
+    assert {"hybrid", "hybrid-v1", "hybrid-fast", "bm25", "dense", "graph"} <= set(PRESETS)
     assert PRESETS["hybrid-v1"].weights == {"lexical": 0.7, "dense": 0.3}  # the previous default
     default = PRESETS[DEFAULT_PRESET]
+    assert PRESETS["hybrid-fast"] == default.with_("hybrid-fast", weights={"context": 0.0})
     assert default.uses("context") and default.uses("time") and default.smoothing > 0
     assert not default.uses("graph") and PRESETS["graph"].uses("graph")
     for name, cfg in PRESETS.items():

@@ -12,11 +12,13 @@ Channels (each asked of the store through :class:`~clawvm.store.Query`, each wit
 - ``graph``: entity-graph expansion: memories sharing an entity (a name, place, title) with the first-stage
   best hits gain up to ``weight * link weight * seed score / best score``.
 
-Fusion is a weighted sum of per-query, per-channel min-max normalised scores (``time`` is already in
-[0, 1] and is taken as is). Equal-weight reciprocal-rank fusion of BM25 with MiniLM is *worse* than BM25
-alone on LoCoMo (R@5 45.3 vs 49.9) because the small dense model is much weaker there; weighting the
-channels by how much each can be trusted fixes that. After fusion, ``smoothing`` lets a memory inherit a
-share of its same-session neighbours' fused scores (s + a * (s_prev + s_next)) / (1 + 2a).
+Fusion is a weighted sum of per-query, per-channel min-max normalised scores. Equal-weight reciprocal-rank
+fusion of BM25 with MiniLM is *worse* than BM25 alone on LoCoMo (R@5 45.3 vs 49.9) because the small
+dense model is much weaker there; weighting the channels by how much each can be trusted fixes that.
+Then, for the best :func:`pool_size` fused candidates and their same-session neighbours (creation times
+and neighbours from a second, small store query): ``time`` (already in [0, 1], taken as is) is added, and
+``smoothing`` lets a memory inherit a share of its neighbours' scores, (s + a * (s_prev + s_next)) / (1 + 2a).
+Scores stay within [0, sum of weights].
 
 Every parameter was chosen on LoCoMo dev with ``bench/locomo.py`` (``--ablation`` reports each lever on
 and off against the default); the numbers are in the preset comments.
@@ -85,19 +87,28 @@ class RecallConfig:
 
 
 PRESETS: dict[str, RecallConfig] = {
-    # The default. LoCoMo dev, all five categories, R@5 / R@10 (bench/locomo.py --ablation has each lever
-    # on/off): hybrid-v1 59.0 / 67.9; + neighbourhood channel (±2 turns) and smoothing 0.3 take most of
-    # the gain; + query time expressions ~+1.5; dense 0.3 of the lexical 0.7 as before.
+    # The default. LoCoMo dev, all five categories, R@5 / R@10 71.1 / 80.1 (hybrid-v1: 59.0 / 67.9).
+    # Each lever off (bench/locomo.py --ablation): context -3.6 / -2.5, time -1.1 / -1.4, dense
+    # -1.0 / -1.5, smoothing -0.9 / -0.6 (-1.4 / -0.9 with 100 candidates, and the same sign in every
+    # configuration of the grid; it is what lifts R@10 past 80); photo captions (how the bench records
+    # turns) -1.6 / -1.1. lexical 0.7 / dense 0.3 as in hybrid-v1; context 0.5 and smoothing 0.3 sit in flat
+    # optima (context 0.3-0.7 and smoothing 0.2-0.4 all within 0.7 points); time 0.5: a full date match
+    # weighs less than the best lexical hit; candidates 50: the same recall as 100 with half the work.
     "hybrid": RecallConfig(
         "hybrid", {"lexical": 0.7, "context": 0.5, "dense": 0.3, "time": 0.5}, candidates=50, smoothing=0.3
     ),
-    # The default plus entity-graph expansion: within noise of the default on LoCoMo dev (where proper
-    # nouns are rare), kept for corpora rich in names; costs a second store round trip.
+    # The default plus entity-graph expansion: +0.1 / +0.3 on LoCoMo dev (multi-hop R@10 +1.0), noise,
+    # as chat turns name few things; kept for corpora rich in names. One more store round trip.
     "graph": RecallConfig(
         "graph",
         {"lexical": 0.7, "context": 0.5, "dense": 0.3, "time": 0.5, "graph": 0.4},
         candidates=50,
         smoothing=0.3,
+    ),
+    # The default without the context channel, its costliest part at 100k memories (~2 ms per recall):
+    # 67.5 / 77.6 on LoCoMo dev. For deployments where recall p95 must stay under 10 ms at that scale.
+    "hybrid-fast": RecallConfig(
+        "hybrid-fast", {"lexical": 0.7, "dense": 0.3, "time": 0.5}, candidates=50, smoothing=0.3
     ),
     # The default before issue 3: lexical carries most of the signal, dense adds paraphrases.
     "hybrid-v1": RecallConfig("hybrid-v1", {"lexical": 0.7, "dense": 0.3}),

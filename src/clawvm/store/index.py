@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from bisect import bisect_left, insort
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -132,13 +133,15 @@ class SearchIndex:
         self.window = window
         self.vectors = VectorIndex(dim)
         self._session_of: dict[int, tuple[str, str]] = {}  # row -> (tenant, session_id)
-        self._created_at: dict[int, datetime] = {}  # row -> created_at, for CandidateInfo
+        # one shared key tuple per session (100k rows hold a few thousand sessions), registered on joining
+        self._session_keys: dict[tuple[str, str], tuple[str, str]] = {}
         self._prev = np.full(1024, -1, dtype=np.int64)  # same-session neighbours by creation time, -1 = none
         self._next = np.full(1024, -1, dtype=np.int64)
         self._ctx_len = np.zeros(1024, dtype=np.float32)  # neighbourhood document length
         self._version = 0  # bumped by every write: keys the context df cache
         self._ctx_df: dict[str, tuple[int, int]] = {}  # term -> (version, neighbourhoods holding it)
         self._ctx_sum = (-1, 0.0)  # (version, total neighbourhood length)
+        self._last_mask: tuple[int, Filters, np.ndarray | None] | None = None
         self._sessions: dict[tuple[str, str], list[int]] = {}  # rows by (created_at, row)
         self._entities: dict[str, set[int]] = {}
         self._row_entities: dict[int, tuple[str, ...]] = {}
@@ -200,7 +203,6 @@ class SearchIndex:
         if old_session is not None and (relocate or changed):
             self._leave_session(row, old_session, old_len)
         self._created[row] = created
-        self._created_at[row] = memory.created_at
         if session is not None and (relocate or changed):
             self._join_session(row, session)
         elif changed or relocate:
@@ -221,6 +223,7 @@ class SearchIndex:
     def _join_session(self, row: int, session: tuple[str, str]) -> None:
         """Put ``row`` in its session order; the neighbourhoods around it gain it (and lose the row it pushes
         out of their window)."""
+        session = self._session_keys.setdefault(session, session)
         rows = self._sessions.setdefault(session, [])
         insort(rows, row, key=self._order)
         self._session_of[row] = session
@@ -256,6 +259,7 @@ class SearchIndex:
         del rows[i]
         if not rows:
             del self._sessions[session]
+            del self._session_keys[session]
         del self._session_of[row]
         before, after = int(self._prev[row]), int(self._next[row])
         if before >= 0:
@@ -278,6 +282,7 @@ class SearchIndex:
             if not linked:
                 del self._entities[e]
         if found:
+            found = {sys.intern(e) for e in found}  # one string per entity, not one per mention
             self._row_entities[row] = tuple(sorted(found))
             for e in found:
                 self._entities.setdefault(e, set()).add(row)
@@ -330,7 +335,6 @@ class SearchIndex:
         for tag in self._row_tags.pop(row, []):
             self._tags[tag].discard(row)
         self._text_hash.pop(row, None)
-        self._created_at.pop(row, None)
         session = self._session_of.get(row)
         if session is not None:
             self._leave_session(row, session)
@@ -363,7 +367,18 @@ class SearchIndex:
             self.vectors.remove(row)
 
     def mask(self, f: Filters) -> np.ndarray | None:
-        """Boolean row mask for ``f`` (same semantics as ``Filters.matches``); None = every live row."""
+        """Boolean row mask for ``f`` (same semantics as ``Filters.matches``); None = every live row.
+
+        The last mask is reused until the next write (a recall asks twice). Callers must not modify it.
+        """
+        cached = self._last_mask
+        if cached is not None and cached[0] == self._version and cached[1] == f:
+            return cached[2]
+        m = self._mask(f)
+        self._last_mask = (self._version, f, m)
+        return m
+
+    def _mask(self, f: Filters) -> np.ndarray | None:
         size = len(self.ids)
         m: np.ndarray | None = None
 
@@ -471,6 +486,9 @@ class SearchIndex:
         if len(cand) == 0:
             return []
         members = np.stack(self._around(cand))  # (2 * window + 1, candidates); -1 = no such neighbour
+        # look each distinct member up once, in sorted order (binary searches over sorted needles)
+        uniq, inverse = np.unique(members, return_inverse=True)
+        inverse = inverse.reshape(members.shape)
         ctx_len = self._ctx_len[cand]
         if self._ctx_sum[0] != self._version:
             self._ctx_sum = (self._version, float(self._ctx_len[:size].sum()))
@@ -479,10 +497,10 @@ class SearchIndex:
         norm = k1 * (1.0 - b + b * ctx_len / avgdl)
         scores = np.zeros(len(cand), dtype=np.float32)
         for t in dict.fromkeys(terms):
-            tf_members = self.lexical.tf(t, members)
-            if tf_members is None:
+            tf_uniq = self.lexical.tf(t, uniq)
+            if tf_uniq is None:
                 continue
-            tf = tf_members.sum(axis=0)
+            tf = tf_uniq[inverse].sum(axis=0)
             hit = tf > 0
             if not hit.any():
                 continue
@@ -515,19 +533,20 @@ class SearchIndex:
         if allowed is not None:
             near = near[allowed[near]]
         rows = np.union1d(rows, near)
-        ids, sessions, created = self.ids, self._session_of, self._created_at
+        ids, sessions = self.ids, self._session_of
+        created = self._created[rows].tolist()  # microseconds since the epoch
         prev, after = self._prev[rows], self._next[rows]
         make = tuple.__new__  # CandidateInfo(...) without the NamedTuple constructor's Python frame
         out: dict[str, CandidateInfo] = {
             ids[r]: make(
                 CandidateInfo,
                 (
-                    created[r],
+                    _EPOCH + timedelta(microseconds=c),
                     s[1] if (s := sessions.get(r)) is not None else None,
                     ids[b] if b >= 0 else None,
                     ids[a] if a >= 0 else None,
                 ),
             )
-            for r, b, a in zip(rows.tolist(), prev.tolist(), after.tolist(), strict=True)
+            for r, b, a, c in zip(rows.tolist(), prev.tolist(), after.tolist(), created, strict=True)
         }
         return out
