@@ -195,6 +195,28 @@ def test_stale_put_writes_nothing_of_the_batch(engine: Store, stale_first: bool)
     assert [i for i, _ in engine.query(Query(text="apple second")).lexical] == [a.id]
 
 
+def test_write_stores_memories_vectors_and_events_together(engine: Store) -> None:
+    a, b = mem("alpha lake"), mem("beta hill")
+    vecs = unit_vectors(2, seed=3)
+    engine.write([a, b], vecs, [Event("add", a.id, {"n": 1}), Event("add", b.id, {"n": 2})])
+    assert set(engine.get_many([a.id, b.id])) == {a.id, b.id}
+    assert engine.query(Query(vector=vecs[1], limit=1)).dense[0][0] == b.id
+    assert [e.memory_id for e in engine.read_events()] == [a.id, b.id]
+    assert engine.unembedded(10) == []
+
+
+def test_stale_write_stores_no_memory_vector_or_event(engine: Store) -> None:
+    a = mem("alpha original")
+    engine.write([a], unit_vectors(1, seed=1), [Event("add", a.id, {})])
+    engine.put(bump(a, content="alpha second"))  # drops the vector: the text changed
+    fresh, stale = mem("gamma fresh"), bump(a, content="alpha stale")  # version 2 again
+    with pytest.raises(ConflictError):
+        engine.write([fresh, stale], unit_vectors(2, seed=2), [Event("update", a.id, {})])
+    assert engine.get_many([fresh.id]) == {} and engine.get(a.id).content == "alpha second"
+    assert [e.kind for e in engine.read_events()] == ["add"]
+    assert engine.unembedded(10) == [(a.id, "alpha second")]
+
+
 def test_duplicate_ids_in_one_batch_are_rejected(engine: Store) -> None:
     a, other = mem("one"), mem("other")
     with pytest.raises(ValidationError) as exc:

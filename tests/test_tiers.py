@@ -573,3 +573,35 @@ def test_decompress_keeps_the_working_budget() -> None:
         h.decompress(m.id)
         working = h.list(session_id="s1", tier="working")
         assert sum(x.token_count for x in working) <= (BUDGETS.working_tokens or 0)
+
+
+@pytest.mark.parametrize("target", ["memory://", "sqlite"])
+def test_a_busy_session_sheds_its_working_tier_in_batches(target: str, tmp_path: Path) -> None:
+    budgets = TierBudgets(working_items=8, working_tokens=None)
+    h, now = clocked(budgets, target if target == "memory://" else f"sqlite:///{tmp_path}/b.db")
+    with h:
+        shedding = 0
+        for i in range(40):
+            before = sum(e.kind == "demote" for e in h.events(limit=10**6))
+            h.record(f"step {i} of the long task", session_id="s1", created_at=now[0])
+            working = h.list(session_id="s1", tier="working")
+            assert len(working) <= 8  # the budget holds after every record
+            shedding += sum(e.kind == "demote" for e in h.events(limit=10**6)) > before
+        # 8 * (1 - 0.25) = 6 stay after a shed: one record in three demotes (three at a time), not 32 of 40
+        assert shedding == 11
+        assert len(h.list(session_id="s1", tier="working")) == 7
+
+
+def test_a_stale_view_of_the_working_tier_falls_back_to_the_store(tmp_path: Path) -> None:
+    budgets = TierBudgets(working_items=4, working_tokens=None)
+    target = f"sqlite:///{tmp_path}/two.db"
+    a, now = clocked(budgets, target)
+    b, _ = clocked(budgets, target)
+    with a, b:
+        for i in range(4):
+            a.record(f"first writer note {i}", session_id="s1", created_at=now[0])
+        first = a.list(session_id="s1", tier="working")[-1]
+        b.update(first.id, tags=["touched elsewhere"])  # a's cached view of this member is now stale
+        a.record("first writer note 4", session_id="s1", created_at=now[0])  # over budget: sheds
+        assert len(a.list(session_id="s1", tier="working")) <= 4
+        assert a.get(first.id).tags == ["touched elsewhere"]  # the other writer's change survived

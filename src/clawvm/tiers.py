@@ -67,6 +67,9 @@ class PagerConfig:
     promote_value: float = 0.3  # a recalled memory at or above this value is promoted to working
     compress_over_tokens: int = 96  # archive-bound text memories longer than this are compressed
     slack: float = 0.1  # demote below this fraction under budget (short/long term), in one batch
+    # on record, an over-budget working tier sheds down to this fraction under budget, so a busy session
+    # demotes a few memories every few records instead of one on each (context builds enforce exactly)
+    working_slack: float = 0.25
     session_idle_hours: float = 2.0  # on tick, a session untouched this long pages its working tier out
 
 
@@ -154,7 +157,12 @@ class Pager:
         return self.store.list(f, limit=10**9)
 
     def enforce(
-        self, tenant: str, session_id: str, now: datetime, protect: frozenset[str] = frozenset()
+        self,
+        tenant: str,
+        session_id: str,
+        now: datetime,
+        protect: frozenset[str] = frozenset(),
+        lower_only: bool = False,
     ) -> list[Memory]:
         """Demote until every tier of the session fits its budget; returns the memories moved.
 
@@ -164,7 +172,7 @@ class Pager:
         cfg = self.config
         for tier, below in pairwise(ORDER):
             items, tokens = cfg.budgets.limits(tier)
-            if items is None and tokens is None:
+            if (items is None and tokens is None) or (lower_only and tier is Tier.WORKING):
                 continue
             if (
                 tier is not Tier.WORKING
@@ -180,58 +188,105 @@ class Pager:
             if not over(members, items, tokens):
                 continue
             slack = 0.0 if tier is Tier.WORKING else cfg.slack
-            target_items = None if items is None else int(items * (1 - slack))
-            target_tokens = None if tokens is None else int(tokens * (1 - slack))
-            victims = sorted(
-                (m for m in members if not m.pinned),
-                key=lambda m: (m.id in protect, value_per_token(m, now, cfg.scoring)),
-            )
-            keep = list(members)
-            chosen = []
-            for victim in victims:
-                if not over(keep, target_items, target_tokens):
-                    break
-                keep.remove(victim)
-                chosen.append(victim)
+            chosen = self._victims(members, items, tokens, slack, now, protect)
             if below is Tier.ARCHIVE:  # archive-bound moves may compress: one by one
                 moved.extend(self.move(v, below, f"{tier.value} over budget", now) for v in chosen)
             else:
                 moved.extend(self.move_many(chosen, below, f"{tier.value} over budget", now))
         return moved
 
-    def move_many(self, memories: Sequence[Memory], to: Tier, reason: str, now: datetime) -> list[Memory]:
-        """Demote several memories in one write and one event batch (the record path's hot case); falls
-        back to one by one when a concurrent writer got there first."""
-        if not memories:
-            return []
+    def _victims(
+        self,
+        members: Sequence[Memory],
+        items: int | None,
+        tokens: int | None,
+        slack: float,
+        now: datetime,
+        protect: frozenset[str] = frozenset(),
+    ) -> list[Memory]:
+        """The members to demote, lowest value per token first (pins never, ``protect`` last), until the
+        rest fits ``(1 - slack)`` of the budget."""
+        target_items = None if items is None else int(items * (1 - slack))
+        target_tokens = None if tokens is None else int(tokens * (1 - slack))
+        victims = sorted(
+            (m for m in members if not m.pinned),
+            key=lambda m: (m.id in protect, value_per_token(m, now, self.config.scoring)),
+        )
+        n, size = len(members), sum(m.token_count for m in members)
+        chosen = []
+        for victim in victims:
+            fits = (target_items is None or n <= target_items) and (
+                target_tokens is None or size <= target_tokens
+            )
+            if fits:
+                break
+            n, size = n - 1, size - victim.token_count
+            chosen.append(victim)
+        return chosen
+
+    def shed_working(self, members: Sequence[Memory], now: datetime) -> list[Memory] | None:
+        """The record path's budget check, from the harness's own view of a session's working tier.
+
+        When ``members`` are over the working budget, demotes down to ``1 - working_slack`` of it in one
+        write (so a busy session pays for a demotion once every few records, not on each one), then
+        enforces the lower tiers. Returns the members left, or None when a member changed under us (a
+        concurrent writer): the caller then falls back to :meth:`enforce` from the store.
+        """
+        items, tokens = self.config.budgets.limits(Tier.WORKING)
+        if not over(members, items, tokens):
+            return list(members)
+        chosen = self._victims(members, items, tokens, self.config.working_slack, now)
+        if not chosen:
+            return list(members)  # all pinned: nothing may move
+        s = members[0]
+        changed, events = self._demotions(chosen, Tier.SHORT_TERM, "working over budget", now)
+        try:
+            self.store.write(changed, None, events)
+        except ConflictError:
+            return None
+        if s.session_id is not None:
+            self.enforce(s.tenant, s.session_id, now, lower_only=True)
+        gone = {m.id for m in chosen}
+        return [m for m in members if m.id not in gone]
+
+    def _demotions(
+        self, memories: Sequence[Memory], to: Tier, reason: str, now: datetime
+    ) -> tuple[list[Memory], list[Event]]:
+        """The new versions of ``memories`` in tier ``to`` and their events: one ``Store.write``."""
         changed = [
             m.model_copy(
                 update={"tier": to, "version": m.version + 1, "value": value(m, now, self.config.scoring)}
             )
             for m in memories
         ]
+        events = [
+            Event(
+                kind="demote",
+                memory_id=m.id,
+                tenant=m.tenant,
+                at=now,
+                data={
+                    "from": m.tier.value,
+                    "to": to.value,
+                    "value_before": round(m.value, 4),
+                    "value_after": round(c.value, 4),
+                    "reason": reason,
+                },
+            )
+            for m, c in zip(memories, changed, strict=True)
+        ]
+        return changed, events
+
+    def move_many(self, memories: Sequence[Memory], to: Tier, reason: str, now: datetime) -> list[Memory]:
+        """Demote several memories in one write and one event batch (the record path's hot case); falls
+        back to one by one when a concurrent writer got there first."""
+        if not memories:
+            return []
+        changed, events = self._demotions(memories, to, reason, now)
         try:
-            self.store.put_many(changed)
+            self.store.write(changed, None, events)
         except ConflictError:
             return [self.move(self.store.get(m.id), to, reason, now) for m in memories]
-        self.store.append_events(
-            [
-                Event(
-                    kind="demote",
-                    memory_id=m.id,
-                    tenant=m.tenant,
-                    at=now,
-                    data={
-                        "from": m.tier.value,
-                        "to": to.value,
-                        "value_before": round(c.value, 4),
-                        "value_after": round(c.value, 4),
-                        "reason": reason,
-                    },
-                )
-                for m, c in zip(memories, changed, strict=True)
-            ]
-        )
         return changed
 
     def page_out_idle(self, tenant: str, session_id: str, now: datetime) -> list[Memory]:

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..errors import ConflictError, NotFoundError, ValidationError
+from ..errors import ConflictError, NotFoundError, StoreError, ValidationError
 from ..model import Filters, LinkType, Memory, utcnow
 
 
@@ -105,6 +105,18 @@ class Event:
     tenant: str = "default"
     at: datetime = field(default_factory=utcnow)
     seq: int | None = None  # assigned by the store
+
+
+@runtime_checkable
+class EventFeed(Protocol):
+    """A capability of engines that push events across processes (PostgreSQL: LISTEN/NOTIFY).
+
+    ``subscribe(callback)`` calls ``callback(seq)`` whenever any process appends events (``seq``: the
+    newest); read them with ``read_events``. Returns a function that unsubscribes. Detect it with
+    ``isinstance(store, EventFeed)``; for other engines, poll ``read_events``.
+    """
+
+    def subscribe(self, callback: Callable[[int], None]) -> Callable[[], None]: ...
 
 
 def check_versions(batch: Sequence[Memory], stored: dict[str, int]) -> None:
@@ -210,6 +222,24 @@ class Store(ABC):
     def put(self, memory: Memory) -> None:
         self.put_many([memory])
 
+    def write(
+        self,
+        memories: Sequence[Memory],
+        vectors: np.ndarray | None = None,
+        events: Sequence[Event] = (),
+    ) -> None:
+        """``put_many`` + ``set_vectors`` (one row per memory, when given) + ``append_events`` as one step.
+
+        The record path writes all three for every memory; engines with transactions override this to
+        commit once (a third of the commits). This default is correct for any engine, one call after the
+        other: the version check of ``put_many`` still guards the whole step.
+        """
+        self.put_many(memories)
+        if vectors is not None:
+            self.set_vectors([m.id for m in memories], vectors)
+        if events:
+            self.append_events(events)
+
     def delete(self, memory_id: str) -> None:
         if self.delete_many([memory_id]) == 0:
             raise NotFoundError("memory", memory_id)
@@ -233,6 +263,20 @@ class Store(ABC):
 
     def append_event(self, event: Event) -> int:
         return self.append_events([event])[0]
+
+    def delete_events_upto(self, seq: int) -> int:
+        """Drop the head of the event log: every event with ``seq <= seq`` (retention, see
+        :mod:`clawvm.events`). Sequence numbers are never reused. Returns how many were deleted.
+
+        Not abstract so that an engine can be written before it supports retention; such an engine
+        refuses here instead of silently keeping everything."""
+        raise StoreError(f"{type(self).__name__} does not support event retention")
+
+    def vectors_of(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """The stored (unit) vectors of those of ``ids`` that have one (``clawvm migrate`` copies them).
+
+        Not abstract, like ``delete_events_upto``: an engine that cannot export them refuses here."""
+        raise StoreError(f"{type(self).__name__} cannot export vectors")
 
     def __enter__(self) -> Store:
         self.setup()

@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..model import Filters, Memory
+from ..vectors import normalize
 from .base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions
 from .index import SearchIndex
 
@@ -22,6 +23,7 @@ class MemoryStore(Store):
         self._memories: dict[str, Memory] = {}
         self._vectors: dict[str, np.ndarray] = {}
         self._events: list[Event] = []
+        self._events_dropped = 0  # events deleted from the head by retention; seq = index + this + 1
         self._index: SearchIndex | None = None
 
     def setup(self) -> None:
@@ -88,6 +90,11 @@ class MemoryStore(Store):
                     self._vectors[i] = v
                     self.index.set_vector(i, v)
 
+    def vectors_of(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        with self._lock:
+            # kept as given (the index normalises its own copy): hand them out unit-normalised, as stored
+            return {i: normalize(self._vectors[i]) for i in dict.fromkeys(ids) if i in self._vectors}
+
     def unembedded(self, limit: int) -> list[tuple[str, str]]:
         with self._lock:
             out = [(i, m.content) for i, m in self._memories.items() if i not in self._vectors]
@@ -108,15 +115,23 @@ class MemoryStore(Store):
         with self._lock:
             seqs = []
             for e in events:
-                seq = len(self._events) + 1
+                seq = self._events_dropped + len(self._events) + 1
                 self._events.append(replace(e, seq=seq))
                 seqs.append(seq)
             return seqs
 
     def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
         with self._lock:
-            found = [e for e in self._events[after_seq:] if memory_id is None or e.memory_id == memory_id]
+            start = max(0, after_seq - self._events_dropped)
+            found = [e for e in self._events[start:] if memory_id is None or e.memory_id == memory_id]
             return found[:limit]
+
+    def delete_events_upto(self, seq: int) -> int:
+        with self._lock:
+            n = max(0, min(len(self._events), seq - self._events_dropped))
+            del self._events[:n]
+            self._events_dropped += n
+            return n
 
 
 def private_copy(m: Memory) -> Memory:

@@ -251,50 +251,71 @@ class SQLiteStore(Store):
         if not memories:
             return
         with self._write("put") as (db, rev):
-            ids = [m.id for m in memories]
-            stored = dict(
-                db.execute(
-                    f"SELECT id, version FROM memories WHERE id IN ({','.join('?' * len(ids))})", ids
-                ).fetchall()
+            self._put_rows(db, rev, memories)
+
+    def write(
+        self,
+        memories: Sequence[Memory],
+        vectors: np.ndarray | None = None,
+        events: Sequence[Event] = (),
+    ) -> None:
+        """One transaction for the memories, their vectors and their events (one commit per record)."""
+        if not memories:
+            if events:
+                self.append_events(events)
+            return
+        vecs = None if vectors is None else normalize(check_vectors(len(memories), vectors, self.dim))
+        with self._write("write") as (db, rev):
+            self._put_rows(db, rev, memories)
+            if vecs is not None:
+                self._set_vector_rows(db, rev, [m.id for m in memories], vecs, None)
+            self._insert_events(db, events)
+
+    def _put_rows(self, db: sqlite3.Connection, rev: int, memories: Sequence[Memory]) -> None:
+        ids = [m.id for m in memories]
+        stored = dict(
+            db.execute(
+                f"SELECT id, version FROM memories WHERE id IN ({','.join('?' * len(ids))})", ids
+            ).fetchall()
+        )
+        check_versions(memories, stored)
+        old_content = {
+            i: json.loads(b)["content"]
+            for i, b in db.execute(
+                f"SELECT id, body FROM memories WHERE id IN ({','.join('?' * len(ids))})", ids
             )
-            check_versions(memories, stored)
-            old_content = {
-                i: json.loads(b)["content"]
-                for i, b in db.execute(
-                    f"SELECT id, body FROM memories WHERE id IN ({','.join('?' * len(ids))})", ids
-                )
-            } if stored else {}
-            for m in memories:
-                row = (
-                    m.id, rev, m.tenant, m.session_id, m.task_id, m.agent_id, m.tool_name, m.kind.value,
-                    m.state.value if m.state else None, m.status.value, m.tier.value,
-                    m.created_at.isoformat(), m.version, m.model_dump_json(),
-                )
-                db.execute(
-                    """INSERT INTO memories (id, rev, tenant, session_id, task_id, agent_id, tool_name, kind,
-                           state, status, tier, created_at, version, body)
-                       VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)
-                       ON CONFLICT(id) DO UPDATE SET rev=excluded.rev, tenant=excluded.tenant,
-                           session_id=excluded.session_id, task_id=excluded.task_id,
-                           agent_id=excluded.agent_id,
-                           tool_name=excluded.tool_name, kind=excluded.kind, state=excluded.state,
-                           status=excluded.status, tier=excluded.tier, created_at=excluded.created_at,
-                           version=excluded.version, body=excluded.body""",
-                    row,
-                )
-                changed = m.id in old_content and old_content[m.id] != m.content
-                if changed:
-                    db.execute("UPDATE memories SET embedding = NULL WHERE id = ?", (m.id,))
-                db.execute("DELETE FROM links WHERE source = ?", (m.id,))
-                db.executemany(
-                    "INSERT OR IGNORE INTO links VALUES (?,?,?)",
-                    [(m.id, link.type.value, link.target) for link in m.links],
-                )
-            self._index_dirty = True
-            for m in memories:
-                self.index.upsert(m)
-                if m.id in old_content and old_content[m.id] != m.content:
-                    self.index.drop_vector(m.id)
+        } if stored else {}
+        for m in memories:
+            row = (
+                m.id, rev, m.tenant, m.session_id, m.task_id, m.agent_id, m.tool_name, m.kind.value,
+                m.state.value if m.state else None, m.status.value, m.tier.value,
+                m.created_at.isoformat(), m.version, m.model_dump_json(),
+            )
+            db.execute(
+                """INSERT INTO memories (id, rev, tenant, session_id, task_id, agent_id, tool_name, kind,
+                       state, status, tier, created_at, version, body)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                   ON CONFLICT(id) DO UPDATE SET rev=excluded.rev, tenant=excluded.tenant,
+                       session_id=excluded.session_id, task_id=excluded.task_id,
+                       agent_id=excluded.agent_id,
+                       tool_name=excluded.tool_name, kind=excluded.kind, state=excluded.state,
+                       status=excluded.status, tier=excluded.tier, created_at=excluded.created_at,
+                       version=excluded.version, body=excluded.body""",
+                row,
+            )
+            changed = m.id in old_content and old_content[m.id] != m.content
+            if changed:
+                db.execute("UPDATE memories SET embedding = NULL WHERE id = ?", (m.id,))
+            db.execute("DELETE FROM links WHERE source = ?", (m.id,))
+            db.executemany(
+                "INSERT OR IGNORE INTO links VALUES (?,?,?)",
+                [(m.id, link.type.value, link.target) for link in m.links],
+            )
+        self._index_dirty = True
+        for m in memories:
+            self.index.upsert(m)
+            if m.id in old_content and old_content[m.id] != m.content:
+                self.index.drop_vector(m.id)
 
     def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
         if not ids:
@@ -340,23 +361,46 @@ class SQLiteStore(Store):
     ) -> None:
         vecs = normalize(check_vectors(len(ids), vectors, self.dim))
         with self._write("set_vectors") as (db, rev):
-            written = []
-            for n, (memory_id, v) in enumerate(zip(ids, vecs, strict=True)):
-                if contents is None:
-                    cur = db.execute(
-                        "UPDATE memories SET embedding = ?, rev = ? WHERE id = ?", (_blob(v), rev, memory_id)
-                    )
-                else:
-                    cur = db.execute(
-                        "UPDATE memories SET embedding = ?, rev = ? WHERE id = ? AND embedding IS NULL"
-                        " AND json_extract(body, '$.content') = ?",
-                        (_blob(v), rev, memory_id, contents[n]),
-                    )
-                if cur.rowcount:
-                    written.append((memory_id, v))
-            self._index_dirty = True
-            for memory_id, v in written:
-                self.index.set_vector(memory_id, v)
+            self._set_vector_rows(db, rev, ids, vecs, contents)
+
+    def _set_vector_rows(
+        self,
+        db: sqlite3.Connection,
+        rev: int,
+        ids: Sequence[str],
+        vecs: np.ndarray,
+        contents: Sequence[str] | None,
+    ) -> None:
+        written = []
+        for n, (memory_id, v) in enumerate(zip(ids, vecs, strict=True)):
+            if contents is None:
+                cur = db.execute(
+                    "UPDATE memories SET embedding = ?, rev = ? WHERE id = ?", (_blob(v), rev, memory_id)
+                )
+            else:
+                cur = db.execute(
+                    "UPDATE memories SET embedding = ?, rev = ? WHERE id = ? AND embedding IS NULL"
+                    " AND json_extract(body, '$.content') = ?",
+                    (_blob(v), rev, memory_id, contents[n]),
+                )
+            if cur.rowcount:
+                written.append((memory_id, v))
+        self._index_dirty = True
+        for memory_id, v in written:
+            self.index.set_vector(memory_id, v)
+
+    def vectors_of(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        with self._read("vectors") as db:
+            for start in range(0, len(ids), 500):
+                chunk = list(ids[start : start + 500])
+                for i, emb in db.execute(
+                    f"SELECT id, embedding FROM memories WHERE embedding IS NOT NULL"
+                    f" AND id IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                ):
+                    out[i] = np.frombuffer(emb, dtype="<f4").copy()
+        return out
 
     def unembedded(self, limit: int) -> list[tuple[str, str]]:
         with self._read("unembedded") as db:
@@ -383,13 +427,21 @@ class SQLiteStore(Store):
 
     def append_events(self, events: Sequence[Event]) -> list[int]:
         with self._write("append_events") as (db, _rev):
-            return [
-                db.execute(
-                    "INSERT INTO events (at, tenant, kind, memory_id, data) VALUES (?,?,?,?,?) RETURNING seq",
-                    (e.at.isoformat(), e.tenant, e.kind, e.memory_id, json.dumps(e.data, default=str)),
-                ).fetchone()[0]
-                for e in events
-            ]
+            return self._insert_events(db, events)
+
+    @staticmethod
+    def _insert_events(db: sqlite3.Connection, events: Sequence[Event]) -> list[int]:
+        return [
+            db.execute(
+                "INSERT INTO events (at, tenant, kind, memory_id, data) VALUES (?,?,?,?,?) RETURNING seq",
+                (e.at.isoformat(), e.tenant, e.kind, e.memory_id, json.dumps(e.data, default=str)),
+            ).fetchone()[0]
+            for e in events
+        ]
+
+    def delete_events_upto(self, seq: int) -> int:
+        with self._write("delete_events") as (db, _rev):  # AUTOINCREMENT: deleted seqs are never reused
+            return int(db.execute("DELETE FROM events WHERE seq <= ?", (seq,)).rowcount)
 
     def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
         sql = "SELECT seq, at, tenant, kind, memory_id, data FROM events WHERE seq > ?"
