@@ -117,13 +117,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", required=True, help="where to write the results")
     ap.add_argument("--ingest-n", type=int, default=2000,
                     help="records for the background-embedding ingest test")
-    ap.add_argument("--engine", choices=("sqlite", "memory"), default="sqlite")
+    ap.add_argument("--engine", choices=("sqlite", "memory", "postgres"), default="sqlite",
+                    help="postgres: synthetic corpus, PostgreSQL at --n beside SQLite at --sqlite-n "
+                         "(see bench/_scale_engines.py); needs no LoCoMo data")
+    ap.add_argument("--sqlite-n", type=int, default=100_000, help="with --engine postgres: SQLite's size")
+    ap.add_argument("--pg-url", default=None,
+                    help="with --engine postgres: a server to use (default: a throwaway local one)")
     ap.add_argument("--data", default=str(DEFAULT_DATA), help="LoCoMo dev JSON (read in place)")
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--preset", default=None, help="recall preset to time (default: the default preset)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
+    if args.engine == "postgres":
+        import _scale_engines
+
+        out = _scale_engines.run(args)
+        out["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+        Path(args.json).write_text(json.dumps(out, indent=2))
+        print(f"wrote {args.json} ({out['elapsed_s']}s)")
+        return 0
 
     convs, _ = _locomo.load(args.data)
     specs = build_corpus(convs, args.n)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import clawvm
+import pg_server
 from clawvm import Harness
 from clawvm.store import Store
 from engines import ENGINES, harness_target, make_store
@@ -29,6 +30,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         marker = metafunc.definition.get_closest_marker("engines")
         names = ENGINES if marker is None else [n for n in ENGINES if n in marker.args]
         metafunc.parametrize("engine_name", names)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _postgres_database_per_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """PostgreSQL stores made during a module live in one database, dropped when the module ends."""
+    name = request.module.__name__
+    pg_server.begin_module(name)
+    yield
+    pg_server.end_module(name)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _postgres_server() -> Iterator[None]:
+    """The PostgreSQL server (started on first use, see pg_server.py) stops with the session."""
+    yield
+    pg_server.stop()
 
 
 @pytest.fixture

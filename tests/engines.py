@@ -10,9 +10,10 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from clawvm.store import MemoryStore, SQLiteStore, Store
+import pg_server
+from clawvm.store import MemoryStore, SQLiteStore, Store, store_from_url
 
-ENGINES: list[str] = ["memory", "sqlite"]
+ENGINES: list[str] = ["memory", "sqlite", "postgres"]
 
 _unique = itertools.count()
 
@@ -23,6 +24,8 @@ def make_store(name: str, directory: Path, filename: str | None = None) -> Store
         return MemoryStore()
     if name == "sqlite":
         return SQLiteStore(directory / (filename or f"t{next(_unique)}.db"))
+    if name == "postgres":  # a schema of its own in the module's database (see pg_server.py)
+        return store_from_url(pg_server.store_url(directory, filename))
     raise ValueError(f"unknown engine {name!r}")
 
 
@@ -32,4 +35,6 @@ def harness_target(name: str, directory: Path, filename: str = "h.db") -> str:
         return "memory://"
     if name == "sqlite":
         return f"sqlite:///{directory}/{filename}"
+    if name == "postgres":
+        return pg_server.store_url(directory, filename)
     raise ValueError(f"unknown engine {name!r}")

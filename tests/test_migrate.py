@@ -1,0 +1,125 @@
+"""``clawvm migrate``: any engine into an empty one and back, verified by counts, checksums and vectors."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import pg_server
+from clawvm import Link, LinkType, Memory, Status, StoreError, ValidationError
+from clawvm.cli import main
+from clawvm.migrate import check, migrate, summarize
+from clawvm.store import Event, Query, Store, store_from_url
+from engines import make_store
+
+T0 = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+def fill(store: Store) -> list[Memory]:
+    """Memories of two tenants with links, tags, metadata and odd text; vectors on some; events."""
+    first = Memory(
+        content="the nightly backup failed: disk full", session_id="s1", tags=["ops"], created_at=T0
+    )
+    ms = [
+        first,
+        Memory(content="we freed space and the backup ran", session_id="s1", created_at=T0 + timedelta(1),
+               links=[Link(type=LinkType.CAUSED_BY, target=first.id)], metadata={"n": [1, 2.5, None]}),
+        Memory(content="tenant b's own secret note", tenant="b", status=Status.ARCHIVED, version=4,
+               created_at=T0 + timedelta(2)),
+        Memory(content="ünïcödé, tabs\tand\nnewlines, a NUL \x00 and a backslash \\", tags=["a\\b"],
+               created_at=T0 + timedelta(3)),
+    ]
+    ms += [Memory(content=f"filler memory number {i}", session_id="s2", created_at=T0 + timedelta(hours=i))
+           for i in range(12)]
+    store.put_many(ms)
+    vecs = np.random.default_rng(3).standard_normal((len(ms) - 2, 384)).astype(np.float32)
+    store.set_vectors([m.id for m in ms[2:]], vecs)
+    store.append_events([Event("add", m.id, {"i": i, "deep": {"x": [True, None]}}, tenant=m.tenant,
+                               at=T0 + timedelta(minutes=i)) for i, m in enumerate(ms)])
+    store.append_event(Event("note", None, {"msg": "ü"}))
+    return ms
+
+
+PAIRS = [("sqlite", "postgres"), ("postgres", "sqlite"), ("memory", "postgres")]
+
+
+@pytest.mark.parametrize(("source_engine", "target_engine"), PAIRS, ids=[f"{a}-to-{b}" for a, b in PAIRS])
+def test_migrate_copies_everything_and_verifies(
+    source_engine: str, target_engine: str, tmp_path: Path
+) -> None:
+    source = make_store(source_engine, tmp_path, "src.db")
+    target = make_store(target_engine, tmp_path, "dst.db")
+    source.setup()
+    target.setup()
+    try:
+        ms = fill(source)
+        seen: dict[str, int] = {}
+        report = migrate(
+            source, target, batch=5, progress=lambda what, n: seen.update({what: seen.get(what, 0) + n})
+        )
+        assert (report.memories, report.vectors, report.events) == (len(ms), len(ms) - 2, len(ms) + 1)
+        assert seen == {"memories": len(ms), "events": len(ms) + 1}
+        assert report.source == report.target and report.worst_vector_error <= 1e-5
+        assert target.get_many([m.id for m in ms]) == {m.id: m for m in ms}
+        assert [(e.kind, e.memory_id, e.data, e.at) for e in target.read_events()] == [
+            (e.kind, e.memory_id, e.data, e.at) for e in source.read_events()
+        ]
+        assert set(target.edges([ms[0].id])) == set(source.edges([ms[0].id]))
+        q = Query(text="backup disk", limit=5)
+        assert [i for i, _ in target.query(q).lexical] == [i for i, _ in source.query(q).lexical]
+        v = source.vectors_of([ms[5].id])[ms[5].id]
+        assert target.query(Query(vector=v, limit=1)).dense[0][0] == ms[5].id
+    finally:
+        source.close()
+        target.close()
+
+
+def test_a_store_that_is_not_empty_is_refused_and_differences_are_found(tmp_path: Path) -> None:
+    source, target = make_store("sqlite", tmp_path, "a.db"), make_store("postgres", tmp_path, "b")
+    source.setup()
+    target.setup()
+    try:
+        fill(source)
+        migrate(source, target, verify=False)
+        before = summarize(target)
+        with pytest.raises(ValidationError) as exc:
+            migrate(source, target)
+        assert exc.value.field == "to" and summarize(target) == before  # nothing written
+        check(source, target)
+        m = target.list(limit=1)[0]
+        target.put(m.model_copy(update={"version": m.version + 1, "tags": ["tampered"]}))
+        with pytest.raises(StoreError, match="differs"):
+            check(source, target)
+    finally:
+        source.close()
+        target.close()
+
+
+def test_cli_migrates_sqlite_to_postgres_and_back(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    pg = pg_server.store_url(tmp_path, "cli")
+    store = store_from_url(f"sqlite:///{a}")
+    store.setup()
+    ms = fill(store)
+    store.close()
+    runner = CliRunner()
+    there = runner.invoke(main, ["migrate", "--from", f"sqlite:///{a}", "--to", pg, "--batch", "7"])
+    assert there.exit_code == 0, there.output
+    assert f"copied {len(ms)} memories, {len(ms) - 2} vectors, {len(ms) + 1} events" in there.output
+    assert "verified: counts and checksums match" in there.output
+    back = runner.invoke(main, ["migrate", "--from", pg, "--to", str(b)])
+    assert back.exit_code == 0 and "verified" in back.output, back.output
+    again = runner.invoke(main, ["migrate", "--from", str(a), "--to", pg])
+    assert again.exit_code == 2 and "empty store" in again.output
+    first, last = store_from_url(str(a)), store_from_url(str(b))
+    first.setup()
+    last.setup()
+    try:
+        assert summarize(first) == summarize(last)
+    finally:
+        first.close()
+        last.close()

@@ -1,0 +1,326 @@
+"""What only the PostgreSQL engine has: many processes on one database (optimistic locking across
+processes, events pushed to every process with LISTEN/NOTIFY, concurrent migrations), its URL and schema
+handling, the loud failure on a filter it cannot compile, and driver errors translated.
+
+The contract itself runs on PostgreSQL through the ``engine``/``harness`` fixtures (tests/engines.py).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import pg_server
+from clawvm import ConflictError, Filters, Harness, Memory, StoreError
+from clawvm.errors import ConfigError, SchemaError
+from clawvm.store import Event, EventFeed, MemoryStore, Query, SQLiteStore, store_from_url
+from clawvm.store.postgres import PostgresStore, split_url
+from clawvm.store.postgres_search import compile_filters, esc, unesc, untranslated_filter_fields
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return pg_server.store_url(tmp_path, "pg")
+
+
+@pytest.fixture
+def opened() -> Iterator[list[PostgresStore]]:
+    stores: list[PostgresStore] = []
+    yield stores
+    for s in stores:
+        s.close()
+
+
+def open_store(stores: list[PostgresStore], url: str, **kw: Any) -> PostgresStore:
+    s = store_from_url(url, **kw)
+    assert isinstance(s, PostgresStore)
+    s.setup()
+    stores.append(s)
+    return s
+
+
+# ---- filters --------------------------------------------------------------------------------------------
+def test_every_filter_field_compiles_to_sql() -> None:
+    # a field added to Filters must be taught to postgres_search._FILTER_SQL, or this fails
+    assert untranslated_filter_fields() == set()
+
+
+def test_a_filter_field_without_sql_fails_loudly_instead_of_widening_the_query() -> None:
+    @dataclass(frozen=True)
+    class WithColour(Filters):
+        colour: frozenset[str] | None = None
+
+    assert compile_filters(WithColour())[0] == "TRUE"  # left at "any": nothing to compile
+    with pytest.raises(StoreError, match="colour"):
+        compile_filters(WithColour(colour=frozenset({"red"})))
+
+
+def test_text_values_with_nul_and_backslashes_are_stored_injectively() -> None:
+    values = ["plain", "a\\b", "a\x00b", "a\\0b", "\\", "\x00", "", "\\\\0"]
+    stored = [esc(v) for v in values]
+    assert len(set(stored)) == len(values)
+    assert all("\x00" not in (s or "") for s in stored)
+    assert [unesc(s) for s in stored] == values
+    assert esc("plain") == "plain" and esc(None) is None
+
+
+# ---- URL, schema, lifecycle ---------------------------------------------------------------------------
+def test_url_schema_parameter_is_ours_and_the_rest_goes_to_libpq() -> None:
+    conninfo, schema = split_url("postgresql://u@/db?host=/tmp/x&schema=team_a&sslmode=disable")
+    assert schema == "team_a"
+    assert conninfo == "postgresql://u@/db?host=%2Ftmp%2Fx&sslmode=disable"
+    assert split_url("postgres://u@h/db")[1] == "clawvm"
+    with pytest.raises(ConfigError):
+        split_url("postgresql://u@h/db?schema=Robert');DROP")
+
+
+def test_constructor_does_no_io_and_an_unreachable_server_is_a_store_error(tmp_path: Path) -> None:
+    s = store_from_url(f"postgresql://nobody@/db?host={tmp_path}&connect_timeout=2")  # no server there
+    with pytest.raises(StoreError) as exc:
+        s.setup()
+    assert not isinstance(exc.value, psycopg.Error)
+    assert isinstance(exc.value.__cause__, psycopg.Error)
+    s.close()
+
+
+def test_schemas_isolate_stores_in_one_database(tmp_path: Path, opened: list[PostgresStore]) -> None:
+    a = open_store(opened, pg_server.store_url(tmp_path, "a"))
+    b = open_store(opened, pg_server.store_url(tmp_path, "b"))
+    m = Memory(content="only in a")
+    a.put(m)
+    assert b.get_many([m.id]) == {} and b.count() == 0
+    assert a.get(m.id) == m
+
+
+def test_newer_schema_or_other_dimension_is_a_schema_error(url: str, opened: list[PostgresStore]) -> None:
+    s = open_store(opened, url)
+    s.put(Memory(content="from the current version"))
+    with pytest.raises(SchemaError, match="768"):
+        store_from_url(url, dim=768).setup()
+    with s._conn("test") as conn:
+        conn.execute("UPDATE meta SET value = '99' WHERE key = 'version'")
+    with pytest.raises(SchemaError, match="99"):
+        store_from_url(url).setup()
+
+
+def test_processes_migrating_at_once_all_succeed(url: str, opened: list[PostgresStore]) -> None:
+    script = "import sys; from clawvm.store import store_from_url; s = store_from_url(sys.argv[1]); s.setup()"
+    procs = [subprocess.Popen([sys.executable, "-c", script, url]) for _ in range(3)]
+    assert [p.wait(120) for p in procs] == [0, 0, 0]
+    assert open_store(opened, url).count() == 0
+
+
+def test_a_killed_connection_is_a_store_error_and_the_store_recovers(
+    url: str, opened: list[PostgresStore]
+) -> None:
+    s = open_store(opened, url)
+    m = Memory(content="before the connection dies")
+    s.put(m)
+    with psycopg.connect(split_url(url)[0], autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    try:
+        s.get(m.id)  # the pooled connection may be dead: our error, never the driver's
+    except StoreError as exc:
+        assert not isinstance(exc, psycopg.Error)
+    assert s.get(m.id) == m  # the broken connection was discarded
+
+
+# ---- many processes, one database -----------------------------------------------------------------
+def test_events_from_another_process_reach_every_subscriber(
+    url: str, opened: list[PostgresStore]
+) -> None:
+    one, two = open_store(opened, url), open_store(opened, url)
+    assert isinstance(one, EventFeed) and not isinstance(MemoryStore(), EventFeed)
+    got: list[tuple[str, int]] = []
+    arrived = threading.Condition()
+
+    def listener(name: str) -> Any:
+        def hear(seq: int) -> None:
+            with arrived:
+                got.append((name, seq))
+                arrived.notify_all()
+
+        return hear
+
+    stop_one = one.subscribe(listener("one"))
+    two.subscribe(listener("two"))
+    other = open_store(opened, url.replace("schema=", "schema=x"))  # another schema: not heard
+    other.append_event(Event("elsewhere"))
+
+    script = (
+        "import sys; from clawvm.store import store_from_url, Event; s = store_from_url(sys.argv[1]); "
+        "s.setup(); print(s.append_events([Event('a'), Event('b')])[-1]); s.close()"
+    )
+    out = subprocess.run([sys.executable, "-c", script, url], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    last = int(out.stdout.split()[-1])
+
+    def wait_for(n: int) -> None:
+        with arrived:
+            assert arrived.wait_for(lambda: len(got) >= n, timeout=30), got
+
+    wait_for(2)
+    assert sorted(got) == [("one", last), ("two", last)]  # one notification per batch, per subscriber
+    assert [e.kind for e in one.read_events()] == ["a", "b"]
+    stop_one()
+    seq = one.append_event(Event("c"))  # our own writes are heard too, by the remaining subscriber
+    wait_for(3)
+    time.sleep(0.3)
+    assert got[2:] == [("two", seq)]
+
+
+def test_event_readers_following_seq_never_skip_a_late_commit(url: str, opened: list[PostgresStore]) -> None:
+    s = open_store(opened, url)
+    writers, per_writer = 4, 40
+    seen: list[int] = []
+    done = threading.Event()
+
+    def write(w: int) -> None:
+        for i in range(per_writer):
+            s.append_event(Event("tick", data={"w": w, "i": i}))
+
+    def follow() -> None:
+        after = 0
+        while not done.is_set() or after < writers * per_writer:
+            batch = s.read_events(after_seq=after)
+            seen.extend(e.seq for e in batch if e.seq is not None)
+            after = seen[-1] if seen else 0
+            if done.is_set() and not batch:
+                break
+
+    reader = threading.Thread(target=follow)
+    reader.start()
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    reader.join(60)
+    assert len(seen) == len(set(seen)) == writers * per_writer  # every event once: none skipped
+
+
+def test_a_new_id_written_twice_at_once_is_one_write_and_one_conflict(
+    url: str, opened: list[PostgresStore]
+) -> None:
+    one, two = open_store(opened, url), open_store(opened, url)
+    results: list[str] = []
+    for _ in range(5):
+        m = Memory(content="created by two writers at once")
+        barrier = threading.Barrier(2)
+
+        def put(store: PostgresStore, m: Memory = m, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            try:
+                store.put(m)
+                results.append("ok")
+            except ConflictError:
+                results.append("conflict")
+
+        threads = [threading.Thread(target=put, args=(s,)) for s in (one, two)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert one.get(m.id) == m
+    assert results.count("ok") == 5 and results.count("conflict") == 5
+
+
+PROCESSES, INCREMENTS = 4, 40
+
+
+def _increment(url: str, ids: list[str], worker: int, conflicts: Any) -> None:
+    """Read-modify-write ``INCREMENTS`` times, retrying on conflicts (the merge counts on from the head)."""
+    s = store_from_url(url)
+    s.setup()
+    try:
+        for i in range(INCREMENTS):
+            target = ids[(worker + i) % len(ids)]
+            while True:
+                cur = s.get(target)
+                n = int(cur.metadata["n"]) + 1
+                try:
+                    s.put(cur.model_copy(update={"version": cur.version + 1, "metadata": {"n": n},
+                                                 "content": f"counter at {n}"}))
+                    break
+                except ConflictError:
+                    with conflicts.get_lock():
+                        conflicts.value += 1
+    finally:
+        s.close()
+
+
+def test_optimistic_locking_holds_across_processes(url: str, opened: list[PostgresStore]) -> None:
+    s = open_store(opened, url)
+    counters = [Memory(content="counter at 0", metadata={"n": 0}) for _ in range(2)]
+    s.put_many(counters)
+    ids = [m.id for m in counters]
+    ctx = multiprocessing.get_context("spawn")
+    conflicts = ctx.Value("i", 0)
+    procs = [ctx.Process(target=_increment, args=(url, ids, w, conflicts)) for w in range(PROCESSES)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert [p.exitcode for p in procs] == [0] * PROCESSES
+    assert conflicts.value > 0, "the processes never raced; the test proves nothing"
+    final = s.get_many(ids)
+    assert sum(int(m.metadata["n"]) for m in final.values()) == PROCESSES * INCREMENTS  # no update lost
+    for m in final.values():
+        assert m.version == int(m.metadata["n"]) + 1
+        hits = s.query(Query(text=f"counter at {m.metadata['n']}")).lexical
+        assert m.id in {i for i, _ in hits}  # the lexical index follows the last write
+
+
+def test_a_harness_in_each_process_shares_memories_and_recall(url: str, opened: list[PostgresStore]) -> None:
+    script = (
+        "import sys; from clawvm import Harness\n"
+        "with Harness.open(sys.argv[1], embedder=None) as h:\n"
+        "    print(h.record('the canary deploy failed in zone b', session_id='s').id)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, url], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    child = out.stdout.split()[-1]
+    with Harness.open(url, embedder=None) as h:
+        assert [hit.id for hit in h.recall("canary deploy", k=3, preset="bm25")] == [child]
+        assert [e.memory_id for e in h.events() if e.kind == "add"] == [child]
+
+
+def test_bm25_scores_match_the_in_process_engine(
+    url: str, opened: list[PostgresStore], tmp_path: Path
+) -> None:
+    pg = open_store(opened, url)
+    lite = SQLiteStore(tmp_path / "same.db")
+    lite.setup()
+    try:
+        docs = [
+            Memory(content=t, session_id="s" if i % 3 else None)
+            for i, t in enumerate([
+                "the deploy failed because the disk was full",
+                "disk usage alert on the database host",
+                "we rolled back the deploy and cleared old logs",
+                "lunch at noon, deploy after lunch",
+                "postgres vacuum freed disk space on the host",
+            ])
+        ]
+        for s in (pg, lite):
+            s.put_many(docs)
+        q = Query(text="why did the deploy fail on a full disk", limit=10)
+        want, got = lite.query(q).lexical, pg.query(q).lexical
+        assert [i for i, _ in got] == [i for i, _ in want]
+        assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-5)
+    finally:
+        lite.close()
