@@ -1,0 +1,171 @@
+"""One tenant's view of a shared :class:`Store`: every read and write confined to that tenant.
+
+A multi-tenant host (``clawvm serve``) opens one engine and gives each tenant's Harness a
+``TenantStore`` over it, so isolation is a property of the storage layer, not of every route remembering
+a filter. The rules, each enforced here and nowhere else:
+
+- reads: ``get_many`` drops memories of other tenants (a ``get`` of another tenant's id is
+  :class:`NotFoundError`, exactly as for an id that does not exist); ``query``/``count`` run with the
+  tenant filter forced to this tenant, and ``around``/``expand`` seeds of other tenants are dropped (the
+  index answers for seeds whatever the filters); ``edges`` lists only links whose source is ours;
+  ``read_events`` and ``unembedded`` return only this tenant's;
+- writes: ``put_many``/``write`` refuse a memory of another tenant, or one whose id is another tenant's
+  memory (:class:`AccessDeniedError`, nothing written); ``delete_many`` and ``set_vectors`` ignore ids of
+  other tenants; ``append_events`` refuses events of another tenant; event retention is refused (it
+  spans tenants: an operator runs it on the engine itself).
+
+A check and the write it guards run under the engine's lock, so no write of this process slips between.
+``close()`` leaves the shared engine open: whoever opened the engine closes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from ..errors import AccessDeniedError
+from ..model import Filters, Memory
+from .base import Edge, Event, Query, QueryResult, Store, check_vectors
+
+_ALL = 2**62  # "no limit" for engines' limit arguments
+
+
+class TenantStore(Store):
+    """``inner`` as seen by ``tenant``. See the module docstring for what is confined and how."""
+
+    def __init__(self, inner: Store, tenant: str) -> None:
+        super().__init__()
+        self.inner = inner
+        self.tenant = tenant
+        self.dim = inner.dim
+        self.schemes = inner.schemes
+
+    # ---- lifecycle ----------------------------------------------------------------------------------
+    def setup(self) -> None:
+        self.inner.setup()
+
+    def close(self) -> None:
+        """Nothing to release: the shared engine stays open for the other tenants."""
+
+    # ---- helpers ------------------------------------------------------------------------------------
+    def _owned(self, ids: Iterable[str]) -> set[str]:
+        """Those of ``ids`` that name a memory of this tenant."""
+        wanted = list(dict.fromkeys(ids))
+        if not wanted:
+            return set()
+        return {i for i, m in self.inner.get_many(wanted).items() if m.tenant == self.tenant}
+
+    def _confined(self, filters: Filters) -> Filters | None:
+        """``filters`` restricted to this tenant, or None when they ask only for other tenants."""
+        if filters.tenant is not None and self.tenant not in filters.tenant:
+            return None
+        return filters.with_(tenant=frozenset([self.tenant]))
+
+    def _check_writable(self, memories: Sequence[Memory]) -> None:
+        for m in memories:
+            if m.tenant != self.tenant:
+                raise AccessDeniedError(
+                    "tenant", f"is {m.tenant!r}, not the caller's tenant", "write memories of your own tenant"
+                )
+        stored = self.inner.get_many([m.id for m in memories])
+        if any(m.tenant != self.tenant for m in stored.values()):
+            raise AccessDeniedError("id", "is not available to this tenant", "let ClawVM choose the id")
+
+    # ---- writes -------------------------------------------------------------------------------------
+    def put_many(self, memories: Sequence[Memory]) -> None:
+        with self.inner._lock:
+            self._check_writable(memories)
+            self.inner.put_many(memories)
+
+    def write(
+        self,
+        memories: Sequence[Memory],
+        vectors: np.ndarray | None = None,
+        events: Sequence[Event] = (),
+    ) -> None:
+        self._check_events(events)
+        with self.inner._lock:
+            self._check_writable(memories)
+            self.inner.write(memories, vectors, events)
+
+    def delete_many(self, ids: Sequence[str]) -> int:
+        with self.inner._lock:
+            return self.inner.delete_many(sorted(self._owned(ids)))
+
+    def set_vectors(
+        self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None
+    ) -> None:
+        vecs = check_vectors(len(ids), vectors, self.dim)
+        own = self._owned(ids)
+        keep = [n for n, i in enumerate(ids) if i in own]
+        if keep:
+            self.inner.set_vectors(
+                [ids[n] for n in keep], vecs[keep], None if contents is None else [contents[n] for n in keep]
+            )
+
+    def _check_events(self, events: Sequence[Event]) -> None:
+        for e in events:
+            if e.tenant != self.tenant:
+                raise AccessDeniedError(
+                    "tenant", f"event of tenant {e.tenant!r}", "log events of your own tenant"
+                )
+
+    def append_events(self, events: Sequence[Event]) -> list[int]:
+        self._check_events(events)
+        return self.inner.append_events(events)
+
+    def delete_events_upto(self, seq: int) -> int:
+        raise AccessDeniedError(
+            "tenant", "event retention spans every tenant", "run it on the store itself, as its operator"
+        )
+
+    # ---- reads --------------------------------------------------------------------------------------
+    def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
+        return {i: m for i, m in self.inner.get_many(ids).items() if m.tenant == self.tenant}
+
+    def query(self, query: Query) -> QueryResult:
+        filters = self._confined(query.filters)
+        if filters is None:
+            return QueryResult()
+        own = self._owned([*query.around, *query.expand])
+        return self.inner.query(
+            replace(
+                query,
+                filters=filters,
+                around=tuple(i for i in query.around if i in own),
+                expand=tuple(i for i in query.expand if i in own),
+            )
+        )
+
+    def count(self, filters: Filters | None = None) -> int:
+        confined = self._confined(filters or Filters())
+        return 0 if confined is None else self.inner.count(confined)
+
+    def edges(self, ids: Sequence[str]) -> list[Edge]:
+        own = self._owned(ids)
+        found = self.inner.edges(sorted(own))
+        sources = own | self._owned({e.source for e in found} - own)
+        return [e for e in found if e.source in sources]
+
+    def unembedded(self, limit: int) -> list[tuple[str, str]]:
+        # the contract has no tenant argument: read every pending pair and keep ours (the server runs one
+        # worker on the engine itself; this is for a Harness opened directly on a view)
+        pending = self.inner.unembedded(_ALL)
+        own = self._owned(i for i, _ in pending)
+        return [(i, text) for i, text in pending if i in own][:limit]
+
+    def read_events(
+        self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None
+    ) -> list[Event]:
+        page_size = max(limit, 500)
+        out: list[Event] = []
+        cursor = after_seq
+        while len(out) < limit:
+            page = self.inner.read_events(cursor, page_size, memory_id)
+            out.extend(e for e in page if e.tenant == self.tenant)
+            if len(page) < page_size:
+                break
+            cursor = page[-1].seq or cursor
+        return out[:limit]

@@ -1,0 +1,850 @@
+"""The REST server: every SDK operation over HTTP, one error schema, limits, logs, and bad input.
+
+Everything runs against the real app over a real SQLite store in ``tmp_path``: one test over uvicorn on
+a loopback port, the rest through Starlette's TestClient; schemathesis fuzzes every operation of the
+OpenAPI spec (bounded) for 5xx and for 4xx outside the error schema.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+import uvicorn
+from fastapi import APIRouter
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from clawvm.errors import RateLimitError
+from clawvm.redact import RedactionPolicy
+from clawvm.server import JsonFormatter, RateLimiter, ServerSettings, Writer, create_app
+from clawvm.store import SQLiteStore, Store
+
+ERROR_KEYS = {"code", "message", "field", "fix"}
+
+
+@dataclass
+class Env:
+    client: TestClient
+    store: Store
+    keys: dict[str, str]
+
+    def auth(self, who: str = "agent") -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys[who]}"}
+
+    def record(
+        self, content: Any = "the deploy failed: disk full on build-07", who: str = "agent", **fields: Any
+    ) -> dict[str, Any]:
+        r = self.client.post("/v1/memories", json={"content": content, **fields}, headers=self.auth(who))
+        assert r.status_code == 201, r.text
+        body: dict[str, Any] = r.json()
+        return body
+
+
+def open_app(
+    tmp_path: Path, settings: ServerSettings | None = None, routers: tuple[APIRouter, ...] = ()
+) -> tuple[Any, Store, dict[str, str]]:
+    store = SQLiteStore(tmp_path / "server.db")
+    app = create_app(store, embedder=None, settings=settings or ServerSettings(rate_per_s=0), routers=routers)
+    ring = app.state.service.keyring
+    keys = {
+        "admin": ring.create("acme", "admin", "ops")[1],
+        "agent": ring.create("acme", "agent", "bot")[1],
+        "reader": ring.create("acme", "read-only", "viewer")[1],
+        "other": ring.create("globex", "agent", "their bot")[1],
+    }
+    return app, store, keys
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    app, store, keys = open_app(tmp_path)
+    with TestClient(app) as client:
+        yield Env(client, store, keys)
+    store.close()
+
+
+def checksum(store: Store) -> str:
+    """Every memory (all tenants) and the length of the event log."""
+    text = "\n".join(sorted(m.to_json() for m in store.iter_all()))
+    return hashlib.sha256(f"{text}|{len(store.read_events(0, 10**9))}".encode()).hexdigest()
+
+
+def assert_error(
+    r: httpx.Response, status: int, code: str | None = None, field: str | None = None
+) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == ERROR_KEYS, body
+    err: dict[str, Any] = body["error"]
+    assert isinstance(err["code"], str) and isinstance(err["message"], str) and err["message"]
+    assert err["field"] is None or isinstance(err["field"], str)
+    assert err["fix"] is None or isinstance(err["fix"], str)
+    if code is not None:
+        assert err["code"] == code, err
+    if field is not None:
+        assert err["field"] == field, err
+    return err
+
+
+# ---- the SDK over HTTP --------------------------------------------------------------------------------
+def test_memory_crud_with_versions(env: Env) -> None:
+    m = env.record(tags=["ci"], session_id="s1", kind="error", state="error")
+    assert m["tenant"] == "acme" and m["version"] == 1 and m["tier"] == "working"
+    got = env.client.get(f"/v1/memories/{m['id']}", headers=env.auth("reader")).json()
+    assert got == m
+    r = env.client.patch(
+        f"/v1/memories/{m['id']}", json={"expected_version": 1, "state": "success"}, headers=env.auth()
+    )
+    assert r.status_code == 200 and r.json()["version"] == 2 and r.json()["state"] == "success"
+    stale = env.client.patch(
+        f"/v1/memories/{m['id']}", json={"expected_version": 1, "state": "error"}, headers=env.auth()
+    )
+    assert_error(stale, 409, "conflict", "expected_version")
+    assert_error(env.client.patch(f"/v1/memories/{m['id']}", json={}, headers=env.auth()), 422, field="body")
+    listed = env.client.get("/v1/memories", params={"tags": ["ci"], "kind": ["error"]}, headers=env.auth())
+    assert [x["id"] for x in listed.json()] == [m["id"]]
+    assert env.client.get("/v1/memories", params={"kind": ["note"]}, headers=env.auth()).json() == []
+    assert env.client.delete(f"/v1/memories/{m['id']}", headers=env.auth()).status_code == 204
+    assert_error(env.client.get(f"/v1/memories/{m['id']}", headers=env.auth()), 404, "not_found", "memory_id")
+
+
+def test_json_content_is_stored_canonically(env: Env) -> None:
+    m = env.record({"b": 1, "a": [1, 2]}, kind="tool_call")
+    assert m["content"] == '{"a":[1,2],"b":1}' and m["content_type"] == "application/json"
+
+
+def test_recall_and_context_explain_their_evidence(env: Env) -> None:
+    disk = env.record("The deploy failed because the disk on build-07 was full", session_id="s1")
+    env.record("Lunch order: two pizzas and a salad", session_id="s1")
+    hits = env.client.post(
+        "/v1/recall", json={"query": "why did the deploy fail", "k": 2}, headers=env.auth()
+    ).json()
+    assert hits[0]["id"] == disk["id"] and "lexical" in hits[0]["explain"]
+    assert hits[0]["memory"]["access_count"] == 1  # tracked by default for an agent
+    ctx = env.client.post(
+        "/v1/context",
+        json={"query": "deploy disk", "budget_tokens": 200, "session_id": "s1"},
+        headers=env.auth(),
+    ).json()
+    assert disk["id"] in [e["id"] for e in ctx["manifest"]] and ctx["tokens"] <= 200
+    assert "disk on build-07" in ctx["text"]
+
+
+def test_read_only_keys_read_without_side_effects(env: Env) -> None:
+    m = env.record()
+    hits = env.client.post("/v1/recall", json={"query": "deploy disk"}, headers=env.auth("reader")).json()
+    assert hits[0]["memory"]["access_count"] == 0  # not tracked for read-only keys
+    assert_error(
+        env.client.post("/v1/recall", json={"query": "x", "track": True}, headers=env.auth("reader")),
+        403,
+        "forbidden",
+        "role",
+    )
+    ctx = env.client.post("/v1/context", json={"query": "deploy"}, headers=env.auth("reader"))
+    assert ctx.status_code == 200
+    assert env.client.get(f"/v1/memories/{m['id']}", headers=env.auth()).json()["usage"]["injected"] == 0
+    for method, path, body in [
+        ("POST", "/v1/memories", {"content": "x"}),
+        ("PATCH", f"/v1/memories/{m['id']}", {"state": "error"}),
+        ("DELETE", f"/v1/memories/{m['id']}", None),
+        ("POST", f"/v1/memories/{m['id']}/pin", None),
+        ("POST", "/v1/tick", None),
+        ("GET", "/v1/keys", None),
+    ]:
+        r = env.client.request(method, path, json=body, headers=env.auth("reader"))
+        assert_error(r, 403, "forbidden", "role")
+
+
+def test_pin_feedback_value_compress_and_events(env: Env) -> None:
+    text = " ".join(f"We talked about the {w} and the long queue at the coffee shop." for w in "abcdefghij")
+    m = env.record(text, session_id="s1")
+    assert env.client.post(f"/v1/memories/{m['id']}/pin", headers=env.auth()).json()["pinned"] is True
+    assert env.client.post(f"/v1/memories/{m['id']}/unpin", headers=env.auth()).json()["pinned"] is False
+    rated = env.client.post(f"/v1/memories/{m['id']}/feedback", json={"delta": -1}, headers=env.auth()).json()
+    assert rated["usage"]["feedback"] == -1
+    assert_error(
+        env.client.post(f"/v1/memories/{m['id']}/feedback", json={"delta": 2}, headers=env.auth()),
+        422,
+        field="delta",
+    )
+    value = env.client.get(f"/v1/memories/{m['id']}/value", headers=env.auth()).json()
+    assert 0 <= value["value"] <= 1 and value["feedback"] < 0.5
+    small = env.client.post(f"/v1/memories/{m['id']}/compress", headers=env.auth()).json()
+    assert len(small["content"]) < len(text) and "compression" in small["metadata"]
+    assert env.client.post(f"/v1/memories/{m['id']}/decompress", headers=env.auth()).json()["content"] == text
+    page = env.client.get("/v1/events", params={"limit": 2}, headers=env.auth()).json()
+    assert [e["kind"] for e in page["events"]] == ["add", "pin"]
+    rest = env.client.get(
+        "/v1/events", params={"after_seq": page["next_after_seq"]}, headers=env.auth()
+    ).json()
+    assert {"feedback", "compress"} <= {e["kind"] for e in rest["events"]}
+    assert all(e["tenant"] == "acme" for e in page["events"] + rest["events"])
+
+
+def test_checkpoint_rollback_session_start_collapse_tick(env: Env) -> None:
+    kept = env.record("deploy plan: roll out build 7", session_id="s1", task_id="t1", state="intermediate")
+    cp = env.client.post("/v1/sessions/s1/checkpoints", json={"name": "before"}, headers=env.auth())
+    assert cp.status_code == 201
+    later = env.record("an experiment we will undo", session_id="s1")
+    report = env.client.post(f"/v1/checkpoints/{cp.json()['id']}/rollback", headers=env.auth()).json()
+    assert report["obsoleted"] == [later["id"]]
+    assert_error(
+        env.client.post(f"/v1/checkpoints/{kept['id']}/rollback", headers=env.auth()),
+        422,
+        field="checkpoint_id",
+    )
+    loaded = env.client.post("/v1/sessions/s2/start", json={"task": "roll out build 7"}, headers=env.auth())
+    assert loaded.status_code == 200
+    summary = env.client.post("/v1/tasks/t1/collapse", headers=env.auth()).json()["summary"]
+    assert summary["kind"] == "summary" and kept["id"] in [link["target"] for link in summary["links"]]
+    assert env.client.post("/v1/tasks/none/collapse", headers=env.auth()).json() == {"summary": None}
+    assert set(env.client.post("/v1/tick", headers=env.auth()).json()) == {"expired", "refreshed", "moved"}
+    stats = env.client.get("/v1/stats", headers=env.auth()).json()
+    assert stats["memories"] == sum(stats["by_status"].values()) and stats["by_status"]["obsolete"] == 1
+
+
+def test_export_and_import_stay_in_the_tenant(env: Env) -> None:
+    m = env.record(session_id="s1")
+    lines = env.client.get("/v1/export", headers=env.auth("reader"))
+    assert lines.headers["content-type"].startswith("application/x-ndjson")
+    exported = [json.loads(line) for line in lines.text.splitlines()]
+    assert [e["id"] for e in exported] == [m["id"]]
+    theirs = env.client.get("/v1/export", headers=env.auth("other")).text
+    assert theirs == ""
+    fresh = {**exported[0], "id": "01a00000-0000-7000-8000-000000000001"}
+    del fresh["tenant"]
+    assert_error(
+        env.client.post("/v1/memories/import", json={"memories": [fresh]}, headers=env.auth()),
+        403,
+        field="role",
+    )
+    done = env.client.post(
+        "/v1/memories/import", json={"memories": [fresh, exported[0]]}, headers=env.auth("admin")
+    ).json()
+    assert done == {"imported": 1, "skipped": 1}
+    assert env.client.get(f"/v1/memories/{fresh['id']}", headers=env.auth()).json()["tenant"] == "acme"
+    # an import naming another tenant is refused by the tenant's store view; nothing is written
+    before = checksum(env.store)
+    planted = {**fresh, "id": "01a00000-0000-7000-8000-000000000002", "tenant": "globex"}
+    r = env.client.post("/v1/memories/import", json={"memories": [planted]}, headers=env.auth("admin"))
+    assert_error(r, 403, "forbidden", "tenant")
+    assert checksum(env.store) == before
+
+
+def test_keys_over_the_api(env: Env) -> None:
+    assert env.client.get("/v1/whoami", headers=env.auth("admin")).json()["role"] == "admin"
+    made = env.client.post("/v1/keys", json={"role": "read-only", "name": "dash"}, headers=env.auth("admin"))
+    assert made.status_code == 201
+    key = made.json()["key"]
+    assert env.client.get("/v1/whoami", headers={"X-API-Key": key}).json()["tenant"] == "acme"
+    listed = env.client.get("/v1/keys", headers=env.auth("admin")).json()
+    assert {k["tenant"] for k in listed} == {"acme"} and "key" not in listed[0]
+    assert all("hash" not in k for k in listed)
+    revoked = env.client.delete(f"/v1/keys/{made.json()['key_id']}", headers=env.auth("admin")).json()
+    assert revoked["revoked_at"] is not None
+    assert_error(
+        env.client.get("/v1/whoami", headers={"X-API-Key": key}), 401, "unauthorized", "Authorization"
+    )
+    other = env.client.app.state.service.keyring.list("globex")[0]  # type: ignore[attr-defined]
+    assert_error(env.client.delete(f"/v1/keys/{other.key_id}", headers=env.auth("admin")), 404, "not_found")
+    assert_error(env.client.get("/v1/keys", headers=env.auth("agent")), 403, "forbidden", "role")
+
+
+def test_authentication_errors(env: Env) -> None:
+    assert_error(env.client.get("/v1/memories"), 401, "unauthorized", "Authorization")
+    assert_error(env.client.get("/v1/memories", headers={"Authorization": "Bearer nope"}), 401)
+    forged = env.keys["agent"][:-4] + "AAAA"
+    assert_error(env.client.get("/v1/memories", headers={"Authorization": f"Bearer {forged}"}), 401)
+    assert_error(env.client.get("/v1/memories", headers={"Authorization": "Basic YTpi"}), 401)
+
+
+def test_each_tenant_gets_its_own_harness_and_sees_only_its_data(env: Env) -> None:
+    mine = env.record("acme's deploy failed: disk full", session_id="s1")
+    theirs = env.record("globex's deploy failed: disk full", who="other", session_id="s1")
+    assert theirs["tenant"] == "globex"
+    for path in (f"/v1/memories/{mine['id']}", f"/v1/memories/{mine['id']}/value"):
+        assert_error(env.client.get(path, headers=env.auth("other")), 404, "not_found")
+    assert_error(
+        env.client.patch(f"/v1/memories/{mine['id']}", json={"state": "error"}, headers=env.auth("other")),
+        404,
+    )
+    assert_error(env.client.delete(f"/v1/memories/{mine['id']}", headers=env.auth("other")), 404)
+    hits = env.client.post(
+        "/v1/recall", json={"query": "deploy disk full", "k": 10}, headers=env.auth("other")
+    ).json()
+    assert [h["id"] for h in hits] == [theirs["id"]]
+    ctx = env.client.post(
+        "/v1/context", json={"query": "deploy", "session_id": "s1"}, headers=env.auth("other")
+    ).json()
+    assert [e["id"] for e in ctx["manifest"]] == [theirs["id"]]
+    events = env.client.get("/v1/events", params={"limit": 1000}, headers=env.auth("other")).json()["events"]
+    assert {e["memory_id"] for e in events if e["memory_id"]} == {theirs["id"]}
+    assert env.client.get("/v1/stats", headers=env.auth("other")).json()["memories"] == 1
+    assert env.client.get(f"/v1/memories/{mine['id']}", headers=env.auth()).status_code == 200
+
+
+def test_harness_options_reach_every_tenant_harness(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "options.db")
+    policies = {"acme": RedactionPolicy.of(["email"]), "*": RedactionPolicy.of([])}  # redaction per tenant
+    app = create_app(store, embedder=None, harness_options={"redaction": policies})
+    ring = app.state.service.keyring
+    acme, globex = ring.create("acme", "agent")[1], ring.create("globex", "agent")[1]
+    with TestClient(app) as client:
+        text = {"content": "write to ann@example.org"}
+        mine = client.post("/v1/memories", json=text, headers={"Authorization": f"Bearer {acme}"}).json()
+        theirs = client.post("/v1/memories", json=text, headers={"Authorization": f"Bearer {globex}"}).json()
+    assert "ann@example.org" not in mine["content"] and theirs["content"] == text["content"]
+    store.close()
+
+
+def test_health_and_readiness(env: Env) -> None:
+    assert env.client.get("/healthz").json() == {"status": "ok", "checks": {}}
+    ready = env.client.get("/readyz").json()
+    assert ready["status"] == "ready" and ready["checks"]["store"] == "ok"
+
+
+def test_unknown_routes_and_methods_use_the_error_schema(env: Env) -> None:
+    assert_error(env.client.get("/v1/nothing", headers=env.auth()), 404, "not_found")
+    r = env.client.put("/v1/recall", headers=env.auth())
+    assert_error(r, 405, "method_not_allowed")
+    assert "POST" in r.headers["allow"]
+
+
+def test_unexpected_errors_are_500_in_the_error_schema_and_mounted_routers_work(tmp_path: Path) -> None:
+    extra = APIRouter(prefix="/v1/extra")
+
+    @extra.get("/boom")
+    def boom(caller: Writer) -> None:
+        raise RuntimeError("secret detail")
+
+    @extra.get("/me")
+    def me(caller: Writer) -> dict[str, str]:
+        return {"tenant": caller.harness.tenant}
+
+    app, store, keys = open_app(tmp_path, routers=(extra,))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        auth = {"Authorization": f"Bearer {keys['agent']}"}
+        assert client.get("/v1/extra/me", headers=auth).json() == {"tenant": "acme"}
+        r = client.get("/v1/extra/boom", headers=auth)
+        err = assert_error(r, 500, "internal_error")
+        assert "secret detail" not in r.text and r.headers["x-request-id"] in err["fix"]
+        assert_error(client.get("/v1/extra/me"), 401)
+    store.close()
+
+
+def test_rate_limit_per_key(tmp_path: Path) -> None:
+    app, store, keys = open_app(tmp_path, ServerSettings(rate_per_s=0.5, burst=2))
+    with TestClient(app) as client:
+        agent = {"Authorization": f"Bearer {keys['agent']}"}
+        assert [client.get("/v1/whoami", headers=agent).status_code for _ in range(2)] == [200, 200]
+        r = client.get("/v1/whoami", headers=agent)
+        assert_error(r, 429, "rate_limited")
+        assert int(r.headers["retry-after"]) >= 1
+        other = {"Authorization": f"Bearer {keys['other']}"}
+        assert client.get("/v1/whoami", headers=other).status_code == 200  # buckets are per key
+    store.close()
+
+
+def test_rate_limiter_refills_with_time() -> None:
+    now = [0.0]
+    limiter = RateLimiter(2.0, 2, clock=lambda: now[0])
+    limiter.check("k")
+    limiter.check("k")
+    with pytest.raises(RateLimitError, match=r"retry after 0\.50"):
+        limiter.check("k")
+    now[0] += 0.5
+    limiter.check("k")  # one token back after half a second at 2/s
+
+
+def test_one_json_log_line_per_request_without_secrets(env: Env) -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("clawvm.server")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        r = env.client.post(
+            "/v1/memories", json={"content": "hello"}, headers={**env.auth(), "X-Request-ID": "req-1"}
+        )
+        env.client.get("/v1/memories/missing", headers=env.auth())
+    finally:
+        logger.removeHandler(handler)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    first = lines[0]
+    assert r.headers["x-request-id"] == "req-1" == first["request_id"]
+    assert first["status"] == 201 and first["path"] == "/v1/memories" and first["tenant"] == "acme"
+    assert first["level"] == "info" and first["duration_ms"] >= 0 and first["role"] == "agent"
+    assert lines[1]["status"] == 404
+    assert env.keys["agent"] not in stream.getvalue() and "hello" not in stream.getvalue()
+
+
+# ---- bad input: a clear 4xx naming the field, and the store unchanged ------------------------------
+BIG_TAGS = [f"t{i}" for i in range(10_000)]
+DEEP = b'{"content": "x", "metadata": {"a": ' + b"[" * 50_000 + b"]" * 50_000 + b"}}"  # past the parser
+
+
+def nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = {"a": [value]}
+    return value
+
+
+BAD_INPUT: list[tuple[str, str, str, dict[str, Any], int, str, str]] = [
+    # (case, method, path, request kwargs, status, code, field)
+    (
+        "oversized body",
+        "POST",
+        "/v1/memories",
+        {"json": {"content": "x" * 3_000_000}},
+        413,
+        "payload_too_large",
+        "body",
+    ),
+    (
+        "oversized chunked body",
+        "POST",
+        "/v1/memories",
+        {"content": iter([b'{"content": "', b"x" * 3_000_000, b'"}'])},
+        413,
+        "payload_too_large",
+        "body",
+    ),
+    (
+        "content over the library limit",
+        "POST",
+        "/v1/memories",
+        {"json": {"content": "x" * 1_500_000}},
+        422,
+        "validation_error",
+        "content",
+    ),
+    (
+        "invalid UTF-8",
+        "POST",
+        "/v1/memories",
+        {"content": b'{"content": "caf\xe9"}'},
+        400,
+        "invalid_utf8",
+        "body",
+    ),
+    (
+        "lone surrogate escape",
+        "POST",
+        "/v1/memories",
+        {"content": b'{"content": "a\\ud800b"}'},
+        422,
+        "validation_error",
+        "content",
+    ),
+    (
+        "surrogate in metadata",
+        "POST",
+        "/v1/memories",
+        {"content": b'{"content": "a", "metadata": {"k": "\\udfff"}}'},
+        422,
+        "validation_error",
+        "metadata",
+    ),
+    ("not JSON", "POST", "/v1/memories", {"content": b'{"content": '}, 400, "invalid_json", "body"),
+    ("deeply nested JSON", "POST", "/v1/memories", {"content": DEEP}, 400, "bad_request", "body"),
+    # parsable, but deeper than the store could serialize
+    (
+        "deep metadata",
+        "POST",
+        "/v1/memories",
+        {"json": {"content": "x", "metadata": nested(150)}},
+        422,
+        "validation_error",
+        "metadata",
+    ),
+    (
+        "deep JSON content",
+        "POST",
+        "/v1/memories",
+        {"json": {"content": nested(150)}},
+        422,
+        "validation_error",
+        "content",
+    ),
+    (
+        "deep metadata in an import",
+        "POST",
+        "/v1/memories/import",
+        {"json": {"memories": [{"content": "x", "metadata": nested(150)}]}},
+        422,
+        "validation_error",
+        "memories",
+    ),
+    ("JSON array body", "POST", "/v1/memories", {"json": ["content"]}, 422, "validation_error", "body"),
+    ("empty body", "POST", "/v1/memories", {}, 422, "validation_error", "body"),
+    (
+        "NaN",
+        "POST",
+        "/v1/memories",
+        {"content": b'{"content": "x", "confidence": NaN}'},
+        422,
+        "validation_error",
+        "confidence",
+    ),
+    (
+        "unknown enum: kind",
+        "POST",
+        "/v1/memories",
+        {"json": {"content": "x", "kind": "gossip"}},
+        422,
+        "validation_error",
+        "kind",
+    ),
+    (
+        "unknown enum: state",
+        "POST",
+        "/v1/memories",
+        {"json": {"content": "x", "state": "done"}},
+        422,
+        "validation_error",
+        "state",
+    ),
+    (
+        "unknown enum: link type",
+        "POST",
+        "/v1/memories",
+        {
+            "json": {
+                "content": "x",
+                "links": [{"type": "likes", "target": "01a00000-0000-7000-8000-000000000001"}],
+            }
+        },
+        422,
+        "validation_error",
+        "links.0.type",
+    ),
+    (
+        "unknown enum in a filter",
+        "POST",
+        "/v1/recall",
+        {"json": {"query": "x", "filters": {"tier": ["hot"]}}},
+        422,
+        "validation_error",
+        "filters.tier.0",
+    ),
+    (
+        "unknown enum in a query",
+        "GET",
+        "/v1/memories",
+        {"params": {"status": "gone"}},
+        422,
+        "validation_error",
+        "status.0",
+    ),
+    (
+        "unknown preset",
+        "POST",
+        "/v1/recall",
+        {"json": {"query": "x", "preset": "magic"}},
+        422,
+        "validation_error",
+        "preset",
+    ),
+    (
+        "wrong type: content",
+        "POST",
+        "/v1/memories",
+        {"json": {"content": 5}},
+        422,
+        "validation_error",
+        "content",
+    ),
+    (
+        "wrong type: tags",
+        "POST",
+        "/v1/memories",
+        {"json": {"content": "x", "tags": "ci"}},
+        422,
+        "validation_error",
+        "tags",
+    ),
+    (
+        "wrong type: k",
+        "POST",
+        "/v1/recall",
+        {"json": {"query": "x", "k": "ten"}},
+        422,
+        "validation_error",
+        "k",
+    ),
+    (
+        "wrong type: metadata",
+        "POST",
+        "/v1/memories",
+        {"json": {"content": "x", "metadata": [1]}},
+        422,
+        "validation_error",
+        "metadata",
+    ),
+    (
+        "wrong type: limit",
+        "GET",
+        "/v1/memories",
+        {"params": {"limit": "many"}},
+        422,
+        "validation_error",
+        "limit",
+    ),
+    (
+        "out of range: budget",
+        "POST",
+        "/v1/context",
+        {"json": {"budget_tokens": 0}},
+        422,
+        "validation_error",
+        "budget_tokens",
+    ),
+    (
+        "out of range: after_seq",
+        "GET",
+        "/v1/events",
+        {"params": {"after_seq": 2**70}},
+        422,
+        "validation_error",
+        "after_seq",
+    ),
+    (
+        "date out of range",
+        "POST",
+        "/v1/memories",
+        {"json": {"content": "x", "expires_at": "0001-01-01T00:00:00+05:00"}},
+        422,
+        "validation_error",
+        "expires_at",
+    ),
+    (
+        "huge tag list",
+        "POST",
+        "/v1/memories",
+        {"json": {"content": "x", "tags": BIG_TAGS}},
+        422,
+        "validation_error",
+        "tags",
+    ),
+    (
+        "huge tag filter",
+        "POST",
+        "/v1/recall",
+        {"json": {"query": "x", "filters": {"tags": BIG_TAGS}}},
+        422,
+        "validation_error",
+        "filters.tags",
+    ),
+    (
+        "tag too long",
+        "POST",
+        "/v1/memories",
+        {"json": {"content": "x", "tags": ["t" * 300]}},
+        422,
+        "validation_error",
+        "tags.0",
+    ),
+    (
+        "link to a non-id",
+        "POST",
+        "/v1/memories",
+        {"json": {"content": "x", "links": [{"type": "refers_to", "target": "nope"}]}},
+        422,
+        "validation_error",
+        "links.0.target",
+    ),
+    (
+        "bad embedding",
+        "POST",
+        "/v1/memories",
+        {"json": {"content": "x", "embedding": [0.1, 0.2]}},
+        422,
+        "validation_error",
+        "embedding",
+    ),
+    (
+        "unknown field",
+        "POST",
+        "/v1/memories",
+        {"json": {"content": "x", "tenant": "globex"}},
+        422,
+        "validation_error",
+        "tenant",
+    ),
+    (
+        "unknown query parameter",
+        "GET",
+        "/v1/memories",
+        {"params": {"tenant": "globex"}},
+        422,
+        "validation_error",
+        "tenant",
+    ),
+    (
+        "missing content",
+        "POST",
+        "/v1/memories",
+        {"json": {"kind": "note"}},
+        422,
+        "validation_error",
+        "content",
+    ),
+    (
+        "blank content",
+        "POST",
+        "/v1/memories",
+        {"json": {"content": "  "}},
+        422,
+        "validation_error",
+        "content",
+    ),
+    ("over-long path id", "GET", "/v1/memories/" + "a" * 200, {}, 422, "validation_error", "memory_id"),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status", "code", "field"),
+    [case[1:] for case in BAD_INPUT],
+    ids=[case[0] for case in BAD_INPUT],
+)
+def test_bad_input_is_a_clear_4xx_and_changes_nothing(
+    env: Env, method: str, path: str, kwargs: dict[str, Any], status: int, code: str, field: str
+) -> None:
+    env.record(session_id="s1", tags=["ci"])
+    before = checksum(env.store)
+    headers = {**env.auth("admin"), "content-type": "application/json"}
+    r = env.client.request(method, path, headers=headers, **kwargs)
+    assert_error(r, status, code, field)
+    assert checksum(env.store) == before
+
+
+# ---- end to end over a real socket --------------------------------------------------------------------
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[tuple[str, Store, dict[str, str]]]:
+    app, store, keys = open_app(tmp_path)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", store, keys
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        store.close()
+
+
+def test_end_to_end_over_loopback(live: tuple[str, Store, dict[str, str]]) -> None:
+    url, store, keys = live
+    auth = {"Authorization": f"Bearer {keys['agent']}"}
+    with httpx.Client(base_url=url, timeout=30) as http:
+        assert http.get("/readyz").status_code == 200
+        m = http.post(
+            "/v1/memories",
+            json={"content": "payment API timed out after 10 s", "tags": ["api"]},
+            headers=auth,
+        ).json()
+        hits = http.post("/v1/recall", json={"query": "which API timed out?"}, headers=auth).json()
+        assert hits[0]["id"] == m["id"]
+        assert store.get(m["id"]).tenant == "acme"  # written through to the real file
+        spec = http.get("/openapi.json").json()
+        assert "/v1/recall" in spec["paths"] and "HTTPBearer" in spec["components"]["securitySchemes"]
+        before = checksum(store)
+        bad = http.post(
+            "/v1/memories",
+            content=b'{"content": "\xff\xfe"}',
+            headers={**auth, "content-type": "application/json"},
+        )
+        assert_error(bad, 400, "invalid_utf8", "body")
+        assert_error(http.get("/v1/memories"), 401, "unauthorized")
+        assert checksum(store) == before
+    # a declared length over the limit is refused before the body is read
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as raw:
+        raw.sendall(
+            b"POST /v1/memories HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 999999999\r\nConnection: close\r\n\r\n"
+        )
+        reply = b"".join(iter(lambda: raw.recv(65536), b"")).decode("latin-1")
+    assert reply.startswith("HTTP/1.1 413") and '"payload_too_large"' in reply
+
+
+# ---- schemathesis over the whole OpenAPI spec -----------------------------------------------------------
+FUZZ_EXAMPLES = 6  # per operation and generation mode: ~50 operations, so the whole run stays well under 60 s
+FUZZ_NEGATIVE = 4
+
+
+def test_openapi_fuzzing_finds_no_5xx_and_only_schema_errors(tmp_path: Path) -> None:
+    app, store, keys = open_app(tmp_path)
+    with TestClient(app) as client:
+        auth = {"Authorization": f"Bearer {keys['admin']}"}
+        real = client.post(
+            "/v1/memories",
+            json={"content": "the deploy failed: disk full", "session_id": "s1", "task_id": "t1"},
+            headers=auth,
+        ).json()
+        schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+        operations = [result.ok() for result in schema.get_all_operations()]
+        assert len(operations) >= 25
+        seen: dict[int, int] = {}
+        for op in operations:
+            names = [p.name for p in op.path_parameters]
+            real_params = {n: real["id"] if n in ("memory_id", "checkpoint_id") else "s1" for n in names}
+            _fuzz(op.as_strategy(GenerationMode.POSITIVE, headers=auth), FUZZ_EXAMPLES, seen)
+            if names and "key_id" not in names:  # also on a real memory / session (not on the admin's key)
+                strategy = op.as_strategy(GenerationMode.POSITIVE, headers=auth, path_parameters=real_params)
+                _fuzz(strategy, FUZZ_EXAMPLES, seen)
+            if len(op.query) or len(op.body):  # invalid bodies and queries (only those have much to break)
+                _fuzz(op.as_strategy(GenerationMode.NEGATIVE, headers=auth), FUZZ_NEGATIVE, seen)
+        assert sum(seen.values()) > 100 and any(200 <= s < 300 for s in seen)
+    store.close()
+
+
+def _fuzz(strategy: st.SearchStrategy[Any], n: int, seen: dict[int, int]) -> None:
+    @settings(
+        max_examples=n,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=strategy)
+    def run(case: Any) -> None:
+        response = case.call()
+        seen[response.status_code] = seen.get(response.status_code, 0) + 1
+        assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.text[:300]}"
+        if response.status_code >= 400:
+            body = response.json()
+            assert set(body) == {"error"} and set(body["error"]) == ERROR_KEYS, response.text[:300]
+        case.validate_response(
+            response, checks=[status_code_conformance, content_type_conformance, response_schema_conformance]
+        )
+
+    run()

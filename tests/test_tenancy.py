@@ -1,0 +1,290 @@
+"""Tenant isolation lives in the store layer: nothing done through tenant A's view reads or changes B's data.
+
+The state machine drives tenant A through its :class:`TenantStore` view (raw store calls, including ones
+that name B's ids, B's tenant or B's vectors) and through a Harness on that view (record, recall,
+context, update, forget, pin, feedback, checkpoint, rollback, compress, tick, import), on every engine.
+After every step, B's fingerprint — memories, events, vectors, links — is unchanged, and everything A got
+back belongs to A.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+
+from clawvm import Filters, Harness, Memory, NotFoundError, ValidationError
+from clawvm.errors import AccessDeniedError
+from clawvm.store import Event, Query, Store
+from clawvm.store.tenant import TenantStore
+from engines import make_store
+
+WORDS = ["deploy", "disk", "payment", "timeout", "invoice", "paris", "retry", "cache", "alice", "build"]
+SESSIONS = ["s1", "s2"]
+DIM = 384
+_files = itertools.count()
+
+texts = st.lists(st.sampled_from(WORDS), min_size=1, max_size=6).map(" ".join)
+sessions = st.sampled_from(SESSIONS)
+
+
+def vector(seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def fingerprint(inner: Store, tenant: str) -> tuple[Any, ...]:
+    """Everything of ``tenant`` the engine holds, read around any view."""
+    memories = sorted(m.to_json() for m in inner.iter_all(Filters.of(tenant=tenant)))
+    ids = sorted(json.loads(m)["id"] for m in memories)
+    events = [
+        (e.seq, e.kind, e.memory_id, json.dumps(e.data, sort_keys=True, default=str))
+        for e in inner.read_events(0, 10**9)
+        if e.tenant == tenant
+    ]
+    pending = sorted(i for i, _ in inner.unembedded(10**9) if i in set(ids))
+    probe = inner.query(
+        Query(filters=Filters.of(tenant=tenant), vector=vector(999), limit=1000, lexical=False)
+    )
+    dense = sorted((i, round(s, 4)) for i, s in probe.dense)
+    edges = sorted((e.source, e.type.value, e.target) for e in inner.edges(ids) if e.source in set(ids))
+    return memories, events, pending, dense, edges
+
+
+def make_machine(engine_name: str, directory: Path) -> type[RuleBasedStateMachine]:
+    class Isolation(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = make_store(engine_name, directory, f"iso{next(_files)}.db")
+            self.inner.setup()
+            self.view_a = TenantStore(self.inner, "A")
+            self.a = Harness.open(self.view_a, embedder=None, tenant="A")
+            self.b_ids: list[str] = []
+            self.b_checkpoint = ""
+
+        @initialize()
+        def tenant_b_has_data(self) -> None:
+            b = Harness.open(TenantStore(self.inner, "B"), embedder=None, tenant="B")
+            first = None
+            for n, text in enumerate(
+                ["deploy failed: disk full", "payment timeout at paris", "retry the cache"]
+            ):
+                for s in SESSIONS:
+                    m = b.record(
+                        f"{text} ({s})",
+                        session_id=s,
+                        tags=["ops", s],
+                        embedding=vector(n),
+                        links=[{"type": "refers_to", "target": first}] if first else [],
+                    )
+                    first = first or m.id
+                    self.b_ids.append(m.id)
+            long = " ".join(
+                f"We talked about the {w} and the long queue at the coffee shop." for w in WORDS * 2
+            )
+            self.b_ids.append(b.record(long, session_id="s1").id)  # no vector
+            b.pin(self.b_ids[0])
+            b.rate(self.b_ids[1], 1)
+            self.b_checkpoint = b.checkpoint("s1", "before")
+            self.b_ids.append(self.b_checkpoint)
+            self.b_ids.append(
+                b.compress(self.b_ids[-2]).metadata["compression"]["raw_id"]
+            )  # an archived raw copy
+            b.close()
+            self.b_before = fingerprint(self.inner, "B")
+
+        def teardown(self) -> None:
+            self.a.close()
+            self.inner.close()
+
+        # ---- helpers ----------------------------------------------------------------------------------
+        def assert_a(self, ids: Any) -> None:
+            wanted = [i for i in ids if i is not None]
+            found = self.inner.get_many(wanted)
+            for i in wanted:
+                assert i in found and found[i].tenant == "A", f"{i} is not tenant A's"
+
+        # ---- tenant A, through its Harness ------------------------------------------------------------
+        @rule(text=texts, session=sessions, seed=st.integers(0, 5), link_b=st.booleans())
+        def record(self, text: str, session: str, seed: int, link_b: bool) -> None:
+            links = [{"type": "refers_to", "target": self.b_ids[seed]}] if link_b else []
+            m = self.a.record(text, session_id=session, tags=["ops"], embedding=vector(seed), links=links)
+            self.assert_a([m.id])
+
+        @rule(text=texts, track=st.booleans(), session=st.none() | sessions)
+        def recall(self, text: str, track: bool, session: str | None) -> None:
+            hits = self.a.recall(text, k=20, track=track, session_id=session)
+            self.assert_a(h.id for h in hits)
+
+        @rule(text=texts, session=st.none() | sessions)
+        def context(self, text: str, session: str | None) -> None:
+            ctx = self.a.context(text, budget_tokens=300, session_id=session)
+            self.assert_a(ctx.ids)
+
+        @rule(n=st.integers(0, 8), delta=st.sampled_from([1, -1]))
+        def change_b_through_the_harness(self, n: int, delta: int) -> None:
+            target = self.b_ids[n % len(self.b_ids)]
+            for action in (
+                lambda: self.a.get(target),
+                lambda: self.a.update(target, state="error"),
+                lambda: self.a.forget(target),
+                lambda: self.a.pin(target),
+                lambda: self.a.unpin(target),
+                lambda: self.a.rate(target, delta),
+                lambda: self.a.explain(target),
+                lambda: self.a.compress(target),
+                lambda: self.a.decompress(target),
+                lambda: self.a.rollback(self.b_checkpoint),
+            ):
+                with pytest.raises(NotFoundError):
+                    action()
+
+        @rule(data=st.data())
+        def change_own(self, data: st.DataObject) -> None:
+            own = self.a.list(limit=100, status="any")
+            if not own:
+                return
+            m = data.draw(st.sampled_from(own))
+            action = data.draw(st.sampled_from(["update", "pin", "rate", "forget", "compress"]))
+            try:
+                if action == "update":
+                    self.a.update(m.id, content=m.content + " updated")
+                elif action == "pin":
+                    self.a.pin(m.id)
+                elif action == "rate":
+                    self.a.rate(m.id, 1)
+                elif action == "forget":
+                    self.a.forget(m.id)
+                else:
+                    self.a.compress(m.id)
+            except ValidationError:  # e.g. pinning over the working budget: refused, fine
+                pass
+
+        @rule(session=sessions)
+        def checkpoint_and_rollback(self, session: str) -> None:
+            report = self.a.rollback(self.a.checkpoint(session, "cp"))
+            self.assert_a(report.restored + report.obsoleted)
+
+        @rule()
+        def tick_and_list(self) -> None:
+            self.a.tick()
+            self.assert_a(m.id for m in self.a.list(limit=1000, status="any"))
+            self.assert_a(m.id for m in self.view_a.iter_all())
+            assert self.view_a.count(Filters.of(tenant="B")) == 0
+            assert all(e.tenant == "A" for e in self.a.events(limit=10**6))
+
+        @rule()
+        def import_b(self) -> None:
+            stolen = [m.model_copy(update={"tenant": "A"}) for m in self.inner.get_many(self.b_ids).values()]
+            with pytest.raises(AccessDeniedError):
+                self.a.import_memories(stolen[:1])
+
+        # ---- tenant A, raw calls on its view ----------------------------------------------------------
+        @rule(n=st.integers(0, 8))
+        def raw_reads_of_b(self, n: int) -> None:
+            target = self.b_ids[n % len(self.b_ids)]
+            assert self.view_a.get_many([target, *self.b_ids]) == {}
+            with pytest.raises(NotFoundError):
+                self.view_a.get(target)
+            assert self.view_a.edges(self.b_ids) == []
+            for e in self.view_a.edges([m.id for m in self.a.list(limit=1000, status="any")]):
+                self.assert_a([e.source])
+            self.assert_a(i for i, _ in self.view_a.unembedded(1000))
+
+        @rule(
+            text=texts, seed=st.integers(0, 5), tenant=st.sampled_from([None, "A", "B"]), n=st.integers(0, 8)
+        )
+        def raw_query(self, text: str, seed: int, tenant: str | None, n: int) -> None:
+            seeds = (self.b_ids[n % len(self.b_ids)], *self.b_ids[:2])
+            q = Query(
+                filters=Filters.of(tenant=tenant),
+                text=text,
+                vector=vector(seed),
+                limit=50,
+                context=True,
+                info=True,
+                around=seeds,
+                expand=seeds,
+            )
+            r = self.view_a.query(q)
+            self.assert_a(i for i, _ in r.lexical + r.dense + r.context)
+            self.assert_a(r.filtered)
+            for i, info in r.info.items():
+                self.assert_a([i, info.previous, info.next])
+            self.assert_a(i for pair in r.related for i in pair[:2])
+            listing = self.view_a.query(Query(filters=Filters.of(tenant=tenant), limit=1000))
+            self.assert_a(listing.filtered)
+            if tenant == "B":
+                assert r.lexical == r.dense == r.filtered == [] and listing.filtered == []
+
+        @rule(n=st.integers(0, 8), seed=st.integers(0, 5))
+        def raw_writes_of_b(self, n: int, seed: int) -> None:
+            target = self.inner.get(self.b_ids[n % len(self.b_ids)])
+            as_a = target.model_copy(update={"tenant": "A", "version": target.version + 1, "content": "mine"})
+            as_b = Memory(content="planted by A", tenant="B")
+            for batch in ([as_a], [as_b], [Memory(content="ok", tenant="A"), as_b]):
+                with pytest.raises(AccessDeniedError):
+                    self.view_a.put_many(batch)
+                with pytest.raises(AccessDeniedError):
+                    self.view_a.write(batch, None, [])
+            assert self.view_a.delete_many(self.b_ids) == 0
+            self.view_a.set_vectors([target.id], vector(seed)[None, :])
+            with pytest.raises(AccessDeniedError):
+                self.view_a.append_events([Event(kind="planted", memory_id=target.id, tenant="B")])
+            with pytest.raises(AccessDeniedError):
+                self.view_a.delete_events_upto(10**9)
+
+        @invariant()
+        def b_is_untouched(self) -> None:
+            if self.b_ids:
+                assert fingerprint(self.inner, "B") == self.b_before
+
+    return Isolation
+
+
+def test_no_sequence_of_tenant_a_operations_reads_or_changes_tenant_b(
+    engine_name: str, tmp_path: Path
+) -> None:
+    run_state_machine_as_test(
+        make_machine(engine_name, tmp_path),
+        settings=settings(
+            max_examples=20,
+            stateful_step_count=15,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
+
+
+def test_a_memory_of_another_tenant_is_not_found_and_its_id_not_writable(engine: Store) -> None:
+    b = TenantStore(engine, "B")
+    a = TenantStore(engine, "A")
+    theirs = Memory(content="B's secret", tenant="B")
+    b.put(theirs)
+    with pytest.raises(NotFoundError):
+        a.get(theirs.id)
+    with pytest.raises(AccessDeniedError) as refused:
+        a.put(theirs.model_copy(update={"tenant": "A", "version": 2}))
+    assert refused.value.field == "id"
+    with pytest.raises(AccessDeniedError) as wrong_tenant:
+        a.put(Memory(content="x", tenant="B"))
+    assert wrong_tenant.value.field == "tenant"
+    assert engine.get(theirs.id) == theirs
+    a.close()  # a view never closes the shared engine
+    assert engine.get(theirs.id).content == "B's secret"
+
+
+def test_events_of_a_tenant_are_paged_past_other_tenants(engine: Store) -> None:
+    engine.append_events([Event(kind="noise", tenant="B") for _ in range(1200)])
+    engine.append_events([Event(kind="mine", tenant="A") for _ in range(3)])
+    view = TenantStore(engine, "A")
+    found = view.read_events(0, 2)
+    assert [e.kind for e in found] == ["mine", "mine"]
+    assert len(view.read_events(found[-1].seq or 0, 10)) == 1
