@@ -1,0 +1,194 @@
+"""Agent tools: OpenAI function-calling schemas, a dispatcher validating against them, structured errors."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clawvm import Harness, State, Status
+from clawvm.agent_tools import AgentTools
+
+NAMES = [
+    "record_memory",
+    "recall_memory",
+    "build_context",
+    "checkpoint",
+    "rollback",
+    "pin_memory",
+    "forget_memory",
+    "summarize_task",
+]
+
+
+def ok(reply: dict[str, Any]) -> Any:
+    assert reply["ok"] is True, reply
+    return reply["result"]
+
+
+def err(reply: dict[str, Any], kind: str) -> dict[str, Any]:
+    assert reply["ok"] is False and reply["error"]["type"] == kind, reply
+    assert reply["error"]["message"]
+    json.dumps(reply)  # always JSON
+    return dict(reply["error"])
+
+
+def test_schemas_are_openai_functions_with_valid_json_schemas() -> None:
+    with Harness.open("memory://", embedder=None) as h:
+        tools = AgentTools(h, session_id="s1")
+        schemas = tools.schemas()
+    assert [s["function"]["name"] for s in schemas] == NAMES
+    for s in schemas:
+        assert s["type"] == "function" and s["function"]["description"]
+        params = s["function"]["parameters"]
+        jsonschema.Draft202012Validator.check_schema(params)
+        assert params["type"] == "object" and params["additionalProperties"] is False
+        assert "title" not in json.dumps(params).replace('"title":', "")  # titles stripped
+    json.dumps(schemas)
+
+
+def test_the_tools_do_what_they_say(harness: Harness) -> None:
+    tools = AgentTools(harness, session_id="s1", task_id="t1")
+    fact = ok(
+        tools.dispatch(
+            "record_memory",
+            json.dumps(
+                {"content": "The invoice API rotates keys on Mondays", "kind": "knowledge", "tags": ["api"]}
+            ),
+        )
+    )
+    m = harness.get(fact["id"])
+    assert (m.session_id, m.task_id, m.kind.value, m.tags) == ("s1", "t1", "knowledge", ["api"])
+    hits = ok(tools.dispatch("recall_memory", {"query": "when do invoice keys rotate", "k": 3}))["memories"]
+    assert hits[0]["id"] == fact["id"] and hits[0]["short_id"] == fact["short_id"]
+    # short ids (as shown in a context) work everywhere an id is taken
+    assert ok(tools.dispatch("pin_memory", {"memory_id": fact["short_id"]}))["pinned"] is True
+    assert harness.get(fact["id"]).pinned
+    ctx = ok(tools.dispatch("build_context", {"query": "invoice keys", "budget_tokens": 500}))
+    assert fact["id"] in ctx["ids"] and ctx["tokens"] <= 500 and fact["short_id"] in ctx["text"]
+    cp = ok(tools.dispatch("checkpoint", {"name": "before-guess"}))["checkpoint_id"]
+    guess = ok(tools.dispatch("record_memory", {"content": "keys rotate on Fridays (a guess)"}))
+    rolled = ok(tools.dispatch("rollback", {"checkpoint_id": cp}))
+    assert rolled["obsoleted"] == 1 and harness.get(guess["id"]).status is Status.OBSOLETE
+    child = ok(tools.dispatch("record_memory", {"content": "retry", "parent_id": fact["short_id"]}))
+    assert harness.get(child["id"]).parent_id == fact["id"]
+    assert ok(tools.dispatch("forget_memory", {"memory_id": child["id"]}))["forgotten"] is True
+    for i in range(2):
+        ok(
+            tools.dispatch(
+                "record_memory", {"content": f"step {i}: checked shard {i}", "state": "intermediate"}
+            )
+        )
+    summary = ok(tools.dispatch("summarize_task", {}))
+    assert harness.get(summary["summary_id"]).state is State.SUCCESS
+    assert ok(tools.dispatch("summarize_task", {"task_id": "t1"}))["summary_id"] is None  # nothing left
+
+
+def test_errors_are_structured_and_never_raised(harness: Harness) -> None:
+    tools = AgentTools(harness, session_id="s1")
+    other = AgentTools(harness, session_id="s2")
+    e = err(tools.dispatch("recall_memory", {"query": "x", "k": "5"}), "invalid_arguments")
+    assert e["field"] == "k" and e["problems"][0]["field"] == "k"
+    assert (
+        err(tools.dispatch("recall_memory", {"query": "x", "limit": 5}), "invalid_arguments")["field"]
+        == "limit"
+    )
+    assert err(tools.dispatch("recall_memory", {}), "invalid_arguments")["field"] == "query"
+    err(tools.dispatch("record_memory", {"content": "x", "kind": "gossip"}), "invalid_arguments")
+    err(tools.dispatch("record_memory", '{"content": '), "invalid_json")
+    err(tools.dispatch("record_memory", "[1, 2]"), "invalid_json")
+    assert "record_memory" in err(tools.dispatch("delete_everything", {}), "unknown_tool")["fix"]
+    err(tools.dispatch("pin_memory", {"memory_id": "0123abcd"}), "not_found")
+    err(tools.dispatch("pin_memory", {"memory_id": "not-an-id"}), "invalid_request")
+    err(tools.dispatch("record_memory", {"content": "   "}), "invalid_request")
+    # scope is enforced: another session's memories and checkpoints are out of reach
+    theirs = ok(other.dispatch("record_memory", {"content": "secret of s2"}))
+    err(tools.dispatch("forget_memory", {"memory_id": theirs["id"]}), "not_found")
+    err(tools.dispatch("forget_memory", {"memory_id": theirs["short_id"]}), "not_found")
+    their_cp = ok(other.dispatch("checkpoint", {"name": "x"}))["checkpoint_id"]
+    err(tools.dispatch("rollback", {"checkpoint_id": their_cp}), "invalid_request")
+    err(tools.dispatch("rollback", {"checkpoint_id": theirs["id"]}), "invalid_request")
+    unbound = AgentTools(harness)
+    assert err(unbound.dispatch("checkpoint", {"name": "x"}), "invalid_request")["field"] == "session_id"
+    err(unbound.dispatch("summarize_task", {}), "invalid_request")
+    assert harness.get(theirs["id"]).content == "secret of s2"
+
+
+class BrokenSummarizer:
+    name = "broken"
+
+    def summarize(self, text: str, max_chars: int) -> str:
+        raise RuntimeError("summarizer crashed")
+
+
+def test_an_unexpected_failure_is_a_tool_error_too() -> None:
+    with Harness.open("memory://", embedder=None, summarizer=BrokenSummarizer()) as h:
+        tools = AgentTools(h, session_id="s1", task_id="t1")
+        ok(tools.dispatch("record_memory", {"content": "step 1", "state": "intermediate"}))
+        e = err(tools.dispatch("summarize_task", {}), "internal")
+        assert e["message"] == "RuntimeError: summarizer crashed"
+
+
+def test_tool_message_answers_an_openai_tool_call() -> None:
+    with Harness.open("memory://", embedder=None) as h:
+        tools = AgentTools(h, session_id="s1")
+        call = {
+            "id": "call_7",
+            "type": "function",
+            "function": {"name": "record_memory", "arguments": '{"content": "disk 91% full"}'},
+        }
+        msg = tools.tool_message(call)
+        assert msg["role"] == "tool" and msg["tool_call_id"] == "call_7"
+        assert json.loads(msg["content"])["ok"] is True
+        bad = tools.tool_message({"id": "c8", "function": {"name": "nope"}})
+        assert json.loads(bad["content"])["error"]["type"] == "unknown_tool"
+
+
+# ---- the dispatcher accepts exactly what the published schema accepts ----------------------------------
+json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-5, max_value=40000),
+    st.floats(allow_nan=False, allow_infinity=False, min_value=-10, max_value=100),
+    st.text(max_size=12),
+    st.sampled_from(["session", "task", "all", "note", "knowledge", "success", "pending", "01234567"]),
+)
+json_values = st.one_of(json_scalars, st.lists(json_scalars, max_size=3))
+
+
+@st.composite
+def arguments(draw: st.DrawFn, names: list[str]) -> dict[str, Any]:
+    keys = draw(st.lists(st.sampled_from([*names, "extra"]), unique=True, max_size=len(names) + 1))
+    return {k: draw(json_values) for k in keys}
+
+
+TOOLS_UNDER_TEST = {
+    "recall_memory": ["query", "k", "kind", "tags", "scope"],
+    "record_memory": ["content", "kind", "state", "tags", "pinned", "parent_id"],
+    "build_context": ["query", "budget_tokens", "tools"],
+    "checkpoint": ["name"],
+    "summarize_task": ["task_id"],
+}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_dispatcher_validation_agrees_with_the_json_schema(data: st.DataObject) -> None:
+    name = data.draw(st.sampled_from(sorted(TOOLS_UNDER_TEST)))
+    args = data.draw(arguments(TOOLS_UNDER_TEST[name]))
+    with Harness.open("memory://", embedder=None) as h:
+        tools = AgentTools(h, session_id="s1", task_id="t1")
+        schema_ok = jsonschema.Draft202012Validator(tools.parameters(name)).is_valid(args)
+        reply = tools.dispatch(name, args)
+    rejected = not reply["ok"] and reply["error"]["type"] == "invalid_arguments"
+    assert rejected is (not schema_ok), (name, args, reply)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_tool_rejects_unknown_arguments(name: str) -> None:
+    with Harness.open("memory://", embedder=None) as h:
+        err(AgentTools(h, session_id="s").dispatch(name, {"surprise": 1}), "invalid_arguments")
