@@ -1,0 +1,324 @@
+"""Fusion: near-duplicates merged with the provenance of every source (lexical and embedding similarity),
+recurring errors synthesized into pitfalls (extractive, and through a real OpenAI-compatible server on
+loopback), conflicting decisions flagged for review; never across readers."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clawvm import Harness, Kind, LinkType, Status, teams
+from clawvm.fusion import (
+    FusionConfig,
+    LLMSynthesizer,
+    SynthesisError,
+    components,
+    contradicts,
+    fuse,
+)
+from engines import harness_target
+
+
+@pytest.fixture
+def lexical(engine_name: str, tmp_path: Path) -> Iterator[Harness]:
+    h = Harness.open(harness_target(engine_name, tmp_path, "lex.db"), embedder=None)
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def crew(h: Harness) -> None:
+    for agent in ("planner", "writer", "reviewer"):
+        h.grant("pay", agent, write=True)
+    h.grant("ops", "oncall", write=True)
+
+
+# ---- near-duplicates --------------------------------------------------------------------------------------
+def test_duplicates_merge_into_one_revision_keeping_every_source(engine_name: str, harness: Harness) -> None:
+    h = harness
+    crew(h)
+    a = teams.record(h, "The billing API returns amounts in cents", agent_id="planner", team_id="pay",
+                     task_id="t1", kind="observation")
+    b = teams.record(h, "Amounts from the billing API are expressed in cents", agent_id="writer",
+                     team_id="pay", task_id="t2", kind="observation", confidence=0.9)
+    c = teams.record(h, "the billing api returns amounts in cents!", agent_id="reviewer", team_id="pay",
+                     task_id="t3", kind="observation")
+    other = teams.record(h, "The billing API paginates after 100 rows", agent_id="writer", team_id="pay",
+                         task_id="t2", kind="observation")
+    h.feedback(b.id, True)
+    h.flush()
+    report = fuse(h, team_id="pay")
+    assert len(report.merged) == 1
+    merged_id, sources = report.merged[0]
+    assert set(sources) == {a.id, b.id, c.id}
+    merged = h.get(merged_id)
+    assert merged.status is Status.ACTIVE and merged.content == c.content  # the newest of the most trusted
+    prov = merged.metadata["provenance"]
+    assert {p["id"] for p in prov} == {a.id, b.id, c.id}
+    assert {p["agent_id"] for p in prov} == {"planner", "writer", "reviewer"}
+    assert merged.metadata["source_tasks"] == ["t1", "t2", "t3"]
+    assert teams.adoption(merged) == (1, 0)
+    links = {(link.type, link.target) for link in merged.links}
+    assert links == {(LinkType.REVISES, c.id), (LinkType.DERIVED_FROM, a.id), (LinkType.DERIVED_FROM, b.id)}
+    for source in (a, b, c):
+        assert h.get(source.id).status is Status.OBSOLETE  # kept for history, never recalled
+        assert teams.latest(h, source.id).id == merged_id
+    assert h.get(other.id).status is Status.ACTIVE
+    active = h.list(kind=Kind.OBSERVATION, team_id="pay")
+    assert {m.id for m in active} == {merged_id, other.id}
+    assert fuse(h, team_id="pay").merged == []  # nothing left to merge
+
+
+def test_dense_similarity_alone_finds_paraphrases(engine_name: str, harness: Harness) -> None:
+    crew(harness)
+    a = teams.record(harness, "The billing API returns amounts in cents", agent_id="planner", team_id="pay",
+                     kind="observation")
+    b = teams.record(harness, "Amounts from the billing API are expressed in cents", agent_id="writer",
+                     team_id="pay", kind="observation")
+    no_lexical = FusionConfig(duplicate_lexical=1.01)
+    assert [set(s) for _, s in fuse(harness, config=no_lexical).merged] == [{a.id, b.id}]
+
+
+def test_fusion_never_merges_across_readers(engine_name: str, lexical: Harness) -> None:
+    crew(lexical)
+    text = "Rotate the API keys every ninety days"
+    made = [
+        teams.record(lexical, text, agent_id="planner", kind="knowledge"),  # private to planner
+        teams.record(lexical, text, agent_id="writer", kind="knowledge"),  # private to writer
+        teams.record(lexical, text, agent_id="planner", team_id="pay", kind="knowledge"),
+        teams.record(lexical, text, agent_id="oncall", team_id="ops", kind="knowledge"),
+        teams.record(lexical, text, agent_id="planner", team_id="pay", kind="decision"),  # another kind
+    ]
+    assert fuse(lexical).merged == []
+    assert all(lexical.get(m.id).status is Status.ACTIVE for m in made)
+    twin = teams.record(lexical, text, agent_id="oncall", team_id="ops", kind="knowledge")
+    assert [set(s) for _, s in fuse(lexical).merged] == [{made[3].id, twin.id}]
+
+
+# ---- recurring errors -> pitfalls -------------------------------------------------------------------------
+ERRORS = [
+    "Deploy failed: database migrations were not applied before the release",
+    "Deploy failed because the database migrations were not applied before release",
+    "The deploy failed again: migrations of the database not applied before the release",
+]
+
+
+def test_recurring_errors_become_one_pitfall(engine_name: str, harness: Harness) -> None:
+    h = harness
+    crew(h)
+    errors = [
+        teams.record(h, text, agent_id="reviewer", team_id="pay", kind="error", task_id=f"t{n}",
+                     task_type="deploy")
+        for n, text in enumerate(ERRORS[:2], start=1)
+    ]
+    lone = teams.record(h, "Lint failed on an unused import", agent_id="reviewer", team_id="pay",
+                        kind="error", task_id="t1")
+    report = fuse(h, team_id="pay")
+    assert len(report.knowledge) == 1
+    pitfall = h.get(report.knowledge[0])
+    assert pitfall.kind is Kind.KNOWLEDGE and teams.PITFALL_TAG in pitfall.tags
+    assert teams.task_type_tag("deploy") in pitfall.tags
+    assert pitfall.content.startswith("Recurring error (seen 2 times): ")
+    assert pitfall.content.endswith(ERRORS[0]) or pitfall.content.endswith(ERRORS[1])  # extractive
+    assert pitfall.metadata["source_tasks"] == ["t1", "t2"]
+    derived = {link.target for link in pitfall.links if link.type is LinkType.DERIVED_FROM}
+    assert derived == {e.id for e in errors}
+    assert pitfall.scope is not None and pitfall.team_id == "pay"
+    for e in errors:
+        assert h.get(e.id).status is Status.ARCHIVED and h.get(e.id).metadata["knowledge_id"] == pitfall.id
+    assert h.get(lone.id).status is Status.ACTIVE  # one occurrence is not a pattern
+    # the same error on a third task joins the pitfall as a new revision of it
+    third = teams.record(h, ERRORS[2], agent_id="reviewer", team_id="pay", kind="error", task_id="t3")
+    again = fuse(h, team_id="pay")
+    head = teams.latest(h, pitfall.id)
+    assert again.knowledge == [head.id] and head.id != pitfall.id
+    assert head.content.startswith("Recurring error (seen 3 times): ")
+    assert head.metadata["source_tasks"] == ["t1", "t2", "t3"]
+    assert h.get(third.id).metadata["knowledge_id"] == head.id
+    assert [m.id for m in h.history(head.id)] == [pitfall.id, head.id]
+    g = h.guidance("writer", "Deploy the invoicing service", 300, task_type="deploy")
+    assert g.pitfalls and g.pitfalls[0].id == head.id and g.pitfalls[0].source_tasks == ("t1", "t2", "t3")
+
+
+def test_errors_of_one_task_are_not_a_recurring_pitfall(engine_name: str, lexical: Harness) -> None:
+    crew(lexical)
+    for text in ERRORS[:2]:
+        teams.record(lexical, text, agent_id="reviewer", team_id="pay", kind="error", task_id="t1")
+    assert fuse(lexical).knowledge == []
+    assert fuse(lexical, config=FusionConfig(min_tasks=1)).knowledge
+
+
+class FakeLLM(BaseHTTPRequestHandler):
+    requests: ClassVar[list[dict[str, Any]]] = []
+    status: ClassVar[int] = 200
+    reply: ClassVar[str] = "Run the database migrations before every release."
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        type(self).requests.append({"path": self.path, "json": json.loads(body)})
+        if self.status != 200:
+            self.send_response(self.status)
+            self.end_headers()
+            return
+        payload = json.dumps(
+            {"choices": [{"index": 0, "message": {"role": "assistant", "content": self.reply}}]}
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def llm() -> Iterator[tuple[str, type[FakeLLM]]]:
+    handler = type("Handler", (FakeLLM,), {"requests": [], "status": 200})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+@pytest.mark.engines("memory")
+def test_llm_synthesizer_against_a_real_server(engine_name: str, lexical: Harness, llm: Any) -> None:
+    url, handler = llm
+    crew(lexical)
+    for n, text in enumerate(ERRORS[:2], start=1):
+        teams.record(lexical, text, agent_id="reviewer", team_id="pay", kind="error", task_id=f"t{n}")
+    report = fuse(lexical, synthesizer=LLMSynthesizer(url, "tiny", api_key="k"))
+    pitfall = lexical.get(report.knowledge[0])
+    assert pitfall.content == (
+        "Lesson from a recurring error (seen 2 times): Run the database migrations before every release."
+    )
+    assert pitfall.metadata["synthesized"]["method"] == "llm"
+    (request,) = handler.requests
+    assert request["path"] == "/v1/chat/completions" and request["json"]["model"] == "tiny"
+    prompt = request["json"]["messages"][0]["content"]
+    assert ERRORS[0] in prompt and ERRORS[1] in prompt
+
+
+@pytest.mark.engines("memory")
+def test_a_failing_llm_writes_nothing(engine_name: str, lexical: Harness, llm: Any) -> None:
+    url, handler = llm
+    handler.status = 500
+    crew(lexical)
+    for n, text in enumerate(ERRORS[:2], start=1):
+        teams.record(lexical, text, agent_id="reviewer", team_id="pay", kind="error", task_id=f"t{n}")
+    before = lexical.count(status="any")
+    with pytest.raises(SynthesisError):
+        fuse(lexical, synthesizer=LLMSynthesizer(url, "tiny"))
+    assert lexical.count(status="any") == before
+    assert lexical.count(kind=Kind.ERROR) == 2
+
+
+# ---- conflicts --------------------------------------------------------------------------------------------
+def test_conflicting_decisions_are_flagged_once_and_resolvable(engine_name: str, lexical: Harness) -> None:
+    h = lexical
+    crew(h)
+    redis = teams.record(h, "Use Redis for the session cache", agent_id="planner", team_id="pay",
+                         kind="decision", subject="session cache", task_id="t1")
+    memcached = teams.record(h, "Use Memcached for the session cache", agent_id="writer", team_id="pay",
+                             kind="decision", subject="Session  Cache", task_id="t2")
+    unrelated = teams.record(h, "Use Postgres for the ledger", agent_id="planner", team_id="pay",
+                             kind="decision", subject="ledger database")
+    report = fuse(h, team_id="pay")
+    assert len(report.conflicts) == 1
+    note = h.get(report.conflicts[0])
+    assert note.kind is Kind.NOTE and teams.CONFLICT_TAG in note.tags and note.team_id == "pay"
+    assert set(note.metadata["conflict"]["ids"]) == {redis.id, memcached.id}
+    assert {link.target for link in note.links} == {redis.id, memcached.id}
+    assert note.id in {m.id for m in h.review_queue()}  # flagged for review
+    assert fuse(h, team_id="pay").conflicts == []  # flagged once
+    g = h.guidance("reviewer", "configure the session cache", 400)
+    assert [i.id for i in g.conflicts] == [note.id]
+    shown = {i.id for i in g.experiences}
+    assert memcached.id in shown and redis.id not in shown  # of two conflicting decisions, the newer
+    kept = teams.resolve_conflict(h, note.id, keep=redis.id, by="lead")
+    assert kept.metadata["review"]["status"] == "approved"
+    assert h.get(memcached.id).status is Status.OBSOLETE
+    assert h.get(note.id).status is Status.ARCHIVED
+    assert teams.open_conflicts(h) == [] and h.get(unrelated.id).status is Status.ACTIVE
+    assert fuse(h, team_id="pay").conflicts == []  # a closed conflict is not flagged again
+
+
+def test_conflicts_without_subjects_need_a_contradiction(engine_name: str, lexical: Harness) -> None:
+    crew(lexical)
+    rec = teams.record
+    a = rec(lexical, "Retry failed refund calls three times", agent_id="planner", team_id="pay",
+            kind="knowledge")
+    b = rec(lexical, "Never retry failed refund calls", agent_id="writer", team_id="pay", kind="knowledge")
+    rec(lexical, "Refund calls are logged with their order id", agent_id="writer", team_id="pay",
+        kind="knowledge")
+    report = fuse(lexical, team_id="pay")
+    (note,) = [lexical.get(i) for i in report.conflicts]
+    assert set(note.metadata["conflict"]["ids"]) == {a.id, b.id}
+    # approving the conflict note closes it: both sides stay
+    lexical.approve(note.id)
+    assert lexical.get(a.id).status is Status.ACTIVE and lexical.get(b.id).status is Status.ACTIVE
+    assert teams.open_conflicts(lexical) == []
+
+
+def test_rejecting_one_side_closes_its_conflicts(engine_name: str, lexical: Harness) -> None:
+    crew(lexical)
+    a = teams.record(lexical, "Ship on Fridays", agent_id="planner", team_id="pay", kind="decision",
+                     subject="release day")
+    teams.record(lexical, "Ship on Tuesdays", agent_id="writer", team_id="pay", kind="decision",
+                 subject="release day")
+    (conflict,) = fuse(lexical).conflicts
+    lexical.reject(a.id, reason="Fridays are frozen")
+    assert lexical.get(conflict).status is Status.ARCHIVED
+    assert lexical.get(conflict).metadata["review"]["status"] == "resolved"
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        ("Retry three times", "Never retry", True),
+        ("Timeout is 30 s", "Timeout is 60 s", True),
+        ("Use the blue button", "Use the blue button please", False),
+        ("Do not cache tokens", "Tokens must not be cached", False),
+    ],
+)
+def test_contradiction_signal(a: str, b: str, expected: bool) -> None:
+    assert contradicts(a, b) is expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 30).flatmap(lambda n: st.tuples(st.just(n), st.lists(st.tuples(
+    st.integers(0, n - 1), st.integers(0, n - 1)), max_size=40))))
+def test_components_are_the_connected_groups(case: tuple[int, list[tuple[int, int]]]) -> None:
+    n, pairs = case
+    groups = components(n, pairs)
+    where = {i: g for g in groups for i in g}
+    for i, j in pairs:
+        if i != j:
+            assert where[i] is where[j]  # linked items share a group
+    assert sum(len(g) for g in groups) == len(where)  # no item twice
+    # and each group is connected: a walk from its first member reaches all of it
+    for g in groups:
+        seen, todo = {g[0]}, [g[0]]
+        while todo:
+            x = todo.pop()
+            for i, j in pairs:
+                for u, v in ((i, j), (j, i)):
+                    if u == x and v not in seen:
+                        seen.add(v)
+                        todo.append(v)
+        assert seen == set(g)

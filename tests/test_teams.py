@@ -1,0 +1,456 @@
+"""Teams (ConMem): scopes and permissions enforced inside every engine's query, append-only revisions under
+concurrency (threads on every engine, processes on SQLite), retention, the review queue (SDK and CLI),
+adoption feedback and guidance."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clawvm import ConflictError, Filters, Harness, Kind, Status, ValidationError, teams
+from clawvm.cli import main as cli
+from clawvm.embed import count_tokens
+from clawvm.errors import AccessDeniedError
+from clawvm.model import Memory, Scope, Visibility
+from clawvm.store import Query, Store
+from engines import harness_target, make_store
+
+T0 = datetime(2030, 3, 1, 9, 0, tzinfo=UTC)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.fixture
+def lexical(engine_name: str, tmp_path: Path) -> Iterator[Harness]:
+    """A harness without an embedder (fast, and its clock is ours), on every engine."""
+    h = Harness.open(harness_target(engine_name, tmp_path, "lex.db"), embedder=None, clock=Clock())
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def ids(memories: Any) -> set[str]:
+    return {m.id for m in memories}
+
+
+# ---- scopes and permissions -------------------------------------------------------------------------------
+def populate(h: Harness) -> dict[str, Memory]:
+    h.grant("pay", "planner", write=True)
+    h.grant("pay", "writer")  # read only
+    h.grant("ops", "oncall", write=True)
+    rec = teams.record
+    return {
+        "planner_private": rec(h, "planner scratch: ledger migration plan", agent_id="planner"),
+        "writer_private": rec(h, "writer scratch: ledger wording", agent_id="writer"),
+        "pay_team": rec(h, "ledger uses postgres", agent_id="planner", team_id="pay", kind=Kind.DECISION),
+        "ops_team": rec(h, "ledger pager rota", agent_id="oncall", team_id="ops"),
+        "task_open": rec(h, "ledger task t1 notes", agent_id="writer", task_id="t1", scope=Scope.TASK),
+        "task_ops": rec(h, "ledger task t1 ops notes", agent_id="oncall", team_id="ops", task_id="t1",
+                        scope=Scope.TASK),
+        "tenant_wide": h.record("ledger glossary for everyone", kind=Kind.KNOWLEDGE),
+    }
+
+
+READABLE = {  # agent, tasks -> the memories it may read
+    ("planner", ()): {"planner_private", "pay_team", "tenant_wide"},
+    ("writer", ()): {"writer_private", "pay_team", "tenant_wide"},
+    ("writer", ("t1",)): {"writer_private", "pay_team", "tenant_wide", "task_open"},
+    ("oncall", ("t1",)): {"ops_team", "tenant_wide", "task_open", "task_ops"},
+    ("stranger", ("t1",)): {"tenant_wide", "task_open"},
+    ("stranger", ()): {"tenant_wide"},
+}
+
+
+def test_every_engine_enforces_read_permissions_in_its_query(engine_name: str, harness: Harness) -> None:
+    made = populate(harness)
+    for (agent, tasks), names in READABLE.items():
+        vis = teams.visibility(harness, agent, tasks)
+        want = {made[n].id for n in names}
+        assert ids(harness.list(visible_to=vis, limit=100)) == want, (agent, tasks)
+        assert harness.count(visible_to=vis) == len(want)
+        # every channel of a raw store query sees only what the agent may read
+        q = Query(filters=Filters.of(visible_to=vis), text="ledger", limit=100, context=True, info=True)
+        result = harness.store.query(q)
+        assert {i for i, _ in result.lexical} == want
+        assert {i for i, _ in result.context} <= want
+        hits = harness.recall("ledger notes", k=20, track=False, visible_to=vis)
+        assert ids(h.memory for h in hits) <= want
+        assert ids(h.memory for h in hits)  # and recall does find some of them
+
+
+def test_revoking_a_grant_hides_the_team_at_once(engine_name: str, lexical: Harness) -> None:
+    made = populate(lexical)
+    assert made["pay_team"].id in ids(lexical.list(visible_to=teams.visibility(lexical, "writer")))
+    lexical.grant("pay", "writer", read=False)
+    assert made["pay_team"].id not in ids(lexical.list(visible_to=teams.visibility(lexical, "writer")))
+    assert [g.agent_id for g in teams.grants(lexical, "pay")] == ["planner", "writer"]
+    assert not lexical.list(visible_to=Visibility("planner"), kind=Kind.AGENT_STATE)  # grants stay hidden
+
+
+def test_writes_need_a_write_grant_and_write_nothing_otherwise(engine_name: str, lexical: Harness) -> None:
+    populate(lexical)
+    before = lexical.count(status="any")
+    with pytest.raises(AccessDeniedError) as err:
+        teams.record(lexical, "writer tries to decide", agent_id="writer", team_id="pay")
+    assert err.value.field == "team_id"
+    with pytest.raises(AccessDeniedError):
+        teams.record(lexical, "oncall into pay", agent_id="oncall", team_id="pay", task_id="t9", scope="task")
+    with pytest.raises(ValidationError) as missing:
+        teams.record(lexical, "a task memory without a task", agent_id="planner", scope="task")
+    assert missing.value.field == "task_id"
+    assert lexical.count(status="any") == before
+
+
+def test_revising_needs_write_permission(engine_name: str, lexical: Harness) -> None:
+    made = populate(lexical)
+    with pytest.raises(AccessDeniedError):
+        lexical.revise(made["pay_team"].id, agent_id="writer", content="ledger uses mysql")
+    with pytest.raises(AccessDeniedError):
+        lexical.revise(made["planner_private"].id, agent_id="writer", content="not yours")
+    assert lexical.revise(made["pay_team"].id, agent_id="planner", content="ledger uses postgres 17")
+
+
+scoped = st.fixed_dictionaries(
+    {
+        "scope": st.sampled_from([None, "private", "team", "task"]),
+        "agent_id": st.sampled_from([None, "a", "b"]),
+        "team_id": st.sampled_from([None, "x", "y"]),
+        "task_id": st.sampled_from([None, "t1", "t2"]),
+    }
+)
+
+
+@pytest.mark.engines("memory", "sqlite", "postgres")
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.lists(scoped, min_size=1, max_size=12),
+    agent=st.sampled_from(["a", "b", "c"]),
+    teams_=st.frozensets(st.sampled_from(["x", "y"])),
+    tasks=st.frozensets(st.sampled_from(["t1", "t2"])),
+)
+def test_store_visibility_agrees_with_the_reference_semantics(
+    engine_name: str, tmp_path: Path, rows: list[dict[str, Any]], agent: str, teams_: frozenset[str],
+    tasks: frozenset[str],
+) -> None:
+    store = _shared_store(engine_name, tmp_path)
+    tenant = str(uuid.uuid4())  # each example in a tenant of its own
+    made = [Memory(content=f"row {n}", tenant=tenant, **row) for n, row in enumerate(rows)]
+    store.put_many(made)
+    vis = Visibility(agent, teams_, tasks)
+    got = set(store.query(Query(filters=Filters.of(tenant=tenant, visible_to=vis), limit=100)).filtered)
+    assert got == {m.id for m in made if vis.allows(m)}
+
+
+_STORES: dict[tuple[str, str], Store] = {}
+
+
+def _shared_store(engine_name: str, tmp_path: Path) -> Store:
+    """One store per engine for all hypothesis examples (tmp_path is per test, not per example)."""
+    key = (engine_name, str(tmp_path))
+    if key not in _STORES:
+        store = make_store(engine_name, tmp_path, "vis.db")
+        store.setup()
+        _STORES[key] = store
+    return _STORES[key]
+
+
+# ---- revisions --------------------------------------------------------------------------------------------
+def test_a_revision_appends_and_recall_sees_only_the_latest(engine_name: str, lexical: Harness) -> None:
+    h = lexical
+    h.grant("pay", "planner", write=True)
+    first = teams.record(h, "cache sessions in redis", agent_id="planner", team_id="pay", kind=Kind.DECISION)
+    second = h.revise(first.id, agent_id="planner", content="cache sessions in memcached")
+    third = h.revise(second.id, agent_id="planner", expected_version=1, content="cache sessions in valkey")
+    chain = h.history(first.id)
+    assert [m.content for m in chain] == [
+        "cache sessions in redis", "cache sessions in memcached", "cache sessions in valkey"
+    ]
+    assert [m.status for m in chain] == [Status.OBSOLETE, Status.OBSOLETE, Status.ACTIVE]
+    assert chain[-1].id == third.id and h.history(second.id) == chain
+    assert third.metadata["revision"] == {"root": first.id, "number": 3, "previous": second.id}
+    assert [link.target for link in third.links] == [second.id]
+    assert [hit.id for hit in h.recall("cache sessions", k=5, track=False)] == [third.id]
+    assert teams.latest(h, first.id).id == third.id
+    with pytest.raises(ConflictError):  # an old revision is not the head any more
+        h.revise(first.id, agent_id="planner", content="cache sessions in files")
+    with pytest.raises(ConflictError):  # the head moved on since this writer read it
+        h.revise(third.id, agent_id="planner", expected_version=7, content="cache sessions in files")
+    assert len(h.history(first.id)) == 3
+
+
+SLOTS = 8
+# The issue's stress level: 8 threads (every engine) and 8 processes (SQLite), 500 updates each.
+WORKERS = int(os.environ.get("CLAWVM_STRESS_WORKERS", "8"))
+UPDATES = int(os.environ.get("CLAWVM_STRESS_UPDATES", "500"))
+
+
+def _count_up(m: Memory) -> dict[str, Any]:
+    """The merge a writer does on a conflict: count on from what the current head says."""
+    n = int(m.metadata["n"]) + 1
+    return {"content": f"shared counter {m.metadata['slot']} at {n}", "metadata": {**m.metadata, "n": n}}
+
+
+def _shared_counters(h: Harness) -> list[str]:
+    for w in range(WORKERS):
+        h.grant("crew", f"w{w}", write=True)
+    return [
+        teams.record(h, f"shared counter {s}", agent_id="w0", team_id="crew", metadata={"slot": s, "n": 0}).id
+        for s in range(SLOTS)
+    ]
+
+
+def _updates(h: Harness, counters: list[str], worker: int) -> None:
+    for i in range(UPDATES):
+        teams.revise_with_retry(h, counters[(worker + i) % SLOTS], _count_up, agent_id=f"w{worker}")
+
+
+def _assert_nothing_lost(h: Harness, counters: list[str]) -> None:
+    heads = [teams.latest(h, c) for c in counters]
+    assert sum(int(m.metadata["n"]) for m in heads) == WORKERS * UPDATES
+    for c, head in zip(counters, heads, strict=True):
+        chain = h.history(c)
+        assert len(chain) == int(head.metadata["n"]) + 1  # one revision per update, none overwritten
+        assert [int(m.metadata["n"]) for m in chain] == list(range(len(chain)))
+        assert [m.status for m in chain[:-1]] == [Status.OBSOLETE] * (len(chain) - 1)
+    assert h.count(team_id="crew", kind=Kind.OBSERVATION) == SLOTS  # one active head per counter
+
+
+def test_threads_lose_no_update(engine_name: str, lexical: Harness) -> None:
+    counters = _shared_counters(lexical)
+    errors: list[BaseException] = []
+
+    def run(worker: int) -> None:
+        try:
+            _updates(lexical, counters, worker)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(WORKERS)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(f"{WORKERS} threads x {UPDATES} revisions on {engine_name}: {time.perf_counter() - started:.1f} s")
+    assert not errors, errors[0]
+    _assert_nothing_lost(lexical, counters)
+
+
+def _process_worker(target: str, counters: list[str], worker: int) -> None:
+    h = Harness.open(target, embedder=None)
+    try:
+        _updates(h, counters, worker)
+    finally:
+        h.close()
+
+
+@pytest.mark.engines("sqlite")
+def test_processes_lose_no_update(engine_name: str, tmp_path: Path) -> None:
+    target = harness_target(engine_name, tmp_path, "procs.db")
+    with Harness.open(target, embedder=None) as h:
+        counters = _shared_counters(h)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_process_worker, args=(target, counters, w)) for w in range(WORKERS)]
+    started = time.perf_counter()
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(600)
+    print(f"{WORKERS} processes x {UPDATES} revisions on sqlite: {time.perf_counter() - started:.1f} s")
+    assert [p.exitcode for p in procs] == [0] * WORKERS
+    with Harness.open(target, embedder=None) as h:
+        _assert_nothing_lost(h, counters)
+
+
+# ---- retention --------------------------------------------------------------------------------------------
+def test_retention_archives_by_age_and_value_and_never_deletes(engine_name: str, lexical: Harness) -> None:
+    h = lexical
+    clock: Clock = h.clock  # type: ignore[assignment]
+    old_obs = h.record("the staging cluster was slow on monday", kind=Kind.OBSERVATION)
+    old_decision = h.record("we decided to ship on fridays", kind=Kind.DECISION)
+    pinned = h.record("never drop the audit table", kind=Kind.KNOWLEDGE, pinned=True)
+    clock.now = T0 + timedelta(days=40)
+    fresh = h.record("the staging cluster is fast again", kind=Kind.OBSERVATION)
+    note = h.record("lunch at noon", kind=Kind.NOTE)
+    total = h.count(status="any")
+    ages = {"observation": timedelta(days=30), "knowledge": timedelta(days=1)}
+    policy = teams.RetentionPolicy(max_age=ages)
+    archived = teams.apply_retention(h, policy)
+    assert ids(archived) == {old_obs.id}
+    assert h.get(old_obs.id).status is Status.ARCHIVED
+    assert {h.get(m.id).status for m in (old_decision, pinned, fresh, note)} == {Status.ACTIVE}
+    by_value = teams.apply_retention(h, teams.RetentionPolicy(min_value=0.99))
+    assert pinned.id not in ids(by_value) and old_decision.id in ids(by_value)
+    assert note.id not in ids(by_value)  # NOTE is not a team kind
+    assert h.count(status="any") == total  # archived, never deleted
+    assert [e.data["reason"] for e in h.events(memory_id=old_obs.id) if e.kind == "retention"]
+
+
+# ---- review queue -----------------------------------------------------------------------------------------
+def test_review_queue_approve_and_reject(engine_name: str, lexical: Harness) -> None:
+    h = lexical
+    h.grant("pay", "planner", write=True)
+    sure = teams.record(h, "refunds need two approvals", agent_id="planner", team_id="pay", kind="knowledge")
+    unsure = teams.record(h, "refunds may need three approvals", agent_id="planner", team_id="pay",
+                          kind="knowledge", confidence=0.3)
+    wrong = teams.record(h, "refunds need no approval", agent_id="planner", team_id="pay", kind="knowledge",
+                         confidence=0.2)
+    assert [m.id for m in h.review_queue()] == [wrong.id, unsure.id]
+    assert teams.trust(h.get(unsure.id)) == pytest.approx(0.15)  # down-weighted until approved
+    assert teams.trust(h.get(sure.id)) == 1.0
+    approved = h.approve(unsure.id, by="lead")
+    assert teams.trust(approved) == 1.0 and approved.metadata["review"]["by"] == "lead"
+    rejected = h.reject(wrong.id, by="lead", reason="policy says two")
+    assert rejected.status is Status.OBSOLETE
+    assert h.review_queue() == []
+    assert wrong.id not in [hit.id for hit in h.recall("refunds approval", k=10, track=False)]
+    assert not h.review_queue(agent_id="stranger")  # an agent only sees the queue it may read
+
+
+def test_review_cli_lists_approves_and_rejects(tmp_path: Path) -> None:
+    db = str(tmp_path / "cli.db")
+    with Harness.open(db, embedder=None) as h:
+        h.grant("pay", "planner", write=True)
+        low = teams.record(h, "maybe refunds are slow", agent_id="planner", team_id="pay", confidence=0.1)
+        lower = teams.record(h, "perhaps refunds are fast", agent_id="planner", team_id="pay", confidence=0.0)
+
+    def run(*args: str) -> str:
+        result = CliRunner().invoke(cli, ["--db", db, "--no-embed", "review", *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    listed = run("list").splitlines()
+    assert [line.split()[0] for line in listed] == [lower.id, low.id]
+    assert run("list", "--agent", "stranger").strip() == ""
+    assert "approved" in run("approve", low.id, "--by", "lead")
+    assert "rejected" in run("reject", lower.id, "--reason", "wrong")
+    assert run("list").strip() == ""
+    with Harness.open(db, embedder=None) as h:
+        assert h.get(lower.id).status is Status.OBSOLETE
+        assert h.get(low.id).metadata["review"]["status"] == "approved"
+    bad = CliRunner().invoke(cli, ["--db", db, "review", "approve", str(uuid.uuid4())])
+    assert bad.exit_code == 2 and "not found" in bad.output
+
+
+# ---- feedback ---------------------------------------------------------------------------------------------
+def test_feedback_counts_adoption_and_moves_value(engine_name: str, lexical: Harness) -> None:
+    h = lexical
+    h.grant("pay", "planner", write=True)
+    good = teams.record(h, "retry the ledger write once", agent_id="planner", team_id="pay", kind="knowledge")
+    bad = teams.record(h, "restart the ledger on errors", agent_id="planner", team_id="pay", kind="knowledge")
+    for adopted in (True, True, False):
+        h.feedback(good.id, adopted)
+    for _ in range(3):
+        h.feedback(bad.id, False)
+    g, b = h.get(good.id), h.get(bad.id)
+    assert teams.adoption(g) == (2, 1) and teams.adoption_rate(g) == pytest.approx(2 / 3)
+    assert teams.adoption(b) == (0, 3) and teams.adoption_rate(b) == 0.0
+    assert (g.usage.injected, g.usage.cited, g.usage.feedback) == (3, 2, 1)
+    assert g.value > good.value > b.value
+    assert teams.adoption_rate(good) is None
+    revised = h.revise(g.id, agent_id="planner", content="retry the ledger write once, then alert")
+    assert teams.adoption(revised) == (2, 1)  # a revision keeps its adoption record
+    h.feedback(good.id, True)  # feedback on an old revision lands on the head
+    assert teams.adoption(h.get(revised.id)) == (3, 1)
+
+
+# ---- guidance ---------------------------------------------------------------------------------------------
+def team_history(h: Harness) -> dict[str, Memory]:
+    for agent in ("planner", "writer", "reviewer"):
+        h.grant("docs", agent, write=True)
+    rec = teams.record
+    made = {
+        "err1": rec(h, "The release note forgot the breaking API change", agent_id="reviewer", team_id="docs",
+                    kind="error", task_id="t1", task_type="release-note"),
+        "tone": rec(h, "Release notes use a formal tone", agent_id="planner", team_id="docs", kind="decision",
+                    task_id="t1", task_type="release-note", subject="tone"),
+        "obs": rec(h, "Readers of release notes skim the first line only", agent_id="writer", team_id="docs",
+                   kind="observation", task_id="t2"),
+        "secret": rec(h, "Release note drafts live in my private folder", agent_id="planner"),
+    }
+    made["tone2"] = h.revise(made["tone"].id, agent_id="planner", content="Release notes use a friendly tone")
+    h.feedback(made["obs"].id, True)
+    return made
+
+
+def test_guidance_has_pitfalls_experiences_sources_and_a_manifest(engine_name: str, harness: Harness) -> None:
+    made = team_history(harness)
+    g = harness.guidance("writer", "Write the release note for billing v3", 400, task_type="release-note")
+    assert made["err1"].id in [i.id for i in g.pitfalls]
+    experiences = {i.id: i for i in g.experiences}
+    assert made["tone2"].id in experiences and made["tone"].id not in g.ids  # never the superseded one
+    assert made["secret"].id not in g.ids  # planner's private memory
+    obs = experiences[made["obs"].id]
+    assert obs.source_tasks == ("t2",) and obs.adoption_rate == 1.0
+    assert g.pitfalls[0].source_tasks == ("t1",)
+    assert "breaking API change" in g.text and "friendly tone" in g.text and "formal" not in g.text
+    assert g.tokens == count_tokens(g.text) <= 400
+    assert sum(i.tokens for i in g.items) <= g.tokens
+    entry = g.manifest[0]
+    assert {"id", "section", "tokens", "score", "source_tasks", "adoption_rate", "reason"} <= set(entry)
+    logged = [e for e in harness.events(limit=10**6) if e.kind == "guidance"]
+    assert logged and logged[-1].data["manifest"] == g.manifest
+
+
+def test_guidance_finds_pitfalls_of_the_same_task_type_without_shared_words(
+    engine_name: str, lexical: Harness
+) -> None:
+    made = team_history(lexical)
+    g = lexical.guidance("writer", "Summarize what is new in invoicing", 300, task_type="release-note")
+    assert made["err1"].id in [i.id for i in g.pitfalls]
+    other = lexical.guidance("writer", "Summarize what is new in invoicing", 300, task_type="blog-post")
+    assert made["err1"].id not in other.ids
+
+
+@pytest.mark.engines("memory")
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(budget=st.integers(1, 300))
+def test_guidance_never_goes_over_budget(engine_name: str, tmp_path: Path, budget: int) -> None:
+    h = _guidance_harness(tmp_path)
+    g = h.guidance("writer", "release note for the billing api change", budget, task_type="release-note")
+    assert g.tokens <= budget
+    assert count_tokens(g.text) == g.tokens
+    if g.items:
+        assert g.items[0].tokens <= budget
+
+
+_GUIDED: dict[str, Harness] = {}
+
+
+def _guidance_harness(tmp_path: Path) -> Harness:
+    key = str(tmp_path)
+    if key not in _GUIDED:
+        h = Harness.open("memory://", embedder=None, clock=Clock())
+        team_history(h)
+        for n in range(30):
+            teams.record(h, f"Billing api change {n} needs a line in the release note about field f{n}",
+                         agent_id="writer", team_id="docs", kind="observation", task_id=f"t{n}")
+        _GUIDED[key] = h
+    return _GUIDED[key]
+
+
+def test_guidance_validates_its_input(lexical: Harness, engine_name: str) -> None:
+    with pytest.raises(ValidationError):
+        lexical.guidance("writer", "task", 0)
+    with pytest.raises(ValidationError):
+        lexical.guidance("writer", 42, 100)  # type: ignore[arg-type]
+    assert lexical.guidance("writer", "nothing recorded yet", 100).text == ""
