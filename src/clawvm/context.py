@@ -66,6 +66,7 @@ class Context:
     budget: int
     tokens: int
     by_section: dict[str, int] = field(default_factory=dict)
+    event_seq: int | None = None  # the seq of this build's "context" event (influence tracing, citations)
 
     @property
     def ids(self) -> list[str]:

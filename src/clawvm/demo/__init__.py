@@ -23,18 +23,25 @@ def load_workload() -> dict[str, Any]:
     return data
 
 
-def ingest_workload(harness: Harness, workload: dict[str, Any]) -> int:
-    """Record every record of every session, chaining tool results to their calls. Returns the count."""
+def ingest_workload(
+    harness: Harness, workload: dict[str, Any], on_time: Callable[[datetime], None] | None = None
+) -> int:
+    """Record every record of every session, chaining tool results to their calls. Returns the count.
+
+    ``on_time`` is called with each record's time first (a replay clock follows the workload with it)."""
     n = 0
     for session in workload["sessions"]:
         last_call: str | None = None
         for rec in session["records"]:
+            at = datetime.fromisoformat(rec["at"].replace("Z", "+00:00"))
+            if on_time is not None:
+                on_time(at)
             fields: dict[str, Any] = {
                 "kind": rec["kind"],
                 "session_id": session["session_id"],
                 "task_id": session.get("task_id"),
                 "agent_id": session.get("agent_id"),
-                "created_at": datetime.fromisoformat(rec["at"].replace("Z", "+00:00")),
+                "created_at": at,
                 "tags": rec.get("tags", []),
             }
             for key in ("state", "tool_name"):

@@ -1,0 +1,480 @@
+// MemLens dashboard: one page, seven views, an inspector for the selected memory. Plain JS, no build.
+"use strict";
+
+(function () {
+  const C = window.Charts;
+  const state = {
+    view: "sessions",
+    session: "",
+    selected: null,
+    context: null,
+    key: localStorage.getItem("clawvm_key") || "",
+    memPage: { offset: 0, q: "", tier: "", sort: "newest" },
+    heat: { group: "memory", offset: 0 },
+    graphLimit: 120,
+    axis: "events",
+    sessOffset: 0,
+    focus: null,
+    ctxOffset: 0,
+  };
+  const PAGE = 25;
+  const $ = (sel) => document.querySelector(sel);
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "onclick" || k === "onchange" || k === "oninput") node.addEventListener(k.slice(2), v);
+      else if (k === "text") node.textContent = v;
+      else if (v !== null && v !== undefined && v !== false) node.setAttribute(k, v === true ? "" : v);
+    }
+    node.append(...nodes(children));
+    return node;
+  }
+
+  // children as DOM nodes: nested arrays flattened, null/undefined/false dropped, text and numbers as text
+  function nodes(children) {
+    return children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false)
+      .map((c) => (typeof c === "string" || typeof c === "number" ? document.createTextNode(String(c)) : c));
+  }
+
+  function fill(node, ...children) {
+    node.replaceChildren(...nodes(children));
+  }
+
+  function qs(params) {
+    const p = new URLSearchParams();
+    for (const [k, v] of Object.entries(params)) if (v !== "" && v !== null && v !== undefined) p.set(k, v);
+    const s = p.toString();
+    return s ? "?" + s : "";
+  }
+
+  class ApiError extends Error {}
+
+  async function api(path, opts) {
+    const headers = Object.assign({ Accept: "application/json" }, (opts && opts.headers) || {});
+    if (state.key) headers.Authorization = "Bearer " + state.key;
+    const res = await fetch("api/" + path, Object.assign({}, opts || {}, { headers }));
+    if (res.status === 401 || res.status === 403) {
+      $("#keybar").hidden = false;
+      throw new ApiError(res.status === 401 ? "an API key is needed: enter one above" : "this key may not do that");
+    }
+    const body = await res.json().catch(() => ({}));
+    if (!res.ok) {  // the server's error schema: {"error": {"code", "message", "field", "fix"}}
+      const e = body.error || {};
+      throw new ApiError(e.message ? `${e.field ? e.field + ": " : ""}${e.message}${e.fix ? ` (${e.fix})` : ""}` : `HTTP ${res.status}`);
+    }
+    return body;
+  }
+
+  function post(path, body) {
+    return api(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body || {}) });
+  }
+
+  function toast(msg, isError) {
+    const t = $("#toast");
+    t.textContent = msg;
+    t.className = isError ? "error" : "";
+    t.hidden = false;
+    clearTimeout(toast.timer);
+    toast.timer = setTimeout(() => { t.hidden = true; }, 4000);
+  }
+
+  const pct = (x) => (x === null || x === undefined ? "–" : (100 * x).toFixed(1) + "%");
+  const num = (x, d) => (x === null || x === undefined ? "–" : Number(x).toFixed(d === undefined ? 1 : d));
+  const when = (iso) => (iso ? iso.replace("T", " ").slice(0, 19) : "–");
+  const tierPill = (t) => el("span", { class: `pill tier-${t}`, text: (t || "?").replace("_", " ") });
+  const secPill = (s) => el("span", { class: `pill sec-${s}`, text: s });
+
+  function tierBar(tiers) {
+    const total = Object.values(tiers).reduce((a, b) => a + b, 0) || 1;
+    return el("div", { class: "tierbar", title: Object.entries(tiers).map(([k, v]) => `${k}: ${v}`).join(", ") },
+      Object.entries(tiers).map(([k, v]) => el("span", { style: `width:${(100 * v) / total}%;background:${C.TIER_COLORS[k]}` })));
+  }
+
+  function pager(page, onMove) {
+    const { total, offset, limit } = page;
+    return el("div", { class: "pager" },
+      el("button", { disabled: offset <= 0 || null, onclick: () => onMove(Math.max(0, offset - limit)), text: "‹ prev" }),
+      el("span", { class: "muted", text: total ? `${offset + 1}–${Math.min(total, offset + limit)} of ${total}` : "none" }),
+      el("button", { disabled: offset + limit >= total || null, onclick: () => onMove(offset + limit), text: "next ›" }));
+  }
+
+  // ---- views --------------------------------------------------------------------------------------
+  async function viewSessions(main) {
+    const data = await api("sessions" + qs({ limit: 15, offset: state.sessOffset }));
+    const rows = data.items.map((s) => el("tr", {
+      class: "clickable session-row" + (s.session_id === state.session ? " selected" : ""), "data-session": s.session_id,
+      onclick: () => { setSession(s.session_id === "(none)" ? "" : s.session_id); show("sessions"); },
+    },
+    el("td", {}, el("b", { text: s.session_id })),
+    el("td", { text: s.agents.join(", ") }), el("td", { text: s.tasks.join(", ") }),
+    el("td", { text: s.memories }), el("td", {}, tierBar(s.tiers)), el("td", { text: s.pinned }),
+    el("td", { text: s.working_tokens }), el("td", { text: s.contexts }), el("td", { text: when(s.last) })));
+    fill(main, 
+      el("h2", { text: `Sessions (${data.total})` }),
+      el("div", { class: "card" }, el("table", { id: "sessions-table" },
+        el("tr", {}, ["session", "agents", "tasks", "memories", "tiers", "pinned", "working tokens", "contexts", "last activity"].map((h) => el("th", { text: h }))),
+        rows),
+        pager(data, (o) => { state.sessOffset = o; show("sessions"); })),
+      el("h2", { text: state.session ? `Memories of ${state.session}` : "Memories (all sessions)" }),
+      el("div", { id: "memories" }));
+    await renderMemories($("#memories"));
+  }
+
+  async function renderMemories(box) {
+    const p = state.memPage;
+    const data = await api("memories" + qs({ session: state.session, q: p.q, tier: p.tier, sort: p.sort, offset: p.offset, limit: PAGE }));
+    const search = el("input", { type: "search", placeholder: "search text or id…", value: p.q });
+    search.addEventListener("change", () => { p.q = search.value; p.offset = 0; renderMemories(box); });
+    const tier = el("select", { onchange: (e) => { p.tier = e.target.value; p.offset = 0; renderMemories(box); } },
+      ["", "working", "short_term", "long_term", "archive"].map((t) => el("option", { value: t, selected: t === p.tier || null, text: t || "any tier" })));
+    const sort = el("select", { onchange: (e) => { p.sort = e.target.value; p.offset = 0; renderMemories(box); } },
+      ["newest", "oldest", "value", "tokens", "used"].map((t) => el("option", { value: t, selected: t === p.sort || null, text: "sort: " + t })));
+    fill(box, 
+      el("div", { class: "toolbar" }, search, tier, sort),
+      el("div", { class: "card" }, el("table", { id: "memories-table" },
+        el("tr", {}, ["id", "kind", "tier", "value", "tokens", "ctx / cited", "content"].map((h) => el("th", { text: h }))),
+        data.items.map((m) => el("tr", { class: "clickable memory-row" + (m.id === state.selected ? " selected" : ""), "data-id": m.id, onclick: () => inspect(m.id) },
+          el("td", {}, el("code", { text: m.short_id })), el("td", { text: m.kind }), el("td", {}, tierPill(m.tier), m.pinned ? [" ", el("span", { class: "pill pinned", text: "pinned" })] : null),
+          el("td", { text: num(m.value, 2) }), el("td", { text: m.tokens }), el("td", { title: "contexts entered / citations", text: `${m.injected} / ${m.cited}` }),
+          el("td", { text: m.preview }))))),
+      pager(data, (o) => { p.offset = o; renderMemories(box); }));
+  }
+
+  async function viewTimeline(main) {
+    const data = await api("timeline" + qs({ session: state.session, buckets: 80, limit: 40, axis: state.axis }));
+    const chart = el("div", { id: "timeline-chart" });
+    const axis = el("select", { onchange: (e) => { state.axis = e.target.value; show("timeline"); } },
+      el("option", { value: "events", selected: state.axis === "events" || null, text: "x axis: activity (event log)" }),
+      el("option", { value: "time", selected: state.axis === "time" || null, text: "x axis: wall-clock time" }));
+    fill(main, 
+      el("h2", { text: "Tier timeline" + (state.session ? ` · ${state.session}` : " · all sessions") }),
+      el("div", { class: "toolbar" }, axis,
+        el("span", { class: "muted", text: "Memories in each tier (stacked), replayed from the add and move events." })),
+      el("div", { class: "card" }, chart),
+      el("h3", { text: `Latest tier moves (${data.total_moves || 0})` }),
+      el("div", { class: "card" }, el("table", { id: "moves-table" },
+        el("tr", {}, ["when", "memory", "move", "reason", "value after", "content"].map((h) => el("th", { text: h }))),
+        (data.moves || []).map((m) => el("tr", { class: "clickable", "data-id": m.id, onclick: () => inspect(m.id) },
+          el("td", { text: when(m.at) }), el("td", {}, el("code", { text: m.short_id })),
+          el("td", {}, m.from ? tierPill(m.from) : "", m.to ? [" → ", tierPill(m.to)] : ` ${m.kind}`),
+          el("td", { text: m.reason }), el("td", { text: m.value === null ? "" : num(m.value, 2) }), el("td", { text: m.preview }))))));
+    C.stackedArea(chart, data.edges, data.series, ["working", "short_term", "long_term", "archive"], C.TIER_COLORS);
+  }
+
+  async function viewHeatmap(main) {
+    const h = state.heat;
+    const data = await api("heatmap" + qs({ session: state.session, group: h.group, offset: h.offset, limit: 40, cols: 48 }));
+    const chart = el("div", { id: "heatmap-chart" });
+    const group = el("select", { onchange: (e) => { h.group = e.target.value; h.offset = 0; show("heatmap"); } },
+      el("option", { value: "memory", selected: h.group === "memory" || null, text: "one row per memory (by value)" }),
+      el("option", { value: "kind", selected: h.group === "kind" || null, text: "aggregate by kind (mean)" }));
+    fill(main, 
+      el("h2", { text: "Value heatmap" + (state.session ? ` · ${state.session}` : " · all sessions") }),
+      el("div", { class: "toolbar" }, group,
+        h.group === "memory" ? pager({ total: data.total, offset: h.offset, limit: 40 }, (o) => { h.offset = o; show("heatmap"); }) : null),
+      el("div", { class: "card" }, chart));
+    C.heatmap(chart, data.edges, data.rows, inspect);
+  }
+
+  async function viewGraph(main) {
+    const data = await api("graph" + qs({ session: state.session, focus: state.focus, limit: state.graphLimit }));
+    const chart = el("div", { id: "graph-chart" });
+    const limit = el("select", { onchange: (e) => { state.graphLimit = Number(e.target.value); show("graph"); } },
+      [40, 80, 120, 200, 300].map((n) => el("option", { value: n, selected: n === state.graphLimit || null, text: `${n} nodes` })));
+    fill(main, 
+      el("h2", { text: "Memory graph" + (state.focus ? " · around one memory" : state.session ? ` · ${state.session}` : "") }),
+      el("div", { class: "toolbar" }, limit,
+        state.focus ? el("button", { onclick: () => { state.focus = null; show("graph"); }, text: "show the whole scope" }) : null,
+        el("span", { class: "muted", text: `${data.nodes.length} of ${data.total} memories · ${data.edges.length} links (parent, typed links, shared entities) · colour = tier, size = value` })),
+      el("div", { class: "card" }, chart));
+    C.forceGraph(chart, data.nodes, data.edges, (id) => { inspect(id); }, state.selected);
+  }
+
+  async function contextList(box, onPick, onlyOutputs) {
+    const data = await api("contexts" + qs({ session: state.session, offset: state.ctxOffset, limit: 30 }));
+    const items = onlyOutputs ? data.items.filter((b) => b.has_output).concat(data.items.filter((b) => !b.has_output)) : data.items;
+    fill(box, 
+      el("table", { id: "contexts-table" },
+        el("tr", {}, ["#", "query", "tokens", "cited"].map((h) => el("th", { text: h }))),
+        items.map((b) => el("tr", { class: "clickable context-row" + (b.seq === state.context ? " selected" : ""), "data-seq": b.seq, onclick: () => onPick(b.seq) },
+          el("td", { text: b.seq }), el("td", { text: b.query.slice(0, 60) || "(no query)" }),
+          el("td", { text: `${b.tokens}/${b.budget}` }), el("td", { text: b.has_output ? `${b.cited}/${b.lines}` : "–" })))),
+      pager(data, (o) => { state.ctxOffset = o; contextList(box, onPick, onlyOutputs); }));
+    return data.items;
+  }
+
+  async function viewContexts(main) {
+    const list = el("div", { class: "card list" });
+    const detail = el("div", { id: "context-detail" });
+    fill(main, el("h2", { text: "Context viewer" }),
+      el("p", { class: "muted", text: "What went into each prompt: token breakdown by section, every line with its tier, value and reason." }),
+      el("div", { class: "split" }, list, detail));
+    const pick = async (seq) => {
+      state.context = seq;
+      list.querySelectorAll("tr.context-row").forEach((r) => r.classList.toggle("selected", Number(r.dataset.seq) === seq));
+      const c = await api(`contexts/${seq}`);
+      const bar = el("div", { id: "context-bar" });
+      fill(detail, el("div", { class: "card" },
+        el("h3", { text: `Build #${c.seq} · ${when(c.at)}` }),
+        el("div", { class: "kv" }, el("div", { text: "query" }), el("div", { text: c.query || "(none)" }),
+          el("div", { text: "scope" }), el("div", { text: JSON.stringify(c.scope) }),
+          el("div", { text: "tokens" }), el("div", { text: `${c.tokens} of ${c.budget}` + (c.ms ? ` · built in ${num(c.ms)} ms` : "") })),
+        bar,
+        el("table", { id: "context-lines" },
+          el("tr", {}, ["line", "section", "tier then", "value then", "score", "tokens", "cited", "reason", "content"].map((h) => el("th", { text: h }))),
+          c.lines.map((l) => el("tr", { class: "clickable", "data-id": l.id, onclick: () => inspect(l.id) },
+            el("td", {}, el("code", { text: l.short_id })), el("td", {}, secPill(l.section)), el("td", {}, tierPill(l.tier)),
+            el("td", { text: num(l.value, 2) }), el("td", { text: num(l.score, 2) }), el("td", { text: l.tokens }),
+            el("td", { class: l.cited ? "cited-yes" : "cited-no", text: l.cited === null ? "–" : l.cited ? "cited" : "no" }),
+            el("td", { text: l.reason }), el("td", { text: l.preview }))))));
+      const s = c.by_section;
+      C.stackedBar(bar, [{ name: "pinned", value: s.pinned || 0 }, { name: "working", value: s.working || 0 },
+        { name: "retrieved", value: s.retrieved || 0 }, { name: "free", value: Math.max(0, c.budget - c.tokens) }], c.budget);
+    };
+    const items = await contextList(list, pick, false);
+    if (items.length) await pick(state.context && items.some((b) => b.seq === state.context) ? state.context : items[0].seq);
+    else fill(detail, el("p", { class: "muted", text: "No context builds yet (Harness.context records one per call)." }));
+  }
+
+  function highlight(text, shortIds) {
+    const out = el("div", { class: "content output" });
+    const re = new RegExp(`(${shortIds.join("|") || "^$"})`, "g");
+    text.split(re).forEach((part) => out.appendChild(shortIds.includes(part) ? el("mark", { text: part }) : document.createTextNode(part)));
+    return out;
+  }
+
+  async function viewInfluence(main) {
+    const list = el("div", { class: "card list" });
+    const detail = el("div", { id: "influence-detail" });
+    const reverse = el("div", { id: "influence-reverse" });
+    fill(main, el("h2", { text: "Influence" }),
+      el("p", { class: "muted", text: "Which memories fed a context build, with their tier and value at that moment, and which ones the output cited. Select a memory for the reverse: every context it entered." }),
+      el("div", { class: "split" }, list, el("div", {}, detail, reverse)));
+    const pick = async (seq) => {
+      state.context = seq;
+      list.querySelectorAll("tr.context-row").forEach((r) => r.classList.toggle("selected", Number(r.dataset.seq) === seq));
+      const c = await api(`contexts/${seq}`);
+      const chart = el("div", { id: "influence-chart" });
+      const cited = c.lines.filter((l) => l.cited).map((l) => l.short_id);
+      fill(detail, el("div", { class: "card" },
+        el("h3", { text: `Build #${c.seq}: “${c.query}”` }),
+        el("p", { class: "muted", text: c.output ? `${c.output.cited.length} of ${c.lines.length} memories cited` + (c.output.success === null ? "" : c.output.success ? " · task succeeded" : " · task failed") : "no output recorded for this build" }),
+        chart,
+        c.output ? [el("h3", { text: "Output" }), highlight(c.output.text, cited)] : null));
+      C.influence(chart, c.lines, !!c.output, inspect);
+    };
+    const items = await contextList(list, pick, true);
+    const first = items.find((b) => b.has_output) || items[0];
+    if (first) await pick(state.context && items.some((b) => b.seq === state.context) ? state.context : first.seq);
+    else fill(detail, el("p", { class: "muted", text: "No context builds yet." }));
+    await renderReverse(reverse);
+  }
+
+  async function renderReverse(box) {
+    if (!state.selected) {
+      fill(box, el("p", { class: "muted", text: "Select a memory (click one anywhere) to list the contexts it entered." }));
+      return;
+    }
+    const rows = await api(`memories/${state.selected}/contexts`);
+    fill(box, el("div", { class: "card" }, el("h3", { text: `Contexts that memory ${state.selected.replace(/-/g, "").slice(-8)} entered (${rows.length})` }),
+      el("table", { id: "reverse-table" }, el("tr", {}, ["#", "when", "query", "section", "tier then", "value then", "cited"].map((h) => el("th", { text: h }))),
+        rows.map((r) => el("tr", { class: "clickable", onclick: () => { state.context = r.seq; show("influence"); } },
+          el("td", { text: r.seq }), el("td", { text: when(r.at) }), el("td", { text: r.query.slice(0, 50) }), el("td", {}, secPill(r.section)),
+          el("td", {}, tierPill(r.tier)), el("td", { text: num(r.value, 2) }),
+          el("td", { class: r.cited ? "cited-yes" : "cited-no", text: r.cited === null ? "–" : r.cited ? "cited" : "no" }))))));
+  }
+
+  function metricCard(k, v, hint) {
+    return el("div", { class: "metric", title: hint || "" }, el("div", { class: "v", text: v }), el("div", { class: "k", text: k }));
+  }
+
+  async function viewMetrics(main) {
+    const [m, w, manual] = await Promise.all([api("metrics"), api("weights"), api("manual?limit=20")]);
+    const tokens = el("div", { id: "tokens-chart" }), latency = el("div", { id: "latency-chart" });
+    const tools = el("div", { id: "tools-chart" }), kinds = el("div", { id: "kinds-chart" }), weights = el("div", { id: "weights-chart" });
+    fill(main, el("h2", { text: "Metrics" }),
+      el("div", { class: "cards", id: "metric-cards" },
+        metricCard("working-tier hit rate", pct(m.working_hit_rate), `${m.needs} needs (recall hits and retrieved context lines)`),
+        metricCard("recall p50 / p95 ms", `${num(m.retrieval_ms.p50)} / ${num(m.retrieval_ms.p95)}`, `${m.retrieval_ms.n} tracked recalls`),
+        metricCard("context build p95 ms", num(m.context_ms.p95), `${m.context_ms.n} builds`),
+        metricCard("eviction regret", pct(m.eviction_regret), `${m.regretted.length} of ${m.evictions} archived/compressed memories were needed later`),
+        metricCard("tokens per build (mean)", num(m.context_tokens.mean), `p95 ${num(m.context_tokens.p95)}, max ${m.context_tokens.max}`),
+        metricCard("duplicate rate", pct(m.duplicate_rate)), metricCard("junk rate", pct(m.junk_rate)), metricCard("stale rate", pct(m.stale_rate)),
+        metricCard("memories (active)", `${m.memories} (${m.active})`), metricCard("events", m.events)),
+      el("div", { class: "card" }, el("h3", { text: "Context tokens per build (dashed: budget)" }), tokens),
+      el("div", { class: "card" }, el("h3", { text: "Recall latency, ms (last 300 tracked recalls)" }), latency),
+      el("div", { class: "card" }, el("h3", { text: "Per-tool reliability (recent calls; red: unreliable)" }), tools,
+        el("table", { id: "tools-table" }, el("tr", {}, ["tool", "calls", "errors", "timeouts", "interrupted", "p50 s", "p95 s", "verdict", "fallback that worked", "last error"].map((h) => el("th", { text: h }))),
+          m.tools.map((t) => el("tr", {}, el("td", { text: t.tool }), el("td", { text: t.calls }), el("td", { text: t.errors }),
+            el("td", { text: t.timeouts }), el("td", { text: t.interrupted }), el("td", { text: num(t.p50_s, 2) }), el("td", { text: num(t.p95_s, 2) }),
+            el("td", { class: t.unreliable ? "cited-yes" : "", text: t.unreliable ? "unreliable" : "ok" }),
+            el("td", { text: t.fallback ? `${t.fallback.tool} (${t.fallback.successes}×)` : "–" }),
+            el("td", { text: (t.last_error || "").slice(0, 80) }))))),
+      el("div", { class: "card" }, el("h3", { text: "Events by kind" }), kinds),
+      el("div", { class: "card" }, el("h3", { text: "Scorer weights (learned from manual actions)" }), weights,
+        el("h3", { text: "Learning history" }),
+        el("table", { id: "learning-table" }, el("tr", {}, ["#", "when", "action", "target", "weight changes"].map((h) => el("th", { text: h }))),
+          w.history.slice().reverse().slice(0, 15).map((e) => el("tr", {}, el("td", { text: e.seq }), el("td", { text: when(e.at) }), el("td", { text: e.action }),
+            el("td", { text: num(e.target, 2) }), el("td", { text: Object.entries(e.delta || {}).map(([k, v]) => `${k} ${v > 0 ? "+" : ""}${v.toFixed(4)}`).join(", ") }))))),
+      el("div", { class: "card" }, el("h3", { text: `Manual actions (${manual.total})` }),
+        el("table", { id: "manual-table" }, el("tr", {}, ["#", "when", "action", "by", "memory", "value before → after"].map((h) => el("th", { text: h }))),
+          manual.items.map((a) => el("tr", { class: "clickable", onclick: () => inspect(a.memory_id) }, el("td", { text: a.seq }), el("td", { text: when(a.at) }),
+            el("td", { text: a.action }), el("td", { text: a.by }), el("td", {}, el("code", { text: (a.memory_id || "").replace(/-/g, "").slice(-8) })),
+            el("td", { text: `${num(a.before.value, 2)} → ${num(a.after.value, 2)}` }))))));
+    C.lineChart(tokens, m.context_tokens.series.map((s) => ({ y: s.tokens, y2: s.budget, label: `#${s.seq}: ${s.tokens}/${s.budget}` })), { xlabel: "builds, oldest → newest", fmt: (v) => String(Math.round(v)) });
+    C.lineChart(latency, m.latency_series.map((v, i) => ({ y: v, label: `recall ${i + 1}: ${v} ms` })), { color: "#2f9e44", xlabel: "recalls, oldest → newest", fmt: (v) => v.toFixed(1) });
+    C.bars(tools, m.tools.map((t) => ({ label: t.tool, value: t.error_rate || 0, color: t.unreliable ? "#e03131" : "#1c7ed6",
+      note: `${pct(t.error_rate)} errors · ${pct(t.timeout_rate)} timeouts · ${t.calls} calls` })), { max: 1 });
+    C.bars(kinds, Object.entries(m.events_by_kind).map(([k, v]) => ({ label: k, value: v })), {});
+    const scal = Object.entries(w.weights).filter(([k]) => k !== "base").map(([k, v]) => ({ label: k, value: Math.round(v * 1000) / 1000 }));
+    const base = Object.entries(w.weights.base).map(([k, v]) => ({ label: "base: " + k, value: Math.round(v * 1000) / 1000, color: "#7048e8" }));
+    C.bars(weights, base.concat(scal), { max: 1 });
+  }
+
+  const VIEWS = { sessions: viewSessions, timeline: viewTimeline, heatmap: viewHeatmap, graph: viewGraph,
+    contexts: viewContexts, influence: viewInfluence, metrics: viewMetrics };
+
+  async function show(view) {
+    state.view = VIEWS[view] ? view : "sessions";
+    document.querySelectorAll("#tabs a").forEach((a) => a.classList.toggle("active", a.dataset.view === state.view));
+    const main = $("#view");
+    main.dataset.view = state.view;
+    main.dataset.ready = "0";
+    if (!main.firstChild) fill(main, el("p", { class: "muted", text: "loading…" }));
+    try {
+      await VIEWS[state.view](main);
+    } catch (e) {
+      fill(main, el("div", { class: "card" }, el("b", { text: "Could not load this view: " }), String(e.message || e)));
+    }
+    main.dataset.ready = "1";
+  }
+
+  // ---- inspector ----------------------------------------------------------------------------------
+  async function inspect(id) {
+    if (!id) return;
+    state.selected = id;
+    document.querySelectorAll("[data-id]").forEach((n) => n.classList && n.classList.toggle("selected", n.dataset.id === id));
+    const box = $("#inspector");
+    box.hidden = false;
+    box.dataset.ready = "0";
+    let d;
+    try {
+      d = await api(`memories/${id}`);
+    } catch (e) {
+      fill(box, el("p", { text: String(e.message || e) }));
+      box.dataset.ready = "1";
+      return;
+    }
+    const m = d.memory, x = d.explain;
+    const spark = el("div", { id: "value-spark" });
+    const value = el("input", { type: "number", min: 0, max: 1, step: 0.05, value: Number(m.value).toFixed(2), id: "value-input" });
+    const note = el("input", { type: "text", placeholder: "note…", id: "note-input" });
+    const act = async (path, body, label) => {
+      try {
+        const r = await post(`memories/${id}/${path}`, body);
+        const learned = Object.keys(r.learned || {}).length;
+        toast(`${label}: value ${num(r.before.value, 2)} → ${num(r.after.value, 2)}, tier ${r.after.tier}` + (learned ? ` · ${learned} scorer weights adjusted` : ""));
+        await inspect(id);
+        await show(state.view);
+      } catch (e) {
+        toast(String(e.message || e), true);
+      }
+    };
+    const parts = [["base", x.base], ["signals", Object.values(x.signals).reduce((a, b) => a + b, 0)], ["cost", x.cost], ["recency", x.recency],
+      ["access", x.access], ["injected", x.injected], ["cited", x.cited], ["success", x.success], ["feedback", x.feedback]];
+    fill(box, 
+      el("div", { class: "toolbar" }, el("h2", { text: `Memory ${d.row.short_id}` }), el("span", { class: "spacer" }),
+        el("button", { onclick: () => { box.hidden = true; state.selected = null; }, text: "✕", title: "close" })),
+      el("div", { class: "kv", id: "inspector-fields" },
+        el("div", { text: "kind / state" }), el("div", { text: `${m.kind}${m.state ? " / " + m.state : ""}` }),
+        el("div", { text: "tier" }), el("div", {}, tierPill(m.tier), m.pinned ? [" ", el("span", { id: "pinned-flag", class: "pill pinned", text: "pinned" })] : null),
+        el("div", { text: "value" }), el("div", { id: "value-now", text: num(m.value, 3) }),
+        el("div", { text: "status" }), el("div", { text: m.status }),
+        el("div", { text: "session" }), el("div", { text: m.session_id || "–" }),
+        el("div", { text: "agent / task" }), el("div", { text: `${m.agent_id || "–"} / ${m.task_id || "–"}` }),
+        el("div", { text: "tool" }), el("div", { text: m.tool_name || "–" }),
+        el("div", { text: "created" }), el("div", { text: when(m.created_at) }),
+        el("div", { text: "usage" }), el("div", { text: `${m.access_count} accesses, ${m.usage.injected} contexts, ${m.usage.cited} citations, votes ${m.usage.feedback}` }),
+        el("div", { text: "tokens" }), el("div", { text: m.token_count }),
+        el("div", { text: "tags" }), el("div", { text: m.tags.join(", ") || "–" }),
+        el("div", { text: "id" }), el("div", {}, el("code", { text: m.id }))),
+      el("div", { class: "actions", id: "actions" },
+        m.pinned ? el("button", { id: "unpin-button", onclick: () => act("unpin", {}, "unpinned"), text: "Unpin" })
+          : el("button", { id: "pin-button", class: "primary", onclick: () => act("pin", {}, "pinned"), text: "Pin" }),
+        el("button", { id: "archive-button", onclick: () => act("archive", {}, "archived"), text: "Archive" }),
+        value, el("button", { id: "value-button", onclick: () => act("value", { value: Number(value.value) }, "value set"), text: "Set value" })),
+      el("div", { class: "actions" }, note, el("button", { id: "annotate-button", onclick: () => { if (note.value.trim()) act("annotate", { text: note.value }, "annotated"); }, text: "Annotate" }),
+        el("button", { onclick: () => { state.focus = id; show("graph"); }, text: "Graph around it" }),
+        el("button", { onclick: () => show("influence"), text: "Influence" })),
+      el("h3", { text: "Content" }), el("div", { class: "content", id: "inspector-content", text: m.content }),
+      (m.metadata.annotations || []).length ? [el("h3", { text: "Annotations" }),
+        el("ul", {}, m.metadata.annotations.map((a) => el("li", { text: `${when(a.at)} ${a.by}: ${a.text}` })))] : null,
+      el("h3", { text: "Why this value" }),
+      el("div", { class: "breakdown" }, parts.map(([k, v]) => [el("div", { text: k }),
+        el("div", {}, el("div", { class: "bar", style: `width:${Math.min(100, Math.abs(v) * 100)}%;${v < 0 ? "background:#e03131" : ""}` })),
+        el("div", { text: num(v, 3) })])),
+      el("h3", { text: "Value over time" }), spark,
+      el("h3", { text: `Contexts it entered (${d.contexts.length})` }),
+      el("table", {}, d.contexts.slice(-8).reverse().map((c) => el("tr", { class: "clickable", onclick: () => { state.context = c.seq; show("contexts"); } },
+        el("td", { text: `#${c.seq}` }), el("td", {}, secPill(c.section)), el("td", { text: num(c.value, 2) }),
+        el("td", { class: c.cited ? "cited-yes" : "cited-no", text: c.cited === null ? "" : c.cited ? "cited" : "" }), el("td", { text: c.query.slice(0, 40) })))),
+      el("h3", { text: "Events" }),
+      el("table", { id: "inspector-events" }, d.events.slice(-12).reverse().map((e) => el("tr", {}, el("td", { text: e.seq }), el("td", { text: e.kind }),
+        el("td", { text: JSON.stringify(e.data).slice(0, 90) })))));
+    C.sparkline(spark, d.values.map((v) => v.value).concat([m.value]));
+    box.dataset.ready = "1";
+    if (state.view === "influence") renderReverse($("#influence-reverse"));
+  }
+
+  // ---- chrome -------------------------------------------------------------------------------------
+  function setSession(sid) {
+    state.session = sid;
+    state.memPage.offset = 0; state.heat.offset = 0; state.ctxOffset = 0; state.focus = null;
+    $("#session").value = sid;
+  }
+
+  async function loadChrome() {
+    try {
+      const o = await api("overview");
+      $("#tenant").textContent = `tenant ${o.tenant}`;
+      $("#status").textContent = `${o.memories} memories · ${o.contexts} context builds · ${o.events} events`;
+      const s = await api("sessions?limit=500");
+      const sel = $("#session");
+      fill(sel, el("option", { value: "", text: "all sessions" }),
+        s.items.filter((x) => x.session_id !== "(none)").map((x) => el("option", { value: x.session_id, text: `${x.session_id} (${x.memories})` })));
+      sel.value = state.session;
+    } catch (e) {
+      $("#status").textContent = String(e.message || e);
+    }
+  }
+
+  function start() {
+    if (location.hash.startsWith("#key=")) {  // a link with the key in its fragment (never sent to servers)
+      state.key = decodeURIComponent(location.hash.slice(5));
+      localStorage.setItem("clawvm_key", state.key);
+      history.replaceState(null, "", "#sessions");
+    }
+    $("#session").addEventListener("change", (e) => { setSession(e.target.value); show(state.view); });
+    $("#refresh").addEventListener("click", () => { loadChrome(); show(state.view); if (state.selected) inspect(state.selected); });
+    $("#key-button").addEventListener("click", () => { $("#keybar").hidden = !$("#keybar").hidden; });
+    $("#key").value = state.key;
+    $("#keybar").addEventListener("submit", (e) => {
+      e.preventDefault();
+      state.key = $("#key").value.trim();
+      localStorage.setItem("clawvm_key", state.key);
+      $("#keybar").hidden = true;
+      loadChrome(); show(state.view);
+    });
+    document.querySelectorAll("#tabs a").forEach((a) => a.addEventListener("click", (e) => {
+      e.preventDefault();
+      history.replaceState(null, "", "#" + a.dataset.view);
+      show(a.dataset.view);
+    }));
+    loadChrome();
+    show((location.hash || "#sessions").slice(1));
+  }
+
+  window.MemLens = { state, show, inspect };
+  start();
+})();

@@ -1,0 +1,424 @@
+"""The dashboard's views as data, computed from a :class:`clawvm.lens.Lens`: paginated or aggregated so
+that a tenant with 10k+ memories answers in well under a second (every list has ``offset``/``limit``,
+the timeline and heatmap are bucketed, the heatmap can aggregate by kind, the graph shows a bounded
+neighbourhood).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from itertools import accumulate, pairwise
+from typing import Any
+
+from ..context import short_id
+from ..graph import entities
+from ..lens import Lens, Move, Row
+from ..model import Tier
+
+TIERS = [t.value for t in Tier]
+NO_SESSION = "(none)"
+
+
+def _scope(lens: Lens, session: str | None) -> list[Row]:
+    rows = list(lens.rows.values())
+    if session is None or session == "":
+        return rows
+    if session == NO_SESSION:
+        return [r for r in rows if r.session_id is None]
+    return [r for r in rows if r.session_id == session]
+
+
+def _page(items: Sequence[Any], offset: int, limit: int) -> dict[str, Any]:
+    items = list(items)
+    return {"total": len(items), "offset": offset, "limit": limit, "items": items[offset : offset + limit]}
+
+
+def _ms(t: datetime) -> int:
+    return int(t.timestamp() * 1000)
+
+
+# ---- sessions ---------------------------------------------------------------------------------------------
+def sessions(lens: Lens, offset: int = 0, limit: int = 50, q: str = "") -> dict[str, Any]:
+    lens.refresh()
+    with lens._lock:
+        groups: dict[str, list[Row]] = defaultdict(list)
+        for r in lens.rows.values():
+            groups[r.session_id or NO_SESSION].append(r)
+        builds: Counter[str] = Counter(
+            str(b.scope.get("session_id")) for b in lens.contexts.values() if b.scope.get("session_id")
+        )
+        out = []
+        for sid, rows in groups.items():
+            if q and q.lower() not in sid.lower():
+                continue
+            tiers = Counter(r.tier for r in rows if r.status == "active")
+            out.append(
+                {
+                    "session_id": sid,
+                    "memories": len(rows),
+                    "active": sum(tiers.values()),
+                    "tiers": {t: tiers.get(t, 0) for t in TIERS},
+                    "pinned": sum(r.pinned for r in rows),
+                    "agents": sorted({r.agent_id for r in rows if r.agent_id}),
+                    "tasks": sorted({r.task_id for r in rows if r.task_id}),
+                    "working_tokens": sum(
+                        r.tokens for r in rows if r.tier == "working" and r.status == "active"
+                    ),
+                    "first": min(r.created_at for r in rows).isoformat(),
+                    "last": max(r.last_used for r in rows).isoformat(),
+                    "contexts": builds.get(sid, 0),
+                    "mean_value": round(sum(r.value for r in rows) / len(rows), 4),
+                }
+            )
+        out.sort(key=lambda s: str(s["last"]), reverse=True)
+        return _page(out, offset, limit)
+
+
+# ---- memories ---------------------------------------------------------------------------------------------
+SORTS = {
+    "value": lambda r: -r.value,
+    "newest": lambda r: -r.created_at.timestamp(),
+    "oldest": lambda r: r.created_at.timestamp(),
+    "tokens": lambda r: -r.tokens,
+    "used": lambda r: -(r.injected + r.access_count),
+}
+
+
+def memories(
+    lens: Lens,
+    session: str | None = None,
+    q: str = "",
+    tier: str | None = None,
+    kind: str | None = None,
+    sort: str = "newest",
+    offset: int = 0,
+    limit: int = 50,
+) -> dict[str, Any]:
+    lens.refresh()
+    with lens._lock:
+        rows = _scope(lens, session)
+        if tier:
+            rows = [r for r in rows if r.tier == tier]
+        if kind:
+            rows = [r for r in rows if r.kind == kind]
+        if q:
+            needle = q.lower()
+            rows = [r for r in rows if needle in r.preview.lower() or r.id.endswith(needle)]
+        rows.sort(key=SORTS.get(sort, SORTS["newest"]))
+        page = _page(rows, offset, limit)
+        page["items"] = [r.as_dict() for r in page["items"]]
+        return page
+
+
+def memory_detail(lens: Lens, memory_id: str) -> dict[str, Any]:
+    """Everything about one memory: the stored object, its value breakdown, events and contexts."""
+    row = lens.memory(memory_id)
+    m = lens.harness.get(memory_id)
+    breakdown = lens.harness.explain(memory_id).as_dict()
+    events = lens.harness.events(limit=200, memory_id=memory_id)
+    children = [r.id for r in lens.rows.values() if r.parent_id == memory_id][:50]
+    return {
+        "memory": m.model_dump(mode="json"),
+        "row": row.as_dict(),
+        "explain": breakdown,
+        "events": [
+            {"seq": e.seq, "at": e.at.isoformat(), "kind": e.kind, "data": _brief(e.data)}
+            for e in events[-100:]
+        ],
+        "contexts": lens.contexts_of(memory_id)[-100:],
+        "children": children,
+        "values": [{"at": a.isoformat(), "value": v} for a, v in lens.values.get(memory_id, [])[-200:]],
+    }
+
+
+def _brief(data: dict[str, Any]) -> dict[str, Any]:
+    """Event data without bulky lists (a context manifest is shown by the context viewer instead)."""
+    return {k: (f"[{len(v)} items]" if isinstance(v, list) and len(v) > 8 else v) for k, v in data.items()}
+
+
+# ---- tier timeline ---------------------------------------------------------------------------------------
+def _steps(lens: Lens, rows: Iterable[Row]) -> dict[str, list[Move]]:
+    wanted = {r.id for r in rows}
+    out: dict[str, list[Move]] = defaultdict(list)
+    for mv in lens.moves:
+        if mv.memory_id in wanted:
+            out[mv.memory_id].append(mv)
+    return out
+
+
+def _edges(start: datetime, end: datetime, buckets: int) -> list[datetime]:
+    span = max((end - start).total_seconds(), 1.0)
+    return [start + timedelta(seconds=span * (i + 1) / buckets) for i in range(buckets)]
+
+
+def _first_seen(row: Row, moves: list[Move]) -> tuple[datetime, int, str]:
+    """When a memory appeared (time, event seq) and in which tier: its add event, else its creation
+    time and first known tier (seq 0: before the log we have)."""
+    for mv in moves:
+        if mv.kind == "add":
+            return mv.at, mv.seq, mv.to_tier or row.tier
+    first = next((mv.from_tier for mv in moves if mv.from_tier), None)
+    return row.created_at, 0, first or row.tier
+
+
+def timeline(
+    lens: Lens, session: str | None = None, buckets: int = 60, limit: int = 50, axis: str = "events"
+) -> dict[str, Any]:
+    """Memories per tier (bucketed counts at the end of each bucket) and the latest tier moves.
+
+    ``axis="events"`` buckets by position in the event log, so bursts of activity get the room they
+    need (an agent works for minutes, then nothing for days); ``axis="time"`` by wall-clock time. Either
+    way ``edges`` are the times of the bucket ends, for the labels."""
+    lens.refresh()
+    with lens._lock:
+        rows = _scope(lens, session)
+        if not rows:
+            empty: dict[str, list[int]] = {t: [] for t in TIERS}
+            return {"edges": [], "series": empty, "moves": [], "total_moves": 0, "axis": axis}
+        steps = _steps(lens, rows)
+        starts = {r.id: _first_seen(r, steps.get(r.id, [])) for r in rows}
+        by_time = axis == "time"
+
+        def pos(at: datetime, seq: int) -> float:
+            return at.timestamp() if by_time else float(seq)
+
+        points = [pos(mv.at, mv.seq) for ms in steps.values() for mv in ms]
+        points += [pos(at, seq) for at, seq, _ in starts.values()]
+        lo, hi = min(points), max(points)
+        edges = [lo + (hi - lo) * (k + 1) / buckets for k in range(buckets)]
+        diff = {t: [0] * (buckets + 1) for t in TIERS}
+        for r in rows:
+            at, seq, tier = starts[r.id]
+            diff[tier][bisect.bisect_left(edges, pos(at, seq))] += 1
+            for mv in steps.get(r.id, []):
+                if mv.kind == "add" or not mv.to_tier or mv.to_tier == tier or mv.to_tier not in diff:
+                    continue
+                k = bisect.bisect_left(edges, pos(mv.at, mv.seq))
+                diff[tier][k] -= 1
+                diff[mv.to_tier][k] += 1
+                tier = mv.to_tier
+        series = {t: list(accumulate(diff[t][:buckets])) for t in TIERS}
+        recent = [mv for ms in steps.values() for mv in ms if mv.kind != "add"]
+        recent.sort(key=lambda mv: mv.seq, reverse=True)
+        return {
+            "edges": _edge_times(edges, steps, starts, by_time),
+            "axis": axis,
+            "series": series,
+            "moves": [_move(lens, mv) for mv in recent[:limit]],
+            "total_moves": len(recent),
+        }
+
+
+def _edge_times(
+    edges: list[float],
+    steps: dict[str, list[Move]],
+    starts: dict[str, tuple[datetime, int, str]],
+    by_time: bool,
+) -> list[int]:
+    """The time of each bucket end: itself on the time axis, else the time of the last event before it."""
+    if by_time:
+        return [int(e * 1000) for e in edges]
+    known = sorted([(float(mv.seq), mv.at) for ms in steps.values() for mv in ms] + [
+        (float(seq), at) for at, seq, _ in starts.values()
+    ])
+    keys = [k for k, _ in known]
+    return [_ms(known[max(0, bisect.bisect_right(keys, e) - 1)][1]) for e in edges]
+
+
+def _move(lens: Lens, mv: Move) -> dict[str, Any]:
+    row = lens.rows.get(mv.memory_id)
+    return {
+        "seq": mv.seq,
+        "at": mv.at.isoformat(),
+        "id": mv.memory_id,
+        "short_id": short_id(mv.memory_id),
+        "kind": mv.kind,
+        "from": mv.from_tier,
+        "to": mv.to_tier,
+        "reason": mv.reason,
+        "value": mv.value_after,
+        "preview": row.preview[:100] if row else "(forgotten)",
+    }
+
+
+# ---- value heatmap ---------------------------------------------------------------------------------------
+def heatmap(
+    lens: Lens,
+    session: str | None = None,
+    group: str = "memory",
+    cols: int = 40,
+    offset: int = 0,
+    limit: int = 40,
+) -> dict[str, Any]:
+    """Value over time: one row per memory (highest value first, paginated) or per kind (the mean value of
+    that kind's memories present at each time). A memory's value is known at its events (moves, pins,
+    votes, recalls, context builds) and now; between two samples the earlier one holds, before the first
+    the first is carried back to when it appeared."""
+    lens.refresh()
+    with lens._lock:
+        rows = _scope(lens, session)
+        if not rows:
+            return {"edges": [], "rows": [], "total": 0, "group": group}
+        steps = _steps(lens, rows)
+        starts = {r.id: _first_seen(r, steps.get(r.id, []))[0] for r in rows}
+        now = lens.last_at or max(starts.values())
+        t0 = min(starts.values())
+        edges = _edges(t0, max(now, *starts.values()), cols)
+
+        points = {r.id: _value_points(lens, r, starts[r.id], edges[-1]) for r in rows}
+        edges_ms = [_ms(e) for e in edges]
+        if group == "kind":
+            by_kind: dict[str, list[Row]] = defaultdict(list)
+            for r in rows:
+                by_kind[r.kind].append(r)
+            out_rows = [
+                {"id": None, "label": f"{kind} ({len(members)})",
+                 "values": _mean_over_time([points[r.id] for r in members], edges)}
+                for kind, members in sorted(by_kind.items())
+            ]
+            return {"edges": edges_ms, "rows": out_rows, "total": len(out_rows), "group": group}
+        rows.sort(key=lambda r: (-r.value, r.id))
+        page = rows[offset : offset + limit]
+        return {
+            "edges": edges_ms,
+            "rows": [
+                {"id": r.id, "label": f"{short_id(r.id)} {r.kind}: {r.preview[:60]}",
+                 "values": _sampled(points[r.id], edges)}
+                for r in page
+            ],
+            "total": len(rows),
+            "offset": offset,
+            "group": group,
+        }
+
+
+def _value_points(lens: Lens, row: Row, start: datetime, last_edge: datetime) -> list[tuple[datetime, float]]:
+    """A memory's value as a step function: (time, value from then on), from when it appeared to now.
+
+    The value when it appeared is its last sample by then, else its first sample (carried back), else
+    its current value; the last point is the current value at the last edge (or at the last sample)."""
+    samples = sorted(lens.values.get(row.id, []))
+    before = [v for a, v in samples if a <= start]
+    first = before[-1] if before else (samples[0][1] if samples else row.value)
+    points = [(start, first), *((a, v) for a, v in samples if a > start)]
+    points.append((max(last_edge, points[-1][0]), row.value))
+    return points
+
+
+def _sampled(points: list[tuple[datetime, float]], edges: list[datetime]) -> list[float | None]:
+    times = [a for a, _ in points]
+    out: list[float | None] = []
+    for e in edges:
+        i = bisect.bisect_right(times, e) - 1
+        out.append(None if i < 0 else round(points[i][1], 3))
+    return out
+
+
+def _mean_over_time(series: list[list[tuple[datetime, float]]], edges: list[datetime]) -> list[float | None]:
+    """The mean of several step functions at each edge (of those that exist by then), in one sweep."""
+    deltas: list[tuple[datetime, float, int]] = []
+    for points in series:
+        deltas.append((points[0][0], points[0][1], 1))
+        deltas.extend((b[0], b[1] - a[1], 0) for a, b in pairwise(points))
+    deltas.sort(key=lambda d: d[0])
+    out: list[float | None] = []
+    total, count, k = 0.0, 0, 0
+    for e in edges:
+        while k < len(deltas) and deltas[k][0] <= e:
+            total, count, k = total + deltas[k][1], count + deltas[k][2], k + 1
+        out.append(round(total / count, 3) if count else None)
+    return out
+
+
+# ---- memory graph ----------------------------------------------------------------------------------------
+def graph(
+    lens: Lens, session: str | None = None, focus: str | None = None, limit: int = 120, offset: int = 0
+) -> dict[str, Any]:
+    """Nodes and edges: parent -> child, typed links, and shared entities (named by at most 12 nodes).
+
+    With ``focus``, the memory and its neighbourhood (breadth-first over those edges, up to ``limit``);
+    else the newest ``limit`` memories of the scope (``offset`` pages back)."""
+    lens.refresh()
+    with lens._lock:
+        rows = _scope(lens, session)
+        if focus:
+            chosen = _neighbourhood(lens, focus, limit)
+        else:
+            rows.sort(key=lambda r: r.created_at, reverse=True)
+            chosen = [r.id for r in rows[offset : offset + limit]]
+        ids = set(chosen)
+        contents = {}
+        for start in range(0, len(chosen), 500):
+            contents.update(lens.harness.store.get_many(chosen[start : start + 500]))
+        edges = []
+        for i in chosen:
+            r = lens.rows.get(i)
+            if r is None:
+                continue
+            if r.parent_id in ids:
+                edges.append({"source": r.parent_id, "target": i, "type": "parent"})
+            edges.extend({"source": i, "target": t, "type": k} for k, t in r.links if t in ids)
+        named: dict[str, list[str]] = defaultdict(list)
+        for i, m in contents.items():
+            for key in entities(m.content[:4000]):
+                named[key].append(i)
+        for key, members in named.items():
+            if 2 <= len(members) <= 12:
+                edges.extend(
+                    {"source": a, "target": b, "type": "entity", "label": key} for a, b in pairwise(members)
+                )
+        nodes = [lens.rows[i].as_dict() for i in chosen if i in lens.rows]
+        return {"nodes": nodes, "edges": edges, "total": len(rows), "offset": offset, "focus": focus}
+
+
+def _neighbourhood(lens: Lens, focus: str, limit: int) -> list[str]:
+    lens.memory(focus)  # NotFoundError for an unknown id
+    children: dict[str, list[str]] = defaultdict(list)
+    for r in lens.rows.values():
+        if r.parent_id:
+            children[r.parent_id].append(r.id)
+        for _, t in r.links:
+            children[t].append(r.id)
+    seen = [focus]  # a list for the order; `seen_set` for the membership tests
+    seen_set = {focus}
+    frontier = [focus]
+    while frontier and len(seen) < limit:
+        nxt = []
+        for i in frontier:
+            node = lens.rows.get(i)
+            near = [*children.get(i, [])]
+            if node is not None:
+                near += [x for x in (node.parent_id, *(t for _, t in node.links)) if x]
+                if i == focus:  # the focus's conversational neighbours (a scan: once, not per node)
+                    near += _same_session_neighbours(lens, node)
+            for j in near:
+                if j not in seen_set and j in lens.rows and len(seen) < limit:
+                    seen.append(j)
+                    seen_set.add(j)
+                    nxt.append(j)
+        frontier = nxt
+    return seen
+
+
+def _same_session_neighbours(lens: Lens, row: Row, k: int = 3) -> list[str]:
+    if row.session_id is None:
+        return []
+    same = [r for r in lens.rows.values() if r.session_id == row.session_id]
+    same.sort(key=lambda r: r.created_at)
+    i = next(n for n, r in enumerate(same) if r.id == row.id)
+    return [r.id for r in same[max(0, i - k) : i + k + 1] if r.id != row.id]
+
+
+# ---- contexts --------------------------------------------------------------------------------------------
+def contexts(lens: Lens, session: str | None = None, offset: int = 0, limit: int = 50) -> dict[str, Any]:
+    lens.refresh()
+    with lens._lock:
+        builds = sorted(lens.contexts.values(), key=lambda b: b.seq, reverse=True)
+        if session:
+            builds = [b for b in builds if b.scope.get("session_id") == session]
+        page = _page(builds, offset, limit)
+        page["items"] = [b.summary() for b in page["items"]]
+        return page

@@ -1,0 +1,268 @@
+"""The dashboard demo: enough history that every MemLens view has something to show.
+
+Three workloads on one replay clock (the harness's notion of now follows the scripted times, so the
+timeline and heatmap span the five simulated weeks, not the seconds the script takes):
+
+1. the multi-session conversation of :mod:`clawvm.demo` (an ops assistant, five sessions), each session
+   followed by an idle ``tick()`` that pages its working tier out; then the workload's questions, each
+   as a tracked recall plus a context build whose scripted answer cites the evidence it found
+   (:func:`clawvm.lens.record_output`);
+2. a scripted tool-using agent run recorded by ``@harness.tool``: a payment API that keeps timing out,
+   the EU fallback that works, ledger and rollout checks, contexts and outputs between the steps, the
+   intermediate thoughts collapsed into a summary at the end;
+3. a small team run (ConMem, :mod:`clawvm.teams`): three agents with grants on one team recording
+   observations and decisions, one decision revised by the reviewer;
+
+then a few manual actions (pin, set value, annotate, archive) as a person would make them in the
+dashboard, which also exercise the learning rule. Tier budgets are small so that memories reach every
+tier, archive and compression included. LoCoMo conversations can be added where the data exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from .. import teams
+from ..context import Context
+from ..harness import Harness
+from ..learning import intervene
+from ..lens import record_output
+from ..model import Kind, State
+from ..store import Store, store_from_url
+from ..tiers import PagerConfig, TierBudgets
+from . import ingest_locomo, ingest_workload, load_workload
+
+START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+#: Budgets small enough that a 30-record session overflows working, short-term and long-term.
+DEMO_PAGER = PagerConfig(
+    budgets=TierBudgets(working_tokens=700, working_items=12, short_term_items=12, long_term_items=24)
+)
+
+
+class ReplayClock:
+    """A clock that only moves when told to (and never backwards): the harness's ``clock``."""
+
+    def __init__(self, start: datetime = START) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def at(self, when: datetime) -> None:
+        self.now = max(self.now, when)
+
+    def advance(self, **delta: float) -> None:
+        self.now += timedelta(**delta)
+
+
+@dataclass
+class ScenarioReport:
+    memories: int
+    contexts: int
+    outputs: int
+    evidence_cited: int
+    questions: int
+    manual_actions: int
+
+
+def open_demo(target: str | Path | Store, clock: ReplayClock, embed: bool = True) -> Harness:
+    return Harness.open(target, embedder="default" if embed else None, clock=clock, pager=DEMO_PAGER)
+
+
+def serve_demo(
+    db: str,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    *,
+    embed: bool = True,
+    locomo: Path | None = None,
+    echo: Callable[[str], None] = print,
+) -> None:
+    """Load the scenario into ``db``, then serve the REST API and the dashboard until interrupted.
+
+    Prints the dashboard URL with an API key (tenant ``default``, role agent) in its fragment."""
+    import uvicorn
+
+    from ..server import configure_logging, create_app
+
+    clock = ReplayClock()
+    h = open_demo(store_from_url(db), clock, embed)
+    try:
+        load_scenario(h, clock, echo, locomo)
+        configure_logging("warning")
+        app = create_app(h.store, embedder=h.embedder)  # the store stays ours: closed with the harness
+        _, key = app.state.service.keyring.create("default", "agent", "MemLens demo")
+        echo(f"\nMemLens dashboard: http://{host}:{port}/dashboard/#key={key}")
+        echo(f"REST API: http://{host}:{port}/docs  (API key for tenant 'default', role agent: {key})")
+        uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
+    finally:
+        h.close()
+
+
+def load_scenario(
+    h: Harness, clock: ReplayClock, echo: Callable[[str], None] = print, locomo: Path | None = None
+) -> ScenarioReport:
+    workload = load_workload()
+    outputs = cited = 0
+    for session in workload["sessions"]:
+        ingest_workload(h, {"sessions": [session]}, on_time=clock.at)
+        clock.advance(hours=3)
+        h.tick()  # the session went idle: its working tier is paged out
+    h.flush()
+    echo(f"conversation: {h.count(status='any')} memories from {len(workload['sessions'])} sessions")
+    clock.advance(hours=1)
+    for q in workload["queries"]:
+        clock.advance(minutes=7)
+        h.recall(q["query"], k=5, agent_id="ops-assistant")
+        ctx = h.context(q["query"], budget_tokens=500, session_id="s5", agent_id="ops-assistant")
+        found = _answer(h, ctx, q["expect"])
+        outputs += 1
+        cited += found
+    echo(f"questions: {len(workload['queries'])} context builds, evidence cited in {cited}")
+    outputs += _agent_run(h, clock)
+    echo("agent run: tool calls recorded by @harness.tool (timeouts, fallback, checks)")
+    outputs += _team_run(h, clock)
+    echo("team run: three agents, grants, shared decisions and a revision")
+    n_manual = _manual_actions(h, clock)
+    echo(f"manual actions: {n_manual} (pin, set value, annotate, archive)")
+    if locomo is not None:
+        echo(f"LoCoMo: {ingest_locomo(h, locomo)} turns from {locomo}")
+    clock.advance(hours=6)
+    h.tick()
+    h.flush()
+    return ScenarioReport(
+        memories=h.count(status="any"),
+        contexts=outputs,
+        outputs=outputs,
+        evidence_cited=cited,
+        questions=len(workload["queries"]),
+        manual_actions=n_manual,
+    )
+
+
+def _answer(h: Harness, ctx: Context, expect: str, success: bool | None = None) -> bool:
+    """A scripted agent answer: cite the context lines holding ``expect`` (else the first retrieved)."""
+    lines = {e.id: e for e in ctx.manifest}
+    found = h.store.get_many(list(lines))
+    evidence = [i for i, m in found.items() if expect.lower() in m.content.lower()]
+    cite = evidence or [e.id for e in ctx.manifest if e.section == "retrieved"][:1]
+    refs = " ".join(f"[{lines[i].short_id}]" for i in cite)
+    text = f"{expect[:1].upper()}{expect[1:]}. Sources: {refs}" if evidence else f"Not sure; closest: {refs}"
+    record_output(h, ctx, text, success=bool(evidence) if success is None else success)
+    return bool(evidence)
+
+
+def _agent_run(h: Harness, clock: ReplayClock) -> int:
+    scope: dict[str, Any] = {"session_id": "run-cutover", "task_id": "t-dry-run", "agent_id": "deploy-bot"}
+    clock.at(datetime(2026, 4, 2, 15, 0, tzinfo=UTC))
+
+    def charge(host: str, amount_eur: float) -> dict[str, Any]:
+        if host == "api.tessera.example":
+            raise TimeoutError(f"read timed out after 10 s calling https://{host}/v2/charges")
+        return {"status": "captured", "host": host, "amount_eur": amount_eur, "charge_id": "ch_7Qx2"}
+
+    tessera_charge = h.tool("tessera_charge", timeout_errors=(TimeoutError,), **scope)(charge)
+
+    @h.tool("tessera_charge_eu", fallback_for="tessera_charge", **scope)
+    def tessera_charge_eu(amount_eur: float) -> dict[str, Any]:
+        return charge("eu.api.tessera.example", amount_eur)
+
+    @h.tool("sql_query", **scope)
+    def sql_query(sql: str) -> list[dict[str, Any]]:
+        return [{"captured": 3, "failed": 0, "total_eur": "1274.50"}]
+
+    @h.tool("shell", **scope)
+    def shell(cmd: str) -> str:
+        return "deployment \"billing-svc\" successfully rolled out (3/3 replicas)"
+
+    h.record("Dry run of the Tessera cutover: charge 3 test invoices, check the ledger, roll out.",
+             kind=Kind.USER_INPUT, **scope)
+    outputs = 0
+    for attempt in range(3):
+        clock.advance(seconds=40)
+        thought = f"Attempt {attempt + 1}: charging invoice INV-{1040 + attempt} through the primary host."
+        h.record(thought, kind=Kind.LLM_THOUGHT, state=State.INTERMEDIATE, **scope)
+        clock.advance(seconds=10)
+        with suppress(TimeoutError):  # recorded as an ERROR result by the tool wrapper
+            tessera_charge("api.tessera.example", 424.83)
+        clock.advance(seconds=10)
+        ctx = h.context("tessera charge timed out: what worked before?", budget_tokens=400, **scope)
+        _answer(h, ctx, "timed out", success=False)
+        outputs += 1
+    clock.advance(minutes=2)
+    h.record("Decided: route charges through the EU regional host while the primary keeps timing out.",
+             kind=Kind.DECISION, **scope)
+    for n in range(3):
+        clock.advance(seconds=30)
+        tessera_charge_eu(424.83 + n)
+    clock.advance(minutes=1)
+    sql_query("SELECT count(*) FILTER (WHERE captured), sum(amount) FROM charges WHERE run = 'dry-1'")
+    clock.advance(minutes=1)
+    shell("kubectl rollout status deploy/billing-svc -n billing")
+    clock.advance(minutes=1)
+    question = "did the dry run succeed and which host should production use?"
+    ctx = h.context(question, budget_tokens=600, **scope)
+    _answer(h, ctx, "captured", success=True)
+    h.collapse_task("t-dry-run")
+    return outputs + 1
+
+
+def _team_run(h: Harness, clock: ReplayClock) -> int:
+    team, task, session = "billing-team", "t-refund-fix", "team-refunds"
+    clock.at(datetime(2026, 4, 3, 9, 0, tzinfo=UTC))
+    for agent in ("planner", "coder", "reviewer"):
+        h.grant(team, agent, read=True, write=True)
+    common = {"team_id": team, "task_id": task, "session_id": session, "task_type": "refunds"}
+    script = [
+        ("planner", Kind.OBSERVATION, "Refunds over EUR 500 fail on Tessera: error R-409 (duplicate key)."),
+        ("coder", Kind.OBSERVATION, "R-409 happens because billing-svc reuses the Cardinal idempotency key."),
+        ("planner", Kind.DECISION, "Decided: generate a fresh idempotency key per refund attempt."),
+        ("coder", Kind.KNOWLEDGE, "Tessera idempotency keys must be unique per request for 24 hours."),
+        ("reviewer", Kind.OBSERVATION, "The fix passes the refund test suite: 48 passed, 0 failed."),
+    ]
+    made = []
+    for agent, kind, text in script:
+        clock.advance(minutes=12)
+        made.append(teams.record(h, text, agent_id=agent, kind=kind, **common))
+    clock.advance(minutes=20)
+    revised = "Decided: fresh idempotency key per refund attempt, derived from refund id + attempt number."
+    h.revise(made[2].id, agent_id="reviewer", content=revised)
+    outputs = 0
+    for agent in ("coder", "reviewer"):
+        clock.advance(minutes=5)
+        ctx = h.context("why did refunds fail and what is the fix?", budget_tokens=500, session_id=session)
+        _answer(h, ctx, "idempotency key", success=True)
+        outputs += 1
+        h.record(f"{agent} confirmed the refund fix against the context.", kind=Kind.NOTE, agent_id=agent,
+                 session_id=session, task_id=task)
+    return outputs
+
+
+def _manual_actions(h: Harness, clock: ReplayClock) -> int:
+    clock.advance(hours=2)
+    profile = _find(h, "User profile: Priya Raman")
+    thought = _find(h, "Priya wants Lisbon local times")
+    fallback = _find(h, "route charges through the EU regional host")
+    junk = h.record("ok", kind=Kind.NOTE, session_id="s5", agent_id="ops-assistant")
+    done = 0
+    for action, memory_id, extra in (
+        ("pin", profile, {}),
+        ("set_value", thought, {"value": 0.1}),
+        ("annotate", fallback, {"note": "Confirmed by Priya on the cutover call."}),
+        ("archive", junk.id, {}),
+    ):
+        if memory_id is not None:
+            clock.advance(minutes=3)
+            intervene(h, action, memory_id, by="demo", **extra)
+            done += 1
+    return done
+
+
+def _find(h: Harness, text: str) -> str | None:
+    hits = h.recall(text, k=5, preset="bm25", track=False, status="any")
+    return next((x.id for x in hits if text in x.memory.content), None)

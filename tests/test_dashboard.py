@@ -1,0 +1,343 @@
+"""The MemLens dashboard: its JSON API through the real server app (keys and roles included), its views
+on 10k memories, and the page itself in a real headless Chromium (Debian's ``chromium``, driven by
+Playwright) against a real uvicorn server on loopback with the demo workload loaded. Screenshots go to
+``artifacts/`` (ignored by git)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+from hypothesis import given
+from hypothesis import strategies as st
+
+from clawvm import Harness, Memory
+from clawvm.dashboard import views
+from clawvm.demo.scenario import ReplayClock, load_scenario, open_demo
+from clawvm.server import create_app
+from clawvm.store import Event
+from engines import harness_target
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+VIEWS = ["sessions", "timeline", "heatmap", "graph", "contexts", "influence", "metrics"]
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+
+def _keys(app: Any) -> dict[str, str]:
+    ring = app.state.service.keyring
+    return {role: ring.create("default", role, f"test {role}")[1] for role in ("agent", "read-only")}
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+# ---- the API on every engine --------------------------------------------------------------------------
+@pytest.fixture
+def small(engine_name: str, tmp_path: Path) -> Iterator[tuple[TestClient, Harness, dict[str, str]]]:
+    """A few memories, a context build with a cited output, served by the real app."""
+    from clawvm.lens import record_output
+
+    clock = ReplayClock(T0)
+    h = Harness.open(harness_target(engine_name, tmp_path), embedder=None, clock=clock)
+    a = h.record("the tessera api timed out at 10 s", kind="tool_result", state="error", session_id="s1")
+    h.record("switched to the EU regional host", kind="decision", session_id="s1", parent_id=a.id)
+    h.record("Priya prefers Lisbon time", kind="note", session_id="s2")
+    clock.advance(minutes=5)
+    ctx = h.context("tessera api host", budget_tokens=200, session_id="s1")
+    record_output(h, ctx, f"use the EU host [{ctx.manifest[-1].short_id}]")
+    app = create_app(h.store, embedder=None)
+    try:
+        with TestClient(app) as client:
+            yield client, h, _keys(app)
+    finally:
+        h.close()
+
+
+def test_api_serves_every_view(small: tuple[TestClient, Harness, dict[str, str]]) -> None:
+    client, _, keys = small
+    auth = _auth(keys["read-only"])
+    page = client.get("/dashboard/")
+    assert page.status_code == 200 and "MemLens" in page.text  # the page itself needs no key
+    assert client.get("/dashboard/static/app.js").status_code == 200
+    assert client.get("/dashboard/static/../server.py").status_code == 404
+    assert client.get("/dashboard/api/overview").status_code == 401  # the data does
+
+    overview = client.get("/dashboard/api/overview", headers=auth).json()
+    assert overview["memories"] == 3 and overview["contexts"] == 1
+    sessions = client.get("/dashboard/api/sessions", headers=auth).json()
+    assert {s["session_id"] for s in sessions["items"]} == {"s1", "s2"}
+    mems = client.get("/dashboard/api/memories", params={"session": "s1", "limit": 1}, headers=auth).json()
+    assert mems["total"] == 2 and len(mems["items"]) == 1
+    timeline = client.get("/dashboard/api/timeline", params={"buckets": 5}, headers=auth).json()
+    assert sum(col[-1] for col in timeline["series"].values()) == 3  # every memory sits in some tier
+    heat = client.get("/dashboard/api/heatmap", params={"group": "kind", "cols": 6}, headers=auth).json()
+    assert len(heat["rows"]) == 3 and all(len(r["values"]) == 6 for r in heat["rows"])
+    graph = client.get("/dashboard/api/graph", params={"session": "s1"}, headers=auth).json()
+    assert {e["type"] for e in graph["edges"]} >= {"parent"} and len(graph["nodes"]) == 2
+    ctxs = client.get("/dashboard/api/contexts", headers=auth).json()
+    seq = ctxs["items"][0]["seq"]
+    infl = client.get(f"/dashboard/api/contexts/{seq}", headers=auth).json()
+    assert [x["cited"] for x in infl["lines"]].count(True) == 1
+    cited = next(x["id"] for x in infl["lines"] if x["cited"])
+    detail = client.get(f"/dashboard/api/memories/{cited}", headers=auth).json()
+    assert detail["contexts"][0]["cited"] is True and detail["explain"]["cited"] > 0
+    metrics = client.get("/dashboard/api/metrics", headers=auth).json()
+    assert metrics["context_tokens"]["builds"] == 1
+    assert client.get("/dashboard/api/contexts/999999", headers=auth).status_code == 404
+    assert client.get("/dashboard/api/memories/nope", headers=auth).status_code == 404
+    assert client.get("/dashboard/api/heatmap", params={"group": "x"}, headers=auth).status_code == 422
+
+
+def test_manual_actions_through_the_api(small: tuple[TestClient, Harness, dict[str, str]]) -> None:
+    client, h, keys = small
+    target = h.list(limit=10, session_id="s2")[0]
+    url = f"/dashboard/api/memories/{target.id}"
+    assert client.post(f"{url}/pin", headers=_auth(keys["read-only"])).status_code == 403
+    writer = _auth(keys["agent"])
+    pinned = client.post(f"{url}/pin", headers=writer).json()
+    assert pinned["after"]["pinned"] is True and pinned["learned"]
+    assert client.get(url, headers=writer).json()["memory"]["pinned"] is True
+    bad = client.post(f"{url}/value", json={"value": 0.4}, headers=writer)  # pinned: unpin first
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "memory_id"
+    assert client.post(f"{url}/unpin", headers=writer).status_code == 200
+    assert client.post(f"{url}/value", json={"value": 2}, headers=writer).status_code == 422
+    assert client.post(f"{url}/value", json={"value": 0.2}, headers=writer).status_code == 200
+    assert client.post(f"{url}/annotate", json={"text": "checked"}, headers=writer).status_code == 200
+    assert client.post(f"{url}/archive", headers=writer).json()["after"]["tier"] == "archive"
+    manual = client.get("/dashboard/api/manual", headers=writer).json()
+    assert [x["action"] for x in manual["items"]] == ["archive", "annotate", "set_value", "unpin", "pin"]
+    assert all(x["by"] == "dashboard" for x in manual["items"])
+    weights = client.get("/dashboard/api/weights", headers=writer).json()
+    assert [x["action"] for x in weights["history"]] == ["pin", "set_value", "archive"]
+    assert h.get(target.id).metadata["annotations"][0]["text"] == "checked"
+
+
+# ---- aggregation --------------------------------------------------------------------------------------
+_STEPS = st.lists(
+    st.lists(st.tuples(st.integers(0, 50), st.floats(0, 1)), min_size=1, max_size=6), min_size=1, max_size=8
+)
+
+
+@given(series=_STEPS, edges=st.lists(st.integers(0, 60), min_size=1, max_size=10))
+def test_mean_over_time_is_the_mean_of_the_sampled_series(
+    series: list[list[tuple[int, float]]], edges: list[int]
+) -> None:
+    """The heatmap's by-kind row (one sweep) equals the mean of the per-memory rows at every edge."""
+    as_time = [sorted((T0 + timedelta(hours=t), v) for t, v in steps) for steps in series]
+    cuts = [T0 + timedelta(hours=e) for e in sorted(edges)]
+    swept = views._mean_over_time(as_time, cuts)
+    for j, cut in enumerate(cuts):
+        present = [x for points in as_time if (x := views._sampled(points, [cut])[0]) is not None]
+        if not present:
+            assert swept[j] is None
+        else:  # the sampled cells are rounded to 3 places, the sweep rounds only the mean
+            assert swept[j] == pytest.approx(sum(present) / len(present), abs=2e-3)
+
+
+# ---- scale --------------------------------------------------------------------------------------------
+def _bulk_memories(n: int) -> list[Memory]:
+    """``n`` memories over 40 sessions, in chains of five (parent links)."""
+    out: list[Memory] = []
+    for i in range(n):
+        out.append(
+            Memory(
+                content=f"step {i} of run {i % 40}: Tessera host eu-{i % 7} answered in {i % 900} ms",
+                session_id=f"s{i % 40}",
+                kind="tool_result" if i % 2 else "observation",
+                parent_id=out[i - 1].id if i % 5 else None,
+                created_at=T0 + timedelta(minutes=i),
+                tier="working",
+            )
+        )
+    return out
+
+
+def _bulk_events(memories: list[Memory], builds: int) -> list[Event]:
+    """One demotion per memory, then ``builds`` context builds of 20 lines each."""
+    moved = {"from": "working", "to": "short_term", "value_before": 0.5, "value_after": 0.4, "reason": "b"}
+    events = [Event("demote", m.id, moved, at=T0 + timedelta(minutes=i + 30)) for i, m in enumerate(memories)]
+    for b in range(builds):
+        manifest = [
+            {"id": m.id, "short_id": m.id[-8:], "section": "retrieved", "tier": "long_term", "value": 0.5,
+             "score": 0.5, "tokens": 24, "reason": "recall", "created_at": m.created_at.isoformat()}
+            for m in memories[b * 20 : b * 20 + 20]
+        ]
+        data = {"query": f"q{b}", "budget": 500, "tokens": 480, "scope": {"session_id": "s1"}, "ms": 5.0,
+                "manifest": manifest}
+        events.append(Event("context", None, data, at=T0 + timedelta(days=8, minutes=b)))
+    return events
+
+
+SCALE_CHECKS: list[tuple[str, dict[str, Any], Any]] = [
+    ("sessions", {"limit": 500}, lambda j: j["total"] == 40),
+    ("memories", {"limit": 50, "sort": "value"}, lambda j: j["total"] == 10_000 and len(j["items"]) == 50),
+    ("timeline", {"buckets": 80}, lambda j: sum(c[-1] for c in j["series"].values()) == 10_000),
+    ("heatmap", {"limit": 40, "cols": 48}, lambda j: j["total"] == 10_000 and len(j["rows"]) == 40),
+    ("heatmap", {"group": "kind"}, lambda j: len(j["rows"]) == 2),
+    ("graph", {"limit": 120}, lambda j: len(j["nodes"]) == 120),
+    ("graph", {"limit": 50, "focus": "FOCUS"}, lambda j: 1 < len(j["nodes"]) <= 50),
+    ("contexts", {"limit": 30}, lambda j: j["total"] == 300 and len(j["items"]) == 30),
+    ("metrics", {}, lambda j: j["memories"] == 10_000 and len(j["context_tokens"]["series"]) == 300),
+]
+
+
+@pytest.mark.engines("sqlite")
+def test_views_stay_bounded_on_10k_memories(engine_name: str, tmp_path: Path) -> None:
+    """10k memories, 10k tier moves, 300 context builds: every view answers with a page or an aggregate,
+    never the whole tenant."""
+    h = Harness.open(harness_target(engine_name, tmp_path), embedder=None)
+    memories = _bulk_memories(10_000)
+    h.import_memories(memories)
+    events = _bulk_events(memories, 300)
+    for start in range(0, len(events), 2000):
+        h.store.append_events(events[start : start + 2000])
+    app = create_app(h.store, embedder=None)
+    try:
+        with TestClient(app) as client:
+            auth = _auth(_keys(app)["read-only"])
+            for path, params, check in SCALE_CHECKS:
+                given = {k: (memories[5000].id if v == "FOCUS" else v) for k, v in params.items()}
+                r = client.get(f"/dashboard/api/{path}", params=given, headers=auth)
+                assert r.status_code == 200 and check(r.json()), (path, params)
+                assert len(r.content) < 1_500_000, (path, len(r.content))  # a page, not the whole tenant
+    finally:
+        h.close()
+
+
+# ---- the page in a real browser ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Harness, dict[str, str]]]:
+    """The demo workload in a SQLite file, served by uvicorn on a loopback port."""
+    clock = ReplayClock()
+    db = tmp_path_factory.mktemp("dashboard") / "demo.db"
+    h = open_demo(f"sqlite:///{db}", clock, embed=False)
+    load_scenario(h, clock, echo=lambda _line: None)
+    app = create_app(h.store, embedder=None)
+    keys = _keys(app)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", h, keys
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        h.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():
+        pytest.fail("Debian's chromium is needed for the browser tests: apt-get install -y chromium")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _wait_view(page: Any, view: str) -> None:
+    page.wait_for_selector(f'main[data-view="{view}"][data-ready="1"]', timeout=30_000)
+
+
+def test_every_view_renders_and_a_pin_reaches_the_api(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    base, h, keys = served
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = browser.new_page(viewport={"width": 1500, "height": 1000})
+    problems: list[str] = []
+    page.on("console", lambda m: m.type == "error" and problems.append(f"console: {m.text}"))
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.goto(f"{base}/dashboard/#key={keys['agent']}")  # the link `make run` prints
+    _wait_view(page, "sessions")
+    assert page.evaluate("location.hash") == "#sessions"  # the key left the address bar
+
+    expectations = {
+        "sessions": ("#sessions-table tr.session-row", 7),
+        "timeline": ("#timeline-chart path[data-series]", 4),
+        "heatmap": ("#heatmap-chart rect", 500),
+        "graph": ("#graph-chart circle.node", 40),
+        "contexts": ("#context-lines tr.clickable", 3),
+        "influence": ("#influence-chart path.cited", 1),
+        "metrics": ("#tools-table tr", 5),
+    }
+    for view in VIEWS:
+        page.click(f'#tabs a[data-view="{view}"]')
+        _wait_view(page, view)
+        selector, at_least = expectations[view]
+        assert page.locator(selector).count() >= at_least, (view, selector)
+        page.screenshot(path=str(ARTIFACTS / f"dashboard-{view}.png"), full_page=True)
+    assert page.locator("#metric-cards .metric").count() >= 8
+    assert page.locator("#manual-table tr").count() >= 5  # header + the demo's four actions
+
+    # click a memory (graph node), inspect it, pin it from the inspector
+    page.click('#tabs a[data-view="graph"]')
+    _wait_view(page, "graph")
+    node = page.locator("circle.node").first
+    memory_id = node.get_attribute("data-id")
+    assert memory_id
+    if h.get(memory_id).pinned:
+        h.unpin(memory_id)
+    node.click()
+    page.wait_for_selector('#inspector[data-ready="1"] #pin-button')
+    assert memory_id in page.inner_text("#inspector-fields")
+    page.click("#pin-button")
+    page.wait_for_selector("#pinned-flag", timeout=30_000)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-pinned.png"), full_page=True)
+
+    api = httpx.get(f"{base}/dashboard/api/memories/{memory_id}", headers=_auth(keys["agent"]), timeout=30)
+    assert api.status_code == 200 and api.json()["memory"]["pinned"] is True
+    assert h.get(memory_id).pinned and h.get(memory_id).tier.value == "working"
+    manual = [e for e in h.events(memory_id=memory_id, limit=10**6) if e.kind == "manual"]
+    assert manual[-1].data["action"] == "pin" and manual[-1].data["by"] == "dashboard"
+
+    # the influence view answers the reverse question for the selected memory
+    page.click('#tabs a[data-view="influence"]')
+    _wait_view(page, "influence")
+    page.wait_for_selector("#reverse-table")
+    assert problems == []
+    page.close()
+
+
+def test_the_page_asks_for_a_key_without_breaking(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    base = served[0]
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{base}/dashboard/")
+    _wait_view(page, "sessions")
+    assert page.locator("#keybar").is_visible()
+    assert "API key" in page.inner_text("main")
+    assert errors == []  # failed requests (401) are reported on the page, not thrown
+    page.close()

@@ -1,0 +1,392 @@
+"""MemLens: metrics from events, influence tracing and citations, the learning rule, event export and
+retention. Storage-touching tests run on every engine (``engine_name``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clawvm import Harness, Kind, Memory, NotFoundError, Tier, ValidationError
+from clawvm.events import DUCKDB_QUERIES, Retention, export_jsonl, export_parquet, prune, run_query
+from clawvm.learning import features, intervene, learn, raw_value, restore_weights, weights_of
+from clawvm.lens import Lens, record_output
+from clawvm.model import Cost, Usage
+from clawvm.scoring import DEFAULT_SCORING
+from clawvm.store import Event
+from engines import harness_target
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def h(engine_name: str, tmp_path: Path, clock: Clock) -> Iterator[Harness]:
+    """A lexical-only harness on the engine, on a clock the test moves."""
+    harness = Harness.open(harness_target(engine_name, tmp_path), embedder=None, clock=clock)
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+# ---- metrics ------------------------------------------------------------------------------------------
+def test_working_hit_rate_latency_and_regret(h: Harness, clock: Clock) -> None:
+    hot = h.record("the payment gateway returned 502 bad gateway", session_id="s1")
+    cold = h.record("the invoice archive job finished overnight", session_id="s1")
+    h.pager.move(h.get(cold.id), Tier.LONG_TERM, "test", clock.now)
+    gone = h.record("legacy cardinal webhook secret rotated", session_id="s1")
+    h.pager.move(h.get(gone.id), Tier.ARCHIVE, "test", clock.now)
+    h.record("unrelated lunch plans for friday", session_id="s1")
+    assert [x.id for x in h.recall("payment gateway 502", k=1, preset="bm25")] == [hot.id]  # hit
+    assert [x.id for x in h.recall("invoice archive job", k=1, preset="bm25")] == [cold.id]  # miss
+    assert [x.id for x in h.recall("cardinal webhook secret", k=1, preset="bm25")] == [gone.id]  # regret
+    h.recall("nothing matches zyxwv", k=3, preset="bm25")
+    h.recall("payment gateway", k=1, preset="bm25", track=False)  # untracked: not counted
+
+    m = Lens(h).metrics()
+    assert m["needs"] == 3 and m["working_hit_rate"] == pytest.approx(1 / 3, abs=1e-4)
+    assert m["retrieval_ms"]["n"] == 4
+    lat = m["retrieval_ms"]
+    assert 0 <= lat["p50"] <= lat["p90"] <= lat["p95"] <= lat["p99"]
+    assert m["evictions"] == 1 and m["eviction_regret"] == 1.0
+    assert m["regretted"][0]["id"] == gone.id
+
+
+def test_context_tokens_and_quality_rates(h: Harness, clock: Clock) -> None:
+    a = h.record("deploy window is friday 18:00 lisbon time", session_id="s1")
+    h.record("Deploy window is Friday   18:00 Lisbon time", session_id="s1")  # duplicate (case, spaces)
+    h.record("ok", session_id="s1")  # junk: fewer than three words
+    h.record("the old escalation contact was Maria", session_id="s1", expires_at=T0 + timedelta(hours=1))
+    h.record("the escalation contact is Tomás", session_id="s1", links=[{"type": "revises", "target": a.id}])
+    c1 = h.context("deploy window", budget_tokens=300, session_id="s1")
+    c2 = h.context("escalation contact", budget_tokens=60, session_id="s1")
+    clock.now = T0 + timedelta(hours=2)  # the TTL memory is past expires_at (tick has not run)
+
+    m = Lens(h).metrics()
+    ct = m["context_tokens"]
+    assert ct["builds"] == 2 and ct["mean"] == pytest.approx((c1.tokens + c2.tokens) / 2, abs=0.1)
+    assert ct["max"] == max(c1.tokens, c2.tokens)
+    assert [(s["tokens"], s["budget"]) for s in ct["series"]] == [(c1.tokens, 300), (c2.tokens, 60)]
+    assert m["context_ms"]["n"] == 2
+    assert m["active"] == 5
+    assert m["duplicate_rate"] == pytest.approx(1 / 5)
+    assert m["junk_rate"] == pytest.approx(1 / 5)
+    assert m["stale_rate"] == pytest.approx(2 / 5)  # revised (a) + past its TTL
+
+
+def test_tool_reliability_comes_from_the_recorded_calls(h: Harness) -> None:
+    @h.tool("flaky_api", timeout_errors=(TimeoutError,), session_id="s1")
+    def flaky(n: int) -> int:
+        raise TimeoutError(f"read timed out ({n})")
+
+    for n in range(3):
+        with pytest.raises(TimeoutError):
+            flaky(n)
+    tools = {t["tool"]: t for t in Lens(h).metrics()["tools"]}
+    assert tools["flaky_api"]["errors"] == 3 and tools["flaky_api"]["timeouts"] == 3
+    assert tools["flaky_api"]["unreliable"] is True
+
+
+def test_lens_keeps_up_incrementally(h: Harness) -> None:
+    lens = Lens(h)
+    assert lens.metrics()["memories"] == 0
+    m = h.record("first memory of the session", session_id="s1")
+    h.pin(m.id)
+    lens.refresh()
+    assert lens.rows[m.id].pinned and lens.rows[m.id].tier == "working"
+    h.forget(h.record("to be forgotten soon", session_id="s1").id)
+    assert lens.metrics()["memories"] == 1
+
+
+# ---- influence and citations -----------------------------------------------------------------------------
+def test_influence_marks_cited_and_feeds_value(h: Harness) -> None:
+    cited = h.record("the EU regional host works for tessera charges", session_id="s1")
+    other = h.record("the tessera charges dashboard is slow today", session_id="s1")
+    ctx = h.context("tessera charges host", budget_tokens=400, session_id="s1")
+    assert {cited.id, other.id} <= set(ctx.ids) and ctx.event_seq is not None
+    before = {e.id: e for e in ctx.manifest}
+    short = before[cited.id].short_id
+
+    out = record_output(h, ctx, f"Use the EU regional host [{short}].", success=True)
+    assert out.cited == [cited.id] and other.id in out.uncited
+
+    lens = Lens(h)
+    trace = lens.influence(ctx.event_seq)
+    lines = {x["id"]: x for x in trace["lines"]}
+    assert lines[cited.id]["cited"] is True and lines[other.id]["cited"] is False
+    for mid in (cited.id, other.id):  # tier and value as they were at the build
+        assert (lines[mid]["tier"], lines[mid]["value"]) == (before[mid].tier, before[mid].value)
+    assert trace["output"]["success"] is True and short in trace["output"]["text"]
+    assert [c["seq"] for c in lens.contexts_of(cited.id)] == [ctx.event_seq]
+    assert lens.contexts_of(cited.id)[0]["cited"] is True
+
+    now = h.get(cited.id)
+    assert (now.usage.cited, now.usage.successes, now.usage.injected) == (1, 1, 1)
+    assert h.explain(cited.id).cited == pytest.approx(DEFAULT_SCORING.cite_weight)  # cited/injected = 1
+    assert h.explain(other.id).cited == 0.0 and h.get(other.id).usage.cited == 0
+
+
+def test_record_output_rejects_what_is_not_a_context_build(h: Harness) -> None:
+    m = h.record("a memory", session_id="s1")
+    add_seq = h.events(memory_id=m.id)[0].seq or 0
+    with pytest.raises(NotFoundError):
+        record_output(h, add_seq, "text")
+    with pytest.raises(NotFoundError):
+        record_output(h, 10**9, "text")
+    with pytest.raises(ValidationError):
+        record_output(h, add_seq, b"not text")  # type: ignore[arg-type]
+    with pytest.raises(NotFoundError):
+        Lens(h).influence(add_seq)
+
+
+# ---- the learning rule ------------------------------------------------------------------------------------
+_TEXTS = st.sampled_from(
+    [
+        "plain words only here",
+        "TimeoutError: read timed out after 10 s",
+        "final answer: the root cause was the cache",
+        "```def f(x): return x```",
+        "Priya Raman moved the cutover to Friday",
+    ]
+)
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(
+    kind=st.sampled_from(list(Kind)),
+    text=_TEXTS,
+    hours=st.floats(0, 2000),
+    usage=st.tuples(st.integers(0, 30), st.integers(0, 30), st.integers(0, 10), st.integers(0, 10),
+                    st.integers(-5, 5)),
+    access=st.integers(0, 50),
+    seconds=st.floats(0, 100),
+    target=st.floats(0, 1),
+    rate=st.floats(0.01, 1),
+)
+def test_learning_step_moves_the_value_toward_the_target(
+    kind: Kind,
+    text: str,
+    hours: float,
+    usage: tuple[int, int, int, int, int],
+    access: int,
+    seconds: float,
+    target: float,
+    rate: float,
+) -> None:
+    injected, cited, ok, bad, votes = usage
+    m = Memory(
+        content=text, kind=kind, created_at=T0, access_count=access, cost=Cost(seconds=seconds),
+        usage=Usage(
+            injected=injected, cited=min(cited, injected), successes=ok, failures=bad, feedback=votes
+        ),
+    )
+    now = T0 + timedelta(hours=hours)
+    cfg = DEFAULT_SCORING
+    before = raw_value(m, now, cfg)
+    new, delta = learn(cfg, m, now, target, rate)
+    after = raw_value(m, now, new)
+    assert abs(after - target) <= abs(before - target) + 1e-9  # never away from the target
+    assert set(delta) <= set(features(m, now, cfg))  # only weights this memory depends on move
+    weights = weights_of(new)
+    assert all(0.0 <= v <= 1.0 for v in weights["base"].values())
+    assert all(0.0 <= v <= 1.0 for k, v in weights.items() if k != "base")
+    clipped = any(v in (0.0, 1.0) for k, v in weights.items() if k != "base") or any(
+        v in (0.0, 1.0) for v in weights["base"].values()
+    )
+    if not clipped:  # the documented step: exactly `rate` of the way
+        assert after == pytest.approx(before + rate * (target - before), abs=1e-9)
+
+
+def test_learn_rejects_a_bad_rate() -> None:
+    with pytest.raises(ValidationError):
+        learn(DEFAULT_SCORING, Memory(content="x"), T0, 1.0, rate=0.0)
+
+
+def test_manual_actions_are_events_and_teach_the_scorer(h: Harness, clock: Clock) -> None:
+    note = h.record("User profile: prefers Lisbon time and EUR tables", kind="note", session_id="s1")
+    thought = h.record("maybe check the logs later", kind="llm_thought", session_id="s1")
+    other_note = h.record("a second note about reports", kind="note", session_id="s1")
+    base_before = h.pager.config.scoring.base["note"]
+    clock.now = T0 + timedelta(minutes=5)
+
+    pinned = intervene(h, "pin", note.id, by="tester")
+    assert pinned["after"]["pinned"] and pinned["after"]["tier"] == "working"
+    assert pinned["learned"]["base:note"] > 0  # a pin says notes are worth more
+    assert h.pager.config.scoring.base["note"] > base_before
+    assert h.pager.value_now(h.get(other_note.id), clock.now) > other_note.value  # a similar memory rose
+
+    before = h.get(thought.id).value
+    low = intervene(h, "set_value", thought.id, value=0.0)
+    assert low["learned"]["base:llm_thought"] < 0
+    assert h.get(thought.id).value < before and h.get(thought.id).usage.feedback < 0
+
+    notes_before = dict(h.get(note.id).metadata)
+    ann = intervene(h, "annotate", note.id, note="confirmed on the call")
+    assert ann["learned"] == {} and "annotations" not in notes_before
+    assert h.get(note.id).metadata["annotations"][0]["text"] == "confirmed on the call"
+
+    arch = intervene(h, "archive", note.id)
+    assert arch["after"] == {**arch["after"], "tier": "archive", "pinned": False}
+    assert intervene(h, "unpin", thought.id)["learned"] == {}
+
+    manual = [e for e in h.events(limit=10**6) if e.kind == "manual"]
+    assert [e.data["action"] for e in manual] == ["pin", "set_value", "annotate", "archive", "unpin"]
+    assert manual[0].data["by"] == "tester" and manual[0].data["before"]["pinned"] is False
+    weights = [e for e in h.events(limit=10**6) if e.kind == "scoring_weights"]
+    assert [e.data["action"] for e in weights] == ["pin", "set_value", "archive"]
+    assert weights[-1].data["weights"] == weights_of(h.pager.config.scoring)
+
+    # a new harness over the same store gets the learned weights back when MemLens opens
+    fresh = Harness(h.store, None, clock=clock)
+    assert fresh.pager.config.scoring == DEFAULT_SCORING
+    Lens(fresh)
+    assert weights_of(fresh.pager.config.scoring) == weights[-1].data["weights"]
+
+
+def test_manual_action_input_is_checked(h: Harness) -> None:
+    m = h.record("something worth pinning", session_id="s1")
+    with pytest.raises(ValidationError):
+        intervene(h, "delete", m.id)
+    with pytest.raises(ValidationError):
+        intervene(h, "set_value", m.id, value=1.5)
+    with pytest.raises(ValidationError):
+        intervene(h, "annotate", m.id, note="  ")
+    h.pin(m.id)
+    with pytest.raises(ValidationError):
+        intervene(h, "set_value", m.id, value=0.2)
+    with pytest.raises(NotFoundError):
+        intervene(h, "pin", "01a22883-0000-7000-8000-000000000000")
+    assert not [e for e in h.events(limit=10**6) if e.kind in ("manual", "scoring_weights")]
+
+
+def test_restore_weights_ignores_nothing_and_unknown_keys() -> None:
+    h = Harness.open("memory://", embedder=None)
+    try:
+        restore_weights(h, None)
+        assert h.pager.config.scoring == DEFAULT_SCORING
+        learned = {"cite_weight": 0.3, "base": {"note": 0.7}, "unknown": 1}
+        event = Event("scoring_weights", data={"weights": learned})
+        restore_weights(h, event)
+        cfg = h.pager.config.scoring
+        assert (cfg.cite_weight, cfg.base["note"], cfg.base["decision"]) == (0.3, 0.7, 0.55)
+        assert replace(cfg, cite_weight=0.15, base=DEFAULT_SCORING.base) == DEFAULT_SCORING
+    finally:
+        h.close()
+
+
+# ---- export and retention ---------------------------------------------------------------------------------
+def _activity(h: Harness, clock: Clock) -> None:
+    for i in range(6):
+        clock.now = T0 + timedelta(days=i)
+        m = h.record(f"day {i}: the charge api answered in {100 + i} ms", session_id=f"s{i % 2}")
+        h.recall("charge api", k=2, preset="bm25")
+        ctx = h.context("charge api latency", budget_tokens=200, session_id=f"s{i % 2}")
+        record_output(h, ctx, f"answer citing [{ctx.manifest[0].short_id}]")
+    intervene(h, "pin", m.id)
+
+
+def test_export_jsonl_and_parquet_with_duckdb_queries(h: Harness, clock: Clock, tmp_path: Path) -> None:
+    _activity(h, clock)
+    events = h.events(limit=10**6)
+    kinds = Counter(e.kind for e in events)
+
+    lines = tmp_path / "events.jsonl"
+    with lines.open("w", encoding="utf-8") as fh:
+        assert export_jsonl(h.store, fh) == len(events)
+    parsed = [json.loads(x) for x in lines.read_text(encoding="utf-8").splitlines()]
+    assert [p["seq"] for p in parsed] == [e.seq for e in events]
+    assert parsed[0]["data"] == events[0].data and parsed[0]["at"] == events[0].at.isoformat()
+
+    parquet = tmp_path / "events.parquet"
+    assert export_parquet(h.store, parquet, batch=7) == len(events)  # several row groups
+    assert dict(run_query(parquet, "events_by_kind")) == dict(kinds)
+    builds, mean_tokens, max_tokens = run_query(parquet, "context_tokens")[0]
+    contexts = [e for e in events if e.kind == "context"]
+    assert builds == 6 and max_tokens == max(e.data["tokens"] for e in contexts)
+    assert mean_tokens == pytest.approx(sum(e.data["tokens"] for e in contexts) / 6)
+    recalls, p50, p95 = run_query(parquet, "retrieval_latency_ms")[0]
+    assert recalls == kinds["retrieve"] and 0 <= p50 <= p95
+    injected = Counter(line["id"] for e in contexts for line in e.data["manifest"])
+    assert dict(run_query(parquet, "most_injected")) == dict(injected.most_common(20))
+    assert [r[3] for r in run_query(parquet, "manual_actions")] == ["pin"]
+    per_session = {r[0]: r[1] for r in run_query(parquet, "events_per_session")}
+    assert set(per_session) == {"s0", "s1"}
+    for name in DUCKDB_QUERIES:  # every documented query runs
+        run_query(parquet, name)
+    with pytest.raises(ValidationError):
+        run_query(parquet, "nope")
+
+
+def test_retention_drops_the_head_and_keeps_learned_weights(h: Harness, clock: Clock) -> None:
+    _activity(h, clock)
+    total = len(h.events(limit=10**6))
+    last_seq = h.events(limit=10**6)[-1].seq or 0
+    weights = [e for e in h.events(limit=10**6) if e.kind == "scoring_weights"][-1]
+
+    assert prune(h.store, Retention(max_age_days=1000), clock.now) == 0
+    dropped = prune(h.store, Retention(max_age_days=2.5), clock.now)
+    kept = h.events(limit=10**6)
+    cutoff = clock.now - timedelta(days=2.5)
+    assert dropped > 0 and all(e.at >= cutoff for e in kept[:1])
+    assert len(kept) == total - dropped  # the weights event was newer than the cutoff: nothing carried
+
+    assert prune(h.store, Retention(max_events=1), clock.now) == len(kept) - 1
+    kept = h.events(limit=10**6)
+    assert [e.kind for e in kept] == ["manual", "scoring_weights"]  # the newest, and the carried weights
+    assert kept[-1].data["weights"] == weights.data["weights"]
+    assert kept[-1].data["carried_from"] == weights.seq
+    assert weights_of(Lens(Harness(h.store, None)).harness.pager.config.scoring) == weights.data["weights"]
+    new_seq = h.store.append_event(Event("note", data={"after": "prune"}))
+    assert new_seq > last_seq  # sequence numbers are never reused
+    with pytest.raises(ValidationError):
+        Retention(max_events=-1)
+    with pytest.raises(ValidationError):
+        Retention(max_age_days=math.nan)
+
+
+def test_cli_exports_events_and_prunes(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from clawvm.cli import main
+
+    db = tmp_path / "cli.db"
+    with Harness.open(db, embedder=None) as h:
+        _activity(h, Clock())
+        total = len(h.events(limit=10**6))
+
+    def run(*args: str) -> str:
+        result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    lines = run("export", "--events").splitlines()
+    assert len(lines) == total and json.loads(lines[0])["kind"] == "add"
+    parquet = tmp_path / "e.parquet"
+    run("export", "--events", "--format", "parquet", "-o", str(parquet))
+    assert sum(n for _, n in run_query(parquet, "events_by_kind")) == total
+    bad = CliRunner().invoke(main, ["--db", str(db), "export", "--format", "parquet"])
+    assert bad.exit_code == 2 and "--events" in bad.output
+    assert run("prune-events", "--max-events", "5") == f"deleted {total - 5} events\n"
+    with Harness.open(db, embedder=None) as h:
+        assert len(h.events(limit=10**6)) == 5
