@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test lint typecheck bench clean
+.PHONY: install run test lint typecheck bench bench-peers clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -16,21 +16,37 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# Loads the demo workload into .demo/clawvm.db, serves the API and the MemLens dashboard, prints its URL
+# (with a key). PORT=... to move it; `clawvm demo` alone prints recalls instead.
+PORT ?= 8080
 run: install
-	$(VENV)/bin/clawvm --db .demo/clawvm.db demo
+	$(VENV)/bin/clawvm --db .demo/clawvm.db demo --dashboard --port $(PORT)
 
 lint: install
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench examples
 
 typecheck: install
 	$(VENV)/bin/mypy
 
-test: lint typecheck
+# The dashboard's browser tests drive Debian's chromium (Playwright's own browser download needs the internet).
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+$(CHROMIUM):
+	$(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium
+
+test: lint typecheck $(CHROMIUM)
 	$(PY) -m pytest
 
 bench: install
 	$(PY) bench/recall_scale.py --n 10000 --json bench/results/scale10k.json
 	$(PY) bench/locomo.py --data ../shared/data/locomo/locomo_dev.json --json bench/results/locomo.json
+	$(PY) bench/redaction.py --json bench/results/redaction.json
+	$(PY) bench/load.py --clients 4 --seconds 10 --json bench/results/load.json
+
+# ClawVM next to mem0 and LangGraph's store (needs the bench extra; see README "Compared with mem0 and LangGraph").
+bench-peers: install
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) bench/peers.py --data ../shared/data/locomo/locomo_dev.json --json bench/results/peers.json
 
 clean:
 	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache

@@ -13,9 +13,12 @@ from typing import Any
 
 import click
 
-from .errors import ClawVMError, ValidationError
+from .auth import Keyring, Role
+from .crypto import KEY_ENV, KEY_FILE_ENV, DataKey, DataKeys, rotate_data_key
+from .errors import ClawVMError, ConfigError, ValidationError
 from .harness import Harness
 from .model import Memory
+from .store import store_from_url
 
 DEFAULT_DB = "clawvm.db"
 
@@ -164,9 +167,17 @@ def forget(ctx: click.Context, memory_id: str) -> None:
     help="Write to this file instead of standard output.",
 )
 @click.option("--session", "session_id", default=None, help="Only this session.")
+@click.option("--events", is_flag=True, help="Export the event log instead of the memories (MemLens).")
+@click.option(
+    "--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True,
+    help="parquet: with --events and --out (analytics extra); DuckDB queries: see clawvm.events.",
+)
 @click.pass_context
-def export(ctx: click.Context, out: Path | None, session_id: str | None) -> None:
-    """Export memories as JSON Lines (one memory per line, lossless), oldest first."""
+def export(ctx: click.Context, out: Path | None, session_id: str | None, events: bool, fmt: str) -> None:
+    """Export memories as JSON Lines (one memory per line, lossless), oldest first; or the event log."""
+    if events or fmt == "parquet":
+        _export_events(ctx, out, session_id, events, fmt)
+        return
     with _opened(ctx, embed=False) as h:
         filters = h._filters({"status": "any", "session_id": session_id})
         stream = out.open("w", encoding="utf-8") if out else sys.stdout
@@ -180,6 +191,42 @@ def export(ctx: click.Context, out: Path | None, session_id: str | None) -> None
                 stream.close()
         if out:
             click.echo(f"exported {n} memories to {out}", err=True)
+
+
+def _export_events(
+    ctx: click.Context, out: Path | None, session_id: str | None, events: bool, fmt: str
+) -> None:
+    from .events import export_jsonl, export_parquet
+
+    if not events or session_id is not None or (fmt == "parquet" and out is None):
+        raise ValidationError(
+            "format", "parquet exports the event log to a file", "use --events --format parquet -o FILE"
+        )
+    with _opened(ctx, embed=False) as h:
+        if fmt == "parquet" and out is not None:
+            n = export_parquet(h.store, out)
+        else:
+            stream = out.open("w", encoding="utf-8") if out else sys.stdout
+            try:
+                n = export_jsonl(h.store, stream)
+            finally:
+                if out:
+                    stream.close()
+    if out:
+        click.echo(f"exported {n} events to {out}", err=True)
+
+
+@main.command(name="prune-events")
+@click.option("--max-age-days", type=float, default=None, help="Delete events older than this many days.")
+@click.option("--max-events", type=int, default=None, help="Keep at most this many events (the newest).")
+@click.pass_context
+def prune_events(ctx: click.Context, max_age_days: float | None, max_events: int | None) -> None:
+    """Event-log retention: delete the oldest events (learned scorer weights are kept); export first."""
+    from .events import Retention, prune
+
+    with _opened(ctx, embed=False) as h:
+        n = prune(h.store, Retention(max_age_days, max_events), h.now())
+    click.echo(f"deleted {n} events")
 
 
 @main.command(name="import")
@@ -230,8 +277,17 @@ def stats(ctx: click.Context) -> None:
     help="Also ingest LoCoMo conversations from this JSON file (evaluation data, not shipped).",
 )
 @click.option("--fresh/--keep", default=True, show_default=True, help="Start from an empty store file.")
+@click.option(
+    "--dashboard", is_flag=True,
+    help="Load the full MemLens demo (conversation, tool-using agent run, team run, manual actions) "
+    "and serve the API and dashboard, printing the dashboard URL.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="With --dashboard: interface to use.")
+@click.option("--port", default=8080, show_default=True, type=int, help="With --dashboard: TCP port.")
 @click.pass_context
-def demo(ctx: click.Context, locomo: Path | None, fresh: bool) -> None:
+def demo(
+    ctx: click.Context, locomo: Path | None, fresh: bool, dashboard: bool, host: str, port: int
+) -> None:
     """Ingest the bundled ops-assistant workload and show recalls with their evidence."""
     from .demo import run_demo
 
@@ -239,9 +295,278 @@ def demo(ctx: click.Context, locomo: Path | None, fresh: bool) -> None:
     if fresh and "://" not in db:
         for suffix in ("", "-wal", "-shm"):
             Path(db + suffix).unlink(missing_ok=True)
+    if dashboard:
+        from .demo.scenario import serve_demo
+
+        serve_demo(db, host, port, embed=not ctx.obj["no_embed"], locomo=locomo, echo=click.echo)
+        return
     with _opened(ctx) as h:
         run_demo(h, echo=click.echo, locomo=locomo)
     click.echo(f"\nstore: {db}  (try: clawvm --db {db} search 'payment timeout')")
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option("--port", default=8080, show_default=True, type=int, help="TCP port to listen on.")
+@click.option(
+    "--rate-limit", default=50.0, show_default=True, type=float,
+    help="Requests per second per API key, sustained (0: no limit).",
+)
+@click.option("--burst", default=100, show_default=True, type=int, help="Requests per key allowed at once.")
+@click.option(
+    "--max-body-bytes", default=2 * 1024 * 1024, show_default=True, type=int,
+    help="Largest request body accepted (larger: 413).",
+)
+@click.option("--preset", default=None, help="Default recall preset (hybrid, bm25, dense, ...).")
+@click.option(
+    "--create-admin-key", "admin_tenant", default=None, metavar="TENANT",
+    help="At start, create an admin key for TENANT and print it once (handy with memory://).",
+)
+@click.option(
+    "--log-level", default="info", show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]), help="Level of the JSON log lines (stderr).",
+)
+@click.pass_context
+def serve(
+    ctx: click.Context,
+    host: str,
+    port: int,
+    rate_limit: float,
+    burst: int,
+    max_body_bytes: int,
+    preset: str | None,
+    admin_tenant: str | None,
+    log_level: str,
+) -> None:
+    """Run the REST API over the store: API keys, tenants, limits; OpenAPI at /docs and /openapi.json."""
+    try:
+        import uvicorn
+
+        from .server import ServerSettings, configure_logging, create_app
+    except ImportError as exc:
+        missing = f"the server needs the 'server' extra ({exc}): pip install 'clawvm[server]'"
+        raise ConfigError(missing) from None
+    configure_logging(log_level)
+    settings = ServerSettings(
+        max_body_bytes=max_body_bytes, rate_per_s=rate_limit, burst=burst, preset=preset
+    )
+    app = create_app(ctx.obj["db"], embedder=None if ctx.obj["no_embed"] else "default", settings=settings)
+    keyring = app.state.service.keyring
+    if admin_tenant:
+        record, token = keyring.create(admin_tenant, "admin", "created by clawvm serve")
+        click.echo(f"admin key {record.key_id} for tenant {admin_tenant} (shown once): {token}", err=True)
+    elif not keyring.list():
+        click.echo("no API keys yet: clawvm keys create --tenant NAME --role admin", err=True)
+    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
+
+
+@contextmanager
+def _keyring(ctx: click.Context) -> Iterator[Keyring]:
+    store = store_from_url(ctx.obj["db"])
+    store.setup()
+    try:
+        yield Keyring(store)
+    finally:
+        store.close()
+
+
+@main.group(cls=_Group)
+def keys() -> None:
+    """API keys of the server: hashed, one tenant and one role each (kept in the store's event log)."""
+
+
+@keys.command("create")
+@click.option("--tenant", required=True, help="Tenant the key reads and writes (letters, digits, . _ -).")
+@click.option(
+    "--role", type=click.Choice([r.value for r in Role]), default=Role.AGENT.value, show_default=True,
+    help="admin: also manages keys; agent: reads and writes; read-only: reads.",
+)
+@click.option("--name", default="", help="A label to recognise the key by (who or what uses it).")
+@click.pass_context
+def keys_create(ctx: click.Context, tenant: str, role: str, name: str) -> None:
+    """Create a key and print it (once: only its hash is stored)."""
+    with _keyring(ctx) as ring:
+        record, token = ring.create(tenant, role, name)
+    click.echo(token)
+    click.echo(f"key {record.key_id} for tenant {tenant} ({role}): shown once, store it now", err=True)
+
+
+@keys.command("list")
+@click.option("--tenant", default=None, help="Only this tenant's keys.")
+@click.option("--all", "include_revoked", is_flag=True, help="Include revoked keys.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON Lines instead of a table.")
+@click.pass_context
+def keys_list(ctx: click.Context, tenant: str | None, include_revoked: bool, as_json: bool) -> None:
+    """List keys (ids, tenants, roles; never the keys themselves)."""
+    with _keyring(ctx) as ring:
+        found = ring.list(tenant, include_revoked=include_revoked)
+    for k in found:
+        row = {
+            "key_id": k.key_id, "tenant": k.tenant, "role": k.role.value, "name": k.name,
+            "created_at": k.created_at.isoformat(),
+            "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None,
+        }
+        if as_json:
+            click.echo(json.dumps(row))
+        else:
+            state = f"revoked {row['revoked_at']}" if k.revoked_at else "active"
+            click.echo(f"{k.key_id}  {k.tenant:<20} {k.role.value:<9} {state:<8} {k.name}")
+
+
+@keys.command("revoke")
+@click.argument("key_id")
+@click.pass_context
+def keys_revoke(ctx: click.Context, key_id: str) -> None:
+    """Revoke KEY_ID: running servers refuse it within a few seconds."""
+    with _keyring(ctx) as ring:
+        ring.revoke(key_id)
+    click.echo(f"revoked {key_id}")
+
+
+@keys.command("rotate-data-key")
+@click.option(
+    "--key-file", type=click.Path(dir_okay=False, path_type=Path), envvar=KEY_FILE_ENV, default=None,
+    help=f"Data key file (base64 keys, one a line, the first seals; env {KEY_FILE_ENV}). Without "
+    "--new-key-file a new key is generated and written first in it.",
+)
+@click.option(
+    "--new-key-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="Use the key in this file as the new key, or generate one into it when it does not exist.",
+)
+@click.option("--drop-old", is_flag=True, help="Afterwards keep only the new key in --key-file.")
+@click.pass_context
+def keys_rotate_data_key(
+    ctx: click.Context, key_file: Path | None, new_key_file: Path | None, drop_old: bool
+) -> None:
+    """Re-encrypt every sealed original (redacted content kept for admins) under a new data key.
+
+    The old keys, all needed to read, come from CLAWVM_DATA_KEY and/or the key file. Processes still
+    running with only the old key must be restarted with the new one.
+    """
+    old_keys = list(DataKeys.parse(os.environ[KEY_ENV].split(",")).keys) if os.environ.get(KEY_ENV) else []
+    if key_file is not None:
+        old_keys.extend(DataKeys.load(key_file).keys)
+    if not old_keys:
+        raise ConfigError(f"no data key to read the sealed originals: set {KEY_ENV} or pass --key-file")
+    old = DataKeys(tuple(old_keys))
+    if new_key_file is not None:
+        if not new_key_file.exists():
+            DataKeys((DataKey.generate(),)).save(new_key_file)
+        new = DataKeys.load(new_key_file).current
+    elif key_file is not None:
+        new = DataKey.generate()
+        old.with_current(new).save(key_file)  # first, so that a run stopped halfway loses no key
+    else:
+        raise ConfigError("nowhere to keep the new key: pass --new-key-file PATH, or --key-file PATH")
+    store = store_from_url(ctx.obj["db"])
+    store.setup()
+    try:
+        report = rotate_data_key(store, old, new)
+    finally:
+        store.close()
+    if drop_old and key_file is not None and new_key_file is None:
+        DataKeys((new,)).save(key_file)
+    click.echo(f"re-encrypted {report.rekeyed} sealed originals under data key {report.kid} "
+               f"({report.already} were under it already)")
+    if new_key_file is not None:
+        click.echo(f"use the new key: {KEY_FILE_ENV}={new_key_file}", err=True)
+
+
+@main.group(cls=_Group)
+def review() -> None:
+    """The review queue of team memories: low confidence, flagged, or open conflicts (clawvm.teams)."""
+
+
+@review.command("list")
+@click.option(
+    "--below", default=0.5, show_default=True, type=float, help="Confidence under which a memory waits."
+)
+@click.option("--team", "team_id", default=None, help="Only this team's memories.")
+@click.option("--agent", "agent_id", default=None, help="Only what this agent may read.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON Lines (whole memories).")
+@click.pass_context
+def review_list(
+    ctx: click.Context, below: float, team_id: str | None, agent_id: str | None, as_json: bool
+) -> None:
+    """List memories awaiting review, least trusted first."""
+    with _opened(ctx, embed=False) as h:
+        for m in h.review_queue(below=below, team_id=team_id, agent_id=agent_id):
+            if as_json:
+                click.echo(m.to_json())
+            else:
+                text = m.content.replace("\n", " ")
+                click.echo(f"{m.id}  {m.confidence:.2f}  [{m.kind.value}] {text[:100]}")
+
+
+@review.command("approve")
+@click.argument("memory_id")
+@click.option("--by", default=None, help="Who approves (kept with the review).")
+@click.pass_context
+def review_approve(ctx: click.Context, memory_id: str, by: str | None) -> None:
+    """Approve MEMORY_ID (an open conflict: close it, keeping both sides)."""
+    with _opened(ctx, embed=False) as h:
+        h.approve(memory_id, by=by)
+    click.echo(f"approved {memory_id}")
+
+
+@review.command("reject")
+@click.argument("memory_id")
+@click.option("--by", default=None, help="Who rejects (kept with the review).")
+@click.option("--reason", default=None, help="Why (kept with the review).")
+@click.pass_context
+def review_reject(ctx: click.Context, memory_id: str, by: str | None, reason: str | None) -> None:
+    """Reject MEMORY_ID: it becomes obsolete (kept for history) and its open conflicts close."""
+    with _opened(ctx, embed=False) as h:
+        h.reject(memory_id, by=by, reason=reason)
+    click.echo(f"rejected {memory_id}")
+
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.pass_context
+def seed(ctx: click.Context, path: Path) -> None:
+    """Import team seed knowledge and rule templates from a YAML or JSON file (see clawvm.seed)."""
+    from .seed import import_seed
+
+    with _opened(ctx) as h:
+        report = import_seed(h, path)
+    click.echo(f"imported {report.imported} ({report.memories} memories, {report.rules} rules in the file)")
+
+
+@main.command(name="migrate")
+@click.option(
+    "--from", "source", required=True, help="Store to copy: sqlite:///PATH, postgresql://... or a path."
+)
+@click.option("--to", "target", required=True, help="Empty store to copy into (any engine).")
+@click.option("--batch", default=500, show_default=True, help="Memories per write.")
+@click.option("--dim", default=384, show_default=True, help="Vector dimension of both stores.")
+@click.option("--no-verify", is_flag=True, help="Skip the verification (counts, checksums, vectors).")
+def migrate_command(source: str, target: str, batch: int, dim: int, no_verify: bool) -> None:
+    """Copy every memory, vector and event into an empty store, then verify the copy."""
+    from .migrate import migrate
+
+    src, dst = store_from_url(source, dim=dim), store_from_url(target, dim=dim)
+    src.setup()
+    try:
+        dst.setup()
+        try:
+            with click.progressbar(length=src.count(), label="memories", file=sys.stderr) as bar:
+
+                def progress(what: str, n: int) -> None:
+                    if what == "memories":
+                        bar.update(n)
+
+                report = migrate(src, dst, batch=batch, verify=not no_verify, progress=progress)
+        finally:
+            dst.close()
+    finally:
+        src.close()
+    click.echo(f"copied {report.memories} memories, {report.vectors} vectors, {report.events} events")
+    if report.target is not None:
+        click.echo(
+            f"verified: counts and checksums match (memories {report.target.memory_checksum[:16]}, "
+            f"events {report.target.event_checksum[:16]}); vectors within {report.worst_vector_error:.1e}"
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover

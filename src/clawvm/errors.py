@@ -57,3 +57,62 @@ class EmbedderError(ClawVMError):
 
 class ConfigError(ClawVMError, ValueError):
     """An option, preset name or store URL is not valid."""
+
+
+class AuthenticationError(ClawVMError):
+    """No API key was given, or the key is unknown or revoked (the server answers 401)."""
+
+
+class AccessDeniedError(ClawVMError, PermissionError):
+    """The caller may not do this: its role lacks the permission, or the data belongs to another tenant.
+
+    ``field`` names what was refused (``role``, ``tenant``, ``id`` ...), like :class:`ValidationError`.
+    """
+
+    def __init__(self, field: str, problem: str, fix: str) -> None:
+        super().__init__(f"{field}: {problem} ({fix})")
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+
+
+class RateLimitError(ClawVMError):
+    """Too many requests for one API key; retry after ``retry_after_s`` seconds."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(f"rate limit exceeded: retry after {retry_after_s:.2f} s")
+        self.retry_after_s = retry_after_s
+
+
+class InvalidToolResultError(ClawVMError):
+    """A recorded tool returned a result its validator (or template) rejected; it was recorded as ERROR.
+
+    ``tool`` names the tool, ``reason`` says why, ``call_id``/``result_id`` are the recorded memories.
+    """
+
+    def __init__(self, tool: str, reason: str, call_id: str, result_id: str) -> None:
+        super().__init__(f"tool {tool!r} returned an invalid result: {reason}")
+        self.tool = tool
+        self.reason = reason
+        self.call_id = call_id
+        self.result_id = result_id
+
+
+class CryptoError(ClawVMError):
+    """A sealed original (encryption at rest, :mod:`clawvm.crypto`) could not be opened."""
+
+
+class WrongKeyError(CryptoError):
+    """The envelope was sealed with a data key that is not among the keys given (``kid`` names it)."""
+
+    def __init__(self, kid: str, available: list[str]) -> None:
+        super().__init__(
+            f"sealed with data key {kid}, which is not among the keys given "
+            f"({', '.join(available) or 'none'}): set CLAWVM_DATA_KEY or CLAWVM_DATA_KEY_FILE to include it"
+        )
+        self.kid = kid
+        self.available = available
+
+
+class TamperedError(CryptoError):
+    """The envelope failed authentication (AES-GCM tag) or is malformed: it was altered or moved."""

@@ -15,11 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from . import checkpoint as checkpoints
+from . import reliability, teams, toolcalls
 from .compress import (
     ExtractiveSummarizer,
     Summarizer,
@@ -29,10 +30,13 @@ from .compress import (
     referenced_raw,
 )
 from .context import Candidate, Context, Quotas, pack
+from .crypto import DataKeys
 from .embed import Embedder, EmbedWorker, MiniLMEmbedder, count_tokens
-from .errors import ConflictError, ValidationError
+from .errors import AccessDeniedError, ConflictError, NotFoundError, ValidationError
+from .guidance import Guidance, build_guidance
 from .model import (
     DEFAULT_MAX_CONTENT_BYTES,
+    JSON,
     Filters,
     Kind,
     LinkType,
@@ -45,6 +49,7 @@ from .model import (
     revalidate,
     utcnow,
 )
+from .redact import RedactionPolicy, Redactor
 from .retrieval import RecallConfig, Recalled, preset, run_recall
 from .scoring import ValueBreakdown
 from .scoring import explain as explain_value
@@ -52,6 +57,7 @@ from .store import Event, Query, Store, store_from_url
 from .store.base import check_vectors
 from .tiers import Pager, PagerConfig
 
+_F = TypeVar("_F", bound=Callable[..., Any])
 _IMMUTABLE = frozenset({"id", "created_at", "version", "tenant"})
 
 
@@ -70,8 +76,11 @@ class Harness:
         clock: Callable[[], datetime] = utcnow,
         summarizer: Summarizer | None = None,
         prefetch: bool = False,
+        redaction: RedactionPolicy | Mapping[str, RedactionPolicy] | None = None,
+        data_keys: DataKeys | None = None,
     ) -> None:
         self.store = store
+        self.redactor = Redactor(redaction, data_keys)  # write-time redaction (clawvm.redact)
         self.embedder = embedder
         self.tenant = tenant
         self.config = preset(preset_name)
@@ -81,7 +90,8 @@ class Harness:
         self.pager = Pager(store, pager, compress=self._compress_on_archive)
         self._worker: EmbedWorker | None = None
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="clawvm-prefetch") if prefetch else None
-        self._working: dict[tuple[str, str], tuple[int, int]] = {}  # (tenant, session) -> (items, tokens)
+        # (tenant, session) -> its working-tier members as this harness last saw them (see _admit)
+        self._working: dict[tuple[str, str], builtins.list[Memory]] = {}
         self._working_lock = threading.Lock()
         # session -> memories preloaded for it (from any session); the context builder adds them to its
         # working section. Kept in process: after a restart, start_session again.
@@ -101,6 +111,8 @@ class Harness:
         clock: Callable[[], datetime] = utcnow,
         summarizer: Summarizer | None = None,
         prefetch: bool = False,
+        redaction: RedactionPolicy | Mapping[str, RedactionPolicy] | None = None,
+        data_keys: DataKeys | None = None,
     ) -> Harness:
         """Open (creating or migrating) a store and start the embedding worker.
 
@@ -109,6 +121,9 @@ class Harness:
         ``pager``: tier budgets and policy; ``clock``: the harness's notion of now (replays pass their
         own); ``summarizer``: for compression (default extractive, or ``compress.LLMSummarizer``);
         ``prefetch``: after each record, warm related memories in a background thread.
+        ``redaction``: redact new content at write time (one policy, or one per tenant; see
+        :mod:`clawvm.redact`); ``data_keys``: seal originals the policy keeps (default: from the
+        environment, :mod:`clawvm.crypto`).
         """
         config = _preset(preset)  # validate options before any I/O
         emb: Embedder | None
@@ -134,6 +149,8 @@ class Harness:
             clock=clock,
             summarizer=summarizer,
             prefetch=prefetch,
+            redaction=redaction,
+            data_keys=data_keys,
         )
         if emb is not None:
             harness._worker = EmbedWorker(emb, store.unembedded, store.set_vectors)
@@ -155,6 +172,8 @@ class Harness:
         text, ctype = normalize_content(content, self.max_content_bytes)
         vector = self._check_vector(embedding) if embedding is not None else None
         fields.setdefault("tenant", self.tenant)
+        # what is stored and indexed is the redacted text; ``mark`` seals the original when kept
+        text, mark = self.redactor.on_write(text, ctype == JSON, str(fields["tenant"]))
         fields.setdefault("tier", Tier.WORKING)  # new memories start next to the prompt; the pager moves them
         fields.setdefault("created_at", self.now())
         if fields.get("pinned") and fields.get("session_id") is not None:
@@ -168,13 +187,14 @@ class Harness:
                 "version": 1,
             }
         )
+        memory = mark(memory)
+        teams.check_write(self, memory)  # a team memory needs its agent's write grant
         memory = memory.model_copy(update={"value": self.pager.value_now(memory, self.now())})
-        self.store.put(memory)
-        if vector is not None:
-            self.store.set_vectors([memory.id], vector[None, :])
-        elif self._worker is not None:
+        added = self._make_event("add", memory, {"kind": memory.kind.value, "tier": memory.tier.value})
+        # the memory, its vector and its event in one write: one commit on engines with transactions
+        self.store.write([memory], None if vector is None else vector[None, :], [added])
+        if vector is None and self._worker is not None:
             self._worker.notify()
-        self._event("add", memory, {"kind": memory.kind.value, "tier": memory.tier.value})
         self._admit(memory)
         if self._prefetcher is not None:
             self._prefetcher.submit(self._prefetch, memory)
@@ -193,8 +213,10 @@ class Harness:
         current = self.store.get(memory_id)
         if expected_version is not None and current.version != expected_version:
             raise ConflictError(memory_id, expected_version, current.version)
+        mark = Redactor.unchanged(current)
         if "content" in changes:
             text, ctype = normalize_content(changes["content"], self.max_content_bytes)
+            text, mark = self.redactor.on_write(text, ctype == JSON, current.tenant)
             changes = {**changes, "content": text, "content_type": ctype, "token_count": count_tokens(text)}
             info = current.metadata.get("compression")
             if info and "metadata" not in changes:
@@ -202,7 +224,7 @@ class Harness:
                 # (the raw copy stays archived, and becomes forgettable)
                 changes["metadata"] = {k: v for k, v in current.metadata.items() if k != "compression"}
                 changes["links"] = [link for link in current.links if link.target != info["raw_id"]]
-        updated = revalidate(current, {**changes, "version": current.version + 1})
+        updated = mark(revalidate(current, {**changes, "version": current.version + 1}))
         if updated.pinned and updated.token_count > current.token_count:
             self.pager.check_pin(updated)
         updated = updated.model_copy(update={"value": self.pager.value_now(updated, self.now())})
@@ -251,6 +273,23 @@ class Harness:
     def get(self, memory_id: str) -> Memory:
         return self.store.get(memory_id)
 
+    def reveal(self, memory_id: str, *, admin: bool = False) -> str:
+        """The original content of a memory stored redacted, opened with the data key; admins only.
+
+        ``admin`` is the caller's capability (the server passes it for the admin role): without it,
+        :class:`AccessDeniedError`. Each reveal is logged as a ``reveal`` event. Raises
+        :class:`NotFoundError` when the original was not kept, :class:`clawvm.WrongKeyError` or
+        :class:`clawvm.TamperedError` when it cannot be opened.
+        """
+        if admin is not True:
+            raise AccessDeniedError("role", "may not reveal redacted content", "ask an admin of the tenant")
+        memory = self.store.get(memory_id)
+        if memory.tenant != self.tenant:  # as if it did not exist, like another tenant's id on the server
+            raise NotFoundError("memory", memory_id)
+        original = self.redactor.reveal(memory)
+        self._event("reveal", memory, {})
+        return original
+
     def recall(
         self,
         query: str,
@@ -271,12 +310,16 @@ class Harness:
             raise ValidationError("k", f"is {k!r}", "pass a positive integer")
         cfg = self.config if preset is None else _preset(preset)
         f = self._filters(filters)
+        started = time.perf_counter()
         vector = None
         if cfg.uses("dense") and self.embedder is not None and query.strip():
             t0 = time.perf_counter()
             vector = self.embedder.embed_query(query)
             self.last_query_embed_ms = (time.perf_counter() - t0) * 1000
         hits = self.recall_with(query, vector, k, cfg, f)
+        if track:  # a tracked recall is a stored access anyway: log it (MemLens latency, hit rate, regret)
+            logged = self.redactor.scrub(query, self.tenant)  # the event log keeps no protected text either
+            self.store.append_event(_retrieve_event(self.tenant, self.now(), logged, k, hits, started))
         if track and hits:
             warmed = {m.id: m for m in self.pager.warm([h.memory for h in hits], self.now())}
             self._working.clear()
@@ -356,18 +399,21 @@ class Harness:
         now = self.now()
         expired = self.pager.expire(self.tenant, now)
         sessions: set[str] = set()
-        refreshed = 0
+        refreshed: builtins.list[Event] = []
         for m in self.store.list(Filters.of(tenant=self.tenant, status="active"), limit=10**9):
             if m.session_id is not None:
                 sessions.add(m.session_id)
             fresh = self.pager.value_now(m, now)
             if abs(fresh - m.value) > 0.01:
                 self.pager.mutate(m, lambda _m: {}, now)
-                refreshed += 1
+                data = {"value_before": round(m.value, 4), "value_after": round(fresh, 4)}
+                refreshed.append(self._make_event("refresh", m, data))
+        if refreshed:  # one batch: value drift over time is what MemLens's heatmap shows
+            self.store.append_events(refreshed)
         moved = sum(len(self.pager.page_out_idle(self.tenant, s, now)) for s in sorted(sessions))
         moved += sum(len(self.pager.enforce(self.tenant, s, now)) for s in sorted(sessions))
         self._working.clear()
-        return {"expired": len(expired), "refreshed": refreshed, "moved": moved}
+        return {"expired": len(expired), "refreshed": len(refreshed), "moved": moved}
 
     def start_session(
         self, session_id: str, task: str | None = None, *, task_id: str | None = None, k: int = 8
@@ -400,23 +446,27 @@ class Harness:
         return loaded
 
     def _admit(self, memory: Memory) -> None:
-        """After a record: count it into its session's working tier; enforce budgets when over."""
+        """After a record: add it to its session's working tier as the harness knows it; shed when over.
+
+        The harness keeps each session's working members from its last look at the store (cleared by every
+        other path that moves memories), so a record reads nothing back; a member changed by another writer
+        makes the demotion conflict, and then the budgets are enforced from the store.
+        """
         if memory.session_id is None or memory.tier is not Tier.WORKING:
             return
         key = (memory.tenant, memory.session_id)
-        items, tokens = self.pager.config.budgets.limits(Tier.WORKING)
+        now = self.now()
         with self._working_lock:
-            state = self._working.get(key)
-            if state is None:
+            known = self._working.get(key)
+            if known is None:
                 members = self.pager.tier_members(memory.tenant, memory.session_id, Tier.WORKING)
-                state = (len(members), sum(m.token_count for m in members))
             else:
-                state = (state[0] + 1, state[1] + memory.token_count)
-            if (items is not None and state[0] > items) or (tokens is not None and state[1] > tokens):
-                self.pager.enforce(memory.tenant, memory.session_id, self.now())
-                members = self.pager.tier_members(memory.tenant, memory.session_id, Tier.WORKING)
-                state = (len(members), sum(m.token_count for m in members))  # exact again after moves
-            self._working[key] = state
+                members = [*known, memory]
+            kept = self.pager.shed_working(members, now)
+            if kept is None:
+                self.pager.enforce(memory.tenant, memory.session_id, now)
+                kept = self.pager.tier_members(memory.tenant, memory.session_id, Tier.WORKING)
+            self._working[key] = kept
 
     def _prefetch(self, memory: Memory) -> None:
         """Background: warm what the next step will likely need (memories related to the new one)."""
@@ -505,6 +555,95 @@ class Harness:
         self._event("collapse", summary, {"task_id": task_id, "steps": [m.id for m in steps]})
         return summary
 
+    # ---- tool calls (clawvm.toolcalls, clawvm.reliability) ---------------------------------------------
+    def tool(self, name: str | None = None, **options: Any) -> Callable[[_F], _F]:
+        """Decorator: record every call of a sync or async tool (PENDING call -> SUCCESS/ERROR result).
+
+        Options: ``template``, ``call_template``, ``validator``, ``cost``, ``timeout_errors``, ``redact``,
+        ``fallback_for`` and scope defaults (``session_id``, ``task_id``, ``agent_id``, ``tags``); see
+        :func:`clawvm.toolcalls.tool`.
+        """
+        return toolcalls.tool(self, name, **options)
+
+    def tool_call(
+        self,
+        name: str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        parent_id: str | None = None,
+        **options: Any,
+    ) -> toolcalls.ToolCall:
+        """A context manager (sync or async) recording one call of ``name`` with ``args``.
+
+        ``options``: scope fields and the :class:`clawvm.toolcalls.ToolSpec` fields (template, validator...).
+        """
+        scope = {k: options.pop(k) for k in ("session_id", "task_id", "agent_id", "tags") if k in options}
+        spec = toolcalls.ToolSpec(name, **options)
+        return toolcalls.ToolCall(self, spec, args, parent_id=parent_id, **scope)
+
+    def restore_session(self, session_id: str) -> toolcalls.RestoreReport:
+        """After a restart: mark the session's tool calls left PENDING by a dead process ``interrupted``."""
+        return toolcalls.restore(self, session_id)
+
+    def tool_reliability(
+        self, tool: str | None = None, policy: reliability.ReliabilityPolicy | None = None
+    ) -> dict[str, reliability.ToolStats]:
+        """Error rate, timeout rate, latency and fallback per tool (one tool, or every recent one)."""
+        if tool is not None:
+            return {tool: reliability.stats(self, tool, policy)}
+        return reliability.all_stats(self, policy)
+
+    # ---- teams (clawvm.teams, clawvm.guidance) ---------------------------------------------------------
+    def grant(self, team_id: str, agent_id: str, *, read: bool = True, write: bool = False) -> teams.Grant:
+        """Set an agent's read/write permission on a team's shared memories (see :mod:`clawvm.teams`)."""
+        return teams.grant(self, team_id, agent_id, read=read, write=write)
+
+    def guidance(
+        self,
+        agent_id: str,
+        task: str,
+        budget_tokens: int = 600,
+        *,
+        task_id: str | None = None,
+        task_type: str | None = None,
+    ) -> Guidance:
+        """Rules, pitfalls, experiences and open conflicts the team has for ``task``, with a manifest."""
+        return build_guidance(self, agent_id, task, budget_tokens, task_id=task_id, task_type=task_type)
+
+    def feedback(self, memory_id: str, adopted: bool) -> Memory:
+        """Count whether guidance from ``memory_id`` was adopted; updates adoption stats and value."""
+        return teams.feedback(self, memory_id, adopted)
+
+    def revise(
+        self,
+        memory_id: str,
+        *,
+        agent_id: str | None = None,
+        expected_version: int | None = None,
+        **changes: Any,
+    ) -> Memory:
+        """Append a revision of a memory (the old one becomes obsolete); ConflictError if it moved on."""
+        return teams.revise(self, memory_id, agent_id=agent_id, expected_version=expected_version, **changes)
+
+    def history(self, memory_id: str) -> builtins.list[Memory]:
+        """Every revision of the memory's chain, oldest first."""
+        return teams.history(self, memory_id)
+
+    def review_queue(self, **options: Any) -> builtins.list[Memory]:
+        """Memories awaiting review (low confidence, flagged, open conflicts); see teams.review_queue."""
+        return teams.review_queue(self, **options)
+
+    def approve(self, memory_id: str, *, by: str | None = None) -> Memory:
+        return teams.approve(self, memory_id, by=by)
+
+    def reject(self, memory_id: str, *, by: str | None = None, reason: str | None = None) -> Memory:
+        return teams.reject(self, memory_id, by=by, reason=reason)
+
+    def notify_embedder(self) -> None:
+        """Tell the embedding worker that memories written outside ``record`` wait for vectors."""
+        if self._worker is not None:
+            self._worker.notify()
+
     # ---- checkpoints ----------------------------------------------------------------------------------
     def checkpoint(self, session_id: str, name: str) -> str:
         """Snapshot the session's tiers and value state; returns the checkpoint id."""
@@ -530,15 +669,19 @@ class Harness:
         quotas: Quotas | None = None,
         record_usage: bool = True,
         vector: np.ndarray | None = None,
+        tools: Sequence[str] | None = None,
     ) -> Context:
         """A prompt-ready context for ``query`` under ``budget_tokens``, with the manifest of every line.
 
         Packs pinned memories of the scope, then its working tier, then retrieved memories (with the
         neighbours of the best ``neighbours`` hits), never over budget (see :mod:`clawvm.context`).
+        ``tools``: tools the task is about to use; a warning line (first in the text) for each unreliable
+        one, inferred from the scope's recent calls when None (see :mod:`clawvm.reliability`).
         """
         if not isinstance(budget_tokens, int) or budget_tokens < 1:
             raise ValidationError("budget_tokens", f"is {budget_tokens!r}", "pass a positive integer")
         now = self.now()
+        started = time.perf_counter()
         k = k or max(20, budget_tokens // 40)  # hits to fill most of the budget; neighbours fill the rest
         scope = {
             n: v for n, v in (("session_id", session_id), ("task_id", task_id), ("agent_id", agent_id)) if v
@@ -566,21 +709,27 @@ class Harness:
             candidates.append(
                 Candidate(h.memory, "retrieved", h.score, f"recall #{rank + 1} ({h.score:.2f})", near)
             )
+        warned = reliability.context_warnings(self, tools, scope, budget_tokens)
         ctx = pack(
-            [self._valued(c, now) for c in candidates], budget_tokens, count_tokens, quotas or Quotas()
+            [self._valued(c, now) for c in candidates],
+            budget_tokens - warned.tokens,
+            count_tokens,
+            quotas or Quotas(),
         )
+        warned.apply(ctx, budget_tokens)
         if record_usage and ctx.manifest:
             self._record_injection(ctx, {h.id for h in hits}, now)
-        self.store.append_event(
+        ctx.event_seq = self.store.append_event(  # MemLens traces influence (and citations) by this seq
             Event(
                 kind="context",
                 tenant=self.tenant,
                 at=now,
                 data={
-                    "query": query,
+                    "query": self.redactor.scrub(query, self.tenant),
                     "budget": budget_tokens,
                     "tokens": ctx.tokens,
                     "scope": scope,
+                    "ms": round((time.perf_counter() - started) * 1000, 3),
                     "manifest": [e.as_dict() for e in ctx.manifest],
                 },
             )
@@ -668,9 +817,30 @@ class Harness:
         return vector
 
     def _event(self, kind: str, memory: Memory, data: dict[str, Any]) -> None:
-        self.store.append_event(
-            Event(kind=kind, memory_id=memory.id, data=data, tenant=memory.tenant, at=self.now())
-        )
+        self.store.append_event(self._make_event(kind, memory, data))
+
+    def _make_event(self, kind: str, memory: Memory, data: dict[str, Any]) -> Event:
+        return Event(kind=kind, memory_id=memory.id, data=data, tenant=memory.tenant, at=self.now())
+
+
+def _retrieve_event(
+    tenant: str, now: datetime, query: str, k: int, hits: Sequence[Recalled], started: float
+) -> Event:
+    """What a tracked recall found, with each hit's score, tier and value before warming, and its latency."""
+    return Event(
+        kind="retrieve",
+        tenant=tenant,
+        at=now,
+        data={
+            "query": query[:500],
+            "k": k,
+            "ms": round((time.perf_counter() - started) * 1000, 3),
+            "hits": [
+                {"id": h.id, "score": round(h.score, 4), "tier": h.memory.tier.value, "value": h.memory.value}
+                for h in hits
+            ],
+        },
+    )
 
 
 def _preset(p: str | RecallConfig | None) -> RecallConfig:

@@ -61,6 +61,14 @@ class Tier(StrEnum):
     ARCHIVE = "archive"
 
 
+class Scope(StrEnum):
+    """Who may read a memory (teams, :mod:`clawvm.teams`). A memory without a scope is tenant-wide."""
+
+    PRIVATE = "private"  # only its agent_id
+    TEAM = "team"  # agents with read permission on its team_id
+    TASK = "task"  # agents working on its task_id (and, with a team_id, allowed to read that team)
+
+
 class LinkType(StrEnum):
     CAUSED_BY = "caused_by"
     REVISES = "revises"
@@ -135,6 +143,8 @@ class Memory(BaseModel):
     task_id: str | None = None
     agent_id: str | None = None
     tool_name: str | None = None
+    scope: Scope | None = None
+    team_id: str | None = None
     tags: list[str] = Field(default_factory=list)
     parent_id: str | None = None
     links: list[Link] = Field(default_factory=list)
@@ -159,7 +169,7 @@ class Memory(BaseModel):
             raise ValueError("must be a canonical UUID string such as one returned by record()")
         return v
 
-    @field_validator("content", "tenant", "session_id", "task_id", "agent_id", "tool_name")
+    @field_validator("content", "tenant", "session_id", "task_id", "agent_id", "tool_name", "team_id")
     @classmethod
     def _encodable(cls, v: str | None) -> str | None:
         if v is not None:
@@ -338,6 +348,30 @@ def _as_set(v: Scalar) -> frozenset[str] | None:
 
 
 @dataclass(frozen=True)
+class Visibility:
+    """What one agent may read; a :class:`Filters` carrying it admits only those memories.
+
+    A memory passes when it has no scope (tenant-wide), or is PRIVATE and ``agent_id`` is this agent, or
+    is TEAM and its ``team_id`` is in ``teams``, or is TASK, its ``task_id`` is in ``tasks`` and its
+    ``team_id`` is unset or in ``teams``. ``teams`` are the teams the agent has read permission on
+    (resolved from grants by :mod:`clawvm.teams`); ``tasks`` the tasks it works on.
+    """
+
+    agent_id: str
+    teams: frozenset[str] = frozenset()
+    tasks: frozenset[str] = frozenset()
+
+    def allows(self, m: Memory) -> bool:
+        if m.scope is None:
+            return True
+        if m.scope is Scope.PRIVATE:
+            return m.agent_id == self.agent_id
+        if m.scope is Scope.TEAM:
+            return m.team_id in self.teams
+        return m.task_id in self.tasks and (m.team_id is None or m.team_id in self.teams)
+
+
+@dataclass(frozen=True)
 class Filters:
     """Metadata filters for queries. ``None`` means "any"; a set means "one of"; tags are AND / OR.
 
@@ -350,6 +384,8 @@ class Filters:
     task_id: frozenset[str] | None = None
     agent_id: frozenset[str] | None = None
     tool_name: frozenset[str] | None = None
+    scope: frozenset[str] | None = None
+    team_id: frozenset[str] | None = None
     kind: frozenset[str] | None = None
     state: frozenset[str] | None = None
     status: frozenset[str] | None = None
@@ -360,9 +396,11 @@ class Filters:
     pinned: bool | None = None
     created_after: datetime | None = None
     created_before: datetime | None = None
+    visible_to: Visibility | None = None  # read permissions of one agent (see Visibility)
 
     SET_FIELDS = (
-        "tenant", "session_id", "task_id", "agent_id", "tool_name", "kind", "state", "status", "tier"
+        "tenant", "session_id", "task_id", "agent_id", "tool_name", "scope", "team_id", "kind", "state",
+        "status", "tier",
     )
 
     @classmethod
@@ -387,6 +425,10 @@ class Filters:
                 args[name] = v if v.tzinfo else v.replace(tzinfo=UTC)
             elif name == "pinned":
                 args[name] = bool(v)
+            elif name == "visible_to":
+                if not isinstance(v, Visibility):
+                    raise ValidationError(name, "must be a Visibility", "pass clawvm.model.Visibility(...)")
+                args[name] = v
             else:
                 args[name] = str(v)
         return cls(**args)
@@ -408,6 +450,8 @@ class Filters:
         if self.pinned is not None and m.pinned != self.pinned:
             return False
         if self.created_after is not None and not m.created_at >= self.created_after:
+            return False
+        if self.visible_to is not None and not self.visible_to.allows(m):
             return False
         return not (self.created_before is not None and not m.created_at < self.created_before)
 

@@ -20,12 +20,13 @@ import numpy as np
 
 from ..graph import entities
 from ..lexical import LexicalIndex, top_rows
-from ..model import Filters, Memory
+from ..model import Filters, Memory, Scope, Visibility
 from ..vectors import VectorIndex
 from .base import CandidateInfo, Query, QueryResult, check_vectors
 
 _COLUMNS = (
-    "tenant", "session_id", "task_id", "agent_id", "tool_name", "kind", "state", "status", "tier", "parent_id"
+    "tenant", "session_id", "task_id", "agent_id", "tool_name", "scope", "team_id", "kind", "state", "status",
+    "tier", "parent_id",
 )
 
 
@@ -73,6 +74,8 @@ class IndexDoc:
     tags: list[str]
     pinned: bool
     created_at: datetime
+    scope: str | None = None
+    team_id: str | None = None
 
     @classmethod
     def from_json(cls, body: str | bytes) -> IndexDoc:
@@ -80,7 +83,7 @@ class IndexDoc:
         return cls(
             d["id"], d["content"], d["tenant"], d["session_id"], d["task_id"], d["agent_id"], d["tool_name"],
             d["kind"], d["state"], d["status"], d["tier"], d["parent_id"], d["tags"], d["pinned"],
-            datetime.fromisoformat(d["created_at"]),
+            datetime.fromisoformat(d["created_at"]), d.get("scope"), d.get("team_id"),
         )
 
 
@@ -405,9 +408,27 @@ class SearchIndex:
             both(self._created[:size] >= micros(f.created_after))
         if f.created_before is not None:
             both(self._created[:size] < micros(f.created_before))
+        if f.visible_to is not None:
+            both(self._visible(f.visible_to, size))
         if m is None:
             return None
         return m & self._alive[:size]
+
+    def _visible(self, v: Visibility, size: int) -> np.ndarray:
+        """Rows ``v`` may read (the semantics of :meth:`Visibility.allows`, vectorised)."""
+        scope, team, task = self._cols["scope"], self._cols["team_id"], self._cols["task_id"]
+        teams = team.isin(v.teams, size)
+        out: np.ndarray = scope.data[:size] == -1
+        out |= scope.isin(frozenset([Scope.PRIVATE.value]), size) & self._cols["agent_id"].isin(
+            frozenset([v.agent_id]), size
+        )
+        out |= scope.isin(frozenset([Scope.TEAM.value]), size) & teams
+        out |= (
+            scope.isin(frozenset([Scope.TASK.value]), size)
+            & task.isin(v.tasks, size)
+            & ((team.data[:size] == -1) | teams)
+        )
+        return out
 
     @staticmethod
     def _rows_mask(rows: set[int], size: int) -> np.ndarray:
