@@ -1,8 +1,8 @@
 """ClawVM: harness-managed memory for LLM agents."""
 
+from .agent import AgentWithMemory
 from .crypto import DataKey, DataKeys
 from .embed import Embedder, MiniLMEmbedder, OpenAIEmbedder
-from .agent import AgentWithMemory
 from .errors import (
     AccessDeniedError,
     AuthenticationError,
