@@ -121,21 +121,7 @@ class Pager:
             if to is Tier.ARCHIVE
             else ("promote" if ORDER.index(to) < ORDER.index(before_tier) else "demote")
         )
-        self.store.append_event(
-            Event(
-                kind=kind,
-                memory_id=memory.id,
-                tenant=memory.tenant,
-                at=now,
-                data={
-                    "from": before_tier.value,
-                    "to": to.value,
-                    "value_before": round(before, 4),
-                    "value_after": round(moved.value, 4),
-                    "reason": reason,
-                },
-            )
-        )
+        self.store.append_event(_move_event(kind, memory, to, before, moved.value, reason, now, before_tier))
         if to is Tier.ARCHIVE and self._compress is not None:
             try:
                 moved = self._compress(moved, reason)
@@ -260,19 +246,7 @@ class Pager:
             for m in memories
         ]
         events = [
-            Event(
-                kind="demote",
-                memory_id=m.id,
-                tenant=m.tenant,
-                at=now,
-                data={
-                    "from": m.tier.value,
-                    "to": to.value,
-                    "value_before": round(m.value, 4),
-                    "value_after": round(c.value, 4),
-                    "reason": reason,
-                },
-            )
+            _move_event("demote", m, to, m.value, c.value, reason, now)
             for m, c in zip(memories, changed, strict=True)
         ]
         return changed, events
@@ -299,26 +273,67 @@ class Pager:
             return []
         return [self.move(m, Tier.SHORT_TERM, "session idle", now) for m in members if not m.pinned]
 
-    def warm(self, memories: Sequence[Memory], now: datetime) -> list[Memory]:
-        """Access bookkeeping for recalled memories; promotes the valuable ones back to working."""
+    def warm(
+        self, memories: Sequence[Memory], now: datetime, events: Sequence[Event] = ()
+    ) -> list[Memory]:
+        """Access bookkeeping for recalled memories; promotes the valuable ones back to working.
+
+        One write for all of them (with ``events``, e.g. the recall's own); when one changed since it was
+        read, the whole batch is redone one by one, each re-read and retried.
+        """
+        out: list[Memory] = []
+        moves: list[Event] = []
+        promoted: set[tuple[str, str]] = set()
+        for m in memories:
+            touched = revalidate(
+                m, {"access_count": m.access_count + 1, "last_accessed_at": now, "version": m.version + 1}
+            )
+            touched = revalidate(touched, {"value": value(touched, now, self.config.scoring)})
+            if self._promotable(touched):
+                moves.append(_move_event("promote", touched, Tier.WORKING, touched.value, touched.value,
+                                         "warmed by retrieval", now))
+                touched = touched.model_copy(update={"tier": Tier.WORKING})
+                if touched.session_id is not None:
+                    promoted.add((touched.tenant, touched.session_id))
+            out.append(touched)
+        try:
+            if len({m.id for m in out}) < len(out):
+                raise ConflictError(out[0].id, out[0].version, None)  # a batch names each memory once
+            self.store.write(out, None, [*events, *moves])
+        except ConflictError:
+            if events:
+                self.store.append_events(events)
+            return self._warm_each(memories, now)
+        return self._after_promotions(out, promoted, now)
+
+    def _promotable(self, m: Memory) -> bool:
+        _, max_tokens = self.config.budgets.limits(Tier.WORKING)
+        return (
+            m.tier is not Tier.WORKING
+            and m.status is Status.ACTIVE
+            and m.value >= self.config.promote_value
+            and (max_tokens is None or m.session_id is None or m.token_count <= max_tokens)
+        )
+
+    def _warm_each(self, memories: Sequence[Memory], now: datetime) -> list[Memory]:
         out = []
         promoted: set[tuple[str, str]] = set()
-        _, max_tokens = self.config.budgets.limits(Tier.WORKING)
         for m in memories:
             touched = self.mutate(
                 m, lambda cur: {"access_count": cur.access_count + 1, "last_accessed_at": now}, now
             )
-            if (
-                touched.tier is not Tier.WORKING
-                and touched.status is Status.ACTIVE
-                and (touched.value >= self.config.promote_value)
-                and (max_tokens is None or touched.session_id is None or touched.token_count <= max_tokens)
-            ):
+            if self._promotable(touched):
                 touched = self.move(touched, Tier.WORKING, "warmed by retrieval", now)
                 if touched.session_id is not None:
                     promoted.add((touched.tenant, touched.session_id))
             out.append(touched)
-        # promotions may have filled a working tier past its budget: page out again (lowest value first)
+        return self._after_promotions(out, promoted, now)
+
+    def _after_promotions(
+        self, out: list[Memory], promoted: set[tuple[str, str]], now: datetime
+    ) -> list[Memory]:
+        """Promotions may have filled a working tier past its budget: page out again (lowest value first,
+        the memories just warmed last)."""
         evicted: dict[str, Memory] = {}
         warmed = frozenset(m.id for m in out)
         for tenant, session_id in sorted(promoted):
@@ -348,3 +363,29 @@ class Pager:
                 "would put the pinned memories of this session over the working-tier budget",
                 "unpin another memory first or raise TierBudgets.working_tokens / working_items",
             )
+
+
+def _move_event(
+    kind: str,
+    memory: Memory,
+    to: Tier,
+    value_before: float,
+    value_after: float,
+    reason: str,
+    now: datetime,
+    from_tier: Tier | None = None,
+) -> Event:
+    """The event of one tier move (promote, demote or archive)."""
+    return Event(
+        kind=kind,
+        memory_id=memory.id,
+        tenant=memory.tenant,
+        at=now,
+        data={
+            "from": (from_tier or memory.tier).value,
+            "to": to.value,
+            "value_before": round(value_before, 4),
+            "value_after": round(value_after, 4),
+            "reason": reason,
+        },
+    )
