@@ -5,13 +5,10 @@ scripted replies."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -19,6 +16,7 @@ from clawvm import Harness, Kind, Status, teams
 from clawvm.agent import GUIDANCE_INTRO, AgentWithMemory
 from clawvm.model import Scope
 from engines import harness_target
+from loopback import ChatReplay
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "team.py"
 _spec = importlib.util.spec_from_file_location("team_example", EXAMPLE)
@@ -104,42 +102,16 @@ SCRIPT = {  # role -> replies, in order (three tasks)
 }
 
 
-class ScriptedLLM(BaseHTTPRequestHandler):
-    requests: ClassVar[list[dict[str, Any]]] = []
-    replies: ClassVar[dict[str, list[str]]] = {}
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-        role = next(r for r in SCRIPT if f"You are the {r}" in body["messages"][0]["content"])
-        type(self).requests.append({"role": role, "path": self.path, "json": body})
-        content = type(self).replies[role].pop(0)
-        payload = json.dumps(
-            {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
-        ).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+def role_of(body: dict[str, Any]) -> str:
+    """Which member of the team sent a chat request (its system prompt says "You are the <role>")."""
+    return next(r for r in SCRIPT if f"You are the {r}" in body["messages"][0]["content"])
 
 
 @pytest.fixture
-def llm() -> Iterator[tuple[str, type[ScriptedLLM]]]:
-    handler = type(
-        "Handler", (ScriptedLLM,), {"requests": [], "replies": {r: list(v) for r, v in SCRIPT.items()}}
-    )
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1", handler
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+def llm() -> Iterator[ChatReplay]:
+    replies = {role: list(texts) for role, texts in SCRIPT.items()}
+    with ChatReplay(answer=lambda body: replies[role_of(body)].pop(0)) as server:
+        yield server
 
 
 def guidance_of(request: dict[str, Any]) -> str:
@@ -150,19 +122,20 @@ def guidance_of(request: dict[str, Any]) -> str:
 
 @pytest.mark.engines("sqlite")  # the example's store is reopened afterwards: it must persist
 def test_example_team_learns_across_tasks(
-    engine_name: str, tmp_path: Path, llm: tuple[str, type[ScriptedLLM]], capsys: pytest.CaptureFixture[str]
+    engine_name: str, tmp_path: Path, llm: ChatReplay, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url, handler = llm
     db = harness_target(engine_name, tmp_path, "team.db")
     tasks = ["Release note for billing v2", "Release note for invoicing v3", "Release note for payments v4"]
-    args = ["--base-url", url, "--model", "tiny", "--api-key", "k", "--db", db, "--task-type", "release-note"]
+    args = [
+        "--base-url", llm.v1, "--model", "tiny", "--api-key", "k", "--db", db, "--task-type", "release-note"
+    ]
     assert team_example.main([*args, "--no-embed", *tasks]) == 0
     out = capsys.readouterr().out
     assert "== task-3: Release note for payments v4" in out
-    reqs = handler.requests
-    assert [r["role"] for r in reqs] == ["planner", "writer", "reviewer"] * 3
+    reqs = llm.requests
+    assert [role_of(r["json"]) for r in reqs] == ["planner", "writer", "reviewer"] * 3
     assert all(r["path"] == "/v1/chat/completions" and r["json"]["model"] == "tiny" for r in reqs)
-    first_writer, second_writer, third_writer = (r for r in reqs if r["role"] == "writer")
+    first_writer, second_writer, third_writer = (r for r in reqs if role_of(r["json"]) == "writer")
     assert "breaking API change" not in guidance_of(first_writer)
     assert "breaking API change" in guidance_of(second_writer)  # the reviewer's issue on task 1
     third = guidance_of(third_writer)

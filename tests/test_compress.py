@@ -3,12 +3,9 @@ OpenAI-compatible LLM summarizer against a real HTTP server on loopback."""
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +14,7 @@ from hypothesis import strategies as st
 from clawvm import Filters, Harness, Kind, LinkType, State, Status, Tier, ValidationError
 from clawvm.compress import ExtractiveSummarizer, LLMSummarizer, SummarizerError, referenced_raw
 from clawvm.tiers import PagerConfig, TierBudgets
+from loopback import ChatReplay
 
 T0 = datetime(2030, 5, 1, 9, 0, tzinfo=UTC)
 
@@ -260,61 +258,24 @@ def test_collapse_task_summarizes_intermediates_into_one_success() -> None:
 
 
 # ---- the LLM summarizer against a real server -------------------------------------------------------------
-class FakeLLM(BaseHTTPRequestHandler):
-    """An OpenAI-compatible /v1/chat/completions endpoint answering with ``reply`` (or ``status``)."""
-
-    requests: ClassVar[list[dict[str, Any]]] = []
-    reply: ClassVar[str] = "Short summary: 1240 euros, build 7."
-    status: ClassVar[int] = 200
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        type(self).requests.append(
-            {"path": self.path, "headers": dict(self.headers), "json": json.loads(body)}
-        )
-        if self.status != 200:
-            self.send_response(self.status)
-            self.end_headers()
-            self.wfile.write(b'{"error": "boom"}')
-            return
-        payload = json.dumps({
-            "id": "cmpl-1", "object": "chat.completion", "model": "tiny",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": self.reply}}],
-        }).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+SUMMARY = "Short summary: 1240 euros, build 7."
 
 
 @pytest.fixture
-def llm() -> Iterator[tuple[str, type[FakeLLM]]]:
-    handler = type("Handler", (FakeLLM,), {"requests": [], "status": 200})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1", handler
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+def llm() -> Iterator[ChatReplay]:
+    with ChatReplay() as server:
+        yield server
 
 
-def test_llm_summarizer_against_a_real_server(llm: tuple[str, type[FakeLLM]]) -> None:
-    url, handler = llm
-    summarizer = LLMSummarizer(base_url=url, model="tiny-model", api_key="sk-test", timeout_s=10)
+def test_llm_summarizer_against_a_real_server(llm: ChatReplay) -> None:
+    llm.script = [SUMMARY]
+    summarizer = LLMSummarizer(base_url=llm.v1, model="tiny-model", api_key="sk-test", timeout_s=10)
     with open_harness(summarizer=summarizer) as h:
         m = h.record(LONG, session_id="s1", created_at=T0)
         c = h.compress(m.id)
-        assert c.content == FakeLLM.reply
+        assert c.content == SUMMARY
         assert c.metadata["compression"]["method"] == "llm"
-        (req,) = handler.requests
+        (req,) = llm.requests
         assert req["path"] == "/v1/chat/completions"
         assert req["headers"]["Authorization"] == "Bearer sk-test"
         body = req["json"]
@@ -324,39 +285,36 @@ def test_llm_summarizer_against_a_real_server(llm: tuple[str, type[FakeLLM]]) ->
         assert h.decompress(m.id).content == LONG
 
 
-def test_llm_summarizer_server_error_leaves_the_memory_unchanged(llm: tuple[str, type[FakeLLM]]) -> None:
-    url, handler = llm
-    handler.status = 500
-    with open_harness(summarizer=LLMSummarizer(base_url=url, model="tiny", timeout_s=10)) as h:
+def test_llm_summarizer_server_error_leaves_the_memory_unchanged(llm: ChatReplay) -> None:
+    llm.status = 500
+    with open_harness(summarizer=LLMSummarizer(base_url=llm.v1, model="tiny", timeout_s=10)) as h:
         m = h.record(LONG, session_id="s1", created_at=T0)
         before = h.get(m.id)
         with pytest.raises(SummarizerError):
             h.compress(m.id)
         assert h.get(m.id) == before
         assert h.count(status="any") == 1  # no raw copy left behind
-        assert len(handler.requests) == 1
+        assert len(llm.requests) == 1
 
 
-def test_llm_summarizer_unreachable_or_malformed(llm: tuple[str, type[FakeLLM]]) -> None:
-    url, handler = llm
-    handler.reply = "   "
+def test_llm_summarizer_unreachable_or_malformed(llm: ChatReplay) -> None:
+    llm.script = ["   "]
     with pytest.raises(SummarizerError):
-        LLMSummarizer(base_url=url, model="tiny").summarize(LONG, 100)
+        LLMSummarizer(base_url=llm.v1, model="tiny").summarize(LONG, 100)
     with pytest.raises(SummarizerError):  # nothing listens on port 9 of loopback
         LLMSummarizer(base_url="http://127.0.0.1:9/v1", model="tiny", timeout_s=2).summarize(LONG, 100)
 
 
-def test_a_failing_summarizer_does_not_fail_the_record_that_archives(llm: tuple[str, type[FakeLLM]]) -> None:
-    url, handler = llm
-    handler.status = 500
+def test_a_failing_summarizer_does_not_fail_the_record_that_archives(llm: ChatReplay) -> None:
+    llm.status = 500
     budgets = TierBudgets(working_tokens=400, working_items=1, short_term_items=1, long_term_items=1)
-    with open_harness(summarizer=LLMSummarizer(base_url=url, model="tiny", timeout_s=10),
+    with open_harness(summarizer=LLMSummarizer(base_url=llm.v1, model="tiny", timeout_s=10),
                       pager=PagerConfig(budgets=budgets)) as h:
         m = h.record(LONG, session_id="s1", created_at=T0)
         for i in range(4):  # each of these records pushes older memories down; LONG reaches the archive
             h.record(f"filler {i}", session_id="s1", kind="user_input", created_at=T0)
         after = h.get(m.id)
         assert after.tier is Tier.ARCHIVE and after.content == LONG and "compression" not in after.metadata
-        assert handler.requests, "the summarizer was asked"
+        assert llm.requests, "the summarizer was asked"
         errors = [e for e in h.events(memory_id=m.id) if e.kind == "compress_error"]
         assert errors and "500" in errors[-1].data["error"]

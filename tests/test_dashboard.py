@@ -5,8 +5,6 @@ Playwright) against a real uvicorn server on loopback with the demo workload loa
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,7 +12,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
@@ -25,6 +22,7 @@ from clawvm.demo.scenario import ReplayClock, load_scenario, open_demo
 from clawvm.server import create_app
 from clawvm.store import Event
 from engines import harness_target
+from loopback import serve_app
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"
@@ -234,19 +232,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Harn
     load_scenario(h, clock, echo=lambda _line: None)
     app = create_app(h.store, embedder=None)
     keys = _keys(app)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{port}", h, keys
+        with serve_app(app) as url:
+            yield url, h, keys
     finally:
-        server.should_exit = True
-        thread.join(timeout=30)
         h.close()
 
 

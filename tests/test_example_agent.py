@@ -8,18 +8,17 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
 from clawvm import Harness, Memory, State
 from clawvm.toolcalls import INTERRUPTED
 from engines import harness_target
+from loopback import ChatReplay
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "research_agent.py"
 _spec = importlib.util.spec_from_file_location("research_agent", EXAMPLE)
@@ -30,71 +29,21 @@ _spec.loader.exec_module(research_agent)
 PAGES = {"/status/payments": "payments: degraded, p95 2300 ms", "/status/ledger": "ledger: ok, lag 0 s"}
 
 
-class ScriptedLLM(BaseHTTPRequestHandler):
-    """Chat completions answered from ``script`` in order; a few plain pages for the agent to fetch.
-
-    ``GET /hang`` writes ``hang_marker`` and then does not answer until the test ends."""
-
-    script: ClassVar[list[dict[str, Any]]] = []
-    requests: ClassVar[list[dict[str, Any]]] = []
-    hang_marker: ClassVar[Path | None] = None
-    release: ClassVar[threading.Event] = threading.Event()
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-        cls = type(self)
-        cls.requests.append({"path": self.path, "json": body, "auth": self.headers.get("Authorization")})
-        if not cls.script:
-            self._send(500, {"error": "script exhausted"})
-            return
-        message = cls.script.pop(0)
-        self._send(
-            200,
-            {
-                "id": "c",
-                "object": "chat.completion",
-                "model": body["model"],
-                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-            },
-        )
-
-    def do_GET(self) -> None:
-        if self.path == "/hang":
-            if self.hang_marker is not None:
-                self.hang_marker.write_text("the agent is waiting on /hang")
-            self.release.wait(120)
-            return
-        if self.path in PAGES:
-            self._send(200, PAGES[self.path], "text/plain")
-        else:
-            self._send(503, "upstream unavailable", "text/plain")
-
-    def _send(self, status: int, payload: Any, ctype: str = "application/json") -> None:
-        data = (json.dumps(payload) if ctype == "application/json" else str(payload)).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def llm() -> Iterator[tuple[str, type[ScriptedLLM]]]:
-    handler = type("Handler", (ScriptedLLM,), {"script": [], "requests": [], "release": threading.Event()})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", handler
-    finally:
-        handler.release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+def llm() -> Iterator[ChatReplay]:
+    """Chat completions answered from ``llm.script`` in order; a few plain pages for the agent to fetch."""
+    with ChatReplay(pages=dict(PAGES)) as server:
+        yield server
+
+
+def hang_until_stopped(server: ChatReplay, marker: Path) -> None:
+    """``GET /hang`` writes ``marker`` and then does not answer until the test ends."""
+
+    def hang() -> None:
+        marker.write_text("the agent is waiting on /hang")
+        server.stopping.wait(120)
+
+    server.pages["/hang"] = hang
 
 
 _ids = iter(range(10**6))
@@ -128,10 +77,10 @@ def trail(h: Harness, tool: str) -> list[tuple[Memory, Memory]]:
 
 
 def test_agent_records_its_trail_and_uses_it_for_the_next_question(
-    harness: Harness, llm: tuple[str, type[ScriptedLLM]]
+    harness: Harness, llm: ChatReplay
 ) -> None:
-    base, server = llm
-    server.script = [
+    base = llm.url
+    llm.script = [
         calls(("fetch_url", {"url": f"{base}/status/payments"})),
         calls(
             ("fetch_url", {"url": f"{base}/status/missing"}),
@@ -164,11 +113,11 @@ def test_agent_records_its_trail_and_uses_it_for_the_next_question(
     assert observation.content == "payments API degraded: p95 2300 ms"
 
     # what went over the wire: the tools offered, the tool replies the model saw
-    first = server.requests[0]
-    assert first["path"] == "/v1/chat/completions" and first["auth"] == "Bearer sk-test"
+    first = llm.requests[0]
+    assert first["path"] == "/v1/chat/completions" and first["headers"]["Authorization"] == "Bearer sk-test"
     offered = [t["function"]["name"] for t in first["json"]["tools"]]
     assert offered[:2] == ["fetch_url", "calculate"] and "record_memory" in offered and "rollback" in offered
-    replies = [m for m in server.requests[2]["json"]["messages"] if m["role"] == "tool"]
+    replies = [m for m in llm.requests[2]["json"]["messages"] if m["role"] == "tool"]
     assert json.loads(replies[-2]["content"])["ok"] is False  # the 503, as a tool error, not a crash
     assert json.loads(replies[-1]["content"])["ok"] is True
 
@@ -176,12 +125,12 @@ def test_agent_records_its_trail_and_uses_it_for_the_next_question(
     assert (
         agent.ask("What did we find about payments earlier?") == "Earlier we found the payments API degraded."
     )
-    system = server.requests[-1]["json"]["messages"][0]["content"]
+    system = llm.requests[-1]["json"]["messages"][0]["content"]
     assert "payments: degraded, p95 2300 ms" in system  # a tool result
     assert "HTTPError: HTTP Error 503" in system  # a tool error
     assert "payments API degraded: p95 2300 ms" in system  # what the model recorded itself
     assert "The payments API is degraded (p95 2.3 s)." in system  # the earlier answer
-    assert server.requests[-1]["json"]["messages"][1] == {
+    assert llm.requests[-1]["json"]["messages"][1] == {
         "role": "user",
         "content": "What did we find about payments earlier?",
     }
@@ -189,11 +138,12 @@ def test_agent_records_its_trail_and_uses_it_for_the_next_question(
 
 @pytest.mark.engines("sqlite", "postgres")
 def test_session_restore_after_the_agent_is_killed_mid_call(
-    engine_name: str, tmp_path: Path, llm: tuple[str, type[ScriptedLLM]]
+    engine_name: str, tmp_path: Path, llm: ChatReplay
 ) -> None:
-    base, server = llm
-    server.hang_marker = tmp_path / "hanging"
-    server.script = [
+    base = llm.url
+    hanging = tmp_path / "hanging"
+    hang_until_stopped(llm, hanging)
+    llm.script = [
         calls(("fetch_url", {"url": f"{base}/status/ledger"})),
         calls(("fetch_url", {"url": f"{base}/hang"})),
         final("The ledger check was cut off; the last known status was ok."),  # after the restart
@@ -224,7 +174,7 @@ def test_session_restore_after_the_agent_is_killed_mid_call(
     )
     try:
         deadline = time.monotonic() + 180
-        while not server.hang_marker.exists():  # the agent has recorded the call and is blocked in it
+        while not hanging.exists():  # the agent has recorded the call and is blocked in it
             assert first.poll() is None, first.communicate()
             assert time.monotonic() < deadline, "the agent never reached the hanging call"
             time.sleep(0.05)
@@ -244,7 +194,7 @@ def test_session_restore_after_the_agent_is_killed_mid_call(
     assert "restored session s-kill: 1 interrupted call(s)" in second.stdout
     assert "A: The ledger check was cut off; the last known status was ok." in second.stdout
 
-    system = server.requests[-1]["json"]["messages"][0]["content"]
+    system = llm.requests[-1]["json"]["messages"][0]["content"]
     assert "ledger: ok, lag 0 s" in system  # the earlier tool result survived the kill
     assert f'"url":"{base}/hang"' in system  # the call that was cut off ...
     assert "fetch_url call interrupted" in system  # ... and what became of it

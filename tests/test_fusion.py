@@ -4,12 +4,8 @@ loopback), conflicting decisions flagged for review; never across readers."""
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
 
 import pytest
 from hypothesis import given, settings
@@ -25,6 +21,7 @@ from clawvm.fusion import (
     fuse,
 )
 from engines import harness_target
+from loopback import ChatReplay
 
 
 @pytest.fixture
@@ -157,73 +154,40 @@ def test_errors_of_one_task_are_not_a_recurring_pitfall(engine_name: str, lexica
     assert fuse(lexical, config=FusionConfig(min_tasks=1)).knowledge
 
 
-class FakeLLM(BaseHTTPRequestHandler):
-    requests: ClassVar[list[dict[str, Any]]] = []
-    status: ClassVar[int] = 200
-    reply: ClassVar[str] = "Run the database migrations before every release."
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        type(self).requests.append({"path": self.path, "json": json.loads(body)})
-        if self.status != 200:
-            self.send_response(self.status)
-            self.end_headers()
-            return
-        payload = json.dumps(
-            {"choices": [{"index": 0, "message": {"role": "assistant", "content": self.reply}}]}
-        ).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+LESSON = "Run the database migrations before every release."
 
 
 @pytest.fixture
-def llm() -> Iterator[tuple[str, type[FakeLLM]]]:
-    handler = type("Handler", (FakeLLM,), {"requests": [], "status": 200})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1", handler
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+def llm() -> Iterator[ChatReplay]:
+    with ChatReplay() as server:
+        yield server
 
 
 @pytest.mark.engines("memory")
-def test_llm_synthesizer_against_a_real_server(engine_name: str, lexical: Harness, llm: Any) -> None:
-    url, handler = llm
+def test_llm_synthesizer_against_a_real_server(engine_name: str, lexical: Harness, llm: ChatReplay) -> None:
+    llm.script = [LESSON]
     crew(lexical)
     for n, text in enumerate(ERRORS[:2], start=1):
         teams.record(lexical, text, agent_id="reviewer", team_id="pay", kind="error", task_id=f"t{n}")
-    report = fuse(lexical, synthesizer=LLMSynthesizer(url, "tiny", api_key="k"))
+    report = fuse(lexical, synthesizer=LLMSynthesizer(llm.v1, "tiny", api_key="k"))
     pitfall = lexical.get(report.knowledge[0])
-    assert pitfall.content == (
-        "Lesson from a recurring error (seen 2 times): Run the database migrations before every release."
-    )
+    assert pitfall.content == f"Lesson from a recurring error (seen 2 times): {LESSON}"
     assert pitfall.metadata["synthesized"]["method"] == "llm"
-    (request,) = handler.requests
+    (request,) = llm.requests
     assert request["path"] == "/v1/chat/completions" and request["json"]["model"] == "tiny"
     prompt = request["json"]["messages"][0]["content"]
     assert ERRORS[0] in prompt and ERRORS[1] in prompt
 
 
 @pytest.mark.engines("memory")
-def test_a_failing_llm_writes_nothing(engine_name: str, lexical: Harness, llm: Any) -> None:
-    url, handler = llm
-    handler.status = 500
+def test_a_failing_llm_writes_nothing(engine_name: str, lexical: Harness, llm: ChatReplay) -> None:
+    llm.status = 500
     crew(lexical)
     for n, text in enumerate(ERRORS[:2], start=1):
         teams.record(lexical, text, agent_id="reviewer", team_id="pay", kind="error", task_id=f"t{n}")
     before = lexical.count(status="any")
     with pytest.raises(SynthesisError):
-        fuse(lexical, synthesizer=LLMSynthesizer(url, "tiny"))
+        fuse(lexical, synthesizer=LLMSynthesizer(llm.v1, "tiny"))
     assert lexical.count(status="any") == before
     assert lexical.count(kind=Kind.ERROR) == 2
 

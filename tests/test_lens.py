@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clawvm import Harness, Kind, Memory, NotFoundError, Tier, ValidationError
+from clawvm.demo.scenario import ReplayClock
 from clawvm.events import DUCKDB_QUERIES, Retention, export_jsonl, export_parquet, prune, run_query
 from clawvm.learning import features, intervene, learn, raw_value, restore_weights, weights_of
 from clawvm.lens import Lens, record_output
@@ -27,21 +28,13 @@ from engines import harness_target
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> datetime:
-        return self.now
+@pytest.fixture
+def clock() -> ReplayClock:
+    return ReplayClock(T0)
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def h(engine_name: str, tmp_path: Path, clock: Clock) -> Iterator[Harness]:
+def h(engine_name: str, tmp_path: Path, clock: ReplayClock) -> Iterator[Harness]:
     """A lexical-only harness on the engine, on a clock the test moves."""
     harness = Harness.open(harness_target(engine_name, tmp_path), embedder=None, clock=clock)
     try:
@@ -51,7 +44,7 @@ def h(engine_name: str, tmp_path: Path, clock: Clock) -> Iterator[Harness]:
 
 
 # ---- metrics ------------------------------------------------------------------------------------------
-def test_working_hit_rate_latency_and_regret(h: Harness, clock: Clock) -> None:
+def test_working_hit_rate_latency_and_regret(h: Harness, clock: ReplayClock) -> None:
     hot = h.record("the payment gateway returned 502 bad gateway", session_id="s1")
     cold = h.record("the invoice archive job finished overnight", session_id="s1")
     h.pager.move(h.get(cold.id), Tier.LONG_TERM, "test", clock.now)
@@ -73,7 +66,7 @@ def test_working_hit_rate_latency_and_regret(h: Harness, clock: Clock) -> None:
     assert m["regretted"][0]["id"] == gone.id
 
 
-def test_context_tokens_and_quality_rates(h: Harness, clock: Clock) -> None:
+def test_context_tokens_and_quality_rates(h: Harness, clock: ReplayClock) -> None:
     a = h.record("deploy window is friday 18:00 lisbon time", session_id="s1")
     h.record("Deploy window is Friday   18:00 Lisbon time", session_id="s1")  # duplicate (case, spaces)
     h.record("ok", session_id="s1")  # junk: fewer than three words
@@ -223,7 +216,7 @@ def test_learn_rejects_a_bad_rate() -> None:
         learn(DEFAULT_SCORING, Memory(content="x"), T0, 1.0, rate=0.0)
 
 
-def test_manual_actions_are_events_and_teach_the_scorer(h: Harness, clock: Clock) -> None:
+def test_manual_actions_are_events_and_teach_the_scorer(h: Harness, clock: ReplayClock) -> None:
     note = h.record("User profile: prefers Lisbon time and EUR tables", kind="note", session_id="s1")
     thought = h.record("maybe check the logs later", kind="llm_thought", session_id="s1")
     other_note = h.record("a second note about reports", kind="note", session_id="s1")
@@ -296,7 +289,7 @@ def test_restore_weights_ignores_nothing_and_unknown_keys() -> None:
 
 
 # ---- export and retention ---------------------------------------------------------------------------------
-def _activity(h: Harness, clock: Clock) -> None:
+def _activity(h: Harness, clock: ReplayClock) -> None:
     for i in range(6):
         clock.now = T0 + timedelta(days=i)
         m = h.record(f"day {i}: the charge api answered in {100 + i} ms", session_id=f"s{i % 2}")
@@ -306,7 +299,7 @@ def _activity(h: Harness, clock: Clock) -> None:
     intervene(h, "pin", m.id)
 
 
-def test_export_jsonl_and_parquet_with_duckdb_queries(h: Harness, clock: Clock, tmp_path: Path) -> None:
+def test_export_jsonl_and_parquet_with_duckdb_queries(h: Harness, clock: ReplayClock, tmp_path: Path) -> None:
     _activity(h, clock)
     events = h.events(limit=10**6)
     kinds = Counter(e.kind for e in events)
@@ -338,7 +331,7 @@ def test_export_jsonl_and_parquet_with_duckdb_queries(h: Harness, clock: Clock, 
         run_query(parquet, "nope")
 
 
-def test_retention_drops_the_head_and_keeps_learned_weights(h: Harness, clock: Clock) -> None:
+def test_retention_drops_the_head_and_keeps_learned_weights(h: Harness, clock: ReplayClock) -> None:
     _activity(h, clock)
     total = len(h.events(limit=10**6))
     last_seq = h.events(limit=10**6)[-1].seq or 0
@@ -372,7 +365,7 @@ def test_cli_exports_events_and_prunes(tmp_path: Path) -> None:
 
     db = tmp_path / "cli.db"
     with Harness.open(db, embedder=None) as h:
-        _activity(h, Clock())
+        _activity(h, ReplayClock(T0))
         total = len(h.events(limit=10**6))
 
     def run(*args: str) -> str:

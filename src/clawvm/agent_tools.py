@@ -31,6 +31,7 @@ from .context import short_id
 from .errors import ClawVMError, ConflictError, NotFoundError, ValidationError
 from .ids import is_valid_id
 from .model import Memory
+from .toolcalls import scope_fields
 
 if TYPE_CHECKING:
     from .harness import Harness
@@ -146,9 +147,7 @@ class AgentTools:
         agent_id: str | None = None,
     ) -> None:
         self.harness = harness
-        self.scope: dict[str, Any] = {
-            k: v for k, v in (("session_id", session_id), ("task_id", task_id), ("agent_id", agent_id)) if v
-        }
+        self.scope = scope_fields(session_id, task_id, agent_id)
         self._tools: dict[str, _Tool] = {
             "record_memory": _Tool(RecordMemoryArgs, self._record),
             "recall_memory": _Tool(RecallMemoryArgs, self._recall),

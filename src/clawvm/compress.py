@@ -19,7 +19,7 @@ from typing import Protocol
 from .embed import count_tokens
 from .errors import ClawVMError
 from .model import JSON, Link, LinkType, Memory, Status, Tier, build_memory, revalidate
-from .openai_http import FAILURES, post_json
+from .openai_http import FAILURES, ChatEndpoint
 from .store import Event, Store
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
@@ -96,13 +96,9 @@ class ExtractiveSummarizer:
 
 
 @dataclass(frozen=True)
-class LLMSummarizer:
+class LLMSummarizer(ChatEndpoint):
     """Summaries from any OpenAI-compatible ``/chat/completions`` endpoint (optional)."""
 
-    base_url: str
-    model: str
-    api_key: str = ""
-    timeout_s: float = 30.0
     name: str = "llm"
 
     def summarize(self, text: str, max_chars: int) -> str:
@@ -110,10 +106,8 @@ class LLMSummarizer:
             f"Summarize the following agent memory in at most {max_chars} characters. Keep every number, "
             "identifier, name and code fragment exactly as written. Reply with the summary only.\n\n" + text
         )
-        request = {"model": self.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0}
         try:
-            payload = post_json(self.base_url, "/chat/completions", request, self.api_key, self.timeout_s)
-            summary = str(payload["choices"][0]["message"]["content"]).strip()
+            summary = self.complete(prompt)
         except FAILURES as exc:
             raise SummarizerError(f"summarizer endpoint {self.base_url} failed: {exc}") from exc
         if not summary:

@@ -42,7 +42,7 @@ from .embed import count_tokens
 from .errors import ClawVMError, ConflictError
 from .lexical import Analyzer
 from .model import Filters, Kind, Link, LinkType, Memory, Scope, Status, Tier, build_memory
-from .openai_http import FAILURES, post_json
+from .openai_http import FAILURES, ChatEndpoint
 from .store import Event
 from .teams import (
     CONFLICT_TAG,
@@ -100,13 +100,9 @@ class ExtractiveSynthesizer:
 
 
 @dataclass(frozen=True)
-class LLMSynthesizer:
+class LLMSynthesizer(ChatEndpoint):
     """A lesson written by any OpenAI-compatible ``/chat/completions`` endpoint (optional)."""
 
-    base_url: str
-    model: str
-    api_key: str = ""
-    timeout_s: float = 30.0
     name: str = "llm"
 
     def synthesize(self, errors: Sequence[str], occurrences: int) -> str:
@@ -116,10 +112,8 @@ class LLMSynthesizer:
             "Write one short, actionable lesson (at most two sentences) that prevents them. Keep names, "
             "numbers and identifiers exactly as written. Reply with the lesson only."
         )
-        request = {"model": self.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0}
         try:
-            payload = post_json(self.base_url, "/chat/completions", request, self.api_key, self.timeout_s)
-            lesson = str(payload["choices"][0]["message"]["content"]).strip()
+            lesson = self.complete(prompt)
         except FAILURES as exc:
             raise SynthesisError(f"synthesizer endpoint {self.base_url} failed: {exc}") from exc
         if not lesson:

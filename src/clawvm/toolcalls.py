@@ -94,6 +94,14 @@ class ToolSpec:
         object.__setattr__(self, "timeout_errors", tuple(self.timeout_errors))
 
 
+def scope_fields(
+    session_id: str | None = None, task_id: str | None = None, agent_id: str | None = None
+) -> dict[str, Any]:
+    """The scope fields that are set (None and empty ones left out), to pass on as keyword arguments."""
+    given = {"session_id": session_id, "task_id": task_id, "agent_id": agent_id}
+    return {name: value for name, value in given.items() if value}
+
+
 @contextmanager
 def scope(**fields: Any) -> Iterator[None]:
     """Record every tool call made inside this block (this thread/task) with these scope fields.

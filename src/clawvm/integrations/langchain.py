@@ -22,7 +22,7 @@ from langchain_core.outputs import LLMResult
 
 from ..harness import Harness
 from ..model import Cost, Kind, State
-from ..toolcalls import ToolCall, ToolSpec
+from ..toolcalls import ToolCall, ToolSpec, scope_fields
 
 
 class ClawVMCallbackHandler(BaseCallbackHandler):
@@ -38,9 +38,7 @@ class ClawVMCallbackHandler(BaseCallbackHandler):
         record_llm: bool = True,
     ) -> None:
         self.harness = harness
-        self.scope: dict[str, Any] = {
-            k: v for k, v in (("session_id", session_id), ("task_id", task_id), ("agent_id", agent_id)) if v
-        }
+        self.scope = scope_fields(session_id, task_id, agent_id)
         self.record_llm = record_llm
         self._calls: dict[UUID, ToolCall] = {}
         self._lock = threading.Lock()

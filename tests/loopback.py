@@ -1,0 +1,151 @@
+"""Real servers on loopback for tests: LLM paths and the HTTP API are always exercised over a socket.
+
+- :class:`ChatReplay`: an OpenAI-compatible ``/chat/completions`` endpoint (a real ``http.server`` on
+  127.0.0.1, a free port, its own thread) that answers with scripted replies and records every request;
+  it can also serve a few plain pages for agents that fetch URLs.
+- :func:`serve_app`: an ASGI app served by uvicorn on 127.0.0.1, a free port, its own thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import uvicorn
+
+#: A scripted reply: text (an assistant message with that content) or a whole assistant message (tool calls).
+Reply = str | dict[str, Any]
+#: A page served on GET: its text, or a callable run in the request's thread returning the text (None: no
+#: answer at all, as a server that hangs up would).
+Page = str | Callable[[], str | None]
+
+
+class ChatReplay:
+    """An OpenAI-compatible chat-completions server on loopback replaying scripted replies.
+
+    Every POST (any path) is recorded in ``requests`` as ``{"path", "headers", "json"}`` and answered with
+    the chat completion of ``answer(body)`` — by default the next reply of ``script``, or a 500 once the
+    script is used up. While ``status`` is not 200, every POST is answered with that error status instead.
+    A GET is answered with ``pages[path]`` (text/plain), or 503 for any other path. ``stopping`` is set
+    when the server stops, so a page that blocks can wait on it.
+
+    Use it as a context manager; ``url`` is ``http://127.0.0.1:<port>`` and ``v1`` is ``url + "/v1"``
+    (the base URL OpenAI-compatible clients take).
+    """
+
+    def __init__(
+        self,
+        script: list[Reply] | None = None,
+        *,
+        answer: Callable[[dict[str, Any]], Reply] | None = None,
+        pages: dict[str, Page] | None = None,
+    ) -> None:
+        self.script: list[Reply] = list(script or [])
+        self.answer = answer or self._next_in_script
+        self.pages: dict[str, Page] = dict(pages or {})
+        self.status = 200
+        self.requests: list[dict[str, Any]] = []
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._server = _Server(("127.0.0.1", 0), _ChatHandler)
+        self._server.replay = self
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self.v1 = f"{self.url}/v1"
+
+    def __enter__(self) -> ChatReplay:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()  # first: a blocked page returns, so shutting down does not wait on it
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+    def _next_in_script(self, body: dict[str, Any]) -> Reply:
+        with self._lock:
+            if not self.script:
+                raise LookupError("script exhausted")
+            return self.script.pop(0)
+
+    def _answer(self, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Record one chat-completions request; the status and JSON body to answer it with."""
+        with self._lock:
+            self.requests.append(request)
+            status = self.status
+        if status != 200:
+            return status, {"error": {"message": "scripted failure", "code": status}}
+        body = request["json"]
+        try:
+            reply = self.answer(body)
+        except LookupError as exc:
+            return 500, {"error": {"message": str(exc), "code": 500}}
+        message = {"role": "assistant", "content": reply} if isinstance(reply, str) else reply
+        return 200, {
+            "id": f"chatcmpl-{next(self._ids)}",
+            "object": "chat.completion",
+            "model": body.get("model"),
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        }
+
+
+class _Server(ThreadingHTTPServer):
+    replay: ChatReplay
+
+
+class _ChatHandler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+        status, payload = self.server.replay._answer(
+            {"path": self.path, "headers": dict(self.headers), "json": body}
+        )
+        self._send(status, json.dumps(payload), "application/json")
+
+    def do_GET(self) -> None:
+        page = self.server.replay.pages.get(self.path)
+        if page is None:
+            self._send(503, "upstream unavailable", "text/plain")
+            return
+        text = page() if callable(page) else page
+        if text is not None:
+            self._send(200, text, "text/plain")
+
+    def _send(self, status: int, text: str, content_type: str) -> None:
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass  # keep test output clean
+
+
+@contextmanager
+def serve_app(app: Any, start_timeout_s: float = 60) -> Iterator[str]:
+    """Serve the ASGI ``app`` with uvicorn on loopback (lifespan on) and yield its base URL."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
