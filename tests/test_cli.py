@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
+import httpx
 import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from clawvm.auth import Keyring
 from clawvm.cli import main
+from clawvm.crypto import KEY_ENV, KEY_FILE_ENV, DataKey
+from clawvm.store import SQLiteStore
 
 COMMANDS = sorted(main.commands)
 
@@ -147,3 +158,71 @@ def test_stats_and_demo(tmp_path: Path) -> None:
     stats = json.loads(run(db, "stats"))
     assert stats["memories"] > 100 and stats["sessions"] == 5
     assert stats["by_kind"]["tool_call"] == stats["by_kind"]["tool_result"]
+
+
+# ---- serve: redaction on by default, kept originals for admins ---------------------------------------------
+SECRET = "mail ann@example.org, card 4111 1111 1111 1111"
+
+
+@contextmanager
+def served(db: Path, *flags: str, env: dict[str, str]) -> Iterator[str]:
+    """``clawvm serve`` as a real process on a loopback port; yields its base URL once it is ready."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = db.with_suffix(".log")
+    args = ["--db", str(db), "--no-embed", "serve", "--port", str(port), "--rate-limit", "0", *flags]
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from clawvm.cli import main; main()", *args],
+            env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):  # readiness, not timing: the server answers once it has imported and bound
+            assert proc.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"{url}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def admin_key(db: Path) -> dict[str, str]:
+    store = SQLiteStore(db)
+    store.setup()
+    try:
+        return {"Authorization": f"Bearer {Keyring(store).create('acme', 'admin')[1]}"}
+    finally:
+        store.close()
+
+
+def test_serve_redacts_by_default_and_admins_read_kept_originals(tmp_path: Path) -> None:
+    db = tmp_path / "kept.db"
+    admin = admin_key(db)
+    with served(db, "--keep-originals", env={KEY_ENV: DataKey.generate().encode()}) as url:
+        m = httpx.post(f"{url}/v1/memories", json={"content": SECRET}, headers=admin).json()
+        assert "ann@example.org" not in m["content"] and "4111" not in m["content"]
+        original = httpx.get(f"{url}/v1/memories/{m['id']}/original", headers=admin)
+        assert original.status_code == 200 and original.json()["content"] == SECRET
+
+
+def test_serve_no_redact_stores_content_as_sent(tmp_path: Path) -> None:
+    db = tmp_path / "plain.db"
+    admin = admin_key(db)
+    with served(db, "--no-redact", env={}) as url:
+        m = httpx.post(f"{url}/v1/memories", json={"content": SECRET}, headers=admin).json()
+        assert m["content"] == SECRET
+
+
+def test_serve_refuses_to_keep_originals_without_a_data_key(tmp_path: Path) -> None:
+    runner = CliRunner(env={KEY_ENV: None, KEY_FILE_ENV: None})
+    args = ["--db", str(tmp_path / "s.db"), "--no-embed", "serve", "--keep-originals"]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 2 and KEY_ENV in result.output and KEY_FILE_ENV in result.output
+    result = runner.invoke(main, [*args, "--no-redact"])
+    assert result.exit_code == 2 and "--redact" in result.output

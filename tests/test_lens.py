@@ -112,6 +112,15 @@ def test_lens_keeps_up_incrementally(h: Harness) -> None:
     assert lens.metrics()["memories"] == 1
 
 
+def test_team_grants_never_show_as_memories(h: Harness) -> None:
+    h.grant("team-a", "planner", write=True)
+    lens = Lens(h)  # grants stored before the lens loads
+    m = h.record("the plan for the release", session_id="s1")
+    h.grant("team-a", "writer")  # and one after: seen through the event log
+    lens.refresh()
+    assert list(lens.rows) == [m.id] and lens.metrics()["memories"] == 1
+
+
 # ---- influence and citations -----------------------------------------------------------------------------
 def test_influence_marks_cited_and_feeds_value(h: Harness) -> None:
     cited = h.record("the EU regional host works for tessera charges", session_id="s1")

@@ -17,11 +17,23 @@ from hypothesis import given, settings
 import clawvm.ids
 from clawvm import Filters, Harness, Kind, Memory, ValidationError
 from clawvm.ids import is_valid_id, new_id
-from clawvm.model import JSON, TEXT, build_memory
+from clawvm.model import JSON, MAX_JSON_DEPTH, TEXT, build_memory
 from engines import harness_target
 from strategies import memories
 
 VALID_ID = "0190abcd-ef00-7000-8000-00000000000a"
+
+
+def nested(levels: int, leaf: Any = None, key: str | None = "k") -> Any:
+    """``leaf`` inside ``levels`` objects (or arrays, with ``key=None``): ``levels=0`` is the leaf."""
+    value = leaf
+    for _ in range(levels):
+        value = [value] if key is None else {key: value}
+    return value
+
+
+DEEP = MAX_JSON_DEPTH + 1  # objects/arrays inside one another, one level past the limit
+
 BAD_INPUT: list[tuple[Any, dict[str, Any], str]] = [
     ("x", {"session_id": 5}, "session_id"),
     ("x", {"tags": "x"}, "tags"),
@@ -53,6 +65,12 @@ BAD_INPUT: list[tuple[Any, dict[str, Any], str]] = [
     ("x", {"session_id": "s\ud800"}, "session_id"),
     ("x", {"tags": ["ok", "\udfff"]}, "tags"),
     ("x", {"metadata": {"k": "\ud800"}}, "metadata"),
+    ("x", {"metadata": nested(DEEP, {})}, "metadata"),  # the metadata object itself is level 0
+    ("x", {"metadata": nested(DEEP - 1, [1], key="k")}, "metadata"),
+    ("x", {"metadata": {"k": nested(300, key=None)}}, "metadata"),  # past pydantic's serializer limit
+    ("x", {"metadata": nested(5000)}, "metadata"),  # past Python's recursion limit
+    (nested(DEEP, "leaf"), {}, "content"),
+    (nested(5000, key=None), {}, "content"),
     ("x", {"created_at": "yesterday"}, "created_at"),
     ("x", {"created_at": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5)))}, "created_at"),
     ("x", {"cost": {"seconds": float("inf")}}, "cost.seconds"),
@@ -212,6 +230,31 @@ def test_is_valid_id_accepts_only_canonical_uuid_text() -> None:
 
 
 # ---- JSON round trip ----------------------------------------------------------------------------------
+def test_json_nested_up_to_the_limit_is_stored_and_reads_back(harness: Harness) -> None:
+    deepest = nested(MAX_JSON_DEPTH - 1, {})  # MAX_JSON_DEPTH levels: the metadata object is level 0
+    m = harness.record(nested(MAX_JSON_DEPTH, "leaf"), metadata=deepest)
+    assert harness.get(m.id).metadata == deepest
+    assert harness.get(m.id).content_json() == nested(MAX_JSON_DEPTH, "leaf")
+    assert [x.id for x in harness.list()] == [m.id]
+
+
+def test_too_deep_metadata_in_an_update_is_refused_and_nothing_changes(harness: Harness) -> None:
+    m = harness.record("kept as it was", metadata={"n": 1})
+    before = (harness.get(m.id), len(harness.events()))
+    for bad in ({"metadata": nested(DEEP, {})}, {"content": nested(DEEP, 1)}):
+        with pytest.raises(ValidationError) as exc:
+            harness.update(m.id, **bad)
+        assert exc.value.field == next(iter(bad)) and str(MAX_JSON_DEPTH) in exc.value.fix
+    assert (harness.get(m.id), len(harness.events())) == before
+
+
+def test_too_deep_metadata_cannot_come_in_through_json() -> None:
+    good = json.loads(Memory(content="x").to_json())
+    with pytest.raises(ValidationError) as exc:
+        Memory.from_json(json.dumps({**good, "metadata": nested(DEEP, {})}))
+    assert exc.value.field == "metadata"
+
+
 @settings(max_examples=150, deadline=None)
 @given(m=memories())
 def test_memory_json_round_trip(m: Memory) -> None:

@@ -12,8 +12,6 @@ import io
 import json
 import logging
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +20,6 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-import uvicorn
 from fastapi import APIRouter
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, given, settings
@@ -34,10 +31,12 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from clawvm.errors import RateLimitError
+from clawvm.crypto import KEY_ENV, KEY_FILE_ENV, DataKey
+from clawvm.errors import ConfigError, RateLimitError
 from clawvm.redact import RedactionPolicy
-from clawvm.server import JsonFormatter, RateLimiter, ServerSettings, Writer, create_app
+from clawvm.server import JsonFormatter, RateLimiter, ServerSettings, Writer, create_app, redaction_options
 from clawvm.store import SQLiteStore, Store
+from loopback import serve_app
 
 ERROR_KEYS = {"code", "message", "field", "fix"}
 
@@ -317,6 +316,70 @@ def test_harness_options_reach_every_tenant_harness(tmp_path: Path) -> None:
     store.close()
 
 
+SECRET = "mail ann@example.org, card 4111 1111 1111 1111"
+
+
+def test_admins_read_kept_originals_over_the_api_and_no_one_else(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "kept.db")
+    options = redaction_options(keep_originals=True, environ={KEY_ENV: DataKey.generate().encode()})
+    app = create_app(store, embedder=None, settings=ServerSettings(rate_per_s=0), harness_options=options)
+    ring = app.state.service.keyring
+    keys = {
+        "admin": ring.create("acme", "admin")[1], "agent": ring.create("acme", "agent")[1],
+        "reader": ring.create("acme", "read-only")[1], "their admin": ring.create("globex", "admin")[1],
+    }
+
+    def auth(who: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {keys[who]}"}
+
+    with TestClient(app) as client:
+        m = client.post("/v1/memories", json={"content": SECRET}, headers=auth("agent")).json()
+        assert "ann@example.org" not in m["content"] and "4111" not in m["content"]  # redacted by default
+        payload = {"to": "ann@example.org", "n": 1}
+        j = client.post("/v1/memories", json={"content": payload}, headers=auth("agent")).json()
+        original = client.get(f"/v1/memories/{m['id']}/original", headers=auth("admin"))
+        assert original.status_code == 200, original.text
+        assert original.json() == {"id": m["id"], "content": SECRET, "content_type": "text/plain"}
+        kept_json = client.get(f"/v1/memories/{j['id']}/original", headers=auth("admin")).json()
+        assert json.loads(kept_json["content"]) == payload and kept_json["content_type"] == "application/json"
+        for who, status in (("agent", 403), ("reader", 403), ("their admin", 404)):
+            r = client.get(f"/v1/memories/{m['id']}/original", headers=auth(who))
+            assert r.status_code == status, (who, r.text)
+            assert set(r.json()["error"]) == ERROR_KEYS
+        events = client.get("/v1/events", params={"memory_id": m["id"]}, headers=auth("admin")).json()
+        assert [e["kind"] for e in events["events"]].count("reveal") == 1  # every reveal is logged
+        hits = client.post("/v1/recall", json={"query": "ann@example.org card"}, headers=auth("admin")).json()
+        assert SECRET not in json.dumps(hits)
+    store.close()
+
+
+def test_originals_are_not_kept_unless_asked(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "plain.db")
+    app = create_app(store, embedder=None, harness_options=redaction_options())
+    admin = {"Authorization": f"Bearer {app.state.service.keyring.create('acme', 'admin')[1]}"}
+    with TestClient(app) as client:
+        m = client.post("/v1/memories", json={"content": SECRET}, headers=admin).json()
+        assert "ann@example.org" not in m["content"]
+        r = client.get(f"/v1/memories/{m['id']}/original", headers=admin)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    store.close()
+
+
+def test_keeping_originals_needs_a_data_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match=KEY_ENV):
+        redaction_options(keep_originals=True, environ={})
+    with pytest.raises(ConfigError, match="--redact"):
+        redaction_options(redact=False, keep_originals=True)
+    assert redaction_options(redact=False) == {}
+    assert redaction_options() == {"redaction": RedactionPolicy()}
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    monkeypatch.delenv(KEY_FILE_ENV, raising=False)
+    store = SQLiteStore(tmp_path / "nokey.db")
+    with pytest.raises(ConfigError, match=KEY_ENV):  # at start, not at a tenant's first request
+        create_app(store, embedder=None, harness_options={"redaction": RedactionPolicy(keep_original=True)})
+    store.close()
+
+
 def test_health_and_readiness(env: Env) -> None:
     assert env.client.get("/healthz").json() == {"status": "ok", "checks": {}}
     ready = env.client.get("/readyz").json()
@@ -495,7 +558,7 @@ BAD_INPUT: list[tuple[str, str, str, dict[str, Any], int, str, str]] = [
         {"json": {"memories": [{"content": "x", "metadata": nested(150)}]}},
         422,
         "validation_error",
-        "memories",
+        "memories.0.metadata",  # refused by the Memory model itself (clawvm.model.MAX_JSON_DEPTH)
     ),
     ("JSON array body", "POST", "/v1/memories", {"json": ["content"]}, 422, "validation_error", "body"),
     ("empty body", "POST", "/v1/memories", {}, 422, "validation_error", "body"),
@@ -744,20 +807,10 @@ def test_bad_input_is_a_clear_4xx_and_changes_nothing(
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[tuple[str, Store, dict[str, str]]]:
     app, store, keys = open_app(tmp_path)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{port}", store, keys
+        with serve_app(app) as url:
+            yield url, store, keys
     finally:
-        server.should_exit = True
-        thread.join(timeout=30)
         store.close()
 
 

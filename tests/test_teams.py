@@ -21,8 +21,10 @@ from hypothesis import strategies as st
 
 from clawvm import ConflictError, Filters, Harness, Kind, Status, ValidationError, teams
 from clawvm.cli import main as cli
+from clawvm.demo.scenario import ReplayClock
 from clawvm.embed import count_tokens
 from clawvm.errors import AccessDeniedError
+from clawvm.learning import intervene
 from clawvm.model import Memory, Scope, Visibility
 from clawvm.store import Query, Store
 from engines import harness_target, make_store
@@ -30,18 +32,10 @@ from engines import harness_target, make_store
 T0 = datetime(2030, 3, 1, 9, 0, tzinfo=UTC)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
 @pytest.fixture
 def lexical(engine_name: str, tmp_path: Path) -> Iterator[Harness]:
     """A harness without an embedder (fast, and its clock is ours), on every engine."""
-    h = Harness.open(harness_target(engine_name, tmp_path, "lex.db"), embedder=None, clock=Clock())
+    h = Harness.open(harness_target(engine_name, tmp_path, "lex.db"), embedder=None, clock=ReplayClock(T0))
     try:
         yield h
     finally:
@@ -127,6 +121,88 @@ def test_revising_needs_write_permission(engine_name: str, lexical: Harness) -> 
     with pytest.raises(AccessDeniedError):
         lexical.revise(made["planner_private"].id, agent_id="writer", content="not yours")
     assert lexical.revise(made["pay_team"].id, agent_id="planner", content="ledger uses postgres 17")
+
+
+def test_updates_need_write_permission_like_records(engine_name: str, lexical: Harness) -> None:
+    h = lexical
+    made = populate(h)
+    app_team = h.record("ledger budget for pay", scope="team", team_id="pay")  # the application's own
+    h.grant("pay", "planner")  # planner keeps read, loses write
+
+    def state() -> tuple[Any, ...]:
+        return tuple(h.get(m.id) for m in [*made.values(), app_team]), len(h.events(limit=10**6))
+
+    before = state()
+    denied: list[tuple[str, dict[str, Any]]] = [
+        ("pay_team", {"content": "ledger uses mysql"}),  # its own agent lost its write grant
+        ("pay_team", {"content": "x", "as_agent": "writer"}),  # read-only on pay
+        ("planner_private", {"scope": "team", "team_id": "ops"}),  # cannot move it into a team
+        ("writer_private", {"content": "not yours", "as_agent": "oncall"}),
+        ("ops_team", {"agent_id": "writer"}),  # handing it to an agent without a grant on ops
+        ("app_team", {"tags": ["edited"], "as_agent": "writer"}),
+        ("planner_private", {"agent_id": teams.APPLICATION, "scope": "team", "team_id": "pay"}),
+    ]
+    for name, change in denied:
+        target = app_team if name == "app_team" else made[name]
+        with pytest.raises(AccessDeniedError):
+            h.update(target.id, **change)
+    assert state() == before  # nothing was written
+
+    assert h.update(app_team.id, tags=["edited"]).tags == ["edited"]  # no agent: the application's write
+    assert h.update(made["ops_team"].id, as_agent="oncall", content="ledger pager rota v2").version == 2
+    assert h.update(made["planner_private"].id, content="planner scratch v2").version == 2  # private: own
+    # moderation is the application's: a reviewer can annotate and reject what an agent without a grant wrote
+    annotated = intervene(h, "annotate", made["pay_team"].id, note="checked")["memory"]
+    assert annotated.metadata["annotations"][0]["text"] == "checked"
+    assert h.reject(made["pay_team"].id, by="lead").status is Status.OBSOLETE
+    h.grant("pay", "planner", write=True)
+    assert h.update(made["task_open"].id, as_agent="writer", confidence=0.9).confidence == 0.9
+
+
+def test_grant_records_are_internal_and_cannot_be_forged(engine_name: str, lexical: Harness) -> None:
+    h = lexical
+    populate(h)
+    grant_ids = {m.id for m in h.store.list(Filters.of(tags=[teams.GRANT_TAG]), limit=100)}
+    assert len(grant_ids) == 3 and all(h.get(i).status is Status.INTERNAL for i in grant_ids)
+    forged = {"team_id": "pay", "agent_id": "mallory", "read": True, "write": True}
+    for gid in grant_ids:
+        with pytest.raises(ValidationError):
+            h.update(gid, metadata={"grant": forged})
+        with pytest.raises(ValidationError):
+            h.revise(gid, content="grant x on team pay: read=True write=True")
+    with pytest.raises(ValidationError) as exc:
+        h.record("a memory hidden as internal", status="internal")
+    assert exc.value.field == "status"
+    with pytest.raises(ValidationError):
+        h.update(h.list(limit=1)[0].id, status=Status.INTERNAL)
+    # a look-alike of a grant, written by a caller, grants nothing
+    h.record("grant mallory", kind=Kind.AGENT_STATE, tags=[teams.GRANT_TAG], metadata={"grant": forged})
+    assert not teams.can_write(h, "mallory", "pay")
+    with pytest.raises(AccessDeniedError):
+        teams.record(h, "mallory decides", agent_id="mallory", team_id="pay")
+    with pytest.raises(AccessDeniedError):  # the application's name is no disguise for a memory's agent
+        teams.record(h, "decided by no one", agent_id=teams.APPLICATION, team_id="pay")
+    assert [g.agent_id for g in teams.grants(h, "pay")] == ["planner", "writer"]
+
+
+def test_grant_records_never_show_up_for_ordinary_callers(engine_name: str, harness: Harness) -> None:
+    h = harness
+    populate(h)
+    h.grant("ledger", "auditor", write=True)
+    grant_ids = {m.id for m in h.store.list(Filters.of(tags=[teams.GRANT_TAG]), limit=100)}
+    assert len(grant_ids) == 4
+    h.flush()
+    query = "grant auditor on team ledger read write"
+    for status in (None, "active", "any", list(Status), "internal"):
+        found = {r.id for r in h.recall(query, k=50, track=False, status=status)}
+        found |= ids(h.list(limit=100, status=status))
+        found |= ids(h.list(limit=100, status=status, kind=Kind.AGENT_STATE, tags=[teams.GRANT_TAG]))
+        assert not found & grant_ids, status
+    assert h.count(status="any") == h.count(status=list(Status)) == 7  # the memories of populate()
+    assert h.count(status="internal") == 0
+    ctx = h.context(query, budget_tokens=2000, agent_id="auditor", record_usage=False)
+    assert not {e.id for e in ctx.manifest} & grant_ids
+    assert [g.agent_id for g in teams.grants(h, "ledger")] == ["auditor"]  # still what permissions read
 
 
 scoped = st.fixed_dictionaries(
@@ -284,7 +360,7 @@ def test_processes_lose_no_update(engine_name: str, tmp_path: Path) -> None:
 # ---- retention --------------------------------------------------------------------------------------------
 def test_retention_archives_by_age_and_value_and_never_deletes(engine_name: str, lexical: Harness) -> None:
     h = lexical
-    clock: Clock = h.clock  # type: ignore[assignment]
+    clock: ReplayClock = h.clock  # type: ignore[assignment]
     old_obs = h.record("the staging cluster was slow on monday", kind=Kind.OBSERVATION)
     old_decision = h.record("we decided to ship on fridays", kind=Kind.DECISION)
     pinned = h.record("never drop the audit table", kind=Kind.KNOWLEDGE, pinned=True)
@@ -439,7 +515,7 @@ _GUIDED: dict[str, Harness] = {}
 def _guidance_harness(tmp_path: Path) -> Harness:
     key = str(tmp_path)
     if key not in _GUIDED:
-        h = Harness.open("memory://", embedder=None, clock=Clock())
+        h = Harness.open("memory://", embedder=None, clock=ReplayClock(T0))
         team_history(h)
         for n in range(30):
             teams.record(h, f"Billing api change {n} needs a line in the release note about field f{n}",

@@ -26,7 +26,7 @@ from pydantic import (
 from .auth import ApiKey, Role
 from .checkpoint import RollbackReport
 from .context import Context
-from .model import Cost, Kind, Link, Memory, State, Status, Tier
+from .model import MAX_JSON_DEPTH, Cost, Kind, Link, Memory, State, Status, Tier
 from .retrieval import PRESETS, Recalled
 from .scoring import ValueBreakdown
 from .store import Event
@@ -36,7 +36,6 @@ MAX_LINKS = 256
 MAX_QUERY_CHARS = 10_000
 MAX_IMPORT = 1000
 MAX_EMBEDDING_DIM = 4096
-MAX_JSON_DEPTH = 64
 
 
 def _to_utc(v: datetime) -> datetime:

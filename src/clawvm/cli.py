@@ -179,7 +179,8 @@ def export(ctx: click.Context, out: Path | None, session_id: str | None, events:
         _export_events(ctx, out, session_id, events, fmt)
         return
     with _opened(ctx, embed=False) as h:
-        filters = h._filters({"status": "any", "session_id": session_id})
+        # a lossless backup: every status, the harness's internal records (team grants) included
+        filters = h._filters({"session_id": session_id}).with_(status=None)
         stream = out.open("w", encoding="utf-8") if out else sys.stdout
         try:
             n = 0
@@ -326,6 +327,16 @@ def demo(
     "--log-level", default="info", show_default=True,
     type=click.Choice(["debug", "info", "warning", "error"]), help="Level of the JSON log lines (stderr).",
 )
+@click.option(
+    "--redact/--no-redact", default=True, show_default=True,
+    help="Redact personal data and secrets (emails, cards, keys ...) in new content before it is stored "
+    "(clawvm.redact's default policy, every tenant).",
+)
+@click.option(
+    "--keep-originals", is_flag=True,
+    help="With --redact: keep each original sealed with the data key (CLAWVM_DATA_KEY or "
+    "CLAWVM_DATA_KEY_FILE); admin keys read it at GET /v1/memories/{id}/original.",
+)
 @click.pass_context
 def serve(
     ctx: click.Context,
@@ -337,20 +348,24 @@ def serve(
     preset: str | None,
     admin_tenant: str | None,
     log_level: str,
+    redact: bool,
+    keep_originals: bool,
 ) -> None:
     """Run the REST API over the store: API keys, tenants, limits; OpenAPI at /docs and /openapi.json."""
     try:
         import uvicorn
 
-        from .server import ServerSettings, configure_logging, create_app
+        from .server import ServerSettings, configure_logging, create_app, redaction_options
     except ImportError as exc:
         missing = f"the server needs the 'server' extra ({exc}): pip install 'clawvm[server]'"
         raise ConfigError(missing) from None
+    options = redaction_options(redact=redact, keep_originals=keep_originals)  # a missing key fails here
     configure_logging(log_level)
     settings = ServerSettings(
         max_body_bytes=max_body_bytes, rate_per_s=rate_limit, burst=burst, preset=preset
     )
-    app = create_app(ctx.obj["db"], embedder=None if ctx.obj["no_embed"] else "default", settings=settings)
+    embedder = None if ctx.obj["no_embed"] else "default"
+    app = create_app(ctx.obj["db"], embedder=embedder, settings=settings, harness_options=options)
     keyring = app.state.service.keyring
     if admin_tenant:
         record, token = keyring.create(admin_tenant, "admin", "created by clawvm serve")

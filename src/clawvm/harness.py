@@ -37,6 +37,7 @@ from .guidance import Guidance, build_guidance
 from .model import (
     DEFAULT_MAX_CONTENT_BYTES,
     JSON,
+    VISIBLE_STATUSES,
     Filters,
     Kind,
     LinkType,
@@ -200,11 +201,21 @@ class Harness:
             self._prefetcher.submit(self._prefetch, memory)
         return memory
 
-    def update(self, memory_id: str, *, expected_version: int | None = None, **changes: Any) -> Memory:
+    def update(
+        self,
+        memory_id: str,
+        *,
+        expected_version: int | None = None,
+        as_agent: str | None = None,
+        **changes: Any,
+    ) -> Memory:
         """Change fields of a memory; its version grows by one.
 
         With ``expected_version``, a memory that has moved on raises :class:`ConflictError`; in every case
         the write itself is compare-and-set, so two concurrent updates never silently overwrite each other.
+        ``as_agent``: the agent making the change. It (by default: the memory's own agent, before and after
+        the change) must be allowed to write the memory, as for ``record``; else :class:`AccessDeniedError`
+        and nothing is written (see :mod:`clawvm.teams`).
         """
         bad = _IMMUTABLE.intersection(changes)
         if bad:
@@ -225,6 +236,7 @@ class Harness:
                 changes["metadata"] = {k: v for k, v in current.metadata.items() if k != "compression"}
                 changes["links"] = [link for link in current.links if link.target != info["raw_id"]]
         updated = mark(revalidate(current, {**changes, "version": current.version + 1}))
+        teams.check_update(self, current, updated, as_agent)
         if updated.pinned and updated.token_count > current.token_count:
             self.pager.check_pin(updated)
         updated = updated.model_copy(update={"value": self.pager.value_now(updated, self.now())})
@@ -317,14 +329,18 @@ class Harness:
             vector = self.embedder.embed_query(query)
             self.last_query_embed_ms = (time.perf_counter() - t0) * 1000
         hits = self.recall_with(query, vector, k, cfg, f)
-        if track:  # a tracked recall is a stored access anyway: log it (MemLens latency, hit rate, regret)
-            logged = self.redactor.scrub(query, self.tenant)  # the event log keeps no protected text either
-            self.store.append_event(_retrieve_event(self.tenant, self.now(), logged, k, hits, started))
-        if track and hits:
-            warmed = {m.id: m for m in self.pager.warm([h.memory for h in hits], self.now())}
-            self._working.clear()
-            hits = [Recalled(warmed.get(h.id, h.memory), h.score, h.explain) for h in hits]
-        return hits
+        if not track:
+            return hits
+        # a tracked recall is a stored access: logged (MemLens latency, hit rate, regret) in the same write
+        # as the hits' access stats and promotions; the event log keeps no protected text either
+        logged = self.redactor.scrub(query, self.tenant)
+        retrieved = _retrieve_event(self.tenant, self.now(), logged, k, hits, started)
+        if not hits:
+            self.store.append_event(retrieved)
+            return hits
+        warmed = {m.id: m for m in self.pager.warm([h.memory for h in hits], self.now(), [retrieved])}
+        self._working.clear()
+        return [Recalled(warmed.get(h.id, h.memory), h.score, h.explain) for h in hits]
 
     def recall_with(
         self, query: str, vector: np.ndarray | None, k: int, cfg: RecallConfig, filters: Filters
@@ -683,9 +699,7 @@ class Harness:
         now = self.now()
         started = time.perf_counter()
         k = k or max(20, budget_tokens // 40)  # hits to fill most of the budget; neighbours fill the rest
-        scope = {
-            n: v for n, v in (("session_id", session_id), ("task_id", task_id), ("agent_id", agent_id)) if v
-        }
+        scope = toolcalls.scope_fields(session_id, task_id, agent_id)
         if session_id:
             self.pager.enforce(self.tenant, session_id, now)
         candidates: list[Candidate] = []
@@ -804,12 +818,16 @@ class Harness:
 
     # ---- helpers ------------------------------------------------------------------------------------
     def _filters(self, given: Mapping[str, Any]) -> Filters:
+        """Callers' filters: this tenant and active memories unless they say otherwise; never INTERNAL."""
         args = dict(given)
         args.setdefault("tenant", self.tenant)
-        args.setdefault("status", "active")
-        if args["status"] == "any":
-            args["status"] = None
-        return Filters.of(**args)
+        status = args.setdefault("status", "active")
+        if status is None or status == "any":
+            args["status"] = VISIBLE_STATUSES
+        f = Filters.of(**args)
+        if f.status is not None and Status.INTERNAL.value in f.status:  # the harness's own records (grants)
+            f = f.with_(status=f.status - {Status.INTERNAL.value})
+        return f
 
     def _check_vector(self, embedding: Sequence[float] | np.ndarray) -> np.ndarray:
         dim = self.embedder.dim if self.embedder else self.store.dim

@@ -21,6 +21,7 @@ from .scoring import ScoringConfig, content_signals
 from .scoring import explain as explain_value
 from .scoring import recency as recency_of
 from .store import Event
+from .teams import APPLICATION
 
 LEARNING_RATE = 0.1
 TARGETS = {"pin": 1.0, "archive": 0.0}  # set_value's target is the value asked for
@@ -211,7 +212,9 @@ def _perform(
     if action == "annotate":
         notes = list(memory.metadata.get("annotations", []))
         notes.append({"at": now.isoformat(), "by": by, "text": str(note)[:2000]})
-        return harness.update(memory.id, metadata={**memory.metadata, "annotations": notes})
+        # the dashboard user's note, not an agent's write (like pin/archive above)
+        annotated = {**memory.metadata, "annotations": notes}
+        return harness.update(memory.id, as_agent=APPLICATION, metadata=annotated)
     assert target is not None  # set_value
     votes = _votes_for(harness, memory, now, target)
     return harness.pager.mutate(

@@ -55,7 +55,7 @@ from .errors import ClawVMError, NotFoundError, ValidationError
 from .events import WEIGHTS_KIND, iter_events
 from .harness import Harness
 from .learning import restore_weights
-from .model import Filters, Memory, Status, Tier, Usage
+from .model import VISIBLE_STATUSES, Filters, Memory, Status, Tier, Usage
 from .scoring import ScoringConfig
 from .store import Event
 
@@ -260,7 +260,9 @@ class Lens:
 
     def _load_rows(self) -> dict[str, Row]:
         started = time.monotonic()
-        rows = {m.id: Row.of(m) for m in self.harness.store.iter_all(Filters.of(tenant=self.tenant))}
+        # internal records (team grants) are the harness's own bookkeeping, never shown
+        shown = Filters.of(tenant=self.tenant, status=VISIBLE_STATUSES)
+        rows = {m.id: Row.of(m) for m in self.harness.store.iter_all(shown)}
         self._load_cost = time.monotonic() - started
         return rows
 
@@ -287,7 +289,7 @@ class Lens:
             chunk = wanted[start : start + 500]
             found = self.harness.store.get_many(chunk)
             for i in chunk:
-                if i in found:
+                if i in found and found[i].status in VISIBLE_STATUSES:
                     self.rows[i] = Row.of(found[i])
                 else:
                     self.rows.pop(i, None)

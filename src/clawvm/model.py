@@ -17,11 +17,20 @@ from typing import Any
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from .errors import ValidationError
 from .ids import is_valid_id, new_id
 
 DEFAULT_MAX_CONTENT_BYTES = 1_000_000
+#: How deeply JSON metadata and content may nest (objects/arrays inside each other). Deeper values pass
+#: Python's json module but not pydantic, which the stores read back with (measured: its JSON parser gave
+#: up between 128 and 200 levels, its serializer at 255; a SQLite store then held a row it could not
+#: read), so they are refused when a memory is built. The server refuses request bodies deeper than this
+#: too (:mod:`clawvm.api_schemas`).
+MAX_JSON_DEPTH = 64
+#: What to do about a value nested deeper (the ``fix`` of the error; the server's too).
+DEPTH_FIX = f"flatten it to at most {MAX_JSON_DEPTH} levels of objects and arrays"
 TEXT = "text/plain"
 JSON = "application/json"
 
@@ -52,6 +61,13 @@ class Status(StrEnum):
     ARCHIVED = "archived"
     OBSOLETE = "obsolete"
     EXPIRED = "expired"
+    #: the harness's own bookkeeping (team grants, :mod:`clawvm.teams`): never recalled, listed or counted
+    #: through the harness, and no caller may record or update a memory into it
+    INTERNAL = "internal"
+
+
+#: The statuses a caller may see: ``status="any"`` means these.
+VISIBLE_STATUSES = frozenset(s for s in Status if s is not Status.INTERNAL)
 
 
 class Tier(StrEnum):
@@ -212,6 +228,8 @@ class Memory(BaseModel):
     @field_validator("metadata")
     @classmethod
     def _json_metadata(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if too_deep(v):
+            raise PydanticCustomError("json_too_deep", f"is nested deeper than {MAX_JSON_DEPTH} levels")
         try:
             text = json.dumps(v, allow_nan=False, ensure_ascii=False)
             text.encode("utf-8")
@@ -245,6 +263,28 @@ def _check_utf8(text: str) -> None:
         raise ValueError("contains unpaired surrogates (not valid UTF-8)") from None
 
 
+def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether objects/arrays in ``value`` nest deeper than ``limit`` (``value`` itself is level 0).
+
+    Level by level and containers only (scalars are looked at once, never stacked), so a value nested as
+    deep as Python allows is answered without a RecursionError, and a large flat payload quickly.
+    """
+    level = [value] if _is_container(value) else []
+    depth = 0
+    while level:
+        if depth >= limit:
+            return True
+        level = [c for v in level for c in (v.values() if isinstance(v, Mapping) else v) if _is_container(c)]
+        depth += 1
+    return False
+
+
+def _is_container(v: Any) -> bool:
+    if isinstance(v, dict | list | tuple):
+        return True
+    return not isinstance(v, str | int | float) and v is not None and isinstance(v, Mapping)
+
+
 def canonical_json(payload: Any) -> str:
     """Canonical JSON text: sorted keys, no insignificant whitespace, UTF-8 kept as is, no NaN."""
     try:
@@ -267,6 +307,12 @@ def normalize_content(content: Any, max_bytes: int = DEFAULT_MAX_CONTENT_BYTES) 
     if isinstance(content, str):
         text, ctype = content, TEXT
     elif isinstance(content, Mapping | list | tuple):
+        if too_deep(content):
+            raise ValidationError(
+                "content",
+                f"is nested deeper than {MAX_JSON_DEPTH} levels",
+                f"{DEPTH_FIX}, or pass it as text",
+            )
         text, ctype = canonical_json(content), JSON
     else:
         raise ValidationError(
@@ -308,6 +354,7 @@ _FIXES = {
     "less_than_equal": "pass a smaller value",
     "missing": "provide it",
     "value_error": "see the message",
+    "json_too_deep": DEPTH_FIX,
 }
 
 

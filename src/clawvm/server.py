@@ -36,6 +36,7 @@ from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -68,6 +69,7 @@ from .api_schemas import (
     ValueOut,
 )
 from .auth import Keyring, Permission, Principal
+from .crypto import KEY_ENV, KEY_FILE_ENV, DataKeys
 from .embed import Embedder, EmbedWorker, MiniLMEmbedder
 from .errors import (
     AccessDeniedError,
@@ -85,7 +87,8 @@ from .errors import (
     ValidationError,
 )
 from .harness import Harness
-from .model import DEFAULT_MAX_CONTENT_BYTES, Memory, Status, Tier
+from .model import DEFAULT_MAX_CONTENT_BYTES, DEPTH_FIX, VISIBLE_STATUSES, Memory, Status, Tier
+from .redact import RedactionPolicy, Redactor
 from .store import Store, store_from_url
 from .store.tenant import TenantStore
 
@@ -156,6 +159,7 @@ _FIXES = {
     "less_than_equal": "pass a smaller value",
     "less_than": "pass a smaller value",
     "value_error": "see the message",
+    "json_too_deep": DEPTH_FIX,  # the library's own check (clawvm.model), e.g. memories in an import
 }
 
 _MESSAGES_5XX = {
@@ -444,8 +448,13 @@ class Service:
         owns_store: bool = True,
         harness_options: Mapping[str, Any] | None = None,
     ) -> None:
-        store.setup()
         self.harness_options = dict(harness_options or {})
+        if self.harness_options.get("redaction") is not None:
+            # resolve the data keys once, now: a policy keeping originals without a key fails at start,
+            # not at some tenant's first request
+            redactor = Redactor(self.harness_options["redaction"], self.harness_options.get("data_keys"))
+            self.harness_options["data_keys"] = redactor.keys
+        store.setup()
         self.store = store
         self.embedder = embedder
         self.settings = settings
@@ -627,6 +636,25 @@ def forget_memory(memory_id: MemoryId, caller: Writer) -> Response:
     return Response(status_code=204)
 
 
+class OriginalOut(BaseModel):
+    """A memory's original content, as recorded before redaction."""
+
+    id: str
+    content: str
+    content_type: str
+
+
+@v1.get("/memories/{memory_id}/original", response_model=OriginalOut, tags=["memories"])
+def reveal_original(memory_id: MemoryId, caller: Admin) -> OriginalOut:
+    """The original of a memory stored redacted, opened with the server's data key (admin keys only: others
+    get 403). Each reveal is logged as a ``reveal`` event. 404 when no original was kept (the server does
+    not run with ``--keep-originals``, or the memory was recorded before); a memory with nothing redacted
+    answers its content."""
+    original = caller.harness.reveal(memory_id, admin=True)
+    content_type = caller.harness.get(memory_id).content_type
+    return OriginalOut(id=memory_id, content=original, content_type=content_type)
+
+
 @v1.post("/memories/{memory_id}/pin", response_model=Memory, tags=["memories"])
 def pin(memory_id: MemoryId, caller: Writer) -> Memory:
     return caller.harness.pin(memory_id)
@@ -745,7 +773,7 @@ def events(
 @v1.get("/stats", response_model=StatsOut, tags=["events"])
 def stats(caller: Reader) -> StatsOut:
     h = caller.harness
-    by_status = {s.value: h.count(status=s) for s in Status}
+    by_status = {s.value: h.count(status=s) for s in Status if s in VISIBLE_STATUSES}  # not INTERNAL
     by_tier = {t.value: h.count(status="any", tier=t) for t in Tier}
     return StatsOut(memories=sum(by_status.values()), by_status=by_status, by_tier=by_tier)
 
@@ -775,6 +803,32 @@ def revoke_key(
 
 
 # ---- the app --------------------------------------------------------------------------------------------
+def redaction_options(
+    *, redact: bool = True, keep_originals: bool = False, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The ``harness_options`` of a server that redacts new content (``clawvm serve``'s default).
+
+    ``redact``: apply :mod:`clawvm.redact`'s default policy (every kind) to every tenant, so a shared
+    service keeps no personal data or secrets in clear. ``keep_originals``: seal each original with the
+    data key from ``CLAWVM_DATA_KEY`` or ``CLAWVM_DATA_KEY_FILE`` (read from ``environ``, default the
+    process's), for admins to read at ``GET /v1/memories/{id}/original``. Raises :class:`ConfigError`
+    when originals are to be kept without a key, or without redaction.
+    """
+    if not redact:
+        if keep_originals:
+            raise ConfigError("--keep-originals keeps what redaction removes: it needs --redact")
+        return {}
+    if not keep_originals:
+        return {"redaction": RedactionPolicy()}
+    keys = DataKeys.from_env(environ)
+    if keys is None:
+        raise ConfigError(
+            f"--keep-originals seals originals with a data key, and none is set: set {KEY_ENV} (base64 of 32"
+            f" random bytes) or {KEY_FILE_ENV} (a file of such keys); see clawvm.crypto"
+        )
+    return {"redaction": RedactionPolicy(keep_original=True), "data_keys": keys}
+
+
 def create_app(
     target: str | Path | Store = "clawvm.db",
     *,

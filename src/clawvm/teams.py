@@ -6,11 +6,24 @@ Scopes (``Memory.scope``): PRIVATE (only its ``agent_id`` reads it), TEAM (agent
 that team). A memory without a scope is tenant-wide, as before teams existed.
 
 Permissions are per agent and team: :func:`grant` stores ``read``/``write`` for one (team, agent) as a
-small memory of its own (kind AGENT_STATE, tag ``clawvm:grant``, private to nobody, so no agent ever
-recalls it). Reads are enforced by the store: :func:`visibility` resolves an agent's grants into a
-:class:`~clawvm.model.Visibility`, and every engine applies it inside its query (``Filters.visible_to``),
-never by filtering results afterwards. Writes are checked by :func:`check_write`, which the harness calls
-on every ``record`` and which :func:`revise` calls for the revising agent.
+small memory of its own (kind AGENT_STATE, tag ``clawvm:grant``, status INTERNAL). INTERNAL is the
+harness's own bookkeeping: ``Harness.recall``/``list``/``count``/``context`` never return it (not even
+with ``status="any"``), only :func:`grants` reads it, and no caller can record, update or revise a memory
+into or out of it (a grant changes only through :func:`grant`), so a permission cannot be forged by
+writing a look-alike memory. Reads are enforced by the store: :func:`visibility` resolves an agent's
+grants into a :class:`~clawvm.model.Visibility`, and every engine applies it inside its query
+(``Filters.visible_to``), never by filtering results afterwards.
+
+Writes are checked by :func:`check_write`, with one rule everywhere: a scoped memory is written by an
+agent, which must be allowed to write it — its own PRIVATE memories, TEAM/TASK memories of a team it has
+a write grant on. Who the writer is: the acting agent when the call names one (``revise(agent_id=...)``,
+``Harness.update(as_agent=...)``), else the memory's own ``agent_id``; a memory without an agent is the
+application's (seeds, fusion) and always writable. ``record`` checks the new memory. ``Harness.update``
+(:func:`check_update`) checks the memory as it was and as it will be, so a change can neither touch a
+team the writer may not write nor move a memory into one; without ``as_agent``, each version is checked
+as written by its own agent, as ``record`` would check it. Moderation by the application itself
+(approve/reject, annotations) passes ``as_agent=APPLICATION``: a reviewer must be able to reject the
+memory of an agent whose grant was revoked.
 
 Revisions: :func:`revise` never edits a memory's content in place. It appends a new memory linked to the
 old one by ``revises`` and marks the old one OBSOLETE (``metadata.superseded_by``), both in one atomic
@@ -63,6 +76,8 @@ REVIEW_BELOW = 0.5
 #: The memory kinds a team shares and fuses.
 TEAM_KINDS = (Kind.OBSERVATION, Kind.DECISION, Kind.ERROR, Kind.KNOWLEDGE)
 GRANT_TAG = "clawvm:grant"
+#: The acting "agent" of the application's own writes (moderation): checked like a write without agent.
+APPLICATION = "clawvm:application"
 CONFLICT_TAG = "conflict"
 PITFALL_TAG = "pitfall"
 RULE_TAG = "rule"
@@ -105,7 +120,8 @@ def grant(h: Harness, team_id: str, agent_id: str, *, read: bool = True, write: 
         current = h.store.get_many([gid]).get(gid)
         fields: dict[str, Any] = {
             "id": gid, "content": f"grant {agent_id} on team {team_id}: read={g.read} write={g.write}",
-            "kind": Kind.AGENT_STATE, "tenant": h.tenant, "scope": Scope.PRIVATE, "agent_id": _GRANT_OWNER,
+            "kind": Kind.AGENT_STATE, "status": Status.INTERNAL, "tenant": h.tenant, "scope": Scope.PRIVATE,
+            "agent_id": _GRANT_OWNER,
             "team_id": team_id, "tags": [GRANT_TAG], "tier": Tier.ARCHIVE, "metadata": {"grant": body},
             "created_at": h.now() if current is None else current.created_at,
             "version": 1 if current is None else current.version + 1,
@@ -124,7 +140,9 @@ def grant(h: Harness, team_id: str, agent_id: str, *, read: bool = True, write: 
 
 def grants(h: Harness, team_id: str | None = None) -> list[Grant]:
     """Every grant of this tenant (of one team, if given)."""
-    f = Filters.of(tenant=h.tenant, tags=[GRANT_TAG], kind=Kind.AGENT_STATE, team_id=team_id)
+    f = Filters.of(
+        tenant=h.tenant, tags=[GRANT_TAG], kind=Kind.AGENT_STATE, status=Status.INTERNAL, team_id=team_id
+    )
     out = []
     for m in h.store.list(f, limit=10**6):
         body = m.metadata.get("grant", {})
@@ -156,10 +174,18 @@ def check_scope(memory: Memory) -> None:
 
 def check_write(h: Harness, memory: Memory, agent_id: str | None = None) -> None:
     """Raise :class:`AccessDeniedError` unless ``agent_id`` (default: the memory's own agent) may write
-    ``memory``. Writes without an agent are the application's own (seeds, fusion) and always allowed."""
+    ``memory``. Writes without an agent, or by :data:`APPLICATION`, are the application's own (seeds,
+    fusion, moderation) and allowed. INTERNAL memories are written by this module only."""
     check_scope(memory)
+    if memory.status is Status.INTERNAL:
+        raise ValidationError(
+            "status",
+            "internal is reserved for the harness's own records (team grants)",
+            "use active, archived, obsolete or expired; change grants with harness.grant()",
+        )
     writer = agent_id or memory.agent_id
-    if writer is None or memory.scope is None or memory.agent_id == _GRANT_OWNER:
+    # APPLICATION counts only as the acting agent a caller names, never as a memory's own agent_id
+    if writer is None or agent_id == APPLICATION or memory.scope is None:
         return
     if memory.scope is Scope.PRIVATE:
         if memory.agent_id != writer:
@@ -173,6 +199,16 @@ def check_write(h: Harness, memory: Memory, agent_id: str | None = None) -> None
             f"agent {writer!r} may not write to team {memory.team_id!r}",
             f"grant it: harness.grant({memory.team_id!r}, {writer!r}, write=True)",
         )
+
+
+def check_update(h: Harness, before: Memory, after: Memory, agent_id: str | None = None) -> None:
+    """An update may go ahead: its writer may write ``before`` and ``after`` (see the module's rule)."""
+    if before.status is Status.INTERNAL:
+        raise ValidationError(
+            "memory_id", "is an internal record of the harness (a team grant)", "use harness.grant() instead"
+        )
+    check_write(h, before, agent_id)
+    check_write(h, after, agent_id)
 
 
 def record(
@@ -493,7 +529,8 @@ def _set_review(
     m = latest(h, memory_id)
     review = {"status": state, "by": by, "at": h.now().isoformat(), "reason": reason}
     updated = h.update(
-        m.id, expected_version=m.version, metadata={**m.metadata, "review": review}, **changes
+        m.id, expected_version=m.version, as_agent=APPLICATION, metadata={**m.metadata, "review": review},
+        **changes,
     )
     h.store.append_event(
         Event(kind=f"review.{state}", memory_id=m.id, tenant=m.tenant, at=h.now(), data=review)
