@@ -140,23 +140,3 @@ def test_projected_mode_respects_masks_removal_and_new_rows(
     finally:
         idx.remove(2500)
         idx.add([best], x[best : best + 1])
-
-
-def test_dense_scan_in_the_helper_thread_gives_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
-    from clawvm.model import Memory
-    from clawvm.store import MemoryStore, Query
-    from clawvm.store import index as index_module
-
-    store = MemoryStore()
-    store.setup()
-    rng = np.random.default_rng(5)
-    words = ["lake", "hill", "train", "river", "city", "music", "garden", "storm"]
-    ms = [Memory(content=" ".join(rng.choice(words, 4))) for _ in range(300)]
-    store.put_many(ms)
-    store.set_vectors([m.id for m in ms], rng.standard_normal((300, 384)).astype(np.float32))
-    q = Query(text="lake music", vector=rng.standard_normal(384).astype(np.float32), limit=20)
-    monkeypatch.setattr(index_module, "PARALLEL_DENSE_ROWS", 10**9)
-    alone = store.query(q)
-    monkeypatch.setattr(index_module, "PARALLEL_DENSE_ROWS", 0)
-    both = store.query(q)
-    assert both.dense == alone.dense and both.lexical == alone.lexical and len(both.dense) == 20

@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-import threading
 from bisect import bisect_left, insort
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -444,12 +442,6 @@ class SearchIndex:
         result = QueryResult()
         ids = self.ids
         found: list[list[tuple[int, float]]] = []
-        dense: Future[list[tuple[int, float]]] | None = None
-        if q.vector is not None:
-            check_vectors(1, q.vector, self.vectors.dim, field="vector")
-            if q.text and len(ids) >= PARALLEL_DENSE_ROWS:
-                # the matrix scan releases the GIL: it runs on the other core while this thread scores text
-                dense = _dense_pool().submit(self.vectors.search, q.vector, q.limit, allowed)
         if q.text and (q.lexical or q.context):
             terms = self.lexical.analyzer.terms(q.text)
             own = self.lexical.scores(terms)
@@ -462,7 +454,8 @@ class SearchIndex:
                 found.append(self.context_search(terms, np.asarray([r for r, _ in best]), q.limit, allowed))
                 result.context = [(ids[r], s) for r, s in found[-1]]  # type: ignore[misc]
         if q.vector is not None:
-            found.append(dense.result() if dense else self.vectors.search(q.vector, q.limit, allowed))
+            check_vectors(1, q.vector, self.vectors.dim, field="vector")
+            found.append(self.vectors.search(q.vector, q.limit, allowed))
             result.dense = [(ids[r], s) for r, s in found[-1]]  # type: ignore[misc]
         if q.expand:
             seeds = [self.row_of[i] for i in dict.fromkeys(q.expand) if i in self.row_of]
@@ -578,18 +571,3 @@ class SearchIndex:
             for r, b, a, c in zip(rows.tolist(), prev.tolist(), after.tolist(), created, strict=True)
         }
         return out
-
-
-#: From this many rows on, a query with both text and a vector scans the vectors in a helper thread.
-PARALLEL_DENSE_ROWS = 20_000
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _dense_pool() -> ThreadPoolExecutor:
-    """One process-wide thread for dense scans (created on first use: small indexes never start it)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clawvm-dense")
-        return _POOL
