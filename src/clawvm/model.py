@@ -228,13 +228,21 @@ class Memory(BaseModel):
     @field_validator("metadata")
     @classmethod
     def _json_metadata(cls, v: dict[str, Any]) -> dict[str, Any]:
-        if too_deep(v):
-            raise PydanticCustomError("json_too_deep", f"is nested deeper than {MAX_JSON_DEPTH} levels")
+        if not v:  # the common case, and every stored memory is validated again when read
+            return v
+        too_deep_error = PydanticCustomError(
+            "json_too_deep", f"is nested deeper than {MAX_JSON_DEPTH} levels"
+        )
         try:
             text = json.dumps(v, allow_nan=False, ensure_ascii=False)
             text.encode("utf-8")
+        except RecursionError:
+            raise too_deep_error from None
         except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
             raise ValueError(f"must be JSON-serialisable ({exc})") from None
+        # nesting needs as many brackets as levels: only a text with that many is walked level by level
+        if text.count("{") + text.count("[") > MAX_JSON_DEPTH and too_deep(v):
+            raise too_deep_error
         # Stored as JSON, so keep it as JSON reads back (tuples -> lists, non-str keys -> str): every
         # engine then returns exactly what was validated.
         normalized: dict[str, Any] = json.loads(text)
