@@ -32,7 +32,7 @@ typecheck: install
 CHROMIUM := /usr/bin/chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 $(CHROMIUM):
-	$(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium
+	$(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 
 test: lint typecheck $(CHROMIUM)
 	$(PY) -m pytest
