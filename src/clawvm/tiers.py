@@ -227,14 +227,14 @@ class Pager:
         chosen = self._victims(members, items, tokens, self.config.working_slack, now)
         if not chosen:
             return list(members)  # all pinned: nothing may move
-        s = members[0]
         changed, events = self._demotions(chosen, Tier.SHORT_TERM, "working over budget", now)
         try:
             self.store.write(changed, None, events)
         except ConflictError:
             return None
-        if s.session_id is not None:
-            self.enforce(s.tenant, s.session_id, now, lower_only=True)
+        session = members[0]
+        if session.session_id is not None:
+            self.enforce(session.tenant, session.session_id, now, lower_only=True)
         gone = {m.id for m in chosen}
         return [m for m in members if m.id not in gone]
 
@@ -291,7 +291,8 @@ class Pager:
             touched = revalidate(
                 m, {"access_count": m.access_count + 1, "last_accessed_at": now, "version": m.version + 1}
             )
-            touched = revalidate(touched, {"value": value(touched, now, self.config.scoring)})
+            # value() is within [0, 1] by construction: no second validation on the recall path
+            touched = touched.model_copy(update={"value": value(touched, now, self.config.scoring)})
             if self._promotable(touched):
                 moves.append(_move_event("promote", touched, Tier.WORKING, touched.value, touched.value,
                                          "warmed by retrieval", now))
@@ -299,15 +300,15 @@ class Pager:
                 if touched.session_id is not None:
                     promoted.add((touched.tenant, touched.session_id))
             out.append(touched)
-        try:
-            if len({m.id for m in out}) < len(out):
-                raise ConflictError(out[0].id, out[0].version, None)  # a batch names each memory once
-            self.store.write(out, None, [*events, *moves])
-        except ConflictError:
-            if events:
-                self.store.append_events(events)
-            return self._warm_each(memories, now)
-        return self._after_promotions(out, promoted, now)
+        if len({m.id for m in out}) == len(out):  # a write names each memory once
+            try:
+                self.store.write(out, None, [*events, *moves])
+                return self._after_promotions(out, promoted, now)
+            except ConflictError:
+                pass
+        if events:
+            self.store.append_events(events)
+        return self._warm_each(memories, now)
 
     def _promotable(self, m: Memory) -> bool:
         _, max_tokens = self.config.budgets.limits(Tier.WORKING)
