@@ -27,7 +27,7 @@ and off against the default); the numbers are in the preset comments.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 import numpy as np
@@ -79,8 +79,6 @@ class RecallConfig:
 
     def with_(self, name: str | None = None, **changes: object) -> RecallConfig:
         """A copy with ``changes``; ``weights`` given here are merged into the current ones (0 = off)."""
-        from dataclasses import replace
-
         weights = {**self.weights, **changes.pop("weights", {})}  # type: ignore[dict-item]
         weights = {c: w for c, w in weights.items() if w > 0}
         return replace(self, name=name or self.name, weights=weights, **changes)  # type: ignore[arg-type]
