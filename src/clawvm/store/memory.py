@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -139,3 +140,17 @@ def private_copy(m: Memory) -> Memory:
     fields are immutable values, and ``links``/``cost`` hold frozen models)."""
     fresh = {"tags": list(m.tags), "links": list(m.links), "metadata": copy.deepcopy(m.metadata)}
     return m.model_copy(update=fresh)
+
+
+@lru_cache(maxsize=8192)
+def _parse(body: str) -> Memory:
+    """Stored JSON -> Memory, memoised on the exact text: hot rows (a session's working tier, recent hits)
+    are read far more often than written, and validation costs ~70 µs a row. Memory is immutable, so
+    sharing one object between readers is safe."""
+    return Memory.model_validate_json(body)
+
+
+def from_stored(body: str) -> Memory:
+    """The memory a database engine stored as ``body`` (its JSON), as a private copy: callers may mutate
+    its lists, never the cached one."""
+    return private_copy(_parse(body))

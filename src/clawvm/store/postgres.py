@@ -37,7 +37,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from hashlib import blake2b
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
@@ -56,8 +55,8 @@ from ..model import Filters, LinkType, Memory
 from ..vectors import normalize
 from .base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions
 from .index import index_text
-from .memory import private_copy
-from .postgres_search import Searcher, compile_filters, esc, term_key, unesc
+from .memory import from_stored
+from .postgres_search import Searcher, compile_filters, esc, term_key, unesc, valid_ids
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -136,12 +135,6 @@ def _translated(action: str) -> Iterator[None]:
         raise StoreError(f"postgres {action} failed: {exc}") from exc
     except psycopg_pool.PoolTimeout as exc:
         raise StoreError(f"postgres {action} failed: no connection available ({exc})") from exc
-
-
-@lru_cache(maxsize=8192)
-def _parse(body: str) -> Memory:
-    """Stored JSON -> Memory, memoised on the exact text (see ``SQLiteStore``; Memory is immutable)."""
-    return Memory.model_validate_json(body)
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -373,7 +366,7 @@ class PostgresStore(Store):
             raise ConflictError(taken.group(1) if taken else fresh[0].memory.id, None, None) from None
 
     def delete_many(self, ids: Sequence[str]) -> int:
-        unique = [i for i in dict.fromkeys(ids) if is_valid_id(i)]
+        unique = valid_ids(ids)
         if not unique:
             return 0
 
@@ -443,14 +436,14 @@ class PostgresStore(Store):
 
     # ---- reads --------------------------------------------------------------------------------------
     def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
-        valid = [i for i in dict.fromkeys(ids) if is_valid_id(i)]
+        valid = valid_ids(ids)
         if not valid:
             return {}
         with self._conn("get") as conn:
             rows = conn.execute("SELECT body FROM memories WHERE id = ANY(%s::uuid[])", [valid]).fetchall()
         out = {}
         for (body,) in rows:
-            m = private_copy(_parse(body))  # callers may mutate lists: never the cached one
+            m = from_stored(body)
             out[m.id] = m
         return out
 
@@ -481,7 +474,7 @@ class PostgresStore(Store):
                     [*args, *extra, batch],
                 ).fetchall()
             for _, _, body in rows:
-                yield private_copy(_parse(body))
+                yield from_stored(body)
             if len(rows) < batch:
                 return
             after = (rows[-1][0], int(rows[-1][1]))
@@ -494,7 +487,7 @@ class PostgresStore(Store):
         return [(str(i), json.loads(body)["content"]) for i, body in rows]
 
     def vectors_of(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
-        valid = [i for i in dict.fromkeys(ids) if is_valid_id(i)]
+        valid = valid_ids(ids)
         if not valid:
             return {}
         with self._conn("vectors") as conn:
@@ -505,7 +498,7 @@ class PostgresStore(Store):
         return {str(i): v.to_numpy().astype(np.float32) for i, v in rows}
 
     def edges(self, ids: Sequence[str]) -> list[Edge]:
-        valid = [i for i in dict.fromkeys(ids) if is_valid_id(i)]
+        valid = valid_ids(ids)
         if not valid:
             return []
         with self._conn("edges") as conn:

@@ -461,8 +461,13 @@ def idf(df: int, n: int) -> float:
     return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
 
 
+def valid_ids(ids: Sequence[str]) -> list[str]:
+    """``ids`` without repeats or malformed ids (those could never match a uuid column)."""
+    return [i for i in dict.fromkeys(ids) if is_valid_id(i)]
+
+
 def seqs_of(conn: psycopg.Connection[Any], ids: Sequence[str]) -> list[int]:
-    valid = [i for i in dict.fromkeys(ids) if is_valid_id(i)]
+    valid = valid_ids(ids)
     if not valid:
         return []
     rows = conn.execute("SELECT id, seq FROM memories WHERE id = ANY(%s::uuid[])", [valid]).fetchall()

@@ -16,7 +16,6 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ from ..model import Filters, LinkType, Memory
 from ..vectors import normalize
 from .base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions
 from .index import IndexDoc, SearchIndex
-from .memory import private_copy
+from .memory import from_stored
 
 # Append-only: never edit a shipped entry, add a new one. PRAGMA user_version = number applied.
 MIGRATIONS: tuple[str, ...] = (
@@ -70,14 +69,6 @@ def _translated(action: str) -> Iterator[None]:
         yield
     except sqlite3.Error as exc:
         raise StoreError(f"sqlite {action} failed: {exc}") from exc
-
-
-@lru_cache(maxsize=8192)
-def _parse(body: str) -> Memory:
-    """Stored JSON -> Memory, memoised on the exact text: hot rows (a session's working tier, recent hits)
-    are read far more often than written, and validation costs ~70 µs a row. Memory is immutable, so
-    sharing one object between readers is safe."""
-    return Memory.model_validate_json(body)
 
 
 def _blob(v: np.ndarray) -> bytes:
@@ -327,7 +318,7 @@ class SQLiteStore(Store):
                 for (body,) in db.execute(
                     f"SELECT body FROM memories WHERE id IN ({','.join('?' * len(chunk))})", chunk
                 ):
-                    m = private_copy(_parse(body))  # callers may mutate lists: never the cached one
+                    m = from_stored(body)
                     out[m.id] = m
         return out
 
