@@ -19,7 +19,6 @@ from .harness import Harness
 from .model import Memory, Tier
 from .scoring import ScoringConfig, content_signals
 from .scoring import explain as explain_value
-from .scoring import recency as recency_of
 from .store import Event
 from .teams import APPLICATION
 
@@ -44,7 +43,7 @@ def features(memory: Memory, now: datetime, cfg: ScoringConfig) -> dict[str, flo
     # with every usage weight (and cost_weight) at 1, each explained part is its own input
     unit = replace(cfg, **dict.fromkeys(_UNIT_WEIGHTS, 1.0))  # type: ignore[arg-type]
     b = explain_value(memory.model_copy(update={"pinned": False}), now, unit)
-    r = cfg.recency_floor + (1 - cfg.recency_floor) * recency_of(memory, now, cfg)
+    r = cfg.recency_floor + (1 - cfg.recency_floor) * b.recency  # the half-lives are not unit-ised
     f: dict[str, float] = {f"base:{memory.kind.value}": r}
     for name in content_signals(memory.content, cfg):
         f[f"signal_{name}"] = r
