@@ -161,7 +161,12 @@ def visibility(h: Harness, agent_id: str, tasks: Iterable[str] = ()) -> Visibili
 
 
 def can_write(h: Harness, agent_id: str, team_id: str) -> bool:
-    return any(g.team_id == team_id and g.write for g in _agent_grants(h, agent_id))
+    # every team write asks this: read the one grant record by its id instead of listing them all
+    gid = _grant_id(h.tenant, team_id, agent_id)
+    stored = h.store.get_many([gid]).get(gid)
+    if stored is None or stored.status is not Status.INTERNAL or GRANT_TAG not in stored.tags:
+        return False
+    return bool(stored.metadata.get("grant", {}).get("write"))
 
 
 def check_scope(memory: Memory) -> None:
