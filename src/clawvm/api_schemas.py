@@ -10,7 +10,7 @@ other rules (content size, ids of links, JSON metadata) stay in the library, whi
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -26,7 +26,7 @@ from pydantic import (
 from .auth import ApiKey, Role
 from .checkpoint import RollbackReport
 from .context import Context
-from .model import MAX_JSON_DEPTH, Cost, Kind, Link, Memory, State, Status, Tier
+from .model import MAX_JSON_DEPTH, Cost, Kind, Link, Memory, State, Status, Tier, as_utc
 from .retrieval import PRESETS, Recalled
 from .scoring import ValueBreakdown
 from .store import Event
@@ -36,16 +36,6 @@ MAX_LINKS = 256
 MAX_QUERY_CHARS = 10_000
 MAX_IMPORT = 1000
 MAX_EMBEDDING_DIM = 4096
-
-
-def _to_utc(v: datetime) -> datetime:
-    """Naive datetimes are UTC; aware ones must convert to UTC without leaving the calendar."""
-    if v.tzinfo is None:
-        return v.replace(tzinfo=UTC)
-    try:
-        return v.astimezone(UTC)
-    except OverflowError:
-        raise ValueError("is out of range once converted to UTC") from None
 
 
 def _storable_problem(value: Any) -> str | None:
@@ -79,7 +69,7 @@ def _payload(v: Any) -> Any:
     return v
 
 
-UtcDatetime = Annotated[datetime, AfterValidator(_to_utc)]
+UtcDatetime = Annotated[datetime, AfterValidator(as_utc)]
 # one field, not a union: a bad value is reported as "content" (a union would name each of its branches)
 Content = Annotated[
     Any,

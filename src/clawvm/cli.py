@@ -18,7 +18,7 @@ from .crypto import KEY_ENV, KEY_FILE_ENV, DataKey, DataKeys, rotate_data_key
 from .errors import ClawVMError, ConfigError, ValidationError
 from .harness import Harness
 from .model import Memory
-from .store import store_from_url
+from .store import Store, store_from_url
 
 DEFAULT_DB = "clawvm.db"
 
@@ -376,13 +376,20 @@ def serve(
 
 
 @contextmanager
-def _keyring(ctx: click.Context) -> Iterator[Keyring]:
+def _store(ctx: click.Context) -> Iterator[Store]:
+    """The engine of ``--db`` itself (no harness: key and data-key commands work below it)."""
     store = store_from_url(ctx.obj["db"])
     store.setup()
     try:
-        yield Keyring(store)
+        yield store
     finally:
         store.close()
+
+
+@contextmanager
+def _keyring(ctx: click.Context) -> Iterator[Keyring]:
+    with _store(ctx) as store:
+        yield Keyring(store)
 
 
 @main.group(cls=_Group)
@@ -458,12 +465,9 @@ def keys_rotate_data_key(
     The old keys, all needed to read, come from CLAWVM_DATA_KEY and/or the key file. Processes still
     running with only the old key must be restarted with the new one.
     """
-    old_keys = list(DataKeys.parse(os.environ[KEY_ENV].split(",")).keys) if os.environ.get(KEY_ENV) else []
-    if key_file is not None:
-        old_keys.extend(DataKeys.load(key_file).keys)
-    if not old_keys:
+    old = DataKeys.from_env({KEY_ENV: os.environ.get(KEY_ENV, ""), KEY_FILE_ENV: str(key_file or "")})
+    if old is None:
         raise ConfigError(f"no data key to read the sealed originals: set {KEY_ENV} or pass --key-file")
-    old = DataKeys(tuple(old_keys))
     if new_key_file is not None:
         if not new_key_file.exists():
             DataKeys((DataKey.generate(),)).save(new_key_file)
@@ -473,12 +477,8 @@ def keys_rotate_data_key(
         old.with_current(new).save(key_file)  # first, so that a run stopped halfway loses no key
     else:
         raise ConfigError("nowhere to keep the new key: pass --new-key-file PATH, or --key-file PATH")
-    store = store_from_url(ctx.obj["db"])
-    store.setup()
-    try:
+    with _store(ctx) as store:
         report = rotate_data_key(store, old, new)
-    finally:
-        store.close()
     if drop_old and key_file is not None and new_key_file is None:
         DataKeys((new,)).save(key_file)
     click.echo(f"re-encrypted {report.rekeyed} sealed originals under data key {report.kid} "

@@ -93,6 +93,17 @@ class LinkType(StrEnum):
     REFERS_TO = "refers_to"
 
 
+def as_utc(v: datetime) -> datetime:
+    """``v`` in UTC, the only zone we store: naive datetimes are taken as UTC; an aware one that leaves the
+    calendar once converted is a ValueError (pydantic validators report it on the field)."""
+    if v.tzinfo is None:
+        return v.replace(tzinfo=UTC)
+    try:
+        return v.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("is out of range once converted to UTC") from None
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -216,14 +227,7 @@ class Memory(BaseModel):
     @field_validator("created_at", "expires_at", "last_accessed_at")
     @classmethod
     def _aware_utc(cls, v: datetime | None) -> datetime | None:
-        if v is None:
-            return None
-        if v.tzinfo is None:  # naive datetimes are taken as UTC, the only zone we store
-            return v.replace(tzinfo=UTC)
-        try:
-            return v.astimezone(UTC)
-        except OverflowError:
-            raise ValueError("is out of range once converted to UTC") from None
+        return None if v is None else as_utc(v)
 
     @field_validator("metadata")
     @classmethod
