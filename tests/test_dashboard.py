@@ -317,6 +317,38 @@ def test_every_view_renders_and_a_pin_reaches_the_api(
     page.close()
 
 
+def test_the_page_shows_a_memory_written_through_the_api_without_a_reload(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """The page follows the tenant's event stream: a write by another client appears in the open view."""
+    base, _, keys = served
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = browser.new_page(viewport={"width": 1500, "height": 900})
+    problems: list[str] = []
+    page.on("console", lambda m: m.type == "error" and problems.append(f"console: {m.text}"))
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(f"{base}/dashboard/#key={keys['read-only']}")
+    _wait_view(page, "sessions")
+    page.wait_for_selector('#live[data-state="on"]', timeout=30_000)
+    page.evaluate("window.notReloaded = true")
+    before = page.inner_text("#status")
+
+    text = "live canary: the blue-green switch finished on eu-3"
+    made = httpx.post(f"{base}/v1/memories", json={"content": text}, headers=_auth(keys["agent"]), timeout=30)
+    assert made.status_code == 201
+    row = page.wait_for_selector(f'#memories-table tr[data-id="{made.json()["id"]}"]', timeout=30_000)
+    assert row is not None and "blue-green switch" in row.inner_text()
+    page.wait_for_function("(b) => document.querySelector('#status').textContent !== b", arg=before)
+    assert page.evaluate("window.notReloaded") is True  # the same document: updated in place
+    assert page.inner_text("#live") == "● live"
+    assert not [u for u in requests if keys["read-only"] in u]  # the key never travels in a URL
+    page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"))
+    assert problems == []
+    page.close()
+
+
 def test_the_page_asks_for_a_key_without_breaking(
     served: tuple[str, Harness, dict[str, str]], browser: Any
 ) -> None:

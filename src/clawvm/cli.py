@@ -353,9 +353,7 @@ def serve(
 ) -> None:
     """Run the REST API over the store: API keys, tenants, limits; OpenAPI at /docs and /openapi.json."""
     try:
-        import uvicorn
-
-        from .server import ServerSettings, configure_logging, create_app, redaction_options
+        from .server import ServerSettings, configure_logging, create_app, redaction_options, run_server
     except ImportError as exc:
         missing = f"the server needs the 'server' extra ({exc}): pip install 'clawvm[server]'"
         raise ConfigError(missing) from None
@@ -372,7 +370,7 @@ def serve(
         click.echo(f"admin key {record.key_id} for tenant {admin_tenant} (shown once): {token}", err=True)
     elif not keyring.list():
         click.echo("no API keys yet: clawvm keys create --tenant NAME --role admin", err=True)
-    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
+    run_server(app, host, port)
 
 
 @contextmanager

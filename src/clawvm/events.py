@@ -28,6 +28,10 @@ retention: every event older than ``max_age_days``, or beyond the newest ``max_e
 ``scoring_weights`` event is carried over (re-appended) so learned weights survive pruning. Analytics of
 the pruned period are gone afterwards; export first if you need them.
 
+Following: :class:`EventTail` waits for the events appended after a seq, for live views (the server's
+``GET /v1/events/stream``, the dashboard). An engine that is an :class:`~clawvm.store.EventFeed`
+(PostgreSQL: LISTEN/NOTIFY) wakes it when any process writes; other engines are polled.
+
 Export: :func:`export_jsonl` (one event per line) and :func:`export_parquet` (pyarrow, the
 ``analytics`` extra), of one tenant or of every tenant but the reserved ones (``_auth`` holds the API key
 hashes). The Parquet columns are ``seq`` (int64), ``at`` (timestamp, UTC), ``tenant``, ``kind``,
@@ -43,15 +47,23 @@ path; ``at`` is a DuckDB keyword, so quote it: ``"at"``); e.g. with the DuckDB C
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 import json
-from collections.abc import Iterator
+import logging
+import math
+import threading
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
-from .errors import ConfigError, ValidationError
-from .store import Event, Store
+from .errors import ConfigError, StoreError, ValidationError
+from .store import Event, EventFeed, Store
+
+log = logging.getLogger("clawvm.events")
 
 WEIGHTS_KIND = "scoring_weights"
 KEEP_LATEST = (WEIGHTS_KIND,)  # kinds whose newest event survives pruning
@@ -256,3 +268,125 @@ def run_query(parquet: Path, name: str) -> list[tuple[Any, ...]]:
     with duckdb.connect() as con:
         rows: list[tuple[Any, ...]] = con.execute(sql).fetchall()
     return rows
+
+
+# ---- following the log as it grows ----------------------------------------------------------------------
+#: ``read(after_seq, limit)``: the next page of a view of the log (a tenant's: ``Harness.events``).
+ReadEvents = Callable[[int, int], list[Event]]
+
+
+class EventTail:
+    """Waits for the events appended after a seq: what live views (the server's event stream) follow.
+
+    One per engine, any number of :meth:`follow` loops at once, each over its own ``read`` (a tenant's view
+    of the log, ``Harness.events``: a follower sees only what that view shows). How a loop wakes up: if
+    the engine is an :class:`~clawvm.store.EventFeed` (PostgreSQL: LISTEN/NOTIFY), a write by any process
+    wakes it at once, and it still reads every ``safety_poll_s`` (``None``: never), because a notification
+    sent while the listener reconnects is lost; any other engine is read every ``poll_s``.
+
+    Async because a server keeps many followers open: a waiting one holds no thread, each read borrows one
+    briefly. :meth:`stop` (any thread) ends every loop at once, and any started later: a server calls it
+    when it begins to shut down, since its HTTP server waits for open responses first.
+    """
+
+    def __init__(
+        self,
+        engine: Store,
+        *,
+        poll_s: float = 0.5,
+        safety_poll_s: float | None = 10.0,
+        batch: int = 100,
+    ) -> None:
+        if not poll_s > 0 or (safety_poll_s is not None and not safety_poll_s > 0) or batch < 1:
+            raise ValidationError("poll_s", "must be > 0 (and batch >= 1)", "pass positive intervals")
+        self._feed = engine if isinstance(engine, EventFeed) else None
+        self.poll_s = poll_s
+        self.safety_poll_s = safety_poll_s
+        self.batch = batch
+        self._stopped = False
+        self._wakers: dict[int, Callable[[], None]] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+
+    @property
+    def pushed(self) -> bool:
+        """Whether the engine pushes (writes of any process wake the followers) rather than being polled."""
+        return self._feed is not None
+
+    @property
+    def following(self) -> int:
+        """How many :meth:`follow` loops are open now."""
+        with self._lock:
+            return len(self._wakers)
+
+    def stop(self) -> None:
+        """End every :meth:`follow` loop now (they return at once), and any started from now on."""
+        self._stopped = True
+        with self._lock:
+            wakers = list(self._wakers.values())
+        for wake in wakers:
+            wake()
+
+    async def follow(
+        self,
+        read: ReadEvents,
+        after_seq: int = 0,
+        *,
+        heartbeat_s: float = 15.0,
+        max_s: float | None = None,
+    ) -> AsyncGenerator[list[Event], None]:
+        """Yield each batch of new events (``seq > after_seq``, in order, at most ``batch``) as it arrives,
+        and ``[]`` after ``heartbeat_s`` without any (a cue to show the reader is alive). Ends after
+        ``max_s`` seconds (``None``: never), or at :meth:`stop`. Close it (``contextlib.aclosing``) when
+        done early: that unsubscribes at once."""
+        if not heartbeat_s > 0 or (max_s is not None and not max_s >= 0):
+            raise ValidationError("heartbeat_s", "must be > 0 (and max_s >= 0)", "pass positive durations")
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+
+        def wake(_seq: int = 0) -> None:  # from any thread: the feed's listener, stop()
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting any more
+                loop.call_soon_threadsafe(woken.set)
+
+        key = next(self._ids)
+        with self._lock:
+            self._wakers[key] = wake
+        unsubscribe = await self._subscribe(wake)
+        interval = self.safety_poll_s if unsubscribe is not None else self.poll_s
+        now = loop.time()
+        end = math.inf if max_s is None else now + max_s
+        beat = now + heartbeat_s
+        try:
+            while not self._stopped:
+                woken.clear()  # before the read: a write during the read wakes the next wait at once
+                batch = await asyncio.to_thread(read, after_seq, self.batch)
+                now = loop.time()
+                if batch:
+                    after_seq = batch[-1].seq or after_seq
+                    beat = now + heartbeat_s
+                    yield batch
+                elif now >= beat:
+                    beat = now + heartbeat_s
+                    yield []
+                if now >= end or self._stopped:
+                    return
+                if len(batch) >= self.batch:
+                    continue  # more is waiting: read on at once
+                wait = min(end, beat, now + (interval if interval is not None else math.inf)) - now
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), max(wait, 0.0))
+        finally:
+            if unsubscribe is not None:
+                unsubscribe()
+            with self._lock:
+                self._wakers.pop(key, None)
+
+    async def _subscribe(self, wake: Callable[[int], None]) -> Callable[[], None] | None:
+        """Subscribe to the feed (its first subscription connects: on a thread), or None to poll."""
+        if self._feed is None:
+            return None
+        try:
+            return await asyncio.to_thread(self._feed.subscribe, wake)
+        except StoreError as exc:  # no listener: polling still delivers every event, a little later
+            log.warning("event feed unavailable, polling instead", extra={"fields": {"error": str(exc)}})
+            return None

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -25,13 +26,14 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, MutableMapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, TextIO
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request, Security
+import uvicorn
+from fastapi import APIRouter, Depends, FastAPI, Header, Query, Request, Security
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -86,6 +88,7 @@ from .errors import (
     StoreError,
     ValidationError,
 )
+from .events import EventTail
 from .harness import Harness
 from .model import DEFAULT_MAX_CONTENT_BYTES, DEPTH_FIX, VISIBLE_STATUSES, Memory, Status, Tier
 from .redact import RedactionPolicy, Redactor
@@ -107,6 +110,8 @@ class ServerSettings:
     rate_per_s: float = 50.0  # per API key, sustained
     burst: int = 100  # per API key, requests allowed at once
     keys_refresh_s: float = 2.0  # how soon a key revoked by another process stops working
+    heartbeat_s: float = 15.0  # an event stream sends a comment this often when quiet (and rechecks its key)
+    events_poll_s: float = 0.5  # how often event streams read engines that do not push (EventFeed)
     preset: str | None = None
     max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES
 
@@ -468,6 +473,7 @@ class Service:
             self.worker.start()
         self._harnesses: dict[str, Harness] = {}
         self._lock = threading.Lock()
+        self.live = EventTail(store, poll_s=settings.events_poll_s)  # what event streams wait on
 
     def harness_for(self, tenant: str) -> Harness:
         """The tenant's harness, over a view of the engine confined to that tenant (made once)."""
@@ -491,7 +497,12 @@ class Service:
         self.store.read_events(0, 1)
         return {"store": "ok", "embedder": "ok" if self.embedder is not None else "off (lexical recall only)"}
 
+    def key_active(self, principal: Principal) -> bool:
+        """Whether the caller's key still works (an open event stream ends once it is revoked)."""
+        return any(k.key_id == principal.key_id for k in self.keyring.list(principal.tenant))
+
     def close(self) -> None:
+        self.live.stop()
         if self.worker is not None:
             try:
                 self.worker.flush(timeout=30)
@@ -770,6 +781,49 @@ def events(
     return EventsPage(events=[EventOut.of(e) for e in found], next_after_seq=last)
 
 
+@v1.get(
+    "/events/stream",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "server-sent events"}},
+    tags=["events"],
+)
+async def event_stream(
+    request: Request,
+    caller: Reader,
+    after_seq: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    max_s: Annotated[float | None, Query(gt=0, le=86400, description="end the stream after this")] = None,
+    last_event_id: Annotated[str | None, Header(pattern=r"^[0-9]{1,18}$")] = None,
+) -> StreamingResponse:
+    """The tenant's events as they happen, as server-sent events: each event after ``after_seq`` (or after
+    the ``Last-Event-ID`` a reconnecting client sends) is one ``id: <seq>`` + ``data: <event JSON>``
+    message, as in ``/v1/events``; a comment line every ~15 s keeps a quiet stream open. Events written
+    by any server process on the same database arrive (PostgreSQL pushes them; other engines are polled
+    every 0.5 s). The stream ends after ``max_s`` seconds, when the key is revoked, or at shutdown."""
+    service = service_of(request)
+    start = int(last_event_id) if last_event_id is not None else after_seq
+    return StreamingResponse(
+        _sse(service, caller, start, max_s),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},  # no proxy buffering either
+    )
+
+
+async def _sse(service: Service, caller: Caller, after_seq: int, max_s: float | None) -> AsyncIterator[str]:
+    """The wire format of :func:`event_stream` over :meth:`EventTail.follow`."""
+    yield "retry: 2000\n: open\n\n"  # reconnect after 2 s; the comment flushes the headers at once
+    follow = service.live.follow(
+        caller.harness.events, after_seq, heartbeat_s=service.settings.heartbeat_s, max_s=max_s
+    )
+    async with aclosing(follow) as batches:
+        async for batch in batches:
+            if batch:
+                yield "".join(f"id: {e.seq}\ndata: {EventOut.of(e).model_dump_json()}\n\n" for e in batch)
+            elif await asyncio.to_thread(service.key_active, caller.principal):
+                yield ": heartbeat\n\n"
+            else:
+                return
+
+
 @v1.get("/stats", response_model=StatsOut, tags=["events"])
 def stats(caller: Reader) -> StatsOut:
     h = caller.harness
@@ -876,6 +930,29 @@ def create_app(
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
     return app
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn that ends the app's event streams as soon as it is asked to exit (SIGINT, SIGTERM): it waits
+    for open responses before it stops, and a live stream would never end by itself."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    async def main_loop(self) -> None:
+        await super().main_loop()  # returns once an exit was asked for, before connections are drained
+        self._on_exit()
+
+
+def run_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8080) -> None:
+    """Serve an app of :func:`create_app` with uvicorn until SIGINT/SIGTERM (``clawvm serve``). Open event
+    streams end at once then; any other response still running after 10 s is cancelled."""
+    config = uvicorn.Config(
+        app, host=host, port=port, log_config=None, access_log=False, timeout_graceful_shutdown=10
+    )
+    service: Service = app.state.service
+    _Uvicorn(config, service.live.stop).run()
 
 
 def _dashboard() -> APIRouter:

@@ -335,15 +335,25 @@
   const VIEWS = { sessions: viewSessions, timeline: viewTimeline, heatmap: viewHeatmap, graph: viewGraph,
     contexts: viewContexts, influence: viewInfluence, metrics: viewMetrics };
 
-  async function show(view) {
+  // One render at a time and the latest request wins, so a live refresh and a click never interleave
+  // their output in the page.
+  let renders = Promise.resolve(), renderTicket = 0;
+
+  function show(view) {
     state.view = VIEWS[view] ? view : "sessions";
     document.querySelectorAll("#tabs a").forEach((a) => a.classList.toggle("active", a.dataset.view === state.view));
+    const ticket = ++renderTicket;
+    renders = renders.then(() => (ticket === renderTicket ? render(state.view) : undefined));
+    return renders;
+  }
+
+  async function render(view) {
     const main = $("#view");
-    main.dataset.view = state.view;
+    main.dataset.view = view;
     main.dataset.ready = "0";
     if (!main.firstChild) fill(main, el("p", { class: "muted", text: "loading…" }));
     try {
-      await VIEWS[state.view](main);
+      await VIEWS[view](main);
     } catch (e) {
       fill(main, el("div", { class: "card" }, el("b", { text: "Could not load this view: " }), String(e.message || e)));
     }
@@ -434,6 +444,7 @@
     $("#session").value = sid;
   }
 
+  // the overview (its seq starts the live stream), or null when it could not be read
   async function loadChrome() {
     try {
       const o = await api("overview");
@@ -444,9 +455,102 @@
       fill(sel, el("option", { value: "", text: "all sessions" }),
         s.items.filter((x) => x.session_id !== "(none)").map((x) => el("option", { value: x.session_id, text: `${x.session_id} (${x.memories})` })));
       sel.value = state.session;
+      return o;
     } catch (e) {
       $("#status").textContent = String(e.message || e);
+      return null;
     }
+  }
+
+  // ---- live updates -------------------------------------------------------------------------------
+  // The tenant's event stream (server-sent events, /v1/events/stream) read with fetch: EventSource cannot
+  // send the Authorization header, and the key must not travel in a URL. Each event asks for a refresh of
+  // what is on screen: at most one a second, put off while a form field has the focus or the tab is hidden.
+  const live = { seq: 0, abort: null, timer: null, last: 0, dirty: false };
+  const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+  function setLive(on, why) {
+    const node = $("#live");
+    node.dataset.state = on ? "on" : "off";
+    node.textContent = on ? "● live" : "○ offline";
+    node.title = on ? "live: following the event log" : `live updates: ${why}`;
+  }
+
+  function follow(seq) {
+    if (live.abort) live.abort.abort();
+    const ctrl = new AbortController();
+    live.abort = ctrl;
+    live.seq = seq;
+    (async () => {
+      while (!ctrl.signal.aborted) {
+        try {
+          await readStream(ctrl.signal);
+        } catch (e) {
+          if (ctrl.signal.aborted) return;
+          if (e instanceof ApiError) { setLive(false, e.message); return; }  // a new key restarts it
+        }
+        setLive(false, "reconnecting");
+        await sleep(2000);  // the server ended the stream (restart, max duration) or the network failed
+      }
+    })();
+  }
+
+  async function readStream(signal) {
+    const headers = { Accept: "text/event-stream", Authorization: "Bearer " + state.key };
+    const res = await fetch("../v1/events/stream" + qs({ after_seq: live.seq }), { headers, signal, cache: "no-store" });
+    if (res.status === 401 || res.status === 403) throw new ApiError("the key was refused");
+    if (!res.ok || !res.body) throw new Error(`HTTP ${res.status}`);
+    setLive(true);
+    const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += value;
+      for (let end = buffer.indexOf("\n\n"); end >= 0; end = buffer.indexOf("\n\n")) {
+        onMessage(buffer.slice(0, end));
+        buffer = buffer.slice(end + 2);
+      }
+    }
+  }
+
+  function onMessage(block) {  // "id: <seq>" + "data: <event>" lines, or ": comment" lines (heartbeats)
+    let isEvent = false;
+    for (const line of block.split("\n")) {
+      if (line.startsWith("id: ")) live.seq = Number(line.slice(4));
+      else if (line.startsWith("data: ")) isEvent = true;
+    }
+    if (isEvent) scheduleRefresh();
+  }
+
+  function scheduleRefresh() {
+    live.dirty = true;
+    if (!live.timer) live.timer = setTimeout(refreshLive, Math.max(0, live.last + 1000 - Date.now()));
+  }
+
+  async function refreshLive() {
+    const focused = document.activeElement && ["INPUT", "SELECT", "TEXTAREA"].includes(document.activeElement.tagName);
+    if (focused || document.hidden) {
+      live.timer = setTimeout(refreshLive, 1000);
+      return;
+    }
+    live.dirty = false;
+    live.last = Date.now();
+    try {
+      const inspecting = state.selected && !$("#inspector").hidden;
+      await Promise.all([loadChrome(), show(state.view), inspecting ? inspect(state.selected) : null]);
+    } catch (e) {
+      toast(String(e.message || e), true);
+    } finally {
+      live.timer = null;
+      if (live.dirty) scheduleRefresh();  // events that came during this refresh
+    }
+  }
+
+  async function connect() {
+    const o = await loadChrome();
+    if (o) follow(o.seq);
+    else setLive(false, "no usable API key");
   }
 
   function start() {
@@ -464,17 +568,17 @@
       state.key = $("#key").value.trim();
       localStorage.setItem("clawvm_key", state.key);
       $("#keybar").hidden = true;
-      loadChrome(); show(state.view);
+      connect(); show(state.view);
     });
     document.querySelectorAll("#tabs a").forEach((a) => a.addEventListener("click", (e) => {
       e.preventDefault();
       history.replaceState(null, "", "#" + a.dataset.view);
       show(a.dataset.view);
     }));
-    loadChrome();
+    connect();
     show((location.hash || "#sessions").slice(1));
   }
 
-  window.MemLens = { state, show, inspect };
+  window.MemLens = { state, show, inspect, live };
   start();
 })();

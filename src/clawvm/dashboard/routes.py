@@ -5,7 +5,10 @@ FastAPI dependencies returning the caller's :class:`~clawvm.Harness` (the server
 key and checks its role in them; ``write`` serves the manual actions). Library errors propagate to the
 app's handlers (:func:`clawvm.server.install_error_handlers`), like every other route's. The page lives
 at ``/dashboard/`` and needs no key; its scripts call ``/dashboard/api/...`` with the key the user typed
-(kept in the browser's localStorage; a URL ending in ``#key=<key>`` sets it).
+(kept in the browser's localStorage; a URL ending in ``#key=<key>`` sets it). The page stays live: it reads
+the tenant's event stream (``/v1/events/stream``, with the same ``Authorization`` header, through
+``fetch``: ``EventSource`` cannot send headers, and a key must not travel in a URL) and re-renders the
+current view at most once a second while events arrive.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the endpoints' annotations at runtime, and
@@ -91,7 +94,8 @@ def create_router(
         m = lens.metrics()
         keep = ("memories", "active", "events", "working_hit_rate", "eviction_regret", "duplicate_rate",
                 "junk_rate", "stale_rate")
-        return {"tenant": h.tenant, **{k: m[k] for k in keep}, "contexts": len(lens.contexts)}
+        out = {"tenant": h.tenant, **{k: m[k] for k in keep}, "contexts": len(lens.contexts)}
+        return {**out, "seq": lens.seq}  # the newest event seen: where the page's live event stream starts
 
     @router.get("/api/sessions")
     def sessions(h: Reader, offset: Offset = 0, limit: Limit = 50, q: str = "") -> dict[str, Any]:

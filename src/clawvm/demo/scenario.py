@@ -86,9 +86,7 @@ def serve_demo(
     """Load the scenario into ``db``, then serve the REST API and the dashboard until interrupted.
 
     Prints the dashboard URL with an API key (tenant ``default``, role agent) in its fragment."""
-    import uvicorn
-
-    from ..server import configure_logging, create_app
+    from ..server import configure_logging, create_app, run_server
 
     clock = ReplayClock()
     h = open_demo(store_from_url(db), clock, embed)
@@ -99,7 +97,7 @@ def serve_demo(
         _, key = app.state.service.keyring.create("default", "agent", "MemLens demo")
         echo(f"\nMemLens dashboard: http://{host}:{port}/dashboard/#key={key}")
         echo(f"REST API: http://{host}:{port}/docs  (API key for tenant 'default', role agent: {key})")
-        uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
+        run_server(app, host, port)  # ends the dashboards' live event streams at Ctrl-C
     finally:
         h.close()
 
