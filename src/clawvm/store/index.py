@@ -104,15 +104,20 @@ class _Column:
         else:
             self.data[row] = self.codes.setdefault(value, len(self.codes))
 
-    def isin(self, values: frozenset[str], size: int) -> np.ndarray:
+    def isin(self, values: frozenset[str], rows: Rows) -> np.ndarray:
+        """Which of ``rows`` hold one of ``values``."""
         codes = [self.codes[v] for v in values if v in self.codes]
-        col = self.data[:size]
+        col = self.data[rows]
         if not codes:
-            return np.zeros(size, dtype=bool)
+            return np.zeros(len(col), dtype=bool)
         if len(codes) == 1:
             one: np.ndarray = col == codes[0]
             return one
         return np.isin(col, np.asarray(codes, dtype=np.int32))
+
+
+#: The rows a mask is computed over: every row (``slice(0, size)``) or a session's rows (an index array).
+Rows = slice | np.ndarray
 
 
 class SearchIndex:
@@ -383,6 +388,26 @@ class SearchIndex:
 
     def _mask(self, f: Filters) -> np.ndarray | None:
         size = len(self.ids)
+        session = self._one_session(f)
+        if session is None:
+            return self._mask_over(f, slice(0, size))
+        # one session named: test only its rows (tens to thousands), not every row of the index; the
+        # pager's budget checks and session-scoped recalls ask this on every record and query
+        rows = np.asarray(self._sessions.get(session, ()), dtype=np.int64)
+        out = np.zeros(size, dtype=bool)
+        sub = self._mask_over(f, rows)
+        out[rows if sub is None else rows[sub]] = True
+        return out
+
+    @staticmethod
+    def _one_session(f: Filters) -> tuple[str, str] | None:
+        """The (tenant, session_id) ``f`` confines rows to, when it names exactly one of each."""
+        if f.tenant is None or f.session_id is None or len(f.tenant) != 1 or len(f.session_id) != 1:
+            return None
+        return next(iter(f.tenant)), next(iter(f.session_id))
+
+    def _mask_over(self, f: Filters, rows: Rows) -> np.ndarray | None:
+        """Which of ``rows`` match ``f`` (a mask aligned with ``rows``); None = every live row."""
         m: np.ndarray | None = None
 
         def both(x: np.ndarray) -> None:
@@ -392,49 +417,49 @@ class SearchIndex:
         for name in Filters.SET_FIELDS:
             allowed = getattr(f, name)
             if allowed is not None:
-                both(self._cols[name].isin(allowed, size))
+                both(self._cols[name].isin(allowed, rows))
         if f.parent_id is not None:
-            both(self._cols["parent_id"].isin(frozenset([f.parent_id]), size))
+            both(self._cols["parent_id"].isin(frozenset([f.parent_id]), rows))
         for tag in f.tags_all:
-            both(self._rows_mask(self._tags.get(tag, set()), size))
+            both(self._rows_mask(self._tags.get(tag, set()))[rows])
         if f.tags_any is not None:
-            rows: set[int] = set()
+            tagged: set[int] = set()
             for tag in f.tags_any:
-                rows |= self._tags.get(tag, set())
-            both(self._rows_mask(rows, size))
+                tagged |= self._tags.get(tag, set())
+            both(self._rows_mask(tagged)[rows])
         if f.pinned is not None:
-            both(self._pinned[:size] == f.pinned)
+            both(self._pinned[rows] == f.pinned)
         if f.created_after is not None:
-            both(self._created[:size] >= micros(f.created_after))
+            both(self._created[rows] >= micros(f.created_after))
         if f.created_before is not None:
-            both(self._created[:size] < micros(f.created_before))
+            both(self._created[rows] < micros(f.created_before))
         if f.visible_to is not None:
-            both(self._visible(f.visible_to, size))
+            both(self._visible(f.visible_to, rows))
         if m is None:
             return None
-        return m & self._alive[:size]
+        return m & self._alive[rows]
 
-    def _visible(self, v: Visibility, size: int) -> np.ndarray:
-        """Rows ``v`` may read (the semantics of :meth:`Visibility.allows`, vectorised)."""
+    def _visible(self, v: Visibility, rows: Rows) -> np.ndarray:
+        """Which of ``rows`` ``v`` may read (the semantics of :meth:`Visibility.allows`, vectorised)."""
         scope, team, task = self._cols["scope"], self._cols["team_id"], self._cols["task_id"]
-        teams = team.isin(v.teams, size)
-        out: np.ndarray = scope.data[:size] == -1
-        out |= scope.isin(frozenset([Scope.PRIVATE.value]), size) & self._cols["agent_id"].isin(
-            frozenset([v.agent_id]), size
+        teams = team.isin(v.teams, rows)
+        out: np.ndarray = scope.data[rows] == -1
+        out |= scope.isin(frozenset([Scope.PRIVATE.value]), rows) & self._cols["agent_id"].isin(
+            frozenset([v.agent_id]), rows
         )
-        out |= scope.isin(frozenset([Scope.TEAM.value]), size) & teams
+        out |= scope.isin(frozenset([Scope.TEAM.value]), rows) & teams
         out |= (
-            scope.isin(frozenset([Scope.TASK.value]), size)
-            & task.isin(v.tasks, size)
-            & ((team.data[:size] == -1) | teams)
+            scope.isin(frozenset([Scope.TASK.value]), rows)
+            & task.isin(v.tasks, rows)
+            & ((team.data[rows] == -1) | teams)
         )
         return out
 
-    @staticmethod
-    def _rows_mask(rows: set[int], size: int) -> np.ndarray:
-        out = np.zeros(size, dtype=bool)
-        if rows:
-            out[np.fromiter(rows, dtype=np.int64, count=len(rows))] = True
+    def _rows_mask(self, marked: set[int]) -> np.ndarray:
+        """A mask over every row, True at ``marked``."""
+        out = np.zeros(len(self.ids), dtype=bool)
+        if marked:
+            out[np.fromiter(marked, dtype=np.int64, count=len(marked))] = True
         return out
 
     def query(self, q: Query) -> QueryResult:
@@ -532,7 +557,10 @@ class SearchIndex:
     def _context_df(self, term: str) -> int:
         """How many neighbourhoods hold ``term``: the rows within ``window`` of one of its postings."""
         cached = self._ctx_df.get(term)
-        if cached is not None and cached[0] == self._version:
+        # a count at most n/200 writes old is kept (exact below 200 memories): idf is a log, so the few
+        # neighbourhoods those writes could add change it by a fraction of a percent, while recounting
+        # after every write cost a busy store ~0.5 ms per common query term (a pass over its postings)
+        if cached is not None and self._version - cached[0] <= len(self.row_of) // 200:
             return cached[1]
         post = self.lexical.postings(term)
         if post is None:
