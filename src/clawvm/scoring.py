@@ -140,14 +140,25 @@ class ValueBreakdown:
 @lru_cache(maxsize=65536)
 def _signals_present(text: str) -> tuple[str, ...]:
     """Which signals a text carries (cached: values are recomputed far more often than texts change)."""
-    checks = (
-        ("error", _ERROR),
-        ("conclusion", _CONCLUSION),
-        ("numbers", _NUMBER),
-        ("code", _CODE),
-        ("entities", _ENTITY),
-    )
-    return tuple(name for name, pattern in checks if pattern.search(text))
+    low = text.lower()
+    found = []
+    for name, pattern, clues, source in _CHECKS:
+        haystack = low if source == "lower" else text
+        # a pattern runs only where one of its clues (substrings every match contains) is present: the
+        # keyword regexes cost ~15 us each on a chat turn, the substring tests well under one
+        if (clues is None or any(c in haystack for c in clues)) and pattern.search(text):
+            found.append(name)
+    return tuple(found)
+
+
+_CHECKS: tuple[tuple[str, re.Pattern[str], tuple[str, ...] | None, str], ...] = (
+    ("error", _ERROR, ("error", "exception", "traceback", "fail", "timeout", "timed out"), "lower"),
+    ("conclusion", _CONCLUSION, ("conclusion", "final answer", "in summary", "decided", "resolved",
+                                 "root cause", "fixed"), "lower"),
+    ("numbers", _NUMBER, None, "text"),
+    ("code", _CODE, ("```", "def ", "class", "SELECT", "{", "}", ";", "=>", "return"), "text"),
+    ("entities", _ENTITY, None, "text"),
+)
 
 
 def content_signals(text: str, cfg: ScoringConfig = DEFAULT_SCORING) -> dict[str, float]:
