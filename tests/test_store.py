@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -37,6 +38,7 @@ from clawvm import (
     Tier,
     ValidationError,
 )
+from clawvm.model import revalidate
 from clawvm.store import Edge, Event, Query, SQLiteStore, Store
 from engines import make_store
 from strategies import at, memories
@@ -609,7 +611,11 @@ FILTER_VALUES: dict[str, st.SearchStrategy[Any]] = {
 def random_filters(draw: st.DrawFn) -> Filters:
     """Filters on a few random fields (filters on every field would almost always match nothing)."""
     names = draw(st.lists(st.sampled_from(sorted(FILTER_VALUES)), max_size=4, unique=True))
-    return Filters(**{name: draw(FILTER_VALUES[name]) for name in names})
+    fields = {name: draw(FILTER_VALUES[name]) for name in names}
+    if draw(st.booleans()):  # one tenant and one session: the in-process index tests only that session's rows
+        fields.update(tenant=frozenset([draw(st.sampled_from(SMALL))]),
+                      session_id=frozenset([draw(st.sampled_from(SMALL))]))
+    return Filters(**fields)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -622,19 +628,33 @@ def test_queries_agree_with_filters_matches(
     try:
         store.put_many(ms)
         store.set_vectors([m.id for m in ms], unit_vectors(len(ms)))
-        by_id = {m.id: m for m in ms}
-        for f in filters:
-            want = {m.id for m in ms if f.matches(m)}
-            res = store.query(Query(filters=f, limit=10**9))
-            assert len(res.filtered) == len(set(res.filtered))
-            assert set(res.filtered) == want
-            times = [by_id[i].created_at for i in res.filtered]
-            assert times == sorted(times, reverse=True)
-            res = store.query(Query(filters=f, text="shared", vector=unit_vectors(1, seed=3)[0], limit=10**9))
-            assert {i for i, _ in res.lexical} == want
-            assert {i for i, _ in res.dense} == want
+        _assert_queries_match(store, ms, filters)
+        # then every third memory moves to another tenant and session, and every fifth is deleted
+        moved = [
+            revalidate(m, {"tenant": "b" if m.tenant == "a" else "a", "session_id": "a", "version": 2})
+            for m in ms[::3]
+        ]
+        store.put_many(moved)
+        gone = {m.id for m in ms[::5]}
+        store.delete_many(sorted(gone))
+        now = {m.id: m for m in [*ms, *moved] if m.id not in gone}
+        _assert_queries_match(store, list(now.values()), filters)
     finally:
         store.close()
+
+
+def _assert_queries_match(store: Store, ms: list[Memory], filters: list[Filters]) -> None:
+    by_id = {m.id: m for m in ms}
+    for f in filters:
+        want = {m.id for m in ms if f.matches(m)}
+        res = store.query(Query(filters=f, limit=10**9))
+        assert len(res.filtered) == len(set(res.filtered))
+        assert set(res.filtered) == want
+        times = [by_id[i].created_at for i in res.filtered]
+        assert times == sorted(times, reverse=True)
+        res = store.query(Query(filters=f, text="shared", vector=unit_vectors(1, seed=3)[0], limit=10**9))
+        assert {i for i, _ in res.lexical} == want
+        assert {i for i, _ in res.dense} == want
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -944,3 +964,23 @@ def test_sqlite_url_and_plain_path_open_the_same_file(engine_name: str, tmp_path
     assert s2.get(m.id) == m
     s2.close()
     assert os.path.exists(p)
+
+
+def test_sqlite_checkpoints_off_the_write_path_and_keeps_its_log_bounded(tmp_path: Path) -> None:
+    path, limit = tmp_path / "wal.db", 256 * 1024
+    wal = tmp_path / "wal.db-wal"
+    store = SQLiteStore(path, dim=4, max_wal_bytes=limit)
+    store.setup()
+    try:
+        for i in range(400):  # ~1 MB of rows, one commit each: the log would hold them all
+            store.put(Memory(content=f"{i} " + "x" * 2000, tenant="t"))
+        deadline = time.monotonic() + 30  # the checkpointer's thread wakes every 64 commits and each second
+        while wal.stat().st_size > limit and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert wal.stat().st_size <= limit
+    finally:
+        store.close()
+    assert not wal.exists()  # the last connection to close checkpoints everything and removes the log
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert db.execute("SELECT count(*) FROM memories").fetchone()[0] == 400

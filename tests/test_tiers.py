@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sqlite3
 import tempfile
 import threading
 from datetime import UTC, datetime, timedelta
@@ -590,6 +591,39 @@ def test_a_busy_session_sheds_its_working_tier_in_batches(target: str, tmp_path:
         # 8 * (1 - 0.25) = 6 stay after a shed: one record in three demotes (three at a time), not 32 of 40
         assert shedding == 11
         assert len(h.list(session_id="s1", tier="working")) == 7
+
+
+def test_a_record_and_what_it_sheds_are_one_transaction(tmp_path: Path) -> None:
+    budgets = TierBudgets(working_items=4, working_tokens=None)
+    h, now = clocked(budgets, f"sqlite:///{tmp_path}/one.db")
+    db = sqlite3.connect(tmp_path / "one.db")
+
+    def commits() -> int:  # every write transaction of the engine takes the next 'rev'
+        return int(db.execute("SELECT value FROM counters WHERE name = 'rev'").fetchone()[0])
+
+    with h:
+        for i in range(4):
+            h.record(f"step {i} of the long task", session_id="s1", created_at=now[0])
+        before, demotes = commits(), sum(e.kind == "demote" for e in h.events(limit=10**6))
+        h.record("step 4 of the long task", session_id="s1", created_at=now[0])  # over budget: sheds
+        assert sum(e.kind == "demote" for e in h.events(limit=10**6)) - demotes == 2  # 5 -> 4 * 0.75
+        assert commits() == before + 1
+    db.close()
+
+
+def test_a_new_memory_shed_at_once_is_stored_demoted_with_its_history() -> None:
+    budgets = TierBudgets(working_items=2, working_tokens=None)
+    h, now = clocked(budgets)
+    with h:
+        for i in range(2):  # short errors carry far more value per token than the long thought below
+            h.record(f"TimeoutError {i}", session_id="s1", kind="error", created_at=now[0])
+        thought = "maybe look at this later, or maybe not, hard to say " * 8
+        note = h.record(thought, session_id="s1", kind="llm_thought", created_at=now[0])
+        stored = h.get(note.id)
+        assert stored.tier is Tier.SHORT_TERM and stored.version == 2
+        assert note == stored  # record returns the memory as stored
+        assert [e.kind for e in h.events(memory_id=note.id)] == ["add", "demote"]
+        assert len(h.list(session_id="s1", tier="working")) == 1  # shed down to int(2 * 0.75)
 
 
 def test_a_stale_view_of_the_working_tier_falls_back_to_the_store(tmp_path: Path) -> None:

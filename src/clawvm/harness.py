@@ -192,11 +192,9 @@ class Harness:
         teams.check_write(self, memory)  # a team memory needs its agent's write grant
         memory = memory.model_copy(update={"value": self.pager.value_now(memory, self.now())})
         added = self._make_event("add", memory, {"kind": memory.kind.value, "tier": memory.tier.value})
-        # the memory, its vector and its event in one write: one commit on engines with transactions
-        self.store.write([memory], None if vector is None else vector[None, :], [added])
+        memory = self._admit(memory, None if vector is None else vector[None, :], added)
         if vector is None and self._worker is not None:
             self._worker.notify()
-        self._admit(memory)
         if self._prefetcher is not None:
             self._prefetcher.submit(self._prefetch, memory)
         return memory
@@ -461,28 +459,46 @@ class Harness:
         )
         return loaded
 
-    def _admit(self, memory: Memory) -> None:
-        """After a record: add it to its session's working tier as the harness knows it; shed when over.
+    def _admit(self, memory: Memory, vectors: np.ndarray | None, added: Event) -> Memory:
+        """Write a new memory, its vector and its event together with what its session's working tier sheds
+        to make room for it: one write (one commit on engines with transactions). Returns the memory as
+        stored.
 
         The harness keeps each session's working members from its last look at the store (cleared by every
         other path that moves memories), so a record reads nothing back; a member changed by another writer
-        makes the demotion conflict, and then the budgets are enforced from the store.
+        makes the write conflict, and then the memory is written alone and the budgets are enforced from
+        the store.
         """
         if memory.session_id is None or memory.tier is not Tier.WORKING:
-            return
+            self.store.write([memory], vectors, [added])
+            return memory
         key = (memory.tenant, memory.session_id)
         now = self.now()
         with self._working_lock:
             known = self._working.get(key)
             if known is None:
-                members = self.pager.tier_members(memory.tenant, memory.session_id, Tier.WORKING)
-            else:
-                members = [*known, memory]
-            kept = self.pager.shed_working(members, now)
-            if kept is None:
+                known = self.pager.tier_members(memory.tenant, memory.session_id, Tier.WORKING)
+            members = [*known, memory]
+            demoted, moves = self.pager.shed_plan(members, now)
+            # the new memory may be shed at once (the lowest value per token): then it is stored demoted
+            # (version 2) and its history says so (add, then demote)
+            others = [m for m in demoted if m.id != memory.id]
+            stored = next((m for m in demoted if m.id == memory.id), memory)
+            try:
+                self.store.write([stored, *others], vectors, [added, *moves])
+            except ConflictError:
+                if not others:
+                    raise  # the new memory itself conflicts (its id is taken)
+                self.store.write([memory], vectors, [added])
                 self.pager.enforce(memory.tenant, memory.session_id, now)
-                kept = self.pager.tier_members(memory.tenant, memory.session_id, Tier.WORKING)
-            self._working[key] = kept
+                self._working[key] = self.pager.tier_members(memory.tenant, memory.session_id, Tier.WORKING)
+                return self.store.get(memory.id)
+            if demoted:  # short-term grew: its budget, and the ones below
+                self.pager.enforce(memory.tenant, memory.session_id, now, lower_only=True)
+                gone = {m.id for m in demoted}
+                members = [m for m in members if m.id not in gone]
+            self._working[key] = members
+            return stored
 
     def _prefetch(self, memory: Memory) -> None:
         """Background: warm what the next step will likely need (memories related to the new one)."""

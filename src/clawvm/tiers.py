@@ -69,9 +69,11 @@ class PagerConfig:
     slack: float = 0.1  # demote below this fraction under budget (short/long term), in one batch
     # on record, an over-budget working tier sheds down to (1 - working_slack) of its budget: high and low
     # watermarks, so a busy session demotes several memories once every few records instead of one on
-    # each (a shed costs ~3 ms: values, one write); context builds still enforce the budget exactly.
-    # At 100k memories (bench/recall_scale.py) sheds are under 1% of records and 0.5 measured no better
-    # record p95 than 0.25 (4.1 vs 3.9 ms): the tail is elsewhere, so the prompt keeps more.
+    # each; the demotions ride in the record's own write (Pager.shed_plan). Context builds still enforce
+    # the budget exactly. In bench/recall_scale.py at 100k memories sessions are full in the second half
+    # and one record in ~7 sheds, ~2.5 ms more than a plain record (values of ~25 members, 6 rows
+    # rewritten, the lower tiers' counts): that is the record p95. A larger slack makes sheds rarer but
+    # larger and leaves the prompt emptier after each.
     working_slack: float = 0.25
     session_idle_hours: float = 2.0  # on tick, a session untouched this long pages its working tier out
 
@@ -213,30 +215,17 @@ class Pager:
             chosen.append(victim)
         return chosen
 
-    def shed_working(self, members: Sequence[Memory], now: datetime) -> list[Memory] | None:
-        """The record path's budget check, from the harness's own view of a session's working tier.
-
-        When ``members`` are over the working budget, demotes down to ``1 - working_slack`` of it in one
-        write (so a busy session pays for a demotion once every few records, not on each one), then
-        enforces the lower tiers. Returns the members left, or None when a member changed under us (a
-        concurrent writer): the caller then falls back to :meth:`enforce` from the store.
-        """
+    def shed_plan(self, members: Sequence[Memory], now: datetime) -> tuple[list[Memory], list[Event]]:
+        """The record path's budget check, from the harness's own view of a session's working tier: when
+        ``members`` are over the working budget, the demotions (new versions and their events) that bring
+        it down to ``1 - working_slack`` of it, for the caller to write with the new memory in one write;
+        nothing when within budget (or when every member is pinned). After writing them, the caller runs
+        :meth:`enforce` with ``lower_only`` (short-term grew)."""
         items, tokens = self.config.budgets.limits(Tier.WORKING)
         if not over(members, items, tokens):
-            return list(members)
+            return [], []
         chosen = self._victims(members, items, tokens, self.config.working_slack, now)
-        if not chosen:
-            return list(members)  # all pinned: nothing may move
-        changed, events = self._demotions(chosen, Tier.SHORT_TERM, "working over budget", now)
-        try:
-            self.store.write(changed, None, events)
-        except ConflictError:
-            return None
-        session = members[0]
-        if session.session_id is not None:
-            self.enforce(session.tenant, session.session_id, now, lower_only=True)
-        gone = {m.id for m in chosen}
-        return [m for m in members if m.id not in gone]
+        return self._demotions(chosen, Tier.SHORT_TERM, "working over budget", now)
 
     def _demotions(
         self, memories: Sequence[Memory], to: Tier, reason: str, now: datetime

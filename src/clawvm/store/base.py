@@ -147,6 +147,20 @@ def check_vectors(
     return v.reshape(n, dim)
 
 
+def leading_vectors(
+    memories: Sequence[Memory], vectors: np.ndarray | Sequence[Any], dim: int
+) -> tuple[list[str], np.ndarray]:
+    """:meth:`Store.write`'s ``vectors``, checked: one row for each of the first memories (as many as
+    there are rows; a record writes its new memory's vector and none for the memories it demotes)."""
+    v = np.asarray(vectors, dtype=np.float32) if not isinstance(vectors, np.ndarray) else vectors
+    rows = v.shape[0] if v.ndim == 2 else 1
+    if rows > len(memories):
+        raise ValidationError(
+            "vectors", f"has {rows} rows for {len(memories)} memories", "pass at most one row per memory"
+        )
+    return [m.id for m in memories[:rows]], check_vectors(rows, v, dim)
+
+
 class Store(ABC):
     """Abstract storage engine. See the module docstring for the contract."""
 
@@ -228,15 +242,17 @@ class Store(ABC):
         vectors: np.ndarray | None = None,
         events: Sequence[Event] = (),
     ) -> None:
-        """``put_many`` + ``set_vectors`` (one row per memory, when given) + ``append_events`` as one step.
+        """``put_many`` + ``set_vectors`` (when given, one row for each of the first memories: see
+        :func:`leading_vectors`) + ``append_events`` as one step.
 
         The record path writes all three for every memory; engines with transactions override this to
         commit once (a third of the commits). This default is correct for any engine, one call after the
         other: the version check of ``put_many`` still guards the whole step.
         """
+        embedded = None if vectors is None else leading_vectors(memories, vectors, self.dim)
         self.put_many(memories)
-        if vectors is not None:
-            self.set_vectors([m.id for m in memories], vectors)
+        if embedded is not None:
+            self.set_vectors(*embedded)
         if events:
             self.append_events(events)
 

@@ -53,7 +53,7 @@ from ..ids import is_valid_id
 from ..lexical import Analyzer, BM25Params
 from ..model import Filters, LinkType, Memory
 from ..vectors import normalize
-from .base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions
+from .base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions, leading_vectors
 from .index import index_text
 from .memory import from_stored
 from .postgres_search import Searcher, compile_filters, esc, term_key, unesc, valid_ids
@@ -422,13 +422,13 @@ class PostgresStore(Store):
                 self.append_events(events)
             return
         check_versions(memories, {})
-        vecs = None if vectors is None else normalize(check_vectors(len(memories), vectors, self.dim))
+        embedded = None if vectors is None else leading_vectors(memories, vectors, self.dim)
         rows = [_prepare(m) for m in memories]
 
         def write(conn: psycopg.Connection[Any]) -> None:
             self._put(conn, rows)
-            if vecs is not None:
-                self._set_vectors(conn, [m.id for m in memories], vecs, None)
+            if embedded is not None:
+                self._set_vectors(conn, embedded[0], normalize(embedded[1]), None)
             if events:
                 self._append_events(conn, events)
 

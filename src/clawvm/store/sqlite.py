@@ -12,7 +12,9 @@ knows about the driver.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -23,7 +25,7 @@ import numpy as np
 from ..errors import SchemaError, StoreError
 from ..model import Filters, LinkType, Memory
 from ..vectors import normalize
-from .base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions
+from .base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions, leading_vectors
 from .index import IndexDoc, SearchIndex
 from .memory import from_stored
 
@@ -75,19 +77,84 @@ def _blob(v: np.ndarray) -> bytes:
     return np.asarray(v, dtype="<f4").tobytes()
 
 
+log = logging.getLogger("clawvm.store.sqlite")
+
+
+class _Checkpointer:
+    """Copies the write-ahead log back into the database file on its own thread and connection.
+
+    SQLite's automatic checkpoint runs inside the commit that crosses 1000 WAL pages: at 100k memories
+    that was one record in ~60 stalling for 5-10 ms (``bench/recall_scale.py`` record p99). Here commits
+    only count (:meth:`committed`); every ``every`` commits, and once a second, a PASSIVE checkpoint (it
+    never blocks writers or readers) runs off the write path, with the GIL released while SQLite works.
+    A log only starts over once a checkpoint has caught up with it between two commits, which a busy
+    writer never allows; so past ``max_wal_bytes`` a TRUNCATE checkpoint waits for the writer, copies the
+    little the passive ones left, and empties the log (one short stall per that many bytes written).
+    """
+
+    def __init__(self, path: str, every: int = 64, max_wal_bytes: int = 64 * 2**20) -> None:
+        self.path = path
+        self.every = every
+        self.max_wal_bytes = max_wal_bytes
+        self._commits = 0
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="clawvm-sqlite-checkpoint", daemon=True)
+        self._thread.start()
+
+    def committed(self) -> None:
+        self._commits += 1
+        if self._commits >= self.every:
+            self._commits = 0
+            self._wake.set()
+
+    def stop(self) -> None:
+        """Stop and close its connection (before the store's own closes: the last connection to close
+        checkpoints the whole log and removes it)."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        wal = Path(self.path + "-wal")
+        try:
+            while not self._stopping:
+                self._wake.wait(1.0)
+                self._wake.clear()
+                if self._stopping:
+                    break
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    if wal.exists() and wal.stat().st_size > self.max_wal_bytes:
+                        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                except (sqlite3.Error, OSError) as exc:  # busy or gone: the next round retries
+                    log.debug("checkpoint skipped: %s", exc)
+        finally:
+            conn.close()
+
+
 class SQLiteStore(Store):
     schemes = ("sqlite", "file")
 
-    def __init__(self, path: str | Path, dim: int = 384, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, path: str | Path, dim: int = 384, timeout_s: float = 30.0, max_wal_bytes: int = 64 * 2**20
+    ) -> None:
         super().__init__()
         self.path = str(path)
         self.dim = dim
         self.timeout_s = timeout_s
+        self.max_wal_bytes = max_wal_bytes  # the log is emptied past this (see _Checkpointer)
         self._conn: sqlite3.Connection | None = None
         self._index: SearchIndex | None = None
         self._rev = 0
         self._data_version = -1
         self._index_dirty = False  # set while a write transaction is changing the in-process index
+        self._checkpointer: _Checkpointer | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -105,10 +172,15 @@ class SQLiteStore(Store):
                     conn.execute("PRAGMA synchronous=NORMAL")
                     conn.execute("PRAGMA foreign_keys=ON")
                     self._migrate(conn)
+                    if self.path != ":memory:":
+                        conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer's thread does it
                 except BaseException:
                     conn.close()
                     raise
             self._conn = conn
+            if self.path != ":memory:":
+                self._checkpointer = _Checkpointer(self.path, max_wal_bytes=self.max_wal_bytes)
+                self._checkpointer.start()
             self._index = SearchIndex(self.dim)
             self._catch_up()
             self._index.vectors.prepare()  # fit the search projection now, not on the first query
@@ -137,6 +209,9 @@ class SQLiteStore(Store):
 
     def close(self) -> None:
         with self._lock:
+            if self._checkpointer is not None:
+                self._checkpointer.stop()
+                self._checkpointer = None
             if self._conn is not None:
                 with _translated("close"):
                     self._conn.close()
@@ -218,6 +293,8 @@ class SQLiteStore(Store):
                 ).fetchone()[0]
                 yield db, rev
                 db.execute("COMMIT")
+                if self._checkpointer is not None:
+                    self._checkpointer.committed()
             except BaseException:
                 db.execute("ROLLBACK")
                 if self._index_dirty:  # the index may hold half of this batch: rebuild it from the file
@@ -255,11 +332,11 @@ class SQLiteStore(Store):
             if events:
                 self.append_events(events)
             return
-        vecs = None if vectors is None else normalize(check_vectors(len(memories), vectors, self.dim))
+        embedded = None if vectors is None else leading_vectors(memories, vectors, self.dim)
         with self._write("write") as (db, rev):
             self._put_rows(db, rev, memories)
-            if vecs is not None:
-                self._set_vector_rows(db, rev, [m.id for m in memories], vecs, None)
+            if embedded is not None:
+                self._set_vector_rows(db, rev, embedded[0], normalize(embedded[1]), None)
             self._insert_events(db, events)
 
     def _put_rows(self, db: sqlite3.Connection, rev: int, memories: Sequence[Memory]) -> None:
