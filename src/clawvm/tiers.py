@@ -158,11 +158,15 @@ class Pager:
         """Demote until every tier of the session fits its budget; returns the memories moved.
 
         Memories in ``protect`` (just promoted) go last, so a warm-up is not undone by its own budget check.
+        ``lower_only``: the working tier has just shed into short-term; check short-term, and long-term
+        only if short-term gave it anything.
         """
         moved: list[Memory] = []
         cfg = self.config
         for tier, below in pairwise(ORDER):
             items, tokens = cfg.budgets.limits(tier)
+            if lower_only and tier is not Tier.WORKING and tier is not Tier.SHORT_TERM and not moved:
+                break  # only short-term grew (the working tier shed into it), and it gave nothing down
             if (items is None and tokens is None) or (lower_only and tier is Tier.WORKING):
                 continue
             if (

@@ -366,6 +366,11 @@ class SearchIndex:
             self.vectors.add([self.row_of[ids[n]] for n in keep], vectors[keep])
 
     def count(self, f: Filters) -> int:
+        session = self._one_session(f)
+        if session is not None:  # the pager counts a session's tiers on every shed: no full-size mask
+            rows = np.asarray(self._sessions.get(session, ()), dtype=np.int64)
+            sub = self._mask_over(f, rows)
+            return len(rows) if sub is None else int(sub.sum())
         m = self.mask(f)
         return len(self.row_of) if m is None else int(m.sum())
 
