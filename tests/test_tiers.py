@@ -639,3 +639,19 @@ def test_a_stale_view_of_the_working_tier_falls_back_to_the_store(tmp_path: Path
         a.record("first writer note 4", session_id="s1", created_at=now[0])  # over budget: sheds
         assert len(a.list(session_id="s1", tier="working")) <= 4
         assert a.get(first.id).tags == ["touched elsewhere"]  # the other writer's change survived
+
+
+def test_the_harness_remembers_a_bounded_number_of_sessions(monkeypatch: pytest.MonkeyPatch) -> None:
+    import clawvm.harness
+
+    monkeypatch.setattr(clawvm.harness, "_WORKING_SESSIONS", 3)
+    budgets = TierBudgets(working_items=2, working_tokens=None)
+    h, now = clocked(budgets)
+    with h:
+        for round_ in range(3):  # each session is forgotten and read back from the store in every round
+            for s in range(6):
+                h.record(f"note {round_} in session {s}", session_id=f"s{s}", created_at=now[0])
+                assert len(h._working) <= 3
+        for s in range(6):
+            assert len(h.list(session_id=f"s{s}", tier="working")) <= 2  # budgets hold all the same
+            assert h.count(session_id=f"s{s}") == 3
