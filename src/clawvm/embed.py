@@ -97,9 +97,9 @@ class MiniLMEmbedder:
                 opts.intra_op_num_threads = self.threads
                 opts.inter_op_num_threads = 1
                 # no busy-waiting for the next op: ONNX Runtime's pool threads otherwise spin after each
-                # run, taking the CPU the recall that follows a query embedding needs. Measured on this
-                # 2-core machine, LoCoMo questions, embed then recall: recall p95 9.5-11.8 ms with
-                # spinning, 3.6-6.4 without; embedding + recall p50 16-19 ms vs 11-12 ms.
+                # run, taking the CPU the recall that follows a query embedding needs. bench/peers.py on
+                # this 2-core machine, quiet: recall after the query embedding p50 / p95 3.5 / 8.0 ms with
+                # spinning, 2.9 / 4.7 without (on a loaded machine 9.5-11.8 vs 3.6-6.4 ms at p95).
                 opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
                 try:
                     self._session = ort.InferenceSession(
