@@ -207,6 +207,19 @@ def test_write_stores_memories_vectors_and_events_together(engine: Store) -> Non
     assert engine.unembedded(10) == []
 
 
+def test_write_takes_vectors_for_the_leading_memories_only(engine: Store) -> None:
+    a, b = mem("alpha lake"), mem("beta hill")  # a record with a vector, and a memory it demotes
+    vec = unit_vectors(1, seed=4)
+    engine.write([a, b], vec, [Event("add", a.id, {})])
+    assert engine.query(Query(vector=vec[0], limit=2)).dense == [(a.id, pytest.approx(1.0, abs=1e-5))]
+    assert engine.unembedded(10) == [(b.id, "beta hill")]
+    c = mem("gamma")
+    with pytest.raises(ValidationError) as exc:  # more rows than memories
+        engine.write([c], unit_vectors(2, seed=5), [Event("add", c.id, {})])
+    assert exc.value.field == "vectors"
+    assert engine.get_many([c.id]) == {} and len(engine.read_events()) == 1
+
+
 def test_stale_write_stores_no_memory_vector_or_event(engine: Store) -> None:
     a = mem("alpha original")
     engine.write([a], unit_vectors(1, seed=1), [Event("add", a.id, {})])
