@@ -4,19 +4,27 @@
   127.0.0.1, a free port, its own thread) that answers with scripted replies and records every request;
   it can also serve a few plain pages for agents that fetch URLs.
 - :func:`serve_app`: an ASGI app served by uvicorn on 127.0.0.1, a free port, its own thread.
+- :class:`ServeProcess` (:meth:`ServeProcess.start`): ``clawvm serve`` as a real process on a free port.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 
 #: A scripted reply: text (an assistant message with that content) or a whole assistant message (tool calls).
@@ -149,3 +157,51 @@ def serve_app(app: Any, start_timeout_s: float = 60) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+@dataclass
+class ServeProcess:
+    """``clawvm serve`` in its own process on a loopback port, its output in ``log``."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    @classmethod
+    def start(cls, db: str, log: Path, *flags: str, env: Mapping[str, str] | None = None) -> ServeProcess:
+        """Start it on ``db`` (no embedder, no rate limit) with more ``serve`` flags; not waited for: see
+        :meth:`wait_ready`."""
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        args = ["--db", db, "--no-embed", "serve", "--port", str(port), "--rate-limit", "0", *flags]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", "from clawvm.cli import main; main()", *args],
+                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+            )
+        return cls(f"http://127.0.0.1:{port}", proc, log)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+    def wait_ready(self) -> None:
+        """Until it answers /readyz (readiness, not timing: it imports, connects, then binds)."""
+        for _ in range(1200):
+            assert self.proc.poll() is None, self.output()
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"clawvm serve did not become ready:\n{self.output()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)

@@ -3,11 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +18,7 @@ from clawvm.auth import Keyring
 from clawvm.cli import main
 from clawvm.crypto import KEY_ENV, KEY_FILE_ENV, DataKey
 from clawvm.store import SQLiteStore
+from loopback import ServeProcess
 
 COMMANDS = sorted(main.commands)
 
@@ -167,29 +163,12 @@ SECRET = "mail ann@example.org, card 4111 1111 1111 1111"
 @contextmanager
 def served(db: Path, *flags: str, env: dict[str, str]) -> Iterator[str]:
     """``clawvm serve`` as a real process on a loopback port; yields its base URL once it is ready."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    log = db.with_suffix(".log")
-    args = ["--db", str(db), "--no-embed", "serve", "--port", str(port), "--rate-limit", "0", *flags]
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", "from clawvm.cli import main; main()", *args],
-            env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
+    server = ServeProcess.start(str(db), db.with_suffix(".log"), *flags, env=env)
     try:
-        for _ in range(600):  # readiness, not timing: the server answers once it has imported and bound
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{url}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        yield url
+        server.wait_ready()
+        yield server.url
     finally:
-        proc.terminate()
-        proc.wait(30)
+        server.stop()
 
 
 def admin_key(db: Path) -> dict[str, str]:

@@ -6,13 +6,8 @@ when the module ends; a last one shows that SIGTERM ends a server promptly even 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +20,7 @@ import pytest
 import pg_server
 from clawvm.auth import Keyring
 from clawvm.store import store_from_url
+from loopback import ServeProcess
 
 SERVERS = 2
 INCREMENTS = 15  # per process
@@ -32,66 +28,14 @@ DUELS = 5
 
 
 @dataclass
-class Server:
-    url: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
-
-@dataclass
 class Cluster:
     db: str
-    servers: list[Server]
+    servers: list[ServeProcess]
     keys: dict[str, str]
     directory: Path
 
     def auth(self, who: str = "agent") -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[who]}"}
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def start_server(db: str, log: Path) -> Server:
-    """``clawvm serve`` on ``db`` in its own process (not waited for: see :func:`wait_ready`)."""
-    port = _free_port()
-    args = ["--db", db, "--no-embed", "serve", "--port", str(port), "--rate-limit", "0"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", "from clawvm.cli import main; main()", *args],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ},
-        )
-    return Server(f"http://127.0.0.1:{port}", proc, log)
-
-
-def wait_ready(server: Server) -> None:
-    """Until the server answers /readyz (readiness, not timing: it imports, connects, then binds)."""
-    for _ in range(1200):
-        assert server.proc.poll() is None, server.output()
-        try:
-            if httpx.get(f"{server.url}/readyz", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"clawvm serve did not become ready:\n{server.output()}")
-
-
-def stop_server(server: Server) -> None:
-    if server.proc.poll() is None:
-        server.proc.terminate()
-        try:
-            server.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
-            server.proc.wait(30)
 
 
 @pytest.fixture(scope="module")
@@ -109,16 +53,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         }
     finally:
         store.close()
-    servers: list[Server] = []
+    servers: list[ServeProcess] = []
     try:
         for i in range(SERVERS):
-            servers.append(start_server(db, directory / f"serve-{i}.log"))
+            servers.append(ServeProcess.start(db, directory / f"serve-{i}.log"))
         for server in servers:
-            wait_ready(server)
+            server.wait_ready()
         yield Cluster(db, servers, keys, directory)
     finally:
         for server in servers:
-            stop_server(server)
+            server.stop()
 
 
 def test_a_memory_recorded_through_one_process_is_read_and_recalled_through_the_other(
@@ -245,9 +189,9 @@ def test_a_stream_on_one_process_receives_the_writes_made_through_another(cluste
 
 
 def test_sigterm_ends_a_server_with_an_open_stream_promptly(cluster: Cluster) -> None:
-    server = start_server(cluster.db, cluster.directory / "serve-sigterm.log")
+    server = ServeProcess.start(cluster.db, cluster.directory / "serve-sigterm.log")
     try:
-        wait_ready(server)
+        server.wait_ready()
         with httpx.Client(timeout=30) as http, http.stream(
             "GET", f"{server.url}/v1/events/stream", headers=cluster.auth("reader")
         ) as stream:
@@ -261,4 +205,4 @@ def test_sigterm_ends_a_server_with_an_open_stream_promptly(cluster: Cluster) ->
         assert "timeout graceful shutdown exceeded" not in log  # ended at once, not by uvicorn's backstop
         assert "Finished server process" in log
     finally:
-        stop_server(server)
+        server.stop()
