@@ -341,18 +341,14 @@ class SQLiteStore(Store):
 
     def _put_rows(self, db: sqlite3.Connection, rev: int, memories: Sequence[Memory]) -> None:
         ids = [m.id for m in memories]
-        stored = dict(
-            db.execute(
-                f"SELECT id, version FROM memories WHERE id IN ({','.join('?' * len(ids))})", ids
-            ).fetchall()
-        )
-        check_versions(memories, stored)
-        old_content = {
-            i: json.loads(b)["content"]
-            for i, b in db.execute(
-                f"SELECT id, body FROM memories WHERE id IN ({','.join('?' * len(ids))})", ids
-            )
-        } if stored else {}
+        found = db.execute(  # versions for the optimistic check, contents to tell whether the text changed
+            f"SELECT id, version, json_extract(body, '$.content') FROM memories"
+            f" WHERE id IN ({','.join('?' * len(ids))})",
+            ids,
+        ).fetchall()
+        check_versions(memories, {i: version for i, version, _ in found})
+        old_content = {i: content for i, _, content in found}
+        rewritten = {m.id for m in memories if m.id in old_content and old_content[m.id] != m.content}
         for m in memories:
             row = (
                 m.id, rev, m.tenant, m.session_id, m.task_id, m.agent_id, m.tool_name, m.kind.value,
@@ -371,8 +367,7 @@ class SQLiteStore(Store):
                        version=excluded.version, body=excluded.body""",
                 row,
             )
-            changed = m.id in old_content and old_content[m.id] != m.content
-            if changed:
+            if m.id in rewritten:  # new text: the old vector no longer describes it
                 db.execute("UPDATE memories SET embedding = NULL WHERE id = ?", (m.id,))
             db.execute("DELETE FROM links WHERE source = ?", (m.id,))
             db.executemany(
@@ -382,7 +377,7 @@ class SQLiteStore(Store):
         self._index_dirty = True
         for m in memories:
             self.index.upsert(m)
-            if m.id in old_content and old_content[m.id] != m.content:
+            if m.id in rewritten:
                 self.index.drop_vector(m.id)
 
     def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
