@@ -162,6 +162,7 @@ class _Row:
 
     memory: Memory
     body: str
+    text: str  # what the lexical index sees (index_text)
     text_hash: int
     content_hash: bytes
     doc_len: int = 0
@@ -316,9 +317,8 @@ class PostgresStore(Store):
         updated = [r for r in rows if r.memory.id in stored]
         reindex = [r for r in rows if r.memory.id not in stored or stored[r.memory.id][2] != r.text_hash]
         for r in reindex:
-            text = index_text(r.memory)
-            r.terms = Counter(term_key(t) for t in self.analyzer.terms(text))
-            r.entities = sorted({term_key(e) for e in entities(text)})
+            r.terms = Counter(term_key(t) for t in self.analyzer.terms(r.text))
+            r.entities = sorted({term_key(e) for e in entities(r.text)})
         total = sessioned = 0
         for r in rows:
             old = stored.get(r.memory.id)
@@ -739,9 +739,10 @@ def _content_hash(content: str) -> bytes:
 
 
 def _prepare(m: Memory) -> _Row:
-    digest = blake2b(index_text(m).encode("utf-8"), digest_size=8).digest()
+    text = index_text(m)
+    digest = blake2b(text.encode("utf-8"), digest_size=8).digest()
     text_hash = int.from_bytes(digest, "big", signed=True)
-    return _Row(m, m.model_dump_json(), text_hash, _content_hash(m.content))
+    return _Row(m, m.model_dump_json(), text, text_hash, _content_hash(m.content))
 
 
 def _postings(rows: list[_Row]) -> list[list[Any]]:

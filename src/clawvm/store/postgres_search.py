@@ -38,7 +38,7 @@ import psycopg
 
 from ..errors import StoreError
 from ..ids import is_valid_id
-from ..lexical import Analyzer, BM25Params
+from ..lexical import Analyzer, BM25Params, LexicalIndex
 from ..model import Filters, Scope, Visibility
 from .base import CandidateInfo, Query, QueryResult, check_vectors
 from .index import CONTEXT_WINDOW
@@ -270,7 +270,7 @@ class Searcher:
         if limit <= 0:
             return []
         terms = list(st.df)
-        idfs = [idf(st.df[t], st.n) for t in terms]
+        idfs = [LexicalIndex.idf(st.df[t], st.n) for t in terms]
         k1, b = self.params.k1, self.params.b
         avgdl = max(st.total_len / st.n, 1.0)
         # per posting: idf * tf * (k1 + 1) / (tf + k1 * (1 - b) + k1 * b / avgdl * dl), in float8; then the
@@ -324,7 +324,7 @@ class Searcher:
         share = st.sessioned / st.n
         spread = 1.0 + 2 * w * share
         avg_ctx = max(max(st.total_len / st.n, 1.0) * spread, 1.0)
-        idf_ctx = {t: idf(min(st.n, round(st.df[t] * spread)), st.n) for t in terms}
+        idf_ctx = {t: LexicalIndex.idf(min(st.n, round(st.df[t] * spread)), st.n) for t in terms}
         scored: list[Hit] = []
         for seq, ms in members.items():
             ctx_len = float(sum(x.doc_len for x in ms))
@@ -455,10 +455,6 @@ class TermStats:
     n: int  # memories
     total_len: float  # sum of document lengths
     sessioned: float  # memories that belong to a session
-
-
-def idf(df: int, n: int) -> float:
-    return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
 
 
 def valid_ids(ids: Sequence[str]) -> list[str]:
