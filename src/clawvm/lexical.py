@@ -111,8 +111,11 @@ class _Postings:
         """The term's frequency in each of ``rows`` (0 where absent; rows < 0 are absent)."""
         b = self.by_row
         if b is None or len(b[0]) != len(self.rows):
-            mine = np.array(self.rows, dtype=np.int64)
-            tfs = np.array(self.tfs, dtype=np.float32)
+            c = self.cache  # the impacts' arrays, when current: no second copy of the postings
+            if c is not None and len(c[0]) == len(self.rows):
+                mine, tfs = c[0], c[3]
+            else:
+                mine, tfs = np.array(self.rows, dtype=np.int64), np.array(self.tfs, dtype=np.float32)
             # rows are appended in increasing order unless a document was re-indexed: sort only then
             if len(mine) > 1 and not (mine[1:] > mine[:-1]).all():
                 order = np.argsort(mine, kind="stable")

@@ -163,11 +163,11 @@ class Pager:
         """
         moved: list[Memory] = []
         cfg = self.config
-        for tier, below in pairwise(ORDER):
+        for tier, below in pairwise(ORDER[1:] if lower_only else ORDER):
             items, tokens = cfg.budgets.limits(tier)
-            if lower_only and tier is not Tier.WORKING and tier is not Tier.SHORT_TERM and not moved:
+            if lower_only and tier is not Tier.SHORT_TERM and not moved:
                 break  # only short-term grew (the working tier shed into it), and it gave nothing down
-            if (items is None and tokens is None) or (lower_only and tier is Tier.WORKING):
+            if items is None and tokens is None:
                 continue
             if (
                 tier is not Tier.WORKING

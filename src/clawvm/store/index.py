@@ -366,10 +366,9 @@ class SearchIndex:
             self.vectors.add([self.row_of[ids[n]] for n in keep], vectors[keep])
 
     def count(self, f: Filters) -> int:
-        session = self._one_session(f)
-        if session is not None:  # the pager counts a session's tiers on every shed: no full-size mask
-            rows = np.asarray(self._sessions.get(session, ()), dtype=np.int64)
-            sub = self._mask_over(f, rows)
+        in_session = self._session_match(f)
+        if in_session is not None:  # the pager counts a session's tiers on every shed: no full-size mask
+            rows, sub = in_session
             return len(rows) if sub is None else int(sub.sum())
         m = self.mask(f)
         return len(self.row_of) if m is None else int(m.sum())
@@ -393,16 +392,23 @@ class SearchIndex:
 
     def _mask(self, f: Filters) -> np.ndarray | None:
         size = len(self.ids)
-        session = self._one_session(f)
-        if session is None:
+        in_session = self._session_match(f)
+        if in_session is None:
             return self._mask_over(f, slice(0, size))
-        # one session named: test only its rows (tens to thousands), not every row of the index; the
-        # pager's budget checks and session-scoped recalls ask this on every record and query
-        rows = np.asarray(self._sessions.get(session, ()), dtype=np.int64)
+        rows, sub = in_session
         out = np.zeros(size, dtype=bool)
-        sub = self._mask_over(f, rows)
         out[rows if sub is None else rows[sub]] = True
         return out
+
+    def _session_match(self, f: Filters) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """When ``f`` names one tenant and one session: that session's rows and which of them match
+        (None: all). Only those rows (tens to thousands) are tested, not every row of the index: the
+        pager's budget checks and session-scoped recalls ask this on every record and query."""
+        session = self._one_session(f)
+        if session is None:
+            return None
+        rows = np.asarray(self._sessions.get(session, ()), dtype=np.int64)
+        return rows, self._mask_over(f, rows)
 
     @staticmethod
     def _one_session(f: Filters) -> tuple[str, str] | None:
