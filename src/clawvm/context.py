@@ -73,6 +73,12 @@ class Context:
         return [e.id for e in self.manifest]
 
 
+def clip(text: str, limit: int) -> str:
+    """``text`` on one line (whitespace runs collapsed), cut to ``limit`` characters with "…"."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
 def short_id(memory_id: str) -> str:
     """The last 8 hex digits: UUIDv7's random tail, unique enough to cite inside one context."""
     return memory_id.replace("-", "")[-8:]

@@ -378,8 +378,9 @@ def synthesize_errors(
         linked = sim.pairs(cfg.cluster_lexical, cfg.cluster_dense)
         pairs = sorted({(owner[i], owner[j]) for i, j in linked if owner[i] != owner[j]})
         singles = [[i] for i, m in enumerate(items) if m.kind is Kind.ERROR]
-        clustered = {i for comp in components(len(items), pairs) for i in comp}
-        for comp in components(len(items), pairs) + [s for s in singles if s[0] not in clustered]:
+        comps = components(len(items), pairs)
+        clustered = {i for comp in comps for i in comp}
+        for comp in comps + [s for s in singles if s[0] not in clustered]:
             errors = [items[i] for i in comp if items[i].kind is Kind.ERROR]
             pitfalls = [items[i] for i in comp if items[i].kind is Kind.KNOWLEDGE]
             if len(pitfalls) > 1:  # one failure, worded apart until now: one pitfall from here on

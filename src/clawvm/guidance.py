@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .context import short_id
+from .context import clip, short_id
 from .embed import count_tokens
 from .errors import ValidationError
 from .model import Kind, Memory, Status, Visibility
@@ -154,9 +154,7 @@ def section_of(m: Memory) -> str:
 
 
 def format_line(m: Memory) -> str:
-    text = " ".join(m.content.split())
-    if len(text) > MAX_LINE_CHARS:
-        text = text[: MAX_LINE_CHARS - 1].rstrip() + "…"
+    text = clip(m.content, MAX_LINE_CHARS)
     notes = []
     tasks = source_tasks(m)
     if tasks:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .context import Context, short_id
+from .context import Context, clip, short_id
 from .embed import count_tokens
 from .errors import ValidationError
 from .model import Kind, Memory, State
@@ -107,7 +107,7 @@ class ToolStats:
         if self.p95_s is not None:
             parts[0] += f", p95 latency {self.p95_s:.1f} s"
         if self.last_error_id is not None and self.last_error:
-            parts.append(f"last error [{short_id(self.last_error_id)}]: {_clip(self.last_error, 120)}")
+            parts.append(f"last error [{short_id(self.last_error_id)}]: {clip(self.last_error, 120)}")
         if self.fallback is not None:
             fb = self.fallback
             parts.append(
@@ -282,8 +282,3 @@ def _interrupted(m: Memory) -> bool:
 def _timed_out(m: Memory) -> bool:
     error = m.metadata.get("tool_result", {}).get("error") or {}
     return TIMEOUT in m.tags or bool(error.get("timeout"))
-
-
-def _clip(text: str, limit: int) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
