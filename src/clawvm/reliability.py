@@ -120,8 +120,11 @@ class ToolStats:
         return "; ".join(parts) + "."
 
 
-def stats(harness: Harness, tool: str, policy: ReliabilityPolicy | None = None) -> ToolStats:
-    """Statistics and verdict for one tool (see the module docstring)."""
+def stats(
+    harness: Harness, tool: str, policy: ReliabilityPolicy | None = None, *, only_if_unreliable: bool = False
+) -> ToolStats:
+    """Statistics and verdict for one tool (see the module docstring). ``only_if_unreliable``: look for
+    a fallback only when the verdict is unreliable (the context builder's warnings show no other)."""
     if not isinstance(tool, str) or not tool:
         raise ValidationError("tool", f"is {tool!r}", "pass a tool name")
     p = policy or ReliabilityPolicy()
@@ -150,7 +153,11 @@ def stats(harness: Harness, tool: str, policy: ReliabilityPolicy | None = None) 
         max_s=float(durations.max()) if n else None,
         last_error_id=last.id if last else None,
         last_error=last.content if last else None,
-        fallback=fallback(harness, tool, errors[: p.max_failures], p) if errors else None,
+        fallback=(
+            fallback(harness, tool, errors[: p.max_failures], p)
+            if errors and (unreliable or not only_if_unreliable)
+            else None
+        ),
         unreliable=unreliable,
     )
 
@@ -234,7 +241,7 @@ def unreliable(
     if tools is not None and (isinstance(tools, str) or not all(isinstance(t, str) for t in tools)):
         raise ValidationError("tools", f"is {tools!r}", "pass a list of tool names")
     names = inferred_tools(harness, scope, policy) if tools is None else list(dict.fromkeys(tools))
-    found = (stats(harness, name, policy) for name in names)
+    found = (stats(harness, name, policy, only_if_unreliable=True) for name in names)
     return [s for s in found if s.unreliable]
 
 
