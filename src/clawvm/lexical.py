@@ -270,4 +270,4 @@ def top_rows(scores: np.ndarray, limit: int, allowed: np.ndarray | None = None) 
         top = top_indices(cs, limit)
         cand, cs = cand[top], cs[top]
     order = np.argsort(-cs, kind="stable")
-    return [(int(cand[i]), float(cs[i])) for i in order]
+    return list(zip(cand[order].tolist(), cs[order].tolist(), strict=True))

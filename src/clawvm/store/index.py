@@ -156,6 +156,9 @@ class SearchIndex:
         self._cols = {name: _Column() for name in _COLUMNS}
         self._alive = np.zeros(1024, dtype=bool)
         self._created = np.zeros(1024, dtype=np.int64)  # microseconds since the epoch
+        # the same instants as the memories' own datetimes: recall reads ~100 a query (CandidateInfo), and
+        # building them from the microseconds was half of that read's cost
+        self._created_at: list[datetime | None] = []
         self._pinned = np.zeros(1024, dtype=bool)
         self._tags: dict[str, set[int]] = {}
         self._row_tags: dict[int, list[str]] = {}
@@ -165,8 +168,10 @@ class SearchIndex:
         return len(self.row_of)
 
     def _grow(self, row: int) -> None:
-        if row >= len(self._alive):
-            size = max(row + 1, 2 * len(self._alive))
+        # one spare slot at least: the last entry of _prev/_next stays -1, so indexing them with -1 ("no
+        # neighbour") gives -1 again and a hop along the session order is one fancy index (see _step)
+        if row + 1 >= len(self._alive):
+            size = max(row + 2, 2 * len(self._alive))
             for name, fill in (
                 ("_alive", 0), ("_created", 0), ("_pinned", 0), ("_prev", -1), ("_next", -1), ("_ctx_len", 0)
             ):
@@ -181,6 +186,7 @@ class SearchIndex:
         if row is None:
             row = len(self.ids)
             self.ids.append(memory.id)
+            self._created_at.append(None)
             self.row_of[memory.id] = row
             self._grow(row)
         for name, col in self._cols.items():
@@ -211,6 +217,7 @@ class SearchIndex:
         if old_session is not None and (relocate or changed):
             self._leave_session(row, old_session, old_len)
         self._created[row] = created
+        self._created_at[row] = memory.created_at
         if session is not None and (relocate or changed):
             self._join_session(row, session)
         elif changed or relocate:
@@ -339,6 +346,7 @@ class SearchIndex:
         if row is None:
             return
         self.ids[row] = None
+        self._created_at[row] = None
         self._alive[row] = False
         for tag in self._row_tags.pop(row, []):
             self._tags[tag].discard(row)
@@ -511,9 +519,12 @@ class SearchIndex:
             result.filtered = [ids[r] for r in rows_[order]]  # type: ignore[misc,unused-ignore]
         return result
 
-    def _step(self, rows: np.ndarray, links: np.ndarray) -> np.ndarray:
-        """``links[rows]`` where ``rows >= 0``, else -1 (one hop along the session order)."""
-        return np.where(rows >= 0, links[np.maximum(rows, 0)], -1)
+    @staticmethod
+    def _step(rows: np.ndarray, links: np.ndarray) -> np.ndarray:
+        """``links[rows]``, -1 where ``rows`` is -1 (one hop along the session order): ``links[-1]`` is the
+        spare slot :meth:`_grow` keeps at -1."""
+        hop: np.ndarray = links[rows]
+        return hop
 
     def _around(self, rows: np.ndarray) -> list[np.ndarray]:
         """Per hop (0, -1, +1, -2, +2 ...): the row that many places away in the session, -1 if none."""
@@ -552,18 +563,20 @@ class SearchIndex:
         avgdl = max(self._ctx_sum[1] / n, 1.0)
         k1, b = self.lexical.params.k1, self.lexical.params.b
         norm = k1 * (1.0 - b + b * ctx_len / avgdl)
-        scores = np.zeros(len(cand), dtype=np.float32)
+        present: list[str] = []  # the query terms some candidate neighbourhood holds, and their tfs
+        tfs: list[np.ndarray] = []
         for t in dict.fromkeys(terms):
             tf_uniq = self.lexical.tf(t, uniq)
-            if tf_uniq is None:
-                continue
-            tf = tf_uniq[inverse].sum(axis=0)
-            hit = tf > 0
-            if not hit.any():
-                continue
-            idf = self.lexical.idf(self._context_df(t), n)
-            scores[hit] += np.float32(idf) * tf[hit] * (k1 + 1.0) / (tf[hit] + norm[hit])
-        return [(int(cand[i]), s) for i, s in top_rows(scores, limit)]
+            if tf_uniq is not None and tf_uniq.any():
+                present.append(t)
+                tfs.append(tf_uniq)
+        if not present:
+            return []
+        # all terms at once: (terms, members, candidates) -> summed over members -> (terms, candidates)
+        tf = np.stack(tfs)[:, inverse].sum(axis=1)
+        idf = np.array([self.lexical.idf(self._context_df(t), n) for t in present], dtype=np.float32)
+        scores = (idf[:, None] * tf * (k1 + 1.0) / np.maximum(tf + norm, 1e-9)).sum(axis=0)
+        return [(int(cand[r]), s) for r, s in top_rows(scores, limit)]
 
     def _context_df(self, term: str) -> int:
         """How many neighbourhoods hold ``term``: the rows within ``window`` of one of its postings."""
@@ -593,20 +606,19 @@ class SearchIndex:
         if allowed is not None:
             near = near[allowed[near]]
         rows = np.union1d(rows, near)
-        ids, sessions = self.ids, self._session_of
-        created = self._created[rows].tolist()  # microseconds since the epoch
+        ids, sessions, created = self.ids, self._session_of, self._created_at
         prev, after = self._prev[rows], self._next[rows]
         make = tuple.__new__  # CandidateInfo(...) without the NamedTuple constructor's Python frame
         out: dict[str, CandidateInfo] = {
             ids[r]: make(
                 CandidateInfo,
                 (
-                    _EPOCH + timedelta(microseconds=c),
+                    created[r],
                     s[1] if (s := sessions.get(r)) is not None else None,
                     ids[b] if b >= 0 else None,
                     ids[a] if a >= 0 else None,
                 ),
             )
-            for r, b, a, c in zip(rows.tolist(), prev.tolist(), after.tolist(), created, strict=True)
+            for r, b, a in zip(rows.tolist(), prev.tolist(), after.tolist(), strict=True)
         }
         return out
