@@ -194,11 +194,14 @@ def test_event_readers_following_seq_never_skip_a_late_commit(url: str, opened: 
 
     def follow() -> None:
         after = 0
-        while not done.is_set() or after < writers * per_writer:
+        while True:
+            # "done" is read before the read: an empty read after every writer returned means the end
+            # (read after it, a commit landing between the read and the check would be missed)
+            finished = done.is_set()
             batch = s.read_events(after_seq=after)
             seen.extend(e.seq for e in batch if e.seq is not None)
             after = seen[-1] if seen else 0
-            if done.is_set() and not batch:
+            if finished and not batch:
                 break
 
     reader = threading.Thread(target=follow)
