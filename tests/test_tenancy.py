@@ -281,6 +281,14 @@ def test_a_memory_of_another_tenant_is_not_found_and_its_id_not_writable(engine:
     assert engine.get(theirs.id).content == "B's secret"
 
 
+def test_a_tenant_view_names_only_its_own_agents(engine: Store) -> None:
+    engine.put_many([Memory(content="x", tenant="A", agent_id="Nate"),
+                     Memory(content="y", tenant="B", agent_id="Mallory")])
+    a = TenantStore(engine, "A")
+    assert a.agents(Filters()) == a.agents(Filters.of(tenant="A")) == {"Nate"}
+    assert a.agents(Filters.of(tenant="B")) == frozenset()  # another tenant's agents, not even their names
+
+
 def test_events_of_a_tenant_are_paged_past_other_tenants(engine: Store) -> None:
     engine.append_events([Event(kind="noise", tenant="B") for _ in range(1200)])
     engine.append_events([Event(kind="mine", tenant="A") for _ in range(3)])

@@ -74,6 +74,7 @@ class CandidateInfo(NamedTuple):
     session_id: str | None
     previous: str | None
     next: str | None
+    agent_id: str | None = None  # who wrote it (recall's author prior, see clawvm.retrieval)
 
 
 @dataclass
@@ -287,6 +288,13 @@ class Store(ABC):
         Not abstract so that an engine can be written before it supports retention; such an engine
         refuses here instead of silently keeping everything."""
         raise StoreError(f"{type(self).__name__} does not support event retention")
+
+    def agents(self, filters: Filters) -> frozenset[str]:
+        """Every ``agent_id`` of the stored memories of the tenants ``filters`` allows (its other fields are
+        ignored); names of agents whose memories are all gone may stay. Recall asks it to tell which words
+        of a query name an author (:func:`clawvm.retrieval.named_authors`); an engine that cannot answer
+        cheaply returns an empty set, and recall then treats no word as a name."""
+        return frozenset()
 
     def vectors_of(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         """The stored (unit) vectors of those of ``ids`` that have one (``clawvm migrate`` copies them).

@@ -92,6 +92,7 @@ class _Column:
 
     def __init__(self) -> None:
         self.codes: dict[str, int] = {}
+        self.values: list[str] = []  # code -> value
         self.data = np.full(1024, -1, dtype=np.int32)
 
     def set(self, row: int, value: str | None) -> None:
@@ -101,8 +102,12 @@ class _Column:
             self.data = grown
         if value is None:
             self.data[row] = -1
-        else:
-            self.data[row] = self.codes.setdefault(value, len(self.codes))
+            return
+        code = self.codes.get(value)
+        if code is None:
+            code = self.codes[value] = len(self.values)
+            self.values.append(value)
+        self.data[row] = code
 
     def isin(self, values: frozenset[str], rows: Rows) -> np.ndarray:
         """Which of ``rows`` hold one of ``values``."""
@@ -163,6 +168,7 @@ class SearchIndex:
         self._tags: dict[str, set[int]] = {}
         self._row_tags: dict[int, list[str]] = {}
         self._text_hash: dict[int, int] = {}  # to skip re-tokenising unchanged text
+        self._agents: dict[str, frozenset[str]] = {}  # tenant -> agent_ids seen (never shrinks)
 
     def __len__(self) -> int:
         return len(self.row_of)
@@ -192,6 +198,8 @@ class SearchIndex:
         for name, col in self._cols.items():
             v = getattr(memory, name)
             col.set(row, None if v is None else str(v))
+        if memory.agent_id is not None and memory.agent_id not in self._agents.get(memory.tenant, ()):
+            self._agents[memory.tenant] = self._agents.get(memory.tenant, frozenset()) | {memory.agent_id}
         created = micros(memory.created_at)
         moved = not self._alive[row] or self._created[row] != created
         self._alive[row] = True
@@ -301,6 +309,12 @@ class SearchIndex:
             self._row_entities[row] = tuple(sorted(found))
             for e in found:
                 self._entities.setdefault(e, set()).add(row)
+
+    def agents(self, filters: Filters) -> frozenset[str]:
+        """The agent_ids seen in the tenants ``filters`` allows (see :meth:`Store.agents`)."""
+        tenants = self._agents.keys() if filters.tenant is None else filters.tenant
+        found = [self._agents[t] for t in tenants if t in self._agents]
+        return found[0] if len(found) == 1 else frozenset().union(*found)
 
     def entities_of(self, memory_id: str) -> tuple[str, ...]:
         """The entities extracted from a memory at write time (sorted)."""
@@ -608,6 +622,7 @@ class SearchIndex:
         rows = np.union1d(rows, near)
         ids, sessions, created = self.ids, self._session_of, self._created_at
         prev, after = self._prev[rows], self._next[rows]
+        agents, agent_of = self._cols["agent_id"].values, self._cols["agent_id"].data[rows].tolist()
         make = tuple.__new__  # CandidateInfo(...) without the NamedTuple constructor's Python frame
         out: dict[str, CandidateInfo] = {
             ids[r]: make(
@@ -617,8 +632,9 @@ class SearchIndex:
                     s[1] if (s := sessions.get(r)) is not None else None,
                     ids[b] if b >= 0 else None,
                     ids[a] if a >= 0 else None,
+                    agents[w] if w >= 0 else None,
                 ),
             )
-            for r, b, a in zip(rows.tolist(), prev.tolist(), after.tolist(), strict=True)
+            for r, b, a, w in zip(rows.tolist(), prev.tolist(), after.tolist(), agent_of, strict=True)
         }
         return out

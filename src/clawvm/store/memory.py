@@ -78,6 +78,10 @@ class MemoryStore(Store):
         with self._lock:
             return self.index.query(query)
 
+    def agents(self, filters: Filters) -> frozenset[str]:
+        with self._lock:
+            return self.index.agents(filters)
+
     def set_vectors(
         self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None
     ) -> None:

@@ -118,8 +118,13 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX events_memory ON events (memory_id, seq);
     """,
+    # recall's author names (Store.agents): a skip scan over this index reads one entry per agent
+    """
+    CREATE INDEX memories_agent ON memories (tenant, agent_id) WHERE agent_id IS NOT NULL;
+    """,
 )
 
+_AGENTS_TTL_S = 2.0  # how soon recall sees an agent another process added (Store.agents)
 _RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
 
@@ -190,6 +195,9 @@ class PostgresStore(Store):
         self._pool: psycopg_pool.ConnectionPool | None = None
         self._vector_info: TypeInfo | None = None
         self._listener: _Listener | None = None
+        # Store.agents per tenant set: (monotonic expiry, names); dropped on our own writes, so only other
+        # processes' new agents wait for the expiry
+        self._agents: dict[frozenset[str] | None, tuple[float, frozenset[str]]] = {}
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -303,6 +311,8 @@ class PostgresStore(Store):
         self._write("put", lambda conn: self._put(conn, rows))
 
     def _put(self, conn: psycopg.Connection[Any], rows: list[_Row]) -> None:
+        if any(r.memory.agent_id is not None for r in rows):
+            self._agents.clear()
         ids = [r.memory.id for r in rows]
         stored = {
             str(i): (int(seq), int(v), int(th), bytes(ch), int(dl), bool(sess))
@@ -450,6 +460,30 @@ class PostgresStore(Store):
     def query(self, query: Query) -> QueryResult:
         with self._conn("query") as conn, conn.transaction():
             return self._search.run(conn, query)
+
+    def agents(self, filters: Filters) -> frozenset[str]:
+        key = filters.tenant
+        cached = self._agents.get(key)
+        if cached is not None and cached[0] > time.monotonic():
+            return cached[1]
+        where, args = compile_filters(Filters(tenant=key), "m")
+        with self._conn("agents") as conn:  # a skip scan: one index probe per (tenant, agent)
+            rows = conn.execute(
+                f"""WITH RECURSIVE a(tenant, agent_id) AS (
+                        (SELECT tenant, agent_id FROM memories m WHERE agent_id IS NOT NULL AND {where}
+                         ORDER BY tenant, agent_id LIMIT 1)
+                        UNION ALL
+                        SELECT n.tenant, n.agent_id FROM a CROSS JOIN LATERAL (
+                            SELECT tenant, agent_id FROM memories m
+                            WHERE agent_id IS NOT NULL AND {where}
+                              AND (m.tenant, m.agent_id) > (a.tenant, a.agent_id)
+                            ORDER BY tenant, agent_id LIMIT 1) n
+                    ) SELECT agent_id FROM a""",
+                [*args, *args],
+            ).fetchall()
+        names = frozenset(str(unesc(r[0])) for r in rows)
+        self._agents[key] = (time.monotonic() + _AGENTS_TTL_S, names)
+        return names
 
     def count(self, filters: Filters | None = None) -> int:
         f = filters or Filters()

@@ -169,6 +169,7 @@ class Near:
     session_id: str | None
     doc_len: int
     ok: bool  # passes the query's filters
+    agent_id: str | None
 
 
 @dataclass(slots=True)
@@ -383,7 +384,11 @@ class Searcher:
             me, before, after = run.get(at), run.get(at - 1), run.get(at + 1)
             assert me is not None
             return CandidateInfo(
-                me.created_at, me.session_id, before.id if before else None, after.id if after else None
+                me.created_at,
+                me.session_id,
+                before.id if before else None,
+                after.id if after else None,
+                me.agent_id,
             )
 
         for run in around.values():
@@ -479,9 +484,9 @@ def runs(conn: psycopg.Connection[Any], centres: list[int], width: int, filters:
         return {}
     where_c, cargs = compile_filters(filters, "c")
     where_x, xargs = compile_filters(filters, "x")
-    near = f"x.seq, x.id, x.created_at, x.session_id, x.doc_len, ({where_x})"
+    near = f"x.seq, x.id, x.created_at, x.session_id, x.doc_len, ({where_x}), x.agent_id"
     rows = conn.execute(
-        f"""SELECT c.seq, 0, c.seq, c.id, c.created_at, c.session_id, c.doc_len, ({where_c})
+        f"""SELECT c.seq, 0, c.seq, c.id, c.created_at, c.session_id, c.doc_len, ({where_c}), c.agent_id
             FROM memories c WHERE c.seq = ANY(%s::bigint[])
             UNION ALL
             SELECT c.seq, y.* FROM memories c CROSS JOIN LATERAL (
@@ -499,8 +504,8 @@ def runs(conn: psycopg.Connection[Any], centres: list[int], width: int, filters:
         [*cargs, centres, *xargs, width, *xargs, width, centres],
     ).fetchall()
     sides: dict[int, tuple[list[Near], list[Near], list[Near]]] = {}
-    for centre, direction, seq, ident, created, session, dl, ok in rows:
-        near_row = Near(int(seq), str(ident), created, unesc(session), int(dl), bool(ok))
+    for centre, direction, seq, ident, created, session, dl, ok, agent in rows:
+        near_row = Near(int(seq), str(ident), created, unesc(session), int(dl), bool(ok), unesc(agent))
         sides.setdefault(int(centre), ([], [], []))[int(direction) + 1].append(near_row)
     out: dict[int, Run] = {}
     for centre, (before, me, after) in sides.items():

@@ -419,6 +419,10 @@ class SQLiteStore(Store):
         with self._read("query"):
             return self.index.query(query)
 
+    def agents(self, filters: Filters) -> frozenset[str]:
+        with self._read("agents"):
+            return self.index.agents(filters)
+
     def set_vectors(
         self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None
     ) -> None:

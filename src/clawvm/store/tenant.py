@@ -143,6 +143,10 @@ class TenantStore(Store):
         confined = self._confined(filters or Filters())
         return 0 if confined is None else self.inner.count(confined)
 
+    def agents(self, filters: Filters) -> frozenset[str]:
+        confined = self._confined(filters)
+        return frozenset() if confined is None else self.inner.agents(confined)
+
     def edges(self, ids: Sequence[str]) -> list[Edge]:
         own = self._owned(ids)
         found = self.inner.edges(sorted(own))
