@@ -38,6 +38,7 @@ import clawvm
 from clawvm.context import render
 from clawvm.embed import count_tokens
 from clawvm.model import Tier
+from clawvm.retrieval import dense_text
 
 
 def p95(xs: list[float]) -> float:
@@ -64,6 +65,7 @@ class Replay:
                     embedding=next(vec_iter),
                     kind="user_input",
                     session_id=session,
+                    agent_id=turn.speaker,
                     created_at=turn.date + timedelta(seconds=turn.index),
                     metadata={"dia_id": turn.dia_id},
                 )
@@ -115,14 +117,17 @@ def main() -> None:
     doc_vecs = [doc_cache.get_or_compute([t.content for t in c.turns], embedder.embed, "doc") for c in convs]
     doc_cache.save()
     q_cache = _locomo.VectorCache(embedder.name, embedder.dim)
-    q_vecs = [
-        q_cache.get_or_compute(
-            [q.question for q in c.qa], lambda ts: np.stack([embedder.embed_query(t) for t in ts]), "query"
+
+    def query_vectors(h: clawvm.Harness, conv: _locomo.Conversation) -> np.ndarray:
+        """As Harness.recall embeds them: retrieval.dense_text under the harness's preset, one at a time."""
+        texts = [dense_text(h.store, q.question, h.config, h._filters({})) for q in conv.qa]
+        vecs = q_cache.get_or_compute(
+            texts, lambda ts: np.stack([embedder.embed_query(t) for t in ts]), "query"
         )
-        for c in convs
-    ]
-    q_cache.save()
-    print(f"vectors: {doc_cache.describe()}; queries: {q_cache.describe()}")
+        q_cache.save()
+        return vecs
+
+    print(f"vectors: {doc_cache.describe()}")
     embed_ms = []
     for q in [q.question for q in convs[0].qa[:30]]:
         t0 = time.perf_counter()
@@ -137,9 +142,10 @@ def main() -> None:
     }
     full_tokens: list[float] = []
     t_start = time.time()
-    for conv, dv, qv in zip(convs, doc_vecs, q_vecs, strict=True):
+    for conv, dv in zip(convs, doc_vecs, strict=True):
         replay = Replay(conv, dv, embedder)
         h = replay.harness
+        qv = query_vectors(h, conv)
         full_tokens.append(sum(replay.tokens.values()))
         qas = [(q, v) for q, v in zip(conv.qa, qv, strict=True) if q.evidence]
         if args.limit:

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _locomo
 import clawvm
-from clawvm.retrieval import DEFAULT_PRESET, PRESETS, RecallConfig
+from clawvm.retrieval import DEFAULT_PRESET, PRESETS, RecallConfig, dense_text
 
 K = 20
 CUTOFFS = (1, 5, 10, 20)
@@ -93,7 +93,8 @@ class Corpus:
         for turn, vec in zip(conv.turns, vectors, strict=True):
             m = harness.record(
                 recorded_text(turn, captions), embedding=vec, kind="user_input", session_id=turn.session,
-                created_at=turn.date, task_id=conv.sample_id, metadata={"dia_id": turn.dia_id},
+                created_at=turn.date, task_id=conv.sample_id, agent_id=turn.speaker,
+                metadata={"dia_id": turn.dia_id},
             )
             self.dia_of[m.id] = turn.dia_id
         harness.flush()
@@ -105,13 +106,34 @@ class Corpus:
         return [self.dia_of[h.id] for h in hits]
 
 
+class QueryVectors:
+    """Question vectors as ``Harness.recall`` embeds them under a config: one at a time with
+    ``embed_query``, of ``retrieval.dense_text`` (the question, without the authors it names when the
+    config strips them); cached on disk by text, so configs embedding the same texts share them."""
+
+    def __init__(self, embedder: clawvm.Embedder) -> None:
+        self.embedder = embedder
+        self.cache = _locomo.VectorCache(embedder.name, embedder.dim)
+
+    def of(self, corpora: list[Corpus], cfg: clawvm.RecallConfig) -> list[np.ndarray]:
+        vecs = [
+            self.cache.get_or_compute(
+                [dense_text(c.harness.store, q.question, cfg, c.filters) for q in c.qa],
+                lambda ts: np.stack([self.embedder.embed_query(t) for t in ts]), "query",
+            )
+            for c in corpora
+        ]
+        self.cache.save()
+        return vecs
+
+
 def evaluate(
-    corpora: list[Corpus], qvecs: list[np.ndarray], cfg: clawvm.RecallConfig
+    corpora: list[Corpus], queries: QueryVectors, cfg: clawvm.RecallConfig
 ) -> tuple[dict[str, Any], float]:
     rows: list[tuple[int, dict[str, float]]] = []
     elapsed = 0.0
     n = 0
-    for corpus, vecs in zip(corpora, qvecs, strict=True):
+    for corpus, vecs in zip(corpora, queries.of(corpora, cfg), strict=True):
         for qa, v in zip(corpus.qa, vecs, strict=True):
             t0 = time.perf_counter()
             ranked = corpus.ranked(qa.question, v, cfg)
@@ -141,7 +163,7 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def ablation(
-    convs: list[_locomo.Conversation], corpora: list[Corpus], qvecs: list[np.ndarray],
+    convs: list[_locomo.Conversation], corpora: list[Corpus], queries: QueryVectors,
     embedder: clawvm.Embedder, cache: _locomo.VectorCache, captions: bool,
 ) -> dict[str, Any]:
     """Each lever of the default against the default: query-time levers by changing the config, write-time
@@ -153,8 +175,19 @@ def ablation(
             variants.append((f"- {channel} channel", base.with_(weights={channel: 0.0}), corpora))
     if base.smoothing > 0:
         variants.append(("- neighbour smoothing", base.with_(smoothing=0.0), corpora))
+    if base.strip_authors:
+        variants.append(("- strip authors", base.with_(strip_authors=False), corpora))
+    if base.author_prior > 0:
+        variants.append(("- author prior", base.with_(author_prior=0.0), corpora))
+        for p in (0.3, 0.8):
+            variants.append((f"author prior {p}", base.with_(author_prior=p), corpora))
+    if base.strip_authors or base.author_prior > 0:
+        variants.append(("- both author levers", base.with_(strip_authors=False, author_prior=0.0), corpora))
+    variants.append(("candidates 100", base.with_(candidates=100), corpora))
     if not base.uses("graph"):
         variants.append(("+ entity graph (0.4)", base.with_(weights={"graph": 0.4}), corpora))
+    for w in (0.3, 1.5):
+        variants.append((f"dense weight {w}", base.with_(weights={"dense": w}), corpora))
     for w in (0.7, 0.9):
         if base.weights.get("lexical") != w:
             variants.append((f"lexical weight {w}", base.with_(weights={"lexical": w}), corpora))
@@ -182,7 +215,8 @@ def ablation(
     for w in (1, 3):
         variants.append((f"neighbourhood window ±{w}", base, rebuilt(captions, w)))
     plain = other if captions else corpora
-    variants.append(("hybrid-v1 (previous default)", PRESETS["hybrid-v1"], plain))
+    variants.append(("hybrid-v2 (previous default)", PRESETS["hybrid-v2"], corpora))
+    variants.append(("hybrid-v1 (the one before)", PRESETS["hybrid-v1"], plain))
     variants.append(("hybrid-v1 + photo captions", PRESETS["hybrid-v1"], corpora if captions else other))
 
     rows: dict[str, Any] = {}
@@ -190,7 +224,7 @@ def ablation(
     print(f"  {'variant':<34}{'R@5':>15}{'R@10':>15}{'cat-1 R@10':>15}")
     ref: dict[str, Any] | None = None
     for label, cfg, corp in variants:
-        result, _ = evaluate(corp, qvecs, cfg)
+        result, _ = evaluate(corp, queries, cfg)
         summary = _summary(result)
         if ref is None:
             ref = summary
@@ -254,17 +288,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_record = time.perf_counter() - t0
 
     # Queries are embedded one at a time with embed_query, exactly as Harness.recall does.
-    query_cache = _locomo.VectorCache(embedder.name, embedder.dim)
+    queries = QueryVectors(embedder)
     t0 = time.perf_counter()
-    qvecs = [
-        query_cache.get_or_compute(
-            [q.question for q in c.qa], lambda ts: np.stack([embedder.embed_query(t) for t in ts]), "query"
-        )
-        for c in corpora
-    ]
-    query_cache.save()
+    queries.of(corpora, PRESETS[DEFAULT_PRESET])
     t_embed_queries = time.perf_counter() - t0
-    query_note = query_cache.describe()
+    query_note = queries.cache.describe()
     print(f"corpus vectors: {doc_note} [{t_embed_docs:.1f}s]")
     print(f"query vectors:  {query_note} [{t_embed_queries:.1f}s]")
     print(f"recorded {sum(len(c.dia_of) for c in corpora)} turns in {t_record:.1f}s; "
@@ -276,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "k": K,
         "embedder": embedder.name,
         "cache": {"corpus": doc_note, "queries": query_note, "corpus_from_cache": doc_cache.misses == 0,
-                  "queries_from_cache": query_cache.misses == 0, "dir": str(doc_cache.dir)},
+                  "queries_from_cache": queries.cache.misses == 0, "dir": str(doc_cache.dir)},
         "evidence": report.as_dict(),
         "n_questions": sum(len(c.qa) for c in corpora),
         "captions": captions,
@@ -285,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     for name in presets:
         cfg = PRESETS[name]
-        result, ms = evaluate(corpora, qvecs, cfg)
+        result, ms = evaluate(corpora, queries, cfg)
         result = {
             "weights": cfg.weights, "candidates": cfg.candidates, "recall_ms_mean": round(ms, 3), **result
         }
@@ -308,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for cand in (50, 100, 200):
                 cfg = clawvm.RecallConfig(f"sweep-{w}-{cand}", {"lexical": w, "dense": round(1 - w, 2)},
                                           candidates=cand)
-                res, _ = evaluate(corpora, qvecs, cfg)
+                res, _ = evaluate(corpora, queries, cfg)
                 o, o4 = res["overall"], res["overall_cat1_4"]
                 entry = {"lexical": w, "dense": round(1 - w, 2), "candidates": cand,
                          "R@5": o["R@5"], "R@10": o["R@10"], "R@5+R@10": round(o["R@5"] + o["R@10"], 2),
@@ -328,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"R@5 {best4['cat1_4']['R@5']} R@10 {best4['cat1_4']['R@10']}")
 
     if args.ablation:
-        out["ablation"] = ablation(convs, corpora, qvecs, embedder, doc_cache, captions)
+        out["ablation"] = ablation(convs, corpora, queries, embedder, doc_cache, captions)
 
     out["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     Path(args.json).write_text(json.dumps(out, indent=2))

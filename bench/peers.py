@@ -120,8 +120,10 @@ class ClawVMPeer:
         self.h = clawvm.Harness.open("memory://", embedder=embedder)
 
     def add(self, conv_id: str, turn: _locomo.Turn, text: str) -> None:
+        # every system gets the speaker as a field (mem0 and LangGraph keep it in metadata; ClawVM's
+        # agent_id is what its author levers read)
         self.h.record(text, kind="user_input", session_id=turn.session, created_at=turn.date,
-                      task_id=conv_id, metadata={"dia_id": turn.dia_id})
+                      agent_id=turn.speaker, task_id=conv_id, metadata={"dia_id": turn.dia_id})
 
     def finish(self) -> None:
         self.h.flush()
@@ -175,7 +177,8 @@ class Mem0Peer:
 
     def add(self, conv_id: str, turn: _locomo.Turn, text: str) -> None:
         self.m.add([{"role": "user", "content": text}], user_id=conv_id, infer=False,
-                   metadata={"dia_id": turn.dia_id, "session": turn.session, "date": turn.date.isoformat()})
+                   metadata={"dia_id": turn.dia_id, "session": turn.session, "date": turn.date.isoformat(),
+                             "speaker": turn.speaker})
 
     def finish(self) -> None:
         pass  # add() is synchronous
@@ -213,7 +216,8 @@ class LangGraphPeer:
 
     def add(self, conv_id: str, turn: _locomo.Turn, text: str) -> None:
         self.store.put(("locomo", conv_id), turn.dia_id,
-                       {"text": text, "session": turn.session, "date": turn.date.isoformat()})
+                       {"text": text, "session": turn.session, "date": turn.date.isoformat(),
+                        "speaker": turn.speaker})
 
     def finish(self) -> None:
         pass  # put() embeds inline

@@ -20,7 +20,9 @@ from clawvm.retrieval import (
     PRESETS,
     RecallConfig,
     fuse,
+    named_authors,
     preset,
+    strip_authors,
     time_expressions,
     time_match,
 )
@@ -117,7 +119,7 @@ def test_time_match() -> None:
 # ---- presets and configs ------------------------------------------------------------------------------
 def test_presets() -> None:
     assert DEFAULT_PRESET == "hybrid" and preset(None) is PRESETS["hybrid"]
-    assert {"hybrid", "hybrid-v1", "hybrid-fast", "bm25", "dense", "graph"} <= set(PRESETS)
+    assert {"hybrid", "hybrid-v2", "hybrid-v1", "hybrid-fast", "bm25", "dense", "graph"} <= set(PRESETS)
     assert PRESETS["hybrid-v1"].weights == {"lexical": 0.7, "dense": 0.3}  # the previous default
     default = PRESETS[DEFAULT_PRESET]
     assert PRESETS["hybrid-fast"] == default.with_("hybrid-fast", weights={"context": 0.0})
@@ -369,3 +371,53 @@ def test_top_indices_is_exactly_the_top_n(n: int, seed: int, size: int) -> None:
     got = top_indices(x, n)
     assert len(got) == len(set(got.tolist())) == n
     assert np.sort(x[got]).tolist() == np.sort(x)[-n:].tolist()
+
+
+# ---- authors named in a query (strip_authors / author_prior) --------------------------------------------
+def test_named_authors_are_capitalised_runs_of_known_agent_ids() -> None:
+    agents = frozenset({"Nate", "Joanna", "Amy Ellis", "will"})
+    assert named_authors("What video games does Nate play?", agents) == {"nate"}
+    assert named_authors("What is Joanna's job? And Amy Ellis's?", agents) == {"joanna", "amy ellis"}
+    assert named_authors("What games does Nate play?", frozenset()) == set()
+    assert named_authors("what will nate do", agents) == set()  # lower case names no one
+    assert named_authors("Will Amy come?", agents) == {"will"}  # a capitalised agent name is one
+
+
+def test_strip_authors_keeps_what_is_asked() -> None:
+    assert strip_authors("What is Joanna's job?", {"joanna"}) == "What is job?"
+    assert strip_authors("When did Amy Ellis move?", {"amy ellis"}) == "When did move?"
+    assert strip_authors("Joanna?", {"joanna"}) == "Joanna?"  # nothing would be left: unchanged
+    assert strip_authors("What is Joanna's job?", set()) == "What is Joanna's job?"
+
+
+def test_author_levers_rank_the_named_authors_own_memories_first(lexical_harness: Harness) -> None:
+    h = lexical_harness
+    other = h.record("Nate, I love video games too", session_id="s", agent_id="Joanna",
+                     created_at=T0)
+    own = h.record("video games are fun", session_id="s", agent_id="Nate",
+                   created_at=T0 + timedelta(seconds=1))
+    question = "What video games does Nate play?"
+    plain = h.recall(question, k=2, preset=LEXICAL_ONLY.with_(smoothing=0.3), track=False)
+    assert plain[0].id == other.id  # "Nate" is a query word only the other speaker's turn contains
+    cfg = LEXICAL_ONLY.with_("authors", smoothing=0.3, strip_authors=True, author_prior=0.5)
+    hits = h.recall(question, k=2, preset=cfg, track=False)
+    assert [x.id for x in hits] == [own.id, other.id]
+    assert "author" in hits[0].explain and "author" not in hits[1].explain
+    prior_only = h.recall(question, k=2, preset=LEXICAL_ONLY.with_(author_prior=0.5), track=False)
+    assert "author" in {c for x in prior_only for c in x.explain}  # the prior alone also needs the pool
+
+
+def test_store_knows_its_agents_per_tenant_and_candidates_carry_theirs(engine: Store) -> None:
+    a = Memory(content="alpha one", session_id="s", agent_id="Nate", created_at=T0)
+    b = Memory(content="alpha two", session_id="s", agent_id="Joanna", created_at=T0 + timedelta(seconds=1))
+    c = Memory(content="alpha three", session_id="s", created_at=T0 + timedelta(seconds=2))
+    elsewhere = Memory(content="alpha", tenant="other", agent_id="Mallory")
+    engine.put_many([a, b, c, elsewhere])
+    assert engine.agents(Query().filters.with_(tenant=frozenset({"default"}))) == {"Nate", "Joanna"}
+    assert engine.agents(Query().filters.with_(tenant=frozenset({"other"}))) == {"Mallory"}
+    assert engine.agents(Query().filters) == {"Nate", "Joanna", "Mallory"}
+    engine.put(c.model_copy(update={"agent_id": "Amy", "version": 2}))  # a write shows at once
+    assert engine.agents(Query().filters.with_(tenant=frozenset({"default"}))) == {"Nate", "Joanna", "Amy"}
+    info = engine.query(Query(filters=Query().filters.with_(tenant=frozenset({"default"})),
+                              around=(b.id,))).info
+    assert {i: x.agent_id for i, x in info.items()} == {a.id: "Nate", b.id: "Joanna", c.id: "Amy"}

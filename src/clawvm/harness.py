@@ -51,7 +51,7 @@ from .model import (
     utcnow,
 )
 from .redact import RedactionPolicy, Redactor
-from .retrieval import RecallConfig, Recalled, preset, run_recall
+from .retrieval import RecallConfig, Recalled, dense_text, preset, run_recall
 from .scoring import ValueBreakdown
 from .scoring import explain as explain_value
 from .store import Event, Query, Store, store_from_url
@@ -328,7 +328,7 @@ class Harness:
         vector = None
         if cfg.uses("dense") and self.embedder is not None and query.strip():
             t0 = time.perf_counter()
-            vector = self.embedder.embed_query(query)
+            vector = self.embedder.embed_query(dense_text(self.store, query, cfg, f))
             self.last_query_embed_ms = (time.perf_counter() - t0) * 1000
         hits = self.recall_with(query, vector, k, cfg, f)
         if not track:
