@@ -51,7 +51,7 @@ from .model import (
     utcnow,
 )
 from .redact import RedactionPolicy, Redactor
-from .retrieval import RecallConfig, Recalled, dense_text, preset, run_recall
+from .retrieval import RecallConfig, Recalled, dense_text, preset, query_authors, run_recall
 from .scoring import ValueBreakdown
 from .scoring import explain as explain_value
 from .store import Event, Query, Store, store_from_url
@@ -326,11 +326,12 @@ class Harness:
         f = self._filters(filters)
         started = time.perf_counter()
         vector = None
+        named = query_authors(self.store, query, cfg, f)
         if cfg.uses("dense") and self.embedder is not None and query.strip():
             t0 = time.perf_counter()
-            vector = self.embedder.embed_query(dense_text(self.store, query, cfg, f))
+            vector = self.embedder.embed_query(dense_text(self.store, query, cfg, f, named))
             self.last_query_embed_ms = (time.perf_counter() - t0) * 1000
-        hits = self.recall_with(query, vector, k, cfg, f)
+        hits = run_recall(self.store, query, vector, k, cfg, f, named)
         if not track:
             return hits
         # a tracked recall is a stored access: logged (MemLens latency, hit rate, regret) in the same write

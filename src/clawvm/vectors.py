@@ -130,7 +130,7 @@ class VectorIndex:
             top = np.argpartition(-scores, limit - 1)[:limit]
             rows, scores = rows[top], scores[top]
         order = np.argsort(-scores, kind="stable")
-        return [(int(rows[i]), float(scores[i])) for i in order]
+        return list(zip(rows[order].tolist(), scores[order].tolist(), strict=True))
 
 
 def top_indices(x: np.ndarray, n: int) -> np.ndarray:
