@@ -529,9 +529,9 @@ def review_queue(
 
 
 def _set_review(
-    h: Harness, memory_id: str, state: str, by: str | None, reason: str | None, **changes: Any
+    h: Harness, m: Memory, state: str, by: str | None, reason: str | None, **changes: Any
 ) -> Memory:
-    m = latest(h, memory_id)
+    """Record a review on ``m`` (the head of its chain, as read: the update is compare-and-set)."""
     review = {"status": state, "by": by, "at": h.now().isoformat(), "reason": reason}
     updated = h.update(
         m.id, expected_version=m.version, as_agent=APPLICATION, metadata={**m.metadata, "review": review},
@@ -549,7 +549,7 @@ def approve(h: Harness, memory_id: str, *, by: str | None = None, reason: str | 
     m = latest(h, memory_id)
     if CONFLICT_TAG in m.tags and m.kind is Kind.NOTE:
         return _close_conflict(h, m, "approved", by, reason or "both sides kept")
-    return _set_review(h, memory_id, "approved", by, reason)
+    return _set_review(h, m, "approved", by, reason)
 
 
 def reject(h: Harness, memory_id: str, *, by: str | None = None, reason: str | None = None) -> Memory:
@@ -558,7 +558,7 @@ def reject(h: Harness, memory_id: str, *, by: str | None = None, reason: str | N
     m = latest(h, memory_id)
     if CONFLICT_TAG in m.tags and m.kind is Kind.NOTE:
         return _close_conflict(h, m, "rejected", by, reason or "not a conflict")
-    rejected = _set_review(h, memory_id, "rejected", by, reason, status=Status.OBSOLETE)
+    rejected = _set_review(h, m, "rejected", by, reason, status=Status.OBSOLETE)
     for note in open_conflicts(h, involving=m.id):
         _close_conflict(h, note, "resolved", by, f"{m.id} rejected")
     return rejected
@@ -591,7 +591,7 @@ def open_conflicts(
 
 
 def _close_conflict(h: Harness, note: Memory, state: str, by: str | None, reason: str) -> Memory:
-    return _set_review(h, note.id, state, by, reason, status=Status.ARCHIVED)
+    return _set_review(h, note, state, by, reason, status=Status.ARCHIVED)
 
 
 def partition_key(m: Memory) -> tuple[str | None, ...]:
