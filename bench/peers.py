@@ -348,9 +348,16 @@ class Searcher:
 
 
 def corpus_texts(convs: list[_locomo.Conversation], captions: bool) -> list[str]:
-    """Every text a run embeds: the turns as stored and the questions with evidence."""
-    return [locomo.recorded_text(t, captions) for c in convs for t in c.turns] + [
-        qa.question for c in convs for qa in c.qa if qa.evidence]
+    """Every text a run embeds: the turns as stored, the questions with evidence, and those questions as
+    ClawVM's default preset embeds them (without the speakers they name: every speaker is an agent of its
+    one store)."""
+    from clawvm.retrieval import named_authors, strip_authors
+
+    speakers = frozenset(s for c in convs for s in c.speakers)
+    questions = [qa.question for c in convs for qa in c.qa if qa.evidence]
+    stripped = [strip_authors(q, named_authors(q, speakers)) for q in questions]
+    return [locomo.recorded_text(t, captions) for c in convs for t in c.turns] + questions + [
+        s for s, q in zip(stripped, questions, strict=True) if s != q]
 
 
 class CachedEmbedder:
