@@ -18,7 +18,9 @@ dense model is much weaker there; weighting the channels by how much each can be
 Then, for the best :func:`pool_size` fused candidates and their same-session neighbours (creation times
 and neighbours from a second, small store query): ``time`` (already in [0, 1], taken as is) is added, and
 ``smoothing`` lets a memory inherit a share of its neighbours' scores, (s + a * (s_prev + s_next)) / (1 + 2a).
-Scores stay within [0, sum of weights].
+Scores stay within [0, sum of weights]. With the author levers (``strip_authors``, ``author_prior``,
+see :class:`RecallConfig`), the agents a query names are left out of the matched text and their own
+pool memories are multiplied by 1 + author_prior after smoothing.
 
 Every parameter was chosen on LoCoMo dev with ``bench/locomo.py`` (``--ablation`` reports each lever on
 and off against the default); the numbers are in the preset comments.
