@@ -66,6 +66,7 @@ _IMMUTABLE = frozenset({"id", "created_at", "version", "tenant"})
 #: beyond it is read back from the store on its next record (~0.3 ms at 100k memories).
 _WORKING_SESSIONS = 8192
 
+
 class Harness:
     """Harness-managed memory. Create with :meth:`open`; use as a context manager or call :meth:`close`."""
 

@@ -32,6 +32,7 @@ import heapq
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import lru_cache
 from operator import itemgetter
 
 import numpy as np
@@ -289,7 +290,7 @@ def named_authors(query: str, agents: frozenset[str]) -> set[str]:
     or "May" is not named by "will" or "may". O(query words) look-ups."""
     if not agents:
         return set()
-    known = {a.lower() for a in agents}
+    known = _lowered(agents)
     raw = _QWORD.findall(query)
     words = [_possessive(w) for w in raw]
     out = set()
@@ -299,6 +300,13 @@ def named_authors(query: str, agents: frozenset[str]) -> set[str]:
             if key in known and all(w[0].isupper() for w in raw[i : i + n]):
                 out.add(key)
     return out
+
+
+@lru_cache(maxsize=256)
+def _lowered(agents: frozenset[str]) -> frozenset[str]:
+    """``agents`` lower-cased, once per set: engines hand out the same frozenset until an agent is added,
+    and a frozenset keeps its hash, so a recall pays a dictionary hit, not a pass over every agent."""
+    return frozenset(a.lower() for a in agents)
 
 
 def strip_authors(query: str, names: set[str]) -> str:
