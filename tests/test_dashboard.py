@@ -253,6 +253,16 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
+def _watched_page(browser: Any, height: int) -> tuple[Any, list[str]]:
+    """A new page whose console errors and uncaught exceptions land in the returned list."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = browser.new_page(viewport={"width": 1500, "height": height})
+    problems: list[str] = []
+    page.on("console", lambda m: m.type == "error" and problems.append(f"console: {m.text}"))
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    return page, problems
+
+
 def _wait_view(page: Any, view: str) -> None:
     page.wait_for_selector(f'main[data-view="{view}"][data-ready="1"]', timeout=30_000)
 
@@ -261,11 +271,7 @@ def test_every_view_renders_and_a_pin_reaches_the_api(
     served: tuple[str, Harness, dict[str, str]], browser: Any
 ) -> None:
     base, h, keys = served
-    ARTIFACTS.mkdir(exist_ok=True)
-    page = browser.new_page(viewport={"width": 1500, "height": 1000})
-    problems: list[str] = []
-    page.on("console", lambda m: m.type == "error" and problems.append(f"console: {m.text}"))
-    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page, problems = _watched_page(browser, height=1000)
     page.goto(f"{base}/dashboard/#key={keys['agent']}")  # the link `make run` prints
     _wait_view(page, "sessions")
     assert page.evaluate("location.hash") == "#sessions"  # the key left the address bar
@@ -322,11 +328,7 @@ def test_the_page_shows_a_memory_written_through_the_api_without_a_reload(
 ) -> None:
     """The page follows the tenant's event stream: a write by another client appears in the open view."""
     base, _, keys = served
-    ARTIFACTS.mkdir(exist_ok=True)
-    page = browser.new_page(viewport={"width": 1500, "height": 900})
-    problems: list[str] = []
-    page.on("console", lambda m: m.type == "error" and problems.append(f"console: {m.text}"))
-    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page, problems = _watched_page(browser, height=900)
     requests: list[str] = []
     page.on("request", lambda r: requests.append(r.url))
     page.goto(f"{base}/dashboard/#key={keys['read-only']}")
