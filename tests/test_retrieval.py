@@ -19,6 +19,7 @@ from clawvm.retrieval import (
     DEFAULT_PRESET,
     PRESETS,
     RecallConfig,
+    _best_first,
     fuse,
     named_authors,
     preset,
@@ -72,6 +73,14 @@ def test_fuse_single_channel_keeps_the_channel_order(hits: list[tuple[str, float
     assert fused[0].score == pytest.approx(1.0)
     scores = dict(hits)
     assert [scores[f.id] for f in fused] == sorted(scores.values(), reverse=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(ids, st.integers(0, 4).map(float), max_size=30), st.none() | st.integers(0, 12))
+def test_best_first_equals_a_full_sort_by_score_then_id(scores: dict[str, float], n: int | None) -> None:
+    # few distinct scores: most hits tie, also across the cut at n
+    expected = sorted(scores.items(), key=lambda h: (h[1], h[0]), reverse=True)
+    assert _best_first(scores, n) == (expected if n is None else expected[:n])
 
 
 def test_fuse_weights_and_raw_channels() -> None:

@@ -254,8 +254,16 @@ class LexicalIndex:
 
 def top_rows(scores: np.ndarray, limit: int, allowed: np.ndarray | None = None) -> list[tuple[int, float]]:
     """The ``limit`` best (row, score) pairs with a positive score, best first (``allowed``: row mask)."""
+    rows, best = top_scores(scores, limit, allowed)
+    return list(zip(rows.tolist(), best.tolist(), strict=True))
+
+
+def top_scores(
+    scores: np.ndarray, limit: int, allowed: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`top_rows` as two arrays (rows, their scores), for callers that map the rows further."""
     if limit <= 0:
-        return []
+        return np.zeros(0, dtype=np.int64), scores[:0]
     if allowed is not None:
         n = min(len(allowed), len(scores))
         scores = scores.copy()
@@ -263,11 +271,9 @@ def top_rows(scores: np.ndarray, limit: int, allowed: np.ndarray | None = None) 
         scores[n:] = 0.0
     # every posting scores > 0 (idf > 0, tf > 0), so the non-zero rows are exactly the candidates
     cand = np.flatnonzero(scores > 0)
-    if len(cand) == 0:
-        return []
     cs = scores[cand]
     if len(cand) > limit:
         top = top_indices(cs, limit)
         cand, cs = cand[top], cs[top]
     order = np.argsort(-cs, kind="stable")
-    return list(zip(cand[order].tolist(), cs[order].tolist(), strict=True))
+    return cand[order], cs[order]

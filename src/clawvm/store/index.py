@@ -13,13 +13,16 @@ import json
 import math
 import sys
 from bisect import bisect_left, insort
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import TypeVar
 
 import numpy as np
 
 from ..graph import entities
-from ..lexical import LexicalIndex, top_rows
+from ..lexical import LexicalIndex, top_rows, top_scores
 from ..model import Filters, Memory, Scope, Visibility
 from ..vectors import VectorIndex
 from .base import CandidateInfo, Query, QueryResult, check_vectors
@@ -590,7 +593,8 @@ class SearchIndex:
         tf = np.stack(tfs)[:, inverse].sum(axis=1)
         idf = np.array([self.lexical.idf(self._context_df(t), n) for t in present], dtype=np.float32)
         scores = (idf[:, None] * tf * (k1 + 1.0) / np.maximum(tf + norm, 1e-9)).sum(axis=0)
-        return [(int(cand[r]), s) for r, s in top_rows(scores, limit)]
+        at, best = top_scores(scores, limit)
+        return list(zip(cand[at].tolist(), best.tolist(), strict=True))
 
     def _context_df(self, term: str) -> int:
         """How many neighbourhoods hold ``term``: the rows within ``window`` of one of its postings."""
@@ -620,21 +624,30 @@ class SearchIndex:
         if allowed is not None:
             near = near[allowed[near]]
         rows = np.union1d(rows, near)
-        ids, sessions, created = self.ids, self._session_of, self._created_at
-        prev, after = self._prev[rows], self._next[rows]
-        agents, agent_of = self._cols["agent_id"].values, self._cols["agent_id"].data[rows].tolist()
-        make = tuple.__new__  # CandidateInfo(...) without the NamedTuple constructor's Python frame
-        out: dict[str, CandidateInfo] = {
-            ids[r]: make(
-                CandidateInfo,
-                (
-                    created[r],
-                    s[1] if (s := sessions.get(r)) is not None else None,
-                    ids[b] if b >= 0 else None,
-                    ids[a] if a >= 0 else None,
-                    agents[w] if w >= 0 else None,
-                ),
-            )
-            for r, b, a, w in zip(rows.tolist(), prev.tolist(), after.tolist(), agent_of, strict=True)
-        }
-        return out
+        at = rows.tolist()
+        sessions = map(self._session_of.get, at)
+        agents = self._cols["agent_id"]
+        # each field in one C-level pass (this runs for ~100 rows per recall); -1 (no such row) -> None
+        fields = zip(
+            map(self._created_at.__getitem__, at),
+            [s[1] if s is not None else None for s in sessions],
+            _lookup(self.ids, self._prev[rows]),
+            _lookup(self.ids, self._next[rows]),
+            _lookup(agents.values, agents.data[rows]),
+            strict=True,
+        )
+        return dict(zip(map(self.ids.__getitem__, at), map(_info_of, fields), strict=True))  # type: ignore[arg-type]
+
+
+T = TypeVar("T")
+_info_of = partial(tuple.__new__, CandidateInfo)  # CandidateInfo(*fields) without a Python-level frame
+
+
+def _lookup(items: Sequence[T], at: np.ndarray) -> list[T | None]:
+    """``[items[i] for i in at]``, None where ``i`` is -1, in one C-level pass."""
+    if not items:
+        return [None] * len(at)
+    out: list[T | None] = list(map(items.__getitem__, at.tolist()))  # -1 reads the last item: fixed below
+    for i in np.flatnonzero(at < 0).tolist():
+        out[i] = None
+    return out
