@@ -744,6 +744,20 @@ def test_reopen_brings_everything_back(engine_name: str, db_path: Path, opened: 
 
 
 @sqlite_only
+def test_a_vector_written_with_its_new_memory_is_in_the_file(
+    engine_name: str, db_path: Path, opened: list[SQLiteStore]
+) -> None:
+    one, two = open_store(opened, db_path), open_store(opened, db_path)
+    a, b = mem("otter den by the river"), mem("heron nest")
+    one.put(b)  # b exists: its vector goes in by an update, a's with its insert
+    vecs = unit_vectors(2, seed=9)
+    one.write([a, bump(b)], vecs, [Event("add", a.id, {})])
+    for store in (one, two, open_store(opened, db_path)):  # the writer, a second connection, a reopen
+        assert [store.query(Query(vector=v, limit=1)).dense[0][0] for v in vecs] == [a.id, b.id]
+        assert store.unembedded(10) == []
+
+
+@sqlite_only
 def test_two_stores_on_one_file_see_each_others_writes(
     engine_name: str, db_path: Path, opened: list[SQLiteStore]
 ) -> None:

@@ -334,12 +334,25 @@ class SQLiteStore(Store):
             return
         embedded = None if vectors is None else leading_vectors(memories, vectors, self.dim)
         with self._write("write") as (db, rev):
-            self._put_rows(db, rev, memories)
-            if embedded is not None:
-                self._set_vector_rows(db, rev, embedded[0], normalize(embedded[1]), None)
+            if embedded is None:
+                self._put_rows(db, rev, memories)
+            else:
+                ids, vecs = embedded[0], normalize(embedded[1])
+                fresh = self._put_rows(db, rev, memories, dict(zip(ids, vecs, strict=True)))
+                rest = [n for n, memory_id in enumerate(ids) if memory_id not in fresh]
+                if rest:
+                    self._set_vector_rows(db, rev, [ids[n] for n in rest], vecs[rest], None)
             self._insert_events(db, events)
 
-    def _put_rows(self, db: sqlite3.Connection, rev: int, memories: Sequence[Memory]) -> None:
+    def _put_rows(
+        self,
+        db: sqlite3.Connection,
+        rev: int,
+        memories: Sequence[Memory],
+        vectors: dict[str, np.ndarray] | None = None,
+    ) -> set[str]:
+        """Upsert ``memories``; a new one with a vector in ``vectors`` is inserted with it (one row write,
+        not an insert and then an update). Returns the ids inserted so."""
         ids = [m.id for m in memories]
         found = db.execute(  # versions for the optimistic check, contents to tell whether the text changed
             f"SELECT id, version, json_extract(body, '$.content') FROM memories"
@@ -349,16 +362,18 @@ class SQLiteStore(Store):
         check_versions(memories, {i: version for i, version, _ in found})
         old_content = {i: content for i, _, content in found}
         rewritten = {m.id for m in memories if m.id in old_content and old_content[m.id] != m.content}
+        with_vector = {} if vectors is None else {i: v for i, v in vectors.items() if i not in old_content}
         for m in memories:
+            v = with_vector.get(m.id)
             row = (
                 m.id, rev, m.tenant, m.session_id, m.task_id, m.agent_id, m.tool_name, m.kind.value,
                 m.state.value if m.state else None, m.status.value, m.tier.value,
-                m.created_at.isoformat(), m.version, m.model_dump_json(),
+                m.created_at.isoformat(), m.version, m.model_dump_json(), None if v is None else _blob(v),
             )
             db.execute(
                 """INSERT INTO memories (id, rev, tenant, session_id, task_id, agent_id, tool_name, kind,
-                       state, status, tier, created_at, version, body)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                       state, status, tier, created_at, version, body, embedding)
+                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
                    ON CONFLICT(id) DO UPDATE SET rev=excluded.rev, tenant=excluded.tenant,
                        session_id=excluded.session_id, task_id=excluded.task_id,
                        agent_id=excluded.agent_id,
@@ -379,6 +394,9 @@ class SQLiteStore(Store):
             self.index.upsert(m)
             if m.id in rewritten:
                 self.index.drop_vector(m.id)
+        for memory_id, v in with_vector.items():
+            self.index.set_vector(memory_id, v)
+        return set(with_vector)
 
     def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
         if not ids:
