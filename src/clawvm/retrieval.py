@@ -327,23 +327,25 @@ def named_authors(query: str, agents: frozenset[str]) -> set[str]:
     or "May" is not named by "will" or "may". O(query words) look-ups."""
     if not agents:
         return set()
-    known = _lowered(agents)
+    known, longest = _lowered(agents)
     raw = _QWORD.findall(query)
     words = [_possessive(w) for w in raw]
     out = set()
-    for n in (1, 2, 3):
+    for n in range(1, longest + 1):
         for i in range(len(words) - n + 1):
-            key = " ".join(words[i : i + n])
+            key = " ".join(words[i : i + n]) if n > 1 else words[i]
             if key in known and all(w[0].isupper() for w in raw[i : i + n]):
                 out.add(key)
     return out
 
 
 @lru_cache(maxsize=256)
-def _lowered(agents: frozenset[str]) -> frozenset[str]:
-    """``agents`` lower-cased, once per set: engines hand out the same frozenset until an agent is added,
-    and a frozenset keeps its hash, so a recall pays a dictionary hit, not a pass over every agent."""
-    return frozenset(a.lower() for a in agents)
+def _lowered(agents: frozenset[str]) -> tuple[frozenset[str], int]:
+    """``agents`` lower-cased, and the most words a name of theirs has (at most 3), once per set: engines
+    hand out the same frozenset until an agent is added, and a frozenset keeps its hash, so a recall pays
+    a dictionary hit, not a pass over every agent."""
+    lowered = frozenset(a.lower() for a in agents)
+    return lowered, min(3, max((len(a.split()) for a in lowered), default=1))
 
 
 def strip_authors(query: str, names: set[str]) -> str:
