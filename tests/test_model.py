@@ -11,13 +11,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pydantic
 import pytest
 from hypothesis import given, settings
 
 import clawvm.ids
 from clawvm import Filters, Harness, Kind, Memory, ValidationError
 from clawvm.ids import is_valid_id, new_id
-from clawvm.model import JSON, MAX_JSON_DEPTH, TEXT, build_memory
+from clawvm.model import JSON, MAX_JSON_DEPTH, STORED, TEXT, build_memory
 from engines import harness_target
 from strategies import memories
 
@@ -264,6 +265,18 @@ def test_memory_json_round_trip(m: Memory) -> None:
     assert back.to_json() == text
     assert Memory.from_json(text.encode()) == m
     assert json.loads(text)["id"] == m.id
+    # engines read their rows back with the input-only checks skipped: the same memory either way
+    assert Memory.model_validate_json(text, context=STORED) == m
+
+
+def test_only_the_stored_context_skips_the_input_checks() -> None:
+    bad = json.loads(Memory(content="x", tags=["a"]).to_json()) | {"id": "not-an-id", "tags": [" a ", "a"]}
+    with pytest.raises(ValidationError) as exc:  # an import (from_json) is input: checked in full
+        Memory.from_json(json.dumps(bad))
+    assert exc.value.field == "id"
+    with pytest.raises(pydantic.ValidationError):  # a look-alike context is not the engines' marker
+        Memory.model_validate_json(json.dumps(bad), context={"stored": True})
+    assert Memory.model_validate_json(json.dumps(bad), context=STORED).tags == [" a ", "a"]
 
 
 def test_from_json_errors_are_ours_and_name_the_field() -> None:
