@@ -7,15 +7,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from contextlib import aclosing
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
 import pg_server
-from clawvm.errors import ValidationError
-from clawvm.events import EventTail
-from clawvm.store import Event, Store, store_from_url
+from clawvm.errors import StoreError, ValidationError
+from clawvm.events import EventTail, event_pages, iter_events
+from clawvm.store import Event, MemoryStore, Store, store_from_url
 from clawvm.store.tenant import TenantStore
 
 T = TypeVar("T")
@@ -150,3 +151,27 @@ def test_a_write_through_another_connection_wakes_a_follower_that_never_polls(
     finally:
         writer.close()
         reader.close()
+
+
+def test_event_pages_read_every_event_in_order_a_page_at_a_time(engine: Store) -> None:
+    seqs = engine.append_events([Event("note", data={"n": n}) for n in range(7)])
+    pages = list(event_pages(engine, batch=3))
+    assert [len(p) for p in pages] == [3, 3, 1]
+    assert [e.seq for p in pages for e in p] == seqs
+    assert [e.data["n"] for e in iter_events(engine, after_seq=seqs[3], batch=2)] == [4, 5, 6]
+    assert list(event_pages(engine, after_seq=seqs[-1])) == []
+
+
+class _SeqlessStore(MemoryStore):
+    """An engine that loses the sequence numbers of the events it returns."""
+
+    def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
+        return [replace(e, seq=None) for e in super().read_events(after_seq, limit, memory_id)]
+
+
+def test_an_event_without_a_seq_is_a_store_error_not_an_endless_read() -> None:
+    store = _SeqlessStore()
+    store.setup()
+    store.append_events([Event("note") for _ in range(4)])
+    with pytest.raises(StoreError, match="without a sequence number"):
+        list(iter_events(store, batch=2))

@@ -127,14 +127,24 @@ class Retention:
             raise ValidationError("max_events", f"is {self.max_events!r}", "pass an integer >= 0 or None")
 
 
+def event_pages(store: Store, after_seq: int = 0, batch: int = 5000) -> Iterator[list[Event]]:
+    """Every event after ``after_seq``, in order, a page of at most ``batch`` at a time."""
+    while True:
+        page = store.read_events(after_seq, batch)
+        if page:
+            yield page
+        if len(page) < batch:
+            return
+        last = page[-1].seq
+        if last is None:  # an engine bug; reading on from the same place would never end
+            raise StoreError(f"{type(store).__name__} returned an event without a sequence number")
+        after_seq = last
+
+
 def iter_events(store: Store, after_seq: int = 0, batch: int = 5000) -> Iterator[Event]:
     """Every event after ``after_seq``, in order, read in batches."""
-    while True:
-        chunk = store.read_events(after_seq, batch)
-        yield from chunk
-        if len(chunk) < batch:
-            return
-        after_seq = chunk[-1].seq or after_seq
+    for page in event_pages(store, after_seq, batch):
+        yield from page
 
 
 def prune(store: Store, retention: Retention, now: datetime) -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import StoreError, ValidationError
+from .events import event_pages
 from .model import Memory
 from .store import Event, Store
 
@@ -65,19 +66,6 @@ def _event_text(e: Event) -> str:
     )
 
 
-def _events(store: Store, page: int = 1000) -> Iterator[list[Event]]:
-    after = 0
-    while True:
-        batch = store.read_events(after_seq=after, limit=page)
-        if not batch:
-            return
-        yield batch
-        last = batch[-1].seq
-        if last is None:
-            raise StoreError(f"{type(store).__name__} returned an event without a sequence number")
-        after = last
-
-
 def _batches(store: Store, size: int) -> Iterator[list[Memory]]:
     batch: list[Memory] = []
     for m in store.iter_all(batch=size):
@@ -99,7 +87,7 @@ def summarize(store: Store, batch: int = 500) -> Summary:
         vectors += len(store.vectors_of([m.id for m in memories]))
     events = 0
     etotal = 0
-    for page in _events(store):
+    for page in event_pages(store, batch=1000):
         events += len(page)
         etotal = (etotal + sum(_digest(_event_text(e)) for e in page)) % _MOD
     return Summary(n, f"{total:064x}", vectors, events, f"{etotal:064x}")
@@ -130,7 +118,7 @@ def migrate(
         vectors += len(found)
         if progress:
             progress("memories", len(memories))
-    for page in _events(source):
+    for page in event_pages(source, batch=1000):
         target.append_events(page)
         events += len(page)
         if progress:
