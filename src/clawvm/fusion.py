@@ -54,6 +54,7 @@ from .teams import (
     partition_key,
     root_id,
 )
+from .vectors import normalize
 
 if TYPE_CHECKING:
     from .harness import Harness
@@ -174,9 +175,7 @@ def _vectors(h: Harness, texts: list[str]) -> np.ndarray | None:
         _VECTOR_CACHE.move_to_end((name, t))
     while len(_VECTOR_CACHE) > _VECTOR_CACHE_SIZE:
         _VECTOR_CACHE.popitem(last=False)
-    norms = np.linalg.norm(out, axis=1, keepdims=True)
-    normalized: np.ndarray = out / np.maximum(norms, 1e-12)
-    return normalized
+    return normalize(out)
 
 
 class Similarity:
