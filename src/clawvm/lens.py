@@ -445,6 +445,10 @@ class Lens:
     def contexts_of(self, memory_id: str) -> list[dict[str, Any]]:
         """Reverse influence: every context build ``memory_id`` entered, with its tier and value then."""
         self.refresh()
+        return self.contexts_of_as_is(memory_id)
+
+    def contexts_of_as_is(self, memory_id: str) -> list[dict[str, Any]]:
+        """:meth:`contexts_of` as of the last refresh (for a caller that has just refreshed)."""
         with self._lock:
             out = []
             for seq in self.contexts_by_memory.get(memory_id, []):

@@ -115,11 +115,13 @@ def memories(
 
 def memory_detail(lens: Lens, memory_id: str) -> dict[str, Any]:
     """Everything about one memory: the stored object, its value breakdown, events and contexts."""
-    row = lens.memory(memory_id)
+    row = lens.memory(memory_id)  # refreshes the lens: what follows reads it as is
     m = lens.harness.get(memory_id)
     breakdown = lens.harness.explain(memory_id).as_dict()
     events = lens.harness.events(limit=200, memory_id=memory_id)
-    children = [r.id for r in lens.rows.values() if r.parent_id == memory_id][:50]
+    with lens._lock:
+        children = [r.id for r in lens.rows.values() if r.parent_id == memory_id][:50]
+        values = list(lens.values.get(memory_id, [])[-200:])
     return {
         "memory": m.model_dump(mode="json"),
         "row": row.as_dict(),
@@ -128,9 +130,9 @@ def memory_detail(lens: Lens, memory_id: str) -> dict[str, Any]:
             {"seq": e.seq, "at": e.at.isoformat(), "kind": e.kind, "data": _brief(e.data)}
             for e in events[-100:]
         ],
-        "contexts": lens.contexts_of(memory_id)[-100:],
+        "contexts": lens.contexts_of_as_is(memory_id)[-100:],
         "children": children,
-        "values": [{"at": a.isoformat(), "value": v} for a, v in lens.values.get(memory_id, [])[-200:]],
+        "values": [{"at": a.isoformat(), "value": v} for a, v in values],
     }
 
 
