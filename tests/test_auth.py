@@ -84,6 +84,24 @@ def test_revoked_keys_stop_working_in_every_process(engine: Store) -> None:
     assert cli.revoke(record.key_id).revoked_at is not None  # revoking twice is harmless
 
 
+def test_an_open_stream_sees_a_revocation_within_refresh_s_without_reading_the_log_each_time(
+    engine: Store,
+) -> None:
+    now = [0.0]
+    server = Keyring(engine, refresh_s=2.0, clock=lambda: now[0])
+    cli = Keyring(engine)  # another process on the same store
+    record, token = cli.create("acme", "agent")
+    server.authenticate(token)
+    cli.revoke(record.key_id)
+    assert server.active(record.key_id)  # within refresh_s: the cached key
+    now[0] += 2.5
+    assert not server.active(record.key_id)
+    assert not server.active("no-such-key")
+    own, _ = server.create("acme", "agent")
+    server.revoke(own.key_id)  # a revocation through this keyring counts at once
+    assert not server.active(own.key_id)
+
+
 def test_listing_and_revoking_are_scoped_to_a_tenant(engine: Store) -> None:
     ring = Keyring(engine)
     a1, _ = ring.create("acme", "admin")

@@ -196,18 +196,30 @@ class Keyring:
         if match is None:
             raise AuthenticationError("malformed API key: keys look like cvm_<id>_<secret>")
         key_id = match.group(1)
-        stale = self._clock() - self._loaded_at > self.refresh_s
         with self._lock:
             known = key_id in self._keys
-        if stale or not known:
-            self.refresh()  # revocations (and keys made by another process) take effect here
-        with self._lock:
-            key = self._keys.get(key_id)
+        if not known:
+            self.refresh()  # a key made by another process since the last read
+        key = self._current(key_id)
         if key is None or not hmac.compare_digest(key.hash, digest(token)):
             raise AuthenticationError("unknown API key")
         if not key.active:
             raise AuthenticationError(f"API key {key_id} was revoked")
         return Principal(key.key_id, key.tenant, key.role)
+
+    def active(self, key_id: str) -> bool:
+        """Whether ``key_id`` is a key that works (an open event stream asks on every heartbeat); the log
+        is re-read at most every ``refresh_s``, as for :meth:`authenticate`."""
+        key = self._current(key_id)
+        return key is not None and key.active
+
+    def _current(self, key_id: str) -> ApiKey | None:
+        """The key as known, after re-reading the log if the last read is older than ``refresh_s``:
+        revocations by another process take effect here."""
+        if self._clock() - self._loaded_at > self.refresh_s:
+            self.refresh()
+        with self._lock:
+            return self._keys.get(key_id)
 
     def refresh(self) -> None:
         """Apply key events logged since the last refresh (by any process)."""

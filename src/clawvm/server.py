@@ -499,7 +499,7 @@ class Service:
 
     def key_active(self, principal: Principal) -> bool:
         """Whether the caller's key still works (an open event stream ends once it is revoked)."""
-        return any(k.key_id == principal.key_id for k in self.keyring.list(principal.tenant))
+        return self.keyring.active(principal.key_id)
 
     def close(self) -> None:
         self.live.stop()
