@@ -6,7 +6,7 @@ import shutil
 import sqlite3
 import tempfile
 import threading
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -550,6 +550,18 @@ def test_the_pager_reads_the_harness_clock() -> None:
         now[0] += timedelta(hours=6)
         assert h.explain(m.id).recency == pytest.approx(0.5)
         assert h.explain(m.id).value < v0
+
+
+def test_a_recall_stamps_its_hits_accessed_in_utc_from_a_clock_in_another_zone() -> None:
+    local = [datetime(2030, 1, 1, 11, 0, tzinfo=timezone(timedelta(hours=2)))]  # 09:00 UTC
+    with Harness.open("memory://", embedder=None, preset="bm25", clock=lambda: local[0]) as h:
+        m = h.record("the nightly backup finished", session_id="s1")
+        local[0] += timedelta(hours=1)
+        hit = h.recall("nightly backup", k=1)[0].memory
+        assert hit.id == m.id and hit.access_count == 1 and hit.version == m.version + 1
+        assert hit.last_accessed_at == datetime(2030, 1, 1, 10, 0, tzinfo=UTC)
+        assert hit.last_accessed_at.tzinfo is UTC  # stored in the one zone every memory uses
+        assert h.get(m.id) == hit
 
 
 def test_record_stamps_created_at_with_the_harness_clock() -> None:

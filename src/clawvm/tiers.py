@@ -32,7 +32,7 @@ from typing import Any
 
 from .compress import SummarizerError
 from .errors import ConflictError, ValidationError
-from .model import Filters, Memory, Status, Tier, revalidate
+from .model import Filters, Memory, Status, Tier, as_utc, revalidate
 from .scoring import DEFAULT_SCORING, ScoringConfig, value
 from .store import Event, Store
 
@@ -280,11 +280,13 @@ class Pager:
         out: list[Memory] = []
         moves: list[Event] = []
         promoted: set[tuple[str, str]] = set()
+        at = as_utc(now)
         for m in memories:
-            touched = revalidate(
-                m, {"access_count": m.access_count + 1, "last_accessed_at": now, "version": m.version + 1}
+            # counts that grow by one and a UTC time: valid by construction, so a copy, not a re-validation
+            # (which cost ~150 µs a hit, 1.5 ms of a tracked recall); value() is within [0, 1] likewise
+            touched = m.model_copy(
+                update={"access_count": m.access_count + 1, "last_accessed_at": at, "version": m.version + 1}
             )
-            # value() is within [0, 1] by construction: no second validation on the recall path
             touched = touched.model_copy(update={"value": value(touched, now, self.config.scoring)})
             if self._promotable(touched):
                 moves.append(_move_event("promote", touched, Tier.WORKING, touched.value, touched.value,
