@@ -21,7 +21,7 @@ def normalize(v: np.ndarray) -> np.ndarray:
     v = np.asarray(v, dtype=np.float32)
     if v.ndim == 1:  # one query: a dot product is ~5x cheaper than linalg.norm's general path
         n1 = float(np.sqrt(v @ v))
-        return v / n1 if n1 > 0 else v
+        return v / n1 if n1 > 0 else v.copy()
     n = np.linalg.norm(v, axis=-1, keepdims=True)
     return v / np.where(n == 0, 1.0, n)
 
