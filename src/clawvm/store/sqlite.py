@@ -332,16 +332,12 @@ class SQLiteStore(Store):
             if events:
                 self.append_events(events)
             return
-        embedded = None if vectors is None else leading_vectors(memories, vectors, self.dim)
+        vectors_of = {}
+        if vectors is not None:
+            ids, rows = leading_vectors(memories, vectors, self.dim)
+            vectors_of = dict(zip(ids, normalize(rows), strict=True))
         with self._write("write") as (db, rev):
-            if embedded is None:
-                self._put_rows(db, rev, memories)
-            else:
-                ids, vecs = embedded[0], normalize(embedded[1])
-                fresh = self._put_rows(db, rev, memories, dict(zip(ids, vecs, strict=True)))
-                rest = [n for n, memory_id in enumerate(ids) if memory_id not in fresh]
-                if rest:
-                    self._set_vector_rows(db, rev, [ids[n] for n in rest], vecs[rest], None)
+            self._put_rows(db, rev, memories, vectors_of)
             self._insert_events(db, events)
 
     def _put_rows(
@@ -350,9 +346,9 @@ class SQLiteStore(Store):
         rev: int,
         memories: Sequence[Memory],
         vectors: dict[str, np.ndarray] | None = None,
-    ) -> set[str]:
-        """Upsert ``memories``; a new one with a vector in ``vectors`` is inserted with it (one row write,
-        not an insert and then an update). Returns the ids inserted so."""
+    ) -> None:
+        """Upsert ``memories`` and their (unit) ``vectors``: a new memory's vector goes into its insert (one
+        row write, not an insert and then an update), an existing one's is set after."""
         ids = [m.id for m in memories]
         found = db.execute(  # versions for the optimistic check, contents to tell whether the text changed
             f"SELECT id, version, json_extract(body, '$.content') FROM memories"
@@ -362,7 +358,8 @@ class SQLiteStore(Store):
         check_versions(memories, {i: version for i, version, _ in found})
         old_content = {i: content for i, _, content in found}
         rewritten = {m.id for m in memories if m.id in old_content and old_content[m.id] != m.content}
-        with_vector = {} if vectors is None else {i: v for i, v in vectors.items() if i not in old_content}
+        vectors = vectors or {}
+        with_vector = {i: v for i, v in vectors.items() if i not in old_content}
         for m in memories:
             v = with_vector.get(m.id)
             row = (
@@ -396,7 +393,9 @@ class SQLiteStore(Store):
                 self.index.drop_vector(m.id)
         for memory_id, v in with_vector.items():
             self.index.set_vector(memory_id, v)
-        return set(with_vector)
+        later = [i for i in vectors if i not in with_vector]
+        if later:
+            self._set_vector_rows(db, rev, later, np.stack([vectors[i] for i in later]), None)
 
     def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
         if not ids:
