@@ -77,6 +77,11 @@ def _blob(v: np.ndarray) -> bytes:
     return np.asarray(v, dtype="<f4").tobytes()
 
 
+def _link_pairs(links_json: str | None) -> set[tuple[str, str]]:
+    """A stored body's links as the (type, target) pairs of its rows in ``links``."""
+    return {(link["type"], link["target"]) for link in json.loads(links_json or "[]")}
+
+
 log = logging.getLogger("clawvm.store.sqlite")
 
 
@@ -348,15 +353,18 @@ class SQLiteStore(Store):
         vectors: dict[str, np.ndarray] | None = None,
     ) -> None:
         """Upsert ``memories`` and their (unit) ``vectors``: a new memory's vector goes into its insert (one
-        row write, not an insert and then an update), an existing one's is set after."""
+        row write, not an insert and then an update), an existing one's is set after. A memory's link rows
+        are rewritten only when its links changed (a tier move, the record path's common rewrite, keeps
+        them)."""
         ids = [m.id for m in memories]
-        found = db.execute(  # versions for the optimistic check, contents to tell whether the text changed
-            f"SELECT id, version, json_extract(body, '$.content') FROM memories"
-            f" WHERE id IN ({','.join('?' * len(ids))})",
+        found = db.execute(  # versions for the optimistic check, contents and links to tell what changed
+            f"SELECT id, version, json_extract(body, '$.content'), json_extract(body, '$.links')"
+            f" FROM memories WHERE id IN ({','.join('?' * len(ids))})",
             ids,
         ).fetchall()
-        check_versions(memories, {i: version for i, version, _ in found})
-        old_content = {i: content for i, _, content in found}
+        check_versions(memories, {i: version for i, version, _, _ in found})
+        old_content = {i: content for i, _, content, _ in found}
+        old_links = {i: _link_pairs(links) for i, _, _, links in found}
         rewritten = {m.id for m in memories if m.id in old_content and old_content[m.id] != m.content}
         vectors = vectors or {}
         with_vector = {i: v for i, v in vectors.items() if i not in old_content}
@@ -381,11 +389,12 @@ class SQLiteStore(Store):
             )
             if m.id in rewritten:  # new text: the old vector no longer describes it
                 db.execute("UPDATE memories SET embedding = NULL WHERE id = ?", (m.id,))
-            db.execute("DELETE FROM links WHERE source = ?", (m.id,))
-            db.executemany(
-                "INSERT OR IGNORE INTO links VALUES (?,?,?)",
-                [(m.id, link.type.value, link.target) for link in m.links],
-            )
+            links = {(link.type.value, link.target) for link in m.links}
+            if links == old_links.get(m.id, set()):
+                continue
+            if m.id in old_links:
+                db.execute("DELETE FROM links WHERE source = ?", (m.id,))
+            db.executemany("INSERT INTO links VALUES (?,?,?)", [(m.id, t, target) for t, target in links])
         self._index_dirty = True
         for m in memories:
             self.index.upsert(m)
@@ -515,13 +524,19 @@ class SQLiteStore(Store):
 
     @staticmethod
     def _insert_events(db: sqlite3.Connection, events: Sequence[Event]) -> list[int]:
-        return [
-            db.execute(
-                "INSERT INTO events (at, tenant, kind, memory_id, data) VALUES (?,?,?,?,?) RETURNING seq",
-                (e.at.isoformat(), e.tenant, e.kind, e.memory_id, json.dumps(e.data, default=str)),
-            ).fetchone()[0]
-            for e in events
-        ]
+        """Insert ``events`` in one statement; returns their seqs. The write lock is held and ``seq`` is
+        AUTOINCREMENT, so one batch's seqs are consecutive and end at the connection's last rowid."""
+        if not events:
+            return []
+        db.executemany(
+            "INSERT INTO events (at, tenant, kind, memory_id, data) VALUES (?,?,?,?,?)",
+            [
+                (e.at.isoformat(), e.tenant, e.kind, e.memory_id, json.dumps(e.data, default=str))
+                for e in events
+            ],
+        )
+        last = db.execute("SELECT last_insert_rowid()").fetchone()[0]
+        return list(range(last - len(events) + 1, last + 1))
 
     def delete_events_upto(self, seq: int) -> int:
         with self._write("delete_events") as (db, _rev):  # AUTOINCREMENT: deleted seqs are never reused
