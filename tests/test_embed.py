@@ -1,0 +1,48 @@
+"""The token counter: its ASCII path must count exactly what the model's tokenizer counts."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clawvm.embed import count_tokens, wordpiece
+
+
+def tokenizer_count(text: str) -> int:
+    return len(wordpiece().encode(text, add_special_tokens=False).ids)
+
+
+ascii_text = st.text(alphabet=st.characters(max_codepoint=127), max_size=400)
+wordy_text = st.lists(
+    st.sampled_from(
+        [
+            "the", "Caroline", "LGBTQ", "unbelievably", "x2", "2023-05-08", "don't", "e-mail", "?!", "_id",
+            "\t", "\n",
+        ]
+    ),
+    max_size=60,
+).map(" ".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(ascii_text, wordy_text))
+def test_ascii_text_is_counted_like_the_tokenizer(text: str) -> None:
+    assert count_tokens(text) == tokenizer_count(text)
+
+
+def test_edge_cases_of_the_ascii_path() -> None:
+    for text in [
+        "",
+        "   ",
+        "a\x00b\x0bc\x1fd\x7fe",  # control characters vanish (the words around them join)
+        "tab\tnew\nline\rend",  # these three are spaces
+        "w" * 101 + " ok",  # a word over WordPiece's 100 characters is one unknown token
+        "Hello, WORLD... (really)? [yes] {no} ~_~ `code` #tag @me 50% $5 a+b=c",
+    ]:
+        assert count_tokens(text) == tokenizer_count(text), repr(text)
+
+
+def test_other_text_takes_the_tokenizer_path() -> None:
+    for text in ["Café déjà vu", "東京で会いましょう", "smart “quotes” — and…", "emoji 🎉 party"]:
+        assert count_tokens(text) == tokenizer_count(text)
+    assert count_tokens("Café") == count_tokens("Cafe")  # accents are stripped, as the tokenizer does
