@@ -505,6 +505,14 @@ def test_edges_in_both_directions_replaced_and_removed(engine: Store) -> None:
     assert engine.edges([b.id, c.id]) == []
     assert engine.edges([d.id]) == [ad]
 
+    a3 = bump(a2, content="a, moved and reworded")  # same links: kept as they are
+    engine.put(a3)
+    assert engine.edges([a.id, d.id]) == [ad]
+    engine.put(bump(a3, links=[]))
+    assert engine.edges([a.id, d.id]) == []
+    engine.put(bump(engine.get(a.id), links=[Link(type=LinkType.DERIVED_FROM, target=d.id)]))
+    assert engine.edges([a.id]) == [ad]
+
     engine.delete(a.id)
     assert engine.edges([a.id, b.id, c.id, d.id]) == []
 

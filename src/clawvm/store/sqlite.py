@@ -394,7 +394,9 @@ class SQLiteStore(Store):
                 continue
             if m.id in old_links:
                 db.execute("DELETE FROM links WHERE source = ?", (m.id,))
-            db.executemany("INSERT INTO links VALUES (?,?,?)", [(m.id, t, target) for t, target in links])
+            db.executemany(
+                "INSERT OR IGNORE INTO links VALUES (?,?,?)", [(m.id, t, target) for t, target in links]
+            )
         self._index_dirty = True
         for m in memories:
             self.index.upsert(m)
