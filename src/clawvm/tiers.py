@@ -71,7 +71,7 @@ class PagerConfig:
     # watermarks, so a busy session demotes several memories once every few records instead of one on
     # each; the demotions ride in the record's own write (Pager.shed_plan). Context builds still enforce
     # the budget exactly. In bench/recall_scale.py at 100k memories sessions are full in the second half
-    # and one record in ~7 sheds, ~2.5 ms more than a plain record (values of ~25 members, 6 rows
+    # and one record in ~9 sheds, ~2.2 ms more than a plain record (values of ~30 members, ~7 rows
     # rewritten, the lower tiers' counts): that is the record p95. A larger slack makes sheds rarer but
     # larger and leaves the prompt emptier after each.
     working_slack: float = 0.25
