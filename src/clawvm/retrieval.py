@@ -214,16 +214,9 @@ def _fuse_scores(
             continue
         values = [s for _, s in hits]
         ch = parts[name] = _Channel(hits, w, min(values), max(values) - min(values), name in raw)
-        if ch.raw:
-            for ident, s in hits:
-                totals[ident] = get(ident, 0.0) + w * min(max(s, 0.0), 1.0)
-        elif ch.span > 0:
-            lo, span = ch.lo, ch.span
-            for ident, s in hits:
-                totals[ident] = get(ident, 0.0) + w * ((s - lo) / span)
-        else:
-            for ident, _ in hits:
-                totals[ident] = get(ident, 0.0) + w
+        normalized = ch.normalized
+        for ident, s in hits:
+            totals[ident] = get(ident, 0.0) + w * normalized(s)
     return totals, parts
 
 
