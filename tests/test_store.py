@@ -718,6 +718,15 @@ def open_store(stores: list[SQLiteStore], path: Path, **kw: Any) -> SQLiteStore:
     return s
 
 
+Pair = tuple[SQLiteStore, SQLiteStore]
+
+
+@pytest.fixture
+def two_connections(db_path: Path, opened: list[SQLiteStore]) -> Pair:
+    """Two stores on one file: two connections, each with its own in-process index."""
+    return open_store(opened, db_path), open_store(opened, db_path)
+
+
 @sqlite_only
 def test_reopen_brings_everything_back(engine_name: str, db_path: Path, opened: list[SQLiteStore]) -> None:
     s = open_store(opened, db_path)
@@ -753,9 +762,9 @@ def test_reopen_brings_everything_back(engine_name: str, db_path: Path, opened: 
 
 @sqlite_only
 def test_a_vector_written_with_its_new_memory_is_in_the_file(
-    engine_name: str, db_path: Path, opened: list[SQLiteStore]
+    engine_name: str, db_path: Path, opened: list[SQLiteStore], two_connections: Pair
 ) -> None:
-    one, two = open_store(opened, db_path), open_store(opened, db_path)
+    one, two = two_connections
     a, b = mem("otter den by the river"), mem("heron nest")
     one.put(b)  # b exists: its vector goes in by an update, a's with its insert
     vecs = unit_vectors(2, seed=9)
@@ -767,9 +776,9 @@ def test_a_vector_written_with_its_new_memory_is_in_the_file(
 
 @sqlite_only
 def test_two_stores_on_one_file_see_each_others_writes(
-    engine_name: str, db_path: Path, opened: list[SQLiteStore]
+    engine_name: str, two_connections: Pair
 ) -> None:
-    one, two = open_store(opened, db_path), open_store(opened, db_path)
+    one, two = two_connections
     a, b = mem("quokka sighting on the island"), mem("wombat burrow")
     one.put_many([a, b])
     assert two.get(a.id) == a
@@ -806,9 +815,9 @@ def test_two_stores_on_one_file_see_each_others_writes(
 
 @sqlite_only
 def test_concurrent_writers_on_two_connections_converge(
-    engine_name: str, db_path: Path, opened: list[SQLiteStore]
+    engine_name: str, db_path: Path, opened: list[SQLiteStore], two_connections: Pair
 ) -> None:
-    one, two = open_store(opened, db_path), open_store(opened, db_path)
+    one, two = two_connections
     errors: list[BaseException] = []
 
     def writer(store: Store, tag: str) -> None:
@@ -839,10 +848,8 @@ def test_concurrent_writers_on_two_connections_converge(
 
 
 @sqlite_only
-def test_reader_catching_up_while_another_connection_writes(
-    engine_name: str, db_path: Path, opened: list[SQLiteStore]
-) -> None:
-    reader, writer = open_store(opened, db_path), open_store(opened, db_path)
+def test_reader_catching_up_while_another_connection_writes(engine_name: str, two_connections: Pair) -> None:
+    reader, writer = two_connections
     stop = threading.Event()
 
     def read_loop() -> None:
