@@ -279,6 +279,17 @@ def test_dense_query_returns_nearest_first(engine: Store) -> None:
     assert [i for i, _ in hits] == [docs[j].id for j in expected]
 
 
+def test_dense_limit_sets_the_dense_channels_own_depth(engine: Store) -> None:
+    docs = [mem(f"doc {i} shared") for i in range(6)]
+    engine.put_many(docs)
+    vecs = unit_vectors(6, seed=3)
+    engine.set_vectors([d.id for d in docs], vecs)
+    res = engine.query(Query(text="shared", vector=vecs[0], limit=2, dense_limit=5))
+    assert len(res.lexical) == 2 and len(res.dense) == 5  # the lexical channel keeps ``limit``
+    assert [i for i, _ in res.dense] == [docs[j].id for j in np.argsort(-(vecs @ vecs[0]))[:5]]
+    assert len(engine.query(Query(vector=vecs[0], limit=2)).dense) == 2  # no dense_limit: ``limit``
+
+
 def test_set_vectors_ignores_unknown_ids(engine: Store) -> None:
     a = mem("a")
     engine.put(a)

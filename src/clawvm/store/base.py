@@ -30,8 +30,9 @@ from ..model import Filters, LinkType, Memory, utcnow
 class Query:
     """One search: metadata filters plus optional lexical text and/or dense vector.
 
-    ``limit`` is per channel. With neither text, vector, ``around`` nor ``expand``, the newest memories
-    matching the filters are returned in ``QueryResult.filtered``.
+    ``limit`` is per channel (``dense_limit``, when given, for the dense channel). With neither text, vector,
+    ``around`` nor ``expand``, the newest memories matching the filters are returned in
+    ``QueryResult.filtered``.
 
     Optional channels (all off by default; every engine implements them, see ``store/index.py``):
 
@@ -41,7 +42,7 @@ class Query:
       creation time), ``CONTEXT_WINDOW`` on each side (``QueryResult.context``). In a conversation the
       other speaker's reply often carries the words of the question;
     - ``info``: ``QueryResult.info`` for every candidate of the channels above and for their same-session
-      neighbours that pass the filters (creation time, session, previous/next memory);
+      neighbours that pass the filters (creation time, session, previous/next memory, author, length);
     - ``around``: ``QueryResult.info`` for these ids and their same-session neighbours that pass the
       filters (recall asks it for its best fused candidates only: cheaper than ``info`` for all);
     - ``expand``: seed ids for entity-graph expansion: ``QueryResult.related`` lists memories that share
@@ -53,6 +54,7 @@ class Query:
     text: str | None = None
     vector: np.ndarray | None = None
     limit: int = 50
+    dense_limit: int | None = None
     lexical: bool = True
     context: bool = False
     info: bool = False
@@ -60,6 +62,11 @@ class Query:
     expand: tuple[str, ...] = ()
     expand_limit: int = 50
     expand_max_df: int = 20
+
+    @property
+    def dense_k(self) -> int:
+        """How many hits the dense channel returns."""
+        return self.limit if self.dense_limit is None else self.dense_limit
 
 
 class CandidateInfo(NamedTuple):
@@ -75,6 +82,7 @@ class CandidateInfo(NamedTuple):
     previous: str | None
     next: str | None
     agent_id: str | None = None  # who wrote it (recall's author prior, see clawvm.retrieval)
+    length: int = 0  # lexical document length, in analysed terms (recall's length prior)
 
 
 @dataclass

@@ -516,7 +516,7 @@ class SearchIndex:
                 result.context = [(ids[r], s) for r, s in found[-1]]  # type: ignore[misc]
         if q.vector is not None:
             check_vectors(1, q.vector, self.vectors.dim, field="vector")
-            found.append(self.vectors.search(q.vector, q.limit, allowed))
+            found.append(self.vectors.search(q.vector, q.dense_k, allowed))
             result.dense = [(ids[r], s) for r, s in found[-1]]  # type: ignore[misc]
         if q.expand:
             seeds = [self.row_of[i] for i in dict.fromkeys(q.expand) if i in self.row_of]
@@ -634,6 +634,7 @@ class SearchIndex:
             _lookup(self.ids, self._prev[rows]),
             _lookup(self.ids, self._next[rows]),
             _lookup(agents.values, agents.data[rows]),
+            self.lexical.doc_len[rows].astype(np.int64).tolist(),
             strict=True,
         )
         return dict(zip(map(self.ids.__getitem__, at), map(_info_of, fields), strict=True))  # type: ignore[arg-type]

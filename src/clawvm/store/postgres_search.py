@@ -205,7 +205,7 @@ class Searcher:
         if q.text and (q.lexical or q.context):
             self._lexical(conn, q, where, wargs, result, found)
         if q.vector is not None:
-            dense = self.dense(conn, q.vector, q.limit, where, wargs)
+            dense = self.dense(conn, q.vector, q.dense_k, where, wargs)
             result.dense = [(h.id, h.score) for h in dense]
             found.append(dense)
         if q.expand:
@@ -389,6 +389,7 @@ class Searcher:
                 before.id if before else None,
                 after.id if after else None,
                 me.agent_id,
+                me.doc_len,
             )
 
         for run in around.values():
