@@ -287,7 +287,9 @@ def test_presets(harness: Harness) -> None:
     assert harness.recall(q, k=1, preset=custom)[0].id == ms[0].id
     with pytest.raises(ConfigError):
         harness.recall(q, preset="nope")
-    assert sorted(PRESETS) == ["bm25", "dense", "graph", "hybrid", "hybrid-fast", "hybrid-v1", "hybrid-v2"]
+    assert sorted(PRESETS) == [
+        "bm25", "dense", "graph", "hybrid", "hybrid-fast", "hybrid-v1", "hybrid-v2", "hybrid-v3"
+    ]
 
 
 def test_unknown_preset_at_open_is_a_config_error(engine_name: str, tmp_path: Path) -> None:

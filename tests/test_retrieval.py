@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clawvm import ConfigError, Harness, Memory, Status
+from clawvm.lexical import Analyzer
 from clawvm.retrieval import (
     CHANNELS,
     DEFAULT_PRESET,
@@ -21,13 +22,14 @@ from clawvm.retrieval import (
     RecallConfig,
     _best_first,
     fuse,
+    length_factors,
     named_authors,
     preset,
     strip_authors,
     time_expressions,
     time_match,
 )
-from clawvm.store import Query, SQLiteStore, Store
+from clawvm.store import CandidateInfo, Query, SQLiteStore, Store
 from engines import harness_target
 
 # ---- fuse -------------------------------------------------------------------------------------------
@@ -128,7 +130,9 @@ def test_time_match() -> None:
 # ---- presets and configs ------------------------------------------------------------------------------
 def test_presets() -> None:
     assert DEFAULT_PRESET == "hybrid" and preset(None) is PRESETS["hybrid"]
-    assert {"hybrid", "hybrid-v2", "hybrid-v1", "hybrid-fast", "bm25", "dense", "graph"} <= set(PRESETS)
+    assert {"hybrid", "hybrid-v3", "hybrid-v2", "hybrid-v1", "hybrid-fast", "bm25", "dense", "graph"} <= set(
+        PRESETS
+    )
     assert PRESETS["hybrid-v1"].weights == {"lexical": 0.7, "dense": 0.3}  # the previous default
     default = PRESETS[DEFAULT_PRESET]
     assert PRESETS["hybrid-fast"] == default.with_("hybrid-fast", weights={"context": 0.0})
@@ -142,6 +146,14 @@ def test_presets() -> None:
         RecallConfig("bad", {"lexicon": 1.0})
     with pytest.raises(ConfigError):
         RecallConfig("bad", {"lexical": -1.0})
+    with pytest.raises(ConfigError, match="length_prior"):
+        RecallConfig("bad", {"lexical": 1.0}, length_prior=-0.1)
+    with pytest.raises(ConfigError, match="dense_candidates"):
+        RecallConfig("bad", {"dense": 1.0}, dense_candidates=0)
+    # the previous default stays available; the new one adds the length prior and a deeper dense list
+    v3 = PRESETS["hybrid-v3"]
+    assert v3.length_prior == 0.0 and v3.dense_candidates is None
+    assert default.length_prior > 0 and (default.dense_candidates or 0) > default.candidates
     off = default.with_("no-context", weights={"context": 0.0}, smoothing=0.0)
     assert off.name == "no-context" and not off.uses("context") and off.smoothing == 0.0
     assert off.weights["lexical"] == default.weights["lexical"]
@@ -416,6 +428,46 @@ def test_author_levers_rank_the_named_authors_own_memories_first(lexical_harness
     assert "author" in {c for x in prior_only for c in x.explain}  # the prior alone also needs the pool
 
 
+# ---- length prior -------------------------------------------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 200), min_size=1, max_size=40), st.floats(0.0, 2.0))
+def test_length_factors_rise_with_length_around_the_pools_median(lengths: list[int], g: float) -> None:
+    info = {f"m{i}": CandidateInfo(T0, "s", None, None, None, n) for i, n in enumerate(lengths)}
+    scored = {i: 1.0 for i in list(info)[::2] or list(info)}  # only members with a score get a factor
+    factors = length_factors(info, scored, g)
+    assert set(factors) == set(scored)
+    kept = sorted((max(info[i].length, 1), f) for i, f in factors.items())
+    assert all(a[1] <= b[1] + 1e-12 for a, b in itertools.pairwise(kept))  # longer never loses to shorter
+    median = float(np.median([n for n, _ in kept]))
+    for n, f in kept:
+        assert f == pytest.approx((n / median) ** g)
+    if g == 0.0:
+        assert set(factors.values()) == {1.0}
+
+
+def test_length_prior_lifts_the_memory_that_says_more(lexical_harness: Harness) -> None:
+    h = lexical_harness
+    short = h.record("Pottery, nice!", session_id="s1", created_at=T0)
+    long = h.record(
+        "Caroline: I took a pottery class downtown and made a blue bowl, two mugs and a vase for my mum.",
+        session_id="s2", created_at=T0 + timedelta(days=1),
+    )
+    h.record(  # the weakest match: min-max fusion scores it 0, so the other two keep a share
+        "We talked for hours about the garden, the weather, the new bakery on the corner, the school "
+        "concert, the neighbours' dog, the broken fence, holidays by the sea and, briefly, pottery.",
+        session_id="s3", created_at=T0 + timedelta(days=2),
+    )
+    plain = {x.id: x for x in h.recall("pottery", k=3, preset=LEXICAL_ONLY, track=False)}
+    assert list(plain)[:2] == [short.id, long.id]  # BM25 favours the short text
+    hits = h.recall("pottery", k=3, preset=LEXICAL_ONLY.with_("length", length_prior=1.0), track=False)
+    assert [x.id for x in hits[:2]] == [long.id, short.id]
+    lengths = {m.id: len(Analyzer().terms(h.get(m.id).content)) for m in hits}
+    median = float(np.median(list(lengths.values())))
+    for x in hits:
+        assert x.explain["length"].raw == pytest.approx(lengths[x.id] / median)
+        assert x.score == pytest.approx(plain[x.id].score * lengths[x.id] / median)
+
+
 def test_store_knows_its_agents_per_tenant_and_candidates_carry_theirs(engine: Store) -> None:
     a = Memory(content="alpha one", session_id="s", agent_id="Nate", created_at=T0)
     b = Memory(content="alpha two", session_id="s", agent_id="Joanna", created_at=T0 + timedelta(seconds=1))
@@ -430,3 +482,5 @@ def test_store_knows_its_agents_per_tenant_and_candidates_carry_theirs(engine: S
     info = engine.query(Query(filters=Query().filters.with_(tenant=frozenset({"default"})),
                               around=(b.id,))).info
     assert {i: x.agent_id for i, x in info.items()} == {a.id: "Nate", b.id: "Joanna", c.id: "Amy"}
+    terms = Analyzer().terms
+    assert {i: x.length for i, x in info.items()} == {m.id: len(terms(m.content)) for m in (a, b, c)}

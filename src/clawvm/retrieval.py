@@ -18,9 +18,10 @@ dense model is much weaker there; weighting the channels by how much each can be
 Then, for the best :func:`pool_size` fused candidates and their same-session neighbours (creation times
 and neighbours from a second, small store query): ``time`` (already in [0, 1], taken as is) is added, and
 ``smoothing`` lets a memory inherit a share of its neighbours' scores, (s + a * (s_prev + s_next)) / (1 + 2a).
-Scores stay within [0, sum of weights]. With the author levers (``strip_authors``, ``author_prior``,
-see :class:`RecallConfig`), the agents a query names are left out of the matched text and their own
-pool memories are multiplied by 1 + author_prior after smoothing.
+Scores stay within [0, sum of weights] until the priors, which multiply pool members' scores after
+smoothing (see :class:`RecallConfig`): with the author levers (``strip_authors``, ``author_prior``), the
+agents a query names are left out of the matched text and their own pool memories are multiplied by
+1 + author_prior; with ``length_prior`` g, each pool memory by (its length / the pool's median length) ** g.
 
 Every parameter was chosen on LoCoMo dev with ``bench/locomo.py`` (``--ablation`` reports each lever on
 and off against the default); the numbers are in the preset comments.
@@ -29,6 +30,7 @@ and off against the default); the numbers are in the preset comments.
 from __future__ import annotations
 
 import re
+import statistics
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
@@ -59,14 +61,18 @@ class RecallConfig:
     """How one recall runs.
 
     ``weights`` maps a channel name (see :data:`CHANNELS`) to its fusion weight; ``candidates`` is how many
-    hits each store channel returns before fusion; ``smoothing`` is the share of each same-session
-    neighbour's fused score a memory inherits (0 = off); ``graph_seeds`` best first-stage hits seed the
-    entity-graph expansion, which follows at most ``graph_links`` links.
+    hits each store channel returns before fusion (``dense_candidates``, when given, for the dense
+    channel); ``smoothing`` is the share of each same-session neighbour's fused score a memory inherits
+    (0 = off); ``graph_seeds`` best first-stage hits seed the entity-graph expansion, which follows at most
+    ``graph_links`` links.
     """
 
     name: str
     weights: dict[str, float] = field(default_factory=dict)
     candidates: int = 100  # per channel, before fusion
+    # The dense channel's own count: its cosines sit in a narrow band, so a memory that matches the topic
+    # but not the words sits deeper in its list than in the lexical ones (see the default's comment).
+    dense_candidates: int | None = None
     smoothing: float = 0.0
     graph_seeds: int = 5
     graph_links: int = 50
@@ -78,13 +84,22 @@ class RecallConfig:
     # smoothing: before it, the other speaker's replies inherit the boost, 2-4 multi-hop points worse).
     strip_authors: bool = False
     author_prior: float = 0.0
+    # Length: a pool candidate's fused score is multiplied by (its length / the pool's median length) **
+    # length_prior (after smoothing), length being the terms the lexical analyzer keeps. A longer memory
+    # says more, so it is likelier to hold the fact asked about; short acknowledgements ("Thanks! Sounds
+    # great") that match a topic word otherwise crowd the top of multi-part questions. 0 = off.
+    length_prior: float = 0.0
 
     def __post_init__(self) -> None:
         unknown = set(self.weights) - set(CHANNELS)
         if unknown:
             raise ConfigError(f"unknown recall channel(s) {sorted(unknown)}: use {list(CHANNELS)}")
-        if any(w < 0 for w in self.weights.values()) or self.smoothing < 0 or self.author_prior < 0:
-            raise ConfigError("recall weights, smoothing and author_prior must be >= 0")
+        priors = (self.smoothing, self.author_prior, self.length_prior)
+        if any(w < 0 for w in self.weights.values()) or any(p < 0 for p in priors):
+            raise ConfigError("recall weights, smoothing, author_prior and length_prior must be >= 0")
+        counts = (self.candidates, self.dense_candidates if self.dense_candidates is not None else 1)
+        if any(n < 1 for n in counts):
+            raise ConfigError("recall candidates and dense_candidates must be >= 1")
 
     def uses(self, channel: str) -> bool:
         return self.weights.get(channel, 0.0) > 0.0
@@ -96,23 +111,36 @@ class RecallConfig:
         return replace(self, name=name or self.name, weights=weights, **changes)  # type: ignore[arg-type]
 
 
-# The default: hybrid-v2 with the authors a query names factored out (strip_authors, author_prior).
-# LoCoMo dev, all five categories, R@5 / R@10 74.2 / 83.0, multi-hop R@10 49.8 (hybrid-v2: 71.1 / 80.1,
-# 42.6); the ablation is in bench/locomo.py --ablation and the README. Dense 1.0: once names are gone the
-# dense channel matches the topic (dense-only multi-hop R@10 26.7 -> 37.1) and earns lexical's weight
-# (1.0-1.5 flat); prior 0.5 mid-plateau (0.4-0.6 within 0.3 points overall; higher starts to cost the
-# adversarial questions, which name the wrong person by design); candidates 50 as before (100: +2
-# multi-hop, twice the context channel's work at 100k memories).
-_DEFAULT = RecallConfig(
-    "hybrid",
+# The default before the length prior: hybrid-v2 with the authors a query names factored out
+# (strip_authors, author_prior). LoCoMo dev, all five categories, R@5 / R@10 74.2 / 83.0, multi-hop R@10
+# 49.8 (hybrid-v2: 71.1 / 80.1, 42.6). Dense 1.0: once names are gone the dense channel matches the topic
+# (dense-only multi-hop R@10 26.7 -> 37.1) and earns lexical's weight (1.0-1.5 flat); prior 0.5
+# mid-plateau (0.4-0.6 within 0.3 points overall; higher starts to cost the adversarial questions, which
+# name the wrong person by design); candidates 50 as before (100: +2 multi-hop, twice the context
+# channel's work at 100k memories).
+_V3 = RecallConfig(
+    "hybrid-v3",
     {"lexical": 0.7, "context": 0.5, "dense": 1.0, "time": 0.5},
     candidates=50,
     smoothing=0.3,
     strip_authors=True,
     author_prior=0.5,
 )
+# The default: hybrid-v3 plus the length prior, a deeper dense list, and the priors retuned around them.
+# LoCoMo dev R@5 / R@10 74.5 / 83.1, multi-hop R@10 56.1 (hybrid-v3: 74.2 / 83.0 / 49.8); each lever off
+# in bench/locomo.py --ablation and the README. length_prior 0.3: multi-hop +3.4 on its own; 0.25-0.35
+# all within a point, 0.45 starts to lose R@10. dense_candidates 100 (lexical and context stay at 50: all
+# of the gain of 100 candidates, +1.3 multi-hop, is the dense list's, and the context channel is the
+# costly one at 100k memories). With the priors the other speaker's replies should inherit less:
+# smoothing 0.2 (0.15-0.25 within a point; 0.3 costs 1-2 multi-hop points in every setting tried).
+# author_prior 0.7 mid-plateau: 0.6-0.8 all reach multi-hop 55.4-57.0; 0.8 and above lose adversarial R@5
+# (78 -> 74), which name the wrong person by design.
+_DEFAULT = _V3.with_(
+    "hybrid", dense_candidates=100, smoothing=0.2, author_prior=0.7, length_prior=0.3
+)
 PRESETS: dict[str, RecallConfig] = {
     "hybrid": _DEFAULT,
+    "hybrid-v3": _V3,
     # The default before the author levers. LoCoMo dev R@5 / R@10 71.1 / 80.1 (hybrid-v1: 59.0 / 67.9).
     # Each lever off (bench/locomo.py --ablation): context -3.6 / -2.5, time -1.1 / -1.4, dense
     # -1.0 / -1.5, smoothing -0.9 / -0.6 (-1.4 / -0.9 with 100 candidates, and the same sign in every
@@ -123,11 +151,11 @@ PRESETS: dict[str, RecallConfig] = {
     "hybrid-v2": RecallConfig(
         "hybrid-v2", {"lexical": 0.7, "context": 0.5, "dense": 0.3, "time": 0.5}, candidates=50, smoothing=0.3
     ),
-    # The default plus entity-graph expansion: +0.3 / +0.1 on LoCoMo dev (multi-hop R@10 +0.3), noise, as
+    # The default plus entity-graph expansion: +0.1 / +0.1 on LoCoMo dev (multi-hop R@10 +0.4), noise, as
     # chat turns name few things; kept for corpora rich in names. One more store round trip.
     "graph": _DEFAULT.with_("graph", weights={"graph": 0.4}),
     # The default without the context channel, its costliest part at 100k memories (~2 ms per recall):
-    # 70.4 / 80.6 on LoCoMo dev, multi-hop R@10 51.6. For deployments where recall p95 must stay well
+    # 70.5 / 79.5 on LoCoMo dev, multi-hop R@10 54.4. For deployments where recall p95 must stay well
     # under 10 ms at that scale.
     "hybrid-fast": _DEFAULT.with_("hybrid-fast", weights={"context": 0.0}),
     # The default before issue 3: lexical carries most of the signal, dense adds paraphrases.
@@ -388,6 +416,17 @@ class Recalled:
         return self.memory.id
 
 
+def length_factors(info: dict[str, CandidateInfo], scored: dict[str, float], g: float) -> dict[str, float]:
+    """The length prior's factor for each pool member in ``scored``: (length / median length) ** g, a
+    length of 0 counting as 1. Relative to the pool's median, so a typical memory keeps its score whatever
+    the corpus's usual length."""
+    lengths = {i: x.length or 1 for i, x in info.items() if i in scored}
+    if not lengths:
+        return {}
+    median = statistics.median(lengths.values())  # on the ~100-200 ints of a pool: a third of np.median
+    return {i: (n / median) ** g for i, n in lengths.items()}
+
+
 def run_recall(
     store: Store,
     query: str,
@@ -411,6 +450,7 @@ def run_recall(
             text=text if lexical else None,
             vector=vector if cfg.uses("dense") else None,
             limit=max(cfg.candidates, k),
+            dense_limit=None if cfg.dense_candidates is None else max(cfg.dense_candidates, k),
             lexical=cfg.uses("lexical"),
             context=cfg.uses("context"),
         )
@@ -423,7 +463,8 @@ def run_recall(
     boosted: set[str] = set()  # pool members by a named author
 
     prior = cfg.author_prior if named else 0.0
-    if (cfg.smoothing > 0 or times or prior) and scores:
+    lengths: dict[str, float] = {}  # pool member -> its length factor
+    if (cfg.smoothing > 0 or times or prior or cfg.length_prior > 0) and scores:
         pool = [i for i, _ in _best_first(scores, pool_size(k))]
         info = store.query(Query(filters=filters, around=tuple(pool))).info
         if times:
@@ -437,12 +478,16 @@ def run_recall(
             get = scores.get
             # candidates outside the pool keep their own share; the pool inherits its neighbours'
             smoothed = {i: s / div for i, s in scores.items()}
-            for i, (_, _, before, after, _) in info.items():
+            for i, (_, _, before, after, _, _) in info.items():
                 if (s := (get(i, 0.0) + a * (get(before or "", 0.0) + get(after or "", 0.0))) / div) > 0:
                     smoothed[i] = s
             scores = smoothed
+        if cfg.length_prior > 0:  # after smoothing, as the author prior: a neighbour's length is not its own
+            lengths = length_factors(info, scores, cfg.length_prior)
+            for i, f in lengths.items():
+                scores[i] *= f
         if prior:  # the named authors' own memories (after smoothing: their neighbours do not inherit it)
-            for i, (_, _, _, _, agent) in info.items():
+            for i, (_, _, _, _, agent, _) in info.items():
                 if agent is not None and i in scores and agent.lower() in named:
                     scores[i] *= 1.0 + prior
                     boosted.add(i)
@@ -475,6 +520,8 @@ def run_recall(
                 explain["neighbours"] = ChannelScore(near, near / 2, 0, cfg.smoothing)
         if i in timed:
             explain["time"] = ChannelScore(timed[i], timed[i], 0, cfg.weights["time"])
+        if i in lengths:
+            explain["length"] = ChannelScore(lengths[i], lengths[i], 0, cfg.length_prior)
         if i in boosted:
             explain["author"] = ChannelScore(1.0, 1.0, 0, prior)
         if i in bonus:
