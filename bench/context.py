@@ -15,7 +15,7 @@ hits packed in rank order until the budget is full) and ``full_context`` (every 
 the conversation's). All lines are rendered the same way and counted with the same tokenizer.
 
     python bench/context.py --data ../shared/data/locomo/locomo_dev.json --budgets 500,1000,2000,4000 \
-        --json bench/results/context.json
+        --json bench/results/context.json [--preset hybrid-v3]
 """
 
 from __future__ import annotations
@@ -48,10 +48,15 @@ def p95(xs: list[float]) -> float:
 class Replay:
     """One conversation lived through a harness, with its memories mapped to dialogue ids."""
 
-    def __init__(self, conv: _locomo.Conversation, vectors: np.ndarray, embedder: clawvm.Embedder) -> None:
+    def __init__(
+        self, conv: _locomo.Conversation, vectors: np.ndarray, embedder: clawvm.Embedder,
+        preset: str | None = None,
+    ) -> None:
         self.conv = conv
         self.now = [next(iter(conv.dates.values()))]
-        self.harness = clawvm.Harness.open("memory://", embedder=embedder, clock=lambda: self.now[0])
+        self.harness = clawvm.Harness.open(
+            "memory://", embedder=embedder, clock=lambda: self.now[0], preset=preset
+        )
         self.dia_of: dict[str, str] = {}
         self.id_of: dict[str, str] = {}
         self.order: list[clawvm.Memory] = []
@@ -106,6 +111,8 @@ def main() -> None:
     ap.add_argument("--budgets", default="500,1000,2000,4000", help="comma-separated token budgets")
     ap.add_argument("--json", dest="json_path", help="write results here")
     ap.add_argument("--limit", type=int, default=0, help="only the first N questions per conversation")
+    ap.add_argument("--preset", choices=sorted(clawvm.PRESETS), default=None,
+                    help="recall preset of the harness (default: the default preset)")
     args = ap.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]
 
@@ -143,7 +150,7 @@ def main() -> None:
     full_tokens: list[float] = []
     t_start = time.time()
     for conv, dv in zip(convs, doc_vecs, strict=True):
-        replay = Replay(conv, dv, embedder)
+        replay = Replay(conv, dv, embedder, args.preset)
         h = replay.harness
         qv = query_vectors(h, conv)
         full_tokens.append(sum(replay.tokens.values()))
@@ -177,6 +184,7 @@ def main() -> None:
         print(f"  {conv.sample_id}: {len(qas)} questions x {len(budgets)} budgets ({elapsed:.0f}s)")
 
     result: dict[str, Any] = {
+        "preset": clawvm.retrieval.preset(args.preset).name,
         "by_budget": {},
         "baselines": {"sliding_window": {}, "bm25_packed": {}, "full_context": {}},
         "embed_query_p50_ms": round(statistics.median(embed_ms), 2),

@@ -179,10 +179,16 @@ def ablation(
         variants.append(("- strip authors", base.with_(strip_authors=False), corpora))
     if base.author_prior > 0:
         variants.append(("- author prior", base.with_(author_prior=0.0), corpora))
-        for p in (0.3, 0.8):
+        for p in (0.5, 1.0):
             variants.append((f"author prior {p}", base.with_(author_prior=p), corpora))
     if base.strip_authors or base.author_prior > 0:
         variants.append(("- both author levers", base.with_(strip_authors=False, author_prior=0.0), corpora))
+    if base.length_prior > 0:
+        variants.append(("- length prior", base.with_(length_prior=0.0), corpora))
+        for g in (0.2, 0.45):
+            variants.append((f"length prior {g}", base.with_(length_prior=g), corpora))
+    if base.dense_candidates is not None:
+        variants.append(("dense candidates 50", base.with_(dense_candidates=50), corpora))
     variants.append(("candidates 100", base.with_(candidates=100), corpora))
     if not base.uses("graph"):
         variants.append(("+ entity graph (0.4)", base.with_(weights={"graph": 0.4}), corpora))
@@ -195,7 +201,7 @@ def ablation(
         for w in (0.3, 0.7):
             variants.append((f"context weight {w}", base.with_(weights={"context": w}), corpora))
     if base.smoothing > 0:
-        for a in (0.2, 0.4):
+        for a in (0.1, 0.3):
             variants.append((f"smoothing {a}", base.with_(smoothing=a), corpora))
     extra: list[Corpus] = []
 
@@ -215,8 +221,9 @@ def ablation(
     for w in (1, 3):
         variants.append((f"neighbourhood window ±{w}", base, rebuilt(captions, w)))
     plain = other if captions else corpora
-    variants.append(("hybrid-v2 (previous default)", PRESETS["hybrid-v2"], corpora))
-    variants.append(("hybrid-v1 (the one before)", PRESETS["hybrid-v1"], plain))
+    variants.append(("hybrid-v3 (previous default)", PRESETS["hybrid-v3"], corpora))
+    variants.append(("hybrid-v2 (the one before)", PRESETS["hybrid-v2"], corpora))
+    variants.append(("hybrid-v1", PRESETS["hybrid-v1"], plain))
     variants.append(("hybrid-v1 + photo captions", PRESETS["hybrid-v1"], corpora if captions else other))
 
     rows: dict[str, Any] = {}
@@ -233,7 +240,11 @@ def ablation(
                 for c, m in result["by_category"].items()
             }
         delta = {key: round(summary[key] - ref[key], 2) for key in ("R@5", "R@10", "cat1_R@10")}
-        rows[label] = {**summary, "delta": delta, "weights": cfg.weights, "smoothing": cfg.smoothing}
+        rows[label] = {
+            **summary, "delta": delta, "weights": cfg.weights, "smoothing": cfg.smoothing,
+            "author_prior": cfg.author_prior, "length_prior": cfg.length_prior,
+            "candidates": cfg.candidates, "dense_candidates": cfg.dense_candidates,
+        }
         cells = "".join(f"{summary[key]:>8.1f} ({delta[key]:+5.1f})" for key in ("R@5", "R@10", "cat1_R@10"))
         print(f"  {label:<34}{cells}")
     print("  default by category (R@5 / R@10):")
@@ -320,7 +331,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         out["presets"][name] = result
         print()
         print(table(f"preset {name}  weights={cfg.weights} candidates={cfg.candidates} "
-                    f"smoothing={cfg.smoothing}  (recall_with {ms:.2f} ms/query mean)", result))
+                    f"dense_candidates={cfg.dense_candidates} smoothing={cfg.smoothing} "
+                    f"author_prior={cfg.author_prior} length_prior={cfg.length_prior}  "
+                    f"(recall_with {ms:.2f} ms/query mean)", result))
     default = DEFAULT_PRESET if DEFAULT_PRESET in out["presets"] else presets[0]
     out["default_preset"] = default
     out["overall"] = out["presets"][default]["overall"]
