@@ -70,8 +70,8 @@ class RecallConfig:
     name: str
     weights: dict[str, float] = field(default_factory=dict)
     candidates: int = 100  # per channel, before fusion
-    # The dense channel's own count: its cosines sit in a narrow band, so a memory that matches the topic
-    # but not the words sits deeper in its list than in the lexical ones (see the default's comment).
+    # The dense channel's own count (None: ``candidates``). On LoCoMo the gain of deeper lists is all in
+    # the dense one, and the lexical and context channels cost the most to deepen (the default's comment).
     dense_candidates: int | None = None
     smoothing: float = 0.0
     graph_seeds: int = 5
@@ -128,13 +128,13 @@ _V3 = RecallConfig(
 )
 # The default: hybrid-v3 plus the length prior, a deeper dense list, and the priors retuned around them.
 # LoCoMo dev R@5 / R@10 74.5 / 83.1, multi-hop R@10 56.1 (hybrid-v3: 74.2 / 83.0 / 49.8); each lever off
-# in bench/locomo.py --ablation and the README. length_prior 0.3: multi-hop +3.4 on its own; 0.25-0.35
-# all within a point, 0.45 starts to lose R@10. dense_candidates 100 (lexical and context stay at 50: all
-# of the gain of 100 candidates, +1.3 multi-hop, is the dense list's, and the context channel is the
-# costly one at 100k memories). With the priors the other speaker's replies should inherit less:
-# smoothing 0.2 (0.15-0.25 within a point; 0.3 costs 1-2 multi-hop points in every setting tried).
-# author_prior 0.7 mid-plateau: 0.6-0.8 all reach multi-hop 55.4-57.0; 0.8 and above lose adversarial R@5
-# (78 -> 74), which name the wrong person by design.
+# in bench/locomo.py --ablation and the README. length_prior 0.3: off costs 3.4 multi-hop points, 0.2 /
+# 0.45 cost 0.7 / 1.8. dense_candidates 100 while lexical and context stay at 50: all of the gain of 100
+# candidates (+1.3 multi-hop) is the dense list's, and the context channel is the costly one at 100k
+# memories. Smoothing 0.2: with the priors the other speaker's replies should inherit less (0.3 costs 1-2
+# multi-hop points in every setting tried, 0.1 is within 0.4). author_prior 0.7 mid-plateau: 0.6-0.8 all
+# reach multi-hop 55.4-57.0; 0.8 costs the adversarial questions, which name the wrong person by design,
+# R@5 76.6 -> 73.6 (79.5 at 0.5, 84.2 without the prior).
 _DEFAULT = _V3.with_(
     "hybrid", dense_candidates=100, smoothing=0.2, author_prior=0.7, length_prior=0.3
 )
