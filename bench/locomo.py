@@ -14,11 +14,13 @@ Hit@5 = share of questions with at least one evidence turn in the top 5; MRR = m
 first evidence turn within the top 20 (0 when none). QA items left without usable evidence are excluded.
 
     .venv/bin/python bench/locomo.py --data ../shared/data/locomo/locomo_dev.json --json /tmp/locomo.json
-    [--preset hybrid bm25 dense] [--sweep] [--ablation] [--no-captions]
+    [--preset hybrid bm25 dense] [--sweep] [--ablation] [--held-out] [--no-captions]
 
 ``--ablation`` turns each lever of the default preset off (or, for levers the default leaves off, on)
 and reports R@5, R@10 and multi-hop (category 1) R@10 against the default, plus the default's
-per-category R@5/R@10 (JSON key ``ablation``).
+per-category R@5/R@10 (JSON key ``ablation``). ``--held-out`` checks how the default's priors travel to
+conversations they were not chosen on: leave one conversation out, pick the best point of a grid around the
+default on the other four, score it on the fifth (JSON key ``held_out``).
 """
 
 from __future__ import annotations
@@ -127,20 +129,73 @@ class QueryVectors:
         return vecs
 
 
-def evaluate(
+def per_conversation(
     corpora: list[Corpus], queries: QueryVectors, cfg: clawvm.RecallConfig
-) -> tuple[dict[str, Any], float]:
-    rows: list[tuple[int, dict[str, float]]] = []
+) -> tuple[list[list[tuple[int, dict[str, float]]]], float]:
+    """(category, metrics) rows of every question, one list per conversation, and the mean recall ms."""
+    out: list[list[tuple[int, dict[str, float]]]] = []
     elapsed = 0.0
     n = 0
     for corpus, vecs in zip(corpora, queries.of(corpora, cfg), strict=True):
+        rows = []
         for qa, v in zip(corpus.qa, vecs, strict=True):
             t0 = time.perf_counter()
             ranked = corpus.ranked(qa.question, v, cfg)
             elapsed += time.perf_counter() - t0
             n += 1
             rows.append((qa.category, question_metrics(ranked, qa.evidence)))
-    return aggregate(rows), 1000.0 * elapsed / max(n, 1)
+        out.append(rows)
+    return out, 1000.0 * elapsed / max(n, 1)
+
+
+def evaluate(
+    corpora: list[Corpus], queries: QueryVectors, cfg: clawvm.RecallConfig
+) -> tuple[dict[str, Any], float]:
+    by_conversation, ms = per_conversation(corpora, queries, cfg)
+    return aggregate([r for rows in by_conversation for r in rows]), ms
+
+
+def held_out(corpora: list[Corpus], queries: QueryVectors) -> dict[str, Any]:
+    """Leave one conversation out: for each conversation, the grid point around the default with the best
+    R@5 + multi-hop R@10 on the other conversations, scored on the one left out. Pooled over the folds,
+    that is what choosing the parameters on dev is worth on conversations it never saw."""
+    base = PRESETS[DEFAULT_PRESET]
+    grid = [
+        base.with_(
+            f"p{p}-g{g}-s{a}-d{d or base.candidates}",
+            author_prior=p, length_prior=g, smoothing=a, dense_candidates=d,
+        )
+        for p in (0.5, 0.7, 0.9) for g in (0.0, 0.2, 0.3, 0.45) for a in (0.2, 0.3) for d in (None, 100)
+    ]
+    rows = {cfg.name: per_conversation(corpora, queries, cfg)[0] for cfg in grid}
+    rows["default"] = per_conversation(corpora, queries, base)[0]
+
+    def summary(result: dict[str, Any]) -> list[float]:
+        multi_hop = result["by_category"].get("1", {}).get("R@10") or 0.0  # a fold may have none
+        return [result["overall"]["R@5"], result["overall"]["R@10"], multi_hop]
+
+    def objective(result: dict[str, Any]) -> float:
+        r5, _, multi_hop = summary(result)
+        return r5 + multi_hop
+
+    folds, pooled, pooled_default = [], [], []
+    print(f"\nheld out: parameters chosen on the other {len(corpora) - 1} conversations (R@5 + multi-hop "
+          f"R@10 over {len(grid)} grid points), scored on the one left out (R@5 / R@10 / multi-hop R@10)")
+    for k, corpus in enumerate(corpora):
+        def train(name: str, k: int = k) -> dict[str, Any]:
+            return aggregate([r for i, rs in enumerate(rows[name]) if i != k for r in rs])
+
+        best = max((cfg.name for cfg in grid), key=lambda name: objective(train(name)))
+        got, default = summary(aggregate(rows[best][k])), summary(aggregate(rows["default"][k]))
+        pooled += rows[best][k]
+        pooled_default += rows["default"][k]
+        folds.append({"left_out": corpus.conv.sample_id, "chosen": best, "held_out": got, "default": default})
+        print(f"  {corpus.conv.sample_id}: chose {best:<22} {got[0]:5.1f} / {got[1]:5.1f} / {got[2]:5.1f}"
+              f"   (default: {default[0]:5.1f} / {default[1]:5.1f} / {default[2]:5.1f})")
+    chosen, default = summary(aggregate(pooled)), summary(aggregate(pooled_default))
+    print(f"  pooled: chosen per fold {chosen[0]:.1f} / {chosen[1]:.1f} / {chosen[2]:.1f}; "
+          f"the default {default[0]:.1f} / {default[1]:.1f} / {default[2]:.1f}")
+    return {"folds": folds, "pooled_chosen": chosen, "pooled_default": default, "grid_points": len(grid)}
 
 
 def table(title: str, result: dict[str, Any]) -> str:
@@ -264,6 +319,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sweep", action="store_true", help="also sweep hybrid weights x candidates")
     ap.add_argument("--ablation", action="store_true",
                     help="each lever of the default on/off against the default (R@5, R@10, cat-1 R@10)")
+    ap.add_argument("--held-out", action="store_true",
+                    help="leave one conversation out: choose the default's priors on the others, score it")
     ap.add_argument("--no-captions", action="store_true",
                     help="record turns without their photo captions")
     args = ap.parse_args(argv)
@@ -370,6 +427,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.ablation:
         out["ablation"] = ablation(convs, corpora, queries, embedder, doc_cache, captions)
+    if args.held_out:
+        out["held_out"] = held_out(corpora, queries)
 
     out["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     Path(args.json).write_text(json.dumps(out, indent=2))
