@@ -20,7 +20,7 @@ first evidence turn within the top 20 (0 when none). QA items left without usabl
 and reports R@5, R@10 and multi-hop (category 1) R@10 against the default, plus the default's
 per-category R@5/R@10 (JSON key ``ablation``). ``--held-out`` checks how the default's priors travel to
 conversations they were not chosen on: leave one conversation out, pick the best point of a grid around the
-default on the other four, score it on the fifth (JSON key ``held_out``).
+default on the others, score it on the one left out (JSON key ``held_out``).
 """
 
 from __future__ import annotations
