@@ -30,6 +30,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -171,8 +172,8 @@ def held_out(corpora: list[Corpus], queries: QueryVectors) -> dict[str, Any]:
     rows["default"] = per_conversation(corpora, queries, base)[0]
 
     def summary(result: dict[str, Any]) -> list[float]:
-        multi_hop = result["by_category"].get("1", {}).get("R@10") or 0.0  # a fold may have none
-        return [result["overall"]["R@5"], result["overall"]["R@10"], multi_hop]
+        s = _summary(result)
+        return [s["R@5"], s["R@10"], s["cat1_R@10"] or 0.0]  # a fold may have no multi-hop question
 
     def objective(result: dict[str, Any]) -> float:
         r5, _, multi_hop = summary(result)
@@ -295,11 +296,7 @@ def ablation(
                 for c, m in result["by_category"].items()
             }
         delta = {key: round(summary[key] - ref[key], 2) for key in ("R@5", "R@10", "cat1_R@10")}
-        rows[label] = {
-            **summary, "delta": delta, "weights": cfg.weights, "smoothing": cfg.smoothing,
-            "author_prior": cfg.author_prior, "length_prior": cfg.length_prior,
-            "candidates": cfg.candidates, "dense_candidates": cfg.dense_candidates,
-        }
+        rows[label] = {**summary, "delta": delta, **asdict(cfg)}
         cells = "".join(f"{summary[key]:>8.1f} ({delta[key]:+5.1f})" for key in ("R@5", "R@10", "cat1_R@10"))
         print(f"  {label:<34}{cells}")
     print("  default by category (R@5 / R@10):")

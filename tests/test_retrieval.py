@@ -461,7 +461,7 @@ def test_length_prior_lifts_the_memory_that_says_more(lexical_harness: Harness) 
     assert list(plain)[:2] == [short.id, long.id]  # BM25 favours the short text
     hits = h.recall("pottery", k=3, preset=LEXICAL_ONLY.with_("length", length_prior=1.0), track=False)
     assert [x.id for x in hits[:2]] == [long.id, short.id]
-    lengths = {m.id: len(Analyzer().terms(h.get(m.id).content)) for m in hits}
+    lengths = {x.id: len(Analyzer().terms(x.memory.content)) for x in hits}
     median = float(np.median(list(lengths.values())))
     for x in hits:
         assert x.explain["length"].raw == pytest.approx(lengths[x.id] / median)
