@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _locomo
 import clawvm
-from clawvm.context import render
-from clawvm.embed import count_tokens
-from clawvm.model import Tier
-from clawvm.retrieval import dense_text
+from clawvm.core.embed import count_tokens
+from clawvm.core.model import Tier
+from clawvm.recall.retrieval import dense_text
+from clawvm.vm.context import render
 
 
 def p95(xs: list[float]) -> float:
@@ -93,7 +93,7 @@ class Replay:
         return chosen
 
     def bm25_packed(self, question: str, budget: int) -> set[str]:
-        cfg = clawvm.retrieval.preset("bm25")
+        cfg = clawvm.recall.retrieval.preset("bm25")
         hits = self.harness.recall_with(question, None, 300, cfg, self.harness._filters({}))
         chosen, used = set(), 0
         for h in hits:
@@ -184,7 +184,7 @@ def main() -> None:
         print(f"  {conv.sample_id}: {len(qas)} questions x {len(budgets)} budgets ({elapsed:.0f}s)")
 
     result: dict[str, Any] = {
-        "preset": clawvm.retrieval.preset(args.preset).name,
+        "preset": clawvm.recall.retrieval.preset(args.preset).name,
         "by_budget": {},
         "baselines": {"sliding_window": {}, "bm25_packed": {}, "full_context": {}},
         "embed_query_p50_ms": round(statistics.median(embed_ms), 2),

@@ -182,8 +182,8 @@ def free_port() -> int:
 @contextmanager
 def own_server(embed: bool) -> Iterator[tuple[str, str]]:
     """Start ``clawvm serve`` on a temporary SQLite file; yields (url, admin key)."""
-    from clawvm.auth import Keyring
     from clawvm.store import SQLiteStore
+    from clawvm.store.keys import Keyring
 
     with tempfile.TemporaryDirectory(prefix="clawvm-load-") as tmp:
         db = Path(tmp) / "load.db"

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _locomo
 import clawvm
-from clawvm.retrieval import DEFAULT_PRESET, PRESETS, RecallConfig, dense_text
+from clawvm.recall.retrieval import DEFAULT_PRESET, PRESETS, RecallConfig, dense_text
 
 K = 20
 CUTOFFS = (1, 5, 10, 20)

@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _locomo
 import locomo
-from clawvm.embed import Embedder, MiniLMEmbedder
+from clawvm.core.embed import Embedder, MiniLMEmbedder
 
 SYSTEMS = ("clawvm", "mem0", "langgraph")
 K = 10
@@ -351,7 +351,7 @@ def corpus_texts(convs: list[_locomo.Conversation], captions: bool) -> list[str]
     """Every text a run embeds: the turns as stored, the questions with evidence, and those questions as
     ClawVM's default preset embeds them (without the speakers they name: every speaker is an agent of its
     one store)."""
-    from clawvm.retrieval import named_authors, strip_authors
+    from clawvm.recall.retrieval import named_authors, strip_authors
 
     speakers = frozenset(s for c in convs for s in c.speakers)
     questions = [qa.question for c in convs for qa in c.qa if qa.evidence]

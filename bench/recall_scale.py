@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _locomo
 import clawvm
-from clawvm.lexical import top_rows
-from clawvm.retrieval import fuse
+from clawvm.core.lexical import top_rows
+from clawvm.recall.retrieval import fuse
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo" / "locomo_dev.json"
 _SENT = re.compile(r"(?<=[.!?])\s+")

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from clawvm.redact import PiiKind, redact
+from clawvm.core.redact import PiiKind, redact
 
 DEFAULT_DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "redaction_cases.jsonl"
 

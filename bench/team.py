@@ -46,10 +46,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
 
-from clawvm import Harness, Kind, Memory, teams
-from clawvm.embed import count_tokens
-from clawvm.fusion import fuse
-from clawvm.guidance import format_line
+from clawvm import Harness, Kind, Memory
+from clawvm.core.embed import count_tokens
+from clawvm.teams import shared as teams
+from clawvm.teams.guidance import format_line
+from clawvm.teams.merge import fuse
 
 TEAM = "app"
 SERVICES = ["billing", "ledger", "invoicing", "payouts", "search", "profiles", "checkout", "reports"]

@@ -31,8 +31,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from clawvm import Harness, Kind, State
-from clawvm.agent_tools import AgentTools
-from clawvm.openai_http import post_json
+from clawvm.agents.tools import AgentTools
+from clawvm.core.openai_http import post_json
 
 SYSTEM = (
     "You are a careful research and operations agent. Use tools to find facts; do not guess. "

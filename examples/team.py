@@ -3,7 +3,8 @@
     python examples/team.py --base-url http://localhost:11434/v1 --model llama3.1 --db team.db \\
         --task-type release-note "Release note for billing v2" "Release note for invoicing v3"
 
-Each agent is a plain chat client wrapped in :class:`clawvm.agent.AgentWithMemory`: before every reply it
+Each agent is a plain chat client wrapped in :class:`clawvm.agents.agent.AgentWithMemory`: before every reply
+it
 receives the team's guidance for the task (rules, pitfalls from earlier reviews, current decisions, open
 conflicts) as a system message, and its reply is recorded for the team. Replies follow two line
 conventions any model can keep:
@@ -28,10 +29,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from clawvm import Harness, Kind, teams
-from clawvm.agent import AgentWithMemory, Message
-from clawvm.fusion import fuse
-from clawvm.openai_http import post_json
+from clawvm import Harness, Kind
+from clawvm.agents.agent import AgentWithMemory, Message
+from clawvm.core.openai_http import post_json
+from clawvm.teams import shared as teams
+from clawvm.teams.merge import fuse
 
 TEAM = "docs"
 ROLES = {

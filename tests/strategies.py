@@ -9,7 +9,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from clawvm import Kind, LinkType, Memory, State, Status, Tier, ValidationError
-from clawvm.model import JSON, TEXT, build_memory
+from clawvm.core.model import JSON, TEXT, build_memory
 
 uuids = st.uuids().map(str)
 texts = st.text(max_size=40)

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from clawvm import Harness, Kind, Status, teams
-from clawvm.agent import GUIDANCE_INTRO, AgentWithMemory
-from clawvm.model import Scope
+from clawvm import Harness, Kind, Status
+from clawvm.agents.agent import GUIDANCE_INTRO, AgentWithMemory
+from clawvm.core.model import Scope
+from clawvm.teams import shared as teams
 from engines import harness_target
 from loopback import ChatReplay
 

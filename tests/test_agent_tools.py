@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clawvm import Harness, State, Status
-from clawvm.agent_tools import AgentTools
+from clawvm.agents.tools import AgentTools
 
 NAMES = [
     "record_memory",

@@ -12,7 +12,10 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawvm.auth import (
+from clawvm.cli import keys, main
+from clawvm.core.errors import AccessDeniedError, AuthenticationError, NotFoundError, ValidationError
+from clawvm.store import SQLiteStore, Store
+from clawvm.store.keys import (
     AUTH_TENANT,
     KEYS_STREAM,
     PERMISSIONS,
@@ -22,9 +25,6 @@ from clawvm.auth import (
     Role,
     check_tenant_name,
 )
-from clawvm.cli import keys, main
-from clawvm.errors import AccessDeniedError, AuthenticationError, NotFoundError, ValidationError
-from clawvm.store import SQLiteStore, Store
 from clawvm.store.tenant import TenantStore
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import clawvm
 from clawvm import Filters, Harness, NotFoundError, Status, Tier, ValidationError
-from clawvm.tiers import PagerConfig, TierBudgets
+from clawvm.vm.tiers import PagerConfig, TierBudgets
 
 T0 = datetime(2030, 7, 1, 9, 0, tzinfo=UTC)
 BUDGETS = TierBudgets(working_tokens=120, working_items=4, short_term_items=4, long_term_items=4)

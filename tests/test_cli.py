@@ -14,10 +14,10 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clawvm.auth import Keyring
 from clawvm.cli import main
-from clawvm.crypto import KEY_ENV, KEY_FILE_ENV, DataKey
 from clawvm.store import SQLiteStore
+from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey
+from clawvm.store.keys import Keyring
 from loopback import ServeProcess
 
 COMMANDS = sorted(main.commands)

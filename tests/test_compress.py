@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clawvm import Filters, Harness, Kind, LinkType, State, Status, Tier, ValidationError
-from clawvm.compress import ExtractiveSummarizer, LLMSummarizer, SummarizerError, referenced_raw
-from clawvm.tiers import PagerConfig, TierBudgets
+from clawvm.vm.compress import ExtractiveSummarizer, LLMSummarizer, SummarizerError, referenced_raw
+from clawvm.vm.tiers import PagerConfig, TierBudgets
 from loopback import ChatReplay
 
 T0 = datetime(2030, 5, 1, 9, 0, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""The context builder: ``Harness.context`` and the pure packing in ``clawvm.context``."""
+"""The context builder: ``Harness.context`` and the pure packing in ``clawvm.vm.context``."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clawvm import Harness, Kind, Memory, Tier, ValidationError
-from clawvm.context import SECTIONS, Candidate, Context, Quotas, pack, render, short_id
-from clawvm.embed import count_tokens
-from clawvm.model import build_memory
-from clawvm.tiers import PagerConfig, TierBudgets
+from clawvm.core.embed import count_tokens
+from clawvm.core.model import build_memory
+from clawvm.vm.context import SECTIONS, Candidate, Context, Quotas, pack, render, short_id
+from clawvm.vm.tiers import PagerConfig, TierBudgets
 
 T0 = datetime(2030, 3, 1, 9, 0, tzinfo=UTC)
 LINE = re.compile(r"^\[([0-9a-f]{8}) (\d{4}-\d{2}-\d{2})\] (\w+): ")

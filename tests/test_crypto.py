@@ -25,7 +25,9 @@ from clawvm import (
     WrongKeyError,
 )
 from clawvm.cli import main
-from clawvm.crypto import (
+from clawvm.core.errors import AccessDeniedError
+from clawvm.store import Store
+from clawvm.store.crypto import (
     KEY_ENV,
     KEY_FILE_ENV,
     reveal_original,
@@ -34,8 +36,6 @@ from clawvm.crypto import (
     sealed_envelope,
     unseal,
 )
-from clawvm.errors import AccessDeniedError
-from clawvm.store import Store
 from engines import harness_target
 
 KEEP = RedactionPolicy(keep_original=True)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from clawvm import Harness, Memory
 from clawvm.dashboard import views
 from clawvm.demo.scenario import ReplayClock, load_scenario, open_demo
-from clawvm.server import create_app
+from clawvm.server.app import create_app
 from clawvm.store import Event
 from engines import harness_target
 from loopback import serve_app
@@ -53,7 +53,7 @@ def _auth(key: str) -> dict[str, str]:
 @pytest.fixture
 def small(engine_name: str, tmp_path: Path) -> Iterator[tuple[TestClient, Harness, dict[str, str]]]:
     """A few memories, a context build with a cited output, served by the real app."""
-    from clawvm.lens import record_output
+    from clawvm.observe.lens import record_output
 
     clock = ReplayClock(T0)
     h = Harness.open(harness_target(engine_name, tmp_path), embedder=None, clock=clock)

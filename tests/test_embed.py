@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawvm.embed import count_tokens, wordpiece
+from clawvm.core.embed import count_tokens, wordpiece
 
 
 def tokenizer_count(text: str) -> int:

@@ -1,4 +1,5 @@
-"""Following the event log live (:class:`clawvm.events.EventTail`) on every engine: every new event once and
+"""Following the event log live (:class:`clawvm.store.eventlog.EventTail`) on every engine: every new event
+once and
 in order, heartbeats while quiet, one tenant's view only, ``stop()`` and ``max_s``; on PostgreSQL a write
 through another connection wakes a follower that never polls (LISTEN/NOTIFY)."""
 
@@ -14,9 +15,9 @@ from typing import Any, TypeVar
 import pytest
 
 import pg_server
-from clawvm.errors import StoreError, ValidationError
-from clawvm.events import EventTail, event_pages, iter_events
+from clawvm.core.errors import StoreError, ValidationError
 from clawvm.store import Event, MemoryStore, Store, store_from_url
+from clawvm.store.eventlog import EventTail, event_pages, iter_events
 from clawvm.store.tenant import TenantStore
 
 T = TypeVar("T")

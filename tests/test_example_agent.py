@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from clawvm import Harness, Memory, State
-from clawvm.toolcalls import INTERRUPTED
+from clawvm.agents.toolcalls import INTERRUPTED
 from engines import harness_target
 from loopback import ChatReplay
 

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawvm import Harness, Kind, LinkType, Status, teams
-from clawvm.fusion import (
+from clawvm import Harness, Kind, LinkType, Status
+from clawvm.teams import shared as teams
+from clawvm.teams.merge import (
     FusionConfig,
     LLMSynthesizer,
     SynthesisError,

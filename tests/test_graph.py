@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clawvm import Memory
-from clawvm.graph import entities
+from clawvm.core.entities import entities
 from clawvm.store import Query, Store
 from clawvm.store.index import SearchIndex
 

@@ -21,7 +21,7 @@ from langgraph.store.memory import InMemoryStore
 from mcp import Client, StdioServerParameters
 
 from clawvm import Harness, Kind, State
-from clawvm.agent_tools import AgentTools
+from clawvm.agents.tools import AgentTools
 from clawvm.integrations.langchain import ClawVMCallbackHandler
 from clawvm.integrations.langgraph import ClawVMStore
 from engines import harness_target

@@ -16,13 +16,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clawvm import Harness, Kind, Memory, NotFoundError, Tier, ValidationError
+from clawvm.core.model import Cost, Usage
 from clawvm.demo.scenario import ReplayClock
-from clawvm.events import DUCKDB_QUERIES, Retention, export_jsonl, export_parquet, prune, run_query
-from clawvm.learning import features, intervene, learn, raw_value, restore_weights, weights_of
-from clawvm.lens import Lens, record_output
-from clawvm.model import Cost, Usage
-from clawvm.scoring import DEFAULT_SCORING
+from clawvm.observe.learning import features, intervene, learn, raw_value, restore_weights, weights_of
+from clawvm.observe.lens import Lens, record_output
 from clawvm.store import Event
+from clawvm.store.eventlog import DUCKDB_QUERIES, Retention, export_jsonl, export_parquet, prune, run_query
+from clawvm.vm.scoring import DEFAULT_SCORING
 from engines import harness_target
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawvm.lexical import STOP_WORDS, Analyzer, BM25Params, LexicalIndex
+from clawvm.core.lexical import STOP_WORDS, Analyzer, BM25Params, LexicalIndex
 
 
 @pytest.fixture(scope="module")

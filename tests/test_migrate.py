@@ -12,8 +12,8 @@ from click.testing import CliRunner
 import pg_server
 from clawvm import Link, LinkType, Memory, Status, StoreError, ValidationError
 from clawvm.cli import main
-from clawvm.migrate import check, migrate, summarize
 from clawvm.store import Event, Query, Store, store_from_url
+from clawvm.store.migrate import check, migrate, summarize
 from engines import make_store
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)

@@ -15,10 +15,10 @@ import pydantic
 import pytest
 from hypothesis import given, settings
 
-import clawvm.ids
+import clawvm.core.ids
 from clawvm import Filters, Harness, Kind, Memory, ValidationError
-from clawvm.ids import is_valid_id, new_id
-from clawvm.model import JSON, MAX_JSON_DEPTH, STORED, TEXT, build_memory
+from clawvm.core.ids import is_valid_id, new_id
+from clawvm.core.model import JSON, MAX_JSON_DEPTH, STORED, TEXT, build_memory
 from engines import harness_target
 from strategies import memories
 
@@ -210,9 +210,9 @@ def test_ids_stay_increasing_when_the_counter_overflows_or_the_clock_goes_back(
 ) -> None:
     frozen = [1_900_000_000_000 * 1_000_000]  # ns; beyond any real clock today
     # only the ids module sees the fake clock; its state is restored afterwards, so later ids stay real
-    monkeypatch.setattr(clawvm.ids, "time", SimpleNamespace(time_ns=lambda: frozen[0]))
-    monkeypatch.setattr(clawvm.ids, "_last_ms", 0)
-    monkeypatch.setattr(clawvm.ids, "_counter", 0)
+    monkeypatch.setattr(clawvm.core.ids, "time", SimpleNamespace(time_ns=lambda: frozen[0]))
+    monkeypatch.setattr(clawvm.core.ids, "_last_ms", 0)
+    monkeypatch.setattr(clawvm.core.ids, "_counter", 0)
     ids = [new_id() for _ in range(5000)]  # > 4096 in one millisecond
     frozen[0] -= 10_000 * 1_000_000  # the wall clock steps back 10 s
     ids += [new_id() for _ in range(10)]

@@ -22,7 +22,7 @@ import pytest
 
 import pg_server
 from clawvm import ConflictError, Filters, Harness, Memory, StoreError
-from clawvm.errors import ConfigError, SchemaError
+from clawvm.core.errors import ConfigError, SchemaError
 from clawvm.store import Event, EventFeed, MemoryStore, Query, SQLiteStore, store_from_url
 from clawvm.store.postgres import PostgresStore, split_url
 from clawvm.store.postgres_search import compile_filters, esc, unesc, untranslated_filter_fields

@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 
 import clawvm
 from clawvm import RedactionPolicy, ValidationError
-from clawvm.redact import PiiKind, find, iban_valid, looks_random, luhn_valid, redact_content, redact_json
+from clawvm.core.redact import (
+    PiiKind,
+    find,
+    iban_valid,
+    looks_random,
+    luhn_valid,
+    redact_content,
+    redact_json,
+)
 
 CASES = Path(__file__).parent / "data" / "redaction_cases.jsonl"
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from clawvm import Harness, ValidationError
-from clawvm.context import short_id
-from clawvm.embed import count_tokens
-from clawvm.reliability import ReliabilityPolicy, stats
+from clawvm.agents.reliability import ReliabilityPolicy, stats
+from clawvm.core.embed import count_tokens
+from clawvm.vm.context import short_id
 
 
 def flaky_api_session(h: Harness, session: str = "ops", failures: int = 4) -> None:

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clawvm import ConfigError, Harness, Memory, Status
-from clawvm.lexical import Analyzer
-from clawvm.retrieval import (
+from clawvm.core.lexical import Analyzer
+from clawvm.recall.retrieval import (
     CHANNELS,
     DEFAULT_PRESET,
     PRESETS,
@@ -384,7 +384,7 @@ def test_incremental_neighbourhoods_equal_a_fresh_build(
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 500), st.integers(0, 2**32 - 1), st.sampled_from([1000, 70_000, 150_000]))
 def test_top_indices_is_exactly_the_top_n(n: int, seed: int, size: int) -> None:
-    from clawvm.vectors import top_indices
+    from clawvm.core.vectors import top_indices
 
     rng = np.random.default_rng(seed)
     x = rng.integers(-50, 50, size).astype(np.float32)  # many ties

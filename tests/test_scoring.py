@@ -1,4 +1,4 @@
-"""Value scoring (``clawvm.scoring``): properties of the pure functions, the signals, and explain()."""
+"""Value scoring (``clawvm.vm.scoring``): properties of the pure functions, the signals, and explain()."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import clawvm.scoring
+import clawvm.vm.scoring
 from clawvm import Harness, Kind, Memory
-from clawvm.model import build_memory
-from clawvm.scoring import DEFAULT_SCORING, ScoringConfig, content_signals, explain, recency, value
+from clawvm.core.model import build_memory
+from clawvm.vm.scoring import DEFAULT_SCORING, ScoringConfig, content_signals, explain, recency, value
 from strategies import datetimes, memories
 
 T0 = datetime(2030, 6, 1, 12, 0, tzinfo=UTC)
@@ -230,13 +230,13 @@ def test_last_access_resets_the_recency_clock() -> None:
 
 # ---- the docstring and Harness.explain ---------------------------------------------------------------------
 def test_module_docstring_documents_the_formula_and_defaults() -> None:
-    doc = clawvm.scoring.__doc__ or ""
+    doc = clawvm.vm.scoring.__doc__ or ""
     for term in ("prior", "recency", "half_life_hours", "use(m)", "feedback", "clamp01", "pinned",
                  "base[kind]", "0.5 **", "tanh", "log1p"):
         assert term in doc, term
     cfg = ScoringConfig()
     for f in fields(ScoringConfig):
-        assert f.name in doc, f"{f.name} is not documented in clawvm.scoring"
+        assert f.name in doc, f"{f.name} is not documented in clawvm.vm.scoring"
         default = getattr(cfg, f.name)
         if isinstance(default, float):  # "name = default", exactly as in the code
             assert re.search(rf"\b{f.name} = {default:g}(\s|$)", doc), f"default of {f.name} not documented"

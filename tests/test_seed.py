@@ -14,10 +14,11 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clawvm import Harness, Kind, Status, ValidationError, teams
+from clawvm import Harness, Kind, Status, ValidationError
 from clawvm.cli import main as cli
-from clawvm.model import Scope
-from clawvm.seed import import_seed, parse
+from clawvm.core.model import Scope
+from clawvm.teams import shared as teams
+from clawvm.teams.seed import import_seed, parse
 from engines import harness_target
 
 GOOD = """\

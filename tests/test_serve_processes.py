@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 import pg_server
-from clawvm.auth import Keyring
 from clawvm.store import store_from_url
+from clawvm.store.keys import Keyring
 from loopback import ServeProcess
 
 SERVERS = 2

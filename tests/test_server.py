@@ -32,11 +32,18 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from clawvm.crypto import KEY_ENV, KEY_FILE_ENV, DataKey
-from clawvm.errors import ConfigError, RateLimitError
-from clawvm.redact import RedactionPolicy
-from clawvm.server import JsonFormatter, RateLimiter, ServerSettings, Writer, create_app, redaction_options
+from clawvm.core.errors import ConfigError, RateLimitError
+from clawvm.core.redact import RedactionPolicy
+from clawvm.server.app import (
+    JsonFormatter,
+    RateLimiter,
+    ServerSettings,
+    Writer,
+    create_app,
+    redaction_options,
+)
 from clawvm.store import SQLiteStore, Store
+from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey
 from loopback import serve_app
 
 ERROR_KEYS = {"code", "message", "field", "fix"}
@@ -444,7 +451,7 @@ def test_one_json_log_line_per_request_without_secrets(env: Env) -> None:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter())
-    logger = logging.getLogger("clawvm.server")
+    logger = logging.getLogger("clawvm.server.app")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:
@@ -559,7 +566,7 @@ BAD_INPUT: list[tuple[str, str, str, dict[str, Any], int, str, str]] = [
         {"json": {"memories": [{"content": "x", "metadata": nested(150)}]}},
         422,
         "validation_error",
-        "memories.0.metadata",  # refused by the Memory model itself (clawvm.model.MAX_JSON_DEPTH)
+        "memories.0.metadata",  # refused by the Memory model itself (clawvm.core.model.MAX_JSON_DEPTH)
     ),
     ("JSON array body", "POST", "/v1/memories", {"json": ["content"]}, 422, "validation_error", "body"),
     ("empty body", "POST", "/v1/memories", {}, 422, "validation_error", "body"),

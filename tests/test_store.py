@@ -38,7 +38,7 @@ from clawvm import (
     Tier,
     ValidationError,
 )
-from clawvm.model import revalidate
+from clawvm.core.model import revalidate
 from clawvm.store import Edge, Event, Query, SQLiteStore, Store
 from engines import make_store
 from strategies import at, memories

@@ -19,14 +19,15 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clawvm import ConflictError, Filters, Harness, Kind, Status, ValidationError, teams
+from clawvm import ConflictError, Filters, Harness, Kind, Status, ValidationError
 from clawvm.cli import main as cli
+from clawvm.core.embed import count_tokens
+from clawvm.core.errors import AccessDeniedError
+from clawvm.core.model import Memory, Scope, Visibility
 from clawvm.demo.scenario import ReplayClock
-from clawvm.embed import count_tokens
-from clawvm.errors import AccessDeniedError
-from clawvm.learning import intervene
-from clawvm.model import Memory, Scope, Visibility
+from clawvm.observe.learning import intervene
 from clawvm.store import Query, Store
+from clawvm.teams import shared as teams
 from engines import harness_target, make_store
 
 T0 = datetime(2030, 3, 1, 9, 0, tzinfo=UTC)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from clawvm import Filters, Harness, Memory, NotFoundError, ValidationError
-from clawvm.errors import AccessDeniedError
+from clawvm.core.errors import AccessDeniedError
 from clawvm.store import Event, Query, Store
 from clawvm.store.tenant import TenantStore
 from engines import make_store

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from clawvm import Filters, Harness, Kind, Memory, Status, Tier, ValidationError
-from clawvm.embed import count_tokens
-from clawvm.model import build_memory
+from clawvm.core.embed import count_tokens
+from clawvm.core.model import build_memory
 from clawvm.store import MemoryStore
-from clawvm.tiers import ORDER, Pager, PagerConfig, TierBudgets, value_per_token
+from clawvm.vm.tiers import ORDER, Pager, PagerConfig, TierBudgets, value_per_token
 
 BUDGETS = TierBudgets(working_tokens=120, working_items=5, short_term_items=6, long_term_items=8)
 CFG = PagerConfig(budgets=BUDGETS)

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clawvm import Harness, InvalidToolResultError, Kind, Memory, State, ValidationError
-from clawvm.toolcalls import INTERRUPTED, is_timeout, scope
+from clawvm.agents.toolcalls import INTERRUPTED, is_timeout, scope
 from engines import harness_target
 
 

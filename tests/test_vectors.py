@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clawvm.vectors import VectorIndex, normalize
+from clawvm.core.vectors import VectorIndex, normalize
 
 DIM = 384
 

@@ -1,9 +1,8 @@
 """ClawVM: harness-managed memory for LLM agents."""
 
-from .agent import AgentWithMemory
-from .crypto import DataKey, DataKeys
-from .embed import Embedder, MiniLMEmbedder, OpenAIEmbedder
-from .errors import (
+from clawvm.agents.agent import AgentWithMemory
+from clawvm.core.embed import Embedder, MiniLMEmbedder, OpenAIEmbedder
+from clawvm.core.errors import (
     AccessDeniedError,
     AuthenticationError,
     ClawVMError,
@@ -20,10 +19,11 @@ from .errors import (
     ValidationError,
     WrongKeyError,
 )
-from .harness import Harness
-from .model import Cost, Filters, Kind, Link, LinkType, Memory, Scope, State, Status, Tier
-from .redact import Redaction, RedactionPolicy, redact
-from .retrieval import PRESETS, RecallConfig, Recalled
+from clawvm.core.model import Cost, Filters, Kind, Link, LinkType, Memory, Scope, State, Status, Tier
+from clawvm.core.redact import Redaction, RedactionPolicy, redact
+from clawvm.harness import Harness
+from clawvm.recall.retrieval import PRESETS, RecallConfig, Recalled
+from clawvm.store.crypto import DataKey, DataKeys
 
 __all__ = [
     "PRESETS",

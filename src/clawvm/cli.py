@@ -13,12 +13,12 @@ from typing import Any
 
 import click
 
-from .auth import Keyring, Role
-from .crypto import KEY_ENV, KEY_FILE_ENV, DataKey, DataKeys, rotate_data_key
-from .errors import ClawVMError, ConfigError, ValidationError
-from .harness import Harness
-from .model import Memory
-from .store import Store, store_from_url
+from clawvm.core.errors import ClawVMError, ConfigError, ValidationError
+from clawvm.core.model import Memory
+from clawvm.harness import Harness
+from clawvm.store import Store, store_from_url
+from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey, DataKeys, rotate_data_key
+from clawvm.store.keys import Keyring, Role
 
 DEFAULT_DB = "clawvm.db"
 
@@ -170,7 +170,7 @@ def forget(ctx: click.Context, memory_id: str) -> None:
 @click.option("--events", is_flag=True, help="Export the event log instead of the memories (MemLens).")
 @click.option(
     "--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True,
-    help="parquet: with --events and --out (analytics extra); DuckDB queries: see clawvm.events.",
+    help="parquet: with --events and --out (analytics extra); DuckDB queries: see clawvm.store.eventlog.",
 )
 @click.pass_context
 def export(ctx: click.Context, out: Path | None, session_id: str | None, events: bool, fmt: str) -> None:
@@ -197,7 +197,7 @@ def export(ctx: click.Context, out: Path | None, session_id: str | None, events:
 def _export_events(
     ctx: click.Context, out: Path | None, session_id: str | None, events: bool, fmt: str
 ) -> None:
-    from .events import export_jsonl, export_parquet
+    from clawvm.store.eventlog import export_jsonl, export_parquet
 
     if not events or session_id is not None or (fmt == "parquet" and out is None):
         raise ValidationError(
@@ -223,7 +223,7 @@ def _export_events(
 @click.pass_context
 def prune_events(ctx: click.Context, max_age_days: float | None, max_events: int | None) -> None:
     """Event-log retention: delete the oldest events (learned scorer weights are kept); export first."""
-    from .events import Retention, prune
+    from clawvm.store.eventlog import Retention, prune
 
     with _opened(ctx, embed=False) as h:
         n = prune(h.store, Retention(max_age_days, max_events), h.now())
@@ -290,14 +290,14 @@ def demo(
     ctx: click.Context, locomo: Path | None, fresh: bool, dashboard: bool, host: str, port: int
 ) -> None:
     """Ingest the bundled ops-assistant workload and show recalls with their evidence."""
-    from .demo import run_demo
+    from clawvm.demo import run_demo
 
     db = ctx.obj["db"]
     if fresh and "://" not in db:
         for suffix in ("", "-wal", "-shm"):
             Path(db + suffix).unlink(missing_ok=True)
     if dashboard:
-        from .demo.scenario import serve_demo
+        from clawvm.demo.scenario import serve_demo
 
         serve_demo(db, host, port, embed=not ctx.obj["no_embed"], locomo=locomo, echo=click.echo)
         return
@@ -330,7 +330,7 @@ def demo(
 @click.option(
     "--redact/--no-redact", default=True, show_default=True,
     help="Redact personal data and secrets (emails, cards, keys ...) in new content before it is stored "
-    "(clawvm.redact's default policy, every tenant).",
+    "(clawvm.core.redact's default policy, every tenant).",
 )
 @click.option(
     "--keep-originals", is_flag=True,
@@ -353,7 +353,13 @@ def serve(
 ) -> None:
     """Run the REST API over the store: API keys, tenants, limits; OpenAPI at /docs and /openapi.json."""
     try:
-        from .server import ServerSettings, configure_logging, create_app, redaction_options, run_server
+        from clawvm.server.app import (
+            ServerSettings,
+            configure_logging,
+            create_app,
+            redaction_options,
+            run_server,
+        )
     except ImportError as exc:
         missing = f"the server needs the 'server' extra ({exc}): pip install 'clawvm[server]'"
         raise ConfigError(missing) from None
@@ -487,7 +493,7 @@ def keys_rotate_data_key(
 
 @main.group(cls=_Group)
 def review() -> None:
-    """The review queue of team memories: low confidence, flagged, or open conflicts (clawvm.teams)."""
+    """The review queue of team memories: low confidence, flagged, or open conflicts (clawvm.teams.shared)."""
 
 
 @review.command("list")
@@ -538,8 +544,8 @@ def review_reject(ctx: click.Context, memory_id: str, by: str | None, reason: st
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.pass_context
 def seed(ctx: click.Context, path: Path) -> None:
-    """Import team seed knowledge and rule templates from a YAML or JSON file (see clawvm.seed)."""
-    from .seed import import_seed
+    """Import team seed knowledge and rule templates from a YAML or JSON file (see clawvm.teams.seed)."""
+    from clawvm.teams.seed import import_seed
 
     with _opened(ctx) as h:
         report = import_seed(h, path)
@@ -556,7 +562,7 @@ def seed(ctx: click.Context, path: Path) -> None:
 @click.option("--no-verify", is_flag=True, help="Skip the verification (counts, checksums, vectors).")
 def migrate_command(source: str, target: str, batch: int, dim: int, no_verify: bool) -> None:
     """Copy every memory, vector and event into an empty store, then verify the copy."""
-    from .migrate import migrate
+    from clawvm.store.migrate import migrate
 
     src, dst = store_from_url(source, dim=dim), store_from_url(target, dim=dim)
     src.setup()

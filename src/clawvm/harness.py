@@ -19,22 +19,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from . import checkpoint as checkpoints
-from . import reliability, teams, toolcalls
-from .compress import (
-    ExtractiveSummarizer,
-    Summarizer,
-    compress_memory,
-    decompress_memory,
-    is_compressible,
-    referenced_raw,
-)
-from .context import Candidate, Context, Quotas, pack
-from .crypto import DataKeys
-from .embed import Embedder, EmbedWorker, MiniLMEmbedder, count_tokens
-from .errors import AccessDeniedError, ConflictError, NotFoundError, ValidationError
-from .guidance import Guidance, build_guidance
-from .model import (
+from clawvm.agents import reliability, toolcalls
+from clawvm.core.embed import Embedder, EmbedWorker, MiniLMEmbedder, count_tokens
+from clawvm.core.errors import AccessDeniedError, ConflictError, NotFoundError, ValidationError
+from clawvm.core.model import (
     DEFAULT_MAX_CONTENT_BYTES,
     JSON,
     VISIBLE_STATUSES,
@@ -50,13 +38,26 @@ from .model import (
     revalidate,
     utcnow,
 )
-from .redact import RedactionPolicy, Redactor
-from .retrieval import RecallConfig, Recalled, dense_text, preset, query_authors, run_recall
-from .scoring import ValueBreakdown
-from .scoring import explain as explain_value
-from .store import Event, Query, Store, store_from_url
-from .store.base import check_vectors
-from .tiers import Pager, PagerConfig
+from clawvm.core.redact import RedactionPolicy, Redactor
+from clawvm.recall.retrieval import RecallConfig, Recalled, dense_text, preset, query_authors, run_recall
+from clawvm.store import Event, Query, Store, store_from_url
+from clawvm.store.base import check_vectors
+from clawvm.store.crypto import DataKeys
+from clawvm.teams import shared as teams
+from clawvm.teams.guidance import Guidance, build_guidance
+from clawvm.vm import checkpoint as checkpoints
+from clawvm.vm.compress import (
+    ExtractiveSummarizer,
+    Summarizer,
+    compress_memory,
+    decompress_memory,
+    is_compressible,
+    referenced_raw,
+)
+from clawvm.vm.context import Candidate, Context, Quotas, pack
+from clawvm.vm.scoring import ValueBreakdown
+from clawvm.vm.scoring import explain as explain_value
+from clawvm.vm.tiers import Pager, PagerConfig
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _IMMUTABLE = frozenset({"id", "created_at", "version", "tenant"})
@@ -86,7 +87,7 @@ class Harness:
         data_keys: DataKeys | None = None,
     ) -> None:
         self.store = store
-        self.redactor = Redactor(redaction, data_keys)  # write-time redaction (clawvm.redact)
+        self.redactor = Redactor(redaction, data_keys)  # write-time redaction (clawvm.core.redact)
         self.embedder = embedder
         self.tenant = tenant
         self.config = preset(preset_name)
@@ -128,8 +129,8 @@ class Harness:
         own); ``summarizer``: for compression (default extractive, or ``compress.LLMSummarizer``);
         ``prefetch``: after each record, warm related memories in a background thread.
         ``redaction``: redact new content at write time (one policy, or one per tenant; see
-        :mod:`clawvm.redact`); ``data_keys``: seal originals the policy keeps (default: from the
-        environment, :mod:`clawvm.crypto`).
+        :mod:`clawvm.core.redact`); ``data_keys``: seal originals the policy keeps (default: from the
+        environment, :mod:`clawvm.store.crypto`).
         """
         config = _preset(preset)  # validate options before any I/O
         emb: Embedder | None
@@ -218,7 +219,7 @@ class Harness:
         the write itself is compare-and-set, so two concurrent updates never silently overwrite each other.
         ``as_agent``: the agent making the change. It (by default: the memory's own agent, before and after
         the change) must be allowed to write the memory, as for ``record``; else :class:`AccessDeniedError`
-        and nothing is written (see :mod:`clawvm.teams`).
+        and nothing is written (see :mod:`clawvm.teams.shared`).
         """
         bad = _IMMUTABLE.intersection(changes)
         if bad:
@@ -368,7 +369,7 @@ class Harness:
         return self.clock()
 
     def explain(self, memory_id: str) -> ValueBreakdown:
-        """Every component of the memory's value score right now (see :mod:`clawvm.scoring`)."""
+        """Every component of the memory's value score right now (see :mod:`clawvm.vm.scoring`)."""
         return explain_value(self.store.get(memory_id), self.now(), self.pager.config.scoring)
 
     def pin(self, memory_id: str) -> Memory:
@@ -595,13 +596,13 @@ class Harness:
         self._event("collapse", summary, {"task_id": task_id, "steps": [m.id for m in steps]})
         return summary
 
-    # ---- tool calls (clawvm.toolcalls, clawvm.reliability) ---------------------------------------------
+    # ---- tool calls (clawvm.agents.toolcalls, clawvm.agents.reliability) -----------------------------------
     def tool(self, name: str | None = None, **options: Any) -> Callable[[_F], _F]:
         """Decorator: record every call of a sync or async tool (PENDING call -> SUCCESS/ERROR result).
 
         Options: ``template``, ``call_template``, ``validator``, ``cost``, ``timeout_errors``, ``redact``,
         ``fallback_for`` and scope defaults (``session_id``, ``task_id``, ``agent_id``, ``tags``); see
-        :func:`clawvm.toolcalls.tool`.
+        :func:`clawvm.agents.toolcalls.tool`.
         """
         return toolcalls.tool(self, name, **options)
 
@@ -615,7 +616,8 @@ class Harness:
     ) -> toolcalls.ToolCall:
         """A context manager (sync or async) recording one call of ``name`` with ``args``.
 
-        ``options``: scope fields and the :class:`clawvm.toolcalls.ToolSpec` fields (template, validator...).
+        ``options``: scope fields and the :class:`clawvm.agents.toolcalls.ToolSpec` fields (template,
+        validator...).
         """
         scope = {k: options.pop(k) for k in ("session_id", "task_id", "agent_id", "tags") if k in options}
         spec = toolcalls.ToolSpec(name, **options)
@@ -633,9 +635,11 @@ class Harness:
             return {tool: reliability.stats(self, tool, policy)}
         return reliability.all_stats(self, policy)
 
-    # ---- teams (clawvm.teams, clawvm.guidance) ---------------------------------------------------------
+
+    # ---- teams (clawvm.teams.shared, clawvm.teams.guidance) ------------------------------------------------
     def grant(self, team_id: str, agent_id: str, *, read: bool = True, write: bool = False) -> teams.Grant:
-        """Set an agent's read/write permission on a team's shared memories (see :mod:`clawvm.teams`)."""
+        """Set an agent's read/write permission on a team's shared memories (see
+        :mod:`clawvm.teams.shared`)."""
         return teams.grant(self, team_id, agent_id, read=read, write=write)
 
     def guidance(
@@ -714,9 +718,9 @@ class Harness:
         """A prompt-ready context for ``query`` under ``budget_tokens``, with the manifest of every line.
 
         Packs pinned memories of the scope, then its working tier, then retrieved memories (with the
-        neighbours of the best ``neighbours`` hits), never over budget (see :mod:`clawvm.context`).
+        neighbours of the best ``neighbours`` hits), never over budget (see :mod:`clawvm.vm.context`).
         ``tools``: tools the task is about to use; a warning line (first in the text) for each unreliable
-        one, inferred from the scope's recent calls when None (see :mod:`clawvm.reliability`).
+        one, inferred from the scope's recent calls when None (see :mod:`clawvm.agents.reliability`).
         """
         if not isinstance(budget_tokens, int) or budget_tokens < 1:
             raise ValidationError("budget_tokens", f"is {budget_tokens!r}", "pass a positive integer")

@@ -1,9 +1,9 @@
 """The MemLens dashboard as a FastAPI router: the static page (no build step) and its JSON API.
 
-``clawvm serve`` mounts it (:func:`clawvm.server.create_app`): ``create_router(read, write)`` takes two
+``clawvm serve`` mounts it (:func:`clawvm.server.app.create_app`): ``create_router(read, write)`` takes two
 FastAPI dependencies returning the caller's :class:`~clawvm.Harness` (the server authenticates the API
 key and checks its role in them; ``write`` serves the manual actions). Library errors propagate to the
-app's handlers (:func:`clawvm.server.install_error_handlers`), like every other route's. The page lives
+app's handlers (:func:`clawvm.server.app.install_error_handlers`), like every other route's. The page lives
 at ``/dashboard/`` and needs no key; its scripts call ``/dashboard/api/...`` with the key the user typed
 (kept in the browser's localStorage; a URL ending in ``#key=<key>`` sets it). The page stays live: it reads
 the tenant's event stream (``/v1/events/stream``, with the same ``Authorization`` header, through
@@ -23,10 +23,10 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..harness import Harness
-from ..learning import intervene, weights_of
-from ..lens import Lens
-from . import views
+from clawvm.dashboard import views
+from clawvm.harness import Harness
+from clawvm.observe.learning import intervene, weights_of
+from clawvm.observe.lens import Lens
 
 STATIC = {
     "index.html": "text/html; charset=utf-8",

@@ -1,4 +1,5 @@
-"""The dashboard's views as data, computed from a :class:`clawvm.lens.Lens`: paginated or aggregated so
+"""The dashboard's views as data, computed from a :class:`clawvm.observe.lens.Lens`: paginated or aggregated
+so
 that a tenant with 10k+ memories answers in well under a second (every list has ``offset``/``limit``,
 the timeline and heatmap are bucketed, the heatmap can aggregate by kind, the graph shows a bounded
 neighbourhood).
@@ -13,10 +14,10 @@ from datetime import datetime, timedelta
 from itertools import accumulate, pairwise
 from typing import Any
 
-from ..context import short_id
-from ..graph import entities
-from ..lens import Lens, Move, Row
-from ..model import Tier
+from clawvm.core.entities import entities
+from clawvm.core.model import Tier
+from clawvm.observe.lens import Lens, Move, Row
+from clawvm.vm.context import short_id
 
 TIERS = [t.value for t in Tier]
 NO_SESSION = "(none)"

@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..harness import Harness
+from clawvm.harness import Harness
 
 
 def load_workload() -> dict[str, Any]:

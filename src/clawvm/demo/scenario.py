@@ -6,11 +6,11 @@ timeline and heatmap span the five simulated weeks, not the seconds the script t
 1. the multi-session conversation of :mod:`clawvm.demo` (an ops assistant, five sessions), each session
    followed by an idle ``tick()`` that pages its working tier out; then the workload's questions, each
    as a tracked recall plus a context build whose scripted answer cites the evidence it found
-   (:func:`clawvm.lens.record_output`);
+   (:func:`clawvm.observe.lens.record_output`);
 2. a scripted tool-using agent run recorded by ``@harness.tool``: a payment API that keeps timing out,
    the EU fallback that works, ledger and rollout checks, contexts and outputs between the steps, the
    intermediate thoughts collapsed into a summary at the end;
-3. a small team run (ConMem, :mod:`clawvm.teams`): three agents with grants on one team recording
+3. a small team run (ConMem, :mod:`clawvm.teams.shared`): three agents with grants on one team recording
    observations and decisions, one decision revised by the reviewer;
 
 then a few manual actions (pin, set value, annotate, archive) as a person would make them in the
@@ -27,15 +27,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from .. import teams
-from ..context import Context
-from ..harness import Harness
-from ..learning import intervene
-from ..lens import record_output
-from ..model import Kind, State
-from ..store import Store, store_from_url
-from ..tiers import PagerConfig, TierBudgets
-from . import ingest_locomo, ingest_workload, load_workload
+from clawvm.core.model import Kind, State
+from clawvm.demo import ingest_locomo, ingest_workload, load_workload
+from clawvm.harness import Harness
+from clawvm.observe.learning import intervene
+from clawvm.observe.lens import record_output
+from clawvm.store import Store, store_from_url
+from clawvm.teams import shared as teams
+from clawvm.vm.context import Context
+from clawvm.vm.tiers import PagerConfig, TierBudgets
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 #: Budgets small enough that a 30-record session overflows working, short-term and long-term.
@@ -86,7 +86,7 @@ def serve_demo(
     """Load the scenario into ``db``, then serve the REST API and the dashboard until interrupted.
 
     Prints the dashboard URL with an API key (tenant ``default``, role agent) in its fragment."""
-    from ..server import configure_logging, create_app, run_server
+    from clawvm.server.app import configure_logging, create_app, run_server
 
     clock = ReplayClock()
     h = open_demo(store_from_url(db), clock, embed)

@@ -6,7 +6,8 @@
 - ``on_tool_start``: a PENDING ``tool_call`` (the tool's name, its parsed inputs, or ``{"input": str}``);
 - ``on_tool_end``: a SUCCESS ``tool_result`` linked to it (``parent_id``), with the duration as cost;
 - ``on_tool_error``: an ERROR ``tool_result`` with the exception type, message, short traceback and
-  timeout flag — the same trail as :mod:`clawvm.toolcalls`, so reliability learning sees these calls too;
+  timeout flag — the same trail as :mod:`clawvm.agents.toolcalls`, so reliability learning sees these calls
+  too;
 - ``on_llm_end``: an ``llm_thought`` (SUCCESS) with the generated text and any tool calls the model
   asked for, token usage as cost; ``on_llm_error``: an ``error`` memory.
 """
@@ -20,9 +21,9 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.outputs import LLMResult
 
-from ..harness import Harness
-from ..model import Cost, Kind, State
-from ..toolcalls import ToolCall, ToolSpec, scope_fields
+from clawvm.agents.toolcalls import ToolCall, ToolSpec, scope_fields
+from clawvm.core.model import Cost, Kind, State
+from clawvm.harness import Harness
 
 
 class ClawVMCallbackHandler(BaseCallbackHandler):

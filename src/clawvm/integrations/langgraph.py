@@ -44,9 +44,9 @@ from langgraph.store.base import (
     validate_op_namespace,
 )
 
-from ..errors import ValidationError
-from ..harness import Harness
-from ..model import Kind, Memory
+from clawvm.core.errors import ValidationError
+from clawvm.core.model import Kind, Memory
+from clawvm.harness import Harness
 
 TAG = "langgraph"
 SCAN_LIMIT = 10**6

@@ -1,4 +1,4 @@
-"""MCP: a server (official ``mcp`` SDK, 2.x) exposing ClawVM's agent tools (:mod:`clawvm.agent_tools`).
+"""MCP: a server (official ``mcp`` SDK, 2.x) exposing ClawVM's agent tools (:mod:`clawvm.agents.tools`).
 
 Run it over stdio for an MCP client (Claude Desktop, an IDE, ``mcp.Client``)::
 
@@ -24,9 +24,9 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-from .. import __version__
-from ..agent_tools import AgentTools
-from ..harness import Harness
+from clawvm import __version__
+from clawvm.agents.tools import AgentTools
+from clawvm.harness import Harness
 
 
 def build_server(tools: AgentTools, name: str = "clawvm") -> Server[Any]:

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlparse
 
-from ..errors import ConfigError
-from .base import CandidateInfo, Edge, Event, EventFeed, Query, QueryResult, Store
-from .memory import MemoryStore
-from .sqlite import SQLiteStore
+from clawvm.core.errors import ConfigError
+from clawvm.store.base import CandidateInfo, Edge, Event, EventFeed, Query, QueryResult, Store
+from clawvm.store.memory import MemoryStore
+from clawvm.store.sqlite import SQLiteStore
 
 __all__ = [
     "CandidateInfo",
@@ -45,7 +45,7 @@ def store_from_url(target: str | Path, dim: int = 384) -> Store:
         return SQLiteStore(path, dim=dim)
     if url.scheme in ("postgresql", "postgres"):
         try:  # imported here: psycopg is an optional extra
-            from .postgres import PostgresStore
+            from clawvm.store.postgres import PostgresStore
         except ImportError as exc:
             raise ConfigError(
                 f"{target!r} needs the PostgreSQL driver ({exc.name} is missing): "

@@ -2,7 +2,7 @@
 
 An engine implements the handful of abstract methods below; everything else (``get``, ``put``,
 ``delete``, ``count`` ...) is built once on top of them here. Engines translate their driver's errors
-into :mod:`clawvm.errors` at this boundary, do no I/O in their constructor (``setup()`` opens and
+into :mod:`clawvm.core.errors` at this boundary, do no I/O in their constructor (``setup()`` opens and
 migrates), and are safe to call from several threads.
 
 Write semantics (optimistic locking): ``put_many`` stores a memory only if its ``version`` is exactly one
@@ -22,8 +22,8 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..errors import ConflictError, NotFoundError, StoreError, ValidationError
-from ..model import Filters, LinkType, Memory, utcnow
+from clawvm.core.errors import ConflictError, NotFoundError, StoreError, ValidationError
+from clawvm.core.model import Filters, LinkType, Memory, utcnow
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class Query:
     - ``around``: ``QueryResult.info`` for these ids and their same-session neighbours that pass the
       filters (recall asks it for its best fused candidates only: cheaper than ``info`` for all);
     - ``expand``: seed ids for entity-graph expansion: ``QueryResult.related`` lists memories that share
-      an entity with a seed (entities extracted at write time, :mod:`clawvm.graph`), at most
+      an entity with a seed (entities extracted at write time, :mod:`clawvm.core.entities`), at most
       ``expand_limit`` links, ignoring entities named by more than ``expand_max_df`` memories.
     """
 
@@ -81,7 +81,7 @@ class CandidateInfo(NamedTuple):
     session_id: str | None
     previous: str | None
     next: str | None
-    agent_id: str | None = None  # who wrote it (recall's author prior, see clawvm.retrieval)
+    agent_id: str | None = None  # who wrote it (recall's author prior, see clawvm.recall.retrieval)
     length: int = 0  # lexical document length, in analysed terms (recall's length prior)
 
 
@@ -291,7 +291,7 @@ class Store(ABC):
 
     def delete_events_upto(self, seq: int) -> int:
         """Drop the head of the event log: every event with ``seq <= seq`` (retention, see
-        :mod:`clawvm.events`). Sequence numbers are never reused. Returns how many were deleted.
+        :mod:`clawvm.store.eventlog`). Sequence numbers are never reused. Returns how many were deleted.
 
         Not abstract so that an engine can be written before it supports retention; such an engine
         refuses here instead of silently keeping everything."""
@@ -300,7 +300,8 @@ class Store(ABC):
     def agents(self, filters: Filters) -> frozenset[str]:
         """Every ``agent_id`` of the stored memories of the tenants ``filters`` allows (its other fields are
         ignored); names of agents whose memories are all gone may stay. Recall asks it to tell which words
-        of a query name an author (:func:`clawvm.retrieval.named_authors`); an engine that cannot answer
+        of a query name an author (:func:`clawvm.recall.retrieval.named_authors`); an engine that cannot
+        answer
         cheaply returns an empty set, and recall then treats no word as a name."""
         return frozenset()
 

@@ -21,11 +21,11 @@ from typing import TypeVar
 
 import numpy as np
 
-from ..graph import entities
-from ..lexical import LexicalIndex, top_rows, top_scores
-from ..model import Filters, Memory, Scope, Visibility
-from ..vectors import VectorIndex
-from .base import CandidateInfo, Query, QueryResult, check_vectors
+from clawvm.core.entities import entities
+from clawvm.core.lexical import LexicalIndex, top_rows, top_scores
+from clawvm.core.model import Filters, Memory, Scope, Visibility
+from clawvm.core.vectors import VectorIndex
+from clawvm.store.base import CandidateInfo, Query, QueryResult, check_vectors
 
 _COLUMNS = (
     "tenant", "session_id", "task_id", "agent_id", "tool_name", "scope", "team_id", "kind", "state", "status",
@@ -135,7 +135,8 @@ class SearchIndex:
     previous/next neighbours and its *neighbourhood*: itself and ``window`` rows on each side. The context
     channel is BM25 over neighbourhood documents (the concatenation of their texts) computed at query time
     from the lexical postings (see :meth:`context_search`); writes only keep the session order and each
-    neighbourhood's length current, O(window). Entities (:func:`clawvm.graph.entities` of the indexed text)
+    neighbourhood's length current, O(window). Entities (:func:`clawvm.core.entities.entities` of the indexed
+    text)
     map to the rows naming them. All of it is derived from the memories: rebuilt on open, nothing persisted.
 
     (A materialised second inverted index over neighbourhood documents was measured first: same recall,

@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from ..model import STORED, Filters, Memory
-from ..vectors import normalize
-from .base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions
-from .index import SearchIndex
+from clawvm.core.model import STORED, Filters, Memory
+from clawvm.core.vectors import normalize
+from clawvm.store.base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions
+from clawvm.store.index import SearchIndex
 
 
 class MemoryStore(Store):

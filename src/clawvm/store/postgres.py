@@ -9,7 +9,7 @@ Tables (created by :data:`MIGRATIONS`, an append-only list; ``meta`` records how
 - ``memories``: one row per memory: its exact JSON (``body``, the source of truth for ``get``), the
   filterable fields as columns, ``tags text[]`` and ``metadata jsonb`` with GIN indexes, and
   ``embedding vector(dim)`` with an HNSW index (inner product on unit vectors, i.e. cosine);
-- ``postings(term, seq, tf)``: the inverted index of the project's own analyzer (``clawvm.lexical``), so
+- ``postings(term, seq, tf)``: the inverted index of the project's own analyzer (``clawvm.core.lexical``), so
   BM25 here scores like the in-process engines; ``lexstats``: the document count, total length and
   sessioned count as 16 sharded counters (each connection adds to its own, so writers from many
   processes do not queue on one row);
@@ -22,7 +22,7 @@ Appending events holds a transaction lock so that sequence numbers commit in ord
 ``after_seq`` never skips one that commits late), and sends ``NOTIFY`` so every process hears of them
 (:meth:`PostgresStore.subscribe`).
 
-psycopg errors are translated into :mod:`clawvm.errors` in :func:`_translated`, the one place that knows
+psycopg errors are translated into :mod:`clawvm.core.errors` in :func:`_translated`, the one place that knows
 about the driver. The query side lives in :mod:`clawvm.store.postgres_search`.
 """
 
@@ -47,16 +47,25 @@ import psycopg_pool
 from pgvector.psycopg.vector import register_vector_info
 from psycopg.types import TypeInfo
 
-from ..errors import ConfigError, ConflictError, SchemaError, StoreError
-from ..graph import entities
-from ..ids import is_valid_id
-from ..lexical import Analyzer, BM25Params
-from ..model import Filters, LinkType, Memory
-from ..vectors import normalize
-from .base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions, leading_vectors
-from .index import index_text
-from .memory import from_stored
-from .postgres_search import Searcher, compile_filters, esc, term_key, unesc, valid_ids
+from clawvm.core.entities import entities
+from clawvm.core.errors import ConfigError, ConflictError, SchemaError, StoreError
+from clawvm.core.ids import is_valid_id
+from clawvm.core.lexical import Analyzer, BM25Params
+from clawvm.core.model import Filters, LinkType, Memory
+from clawvm.core.vectors import normalize
+from clawvm.store.base import (
+    Edge,
+    Event,
+    Query,
+    QueryResult,
+    Store,
+    check_vectors,
+    check_versions,
+    leading_vectors,
+)
+from clawvm.store.index import index_text
+from clawvm.store.memory import from_stored
+from clawvm.store.postgres_search import Searcher, compile_filters, esc, term_key, unesc, valid_ids
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

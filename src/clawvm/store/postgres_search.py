@@ -36,12 +36,12 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from ..errors import StoreError
-from ..ids import is_valid_id
-from ..lexical import Analyzer, BM25Params, LexicalIndex
-from ..model import Filters, Scope, Visibility
-from .base import CandidateInfo, Query, QueryResult, check_vectors
-from .index import CONTEXT_WINDOW
+from clawvm.core.errors import StoreError
+from clawvm.core.ids import is_valid_id
+from clawvm.core.lexical import Analyzer, BM25Params, LexicalIndex
+from clawvm.core.model import Filters, Scope, Visibility
+from clawvm.store.base import CandidateInfo, Query, QueryResult, check_vectors
+from clawvm.store.index import CONTEXT_WINDOW
 
 # ---- values ----------------------------------------------------------------------------------------------
 _UNESC = re.compile(r"\\(.)", re.DOTALL)

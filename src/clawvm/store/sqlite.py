@@ -5,7 +5,7 @@ every write. Several processes may open the same file: each write transaction bu
 (``rev``), and before every operation an engine that sees another connection committed
 (``PRAGMA data_version``) replays the rows and tombstones with a newer ``rev`` into its index.
 
-sqlite3 errors are translated into :mod:`clawvm.errors` in :func:`_translated`, the one place that
+sqlite3 errors are translated into :mod:`clawvm.core.errors` in :func:`_translated`, the one place that
 knows about the driver.
 """
 
@@ -22,12 +22,21 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import SchemaError, StoreError
-from ..model import Filters, LinkType, Memory
-from ..vectors import normalize
-from .base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions, leading_vectors
-from .index import IndexDoc, SearchIndex
-from .memory import from_stored
+from clawvm.core.errors import SchemaError, StoreError
+from clawvm.core.model import Filters, LinkType, Memory
+from clawvm.core.vectors import normalize
+from clawvm.store.base import (
+    Edge,
+    Event,
+    Query,
+    QueryResult,
+    Store,
+    check_vectors,
+    check_versions,
+    leading_vectors,
+)
+from clawvm.store.index import IndexDoc, SearchIndex
+from clawvm.store.memory import from_stored
 
 # Append-only: never edit a shipped entry, add a new one. PRAGMA user_version = number applied.
 MIGRATIONS: tuple[str, ...] = (

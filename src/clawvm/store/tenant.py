@@ -25,9 +25,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..errors import AccessDeniedError
-from ..model import Filters, Memory
-from .base import Edge, Event, Query, QueryResult, Store, check_vectors
+from clawvm.core.errors import AccessDeniedError
+from clawvm.core.model import Filters, Memory
+from clawvm.store.base import Edge, Event, Query, QueryResult, Store, check_vectors
 
 _ALL = 2**62  # "no limit" for engines' limit arguments
 

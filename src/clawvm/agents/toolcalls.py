@@ -1,0 +1,584 @@
+"""Automatic recording of tool calls: the harness writes the trail, the model does not have to.
+
+Every call of a recorded tool (``@harness.tool(...)`` on any sync or async callable, or
+``with harness.tool_call(...)`` around any code) leaves two linked memories:
+
+1. before the tool runs, a ``tool_call`` memory in state PENDING whose content is the call in the tool's
+   standard format (default: ``{"tool": name, "args": {...}}``, arguments bound to parameter names,
+   defaults applied, ``redact``-ed names replaced by ``"***"``);
+2. when it returns, a ``tool_result`` memory in state SUCCESS, ``parent_id`` = the call, content formatted
+   by the tool's template (one standard format per tool), ``cost.seconds`` = the call's duration (plus
+   tokens/money from the tool's ``cost`` function or :meth:`ToolCall.add_cost`). When it raises — or its
+   validator rejects the result — the ``tool_result`` is in state ERROR with content
+   ``"<ExceptionType>: <message>"`` and ``metadata.tool_result.error`` = type, message, the last frames
+   of the traceback and whether it was a timeout. An invalid result raises
+   :class:`~clawvm.core.errors.InvalidToolResultError` to the caller: it is never passed on silently.
+
+The call memory then takes the outcome's state (SUCCESS/ERROR) and points to its result
+(``metadata.tool_call.result_id``), so only calls still running — or whose process died — are PENDING.
+:func:`restore` (``Harness.restore_session``) finds the PENDING calls of a session whose process is gone
+and marks each ``interrupted``: tag ``interrupted``, ``metadata.tool_call.status = "interrupted"``, an
+ERROR ``tool_result`` saying so (so the next context shows the agent what happened) and a
+``tool_interrupted`` event. The call itself keeps state PENDING: it never finished.
+
+Scope (session, task, agent, tags) comes from, in order: the call's own arguments, the innermost
+:func:`scope` block, the decorator's defaults.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import json
+import os
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from clawvm.core.errors import ConflictError, InvalidToolResultError, ValidationError
+from clawvm.core.model import Cost, Kind, Memory, State, canonical_json
+from clawvm.store import Event
+
+if TYPE_CHECKING:
+    from clawvm.harness import Harness
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: What a template may be: a ``str.format`` pattern over ``result``, ``args`` and ``tool``, or a callable
+#: taking the result and returning text or a JSON-able dict/list.
+Template = str | Callable[[Any], Any]
+#: A validator returns None/True when the result is fine, or False / a reason string when it is not
+#: (raising counts as "not fine", with the exception as the reason).
+Validator = Callable[[Any], bool | str | None]
+
+INTERRUPTED = "interrupted"
+TIMEOUT = "timeout"
+MAX_RESULT_CHARS = 8000
+TRACEBACK_FRAMES = 3
+_SCOPE_FIELDS = ("session_id", "task_id", "agent_id")
+
+_current_scope: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "clawvm_tool_scope", default=None
+)
+_in_flight: set[str] = set()  # ids of calls running in this process (restore must not touch them)
+_in_flight_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """How one tool's calls are recorded. Built by the decorator or by ``Harness.tool_call``."""
+
+    name: str
+    template: Template | None = None
+    call_template: Template | None = None
+    validator: Validator | None = None
+    cost: Callable[[Any], Mapping[str, Any]] | None = None
+    timeout_errors: tuple[type[BaseException], ...] = ()
+    redact: frozenset[str] = frozenset()
+    fallback_for: str | None = None  # this tool is a known fallback for that one (see reliability)
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # session_id/task_id/agent_id/tags
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValidationError("name", f"is {self.name!r}", "name the tool with a non-empty string")
+        _check_scope_fields(self.defaults)
+        # callers pass lists; keep the frozen spec hashable and its lookups cheap
+        object.__setattr__(self, "redact", frozenset(self.redact))
+        object.__setattr__(self, "timeout_errors", tuple(self.timeout_errors))
+
+
+def scope_fields(
+    session_id: str | None = None, task_id: str | None = None, agent_id: str | None = None
+) -> dict[str, Any]:
+    """The scope fields that are set (None and empty ones left out), to pass on as keyword arguments."""
+    given = {"session_id": session_id, "task_id": task_id, "agent_id": agent_id}
+    return {name: value for name, value in given.items() if value}
+
+
+@contextmanager
+def scope(**fields: Any) -> Iterator[None]:
+    """Record every tool call made inside this block (this thread/task) with these scope fields.
+
+    Accepts ``session_id``, ``task_id``, ``agent_id``, ``tags``; nested blocks add to the outer one.
+    """
+    _check_scope_fields(fields)
+    token = _current_scope.set({**(_current_scope.get() or {}), **fields})
+    try:
+        yield
+    finally:
+        _current_scope.reset(token)
+
+
+class ToolCall:
+    """One recorded call. Use as a (sync or async) context manager, or drive ``start``/``succeed``/``fail``.
+
+    Inside a ``with`` block, :meth:`set_result` hands over the result (validated and formatted on exit);
+    an exception leaving the block is recorded as ERROR and re-raised.
+    """
+
+    def __init__(
+        self,
+        harness: Harness,
+        spec: ToolSpec,
+        args: Mapping[str, Any] | None = None,
+        *,
+        parent_id: str | None = None,
+        **scope_fields: Any,
+    ) -> None:
+        self.harness = harness
+        self.spec = spec
+        self.args = {k: ("***" if k in spec.redact else _jsonable(v)) for k, v in (args or {}).items()}
+        self.parent_id = parent_id
+        self.scope = _resolve_scope(spec, scope_fields)
+        self.call: Memory | None = None
+        self.result: Memory | None = None
+        self._value: Any = None
+        self._has_value = False
+        self._extra_cost: dict[str, float] = {"tokens": 0, "money": 0.0}
+        self._t0 = 0.0
+
+    # ---- driving a call -----------------------------------------------------------------------------
+    def start(self) -> Memory:
+        """Record the PENDING call (before the tool runs)."""
+        content = self._format(self.spec.call_template, self.args) if self.spec.call_template else None
+        self.call = self.harness.record(
+            content if content is not None else {"tool": self.spec.name, "args": self.args},
+            kind=Kind.TOOL_CALL,
+            state=State.PENDING,
+            tool_name=self.spec.name,
+            parent_id=self.parent_id,
+            metadata={
+                "tool_call": {
+                    "status": State.PENDING.value,
+                    "args": self.args,
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                }
+            },
+            **self.scope,
+        )
+        with _in_flight_lock:
+            _in_flight.add(self.call.id)
+        self._t0 = time.perf_counter()
+        return self.call
+
+    @property
+    def value(self) -> Any:
+        """The result handed over with :meth:`set_result` (what the decorated tool returns)."""
+        return self._value
+
+    def set_result(self, value: Any) -> None:
+        """The tool's result, for the ``with`` form (recorded when the block exits)."""
+        self._value, self._has_value = value, True
+
+    def add_cost(self, *, tokens: int = 0, money: float = 0.0) -> None:
+        """Model tokens or money the call consumed (the duration is measured by itself)."""
+        self._extra_cost["tokens"] += tokens
+        self._extra_cost["money"] += money
+
+    def succeed(self, value: Any) -> Any:
+        """Validate and record ``value``; returns it, or raises InvalidToolResultError when rejected."""
+        duration = self._elapsed()
+        try:
+            problem = self._check(value)
+            content = self._result_content(value)
+            cost = self._cost(value, duration)
+        except Exception as exc:  # a failing validator/template/cost function: the result is unusable
+            problem, content, cost = f"{type(exc).__name__}: {exc}", None, self._cost(None, duration)
+        if problem is not None:
+            result = self._finish(
+                State.ERROR,
+                f"InvalidToolResult: {problem}",
+                cost,
+                {"error": {"type": "InvalidToolResult", "message": problem, "timeout": False}},
+            )
+            raise InvalidToolResultError(self.spec.name, problem, self._call_id(), result.id)
+        self._finish(State.SUCCESS, content if content is not None else "(no result)", cost, {})
+        return value
+
+    def fail(self, exc: BaseException) -> Memory:
+        """Record ``exc`` as the call's ERROR outcome."""
+        timeout = is_timeout(exc, self.spec.timeout_errors)
+        error = {
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": short_traceback(exc),
+            "timeout": timeout,
+        }
+        return self._finish(
+            State.ERROR,
+            f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
+            self._cost(None, self._elapsed()),
+            {"error": error},
+            tags=[TIMEOUT] if timeout else [],
+        )
+
+    # ---- context manager ------------------------------------------------------------------------------
+    def __enter__(self) -> ToolCall:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.succeed(self._value if self._has_value else None)
+            return
+        try:
+            self.fail(exc)
+        except Exception as record_error:  # never mask the tool's own exception with ours
+            exc.add_note(f"clawvm could not record this failure: {record_error!r}")
+
+    async def __aenter__(self) -> ToolCall:
+        return self.__enter__()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    # ---- internals ------------------------------------------------------------------------------------
+    def _call_id(self) -> str:
+        if self.call is None:
+            raise ValidationError("call", "was not started", "call start() (or enter the with block) first")
+        return self.call.id
+
+    def _elapsed(self) -> float:
+        return max(0.0, time.perf_counter() - self._t0)
+
+    def _check(self, value: Any) -> str | None:
+        if self.spec.validator is None:
+            return None
+        verdict = self.spec.validator(value)
+        if verdict is None or verdict is True:
+            return None
+        if verdict is False:
+            return "rejected by the validator"
+        return str(verdict)
+
+    def _result_content(self, value: Any) -> Any:
+        if self.spec.template is not None:
+            return self._format(self.spec.template, value)
+        if value is None:
+            return None
+        if isinstance(value, Mapping | list | tuple):
+            return _truncate_json(_jsonable(value))
+        text = value if isinstance(value, str) else repr(value)
+        return _truncate(text) if text.strip() else "(empty result)"
+
+    def _format(self, template: Template, value: Any) -> Any:
+        """``value`` (the result; the arguments for a call template) in the template's format."""
+        if isinstance(template, str):
+            return _truncate(template.format(result=value, args=self.args, tool=self.spec.name))
+        out = template(value)
+        return _truncate(out) if isinstance(out, str) else _truncate_json(_jsonable(out))
+
+    def _cost(self, value: Any, duration: float) -> Cost:
+        extra = dict(self._extra_cost)
+        if self.spec.cost is not None and value is not None:
+            for name, amount in self.spec.cost(value).items():
+                extra[name] = extra.get(name, 0) + amount
+        return Cost(
+            seconds=duration, tokens=int(extra.get("tokens", 0)), money=float(extra.get("money", 0.0))
+        )
+
+    def _finish(
+        self,
+        state: State,
+        content: Any,
+        cost: Cost,
+        info: dict[str, Any],
+        tags: Sequence[str] = (),
+    ) -> Memory:
+        call_id = self._call_id()
+        try:
+            result_tags = [*self.scope.get("tags", []), *tags]
+            if self.spec.fallback_for:
+                result_tags.append(fallback_tag(self.spec.fallback_for))
+            self.result = self.harness.record(
+                content,
+                kind=Kind.TOOL_RESULT,
+                state=state,
+                tool_name=self.spec.name,
+                parent_id=call_id,
+                cost=cost,
+                metadata={"tool_result": {"call_id": call_id, "duration_s": cost.seconds, **info}},
+                **{**self.scope, "tags": result_tags},
+            )
+            _close_call(self.harness, call_id, state, self.result.id, cost.seconds)
+            return self.result
+        finally:
+            with _in_flight_lock:
+                _in_flight.discard(call_id)
+
+
+def fallback_tag(tool: str) -> str:
+    return f"fallback-for:{tool}"
+
+
+def tool(
+    harness: Harness,
+    name: str | None = None,
+    *,
+    template: Template | None = None,
+    call_template: Template | None = None,
+    validator: Validator | None = None,
+    cost: Callable[[Any], Mapping[str, Any]] | None = None,
+    timeout_errors: Sequence[type[BaseException]] = (),
+    redact: Sequence[str] = (),
+    fallback_for: str | None = None,
+    **defaults: Any,
+) -> Callable[[F], F]:
+    """Decorator: record every call of the decorated sync or async callable (see the module docstring).
+
+    ``defaults`` are scope fields (session_id, task_id, agent_id, tags) used when no :func:`scope`
+    block gives them.
+    """
+    _check_scope_fields(defaults)  # fail at the decorator line, not at the first call
+
+    def decorate(fn: F) -> F:
+        spec = ToolSpec(
+            name or fn.__name__,
+            template=template,
+            call_template=call_template,
+            validator=validator,
+            cost=cost,
+            timeout_errors=tuple(timeout_errors),
+            redact=frozenset(redact),
+            fallback_for=fallback_for,
+            defaults=defaults,
+        )
+        signature = _signature(fn)
+
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                with ToolCall(harness, spec, bind_arguments(signature, args, kwargs)) as call:
+                    call.set_result(await fn(*args, **kwargs))
+                return call.value
+
+            return cast(F, run_async)
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with ToolCall(harness, spec, bind_arguments(signature, args, kwargs)) as call:
+                call.set_result(fn(*args, **kwargs))
+            return call.value
+
+        return cast(F, run)
+
+    return decorate
+
+
+# ---- restore ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RestoreReport:
+    """What :func:`restore` found: calls marked interrupted now, calls whose result had been written but
+    not yet linked (closed now), and calls left alone because their process is still alive."""
+
+    session_id: str
+    interrupted: list[str]
+    closed: list[str]
+    running_elsewhere: list[str]
+
+
+def restore(harness: Harness, session_id: str) -> RestoreReport:
+    """Mark the session's orphaned PENDING tool calls ``interrupted`` (see the module docstring).
+
+    Call it when an agent (re)starts a session, before it makes new calls.
+    """
+    if not isinstance(session_id, str) or not session_id:
+        raise ValidationError("session_id", f"is {session_id!r}", "pass the session id to restore")
+    pending = harness.list(limit=10**6, session_id=session_id, kind=Kind.TOOL_CALL, state=State.PENDING)
+    interrupted, closed, elsewhere = [], [], []
+    for call in sorted(pending, key=lambda m: (m.created_at, m.id)):
+        if INTERRUPTED in call.tags or _running_here(call.id):
+            continue
+        if _owner_alive(call):
+            elsewhere.append(call.id)
+            continue
+        results = harness.list(limit=1, parent_id=call.id, kind=Kind.TOOL_RESULT, status="any")
+        if results:  # the process died between writing the result and closing the call
+            state = results[0].state or State.ERROR
+            _close_call(harness, call.id, state, results[0].id, results[0].cost.seconds)
+            closed.append(call.id)
+        else:
+            _mark_interrupted(harness, call)
+            interrupted.append(call.id)
+    return RestoreReport(session_id, interrupted, closed, elsewhere)
+
+
+def _mark_interrupted(harness: Harness, call: Memory) -> None:
+    tool_name = call.tool_name or "tool"
+    info = dict(call.metadata.get("tool_call", {}))
+    result = harness.record(
+        f"{tool_name} call interrupted: the process stopped before the tool returned, "
+        f"so its outcome is unknown (call started {call.created_at:%Y-%m-%d %H:%M:%S} UTC)",
+        kind=Kind.TOOL_RESULT,
+        state=State.ERROR,
+        tool_name=call.tool_name,
+        parent_id=call.id,
+        tags=[INTERRUPTED],
+        session_id=call.session_id,
+        task_id=call.task_id,
+        agent_id=call.agent_id,
+        metadata={
+            "tool_result": {
+                "call_id": call.id,
+                "interrupted": True,
+                "error": {
+                    "type": "Interrupted",
+                    "message": "process ended during the call",
+                    "timeout": False,
+                },
+            }
+        },
+    )
+    _update(
+        harness,
+        call.id,
+        lambda m: {
+            "tags": [*m.tags, INTERRUPTED],
+            "metadata": {
+                **m.metadata,
+                "tool_call": {**info, "status": INTERRUPTED, "result_id": result.id},
+            },
+        },
+    )
+    harness.store.append_event(
+        Event(
+            kind="tool_interrupted",
+            memory_id=call.id,
+            tenant=call.tenant,
+            at=harness.now(),
+            data={"tool": call.tool_name, "session_id": call.session_id, "result_id": result.id},
+        )
+    )
+
+
+# ---- helpers --------------------------------------------------------------------------------------------
+def _close_call(harness: Harness, call_id: str, state: State, result_id: str, seconds: float) -> None:
+    """The call takes its outcome's state and points to its result."""
+
+    def change(m: Memory) -> dict[str, Any]:
+        info = {**m.metadata.get("tool_call", {}), "status": state.value, "result_id": result_id}
+        return {"state": state, "metadata": {**m.metadata, "tool_call": {**info, "duration_s": seconds}}}
+
+    _update(harness, call_id, change)
+
+
+def _update(harness: Harness, memory_id: str, change: Callable[[Memory], dict[str, Any]]) -> Memory:
+    """Update with a fresh read, retrying when the pager moved the memory in between."""
+    for _ in range(10):
+        current = harness.get(memory_id)
+        try:
+            return harness.update(memory_id, expected_version=current.version, **change(current))
+        except ConflictError:
+            continue
+    raise ConflictError(memory_id, None, None)
+
+
+def _resolve_scope(spec: ToolSpec, given: Mapping[str, Any]) -> dict[str, Any]:
+    _check_scope_fields(given)
+    merged: dict[str, Any] = {**spec.defaults, **(_current_scope.get() or {})}
+    merged.update({k: v for k, v in given.items() if v is not None})
+    merged["tags"] = list(merged.get("tags") or [])
+    return {k: v for k, v in merged.items() if v is not None}
+
+
+def _check_scope_fields(fields: Mapping[str, Any]) -> None:
+    unknown = set(fields) - {*_SCOPE_FIELDS, "tags"}
+    if unknown:
+        raise ValidationError(
+            sorted(unknown)[0], "is not a scope field", f"use {', '.join((*_SCOPE_FIELDS, 'tags'))}"
+        )
+
+
+def _running_here(call_id: str) -> bool:
+    with _in_flight_lock:
+        return call_id in _in_flight
+
+
+def _owner_alive(call: Memory) -> bool:
+    """Whether the process that started ``call`` still runs (another process on this host, alive)."""
+    info = call.metadata.get("tool_call", {})
+    pid, host = info.get("pid"), info.get("host")
+    if not isinstance(pid, int) or host != socket.gethostname() or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def is_timeout(exc: BaseException, extra: tuple[type[BaseException], ...] = ()) -> bool:
+    """Timeouts: ``TimeoutError`` (socket and asyncio timeouts are that class), the tool's own
+    ``timeout_errors``, and client-library classes named ``*Timeout*`` (httpx, requests)."""
+    return isinstance(exc, (TimeoutError, *extra)) or any(
+        "timeout" in cls.__name__.lower() for cls in type(exc).__mro__
+    )
+
+
+def short_traceback(exc: BaseException, frames: int = TRACEBACK_FRAMES) -> str:
+    """The last ``frames`` frames of ``exc``'s traceback plus its message (enough to find the line)."""
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-frames, chain=False)
+    return "".join(lines)[-2000:]
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have none
+        return None
+
+
+def bind_arguments(
+    signature: inspect.Signature | None, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Arguments by parameter name with defaults applied (``self``/``cls`` left out)."""
+    if signature is not None:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:  # the call itself will fail the same way, and be recorded as ERROR
+            pass
+        else:
+            bound.apply_defaults()
+            return {k: v for k, v in bound.arguments.items() if k not in ("self", "cls")}
+    return {"args": list(args), **kwargs} if args else dict(kwargs)
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` as JSON values (what cannot be encoded becomes its repr)."""
+    try:
+        return json.loads(json.dumps(value, default=repr, allow_nan=False))
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _truncate(text: str, limit: int = MAX_RESULT_CHARS) -> str:
+    if not text.strip():
+        return "(empty result)"
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… (truncated, {len(text)} characters in all)"
+
+
+def _truncate_json(value: Any) -> Any:
+    """JSON payloads stay JSON while small; a large one is stored as truncated text."""
+    if not isinstance(value, Mapping | list):
+        return _truncate(str(value))
+    text = canonical_json(value)
+    if len(text) > MAX_RESULT_CHARS:
+        return _truncate(text)
+    return value if value else "(empty result)"

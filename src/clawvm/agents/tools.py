@@ -1,0 +1,387 @@
+"""Memory operations as tools an LLM can call: OpenAI function-calling schemas plus a dispatcher.
+
+``AgentTools(harness, session_id=..., task_id=..., agent_id=...)`` binds the tools to one scope (the
+model cannot write into, roll back or forget from another session). ``schemas()`` gives the
+``tools=[...]`` list of a chat-completions request; ``dispatch(name, arguments)`` runs one call and
+returns a JSON-able reply, ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {"type",
+"message", ...}}`` — it never raises into the agent's loop. ``tool_message(tool_call)`` turns an
+OpenAI ``tool_calls`` entry into the ``role: tool`` message to send back.
+
+Each tool's arguments are a pydantic model; its JSON schema *is* the published schema, and arguments are
+validated against it strictly (no coercion: ``"5"`` is not an integer, while ``5.0`` is, as in JSON
+Schema), unknown names rejected.
+Memory ids may be given in full or as the 8-character short id shown in a built context.
+
+Tools: record_memory, recall_memory, build_context, checkpoint, rollback, pin_memory, forget_memory,
+summarize_task.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import pydantic
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from clawvm.agents.toolcalls import scope_fields
+from clawvm.core.errors import ClawVMError, ConflictError, NotFoundError, ValidationError
+from clawvm.core.ids import is_valid_id
+from clawvm.core.model import Memory
+from clawvm.vm.checkpoint import TAG as CHECKPOINT_TAG
+from clawvm.vm.context import short_id
+
+if TYPE_CHECKING:
+    from clawvm.harness import Harness
+
+KindName = Literal[
+    "user_input",
+    "llm_thought",
+    "tool_call",
+    "tool_result",
+    "agent_state",
+    "observation",
+    "decision",
+    "error",
+    "knowledge",
+    "summary",
+    "note",
+]
+StateName = Literal["pending", "success", "error", "intermediate"]
+SHORT_ID_LENGTH = 8
+RECALL_CLIP = 600
+
+
+def _integral(v: Any) -> Any:
+    """JSON has one number type: 5.0 is the integer 5 to a JSON Schema validator, so to us too."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+JSONInt = Annotated[int, BeforeValidator(_integral)]
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class RecordMemoryArgs(_Args):
+    """Remember something for later in this session (a fact, a decision, an observation)."""
+
+    content: str = Field(min_length=1, max_length=20000, description="What to remember, self-contained.")
+    kind: KindName = Field("note", description="What sort of memory this is.")
+    state: StateName | None = Field(None, description="Outcome, for steps of a task.")
+    tags: list[str] = Field(default_factory=list, max_length=20, description="Labels to filter by later.")
+    parent_id: str | None = Field(None, description="Id (or short id) of the memory this one follows from.")
+    pinned: bool = Field(False, description="Keep it in every context of this session.")
+
+
+class RecallMemoryArgs(_Args):
+    """Search memory: the most relevant memories for a query, best first."""
+
+    query: str = Field(min_length=1, max_length=2000, description="What you are looking for.")
+    k: JSONInt = Field(5, ge=1, le=50, description="How many memories to return.")
+    kind: KindName | None = Field(None, description="Only memories of this kind.")
+    tags: list[str] = Field(default_factory=list, max_length=20, description="Only memories with all tags.")
+    scope: Literal["session", "task", "all"] = Field(
+        "session", description="Search this session, this task, or everything you may read."
+    )
+
+
+class BuildContextArgs(_Args):
+    """Build a prompt-ready context for a question: pinned, working and retrieved memories under a budget."""
+
+    query: str = Field(min_length=1, max_length=2000, description="The question or task at hand.")
+    budget_tokens: JSONInt = Field(1000, ge=50, le=32000, description="Token budget of the context.")
+    tools: list[str] | None = Field(
+        None, description="Tools you are about to use (adds reliability warnings for flaky ones)."
+    )
+
+
+class CheckpointArgs(_Args):
+    """Snapshot this session's memory state so it can be rolled back to later."""
+
+    name: str = Field(min_length=1, max_length=200, description="A name for the checkpoint.")
+
+
+class RollbackArgs(_Args):
+    """Return this session's memory to a checkpoint; later memories become obsolete (not deleted)."""
+
+    checkpoint_id: str = Field(min_length=1, description="Id returned by checkpoint.")
+
+
+class PinMemoryArgs(_Args):
+    """Keep a memory in every context of this session."""
+
+    memory_id: str = Field(min_length=1, description="Id or short id of the memory.")
+
+
+class ForgetMemoryArgs(_Args):
+    """Delete a memory of this session for good (use for wrong or sensitive information)."""
+
+    memory_id: str = Field(min_length=1, description="Id or short id of the memory.")
+
+
+class SummarizeTaskArgs(_Args):
+    """Collapse a finished task's intermediate steps into one summary memory."""
+
+    task_id: str | None = Field(None, description="The task to summarize (default: the current task).")
+
+
+@dataclass(frozen=True)
+class _Tool:
+    args: type[_Args]
+    run: Callable[[Any], Any]
+
+
+class AgentTools:
+    """The memory tools bound to one harness and one scope (see the module docstring)."""
+
+    def __init__(
+        self,
+        harness: Harness,
+        *,
+        session_id: str | None = None,
+        task_id: str | None = None,
+        agent_id: str | None = None,
+    ) -> None:
+        self.harness = harness
+        self.scope = scope_fields(session_id, task_id, agent_id)
+        self._tools: dict[str, _Tool] = {
+            "record_memory": _Tool(RecordMemoryArgs, self._record),
+            "recall_memory": _Tool(RecallMemoryArgs, self._recall),
+            "build_context": _Tool(BuildContextArgs, self._context),
+            "checkpoint": _Tool(CheckpointArgs, self._checkpoint),
+            "rollback": _Tool(RollbackArgs, self._rollback),
+            "pin_memory": _Tool(PinMemoryArgs, self._pin),
+            "forget_memory": _Tool(ForgetMemoryArgs, self._forget),
+            "summarize_task": _Tool(SummarizeTaskArgs, self._summarize),
+        }
+
+    # ---- the published interface ---------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def parameters(self, name: str) -> dict[str, Any]:
+        """The JSON schema of ``name``'s arguments."""
+        return json_schema(self._tools[name].args)
+
+    def description(self, name: str) -> str:
+        return " ".join((self._tools[name].args.__doc__ or name).split())
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """The ``tools`` list of an OpenAI chat-completions request."""
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": self.description(name),
+                    "parameters": self.parameters(name),
+                },
+            }
+            for name in self._tools
+        ]
+
+    def dispatch(self, name: str, arguments: str | Mapping[str, Any] | None) -> dict[str, Any]:
+        """Run one tool call; returns ``{"ok": true, "result": ...}`` or a structured error. Never raises."""
+        tool = self._tools.get(name) if isinstance(name, str) else None
+        if tool is None:
+            return _error("unknown_tool", f"no tool named {name!r}", fix=f"use one of {self.names}")
+        try:
+            args = tool.args.model_validate(_parse(arguments))
+            return {"ok": True, "result": tool.run(args)}
+        except _BadJSON as exc:
+            return _error("invalid_json", str(exc), fix="send the arguments as a JSON object")
+        except pydantic.ValidationError as exc:
+            return _validation_error(exc)
+        except NotFoundError as exc:
+            return _error("not_found", str(exc), fix="use an id from recall_memory or the context")
+        except ConflictError as exc:
+            return _error("conflict", str(exc), fix="retry the call")
+        except ValidationError as exc:
+            return _error("invalid_request", str(exc), field=exc.field, fix=exc.fix)
+        except ClawVMError as exc:
+            return _error(type(exc).__name__, str(exc))
+        except Exception as exc:  # a bug must not crash the agent's loop: report it as a tool error
+            return _error("internal", f"{type(exc).__name__}: {exc}")
+
+    def tool_message(self, tool_call: Mapping[str, Any]) -> dict[str, Any]:
+        """An OpenAI ``tool_calls`` entry -> the ``{"role": "tool", ...}`` message with the reply."""
+        fn = tool_call.get("function") or {}
+        reply = self.dispatch(str(fn.get("name")), fn.get("arguments"))
+        return {"role": "tool", "tool_call_id": tool_call.get("id", ""), "content": json.dumps(reply)}
+
+    # ---- the tools -----------------------------------------------------------------------------------------
+    def _record(self, a: RecordMemoryArgs) -> dict[str, Any]:
+        parent = self._resolve(a.parent_id).id if a.parent_id else None
+        m = self.harness.record(
+            a.content,
+            kind=a.kind,
+            state=a.state,
+            tags=a.tags,
+            parent_id=parent,
+            pinned=a.pinned,
+            metadata={"recorded_by": "agent"},
+            **self.scope,
+        )
+        return {"id": m.id, "short_id": short_id(m.id), "kind": m.kind.value}
+
+    def _recall(self, a: RecallMemoryArgs) -> dict[str, Any]:
+        scope = {
+            "session": self.scope,
+            "task": {k: v for k, v in self.scope.items() if k != "session_id"},
+            "all": {k: v for k, v in self.scope.items() if k == "agent_id"},
+        }[a.scope]
+        filters: dict[str, Any] = {**scope, "kind": a.kind, "tags": a.tags or None}
+        hits = self.harness.recall(a.query, k=a.k, **filters)
+        return {"memories": [{**_brief(h.memory), "score": round(h.score, 4)} for h in hits]}
+
+    def _context(self, a: BuildContextArgs) -> dict[str, Any]:
+        ctx = self.harness.context(
+            a.query,
+            budget_tokens=a.budget_tokens,
+            tools=a.tools,
+            session_id=self.scope.get("session_id"),
+            task_id=self.scope.get("task_id"),
+            agent_id=self.scope.get("agent_id"),
+        )
+        return {"text": ctx.text, "tokens": ctx.tokens, "budget": ctx.budget, "ids": ctx.ids}
+
+    def _checkpoint(self, a: CheckpointArgs) -> dict[str, Any]:
+        return {"checkpoint_id": self.harness.checkpoint(self._session("checkpoint"), a.name)}
+
+    def _rollback(self, a: RollbackArgs) -> dict[str, Any]:
+        session = self._session("rollback")
+        snap = self.harness.get(a.checkpoint_id) if is_valid_id(a.checkpoint_id) else None
+        if snap is None or CHECKPOINT_TAG not in snap.tags or snap.session_id != session:
+            raise ValidationError(
+                "checkpoint_id", "is not a checkpoint of this session", "pass an id returned by checkpoint"
+            )
+        report = self.harness.rollback(snap.id)
+        return {
+            "checkpoint_id": report.checkpoint_id,
+            "restored": len(report.restored),
+            "obsoleted": len(report.obsoleted),
+        }
+
+    def _pin(self, a: PinMemoryArgs) -> dict[str, Any]:
+        m = self.harness.pin(self._resolve(a.memory_id).id)
+        return {"id": m.id, "short_id": short_id(m.id), "pinned": m.pinned}
+
+    def _forget(self, a: ForgetMemoryArgs) -> dict[str, Any]:
+        m = self._resolve(a.memory_id)
+        self.harness.forget(m.id)
+        return {"id": m.id, "short_id": short_id(m.id), "forgotten": True}
+
+    def _summarize(self, a: SummarizeTaskArgs) -> dict[str, Any]:
+        task = a.task_id or self.scope.get("task_id")
+        if not task:
+            raise ValidationError("task_id", "is missing and no task is bound", "pass task_id")
+        summary = self.harness.collapse_task(task)
+        if summary is None:
+            return {"summary_id": None, "reason": f"task {task!r} has no intermediate steps to summarize"}
+        return {"summary_id": summary.id, "short_id": short_id(summary.id), "content": summary.content}
+
+    # ---- helpers -------------------------------------------------------------------------------------------
+    def _session(self, tool: str) -> str:
+        session = self.scope.get("session_id")
+        if not session:
+            raise ValidationError("session_id", f"is not bound, and {tool} works on a session", "bind one")
+        return str(session)
+
+    def _resolve(self, memory_id: str) -> Memory:
+        """A memory of this scope by full id or short id (NotFoundError otherwise)."""
+        if is_valid_id(memory_id):
+            m = self.harness.get(memory_id)
+            if all(getattr(m, k) == v for k, v in self.scope.items()):
+                return m
+            raise NotFoundError("memory", memory_id)
+        wanted = memory_id.strip().lower().lstrip("[").rstrip("]")
+        if len(wanted) != SHORT_ID_LENGTH:
+            raise ValidationError(
+                "memory_id", f"is {memory_id!r}", "pass a full id or the 8-character short id"
+            )
+        found = [
+            m for m in self.harness.list(limit=10**6, status="any", **self.scope) if short_id(m.id) == wanted
+        ]
+        if len(found) != 1:
+            raise NotFoundError("memory", memory_id)
+        return found[0]
+
+
+def json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON schema, tidied for function calling: no titles, ``X | None`` shown as X."""
+    schema: dict[str, Any] = _tidy(model.model_json_schema())
+    schema.pop("description", None)  # the docstring: already the function's description
+    return schema
+
+
+def _tidy(node: Any) -> Any:
+    """Drop pydantic's titles and ``default: null`` (noise to a model); the constraints stay as they are."""
+    if isinstance(node, dict):
+        return {k: _tidy(v) for k, v in node.items() if k != "title" and not (k == "default" and v is None)}
+    if isinstance(node, list):
+        return [_tidy(v) for v in node]
+    return node
+
+
+class _BadJSON(Exception):
+    pass
+
+
+def _parse(arguments: str | Mapping[str, Any] | None) -> dict[str, Any]:
+    if arguments is None or arguments == "":
+        return {}
+    parsed: Any = arguments
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except json.JSONDecodeError as exc:
+            raise _BadJSON(f"arguments are not valid JSON ({exc.msg} at {exc.pos})") from None
+    if not isinstance(parsed, Mapping):
+        raise _BadJSON(f"arguments are a JSON {type(parsed).__name__}, not an object")
+    return dict(parsed)
+
+
+def _error(kind: str, message: str, *, field: str | None = None, fix: str | None = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"type": kind, "message": message}
+    if field is not None:
+        error["field"] = field
+    if fix is not None:
+        error["fix"] = fix
+    return {"ok": False, "error": error}
+
+
+def _validation_error(exc: pydantic.ValidationError) -> dict[str, Any]:
+    problems = [
+        {"field": ".".join(str(p) for p in e["loc"]) or "arguments", "problem": e["msg"]}
+        for e in exc.errors(include_url=False)
+    ]
+    first = problems[0]
+    reply = _error(
+        "invalid_arguments",
+        f"{first['field']}: {first['problem']}",
+        field=first["field"],
+        fix="correct the arguments to match the tool's schema",
+    )
+    reply["error"]["problems"] = problems
+    return reply
+
+
+def _brief(m: Memory) -> dict[str, Any]:
+    text = m.content if len(m.content) <= RECALL_CLIP else m.content[:RECALL_CLIP] + "…"
+    return {
+        "id": m.id,
+        "short_id": short_id(m.id),
+        "kind": m.kind.value,
+        "state": m.state.value if m.state else None,
+        "tool_name": m.tool_name,
+        "created_at": m.created_at.isoformat(),
+        "content": text,
+    }
+
+
+__all__ = ["AgentTools", "json_schema"]

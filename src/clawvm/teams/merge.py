@@ -1,0 +1,554 @@
+"""Fusion of a team's memories: near-duplicates merged, recurring errors turned into knowledge, conflicts
+flagged. Run it after a task (or on a schedule): ``fuse(harness, team_id=...)``.
+
+Only memories with the same readers are ever fused together (same tenant, scope, team, task for TASK scope
+and owner for PRIVATE scope: :func:`clawvm.teams.shared.partition_key`), so fusion never leaks a memory to an
+agent who could not read it.
+
+- **Near-duplicates** (same kind): lexical similarity (Jaccard of the analyzer's stemmed terms) at least
+  ``duplicate_lexical``, or embedding cosine at least ``duplicate_dense`` when the harness has an embedder.
+  Pairs with a contradiction signal (below) are never duplicates. Each connected group becomes one new
+  revision of its most trusted (then newest) member, linked ``revises`` to it and
+  ``derived_from`` every other member; ``metadata.provenance`` lists every source (id, agent, task, time),
+  ``source_tasks`` their tasks, usage and adoption counts are summed. The sources become OBSOLETE
+  (``merged_into``): kept for history, never recalled.
+- **Recurring errors**: active ERROR memories cluster at the looser ``cluster_*`` thresholds; a cluster with
+  ``min_occurrences`` errors from ``min_tasks`` tasks becomes a KNOWLEDGE memory tagged ``pitfall``
+  (extractive by default: the cluster's most central error, with the count; or an LLM's lesson through any
+  OpenAI-compatible endpoint, :class:`LLMSynthesizer`), ``derived_from`` every error, which are archived.
+  Errors that recur later join the existing pitfall as a new revision of it.
+- **Conflicts**: two active DECISION/KNOWLEDGE memories (of different revision chains) on the same subject —
+  the same ``metadata.subject``, or without subjects a topic overlap of ``subject_lexical`` plus a
+  contradiction signal (a negation in one only, or different numbers) — that are not duplicates get a
+  conflict note (kind NOTE, tag ``conflict``, ``refers_to`` both). It waits in the review queue and shows in
+  guidance until resolved (:func:`clawvm.teams.shared.resolve_conflict`, ``approve``, ``reject``).
+
+Every write is compare-and-set: a group whose members changed meanwhile is skipped (``report.skipped``) and
+picked up by the next run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from clawvm.core.embed import count_tokens
+from clawvm.core.errors import ClawVMError, ConflictError
+from clawvm.core.lexical import Analyzer
+from clawvm.core.model import Filters, Kind, Link, LinkType, Memory, Scope, Status, Tier, build_memory
+from clawvm.core.openai_http import FAILURES, ChatEndpoint
+from clawvm.core.vectors import normalize
+from clawvm.store import Event
+from clawvm.teams.shared import (
+    CONFLICT_TAG,
+    PITFALL_TAG,
+    RULE_TAG,
+    TEAM_KINDS,
+    adoption,
+    build_revision,
+    partition_key,
+    root_id,
+)
+from clawvm.vm.context import short_id
+
+if TYPE_CHECKING:
+    from clawvm.harness import Harness
+
+_ANALYZER = Analyzer()
+_NEGATION = re.compile(
+    r"\b(not|no|never|don't|dont|avoid|without|instead|disable[ds]?|stop|forbid\w*)\b", re.I
+)
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+class SynthesisError(ClawVMError):
+    """The synthesizer (usually an LLM endpoint) failed; the errors are left as they were."""
+
+
+@dataclass(frozen=True)
+class FusionConfig:
+    duplicate_lexical: float = 0.8
+    duplicate_dense: float = 0.9
+    cluster_lexical: float = 0.35
+    cluster_dense: float = 0.75
+    min_occurrences: int = 2
+    min_tasks: int = 2
+    subject_lexical: float = 0.4
+
+
+class Synthesizer(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def synthesize(self, errors: Sequence[str], occurrences: int) -> str:
+        """One KNOWLEDGE text from recurring error texts (the most central one first)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ExtractiveSynthesizer:
+    """The most central error, verbatim, with how often it recurred: nothing invented."""
+
+    name: str = "extractive"
+
+    def synthesize(self, errors: Sequence[str], occurrences: int) -> str:
+        return f"Recurring error (seen {occurrences} times): {' '.join(errors[0].split())}"
+
+
+@dataclass(frozen=True)
+class LLMSynthesizer(ChatEndpoint):
+    """A lesson written by any OpenAI-compatible ``/chat/completions`` endpoint (optional)."""
+
+    name: str = "llm"
+
+    def synthesize(self, errors: Sequence[str], occurrences: int) -> str:
+        listed = "\n".join(f"- {e}" for e in errors[:10])
+        prompt = (
+            f"These errors recurred {occurrences} times across tasks of an agent team:\n{listed}\n\n"
+            "Write one short, actionable lesson (at most two sentences) that prevents them. Keep names, "
+            "numbers and identifiers exactly as written. Reply with the lesson only."
+        )
+        try:
+            lesson = self.complete(prompt)
+        except FAILURES as exc:
+            raise SynthesisError(f"synthesizer endpoint {self.base_url} failed: {exc}") from exc
+        if not lesson:
+            raise SynthesisError(f"synthesizer endpoint {self.base_url} returned an empty lesson")
+        return f"Lesson from a recurring error (seen {occurrences} times): {lesson}"
+
+
+@dataclass
+class FusionReport:
+    merged: list[tuple[str, list[str]]] = field(default_factory=list)  # (new memory, its sources)
+    knowledge: list[str] = field(default_factory=list)  # pitfalls created or revised
+    conflicts: list[str] = field(default_factory=list)  # conflict notes created
+    skipped: int = 0  # groups left for the next run because a member changed meanwhile
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "merged": [{"id": i, "sources": s} for i, s in self.merged],
+            "knowledge": self.knowledge,
+            "conflicts": self.conflicts,
+            "skipped": self.skipped,
+        }
+
+
+def fuse(
+    h: Harness,
+    *,
+    team_id: str | None = None,
+    config: FusionConfig | None = None,
+    synthesizer: Synthesizer | None = None,
+) -> FusionReport:
+    """Merge near-duplicates, synthesize recurring errors, flag conflicts (of one team, or all)."""
+    cfg = config or FusionConfig()
+    report = FusionReport()
+    synth = synthesizer or ExtractiveSynthesizer()
+    # errors first: a recurring error should become a pitfall, not just one merged error
+    synthesize_errors(h, cfg, synth, report, team_id)
+    merge_duplicates(h, cfg, report, team_id, synth)
+    flag_conflicts(h, cfg, report, team_id)
+    return report
+
+
+# ---- similarity -------------------------------------------------------------------------------------------
+_VECTOR_CACHE: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+_VECTOR_CACHE_SIZE = 20_000
+
+
+def _vectors(h: Harness, texts: list[str]) -> np.ndarray | None:
+    """Unit vectors of ``texts`` from the harness's embedder (cached by text), or None without one."""
+    if h.embedder is None or not texts:
+        return None
+    name = h.embedder.name
+    missing = list(dict.fromkeys(t for t in texts if (name, t) not in _VECTOR_CACHE))
+    if missing:
+        for t, v in zip(missing, h.embedder.embed(missing), strict=True):
+            _VECTOR_CACHE[(name, t)] = np.asarray(v, dtype=np.float32)
+    out = np.stack([_VECTOR_CACHE[(name, t)] for t in texts])
+    for t in texts:
+        _VECTOR_CACHE.move_to_end((name, t))
+    while len(_VECTOR_CACHE) > _VECTOR_CACHE_SIZE:
+        _VECTOR_CACHE.popitem(last=False)
+    return normalize(out)
+
+
+class Similarity:
+    """Pairwise lexical (Jaccard of stemmed terms) and dense (cosine) similarity within one group."""
+
+    def __init__(self, h: Harness, texts: Sequence[str]) -> None:
+        self.terms = [frozenset(_ANALYZER.terms(t)) for t in texts]
+        self.vectors = _vectors(h, list(texts))
+
+    def lexical(self, i: int, j: int) -> float:
+        a, b = self.terms[i], self.terms[j]
+        return len(a & b) / len(a | b) if a or b else 1.0
+
+    def dense(self, i: int, j: int) -> float:
+        return 0.0 if self.vectors is None else float(self.vectors[i] @ self.vectors[j])
+
+    def pairs(self, lexical: float, dense: float) -> list[tuple[int, int]]:
+        """Every pair (i < j) with lexical similarity >= ``lexical`` or cosine >= ``dense``."""
+        found: set[tuple[int, int]] = set()
+        postings: dict[str, list[int]] = defaultdict(list)
+        for i, terms in enumerate(self.terms):
+            for t in terms:
+                postings[t].append(i)
+        for i, terms in enumerate(self.terms):
+            shared: dict[int, int] = defaultdict(int)
+            for t in terms:
+                for j in postings[t]:
+                    if j > i:
+                        shared[j] += 1
+            for j, n in shared.items():
+                if n / len(terms | self.terms[j]) >= lexical:
+                    found.add((i, j))
+        if self.vectors is not None:
+            for start in range(0, len(self.vectors), 512):
+                block = self.vectors[start : start + 512] @ self.vectors.T
+                for bi, j in zip(*np.nonzero(block >= dense), strict=True):
+                    i = start + int(bi)
+                    if i < int(j):
+                        found.add((i, int(j)))
+        return sorted(found)
+
+
+def components(n: int, pairs: Iterable[tuple[int, int]]) -> list[list[int]]:
+    """Connected groups of size >= 2 (union-find), each sorted, in order of their first member."""
+    parent = list(range(n))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, j in pairs:
+        ri, rj = root(i), root(j)
+        if ri != rj:
+            parent[max(ri, rj)] = min(ri, rj)
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i in range(n):
+        groups[root(i)].append(i)
+    return [g for _, g in sorted(groups.items()) if len(g) > 1]
+
+
+def _active(h: Harness, kinds: Sequence[Kind], team_id: str | None) -> dict[tuple[Any, ...], list[Memory]]:
+    """Active memories of ``kinds`` grouped by who may read them (and by kind)."""
+    f = Filters.of(tenant=h.tenant, status=Status.ACTIVE, kind=list(kinds), team_id=team_id)
+    groups: dict[tuple[Any, ...], list[Memory]] = defaultdict(list)
+    for m in h.store.iter_all(f):
+        if RULE_TAG in m.tags or CONFLICT_TAG in m.tags or m.pinned:
+            continue
+        groups[partition_key(m)].append(m)
+    return groups
+
+
+def _provenance(m: Memory) -> list[dict[str, Any]]:
+    known = m.metadata.get("provenance")
+    if known:
+        return list(known)
+    return [
+        {"id": m.id, "agent_id": m.agent_id, "task_id": m.task_id, "created_at": m.created_at.isoformat()}
+    ]
+
+
+def _tasks(members: Iterable[Memory]) -> list[str]:
+    tasks: dict[str, None] = {}
+    for m in members:
+        for t in [m.task_id, *m.metadata.get("source_tasks", [])]:
+            if t:
+                tasks.setdefault(str(t), None)
+    return list(tasks)
+
+
+# ---- near-duplicates --------------------------------------------------------------------------------------
+def merge_duplicates(
+    h: Harness,
+    cfg: FusionConfig,
+    report: FusionReport,
+    team_id: str | None = None,
+    synth: Synthesizer | None = None,
+) -> None:
+    for group in _active(h, TEAM_KINDS, team_id).values():
+        by_kind: dict[Kind, list[Memory]] = defaultdict(list)
+        for m in group:
+            by_kind[m.kind].append(m)
+        for members in by_kind.values():
+            if len(members) < 2:
+                continue
+            sim = Similarity(h, [m.content for m in members])
+            pairs = [
+                (i, j)
+                for i, j in sim.pairs(cfg.duplicate_lexical, cfg.duplicate_dense)
+                if not contradicts(members[i].content, members[j].content)  # "not X" is no duplicate of "X"
+            ]
+            for comp in components(len(members), pairs):
+                _merge(h, [members[i] for i in comp], report, synth)
+
+
+def _merge(
+    h: Harness, members: list[Memory], report: FusionReport, synth: Synthesizer | None = None
+) -> Memory | None:
+    """Merge ``members`` into a revision of the most trusted (then newest) one; None if one changed meanwhile.
+    Synthesized pitfalls add up their occurrences and samples (re-synthesized with ``synth``)."""
+    survivor = max(members, key=lambda m: (m.confidence, m.created_at, m.id))  # most trusted, then newest
+    others = [m for m in members if m is not survivor]
+    provenance = [p for m in [survivor, *others] for p in _provenance(m)]
+    counts = [adoption(m) for m in members]
+    u = [m.usage for m in members]
+    usage = survivor.usage.model_copy(
+        update={
+            "injected": sum(x.injected for x in u), "cited": sum(x.cited for x in u),
+            "successes": sum(x.successes for x in u), "failures": sum(x.failures for x in u),
+            "feedback": sum(x.feedback for x in u),
+        }
+    )
+    metadata = {
+        **survivor.metadata,
+        "provenance": provenance,
+        "source_tasks": _tasks(members),
+        "adoption": {"adopted": sum(a for a, _ in counts), "rejected": sum(r for _, r in counts)},
+    }
+    changes: dict[str, Any] = {
+        "tags": list(dict.fromkeys(t for m in members for t in m.tags)),
+        "confidence": max(m.confidence for m in members),
+        "usage": usage,
+        "metadata": metadata,
+    }
+    synthesized = [m for m in members if m.metadata.get("synthesized")]
+    if synthesized:
+        occurrences = sum(int(m.metadata["synthesized"].get("occurrences", 1)) for m in synthesized)
+        every = (s for m in [survivor, *others] for s in m.metadata.get("samples", []))
+        samples = list(dict.fromkeys(every))[:8]
+        method = synth.name if synth else survivor.metadata.get("synthesized", {}).get("method", "extractive")
+        metadata.update(samples=samples, synthesized={"method": method, "occurrences": occurrences})
+        if synth is not None and samples:
+            changes["content"] = synth.synthesize(samples, occurrences)
+    links = [Link(type=LinkType.DERIVED_FROM, target=m.id) for m in others]
+    old, new = build_revision(h, survivor, changes, links)
+    gone = [
+        m.model_copy(
+            update={
+                "status": Status.OBSOLETE, "version": m.version + 1,
+                "metadata": {**m.metadata, "merged_into": new.id},
+            }
+        )
+        for m in others
+    ]
+    event = Event(
+        kind="merge", memory_id=new.id, tenant=new.tenant, at=h.now(),
+        data={"sources": [m.id for m in members]},
+    )
+    try:
+        h.store.write([old, new, *gone], None, [event])
+    except ConflictError:
+        report.skipped += 1
+        return None
+    h.notify_embedder()
+    report.merged.append((new.id, [m.id for m in members]))
+    return new
+
+
+# ---- recurring errors -> knowledge ------------------------------------------------------------------------
+def synthesize_errors(
+    h: Harness, cfg: FusionConfig, synth: Synthesizer, report: FusionReport, team_id: str | None = None
+) -> None:
+    for group in _active(h, (Kind.ERROR, Kind.KNOWLEDGE), team_id).values():
+        items = [m for m in group if m.kind is Kind.ERROR or PITFALL_TAG in m.tags]
+        if not any(m.kind is Kind.ERROR for m in items):
+            continue
+        # a pitfall is compared through every error text it keeps as a sample, not only its summary
+        views: list[str] = []
+        owner: list[int] = []  # view -> item (views are in item order)
+        first_view: dict[int, int] = {}  # item -> its own text's view
+        for n, m in enumerate(items):
+            own = [m.content, *(m.metadata.get("samples", []) if m.kind is Kind.KNOWLEDGE else [])]
+            first_view[n] = len(views)
+            for text in dict.fromkeys(own):
+                views.append(text)
+                owner.append(n)
+        sim = Similarity(h, views)
+        linked = sim.pairs(cfg.cluster_lexical, cfg.cluster_dense)
+        pairs = sorted({(owner[i], owner[j]) for i, j in linked if owner[i] != owner[j]})
+        singles = [[i] for i, m in enumerate(items) if m.kind is Kind.ERROR]
+        comps = components(len(items), pairs)
+        clustered = {i for comp in comps for i in comp}
+        for comp in comps + [s for s in singles if s[0] not in clustered]:
+            errors = [items[i] for i in comp if items[i].kind is Kind.ERROR]
+            pitfalls = [items[i] for i in comp if items[i].kind is Kind.KNOWLEDGE]
+            if len(pitfalls) > 1:  # one failure, worded apart until now: one pitfall from here on
+                merged = _merge(h, pitfalls, report, synth)
+                pitfalls = [] if merged is None else [merged]
+                if merged is None:
+                    continue
+            if not errors:
+                continue
+            if pitfalls:
+                _extend_pitfall(h, pitfalls[0], errors, synth, report)
+            elif _occurrences(errors) >= cfg.min_occurrences and len(_tasks(errors)) >= cfg.min_tasks:
+                central = owner[_central(sim, [first_view[i] for i in comp if items[i].kind is Kind.ERROR])]
+                ordered = [items[central]] + [e for e in errors if e is not items[central]]
+                _new_pitfall(h, ordered, synth, report)
+
+
+def _occurrences(errors: Iterable[Memory]) -> int:
+    """How many errors these stand for (a merged error counts each of its sources)."""
+    return sum(len(_provenance(e)) for e in errors)
+
+
+def _central(sim: Similarity, members: list[int]) -> int:
+    """The member most similar to the others (lexical, plus dense when available)."""
+    def total(i: int) -> float:
+        return sum(sim.lexical(i, j) + sim.dense(i, j) for j in members if j != i)
+
+    return max(members, key=lambda i: (total(i), -i))
+
+
+def _archived_errors(errors: list[Memory], knowledge_id: str) -> list[Memory]:
+    return [
+        e.model_copy(
+            update={
+                "status": Status.ARCHIVED, "tier": Tier.ARCHIVE, "version": e.version + 1,
+                "metadata": {**e.metadata, "knowledge_id": knowledge_id},
+            }
+        )
+        for e in errors
+    ]
+
+
+def _samples(errors: Sequence[Memory], earlier: Sequence[str] = ()) -> list[str]:
+    return list(dict.fromkeys([*earlier, *(" ".join(e.content.split()) for e in errors)]))[:8]
+
+
+def _new_pitfall(h: Harness, errors: list[Memory], synth: Synthesizer, report: FusionReport) -> None:
+    first = errors[0]
+    samples = _samples(errors)
+    text = synth.synthesize(samples, _occurrences(errors))
+    tags = [PITFALL_TAG, *dict.fromkeys(t for e in errors for t in e.tags if t.startswith("task-type:"))]
+    fields = {
+        "content": text, "kind": Kind.KNOWLEDGE, "tenant": first.tenant, "scope": first.scope,
+        "team_id": first.team_id, "task_id": first.task_id if first.scope is Scope.TASK else None,
+        "agent_id": first.agent_id if first.scope is Scope.PRIVATE else None,
+        "tags": tags, "confidence": max(e.confidence for e in errors), "created_at": h.now(),
+        "tier": Tier.LONG_TERM, "token_count": count_tokens(text),
+        "links": [{"type": LinkType.DERIVED_FROM, "target": e.id} for e in errors],
+        "metadata": {
+            "synthesized": {"method": synth.name, "occurrences": _occurrences(errors)},
+            "source_tasks": _tasks(errors), "provenance": [p for e in errors for p in _provenance(e)],
+            "samples": samples,
+        },
+    }
+    knowledge = build_memory(fields)
+    knowledge = knowledge.model_copy(update={"value": h.pager.value_now(knowledge, h.now())})
+    event = Event(
+        kind="synthesize", memory_id=knowledge.id, tenant=knowledge.tenant, at=h.now(),
+        data={"errors": [e.id for e in errors], "method": synth.name},
+    )
+    try:
+        h.store.write([knowledge, *_archived_errors(errors, knowledge.id)], None, [event])
+    except ConflictError:
+        report.skipped += 1
+        return
+    h.notify_embedder()
+    report.knowledge.append(knowledge.id)
+
+
+def _extend_pitfall(
+    h: Harness, pitfall: Memory, errors: list[Memory], synth: Synthesizer, report: FusionReport
+) -> None:
+    info = pitfall.metadata.get("synthesized", {})
+    occurrences = int(info.get("occurrences", 1)) + _occurrences(errors)
+    samples = _samples(errors, pitfall.metadata.get("samples", []))
+    metadata = {
+        **pitfall.metadata,
+        "synthesized": {"method": synth.name, "occurrences": occurrences},
+        "source_tasks": _tasks([pitfall, *errors]),
+        "provenance": _provenance(pitfall) + [p for e in errors for p in _provenance(e)],
+        "samples": samples,
+    }
+    learned_on = (t for e in errors for t in e.tags if t.startswith("task-type:"))
+    tags = list(dict.fromkeys([*pitfall.tags, *learned_on]))
+    changes: dict[str, Any] = {"metadata": metadata, "tags": tags}
+    if pitfall.metadata.get("synthesized"):  # an LLM/extractive text we wrote: refresh its count
+        changes["content"] = synth.synthesize(samples, occurrences)
+    links = [Link(type=LinkType.DERIVED_FROM, target=e.id) for e in errors]
+    old, new = build_revision(h, pitfall, changes, links)
+    event = Event(
+        kind="synthesize", memory_id=new.id, tenant=new.tenant, at=h.now(),
+        data={"errors": [e.id for e in errors], "method": synth.name, "revises": pitfall.id},
+    )
+    try:
+        h.store.write([old, new, *_archived_errors(errors, new.id)], None, [event])
+    except ConflictError:
+        report.skipped += 1
+        return
+    h.notify_embedder()
+    report.knowledge.append(new.id)
+
+
+# ---- conflicts --------------------------------------------------------------------------------------------
+def _subject(m: Memory) -> str | None:
+    s = m.metadata.get("subject")
+    return " ".join(str(s).lower().split()) if s else None
+
+
+def contradicts(a: str, b: str) -> bool:
+    """A cheap contradiction signal: a negation in one text only, or different numbers in both."""
+    if bool(_NEGATION.search(a)) != bool(_NEGATION.search(b)):
+        return True
+    na, nb = set(_NUMBER.findall(a)), set(_NUMBER.findall(b))
+    return bool(na and nb and na != nb)
+
+
+def flag_conflicts(h: Harness, cfg: FusionConfig, report: FusionReport, team_id: str | None = None) -> None:
+    known = _known_conflicts(h)
+    for group in _active(h, (Kind.DECISION, Kind.KNOWLEDGE), team_id).values():
+        items = [m for m in group if PITFALL_TAG not in m.tags]
+        if len(items) < 2:
+            continue
+        sim = Similarity(h, [m.content for m in items])
+        for i in range(len(items)):
+            for j in range(i + 1, len(items)):
+                a, b = items[i], items[j]
+                key = frozenset({root_id(a), root_id(b)})
+                if len(key) < 2 or key in known:
+                    continue
+                similar = sim.lexical(i, j) >= cfg.duplicate_lexical or sim.dense(i, j) >= cfg.duplicate_dense
+                if similar and not contradicts(a.content, b.content):
+                    continue  # the same statement twice: a duplicate, not a conflict
+                sa, sb = _subject(a), _subject(b)
+                if sa is not None and sb is not None:
+                    same = sa == sb
+                else:
+                    same = sim.lexical(i, j) >= cfg.subject_lexical and contradicts(a.content, b.content)
+                if same:
+                    known.add(key)
+                    report.conflicts.append(_flag(h, a, b, sa or sb).id)
+
+
+def _known_conflicts(h: Harness) -> set[frozenset[str]]:
+    """Conflicts flagged before, open or closed (a closed one is not flagged again)."""
+    f = Filters.of(tenant=h.tenant, kind=Kind.NOTE, tags=[CONFLICT_TAG])
+    return {frozenset(n.metadata.get("conflict", {}).get("roots", [])) for n in h.store.iter_all(f)}
+
+
+def _flag(h: Harness, a: Memory, b: Memory, subject: str | None) -> Memory:
+    a, b = sorted((a, b), key=lambda m: (m.created_at, m.id))
+    about = f"'{subject}'" if subject else "the same subject"
+    text = (
+        f"Conflict on {about}: [{short_id(a.id)}] {' '.join(a.content.split())[:160]} <> "
+        f"[{short_id(b.id)}] {' '.join(b.content.split())[:160]}"
+    )
+    owner = a.agent_id if a.scope is Scope.PRIVATE else None
+    return h.record(
+        text, kind=Kind.NOTE, scope=a.scope, team_id=a.team_id, task_id=a.task_id, agent_id=owner,
+        tags=[CONFLICT_TAG], tier=Tier.LONG_TERM,
+        links=[{"type": LinkType.REFERS_TO, "target": a.id}, {"type": LinkType.REFERS_TO, "target": b.id}],
+        metadata={"conflict": {"ids": [a.id, b.id], "roots": [root_id(a), root_id(b)], "subject": subject}},
+    )

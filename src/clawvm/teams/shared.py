@@ -1,0 +1,602 @@
+"""Teams (ConMem): shared memory for several agents — scopes and permissions, append-only revisions,
+retention, adoption feedback and the review queue.
+
+Scopes (``Memory.scope``): PRIVATE (only its ``agent_id`` reads it), TEAM (agents allowed to read its
+``team_id``), TASK (agents working on its ``task_id``; with a ``team_id``, only those also allowed to read
+that team). A memory without a scope is tenant-wide, as before teams existed.
+
+Permissions are per agent and team: :func:`grant` stores ``read``/``write`` for one (team, agent) as a
+small memory of its own (kind AGENT_STATE, tag ``clawvm:grant``, status INTERNAL). INTERNAL is the
+harness's own bookkeeping: ``Harness.recall``/``list``/``count``/``context`` never return it (not even
+with ``status="any"``), only :func:`grants` reads it, and no caller can record, update or revise a memory
+into or out of it (a grant changes only through :func:`grant`), so a permission cannot be forged by
+writing a look-alike memory. Reads are enforced by the store: :func:`visibility` resolves an agent's
+grants into a :class:`~clawvm.core.model.Visibility`, and every engine applies it inside its query
+(``Filters.visible_to``), never by filtering results afterwards.
+
+Writes are checked by :func:`check_write`, with one rule everywhere: a scoped memory is written by an
+agent, which must be allowed to write it — its own PRIVATE memories, TEAM/TASK memories of a team it has
+a write grant on. Who the writer is: the acting agent when the call names one (``revise(agent_id=...)``,
+``Harness.update(as_agent=...)``), else the memory's own ``agent_id``; a memory without an agent is the
+application's (seeds, fusion) and always writable. ``record`` checks the new memory. ``Harness.update``
+(:func:`check_update`) checks the memory as it was and as it will be, so a change can neither touch a
+team the writer may not write nor move a memory into one; without ``as_agent``, each version is checked
+as written by its own agent, as ``record`` would check it. Moderation by the application itself
+(approve/reject, annotations) passes ``as_agent=APPLICATION``: a reviewer must be able to reject the
+memory of an agent whose grant was revoked.
+
+Revisions: :func:`revise` never edits a memory's content in place. It appends a new memory linked to the
+old one by ``revises`` and marks the old one OBSOLETE (``metadata.superseded_by``), both in one atomic
+write that is compare-and-set on the old one's version, so of two writers revising the same head one gets
+:class:`ConflictError`. :func:`revise_with_retry` is the caller-side helper: it re-reads the latest head
+and re-applies the caller's change function (which merges) until it lands. Recall (status ACTIVE) sees
+only the latest revision; :func:`history` returns the whole chain.
+
+Quality: memories with ``confidence`` below ``REVIEW_BELOW`` (or flagged by a conflict) wait in the review
+queue (:func:`review_queue`, :func:`approve`, :func:`reject`) and are down-weighted by guidance
+(:func:`trust`) until approved. :func:`feedback` counts adoptions and updates usage and value.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from clawvm.core.embed import count_tokens
+from clawvm.core.errors import AccessDeniedError, ConflictError, ValidationError
+from clawvm.core.ids import new_id
+from clawvm.core.model import (
+    Filters,
+    Kind,
+    Link,
+    LinkType,
+    Memory,
+    Scope,
+    Status,
+    Tier,
+    Visibility,
+    build_memory,
+    normalize_content,
+    revalidate,
+)
+from clawvm.store import Event, Store
+
+if TYPE_CHECKING:
+    from clawvm.harness import Harness
+
+#: Confidence under which a memory enters the review queue (and is down-weighted until approved).
+REVIEW_BELOW = 0.5
+#: The memory kinds a team shares and fuses.
+TEAM_KINDS = (Kind.OBSERVATION, Kind.DECISION, Kind.ERROR, Kind.KNOWLEDGE)
+GRANT_TAG = "clawvm:grant"
+#: The acting "agent" of the application's own writes (moderation): checked like a write without agent.
+APPLICATION = "clawvm:application"
+CONFLICT_TAG = "conflict"
+PITFALL_TAG = "pitfall"
+RULE_TAG = "rule"
+_GRANT_OWNER = "clawvm:acl"  # the agent grant memories are private to: no real agent reads them
+_NAMESPACE = uuid.UUID("3c2b6a52-5d0e-4f7e-9a51-7c1f0e7c2b11")
+_IMMUTABLE_IN_REVISION = frozenset(
+    {"id", "version", "created_at", "tenant", "scope", "team_id", "status", "content_type", "token_count"}
+)
+
+
+def task_type_tag(task_type: str) -> str:
+    """The tag that marks memories learned on tasks of ``task_type`` (guidance matches on it)."""
+    return f"task-type:{task_type.strip().lower()}"
+
+
+# ---- permissions ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Grant:
+    team_id: str
+    agent_id: str
+    read: bool
+    write: bool
+
+
+def _grant_id(tenant: str, team_id: str, agent_id: str) -> str:
+    return str(uuid.uuid5(_NAMESPACE, f"grant\x00{tenant}\x00{team_id}\x00{agent_id}"))
+
+
+def grant(h: Harness, team_id: str, agent_id: str, *, read: bool = True, write: bool = False) -> Grant:
+    """Set ``agent_id``'s permissions on ``team_id`` (replacing earlier ones; both False revokes)."""
+    for name, v in (("team_id", team_id), ("agent_id", agent_id)):
+        if not isinstance(v, str) or not v.strip():
+            raise ValidationError(name, f"is {v!r}", "pass a non-empty string")
+    if write and not read:
+        raise ValidationError("read", "is False while write is True", "writers must be able to read")
+    g = Grant(team_id, agent_id, bool(read), bool(write))
+    gid = _grant_id(h.tenant, team_id, agent_id)
+    body = {"team_id": team_id, "agent_id": agent_id, "read": g.read, "write": g.write}
+    for _ in range(20):
+        current = h.store.get_many([gid]).get(gid)
+        fields: dict[str, Any] = {
+            "id": gid, "content": f"grant {agent_id} on team {team_id}: read={g.read} write={g.write}",
+            "kind": Kind.AGENT_STATE, "status": Status.INTERNAL, "tenant": h.tenant, "scope": Scope.PRIVATE,
+            "agent_id": _GRANT_OWNER,
+            "team_id": team_id, "tags": [GRANT_TAG], "tier": Tier.ARCHIVE, "metadata": {"grant": body},
+            "created_at": h.now() if current is None else current.created_at,
+            "version": 1 if current is None else current.version + 1,
+        }
+        try:
+            h.store.write(
+                [build_memory(fields)],
+                None,
+                [Event(kind="grant", memory_id=gid, tenant=h.tenant, at=h.now(), data=body)],
+            )
+            return g
+        except ConflictError:
+            continue
+    raise ConflictError(gid, None, None)
+
+
+def grants(h: Harness, team_id: str | None = None) -> list[Grant]:
+    """Every grant of this tenant (of one team, if given)."""
+    f = Filters.of(
+        tenant=h.tenant, tags=[GRANT_TAG], kind=Kind.AGENT_STATE, status=Status.INTERNAL, team_id=team_id
+    )
+    out = []
+    for m in h.store.list(f, limit=10**6):
+        body = m.metadata.get("grant", {})
+        out.append(Grant(body["team_id"], body["agent_id"], bool(body["read"]), bool(body["write"])))
+    return sorted(out, key=lambda g: (g.team_id, g.agent_id))
+
+
+def _agent_grants(h: Harness, agent_id: str) -> list[Grant]:
+    return [g for g in grants(h) if g.agent_id == agent_id]
+
+
+def visibility(h: Harness, agent_id: str, tasks: Iterable[str] = ()) -> Visibility:
+    """What ``agent_id`` may read, working on ``tasks``: pass it as ``visible_to=`` to any query."""
+    readable = frozenset(g.team_id for g in _agent_grants(h, agent_id) if g.read)
+    return Visibility(agent_id, readable, frozenset(t for t in tasks if t))
+
+
+def can_write(h: Harness, agent_id: str, team_id: str) -> bool:
+    # every team write asks this: read the one grant record by its id instead of listing them all
+    gid = _grant_id(h.tenant, team_id, agent_id)
+    stored = h.store.get_many([gid]).get(gid)
+    if stored is None or stored.status is not Status.INTERNAL or GRANT_TAG not in stored.tags:
+        return False
+    return bool(stored.metadata.get("grant", {}).get("write"))
+
+
+def check_scope(memory: Memory) -> None:
+    """A scoped memory names what its scope needs (its agent, team or task)."""
+    needs = {Scope.PRIVATE: "agent_id", Scope.TEAM: "team_id", Scope.TASK: "task_id"}
+    if memory.scope is not None and getattr(memory, needs[memory.scope]) is None:
+        name = needs[memory.scope]
+        raise ValidationError(name, f"is missing for a {memory.scope.value} memory", f"pass {name}=...")
+
+
+def check_write(h: Harness, memory: Memory, agent_id: str | None = None) -> None:
+    """Raise :class:`AccessDeniedError` unless ``agent_id`` (default: the memory's own agent) may write
+    ``memory``. Writes without an agent, or by :data:`APPLICATION`, are the application's own (seeds,
+    fusion, moderation) and allowed. INTERNAL memories are written by this module only."""
+    check_scope(memory)
+    if memory.status is Status.INTERNAL:
+        raise ValidationError(
+            "status",
+            "internal is reserved for the harness's own records (team grants)",
+            "use active, archived, obsolete or expired; change grants with harness.grant()",
+        )
+    writer = agent_id or memory.agent_id
+    # APPLICATION counts only as the acting agent a caller names, never as a memory's own agent_id
+    if writer is None or agent_id == APPLICATION or memory.scope is None:
+        return
+    if memory.scope is Scope.PRIVATE:
+        if memory.agent_id != writer:
+            raise AccessDeniedError(
+                "agent_id", f"{writer!r} may not write {memory.agent_id!r}'s private memory", "share it first"
+            )
+        return
+    if memory.team_id is not None and not can_write(h, writer, memory.team_id):
+        raise AccessDeniedError(
+            "team_id",
+            f"agent {writer!r} may not write to team {memory.team_id!r}",
+            f"grant it: harness.grant({memory.team_id!r}, {writer!r}, write=True)",
+        )
+
+
+def check_update(h: Harness, before: Memory, after: Memory, agent_id: str | None = None) -> None:
+    """An update may go ahead: its writer may write ``before`` and ``after`` (see the module's rule)."""
+    if before.status is Status.INTERNAL:
+        raise ValidationError(
+            "memory_id", "is an internal record of the harness (a team grant)", "use harness.grant() instead"
+        )
+    check_write(h, before, agent_id)
+    check_write(h, after, agent_id)
+
+
+def record(
+    h: Harness,
+    content: Any,
+    *,
+    agent_id: str,
+    kind: Kind | str = Kind.OBSERVATION,
+    team_id: str | None = None,
+    task_id: str | None = None,
+    scope: Scope | str | None = None,
+    task_type: str | None = None,
+    subject: str | None = None,
+    **fields: Any,
+) -> Memory:
+    """Record a team memory as ``agent_id``: TEAM scope when a team is given, else PRIVATE (or ``scope``).
+
+    ``task_type`` tags it so guidance for later tasks of that type finds it; ``subject`` names what a
+    DECISION/KNOWLEDGE is about (fusion flags two different ones on the same subject as a conflict).
+    """
+    scope = Scope(scope) if scope is not None else (Scope.TEAM if team_id else Scope.PRIVATE)
+    tags = list(fields.pop("tags", []))
+    metadata = dict(fields.pop("metadata", {}))
+    if task_type:
+        tags.append(task_type_tag(task_type))
+        metadata["task_type"] = task_type
+    if subject:
+        metadata["subject"] = subject
+    return h.record(
+        content, kind=kind, agent_id=agent_id, team_id=team_id, task_id=task_id, scope=scope, tags=tags,
+        metadata=metadata, **fields,
+    )
+
+
+# ---- revisions --------------------------------------------------------------------------------------------
+def successor(m: Memory) -> str | None:
+    """The memory that replaced ``m`` (a newer revision, or the merge it went into), if any."""
+    nxt = m.metadata.get("superseded_by") or m.metadata.get("merged_into")
+    return str(nxt) if nxt and m.status is Status.OBSOLETE else None
+
+
+# Per store: memory id -> the newest revision of its chain seen so far. Only a shortcut: the walk always
+# goes on forward from there, so a stale entry costs a few hops, never a wrong answer.
+_HEADS: weakref.WeakKeyDictionary[Store, dict[str, str]] = weakref.WeakKeyDictionary()
+_HEADS_LOCK = threading.Lock()
+_HEADS_SIZE = 100_000
+
+
+def latest(h: Harness, memory_id: str) -> Memory:
+    """The current head of ``memory_id``'s revision chain (itself if it was never revised)."""
+    with _HEADS_LOCK:
+        heads = _HEADS.setdefault(h.store, {})
+        hint = heads.get(memory_id)
+    m = h.store.get_many([hint]).get(hint) if hint is not None else None  # hints are never deleted rows...
+    if m is None:  # ...but a forgotten one is possible: start from the id itself
+        m = h.store.get(memory_id)
+    seen = {m.id}
+    while (nxt := successor(m)) is not None and nxt not in seen:
+        found = h.store.get_many([nxt]).get(nxt)
+        if found is None:
+            break
+        seen.add(nxt)
+        m = found
+    if m.id != memory_id:
+        with _HEADS_LOCK:
+            if len(heads) > _HEADS_SIZE:
+                heads.clear()
+            heads[memory_id] = m.id
+    return m
+
+
+def root_id(m: Memory) -> str:
+    """The first revision of ``m``'s chain (stable across revisions)."""
+    return str(m.metadata.get("revision", {}).get("root", m.id))
+
+
+def conflict_sides(note: Memory) -> set[str]:
+    """Ids and chain roots of the memories a conflict note is about."""
+    info = note.metadata.get("conflict", {})
+    return {str(i) for i in [*info.get("ids", []), *info.get("roots", [])]}
+
+
+def previous(m: Memory) -> str | None:
+    return next((link.target for link in m.links if link.type is LinkType.REVISES), None)
+
+
+def history(h: Harness, memory_id: str) -> list[Memory]:
+    """Every revision of ``memory_id``'s chain, oldest first (the last one is the head)."""
+    chain = [latest(h, memory_id)]
+    seen = {chain[0].id}
+    while (prev := previous(chain[-1])) is not None and prev not in seen:
+        found = h.store.get_many([prev]).get(prev)
+        if found is None:
+            break
+        seen.add(prev)
+        chain.append(found)
+    chain.reverse()
+    return chain
+
+
+def build_revision(
+    h: Harness, current: Memory, changes: Mapping[str, Any], extra_links: Iterable[Link] = ()
+) -> tuple[Memory, Memory]:
+    """(``current`` marked OBSOLETE at its next version, the new revision) — nothing written yet."""
+    bad = _IMMUTABLE_IN_REVISION.intersection(changes)
+    if bad:
+        name = sorted(bad)[0]
+        raise ValidationError(name, "cannot change in a revision", "record a new memory instead")
+    changes = dict(changes)
+    metadata = dict(changes.pop("metadata", current.metadata))
+    if "content" in changes:
+        text, ctype = normalize_content(changes["content"], h.max_content_bytes)
+        changes.update(content=text, content_type=ctype, token_count=count_tokens(text))
+        metadata.pop("compression", None)  # the new text is not a summary of the old raw copy
+    for key in ("superseded_by", "merged_into"):
+        metadata.pop(key, None)
+    info = current.metadata.get("revision", {})
+    metadata["revision"] = {
+        "root": info.get("root", current.id), "number": int(info.get("number", 1)) + 1, "previous": current.id
+    }
+    links = [link for link in changes.pop("links", current.links) if link.type is not LinkType.REVISES]
+    links = [*links, Link(type=LinkType.REVISES, target=current.id), *extra_links]
+    data = current.model_dump()
+    data.update(changes)
+    data.update(
+        id=new_id(), version=1, created_at=h.now(), status=Status.ACTIVE, links=links, metadata=metadata
+    )
+    new = build_memory(data)
+    new = new.model_copy(update={"value": h.pager.value_now(new, h.now())})
+    old = current.model_copy(
+        update={
+            "status": Status.OBSOLETE,
+            "version": current.version + 1,
+            "metadata": {**current.metadata, "superseded_by": new.id},
+        }
+    )
+    return old, new
+
+
+def revise(
+    h: Harness,
+    memory_id: str,
+    *,
+    agent_id: str | None = None,
+    expected_version: int | None = None,
+    **changes: Any,
+) -> Memory:
+    """Append a revision of ``memory_id`` with ``changes``; returns the new head.
+
+    Raises :class:`ConflictError` when ``memory_id`` is no longer the head or (with ``expected_version``)
+    has moved on; :class:`AccessDeniedError` when ``agent_id`` may not write it.
+    """
+    current = h.store.get(memory_id)
+    if current.status is Status.OBSOLETE or (
+        expected_version is not None and current.version != expected_version
+    ):
+        raise ConflictError(memory_id, expected_version, current.version)
+    check_write(h, current, agent_id or current.agent_id)
+    return _append_revision(h, current, agent_id, changes)
+
+
+def _append_revision(h: Harness, current: Memory, agent_id: str | None, changes: Mapping[str, Any]) -> Memory:
+    """Write a revision of ``current`` as read (the write is compare-and-set on its version)."""
+    if current.status is Status.OBSOLETE:
+        raise ConflictError(current.id, current.version, current.version)
+    old, new = build_revision(h, current, changes)
+    event = Event(
+        kind="revise", memory_id=new.id, tenant=new.tenant, at=h.now(),
+        data={"revises": old.id, "number": new.metadata["revision"]["number"], "agent_id": agent_id},
+    )
+    h.store.write([old, new], None, [event])  # compare-and-set on old: one revision per head
+    h.notify_embedder()
+    return new
+
+
+def revise_with_retry(
+    h: Harness,
+    memory_id: str,
+    change: Callable[[Memory], Mapping[str, Any]],
+    *,
+    agent_id: str | None = None,
+    attempts: int = 500,
+) -> Memory:
+    """Revise the latest head of ``memory_id`` with ``change(head)``, retrying on conflicts.
+
+    ``change`` receives the current head and returns the fields to change: on a conflict it is called
+    again with the newer head, so it must merge (append to, count from) what it sees rather than
+    overwrite with a value computed earlier. That is what keeps concurrent updates from being lost.
+    """
+    head = latest(h, memory_id)
+    check_write(h, head, agent_id or head.agent_id)  # once: a revision never changes scope or team
+    for attempt in range(attempts):
+        try:
+            return _append_revision(h, head, agent_id, change(head))
+        except ConflictError:
+            time.sleep(random.uniform(0, min(0.02, 0.0005 * 2 ** min(attempt, 8))))  # jitter breaks lockstep
+            head = latest(h, head.id)
+    raise ConflictError(head.id, head.version, None)
+
+
+# ---- retention --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """When active team memories are archived (never deleted): older than ``max_age[kind]``, or worth
+    less than ``min_value`` right now. Pinned memories are kept."""
+
+    max_age: Mapping[str, timedelta] = field(default_factory=dict)
+    min_value: float | None = None
+    kinds: tuple[Kind, ...] = TEAM_KINDS
+
+
+def apply_retention(h: Harness, policy: RetentionPolicy, *, team_id: str | None = None) -> list[Memory]:
+    """Archive what ``policy`` says is past keeping; returns the archived memories."""
+    now = h.now()
+    f = Filters.of(tenant=h.tenant, status=Status.ACTIVE, kind=list(policy.kinds), team_id=team_id)
+    archived = []
+    for m in list(h.store.iter_all(f)):
+        if m.pinned:
+            continue
+        limit = policy.max_age.get(m.kind.value)
+        reason = None
+        if limit is not None and now - m.created_at > limit:
+            reason = f"older than {limit}"
+        elif policy.min_value is not None and (v := h.pager.value_now(m, now)) < policy.min_value:
+            reason = f"value {v:.3f} under {policy.min_value}"
+        if reason is None:
+            continue
+        moved = h.pager.mutate(m, lambda _m: {"status": Status.ARCHIVED, "tier": Tier.ARCHIVE}, now)
+        h.store.append_event(
+            Event(kind="retention", memory_id=m.id, tenant=m.tenant, at=now, data={"reason": reason})
+        )
+        archived.append(moved)
+    return archived
+
+
+# ---- adoption feedback ------------------------------------------------------------------------------------
+def adoption(m: Memory) -> tuple[int, int]:
+    """(adopted, not adopted) counts from :func:`feedback`."""
+    a = m.metadata.get("adoption", {})
+    return int(a.get("adopted", 0)), int(a.get("rejected", 0))
+
+
+def adoption_rate(m: Memory) -> float | None:
+    adopted, rejected = adoption(m)
+    return None if adopted + rejected == 0 else adopted / (adopted + rejected)
+
+
+def feedback(h: Harness, memory_id: str, adopted: bool) -> Memory:
+    """An agent adopted (or ignored) a piece of guidance: count it and update usage and value.
+
+    Adopted: usage ``injected`` +1, ``cited`` +1, ``feedback`` +1; not adopted: ``injected`` +1,
+    ``feedback`` -1 — so the value's cite term follows the adoption rate. Applies to the latest revision.
+    """
+    for _ in range(50):
+        head = latest(h, memory_id)
+        a, r = adoption(head)
+        u = head.usage
+        usage = u.model_copy(
+            update={
+                "injected": u.injected + 1,
+                "cited": u.cited + int(adopted),
+                "feedback": u.feedback + (1 if adopted else -1),
+            }
+        )
+        counts = {"adopted": a + int(adopted), "rejected": r + int(not adopted)}
+        metadata = {**head.metadata, "adoption": counts}
+        changed = revalidate(head, {"usage": usage, "metadata": metadata, "version": head.version + 1})
+        changed = changed.model_copy(update={"value": h.pager.value_now(changed, h.now())})
+        event = Event(
+            kind="feedback", memory_id=head.id, tenant=head.tenant, at=h.now(), data={"adopted": adopted}
+        )
+        try:
+            h.store.write([changed], None, [event])
+            return changed
+        except ConflictError:
+            continue
+    raise ConflictError(memory_id, None, None)
+
+
+# ---- review queue -----------------------------------------------------------------------------------------
+def review_state(m: Memory) -> str | None:
+    """``approved``, ``rejected``, ``pending`` (flagged), or None (never reviewed)."""
+    state = m.metadata.get("review", {}).get("status")
+    return str(state) if state else None
+
+
+def needs_review(m: Memory, below: float = REVIEW_BELOW) -> bool:
+    if m.status is not Status.ACTIVE:
+        return False
+    state = review_state(m)
+    if state in ("approved", "rejected"):
+        return False
+    return state == "pending" or m.confidence < below or CONFLICT_TAG in m.tags
+
+
+def trust(m: Memory, below: float = REVIEW_BELOW) -> float:
+    """How much guidance believes ``m``: 1 once approved; its confidence, halved while it awaits review."""
+    if review_state(m) == "approved":
+        return 1.0
+    return m.confidence * (0.5 if needs_review(m, below) else 1.0)
+
+
+def review_queue(
+    h: Harness, *, below: float = REVIEW_BELOW, team_id: str | None = None, agent_id: str | None = None
+) -> list[Memory]:
+    """Active memories awaiting review (low confidence, flagged, or open conflicts), least trusted first.
+    With ``agent_id``, only what that agent may read."""
+    vis = visibility(h, agent_id) if agent_id else None
+    kinds = [*TEAM_KINDS, Kind.NOTE]
+    f = Filters.of(tenant=h.tenant, status=Status.ACTIVE, kind=kinds, team_id=team_id, visible_to=vis)
+    queue = [m for m in h.store.iter_all(f) if needs_review(m, below)]
+    return sorted(queue, key=lambda m: (m.confidence, m.created_at))
+
+
+def _set_review(
+    h: Harness, m: Memory, state: str, by: str | None, reason: str | None, **changes: Any
+) -> Memory:
+    """Record a review on ``m`` (the head of its chain, as read: the update is compare-and-set)."""
+    review = {"status": state, "by": by, "at": h.now().isoformat(), "reason": reason}
+    updated = h.update(
+        m.id, expected_version=m.version, as_agent=APPLICATION, metadata={**m.metadata, "review": review},
+        **changes,
+    )
+    h.store.append_event(
+        Event(kind=f"review.{state}", memory_id=m.id, tenant=m.tenant, at=h.now(), data=review)
+    )
+    return updated
+
+
+def approve(h: Harness, memory_id: str, *, by: str | None = None, reason: str | None = None) -> Memory:
+    """Approve a memory (guidance stops down-weighting it). Approving an open conflict note closes it as
+    "not a conflict": both sides are kept."""
+    m = latest(h, memory_id)
+    if CONFLICT_TAG in m.tags and m.kind is Kind.NOTE:
+        return _close_conflict(h, m, "approved", by, reason or "both sides kept")
+    return _set_review(h, m, "approved", by, reason)
+
+
+def reject(h: Harness, memory_id: str, *, by: str | None = None, reason: str | None = None) -> Memory:
+    """Reject a memory: it becomes OBSOLETE (kept for history, never recalled) and any open conflict it
+    is a side of is closed."""
+    m = latest(h, memory_id)
+    if CONFLICT_TAG in m.tags and m.kind is Kind.NOTE:
+        return _close_conflict(h, m, "rejected", by, reason or "not a conflict")
+    rejected = _set_review(h, m, "rejected", by, reason, status=Status.OBSOLETE)
+    for note in open_conflicts(h, involving=m.id):
+        _close_conflict(h, note, "resolved", by, f"{m.id} rejected")
+    return rejected
+
+
+def resolve_conflict(h: Harness, conflict_id: str, *, keep: str, by: str | None = None) -> Memory:
+    """Keep one side of a conflict (approved) and reject the others; returns the kept memory."""
+    note = h.store.get(conflict_id)
+    sides = list(note.metadata.get("conflict", {}).get("ids", []))
+    if keep not in sides:
+        raise ValidationError(
+            "keep", f"{keep!r} is not a side of conflict {conflict_id}", f"pass one of {sides}"
+        )
+    for side in sides:
+        if side != keep:
+            reject(h, side, by=by, reason=f"conflict {conflict_id} resolved for {keep}")
+    return approve(h, keep, by=by, reason=f"kept in conflict {conflict_id}")
+
+
+def open_conflicts(
+    h: Harness, *, involving: str | None = None, visible_to: Visibility | None = None
+) -> list[Memory]:
+    f = Filters.of(
+        tenant=h.tenant, status=Status.ACTIVE, kind=Kind.NOTE, tags=[CONFLICT_TAG], visible_to=visible_to
+    )
+    notes = h.store.list(f, limit=10**6)
+    if involving is not None:
+        notes = [n for n in notes if involving in conflict_sides(n)]
+    return notes
+
+
+def _close_conflict(h: Harness, note: Memory, state: str, by: str | None, reason: str) -> Memory:
+    return _set_review(h, note, state, by, reason, status=Status.ARCHIVED)
+
+
+def partition_key(m: Memory) -> tuple[str | None, ...]:
+    """Memories that may be fused together share this: the same readers (scope, team, task, owner)."""
+    owner = m.agent_id if m.scope is Scope.PRIVATE else None
+    task = m.task_id if m.scope is Scope.TASK else None
+    return (m.tenant, m.scope.value if m.scope else None, m.team_id, task, owner)
+

@@ -1,0 +1,221 @@
+"""Reversible compression: summaries that keep a pointer to the raw text, and the summarizers.
+
+A compressed memory's content becomes a summary; its raw content moves to a separate archived memory
+(``metadata["raw_of"]`` = the original id) that the compressed one links to (``derived_from``) and names
+in ``metadata["compression"]``. Nothing is lost: ``Harness.decompress`` restores the raw text, and the
+raw copy cannot be forgotten while a compressed memory points at it.
+
+What is never compressed: JSON payloads (structured data), and inside text every line of code and every
+sentence holding a number is kept verbatim, so exact values survive a summary.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from clawvm.core.embed import count_tokens
+from clawvm.core.errors import ClawVMError
+from clawvm.core.model import JSON, Link, LinkType, Memory, Status, Tier, build_memory, revalidate
+from clawvm.core.openai_http import FAILURES, ChatEndpoint
+from clawvm.store import Event, Store
+
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
+_NUMBER = re.compile(r"\d")
+_CODE_LINE = re.compile(r"^\s{2,}\S|[{};]\s*$|^\s*(def|class|return|import|from|SELECT|UPDATE|INSERT)\b|`")
+_ENTITY = re.compile(r"\b[A-Z][a-zA-Z0-9_-]+(?:\s+[A-Z][a-zA-Z0-9_-]+)*")
+_WORD = re.compile(r"[A-Za-z][a-z]+")
+
+
+class SummarizerError(ClawVMError):
+    """The summarizer (usually an LLM endpoint) failed; the memory is left as it was."""
+
+
+class Summarizer(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def summarize(self, text: str, max_chars: int) -> str: ...
+
+
+def entities(text: str, limit: int = 20) -> list[str]:
+    """Capitalised spans and identifiers, in order of first appearance (a cheap, offline NER stand-in)."""
+    seen: dict[str, None] = {}
+    for m in _ENTITY.finditer(text):
+        span = m.group(0)
+        if len(span) > 2:
+            seen.setdefault(span, None)
+        if len(seen) >= limit:
+            break
+    return list(seen)
+
+
+@dataclass(frozen=True)
+class ExtractiveSummarizer:
+    """Keeps the sentences that carry the most information, in their original order.
+
+    Lines that look like code and sentences with digits are always kept verbatim (exact values survive);
+    the others are ranked by how many of the text's frequent content words they contain, and the best
+    are added while the summary stays under ``max_chars``.
+    """
+
+    name: str = "extractive"
+
+    def summarize(self, text: str, max_chars: int) -> str:
+        units: list[str] = []
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            if _CODE_LINE.search(line):
+                units.append(line)
+            else:
+                units.extend(s for s in _SENTENCE.split(line.strip()) if s)
+        if sum(len(u) + 1 for u in units) <= max_chars:
+            return "\n".join(units)
+        freq: dict[str, int] = {}
+        for w in _WORD.findall(text.lower()):
+            if len(w) > 3:
+                freq[w] = freq.get(w, 0) + 1
+        must = {i for i, u in enumerate(units) if _NUMBER.search(u) or _CODE_LINE.search(u)}
+        rank = sorted(
+            (i for i in range(len(units)) if i not in must),
+            key=lambda i: (
+                -sum(freq.get(w, 0) for w in set(_WORD.findall(units[i].lower()))) / (1 + len(units[i]) / 80)
+            ),
+        )
+        keep = set(must)
+        size = sum(len(units[i]) + 1 for i in keep)
+        for i in rank:
+            if size + len(units[i]) + 1 > max_chars:
+                continue
+            keep.add(i)
+            size += len(units[i]) + 1
+        return "\n".join(units[i] for i in sorted(keep))
+
+
+@dataclass(frozen=True)
+class LLMSummarizer(ChatEndpoint):
+    """Summaries from any OpenAI-compatible ``/chat/completions`` endpoint (optional)."""
+
+    name: str = "llm"
+
+    def summarize(self, text: str, max_chars: int) -> str:
+        prompt = (
+            f"Summarize the following agent memory in at most {max_chars} characters. Keep every number, "
+            "identifier, name and code fragment exactly as written. Reply with the summary only.\n\n" + text
+        )
+        try:
+            summary = self.complete(prompt)
+        except FAILURES as exc:
+            raise SummarizerError(f"summarizer endpoint {self.base_url} failed: {exc}") from exc
+        if not summary:
+            raise SummarizerError(f"summarizer endpoint {self.base_url} returned an empty summary")
+        return summary
+
+
+# ---- operations on stored memories (used by the harness and the pager) -----------------------------------
+def is_compressible(memory: Memory) -> bool:
+    return (
+        memory.content_type != JSON
+        and "compression" not in memory.metadata
+        and "raw_of" not in memory.metadata
+    )
+
+
+def compress_memory(
+    store: Store, memory: Memory, summarizer: Summarizer, now: datetime, ratio: float = 0.4, reason: str = ""
+) -> Memory:
+    """Replace ``memory``'s content by a summary; its raw text moves to an archived copy it points to.
+
+    Returns the memory unchanged when there is nothing to gain (JSON payloads, already compressed, or a
+    summary that is not shorter).
+    """
+    if not is_compressible(memory):
+        return memory
+    summary = summarizer.summarize(memory.content, max(80, int(len(memory.content) * ratio)))
+    if not summary.strip() or len(summary) >= len(memory.content):
+        return memory
+    summary_tokens = count_tokens(summary)
+    if summary_tokens >= count_tokens(memory.content):  # fewer characters, no fewer tokens: no gain
+        return memory
+    raw = build_memory(
+        {
+            **memory.model_dump(exclude={"id", "links", "version", "value", "pinned", "usage", "metadata"}),
+            "status": Status.ARCHIVED,
+            "tier": Tier.ARCHIVE,
+            "kind": memory.kind,
+            "metadata": {"raw_of": memory.id},
+        }
+    )
+    info = {
+        "raw_id": raw.id,
+        "method": summarizer.name,
+        "entities": entities(memory.content),
+        "raw_tokens": memory.token_count,
+        "at": now.isoformat(),
+    }
+    compressed = revalidate(
+        memory,
+        {
+            "content": summary,
+            "token_count": summary_tokens,
+            "version": memory.version + 1,
+            "links": [*memory.links, Link(type=LinkType.DERIVED_FROM, target=raw.id)],
+            "metadata": {**memory.metadata, "compression": info},
+        },
+    )
+    store.put_many([raw, compressed])  # one transaction: never a summary without its raw
+    store.append_event(
+        Event(
+            kind="compress",
+            memory_id=memory.id,
+            tenant=memory.tenant,
+            at=now,
+            data={
+                "raw_id": raw.id,
+                "method": summarizer.name,
+                "tokens_before": memory.token_count,
+                "tokens_after": compressed.token_count,
+                "reason": reason,
+            },
+        )
+    )
+    return compressed
+
+
+def decompress_memory(store: Store, memory: Memory, now: datetime) -> Memory:
+    """Bring back the raw text of a compressed memory (the archived raw copy is kept for history)."""
+    info = memory.metadata.get("compression")
+    if not info:
+        return memory
+    raw = store.get(info["raw_id"])
+    metadata = {k: v for k, v in memory.metadata.items() if k != "compression"}
+    metadata["decompressed_from"] = info
+    restored = revalidate(
+        memory,
+        {
+            "content": raw.content,
+            "token_count": raw.token_count,
+            "version": memory.version + 1,
+            "metadata": metadata,
+            "links": [link for link in memory.links if link.target != raw.id],
+        },
+    )
+    store.put(restored)
+    store.append_event(
+        Event(kind="decompress", memory_id=memory.id, tenant=memory.tenant, at=now, data={"raw_id": raw.id})
+    )
+    return restored
+
+
+def referenced_raw(store: Store, memory: Memory) -> list[str]:
+    """Ids of compressed memories that still point at ``memory`` as their raw content."""
+    owner = memory.metadata.get("raw_of")
+    if not owner:
+        return []
+    found = store.get_many([owner]).get(owner)
+    if found is not None and found.metadata.get("compression", {}).get("raw_id") == memory.id:
+        return [owner]
+    return []

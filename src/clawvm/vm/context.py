@@ -1,0 +1,161 @@
+"""The context builder's packing: what goes into the prompt, under a token budget, with provenance.
+
+``pack`` is pure: given candidates (memory, section, relevance, reason) it returns the prompt text and
+its manifest. Sections are packed in order — pinned, working tier, retrieved — each within its quota of
+the budget (unused quota flows to the next section); retrieved memories go by priority = relevance ×
+(0.5 + value), then the conversational neighbours of the packed hits (the question before, the answer
+after) fill what is left. The text lists each section chronologically, one line per memory:
+``[<short id> <date>] <kind>: <content>``. Token counts use the embedding model's tokenizer, and the
+manifest's counts add up to exactly the text's count (lines are joined by newlines, which that tokenizer
+treats as plain whitespace). Nothing ever goes over the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from clawvm.core.model import Memory
+
+SECTIONS = ("pinned", "working", "retrieved")
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """Fractions of the budget each section may use at most (unused budget flows to later sections).
+
+    Pinned memories may use the whole budget: a pin means "in every context of the session" (pinning
+    already refuses to pin more than the working tier's budget)."""
+
+    pinned: float = 1.0
+    working: float = 0.4
+    retrieved: float = 1.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    memory: Memory
+    section: str
+    relevance: float = 0.0
+    reason: str = ""
+    neighbours: tuple[Memory, ...] = ()
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One line of the context: which memory, from where, how much, and why."""
+
+    id: str
+    short_id: str
+    section: str
+    tier: str
+    value: float
+    score: float
+    tokens: int
+    reason: str
+    created_at: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass
+class Context:
+    text: str
+    manifest: list[ManifestEntry]
+    budget: int
+    tokens: int
+    by_section: dict[str, int] = field(default_factory=dict)
+    event_seq: int | None = None  # the seq of this build's "context" event (influence tracing, citations)
+
+    @property
+    def ids(self) -> list[str]:
+        return [e.id for e in self.manifest]
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` on one line (whitespace runs collapsed), cut to ``limit`` characters with "…"."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
+def short_id(memory_id: str) -> str:
+    """The last 8 hex digits: UUIDv7's random tail, unique enough to cite inside one context."""
+    return memory_id.replace("-", "")[-8:]
+
+
+def label(memory: Memory) -> str:
+    return f"[{short_id(memory.id)} {memory.created_at:%Y-%m-%d}] {memory.kind.value}:"
+
+
+def render(memory: Memory) -> str:
+    text = " ".join(memory.content.split())  # one line per memory
+    return f"{label(memory)} {text}"
+
+
+def line_tokens(memory: Memory, count_tokens: Callable[[str], int]) -> int:
+    """Tokens of ``render(memory)`` without re-tokenizing the content: the tokenizer splits on
+    whitespace first, so the label's count plus the stored ``token_count`` is exactly the line's count.
+
+    That holds only when rendering leaves the content as it is: where ``str.split`` sees whitespace that
+    the tokenizer does not (e.g. ``\\x1f``, which it drops), the line is counted as rendered."""
+    if " ".join(memory.content.split()) != memory.content:
+        return count_tokens(render(memory))
+    return count_tokens(label(memory)) + memory.token_count
+
+
+def pack(
+    candidates: Sequence[Candidate],
+    budget: int,
+    count_tokens: Callable[[str], int],
+    quotas: Quotas = Quotas(),
+) -> Context:
+    chosen: dict[str, tuple[Memory, str, float, str, int]] = {}
+    used = 0
+    by_section = dict.fromkeys(SECTIONS, 0)
+
+    def take(m: Memory, section: str, score: float, reason: str, limit: int) -> bool:
+        nonlocal used
+        if m.id in chosen:
+            return True
+        tokens = line_tokens(m, count_tokens)
+        if by_section[section] + tokens > limit or used + tokens > budget:
+            return False
+        chosen[m.id] = (m, section, score, reason, tokens)
+        by_section[section] += tokens
+        used += tokens
+        return True
+
+    for section in SECTIONS:
+        limit = int(budget * getattr(quotas, section))
+        group = [c for c in candidates if c.section == section]
+        if section == "retrieved":
+            group.sort(key=lambda c: -c.relevance * (0.5 + c.memory.value))
+        for c in group:
+            take(c.memory, section, c.relevance, c.reason, limit)
+        for c in group:  # neighbours only fill what the hits themselves left over
+            if c.memory.id in chosen:
+                for n in c.neighbours:
+                    take(n, section, 0.0, f"neighbour of {short_id(c.memory.id)}", limit)
+    lines: list[str] = []
+    manifest: list[ManifestEntry] = []
+    for section in SECTIONS:
+        rows = sorted(
+            (v for v in chosen.values() if v[1] == section), key=lambda v: (v[0].created_at, v[0].id)
+        )
+        for m, sec, score, reason, tokens in rows:
+            lines.append(render(m))
+            manifest.append(
+                ManifestEntry(
+                    m.id,
+                    short_id(m.id),
+                    sec,
+                    m.tier.value,
+                    round(m.value, 4),
+                    round(score, 4),
+                    tokens,
+                    reason,
+                    m.created_at.isoformat(),
+                )
+            )
+    return Context("\n".join(lines), manifest, budget, used, by_section)
