@@ -21,6 +21,7 @@ from clawvm.core.errors import (
 )
 from clawvm.core.model import Cost, Filters, Kind, Link, LinkType, Memory, Scope, State, Status, Tier
 from clawvm.core.redact import Redaction, RedactionPolicy, redact
+from clawvm.core.version import __version__ as __version__
 from clawvm.harness import Harness
 from clawvm.recall.retrieval import PRESETS, RecallConfig, Recalled
 from clawvm.store.crypto import DataKey, DataKeys
@@ -65,4 +66,3 @@ __all__ = [
     "WrongKeyError",
     "redact",
 ]
-__version__ = "0.1.0"

@@ -38,7 +38,7 @@ from clawvm.core.model import (
     revalidate,
     utcnow,
 )
-from clawvm.core.redact import RedactionPolicy, Redactor
+from clawvm.core.redact import RedactionPolicy
 from clawvm.recall.retrieval import RecallConfig, Recalled, dense_text, preset, query_authors, run_recall
 from clawvm.store import Event, Query, Store, store_from_url
 from clawvm.store.base import check_vectors
@@ -58,6 +58,7 @@ from clawvm.vm.context import Candidate, Context, Quotas, pack
 from clawvm.vm.scoring import ValueBreakdown
 from clawvm.vm.scoring import explain as explain_value
 from clawvm.vm.tiers import Pager, PagerConfig
+from clawvm.write.redaction import Redactor
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _IMMUTABLE = frozenset({"id", "created_at", "version", "tenant"})

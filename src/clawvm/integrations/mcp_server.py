@@ -24,8 +24,8 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-from clawvm import __version__
 from clawvm.agents.tools import AgentTools
+from clawvm.core.version import __version__
 from clawvm.harness import Harness
 
 

@@ -42,7 +42,6 @@ from pydantic import BaseModel
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from clawvm import __version__
 from clawvm.core.embed import Embedder, EmbedWorker, MiniLMEmbedder
 from clawvm.core.errors import (
     AccessDeniedError,
@@ -60,7 +59,8 @@ from clawvm.core.errors import (
     ValidationError,
 )
 from clawvm.core.model import DEFAULT_MAX_CONTENT_BYTES, DEPTH_FIX, VISIBLE_STATUSES, Memory, Status, Tier
-from clawvm.core.redact import RedactionPolicy, Redactor
+from clawvm.core.redact import RedactionPolicy
+from clawvm.core.version import __version__
 from clawvm.harness import Harness
 from clawvm.server.schemas import (
     CheckpointOut,
@@ -94,6 +94,7 @@ from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKeys
 from clawvm.store.eventlog import EventTail
 from clawvm.store.keys import Keyring, Permission, Principal
 from clawvm.store.tenant import TenantStore
+from clawvm.write.redaction import Redactor
 
 log = logging.getLogger("clawvm.server.app")
 
