@@ -179,8 +179,9 @@ _TEXTS = st.sampled_from(
     kind=st.sampled_from(list(Kind)),
     text=_TEXTS,
     hours=st.floats(0, 2000),
-    usage=st.tuples(st.integers(0, 30), st.integers(0, 30), st.integers(0, 10), st.integers(0, 10),
-                    st.integers(-5, 5)),
+    usage=st.tuples(
+        st.integers(0, 30), st.integers(0, 30), st.integers(0, 10), st.integers(0, 10), st.integers(-5, 5)
+    ),
     access=st.integers(0, 50),
     seconds=st.floats(0, 100),
     target=st.floats(0, 1),
@@ -198,7 +199,11 @@ def test_learning_step_moves_the_value_toward_the_target(
 ) -> None:
     injected, cited, ok, bad, votes = usage
     m = Memory(
-        content=text, kind=kind, created_at=T0, access_count=access, cost=Cost(seconds=seconds),
+        content=text,
+        kind=kind,
+        created_at=T0,
+        access_count=access,
+        cost=Cost(seconds=seconds),
         usage=Usage(
             injected=injected, cited=min(cited, injected), successes=ok, failures=bad, feedback=votes
         ),
@@ -259,11 +264,10 @@ def test_manual_actions_are_events_and_teach_the_scorer(h: Harness, clock: Repla
     assert [e.data["action"] for e in weights] == ["pin", "set_value", "archive"]
     assert weights[-1].data["weights"] == weights_of(h.pager.config.scoring)
 
-    # a new harness over the same store gets the learned weights back when MemLens opens
+    # a new harness over the same store gets the learned weights back when it opens, before anyone looks
     fresh = Harness(h.store, None, clock=clock)
-    assert fresh.pager.config.scoring == DEFAULT_SCORING
-    Lens(fresh)
     assert weights_of(fresh.pager.config.scoring) == weights[-1].data["weights"]
+    assert fresh.pager.config.scoring != DEFAULT_SCORING
 
 
 def test_manual_action_input_is_checked(h: Harness) -> None:
@@ -358,7 +362,9 @@ def test_retention_drops_the_head_and_keeps_learned_weights(h: Harness, clock: R
     assert [e.kind for e in kept] == ["manual", "scoring_weights"]  # the newest, and the carried weights
     assert kept[-1].data["weights"] == weights.data["weights"]
     assert kept[-1].data["carried_from"] == weights.seq
-    assert weights_of(Lens(Harness(h.store, None)).harness.pager.config.scoring) == weights.data["weights"]
+    assert weights_of(Harness(h.store, None).pager.config.scoring) == weights.data["weights"]
+    prune(h.store, Retention(max_events=0), clock.now)  # not even the carried event is needed to learn
+    assert weights_of(Harness(h.store, None).pager.config.scoring) == weights.data["weights"]
     new_seq = h.store.append_event(Event("note", data={"after": "prune"}))
     assert new_seq > last_seq  # sequence numbers are never reused
     with pytest.raises(ValidationError):
@@ -392,3 +398,59 @@ def test_cli_exports_events_and_prunes(tmp_path: Path) -> None:
     assert run("prune-events", "--max-events", "5") == f"deleted {total - 5} events\n"
     with Harness.open(db, embedder=None) as h:
         assert len(h.events(limit=10**6)) == 5
+
+
+# ---- observers observe ----------------------------------------------------------------------------------
+def _state(h: Harness) -> dict[str, tuple[int, str, float, bool]]:
+    return {m.id: (m.version, m.tier.value, m.value, m.pinned) for m in h.store.iter_all()}
+
+
+def test_a_lens_and_the_dashboard_change_no_scoring_or_tier_state(h: Harness, clock: ReplayClock) -> None:
+    """Looking is not acting: building a Lens and serving every dashboard view leave the pager's config,
+    every memory's version, tier, value and pin, and the event log as they were."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from clawvm.dashboard import create_router
+
+    _activity(h, clock)
+    viewer = Harness(h.store, None, clock=clock)  # another process opening the same store
+    config, state = viewer.pager.config, _state(viewer)
+    last_seq = viewer.events(limit=1_000_000)[-1].seq
+
+    Lens(viewer).metrics()
+    app = FastAPI()
+    app.include_router(create_router(lambda: viewer))
+    client = TestClient(app)
+    some = next(iter(state))
+    for path in (
+        "overview",
+        "sessions",
+        "memories",
+        f"memories/{some}",
+        "timeline",
+        "heatmap",
+        "graph",
+        "contexts",
+        "metrics",
+        "weights",
+        "manual",
+        f"memories/{some}/contexts",
+    ):
+        assert client.get(f"/dashboard/api/{path}").status_code == 200, path
+
+    assert viewer.pager.config == config
+    assert _state(viewer) == state
+    assert viewer.events(after_seq=last_seq or 0) == []
+
+
+def test_learned_weights_load_when_the_harness_opens(h: Harness, clock: ReplayClock) -> None:
+    note = h.record("User profile: prefers Lisbon time and EUR tables", kind="note", session_id="s1")
+    taught = intervene(h, "pin", note.id)
+    assert taught["learned"]
+    reopened = Harness(h.store, None, clock=clock)
+    assert weights_of(reopened.pager.config.scoring) == weights_of(h.pager.config.scoring)
+    assert reopened.pager.config.scoring.base["note"] > DEFAULT_SCORING.base["note"]
+    # the weights memory is the harness's own bookkeeping: never listed, counted or recalled
+    assert all(m.kind is not Kind.AGENT_STATE for m in reopened.list(limit=100, status="any"))
+    assert reopened.count(status="any") == h.count(status="any")

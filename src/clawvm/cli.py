@@ -169,7 +169,11 @@ def forget(ctx: click.Context, memory_id: str) -> None:
 @click.option("--session", "session_id", default=None, help="Only this session.")
 @click.option("--events", is_flag=True, help="Export the event log instead of the memories (MemLens).")
 @click.option(
-    "--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True,
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "parquet"]),
+    default="jsonl",
+    show_default=True,
     help="parquet: with --events and --out (analytics extra); DuckDB queries: see clawvm.store.eventlog.",
 )
 @click.pass_context
@@ -279,16 +283,15 @@ def stats(ctx: click.Context) -> None:
 )
 @click.option("--fresh/--keep", default=True, show_default=True, help="Start from an empty store file.")
 @click.option(
-    "--dashboard", is_flag=True,
+    "--dashboard",
+    is_flag=True,
     help="Load the full MemLens demo (conversation, tool-using agent run, team run, manual actions) "
     "and serve the API and dashboard, printing the dashboard URL.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="With --dashboard: interface to use.")
 @click.option("--port", default=8080, show_default=True, type=int, help="With --dashboard: TCP port.")
 @click.pass_context
-def demo(
-    ctx: click.Context, locomo: Path | None, fresh: bool, dashboard: bool, host: str, port: int
-) -> None:
+def demo(ctx: click.Context, locomo: Path | None, fresh: bool, dashboard: bool, host: str, port: int) -> None:
     """Ingest the bundled ops-assistant workload and show recalls with their evidence."""
     from clawvm.demo import run_demo
 
@@ -310,30 +313,45 @@ def demo(
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
 @click.option("--port", default=8080, show_default=True, type=int, help="TCP port to listen on.")
 @click.option(
-    "--rate-limit", default=50.0, show_default=True, type=float,
+    "--rate-limit",
+    default=50.0,
+    show_default=True,
+    type=float,
     help="Requests per second per API key, sustained (0: no limit).",
 )
 @click.option("--burst", default=100, show_default=True, type=int, help="Requests per key allowed at once.")
 @click.option(
-    "--max-body-bytes", default=2 * 1024 * 1024, show_default=True, type=int,
+    "--max-body-bytes",
+    default=2 * 1024 * 1024,
+    show_default=True,
+    type=int,
     help="Largest request body accepted (larger: 413).",
 )
 @click.option("--preset", default=None, help="Default recall preset (hybrid, bm25, dense, ...).")
 @click.option(
-    "--create-admin-key", "admin_tenant", default=None, metavar="TENANT",
+    "--create-admin-key",
+    "admin_tenant",
+    default=None,
+    metavar="TENANT",
     help="At start, create an admin key for TENANT and print it once (handy with memory://).",
 )
 @click.option(
-    "--log-level", default="info", show_default=True,
-    type=click.Choice(["debug", "info", "warning", "error"]), help="Level of the JSON log lines (stderr).",
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    help="Level of the JSON log lines (stderr).",
 )
 @click.option(
-    "--redact/--no-redact", default=True, show_default=True,
+    "--redact/--no-redact",
+    default=True,
+    show_default=True,
     help="Redact personal data and secrets (emails, cards, keys ...) in new content before it is stored "
     "(clawvm.core.redact's default policy, every tenant).",
 )
 @click.option(
-    "--keep-originals", is_flag=True,
+    "--keep-originals",
+    is_flag=True,
     help="With --redact: keep each original sealed with the data key (CLAWVM_DATA_KEY or "
     "CLAWVM_DATA_KEY_FILE); admin keys read it at GET /v1/memories/{id}/original.",
 )
@@ -404,7 +422,10 @@ def keys() -> None:
 @keys.command("create")
 @click.option("--tenant", required=True, help="Tenant the key reads and writes (letters, digits, . _ -).")
 @click.option(
-    "--role", type=click.Choice([r.value for r in Role]), default=Role.AGENT.value, show_default=True,
+    "--role",
+    type=click.Choice([r.value for r in Role]),
+    default=Role.AGENT.value,
+    show_default=True,
     help="admin: also manages keys; agent: reads and writes; read-only: reads.",
 )
 @click.option("--name", default="", help="A label to recognise the key by (who or what uses it).")
@@ -428,7 +449,10 @@ def keys_list(ctx: click.Context, tenant: str | None, include_revoked: bool, as_
         found = ring.list(tenant, include_revoked=include_revoked)
     for k in found:
         row = {
-            "key_id": k.key_id, "tenant": k.tenant, "role": k.role.value, "name": k.name,
+            "key_id": k.key_id,
+            "tenant": k.tenant,
+            "role": k.role.value,
+            "name": k.name,
             "created_at": k.created_at.isoformat(),
             "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None,
         }
@@ -451,12 +475,17 @@ def keys_revoke(ctx: click.Context, key_id: str) -> None:
 
 @keys.command("rotate-data-key")
 @click.option(
-    "--key-file", type=click.Path(dir_okay=False, path_type=Path), envvar=KEY_FILE_ENV, default=None,
+    "--key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar=KEY_FILE_ENV,
+    default=None,
     help=f"Data key file (base64 keys, one a line, the first seals; env {KEY_FILE_ENV}). Without "
     "--new-key-file a new key is generated and written first in it.",
 )
 @click.option(
-    "--new-key-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    "--new-key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
     help="Use the key in this file as the new key, or generate one into it when it does not exist.",
 )
 @click.option("--drop-old", is_flag=True, help="Afterwards keep only the new key in --key-file.")
@@ -485,8 +514,10 @@ def keys_rotate_data_key(
         report = rotate_data_key(store, old, new)
     if drop_old and key_file is not None and new_key_file is None:
         DataKeys((new,)).save(key_file)
-    click.echo(f"re-encrypted {report.rekeyed} sealed originals under data key {report.kid} "
-               f"({report.already} were under it already)")
+    click.echo(
+        f"re-encrypted {report.rekeyed} sealed originals under data key {report.kid} "
+        f"({report.already} were under it already)"
+    )
     if new_key_file is not None:
         click.echo(f"use the new key: {KEY_FILE_ENV}={new_key_file}", err=True)
 

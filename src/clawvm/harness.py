@@ -24,7 +24,6 @@ from clawvm.core.embed import Embedder, EmbedWorker, MiniLMEmbedder, count_token
 from clawvm.core.errors import AccessDeniedError, ConflictError, NotFoundError, ValidationError
 from clawvm.core.model import (
     DEFAULT_MAX_CONTENT_BYTES,
-    JSON,
     VISIBLE_STATUSES,
     Filters,
     Kind,
@@ -39,6 +38,7 @@ from clawvm.core.model import (
     utcnow,
 )
 from clawvm.core.redact import RedactionPolicy
+from clawvm.observe.learning import stored_weights, with_weights
 from clawvm.recall.retrieval import RecallConfig, Recalled, dense_text, preset, query_authors, run_recall
 from clawvm.store import Event, Query, Store, store_from_url
 from clawvm.store.base import check_vectors
@@ -58,6 +58,7 @@ from clawvm.vm.context import Candidate, Context, Quotas, pack
 from clawvm.vm.scoring import ValueBreakdown
 from clawvm.vm.scoring import explain as explain_value
 from clawvm.vm.tiers import Pager, PagerConfig
+from clawvm.write.commit import CommitPath
 from clawvm.write.redaction import Redactor
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -89,18 +90,28 @@ class Harness:
     ) -> None:
         self.store = store
         self.redactor = Redactor(redaction, data_keys)  # write-time redaction (clawvm.core.redact)
+        # every write of this harness and of the feature modules it serves goes through here
+        self.writer = CommitPath(store, self.redactor, max_content_bytes=max_content_bytes)
         self.embedder = embedder
         self.tenant = tenant
         self.config = preset(preset_name)
         self.max_content_bytes = max_content_bytes
         self.clock = clock
         self.summarizer: Summarizer = summarizer or ExtractiveSummarizer()
-        self.pager = Pager(store, pager, compress=self._compress_on_archive)
+        self.pager = Pager(store, self.writer, pager, compress=self._compress_on_archive)
+        learned = stored_weights(store, tenant)  # what manual actions taught: loaded on open, not on a look
+        if learned is not None:
+            scoring = with_weights(self.pager.config.scoring, learned)
+            self.pager.config = replace(self.pager.config, scoring=scoring)
+        self.writer.rederive_with(
+            lambda m: m.model_copy(update={"value": self.pager.value_now(m, self.now())})
+        )
         self._worker: EmbedWorker | None = None
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="clawvm-prefetch") if prefetch else None
         # (tenant, session) -> its working-tier members as this harness last saw them (see _admit)
         self._working: dict[tuple[str, str], builtins.list[Memory]] = {}
-        self._working_lock = threading.Lock()
+        self._working_lock = threading.RLock()  # held by the record path while it writes (and is told)
+        self.writer.on_commit(self._forget_working)
         # session -> memories preloaded for it (from any session); the context builder adds them to its
         # working section. Kept in process: after a restart, start_session again.
         self._preloaded: dict[str, builtins.list[str]] = {}
@@ -180,8 +191,6 @@ class Harness:
         text, ctype = normalize_content(content, self.max_content_bytes)
         vector = self._check_vector(embedding) if embedding is not None else None
         fields.setdefault("tenant", self.tenant)
-        # what is stored and indexed is the redacted text; ``mark`` seals the original when kept
-        text, mark = self.redactor.on_write(text, ctype == JSON, str(fields["tenant"]))
         fields.setdefault("tier", Tier.WORKING)  # new memories start next to the prompt; the pager moves them
         fields.setdefault("created_at", self.now())
         if fields.get("pinned") and fields.get("session_id") is not None:
@@ -195,7 +204,6 @@ class Harness:
                 "version": 1,
             }
         )
-        memory = mark(memory)
         teams.check_write(self, memory)  # a team memory needs its agent's write grant
         memory = memory.model_copy(update={"value": self.pager.value_now(memory, self.now())})
         added = self._make_event("add", memory, {"kind": memory.kind.value, "tier": memory.tier.value})
@@ -229,10 +237,12 @@ class Harness:
         current = self.store.get(memory_id)
         if expected_version is not None and current.version != expected_version:
             raise ConflictError(memory_id, expected_version, current.version)
+        # the stored redaction mark stays with the stored text: a caller can neither drop nor forge it; new
+        # text starts unmarked, and the commit path redacts it and seals its original
         mark = Redactor.unchanged(current)
         if "content" in changes:
             text, ctype = normalize_content(changes["content"], self.max_content_bytes)
-            text, mark = self.redactor.on_write(text, ctype == JSON, current.tenant)
+            mark = Redactor.replaced()
             changes = {**changes, "content": text, "content_type": ctype, "token_count": count_tokens(text)}
             info = current.metadata.get("compression")
             if info and "metadata" not in changes:
@@ -245,10 +255,10 @@ class Harness:
         if updated.pinned and updated.token_count > current.token_count:
             self.pager.check_pin(updated)
         updated = updated.model_copy(update={"value": self.pager.value_now(updated, self.now())})
-        self.store.put(updated)
+        event = self._make_event("update", updated, {"fields": sorted(changes), "version": updated.version})
+        updated = self.writer.write([updated], None, [event])[0]
         if "content" in changes and self._worker is not None:
             self._worker.notify()
-        self._event("update", updated, {"fields": sorted(changes), "version": updated.version})
         self._rebalance(updated)
         return updated
 
@@ -262,9 +272,10 @@ class Harness:
                 f"is the raw content of compressed memory {owners[0]}",
                 "decompress or forget that memory first",
             )
-        self.store.delete(memory_id)
-        self._working.clear()
-        self._event("forget", memory, {"kind": memory.kind.value})
+        if not self.writer.delete(
+            [memory], [self._make_event("forget", memory, {"kind": memory.kind.value})]
+        ):
+            raise NotFoundError("memory", memory_id)
 
     def import_memories(self, memories: Sequence[Memory]) -> int:
         """Store exported memories as they are (ids, versions, timestamps kept), in one atomic batch.
@@ -280,8 +291,8 @@ class Harness:
             if m.id not in existing
         ]
         if fresh:
-            self.store.put_many(fresh)
-            self.store.append_events([Event(kind="import", memory_id=m.id, tenant=m.tenant) for m in fresh])
+            events = [Event(kind="import", memory_id=m.id, tenant=m.tenant, at=self.now()) for m in fresh]
+            self.writer.write(fresh, None, events)  # redacted like every write, whatever the file held
             if self._worker is not None:
                 self._worker.notify()
         return len(fresh)
@@ -342,10 +353,9 @@ class Harness:
         logged = self.redactor.scrub(query, self.tenant)
         retrieved = _retrieve_event(self.tenant, self.now(), logged, k, hits, started)
         if not hits:
-            self.store.append_event(retrieved)
+            self.writer.log([retrieved])
             return hits
         warmed = {m.id: m for m in self.pager.warm([h.memory for h in hits], self.now(), [retrieved])}
-        self._working.clear()
         return [Recalled(warmed.get(h.id, h.memory), h.score, h.explain) for h in hits]
 
     def recall_with(
@@ -431,10 +441,9 @@ class Harness:
                 data = {"value_before": round(m.value, 4), "value_after": round(fresh, 4)}
                 refreshed.append(self._make_event("refresh", m, data))
         if refreshed:  # one batch: value drift over time is what MemLens's heatmap shows
-            self.store.append_events(refreshed)
+            self.writer.log(refreshed)
         moved = sum(len(self.pager.page_out_idle(self.tenant, s, now)) for s in sorted(sessions))
         moved += sum(len(self.pager.enforce(self.tenant, s, now)) for s in sorted(sessions))
-        self._working.clear()
         return {"expired": len(expired), "refreshed": len(refreshed), "moved": moved}
 
     def start_session(
@@ -456,14 +465,15 @@ class Harness:
         for sid in {m.session_id for m in loaded if m.session_id}:
             self.pager.enforce(self.tenant, sid, now, protect=protect)
         self._preloaded[session_id] = [h.id for h in hits]
-        self._working.clear()
-        self.store.append_event(
-            Event(
-                kind="preload",
-                tenant=self.tenant,
-                at=now,
-                data={"session_id": session_id, "task": task, "ids": [m.id for m in loaded]},
-            )
+        self.writer.log(
+            [
+                Event(
+                    kind="preload",
+                    tenant=self.tenant,
+                    at=now,
+                    data={"session_id": session_id, "task": task, "ids": [m.id for m in loaded]},
+                )
+            ]
         )
         return loaded
 
@@ -478,8 +488,7 @@ class Harness:
         the store.
         """
         if memory.session_id is None or memory.tier is not Tier.WORKING:
-            self.store.write([memory], vectors, [added])
-            return memory
+            return self.writer.write([memory], vectors, [added])[0]
         key = (memory.tenant, memory.session_id)
         now = self.now()
         with self._working_lock:
@@ -495,14 +504,16 @@ class Harness:
             others = [m for m in demoted if m.id != memory.id]
             stored = next((m for m in demoted if m.id == memory.id), memory)
             try:
-                self.store.write([stored, *others], vectors, [added, *moves])
+                written = self.writer.write([stored, *others], vectors, [added, *moves])
             except ConflictError:
                 if not others:
                     raise  # the new memory itself conflicts (its id is taken)
-                self.store.write([memory], vectors, [added])
+                self.writer.write([memory], vectors, [added])
                 self.pager.enforce(memory.tenant, memory.session_id, now)
                 self._working[key] = self.pager.tier_members(memory.tenant, memory.session_id, Tier.WORKING)
                 return self.store.get(memory.id)
+            stored = written[0]
+            members = [stored if m.id == stored.id else m for m in members]
             if demoted:  # short-term grew: its budget, and the ones below
                 self.pager.enforce(memory.tenant, memory.session_id, now, lower_only=True)
                 gone = {m.id for m in demoted}
@@ -517,25 +528,24 @@ class Harness:
             related = [h.memory for h in hits if h.id != memory.id and h.memory.tier is not Tier.WORKING]
             if related:
                 self.pager.warm(related, self.now())
-                self._working.clear()
         except Exception as exc:  # a background helper must never take the caller down; leave a trace
-            self.store.append_event(
-                Event(
-                    kind="prefetch_error",
-                    memory_id=memory.id,
-                    tenant=memory.tenant,
-                    data={"error": repr(exc)},
-                )
+            self.writer.log(
+                [
+                    Event(
+                        kind="prefetch_error",
+                        memory_id=memory.id,
+                        tenant=memory.tenant,
+                        data={"error": repr(exc)},
+                    )
+                ]
             )
 
     def _rebalance(self, memory: Memory) -> None:
         """After a change that may grow a tier (an update, a decompress): re-enforce the session's budgets."""
-        self._working.clear()
         if memory.session_id is not None:
             self.pager.enforce(memory.tenant, memory.session_id, self.now())
 
     def _after_move(self, memory: Memory, kind: str, data: dict[str, Any]) -> None:
-        self._working.clear()
         if memory.session_id is not None:
             self.pager.enforce(memory.tenant, memory.session_id, self.now())
         self._event(kind, memory, {**data, "tier": memory.tier.value, "value": memory.value})
@@ -544,7 +554,7 @@ class Harness:
     def compress(self, memory_id: str) -> Memory:
         """Summarize a memory reversibly (its raw text is kept and pointed to)."""
         return compress_memory(
-            self.store, self.store.get(memory_id), self.summarizer, self.now(), reason="manual"
+            self.writer, self.store.get(memory_id), self.summarizer, self.now(), reason="manual"
         )
 
     def decompress(self, memory_id: str) -> Memory:
@@ -553,14 +563,14 @@ class Harness:
         if current.pinned and info:  # a pinned memory cannot be demoted: refuse to grow it past the budget
             raw = self.store.get(info["raw_id"])
             self.pager.check_pin(current.model_copy(update={"token_count": raw.token_count}))
-        restored = decompress_memory(self.store, current, self.now())
+        restored = decompress_memory(self.store, self.writer, current, self.now())
         self._rebalance(restored)
         return restored
 
     def _compress_on_archive(self, memory: Memory, reason: str) -> Memory:
         if memory.token_count <= self.pager.config.compress_over_tokens or not is_compressible(memory):
             return memory
-        return compress_memory(self.store, memory, self.summarizer, self.now(), reason=f"archived: {reason}")
+        return compress_memory(self.writer, memory, self.summarizer, self.now(), reason=f"archived: {reason}")
 
     def collapse_task(self, task_id: str) -> Memory | None:
         """Compress a finished task's INTERMEDIATE memories into one SUCCESS summary linked to each of them.
@@ -593,7 +603,6 @@ class Harness:
         now = self.now()
         for m in steps:
             self.pager.mutate(m, lambda _m: {"status": Status.ARCHIVED, "tier": Tier.ARCHIVE}, now)
-        self._working.clear()
         self._event("collapse", summary, {"task_id": task_id, "steps": [m.id for m in steps]})
         return summary
 
@@ -635,7 +644,6 @@ class Harness:
         if tool is not None:
             return {tool: reliability.stats(self, tool, policy)}
         return reliability.all_stats(self, policy)
-
 
     # ---- teams (clawvm.teams.shared, clawvm.teams.guidance) ------------------------------------------------
     def grant(self, team_id: str, agent_id: str, *, read: bool = True, write: bool = False) -> teams.Grant:
@@ -692,13 +700,11 @@ class Harness:
     # ---- checkpoints ----------------------------------------------------------------------------------
     def checkpoint(self, session_id: str, name: str) -> str:
         """Snapshot the session's tiers and value state; returns the checkpoint id."""
-        return checkpoints.take(self.store, self.tenant, session_id, name, self.now()).id
+        return checkpoints.take(self.store, self.writer, self.tenant, session_id, name, self.now()).id
 
     def rollback(self, checkpoint_id: str) -> checkpoints.RollbackReport:
         """Restore a checkpoint; memories created after it become obsolete (kept for analytics)."""
-        report = checkpoints.rollback(self.store, self.pager, checkpoint_id, self.now())
-        self._working.clear()
-        return report
+        return checkpoints.rollback(self.store, self.pager, checkpoint_id, self.now())
 
     # ---- context --------------------------------------------------------------------------------------
     def context(
@@ -762,20 +768,22 @@ class Harness:
         warned.apply(ctx, budget_tokens)
         if record_usage and ctx.manifest:
             self._record_injection(ctx, {h.id for h in hits}, now)
-        ctx.event_seq = self.store.append_event(  # MemLens traces influence (and citations) by this seq
-            Event(
-                kind="context",
-                tenant=self.tenant,
-                at=now,
-                data={
-                    "query": self.redactor.scrub(query, self.tenant),
-                    "budget": budget_tokens,
-                    "tokens": ctx.tokens,
-                    "scope": scope,
-                    "ms": round((time.perf_counter() - started) * 1000, 3),
-                    "manifest": [e.as_dict() for e in ctx.manifest],
-                },
-            )
+        [ctx.event_seq] = self.writer.log(  # MemLens traces influence (and citations) by this seq
+            [
+                Event(
+                    kind="context",
+                    tenant=self.tenant,
+                    at=now,
+                    data={
+                        "query": self.redactor.scrub(query, self.tenant),
+                        "budget": budget_tokens,
+                        "tokens": ctx.tokens,
+                        "scope": scope,
+                        "ms": round((time.perf_counter() - started) * 1000, 3),
+                        "manifest": [e.as_dict() for e in ctx.manifest],
+                    },
+                )
+            ]
         )
         return ctx
 
@@ -816,7 +824,7 @@ class Harness:
                 changed = m.model_copy(update=change)
                 batch.append(changed.model_copy(update={"value": self.pager.value_now(changed, now)}))
             try:
-                self.store.put_many(batch)
+                self.writer.write(batch)
                 return
             except ConflictError:
                 continue
@@ -864,7 +872,17 @@ class Harness:
         return vector
 
     def _event(self, kind: str, memory: Memory, data: dict[str, Any]) -> None:
-        self.store.append_event(self._make_event(kind, memory, data))
+        self.writer.log([self._make_event(kind, memory, data)])
+
+    def _forget_working(self, written: Sequence[Memory], deleted: Sequence[str]) -> None:
+        """Commit listener: a session's remembered working tier is dropped when one of its memories changed
+        (the record path re-reads it on the next record); a delete drops them all (no session is known)."""
+        with self._working_lock:
+            if deleted:
+                self._working.clear()
+            for m in written:
+                if m.session_id is not None:
+                    self._working.pop((m.tenant, m.session_id), None)
 
     def _make_event(self, kind: str, memory: Memory, data: dict[str, Any]) -> Event:
         return Event(kind=kind, memory_id=memory.id, data=data, tenant=memory.tenant, at=self.now())

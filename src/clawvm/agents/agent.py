@@ -12,14 +12,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from clawvm.core.model import Kind, Memory, Scope
 from clawvm.teams.guidance import Guidance
+from clawvm.teams.shared import TeamHost
 from clawvm.teams.shared import record as record_team_memory
 
-if TYPE_CHECKING:
-    from clawvm.harness import Harness
+
+class GuidedHost(TeamHost, Protocol):
+    """What the agent wrapper needs of a team host: guidance before a reply, adoption fed back."""
+
+    def guidance(
+        self,
+        agent_id: str,
+        task: str,
+        budget_tokens: int = 600,
+        *,
+        task_id: str | None = None,
+        task_type: str | None = None,
+    ) -> Guidance: ...
+
+    def feedback(self, memory_id: str, adopted: bool) -> Memory: ...
+
 
 Message = dict[str, str]
 GUIDANCE_INTRO = "Team memory (what earlier tasks taught us; cite an item's [id] when you use it):"
@@ -39,7 +54,7 @@ class AgentWithMemory:
     """
 
     agent: ReplyAgent
-    harness: Harness
+    harness: GuidedHost
     agent_id: str
     team_id: str | None = None
     task_id: str | None = None
@@ -82,6 +97,11 @@ class AgentWithMemory:
             )
         if answer.strip() and self.record_as is not None:
             self.last_reply = record_team_memory(
-                self.harness, answer, agent_id=self.agent_id, kind=self.record_as, team_id=self.team_id,
-                task_type=self.task_type, **common,
+                self.harness,
+                answer,
+                agent_id=self.agent_id,
+                kind=self.record_as,
+                team_id=self.team_id,
+                task_type=self.task_type,
+                **common,
             )

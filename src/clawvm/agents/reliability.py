@@ -30,10 +30,11 @@ that do not fit are dropped), and are counted under ``by_section["warnings"]``.
 
 from __future__ import annotations
 
+import builtins
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -43,8 +44,11 @@ from clawvm.core.errors import ValidationError
 from clawvm.core.model import Kind, Memory, State
 from clawvm.vm.context import Context, clip, short_id
 
-if TYPE_CHECKING:
-    from clawvm.harness import Harness
+
+class CallLister(Protocol):
+    """Reliability reads the recorded calls through the harness's list (its scope filters apply)."""
+
+    def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]: ...
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,11 @@ class ToolStats:
 
 
 def stats(
-    harness: Harness, tool: str, policy: ReliabilityPolicy | None = None, *, only_if_unreliable: bool = False
+    harness: CallLister,
+    tool: str,
+    policy: ReliabilityPolicy | None = None,
+    *,
+    only_if_unreliable: bool = False,
 ) -> ToolStats:
     """Statistics and verdict for one tool (see the module docstring). ``only_if_unreliable``: look for
     a fallback only when the verdict is unreliable (the context builder's warnings show no other)."""
@@ -163,7 +171,7 @@ def stats(
 
 
 def all_stats(
-    harness: Harness, policy: ReliabilityPolicy | None = None, recent: int = 1000
+    harness: CallLister, policy: ReliabilityPolicy | None = None, recent: int = 1000
 ) -> dict[str, ToolStats]:
     """Statistics for every tool seen among the ``recent`` latest tool calls."""
     calls = harness.list(limit=recent, kind=Kind.TOOL_CALL, status="any")
@@ -172,7 +180,7 @@ def all_stats(
 
 
 def fallback(
-    harness: Harness, tool: str, failures: Sequence[Memory], policy: ReliabilityPolicy | None = None
+    harness: CallLister, tool: str, failures: Sequence[Memory], policy: ReliabilityPolicy | None = None
 ) -> Fallback | None:
     """The tool that most often did the job when ``tool`` had failed (declared or observed)."""
     p = policy or ReliabilityPolicy()
@@ -195,7 +203,7 @@ def fallback(
     return Fallback(best, count, example[best])
 
 
-def _followers(harness: Harness, failures: Sequence[Memory], horizon: int) -> Iterable[Memory]:
+def _followers(harness: CallLister, failures: Sequence[Memory], horizon: int) -> Iterable[Memory]:
     """For each failure: the first result of another tool among the next ``horizon`` results of its
     session (and task)."""
     by_session: dict[str, list[Memory]] = {}
@@ -221,7 +229,7 @@ def _followers(harness: Harness, failures: Sequence[Memory], horizon: int) -> It
 
 
 def inferred_tools(
-    harness: Harness, scope: Mapping[str, Any], policy: ReliabilityPolicy | None = None
+    harness: CallLister, scope: Mapping[str, Any], policy: ReliabilityPolicy | None = None
 ) -> list[str]:
     """Tools of the last ``infer_calls`` tool calls in ``scope`` (none without a scope)."""
     if not scope:
@@ -232,7 +240,7 @@ def inferred_tools(
 
 
 def unreliable(
-    harness: Harness,
+    harness: CallLister,
     tools: Sequence[str] | None,
     scope: Mapping[str, Any],
     policy: ReliabilityPolicy | None = None,
@@ -263,7 +271,7 @@ class ContextWarnings:
 
 
 def context_warnings(
-    harness: Harness,
+    harness: CallLister,
     tools: Sequence[str] | None,
     scope: Mapping[str, Any],
     budget: int,

@@ -27,6 +27,7 @@ Scope (session, task, agent, tags) comes from, in order: the call's own argument
 
 from __future__ import annotations
 
+import builtins
 import contextvars
 import functools
 import inspect
@@ -40,14 +41,33 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from clawvm.core.errors import ConflictError, InvalidToolResultError, ValidationError
 from clawvm.core.model import Cost, Kind, Memory, State, canonical_json
 from clawvm.store import Event
+from clawvm.write.commit import Host
 
-if TYPE_CHECKING:
-    from clawvm.harness import Harness
+
+class ToolHost(Host, Protocol):
+    """What recording tool calls needs of the harness: its own record/update/list/get (scope filters,
+    grant checks and the pager apply to the trail like to any memory)."""
+
+    def record(self, content: Any, **fields: Any) -> Memory: ...
+
+    def update(
+        self,
+        memory_id: str,
+        *,
+        expected_version: int | None = None,
+        as_agent: str | None = None,
+        **changes: Any,
+    ) -> Memory: ...
+
+    def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]: ...
+
+    def get(self, memory_id: str) -> Memory: ...
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -125,7 +145,7 @@ class ToolCall:
 
     def __init__(
         self,
-        harness: Harness,
+        harness: ToolHost,
         spec: ToolSpec,
         args: Mapping[str, Any] | None = None,
         *,
@@ -324,7 +344,7 @@ def fallback_tag(tool: str) -> str:
 
 
 def tool(
-    harness: Harness,
+    harness: ToolHost,
     name: str | None = None,
     *,
     template: Template | None = None,
@@ -390,7 +410,7 @@ class RestoreReport:
     running_elsewhere: list[str]
 
 
-def restore(harness: Harness, session_id: str) -> RestoreReport:
+def restore(harness: ToolHost, session_id: str) -> RestoreReport:
     """Mark the session's orphaned PENDING tool calls ``interrupted`` (see the module docstring).
 
     Call it when an agent (re)starts a session, before it makes new calls.
@@ -416,7 +436,7 @@ def restore(harness: Harness, session_id: str) -> RestoreReport:
     return RestoreReport(session_id, interrupted, closed, elsewhere)
 
 
-def _mark_interrupted(harness: Harness, call: Memory) -> None:
+def _mark_interrupted(harness: ToolHost, call: Memory) -> None:
     tool_name = call.tool_name or "tool"
     info = dict(call.metadata.get("tool_call", {}))
     result = harness.record(
@@ -453,19 +473,21 @@ def _mark_interrupted(harness: Harness, call: Memory) -> None:
             },
         },
     )
-    harness.store.append_event(
-        Event(
-            kind="tool_interrupted",
-            memory_id=call.id,
-            tenant=call.tenant,
-            at=harness.now(),
-            data={"tool": call.tool_name, "session_id": call.session_id, "result_id": result.id},
-        )
+    harness.writer.log(
+        [
+            Event(
+                kind="tool_interrupted",
+                memory_id=call.id,
+                tenant=call.tenant,
+                at=harness.now(),
+                data={"tool": call.tool_name, "session_id": call.session_id, "result_id": result.id},
+            )
+        ]
     )
 
 
 # ---- helpers --------------------------------------------------------------------------------------------
-def _close_call(harness: Harness, call_id: str, state: State, result_id: str, seconds: float) -> None:
+def _close_call(harness: ToolHost, call_id: str, state: State, result_id: str, seconds: float) -> None:
     """The call takes its outcome's state and points to its result."""
 
     def change(m: Memory) -> dict[str, Any]:
@@ -475,7 +497,7 @@ def _close_call(harness: Harness, call_id: str, state: State, result_id: str, se
     _update(harness, call_id, change)
 
 
-def _update(harness: Harness, memory_id: str, change: Callable[[Memory], dict[str, Any]]) -> Memory:
+def _update(harness: ToolHost, memory_id: str, change: Callable[[Memory], dict[str, Any]]) -> Memory:
     """Update with a fresh read, retrying when the pager moved the memory in between."""
     for _ in range(10):
         current = harness.get(memory_id)

@@ -18,10 +18,11 @@ summarize_task.
 
 from __future__ import annotations
 
+import builtins
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 import pydantic
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -30,11 +31,46 @@ from clawvm.agents.toolcalls import scope_fields
 from clawvm.core.errors import ClawVMError, ConflictError, NotFoundError, ValidationError
 from clawvm.core.ids import is_valid_id
 from clawvm.core.model import Memory
+from clawvm.recall.retrieval import Recalled
 from clawvm.vm.checkpoint import TAG as CHECKPOINT_TAG
-from clawvm.vm.context import short_id
+from clawvm.vm.checkpoint import RollbackReport
+from clawvm.vm.context import Context, short_id
 
-if TYPE_CHECKING:
-    from clawvm.harness import Harness
+
+class ToolsHost(Protocol):
+    """The harness operations the LLM-facing tools dispatch to."""
+
+    def record(self, content: Any, **fields: Any) -> Memory: ...
+
+    def recall(
+        self, query: str, k: int = 10, *, track: bool = True, **filters: Any
+    ) -> builtins.list[Recalled]: ...
+
+    def context(
+        self,
+        query: str,
+        *,
+        budget_tokens: int = 2000,
+        session_id: str | None = None,
+        task_id: str | None = None,
+        agent_id: str | None = None,
+        tools: Sequence[str] | None = None,
+    ) -> Context: ...
+
+    def checkpoint(self, session_id: str, name: str) -> str: ...
+
+    def rollback(self, checkpoint_id: str) -> RollbackReport: ...
+
+    def get(self, memory_id: str) -> Memory: ...
+
+    def pin(self, memory_id: str) -> Memory: ...
+
+    def forget(self, memory_id: str) -> None: ...
+
+    def collapse_task(self, task_id: str) -> Memory | None: ...
+
+    def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]: ...
+
 
 KindName = Literal[
     "user_input",
@@ -140,7 +176,7 @@ class AgentTools:
 
     def __init__(
         self,
-        harness: Harness,
+        harness: ToolsHost,
         *,
         session_id: str | None = None,
         task_id: str | None = None,

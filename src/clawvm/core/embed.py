@@ -67,9 +67,7 @@ def wordpiece() -> Any:
 
 
 # BERT's text cleaning on ASCII: control characters go, tab / newline / carriage return become spaces
-_ASCII_CLEAN = str.maketrans(
-    {c: (" " if c in "\t\n\r" else None) for c in map(chr, [*range(32), 127])}
-)
+_ASCII_CLEAN = str.maketrans({c: (" " if c in "\t\n\r" else None) for c in map(chr, [*range(32), 127])})
 # BERT's pre-tokenizer on clean lower-case ASCII: runs of letters and digits, and each punctuation mark alone
 _ASCII_WORDS = re.compile(r"[a-z0-9]+|[!-/:-@\[-`{-~]")
 

@@ -207,9 +207,7 @@ class LexicalIndex:
             if not p.rows:
                 del self._postings[t]
 
-    def search(
-        self, query: str, limit: int, allowed: np.ndarray | None = None
-    ) -> list[tuple[int, float]]:
+    def search(self, query: str, limit: int, allowed: np.ndarray | None = None) -> list[tuple[int, float]]:
         """Top ``limit`` (row, bm25) pairs for ``query``; ``allowed`` is an optional boolean row mask."""
         scores = self.scores(self.analyzer.terms(query))
         return [] if scores is None else top_rows(scores, limit, allowed)

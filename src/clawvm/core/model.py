@@ -155,9 +155,7 @@ class Memory(BaseModel):
     ``version`` starts at 1 and grows by one on every stored change.
     """
 
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, use_enum_values=False, allow_inf_nan=False
-    )
+    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False, allow_inf_nan=False)
 
     id: str = Field(default_factory=new_id)
     content: str
@@ -471,8 +469,17 @@ class Filters:
     visible_to: Visibility | None = None  # read permissions of one agent (see Visibility)
 
     SET_FIELDS = (
-        "tenant", "session_id", "task_id", "agent_id", "tool_name", "scope", "team_id", "kind", "state",
-        "status", "tier",
+        "tenant",
+        "session_id",
+        "task_id",
+        "agent_id",
+        "tool_name",
+        "scope",
+        "team_id",
+        "kind",
+        "state",
+        "status",
+        "tier",
     )
 
     @classmethod

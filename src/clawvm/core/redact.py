@@ -167,19 +167,31 @@ _TOKEN_END = r"(?![A-Za-z0-9_-])"
 _KNOWN_SECRETS: tuple[tuple[str, tuple[str, ...], re.Pattern[str]], ...] = tuple(
     (name, hints, re.compile(pattern))
     for name, hints, pattern in (
-        ("pem-private-key", ("PRIVATE KEY-----",),
-         r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]{16,}?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----"),
+        (
+            "pem-private-key",
+            ("PRIVATE KEY-----",),
+            r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]{16,}?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----",
+        ),
         ("jwt", ("eyJ",), r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}" + _TOKEN_END),
-        ("openai-anthropic", ("sk-",),
-         r"\bsk-(?:proj-|ant-(?:api\d\d-)?|svcacct-|admin-)?[A-Za-z0-9_-]{20,}" + _TOKEN_END),
+        (
+            "openai-anthropic",
+            ("sk-",),
+            r"\bsk-(?:proj-|ant-(?:api\d\d-)?|svcacct-|admin-)?[A-Za-z0-9_-]{20,}" + _TOKEN_END,
+        ),
         ("stripe", ("k_live_", "k_test_"), r"\b[rsp]k_(?:live|test)_[A-Za-z0-9]{16,}" + _TOKEN_END),
-        ("github", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
-         r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})" + _TOKEN_END),
+        (
+            "github",
+            ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+            r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})" + _TOKEN_END,
+        ),
         ("gitlab", ("glpat-",), r"\bglpat-[A-Za-z0-9_-]{20,}" + _TOKEN_END),
         ("slack", ("xox",), r"\bxox[abposre]-[A-Za-z0-9-]{10,}" + _TOKEN_END),
         ("slack-webhook", ("hooks.slack.com",), r"https://hooks\.slack\.com/services/[A-Za-z0-9/]{20,}"),
-        ("aws-access-key", ("AKIA", "ASIA", "AGPA", "AIDA", "AROA", "ANPA", "ANVA", "AIPA"),
-         r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b"),
+        (
+            "aws-access-key",
+            ("AKIA", "ASIA", "AGPA", "AIDA", "AROA", "ANPA", "ANVA", "AIPA"),
+            r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b",
+        ),
         ("google-api-key", ("AIza",), r"\bAIza[0-9A-Za-z_-]{35}" + _TOKEN_END),
         ("npm", ("npm_",), r"\bnpm_[A-Za-z0-9]{36}" + _TOKEN_END),
         ("huggingface", ("hf_",), r"\bhf_[A-Za-z0-9]{30,}" + _TOKEN_END),
@@ -233,8 +245,9 @@ def _assigned_secrets(text: str) -> Iterator[_Found]:
         end = m.start("value") + len(value)
         while value and value[-1] in ".,)]}" and not m.group("quote"):  # sentence punctuation, not "!"
             value, end = value[:-1], end - 1
-        if not _plausible_secret_value(value, m.group("name").lower(), "=" not in m.group("sep")
-                                       and ":" not in m.group("sep")):
+        if not _plausible_secret_value(
+            value, m.group("name").lower(), "=" not in m.group("sep") and ":" not in m.group("sep")
+        ):
             continue
         yield _Found(PiiKind.SECRET, m.start("value"), end, 85, "assignment")
 
@@ -330,7 +343,8 @@ def _issuer_known(d: str) -> bool:
     two, four = int(d[:2]), int(d[:4])
     return (
         (d[0] == "4" and n in (13, 16, 19))  # Visa
-        or (51 <= two <= 55 and n == 16) or (2221 <= four <= 2720 and n == 16)  # Mastercard
+        or (51 <= two <= 55 and n == 16)
+        or (2221 <= four <= 2720 and n == 16)  # Mastercard
         or (two in (34, 37) and n == 15)  # Amex
         or ((d.startswith("6011") or 644 <= int(d[:3]) <= 649 or two == 65) and 16 <= n <= 19)  # Discover
         or ((300 <= int(d[:3]) <= 305 or two in (36, 38, 39)) and 14 <= n <= 19)  # Diners
@@ -349,13 +363,75 @@ def _cards(text: str) -> Iterator[_Found]:
 
 # -- IBANs
 _IBAN_LENGTHS = {
-    "AD": 24, "AE": 23, "AL": 28, "AT": 20, "AZ": 28, "BA": 20, "BE": 16, "BG": 22, "BH": 22, "BR": 29,
-    "CH": 21, "CR": 22, "CY": 28, "CZ": 24, "DE": 22, "DK": 18, "DO": 28, "EE": 20, "EG": 29, "ES": 24,
-    "FI": 18, "FO": 18, "FR": 27, "GB": 22, "GE": 22, "GI": 23, "GL": 18, "GR": 27, "GT": 28, "HR": 21,
-    "HU": 28, "IE": 22, "IL": 23, "IS": 26, "IT": 27, "JO": 30, "KW": 30, "KZ": 20, "LB": 28, "LI": 21,
-    "LT": 20, "LU": 20, "LV": 21, "MC": 27, "MD": 24, "ME": 22, "MK": 19, "MR": 27, "MT": 31, "MU": 30,
-    "NL": 18, "NO": 15, "PK": 24, "PL": 28, "PS": 29, "PT": 25, "QA": 29, "RO": 24, "RS": 22, "SA": 24,
-    "SE": 24, "SI": 19, "SK": 24, "SM": 27, "TN": 24, "TR": 26, "UA": 29, "VG": 24, "XK": 20,
+    "AD": 24,
+    "AE": 23,
+    "AL": 28,
+    "AT": 20,
+    "AZ": 28,
+    "BA": 20,
+    "BE": 16,
+    "BG": 22,
+    "BH": 22,
+    "BR": 29,
+    "CH": 21,
+    "CR": 22,
+    "CY": 28,
+    "CZ": 24,
+    "DE": 22,
+    "DK": 18,
+    "DO": 28,
+    "EE": 20,
+    "EG": 29,
+    "ES": 24,
+    "FI": 18,
+    "FO": 18,
+    "FR": 27,
+    "GB": 22,
+    "GE": 22,
+    "GI": 23,
+    "GL": 18,
+    "GR": 27,
+    "GT": 28,
+    "HR": 21,
+    "HU": 28,
+    "IE": 22,
+    "IL": 23,
+    "IS": 26,
+    "IT": 27,
+    "JO": 30,
+    "KW": 30,
+    "KZ": 20,
+    "LB": 28,
+    "LI": 21,
+    "LT": 20,
+    "LU": 20,
+    "LV": 21,
+    "MC": 27,
+    "MD": 24,
+    "ME": 22,
+    "MK": 19,
+    "MR": 27,
+    "MT": 31,
+    "MU": 30,
+    "NL": 18,
+    "NO": 15,
+    "PK": 24,
+    "PL": 28,
+    "PS": 29,
+    "PT": 25,
+    "QA": 29,
+    "RO": 24,
+    "RS": 22,
+    "SA": 24,
+    "SE": 24,
+    "SI": 19,
+    "SK": 24,
+    "SM": 27,
+    "TN": 24,
+    "TR": 26,
+    "UA": 29,
+    "VG": 24,
+    "XK": 20,
 }
 _IBAN_START = re.compile(r"(?<![A-Za-z0-9])([A-Za-z]{2})(\d{2})")
 

@@ -92,8 +92,16 @@ def create_router(
     def overview(h: Reader) -> dict[str, Any]:
         lens = lens_for(h)
         m = lens.metrics()
-        keep = ("memories", "active", "events", "working_hit_rate", "eviction_regret", "duplicate_rate",
-                "junk_rate", "stale_rate")
+        keep = (
+            "memories",
+            "active",
+            "events",
+            "working_hit_rate",
+            "eviction_regret",
+            "duplicate_rate",
+            "junk_rate",
+            "stale_rate",
+        )
         out = {"tenant": h.tenant, **{k: m[k] for k in keep}, "contexts": len(lens.contexts)}
         return {**out, "seq": lens.seq}  # the newest event seen: where the page's live event stream starts
 
@@ -166,8 +174,14 @@ def create_router(
         lens = lens_for(h)
         lens.refresh()
         history = [
-            {"seq": e.seq, "at": e.at.isoformat(), "memory_id": e.memory_id, "action": e.data.get("action"),
-             "target": e.data.get("target"), "delta": e.data.get("delta")}
+            {
+                "seq": e.seq,
+                "at": e.at.isoformat(),
+                "memory_id": e.memory_id,
+                "action": e.data.get("action"),
+                "target": e.data.get("target"),
+                "delta": e.data.get("delta"),
+            }
             for e in lens.weights_events[-100:]
         ]
         return {"weights": weights_of(h.pager.config.scoring), "history": history}

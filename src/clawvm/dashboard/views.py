@@ -224,9 +224,10 @@ def _edge_times(
     """The time of each bucket end: itself on the time axis, else the time of the last event before it."""
     if by_time:
         return [int(e * 1000) for e in edges]
-    known = sorted([(float(mv.seq), mv.at) for ms in steps.values() for mv in ms] + [
-        (float(seq), at) for at, seq, _ in starts.values()
-    ])
+    known = sorted(
+        [(float(mv.seq), mv.at) for ms in steps.values() for mv in ms]
+        + [(float(seq), at) for at, seq, _ in starts.values()]
+    )
     keys = [k for k, _ in known]
     return [_ms(known[max(0, bisect.bisect_right(keys, e) - 1)][1]) for e in edges]
 
@@ -278,8 +279,11 @@ def heatmap(
             for r in rows:
                 by_kind[r.kind].append(r)
             out_rows = [
-                {"id": None, "label": f"{kind} ({len(members)})",
-                 "values": _mean_over_time([points[r.id] for r in members], edges)}
+                {
+                    "id": None,
+                    "label": f"{kind} ({len(members)})",
+                    "values": _mean_over_time([points[r.id] for r in members], edges),
+                }
                 for kind, members in sorted(by_kind.items())
             ]
             return {"edges": edges_ms, "rows": out_rows, "total": len(out_rows), "group": group}
@@ -288,8 +292,11 @@ def heatmap(
         return {
             "edges": edges_ms,
             "rows": [
-                {"id": r.id, "label": f"{short_id(r.id)} {r.kind}: {r.preview[:60]}",
-                 "values": _sampled(points[r.id], edges)}
+                {
+                    "id": r.id,
+                    "label": f"{short_id(r.id)} {r.kind}: {r.preview[:60]}",
+                    "values": _sampled(points[r.id], edges),
+                }
                 for r in page
             ],
             "total": len(rows),

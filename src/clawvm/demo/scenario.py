@@ -176,10 +176,13 @@ def _agent_run(h: Harness, clock: ReplayClock) -> int:
 
     @h.tool("shell", **scope)
     def shell(cmd: str) -> str:
-        return "deployment \"billing-svc\" successfully rolled out (3/3 replicas)"
+        return 'deployment "billing-svc" successfully rolled out (3/3 replicas)'
 
-    h.record("Dry run of the Tessera cutover: charge 3 test invoices, check the ledger, roll out.",
-             kind=Kind.USER_INPUT, **scope)
+    h.record(
+        "Dry run of the Tessera cutover: charge 3 test invoices, check the ledger, roll out.",
+        kind=Kind.USER_INPUT,
+        **scope,
+    )
     outputs = 0
     for attempt in range(3):
         clock.advance(seconds=40)
@@ -193,8 +196,11 @@ def _agent_run(h: Harness, clock: ReplayClock) -> int:
         _answer(h, ctx, "timed out", success=False)
         outputs += 1
     clock.advance(minutes=2)
-    h.record("Decided: route charges through the EU regional host while the primary keeps timing out.",
-             kind=Kind.DECISION, **scope)
+    h.record(
+        "Decided: route charges through the EU regional host while the primary keeps timing out.",
+        kind=Kind.DECISION,
+        **scope,
+    )
     for n in range(3):
         clock.advance(seconds=30)
         tessera_charge_eu(424.83 + n)
@@ -236,8 +242,13 @@ def _team_run(h: Harness, clock: ReplayClock) -> int:
         ctx = h.context("why did refunds fail and what is the fix?", budget_tokens=500, session_id=session)
         _answer(h, ctx, "idempotency key", success=True)
         outputs += 1
-        h.record(f"{agent} confirmed the refund fix against the context.", kind=Kind.NOTE, agent_id=agent,
-                 session_id=session, task_id=task)
+        h.record(
+            f"{agent} confirmed the refund fix against the context.",
+            kind=Kind.NOTE,
+            agent_id=agent,
+            session_id=session,
+            task_id=task,
+        )
     return outputs
 
 

@@ -3,33 +3,79 @@
 Every action is one ``manual`` event (action, by, before, after, and the target it taught). Pin, archive
 and set value say what a memory *should* be worth, and :func:`learn` moves the value formula's weights
 (:mod:`clawvm.vm.scoring`) toward it; each such step is a ``scoring_weights`` event holding the full new
-weights, which :func:`restore_weights` gives back to a harness (MemLens does on open). Unpin and
-annotate teach nothing: an unpin says "not always", not "worth less", and a note is not a value.
+weights. The newest weights also live in one INTERNAL memory per tenant (:func:`stored_weights`), written
+with that event, so that the harness loads them when it opens (an observer never changes scoring, and
+event retention never forgets them). Unpin and annotate teach nothing: an unpin says "not always", not
+"worth less", and a note is not a value.
 """
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
-from clawvm.core.errors import ValidationError
-from clawvm.core.model import Memory, Tier
-from clawvm.harness import Harness
+from clawvm.core.errors import ConflictError, ValidationError
+from clawvm.core.model import Kind, Memory, Status, Tier, build_memory
 from clawvm.store import Event
+from clawvm.store.base import StoreReader
 from clawvm.store.eventlog import WEIGHTS_KIND
 from clawvm.teams.shared import APPLICATION
 from clawvm.vm.scoring import ScoringConfig, content_signals
 from clawvm.vm.scoring import explain as explain_value
+from clawvm.vm.tiers import Pager
+from clawvm.write.commit import Host
+
+
+class LearningHost(Host, Protocol):
+    """Manual actions act through the harness (pin, unpin, update: the same checks as any caller's) and
+    teach its pager's scorer."""
+
+    @property
+    def pager(self) -> Pager: ...
+
+    def get(self, memory_id: str) -> Memory: ...
+
+    def pin(self, memory_id: str) -> Memory: ...
+
+    def unpin(self, memory_id: str) -> Memory: ...
+
+    def update(
+        self,
+        memory_id: str,
+        *,
+        expected_version: int | None = None,
+        as_agent: str | None = None,
+        **changes: Any,
+    ) -> Memory: ...
+
 
 LEARNING_RATE = 0.1
+WEIGHTS_TAG = "clawvm:scoring-weights"
+_WEIGHTS_NAMESPACE = uuid.UUID("8d1f3a9e-2b6c-4f0e-9c7d-5e4a3b2c1d0f")
 TARGETS = {"pin": 1.0, "archive": 0.0}  # set_value's target is the value asked for
 _UNIT_WEIGHTS = (
-    "cost_weight", "access_weight", "inject_weight", "cite_weight", "success_weight", "feedback_weight",
+    "cost_weight",
+    "access_weight",
+    "inject_weight",
+    "cite_weight",
+    "success_weight",
+    "feedback_weight",
 )
 _SCALAR_WEIGHTS = (
-    "signal_error", "signal_conclusion", "signal_numbers", "signal_code", "signal_entities", "cost_weight",
-    "access_weight", "inject_weight", "cite_weight", "success_weight", "feedback_weight",
+    "signal_error",
+    "signal_conclusion",
+    "signal_numbers",
+    "signal_code",
+    "signal_entities",
+    "cost_weight",
+    "access_weight",
+    "inject_weight",
+    "cite_weight",
+    "success_weight",
+    "feedback_weight",
 )
 
 
@@ -115,16 +161,48 @@ def weights_of(cfg: ScoringConfig) -> dict[str, Any]:
     return {"base": dict(cfg.base), **{name: getattr(cfg, name) for name in _SCALAR_WEIGHTS}}
 
 
-def restore_weights(harness: Harness, event: Event | None) -> None:
+def with_weights(cfg: ScoringConfig, weights: Mapping[str, Any]) -> ScoringConfig:
+    """``cfg`` with the learned ``weights`` (as :func:`weights_of` gives them; unknown keys ignored)."""
+    scalars = {n: float(weights[n]) for n in _SCALAR_WEIGHTS if isinstance(weights.get(n), int | float)}
+    base = {**cfg.base, **{k: float(v) for k, v in dict(weights.get("base", {})).items()}}
+    scoring: ScoringConfig = replace(cfg, base=base, **scalars)  # type: ignore[arg-type]
+    return scoring
+
+
+def restore_weights(harness: LearningHost, event: Event | None) -> None:
     """Give the harness's scorer the weights of a ``scoring_weights`` event (the latest learned ones)."""
     if event is None:
         return
-    w = event.data.get("weights", {})
-    cfg = harness.pager.config.scoring
-    scalars = {n: float(w[n]) for n in _SCALAR_WEIGHTS if isinstance(w.get(n), int | float)}
-    base = {**cfg.base, **{k: float(v) for k, v in dict(w.get("base", {})).items()}}
-    scoring: ScoringConfig = replace(cfg, base=base, **scalars)  # type: ignore[arg-type]
+    scoring = with_weights(harness.pager.config.scoring, event.data.get("weights", {}))
     harness.pager.config = replace(harness.pager.config, scoring=scoring)
+
+
+def weights_id(tenant: str) -> str:
+    """The id of the memory that holds ``tenant``'s newest learned weights."""
+    return str(uuid.uuid5(_WEIGHTS_NAMESPACE, f"weights\x00{tenant}"))
+
+
+def stored_weights(store: StoreReader, tenant: str) -> dict[str, Any] | None:
+    """The newest weights learned for ``tenant`` (None when nothing was learned yet): one read by id."""
+    held = store.get_many([weights_id(tenant)]).get(weights_id(tenant))
+    return None if held is None else dict(held.metadata.get("weights", {}))
+
+
+def _weights_memory(tenant: str, weights: dict[str, Any], now: datetime, current: Memory | None) -> Memory:
+    return build_memory(
+        {
+            "id": weights_id(tenant),
+            "content": "learned scoring weights",
+            "kind": Kind.AGENT_STATE,
+            "status": Status.INTERNAL,
+            "tier": Tier.ARCHIVE,
+            "tenant": tenant,
+            "tags": [WEIGHTS_TAG],
+            "metadata": {"weights": weights},
+            "created_at": now if current is None else current.created_at,
+            "version": 1 if current is None else current.version + 1,
+        }
+    )
 
 
 # ---- manual actions -------------------------------------------------------------------------------------
@@ -132,7 +210,7 @@ ACTIONS = ("pin", "unpin", "set_value", "annotate", "archive")
 
 
 def intervene(
-    harness: Harness,
+    harness: LearningHost,
     action: str,
     memory_id: str,
     *,
@@ -174,32 +252,42 @@ def intervene(
         data.update(target=target, learned=delta)
     if note:
         data["note"] = note[:2000]
-    harness.store.append_event(
-        Event(kind="manual", memory_id=memory_id, tenant=memory.tenant, at=now, data=data)
-    )
+    harness.writer.log([Event(kind="manual", memory_id=memory_id, tenant=memory.tenant, at=now, data=data)])
     return {"memory": after, "before": before, "after": data["after"], "learned": delta}
 
 
 def _teach(
-    harness: Harness, memory: Memory, now: datetime, target: float, action: str, rate: float
+    harness: LearningHost, memory: Memory, now: datetime, target: float, action: str, rate: float
 ) -> dict[str, float]:
     cfg, delta = learn(harness.pager.config.scoring, memory, now, target, rate)
     if delta:
         harness.pager.config = replace(harness.pager.config, scoring=cfg)
-        harness.store.append_event(
-            Event(
-                kind=WEIGHTS_KIND,
-                memory_id=memory.id,
-                tenant=memory.tenant,
-                at=now,
-                data={"weights": weights_of(cfg), "delta": delta, "action": action, "target": target},
-            )
+        weights = weights_of(cfg)
+        event = Event(
+            kind=WEIGHTS_KIND,
+            memory_id=memory.id,
+            tenant=memory.tenant,
+            at=now,
+            data={"weights": weights, "delta": delta, "action": action, "target": target},
         )
+        for _ in range(20):  # compare-and-set on the weights memory: two teachers never lose a step
+            wid = weights_id(memory.tenant)
+            current = harness.store.get_many([wid]).get(wid)
+            try:
+                harness.writer.write([_weights_memory(memory.tenant, weights, now, current)], None, [event])
+                break
+            except ConflictError:
+                continue
     return delta
 
 
 def _perform(
-    harness: Harness, action: str, memory: Memory, now: datetime, target: float | None, note: str | None,
+    harness: LearningHost,
+    action: str,
+    memory: Memory,
+    now: datetime,
+    target: float | None,
+    note: str | None,
     by: str,
 ) -> Memory:
     if action == "pin":
@@ -221,7 +309,7 @@ def _perform(
     )
 
 
-def _votes_for(harness: Harness, memory: Memory, now: datetime, target: float) -> int:
+def _votes_for(harness: LearningHost, memory: Memory, now: datetime, target: float) -> int:
     """The feedback vote total (-20..20) whose value comes nearest ``target`` under the current weights."""
     cfg = harness.pager.config.scoring
 

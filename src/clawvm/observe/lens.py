@@ -43,6 +43,7 @@ weights when it opens.
 
 from __future__ import annotations
 
+import builtins
 import math
 import re
 import threading
@@ -51,16 +52,31 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
+from clawvm.agents.reliability import ReliabilityPolicy, ToolStats
 from clawvm.core.errors import ClawVMError, NotFoundError, ValidationError
 from clawvm.core.model import VISIBLE_STATUSES, Filters, Memory, Status, Tier, Usage
-from clawvm.harness import Harness
-from clawvm.observe.learning import restore_weights
+from clawvm.observe.learning import LearningHost
 from clawvm.store import Event
 from clawvm.store.eventlog import WEIGHTS_KIND, iter_events
 from clawvm.vm.context import Context, short_id
-from clawvm.vm.scoring import ScoringConfig
+from clawvm.vm.scoring import ScoringConfig, ValueBreakdown
+
+
+class LensHost(LearningHost, Protocol):
+    """What MemLens reads of the harness besides the store: the pager's config and tool reliability."""
+
+    def tool_reliability(
+        self, tool: str | None = None, policy: ReliabilityPolicy | None = None
+    ) -> dict[str, ToolStats]: ...
+
+    def explain(self, memory_id: str) -> ValueBreakdown: ...
+
+    def events(
+        self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None
+    ) -> builtins.list[Event]: ...
+
 
 _SHORT_ID = re.compile(r"(?<![0-9a-f])[0-9a-f]{8}(?![0-9a-f])")
 _WORD = re.compile(r"[^\W_]{1,}", re.UNICODE)
@@ -209,7 +225,7 @@ class Lens:
     """Incremental analytics over one harness's tenant. Thread-safe; call :meth:`refresh` before reading
     (every public reader does)."""
 
-    def __init__(self, harness: Harness, full_reload_s: float = 300.0) -> None:
+    def __init__(self, harness: LensHost, full_reload_s: float = 300.0) -> None:
         self.harness = harness
         self.tenant = harness.tenant
         self.full_reload_s = full_reload_s
@@ -234,7 +250,6 @@ class Lens:
         with self._lock:
             self._read_events()
             self._swap_rows(self._load_rows())
-        restore_weights(harness, self.weights_events[-1] if self.weights_events else None)
 
     # ---- keeping up ---------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -352,8 +367,14 @@ class Lens:
     def _on_context(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
         manifest = list(data.get("manifest", []))
         build = ContextBuild(
-            seq, e.at, str(data.get("query", "")), int(data.get("budget", 0)), int(data.get("tokens", 0)),
-            data.get("ms"), dict(data.get("scope", {})), manifest,
+            seq,
+            e.at,
+            str(data.get("query", "")),
+            int(data.get("budget", 0)),
+            int(data.get("tokens", 0)),
+            data.get("ms"),
+            dict(data.get("scope", {})),
+            manifest,
         )
         self.contexts[seq] = build
         if isinstance(build.ms, int | float):
@@ -369,8 +390,12 @@ class Lens:
     def _on_output(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
         build = self.contexts.get(int(data.get("context_seq", -1)))
         out = Output(
-            seq, e.at, list(data.get("cited", [])), list(data.get("uncited", [])),
-            str(data.get("text", "")), data.get("success"),
+            seq,
+            e.at,
+            list(data.get("cited", [])),
+            list(data.get("uncited", [])),
+            str(data.get("text", "")),
+            data.get("success"),
         )
         if build is not None:
             build.output = out
@@ -441,8 +466,14 @@ class Lens:
                 "lines": lines,
                 "output": None
                 if out is None
-                else {"seq": out.seq, "at": out.at.isoformat(), "text": out.text, "success": out.success,
-                      "cited": out.cited, "uncited": out.uncited},
+                else {
+                    "seq": out.seq,
+                    "at": out.at.isoformat(),
+                    "text": out.text,
+                    "success": out.success,
+                    "cited": out.cited,
+                    "uncited": out.uncited,
+                },
             }
 
     def contexts_of(self, memory_id: str) -> list[dict[str, Any]]:
@@ -491,9 +522,7 @@ class Lens:
                 "context_ms": _percentiles(self.context_ms),
                 "eviction_regret": _rate(len(n.regretted), n.evictions),
                 "evictions": n.evictions,
-                "regretted": [
-                    {"id": m, "evicted_seq": a, "needed_seq": b} for m, a, b in n.regretted[-50:]
-                ],
+                "regretted": [{"id": m, "evicted_seq": a, "needed_seq": b} for m, a, b in n.regretted[-50:]],
                 "context_tokens": {
                     "builds": len(builds),
                     "mean": round(sum(tokens) / len(tokens), 1) if tokens else None,
@@ -601,7 +630,7 @@ class Citation:
 
 
 def record_output(
-    harness: Harness, context: Context | int, output: str, *, success: bool | None = None
+    harness: LensHost, context: Context | int, output: str, *, success: bool | None = None
 ) -> Citation:
     """Record the agent output produced from a context build; mark which of its memories it cited.
 
@@ -623,14 +652,21 @@ def record_output(
     now = harness.now()
     for memory in harness.store.get_many(cited).values():
         harness.pager.mutate(memory, lambda cur: {"usage": _credited(cur.usage, success)}, now)
-    event_seq = harness.store.append_event(
-        Event(
-            kind="output",
-            tenant=harness.tenant,
-            at=now,
-            data={"context_seq": seq, "cited": cited, "uncited": uncited, "text": output[:4000],
-                  "success": success},
-        )
+    [event_seq] = harness.writer.log(
+        [
+            Event(
+                kind="output",
+                tenant=harness.tenant,
+                at=now,
+                data={
+                    "context_seq": seq,
+                    "cited": cited,
+                    "uncited": uncited,
+                    "text": output[:4000],
+                    "success": success,
+                },
+            )
+        ]
     )
     return Citation(seq, cited, uncited, event_seq)
 

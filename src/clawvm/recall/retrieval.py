@@ -135,9 +135,7 @@ _V3 = RecallConfig(
 # multi-hop points in every setting tried, 0.1 is within 0.4). author_prior 0.7 mid-plateau: 0.6-0.8 all
 # reach multi-hop 55.4-57.0; 0.8 costs the adversarial questions, which name the wrong person by design,
 # R@5 76.6 -> 73.6 (79.5 at 0.5, 84.2 without the prior).
-_DEFAULT = _V3.with_(
-    "hybrid", dense_candidates=100, smoothing=0.2, author_prior=0.7, length_prior=0.3
-)
+_DEFAULT = _V3.with_("hybrid", dense_candidates=100, smoothing=0.2, author_prior=0.7, length_prior=0.3)
 PRESETS: dict[str, RecallConfig] = {
     "hybrid": _DEFAULT,
     "hybrid-v3": _V3,

@@ -348,10 +348,13 @@ class Guard:
         except Exception:
             log.exception("unhandled error", extra={"fields": {"request_id": request_id}})
             if not sent["status"]:
-                await error_response(500, "internal_error", "unexpected server error", None,
-                                     f"retry; if it persists report request {request_id}")(
-                    scope, receive, send_with_id
-                )
+                await error_response(
+                    500,
+                    "internal_error",
+                    "unexpected server error",
+                    None,
+                    f"retry; if it persists report request {request_id}",
+                )(scope, receive, send_with_id)
         finally:
             self._log(scope, request_id, sent["status"] or 500, started)
 
@@ -378,7 +381,10 @@ class Guard:
         except UnicodeDecodeError as exc:
             raise _Rejected(
                 error_response(
-                    400, "invalid_utf8", f"is not valid UTF-8 (byte {exc.start})", "body",
+                    400,
+                    "invalid_utf8",
+                    f"is not valid UTF-8 (byte {exc.start})",
+                    "body",
                     "encode the JSON body as UTF-8",
                 )
             ) from None
@@ -386,7 +392,10 @@ class Guard:
 
     def _too_large(self) -> JSONResponse:
         return error_response(
-            413, "payload_too_large", f"is over the {self.max_body_bytes}-byte limit", "body",
+            413,
+            "payload_too_large",
+            f"is over the {self.max_body_bytes}-byte limit",
+            "body",
             "send less per request (store large payloads elsewhere and record a reference)",
         )
 
@@ -715,7 +724,10 @@ def export(caller: Reader) -> StreamingResponse:
 def recall(body: RecallRequest, caller: Reader) -> list[RecallHit]:
     """The ``k`` best memories for ``query``, with each channel's part of the score."""
     hits = caller.harness.recall(
-        body.query, k=body.k, preset=body.preset, track=_bookkeeping(body.track, caller),
+        body.query,
+        k=body.k,
+        preset=body.preset,
+        track=_bookkeeping(body.track, caller),
         **body.filters.as_kwargs(),
     )
     return [RecallHit.of(h) for h in hits]

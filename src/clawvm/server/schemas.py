@@ -154,9 +154,7 @@ class RecordRequest(RequestBody):
 
     def fields(self) -> dict[str, Any]:
         """The memory fields the caller set, for :meth:`clawvm.Harness.record`."""
-        return {
-            name: getattr(self, name) for name in self.model_fields_set - {"content", "embedding"}
-        }
+        return {name: getattr(self, name) for name in self.model_fields_set - {"content", "embedding"}}
 
 
 class UpdateRequest(RequestBody):
@@ -386,7 +384,11 @@ class KeyOut(BaseModel):
     @classmethod
     def of(cls, k: ApiKey) -> KeyOut:
         return cls(
-            key_id=k.key_id, tenant=k.tenant, role=k.role, name=k.name, created_at=k.created_at,
+            key_id=k.key_id,
+            tenant=k.tenant,
+            role=k.role,
+            name=k.name,
+            created_at=k.created_at,
             revoked_at=k.revoked_at,
         )
 

@@ -13,6 +13,7 @@ engine checks and writes atomically.
 
 from __future__ import annotations
 
+import builtins
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -128,6 +129,36 @@ class EventFeed(Protocol):
     def subscribe(self, callback: Callable[[int], None]) -> Callable[[], None]: ...
 
 
+class StoreReader(Protocol):
+    """The read side of a :class:`Store`: what feature modules get. They write through the one commit path
+    (:class:`clawvm.write.commit.Writer`), never to the store behind it."""
+
+    @property
+    def dim(self) -> int: ...
+
+    def get(self, memory_id: str) -> Memory: ...
+
+    def get_many(self, ids: Sequence[str]) -> dict[str, Memory]: ...
+
+    def list(self, filters: Filters | None = None, limit: int = 100) -> builtins.list[Memory]: ...
+
+    def count(self, filters: Filters | None = None) -> int: ...
+
+    def iter_all(self, filters: Filters | None = None, batch: int = 500) -> Iterator[Memory]: ...
+
+    def query(self, query: Query) -> QueryResult: ...
+
+    def edges(self, ids: Sequence[str]) -> builtins.list[Edge]: ...
+
+    def read_events(
+        self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None
+    ) -> builtins.list[Event]: ...
+
+    def agents(self, filters: Filters) -> frozenset[str]: ...
+
+    def vectors_of(self, ids: Sequence[str]) -> dict[str, np.ndarray]: ...
+
+
 def check_versions(batch: Sequence[Memory], stored: dict[str, int]) -> None:
     """The optimistic-locking rule, shared by engines: a memory whose id is stored must be exactly the
     stored version + 1; a new id may carry any version (imports keep theirs); one batch may not hold the
@@ -227,9 +258,7 @@ class Store(ABC):
         """Append events; returns their sequence numbers (increasing)."""
 
     @abstractmethod
-    def read_events(
-        self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None
-    ) -> list[Event]:
+    def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
         """Events with ``seq > after_seq`` in order, optionally for one memory."""
 
     # ---- built on top -------------------------------------------------------------------------------

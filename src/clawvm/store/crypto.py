@@ -78,8 +78,8 @@ class DataKey:
         if len(secret) != _KEY_BYTES:
             raise ConfigError(
                 f"a data key must be {_KEY_BYTES} random bytes in base64 (44 characters); "
-                "make one with: python -c \"import base64, os; "
-                "print(base64.urlsafe_b64encode(os.urandom(32)).decode())\""
+                'make one with: python -c "import base64, os; '
+                'print(base64.urlsafe_b64encode(os.urandom(32)).decode())"'
             )
         return cls(secret)
 

@@ -62,6 +62,7 @@ from typing import IO, Any
 
 from clawvm.core.errors import ConfigError, StoreError, ValidationError
 from clawvm.store import Event, EventFeed, Store
+from clawvm.store.base import StoreReader
 
 log = logging.getLogger("clawvm.store.eventlog")
 
@@ -107,7 +108,7 @@ DUCKDB_QUERIES: dict[str, str] = {
     ),
     # activity per session
     "events_per_session": (
-        "SELECT session_id, count(*) AS events, min(\"at\") AS first, max(\"at\") AS last "
+        'SELECT session_id, count(*) AS events, min("at") AS first, max("at") AS last '
         "FROM read_parquet('{events}') WHERE session_id IS NOT NULL GROUP BY session_id ORDER BY session_id"
     ),
 }
@@ -127,7 +128,7 @@ class Retention:
             raise ValidationError("max_events", f"is {self.max_events!r}", "pass an integer >= 0 or None")
 
 
-def event_pages(store: Store, after_seq: int = 0, batch: int = 5000) -> Iterator[list[Event]]:
+def event_pages(store: StoreReader, after_seq: int = 0, batch: int = 5000) -> Iterator[list[Event]]:
     """Every event after ``after_seq``, in order, a page of at most ``batch`` at a time."""
     while True:
         page = store.read_events(after_seq, batch)
@@ -141,7 +142,7 @@ def event_pages(store: Store, after_seq: int = 0, batch: int = 5000) -> Iterator
         after_seq = last
 
 
-def iter_events(store: Store, after_seq: int = 0, batch: int = 5000) -> Iterator[Event]:
+def iter_events(store: StoreReader, after_seq: int = 0, batch: int = 5000) -> Iterator[Event]:
     """Every event after ``after_seq``, in order, read in batches."""
     for page in event_pages(store, after_seq, batch):
         yield from page

@@ -28,8 +28,18 @@ from clawvm.core.vectors import VectorIndex
 from clawvm.store.base import CandidateInfo, Query, QueryResult, check_vectors
 
 _COLUMNS = (
-    "tenant", "session_id", "task_id", "agent_id", "tool_name", "scope", "team_id", "kind", "state", "status",
-    "tier", "parent_id",
+    "tenant",
+    "session_id",
+    "task_id",
+    "agent_id",
+    "tool_name",
+    "scope",
+    "team_id",
+    "kind",
+    "state",
+    "status",
+    "tier",
+    "parent_id",
 )
 
 
@@ -84,9 +94,23 @@ class IndexDoc:
     def from_json(cls, body: str | bytes) -> IndexDoc:
         d = json.loads(body)
         return cls(
-            d["id"], d["content"], d["tenant"], d["session_id"], d["task_id"], d["agent_id"], d["tool_name"],
-            d["kind"], d["state"], d["status"], d["tier"], d["parent_id"], d["tags"], d["pinned"],
-            datetime.fromisoformat(d["created_at"]), d.get("scope"), d.get("team_id"),
+            d["id"],
+            d["content"],
+            d["tenant"],
+            d["session_id"],
+            d["task_id"],
+            d["agent_id"],
+            d["tool_name"],
+            d["kind"],
+            d["state"],
+            d["status"],
+            d["tier"],
+            d["parent_id"],
+            d["tags"],
+            d["pinned"],
+            datetime.fromisoformat(d["created_at"]),
+            d.get("scope"),
+            d.get("team_id"),
         )
 
 
@@ -183,7 +207,12 @@ class SearchIndex:
         if row + 1 >= len(self._alive):
             size = max(row + 2, 2 * len(self._alive))
             for name, fill in (
-                ("_alive", 0), ("_created", 0), ("_pinned", 0), ("_prev", -1), ("_next", -1), ("_ctx_len", 0)
+                ("_alive", 0),
+                ("_created", 0),
+                ("_pinned", 0),
+                ("_prev", -1),
+                ("_next", -1),
+                ("_ctx_len", 0),
             ):
                 old = getattr(self, name)
                 new = np.full(size, fill, dtype=old.dtype)

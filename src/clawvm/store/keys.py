@@ -156,7 +156,11 @@ class Keyring:
                 tenant=AUTH_TENANT,
                 at=record.created_at,
                 data={
-                    "key_id": key_id, "tenant": tenant, "role": role.value, "name": name, "hash": record.hash
+                    "key_id": key_id,
+                    "tenant": tenant,
+                    "role": role.value,
+                    "name": name,
+                    "hash": record.hash,
                 },
             )
         )
@@ -168,9 +172,7 @@ class Keyring:
         self.refresh()
         with self._lock:
             keys = list(self._keys.values())
-        return [
-            k for k in keys if (tenant is None or k.tenant == tenant) and (include_revoked or k.active)
-        ]
+        return [k for k in keys if (tenant is None or k.tenant == tenant) and (include_revoked or k.active)]
 
     def revoke(self, key_id: str, tenant: str | None = None) -> ApiKey:
         """Revoke a key (of ``tenant``, if given: a tenant admin cannot see other tenants' keys)."""

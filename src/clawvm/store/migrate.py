@@ -61,7 +61,9 @@ def _digest(text: str) -> int:
 
 def _event_text(e: Event) -> str:
     return json.dumps(
-        [e.kind, e.memory_id, e.tenant, e.at.isoformat(), e.data], sort_keys=True, ensure_ascii=False,
+        [e.kind, e.memory_id, e.tenant, e.at.isoformat(), e.data],
+        sort_keys=True,
+        ensure_ascii=False,
         default=str,
     )
 
@@ -104,7 +106,8 @@ def migrate(
     held, logged = target.count(), len(target.read_events(limit=1))
     if held or logged:
         raise ValidationError(
-            "to", f"already holds {held} memories and {'some' if logged else 'no'} events",
+            "to",
+            f"already holds {held} memories and {'some' if logged else 'no'} events",
             "migrate into an empty store (a new database schema or file)",
         )
     copied = vectors = events = 0

@@ -188,8 +188,14 @@ class PostgresStore(Store):
     schemes = ("postgresql", "postgres")
 
     def __init__(
-        self, url: str, dim: int = 384, *, schema: str | None = None, pool_size: int = 8,
-        analyzer: Analyzer | None = None, params: BM25Params | None = None,
+        self,
+        url: str,
+        dim: int = 384,
+        *,
+        schema: str | None = None,
+        pool_size: int = 8,
+        analyzer: Analyzer | None = None,
+        params: BM25Params | None = None,
     ) -> None:
         super().__init__()
         self.conninfo, url_schema = split_url(url)
@@ -220,8 +226,13 @@ class PostgresStore(Store):
                     self._vector_info = TypeInfo.fetch(conn, "vector")
                 options = f"-c search_path={self.schema},{ext_schema} -c TimeZone=UTC"
                 pool = psycopg_pool.ConnectionPool(
-                    self.conninfo, min_size=1, max_size=self.pool_size, open=False, num_workers=1,
-                    kwargs={"autocommit": True, "options": options}, configure=self._configure,
+                    self.conninfo,
+                    min_size=1,
+                    max_size=self.pool_size,
+                    open=False,
+                    num_workers=1,
+                    kwargs={"autocommit": True, "options": options},
+                    configure=self._configure,
                     name=f"clawvm-{self.schema}",
                 )
                 pool.open(wait=True, timeout=30)
@@ -425,8 +436,7 @@ class PostgresStore(Store):
             args = [(vecs[n], ids[n]) for n in keep]
         else:
             sql = (
-                "UPDATE memories SET embedding = %b"
-                " WHERE id = %s AND embedding IS NULL AND content_hash = %s"
+                "UPDATE memories SET embedding = %b WHERE id = %s AND embedding IS NULL AND content_hash = %s"
             )
             args = [(vecs[n], ids[n], _content_hash(contents[n])) for n in keep]
         with conn.cursor() as cur:
@@ -563,7 +573,8 @@ class PostgresStore(Store):
         cols: list[list[Any]] = [[], [], [], [], []]
         for e in events:
             for col, v in zip(
-                cols, (e.at, esc(e.tenant), esc(e.kind), esc(e.memory_id), json.dumps(e.data, default=str)),
+                cols,
+                (e.at, esc(e.tenant), esc(e.kind), esc(e.memory_id), json.dumps(e.data, default=str)),
                 strict=True,
             ):
                 col.append(v)
@@ -747,13 +758,32 @@ class _Listener:
 
 
 _COLUMNS = (
-    "id", "tenant", "session_id", "task_id", "agent_id", "tool_name", "scope", "team_id", "kind", "state",
-    "status", "tier", "parent_id", "pinned", "tags", "created_at", "version", "doc_len", "text_hash",
-    "content_hash", "metadata", "body",
+    "id",
+    "tenant",
+    "session_id",
+    "task_id",
+    "agent_id",
+    "tool_name",
+    "scope",
+    "team_id",
+    "kind",
+    "state",
+    "status",
+    "tier",
+    "parent_id",
+    "pinned",
+    "tags",
+    "created_at",
+    "version",
+    "doc_len",
+    "text_hash",
+    "content_hash",
+    "metadata",
+    "body",
 )
 _INSERT = f"INSERT INTO memories ({', '.join(_COLUMNS)}) VALUES ({', '.join(['%s'] * len(_COLUMNS))})"
 # a changed text drops the vector: it was computed from the old one
-_UPDATE = f"""UPDATE memories SET {', '.join(f'{c} = %s' for c in _COLUMNS[1:])},
+_UPDATE = f"""UPDATE memories SET {", ".join(f"{c} = %s" for c in _COLUMNS[1:])},
                   embedding = CASE WHEN content_hash = %s THEN embedding END
               WHERE id = %s"""
 _INSERT_POSTINGS = """INSERT INTO postings (term, seq, tf, dl)
@@ -809,10 +839,26 @@ def _columns(r: _Row) -> tuple[Any, ...]:
     m = r.memory
     meta = json.dumps(m.metadata, ensure_ascii=False)
     return (
-        m.id, esc(m.tenant), esc(m.session_id), esc(m.task_id), esc(m.agent_id), esc(m.tool_name),
-        m.scope.value if m.scope else None, esc(m.team_id), m.kind.value, m.state.value if m.state else None,
-        m.status.value, m.tier.value, m.parent_id, m.pinned, [esc(t) for t in m.tags], m.created_at,
-        m.version, r.doc_len, r.text_hash, r.content_hash,
+        m.id,
+        esc(m.tenant),
+        esc(m.session_id),
+        esc(m.task_id),
+        esc(m.agent_id),
+        esc(m.tool_name),
+        m.scope.value if m.scope else None,
+        esc(m.team_id),
+        m.kind.value,
+        m.state.value if m.state else None,
+        m.status.value,
+        m.tier.value,
+        m.parent_id,
+        m.pinned,
+        [esc(t) for t in m.tags],
+        m.created_at,
+        m.version,
+        r.doc_len,
+        r.text_hash,
+        r.content_hash,
         None if "\\u0000" in meta else meta,  # jsonb cannot hold NUL; the body keeps it
         r.body,
     )

@@ -227,7 +227,12 @@ class Searcher:
 
     # ---- lexical and context ---------------------------------------------------------------------------
     def _lexical(
-        self, conn: psycopg.Connection[Any], q: Query, where: str, wargs: list[Any], result: QueryResult,
+        self,
+        conn: psycopg.Connection[Any],
+        q: Query,
+        where: str,
+        wargs: list[Any],
+        result: QueryResult,
         found: list[list[Hit]],
     ) -> None:
         assert q.text is not None
@@ -359,7 +364,12 @@ class Searcher:
         return hits
 
     def _nearest(
-        self, conn: psycopg.Connection[Any], v: np.ndarray, limit: int, where: str, wargs: list[Any],
+        self,
+        conn: psycopg.Connection[Any],
+        v: np.ndarray,
+        limit: int,
+        where: str,
+        wargs: list[Any],
         exact: bool,
     ) -> list[Hit]:
         select = f"""SELECT m.seq, m.id, m.embedding <#> %b AS d FROM memories m
@@ -438,8 +448,11 @@ class Searcher:
             ):
                 members[str(e)].append((int(s), str(i), bool(ok)))
         links = sorted(
-            ((math.log(n / dfs[str(e)]) / math.log(n), int(s), str(i), str(e))
-             for s, i, e in seed_rows if str(e) in members),
+            (
+                (math.log(n / dfs[str(e)]) / math.log(n), int(s), str(i), str(e))
+                for s, i, e in seed_rows
+                if str(e) in members
+            ),
             key=lambda x: (-x[0], x[1], x[3]),
         )
         out: list[tuple[str, Hit]] = []

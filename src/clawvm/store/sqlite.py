@@ -380,9 +380,21 @@ class SQLiteStore(Store):
         for m in memories:
             v = with_vector.get(m.id)
             row = (
-                m.id, rev, m.tenant, m.session_id, m.task_id, m.agent_id, m.tool_name, m.kind.value,
-                m.state.value if m.state else None, m.status.value, m.tier.value,
-                m.created_at.isoformat(), m.version, m.model_dump_json(), None if v is None else _blob(v),
+                m.id,
+                rev,
+                m.tenant,
+                m.session_id,
+                m.task_id,
+                m.agent_id,
+                m.tool_name,
+                m.kind.value,
+                m.state.value if m.state else None,
+                m.status.value,
+                m.tier.value,
+                m.created_at.isoformat(),
+                m.version,
+                m.model_dump_json(),
+                None if v is None else _blob(v),
             )
             db.execute(
                 """INSERT INTO memories (id, rev, tenant, session_id, task_id, agent_id, tool_name, kind,

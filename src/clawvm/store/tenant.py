@@ -160,9 +160,7 @@ class TenantStore(Store):
         own = self._owned(i for i, _ in pending)
         return [(i, text) for i, text in pending if i in own][:limit]
 
-    def read_events(
-        self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None
-    ) -> list[Event]:
+    def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
         page_size = max(limit, 500)
         out: list[Event] = []
         cursor = after_seq

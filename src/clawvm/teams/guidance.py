@@ -21,20 +21,23 @@ is read-only: it changes no memory; :func:`clawvm.teams.shared.feedback` records
 
 from __future__ import annotations
 
+import builtins
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from clawvm.core.embed import count_tokens
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import Kind, Memory, Status, Visibility
+from clawvm.recall.retrieval import Recalled
 from clawvm.store import Event
 from clawvm.teams.shared import (
     CONFLICT_TAG,
     PITFALL_TAG,
     RULE_TAG,
     TEAM_KINDS,
+    TeamHost,
     adoption,
     adoption_rate,
     conflict_sides,
@@ -47,8 +50,16 @@ from clawvm.teams.shared import (
 )
 from clawvm.vm.context import clip, short_id
 
-if TYPE_CHECKING:
-    from clawvm.harness import Harness
+
+class GuidanceHost(TeamHost, Protocol):
+    """A team host that can list and recall (the scope filters of the harness apply)."""
+
+    def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]: ...
+
+    def recall(
+        self, query: str, k: int = 10, *, track: bool = True, **filters: Any
+    ) -> builtins.list[Recalled]: ...
+
 
 SECTIONS = ("rule", "pitfall", "conflict", "experience")
 HEADERS = {
@@ -170,7 +181,7 @@ def format_line(m: Memory) -> str:
     return f"- [{short_id(m.id)}] {label}: {text}{suffix}"
 
 
-def matching_rules(h: Harness, vis: Visibility, task: str, task_type: str | None) -> list[Memory]:
+def matching_rules(h: GuidanceHost, vis: Visibility, task: str, task_type: str | None) -> list[Memory]:
     """Active rule templates the agent may read whose task type or keywords match the task."""
     rules = h.list(limit=10**6, kind=Kind.KNOWLEDGE, tags=[RULE_TAG], visible_to=vis)
     words = set(re.findall(r"\w+", task.lower()))
@@ -187,7 +198,7 @@ def matching_rules(h: Harness, vis: Visibility, task: str, task_type: str | None
 
 
 def build_guidance(
-    h: Harness,
+    h: GuidanceHost,
     agent_id: str,
     task: str,
     budget_tokens: int = 600,
@@ -233,27 +244,44 @@ def build_guidance(
     picked = _pack(list(found.values()), budget_tokens)
     items = [
         GuidanceItem(
-            id=c.memory.id, section=c.section, kind=c.memory.kind.value, line=c.line,
-            tokens=count_tokens(c.line), score=round(c.priority, 4), source_tasks=source_tasks(c.memory),
-            adoption_rate=adoption_rate(c.memory), confidence=c.memory.confidence, reason=c.reason,
+            id=c.memory.id,
+            section=c.section,
+            kind=c.memory.kind.value,
+            line=c.line,
+            tokens=count_tokens(c.line),
+            score=round(c.priority, 4),
+            source_tasks=source_tasks(c.memory),
+            adoption_rate=adoption_rate(c.memory),
+            confidence=c.memory.confidence,
+            reason=c.reason,
         )
         for c in picked
     ]
     text = _render(picked)
     tokens = count_tokens(text) if text else 0
     by_section = {s: sum(i.tokens for i in items if i.section == s) for s in SECTIONS}
-    h.store.append_event(
-        Event(
-            kind="guidance", tenant=h.tenant, at=h.now(),
-            data={"agent_id": agent_id, "task": task[:500], "task_id": task_id, "budget": budget_tokens,
-                  "tokens": tokens, "manifest": [i.as_dict() for i in items]},
-        )
+    h.writer.log(
+        [
+            Event(
+                kind="guidance",
+                tenant=h.tenant,
+                at=h.now(),
+                data={
+                    "agent_id": agent_id,
+                    "task": task[:500],
+                    "task_id": task_id,
+                    "budget": budget_tokens,
+                    "tokens": tokens,
+                    "manifest": [i.as_dict() for i in items],
+                },
+            )
+        ]
     )
     return Guidance(agent_id, task, text, items, budget_tokens, tokens, by_section)
 
 
 def _prefer_newest_decisions(
-    h: Harness, vis: Visibility, found: dict[str, _Candidate], conflicts: Iterable[Memory]
+    h: GuidanceHost, vis: Visibility, found: dict[str, _Candidate], conflicts: Iterable[Memory]
 ) -> None:
     """An older DECISION of an open conflict is replaced by the conflict's newest decision (the current
     revision of each side counts), so guidance never offers a decision that a later one contradicts."""

@@ -33,11 +33,11 @@ import re
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from clawvm.core.embed import count_tokens
+from clawvm.core.embed import Embedder, count_tokens
 from clawvm.core.errors import ClawVMError, ConflictError
 from clawvm.core.lexical import Analyzer
 from clawvm.core.model import Filters, Kind, Link, LinkType, Memory, Scope, Status, Tier, build_memory
@@ -49,6 +49,7 @@ from clawvm.teams.shared import (
     PITFALL_TAG,
     RULE_TAG,
     TEAM_KINDS,
+    TeamHost,
     adoption,
     build_revision,
     partition_key,
@@ -56,8 +57,13 @@ from clawvm.teams.shared import (
 )
 from clawvm.vm.context import short_id
 
-if TYPE_CHECKING:
-    from clawvm.harness import Harness
+
+class MergeHost(TeamHost, Protocol):
+    """A team host whose embedder (if any) tells near-duplicates by their vectors."""
+
+    @property
+    def embedder(self) -> Embedder | None: ...
+
 
 _ANALYZER = Analyzer()
 _NEGATION = re.compile(
@@ -139,7 +145,7 @@ class FusionReport:
 
 
 def fuse(
-    h: Harness,
+    h: MergeHost,
     *,
     team_id: str | None = None,
     config: FusionConfig | None = None,
@@ -161,7 +167,7 @@ _VECTOR_CACHE: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
 _VECTOR_CACHE_SIZE = 20_000
 
 
-def _vectors(h: Harness, texts: list[str]) -> np.ndarray | None:
+def _vectors(h: MergeHost, texts: list[str]) -> np.ndarray | None:
     """Unit vectors of ``texts`` from the harness's embedder (cached by text), or None without one."""
     if h.embedder is None or not texts:
         return None
@@ -181,7 +187,7 @@ def _vectors(h: Harness, texts: list[str]) -> np.ndarray | None:
 class Similarity:
     """Pairwise lexical (Jaccard of stemmed terms) and dense (cosine) similarity within one group."""
 
-    def __init__(self, h: Harness, texts: Sequence[str]) -> None:
+    def __init__(self, h: MergeHost, texts: Sequence[str]) -> None:
         self.terms = [frozenset(_ANALYZER.terms(t)) for t in texts]
         self.vectors = _vectors(h, list(texts))
 
@@ -238,7 +244,7 @@ def components(n: int, pairs: Iterable[tuple[int, int]]) -> list[list[int]]:
     return [g for _, g in sorted(groups.items()) if len(g) > 1]
 
 
-def _active(h: Harness, kinds: Sequence[Kind], team_id: str | None) -> dict[tuple[Any, ...], list[Memory]]:
+def _active(h: MergeHost, kinds: Sequence[Kind], team_id: str | None) -> dict[tuple[Any, ...], list[Memory]]:
     """Active memories of ``kinds`` grouped by who may read them (and by kind)."""
     f = Filters.of(tenant=h.tenant, status=Status.ACTIVE, kind=list(kinds), team_id=team_id)
     groups: dict[tuple[Any, ...], list[Memory]] = defaultdict(list)
@@ -269,7 +275,7 @@ def _tasks(members: Iterable[Memory]) -> list[str]:
 
 # ---- near-duplicates --------------------------------------------------------------------------------------
 def merge_duplicates(
-    h: Harness,
+    h: MergeHost,
     cfg: FusionConfig,
     report: FusionReport,
     team_id: str | None = None,
@@ -293,7 +299,7 @@ def merge_duplicates(
 
 
 def _merge(
-    h: Harness, members: list[Memory], report: FusionReport, synth: Synthesizer | None = None
+    h: MergeHost, members: list[Memory], report: FusionReport, synth: Synthesizer | None = None
 ) -> Memory | None:
     """Merge ``members`` into a revision of the most trusted (then newest) one; None if one changed meanwhile.
     Synthesized pitfalls add up their occurrences and samples (re-synthesized with ``synth``)."""
@@ -304,8 +310,10 @@ def _merge(
     u = [m.usage for m in members]
     usage = survivor.usage.model_copy(
         update={
-            "injected": sum(x.injected for x in u), "cited": sum(x.cited for x in u),
-            "successes": sum(x.successes for x in u), "failures": sum(x.failures for x in u),
+            "injected": sum(x.injected for x in u),
+            "cited": sum(x.cited for x in u),
+            "successes": sum(x.successes for x in u),
+            "failures": sum(x.failures for x in u),
             "feedback": sum(x.feedback for x in u),
         }
     )
@@ -335,18 +343,22 @@ def _merge(
     gone = [
         m.model_copy(
             update={
-                "status": Status.OBSOLETE, "version": m.version + 1,
+                "status": Status.OBSOLETE,
+                "version": m.version + 1,
                 "metadata": {**m.metadata, "merged_into": new.id},
             }
         )
         for m in others
     ]
     event = Event(
-        kind="merge", memory_id=new.id, tenant=new.tenant, at=h.now(),
+        kind="merge",
+        memory_id=new.id,
+        tenant=new.tenant,
+        at=h.now(),
         data={"sources": [m.id for m in members]},
     )
     try:
-        h.store.write([old, new, *gone], None, [event])
+        h.writer.write([old, new, *gone], None, [event])
     except ConflictError:
         report.skipped += 1
         return None
@@ -357,7 +369,7 @@ def _merge(
 
 # ---- recurring errors -> knowledge ------------------------------------------------------------------------
 def synthesize_errors(
-    h: Harness, cfg: FusionConfig, synth: Synthesizer, report: FusionReport, team_id: str | None = None
+    h: MergeHost, cfg: FusionConfig, synth: Synthesizer, report: FusionReport, team_id: str | None = None
 ) -> None:
     for group in _active(h, (Kind.ERROR, Kind.KNOWLEDGE), team_id).values():
         items = [m for m in group if m.kind is Kind.ERROR or PITFALL_TAG in m.tags]
@@ -404,6 +416,7 @@ def _occurrences(errors: Iterable[Memory]) -> int:
 
 def _central(sim: Similarity, members: list[int]) -> int:
     """The member most similar to the others (lexical, plus dense when available)."""
+
     def total(i: int) -> float:
         return sum(sim.lexical(i, j) + sim.dense(i, j) for j in members if j != i)
 
@@ -414,7 +427,9 @@ def _archived_errors(errors: list[Memory], knowledge_id: str) -> list[Memory]:
     return [
         e.model_copy(
             update={
-                "status": Status.ARCHIVED, "tier": Tier.ARCHIVE, "version": e.version + 1,
+                "status": Status.ARCHIVED,
+                "tier": Tier.ARCHIVE,
+                "version": e.version + 1,
                 "metadata": {**e.metadata, "knowledge_id": knowledge_id},
             }
         )
@@ -426,32 +441,43 @@ def _samples(errors: Sequence[Memory], earlier: Sequence[str] = ()) -> list[str]
     return list(dict.fromkeys([*earlier, *(" ".join(e.content.split()) for e in errors)]))[:8]
 
 
-def _new_pitfall(h: Harness, errors: list[Memory], synth: Synthesizer, report: FusionReport) -> None:
+def _new_pitfall(h: MergeHost, errors: list[Memory], synth: Synthesizer, report: FusionReport) -> None:
     first = errors[0]
     samples = _samples(errors)
     text = synth.synthesize(samples, _occurrences(errors))
     tags = [PITFALL_TAG, *dict.fromkeys(t for e in errors for t in e.tags if t.startswith("task-type:"))]
     fields = {
-        "content": text, "kind": Kind.KNOWLEDGE, "tenant": first.tenant, "scope": first.scope,
-        "team_id": first.team_id, "task_id": first.task_id if first.scope is Scope.TASK else None,
+        "content": text,
+        "kind": Kind.KNOWLEDGE,
+        "tenant": first.tenant,
+        "scope": first.scope,
+        "team_id": first.team_id,
+        "task_id": first.task_id if first.scope is Scope.TASK else None,
         "agent_id": first.agent_id if first.scope is Scope.PRIVATE else None,
-        "tags": tags, "confidence": max(e.confidence for e in errors), "created_at": h.now(),
-        "tier": Tier.LONG_TERM, "token_count": count_tokens(text),
+        "tags": tags,
+        "confidence": max(e.confidence for e in errors),
+        "created_at": h.now(),
+        "tier": Tier.LONG_TERM,
+        "token_count": count_tokens(text),
         "links": [{"type": LinkType.DERIVED_FROM, "target": e.id} for e in errors],
         "metadata": {
             "synthesized": {"method": synth.name, "occurrences": _occurrences(errors)},
-            "source_tasks": _tasks(errors), "provenance": [p for e in errors for p in _provenance(e)],
+            "source_tasks": _tasks(errors),
+            "provenance": [p for e in errors for p in _provenance(e)],
             "samples": samples,
         },
     }
     knowledge = build_memory(fields)
     knowledge = knowledge.model_copy(update={"value": h.pager.value_now(knowledge, h.now())})
     event = Event(
-        kind="synthesize", memory_id=knowledge.id, tenant=knowledge.tenant, at=h.now(),
+        kind="synthesize",
+        memory_id=knowledge.id,
+        tenant=knowledge.tenant,
+        at=h.now(),
         data={"errors": [e.id for e in errors], "method": synth.name},
     )
     try:
-        h.store.write([knowledge, *_archived_errors(errors, knowledge.id)], None, [event])
+        h.writer.write([knowledge, *_archived_errors(errors, knowledge.id)], None, [event])
     except ConflictError:
         report.skipped += 1
         return
@@ -460,7 +486,7 @@ def _new_pitfall(h: Harness, errors: list[Memory], synth: Synthesizer, report: F
 
 
 def _extend_pitfall(
-    h: Harness, pitfall: Memory, errors: list[Memory], synth: Synthesizer, report: FusionReport
+    h: MergeHost, pitfall: Memory, errors: list[Memory], synth: Synthesizer, report: FusionReport
 ) -> None:
     info = pitfall.metadata.get("synthesized", {})
     occurrences = int(info.get("occurrences", 1)) + _occurrences(errors)
@@ -480,11 +506,14 @@ def _extend_pitfall(
     links = [Link(type=LinkType.DERIVED_FROM, target=e.id) for e in errors]
     old, new = build_revision(h, pitfall, changes, links)
     event = Event(
-        kind="synthesize", memory_id=new.id, tenant=new.tenant, at=h.now(),
+        kind="synthesize",
+        memory_id=new.id,
+        tenant=new.tenant,
+        at=h.now(),
         data={"errors": [e.id for e in errors], "method": synth.name, "revises": pitfall.id},
     )
     try:
-        h.store.write([old, new, *_archived_errors(errors, new.id)], None, [event])
+        h.writer.write([old, new, *_archived_errors(errors, new.id)], None, [event])
     except ConflictError:
         report.skipped += 1
         return
@@ -506,7 +535,7 @@ def contradicts(a: str, b: str) -> bool:
     return bool(na and nb and na != nb)
 
 
-def flag_conflicts(h: Harness, cfg: FusionConfig, report: FusionReport, team_id: str | None = None) -> None:
+def flag_conflicts(h: MergeHost, cfg: FusionConfig, report: FusionReport, team_id: str | None = None) -> None:
     known = _known_conflicts(h)
     for group in _active(h, (Kind.DECISION, Kind.KNOWLEDGE), team_id).values():
         items = [m for m in group if PITFALL_TAG not in m.tags]
@@ -532,13 +561,13 @@ def flag_conflicts(h: Harness, cfg: FusionConfig, report: FusionReport, team_id:
                     report.conflicts.append(_flag(h, a, b, sa or sb).id)
 
 
-def _known_conflicts(h: Harness) -> set[frozenset[str]]:
+def _known_conflicts(h: MergeHost) -> set[frozenset[str]]:
     """Conflicts flagged before, open or closed (a closed one is not flagged again)."""
     f = Filters.of(tenant=h.tenant, kind=Kind.NOTE, tags=[CONFLICT_TAG])
     return {frozenset(n.metadata.get("conflict", {}).get("roots", [])) for n in h.store.iter_all(f)}
 
 
-def _flag(h: Harness, a: Memory, b: Memory, subject: str | None) -> Memory:
+def _flag(h: MergeHost, a: Memory, b: Memory, subject: str | None) -> Memory:
     a, b = sorted((a, b), key=lambda m: (m.created_at, m.id))
     about = f"'{subject}'" if subject else "the same subject"
     text = (
@@ -547,8 +576,14 @@ def _flag(h: Harness, a: Memory, b: Memory, subject: str | None) -> Memory:
     )
     owner = a.agent_id if a.scope is Scope.PRIVATE else None
     return h.record(
-        text, kind=Kind.NOTE, scope=a.scope, team_id=a.team_id, task_id=a.task_id, agent_id=owner,
-        tags=[CONFLICT_TAG], tier=Tier.LONG_TERM,
+        text,
+        kind=Kind.NOTE,
+        scope=a.scope,
+        team_id=a.team_id,
+        task_id=a.task_id,
+        agent_id=owner,
+        tags=[CONFLICT_TAG],
+        tier=Tier.LONG_TERM,
         links=[{"type": LinkType.REFERS_TO, "target": a.id}, {"type": LinkType.REFERS_TO, "target": b.id}],
         metadata={"conflict": {"ids": [a.id, b.id], "roots": [root_id(a), root_id(b)], "subject": subject}},
     )

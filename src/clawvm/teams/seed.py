@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -46,9 +47,18 @@ from clawvm.core.embed import count_tokens
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import Kind, Memory, Scope, Tier, build_memory
 from clawvm.teams.shared import RULE_TAG, TEAM_KINDS, check_scope, task_type_tag
+from clawvm.vm.tiers import Pager
+from clawvm.write.commit import Host
 
-if TYPE_CHECKING:
-    from clawvm.harness import Harness
+
+class SeedHost(Host, Protocol):
+    """Seeding imports memories through the harness (so they are redacted and embedded like any write)."""
+
+    @property
+    def pager(self) -> Pager: ...
+
+    def import_memories(self, memories: Sequence[Memory]) -> int: ...
+
 
 _NAMESPACE = uuid.UUID("a4be4b2e-7f2c-4c55-8d0b-7a2f2b9c1e64")
 _TOP = {"version", "team", "memories", "rules"}
@@ -157,10 +167,16 @@ class _Seed:
             tags.append(task_type_tag(task_type))
             metadata["task_type"] = task_type
         fields: dict[str, Any] = {
-            "content": content, "kind": kind, "tenant": self.tenant, "scope": scope, "team_id": team,
+            "content": content,
+            "kind": kind,
+            "tenant": self.tenant,
+            "scope": scope,
+            "team_id": team,
             "agent_id": self.text(entry, "agent", where, False),
             "task_id": self.text(entry, "task", where, False),
-            "tags": tags, "confidence": entry.get("confidence", 1.0), "tier": Tier.LONG_TERM,
+            "tags": tags,
+            "confidence": entry.get("confidence", 1.0),
+            "tier": Tier.LONG_TERM,
             "metadata": metadata,
         }
         if scope not in (None, *(s.value for s in Scope)):
@@ -232,7 +248,7 @@ def _load(path: Path, text: str) -> Any:
     raise ValidationError(f"{path}:1: file", f"has suffix {suffix!r}", "name it .yaml, .yml or .json")
 
 
-def import_seed(h: Harness, path: str | Path) -> SeedReport:
+def import_seed(h: SeedHost, path: str | Path) -> SeedReport:
     """Validate ``path`` and import it in one atomic batch (see the module docstring)."""
     memories, n_memories, n_rules = parse(path, tenant=h.tenant)
     now = h.now()

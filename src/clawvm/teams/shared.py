@@ -47,7 +47,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from clawvm.core.embed import count_tokens
 from clawvm.core.errors import AccessDeniedError, ConflictError, ValidationError
@@ -66,10 +66,35 @@ from clawvm.core.model import (
     normalize_content,
     revalidate,
 )
-from clawvm.store import Event, Store
+from clawvm.store import Event
+from clawvm.store.base import StoreReader
+from clawvm.vm.tiers import Pager
+from clawvm.write.commit import Host
 
-if TYPE_CHECKING:
-    from clawvm.harness import Harness
+
+class TeamHost(Host, Protocol):
+    """What team operations need of the harness besides reading and the write path: the pager's value
+    formula, the content limit, and its own record/update (which apply the grant checks)."""
+
+    @property
+    def pager(self) -> Pager: ...
+
+    @property
+    def max_content_bytes(self) -> int: ...
+
+    def record(self, content: Any, **fields: Any) -> Memory: ...
+
+    def update(
+        self,
+        memory_id: str,
+        *,
+        expected_version: int | None = None,
+        as_agent: str | None = None,
+        **changes: Any,
+    ) -> Memory: ...
+
+    def notify_embedder(self) -> None: ...
+
 
 #: Confidence under which a memory enters the review queue (and is down-weighted until approved).
 REVIEW_BELOW = 0.5
@@ -106,7 +131,7 @@ def _grant_id(tenant: str, team_id: str, agent_id: str) -> str:
     return str(uuid.uuid5(_NAMESPACE, f"grant\x00{tenant}\x00{team_id}\x00{agent_id}"))
 
 
-def grant(h: Harness, team_id: str, agent_id: str, *, read: bool = True, write: bool = False) -> Grant:
+def grant(h: TeamHost, team_id: str, agent_id: str, *, read: bool = True, write: bool = False) -> Grant:
     """Set ``agent_id``'s permissions on ``team_id`` (replacing earlier ones; both False revokes)."""
     for name, v in (("team_id", team_id), ("agent_id", agent_id)):
         if not isinstance(v, str) or not v.strip():
@@ -119,15 +144,22 @@ def grant(h: Harness, team_id: str, agent_id: str, *, read: bool = True, write: 
     for _ in range(20):
         current = h.store.get_many([gid]).get(gid)
         fields: dict[str, Any] = {
-            "id": gid, "content": f"grant {agent_id} on team {team_id}: read={g.read} write={g.write}",
-            "kind": Kind.AGENT_STATE, "status": Status.INTERNAL, "tenant": h.tenant, "scope": Scope.PRIVATE,
+            "id": gid,
+            "content": f"grant {agent_id} on team {team_id}: read={g.read} write={g.write}",
+            "kind": Kind.AGENT_STATE,
+            "status": Status.INTERNAL,
+            "tenant": h.tenant,
+            "scope": Scope.PRIVATE,
             "agent_id": _GRANT_OWNER,
-            "team_id": team_id, "tags": [GRANT_TAG], "tier": Tier.ARCHIVE, "metadata": {"grant": body},
+            "team_id": team_id,
+            "tags": [GRANT_TAG],
+            "tier": Tier.ARCHIVE,
+            "metadata": {"grant": body},
             "created_at": h.now() if current is None else current.created_at,
             "version": 1 if current is None else current.version + 1,
         }
         try:
-            h.store.write(
+            h.writer.write(
                 [build_memory(fields)],
                 None,
                 [Event(kind="grant", memory_id=gid, tenant=h.tenant, at=h.now(), data=body)],
@@ -138,7 +170,7 @@ def grant(h: Harness, team_id: str, agent_id: str, *, read: bool = True, write: 
     raise ConflictError(gid, None, None)
 
 
-def grants(h: Harness, team_id: str | None = None) -> list[Grant]:
+def grants(h: TeamHost, team_id: str | None = None) -> list[Grant]:
     """Every grant of this tenant (of one team, if given)."""
     f = Filters.of(
         tenant=h.tenant, tags=[GRANT_TAG], kind=Kind.AGENT_STATE, status=Status.INTERNAL, team_id=team_id
@@ -150,17 +182,17 @@ def grants(h: Harness, team_id: str | None = None) -> list[Grant]:
     return sorted(out, key=lambda g: (g.team_id, g.agent_id))
 
 
-def _agent_grants(h: Harness, agent_id: str) -> list[Grant]:
+def _agent_grants(h: TeamHost, agent_id: str) -> list[Grant]:
     return [g for g in grants(h) if g.agent_id == agent_id]
 
 
-def visibility(h: Harness, agent_id: str, tasks: Iterable[str] = ()) -> Visibility:
+def visibility(h: TeamHost, agent_id: str, tasks: Iterable[str] = ()) -> Visibility:
     """What ``agent_id`` may read, working on ``tasks``: pass it as ``visible_to=`` to any query."""
     readable = frozenset(g.team_id for g in _agent_grants(h, agent_id) if g.read)
     return Visibility(agent_id, readable, frozenset(t for t in tasks if t))
 
 
-def can_write(h: Harness, agent_id: str, team_id: str) -> bool:
+def can_write(h: TeamHost, agent_id: str, team_id: str) -> bool:
     # every team write asks this: read the one grant record by its id instead of listing them all
     gid = _grant_id(h.tenant, team_id, agent_id)
     stored = h.store.get_many([gid]).get(gid)
@@ -177,7 +209,7 @@ def check_scope(memory: Memory) -> None:
         raise ValidationError(name, f"is missing for a {memory.scope.value} memory", f"pass {name}=...")
 
 
-def check_write(h: Harness, memory: Memory, agent_id: str | None = None) -> None:
+def check_write(h: TeamHost, memory: Memory, agent_id: str | None = None) -> None:
     """Raise :class:`AccessDeniedError` unless ``agent_id`` (default: the memory's own agent) may write
     ``memory``. Writes without an agent, or by :data:`APPLICATION`, are the application's own (seeds,
     fusion, moderation) and allowed. INTERNAL memories are written by this module only."""
@@ -206,7 +238,7 @@ def check_write(h: Harness, memory: Memory, agent_id: str | None = None) -> None
         )
 
 
-def check_update(h: Harness, before: Memory, after: Memory, agent_id: str | None = None) -> None:
+def check_update(h: TeamHost, before: Memory, after: Memory, agent_id: str | None = None) -> None:
     """An update may go ahead: its writer may write ``before`` and ``after`` (see the module's rule)."""
     if before.status is Status.INTERNAL:
         raise ValidationError(
@@ -217,7 +249,7 @@ def check_update(h: Harness, before: Memory, after: Memory, agent_id: str | None
 
 
 def record(
-    h: Harness,
+    h: TeamHost,
     content: Any,
     *,
     agent_id: str,
@@ -243,8 +275,15 @@ def record(
     if subject:
         metadata["subject"] = subject
     return h.record(
-        content, kind=kind, agent_id=agent_id, team_id=team_id, task_id=task_id, scope=scope, tags=tags,
-        metadata=metadata, **fields,
+        content,
+        kind=kind,
+        agent_id=agent_id,
+        team_id=team_id,
+        task_id=task_id,
+        scope=scope,
+        tags=tags,
+        metadata=metadata,
+        **fields,
     )
 
 
@@ -257,12 +296,12 @@ def successor(m: Memory) -> str | None:
 
 # Per store: memory id -> the newest revision of its chain seen so far. Only a shortcut: the walk always
 # goes on forward from there, so a stale entry costs a few hops, never a wrong answer.
-_HEADS: weakref.WeakKeyDictionary[Store, dict[str, str]] = weakref.WeakKeyDictionary()
+_HEADS: weakref.WeakKeyDictionary[StoreReader, dict[str, str]] = weakref.WeakKeyDictionary()
 _HEADS_LOCK = threading.Lock()
 _HEADS_SIZE = 100_000
 
 
-def latest(h: Harness, memory_id: str) -> Memory:
+def latest(h: TeamHost, memory_id: str) -> Memory:
     """The current head of ``memory_id``'s revision chain (itself if it was never revised)."""
     with _HEADS_LOCK:
         heads = _HEADS.setdefault(h.store, {})
@@ -300,7 +339,7 @@ def previous(m: Memory) -> str | None:
     return next((link.target for link in m.links if link.type is LinkType.REVISES), None)
 
 
-def history(h: Harness, memory_id: str) -> list[Memory]:
+def history(h: TeamHost, memory_id: str) -> list[Memory]:
     """Every revision of ``memory_id``'s chain, oldest first (the last one is the head)."""
     chain = [latest(h, memory_id)]
     seen = {chain[0].id}
@@ -315,7 +354,7 @@ def history(h: Harness, memory_id: str) -> list[Memory]:
 
 
 def build_revision(
-    h: Harness, current: Memory, changes: Mapping[str, Any], extra_links: Iterable[Link] = ()
+    h: TeamHost, current: Memory, changes: Mapping[str, Any], extra_links: Iterable[Link] = ()
 ) -> tuple[Memory, Memory]:
     """(``current`` marked OBSOLETE at its next version, the new revision) — nothing written yet."""
     bad = _IMMUTABLE_IN_REVISION.intersection(changes)
@@ -332,7 +371,9 @@ def build_revision(
         metadata.pop(key, None)
     info = current.metadata.get("revision", {})
     metadata["revision"] = {
-        "root": info.get("root", current.id), "number": int(info.get("number", 1)) + 1, "previous": current.id
+        "root": info.get("root", current.id),
+        "number": int(info.get("number", 1)) + 1,
+        "previous": current.id,
     }
     links = [link for link in changes.pop("links", current.links) if link.type is not LinkType.REVISES]
     links = [*links, Link(type=LinkType.REVISES, target=current.id), *extra_links]
@@ -354,7 +395,7 @@ def build_revision(
 
 
 def revise(
-    h: Harness,
+    h: TeamHost,
     memory_id: str,
     *,
     agent_id: str | None = None,
@@ -375,22 +416,27 @@ def revise(
     return _append_revision(h, current, agent_id, changes)
 
 
-def _append_revision(h: Harness, current: Memory, agent_id: str | None, changes: Mapping[str, Any]) -> Memory:
+def _append_revision(
+    h: TeamHost, current: Memory, agent_id: str | None, changes: Mapping[str, Any]
+) -> Memory:
     """Write a revision of ``current`` as read (the write is compare-and-set on its version)."""
     if current.status is Status.OBSOLETE:
         raise ConflictError(current.id, current.version, current.version)
     old, new = build_revision(h, current, changes)
     event = Event(
-        kind="revise", memory_id=new.id, tenant=new.tenant, at=h.now(),
+        kind="revise",
+        memory_id=new.id,
+        tenant=new.tenant,
+        at=h.now(),
         data={"revises": old.id, "number": new.metadata["revision"]["number"], "agent_id": agent_id},
     )
-    h.store.write([old, new], None, [event])  # compare-and-set on old: one revision per head
+    written = h.writer.write([old, new], None, [event])  # compare-and-set on old: one revision per head
     h.notify_embedder()
-    return new
+    return written[1]
 
 
 def revise_with_retry(
-    h: Harness,
+    h: TeamHost,
     memory_id: str,
     change: Callable[[Memory], Mapping[str, Any]],
     *,
@@ -425,7 +471,7 @@ class RetentionPolicy:
     kinds: tuple[Kind, ...] = TEAM_KINDS
 
 
-def apply_retention(h: Harness, policy: RetentionPolicy, *, team_id: str | None = None) -> list[Memory]:
+def apply_retention(h: TeamHost, policy: RetentionPolicy, *, team_id: str | None = None) -> list[Memory]:
     """Archive what ``policy`` says is past keeping; returns the archived memories."""
     now = h.now()
     f = Filters.of(tenant=h.tenant, status=Status.ACTIVE, kind=list(policy.kinds), team_id=team_id)
@@ -442,8 +488,8 @@ def apply_retention(h: Harness, policy: RetentionPolicy, *, team_id: str | None 
         if reason is None:
             continue
         moved = h.pager.mutate(m, lambda _m: {"status": Status.ARCHIVED, "tier": Tier.ARCHIVE}, now)
-        h.store.append_event(
-            Event(kind="retention", memory_id=m.id, tenant=m.tenant, at=now, data={"reason": reason})
+        h.writer.log(
+            [Event(kind="retention", memory_id=m.id, tenant=m.tenant, at=now, data={"reason": reason})]
         )
         archived.append(moved)
     return archived
@@ -461,7 +507,7 @@ def adoption_rate(m: Memory) -> float | None:
     return None if adopted + rejected == 0 else adopted / (adopted + rejected)
 
 
-def feedback(h: Harness, memory_id: str, adopted: bool) -> Memory:
+def feedback(h: TeamHost, memory_id: str, adopted: bool) -> Memory:
     """An agent adopted (or ignored) a piece of guidance: count it and update usage and value.
 
     Adopted: usage ``injected`` +1, ``cited`` +1, ``feedback`` +1; not adopted: ``injected`` +1,
@@ -486,8 +532,7 @@ def feedback(h: Harness, memory_id: str, adopted: bool) -> Memory:
             kind="feedback", memory_id=head.id, tenant=head.tenant, at=h.now(), data={"adopted": adopted}
         )
         try:
-            h.store.write([changed], None, [event])
-            return changed
+            return h.writer.write([changed], None, [event])[0]
         except ConflictError:
             continue
     raise ConflictError(memory_id, None, None)
@@ -517,7 +562,7 @@ def trust(m: Memory, below: float = REVIEW_BELOW) -> float:
 
 
 def review_queue(
-    h: Harness, *, below: float = REVIEW_BELOW, team_id: str | None = None, agent_id: str | None = None
+    h: TeamHost, *, below: float = REVIEW_BELOW, team_id: str | None = None, agent_id: str | None = None
 ) -> list[Memory]:
     """Active memories awaiting review (low confidence, flagged, or open conflicts), least trusted first.
     With ``agent_id``, only what that agent may read."""
@@ -529,21 +574,22 @@ def review_queue(
 
 
 def _set_review(
-    h: Harness, m: Memory, state: str, by: str | None, reason: str | None, **changes: Any
+    h: TeamHost, m: Memory, state: str, by: str | None, reason: str | None, **changes: Any
 ) -> Memory:
     """Record a review on ``m`` (the head of its chain, as read: the update is compare-and-set)."""
     review = {"status": state, "by": by, "at": h.now().isoformat(), "reason": reason}
     updated = h.update(
-        m.id, expected_version=m.version, as_agent=APPLICATION, metadata={**m.metadata, "review": review},
+        m.id,
+        expected_version=m.version,
+        as_agent=APPLICATION,
+        metadata={**m.metadata, "review": review},
         **changes,
     )
-    h.store.append_event(
-        Event(kind=f"review.{state}", memory_id=m.id, tenant=m.tenant, at=h.now(), data=review)
-    )
+    h.writer.log([Event(kind=f"review.{state}", memory_id=m.id, tenant=m.tenant, at=h.now(), data=review)])
     return updated
 
 
-def approve(h: Harness, memory_id: str, *, by: str | None = None, reason: str | None = None) -> Memory:
+def approve(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str | None = None) -> Memory:
     """Approve a memory (guidance stops down-weighting it). Approving an open conflict note closes it as
     "not a conflict": both sides are kept."""
     m = latest(h, memory_id)
@@ -552,7 +598,7 @@ def approve(h: Harness, memory_id: str, *, by: str | None = None, reason: str | 
     return _set_review(h, m, "approved", by, reason)
 
 
-def reject(h: Harness, memory_id: str, *, by: str | None = None, reason: str | None = None) -> Memory:
+def reject(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str | None = None) -> Memory:
     """Reject a memory: it becomes OBSOLETE (kept for history, never recalled) and any open conflict it
     is a side of is closed."""
     m = latest(h, memory_id)
@@ -564,7 +610,7 @@ def reject(h: Harness, memory_id: str, *, by: str | None = None, reason: str | N
     return rejected
 
 
-def resolve_conflict(h: Harness, conflict_id: str, *, keep: str, by: str | None = None) -> Memory:
+def resolve_conflict(h: TeamHost, conflict_id: str, *, keep: str, by: str | None = None) -> Memory:
     """Keep one side of a conflict (approved) and reject the others; returns the kept memory."""
     note = h.store.get(conflict_id)
     sides = list(note.metadata.get("conflict", {}).get("ids", []))
@@ -579,7 +625,7 @@ def resolve_conflict(h: Harness, conflict_id: str, *, keep: str, by: str | None 
 
 
 def open_conflicts(
-    h: Harness, *, involving: str | None = None, visible_to: Visibility | None = None
+    h: TeamHost, *, involving: str | None = None, visible_to: Visibility | None = None
 ) -> list[Memory]:
     f = Filters.of(
         tenant=h.tenant, status=Status.ACTIVE, kind=Kind.NOTE, tags=[CONFLICT_TAG], visible_to=visible_to
@@ -590,7 +636,7 @@ def open_conflicts(
     return notes
 
 
-def _close_conflict(h: Harness, note: Memory, state: str, by: str | None, reason: str) -> Memory:
+def _close_conflict(h: TeamHost, note: Memory, state: str, by: str | None, reason: str) -> Memory:
     return _set_review(h, note, state, by, reason, status=Status.ARCHIVED)
 
 
@@ -599,4 +645,3 @@ def partition_key(m: Memory) -> tuple[str | None, ...]:
     owner = m.agent_id if m.scope is Scope.PRIVATE else None
     task = m.task_id if m.scope is Scope.TASK else None
     return (m.tenant, m.scope.value if m.scope else None, m.team_id, task, owner)
-

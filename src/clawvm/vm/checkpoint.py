@@ -15,8 +15,10 @@ from datetime import datetime
 
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import Filters, Kind, Memory, Status, Tier, Usage, build_memory, canonical_json
-from clawvm.store import Event, Store
+from clawvm.store import Event
+from clawvm.store.base import StoreReader
 from clawvm.vm.tiers import Pager
+from clawvm.write.commit import Writer
 
 TAG = "checkpoint"
 
@@ -28,12 +30,14 @@ class RollbackReport:
     obsoleted: list[str]  # memories created after the checkpoint
 
 
-def session_memories(store: Store, tenant: str, session_id: str) -> list[Memory]:
+def session_memories(store: StoreReader, tenant: str, session_id: str) -> list[Memory]:
     everything = store.list(Filters.of(tenant=tenant, session_id=session_id), limit=10**9)
     return [m for m in everything if TAG not in m.tags or m.kind is not Kind.AGENT_STATE]
 
 
-def take(store: Store, tenant: str, session_id: str, name: str, now: datetime) -> Memory:
+def take(
+    store: StoreReader, writer: Writer, tenant: str, session_id: str, name: str, now: datetime
+) -> Memory:
     state = {
         m.id: {
             "tier": m.tier.value,
@@ -63,20 +67,17 @@ def take(store: Store, tenant: str, session_id: str, name: str, now: datetime) -
             "metadata": {"checkpoint": name, "memories": len(state)},
         }
     )
-    store.put(snapshot)
-    store.append_event(
-        Event(
-            kind="checkpoint",
-            memory_id=snapshot.id,
-            tenant=tenant,
-            at=now,
-            data={"name": name, "session_id": session_id, "memories": len(state)},
-        )
+    event = Event(
+        kind="checkpoint",
+        memory_id=snapshot.id,
+        tenant=tenant,
+        at=now,
+        data={"name": name, "session_id": session_id, "memories": len(state)},
     )
-    return snapshot
+    return writer.write([snapshot], None, [event])[0]
 
 
-def rollback(store: Store, pager: Pager, checkpoint_id: str, now: datetime) -> RollbackReport:
+def rollback(store: StoreReader, pager: Pager, checkpoint_id: str, now: datetime) -> RollbackReport:
     snap = store.get(checkpoint_id)
     if TAG not in snap.tags or snap.kind is not Kind.AGENT_STATE:
         raise ValidationError(
@@ -107,14 +108,16 @@ def rollback(store: Store, pager: Pager, checkpoint_id: str, now: datetime) -> R
         if any(getattr(m, k) != v for k, v in target.items()):
             pager.mutate(m, lambda _m, t=target: dict(t), now)  # type: ignore[misc]
             restored.append(m.id)
-    store.append_event(
-        Event(
-            kind="rollback",
-            memory_id=snap.id,
-            tenant=snap.tenant,
-            at=now,
-            data={"name": data["name"], "restored": restored, "obsoleted": obsoleted},
-        )
+    pager.writer.log(
+        [
+            Event(
+                kind="rollback",
+                memory_id=snap.id,
+                tenant=snap.tenant,
+                at=now,
+                data={"name": data["name"], "restored": restored, "obsoleted": obsoleted},
+            )
+        ]
     )
     return RollbackReport(snap.id, restored, obsoleted)
 

@@ -20,7 +20,9 @@ from clawvm.core.embed import count_tokens
 from clawvm.core.errors import ClawVMError
 from clawvm.core.model import JSON, Link, LinkType, Memory, Status, Tier, build_memory, revalidate
 from clawvm.core.openai_http import FAILURES, ChatEndpoint
-from clawvm.store import Event, Store
+from clawvm.store import Event
+from clawvm.store.base import StoreReader
+from clawvm.write.commit import Writer
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 _NUMBER = re.compile(r"\d")
@@ -125,7 +127,12 @@ def is_compressible(memory: Memory) -> bool:
 
 
 def compress_memory(
-    store: Store, memory: Memory, summarizer: Summarizer, now: datetime, ratio: float = 0.4, reason: str = ""
+    writer: Writer,
+    memory: Memory,
+    summarizer: Summarizer,
+    now: datetime,
+    ratio: float = 0.4,
+    reason: str = "",
 ) -> Memory:
     """Replace ``memory``'s content by a summary; its raw text moves to an archived copy it points to.
 
@@ -166,26 +173,24 @@ def compress_memory(
             "metadata": {**memory.metadata, "compression": info},
         },
     )
-    store.put_many([raw, compressed])  # one transaction: never a summary without its raw
-    store.append_event(
-        Event(
-            kind="compress",
-            memory_id=memory.id,
-            tenant=memory.tenant,
-            at=now,
-            data={
-                "raw_id": raw.id,
-                "method": summarizer.name,
-                "tokens_before": memory.token_count,
-                "tokens_after": compressed.token_count,
-                "reason": reason,
-            },
-        )
+    event = Event(
+        kind="compress",
+        memory_id=memory.id,
+        tenant=memory.tenant,
+        at=now,
+        data={
+            "raw_id": raw.id,
+            "method": summarizer.name,
+            "tokens_before": memory.token_count,
+            "tokens_after": compressed.token_count,
+            "reason": reason,
+        },
     )
-    return compressed
+    # one transaction: never a summary without its raw, nor either without the event
+    return writer.write([raw, compressed], None, [event])[1]
 
 
-def decompress_memory(store: Store, memory: Memory, now: datetime) -> Memory:
+def decompress_memory(store: StoreReader, writer: Writer, memory: Memory, now: datetime) -> Memory:
     """Bring back the raw text of a compressed memory (the archived raw copy is kept for history)."""
     info = memory.metadata.get("compression")
     if not info:
@@ -203,14 +208,13 @@ def decompress_memory(store: Store, memory: Memory, now: datetime) -> Memory:
             "links": [link for link in memory.links if link.target != raw.id],
         },
     )
-    store.put(restored)
-    store.append_event(
-        Event(kind="decompress", memory_id=memory.id, tenant=memory.tenant, at=now, data={"raw_id": raw.id})
+    event = Event(
+        kind="decompress", memory_id=memory.id, tenant=memory.tenant, at=now, data={"raw_id": raw.id}
     )
-    return restored
+    return writer.write([restored], None, [event])[0]
 
 
-def referenced_raw(store: Store, memory: Memory) -> list[str]:
+def referenced_raw(store: StoreReader, memory: Memory) -> list[str]:
     """Ids of compressed memories that still point at ``memory`` as their raw content."""
     owner = memory.metadata.get("raw_of")
     if not owner:

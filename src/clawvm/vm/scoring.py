@@ -153,8 +153,12 @@ def _signals_present(text: str) -> tuple[str, ...]:
 
 _CHECKS: tuple[tuple[str, re.Pattern[str], tuple[str, ...] | None, str], ...] = (
     ("error", _ERROR, ("error", "exception", "traceback", "fail", "timeout", "timed out"), "lower"),
-    ("conclusion", _CONCLUSION, ("conclusion", "final answer", "in summary", "decided", "resolved",
-                                 "root cause", "fixed"), "lower"),
+    (
+        "conclusion",
+        _CONCLUSION,
+        ("conclusion", "final answer", "in summary", "decided", "resolved", "root cause", "fixed"),
+        "lower",
+    ),
     ("numbers", _NUMBER, None, "text"),
     ("code", _CODE, ("```", "def ", "class", "SELECT", "{", "}", ";", "=>", "return"), "text"),
     ("entities", _ENTITY, None, "text"),

@@ -32,9 +32,11 @@ from typing import Any
 
 from clawvm.core.errors import ConflictError, ValidationError
 from clawvm.core.model import Filters, Memory, Status, Tier, as_utc, revalidate
-from clawvm.store import Event, Store
+from clawvm.store import Event
+from clawvm.store.base import StoreReader
 from clawvm.vm.compress import SummarizerError
 from clawvm.vm.scoring import DEFAULT_SCORING, ScoringConfig, value
+from clawvm.write.commit import Writer
 
 ORDER = (Tier.WORKING, Tier.SHORT_TERM, Tier.LONG_TERM, Tier.ARCHIVE)
 
@@ -93,11 +95,13 @@ class Pager:
 
     def __init__(
         self,
-        store: Store,
+        store: StoreReader,
+        writer: Writer,
         config: PagerConfig | None = None,
         compress: Callable[[Memory, str], Memory] | None = None,
     ) -> None:
         self.store = store
+        self.writer = writer  # every move is a write of the one commit path
         self.config = config or PagerConfig()
         self._compress = compress  # set by the harness: compresses a memory on its way to archive
 
@@ -111,8 +115,7 @@ class Pager:
             changed = revalidate(memory, {**change(memory), "version": memory.version + 1})
             changed = revalidate(changed, {"value": value(changed, now, self.config.scoring)})
             try:
-                self.store.put(changed)
-                return changed
+                return self.writer.write([changed])[0]
             except ConflictError:
                 memory = self.store.get(memory.id)
         raise ConflictError(memory.id, memory.version, None)
@@ -126,19 +129,21 @@ class Pager:
             if to is Tier.ARCHIVE
             else ("promote" if ORDER.index(to) < ORDER.index(before_tier) else "demote")
         )
-        self.store.append_event(_move_event(kind, memory, to, before, moved.value, reason, now, before_tier))
+        self.writer.log([_move_event(kind, memory, to, before, moved.value, reason, now, before_tier)])
         if to is Tier.ARCHIVE and self._compress is not None:
             try:
                 moved = self._compress(moved, reason)
             except SummarizerError as exc:  # a policy move must not fail the caller: stay uncompressed
-                self.store.append_event(
-                    Event(
-                        kind="compress_error",
-                        memory_id=memory.id,
-                        tenant=memory.tenant,
-                        at=now,
-                        data={"error": str(exc), "reason": reason},
-                    )
+                self.writer.log(
+                    [
+                        Event(
+                            kind="compress_error",
+                            memory_id=memory.id,
+                            tenant=memory.tenant,
+                            at=now,
+                            data={"error": str(exc), "reason": reason},
+                        )
+                    ]
                 )
         return moved
 
@@ -254,10 +259,9 @@ class Pager:
             return []
         changed, events = self._demotions(memories, to, reason, now)
         try:
-            self.store.write(changed, None, events)
+            return self.writer.write(changed, None, events)
         except ConflictError:
             return [self.move(self.store.get(m.id), to, reason, now) for m in memories]
-        return changed
 
     def page_out_idle(self, tenant: str, session_id: str, now: datetime) -> list[Memory]:
         """A session nobody touched for ``session_idle_hours`` gives its working tier back (pins stay)."""
@@ -269,9 +273,7 @@ class Pager:
             return []
         return [self.move(m, Tier.SHORT_TERM, "session idle", now) for m in members if not m.pinned]
 
-    def warm(
-        self, memories: Sequence[Memory], now: datetime, events: Sequence[Event] = ()
-    ) -> list[Memory]:
+    def warm(self, memories: Sequence[Memory], now: datetime, events: Sequence[Event] = ()) -> list[Memory]:
         """Access bookkeeping for recalled memories; promotes the valuable ones back to working.
 
         One write for all of them (with ``events``, e.g. the recall's own); when one changed since it was
@@ -289,20 +291,29 @@ class Pager:
             )
             touched = touched.model_copy(update={"value": value(touched, now, self.config.scoring)})
             if self._promotable(touched):
-                moves.append(_move_event("promote", touched, Tier.WORKING, touched.value, touched.value,
-                                         "warmed by retrieval", now))
+                moves.append(
+                    _move_event(
+                        "promote",
+                        touched,
+                        Tier.WORKING,
+                        touched.value,
+                        touched.value,
+                        "warmed by retrieval",
+                        now,
+                    )
+                )
                 touched = touched.model_copy(update={"tier": Tier.WORKING})
                 if touched.session_id is not None:
                     promoted.add((touched.tenant, touched.session_id))
             out.append(touched)
         if len({m.id for m in out}) == len(out):  # a write names each memory once
             try:
-                self.store.write(out, None, [*events, *moves])
-                return self._after_promotions(out, promoted, now)
+                written = self.writer.write(out, None, [*events, *moves])
+                return self._after_promotions(written, promoted, now)
             except ConflictError:
                 pass
         if events:
-            self.store.append_events(events)
+            self.writer.log(events)
         return self._warm_each(memories, now)
 
     def _promotable(self, m: Memory) -> bool:

@@ -98,6 +98,12 @@ class Redactor:
             return _unmarked
         return lambda m: m.model_copy(update={"metadata": {**m.metadata, REDACTION_FIELD: kept}})
 
+    @staticmethod
+    def replaced() -> Mark:
+        """For an update that replaces the content: the stored mark described the old text, so it goes (the
+        commit path marks the new text when it redacts something)."""
+        return _unmarked
+
     def scrub(self, text: str, tenant: str) -> str:
         """``text`` as the tenant's policy would store it (for what the event log keeps, e.g. queries)."""
         policy = self.policy_for(tenant)

@@ -1,0 +1,223 @@
+"""The one write path: every change to stored memories and every event goes through :class:`CommitPath`.
+
+Enforced here and nowhere else. A write of memories passes, in this order:
+
+1. **validation**: each is a :class:`Memory` (built and validated by :func:`clawvm.core.model.build_memory`
+   or :func:`~clawvm.core.model.revalidate`) of a known tenant, with a positive version, no id twice in a
+   batch, content within ``max_content_bytes``; vectors of the store's dimension;
+2. **redaction**: its content as the tenant's redaction policy stores it (token count recounted and the
+   value re-derived when the text changed);
+3. **encryption of originals**: when the policy keeps them, the original text sealed with the data key
+   into ``metadata["redaction"]`` (:mod:`clawvm.store.crypto`);
+4. **optimistic version check** and **store write**: the engine stores the batch only if every version is
+   one more than the stored one, with its vectors and its **events** in the same step (one transaction on
+   engines that have them), so a memory never changes without its event and never half a batch;
+5. **cache invalidation**: the listeners (:meth:`CommitPath.on_commit`) hear which memories changed.
+
+Events are redacted too: every string in an event's ``data`` is scrubbed with the tenant's policy, so the
+log holds no text the memories could not.
+
+Feature modules (teams, the pager, tool calls, learning ...) get the narrow :class:`Writer` protocol and a
+read-only store (:class:`clawvm.store.base.StoreReader`); only this module holds the store for writing.
+Store-level maintenance that must keep bytes exactly (``clawvm migrate``, data-key rotation) works below it.
+
+Redaction runs on every memory of every write, not only on new text: a caller cannot skip it by changing
+content in a bookkeeping write. What makes that cheap is :class:`_CleanTexts`, a bounded memo of texts
+already found clean (stored contents are, by construction), so a pager move of a known memory costs a
+dictionary lookup instead of the detectors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+import numpy as np
+
+from clawvm.core.embed import count_tokens
+from clawvm.core.errors import ValidationError
+from clawvm.core.model import DEFAULT_MAX_CONTENT_BYTES, JSON, Memory
+from clawvm.store.base import Event, Store, StoreReader
+from clawvm.write.redaction import Redactor
+
+#: Called after a commit with the memories it wrote (as stored) and the ids it deleted.
+Listener = Callable[[Sequence[Memory], Sequence[str]], None]
+#: Re-derives fields that depend on the content (the value score) after redaction changed the content.
+Rederive = Callable[[Memory], Memory]
+
+
+class Writer(Protocol):
+    """What a feature module may do to stored state: write memories (with their vectors and events),
+    delete them, or log events that accompany no memory. Implemented by :class:`CommitPath`."""
+
+    def write(
+        self, memories: Sequence[Memory], vectors: np.ndarray | None = None, events: Sequence[Event] = ()
+    ) -> list[Memory]: ...
+
+    def delete(self, memories: Sequence[Memory], events: Sequence[Event] = ()) -> int: ...
+
+    def log(self, events: Sequence[Event]) -> list[int]: ...
+
+
+class _CleanTexts:
+    """A bounded memo of (tenant, text digest) pairs whose text the tenant's policy leaves unchanged."""
+
+    def __init__(self, capacity: int) -> None:
+        self._seen: OrderedDict[tuple[str, bytes], None] = OrderedDict()
+        self._capacity = capacity
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(tenant: str, text: str) -> tuple[str, bytes]:
+        return tenant, hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+    def __contains__(self, item: tuple[str, str]) -> bool:
+        key = self._key(*item)
+        with self._lock:
+            if key in self._seen:
+                self._seen.move_to_end(key)
+                return True
+            return False
+
+    def add(self, tenant: str, text: str) -> None:
+        key = self._key(tenant, text)
+        with self._lock:
+            self._seen[key] = None
+            self._seen.move_to_end(key)
+            while len(self._seen) > self._capacity:
+                self._seen.popitem(last=False)
+
+
+class CommitPath:
+    """The one commit path over ``store`` (see the module docstring for what it applies, in order)."""
+
+    def __init__(
+        self,
+        store: Store,
+        redactor: Redactor,
+        *,
+        max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES,
+        memo_size: int = 65536,
+    ) -> None:
+        self._store = store
+        self.redactor = redactor
+        self.max_content_bytes = max_content_bytes
+        self._listeners: list[Listener] = []
+        self._rederive: Rederive | None = None
+        self._clean = _CleanTexts(memo_size)
+
+    def on_commit(self, listener: Listener) -> None:
+        """Call ``listener`` after every commit (caches that hold stored memories drop what changed)."""
+        self._listeners.append(listener)
+
+    def rederive_with(self, rederive: Rederive) -> None:
+        """Use ``rederive`` on a memory whose content redaction changed (the pager's value formula: the
+        value depends on the text, and the stored text is the redacted one)."""
+        self._rederive = rederive
+
+    # ---- the writes ---------------------------------------------------------------------------------
+    def write(
+        self, memories: Sequence[Memory], vectors: np.ndarray | None = None, events: Sequence[Event] = ()
+    ) -> list[Memory]:
+        """Store ``memories`` (new ones at any version, changed ones at stored version + 1), the vectors of
+        the first ones (``vectors``: one row each, in order) and ``events``, atomically. Returns the
+        memories as stored. :class:`clawvm.ConflictError` when a version moved on: nothing is written."""
+        self._validate(memories)
+        stored = [self._redacted(m) for m in memories]
+        self._store.write(stored, vectors, [self._scrubbed(e) for e in events])
+        self._notify(stored, ())
+        return stored
+
+    def delete(self, memories: Sequence[Memory], events: Sequence[Event] = ()) -> int:
+        """Delete ``memories`` for good (their vectors and links too), then log ``events``."""
+        deleted = self._store.delete_many([m.id for m in memories])
+        if events:
+            self._store.append_events([self._scrubbed(e) for e in events])
+        self._notify((), [m.id for m in memories])
+        return deleted
+
+    def log(self, events: Sequence[Event]) -> list[int]:
+        """Append events that accompany no memory write (a context build, a recall, a grant read ...)."""
+        return self._store.append_events([self._scrubbed(e) for e in events])
+
+    # ---- the steps ----------------------------------------------------------------------------------
+    def _validate(self, memories: Sequence[Memory]) -> None:
+        seen: set[str] = set()
+        for m in memories:
+            if not isinstance(m, Memory):
+                raise ValidationError("memories", f"holds a {type(m).__name__}", "pass Memory objects")
+            if m.id in seen:
+                raise ValidationError("id", f"{m.id} appears twice in one write", "write each memory once")
+            seen.add(m.id)
+            if not m.tenant:
+                raise ValidationError("tenant", "is empty", "name the tenant the memory belongs to")
+            if m.version < 1:
+                raise ValidationError("version", f"is {m.version}", "versions start at 1")
+            size = len(m.content.encode("utf-8", "surrogatepass"))
+            if size > self.max_content_bytes:
+                raise ValidationError(
+                    "content", f"has {size} bytes", f"keep it under {self.max_content_bytes} bytes"
+                )
+
+    def _redacted(self, memory: Memory) -> Memory:
+        """``memory`` as its tenant's policy stores it (unchanged when nothing is found)."""
+        tenant = memory.tenant
+        if self.redactor.policy_for(tenant) is None or (tenant, memory.content) in self._clean:
+            return memory
+        text, mark = self.redactor.on_write(memory.content, memory.content_type == JSON, tenant)
+        if text == memory.content:
+            self._clean.add(tenant, text)
+            return memory
+        redacted = mark(memory.model_copy(update={"content": text, "token_count": count_tokens(text)}))
+        if self._rederive is not None:
+            redacted = self._rederive(redacted)
+        self._clean.add(tenant, text)
+        return redacted
+
+    def _scrubbed(self, event: Event) -> Event:
+        if self.redactor.policy_for(event.tenant) is None or not event.data:
+            return event
+        data = self._scrub_value(event.data, event.tenant)
+        return (
+            event if data is event.data else Event(event.kind, event.memory_id, data, event.tenant, event.at)
+        )
+
+    def _scrub_value(self, value: Any, tenant: str) -> Any:
+        """``value`` with every string scrubbed; the same object when nothing changed (the common case)."""
+        if isinstance(value, str):
+            if len(value) < 6 or (tenant, value) in self._clean:  # nothing detectable fits in 5 characters
+                return value
+            scrubbed = self.redactor.scrub(value, tenant)
+            self._clean.add(tenant, scrubbed)
+            return scrubbed
+        if isinstance(value, dict):
+            items = {k: self._scrub_value(v, tenant) for k, v in value.items()}
+            return value if all(items[k] is value[k] for k in value) else items
+        if isinstance(value, list):
+            elements = [self._scrub_value(v, tenant) for v in value]
+            return value if all(a is b for a, b in zip(elements, value, strict=True)) else elements
+        return value
+
+    def _notify(self, written: Sequence[Memory], deleted: Sequence[str]) -> None:
+        for listener in self._listeners:
+            listener(written, deleted)
+
+
+class Host(Protocol):
+    """What every feature module sees of the harness serving it: its tenant, its clock, the store to read
+    and the one write path. Each module extends it with the few harness operations it needs."""
+
+    @property
+    def tenant(self) -> str: ...
+
+    @property
+    def store(self) -> StoreReader: ...
+
+    @property
+    def writer(self) -> Writer: ...
+
+    def now(self) -> datetime: ...
