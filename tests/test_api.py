@@ -8,6 +8,16 @@ from importlib import resources
 import clawvm
 
 PUBLIC = [
+    # the config types users pass to Harness.open, context() and tool_reliability()
+    "Context",
+    "ExtractiveSummarizer",
+    "LLMSummarizer",
+    "PagerConfig",
+    "Quotas",
+    "ReliabilityPolicy",
+    "ScoringConfig",
+    "Summarizer",
+    "TierBudgets",
     "PRESETS",
     "AccessDeniedError",
     "AgentWithMemory",

@@ -20,6 +20,8 @@ from clawvm.core.embed import count_tokens
 from clawvm.core.model import build_memory
 from clawvm.store import MemoryStore
 from clawvm.vm.tiers import ORDER, Pager, PagerConfig, TierBudgets, value_per_token
+from clawvm.write.commit import CommitPath
+from clawvm.write.redaction import Redactor
 
 BUDGETS = TierBudgets(working_tokens=120, working_items=5, short_term_items=6, long_term_items=8)
 CFG = PagerConfig(budgets=BUDGETS)
@@ -277,7 +279,7 @@ def test_demotion_takes_the_lowest_value_per_token_first(
     store = MemoryStore()
     store.setup()
     budgets = TierBudgets(working_items=max_items, working_tokens=max_tokens)
-    pager = Pager(store, PagerConfig(budgets=budgets))
+    pager = Pager(store, CommitPath(store, Redactor()), PagerConfig(budgets=budgets))
     pinned_tokens = 0
     ms: list[Memory] = []
     for kind, words, age, accesses, pinned in specs:

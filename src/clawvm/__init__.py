@@ -1,6 +1,7 @@
 """ClawVM: harness-managed memory for LLM agents."""
 
 from clawvm.agents.agent import AgentWithMemory
+from clawvm.agents.reliability import ReliabilityPolicy
 from clawvm.core.embed import Embedder, MiniLMEmbedder, OpenAIEmbedder
 from clawvm.core.errors import (
     AccessDeniedError,
@@ -25,6 +26,10 @@ from clawvm.core.version import __version__ as __version__
 from clawvm.harness import Harness
 from clawvm.recall.retrieval import PRESETS, RecallConfig, Recalled
 from clawvm.store.crypto import DataKey, DataKeys
+from clawvm.vm.compress import ExtractiveSummarizer, LLMSummarizer, Summarizer
+from clawvm.vm.context import Context, Quotas
+from clawvm.vm.scoring import ScoringConfig
+from clawvm.vm.tiers import PagerConfig, TierBudgets
 
 __all__ = [
     "PRESETS",
@@ -34,34 +39,43 @@ __all__ = [
     "ClawVMError",
     "ConfigError",
     "ConflictError",
+    "Context",
     "Cost",
     "CryptoError",
     "DataKey",
     "DataKeys",
     "Embedder",
     "EmbedderError",
+    "ExtractiveSummarizer",
     "Filters",
     "Harness",
     "InvalidToolResultError",
     "Kind",
+    "LLMSummarizer",
     "Link",
     "LinkType",
     "Memory",
     "MiniLMEmbedder",
     "NotFoundError",
     "OpenAIEmbedder",
+    "PagerConfig",
+    "Quotas",
     "RateLimitError",
     "RecallConfig",
     "Recalled",
     "Redaction",
     "RedactionPolicy",
+    "ReliabilityPolicy",
     "SchemaError",
     "Scope",
+    "ScoringConfig",
     "State",
     "Status",
     "StoreError",
+    "Summarizer",
     "TamperedError",
     "Tier",
+    "TierBudgets",
     "ValidationError",
     "WrongKeyError",
     "redact",

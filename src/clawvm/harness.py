@@ -43,6 +43,7 @@ from clawvm.recall.retrieval import RecallConfig, Recalled, dense_text, preset, 
 from clawvm.store import Event, Query, Store, store_from_url
 from clawvm.store.base import check_vectors
 from clawvm.store.crypto import DataKeys
+from clawvm.store.kinds import EventKind
 from clawvm.teams import shared as teams
 from clawvm.teams.guidance import Guidance, build_guidance
 from clawvm.vm import checkpoint as checkpoints
@@ -206,7 +207,9 @@ class Harness:
         )
         teams.check_write(self, memory)  # a team memory needs its agent's write grant
         memory = memory.model_copy(update={"value": self.pager.value_now(memory, self.now())})
-        added = self._make_event("add", memory, {"kind": memory.kind.value, "tier": memory.tier.value})
+        added = self._make_event(
+            EventKind.ADD, memory, {"kind": memory.kind.value, "tier": memory.tier.value}
+        )
         memory = self._admit(memory, None if vector is None else vector[None, :], added)
         if vector is None and self._worker is not None:
             self._worker.notify()
@@ -255,7 +258,9 @@ class Harness:
         if updated.pinned and updated.token_count > current.token_count:
             self.pager.check_pin(updated)
         updated = updated.model_copy(update={"value": self.pager.value_now(updated, self.now())})
-        event = self._make_event("update", updated, {"fields": sorted(changes), "version": updated.version})
+        event = self._make_event(
+            EventKind.UPDATE, updated, {"fields": sorted(changes), "version": updated.version}
+        )
         updated = self.writer.write([updated], None, [event])[0]
         if "content" in changes and self._worker is not None:
             self._worker.notify()
@@ -273,7 +278,7 @@ class Harness:
                 "decompress or forget that memory first",
             )
         if not self.writer.delete(
-            [memory], [self._make_event("forget", memory, {"kind": memory.kind.value})]
+            [memory], [self._make_event(EventKind.FORGET, memory, {"kind": memory.kind.value})]
         ):
             raise NotFoundError("memory", memory_id)
 
@@ -291,7 +296,9 @@ class Harness:
             if m.id not in existing
         ]
         if fresh:
-            events = [Event(kind="import", memory_id=m.id, tenant=m.tenant, at=self.now()) for m in fresh]
+            events = [
+                Event(kind=EventKind.IMPORT, memory_id=m.id, tenant=m.tenant, at=self.now()) for m in fresh
+            ]
             self.writer.write(fresh, None, events)  # redacted like every write, whatever the file held
             if self._worker is not None:
                 self._worker.notify()
@@ -315,7 +322,7 @@ class Harness:
         if memory.tenant != self.tenant:  # as if it did not exist, like another tenant's id on the server
             raise NotFoundError("memory", memory_id)
         original = self.redactor.reveal(memory)
-        self._event("reveal", memory, {})
+        self._event(EventKind.REVEAL, memory, {})
         return original
 
     def recall(
@@ -410,7 +417,7 @@ class Harness:
     def unpin(self, memory_id: str) -> Memory:
         memory = self.store.get(memory_id)
         unpinned = self.pager.mutate(memory, lambda _m: {"pinned": False}, self.now())
-        self._after_move(unpinned, "unpin", {})
+        self._after_move(unpinned, EventKind.UNPIN, {})
         return unpinned
 
     def rate(self, memory_id: str, delta: int) -> Memory:
@@ -423,7 +430,7 @@ class Harness:
             lambda m: {"usage": m.usage.model_copy(update={"feedback": m.usage.feedback + delta})},
             self.now(),
         )
-        self._event("feedback", rated, {"delta": delta, "value": rated.value})
+        self._event(EventKind.FEEDBACK, rated, {"delta": delta, "value": rated.value})
         return rated
 
     def tick(self) -> dict[str, int]:
@@ -439,7 +446,7 @@ class Harness:
             if abs(fresh - m.value) > 0.01:
                 self.pager.mutate(m, lambda _m: {}, now)
                 data = {"value_before": round(m.value, 4), "value_after": round(fresh, 4)}
-                refreshed.append(self._make_event("refresh", m, data))
+                refreshed.append(self._make_event(EventKind.REFRESH, m, data))
         if refreshed:  # one batch: value drift over time is what MemLens's heatmap shows
             self.writer.log(refreshed)
         moved = sum(len(self.pager.page_out_idle(self.tenant, s, now)) for s in sorted(sessions))
@@ -468,7 +475,7 @@ class Harness:
         self.writer.log(
             [
                 Event(
-                    kind="preload",
+                    kind=EventKind.PRELOAD,
                     tenant=self.tenant,
                     at=now,
                     data={"session_id": session_id, "task": task, "ids": [m.id for m in loaded]},
@@ -532,7 +539,7 @@ class Harness:
             self.writer.log(
                 [
                     Event(
-                        kind="prefetch_error",
+                        kind=EventKind.PREFETCH_ERROR,
                         memory_id=memory.id,
                         tenant=memory.tenant,
                         data={"error": repr(exc)},
@@ -603,7 +610,7 @@ class Harness:
         now = self.now()
         for m in steps:
             self.pager.mutate(m, lambda _m: {"status": Status.ARCHIVED, "tier": Tier.ARCHIVE}, now)
-        self._event("collapse", summary, {"task_id": task_id, "steps": [m.id for m in steps]})
+        self._event(EventKind.COLLAPSE, summary, {"task_id": task_id, "steps": [m.id for m in steps]})
         return summary
 
     # ---- tool calls (clawvm.agents.toolcalls, clawvm.agents.reliability) -----------------------------------
@@ -771,7 +778,7 @@ class Harness:
         [ctx.event_seq] = self.writer.log(  # MemLens traces influence (and citations) by this seq
             [
                 Event(
-                    kind="context",
+                    kind=EventKind.CONTEXT,
                     tenant=self.tenant,
                     at=now,
                     data={
@@ -871,7 +878,7 @@ class Harness:
         vector: np.ndarray = check_vectors(1, embedding, dim, field="embedding")[0]
         return vector
 
-    def _event(self, kind: str, memory: Memory, data: dict[str, Any]) -> None:
+    def _event(self, kind: EventKind, memory: Memory, data: dict[str, Any]) -> None:
         self.writer.log([self._make_event(kind, memory, data)])
 
     def _forget_working(self, written: Sequence[Memory], deleted: Sequence[str]) -> None:
@@ -884,7 +891,7 @@ class Harness:
                 if m.session_id is not None:
                     self._working.pop((m.tenant, m.session_id), None)
 
-    def _make_event(self, kind: str, memory: Memory, data: dict[str, Any]) -> Event:
+    def _make_event(self, kind: EventKind, memory: Memory, data: dict[str, Any]) -> Event:
         return Event(kind=kind, memory_id=memory.id, data=data, tenant=memory.tenant, at=self.now())
 
 
@@ -893,7 +900,7 @@ def _retrieve_event(
 ) -> Event:
     """What a tracked recall found, with each hit's score, tier and value before warming, and its latency."""
     return Event(
-        kind="retrieve",
+        kind=EventKind.RETRIEVE,
         tenant=tenant,
         at=now,
         data={

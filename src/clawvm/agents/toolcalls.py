@@ -46,6 +46,7 @@ from typing import Any, Protocol, TypeVar, cast
 from clawvm.core.errors import ConflictError, InvalidToolResultError, ValidationError
 from clawvm.core.model import Cost, Kind, Memory, State, canonical_json
 from clawvm.store import Event
+from clawvm.store.kinds import EventKind
 from clawvm.write.commit import Host
 
 
@@ -476,7 +477,7 @@ def _mark_interrupted(harness: ToolHost, call: Memory) -> None:
     harness.writer.log(
         [
             Event(
-                kind="tool_interrupted",
+                kind=EventKind.TOOL_INTERRUPTED,
                 memory_id=call.id,
                 tenant=call.tenant,
                 at=harness.now(),

@@ -22,6 +22,7 @@ from clawvm.core.model import Kind, Memory, Status, Tier, build_memory
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
 from clawvm.store.eventlog import WEIGHTS_KIND
+from clawvm.store.kinds import EventKind
 from clawvm.teams.shared import APPLICATION
 from clawvm.vm.scoring import ScoringConfig, content_signals
 from clawvm.vm.scoring import explain as explain_value
@@ -252,7 +253,9 @@ def intervene(
         data.update(target=target, learned=delta)
     if note:
         data["note"] = note[:2000]
-    harness.writer.log([Event(kind="manual", memory_id=memory_id, tenant=memory.tenant, at=now, data=data)])
+    harness.writer.log(
+        [Event(kind=EventKind.MANUAL, memory_id=memory_id, tenant=memory.tenant, at=now, data=data)]
+    )
     return {"memory": after, "before": before, "after": data["after"], "learned": delta}
 
 

@@ -60,6 +60,7 @@ from clawvm.core.model import VISIBLE_STATUSES, Filters, Memory, Status, Tier, U
 from clawvm.observe.learning import LearningHost
 from clawvm.store import Event
 from clawvm.store.eventlog import WEIGHTS_KIND, iter_events
+from clawvm.store.kinds import EventKind
 from clawvm.vm.context import Context, short_id
 from clawvm.vm.scoring import ScoringConfig, ValueBreakdown
 
@@ -655,7 +656,7 @@ def record_output(
     [event_seq] = harness.writer.log(
         [
             Event(
-                kind="output",
+                kind=EventKind.OUTPUT,
                 tenant=harness.tenant,
                 at=now,
                 data={

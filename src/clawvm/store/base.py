@@ -25,6 +25,7 @@ import numpy as np
 
 from clawvm.core.errors import ConflictError, NotFoundError, StoreError, ValidationError
 from clawvm.core.model import Filters, LinkType, Memory, utcnow
+from clawvm.store.kinds import EventKind, kind_of
 
 
 @dataclass(frozen=True)
@@ -107,14 +108,23 @@ class Edge:
 
 @dataclass(frozen=True)
 class Event:
-    """One entry of the append-only event log (what happened to which memory, and why)."""
+    """One entry of the append-only event log (what happened to which memory, and why).
 
-    kind: str
+    ``kind``: an :class:`~clawvm.store.kinds.EventKind` (its ``data`` is typed in
+    :data:`~clawvm.store.kinds.PAYLOADS`)."""
+
+    kind: EventKind | str
     memory_id: str | None = None
     data: dict[str, Any] = field(default_factory=dict)
     tenant: str = "default"
     at: datetime = field(default_factory=utcnow)
     seq: int | None = None  # assigned by the store
+
+    def __post_init__(self) -> None:
+        # a known kind becomes its EventKind member (typed, and equal to its string); an unknown one (a newer
+        # writer's) stays a string so that reading an old or newer log never fails
+        if not isinstance(self.kind, EventKind):
+            object.__setattr__(self, "kind", kind_of(self.kind))
 
 
 @runtime_checkable

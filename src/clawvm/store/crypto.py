@@ -39,6 +39,7 @@ from typing import Any
 from clawvm.core.errors import ConfigError, ConflictError, NotFoundError, TamperedError, WrongKeyError
 from clawvm.core.model import Filters, Memory
 from clawvm.store import Event, Store
+from clawvm.store.kinds import EventKind
 
 KEY_ENV = "CLAWVM_DATA_KEY"
 KEY_FILE_ENV = "CLAWVM_DATA_KEY_FILE"
@@ -268,7 +269,7 @@ def rotate_data_key(store: Store, keys: DataKeys, new_key: DataKey, batch: int =
             per_tenant[tenant] += n
     store.append_events(
         [
-            Event(kind="rotate_data_key", tenant=tenant, data={"kid": new_key.kid, "rekeyed": n})
+            Event(kind=EventKind.ROTATE_DATA_KEY, tenant=tenant, data={"kid": new_key.kid, "rekeyed": n})
             for tenant, n in sorted(per_tenant.items())
         ]
     )

@@ -63,10 +63,11 @@ from typing import IO, Any
 from clawvm.core.errors import ConfigError, StoreError, ValidationError
 from clawvm.store import Event, EventFeed, Store
 from clawvm.store.base import StoreReader
+from clawvm.store.kinds import EventKind
 
 log = logging.getLogger("clawvm.store.eventlog")
 
-WEIGHTS_KIND = "scoring_weights"
+WEIGHTS_KIND = EventKind.SCORING_WEIGHTS
 KEEP_LATEST = (WEIGHTS_KIND,)  # kinds whose newest event survives pruning
 
 DUCKDB_QUERIES: dict[str, str] = {

@@ -37,6 +37,7 @@ from enum import StrEnum
 from clawvm.core.errors import AccessDeniedError, AuthenticationError, NotFoundError, ValidationError
 from clawvm.core.model import utcnow
 from clawvm.store import Event, Store
+from clawvm.store.kinds import EventKind
 
 AUTH_TENANT = "_auth"
 #: The memory id the key events are logged under (no memory has it: ids ClawVM makes are UUIDv7).
@@ -151,7 +152,7 @@ class Keyring:
         record = ApiKey(key_id, tenant, role, name, utcnow(), digest(token))
         self.store.append_event(
             Event(
-                kind="key_created",
+                kind=EventKind.KEY_CREATED,
                 memory_id=KEYS_STREAM,
                 tenant=AUTH_TENANT,
                 at=record.created_at,
@@ -184,7 +185,9 @@ class Keyring:
         if not key.active:
             return key
         self.store.append_event(
-            Event(kind="key_revoked", memory_id=KEYS_STREAM, tenant=AUTH_TENANT, data={"key_id": key_id})
+            Event(
+                kind=EventKind.KEY_REVOKED, memory_id=KEYS_STREAM, tenant=AUTH_TENANT, data={"key_id": key_id}
+            )
         )
         self.refresh()
         with self._lock:

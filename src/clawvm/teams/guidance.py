@@ -32,6 +32,7 @@ from clawvm.core.errors import ValidationError
 from clawvm.core.model import Kind, Memory, Status, Visibility
 from clawvm.recall.retrieval import Recalled
 from clawvm.store import Event
+from clawvm.store.kinds import EventKind
 from clawvm.teams.shared import (
     CONFLICT_TAG,
     PITFALL_TAG,
@@ -263,7 +264,7 @@ def build_guidance(
     h.writer.log(
         [
             Event(
-                kind="guidance",
+                kind=EventKind.GUIDANCE,
                 tenant=h.tenant,
                 at=h.now(),
                 data={

@@ -44,6 +44,7 @@ from clawvm.core.model import Filters, Kind, Link, LinkType, Memory, Scope, Stat
 from clawvm.core.openai_http import FAILURES, ChatEndpoint
 from clawvm.core.vectors import normalize
 from clawvm.store import Event
+from clawvm.store.kinds import EventKind
 from clawvm.teams.shared import (
     CONFLICT_TAG,
     PITFALL_TAG,
@@ -351,7 +352,7 @@ def _merge(
         for m in others
     ]
     event = Event(
-        kind="merge",
+        kind=EventKind.MERGE,
         memory_id=new.id,
         tenant=new.tenant,
         at=h.now(),
@@ -470,7 +471,7 @@ def _new_pitfall(h: MergeHost, errors: list[Memory], synth: Synthesizer, report:
     knowledge = build_memory(fields)
     knowledge = knowledge.model_copy(update={"value": h.pager.value_now(knowledge, h.now())})
     event = Event(
-        kind="synthesize",
+        kind=EventKind.SYNTHESIZE,
         memory_id=knowledge.id,
         tenant=knowledge.tenant,
         at=h.now(),
@@ -506,7 +507,7 @@ def _extend_pitfall(
     links = [Link(type=LinkType.DERIVED_FROM, target=e.id) for e in errors]
     old, new = build_revision(h, pitfall, changes, links)
     event = Event(
-        kind="synthesize",
+        kind=EventKind.SYNTHESIZE,
         memory_id=new.id,
         tenant=new.tenant,
         at=h.now(),

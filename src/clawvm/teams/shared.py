@@ -68,6 +68,7 @@ from clawvm.core.model import (
 )
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
+from clawvm.store.kinds import EventKind
 from clawvm.vm.tiers import Pager
 from clawvm.write.commit import Host
 
@@ -162,7 +163,7 @@ def grant(h: TeamHost, team_id: str, agent_id: str, *, read: bool = True, write:
             h.writer.write(
                 [build_memory(fields)],
                 None,
-                [Event(kind="grant", memory_id=gid, tenant=h.tenant, at=h.now(), data=body)],
+                [Event(kind=EventKind.GRANT, memory_id=gid, tenant=h.tenant, at=h.now(), data=body)],
             )
             return g
         except ConflictError:
@@ -424,7 +425,7 @@ def _append_revision(
         raise ConflictError(current.id, current.version, current.version)
     old, new = build_revision(h, current, changes)
     event = Event(
-        kind="revise",
+        kind=EventKind.REVISE,
         memory_id=new.id,
         tenant=new.tenant,
         at=h.now(),
@@ -489,7 +490,11 @@ def apply_retention(h: TeamHost, policy: RetentionPolicy, *, team_id: str | None
             continue
         moved = h.pager.mutate(m, lambda _m: {"status": Status.ARCHIVED, "tier": Tier.ARCHIVE}, now)
         h.writer.log(
-            [Event(kind="retention", memory_id=m.id, tenant=m.tenant, at=now, data={"reason": reason})]
+            [
+                Event(
+                    kind=EventKind.RETENTION, memory_id=m.id, tenant=m.tenant, at=now, data={"reason": reason}
+                )
+            ]
         )
         archived.append(moved)
     return archived
@@ -529,7 +534,11 @@ def feedback(h: TeamHost, memory_id: str, adopted: bool) -> Memory:
         changed = revalidate(head, {"usage": usage, "metadata": metadata, "version": head.version + 1})
         changed = changed.model_copy(update={"value": h.pager.value_now(changed, h.now())})
         event = Event(
-            kind="feedback", memory_id=head.id, tenant=head.tenant, at=h.now(), data={"adopted": adopted}
+            kind=EventKind.FEEDBACK,
+            memory_id=head.id,
+            tenant=head.tenant,
+            at=h.now(),
+            data={"adopted": adopted},
         )
         try:
             return h.writer.write([changed], None, [event])[0]
@@ -585,7 +594,9 @@ def _set_review(
         metadata={**m.metadata, "review": review},
         **changes,
     )
-    h.writer.log([Event(kind=f"review.{state}", memory_id=m.id, tenant=m.tenant, at=h.now(), data=review)])
+    h.writer.log(
+        [Event(kind=EventKind(f"review.{state}"), memory_id=m.id, tenant=m.tenant, at=h.now(), data=review)]
+    )
     return updated
 
 

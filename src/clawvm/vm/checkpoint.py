@@ -17,6 +17,7 @@ from clawvm.core.errors import ValidationError
 from clawvm.core.model import Filters, Kind, Memory, Status, Tier, Usage, build_memory, canonical_json
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
+from clawvm.store.kinds import EventKind
 from clawvm.vm.tiers import Pager
 from clawvm.write.commit import Writer
 
@@ -68,7 +69,7 @@ def take(
         }
     )
     event = Event(
-        kind="checkpoint",
+        kind=EventKind.CHECKPOINT,
         memory_id=snapshot.id,
         tenant=tenant,
         at=now,
@@ -111,7 +112,7 @@ def rollback(store: StoreReader, pager: Pager, checkpoint_id: str, now: datetime
     pager.writer.log(
         [
             Event(
-                kind="rollback",
+                kind=EventKind.ROLLBACK,
                 memory_id=snap.id,
                 tenant=snap.tenant,
                 at=now,

@@ -22,6 +22,7 @@ from clawvm.core.model import JSON, Link, LinkType, Memory, Status, Tier, build_
 from clawvm.core.openai_http import FAILURES, ChatEndpoint
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
+from clawvm.store.kinds import EventKind
 from clawvm.write.commit import Writer
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
@@ -174,7 +175,7 @@ def compress_memory(
         },
     )
     event = Event(
-        kind="compress",
+        kind=EventKind.COMPRESS,
         memory_id=memory.id,
         tenant=memory.tenant,
         at=now,
@@ -209,7 +210,7 @@ def decompress_memory(store: StoreReader, writer: Writer, memory: Memory, now: d
         },
     )
     event = Event(
-        kind="decompress", memory_id=memory.id, tenant=memory.tenant, at=now, data={"raw_id": raw.id}
+        kind=EventKind.DECOMPRESS, memory_id=memory.id, tenant=memory.tenant, at=now, data={"raw_id": raw.id}
     )
     return writer.write([restored], None, [event])[0]
 

@@ -34,6 +34,7 @@ from clawvm.core.errors import ConflictError, ValidationError
 from clawvm.core.model import Filters, Memory, Status, Tier, as_utc, revalidate
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
+from clawvm.store.kinds import EventKind
 from clawvm.vm.compress import SummarizerError
 from clawvm.vm.scoring import DEFAULT_SCORING, ScoringConfig, value
 from clawvm.write.commit import Writer
@@ -125,9 +126,9 @@ class Pager:
         before_tier, before = memory.tier, value(memory, now, self.config.scoring)
         moved = self.mutate(memory, lambda _m: {**changes, "tier": to}, now)
         kind = (
-            "archive"
+            EventKind.ARCHIVE
             if to is Tier.ARCHIVE
-            else ("promote" if ORDER.index(to) < ORDER.index(before_tier) else "demote")
+            else (EventKind.PROMOTE if ORDER.index(to) < ORDER.index(before_tier) else EventKind.DEMOTE)
         )
         self.writer.log([_move_event(kind, memory, to, before, moved.value, reason, now, before_tier)])
         if to is Tier.ARCHIVE and self._compress is not None:
@@ -137,7 +138,7 @@ class Pager:
                 self.writer.log(
                     [
                         Event(
-                            kind="compress_error",
+                            kind=EventKind.COMPRESS_ERROR,
                             memory_id=memory.id,
                             tenant=memory.tenant,
                             at=now,
@@ -247,7 +248,7 @@ class Pager:
             for m in memories
         ]
         events = [
-            _move_event("demote", m, to, m.value, c.value, reason, now)
+            _move_event(EventKind.DEMOTE, m, to, m.value, c.value, reason, now)
             for m, c in zip(memories, changed, strict=True)
         ]
         return changed, events
@@ -293,7 +294,7 @@ class Pager:
             if self._promotable(touched):
                 moves.append(
                     _move_event(
-                        "promote",
+                        EventKind.PROMOTE,
                         touched,
                         Tier.WORKING,
                         touched.value,
