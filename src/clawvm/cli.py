@@ -184,7 +184,7 @@ def export(ctx: click.Context, out: Path | None, session_id: str | None, events:
         return
     with _opened(ctx, embed=False) as h:
         # a lossless backup: every status, the harness's internal records (team grants) included
-        filters = h._filters({"session_id": session_id}).with_(status=None)
+        filters = h.filters({"session_id": session_id}).with_(status=None)
         stream = out.open("w", encoding="utf-8") if out else sys.stdout
         try:
             n = 0
@@ -258,7 +258,7 @@ def import_(ctx: click.Context, path: Path) -> None:
 def stats(ctx: click.Context) -> None:
     """Counts by kind, status and tier, and how many memories still wait for an embedding."""
     with _opened(ctx, embed=False) as h:
-        all_ = list(h.store.iter_all(h._filters({"status": "any"})))
+        all_ = list(h.store.iter_all(h.filters({"status": "any"})))
         result = {
             "memories": len(all_),
             "by_kind": dict(Counter(m.kind.value for m in all_)),

@@ -344,7 +344,7 @@ class Harness:
         if not isinstance(k, int) or k < 1:
             raise ValidationError("k", f"is {k!r}", "pass a positive integer")
         cfg = self.config if preset is None else _preset(preset)
-        f = self._filters(filters)
+        f = self.filters(filters)
         started = time.perf_counter()
         vector = None
         named = query_authors(self.store, query, cfg, f)
@@ -372,10 +372,10 @@ class Harness:
         return run_recall(self.store, query, vector, k, cfg, filters)
 
     def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]:
-        return self.store.list(self._filters(filters), limit=limit)
+        return self.store.list(self.filters(filters), limit=limit)
 
     def count(self, **filters: Any) -> int:
-        return self.store.count(self._filters(filters))
+        return self.store.count(self.filters(filters))
 
     def events(
         self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None
@@ -403,7 +403,7 @@ class Harness:
         pinned = self.pager.mutate(memory, lambda _m: {"pinned": True, "tier": Tier.WORKING}, now)
         self._after_move(
             pinned,
-            "pin",
+            EventKind.PIN,
             {
                 "from": memory.tier.value,
                 "to": Tier.WORKING.value,
@@ -552,7 +552,7 @@ class Harness:
         if memory.session_id is not None:
             self.pager.enforce(memory.tenant, memory.session_id, self.now())
 
-    def _after_move(self, memory: Memory, kind: str, data: dict[str, Any]) -> None:
+    def _after_move(self, memory: Memory, kind: EventKind, data: dict[str, Any]) -> None:
         if memory.session_id is not None:
             self.pager.enforce(memory.tenant, memory.session_id, self.now())
         self._event(kind, memory, {**data, "tier": memory.tier.value, "value": memory.value})
@@ -757,7 +757,7 @@ class Harness:
         agent_scope = {"agent_id": agent_id} if agent_id else {}
         hits: builtins.list[Recalled] = []
         if query.strip() and vector is not None:  # a precomputed query vector (benchmarks time it apart)
-            hits = self.recall_with(query, vector, k, self.config, self._filters(agent_scope))
+            hits = self.recall_with(query, vector, k, self.config, self.filters(agent_scope))
         elif query.strip():
             hits = self.recall(query, k=k, track=False, **agent_scope)
         for rank, h in enumerate(hits):
@@ -809,7 +809,7 @@ class Harness:
         base = {"session_id": memory.session_id, "status": "any"}
         before = self.list(limit=1, created_before=memory.created_at, **base)
         after = self.store.query(
-            Query(filters=self._filters({**base, "created_after": memory.created_at}), limit=10**6)
+            Query(filters=self.filters({**base, "created_after": memory.created_at}), limit=10**6)
         ).filtered
         after = [i for i in after if i != memory.id]
         found = self.store.get_many(after[-1:]) if after else {}
@@ -861,7 +861,7 @@ class Harness:
         self.close()
 
     # ---- helpers ------------------------------------------------------------------------------------
-    def _filters(self, given: Mapping[str, Any]) -> Filters:
+    def filters(self, given: Mapping[str, Any]) -> Filters:
         """Callers' filters: this tenant and active memories unless they say otherwise; never INTERNAL."""
         args = dict(given)
         args.setdefault("tenant", self.tenant)

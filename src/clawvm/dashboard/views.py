@@ -44,7 +44,7 @@ def _ms(t: datetime) -> int:
 # ---- sessions ---------------------------------------------------------------------------------------------
 def sessions(lens: Lens, offset: int = 0, limit: int = 50, q: str = "") -> dict[str, Any]:
     lens.refresh()
-    with lens._lock:
+    with lens.lock:
         groups: dict[str, list[Row]] = defaultdict(list)
         for r in lens.rows.values():
             groups[r.session_id or NO_SESSION].append(r)
@@ -99,7 +99,7 @@ def memories(
     limit: int = 50,
 ) -> dict[str, Any]:
     lens.refresh()
-    with lens._lock:
+    with lens.lock:
         rows = _scope(lens, session)
         if tier:
             rows = [r for r in rows if r.tier == tier]
@@ -120,7 +120,7 @@ def memory_detail(lens: Lens, memory_id: str) -> dict[str, Any]:
     m = lens.harness.get(memory_id)
     breakdown = lens.harness.explain(memory_id).as_dict()
     events = lens.harness.events(limit=200, memory_id=memory_id)
-    with lens._lock:
+    with lens.lock:
         children = [r.id for r in lens.rows.values() if r.parent_id == memory_id][:50]
         values = list(lens.values.get(memory_id, [])[-200:])
     return {
@@ -176,7 +176,7 @@ def timeline(
     need (an agent works for minutes, then nothing for days); ``axis="time"`` by wall-clock time. Either
     way ``edges`` are the times of the bucket ends, for the labels."""
     lens.refresh()
-    with lens._lock:
+    with lens.lock:
         rows = _scope(lens, session)
         if not rows:
             empty: dict[str, list[int]] = {t: [] for t in TIERS}
@@ -262,7 +262,7 @@ def heatmap(
     votes, recalls, context builds) and now; between two samples the earlier one holds, before the first
     the first is carried back to when it appeared."""
     lens.refresh()
-    with lens._lock:
+    with lens.lock:
         rows = _scope(lens, session)
         if not rows:
             return {"edges": [], "rows": [], "total": 0, "group": group}
@@ -352,7 +352,7 @@ def graph(
     With ``focus``, the memory and its neighbourhood (breadth-first over those edges, up to ``limit``);
     else the newest ``limit`` memories of the scope (``offset`` pages back)."""
     lens.refresh()
-    with lens._lock:
+    with lens.lock:
         rows = _scope(lens, session)
         if focus:
             chosen = _neighbourhood(lens, focus, limit)
@@ -425,7 +425,7 @@ def _same_session_neighbours(lens: Lens, row: Row, k: int = 3) -> list[str]:
 # ---- contexts --------------------------------------------------------------------------------------------
 def contexts(lens: Lens, session: str | None = None, offset: int = 0, limit: int = 50) -> dict[str, Any]:
     lens.refresh()
-    with lens._lock:
+    with lens.lock:
         builds = sorted(lens.contexts.values(), key=lambda b: b.seq, reverse=True)
         if session:
             builds = [b for b in builds if b.scope.get("session_id") == session]

@@ -252,6 +252,11 @@ class Lens:
             self._read_events()
             self._swap_rows(self._load_rows())
 
+    @property
+    def lock(self) -> threading.RLock:
+        """Hold it to read several of the lens's tables as one consistent view (the dashboard's views do)."""
+        return self._lock
+
     # ---- keeping up ---------------------------------------------------------------------------------
     def refresh(self) -> None:
         """Apply the events appended since the last refresh; re-read the memories they name.

@@ -275,6 +275,12 @@ class Store(ABC):
     def __init__(self) -> None:
         self._lock = threading.RLock()
 
+    @property
+    def write_lock(self) -> threading.RLock:
+        """Held by this engine's own writes; a wrapper that checks before it writes (the tenant guard,
+        :mod:`clawvm.store.tenant`) holds it across both so that no write slips in between."""
+        return self._lock
+
     def get(self, memory_id: str) -> Memory:
         found = self.get_many([memory_id]).get(memory_id)
         if found is None:

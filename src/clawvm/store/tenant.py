@@ -75,7 +75,7 @@ class TenantStore(Store):
 
     # ---- writes -------------------------------------------------------------------------------------
     def put_many(self, memories: Sequence[Memory]) -> None:
-        with self.inner._lock:
+        with self.inner.write_lock:
             self._check_writable(memories)
             self.inner.put_many(memories)
 
@@ -86,12 +86,12 @@ class TenantStore(Store):
         events: Sequence[Event] = (),
     ) -> None:
         self._check_events(events)
-        with self.inner._lock:
+        with self.inner.write_lock:
             self._check_writable(memories)
             self.inner.write(memories, vectors, events)
 
     def delete_many(self, ids: Sequence[str]) -> int:
-        with self.inner._lock:
+        with self.inner.write_lock:
             return self.inner.delete_many(sorted(self._owned(ids)))
 
     def set_vectors(

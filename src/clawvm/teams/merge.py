@@ -1,5 +1,5 @@
 """Fusion of a team's memories: near-duplicates merged, recurring errors turned into knowledge, conflicts
-flagged. Run it after a task (or on a schedule): ``fuse(harness, team_id=...)``.
+flagged. Run it after a task (or on a schedule): ``merge_team(harness, team_id=...)``.
 
 Only memories with the same readers are ever fused together (same tenant, scope, team, task for TASK scope
 and owner for PRIVATE scope: :func:`clawvm.teams.shared.partition_key`), so fusion never leaks a memory to an
@@ -78,7 +78,7 @@ class SynthesisError(ClawVMError):
 
 
 @dataclass(frozen=True)
-class FusionConfig:
+class MergeConfig:
     duplicate_lexical: float = 0.8
     duplicate_dense: float = 0.9
     cluster_lexical: float = 0.35
@@ -130,7 +130,7 @@ class LLMSynthesizer(ChatEndpoint):
 
 
 @dataclass
-class FusionReport:
+class MergeReport:
     merged: list[tuple[str, list[str]]] = field(default_factory=list)  # (new memory, its sources)
     knowledge: list[str] = field(default_factory=list)  # pitfalls created or revised
     conflicts: list[str] = field(default_factory=list)  # conflict notes created
@@ -145,16 +145,16 @@ class FusionReport:
         }
 
 
-def fuse(
+def merge_team(
     h: MergeHost,
     *,
     team_id: str | None = None,
-    config: FusionConfig | None = None,
+    config: MergeConfig | None = None,
     synthesizer: Synthesizer | None = None,
-) -> FusionReport:
+) -> MergeReport:
     """Merge near-duplicates, synthesize recurring errors, flag conflicts (of one team, or all)."""
-    cfg = config or FusionConfig()
-    report = FusionReport()
+    cfg = config or MergeConfig()
+    report = MergeReport()
     synth = synthesizer or ExtractiveSynthesizer()
     # errors first: a recurring error should become a pitfall, not just one merged error
     synthesize_errors(h, cfg, synth, report, team_id)
@@ -277,8 +277,8 @@ def _tasks(members: Iterable[Memory]) -> list[str]:
 # ---- near-duplicates --------------------------------------------------------------------------------------
 def merge_duplicates(
     h: MergeHost,
-    cfg: FusionConfig,
-    report: FusionReport,
+    cfg: MergeConfig,
+    report: MergeReport,
     team_id: str | None = None,
     synth: Synthesizer | None = None,
 ) -> None:
@@ -300,7 +300,7 @@ def merge_duplicates(
 
 
 def _merge(
-    h: MergeHost, members: list[Memory], report: FusionReport, synth: Synthesizer | None = None
+    h: MergeHost, members: list[Memory], report: MergeReport, synth: Synthesizer | None = None
 ) -> Memory | None:
     """Merge ``members`` into a revision of the most trusted (then newest) one; None if one changed meanwhile.
     Synthesized pitfalls add up their occurrences and samples (re-synthesized with ``synth``)."""
@@ -370,7 +370,7 @@ def _merge(
 
 # ---- recurring errors -> knowledge ------------------------------------------------------------------------
 def synthesize_errors(
-    h: MergeHost, cfg: FusionConfig, synth: Synthesizer, report: FusionReport, team_id: str | None = None
+    h: MergeHost, cfg: MergeConfig, synth: Synthesizer, report: MergeReport, team_id: str | None = None
 ) -> None:
     for group in _active(h, (Kind.ERROR, Kind.KNOWLEDGE), team_id).values():
         items = [m for m in group if m.kind is Kind.ERROR or PITFALL_TAG in m.tags]
@@ -442,7 +442,7 @@ def _samples(errors: Sequence[Memory], earlier: Sequence[str] = ()) -> list[str]
     return list(dict.fromkeys([*earlier, *(" ".join(e.content.split()) for e in errors)]))[:8]
 
 
-def _new_pitfall(h: MergeHost, errors: list[Memory], synth: Synthesizer, report: FusionReport) -> None:
+def _new_pitfall(h: MergeHost, errors: list[Memory], synth: Synthesizer, report: MergeReport) -> None:
     first = errors[0]
     samples = _samples(errors)
     text = synth.synthesize(samples, _occurrences(errors))
@@ -487,7 +487,7 @@ def _new_pitfall(h: MergeHost, errors: list[Memory], synth: Synthesizer, report:
 
 
 def _extend_pitfall(
-    h: MergeHost, pitfall: Memory, errors: list[Memory], synth: Synthesizer, report: FusionReport
+    h: MergeHost, pitfall: Memory, errors: list[Memory], synth: Synthesizer, report: MergeReport
 ) -> None:
     info = pitfall.metadata.get("synthesized", {})
     occurrences = int(info.get("occurrences", 1)) + _occurrences(errors)
@@ -536,7 +536,7 @@ def contradicts(a: str, b: str) -> bool:
     return bool(na and nb and na != nb)
 
 
-def flag_conflicts(h: MergeHost, cfg: FusionConfig, report: FusionReport, team_id: str | None = None) -> None:
+def flag_conflicts(h: MergeHost, cfg: MergeConfig, report: MergeReport, team_id: str | None = None) -> None:
     known = _known_conflicts(h)
     for group in _active(h, (Kind.DECISION, Kind.KNOWLEDGE), team_id).values():
         items = [m for m in group if PITFALL_TAG not in m.tags]

@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 from clawvm import Harness, Kind, LinkType, Status
 from clawvm.teams import shared as teams
 from clawvm.teams.merge import (
-    FusionConfig,
     LLMSynthesizer,
+    MergeConfig,
     SynthesisError,
     components,
     contradicts,
-    fuse,
+    merge_team,
 )
 from engines import harness_target
 from loopback import ChatReplay
@@ -54,7 +54,7 @@ def test_duplicates_merge_into_one_revision_keeping_every_source(engine_name: st
                          task_id="t2", kind="observation")
     h.feedback(b.id, True)
     h.flush()
-    report = fuse(h, team_id="pay")
+    report = merge_team(h, team_id="pay")
     assert len(report.merged) == 1
     merged_id, sources = report.merged[0]
     assert set(sources) == {a.id, b.id, c.id}
@@ -73,7 +73,7 @@ def test_duplicates_merge_into_one_revision_keeping_every_source(engine_name: st
     assert h.get(other.id).status is Status.ACTIVE
     active = h.list(kind=Kind.OBSERVATION, team_id="pay")
     assert {m.id for m in active} == {merged_id, other.id}
-    assert fuse(h, team_id="pay").merged == []  # nothing left to merge
+    assert merge_team(h, team_id="pay").merged == []  # nothing left to merge
 
 
 def test_dense_similarity_alone_finds_paraphrases(engine_name: str, harness: Harness) -> None:
@@ -82,8 +82,8 @@ def test_dense_similarity_alone_finds_paraphrases(engine_name: str, harness: Har
                      kind="observation")
     b = teams.record(harness, "Amounts from the billing API are expressed in cents", agent_id="writer",
                      team_id="pay", kind="observation")
-    no_lexical = FusionConfig(duplicate_lexical=1.01)
-    assert [set(s) for _, s in fuse(harness, config=no_lexical).merged] == [{a.id, b.id}]
+    no_lexical = MergeConfig(duplicate_lexical=1.01)
+    assert [set(s) for _, s in merge_team(harness, config=no_lexical).merged] == [{a.id, b.id}]
 
 
 def test_fusion_never_merges_across_readers(engine_name: str, lexical: Harness) -> None:
@@ -96,10 +96,10 @@ def test_fusion_never_merges_across_readers(engine_name: str, lexical: Harness) 
         teams.record(lexical, text, agent_id="oncall", team_id="ops", kind="knowledge"),
         teams.record(lexical, text, agent_id="planner", team_id="pay", kind="decision"),  # another kind
     ]
-    assert fuse(lexical).merged == []
+    assert merge_team(lexical).merged == []
     assert all(lexical.get(m.id).status is Status.ACTIVE for m in made)
     twin = teams.record(lexical, text, agent_id="oncall", team_id="ops", kind="knowledge")
-    assert [set(s) for _, s in fuse(lexical).merged] == [{made[3].id, twin.id}]
+    assert [set(s) for _, s in merge_team(lexical).merged] == [{made[3].id, twin.id}]
 
 
 # ---- recurring errors -> pitfalls -------------------------------------------------------------------------
@@ -120,7 +120,7 @@ def test_recurring_errors_become_one_pitfall(engine_name: str, harness: Harness)
     ]
     lone = teams.record(h, "Lint failed on an unused import", agent_id="reviewer", team_id="pay",
                         kind="error", task_id="t1")
-    report = fuse(h, team_id="pay")
+    report = merge_team(h, team_id="pay")
     assert len(report.knowledge) == 1
     pitfall = h.get(report.knowledge[0])
     assert pitfall.kind is Kind.KNOWLEDGE and teams.PITFALL_TAG in pitfall.tags
@@ -136,7 +136,7 @@ def test_recurring_errors_become_one_pitfall(engine_name: str, harness: Harness)
     assert h.get(lone.id).status is Status.ACTIVE  # one occurrence is not a pattern
     # the same error on a third task joins the pitfall as a new revision of it
     third = teams.record(h, ERRORS[2], agent_id="reviewer", team_id="pay", kind="error", task_id="t3")
-    again = fuse(h, team_id="pay")
+    again = merge_team(h, team_id="pay")
     head = teams.latest(h, pitfall.id)
     assert again.knowledge == [head.id] and head.id != pitfall.id
     assert head.content.startswith("Recurring error (seen 3 times): ")
@@ -151,8 +151,8 @@ def test_errors_of_one_task_are_not_a_recurring_pitfall(engine_name: str, lexica
     crew(lexical)
     for text in ERRORS[:2]:
         teams.record(lexical, text, agent_id="reviewer", team_id="pay", kind="error", task_id="t1")
-    assert fuse(lexical).knowledge == []
-    assert fuse(lexical, config=FusionConfig(min_tasks=1)).knowledge
+    assert merge_team(lexical).knowledge == []
+    assert merge_team(lexical, config=MergeConfig(min_tasks=1)).knowledge
 
 
 LESSON = "Run the database migrations before every release."
@@ -170,7 +170,7 @@ def test_llm_synthesizer_against_a_real_server(engine_name: str, lexical: Harnes
     crew(lexical)
     for n, text in enumerate(ERRORS[:2], start=1):
         teams.record(lexical, text, agent_id="reviewer", team_id="pay", kind="error", task_id=f"t{n}")
-    report = fuse(lexical, synthesizer=LLMSynthesizer(llm.v1, "tiny", api_key="k"))
+    report = merge_team(lexical, synthesizer=LLMSynthesizer(llm.v1, "tiny", api_key="k"))
     pitfall = lexical.get(report.knowledge[0])
     assert pitfall.content == f"Lesson from a recurring error (seen 2 times): {LESSON}"
     assert pitfall.metadata["synthesized"]["method"] == "llm"
@@ -188,7 +188,7 @@ def test_a_failing_llm_writes_nothing(engine_name: str, lexical: Harness, llm: C
         teams.record(lexical, text, agent_id="reviewer", team_id="pay", kind="error", task_id=f"t{n}")
     before = lexical.count(status="any")
     with pytest.raises(SynthesisError):
-        fuse(lexical, synthesizer=LLMSynthesizer(llm.v1, "tiny"))
+        merge_team(lexical, synthesizer=LLMSynthesizer(llm.v1, "tiny"))
     assert lexical.count(status="any") == before
     assert lexical.count(kind=Kind.ERROR) == 2
 
@@ -203,14 +203,14 @@ def test_conflicting_decisions_are_flagged_once_and_resolvable(engine_name: str,
                              kind="decision", subject="Session  Cache", task_id="t2")
     unrelated = teams.record(h, "Use Postgres for the ledger", agent_id="planner", team_id="pay",
                              kind="decision", subject="ledger database")
-    report = fuse(h, team_id="pay")
+    report = merge_team(h, team_id="pay")
     assert len(report.conflicts) == 1
     note = h.get(report.conflicts[0])
     assert note.kind is Kind.NOTE and teams.CONFLICT_TAG in note.tags and note.team_id == "pay"
     assert set(note.metadata["conflict"]["ids"]) == {redis.id, memcached.id}
     assert {link.target for link in note.links} == {redis.id, memcached.id}
     assert note.id in {m.id for m in h.review_queue()}  # flagged for review
-    assert fuse(h, team_id="pay").conflicts == []  # flagged once
+    assert merge_team(h, team_id="pay").conflicts == []  # flagged once
     g = h.guidance("reviewer", "configure the session cache", 400)
     assert [i.id for i in g.conflicts] == [note.id]
     shown = {i.id for i in g.experiences}
@@ -220,7 +220,7 @@ def test_conflicting_decisions_are_flagged_once_and_resolvable(engine_name: str,
     assert h.get(memcached.id).status is Status.OBSOLETE
     assert h.get(note.id).status is Status.ARCHIVED
     assert teams.open_conflicts(h) == [] and h.get(unrelated.id).status is Status.ACTIVE
-    assert fuse(h, team_id="pay").conflicts == []  # a closed conflict is not flagged again
+    assert merge_team(h, team_id="pay").conflicts == []  # a closed conflict is not flagged again
 
 
 def test_conflicts_without_subjects_need_a_contradiction(engine_name: str, lexical: Harness) -> None:
@@ -231,7 +231,7 @@ def test_conflicts_without_subjects_need_a_contradiction(engine_name: str, lexic
     b = rec(lexical, "Never retry failed refund calls", agent_id="writer", team_id="pay", kind="knowledge")
     rec(lexical, "Refund calls are logged with their order id", agent_id="writer", team_id="pay",
         kind="knowledge")
-    report = fuse(lexical, team_id="pay")
+    report = merge_team(lexical, team_id="pay")
     (note,) = [lexical.get(i) for i in report.conflicts]
     assert set(note.metadata["conflict"]["ids"]) == {a.id, b.id}
     # approving the conflict note closes it: both sides stay
@@ -246,7 +246,7 @@ def test_rejecting_one_side_closes_its_conflicts(engine_name: str, lexical: Harn
                      subject="release day")
     teams.record(lexical, "Ship on Tuesdays", agent_id="writer", team_id="pay", kind="decision",
                  subject="release day")
-    (conflict,) = fuse(lexical).conflicts
+    (conflict,) = merge_team(lexical).conflicts
     lexical.reject(a.id, reason="Fridays are frozen")
     assert lexical.get(conflict).status is Status.ARCHIVED
     assert lexical.get(conflict).metadata["review"]["status"] == "resolved"
