@@ -103,7 +103,7 @@ def measure(
     h = clawvm.Harness.open(target, embedder=None)
     try:
         qs = corpus.queries(n, queries + 30)
-        cfg, filters = h.config, h._filters({})
+        cfg, filters = h.config, h.filters({})
         for _, text, v in qs[:30]:
             h.recall_with(text, v, 10, cfg, filters)
         lat, found = [], 0

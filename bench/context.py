@@ -94,7 +94,7 @@ class Replay:
 
     def bm25_packed(self, question: str, budget: int) -> set[str]:
         cfg = clawvm.recall.retrieval.preset("bm25")
-        hits = self.harness.recall_with(question, None, 300, cfg, self.harness._filters({}))
+        hits = self.harness.recall_with(question, None, 300, cfg, self.harness.filters({}))
         chosen, used = set(), 0
         for h in hits:
             t = self.tokens.get(h.id)
@@ -127,7 +127,7 @@ def main() -> None:
 
     def query_vectors(h: clawvm.Harness, conv: _locomo.Conversation) -> np.ndarray:
         """As Harness.recall embeds them: retrieval.dense_text under the harness's preset, one at a time."""
-        texts = [dense_text(h.store, q.question, h.config, h._filters({})) for q in conv.qa]
+        texts = [dense_text(h.store, q.question, h.config, h.filters({})) for q in conv.qa]
         vecs = q_cache.get_or_compute(
             texts, lambda ts: np.stack([embedder.embed_query(t) for t in ts]), "query"
         )

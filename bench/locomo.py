@@ -101,7 +101,7 @@ class Corpus:
             )
             self.dia_of[m.id] = turn.dia_id
         harness.flush()
-        self.filters = harness._filters({"task_id": conv.sample_id})
+        self.filters = harness.filters({"task_id": conv.sample_id})
         self.qa = [q for q in conv.qa if q.evidence]
 
     def ranked(self, question: str, qvec: np.ndarray, cfg: clawvm.RecallConfig, k: int = K) -> list[str]:

@@ -201,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # ---- recall (warm) and its parts -------------------------------------------------------------------
     cfg = h.config
-    filters = h._filters({})
+    filters = h.filters({})
     k = 10
     first_ms, _ = timed(lambda: h.recall_with(questions[0], qvecs[0], k, cfg, filters))
     res["first_recall_ms"] = round(first_ms, 3)

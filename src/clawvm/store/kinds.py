@@ -50,6 +50,7 @@ class EventKind(StrEnum):
     GUIDANCE = "guidance"
     REVIEW_APPROVED = "review.approved"
     REVIEW_REJECTED = "review.rejected"
+    REVIEW_RESOLVED = "review.resolved"
     # agents
     TOOL_INTERRUPTED = "tool_interrupted"
     # people and the learning rule
@@ -240,6 +241,7 @@ PAYLOADS: dict[EventKind, type] = {
     EventKind.GUIDANCE: NoData,
     EventKind.REVIEW_APPROVED: ReviewData,
     EventKind.REVIEW_REJECTED: ReviewData,
+    EventKind.REVIEW_RESOLVED: ReviewData,
     EventKind.TOOL_INTERRUPTED: NoData,
     EventKind.MANUAL: ManualData,
     EventKind.SCORING_WEIGHTS: WeightsData,
