@@ -1,4 +1,4 @@
-"""The REST API's request and response bodies (pydantic v2: the edge), used by :mod:`clawvm.server.app`.
+"""The REST API's request bodies (pydantic v2: the edge), read by :mod:`clawvm.server.routes`.
 
 Requests forbid unknown fields, bound every list and string (so a request cannot ask the library for
 unbounded work), type every enum (an unknown value is a 422 naming the field), reject strings that are
@@ -24,12 +24,8 @@ from pydantic import (
 )
 
 from clawvm.core.model import MAX_JSON_DEPTH, Cost, Kind, Link, Memory, State, Status, Tier, as_utc
-from clawvm.recall.retrieval import PRESETS, Recalled
-from clawvm.store import Event
-from clawvm.store.keys import ApiKey, Role
-from clawvm.vm.checkpoint import RollbackReport
-from clawvm.vm.context import Context
-from clawvm.vm.scoring import ValueBreakdown
+from clawvm.recall.retrieval import PRESETS
+from clawvm.store.keys import Role
 
 MAX_TAGS = 64
 MAX_LINKS = 256
@@ -154,9 +150,7 @@ class RecordRequest(RequestBody):
 
     def fields(self) -> dict[str, Any]:
         """The memory fields the caller set, for :meth:`clawvm.Harness.record`."""
-        return {
-            name: getattr(self, name) for name in self.model_fields_set - {"content", "embedding"}
-        }
+        return {name: getattr(self, name) for name in self.model_fields_set - {"content", "embedding"}}
 
 
 class UpdateRequest(RequestBody):
@@ -234,167 +228,3 @@ class ImportRequest(RequestBody):
 class KeyRequest(RequestBody):
     role: Role = Role.AGENT
     name: Annotated[str, StringConstraints(max_length=200)] = ""
-
-
-# ---- responses ------------------------------------------------------------------------------------------
-class ErrorDetail(BaseModel):
-    code: str = Field(description="machine-readable, e.g. validation_error, not_found, rate_limited")
-    message: str
-    field: str | None = Field(description="the offending field (dotted path), when one is to blame")
-    fix: str | None = Field(description="what to do instead")
-
-
-class ErrorBody(BaseModel):
-    """The one error shape of every 4xx and 5xx response."""
-
-    error: ErrorDetail
-
-
-class ChannelOut(BaseModel):
-    raw: float
-    normalized: float
-    weight: float
-    rank: int
-
-
-class RecallHit(BaseModel):
-    id: str
-    score: float
-    explain: dict[str, ChannelOut]
-    memory: Memory
-
-    @classmethod
-    def of(cls, hit: Recalled) -> RecallHit:
-        explain = {
-            c: ChannelOut(raw=s.raw, normalized=s.normalized, weight=s.weight, rank=s.rank)
-            for c, s in hit.explain.items()
-        }
-        return cls(id=hit.id, score=hit.score, explain=explain, memory=hit.memory)
-
-
-class ManifestOut(BaseModel):
-    id: str
-    short_id: str
-    section: str
-    tier: str
-    value: float
-    score: float
-    tokens: int
-    reason: str
-    created_at: str
-
-
-class ContextOut(BaseModel):
-    text: str
-    tokens: int
-    budget: int
-    by_section: dict[str, int]
-    manifest: list[ManifestOut]
-    event_seq: int | None = Field(default=None, description="the seq of this build's context event")
-
-    @classmethod
-    def of(cls, ctx: Context) -> ContextOut:
-        return cls(
-            text=ctx.text,
-            tokens=ctx.tokens,
-            budget=ctx.budget,
-            by_section=ctx.by_section,
-            manifest=[ManifestOut.model_validate(e.as_dict()) for e in ctx.manifest],
-            event_seq=ctx.event_seq,
-        )
-
-
-class EventOut(BaseModel):
-    seq: int
-    kind: str
-    memory_id: str | None
-    tenant: str
-    at: datetime
-    data: dict[str, Any]
-
-    @classmethod
-    def of(cls, e: Event) -> EventOut:
-        return cls(seq=e.seq or 0, kind=e.kind, memory_id=e.memory_id, tenant=e.tenant, at=e.at, data=e.data)
-
-
-class EventsPage(BaseModel):
-    events: list[EventOut]
-    next_after_seq: int = Field(description="pass as after_seq to read on")
-
-
-class CheckpointOut(BaseModel):
-    id: str
-
-
-class RollbackOut(BaseModel):
-    checkpoint_id: str
-    restored: list[str]
-    obsoleted: list[str]
-
-    @classmethod
-    def of(cls, r: RollbackReport) -> RollbackOut:
-        return cls(checkpoint_id=r.checkpoint_id, restored=r.restored, obsoleted=r.obsoleted)
-
-
-class ValueOut(BaseModel):
-    value: float
-    base: float
-    signals: dict[str, float]
-    cost: float
-    recency: float
-    access: float
-    injected: float
-    cited: float
-    success: float
-    feedback: float
-    pinned: bool
-
-    @classmethod
-    def of(cls, v: ValueBreakdown) -> ValueOut:
-        return cls.model_validate(v.as_dict())
-
-
-class TickOut(BaseModel):
-    expired: int
-    refreshed: int
-    moved: int
-
-
-class CollapseOut(BaseModel):
-    summary: Memory | None
-
-
-class ImportOut(BaseModel):
-    imported: int
-    skipped: int
-
-
-class StatsOut(BaseModel):
-    memories: int
-    by_status: dict[str, int]
-    by_tier: dict[str, int]
-
-
-class KeyOut(BaseModel):
-    key_id: str
-    tenant: str
-    role: Role
-    name: str
-    created_at: datetime
-    revoked_at: datetime | None
-
-    @classmethod
-    def of(cls, k: ApiKey) -> KeyOut:
-        return cls(
-            key_id=k.key_id, tenant=k.tenant, role=k.role, name=k.name, created_at=k.created_at,
-            revoked_at=k.revoked_at,
-        )
-
-
-class KeyCreated(KeyOut):
-    key: str = Field(description="the API key itself: shown this once, store it now")
-
-
-class Health(BaseModel):
-    status: str
-    checks: dict[str, str] = Field(default_factory=dict)
