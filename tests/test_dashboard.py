@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from clawvm import Harness, Memory
 from clawvm.dashboard import views
 from clawvm.demo.scenario import ReplayClock, load_scenario, open_demo
-from clawvm.server.app import create_app
+from clawvm.server import create_app
 from clawvm.store import Event
 from engines import harness_target
 from loopback import serve_app

@@ -34,7 +34,7 @@ from schemathesis.specs.openapi.checks import (
 
 from clawvm.core.errors import ConfigError, RateLimitError
 from clawvm.core.redact import RedactionPolicy
-from clawvm.server.app import (
+from clawvm.server import (
     JsonFormatter,
     RateLimiter,
     ServerSettings,
@@ -451,7 +451,7 @@ def test_one_json_log_line_per_request_without_secrets(env: Env) -> None:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter())
-    logger = logging.getLogger("clawvm.server.app")
+    logger = logging.getLogger("clawvm.server")  # every server module logs under it
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     try:

@@ -371,7 +371,7 @@ def serve(
 ) -> None:
     """Run the REST API over the store: API keys, tenants, limits; OpenAPI at /docs and /openapi.json."""
     try:
-        from clawvm.server.app import (
+        from clawvm.server import (
             ServerSettings,
             configure_logging,
             create_app,

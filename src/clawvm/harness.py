@@ -837,6 +837,11 @@ class Harness:
                 continue
 
     # ---- lifecycle ----------------------------------------------------------------------------------
+    def share_embed_worker(self, worker: EmbedWorker | None) -> None:
+        """Notify ``worker`` of new content, one worker shared by many harnesses (a server has one for all
+        its tenants, straight on the engine); whoever started it flushes and stops it."""
+        self._worker = worker
+
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every recorded memory is embedded."""
         if self._worker is not None:

@@ -3,7 +3,7 @@
 ``clawvm serve`` mounts it (:func:`clawvm.server.app.create_app`): ``create_router(read, write)`` takes two
 FastAPI dependencies returning the caller's :class:`~clawvm.Harness` (the server authenticates the API
 key and checks its role in them; ``write`` serves the manual actions). Library errors propagate to the
-app's handlers (:func:`clawvm.server.app.install_error_handlers`), like every other route's. The page lives
+app's handlers (:func:`clawvm.server.errors.install_error_handlers`), like every other route's. The page lives
 at ``/dashboard/`` and needs no key; its scripts call ``/dashboard/api/...`` with the key the user typed
 (kept in the browser's localStorage; a URL ending in ``#key=<key>`` sets it). The page stays live: it reads
 the tenant's event stream (``/v1/events/stream``, with the same ``Authorization`` header, through

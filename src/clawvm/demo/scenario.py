@@ -86,7 +86,7 @@ def serve_demo(
     """Load the scenario into ``db``, then serve the REST API and the dashboard until interrupted.
 
     Prints the dashboard URL with an API key (tenant ``default``, role agent) in its fragment."""
-    from clawvm.server.app import configure_logging, create_app, run_server
+    from clawvm.server import configure_logging, create_app, run_server
 
     clock = ReplayClock()
     h = open_demo(store_from_url(db), clock, embed)

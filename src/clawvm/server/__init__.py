@@ -1,0 +1,44 @@
+"""The REST server: :func:`create_app` builds a FastAPI app over one store; ``clawvm serve`` runs it
+(:func:`run_server`).
+
+Where things are, in the order a request meets them:
+
+=====================  ===================================================================================
+:mod:`.settings`       :class:`ServerSettings` (limits) and :func:`redaction_options` (``serve``'s flags)
+:mod:`.middleware`     :class:`Guard`: request id, body limit, UTF-8, last-resort 500, one log line each
+:mod:`.auth`           API key -> principal; :data:`Reader` / :data:`Writer` / :data:`Admin` per route
+:mod:`.ratelimit`      the per-key token bucket (429)
+:mod:`.service`        :class:`Service`: the engine, the embedding worker, keys, one harness per tenant
+:mod:`.routes`         one module per resource (memories, recall, sessions, events, keys, health, dashboard)
+:mod:`.schemas`        request and response bodies (pydantic)
+:mod:`.errors`         library error type -> HTTP status and code (:data:`ERRORS`), the one error shape
+:mod:`.app`            :func:`create_app`, the factory wiring the above
+:mod:`.serve`          :func:`run_server` (uvicorn); :mod:`.logs`: JSON-lines logging
+=====================  ===================================================================================
+"""
+
+from clawvm.server.app import create_app
+from clawvm.server.auth import Admin, Caller, Reader, Writer
+from clawvm.server.errors import ERROR_RESPONSES, ERRORS
+from clawvm.server.logs import JsonFormatter, configure_logging
+from clawvm.server.ratelimit import RateLimiter
+from clawvm.server.serve import run_server
+from clawvm.server.service import Service
+from clawvm.server.settings import ServerSettings, redaction_options
+
+__all__ = [
+    "ERRORS",
+    "ERROR_RESPONSES",
+    "Admin",
+    "Caller",
+    "JsonFormatter",
+    "RateLimiter",
+    "Reader",
+    "ServerSettings",
+    "Service",
+    "Writer",
+    "configure_logging",
+    "create_app",
+    "redaction_options",
+    "run_server",
+]

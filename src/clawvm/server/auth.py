@@ -1,0 +1,77 @@
+"""Who calls, and what they may do: an API key (``Authorization: Bearer <key>`` or ``X-API-Key``) names a
+:class:`Principal` (a tenant and a role); a route declares the permission it needs by taking a
+:data:`Reader`, :data:`Writer` or :data:`Admin` argument. That dependency authenticates the key (401),
+applies the key's rate limit (429), checks the role (403) and hands over the :class:`Caller`: the
+principal and the harness of its tenant.
+
+==========  ==================  ==============================================================
+argument    the key's role      routes
+==========  ==================  ==============================================================
+Reader      any                 get, list, export, value, recall, context, events, stats, whoami
+Writer      agent or admin      record, update, forget, pin, feedback, compress, sessions, tick
+Admin       admin               the tenant's keys, import, originals kept before redaction
+==========  ==================  ==============================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request, Security
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from clawvm.harness import Harness
+from clawvm.server.service import service_of
+from clawvm.store.keys import Permission, Principal
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The authenticated caller and the harness of its tenant."""
+
+    principal: Principal
+    harness: Harness
+
+
+_bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <API key>")
+_api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="X-API-Key: <API key>")
+
+
+def authenticate(
+    request: Request,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)] = None,
+    header_key: Annotated[str | None, Security(_api_key_header)] = None,
+) -> Principal:
+    """The caller of this request (401 without a valid key; 429 over the key's rate limit)."""
+    service = service_of(request)
+    principal = service.keyring.authenticate(bearer.credentials if bearer is not None else header_key)
+    request.state.principal = principal  # for the access log
+    service.limiter.check(principal.key_id)
+    return principal
+
+
+def caller_with(permission: Permission) -> Callable[..., Caller]:
+    """A dependency: the caller, if its role grants ``permission`` (else 403)."""
+
+    def dependency(request: Request, principal: Annotated[Principal, Depends(authenticate)]) -> Caller:
+        principal.require(permission)
+        return Caller(principal, service_of(request).harness_for(principal.tenant))
+
+    return dependency
+
+
+Reader = Annotated[Caller, Depends(caller_with(Permission.READ))]
+Writer = Annotated[Caller, Depends(caller_with(Permission.WRITE))]
+Admin = Annotated[Caller, Depends(caller_with(Permission.ADMIN))]
+
+
+def records_usage(requested: bool | None, caller: Caller) -> bool:
+    """Whether a read (recall, context) also records usage: by default yes for writers; read-only keys
+    may not (asking is a 403)."""
+    if requested is None:
+        return caller.principal.can(Permission.WRITE)
+    if requested:
+        caller.principal.require(Permission.WRITE)
+    return requested

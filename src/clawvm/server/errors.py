@@ -1,0 +1,193 @@
+"""Every 4xx and 5xx is ``{"error": {"code", "message", "field", "fix"}}`` (:class:`ErrorBody`).
+
+The library's errors (:mod:`clawvm.core.errors`) are mapped by their type in :data:`ERRORS`, the one
+table; request-shape errors (pydantic) and HTTP errors (unknown route, wrong method) are translated next to
+it. A 5xx never shows the library's message: the client gets a generic one and the log keeps the details.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from clawvm.core.errors import (
+    AccessDeniedError,
+    AuthenticationError,
+    ClawVMError,
+    ConfigError,
+    ConflictError,
+    CryptoError,
+    EmbedderError,
+    InvalidToolResultError,
+    NotFoundError,
+    RateLimitError,
+    SchemaError,
+    StoreError,
+    ValidationError,
+)
+from clawvm.core.model import DEPTH_FIX
+from clawvm.server.schemas.responses import ErrorBody
+
+log = logging.getLogger(__name__)
+
+#: Library error -> (HTTP status, error code). The first matching class wins (subclasses first).
+ERRORS: tuple[tuple[type[ClawVMError], int, str], ...] = (
+    (ValidationError, 422, "validation_error"),
+    (ConfigError, 422, "invalid_option"),
+    (NotFoundError, 404, "not_found"),
+    (ConflictError, 409, "conflict"),
+    (AuthenticationError, 401, "unauthorized"),
+    (AccessDeniedError, 403, "forbidden"),
+    (RateLimitError, 429, "rate_limited"),
+    (InvalidToolResultError, 422, "invalid_tool_result"),
+    (CryptoError, 500, "crypto_error"),  # a sealed original that the server's data keys cannot open
+    (SchemaError, 500, "schema_error"),
+    (StoreError, 503, "store_unavailable"),
+    (EmbedderError, 503, "embedder_unavailable"),
+    (ClawVMError, 500, "internal_error"),
+)
+
+#: pydantic error type of a malformed request -> what to do instead (the `fix` of its 422)
+_FIXES = {
+    "missing": "provide it",
+    "extra_forbidden": "remove it; see /docs for the fields this endpoint takes",
+    "enum": "use one of the listed values",
+    "literal_error": "use one of the listed values",
+    "too_long": "send fewer items or a shorter string",
+    "too_short": "send more items or a longer string",
+    "string_too_long": "send a shorter string",
+    "string_too_short": "send a non-empty string",
+    "string_type": "pass a string",
+    "int_parsing": "pass an integer",
+    "int_type": "pass an integer",
+    "int_from_float": "pass an integer",
+    "float_parsing": "pass a number",
+    "float_type": "pass a number",
+    "finite_number": "pass a finite number",
+    "bool_parsing": "pass true or false",
+    "bool_type": "pass true or false",
+    "list_type": "pass a JSON array",
+    "dict_type": "pass a JSON object",
+    "model_type": "pass a JSON object",
+    "model_attributes_type": "pass a JSON object",
+    "datetime_parsing": "pass an ISO 8601 datetime",
+    "datetime_from_date_parsing": "pass an ISO 8601 datetime",
+    "datetime_type": "pass an ISO 8601 datetime",
+    "greater_than_equal": "pass a larger value",
+    "greater_than": "pass a larger value",
+    "less_than_equal": "pass a smaller value",
+    "less_than": "pass a smaller value",
+    "value_error": "see the message",
+    "json_too_deep": DEPTH_FIX,  # the library's own check (clawvm.core.model), e.g. memories in an import
+}
+
+_MESSAGES_5XX = {
+    "store_unavailable": "the storage engine failed; retry later",
+    "embedder_unavailable": "the embedding model failed; retry later",
+    "schema_error": "the database schema is not usable by this server version",
+    "crypto_error": "protected content could not be decrypted with the server's data keys",
+    "internal_error": "unexpected server error",
+}
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": description}
+    for status, description in (
+        (400, "Malformed request: not JSON, or not UTF-8"),
+        (401, "Missing, unknown or revoked API key"),
+        (403, "The key's role may not do this, or the data is another tenant's"),
+        (404, "Not found (ids of other tenants are not found either)"),
+        (409, "Version conflict: re-read and retry"),
+        (413, "Request body over the size limit"),
+        (422, "Invalid input; `field` names it"),
+        (429, "Rate limit of this API key exceeded; see Retry-After"),
+        (500, "Unexpected server error"),
+        (503, "Storage engine or embedding model unavailable"),
+    )
+}
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    field: str | None = None,
+    fix: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body = {"error": {"code": code, "message": message, "field": field, "fix": fix}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def response_for(exc: ClawVMError) -> JSONResponse:
+    """The HTTP response for a library error (see :data:`ERRORS`)."""
+    status, code = next((s, c) for cls, s, c in ERRORS if isinstance(exc, cls))
+    field: str | None = None
+    fix: str | None = None
+    message = str(exc)
+    headers: dict[str, str] = {}
+    if isinstance(exc, ValidationError | AccessDeniedError):
+        field, message, fix = exc.field, exc.problem, exc.fix
+    elif isinstance(exc, NotFoundError):
+        field, fix = f"{exc.what}_id", "check the id: it may have been forgotten, or never existed"
+    elif isinstance(exc, ConflictError):
+        field, fix = "expected_version", "re-read the memory and retry with its current version"
+    elif isinstance(exc, AuthenticationError):
+        field, fix = "Authorization", "send a valid key as 'Authorization: Bearer <key>' (clawvm keys create)"
+    elif isinstance(exc, RateLimitError):
+        fix = f"slow down; retry after {exc.retry_after_s:.2f} s"
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    if status >= 500:
+        message = _MESSAGES_5XX.get(code, "unexpected server error")
+        fix = fix or "retry later; the server log has the details (search for the X-Request-ID)"
+    return error_response(status, code, message, field, fix, headers or None)
+
+
+def _request_error(exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0]
+    loc = [str(p) for p in first.get("loc", ())]
+    where = loc[0] if loc else "body"
+    path = loc[1:] if where in ("body", "query", "path", "header", "cookie") else loc
+    kind = str(first.get("type", ""))
+    if kind == "json_invalid":
+        reason = first.get("ctx", {}).get("error", "invalid JSON")
+        return error_response(400, "invalid_json", f"is not valid JSON ({reason})", "body", "send JSON")
+    message = str(first.get("msg", "is invalid")).removeprefix("Value error, ")
+    return error_response(
+        422, "validation_error", message, ".".join(path) or where, _FIXES.get(kind, "correct the value")
+    )
+
+
+def _http_error(exc: StarletteHTTPException) -> JSONResponse:
+    code, field, fix = {
+        400: ("bad_request", "body", "send a JSON body"),
+        404: ("not_found", None, "see /docs for the routes"),
+        405: ("method_not_allowed", None, "see the Allow header"),
+    }.get(exc.status_code, ("http_error", None, None))
+    return error_response(exc.status_code, code, str(exc.detail), field, fix, dict(exc.headers or {}) or None)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def library(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ClawVMError)
+        response = response_for(exc)
+        if response.status_code >= 500:  # the client gets a generic message; the log keeps the details
+            log.error("library error", exc_info=exc)
+        return response
+
+    async def request_shape(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        return _request_error(exc)
+
+    async def http(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        return _http_error(exc)
+
+    app.add_exception_handler(ClawVMError, library)
+    app.add_exception_handler(RequestValidationError, request_shape)
+    app.add_exception_handler(StarletteHTTPException, http)

@@ -1,0 +1,149 @@
+""":class:`Guard`, the ASGI middleware in front of every route: it gives each request an id (the client's
+``X-Request-ID`` when well formed), bounds the body size (413), rejects bodies that are not UTF-8 (400),
+turns any unexpected exception into a 500 of the one error schema, and writes one JSON log line per
+request (never bodies or keys)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers, MutableHeaders
+
+from clawvm.server.errors import error_response
+from clawvm.store.keys import Principal
+
+log = logging.getLogger(__name__)
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[..., Awaitable[None]]
+ASGIApp = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+class _Rejected(Exception):
+    """A request answered before the app sees it (body too large, or not UTF-8)."""
+
+    def __init__(self, response: JSONResponse) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
+class Guard:
+    """Pure ASGI middleware; see the module docstring. The body is read once here (bounded) and replayed."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        given = Headers(scope=scope).get("x-request-id", "")
+        request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex[:16]
+        sent = {"status": 0}
+
+        async def send_with_id(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                sent["status"] = message["status"]
+                MutableHeaders(scope=message).append("X-Request-ID", request_id)
+            await send(message)
+
+        try:
+            body = await self._body(scope, receive)
+            await self.app(scope, _replay(body, receive), send_with_id)
+        except _Rejected as rejected:
+            await rejected.response(scope, receive, send_with_id)
+        except Exception:
+            log.exception("unhandled error", extra={"fields": {"request_id": request_id}})
+            if not sent["status"]:
+                await error_response(
+                    500,
+                    "internal_error",
+                    "unexpected server error",
+                    None,
+                    f"retry; if it persists report request {request_id}",
+                )(scope, receive, send_with_id)
+        finally:
+            self._log(scope, request_id, sent["status"] or 500, started)
+
+    async def _body(self, scope: MutableMapping[str, Any], receive: Receive) -> bytes:
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise _Rejected(self._too_large())
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise _Rejected(self._too_large())
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _Rejected(
+                error_response(
+                    400,
+                    "invalid_utf8",
+                    f"is not valid UTF-8 (byte {exc.start})",
+                    "body",
+                    "encode the JSON body as UTF-8",
+                )
+            ) from None
+        return body
+
+    def _too_large(self) -> JSONResponse:
+        return error_response(
+            413,
+            "payload_too_large",
+            f"is over the {self.max_body_bytes}-byte limit",
+            "body",
+            "send less per request (store large payloads elsewhere and record a reference)",
+        )
+
+    @staticmethod
+    def _log(scope: MutableMapping[str, Any], request_id: str, status: int, started: float) -> None:
+        principal = scope.get("state", {}).get("principal")
+        fields: dict[str, Any] = {
+            "request_id": request_id,
+            "method": scope.get("method"),
+            "path": scope.get("path"),
+            "status": status,
+            "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+        }
+        if isinstance(principal, Principal):
+            fields.update(tenant=principal.tenant, key_id=principal.key_id, role=principal.role.value)
+        log.log(logging.ERROR if status >= 500 else logging.INFO, "request", extra={"fields": fields})
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    done = False
+
+    async def replay() -> MutableMapping[str, Any]:
+        nonlocal done
+        if not done:
+            done = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

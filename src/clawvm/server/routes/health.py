@@ -1,0 +1,23 @@
+"""Liveness and readiness, for load balancers and orchestrators: no API key, no ``/v1`` prefix."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from clawvm.server.errors import ERROR_RESPONSES
+from clawvm.server.schemas.responses import Health
+from clawvm.server.service import service_of
+
+router = APIRouter(tags=["health"], responses={503: ERROR_RESPONSES[503], 500: ERROR_RESPONSES[500]})
+
+
+@router.get("/healthz", response_model=Health)
+def healthz() -> Health:
+    """Liveness: the process answers."""
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Health)
+def readyz(request: Request) -> Health:
+    """Readiness: the store answers a read."""
+    return Health(status="ready", checks=service_of(request).readiness())

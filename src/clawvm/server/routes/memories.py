@@ -1,0 +1,121 @@
+"""One memory at a time (record, get, update, forget, pin, feedback, value, compress, its original) and
+all of them (list with filters, import, export as JSON Lines)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.responses import Response, StreamingResponse
+
+from clawvm.core.errors import ValidationError
+from clawvm.core.model import Memory
+from clawvm.server.auth import Admin, Reader, Writer
+from clawvm.server.routes.params import MemoryId
+from clawvm.server.schemas.requests import (
+    FeedbackRequest,
+    ImportRequest,
+    ListQuery,
+    RecordRequest,
+    UpdateRequest,
+)
+from clawvm.server.schemas.responses import ImportOut, OriginalOut, ValueOut
+
+router = APIRouter(tags=["memories"])
+
+
+@router.post("/memories", status_code=201, response_model=Memory)
+def record(body: RecordRequest, caller: Writer) -> Memory:
+    """Record a new memory (lexically searchable at once, embedded in the background)."""
+    return caller.harness.record(body.content, embedding=body.embedding, **body.fields())
+
+
+@router.get("/memories", response_model=list[Memory])
+def list_memories(query: Annotated[ListQuery, Query()], caller: Reader) -> list[Memory]:
+    """The newest memories matching the filters (active ones unless ``status`` says otherwise)."""
+    return caller.harness.list(limit=query.limit, **query.as_kwargs())
+
+
+@router.post("/memories/import", response_model=ImportOut)
+def import_memories(body: ImportRequest, caller: Admin) -> ImportOut:
+    """Store exported memories as they are (ids already present are skipped)."""
+    own = {"tenant": caller.principal.tenant}
+    memories = [m if "tenant" in m.model_fields_set else m.model_copy(update=own) for m in body.memories]
+    n = caller.harness.import_memories(memories)
+    return ImportOut(imported=n, skipped=len(memories) - n)
+
+
+@router.get("/memories/{memory_id}", response_model=Memory)
+def get_memory(memory_id: MemoryId, caller: Reader) -> Memory:
+    return caller.harness.get(memory_id)
+
+
+@router.patch("/memories/{memory_id}", response_model=Memory)
+def update_memory(memory_id: MemoryId, body: UpdateRequest, caller: Writer) -> Memory:
+    """Change fields; the version grows by one. A stale ``expected_version`` is a 409."""
+    changes = body.changes()
+    if not changes:
+        raise ValidationError("body", "changes nothing", "send at least one field to change")
+    return caller.harness.update(memory_id, expected_version=body.expected_version, **changes)
+
+
+@router.delete("/memories/{memory_id}", status_code=204)
+def forget_memory(memory_id: MemoryId, caller: Writer) -> Response:
+    """Delete a memory for good."""
+    caller.harness.forget(memory_id)
+    return Response(status_code=204)
+
+
+@router.get("/memories/{memory_id}/original", response_model=OriginalOut)
+def reveal_original(memory_id: MemoryId, caller: Admin) -> OriginalOut:
+    """The original of a memory stored redacted, opened with the server's data key (admin keys only: others
+    get 403). Each reveal is logged as a ``reveal`` event. 404 when no original was kept (the server does
+    not run with ``--keep-originals``, or the memory was recorded before); a memory with nothing redacted
+    answers its content."""
+    original = caller.harness.reveal(memory_id, admin=True)
+    content_type = caller.harness.get(memory_id).content_type
+    return OriginalOut(id=memory_id, content=original, content_type=content_type)
+
+
+@router.post("/memories/{memory_id}/pin", response_model=Memory)
+def pin(memory_id: MemoryId, caller: Writer) -> Memory:
+    return caller.harness.pin(memory_id)
+
+
+@router.post("/memories/{memory_id}/unpin", response_model=Memory)
+def unpin(memory_id: MemoryId, caller: Writer) -> Memory:
+    return caller.harness.unpin(memory_id)
+
+
+@router.post("/memories/{memory_id}/feedback", response_model=Memory)
+def feedback(memory_id: MemoryId, body: FeedbackRequest, caller: Writer) -> Memory:
+    """User feedback (+1 useful / -1 not useful); feeds the value score."""
+    return caller.harness.rate(memory_id, body.delta)
+
+
+@router.get("/memories/{memory_id}/value", response_model=ValueOut)
+def value(memory_id: MemoryId, caller: Reader) -> ValueOut:
+    """Every component of the memory's value score right now."""
+    return ValueOut.of(caller.harness.explain(memory_id))
+
+
+@router.post("/memories/{memory_id}/compress", response_model=Memory)
+def compress(memory_id: MemoryId, caller: Writer) -> Memory:
+    return caller.harness.compress(memory_id)
+
+
+@router.post("/memories/{memory_id}/decompress", response_model=Memory)
+def decompress(memory_id: MemoryId, caller: Writer) -> Memory:
+    return caller.harness.decompress(memory_id)
+
+
+@router.get(
+    "/export",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-ndjson": {}}, "description": "one memory per line"}},
+)
+def export(caller: Reader) -> StreamingResponse:
+    """Every memory of the tenant as JSON Lines (lossless), oldest first."""
+    lines: Iterator[str] = (m.to_json() + "\n" for m in caller.harness.store.iter_all())
+    return StreamingResponse(lines, media_type="application/x-ndjson")

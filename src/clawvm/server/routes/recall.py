@@ -1,0 +1,41 @@
+"""Reading by meaning: ``/recall`` (the best memories for a query, with each channel's part of the score)
+and ``/context`` (a prompt-ready context under a token budget). Both record usage for writer keys."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from clawvm.server.auth import Reader, records_usage
+from clawvm.server.schemas.requests import ContextRequest, RecallRequest
+from clawvm.server.schemas.responses import ContextOut, RecallHit
+
+router = APIRouter(tags=["recall"])
+
+
+@router.post("/recall", response_model=list[RecallHit])
+def recall(body: RecallRequest, caller: Reader) -> list[RecallHit]:
+    """The ``k`` best memories for ``query``, with each channel's part of the score."""
+    hits = caller.harness.recall(
+        body.query,
+        k=body.k,
+        preset=body.preset,
+        track=records_usage(body.track, caller),
+        **body.filters.as_kwargs(),
+    )
+    return [RecallHit.of(h) for h in hits]
+
+
+@router.post("/context", response_model=ContextOut)
+def context(body: ContextRequest, caller: Reader) -> ContextOut:
+    """A prompt-ready context under a token budget, with the manifest of every line."""
+    ctx = caller.harness.context(
+        body.query,
+        budget_tokens=body.budget_tokens,
+        session_id=body.session_id,
+        task_id=body.task_id,
+        agent_id=body.agent_id,
+        k=body.k,
+        neighbours=body.neighbours,
+        record_usage=records_usage(body.record_usage, caller),
+    )
+    return ContextOut.of(ctx)

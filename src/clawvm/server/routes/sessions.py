@@ -1,0 +1,44 @@
+"""A session's and a task's lifecycle: checkpoints and rollback, preloading the working tier, collapsing a
+finished task, and the pager's pass (``/tick``)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from clawvm.core.model import Memory
+from clawvm.server.auth import Writer
+from clawvm.server.routes.params import MemoryId, ScopeId
+from clawvm.server.schemas.requests import CheckpointRequest, StartSessionRequest
+from clawvm.server.schemas.responses import CheckpointOut, CollapseOut, RollbackOut, TickOut
+
+router = APIRouter(tags=["sessions"])
+
+
+@router.post("/sessions/{session_id}/checkpoints", status_code=201, response_model=CheckpointOut)
+def checkpoint(session_id: ScopeId, body: CheckpointRequest, caller: Writer) -> CheckpointOut:
+    """Snapshot the session's tiers and value state."""
+    return CheckpointOut(id=caller.harness.checkpoint(session_id, body.name))
+
+
+@router.post("/checkpoints/{checkpoint_id}/rollback", response_model=RollbackOut)
+def rollback(checkpoint_id: MemoryId, caller: Writer) -> RollbackOut:
+    """Restore a checkpoint; memories created after it become obsolete (not deleted)."""
+    return RollbackOut.of(caller.harness.rollback(checkpoint_id))
+
+
+@router.post("/sessions/{session_id}/start", response_model=list[Memory])
+def start_session(session_id: ScopeId, body: StartSessionRequest, caller: Writer) -> list[Memory]:
+    """Preload the working tier with the memories most relevant to ``task``."""
+    return caller.harness.start_session(session_id, body.task, task_id=body.task_id, k=body.k)
+
+
+@router.post("/tasks/{task_id}/collapse", response_model=CollapseOut)
+def collapse(task_id: ScopeId, caller: Writer) -> CollapseOut:
+    """Compress a finished task's intermediate steps into one summary linked to them."""
+    return CollapseOut(summary=caller.harness.collapse_task(task_id))
+
+
+@router.post("/tick", response_model=TickOut)
+def tick(caller: Writer) -> TickOut:
+    """Pager pass: expire TTLs, refresh values, page idle sessions out."""
+    return TickOut.model_validate(caller.harness.tick())

@@ -1,0 +1,118 @@
+""":class:`Service`, what the routes of one app share: the engine, one embedding worker for it, the
+:class:`Keyring`, the rate limiter, and one :class:`Harness` per tenant over a :class:`TenantStore` view, so
+tenant isolation is enforced by the store layer whatever a route does. ``create_app`` makes one and keeps
+it on ``app.state.service``; a route reaches it with :func:`service_of`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import Request
+
+from clawvm.core.embed import Embedder, EmbedWorker, MiniLMEmbedder
+from clawvm.core.errors import EmbedderError, ValidationError
+from clawvm.harness import Harness
+from clawvm.server.ratelimit import RateLimiter
+from clawvm.server.settings import ServerSettings
+from clawvm.store import Store
+from clawvm.store.eventlog import EventTail
+from clawvm.store.keys import Keyring, Principal
+from clawvm.store.tenant import TenantStore
+from clawvm.write.redaction import Redactor
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    """What the routes share: the engine, its embedding worker, the keyring, the limiter, tenant harnesses."""
+
+    def __init__(
+        self,
+        store: Store,
+        embedder: Embedder | None,
+        settings: ServerSettings,
+        *,
+        owns_store: bool = True,
+        harness_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.harness_options = dict(harness_options or {})
+        if self.harness_options.get("redaction") is not None:
+            # resolve the data keys once, now: a policy keeping originals without a key fails at start,
+            # not at some tenant's first request
+            redactor = Redactor(self.harness_options["redaction"], self.harness_options.get("data_keys"))
+            self.harness_options["data_keys"] = redactor.keys
+        store.setup()
+        self.store = store
+        self.embedder = embedder
+        self.settings = settings
+        self.owns_store = owns_store
+        self.keyring = Keyring(store, refresh_s=settings.keys_refresh_s)
+        self.limiter = RateLimiter(settings.rate_per_s, settings.burst)
+        # one worker embeds for every tenant, straight on the engine (a worker per tenant view would
+        # scan the others' backlog)
+        self.worker = EmbedWorker(embedder, store.unembedded, store.set_vectors) if embedder else None
+        if self.worker is not None:
+            self.worker.start()
+        self._harnesses: dict[str, Harness] = {}
+        self._lock = threading.Lock()
+        self.live = EventTail(store, poll_s=settings.events_poll_s)  # what event streams wait on
+
+    def harness_for(self, tenant: str) -> Harness:
+        """The tenant's harness, over a view of the engine confined to that tenant (made once)."""
+        with self._lock:
+            harness = self._harnesses.get(tenant)
+            if harness is None:
+                harness = Harness(
+                    TenantStore(self.store, tenant),
+                    self.embedder,
+                    tenant=tenant,
+                    preset_name=self.settings.preset,
+                    max_content_bytes=self.settings.max_content_bytes,
+                    **self.harness_options,
+                )
+                harness.share_embed_worker(self.worker)  # its records notify the shared worker
+                self._harnesses[tenant] = harness
+            return harness
+
+    def readiness(self) -> dict[str, str]:
+        """Raises if the store cannot be read; reports the embedder."""
+        self.store.read_events(0, 1)
+        return {"store": "ok", "embedder": "ok" if self.embedder is not None else "off (lexical recall only)"}
+
+    def key_active(self, principal: Principal) -> bool:
+        """Whether the caller's key still works (an open event stream ends once it is revoked)."""
+        return self.keyring.active(principal.key_id)
+
+    def close(self) -> None:
+        """At shutdown: end the event streams, drain and stop the embedding worker, close the store if the
+        service opened it."""
+        self.live.stop()
+        if self.worker is not None:
+            try:
+                self.worker.flush(timeout=30)
+            except (TimeoutError, EmbedderError) as exc:
+                log.warning("embedding queue not drained at shutdown", extra={"fields": {"error": str(exc)}})
+            self.worker.stop()
+            self.worker = None
+        if self.owns_store:
+            self.store.close()
+
+
+def service_of(request: Request) -> Service:
+    """The service of the app serving ``request``."""
+    service: Service = request.app.state.service
+    return service
+
+
+def embedder_from(spec: Embedder | str | None) -> Embedder | None:
+    """``create_app``'s ``embedder``: ``"default"`` (offline MiniLM), ``None``/``"none"`` or an Embedder."""
+    if spec == "default":
+        return MiniLMEmbedder()
+    if spec is None or spec == "none":
+        return None
+    if isinstance(spec, str):
+        raise ValidationError("embedder", f"is {spec!r}", "use 'default', 'none' or an Embedder")
+    return spec
