@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clawvm import Harness, Kind, Memory, Tier, ValidationError
+from clawvm import Harness, Kind, Memory, Status, Tier, ValidationError
 from clawvm.core.embed import count_tokens
 from clawvm.core.model import build_memory
-from clawvm.vm.context import SECTIONS, Candidate, Context, Quotas, pack, render, short_id
+from clawvm.vm.context import SECTIONS, Candidate, Context, Quotas, admissible, pack, render, short_id
 from clawvm.vm.tiers import PagerConfig, TierBudgets
 
 T0 = datetime(2030, 3, 1, 9, 0, tzinfo=UTC)
@@ -241,6 +241,11 @@ def candidates(draw: st.DrawFn) -> list[Candidate]:
             "content": text, "kind": draw(st.sampled_from(list(Kind))), "token_count": count_tokens(text),
             "created_at": T0 + timedelta(minutes=draw(st.integers(0, 10**5))),
             "value": draw(st.floats(0, 1)), "tier": draw(st.sampled_from(list(Tier))),
+            # mostly active; now and then what a prompt may never hold (see vm/context.py)
+            "status": draw(st.sampled_from([Status.ACTIVE] * 4 + list(Status))),
+            "expires_at": draw(st.none() | st.integers(-3, 3).map(lambda h: T0 + timedelta(hours=h))),
+            "tags": draw(st.sampled_from([[], ["checkpoint"]])),
+            "metadata": draw(st.sampled_from([{}, {"raw_of": "0190a1b2-0000-7000-8000-000000000000"}])),
         })
         near = tuple(draw(st.lists(st.sampled_from(pool), max_size=2))) if pool else ()
         pool.append(m)
@@ -256,8 +261,8 @@ quotas = st.builds(Quotas, st.floats(0, 1), st.floats(0, 1), st.floats(0, 1)) | 
 @given(candidates(), st.integers(1, 800), quotas)
 def test_pack_is_pure_and_within_budget(cands: list[Candidate], budget: int, q: Quotas) -> None:
     frozen = [(c.memory.to_json(), c.section, c.relevance, c.reason, c.neighbours) for c in cands]
-    first = pack(cands, budget, count_tokens, q)
-    second = pack(list(cands), budget, count_tokens, q)
+    first = pack(cands, budget, count_tokens, q, now=T0)
+    second = pack(list(cands), budget, count_tokens, q, now=T0)
     assert first == second
     assert [(c.memory.to_json(), c.section, c.relevance, c.reason, c.neighbours) for c in cands] == frozen
     check_shape(first, budget)
@@ -266,8 +271,15 @@ def test_pack_is_pure_and_within_budget(cands: list[Candidate], budget: int, q: 
     by_id = {c.memory.id: c for c in cands}
     for e in first.manifest:
         assert e.id in by_id or e.reason.startswith("neighbour of ")
+    # the prompt invariants: whatever was offered, every line is admissible at build time
+    offered = {m.id: m for c in cands for m in (c.memory, *c.neighbours)}
+    assert all(admissible(offered[e.id], T0) for e in first.manifest)
+    for m in offered.values():
+        if m.id in first.ids:
+            assert m.status is Status.ACTIVE and (m.expires_at is None or m.expires_at > T0)
+            assert "raw_of" not in m.metadata and not (m.kind is Kind.AGENT_STATE and "checkpoint" in m.tags)
 
 
 def test_pack_with_nothing() -> None:
-    ctx = pack([], 100, count_tokens)
+    ctx = pack([], 100, count_tokens, now=T0)
     assert ctx.text == "" and ctx.manifest == [] and ctx.tokens == 0

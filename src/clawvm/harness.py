@@ -185,6 +185,10 @@ class Harness:
 
         ``embedding`` attaches a precomputed vector instead (it must match the embedder's dimension).
         Raises :class:`ValidationError` naming the field; nothing is written then.
+
+        A memory whose ``expires_at`` is already past is stored expired (status ``expired``, archive tier):
+        the record is kept for analytics and export, but it is never active, so it never reaches a recall
+        or a prompt (a late write of a one-hour secret stays out of them).
         """
         for name in ("id", "version", "content_type", "token_count"):
             if name in fields and name != "id":
@@ -206,6 +210,10 @@ class Harness:
             }
         )
         teams.check_write(self, memory)  # a team memory needs its agent's write grant
+        if memory.expires_at is not None and memory.expires_at <= self.now():
+            memory = memory.model_copy(
+                update={"status": Status.EXPIRED, "tier": Tier.ARCHIVE, "pinned": False}
+            )
         memory = memory.model_copy(update={"value": self.pager.value_now(memory, self.now())})
         added = self._make_event(
             EventKind.ADD, memory, {"kind": memory.kind.value, "tier": memory.tier.value}
@@ -771,6 +779,7 @@ class Harness:
             budget_tokens - warned.tokens,
             count_tokens,
             quotas or Quotas(),
+            now=now,
         )
         warned.apply(ctx, budget_tokens)
         if record_usage and ctx.manifest:

@@ -423,6 +423,9 @@ def _append_revision(
     """Write a revision of ``current`` as read (the write is compare-and-set on its version)."""
     if current.status is Status.OBSOLETE:
         raise ConflictError(current.id, current.version, current.version)
+    if current.status is Status.EXPIRED or (current.expires_at is not None and current.expires_at <= h.now()):
+        # a revision would bring text back that its TTL promised to forget
+        raise ValidationError("memory_id", f"{current.id} has expired", "record a new memory instead")
     old, new = build_revision(h, current, changes)
     event = Event(
         kind=EventKind.REVISE,

@@ -18,10 +18,11 @@ from clawvm.core.model import Filters, Kind, Memory, Status, Tier, Usage, build_
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
 from clawvm.store.kinds import EventKind
+from clawvm.vm.context import CHECKPOINT_TAG
 from clawvm.vm.tiers import Pager
 from clawvm.write.commit import Writer
 
-TAG = "checkpoint"
+TAG = CHECKPOINT_TAG  # one name: the context builder keeps snapshots out of every prompt
 
 
 @dataclass(frozen=True)

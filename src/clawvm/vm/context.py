@@ -8,14 +8,23 @@ after) fill what is left. The text lists each section chronologically, one line 
 ``[<short id> <date>] <kind>: <content>``. Token counts use the embedding model's tokenizer, and the
 manifest's counts add up to exactly the text's count (lines are joined by newlines, which that tokenizer
 treats as plain whitespace). Nothing ever goes over the budget.
+
+**The prompt invariants**, enforced here and nowhere else (:func:`admissible`, applied by ``pack`` to every
+candidate and every neighbour, whichever section asked for it): a context holds only memories that are
+active and unexpired at build time. That excludes an obsolete revision, an archived raw copy beside its
+summary, the archived steps of a collapsed task, a checkpoint snapshot, a rejected or merged-away memory
+and the harness's internal records, whatever their tier or pin. A raw copy (``metadata["raw_of"]``) and a
+checkpoint snapshot stay out even if someone made them active again: their text is already in the prompt
+through the summary, or is bookkeeping.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
-from clawvm.core.model import Memory
+from clawvm.core.model import Kind, Memory, Status
 
 SECTIONS = ("pinned", "working", "retrieved")
 
@@ -104,12 +113,30 @@ def line_tokens(memory: Memory, count_tokens: Callable[[str], int]) -> int:
     return count_tokens(label(memory)) + memory.token_count
 
 
+#: The tag of checkpoint snapshots (:mod:`clawvm.vm.checkpoint`).
+CHECKPOINT_TAG = "checkpoint"
+
+
+def admissible(memory: Memory, now: datetime) -> bool:
+    """Whether ``memory`` may be in a prompt built at ``now`` (see the module docstring)."""
+    if memory.status is not Status.ACTIVE:
+        return False
+    if memory.expires_at is not None and memory.expires_at <= now:
+        return False
+    if "raw_of" in memory.metadata:
+        return False
+    return not (memory.kind is Kind.AGENT_STATE and CHECKPOINT_TAG in memory.tags)
+
+
 def pack(
     candidates: Sequence[Candidate],
     budget: int,
     count_tokens: Callable[[str], int],
     quotas: Quotas = Quotas(),
+    *,
+    now: datetime,
 ) -> Context:
+    """The context of ``candidates`` under ``budget`` tokens, as of ``now`` (what is admissible then)."""
     chosen: dict[str, tuple[Memory, str, float, str, int]] = {}
     used = 0
     by_section = dict.fromkeys(SECTIONS, 0)
@@ -118,6 +145,8 @@ def pack(
         nonlocal used
         if m.id in chosen:
             return True
+        if not admissible(m, now):
+            return False
         tokens = line_tokens(m, count_tokens)
         if by_section[section] + tokens > limit or used + tokens > budget:
             return False
