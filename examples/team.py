@@ -33,7 +33,7 @@ from clawvm import Harness, Kind
 from clawvm.agents.agent import AgentWithMemory, Message
 from clawvm.core.openai_http import post_json
 from clawvm.teams import shared as teams
-from clawvm.teams.merge import fuse
+from clawvm.teams.merge import merge_team
 
 TEAM = "docs"
 ROLES = {
@@ -140,7 +140,7 @@ def run_task(
         for m in _ISSUE.finditer(review)
     ]
     tokens = {role: a.last_guidance.tokens if a.last_guidance else 0 for role, a in team.items()}
-    fuse(h, team_id=TEAM)
+    merge_team(h, team_id=TEAM)
     return TaskResult(task_id, plan, draft, review, decisions, issues, tokens)
 
 
