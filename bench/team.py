@@ -50,7 +50,7 @@ from clawvm import Harness, Kind, Memory
 from clawvm.core.embed import count_tokens
 from clawvm.teams import shared as teams
 from clawvm.teams.guidance import format_line
-from clawvm.teams.merge import fuse
+from clawvm.teams.merge import merge_team
 
 TEAM = "app"
 SERVICES = ["billing", "ledger", "invoicing", "payouts", "search", "profiles", "checkout", "reports"]
@@ -224,7 +224,7 @@ class Scenario:
             self.score(task, shown)
             self.act(task)
             if not self.naive:
-                report = fuse(h, team_id=TEAM)
+                report = merge_team(h, team_id=TEAM)
                 run.conflicts_flagged += len(report.conflicts)
                 run.pitfalls += len(report.knowledge)
         run.duplicate_rate_after = self.duplicate_rate()
