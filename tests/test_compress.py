@@ -318,3 +318,11 @@ def test_a_failing_summarizer_does_not_fail_the_record_that_archives(llm: ChatRe
         assert llm.requests, "the summarizer was asked"
         errors = [e for e in h.events(memory_id=m.id) if e.kind == "compress_error"]
         assert errors and "500" in errors[-1].data["error"]
+
+
+def test_entities_of_a_summary_skip_words_capitalised_by_a_sentence_start() -> None:
+    from clawvm.vm.compress import entities
+
+    text = "The payment failed at Acme Corp. Most retries used ERR_42 and the Stripe API. Then Caroline called."
+    assert entities(text) == ["Acme Corp", "ERR_42", "Stripe API", "Caroline"]
+    assert "The" not in entities("The Bank of America said no.")

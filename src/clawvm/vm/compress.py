@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Protocol
 
 from clawvm.core.embed import count_tokens
+from clawvm.core.entities import entities as named_entities
 from clawvm.core.errors import ClawVMError
 from clawvm.core.model import JSON, Link, LinkType, Memory, Status, Tier, build_memory, revalidate
 from clawvm.core.openai_http import FAILURES, ChatEndpoint
@@ -30,6 +31,7 @@ _NUMBER = re.compile(r"\d")
 _CODE_LINE = re.compile(r"^\s{2,}\S|[{};]\s*$|^\s*(def|class|return|import|from|SELECT|UPDATE|INSERT)\b|`")
 _ENTITY = re.compile(r"\b[A-Z][a-zA-Z0-9_-]+(?:\s+[A-Z][a-zA-Z0-9_-]+)*")
 _WORD = re.compile(r"[A-Za-z][a-z]+")
+_IDENTIFIER = re.compile(r"[0-9_-]|[a-z][A-Z]")  # "ERR_42", "api-v2", "LeBron": never a sentence word
 
 
 class SummarizerError(ClawVMError):
@@ -44,10 +46,16 @@ class Summarizer(Protocol):
 
 
 def entities(text: str, limit: int = 20) -> list[str]:
-    """Capitalised spans and identifiers, in order of first appearance (a cheap, offline NER stand-in)."""
+    """Capitalised spans and identifiers, as written, in order of first appearance (a cheap, offline NER
+    stand-in). A span counts only where the entity graph's rules (:func:`clawvm.core.entities.entities`)
+    see a name: a word capitalised because it starts a sentence ("The", "Most") is dropped from its span."""
+    name_words = {w for name in named_entities(text) for w in name.split()}
     seen: dict[str, None] = {}
     for m in _ENTITY.finditer(text):
-        span = m.group(0)
+        words = m.group(0).split()
+        while words and words[0].lower() not in name_words and not _IDENTIFIER.search(words[0]):
+            words = words[1:]  # "The Acme" -> "Acme"; "Most" -> nothing
+        span = " ".join(words)
         if len(span) > 2:
             seen.setdefault(span, None)
         if len(seen) >= limit:
