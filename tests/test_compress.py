@@ -323,6 +323,6 @@ def test_a_failing_summarizer_does_not_fail_the_record_that_archives(llm: ChatRe
 def test_entities_of_a_summary_skip_words_capitalised_by_a_sentence_start() -> None:
     from clawvm.vm.compress import entities
 
-    text = "The payment failed at Acme Corp. Most retries used ERR_42 and the Stripe API. Then Caroline called."
+    text = "The payment failed at Acme Corp. Most retries used ERR_42 and the Stripe API. Then Caroline left."
     assert entities(text) == ["Acme Corp", "ERR_42", "Stripe API", "Caroline"]
     assert "The" not in entities("The Bank of America said no.")
