@@ -1037,3 +1037,34 @@ def test_sqlite_checkpoints_off_the_write_path_and_keeps_its_log_bounded(tmp_pat
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert db.execute("SELECT count(*) FROM memories").fetchone()[0] == 400
+
+
+# ---- SQLite durability ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("url_option", "synchronous"), [("", 1), ("?durability=normal", 1), ("?durability=full", 2)]
+)
+def test_sqlite_durability_is_selectable_from_the_url(
+    tmp_path: Path, url_option: str, synchronous: int
+) -> None:
+    """normal (the default) is crash-safe; full fsyncs every commit and survives a power loss."""
+    from clawvm.store import store_from_url
+
+    store = store_from_url(f"sqlite:///{tmp_path}/d.db{url_option}")
+    store.setup()
+    try:
+        assert store.pragma("journal_mode") == "wal"
+        assert isinstance(store, SQLiteStore)
+        assert store.durability == ("full" if synchronous == 2 else "normal")
+        assert store.pragma("synchronous") == synchronous
+    finally:
+        store.close()
+
+
+def test_an_unknown_sqlite_option_names_the_fix(tmp_path: Path) -> None:
+    from clawvm import ConfigError
+    from clawvm.store import store_from_url
+
+    with pytest.raises(ConfigError, match="durability=full"):
+        store_from_url(f"sqlite:///{tmp_path}/d.db?durability=paranoid")
+    with pytest.raises(ConfigError, match="unknown option 'sync'"):
+        store_from_url(f"sqlite:///{tmp_path}/d.db?sync=full")

@@ -8,7 +8,7 @@ extra). Opening by URL does no I/O: call ``setup()`` (the Harness does).
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 from clawvm.core.errors import ConfigError
 from clawvm.store.base import CandidateInfo, Edge, Event, EventFeed, Query, QueryResult, Store
@@ -30,7 +30,10 @@ __all__ = [
 
 
 def store_from_url(target: str | Path, dim: int = 384) -> Store:
-    """An engine for ``target``: ``memory://``, ``sqlite:///abs/path``, ``sqlite://rel/path`` or a path."""
+    """An engine for ``target``: ``memory://``, ``sqlite:///abs/path``, ``sqlite://rel/path`` or a path.
+
+    SQLite takes ``?durability=full`` (fsync every commit: power-loss safe) or ``normal`` (the default:
+    crash-safe); see :data:`clawvm.store.sqlite.DURABILITY`."""
     if isinstance(target, Path):
         return SQLiteStore(target, dim=dim)
     if "://" not in target:
@@ -42,7 +45,13 @@ def store_from_url(target: str | Path, dim: int = 384) -> Store:
         path = url.netloc + url.path
         if not path:
             raise ConfigError(f"store URL {target!r} names no file: use sqlite:///path/to/memories.db")
-        return SQLiteStore(path, dim=dim)
+        options = parse_qs(url.query)
+        unknown = sorted(set(options) - {"durability"})
+        if unknown:
+            raise ConfigError(
+                f"unknown option {unknown[0]!r} in {target!r}: SQLite takes ?durability=full|normal"
+            )
+        return SQLiteStore(path, dim=dim, durability=options.get("durability", ["normal"])[-1])
     if url.scheme in ("postgresql", "postgres"):
         try:  # imported here: psycopg is an optional extra
             from clawvm.store.postgres import PostgresStore

@@ -19,10 +19,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from clawvm.core.errors import SchemaError, StoreError
+from clawvm.core.errors import ConfigError, SchemaError, StoreError
 from clawvm.core.model import Filters, LinkType, Memory
 from clawvm.core.vectors import normalize
 from clawvm.store.base import (
@@ -152,13 +153,31 @@ class _Checkpointer:
             conn.close()
 
 
+#: ``durability`` -> SQLite's ``synchronous`` setting. ``normal`` (the default, WAL + synchronous=NORMAL): a
+#: crash of the process loses nothing acknowledged; a power loss or OS crash may lose the last transactions
+#: (never corrupts the file). ``full`` (synchronous=FULL): every acknowledged write survives a power loss,
+#: at the cost of an fsync per commit.
+DURABILITY = {"normal": "NORMAL", "full": "FULL"}
+
+
 class SQLiteStore(Store):
     schemes = ("sqlite", "file")
 
     def __init__(
-        self, path: str | Path, dim: int = 384, timeout_s: float = 30.0, max_wal_bytes: int = 64 * 2**20
+        self,
+        path: str | Path,
+        dim: int = 384,
+        timeout_s: float = 30.0,
+        max_wal_bytes: int = 64 * 2**20,
+        durability: str = "normal",
     ) -> None:
         super().__init__()
+        if durability not in DURABILITY:
+            raise ConfigError(
+                f"durability {durability!r} is unknown: use {' or '.join(DURABILITY)} "
+                "(sqlite:///path?durability=full)"
+            )
+        self.durability = durability
         self.path = str(path)
         self.dim = dim
         self.timeout_s = timeout_s
@@ -183,7 +202,7 @@ class SQLiteStore(Store):
                 )
                 try:
                     conn.execute("PRAGMA journal_mode=WAL")
-                    conn.execute("PRAGMA synchronous=NORMAL")
+                    conn.execute(f"PRAGMA synchronous={DURABILITY[self.durability]}")
                     conn.execute("PRAGMA foreign_keys=ON")
                     self._migrate(conn)
                     if self.path != ":memory:":
@@ -220,6 +239,14 @@ class SQLiteStore(Store):
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
+
+    def pragma(self, name: str) -> Any:
+        """A PRAGMA's value on this store's connection (diagnostics: e.g. ``synchronous`` is 2 with
+        ``durability=full``, 1 with ``normal``). Only names of letters and underscores are asked."""
+        if not name.replace("_", "").isalpha():
+            raise ConfigError(f"{name!r} is not a PRAGMA name")
+        with self._lock, _translated("pragma"):
+            return self._db.execute(f"PRAGMA {name}").fetchone()[0]
 
     def close(self) -> None:
         with self._lock:
