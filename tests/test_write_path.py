@@ -421,6 +421,8 @@ SDK_READS: dict[str, str] = {
     "review_queue": "memories awaiting review",
     "tool_reliability": "statistics of past tool calls",
     "recall_with": "an untracked recall with a given vector (benchmarks)",
+    "filters": "the callers' filters (tenant, status) as a Filters value",
+    "share_embed_worker": "points the harness at a shared embedding worker (a server's)",
 }
 
 #: Returns originals in clear, to admins only: its own test below.

@@ -290,16 +290,23 @@ class ToolCall:
         if value is None:
             return None
         if isinstance(value, Mapping | list | tuple):
-            return _truncate_json(_jsonable(value))
+            return _truncate_json(_jsonable(value), self._cut)
         text = value if isinstance(value, str) else repr(value)
-        return _truncate(text) if text.strip() else "(empty result)"
+        return self._cut(text) if text.strip() else "(empty result)"
 
     def _format(self, template: Template, value: Any) -> Any:
         """``value`` (the result; the arguments for a call template) in the template's format."""
         if isinstance(template, str):
-            return _truncate(template.format(result=value, args=self.args, tool=self.spec.name))
+            return self._cut(template.format(result=value, args=self.args, tool=self.spec.name))
         out = template(value)
-        return _truncate(out) if isinstance(out, str) else _truncate_json(_jsonable(out))
+        return self._cut(out) if isinstance(out, str) else _truncate_json(_jsonable(out), self._cut)
+
+    def _cut(self, text: str) -> str:
+        """``text`` cut to the result limit, scrubbed first: a secret across the cut would no longer be
+        recognisable by the write path's redaction."""
+        if len(text) > MAX_RESULT_CHARS:
+            text = self.harness.writer.scrub(text, self.harness.tenant)
+        return _truncate(text)
 
     def _cost(self, value: Any, duration: float) -> Cost:
         extra = dict(self._extra_cost)
@@ -597,11 +604,11 @@ def _truncate(text: str, limit: int = MAX_RESULT_CHARS) -> str:
     return f"{text[:limit]}… (truncated, {len(text)} characters in all)"
 
 
-def _truncate_json(value: Any) -> Any:
-    """JSON payloads stay JSON while small; a large one is stored as truncated text."""
+def _truncate_json(value: Any, cut: Callable[[str], str] = _truncate) -> Any:
+    """JSON payloads stay JSON while small; a large one is stored as text shortened by ``cut``."""
     if not isinstance(value, Mapping | list):
-        return _truncate(str(value))
+        return cut(str(value))
     text = canonical_json(value)
     if len(text) > MAX_RESULT_CHARS:
-        return _truncate(text)
+        return cut(text)
     return value if value else "(empty result)"

@@ -651,30 +651,33 @@ def _replace(text: str, spans: Iterable[Span]) -> str:
 
 
 # ---- JSON payloads ---------------------------------------------------------------------------------
-def redact_json(payload: Any, policy: RedactionPolicy | None = None) -> tuple[Any, dict[str, int]]:
+def redact_json(
+    payload: Any, policy: RedactionPolicy | None = None, *, numbers: bool = True
+) -> tuple[Any, dict[str, int]]:
     """A copy of a JSON value with its strings (and numbers that are cards or phones) redacted.
 
     Each value is checked with its key as context (``"phone": "5550132"`` reads as ``phone: 5550132``),
     so that assignments and phone words work inside JSON too. Returns the copy and the counts by kind.
+    ``numbers=False`` leaves numbers as they are (metadata: a count must stay a number).
     """
     tally: Counter[str] = Counter()
-    return _walk(payload, None, policy or DEFAULT_POLICY, tally), dict(tally)
+    return _walk(payload, None, policy or DEFAULT_POLICY, tally, numbers), dict(tally)
 
 
-def _walk(value: Any, key: str | None, policy: RedactionPolicy, tally: Counter[str]) -> Any:
+def _walk(value: Any, key: str | None, policy: RedactionPolicy, tally: Counter[str], numbers: bool) -> Any:
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for k, v in value.items():
             new_key = _redact_scalar(str(k), None, policy, tally)
             while new_key in out:  # two keys redacted alike: keep both entries
                 new_key += "'"
-            out[new_key] = _walk(v, str(k), policy, tally)
+            out[new_key] = _walk(v, str(k), policy, tally, numbers)
         return out
     if isinstance(value, list | tuple):
-        return [_walk(v, key, policy, tally) for v in value]
+        return [_walk(v, key, policy, tally, numbers) for v in value]
     if isinstance(value, str):
         return _redact_scalar(value, key, policy, tally)
-    if isinstance(value, int) and not isinstance(value, bool):
+    if numbers and isinstance(value, int) and not isinstance(value, bool):
         text = str(value)
         redacted = _redact_scalar(text, key, policy, tally)
         return value if redacted == text else redacted

@@ -252,7 +252,7 @@ def intervene(
     if target is not None:
         data.update(target=target, learned=delta)
     if note:
-        data["note"] = note[:2000]
+        data["note"] = harness.writer.scrub(note, memory.tenant)[:2000]
     harness.writer.log(
         [Event(kind=EventKind.MANUAL, memory_id=memory_id, tenant=memory.tenant, at=now, data=data)]
     )
@@ -301,7 +301,9 @@ def _perform(
         return harness.pager.move(memory, Tier.ARCHIVE, f"archived by {by}", now, pinned=False)
     if action == "annotate":
         notes = list(memory.metadata.get("annotations", []))
-        notes.append({"at": now.isoformat(), "by": by, "text": str(note)[:2000]})
+        notes.append(
+            {"at": now.isoformat(), "by": by, "text": harness.writer.scrub(str(note), memory.tenant)[:2000]}
+        )
         # the dashboard user's note, not an agent's write (like pin/archive above)
         annotated = {**memory.metadata, "annotations": notes}
         return harness.update(memory.id, as_agent=APPLICATION, metadata=annotated)

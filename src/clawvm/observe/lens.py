@@ -668,7 +668,7 @@ def record_output(
                     "context_seq": seq,
                     "cited": cited,
                     "uncited": uncited,
-                    "text": output[:4000],
+                    "text": harness.writer.scrub(output, harness.tenant)[:4000],
                     "success": success,
                 },
             )

@@ -269,7 +269,7 @@ def build_guidance(
                 at=h.now(),
                 data={
                     "agent_id": agent_id,
-                    "task": task[:500],
+                    "task": h.writer.scrub(task, h.tenant)[:500],
                     "task_id": task_id,
                     "budget": budget_tokens,
                     "tokens": tokens,

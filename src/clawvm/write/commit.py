@@ -6,7 +6,9 @@ Enforced here and nowhere else. A write of memories passes, in this order:
    or :func:`~clawvm.core.model.revalidate`) of a known tenant, with a positive version, no id twice in a
    batch, content within ``max_content_bytes``; vectors of the store's dimension;
 2. **redaction**: its content as the tenant's redaction policy stores it (token count recounted and the
-   value re-derived when the text changed);
+   value re-derived when the text changed), and every string of its metadata (tool-call arguments, error
+   messages, review reasons, checkpoint names, annotations ...) likewise, read with its key as context;
+   numbers stay numbers, and the sealed original (``metadata["redaction"]``) is left as it is;
 3. **encryption of originals**: when the policy keeps them, the original text sealed with the data key
    into ``metadata["redaction"]`` (:mod:`clawvm.store.crypto`);
 4. **optimistic version check** and **store write**: the engine stores the batch only if every version is
@@ -15,7 +17,9 @@ Enforced here and nowhere else. A write of memories passes, in this order:
 5. **cache invalidation**: the listeners (:meth:`CommitPath.on_commit`) hear which memories changed.
 
 Events are redacted too: every string in an event's ``data`` is scrubbed with the tenant's policy, so the
-log holds no text the memories could not.
+log holds no text the memories could not. A caller that must shorten text (an event's excerpt, a tool's
+result cut to its limit) scrubs it first with :meth:`CommitPath.scrub`: a secret cut in half is no longer
+recognisable afterwards.
 
 Feature modules (teams, the pager, tool calls, learning ...) get the narrow :class:`Writer` protocol and a
 read-only store (:class:`clawvm.store.base.StoreReader`); only this module holds the store for writing.
@@ -30,6 +34,7 @@ dictionary lookup instead of the detectors.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -41,7 +46,9 @@ import numpy as np
 from clawvm.core.embed import count_tokens
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import DEFAULT_MAX_CONTENT_BYTES, JSON, Memory
+from clawvm.core.redact import RedactionPolicy, redact_json
 from clawvm.store.base import Event, Store, StoreReader
+from clawvm.store.crypto import REDACTION_FIELD
 from clawvm.write.redaction import Redactor
 
 #: Called after a commit with the memories it wrote (as stored) and the ids it deleted.
@@ -61,6 +68,8 @@ class Writer(Protocol):
     def delete(self, memories: Sequence[Memory], events: Sequence[Event] = ()) -> int: ...
 
     def log(self, events: Sequence[Event]) -> list[int]: ...
+
+    def scrub(self, text: str, tenant: str) -> str: ...
 
 
 class _CleanTexts:
@@ -163,10 +172,41 @@ class CommitPath:
                     "content", f"has {size} bytes", f"keep it under {self.max_content_bytes} bytes"
                 )
 
+    def scrub(self, text: str, tenant: str) -> str:
+        """``text`` as ``tenant``'s policy would store it: for callers that shorten text before writing it."""
+        if self.redactor.policy_for(tenant) is None or (tenant, text) in self._clean:
+            return text
+        scrubbed = self.redactor.scrub(text, tenant)
+        self._clean.add(tenant, scrubbed)
+        return scrubbed
+
     def _redacted(self, memory: Memory) -> Memory:
         """``memory`` as its tenant's policy stores it (unchanged when nothing is found)."""
+        policy = self.redactor.policy_for(memory.tenant)
+        if policy is None:
+            return memory
+        return self._metadata_redacted(self._content_redacted(memory), policy)
+
+    def _metadata_redacted(self, memory: Memory, policy: RedactionPolicy) -> Memory:
+        shown = {k: v for k, v in memory.metadata.items() if k != REDACTION_FIELD}
+        if not shown:
+            return memory
+        key = json.dumps(shown, sort_keys=True, default=str)
+        if (memory.tenant, key) in self._clean:
+            return memory
+        redacted, counts = redact_json(shown, policy, numbers=False)
+        if not counts:
+            self._clean.add(memory.tenant, key)
+            return memory
+        kept = (
+            {REDACTION_FIELD: memory.metadata[REDACTION_FIELD]} if REDACTION_FIELD in memory.metadata else {}
+        )
+        self._clean.add(memory.tenant, json.dumps(redacted, sort_keys=True, default=str))
+        return memory.model_copy(update={"metadata": {**redacted, **kept}})
+
+    def _content_redacted(self, memory: Memory) -> Memory:
         tenant = memory.tenant
-        if self.redactor.policy_for(tenant) is None or (tenant, memory.content) in self._clean:
+        if (tenant, memory.content) in self._clean:
             return memory
         text, mark = self.redactor.on_write(memory.content, memory.content_type == JSON, tenant)
         if text == memory.content:
@@ -189,11 +229,9 @@ class CommitPath:
     def _scrub_value(self, value: Any, tenant: str) -> Any:
         """``value`` with every string scrubbed; the same object when nothing changed (the common case)."""
         if isinstance(value, str):
-            if len(value) < 6 or (tenant, value) in self._clean:  # nothing detectable fits in 5 characters
+            if len(value) < 6:  # nothing detectable fits in 5 characters
                 return value
-            scrubbed = self.redactor.scrub(value, tenant)
-            self._clean.add(tenant, scrubbed)
-            return scrubbed
+            return self.scrub(value, tenant)
         if isinstance(value, dict):
             items = {k: self._scrub_value(v, tenant) for k, v in value.items()}
             return value if all(items[k] is value[k] for k in value) else items
