@@ -27,6 +27,7 @@ from mcp.server.stdio import stdio_server
 from clawvm.agents.tools import AgentTools
 from clawvm.core.version import __version__
 from clawvm.harness import Harness
+from clawvm.write.redaction import redaction_options
 
 
 def build_server(tools: AgentTools, name: str = "clawvm") -> Server[Any]:
@@ -68,8 +69,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--agent", help="agent id")
     parser.add_argument("--tenant", default="default")
     parser.add_argument("--embedder", default="default", choices=["default", "none"])
+    parser.add_argument(
+        "--no-redact",
+        dest="redact",
+        action="store_false",
+        help="store personal data and secrets as written (default: redacted, like clawvm serve)",
+    )
+    parser.add_argument(
+        "--keep-originals",
+        action="store_true",
+        help="keep each original sealed with the data key (CLAWVM_DATA_KEY or CLAWVM_DATA_KEY_FILE)",
+    )
     args = parser.parse_args(argv)
-    with Harness.open(args.db, embedder=args.embedder, tenant=args.tenant) as harness:
+    options = redaction_options(redact=args.redact, keep_originals=args.keep_originals)
+    with Harness.open(args.db, embedder=args.embedder, tenant=args.tenant, **options) as harness:
         tools = AgentTools(harness, session_id=args.session, task_id=args.task, agent_id=args.agent)
         anyio.run(serve_stdio, build_server(tools))
 

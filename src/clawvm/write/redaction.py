@@ -112,3 +112,30 @@ class Redactor:
     def reveal(self, memory: Memory) -> str:
         """The original content of ``memory`` (see :func:`clawvm.store.crypto.reveal_original`)."""
         return reveal_original(memory, self.keys or DataKeys.from_env())
+
+
+def redaction_options(
+    *, redact: bool = True, keep_originals: bool = False, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The ``Harness.open`` options of a harness that redacts new content (the default of ``clawvm serve``
+    and of the MCP server).
+
+    ``redact``: apply :mod:`clawvm.core.redact`'s default policy (every kind) to every tenant, so a shared
+    service keeps no personal data or secrets in clear. ``keep_originals``: seal each original with the
+    data key from ``CLAWVM_DATA_KEY`` or ``CLAWVM_DATA_KEY_FILE`` (read from ``environ``, default the
+    process's), for admins to read at ``GET /v1/memories/{id}/original``. Raises :class:`ConfigError`
+    when originals are to be kept without a key, or without redaction.
+    """
+    if not redact:
+        if keep_originals:
+            raise ConfigError("--keep-originals keeps what redaction removes: it needs --redact")
+        return {}
+    if not keep_originals:
+        return {"redaction": RedactionPolicy()}
+    keys = DataKeys.from_env(environ)
+    if keys is None:
+        raise ConfigError(
+            f"--keep-originals seals originals with a data key, and none is set: set {KEY_ENV} (base64 of 32"
+            f" random bytes) or {KEY_FILE_ENV} (a file of such keys); see clawvm.store.crypto"
+        )
+    return {"redaction": RedactionPolicy(keep_original=True), "data_keys": keys}
