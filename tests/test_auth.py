@@ -1,10 +1,16 @@
-"""API keys: stored hashed in the store's event log, one tenant and one role each, revocable anywhere."""
+"""API keys: stored hashed in the store's credentials table (never the event log, which retention prunes),
+one tenant and one role each, revocable and rotatable anywhere; older stores' key events migrate on open."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
+import secrets
+import threading
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import ModuleType
 
 import click
 import pytest
@@ -14,18 +20,26 @@ from hypothesis import strategies as st
 
 from clawvm.cli import keys, main
 from clawvm.core.errors import AccessDeniedError, AuthenticationError, NotFoundError, ValidationError
-from clawvm.store import SQLiteStore, Store
+from clawvm.store import Credential, Event, SQLiteStore, Store
+from clawvm.store.eventlog import Retention, prune
 from clawvm.store.keys import (
+    API_KEY,
+    AUDIT_CREATED,
+    AUDIT_REVOKED,
     AUTH_TENANT,
     KEYS_STREAM,
+    LEGACY_CREATED,
+    LEGACY_REVOKED,
     PERMISSIONS,
     Keyring,
     Permission,
     Principal,
     Role,
     check_tenant_name,
+    digest,
 )
 from clawvm.store.tenant import TenantStore
+from engines import harness_target, make_store
 
 
 def test_a_key_authenticates_as_its_tenant_and_role(engine: Store) -> None:
@@ -36,12 +50,14 @@ def test_a_key_authenticates_as_its_tenant_and_role(engine: Store) -> None:
     assert record.hash == hashlib.sha256(token.encode()).hexdigest()
 
 
-def test_only_the_hash_is_stored(engine: Store) -> None:
+def test_only_the_hash_is_stored_and_only_as_a_credential(engine: Store) -> None:
     ring = Keyring(engine)
-    _, token = ring.create("acme", "admin")
-    logged = json.dumps([e.data for e in engine.read_events(0, 10**6)])
-    secret = token.split("_", 2)[2]
-    assert secret not in logged and hashlib.sha256(token.encode()).hexdigest() in logged
+    record, token = ring.create("acme", "admin")
+    secret, hashed = token.split("_", 2)[2], hashlib.sha256(token.encode()).hexdigest()
+    stored = json.dumps([c.data for c in engine.list_credentials()])
+    assert secret not in stored and hashed in stored
+    logged = json.dumps([e.data for e in engine.read_events(0, 1000)])
+    assert secret not in logged and hashed not in logged and record.key_id in logged  # the audit line
 
 
 def test_the_raw_sqlite_file_holds_no_key(tmp_path: Path) -> None:
@@ -123,12 +139,233 @@ def test_key_events_are_invisible_to_tenants(engine: Store) -> None:
     assert all(e.tenant == AUTH_TENANT for e in engine.read_events(0, 100, KEYS_STREAM))
 
 
-def test_events_logged_by_a_tenant_under_the_keys_stream_are_ignored(engine: Store) -> None:
-    from clawvm.store import Event
+def test_no_event_makes_a_key(engine: Store) -> None:
+    token = f"cvm_0123456789ab_{secrets.token_urlsafe(32)}"
+    fake = {"key_id": "0123456789ab", "tenant": "acme", "role": "admin", "name": "", "hash": digest(token)}
+    for tenant in ("acme", AUTH_TENANT):  # not even the old format, in the reserved tenant's stream
+        engine.append_event(Event(kind=LEGACY_CREATED, memory_id=KEYS_STREAM, tenant=tenant, data=fake))
+    ring = Keyring(engine)
+    assert ring.list() == []
+    with pytest.raises(AuthenticationError, match="unknown"):
+        ring.authenticate(token)
 
-    fake = {"key_id": "0123456789ab", "tenant": "acme", "role": "admin", "name": "", "hash": "0" * 64}
-    engine.append_event(Event(kind="key_created", memory_id=KEYS_STREAM, tenant="acme", data=fake))
-    assert Keyring(engine).list() == []
+
+# ---- keys are credentials, not events: retention never reaches them ---------------------------------
+def _prune_everything(store: Store) -> int:
+    """What ``clawvm prune-events --max-events 0`` runs."""
+    return prune(store, Retention(max_events=0), datetime.now(UTC))
+
+
+def test_every_key_still_authenticates_after_every_event_is_pruned(engine: Store) -> None:
+    ring = Keyring(engine)
+    made = {(t, role): ring.create(t, role, f"{t} {role.value}") for t in ("acme", "globex") for role in Role}
+    gone, gone_token = ring.create("acme", "agent", "to revoke")
+    ring.revoke(gone.key_id)
+    old, old_token = ring.create("globex", "admin", "to rotate")
+    new, new_token = ring.rotate(old.key_id)
+    engine.append_events([Event(kind="add", memory_id=f"m{i}", tenant="acme") for i in range(3)])
+    # the adds, and the audit lines: a create per key, a revocation per revoked key (the rotated one too)
+    assert _prune_everything(engine) == 3 + len(made) + 3 + 2
+    assert engine.read_events(0, 10) == []
+    fresh = Keyring(engine)  # another process, started after the prune: nothing cached
+    for (tenant, role), (record, token) in made.items():
+        assert fresh.authenticate(token) == Principal(record.key_id, tenant, role)
+    assert fresh.authenticate(new_token) == Principal(new.key_id, "globex", Role.ADMIN)
+    for revoked in (gone_token, old_token):
+        with pytest.raises(AuthenticationError, match="revoked"):
+            fresh.authenticate(revoked)
+    assert {k.key_id for k in fresh.list()} == {r.key_id for r, _ in made.values()} | {new.key_id}
+    assert len(fresh.list(include_revoked=True)) == len(made) + 3
+
+
+def test_revoking_and_rotating_still_work_after_a_prune(engine: Store) -> None:
+    ring = Keyring(engine)
+    doomed, doomed_token = ring.create("acme", "agent")
+    ops, ops_token = ring.create("acme", "admin", "ops")
+    _prune_everything(engine)
+    other = Keyring(engine)
+    assert other.revoke(doomed.key_id, tenant="acme").revoked_at is not None
+    rotated, rotated_token = other.rotate(ops.key_id, tenant="acme")
+    assert (rotated.tenant, rotated.role, rotated.name) == ("acme", Role.ADMIN, "ops")
+    assert rotated.key_id != ops.key_id
+    kinds = [e.kind for e in engine.read_events(0, 10, KEYS_STREAM)]
+    assert kinds == [AUDIT_REVOKED, AUDIT_CREATED, AUDIT_REVOKED]  # the audit trail goes on
+    _prune_everything(engine)  # and may go again: nothing reads it
+    fresh = Keyring(engine)
+    for token in (doomed_token, ops_token):
+        with pytest.raises(AuthenticationError, match="revoked"):
+            fresh.authenticate(token)
+    assert fresh.authenticate(rotated_token) == Principal(rotated.key_id, "acme", Role.ADMIN)
+
+
+def test_a_revoked_key_stays_revoked_after_a_prune_in_a_server_that_had_cached_it(engine: Store) -> None:
+    now = [0.0]
+    server = Keyring(engine, refresh_s=2.0, clock=lambda: now[0])
+    cli = Keyring(engine)
+    record, token = cli.create("acme", "agent")
+    assert server.authenticate(token).key_id == record.key_id  # cached
+    cli.revoke(record.key_id)
+    _prune_everything(engine)  # the revocation's audit line is gone
+    now[0] += 2.5
+    with pytest.raises(AuthenticationError, match="revoked"):
+        server.authenticate(token)
+    assert not server.active(record.key_id)
+    assert engine.get_credential("acme", API_KEY, record.key_id) is not None
+    assert [k.key_id for k in Keyring(engine).list(include_revoked=True) if not k.active] == [record.key_id]
+
+
+def test_rotating_needs_an_active_key_of_the_callers_tenant(engine: Store) -> None:
+    ring = Keyring(engine)
+    globex, globex_token = ring.create("globex", "admin")
+    gone, _ = ring.create("acme", "agent")
+    ring.revoke(gone.key_id)
+    with pytest.raises(NotFoundError):
+        ring.rotate(globex.key_id, tenant="acme")
+    with pytest.raises(NotFoundError):
+        ring.rotate("0123456789ab")
+    with pytest.raises(ValidationError, match="revoked"):
+        ring.rotate(gone.key_id)
+    assert ring.authenticate(globex_token).tenant == "globex"  # untouched
+    assert len(ring.list(include_revoked=True)) == 2
+
+
+def test_concurrent_revocations_revoke_once(engine: Store) -> None:
+    record, _ = Keyring(engine).create("acme", "agent")
+    results = []
+    start = threading.Barrier(6)
+
+    def revoke() -> None:
+        ring = Keyring(engine)  # one process each
+        start.wait()
+        results.append(ring.revoke(record.key_id))
+
+    threads = [threading.Thread(target=revoke) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stored = engine.get_credential("acme", API_KEY, record.key_id)
+    assert stored is not None and stored.version == 2
+    assert {r.revoked_at for r in results} == {datetime.fromisoformat(stored.data["revoked_at"])}
+    assert [e.kind for e in engine.read_events(0, 100, KEYS_STREAM)].count(AUDIT_REVOKED) == 1
+
+
+@pytest.mark.engines("sqlite", "postgres")
+def test_prune_events_on_the_command_line_keeps_every_key(engine_name: str, tmp_path: Path) -> None:
+    db = harness_target(engine_name, tmp_path, "cli.db")
+    runner = CliRunner()
+
+    def cli(*args: str) -> str:
+        done = runner.invoke(main, ["--db", db, *args], catch_exceptions=False)
+        assert done.exit_code == 0, done.output
+        return done.stdout
+
+    kept = cli("keys", "create", "--tenant", "acme", "--role", "admin").strip()
+    doomed = cli("keys", "create", "--tenant", "acme", "--role", "agent").strip()
+    rotated = cli("keys", "create", "--tenant", "globex", "--role", "read-only", "--name", "bot").strip()
+    cli("keys", "revoke", doomed.split("_")[1])
+    successor = cli("keys", "rotate", rotated.split("_")[1]).strip()
+    assert cli("prune-events", "--max-events", "0") == "deleted 6 events\n"  # 4 creates, 2 revocations
+    store = make_store(engine_name, tmp_path, "cli.db")
+    store.setup()
+    try:
+        assert store.read_events(0, 10) == []
+        ring = Keyring(store)
+        assert (ring.authenticate(kept).tenant, ring.authenticate(kept).role) == ("acme", Role.ADMIN)
+        assert ring.authenticate(successor) == Principal(successor.split("_")[1], "globex", Role.READ_ONLY)
+        for token in (doomed, rotated):
+            with pytest.raises(AuthenticationError, match="revoked"):
+                ring.authenticate(token)
+    finally:
+        store.close()
+    listed = [json.loads(line) for line in cli("keys", "list", "--json").splitlines()]
+    assert sorted((k["tenant"], k["role"], k["name"]) for k in listed) == [
+        ("acme", "admin", ""),
+        ("globex", "read-only", "bot"),
+    ]
+
+
+# ---- stores made before the credentials table: their key events migrate on open, once ----------------
+def _engine_module(engine_name: str) -> ModuleType:
+    return importlib.import_module(f"clawvm.store.{engine_name}")
+
+
+def _legacy_key(
+    store: Store,
+    tenant: str,
+    role: str,
+    name: str = "",
+    *,
+    at: datetime | None = None,
+    logged_by: str = AUTH_TENANT,
+    stream: str = KEYS_STREAM,
+) -> tuple[str, str]:
+    """Log a key as stores before the credentials table did (its only record was this event)."""
+    key_id = secrets.token_hex(6)
+    token = f"cvm_{key_id}_{secrets.token_urlsafe(32)}"
+    data = {"key_id": key_id, "tenant": tenant, "role": role, "name": name, "hash": digest(token)}
+    store.append_event(Event(LEGACY_CREATED, stream, data, logged_by, at=at or datetime.now(UTC)))
+    return key_id, token
+
+
+@pytest.mark.engines("sqlite", "postgres")
+def test_a_store_whose_keys_exist_only_as_events_is_migrated_on_open(
+    engine_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = _engine_module(engine_name)
+    migrations = module.MIGRATIONS
+    adds_table = next(n for n, sql in enumerate(migrations) if "CREATE TABLE credentials" in sql)
+    created = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+    with monkeypatch.context() as patch:  # the schema as it was before the credentials table
+        patch.setattr(module, "MIGRATIONS", migrations[:adds_table])
+        old = make_store(engine_name, tmp_path, "old.db")
+        old.setup()
+        ops_id, ops = _legacy_key(old, "acme", "admin", "ops", at=created)
+        bot_id, bot = _legacy_key(old, "globex", "agent", "bot", at=created + timedelta(days=1))
+        gone_id, gone = _legacy_key(old, "acme", "read-only", at=created + timedelta(hours=1))
+        revoked_at = created + timedelta(days=2)
+        for key_id in (gone_id, gone_id, "0123456789ab"):  # twice, and a key that never existed
+            old.append_event(
+                Event(LEGACY_REVOKED, KEYS_STREAM, {"key_id": key_id}, AUTH_TENANT, at=revoked_at)
+            )
+        _, forged = _legacy_key(old, "acme", "admin", logged_by="acme")  # by a tenant: never counted
+        _, elsewhere = _legacy_key(old, "acme", "admin", stream="another-stream")
+        old.append_event(Event(LEGACY_CREATED, KEYS_STREAM, {"key_id": "abc", "tenant": "acme"}, AUTH_TENANT))
+        old.append_events([Event(kind="add", memory_id=f"m{i}", tenant="acme") for i in range(3)])
+        old.close()
+    store = make_store(engine_name, tmp_path, "old.db")
+    store.setup()  # the current schema: creates the credentials table and copies the keys in
+    try:
+        ring = Keyring(store)
+        keys = ring.list(include_revoked=True)
+        assert [(k.key_id, k.tenant, k.role, k.name, k.created_at, k.revoked_at) for k in keys] == [
+            (ops_id, "acme", Role.ADMIN, "ops", created, None),
+            (gone_id, "acme", Role.READ_ONLY, "", created + timedelta(hours=1), revoked_at),
+            (bot_id, "globex", Role.AGENT, "bot", created + timedelta(days=1), None),
+        ]
+        assert _prune_everything(store) == 12 and store.read_events(0, 100) == []  # keys, audits, adds
+        fresh = Keyring(store)
+        assert fresh.authenticate(ops) == Principal(ops_id, "acme", Role.ADMIN)
+        assert fresh.authenticate(bot) == Principal(bot_id, "globex", Role.AGENT)
+        with pytest.raises(AuthenticationError, match="revoked"):
+            fresh.authenticate(gone)
+        for token in (forged, elsewhere):
+            with pytest.raises(AuthenticationError, match="unknown"):
+                fresh.authenticate(token)
+        fresh.revoke(bot_id)
+        late_id, late = _legacy_key(store, "acme", "admin")  # an old-format event after the upgrade
+    finally:
+        store.close()
+    again = make_store(engine_name, tmp_path, "old.db")
+    again.setup()  # the migration ran once: reopening copies nothing more, and undoes nothing
+    try:
+        ring = Keyring(again)
+        assert [k.key_id for k in ring.list()] == [ops_id]
+        with pytest.raises(AuthenticationError, match="unknown"):
+            ring.authenticate(late)
+        assert again.get_credential("acme", API_KEY, late_id) is None
+    finally:
+        again.close()
 
 
 def test_roles_grant_nested_permissions() -> None:
@@ -203,3 +440,13 @@ def test_every_keys_command_has_help(command: str) -> None:
     assert result.exit_code == 0 and "Usage:" in result.output
     cmd = keys.commands[command]
     assert cmd.help and all(p.help for p in cmd.params if isinstance(p, click.Option))
+
+
+def test_a_malformed_key_record_is_skipped_not_fatal(engine: Store) -> None:
+    ring = Keyring(engine)
+    record, token = ring.create("acme", "agent")
+    engine.put_credential(Credential("acme", API_KEY, "0123456789ab", {"role": "root"}))
+    assert [k.key_id for k in ring.list()] == [record.key_id]
+    with pytest.raises(AuthenticationError, match="unknown"):
+        ring.authenticate(f"cvm_0123456789ab_{secrets.token_urlsafe(32)}")
+    assert ring.authenticate(token).key_id == record.key_id

@@ -8,6 +8,7 @@ import hashlib
 import json
 import stat
 from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ from clawvm.store.crypto import (
     sealed_envelope,
     unseal,
 )
+from clawvm.store.eventlog import Retention, prune
 from engines import harness_target
 
 KEEP = RedactionPolicy(keep_original=True)
@@ -257,6 +259,23 @@ def test_rotation_reseals_every_original_under_the_new_key(protected: Harness, k
     }
     again = rotate_data_key(protected.store, DataKeys((new,)), new)
     assert (again.rekeyed, again.already) == (0, 4)
+
+
+def test_nothing_about_data_keys_depends_on_the_event_log(protected: Harness, keys: DataKeys) -> None:
+    """The data keys live outside the store; each envelope names its key (``kid``) inside the memory; the
+    log holds only the ``rotate_data_key`` audit line, which nothing reads. So pruning every event leaves
+    every original readable and rotation working."""
+    ids = [protected.record(f"{SECRET_TEXT} #{i}").id for i in range(2)]
+    first = DataKey.generate()
+    rotate_data_key(protected.store, keys, first)
+    assert prune(protected.store, Retention(max_events=0), datetime.now(UTC)) > 0
+    assert protected.store.read_events(0, 10) == []
+    for i in ids:
+        assert reveal_original(protected.store.get(i), DataKeys((first,))).startswith(SECRET_TEXT)
+    second = DataKey.generate()
+    report = rotate_data_key(protected.store, DataKeys((first,)), second)
+    assert (report.rekeyed, report.already) == (2, 0) and _kids(protected.store) == {second.kid}
+    assert reveal_original(protected.store.get(ids[0]), DataKeys((second,))).startswith(SECRET_TEXT)
 
 
 def test_rotation_without_every_old_key_writes_nothing(protected: Harness, keys: DataKeys) -> None:

@@ -416,7 +416,8 @@ def _keyring(ctx: click.Context) -> Iterator[Keyring]:
 
 @main.group(cls=_Group)
 def keys() -> None:
-    """API keys of the server: hashed, one tenant and one role each (kept in the store's event log)."""
+    """API keys of the server: hashed, one tenant and one role each (kept in the store's credentials
+    table, which prune-events never touches)."""
 
 
 @keys.command("create")
@@ -471,6 +472,18 @@ def keys_revoke(ctx: click.Context, key_id: str) -> None:
     with _keyring(ctx) as ring:
         ring.revoke(key_id)
     click.echo(f"revoked {key_id}")
+
+
+@keys.command("rotate")
+@click.argument("key_id")
+@click.pass_context
+def keys_rotate(ctx: click.Context, key_id: str) -> None:
+    """Replace KEY_ID by a new key of the same tenant, role and name; print the new key (once) and revoke
+    the old one."""
+    with _keyring(ctx) as ring:
+        record, token = ring.rotate(key_id)
+    click.echo(token)
+    click.echo(f"key {record.key_id} replaces {key_id} (revoked): shown once, store it now", err=True)
 
 
 @keys.command("rotate-data-key")

@@ -11,12 +11,24 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from clawvm.core.errors import ConfigError
-from clawvm.store.base import CandidateInfo, Edge, Event, EventFeed, Query, QueryResult, Store
+from clawvm.store.base import (
+    CandidateInfo,
+    Credential,
+    CredentialConflictError,
+    Edge,
+    Event,
+    EventFeed,
+    Query,
+    QueryResult,
+    Store,
+)
 from clawvm.store.memory import MemoryStore
 from clawvm.store.sqlite import SQLiteStore
 
 __all__ = [
     "CandidateInfo",
+    "Credential",
+    "CredentialConflictError",
     "Edge",
     "Event",
     "EventFeed",

@@ -9,11 +9,18 @@ Write semantics (optimistic locking): ``put_many`` stores a memory only if its `
 more than the stored version (any version for an id not stored yet, so imports keep theirs). Otherwise
 nothing of the batch is written and :class:`ConflictError` is raised. Callers bump the version; the
 engine checks and writes atomically.
+
+Credentials (what authentication reads: an API key's hash, tenant, role and state) live in a small keyed
+table of their own, apart from the event log, so that event retention never reaches them:
+``put_credential`` (compare-and-set on ``version``, the same rule as memories), ``find_credentials`` (by
+kind and name across tenants: a key id is all a caller presents) and ``list_credentials`` (one page, in
+(tenant, kind, name) order). A credential is keyed by (tenant, kind, name): the tenant is part of every key.
 """
 
 from __future__ import annotations
 
 import builtins
+import json
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -125,6 +132,65 @@ class Event:
         # writer's) stays a string so that reading an old or newer log never fails
         if not isinstance(self.kind, EventKind):
             object.__setattr__(self, "kind", kind_of(self.kind))
+
+
+@dataclass(frozen=True)
+class Credential:
+    """One record of the credentials table: what authentication needs to know about a secret (e.g. an API
+    key's hash, role and state), never the secret itself.
+
+    Keyed by (``tenant``, ``kind``, ``name``): the same name may exist under two tenants; ``data`` is a JSON
+    object whose fields the ``kind``'s owner defines (``api_key``: :mod:`clawvm.store.keys`); ``version``
+    counts the writes (1 when created), for :meth:`Store.put_credential`'s compare-and-set.
+    """
+
+    tenant: str
+    kind: str
+    name: str
+    data: dict[str, Any] = field(default_factory=dict)
+    version: int = 1
+
+
+class CredentialConflictError(ConflictError):
+    """A credential write lost a race: its version is not the stored version + 1 (or it already exists)."""
+
+    def __init__(self, credential: Credential, actual: int | None) -> None:
+        ident = f"{credential.tenant}/{credential.kind}/{credential.name}"
+        super().__init__(ident, credential.version - 1, actual)
+        # ConflictError's message speaks of a memory: say what it is
+        self.args = (f"credential {ident!r} is at version {actual}, not {credential.version - 1}: re-read",)
+
+
+def credential_json(credential: Credential) -> str:
+    """``credential.data`` as the JSON text engines store, after checking the credential's key and version
+    (:class:`ValidationError` when a part of its key is empty or holds NUL, its version is below 1 or its
+    data is not a JSON object)."""
+    for name in ("tenant", "kind", "name"):
+        value = getattr(credential, name)
+        if not isinstance(value, str) or not value or "\x00" in value:
+            raise ValidationError(name, "is empty, not text or holds NUL", f"give the credential a {name}")
+    if not isinstance(credential.version, int) or credential.version < 1:
+        raise ValidationError("version", f"is {credential.version}", "versions start at 1")
+    fix = "store the credential's fields as a JSON object (strings, numbers, lists, objects)"
+    if not isinstance(credential.data, dict):
+        raise ValidationError("data", "is not a JSON object", fix)
+    try:
+        return json.dumps(credential.data, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        raise ValidationError("data", "is not JSON", fix) from None
+
+
+def check_credential_version(credential: Credential, stored_version: int | None) -> None:
+    """The compare-and-set rule of :meth:`Store.put_credential`, shared by engines: a credential not stored
+    yet may carry any version (a create writes 1; a copy keeps its own); a stored one must be exactly its
+    stored version + 1. (SQL engines state the same rule in their upsert.)"""
+    if stored_version is not None and credential.version != stored_version + 1:
+        raise CredentialConflictError(credential, stored_version)
+
+
+def credential_order(credential: Credential) -> tuple[str, str, str]:
+    """Where ``credential`` sorts in :meth:`Store.list_credentials` (tenant, kind, name; code points)."""
+    return credential.tenant, credential.kind, credential.name
 
 
 @runtime_checkable
@@ -271,6 +337,28 @@ class Store(ABC):
     def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
         """Events with ``seq > after_seq`` in order, optionally for one memory."""
 
+    @abstractmethod
+    def put_credential(self, credential: Credential) -> None:
+        """Store ``credential`` (insert or replace by tenant, kind and name) if it passes the
+        compare-and-set rule of :func:`check_credential_version`; otherwise write nothing and raise
+        :class:`CredentialConflictError`. Event retention never touches credentials."""
+
+    @abstractmethod
+    def find_credentials(self, kind: str, name: str) -> list[Credential]:
+        """Every stored credential of ``kind`` called ``name``, one per tenant that has one, by tenant
+        (an indexed lookup: authentication asks it for the key id a caller presents)."""
+
+    @abstractmethod
+    def list_credentials(
+        self,
+        kind: str | None = None,
+        tenant: str | None = None,
+        after: Credential | None = None,
+        limit: int = 1000,
+    ) -> list[Credential]:
+        """One page of the stored credentials (of ``kind`` and/or ``tenant``, when given) in
+        :func:`credential_order`, those after ``after`` (the last of the previous page); at most ``limit``."""
+
     # ---- built on top -------------------------------------------------------------------------------
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -333,6 +421,23 @@ class Store(ABC):
 
     def append_event(self, event: Event) -> int:
         return self.append_events([event])[0]
+
+    def get_credential(self, tenant: str, kind: str, name: str) -> Credential | None:
+        """The credential of ``tenant`` of ``kind`` called ``name``, or None."""
+        return next((c for c in self.find_credentials(kind, name) if c.tenant == tenant), None)
+
+    def iter_credentials(
+        self, kind: str | None = None, tenant: str | None = None, batch: int = 1000
+    ) -> Iterator[Credential]:
+        """Every stored credential (of ``kind`` and/or ``tenant``, when given) in :func:`credential_order`,
+        read a page at a time."""
+        after: Credential | None = None
+        while True:
+            page = self.list_credentials(kind, tenant, after, batch)
+            yield from page
+            if len(page) < batch:
+                return
+            after = page[-1]
 
     def delete_events_upto(self, seq: int) -> int:
         """Drop the head of the event log: every event with ``seq <= seq`` (retention, see

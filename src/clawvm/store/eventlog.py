@@ -26,18 +26,21 @@ reads it. The kinds and their ``data``:
 Retention (:class:`Retention`, :func:`prune`) drops the *head* of the log, like a message broker's log
 retention: every event older than ``max_age_days``, or beyond the newest ``max_events``. The latest
 ``scoring_weights`` event is carried over (re-appended) so learned weights survive pruning. Analytics of
-the pruned period are gone afterwards; export first if you need them.
+the pruned period are gone afterwards; export first if you need them. Nothing that authenticates lives in
+the log: API keys are credentials (:meth:`clawvm.store.Store.put_credential`), out of retention's reach,
+and the data keys' ids travel inside each sealed envelope; the log holds only their audit lines.
 
 Following: :class:`EventTail` waits for the events appended after a seq, for live views (the server's
 ``GET /v1/events/stream``, the dashboard). An engine that is an :class:`~clawvm.store.EventFeed`
 (PostgreSQL: LISTEN/NOTIFY) wakes it when any process writes; other engines are polled.
 
 Export: :func:`export_jsonl` (one event per line) and :func:`export_parquet` (pyarrow, the
-``analytics`` extra), of one tenant or of every tenant but the reserved ones (``_auth`` holds the API key
-hashes). The Parquet columns are ``seq`` (int64), ``at`` (timestamp, UTC), ``tenant``, ``kind``,
-``memory_id``, ``session_id`` (the memory's session, or the scope of a context build) and ``data`` (the
-JSON text). :data:`DUCKDB_QUERIES` are ready-made queries over that file (``{events}`` stands for its
-path; ``at`` is a DuckDB keyword, so quote it: ``"at"``); e.g. with the DuckDB CLI, after
+``analytics`` extra), of one tenant or of every tenant but the reserved ones (``_auth``: the API keys'
+audit lines, and the keys themselves in logs written before the credentials table). The Parquet columns
+are ``seq`` (int64), ``at`` (timestamp, UTC), ``tenant``, ``kind``, ``memory_id``, ``session_id`` (the
+memory's session, or the scope of a context build) and ``data`` (the JSON text). :data:`DUCKDB_QUERIES`
+are ready-made queries over that file (``{events}`` stands for its path; ``at`` is a DuckDB keyword, so
+quote it: ``"at"``); e.g. with the DuckDB CLI, after
 ``clawvm export --events --format parquet -o events.parquet``::
 
     SELECT kind, count(*) AS n FROM read_parquet('events.parquet') GROUP BY kind ORDER BY n DESC;
@@ -191,7 +194,7 @@ def event_record(e: Event) -> dict[str, Any]:
 
 
 def _exported(e: Event, tenant: str | None) -> bool:
-    """One tenant's events, or (``None``) every tenant's but the reserved ones (``_auth``: key hashes)."""
+    """One tenant's events, or (``None``) every tenant's but the reserved ones (``_auth``: key audits)."""
     return e.tenant == tenant if tenant is not None else not e.tenant.startswith("_")
 
 

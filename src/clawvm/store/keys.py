@@ -10,38 +10,60 @@ context without usage bookkeeping); ``agent`` also writes; ``admin`` also manage
 imports. A key never reaches another tenant: the tenant is enforced by the store layer
 (:class:`clawvm.store.tenant.TenantStore`), the role by the server.
 
-Where keys live: in the store's own event log, as ``key_created`` / ``key_revoked`` events of the
-reserved tenant ``_auth`` on one reserved stream id (:data:`KEYS_STREAM`). Reasons: it is the one
-persistence primitive every engine already implements (memory, SQLite, PostgreSQL) — no second file to
-place, back up or share between server replicas; every process serving the same store sees the same
-keys, and a revocation made by ``clawvm keys revoke`` reaches running servers within
-``refresh_s`` seconds (they re-read the stream incrementally, an indexed read by memory id); the log is
-append-only, so it is also the audit trail of who created and revoked what. Tenant views never show
-these events (tenant names cannot start with ``_``), and ``export`` writes memories, not events. The
-``memory://`` engine keeps keys for the life of the process only, like everything else in it.
+Where keys live: in the store's credentials table (:meth:`clawvm.store.Store.put_credential`), one
+credential of kind :data:`API_KEY` per key, named by its key id, under the key's own tenant. Every engine
+implements it (memory, SQLite, PostgreSQL), so there is no second file to place, back up or share between
+server replicas: every process serving the same store sees the same keys, and a revocation made by
+``clawvm keys revoke`` reaches running servers within ``refresh_s`` seconds (a server re-reads a key it
+has cached once that old: one indexed lookup by key id). The table is not the event log: retention
+(``clawvm prune-events``) never reaches a key, and authentication never reads an event. Writes are
+compare-and-set on the credential's version, so two processes revoking at once both end with one
+revocation.
+
+The event log keeps an audit trail (:data:`AUDIT_CREATED`, :data:`AUDIT_REVOKED`: key id, tenant, role,
+name, never the hash) under the reserved tenant ``_auth`` on the stream :data:`KEYS_STREAM`; tenant views
+never show it (tenant names cannot start with ``_``) and ``export`` leaves it out. Stores made before the
+credentials table kept the keys themselves as ``key_created`` / ``key_revoked`` events there: each engine
+copies them into the table once, in the schema migration that creates it
+(:func:`credentials_from_key_events`). The ``memory://`` engine keeps keys for the life of the process
+only, like everything else in it.
+
+A credential's ``data``: ``role``, ``name`` (the label), ``hash`` (SHA-256 of the key, hex),
+``created_at`` and ``revoked_at`` (ISO 8601, UTC; ``revoked_at`` null while active).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import re
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 from clawvm.core.errors import AccessDeniedError, AuthenticationError, NotFoundError, ValidationError
 from clawvm.core.model import utcnow
-from clawvm.store import Event, Store
+from clawvm.store.base import Credential, CredentialConflictError, Event, Store
 from clawvm.store.kinds import EventKind
 
+log = logging.getLogger("clawvm.store.keys")
+
+#: The credential kind of API keys (:meth:`clawvm.store.Store.put_credential`).
+API_KEY = "api_key"
 AUTH_TENANT = "_auth"
-#: The memory id the key events are logged under (no memory has it: ids ClawVM makes are UUIDv7).
+#: The memory id the key audit events are logged under (no memory has it: ids ClawVM makes are UUIDv7).
 KEYS_STREAM = "00000000-0000-0000-0000-0000000000a1"
+AUDIT_CREATED = EventKind.API_KEY_CREATED
+AUDIT_REVOKED = EventKind.API_KEY_REVOKED
+#: What stores made before the credentials table logged as the keys themselves (read once, to migrate).
+LEGACY_CREATED = "key_created"
+LEGACY_REVOKED = "key_revoked"
 KEY_PREFIX = "cvm"
 _TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _TOKEN = re.compile(rf"{KEY_PREFIX}_([0-9a-f]{{12}})_[A-Za-z0-9_-]{{20,100}}")
@@ -101,10 +123,38 @@ class ApiKey:
     created_at: datetime
     hash: str
     revoked_at: datetime | None = None
+    version: int = 1  # of its credential: the compare-and-set of a revocation names it
 
     @property
     def active(self) -> bool:
         return self.revoked_at is None
+
+    def credential(self) -> Credential:
+        """This key as its stored credential."""
+        data: dict[str, Any] = {
+            "role": self.role.value,
+            "name": self.name,
+            "hash": self.hash,
+            "created_at": self.created_at.isoformat(),
+            "revoked_at": None if self.revoked_at is None else self.revoked_at.isoformat(),
+        }
+        return Credential(self.tenant, API_KEY, self.key_id, data, self.version)
+
+    @classmethod
+    def of(cls, credential: Credential) -> ApiKey:
+        """The key a stored credential of kind :data:`API_KEY` describes."""
+        d = credential.data
+        revoked = d.get("revoked_at")
+        return cls(
+            key_id=credential.name,
+            tenant=credential.tenant,
+            role=Role(str(d["role"])),
+            name=str(d.get("name", "")),
+            created_at=datetime.fromisoformat(str(d["created_at"])),
+            hash=str(d["hash"]),
+            revoked_at=None if revoked is None else datetime.fromisoformat(str(revoked)),
+            version=credential.version,
+        )
 
 
 @dataclass(frozen=True)
@@ -127,8 +177,21 @@ class Principal:
             )
 
 
+@dataclass(frozen=True)
+class _Read:
+    """The stored keys of one key id (one, unless two tenants drew the same id) and when they were read."""
+
+    keys: tuple[ApiKey, ...]
+    at: float
+
+
 class Keyring:
-    """The API keys of one store: create, list, revoke, authenticate. Thread-safe."""
+    """The API keys of one store: create, list, revoke, rotate, authenticate. Thread-safe.
+
+    Reads the credentials table only. A key once read is cached for ``refresh_s`` seconds (each request
+    would otherwise cost a lookup); an unknown key id is looked up every time (a key made by another
+    process a moment ago works at once), and nothing is cached for it.
+    """
 
     def __init__(
         self, store: Store, *, refresh_s: float = 2.0, clock: Callable[[], float] = time.monotonic
@@ -136,9 +199,7 @@ class Keyring:
         self.store = store
         self.refresh_s = refresh_s
         self._clock = clock
-        self._keys: dict[str, ApiKey] = {}
-        self._seq = 0
-        self._loaded_at = float("-inf")
+        self._read: dict[str, _Read] = {}
         self._lock = threading.Lock()
 
     def create(self, tenant: str, role: Role | str, name: str = "") -> tuple[ApiKey, str]:
@@ -147,51 +208,49 @@ class Keyring:
         role = role if isinstance(role, Role) else role_of(role)
         if len(name) > 200:
             raise ValidationError("name", f"is {len(name)} characters long", "use at most 200")
-        key_id = secrets.token_hex(6)
-        token = f"{KEY_PREFIX}_{key_id}_{secrets.token_urlsafe(32)}"
-        record = ApiKey(key_id, tenant, role, name, utcnow(), digest(token))
-        self.store.append_event(
-            Event(
-                kind=EventKind.KEY_CREATED,
-                memory_id=KEYS_STREAM,
-                tenant=AUTH_TENANT,
-                at=record.created_at,
-                data={
-                    "key_id": key_id,
-                    "tenant": tenant,
-                    "role": role.value,
-                    "name": name,
-                    "hash": record.hash,
-                },
-            )
-        )
-        self.refresh()
+        return self._create(tenant, role, name, {})
+
+    def _create(self, tenant: str, role: Role, name: str, audit: dict[str, Any]) -> tuple[ApiKey, str]:
+        while True:
+            key_id = secrets.token_hex(6)
+            if self.store.find_credentials(API_KEY, key_id):
+                continue  # taken by some tenant: a key id names one key, whichever tenant asks
+            token = f"{KEY_PREFIX}_{key_id}_{secrets.token_urlsafe(32)}"
+            record = ApiKey(key_id, tenant, role, name, utcnow(), digest(token))
+            try:
+                self.store.put_credential(record.credential())
+            except CredentialConflictError:
+                continue  # this tenant drew the same id at the same moment: draw again
+            break
+        self._remember(key_id, (record,))
+        self._audit(AUDIT_CREATED, record, audit)
         return record, token
 
     def list(self, tenant: str | None = None, *, include_revoked: bool = False) -> list[ApiKey]:
         """Keys (of ``tenant``, if given), oldest first."""
-        self.refresh()
-        with self._lock:
-            keys = list(self._keys.values())
-        return [k for k in keys if (tenant is None or k.tenant == tenant) and (include_revoked or k.active)]
+        keys = _readable(self.store.iter_credentials(API_KEY, tenant))
+        keys.sort(key=lambda k: (k.created_at, k.key_id))
+        return [k for k in keys if include_revoked or k.active]
 
     def revoke(self, key_id: str, tenant: str | None = None) -> ApiKey:
-        """Revoke a key (of ``tenant``, if given: a tenant admin cannot see other tenants' keys)."""
-        self.refresh()
-        with self._lock:
-            key = self._keys.get(key_id)
-        if key is None or (tenant is not None and key.tenant != tenant):
-            raise NotFoundError("key", key_id)
-        if not key.active:
-            return key
-        self.store.append_event(
-            Event(
-                kind=EventKind.KEY_REVOKED, memory_id=KEYS_STREAM, tenant=AUTH_TENANT, data={"key_id": key_id}
-            )
-        )
-        self.refresh()
-        with self._lock:
-            return self._keys[key_id]
+        """Revoke a key (of ``tenant``, if given: a tenant admin cannot see other tenants' keys).
+        Revoking a revoked key changes nothing."""
+        found = self._owned(key_id, tenant)
+        revoked = tuple(self._revoke(key) for key in found)
+        self._remember(key_id, revoked, merge=True)
+        return revoked[0]
+
+    def rotate(self, key_id: str, tenant: str | None = None) -> tuple[ApiKey, str]:
+        """Replace an active key by a new one of the same tenant, role and name: returns the new record and
+        key (shown this once). The new key is stored before the old one is revoked, so a failure in between
+        leaves two working keys, never none."""
+        active = [k for k in self._owned(key_id, tenant) if k.active]
+        if not active:
+            raise ValidationError("key_id", f"{key_id} was revoked", "rotate an active key, or create one")
+        old = active[0]
+        made = self._create(old.tenant, old.role, old.name, {"rotated_from": old.key_id})
+        self.revoke(old.key_id, old.tenant)
+        return made
 
     def authenticate(self, token: str | None) -> Principal:
         """The caller behind ``token``; AuthenticationError if missing, malformed, unknown or revoked."""
@@ -201,51 +260,109 @@ class Keyring:
         if match is None:
             raise AuthenticationError("malformed API key: keys look like cvm_<id>_<secret>")
         key_id = match.group(1)
-        with self._lock:
-            known = key_id in self._keys
-        if not known:
-            self.refresh()  # a key made by another process since the last read
-        key = self._current(key_id)
-        if key is None or not hmac.compare_digest(key.hash, digest(token)):
+        hashed = digest(token)
+        key = next((k for k in self._current(key_id) if hmac.compare_digest(k.hash, hashed)), None)
+        if key is None:
             raise AuthenticationError("unknown API key")
         if not key.active:
             raise AuthenticationError(f"API key {key_id} was revoked")
         return Principal(key.key_id, key.tenant, key.role)
 
     def active(self, key_id: str) -> bool:
-        """Whether ``key_id`` is a key that works (an open event stream asks on every heartbeat); the log
-        is re-read at most every ``refresh_s``, as for :meth:`authenticate`."""
-        key = self._current(key_id)
-        return key is not None and key.active
+        """Whether ``key_id`` is a key that works (an open event stream asks on every heartbeat); a cached
+        key is re-read once older than ``refresh_s``, as for :meth:`authenticate`."""
+        return any(k.active for k in self._current(key_id))
 
-    def _current(self, key_id: str) -> ApiKey | None:
-        """The key as known, after re-reading the log if the last read is older than ``refresh_s``:
+    def _current(self, key_id: str) -> tuple[ApiKey, ...]:
+        """The keys of ``key_id`` as cached, re-read when not cached or older than ``refresh_s``:
         revocations by another process take effect here."""
-        if self._clock() - self._loaded_at > self.refresh_s:
-            self.refresh()
         with self._lock:
-            return self._keys.get(key_id)
+            cached = self._read.get(key_id)
+        if cached is not None and self._clock() - cached.at <= self.refresh_s:
+            return cached.keys
+        return self._lookup(key_id)
 
-    def refresh(self) -> None:
-        """Apply key events logged since the last refresh (by any process)."""
+    def _lookup(self, key_id: str) -> tuple[ApiKey, ...]:
+        keys = tuple(_readable(self.store.find_credentials(API_KEY, key_id)))
+        self._remember(key_id, keys)
+        return keys
+
+    def _remember(self, key_id: str, keys: tuple[ApiKey, ...], *, merge: bool = False) -> None:
+        """Cache what was just read or written of ``key_id`` (with ``merge``, these keys replace their own
+        tenant's, the others stay); nothing is cached for an unknown id."""
         with self._lock:
-            while True:
-                events = self.store.read_events(self._seq, 1000, KEYS_STREAM)
-                for e in events:
-                    if e.tenant == AUTH_TENANT:  # anyone could log under the stream id; only _auth counts
-                        self._apply(e)
-                    self._seq = max(self._seq, e.seq or 0)
-                if len(events) < 1000:
-                    break
-            self._loaded_at = self._clock()
+            if merge and key_id in self._read:
+                fresh = {k.tenant: k for k in keys}
+                keys = tuple(fresh.pop(k.tenant, k) for k in self._read[key_id].keys) + tuple(fresh.values())
+            if keys:
+                self._read[key_id] = _Read(keys, self._clock())
+            else:
+                self._read.pop(key_id, None)
 
-    def _apply(self, e: Event) -> None:
+    def _owned(self, key_id: str, tenant: str | None) -> tuple[ApiKey, ...]:
+        """The stored keys of ``key_id`` (of ``tenant``, if given), read now; NotFoundError if none."""
+        found = tuple(k for k in self._lookup(key_id) if tenant is None or k.tenant == tenant)
+        if not found:
+            raise NotFoundError("key", key_id)
+        return found
+
+    def _revoke(self, key: ApiKey) -> ApiKey:
+        """``key`` revoked, by compare-and-set: a concurrent writer makes it re-read and decide again."""
+        while key.active:
+            revoked = replace(key, revoked_at=utcnow(), version=key.version + 1)
+            try:
+                self.store.put_credential(revoked.credential())
+            except CredentialConflictError:
+                stored = self.store.get_credential(key.tenant, API_KEY, key.key_id)
+                if stored is None:  # engines never delete credentials; only a hand-edited table could
+                    raise NotFoundError("key", key.key_id) from None
+                key = ApiKey.of(stored)
+                continue
+            self._audit(AUDIT_REVOKED, revoked, {})
+            return revoked
+        return key
+
+    def _audit(self, kind: str, key: ApiKey, extra: dict[str, Any]) -> None:
+        """An audit line in the reserved tenant's log: who got which key, or lost it. Never the hash; nothing
+        reads it back (authentication reads the credentials table), so retention may drop it."""
+        data = {"key_id": key.key_id, "tenant": key.tenant, "role": key.role.value, "name": key.name, **extra}
+        at = key.created_at if kind == AUDIT_CREATED else (key.revoked_at or utcnow())
+        self.store.append_event(Event(kind=kind, memory_id=KEYS_STREAM, tenant=AUTH_TENANT, at=at, data=data))
+
+
+def _readable(credentials: Iterable[Credential]) -> list[ApiKey]:
+    """The keys these credentials describe; one whose data is not a key's (written by hand, or by something
+    else under the kind) is skipped with a warning rather than failing every request that meets it."""
+    keys = []
+    for c in credentials:
+        try:
+            keys.append(ApiKey.of(c))
+        except (KeyError, TypeError, ValueError):
+            where = {"tenant": c.tenant, "key_id": c.name}
+            log.warning("skipping a malformed API key record", extra={"fields": where})
+    return keys
+
+
+def credentials_from_key_events(events: Iterable[Event]) -> list[Credential]:
+    """The API keys a store made before the credentials table kept only as events (:data:`LEGACY_CREATED`
+    / :data:`LEGACY_REVOKED` of the reserved tenant on :data:`KEYS_STREAM`, oldest first), as the
+    credentials to store: what each engine's schema migration writes, once, when it creates the table.
+    Replays them as the old keyring did: a later ``key_created`` of the same id replaces the key, a
+    revocation keeps its first time; events of any other tenant or stream never counted and still do not."""
+    keys: dict[str, ApiKey] = {}
+    for e in events:
+        if e.tenant != AUTH_TENANT or e.memory_id != KEYS_STREAM:
+            continue
         d = e.data
-        if e.kind == "key_created":
-            self._keys[str(d["key_id"])] = ApiKey(
-                str(d["key_id"]), str(d["tenant"]), Role(str(d["role"])), str(d["name"]), e.at, str(d["hash"])
-            )
-        elif e.kind == "key_revoked" and str(d["key_id"]) in self._keys:
-            key = self._keys[str(d["key_id"])]
-            if key.active:
-                self._keys[key.key_id] = replace(key, revoked_at=e.at)
+        try:
+            if e.kind == LEGACY_CREATED:
+                tenant = check_tenant_name(str(d["tenant"]))
+                role, name = Role(str(d["role"])), str(d.get("name", ""))
+                keys[str(d["key_id"])] = ApiKey(str(d["key_id"]), tenant, role, name, e.at, str(d["hash"]))
+            elif e.kind == LEGACY_REVOKED and str(d["key_id"]) in keys:
+                key = keys[str(d["key_id"])]
+                if key.active:
+                    keys[key.key_id] = replace(key, revoked_at=e.at, version=2)
+        except (KeyError, ValueError):  # malformed: the old keyring could not have used it either
+            log.warning("skipping a malformed key event", extra={"fields": {"seq": e.seq, "kind": e.kind}})
+    return [k.credential() for k in keys.values()]

@@ -57,7 +57,9 @@ class EventKind(StrEnum):
     MANUAL = "manual"
     SCORING_WEIGHTS = "scoring_weights"
     # operations
-    KEY_CREATED = "key_created"
+    API_KEY_CREATED = "api_key_created"  # an audit line: authentication never reads it
+    API_KEY_REVOKED = "api_key_revoked"
+    KEY_CREATED = "key_created"  # how stores before the credentials table held keys (read once, to migrate)
     KEY_REVOKED = "key_revoked"
     ROTATE_DATA_KEY = "rotate_data_key"
 
@@ -245,6 +247,8 @@ PAYLOADS: dict[EventKind, type] = {
     EventKind.TOOL_INTERRUPTED: NoData,
     EventKind.MANUAL: ManualData,
     EventKind.SCORING_WEIGHTS: WeightsData,
+    EventKind.API_KEY_CREATED: NoData,
+    EventKind.API_KEY_REVOKED: NoData,
     EventKind.KEY_CREATED: NoData,
     EventKind.KEY_REVOKED: NoData,
     EventKind.ROTATE_DATA_KEY: NoData,

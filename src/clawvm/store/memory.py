@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
@@ -11,7 +12,19 @@ import numpy as np
 
 from clawvm.core.model import STORED, Filters, Memory
 from clawvm.core.vectors import normalize
-from clawvm.store.base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions
+from clawvm.store.base import (
+    Credential,
+    Edge,
+    Event,
+    Query,
+    QueryResult,
+    Store,
+    check_credential_version,
+    check_vectors,
+    check_versions,
+    credential_json,
+    credential_order,
+)
 from clawvm.store.index import SearchIndex
 
 
@@ -26,6 +39,7 @@ class MemoryStore(Store):
         self._events: list[Event] = []
         self._events_dropped = 0  # events deleted from the head by retention; seq = index + this + 1
         self._index: SearchIndex | None = None
+        self._credentials: dict[tuple[str, str, str], Credential] = {}  # by credential_order
 
     def setup(self) -> None:
         with self._lock:
@@ -137,6 +151,39 @@ class MemoryStore(Store):
             del self._events[:n]
             self._events_dropped += n
             return n
+
+    # ---- credentials: a dict apart from the event log, so retention never reaches them ----------------
+    def put_credential(self, credential: Credential) -> None:
+        data = json.loads(credential_json(credential))  # checked, and a private copy
+        key = credential_order(credential)
+        with self._lock:
+            stored = self._credentials.get(key)
+            check_credential_version(credential, None if stored is None else stored.version)
+            self._credentials[key] = replace(credential, data=data)
+
+    def find_credentials(self, kind: str, name: str) -> list[Credential]:
+        with self._lock:
+            found = [c for key, c in self._credentials.items() if key[1] == kind and key[2] == name]
+        return [replace(c, data=_json_copy(c.data)) for c in sorted(found, key=credential_order)]
+
+    def list_credentials(
+        self,
+        kind: str | None = None,
+        tenant: str | None = None,
+        after: Credential | None = None,
+        limit: int = 1000,
+    ) -> list[Credential]:
+        start = None if after is None else credential_order(after)
+        with self._lock:
+            keys = sorted(
+                key
+                for key in self._credentials
+                if (tenant is None or key[0] == tenant)
+                and (kind is None or key[1] == kind)
+                and (start is None or key > start)
+            )
+            page = [self._credentials[key] for key in keys[:limit]]
+        return [replace(c, data=_json_copy(c.data)) for c in page]
 
 
 def private_copy(m: Memory) -> Memory:

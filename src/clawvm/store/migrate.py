@@ -1,14 +1,15 @@
 """Copy one store into another, any engine to any engine, and prove the copy (``clawvm migrate``).
 
 What is copied: every memory exactly as stored (all tenants and statuses, versions kept: a new id takes
-the version it carries), its vector when it has one, and the event log in order (the target numbers
-events itself). Links travel inside their memories; the search indexes are the target's own.
+the version it carries), its vector when it has one, the event log in order (the target numbers
+events itself) and every credential (API keys: :meth:`clawvm.store.Store.put_credential`, versions kept).
+Links travel inside their memories; the search indexes are the target's own.
 
-The target must be empty: a copy into a store that already holds memories or events could not be told
-apart from them afterwards. Then the copy is verified: counts and order-independent checksums of the
-memories (their exact JSON) and of the events (kind, memory, tenant, time and data) computed on each side
-independently, and every vector compared with its source (engines normalise on write, so the last bits
-may differ: equal within 1e-5).
+The target must be empty: a copy into a store that already holds memories, events or credentials could not
+be told apart from them afterwards. Then the copy is verified: counts and order-independent checksums of
+the memories (their exact JSON), of the events (kind, memory, tenant, time and data) and of the credentials
+(key, version and data) computed on each side independently, and every vector compared with its source
+(engines normalise on write, so the last bits may differ: equal within 1e-5).
 
 Memory use is one batch at a time, so a million memories stream through.
 """
@@ -24,7 +25,7 @@ import numpy as np
 
 from clawvm.core.errors import StoreError, ValidationError
 from clawvm.core.model import Memory
-from clawvm.store import Event, Store
+from clawvm.store import Credential, Event, Store
 from clawvm.store.eventlog import event_pages
 
 Progress = Callable[[str, int], None]  # (what: "memories" | "events", how many more were copied)
@@ -41,6 +42,8 @@ class Summary:
     vectors: int
     events: int
     event_checksum: str
+    credentials: int = 0
+    credential_checksum: str = ""
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class Report:
     source: Summary | None = None
     target: Summary | None = None
     worst_vector_error: float = 0.0
+    credentials: int = 0
 
 
 def _digest(text: str) -> int:
@@ -66,6 +70,10 @@ def _event_text(e: Event) -> str:
         ensure_ascii=False,
         default=str,
     )
+
+
+def _credential_text(c: Credential) -> str:
+    return json.dumps([c.tenant, c.kind, c.name, c.version, c.data], sort_keys=True, ensure_ascii=False)
 
 
 def _batches(store: Store, size: int) -> Iterator[list[Memory]]:
@@ -92,7 +100,12 @@ def summarize(store: Store, batch: int = 500) -> Summary:
     for page in event_pages(store, batch=1000):
         events += len(page)
         etotal = (etotal + sum(_digest(_event_text(e)) for e in page)) % _MOD
-    return Summary(n, f"{total:064x}", vectors, events, f"{etotal:064x}")
+    credentials = 0
+    ctotal = 0
+    for c in store.iter_credentials():
+        credentials += 1
+        ctotal = (ctotal + _digest(_credential_text(c))) % _MOD
+    return Summary(n, f"{total:064x}", vectors, events, f"{etotal:064x}", credentials, f"{ctotal:064x}")
 
 
 def migrate(
@@ -104,10 +117,12 @@ def migrate(
     verification finds a difference.
     """
     held, logged = target.count(), len(target.read_events(limit=1))
-    if held or logged:
+    keyed = len(target.list_credentials(limit=1))
+    if held or logged or keyed:
         raise ValidationError(
             "to",
-            f"already holds {held} memories and {'some' if logged else 'no'} events",
+            f"already holds {held} memories, {'some' if logged else 'no'} events and "
+            f"{'some' if keyed else 'no'} credentials",
             "migrate into an empty store (a new database schema or file)",
         )
     copied = vectors = events = 0
@@ -126,11 +141,15 @@ def migrate(
         events += len(page)
         if progress:
             progress("events", len(page))
-    report = Report(copied, vectors, events)
+    credentials = 0
+    for credential in source.iter_credentials():
+        target.put_credential(credential)  # new to the target: stored at its own version
+        credentials += 1
+    report = Report(copied, vectors, events, credentials=credentials)
     if not verify:
         return report
     before, after, worst = check(source, target, batch)
-    return Report(copied, vectors, events, before, after, worst)
+    return Report(copied, vectors, events, before, after, worst, credentials)
 
 
 def check(source: Store, target: Store, batch: int = 500) -> tuple[Summary, Summary, float]:

@@ -54,16 +54,20 @@ from clawvm.core.lexical import Analyzer, BM25Params
 from clawvm.core.model import Filters, LinkType, Memory
 from clawvm.core.vectors import normalize
 from clawvm.store.base import (
+    Credential,
     Edge,
     Event,
     Query,
     QueryResult,
     Store,
+    check_credential_version,
     check_vectors,
     check_versions,
+    credential_json,
     leading_vectors,
 )
 from clawvm.store.index import index_text
+from clawvm.store.keys import AUTH_TENANT, KEYS_STREAM, credentials_from_key_events
 from clawvm.store.memory import from_stored
 from clawvm.store.postgres_search import Searcher, compile_filters, esc, term_key, unesc, valid_ids
 
@@ -131,7 +135,46 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE INDEX memories_agent ON memories (tenant, agent_id) WHERE agent_id IS NOT NULL;
     """,
+    # credentials apart from the event log (retention never reaches them); "C": (tenant, kind, name) order
+    # is code point order, as in the other engines. The API keys older schemas kept as events are copied
+    # in by _DATA_MIGRATIONS[2].
+    """
+    CREATE TABLE credentials (
+        tenant text COLLATE "C" NOT NULL, kind text COLLATE "C" NOT NULL, name text COLLATE "C" NOT NULL,
+        version bigint NOT NULL, data json NOT NULL,
+        PRIMARY KEY (tenant, kind, name)
+    );
+    CREATE INDEX credentials_name ON credentials (kind, name);
+    """,
 )
+
+# Insert a credential, or replace the stored one only when it is the next version (the compare-and-set of
+# Store.put_credential, in one statement: concurrent writers cannot both pass); no row when it fails.
+_PUT_CREDENTIAL = """INSERT INTO credentials (tenant, kind, name, version, data)
+    VALUES (%s, %s, %s, %s, %s::json)
+    ON CONFLICT (tenant, kind, name) DO UPDATE SET version = excluded.version, data = excluded.data
+    WHERE credentials.version = excluded.version - 1
+    RETURNING version"""
+
+
+def _copy_key_events(conn: psycopg.Connection[Any]) -> None:
+    """Copy the API keys an older schema kept only as events into the new credentials table (once: in the
+    migration that creates it, in its transaction)."""
+    rows = conn.execute(
+        "SELECT seq, at, tenant, kind, memory_id, data FROM events WHERE memory_id = %s AND tenant = %s"
+        " ORDER BY seq",
+        [KEYS_STREAM, AUTH_TENANT],
+    ).fetchall()
+    events = (
+        Event(kind=unesc(k) or "", memory_id=unesc(mid), data=d, tenant=unesc(t) or "", at=at, seq=int(s))
+        for s, at, t, k, mid, d in rows
+    )
+    for c in credentials_from_key_events(events):
+        conn.execute(_PUT_CREDENTIAL, [c.tenant, c.kind, c.name, c.version, credential_json(c)])
+
+
+#: Python steps of a migration, run after its SQL, in the same transaction (migration number -> step).
+_DATA_MIGRATIONS: dict[int, Callable[[psycopg.Connection[Any]], None]] = {2: _copy_key_events}
 
 _AGENTS_TTL_S = 2.0  # how soon recall sees an agent another process added (Store.agents)
 _RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
@@ -283,6 +326,8 @@ class PostgresStore(Store):
                 )
             for number in range(applied, len(MIGRATIONS)):
                 conn.execute(MIGRATIONS[number].replace("{dim}", str(self.dim)))
+                if number in _DATA_MIGRATIONS:
+                    _DATA_MIGRATIONS[number](conn)
             conn.execute(
                 "INSERT INTO meta VALUES ('version', %s), ('dim', %s) ON CONFLICT (key) DO UPDATE"
                 " SET value = excluded.value",
@@ -605,6 +650,56 @@ class PostgresStore(Store):
             Event(kind=unesc(k) or "", memory_id=unesc(mid), data=d, tenant=unesc(t) or "", at=at, seq=int(s))
             for s, at, t, k, mid, d in rows
         ]
+
+    # ---- credentials: a table of their own, which event retention never touches ---------------------
+    def put_credential(self, credential: Credential) -> None:
+        c = credential
+        row = [c.tenant, c.kind, c.name, c.version, credential_json(c)]
+        with self._conn("put_credential") as conn:
+            if conn.execute(_PUT_CREDENTIAL, row).fetchall():  # one statement: atomic on its own
+                return
+            stored = conn.execute(
+                "SELECT version FROM credentials WHERE tenant = %s AND kind = %s AND name = %s", row[:3]
+            ).fetchone()
+        check_credential_version(credential, None if stored is None else int(stored[0]))
+        raise AssertionError("the upsert refused a credential the version rule accepts")  # pragma: no cover
+
+    def find_credentials(self, kind: str, name: str) -> list[Credential]:
+        if "\x00" in kind + name:  # no stored key holds NUL (credential_json refuses it); libpq would fail
+            return []
+        with self._conn("find_credentials") as conn:
+            rows = conn.execute(
+                "SELECT tenant, kind, name, version, data FROM credentials WHERE kind = %s AND name = %s"
+                " ORDER BY tenant",
+                [kind, name],
+            ).fetchall()
+        return [Credential(t, k, n, d, int(v)) for t, k, n, v, d in rows]
+
+    def list_credentials(
+        self,
+        kind: str | None = None,
+        tenant: str | None = None,
+        after: Credential | None = None,
+        limit: int = 1000,
+    ) -> list[Credential]:
+        if "\x00" in (kind or "") + (tenant or ""):  # as in find_credentials
+            return []
+        sql = "SELECT tenant, kind, name, version, data FROM credentials WHERE TRUE"
+        args: list[Any] = []
+        if kind is not None:
+            sql += " AND kind = %s"
+            args.append(kind)
+        if tenant is not None:
+            sql += " AND tenant = %s"
+            args.append(tenant)
+        if after is not None:
+            sql += " AND (tenant, kind, name) > (%s, %s, %s)"
+            args += [after.tenant, after.kind, after.name]
+        sql += " ORDER BY tenant, kind, name LIMIT %s"
+        args.append(limit)
+        with self._conn("list_credentials") as conn:
+            rows = conn.execute(sql, args).fetchall()
+        return [Credential(t, k, n, d, int(v)) for t, k, n, v, d in rows]
 
     def subscribe(self, callback: Callable[[int], None]) -> Callable[[], None]:
         """Call ``callback(seq)`` whenever any process appends events to this store's schema (``seq``: the

@@ -15,7 +15,7 @@ import json
 import logging
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -27,16 +27,20 @@ from clawvm.core.errors import ConfigError, SchemaError, StoreError
 from clawvm.core.model import Filters, LinkType, Memory
 from clawvm.core.vectors import normalize
 from clawvm.store.base import (
+    Credential,
     Edge,
     Event,
     Query,
     QueryResult,
     Store,
+    check_credential_version,
     check_vectors,
     check_versions,
+    credential_json,
     leading_vectors,
 )
 from clawvm.store.index import IndexDoc, SearchIndex
+from clawvm.store.keys import AUTH_TENANT, KEYS_STREAM, credentials_from_key_events
 from clawvm.store.memory import from_stored
 
 # Append-only: never edit a shipped entry, add a new one. PRAGMA user_version = number applied.
@@ -72,7 +76,44 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
     INSERT INTO counters VALUES ('rev', 0);
     """,
+    # credentials apart from the event log (retention never reaches them); the API keys older files kept
+    # as events are copied in by _DATA_MIGRATIONS[1]
+    """
+    CREATE TABLE credentials (
+        tenant TEXT NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,
+        version INTEGER NOT NULL, data TEXT NOT NULL,
+        PRIMARY KEY (tenant, kind, name)
+    ) WITHOUT ROWID;
+    CREATE INDEX credentials_name ON credentials(kind, name);
+    """,
 )
+
+# Insert a credential, or replace the stored one only when it is the next version (the compare-and-set of
+# Store.put_credential, in one statement); no row comes back when the check fails.
+_PUT_CREDENTIAL = """INSERT INTO credentials (tenant, kind, name, version, data) VALUES (?,?,?,?,?)
+    ON CONFLICT (tenant, kind, name) DO UPDATE SET version = excluded.version, data = excluded.data
+    WHERE credentials.version = excluded.version - 1
+    RETURNING version"""
+
+
+def _copy_key_events(conn: sqlite3.Connection) -> None:
+    """Copy the API keys an older file kept only as events into the new credentials table (once: in the
+    migration that creates it, in its transaction)."""
+    rows = conn.execute(
+        "SELECT seq, at, tenant, kind, memory_id, data FROM events WHERE memory_id = ? AND tenant = ?"
+        " ORDER BY seq",
+        (KEYS_STREAM, AUTH_TENANT),
+    )
+    events = (
+        Event(kind=k, memory_id=mid, data=json.loads(d), tenant=t, at=datetime.fromisoformat(at), seq=s)
+        for s, at, t, k, mid, d in rows
+    )
+    for c in credentials_from_key_events(events):
+        conn.execute(_PUT_CREDENTIAL, (c.tenant, c.kind, c.name, c.version, credential_json(c)))
+
+
+#: Python steps of a migration, run after its SQL, in the same transaction (migration number -> step).
+_DATA_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _copy_key_events}
 
 
 @contextmanager
@@ -234,6 +275,8 @@ class SQLiteStore(Store):
                     for statement in MIGRATIONS[number].split(";"):
                         if statement.strip():
                             conn.execute(statement)
+                    if number in _DATA_MIGRATIONS:
+                        _DATA_MIGRATIONS[number](conn)
                     conn.execute(f"PRAGMA user_version = {number + 1}")
                 conn.execute("COMMIT")
             except BaseException:
@@ -607,3 +650,50 @@ class SQLiteStore(Store):
                 )
                 for s, at, t, k, mid, d in db.execute(sql, args)
             ]
+
+    # ---- credentials: a table of their own, which event retention never touches ---------------------
+    def put_credential(self, credential: Credential) -> None:
+        c = credential
+        row = (c.tenant, c.kind, c.name, c.version, credential_json(c))
+        with self._lock, _translated("put_credential"):
+            written = self._db.execute(_PUT_CREDENTIAL, row).fetchall()  # one statement: atomic on its own
+            if written:
+                return
+            stored = self._db.execute(
+                "SELECT version FROM credentials WHERE tenant = ? AND kind = ? AND name = ?", row[:3]
+            ).fetchone()
+        check_credential_version(credential, None if stored is None else int(stored[0]))
+        raise AssertionError("the upsert refused a credential the version rule accepts")  # pragma: no cover
+
+    def find_credentials(self, kind: str, name: str) -> list[Credential]:
+        with self._lock, _translated("find_credentials"):  # no _read: the search index is not involved
+            rows = self._db.execute(
+                "SELECT tenant, kind, name, version, data FROM credentials WHERE kind = ? AND name = ?"
+                " ORDER BY tenant",
+                (kind, name),
+            ).fetchall()
+        return [Credential(t, k, n, json.loads(d), int(v)) for t, k, n, v, d in rows]
+
+    def list_credentials(
+        self,
+        kind: str | None = None,
+        tenant: str | None = None,
+        after: Credential | None = None,
+        limit: int = 1000,
+    ) -> list[Credential]:
+        sql = "SELECT tenant, kind, name, version, data FROM credentials WHERE 1"
+        args: list[object] = []
+        if kind is not None:
+            sql += " AND kind = ?"
+            args.append(kind)
+        if tenant is not None:
+            sql += " AND tenant = ?"
+            args.append(tenant)
+        if after is not None:
+            sql += " AND (tenant, kind, name) > (?, ?, ?)"
+            args += [after.tenant, after.kind, after.name]
+        sql += " ORDER BY tenant, kind, name LIMIT ?"
+        args.append(limit)
+        with self._lock, _translated("list_credentials"):
+            rows = self._db.execute(sql, args).fetchall()
+        return [Credential(t, k, n, json.loads(d), int(v)) for t, k, n, v, d in rows]

@@ -12,7 +12,10 @@ a filter. The rules, each enforced here and nowhere else:
 - writes: ``put_many``/``write`` refuse a memory of another tenant, or one whose id is another tenant's
   memory (:class:`AccessDeniedError`, nothing written); ``delete_many`` and ``set_vectors`` ignore ids of
   other tenants; ``append_events`` refuses events of another tenant; event retention is refused (it
-  spans tenants: an operator runs it on the engine itself).
+  spans tenants: an operator runs it on the engine itself);
+- credentials: ``find_credentials``/``list_credentials`` return only this tenant's (asking for another
+  tenant's lists nothing), ``put_credential`` refuses a credential of another tenant. Credentials are keyed
+  by tenant, so a tenant writing a name another tenant uses writes its own, never theirs.
 
 A check and the write it guards run under the engine's lock, so no write of this process slips between.
 ``close()`` leaves the shared engine open: whoever opened the engine closes it.
@@ -27,7 +30,7 @@ import numpy as np
 
 from clawvm.core.errors import AccessDeniedError
 from clawvm.core.model import Filters, Memory
-from clawvm.store.base import Edge, Event, Query, QueryResult, Store, check_vectors
+from clawvm.store.base import Credential, Edge, Event, Query, QueryResult, Store, check_vectors
 
 _ALL = 2**62  # "no limit" for engines' limit arguments
 
@@ -171,3 +174,24 @@ class TenantStore(Store):
                 break
             cursor = page[-1].seq or cursor
         return out[:limit]
+
+    # ---- credentials --------------------------------------------------------------------------------
+    def put_credential(self, credential: Credential) -> None:
+        if credential.tenant != self.tenant:
+            problem = f"credential of tenant {credential.tenant!r}"
+            raise AccessDeniedError("tenant", problem, "store credentials of your own tenant")
+        self.inner.put_credential(credential)
+
+    def find_credentials(self, kind: str, name: str) -> list[Credential]:
+        return [c for c in self.inner.find_credentials(kind, name) if c.tenant == self.tenant]
+
+    def list_credentials(
+        self,
+        kind: str | None = None,
+        tenant: str | None = None,
+        after: Credential | None = None,
+        limit: int = 1000,
+    ) -> list[Credential]:
+        if tenant is not None and tenant != self.tenant:
+            return []
+        return self.inner.list_credentials(kind, self.tenant, after, limit)
