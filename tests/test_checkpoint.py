@@ -250,3 +250,42 @@ def test_restore_in_another_process_is_exact(tmp_path: Path, embedder: clawvm.Mi
         assert cp is not None
         report = h.rollback(cp)
         assert len(report.obsoleted) == 1
+
+
+# ---- what a rollback restores, exactly -----------------------------------------------------------------
+def test_rollback_makes_a_call_pending_at_the_checkpoint_pending_again() -> None:
+    h, now = open_clocked()
+    with h:
+        call = h.tool_call("lookup", {"q": "invoice 42"}, session_id="s1")
+        call.__enter__()
+        cp = h.checkpoint("s1", "while the call runs")
+        now[0] = T0 + timedelta(minutes=1)
+        call.__exit__(None, None, None)
+        finished = h.get(call.call.id)
+        assert finished.state is clawvm.State.SUCCESS and finished.metadata["tool_call"].get("result_id")
+        report = h.rollback(cp)
+        back = h.get(call.call.id)
+        assert back.state is clawvm.State.PENDING
+        assert "result_id" not in back.metadata["tool_call"]  # no pointer at the undone result
+        result_id = finished.metadata["tool_call"]["result_id"]
+        assert h.get(result_id).status is Status.OBSOLETE and result_id in report.obsoleted
+
+
+def test_rollback_undoes_a_later_compression_and_restores_values_exactly() -> None:
+    h, now = open_clocked()
+    with h:
+        topics = ("weather", "queue", "coffee", "train", "garden", "concert", "library", "market", "harbour")
+        text = " ".join(f"We talked about the {w} and the long walk home afterwards." for w in topics * 3)
+        m = h.record(text, session_id="s1")
+        h.rate(m.id, 1)
+        value_then = h.get(m.id).value
+        cp = h.checkpoint("s1", "before")
+        now[0] = T0 + timedelta(days=3)  # time passes: a recomputed value would differ
+        h.rate(m.id, 1)
+        compressed = h.compress(m.id)
+        assert compressed.content != text
+        h.rollback(cp)
+        back = h.get(m.id)
+        assert back.content == text and "compression" not in back.metadata
+        assert back.value == value_then  # the checkpoint's number, not a recomputation at rollback time
+        assert back.usage.feedback == 1

@@ -1,10 +1,17 @@
 """Checkpoints of a session's memory state, and rollback to them.
 
-A checkpoint is a snapshot of every memory of the session — tier, value, pinned, status, version — taken
-under one read and stored as an archived ``agent_state`` memory (tag ``checkpoint``), so it lives in the
-same store, survives restarts and is exported with everything else. Rolling back restores each
-memory's tier, value, pin and status, and marks memories created after the checkpoint ``obsolete`` (not
-deleted: analytics can still show what was undone); a ``rollback`` event lists all of it.
+A checkpoint is a snapshot of every memory of the session and stored as an archived ``agent_state``
+memory (tag ``checkpoint``), so it lives in the same store, survives restarts and is exported with
+everything else; the context builder never puts it in a prompt.
+
+What a rollback restores, exactly, for every memory the checkpoint saw: its tier, value (the number the
+checkpoint recorded, not a recomputation), pin, status, usage counters, access count and time, its
+``state`` and tool-call outcome (a call PENDING at the checkpoint is PENDING again, no longer pointing at the
+result it got later) and its links (a link to a memory made later goes). A memory compressed after the checkpoint gets its raw text back.
+Memories created after the checkpoint become ``obsolete`` and leave the archive tier's counts untouched
+(not deleted: analytics can still show what was undone). What it does not restore: content edited after
+the checkpoint other than by compression (revisions are new memories, and those are obsoleted), memories
+forgotten for good, and the event log, which records the rollback (a ``rollback`` event lists all of it).
 """
 
 from __future__ import annotations
@@ -12,12 +19,25 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from clawvm.core.errors import ValidationError
-from clawvm.core.model import Filters, Kind, Memory, Status, Tier, Usage, build_memory, canonical_json
+from clawvm.core.model import (
+    Filters,
+    Kind,
+    Link,
+    Memory,
+    State,
+    Status,
+    Tier,
+    Usage,
+    build_memory,
+    canonical_json,
+)
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
 from clawvm.store.kinds import EventKind
+from clawvm.vm.compress import decompress_memory
 from clawvm.vm.context import CHECKPOINT_TAG
 from clawvm.vm.tiers import Pager
 from clawvm.write.commit import Writer
@@ -50,6 +70,10 @@ def take(
             "access_count": m.access_count,
             "last_accessed_at": m.last_accessed_at.isoformat() if m.last_accessed_at else None,
             "version": m.version,
+            "state": None if m.state is None else m.state.value,
+            "links": [link.model_dump(mode="json") for link in m.links],
+            "compressed": "compression" in m.metadata,
+            "tool_call": m.metadata.get("tool_call"),  # a call's outcome and the result it points to
         }
         for m in session_memories(store, tenant, session_id)
     }
@@ -86,7 +110,7 @@ def rollback(store: StoreReader, pager: Pager, checkpoint_id: str, now: datetime
             "checkpoint_id", f"{checkpoint_id} is not a checkpoint", "pass an id from checkpoint()"
         )
     data = json.loads(snap.content)
-    state: dict[str, dict[str, object]] = data["memories"]
+    state: dict[str, dict[str, Any]] = data["memories"]
     restored, obsoleted = [], []
     for m in session_memories(store, snap.tenant, data["session_id"]):
         if m.id == snap.id:
@@ -99,16 +123,11 @@ def rollback(store: StoreReader, pager: Pager, checkpoint_id: str, now: datetime
                 )
                 obsoleted.append(m.id)
             continue
-        target = {
-            "tier": Tier(str(old["tier"])),
-            "pinned": bool(old["pinned"]),
-            "status": Status(str(old["status"])),
-            "usage": Usage.model_validate(old["usage"]),
-            "access_count": old["access_count"],
-            "last_accessed_at": _when(old["last_accessed_at"]),
-        }
+        if "compression" in m.metadata and old.get("compressed") is False:  # compressed since: raw text back
+            m = decompress_memory(store, pager.writer, m, now)
+        target = _restored_fields(m, old)
         if any(getattr(m, k) != v for k, v in target.items()):
-            pager.mutate(m, lambda _m, t=target: dict(t), now)  # type: ignore[misc]
+            pager.mutate(m, lambda _m, t=target: dict(t), now, keep_value=True)  # type: ignore[misc]
             restored.append(m.id)
     pager.writer.log(
         [
@@ -122,6 +141,28 @@ def rollback(store: StoreReader, pager: Pager, checkpoint_id: str, now: datetime
         ]
     )
     return RollbackReport(snap.id, restored, obsoleted)
+
+
+def _restored_fields(m: Memory, old: dict[str, Any]) -> dict[str, Any]:
+    """The fields a rollback writes back to ``m`` from its line of the snapshot (snapshots taken before
+    ``state``, ``links`` and tool-call outcomes were recorded restore the rest)."""
+    fields: dict[str, Any] = {
+        "tier": Tier(str(old["tier"])),
+        "value": float(old["value"]),
+        "pinned": bool(old["pinned"]),
+        "status": Status(str(old["status"])),
+        "usage": Usage.model_validate(old["usage"]),
+        "access_count": old["access_count"],
+        "last_accessed_at": _when(old["last_accessed_at"]),
+    }
+    if "state" in old:
+        fields["state"] = None if old["state"] is None else State(str(old["state"]))
+    if "links" in old:
+        fields["links"] = [Link.model_validate(link) for link in old["links"]]
+    if "tool_call" in old and m.metadata.get("tool_call") != old["tool_call"]:
+        rest = {k: v for k, v in m.metadata.items() if k != "tool_call"}
+        fields["metadata"] = rest if old["tool_call"] is None else {**rest, "tool_call": old["tool_call"]}
+    return fields
 
 
 def _when(text: object) -> datetime | None:

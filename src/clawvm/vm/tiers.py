@@ -110,11 +110,22 @@ class Pager:
         return value(memory, now, self.config.scoring)
 
     # ---- moving one memory -----------------------------------------------------------------------------
-    def mutate(self, memory: Memory, change: Callable[[Memory], dict[str, Any]], now: datetime) -> Memory:
-        """Apply ``change(current)`` as a new version, re-reading and retrying when someone else wrote."""
+    def mutate(
+        self,
+        memory: Memory,
+        change: Callable[[Memory], dict[str, Any]],
+        now: datetime,
+        *,
+        keep_value: bool = False,
+    ) -> Memory:
+        """Apply ``change(current)`` as a new version, re-reading and retrying when someone else wrote.
+
+        The value is recomputed as of ``now``, unless ``keep_value`` (a rollback restores the value the
+        checkpoint saw, exactly: ``change`` then sets it)."""
         for _ in range(20):
             changed = revalidate(memory, {**change(memory), "version": memory.version + 1})
-            changed = revalidate(changed, {"value": value(changed, now, self.config.scoring)})
+            if not keep_value:
+                changed = revalidate(changed, {"value": value(changed, now, self.config.scoring)})
             try:
                 return self.writer.write([changed])[0]
             except ConflictError:
