@@ -17,7 +17,7 @@ wordy_text = st.lists(
     st.sampled_from(
         [
             "the", "Caroline", "LGBTQ", "unbelievably", "x2", "2023-05-08", "don't", "e-mail", "?!", "_id",
-            "\t", "\n",
+            "\t", "\n", "[MASK]", "[CLS]", "[", "]",
         ]
     ),
     max_size=60,
@@ -38,6 +38,7 @@ def test_edge_cases_of_the_ascii_path() -> None:
         "tab\tnew\nline\rend",  # these three are spaces
         "w" * 101 + " ok",  # a word over WordPiece's 100 characters is one unknown token
         "Hello, WORLD... (really)? [yes] {no} ~_~ `code` #tag @me 50% $5 a+b=c",
+        "special tokens are one token each: [CLS] x[MASK]y [SEP][PAD] [UNK], but not [cls] or [ MASK ]",
     ]:
         assert count_tokens(text) == tokenizer_count(text), repr(text)
 
@@ -46,3 +47,4 @@ def test_other_text_takes_the_tokenizer_path() -> None:
     for text in ["Café déjà vu", "東京で会いましょう", "smart “quotes” — and…", "emoji 🎉 party"]:
         assert count_tokens(text) == tokenizer_count(text)
     assert count_tokens("Café") == count_tokens("Cafe")  # accents are stripped, as the tokenizer does
+

