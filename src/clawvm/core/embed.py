@@ -14,10 +14,12 @@ Apache-2.0: ``core/minilm/NOTICE``) and held to the model's ``tokenizer.json`` b
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 from importlib.resources import files
@@ -233,6 +235,9 @@ class EmbedWorker:
     ``record()`` only calls :meth:`notify`. The worker asks the store for memories without a vector (so
     anything left over by a crash is picked up on the next open too), embeds them, and writes the vectors
     back. :meth:`flush` blocks until nothing is left. Errors are kept and re-raised by ``flush``.
+
+    Every started worker is stopped when the interpreter exits, even if nobody called :meth:`stop`
+    (see :func:`_stop_live_workers`): what it had not embedded yet is embedded on the next open.
     """
 
     def __init__(
@@ -255,16 +260,22 @@ class EmbedWorker:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="clawvm-embed", daemon=True)
-            self._thread.start()
+        with self._wake:
+            if self._thread is None and not self._stopped:
+                _LIVE_WORKERS.add(self)
+                self._thread = threading.Thread(target=self._run, name="clawvm-embed", daemon=True)
+                self._thread.start()
         self.notify()
 
-    def notify(self) -> None:
+    def notify(self) -> bool:
+        """Wake the thread to embed what is pending; False once stopped (nothing is woken then)."""
         with self._wake:
+            if self._stopped:
+                return False
             self._dirty = True
             self._idle.clear()
             self._wake.notify()
+            return True
 
     def _run(self) -> None:
         while True:
@@ -277,29 +288,65 @@ class EmbedWorker:
                     return
                 self._dirty = False
             try:
-                while not self._stopped:
-                    batch = self._pending(self.batch_size)
-                    if not batch:
-                        break
-                    ids, texts = [i for i, _ in batch], [text for _, text in batch]
-                    # passing the texts makes the write conditional: a newer text or vector wins
-                    self._write(ids, self.embedder.embed(texts), texts)
+                self._embed_pending(until_stopped=True)
             except BaseException as exc:  # surfaced by flush(); the worker keeps serving later notifies
                 self._error = exc
                 time.sleep(0.05)
 
+    def _embed_pending(self, until_stopped: bool) -> None:
+        while not (until_stopped and self._stopped):
+            batch = self._pending(self.batch_size)
+            if not batch:
+                return
+            ids, texts = [i for i, _ in batch], [text for _, text in batch]
+            # passing the texts makes the write conditional: a newer text or vector wins
+            self._write(ids, self.embedder.embed(texts), texts)
+
     def flush(self, timeout: float | None = None) -> None:
-        self.notify()
-        if not self._idle.wait(timeout):
+        """Wait until nothing is left to embed. A stopped worker's thread is gone: then the caller's thread
+        embeds what is left (``timeout`` does not apply to that)."""
+        if self.notify() and not self._idle.wait(timeout):
             raise TimeoutError("embedding queue did not drain in time")
         if self._error is not None:
             err, self._error = self._error, None
             raise EmbedderError(f"background embedding failed: {err}") from err
+        if self._stopped:
+            try:
+                self._embed_pending(until_stopped=False)
+            except Exception as exc:
+                raise EmbedderError(f"embedding failed: {exc}") from exc
 
     def stop(self) -> None:
+        """Stop the thread: it finishes the batch it is embedding (if any) and embeds no more. Idempotent."""
         with self._wake:
             self._stopped = True
             self._wake.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+            thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=_STOP_WAIT_S)
+        _LIVE_WORKERS.discard(self)
+
+
+# Workers started and not stopped yet. Weak: the registry keeps no worker alive (a running thread does).
+_LIVE_WORKERS: weakref.WeakSet[EmbedWorker] = weakref.WeakSet()
+# How long stop() waits for the batch in flight: a model load plus one batch of 64 texts of 256 tokens
+# takes a few seconds on 2 cores.
+_STOP_WAIT_S = 30.0
+
+
+@atexit.register
+def _stop_live_workers() -> None:
+    """Stop every running worker before the interpreter finalizes.
+
+    Why: the worker is a daemon thread that spends its time inside native code that releases the GIL
+    (importing and loading ONNX Runtime, running the model, the Rust tokenizer). Once finalization
+    starts, a daemon thread that comes back from such a call and asks for the GIL is ended with
+    ``pthread_exit``, whose forced unwinding through ONNX Runtime's C++ frames calls ``std::terminate``:
+    the process aborts ("terminate called without an active exception", exit 134) after the script
+    has finished. atexit functions run after non-daemon threads are joined but before finalization,
+    while daemon threads still run normally, so joining the workers here lets each leave native code
+    and return cleanly. It does not drain the queue (an exiting script would wait for the whole
+    backlog): what is left is embedded on the next open, as after a crash.
+    """
+    for worker in list(_LIVE_WORKERS):
+        worker.stop()
