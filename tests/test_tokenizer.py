@@ -149,7 +149,7 @@ def test_the_shared_tokenizer_matches_without_special_tokens() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=300))
 def test_ids_match_on_any_unicode_text(text: str) -> None:
-    assert build_wordpiece().encode(text).ids == REF.encode(text).ids
+    assert wordpiece().encode(text).ids == REF.encode(text).ids
 
 
 def test_batches_for_the_model_truncate_at_256_tokens_and_pad_like_before() -> None:
