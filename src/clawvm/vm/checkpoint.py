@@ -6,11 +6,11 @@ everything else; the context builder never puts it in a prompt.
 
 What a rollback restores, exactly, for every memory the checkpoint saw: its tier, value (the number the
 checkpoint recorded, not a recomputation), pin, status, usage counters, access count and time, its
-``state`` and tool-call outcome (a call PENDING at the checkpoint is PENDING again, no longer pointing at the
-result it got later) and its links (a link to a memory made later goes). A memory compressed after the checkpoint gets its raw text back.
-Memories created after the checkpoint become ``obsolete`` and leave the archive tier's counts untouched
-(not deleted: analytics can still show what was undone). What it does not restore: content edited after
-the checkpoint other than by compression (revisions are new memories, and those are obsoleted), memories
+``state`` and tool-call outcome (a call PENDING at the checkpoint is PENDING again, no longer pointing at
+the result it got later) and its links (a link to a memory made later goes). A memory compressed after
+the checkpoint gets its raw text back. Memories created after the checkpoint become ``obsolete`` (not
+deleted: analytics can still show what was undone). What it does not restore: content edited after the
+checkpoint other than by compression (revisions are new memories, and those are obsoleted), memories
 forgotten for good, and the event log, which records the rollback (a ``rollback`` event lists all of it).
 """
 
