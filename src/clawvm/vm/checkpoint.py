@@ -1,6 +1,6 @@
 """Checkpoints of a session's memory state, and rollback to them.
 
-A checkpoint is a snapshot of every memory of the session and stored as an archived ``agent_state``
+A checkpoint is a snapshot of every memory of the session, stored as an archived ``agent_state``
 memory (tag ``checkpoint``), so it lives in the same store, survives restarts and is exported with
 everything else; the context builder never puts it in a prompt.
 
