@@ -1,8 +1,9 @@
 """Real servers on loopback for tests: LLM paths and the HTTP API are always exercised over a socket.
 
 - :class:`ChatReplay`: an OpenAI-compatible ``/chat/completions`` endpoint (a real ``http.server`` on
-  127.0.0.1, a free port, its own thread) that answers with scripted replies and records every request;
-  it can also serve a few plain pages for agents that fetch URLs.
+  127.0.0.1, a free port, its own thread) that answers with scripted replies and records every request,
+  or misbehaves on purpose (an error status, a :class:`Fault`); it can also serve a few plain pages for
+  agents that fetch URLs.
 - :func:`serve_app`: an ASGI app served by uvicorn on 127.0.0.1, a free port, its own thread.
 - :class:`ServeProcess` (:meth:`ServeProcess.start`): ``clawvm serve`` as a real process on a free port.
 """
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import Enum
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -34,12 +36,22 @@ Reply = str | dict[str, Any]
 Page = str | Callable[[], str | None]
 
 
+class Fault(Enum):
+    """How :class:`ChatReplay` breaks HTTP itself on every POST while its ``fault`` is set."""
+
+    GARBAGE_STATUS_LINE = "garbage_status_line"  # answers a line that is not an HTTP status line
+    TRUNCATED_BODY = "truncated_body"  # a 200 whose Content-Length is far longer than the body sent
+    HANG = "hang"  # answers nothing for ``hang_s`` seconds (past any client timeout), then hangs up
+
+
 class ChatReplay:
     """An OpenAI-compatible chat-completions server on loopback replaying scripted replies.
 
     Every POST (any path) is recorded in ``requests`` as ``{"path", "headers", "json"}`` and answered with
     the chat completion of ``answer(body)`` — by default the next reply of ``script``, or a 500 once the
-    script is used up. While ``status`` is not 200, every POST is answered with that error status instead.
+    script is used up. A reply is the assistant's text, or its whole message: ``{"role": "assistant",
+    "content": None}`` answers content null. While ``status`` is not 200, every POST is answered with that
+    error status instead; while ``fault`` is set, every POST is recorded and then answered that broken way.
     A GET is answered with ``pages[path]`` (text/plain), or 503 for any other path. ``stopping`` is set
     when the server stops, so a page that blocks can wait on it.
 
@@ -58,6 +70,8 @@ class ChatReplay:
         self.answer = answer or self._next_in_script
         self.pages: dict[str, Page] = dict(pages or {})
         self.status = 200
+        self.fault: Fault | None = None
+        self.hang_s = 60.0  # how long a HANG lasts at most (it ends early when the server stops)
         self.requests: list[dict[str, Any]] = []
         self.stopping = threading.Event()
         self._lock = threading.Lock()
@@ -105,6 +119,44 @@ class ChatReplay:
         }
 
 
+#: A reply without a single digit (for an input that has some, an LLM summary that dropped every number).
+DIGITLESS_REPLY = "A short summary that keeps no figure at all."
+
+
+@dataclass(frozen=True)
+class Misbehaviour:
+    """One way a chat endpoint fails a call, and what a client that fails safe reports about it: the
+    ``reason`` and ``detail`` of its fallback event (``detail`` as its start)."""
+
+    name: str
+    reason: str
+    detail: str
+
+    def apply(self, server: ChatReplay) -> None:
+        """Set ``server`` up to fail every POST (every one after the script for the scripted ones) so."""
+        if self.name == "http_500":
+            server.status = 500
+        elif self.name == "content_null":
+            server.script = [{"role": "assistant", "content": None}] * 20
+        elif self.name == "content_empty":
+            server.script = [""] * 20
+        elif self.name == "no_digits":
+            server.script = [DIGITLESS_REPLY] * 20
+        else:
+            server.fault = Fault(self.name)
+
+
+MISBEHAVIOURS = [
+    Misbehaviour("http_500", "http_status", "HTTP 500"),
+    Misbehaviour("garbage_status_line", "malformed_reply", "BadStatusLine"),
+    Misbehaviour("truncated_body", "malformed_reply", "IncompleteRead"),
+    Misbehaviour("content_null", "empty_reply", "content is null"),
+    Misbehaviour("content_empty", "empty_reply", "content is empty"),
+    Misbehaviour("no_digits", "numbers_dropped", ""),
+    Misbehaviour("hang", "timeout", "read timed out"),
+]
+
+
 class _Server(ThreadingHTTPServer):
     replay: ChatReplay
 
@@ -113,11 +165,23 @@ class _ChatHandler(BaseHTTPRequestHandler):
     server: _Server
 
     def do_POST(self) -> None:
+        replay = self.server.replay
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-        status, payload = self.server.replay._answer(
-            {"path": self.path, "headers": dict(self.headers), "json": body}
-        )
-        self._send(status, json.dumps(payload), "application/json")
+        status, payload = replay._answer({"path": self.path, "headers": dict(self.headers), "json": body})
+        fault = replay.fault
+        if fault is Fault.GARBAGE_STATUS_LINE:
+            self.wfile.write(b"SURPRISE 42 this is not http\r\n\r\n")
+        elif fault is Fault.TRUNCATED_BODY:
+            data = json.dumps(payload).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data) + 4096))
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])  # then the connection closes: HTTP/1.0, no keep-alive
+        elif fault is Fault.HANG:
+            replay.stopping.wait(replay.hang_s)  # the client gives up first; answer nothing
+        else:
+            self._send(status, json.dumps(payload), "application/json")
 
     def do_GET(self) -> None:
         page = self.server.replay.pages.get(self.path)

@@ -3,7 +3,9 @@ OpenAI-compatible LLM summarizer against a real HTTP server on loopback."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -12,9 +14,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clawvm import Filters, Harness, Kind, LinkType, State, Status, Tier, ValidationError
-from clawvm.vm.compress import ExtractiveSummarizer, LLMSummarizer, SummarizerError, referenced_raw
+from clawvm.core.openai_http import FailureReason
+from clawvm.store import Event
+from clawvm.store.kinds import EventKind
+from clawvm.vm.compress import (
+    ExtractiveSummarizer,
+    Fallback,
+    LLMSummarizer,
+    SummarizerError,
+    Summary,
+    referenced_raw,
+)
 from clawvm.vm.tiers import PagerConfig, TierBudgets
-from loopback import ChatReplay
+from loopback import DIGITLESS_REPLY, MISBEHAVIOURS, ChatReplay, Fault, Misbehaviour
 
 T0 = datetime(2030, 5, 1, 9, 0, tzinfo=UTC)
 
@@ -285,39 +297,198 @@ def test_llm_summarizer_against_a_real_server(llm: ChatReplay) -> None:
         assert h.decompress(m.id).content == LONG
 
 
-def test_llm_summarizer_server_error_leaves_the_memory_unchanged(llm: ChatReplay) -> None:
-    llm.status = 500
-    with open_harness(summarizer=LLMSummarizer(base_url=llm.v1, model="tiny", timeout_s=10)) as h:
+# ---- the LLM summarizer fails safe: every misbehaving endpoint falls back to the extractive summary -------
+def summarizer_for(server: ChatReplay, timeout_s: float = 1.0) -> LLMSummarizer:
+    return LLMSummarizer(base_url=server.v1, model="tiny-model", api_key="sk-test", timeout_s=timeout_s)
+
+
+def fallbacks(h: Harness, memory_id: str | None = None) -> list[Event]:
+    return [e for e in h.events(limit=10_000, memory_id=memory_id) if e.kind == EventKind.SUMMARIZER_FALLBACK]
+
+
+def no_reply_text_logged(h: Harness) -> None:
+    """Fallback events say why, never what: no text of the memory nor of the reply."""
+    for e in fallbacks(h):
+        logged = json.dumps(e.data)
+        assert DIGITLESS_REPLY not in logged and "SURPRISE" not in logged and PROSE[0] not in logged
+        assert set(e.data) == {"reason", "model", "detail", "used"}
+
+
+@pytest.mark.parametrize("how", MISBEHAVIOURS, ids=lambda m: m.name)
+def test_compress_falls_back_to_extractive_when_the_endpoint_misbehaves(
+    llm: ChatReplay, how: Misbehaviour
+) -> None:
+    how.apply(llm)
+    with open_harness(summarizer=summarizer_for(llm)) as h:
         m = h.record(LONG, session_id="s1", created_at=T0)
-        before = h.get(m.id)
-        with pytest.raises(SummarizerError):
-            h.compress(m.id)
-        assert h.get(m.id) == before
-        assert h.count(status="any") == 1  # no raw copy left behind
+        c = h.compress(m.id)
+        info = c.metadata["compression"]
+        assert info["method"] == "extractive"
+        assert c.content == ExtractiveSummarizer().summarize(LONG, int(len(LONG) * 0.4))
+        assert c.content != "None" and all(s in c.content for s in NUMERIC)
+        (compressed,) = [e for e in h.events(memory_id=m.id) if e.kind == EventKind.COMPRESS]
+        assert compressed.data["method"] == "extractive"
+        (fallback,) = fallbacks(h, m.id)
+        assert fallback.data["reason"] == how.reason and fallback.data["model"] == "tiny-model"
+        assert fallback.data["detail"].startswith(how.detail) and fallback.data["used"] == "extractive"
+        no_reply_text_logged(h)
+        assert len(llm.requests) == 1
+        assert h.decompress(m.id).content == LONG
+
+
+@pytest.mark.parametrize("how", [m for m in MISBEHAVIOURS if m.name != "hang"], ids=lambda m: m.name)
+def test_collapse_task_falls_back_to_extractive_when_the_endpoint_misbehaves(
+    llm: ChatReplay, how: Misbehaviour
+) -> None:
+    how.apply(llm)
+    texts = [
+        "Looking at the failing build first.",
+        "Build 7 failed at step 3 with exit code 137.",
+        "Exit code 137 means the container ran out of memory.",
+        "Raising the memory limit to 4096 MB should fix it.",
+    ]
+    with open_harness(summarizer=summarizer_for(llm)) as h:
+        for i, text in enumerate(texts):
+            at = T0 + timedelta(minutes=i)
+            h.record(text, task_id="t1", session_id="s1", state="intermediate", created_at=at)
+        summary = h.collapse_task("t1")
+        assert summary is not None
+        joined = "\n".join(texts)
+        extractive = ExtractiveSummarizer().summarize(joined, max(200, len(joined) // 3))
+        assert summary.content == f"Task t1 summary (4 steps): {extractive}"
+        assert "None" not in summary.content and "137" in summary.content and "4096" in summary.content
+        (fallback,) = fallbacks(h)
+        assert fallback.memory_id == summary.id and fallback.data["reason"] == how.reason
+        assert fallback.data["model"] == "tiny-model"
+        no_reply_text_logged(h)
         assert len(llm.requests) == 1
 
 
-def test_llm_summarizer_unreachable_or_malformed(llm: ChatReplay) -> None:
+def record_expiring(h: Harness, n: int, tag: str, at: datetime) -> list[str]:
+    """``n`` distinct memories long enough to be compressed on their way to the archive, expiring in an
+    hour (no session: no tier budget moves them before that)."""
+    texts = [f"Report {tag}-{i}. " + LONG for i in range(n)]
+    return [h.record(t, expires_at=at + timedelta(hours=1), created_at=at).id for t in texts]
+
+
+def test_tick_survives_a_malformed_endpoint_and_compresses_every_memory(llm: ChatReplay) -> None:
+    llm.fault = Fault.GARBAGE_STATUS_LINE
+    now = [T0]
+    with Harness.open("memory://", embedder=None, clock=lambda: now[0], summarizer=summarizer_for(llm)) as h:
+        ids = record_expiring(h, 3, "a", T0)
+        now[0] = T0 + timedelta(hours=2)
+        assert h.tick()["expired"] == 3  # the tick runs to its end: no raw http.client error escapes
+        for memory_id in ids:
+            after = h.get(memory_id)
+            assert after.tier is Tier.ARCHIVE and after.status is Status.EXPIRED
+            assert after.metadata["compression"]["method"] == "extractive"
+            assert [e.data["reason"] for e in fallbacks(h, memory_id)] == ["malformed_reply"]
+        assert len(llm.requests) == 3
+
+
+def test_tick_bounds_its_wait_on_a_hung_endpoint(llm: ChatReplay) -> None:
+    """Each call waits its 0.5 s timeout; the pass may wait 1 s on the endpoint in all, so the first two
+    memories time out and the other three are summarized extractively without calling it; the next tick is
+    a new pass with a fresh budget."""
+    llm.fault = Fault.HANG
+    now = [T0]
+    with Harness.open(
+        "memory://",
+        embedder=None,
+        clock=lambda: now[0],
+        summarizer=summarizer_for(llm, timeout_s=0.5),
+        pager=PagerConfig(endpoint_budget_s=1.0),
+    ) as h:
+        ids = record_expiring(h, 5, "a", T0)
+        now[0] = T0 + timedelta(hours=2)
+        assert h.tick()["expired"] == 5
+        assert len(llm.requests) == 2  # not 5: the pass's budget was spent after two timeouts
+        reasons = [e.data["reason"] for memory_id in ids for e in fallbacks(h, memory_id)]
+        assert sorted(reasons) == ["budget_spent"] * 3 + ["timeout"] * 2
+        for memory_id in ids:
+            after = h.get(memory_id)
+            assert after.tier is Tier.ARCHIVE and after.metadata["compression"]["method"] == "extractive"
+        later = record_expiring(h, 3, "b", now[0])
+        now[0] += timedelta(hours=2)
+        assert h.tick()["expired"] == 3
+        assert len(llm.requests) == 4  # a fresh budget: two more calls, then extractive again
+        assert all("compression" in h.get(memory_id).metadata for memory_id in later)
+
+
+def test_a_policy_move_outside_tick_is_one_pass_too(llm: ChatReplay) -> None:
+    """One enforce that archives several long memories of a session shares one budget, like a tick."""
+    llm.fault = Fault.HANG
+    with open_harness(summarizer=summarizer_for(llm, timeout_s=0.5)) as h:
+        ids = [h.record(f"Report c-{i}. " + LONG, session_id="s1", created_at=T0).id for i in range(4)]
+        assert all(h.get(i).tier is Tier.WORKING for i in ids)
+        tight = TierBudgets(working_tokens=None, working_items=1, short_term_items=1, long_term_items=1)
+        h.pager.config = PagerConfig(budgets=tight, endpoint_budget_s=0.5)
+        h.pager.enforce(h.tenant, "s1", T0)  # working -> short-term -> long-term -> archive: three of them
+        archived = [i for i in ids if h.get(i).tier is Tier.ARCHIVE]
+        assert len(archived) == 3
+        assert len(llm.requests) == 1  # one timeout spends the pass's budget; the others are not called
+        assert all(h.get(i).metadata["compression"]["method"] == "extractive" for i in archived)
+        assert sorted(e.data["reason"] for i in archived for e in fallbacks(h, i)) == [
+            "budget_spent",
+            "budget_spent",
+            "timeout",
+        ]
+
+
+def test_the_summary_is_kept_when_the_input_has_no_numbers(llm: ChatReplay) -> None:
+    """The numbers check only rejects a summary that loses the numbers the input had."""
+    llm.script = [DIGITLESS_REPLY, "Kept: 1240 euros."]
+    summarizer = summarizer_for(llm)
+    prose = " ".join(PROSE)
+    assert summarizer.summary(prose, 100) == Summary(DIGITLESS_REPLY, "llm")
+    assert summarizer.summary(LONG, 100) == Summary("Kept: 1240 euros.", "llm")  # one number is enough
+
+
+def test_llm_summarizer_unreachable_or_blank(llm: ChatReplay) -> None:
     llm.script = ["   "]
-    with pytest.raises(SummarizerError):
-        LLMSummarizer(base_url=llm.v1, model="tiny").summarize(LONG, 100)
-    with pytest.raises(SummarizerError):  # nothing listens on port 9 of loopback
-        LLMSummarizer(base_url="http://127.0.0.1:9/v1", model="tiny", timeout_s=2).summarize(LONG, 100)
+    blank = summarizer_for(llm).summary(LONG, 100)
+    assert blank.text == ExtractiveSummarizer().summarize(LONG, 100) and blank.method == "extractive"
+    assert blank.fallback == Fallback(FailureReason.EMPTY_REPLY, "tiny-model", "content is empty")
+    nobody = LLMSummarizer(base_url="http://127.0.0.1:9/v1", model="tiny", timeout_s=2)  # nothing on port 9
+    assert nobody.summarize(LONG, 100) == ExtractiveSummarizer().summarize(LONG, 100)
+    unreachable = nobody.summary(LONG, 100).fallback
+    assert unreachable is not None and unreachable.reason is FailureReason.UNREACHABLE
 
 
-def test_a_failing_summarizer_does_not_fail_the_record_that_archives(llm: ChatReplay) -> None:
+def test_an_endpoint_error_does_not_fail_the_record_that_archives(llm: ChatReplay) -> None:
     llm.status = 500
     budgets = TierBudgets(working_tokens=400, working_items=1, short_term_items=1, long_term_items=1)
-    with open_harness(summarizer=LLMSummarizer(base_url=llm.v1, model="tiny", timeout_s=10),
-                      pager=PagerConfig(budgets=budgets)) as h:
+    with open_harness(summarizer=summarizer_for(llm), pager=PagerConfig(budgets=budgets)) as h:
         m = h.record(LONG, session_id="s1", created_at=T0)
         for i in range(4):  # each of these records pushes older memories down; LONG reaches the archive
             h.record(f"filler {i}", session_id="s1", kind="user_input", created_at=T0)
         after = h.get(m.id)
-        assert after.tier is Tier.ARCHIVE and after.content == LONG and "compression" not in after.metadata
+        assert after.tier is Tier.ARCHIVE and after.metadata["compression"]["method"] == "extractive"
+        assert h.decompress(m.id).content == LONG
         assert llm.requests, "the summarizer was asked"
-        errors = [e for e in h.events(memory_id=m.id) if e.kind == "compress_error"]
-        assert errors and "500" in errors[-1].data["error"]
+        assert [e.data["detail"] for e in fallbacks(h, m.id)] == ["HTTP 500"]
+
+
+@dataclass(frozen=True)
+class BrokenSummarizer:
+    """A summarizer of the user's own that fails: the pager leaves the memory uncompressed and says why."""
+
+    name: str = "broken"
+
+    def summarize(self, text: str, max_chars: int) -> str:
+        raise SummarizerError("the team's summarizer is down")
+
+
+def test_a_failing_summarizer_of_ones_own_leaves_the_memory_uncompressed() -> None:
+    budgets = TierBudgets(working_tokens=400, working_items=1, short_term_items=1, long_term_items=1)
+    with open_harness(summarizer=BrokenSummarizer(), pager=PagerConfig(budgets=budgets)) as h:
+        m = h.record(LONG, session_id="s1", created_at=T0)
+        for i in range(4):
+            h.record(f"filler {i}", session_id="s1", kind="user_input", created_at=T0)
+        after = h.get(m.id)
+        assert after.tier is Tier.ARCHIVE and after.content == LONG and "compression" not in after.metadata
+        errors = [e for e in h.events(memory_id=m.id) if e.kind == EventKind.COMPRESS_ERROR]
+        assert errors and "down" in errors[-1].data["error"]
 
 
 def test_entities_of_a_summary_skip_words_capitalised_by_a_sentence_start() -> None:

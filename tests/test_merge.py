@@ -4,6 +4,7 @@ loopback), conflicting decisions flagged for review; never across readers."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,17 +13,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clawvm import Harness, Kind, LinkType, Status
+from clawvm.store import Event
+from clawvm.store.kinds import EventKind
 from clawvm.teams import shared as teams
 from clawvm.teams.merge import (
+    ExtractiveSynthesizer,
     LLMSynthesizer,
     MergeConfig,
-    SynthesisError,
     components,
     contradicts,
     merge_team,
 )
 from engines import harness_target
-from loopback import ChatReplay
+from loopback import DIGITLESS_REPLY, MISBEHAVIOURS, ChatReplay, Misbehaviour
 
 
 @pytest.fixture
@@ -180,17 +183,67 @@ def test_llm_synthesizer_against_a_real_server(engine_name: str, lexical: Harnes
     assert ERRORS[0] in prompt and ERRORS[1] in prompt
 
 
+NUMBERED_ERRORS = [
+    "Deploy 12 failed: migration 0042 was not applied before release 3.1",
+    "Deploy 13 failed because migration 0042 was not applied before release 3.1",
+    "Deploy 14 failed again: migration 0042 not applied before the release 3.1",
+]
+
+
+def synthesizer_fallbacks(h: Harness) -> list[Event]:
+    return [e for e in h.events(limit=10_000) if e.kind == EventKind.SYNTHESIZER_FALLBACK]
+
+
 @pytest.mark.engines("memory")
-def test_a_failing_llm_writes_nothing(engine_name: str, lexical: Harness, llm: ChatReplay) -> None:
-    llm.status = 500
+@pytest.mark.parametrize("how", MISBEHAVIOURS, ids=lambda m: m.name)
+def test_a_misbehaving_llm_falls_back_to_the_extractive_pitfall(
+    engine_name: str, lexical: Harness, llm: ChatReplay, how: Misbehaviour
+) -> None:
+    how.apply(llm)
     crew(lexical)
-    for n, text in enumerate(ERRORS[:2], start=1):
+    errors = [
         teams.record(lexical, text, agent_id="reviewer", team_id="pay", kind="error", task_id=f"t{n}")
-    before = lexical.count(status="any")
-    with pytest.raises(SynthesisError):
-        merge_team(lexical, synthesizer=LLMSynthesizer(llm.v1, "tiny"))
-    assert lexical.count(status="any") == before
-    assert lexical.count(kind=Kind.ERROR) == 2
+        for n, text in enumerate(NUMBERED_ERRORS[:2], start=1)
+    ]
+    report = merge_team(lexical, synthesizer=LLMSynthesizer(llm.v1, "tiny", timeout_s=1.0))
+    (pitfall_id,) = report.knowledge
+    pitfall = lexical.get(pitfall_id)
+    samples = pitfall.metadata["samples"]
+    assert pitfall.content == ExtractiveSynthesizer().synthesize(samples, 2)
+    assert "None" not in pitfall.content and "0042" in pitfall.content
+    assert pitfall.metadata["synthesized"]["method"] == "extractive"
+    assert {lexical.get(e.id).status for e in errors} == {Status.ARCHIVED}
+    (fallback,) = synthesizer_fallbacks(lexical)
+    assert fallback.memory_id == pitfall.id
+    assert fallback.data["reason"] == how.reason and fallback.data["model"] == "tiny"
+    assert fallback.data["detail"].startswith(how.detail) and fallback.data["used"] == "extractive"
+    assert DIGITLESS_REPLY not in json.dumps(fallback.data)
+    (synthesized,) = [e for e in lexical.events(memory_id=pitfall.id) if e.kind == EventKind.SYNTHESIZE]
+    assert synthesized.data["method"] == "extractive"
+    assert len(llm.requests) == 1
+
+
+@pytest.mark.engines("memory")
+def test_a_pitfall_revised_while_the_llm_is_down_is_extractive(
+    engine_name: str, lexical: Harness, llm: ChatReplay
+) -> None:
+    kept = "Apply migration 0042 before release 3.1."
+    llm.script = [kept]
+    crew(lexical)
+    for n, text in enumerate(NUMBERED_ERRORS[:2], start=1):
+        teams.record(lexical, text, agent_id="reviewer", team_id="pay", kind="error", task_id=f"t{n}")
+    synth = LLMSynthesizer(llm.v1, "tiny")
+    (first,) = merge_team(lexical, synthesizer=synth).knowledge
+    assert lexical.get(first).content == f"Lesson from a recurring error (seen 2 times): {kept}"
+    assert synthesizer_fallbacks(lexical) == []
+    llm.status = 500
+    teams.record(lexical, NUMBERED_ERRORS[2], agent_id="reviewer", team_id="pay", kind="error", task_id="t3")
+    (head_id,) = merge_team(lexical, synthesizer=synth).knowledge
+    head = lexical.get(head_id)
+    assert head.content == ExtractiveSynthesizer().synthesize(head.metadata["samples"], 3)
+    assert head.metadata["synthesized"] == {"method": "extractive", "occurrences": 3}
+    (fallback,) = synthesizer_fallbacks(lexical)
+    assert fallback.memory_id == head.id and fallback.data["detail"] == "HTTP 500"
 
 
 # ---- conflicts --------------------------------------------------------------------------------------------

@@ -52,13 +52,15 @@ from clawvm.vm.compress import (
     Summarizer,
     compress_memory,
     decompress_memory,
+    fallback_event,
     is_compressible,
     referenced_raw,
+    summary_of,
 )
 from clawvm.vm.context import Candidate, Context, Quotas, pack
 from clawvm.vm.scoring import ValueBreakdown
 from clawvm.vm.scoring import explain as explain_value
-from clawvm.vm.tiers import Pager, PagerConfig
+from clawvm.vm.tiers import Pager, PagerConfig, one_pager_pass
 from clawvm.write.commit import CommitPath
 from clawvm.write.redaction import Redactor
 
@@ -441,6 +443,7 @@ class Harness:
         self._event(EventKind.FEEDBACK, rated, {"delta": delta, "value": rated.value})
         return rated
 
+    @one_pager_pass  # one budget of time on LLM endpoints for the whole pass
     def tick(self) -> dict[str, int]:
         """Pager pass: expire TTLs, refresh values, page idle sessions out, enforce every budget."""
         now = self.now()
@@ -603,10 +606,10 @@ class Harness:
             return None
         steps.sort(key=lambda m: (m.created_at, m.id))
         text = "\n".join(m.content for m in steps)
-        summary_text = self.summarizer.summarize(text, max(200, len(text) // 3))
+        summarized = summary_of(self.summarizer, text, max(200, len(text) // 3))
         first = steps[0]
         summary = self.record(
-            f"Task {task_id} summary ({len(steps)} steps): {summary_text}",
+            f"Task {task_id} summary ({len(steps)} steps): {summarized.text}",
             kind=Kind.SUMMARY,
             state=State.SUCCESS,
             task_id=task_id,
@@ -619,6 +622,9 @@ class Harness:
         for m in steps:
             self.pager.mutate(m, lambda _m: {"status": Status.ARCHIVED, "tier": Tier.ARCHIVE}, now)
         self._event(EventKind.COLLAPSE, summary, {"task_id": task_id, "steps": [m.id for m in steps]})
+        if summarized.fallback is not None:  # the LLM gave no usable summary: say why it is extractive
+            kind = EventKind.SUMMARIZER_FALLBACK
+            self.writer.log([fallback_event(kind, summarized.fallback, summary.tenant, summary.id, now)])
         return summary
 
     # ---- tool calls (clawvm.agents.toolcalls, clawvm.agents.reliability) -----------------------------------

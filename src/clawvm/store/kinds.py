@@ -34,6 +34,7 @@ class EventKind(StrEnum):
     COMPRESS = "compress"
     DECOMPRESS = "decompress"
     COMPRESS_ERROR = "compress_error"
+    SUMMARIZER_FALLBACK = "summarizer_fallback"
     COLLAPSE = "collapse"
     CHECKPOINT = "checkpoint"
     ROLLBACK = "rollback"
@@ -47,6 +48,7 @@ class EventKind(StrEnum):
     REVISE = "revise"
     MERGE = "merge"
     SYNTHESIZE = "synthesize"
+    SYNTHESIZER_FALLBACK = "synthesizer_fallback"
     GUIDANCE = "guidance"
     REVIEW_APPROVED = "review.approved"
     REVIEW_REJECTED = "review.rejected"
@@ -120,6 +122,15 @@ class DecompressData(TypedDict):
 
 class ErrorData(TypedDict):
     error: str
+
+
+class FallbackData(TypedDict):
+    """An LLM helper did not use its endpoint's reply and used its extractive default instead."""
+
+    reason: str  # clawvm.core.openai_http.FailureReason
+    model: str  # the endpoint's model name
+    detail: str  # a status code or an exception class, never any text
+    used: str  # what wrote the text instead: "extractive"
 
 
 class CollapseData(TypedDict):
@@ -229,6 +240,7 @@ PAYLOADS: dict[EventKind, type] = {
     EventKind.COMPRESS: CompressData,
     EventKind.DECOMPRESS: DecompressData,
     EventKind.COMPRESS_ERROR: ErrorData,
+    EventKind.SUMMARIZER_FALLBACK: FallbackData,
     EventKind.COLLAPSE: CollapseData,
     EventKind.CHECKPOINT: CheckpointData,
     EventKind.ROLLBACK: RollbackData,
@@ -240,6 +252,7 @@ PAYLOADS: dict[EventKind, type] = {
     EventKind.REVISE: ReviseData,
     EventKind.MERGE: MergeData,
     EventKind.SYNTHESIZE: SynthesizeData,
+    EventKind.SYNTHESIZER_FALLBACK: FallbackData,
     EventKind.GUIDANCE: NoData,
     EventKind.REVIEW_APPROVED: ReviewData,
     EventKind.REVIEW_REJECTED: ReviewData,

@@ -15,7 +15,9 @@ agent who could not read it.
 - **Recurring errors**: active ERROR memories cluster at the looser ``cluster_*`` thresholds; a cluster with
   ``min_occurrences`` errors from ``min_tasks`` tasks becomes a KNOWLEDGE memory tagged ``pitfall``
   (extractive by default: the cluster's most central error, with the count; or an LLM's lesson through any
-  OpenAI-compatible endpoint, :class:`LLMSynthesizer`), ``derived_from`` every error, which are archived.
+  OpenAI-compatible endpoint, :class:`LLMSynthesizer`, which falls back to the extractive text, with a
+  ``synthesizer_fallback`` event saying why, whenever the endpoint gives no usable lesson: the reasons of
+  :mod:`clawvm.vm.compress`), ``derived_from`` every error, which are archived.
   Errors that recur later join the existing pitfall as a new revision of it.
 - **Conflicts**: two active DECISION/KNOWLEDGE memories (of different revision chains) on the same subject —
   the same ``metadata.subject``, or without subjects a topic overlap of ``subject_lexical`` plus a
@@ -33,7 +35,8 @@ import re
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -41,7 +44,7 @@ from clawvm.core.embed import Embedder, count_tokens
 from clawvm.core.errors import ClawVMError, ConflictError
 from clawvm.core.lexical import Analyzer
 from clawvm.core.model import Filters, Kind, Link, LinkType, Memory, Scope, Status, Tier, build_memory
-from clawvm.core.openai_http import FAILURES, ChatEndpoint
+from clawvm.core.openai_http import ChatEndpoint, EndpointFailure, FailureReason
 from clawvm.core.vectors import normalize
 from clawvm.store import Event
 from clawvm.store.kinds import EventKind
@@ -56,6 +59,7 @@ from clawvm.teams.shared import (
     partition_key,
     root_id,
 )
+from clawvm.vm.compress import Fallback, drops_every_number, fallback_event, numbers_in
 from clawvm.vm.context import short_id
 
 
@@ -74,7 +78,8 @@ _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
 class SynthesisError(ClawVMError):
-    """The synthesizer (usually an LLM endpoint) failed; the errors are left as they were."""
+    """A synthesizer failed; the errors are left as they were. (The LLM synthesizer never raises it: it
+    falls back to the extractive one. A synthesizer of your own may.)"""
 
 
 @dataclass(frozen=True)
@@ -108,13 +113,31 @@ class ExtractiveSynthesizer:
 
 
 @dataclass(frozen=True)
+class Synthesis:
+    """A pitfall's text and who wrote it: ``method`` is the synthesizer's name, or the extractive one's
+    when the LLM's reply was not used (``fallback`` says why)."""
+
+    text: str
+    method: str
+    fallback: Fallback | None = None
+
+
+@dataclass(frozen=True)
 class LLMSynthesizer(ChatEndpoint):
-    """A lesson written by any OpenAI-compatible ``/chat/completions`` endpoint (optional)."""
+    """A lesson written by any OpenAI-compatible ``/chat/completions`` endpoint (optional).
+
+    Never raises and never writes a placeholder: without a usable lesson (an error status, a malformed or
+    empty reply, a timeout, a spent budget, or a lesson keeping none of the errors' numbers when they had
+    some) the lesson is :class:`ExtractiveSynthesizer`'s, and :meth:`synthesis` says why."""
 
     name: str = "llm"
 
     def synthesize(self, errors: Sequence[str], occurrences: int) -> str:
-        listed = "\n".join(f"- {e}" for e in errors[:10])
+        return self.synthesis(errors, occurrences).text
+
+    def synthesis(self, errors: Sequence[str], occurrences: int) -> Synthesis:
+        shown = errors[:10]
+        listed = "\n".join(f"- {e}" for e in shown)
         prompt = (
             f"These errors recurred {occurrences} times across tasks of an agent team:\n{listed}\n\n"
             "Write one short, actionable lesson (at most two sentences) that prevents them. Keep names, "
@@ -122,11 +145,37 @@ class LLMSynthesizer(ChatEndpoint):
         )
         try:
             lesson = self.complete(prompt)
-        except FAILURES as exc:
-            raise SynthesisError(f"synthesizer endpoint {self.base_url} failed: {exc}") from exc
-        if not lesson:
-            raise SynthesisError(f"synthesizer endpoint {self.base_url} returned an empty lesson")
-        return f"Lesson from a recurring error (seen {occurrences} times): {lesson}"
+            if drops_every_number(listed, lesson):
+                found = len(numbers_in(listed))
+                raise EndpointFailure(FailureReason.NUMBERS_DROPPED, f"{found} numbers, none kept")
+        except EndpointFailure as failure:
+            extractive = ExtractiveSynthesizer()
+            return Synthesis(
+                extractive.synthesize(errors, occurrences),
+                extractive.name,
+                Fallback(failure.reason, self.model, failure.detail),
+            )
+        return Synthesis(f"Lesson from a recurring error (seen {occurrences} times): {lesson}", self.name)
+
+
+@runtime_checkable
+class ReportingSynthesizer(Synthesizer, Protocol):
+    """A synthesizer that can tell when it fell back (the LLM one)."""
+
+    def synthesis(self, errors: Sequence[str], occurrences: int) -> Synthesis: ...
+
+
+def synthesis_of(synth: Synthesizer, errors: Sequence[str], occurrences: int) -> Synthesis:
+    """``synth``'s text for recurring ``errors``, with its method and the fallback if it took one."""
+    if isinstance(synth, ReportingSynthesizer):
+        return synth.synthesis(errors, occurrences)
+    return Synthesis(synth.synthesize(errors, occurrences), synth.name)
+
+
+def _fallback_events(result: Synthesis, tenant: str, memory_id: str, at: datetime) -> list[Event]:
+    if result.fallback is None:
+        return []
+    return [fallback_event(EventKind.SYNTHESIZER_FALLBACK, result.fallback, tenant, memory_id, at)]
 
 
 @dataclass
@@ -331,16 +380,19 @@ def _merge(
         "metadata": metadata,
     }
     synthesized = [m for m in members if m.metadata.get("synthesized")]
+    result: Synthesis | None = None
     if synthesized:
         occurrences = sum(int(m.metadata["synthesized"].get("occurrences", 1)) for m in synthesized)
         every = (s for m in [survivor, *others] for s in m.metadata.get("samples", []))
         samples = list(dict.fromkeys(every))[:8]
         method = synth.name if synth else survivor.metadata.get("synthesized", {}).get("method", "extractive")
-        metadata.update(samples=samples, synthesized={"method": method, "occurrences": occurrences})
         if synth is not None and samples:
-            changes["content"] = synth.synthesize(samples, occurrences)
+            result = synthesis_of(synth, samples, occurrences)
+            changes["content"], method = result.text, result.method
+        metadata.update(samples=samples, synthesized={"method": method, "occurrences": occurrences})
     links = [Link(type=LinkType.DERIVED_FROM, target=m.id) for m in others]
     old, new = build_revision(h, survivor, changes, links)
+    notes = [] if result is None else _fallback_events(result, new.tenant, new.id, h.now())
     gone = [
         m.model_copy(
             update={
@@ -359,7 +411,7 @@ def _merge(
         data={"sources": [m.id for m in members]},
     )
     try:
-        h.writer.write([old, new, *gone], None, [event])
+        h.writer.write([old, new, *gone], None, [event, *notes])
     except ConflictError:
         report.skipped += 1
         return None
@@ -445,7 +497,8 @@ def _samples(errors: Sequence[Memory], earlier: Sequence[str] = ()) -> list[str]
 def _new_pitfall(h: MergeHost, errors: list[Memory], synth: Synthesizer, report: MergeReport) -> None:
     first = errors[0]
     samples = _samples(errors)
-    text = synth.synthesize(samples, _occurrences(errors))
+    result = synthesis_of(synth, samples, _occurrences(errors))
+    text = result.text
     tags = [PITFALL_TAG, *dict.fromkeys(t for e in errors for t in e.tags if t.startswith("task-type:"))]
     fields = {
         "content": text,
@@ -462,7 +515,7 @@ def _new_pitfall(h: MergeHost, errors: list[Memory], synth: Synthesizer, report:
         "token_count": count_tokens(text),
         "links": [{"type": LinkType.DERIVED_FROM, "target": e.id} for e in errors],
         "metadata": {
-            "synthesized": {"method": synth.name, "occurrences": _occurrences(errors)},
+            "synthesized": {"method": result.method, "occurrences": _occurrences(errors)},
             "source_tasks": _tasks(errors),
             "provenance": [p for e in errors for p in _provenance(e)],
             "samples": samples,
@@ -475,10 +528,11 @@ def _new_pitfall(h: MergeHost, errors: list[Memory], synth: Synthesizer, report:
         memory_id=knowledge.id,
         tenant=knowledge.tenant,
         at=h.now(),
-        data={"errors": [e.id for e in errors], "method": synth.name},
+        data={"errors": [e.id for e in errors], "method": result.method},
     )
+    notes = _fallback_events(result, knowledge.tenant, knowledge.id, h.now())
     try:
-        h.writer.write([knowledge, *_archived_errors(errors, knowledge.id)], None, [event])
+        h.writer.write([knowledge, *_archived_errors(errors, knowledge.id)], None, [event, *notes])
     except ConflictError:
         report.skipped += 1
         return
@@ -492,9 +546,13 @@ def _extend_pitfall(
     info = pitfall.metadata.get("synthesized", {})
     occurrences = int(info.get("occurrences", 1)) + _occurrences(errors)
     samples = _samples(errors, pitfall.metadata.get("samples", []))
+    result: Synthesis | None = None
+    if pitfall.metadata.get("synthesized"):  # an LLM/extractive text we wrote: refresh its count
+        result = synthesis_of(synth, samples, occurrences)
+    method = synth.name if result is None else result.method
     metadata = {
         **pitfall.metadata,
-        "synthesized": {"method": synth.name, "occurrences": occurrences},
+        "synthesized": {"method": method, "occurrences": occurrences},
         "source_tasks": _tasks([pitfall, *errors]),
         "provenance": _provenance(pitfall) + [p for e in errors for p in _provenance(e)],
         "samples": samples,
@@ -502,8 +560,8 @@ def _extend_pitfall(
     learned_on = (t for e in errors for t in e.tags if t.startswith("task-type:"))
     tags = list(dict.fromkeys([*pitfall.tags, *learned_on]))
     changes: dict[str, Any] = {"metadata": metadata, "tags": tags}
-    if pitfall.metadata.get("synthesized"):  # an LLM/extractive text we wrote: refresh its count
-        changes["content"] = synth.synthesize(samples, occurrences)
+    if result is not None:
+        changes["content"] = result.text
     links = [Link(type=LinkType.DERIVED_FROM, target=e.id) for e in errors]
     old, new = build_revision(h, pitfall, changes, links)
     event = Event(
@@ -511,10 +569,11 @@ def _extend_pitfall(
         memory_id=new.id,
         tenant=new.tenant,
         at=h.now(),
-        data={"errors": [e.id for e in errors], "method": synth.name, "revises": pitfall.id},
+        data={"errors": [e.id for e in errors], "method": method, "revises": pitfall.id},
     )
+    notes = [] if result is None else _fallback_events(result, new.tenant, new.id, h.now())
     try:
-        h.writer.write([old, new, *_archived_errors(errors, new.id)], None, [event])
+        h.writer.write([old, new, *_archived_errors(errors, new.id)], None, [event, *notes])
     except ConflictError:
         report.skipped += 1
         return

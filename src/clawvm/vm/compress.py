@@ -7,6 +7,22 @@ raw copy cannot be forgotten while a compressed memory points at it.
 
 What is never compressed: JSON payloads (structured data), and inside text every line of code and every
 sentence holding a number is kept verbatim, so exact values survive a summary.
+
+The optional :class:`LLMSummarizer` fails safe: whenever its endpoint gives no usable summary it returns the
+:class:`ExtractiveSummarizer`'s instead, and :func:`compress_memory` (and ``Harness.collapse_task``) log a
+``summarizer_fallback`` event saying why (the reason, the endpoint's model and a detail such as ``HTTP 500``;
+never any text). A placeholder ("None", "") is never stored.
+
+| reason            | when                                                                          |
+|-------------------|-------------------------------------------------------------------------------|
+| `http_status`     | the endpoint answered with an error status                                    |
+| `malformed_reply` | not HTTP (a bad status line), a body shorter than its Content-Length, not JSON |
+| `empty_reply`     | the reply's content is null, empty or blank                                    |
+| `timeout`         | no answer within ``timeout_s`` (or what was left of the pass's budget)         |
+| `unreachable`     | the connection was refused or reset                                            |
+| `budget_spent`    | the pager's pass had spent ``PagerConfig.endpoint_budget_s`` (default 10 s) on  |
+|                   | the endpoint already: the rest of the pass summarizes extractively, uncalled    |
+| `numbers_dropped` | the text had numbers and the summary kept none of them                         |
 """
 
 from __future__ import annotations
@@ -14,13 +30,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from clawvm.core.embed import count_tokens
 from clawvm.core.entities import entities as named_entities
 from clawvm.core.errors import ClawVMError
 from clawvm.core.model import JSON, Link, LinkType, Memory, Status, Tier, build_memory, revalidate
-from clawvm.core.openai_http import FAILURES, ChatEndpoint
+from clawvm.core.openai_http import ChatEndpoint, EndpointFailure, FailureReason
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
 from clawvm.store.kinds import EventKind
@@ -28,6 +44,7 @@ from clawvm.write.commit import Writer
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 _NUMBER = re.compile(r"\d")
+_NUMBER_TOKEN = re.compile(r"\d+(?:[.,:]\d+)*")
 _CODE_LINE = re.compile(r"^\s{2,}\S|[{};]\s*$|^\s*(def|class|return|import|from|SELECT|UPDATE|INSERT)\b|`")
 _ENTITY = re.compile(r"\b[A-Z][a-zA-Z0-9_-]+(?:\s+[A-Z][a-zA-Z0-9_-]+)*")
 _WORD = re.compile(r"[A-Za-z][a-z]+")
@@ -35,7 +52,8 @@ _IDENTIFIER = re.compile(r"[0-9_-]|[a-z][A-Z]")  # "ERR_42", "api-v2", "LeBron":
 
 
 class SummarizerError(ClawVMError):
-    """The summarizer (usually an LLM endpoint) failed; the memory is left as it was."""
+    """A summarizer failed; the memory is left as it was. (The LLM summarizer never raises it: it falls
+    back to the extractive one. A summarizer of your own may.)"""
 
 
 class Summarizer(Protocol):
@@ -43,6 +61,68 @@ class Summarizer(Protocol):
     def name(self) -> str: ...
 
     def summarize(self, text: str, max_chars: int) -> str: ...
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """Why an LLM helper's reply was not used: what a fallback event says (never any text)."""
+
+    reason: FailureReason
+    model: str  # the endpoint's model name
+    detail: str  # e.g. "HTTP 500", "IncompleteRead", "content is null"
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A summary and who wrote it: ``method`` is the summarizer's name, or the extractive one's when the
+    LLM's reply was not used (``fallback`` says why)."""
+
+    text: str
+    method: str
+    fallback: Fallback | None = None
+
+
+@runtime_checkable
+class ReportingSummarizer(Summarizer, Protocol):
+    """A summarizer that can tell when it fell back (the LLM one)."""
+
+    def summary(self, text: str, max_chars: int) -> Summary: ...
+
+
+def summary_of(summarizer: Summarizer, text: str, max_chars: int) -> Summary:
+    """``summarizer``'s summary of ``text`` with its method, and the fallback if it took one."""
+    if isinstance(summarizer, ReportingSummarizer):
+        return summarizer.summary(text, max_chars)
+    return Summary(summarizer.summarize(text, max_chars), summarizer.name)
+
+
+def numbers_in(text: str) -> set[str]:
+    """The numbers written in ``text`` (digit runs, with their decimal or time separators)."""
+    return set(_NUMBER_TOKEN.findall(text))
+
+
+def drops_every_number(source: str, reply: str) -> bool:
+    """``source`` has numbers and ``reply`` keeps none of them (an extractive summary keeps them all)."""
+    wanted = numbers_in(source)
+    return bool(wanted) and not (wanted & numbers_in(reply))
+
+
+def fallback_event(
+    kind: EventKind, fallback: Fallback, tenant: str, memory_id: str | None, at: datetime
+) -> Event:
+    """The event saying an LLM helper fell back to its extractive default, and why."""
+    return Event(
+        kind=kind,
+        memory_id=memory_id,
+        tenant=tenant,
+        at=at,
+        data={
+            "reason": fallback.reason.value,
+            "model": fallback.model,
+            "detail": fallback.detail,
+            "used": "extractive",
+        },
+    )
 
 
 def entities(text: str, limit: int = 20) -> list[str]:
@@ -108,22 +188,35 @@ class ExtractiveSummarizer:
 
 @dataclass(frozen=True)
 class LLMSummarizer(ChatEndpoint):
-    """Summaries from any OpenAI-compatible ``/chat/completions`` endpoint (optional)."""
+    """Summaries from any OpenAI-compatible ``/chat/completions`` endpoint (optional).
+
+    Never raises and never returns a placeholder: when the endpoint gives no usable summary (see the
+    module's table of reasons) the text is summarized by :class:`ExtractiveSummarizer` instead, and
+    :meth:`summary` says why."""
 
     name: str = "llm"
 
     def summarize(self, text: str, max_chars: int) -> str:
+        return self.summary(text, max_chars).text
+
+    def summary(self, text: str, max_chars: int) -> Summary:
         prompt = (
             f"Summarize the following agent memory in at most {max_chars} characters. Keep every number, "
             "identifier, name and code fragment exactly as written. Reply with the summary only.\n\n" + text
         )
         try:
-            summary = self.complete(prompt)
-        except FAILURES as exc:
-            raise SummarizerError(f"summarizer endpoint {self.base_url} failed: {exc}") from exc
-        if not summary:
-            raise SummarizerError(f"summarizer endpoint {self.base_url} returned an empty summary")
-        return summary
+            reply = self.complete(prompt)
+            if drops_every_number(text, reply):
+                found = len(numbers_in(text))
+                raise EndpointFailure(FailureReason.NUMBERS_DROPPED, f"{found} numbers, none kept")
+        except EndpointFailure as failure:
+            extractive = ExtractiveSummarizer()
+            return Summary(
+                extractive.summarize(text, max_chars),
+                extractive.name,
+                Fallback(failure.reason, self.model, failure.detail),
+            )
+        return Summary(reply, self.name)
 
 
 # ---- operations on stored memories (used by the harness and the pager) -----------------------------------
@@ -150,11 +243,21 @@ def compress_memory(
     """
     if not is_compressible(memory):
         return memory
-    summary = summarizer.summarize(memory.content, max(80, int(len(memory.content) * ratio)))
-    if not summary.strip() or len(summary) >= len(memory.content):
-        return memory
+    result = summary_of(summarizer, memory.content, max(80, int(len(memory.content) * ratio)))
+    summary = result.text
+    notes = (
+        []
+        if result.fallback is None
+        else [fallback_event(EventKind.SUMMARIZER_FALLBACK, result.fallback, memory.tenant, memory.id, now)]
+    )
     summary_tokens = count_tokens(summary)
-    if summary_tokens >= count_tokens(memory.content):  # fewer characters, no fewer tokens: no gain
+    if (
+        not summary.strip()
+        or len(summary) >= len(memory.content)
+        or summary_tokens >= count_tokens(memory.content)  # fewer characters, no fewer tokens: no gain
+    ):
+        if notes:
+            writer.log(notes)
         return memory
     raw = build_memory(
         {
@@ -167,7 +270,7 @@ def compress_memory(
     )
     info = {
         "raw_id": raw.id,
-        "method": summarizer.name,
+        "method": result.method,
         "entities": entities(memory.content),
         "raw_tokens": memory.token_count,
         "at": now.isoformat(),
@@ -189,14 +292,14 @@ def compress_memory(
         at=now,
         data={
             "raw_id": raw.id,
-            "method": summarizer.name,
+            "method": result.method,
             "tokens_before": memory.token_count,
             "tokens_after": compressed.token_count,
             "reason": reason,
         },
     )
     # one transaction: never a summary without its raw, nor either without the event
-    return writer.write([raw, compressed], None, [event])[1]
+    return writer.write([raw, compressed], None, [event, *notes])[1]
 
 
 def decompress_memory(store: StoreReader, writer: Writer, memory: Memory, now: datetime) -> Memory:

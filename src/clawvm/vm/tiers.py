@@ -13,8 +13,12 @@ belongs to its session's tiers); ``working`` has a token and an item budget, the
   enforced again with the memories just warmed evicted last;
 - memories whose ``expires_at`` passed become ``expired`` and go to ``archive``;
 - on ``tick()``, a session idle for ``session_idle_hours`` pages its (unpinned) working tier out;
-- memories entering ``archive`` are compressed reversibly when long (see :mod:`clawvm.vm.compress`); when
-  the summarizer fails (an LLM endpoint down) they stay uncompressed and a ``compress_error`` event says why.
+- memories entering ``archive`` are compressed reversibly when long (see :mod:`clawvm.vm.compress`); an LLM
+  summarizer that gives no usable summary is replaced by the extractive one (a ``summarizer_fallback``
+  event says why); a summarizer of your own that fails leaves them uncompressed (``compress_error``).
+  One pass of the pager (``tick()``, one ``enforce``/``expire``/``move``) waits at most
+  ``PagerConfig.endpoint_budget_s`` (default 10 s) on LLM endpoints in total; then the rest of that pass
+  summarizes extractively without calling them.
 
 Invariants (property-tested): no tier is over budget after any operation; a pinned memory stays in
 ``working`` until unpinned (pinning refuses when pinned memories alone would exceed the working budget);
@@ -24,14 +28,17 @@ Every move is an :class:`~clawvm.store.Event` with kind, memory, from/to tier, v
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import pairwise
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
 from clawvm.core.errors import ConflictError, ValidationError
 from clawvm.core.model import Filters, Memory, Status, Tier, as_utc, revalidate
+from clawvm.core.openai_http import EndpointBudget, endpoint_budget
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
 from clawvm.store.kinds import EventKind
@@ -79,6 +86,10 @@ class PagerConfig:
     # larger and leaves the prompt emptier after each.
     working_slack: float = 0.25
     session_idle_hours: float = 2.0  # on tick, a session untouched this long pages its working tier out
+    # seconds one pass (a tick, an enforce, an expire, a move) may wait on LLM endpoints in all (a hung
+    # summarizer endpoint would otherwise cost its timeout once per memory archived); once spent, the rest
+    # of the pass summarizes extractively without calling
+    endpoint_budget_s: float = 10.0
 
 
 def value_per_token(m: Memory, now: datetime, cfg: ScoringConfig) -> float:
@@ -89,6 +100,42 @@ def over(ms: Sequence[Memory], items: int | None, tokens: int | None) -> bool:
     return (items is not None and len(ms) > items) or (
         tokens is not None and sum(m.token_count for m in ms) > tokens
     )
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _one_pass(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run a pager method as one pass: its endpoint calls share one budget (or its caller's pass's)."""
+
+    @functools.wraps(method)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        pager = cast(Pager, args[0])  # a method of Pager: args[0] is self
+        with pager.endpoint_pass():
+            return method(*args, **kwargs)
+
+    return run
+
+
+class PagerOwner(Protocol):
+    """What owns a pager (the harness): its passes are the pager's."""
+
+    pager: Pager
+
+
+_O = TypeVar("_O", bound=PagerOwner)
+
+
+def one_pager_pass(method: Callable[Concatenate[_O, _P], _R]) -> Callable[Concatenate[_O, _P], _R]:
+    """Run a method of the pager's owner (the harness's ``tick``) as one pass of its pager."""
+
+    @functools.wraps(method)
+    def run(owner: _O, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with owner.pager.endpoint_pass():
+            return method(owner, *args, **kwargs)
+
+    return run
 
 
 class Pager:
@@ -108,6 +155,10 @@ class Pager:
 
     def value_now(self, memory: Memory, now: datetime) -> float:
         return value(memory, now, self.config.scoring)
+
+    def endpoint_pass(self) -> AbstractContextManager[EndpointBudget]:
+        """A pass's budget of time on LLM endpoints (``endpoint_budget_s``); inside another pass, that one."""
+        return endpoint_budget(self.config.endpoint_budget_s)
 
     # ---- moving one memory -----------------------------------------------------------------------------
     def mutate(
@@ -132,6 +183,7 @@ class Pager:
                 memory = self.store.get(memory.id)
         raise ConflictError(memory.id, memory.version, None)
 
+    @_one_pass
     def move(self, memory: Memory, to: Tier, reason: str, now: datetime, **changes: Any) -> Memory:
         """Store ``memory`` in tier ``to`` and log the move (kind promote/demote/archive)."""
         before_tier, before = memory.tier, value(memory, now, self.config.scoring)
@@ -164,6 +216,7 @@ class Pager:
         f = Filters.of(tenant=tenant, session_id=session_id, tier=tier, status="active")
         return self.store.list(f, limit=10**9)
 
+    @_one_pass
     def enforce(
         self,
         tenant: str,
@@ -362,6 +415,7 @@ class Pager:
             evicted.update((m.id, m) for m in self.enforce(tenant, session_id, now, protect=warmed))
         return [evicted.get(m.id, m) for m in out]
 
+    @_one_pass
     def expire(self, tenant: str, now: datetime) -> list[Memory]:
         """Memories past ``expires_at`` become ``expired`` and move to archive."""
         expired = []
