@@ -45,7 +45,7 @@ bench: install
 	$(PY) bench/redaction.py --json bench/results/redaction.json
 	$(PY) bench/load.py --clients 4 --seconds 10 --json bench/results/load.json
 
-# ClawVM next to mem0 and LangGraph's store (needs the bench extra; see README "Compared with mem0 and LangGraph").
+# ClawVM next to mem0 and LangGraph's store (needs the bench extra; see docs/benchmarks.md).
 bench-peers: install
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/peers.py --data ../shared/data/locomo/locomo_dev.json --json bench/results/peers.json

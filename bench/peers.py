@@ -13,7 +13,7 @@ Systems, all scoped per conversation by their own mechanism:
   Telemetry is off (``MEM0_TELEMETRY=False``, which also stops its remote notice fetch); the LLM it insists
   on building points at a closed loopback port and is never called. Its BM25 channel needs ``fastembed``'s
   ``Qdrant/bm25`` files, which fastembed downloads from a model hub at run time: impossible offline, so
-  mem0 ranks by its semantic channel (see README).
+  mem0 ranks by its semantic channel (see docs/benchmarks.md).
 - ``langgraph``: ``InMemoryStore(index={"dims": 384, "embed": fn, "fields": ["text"]})``, one ``put`` per
   turn under the namespace ``("locomo", conv)``, ``search(("locomo", conv), query=q, limit=10)``.
 

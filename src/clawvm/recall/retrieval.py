@@ -128,7 +128,7 @@ _V3 = RecallConfig(
 )
 # The default: hybrid-v3 plus the length prior, a deeper dense list, and the priors retuned around them.
 # LoCoMo dev R@5 / R@10 74.5 / 83.1, multi-hop R@10 56.1 (hybrid-v3: 74.2 / 83.0 / 49.8); each lever off
-# in bench/locomo.py --ablation and the README. length_prior 0.3: off costs 3.4 multi-hop points, 0.2 /
+# in bench/locomo.py --ablation and docs/recall.md. length_prior 0.3: off costs 3.4 multi-hop points, 0.2 /
 # 0.45 cost 0.7 / 1.8. dense_candidates 100 while lexical and context stay at 50: all of the gain of 100
 # candidates (+1.3 multi-hop) is the dense list's, and the context channel is the costly one at 100k
 # memories. Smoothing 0.2: with the priors the other speaker's replies should inherit less (0.3 costs 1-2
