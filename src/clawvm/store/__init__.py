@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from clawvm.core.errors import ConfigError
-from clawvm.store.base import CandidateInfo, Edge, Event, EventFeed, Query, QueryResult, Store
+from clawvm.store.base import CandidateInfo, Edge, Event, EventFeed, PageKey, Query, QueryResult, Store
 from clawvm.store.memory import MemoryStore
 from clawvm.store.sqlite import SQLiteStore
 
@@ -21,6 +21,7 @@ __all__ = [
     "Event",
     "EventFeed",
     "MemoryStore",
+    "PageKey",
     "Query",
     "QueryResult",
     "SQLiteStore",

@@ -11,8 +11,17 @@ import numpy as np
 
 from clawvm.core.model import STORED, Filters, Memory
 from clawvm.core.vectors import normalize
-from clawvm.store.base import Edge, Event, Query, QueryResult, Store, check_vectors, check_versions
-from clawvm.store.index import SearchIndex
+from clawvm.store.base import (
+    Edge,
+    Event,
+    PageKey,
+    Query,
+    QueryResult,
+    Store,
+    check_vectors,
+    check_versions,
+)
+from clawvm.store.index import SearchIndex, micros
 
 
 class MemoryStore(Store):
@@ -81,6 +90,24 @@ class MemoryStore(Store):
     def agents(self, filters: Filters) -> frozenset[str]:
         with self._lock:
             return self.index.agents(filters)
+
+    def page(
+        self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False
+    ) -> list[Memory]:
+        key = None if after is None else (micros(after.created_at), after.id)
+        with self._lock:
+            ids = self.index.page(filters, key, limit, newest_first)
+            return [private_copy(self._memories[i]) for i in ids]
+
+    def session_ids(self, filters: Filters, after: str | None = None, limit: int = 500) -> list[str]:
+        with self._lock:
+            return self.index.session_ids(filters, after, limit)
+
+    def tag_names(
+        self, filters: Filters, prefix: str = "", after: str | None = None, limit: int = 500
+    ) -> list[str]:
+        with self._lock:
+            return self.index.tag_names(filters, prefix, after, limit)
 
     def set_vectors(
         self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None

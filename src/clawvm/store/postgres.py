@@ -48,7 +48,7 @@ from pgvector.psycopg.vector import register_vector_info
 from psycopg.types import TypeInfo
 
 from clawvm.core.entities import entities
-from clawvm.core.errors import ConfigError, ConflictError, SchemaError, StoreError
+from clawvm.core.errors import ConfigError, ConflictError, SchemaError, StoreError, ValidationError
 from clawvm.core.ids import is_valid_id
 from clawvm.core.lexical import Analyzer, BM25Params
 from clawvm.core.model import Filters, LinkType, Memory
@@ -56,6 +56,7 @@ from clawvm.core.vectors import normalize
 from clawvm.store.base import (
     Edge,
     Event,
+    PageKey,
     Query,
     QueryResult,
     Store,
@@ -130,6 +131,17 @@ MIGRATIONS: tuple[str, ...] = (
     # recall's author names (Store.agents): a skip scan over this index reads one entry per agent
     """
     CREATE INDEX memories_agent ON memories (tenant, agent_id) WHERE agent_id IS NOT NULL;
+    """,
+    # bounded reads: expiry finds what is due through (tenant, status, expires_at); keyset pages
+    # (Store.page) of a whole store walk (created_at, id); the pager's sessions with working-tier members
+    # come from (tenant, tier, session_id), in code-point order like every engine's session_ids
+    """
+    ALTER TABLE memories ADD COLUMN expires_at timestamptz;
+    UPDATE memories SET expires_at = (body::json ->> 'expires_at')::timestamptz
+        WHERE body LIKE '%"expires_at":"%';
+    CREATE INDEX memories_expiry ON memories (tenant, status, expires_at) WHERE expires_at IS NOT NULL;
+    CREATE INDEX memories_keyset ON memories (created_at, id);
+    CREATE INDEX memories_tier ON memories (tenant, tier, session_id COLLATE "C");
     """,
 )
 
@@ -504,23 +516,55 @@ class PostgresStore(Store):
                 row = conn.execute(f"SELECT count(*) FROM memories m WHERE {where}", args).fetchone()
         return int(row[0]) if row else 0
 
-    def iter_all(self, filters: Filters | None = None, batch: int = 500) -> Iterator[Memory]:
-        """Every memory matching ``filters``, oldest first, read in pages (keyset on creation time)."""
-        where, args = compile_filters(filters or Filters())
-        after: tuple[Any, int] | None = None
-        while True:
-            cond, extra = ("(m.created_at, m.seq) > (%s, %s)", list(after)) if after else ("TRUE", [])
-            with self._conn("iter_all") as conn:
-                rows = conn.execute(
-                    f"""SELECT m.created_at, m.seq, m.body FROM memories m WHERE {where} AND {cond}
-                        ORDER BY m.created_at, m.seq LIMIT %s""",
-                    [*args, *extra, batch],
-                ).fetchall()
-            for _, _, body in rows:
-                yield from_stored(body)
-            if len(rows) < batch:
-                return
-            after = (rows[-1][0], int(rows[-1][1]))
+    def page(
+        self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False
+    ) -> list[Memory]:
+        """A keyset page in (created_at, id) order: an index range scan from ``after``, never an OFFSET."""
+        if limit <= 0:
+            return []
+        where, args = compile_filters(filters)
+        op, direction = ("<", "DESC") if newest_first else (">", "ASC")
+        cond, extra = "TRUE", []
+        if after is not None:
+            if not is_valid_id(after.id):
+                raise ValidationError("after", "names a malformed id", "pass PageKey.of(a stored memory)")
+            # the first clause bounds the index range; the row comparison breaks ties at that instant
+            cond = f"m.created_at {op}= %s AND (m.created_at, m.id) {op} (%s, %s::uuid)"
+            extra = [after.created_at, after.created_at, after.id]
+        with self._conn("page") as conn:
+            rows = conn.execute(
+                f"""SELECT m.body FROM memories m WHERE {where} AND {cond}
+                    ORDER BY m.created_at {direction}, m.id {direction} LIMIT %s""",
+                [*args, *extra, min(limit, 2**62)],
+            ).fetchall()
+        return [from_stored(body) for (body,) in rows]
+
+    def session_ids(self, filters: Filters, after: str | None = None, limit: int = 500) -> list[str]:
+        where, args = compile_filters(filters)
+        cond, extra = ("TRUE", []) if after is None else ('m.session_id COLLATE "C" > %s', [esc(after)])
+        with self._conn("session_ids") as conn:
+            rows = conn.execute(
+                f"""SELECT DISTINCT m.session_id COLLATE "C" AS s FROM memories m
+                    WHERE {where} AND m.session_id IS NOT NULL AND {cond} ORDER BY s LIMIT %s""",
+                [*args, *extra, min(max(0, limit), 2**62)],
+            ).fetchall()
+        return [str(unesc(r[0])) for r in rows]
+
+    def tag_names(
+        self, filters: Filters, prefix: str = "", after: str | None = None, limit: int = 500
+    ) -> list[str]:
+        """Reads the tag arrays of the matching rows in SQL (a GIN index cannot list its keys): only the
+        page reaches Python, but the cost grows with the rows ``filters`` selects."""
+        where, args = compile_filters(filters)
+        cond, extra = ("TRUE", []) if after is None else ('t COLLATE "C" > %s', [esc(after)])
+        with self._conn("tag_names") as conn:
+            rows = conn.execute(
+                f"""SELECT DISTINCT t COLLATE "C" AS name
+                    FROM memories m CROSS JOIN LATERAL unnest(m.tags) AS t
+                    WHERE {where} AND starts_with(t, %s) AND {cond} ORDER BY name LIMIT %s""",
+                [*args, esc(prefix) or "", *extra, min(max(0, limit), 2**62)],
+            ).fetchall()
+        return [str(unesc(r[0])) for r in rows]
 
     def unembedded(self, limit: int) -> list[tuple[str, str]]:
         with self._conn("unembedded") as conn:
@@ -749,7 +793,7 @@ class _Listener:
 _COLUMNS = (
     "id", "tenant", "session_id", "task_id", "agent_id", "tool_name", "scope", "team_id", "kind", "state",
     "status", "tier", "parent_id", "pinned", "tags", "created_at", "version", "doc_len", "text_hash",
-    "content_hash", "metadata", "body",
+    "content_hash", "metadata", "body", "expires_at",
 )
 _INSERT = f"INSERT INTO memories ({', '.join(_COLUMNS)}) VALUES ({', '.join(['%s'] * len(_COLUMNS))})"
 # a changed text drops the vector: it was computed from the old one
@@ -815,4 +859,5 @@ def _columns(r: _Row) -> tuple[Any, ...]:
         m.version, r.doc_len, r.text_hash, r.content_hash,
         None if "\\u0000" in meta else meta,  # jsonb cannot hold NUL; the body keeps it
         r.body,
+        m.expires_at,
     )
