@@ -1,7 +1,8 @@
 """Checkpoints of a session's memory state, and rollback to them.
 
-A checkpoint is a snapshot of every memory of the session — tier, value, pinned, status, version — taken
-under one read and stored as an archived ``agent_state`` memory (tag ``checkpoint``), so it lives in the
+A checkpoint is a snapshot of every memory of the session — tier, value, pinned, status, version — read
+in keyset pages of the session (never the rest of the tenant; a write landing between two pages shows in
+the later one) and stored as an archived ``agent_state`` memory (tag ``checkpoint``), so it lives in the
 same store, survives restarts and is exported with everything else. Rolling back restores each
 memory's tier, value, pin and status, and marks memories created after the checkpoint ``obsolete`` (not
 deleted: analytics can still show what was undone); a ``rollback`` event lists all of it.
@@ -10,6 +11,7 @@ deleted: analytics can still show what was undone); a ``rollback`` event lists a
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -28,9 +30,13 @@ class RollbackReport:
     obsoleted: list[str]  # memories created after the checkpoint
 
 
-def session_memories(store: Store, tenant: str, session_id: str) -> list[Memory]:
-    everything = store.list(Filters.of(tenant=tenant, session_id=session_id), limit=10**9)
-    return [m for m in everything if TAG not in m.tags or m.kind is not Kind.AGENT_STATE]
+def session_memories(store: Store, tenant: str, session_id: str) -> Iterator[Memory]:
+    """The session's memories (checkpoints excluded), oldest first, read in keyset pages: a snapshot
+    holds one line per memory of the session, never the tenant's other memories, and a rollback changes
+    them page by page (a keyset walk neither skips nor repeats a memory it changes)."""
+    for m in store.iter_all(Filters.of(tenant=tenant, session_id=session_id)):
+        if TAG not in m.tags or m.kind is not Kind.AGENT_STATE:
+            yield m
 
 
 def take(store: Store, tenant: str, session_id: str, name: str, now: datetime) -> Memory:
