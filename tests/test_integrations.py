@@ -22,8 +22,8 @@ from mcp import Client, StdioServerParameters
 
 from clawvm import Harness, Kind, State
 from clawvm.agents.tools import AgentTools
-from clawvm.integrations.langchain import ClawVMCallbackHandler
 from clawvm.integrations import langgraph as langgraph_adapter
+from clawvm.integrations.langchain import ClawVMCallbackHandler
 from clawvm.integrations.langgraph import ClawVMStore
 from engines import harness_target
 
@@ -179,7 +179,8 @@ def test_langgraph_namespaces_are_listed_page_by_page_in_langgraphs_order(
             store.put(ns, f"j{i}", {"n": i})
     assert ours.list_namespaces(limit=100) == reference.list_namespaces(limit=100)
     for offset in range(0, 10, 2):
-        assert ours.list_namespaces(limit=2, offset=offset) == reference.list_namespaces(limit=2, offset=offset)
+        page = {"limit": 2, "offset": offset}
+        assert ours.list_namespaces(**page) == reference.list_namespaces(**page)
     for depth in (1, 2):
         assert ours.list_namespaces(max_depth=depth) == reference.list_namespaces(max_depth=depth)
     assert ours.list_namespaces(prefix=("a",)) == reference.list_namespaces(prefix=("a",))

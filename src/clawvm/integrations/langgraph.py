@@ -125,7 +125,10 @@ class ClawVMStore(BaseStore):
                 created_at=now,
             )
         else:
-            changes: dict[str, Any] = {"content": dict(op.value), "metadata": {**existing.metadata, TAG: info}}
+            changes: dict[str, Any] = {
+                "content": dict(op.value),
+                "metadata": {**existing.metadata, TAG: info},
+            }
             if _path_tag(op.namespace) not in existing.tags:  # written before namespace tags existed
                 changes["tags"] = [*existing.tags, _path_tag(op.namespace)]
             self.harness.update(existing.id, **changes)
