@@ -10,7 +10,7 @@ from __future__ import annotations
 import builtins
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -363,6 +363,11 @@ class Harness:
 
     def count(self, **filters: Any) -> int:
         return self.store.count(self._filters(filters))
+
+    def iter_all(self, *, newest_first: bool = False, batch: int = 500, **filters: Any) -> Iterator[Memory]:
+        """Every memory matching ``filters`` (as for :meth:`list`), oldest first (newest first with
+        ``newest_first``), read in keyset pages of ``batch``: what callers use instead of a "no limit"."""
+        return self.store.iter_all(self._filters(filters), batch, newest_first)
 
     def events(
         self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None

@@ -204,10 +204,10 @@ def _followers(harness: Harness, failures: Sequence[Memory], horizon: int) -> It
             by_session.setdefault(f.session_id, []).append(f)
     for session, fails in by_session.items():
         earliest = min(f.created_at for f in fails)
-        timeline = harness.list(
-            limit=10**6, session_id=session, kind=Kind.TOOL_RESULT, status="any", created_after=earliest
+        # the session's results from its first failure on, in (created_at, id) order, read in pages
+        timeline = list(
+            harness.iter_all(session_id=session, kind=Kind.TOOL_RESULT, status="any", created_after=earliest)
         )
-        timeline.sort(key=lambda m: (m.created_at, m.id))
         position = {m.id: i for i, m in enumerate(timeline)}
         for f in fails:
             start = position.get(f.id)

@@ -304,9 +304,12 @@ class AgentTools:
             raise ValidationError(
                 "memory_id", f"is {memory_id!r}", "pass a full id or the 8-character short id"
             )
-        found = [
-            m for m in self.harness.list(limit=10**6, status="any", **self.scope) if short_id(m.id) == wanted
-        ]
+        found: list[Memory] = []  # newest first (recent memories are the ones cited), paged; two is enough
+        for m in self.harness.iter_all(newest_first=True, status="any", **self.scope):
+            if short_id(m.id) == wanted:
+                found.append(m)
+                if len(found) > 1:
+                    break
         if len(found) != 1:
             raise NotFoundError("memory", memory_id)
         return found[0]

@@ -30,8 +30,6 @@ from clawvm.core.errors import AccessDeniedError
 from clawvm.core.model import Filters, Memory
 from clawvm.store.base import Edge, Event, PageKey, Query, QueryResult, Store, check_vectors
 
-_ALL = 2**62  # "no limit" for engines' limit arguments
-
 
 class TenantStore(Store):
     """``inner`` as seen by ``tenant``. See the module docstring for what is confined and how."""
@@ -171,11 +169,17 @@ class TenantStore(Store):
         return [e for e in found if e.source in sources]
 
     def unembedded(self, limit: int) -> list[tuple[str, str]]:
-        # the contract has no tenant argument: read every pending pair and keep ours (the server runs one
-        # worker on the engine itself; this is for a Harness opened directly on a view)
-        pending = self.inner.unembedded(_ALL)
-        own = self._owned(i for i, _ in pending)
-        return [(i, text) for i, text in pending if i in own][:limit]
+        # the contract has no tenant argument: read the oldest pending pairs, four times more each round
+        # until ``limit`` of them are ours or none are left (the server runs one worker on the engine
+        # itself; this is for a Harness opened directly on a view)
+        asked = max(1, limit)
+        while True:
+            pending = self.inner.unembedded(asked)
+            own = self._owned(i for i, _ in pending)
+            mine = [(i, text) for i, text in pending if i in own]
+            if len(mine) >= limit or len(pending) < asked:
+                return mine[:limit]
+            asked *= 4
 
     def read_events(
         self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None

@@ -172,7 +172,7 @@ def format_line(m: Memory) -> str:
 
 def matching_rules(h: Harness, vis: Visibility, task: str, task_type: str | None) -> list[Memory]:
     """Active rule templates the agent may read whose task type or keywords match the task."""
-    rules = h.list(limit=10**6, kind=Kind.KNOWLEDGE, tags=[RULE_TAG], visible_to=vis)
+    rules = h.iter_all(newest_first=True, kind=Kind.KNOWLEDGE, tags=[RULE_TAG], visible_to=vis)
     words = set(re.findall(r"\w+", task.lower()))
     out = []
     for m in rules:
