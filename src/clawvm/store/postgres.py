@@ -7,8 +7,10 @@ and nothing has to be kept in step between processes.
 Tables (created by :data:`MIGRATIONS`, an append-only list; ``meta`` records how many ran):
 
 - ``memories``: one row per memory: its exact JSON (``body``, the source of truth for ``get``), the
-  filterable fields as columns, ``tags text[]`` and ``metadata jsonb`` with GIN indexes, and
-  ``embedding vector(dim)`` with an HNSW index (inner product on unit vectors, i.e. cosine);
+  filterable fields as columns (``expires_at`` among them, indexed for the pager's expiry), ``tags
+  text[]`` and ``metadata jsonb`` with GIN indexes, and ``embedding vector(dim)`` with an HNSW index
+  (inner product on unit vectors, i.e. cosine); keyset pages (``Store.page``) read the
+  ``(created_at, id)`` order from an index;
 - ``postings(term, seq, tf)``: the inverted index of the project's own analyzer (``clawvm.core.lexical``), so
   BM25 here scores like the in-process engines; ``lexstats``: the document count, total length and
   sessioned count as 16 sharded counters (each connection adds to its own, so writers from many
