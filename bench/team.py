@@ -269,8 +269,7 @@ class Scenario:
             self.fact_of[m.id] = fact
 
     def duplicate_rate(self) -> float:
-        active = [m for m in self.h.list(limit=10**6, kind=Kind.OBSERVATION, team_id=TEAM)]
-        facts = [self.fact_for(m) for m in active]
+        facts = [self.fact_for(m) for m in self.h.iter_all(kind=Kind.OBSERVATION, team_id=TEAM)]
         labelled = [f for f in facts if f is not None]
         return (len(labelled) - len(set(labelled))) / len(labelled) if labelled else 0.0
 

@@ -22,6 +22,7 @@ from mcp import Client, StdioServerParameters
 
 from clawvm import Harness, Kind, State
 from clawvm.agents.tools import AgentTools
+from clawvm.integrations import langgraph as langgraph_adapter
 from clawvm.integrations.langchain import ClawVMCallbackHandler
 from clawvm.integrations.langgraph import ClawVMStore
 from engines import harness_target
@@ -162,6 +163,44 @@ def test_langgraph_store_async_api(harness: Harness) -> None:
         assert await store.aget(("notes",), "n1") is None
 
     asyncio.run(run())
+
+
+def test_langgraph_namespaces_are_listed_page_by_page_in_langgraphs_order(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(langgraph_adapter, "PAGE", 3)  # many keyset pages over a few namespaces
+    ours, reference = ClawVMStore(harness), InMemoryStore()
+    # labels whose order as tuples differs from their order as joined strings ("a-b" < "a", "b" as text)
+    names = [("a",), ("a", "b"), ("a-b",), ("a", "b", "c"), ("é",), ("z",), ("a", "zz"), ("b", "a")]
+    long_label = ("long", "x" * 150)  # too long to spell out in a tag: read back from its item
+    for i, ns in enumerate([*names, long_label]):
+        for store in (ours, reference):
+            store.put(ns, f"k{i}", {"n": i})
+            store.put(ns, f"j{i}", {"n": i})
+    assert ours.list_namespaces(limit=100) == reference.list_namespaces(limit=100)
+    for offset in range(0, 10, 2):
+        page = {"limit": 2, "offset": offset}
+        assert ours.list_namespaces(**page) == reference.list_namespaces(**page)
+    for depth in (1, 2):
+        assert ours.list_namespaces(max_depth=depth) == reference.list_namespaces(max_depth=depth)
+    assert ours.list_namespaces(prefix=("a",)) == reference.list_namespaces(prefix=("a",))
+    assert ours.list_namespaces(prefix=("long",)) == [long_label]
+    assert ours.list_namespaces(suffix=("b",)) == reference.list_namespaces(suffix=("b",))
+    # search walks the namespace newest first in pages: an offset page is a slice of the whole
+    everything = [i.key for i in ours.search(("a",), limit=100)]
+    assert sorted(everything) == sorted(i.key for i in reference.search(("a",), limit=100))
+    assert [i.key for i in ours.search(("a",), limit=3, offset=2)] == everything[2:5]
+
+
+def test_langgraph_items_from_before_namespace_tags_are_listed_once_tagged(harness: Harness) -> None:
+    store = ClawVMStore(harness)
+    store.put(("old",), "k", {"x": 1})
+    store.put(("new",), "k", {"x": 2})
+    (old,) = harness.list(tags=[langgraph_adapter._item_tag(("old",), "k")])
+    harness.update(old.id, tags=[t for t in old.tags if not t.startswith(langgraph_adapter.PATH_TAG)])
+    assert store.list_namespaces() == [("new",)]  # written as an earlier version would have
+    assert store.tag_namespaces() == 1 and store.tag_namespaces() == 0
+    assert store.list_namespaces() == [("new",), ("old",)]
 
 
 class Chat(TypedDict):

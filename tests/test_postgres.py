@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,23 @@ def test_newer_schema_or_other_dimension_is_a_schema_error(url: str, opened: lis
         conn.execute("UPDATE meta SET value = '99' WHERE key = 'version'")
     with pytest.raises(SchemaError, match="99"):
         store_from_url(url).setup()
+
+
+def test_upgrading_a_schema_fills_the_expiry_column_from_the_stored_memories(
+    url: str, opened: list[PostgresStore]
+) -> None:
+    due = datetime(2026, 1, 1, tzinfo=UTC)
+    s = open_store(opened, url)
+    timed, plain = Memory(content="expires", expires_at=due), Memory(content="stays")
+    s.put_many([timed, plain])
+    with s._conn("test") as conn:  # back to the schema before the column existed
+        conn.execute("DROP INDEX memories_expiry; DROP INDEX memories_keyset; DROP INDEX memories_tier")
+        conn.execute("ALTER TABLE memories DROP COLUMN expires_at")
+        conn.execute("UPDATE meta SET value = '2' WHERE key = 'version'")
+    s.close()
+    again = open_store(opened, url)
+    assert [m.id for m in again.list(Filters.of(expires_by=due))] == [timed.id]
+    assert again.count(Filters.of(expires_by=due - timedelta(microseconds=1))) == 0
 
 
 def test_processes_migrating_at_once_all_succeed(url: str, opened: list[PostgresStore]) -> None:

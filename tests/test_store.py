@@ -39,7 +39,7 @@ from clawvm import (
     ValidationError,
 )
 from clawvm.core.model import revalidate
-from clawvm.store import Edge, Event, Query, SQLiteStore, Store
+from clawvm.store import Edge, Event, PageKey, Query, SQLiteStore, Store
 from engines import make_store
 from strategies import at, memories
 
@@ -62,7 +62,7 @@ def unit_vectors(n: int, seed: int = 0) -> np.ndarray:
 
 
 def all_ids(store: Store) -> list[str]:
-    return store.query(Query(limit=10**9)).filtered
+    return store.query(Query(limit=store.count() + 1)).filtered
 
 
 # ---- put / get / delete -------------------------------------------------------------------------------
@@ -332,6 +332,45 @@ def test_filter_only_query_lists_newest_first_with_limit(engine: Store) -> None:
     assert engine.count() == 5
 
 
+def test_pages_follow_a_keyset_of_creation_time_then_id(engine: Store) -> None:
+    # three memories share one instant: the id orders them, in both directions
+    tied = sorted((mem(f"tie {i}", created_at=T0) for i in range(3)), key=lambda m: m.id)
+    early = mem("early", created_at=T0 - timedelta(seconds=1))
+    late = mem("late", created_at=T0 + timedelta(microseconds=1))
+    engine.put_many([late, *tied, early])
+    oldest_first = [early.id, *(m.id for m in tied), late.id]
+    pages = []
+    after = None
+    while True:
+        page = engine.page(Filters(), after, limit=2)
+        pages.append([m.id for m in page])
+        if len(page) < 2:
+            break
+        after = PageKey.of(page[-1])
+    assert pages == [oldest_first[0:2], oldest_first[2:4], oldest_first[4:]]
+    assert [m.id for m in engine.iter_all(batch=1, newest_first=True)] == oldest_first[::-1]
+    assert [m.id for m in engine.page(Filters(), PageKey.of(tied[1]), limit=10)] == [tied[2].id, late.id]
+    assert [m.id for m in engine.page(Filters(), PageKey.of(tied[1]), 10, newest_first=True)] == [
+        tied[0].id,
+        early.id,
+    ]
+    assert engine.page(Filters(), None, limit=0) == []
+
+
+def test_a_page_goes_on_after_its_key_even_when_that_memory_changed_or_left(engine: Store) -> None:
+    docs = [mem(f"m{i}", created_at=T0 + timedelta(minutes=i), tier=Tier.WORKING) for i in range(6)]
+    engine.put_many(docs)
+    active = Filters.of(tier="working")
+    first = engine.page(active, None, limit=2)
+    # between pages: the page's last memory leaves the filter, a later one is deleted, one is added
+    engine.put(bump(first[-1], tier=Tier.SHORT_TERM))
+    engine.delete(docs[3].id)
+    extra = mem("late", created_at=T0 + timedelta(hours=1), tier=Tier.WORKING)
+    engine.put(extra)
+    rest = engine.page(active, PageKey.of(first[-1]), limit=10)
+    assert [m.id for m in rest] == [docs[2].id, docs[4].id, docs[5].id, extra.id]
+
+
 def _corpus() -> dict[str, Memory]:
     a = mem(
         "shared alpha",
@@ -347,6 +386,7 @@ def _corpus() -> dict[str, Memory]:
         tags=["x", "y"],
         pinned=True,
         created_at=T0,
+        expires_at=T0 + timedelta(hours=1),
     )
     b = mem(
         "shared beta",
@@ -383,6 +423,7 @@ def _corpus() -> dict[str, Memory]:
         tags=["z", "x"],
         parent_id=b.id,
         created_at=T0 + timedelta(hours=3),
+        expires_at=T0 + timedelta(hours=5),
     )
     return {"a": a, "b": b, "c": c, "d": d}
 
@@ -417,6 +458,9 @@ FILTER_CASES: list[tuple[dict[str, Any], str]] = [
     ({"created_after": T1}, "bcd"),  # inclusive
     ({"created_before": T1}, "a"),  # exclusive
     ({"created_after": T1, "created_before": T1 + timedelta(hours=2)}, "bc"),
+    ({"expires_by": T1}, "a"),  # inclusive; no expiry never matches
+    ({"expires_by": T0}, ""),
+    ({"expires_by": T0 + timedelta(hours=9), "status": "obsolete"}, "d"),
     ({"tenant": "t1", "status": "active"}, "a"),
     ({"session_id": "s1", "tags_any": ["y"], "kind": "tool_call"}, "a"),
 ]
@@ -611,6 +655,7 @@ def scoped_memories(draw: st.DrawFn) -> list[Memory]:
                 parent_id=draw(st.none() | st.sampled_from(PARENTS)),
                 pinned=draw(st.booleans()),
                 created_at=draw(st.sampled_from(POOL_TIMES)),
+                expires_at=draw(st.none() | st.sampled_from(POOL_TIMES)),
             )
         )
     return out
@@ -636,6 +681,7 @@ FILTER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "pinned": st.none() | st.booleans(),
     "created_after": st.none() | st.sampled_from(POOL_TIMES),
     "created_before": st.none() | st.sampled_from(POOL_TIMES),
+    "expires_by": st.none() | st.sampled_from(POOL_TIMES),
 }
 
 
@@ -679,14 +725,26 @@ def _assert_queries_match(store: Store, ms: list[Memory], filters: list[Filters]
     by_id = {m.id: m for m in ms}
     for f in filters:
         want = {m.id for m in ms if f.matches(m)}
-        res = store.query(Query(filters=f, limit=10**9))
+        res = store.query(Query(filters=f, limit=len(ms) + 1))
         assert len(res.filtered) == len(set(res.filtered))
         assert set(res.filtered) == want
         times = [by_id[i].created_at for i in res.filtered]
         assert times == sorted(times, reverse=True)
-        res = store.query(Query(filters=f, text="shared", vector=unit_vectors(1, seed=3)[0], limit=10**9))
+        vector = unit_vectors(1, seed=3)[0]
+        res = store.query(Query(filters=f, text="shared", vector=vector, limit=len(ms) + 1))
         assert {i for i, _ in res.lexical} == want
         assert {i for i, _ in res.dense} == want
+        in_order = sorted((m for m in ms if f.matches(m)), key=lambda m: (m.created_at, m.id))
+        assert [m.id for m in store.iter_all(f, batch=2)] == [m.id for m in in_order]
+        assert [m.id for m in store.iter_all(f, batch=3, newest_first=True)] == [m.id for m in in_order][::-1]
+        sessions = sorted({m.session_id for m in in_order if m.session_id is not None})
+        assert store.session_ids(f) == sessions
+        if sessions:
+            assert store.session_ids(f, after=sessions[0], limit=1) == sessions[1:2]
+        tags = sorted({t for m in in_order for t in m.tags})
+        assert store.tag_names(f) == tags
+        assert store.tag_names(f, prefix="y") == [t for t in tags if t.startswith("y")]
+        assert store.tag_names(f, after="x", limit=1) == [t for t in tags if t > "x"][:1]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -376,6 +376,57 @@ def test_ttl_expiry_archives_on_tick() -> None:
         assert m.id not in {r.id for r in h.recall("temporary token", k=5)}  # expired is not recalled
 
 
+def test_tick_expires_at_most_its_batch_and_leaves_the_rest_to_the_next_tick() -> None:
+    h, now = clocked()
+    with h:
+        h.TICK_EXPIRE = 2
+        due = [T0 + timedelta(minutes=i) for i in range(5)]
+        ids = {h.record(f"token {i}", expires_at=at, created_at=T0).id for i, at in enumerate(due)}
+        keep = h.record("no expiry", created_at=T0)
+        now[0] = T0 + timedelta(hours=1)
+        assert [h.tick()["expired"] for _ in range(4)] == [2, 2, 1, 0]
+        assert {m.id for m in h.list(limit=10, status="expired")} == ids
+        assert h.get(keep.id).status is Status.ACTIVE
+
+
+def test_tick_refreshes_one_page_of_values_and_its_cursor_walks_the_tenant_over_ticks() -> None:
+    h, now = clocked()
+    with h:
+        h.TICK_REFRESH = 3
+        ids = {h.record(f"fact {i}", created_at=T0 + timedelta(seconds=i)).id for i in range(7)}
+        now[0] = T0 + timedelta(days=30)  # every value has drifted
+        pages = []
+        for _ in range(3):
+            seen = {e.seq for e in h.events(limit=1000)}
+            counts = h.tick()
+            new = [e for e in h.events(limit=1000) if e.seq not in seen]
+            refreshed = {e.memory_id for e in new if e.kind == "refresh"}
+            assert counts["refreshed"] == len(refreshed) <= 3
+            pages.append(refreshed)
+        # 3 + 3 + 1: each memory once, in creation order, and the short page wrapped the cursor
+        assert [len(p) for p in pages] == [3, 3, 1] and set().union(*pages) == ids
+        assert h.tick()["refreshed"] == 0  # from the start again: nothing drifted since
+        now[0] += timedelta(days=30)
+        assert h.tick()["refreshed"] == 3
+
+
+def test_tick_pages_out_idle_sessions_a_page_at_a_time_and_leaves_pins_and_busy_sessions() -> None:
+    h, now = clocked()
+    with h:
+        h.TICK_SESSIONS = 1
+        idle = {s: h.record(f"note of {s}", session_id=s, created_at=T0) for s in ("s1", "s2")}
+        pinned = h.record("pinned note", session_id="s3", created_at=T0)
+        h.pin(pinned.id)
+        now[0] = T0 + timedelta(days=1)
+        busy = h.record("just now", session_id="s4", created_at=now[0])
+        first, second = h.tick()["moved"], h.tick()["moved"]
+        assert (first, second) == (1, 1)  # one session per tick, the cursor goes on to the other
+        for m in idle.values():
+            assert h.get(m.id).tier is Tier.SHORT_TERM
+        assert h.get(pinned.id).tier is Tier.WORKING and h.get(busy.id).tier is Tier.WORKING
+        assert h.tick()["moved"] == 0
+
+
 def test_a_pinned_memory_that_expires_is_unpinned_and_archived() -> None:
     h, now = clocked()
     with h:

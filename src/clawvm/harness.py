@@ -10,10 +10,10 @@ from __future__ import annotations
 import builtins
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,7 +40,7 @@ from clawvm.core.model import (
 from clawvm.core.redact import RedactionPolicy
 from clawvm.observe.learning import stored_weights, with_weights
 from clawvm.recall.retrieval import RecallConfig, Recalled, dense_text, preset, query_authors, run_recall
-from clawvm.store import Event, Query, Store, store_from_url
+from clawvm.store import Event, PageKey, Store, store_from_url
 from clawvm.store.base import check_vectors
 from clawvm.store.crypto import DataKeys
 from clawvm.store.kinds import EventKind
@@ -71,6 +71,10 @@ _IMMUTABLE = frozenset({"id", "created_at", "version", "tenant"})
 #: Sessions whose working tier a harness remembers between records (each costs ~25 memories); a session
 #: beyond it is read back from the store on its next record (~0.3 ms at 100k memories).
 _WORKING_SESSIONS = 8192
+
+#: No context line costs fewer tokens than this (its label alone, ``[<short id> <date>] <kind>:``, is
+#: 14-19): how many pinned or working memories one context could hold at most (see ``Harness._packable``).
+_MIN_LINE_TOKENS = 8
 
 
 class Harness:
@@ -387,6 +391,11 @@ class Harness:
     def count(self, **filters: Any) -> int:
         return self.store.count(self.filters(filters))
 
+    def iter_all(self, *, newest_first: bool = False, batch: int = 500, **filters: Any) -> Iterator[Memory]:
+        """Every memory matching ``filters`` (as for :meth:`list`), oldest first (newest first with
+        ``newest_first``), read in keyset pages of ``batch``: what callers use instead of a "no limit"."""
+        return self.store.iter_all(self.filters(filters), batch, newest_first)
+
     def events(
         self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None
     ) -> builtins.list[Event]:
@@ -443,16 +452,52 @@ class Harness:
         self._event(EventKind.FEEDBACK, rated, {"delta": delta, "value": rated.value})
         return rated
 
+    #: The most one :meth:`tick` does of each kind of work: memories it expires, active memories whose
+    #: value it refreshes, sessions it checks for idleness (see ``tick``).
+    TICK_EXPIRE = 500
+    TICK_REFRESH = 256
+    TICK_SESSIONS = 256
+    # where the next tick's refresh page and idle-session page start (None: from the beginning)
+    _refresh_after: PageKey | None = None
+    _idle_after: str | None = None
+
     @one_pager_pass  # one budget of time on LLM endpoints for the whole pass
     def tick(self) -> dict[str, int]:
-        """Pager pass: expire TTLs, refresh values, page idle sessions out, enforce every budget."""
+        """One pager pass whose work is bounded, and grows with what is due, not with the tenant's size:
+
+        - expire: active memories past ``expires_at`` become ``expired`` and go to archive; they come from
+          an indexed query of the due ones, at most ``TICK_EXPIRE`` a tick (the rest on the next);
+        - page out: the sessions that still have unpinned working-tier memories recorded before the idle
+          horizon (``session_idle_hours`` ago; a store aggregate) are checked, ``TICK_SESSIONS`` a tick
+          from a cursor over their ids that wraps; an idle one pages its working tier out and has its
+          budgets enforced (every write path keeps the other sessions within theirs);
+        - refresh: one keyset page of ``TICK_REFRESH`` active memories, after a cursor in creation order,
+          has its values recomputed (a drift over 0.01 is written, with a ``refresh`` event). The cursor
+          moves on every tick and wraps after the newest memory, so every active memory is refreshed once
+          every ceil(active / ``TICK_REFRESH``) ticks. Both cursors live in this Harness: a new one starts
+          from the beginning.
+
+        Returns ``expired`` (memories expired), ``refreshed`` (values rewritten) and ``moved`` (tier moves).
+        """
         now = self.now()
-        expired = self.pager.expire(self.tenant, now)
-        sessions: set[str] = set()
+        expired = self.pager.expire(self.tenant, now, self.TICK_EXPIRE)
+        refreshed = self._refresh_page(now)
+        moved = 0
+        for session_id in self._idle_candidates(now):
+            paged_out = self.pager.page_out_idle(self.tenant, session_id, now)
+            if paged_out:
+                moved += len(paged_out) + len(self.pager.enforce(self.tenant, session_id, now))
+        self._working.clear()
+        return {"expired": len(expired), "refreshed": refreshed, "moved": moved}
+
+    def _refresh_page(self, now: datetime) -> int:
+        """Recompute the values of the next page of active memories (see :meth:`tick`); returns how many
+        drifted and were written."""
+        active = Filters.of(tenant=self.tenant, status="active")
+        page = self.store.page(active, self._refresh_after, self.TICK_REFRESH)
+        self._refresh_after = PageKey.of(page[-1]) if len(page) == self.TICK_REFRESH else None
         refreshed: builtins.list[Event] = []
-        for m in self.store.list(Filters.of(tenant=self.tenant, status="active"), limit=10**9):
-            if m.session_id is not None:
-                sessions.add(m.session_id)
+        for m in page:
             fresh = self.pager.value_now(m, now)
             if abs(fresh - m.value) > 0.01:
                 self.pager.mutate(m, lambda _m: {}, now)
@@ -460,9 +505,18 @@ class Harness:
                 refreshed.append(self._make_event(EventKind.REFRESH, m, data))
         if refreshed:  # one batch: value drift over time is what MemLens's heatmap shows
             self.writer.log(refreshed)
-        moved = sum(len(self.pager.page_out_idle(self.tenant, s, now)) for s in sorted(sessions))
-        moved += sum(len(self.pager.enforce(self.tenant, s, now)) for s in sorted(sessions))
-        return {"expired": len(expired), "refreshed": len(refreshed), "moved": moved}
+        return len(refreshed)
+
+    def _idle_candidates(self, now: datetime) -> builtins.list[str]:
+        """The next page of sessions that may be idle: only a session with an unpinned working-tier memory
+        recorded before the idle horizon can be (see :meth:`tick`)."""
+        horizon = now - timedelta(hours=self.pager.config.session_idle_hours)
+        stale = Filters.of(
+            tenant=self.tenant, tier=Tier.WORKING, pinned=False, status="active", created_before=horizon
+        )
+        sessions = self.store.session_ids(stale, self._idle_after, self.TICK_SESSIONS)
+        self._idle_after = sessions[-1] if len(sessions) == self.TICK_SESSIONS else None
+        return sessions
 
     def start_session(
         self, session_id: str, task: str | None = None, *, task_id: str | None = None, k: int = 8
@@ -595,16 +649,11 @@ class Harness:
 
         The intermediates are archived, not deleted; the summary ``summarizes`` every one of them.
         """
-        steps = [
-            m
-            for m in self.store.list(
-                Filters.of(tenant=self.tenant, task_id=task_id, state="intermediate", status="active"),
-                limit=10**9,
-            )
-        ]
+        # the task's own steps, read in keyset pages and already in (created_at, id) order
+        intermediate = Filters.of(tenant=self.tenant, task_id=task_id, state="intermediate", status="active")
+        steps = builtins.list(self.store.iter_all(intermediate))
         if not steps:
             return None
-        steps.sort(key=lambda m: (m.created_at, m.id))
         text = "\n".join(m.content for m in steps)
         summarized = summary_of(self.summarizer, text, max(200, len(text) // 3))
         first = steps[0]
@@ -760,9 +809,9 @@ class Harness:
             self.pager.enforce(self.tenant, session_id, now)
         candidates: list[Candidate] = []
         if scope:
-            for m in self.list(limit=10**6, pinned=True, **scope):
+            for m in self._packable(scope, budget_tokens, pinned=True):
                 candidates.append(Candidate(m, "pinned", 1.0, "pinned"))
-            for m in self.list(limit=10**6, tier="working", pinned=False, **scope):
+            for m in self._packable(scope, budget_tokens, tier="working", pinned=False):
                 candidates.append(Candidate(m, "working", m.value, "working tier"))
             preloaded = self.store.get_many(self._preloaded.get(session_id or "", []))
             for m in preloaded.values():
@@ -817,18 +866,23 @@ class Harness:
 
         return replace(c, memory=fresh(c.memory), neighbours=tuple(fresh(n) for n in c.neighbours))
 
+    def _packable(self, scope: Mapping[str, Any], budget_tokens: int, **wanted: Any) -> builtins.list[Memory]:
+        """The newest memories of ``scope`` matching ``wanted`` that a context of ``budget_tokens`` could
+        hold: no line costs fewer than ``_MIN_LINE_TOKENS``, so more than that many could never be packed
+        (one page, whatever the scope's size)."""
+        most = budget_tokens // _MIN_LINE_TOKENS + 1
+        return self.store.page(self.filters({**scope, **wanted}), None, most, newest_first=True)
+
     def _neighbours(self, memory: Memory) -> tuple[Memory, ...]:
-        """The memory recorded just before and just after ``memory`` in its session."""
+        """The memory recorded just before and just after ``memory`` in its session: one single-row keyset
+        page each way, in (created_at, id) order."""
         if memory.session_id is None:
             return ()
-        base = {"session_id": memory.session_id, "status": "any"}
-        before = self.list(limit=1, created_before=memory.created_at, **base)
-        after = self.store.query(
-            Query(filters=self.filters({**base, "created_after": memory.created_at}), limit=10**6)
-        ).filtered
-        after = [i for i in after if i != memory.id]
-        found = self.store.get_many(after[-1:]) if after else {}
-        return tuple(before) + tuple(found.values())
+        session = self.filters({"session_id": memory.session_id, "status": "any"})
+        at = PageKey.of(memory)
+        before = self.store.page(session, at, 1, newest_first=True)
+        after = self.store.page(session, at, 1)
+        return (*before, *after)
 
     def _record_injection(self, ctx: Context, retrieved: set[str], now: datetime) -> None:
         """Usage bookkeeping of a built context, in one batch: injected+1, retrieved ones accessed."""

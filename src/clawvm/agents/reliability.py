@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import builtins
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -49,6 +49,10 @@ class CallLister(Protocol):
     """Reliability reads the recorded calls through the harness's list (its scope filters apply)."""
 
     def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]: ...
+
+    def iter_all(
+        self, *, newest_first: bool = False, batch: int = 500, **filters: Any
+    ) -> Iterator[Memory]: ...
 
 
 @dataclass(frozen=True)
@@ -212,10 +216,10 @@ def _followers(harness: CallLister, failures: Sequence[Memory], horizon: int) ->
             by_session.setdefault(f.session_id, []).append(f)
     for session, fails in by_session.items():
         earliest = min(f.created_at for f in fails)
-        timeline = harness.list(
-            limit=10**6, session_id=session, kind=Kind.TOOL_RESULT, status="any", created_after=earliest
+        # the session's results from its first failure on, in (created_at, id) order, read in pages
+        timeline = list(
+            harness.iter_all(session_id=session, kind=Kind.TOOL_RESULT, status="any", created_after=earliest)
         )
-        timeline.sort(key=lambda m: (m.created_at, m.id))
         position = {m.id: i for i, m in enumerate(timeline)}
         for f in fails:
             start = position.get(f.id)

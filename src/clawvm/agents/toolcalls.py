@@ -67,6 +67,10 @@ class ToolHost(Host, Protocol):
 
     def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]: ...
 
+    def iter_all(
+        self, *, newest_first: bool = False, batch: int = 500, **filters: Any
+    ) -> Iterator[Memory]: ...
+
     def get(self, memory_id: str) -> Memory: ...
 
 
@@ -425,9 +429,10 @@ def restore(harness: ToolHost, session_id: str) -> RestoreReport:
     """
     if not isinstance(session_id, str) or not session_id:
         raise ValidationError("session_id", f"is {session_id!r}", "pass the session id to restore")
-    pending = harness.list(limit=10**6, session_id=session_id, kind=Kind.TOOL_CALL, state=State.PENDING)
+    # oldest first, in keyset pages: a page goes on after its last call even as calls leave PENDING
+    pending = harness.iter_all(session_id=session_id, kind=Kind.TOOL_CALL, state=State.PENDING)
     interrupted, closed, elsewhere = [], [], []
-    for call in sorted(pending, key=lambda m: (m.created_at, m.id)):
+    for call in pending:
         if INTERRUPTED in call.tags or _running_here(call.id):
             continue
         if _owner_alive(call):

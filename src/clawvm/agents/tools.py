@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol
 
@@ -70,6 +70,10 @@ class ToolsHost(Protocol):
     def collapse_task(self, task_id: str) -> Memory | None: ...
 
     def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]: ...
+
+    def iter_all(
+        self, *, newest_first: bool = False, batch: int = 500, **filters: Any
+    ) -> Iterator[Memory]: ...
 
 
 KindName = Literal[
@@ -340,9 +344,12 @@ class AgentTools:
             raise ValidationError(
                 "memory_id", f"is {memory_id!r}", "pass a full id or the 8-character short id"
             )
-        found = [
-            m for m in self.harness.list(limit=10**6, status="any", **self.scope) if short_id(m.id) == wanted
-        ]
+        found: list[Memory] = []  # newest first (recent memories are the ones cited), paged; two is enough
+        for m in self.harness.iter_all(newest_first=True, status="any", **self.scope):
+            if short_id(m.id) == wanted:
+                found.append(m)
+                if len(found) > 1:
+                    break
         if len(found) != 1:
             raise NotFoundError("memory", memory_id)
         return found[0]

@@ -107,6 +107,21 @@ class QueryResult:
 
 
 @dataclass(frozen=True)
+class PageKey:
+    """A keyset position: the creation time and id of the last memory of a page. :meth:`Store.page` goes on
+    strictly after it, so a page costs one indexed read wherever it starts (no OFFSET to skip), and
+    memories written or changed between pages neither repeat nor vanish (only their order key counts,
+    and a memory's creation time and id never change)."""
+
+    created_at: datetime
+    id: str
+
+    @classmethod
+    def of(cls, memory: Memory) -> PageKey:
+        return cls(memory.created_at, memory.id)
+
+
+@dataclass(frozen=True)
 class Edge:
     source: str
     type: LinkType
@@ -220,7 +235,21 @@ class StoreReader(Protocol):
 
     def count(self, filters: Filters | None = None) -> int: ...
 
-    def iter_all(self, filters: Filters | None = None, batch: int = 500) -> Iterator[Memory]: ...
+    def iter_all(
+        self, filters: Filters | None = None, batch: int = 500, newest_first: bool = False
+    ) -> Iterator[Memory]: ...
+
+    def page(
+        self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False
+    ) -> builtins.list[Memory]: ...
+
+    def session_ids(
+        self, filters: Filters, after: str | None = None, limit: int = 500
+    ) -> builtins.list[str]: ...
+
+    def tag_names(
+        self, filters: Filters, prefix: str = "", after: str | None = None, limit: int = 500
+    ) -> builtins.list[str]: ...
 
     def query(self, query: Query) -> QueryResult: ...
 
@@ -309,6 +338,18 @@ class Store(ABC):
     @abstractmethod
     def query(self, query: Query) -> QueryResult:
         """Filtered lexical and/or dense candidates, or filtered listing. See :class:`Query`."""
+
+    @abstractmethod
+    def page(
+        self,
+        filters: Filters,
+        after: PageKey | None = None,
+        limit: int = 500,
+        newest_first: bool = False,
+    ) -> list[Memory]:
+        """Up to ``limit`` memories matching ``filters`` in (created_at, id) order (descending with
+        ``newest_first``), strictly beyond ``after``: a keyset page. Pass the last memory's
+        :meth:`PageKey.of` for the next page; a page shorter than ``limit`` is the last."""
 
     @abstractmethod
     def set_vectors(
@@ -409,15 +450,48 @@ class Store(ABC):
         return [found[i] for i in ids if i in found]
 
     def count(self, filters: Filters | None = None) -> int:
-        return len(self.query(Query(filters=filters or Filters(), limit=2**62)).filtered)
+        """How many memories match ``filters``; engines count in their indexes. This default pages."""
+        return sum(1 for _ in self.iter_all(filters))
 
-    def iter_all(self, filters: Filters | None = None, batch: int = 500) -> Iterator[Memory]:
-        """Every memory matching ``filters``, oldest first (for export)."""
-        ids = list(reversed(self.query(Query(filters=filters or Filters(), limit=2**62)).filtered))
-        for start in range(0, len(ids), batch):
-            chunk = ids[start : start + batch]
-            found = self.get_many(chunk)
-            yield from (found[i] for i in chunk if i in found)
+    def iter_all(
+        self, filters: Filters | None = None, batch: int = 500, newest_first: bool = False
+    ) -> Iterator[Memory]:
+        """Every memory matching ``filters``, oldest first (newest first with ``newest_first``), read in
+        keyset pages of ``batch`` (:meth:`page`): at most one page is held at a time, and memories changed
+        while the caller works through them are neither skipped nor repeated."""
+        after: PageKey | None = None
+        f = filters or Filters()
+        while True:
+            chunk = self.page(f, after, batch, newest_first)
+            yield from chunk
+            if len(chunk) < batch:
+                return
+            after = PageKey.of(chunk[-1])
+
+    def session_ids(self, filters: Filters, after: str | None = None, limit: int = 500) -> builtins.list[str]:
+        """Up to ``limit`` distinct session ids of the memories matching ``filters``, ascending, each
+        greater than ``after`` (page with the last one). Engines answer from their indexes; this default
+        pages through the memories and is only correct, not cheap."""
+        found = {
+            m.session_id
+            for m in self.iter_all(filters)
+            if m.session_id is not None and (after is None or m.session_id > after)
+        }
+        return sorted(found)[:limit]
+
+    def tag_names(
+        self, filters: Filters, prefix: str = "", after: str | None = None, limit: int = 500
+    ) -> builtins.list[str]:
+        """Up to ``limit`` distinct tags beginning with ``prefix`` of the memories matching ``filters``,
+        ascending (by code point), each greater than ``after`` (page with the last one). Engines answer
+        from their indexes; this default pages through the memories and is only correct, not cheap."""
+        found = {
+            t
+            for m in self.iter_all(filters)
+            for t in m.tags
+            if t.startswith(prefix) and (after is None or t > after)
+        }
+        return sorted(found)[:limit]
 
     def append_event(self, event: Event) -> int:
         return self.append_events([event])[0]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -49,6 +49,7 @@ _COLUMNS = (
 CONTEXT_WINDOW = 2
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NEVER = np.iinfo(np.int64).max  # the expiry of a memory without one
 _MICROSECOND = timedelta(microseconds=1)
 
 
@@ -89,6 +90,7 @@ class IndexDoc:
     created_at: datetime
     scope: str | None = None
     team_id: str | None = None
+    expires_at: datetime | None = None
 
     @classmethod
     def from_json(cls, body: str | bytes) -> IndexDoc:
@@ -111,6 +113,7 @@ class IndexDoc:
             datetime.fromisoformat(d["created_at"]),
             d.get("scope"),
             d.get("team_id"),
+            datetime.fromisoformat(d["expires_at"]) if d.get("expires_at") else None,
         )
 
 
@@ -193,7 +196,9 @@ class SearchIndex:
         # building them from the microseconds was half of that read's cost
         self._created_at: list[datetime | None] = []
         self._pinned = np.zeros(1024, dtype=bool)
+        self._expires = np.full(1024, _NEVER, dtype=np.int64)  # microseconds since the epoch; _NEVER = no ttl
         self._tags: dict[str, set[int]] = {}
+        self._tag_names: list[str] = []  # every key of _tags, sorted: prefix and keyset walks (tag_names)
         self._row_tags: dict[int, list[str]] = {}
         self._text_hash: dict[int, int] = {}  # to skip re-tokenising unchanged text
         self._agents: dict[str, frozenset[str]] = {}  # tenant -> agent_ids seen (never shrinks)
@@ -213,6 +218,7 @@ class SearchIndex:
                 ("_prev", -1),
                 ("_next", -1),
                 ("_ctx_len", 0),
+                ("_expires", _NEVER),
             ):
                 old = getattr(self, name)
                 new = np.full(size, fill, dtype=old.dtype)
@@ -237,10 +243,15 @@ class SearchIndex:
         moved = not self._alive[row] or self._created[row] != created
         self._alive[row] = True
         self._pinned[row] = memory.pinned
+        self._expires[row] = _NEVER if memory.expires_at is None else micros(memory.expires_at)
         for tag in self._row_tags.pop(row, []):
             self._tags[tag].discard(row)
         for tag in memory.tags:
-            self._tags.setdefault(tag, set()).add(row)
+            tagged = self._tags.get(tag)
+            if tagged is None:
+                tagged = self._tags[tag] = set()
+                insort(self._tag_names, tag)
+            tagged.add(row)
         self._row_tags[row] = list(memory.tags)
         text = index_text(memory)
         changed = self._text_hash.get(row) != hash(text)
@@ -428,6 +439,71 @@ class SearchIndex:
         m = self.mask(f)
         return len(self.row_of) if m is None else int(m.sum())
 
+    def _matching_rows(self, f: Filters) -> np.ndarray:
+        """The live rows matching ``f``, ascending (only the session's rows are tested when ``f`` names one
+        tenant and one session)."""
+        in_session = self._session_match(f)
+        if in_session is not None:
+            rows, sub = in_session
+            return np.sort(rows if sub is None else rows[sub])
+        m = self.mask(f)
+        return np.flatnonzero(self._alive[: len(self.ids)] if m is None else m)
+
+    def page(self, f: Filters, after: tuple[int, str] | None, limit: int, newest_first: bool) -> list[str]:
+        """Ids of up to ``limit`` rows matching ``f`` in (created, id) order (descending with
+        ``newest_first``) strictly beyond ``after`` = (created microseconds, id): a keyset page (see
+        :meth:`Store.page`). Vectorised over the matching rows; only the page's own rows (and rows tied
+        with its last creation time) are ordered in Python."""
+        if limit <= 0:
+            return []
+        rows = self._matching_rows(f)
+        created = self._created[rows]
+        sign = -1 if newest_first else 1
+        if after is not None:
+            at, after_id = after
+            keep = sign * created > sign * at
+            for i in np.flatnonzero(created == at).tolist():  # same instant: the id decides
+                other = self.ids[int(rows[i])]
+                keep[i] = other is not None and (other < after_id if newest_first else other > after_id)
+            rows, created = rows[keep], created[keep]
+        if len(rows) > limit:  # the page's rows: everything up to the limit-th smallest key (with its ties)
+            key = sign * created
+            cut = np.partition(key, limit - 1)[limit - 1]
+            near = key <= cut
+            rows, created = rows[near], created[near]
+        ids = self.ids
+        order = sorted(
+            zip(created.tolist(), [ids[r] for r in rows.tolist()], strict=True), reverse=newest_first
+        )
+        return [i for _, i in order[:limit]]
+
+    def session_ids(self, f: Filters, after: str | None, limit: int) -> list[str]:
+        """Distinct session ids of the rows matching ``f``, ascending, greater than ``after``."""
+        codes = self._cols["session_id"].data[self._matching_rows(f)]
+        values = self._cols["session_id"].values
+        found = sorted(values[c] for c in np.unique(codes[codes >= 0]).tolist())
+        start = 0 if after is None else bisect_right(found, after)
+        return found[start : start + max(0, limit)]
+
+    def tag_names(self, f: Filters, prefix: str, after: str | None, limit: int) -> list[str]:
+        """Distinct tags starting with ``prefix`` of the rows matching ``f``, ascending, greater than
+        ``after``: a walk of the sorted tag names from the first candidate, stopping after ``limit``
+        (tags no matching row carries any more are stepped over)."""
+        names = self._tag_names
+        start = bisect_left(names, prefix)
+        if after is not None and after >= prefix:
+            start = bisect_right(names, after)
+        allowed = self.mask(f)
+        out: list[str] = []
+        for at in range(start, len(names)):
+            name = names[at]
+            if len(out) >= limit or not name.startswith(prefix):
+                break
+            rows = self._tags[name]  # live rows only (removal and re-tagging discard theirs)
+            if rows and (allowed is None or any(allowed[r] for r in rows)):
+                out.append(name)
+        return out
+
     def drop_vector(self, memory_id: str) -> None:
         row = self.row_of.get(memory_id)
         if row is not None:
@@ -501,6 +577,8 @@ class SearchIndex:
             both(self._created[rows] < micros(f.created_before))
         if f.visible_to is not None:
             both(self._visible(f.visible_to, rows))
+        if f.expires_by is not None:
+            both(self._expires[rows] <= micros(f.expires_by))
         if m is None:
             return None
         return m & self._alive[rows]

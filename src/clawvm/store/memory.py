@@ -16,6 +16,7 @@ from clawvm.store.base import (
     Credential,
     Edge,
     Event,
+    PageKey,
     Query,
     QueryResult,
     Store,
@@ -25,7 +26,7 @@ from clawvm.store.base import (
     credential_json,
     credential_order,
 )
-from clawvm.store.index import SearchIndex
+from clawvm.store.index import SearchIndex, micros
 
 
 class MemoryStore(Store):
@@ -95,6 +96,24 @@ class MemoryStore(Store):
     def agents(self, filters: Filters) -> frozenset[str]:
         with self._lock:
             return self.index.agents(filters)
+
+    def page(
+        self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False
+    ) -> list[Memory]:
+        key = None if after is None else (micros(after.created_at), after.id)
+        with self._lock:
+            ids = self.index.page(filters, key, limit, newest_first)
+            return [private_copy(self._memories[i]) for i in ids]
+
+    def session_ids(self, filters: Filters, after: str | None = None, limit: int = 500) -> list[str]:
+        with self._lock:
+            return self.index.session_ids(filters, after, limit)
+
+    def tag_names(
+        self, filters: Filters, prefix: str = "", after: str | None = None, limit: int = 500
+    ) -> list[str]:
+        with self._lock:
+            return self.index.tag_names(filters, prefix, after, limit)
 
     def set_vectors(
         self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None

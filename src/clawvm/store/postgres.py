@@ -7,8 +7,10 @@ and nothing has to be kept in step between processes.
 Tables (created by :data:`MIGRATIONS`, an append-only list; ``meta`` records how many ran):
 
 - ``memories``: one row per memory: its exact JSON (``body``, the source of truth for ``get``), the
-  filterable fields as columns, ``tags text[]`` and ``metadata jsonb`` with GIN indexes, and
-  ``embedding vector(dim)`` with an HNSW index (inner product on unit vectors, i.e. cosine);
+  filterable fields as columns (``expires_at`` among them, indexed for the pager's expiry), ``tags
+  text[]`` and ``metadata jsonb`` with GIN indexes, and ``embedding vector(dim)`` with an HNSW index
+  (inner product on unit vectors, i.e. cosine); keyset pages (``Store.page``) read the
+  ``(created_at, id)`` order from an index;
 - ``postings(term, seq, tf)``: the inverted index of the project's own analyzer (``clawvm.core.lexical``), so
   BM25 here scores like the in-process engines; ``lexstats``: the document count, total length and
   sessioned count as 16 sharded counters (each connection adds to its own, so writers from many
@@ -48,7 +50,7 @@ from pgvector.psycopg.vector import register_vector_info
 from psycopg.types import TypeInfo
 
 from clawvm.core.entities import entities
-from clawvm.core.errors import ConfigError, ConflictError, SchemaError, StoreError
+from clawvm.core.errors import ConfigError, ConflictError, SchemaError, StoreError, ValidationError
 from clawvm.core.ids import is_valid_id
 from clawvm.core.lexical import Analyzer, BM25Params
 from clawvm.core.model import Filters, LinkType, Memory
@@ -57,6 +59,7 @@ from clawvm.store.base import (
     Credential,
     Edge,
     Event,
+    PageKey,
     Query,
     QueryResult,
     Store,
@@ -145,6 +148,17 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (tenant, kind, name)
     );
     CREATE INDEX credentials_name ON credentials (kind, name);
+    """,
+    # bounded reads: expiry finds what is due through (tenant, status, expires_at); keyset pages
+    # (Store.page) of a whole store walk (created_at, id); the pager's sessions with working-tier members
+    # come from (tenant, tier, session_id), in code-point order like every engine's session_ids
+    """
+    ALTER TABLE memories ADD COLUMN expires_at timestamptz;
+    UPDATE memories SET expires_at = (body::json ->> 'expires_at')::timestamptz
+        WHERE body LIKE '%"expires_at":"%';
+    CREATE INDEX memories_expiry ON memories (tenant, status, expires_at) WHERE expires_at IS NOT NULL;
+    CREATE INDEX memories_keyset ON memories (created_at, id);
+    CREATE INDEX memories_tier ON memories (tenant, tier, session_id COLLATE "C");
     """,
 )
 
@@ -559,23 +573,55 @@ class PostgresStore(Store):
                 row = conn.execute(f"SELECT count(*) FROM memories m WHERE {where}", args).fetchone()
         return int(row[0]) if row else 0
 
-    def iter_all(self, filters: Filters | None = None, batch: int = 500) -> Iterator[Memory]:
-        """Every memory matching ``filters``, oldest first, read in pages (keyset on creation time)."""
-        where, args = compile_filters(filters or Filters())
-        after: tuple[Any, int] | None = None
-        while True:
-            cond, extra = ("(m.created_at, m.seq) > (%s, %s)", list(after)) if after else ("TRUE", [])
-            with self._conn("iter_all") as conn:
-                rows = conn.execute(
-                    f"""SELECT m.created_at, m.seq, m.body FROM memories m WHERE {where} AND {cond}
-                        ORDER BY m.created_at, m.seq LIMIT %s""",
-                    [*args, *extra, batch],
-                ).fetchall()
-            for _, _, body in rows:
-                yield from_stored(body)
-            if len(rows) < batch:
-                return
-            after = (rows[-1][0], int(rows[-1][1]))
+    def page(
+        self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False
+    ) -> list[Memory]:
+        """A keyset page in (created_at, id) order: an index range scan from ``after``, never an OFFSET."""
+        if limit <= 0:
+            return []
+        where, args = compile_filters(filters)
+        op, direction = ("<", "DESC") if newest_first else (">", "ASC")
+        cond, extra = "TRUE", []
+        if after is not None:
+            if not is_valid_id(after.id):
+                raise ValidationError("after", "names a malformed id", "pass PageKey.of(a stored memory)")
+            # the first clause bounds the index range; the row comparison breaks ties at that instant
+            cond = f"m.created_at {op}= %s AND (m.created_at, m.id) {op} (%s, %s::uuid)"
+            extra = [after.created_at, after.created_at, after.id]
+        with self._conn("page") as conn:
+            rows = conn.execute(
+                f"""SELECT m.body FROM memories m WHERE {where} AND {cond}
+                    ORDER BY m.created_at {direction}, m.id {direction} LIMIT %s""",
+                [*args, *extra, min(limit, 2**62)],
+            ).fetchall()
+        return [from_stored(body) for (body,) in rows]
+
+    def session_ids(self, filters: Filters, after: str | None = None, limit: int = 500) -> list[str]:
+        where, args = compile_filters(filters)
+        cond, extra = ("TRUE", []) if after is None else ('m.session_id COLLATE "C" > %s', [esc(after)])
+        with self._conn("session_ids") as conn:
+            rows = conn.execute(
+                f"""SELECT DISTINCT m.session_id COLLATE "C" AS s FROM memories m
+                    WHERE {where} AND m.session_id IS NOT NULL AND {cond} ORDER BY s LIMIT %s""",
+                [*args, *extra, min(max(0, limit), 2**62)],
+            ).fetchall()
+        return [str(unesc(r[0])) for r in rows]
+
+    def tag_names(
+        self, filters: Filters, prefix: str = "", after: str | None = None, limit: int = 500
+    ) -> list[str]:
+        """Reads the tag arrays of the matching rows in SQL (a GIN index cannot list its keys): only the
+        page reaches Python, but the cost grows with the rows ``filters`` selects."""
+        where, args = compile_filters(filters)
+        cond, extra = ("TRUE", []) if after is None else ('t COLLATE "C" > %s', [esc(after)])
+        with self._conn("tag_names") as conn:
+            rows = conn.execute(
+                f"""SELECT DISTINCT t COLLATE "C" AS name
+                    FROM memories m CROSS JOIN LATERAL unnest(m.tags) AS t
+                    WHERE {where} AND starts_with(t, %s) AND {cond} ORDER BY name LIMIT %s""",
+                [*args, esc(prefix) or "", *extra, min(max(0, limit), 2**62)],
+            ).fetchall()
+        return [str(unesc(r[0])) for r in rows]
 
     def unembedded(self, limit: int) -> list[tuple[str, str]]:
         with self._conn("unembedded") as conn:
@@ -875,6 +921,7 @@ _COLUMNS = (
     "content_hash",
     "metadata",
     "body",
+    "expires_at",
 )
 _INSERT = f"INSERT INTO memories ({', '.join(_COLUMNS)}) VALUES ({', '.join(['%s'] * len(_COLUMNS))})"
 # a changed text drops the vector: it was computed from the old one
@@ -956,4 +1003,5 @@ def _columns(r: _Row) -> tuple[Any, ...]:
         r.content_hash,
         None if "\\u0000" in meta else meta,  # jsonb cannot hold NUL; the body keeps it
         r.body,
+        m.expires_at,
     )

@@ -111,6 +111,7 @@ _FILTER_SQL: dict[str, Callable[[str, Any], Clause]] = {
     "created_after": lambda a, v: (f"{a}.created_at >= %s", [v]),
     "created_before": lambda a, v: (f"{a}.created_at < %s", [v]),
     "visible_to": _visible,
+    "expires_by": lambda a, v: (f"{a}.expires_at <= %s", [v]),
 }
 
 

@@ -30,6 +30,7 @@ from clawvm.store.base import (
     Credential,
     Edge,
     Event,
+    PageKey,
     Query,
     QueryResult,
     Store,
@@ -39,7 +40,7 @@ from clawvm.store.base import (
     credential_json,
     leading_vectors,
 )
-from clawvm.store.index import IndexDoc, SearchIndex
+from clawvm.store.index import IndexDoc, SearchIndex, micros
 from clawvm.store.keys import AUTH_TENANT, KEYS_STREAM, credentials_from_key_events
 from clawvm.store.memory import from_stored
 
@@ -541,6 +542,25 @@ class SQLiteStore(Store):
     def agents(self, filters: Filters) -> frozenset[str]:
         with self._read("agents"):
             return self.index.agents(filters)
+
+    def page(
+        self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False
+    ) -> list[Memory]:
+        key = None if after is None else (micros(after.created_at), after.id)
+        with self._read("page"):  # one lock: the ids and their rows come from the same state
+            ids = self.index.page(filters, key, limit, newest_first)
+            found = self.get_many(ids)
+        return [found[i] for i in ids if i in found]
+
+    def session_ids(self, filters: Filters, after: str | None = None, limit: int = 500) -> list[str]:
+        with self._read("session_ids"):
+            return self.index.session_ids(filters, after, limit)
+
+    def tag_names(
+        self, filters: Filters, prefix: str = "", after: str | None = None, limit: int = 500
+    ) -> list[str]:
+        with self._read("tag_names"):
+            return self.index.tag_names(filters, prefix, after, limit)
 
     def set_vectors(
         self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None

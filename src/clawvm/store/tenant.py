@@ -5,9 +5,10 @@ A multi-tenant host (``clawvm serve``) opens one engine and gives each tenant's 
 a filter. The rules, each enforced here and nowhere else:
 
 - reads: ``get_many`` drops memories of other tenants (a ``get`` of another tenant's id is
-  :class:`NotFoundError`, exactly as for an id that does not exist); ``query``/``count`` run with the
-  tenant filter forced to this tenant, and ``around``/``expand`` seeds of other tenants are dropped (the
-  index answers for seeds whatever the filters); ``edges`` lists only links whose source is ours;
+  :class:`NotFoundError`, exactly as for an id that does not exist); ``query``/``count``/``page``
+  (and ``session_ids``/``tag_names``) run with the tenant filter forced to this tenant, and
+  ``around``/``expand`` seeds of other tenants are dropped (the index answers for seeds whatever the
+  filters); ``edges`` lists only links whose source is ours;
   ``read_events`` and ``unembedded`` return only this tenant's;
 - writes: ``put_many``/``write`` refuse a memory of another tenant, or one whose id is another tenant's
   memory (:class:`AccessDeniedError`, nothing written); ``delete_many`` and ``set_vectors`` ignore ids of
@@ -30,9 +31,7 @@ import numpy as np
 
 from clawvm.core.errors import AccessDeniedError
 from clawvm.core.model import Filters, Memory
-from clawvm.store.base import Credential, Edge, Event, Query, QueryResult, Store, check_vectors
-
-_ALL = 2**62  # "no limit" for engines' limit arguments
+from clawvm.store.base import Credential, Edge, Event, PageKey, Query, QueryResult, Store, check_vectors
 
 
 class TenantStore(Store):
@@ -146,6 +145,22 @@ class TenantStore(Store):
         confined = self._confined(filters or Filters())
         return 0 if confined is None else self.inner.count(confined)
 
+    def page(
+        self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False
+    ) -> list[Memory]:
+        confined = self._confined(filters)
+        return [] if confined is None else self.inner.page(confined, after, limit, newest_first)
+
+    def session_ids(self, filters: Filters, after: str | None = None, limit: int = 500) -> list[str]:
+        confined = self._confined(filters)
+        return [] if confined is None else self.inner.session_ids(confined, after, limit)
+
+    def tag_names(
+        self, filters: Filters, prefix: str = "", after: str | None = None, limit: int = 500
+    ) -> list[str]:
+        confined = self._confined(filters)
+        return [] if confined is None else self.inner.tag_names(confined, prefix, after, limit)
+
     def agents(self, filters: Filters) -> frozenset[str]:
         confined = self._confined(filters)
         return frozenset() if confined is None else self.inner.agents(confined)
@@ -157,11 +172,17 @@ class TenantStore(Store):
         return [e for e in found if e.source in sources]
 
     def unembedded(self, limit: int) -> list[tuple[str, str]]:
-        # the contract has no tenant argument: read every pending pair and keep ours (the server runs one
-        # worker on the engine itself; this is for a Harness opened directly on a view)
-        pending = self.inner.unembedded(_ALL)
-        own = self._owned(i for i, _ in pending)
-        return [(i, text) for i, text in pending if i in own][:limit]
+        # the contract has no tenant argument: read the oldest pending pairs, four times more each round
+        # until ``limit`` of them are ours or none are left (the server runs one worker on the engine
+        # itself; this is for a Harness opened directly on a view)
+        asked = max(1, limit)
+        while True:
+            pending = self.inner.unembedded(asked)
+            own = self._owned(i for i, _ in pending)
+            mine = [(i, text) for i, text in pending if i in own]
+            if len(mine) >= limit or len(pending) < asked:
+                return mine[:limit]
+            asked *= 4
 
     def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
         page_size = max(limit, 500)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import builtins
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -56,6 +56,10 @@ class GuidanceHost(TeamHost, Protocol):
     """A team host that can list and recall (the scope filters of the harness apply)."""
 
     def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]: ...
+
+    def iter_all(
+        self, *, newest_first: bool = False, batch: int = 500, **filters: Any
+    ) -> Iterator[Memory]: ...
 
     def recall(
         self, query: str, k: int = 10, *, track: bool = True, **filters: Any
@@ -184,7 +188,7 @@ def format_line(m: Memory) -> str:
 
 def matching_rules(h: GuidanceHost, vis: Visibility, task: str, task_type: str | None) -> list[Memory]:
     """Active rule templates the agent may read whose task type or keywords match the task."""
-    rules = h.list(limit=10**6, kind=Kind.KNOWLEDGE, tags=[RULE_TAG], visible_to=vis)
+    rules = h.iter_all(newest_first=True, kind=Kind.KNOWLEDGE, tags=[RULE_TAG], visible_to=vis)
     words = set(re.findall(r"\w+", task.lower()))
     out = []
     for m in rules:

@@ -177,7 +177,7 @@ def grants(h: TeamHost, team_id: str | None = None) -> list[Grant]:
         tenant=h.tenant, tags=[GRANT_TAG], kind=Kind.AGENT_STATE, status=Status.INTERNAL, team_id=team_id
     )
     out = []
-    for m in h.store.list(f, limit=10**6):
+    for m in h.store.iter_all(f):
         body = m.metadata.get("grant", {})
         out.append(Grant(body["team_id"], body["agent_id"], bool(body["read"]), bool(body["write"])))
     return sorted(out, key=lambda g: (g.team_id, g.agent_id))
@@ -644,10 +644,8 @@ def open_conflicts(
     f = Filters.of(
         tenant=h.tenant, status=Status.ACTIVE, kind=Kind.NOTE, tags=[CONFLICT_TAG], visible_to=visible_to
     )
-    notes = h.store.list(f, limit=10**6)
-    if involving is not None:
-        notes = [n for n in notes if involving in conflict_sides(n)]
-    return notes
+    notes = h.store.iter_all(f, newest_first=True)
+    return [n for n in notes if involving is None or involving in conflict_sides(n)]
 
 
 def _close_conflict(h: TeamHost, note: Memory, state: str, by: str | None, reason: str) -> Memory:

@@ -1,8 +1,9 @@
 """Checkpoints of a session's memory state, and rollback to them.
 
-A checkpoint is a snapshot of every memory of the session, stored as an archived ``agent_state``
-memory (tag ``checkpoint``), so it lives in the same store, survives restarts and is exported with
-everything else; the context builder never puts it in a prompt.
+A checkpoint is a snapshot of every memory of the session (read in keyset pages of the session, never the
+rest of the tenant), stored as an archived ``agent_state`` memory (tag ``checkpoint``), so it lives in the
+same store, survives restarts and is exported with everything else; the context builder never puts it in a
+prompt.
 
 What a rollback restores, exactly, for every memory the checkpoint saw: its tier, value (the number the
 checkpoint recorded, not a recomputation), pin, status, usage counters, access count and time, its
@@ -17,6 +18,7 @@ forgotten for good, and the event log, which records the rollback (a ``rollback`
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -52,9 +54,13 @@ class RollbackReport:
     obsoleted: list[str]  # memories created after the checkpoint
 
 
-def session_memories(store: StoreReader, tenant: str, session_id: str) -> list[Memory]:
-    everything = store.list(Filters.of(tenant=tenant, session_id=session_id), limit=10**9)
-    return [m for m in everything if TAG not in m.tags or m.kind is not Kind.AGENT_STATE]
+def session_memories(store: StoreReader, tenant: str, session_id: str) -> Iterator[Memory]:
+    """The session's memories (checkpoints excluded), oldest first, read in keyset pages: a snapshot
+    holds one line per memory of the session, never the tenant's other memories, and a rollback changes
+    them page by page (a keyset walk neither skips nor repeats a memory it changes)."""
+    for m in store.iter_all(Filters.of(tenant=tenant, session_id=session_id)):
+        if TAG not in m.tags or m.kind is not Kind.AGENT_STATE:
+            yield m
 
 
 def take(

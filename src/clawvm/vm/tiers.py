@@ -213,8 +213,10 @@ class Pager:
 
     # ---- policies ----------------------------------------------------------------------------------------
     def tier_members(self, tenant: str, session_id: str, tier: Tier) -> list[Memory]:
+        """The active members of one session's tier, newest first: a tier's budget bounds them, and they
+        are read in keyset pages (the budget check ranks every member, so all of them are returned)."""
         f = Filters.of(tenant=tenant, session_id=session_id, tier=tier, status="active")
-        return self.store.list(f, limit=10**9)
+        return list(self.store.iter_all(f, newest_first=True))
 
     @_one_pass
     def enforce(
@@ -416,15 +418,22 @@ class Pager:
         return [evicted.get(m.id, m) for m in out]
 
     @_one_pass
-    def expire(self, tenant: str, now: datetime) -> list[Memory]:
-        """Memories past ``expires_at`` become ``expired`` and move to archive."""
+    def expire(self, tenant: str, now: datetime, limit: int = 500) -> list[Memory]:
+        """Memories past ``expires_at`` become ``expired`` and move to archive: at most ``limit`` per call
+        (the rest on the next), found by an indexed query of the due ones (:meth:`due_to_expire`)."""
         expired = []
-        for m in self.store.list(Filters.of(tenant=tenant, status="active"), limit=10**9):
+        for m in self.due_to_expire(tenant, now, limit):
             if m.expires_at is not None and m.expires_at <= now:
                 expired.append(
                     self.move(m, Tier.ARCHIVE, "ttl expired", now, status=Status.EXPIRED, pinned=False)
                 )
         return expired
+
+    def due_to_expire(self, tenant: str, now: datetime, limit: int) -> list[Memory]:
+        """Up to ``limit`` active memories of ``tenant`` whose ``expires_at`` is at or before ``now``, oldest
+        (by creation) first: one page of the ``expires_by`` filter, which engines answer from an index,
+        so the cost follows what is due, not the tenant's size."""
+        return self.store.page(Filters.of(tenant=tenant, status="active", expires_by=now), None, limit)
 
     def check_pin(self, memory: Memory) -> None:
         """Refuse a pin that would make the pinned memories alone exceed the working budget."""
