@@ -166,6 +166,7 @@ def make_machine(engine_name: str, directory: Path) -> type[RuleBasedStateMachin
 
 
 def test_every_context_holds_only_what_a_prompt_may(engine_name: str, tmp_path: Path) -> None:
+    STEPS.update(ran=0, contexts=0)
     run_state_machine_as_test(
         make_machine(engine_name, tmp_path),
         settings=settings(
@@ -176,3 +177,54 @@ def test_every_context_holds_only_what_a_prompt_may(engine_name: str, tmp_path: 
         ),
     )
     print(f"{engine_name}: {STEPS['ran']} state-machine steps, {STEPS['contexts']} contexts checked")
+
+
+# ---- the defects, each in its minimal form --------------------------------------------------------------
+def test_an_expired_neighbour_stays_out_of_the_prompt(engine_name: str, tmp_path: Path) -> None:
+    """Record X, record Y that expires in an hour, move the clock 2 h, tick: Y is not in X's context."""
+    clock = ReplayClock(T0)
+    with Harness.open(harness_target(engine_name, tmp_path), embedder=None, clock=clock) as h:
+        h.record("the deploy of the payment service is scheduled for friday", session_id="s1")
+        secret = h.record(
+            "temporary password hunter2, valid 1 hour", session_id="s1", expires_at=T0 + timedelta(hours=1)
+        )
+        clock.advance(hours=2)
+        assert secret.id not in h.context("deploy payment service friday", session_id="s1").ids  # before tick
+        h.tick()
+        assert secret.id not in h.context("deploy payment service friday", session_id="s1").ids
+        assert h.get(secret.id).status is Status.EXPIRED
+
+
+def test_expiry_is_a_read_time_filter(engine_name: str, tmp_path: Path) -> None:
+    clock = ReplayClock(T0)
+    with Harness.open(harness_target(engine_name, tmp_path), embedder=None, clock=clock) as h:
+        m = h.record("cache key rotation at noon", expires_at=T0 + timedelta(hours=1))
+        assert [x.id for x in h.recall("cache key rotation")] == [m.id]
+        clock.advance(hours=1)  # due now; no tick has run
+        assert h.recall("cache key rotation") == [] and h.list() == [] and h.count() == 0
+        assert [x.id for x in h.list(status="any")] == [m.id]  # still stored, for analytics and export
+        assert h.get(m.id).status is Status.ACTIVE  # until the sweep marks it
+        assert h.tick()["expired"] == 1 and h.get(m.id).status is Status.EXPIRED
+
+
+def test_a_record_already_past_its_expiry_is_stored_expired() -> None:
+    clock = ReplayClock(T0)
+    with Harness.open("memory://", embedder=None, clock=clock) as h:
+        late = h.record("one-time code 4471", expires_at=T0 - timedelta(minutes=1), session_id="s1")
+        assert late.status is Status.EXPIRED and late.tier.value == "archive"
+        assert h.recall("one-time code") == [] and late.id not in h.context("code", session_id="s1").ids
+
+
+def test_expiry_wins_over_a_pin_and_says_so() -> None:
+    """A TTL is a promise to forget (a temporary credential): it ends the pin, and the event says it did."""
+    clock = ReplayClock(T0)
+    with Harness.open("memory://", embedder=None, clock=clock) as h:
+        m = h.record("vpn token valid two hours", session_id="s1", expires_at=T0 + timedelta(hours=2))
+        h.pin(m.id)
+        clock.advance(hours=3)
+        assert m.id not in h.context("vpn token", session_id="s1").ids  # pinned lines obey the same rules
+        h.tick()
+        gone = h.get(m.id)
+        assert gone.status is Status.EXPIRED and not gone.pinned
+        archived = [e for e in h.events(memory_id=m.id) if e.kind == "archive"]
+        assert archived and "pin" in archived[-1].data["reason"]

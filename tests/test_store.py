@@ -461,6 +461,9 @@ FILTER_CASES: list[tuple[dict[str, Any], str]] = [
     ({"expires_by": T1}, "a"),  # inclusive; no expiry never matches
     ({"expires_by": T0}, ""),
     ({"expires_by": T0 + timedelta(hours=9), "status": "obsolete"}, "d"),
+    ({"live_at": T1}, "bcd"),  # exclusive: expiring at T1 is expired at T1; no expiry is always live
+    ({"live_at": T0}, "abcd"),
+    ({"live_at": T1, "status": "active"}, "c"),
     ({"tenant": "t1", "status": "active"}, "a"),
     ({"session_id": "s1", "tags_any": ["y"], "kind": "tool_call"}, "a"),
 ]
@@ -682,6 +685,7 @@ FILTER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "created_after": st.none() | st.sampled_from(POOL_TIMES),
     "created_before": st.none() | st.sampled_from(POOL_TIMES),
     "expires_by": st.none() | st.sampled_from(POOL_TIMES),
+    "live_at": st.none() | st.sampled_from(POOL_TIMES),
 }
 
 

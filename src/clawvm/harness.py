@@ -936,12 +936,17 @@ class Harness:
 
     # ---- helpers ------------------------------------------------------------------------------------
     def filters(self, given: Mapping[str, Any]) -> Filters:
-        """Callers' filters: this tenant and active memories unless they say otherwise; never INTERNAL."""
+        """Callers' filters: this tenant and active memories unless they say otherwise; never INTERNAL.
+
+        Expiry is a read-time filter: asking for active memories (the default) also leaves out those whose
+        ``expires_at`` has passed, whether or not a ``tick()`` has marked them expired yet."""
         args = dict(given)
         args.setdefault("tenant", self.tenant)
         status = args.setdefault("status", "active")
         if status is None or status == "any":
             args["status"] = VISIBLE_STATUSES
+        if args["status"] in ("active", Status.ACTIVE, [Status.ACTIVE], ["active"]):
+            args.setdefault("live_at", self.now())
         f = Filters.of(**args)
         if f.status is not None and Status.INTERNAL.value in f.status:  # the harness's own records (grants)
             f = f.with_(status=f.status - {Status.INTERNAL.value})

@@ -468,6 +468,7 @@ class Filters:
     created_before: datetime | None = None
     visible_to: Visibility | None = None  # read permissions of one agent (see Visibility)
     expires_by: datetime | None = None  # ``expires_at`` is set and at or before this instant (due to expire)
+    live_at: datetime | None = None  # ``expires_at`` is unset or after this instant (not expired by then)
 
     SET_FIELDS = (
         "tenant",
@@ -499,7 +500,7 @@ class Filters:
                 args[name] = _as_set(_enum_values(v))
             elif name == "tags_all":
                 args[name] = _as_set(_enum_values(v)) or frozenset()
-            elif name in ("created_after", "created_before", "expires_by"):
+            elif name in ("created_after", "created_before", "expires_by", "live_at"):
                 if not isinstance(v, datetime):
                     raise ValidationError(name, "must be a datetime", "pass a timezone-aware datetime")
                 args[name] = v if v.tzinfo else v.replace(tzinfo=UTC)
@@ -536,6 +537,8 @@ class Filters:
         if self.visible_to is not None and not self.visible_to.allows(m):
             return False
         if self.expires_by is not None and (m.expires_at is None or m.expires_at > self.expires_by):
+            return False
+        if self.live_at is not None and m.expires_at is not None and m.expires_at <= self.live_at:
             return False
         return not (self.created_before is not None and not m.created_at < self.created_before)
 

@@ -579,6 +579,8 @@ class SearchIndex:
             both(self._visible(f.visible_to, rows))
         if f.expires_by is not None:
             both(self._expires[rows] <= micros(f.expires_by))
+        if f.live_at is not None:
+            both(self._expires[rows] > micros(f.live_at))
         if m is None:
             return None
         return m & self._alive[rows]

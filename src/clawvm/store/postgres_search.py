@@ -112,6 +112,7 @@ _FILTER_SQL: dict[str, Callable[[str, Any], Clause]] = {
     "created_before": lambda a, v: (f"{a}.created_at < %s", [v]),
     "visible_to": _visible,
     "expires_by": lambda a, v: (f"{a}.expires_at <= %s", [v]),
+    "live_at": lambda a, v: (f"({a}.expires_at IS NULL OR {a}.expires_at > %s)", [v]),
 }
 
 

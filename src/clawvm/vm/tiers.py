@@ -420,13 +420,16 @@ class Pager:
     @_one_pass
     def expire(self, tenant: str, now: datetime, limit: int = 500) -> list[Memory]:
         """Memories past ``expires_at`` become ``expired`` and move to archive: at most ``limit`` per call
-        (the rest on the next), found by an indexed query of the due ones (:meth:`due_to_expire`)."""
+        (the rest on the next), found by an indexed query of the due ones (:meth:`due_to_expire`).
+
+        Expiry wins over a pin: a TTL is a promise to forget (a temporary credential, a one-time code), so
+        the pin ends with it, and the move's reason says so. Reads leave such a memory out from the moment
+        it is due, before this sweep marks it (``Harness.filters``)."""
         expired = []
         for m in self.due_to_expire(tenant, now, limit):
             if m.expires_at is not None and m.expires_at <= now:
-                expired.append(
-                    self.move(m, Tier.ARCHIVE, "ttl expired", now, status=Status.EXPIRED, pinned=False)
-                )
+                reason = "ttl expired (its pin ends with it)" if m.pinned else "ttl expired"
+                expired.append(self.move(m, Tier.ARCHIVE, reason, now, status=Status.EXPIRED, pinned=False))
         return expired
 
     def due_to_expire(self, tenant: str, now: datetime, limit: int) -> list[Memory]:
