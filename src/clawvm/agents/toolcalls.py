@@ -47,23 +47,12 @@ from clawvm.core.errors import ConflictError, InvalidToolResultError, Validation
 from clawvm.core.model import Cost, Kind, Memory, State, canonical_json
 from clawvm.store import Event
 from clawvm.store.kinds import EventKind
-from clawvm.write.commit import Host
+from clawvm.write.commit import Recorder
 
 
-class ToolHost(Host, Protocol):
+class ToolHost(Recorder, Protocol):
     """What recording tool calls needs of the harness: its own record/update/list/get (scope filters,
     grant checks and the pager apply to the trail like to any memory)."""
-
-    def record(self, content: Any, **fields: Any) -> Memory: ...
-
-    def update(
-        self,
-        memory_id: str,
-        *,
-        expected_version: int | None = None,
-        as_agent: str | None = None,
-        **changes: Any,
-    ) -> Memory: ...
 
     def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]: ...
 

@@ -27,10 +27,10 @@ from clawvm.teams.shared import APPLICATION
 from clawvm.vm.scoring import ScoringConfig, content_signals
 from clawvm.vm.scoring import explain as explain_value
 from clawvm.vm.tiers import Pager
-from clawvm.write.commit import Host
+from clawvm.write.commit import Recorder
 
 
-class LearningHost(Host, Protocol):
+class LearningHost(Recorder, Protocol):
     """Manual actions act through the harness (pin, unpin, update: the same checks as any caller's) and
     teach its pager's scorer."""
 
@@ -42,15 +42,6 @@ class LearningHost(Host, Protocol):
     def pin(self, memory_id: str) -> Memory: ...
 
     def unpin(self, memory_id: str) -> Memory: ...
-
-    def update(
-        self,
-        memory_id: str,
-        *,
-        expected_version: int | None = None,
-        as_agent: str | None = None,
-        **changes: Any,
-    ) -> Memory: ...
 
 
 LEARNING_RATE = 0.1

@@ -203,6 +203,23 @@ def check_credential_version(credential: Credential, stored_version: int | None)
         raise CredentialConflictError(credential, stored_version)
 
 
+def credentials_page_sql(
+    kind: str | None, tenant: str | None, after: Credential | None, limit: int, mark: str
+) -> tuple[str, list[Any]]:
+    """The SELECT of one :meth:`Store.list_credentials` page and its arguments, for SQL engines (``mark``:
+    the driver's placeholder, ``?`` or ``%s``); rows are (tenant, kind, name, version, data)."""
+    sql = "SELECT tenant, kind, name, version, data FROM credentials WHERE 1 = 1"
+    args: list[Any] = []
+    for column, value in (("kind", kind), ("tenant", tenant)):
+        if value is not None:
+            sql += f" AND {column} = {mark}"
+            args.append(value)
+    if after is not None:
+        sql += f" AND (tenant, kind, name) > ({mark}, {mark}, {mark})"
+        args += [after.tenant, after.kind, after.name]
+    return f"{sql} ORDER BY tenant, kind, name LIMIT {mark}", [*args, limit]
+
+
 def credential_order(credential: Credential) -> tuple[str, str, str]:
     """Where ``credential`` sorts in :meth:`Store.list_credentials` (tenant, kind, name; code points)."""
     return credential.tenant, credential.kind, credential.name

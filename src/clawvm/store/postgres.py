@@ -67,6 +67,7 @@ from clawvm.store.base import (
     check_vectors,
     check_versions,
     credential_json,
+    credentials_page_sql,
     leading_vectors,
 )
 from clawvm.store.index import index_text
@@ -730,19 +731,7 @@ class PostgresStore(Store):
     ) -> list[Credential]:
         if "\x00" in (kind or "") + (tenant or ""):  # as in find_credentials
             return []
-        sql = "SELECT tenant, kind, name, version, data FROM credentials WHERE TRUE"
-        args: list[Any] = []
-        if kind is not None:
-            sql += " AND kind = %s"
-            args.append(kind)
-        if tenant is not None:
-            sql += " AND tenant = %s"
-            args.append(tenant)
-        if after is not None:
-            sql += " AND (tenant, kind, name) > (%s, %s, %s)"
-            args += [after.tenant, after.kind, after.name]
-        sql += " ORDER BY tenant, kind, name LIMIT %s"
-        args.append(limit)
+        sql, args = credentials_page_sql(kind, tenant, after, limit, "%s")
         with self._conn("list_credentials") as conn:
             rows = conn.execute(sql, args).fetchall()
         return [Credential(t, k, n, d, int(v)) for t, k, n, v, d in rows]

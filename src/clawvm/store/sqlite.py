@@ -38,6 +38,7 @@ from clawvm.store.base import (
     check_vectors,
     check_versions,
     credential_json,
+    credentials_page_sql,
     leading_vectors,
 )
 from clawvm.store.index import IndexDoc, SearchIndex, micros
@@ -701,19 +702,7 @@ class SQLiteStore(Store):
         after: Credential | None = None,
         limit: int = 1000,
     ) -> list[Credential]:
-        sql = "SELECT tenant, kind, name, version, data FROM credentials WHERE 1"
-        args: list[object] = []
-        if kind is not None:
-            sql += " AND kind = ?"
-            args.append(kind)
-        if tenant is not None:
-            sql += " AND tenant = ?"
-            args.append(tenant)
-        if after is not None:
-            sql += " AND (tenant, kind, name) > (?, ?, ?)"
-            args += [after.tenant, after.kind, after.name]
-        sql += " ORDER BY tenant, kind, name LIMIT ?"
-        args.append(limit)
+        sql, args = credentials_page_sql(kind, tenant, after, limit, "?")
         with self._lock, _translated("list_credentials"):
             rows = self._db.execute(sql, args).fetchall()
         return [Credential(t, k, n, json.loads(d), int(v)) for t, k, n, v, d in rows]

@@ -70,10 +70,10 @@ from clawvm.store import Event
 from clawvm.store.base import StoreReader
 from clawvm.store.kinds import EventKind
 from clawvm.vm.tiers import Pager
-from clawvm.write.commit import Host
+from clawvm.write.commit import Recorder
 
 
-class TeamHost(Host, Protocol):
+class TeamHost(Recorder, Protocol):
     """What team operations need of the harness besides reading and the write path: the pager's value
     formula, the content limit, and its own record/update (which apply the grant checks)."""
 
@@ -82,17 +82,6 @@ class TeamHost(Host, Protocol):
 
     @property
     def max_content_bytes(self) -> int: ...
-
-    def record(self, content: Any, **fields: Any) -> Memory: ...
-
-    def update(
-        self,
-        memory_id: str,
-        *,
-        expected_version: int | None = None,
-        as_agent: str | None = None,
-        **changes: Any,
-    ) -> Memory: ...
 
     def notify_embedder(self) -> None: ...
 

@@ -259,3 +259,19 @@ class Host(Protocol):
     def writer(self) -> Writer: ...
 
     def now(self) -> datetime: ...
+
+
+class Recorder(Host, Protocol):
+    """A host whose own record and update a feature module calls, so that what those apply beyond the
+    write path (grant checks, the pager's budgets, the embedder) applies to the module's writes too."""
+
+    def record(self, content: Any, **fields: Any) -> Memory: ...
+
+    def update(
+        self,
+        memory_id: str,
+        *,
+        expected_version: int | None = None,
+        as_agent: str | None = None,
+        **changes: Any,
+    ) -> Memory: ...
