@@ -51,9 +51,10 @@ def _run(args: list[str | Path], cwd: Path, timeout: float = 240) -> str:
 
 
 def _readme_quickstart() -> str:
-    """The first Python block of the README's "Use it" section, as a user would paste it."""
+    """The first Python block of the README's quickstart ("Plug into your own LLM loop"), as a user would
+    paste it."""
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Use it") :]
+    section = readme[readme.index("## Plug into your own LLM loop") :]
     match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
     assert match is not None, "the README's quickstart block is gone"
     return match.group(1)

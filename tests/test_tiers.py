@@ -379,8 +379,8 @@ def test_ttl_expiry_archives_on_tick() -> None:
 def test_tick_expires_at_most_its_batch_and_leaves_the_rest_to_the_next_tick() -> None:
     h, now = clocked()
     with h:
-        h.TICK_EXPIRE = 2
-        due = [T0 + timedelta(minutes=i) for i in range(5)]
+        h.sweep.expire_limit = 2
+        due = [T0 + timedelta(minutes=i + 1) for i in range(5)]  # all in the future when recorded
         ids = {h.record(f"token {i}", expires_at=at, created_at=T0).id for i, at in enumerate(due)}
         keep = h.record("no expiry", created_at=T0)
         now[0] = T0 + timedelta(hours=1)
@@ -392,7 +392,7 @@ def test_tick_expires_at_most_its_batch_and_leaves_the_rest_to_the_next_tick() -
 def test_tick_refreshes_one_page_of_values_and_its_cursor_walks_the_tenant_over_ticks() -> None:
     h, now = clocked()
     with h:
-        h.TICK_REFRESH = 3
+        h.sweep.refresh_limit = 3
         ids = {h.record(f"fact {i}", created_at=T0 + timedelta(seconds=i)).id for i in range(7)}
         now[0] = T0 + timedelta(days=30)  # every value has drifted
         pages = []
@@ -413,7 +413,7 @@ def test_tick_refreshes_one_page_of_values_and_its_cursor_walks_the_tenant_over_
 def test_tick_pages_out_idle_sessions_a_page_at_a_time_and_leaves_pins_and_busy_sessions() -> None:
     h, now = clocked()
     with h:
-        h.TICK_SESSIONS = 1
+        h.sweep.session_limit = 1
         idle = {s: h.record(f"note of {s}", session_id=s, created_at=T0) for s in ("s1", "s2")}
         pinned = h.record("pinned note", session_id="s3", created_at=T0)
         h.pin(pinned.id)
@@ -706,17 +706,15 @@ def test_a_stale_view_of_the_working_tier_falls_back_to_the_store(tmp_path: Path
         assert a.get(first.id).tags == ["touched elsewhere"]  # the other writer's change survived
 
 
-def test_the_harness_remembers_a_bounded_number_of_sessions(monkeypatch: pytest.MonkeyPatch) -> None:
-    import clawvm.harness
-
-    monkeypatch.setattr(clawvm.harness, "_WORKING_SESSIONS", 3)
+def test_the_harness_remembers_a_bounded_number_of_sessions() -> None:
     budgets = TierBudgets(working_items=2, working_tokens=None)
     h, now = clocked(budgets)
     with h:
+        h.working.capacity = 3
         for round_ in range(3):  # each session is forgotten and read back from the store in every round
             for s in range(6):
                 h.record(f"note {round_} in session {s}", session_id=f"s{s}", created_at=now[0])
-                assert len(h._working) <= 3
+                assert len(h.working) <= 3
         for s in range(6):
             assert len(h.list(session_id=f"s{s}", tier="working")) <= 2  # budgets hold all the same
             assert h.count(session_id=f"s{s}") == 3

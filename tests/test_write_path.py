@@ -422,6 +422,7 @@ SDK_READS: dict[str, str] = {
     "tool_reliability": "statistics of past tool calls",
     "recall_with": "an untracked recall with a given vector (benchmarks)",
     "filters": "the callers' filters (tenant, status) as a Filters value",
+    "iter_all": "memories by filters, in keyset pages",
     "share_embed_worker": "points the harness at a shared embedding worker (a server's)",
 }
 
@@ -707,9 +708,9 @@ REST_WRITES: dict[str, RestCase] = {
     "POST /v1/tasks/{task_id}/collapse": RestCase(_rest_collapse, ("add", "collapse")),
     "POST /v1/tick": RestCase(_rest_tick, ("refresh", "demote")),
     "POST /v1/keys": RestCase(
-        lambda w: ("/v1/keys", {"role": "agent", "name": "ci"}), ("key_created",), "admin"
+        lambda w: ("/v1/keys", {"role": "agent", "name": "ci"}), ("api_key_created",), "admin"
     ),
-    "DELETE /v1/keys/{key_id}": RestCase(_rest_revoke, ("key_revoked",), "admin"),
+    "DELETE /v1/keys/{key_id}": RestCase(_rest_revoke, ("api_key_revoked",), "admin"),
     "POST /dashboard/api/memories/{memory_id}/pin": RestCase(
         _dashboard("pin"), ("pin", "scoring_weights", "manual")
     ),
@@ -881,6 +882,8 @@ LANGGRAPH_WRITES: dict[str, tuple[Case, ...]] = {
     "adelete": (Case(_lg_adelete, ("forget",)),),
     "batch": (Case(lambda w: _lg(w).batch(PUT_AND_GET), ("add",), "put and get"),),
     "abatch": (Case(lambda w: asyncio.run(_lg(w).abatch(PUT_AND_GET)), ("add",), "put and get"),),
+    # updates only items written before namespace tags existed; a store written now has none
+    "tag_namespaces": (Case(lambda w: _lg(w).tag_namespaces(), (), "nothing to tag"),),
 }
 LANGGRAPH_READS = {
     name: "reads items (a query recall is untracked)"

@@ -8,12 +8,11 @@ pager, context builder, teams) build on these methods.
 from __future__ import annotations
 
 import builtins
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -60,17 +59,15 @@ from clawvm.vm.compress import (
 from clawvm.vm.context import Candidate, Context, Quotas, pack
 from clawvm.vm.scoring import ValueBreakdown
 from clawvm.vm.scoring import explain as explain_value
+from clawvm.vm.sweep import Sweep
 from clawvm.vm.tiers import Pager, PagerConfig, one_pager_pass
+from clawvm.vm.working import WorkingTiers
 from clawvm.write.commit import CommitPath
 from clawvm.write.redaction import Redactor
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _IMMUTABLE = frozenset({"id", "created_at", "version", "tenant"})
 
-
-#: Sessions whose working tier a harness remembers between records (each costs ~25 memories); a session
-#: beyond it is read back from the store on its next record (~0.3 ms at 100k memories).
-_WORKING_SESSIONS = 8192
 
 #: No context line costs fewer tokens than this (its label alone, ``[<short id> <date>] <kind>:``, is
 #: 14-19): how many pinned or working memories one context could hold at most (see ``Harness._packable``).
@@ -115,10 +112,9 @@ class Harness:
         )
         self._worker: EmbedWorker | None = None
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="clawvm-prefetch") if prefetch else None
-        # (tenant, session) -> its working-tier members as this harness last saw them (see _admit)
-        self._working: dict[tuple[str, str], builtins.list[Memory]] = {}
-        self._working_lock = threading.RLock()  # held by the record path while it writes (and is told)
-        self.writer.on_commit(self._forget_working)
+        self.working = WorkingTiers(store, self.pager)  # the record path's view of each working tier
+        self.writer.on_commit(self.working.forget)
+        self.sweep = Sweep(store, self.pager, tenant)  # tick()'s bounded pass and its cursors
         # session -> memories preloaded for it (from any session); the context builder adds them to its
         # working section. Kept in process: after a restart, start_session again.
         self._preloaded: dict[str, builtins.list[str]] = {}
@@ -224,7 +220,7 @@ class Harness:
         added = self._make_event(
             EventKind.ADD, memory, {"kind": memory.kind.value, "tier": memory.tier.value}
         )
-        memory = self._admit(memory, None if vector is None else vector[None, :], added)
+        memory = self.working.admit(memory, None if vector is None else vector[None, :], added, self.now())
         if vector is None and self._worker is not None:
             self._worker.notify()
         if self._prefetcher is not None:
@@ -452,71 +448,13 @@ class Harness:
         self._event(EventKind.FEEDBACK, rated, {"delta": delta, "value": rated.value})
         return rated
 
-    #: The most one :meth:`tick` does of each kind of work: memories it expires, active memories whose
-    #: value it refreshes, sessions it checks for idleness (see ``tick``).
-    TICK_EXPIRE = 500
-    TICK_REFRESH = 256
-    TICK_SESSIONS = 256
-    # where the next tick's refresh page and idle-session page start (None: from the beginning)
-    _refresh_after: PageKey | None = None
-    _idle_after: str | None = None
-
     @one_pager_pass  # one budget of time on LLM endpoints for the whole pass
     def tick(self) -> dict[str, int]:
-        """One pager pass whose work is bounded, and grows with what is due, not with the tenant's size:
-
-        - expire: active memories past ``expires_at`` become ``expired`` and go to archive; they come from
-          an indexed query of the due ones, at most ``TICK_EXPIRE`` a tick (the rest on the next);
-        - page out: the sessions that still have unpinned working-tier memories recorded before the idle
-          horizon (``session_idle_hours`` ago; a store aggregate) are checked, ``TICK_SESSIONS`` a tick
-          from a cursor over their ids that wraps; an idle one pages its working tier out and has its
-          budgets enforced (every write path keeps the other sessions within theirs);
-        - refresh: one keyset page of ``TICK_REFRESH`` active memories, after a cursor in creation order,
-          has its values recomputed (a drift over 0.01 is written, with a ``refresh`` event). The cursor
-          moves on every tick and wraps after the newest memory, so every active memory is refreshed once
-          every ceil(active / ``TICK_REFRESH``) ticks. Both cursors live in this Harness: a new one starts
-          from the beginning.
-
-        Returns ``expired`` (memories expired), ``refreshed`` (values rewritten) and ``moved`` (tier moves).
-        """
-        now = self.now()
-        expired = self.pager.expire(self.tenant, now, self.TICK_EXPIRE)
-        refreshed = self._refresh_page(now)
-        moved = 0
-        for session_id in self._idle_candidates(now):
-            paged_out = self.pager.page_out_idle(self.tenant, session_id, now)
-            if paged_out:
-                moved += len(paged_out) + len(self.pager.enforce(self.tenant, session_id, now))
-        self._working.clear()
-        return {"expired": len(expired), "refreshed": refreshed, "moved": moved}
-
-    def _refresh_page(self, now: datetime) -> int:
-        """Recompute the values of the next page of active memories (see :meth:`tick`); returns how many
-        drifted and were written."""
-        active = Filters.of(tenant=self.tenant, status="active")
-        page = self.store.page(active, self._refresh_after, self.TICK_REFRESH)
-        self._refresh_after = PageKey.of(page[-1]) if len(page) == self.TICK_REFRESH else None
-        refreshed: builtins.list[Event] = []
-        for m in page:
-            fresh = self.pager.value_now(m, now)
-            if abs(fresh - m.value) > 0.01:
-                self.pager.mutate(m, lambda _m: {}, now)
-                data = {"value_before": round(m.value, 4), "value_after": round(fresh, 4)}
-                refreshed.append(self._make_event(EventKind.REFRESH, m, data))
-        if refreshed:  # one batch: value drift over time is what MemLens's heatmap shows
-            self.writer.log(refreshed)
-        return len(refreshed)
-
-    def _idle_candidates(self, now: datetime) -> builtins.list[str]:
-        """The next page of sessions that may be idle: only a session with an unpinned working-tier memory
-        recorded before the idle horizon can be (see :meth:`tick`)."""
-        horizon = now - timedelta(hours=self.pager.config.session_idle_hours)
-        stale = Filters.of(
-            tenant=self.tenant, tier=Tier.WORKING, pinned=False, status="active", created_before=horizon
-        )
-        sessions = self.store.session_ids(stale, self._idle_after, self.TICK_SESSIONS)
-        self._idle_after = sessions[-1] if len(sessions) == self.TICK_SESSIONS else None
-        return sessions
+        """One pager pass whose work is bounded and grows with what is due, not with the tenant's size:
+        expiry, idle sessions paged out, value drift refreshed a page at a time (see
+        :mod:`clawvm.vm.sweep`; its limits are ``self.sweep``'s). Returns ``expired``, ``refreshed`` and
+        ``moved`` (tier moves)."""
+        return self.sweep.run(self.now()).as_dict()
 
     def start_session(
         self, session_id: str, task: str | None = None, *, task_id: str | None = None, k: int = 8
@@ -548,50 +486,6 @@ class Harness:
             ]
         )
         return loaded
-
-    def _admit(self, memory: Memory, vectors: np.ndarray | None, added: Event) -> Memory:
-        """Write a new memory, its vector and its event together with what its session's working tier sheds
-        to make room for it: one write (one commit on engines with transactions). Returns the memory as
-        stored.
-
-        The harness keeps each session's working members from its last look at the store (cleared by every
-        other path that moves memories), so a record reads nothing back; a member changed by another writer
-        makes the write conflict, and then the memory is written alone and the budgets are enforced from
-        the store.
-        """
-        if memory.session_id is None or memory.tier is not Tier.WORKING:
-            return self.writer.write([memory], vectors, [added])[0]
-        key = (memory.tenant, memory.session_id)
-        now = self.now()
-        with self._working_lock:
-            known = self._working.pop(key, None)  # re-inserted below: the dict keeps recent sessions last
-            if known is None:
-                known = self.pager.tier_members(memory.tenant, memory.session_id, Tier.WORKING)
-                if len(self._working) >= _WORKING_SESSIONS:  # a long-lived server meets endless sessions
-                    del self._working[next(iter(self._working))]
-            members = [*known, memory]
-            demoted, moves = self.pager.shed_plan(members, now)
-            # the new memory may be shed at once (the lowest value per token): then it is stored demoted
-            # (version 2) and its history says so (add, then demote)
-            others = [m for m in demoted if m.id != memory.id]
-            stored = next((m for m in demoted if m.id == memory.id), memory)
-            try:
-                written = self.writer.write([stored, *others], vectors, [added, *moves])
-            except ConflictError:
-                if not others:
-                    raise  # the new memory itself conflicts (its id is taken)
-                self.writer.write([memory], vectors, [added])
-                self.pager.enforce(memory.tenant, memory.session_id, now)
-                self._working[key] = self.pager.tier_members(memory.tenant, memory.session_id, Tier.WORKING)
-                return self.store.get(memory.id)
-            stored = written[0]
-            members = [stored if m.id == stored.id else m for m in members]
-            if demoted:  # short-term grew: its budget, and the ones below
-                self.pager.enforce(memory.tenant, memory.session_id, now, lower_only=True)
-                gone = {m.id for m in demoted}
-                members = [m for m in members if m.id not in gone]
-            self._working[key] = members
-            return stored
 
     def _prefetch(self, memory: Memory) -> None:
         """Background: warm what the next step will likely need (memories related to the new one)."""
@@ -959,16 +853,6 @@ class Harness:
 
     def _event(self, kind: EventKind, memory: Memory, data: dict[str, Any]) -> None:
         self.writer.log([self._make_event(kind, memory, data)])
-
-    def _forget_working(self, written: Sequence[Memory], deleted: Sequence[str]) -> None:
-        """Commit listener: a session's remembered working tier is dropped when one of its memories changed
-        (the record path re-reads it on the next record); a delete drops them all (no session is known)."""
-        with self._working_lock:
-            if deleted:
-                self._working.clear()
-            for m in written:
-                if m.session_id is not None:
-                    self._working.pop((m.tenant, m.session_id), None)
 
     def _make_event(self, kind: EventKind, memory: Memory, data: dict[str, Any]) -> Event:
         return Event(kind=kind, memory_id=memory.id, data=data, tenant=memory.tenant, at=self.now())

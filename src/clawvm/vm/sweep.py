@@ -1,0 +1,103 @@
+"""The pager's periodic pass (``Harness.tick``): expiry, idle sessions, value drift, with bounded work.
+
+One :meth:`Sweep.run` does, for one tenant:
+
+- **expire**: active memories past ``expires_at`` become ``expired`` and go to archive; they come from an
+  indexed query of the due ones, at most ``expire_limit`` a pass (the rest on the next);
+- **page out**: the sessions that still have unpinned working-tier memories recorded before the idle horizon
+  (``session_idle_hours`` ago; a store aggregate) are checked, ``session_limit`` a pass from a cursor over
+  their ids that wraps; an idle one pages its working tier out and has its budgets enforced (every write
+  path keeps the other sessions within theirs);
+- **refresh**: one keyset page of ``refresh_limit`` active memories, after a cursor in creation order, has its
+  values recomputed (a drift over 0.01 is written, with a ``refresh`` event). The cursor moves on every pass
+  and wraps after the newest memory, so every active memory is refreshed once every
+  ceil(active / ``refresh_limit``) passes.
+
+So a pass costs what is due, not the tenant's size. The cursors live in the :class:`Sweep` (one per
+harness): a new one starts from the beginning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from clawvm.core.model import Filters, Memory, Tier
+from clawvm.store import Event
+from clawvm.store.base import PageKey, StoreReader
+from clawvm.store.kinds import EventKind
+from clawvm.vm.tiers import Pager
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    expired: int  # memories expired
+    refreshed: int  # values rewritten
+    moved: int  # tier moves
+
+    def as_dict(self) -> dict[str, int]:
+        return {"expired": self.expired, "refreshed": self.refreshed, "moved": self.moved}
+
+
+class Sweep:
+    """The bounded periodic pass over one tenant (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: StoreReader,
+        pager: Pager,
+        tenant: str,
+        *,
+        expire_limit: int = 500,
+        refresh_limit: int = 256,
+        session_limit: int = 256,
+    ) -> None:
+        self.store = store
+        self.pager = pager
+        self.tenant = tenant
+        self.expire_limit = expire_limit
+        self.refresh_limit = refresh_limit
+        self.session_limit = session_limit
+        # where the next pass's refresh page and idle-session page start (None: from the beginning)
+        self._refresh_after: PageKey | None = None
+        self._idle_after: str | None = None
+
+    def run(self, now: datetime) -> SweepReport:
+        expired = self.pager.expire(self.tenant, now, self.expire_limit)
+        refreshed = self._refresh_page(now)
+        moved = 0
+        for session_id in self._idle_candidates(now):
+            paged_out = self.pager.page_out_idle(self.tenant, session_id, now)
+            if paged_out:
+                moved += len(paged_out) + len(self.pager.enforce(self.tenant, session_id, now))
+        return SweepReport(len(expired), refreshed, moved)
+
+    def _refresh_page(self, now: datetime) -> int:
+        """Recompute the values of the next page of active memories; returns how many drifted and were
+        written."""
+        active = Filters.of(tenant=self.tenant, status="active")
+        page = self.store.page(active, self._refresh_after, self.refresh_limit)
+        self._refresh_after = PageKey.of(page[-1]) if len(page) == self.refresh_limit else None
+        refreshed = [event for m in page if (event := self._refreshed(m, now)) is not None]
+        if refreshed:  # one batch: value drift over time is what MemLens's heatmap shows
+            self.pager.writer.log(refreshed)
+        return len(refreshed)
+
+    def _refreshed(self, m: Memory, now: datetime) -> Event | None:
+        fresh = self.pager.value_now(m, now)
+        if abs(fresh - m.value) <= 0.01:
+            return None
+        self.pager.mutate(m, lambda _m: {}, now)
+        data = {"value_before": round(m.value, 4), "value_after": round(fresh, 4)}
+        return Event(kind=EventKind.REFRESH, memory_id=m.id, data=data, tenant=m.tenant, at=now)
+
+    def _idle_candidates(self, now: datetime) -> list[str]:
+        """The next page of sessions that may be idle: only a session with an unpinned working-tier memory
+        recorded before the idle horizon can be."""
+        horizon = now - timedelta(hours=self.pager.config.session_idle_hours)
+        stale = Filters.of(
+            tenant=self.tenant, tier=Tier.WORKING, pinned=False, status="active", created_before=horizon
+        )
+        sessions = self.store.session_ids(stale, self._idle_after, self.session_limit)
+        self._idle_after = sessions[-1] if len(sessions) == self.session_limit else None
+        return sessions
