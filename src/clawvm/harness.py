@@ -41,7 +41,7 @@ from clawvm.observe.learning import stored_weights, with_weights
 from clawvm.recall.retrieval import RecallConfig, Recalled, dense_text, preset, query_authors, run_recall
 from clawvm.store import Event, PageKey, Store, store_from_url
 from clawvm.store.base import check_vectors
-from clawvm.store.crypto import DataKeys
+from clawvm.store.crypto import REDACTION_FIELD, DataKeys
 from clawvm.store.kinds import EventKind
 from clawvm.teams import shared as teams
 from clawvm.teams.guidance import Guidance, build_guidance
@@ -66,6 +66,8 @@ from clawvm.write.commit import CommitPath
 from clawvm.write.redaction import Redactor
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+#: Sessions whose start_session preload a harness remembers (the oldest is forgotten first).
+PRELOADED_SESSIONS = 8192
 _IMMUTABLE = frozenset({"id", "created_at", "version", "tenant"})
 
 
@@ -117,7 +119,7 @@ class Harness:
         self.sweep = Sweep(store, self.pager, tenant)  # tick()'s bounded pass and its cursors
         # session -> memories preloaded for it (from any session); the context builder adds them to its
         # working section. Kept in process: after a restart, start_session again.
-        self._preloaded: dict[str, builtins.list[str]] = {}
+        self._preloaded: dict[str, builtins.list[str]] = {}  # the newest PRELOADED_SESSIONS sessions
         self.last_query_embed_ms = 0.0
 
     @classmethod
@@ -195,6 +197,10 @@ class Harness:
         for name in ("id", "version", "content_type", "token_count"):
             if name in fields and name != "id":
                 raise ValidationError(name, "is set by the harness", f"do not pass {name}")
+        if isinstance(fields.get("metadata"), Mapping) and REDACTION_FIELD in fields["metadata"]:
+            raise ValidationError(
+                f"metadata.{REDACTION_FIELD}", "is set by the write path", "leave it out: redaction marks it"
+            )
         text, ctype = normalize_content(content, self.max_content_bytes)
         vector = self._check_vector(embedding) if embedding is not None else None
         fields.setdefault("tenant", self.tenant)
@@ -250,6 +256,7 @@ class Harness:
         current = self.store.get(memory_id)
         if expected_version is not None and current.version != expected_version:
             raise ConflictError(memory_id, expected_version, current.version)
+        self._refuse_expired(current)
         # the stored redaction mark stays with the stored text: a caller can neither drop nor forge it; new
         # text starts unmarked, and the commit path redacts it and seals its original
         mark = Redactor.unchanged(current)
@@ -280,6 +287,10 @@ class Harness:
     def forget(self, memory_id: str) -> None:
         """Delete a memory for good (its vector and outgoing links too)."""
         memory = self.store.get(memory_id)
+        if memory.status is Status.INTERNAL:
+            raise ValidationError(
+                "memory_id", "is an internal record of the harness (a grant, learned weights)", "leave it"
+            )
         owners = referenced_raw(self.store, memory)
         if owners:
             raise ValidationError(
@@ -408,6 +419,7 @@ class Harness:
     def pin(self, memory_id: str) -> Memory:
         """Keep a memory in the working tier (and in every context of its session) until unpinned."""
         memory = self.store.get(memory_id)
+        self._refuse_expired(memory)
         if memory.status is not Status.ACTIVE:
             raise ValidationError(
                 "memory_id", f"is {memory.status.value}", "only active memories can be pinned"
@@ -474,7 +486,10 @@ class Harness:
         protect = frozenset(m.id for m in loaded)
         for sid in {m.session_id for m in loaded if m.session_id}:
             self.pager.enforce(self.tenant, sid, now, protect=protect)
+        self._preloaded.pop(session_id, None)  # re-inserted as the newest
         self._preloaded[session_id] = [h.id for h in hits]
+        while len(self._preloaded) > PRELOADED_SESSIONS:  # a long-lived server meets endless sessions
+            del self._preloaded[next(iter(self._preloaded))]
         self.writer.log(
             [
                 Event(
@@ -667,7 +682,10 @@ class Harness:
         return checkpoints.take(self.store, self.writer, self.tenant, session_id, name, self.now()).id
 
     def rollback(self, checkpoint_id: str) -> checkpoints.RollbackReport:
-        """Restore a checkpoint; memories created after it become obsolete (kept for analytics)."""
+        """Restore a checkpoint; memories created after it become obsolete (kept for analytics). What is
+        restored, exactly: :mod:`clawvm.vm.checkpoint`."""
+        if self.store.get(checkpoint_id).tenant != self.tenant:  # as if it did not exist
+            raise NotFoundError("checkpoint", checkpoint_id)
         return checkpoints.rollback(self.store, self.pager, checkpoint_id, self.now())
 
     # ---- context --------------------------------------------------------------------------------------
@@ -839,9 +857,9 @@ class Harness:
         status = args.setdefault("status", "active")
         if status is None or status == "any":
             args["status"] = VISIBLE_STATUSES
-        if args["status"] in ("active", Status.ACTIVE, [Status.ACTIVE], ["active"]):
-            args.setdefault("live_at", self.now())
         f = Filters.of(**args)
+        if f.status is not None and Status.ACTIVE.value in f.status and Status.EXPIRED.value not in f.status:
+            f = f if f.live_at is not None else f.with_(live_at=self.now())  # due is as good as expired
         if f.status is not None and Status.INTERNAL.value in f.status:  # the harness's own records (grants)
             f = f.with_(status=f.status - {Status.INTERNAL.value})
         return f
@@ -850,6 +868,12 @@ class Harness:
         dim = self.embedder.dim if self.embedder else self.store.dim
         vector: np.ndarray = check_vectors(1, embedding, dim, field="embedding")[0]
         return vector
+
+    def _refuse_expired(self, memory: Memory) -> None:
+        """A memory whose TTL ran out stays out: a change would bring back text it promised to forget."""
+        due = memory.expires_at is not None and memory.expires_at <= self.now()
+        if memory.status is Status.EXPIRED or (due and memory.status is Status.ACTIVE):
+            raise ValidationError("memory_id", f"{memory.id} has expired", "record a new memory instead")
 
     def _event(self, kind: EventKind, memory: Memory, data: dict[str, Any]) -> None:
         self.writer.log([self._make_event(kind, memory, data)])

@@ -68,6 +68,7 @@ from clawvm.core.model import (
 )
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
+from clawvm.store.crypto import REDACTION_FIELD
 from clawvm.store.kinds import EventKind
 from clawvm.vm.tiers import Pager
 from clawvm.write.commit import Recorder
@@ -353,6 +354,9 @@ def build_revision(
         raise ValidationError(name, "cannot change in a revision", "record a new memory instead")
     changes = dict(changes)
     metadata = dict(changes.pop("metadata", current.metadata))
+    # the old revision's redaction mark describes its text and is sealed to its id: the write path marks
+    # the new revision's text itself
+    metadata.pop(REDACTION_FIELD, None)
     if "content" in changes:
         text, ctype = normalize_content(changes["content"], h.max_content_bytes)
         changes.update(content=text, content_type=ctype, token_count=count_tokens(text))

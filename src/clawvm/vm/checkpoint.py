@@ -129,11 +129,14 @@ def rollback(store: StoreReader, pager: Pager, checkpoint_id: str, now: datetime
                 )
                 obsoleted.append(m.id)
             continue
-        if "compression" in m.metadata and old.get("compressed") is False:  # compressed since: raw text back
+        decompressed = "compression" in m.metadata and old.get("compressed") is False
+        if decompressed:  # compressed since the checkpoint: its raw text comes back
             m = decompress_memory(store, pager.writer, m, now)
         target = _restored_fields(m, old)
-        if any(getattr(m, k) != v for k, v in target.items()):
+        changed = any(getattr(m, k) != v for k, v in target.items())
+        if changed:
             pager.mutate(m, lambda _m, t=target: dict(t), now, keep_value=True)  # type: ignore[misc]
+        if changed or decompressed:
             restored.append(m.id)
     pager.writer.log(
         [

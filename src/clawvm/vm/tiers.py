@@ -168,17 +168,21 @@ class Pager:
         now: datetime,
         *,
         keep_value: bool = False,
+        event: Callable[[Memory, Memory], Event] | None = None,
     ) -> Memory:
         """Apply ``change(current)`` as a new version, re-reading and retrying when someone else wrote.
 
         The value is recomputed as of ``now``, unless ``keep_value`` (a rollback restores the value the
-        checkpoint saw, exactly: ``change`` then sets it)."""
+        checkpoint saw, exactly: ``change`` then sets it). ``event(before, after)`` is written with the
+        change, in the same step."""
         for _ in range(20):
             changed = revalidate(memory, {**change(memory), "version": memory.version + 1})
             if not keep_value:
                 changed = revalidate(changed, {"value": value(changed, now, self.config.scoring)})
             try:
-                return self.writer.write([changed])[0]
+                return self.writer.write([changed], None, [] if event is None else [event(memory, changed)])[
+                    0
+                ]
             except ConflictError:
                 memory = self.store.get(memory.id)
         raise ConflictError(memory.id, memory.version, None)
@@ -186,14 +190,17 @@ class Pager:
     @_one_pass
     def move(self, memory: Memory, to: Tier, reason: str, now: datetime, **changes: Any) -> Memory:
         """Store ``memory`` in tier ``to`` and log the move (kind promote/demote/archive)."""
-        before_tier, before = memory.tier, value(memory, now, self.config.scoring)
-        moved = self.mutate(memory, lambda _m: {**changes, "tier": to}, now)
-        kind = (
-            EventKind.ARCHIVE
-            if to is Tier.ARCHIVE
-            else (EventKind.PROMOTE if ORDER.index(to) < ORDER.index(before_tier) else EventKind.DEMOTE)
-        )
-        self.writer.log([_move_event(kind, memory, to, before, moved.value, reason, now, before_tier)])
+
+        def moved_event(current: Memory, after: Memory) -> Event:
+            kind = (
+                EventKind.ARCHIVE
+                if to is Tier.ARCHIVE
+                else (EventKind.PROMOTE if ORDER.index(to) < ORDER.index(current.tier) else EventKind.DEMOTE)
+            )
+            before = value(current, now, self.config.scoring)
+            return _move_event(kind, current, to, before, after.value, reason, now, current.tier)
+
+        moved = self.mutate(memory, lambda _m: {**changes, "tier": to}, now, event=moved_event)
         if to is Tier.ARCHIVE and self._compress is not None:
             try:
                 moved = self._compress(moved, reason)

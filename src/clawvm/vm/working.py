@@ -6,6 +6,11 @@ of every write (:meth:`WorkingTiers.forget`, a commit listener), and a session w
 read back from the store on its next record, so the view is never trusted past a change it was told of. A
 member changed by another process makes the record's write conflict (optimistic versions); then the memory
 is written alone and the budgets are enforced from the store.
+
+Members *added* by another process (several servers on one store) are not seen until this process reads
+the session again (after any change it is told of, or when the session falls out of the view): until then
+the session's working tier can hold more than its budget by what the others added; the next enforce (any
+move in the session, a context build with the session, ``tick()`` paging out) brings it back.
 """
 
 from __future__ import annotations

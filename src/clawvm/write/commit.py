@@ -3,8 +3,8 @@
 Enforced here and nowhere else. A write of memories passes, in this order:
 
 1. **validation**: each is a :class:`Memory` (built and validated by :func:`clawvm.core.model.build_memory`
-   or :func:`~clawvm.core.model.revalidate`) of a known tenant, with a positive version, no id twice in a
-   batch, content within ``max_content_bytes``; vectors of the store's dimension;
+   or :func:`~clawvm.core.model.revalidate`) with a tenant, a positive version, no id twice in a batch,
+   content within ``max_content_bytes``; vectors of the store's dimension;
 2. **redaction**: its content as the tenant's redaction policy stores it (token count recounted and the
    value re-derived when the text changed), and every string of its metadata (tool-call arguments, error
    messages, review reasons, checkpoint names, annotations ...) likewise, read with its key as context;
@@ -12,8 +12,11 @@ Enforced here and nowhere else. A write of memories passes, in this order:
 3. **encryption of originals**: when the policy keeps them, the original text sealed with the data key
    into ``metadata["redaction"]`` (:mod:`clawvm.store.crypto`);
 4. **optimistic version check** and **store write**: the engine stores the batch only if every version is
-   one more than the stored one, with its vectors and its **events** in the same step (one transaction on
-   engines that have them), so a memory never changes without its event and never half a batch;
+   one more than the stored one, with its vectors and the **events** the caller passes in the same step
+   (one transaction on engines that have them): never half a batch, and never a change without the events
+   it was written with. (Deletes are the exception: the engine deletes, then the events are appended.
+   Bookkeeping writes, such as access counts and value refreshes batched into one event, pass fewer
+   events than memories, by design.);
 5. **cache invalidation**: the listeners (:meth:`CommitPath.on_commit`) hear which memories changed.
 
 Events are redacted too: every string in an event's ``data`` is scrubbed with the tenant's policy, so the
@@ -57,6 +60,10 @@ Listener = Callable[[Sequence[Memory], Sequence[str]], None]
 Rederive = Callable[[Memory], Memory]
 
 
+# how a text was checked (see _CleanTexts)
+_TEXT, _JSON, _METADATA = "text", "json", "metadata"
+
+
 class Writer(Protocol):
     """What a feature module may do to stored state: write memories (with their vectors and events),
     delete them, or log events that accompany no memory. Implemented by :class:`CommitPath`."""
@@ -73,7 +80,9 @@ class Writer(Protocol):
 
 
 class _CleanTexts:
-    """A bounded memo of (tenant, text digest) pairs whose text the tenant's policy leaves unchanged."""
+    """A bounded memo of texts the tenant's policy leaves unchanged, keyed by (tenant, how the text was
+    checked, digest): content as JSON, content as text, metadata (numbers not checked) and free text are
+    checked differently, so one's verdict never answers for another."""
 
     def __init__(self, capacity: int) -> None:
         self._seen: OrderedDict[tuple[str, bytes], None] = OrderedDict()
@@ -81,10 +90,11 @@ class _CleanTexts:
         self._lock = threading.Lock()
 
     @staticmethod
-    def _key(tenant: str, text: str) -> tuple[str, bytes]:
-        return tenant, hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    def _key(tenant: str, mode: str, text: str) -> tuple[str, bytes]:
+        digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16, person=mode.encode())
+        return tenant, digest.digest()
 
-    def __contains__(self, item: tuple[str, str]) -> bool:
+    def __contains__(self, item: tuple[str, str, str]) -> bool:
         key = self._key(*item)
         with self._lock:
             if key in self._seen:
@@ -92,8 +102,8 @@ class _CleanTexts:
                 return True
             return False
 
-    def add(self, tenant: str, text: str) -> None:
-        key = self._key(tenant, text)
+    def add(self, tenant: str, mode: str, text: str) -> None:
+        key = self._key(tenant, mode, text)
         with self._lock:
             self._seen[key] = None
             self._seen.move_to_end(key)
@@ -174,10 +184,10 @@ class CommitPath:
 
     def scrub(self, text: str, tenant: str) -> str:
         """``text`` as ``tenant``'s policy would store it: for callers that shorten text before writing it."""
-        if self.redactor.policy_for(tenant) is None or (tenant, text) in self._clean:
+        if self.redactor.policy_for(tenant) is None or (tenant, _TEXT, text) in self._clean:
             return text
         scrubbed = self.redactor.scrub(text, tenant)
-        self._clean.add(tenant, scrubbed)
+        self._clean.add(tenant, _TEXT, scrubbed)
         return scrubbed
 
     def _redacted(self, memory: Memory) -> Memory:
@@ -192,30 +202,31 @@ class CommitPath:
         if not shown:
             return memory
         key = json.dumps(shown, sort_keys=True, default=str)
-        if (memory.tenant, key) in self._clean:
+        if (memory.tenant, _METADATA, key) in self._clean:
             return memory
         redacted, counts = redact_json(shown, policy, numbers=False)
         if not counts:
-            self._clean.add(memory.tenant, key)
+            self._clean.add(memory.tenant, _METADATA, key)
             return memory
         kept = (
             {REDACTION_FIELD: memory.metadata[REDACTION_FIELD]} if REDACTION_FIELD in memory.metadata else {}
         )
-        self._clean.add(memory.tenant, json.dumps(redacted, sort_keys=True, default=str))
+        self._clean.add(memory.tenant, _METADATA, json.dumps(redacted, sort_keys=True, default=str))
         return memory.model_copy(update={"metadata": {**redacted, **kept}})
 
     def _content_redacted(self, memory: Memory) -> Memory:
         tenant = memory.tenant
-        if (tenant, memory.content) in self._clean:
+        mode = _JSON if memory.content_type == JSON else _TEXT
+        if (tenant, mode, memory.content) in self._clean:
             return memory
         text, mark = self.redactor.on_write(memory.content, memory.content_type == JSON, tenant)
         if text == memory.content:
-            self._clean.add(tenant, text)
+            self._clean.add(tenant, mode, text)
             return memory
         redacted = mark(memory.model_copy(update={"content": text, "token_count": count_tokens(text)}))
         if self._rederive is not None:
             redacted = self._rederive(redacted)
-        self._clean.add(tenant, text)
+        self._clean.add(tenant, mode, text)
         return redacted
 
     def _scrubbed(self, event: Event) -> Event:

@@ -1,0 +1,83 @@
+"""Holes found by review in the one write path and the read-time rules, each kept closed by a test."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from clawvm import Harness, NotFoundError, RedactionPolicy, Status, ValidationError
+from clawvm.demo.scenario import ReplayClock
+from clawvm.store.crypto import REDACTION_FIELD
+
+T0 = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
+CARD = "4111111111111111"
+
+
+def redacting(clock: ReplayClock | None = None) -> Harness:
+    return Harness.open(
+        "memory://", embedder=None, redaction=RedactionPolicy(), clock=clock or ReplayClock(T0)
+    )
+
+
+def test_a_verdict_on_metadata_never_answers_for_content() -> None:
+    """Metadata numbers are not checked (a count stays a count), so its memo must not vouch for the same
+    text arriving as content."""
+    with redacting() as h:
+        h.record("hello", session_id="s", metadata={"n": int(CARD)})
+        stored = h.record('{"n": ' + CARD + "}", session_id="s")
+        assert CARD not in stored.content and CARD not in h.get(stored.id).content
+
+
+def test_a_revision_does_not_inherit_the_old_texts_redaction_mark() -> None:
+    with redacting() as h:
+        m = h.record("mail bob@example.com about the refund", kind="decision")
+        assert REDACTION_FIELD in m.metadata
+        n = h.revise(m.id, content="nothing personal here")
+        assert REDACTION_FIELD not in n.metadata
+
+
+def test_a_caller_cannot_forge_a_redaction_mark() -> None:
+    with redacting() as h, pytest.raises(ValidationError) as err:
+        h.record("plain text", metadata={REDACTION_FIELD: {"v": 1, "kinds": {"email": 9}}})
+    assert err.value.field == f"metadata.{REDACTION_FIELD}"
+
+
+@pytest.mark.parametrize("status", ["active", ("active",), {"active"}, ["active", "obsolete"]])
+def test_every_spelling_of_active_leaves_out_what_is_due(status: object) -> None:
+    clock = ReplayClock(T0)
+    with Harness.open("memory://", embedder=None, clock=clock) as h:
+        m = h.record("rotate the cache key at noon", expires_at=T0 + timedelta(hours=1))
+        clock.advance(hours=2)  # due; no tick has run
+        assert m.id not in [x.id for x in h.recall("cache key", status=status)]
+        assert m.id not in [x.id for x in h.list(status=status)]
+        assert m.id in [x.id for x in h.list(status="any")]
+
+
+def test_a_due_memory_cannot_be_updated_or_pinned_back_to_life() -> None:
+    clock = ReplayClock(T0)
+    with Harness.open("memory://", embedder=None, clock=clock) as h:
+        m = h.record("temporary password, valid 1 hour", expires_at=T0 + timedelta(hours=1), session_id="s")
+        clock.advance(hours=2)
+        for change in (lambda: h.update(m.id, expires_at=None), lambda: h.pin(m.id)):
+            with pytest.raises(ValidationError, match="expired"):
+                change()
+        assert h.get(m.id).expires_at is not None
+
+
+def test_internal_records_cannot_be_forgotten() -> None:
+    with Harness.open("memory://", embedder=None) as h:
+        h.grant("crew", "alice", write=True)
+        grant = h.store.list(h.filters({"status": "internal"}).with_(status=frozenset({"internal"})), limit=1)
+        assert grant and grant[0].status is Status.INTERNAL
+        with pytest.raises(ValidationError, match="internal"):
+            h.forget(grant[0].id)
+
+
+def test_a_checkpoint_of_another_tenant_cannot_be_rolled_back() -> None:
+    with Harness.open("memory://", embedder=None, tenant="acme") as acme:
+        acme.record("acme fact", session_id="s1")
+        cp = acme.checkpoint("s1", "before")
+        globex = Harness(acme.store, None, tenant="globex")
+        with pytest.raises(NotFoundError):
+            globex.rollback(cp)
