@@ -124,7 +124,7 @@ def test_upgrading_a_schema_fills_the_expiry_column_from_the_stored_memories(
     with s._conn("test") as conn:  # back to the schema before the column existed
         conn.execute("DROP INDEX memories_expiry; DROP INDEX memories_keyset; DROP INDEX memories_tier")
         conn.execute("ALTER TABLE memories DROP COLUMN expires_at")
-        conn.execute("UPDATE meta SET value = '2' WHERE key = 'version'")
+        conn.execute("UPDATE meta SET value = '3' WHERE key = 'version'")  # before the expiry migration
     s.close()
     again = open_store(opened, url)
     assert [m.id for m in again.list(Filters.of(expires_by=due))] == [timed.id]
