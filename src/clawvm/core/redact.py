@@ -28,6 +28,9 @@ When candidates overlap, the more specific detector wins (a JWT is a secret, not
 ``RedactionPolicy`` says which kinds are on (per tenant: the harness takes one policy per tenant) and
 whether the original is kept, sealed with the data key (:mod:`clawvm.store.crypto`). JSON payloads are
 redacted value by value (with the key as context: ``{"phone": "5550132"}``), so they stay valid JSON.
+
+Every detector runs in time linear in the text, so a request cannot stall the server through redaction
+(tests/test_redact_linear.py; the cost per MB is in docs/redaction.md).
 """
 
 from __future__ import annotations
@@ -125,10 +128,6 @@ class _Found:
     rule: str
 
 
-def _before(text: str, start: int, width: int = 24) -> str:
-    return text[max(0, start - width) : start].lower()
-
-
 # -- email
 _EMAIL = re.compile(
     r"(?<![\w.%+'-])[A-Za-z0-9][A-Za-z0-9._%+'-]{0,63}@"
@@ -162,58 +161,162 @@ def _url_credentials(text: str) -> Iterator[_Found]:
 
 
 # -- secrets with a known shape
+# Every detector here runs in time linear in the text (a request must not stall the server through
+# redaction). A token pattern ``\bPREFIX[class]{n,}`` is linear when a long scan always ends in a match
+# (the match then consumes the run) or when no other start can sit inside the run it scans (its class has
+# no non-word character, so ``\b`` cannot occur there). Where neither holds, the rule names its start and
+# its run, and _token_matches skips the starts that would rescan a run already known to fail.
 _TOKEN_END = r"(?![A-Za-z0-9_-])"
-# (name, literals one of which the text must contain -- a cheap pre-check --, pattern)
-_KNOWN_SECRETS: tuple[tuple[str, tuple[str, ...], re.Pattern[str]], ...] = tuple(
-    (name, hints, re.compile(pattern))
-    for name, hints, pattern in (
-        (
-            "pem-private-key",
-            ("PRIVATE KEY-----",),
-            r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\s\S]{16,}?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----",
-        ),
-        ("jwt", ("eyJ",), r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}" + _TOKEN_END),
-        (
-            "openai-anthropic",
-            ("sk-",),
-            r"\bsk-(?:proj-|ant-(?:api\d\d-)?|svcacct-|admin-)?[A-Za-z0-9_-]{20,}" + _TOKEN_END,
-        ),
-        ("stripe", ("k_live_", "k_test_"), r"\b[rsp]k_(?:live|test)_[A-Za-z0-9]{16,}" + _TOKEN_END),
-        (
-            "github",
-            ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
-            r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})" + _TOKEN_END,
-        ),
-        ("gitlab", ("glpat-",), r"\bglpat-[A-Za-z0-9_-]{20,}" + _TOKEN_END),
-        ("slack", ("xox",), r"\bxox[abposre]-[A-Za-z0-9-]{10,}" + _TOKEN_END),
-        ("slack-webhook", ("hooks.slack.com",), r"https://hooks\.slack\.com/services/[A-Za-z0-9/]{20,}"),
-        (
-            "aws-access-key",
-            ("AKIA", "ASIA", "AGPA", "AIDA", "AROA", "ANPA", "ANVA", "AIPA"),
-            r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b",
-        ),
-        ("google-api-key", ("AIza",), r"\bAIza[0-9A-Za-z_-]{35}" + _TOKEN_END),
-        ("npm", ("npm_",), r"\bnpm_[A-Za-z0-9]{36}" + _TOKEN_END),
-        ("huggingface", ("hf_",), r"\bhf_[A-Za-z0-9]{30,}" + _TOKEN_END),
-        ("sendgrid", ("SG.",), r"\bSG\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{16,}" + _TOKEN_END),
-        ("clawvm-key", ("cvm_",), r"\bcvm_[0-9a-f]{12}_[A-Za-z0-9_-]{20,100}" + _TOKEN_END),
+
+
+@dataclass(frozen=True)
+class _TokenRule:
+    name: str
+    hints: tuple[str, ...]  # literals one of which the text must contain: a cheap pre-check
+    pattern: re.Pattern[str]
+    start: re.Pattern[str] | None = None  # where the pattern can start (its prefix) ...
+    run: re.Pattern[str] | None = None  # ... and the run of one class its body scans from there
+
+
+def _rule(name: str, hints: tuple[str, ...], pattern: str, start: str = "", run: str = "") -> _TokenRule:
+    return _TokenRule(
+        name,
+        hints,
+        re.compile(pattern),
+        re.compile(start) if start else None,
+        re.compile(run) if run else None,
     )
+
+
+_KNOWN_SECRETS: tuple[_TokenRule, ...] = (
+    # "eyJ-eyJ-eyJ-...": every "eyJ" after a "-" may start a token, and each scanned the rest of the run
+    _rule(
+        "jwt",
+        ("eyJ",),
+        r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}" + _TOKEN_END,
+        start=r"\beyJ",
+        run=r"[A-Za-z0-9_-]*",
+    ),
+    _rule(
+        "openai-anthropic",
+        ("sk-",),
+        r"\bsk-(?:proj-|ant-(?:api\d\d-)?|svcacct-|admin-)?[A-Za-z0-9_-]{20,}" + _TOKEN_END,
+    ),
+    _rule("stripe", ("k_live_", "k_test_"), r"\b[rsp]k_(?:live|test)_[A-Za-z0-9]{16,}" + _TOKEN_END),
+    _rule(
+        "github",
+        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+        r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})" + _TOKEN_END,
+    ),
+    _rule("gitlab", ("glpat-",), r"\bglpat-[A-Za-z0-9_-]{20,}" + _TOKEN_END),
+    # "xoxb-xoxb-...-x_": the run ends in "_", which fails the token from every start inside the run
+    _rule(
+        "slack",
+        ("xox",),
+        r"\bxox[abposre]-[A-Za-z0-9-]{10,}" + _TOKEN_END,
+        start=r"\bxox[abposre]-",
+        run=r"[A-Za-z0-9-]*",
+    ),
+    _rule("slack-webhook", ("hooks.slack.com",), r"https://hooks\.slack\.com/services/[A-Za-z0-9/]{20,}"),
+    _rule(
+        "aws-access-key",
+        ("AKIA", "ASIA", "AGPA", "AIDA", "AROA", "ANPA", "ANVA", "AIPA"),
+        r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b",
+    ),
+    _rule("google-api-key", ("AIza",), r"\bAIza[0-9A-Za-z_-]{35}" + _TOKEN_END),
+    _rule("npm", ("npm_",), r"\bnpm_[A-Za-z0-9]{36}" + _TOKEN_END),
+    _rule("huggingface", ("hf_",), r"\bhf_[A-Za-z0-9]{30,}" + _TOKEN_END),
+    _rule("sendgrid", ("SG.",), r"\bSG\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{16,}" + _TOKEN_END),
+    _rule("clawvm-key", ("cvm_",), r"\bcvm_[0-9a-f]{12}_[A-Za-z0-9_-]{20,100}" + _TOKEN_END),
 )
+# any hint of any rule: one search instead of a test per hint, for the many short strings of a JSON payload
+_ANY_HINT = re.compile("|".join(re.escape(hint) for rule in _KNOWN_SECRETS for hint in rule.hints))
 _AUTH_HEADER = re.compile(
     r"(?i)(?:\bbearer\s+(?P<bearer>[A-Za-z0-9._~+/-]{16,}=*)|authorization\s*:\s*basic\s+"
     r"(?P<basic>[A-Za-z0-9+/]{12,}={0,2}))(?![A-Za-z0-9._~+/=-])"
 )
 
 
-def _known_secrets(text: str) -> Iterator[_Found]:
-    for name, hints, pattern in _KNOWN_SECRETS:
-        if not any(h in text for h in hints):
+def _token_matches(rule: _TokenRule, text: str) -> Iterator[re.Match[str]]:
+    """What ``rule.pattern.finditer(text)`` yields, in time linear in the text.
+
+    A rule with a ``start`` and a ``run`` has a body that begins with a maximal run of the run's class
+    (its prefix is of that class too) and can only continue where that run ends: every start inside the
+    run sees the same end, with less before it, so when the pattern fails at one start it fails at every
+    later start in the run. Those are skipped instead of rescanning the run from each (which took time
+    quadratic in the run's length).
+    """
+    start, run = rule.start, rule.run
+    if start is None or run is None:
+        yield from rule.pattern.finditer(text)
+        return
+    resume = 0
+    for candidate in start.finditer(text):
+        at = candidate.start()
+        if at < resume:
             continue
-        for m in pattern.finditer(text):
-            body = m.group(0)
-            if len(set(body)) >= 8:  # "sk-xxxxxxxxxxxxxxxxxxxx" is a placeholder in docs, not a key
-                priority = 100 if name == "pem-private-key" else 90
-                yield _Found(PiiKind.SECRET, m.start(), m.end(), priority, name)
+        m = rule.pattern.match(text, at)
+        if m is not None:
+            yield m
+            resume = m.end()
+        else:
+            scanned = run.match(text, at)
+            resume = at + 1 if scanned is None else scanned.end()
+
+
+# -- PEM private keys: "-----BEGIN ... PRIVATE KEY-----", at least 16 characters, then the first END marker.
+# As one regular expression ([\s\S]{16,}? between the markers) every BEGIN without an END rescanned the
+# rest of the text: quadratic (20 s for 300 KB of BEGIN lines). Instead both markers are found once, with
+# str.find, and each BEGIN is paired with the first END far enough after it.
+_PEM_BEGIN = re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----")
+_PEM_END = re.compile(r"-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----")
+_PEM_MIN_BODY = 16
+
+
+def _markers(text: str, literal: str, marker: re.Pattern[str]) -> Iterator[re.Match[str]]:
+    """Every match of ``marker`` (which starts with ``literal``), in order. A match reads only the words
+    after its own literal (capitals, digits and spaces), and those of two literals never overlap: the text
+    is read a bounded number of times."""
+    at = text.find(literal)
+    while at != -1:
+        m = marker.match(text, at)
+        if m is not None:
+            yield m
+        at = text.find(literal, at + 1)
+
+
+def _pem_private_keys(text: str) -> Iterator[tuple[int, int]]:
+    """(start, end) of each PEM private key block, as the lazy regular expression (BEGIN, at least 16
+    characters, END) finds them: leftmost first, each up to the first END far enough after its BEGIN, then
+    on from there."""
+    ends = list(_markers(text, "-----END ", _PEM_END))
+    end_starts = [m.start() for m in ends]
+    resume = 0
+    for begin in _markers(text, "-----BEGIN ", _PEM_BEGIN):
+        if begin.start() < resume:
+            continue
+        i = bisect.bisect_left(end_starts, begin.end() + _PEM_MIN_BODY)
+        if i == len(ends):
+            return  # no END after this BEGIN, nor after any later one
+        resume = ends[i].end()
+        yield begin.start(), resume
+
+
+def _token_secrets(text: str) -> Iterator[_Found]:
+    for rule in _KNOWN_SECRETS:
+        if not any(h in text for h in rule.hints):
+            continue
+        for m in _token_matches(rule, text):
+            if len(set(m.group(0))) >= 8:  # "sk-xxxxxxxxxxxxxxxxxxxx" is a placeholder in docs, not a key
+                yield _Found(PiiKind.SECRET, m.start(), m.end(), 90, rule.name)
+
+
+def _known_secrets(text: str) -> Iterator[_Found]:
+    if "PRIVATE KEY-----" in text:
+        for start, end in _pem_private_keys(text):
+            yield _Found(PiiKind.SECRET, start, end, 100, "pem-private-key")  # never a placeholder
+    if _ANY_HINT.search(text):
+        yield from _token_secrets(text)
     for m in _AUTH_HEADER.finditer(text):
         group = "bearer" if m.group("bearer") else "basic"
         if len(set(m.group(group))) >= 8:
@@ -611,6 +714,7 @@ _DETECTORS: dict[PiiKind, tuple[Callable[[str], Iterator[_Found]], ...]] = {
     PiiKind.CREDENTIALS: (_url_credentials,),
     PiiKind.IP: (_ips,),
 }
+_ALL_DETECTORS = tuple(detect for kind in PiiKind for detect in _DETECTORS[kind])
 
 
 def find(text: str, kinds: Iterable[PiiKind] = ALL_KINDS) -> list[Span]:
@@ -620,17 +724,20 @@ def find(text: str, kinds: Iterable[PiiKind] = ALL_KINDS) -> list[Span]:
     number inside a URL's password is not redacted as a phone number when only phones are on.
     """
     enabled = frozenset(kinds)
-    found = [f for kind in PiiKind for detect in _DETECTORS[kind] for f in detect(text)]
+    found = [f for detect in _ALL_DETECTORS for f in detect(text)]
     found.sort(key=lambda f: (-f.priority, -(f.end - f.start), f.start))
-    taken: list[_Found] = []  # sorted by start, never overlapping
-    starts: list[int] = []
+    # one byte per character: 1 where a kept span lies. Each detector's candidates are disjoint, so checking
+    # and marking them costs at most the text's length per detector (a sorted list with inserts in the
+    # middle was quadratic in the number of spans).
+    taken = bytearray(len(text))
+    kept: list[_Found] = []
     for f in found:
-        at = bisect.bisect_right(starts, f.start)
-        if (at > 0 and taken[at - 1].end > f.start) or (at < len(taken) and taken[at].start < f.end):
+        if taken.find(1, f.start, f.end) != -1:
             continue
-        starts.insert(at, f.start)
-        taken.insert(at, f)
-    return [Span(f.kind, f.start, f.end, f.rule) for f in taken if f.kind in enabled]
+        taken[f.start : f.end] = b"\x01" * (f.end - f.start)
+        kept.append(f)
+    kept.sort(key=lambda f: f.start)
+    return [Span(f.kind, f.start, f.end, f.rule) for f in kept if f.kind in enabled]
 
 
 def redact(text: str, policy: RedactionPolicy | None = None) -> Redaction:
@@ -667,10 +774,9 @@ def redact_json(
 def _walk(value: Any, key: str | None, policy: RedactionPolicy, tally: Counter[str], numbers: bool) -> Any:
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
+        repeats: dict[str, int] = {}
         for k, v in value.items():
-            new_key = _redact_scalar(str(k), None, policy, tally)
-            while new_key in out:  # two keys redacted alike: keep both entries
-                new_key += "'"
+            new_key = _unique_key(_redact_scalar(str(k), None, policy, tally), out, repeats)
             out[new_key] = _walk(v, str(k), policy, tally, numbers)
         return out
     if isinstance(value, list | tuple):
@@ -682,6 +788,21 @@ def _walk(value: Any, key: str | None, policy: RedactionPolicy, tally: Counter[s
         redacted = _redact_scalar(text, key, policy, tally)
         return value if redacted == text else redacted
     return value
+
+
+def _unique_key(key: str, out: Mapping[str, Any], repeats: dict[str, int]) -> str:
+    """``key``, or when another key was redacted alike, ``key'``, then ``key'2``, ``key'3`` ...: both
+    entries stay. Counting on from the last suffix given keeps this linear in the number of keys (adding one
+    more ``'`` each time made the keys, and the time, grow quadratically)."""
+    if key not in out:
+        return key
+    n = repeats.get(key, 0)
+    while True:
+        n += 1
+        candidate = f"{key}'" if n == 1 else f"{key}'{n}"
+        if candidate not in out:
+            repeats[key] = n
+            return candidate
 
 
 def _redact_scalar(text: str, key: str | None, policy: RedactionPolicy, tally: Counter[str]) -> str:
