@@ -97,10 +97,16 @@ def test_add_reads_content_from_stdin_or_a_file(tmp_path: Path) -> None:
     mid = run(db, "add", "--file", str(note), "--tag", "incident").strip()
     shown = json.loads(run(db, "show", mid))
     assert shown["content"] == note.read_text(encoding="utf-8") and shown["tags"] == ["incident"]
+    piped_json = '{"host": "ci-3", "disk_free_gb": 0.4}'
+    result = CliRunner().invoke(
+        main, ["--db", str(db), "--no-embed", "add", "-", "--json-content"], input=piped_json
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(json.loads(run(db, "show", result.output.strip()))["content"]) == json.loads(piped_json)
     for wrong in (["add"], ["add", "both", "--file", str(note)]):  # no content, or two sources
         result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", *wrong])
         assert result.exit_code == 2 and "content" in result.output and "Traceback" not in result.output
-    assert json.loads(run(db, "stats"))["memories"] == 2
+    assert json.loads(run(db, "stats"))["memories"] == 3
 
 
 def test_search_rejects_an_unknown_kind_like_add(tmp_path: Path) -> None:

@@ -90,10 +90,11 @@ def add(
     **fields: Any,
 ) -> None:
     """Record CONTENT as a new memory and print its id (CONTENT "-" reads it from stdin)."""
-    payload: Any = _content(content, content_file)
+    text = _content(content, content_file)
+    payload: Any = text
     if json_content:
         try:
-            payload = json.loads(content)
+            payload = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValidationError(
                 "content", f"is not valid JSON ({exc.msg})", "drop --json-content or fix the JSON"
