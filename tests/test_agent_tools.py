@@ -184,8 +184,109 @@ def test_dispatcher_validation_agrees_with_the_json_schema(data: st.DataObject) 
         tools = AgentTools(h, session_id="s1", task_id="t1")
         schema_ok = jsonschema.Draft202012Validator(tools.parameters(name)).is_valid(args)
         reply = tools.dispatch(name, args)
+        # the same call as a strict-mode model sends it: every property present, null where not meant
+        filled = {**{n: None for n in TOOLS_UNDER_TEST[name]}, **args}
+        strict_ok = jsonschema.Draft202012Validator(tools.parameters(name, strict=True)).is_valid(filled)
+        full_ok = jsonschema.Draft202012Validator(tools.parameters(name)).is_valid(filled)
+        filled_reply = tools.dispatch(name, filled)
     rejected = not reply["ok"] and reply["error"]["type"] == "invalid_arguments"
     assert rejected is (not schema_ok), (name, args, reply)
+    filled_rejected = not filled_reply["ok"] and filled_reply["error"]["type"] == "invalid_arguments"
+    assert filled_rejected is (not full_ok), (name, filled, filled_reply)
+    assert strict_ok or not full_ok, (name, filled)  # the strict schema only ever drops constraints
+
+
+# ---- OpenAI strict mode ---------------------------------------------------------------------------------
+STRICT_FORBIDDEN = {"minimum", "maximum", "minLength", "maxLength", "pattern", "format", "default"}
+
+
+def schema_nodes(node: Any) -> list[dict[str, Any]]:
+    """Every (sub)schema of a JSON schema; property names are not keywords."""
+    if isinstance(node, list):
+        return [n for v in node for n in schema_nodes(v)]
+    if not isinstance(node, dict):
+        return []
+    found = [node]
+    for key, value in node.items():
+        children = list(value.values()) if key in ("properties", "$defs") else [value]
+        found += [n for child in children for n in schema_nodes(child)]
+    return found
+
+
+def test_strict_schemas_are_openai_strict_mode_subset() -> None:
+    with Harness.open("memory://", embedder=None) as h:
+        tools = AgentTools(h, session_id="s1")
+        strict, loose = tools.schemas(strict=True), tools.schemas()
+    assert [s["function"]["name"] for s in strict] == NAMES
+    for s, full in zip(strict, loose, strict=True):
+        assert s["function"]["strict"] is True and "strict" not in full["function"]
+        params = s["function"]["parameters"]
+        jsonschema.Draft202012Validator.check_schema(params)
+        for node in schema_nodes(params):
+            assert not STRICT_FORBIDDEN & set(node), (s["function"]["name"], node)
+            if node.get("type") == "object" or "properties" in node:
+                assert node["additionalProperties"] is False
+                assert sorted(node["required"]) == sorted(node["properties"])
+        optional = set(full["function"]["parameters"]["properties"]) - set(
+            full["function"]["parameters"].get("required", [])
+        )
+        for prop, schema in params["properties"].items():  # optional means nullable in strict mode
+            accepts_null = jsonschema.Draft202012Validator(schema).is_valid(None)
+            assert accepts_null is (prop in optional), (s["function"]["name"], prop)
+    assert any("maximum" in n for n in schema_nodes(loose))  # the full schema keeps its bounds
+
+
+def test_null_filled_strict_calls_dispatch(harness: Harness) -> None:
+    tools = AgentTools(harness, session_id="s1", task_id="t1")
+    schemas = {s["function"]["name"]: s["function"]["parameters"] for s in tools.schemas(strict=True)}
+
+    def call(name: str, *, check: bool = True, **given: Any) -> Any:
+        args = {**dict.fromkeys(schemas[name]["properties"], None), **given}
+        if check:
+            jsonschema.Draft202012Validator(schemas[name]).validate(args)  # what a strict-mode model may send
+        return tools.dispatch(name, json.dumps(args))
+
+    fact = ok(call("record_memory", content="The invoice API rotates keys on Mondays"))
+    m = harness.get(fact["id"])
+    assert (m.kind.value, m.tags, m.pinned, m.state) == ("note", [], False, None)  # nulls -> defaults
+    hits = ok(call("recall_memory", query="invoice keys"))["memories"]
+    assert [x["id"] for x in hits] == [fact["id"]]
+    assert fact["id"] in ok(call("build_context", query="invoice keys"))["ids"]
+    ok(call("record_memory", content="step 1", state="intermediate"))
+    assert ok(call("summarize_task"))["summary_id"]
+    # bounds left out of the strict schema are still the dispatcher's
+    e = err(call("recall_memory", query="x", k=1000), "invalid_arguments")
+    assert e["field"] == "k"
+    # a required argument stays required: null is not "not given" for it
+    assert err(call("record_memory", check=False, content=None), "invalid_arguments")["field"] == "content"
+
+
+def test_deeply_nested_json_is_invalid_json_not_a_crash(harness: Harness) -> None:
+    tools = AgentTools(harness, session_id="s1")
+    for text in ("[" * 100000, '{"a":' * 100000, "[" * 100000 + "]" * 100000):
+        e = err(tools.dispatch("record_memory", text), "invalid_json")
+        assert "Recursion" not in e["message"]
+
+
+def test_errors_speak_json_types(harness: Harness) -> None:
+    tools = AgentTools(harness, session_id="s1")
+    cases = {
+        json.dumps({"query": "x", "k": "5"}): "k: expected an integer, got a string",
+        json.dumps({"query": "x", "k": 2.5}): "k: expected an integer, got a number",
+        json.dumps({"query": "x", "k": True}): "k: expected an integer, got a boolean",
+        json.dumps({"query": None}): "query: expected a string, got null",
+        json.dumps({"query": "x", "tags": {"a": 1}}): "tags: expected an array, got an object",
+        json.dumps({"query": "x", "tags": [3]}): "tags.0: expected a string, got an integer",
+    }
+    for arguments, message in cases.items():
+        assert err(tools.dispatch("recall_memory", arguments), "invalid_arguments")["message"] == message
+    for arguments, said in {"null": "null", "5": "an integer", '"s"': "a string", "[1]": "an array"}.items():
+        message = err(tools.dispatch("recall_memory", arguments), "invalid_json")["message"]
+        assert message == f"arguments are {said}, not an object"
+    python_names = ("int", "str", "NoneType", "dict", "list", "float", "bool")
+    for arguments in [*cases, "null", "5", '"s"', "[1]"]:
+        words = json.dumps(tools.dispatch("recall_memory", arguments)).replace(",", " ").split()
+        assert not set(python_names) & {w.strip("\"':.") for w in words}, arguments
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clawvm.cli import main
+from clawvm.core.model import Kind
 from clawvm.store import SQLiteStore
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey
 from clawvm.store.keys import Keyring
@@ -81,6 +82,41 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", "add", "{oops", "--json-content"])
     assert result.exit_code == 2 and "content" in result.output
     assert json.loads(run(db, "stats"))["memories"] == 1
+
+
+def test_add_reads_content_from_stdin_or_a_file(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    piped = "line one\nline two: the runner's disk was full\n"
+    result = CliRunner().invoke(
+        main, ["--db", str(db), "--no-embed", "add", "-", "--kind", "error"], input=piped
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(run(db, "show", result.output.strip()))["content"] == piped
+    note = tmp_path / "note.md"
+    note.write_text("# Incident\n\nrotated the staging key ✓\n", encoding="utf-8")
+    mid = run(db, "add", "--file", str(note), "--tag", "incident").strip()
+    shown = json.loads(run(db, "show", mid))
+    assert shown["content"] == note.read_text(encoding="utf-8") and shown["tags"] == ["incident"]
+    piped_json = '{"host": "ci-3", "disk_free_gb": 0.4}'
+    result = CliRunner().invoke(
+        main, ["--db", str(db), "--no-embed", "add", "-", "--json-content"], input=piped_json
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(json.loads(run(db, "show", result.output.strip()))["content"]) == json.loads(piped_json)
+    for wrong in (["add"], ["add", "both", "--file", str(note)]):  # no content, or two sources
+        result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", *wrong])
+        assert result.exit_code == 2 and "content" in result.output and "Traceback" not in result.output
+    assert json.loads(run(db, "stats"))["memories"] == 3
+
+
+def test_search_rejects_an_unknown_kind_like_add(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    run(db, "add", "disk full on build-07", "--kind", "error")
+    result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", "search", "disk", "--kind", "bogus"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "kind" in result.output and all(k.value in result.output for k in Kind)
+    assert "disk full" in run(db, "search", "disk", "--kind", "error")
+    assert run(db, "search", "disk", "--kind", "note").strip() == ""
 
 
 def test_export_import_round_trip(tmp_path: Path) -> None:

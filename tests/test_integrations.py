@@ -19,7 +19,9 @@ from langgraph.runtime import Runtime
 from langgraph.store.base import InvalidNamespaceError
 from langgraph.store.memory import InMemoryStore
 from mcp import Client, StdioServerParameters
+from mcp.client.stdio import get_default_environment
 
+import clawvm
 from clawvm import Harness, Kind, State
 from clawvm.agents.tools import AgentTools
 from clawvm.integrations import langgraph as langgraph_adapter
@@ -298,6 +300,8 @@ def test_mcp_server_over_stdio_with_the_sdk_client(engine_name: str, tmp_path: P
             "none",
         ],
         cwd=str(tmp_path),
+        # the server runs the clawvm under test (a worktree's), not whichever the interpreter finds first
+        env={**get_default_environment(), "PYTHONPATH": str(Path(clawvm.__file__).parents[1])},
     )
 
     async def talk() -> dict[str, Any]:

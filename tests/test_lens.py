@@ -18,7 +18,15 @@ from hypothesis import strategies as st
 from clawvm import Harness, Kind, Memory, NotFoundError, Tier, ValidationError
 from clawvm.core.model import Cost, Usage
 from clawvm.demo.scenario import ReplayClock
-from clawvm.observe.learning import features, intervene, learn, raw_value, restore_weights, weights_of
+from clawvm.observe.learning import (
+    MAX_WEIGHT_STEP,
+    features,
+    intervene,
+    learn,
+    raw_value,
+    restore_weights,
+    weights_of,
+)
 from clawvm.observe.lens import Lens, record_output
 from clawvm.store import Event
 from clawvm.store.eventlog import DUCKDB_QUERIES, Retention, export_jsonl, export_parquet, prune, run_query
@@ -221,8 +229,36 @@ def test_learning_step_moves_the_value_toward_the_target(
     clipped = any(v in (0.0, 1.0) for k, v in weights.items() if k != "base") or any(
         v in (0.0, 1.0) for v in weights["base"].values()
     )
-    if not clipped:  # the documented step: exactly `rate` of the way
+    assert all(abs(v) <= MAX_WEIGHT_STEP + 1e-9 for v in delta.values())  # one action, a bounded step
+    bounded = any(abs(v) >= MAX_WEIGHT_STEP - 1e-6 for v in delta.values())
+    small = sum(x * x for x in features(m, now, cfg).values()) < 1.0
+    # never past `rate` of the way (an old memory, a bound or a clip only make the step shorter)
+    assert abs(after - before) <= rate * abs(target - before) + 1e-9
+    if not clipped and not bounded and not small:  # the documented step: exactly `rate` of the way
         assert after == pytest.approx(before + rate * (target - before), abs=1e-9)
+
+
+def test_pinning_one_very_old_memory_does_not_revalue_its_kind(h: Harness, clock: ReplayClock) -> None:
+    ancient = h.record("a note from the first week of the project", kind="note", session_id="s1")
+    clock.now = T0 + timedelta(days=3650)  # ten years on: its recency factor is the floor
+    fresh = h.record("a note written today about the invoices", kind="note", session_id="s1")
+    base_before = h.pager.config.scoring.base["note"]
+    fresh_before = h.pager.value_now(h.get(fresh.id), clock.now)
+    learned = intervene(h, "pin", ancient.id)["learned"]
+    moved = h.pager.config.scoring.base["note"] - base_before
+    assert 0.0 < moved <= MAX_WEIGHT_STEP and learned["base:note"] == pytest.approx(moved, abs=1e-6)
+    assert 0.0 < h.pager.value_now(h.get(fresh.id), clock.now) - fresh_before <= MAX_WEIGHT_STEP + 1e-9
+
+
+def test_a_near_zero_recency_factor_is_not_a_divisor() -> None:
+    # no recency floor and an ancient memory: its base feature is ~1e-9; dividing by its square sent the
+    # kind's base weight to the clip (every note worth 1.0) after one pin
+    cfg = replace(DEFAULT_SCORING, recency_floor=0.0)
+    old = Memory(content="an old note", kind=Kind.NOTE, created_at=T0)
+    now = T0 + timedelta(days=200)
+    assert 0.0 < features(old, now, cfg)["base:note"] < 1e-6
+    new, delta = learn(cfg, old, now, target=1.0)
+    assert abs(new.base["note"] - cfg.base["note"]) < 1e-6 and all(abs(v) < 1e-6 for v in delta.values())
 
 
 def test_learn_rejects_a_bad_rate() -> None:
@@ -268,6 +304,39 @@ def test_manual_actions_are_events_and_teach_the_scorer(h: Harness, clock: Repla
     fresh = Harness(h.store, None, clock=clock)
     assert weights_of(fresh.pager.config.scoring) == weights[-1].data["weights"]
     assert fresh.pager.config.scoring != DEFAULT_SCORING
+
+
+def test_archive_never_raises_a_value(h: Harness, clock: ReplayClock) -> None:
+    pinned = h.record("User profile: prefers Lisbon time", kind="note", session_id="s1")
+    plain = h.record("another note about reports", kind="note", session_id="s1")
+    liked = h.record("a note people voted up", kind="note", session_id="s1")
+    disliked = h.record("a note people voted down", kind="note", session_id="s1")
+    for m, votes, failures in ((liked, 6, 0), (disliked, -20, 5)):
+        h.pager.mutate(
+            h.get(m.id),
+            lambda cur, v=votes, f=failures: {
+                "usage": cur.usage.model_copy(update={"feedback": v, "failures": f})
+            },
+            clock.now,
+        )
+    for _ in range(4):  # the note weights rise: stored values of the other notes are now stale-low
+        intervene(h, "pin", pinned.id)
+        intervene(h, "unpin", pinned.id)
+    clock.now = T0 + timedelta(days=90)  # old enough that `disliked` is worth less than nothing, raw
+    assert raw_value(h.get(disliked.id), clock.now, h.pager.config.scoring) < 0
+    everyone = [pinned, plain, liked, disliked]
+    for target in (plain, disliked, pinned):
+        values = {m.id: h.pager.value_now(h.get(m.id), clock.now) for m in everyone}
+        done = intervene(h, "archive", target.id)
+        assert done["after"]["tier"] == "archive"
+        assert done["after"]["value"] <= done["before"]["value"]
+        assert h.get(target.id).value <= values[target.id] + 1e-9
+        assert all(v < 0 for v in done["learned"].values())  # an archive only lowers weights
+        for m in everyone:  # no memory, archived or not, is worth more after an archive
+            assert h.pager.value_now(h.get(m.id), clock.now) <= values[m.id] + 1e-9, (
+                target.content,
+                m.content,
+            )
 
 
 def test_manual_action_input_is_checked(h: Harness) -> None:

@@ -144,6 +144,25 @@ def test_declared_fallback_and_interrupted_calls_counted_apart(harness: Harness)
     assert s.fallback is not None and s.fallback.tool == "mirror"
 
 
+def test_a_declared_fallback_that_also_follows_the_failure_counts_once(harness: Harness) -> None:
+    @harness.tool(session_id="ops", task_id="charge-42")
+    def charge_api(order: str) -> str:
+        raise TimeoutError(f"POST /charge {order}: read timed out")
+
+    @harness.tool(session_id="ops", task_id="charge-42", fallback_for="charge_api")
+    def queue_charge(order: str) -> str:
+        return f"queued {order}"
+
+    for i in range(3):
+        with contextlib.suppress(TimeoutError):
+            charge_api(f"o-{i}")
+        queue_charge(f"o-{i}")  # declared *and* observed: the same three results
+    s = stats(harness, "charge_api")
+    assert s.fallback is not None and (s.fallback.tool, s.fallback.successes) == ("queue_charge", 3)
+    assert "succeeded 3 times" in s.warning()
+    assert stats(harness, "queue_charge").successes == 3
+
+
 def test_observed_fallback_must_follow_in_the_same_task(harness: Harness) -> None:
     now = harness.now()
     for i, (tool, state, task) in enumerate(

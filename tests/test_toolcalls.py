@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from clawvm import Harness, InvalidToolResultError, Kind, Memory, State, ValidationError
 from clawvm.agents.toolcalls import INTERRUPTED, is_timeout, scope
+from clawvm.demo.scenario import ReplayClock
 from engines import harness_target
 
 
@@ -54,6 +56,39 @@ def test_sync_tool_records_pending_call_before_it_runs_then_success(harness: Har
     # the event log shows the call added as PENDING, then updated to its outcome
     kinds = [e.kind for e in harness.events(memory_id=call.id)]
     assert kinds[0] == "add" and "update" in kinds
+
+
+def test_duration_is_wall_time_or_the_time_a_replay_clock_moved() -> None:
+    # a real clock: the measured wall time of a tool that really takes 50 ms
+    with Harness.open("memory://", embedder=None) as real:
+
+        @real.tool(session_id="s1")
+        def slow() -> str:
+            time.sleep(0.05)
+            return "done"
+
+        slow()
+        ((_, result),) = trail(real, "slow")
+        assert 0.05 <= result.cost.seconds < 1.0
+    # a replay clock the tool moves (a scripted latency): that is the call's duration, and it agrees
+    # with the trail's own timestamps; a timeout raised after the clock moved is timed the same way
+    clock = ReplayClock()
+    with Harness.open("memory://", embedder=None, clock=clock) as replay:
+
+        @replay.tool(session_id="s1", timeout_errors=(TimeoutError,))
+        def scripted(fail: bool) -> str:
+            clock.advance(seconds=2.5)
+            if fail:
+                raise TimeoutError("read timed out after 2.5 s")
+            return "done"
+
+        scripted(False)
+        with contextlib.suppress(TimeoutError):
+            scripted(True)
+        for call, result in trail(replay, "scripted"):
+            assert result.cost.seconds == pytest.approx(2.5, abs=0.01)
+            assert (result.created_at - call.created_at).total_seconds() == pytest.approx(2.5)
+            assert call.metadata["tool_call"]["duration_s"] == result.cost.seconds
 
 
 def test_exception_is_recorded_with_type_message_traceback_and_reraised(harness: Harness) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from clawvm.core.errors import ClawVMError, ConfigError, ValidationError
-from clawvm.core.model import Memory
+from clawvm.core.model import Kind, Memory
 from clawvm.harness import Harness
 from clawvm.store import Store, store_from_url
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey, DataKeys, rotate_data_key
@@ -61,7 +61,14 @@ def main(ctx: click.Context, db: str, no_embed: bool) -> None:
 
 
 @main.command()
-@click.argument("content")
+@click.argument("content", required=False)
+@click.option(
+    "--file",
+    "content_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Read the content from this file (UTF-8) instead of CONTENT.",
+)
 @click.option(
     "--kind", default="note", show_default=True, help="Memory kind, e.g. user_input, tool_result, decision."
 )
@@ -74,13 +81,20 @@ def main(ctx: click.Context, db: str, no_embed: bool) -> None:
 @click.option("--json-content", is_flag=True, help="Parse CONTENT as JSON and store it as canonical JSON.")
 @click.pass_context
 def add(
-    ctx: click.Context, /, content: str, json_content: bool, tags: tuple[str, ...], **fields: Any
+    ctx: click.Context,
+    /,
+    content: str | None,
+    content_file: Path | None,
+    json_content: bool,
+    tags: tuple[str, ...],
+    **fields: Any,
 ) -> None:
-    """Record CONTENT as a new memory and print its id."""
-    payload: Any = content
+    """Record CONTENT as a new memory and print its id (CONTENT "-" reads it from stdin)."""
+    text = _content(content, content_file)
+    payload: Any = text
     if json_content:
         try:
-            payload = json.loads(content)
+            payload = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValidationError(
                 "content", f"is not valid JSON ({exc.msg})", "drop --json-content or fix the JSON"
@@ -88,6 +102,35 @@ def add(
     with _opened(ctx) as h:
         m = h.record(payload, tags=list(tags), **{k: v for k, v in fields.items() if v is not None})
         click.echo(m.id)
+
+
+def _content(content: str | None, content_file: Path | None) -> str:
+    """The text to record: CONTENT, stdin for "-", or the file given with --file (exactly one of them)."""
+    if (content is None) == (content_file is None):
+        raise ValidationError(
+            "content", "must come from exactly one place", 'give CONTENT, "-" for stdin, or --file PATH'
+        )
+    if content_file is not None:
+        try:
+            return content_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValidationError(
+                "--file", f"{content_file} is not UTF-8 text ({exc.reason})", "record a text file"
+            ) from None
+    if content == "-":
+        return sys.stdin.read()
+    return str(content)
+
+
+def _kind(value: str | None) -> Kind | None:
+    """``--kind`` as a Kind, or the same one-line error (exit code 2) ``add`` gives for a wrong kind."""
+    if value is None:
+        return None
+    try:
+        return Kind(value)
+    except ValueError:
+        allowed = ", ".join(k.value for k in Kind)
+        raise ValidationError("kind", f"is {value!r}", f"use one of {allowed}") from None
 
 
 @main.command()
@@ -114,6 +157,7 @@ def search(
     **filters: Any,
 ) -> None:
     """Hybrid recall: the K best memories for QUERY."""
+    filters["kind"] = _kind(filters.get("kind"))
     given = {name: v for name, v in filters.items() if v is not None}
     if tags:
         given["tags"] = list(tags)

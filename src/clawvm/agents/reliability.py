@@ -17,8 +17,9 @@ The window makes the rule forgiving: a fixed API is reliable again after ``windo
 - observed: after a failed call of this tool, the next result of a *different* tool in the same session
   (and the same task, when the failure had one), within ``fallback_horizon`` results, succeeded.
 
-The fallback named is the tool with the most such successes (the last ``max_failures`` failures are
-examined).
+The fallback named is the tool with the most such successes, each successful result counted once
+(a declared fallback that also followed a failure is one success), over the last ``max_failures``
+failures.
 
 **Context warning.** ``Harness.context(query, tools=[...])`` adds one warning line per unreliable tool
 among ``tools`` — what the task is about to use. With ``tools=None`` the tools are inferred: those of
@@ -190,17 +191,16 @@ def fallback(
     p = policy or ReliabilityPolicy()
     wins: Counter[str] = Counter()
     example: dict[str, str] = {}
+    counted: set[str] = set()  # a declared fallback that also followed a failure is one success, not two
     declared = harness.list(
         limit=p.window, kind=Kind.TOOL_RESULT, state=State.SUCCESS, tags=[fallback_tag(tool)]
     )
-    for m in declared:
-        if m.tool_name and m.tool_name != tool:
+    observed = (m for m in _followers(harness, failures, p.fallback_horizon) if m.state is State.SUCCESS)
+    for m in (*declared, *observed):
+        if m.tool_name and m.tool_name != tool and m.id not in counted:
+            counted.add(m.id)
             wins[m.tool_name] += 1
             example.setdefault(m.tool_name, m.id)
-    for follow in _followers(harness, failures, p.fallback_horizon):
-        if follow.tool_name and follow.tool_name != tool and follow.state is State.SUCCESS:
-            wins[follow.tool_name] += 1
-            example.setdefault(follow.tool_name, follow.id)
     if not wins:
         return None
     best, count = max(wins.items(), key=lambda kv: (kv[1], kv[0]))

@@ -40,6 +40,7 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, cast
 
@@ -157,6 +158,7 @@ class ToolCall:
         self._has_value = False
         self._extra_cost: dict[str, float] = {"tokens": 0, "money": 0.0}
         self._t0 = 0.0
+        self._clock0: datetime | None = None
 
     # ---- driving a call -----------------------------------------------------------------------------
     def start(self) -> Memory:
@@ -180,7 +182,7 @@ class ToolCall:
         )
         with _in_flight_lock:
             _in_flight.add(self.call.id)
-        self._t0 = time.perf_counter()
+        self._t0, self._clock0 = time.perf_counter(), self.harness.now()
         return self.call
 
     @property
@@ -265,7 +267,14 @@ class ToolCall:
         return self.call.id
 
     def _elapsed(self) -> float:
-        return max(0.0, time.perf_counter() - self._t0)
+        """The call's duration: the wall time measured here or the time the harness's clock moved during
+        the call, whichever is longer. On the real clock the two agree; on a replay clock (a demo or a
+        test scripting a slow tool by moving the clock) the scripted latency is the call's duration, so
+        ``cost.seconds`` agrees with the trail's own timestamps."""
+        wall = max(0.0, time.perf_counter() - self._t0)
+        if self._clock0 is None:
+            return wall
+        return max(wall, (self.harness.now() - self._clock0).total_seconds())
 
     def _check(self, value: Any) -> str | None:
         if self.spec.validator is None:

@@ -9,7 +9,10 @@ OpenAI ``tool_calls`` entry into the ``role: tool`` message to send back.
 
 Each tool's arguments are a pydantic model; its JSON schema *is* the published schema, and arguments are
 validated against it strictly (no coercion: ``"5"`` is not an integer, while ``5.0`` is, as in JSON
-Schema), unknown names rejected.
+Schema), unknown names rejected. An optional argument may be sent as ``null``, meaning "not given".
+``schemas(strict=True)`` is the variant for OpenAI's strict mode (``"strict": true``): every property is
+listed in ``required`` (the optional ones are nullable instead) and the keywords strict mode does not
+take (bounds, lengths, patterns, formats, defaults) are left out; the dispatcher still enforces them.
 Memory ids may be given in full or as the 8-character short id shown in a built context.
 
 Tools: record_memory, recall_memory, build_context, checkpoint, rollback, pin_memory, forget_memory,
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol
 
 import pydantic
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from clawvm.agents.toolcalls import scope_fields
 from clawvm.core.errors import ClawVMError, ConflictError, NotFoundError, ValidationError
@@ -104,6 +107,18 @@ JSONInt = Annotated[int, BeforeValidator(_integral)]
 
 class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_not_given(cls, data: Any) -> Any:
+        """An explicit null for an optional argument is the argument left out (strict-mode callers must
+        send every property, so they send null for the ones they do not mean to set)."""
+        if not isinstance(data, Mapping):
+            return data
+        fields = cls.model_fields
+        return {
+            k: v for k, v in data.items() if not (v is None and k in fields and not fields[k].is_required())
+        }
 
 
 class RecordMemoryArgs(_Args):
@@ -204,26 +219,26 @@ class AgentTools:
     def names(self) -> list[str]:
         return list(self._tools)
 
-    def parameters(self, name: str) -> dict[str, Any]:
-        """The JSON schema of ``name``'s arguments."""
-        return json_schema(self._tools[name].args)
+    def parameters(self, name: str, *, strict: bool = False) -> dict[str, Any]:
+        """The JSON schema of ``name``'s arguments (``strict``: OpenAI's strict-mode subset of it)."""
+        return json_schema(self._tools[name].args, strict=strict)
 
     def description(self, name: str) -> str:
         return " ".join((self._tools[name].args.__doc__ or name).split())
 
-    def schemas(self) -> list[dict[str, Any]]:
-        """The ``tools`` list of an OpenAI chat-completions request."""
-        return [
-            {
-                "type": "function",
-                "function": {
-                    "name": name,
-                    "description": self.description(name),
-                    "parameters": self.parameters(name),
-                },
+    def schemas(self, *, strict: bool = False) -> list[dict[str, Any]]:
+        """The ``tools`` list of an OpenAI chat-completions request (``strict``: for strict mode)."""
+        tools: list[dict[str, Any]] = []
+        for name in self._tools:
+            function: dict[str, Any] = {
+                "name": name,
+                "description": self.description(name),
+                "parameters": self.parameters(name, strict=strict),
             }
-            for name in self._tools
-        ]
+            if strict:
+                function["strict"] = True
+            tools.append({"type": "function", "function": function})
+        return tools
 
     def dispatch(self, name: str, arguments: str | Mapping[str, Any] | None) -> dict[str, Any]:
         """Run one tool call; returns ``{"ok": true, "result": ...}`` or a structured error. Never raises."""
@@ -355,11 +370,96 @@ class AgentTools:
         return found[0]
 
 
-def json_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The model's JSON schema, tidied for function calling: no titles, ``X | None`` shown as X."""
+# Keywords OpenAI's strict mode does not accept; the strict schema leaves them out and the dispatcher (which
+# validates against the full model) still enforces them.
+STRICT_UNSUPPORTED = frozenset(
+    {
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "format",
+        "default",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+        "minProperties",
+        "maxProperties",
+    }
+)
+# Keywords whose value maps names to schemas (a property named "format" is not the keyword "format").
+_NAMED_SCHEMAS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
+
+
+def json_schema(model: type[BaseModel], *, strict: bool = False) -> dict[str, Any]:
+    """The model's JSON schema, tidied for function calling: no titles, optional arguments nullable.
+
+    ``strict``: OpenAI's strict-mode subset (every property required, unsupported keywords left out,
+    ``additionalProperties: false`` on every object).
+    """
     schema: dict[str, Any] = _tidy(model.model_json_schema())
     schema.pop("description", None)  # the docstring: already the function's description
-    return schema
+    schema = _optional_nullable(schema)
+    return _strict(schema) if strict else schema
+
+
+def _optional_nullable(node: Any) -> Any:
+    """Every object's optional properties also accept null (the dispatcher reads null as "not given")."""
+    if isinstance(node, list):
+        return [_optional_nullable(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {
+        k: (
+            {n: _optional_nullable(s) for n, s in v.items()} if k in _NAMED_SCHEMAS else _optional_nullable(v)
+        )
+        for k, v in node.items()
+    }
+    if isinstance(out.get("properties"), dict):
+        required = set(out.get("required", []))
+        out["properties"] = {n: (s if n in required else _nullable(s)) for n, s in out["properties"].items()}
+    return out
+
+
+def _nullable(prop: dict[str, Any]) -> dict[str, Any]:
+    """``prop`` also accepting null: a type list where that is exact, else ``anyOf`` with null."""
+    if _accepts_null(prop):
+        return prop
+    kind = prop.get("type")
+    if isinstance(kind, str) and "enum" not in prop and "const" not in prop:
+        return {**prop, "type": [kind, "null"]}
+    annotations = {k: v for k, v in prop.items() if k in ("description", "default")}
+    inner = {k: v for k, v in prop.items() if k not in annotations}
+    return {"anyOf": [inner, {"type": "null"}], **annotations}
+
+
+def _accepts_null(prop: dict[str, Any]) -> bool:
+    kind = prop.get("type")
+    if kind == "null" or (isinstance(kind, list) and "null" in kind):
+        return True
+    return any(isinstance(o, dict) and _accepts_null(o) for o in prop.get("anyOf", []))
+
+
+def _strict(node: Any) -> Any:
+    """OpenAI's strict-mode subset of an (already nullable-optional) schema."""
+    if isinstance(node, list):
+        return [_strict(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {
+        k: ({n: _strict(s) for n, s in v.items()} if k in _NAMED_SCHEMAS else _strict(v))
+        for k, v in node.items()
+        if k not in STRICT_UNSUPPORTED
+    }
+    if out.get("type") == "object" or "properties" in out:
+        out["properties"] = out.get("properties", {})
+        out["required"] = list(out["properties"])
+        out["additionalProperties"] = False
+    return out
 
 
 def _tidy(node: Any) -> Any:
@@ -384,9 +484,68 @@ def _parse(arguments: str | Mapping[str, Any] | None) -> dict[str, Any]:
             parsed = json.loads(arguments)
         except json.JSONDecodeError as exc:
             raise _BadJSON(f"arguments are not valid JSON ({exc.msg} at {exc.pos})") from None
+        except RecursionError:  # "[[[[..." deeper than the decoder's stack: no tool takes such arguments
+            raise _BadJSON("arguments are nested too deeply to decode") from None
     if not isinstance(parsed, Mapping):
-        raise _BadJSON(f"arguments are a JSON {type(parsed).__name__}, not an object")
+        raise _BadJSON(f"arguments are {_json_type(parsed)}, not an object")
     return dict(parsed)
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type, with its article ("an integer", "null")."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "an integer" if value.is_integer() else "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    return "a value JSON does not have"
+
+
+# pydantic's type errors -> the JSON type they expected (their own messages name Python's types at times)
+_EXPECTED = {
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "string_type": "a string",
+    "bool_type": "a boolean",
+    "list_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+    "none_required": "null",
+}
+
+
+def _problem(e: Mapping[str, Any]) -> str:
+    """One validation error in JSON's terms."""
+    kind, got = e["type"], e.get("input")
+    if kind in _EXPECTED:
+        return f"expected {_EXPECTED[kind]}, got {_json_type(got)}"
+    if kind in ("literal_error", "enum"):
+        return f"expected one of {e.get('ctx', {}).get('expected', 'the listed values')}, got {_shown(got)}"
+    if kind == "missing":
+        return "is required"
+    if kind == "extra_forbidden":
+        return "is not an argument of this tool"
+    return str(e["msg"])
+
+
+def _shown(value: Any) -> str:
+    """A wrong value as a short JSON text (containers only by type: they may be arbitrarily deep)."""
+    if value is None or isinstance(value, (Mapping, list, tuple)):
+        return _json_type(value)
+    text = json.dumps(value[:60] if isinstance(value, str) else value)
+    return f"{_json_type(value)} {text}"
 
 
 def _error(kind: str, message: str, *, field: str | None = None, fix: str | None = None) -> dict[str, Any]:
@@ -400,7 +559,7 @@ def _error(kind: str, message: str, *, field: str | None = None, fix: str | None
 
 def _validation_error(exc: pydantic.ValidationError) -> dict[str, Any]:
     problems = [
-        {"field": ".".join(str(p) for p in e["loc"]) or "arguments", "problem": e["msg"]}
+        {"field": ".".join(str(p) for p in e["loc"]) or "arguments", "problem": _problem(e)}
         for e in exc.errors(include_url=False)
     ]
     first = problems[0]

@@ -28,10 +28,13 @@ def ingest_workload(
 ) -> int:
     """Record every record of every session, chaining tool results to their calls. Returns the count.
 
+    A tool result's duration (``cost.seconds``, what the reliability view's latencies are made of) is the
+    workload's stated latency: the time from its call to it, as the agent would have measured it.
     ``on_time`` is called with each record's time first (a replay clock follows the workload with it)."""
     n = 0
     for session in workload["sessions"]:
         last_call: str | None = None
+        call_at: datetime | None = None
         for rec in session["records"]:
             at = datetime.fromisoformat(rec["at"].replace("Z", "+00:00"))
             if on_time is not None:
@@ -47,10 +50,13 @@ def ingest_workload(
             for key in ("state", "tool_name"):
                 if key in rec:
                     fields[key] = rec[key]
-            if rec["kind"] == "tool_result" and last_call is not None:
+            if rec["kind"] == "tool_result" and last_call is not None and call_at is not None:
+                latency = max(0.0, (at - call_at).total_seconds())
                 fields["parent_id"] = last_call
+                fields["cost"] = {"seconds": latency}
+                fields["metadata"] = {"tool_result": {"call_id": last_call, "duration_s": latency}}
             memory = harness.record(rec["content"], **fields)
-            last_call = memory.id if rec["kind"] == "tool_call" else None
+            last_call, call_at = (memory.id, at) if rec["kind"] == "tool_call" else (None, None)
             n += 1
     return n
 

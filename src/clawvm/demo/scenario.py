@@ -38,6 +38,10 @@ from clawvm.vm.context import Context
 from clawvm.vm.tiers import PagerConfig, TierBudgets
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+#: What each tool of the scripted agent run takes (seconds on the replay clock): the primary payment host
+#: times out after its stated 10 s; the EU host answers, the ledger query and the rollout check take
+#: what such calls take.
+LATENCY_S = {"tessera_charge": 10.0, "tessera_charge_eu": 0.84, "sql_query": 0.12, "shell": 3.6}
 #: Budgets small enough that a 30-record session overflows working, short-term and long-term.
 DEMO_PAGER = PagerConfig(
     budgets=TierBudgets(working_tokens=700, working_items=12, short_term_items=12, long_term_items=24)
@@ -159,9 +163,13 @@ def _agent_run(h: Harness, clock: ReplayClock) -> int:
     scope: dict[str, Any] = {"session_id": "run-cutover", "task_id": "t-dry-run", "agent_id": "deploy-bot"}
     clock.at(datetime(2026, 4, 2, 15, 0, tzinfo=UTC))
 
+    # each tool takes its stated latency on the replay clock (the scripted time the harness follows):
+    # @harness.tool records that as the call's duration, so the reliability view shows real p50/p95
     def charge(host: str, amount_eur: float) -> dict[str, Any]:
         if host == "api.tessera.example":
+            clock.advance(seconds=LATENCY_S["tessera_charge"])
             raise TimeoutError(f"read timed out after 10 s calling https://{host}/v2/charges")
+        clock.advance(seconds=LATENCY_S["tessera_charge_eu"])
         return {"status": "captured", "host": host, "amount_eur": amount_eur, "charge_id": "ch_7Qx2"}
 
     tessera_charge = h.tool("tessera_charge", timeout_errors=(TimeoutError,), **scope)(charge)
@@ -172,10 +180,12 @@ def _agent_run(h: Harness, clock: ReplayClock) -> int:
 
     @h.tool("sql_query", **scope)
     def sql_query(sql: str) -> list[dict[str, Any]]:
+        clock.advance(seconds=LATENCY_S["sql_query"])
         return [{"captured": 3, "failed": 0, "total_eur": "1274.50"}]
 
     @h.tool("shell", **scope)
     def shell(cmd: str) -> str:
+        clock.advance(seconds=LATENCY_S["shell"])
         return 'deployment "billing-svc" successfully rolled out (3/3 replicas)'
 
     h.record(
@@ -189,9 +199,8 @@ def _agent_run(h: Harness, clock: ReplayClock) -> int:
         thought = f"Attempt {attempt + 1}: charging invoice INV-{1040 + attempt} through the primary host."
         h.record(thought, kind=Kind.LLM_THOUGHT, state=State.INTERMEDIATE, **scope)
         clock.advance(seconds=10)
-        with suppress(TimeoutError):  # recorded as an ERROR result by the tool wrapper
+        with suppress(TimeoutError):  # recorded as an ERROR result by the tool wrapper, 10 s later
             tessera_charge("api.tessera.example", 424.83)
-        clock.advance(seconds=10)
         ctx = h.context("tessera charge timed out: what worked before?", budget_tokens=400, **scope)
         _answer(h, ctx, "timed out", success=False)
         outputs += 1

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from clawvm.core.errors import ConflictError, ValidationError
 from clawvm.core.model import Kind, Memory, Status, Tier, build_memory
@@ -45,9 +45,18 @@ class LearningHost(Recorder, Protocol):
 
 
 LEARNING_RATE = 0.1
+# The most one action moves any one weight (a kind's base weight included): one person's click on one
+# memory must not re-value every memory of its kind. A step of 0.05 on base:<kind> moves each memory of
+# that kind by at most 0.05 (the base is multiplied by the recency factor, at most 1).
+MAX_WEIGHT_STEP = 0.05
+# Weights whose feature can be negative (net failures, down-votes): raising or lowering them moves some
+# memories' values up and others' down, so a one-directional action (pin, archive) leaves them alone.
+_SIGNED_WEIGHTS = frozenset({"success_weight", "feedback_weight"})
 WEIGHTS_TAG = "clawvm:scoring-weights"
 _WEIGHTS_NAMESPACE = uuid.UUID("8d1f3a9e-2b6c-4f0e-9c7d-5e4a3b2c1d0f")
 TARGETS = {"pin": 1.0, "archive": 0.0}  # set_value's target is the value asked for
+# a pin only ever says "worth more", an archive "worth less": their steps go one way (see learn)
+DIRECTIONS: dict[str, Literal["up", "down"]] = {"pin": "up", "archive": "down"}
 _UNIT_WEIGHTS = (
     "cost_weight",
     "access_weight",
@@ -105,20 +114,34 @@ def raw_value(memory: Memory, now: datetime, cfg: ScoringConfig) -> float:
 
 
 def learn(
-    cfg: ScoringConfig, memory: Memory, now: datetime, target: float, rate: float = LEARNING_RATE
+    cfg: ScoringConfig,
+    memory: Memory,
+    now: datetime,
+    target: float,
+    rate: float = LEARNING_RATE,
+    *,
+    direction: Literal["up", "down"] | None = None,
 ) -> tuple[ScoringConfig, dict[str, float]]:
-    """The learning rule: one normalised least-mean-squares step on the value formula.
+    """The learning rule: one bounded least-mean-squares step on the value formula.
 
     A manual action says what a memory *should* be worth: ``target`` = 1.0 for a pin, 0.0 for an
     archive, the value asked for by set_value (unpin and annotate teach nothing). With ``f`` the
     memory's :func:`features` and ``v`` its :func:`raw_value`, every learnable weight moves by
 
-        w_k += rate * (target - v) * f_k / sum_j f_j ** 2
+        w_k += rate * (target - v) * f_k / max(1, sum_j f_j ** 2)
 
-    so, before clipping, this memory's value moves exactly ``rate`` of the way to the target
-    (``v' = v + rate * (target - v)``) and every memory moves in proportion to how much it shares the
-    features (same kind, same content signals, similar usage). Weights are clipped to [0, 1]. Returns
-    the new config and the change of each weight.
+    bounded to ``±MAX_WEIGHT_STEP`` and the weight clipped to [0, 1]. When the features are not small
+    (``sum f_j ** 2 >= 1``, a recent memory) and no bound is hit, this memory's value moves exactly
+    ``rate`` of the way to the target (``v' = v + rate * (target - v)``); a memory with small features
+    (an old one: its kind's base counts only through the recency factor) teaches in proportion to them
+    instead of being divided by them, so pinning one ancient memory cannot re-value its whole kind.
+    Every memory moves in proportion to how much it shares the features (same kind, same content
+    signals, similar usage).
+
+    ``direction`` makes the step one-way, for an action that only ever says "worth more" (``"up"``,
+    a pin) or "worth less" (``"down"``, an archive): only the weights whose features are never negative
+    move, and only that way, so no memory's value moves the other way. Returns the new config and the
+    change of each weight.
     """
     if not 0.0 < rate <= 1.0:
         raise ValidationError("rate", f"is {rate!r}", "pass a learning rate in (0, 1]")
@@ -131,7 +154,11 @@ def learn(
     scalars = {name: float(getattr(cfg, name)) for name in _SCALAR_WEIGHTS}
     delta: dict[str, float] = {}
     for name, x in f.items():
-        step = rate * err * x / norm
+        step = max(-MAX_WEIGHT_STEP, min(MAX_WEIGHT_STEP, rate * err * x / max(1.0, norm)))
+        if direction is not None and (
+            name in _SIGNED_WEIGHTS or (step > 0) != (direction == "up") or step == 0.0
+        ):
+            continue
         if name.startswith("base:"):
             kind = name[5:]
             old = base.get(kind, 0.4)
@@ -232,12 +259,17 @@ def intervene(
         raise ValidationError("note", "is empty", "pass the annotation text")
     if action == "set_value" and memory.pinned:
         raise ValidationError("memory_id", "is pinned (worth 1.0 while pinned)", "unpin it first")
-    before = _state(memory)
+    # the value the memory has now, under the current weights (the stored one dates from its last write,
+    # and the weights may have moved since): what the action's "before" and "after" compare
+    before = _state(memory, harness.pager.value_now(memory, now))
     delta: dict[str, float] = {}
-    if action == "set_value":  # learn first: the votes are chosen under the new weights
-        delta = _teach(harness, memory, now, float(value or 0.0), action, learn_rate)
+    learn_first = action in ("set_value", "archive")
+    # set_value: the votes are chosen under the new weights; archive: the move stores the value under
+    # the lowered weights, so it never comes out above "before"
+    if target is not None and learn_first:
+        delta = _teach(harness, memory, now, target, action, learn_rate)
     after = _perform(harness, action, memory, now, target, note, by)
-    if target is not None and action != "set_value":  # only an action that took place teaches
+    if target is not None and not learn_first:  # a pin teaches only once it took place
         delta = _teach(harness, memory, now, target, action, learn_rate)
     data: dict[str, Any] = {"action": action, "by": by, "before": before, "after": _state(after)}
     if target is not None:
@@ -253,7 +285,9 @@ def intervene(
 def _teach(
     harness: LearningHost, memory: Memory, now: datetime, target: float, action: str, rate: float
 ) -> dict[str, float]:
-    cfg, delta = learn(harness.pager.config.scoring, memory, now, target, rate)
+    cfg, delta = learn(
+        harness.pager.config.scoring, memory, now, target, rate, direction=DIRECTIONS.get(action)
+    )
     if delta:
         harness.pager.config = replace(harness.pager.config, scoring=cfg)
         weights = weights_of(cfg)
@@ -316,5 +350,6 @@ def _votes_for(harness: LearningHost, memory: Memory, now: datetime, target: flo
     return min(range(-20, 21), key=lambda v: (gap(v), abs(v - memory.usage.feedback)))
 
 
-def _state(m: Memory) -> dict[str, Any]:
-    return {"tier": m.tier.value, "value": round(m.value, 4), "pinned": m.pinned, "status": m.status.value}
+def _state(m: Memory, value: float | None = None) -> dict[str, Any]:
+    worth = m.value if value is None else value
+    return {"tier": m.tier.value, "value": round(worth, 4), "pinned": m.pinned, "status": m.status.value}
