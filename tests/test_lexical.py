@@ -185,3 +185,36 @@ def test_incremental_index_equals_a_fresh_build(ops: list[tuple[str, int, str]],
     assert got.keys() == want.keys()
     for r in got:
         assert got[r] == pytest.approx(want[r], rel=1e-5)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["add", "add", "remove"]),
+            st.integers(0, 40),
+            st.lists(st.sampled_from(WORDS), min_size=1, max_size=8).map(" ".join),
+        ),
+        max_size=80,
+    ),
+    query=st.lists(st.sampled_from(WORDS), min_size=1, max_size=4).map(" ".join),
+    picked=st.sets(st.integers(0, 40), max_size=20),
+)
+def test_scoring_a_few_rows_equals_scoring_all_bit_for_bit(
+    ops: list[tuple[str, int, str]], query: str, picked: set[int]
+) -> None:
+    """The path recall takes for a narrow filter gives exactly the scores of the full path."""
+    idx = LexicalIndex()
+    for op, row, text in ops:
+        if op == "add":
+            idx.add(row, text)
+        else:
+            idx.remove(row)
+    terms = idx.analyzer.terms(query)
+    full = idx.scores(terms)
+    rows = np.array(sorted(r for r in picked if full is not None and r < len(full)), dtype=np.int64)
+    few = idx.scores_of(terms, rows)
+    if full is None:
+        assert few is None
+    else:
+        assert few is not None and np.array_equal(few, full[rows])

@@ -50,6 +50,8 @@ CONTEXT_WINDOW = 2
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _NEVER = np.iinfo(np.int64).max  # the expiry of a memory without one
+#: A filter that leaves at most this many rows is scored row by row instead of over every posting.
+SPARSE_ROWS = 4096
 _MICROSECOND = timedelta(microseconds=1)
 
 
@@ -615,9 +617,8 @@ class SearchIndex:
         found: list[list[tuple[int, float]]] = []
         if q.text and (q.lexical or q.context):
             terms = self.lexical.analyzer.terms(q.text)
-            own = self.lexical.scores(terms)
             # the best rows by their own text: the lexical channel, and where the context channel looks
-            best = [] if own is None else top_rows(own, 2 * q.limit if q.context else q.limit, allowed)
+            best = self._lexical_best(terms, 2 * q.limit if q.context else q.limit, allowed)
             if q.lexical:
                 found.append(best[: q.limit])
                 result.lexical = [(ids[r], s) for r, s in found[-1]]  # type: ignore[misc]
@@ -645,6 +646,22 @@ class SearchIndex:
             order = np.lexsort((-rows_, -created))[: q.limit]
             result.filtered = [ids[r] for r in rows_[order]]  # type: ignore[misc,unused-ignore]
         return result
+
+    def _lexical_best(
+        self, terms: list[str], limit: int, allowed: np.ndarray | None
+    ) -> list[tuple[int, float]]:
+        """The ``limit`` best (row, BM25) pairs among ``allowed`` rows. A filter that leaves few rows (one
+        namespace, one agent's memories) scores those rows alone, so the cost follows them and not the
+        store's size; the scores are the same either way (:meth:`LexicalIndex.scores_of`)."""
+        if allowed is not None and int(np.count_nonzero(allowed)) <= SPARSE_ROWS:
+            rows = np.flatnonzero(allowed)
+            few = self.lexical.scores_of(terms, rows)
+            if few is None:
+                return []
+            picked, scores = top_scores(few, limit)
+            return list(zip(rows[picked].tolist(), scores.tolist(), strict=True))
+        own = self.lexical.scores(terms)
+        return [] if own is None else top_rows(own, limit, allowed)
 
     @staticmethod
     def _step(rows: np.ndarray, links: np.ndarray) -> np.ndarray:
