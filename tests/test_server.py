@@ -32,7 +32,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from clawvm.core.errors import ConfigError, RateLimitError
+from clawvm import Harness
+from clawvm.core.errors import ConfigError, RateLimitError, ValidationError
 from clawvm.core.redact import RedactionPolicy
 from clawvm.server import (
     JsonFormatter,
@@ -230,6 +231,81 @@ def test_checkpoint_rollback_session_start_collapse_tick(env: Env) -> None:
     assert stats["memories"] == sum(stats["by_status"].values()) and stats["by_status"]["obsolete"] == 1
 
 
+#: Memories that only look like checkpoints (kind agent_state, tag checkpoint) -> their content; ``{m}`` is
+#: a memory of the session, ``{s}`` the session the fake is recorded in. Each once made rollback a 500.
+FAKE_CHECKPOINTS: dict[str, str] = {
+    "content not JSON": "remember: roll back before the demo",
+    "JSON but not an object": "[1, 2]",
+    "no memories": '{"name": "x", "session_id": "{s}"}',
+    "memories not an object": '{"name": "x", "session_id": "{s}", "memories": []}',
+    "no session": '{"name": "x", "memories": {}}',
+    "session not a string": '{"name": "x", "session_id": 5, "memories": {}}',
+    "no name": '{"session_id": "{s}", "memories": {}}',
+    "a line with an unknown tier": '{"name": "x", "session_id": "{s}", "memories": {"{m}": {"tier": "hot"}}}',
+    "a line that is not an object": '{"name": "x", "session_id": "{s}", "memories": {"{m}": 5}}',
+    "snapshot of another session": '{"name": "x", "session_id": "elsewhere", "memories": {}}',
+}
+
+
+def fake_checkpoint(case: str, session_id: str, member_id: str) -> str:
+    return FAKE_CHECKPOINTS[case].replace("{s}", session_id).replace("{m}", member_id)
+
+
+@pytest.mark.parametrize("case", list(FAKE_CHECKPOINTS))
+def test_rollback_of_a_memory_that_only_looks_like_a_checkpoint_is_a_422(env: Env, case: str) -> None:
+    member = env.record("deploy plan: roll out build 7", session_id="s1")
+    env.record("an experiment in another session", session_id="elsewhere")
+    fake = env.record(
+        fake_checkpoint(case, "s1", member["id"]), session_id="s1", kind="agent_state", tags=["checkpoint"]
+    )
+    before = checksum(env.store)
+    err = assert_error(
+        env.client.post(f"/v1/checkpoints/{fake['id']}/rollback", headers=env.auth()),
+        422,
+        "validation_error",
+        "checkpoint_id",
+    )
+    assert fake["id"] in err["message"] and err["fix"]
+    assert checksum(env.store) == before  # nothing restored, nothing obsoleted, no event
+
+
+@pytest.mark.parametrize("case", list(FAKE_CHECKPOINTS))
+def test_rollback_of_a_fake_checkpoint_through_the_sdk_is_a_validation_error(
+    tmp_path: Path, case: str
+) -> None:
+    with Harness.open(tmp_path / "sdk.db", embedder=None, tenant="acme") as h:
+        member = h.record("deploy plan: roll out build 7", session_id="s1")
+        h.record("an experiment in another session", session_id="elsewhere")
+        content = fake_checkpoint(case, "s1", member.id)
+        fake = h.record(content, session_id="s1", kind="agent_state", tags=["checkpoint"])
+        before = checksum(h.store)
+        with pytest.raises(ValidationError) as raised:
+            h.rollback(fake.id)
+        assert raised.value.field == "checkpoint_id" and fake.id in raised.value.problem
+        assert checksum(h.store) == before
+
+
+def test_rollback_of_another_tenants_checkpoint_changes_nothing(env: Env, tmp_path: Path) -> None:
+    env.record("acme's plan", session_id="s1")
+    cp = env.client.post("/v1/sessions/s1/checkpoints", json={"name": "acme"}, headers=env.auth()).json()
+    env.record("acme's later step", session_id="s1")
+    before = checksum(env.store)
+    r = env.client.post(f"/v1/checkpoints/{cp['id']}/rollback", headers=env.auth("other"))
+    assert_error(r, 404, "not_found", "checkpoint_id")
+    assert checksum(env.store) == before
+    # through the SDK over one shared store (no tenant view in between): refused by the rollback itself
+    store = SQLiteStore(tmp_path / "shared.db")
+    acme, globex = Harness(store, None, tenant="acme"), Harness(store, None, tenant="globex")
+    acme.record("acme's plan", session_id="s1")
+    theirs = acme.checkpoint("s1", "acme")
+    later = acme.record("acme's later step", session_id="s1")
+    with pytest.raises(ValidationError) as raised:
+        globex.rollback(theirs)
+    assert raised.value.field == "checkpoint_id" and "another tenant" in raised.value.problem
+    assert store.get(later.id).status.value == "active"
+    store.close()
+
+
 def test_export_and_import_stay_in_the_tenant(env: Env) -> None:
     m = env.record(session_id="s1")
     lines = env.client.get("/v1/export", headers=env.auth("reader"))
@@ -333,8 +409,10 @@ def test_admins_read_kept_originals_over_the_api_and_no_one_else(tmp_path: Path)
     app = create_app(store, embedder=None, settings=ServerSettings(rate_per_s=0), harness_options=options)
     ring = app.state.service.keyring
     keys = {
-        "admin": ring.create("acme", "admin")[1], "agent": ring.create("acme", "agent")[1],
-        "reader": ring.create("acme", "read-only")[1], "their admin": ring.create("globex", "admin")[1],
+        "admin": ring.create("acme", "admin")[1],
+        "agent": ring.create("acme", "agent")[1],
+        "reader": ring.create("acme", "read-only")[1],
+        "their admin": ring.create("globex", "admin")[1],
     }
 
     def auth(who: str) -> dict[str, str]:
@@ -891,7 +969,8 @@ def test_event_stream_sends_the_tenants_events_as_sse_and_resumes_after_last_eve
     assert [int(m["id"]) for m in data] == [e["seq"] for e in page]
 
     resumed = env.client.get(  # a reconnecting EventSource sends the last id it saw; it wins over after_seq
-        STREAM, params={"max_s": 0.2, "after_seq": 0},
+        STREAM,
+        params={"max_s": 0.2, "after_seq": 0},
         headers={**env.auth(), "Last-Event-ID": str(page[0]["seq"])},
     )
     assert [json.loads(m["data"]) for m in sse_messages(resumed.text) if "data" in m] == page[1:]
@@ -943,8 +1022,9 @@ def test_event_stream_pushes_new_events_live_and_ends_once_its_key_is_revoked(
                     break
         assert seen[-1]["kind"] == "add" and {e["tenant"] for e in seen} == {"acme"}
         assert next(line for line in lines if line.startswith(":")) == ": heartbeat"  # quiet: it beats
-        reader_id = next(k["key_id"] for k in http.get("/v1/keys", headers=auth["admin"]).json()
-                         if k["name"] == "viewer")
+        reader_id = next(
+            k["key_id"] for k in http.get("/v1/keys", headers=auth["admin"]).json() if k["name"] == "viewer"
+        )
         assert http.delete(f"/v1/keys/{reader_id}", headers=auth["admin"]).status_code == 200
         assert not [line for line in lines if line.startswith("data: ")]  # the stream ends: the loop finishes
     _until(lambda: service.live.following == 0)

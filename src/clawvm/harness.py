@@ -774,7 +774,7 @@ class Harness:
 
     def rollback(self, checkpoint_id: str) -> checkpoints.RollbackReport:
         """Restore a checkpoint; memories created after it become obsolete (kept for analytics)."""
-        return checkpoints.rollback(self.store, self.pager, checkpoint_id, self.now())
+        return checkpoints.rollback(self.store, self.pager, checkpoint_id, self.now(), self.tenant)
 
     # ---- context --------------------------------------------------------------------------------------
     def context(
