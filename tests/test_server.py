@@ -45,6 +45,7 @@ from clawvm.server import (
 )
 from clawvm.store import SQLiteStore, Store
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey
+from clawvm.teams.shared import can_write
 from loopback import serve_app
 
 ERROR_KEYS = {"code", "message", "field", "fix"}
@@ -437,6 +438,71 @@ def test_admins_read_kept_originals_over_the_api_and_no_one_else(tmp_path: Path)
         hits = client.post("/v1/recall", json={"query": "ann@example.org card"}, headers=auth("admin")).json()
         assert SECRET not in json.dumps(hits)
     store.close()
+
+
+def keeping_originals(path: Path, key: DataKey) -> tuple[Any, Store, dict[str, str]]:
+    """An app whose tenants' harnesses redact and keep originals sealed with ``key``, and acme's admin key."""
+    store = SQLiteStore(path)
+    options = redaction_options(keep_originals=True, environ={KEY_ENV: key.encode()})
+    app = create_app(store, embedder=None, settings=ServerSettings(rate_per_s=0), harness_options=options)
+    admin = app.state.service.keyring.create("acme", "admin")[1]
+    return app, store, {"Authorization": f"Bearer {admin}"}
+
+
+def test_imports_refuse_internal_records_and_foreign_sealed_originals(tmp_path: Path) -> None:
+    theirs_app, theirs_store, theirs_auth = keeping_originals(tmp_path / "theirs.db", DataKey.generate())
+    with TestClient(theirs_app) as client:
+        assert client.post("/v1/memories", json={"content": SECRET}, headers=theirs_auth).status_code == 201
+        foreign = [
+            json.loads(line) for line in client.get("/v1/export", headers=theirs_auth).text.splitlines()
+        ]
+    assert "sealed" in foreign[0]["metadata"]["redaction"]
+    theirs_store.close()
+    app, store, auth = keeping_originals(tmp_path / "ours.db", DataKey.generate())
+    with TestClient(app) as client:
+        made = client.post("/v1/memories", json={"content": SECRET}, headers=auth).json()
+        own = [json.loads(line) for line in client.get("/v1/export", headers=auth).text.splitlines()]
+        plain = {"id": "01a00000-0000-7000-8000-0000000000a1", "content": "a plain note"}
+        grant = {**plain, "id": "01a00000-0000-7000-8000-0000000000a2", "status": "internal"}
+        moved = {**own[0], "id": "01a00000-0000-7000-8000-0000000000a3"}  # our envelope, another memory
+        before = checksum(store)
+        for batch, field in (
+            ([plain, grant], "memories.1.status"),
+            ([plain, foreign[0]], "memories.1.metadata.redaction.sealed"),
+            ([moved], "memories.0.metadata.redaction.sealed"),
+        ):
+            r = client.post("/v1/memories/import", json={"memories": batch}, headers=auth)
+            err = assert_error(r, 422, "validation_error", field)
+            assert err["fix"]
+            assert checksum(store) == before  # nothing of the batch is written
+        # this store's own export opens with its keys: accepted (and skipped, being present)
+        again = client.post("/v1/memories/import", json={"memories": own}, headers=auth)
+        assert again.json() == {"imported": 0, "skipped": 1}, again.text
+        assert client.get(f"/v1/memories/{made['id']}/original", headers=auth).json()["content"] == SECRET
+    store.close()
+
+
+def test_harness_import_refuses_what_a_write_would_and_a_restore_keeps_everything(tmp_path: Path) -> None:
+    key = DataKey.generate()
+    options = redaction_options(keep_originals=True, environ={KEY_ENV: key.encode()})
+    with Harness.open(tmp_path / "a.db", embedder=None, tenant="acme", **options) as h:
+        h.grant("docs", "writer", write=True)
+        h.record(SECRET)
+        backup = list(h.store.iter_all())
+    assert {m.status.value for m in backup} == {"internal", "active"}
+    other = redaction_options(keep_originals=True, environ={KEY_ENV: DataKey.generate().encode()})
+    with Harness.open(tmp_path / "b.db", embedder=None, tenant="acme", **other) as h:
+        for memory, field in (
+            (next(m for m in backup if m.status.value == "internal"), "memories.0.status"),
+            (next(m for m in backup if m.status.value == "active"), "memories.0.metadata.redaction.sealed"),
+        ):
+            with pytest.raises(ValidationError) as raised:
+                h.import_memories([memory])
+            assert raised.value.field == field
+        assert list(h.store.iter_all()) == []
+    with Harness.open(tmp_path / "c.db", embedder=None, tenant="acme", **options) as h:
+        assert h.import_memories(backup, restore=True) == 2  # clawvm import: a backup comes back whole
+        assert can_write(h, "writer", "docs")  # the grant came back with it
 
 
 def test_originals_are_not_kept_unless_asked(tmp_path: Path) -> None:

@@ -296,12 +296,21 @@ class Harness:
         ):
             raise NotFoundError("memory", memory_id)
 
-    def import_memories(self, memories: Sequence[Memory]) -> int:
+    def import_memories(self, memories: Sequence[Memory], *, restore: bool = False) -> int:
         """Store exported memories as they are (ids, versions, timestamps kept), in one atomic batch.
 
         Ids already present are skipped, so importing the same file twice is harmless. Returns how many
         were written. They are embedded in the background like new records.
+
+        Each memory passes the checks of a write first (:meth:`_check_import`): no status ``internal`` (the
+        harness's own records: a grant cannot be forged by importing one) and no sealed original that this
+        store's data keys cannot open; else :class:`ValidationError` naming ``memories.<i>.<field>`` and
+        nothing is written. ``restore``: an operator restoring this store's own backup (``clawvm import``,
+        which holds the database anyway) skips those two checks, so a lossless backup comes back whole.
         """
+        if not restore:
+            for i, m in enumerate(memories):
+                self._check_import(i, m)
         existing = self.store.get_many([m.id for m in memories])
         # token counts are the harness's own measure: recount rather than trust the file
         fresh = [
@@ -317,6 +326,14 @@ class Harness:
             if self._worker is not None:
                 self._worker.notify()
         return len(fresh)
+
+    def _check_import(self, index: int, memory: Memory) -> None:
+        """What a write checks, for the ``index``-th memory of an import (field ``memories.<index>.*``)."""
+        try:
+            teams.check_write(self, memory, teams.APPLICATION)  # status, scope (the import is the app's)
+            self.redactor.check_sealed(memory)
+        except ValidationError as exc:
+            raise ValidationError(f"memories.{index}.{exc.field}", exc.problem, exc.fix) from None
 
     # ---- reading ------------------------------------------------------------------------------------
     def get(self, memory_id: str) -> Memory:
