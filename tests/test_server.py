@@ -682,6 +682,26 @@ BAD_INPUT: list[tuple[str, str, str, dict[str, Any], int, str, str]] = [
         "validation_error",
         "metadata",
     ),
+    ("invalid UTF-8 in a path id", "GET", "/v1/memories/%FF", {}, 400, "invalid_utf8", "memory_id"),
+    (
+        "invalid UTF-8 in a path id of a write",
+        "POST",
+        "/v1/checkpoints/ab%C3%28/rollback",
+        {},
+        400,
+        "invalid_utf8",
+        "checkpoint_id",
+    ),
+    (
+        "invalid UTF-8 in a session id",
+        "POST",
+        "/v1/sessions/s%FE1/checkpoints",
+        {"json": {"name": "x"}},
+        400,
+        "invalid_utf8",
+        "session_id",
+    ),
+    ("invalid UTF-8 outside a parameter", "GET", "/v1/mem%FFories", {}, 400, "invalid_utf8", "path"),
     ("not JSON", "POST", "/v1/memories", {"content": b'{"content": '}, 400, "invalid_json", "body"),
     ("deeply nested JSON", "POST", "/v1/memories", {"content": DEEP}, 400, "bad_request", "body"),
     # parsable, but deeper than the store could serialize
@@ -988,6 +1008,7 @@ def test_end_to_end_over_loopback(live: tuple[str, Store, dict[str, str]]) -> No
             headers={**auth, "content-type": "application/json"},
         )
         assert_error(bad, 400, "invalid_utf8", "body")
+        assert_error(http.get("/v1/memories/%FF", headers=auth), 400, "invalid_utf8", "memory_id")
         assert_error(http.get("/v1/memories"), 401, "unauthorized")
         assert checksum(store) == before
     # a declared length over the limit is refused before the body is read
