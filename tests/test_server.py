@@ -184,6 +184,19 @@ def test_read_only_keys_read_without_side_effects(env: Env) -> None:
         assert_error(r, 403, "forbidden", "role")
 
 
+def test_a_read_only_context_build_writes_nothing_and_a_writers_logs_one_event(env: Env) -> None:
+    env.record("the deploy failed: disk full on build-07", session_id="s1")
+    env.record("the deploy plan for build 8", session_id="s1", pinned=True)
+    before = checksum(env.store)
+    for body in ({"query": "deploy disk"}, {"query": "deploy", "session_id": "s1", "budget_tokens": 300}):
+        r = env.client.post("/v1/context", json=body, headers=env.auth("reader"))
+        assert r.status_code == 200 and r.json()["manifest"] and r.json()["event_seq"] is None, r.text
+    assert checksum(env.store) == before  # no context event, no usage, no pager pass
+    events = len(env.store.read_events(0, 1000))
+    r = env.client.post("/v1/context", json={"query": "deploy disk"}, headers=env.auth())
+    assert r.json()["event_seq"] is not None and len(env.store.read_events(0, 1000)) == events + 1
+
+
 def test_pin_feedback_value_compress_and_events(env: Env) -> None:
     text = " ".join(f"We talked about the {w} and the long queue at the coffee shop." for w in "abcdefghij")
     m = env.record(text, session_id="s1")

@@ -808,6 +808,7 @@ class Harness:
         record_usage: bool = True,
         vector: np.ndarray | None = None,
         tools: Sequence[str] | None = None,
+        read_only: bool = False,
     ) -> Context:
         """A prompt-ready context for ``query`` under ``budget_tokens``, with the manifest of every line.
 
@@ -815,6 +816,8 @@ class Harness:
         neighbours of the best ``neighbours`` hits), never over budget (see :mod:`clawvm.vm.context`).
         ``tools``: tools the task is about to use; a warning line (first in the text) for each unreliable
         one, inferred from the scope's recent calls when None (see :mod:`clawvm.agents.reliability`).
+        ``read_only``: write nothing (a read-only caller's build): no pager pass over the session, no usage
+        and no ``context`` event, so the context's ``event_seq`` stays None (MemLens cannot trace it).
         """
         if not isinstance(budget_tokens, int) or budget_tokens < 1:
             raise ValidationError("budget_tokens", f"is {budget_tokens!r}", "pass a positive integer")
@@ -822,7 +825,7 @@ class Harness:
         started = time.perf_counter()
         k = k or max(20, budget_tokens // 40)  # hits to fill most of the budget; neighbours fill the rest
         scope = toolcalls.scope_fields(session_id, task_id, agent_id)
-        if session_id:
+        if session_id and not read_only:
             self.pager.enforce(self.tenant, session_id, now)
         candidates: list[Candidate] = []
         if scope:
@@ -854,6 +857,8 @@ class Harness:
             now=now,
         )
         warned.apply(ctx, budget_tokens)
+        if read_only:
+            return ctx
         if record_usage and ctx.manifest:
             self._record_injection(ctx, {h.id for h in hits}, now)
         [ctx.event_seq] = self.writer.log(  # MemLens traces influence (and citations) by this seq
