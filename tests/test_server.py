@@ -197,6 +197,80 @@ def test_a_read_only_context_build_writes_nothing_and_a_writers_logs_one_event(e
     assert r.json()["event_seq"] is not None and len(env.store.read_events(0, 1000)) == events + 1
 
 
+def test_a_retry_with_the_same_idempotency_key_returns_the_first_response_and_writes_nothing(
+    env: Env,
+) -> None:
+    once = {**env.auth(), "Idempotency-Key": "9f1c2d3e-retry-1"}
+    body = {"content": "the deploy failed: disk full on build-07", "tags": ["ci"]}
+    first = env.client.post("/v1/memories", json=body, headers=once)
+    assert first.status_code == 201 and "Idempotent-Replayed" not in first.headers
+    before = checksum(env.store)
+    again = env.client.post("/v1/memories", json=body, headers=once)
+    assert again.status_code == 201 and again.content == first.content
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert checksum(env.store) == before  # no second memory, no event
+    changed = env.client.post("/v1/memories", json={**body, "tags": ["cd"]}, headers=once)
+    err = assert_error(changed, 422, "validation_error", "Idempotency-Key")
+    assert err["fix"] and checksum(env.store) == before
+    # keys are per tenant: another tenant's request with the same key is its own
+    theirs = env.client.post(
+        "/v1/memories", json=body, headers={**env.auth("other"), "Idempotency-Key": "9f1c2d3e-retry-1"}
+    )
+    assert theirs.status_code == 201 and theirs.json()["id"] != first.json()["id"]
+    # a first attempt that failed wrote nothing and is not kept: the retry runs
+    fixed = {**env.auth(), "Idempotency-Key": "retry-after-a-422"}
+    assert_error(env.client.post("/v1/memories", json={"content": " "}, headers=fixed), 422, field="content")
+    assert env.client.post("/v1/memories", json=body, headers=fixed).status_code == 201
+    # checkpoints too
+    take = {**env.auth(), "Idempotency-Key": "cp-1"}
+    cp = env.client.post("/v1/sessions/s1/checkpoints", json={"name": "before"}, headers=take)
+    before = checksum(env.store)
+    assert (
+        env.client.post("/v1/sessions/s1/checkpoints", json={"name": "before"}, headers=take).json()
+        == cp.json()
+    )
+    assert checksum(env.store) == before
+    other_session = env.client.post("/v1/sessions/s2/checkpoints", json={"name": "before"}, headers=take)
+    assert_error(other_session, 422, "validation_error", "Idempotency-Key")
+    for bad in ("", "has space", "k" * 256):
+        r = env.client.post("/v1/memories", json=body, headers={**env.auth(), "Idempotency-Key": bad})
+        assert_error(r, 422, "validation_error", "Idempotency-Key")
+
+
+def test_idempotency_keys_are_bounded_and_expire(tmp_path: Path) -> None:
+    settings = ServerSettings(rate_per_s=0, idempotency_max_keys=2, idempotency_ttl_s=0.5)
+    app, store, keys = open_app(tmp_path, settings)
+    with TestClient(app) as client:
+
+        def post(key: str) -> str:
+            r = client.post(
+                "/v1/memories",
+                json={"content": "a note"},
+                headers={"Authorization": f"Bearer {keys['agent']}", "Idempotency-Key": key},
+            )
+            assert r.status_code == 201, r.text
+            memory_id: str = r.json()["id"]
+            return memory_id
+
+        first = post("k1")
+        assert post("k1") == first
+        post("k2")
+        post("k3")  # over 2 keys: k1, the oldest, is gone
+        assert post("k1") != first
+        assert len(app.state.service.idempotency) == 2
+        kept = post("k4")
+        assert post("k4") == kept
+        time.sleep(0.6)  # past the key's lifetime: a retry runs again
+        assert post("k4") != kept
+        # while the first request with a key runs, a second one with that key is a 409
+        running = app.state.service.idempotency
+        assert running.begin("acme", "k5", "fingerprint") is None
+        busy = running.begin("acme", "k5", "fingerprint")
+        assert busy is not None and busy.status_code == 409
+        assert json.loads(busy.body)["error"]["field"] == "Idempotency-Key"
+    store.close()
+
+
 def test_pin_feedback_value_compress_and_events(env: Env) -> None:
     text = " ".join(f"We talked about the {w} and the long queue at the coffee shop." for w in "abcdefghij")
     m = env.record(text, session_id="s1")
