@@ -32,7 +32,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from clawvm.core.errors import ConfigError, RateLimitError
+from clawvm import Harness
+from clawvm.core.errors import ConfigError, NotFoundError, RateLimitError, ValidationError
 from clawvm.core.redact import RedactionPolicy
 from clawvm.server import (
     JsonFormatter,
@@ -44,6 +45,7 @@ from clawvm.server import (
 )
 from clawvm.store import SQLiteStore, Store
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey
+from clawvm.teams.shared import can_write
 from loopback import serve_app
 
 ERROR_KEYS = {"code", "message", "field", "fix"}
@@ -182,6 +184,93 @@ def test_read_only_keys_read_without_side_effects(env: Env) -> None:
         assert_error(r, 403, "forbidden", "role")
 
 
+def test_a_read_only_context_build_writes_nothing_and_a_writers_logs_one_event(env: Env) -> None:
+    env.record("the deploy failed: disk full on build-07", session_id="s1")
+    env.record("the deploy plan for build 8", session_id="s1", pinned=True)
+    before = checksum(env.store)
+    for body in ({"query": "deploy disk"}, {"query": "deploy", "session_id": "s1", "budget_tokens": 300}):
+        r = env.client.post("/v1/context", json=body, headers=env.auth("reader"))
+        assert r.status_code == 200 and r.json()["manifest"] and r.json()["event_seq"] is None, r.text
+    assert checksum(env.store) == before  # no context event, no usage, no pager pass
+    events = len(env.store.read_events(0, 1000))
+    r = env.client.post("/v1/context", json={"query": "deploy disk"}, headers=env.auth())
+    assert r.json()["event_seq"] is not None and len(env.store.read_events(0, 1000)) == events + 1
+
+
+def test_a_retry_with_the_same_idempotency_key_returns_the_first_response_and_writes_nothing(
+    env: Env,
+) -> None:
+    once = {**env.auth(), "Idempotency-Key": "9f1c2d3e-retry-1"}
+    body = {"content": "the deploy failed: disk full on build-07", "tags": ["ci"]}
+    first = env.client.post("/v1/memories", json=body, headers=once)
+    assert first.status_code == 201 and "Idempotent-Replayed" not in first.headers
+    before = checksum(env.store)
+    again = env.client.post("/v1/memories", json=body, headers=once)
+    assert again.status_code == 201 and again.content == first.content
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert checksum(env.store) == before  # no second memory, no event
+    changed = env.client.post("/v1/memories", json={**body, "tags": ["cd"]}, headers=once)
+    err = assert_error(changed, 422, "validation_error", "Idempotency-Key")
+    assert err["fix"] and checksum(env.store) == before
+    # keys are per tenant: another tenant's request with the same key is its own
+    theirs = env.client.post(
+        "/v1/memories", json=body, headers={**env.auth("other"), "Idempotency-Key": "9f1c2d3e-retry-1"}
+    )
+    assert theirs.status_code == 201 and theirs.json()["id"] != first.json()["id"]
+    # a first attempt that failed wrote nothing and is not kept: the retry runs
+    fixed = {**env.auth(), "Idempotency-Key": "retry-after-a-422"}
+    assert_error(env.client.post("/v1/memories", json={"content": " "}, headers=fixed), 422, field="content")
+    assert env.client.post("/v1/memories", json=body, headers=fixed).status_code == 201
+    # checkpoints too
+    take = {**env.auth(), "Idempotency-Key": "cp-1"}
+    cp = env.client.post("/v1/sessions/s1/checkpoints", json={"name": "before"}, headers=take)
+    before = checksum(env.store)
+    assert (
+        env.client.post("/v1/sessions/s1/checkpoints", json={"name": "before"}, headers=take).json()
+        == cp.json()
+    )
+    assert checksum(env.store) == before
+    other_session = env.client.post("/v1/sessions/s2/checkpoints", json={"name": "before"}, headers=take)
+    assert_error(other_session, 422, "validation_error", "Idempotency-Key")
+    for bad in ("", "has space", "k" * 256):
+        r = env.client.post("/v1/memories", json=body, headers={**env.auth(), "Idempotency-Key": bad})
+        assert_error(r, 422, "validation_error", "Idempotency-Key")
+
+
+def test_idempotency_keys_are_bounded_and_expire(tmp_path: Path) -> None:
+    settings = ServerSettings(rate_per_s=0, idempotency_max_keys=2, idempotency_ttl_s=0.5)
+    app, store, keys = open_app(tmp_path, settings)
+    with TestClient(app) as client:
+
+        def post(key: str) -> str:
+            r = client.post(
+                "/v1/memories",
+                json={"content": "a note"},
+                headers={"Authorization": f"Bearer {keys['agent']}", "Idempotency-Key": key},
+            )
+            assert r.status_code == 201, r.text
+            memory_id: str = r.json()["id"]
+            return memory_id
+
+        first = post("k1")
+        assert post("k1") == first
+        post("k2")
+        post("k3")  # over 2 keys: k1, the oldest, is gone
+        assert post("k1") != first
+        assert len(app.state.service.idempotency) == 2
+        kept = post("k4")
+        assert post("k4") == kept
+        time.sleep(0.6)  # past the key's lifetime: a retry runs again
+        assert post("k4") != kept
+        # while the first request with a key runs, a second one with that key is a 409
+        running = app.state.service.idempotency
+        assert running.begin("acme", "k5", "fingerprint") is None
+        busy = running.begin("acme", "k5", "fingerprint")
+        assert busy is not None and busy.status_code == 409
+        assert json.loads(busy.body)["error"]["field"] == "Idempotency-Key"
+    store.close()
+
+
 def test_pin_feedback_value_compress_and_events(env: Env) -> None:
     text = " ".join(f"We talked about the {w} and the long queue at the coffee shop." for w in "abcdefghij")
     m = env.record(text, session_id="s1")
@@ -228,6 +317,80 @@ def test_checkpoint_rollback_session_start_collapse_tick(env: Env) -> None:
     assert set(env.client.post("/v1/tick", headers=env.auth()).json()) == {"expired", "refreshed", "moved"}
     stats = env.client.get("/v1/stats", headers=env.auth()).json()
     assert stats["memories"] == sum(stats["by_status"].values()) and stats["by_status"]["obsolete"] == 1
+
+
+#: Memories that only look like checkpoints (kind agent_state, tag checkpoint) -> their content; ``{m}`` is
+#: a memory of the session, ``{s}`` the session the fake is recorded in. Each once made rollback a 500.
+FAKE_CHECKPOINTS: dict[str, str] = {
+    "content not JSON": "remember: roll back before the demo",
+    "JSON but not an object": "[1, 2]",
+    "no memories": '{"name": "x", "session_id": "{s}"}',
+    "memories not an object": '{"name": "x", "session_id": "{s}", "memories": []}',
+    "no session": '{"name": "x", "memories": {}}',
+    "session not a string": '{"name": "x", "session_id": 5, "memories": {}}',
+    "no name": '{"session_id": "{s}", "memories": {}}',
+    "a line with an unknown tier": '{"name": "x", "session_id": "{s}", "memories": {"{m}": {"tier": "hot"}}}',
+    "a line that is not an object": '{"name": "x", "session_id": "{s}", "memories": {"{m}": 5}}',
+    "snapshot of another session": '{"name": "x", "session_id": "elsewhere", "memories": {}}',
+}
+
+
+def fake_checkpoint(case: str, session_id: str, member_id: str) -> str:
+    return FAKE_CHECKPOINTS[case].replace("{s}", session_id).replace("{m}", member_id)
+
+
+@pytest.mark.parametrize("case", list(FAKE_CHECKPOINTS))
+def test_rollback_of_a_memory_that_only_looks_like_a_checkpoint_is_a_422(env: Env, case: str) -> None:
+    member = env.record("deploy plan: roll out build 7", session_id="s1")
+    env.record("an experiment in another session", session_id="elsewhere")
+    fake = env.record(
+        fake_checkpoint(case, "s1", member["id"]), session_id="s1", kind="agent_state", tags=["checkpoint"]
+    )
+    before = checksum(env.store)
+    err = assert_error(
+        env.client.post(f"/v1/checkpoints/{fake['id']}/rollback", headers=env.auth()),
+        422,
+        "validation_error",
+        "checkpoint_id",
+    )
+    assert fake["id"] in err["message"] and err["fix"]
+    assert checksum(env.store) == before  # nothing restored, nothing obsoleted, no event
+
+
+@pytest.mark.parametrize("case", list(FAKE_CHECKPOINTS))
+def test_rollback_of_a_fake_checkpoint_through_the_sdk_is_a_validation_error(
+    tmp_path: Path, case: str
+) -> None:
+    with Harness.open(tmp_path / "sdk.db", embedder=None, tenant="acme") as h:
+        member = h.record("deploy plan: roll out build 7", session_id="s1")
+        h.record("an experiment in another session", session_id="elsewhere")
+        content = fake_checkpoint(case, "s1", member.id)
+        fake = h.record(content, session_id="s1", kind="agent_state", tags=["checkpoint"])
+        before = checksum(h.store)
+        with pytest.raises(ValidationError) as raised:
+            h.rollback(fake.id)
+        assert raised.value.field == "checkpoint_id" and fake.id in raised.value.problem
+        assert checksum(h.store) == before
+
+
+def test_rollback_of_another_tenants_checkpoint_changes_nothing(env: Env, tmp_path: Path) -> None:
+    env.record("acme's plan", session_id="s1")
+    cp = env.client.post("/v1/sessions/s1/checkpoints", json={"name": "acme"}, headers=env.auth()).json()
+    env.record("acme's later step", session_id="s1")
+    before = checksum(env.store)
+    r = env.client.post(f"/v1/checkpoints/{cp['id']}/rollback", headers=env.auth("other"))
+    assert_error(r, 404, "not_found", "checkpoint_id")
+    assert checksum(env.store) == before
+    # through the SDK over one shared store (no tenant view in between): refused by the rollback itself
+    store = SQLiteStore(tmp_path / "shared.db")
+    acme, globex = Harness(store, None, tenant="acme"), Harness(store, None, tenant="globex")
+    acme.record("acme's plan", session_id="s1")
+    theirs = acme.checkpoint("s1", "acme")
+    later = acme.record("acme's later step", session_id="s1")
+    with pytest.raises(NotFoundError):  # as if it did not exist, like over REST
+        globex.rollback(theirs)
+    assert store.get(later.id).status.value == "active"
+    store.close()
 
 
 def test_export_and_import_stay_in_the_tenant(env: Env) -> None:
@@ -333,8 +496,10 @@ def test_admins_read_kept_originals_over_the_api_and_no_one_else(tmp_path: Path)
     app = create_app(store, embedder=None, settings=ServerSettings(rate_per_s=0), harness_options=options)
     ring = app.state.service.keyring
     keys = {
-        "admin": ring.create("acme", "admin")[1], "agent": ring.create("acme", "agent")[1],
-        "reader": ring.create("acme", "read-only")[1], "their admin": ring.create("globex", "admin")[1],
+        "admin": ring.create("acme", "admin")[1],
+        "agent": ring.create("acme", "agent")[1],
+        "reader": ring.create("acme", "read-only")[1],
+        "their admin": ring.create("globex", "admin")[1],
     }
 
     def auth(who: str) -> dict[str, str]:
@@ -359,6 +524,71 @@ def test_admins_read_kept_originals_over_the_api_and_no_one_else(tmp_path: Path)
         hits = client.post("/v1/recall", json={"query": "ann@example.org card"}, headers=auth("admin")).json()
         assert SECRET not in json.dumps(hits)
     store.close()
+
+
+def keeping_originals(path: Path, key: DataKey) -> tuple[Any, Store, dict[str, str]]:
+    """An app whose tenants' harnesses redact and keep originals sealed with ``key``, and acme's admin key."""
+    store = SQLiteStore(path)
+    options = redaction_options(keep_originals=True, environ={KEY_ENV: key.encode()})
+    app = create_app(store, embedder=None, settings=ServerSettings(rate_per_s=0), harness_options=options)
+    admin = app.state.service.keyring.create("acme", "admin")[1]
+    return app, store, {"Authorization": f"Bearer {admin}"}
+
+
+def test_imports_refuse_internal_records_and_foreign_sealed_originals(tmp_path: Path) -> None:
+    theirs_app, theirs_store, theirs_auth = keeping_originals(tmp_path / "theirs.db", DataKey.generate())
+    with TestClient(theirs_app) as client:
+        assert client.post("/v1/memories", json={"content": SECRET}, headers=theirs_auth).status_code == 201
+        foreign = [
+            json.loads(line) for line in client.get("/v1/export", headers=theirs_auth).text.splitlines()
+        ]
+    assert "sealed" in foreign[0]["metadata"]["redaction"]
+    theirs_store.close()
+    app, store, auth = keeping_originals(tmp_path / "ours.db", DataKey.generate())
+    with TestClient(app) as client:
+        made = client.post("/v1/memories", json={"content": SECRET}, headers=auth).json()
+        own = [json.loads(line) for line in client.get("/v1/export", headers=auth).text.splitlines()]
+        plain = {"id": "01a00000-0000-7000-8000-0000000000a1", "content": "a plain note"}
+        grant = {**plain, "id": "01a00000-0000-7000-8000-0000000000a2", "status": "internal"}
+        moved = {**own[0], "id": "01a00000-0000-7000-8000-0000000000a3"}  # our envelope, another memory
+        before = checksum(store)
+        for batch, field in (
+            ([plain, grant], "memories.1.status"),
+            ([plain, foreign[0]], "memories.1.metadata.redaction.sealed"),
+            ([moved], "memories.0.metadata.redaction.sealed"),
+        ):
+            r = client.post("/v1/memories/import", json={"memories": batch}, headers=auth)
+            err = assert_error(r, 422, "validation_error", field)
+            assert err["fix"]
+            assert checksum(store) == before  # nothing of the batch is written
+        # this store's own export opens with its keys: accepted (and skipped, being present)
+        again = client.post("/v1/memories/import", json={"memories": own}, headers=auth)
+        assert again.json() == {"imported": 0, "skipped": 1}, again.text
+        assert client.get(f"/v1/memories/{made['id']}/original", headers=auth).json()["content"] == SECRET
+    store.close()
+
+
+def test_harness_import_refuses_what_a_write_would_and_a_restore_keeps_everything(tmp_path: Path) -> None:
+    key = DataKey.generate()
+    options = redaction_options(keep_originals=True, environ={KEY_ENV: key.encode()})
+    with Harness.open(tmp_path / "a.db", embedder=None, tenant="acme", **options) as h:
+        h.grant("docs", "writer", write=True)
+        h.record(SECRET)
+        backup = list(h.store.iter_all())
+    assert {m.status.value for m in backup} == {"internal", "active"}
+    other = redaction_options(keep_originals=True, environ={KEY_ENV: DataKey.generate().encode()})
+    with Harness.open(tmp_path / "b.db", embedder=None, tenant="acme", **other) as h:
+        for memory, field in (
+            (next(m for m in backup if m.status.value == "internal"), "memories.0.status"),
+            (next(m for m in backup if m.status.value == "active"), "memories.0.metadata.redaction.sealed"),
+        ):
+            with pytest.raises(ValidationError) as raised:
+                h.import_memories([memory])
+            assert raised.value.field == field
+        assert list(h.store.iter_all()) == []
+    with Harness.open(tmp_path / "c.db", embedder=None, tenant="acme", **options) as h:
+        assert h.import_memories(backup, restore=True) == 2  # clawvm import: a backup comes back whole
+        assert can_write(h, "writer", "docs")  # the grant came back with it
 
 
 def test_originals_are_not_kept_unless_asked(tmp_path: Path) -> None:
@@ -538,6 +768,26 @@ BAD_INPUT: list[tuple[str, str, str, dict[str, Any], int, str, str]] = [
         "validation_error",
         "metadata",
     ),
+    ("invalid UTF-8 in a path id", "GET", "/v1/memories/%FF", {}, 400, "invalid_utf8", "memory_id"),
+    (
+        "invalid UTF-8 in a path id of a write",
+        "POST",
+        "/v1/checkpoints/ab%C3%28/rollback",
+        {},
+        400,
+        "invalid_utf8",
+        "checkpoint_id",
+    ),
+    (
+        "invalid UTF-8 in a session id",
+        "POST",
+        "/v1/sessions/s%FE1/checkpoints",
+        {"json": {"name": "x"}},
+        400,
+        "invalid_utf8",
+        "session_id",
+    ),
+    ("invalid UTF-8 outside a parameter", "GET", "/v1/mem%FFories", {}, 400, "invalid_utf8", "path"),
     ("not JSON", "POST", "/v1/memories", {"content": b'{"content": '}, 400, "invalid_json", "body"),
     ("deeply nested JSON", "POST", "/v1/memories", {"content": DEEP}, 400, "bad_request", "body"),
     # parsable, but deeper than the store could serialize
@@ -844,6 +1094,7 @@ def test_end_to_end_over_loopback(live: tuple[str, Store, dict[str, str]]) -> No
             headers={**auth, "content-type": "application/json"},
         )
         assert_error(bad, 400, "invalid_utf8", "body")
+        assert_error(http.get("/v1/memories/%FF", headers=auth), 400, "invalid_utf8", "memory_id")
         assert_error(http.get("/v1/memories"), 401, "unauthorized")
         assert checksum(store) == before
     # a declared length over the limit is refused before the body is read
@@ -891,7 +1142,8 @@ def test_event_stream_sends_the_tenants_events_as_sse_and_resumes_after_last_eve
     assert [int(m["id"]) for m in data] == [e["seq"] for e in page]
 
     resumed = env.client.get(  # a reconnecting EventSource sends the last id it saw; it wins over after_seq
-        STREAM, params={"max_s": 0.2, "after_seq": 0},
+        STREAM,
+        params={"max_s": 0.2, "after_seq": 0},
         headers={**env.auth(), "Last-Event-ID": str(page[0]["seq"])},
     )
     assert [json.loads(m["data"]) for m in sse_messages(resumed.text) if "data" in m] == page[1:]
@@ -943,8 +1195,9 @@ def test_event_stream_pushes_new_events_live_and_ends_once_its_key_is_revoked(
                     break
         assert seen[-1]["kind"] == "add" and {e["tenant"] for e in seen} == {"acme"}
         assert next(line for line in lines if line.startswith(":")) == ": heartbeat"  # quiet: it beats
-        reader_id = next(k["key_id"] for k in http.get("/v1/keys", headers=auth["admin"]).json()
-                         if k["name"] == "viewer")
+        reader_id = next(
+            k["key_id"] for k in http.get("/v1/keys", headers=auth["admin"]).json() if k["name"] == "viewer"
+        )
         assert http.delete(f"/v1/keys/{reader_id}", headers=auth["admin"]).status_code == 200
         assert not [line for line in lines if line.startswith("data: ")]  # the stream ends: the loop finishes
     _until(lambda: service.live.following == 0)

@@ -293,7 +293,7 @@ def import_(ctx: click.Context, path: Path) -> None:
             except ValidationError as exc:
                 raise ValidationError(f"{path}:{lineno}: {exc.field}", exc.problem, exc.fix) from None
     with _opened(ctx) as h:
-        n = h.import_memories(memories)
+        n = h.import_memories(memories, restore=True)  # a backup of a store: grants and sealed originals too
     click.echo(f"imported {n} memories ({len(memories) - n} already present)")
 
 

@@ -303,12 +303,21 @@ class Harness:
         ):
             raise NotFoundError("memory", memory_id)
 
-    def import_memories(self, memories: Sequence[Memory]) -> int:
+    def import_memories(self, memories: Sequence[Memory], *, restore: bool = False) -> int:
         """Store exported memories as they are (ids, versions, timestamps kept), in one atomic batch.
 
         Ids already present are skipped, so importing the same file twice is harmless. Returns how many
         were written. They are embedded in the background like new records.
+
+        Each memory passes the checks of a write first (:meth:`_check_import`): no status ``internal`` (the
+        harness's own records: a grant cannot be forged by importing one) and no sealed original that this
+        store's data keys cannot open; else :class:`ValidationError` naming ``memories.<i>.<field>`` and
+        nothing is written. ``restore``: an operator restoring this store's own backup (``clawvm import``,
+        which holds the database anyway) skips those two checks, so a lossless backup comes back whole.
         """
+        if not restore:
+            for i, m in enumerate(memories):
+                self._check_import(i, m)
         existing = self.store.get_many([m.id for m in memories])
         # token counts are the harness's own measure: recount rather than trust the file
         fresh = [
@@ -324,6 +333,14 @@ class Harness:
             if self._worker is not None:
                 self._worker.notify()
         return len(fresh)
+
+    def _check_import(self, index: int, memory: Memory) -> None:
+        """What a write checks, for the ``index``-th memory of an import (field ``memories.<index>.*``)."""
+        try:
+            teams.check_write(self, memory, teams.APPLICATION)  # status, scope (the import is the app's)
+            self.redactor.check_sealed(memory)
+        except ValidationError as exc:
+            raise ValidationError(f"memories.{index}.{exc.field}", exc.problem, exc.fix) from None
 
     # ---- reading ------------------------------------------------------------------------------------
     def get(self, memory_id: str) -> Memory:
@@ -684,9 +701,7 @@ class Harness:
     def rollback(self, checkpoint_id: str) -> checkpoints.RollbackReport:
         """Restore a checkpoint; memories created after it become obsolete (kept for analytics). What is
         restored, exactly: :mod:`clawvm.vm.checkpoint`."""
-        if self.store.get(checkpoint_id).tenant != self.tenant:  # as if it did not exist
-            raise NotFoundError("checkpoint", checkpoint_id)
-        return checkpoints.rollback(self.store, self.pager, checkpoint_id, self.now())
+        return checkpoints.rollback(self.store, self.pager, checkpoint_id, self.now(), self.tenant)
 
     # ---- context --------------------------------------------------------------------------------------
     def context(
@@ -703,6 +718,7 @@ class Harness:
         record_usage: bool = True,
         vector: np.ndarray | None = None,
         tools: Sequence[str] | None = None,
+        read_only: bool = False,
     ) -> Context:
         """A prompt-ready context for ``query`` under ``budget_tokens``, with the manifest of every line.
 
@@ -710,6 +726,8 @@ class Harness:
         neighbours of the best ``neighbours`` hits), never over budget (see :mod:`clawvm.vm.context`).
         ``tools``: tools the task is about to use; a warning line (first in the text) for each unreliable
         one, inferred from the scope's recent calls when None (see :mod:`clawvm.agents.reliability`).
+        ``read_only``: write nothing (a read-only caller's build): no pager pass over the session, no usage
+        and no ``context`` event, so the context's ``event_seq`` stays None (MemLens cannot trace it).
         """
         if not isinstance(budget_tokens, int) or budget_tokens < 1:
             raise ValidationError("budget_tokens", f"is {budget_tokens!r}", "pass a positive integer")
@@ -717,7 +735,7 @@ class Harness:
         started = time.perf_counter()
         k = k or max(20, budget_tokens // 40)  # hits to fill most of the budget; neighbours fill the rest
         scope = toolcalls.scope_fields(session_id, task_id, agent_id)
-        if session_id:
+        if session_id and not read_only:
             self.pager.enforce(self.tenant, session_id, now)
         candidates: list[Candidate] = []
         if scope:
@@ -749,6 +767,8 @@ class Harness:
             now=now,
         )
         warned.apply(ctx, budget_tokens)
+        if read_only:
+            return ctx
         if record_usage and ctx.manifest:
             self._record_injection(ctx, {h.id for h in hits}, now)
         [ctx.event_seq] = self.writer.log(  # MemLens traces influence (and citations) by this seq

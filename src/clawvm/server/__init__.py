@@ -8,6 +8,7 @@ Where things are, in the order a request meets them:
 :mod:`.middleware`     :class:`Guard`: request id, body limit, UTF-8, last-resort 500, one log line each
 :mod:`.auth`           API key -> principal; :data:`Reader` / :data:`Writer` / :data:`Admin` per route
 :mod:`.ratelimit`      the per-key token bucket (429)
+:mod:`.idempotency`    ``Idempotency-Key``: a retried create answers its first response, bounded per tenant
 :mod:`.service`        :class:`Service`: the engine, the embedding worker, keys, one harness per tenant
 :mod:`.routes`         one module per resource (memories, recall, sessions, events, keys, health, dashboard)
 :mod:`.schemas`        request and response bodies (pydantic)

@@ -1,7 +1,8 @@
 """:class:`Guard`, the ASGI middleware in front of every route: it gives each request an id (the client's
-``X-Request-ID`` when well formed), bounds the body size (413), rejects bodies that are not UTF-8 (400),
-turns any unexpected exception into a 500 of the one error schema, and writes one JSON log line per
-request (never bodies or keys)."""
+``X-Request-ID`` when well formed), bounds the body size (413), rejects bodies and path parameters that are
+not UTF-8 (400, naming the parameter: the server would otherwise read them with U+FFFD in place), turns any
+unexpected exception into a 500 of the one error schema, and writes one JSON log line per request (never
+bodies or keys)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers, MutableHeaders
@@ -63,6 +65,7 @@ class Guard:
             await send(message)
 
         try:
+            _check_path(scope)
             body = await self._body(scope, receive)
             await self.app(scope, _replay(body, receive), send_with_id)
         except _Rejected as rejected:
@@ -134,6 +137,43 @@ class Guard:
         if isinstance(principal, Principal):
             fields.update(tenant=principal.tenant, key_id=principal.key_id, role=principal.role.value)
         log.log(logging.ERROR if status >= 500 else logging.INFO, "request", extra={"fields": fields})
+
+
+def _check_path(scope: MutableMapping[str, Any]) -> None:
+    """Reject a path whose percent-decoded bytes are not UTF-8 (``/v1/memories/%FF``), naming the path
+    parameter they fall in (``path`` when no route takes one there)."""
+    raw = scope.get("raw_path")
+    if not isinstance(raw, bytes):
+        return
+    for index, segment in enumerate(raw.split(b"?", 1)[0].split(b"/")):
+        try:
+            unquote_to_bytes(segment).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _Rejected(
+                error_response(
+                    400,
+                    "invalid_utf8",
+                    f"is not valid UTF-8 once percent-decoded (byte {exc.start})",
+                    _parameter_at(scope, index),
+                    "percent-encode the UTF-8 bytes of the text (e.g. %C3%A9 for é)",
+                )
+            ) from None
+
+
+def _parameter_at(scope: MutableMapping[str, Any], index: int) -> str:
+    """The name of the path parameter at segment ``index`` of the route template (from the app's OpenAPI
+    paths, built once and cached by FastAPI) that ``scope``'s path fits, or ``path``."""
+    app = scope.get("app")
+    openapi = getattr(app, "openapi", None)
+    segments = str(scope.get("path", "")).split("/")
+    for template in openapi().get("paths", {}) if callable(openapi) else ():
+        parts = str(template).split("/")
+        fits = len(parts) == len(segments) and all(
+            p == s or (p.startswith("{") and p.endswith("}")) for p, s in zip(parts, segments, strict=True)
+        )
+        if fits and parts[index].startswith("{"):
+            return parts[index][1:-1].split(":", 1)[0]
+    return "path"
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

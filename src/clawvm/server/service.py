@@ -1,7 +1,7 @@
 """:class:`Service`, what the routes of one app share: the engine, one embedding worker for it, the
-:class:`Keyring`, the rate limiter, and one :class:`Harness` per tenant over a :class:`TenantStore` view, so
-tenant isolation is enforced by the store layer whatever a route does. ``create_app`` makes one and keeps
-it on ``app.state.service``; a route reaches it with :func:`service_of`."""
+:class:`Keyring`, the rate limiter, the idempotency keys, and one :class:`Harness` per tenant over a
+:class:`TenantStore` view, so tenant isolation is enforced by the store layer whatever a route does.
+``create_app`` makes one and keeps it on ``app.state.service``; a route reaches it with :func:`service_of`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from fastapi import Request
 from clawvm.core.embed import Embedder, EmbedWorker, MiniLMEmbedder
 from clawvm.core.errors import EmbedderError, ValidationError
 from clawvm.harness import Harness
+from clawvm.server.idempotency import IdempotencyKeys
 from clawvm.server.ratelimit import RateLimiter
 from clawvm.server.settings import ServerSettings
 from clawvm.store import Store
@@ -51,6 +52,9 @@ class Service:
         self.owns_store = owns_store
         self.keyring = Keyring(store, refresh_s=settings.keys_refresh_s)
         self.limiter = RateLimiter(settings.rate_per_s, settings.burst)
+        self.idempotency = IdempotencyKeys(
+            settings.idempotency_ttl_s, settings.idempotency_max_keys, settings.idempotency_max_bytes
+        )
         # one worker embeds for every tenant, straight on the engine (a worker per tenant view would
         # scan the others' backlog)
         self.worker = EmbedWorker(embedder, store.unembedded, store.set_vectors) if embedder else None

@@ -21,3 +21,8 @@ class ServerSettings:
     events_poll_s: float = 0.5  # how often event streams read engines that do not push (EventFeed)
     preset: str | None = None
     max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES
+    # Idempotency-Key (clawvm.server.idempotency): how long a key holds, and how many keys and response
+    # bytes one tenant keeps (its oldest go first)
+    idempotency_ttl_s: float = 24 * 3600.0
+    idempotency_max_keys: int = 10_000
+    idempotency_max_bytes: int = 16 * 1024 * 1024

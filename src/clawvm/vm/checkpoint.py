@@ -17,13 +17,15 @@ forgotten for good, and the event log, which records the rollback (a ``rollback`
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from clawvm.core.errors import ValidationError
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ValidationError as ShapeError
+
+from clawvm.core.errors import NotFoundError, ValidationError
 from clawvm.core.model import (
     Filters,
     Kind,
@@ -45,6 +47,40 @@ from clawvm.vm.tiers import Pager
 from clawvm.write.commit import Writer
 
 TAG = CHECKPOINT_TAG  # one name: the context builder keeps snapshots out of every prompt
+
+
+class SnapshotLine(BaseModel):
+    """One memory's line of a snapshot, as :func:`take` writes it. ``state``, ``links``, ``compressed``
+    and ``tool_call`` are absent from snapshots taken before they were recorded (``model_fields_set``
+    tells absent from null)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    tier: Tier
+    value: float = Field(allow_inf_nan=False)
+    pinned: bool
+    status: Status
+    usage: Usage
+    access_count: int = Field(ge=0)
+    last_accessed_at: datetime | None
+    state: State | None = None
+    links: list[Link] = Field(default_factory=list)
+    compressed: bool | None = None
+    tool_call: Any = None
+
+
+class Snapshot(BaseModel):
+    """The content of a checkpoint memory: read back from the store, so checked like any input (a memory
+    that only looks like a checkpoint is refused before anything is changed)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    name: str
+    session_id: str = Field(min_length=1)
+    memories: dict[str, SnapshotLine]
+
+
+_NOT_A_SNAPSHOT_FIX = "pass an id returned by checkpoint() for a session of this tenant"
 
 
 @dataclass(frozen=True)
@@ -109,19 +145,23 @@ def take(
     return writer.write([snapshot], None, [event])[0]
 
 
-def rollback(store: StoreReader, pager: Pager, checkpoint_id: str, now: datetime) -> RollbackReport:
-    snap = store.get(checkpoint_id)
-    if TAG not in snap.tags or snap.kind is not Kind.AGENT_STATE:
-        raise ValidationError(
-            "checkpoint_id", f"{checkpoint_id} is not a checkpoint", "pass an id from checkpoint()"
-        )
-    data = json.loads(snap.content)
-    state: dict[str, dict[str, Any]] = data["memories"]
+def rollback(
+    store: StoreReader, pager: Pager, checkpoint_id: str, now: datetime, tenant: str | None = None
+) -> RollbackReport:
+    """Restore the checkpoint ``checkpoint_id`` (of ``tenant``, when given); :class:`ValidationError` naming
+    ``checkpoint_id``, and nothing changed, when it is not a checkpoint snapshot of its own session."""
+    try:
+        snap = store.get(checkpoint_id)
+    except NotFoundError:
+        raise NotFoundError(
+            "checkpoint", checkpoint_id
+        ) from None  # the id the caller passed is a checkpoint_id
+    data = read_snapshot(snap, tenant)
     restored, obsoleted = [], []
-    for m in session_memories(store, snap.tenant, data["session_id"]):
+    for m in session_memories(store, snap.tenant, data.session_id):
         if m.id == snap.id:
             continue
-        old = state.get(m.id)
+        old = data.memories.get(m.id)
         if old is None:
             if m.status is not Status.OBSOLETE:  # already undone (an earlier rollback): nothing to do
                 pager.mutate(
@@ -129,7 +169,7 @@ def rollback(store: StoreReader, pager: Pager, checkpoint_id: str, now: datetime
                 )
                 obsoleted.append(m.id)
             continue
-        decompressed = "compression" in m.metadata and old.get("compressed") is False
+        decompressed = "compression" in m.metadata and old.compressed is False
         if decompressed:  # compressed since the checkpoint: its raw text comes back
             m = decompress_memory(store, pager.writer, m, now)
         target = _restored_fields(m, old)
@@ -145,34 +185,60 @@ def rollback(store: StoreReader, pager: Pager, checkpoint_id: str, now: datetime
                 memory_id=snap.id,
                 tenant=snap.tenant,
                 at=now,
-                data={"name": data["name"], "restored": restored, "obsoleted": obsoleted},
+                data={"name": data.name, "restored": restored, "obsoleted": obsoleted},
             )
         ]
     )
     return RollbackReport(snap.id, restored, obsoleted)
 
 
-def _restored_fields(m: Memory, old: dict[str, Any]) -> dict[str, Any]:
+def read_snapshot(snap: Memory, tenant: str | None = None) -> Snapshot:
+    """The snapshot ``snap`` holds, checked: a checkpoint memory (kind and tag) of ``tenant`` whose
+    content is a snapshot of its own session. Another tenant's is :class:`NotFoundError`; anything else a
+    :class:`ValidationError` naming ``checkpoint_id`` (content written by hand, or imported, can look like a
+    checkpoint without being one)."""
+    if TAG not in snap.tags or snap.kind is not Kind.AGENT_STATE:
+        raise ValidationError("checkpoint_id", f"{snap.id} is not a checkpoint", _NOT_A_SNAPSHOT_FIX)
+    if tenant is not None and snap.tenant != tenant:  # as if it did not exist: no tenant learns another's ids
+        raise NotFoundError("checkpoint", snap.id)
+    try:
+        data = Snapshot.model_validate_json(snap.content)
+    except ShapeError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "its content"
+        raise ValidationError(
+            "checkpoint_id",
+            f"{snap.id} is tagged as a checkpoint but is not a snapshot ({where}: {first['msg']})",
+            _NOT_A_SNAPSHOT_FIX,
+        ) from None
+    if data.session_id != snap.session_id:
+        raise ValidationError(
+            "checkpoint_id",
+            f"{snap.id} belongs to session {snap.session_id!r} but its snapshot names session "
+            f"{data.session_id!r}",
+            _NOT_A_SNAPSHOT_FIX,
+        )
+    return data
+
+
+def _restored_fields(m: Memory, old: SnapshotLine) -> dict[str, Any]:
     """The fields a rollback writes back to ``m`` from its line of the snapshot (snapshots taken before
     ``state``, ``links`` and tool-call outcomes were recorded restore the rest)."""
     fields: dict[str, Any] = {
-        "tier": Tier(str(old["tier"])),
-        "value": float(old["value"]),
-        "pinned": bool(old["pinned"]),
-        "status": Status(str(old["status"])),
-        "usage": Usage.model_validate(old["usage"]),
-        "access_count": old["access_count"],
-        "last_accessed_at": _when(old["last_accessed_at"]),
+        "tier": old.tier,
+        "value": old.value,
+        "pinned": old.pinned,
+        "status": old.status,
+        "usage": old.usage,
+        "access_count": old.access_count,
+        "last_accessed_at": old.last_accessed_at,
     }
-    if "state" in old:
-        fields["state"] = None if old["state"] is None else State(str(old["state"]))
-    if "links" in old:
-        fields["links"] = [Link.model_validate(link) for link in old["links"]]
-    if "tool_call" in old and m.metadata.get("tool_call") != old["tool_call"]:
+    given = old.model_fields_set
+    if "state" in given:
+        fields["state"] = old.state
+    if "links" in given:
+        fields["links"] = list(old.links)
+    if "tool_call" in given and m.metadata.get("tool_call") != old.tool_call:
         rest = {k: v for k, v in m.metadata.items() if k != "tool_call"}
-        fields["metadata"] = rest if old["tool_call"] is None else {**rest, "tool_call": old["tool_call"]}
+        fields["metadata"] = rest if old.tool_call is None else {**rest, "tool_call": old.tool_call}
     return fields
-
-
-def _when(text: object) -> datetime | None:
-    return datetime.fromisoformat(str(text)) if text else None

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from clawvm.core.errors import ConfigError, ValidationError
+from clawvm.core.errors import ConfigError, CryptoError, ValidationError
 from clawvm.core.model import Memory
 from clawvm.core.redact import RedactionPolicy, redact, redact_content
 from clawvm.store.crypto import (
@@ -17,6 +17,7 @@ from clawvm.store.crypto import (
     DataKeys,
     reveal_original,
     seal_original,
+    sealed_envelope,
 )
 
 Mark = Callable[[Memory], Memory]
@@ -108,6 +109,24 @@ class Redactor:
         """``text`` as the tenant's policy would store it (for what the event log keeps, e.g. queries)."""
         policy = self.policy_for(tenant)
         return text if policy is None else redact(text, policy).text
+
+    def check_sealed(self, memory: Memory) -> None:
+        """Refuse ``memory`` when it carries a sealed original (``metadata["redaction"]["sealed"]``) that
+        this store's data keys cannot open: an envelope sealed by another store, moved from another memory,
+        or altered would be stored as if it were this store's, and fail only when an admin reveals it."""
+        if sealed_envelope(memory) is None:
+            return
+        field = f"metadata.{REDACTION_FIELD}.sealed"
+        fix = "import it into the store that sealed it (with its data key), or drop metadata.redaction"
+        keys = self.keys or DataKeys.from_env()
+        if keys is None:
+            raise ValidationError(field, "is a sealed original, but this store has no data key", fix)
+        try:
+            reveal_original(memory, keys)
+        except CryptoError as exc:
+            raise ValidationError(
+                field, f"cannot be opened with this store's data keys ({exc})", fix
+            ) from None
 
     def reveal(self, memory: Memory) -> str:
         """The original content of ``memory`` (see :func:`clawvm.store.crypto.reveal_original`)."""

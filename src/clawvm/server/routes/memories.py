@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import Memory
 from clawvm.server.auth import Admin, Reader, Writer
+from clawvm.server.idempotency import IdempotencyKey, once
 from clawvm.server.routes.params import MemoryId
 from clawvm.server.schemas.requests import (
     FeedbackRequest,
@@ -21,14 +22,26 @@ from clawvm.server.schemas.requests import (
     UpdateRequest,
 )
 from clawvm.server.schemas.responses import ImportOut, OriginalOut, ValueOut
+from clawvm.server.service import service_of
 
 router = APIRouter(tags=["memories"])
 
 
 @router.post("/memories", status_code=201, response_model=Memory)
-def record(body: RecordRequest, caller: Writer) -> Memory:
-    """Record a new memory (lexically searchable at once, embedded in the background)."""
-    return caller.harness.record(body.content, embedding=body.embedding, **body.fields())
+def record(
+    request: Request, body: RecordRequest, caller: Writer, idempotency_key: IdempotencyKey = None
+) -> Memory | Response:
+    """Record a new memory (lexically searchable at once, embedded in the background). With an
+    ``Idempotency-Key``, a retry of the same body returns the first response and records nothing more."""
+    return once(
+        service_of(request).idempotency,
+        caller.principal.tenant,
+        idempotency_key,
+        "POST /v1/memories",
+        body,
+        201,
+        lambda: caller.harness.record(body.content, embedding=body.embedding, **body.fields()),
+    )
 
 
 @router.get("/memories", response_model=list[Memory])

@@ -1,5 +1,7 @@
 """Reading by meaning: ``/recall`` (the best memories for a query, with each channel's part of the score)
-and ``/context`` (a prompt-ready context under a token budget). Both record usage for writer keys."""
+and ``/context`` (a prompt-ready context under a token budget). Both record usage for writer keys; for a
+read-only key they write nothing (a context build appends no ``context`` event: the access log line is its
+only trace)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from fastapi import APIRouter
 from clawvm.server.auth import Reader, records_usage
 from clawvm.server.schemas.requests import ContextRequest, RecallRequest
 from clawvm.server.schemas.responses import ContextOut, RecallHit
+from clawvm.store.keys import Permission
 
 router = APIRouter(tags=["recall"])
 
@@ -37,5 +40,6 @@ def context(body: ContextRequest, caller: Reader) -> ContextOut:
         k=body.k,
         neighbours=body.neighbours,
         record_usage=records_usage(body.record_usage, caller),
+        read_only=not caller.principal.can(Permission.WRITE),
     )
     return ContextOut.of(ctx)

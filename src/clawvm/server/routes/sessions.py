@@ -3,21 +3,39 @@ finished task, and the pager's pass (``/tick``)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
 
 from clawvm.core.model import Memory
 from clawvm.server.auth import Writer
+from clawvm.server.idempotency import IdempotencyKey, once
 from clawvm.server.routes.params import MemoryId, ScopeId
 from clawvm.server.schemas.requests import CheckpointRequest, StartSessionRequest
 from clawvm.server.schemas.responses import CheckpointOut, CollapseOut, RollbackOut, TickOut
+from clawvm.server.service import service_of
 
 router = APIRouter(tags=["sessions"])
 
 
 @router.post("/sessions/{session_id}/checkpoints", status_code=201, response_model=CheckpointOut)
-def checkpoint(session_id: ScopeId, body: CheckpointRequest, caller: Writer) -> CheckpointOut:
-    """Snapshot the session's tiers and value state."""
-    return CheckpointOut(id=caller.harness.checkpoint(session_id, body.name))
+def checkpoint(
+    request: Request,
+    session_id: ScopeId,
+    body: CheckpointRequest,
+    caller: Writer,
+    idempotency_key: IdempotencyKey = None,
+) -> CheckpointOut | Response:
+    """Snapshot the session's tiers and value state. With an ``Idempotency-Key``, a retry of the same request
+    returns the first checkpoint and takes no other."""
+    return once(
+        service_of(request).idempotency,
+        caller.principal.tenant,
+        idempotency_key,
+        f"POST /v1/sessions/{session_id}/checkpoints",
+        body,
+        201,
+        lambda: CheckpointOut(id=caller.harness.checkpoint(session_id, body.name)),
+    )
 
 
 @router.post("/checkpoints/{checkpoint_id}/rollback", response_model=RollbackOut)
