@@ -393,6 +393,21 @@ def test_rollback_of_another_tenants_checkpoint_changes_nothing(env: Env, tmp_pa
     store.close()
 
 
+def test_an_export_of_a_tenant_with_grants_imports_back(env: Env, tmp_path: Path) -> None:
+    """Grants are internal records: the export leaves them out, so its import (which refuses internal
+    records) takes the whole file."""
+    Harness(env.store, None, tenant="acme").grant("crew", "alice", write=True)
+    env.record(session_id="s1")
+    exported = env.client.get("/v1/export", headers=env.auth("reader")).text.splitlines()
+    assert exported and all(json.loads(line)["status"] != "internal" for line in exported)
+    target, _, keys = open_app(tmp_path / "target")
+    admin = {"Authorization": f"Bearer {keys['admin']}"}
+    body = {"memories": [json.loads(line) for line in exported]}
+    done = TestClient(target).post("/v1/memories/import", json=body, headers=admin)
+    assert done.status_code == 200, done.text
+    assert done.json() == {"imported": len(exported), "skipped": 0}
+
+
 def test_export_and_import_stay_in_the_tenant(env: Env) -> None:
     m = env.record(session_id="s1")
     lines = env.client.get("/v1/export", headers=env.auth("reader"))

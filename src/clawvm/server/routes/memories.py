@@ -129,6 +129,8 @@ def decompress(memory_id: MemoryId, caller: Writer) -> Memory:
     responses={200: {"content": {"application/x-ndjson": {}}, "description": "one memory per line"}},
 )
 def export(caller: Reader) -> StreamingResponse:
-    """Every memory of the tenant as JSON Lines (lossless), oldest first."""
-    lines: Iterator[str] = (m.to_json() + "\n" for m in caller.harness.store.iter_all())
+    """Every memory of the tenant as JSON Lines, exactly as stored, oldest first. The harness's internal
+    records (team grants, learned weights) are left out: they are permissions and bookkeeping, not
+    memories, and an import refuses them (grant again on the target)."""
+    lines: Iterator[str] = (m.to_json() + "\n" for m in caller.harness.iter_all(status="any"))
     return StreamingResponse(lines, media_type="application/x-ndjson")
