@@ -24,8 +24,10 @@ from loopback import ServeProcess
 COMMANDS = sorted(main.commands)
 
 
-def run(db: Path, *args: str, ok: bool = True) -> str:
-    result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", *args], catch_exceptions=False)
+def run(db: Path, *args: str, ok: bool = True, stdin: str | None = None) -> str:
+    result = CliRunner().invoke(
+        main, ["--db", str(db), "--no-embed", *args], input=stdin, catch_exceptions=False
+    )
     if ok:
         assert result.exit_code == 0, result.output
     return result.output
@@ -174,7 +176,10 @@ def test_jsonl_round_trip_is_lossless(
     src, dst = base / "a.db", base / "b.db"
     for c in contents:
         tag_args = [a for t in tags for a in ("--tag", t)]
-        run(src, "add", *tag_args, "--", c)  # "--": content may start with a dash
+        if c == "-":  # a lone "-" means standard input: that is how such a content is given
+            run(src, "add", *tag_args, "-", stdin=c)
+        else:
+            run(src, "add", *tag_args, "--", c)  # "--": content may start with a dash
     dump, dump2 = base / "d1.jsonl", base / "d2.jsonl"
     run(src, "export", "-o", str(dump))
     run(dst, "import", str(dump))
