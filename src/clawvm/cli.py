@@ -705,5 +705,85 @@ def migrate_command(source: str, target: str, batch: int, dim: int, no_verify: b
         )
 
 
+@main.command()
+@click.argument("session_id", required=False)
+@click.option("--demo", is_flag=True, help="Replay the demo workload (built in memory) instead of --db.")
+@click.option("--budget", type=int, default=None, help="B: this context budget for every build.")
+@click.option("--working-items", type=int, default=None, help="B: the working tier's item budget.")
+@click.option("--working-tokens", type=int, default=None, help="B: the working tier's token budget.")
+@click.option("--weight", "weights", multiple=True, help="B: a scoring weight NAME=VALUE (repeatable).")
+@click.option(
+    "--reach",
+    type=click.Choice(["tenant", "session"]),
+    default="tenant",
+    show_default=True,
+    help="Replay every memory recorded up to the session's last build, or the session's own.",
+)
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Also write JSON.")
+@click.pass_context
+def replay(
+    ctx: click.Context,
+    session_id: str | None,
+    demo: bool,
+    budget: int | None,
+    working_items: int | None,
+    working_tokens: int | None,
+    weights: tuple[str, ...],
+    reach: str,
+    json_path: Path | None,
+) -> None:
+    """What-if: replay SESSION's context builds under the current policy (A) and a changed one (B).
+
+    Prints, per build, the lines B adds and drops and the needed memories each kept, then the totals:
+    tokens, evidence kept, eviction regret, working-tier hit rate. Reads the store, never writes it."""
+    import clawvm.replay as whatif
+
+    changes = dict(_weight(w) for w in weights)
+    with _replay_source(ctx, demo) as (h, default_session):
+        session = session_id or default_session
+        if session is None:
+            raise ValidationError("session_id", "is missing", "name the session to replay (or pass --demo)")
+        b = whatif.variant(
+            h.pager.config, working_items=working_items, working_tokens=working_tokens, weights=changes
+        )
+        report = whatif.replay(
+            h,
+            session,
+            whatif.Policy("current", h.pager.config),
+            whatif.Policy("changed", b, context_budget=budget),
+            reach="session" if reach == "session" else "tenant",
+        )
+    click.echo(whatif.format_report(report))
+    if json_path is not None:
+        json_path.write_text(json.dumps(report.as_dict(), indent=2))
+
+
+def _weight(text: str) -> tuple[str, float]:
+    name, _, number = text.partition("=")
+    try:
+        return name.strip(), float(number)
+    except ValueError:
+        raise ValidationError(
+            "weight", f"{text!r} is not NAME=NUMBER", "e.g. --weight cite_weight=0.3"
+        ) from None
+
+
+@contextmanager
+def _replay_source(ctx: click.Context, demo: bool) -> Iterator[tuple[Harness, str | None]]:
+    if not demo:
+        with _opened(ctx) as h:
+            yield h, None
+        return
+    from clawvm.demo.scenario import ReplayClock, load_scenario, open_demo
+
+    clock = ReplayClock()
+    h = open_demo(store_from_url("memory://"), clock, not ctx.obj["no_embed"])
+    try:
+        load_scenario(h, clock, lambda line: None)
+        yield h, "s5"
+    finally:
+        h.close()
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
