@@ -784,6 +784,7 @@ class Harness:
                         "scope": scope,
                         "ms": round((time.perf_counter() - started) * 1000, 3),
                         "manifest": [e.as_dict() for e in ctx.manifest],
+                        "text": ctx.text,  # the exact prompt: MemLens shows and diffs it
                     },
                 )
             ]

@@ -8,13 +8,17 @@ neighbourhood).
 from __future__ import annotations
 
 import bisect
+import csv
+import io
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import accumulate, pairwise
 from typing import Any
 
 from clawvm.core.entities import entities
+from clawvm.core.errors import ValidationError
 from clawvm.core.model import Tier
 from clawvm.observe.lens import Lens, Move, Row
 from clawvm.vm.context import short_id
@@ -88,30 +92,99 @@ SORTS = {
 }
 
 
+@dataclass(frozen=True)
+class RowFilter:
+    """What every list of memories can be narrowed by (the dashboard's filter bar; the export takes the
+    same, so "export" gives exactly the selection on screen)."""
+
+    session: str | None = None
+    q: str = ""
+    tier: str | None = None
+    kind: str | None = None
+    agent: str | None = None
+    tool: str | None = None
+    tag: str | None = None
+    status: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def keep(self, r: Row) -> bool:
+        wanted = (
+            (self.tier, r.tier),
+            (self.kind, r.kind),
+            (self.agent, r.agent_id),
+            (self.tool, r.tool_name),
+            (self.status, r.status),
+        )
+        if any(want and want != have for want, have in wanted):
+            return False
+        if self.tag and self.tag not in r.tags:
+            return False
+        if (self.since and r.created_at < self.since) or (self.until and r.created_at > self.until):
+            return False
+        needle = self.q.lower()
+        return not needle or needle in r.preview.lower() or r.id.endswith(needle)
+
+    def rows(self, lens: Lens) -> list[Row]:
+        """The matching rows (hold ``lens.lock``)."""
+        return [r for r in _scope(lens, self.session) if self.keep(r)]
+
+
 def memories(
-    lens: Lens,
-    session: str | None = None,
-    q: str = "",
-    tier: str | None = None,
-    kind: str | None = None,
-    sort: str = "newest",
-    offset: int = 0,
-    limit: int = 50,
+    lens: Lens, flt: RowFilter | None = None, sort: str = "newest", offset: int = 0, limit: int = 50
 ) -> dict[str, Any]:
     lens.refresh()
     with lens.lock:
-        rows = _scope(lens, session)
-        if tier:
-            rows = [r for r in rows if r.tier == tier]
-        if kind:
-            rows = [r for r in rows if r.kind == kind]
-        if q:
-            needle = q.lower()
-            rows = [r for r in rows if needle in r.preview.lower() or r.id.endswith(needle)]
+        rows = (flt or RowFilter()).rows(lens)
         rows.sort(key=SORTS.get(sort, SORTS["newest"]))
         page = _page(rows, offset, limit)
         page["items"] = [r.as_dict() for r in page["items"]]
         return page
+
+
+EXPORT_COLUMNS = (
+    "id", "created_at", "session_id", "task_id", "agent_id", "tool_name", "kind", "state", "status", "tier",
+    "value", "pinned", "tokens", "tags", "preview",
+)  # fmt: skip
+
+
+def export(lens: Lens, flt: RowFilter, fmt: str) -> tuple[str, str]:
+    """The selection as JSONL (whole memories, one per line) or CSV (the list's columns); newest first."""
+    lens.refresh()
+    with lens.lock:
+        ids = [r.id for r in sorted(flt.rows(lens), key=SORTS["newest"])]
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(EXPORT_COLUMNS)
+        with lens.lock:
+            for i in ids:
+                row = lens.rows.get(i)
+                if row is not None:
+                    d = row.as_dict()
+                    d["tags"] = " ".join(row.tags)
+                    writer.writerow([d[c] for c in EXPORT_COLUMNS])
+        return out.getvalue(), "text/csv; charset=utf-8"
+    lines = []
+    for start in range(0, len(ids), EXPORT_PAGE):
+        found = lens.harness.store.get_many(ids[start : start + EXPORT_PAGE])
+        lines += [found[i].to_json() for i in ids[start : start + EXPORT_PAGE] if i in found]
+    return "".join(line + "\n" for line in lines), "application/x-ndjson"
+
+
+EXPORT_PAGE = 500
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """``"cite_weight=0.3,recency_floor=0.5"`` as a dict (the what-if view's weights)."""
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, number = part.partition("=")
+        try:
+            out[name.strip()] = float(number)
+        except ValueError:
+            raise ValidationError("weights", f"{part!r} is not NAME=NUMBER", "e.g. cite_weight=0.3") from None
+    return out
 
 
 def memory_detail(lens: Lens, memory_id: str) -> dict[str, Any]:

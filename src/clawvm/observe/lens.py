@@ -48,7 +48,7 @@ import math
 import re
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
@@ -84,6 +84,7 @@ _WORD = re.compile(r"[^\W_]{1,}", re.UNICODE)
 JUNK_VALUE = 0.15
 STALE_HALF_LIVES = 3.0
 NEED_KINDS = ("retrieve", "context", "output", "manual")
+GUIDANCE_KEPT = 20  # guidance builds the lens keeps (the dashboard's teams view lists them)
 
 
 # ---- the memory table -----------------------------------------------------------------------------------
@@ -108,10 +109,14 @@ class Row:
     expires_at: datetime | None
     parent_id: str | None
     links: tuple[tuple[str, str], ...]
+    tags: tuple[str, ...]
     access_count: int
     injected: int
     cited: int
     preview: str
+    seconds: float  # what producing it cost (a tool call's latency, an LLM call's time)
+    cost_tokens: int
+    money: float
     norm: int  # hash of the normalised text (duplicates)
     words: int
 
@@ -136,10 +141,14 @@ class Row:
             expires_at=m.expires_at,
             parent_id=m.parent_id,
             links=tuple((link.type.value, link.target) for link in m.links),
+            tags=tuple(m.tags),
             access_count=m.access_count,
             injected=m.usage.injected,
             cited=m.usage.cited,
             preview=text[:160],
+            seconds=m.cost.seconds,
+            cost_tokens=m.cost.tokens,
+            money=m.cost.money,
             norm=hash(text.lower()),
             words=len(_WORD.findall(m.content[:2000])),
         )
@@ -152,6 +161,7 @@ class Row:
             last_used=self.last_used.isoformat(),
             expires_at=self.expires_at.isoformat() if self.expires_at else None,
             links=[{"type": t, "target": x} for t, x in self.links],
+            tags=list(self.tags),
             value=round(self.value, 4),
         )
         return out
@@ -242,6 +252,7 @@ class Lens:
         self.context_ms: list[float] = []
         self.manual: list[Event] = []
         self.weights_events: list[Event] = []
+        self.guidance_events: deque[Event] = deque(maxlen=GUIDANCE_KEPT)  # the newest guidance builds
         self.kinds: Counter[str] = Counter()
         self.last_at: datetime | None = None
         self._needs = _Needs()
@@ -421,6 +432,9 @@ class Lens:
     def _on_weights(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
         self.weights_events.append(e)
 
+    def _on_guidance(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
+        self.guidance_events.append(e)
+
     def _need(self, mid: str, seq: int, tier: str | None) -> None:
         n = self._needs
         if tier is not None:
@@ -561,6 +575,7 @@ _HANDLERS = {
     "output": Lens._on_output,
     "manual": Lens._on_manual,
     WEIGHTS_KIND: Lens._on_weights,
+    "guidance": Lens._on_guidance,
 }
 
 
