@@ -266,9 +266,13 @@ def create_router(
         headers = {"Content-Disposition": f'attachment; filename="{name}"'}
         return Response(body, media_type=media, headers=headers)
 
+    @router.get("/api/memories/{memory_id}/contexts")
+    def contexts_of(h: Reader, memory_id: str) -> list[dict[str, Any]]:
+        return lens_for(h).contexts_of(memory_id)
+
     @router.get("/api/metrics")
-    def metrics(h: Reader) -> dict[str, Any]:
-        return lens_for(h).metrics()
+    def metrics(h: Reader, session: Session = None) -> dict[str, Any]:
+        return lens_for(h).metrics(session or None)
 
     @router.get("/api/weights")
     def weights(h: Reader) -> dict[str, Any]:

@@ -192,6 +192,7 @@ def memory_detail(lens: Lens, memory_id: str) -> dict[str, Any]:
     row = lens.memory(memory_id)  # refreshes the lens: what follows reads it as is
     m = lens.harness.get(memory_id)
     breakdown = lens.harness.explain(memory_id).as_dict()
+    floor = lens.harness.pager.config.scoring.recency_floor
     events = lens.harness.events(limit=200, memory_id=memory_id)
     with lens.lock:
         children = [r.id for r in lens.rows.values() if r.parent_id == memory_id][:50]
@@ -200,6 +201,7 @@ def memory_detail(lens: Lens, memory_id: str) -> dict[str, Any]:
         "memory": m.model_dump(mode="json"),
         "row": row.as_dict(),
         "explain": breakdown,
+        "formula": value_formula(breakdown, floor, m.pinned),
         "events": [
             {"seq": e.seq, "at": e.at.isoformat(), "kind": e.kind, "data": _brief(e.data)}
             for e in events[-100:]
@@ -207,6 +209,31 @@ def memory_detail(lens: Lens, memory_id: str) -> dict[str, Any]:
         "contexts": lens.contexts_of_as_is(memory_id)[-100:],
         "children": children,
         "values": [{"at": a.isoformat(), "value": v} for a, v in values],
+    }
+
+
+def value_formula(x: dict[str, Any], recency_floor: float, pinned: bool) -> dict[str, Any]:
+    """How the breakdown's parts make the value shown (see :func:`clawvm.vm.scoring.value`):
+    ``(base + signals + cost) × (floor + (1 − floor) × recency) + access + injected + cited + success +
+    feedback``, clamped to [0, 1]; a pinned memory is worth 1."""
+    signals = float(sum(x["signals"].values()))
+    prior = float(x["base"]) + signals + float(x["cost"])
+    factor = recency_floor + (1 - recency_floor) * float(x["recency"])
+    added = {k: float(x[k]) for k in ("access", "injected", "cited", "success", "feedback")}
+    raw = prior * factor + sum(added.values())
+    return {
+        "base": x["base"],
+        "signals": signals,
+        "cost": x["cost"],
+        "prior": prior,
+        "recency": x["recency"],
+        "recency_floor": recency_floor,
+        "multiplier": factor,
+        "decayed": prior * factor,
+        "added": added,
+        "raw": raw,
+        "value": 1.0 if pinned else min(1.0, max(0.0, raw)),
+        "pinned": pinned,
     }
 
 

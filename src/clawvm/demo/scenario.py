@@ -20,6 +20,7 @@ tier, archive and compression included. LoCoMo conversations can be added where 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
@@ -63,6 +64,12 @@ class ReplayClock:
     def advance(self, **delta: float) -> None:
         self.now += timedelta(**delta)
 
+    def running(self) -> Callable[[], datetime]:
+        """From here on, a clock that runs in real time: what the served demo's harnesses use, so values,
+        recency and the timeline stay on the scenario's calendar while people act on it."""
+        start, started = self.now, time.monotonic()
+        return lambda: start + timedelta(seconds=time.monotonic() - started)
+
 
 @dataclass
 class ScenarioReport:
@@ -97,7 +104,9 @@ def serve_demo(
     try:
         load_scenario(h, clock, echo, locomo)
         configure_logging("warning")
-        app = create_app(h.store, embedder=h.embedder)  # the store stays ours: closed with the harness
+        # the store stays ours (closed with the harness); the app's harnesses keep the demo's pager and clock
+        options = {"pager": h.pager.config, "clock": clock.running()}
+        app = create_app(h.store, embedder=h.embedder, harness_options=options)
         _, key = app.state.service.keyring.create("default", "agent", "MemLens demo")
         echo(f"\nMemLens dashboard: http://{host}:{port}/dashboard/#key={key}")
         echo(f"REST API: http://{host}:{port}/docs  (API key for tenant 'default', role agent: {key})")
