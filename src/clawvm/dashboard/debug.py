@@ -107,9 +107,9 @@ def trace(
     its latency, tokens and cost where recorded, and the memory ids."""
     lens.refresh()
     with lens.lock:
-        rows = [
-            r for r in lens.rows.values() if r.session_id == session and (task is None or r.task_id == task)
-        ]
+        of_session = [r for r in lens.rows.values() if r.session_id == session]
+        tasks = sorted({r.task_id for r in of_session if r.task_id})
+        rows = [r for r in of_session if task in (None, r.task_id)]
         builds = [
             b
             for b in lens.contexts.values()
@@ -122,6 +122,7 @@ def trace(
     return {
         "session": session,
         "task": task,
+        "tasks": tasks,
         "total": len(roots),
         "offset": offset,
         "limit": limit,

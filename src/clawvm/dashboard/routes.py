@@ -34,6 +34,7 @@ STATIC = {
     "index.html": "text/html; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
     "charts.js": "text/javascript; charset=utf-8",
+    "debug.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
 }
 
