@@ -472,7 +472,11 @@ def test_memories_are_edited_like_blocks_through_the_sdk_write_path(
     assert h.get(head).tier.value == "archive"
     page.select_option("#tier-select", "working")
     page.click("#tier-button")
-    page.wait_for_function("() => document.querySelector('#tier-button').textContent === 'Move to tier'")
+    page.wait_for_function(
+        "() => document.querySelector('#tier-button').textContent === 'Move to tier'"
+        " || document.querySelector('#toast').className === 'error'"
+    )
+    assert page.locator("#toast.error").count() == 0, page.inner_text("#toast")
     assert h.get(head).tier.value == "working"
 
     page.on("dialog", lambda dialog: dialog.accept())
