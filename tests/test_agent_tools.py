@@ -16,6 +16,9 @@ from clawvm.agents.tools import AgentTools
 NAMES = [
     "record_memory",
     "recall_memory",
+    "list_memories",
+    "get_memory",
+    "update_memory",
     "build_context",
     "checkpoint",
     "rollback",
