@@ -254,6 +254,7 @@ def test_http_tenants_roles_and_per_call_session(mounted: Mounted) -> None:
                 await a.call_tool("record_memory", {"content": "tenant a's secret plan", "session_id": "s9"})
             )
             out["mine"] = mine
+            out["landed_in"] = tenant_a.get(mine["id"]).session_id  # the call's session, not a default
             out["a_list"] = ok(await a.call_tool("list_memories", {"session_id": "s9"}))
             out["a_updated"] = ok(
                 await a.call_tool(
@@ -297,6 +298,7 @@ def test_http_tenants_roles_and_per_call_session(mounted: Mounted) -> None:
     out = run(talk)
     assert out["tools"]["update_memory"].annotations.destructive_hint is True
     mine = out["mine"]
+    assert out["landed_in"] == "s9"
     assert [m["id"] for m in out["a_list"]["memories"]] == [mine["id"]]
     assert out["a_updated"]["version"] == 2
     assert out["b_list"] == {"memories": [], "total": 0}  # tenant b sees none of tenant a's memories
