@@ -795,6 +795,9 @@ def _mcp_summarize(w: World) -> dict[str, Any]:
 MCP_WRITES: dict[str, McpCase] = {
     "record_memory": McpCase(lambda w: {"content": PLANTED, "kind": "knowledge"}, ("add",)),
     "recall_memory": McpCase(lambda w: {"query": PLANTED}, ("retrieve",)),
+    "list_memories": McpCase(lambda w: {}, ()),
+    "get_memory": McpCase(lambda w: {"memory_id": w.note.id}, ()),
+    "update_memory": McpCase(lambda w: {"memory_id": w.note.id, "content": PLANTED}, ("update",)),
     "build_context": McpCase(lambda w: {"query": PLANTED}, ("context",)),
     "checkpoint": McpCase(lambda w: {"name": SHORT_PLANTED}, ("checkpoint",)),
     "rollback": McpCase(_mcp_rollback, ("rollback",)),

@@ -428,6 +428,12 @@ def demo(ctx: click.Context, locomo: Path | None, fresh: bool, dashboard: bool, 
     help="With --redact: keep each original sealed with the data key (CLAWVM_DATA_KEY or "
     "CLAWVM_DATA_KEY_FILE); admin keys read it at GET /v1/memories/{id}/original.",
 )
+@click.option(
+    "--mcp",
+    is_flag=True,
+    help="Also serve MCP (streamable HTTP) at /mcp, behind the same API keys and tenants "
+    "(needs the 'integrations' extra).",
+)
 @click.pass_context
 def serve(
     ctx: click.Context,
@@ -441,6 +447,7 @@ def serve(
     log_level: str,
     redact: bool,
     keep_originals: bool,
+    mcp: bool,
 ) -> None:
     """Run the REST API over the store: API keys, tenants, limits; OpenAPI at /docs and /openapi.json."""
     try:
@@ -460,7 +467,9 @@ def serve(
         max_body_bytes=max_body_bytes, rate_per_s=rate_limit, burst=burst, preset=preset
     )
     embedder = None if ctx.obj["no_embed"] else "default"
-    app = create_app(ctx.obj["db"], embedder=embedder, settings=settings, harness_options=options)
+    if mcp:
+        _require_mcp()
+    app = create_app(ctx.obj["db"], embedder=embedder, settings=settings, harness_options=options, mcp=mcp)
     keyring = app.state.service.keyring
     if admin_tenant:
         record, token = keyring.create(admin_tenant, "admin", "created by clawvm serve")
@@ -468,6 +477,75 @@ def serve(
     elif not keyring.list():
         click.echo("no API keys yet: clawvm keys create --tenant NAME --role admin", err=True)
     run_server(app, host, port)
+
+
+def _require_mcp() -> None:
+    try:
+        import mcp  # noqa: F401
+    except ImportError as exc:
+        missing = f"MCP needs the 'integrations' extra ({exc}): pip install 'clawvm[integrations]'"
+        raise ConfigError(missing) from None
+
+
+@main.command(name="mcp")
+@click.option(
+    "--session", "session_id", default=None, help="Default session of the tools (a call may pass its own)."
+)
+@click.option("--task", "task_id", default=None, help="Default task.")
+@click.option("--agent", "agent_id", default=None, help="Default agent.")
+@click.option("--tenant", default="default", show_default=True, help="Tenant of the memories.")
+@click.option("--http", is_flag=True, help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="With --http: the address to listen on.")
+@click.option("--port", default=8765, show_default=True, type=int, help="With --http: the port.")
+@click.option(
+    "--api-key",
+    envvar="CLAWVM_MCP_API_KEY",
+    default=None,
+    help="With --http: the Bearer key every request must send (env CLAWVM_MCP_API_KEY). For API keys per "
+    "tenant use clawvm serve --mcp.",
+)
+@click.option(
+    "--redact/--no-redact", default=True, show_default=True, help="Redact new content, as serve does."
+)
+@click.option(
+    "--keep-originals", is_flag=True, help="With --redact: keep each original sealed with the data key."
+)
+@click.pass_context
+def mcp_command(
+    ctx: click.Context,
+    session_id: str | None,
+    task_id: str | None,
+    agent_id: str | None,
+    tenant: str,
+    http: bool,
+    host: str,
+    port: int,
+    api_key: str | None,
+    redact: bool,
+    keep_originals: bool,
+) -> None:
+    """Serve the memory to MCP clients: tools, resources and instructions, over stdio (default) or HTTP."""
+    _require_mcp()
+    from clawvm.integrations.mcp_server import run
+
+    if http and host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        click.echo(
+            f"warning: serving MCP on {host} without --api-key: anyone who reaches it may write", err=True
+        )
+    run(
+        ctx.obj["db"],
+        session_id=session_id,
+        task_id=task_id,
+        agent_id=agent_id,
+        tenant=tenant,
+        embedder=None if ctx.obj["no_embed"] else "default",
+        redact=redact,
+        keep_originals=keep_originals,
+        http=http,
+        host=host,
+        port=port,
+        api_key=api_key,
+    )
 
 
 @contextmanager
