@@ -10,11 +10,12 @@ import pytest
 from click.testing import CliRunner
 
 import pg_server
-from clawvm import Link, LinkType, Memory, Status, StoreError, ValidationError
+from clawvm import Harness, Link, LinkType, Memory, Status, StoreError, ValidationError
 from clawvm.cli import main
+from clawvm.observe.lens import Lens, record_output
 from clawvm.store import Event, Query, Store, store_from_url
 from clawvm.store.migrate import check, migrate, summarize
-from engines import make_store
+from engines import harness_target, make_store
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -26,20 +27,45 @@ def fill(store: Store) -> list[Memory]:
     )
     ms = [
         first,
-        Memory(content="we freed space and the backup ran", session_id="s1", created_at=T0 + timedelta(1),
-               links=[Link(type=LinkType.CAUSED_BY, target=first.id)], metadata={"n": [1, 2.5, None]}),
-        Memory(content="tenant b's own secret note", tenant="b", status=Status.ARCHIVED, version=4,
-               created_at=T0 + timedelta(2)),
-        Memory(content="ünïcödé, tabs\tand\nnewlines, a NUL \x00 and a backslash \\", tags=["a\\b"],
-               created_at=T0 + timedelta(3)),
+        Memory(
+            content="we freed space and the backup ran",
+            session_id="s1",
+            created_at=T0 + timedelta(1),
+            links=[Link(type=LinkType.CAUSED_BY, target=first.id)],
+            metadata={"n": [1, 2.5, None]},
+        ),
+        Memory(
+            content="tenant b's own secret note",
+            tenant="b",
+            status=Status.ARCHIVED,
+            version=4,
+            created_at=T0 + timedelta(2),
+        ),
+        Memory(
+            content="ünïcödé, tabs\tand\nnewlines, a NUL \x00 and a backslash \\",
+            tags=["a\\b"],
+            created_at=T0 + timedelta(3),
+        ),
     ]
-    ms += [Memory(content=f"filler memory number {i}", session_id="s2", created_at=T0 + timedelta(hours=i))
-           for i in range(12)]
+    ms += [
+        Memory(content=f"filler memory number {i}", session_id="s2", created_at=T0 + timedelta(hours=i))
+        for i in range(12)
+    ]
     store.put_many(ms)
     vecs = np.random.default_rng(3).standard_normal((len(ms) - 2, 384)).astype(np.float32)
     store.set_vectors([m.id for m in ms[2:]], vecs)
-    store.append_events([Event("add", m.id, {"i": i, "deep": {"x": [True, None]}}, tenant=m.tenant,
-                               at=T0 + timedelta(minutes=i)) for i, m in enumerate(ms)])
+    store.append_events(
+        [
+            Event(
+                "add",
+                m.id,
+                {"i": i, "deep": {"x": [True, None]}},
+                tenant=m.tenant,
+                at=T0 + timedelta(minutes=i),
+            )
+            for i, m in enumerate(ms)
+        ]
+    )
     store.append_event(Event("note", None, {"msg": "ü"}))
     return ms
 
@@ -123,3 +149,39 @@ def test_cli_migrates_sqlite_to_postgres_and_back(tmp_path: Path) -> None:
     finally:
         first.close()
         last.close()
+
+
+@pytest.mark.parametrize(("source_engine", "target_engine"), [("sqlite", "postgres"), ("postgres", "sqlite")])
+def test_a_migrated_output_still_finds_its_context_build(
+    source_engine: str, target_engine: str, tmp_path: Path
+) -> None:
+    """Outputs and builds name events by number: the copy keeps the numbers, gaps included (retention
+    pruned the head of the source's log here, so renumbering from 1 would point elsewhere)."""
+    source_url = harness_target(source_engine, tmp_path, "src.db")
+    with Harness.open(source_url, embedder=None) as h:
+        for i in range(3):
+            h.record(f"warm-up note {i} about nothing in particular", session_id="s0")
+        h.store.delete_events_upto(h.events()[-1].seq or 0)  # the log now starts after a gap
+        cited = h.record("the EU regional host works for tessera charges", session_id="s1")
+        ctx = h.context("tessera charges host", budget_tokens=400, session_id="s1")
+        assert ctx.event_seq is not None and ctx.event_seq > 4
+        short = {e.id: e for e in ctx.manifest}[cited.id].short_id
+        out = record_output(h, ctx, f"Use the EU regional host [{short}].", success=True)
+        want = Lens(h).influence(ctx.event_seq)
+    source, target = (
+        make_store(source_engine, tmp_path, "src.db"),
+        make_store(target_engine, tmp_path, "dst.db"),
+    )
+    source.setup()
+    target.setup()
+    try:
+        migrate(source, target)
+        assert [e.seq for e in target.read_events()] == [e.seq for e in source.read_events()]
+    finally:
+        source.close()
+        target.close()
+    with Harness.open(harness_target(target_engine, tmp_path, "dst.db"), embedder=None) as copy:
+        got = Lens(copy).influence(ctx.event_seq)
+        assert got["output"]["seq"] == want["output"]["seq"] and out.cited == [cited.id]
+        assert [x["id"] for x in got["lines"]] == [x["id"] for x in want["lines"]]
+        assert copy.store.append_event(Event("later")) > want["output"]["seq"]  # numbering goes on after

@@ -281,6 +281,22 @@ class StoreReader(Protocol):
     def vectors_of(self, ids: Sequence[str]) -> dict[str, np.ndarray]: ...
 
 
+def check_import(events: Sequence[Event], newest: int | None) -> list[int]:
+    """The numbers of events to import (:meth:`Store.import_events`): set, increasing, above ``newest``."""
+    seqs = [e.seq for e in events]
+    if any(s is None for s in seqs):
+        raise ValidationError("events", "holds an event without a sequence number", "import read events")
+    numbers = [int(s) for s in seqs if s is not None]
+    floor = newest or 0
+    for n in numbers:
+        if n <= floor:
+            raise ValidationError(
+                "events", f"numbers {n} after {floor}", "import into an empty log, in the source's order"
+            )
+        floor = n
+    return numbers
+
+
 def check_versions(batch: Sequence[Memory], stored: dict[str, int]) -> None:
     """The optimistic-locking rule, shared by engines: a memory whose id is stored must be exactly the
     stored version + 1; a new id may carry any version (imports keep theirs); one batch may not hold the
@@ -394,6 +410,19 @@ class Store(ABC):
     @abstractmethod
     def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
         """Events with ``seq > after_seq`` in order, optionally for one memory."""
+
+    def import_events(self, events: Sequence[Event]) -> None:
+        """Append a copy of another log's events *keeping their sequence numbers* (``clawvm migrate``:
+        outputs and builds refer to events by number). Each event's ``seq`` must be set, increasing and
+        above every stored one. This default appends and checks that the numbers came out the same (an
+        engine that numbers gap-free from its newest event); engines override it to write the numbers."""
+        check_import(events, None)
+        got = self.append_events(events)
+        want = [e.seq for e in events]
+        if got != want:
+            raise StoreError(
+                f"imported events were numbered {got[:3]}..., not {want[:3]}... as in the source"
+            )
 
     @abstractmethod
     def put_credential(self, credential: Credential) -> None:

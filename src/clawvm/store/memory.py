@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from clawvm.core.errors import StoreError
 from clawvm.core.model import STORED, Filters, Memory
 from clawvm.core.vectors import normalize
 from clawvm.store.base import (
@@ -21,6 +22,7 @@ from clawvm.store.base import (
     QueryResult,
     Store,
     check_credential_version,
+    check_import,
     check_vectors,
     check_versions,
     credential_json,
@@ -157,6 +159,18 @@ class MemoryStore(Store):
                 self._events.append(replace(e, seq=seq))
                 seqs.append(seq)
             return seqs
+
+    def import_events(self, events: Sequence[Event]) -> None:
+        """Numbers are positions here: an empty log starts at the first imported number; a gap after that
+        cannot be kept (StoreError, nothing written)."""
+        with self._lock:
+            newest = self._events_dropped + len(self._events)
+            seqs = check_import(events, newest)
+            if not self._events and seqs:
+                self._events_dropped = newest = seqs[0] - 1
+            if seqs != list(range(newest + 1, newest + 1 + len(seqs))):
+                raise StoreError("memory:// numbers events without gaps: this log's numbering has gaps")
+            self._events.extend(events)
 
     def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
         with self._lock:

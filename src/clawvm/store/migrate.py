@@ -1,8 +1,10 @@
 """Copy one store into another, any engine to any engine, and prove the copy (``clawvm migrate``).
 
 What is copied: every memory exactly as stored (all tenants and statuses, versions kept: a new id takes
-the version it carries), its vector when it has one, the event log in order (the target numbers
-events itself) and every credential (API keys: :meth:`clawvm.store.Store.put_credential`, versions kept).
+the version it carries), its vector when it has one (in the same write as its memory), the event log in
+order with its sequence numbers (:meth:`Store.import_events`: outputs and context builds refer to events
+by number, so ``Lens.influence`` of a copied output still finds its build) and every credential (API
+keys: :meth:`clawvm.store.Store.put_credential`, versions kept).
 Links travel inside their memories; the search indexes are the target's own.
 
 The target must be empty: a copy into a store that already holds memories, events or credentials could not
@@ -11,7 +13,10 @@ the memories (their exact JSON), of the events (kind, memory, tenant, time and d
 (key, version and data) computed on each side independently, and every vector compared with its source
 (engines normalise on write, so the last bits may differ: equal within 1e-5).
 
-Memory use is one batch at a time, so a million memories stream through.
+Memory use is one batch at a time, so a million memories stream through; the source is read in keyset
+pages (``iter_all``), so the copy is linear in its size. A target with a vector index that is cheaper to
+build once than to maintain row by row (PostgreSQL's HNSW: :class:`BulkLoading`) has it dropped for the
+load and rebuilt after it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -57,6 +63,15 @@ class Report:
     target: Summary | None = None
     worst_vector_error: float = 0.0
     credentials: int = 0
+
+
+@runtime_checkable
+class BulkLoading(Protocol):
+    """A store whose vector index is dropped before a bulk load and built once after it."""
+
+    def drop_vector_index(self) -> None: ...
+
+    def build_vector_index(self, memory_mb: int = 1024, workers: int = 2) -> float: ...
 
 
 def _digest(text: str) -> int:
@@ -126,18 +141,27 @@ def migrate(
             "migrate into an empty store (a new database schema or file)",
         )
     copied = vectors = events = 0
-    for memories in _batches(source, batch):
-        target.put_many(memories)
-        found = source.vectors_of([m.id for m in memories])
-        if found:
-            ids = list(found)
-            target.set_vectors(ids, np.stack([found[i] for i in ids]))
-        copied += len(memories)
-        vectors += len(found)
-        if progress:
-            progress("memories", len(memories))
+    bulk = target if isinstance(target, BulkLoading) else None
+    if bulk is not None:
+        bulk.drop_vector_index()
+    try:
+        for memories in _batches(source, batch):
+            found = source.vectors_of([m.id for m in memories])
+            # the embedded memories first: Store.write takes vectors for its leading memories
+            ordered = sorted(memories, key=lambda m: m.id not in found)
+            if found:
+                target.write(ordered, np.stack([found[m.id] for m in ordered[: len(found)]]))
+            else:
+                target.put_many(ordered)
+            copied += len(memories)
+            vectors += len(found)
+            if progress:
+                progress("memories", len(memories))
+    finally:
+        if bulk is not None:
+            bulk.build_vector_index()
     for page in event_pages(source, batch=1000):
-        target.append_events(page)
+        target.import_events(page)
         events += len(page)
         if progress:
             progress("events", len(page))

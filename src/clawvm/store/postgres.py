@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -41,7 +42,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from hashlib import blake2b
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
+from urllib.parse import unquote, urlparse, urlunparse
 
 import numpy as np
 import psycopg
@@ -64,6 +65,7 @@ from clawvm.store.base import (
     QueryResult,
     Store,
     check_credential_version,
+    check_import,
     check_vectors,
     check_versions,
     credential_json,
@@ -161,6 +163,10 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX memories_keyset ON memories (created_at, id);
     CREATE INDEX memories_tier ON memories (tenant, tier, session_id COLLATE "C");
     """,
+    # counts by status (GET /v1/stats, the pager's bookkeeping) from an index-only scan, not the heap
+    """
+    CREATE INDEX memories_status ON memories (tenant, status);
+    """,
 )
 
 # Insert a credential, or replace the stored one only when it is the next version (the compare-and-set of
@@ -209,23 +215,82 @@ def _translated(action: str) -> Iterator[None]:
         raise StoreError(f"postgres {action} failed: no connection available ({exc})") from exc
 
 
-def split_url(url: str) -> tuple[str, str]:
-    """``(libpq conninfo URL, schema)``: our own ``schema`` parameter taken out of ``url``."""
+_POOL_SIZE = 8
+_OURS = ("schema", "pool_size", "statement_timeout_ms", "hnsw_m", "hnsw_ef_construction")
+
+
+@dataclass(frozen=True, slots=True)
+class PgUrl:
+    """A store URL taken apart: what goes to libpq (``conninfo``, every parameter we do not own, quoted
+    as given) and our own parameters."""
+
+    conninfo: str
+    schema: str = DEFAULT_SCHEMA
+    pool_size: int | None = None
+    statement_timeout_ms: int | None = None
+    hnsw_m: int | None = None
+    hnsw_ef_construction: int | None = None
+    libpq_options: str | None = None  # the URL's own ``options=`` (libpq's -c settings), decoded
+
+
+def _positive(name: str, value: str) -> int:
+    if not value.isdigit() or int(value) <= 0:
+        raise ConfigError(f"{name}={value!r} in the store URL is not a positive whole number")
+    return int(value)
+
+
+def parse_url(url: str) -> PgUrl:
+    """Split a store URL into the libpq conninfo and our own parameters (see :class:`PgUrl`)."""
     parts = urlparse(url)
-    params = parse_qsl(parts.query, keep_blank_values=True)
-    schema = DEFAULT_SCHEMA
-    rest = []
-    for k, v in params:
-        if k == "schema":
-            schema = v
-        else:
-            rest.append((k, v))
+    ours: dict[str, str] = {}
+    rest: list[str] = []
+    libpq_options = None
+    for raw in parts.query.split("&") if parts.query else []:
+        key = unquote(raw.split("=", 1)[0])
+        value = unquote(raw.split("=", 1)[1]) if "=" in raw else ""
+        if key in _OURS:
+            ours[key] = value
+            continue
+        if key == "options":
+            libpq_options = value
+        rest.append(raw)  # verbatim: libpq percent-decodes it itself ("+" is no space to libpq)
+    schema = ours.get("schema", DEFAULT_SCHEMA)
     if not _SCHEMA_NAME.match(schema):
         raise ConfigError(
             f"schema {schema!r} in the store URL is not a plain lower-case SQL name: use letters, digits, _"
         )
+    numbers = {k: _positive(k, v) for k, v in ours.items() if k != "schema"}
     scheme = "postgresql" if parts.scheme in ("postgresql", "postgres") else parts.scheme
-    return urlunparse(parts._replace(scheme=scheme, query=urlencode(rest))), schema
+    return PgUrl(
+        conninfo=urlunparse(parts._replace(scheme=scheme, query="&".join(rest))),
+        schema=schema,
+        pool_size=numbers.get("pool_size"),
+        statement_timeout_ms=numbers.get("statement_timeout_ms"),
+        hnsw_m=numbers.get("hnsw_m"),
+        hnsw_ef_construction=numbers.get("hnsw_ef_construction"),
+        libpq_options=libpq_options,
+    )
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``(libpq conninfo URL, schema)``: our own parameters taken out of ``url``."""
+    parsed = parse_url(url)
+    return parsed.conninfo, parsed.schema
+
+
+@dataclass(frozen=True)
+class HnswParams:
+    """How the HNSW graph is built (pgvector's defaults): ``m`` links per node, ``ef_construction`` the
+    candidate list while inserting. Larger: better recall at a given ``ef_search``, slower writes/builds."""
+
+    m: int = 16
+    ef_construction: int = 64
+
+    def sql(self) -> str:
+        return (
+            "CREATE INDEX memories_embedding ON memories USING hnsw (embedding vector_ip_ops)"
+            f" WITH (m = {int(self.m)}, ef_construction = {int(self.ef_construction)})"
+        )
 
 
 @dataclass(slots=True)
@@ -240,6 +305,7 @@ class _Row:
     doc_len: int = 0
     terms: Counter[str] | None = None  # filled only when its text is (re)indexed
     entities: list[str] | None = None
+    vector: np.ndarray | None = None  # unit vector written with the row (Store.write), else none/kept
 
 
 class PostgresStore(Store):
@@ -251,17 +317,30 @@ class PostgresStore(Store):
         dim: int = 384,
         *,
         schema: str | None = None,
-        pool_size: int = 8,
+        pool_size: int | None = None,
+        statement_timeout_ms: int | None = None,
+        hnsw_m: int | None = None,
+        hnsw_ef_construction: int | None = None,
         analyzer: Analyzer | None = None,
         params: BM25Params | None = None,
     ) -> None:
         super().__init__()
-        self.conninfo, url_schema = split_url(url)
-        self.schema = schema or url_schema
+        parsed = parse_url(url)
+        self.conninfo = parsed.conninfo
+        self.schema = schema or parsed.schema
         if not _SCHEMA_NAME.match(self.schema):
             raise ConfigError(f"schema {self.schema!r} is not a plain lower-case SQL name")
         self.dim = dim
-        self.pool_size = pool_size
+        # keyword arguments (the CLI's options) win over the URL's parameters, which win over defaults
+        self.pool_size = pool_size or parsed.pool_size or _POOL_SIZE
+        self.statement_timeout_ms = statement_timeout_ms or parsed.statement_timeout_ms
+        self.hnsw = HnswParams(
+            m=hnsw_m or parsed.hnsw_m or HnswParams.m,
+            ef_construction=hnsw_ef_construction or parsed.hnsw_ef_construction or HnswParams.ef_construction,
+        )
+        # libpq's own settings for every connection: the URL's options=, else PGOPTIONS (ours are added to
+        # them, not put in their place)
+        self._libpq_options = parsed.libpq_options or os.environ.get("PGOPTIONS", "")
         self.analyzer = analyzer or Analyzer()
         self.params = params or BM25Params()
         self._search = Searcher(self.analyzer, self.params, dim)
@@ -282,7 +361,17 @@ class PostgresStore(Store):
                     ext_schema = self._migrate(conn)
                     conn.execute(f"SET search_path TO {self.schema}, {ext_schema}")
                     self._vector_info = TypeInfo.fetch(conn, "vector")
-                options = f"-c search_path={self.schema},{ext_schema} -c TimeZone=UTC"
+                options = " ".join(
+                    o
+                    for o in (
+                        self._libpq_options,
+                        f"-c search_path={self.schema},{ext_schema} -c TimeZone=UTC",
+                        f"-c statement_timeout={self.statement_timeout_ms}"
+                        if self.statement_timeout_ms
+                        else "",
+                    )
+                    if o
+                )
                 pool = psycopg_pool.ConnectionPool(
                     self.conninfo,
                     min_size=1,
@@ -343,6 +432,9 @@ class PostgresStore(Store):
                 conn.execute(MIGRATIONS[number].replace("{dim}", str(self.dim)))
                 if number in _DATA_MIGRATIONS:
                     _DATA_MIGRATIONS[number](conn)
+            if applied == 0 and self.hnsw != HnswParams():  # a new schema: its graph as asked for
+                conn.execute("DROP INDEX memories_embedding")
+                conn.execute(self.hnsw.sql())
             conn.execute(
                 "INSERT INTO meta VALUES ('version', %s), ('dim', %s) ON CONFLICT (key) DO UPDATE"
                 " SET value = excluded.value",
@@ -422,10 +514,11 @@ class PostgresStore(Store):
         try:
             with conn.pipeline(), conn.cursor() as cur:
                 if fresh:
-                    cur.executemany(_INSERT, [_columns(r) for r in fresh])
+                    cur.executemany(_INSERT, [(*_columns(r), r.vector) for r in fresh])
                 if updated:
                     cur.executemany(
-                        _UPDATE, [(*_columns(r)[1:], r.content_hash, r.memory.id) for r in updated]
+                        _UPDATE,
+                        [(*_columns(r)[1:], r.vector, r.content_hash, r.memory.id) for r in updated],
                     )
                 if changed:
                     for table in ("postings", "entities"):
@@ -511,13 +604,14 @@ class PostgresStore(Store):
                 self.append_events(events)
             return
         check_versions(memories, {})
-        embedded = None if vectors is None else leading_vectors(memories, vectors, self.dim)
         rows = [_prepare(m) for m in memories]
+        if vectors is not None:
+            _, vecs = leading_vectors(memories, vectors, self.dim)
+            for r, v in zip(rows, normalize(vecs), strict=False):
+                r.vector = v
 
         def write(conn: psycopg.Connection[Any]) -> None:
             self._put(conn, rows)
-            if embedded is not None:
-                self._set_vectors(conn, embedded[0], normalize(embedded[1]), None)
             if events:
                 self._append_events(conn, events)
 
@@ -677,6 +771,38 @@ class PostgresStore(Store):
             rows = cur.fetchall()
         return sorted(int(r[0]) for r in rows)
 
+    def import_events(self, events: Sequence[Event]) -> None:
+        """Insert with the given numbers, then move the sequence past them (later appends follow)."""
+        if not events:
+            return
+
+        def insert(conn: psycopg.Connection[Any]) -> None:
+            conn.execute("LOCK TABLE events IN EXCLUSIVE MODE")  # no append between the check and setval
+            newest = conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()
+            check_import(events, int(newest[0]) if newest else 0)
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO events (seq, at, tenant, kind, memory_id, data)"
+                    " VALUES (%s, %s, %s, %s, %s, %s)",
+                    [
+                        (
+                            e.seq,
+                            e.at,
+                            esc(e.tenant),
+                            esc(e.kind),
+                            esc(e.memory_id),
+                            json.dumps(e.data, default=str),
+                        )
+                        for e in events
+                    ],
+                )
+            conn.execute(
+                "SELECT setval(pg_get_serial_sequence('events', 'seq'), %s)",
+                [max(e.seq or 0 for e in events)],
+            )
+
+        self._write("import_events", insert)
+
     def delete_events_upto(self, seq: int) -> int:
         def delete(conn: psycopg.Connection[Any]) -> int:  # a sequence never hands out a number twice
             return conn.execute("DELETE FROM events WHERE seq <= %s", [seq]).rowcount
@@ -754,20 +880,38 @@ class PostgresStore(Store):
             conn.execute("DROP INDEX IF EXISTS memories_embedding")
 
     def build_vector_index(self, memory_mb: int = 1024, workers: int = 2) -> float:
-        """(Re)build the HNSW index; returns the seconds it took. ``memory_mb``: maintenance memory (the
-        build is much slower once the graph outgrows it); ``workers``: parallel build workers."""
-        with self._conn("build_vector_index") as conn:
-            conn.execute(f"SET maintenance_work_mem = '{int(memory_mb)}MB'")
-            conn.execute(f"SET max_parallel_maintenance_workers = {int(workers)}")
+        """(Re)build the HNSW index with this store's :class:`HnswParams`; returns the seconds it took.
+        ``memory_mb``: maintenance memory (the build is much slower once the graph outgrows it);
+        ``workers``: parallel build workers. No statement timeout applies to the build."""
+        with self._conn("build_vector_index") as conn, conn.transaction():
+            conn.execute(
+                "SELECT set_config('maintenance_work_mem', %s, true),"
+                " set_config('max_parallel_maintenance_workers', %s, true),"
+                " set_config('statement_timeout', '0', true)",
+                [f"{int(memory_mb)}MB", str(int(workers))],
+            )
             started = time.perf_counter()
             conn.execute("DROP INDEX IF EXISTS memories_embedding")
-            conn.execute("CREATE INDEX memories_embedding ON memories USING hnsw (embedding vector_ip_ops)")
+            conn.execute(self.hnsw.sql())
             took = time.perf_counter() - started
-            conn.execute("RESET maintenance_work_mem")
-            conn.execute("RESET max_parallel_maintenance_workers")
+        with self._conn("analyze") as conn:
             conn.execute("ANALYZE memories")
             conn.execute("ANALYZE postings")
         return took
+
+    def vector_index_params(self) -> HnswParams | None:
+        """The parameters the stored HNSW index was built with (None when there is none)."""
+        with self._conn("vector_index_params") as conn:
+            row = conn.execute(
+                "SELECT c.reloptions FROM pg_class c WHERE c.oid = to_regclass('memories_embedding')"
+            ).fetchone()
+        if row is None:
+            return None
+        opts = dict(o.split("=", 1) for o in row[0] or [])
+        return HnswParams(
+            m=int(opts.get("m", HnswParams.m)),
+            ef_construction=int(opts.get("ef_construction", HnswParams.ef_construction)),
+        )
 
     # ---- for tests and inspection -------------------------------------------------------------------
     @property
@@ -912,10 +1056,12 @@ _COLUMNS = (
     "body",
     "expires_at",
 )
-_INSERT = f"INSERT INTO memories ({', '.join(_COLUMNS)}) VALUES ({', '.join(['%s'] * len(_COLUMNS))})"
-# a changed text drops the vector: it was computed from the old one
+# the vector, when known, in the same INSERT: one write per record, not an INSERT plus an UPDATE
+_INSERT = f"""INSERT INTO memories ({", ".join(_COLUMNS)}, embedding)
+    VALUES ({", ".join(["%s"] * len(_COLUMNS))}, %b)"""
+# a given vector replaces the stored one; else a changed text drops it (it was computed from the old one)
 _UPDATE = f"""UPDATE memories SET {", ".join(f"{c} = %s" for c in _COLUMNS[1:])},
-                  embedding = CASE WHEN content_hash = %s THEN embedding END
+                  embedding = coalesce(%b, CASE WHEN content_hash = %s THEN embedding END)
               WHERE id = %s"""
 _INSERT_POSTINGS = """INSERT INTO postings (term, seq, tf, dl)
     SELECT t.term, m.seq, t.tf, t.dl

@@ -351,7 +351,14 @@ class Searcher:
     def dense(
         self, conn: psycopg.Connection[Any], vector: np.ndarray, limit: int, where: str, wargs: list[Any]
     ) -> list[Hit]:
-        """Nearest unit vectors by inner product (= cosine), best first."""
+        """Nearest unit vectors by inner product (= cosine), best first.
+
+        HNSW with an iterative scan (pgvector 0.8, relaxed order, re-sorted here): when filters or
+        archived/obsolete rows drop candidates, the index keeps walking the graph (up to
+        ``max_scan_tuples``) instead of returning short, so neither a share of inactive rows nor a narrow
+        filter (one agent, one session) turns into an exact scan. Exact only when the index is done and
+        came back short while more rows pass the filters (a limit beyond ``ef_search``'s 1000, or a filter
+        so narrow that the walk's budget ran out first)."""
         if limit <= 0:
             return []
         v = np.asarray(vector, dtype=np.float32).reshape(-1)
@@ -359,30 +366,39 @@ class Searcher:
         v = v / norm if norm > 0 else v
         hits: list[Hit] = []
         if limit <= 1000:  # HNSW's candidate list (ef_search) tops out at 1000
-            conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", [str(max(100, limit))])
-            hits = self._nearest(conn, v, limit, where, wargs, exact=False)
-        if len(hits) < limit:  # few rows pass the filters, or a huge limit: scan them exactly
-            hits = self._nearest(conn, v, limit, where, wargs, exact=True)
-        return hits
+            set_dense_scan(conn, limit)
+            sql, args = self.dense_sql(v, limit, where, wargs, exact=False)
+            hits = sorted(self._hits(conn, sql, args), key=lambda h: (-h.score, h.seq))
+            if len(hits) == limit or len(hits) == self._passing(conn, limit, where, wargs):
+                return hits
+        sql, args = self.dense_sql(v, limit, where, wargs, exact=True)
+        return self._hits(conn, sql, args)
 
-    def _nearest(
-        self,
-        conn: psycopg.Connection[Any],
-        v: np.ndarray,
-        limit: int,
-        where: str,
-        wargs: list[Any],
-        exact: bool,
-    ) -> list[Hit]:
+    @staticmethod
+    def _hits(conn: psycopg.Connection[Any], sql: str, args: list[Any]) -> list[Hit]:
+        return [Hit(int(s), str(i), -float(d)) for s, i, d in conn.execute(sql, args)]
+
+    @staticmethod
+    def _passing(conn: psycopg.Connection[Any], limit: int, where: str, wargs: list[Any]) -> int:
+        """How many embedded rows pass the filters, counted up to ``limit`` (an index probe when narrow)."""
+        row = conn.execute(
+            f"""SELECT count(*) FROM (SELECT 1 FROM memories m WHERE m.embedding IS NOT NULL AND {where}
+                LIMIT %s) AS c""",
+            [*wargs, limit],
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    @staticmethod
+    def dense_sql(
+        v: np.ndarray, limit: int, where: str, wargs: list[Any], exact: bool
+    ) -> tuple[str, list[Any]]:
+        """The dense statement: through the HNSW index, or (``exact``) a sort of every passing row."""
         select = f"""SELECT m.seq, m.id, m.embedding <#> %b AS d FROM memories m
                      WHERE m.embedding IS NOT NULL AND {where}"""
         if exact:  # a materialised set cannot be read through the index: an exact sort
             sql = f"WITH c AS MATERIALIZED ({select}) SELECT seq, id, d FROM c ORDER BY d, seq LIMIT %s"
-            args = [v, *wargs, min(limit, 2**62)]
-        else:
-            sql = f"{select} ORDER BY m.embedding <#> %b LIMIT %s"
-            args = [v, *wargs, v, limit]
-        return [Hit(int(s), str(i), -float(d)) for s, i, d in conn.execute(sql, args)]
+            return sql, [v, *wargs, min(limit, 2**62)]
+        return f"{select} ORDER BY m.embedding <#> %b LIMIT %s", [v, *wargs, v, limit]
 
     # ---- info and the entity graph ---------------------------------------------------------------------
     def info(
@@ -468,6 +484,21 @@ class Searcher:
                 if len(out) >= limit:
                     return out
         return out
+
+
+#: Rows an iterative index scan may visit per query before it gives up (pgvector's default is 20,000):
+#: enough for a filter that passes 1 row in 100 to fill a limit of 100 twice over.
+MAX_SCAN_TUPLES = 20_000
+
+
+def set_dense_scan(conn: psycopg.Connection[Any], limit: int) -> None:
+    """The HNSW settings of one query, local to its transaction (safe behind a transaction pooler)."""
+    conn.execute(
+        "SELECT set_config('hnsw.ef_search', %s, true),"
+        " set_config('hnsw.iterative_scan', 'relaxed_order', true),"
+        " set_config('hnsw.max_scan_tuples', %s, true)",
+        [str(max(100, limit)), str(max(MAX_SCAN_TUPLES, 200 * limit))],
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from clawvm.store.base import (
     QueryResult,
     Store,
     check_credential_version,
+    check_import,
     check_vectors,
     check_versions,
     credential_json,
@@ -651,6 +652,20 @@ class SQLiteStore(Store):
         )
         last = db.execute("SELECT last_insert_rowid()").fetchone()[0]
         return list(range(last - len(events) + 1, last + 1))
+
+    def import_events(self, events: Sequence[Event]) -> None:
+        if not events:
+            return
+        with self._write("import_events") as (db, _rev):
+            newest = db.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
+            check_import(events, int(newest))
+            db.executemany(  # AUTOINCREMENT keeps the largest number given: later appends follow it
+                "INSERT INTO events (seq, at, tenant, kind, memory_id, data) VALUES (?,?,?,?,?,?)",
+                [
+                    (e.seq, e.at.isoformat(), e.tenant, e.kind, e.memory_id, json.dumps(e.data, default=str))
+                    for e in events
+                ],
+            )
 
     def delete_events_upto(self, seq: int) -> int:
         with self._write("delete_events") as (db, _rev):  # AUTOINCREMENT: deleted seqs are never reused
