@@ -25,7 +25,7 @@ import pg_server
 from clawvm import ConflictError, Filters, Harness, Memory, StoreError
 from clawvm.core.errors import ConfigError, SchemaError
 from clawvm.store import Event, EventFeed, MemoryStore, Query, SQLiteStore, store_from_url
-from clawvm.store.postgres import PostgresStore, split_url
+from clawvm.store.postgres import PostgresStore, parse_url, split_url
 from clawvm.store.postgres_search import compile_filters, esc, unesc, untranslated_filter_fields
 
 
@@ -79,7 +79,17 @@ def test_text_values_with_nul_and_backslashes_are_stored_injectively() -> None:
 def test_url_schema_parameter_is_ours_and_the_rest_goes_to_libpq() -> None:
     conninfo, schema = split_url("postgresql://u@/db?host=/tmp/x&schema=team_a&sslmode=disable")
     assert schema == "team_a"
-    assert conninfo == "postgresql://u@/db?host=%2Ftmp%2Fx&sslmode=disable"
+    assert conninfo == "postgresql://u@/db?host=/tmp/x&sslmode=disable"  # as given: libpq decodes it
+    # libpq's options= reaches libpq verbatim: "%20" stays a space to libpq, never a literal "+"
+    parsed = parse_url("postgres://u@h/db?options=-c%20work_mem%3D7MB&pool_size=3&statement_timeout_ms=250")
+    assert parsed.conninfo == "postgresql://u@h/db?options=-c%20work_mem%3D7MB"
+    assert (parsed.pool_size, parsed.statement_timeout_ms, parsed.libpq_options) == (
+        3,
+        250,
+        "-c work_mem=7MB",
+    )
+    with pytest.raises(ConfigError, match="pool_size"):
+        parse_url("postgresql://u@h/db?pool_size=0")
     assert split_url("postgres://u@h/db")[1] == "clawvm"
     with pytest.raises(ConfigError):
         split_url("postgresql://u@h/db?schema=Robert');DROP")
@@ -157,9 +167,7 @@ def test_a_killed_connection_is_a_store_error_and_the_store_recovers(
 
 
 # ---- many processes, one database -----------------------------------------------------------------
-def test_events_from_another_process_reach_every_subscriber(
-    url: str, opened: list[PostgresStore]
-) -> None:
+def test_events_from_another_process_reach_every_subscriber(url: str, opened: list[PostgresStore]) -> None:
     one, two = open_store(opened, url), open_store(opened, url)
     assert isinstance(one, EventFeed) and not isinstance(MemoryStore(), EventFeed)
     got: list[tuple[str, int]] = []
@@ -274,8 +282,15 @@ def _increment(url: str, ids: list[str], worker: int, conflicts: Any) -> None:
                 cur = s.get(target)
                 n = int(cur.metadata["n"]) + 1
                 try:
-                    s.put(cur.model_copy(update={"version": cur.version + 1, "metadata": {"n": n},
-                                                 "content": f"counter at {n}"}))
+                    s.put(
+                        cur.model_copy(
+                            update={
+                                "version": cur.version + 1,
+                                "metadata": {"n": n},
+                                "content": f"counter at {n}",
+                            }
+                        )
+                    )
                     break
                 except ConflictError:
                     with conflicts.get_lock():
@@ -329,13 +344,15 @@ def test_bm25_scores_match_the_in_process_engine(
     try:
         docs = [
             Memory(content=t, session_id="s" if i % 3 else None)
-            for i, t in enumerate([
-                "the deploy failed because the disk was full",
-                "disk usage alert on the database host",
-                "we rolled back the deploy and cleared old logs",
-                "lunch at noon, deploy after lunch",
-                "postgres vacuum freed disk space on the host",
-            ])
+            for i, t in enumerate(
+                [
+                    "the deploy failed because the disk was full",
+                    "disk usage alert on the database host",
+                    "we rolled back the deploy and cleared old logs",
+                    "lunch at noon, deploy after lunch",
+                    "postgres vacuum freed disk space on the host",
+                ]
+            )
         ]
         for s in (pg, lite):
             s.put_many(docs)

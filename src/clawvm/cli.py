@@ -53,11 +53,33 @@ class _Group(click.Group):
     help="Store to use: a SQLite file path, sqlite:///PATH or memory:// (env CLAWVM_DB).",
 )
 @click.option("--no-embed", is_flag=True, help="Do not load the embedding model (lexical recall only).")
+@click.option(
+    "--pool-size", type=click.IntRange(min=1), default=None, help="PostgreSQL: connections per process."
+)
+@click.option(
+    "--statement-timeout-ms", type=click.IntRange(min=1), default=None, help="PostgreSQL: statement timeout."
+)
 @click.version_option(package_name="clawvm")
 @click.pass_context
-def main(ctx: click.Context, db: str, no_embed: bool) -> None:
+def main(
+    ctx: click.Context, db: str, no_embed: bool, pool_size: int | None, statement_timeout_ms: int | None
+) -> None:
     """ClawVM: harness-managed memory for LLM agents."""
-    ctx.obj = {"db": db, "no_embed": no_embed}
+    given = {"pool_size": pool_size, "statement_timeout_ms": statement_timeout_ms}
+    ctx.obj = {
+        "db": _with_url_params(db, {k: v for k, v in given.items() if v is not None}),
+        "no_embed": no_embed,
+    }
+
+
+def _with_url_params(db: str, params: dict[str, int]) -> str:
+    """``db`` with PostgreSQL store parameters added to its query string (options the CLI takes as flags)."""
+    if not params:
+        return db
+    if not db.startswith(("postgresql://", "postgres://")):
+        raise click.UsageError("--pool-size and --statement-timeout-ms apply to postgresql:// stores only")
+    extra = "&".join(f"{k}={v}" for k, v in params.items())
+    return f"{db}{'&' if '?' in db else '?'}{extra}"
 
 
 @main.command()
@@ -549,9 +571,9 @@ def mcp_command(
 
 
 @contextmanager
-def _store(ctx: click.Context) -> Iterator[Store]:
+def _store(ctx: click.Context, dim: int = 384) -> Iterator[Store]:
     """The engine of ``--db`` itself (no harness: key and data-key commands work below it)."""
-    store = store_from_url(ctx.obj["db"])
+    store = store_from_url(ctx.obj["db"], dim=dim)
     store.setup()
     try:
         yield store
@@ -745,6 +767,37 @@ def seed(ctx: click.Context, path: Path) -> None:
     with _opened(ctx) as h:
         report = import_seed(h, path)
     click.echo(f"imported {report.imported} ({report.memories} memories, {report.rules} rules in the file)")
+
+
+@main.command()
+@click.option(
+    "--m", "m", type=click.IntRange(min=2), default=None, help="HNSW links per node (kept if not given)."
+)
+@click.option(
+    "--ef-construction",
+    type=click.IntRange(min=4),
+    default=None,
+    help="HNSW build candidates (kept if not given).",
+)
+@click.option(
+    "--memory-mb", type=click.IntRange(min=64), default=1024, show_default=True, help="Build memory."
+)
+@click.option("--dim", default=384, show_default=True, help="Vector dimension of the store.")
+@click.pass_context
+def reindex(ctx: click.Context, m: int | None, ef_construction: int | None, memory_mb: int, dim: int) -> None:
+    """Rebuild the PostgreSQL vector (HNSW) index, with new parameters if given."""
+    from clawvm.store.postgres import HnswParams, PostgresStore
+
+    with _store(ctx, dim) as store:
+        if not isinstance(store, PostgresStore):
+            raise click.UsageError("reindex rebuilds PostgreSQL's HNSW index: pass --db postgresql://...")
+        current = store.vector_index_params() or HnswParams()
+        store.hnsw = HnswParams(m=m or current.m, ef_construction=ef_construction or current.ef_construction)
+        took = store.build_vector_index(memory_mb=memory_mb)
+    params = store.hnsw
+    click.echo(
+        f"rebuilt the HNSW index (m={params.m}, ef_construction={params.ef_construction}) in {took:.1f} s"
+    )
 
 
 @main.command(name="migrate")

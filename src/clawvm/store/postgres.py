@@ -165,7 +165,7 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # counts by status (GET /v1/stats, the pager's bookkeeping) from an index-only scan, not the heap
     """
-    CREATE INDEX memories_status ON memories (tenant, status);
+    CREATE INDEX IF NOT EXISTS memories_status ON memories (tenant, status);
     """,
 )
 
