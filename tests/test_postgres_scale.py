@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 import psycopg
@@ -221,4 +222,32 @@ def test_four_writer_processes_write_everything(tmp_path: Path) -> None:
         assert {len(store.list(Filters.of(agent_id=f"w{w}"), limit=WRITES + 1)) for w in range(4)} == {WRITES}
         assert len(store.vectors_of([m.id for m in store.list(limit=4 * WRITES)])) == 4 * WRITES
     finally:
+        store.close()
+
+
+def test_a_replica_serves_searches_and_reads_our_writes_on_request(tmp_path: Path) -> None:
+    primary = pg_server.store_url(tmp_path, "replicated")
+    url = f"{primary}&replica={quote(pg_server.replica_of(primary), safe='')}"
+    store = store_from_url(url, dim=DIM)
+    assert isinstance(store, PostgresStore)
+    store.setup()
+    fresh = store_from_url(url + "&read_your_writes=1", dim=DIM)
+    assert isinstance(fresh, PostgresStore)
+    fresh.setup()
+    try:
+        m = Memory(content="the canary deploy failed in zone b")
+        store.put(m)  # to the primary
+        assert store.wait_for_replica(timeout_s=30)
+        assert [i for i, _ in store.query(Query(text="canary deploy")).lexical] == [m.id]
+        with store._replica_conn("test") as conn:  # the searches' connection is the standby's
+            assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                conn.execute("DELETE FROM memories")
+        for i in range(10):  # each search waits until the standby has replayed the write before it
+            note = Memory(content=f"note about zebra{i}")
+            fresh.put(note)
+            assert [h for h, _ in fresh.query(Query(text=f"zebra{i}")).lexical] == [note.id]
+        assert store.get(m.id) == m and fresh.count() == 11  # reads outside search: the primary
+    finally:
+        fresh.close()
         store.close()

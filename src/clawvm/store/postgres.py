@@ -216,7 +216,16 @@ def _translated(action: str) -> Iterator[None]:
 
 
 _POOL_SIZE = 8
-_OURS = ("schema", "pool_size", "statement_timeout_ms", "hnsw_m", "hnsw_ef_construction")
+_OURS = (
+    "schema",
+    "pool_size",
+    "statement_timeout_ms",
+    "hnsw_m",
+    "hnsw_ef_construction",
+    "replica",
+    "read_your_writes",
+)
+_REPLICA_POLL_S = 0.002
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +240,8 @@ class PgUrl:
     hnsw_m: int | None = None
     hnsw_ef_construction: int | None = None
     libpq_options: str | None = None  # the URL's own ``options=`` (libpq's -c settings), decoded
+    replica: str | None = None  # a hot standby's URL (percent-encoded in ours): searches go there
+    read_your_writes: bool = False  # a search on the replica first waits for this process's last write
 
 
 def _positive(name: str, value: str) -> int:
@@ -259,7 +270,13 @@ def parse_url(url: str) -> PgUrl:
         raise ConfigError(
             f"schema {schema!r} in the store URL is not a plain lower-case SQL name: use letters, digits, _"
         )
-    numbers = {k: _positive(k, v) for k, v in ours.items() if k != "schema"}
+    named = ("schema", "replica", "read_your_writes")
+    numbers = {k: _positive(k, v) for k, v in ours.items() if k not in named}
+    replica = ours.get("replica") or None
+    if replica is not None and not replica.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(
+            f"replica={replica!r} in the store URL is not a postgresql:// URL (percent-encode it)"
+        )
     scheme = "postgresql" if parts.scheme in ("postgresql", "postgres") else parts.scheme
     return PgUrl(
         conninfo=urlunparse(parts._replace(scheme=scheme, query="&".join(rest))),
@@ -269,6 +286,8 @@ def parse_url(url: str) -> PgUrl:
         hnsw_m=numbers.get("hnsw_m"),
         hnsw_ef_construction=numbers.get("hnsw_ef_construction"),
         libpq_options=libpq_options,
+        replica=replica,
+        read_your_writes=ours.get("read_your_writes", "").lower() in ("1", "true", "yes", "on"),
     )
 
 
@@ -341,6 +360,11 @@ class PostgresStore(Store):
         # libpq's own settings for every connection: the URL's options=, else PGOPTIONS (ours are added to
         # them, not put in their place)
         self._libpq_options = parsed.libpq_options or os.environ.get("PGOPTIONS", "")
+        # read scale-out: searches (Store.query) on a hot standby, everything else on the primary
+        self.replica = parse_url(parsed.replica).conninfo if parsed.replica else None
+        self.read_your_writes = parsed.read_your_writes
+        self._replica_pool: psycopg_pool.ConnectionPool | None = None
+        self._written_lsn: str | None = None  # WAL position after this process's last write (replica only)
         self.analyzer = analyzer or Analyzer()
         self.params = params or BM25Params()
         self._search = Searcher(self.analyzer, self.params, dim)
@@ -372,18 +396,24 @@ class PostgresStore(Store):
                     )
                     if o
                 )
-                pool = psycopg_pool.ConnectionPool(
-                    self.conninfo,
-                    min_size=1,
-                    max_size=self.pool_size,
-                    open=False,
-                    num_workers=1,
-                    kwargs={"autocommit": True, "options": options},
-                    configure=self._configure,
-                    name=f"clawvm-{self.schema}",
-                )
-                pool.open(wait=True, timeout=30)
-            self._pool = pool
+                pool, replica = self._open_pool(self.conninfo, options), None
+                if self.replica is not None:
+                    replica = self._open_pool(self.replica, options)
+            self._pool, self._replica_pool = pool, replica
+
+    def _open_pool(self, conninfo: str, options: str) -> psycopg_pool.ConnectionPool:
+        pool = psycopg_pool.ConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=self.pool_size,
+            open=False,
+            num_workers=1,
+            kwargs={"autocommit": True, "options": options},
+            configure=self._configure,
+            name=f"clawvm-{self.schema}",
+        )
+        pool.open(wait=True, timeout=30)
+        return pool
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         assert self._vector_info is not None
@@ -446,10 +476,12 @@ class PostgresStore(Store):
         with self._lock:
             listener, self._listener = self._listener, None
             pool, self._pool = self._pool, None
+            replica, self._replica_pool = self._replica_pool, None
         if listener is not None:
             listener.stop()
-        if pool is not None:
-            pool.close()
+        for p in (pool, replica):
+            if p is not None:
+                p.close()
 
     @contextmanager
     def _conn(self, action: str) -> Iterator[psycopg.Connection[Any]]:
@@ -462,12 +494,49 @@ class PostgresStore(Store):
         with _translated(action), pool.connection() as conn:
             yield conn
 
+    @contextmanager
+    def _replica_conn(self, action: str) -> Iterator[psycopg.Connection[Any]]:
+        """A connection to the replica when there is one (after waiting for our last write when the URL
+        asks for read-your-writes), else to the primary."""
+        if self._pool is None:
+            self.setup()
+        pool = self._replica_pool
+        if pool is None:
+            with self._conn(action) as conn:
+                yield conn
+            return
+        if self.read_your_writes:
+            self.wait_for_replica()
+        with _translated(action), pool.connection() as conn:
+            yield conn
+
+    def wait_for_replica(self, timeout_s: float = 5.0) -> bool:
+        """Wait until the replica has replayed this process's last write (read-your-writes on request);
+        False when ``timeout_s`` passed first (reads may then miss it). True at once without a replica."""
+        lsn, pool = self._written_lsn, self._replica_pool
+        if lsn is None or pool is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        with _translated("wait_for_replica"), pool.connection() as conn:
+            while True:
+                row = conn.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", [lsn]).fetchone()
+                if row is not None and row[0]:
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(_REPLICA_POLL_S)
+
     def _write(self, action: str, body: Callable[[psycopg.Connection[Any]], T]) -> T:
         """Run ``body`` in one transaction, retrying it when PostgreSQL aborted it for a deadlock."""
         for attempt in range(5):
             try:
-                with self._conn(action) as conn, conn.transaction():
-                    return body(conn)
+                with self._conn(action) as conn:
+                    with conn.transaction():
+                        out = body(conn)
+                    if self._replica_pool is not None:  # where a replica must have got to for us to read it
+                        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+                        self._written_lsn = str(row[0]) if row else None
+                    return out
             except StoreError as exc:
                 if not isinstance(exc.__cause__, _RETRYABLE) or attempt == 4:
                     raise
@@ -631,7 +700,9 @@ class PostgresStore(Store):
         return out
 
     def query(self, query: Query) -> QueryResult:
-        with self._conn("query") as conn, conn.transaction():
+        """On the replica when the URL names one: searches are untracked reads (a tracked recall's
+        bookkeeping is written through put_many, to the primary)."""
+        with self._replica_conn("query") as conn, conn.transaction():
             return self._search.run(conn, query)
 
     def agents(self, filters: Filters) -> frozenset[str]:
