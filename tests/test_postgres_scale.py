@@ -9,6 +9,7 @@ One shared store of a few thousand small vectors (module fixture): plans are rea
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -250,4 +251,37 @@ def test_a_replica_serves_searches_and_reads_our_writes_on_request(tmp_path: Pat
         assert store.get(m.id) == m and fresh.count() == 11  # reads outside search: the primary
     finally:
         fresh.close()
+        store.close()
+
+
+def test_a_reader_waits_at_a_number_still_in_flight_instead_of_skipping_it(tmp_path: Path) -> None:
+    """Appenders share no lock: a later number may commit first. The reader stops at the hole, waits for
+    the appender that holds it, and then returns both, in order."""
+    store = store_from_url(pg_server.store_url(tmp_path, "holes"), dim=DIM)
+    assert isinstance(store, PostgresStore)
+    store.setup()
+    try:
+        first = store.append_event(Event("before"))
+        appended, release = threading.Event(), threading.Event()
+
+        def slow(conn: psycopg.Connection[Any]) -> list[int]:
+            seqs = store._append_events(conn, [Event("slow")])
+            appended.set()
+            assert release.wait(30)
+            return seqs
+
+        slow_writer = threading.Thread(target=lambda: store._write("append_events", slow))
+        slow_writer.start()
+        assert appended.wait(30)
+        fast = store.append_event(Event("fast"))  # commits while the lower number is in flight
+        got: list[list[Event]] = []
+        reader = threading.Thread(target=lambda: got.append(store.read_events(after_seq=first)))
+        reader.start()
+        reader.join(0.5)
+        assert reader.is_alive() and not got  # waiting at the hole, not returning "fast" alone
+        release.set()
+        slow_writer.join(30)
+        reader.join(30)
+        assert [e.kind for e in got[0]] == ["slow", "fast"] and got[0][-1].seq == fast
+    finally:
         store.close()

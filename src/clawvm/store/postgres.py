@@ -20,9 +20,14 @@ Tables (created by :data:`MIGRATIONS`, an append-only list; ``meta`` records how
 Optimistic locking holds across processes: ``put_many`` locks the stored rows (``SELECT ... FOR UPDATE``,
 in id order, so concurrent batches cannot deadlock on them), checks versions, and inserts new ids with
 their own sequence numbers; a concurrent insert of the same new id surfaces as :class:`ConflictError`.
-Appending events holds a transaction lock so that sequence numbers commit in order (a reader following
-``after_seq`` never skips one that commits late), and sends ``NOTIFY`` so every process hears of them
-(:meth:`PostgresStore.subscribe`).
+Appending events takes numbers from a sequence with no lock shared between writers (only a *shared*
+advisory lock of the store's schema, held from the insert to the commit), so numbers may commit out of
+order. Readers tolerate that: :meth:`PostgresStore.read_events` returns the run of numbers that follows
+``after_seq`` without a hole; at a hole (a number still in flight, or one a rolled-back transaction used)
+it takes the same lock exclusively, which waits for the appenders in flight, after which every number
+handed out is final, and reads again. A reader following ``after_seq`` thus never skips an event that
+commits late, and writers never queue behind each other. Appends send ``NOTIFY`` so every process hears
+of them (:meth:`PostgresStore.subscribe`).
 
 psycopg errors are translated into :mod:`clawvm.core.errors` in :func:`_translated`, the one place that knows
 about the driver. The query side lives in :mod:`clawvm.store.postgres_search`.
@@ -84,7 +89,7 @@ DEFAULT_SCHEMA = "clawvm"
 EVENTS_CHANNEL = "clawvm_events"
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _MIGRATION_LOCK = 0x636C6177  # advisory lock key for migrations ("claw"), database-wide
-_EVENTS_LOCK = 0x636C6178  # advisory lock key serialising event appends within a database
+_EVENTS_LOCK = 0x636C6178  # advisory lock class: event appends (shared), reads at a hole (exclusive)
 _SLOTS = 16
 
 # Append-only: never edit a shipped entry, add a new one. ``{dim}`` is the store's vector dimension.
@@ -836,8 +841,8 @@ class PostgresStore(Store):
             ):
                 col.append(v)
         with conn.pipeline(), conn.cursor() as cur:
-            # one appender at a time per database, until commit: sequence numbers then commit in order
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", [_EVENTS_LOCK])
+            # shared with every other appender (no queue); a reader at a hole waits for it (read_events)
+            cur.execute("SELECT pg_advisory_xact_lock_shared(%s, hashtext(%s))", [_EVENTS_LOCK, self.schema])
             cur.execute(_INSERT_EVENTS, [*cols, EVENTS_CHANNEL, f"{self.schema}:"])
             rows = cur.fetchall()
         return sorted(int(r[0]) for r in rows)
@@ -890,6 +895,14 @@ class PostgresStore(Store):
         args.append(min(limit, 2**62))
         with self._conn("read_events") as conn:
             rows = conn.execute(sql, args).fetchall()
+            if memory_id is None and not _without_holes(after_seq, [int(r[0]) for r in rows]):
+                # a lower number may still be in flight: wait for the appenders holding the shared lock;
+                # then every number handed out is committed or gone for good
+                with conn.transaction():
+                    conn.execute(
+                        "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [_EVENTS_LOCK, self.schema]
+                    )
+                    rows = conn.execute(sql, args).fetchall()
         return [
             Event(kind=unesc(k) or "", memory_id=unesc(mid), data=d, tenant=unesc(t) or "", at=at, seq=int(s))
             for s, at, t, k, mid, d in rows
@@ -1153,6 +1166,11 @@ _INSERT_EVENTS = """WITH ins AS (
 # each connection adds to its own counter row: writers do not queue on one hot row
 _ADD_STATS = f"""UPDATE lexstats SET docs = docs + %s, total_len = total_len + %s, sessioned = sessioned + %s
     WHERE slot = pg_backend_pid() %% {_SLOTS}"""
+
+
+def _without_holes(after: int, seqs: list[int]) -> bool:
+    """Whether ``seqs`` (ascending) run on from ``after`` one by one."""
+    return all(seq == after + 1 + n for n, seq in enumerate(seqs))
 
 
 def _content_hash(content: str) -> bytes:
