@@ -122,12 +122,14 @@ def test_connection_settings_come_from_the_url_and_pgoptions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     base = pg_server.store_url(tmp_path, "conn")
-    url = f"{base}&options=-c%20work_mem%3D7MB&pool_size=3&statement_timeout_ms=1500"
+    url = f"{base}&options=-c%20work_mem%3D7MB&pool_size=3&statement_timeout_ms=1500&prepared=off"
     store = store_from_url(url, dim=DIM)
     assert isinstance(store, PostgresStore)
     store.setup()
     try:
         assert store._pool is not None and store._pool.max_size == 3
+        with store._conn("test") as conn:
+            assert conn.prepare_threshold is None  # behind a transaction pooler: nothing prepared
         with store._conn("test") as conn:
             got = conn.execute(
                 "SELECT current_setting('work_mem'), current_setting('statement_timeout')"

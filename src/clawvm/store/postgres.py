@@ -172,6 +172,11 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE INDEX IF NOT EXISTS memories_status ON memories (tenant, status);
     """,
+    # room on every page for a row's next version: access bookkeeping (usage in the body) changes no
+    # indexed column, so with free space on the page its update is HOT (no new HNSW or btree entries)
+    """
+    ALTER TABLE memories SET (fillfactor = 70);
+    """,
 )
 
 # Insert a credential, or replace the stored one only when it is the next version (the compare-and-set of
@@ -229,6 +234,7 @@ _OURS = (
     "hnsw_ef_construction",
     "replica",
     "read_your_writes",
+    "prepared",
 )
 _REPLICA_POLL_S = 0.002
 
@@ -247,6 +253,7 @@ class PgUrl:
     libpq_options: str | None = None  # the URL's own ``options=`` (libpq's -c settings), decoded
     replica: str | None = None  # a hot standby's URL (percent-encoded in ours): searches go there
     read_your_writes: bool = False  # a search on the replica first waits for this process's last write
+    prepared: bool = True  # server-side prepared statements (off behind a pooler that cannot keep them)
 
 
 def _positive(name: str, value: str) -> int:
@@ -275,7 +282,7 @@ def parse_url(url: str) -> PgUrl:
         raise ConfigError(
             f"schema {schema!r} in the store URL is not a plain lower-case SQL name: use letters, digits, _"
         )
-    named = ("schema", "replica", "read_your_writes")
+    named = ("schema", "replica", "read_your_writes", "prepared")
     numbers = {k: _positive(k, v) for k, v in ours.items() if k not in named}
     replica = ours.get("replica") or None
     if replica is not None and not replica.startswith(("postgresql://", "postgres://")):
@@ -293,6 +300,7 @@ def parse_url(url: str) -> PgUrl:
         libpq_options=libpq_options,
         replica=replica,
         read_your_writes=ours.get("read_your_writes", "").lower() in ("1", "true", "yes", "on"),
+        prepared=ours.get("prepared", "on").lower() not in ("0", "false", "no", "off"),
     )
 
 
@@ -368,6 +376,7 @@ class PostgresStore(Store):
         # read scale-out: searches (Store.query) on a hot standby, everything else on the primary
         self.replica = parse_url(parsed.replica).conninfo if parsed.replica else None
         self.read_your_writes = parsed.read_your_writes
+        self.prepared = parsed.prepared
         self._replica_pool: psycopg_pool.ConnectionPool | None = None
         self._written_lsn: str | None = None  # WAL position after this process's last write (replica only)
         self.analyzer = analyzer or Analyzer()
@@ -413,7 +422,12 @@ class PostgresStore(Store):
             max_size=self.pool_size,
             open=False,
             num_workers=1,
-            kwargs={"autocommit": True, "options": options},
+            # prepare_threshold None: never prepare server-side (PgBouncer transaction pooling before 1.21)
+            kwargs={
+                "autocommit": True,
+                "options": options,
+                "prepare_threshold": 5 if self.prepared else None,
+            },
             configure=self._configure,
             name=f"clawvm-{self.schema}",
         )
