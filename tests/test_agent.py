@@ -121,7 +121,7 @@ def guidance_of(request: dict[str, Any]) -> str:
     return next((m["content"] for m in messages[1:] if m["role"] == "system"), "")
 
 
-@pytest.mark.engines("sqlite")  # the example's store is reopened afterwards: it must persist
+@pytest.mark.engines("sqlite", "postgres")  # the example's store is reopened afterwards: it must persist
 def test_example_team_learns_across_tasks(
     engine_name: str, tmp_path: Path, llm: ChatReplay, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -214,7 +214,7 @@ SCALE_CHECKS: list[tuple[str, dict[str, Any], Any]] = [
 ]
 
 
-@pytest.mark.engines("sqlite")
+@pytest.mark.engines("sqlite", "postgres")
 def test_views_stay_bounded_on_10k_memories(engine_name: str, tmp_path: Path) -> None:
     """10k memories, 10k tier moves, 300 context builds: every view answers with a page or an aggregate,
     never the whole tenant."""

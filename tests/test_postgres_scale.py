@@ -178,7 +178,7 @@ def test_hnsw_parameters_from_the_url_and_the_reindex_command(tmp_path: Path) ->
         again.close()
 
 
-WRITES = 40
+WRITES = 25
 
 
 def _writer(url: str, worker: int, start: Any, took: Any) -> None:

@@ -352,7 +352,7 @@ def test_restore_closes_a_call_whose_result_was_written(harness: Harness) -> Non
     assert call.state is State.SUCCESS and call.metadata["tool_call"]["result_id"] == done.id
 
 
-@pytest.mark.engines("sqlite")
+@pytest.mark.engines("sqlite", "postgres")
 def test_restore_after_reopening_the_store(engine_name: str, tmp_path: Path) -> None:
     target = harness_target(engine_name, tmp_path)
     with Harness.open(target, embedder=None) as h:
