@@ -33,13 +33,14 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
-from clawvm import Harness
+from clawvm import AccessDeniedError, Harness
 from clawvm.core.model import Filters, build_memory
 from clawvm.core.redact import RedactionPolicy, redact, redact_identifier
 from clawvm.observe import learning
 from clawvm.server.app import ServerSettings, create_app
 from clawvm.store import SQLiteStore, Store
 from clawvm.store.crypto import KEY_ENV, DataKey, sealed_envelope
+from clawvm.teams import shared as teams
 from clawvm.write.redaction import redaction_options
 from engines import harness_target
 
@@ -438,3 +439,36 @@ def test_the_stored_form_of_an_id_is_its_own_stored_form() -> None:
             assert stored != value and redact_identifier(stored, policy, salt=TENANT) == stored
             assert redact_identifier(value, policy, salt="other") != stored  # tenants do not correlate
     assert redact_identifier("session-42", policy, salt=TENANT) == "session-42"
+
+
+def test_grants_of_secret_looking_team_and_agent_ids_govern_their_memories(tmp_path: Path) -> None:
+    """Grants are kept and checked in the stored form of the ids, like the memories they govern."""
+    s = Secrets.of("grants", "sdk")
+    team, agent = secret_ids(s)
+    with Harness.open(tmp_path / "teams.db", embedder=None, tenant=TENANT, **_options()) as h:
+        with pytest.raises(AccessDeniedError):
+            teams.record(h, "before any grant", agent_id=agent, team_id=team)
+        h.grant(team, agent, write=True)
+        made = teams.record(h, "the deploy needs the staging key", agent_id=agent, team_id=team)
+        assert not s.leaks(made.model_dump_json())
+        changed = h.update(made.id, as_agent=agent, content="the deploy needs the new staging key")
+        assert changed.team_id == made.team_id != team
+        seen = h.list(visible_to=teams.visibility(h, agent), team_id=team)
+        assert [m.id for m in seen] == [made.id]
+        assert [g.agent_id for g in teams.grants(h, team)] == [made.agent_id]
+        assert not s.leaks(_rows_as_text(h.store))
+
+
+def test_a_secret_looking_session_checkpoints_rolls_back_and_builds_its_context() -> None:
+    """Every operation naming the session by the id it was recorded with finds its memories."""
+    s = Secrets.of("session-ops", "sdk")
+    session, _ = secret_ids(s)
+    with Harness.open("memory://", embedder=None, tenant=TENANT, **_options()) as h:
+        first = h.record("first step of the rollout", session_id=session)
+        checkpoint = h.checkpoint(session, "before the second step")
+        later = h.record("second step of the rollout", session_id=session)
+        assert h.rollback(checkpoint).obsoleted == [later.id]
+        ctx = h.context("", session_id=session)
+        assert [e.id for e in ctx.manifest] == [first.id]  # the session's working tier, found by its id
+        assert [m.id for m in h.list(session_id=session)] == [first.id]
+        assert not s.leaks(_rows_as_text(h.store))
