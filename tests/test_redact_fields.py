@@ -321,6 +321,16 @@ def _read_everything(rest: Rest, store: Store) -> None:
         for view in ("weights", "manual"):
             rest.call("GET", f"/dashboard/api/{view}", who=who)
         rest.call("GET", "/dashboard/api/memories", who=who, limit=500)
+        # the debugging views: traces, exact prompts, revisions, teams, the selection's export
+        for fmt in ("jsonl", "csv"):
+            rest.call("GET", "/dashboard/api/export", who=who, format=fmt)
+        rest.call("GET", "/dashboard/api/teams", who=who)
+        for build in rest.call("GET", "/dashboard/api/contexts", who=who, limit=500)["items"]:
+            rest.call("GET", f"/dashboard/api/contexts/{build['seq']}", who=who)
+        for session in {m.session_id for m in store.iter_all() if m.session_id}:
+            rest.call("GET", "/dashboard/api/trace", who=who, session=session)
+        for memory_id in ids[:20]:
+            rest.call("GET", f"/dashboard/api/memories/{memory_id}/revisions", who=who)
 
 
 # ---- 1. what rests on disk ---------------------------------------------------------------------------------

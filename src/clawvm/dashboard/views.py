@@ -170,7 +170,7 @@ def export(lens: Lens, flt: RowFilter, fmt: str) -> tuple[str, str]:
     lines = []
     for start in range(0, len(ids), EXPORT_PAGE):
         found = lens.harness.store.get_many(ids[start : start + EXPORT_PAGE])
-        lines += [found[i].to_json() for i in ids[start : start + EXPORT_PAGE] if i in found]
+        lines += [without_sealed(found[i]).to_json() for i in ids[start : start + EXPORT_PAGE] if i in found]
     return "".join(line + "\n" for line in lines), "application/x-ndjson"
 
 
