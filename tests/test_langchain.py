@@ -4,6 +4,7 @@ chat message history over a session under RunnableWithMessageHistory."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -78,6 +79,9 @@ def test_errors_langchain_handles_are_recorded_as_errors(harness: Harness) -> No
     charge.invoke(tool_call("charge", {"amount": 42}, "c4"), config=config)
     stats = harness.tool_reliability("charge")["charge"]
     assert (stats.successes, stats.errors, stats.unreliable) == (0, 3, True)
+    # run asynchronously (as async agents run tools) the handled error is an error too
+    asyncio.run(refund.ainvoke(tool_call("refund", {"amount": "x"}, "c6"), config=config))
+    assert harness.tool_reliability("refund")["refund"].errors == 2
     # a call that works stays a success, and a ToolMessage's content is its result
     weather.invoke(tool_call("weather", {"city": "Oslo"}, "c5"), config=config)
     (ok,) = harness.list(kind="tool_result", tool_name="weather")

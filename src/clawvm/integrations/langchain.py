@@ -60,6 +60,8 @@ from clawvm.harness import Harness
 #: How many recent LLM runs the handler remembers to link the tool calls they asked for: an agent runs a
 #: model's tool calls right after it, so a bounded window is enough and the handler never grows.
 RECENT_RUNS = 1024
+#: How many model turns of one parent run are remembered for tools invoked without a tool call id.
+TURNS_PER_RUN = 16
 #: What a tool's ToolMessage says when LangChain caught the tool's error and returned it as the output.
 HANDLED_ERROR = "HandledToolError"
 CHAT_TAG = "chat"
@@ -246,7 +248,7 @@ class ClawVMCallbackHandler(BaseCallbackHandler):
             if parent_run_id is not None:
                 asked = self._thoughts_of_run.get(parent_run_id, [])
                 names = {str(tc.get("name")) for tc in tool_calls}
-                self._thoughts_of_run.put(parent_run_id, [*asked[-RECENT_RUNS:], (thought.id, names)])
+                self._thoughts_of_run.put(parent_run_id, [*asked, (thought.id, names)][-TURNS_PER_RUN:])
 
     def _requesting_thought(
         self, tool: str, tool_call_id: str | None, parent_run_id: UUID | None
