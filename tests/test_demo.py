@@ -22,9 +22,9 @@ from click.testing import CliRunner
 from clawvm import Harness
 from clawvm.agents.reliability import all_stats
 from clawvm.cli import main
-from clawvm.core.errors import NotFoundError
+from clawvm.core.errors import ConfigError, NotFoundError
 from clawvm.demo import load_workload
-from clawvm.demo.scenario import LATENCY_S, ReplayClock, load_scenario, open_demo
+from clawvm.demo.scenario import LATENCY_S, ReplayClock, load_scenario, open_demo, remove_store_file
 
 
 def stated_latencies() -> dict[str, list[float]]:
@@ -180,3 +180,15 @@ def test_the_dashboard_demo_refuses_a_store_that_is_not_a_finished_demo(tmp_path
     assert refused.exit_code == 2 and "not a finished demo" in refused.output and "RESET=1" in refused.output
     with Harness.open(str(db), embedder=None) as h:
         assert [m.content for m in h.list()] == ["my own memory, not the demo's"]  # left as it was
+
+
+def test_reset_deletes_a_sqlite_store_however_named_and_never_a_server_store(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    with Harness.open(str(db), embedder=None) as h:
+        h.record("left from an earlier run")
+    assert db.exists()
+    remove_store_file(f"sqlite:///{db}")
+    assert not db.exists() and not Path(f"{db}-wal").exists()
+    with pytest.raises(ConfigError, match="--reset deletes a SQLite demo store"):
+        remove_store_file("postgresql://localhost/agents")
+    remove_store_file("postgresql://localhost/agents", asked=False)  # the printing demo's default: left be

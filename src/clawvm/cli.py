@@ -383,7 +383,7 @@ def demo(
         serve_demo(db, host, port, embed=embed, locomo=locomo, echo=click.echo, reset=bool(reset))
         return
     if reset is not False:
-        remove_store_file(db)
+        remove_store_file(db, asked=reset is True)
     with _opened(ctx) as h:
         run_demo(h, echo=click.echo, locomo=locomo)
     click.echo(f"\nstore: {db}  (try: clawvm --db {db} search 'payment timeout')")

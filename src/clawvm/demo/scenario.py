@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from clawvm.core.errors import ConfigError
 from clawvm.core.model import Kind, State
@@ -146,18 +147,30 @@ def demo_loaded(h: Harness) -> bool:
     return any(k.name == DEMO_KEY_NAME for k in Keyring(h.store).list("default", include_revoked=True))
 
 
-def remove_store_file(db: str) -> None:
-    """Delete a SQLite store file and its WAL files (a URL such as ``memory://`` has none)."""
-    if "://" not in db:
-        for suffix in ("", "-wal", "-shm"):
-            Path(db + suffix).unlink(missing_ok=True)
+def remove_store_file(db: str, *, asked: bool = True) -> None:
+    """Delete a SQLite store (a path or ``sqlite://`` URL) with its WAL files; ``memory://`` starts empty
+    anyway. A server's store (PostgreSQL) is not the demo's to drop: refused when the reset was ``asked``
+    for, left alone when it is only the printing demo's default."""
+    url = urlparse(db) if "://" in db else None
+    if url is not None and url.scheme == "memory":
+        return
+    if url is not None and url.scheme not in ("sqlite", "file"):
+        if not asked:
+            return
+        raise ConfigError(
+            f"db: --reset deletes a SQLite demo store, not {url.scheme} ones; give the demo a file "
+            "(--db .demo/clawvm.db) or empty that database yourself"
+        )
+    path = db if url is None else url.netloc + url.path
+    for suffix in ("", "-wal", "-shm"):
+        Path(path + suffix).unlink(missing_ok=True)
 
 
 def check_port_free(host: str, port: int) -> None:
     """Refuse a port another process listens on, naming it and how to choose another one (binding here
     the way the server binds, address reuse included, so a port the server could take passes)."""
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn picks it
         with socket.create_server((host, port), family=family):
             pass
     except OSError as exc:
