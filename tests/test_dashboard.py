@@ -481,7 +481,8 @@ def test_memories_are_edited_like_blocks_through_the_sdk_write_path(
 
     page.on("dialog", lambda dialog: dialog.accept())
     page.click("#forget-button")
-    page.wait_for_function("() => document.querySelector('#inspector').hidden")
+    page.wait_for_function("() => document.querySelector('#toast').textContent.startsWith('forgot')")
+    assert page.locator("#inspector").is_hidden()
     assert h.store.get_many([head]) == {}
     manual = [e.data["action"] for e in h.events(memory_id=head, limit=100) if e.kind == "manual"]
     assert manual == ["set_tier", "set_tier"]

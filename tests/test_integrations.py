@@ -83,7 +83,7 @@ def test_langchain_handler_records_llm_outputs(harness: Harness) -> None:
     thoughts = sorted(harness.list(kind="llm_thought", session_id="lc"), key=lambda m: m.id)
     assert [t.content_json() for t in thoughts] == [
         "It is sunny.",
-        {"text": "", "tool_calls": [{"name": "weather", "args": {"city": "Oslo"}}]},
+        {"text": "", "tool_calls": [{"name": "weather", "args": {"city": "Oslo"}, "id": "c1"}]},
     ]
     assert thoughts[0].cost.tokens == 8 and thoughts[0].state is State.SUCCESS
     (error,) = harness.list(kind="error", session_id="lc")

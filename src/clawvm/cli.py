@@ -376,7 +376,13 @@ def _count_events(h: Harness) -> int:
     default=None,
     help="Also ingest LoCoMo conversations from this JSON file (evaluation data, not shipped).",
 )
-@click.option("--fresh/--keep", default=True, show_default=True, help="Start from an empty store file.")
+@click.option(
+    "--reset/--keep",
+    default=None,
+    help="Start from an empty store file (deleting it), or keep it. Default: the printing demo starts over; "
+    "the dashboard demo keeps the store it finds (pins and edits made in the dashboard stay) and loads the "
+    "demo only into an empty one.",
+)
 @click.option(
     "--dashboard",
     is_flag=True,
@@ -386,19 +392,20 @@ def _count_events(h: Harness) -> int:
 @click.option("--host", default="127.0.0.1", show_default=True, help="With --dashboard: interface to use.")
 @click.option("--port", default=8080, show_default=True, type=int, help="With --dashboard: TCP port.")
 @click.pass_context
-def demo(ctx: click.Context, locomo: Path | None, fresh: bool, dashboard: bool, host: str, port: int) -> None:
+def demo(
+    ctx: click.Context, locomo: Path | None, reset: bool | None, dashboard: bool, host: str, port: int
+) -> None:
     """Ingest the bundled ops-assistant workload and show recalls with their evidence."""
     from clawvm.demo import run_demo
+    from clawvm.demo.scenario import remove_store_file, serve_demo
 
     db = ctx.obj["db"]
-    if fresh and "://" not in db:
-        for suffix in ("", "-wal", "-shm"):
-            Path(db + suffix).unlink(missing_ok=True)
     if dashboard:
-        from clawvm.demo.scenario import serve_demo
-
-        serve_demo(db, host, port, embed=not ctx.obj["no_embed"], locomo=locomo, echo=click.echo)
+        embed = not ctx.obj["no_embed"]
+        serve_demo(db, host, port, embed=embed, locomo=locomo, echo=click.echo, reset=bool(reset))
         return
+    if reset is not False:
+        remove_store_file(db, asked=reset is True)
     with _opened(ctx) as h:
         run_demo(h, echo=click.echo, locomo=locomo)
     click.echo(f"\nstore: {db}  (try: clawvm --db {db} search 'payment timeout')")

@@ -521,6 +521,7 @@
   }
 
   async function renderRevisions(box, id) {
+    if (state.selected !== id) return;  // the inspector moved on (or the memory was forgotten)
     const r = await api(`memories/${id}/revisions`).catch(() => null);
     if (!r || r.revisions.length < 2) { fill(box); return; }
     fill(box, el("h3", { text: `Revisions (${r.revisions.length})` }),
@@ -603,9 +604,10 @@
           el("button", { id: "tier-button", onclick: () => act("tier", { tier: tier.value }, `moved to ${tier.value}`), text: m.tier === "archive" ? "Un-archive to tier" : "Move to tier" }),
           el("button", { id: "forget-button", class: "danger", text: "Forget", onclick: () => {
             if (!window.confirm(`Forget memory ${d.row.short_id} for good?`)) return;
+            $("#inspector").hidden = true;  // first: a live refresh meanwhile must not ask for it again
+            state.selected = null;
+            writeHash();
             post(`memories/${id}/forget`).then(() => {
-              $("#inspector").hidden = true;
-              state.selected = null;
               toast(`forgot ${d.row.short_id}`);
               return show(state.view);
             }).catch((e) => toast(String(e.message || e), true));

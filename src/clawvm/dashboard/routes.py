@@ -29,6 +29,7 @@ from clawvm.dashboard import debug, views
 from clawvm.harness import Harness
 from clawvm.observe.learning import intervene, weights_of
 from clawvm.observe.lens import Lens
+from clawvm.store.crypto import without_sealed
 
 STATIC = {
     "index.html": "text/html; charset=utf-8",
@@ -341,13 +342,13 @@ def create_router(
     def create(h: Writer, body: NewMemoryBody) -> dict[str, Any]:
         m = h.record(body.content, kind=body.kind, session_id=body.session_id, tags=body.tags)
         lens_for(h).refresh()
-        return {"id": m.id, "memory": m.model_dump(mode="json")}
+        return {"id": m.id, "memory": without_sealed(m).model_dump(mode="json")}
 
     @router.post("/api/memories/{memory_id}/revise")
     def revise(h: Writer, memory_id: str, body: ReviseBody) -> dict[str, Any]:
         head = h.revise(memory_id, expected_version=body.expected_version, content=body.content)
         lens_for(h).refresh()
-        return {"id": head.id, "revises": memory_id, "memory": head.model_dump(mode="json")}
+        return {"id": head.id, "revises": memory_id, "memory": without_sealed(head).model_dump(mode="json")}
 
     @router.post("/api/memories/{memory_id}/forget")
     def forget(h: Writer, memory_id: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from clawvm.core.entities import entities
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import Tier
 from clawvm.observe.lens import Lens, Move, Row
+from clawvm.store.crypto import without_sealed
 from clawvm.vm.context import short_id
 
 TIERS = [t.value for t in Tier]
@@ -33,7 +34,8 @@ def _scope(lens: Lens, session: str | None) -> list[Row]:
         return rows
     if session == NO_SESSION:
         return [r for r in rows if r.session_id is None]
-    return [r for r in rows if r.session_id == session]
+    stored = lens.harness.writer.identifier(session, lens.harness.tenant)  # as the write path stored it
+    return [r for r in rows if r.session_id == stored]
 
 
 def _page(items: Sequence[Any], offset: int, limit: int) -> dict[str, Any]:
@@ -168,7 +170,7 @@ def export(lens: Lens, flt: RowFilter, fmt: str) -> tuple[str, str]:
     lines = []
     for start in range(0, len(ids), EXPORT_PAGE):
         found = lens.harness.store.get_many(ids[start : start + EXPORT_PAGE])
-        lines += [found[i].to_json() for i in ids[start : start + EXPORT_PAGE] if i in found]
+        lines += [without_sealed(found[i]).to_json() for i in ids[start : start + EXPORT_PAGE] if i in found]
     return "".join(line + "\n" for line in lines), "application/x-ndjson"
 
 
@@ -198,7 +200,7 @@ def memory_detail(lens: Lens, memory_id: str) -> dict[str, Any]:
         children = [r.id for r in lens.rows.values() if r.parent_id == memory_id][:50]
         values = list(lens.values.get(memory_id, [])[-200:])
     return {
-        "memory": m.model_dump(mode="json"),
+        "memory": without_sealed(m).model_dump(mode="json"),  # a viewer never needs the ciphertext
         "row": row.as_dict(),
         "explain": breakdown,
         "formula": value_formula(breakdown, floor, m.pinned),
