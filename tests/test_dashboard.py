@@ -429,6 +429,8 @@ def test_a_run_trace_leads_to_the_exact_prompt_and_a_diff_by_deep_link(
     page.wait_for_selector("#trace-tree details")
     # the tool results sit under their calls, errors are marked, each build is a step with its lines
     assert page.locator(".step-children .step-tool_result").count() >= 6
+    # the failing calls sit under the LLM turn that asked for them, their results under them
+    assert page.locator(".step-children .step-children .step-tool_result").count() >= 3
     assert page.locator("summary.step-error").count() >= 6
     assert page.locator("a.buildlink").count() == 4
     assert "4 context builds" in page.inner_text("#trace-totals")
