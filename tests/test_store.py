@@ -743,10 +743,8 @@ def random_filters(draw: st.DrawFn) -> Filters:
     names = draw(st.lists(st.sampled_from(sorted(FILTER_VALUES)), max_size=4, unique=True))
     fields = {name: draw(FILTER_VALUES[name]) for name in names}
     if draw(st.booleans()):  # one tenant and one session: the in-process index tests only that session's rows
-        fields.update(
-            tenant=frozenset([draw(st.sampled_from(SMALL))]),
-            session_id=frozenset([draw(st.sampled_from(SMALL))]),
-        )
+        fields.update(tenant=frozenset([draw(st.sampled_from(SMALL))]),
+                      session_id=frozenset([draw(st.sampled_from(SMALL))]))
     return Filters(**fields)
 
 
@@ -898,7 +896,9 @@ def test_a_vector_written_with_its_new_memory_is_in_the_file(
 
 
 @sqlite_only
-def test_two_stores_on_one_file_see_each_others_writes(engine_name: str, two_connections: Pair) -> None:
+def test_two_stores_on_one_file_see_each_others_writes(
+    engine_name: str, two_connections: Pair
+) -> None:
     one, two = two_connections
     a, b = mem("quokka sighting on the island"), mem("wombat burrow")
     one.put_many([a, b])
