@@ -30,9 +30,9 @@ Mapping:
   out of ranked results (as in LangGraph's stores it is still returned, without a score, after them).
   ``search(query=...)`` ranks the namespace's items by the engine's vector search, and **the score is the
   cosine similarity between the query's embedding and the item's, in [-1, 1]** (with the default MiniLM
-  model related texts score about 0.4 and above, unrelated ones about 0.1 or less): a threshold on it
-  means the same for every query. Items found without a score follow, newest first. Without any embedder,
-  the query ranks with ClawVM's lexical recall and no score is given;
+  model, text that answers the query scored 0.3 to 0.65 in our tests, unrelated text and nonsense queries
+  0.15 or less): a threshold on it means the same for every query. Items found without a score follow,
+  newest first. Without any embedder, the query ranks with ClawVM's lexical recall and no score is given;
 - without a query, items come newest ``updated_at`` first; ``filter`` matches values exactly or with
   ``$eq $ne $gt $gte $lt $lte``, nested dicts included; ``limit``/``offset`` page the result. The
   namespace is read in keyset pages only as far as the page asked for needs;
@@ -41,7 +41,10 @@ Mapping:
   ``refresh_on_read``, else True) moves it forward by the item's TTL again. An item whose ``expires_at``
   has passed is never returned or listed, even before it is swept; :meth:`ClawVMStore.sweep_ttl`
   deletes expired items, and with ``sweep_interval_minutes`` a background thread does so
-  (:meth:`start_ttl_sweeper`, :meth:`stop_ttl_sweeper`).
+  (:meth:`start_ttl_sweeper`, :meth:`stop_ttl_sweeper`). A sweep deletes an item only if it is still at
+  the version it read, checked under the engine's write lock: within one process a put that brings the
+  key back meanwhile is kept; from another process (or on PostgreSQL, whose writes do not take that
+  lock) such a put landing between the check and the delete is lost with the expired item.
 
 Items written by an earlier version of this adapter (under a random id) are still read, and the first put
 of their key moves them to their derived id. Items written before namespace tags existed are listed by
@@ -266,7 +269,7 @@ class ClawVMStore(BaseStore):
 
         found: list[Scored] = []
         if op.query and need > 0:
-            found = self._ranked(op.query, scope, filters, need * SEARCH_WIDEN, wanted)
+            found = self._ranked(op.query, scope, filters, need, bool(op.filter), wanted)
         reached = {m.id for m, _ in found}
         if len(found) < need:  # the rest of the namespace, newest first, only as far as the page needs
             for m in self._newest(filters, need - len(found)):
@@ -277,15 +280,25 @@ class ClawVMStore(BaseStore):
         return found[op.offset : need]
 
     def _ranked(
-        self, query: str, scope: list[str], filters: Filters, k: int, wanted: Callable[[Memory], bool]
+        self,
+        query: str,
+        scope: list[str],
+        filters: Filters,
+        need: int,
+        filtered: bool,
+        wanted: Callable[[Memory], bool],
     ) -> list[Scored]:
         """The indexed items the query finds, best first, scored by cosine similarity (see the module
-        docstring); without an embedder, ranked by lexical recall and unscored."""
+        docstring): the vector search's best ``SEARCH_WIDEN * need`` (some may be filtered out or not
+        indexed); without an embedder, lexical recall's best ``need`` (``SEARCH_WIDEN`` times that with a
+        ``filter``), unscored."""
         vector = self._embed_query(query)
         if vector is None:
+            k = need * SEARCH_WIDEN if filtered else need
             hits = self.harness.recall(query, k=k, track=False, tags=scope)
             return [(h.memory, None) for h in hits if _indexed(h.memory) and wanted(h.memory)]
         store = self.harness.store
+        k = need * SEARCH_WIDEN
         ids = [i for i, _ in store.query(Query(filters=filters, vector=vector, lexical=False, limit=k)).dense]
         memories, vectors = store.get_many(ids), store.vectors_of(ids)
         scored: list[tuple[Memory, float]] = []
