@@ -357,7 +357,11 @@ class ClawVMStore(BaseStore):
     def _write(self, puts: Sequence[PutOp]) -> None:
         """Store ``puts`` (one per key) atomically; a write that lost a race to another writer of one of
         its items is read and made again (last writer wins), so no :class:`ConflictError` escapes. The
-        values are embedded once, before the first try."""
+        values are embedded once, before the first try (and after they are checked: a value the write
+        path would refuse costs no embedding)."""
+        for op in puts:
+            if op.value is not None:
+                normalize_content(dict(op.value), self.harness.max_content_bytes)
         texts = [None if op.value is None else self._indexed_text(dict(op.value), op.index) for op in puts]
         wanted = [t for t in texts if t is not None]
         rows = self._embed(wanted) if wanted else None
