@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -873,6 +874,23 @@ def _lg_adelete(w: World) -> Any:
     return asyncio.run(_lg(w).adelete(NAMESPACE, "refund"))
 
 
+def _lg_sweep(w: World) -> Any:
+    _lg(w).put(NAMESPACE, "refund", {"note": PLANTED}, ttl=0)  # due at once
+    w.mark()
+    return _lg(w).sweep_ttl()
+
+
+def _lg_sweeper(w: World) -> Any:
+    _lg(w).put(NAMESPACE, "refund", {"note": PLANTED}, ttl=0)
+    w.mark()
+    store = _lg(w)
+    store.start_ttl_sweeper(sweep_interval_minutes=0.0005)  # every 30 ms
+    deadline = time.monotonic() + 5
+    while w.harness.count(tags=["langgraph"], status="any") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return store.stop_ttl_sweeper(timeout=5)
+
+
 PUT_AND_GET = [PutOp(NAMESPACE, "refund", {"note": PLANTED, "contact": EMAIL}), GetOp(NAMESPACE, "refund")]
 
 LANGGRAPH_WRITES: dict[str, tuple[Case, ...]] = {
@@ -885,11 +903,14 @@ LANGGRAPH_WRITES: dict[str, tuple[Case, ...]] = {
     "adelete": (Case(_lg_adelete, ("forget",)),),
     "batch": (Case(lambda w: _lg(w).batch(PUT_AND_GET), ("add",), "put and get"),),
     "abatch": (Case(lambda w: asyncio.run(_lg(w).abatch(PUT_AND_GET)), ("add",), "put and get"),),
+    "sweep_ttl": (Case(_lg_sweep, ("forget",), "an expired item"),),
+    "start_ttl_sweeper": (Case(_lg_sweeper, ("forget",), "until it swept an expired item"),),
+    "stop_ttl_sweeper": (Case(lambda w: _lg(w).stop_ttl_sweeper(), (), "none running"),),
     # updates only items written before namespace tags existed; a store written now has none
     "tag_namespaces": (Case(lambda w: _lg(w).tag_namespaces(), (), "nothing to tag"),),
 }
 LANGGRAPH_READS = {
-    name: "reads items (a query recall is untracked)"
+    name: "reads items (a query recall is untracked); reading an item with a TTL refreshes its expiry"
     for name in ("get", "aget", "search", "asearch", "list_namespaces", "alist_namespaces")
 }
 

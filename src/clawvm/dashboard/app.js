@@ -146,17 +146,21 @@
   };
 
   // the filter bar every memory list shares: kind, agent, tool, tag, tier, status, date range, text
-  function filterBar(onChange) {
+  function filterBar(onChange, only) {
     const f = state.filters;
     const changed = (k) => (e) => { f[k] = e.target.value; onChange(); };
     const choose = (k, label) => el("select", { "data-filter": k, onchange: changed(k) },
       el("option", { value: "", text: label }), FILTERS[k].map((v) => el("option", { value: v, selected: v === f[k] || null, text: v.replace("_", " ") })));
     const field = (k, placeholder, type) => el("input", { type: type || "search", "data-filter": k, placeholder, value: f[k], size: type ? null : 10, onchange: changed(k) });
-    return el("div", { class: "toolbar filters" },
-      field("q", "text or id…"), choose("kind", "any kind"), field("agent", "agent"), field("tool", "tool"), field("tag", "tag"),
-      choose("tier", "any tier"), choose("status", "active + archived…"),
-      el("label", { class: "muted" }, "from ", field("since", "", "date")), el("label", { class: "muted" }, "to ", field("until", "", "date")));
+    const parts = { q: () => field("q", only ? "query text…" : "text or id…"), kind: () => choose("kind", "any kind"),
+      agent: () => field("agent", "agent"), tool: () => field("tool", "tool"), tag: () => field("tag", "tag"),
+      tier: () => choose("tier", "any tier"), status: () => choose("status", "active + archived…"),
+      since: () => el("label", { class: "muted" }, "from ", field("since", "", "date")),
+      until: () => el("label", { class: "muted" }, "to ", field("until", "", "date")) };
+    return el("div", { class: "toolbar filters" }, (only || Object.keys(parts)).map((k) => parts[k]()));
   }
+
+  const BUILD_FILTERS = ["q", "agent", "since", "until"];  // what a context build can be filtered by
 
   function filterParams() {
     const f = Object.assign({}, state.filters);
@@ -206,13 +210,14 @@
   }
 
   async function viewTimeline(main) {
-    const data = await api("timeline" + qs({ session: state.session, buckets: 80, limit: 40, axis: state.axis }));
+    const data = await api("timeline" + qs(Object.assign(filterParams(), { buckets: 80, limit: 40, axis: state.axis })));
     const chart = el("div", { id: "timeline-chart" });
     const axis = el("select", { onchange: (e) => { state.axis = e.target.value; show("timeline"); } },
       el("option", { value: "events", selected: state.axis === "events" || null, text: "x axis: activity (event log)" }),
       el("option", { value: "time", selected: state.axis === "time" || null, text: "x axis: wall-clock time" }));
     fill(main, 
       el("h2", { text: "Tier timeline" + (state.session ? ` · ${state.session}` : " · all sessions") }),
+      filterBar(() => show("timeline")),
       el("div", { class: "toolbar" }, axis,
         el("span", { class: "muted", text: "Memories in each tier (stacked), replayed from the add and move events." })),
       el("div", { class: "card" }, chart),
@@ -228,13 +233,14 @@
 
   async function viewHeatmap(main) {
     const h = state.heat;
-    const data = await api("heatmap" + qs({ session: state.session, group: h.group, offset: h.offset, limit: 40, cols: 48 }));
+    const data = await api("heatmap" + qs(Object.assign(filterParams(), { group: h.group, offset: h.offset, limit: 40, cols: 48 })));
     const chart = el("div", { id: "heatmap-chart" });
     const group = el("select", { onchange: (e) => { h.group = e.target.value; h.offset = 0; show("heatmap"); } },
       el("option", { value: "memory", selected: h.group === "memory" || null, text: "one row per memory (by value)" }),
       el("option", { value: "kind", selected: h.group === "kind" || null, text: "aggregate by kind (mean)" }));
     fill(main, 
       el("h2", { text: "Value heatmap" + (state.session ? ` · ${state.session}` : " · all sessions") }),
+      filterBar(() => { h.offset = 0; show("heatmap"); }),
       el("div", { class: "toolbar" }, group,
         h.group === "memory" ? pager({ total: data.total, offset: h.offset, limit: 40 }, (o) => { h.offset = o; show("heatmap"); }) : null),
       el("div", { class: "card" }, chart));
@@ -242,12 +248,13 @@
   }
 
   async function viewGraph(main) {
-    const data = await api("graph" + qs({ session: state.session, focus: state.focus, limit: state.graphLimit }));
+    const data = await api("graph" + qs(Object.assign(filterParams(), { focus: state.focus, limit: state.graphLimit })));
     const chart = el("div", { id: "graph-chart" });
     const limit = el("select", { onchange: (e) => { state.graphLimit = Number(e.target.value); show("graph"); } },
       [40, 80, 120, 200, 300].map((n) => el("option", { value: n, selected: n === state.graphLimit || null, text: `${n} nodes` })));
     fill(main, 
       el("h2", { text: "Memory graph" + (state.focus ? " · around one memory" : state.session ? ` · ${state.session}` : "") }),
+      filterBar(() => show("graph")),
       el("div", { class: "toolbar" }, limit,
         state.focus ? el("button", { onclick: () => { state.focus = null; show("graph"); }, text: "show the whole scope" }) : null,
         el("span", { class: "muted", text: `${data.nodes.length} of ${data.total} memories · ${data.edges.length} links (parent, typed links, shared entities) · colour = tier, size = value` })),
@@ -256,7 +263,7 @@
   }
 
   async function contextList(box, onPick, onlyOutputs) {
-    const data = await api("contexts" + qs({ session: state.session, offset: state.ctxOffset, limit: 30 }));
+    const data = await api("contexts" + qs(Object.assign(filterParams(), { offset: state.ctxOffset, limit: 30 })));
     const items = onlyOutputs ? data.items.filter((b) => b.has_output).concat(data.items.filter((b) => !b.has_output)) : data.items;
     fill(box, 
       el("table", { id: "contexts-table" },
@@ -271,7 +278,7 @@
   async function viewContexts(main) {
     const list = el("div", { class: "card list" });
     const detail = el("div", { id: "context-detail" });
-    fill(main, el("h2", { text: "Context viewer" }),
+    fill(main, el("h2", { text: "Context viewer" }), filterBar(() => { state.ctxOffset = 0; show("contexts"); }, BUILD_FILTERS),
       el("p", { class: "muted", text: "The exact prompt of each build, the manifest beside it (why each line is in, its tier and value then), the output and its citations; compare two builds." }),
       el("div", { class: "split" }, list, detail));
     let items = [];
@@ -345,7 +352,7 @@
     const list = el("div", { class: "card list" });
     const detail = el("div", { id: "influence-detail" });
     const reverse = el("div", { id: "influence-reverse" });
-    fill(main, el("h2", { text: "Influence" }),
+    fill(main, el("h2", { text: "Influence" }), filterBar(() => { state.ctxOffset = 0; show("influence"); }, BUILD_FILTERS),
       el("p", { class: "muted", text: "Which memories fed a context build, with their tier and value at that moment, and which ones the output cited. Select a memory for the reverse: every context it entered." }),
       el("div", { class: "split" }, list, el("div", {}, detail, reverse)));
     const pick = async (seq) => {
