@@ -366,9 +366,12 @@ class Searcher:
         v = v / norm if norm > 0 else v
         hits: list[Hit] = []
         if limit <= 1000:  # HNSW's candidate list (ef_search) tops out at 1000
-            set_dense_scan(conn, limit)
             sql, args = self.dense_sql(v, limit, where, wargs, exact=False)
-            hits = sorted(self._hits(conn, sql, args), key=lambda h: (-h.score, h.seq))
+            with conn.pipeline():  # the settings and the search in one round trip
+                set_dense_scan(conn, limit)
+                cur = conn.execute(sql, args)
+            found = [Hit(int(s), str(i), -float(d)) for s, i, d in cur.fetchall()]
+            hits = sorted(found, key=lambda h: (-h.score, h.seq))
             if len(hits) == limit or len(hits) == self._passing(conn, limit, where, wargs):
                 return hits
         sql, args = self.dense_sql(v, limit, where, wargs, exact=True)
