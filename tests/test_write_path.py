@@ -493,6 +493,7 @@ INTERVENE: dict[str, tuple[Case, ...]] = {
         Case(_intervene("annotate", note=straddling(2000)), ("update", "manual"), "note cut at 2000"),
     ),
     "archive": (Case(_intervene("archive"), ("archive", "scoring_weights", "manual")),),
+    "set_tier": (Case(_intervene("set_tier", tier="archive"), ("archive", "manual")),),
 }
 
 
@@ -724,6 +725,23 @@ REST_WRITES: dict[str, RestCase] = {
     ),
     "POST /dashboard/api/memories/{memory_id}/annotate": RestCase(
         _dashboard("annotate", {"text": PLANTED}), ("update", "manual")
+    ),
+    "POST /dashboard/api/memories/{memory_id}/tier": RestCase(
+        _dashboard("tier", {"tier": "archive"}), ("archive", "manual")
+    ),
+    "POST /dashboard/api/memories": RestCase(
+        lambda w: ("/dashboard/api/memories", {"content": PLANTED}), ("add",)
+    ),
+    "POST /dashboard/api/memories/{memory_id}/revise": RestCase(
+        _dashboard("revise", {"content": PLANTED}), ("revise",)
+    ),
+    "POST /dashboard/api/memories/{memory_id}/forget": RestCase(_dashboard("forget"), ("forget",)),
+    "POST /dashboard/api/review/{memory_id}/approve": RestCase(
+        lambda w: (f"/dashboard/api/review/{w.note['id']}/approve", {}), ("update", "review.approved")
+    ),
+    "POST /dashboard/api/review/{memory_id}/reject": RestCase(
+        lambda w: (f"/dashboard/api/review/{w.note['id']}/reject", {"reason": PLANTED}),
+        ("update", "review.rejected"),
     ),
 }
 #: POST/PUT/PATCH/DELETE routes that write nothing (none today)
