@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
@@ -282,8 +284,12 @@ def test_a_memory_of_another_tenant_is_not_found_and_its_id_not_writable(engine:
 
 
 def test_a_tenant_view_names_only_its_own_agents(engine: Store) -> None:
-    engine.put_many([Memory(content="x", tenant="A", agent_id="Nate"),
-                     Memory(content="y", tenant="B", agent_id="Mallory")])
+    engine.put_many(
+        [
+            Memory(content="x", tenant="A", agent_id="Nate"),
+            Memory(content="y", tenant="B", agent_id="Mallory"),
+        ]
+    )
     a = TenantStore(engine, "A")
     assert a.agents(Filters()) == a.agents(Filters.of(tenant="A")) == {"Nate"}
     assert a.agents(Filters.of(tenant="B")) == frozenset()  # another tenant's agents, not even their names
@@ -296,3 +302,87 @@ def test_events_of_a_tenant_are_paged_past_other_tenants(engine: Store) -> None:
     found = view.read_events(0, 2)
     assert [e.kind for e in found] == ["mine", "mine"]
     assert len(view.read_events(found[-1].seq or 0, 10)) == 1
+
+
+# ---- side channels: what another tenant holds shows in none of a tenant's scores ------------------------
+_worlds = itertools.count()
+docs = st.lists(st.tuples(texts, sessions, st.sampled_from(["ann", "bob", None])), min_size=1, max_size=8)
+_T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _put_docs(view: TenantStore, batch: list[tuple[str, str, str | None]], start: int) -> list[str]:
+    memories = [
+        Memory(
+            content=text,
+            tenant=view.tenant,
+            session_id=s,
+            agent_id=agent,
+            created_at=_T0 + timedelta(seconds=start + n),
+        )
+        for n, (text, s, agent) in enumerate(batch)
+    ]
+    view.put_many(memories)
+    return [m.id for m in memories]
+
+
+def _seen_by(view: TenantStore, ids: list[str], query: str) -> tuple[Any, ...]:
+    """Everything tenant ``view`` gets back from the search channels and recall's explain, ids replaced by
+    their position in ``ids`` (the same documents have other ids in the other world)."""
+    at = {i: n for n, i in enumerate(ids)}
+    raw = view.query(
+        Query(
+            filters=Filters.of(tenant=view.tenant),
+            text=query,
+            limit=20,
+            context=True,
+            expand=tuple(ids[:2]),
+            info=True,
+        )
+    )
+    channels = (
+        [(at[i], s) for i, s in raw.lexical],
+        [(at[i], s) for i, s in raw.context],
+        [(at[s], at[r], w) for s, r, w in raw.related],
+        sorted((at[i], c.length) for i, c in raw.info.items()),
+    )
+    h = Harness.open(view, embedder=None, tenant=view.tenant)
+    explained = [
+        (at[r.memory.id], r.score, sorted((name, c.raw, c.rank) for name, c in r.explain.items()))
+        for r in h.recall(query, k=10, track=False)
+    ]
+    return channels, explained
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mine=docs, theirs=docs, later=docs, query=texts)
+def test_bm25_statistics_are_per_tenant(
+    engine: Store,
+    mine: list[tuple[str, str, str | None]],
+    theirs: list[tuple[str, str, str | None]],
+    later: list[tuple[str, str, str | None]],
+    query: str,
+) -> None:
+    """B's scores, ranking and explain are the same whether or not another tenant A holds documents (A
+    writes before, between and after B's writes, with the same words and session names)."""
+    world = next(_worlds)
+    alone = TenantStore(engine, f"alone{world}")
+    beside = TenantStore(engine, f"beside{world}")
+    neighbour = TenantStore(engine, f"neighbour{world}")
+    ids_alone = _put_docs(alone, mine, 0) + _put_docs(alone, later, 100)
+    got_alone = _seen_by(alone, ids_alone, query)  # before the neighbour holds anything
+    _put_docs(neighbour, theirs, 0)
+    ids_beside = _put_docs(beside, mine, 0)
+    _put_docs(neighbour, theirs + later, 50)
+    ids_beside += _put_docs(beside, later, 100)
+    got_beside = _seen_by(beside, ids_beside, query)
+    assert _same(got_beside, got_alone), (got_beside, got_alone)
+
+
+def _same(x: Any, y: Any) -> bool:
+    """Equal, floats up to the last bits of a float8 sum (PostgreSQL adds a query's terms in no set order;
+    the in-process engines' float32 scores differ by far more than this when they differ at all)."""
+    if isinstance(x, float) and isinstance(y, float):
+        return math.isclose(x, y, rel_tol=1e-12, abs_tol=1e-15)
+    if isinstance(x, tuple | list) and isinstance(y, tuple | list):
+        return len(x) == len(y) and all(_same(a, b) for a, b in zip(x, y, strict=True))
+    return bool(x == y)
