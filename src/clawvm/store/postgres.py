@@ -161,6 +161,16 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX memories_keyset ON memories (created_at, id);
     CREATE INDEX memories_tier ON memories (tenant, tier, session_id COLLATE "C");
     """,
+    # BM25's corpus counters per tenant (a query confined to one tenant scores with its own statistics:
+    # another tenant's documents show in none of its scores), sharded by connection like lexstats
+    """
+    CREATE TABLE tenant_lexstats (tenant text NOT NULL, slot integer NOT NULL, docs bigint NOT NULL,
+                                  total_len bigint NOT NULL, sessioned bigint NOT NULL,
+                                  PRIMARY KEY (tenant, slot));
+    INSERT INTO tenant_lexstats
+        SELECT tenant, 0, count(*), coalesce(sum(doc_len), 0), count(session_id)
+        FROM memories GROUP BY tenant;
+    """,
 )
 
 # Insert a credential, or replace the stored one only when it is the next version (the compare-and-set of
@@ -395,9 +405,9 @@ class PostgresStore(Store):
             self._agents.clear()
         ids = [r.memory.id for r in rows]
         stored = {
-            str(i): (int(seq), int(v), int(th), bytes(ch), int(dl), bool(sess))
-            for i, seq, v, th, ch, dl, sess in conn.execute(
-                """SELECT id, seq, version, text_hash, content_hash, doc_len, session_id IS NOT NULL
+            str(i): (int(seq), int(v), int(th), bytes(ch), int(dl), bool(sess), str(tenant))
+            for i, seq, v, th, ch, dl, sess, tenant in conn.execute(
+                """SELECT id, seq, version, text_hash, content_hash, doc_len, session_id IS NOT NULL, tenant
                    FROM memories WHERE id = ANY(%s::uuid[]) ORDER BY id FOR UPDATE""",
                 [ids],
             )
@@ -410,12 +420,16 @@ class PostgresStore(Store):
             r.terms = Counter(term_key(t) for t in self.analyzer.terms(r.text))
             r.entities = sorted({term_key(e) for e in entities(r.text)})
         total = sessioned = 0
+        per_tenant = _TenantStats()
         for r in rows:
             old = stored.get(r.memory.id)
             # unchanged text keeps its stored postings and length
             r.doc_len = sum(r.terms.values()) if r.terms is not None else (old[4] if old else 0)
             total += r.doc_len - (old[4] if old else 0)
             sessioned += (r.memory.session_id is not None) - (old[5] if old else 0)
+            if old is not None:
+                per_tenant.add(old[6], -1, -old[4], -int(old[5]))
+            per_tenant.add(esc(r.memory.tenant) or "", 1, r.doc_len, int(r.memory.session_id is not None))
         changed = [r.memory.id for r in reindex if r.memory.id in stored]
         links = dict.fromkeys((r.memory.id, k.type.value, k.target) for r in rows for k in r.memory.links)
         # everything below goes to the server in one round trip; errors surface when the pipeline syncs
@@ -450,6 +464,8 @@ class PostgresStore(Store):
                     )
                 if fresh or total or sessioned:
                     cur.execute(_ADD_STATS, [len(fresh), total, sessioned])
+                if per_tenant.changed():
+                    cur.execute(_ADD_TENANT_STATS, per_tenant.arrays())
         except psycopg.errors.UniqueViolation as exc:
             # another transaction inserted one of these new ids since we looked: this batch lost the race
             taken = re.search(r"\(id\)=\(([0-9a-f-]{36})\)", exc.diag.message_detail or "")
@@ -463,17 +479,21 @@ class PostgresStore(Store):
         def delete(conn: psycopg.Connection[Any]) -> int:
             gone = conn.execute(
                 "DELETE FROM memories WHERE id = ANY(%s::uuid[])"
-                " RETURNING seq, doc_len, session_id IS NOT NULL",
+                " RETURNING seq, doc_len, session_id IS NOT NULL, tenant",
                 [unique],
             ).fetchall()
             if not gone:
                 return 0
-            seqs = [int(s) for s, _, _ in gone]
+            seqs = [int(s) for s, _, _, _ in gone]
             conn.execute("DELETE FROM postings WHERE seq = ANY(%s::bigint[])", [seqs])
             conn.execute("DELETE FROM entities WHERE seq = ANY(%s::bigint[])", [seqs])
             conn.execute("DELETE FROM links WHERE source = ANY(%s::uuid[])", [unique])
-            lengths, sessioned = sum(int(d) for _, d, _ in gone), sum(bool(x) for _, _, x in gone)
+            lengths, sessioned = sum(int(d) for _, d, _, _ in gone), sum(bool(x) for _, _, x, _ in gone)
             conn.execute(_ADD_STATS, [-len(gone), -lengths, -sessioned])
+            per_tenant = _TenantStats()
+            for _, d, x, tenant in gone:
+                per_tenant.add(str(tenant), -1, -int(d), -int(bool(x)))
+            conn.execute(_ADD_TENANT_STATS, per_tenant.arrays())
             return len(gone)
 
         return self._write("delete", delete)
@@ -936,6 +956,35 @@ _INSERT_EVENTS = """WITH ins AS (
 # each connection adds to its own counter row: writers do not queue on one hot row
 _ADD_STATS = f"""UPDATE lexstats SET docs = docs + %s, total_len = total_len + %s, sessioned = sessioned + %s
     WHERE slot = pg_backend_pid() %% {_SLOTS}"""
+
+
+# the same per tenant (rows in tenant order: two writers lock shared rows in one order, never a deadlock)
+_ADD_TENANT_STATS = f"""INSERT INTO tenant_lexstats AS s
+    SELECT t.tenant, pg_backend_pid() %% {_SLOTS}, t.docs, t.total_len, t.sessioned
+    FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[]) AS t(tenant, docs, total_len, sessioned)
+    ORDER BY t.tenant
+    ON CONFLICT (tenant, slot) DO UPDATE SET docs = s.docs + excluded.docs,
+        total_len = s.total_len + excluded.total_len, sessioned = s.sessioned + excluded.sessioned"""
+
+
+class _TenantStats:
+    """One write's changes to :data:`_ADD_TENANT_STATS`'s counters, by stored tenant."""
+
+    def __init__(self) -> None:
+        self.by_tenant: dict[str, list[int]] = {}
+
+    def add(self, tenant: str, docs: int, total_len: int, sessioned: int) -> None:
+        d = self.by_tenant.setdefault(tenant, [0, 0, 0])
+        d[0] += docs
+        d[1] += total_len
+        d[2] += sessioned
+
+    def changed(self) -> bool:
+        return any(any(d) for d in self.by_tenant.values())
+
+    def arrays(self) -> list[list[Any]]:
+        tenants = sorted(t for t, d in self.by_tenant.items() if any(d))
+        return [tenants, *([self.by_tenant[t][i] for t in tenants] for i in range(3))]
 
 
 def _content_hash(content: str) -> bytes:
