@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from clawvm import Filters, Harness, Memory, NotFoundError, ValidationError
 from clawvm.core.errors import AccessDeniedError
-from clawvm.store import Event, Query, Store
+from clawvm.store import Event, Query, SQLiteStore, Store
 from clawvm.store.tenant import TenantStore
 from engines import make_store
 
@@ -386,3 +387,138 @@ def _same(x: Any, y: Any) -> bool:
     if isinstance(x, tuple | list) and isinstance(y, tuple | list):
         return len(x) == len(y) and all(_same(a, b) for a, b in zip(x, y, strict=True))
     return bool(x == y)
+
+
+# ---- events: numbered and read per tenant ----------------------------------------------------------------
+batches = st.lists(
+    st.tuples(
+        st.booleans(), st.lists(st.sampled_from(["add", "retrieve", "context"]), min_size=1, max_size=4)
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+def _events_seen(view: TenantStore, memory_id: str) -> tuple[Any, ...]:
+    def shown(found: list[Event]) -> list[tuple[Any, ...]]:
+        return [
+            (e.seq, e.kind, e.memory_id, e.tenant == view.tenant, json.dumps(e.data, sort_keys=True))
+            for e in found
+        ]
+
+    whole = view.read_events(0, 1000)
+    pages, after = [], 0
+    while page := view.read_events(after, 2):
+        pages.append(shown(page))
+        after = page[-1].seq or after
+    return shown(whole), pages, shown(view.read_events(0, 1000, memory_id)), shown(view.read_events(1, 3))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(logged=batches)
+def test_a_tenants_events_are_numbered_and_read_as_if_it_were_alone(
+    engine: Store, logged: list[tuple[bool, list[str]]]
+) -> None:
+    """B's event numbers, pages and per-memory reads are the same whether or not another tenant logs
+    between B's writes: B's numbers are 1, 2, 3 ... over its own events, so they say nothing of A."""
+    world = next(_worlds)
+    alone, beside = TenantStore(engine, f"b{world}alone"), TenantStore(engine, f"b{world}xxxxx")
+    neighbour = TenantStore(engine, f"a{world}")
+    got: dict[str, list[int]] = {"alone": [], "beside": []}
+    for n, (theirs_first, kinds) in enumerate(logged):
+        for name, view in (("alone", alone), ("beside", beside)):
+            if theirs_first and view is beside:
+                neighbour.append_events([Event(kind="noise", tenant=neighbour.tenant) for _ in range(n + 2)])
+            mine = [
+                Event(kind=k, memory_id=f"m{i % 2}", data={"n": n}, tenant=view.tenant)
+                for i, k in enumerate(kinds)
+            ]
+            got[name] += view.append_events(mine) if len(mine) > 1 else [view.append_event(mine[0])]
+    assert got["alone"] == got["beside"] == list(range(1, len(got["alone"]) + 1))
+    assert _events_seen(beside, "m1") == _events_seen(alone, "m1")
+    # the engine's own log still numbers every event once, in order (the operator's view: retention, copies)
+    everything = [e.seq for e in engine.read_events(0, 100_000)]
+    assert everything == sorted(set(everything))
+
+
+@pytest.mark.engines("sqlite", "postgres")
+def test_a_tenants_event_read_is_an_index_range_over_its_own_events(engine_name: str, engine: Store) -> None:
+    """The statement a tenant's read runs reads only that tenant's rows: the plan is a range of the
+    (tenant, number) index, whatever another tenant logged."""
+    engine.append_events([Event(kind="noise", tenant="A") for _ in range(3000)])
+    engine.append_events([Event(kind="mine", tenant="B") for _ in range(3)])
+    if engine_name == "sqlite":
+        from clawvm.store.sqlite import TENANT_EVENTS_SQL as sql
+
+        assert isinstance(engine, SQLiteStore)
+        with engine._read("test") as db:
+            plan = " ".join(
+                str(r[-1])
+                for r in db.execute(f"EXPLAIN QUERY PLAN {sql} ORDER BY tenant_seq LIMIT ?", ["B", 0, 100])
+            )
+        assert "USING INDEX events_tenant (tenant=? AND tenant_seq>?)" in plan, plan
+        assert "TEMP B-TREE" not in plan, plan
+    else:
+        from clawvm.store.postgres import TENANT_EVENTS_SQL as sql
+        from clawvm.store.postgres import PostgresStore
+
+        assert isinstance(engine, PostgresStore)
+        with engine._conn("test") as conn:
+            conn.execute("ANALYZE events")
+            rows = conn.execute(
+                f"EXPLAIN (ANALYZE, FORMAT JSON) {sql} ORDER BY tenant_seq LIMIT %s", ["B", 0, 100]
+            ).fetchone()
+        plan = json.dumps(rows[0])
+        assert "events_tenant" in plan and "Seq Scan" not in plan, plan
+        assert '"Rows Removed by Filter"' not in plan or '"Rows Removed by Filter": 0' in plan, plan
+    assert [e.seq for e in TenantStore(engine, "B").read_events(0, 10)] == [1, 2, 3]
+
+
+# ---- files written before per-tenant statistics and numbering still open ---------------------------------
+@pytest.mark.engines("sqlite", "postgres")
+def test_a_store_from_before_per_tenant_numbers_and_statistics_opens_with_both(
+    engine_name: str, tmp_path: Path
+) -> None:
+    store = make_store(engine_name, tmp_path, "old.db")
+    store.setup()
+    for n in range(4):
+        store.put_many(
+            [Memory(content=f"deploy disk {'timeout ' * n}", tenant=t, session_id="s") for t in "AB"]
+        )
+        store.append_events([Event(kind="add", tenant="A", data={"n": n}) for _ in range(n + 1)])
+        store.append_events([Event(kind="add", tenant="B", data={"n": n})])
+    b = TenantStore(store, "B")
+    query = Query(filters=Filters.of(tenant="B"), text="deploy timeout", limit=10, context=True)
+    before = (b.query(query), [(e.seq, e.data) for e in b.read_events()])
+    _back_to_the_old_schema(engine_name, store, tmp_path / "old.db")
+    store = make_store(engine_name, tmp_path, "old.db")
+    store.setup()  # migrates: numbers the logged events per tenant, counts each tenant's statistics
+    try:
+        b = TenantStore(store, "B")
+        after = (b.query(query), [(e.seq, e.data) for e in b.read_events()])
+        assert _same((after[0].lexical, after[0].context), (before[0].lexical, before[0].context))
+        assert after[1] == before[1] == [(n + 1, {"n": n}) for n in range(4)]
+        assert b.append_event(Event(kind="next", tenant="B")) == 5  # the numbering goes on
+        assert TenantStore(store, "A").read_events(9, 5)[0].seq == 10
+    finally:
+        store.close()
+
+
+def _back_to_the_old_schema(engine_name: str, store: Store, path: Path) -> None:
+    """Undo this change's migrations in ``store``'s file or schema, keeping its data, and close it."""
+    if engine_name == "sqlite":
+        store.close()
+        with sqlite3.connect(path) as db:
+            db.executescript(
+                "DROP INDEX events_tenant; ALTER TABLE events DROP COLUMN tenant_seq;"
+                " DELETE FROM counters WHERE name LIKE 'events:%'; PRAGMA user_version = 2;"
+            )
+        return
+    from clawvm.store.postgres import MIGRATIONS, PostgresStore
+
+    assert isinstance(store, PostgresStore)
+    with store._conn("test") as conn:
+        conn.execute("DROP TABLE tenant_lexstats; DROP TABLE event_numbers; DROP INDEX events_tenant")
+        conn.execute("ALTER TABLE events DROP COLUMN tenant_seq")
+        conn.execute("UPDATE meta SET value = %s WHERE key = 'version'", [str(len(MIGRATIONS) - 2)])
+    store.close()

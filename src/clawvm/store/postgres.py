@@ -171,6 +171,18 @@ MIGRATIONS: tuple[str, ...] = (
         SELECT tenant, 0, count(*), coalesce(sum(doc_len), 0), count(session_id)
         FROM memories GROUP BY tenant;
     """,
+    # events numbered per tenant as well (tenant_seq; each tenant's last number in event_numbers): a
+    # tenant reads its events through events_tenant, at a cost that follows its own events, and its
+    # numbers tell nothing of other tenants' activity. Events already logged are numbered in log order.
+    """
+    ALTER TABLE events ADD COLUMN tenant_seq bigint;
+    UPDATE events e SET tenant_seq = r.n
+        FROM (SELECT seq, row_number() OVER (PARTITION BY tenant ORDER BY seq) AS n FROM events) AS r
+        WHERE e.seq = r.seq;
+    CREATE UNIQUE INDEX events_tenant ON events (tenant, tenant_seq);
+    CREATE TABLE event_numbers (tenant text PRIMARY KEY, last bigint NOT NULL);
+    INSERT INTO event_numbers SELECT tenant, max(tenant_seq) FROM events GROUP BY tenant;
+    """,
 )
 
 # Insert a credential, or replace the stored one only when it is the next version (the compare-and-set of
@@ -676,12 +688,14 @@ class PostgresStore(Store):
         return [Edge(str(s), LinkType(t), str(d)) for s, t, d in rows]
 
     # ---- events -------------------------------------------------------------------------------------
-    def append_events(self, events: Sequence[Event]) -> list[int]:
+    def append_events(self, events: Sequence[Event], *, tenant_numbers: bool = False) -> list[int]:
         if not events:
             return []
-        return self._write("append_events", lambda conn: self._append_events(conn, events))
+        numbered = self._write("append_events", lambda conn: self._append_events(conn, events))
+        return [n if tenant_numbers else s for s, n in numbered]
 
-    def _append_events(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> list[int]:
+    def _append_events(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> list[tuple[int, int]]:
+        """Insert ``events``; returns (seq, number in its tenant's sequence) of each, in order."""
         cols: list[list[Any]] = [[], [], [], [], []]
         for e in events:
             for col, v in zip(
@@ -693,9 +707,9 @@ class PostgresStore(Store):
         with conn.pipeline(), conn.cursor() as cur:
             # one appender at a time per database, until commit: sequence numbers then commit in order
             cur.execute("SELECT pg_advisory_xact_lock(%s)", [_EVENTS_LOCK])
-            cur.execute(_INSERT_EVENTS, [*cols, EVENTS_CHANNEL, f"{self.schema}:"])
+            cur.execute(_INSERT_EVENTS, [cols[1], *cols, EVENTS_CHANNEL, f"{self.schema}:"])
             rows = cur.fetchall()
-        return sorted(int(r[0]) for r in rows)
+        return sorted((int(r[0]), int(r[1])) for r in rows)
 
     def delete_events_upto(self, seq: int) -> int:
         def delete(conn: psycopg.Connection[Any]) -> int:  # a sequence never hands out a number twice
@@ -703,13 +717,23 @@ class PostgresStore(Store):
 
         return self._write("delete_events", delete)
 
-    def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
-        sql = "SELECT seq, at, tenant, kind, memory_id, data FROM events WHERE seq > %s"
-        args: list[Any] = [after_seq]
+    def read_events(
+        self,
+        after_seq: int = 0,
+        limit: int = 1000,
+        memory_id: str | None = None,
+        *,
+        tenant: str | None = None,
+    ) -> list[Event]:
+        if tenant is None:
+            sql = "SELECT seq, at, tenant, kind, memory_id, data FROM events WHERE seq > %s"
+            args: list[Any] = [after_seq]
+        else:
+            sql, args = TENANT_EVENTS_SQL, [esc(tenant), after_seq]
         if memory_id is not None:
             sql += " AND memory_id = %s"
             args.append(esc(memory_id))
-        sql += " ORDER BY seq LIMIT %s"
+        sql += " ORDER BY seq LIMIT %s" if tenant is None else " ORDER BY tenant_seq LIMIT %s"
         args.append(min(limit, 2**62))
         with self._conn("read_events") as conn:
             rows = conn.execute(sql, args).fetchall()
@@ -944,15 +968,30 @@ _INSERT_POSTINGS = """INSERT INTO postings (term, seq, tf, dl)
 _INSERT_ENTITIES = """INSERT INTO entities (entity, seq)
     SELECT t.entity, m.seq FROM unnest(%s::text[], %s::uuid[]) AS t(entity, id)
     JOIN memories m ON m.id = t.id"""
-# rows are numbered in the order given; one notification per batch (equal payloads are delivered once)
-_INSERT_EVENTS = """WITH ins AS (
-        INSERT INTO events (at, tenant, kind, memory_id, data)
-        SELECT e.at, e.tenant, e.kind, e.memory_id, e.data::json
+#: One page of a tenant's events (the tenant's own numbers as ``seq``); add ``AND memory_id = %s`` for one
+#: memory's.
+TENANT_EVENTS_SQL = (
+    "SELECT tenant_seq, at, tenant, kind, memory_id, data FROM events WHERE tenant = %s AND tenant_seq > %s"
+)
+# rows are numbered in the order given, in the log and in each tenant's sequence (its counter row moves on
+# by its events in the batch); one notification per batch (equal payloads are delivered once)
+_INSERT_EVENTS = """WITH nums AS (
+        INSERT INTO event_numbers AS c
+        SELECT t.tenant, count(*) FROM unnest(%s::text[]) AS t(tenant) GROUP BY t.tenant ORDER BY t.tenant
+        ON CONFLICT (tenant) DO UPDATE SET last = c.last + excluded.last
+        RETURNING tenant, last),
+    e AS (
+        SELECT e.*, row_number() OVER (PARTITION BY e.tenant ORDER BY e.n) AS k,
+               count(*) OVER (PARTITION BY e.tenant) AS cnt
         FROM unnest(%s::timestamptz[], %s::text[], %s::text[], %s::text[], %s::text[])
-             WITH ORDINALITY AS e(at, tenant, kind, memory_id, data, n)
+             WITH ORDINALITY AS e(at, tenant, kind, memory_id, data, n)),
+    ins AS (
+        INSERT INTO events (at, tenant, kind, memory_id, data, tenant_seq)
+        SELECT e.at, e.tenant, e.kind, e.memory_id, e.data::json, nums.last - e.cnt + e.k
+        FROM e JOIN nums ON nums.tenant = e.tenant
         ORDER BY e.n
-        RETURNING seq)
-    SELECT seq, pg_notify(%s, %s || (SELECT max(seq) FROM ins)) FROM ins"""
+        RETURNING seq, tenant_seq)
+    SELECT seq, tenant_seq, pg_notify(%s, %s || (SELECT max(seq) FROM ins)) FROM ins"""
 # each connection adds to its own counter row: writers do not queue on one hot row
 _ADD_STATS = f"""UPDATE lexstats SET docs = docs + %s, total_len = total_len + %s, sessioned = sessioned + %s
     WHERE slot = pg_backend_pid() %% {_SLOTS}"""

@@ -10,6 +10,9 @@ a filter. The rules, each enforced here and nowhere else:
   ``around``/``expand`` seeds of other tenants are dropped (the index answers for seeds whatever the
   filters); ``edges`` lists only links whose source is ours;
   ``read_events`` and ``unembedded`` return only this tenant's;
+- events are numbered per tenant: ``read_events`` and ``append_events`` speak the tenant's own sequence
+  (1, 2, 3 ... over its events, read through the engine's (tenant, number) index), so neither what a
+  tenant reads nor what it pays for a read depends on what other tenants log;
 - writes: ``put_many``/``write`` refuse a memory of another tenant, or one whose id is another tenant's
   memory (:class:`AccessDeniedError`, nothing written); ``delete_many`` and ``set_vectors`` ignore ids of
   other tenants; ``append_events`` refuses events of another tenant; event retention is refused (it
@@ -114,9 +117,9 @@ class TenantStore(Store):
                     "tenant", f"event of tenant {e.tenant!r}", "log events of your own tenant"
                 )
 
-    def append_events(self, events: Sequence[Event]) -> list[int]:
+    def append_events(self, events: Sequence[Event], *, tenant_numbers: bool = True) -> list[int]:
         self._check_events(events)
-        return self.inner.append_events(events)
+        return self.inner.append_events(events, tenant_numbers=True)
 
     def delete_events_upto(self, seq: int) -> int:
         raise AccessDeniedError(
@@ -184,17 +187,17 @@ class TenantStore(Store):
                 return mine[:limit]
             asked *= 4
 
-    def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
-        page_size = max(limit, 500)
-        out: list[Event] = []
-        cursor = after_seq
-        while len(out) < limit:
-            page = self.inner.read_events(cursor, page_size, memory_id)
-            out.extend(e for e in page if e.tenant == self.tenant)
-            if len(page) < page_size:
-                break
-            cursor = page[-1].seq or cursor
-        return out[:limit]
+    def read_events(
+        self,
+        after_seq: int = 0,
+        limit: int = 1000,
+        memory_id: str | None = None,
+        *,
+        tenant: str | None = None,
+    ) -> list[Event]:
+        if tenant is not None and tenant != self.tenant:
+            return []
+        return self.inner.read_events(after_seq, limit, memory_id, tenant=self.tenant)
 
     # ---- credentials --------------------------------------------------------------------------------
     def put_credential(self, credential: Credential) -> None:
