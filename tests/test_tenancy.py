@@ -25,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from clawvm import Filters, Harness, Memory, NotFoundError, ValidationError
 from clawvm.core.errors import AccessDeniedError
+from clawvm.core.model import Link, LinkType
 from clawvm.store import Event, Query, SQLiteStore, Store
 from clawvm.store.tenant import TenantStore
 from engines import make_store
@@ -522,3 +523,37 @@ def _back_to_the_old_schema(engine_name: str, store: Store, path: Path) -> None:
         conn.execute("ALTER TABLE events DROP COLUMN tenant_seq")
         conn.execute("UPDATE meta SET value = %s WHERE key = 'version'", [str(len(MIGRATIONS) - 2)])
     store.close()
+
+
+# ---- imports: an id another tenant holds is neither refused nor shared -------------------------------
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(held=st.sets(st.integers(0, 2)))
+def test_importing_ids_another_tenant_holds_keeps_both_memories(engine: Store, held: set[int]) -> None:
+    """B imports three linked memories; A already holds those of ``held``'s ids. Nothing is refused, A's
+    memories are untouched, B's are stored under its own ids (derived from the taken ones, references
+    following), and importing the same batch again writes nothing and maps the same way."""
+    world = next(_worlds)
+    a, b = TenantStore(engine, f"a{world}"), TenantStore(engine, f"b{world}")
+    root = Memory(content="B's root", tenant=b.tenant)
+    child = Memory(content="B's child", tenant=b.tenant, parent_id=root.id)
+    cited = Memory(
+        content="B's citing", tenant=b.tenant, links=[Link(type=LinkType.REFERS_TO, target=child.id)]
+    )
+    batch = [root, child, cited]
+    theirs = [Memory(id=batch[i].id, content=f"A's {i}", tenant=a.tenant) for i in sorted(held)]
+    a.put_many(theirs)
+    a_before = fingerprint(engine, a.tenant)
+    h = Harness.open(b, embedder=None, tenant=b.tenant)
+    done = h.import_renamed(batch)
+    assert done.imported == 3 and set(done.renamed) == {batch[i].id for i in held}
+    stored = [done.renamed.get(m.id, m.id) for m in batch]
+    assert [h.get(i).content for i in stored] == ["B's root", "B's child", "B's citing"]
+    assert h.get(stored[1]).parent_id == stored[0]
+    assert [k.target for k in h.get(stored[2]).links] == [stored[1]]
+    for i in held:
+        assert stored[i] != batch[i].id and engine.get(stored[i]).tenant == b.tenant
+        with pytest.raises(NotFoundError):
+            h.get(batch[i].id)
+    assert fingerprint(engine, a.tenant) == a_before
+    again = h.import_renamed(batch)
+    assert again.imported == 0 and again.renamed == done.renamed

@@ -556,6 +556,13 @@ class Store(ABC):
         refuses here instead of silently keeping everything."""
         raise StoreError(f"{type(self).__name__} does not support event retention")
 
+    def import_ids(self, ids: Sequence[str]) -> dict[str, str]:
+        """The id under which an imported memory (or a reference to one) is stored, for each of ``ids``: an
+        engine keeps every id (an import then skips ids it already holds); a tenant's view
+        (:meth:`clawvm.store.tenant.TenantStore.import_ids`) gives an id that another tenant holds a fresh
+        one of its own."""
+        return {i: i for i in ids}
+
     def agents(self, filters: Filters) -> frozenset[str]:
         """Every ``agent_id`` of the stored memories of the tenants ``filters`` allows (its other fields are
         ignored); names of agents whose memories are all gone may stay. Recall asks it to tell which words

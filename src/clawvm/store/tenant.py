@@ -14,9 +14,12 @@ a filter. The rules, each enforced here and nowhere else:
   (1, 2, 3 ... over its events, read through the engine's (tenant, number) index), so neither what a
   tenant reads nor what it pays for a read depends on what other tenants log;
 - writes: ``put_many``/``write`` refuse a memory of another tenant, or one whose id is another tenant's
-  memory (:class:`AccessDeniedError`, nothing written); ``delete_many`` and ``set_vectors`` ignore ids of
-  other tenants; ``append_events`` refuses events of another tenant; event retention is refused (it
-  spans tenants: an operator runs it on the engine itself);
+  memory (:class:`AccessDeniedError`, nothing written). Imports do not get there: ``import_ids`` gives
+  an imported id that another tenant holds a fresh id of this tenant's own, derived from (tenant, id), so
+  an import is neither refused (a 403 would tell that the id is in use) nor mixed with the other
+  tenant's memory, and importing the same file again maps it the same way; ``delete_many`` and
+  ``set_vectors`` ignore ids of other tenants; ``append_events`` refuses events of another tenant;
+  event retention is refused (it spans tenants: an operator runs it on the engine itself);
 - credentials: ``find_credentials``/``list_credentials`` return only this tenant's (asking for another
   tenant's lists nothing), ``put_credential`` refuses a credential of another tenant. Credentials are keyed
   by tenant, so a tenant writing a name another tenant uses writes its own, never theirs.
@@ -27,6 +30,7 @@ A check and the write it guards run under the engine's lock, so no write of this
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
@@ -35,6 +39,12 @@ import numpy as np
 from clawvm.core.errors import AccessDeniedError
 from clawvm.core.model import Filters, Memory
 from clawvm.store.base import Credential, Edge, Event, PageKey, Query, QueryResult, Store, check_vectors
+
+#: Namespace of the ids an import derives (uuid5 of the tenant and the imported id): fixed, so that a
+#: derivation gives the same id on every host and at every import.
+IMPORT_NAMESPACE = uuid.UUID("5b0f6c1e-3d4a-4c59-9a51-0c2f1f3e8a77")
+#: How many derivations an import tries for one id before it gives up (each one taken by another tenant).
+_MAX_DERIVATIONS = 8
 
 
 class TenantStore(Store):
@@ -120,6 +130,30 @@ class TenantStore(Store):
     def append_events(self, events: Sequence[Event], *, tenant_numbers: bool = True) -> list[int]:
         self._check_events(events)
         return self.inner.append_events(events, tenant_numbers=True)
+
+    def import_ids(self, ids: Sequence[str]) -> dict[str, str]:
+        """Each of ``ids`` -> the id this tenant stores that imported memory under: the id itself when it
+        is free or this tenant's; when another tenant holds it, ``uuid5(IMPORT_NAMESPACE, tenant + id)``
+        (derived again from that while another tenant holds the derived one too). The same ids map the
+        same way at every import, so references between imported memories, and a second import of the
+        same file, stay consistent; the other tenant's memory is never touched."""
+        out: dict[str, str] = {}
+        wanted = list(dict.fromkeys(ids))
+        owner = {i: m.tenant for i, m in self.inner.get_many(wanted).items()}
+        for i in wanted:
+            mapped = i
+            for _ in range(_MAX_DERIVATIONS):
+                if owner.get(mapped, self.tenant) == self.tenant:
+                    break
+                mapped = str(uuid.uuid5(IMPORT_NAMESPACE, f"{self.tenant}\n{mapped}"))
+                taken = self.inner.get_many([mapped]).get(mapped)
+                owner[mapped] = self.tenant if taken is None else taken.tenant
+            else:
+                raise AccessDeniedError(
+                    "id", "could not be given an id of this tenant", "import it without an id"
+                )
+            out[i] = mapped
+        return out
 
     def delete_events_upto(self, seq: int) -> int:
         raise AccessDeniedError(
