@@ -14,8 +14,11 @@ Tables (created by :data:`MIGRATIONS`, an append-only list; ``meta`` records how
 - ``postings(term, seq, tf)``: the inverted index of the project's own analyzer (``clawvm.core.lexical``), so
   BM25 here scores like the in-process engines; ``lexstats``: the document count, total length and
   sessioned count as 16 sharded counters (each connection adds to its own, so writers from many
-  processes do not queue on one row);
-- ``entities(entity, seq)``: the write-time entity graph; ``links``; ``events`` (``json`` data).
+  processes do not queue on one row); ``tenant_lexstats``: the same counters per tenant (a query confined
+  to one tenant scores with its own statistics);
+- ``entities(entity, seq)``: the write-time entity graph; ``links``; ``events`` (``json`` data; besides the
+  log's ``seq``, ``tenant_seq``: the event's number in its tenant's own sequence, indexed with the tenant,
+  each tenant's last number in ``event_numbers``).
 
 Optimistic locking holds across processes: ``put_many`` locks the stored rows (``SELECT ... FOR UPDATE``,
 in id order, so concurrent batches cannot deadlock on them), checks versions, and inserts new ids with
