@@ -311,7 +311,11 @@ def test_events_of_a_tenant_are_paged_past_other_tenants(engine: Store) -> None:
 
 # ---- side channels: what another tenant holds shows in none of a tenant's scores ------------------------
 _worlds = itertools.count()
-docs = st.lists(st.tuples(texts, sessions, st.sampled_from(["ann", "bob", None])), min_size=1, max_size=8)
+# names mid-sentence, so that the entity graph (the recall's "graph" part) links memories too
+named = st.lists(st.sampled_from([*WORDS, "Bob", "Paris", "Tokyo"]), min_size=1, max_size=6).map(
+    lambda words: "note " + " ".join(words)
+)
+docs = st.lists(st.tuples(named, sessions, st.sampled_from(["ann", "bob", None])), min_size=1, max_size=8)
 _T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -341,6 +345,7 @@ def _seen_by(view: TenantStore, ids: list[str], query: str) -> tuple[Any, ...]:
             limit=20,
             context=True,
             expand=tuple(ids[:2]),
+            expand_max_df=100_000,  # every shared entity links, whatever its count
             info=True,
         )
     )

@@ -193,6 +193,8 @@ class SearchIndex:
         self._sessions: dict[tuple[str, str], list[int]] = {}  # rows by (created_at, row)
         self._entities: dict[str, set[int]] = {}
         self._row_entities: dict[int, tuple[str, ...]] = {}
+        self._entity_df: dict[tuple[str, int], int] = {}  # (entity, tenant) -> that tenant's rows naming it
+        self._entity_group: dict[int, int] = {}  # row -> the tenant its entities were counted for
         self._cols = {name: _Column() for name in _COLUMNS}
         self._alive = np.zeros(1024, dtype=bool)
         self._created = np.zeros(1024, dtype=np.int64)  # microseconds since the epoch
@@ -367,16 +369,26 @@ class SearchIndex:
 
     # ---- entity graph -----------------------------------------------------------------------------------
     def _set_entities(self, row: int, found: set[str]) -> None:
+        counted = self._entity_group.pop(row, None)
         for e in self._row_entities.pop(row, ()):
             linked = self._entities[e]
             linked.discard(row)
             if not linked:
                 del self._entities[e]
+            if counted is not None:
+                self._entity_df[e, counted] -= 1
+                if not self._entity_df[e, counted]:
+                    del self._entity_df[e, counted]
         if found:
             found = {sys.intern(e) for e in found}  # one string per entity, not one per mention
             self._row_entities[row] = tuple(sorted(found))
+            group = self.lexical.group_of(row)
+            if group is not None:
+                self._entity_group[row] = group
             for e in found:
                 self._entities.setdefault(e, set()).add(row)
+                if group is not None:
+                    self._entity_df[e, group] = self._entity_df.get((e, group), 0) + 1
 
     def agents(self, filters: Filters) -> frozenset[str]:
         """The agent_ids seen in the tenants ``filters`` allows (see :meth:`Store.agents`)."""
@@ -405,15 +417,10 @@ class SearchIndex:
         if limit <= 0:
             return []
         n = max(len(self.row_of) if group is None else self.lexical.corpus(group)[0], 2)
-        tenants = self._cols["tenant"].data
         links: list[tuple[float, int, str]] = []
         for s in seeds:
             for e in self._row_entities.get(s, ()):
-                named = self._entities[e]
-                if group is None:
-                    df = len(named)
-                else:
-                    df = int(np.count_nonzero(tenants[np.fromiter(named, np.int64, len(named))] == group))
+                df = len(self._entities[e]) if group is None else self._entity_df.get((e, group), 0)
                 if 2 <= df <= max_df:
                     links.append((math.log(n / df) / math.log(n), s, e))
         links.sort(key=lambda x: (-x[0], x[1], x[2]))
