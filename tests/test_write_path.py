@@ -263,6 +263,10 @@ def _import(w: World) -> int:
     return w.harness.import_memories([text, payload])
 
 
+def _import_renamed(w: World) -> int:
+    return w.harness.import_renamed([build_memory({"content": PLANTED, "tenant": "default"})]).imported
+
+
 def _unpin(w: World) -> Memory:
     w.harness.pin(w.note.id)
     w.mark()
@@ -366,6 +370,7 @@ SDK_WRITES: dict[str, tuple[Case, ...]] = {
     "update": (Case(lambda w: w.harness.update(w.note.id, content=f"{PLANTED} (corrected)"), ("update",)),),
     "revise": (Case(_revise, ("revise",)),),
     "import_memories": (Case(_import, ("import", "import")),),
+    "import_renamed": (Case(_import_renamed, ("import",)),),
     "forget": (Case(lambda w: w.harness.forget(w.note.id), ("forget",)),),
     "pin": (Case(lambda w: w.harness.pin(w.note.id), ("pin",)),),
     "unpin": (Case(_unpin, ("unpin",)),),

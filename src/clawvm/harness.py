@@ -11,7 +11,7 @@ import builtins
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -26,6 +26,7 @@ from clawvm.core.model import (
     VISIBLE_STATUSES,
     Filters,
     Kind,
+    Link,
     LinkType,
     Memory,
     State,
@@ -74,6 +75,27 @@ _IMMUTABLE = frozenset({"id", "created_at", "version", "tenant"})
 #: No context line costs fewer tokens than this (its label alone, ``[<short id> <date>] <kind>:``, is
 #: 14-19): how many pinned or working memories one context could hold at most (see ``Harness._packable``).
 _MIN_LINE_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What :meth:`Harness.import_renamed` did: how many memories it wrote, and each imported id that is
+    stored under another id (another tenant holds it) -> that id."""
+
+    imported: int
+    renamed: dict[str, str] = field(default_factory=dict)
+
+
+def _renamed(memory: Memory, renamed: dict[str, str]) -> Memory:
+    """``memory`` with its id, parent and link targets replaced as ``renamed`` says."""
+    changes: dict[str, Any] = {}
+    if memory.id in renamed:
+        changes["id"] = renamed[memory.id]
+    if memory.parent_id in renamed:
+        changes["parent_id"] = renamed[memory.parent_id]
+    if any(k.target in renamed for k in memory.links):
+        changes["links"] = [Link(type=k.type, target=renamed.get(k.target, k.target)) for k in memory.links]
+    return memory.model_copy(update=changes) if changes else memory
 
 
 class Harness:
@@ -304,10 +326,20 @@ class Harness:
             raise NotFoundError("memory", memory_id)
 
     def import_memories(self, memories: Sequence[Memory], *, restore: bool = False) -> int:
+        """:meth:`import_renamed`, returning how many memories were written."""
+        return self.import_renamed(memories, restore=restore).imported
+
+    def import_renamed(self, memories: Sequence[Memory], *, restore: bool = False) -> Imported:
         """Store exported memories as they are (ids, versions, timestamps kept), in one atomic batch.
 
         Ids already present are skipped, so importing the same file twice is harmless. Returns how many
-        were written. They are embedded in the background like new records.
+        were written, and the ids that were stored under another id. They are embedded in the background
+        like new records.
+
+        On a tenant's view of a shared store, an id that another tenant holds is neither refused nor
+        shared: the memory is stored under an id of this tenant's own, derived from (tenant, id) — the same
+        at every import — and its references (``parent_id``, link targets) follow
+        (:meth:`clawvm.store.tenant.TenantStore.import_ids`); ``renamed`` lists them.
 
         Each memory passes the checks of a write first (:meth:`_check_import`): no status ``internal`` (the
         harness's own records: a grant cannot be forged by importing one) and no sealed original that this
@@ -318,6 +350,9 @@ class Harness:
         if not restore:
             for i, m in enumerate(memories):
                 self._check_import(i, m)
+        referenced = [r for m in memories for r in (m.id, m.parent_id, *(k.target for k in m.links)) if r]
+        renamed = {i: to for i, to in self.store.import_ids(referenced).items() if i != to}
+        memories = [_renamed(m, renamed) for m in memories] if renamed else list(memories)
         existing = self.store.get_many([m.id for m in memories])
         # token counts are the harness's own measure: recount rather than trust the file
         fresh = [
@@ -332,7 +367,7 @@ class Harness:
             self.writer.write(fresh, None, events)  # redacted like every write, whatever the file held
             if self._worker is not None:
                 self._worker.notify()
-        return len(fresh)
+        return Imported(len(fresh), renamed)
 
     def _check_import(self, index: int, memory: Memory) -> None:
         """What a write checks, for the ``index``-th memory of an import (field ``memories.<index>.*``)."""

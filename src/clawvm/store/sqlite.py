@@ -15,6 +15,7 @@ import json
 import logging
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -88,6 +89,22 @@ MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     CREATE INDEX credentials_name ON credentials(kind, name);
     """,
+    # events numbered per tenant as well (tenant_seq; the last number of each tenant in counters, under
+    # 'events:' + tenant): a tenant reads its events through this index, at a cost that follows its own
+    # events, and its numbers tell nothing of other tenants' activity; _DATA_MIGRATIONS[2] numbers the
+    # events already logged
+    """
+    ALTER TABLE events ADD COLUMN tenant_seq INTEGER;
+    CREATE UNIQUE INDEX events_tenant ON events(tenant, tenant_seq);
+    """,
+)
+
+#: The counters row holding the last event number a tenant was given: this prefix + the tenant.
+EVENTS_COUNTER = "events:"
+#: One page of a tenant's events (the tenant's own numbers as ``seq``); add ``AND memory_id = ?`` for one
+#: memory's.
+TENANT_EVENTS_SQL = (
+    "SELECT tenant_seq, at, tenant, kind, memory_id, data FROM events WHERE tenant = ? AND tenant_seq > ?"
 )
 
 # Insert a credential, or replace the stored one only when it is the next version (the compare-and-set of
@@ -114,8 +131,24 @@ def _copy_key_events(conn: sqlite3.Connection) -> None:
         conn.execute(_PUT_CREDENTIAL, (c.tenant, c.kind, c.name, c.version, credential_json(c)))
 
 
+def _number_events_per_tenant(conn: sqlite3.Connection) -> None:
+    """Number the events of an older file in each tenant's own sequence, in log order."""
+    last: dict[str, int] = {}
+    numbered = []
+    for seq, tenant in conn.execute("SELECT seq, tenant FROM events ORDER BY seq"):
+        last[tenant] = last.get(tenant, 0) + 1
+        numbered.append((last[tenant], seq))
+    conn.executemany("UPDATE events SET tenant_seq = ? WHERE seq = ?", numbered)
+    conn.executemany(
+        "INSERT INTO counters VALUES (?, ?)", [(EVENTS_COUNTER + t, n) for t, n in sorted(last.items())]
+    )
+
+
 #: Python steps of a migration, run after its SQL, in the same transaction (migration number -> step).
-_DATA_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _copy_key_events}
+_DATA_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
+    1: _copy_key_events,
+    2: _number_events_per_tenant,
+}
 
 
 @contextmanager
@@ -632,37 +665,50 @@ class SQLiteStore(Store):
                     out.append(Edge(s, LinkType(t), d))
         return list(dict.fromkeys(out))
 
-    def append_events(self, events: Sequence[Event]) -> list[int]:
+    def append_events(self, events: Sequence[Event], *, tenant_numbers: bool = False) -> list[int]:
         with self._write("append_events") as (db, _rev):
-            return self._insert_events(db, events)
+            seqs, numbers = self._insert_events(db, events)
+            return numbers if tenant_numbers else seqs
 
     @staticmethod
-    def _insert_events(db: sqlite3.Connection, events: Sequence[Event]) -> list[int]:
-        """Insert ``events`` in one statement; returns their seqs. The write lock is held and ``seq`` is
-        AUTOINCREMENT, so one batch's seqs are consecutive and end at the connection's last rowid."""
+    def _insert_events(db: sqlite3.Connection, events: Sequence[Event]) -> tuple[list[int], list[int]]:
+        """Insert ``events`` in one statement; returns their seqs and their numbers in their tenants' own
+        sequences. The write lock is held and ``seq`` is AUTOINCREMENT, so one batch's seqs are consecutive
+        and end at the connection's last rowid."""
         if not events:
-            return []
+            return [], []
+        numbers = _tenant_numbers(db, events)
         db.executemany(
-            "INSERT INTO events (at, tenant, kind, memory_id, data) VALUES (?,?,?,?,?)",
+            "INSERT INTO events (at, tenant, kind, memory_id, data, tenant_seq) VALUES (?,?,?,?,?,?)",
             [
-                (e.at.isoformat(), e.tenant, e.kind, e.memory_id, json.dumps(e.data, default=str))
-                for e in events
+                (e.at.isoformat(), e.tenant, e.kind, e.memory_id, json.dumps(e.data, default=str), n)
+                for e, n in zip(events, numbers, strict=True)
             ],
         )
         last = db.execute("SELECT last_insert_rowid()").fetchone()[0]
-        return list(range(last - len(events) + 1, last + 1))
+        return list(range(last - len(events) + 1, last + 1)), numbers
 
     def delete_events_upto(self, seq: int) -> int:
         with self._write("delete_events") as (db, _rev):  # AUTOINCREMENT: deleted seqs are never reused
             return int(db.execute("DELETE FROM events WHERE seq <= ?", (seq,)).rowcount)
 
-    def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
-        sql = "SELECT seq, at, tenant, kind, memory_id, data FROM events WHERE seq > ?"
-        args: list[object] = [after_seq]
+    def read_events(
+        self,
+        after_seq: int = 0,
+        limit: int = 1000,
+        memory_id: str | None = None,
+        *,
+        tenant: str | None = None,
+    ) -> list[Event]:
+        if tenant is None:
+            sql = "SELECT seq, at, tenant, kind, memory_id, data FROM events WHERE seq > ?"
+            args: list[object] = [after_seq]
+        else:
+            sql, args = TENANT_EVENTS_SQL, [tenant, after_seq]
         if memory_id is not None:
             sql += " AND memory_id = ?"
             args.append(memory_id)
-        sql += " ORDER BY seq LIMIT ?"
+        sql += " ORDER BY seq LIMIT ?" if tenant is None else " ORDER BY tenant_seq LIMIT ?"
         args.append(limit)
         with self._read("read_events") as db:
             return [
@@ -706,3 +752,21 @@ class SQLiteStore(Store):
         with self._lock, _translated("list_credentials"):
             rows = self._db.execute(sql, args).fetchall()
         return [Credential(t, k, n, json.loads(d), int(v)) for t, k, n, v, d in rows]
+
+
+def _tenant_numbers(db: sqlite3.Connection, events: Sequence[Event]) -> list[int]:
+    """The next numbers of each event's tenant (under the write lock), taken from its counter."""
+    counts = Counter(e.tenant for e in events)
+    following: dict[str, int] = {}
+    for tenant, n in sorted(counts.items()):
+        last = db.execute(
+            "INSERT INTO counters VALUES (?, ?)"
+            " ON CONFLICT (name) DO UPDATE SET value = value + excluded.value RETURNING value",
+            (EVENTS_COUNTER + tenant, n),
+        ).fetchone()[0]
+        following[tenant] = int(last) - n + 1
+    out = []
+    for e in events:
+        out.append(following[e.tenant])
+        following[e.tenant] += 1
+    return out
