@@ -254,3 +254,21 @@ def test_a_snapshot_is_written_every_so_many_changes(tmp_path: Path) -> None:
         assert not list(tmp_path.glob("*.tmp"))  # written to a temporary name, renamed into place
     finally:
         store.close()
+
+
+def test_a_new_file_at_the_same_path_does_not_take_the_old_files_snapshot(tmp_path: Path) -> None:
+    path, other = tmp_path / "same.db", tmp_path / "made elsewhere.db"
+    first = memories(3)
+    for target, batch in ((path, first), (other, [m.model_copy(update={"content": "other"}) for m in first])):
+        store = opened(target)
+        store.write(batch, None, [])  # the same ids, rows and rev: only the files' own ids differ
+        store.close()
+    for suffix in ("-wal", "-shm"):
+        assert not Path(f"{other}{suffix}").exists()
+    other.replace(path)  # the old snapshot stays beside the new file
+    store = opened(path)
+    try:
+        assert store.index_source.startswith("rows (another file"), store.index_source
+        assert not store.query(Query(text=first[0].content, limit=5)).lexical
+    finally:
+        store.close()

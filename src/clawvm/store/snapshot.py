@@ -49,9 +49,11 @@ _PAGE = 4096
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """What ties a snapshot to one file: its schema version, and the id of the row with the highest ``seq``
-    when the snapshot was taken (a file restored from elsewhere, or rebuilt, holds another or none)."""
+    """What ties a snapshot to one file: the file's random id (a new file at the same path has another),
+    its schema version, and the id of the row with the highest ``seq`` when the snapshot was taken (a file
+    restored from elsewhere, or rebuilt, holds another or none)."""
 
+    file_id: int
     schema: int
     last_seq: int
     last_id: str | None
@@ -141,6 +143,7 @@ def write(db_path: str, index: SearchIndex, rev: int, fingerprint: Fingerprint) 
                 "format": FORMAT,
                 "rev": rev,
                 "dim": vectors.dim,
+                "file_id": fingerprint.file_id,
                 "schema": fingerprint.schema,
                 "last_seq": fingerprint.last_seq,
                 "last_id": fingerprint.last_id,
@@ -222,7 +225,11 @@ def load(db_path: str, dim: int, fingerprint_of: Any, current_rev: int) -> Loade
     if header["rev"] > current_rev:
         raise SnapshotError(f"stale: current to rev {header['rev']}, the file is at {current_rev}")
     found: Fingerprint = fingerprint_of(header["last_seq"])
-    if (found.schema, found.last_id) != (header["schema"], header["last_id"]):
+    if (found.file_id, found.schema, found.last_id) != (
+        header["file_id"],
+        header["schema"],
+        header["last_id"],
+    ):
         raise SnapshotError("another file's snapshot (or the schema changed)")
     parts = header["parts"]
     size = path.stat().st_size

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -280,6 +281,7 @@ class SQLiteStore(Store):
             self.index_source = "rows (in-memory file)"
             return SearchIndex(self.dim), 0
         db = self._db
+        self._name_file(db)
         try:
             current = int(db.execute("SELECT value FROM counters WHERE name = 'rev'").fetchone()[0])
             loaded = snapshot.load(self.path, self.dim, self._fingerprint_at, current)
@@ -297,11 +299,22 @@ class SQLiteStore(Store):
         """The file's schema and the id at ``seq`` (default: the newest row's seq and id)."""
         db = self._db
         schema = int(db.execute("PRAGMA user_version").fetchone()[0])
+        found = db.execute("SELECT value FROM counters WHERE name = 'file_id'").fetchone()
+        file_id = int(found[0]) if found else 0
         if seq is None:
             row = db.execute("SELECT seq, id FROM memories ORDER BY seq DESC LIMIT 1").fetchone()
-            return snapshot.Fingerprint(schema, *(row or (0, None)))
+            return snapshot.Fingerprint(file_id, schema, *(row or (0, None)))
         row = db.execute("SELECT id FROM memories WHERE seq = ?", (seq,)).fetchone()
-        return snapshot.Fingerprint(schema, seq, row[0] if row else None)
+        return snapshot.Fingerprint(file_id, schema, seq, row[0] if row else None)
+
+    def _name_file(self, db: sqlite3.Connection) -> None:
+        """Give the file a random id once (a counter row), which its index snapshots name: a new file made at
+        the same path never takes an old file's snapshot for its own."""
+        if db.execute("SELECT 1 FROM counters WHERE name = 'file_id'").fetchone() is None:
+            db.execute(
+                "INSERT OR IGNORE INTO counters (name, value) VALUES ('file_id', ?)",
+                (secrets.randbits(62) + 1,),
+            )
 
     def write_snapshot(self) -> Path | None:
         """Write the index's snapshot beside the file now (atomically: a temporary file renamed over the old
