@@ -93,12 +93,27 @@ def test_open_from_the_snapshot_answers_as_a_rebuild_does(built: Path, tmp_path:
         assert answers(fast) == answers(slow)
         # both keep indexing the same way after the open
         more = memories(20, start=500)
+        old = fast.page(Filters(), None, 3)  # rows the snapshot holds: re-indexed, re-tagged, deleted
+        changed = [
+            m.model_copy(update={"content": "moved to lisbon", "tags": ["t2"], "version": m.version + 1})
+            for m in old[:2]
+        ]
         for store in (fast, slow):
             store.write(more, vectors(20, 2), [])
+            store.write(changed, None, [])
+            store.delete_many([old[2].id])
         assert answers(fast) == answers(slow)
     finally:
         fast.close()
         slow.close()
+    snap.path_for(str(rebuilt_path)).unlink()
+    again, rebuilt = opened(built), opened(rebuilt_path)  # a snapshot written from a loaded one reads back
+    try:
+        assert again.index_source == "snapshot" and rebuilt.index_source.startswith("rows")
+        assert answers(again) == answers(rebuilt)
+    finally:
+        again.close()
+        rebuilt.close()
 
 
 def test_writes_after_the_snapshot_are_replayed_on_open(built: Path) -> None:

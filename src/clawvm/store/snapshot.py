@@ -32,13 +32,15 @@ import os
 import pickle
 import threading
 import zlib
+from array import array
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from clawvm.core.lexical import Analyzer, _Postings
+from clawvm.core.lexical import Analyzer, LexicalIndex, _Postings
 from clawvm.core.vectors import VectorIndex
 from clawvm.store.index import SearchIndex
 
@@ -90,20 +92,122 @@ class _Pickler(pickle.Pickler):
             return Analyzer, (obj._language,)
         if type(obj) is _Postings:  # rows and tfs only: the impact caches are rebuilt on use
             return _postings, (obj.rows, obj.tfs)
+        if type(obj) is LexicalIndex:
+            state = dict(vars(obj))
+            # the bulk of the index as a few flat arrays: ~20k small objects and 100k lists unpickled one
+            # by one took seconds at 100k memories
+            state["_postings"] = _flat_postings(obj._postings)
+            state["_doc_terms"] = _LazyLists.encode(obj._doc_terms)
+            return _lexical_index, (state,)
+        if type(obj) is _LazyLists:
+            return _LazyLists, _LazyLists.encode(obj).parts
         if type(obj) is VectorIndex:
             state = {k: v for k, v in vars(obj).items() if k != "_lock"}
             return _vector_index, (state,)
         if type(obj) is SearchIndex:
             state = dict(vars(obj))
             state.update(_last_mask=None, _ctx_df={}, _ctx_sum=(-1, 0.0))  # caches keyed by the version
+            del state["row_of"]  # the inverse of ids: rebuilt in one pass
+            state["_row_tags"] = _LazyLists.encode(obj._row_tags)
             return _search_index, (state,)
         return NotImplemented
 
 
 def _postings(rows: Any, tfs: Any) -> _Postings:
-    p = _Postings()
-    p.rows, p.tfs = rows, tfs
+    p = _Postings.__new__(_Postings)  # not __init__: its empty arrays would be thrown away at once
+    p.rows, p.tfs, p.cache, p.by_row = rows, tfs, None, None
     return p
+
+
+@dataclass(frozen=True)
+class _Flat:
+    """A dict of int -> list of strings as flat arrays (rows, offsets into codes, codes into a vocabulary)."""
+
+    parts: tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]
+
+
+class _LazyLists(MutableMapping[int, list[str]]):
+    """A loaded ``dict[int, list[str]]`` (a row's terms, a row's tags) left flat: a row's list is built when
+    it is read (a re-index, a delete), so opening does not build 100k lists. Writes go to an overlay."""
+
+    def __init__(self, rows: np.ndarray, offsets: np.ndarray, codes: np.ndarray, vocab: list[str]) -> None:
+        self._rows, self._offsets, self._codes, self._vocab = rows, offsets, codes, vocab
+        self._over: dict[int, list[str]] = {}
+        self._gone: set[int] = set()
+
+    @staticmethod
+    def encode(lists: Mapping[int, list[str]]) -> _Flat:
+        vocab: dict[str, int] = {}
+        rows = np.fromiter(sorted(lists), dtype=np.int64, count=len(lists))
+        lengths = np.zeros(len(rows) + 1, dtype=np.int64)
+        codes: list[int] = []
+        for i, row in enumerate(rows.tolist()):
+            items = lists[row]
+            lengths[i + 1] = len(items)
+            codes.extend(vocab.setdefault(x, len(vocab)) for x in items)
+        return _Flat((rows, np.cumsum(lengths), np.asarray(codes, dtype=np.int32), list(vocab)))
+
+    def _base(self, row: int) -> int:
+        """The row's place in the flat arrays, -1 when it is not there (or was deleted)."""
+        if row in self._gone:
+            return -1
+        i = int(np.searchsorted(self._rows, row))
+        return i if i < len(self._rows) and self._rows[i] == row else -1
+
+    def __getitem__(self, row: int) -> list[str]:
+        if row in self._over:
+            return self._over[row]
+        i = self._base(row)
+        if i < 0:
+            raise KeyError(row)
+        vocab = self._vocab
+        return [vocab[c] for c in self._codes[self._offsets[i] : self._offsets[i + 1]].tolist()]
+
+    def __setitem__(self, row: int, value: list[str]) -> None:
+        self._over[row] = value
+
+    def __delitem__(self, row: int) -> None:
+        found = self._over.pop(row, None) is not None
+        if self._base(row) >= 0:
+            self._gone.add(row)
+            found = True
+        if not found:
+            raise KeyError(row)
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._over
+        for row in self._rows.tolist():
+            if row not in self._gone and row not in self._over:
+                yield row
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def _lists(flat: _Flat | dict[int, list[str]]) -> _LazyLists | dict[int, list[str]]:
+    return _LazyLists(*flat.parts) if isinstance(flat, _Flat) else flat
+
+
+def _flat_postings(postings: dict[str, _Postings]) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    terms = list(postings)
+    lengths = np.fromiter((len(p.rows) for p in postings.values()), dtype=np.int64, count=len(terms))
+    offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths)])
+    rows = np.frombuffer(b"".join(p.rows.tobytes() for p in postings.values()), dtype=np.int64)
+    tfs = np.frombuffer(b"".join(p.tfs.tobytes() for p in postings.values()), dtype=np.float32)
+    return terms, offsets, rows, tfs
+
+
+def _lexical_index(state: dict[str, Any]) -> LexicalIndex:
+    terms, offsets, rows, tfs = state["_postings"]
+    bounds = offsets.tolist()
+    state["_postings"] = {
+        t: _postings(array("q", rows[a:b].tobytes()), array("f", tfs[a:b].tobytes()))
+        for t, a, b in zip(terms, bounds, bounds[1:], strict=False)
+    }
+    state["_doc_terms"] = _lists(state["_doc_terms"])
+    lexical = LexicalIndex.__new__(LexicalIndex)
+    vars(lexical).update(state)
+    return lexical
 
 
 def _vector_index(state: dict[str, Any]) -> VectorIndex:
@@ -114,6 +218,8 @@ def _vector_index(state: dict[str, Any]) -> VectorIndex:
 
 
 def _search_index(state: dict[str, Any]) -> SearchIndex:
+    state["row_of"] = {memory_id: row for row, memory_id in enumerate(state["ids"]) if memory_id is not None}
+    state["_row_tags"] = _lists(state["_row_tags"])
     s = SearchIndex.__new__(SearchIndex)
     vars(s).update(state)
     return s
@@ -174,7 +280,14 @@ def _put(f: BinaryIO, data: bytes | memoryview) -> dict[str, Any]:
 #: What a snapshot's pickle may name: the index's own classes and the plain types it holds. A pickle can call
 #: what it names, so a file planted beside a store must not name anything else (``os.system``, ...).
 _ALLOWED = {
-    "clawvm.store.snapshot": {"_postings", "_vector_index", "_search_index"},
+    "clawvm.store.snapshot": {
+        "_postings",
+        "_vector_index",
+        "_search_index",
+        "_lexical_index",
+        "_Flat",
+        "_LazyLists",
+    },
     "clawvm.core.lexical": {"Analyzer", "LexicalIndex", "BM25Params"},
     "clawvm.store.index": {"_Column"},
     "array": {"array", "_array_reconstructor"},

@@ -423,8 +423,12 @@ class SQLiteStore(Store):
         newest = self._rev
         pending_ids: list[str] = []
         pending_vecs: list[np.ndarray] = []
+        # a delta (another process's writes, or those since the snapshot) is found through the rev index and
+        # sorted (``+seq``): SQLite would otherwise walk every row in seq order, ~0.5 s at 100k memories for
+        # each catch-up; a full rebuild (rev 0) walks the table in order instead of sorting all of it
+        order = "seq" if self._rev == 0 else "+seq"
         for rev, body, emb in db.execute(
-            "SELECT rev, body, embedding FROM memories WHERE rev > ? ORDER BY seq", (self._rev,)
+            f"SELECT rev, body, embedding FROM memories WHERE rev > ? ORDER BY {order}", (self._rev,)
         ):
             m = IndexDoc.from_json(body)
             index.upsert(m)
