@@ -145,8 +145,12 @@ def measure_memory(path: Path, n: int) -> dict[str, Any]:
     """Resident memory of a fresh process that opened the file and recalled once, over a bare interpreter
     with the same imports, against the bytes of the vectors plus the postings."""
     probe = (
-        "import json, resource, sys, numpy as np, clawvm\n"
+        "import json, sys, numpy as np, clawvm\n"
         "def rss(): return int(open('/proc/self/statm').read().split()[1]) * 4096 / 2**20\n"
+        # the high-water mark of this process since exec (ru_maxrss would count the parent it forked from)
+        "def hwm():\n"
+        "    line = next(x for x in open('/proc/self/status') if x.startswith('VmHWM'))\n"
+        "    return int(line.split()[1]) / 1024\n"
         "base = rss()\n"
         "if sys.argv[1] == 'open':\n"
         "    h = clawvm.Harness.open(sys.argv[2], embedder=None)\n"
@@ -155,7 +159,7 @@ def measure_memory(path: Path, n: int) -> dict[str, Any]:
         "    post = sum(len(p.rows) for p in ix.lexical._postings.values())\n"
         "    vec = ix.vectors._n * ix.vectors.dim * 4\n"
         "    print(json.dumps({'rss': rss(), 'base': base, 'postings': post, 'vector_bytes': vec,"
-        " 'peak': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n"
+        " 'peak': hwm(), 'source': h.store.index_source}))\n"
         "    h.close()\n"
         "else:\n"
         "    print(json.dumps({'rss': rss(), 'base': base}))\n"
@@ -186,6 +190,7 @@ def measure_memory(path: Path, n: int) -> dict[str, Any]:
         "rss_bare_interpreter_mb": round(bare["rss"], 1),
         "rss_store_mb": round(store_rss, 1),
         "peak_rss_open_mb": round(got["peak"], 1),
+        "memory_index_source": got["source"],
         "vectors_mb": round(got["vector_bytes"] / 2**20, 1),
         "postings_mb": round(postings_bytes / 2**20, 1),
         "postings": got["postings"],
