@@ -25,6 +25,8 @@ real model takes too long on 2 shared cores, and open, record and recall do not 
 from. The real embedder times ``e2e`` and ``ingest``. The built files are cached outside the repository
 (``--cache``, default ``/tmp/clawvm-bench-cache``) and copied for each run, so a run never changes them.
 
+What 1M memories need (memory, open time), extrapolated from these figures: docs/scale.md.
+
     .venv/bin/python bench/limits.py --n 100000 --json /tmp/limits.json
 """
 
