@@ -287,3 +287,25 @@ def test_a_new_file_at_the_same_path_does_not_take_the_old_files_snapshot(tmp_pa
         assert not store.query(Query(text=first[0].content, limit=5)).lexical
     finally:
         store.close()
+
+
+def test_a_snapshot_of_an_index_of_another_shape_is_rebuilt(
+    built: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version that adds a field to the index (per-tenant statistics, say) must not load an older
+    snapshot without it."""
+    from clawvm.store.index import SearchIndex
+
+    original = SearchIndex.__init__
+
+    def with_a_new_field(self: SearchIndex, *args: object, **kwargs: object) -> None:
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+        self.per_tenant_stats = {}  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(SearchIndex, "__init__", with_a_new_field)
+    store = opened(built)
+    try:
+        assert "changed shape" in store.index_source, store.index_source
+        assert store.count(Filters()) == 198
+    finally:
+        store.close()

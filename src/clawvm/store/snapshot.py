@@ -375,4 +375,16 @@ def load(db_path: str, dim: int, fingerprint_of: Any, current_rev: int) -> Loade
             raise SnapshotError(f"unreadable state: {exc!r}") from exc
     if not isinstance(index, SearchIndex):
         raise SnapshotError("the state is not a search index")
+    _check_layout(index, dim)
     return Loaded(index, int(header["rev"]))
+
+
+def _check_layout(index: SearchIndex, dim: int) -> None:
+    """The loaded objects have the attributes this version's classes set: a snapshot written before a field
+    was added (or after one was dropped) is rebuilt, instead of failing at its first query."""
+    fresh = SearchIndex(dim)
+    pairs = ((index, fresh), (index.lexical, fresh.lexical), (index.vectors, fresh.vectors))
+    for loaded, new in pairs:
+        if set(vars(loaded)) != set(vars(new)):
+            missing, extra = set(vars(new)) - set(vars(loaded)), set(vars(loaded)) - set(vars(new))
+            raise SnapshotError(f"{type(new).__name__} changed shape (missing {missing}, unknown {extra})")
