@@ -35,7 +35,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,7 @@ from clawvm.server.app import ServerSettings, create_app
 from clawvm.store import Event, SQLiteStore
 from clawvm.store.crypto import REDACTION_FIELD, DataKey, DataKeys
 from clawvm.vm.context import short_id
+from clawvm.vm.tiers import TierBudgets
 
 # ---- what is planted, and what must never show ----------------------------------------------------------
 EMAIL = "dana.whitfield@northwind-mail.com"
@@ -308,6 +309,26 @@ def _tick(w: World) -> dict[str, int]:
     return w.harness.tick()
 
 
+def _over_working_budget(w: World) -> None:
+    """Five memories in a working tier of four (no background pager): the session is due for a pass."""
+    budgets = TierBudgets(working_items=4, working_tokens=None)
+    w.harness.pager.config = replace(w.harness.pager.config, budgets=budgets, background=False)
+    for i in range(4):
+        w.harness.record(f"{PLANTED} ({i})", session_id=SESSION)
+    assert w.harness.working.due()
+    w.mark()
+
+
+def _page(w: World) -> Any:
+    _over_working_budget(w)
+    return w.harness.page()  # 5 -> int(4 * 0.75): two demotions
+
+
+def _flush(w: World) -> None:
+    _over_working_budget(w)
+    w.harness.flush()  # a lifecycle boundary: the same pass
+
+
 def _decorated_tool(w: World) -> Any:
     @w.harness.tool("lookup_customer", session_id=SESSION)
     def lookup_customer(query: str, contact: str) -> dict[str, str]:
@@ -391,6 +412,8 @@ SDK_WRITES: dict[str, tuple[Case, ...]] = {
     "rollback": (Case(_rollback, ("rollback",)),),
     "start_session": (Case(_start_session, ("promote", "preload")),),
     "tick": (Case(_tick, ("refresh", "demote")),),
+    "page": (Case(_page, ("demote", "demote")),),
+    "flush": (Case(_flush, ("demote", "demote")),),
     "context": (Case(lambda w: w.harness.context(PLANTED, session_id=SESSION), ("context",)),),
     "recall": (Case(lambda w: w.harness.recall(PLANTED), ("retrieve",)),),
     "guidance": (
@@ -415,7 +438,6 @@ SDK_WRITES: dict[str, tuple[Case, ...]] = {
 SDK_READS: dict[str, str] = {
     "open": "opens a store (the constructor)",
     "close": "closes the store",
-    "flush": "waits for the embedding worker",
     "notify_embedder": "wakes the embedding worker",
     "now": "the harness's clock",
     "get": "one memory",
