@@ -27,7 +27,7 @@ DENSE_AFTER_FLUSH = """
 import clawvm, sys
 from clawvm import Harness
 from clawvm.core.embed import count_tokens
-with Harness.open("sqlite:///dense.db") as h:
+with Harness.open("dense.db") as h:  # a path: in the run's working directory
     texts = ["The deploy failed because the database migration timed out.",
              "Caroline adopted a golden retriever puppy last spring.",
              "Invoice 4471 was paid by bank transfer on Monday."]

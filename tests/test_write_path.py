@@ -35,7 +35,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,7 @@ from clawvm.server.app import ServerSettings, create_app
 from clawvm.store import Event, SQLiteStore
 from clawvm.store.crypto import REDACTION_FIELD, DataKey, DataKeys
 from clawvm.vm.context import short_id
+from clawvm.vm.tiers import TierBudgets
 
 # ---- what is planted, and what must never show ----------------------------------------------------------
 EMAIL = "dana.whitfield@northwind-mail.com"
@@ -263,6 +264,10 @@ def _import(w: World) -> int:
     return w.harness.import_memories([text, payload])
 
 
+def _import_renamed(w: World) -> int:
+    return w.harness.import_renamed([build_memory({"content": PLANTED, "tenant": "default"})]).imported
+
+
 def _unpin(w: World) -> Memory:
     w.harness.pin(w.note.id)
     w.mark()
@@ -302,6 +307,26 @@ def _start_session(w: World) -> list[Memory]:
 def _tick(w: World) -> dict[str, int]:
     w.clock.advance(days=3)  # values drift (refresh) and the idle session pages out (demote)
     return w.harness.tick()
+
+
+def _over_working_budget(w: World) -> None:
+    """Five memories in a working tier of four (no background pager): the session is due for a pass."""
+    budgets = TierBudgets(working_items=4, working_tokens=None)
+    w.harness.pager.config = replace(w.harness.pager.config, budgets=budgets, background=False)
+    for i in range(4):
+        w.harness.record(f"{PLANTED} ({i})", session_id=SESSION)
+    assert w.harness.working.due()
+    w.mark()
+
+
+def _page(w: World) -> Any:
+    _over_working_budget(w)
+    return w.harness.page()  # 5 -> int(4 * 0.75): two demotions
+
+
+def _flush(w: World) -> None:
+    _over_working_budget(w)
+    w.harness.flush()  # a lifecycle boundary: the same pass
 
 
 def _decorated_tool(w: World) -> Any:
@@ -366,6 +391,7 @@ SDK_WRITES: dict[str, tuple[Case, ...]] = {
     "update": (Case(lambda w: w.harness.update(w.note.id, content=f"{PLANTED} (corrected)"), ("update",)),),
     "revise": (Case(_revise, ("revise",)),),
     "import_memories": (Case(_import, ("import", "import")),),
+    "import_renamed": (Case(_import_renamed, ("import",)),),
     "forget": (Case(lambda w: w.harness.forget(w.note.id), ("forget",)),),
     "pin": (Case(lambda w: w.harness.pin(w.note.id), ("pin",)),),
     "unpin": (Case(_unpin, ("unpin",)),),
@@ -386,6 +412,8 @@ SDK_WRITES: dict[str, tuple[Case, ...]] = {
     "rollback": (Case(_rollback, ("rollback",)),),
     "start_session": (Case(_start_session, ("promote", "preload")),),
     "tick": (Case(_tick, ("refresh", "demote")),),
+    "page": (Case(_page, ("demote", "demote")),),
+    "flush": (Case(_flush, ("demote", "demote")),),
     "context": (Case(lambda w: w.harness.context(PLANTED, session_id=SESSION), ("context",)),),
     "recall": (Case(lambda w: w.harness.recall(PLANTED), ("retrieve",)),),
     "guidance": (
@@ -410,7 +438,6 @@ SDK_WRITES: dict[str, tuple[Case, ...]] = {
 SDK_READS: dict[str, str] = {
     "open": "opens a store (the constructor)",
     "close": "closes the store",
-    "flush": "waits for the embedding worker",
     "notify_embedder": "wakes the embedding worker",
     "now": "the harness's clock",
     "get": "one memory",
@@ -493,6 +520,7 @@ INTERVENE: dict[str, tuple[Case, ...]] = {
         Case(_intervene("annotate", note=straddling(2000)), ("update", "manual"), "note cut at 2000"),
     ),
     "archive": (Case(_intervene("archive"), ("archive", "scoring_weights", "manual")),),
+    "set_tier": (Case(_intervene("set_tier", tier="archive"), ("archive", "manual")),),
 }
 
 
@@ -724,6 +752,23 @@ REST_WRITES: dict[str, RestCase] = {
     ),
     "POST /dashboard/api/memories/{memory_id}/annotate": RestCase(
         _dashboard("annotate", {"text": PLANTED}), ("update", "manual")
+    ),
+    "POST /dashboard/api/memories/{memory_id}/tier": RestCase(
+        _dashboard("tier", {"tier": "archive"}), ("archive", "manual")
+    ),
+    "POST /dashboard/api/memories": RestCase(
+        lambda w: ("/dashboard/api/memories", {"content": PLANTED}), ("add",)
+    ),
+    "POST /dashboard/api/memories/{memory_id}/revise": RestCase(
+        _dashboard("revise", {"content": PLANTED}), ("revise",)
+    ),
+    "POST /dashboard/api/memories/{memory_id}/forget": RestCase(_dashboard("forget"), ("forget",)),
+    "POST /dashboard/api/review/{memory_id}/approve": RestCase(
+        lambda w: (f"/dashboard/api/review/{w.note['id']}/approve", {}), ("update", "review.approved")
+    ),
+    "POST /dashboard/api/review/{memory_id}/reject": RestCase(
+        lambda w: (f"/dashboard/api/review/{w.note['id']}/reject", {"reason": PLANTED}),
+        ("update", "review.rejected"),
     ),
 }
 #: POST/PUT/PATCH/DELETE routes that write nothing (none today)

@@ -27,7 +27,7 @@
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
-      if (k === "onclick" || k === "onchange" || k === "oninput") node.addEventListener(k.slice(2), v);
+      if (k === "onclick" || k === "onchange" || k === "oninput" || k === "ontoggle") node.addEventListener(k.slice(2), v);
       else if (k === "text") node.textContent = v;
       else if (v !== null && v !== undefined && v !== false) node.setAttribute(k, v === true ? "" : v);
     }
@@ -570,10 +570,13 @@
         toast(String(e.message || e), true);
       }
     };
-    const editor = el("textarea", { id: "edit-content", rows: 4 });
-    editor.value = m.content;
-    const tier = el("select", { id: "tier-select" }, ["working", "short_term", "long_term", "archive"].map((t) =>
-      el("option", { value: t, selected: t === m.tier || null, text: t.replace("_", " ") })));
+    // the edit box survives a live re-render: open or not, and the text typed so far
+    const draft = state.draft && state.draft.id === id ? state.draft : (state.draft = { id, open: false, text: m.content });
+    const editor = el("textarea", { id: "edit-content", rows: 4, oninput: (e) => { draft.text = e.target.value; } });
+    editor.value = draft.text;
+    const chosen = draft.tier || m.tier;
+    const tier = el("select", { id: "tier-select", onchange: (e) => { draft.tier = e.target.value; } },
+      ["working", "short_term", "long_term", "archive"].map((t) => el("option", { value: t, selected: t === chosen || null, text: t.replace("_", " ") })));
     const change = async (label, run) => {
       try {
         const r = await run();
@@ -608,7 +611,7 @@
           el("button", { id: "archive-button", onclick: () => act("archive", {}, "archived"), text: "Archive" }),
           value, el("button", { id: "value-button", onclick: () => act("value", { value: Number(value.value) }, "value set"), text: "Set value" })),
         el("div", { class: "actions" }, tier,
-          el("button", { id: "tier-button", onclick: () => act("tier", { tier: tier.value }, `moved to ${tier.value}`), text: m.tier === "archive" ? "Un-archive to tier" : "Move to tier" }),
+          el("button", { id: "tier-button", onclick: () => { draft.tier = null; act("tier", { tier: tier.value }, `moved to ${tier.value}`); }, text: m.tier === "archive" ? "Un-archive to tier" : "Move to tier" }),
           el("button", { id: "forget-button", class: "danger", text: "Forget", onclick: () => {
             if (!window.confirm(`Forget memory ${d.row.short_id} for good?`)) return;
             $("#inspector").hidden = true;  // first: a live refresh meanwhile must not ask for it again
@@ -625,9 +628,10 @@
         el("button", { onclick: () => show("influence"), text: "Influence" }),
         m.session_id ? el("button", { onclick: () => { setSession(m.session_id); show("trace"); }, text: "Trace its session" }) : null),
       el("h3", { text: "Content" }), el("div", { class: "content", id: "inspector-content", text: m.content }),
-      canWrite() && m.status === "active" ? [el("details", { id: "edit-box" }, el("summary", { text: "Edit (saved as a new revision)" }), editor,
+      canWrite() && m.status === "active" ? [el("details", { id: "edit-box", open: draft.open || null, ontoggle: (e) => { draft.open = e.target.open; } },
+        el("summary", { text: "Edit (saved as a new revision)" }), editor,
         el("div", { class: "actions" }, el("button", { id: "revise-button", class: "primary", text: "Save revision", onclick: () =>
-          change("saved as a new revision", () => post(`memories/${id}/revise`, { content: editor.value, expected_version: m.version })) })))] : null,
+          change("saved as a new revision", () => post(`memories/${id}/revise`, { content: editor.value, expected_version: m.version }).then((r) => { state.draft = null; return r; })) })))] : null,
       history,
       (m.metadata.annotations || []).length ? [el("h3", { text: "Annotations" }),
         el("ul", {}, m.metadata.annotations.map((a) => el("li", { text: `${when(a.at)} ${a.by}: ${a.text}` })))] : null,

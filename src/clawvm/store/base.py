@@ -273,7 +273,12 @@ class StoreReader(Protocol):
     def edges(self, ids: Sequence[str]) -> builtins.list[Edge]: ...
 
     def read_events(
-        self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None
+        self,
+        after_seq: int = 0,
+        limit: int = 1000,
+        memory_id: str | None = None,
+        *,
+        tenant: str | None = None,
     ) -> builtins.list[Event]: ...
 
     def agents(self, filters: Filters) -> frozenset[str]: ...
@@ -404,18 +409,33 @@ class Store(ABC):
         """Every link whose source or target is in ``ids``."""
 
     @abstractmethod
-    def append_events(self, events: Sequence[Event]) -> list[int]:
-        """Append events; returns their sequence numbers (increasing)."""
+    def append_events(self, events: Sequence[Event], *, tenant_numbers: bool = False) -> list[int]:
+        """Append events; returns their sequence numbers (increasing): the log's, or with ``tenant_numbers``
+        each event's number in its tenant's own sequence (see :meth:`read_events`)."""
 
     @abstractmethod
-    def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
-        """Events with ``seq > after_seq`` in order, optionally for one memory."""
+    def read_events(
+        self,
+        after_seq: int = 0,
+        limit: int = 1000,
+        memory_id: str | None = None,
+        *,
+        tenant: str | None = None,
+    ) -> list[Event]:
+        """Events with ``seq > after_seq`` in order, optionally for one memory.
 
-    def import_events(self, events: Sequence[Event]) -> None:
+        With ``tenant``: that tenant's events alone, numbered in the tenant's own sequence (``seq`` and
+        ``after_seq`` are then 1, 2, 3 ... over its events, never reused, whatever other tenants log, so
+        its numbers tell nothing of their activity), read through an index on (tenant, number): the cost
+        follows the tenant's own events, not the log's size."""
+
+    def import_events(self, events: Sequence[Event], tenant_numbers: Sequence[int] | None = None) -> None:
         """Append a copy of another log's events *keeping their sequence numbers* (``clawvm migrate``:
         outputs and builds refer to events by number). Each event's ``seq`` must be set, increasing and
-        above every stored one. This default appends and checks that the numbers came out the same (an
-        engine that numbers gap-free from its newest event); engines override it to write the numbers."""
+        above every stored one; ``tenant_numbers``: each event's number in its tenant's own sequence
+        (:meth:`read_events` with ``tenant``), kept too. This default appends and checks that the log's
+        numbers came out the same (an engine that numbers gap-free from its newest event); engines
+        override it to write the numbers."""
         check_import(events, None)
         got = self.append_events(events)
         want = [e.seq for e in events]
@@ -566,6 +586,13 @@ class Store(ABC):
         Not abstract so that an engine can be written before it supports retention; such an engine
         refuses here instead of silently keeping everything."""
         raise StoreError(f"{type(self).__name__} does not support event retention")
+
+    def import_ids(self, ids: Sequence[str]) -> dict[str, str]:
+        """The id under which an imported memory (or a reference to one) is stored, for each of ``ids``: an
+        engine keeps every id (an import then skips ids it already holds); a tenant's view
+        (:meth:`clawvm.store.tenant.TenantStore.import_ids`) gives an id that another tenant holds a fresh
+        one of its own."""
+        return {i: i for i in ids}
 
     def agents(self, filters: Filters) -> frozenset[str]:
         """Every ``agent_id`` of the stored memories of the tenants ``filters`` allows (its other fields are

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -72,6 +73,26 @@ class BulkLoading(Protocol):
     def drop_vector_index(self) -> None: ...
 
     def build_vector_index(self, memory_mb: int = 1024, workers: int = 2) -> float: ...
+
+
+class _TenantNumbers:
+    """Each tenant's own event numbers, in log order (a tenant's events are numbered in the order they
+    are logged): read a page at a time from the source's per-tenant sequences."""
+
+    def __init__(self, source: Store) -> None:
+        self.source = source
+        self.pending: dict[str, deque[int]] = {}
+        self.after: dict[str, int] = {}
+
+    def next(self, tenant: str) -> int:
+        queue = self.pending.setdefault(tenant, deque())
+        if not queue:
+            page = self.source.read_events(self.after.get(tenant, 0), 1000, tenant=tenant)
+            if not page or page[-1].seq is None:
+                raise StoreError(f"tenant {tenant!r} has fewer numbered events than the log holds")
+            queue.extend(int(e.seq or 0) for e in page)
+            self.after[tenant] = page[-1].seq
+        return queue.popleft()
 
 
 def _digest(text: str) -> int:
@@ -160,8 +181,9 @@ def migrate(
     finally:
         if bulk is not None:
             bulk.build_vector_index()
+    numbers = _TenantNumbers(source)
     for page in event_pages(source, batch=1000):
-        target.import_events(page)
+        target.import_events(page, [numbers.next(e.tenant) for e in page])
         events += len(page)
         if progress:
             progress("events", len(page))
