@@ -2,9 +2,9 @@
 
 What is copied: every memory exactly as stored (all tenants and statuses, versions kept: a new id takes
 the version it carries), its vector when it has one (in the same write as its memory), the event log in
-order with its sequence numbers (:meth:`Store.import_events`: outputs and context builds refer to events
-by number, so ``Lens.influence`` of a copied output still finds its build) and every credential (API
-keys: :meth:`clawvm.store.Store.put_credential`, versions kept).
+order with its sequence numbers, the log's and each tenant's (:meth:`Store.import_events`: outputs and
+context builds refer to events by number, so ``Lens.influence`` of a copied output still finds its
+build) and every credential (API keys: :meth:`clawvm.store.Store.put_credential`, versions kept).
 Links travel inside their memories; the search indexes are the target's own.
 
 The target must be empty: a copy into a store that already holds memories, events or credentials could not
