@@ -14,7 +14,7 @@ Where things are, in the order a request meets them:
 :mod:`.schemas`        request and response bodies (pydantic)
 :mod:`.errors`         library error type -> HTTP status and code (:data:`ERRORS`), the one error shape
 :mod:`.app`            :func:`create_app`, the factory wiring the above
-:mod:`.serve`          :func:`run_server` (uvicorn); :mod:`.logs`: JSON-lines logging
+:mod:`.serve`          :func:`run_server` (uvicorn), :func:`run_workers` (N processes); :mod:`.logs`: logging
 =====================  ===================================================================================
 """
 
@@ -23,7 +23,7 @@ from clawvm.server.auth import Admin, Caller, Reader, Writer
 from clawvm.server.errors import ERROR_RESPONSES, ERRORS
 from clawvm.server.logs import JsonFormatter, configure_logging
 from clawvm.server.ratelimit import RateLimiter
-from clawvm.server.serve import run_server
+from clawvm.server.serve import WorkerSpec, run_server, run_workers
 from clawvm.server.service import Service
 from clawvm.server.settings import ServerSettings, redaction_options
 
@@ -37,9 +37,11 @@ __all__ = [
     "Reader",
     "ServerSettings",
     "Service",
+    "WorkerSpec",
     "Writer",
     "configure_logging",
     "create_app",
     "redaction_options",
     "run_server",
+    "run_workers",
 ]

@@ -69,7 +69,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.service = service
-    app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, gauge=service.requests)
     install_error_handlers(app)
     app.include_router(health.router)
     v1 = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)

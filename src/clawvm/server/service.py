@@ -55,17 +55,30 @@ class Service:
         self.idempotency = IdempotencyKeys(
             settings.idempotency_ttl_s, settings.idempotency_max_keys, settings.idempotency_max_bytes
         )
+        self.requests = RequestGauge()
         # one worker embeds for every tenant, straight on the engine (a worker per tenant view would
-        # scan the others' backlog)
-        self.worker = EmbedWorker(embedder, store.unembedded, store.set_vectors) if embedder else None
-        if self.worker is not None:
+        # scan the others' backlog); it embeds in the gaps between requests (busy), in small batches
+        self.worker: EmbedWorker | None = None
+        if embedder is not None and settings.embed_in_background:
+            self.worker = EmbedWorker(
+                embedder,
+                store.unembedded,
+                store.set_vectors,
+                batch_size=settings.embed_batch,
+                poll_s=settings.embed_poll_s,
+                busy=self.requests.busy,
+            )
             self.worker.start()
         self._harnesses: dict[str, Harness] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # taken only to make a tenant's harness, never to use one
         self.live = EventTail(store, poll_s=settings.events_poll_s)  # what event streams wait on
 
     def harness_for(self, tenant: str) -> Harness:
-        """The tenant's harness, over a view of the engine confined to that tenant (made once)."""
+        """The tenant's harness, over a view of the engine confined to that tenant (made once). Requests of
+        a tenant whose harness exists take no lock here (a dict read is atomic)."""
+        harness = self._harnesses.get(tenant)
+        if harness is not None:
+            return harness
         with self._lock:
             harness = self._harnesses.get(tenant)
             if harness is None:
@@ -103,6 +116,18 @@ class Service:
             self.worker = None
         if self.owns_store:
             self.store.close()
+
+
+class RequestGauge:
+    """How many requests are being answered now (event streams excepted: they wait, they do not work).
+    :class:`~clawvm.server.middleware.Guard` counts on the event loop's thread; the embedding worker only
+    reads :meth:`busy` (an int read is atomic), to embed in the gaps between requests."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+
+    def busy(self) -> bool:
+        return self.in_flight > 0
 
 
 def service_of(request: Request) -> Service:
