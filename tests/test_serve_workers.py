@@ -146,20 +146,19 @@ def test_a_worker_that_dies_is_replaced_and_the_other_serves_meanwhile(workers: 
     workers.server.wait_ready()
 
 
-def test_sigterm_ends_every_worker(tmp_path: Path) -> None:
-    server = ServeProcess.start(str(tmp_path / "t.db"), tmp_path / "serve.log", "--workers", "2")
-    server.wait_ready()
-    children = _workers_of(server)
-    server.proc.send_signal(signal.SIGTERM)
-    assert server.proc.wait(30) == 0, server.output()
-    assert len(children) == 2
-    assert [pid for pid in children if Path(f"/proc/{pid}").exists()] == []  # each ended and reaped
-
-
 def test_workers_need_a_store_they_can_share(tmp_path: Path) -> None:
     server = ServeProcess.start("memory://", tmp_path / "serve.log", "--workers", "2")
     assert server.proc.wait(60) != 0
     assert "--workers > 1 needs a store the processes share" in server.output()
+
+
+def test_sigterm_ends_every_worker(workers: Workers) -> None:
+    # last of the module's server: it ends here
+    children = _workers_of(workers.server)
+    assert len(children) == WORKERS
+    workers.server.proc.send_signal(signal.SIGTERM)
+    assert workers.server.proc.wait(30) == 0, workers.server.output()
+    assert [pid for pid in children if Path(f"/proc/{pid}").exists()] == []  # each ended and reaped
 
 
 # ---- inside one worker ------------------------------------------------------------------------------
