@@ -469,7 +469,7 @@ def main() -> None:
         if args.preload:
             preload(url, key, args.preload)
         result: dict[str, Any] = {}
-        if db is not None:
+        if db is not None and args.rounds > 0:
             if embed:
                 wait_embedded(db)
             harness = inprocess_harness(db, tenant_of(url, key), embed, args.workers)
@@ -482,6 +482,7 @@ def main() -> None:
         result.update(scaling(url, key, args.seconds, args.max_requests))
         print("HTTP beside in-process (p50 ms):", {k: v for k, v in result.items() if k.endswith("_ms")})
         print_ratios(result)
+        print(f"load average (1 min): {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         tally, elapsed = run_load(url, key, args.clients, args.seconds, args.max_requests, mix)
         rows = summarize(tally, elapsed)
         print_table(rows)
@@ -509,6 +510,9 @@ def main() -> None:
     }
     result["machine"] = {
         "cpus": os.cpu_count(),
+        "load_average_1m_at_end": round(
+            os.getloadavg()[0], 1
+        ),  # others' work on the cores moves every figure
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
