@@ -477,8 +477,8 @@ def main() -> None:
                 result.update(side_by_side(url, key, harness, args.rounds, args.block))
             finally:
                 harness.close(wait=False)
-            if embed:
-                wait_embedded(db)  # what the side-by-side recorded, before the scaling phase
+        if db is not None and embed:
+            wait_embedded(db)  # the backlog (preload, side-by-side records) is not the scaling phase's
         result.update(scaling(url, key, args.seconds, args.max_requests))
         print("HTTP beside in-process (p50 ms):", {k: v for k, v in result.items() if k.endswith("_ms")})
         print_ratios(result)

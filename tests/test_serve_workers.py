@@ -6,6 +6,7 @@ lock that makes another tenant's harness."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import threading
@@ -21,7 +22,7 @@ import pytest
 
 from clawvm.core.embed import EmbedWorker
 from clawvm.core.model import Memory
-from clawvm.server.service import Service
+from clawvm.server.service import RequestGauge, Service
 from clawvm.server.settings import ServerSettings
 from clawvm.store import MemoryStore, SQLiteStore
 from clawvm.store.keys import Keyring
@@ -264,3 +265,13 @@ def test_a_tenant_with_a_harness_does_not_wait_for_another_tenants_harness_to_be
         assert got == [acme]
     finally:
         service.close()
+
+
+def test_the_embedding_worker_yields_to_the_requests_of_every_worker_process() -> None:
+    slots = multiprocessing.get_context("spawn").RawArray("i", 2)  # what serve --workers 2 shares
+    embedding, other = RequestGauge(slots, 0), RequestGauge(slots, 1)
+    assert not embedding.busy()
+    other.enter()  # a request in flight on the other worker
+    assert embedding.busy() and embedding.in_flight == 1
+    other.leave()
+    assert not embedding.busy() and other.in_flight == 0

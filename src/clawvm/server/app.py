@@ -17,7 +17,7 @@ from clawvm.server.errors import ERROR_RESPONSES, install_error_handlers
 from clawvm.server.middleware import Guard
 from clawvm.server.routes import events, health, keys, memories, recall, sessions
 from clawvm.server.routes.dashboard import dashboard_router
-from clawvm.server.service import Service, embedder_from
+from clawvm.server.service import RequestGauge, Service, embedder_from
 from clawvm.server.settings import ServerSettings
 from clawvm.store import Store, store_from_url
 
@@ -38,6 +38,7 @@ def create_app(
     settings: ServerSettings | None = None,
     routers: Sequence[APIRouter] = (),
     harness_options: Mapping[str, Any] | None = None,
+    requests: RequestGauge | None = None,
 ) -> FastAPI:
     """The ClawVM REST app over ``target`` (a store URL or path, or an open-able Store).
 
@@ -45,6 +46,7 @@ def create_app(
     ``routers``: more APIRouters to mount (they can depend on :data:`Reader`/:data:`Writer`/:data:`Admin`).
     ``harness_options``: more keyword arguments for every tenant's :class:`Harness` (``pager``,
     ``redaction`` — one policy or one per tenant —, ``data_keys``, ``summarizer`` ...).
+    ``requests``: the gauge of requests in flight, shared by the worker processes of ``serve --workers``.
     A Store passed in is set up but left open at shutdown (its owner closes it); one opened from a URL is
     closed with the app.
     """
@@ -52,7 +54,9 @@ def create_app(
     emb = embedder_from(embedder)
     owns = not isinstance(target, Store)
     store = target if isinstance(target, Store) else store_from_url(target, dim=emb.dim if emb else 384)
-    service = Service(store, emb, settings, owns_store=owns, harness_options=harness_options)
+    service = Service(
+        store, emb, settings, owns_store=owns, harness_options=harness_options, requests=requests
+    )
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -58,7 +58,7 @@ class Guard:
         started = time.perf_counter()
         gauge = None if str(scope.get("path", "")).endswith("/stream") else self.gauge
         if gauge is not None:
-            gauge.in_flight += 1  # on the event loop's thread only: no lock needed
+            gauge.enter()  # on the event loop's thread only: no lock needed
         given = Headers(scope=scope).get("x-request-id", "")
         request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex[:16]
         sent = {"status": 0}
@@ -87,7 +87,7 @@ class Guard:
                 )(scope, receive, send_with_id)
         finally:
             if gauge is not None:
-                gauge.in_flight -= 1
+                gauge.leave()
             self._log(scope, request_id, sent["status"] or 500, started)
 
     async def _body(self, scope: MutableMapping[str, Any], receive: Receive) -> bytes:

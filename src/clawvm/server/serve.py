@@ -18,7 +18,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, MutableSequence
 from dataclasses import dataclass, replace
 from multiprocessing.process import BaseProcess
 from types import FrameType
@@ -26,7 +26,7 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
-from clawvm.server.service import Service
+from clawvm.server.service import RequestGauge, Service
 from clawvm.server.settings import ServerSettings
 
 log = logging.getLogger(__name__)
@@ -85,10 +85,15 @@ def run_workers(spec: WorkerSpec, workers: int, host: str = "127.0.0.1", port: i
     listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     context = multiprocessing.get_context("spawn")
     stopping = threading.Event()
+    # requests in flight, one slot per worker (see RequestGauge): the embedding worker yields to them all
+    in_flight = context.RawArray("i", workers)
 
     def start(index: int) -> BaseProcess:
+        in_flight[index] = 0  # a dead worker's requests are gone with it
         process = context.Process(
-            target=_worker_main, args=(spec, index, workers, listener), name=f"clawvm-worker-{index}"
+            target=_worker_main,
+            args=(spec, index, workers, listener, in_flight),
+            name=f"clawvm-worker-{index}",
         )
         process.start()
         return process
@@ -121,7 +126,9 @@ def run_workers(spec: WorkerSpec, workers: int, host: str = "127.0.0.1", port: i
             signal.signal(sig, handler)
 
 
-def _worker_main(spec: WorkerSpec, index: int, workers: int, listener: socket.socket) -> None:
+def _worker_main(
+    spec: WorkerSpec, index: int, workers: int, listener: socket.socket, in_flight: MutableSequence[int]
+) -> None:
     """One worker: its own app over its own connection to the store, served on the shared socket."""
     from clawvm.core.embed import MiniLMEmbedder
     from clawvm.server.app import create_app
@@ -137,6 +144,12 @@ def _worker_main(spec: WorkerSpec, index: int, workers: int, listener: socket.so
     # ONNX Runtime's threads: the cores shared out between the workers, none oversubscribed
     embedder = MiniLMEmbedder(threads=max(1, (os.cpu_count() or 1) // workers)) if spec.embed else None
     options = redaction_options(redact=spec.redact, keep_originals=spec.keep_originals)
-    app = create_app(spec.db, embedder=embedder, settings=settings, harness_options=options)
+    app = create_app(
+        spec.db,
+        embedder=embedder,
+        settings=settings,
+        harness_options=options,
+        requests=RequestGauge(in_flight, index),
+    )
     service: Service = app.state.service
     _Uvicorn(_config(app), service.live.stop).run(sockets=[listener])

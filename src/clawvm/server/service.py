@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableSequence
 from typing import Any
 
 from fastapi import Request
@@ -38,6 +38,7 @@ class Service:
         *,
         owns_store: bool = True,
         harness_options: Mapping[str, Any] | None = None,
+        requests: RequestGauge | None = None,
     ) -> None:
         self.harness_options = dict(harness_options or {})
         if self.harness_options.get("redaction") is not None:
@@ -55,7 +56,7 @@ class Service:
         self.idempotency = IdempotencyKeys(
             settings.idempotency_ttl_s, settings.idempotency_max_keys, settings.idempotency_max_bytes
         )
-        self.requests = RequestGauge()
+        self.requests = requests or RequestGauge()
         # one worker embeds for every tenant, straight on the engine (a worker per tenant view would
         # scan the others' backlog); it embeds in the gaps between requests (busy), in small batches
         self.worker: EmbedWorker | None = None
@@ -119,15 +120,31 @@ class Service:
 
 
 class RequestGauge:
-    """How many requests are being answered now (event streams excepted: they wait, they do not work).
-    :class:`~clawvm.server.middleware.Guard` counts on the event loop's thread; the embedding worker only
-    reads :meth:`busy` (an int read is atomic), to embed in the gaps between requests."""
+    """How many requests are being answered now (event streams excepted: they wait, they do not work),
+    so that the embedding worker embeds in the gaps between requests (:meth:`busy`).
 
-    def __init__(self) -> None:
-        self.in_flight = 0
+    One slot per server process: :class:`~clawvm.server.middleware.Guard` counts in its own process's
+    slot, on the event loop's thread only, so no count is ever lost to a race; :meth:`busy` reads them
+    all. One process: a list of one. ``clawvm serve --workers N``: a shared array of N (the one embedding
+    worker then also yields to the requests of the other workers, whose cores it would take)."""
+
+    def __init__(self, slots: MutableSequence[int] | None = None, index: int = 0) -> None:
+        self._slots: MutableSequence[int] = [0] if slots is None else slots
+        self._index = index
+
+    def enter(self) -> None:
+        self._slots[self._index] += 1
+
+    def leave(self) -> None:
+        self._slots[self._index] -= 1
+
+    @property
+    def in_flight(self) -> int:
+        """Requests in flight in every process sharing the slots."""
+        return sum(self._slots)
 
     def busy(self) -> bool:
-        return self.in_flight > 0
+        return any(self._slots)
 
 
 def service_of(request: Request) -> Service:
