@@ -9,7 +9,8 @@ Three measurements, in this order:
    request runs) and once over HTTP; alternating blocks put the machine's load on both alike. Reported:
    p50 of each and ``recall_http_over_inprocess_p50``, ``record_http_over_inprocess_p50``.
 2. **Scaling**: recall only, 1 client then 4 clients, for ``--seconds`` each;
-   ``recall_rps_4_over_1`` is the 4-client throughput over the 1-client one.
+   ``recall_rps_4_over_1`` is the 4-client throughput over the 1-client one (tracked recalls, the default
+   of a writer's key); ``recall_untracked_rps_4_over_1`` the same for recalls that write nothing.
 3. **Mixed load**: ``--clients`` clients cycling through an agent's loop with a fixed mix (``--mix``,
    default 2 records : 1 recall : 1 context), in sessions of 40 records. Reported per operation:
    requests, throughput (req/s over the measured window), p50/p95/p99 latency (ms, client side, including
@@ -112,12 +113,12 @@ def record_body(rng: random.Random, session: str) -> dict[str, Any]:
     }
 
 
-def request_of(op: str, rng: random.Random, session: str) -> tuple[str, dict[str, Any]]:
-    """The path and JSON body of one ``op``."""
+def request_of(op: str, rng: random.Random, session: str, track: bool = True) -> tuple[str, dict[str, Any]]:
+    """The path and JSON body of one ``op`` (``track=False``: a recall that writes nothing)."""
     if op == "record":
         return "/v1/memories", record_body(rng, session)
     if op == "recall":
-        return "/v1/recall", {"query": rng.choice(QUESTIONS), "k": 10}
+        return "/v1/recall", {"query": rng.choice(QUESTIONS), "k": 10, **({} if track else {"track": False})}
     return "/v1/context", {"query": rng.choice(QUESTIONS), "budget_tokens": 1000, "session_id": session}
 
 
@@ -155,6 +156,7 @@ def client_process(
     ready: Any,
     go: EventType,
     out: Any,
+    track: bool = True,
 ) -> None:
     """One client (its own process): says it is ready, waits for ``go``, then loops over ``mix`` for
     ``seconds``; puts its :class:`Tally` on ``out``."""
@@ -167,7 +169,7 @@ def client_process(
     step = 0
     while time.perf_counter() < deadline and step < max_requests:
         op = mix[step % len(mix)]
-        path, body = request_of(op, rng, f"load-{n}-{step // (40 * len(mix))}")
+        path, body = request_of(op, rng, f"load-{n}-{step // (40 * len(mix))}", track)
         t0 = time.perf_counter()
         error: str | None = None
         try:
@@ -183,14 +185,16 @@ def client_process(
 
 
 def run_load(
-    url: str, key: str, clients: int, seconds: float, max_requests: int, mix: list[str]
+    url: str, key: str, clients: int, seconds: float, max_requests: int, mix: list[str], track: bool = True
 ) -> tuple[Tally, float]:
     """``clients`` client processes at once; their merged tally and the measured window's length."""
     context = multiprocessing.get_context("spawn")
     ready, go, out = context.Queue(), context.Event(), context.Queue()
     per_client = max(1, max_requests // clients)
     processes = [
-        context.Process(target=client_process, args=(url, key, n, mix, seconds, per_client, ready, go, out))
+        context.Process(
+            target=client_process, args=(url, key, n, mix, seconds, per_client, ready, go, out, track)
+        )
         for n in range(clients)
     ]
     for p in processes:
@@ -407,15 +411,18 @@ def side_by_side(url: str, key: str, harness: Any, rounds: int, block: int) -> d
 
 
 def scaling(url: str, key: str, seconds: float, max_requests: int) -> dict[str, Any]:
-    """Recall alone with 1 client, then with 4: throughput and p50 of each, and their ratio."""
+    """Recall alone with 1 client, then with 4: throughput and p50 of each, and their ratio; tracked (the
+    default for a writer's key: each recall also writes its hits' access stats), then untracked
+    (``track: false``, which writes nothing), to tell the cost of those writes apart."""
     out: dict[str, Any] = {}
-    for clients in (1, 4):
-        tally, elapsed = run_load(url, key, clients, seconds, max_requests, ["recall"])
-        xs = tally.latencies["recall"]
-        out[f"recall_rps_{clients}"] = round(len(xs) / elapsed, 1)
-        out[f"recall_p50_ms_{clients}"] = p50(xs)
-        out[f"recall_errors_{clients}"] = tally.errors["recall"]
-    out["recall_rps_4_over_1"] = round(out["recall_rps_4"] / max(out["recall_rps_1"], 1e-9), 2)
+    for track, name in ((True, "recall"), (False, "recall_untracked")):
+        for clients in (1, 4):
+            tally, elapsed = run_load(url, key, clients, seconds, max_requests, ["recall"], track)
+            xs = tally.latencies["recall"]
+            out[f"{name}_rps_{clients}"] = round(len(xs) / elapsed, 1)
+            out[f"{name}_p50_ms_{clients}"] = p50(xs)
+            out[f"{name}_errors_{clients}"] = tally.errors["recall"]
+        out[f"{name}_rps_4_over_1"] = round(out[f"{name}_rps_4"] / max(out[f"{name}_rps_1"], 1e-9), 2)
     return out
 
 
@@ -481,6 +488,7 @@ def main() -> None:
             wait_embedded(db)  # the backlog (preload, side-by-side records) is not the scaling phase's
         result.update(scaling(url, key, args.seconds, args.max_requests))
         print("HTTP beside in-process (p50 ms):", {k: v for k, v in result.items() if k.endswith("_ms")})
+        print("recall scaling:", {k: v for k, v in result.items() if "_rps_" in k or "_p50_ms_" in k})
         print_ratios(result)
         print(f"load average (1 min): {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         tally, elapsed = run_load(url, key, args.clients, args.seconds, args.max_requests, mix)
