@@ -393,6 +393,13 @@ def demo(
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
 @click.option("--port", default=8080, show_default=True, type=int, help="TCP port to listen on.")
 @click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Server processes on the one store and port (about one per core; a file or PostgreSQL store).",
+)
+@click.option(
     "--rate-limit",
     default=50.0,
     show_default=True,
@@ -446,6 +453,7 @@ def serve(
     ctx: click.Context,
     host: str,
     port: int,
+    workers: int,
     rate_limit: float,
     burst: int,
     max_body_bytes: int,
@@ -460,10 +468,12 @@ def serve(
     try:
         from clawvm.server import (
             ServerSettings,
+            WorkerSpec,
             configure_logging,
             create_app,
             redaction_options,
             run_server,
+            run_workers,
         )
     except ImportError as exc:
         missing = f"the server needs the 'server' extra ({exc}): pip install 'clawvm[server]'"
@@ -473,17 +483,39 @@ def serve(
     settings = ServerSettings(
         max_body_bytes=max_body_bytes, rate_per_s=rate_limit, burst=burst, preset=preset
     )
+    if workers > 1:
+        if str(ctx.obj["db"]).startswith("memory:"):
+            raise ConfigError("--workers > 1 needs a store the processes share: a file or a PostgreSQL URL")
+        with _keyring(ctx) as keyring:  # migrated once here, before the workers open it
+            _admin_key_note(keyring, admin_tenant)
+        spec = WorkerSpec(
+            str(ctx.obj["db"]),
+            settings,
+            embed=not ctx.obj["no_embed"],
+            redact=redact,
+            keep_originals=keep_originals,
+            log_level=log_level,
+            mcp=mcp,
+        )
+        if mcp:
+            _require_mcp()
+        run_workers(spec, workers, host, port)
+        return
     embedder = None if ctx.obj["no_embed"] else "default"
     if mcp:
         _require_mcp()
     app = create_app(ctx.obj["db"], embedder=embedder, settings=settings, harness_options=options, mcp=mcp)
-    keyring = app.state.service.keyring
+    _admin_key_note(app.state.service.keyring, admin_tenant)
+    run_server(app, host, port)
+
+
+def _admin_key_note(keyring: Keyring, admin_tenant: str | None) -> None:
+    """``serve --create-admin-key``: create the key and print it once; else say when there is no key."""
     if admin_tenant:
         record, token = keyring.create(admin_tenant, "admin", "created by clawvm serve")
         click.echo(f"admin key {record.key_id} for tenant {admin_tenant} (shown once): {token}", err=True)
     elif not keyring.list():
         click.echo("no API keys yet: clawvm keys create --tenant NAME --role admin", err=True)
-    run_server(app, host, port)
 
 
 def _require_mcp() -> None:

@@ -19,6 +19,12 @@ class ServerSettings:
     keys_refresh_s: float = 2.0  # how soon a key revoked by another process stops working
     heartbeat_s: float = 15.0  # an event stream sends a comment this often when quiet (and rechecks its key)
     events_poll_s: float = 0.5  # how often event streams read engines that do not push (EventFeed)
+    # the background embedding of new memories: whether this process runs it (with --workers N only the
+    # first does, so rows are not embedded twice), how often it looks for rows other processes recorded,
+    # and its batch (small: a batch is what a request may wait behind; see EmbedWorker's busy deferral)
+    embed_in_background: bool = True
+    embed_poll_s: float | None = None
+    embed_batch: int = 16
     preset: str | None = None
     max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES
     # Idempotency-Key (clawvm.server.idempotency): how long a key holds, and how many keys and response
