@@ -63,6 +63,10 @@ class AuthenticationError(ClawVMError):
     """No API key was given, or the key is unknown or revoked (the server answers 401)."""
 
 
+class KeyExpiredError(AuthenticationError):
+    """The API key is past its ``expires_at`` (the server answers 401 with the code ``key_expired``)."""
+
+
 class AccessDeniedError(ClawVMError, PermissionError):
     """The caller may not do this: its role lacks the permission, or the data belongs to another tenant.
 
@@ -77,11 +81,13 @@ class AccessDeniedError(ClawVMError, PermissionError):
 
 
 class RateLimitError(ClawVMError):
-    """Too many requests for one API key; retry after ``retry_after_s`` seconds."""
+    """Too many requests; retry after ``retry_after_s`` seconds. ``limit`` names the limit that was hit
+    (``API key``, ``tenant``, ``key minting``, ``unauthenticated requests``)."""
 
-    def __init__(self, retry_after_s: float) -> None:
-        super().__init__(f"rate limit exceeded: retry after {retry_after_s:.2f} s")
+    def __init__(self, retry_after_s: float, limit: str = "API key") -> None:
+        super().__init__(f"rate limit of the {limit} exceeded: retry after {retry_after_s:.2f} s")
         self.retry_after_s = retry_after_s
+        self.limit = limit
 
 
 class InvalidToolResultError(ClawVMError):

@@ -25,6 +25,7 @@ from clawvm.core.errors import (
     CryptoError,
     EmbedderError,
     InvalidToolResultError,
+    KeyExpiredError,
     NotFoundError,
     RateLimitError,
     SchemaError,
@@ -42,6 +43,7 @@ ERRORS: tuple[tuple[type[ClawVMError], int, str], ...] = (
     (ConfigError, 422, "invalid_option"),
     (NotFoundError, 404, "not_found"),
     (ConflictError, 409, "conflict"),
+    (KeyExpiredError, 401, "key_expired"),
     (AuthenticationError, 401, "unauthorized"),
     (AccessDeniedError, 403, "forbidden"),
     (RateLimitError, 429, "rate_limited"),
@@ -99,13 +101,17 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description}
     for status, description in (
         (400, "Malformed request: not JSON, or not UTF-8"),
-        (401, "Missing, unknown or revoked API key"),
+        (401, "Missing, unknown, revoked (`unauthorized`) or expired (`key_expired`) API key"),
         (403, "The key's role may not do this, or the data is another tenant's"),
         (404, "Not found (ids of other tenants are not found either)"),
         (409, "Version conflict: re-read and retry"),
         (413, "Request body over the size limit"),
         (422, "Invalid input; `field` names it"),
-        (429, "Rate limit of this API key exceeded; see Retry-After"),
+        (
+            429,
+            "A rate limit (of the API key, its tenant, key minting, or unauthenticated requests) "
+            "exceeded; see Retry-After",
+        ),
         (500, "Unexpected server error"),
         (503, "Storage engine or embedding model unavailable"),
     )
@@ -137,6 +143,8 @@ def response_for(exc: ClawVMError) -> JSONResponse:
         field, fix = f"{exc.what}_id", "check the id: it may have been forgotten, or never existed"
     elif isinstance(exc, ConflictError):
         field, fix = "expected_version", "re-read the memory and retry with its current version"
+    elif isinstance(exc, KeyExpiredError):
+        field, fix = "Authorization", "use another key (an admin mints one: POST /v1/keys)"
     elif isinstance(exc, AuthenticationError):
         field, fix = "Authorization", "send a valid key as 'Authorization: Bearer <key>' (clawvm keys create)"
     elif isinstance(exc, RateLimitError):

@@ -32,6 +32,7 @@ MAX_LINKS = 256
 MAX_QUERY_CHARS = 10_000
 MAX_IMPORT = 1000
 MAX_EMBEDDING_DIM = 4096
+MAX_KEY_TTL_S = 10 * 366 * 86400.0  # ten years: past it, mint a key that does not expire
 
 
 def _storable_problem(value: Any) -> str | None:
@@ -226,5 +227,9 @@ class ImportRequest(RequestBody):
 
 
 class KeyRequest(RequestBody):
+    """A new key. ``expires_at`` or ``ttl_s`` (not both): when it stops working (401 ``key_expired``)."""
+
     role: Role = Role.AGENT
     name: Annotated[str, StringConstraints(max_length=200)] = ""
+    expires_at: UtcDatetime | None = None
+    ttl_s: float | None = Field(default=None, gt=0, le=MAX_KEY_TTL_S, description="seconds from now")
