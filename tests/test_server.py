@@ -210,7 +210,7 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_response_and_wr
     assert again.headers["Idempotent-Replayed"] == "true"
     assert checksum(env.store) == before  # no second memory, no event
     changed = env.client.post("/v1/memories", json={**body, "tags": ["cd"]}, headers=once)
-    err = assert_error(changed, 422, "validation_error", "Idempotency-Key")
+    err = assert_error(changed, 409, "idempotency_key_reused", "Idempotency-Key")
     assert err["fix"] and checksum(env.store) == before
     # keys are per tenant: another tenant's request with the same key is its own
     theirs = env.client.post(
@@ -231,7 +231,7 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_response_and_wr
     )
     assert checksum(env.store) == before
     other_session = env.client.post("/v1/sessions/s2/checkpoints", json={"name": "before"}, headers=take)
-    assert_error(other_session, 422, "validation_error", "Idempotency-Key")
+    assert_error(other_session, 409, "idempotency_key_reused", "Idempotency-Key")
     for bad in ("", "has space", "k" * 256):
         r = env.client.post("/v1/memories", json=body, headers={**env.auth(), "Idempotency-Key": bad})
         assert_error(r, 422, "validation_error", "Idempotency-Key")

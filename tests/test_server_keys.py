@@ -275,11 +275,17 @@ def test_a_key_minted_with_a_ttl_expires_with_a_clear_code(tmp_path: Path) -> No
         dated = client.post("/v1/keys", json={"expires_at": later}, headers=admin).json()
         assert datetime.fromisoformat(dated["expires_at"]) == datetime.fromisoformat(later)
         assert client.get("/v1/whoami", headers=_auth(dated["key"])).status_code == 200
+        both = client.post("/v1/keys", json={"expires_at": later, "ttl_s": 60}, headers=admin).json()
+        assert datetime.fromisoformat(both["expires_at"]) < datetime.now(UTC) + timedelta(
+            seconds=61
+        )  # earlier
         past = (datetime.now(UTC) - timedelta(seconds=5)).isoformat()
-        _error(client.post("/v1/keys", json={"expires_at": past}, headers=admin), 422, "validation_error")
-        both = {"expires_at": later, "ttl_s": 60}
-        _error(client.post("/v1/keys", json=both, headers=admin), 422, "validation_error")
+        gone = client.post("/v1/keys", json={"expires_at": past}, headers=admin).json()  # already expired
+        _error(client.get("/v1/whoami", headers=_auth(gone["key"])), 401, "key_expired")
         _error(client.post("/v1/keys", json={"ttl_s": 0}, headers=admin), 422, "validation_error")
+        _error(
+            client.post("/v1/keys", json={"ttl_s": "60"}, headers=admin), 422, "validation_error"
+        )  # strict
     store.close()
 
 

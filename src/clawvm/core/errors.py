@@ -55,6 +55,11 @@ class EmbedderError(ClawVMError):
     """The embedding model could not be loaded or failed to encode."""
 
 
+class StateConflictError(ValidationError):
+    """The request is well formed but the memory's state forbids it now (obsolete, expired, pinned): the
+    server answers 409 ``invalid_state``, naming the field, as a :class:`ValidationError` would."""
+
+
 class ConfigError(ClawVMError, ValueError):
     """An option, preset name or store URL is not valid."""
 

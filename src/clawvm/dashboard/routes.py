@@ -23,6 +23,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from clawvm.core.model import NON_BLANK
 from clawvm.dashboard import views
 from clawvm.harness import Harness
 from clawvm.observe.learning import intervene, weights_of
@@ -49,13 +50,13 @@ def lens_for(harness: Harness) -> Lens:
 
 
 class ValueBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # a number, not "0.5" (as the spec says)
     value: float = Field(ge=0.0, le=1.0)
 
 
 class NoteBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    text: str = Field(min_length=1, max_length=2000)
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: str = Field(min_length=1, max_length=2000, pattern=NON_BLANK)
 
 
 def _static(name: str) -> Response:

@@ -17,6 +17,7 @@ from clawvm.server.errors import ERROR_RESPONSES, install_error_handlers
 from clawvm.server.middleware import Guard
 from clawvm.server.routes import events, health, keys, memories, recall, sessions
 from clawvm.server.routes.dashboard import dashboard_router
+from clawvm.server.schemas.requests import state_embedding_dim
 from clawvm.server.service import Service, embedder_from
 from clawvm.server.settings import ServerSettings
 from clawvm.store import Store, store_from_url
@@ -80,4 +81,5 @@ def create_app(
     app.include_router(dashboard_router(), responses=ERROR_RESPONSES)
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
+    state_embedding_dim(app, emb.dim if emb is not None else store.dim)
     return app

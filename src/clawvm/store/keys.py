@@ -239,7 +239,8 @@ class Keyring:
         ttl_s: float | None = None,
     ) -> tuple[ApiKey, str]:
         """A new key for ``tenant``: returns its record and the key itself (shown this once, never stored).
-        ``expires_at`` (aware datetime) or ``ttl_s`` (seconds from now), not both: when it stops working."""
+        ``expires_at`` (aware datetime) and/or ``ttl_s`` (seconds from now): when it stops working (the
+        earlier of the two; a time already past mints a key that is already expired)."""
         check_tenant_name(tenant)
         role = role if isinstance(role, Role) else role_of(role)
         if len(name) > 200:
@@ -247,19 +248,17 @@ class Keyring:
         return self._create(tenant, role, name, {}, self._expiry(expires_at, ttl_s))
 
     def _expiry(self, expires_at: datetime | None, ttl_s: float | None) -> datetime | None:
-        """When a new key expires: ``expires_at``, or ``ttl_s`` from now; either must lie in the future."""
-        if expires_at is not None and ttl_s is not None:
-            raise ValidationError("ttl_s", "is given with expires_at", "give one of expires_at and ttl_s")
+        """When a new key expires: the earlier of ``expires_at`` and ``ttl_s`` from now (None: never)."""
+        ends: list[datetime] = []
         if ttl_s is not None:
             if not ttl_s > 0:
                 raise ValidationError("ttl_s", f"is {ttl_s!r}", "pass a positive number of seconds")
-            return self._now() + timedelta(seconds=ttl_s)
+            ends.append(self._now() + timedelta(seconds=ttl_s))
         if expires_at is not None:
             if expires_at.tzinfo is None:
                 raise ValidationError("expires_at", "has no time zone", "pass a time with its UTC offset")
-            if expires_at <= self._now():
-                raise ValidationError("expires_at", "is not in the future", "pass a later time, or ttl_s")
-        return expires_at
+            ends.append(expires_at)
+        return min(ends, default=None)
 
     def _create(
         self, tenant: str, role: Role, name: str, audit: dict[str, Any], expires_at: datetime | None = None
