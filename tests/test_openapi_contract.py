@@ -70,3 +70,33 @@ def _failures(recorder: ScenarioRecorder) -> list[str]:
             title = check.failure_info.failure.title if check.failure_info else ""
             found.append(f"{recorder.label}: {check.name} ({title})\n    {request}\n    -> {response}")
     return found
+
+
+def test_what_the_spec_states_is_what_the_server_does(tmp_path: Path) -> None:
+    """The fixes the fuzzing above keeps honest, each checked once by hand."""
+    store = SQLiteStore(tmp_path / "edges.db")
+    app = create_app(store, embedder=None, settings=NO_LIMITS)
+    auth = {"Authorization": f"Bearer {app.state.service.keyring.create('acme', 'admin')[1]}"}
+    with TestClient(app) as client:
+        m = client.post("/v1/memories", json={"content": "the deploy failed"}, headers=auth).json()
+        # a 405 names every method of the path (Starlette's names only the first route's)
+        assert client.options("/v1/keys", headers=auth).headers["allow"] == "GET, POST"
+        assert client.put(f"/v1/memories/{m['id']}", headers=auth).headers["allow"] == "DELETE, GET, PATCH"
+        assert client.options("/v1/memories/import", headers=auth).headers["allow"] == "POST"
+        # strict bodies: no text for numbers, no numbers for booleans or datetimes; 3.0 is an integer
+        for body in ({"track": 0}, {"k": "3"}, {"k": True}, {"filters": {"created_before": 0}}):
+            r = client.post("/v1/recall", json={"query": "deploy", **body}, headers=auth)
+            assert r.status_code == 422, (body, r.text)
+        assert client.post("/v1/recall", json={"query": "deploy", "k": 3.0}, headers=auth).status_code == 200
+        assert client.get("/v1/memories", params={"created_before": "0"}, headers=auth).status_code == 422
+        assert client.get("/v1/memories", params={"pinned": "false"}, headers=auth).status_code == 200
+        # a memory's state forbidding a change is a conflict, not a malformed request
+        assert client.patch(f"/v1/memories/{m['id']}", json={"status": "obsolete"}, headers=auth).is_success
+        r = client.post(f"/v1/memories/{m['id']}/pin", headers=auth)
+        assert r.status_code == 409 and r.json()["error"]["code"] == "invalid_state", r.text
+        # the schema says what the checks refuse: ids, non-blank content, presets, the vector's length
+        spec = client.get("/openapi.json").json()["components"]["schemas"]
+        assert spec["RecordRequest"]["properties"]["embedding"]["anyOf"][0]["maxItems"] == store.dim
+        assert "pattern" in spec["Link"]["properties"]["target"]
+        assert "internal" not in spec["UpdateRequest"]["properties"]["status"]["anyOf"][0]["enum"]
+    store.close()

@@ -129,7 +129,10 @@ def test_memory_crud_with_versions(env: Env) -> None:
         f"/v1/memories/{m['id']}", json={"expected_version": 1, "state": "error"}, headers=env.auth()
     )
     assert_error(stale, 409, "conflict", "expected_version")
-    assert_error(env.client.patch(f"/v1/memories/{m['id']}", json={}, headers=env.auth()), 422, field="body")
+    unchanged = env.client.patch(f"/v1/memories/{m['id']}", json={"kind": None}, headers=env.auth())
+    assert unchanged.status_code == 200 and unchanged.json() == r.json()  # changes nothing: no new version
+    stale_noop = {"expected_version": 1}
+    assert_error(env.client.patch(f"/v1/memories/{m['id']}", json=stale_noop, headers=env.auth()), 409)
     listed = env.client.get("/v1/memories", params={"tags": ["ci"], "kind": ["error"]}, headers=env.auth())
     assert [x["id"] for x in listed.json()] == [m["id"]]
     assert env.client.get("/v1/memories", params={"kind": ["note"]}, headers=env.auth()).json() == []
