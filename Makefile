@@ -18,11 +18,13 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# Loads the demo workload into .demo/clawvm.db, serves the API and the MemLens dashboard, prints its URL
-# (with a key). PORT=... to move it; `clawvm demo` alone prints recalls instead.
+# Loads the demo workload into .demo/clawvm.db (the first time; later runs keep it as the dashboard left it,
+# RESET=1 starts over), serves the API and the MemLens dashboard and prints its URL (with a key) once it
+# listens. PORT=... to move it; `clawvm demo` alone prints recalls instead.
 PORT ?= 8080
+RESET ?=
 run: install
-	$(VENV)/bin/clawvm --db .demo/clawvm.db demo --dashboard --port $(PORT)
+	$(VENV)/bin/clawvm --db .demo/clawvm.db demo --dashboard --port $(PORT) $(if $(filter 1 yes true,$(RESET)),--reset)
 
 lint: install
 	$(VENV)/bin/ruff check src tests bench examples

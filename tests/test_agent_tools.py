@@ -16,6 +16,9 @@ from clawvm.agents.tools import AgentTools
 NAMES = [
     "record_memory",
     "recall_memory",
+    "list_memories",
+    "get_memory",
+    "update_memory",
     "build_context",
     "checkpoint",
     "rollback",
@@ -86,6 +89,78 @@ def test_the_tools_do_what_they_say(harness: Harness) -> None:
     summary = ok(tools.dispatch("summarize_task", {}))
     assert harness.get(summary["summary_id"]).state is State.SUCCESS
     assert ok(tools.dispatch("summarize_task", {"task_id": "t1"}))["summary_id"] is None  # nothing left
+
+
+def test_list_get_update_forget_and_every_result_matches_its_schema(harness: Harness) -> None:
+    tools = AgentTools(harness, session_id="s1", task_id="t1")
+    other = AgentTools(harness, session_id="s2")
+
+    def call(tool: str, **args: Any) -> Any:
+        result = ok(tools.dispatch(tool, args))
+        jsonschema.Draft202012Validator(tools.result_schema(tool)).validate(result)
+        return result
+
+    for name in tools.names:
+        jsonschema.Draft202012Validator.check_schema(tools.result_schema(name))
+    first = call("record_memory", content="the EU host is healthy", tags=["hosts"])
+    second = call("record_memory", content="route payments to the EU host", kind="decision")
+    theirs = ok(other.dispatch("record_memory", {"content": "not in s1"}))
+    listed = call("list_memories")
+    assert [m["id"] for m in listed["memories"]] == [second["id"], first["id"]] and listed["total"] == 2
+    assert [m["id"] for m in call("list_memories", limit=1)["memories"]] == [second["id"]]
+    assert call("list_memories", kind="decision")["total"] == 1
+    assert call("list_memories", tags=["hosts"])["memories"][0]["id"] == first["id"]
+    got = call("get_memory", memory_id=first["short_id"])
+    assert (got["id"], got["content"], got["tags"], got["session_id"]) == (
+        first["id"],
+        "the EU host is healthy",
+        ["hosts"],
+        "s1",
+    )
+    # an update is a new revision through the harness, compare-and-set on the version read
+    updated = call(
+        "update_memory",
+        memory_id=first["id"],
+        content="the EU host is degraded",
+        expected_version=got["version"],
+    )
+    assert (updated["version"], updated["fields"]) == (got["version"] + 1, ["content"])
+    stored = harness.get(first["id"])
+    assert (stored.content, stored.version) == ("the EU host is degraded", got["version"] + 1)
+    assert "update" in [e.kind.value for e in harness.events(memory_id=first["id"])]
+    stale = err(
+        tools.dispatch("update_memory", {"memory_id": first["id"], "content": "x", "expected_version": 1}),
+        "conflict",
+    )
+    assert "get_memory" in stale["fix"] and harness.get(first["id"]).content == "the EU host is degraded"
+    assert call("update_memory", memory_id=first["short_id"], state="success", tags=[])["fields"] == [
+        "state",
+        "tags",
+    ]
+    err(tools.dispatch("update_memory", {"memory_id": first["id"]}), "invalid_request")  # changes nothing
+    err(tools.dispatch("update_memory", {"memory_id": theirs["id"], "content": "mine now"}), "not_found")
+    err(tools.dispatch("get_memory", {"memory_id": theirs["id"]}), "not_found")
+    assert harness.get(theirs["id"]).content == "not in s1"
+    # the other tools' results match their schemas too
+    call("recall_memory", query="EU host")
+    call("build_context", query="EU host", budget_tokens=300)
+    cp = call("checkpoint", name="cp")["checkpoint_id"]
+    call("rollback", checkpoint_id=cp)
+    call("pin_memory", memory_id=second["id"])
+    call("summarize_task")
+    call("record_memory", content="step 1", state="intermediate")
+    assert call("summarize_task")["summary_id"]
+    assert call("forget_memory", memory_id=first["id"])["forgotten"] is True
+    err(tools.dispatch("get_memory", {"memory_id": first["id"]}), "not_found")
+    # what each tool does, as the MCP annotations publish it
+    effects = {name: tools.effect(name) for name in tools.names}
+    assert {n for n, e in effects.items() if e.read_only} == {
+        "recall_memory",
+        "list_memories",
+        "get_memory",
+        "build_context",
+    }
+    assert {n for n, e in effects.items() if e.destructive} == {"update_memory", "rollback", "forget_memory"}
 
 
 def test_errors_are_structured_and_never_raised(harness: Harness) -> None:
@@ -172,6 +247,8 @@ TOOLS_UNDER_TEST = {
     "build_context": ["query", "budget_tokens", "tools"],
     "checkpoint": ["name"],
     "summarize_task": ["task_id"],
+    "list_memories": ["limit", "kind", "tags"],
+    "update_memory": ["memory_id", "content", "tags", "state", "expected_version"],
 }
 
 

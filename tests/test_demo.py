@@ -1,15 +1,30 @@
-"""The demo's recorded tool calls carry the latencies its design states, not the microseconds it runs in."""
+"""The demo: its recorded tool calls carry the latencies its design states (not the microseconds it runs in),
+and `make run` (``clawvm demo --dashboard``) keeps a person's changes, refuses a busy port and prints its
+URL only once it listens."""
 
 from __future__ import annotations
 
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
 from datetime import datetime
 from itertools import pairwise
+from pathlib import Path
 
+import httpx
 import pytest
+from click.testing import CliRunner
 
+from clawvm import Harness
 from clawvm.agents.reliability import all_stats
+from clawvm.cli import main
+from clawvm.core.errors import ConfigError, NotFoundError
 from clawvm.demo import load_workload
-from clawvm.demo.scenario import LATENCY_S, ReplayClock, load_scenario, open_demo
+from clawvm.demo.scenario import LATENCY_S, ReplayClock, load_scenario, open_demo, remove_store_file
 
 
 def stated_latencies() -> dict[str, list[float]]:
@@ -51,3 +66,129 @@ def test_demo_tool_latencies_are_the_stated_ones() -> None:
         )
     finally:
         h.close()
+
+
+# ---- make run: `clawvm demo --dashboard` as a real process ------------------------------------------------
+class DemoProcess:
+    """``clawvm demo --dashboard`` on ``port``; its output read line by line as it comes."""
+
+    def __init__(self, db: Path, port: int, *flags: str) -> None:
+        argv = ["--no-embed", "--db", str(db), "demo", "--dashboard", "--port", str(port), *flags]
+        self.port = port
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from clawvm.cli import main; main()", *argv],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def until(self, prefix: str, timeout_s: float = 60) -> str:
+        """The first line starting with ``prefix`` (the output before it kept in ``seen``)."""
+        deadline = time.monotonic() + timeout_s
+        while (line := self.lines.get(timeout=max(0.1, deadline - time.monotonic()))) is not None:
+            self.seen.append(line)
+            if line.startswith(prefix):
+                return line
+        raise AssertionError(f"the demo ended before printing {prefix!r}:\n" + "\n".join(self.seen))
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)  # Ctrl-C, as a person ends `make run`
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def served_url(demo: DemoProcess) -> tuple[str, str]:
+    """Waits for the dashboard line; the port must accept a connection the moment it is printed."""
+    line = demo.until("MemLens dashboard: ")
+    with socket.create_connection(("127.0.0.1", demo.port), timeout=2):  # no retry: it listens already
+        pass
+    url = line.removeprefix("MemLens dashboard: ")
+    return url.split("/dashboard/")[0], url.split("#key=")[1]
+
+
+def pinned_ids(db: Path) -> set[str]:
+    with Harness.open(str(db), embedder=None) as h:
+        return {m.id for m in h.iter_all(pinned=True, status="any")}
+
+
+def test_make_run_keeps_manual_changes_until_reset_and_refuses_a_busy_port(tmp_path: Path) -> None:
+    db, port = tmp_path / "demo.db", free_port()
+    first = DemoProcess(db, port)
+    try:
+        base, key = served_url(first)
+        # a person pins a memory in the dashboard after the demo loaded
+        with Harness.open(str(db), embedder=None) as h:
+            target = next(m for m in h.iter_all(kind="observation", session_id="s1") if not m.pinned)
+        answer = httpx.post(f"{base}/v1/memories/{target.id}/pin", headers={"X-API-Key": key}, timeout=10)
+        assert answer.status_code == 200 and answer.json()["pinned"] is True
+    finally:
+        first.stop()
+    scenario_pins = pinned_ids(db) - {target.id}
+    assert scenario_pins and target.id in pinned_ids(db)
+
+    # a busy port: refused before anything is loaded or deleted (even with --reset), naming port and PORT=
+    with socket.create_server(("127.0.0.1", port)):
+        busy = CliRunner().invoke(main, ["--no-embed", "--db", str(db), "demo", "--dashboard", "--reset",
+                                         "--port", str(port)])  # fmt: skip
+    assert busy.exit_code == 2, busy.output
+    assert f"port: {port} on 127.0.0.1 is taken" in busy.output and f"PORT={port + 1}" in busy.output
+    assert "MemLens dashboard" not in busy.output and target.id in pinned_ids(db)
+
+    second = DemoProcess(db, port)  # a plain `make run` again: the store as it was left
+    try:
+        served_url(second)
+        assert any(line.startswith(f"kept {db}") for line in second.seen), second.seen
+        assert not any(line.startswith("conversation:") for line in second.seen)  # nothing loaded twice
+    finally:
+        second.stop()
+    assert target.id in pinned_ids(db)
+
+    third = DemoProcess(db, port, "--reset")  # `make run RESET=1`: the demo as shipped
+    try:
+        served_url(third)
+        assert any(line.startswith("conversation:") for line in third.seen)
+    finally:
+        third.stop()
+    with Harness.open(str(db), embedder=None) as h:
+        assert h.count(status="any", pinned=True) == len(scenario_pins)
+        with pytest.raises(NotFoundError):
+            h.get(target.id)
+
+
+def test_the_dashboard_demo_refuses_a_store_that_is_not_a_finished_demo(tmp_path: Path) -> None:
+    db = tmp_path / "mine.db"
+    with Harness.open(str(db), embedder=None) as h:
+        h.record("my own memory, not the demo's")
+    args = ["--no-embed", "--db", str(db), "demo", "--dashboard", "--port", str(free_port())]
+    refused = CliRunner().invoke(main, args)
+    assert refused.exit_code == 2 and "not a finished demo" in refused.output and "RESET=1" in refused.output
+    with Harness.open(str(db), embedder=None) as h:
+        assert [m.content for m in h.list()] == ["my own memory, not the demo's"]  # left as it was
+
+
+def test_reset_deletes_a_sqlite_store_however_named_and_never_a_server_store(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    with Harness.open(str(db), embedder=None) as h:
+        h.record("left from an earlier run")
+    assert db.exists()
+    remove_store_file(f"sqlite:///{db}")
+    assert not db.exists() and not Path(f"{db}-wal").exists()
+    with pytest.raises(ConfigError, match="--reset deletes a SQLite demo store"):
+        remove_store_file("postgresql://localhost/agents")
+    remove_store_file("postgresql://localhost/agents", asked=False)  # the printing demo's default: left be

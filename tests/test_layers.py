@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     "dashboard": 9,
     "demo": 10,
     "server": 10,
+    "replay": 9,
     "cli": 11,
 }
 

@@ -16,9 +16,9 @@ operation in neither table fails ``test_*_are_all_classified``. After each write
 - the events logged since the write began are exactly the expected kinds.
 
 What is planted: every free text a caller gives -- contents, tool-call arguments, results and errors,
-queries, task descriptions, checkpoint names, review reasons, annotations, agent outputs. Not planted:
-caller-supplied tags, metadata and scope ids (session/task/agent/team ids, LangGraph namespaces and keys,
-API key names); redacting those is later work. Free text that the harness itself files under metadata
+queries, task descriptions, checkpoint names, review reasons, annotations, agent outputs. Not planted
+here: caller-supplied tags, metadata and scope ids (tests/test_redact_fields.py plants those, field by
+field), LangGraph namespaces and keys, API key names. Free text that the harness itself files under metadata
 (a tool call's arguments, a review reason, an annotation, a checkpoint name) is planted: it is text the
 caller gave, and the promise covers wherever it ends up.
 
@@ -795,6 +795,9 @@ def _mcp_summarize(w: World) -> dict[str, Any]:
 MCP_WRITES: dict[str, McpCase] = {
     "record_memory": McpCase(lambda w: {"content": PLANTED, "kind": "knowledge"}, ("add",)),
     "recall_memory": McpCase(lambda w: {"query": PLANTED}, ("retrieve",)),
+    "list_memories": McpCase(lambda w: {}, ()),
+    "get_memory": McpCase(lambda w: {"memory_id": w.note.id}, ()),
+    "update_memory": McpCase(lambda w: {"memory_id": w.note.id, "content": PLANTED}, ("update",)),
     "build_context": McpCase(lambda w: {"query": PLANTED}, ("context",)),
     "checkpoint": McpCase(lambda w: {"name": SHORT_PLANTED}, ("checkpoint",)),
     "rollback": McpCase(_mcp_rollback, ("rollback",)),

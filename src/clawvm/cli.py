@@ -354,7 +354,13 @@ def _count_events(h: Harness) -> int:
     default=None,
     help="Also ingest LoCoMo conversations from this JSON file (evaluation data, not shipped).",
 )
-@click.option("--fresh/--keep", default=True, show_default=True, help="Start from an empty store file.")
+@click.option(
+    "--reset/--keep",
+    default=None,
+    help="Start from an empty store file (deleting it), or keep it. Default: the printing demo starts over; "
+    "the dashboard demo keeps the store it finds (pins and edits made in the dashboard stay) and loads the "
+    "demo only into an empty one.",
+)
 @click.option(
     "--dashboard",
     is_flag=True,
@@ -364,19 +370,20 @@ def _count_events(h: Harness) -> int:
 @click.option("--host", default="127.0.0.1", show_default=True, help="With --dashboard: interface to use.")
 @click.option("--port", default=8080, show_default=True, type=int, help="With --dashboard: TCP port.")
 @click.pass_context
-def demo(ctx: click.Context, locomo: Path | None, fresh: bool, dashboard: bool, host: str, port: int) -> None:
+def demo(
+    ctx: click.Context, locomo: Path | None, reset: bool | None, dashboard: bool, host: str, port: int
+) -> None:
     """Ingest the bundled ops-assistant workload and show recalls with their evidence."""
     from clawvm.demo import run_demo
+    from clawvm.demo.scenario import remove_store_file, serve_demo
 
     db = ctx.obj["db"]
-    if fresh and "://" not in db:
-        for suffix in ("", "-wal", "-shm"):
-            Path(db + suffix).unlink(missing_ok=True)
     if dashboard:
-        from clawvm.demo.scenario import serve_demo
-
-        serve_demo(db, host, port, embed=not ctx.obj["no_embed"], locomo=locomo, echo=click.echo)
+        embed = not ctx.obj["no_embed"]
+        serve_demo(db, host, port, embed=embed, locomo=locomo, echo=click.echo, reset=bool(reset))
         return
+    if reset is not False:
+        remove_store_file(db, asked=reset is True)
     with _opened(ctx) as h:
         run_demo(h, echo=click.echo, locomo=locomo)
     click.echo(f"\nstore: {db}  (try: clawvm --db {db} search 'payment timeout')")
@@ -428,6 +435,12 @@ def demo(ctx: click.Context, locomo: Path | None, fresh: bool, dashboard: bool, 
     help="With --redact: keep each original sealed with the data key (CLAWVM_DATA_KEY or "
     "CLAWVM_DATA_KEY_FILE); admin keys read it at GET /v1/memories/{id}/original.",
 )
+@click.option(
+    "--mcp",
+    is_flag=True,
+    help="Also serve MCP (streamable HTTP) at /mcp, behind the same API keys and tenants "
+    "(needs the 'integrations' extra).",
+)
 @click.pass_context
 def serve(
     ctx: click.Context,
@@ -441,6 +454,7 @@ def serve(
     log_level: str,
     redact: bool,
     keep_originals: bool,
+    mcp: bool,
 ) -> None:
     """Run the REST API over the store: API keys, tenants, limits; OpenAPI at /docs and /openapi.json."""
     try:
@@ -460,7 +474,9 @@ def serve(
         max_body_bytes=max_body_bytes, rate_per_s=rate_limit, burst=burst, preset=preset
     )
     embedder = None if ctx.obj["no_embed"] else "default"
-    app = create_app(ctx.obj["db"], embedder=embedder, settings=settings, harness_options=options)
+    if mcp:
+        _require_mcp()
+    app = create_app(ctx.obj["db"], embedder=embedder, settings=settings, harness_options=options, mcp=mcp)
     keyring = app.state.service.keyring
     if admin_tenant:
         record, token = keyring.create(admin_tenant, "admin", "created by clawvm serve")
@@ -468,6 +484,75 @@ def serve(
     elif not keyring.list():
         click.echo("no API keys yet: clawvm keys create --tenant NAME --role admin", err=True)
     run_server(app, host, port)
+
+
+def _require_mcp() -> None:
+    try:
+        import mcp  # noqa: F401
+    except ImportError as exc:
+        missing = f"MCP needs the 'integrations' extra ({exc}): pip install 'clawvm[integrations]'"
+        raise ConfigError(missing) from None
+
+
+@main.command(name="mcp")
+@click.option(
+    "--session", "session_id", default=None, help="Default session of the tools (a call may pass its own)."
+)
+@click.option("--task", "task_id", default=None, help="Default task.")
+@click.option("--agent", "agent_id", default=None, help="Default agent.")
+@click.option("--tenant", default="default", show_default=True, help="Tenant of the memories.")
+@click.option("--http", is_flag=True, help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="With --http: the address to listen on.")
+@click.option("--port", default=8765, show_default=True, type=int, help="With --http: the port.")
+@click.option(
+    "--api-key",
+    envvar="CLAWVM_MCP_API_KEY",
+    default=None,
+    help="With --http: the Bearer key every request must send (env CLAWVM_MCP_API_KEY). For API keys per "
+    "tenant use clawvm serve --mcp.",
+)
+@click.option(
+    "--redact/--no-redact", default=True, show_default=True, help="Redact new content, as serve does."
+)
+@click.option(
+    "--keep-originals", is_flag=True, help="With --redact: keep each original sealed with the data key."
+)
+@click.pass_context
+def mcp_command(
+    ctx: click.Context,
+    session_id: str | None,
+    task_id: str | None,
+    agent_id: str | None,
+    tenant: str,
+    http: bool,
+    host: str,
+    port: int,
+    api_key: str | None,
+    redact: bool,
+    keep_originals: bool,
+) -> None:
+    """Serve the memory to MCP clients: tools, resources and instructions, over stdio (default) or HTTP."""
+    _require_mcp()
+    from clawvm.integrations.mcp_server import run
+
+    if http and host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        click.echo(
+            f"warning: serving MCP on {host} without --api-key: anyone who reaches it may write", err=True
+        )
+    run(
+        ctx.obj["db"],
+        session_id=session_id,
+        task_id=task_id,
+        agent_id=agent_id,
+        tenant=tenant,
+        embedder=None if ctx.obj["no_embed"] else "default",
+        redact=redact,
+        keep_originals=keep_originals,
+        http=http,
+        host=host,
+        port=port,
+        api_key=api_key,
+    )
 
 
 @contextmanager
@@ -714,6 +799,86 @@ def migrate_command(source: str, target: str, batch: int, dim: int, no_verify: b
             f"verified: counts and checksums match (memories {report.target.memory_checksum[:16]}, "
             f"events {report.target.event_checksum[:16]}); vectors within {report.worst_vector_error:.1e}"
         )
+
+
+@main.command()
+@click.argument("session_id", required=False)
+@click.option("--demo", is_flag=True, help="Replay the demo workload (built in memory) instead of --db.")
+@click.option("--budget", type=int, default=None, help="B: this context budget for every build.")
+@click.option("--working-items", type=int, default=None, help="B: the working tier's item budget.")
+@click.option("--working-tokens", type=int, default=None, help="B: the working tier's token budget.")
+@click.option("--weight", "weights", multiple=True, help="B: a scoring weight NAME=VALUE (repeatable).")
+@click.option(
+    "--reach",
+    type=click.Choice(["tenant", "session"]),
+    default="tenant",
+    show_default=True,
+    help="Replay every memory recorded up to the session's last build, or the session's own.",
+)
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Also write JSON.")
+@click.pass_context
+def replay(
+    ctx: click.Context,
+    session_id: str | None,
+    demo: bool,
+    budget: int | None,
+    working_items: int | None,
+    working_tokens: int | None,
+    weights: tuple[str, ...],
+    reach: str,
+    json_path: Path | None,
+) -> None:
+    """What-if: replay SESSION's context builds under the current policy (A) and a changed one (B).
+
+    Prints, per build, the lines B adds and drops and the needed memories each kept, then the totals:
+    tokens, evidence kept, eviction regret, working-tier hit rate. Reads the store, never writes it."""
+    import clawvm.replay as whatif
+
+    changes = dict(_weight(w) for w in weights)
+    with _replay_source(ctx, demo) as (h, default_session):
+        session = session_id or default_session
+        if session is None:
+            raise ValidationError("session_id", "is missing", "name the session to replay (or pass --demo)")
+        b = whatif.variant(
+            h.pager.config, working_items=working_items, working_tokens=working_tokens, weights=changes
+        )
+        report = whatif.replay(
+            h,
+            session,
+            whatif.Policy("current", h.pager.config),
+            whatif.Policy("changed", b, context_budget=budget),
+            reach="session" if reach == "session" else "tenant",
+        )
+    click.echo(whatif.format_report(report))
+    if json_path is not None:
+        json_path.write_text(json.dumps(report.as_dict(), indent=2))
+
+
+def _weight(text: str) -> tuple[str, float]:
+    name, _, number = text.partition("=")
+    try:
+        return name.strip(), float(number)
+    except ValueError:
+        raise ValidationError(
+            "weight", f"{text!r} is not NAME=NUMBER", "e.g. --weight cite_weight=0.3"
+        ) from None
+
+
+@contextmanager
+def _replay_source(ctx: click.Context, demo: bool) -> Iterator[tuple[Harness, str | None]]:
+    if not demo:
+        with _opened(ctx) as h:
+            yield h, None
+        return
+    from clawvm.demo.scenario import ReplayClock, load_scenario, open_demo
+
+    clock = ReplayClock()
+    h = open_demo(store_from_url("memory://"), clock, not ctx.obj["no_embed"])
+    try:
+        load_scenario(h, clock, lambda line: None)
+        yield h, "s5"
+    finally:
+        h.close()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import numpy as np
 
@@ -68,7 +68,7 @@ from clawvm.vm.scoring import explain as explain_value
 from clawvm.vm.sweep import Sweep
 from clawvm.vm.tiers import Pager, PagerConfig, one_pager_pass
 from clawvm.vm.working import WorkingTiers
-from clawvm.write.commit import CommitPath
+from clawvm.write.commit import SCOPE_ID_FIELDS, CommitPath
 from clawvm.write.redaction import Redactor
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -497,6 +497,7 @@ class Harness:
         """Preload the working tier with the memories most relevant to ``task`` (of this task, if given)."""
         if not task:
             return []
+        session_id, task_id = self._stored_id(session_id), self._stored_id(task_id)
         scope = {"task_id": task_id} if task_id else {}
         hits = self.recall(task, k=k, track=False, **scope)
         now = self.now()
@@ -581,6 +582,7 @@ class Harness:
 
         The intermediates are archived, not deleted; the summary ``summarizes`` every one of them.
         """
+        task_id = self._stored_id(task_id)  # the id its memories were stored with
         # the task's own steps, read in keyset pages and already in (created_at, id) order
         intermediate = Filters.of(tenant=self.tenant, task_id=task_id, state="intermediate", status="active")
         steps = builtins.list(self.store.iter_all(intermediate))
@@ -702,6 +704,7 @@ class Harness:
     # ---- checkpoints ----------------------------------------------------------------------------------
     def checkpoint(self, session_id: str, name: str) -> str:
         """Snapshot the session's tiers and value state; returns the checkpoint id."""
+        session_id = self._stored_id(session_id)  # the id the session's memories were stored with
         return checkpoints.take(self.store, self.writer, self.tenant, session_id, name, self.now()).id
 
     def rollback(self, checkpoint_id: str) -> checkpoints.RollbackReport:
@@ -740,6 +743,8 @@ class Harness:
         now = self.now()
         started = time.perf_counter()
         k = k or max(20, budget_tokens // 40)  # hits to fill most of the budget; neighbours fill the rest
+        session_id, task_id = self._stored_id(session_id), self._stored_id(task_id)
+        agent_id = self._stored_id(agent_id)
         scope = toolcalls.scope_fields(session_id, task_id, agent_id)
         if session_id and not read_only:
             self.pager.enforce(self.tenant, session_id, now)
@@ -790,6 +795,7 @@ class Harness:
                         "scope": scope,
                         "ms": round((time.perf_counter() - started) * 1000, 3),
                         "manifest": [e.as_dict() for e in ctx.manifest],
+                        "text": ctx.text,  # the exact prompt: MemLens shows and diffs it
                     },
                 )
             ]
@@ -888,7 +894,31 @@ class Harness:
             f = f if f.live_at is not None else f.with_(live_at=self.now())  # due is as good as expired
         if f.status is not None and Status.INTERNAL.value in f.status:  # the harness's own records (grants)
             f = f.with_(status=f.status - {Status.INTERNAL.value})
-        return f
+        return self._stored_ids(f)
+
+    @overload
+    def _stored_id(self, value: str) -> str: ...
+
+    @overload
+    def _stored_id(self, value: None) -> None: ...
+
+    def _stored_id(self, value: str | None) -> str | None:
+        """A scope id a caller names, as the write path stored it (:meth:`CommitPath.identifier`)."""
+        return None if value is None else self.writer.identifier(value, self.tenant)
+
+    def _stored_ids(self, f: Filters) -> Filters:
+        """``f`` with its scope ids and tags as the write path stored them: a caller filtering by the
+        secret-looking session id it recorded with finds that session's memories."""
+        if self.redactor.policy_for(self.tenant) is None:
+            return f
+        changes: dict[str, frozenset[str]] = {}
+        for name in (*SCOPE_ID_FIELDS, "tags_all", "tags_any"):
+            given: frozenset[str] | None = getattr(f, name)
+            if given:
+                stored = frozenset(self.writer.identifier(v, self.tenant) for v in given)
+                if stored != given:
+                    changes[name] = stored
+        return f.with_(**changes) if changes else f
 
     def _check_vector(self, embedding: Sequence[float] | np.ndarray) -> np.ndarray:
         dim = self.embedder.dim if self.embedder else self.store.dim

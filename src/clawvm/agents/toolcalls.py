@@ -145,12 +145,15 @@ class ToolCall:
         args: Mapping[str, Any] | None = None,
         *,
         parent_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
         **scope_fields: Any,
     ) -> None:
         self.harness = harness
         self.spec = spec
         self.args = {k: ("***" if k in spec.redact else _jsonable(v)) for k, v in (args or {}).items()}
         self.parent_id = parent_id
+        # the caller's own keys beside ``tool_call`` (a framework's run ids, say); ``tool_call`` stays ours
+        self.metadata = {k: v for k, v in (metadata or {}).items() if k != "tool_call"}
         self.scope = _resolve_scope(spec, scope_fields)
         self.call: Memory | None = None
         self.result: Memory | None = None
@@ -176,7 +179,8 @@ class ToolCall:
                     "args": self.args,
                     "pid": os.getpid(),
                     "host": socket.gethostname(),
-                }
+                },
+                **self.metadata,
             },
             **self.scope,
         )
@@ -234,6 +238,16 @@ class ToolCall:
             self._cost(None, self._elapsed()),
             {"error": error},
             tags=[TIMEOUT] if timeout else [],
+        )
+
+    def fail_reported(self, message: str, error_type: str) -> Memory:
+        """Record an ERROR outcome that the tool's framework caught and returned as the tool's output (a
+        LangChain tool with ``handle_tool_error``, say): no exception reaches us, only its reported text.
+        It counts as an error in tool reliability like a raised one; ``error.handled`` says it was caught."""
+        text = self._cut(message) if message.strip() else error_type
+        error = {"type": error_type, "message": text, "traceback": "", "timeout": False, "handled": True}
+        return self._finish(
+            State.ERROR, f"{error_type}: {text}", self._cost(None, self._elapsed()), {"error": error}
         )
 
     # ---- context manager ------------------------------------------------------------------------------

@@ -15,8 +15,11 @@ listed in ``required`` (the optional ones are nullable instead) and the keywords
 take (bounds, lengths, patterns, formats, defaults) are left out; the dispatcher still enforces them.
 Memory ids may be given in full or as the 8-character short id shown in a built context.
 
-Tools: record_memory, recall_memory, build_context, checkpoint, rollback, pin_memory, forget_memory,
-summarize_task.
+Tools: record_memory, recall_memory, list_memories, get_memory, update_memory, build_context, checkpoint,
+rollback, pin_memory, forget_memory, summarize_task. Each also has a result schema (``result_schema``:
+what ``result`` holds on success) and an :class:`Effect` (reads only, destroys, idempotent), which the MCP
+server publishes as tool annotations. ``update_memory`` goes through :meth:`Harness.update` (a new
+revision, compare-and-set on the version), like every other change.
 """
 
 from __future__ import annotations
@@ -58,9 +61,14 @@ class ToolsHost(Protocol):
         task_id: str | None = None,
         agent_id: str | None = None,
         tools: Sequence[str] | None = None,
+        read_only: bool = False,
     ) -> Context: ...
 
     def checkpoint(self, session_id: str, name: str) -> str: ...
+
+    def update(self, memory_id: str, *, expected_version: int | None = None, **changes: Any) -> Memory: ...
+
+    def count(self, **filters: Any) -> int: ...
 
     def rollback(self, checkpoint_id: str) -> RollbackReport: ...
 
@@ -144,6 +152,32 @@ class RecallMemoryArgs(_Args):
     )
 
 
+class ListMemoriesArgs(_Args):
+    """List this session's memories, newest first (to browse; use recall_memory to search)."""
+
+    limit: JSONInt = Field(20, ge=1, le=100, description="How many memories to return.")
+    kind: KindName | None = Field(None, description="Only memories of this kind.")
+    tags: list[str] = Field(default_factory=list, max_length=20, description="Only memories with all tags.")
+
+
+class GetMemoryArgs(_Args):
+    """One memory of this session in full: content, tags, version, scope."""
+
+    memory_id: str = Field(min_length=1, description="Id or short id of the memory.")
+
+
+class UpdateMemoryArgs(_Args):
+    """Correct a memory of this session (a new revision; its version grows by one)."""
+
+    memory_id: str = Field(min_length=1, description="Id or short id of the memory.")
+    content: str | None = Field(None, min_length=1, max_length=20000, description="The corrected text.")
+    tags: list[str] | None = Field(None, max_length=20, description="The new labels (replace the old ones).")
+    state: StateName | None = Field(None, description="The new outcome, for steps of a task.")
+    expected_version: JSONInt | None = Field(
+        None, ge=1, description="The version you read (get_memory); if the memory moved on, nothing changes."
+    )
+
+
 class BuildContextArgs(_Args):
     """Build a prompt-ready context for a question: pinned, working and retrieved memories under a budget."""
 
@@ -184,10 +218,123 @@ class SummarizeTaskArgs(_Args):
     task_id: str | None = Field(None, description="The task to summarize (default: the current task).")
 
 
+# ---- what each tool answers (``result`` of a successful reply) ---------------------------------------------
+class _Result(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MemoryBrief(_Result):
+    id: str
+    short_id: str
+    kind: KindName
+    state: StateName | None
+    tool_name: str | None
+    created_at: str = Field(description="ISO 8601")
+    content: str = Field(description=f"The text, clipped to {RECALL_CLIP} characters.")
+
+
+class ScoredMemory(MemoryBrief):
+    score: float
+
+
+class MemoryDetail(_Result):
+    id: str
+    short_id: str
+    kind: KindName
+    state: StateName | None
+    status: str
+    content: str
+    tags: list[str]
+    pinned: bool
+    version: int
+    session_id: str | None
+    task_id: str | None
+    agent_id: str | None
+    tool_name: str | None
+    parent_id: str | None
+    created_at: str = Field(description="ISO 8601")
+
+
+class RecordResult(_Result):
+    id: str
+    short_id: str
+    kind: KindName
+
+
+class RecallResult(_Result):
+    memories: list[ScoredMemory]
+
+
+class ListResult(_Result):
+    memories: list[MemoryBrief]
+    total: int = Field(description="How many memories match (more than listed when over the limit).")
+
+
+class UpdateResult(_Result):
+    id: str
+    short_id: str
+    version: int
+    fields: list[str] = Field(description="The fields changed.")
+
+
+class ContextResult(_Result):
+    text: str
+    tokens: int
+    budget: int
+    ids: list[str]
+
+
+class CheckpointResult(_Result):
+    checkpoint_id: str
+
+
+class RollbackResult(_Result):
+    checkpoint_id: str
+    restored: int
+    obsoleted: int
+
+
+class PinResult(_Result):
+    id: str
+    short_id: str
+    pinned: bool
+
+
+class ForgetResult(_Result):
+    id: str
+    short_id: str
+    forgotten: bool
+
+
+class SummarizeResult(_Result):
+    summary_id: str | None
+    short_id: str | None = None
+    content: str | None = None
+    reason: str | None = Field(None, description="Why there is no summary, when summary_id is null.")
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What a tool does to the memory (the MCP tool annotations): ``read_only`` changes no memory (recall and
+    context may still count usage, unless the tools are built with ``record_usage=False``); ``destructive``
+    overwrites or removes; ``idempotent``: a second identical call changes nothing more."""
+
+    read_only: bool
+    destructive: bool = False
+    idempotent: bool = False
+
+
+READS = Effect(read_only=True, idempotent=True)
+ADDS = Effect(read_only=False)
+OVERWRITES = Effect(read_only=False, destructive=True)
+
+
 @dataclass(frozen=True)
 class _Tool:
     args: type[_Args]
-    run: Callable[[Any], Any]
+    result: type[_Result]
+    run: Callable[[Any], _Result]
+    effect: Effect
 
 
 class AgentTools:
@@ -200,18 +347,30 @@ class AgentTools:
         session_id: str | None = None,
         task_id: str | None = None,
         agent_id: str | None = None,
+        record_usage: bool = True,
     ) -> None:
         self.harness = harness
         self.scope = scope_fields(session_id, task_id, agent_id)
+        self.record_usage = record_usage  # False: recall and context write nothing (a read-only caller)
         self._tools: dict[str, _Tool] = {
-            "record_memory": _Tool(RecordMemoryArgs, self._record),
-            "recall_memory": _Tool(RecallMemoryArgs, self._recall),
-            "build_context": _Tool(BuildContextArgs, self._context),
-            "checkpoint": _Tool(CheckpointArgs, self._checkpoint),
-            "rollback": _Tool(RollbackArgs, self._rollback),
-            "pin_memory": _Tool(PinMemoryArgs, self._pin),
-            "forget_memory": _Tool(ForgetMemoryArgs, self._forget),
-            "summarize_task": _Tool(SummarizeTaskArgs, self._summarize),
+            "record_memory": _Tool(RecordMemoryArgs, RecordResult, self._record, ADDS),
+            "recall_memory": _Tool(RecallMemoryArgs, RecallResult, self._recall, READS),
+            "list_memories": _Tool(ListMemoriesArgs, ListResult, self._list, READS),
+            "get_memory": _Tool(GetMemoryArgs, MemoryDetail, self._get, READS),
+            "update_memory": _Tool(UpdateMemoryArgs, UpdateResult, self._update, OVERWRITES),
+            "build_context": _Tool(BuildContextArgs, ContextResult, self._context, READS),
+            "checkpoint": _Tool(CheckpointArgs, CheckpointResult, self._checkpoint, ADDS),
+            "rollback": _Tool(RollbackArgs, RollbackResult, self._rollback, OVERWRITES),
+            "pin_memory": _Tool(
+                PinMemoryArgs, PinResult, self._pin, Effect(read_only=False, idempotent=True)
+            ),
+            "forget_memory": _Tool(
+                ForgetMemoryArgs,
+                ForgetResult,
+                self._forget,
+                Effect(read_only=False, destructive=True, idempotent=True),
+            ),
+            "summarize_task": _Tool(SummarizeTaskArgs, SummarizeResult, self._summarize, ADDS),
         }
 
     # ---- the published interface ---------------------------------------------------------------------------
@@ -222,6 +381,14 @@ class AgentTools:
     def parameters(self, name: str, *, strict: bool = False) -> dict[str, Any]:
         """The JSON schema of ``name``'s arguments (``strict``: OpenAI's strict-mode subset of it)."""
         return json_schema(self._tools[name].args, strict=strict)
+
+    def result_schema(self, name: str) -> dict[str, Any]:
+        """The JSON schema of ``name``'s ``result`` (a successful reply's payload)."""
+        schema: dict[str, Any] = _tidy(self._tools[name].result.model_json_schema())
+        return schema
+
+    def effect(self, name: str) -> Effect:
+        return self._tools[name].effect
 
     def description(self, name: str) -> str:
         return " ".join((self._tools[name].args.__doc__ or name).split())
@@ -247,7 +414,7 @@ class AgentTools:
             return _error("unknown_tool", f"no tool named {name!r}", fix=f"use one of {self.names}")
         try:
             args = tool.args.model_validate(_parse(arguments))
-            return {"ok": True, "result": tool.run(args)}
+            return {"ok": True, "result": tool.run(args).model_dump(mode="json")}
         except _BadJSON as exc:
             return _error("invalid_json", str(exc), fix="send the arguments as a JSON object")
         except pydantic.ValidationError as exc:
@@ -255,7 +422,7 @@ class AgentTools:
         except NotFoundError as exc:
             return _error("not_found", str(exc), fix="use an id from recall_memory or the context")
         except ConflictError as exc:
-            return _error("conflict", str(exc), fix="retry the call")
+            return _error("conflict", str(exc), fix="read the memory again (get_memory) and retry the call")
         except ValidationError as exc:
             return _error("invalid_request", str(exc), field=exc.field, fix=exc.fix)
         except ClawVMError as exc:
@@ -270,7 +437,7 @@ class AgentTools:
         return {"role": "tool", "tool_call_id": tool_call.get("id", ""), "content": json.dumps(reply)}
 
     # ---- the tools -----------------------------------------------------------------------------------------
-    def _record(self, a: RecordMemoryArgs) -> dict[str, Any]:
+    def _record(self, a: RecordMemoryArgs) -> RecordResult:
         parent = self._resolve(a.parent_id).id if a.parent_id else None
         m = self.harness.record(
             a.content,
@@ -282,19 +449,37 @@ class AgentTools:
             metadata={"recorded_by": "agent"},
             **self.scope,
         )
-        return {"id": m.id, "short_id": short_id(m.id), "kind": m.kind.value}
+        return RecordResult(id=m.id, short_id=short_id(m.id), kind=m.kind.value)
 
-    def _recall(self, a: RecallMemoryArgs) -> dict[str, Any]:
+    def _recall(self, a: RecallMemoryArgs) -> RecallResult:
         scope = {
             "session": self.scope,
             "task": {k: v for k, v in self.scope.items() if k != "session_id"},
             "all": {k: v for k, v in self.scope.items() if k == "agent_id"},
         }[a.scope]
         filters: dict[str, Any] = {**scope, "kind": a.kind, "tags": a.tags or None}
-        hits = self.harness.recall(a.query, k=a.k, **filters)
-        return {"memories": [{**_brief(h.memory), "score": round(h.score, 4)} for h in hits]}
+        hits = self.harness.recall(a.query, k=a.k, track=self.record_usage, **filters)
+        return RecallResult(
+            memories=[ScoredMemory(**_brief(h.memory).model_dump(), score=round(h.score, 4)) for h in hits]
+        )
 
-    def _context(self, a: BuildContextArgs) -> dict[str, Any]:
+    def _list(self, a: ListMemoriesArgs) -> ListResult:
+        filters: dict[str, Any] = {**self.scope, "kind": a.kind, "tags": a.tags or None}
+        found = self.harness.list(limit=a.limit, **filters)
+        return ListResult(memories=[_brief(m) for m in found], total=self.harness.count(**filters))
+
+    def _get(self, a: GetMemoryArgs) -> MemoryDetail:
+        return _detail(self._resolve(a.memory_id))
+
+    def _update(self, a: UpdateMemoryArgs) -> UpdateResult:
+        changes = a.model_dump(include={"content", "tags", "state"}, exclude_none=True)
+        if not changes:
+            raise ValidationError("arguments", "change nothing", "pass content, tags or state")
+        current = self._resolve(a.memory_id)
+        m = self.harness.update(current.id, expected_version=a.expected_version, **changes)
+        return UpdateResult(id=m.id, short_id=short_id(m.id), version=m.version, fields=sorted(changes))
+
+    def _context(self, a: BuildContextArgs) -> ContextResult:
         ctx = self.harness.context(
             a.query,
             budget_tokens=a.budget_tokens,
@@ -302,13 +487,14 @@ class AgentTools:
             session_id=self.scope.get("session_id"),
             task_id=self.scope.get("task_id"),
             agent_id=self.scope.get("agent_id"),
+            read_only=not self.record_usage,
         )
-        return {"text": ctx.text, "tokens": ctx.tokens, "budget": ctx.budget, "ids": ctx.ids}
+        return ContextResult(text=ctx.text, tokens=ctx.tokens, budget=ctx.budget, ids=ctx.ids)
 
-    def _checkpoint(self, a: CheckpointArgs) -> dict[str, Any]:
-        return {"checkpoint_id": self.harness.checkpoint(self._session("checkpoint"), a.name)}
+    def _checkpoint(self, a: CheckpointArgs) -> CheckpointResult:
+        return CheckpointResult(checkpoint_id=self.harness.checkpoint(self._session("checkpoint"), a.name))
 
-    def _rollback(self, a: RollbackArgs) -> dict[str, Any]:
+    def _rollback(self, a: RollbackArgs) -> RollbackResult:
         session = self._session("rollback")
         snap = self.harness.get(a.checkpoint_id) if is_valid_id(a.checkpoint_id) else None
         if snap is None or CHECKPOINT_TAG not in snap.tags or snap.session_id != session:
@@ -316,29 +502,32 @@ class AgentTools:
                 "checkpoint_id", "is not a checkpoint of this session", "pass an id returned by checkpoint"
             )
         report = self.harness.rollback(snap.id)
-        return {
-            "checkpoint_id": report.checkpoint_id,
-            "restored": len(report.restored),
-            "obsoleted": len(report.obsoleted),
-        }
+        return RollbackResult(
+            checkpoint_id=report.checkpoint_id,
+            restored=len(report.restored),
+            obsoleted=len(report.obsoleted),
+        )
 
-    def _pin(self, a: PinMemoryArgs) -> dict[str, Any]:
+    def _pin(self, a: PinMemoryArgs) -> PinResult:
         m = self.harness.pin(self._resolve(a.memory_id).id)
-        return {"id": m.id, "short_id": short_id(m.id), "pinned": m.pinned}
+        return PinResult(id=m.id, short_id=short_id(m.id), pinned=m.pinned)
 
-    def _forget(self, a: ForgetMemoryArgs) -> dict[str, Any]:
+    def _forget(self, a: ForgetMemoryArgs) -> ForgetResult:
         m = self._resolve(a.memory_id)
         self.harness.forget(m.id)
-        return {"id": m.id, "short_id": short_id(m.id), "forgotten": True}
+        return ForgetResult(id=m.id, short_id=short_id(m.id), forgotten=True)
 
-    def _summarize(self, a: SummarizeTaskArgs) -> dict[str, Any]:
+    def _summarize(self, a: SummarizeTaskArgs) -> SummarizeResult:
         task = a.task_id or self.scope.get("task_id")
         if not task:
             raise ValidationError("task_id", "is missing and no task is bound", "pass task_id")
         summary = self.harness.collapse_task(task)
         if summary is None:
-            return {"summary_id": None, "reason": f"task {task!r} has no intermediate steps to summarize"}
-        return {"summary_id": summary.id, "short_id": short_id(summary.id), "content": summary.content}
+            reason = f"task {task!r} has no intermediate steps to summarize"
+            return SummarizeResult(summary_id=None, short_id=None, content=None, reason=reason)
+        return SummarizeResult(
+            summary_id=summary.id, short_id=short_id(summary.id), content=summary.content, reason=None
+        )
 
     # ---- helpers -------------------------------------------------------------------------------------------
     def _session(self, tool: str) -> str:
@@ -573,17 +762,37 @@ def _validation_error(exc: pydantic.ValidationError) -> dict[str, Any]:
     return reply
 
 
-def _brief(m: Memory) -> dict[str, Any]:
+def _brief(m: Memory) -> MemoryBrief:
     text = m.content if len(m.content) <= RECALL_CLIP else m.content[:RECALL_CLIP] + "…"
-    return {
-        "id": m.id,
-        "short_id": short_id(m.id),
-        "kind": m.kind.value,
-        "state": m.state.value if m.state else None,
-        "tool_name": m.tool_name,
-        "created_at": m.created_at.isoformat(),
-        "content": text,
-    }
+    return MemoryBrief(
+        id=m.id,
+        short_id=short_id(m.id),
+        kind=m.kind.value,
+        state=m.state.value if m.state else None,
+        tool_name=m.tool_name,
+        created_at=m.created_at.isoformat(),
+        content=text,
+    )
 
 
-__all__ = ["AgentTools", "json_schema"]
+def _detail(m: Memory) -> MemoryDetail:
+    return MemoryDetail(
+        id=m.id,
+        short_id=short_id(m.id),
+        kind=m.kind.value,
+        state=m.state.value if m.state else None,
+        status=m.status.value,
+        content=m.content,
+        tags=m.tags,
+        pinned=m.pinned,
+        version=m.version,
+        session_id=m.session_id,
+        task_id=m.task_id,
+        agent_id=m.agent_id,
+        tool_name=m.tool_name,
+        parent_id=m.parent_id,
+        created_at=m.created_at.isoformat(),
+    )
+
+
+__all__ = ["AgentTools", "Effect", "json_schema"]

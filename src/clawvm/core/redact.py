@@ -36,6 +36,7 @@ Every detector runs in time linear in the text, so a request cannot stall the se
 from __future__ import annotations
 
 import bisect
+import hashlib
 import ipaddress
 import json
 import math
@@ -755,6 +756,42 @@ def _replace(text: str, spans: Iterable[Span]) -> str:
         at = s.end
     parts.append(text[at:])
     return "".join(parts)
+
+
+# ---- identifiers ----------------------------------------------------------------------------------
+#: how many hex digits of the original's digest follow a redacted identifier (48 bits: two different
+#: secret-looking ids of one tenant practically never share a stored form)
+IDENTIFIER_DIGEST_HEX = 12
+_IDENTIFIER_PERSON = b"clawvm-ident-v1"
+
+
+def redact_identifier(value: str, policy: RedactionPolicy | None = None, *, salt: str = "") -> str:
+    """An identifier (a session, task, agent, team or tool id, a tag) as a policy stores it.
+
+    An id in which nothing is found is kept as it is. Otherwise its redacted text is followed by ``~`` and
+    a digest of the original (salted with ``salt``, the tenant): ``run-[SECRET]~3f9a0c1d2e4b``. Each
+    input maps to one stored form, so every memory of a secret-looking session stays in one session, and
+    two such sessions stay apart (a bare ``[SECRET]`` would merge them). The stored form redacts to
+    itself, so mapping twice changes nothing: readers map the ids they filter by the same way.
+
+    The digest is not keyed: it confirms a guess of the whole original (a 48-bit check), which matters only
+    for guessable originals (an e-mail address); it never gives the original back.
+    """
+    kinds = (policy or DEFAULT_POLICY).kinds
+    text = value
+    for _ in range(3):  # a placeholder may join text into a new match; settle (bounded: ids are short)
+        spans = find(text, kinds)
+        if not spans:
+            break
+        text = _replace(text, spans)
+    if text == value:
+        return value
+    digest = hashlib.blake2b(
+        f"{salt}\0{value}".encode("utf-8", "surrogatepass"),
+        digest_size=IDENTIFIER_DIGEST_HEX // 2,
+        person=_IDENTIFIER_PERSON,
+    )
+    return f"{text}~{digest.hexdigest()}"
 
 
 # ---- JSON payloads ---------------------------------------------------------------------------------

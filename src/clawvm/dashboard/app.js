@@ -1,4 +1,5 @@
-// MemLens dashboard: one page, seven views, an inspector for the selected memory. Plain JS, no build.
+// MemLens dashboard: one page, its views (more in debug.js), an inspector for the selected memory. Plain JS,
+// no build. The URL's fragment holds the view, session, selected memory and build (deep links).
 "use strict";
 
 (function () {
@@ -8,8 +9,11 @@
     session: "",
     selected: null,
     context: null,
+    diffWith: null,
     key: localStorage.getItem("clawvm_key") || "",
-    memPage: { offset: 0, q: "", tier: "", sort: "newest" },
+    memPage: { offset: 0, sort: "newest" },
+    filters: { q: "", kind: "", agent: "", tool: "", tag: "", tier: "", status: "", since: "", until: "" },
+    role: null,  // the key's role (from /v1/whoami): a read-only key is offered no action
     heat: { group: "memory", offset: 0 },
     graphLimit: 120,
     axis: "events",
@@ -66,6 +70,20 @@
     return body;
   }
 
+  async function download(path, filename) {
+    const headers = state.key ? { Authorization: "Bearer " + state.key } : {};
+    const res = await fetch("api/" + path, { headers });
+    if (!res.ok) throw new ApiError(`export failed: HTTP ${res.status}`);
+    const url = URL.createObjectURL(await res.blob());
+    const a = el("a", { href: url, download: filename });
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 1000);
+  }
+
+  const canWrite = () => state.role !== null && state.role !== "read-only";
+
   function post(path, body) {
     return api(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body || {}) });
   }
@@ -121,24 +139,70 @@
     await renderMemories($("#memories"));
   }
 
+  const FILTERS = {
+    kind: ["user_input", "llm_thought", "tool_call", "tool_result", "agent_state", "observation", "decision", "error", "knowledge", "summary", "note"],
+    tier: ["working", "short_term", "long_term", "archive"],
+    status: ["active", "archived", "obsolete", "expired"],
+  };
+
+  // the filter bar every memory list shares: kind, agent, tool, tag, tier, status, date range, text
+  function filterBar(onChange) {
+    const f = state.filters;
+    const changed = (k) => (e) => { f[k] = e.target.value; onChange(); };
+    const choose = (k, label) => el("select", { "data-filter": k, onchange: changed(k) },
+      el("option", { value: "", text: label }), FILTERS[k].map((v) => el("option", { value: v, selected: v === f[k] || null, text: v.replace("_", " ") })));
+    const field = (k, placeholder, type) => el("input", { type: type || "search", "data-filter": k, placeholder, value: f[k], size: type ? null : 10, onchange: changed(k) });
+    return el("div", { class: "toolbar filters" },
+      field("q", "text or id…"), choose("kind", "any kind"), field("agent", "agent"), field("tool", "tool"), field("tag", "tag"),
+      choose("tier", "any tier"), choose("status", "active + archived…"),
+      el("label", { class: "muted" }, "from ", field("since", "", "date")), el("label", { class: "muted" }, "to ", field("until", "", "date")));
+  }
+
+  function filterParams() {
+    const f = Object.assign({}, state.filters);
+    if (f.until) f.until = f.until + "T23:59:59";  // the whole last day
+    return Object.assign({ session: state.session }, f);
+  }
+
   async function renderMemories(box) {
     const p = state.memPage;
-    const data = await api("memories" + qs({ session: state.session, q: p.q, tier: p.tier, sort: p.sort, offset: p.offset, limit: PAGE }));
-    const search = el("input", { type: "search", placeholder: "search text or id…", value: p.q });
-    search.addEventListener("change", () => { p.q = search.value; p.offset = 0; renderMemories(box); });
-    const tier = el("select", { onchange: (e) => { p.tier = e.target.value; p.offset = 0; renderMemories(box); } },
-      ["", "working", "short_term", "long_term", "archive"].map((t) => el("option", { value: t, selected: t === p.tier || null, text: t || "any tier" })));
+    const data = await api("memories" + qs(Object.assign(filterParams(), { sort: p.sort, offset: p.offset, limit: PAGE })));
     const sort = el("select", { onchange: (e) => { p.sort = e.target.value; p.offset = 0; renderMemories(box); } },
       ["newest", "oldest", "value", "tokens", "used"].map((t) => el("option", { value: t, selected: t === p.sort || null, text: "sort: " + t })));
-    fill(box, 
-      el("div", { class: "toolbar" }, search, tier, sort),
+    const exportAs = (fmt) => download("export" + qs(Object.assign(filterParams(), { format: fmt })), `memlens-memories.${fmt}`).catch((e) => toast(String(e.message || e), true));
+    fill(box,
+      filterBar(() => { p.offset = 0; renderMemories(box); writeHash(); }),
+      el("div", { class: "toolbar" }, sort, el("span", { class: "muted", text: `${data.total} match` }), el("span", { class: "spacer" }),
+        el("button", { id: "export-jsonl", onclick: () => exportAs("jsonl"), text: "Export JSONL", title: "the memories of this selection, whole, one JSON object per line" }),
+        el("button", { id: "export-csv", onclick: () => exportAs("csv"), text: "Export CSV", title: "this selection's columns as CSV" }),
+        canWrite() ? el("button", { id: "new-memory", class: "primary", onclick: () => newMemory(box), text: "New memory" }) : null),
       el("div", { class: "card" }, el("table", { id: "memories-table" },
-        el("tr", {}, ["id", "kind", "tier", "value", "tokens", "ctx / cited", "content"].map((h) => el("th", { text: h }))),
+        el("tr", {}, ["id", "kind", "agent / tool", "tier", "value", "tokens", "ctx / cited", "content"].map((h) => el("th", { text: h }))),
         data.items.map((m) => el("tr", { class: "clickable memory-row" + (m.id === state.selected ? " selected" : ""), "data-id": m.id, onclick: () => inspect(m.id) },
-          el("td", {}, el("code", { text: m.short_id })), el("td", { text: m.kind }), el("td", {}, tierPill(m.tier), m.pinned ? [" ", el("span", { class: "pill pinned", text: "pinned" })] : null),
+          el("td", {}, el("code", { text: m.short_id })), el("td", { text: m.kind + (m.state ? ` (${m.state})` : "") }),
+          el("td", { text: [m.agent_id, m.tool_name].filter(Boolean).join(" / ") || "–" }),
+          el("td", {}, tierPill(m.tier), m.pinned ? [" ", el("span", { class: "pill pinned", text: "pinned" })] : null, m.status !== "active" ? [" ", el("span", { class: "muted", text: m.status })] : null),
           el("td", { text: num(m.value, 2) }), el("td", { text: m.tokens }), el("td", { title: "contexts entered / citations", text: `${m.injected} / ${m.cited}` }),
           el("td", { text: m.preview }))))),
       pager(data, (o) => { p.offset = o; renderMemories(box); }));
+  }
+
+  function newMemory(box) {
+    const content = el("textarea", { id: "new-content", rows: 3, placeholder: "what the agent should remember…" });
+    const kind = el("select", { id: "new-kind" }, FILTERS.kind.map((k) => el("option", { value: k, selected: k === "note" || null, text: k })));
+    const form = el("div", { class: "card", id: "new-memory-form" }, el("h3", { text: "New memory" + (state.session ? ` in ${state.session}` : "") }), content,
+      el("div", { class: "actions" }, kind,
+        el("button", { id: "new-save", class: "primary", text: "Record", onclick: async () => {
+          try {
+            const r = await post("memories", { content: content.value, kind: kind.value, session_id: state.session || null });
+            toast(`recorded ${r.id.replace(/-/g, "").slice(-8)}`);
+            await renderMemories(box);
+            await inspect(r.id);
+          } catch (e) { toast(String(e.message || e), true); }
+        } }),
+        el("button", { text: "Cancel", onclick: () => form.remove() })));
+    box.prepend(form);
+    content.focus();
   }
 
   async function viewTimeline(main) {
@@ -208,37 +272,70 @@
     const list = el("div", { class: "card list" });
     const detail = el("div", { id: "context-detail" });
     fill(main, el("h2", { text: "Context viewer" }),
-      el("p", { class: "muted", text: "What went into each prompt: token breakdown by section, every line with its tier, value and reason." }),
+      el("p", { class: "muted", text: "The exact prompt of each build, the manifest beside it (why each line is in, its tier and value then), the output and its citations; compare two builds." }),
       el("div", { class: "split" }, list, detail));
-    const pick = async (seq) => {
+    let items = [];
+    const pick = async (seq, keepDiff) => {
+      if (!keepDiff) state.diffWith = null;  // a click on another build; a deep link keeps its comparison
       state.context = seq;
+      writeHash();
       list.querySelectorAll("tr.context-row").forEach((r) => r.classList.toggle("selected", Number(r.dataset.seq) === seq));
       const c = await api(`contexts/${seq}`);
       const bar = el("div", { id: "context-bar" });
+      const cited = c.lines.filter((l) => l.cited).map((l) => l.short_id);
+      const others = items.filter((b) => b.seq !== seq);
+      const compare = el("select", { id: "compare-with", onchange: (e) => {
+        state.diffWith = Number(e.target.value) || null;
+        writeHash();
+        if (state.diffWith) showDiff(state.diffWith, seq); else fill(diffBox);
+      } },
+        el("option", { value: "", text: "compare with another build…" }),
+        others.map((b) => el("option", { value: b.seq, text: `#${b.seq} ${b.query.slice(0, 40)}` })));
+      const diffBox = el("div", { id: "context-diff" });
+      const showDiff = async (a, b) => {
+        const d = await api("contexts/diff" + qs({ a: Math.min(a, b), b: Math.max(a, b) }));
+        fill(diffBox, el("div", { class: "card" },
+          el("h3", { text: `Build #${d.a.seq} → #${d.b.seq}: ${d.a.tokens} → ${d.b.tokens} tokens, ${d.kept} lines kept` }),
+          el("div", { class: "kv" },
+            el("div", { text: `in (${d.lines_in.length})` }), el("div", { id: "diff-in" }, d.lines_in.map((l) => el("div", { class: "diff-add clickable", onclick: () => inspect(l.id) }, `+ ${l.short_id} ${l.section} · ${l.preview}`))),
+            el("div", { text: `out (${d.lines_out.length})` }), el("div", { id: "diff-out" }, d.lines_out.map((l) => el("div", { class: "diff-del clickable", onclick: () => inspect(l.id) }, `− ${l.short_id} ${l.section} · ${l.preview}`)))),
+          el("h3", { text: "Prompt text diff" }),
+          el("pre", { id: "prompt-diff", class: "diff" }, d.text_diff.length ? d.text_diff.map((line) =>
+            el("div", { class: line.startsWith("+") && !line.startsWith("+++") ? "diff-add" : line.startsWith("-") && !line.startsWith("---") ? "diff-del" : "muted", text: line })) : "the two prompts are identical")));
+      };
       fill(detail, el("div", { class: "card" },
         el("h3", { text: `Build #${c.seq} · ${when(c.at)}` }),
         el("div", { class: "kv" }, el("div", { text: "query" }), el("div", { text: c.query || "(none)" }),
           el("div", { text: "scope" }), el("div", { text: JSON.stringify(c.scope) }),
           el("div", { text: "tokens" }), el("div", { text: `${c.tokens} of ${c.budget}` + (c.ms ? ` · built in ${num(c.ms)} ms` : "") })),
         bar,
+        el("div", { class: "toolbar" }, compare),
+        diffBox,
+        el("h3", { text: "Prompt: the exact text the model got" }),
+        c.text === null ? el("p", { class: "muted", text: "not kept for this build (recorded before prompts were kept)" })
+          : highlight(c.text, cited, "prompt-text"),
+        el("h3", { text: "Manifest" }),
         el("table", { id: "context-lines" },
           el("tr", {}, ["line", "section", "tier then", "value then", "score", "tokens", "cited", "reason", "content"].map((h) => el("th", { text: h }))),
           c.lines.map((l) => el("tr", { class: "clickable", "data-id": l.id, onclick: () => inspect(l.id) },
             el("td", {}, el("code", { text: l.short_id })), el("td", {}, secPill(l.section)), el("td", {}, tierPill(l.tier)),
             el("td", { text: num(l.value, 2) }), el("td", { text: num(l.score, 2) }), el("td", { text: l.tokens }),
             el("td", { class: l.cited ? "cited-yes" : "cited-no", text: l.cited === null ? "–" : l.cited ? "cited" : "no" }),
-            el("td", { text: l.reason }), el("td", { text: l.preview }))))));
+            el("td", { text: l.reason }), el("td", { text: l.preview })))),
+        c.output ? [el("h3", { text: "Output" + (c.output.success === null ? "" : c.output.success ? " · task succeeded" : " · task failed") }),
+          highlight(c.output.text, cited, "output-text")] : el("p", { class: "muted", text: "no output recorded for this build" })));
       const s = c.by_section;
       C.stackedBar(bar, [{ name: "pinned", value: s.pinned || 0 }, { name: "working", value: s.working || 0 },
         { name: "retrieved", value: s.retrieved || 0 }, { name: "free", value: Math.max(0, c.budget - c.tokens) }], c.budget);
+      if (state.diffWith && state.diffWith !== seq) { compare.value = String(state.diffWith); await showDiff(state.diffWith, seq); }
     };
-    const items = await contextList(list, pick, false);
-    if (items.length) await pick(state.context && items.some((b) => b.seq === state.context) ? state.context : items[0].seq);
+    items = await contextList(list, pick, false);
+    if (items.length) await pick(state.context && items.some((b) => b.seq === state.context) ? state.context : items[0].seq, true);
     else fill(detail, el("p", { class: "muted", text: "No context builds yet (Harness.context records one per call)." }));
   }
 
-  function highlight(text, shortIds) {
-    const out = el("div", { class: "content output" });
+  function highlight(text, shortIds, id) {
+    const out = el("div", { class: "content output", id: id || null });
     const re = new RegExp(`(${shortIds.join("|") || "^$"})`, "g");
     text.split(re).forEach((part) => out.appendChild(shortIds.includes(part) ? el("mark", { text: part }) : document.createTextNode(part)));
     return out;
@@ -290,18 +387,22 @@
   }
 
   async function viewMetrics(main) {
-    const [m, w, manual] = await Promise.all([api("metrics"), api("weights"), api("manual?limit=20")]);
+    const [m, w, manual] = await Promise.all([api("metrics" + qs({ session: state.session })), api("weights"), api("manual?limit=20")]);
     const tokens = el("div", { id: "tokens-chart" }), latency = el("div", { id: "latency-chart" });
     const tools = el("div", { id: "tools-chart" }), kinds = el("div", { id: "kinds-chart" }), weights = el("div", { id: "weights-chart" });
-    fill(main, el("h2", { text: "Metrics" }),
+    fill(main, el("h2", { text: "Metrics" + (state.session ? ` · ${state.session}` : " · all sessions") }),
+      state.session ? el("p", { class: "muted", text: "Counts, rates and context builds follow the session selector; recall latency, events by kind and tool reliability are the tenant's." }) : null,
       el("div", { class: "cards", id: "metric-cards" },
-        metricCard("working-tier hit rate", pct(m.working_hit_rate), `${m.needs} needs (recall hits and retrieved context lines)`),
-        metricCard("recall p50 / p95 ms", `${num(m.retrieval_ms.p50)} / ${num(m.retrieval_ms.p95)}`, `${m.retrieval_ms.n} tracked recalls`),
-        metricCard("context build p95 ms", num(m.context_ms.p95), `${m.context_ms.n} builds`),
-        metricCard("eviction regret", pct(m.eviction_regret), `${m.regretted.length} of ${m.evictions} archived/compressed memories were needed later`),
-        metricCard("tokens per build (mean)", num(m.context_tokens.mean), `p95 ${num(m.context_tokens.p95)}, max ${m.context_tokens.max}`),
-        metricCard("duplicate rate", pct(m.duplicate_rate)), metricCard("junk rate", pct(m.junk_rate)), metricCard("stale rate", pct(m.stale_rate)),
-        metricCard("memories (active)", `${m.memories} (${m.active})`), metricCard("events", m.events)),
+        metricCard("working-tier hit rate", pct(m.working_hit_rate), `Of the memories a tracked recall or a context build needed (${m.needs}), the share already in the working tier, like a cache hit rate.`),
+        metricCard("recall p50 / p95 ms", `${num(m.retrieval_ms.p50)} / ${num(m.retrieval_ms.p95)}`, `Latency of tracked recalls, query embedding included (${m.retrieval_ms.n} recalls, tenant-wide).`),
+        metricCard("context build p95 ms", num(m.context_ms.p95), `95th percentile time to build a context (${m.context_ms.n} builds).`),
+        metricCard("eviction regret", pct(m.eviction_regret), `Of the memories archived or compressed (${m.evictions}), the share needed again later (recalled, cited, or pinned by a person): ${m.regretted.length} shown.`),
+        metricCard("tokens per build (mean)", num(m.context_tokens.mean), `Mean prompt tokens per context build; p95 ${num(m.context_tokens.p95)}, max ${m.context_tokens.max}.`),
+        metricCard("duplicate rate", pct(m.duplicate_rate), "Active memories whose normalised text repeats an earlier active memory."),
+        metricCard("junk rate", pct(m.junk_rate), "Active memories with fewer than three words, or never used with a value under 0.15 a day after they were recorded."),
+        metricCard("stale rate", pct(m.stale_rate), "Active memories past their expiry, revised by a newer one, or in the working tier untouched for over three half-lives."),
+        metricCard("memories (active)", `${m.memories} (${m.active})`, "Memories in this scope, and how many are active (not archived, obsolete or expired)."),
+        metricCard("events", m.events, "Events in the tenant's log (every write, move and read that is recorded).")),
       el("div", { class: "card" }, el("h3", { text: "Context tokens per build (dashed: budget)" }), tokens),
       el("div", { class: "card" }, el("h3", { text: "Recall latency, ms (last 300 tracked recalls)" }), latency),
       el("div", { class: "card" }, el("h3", { text: "Per-tool reliability (recent calls; red: unreliable)" }), tools,
@@ -335,12 +436,51 @@
   const VIEWS = { sessions: viewSessions, timeline: viewTimeline, heatmap: viewHeatmap, graph: viewGraph,
     contexts: viewContexts, influence: viewInfluence, metrics: viewMetrics };
 
+  // ---- deep links: the fragment holds the view, the session, the selected memory and build, the filters ----
+  function writeHash() {
+    const p = new URLSearchParams();
+    p.set("view", state.view);
+    if (state.session) p.set("session", state.session);
+    if (state.selected) p.set("memory", state.selected);
+    if (state.context) p.set("build", state.context);
+    if (state.diffWith) p.set("diff", state.diffWith);
+    for (const [k, v] of Object.entries(state.filters)) if (v) p.set("f." + k, v);
+    const hash = "#" + p.toString();
+    if (location.hash !== hash) history.replaceState(null, "", hash);
+    writeHash.last = hash;
+  }
+
+  function readHash() {
+    const raw = location.hash.slice(1);
+    if (!raw.includes("=")) { state.view = raw || "sessions"; return; }  // an old "#metrics" link
+    const p = new URLSearchParams(raw);
+    state.view = p.get("view") || "sessions";
+    state.session = p.get("session") || "";
+    state.selected = p.get("memory") || null;
+    state.context = p.get("build") ? Number(p.get("build")) : null;
+    state.diffWith = p.get("diff") ? Number(p.get("diff")) : null;
+    for (const k of Object.keys(state.filters)) state.filters[k] = p.get("f." + k) || "";
+  }
+
+  async function loadRole() {
+    try {
+      const headers = { Accept: "application/json" };
+      if (state.key) headers.Authorization = "Bearer " + state.key;
+      const res = await fetch("../v1/whoami", { headers });
+      state.role = res.ok ? (await res.json()).role : null;
+    } catch (e) {
+      state.role = null;
+    }
+    document.body.dataset.role = state.role || "none";
+  }
+
   // One render at a time and the latest request wins, so a live refresh and a click never interleave
   // their output in the page.
   let renders = Promise.resolve(), renderTicket = 0;
 
   function show(view) {
     state.view = VIEWS[view] ? view : "sessions";
+    writeHash();
     document.querySelectorAll("#tabs a").forEach((a) => a.classList.toggle("active", a.dataset.view === state.view));
     const ticket = ++renderTicket;
     renders = renders.then(() => (ticket === renderTicket ? render(state.view) : undefined));
@@ -360,10 +500,42 @@
     main.dataset.ready = "1";
   }
 
+  // The value as the scorer computes it: (base + signals + cost) × recency multiplier + the usage terms,
+  // clamped to [0, 1] (pinned: 1). Each row is one term; the multiplier row is drawn as a multiplier.
+  function formula(f) {
+    const bar = (v, scale) => el("div", {}, el("div", { class: "bar", style: `width:${Math.min(100, Math.abs(v) * 100 * (scale || 1))}%;${v < 0 ? "background:#e03131" : ""}` }));
+    const row = (k, v, sign, hint) => [el("div", { text: k, title: hint || "" }), bar(v), el("div", { text: `${sign}${num(v, 3)}` })];
+    const added = Object.entries(f.added);
+    return el("div", { id: "value-formula" },
+      el("div", { class: "breakdown" },
+        row("base", f.base, "", "what this kind of memory is worth to start with"),
+        row("signals", f.signals, "+ ", "content signals: errors, conclusions, numbers, code, entities"),
+        row("cost", f.cost, "+ ", "what producing it cost (time, tokens, money)"),
+        [el("div", { class: "sum", text: "= prior" }), bar(f.prior), el("div", { class: "sum", text: num(f.prior, 3) })],
+        [el("div", { class: "mult", text: "× recency", title: `multiplier = floor ${num(f.recency_floor, 2)} + (1 − floor) × recency ${num(f.recency, 3)}` }),
+          el("div", { class: "mult-bar" }, el("div", { class: "bar mult", style: `width:${100 * f.multiplier}%` })), el("div", { class: "mult", text: `× ${num(f.multiplier, 3)}` })],
+        [el("div", { class: "sum", text: "= decayed" }), bar(f.decayed), el("div", { class: "sum", text: num(f.decayed, 3) })],
+        added.map(([k, v]) => row(k, v, v < 0 ? "" : "+ ")),
+        [el("div", { class: "sum", text: f.pinned ? "value (pinned)" : "= value" }), bar(f.value), el("div", { class: "sum", id: "formula-value", text: num(f.value, 3) })]),
+      el("p", { class: "muted", text: f.pinned ? "pinned: worth 1 whatever the terms say" : `(${num(f.prior, 3)} × ${num(f.multiplier, 3)}) + ${num(f.raw - f.decayed, 3)} = ${num(f.raw, 3)}` + (f.raw !== f.value ? ` → clamped to ${num(f.value, 3)}` : "") }));
+  }
+
+  async function renderRevisions(box, id) {
+    if (state.selected !== id) return;  // the inspector moved on (or the memory was forgotten)
+    const r = await api(`memories/${id}/revisions`).catch(() => null);
+    if (!r || r.revisions.length < 2) { fill(box); return; }
+    fill(box, el("h3", { text: `Revisions (${r.revisions.length})` }),
+      el("table", { id: "revisions-table" }, r.revisions.slice().reverse().map((v) => el("tr", { class: "clickable", onclick: () => inspect(v.id) },
+        el("td", {}, el("code", { text: v.short_id })), el("td", { text: `${v.status} · ${when(v.created_at)}` }),
+        el("td", {}, v.diff.length ? el("pre", { class: "diff" }, v.diff.slice(2).map((line) =>
+          el("div", { class: line.startsWith("+") ? "diff-add" : line.startsWith("-") ? "diff-del" : "muted", text: line }))) : el("span", { class: "muted", text: "first version" }))))));
+  }
+
   // ---- inspector ----------------------------------------------------------------------------------
   async function inspect(id) {
     if (!id) return;
     state.selected = id;
+    writeHash();
     document.querySelectorAll("[data-id]").forEach((n) => n.classList && n.classList.toggle("selected", n.dataset.id === id));
     const box = $("#inspector");
     box.hidden = false;
@@ -391,8 +563,21 @@
         toast(String(e.message || e), true);
       }
     };
-    const parts = [["base", x.base], ["signals", Object.values(x.signals).reduce((a, b) => a + b, 0)], ["cost", x.cost], ["recency", x.recency],
-      ["access", x.access], ["injected", x.injected], ["cited", x.cited], ["success", x.success], ["feedback", x.feedback]];
+    const editor = el("textarea", { id: "edit-content", rows: 4 });
+    editor.value = m.content;
+    const tier = el("select", { id: "tier-select" }, ["working", "short_term", "long_term", "archive"].map((t) =>
+      el("option", { value: t, selected: t === m.tier || null, text: t.replace("_", " ") })));
+    const change = async (label, run) => {
+      try {
+        const r = await run();
+        toast(label);
+        await show(state.view);
+        await inspect(r && r.id ? r.id : id);
+      } catch (e) {
+        toast(String(e.message || e), true);
+      }
+    };
+    const history = el("div", { id: "revisions" });
     fill(box, 
       el("div", { class: "toolbar" }, el("h2", { text: `Memory ${d.row.short_id}` }), el("span", { class: "spacer" }),
         el("button", { onclick: () => { box.hidden = true; state.selected = null; }, text: "✕", title: "close" })),
@@ -409,21 +594,37 @@
         el("div", { text: "tokens" }), el("div", { text: m.token_count }),
         el("div", { text: "tags" }), el("div", { text: m.tags.join(", ") || "–" }),
         el("div", { text: "id" }), el("div", {}, el("code", { text: m.id }))),
-      el("div", { class: "actions", id: "actions" },
-        m.pinned ? el("button", { id: "unpin-button", onclick: () => act("unpin", {}, "unpinned"), text: "Unpin" })
-          : el("button", { id: "pin-button", class: "primary", onclick: () => act("pin", {}, "pinned"), text: "Pin" }),
-        el("button", { id: "archive-button", onclick: () => act("archive", {}, "archived"), text: "Archive" }),
-        value, el("button", { id: "value-button", onclick: () => act("value", { value: Number(value.value) }, "value set"), text: "Set value" })),
-      el("div", { class: "actions" }, note, el("button", { id: "annotate-button", onclick: () => { if (note.value.trim()) act("annotate", { text: note.value }, "annotated"); }, text: "Annotate" }),
+      canWrite() ? [
+        el("div", { class: "actions", id: "actions" },
+          m.pinned ? el("button", { id: "unpin-button", onclick: () => act("unpin", {}, "unpinned"), text: "Unpin" })
+            : el("button", { id: "pin-button", class: "primary", onclick: () => act("pin", {}, "pinned"), text: "Pin" }),
+          el("button", { id: "archive-button", onclick: () => act("archive", {}, "archived"), text: "Archive" }),
+          value, el("button", { id: "value-button", onclick: () => act("value", { value: Number(value.value) }, "value set"), text: "Set value" })),
+        el("div", { class: "actions" }, tier,
+          el("button", { id: "tier-button", onclick: () => act("tier", { tier: tier.value }, `moved to ${tier.value}`), text: m.tier === "archive" ? "Un-archive to tier" : "Move to tier" }),
+          el("button", { id: "forget-button", class: "danger", text: "Forget", onclick: () => {
+            if (!window.confirm(`Forget memory ${d.row.short_id} for good?`)) return;
+            $("#inspector").hidden = true;  // first: a live refresh meanwhile must not ask for it again
+            state.selected = null;
+            writeHash();
+            post(`memories/${id}/forget`).then(() => {
+              toast(`forgot ${d.row.short_id}`);
+              return show(state.view);
+            }).catch((e) => toast(String(e.message || e), true));
+          } })),
+        el("div", { class: "actions" }, note, el("button", { id: "annotate-button", onclick: () => { if (note.value.trim()) act("annotate", { text: note.value }, "annotated"); }, text: "Annotate" }))] : null,
+      el("div", { class: "actions" },
         el("button", { onclick: () => { state.focus = id; show("graph"); }, text: "Graph around it" }),
-        el("button", { onclick: () => show("influence"), text: "Influence" })),
+        el("button", { onclick: () => show("influence"), text: "Influence" }),
+        m.session_id ? el("button", { onclick: () => { setSession(m.session_id); show("trace"); }, text: "Trace its session" }) : null),
       el("h3", { text: "Content" }), el("div", { class: "content", id: "inspector-content", text: m.content }),
+      canWrite() && m.status === "active" ? [el("details", { id: "edit-box" }, el("summary", { text: "Edit (saved as a new revision)" }), editor,
+        el("div", { class: "actions" }, el("button", { id: "revise-button", class: "primary", text: "Save revision", onclick: () =>
+          change("saved as a new revision", () => post(`memories/${id}/revise`, { content: editor.value, expected_version: m.version })) })))] : null,
+      history,
       (m.metadata.annotations || []).length ? [el("h3", { text: "Annotations" }),
         el("ul", {}, m.metadata.annotations.map((a) => el("li", { text: `${when(a.at)} ${a.by}: ${a.text}` })))] : null,
-      el("h3", { text: "Why this value" }),
-      el("div", { class: "breakdown" }, parts.map(([k, v]) => [el("div", { text: k }),
-        el("div", {}, el("div", { class: "bar", style: `width:${Math.min(100, Math.abs(v) * 100)}%;${v < 0 ? "background:#e03131" : ""}` })),
-        el("div", { text: num(v, 3) })])),
+      el("h3", { text: "Why this value" }), formula(d.formula),
       el("h3", { text: "Value over time" }), spark,
       el("h3", { text: `Contexts it entered (${d.contexts.length})` }),
       el("table", {}, d.contexts.slice(-8).reverse().map((c) => el("tr", { class: "clickable", onclick: () => { state.context = c.seq; show("contexts"); } },
@@ -433,15 +634,18 @@
       el("table", { id: "inspector-events" }, d.events.slice(-12).reverse().map((e) => el("tr", {}, el("td", { text: e.seq }), el("td", { text: e.kind }),
         el("td", { text: JSON.stringify(e.data).slice(0, 90) })))));
     C.sparkline(spark, d.values.map((v) => v.value).concat([m.value]));
+    renderRevisions(history, id);
     box.dataset.ready = "1";
     if (state.view === "influence") renderReverse($("#influence-reverse"));
   }
 
   // ---- chrome -------------------------------------------------------------------------------------
   function setSession(sid) {
+    if (sid !== state.session) { state.context = null; state.diffWith = null; }
     state.session = sid;
     state.memPage.offset = 0; state.heat.offset = 0; state.ctxOffset = 0; state.focus = null;
     $("#session").value = sid;
+    writeHash();
   }
 
   // the overview (its seq starts the live stream), or null when it could not be read
@@ -548,17 +752,19 @@
   }
 
   async function connect() {
+    await loadRole();
     const o = await loadChrome();
     if (o) follow(o.seq);
     else setLive(false, "no usable API key");
   }
 
-  function start() {
+  async function start() {
     if (location.hash.startsWith("#key=")) {  // a link with the key in its fragment (never sent to servers)
       state.key = decodeURIComponent(location.hash.slice(5));
       localStorage.setItem("clawvm_key", state.key);
-      history.replaceState(null, "", "#sessions");
+      history.replaceState(null, "", "#view=sessions");
     }
+    readHash();
     $("#session").addEventListener("change", (e) => { setSession(e.target.value); show(state.view); });
     $("#refresh").addEventListener("click", () => { loadChrome(); show(state.view); if (state.selected) inspect(state.selected); });
     $("#key-button").addEventListener("click", () => { $("#keybar").hidden = !$("#keybar").hidden; });
@@ -568,17 +774,30 @@
       state.key = $("#key").value.trim();
       localStorage.setItem("clawvm_key", state.key);
       $("#keybar").hidden = true;
-      connect(); show(state.view);
+      connect().then(() => show(state.view));
     });
     document.querySelectorAll("#tabs a").forEach((a) => a.addEventListener("click", (e) => {
       e.preventDefault();
-      history.replaceState(null, "", "#" + a.dataset.view);
       show(a.dataset.view);
     }));
-    connect();
-    show((location.hash || "#sessions").slice(1));
+    window.addEventListener("hashchange", () => {  // a pasted deep link, or back/forward
+      if (location.hash === writeHash.last) return;  // our own
+      readHash();
+      state.memPage.offset = 0;
+      $("#session").value = state.session;
+      show(state.view);
+      if (state.selected) inspect(state.selected);
+    });
+    const selected = state.selected;
+    await connect();
+    $("#session").value = state.session;
+    await show(state.view);
+    if (selected) await inspect(selected);
   }
 
-  window.MemLens = { state, show, inspect, live };
+  const ML = { state, show, inspect, api, post, qs, el, fill, toast, pct, num, when, tierPill, secPill, pager, canWrite,
+    setSession, writeHash, highlight, metricCard, Charts: C };
+  Object.assign(VIEWS, window.MemLensViews ? window.MemLensViews(ML) : {});
+  window.MemLens = Object.assign(ML, { live });
   start();
 })();

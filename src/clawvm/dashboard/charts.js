@@ -205,10 +205,19 @@
   }
 
   // Force-directed graph, laid out synchronously (bounded node count), then drawn once.
+  // Memory graph: colour = tier, size = value. Wheel or +/− zooms (about the pointer), dragging pans; node
+  // labels (short ids) show when zoomed in or when the graph is small; a tier legend and an edge legend.
   function forceGraph(container, nodes, edges, onNode, selected) {
     const W = 900, H = 560;
-    const s = frame(container, W, H);
+    container.innerHTML = "";
+    const tools = document.createElement("div");
+    tools.className = "toolbar graph-legend";
+    container.appendChild(tools);
+    const holder = document.createElement("div");
+    container.appendChild(holder);
+    const s = frame(holder, W, H);
     if (!nodes.length) { text(s, 20, 40, "no memories in this scope"); return; }
+    const view = svg("g", { class: "viewport" }, s);
     const index = new Map(nodes.map((n, i) => [n.id, i]));
     const links = edges.filter((e) => index.has(e.source) && index.has(e.target))
       .map((e) => ({ a: index.get(e.source), b: index.get(e.target), type: e.type, label: e.label }));
@@ -216,23 +225,70 @@
     links.forEach((l) => {
       const line = svg("line", { x1: pos[l.a].x, y1: pos[l.a].y, x2: pos[l.b].x, y2: pos[l.b].y,
         stroke: EDGE_COLORS[l.type] || "#ced4da", "stroke-width": l.type === "entity" ? 1 : 1.6,
-        opacity: l.type === "entity" ? 0.55 : 0.9, class: `edge edge-${l.type}` }, s);
+        opacity: l.type === "entity" ? 0.55 : 0.9, class: `edge edge-${l.type}`, "vector-effect": "non-scaling-stroke" }, view);
       title(line, l.label ? `${l.type}: ${l.label}` : l.type);
     });
+    const labels = svg("g", { class: "labels" }, view);
     nodes.forEach((n, i) => {
-      const c = svg("circle", { cx: pos[i].x, cy: pos[i].y, r: 5 + 9 * n.value, fill: TIER_COLORS[n.tier] || "#adb5bd",
+      const r = 5 + 9 * n.value;
+      const c = svg("circle", { cx: pos[i].x, cy: pos[i].y, r, fill: TIER_COLORS[n.tier] || "#adb5bd",
         stroke: n.id === selected ? "#000" : (n.pinned ? "#7048e8" : "#fff"), "stroke-width": n.id === selected || n.pinned ? 3 : 1.5,
-        class: "node clickable", "data-id": n.id, opacity: n.status === "active" ? 1 : 0.45 }, s);
+        class: "node clickable", "data-id": n.id, opacity: n.status === "active" ? 1 : 0.45 }, view);
       title(c, `${n.short_id} ${n.kind} (${n.tier}, value ${n.value})\n${n.preview}`);
       c.addEventListener("click", () => onNode(n.id));
+      text(labels, pos[i].x + r + 2, pos[i].y + 3, `${n.short_id} ${n.kind}`, { "font-size": 9, class: "node-label", "pointer-events": "none" });
     });
-    let y = 16;
+    // legends: tiers (node colour) and the edge types present
+    Object.entries(TIER_COLORS).forEach(([k, col]) => {
+      const item = document.createElement("span");
+      item.className = "legend-tier";
+      item.innerHTML = `<i style="background:${col}"></i>${k.replace("_", " ")}`;
+      tools.appendChild(item);
+    });
     Object.entries(EDGE_COLORS).forEach(([k, col]) => {
       if (!links.some((l) => l.type === k)) return;
-      svg("line", { x1: W - 150, y1: y, x2: W - 128, y2: y, stroke: col, "stroke-width": 2 }, s);
-      text(s, W - 122, y + 4, k.replace("_", " "));
-      y += 16;
+      const item = document.createElement("span");
+      item.innerHTML = `<i style="background:${col};border-radius:0;height:3px"></i>${k.replace("_", " ")}`;
+      tools.appendChild(item);
     });
+    // zoom and pan
+    let k = 1, tx = 0, ty = 0;
+    const apply = () => {
+      view.setAttribute("transform", `translate(${tx},${ty}) scale(${k})`);
+      labels.style.display = k >= 1.6 || nodes.length <= 60 ? "" : "none";
+      s.dataset.zoom = k.toFixed(2);
+    };
+    const zoomAt = (factor, cx, cy) => {
+      const next = Math.min(8, Math.max(0.5, k * factor));
+      tx = cx - ((cx - tx) * next) / k;
+      ty = cy - ((cy - ty) * next) / k;
+      k = next;
+      apply();
+    };
+    const toSvg = (e) => {
+      const box = s.getBoundingClientRect();
+      return [((e.clientX - box.left) * W) / box.width, ((e.clientY - box.top) * W) / box.width];
+    };
+    s.addEventListener("wheel", (e) => { e.preventDefault(); const [x, y] = toSvg(e); zoomAt(e.deltaY < 0 ? 1.2 : 1 / 1.2, x, y); }, { passive: false });
+    let drag = null;
+    s.addEventListener("pointerdown", (e) => { if (e.target.tagName !== "circle") { drag = { x: e.clientX, y: e.clientY, tx, ty }; s.setPointerCapture(e.pointerId); } });
+    s.addEventListener("pointermove", (e) => {
+      if (!drag) return;
+      const box = s.getBoundingClientRect();
+      tx = drag.tx + ((e.clientX - drag.x) * W) / box.width;
+      ty = drag.ty + ((e.clientY - drag.y) * W) / box.width;
+      apply();
+    });
+    s.addEventListener("pointerup", () => { drag = null; });
+    const button = (label, id, fn) => {
+      const b = document.createElement("button");
+      b.textContent = label; b.id = id; b.addEventListener("click", fn);
+      tools.prepend(b);
+    };
+    button("reset", "graph-reset", () => { k = 1; tx = 0; ty = 0; apply(); });
+    button("−", "graph-zoom-out", () => zoomAt(1 / 1.4, W / 2, H / 2));
+    button("+", "graph-zoom-in", () => zoomAt(1.4, W / 2, H / 2));
+    apply();
   }
 
   // Influence diagram: memories (left, grouped by section) -> output (right); cited links solid.

@@ -16,23 +16,26 @@ current view at most once a second while events arrive.
 import threading
 import weakref
 from collections.abc import Callable
+from datetime import datetime
 from importlib import resources
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from clawvm.core.model import NON_BLANK
-from clawvm.dashboard import views
+from clawvm.core.model import NON_BLANK, Kind, as_utc
+from clawvm.dashboard import debug, views
 from clawvm.harness import Harness
 from clawvm.observe.learning import intervene, weights_of
 from clawvm.observe.lens import Lens
+from clawvm.store.crypto import without_sealed
 
 STATIC = {
     "index.html": "text/html; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
     "charts.js": "text/javascript; charset=utf-8",
+    "debug.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
 }
 
@@ -57,6 +60,61 @@ class ValueBody(BaseModel):
 class NoteBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     text: str = Field(min_length=1, max_length=2000, pattern=NON_BLANK)
+
+
+class FilterQuery(BaseModel):
+    """The filter bar of every list (query parameters): see :class:`clawvm.dashboard.views.RowFilter`.
+    (Not ``extra="forbid"``: the route's other parameters share the query string.)"""
+
+    session: str | None = Field(default=None, max_length=500)
+    q: str = Field(default="", max_length=500)
+    tier: str | None = Field(default=None, max_length=50)
+    kind: str | None = Field(default=None, max_length=50)
+    agent: str | None = Field(default=None, max_length=500)
+    tool: str | None = Field(default=None, max_length=500)
+    tag: str | None = Field(default=None, max_length=500)
+    status: str | None = Field(default=None, max_length=50)
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def as_filter(self) -> views.RowFilter:
+        given = {k: v for k, v in self.model_dump().items() if v not in (None, "")}
+        return views.RowFilter(**{**given, "since": _utc(self.since), "until": _utc(self.until)})
+
+
+def _utc(t: datetime | None) -> datetime | None:
+    return None if t is None else as_utc(t)
+
+
+class TierBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tier: Literal["working", "short_term", "long_term", "archive"]
+
+
+Tag = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class NewMemoryBody(BaseModel):
+    """A memory written from the dashboard (through the harness, as the SDK's ``record``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    content: str = Field(min_length=1, max_length=100_000)
+    kind: Kind = Kind.NOTE
+    session_id: str | None = Field(default=None, max_length=500)
+    tags: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        default_factory=list, max_length=50
+    )
+
+
+class ReviseBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    content: str = Field(min_length=1, max_length=100_000)
+    expected_version: int | None = Field(default=None, ge=1)
+
+
+class ReviewBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str | None = Field(default=None, max_length=2000)
 
 
 def _static(name: str) -> Response:
@@ -113,15 +171,12 @@ def create_router(
     @router.get("/api/memories")
     def memories(
         h: Reader,
-        session: Session = None,
-        q: str = "",
-        tier: str | None = None,
-        kind: str | None = None,
+        flt: Annotated[FilterQuery, Query()],
         sort: str = "newest",
         offset: Offset = 0,
         limit: Limit = 50,
     ) -> dict[str, Any]:
-        return views.memories(lens_for(h), session, q, tier, kind, sort, offset, limit)
+        return views.memories(lens_for(h), flt.as_filter(), sort, offset, limit)
 
     @router.get("/api/memories/{memory_id}")
     def memory(h: Reader, memory_id: str) -> dict[str, Any]:
@@ -158,17 +213,68 @@ def create_router(
     def contexts(h: Reader, session: Session = None, offset: Offset = 0, limit: Limit = 50) -> dict[str, Any]:
         return views.contexts(lens_for(h), session, offset, limit)
 
+    @router.get("/api/contexts/diff")
+    def context_diff(h: Reader, a: int, b: int) -> dict[str, Any]:
+        return debug.context_diff(lens_for(h), a, b)
+
     @router.get("/api/contexts/{seq}")
     def context(h: Reader, seq: int) -> dict[str, Any]:
-        return lens_for(h).influence(seq)
+        return debug.context_detail(lens_for(h), seq)
+
+    @router.get("/api/trace")
+    def trace(
+        h: Reader,
+        session: Annotated[str, Query(min_length=1, max_length=500)],
+        task: Session = None,
+        offset: Offset = 0,
+        limit: Limit = debug.TRACE_PAGE,
+    ) -> dict[str, Any]:
+        return debug.trace(lens_for(h), session, task, offset, limit)
+
+    @router.get("/api/memories/{memory_id}/revisions")
+    def revisions(h: Reader, memory_id: str) -> dict[str, Any]:
+        return debug.revisions(h, memory_id)
+
+    @router.get("/api/teams")
+    def teams_view(h: Reader) -> dict[str, Any]:
+        return debug.teams(lens_for(h), h)
+
+    @router.get("/api/whatif")
+    def what_if(
+        h: Reader,
+        session: Annotated[str, Query(min_length=1, max_length=500)],
+        budget: Annotated[int | None, Query(ge=1, le=200_000)] = None,
+        working_items: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+        working_tokens: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
+        weights: Annotated[str, Query(max_length=500, description="NAME=VALUE,...")] = "",
+    ) -> dict[str, Any]:
+        return debug.what_if(
+            h,
+            session,
+            budget=budget,
+            working_items=working_items,
+            working_tokens=working_tokens,
+            weights=views.parse_weights(weights),
+        )
+
+    @router.get("/api/export")
+    def export(
+        h: Reader,
+        flt: Annotated[FilterQuery, Query()],
+        fmt: Annotated[str, Query(alias="format", pattern="^(jsonl|csv)$")] = "jsonl",
+    ) -> Response:
+        body, media = views.export(lens_for(h), flt.as_filter(), fmt)
+        name = f"memlens-memories.{fmt}"
+        headers = {"Content-Disposition": f'attachment; filename="{name}"'}
+        return Response(body, media_type=media, headers=headers)
 
     @router.get("/api/memories/{memory_id}/contexts")
     def contexts_of(h: Reader, memory_id: str) -> list[dict[str, Any]]:
         return lens_for(h).contexts_of(memory_id)
 
     @router.get("/api/metrics")
-    def metrics(h: Reader) -> dict[str, Any]:
-        return lens_for(h).metrics()
+    def metrics(h: Reader, session: Session = None) -> dict[str, Any]:
+        return lens_for(h).metrics(session or None)
 
     @router.get("/api/weights")
     def weights(h: Reader) -> dict[str, Any]:
@@ -226,5 +332,38 @@ def create_router(
     @router.post("/api/memories/{memory_id}/annotate")
     def annotate(h: Writer, memory_id: str, body: NoteBody) -> dict[str, Any]:
         return act(h, "annotate", memory_id, note=body.text)
+
+    @router.post("/api/memories/{memory_id}/tier")
+    def set_tier(h: Writer, memory_id: str, body: TierBody) -> dict[str, Any]:
+        return act(h, "set_tier", memory_id, tier=body.tier)
+
+    # editing, as the Letta ADE edits blocks: every write is the SDK's (the one commit path)
+    @router.post("/api/memories", status_code=201)
+    def create(h: Writer, body: NewMemoryBody) -> dict[str, Any]:
+        m = h.record(body.content, kind=body.kind, session_id=body.session_id, tags=body.tags)
+        lens_for(h).refresh()
+        return {"id": m.id, "memory": without_sealed(m).model_dump(mode="json")}
+
+    @router.post("/api/memories/{memory_id}/revise")
+    def revise(h: Writer, memory_id: str, body: ReviseBody) -> dict[str, Any]:
+        head = h.revise(memory_id, expected_version=body.expected_version, content=body.content)
+        lens_for(h).refresh()
+        return {"id": head.id, "revises": memory_id, "memory": without_sealed(head).model_dump(mode="json")}
+
+    @router.post("/api/memories/{memory_id}/forget")
+    def forget(h: Writer, memory_id: str) -> dict[str, Any]:
+        h.forget(memory_id)
+        lens_for(h).refresh()
+        return {"id": memory_id, "forgotten": True}
+
+    @router.post("/api/review/{memory_id}/approve")
+    def approve(h: Writer, memory_id: str, body: ReviewBody) -> dict[str, Any]:
+        m = h.approve(memory_id, by="dashboard")
+        return {"id": m.id, "review": m.metadata.get("review")}
+
+    @router.post("/api/review/{memory_id}/reject")
+    def reject(h: Writer, memory_id: str, body: ReviewBody) -> dict[str, Any]:
+        m = h.reject(memory_id, by="dashboard", reason=body.reason)
+        return {"id": m.id, "review": m.metadata.get("review")}
 
     return router

@@ -8,15 +8,20 @@ neighbourhood).
 from __future__ import annotations
 
 import bisect
+import csv
+import io
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import accumulate, pairwise
 from typing import Any
 
 from clawvm.core.entities import entities
+from clawvm.core.errors import ValidationError
 from clawvm.core.model import Tier
 from clawvm.observe.lens import Lens, Move, Row
+from clawvm.store.crypto import without_sealed
 from clawvm.vm.context import short_id
 
 TIERS = [t.value for t in Tier]
@@ -29,7 +34,8 @@ def _scope(lens: Lens, session: str | None) -> list[Row]:
         return rows
     if session == NO_SESSION:
         return [r for r in rows if r.session_id is None]
-    return [r for r in rows if r.session_id == session]
+    stored = lens.harness.writer.identifier(session, lens.harness.tenant)  # as the write path stored it
+    return [r for r in rows if r.session_id == stored]
 
 
 def _page(items: Sequence[Any], offset: int, limit: int) -> dict[str, Any]:
@@ -88,30 +94,99 @@ SORTS = {
 }
 
 
+@dataclass(frozen=True)
+class RowFilter:
+    """What every list of memories can be narrowed by (the dashboard's filter bar; the export takes the
+    same, so "export" gives exactly the selection on screen)."""
+
+    session: str | None = None
+    q: str = ""
+    tier: str | None = None
+    kind: str | None = None
+    agent: str | None = None
+    tool: str | None = None
+    tag: str | None = None
+    status: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def keep(self, r: Row) -> bool:
+        wanted = (
+            (self.tier, r.tier),
+            (self.kind, r.kind),
+            (self.agent, r.agent_id),
+            (self.tool, r.tool_name),
+            (self.status, r.status),
+        )
+        if any(want and want != have for want, have in wanted):
+            return False
+        if self.tag and self.tag not in r.tags:
+            return False
+        if (self.since and r.created_at < self.since) or (self.until and r.created_at > self.until):
+            return False
+        needle = self.q.lower()
+        return not needle or needle in r.preview.lower() or r.id.endswith(needle)
+
+    def rows(self, lens: Lens) -> list[Row]:
+        """The matching rows (hold ``lens.lock``)."""
+        return [r for r in _scope(lens, self.session) if self.keep(r)]
+
+
 def memories(
-    lens: Lens,
-    session: str | None = None,
-    q: str = "",
-    tier: str | None = None,
-    kind: str | None = None,
-    sort: str = "newest",
-    offset: int = 0,
-    limit: int = 50,
+    lens: Lens, flt: RowFilter | None = None, sort: str = "newest", offset: int = 0, limit: int = 50
 ) -> dict[str, Any]:
     lens.refresh()
     with lens.lock:
-        rows = _scope(lens, session)
-        if tier:
-            rows = [r for r in rows if r.tier == tier]
-        if kind:
-            rows = [r for r in rows if r.kind == kind]
-        if q:
-            needle = q.lower()
-            rows = [r for r in rows if needle in r.preview.lower() or r.id.endswith(needle)]
+        rows = (flt or RowFilter()).rows(lens)
         rows.sort(key=SORTS.get(sort, SORTS["newest"]))
         page = _page(rows, offset, limit)
         page["items"] = [r.as_dict() for r in page["items"]]
         return page
+
+
+EXPORT_COLUMNS = (
+    "id", "created_at", "session_id", "task_id", "agent_id", "tool_name", "kind", "state", "status", "tier",
+    "value", "pinned", "tokens", "tags", "preview",
+)  # fmt: skip
+
+
+def export(lens: Lens, flt: RowFilter, fmt: str) -> tuple[str, str]:
+    """The selection as JSONL (whole memories, one per line) or CSV (the list's columns); newest first."""
+    lens.refresh()
+    with lens.lock:
+        ids = [r.id for r in sorted(flt.rows(lens), key=SORTS["newest"])]
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(EXPORT_COLUMNS)
+        with lens.lock:
+            for i in ids:
+                row = lens.rows.get(i)
+                if row is not None:
+                    d = row.as_dict()
+                    d["tags"] = " ".join(row.tags)
+                    writer.writerow([d[c] for c in EXPORT_COLUMNS])
+        return out.getvalue(), "text/csv; charset=utf-8"
+    lines = []
+    for start in range(0, len(ids), EXPORT_PAGE):
+        found = lens.harness.store.get_many(ids[start : start + EXPORT_PAGE])
+        lines += [without_sealed(found[i]).to_json() for i in ids[start : start + EXPORT_PAGE] if i in found]
+    return "".join(line + "\n" for line in lines), "application/x-ndjson"
+
+
+EXPORT_PAGE = 500
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """``"cite_weight=0.3,recency_floor=0.5"`` as a dict (the what-if view's weights)."""
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, number = part.partition("=")
+        try:
+            out[name.strip()] = float(number)
+        except ValueError:
+            raise ValidationError("weights", f"{part!r} is not NAME=NUMBER", "e.g. cite_weight=0.3") from None
+    return out
 
 
 def memory_detail(lens: Lens, memory_id: str) -> dict[str, Any]:
@@ -119,14 +194,16 @@ def memory_detail(lens: Lens, memory_id: str) -> dict[str, Any]:
     row = lens.memory(memory_id)  # refreshes the lens: what follows reads it as is
     m = lens.harness.get(memory_id)
     breakdown = lens.harness.explain(memory_id).as_dict()
+    floor = lens.harness.pager.config.scoring.recency_floor
     events = lens.harness.events(limit=200, memory_id=memory_id)
     with lens.lock:
         children = [r.id for r in lens.rows.values() if r.parent_id == memory_id][:50]
         values = list(lens.values.get(memory_id, [])[-200:])
     return {
-        "memory": m.model_dump(mode="json"),
+        "memory": without_sealed(m).model_dump(mode="json"),  # a viewer never needs the ciphertext
         "row": row.as_dict(),
         "explain": breakdown,
+        "formula": value_formula(breakdown, floor, m.pinned),
         "events": [
             {"seq": e.seq, "at": e.at.isoformat(), "kind": e.kind, "data": _brief(e.data)}
             for e in events[-100:]
@@ -134,6 +211,31 @@ def memory_detail(lens: Lens, memory_id: str) -> dict[str, Any]:
         "contexts": lens.contexts_of_as_is(memory_id)[-100:],
         "children": children,
         "values": [{"at": a.isoformat(), "value": v} for a, v in values],
+    }
+
+
+def value_formula(x: dict[str, Any], recency_floor: float, pinned: bool) -> dict[str, Any]:
+    """How the breakdown's parts make the value shown (see :func:`clawvm.vm.scoring.value`):
+    ``(base + signals + cost) × (floor + (1 − floor) × recency) + access + injected + cited + success +
+    feedback``, clamped to [0, 1]; a pinned memory is worth 1."""
+    signals = float(sum(x["signals"].values()))
+    prior = float(x["base"]) + signals + float(x["cost"])
+    factor = recency_floor + (1 - recency_floor) * float(x["recency"])
+    added = {k: float(x[k]) for k in ("access", "injected", "cited", "success", "feedback")}
+    raw = prior * factor + sum(added.values())
+    return {
+        "base": x["base"],
+        "signals": signals,
+        "cost": x["cost"],
+        "prior": prior,
+        "recency": x["recency"],
+        "recency_floor": recency_floor,
+        "multiplier": factor,
+        "decayed": prior * factor,
+        "added": added,
+        "raw": raw,
+        "value": 1.0 if pinned else min(1.0, max(0.0, raw)),
+        "pinned": pinned,
     }
 
 

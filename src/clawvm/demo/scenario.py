@@ -20,19 +20,26 @@ tier, archive and compression included. LoCoMo conversations can be added where 
 
 from __future__ import annotations
 
+import errno
+import socket
+import threading
+import time
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
+from clawvm.core.errors import ConfigError
 from clawvm.core.model import Kind, State
 from clawvm.demo import ingest_locomo, ingest_workload, load_workload
 from clawvm.harness import Harness
 from clawvm.observe.learning import intervene
 from clawvm.observe.lens import record_output
 from clawvm.store import Store, store_from_url
+from clawvm.store.keys import Keyring
 from clawvm.teams import shared as teams
 from clawvm.vm.context import Context
 from clawvm.vm.tiers import PagerConfig, TierBudgets
@@ -42,6 +49,10 @@ START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 #: times out after its stated 10 s; the EU host answers, the ledger query and the rollout check take
 #: what such calls take.
 LATENCY_S = {"tessera_charge": 10.0, "tessera_charge_eu": 0.84, "sql_query": 0.12, "shell": 3.6}
+#: The name of the API key the dashboard demo makes once its scenario is loaded (how a kept store is known).
+DEMO_KEY_NAME = "MemLens demo"
+#: How often the demo looks whether its server listens yet, to print the URL.
+ANNOUNCE_POLL_S = 0.05
 #: Budgets small enough that a 30-record session overflows working, short-term and long-term.
 DEMO_PAGER = PagerConfig(
     budgets=TierBudgets(working_tokens=700, working_items=12, short_term_items=12, long_term_items=24)
@@ -62,6 +73,12 @@ class ReplayClock:
 
     def advance(self, **delta: float) -> None:
         self.now += timedelta(**delta)
+
+    def running(self) -> Callable[[], datetime]:
+        """From here on, a clock that runs in real time: what the served demo's harnesses use, so values,
+        recency and the timeline stay on the scenario's calendar while people act on it."""
+        start, started = self.now, time.monotonic()
+        return lambda: start + timedelta(seconds=time.monotonic() - started)
 
 
 @dataclass
@@ -86,24 +103,123 @@ def serve_demo(
     embed: bool = True,
     locomo: Path | None = None,
     echo: Callable[[str], None] = print,
+    reset: bool = False,
 ) -> None:
-    """Load the scenario into ``db``, then serve the REST API and the dashboard until interrupted.
+    """Serve the REST API and the dashboard over the demo store ``db`` until interrupted.
 
-    Prints the dashboard URL with an API key (tenant ``default``, role agent) in its fragment."""
+    The store is kept from one run to the next, so what a person changed in the dashboard (pins, values,
+    notes) is still there: the scenario is loaded only into an empty store, or after ``reset`` deleted
+    the store file. A store that holds memories but no finished demo (not the demo's, or a load cut off)
+    is refused rather than loaded into twice. A port already in use is refused before anything is loaded
+    or deleted. The dashboard URL, with a new API key (tenant ``default``, role agent) in its fragment, is
+    printed once the server accepts connections, not before."""
     from clawvm.server import configure_logging, create_app, run_server
 
+    check_port_free(host, port)
+    if reset:
+        remove_store_file(db)
     clock = ReplayClock()
     h = open_demo(store_from_url(db), clock, embed)
     try:
-        load_scenario(h, clock, echo, locomo)
+        if demo_loaded(h):
+            echo(f"kept {db} as it was left (pins and edits stay); start over: make run RESET=1")
+            newest = next(h.iter_all(newest_first=True, status="any", batch=1), None)
+            if newest is not None:  # the demo's calendar resumes where the store left it
+                clock.at(newest.created_at)
+        elif h.count(status="any"):
+            raise ConfigError(
+                f"db: {db} holds memories but not a finished demo (another store, or a load that was cut "
+                "off); start the demo over with make run RESET=1 (clawvm demo --dashboard --reset), which "
+                "deletes it, or pass another --db"
+            )
+        else:
+            load_scenario(h, clock, echo, locomo)
         configure_logging("warning")
-        app = create_app(h.store, embedder=h.embedder)  # the store stays ours: closed with the harness
-        _, key = app.state.service.keyring.create("default", "agent", "MemLens demo")
-        echo(f"\nMemLens dashboard: http://{host}:{port}/dashboard/#key={key}")
-        echo(f"REST API: http://{host}:{port}/docs  (API key for tenant 'default', role agent: {key})")
-        run_server(app, host, port)  # ends the dashboards' live event streams at Ctrl-C
+        # the store stays ours (closed with the harness); the app's harnesses keep the demo's pager and clock
+        options = {"pager": h.pager.config, "clock": clock.running()}
+        app = create_app(h.store, embedder=h.embedder, harness_options=options)
+        _, key = app.state.service.keyring.create("default", "agent", DEMO_KEY_NAME)
+        urls = [
+            f"\nMemLens dashboard: http://{host}:{port}/dashboard/#key={key}",
+            f"REST API: http://{host}:{port}/docs  (API key for tenant 'default', role agent: {key})",
+        ]
+        stop = threading.Event()
+        announcer = announce_when_listening(host, port, urls, echo, stop)
+        try:
+            run_server(app, host, port)  # ends the dashboards' live event streams at Ctrl-C
+        finally:
+            stop.set()
+            announcer.join()
     finally:
         h.close()
+
+
+def demo_loaded(h: Harness) -> bool:
+    """Whether the store holds a finished demo: its API key is made only after the scenario loaded."""
+    return any(k.name == DEMO_KEY_NAME for k in Keyring(h.store).list("default", include_revoked=True))
+
+
+def remove_store_file(db: str, *, asked: bool = True) -> None:
+    """Delete a SQLite store (a path or ``sqlite://`` URL) with its WAL files; ``memory://`` starts empty
+    anyway. A server's store (PostgreSQL) is not the demo's to drop: refused when the reset was ``asked``
+    for, left alone when it is only the printing demo's default."""
+    url = urlparse(db) if "://" in db else None
+    if url is not None and url.scheme == "memory":
+        return
+    if url is not None and url.scheme not in ("sqlite", "file"):
+        if not asked:
+            return
+        raise ConfigError(
+            f"db: --reset deletes a SQLite demo store, not {url.scheme} ones; give the demo a file "
+            "(--db .demo/clawvm.db) or empty that database yourself"
+        )
+    path = db if url is None else url.netloc + url.path
+    for suffix in ("", "-wal", "-shm"):
+        Path(path + suffix).unlink(missing_ok=True)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port another process listens on, naming it and how to choose another one (binding here
+    the way the server binds, address reuse included, so a port the server could take passes)."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn picks it
+        with socket.create_server((host, port), family=family):
+            pass
+    except OSError as exc:
+        other = port + 1 if 0 < port < 65535 else 8081
+        problem = "is taken by another process" if exc.errno == errno.EADDRINUSE else f"cannot be used: {exc}"
+        raise ConfigError(
+            f"port: {port} on {host} {problem}; choose another one: make run PORT={other} "
+            f"(or clawvm demo --dashboard --port {other})"
+        ) from None
+
+
+def announce_when_listening(
+    host: str, port: int, lines: list[str], echo: Callable[[str], None], stop: threading.Event
+) -> threading.Thread:
+    """Print ``lines`` once ``host:port`` accepts a connection (the server listens), in a thread that
+    gives up when ``stop`` is set (the server ended without listening)."""
+    target = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
+
+    def wait() -> None:
+        while not stop.is_set():
+            if _accepts(target, port):
+                for line in lines:
+                    echo(line)
+                return
+            stop.wait(ANNOUNCE_POLL_S)
+
+    thread = threading.Thread(target=wait, name="clawvm-demo-url", daemon=True)
+    thread.start()
+    return thread
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 def load_scenario(

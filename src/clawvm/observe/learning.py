@@ -43,6 +43,8 @@ class LearningHost(Recorder, Protocol):
 
     def unpin(self, memory_id: str) -> Memory: ...
 
+    def decompress(self, memory_id: str) -> Memory: ...
+
 
 LEARNING_RATE = 0.1
 # The most one action moves any one weight (a kind's base weight included): one person's click on one
@@ -225,7 +227,7 @@ def _weights_memory(tenant: str, weights: dict[str, Any], now: datetime, current
 
 
 # ---- manual actions -------------------------------------------------------------------------------------
-ACTIONS = ("pin", "unpin", "set_value", "annotate", "archive")
+ACTIONS = ("pin", "unpin", "set_value", "annotate", "archive", "set_tier")
 
 
 def intervene(
@@ -235,6 +237,7 @@ def intervene(
     *,
     value: float | None = None,
     note: str | None = None,
+    tier: str | None = None,
     by: str = "user",
     learn_rate: float = LEARNING_RATE,
 ) -> dict[str, Any]:
@@ -244,7 +247,9 @@ def intervene(
     ``set_value`` cannot write the value directly (the scorer recomputes it on every change), so it
     learns first and then sets the memory's feedback votes to the count whose value comes nearest the
     target; the event records the value reached. ``archive`` moves the memory to the archive tier
-    (unpinning it). ``annotate`` appends ``{at, by, text}`` to ``metadata["annotations"]``.
+    (unpinning it). ``annotate`` appends ``{at, by, text}`` to ``metadata["annotations"]``. ``set_tier``
+    moves the memory to ``tier`` (out of the archive: un-archive, decompressing it first); it teaches
+    nothing (a tier is where the pager keeps a memory, not what it is worth).
     """
     if action not in ACTIONS:
         raise ValidationError("action", f"is {action!r}", f"use one of {', '.join(ACTIONS)}")
@@ -255,6 +260,8 @@ def intervene(
         if not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
             raise ValidationError("value", f"is {value!r}", "pass a number between 0 and 1")
         target = float(value)
+    if action == "set_tier" and tier not in {t.value for t in Tier}:
+        raise ValidationError("tier", f"is {tier!r}", f"use one of {', '.join(t.value for t in Tier)}")
     if action == "annotate" and (not isinstance(note, str) or not note.strip()):
         raise ValidationError("note", "is empty", "pass the annotation text")
     if action == "set_value" and memory.pinned:
@@ -268,10 +275,12 @@ def intervene(
     # the lowered weights, so it never comes out above "before"
     if target is not None and learn_first:
         delta = _teach(harness, memory, now, target, action, learn_rate)
-    after = _perform(harness, action, memory, now, target, note, by)
+    after = _perform(harness, action, memory, now, target, note, by, tier)
     if target is not None and not learn_first:  # a pin teaches only once it took place
         delta = _teach(harness, memory, now, target, action, learn_rate)
     data: dict[str, Any] = {"action": action, "by": by, "before": before, "after": _state(after)}
+    if tier is not None:
+        data["tier"] = tier
     if target is not None:
         data.update(target=target, learned=delta)
     if note:
@@ -317,6 +326,7 @@ def _perform(
     target: float | None,
     note: str | None,
     by: str,
+    tier: str | None = None,
 ) -> Memory:
     if action == "pin":
         return harness.pin(memory.id)
@@ -324,6 +334,14 @@ def _perform(
         return harness.unpin(memory.id)
     if action == "archive":
         return harness.pager.move(memory, Tier.ARCHIVE, f"archived by {by}", now, pinned=False)
+    if action == "set_tier":
+        to = Tier(str(tier))
+        if to is not Tier.ARCHIVE and "compression" in memory.metadata:
+            memory = harness.decompress(memory.id)  # un-archiving brings the full text back
+        if to is memory.tier:
+            return memory
+        pinned = {"pinned": False} if to is Tier.ARCHIVE else {}
+        return harness.pager.move(memory, to, f"moved to {to.value} by {by}", now, **pinned)
     if action == "annotate":
         notes = list(memory.metadata.get("annotations", []))
         notes.append(

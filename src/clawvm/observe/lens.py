@@ -48,7 +48,7 @@ import math
 import re
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
@@ -84,6 +84,7 @@ _WORD = re.compile(r"[^\W_]{1,}", re.UNICODE)
 JUNK_VALUE = 0.15
 STALE_HALF_LIVES = 3.0
 NEED_KINDS = ("retrieve", "context", "output", "manual")
+GUIDANCE_KEPT = 20  # guidance builds the lens keeps (the dashboard's teams view lists them)
 
 
 # ---- the memory table -----------------------------------------------------------------------------------
@@ -108,10 +109,14 @@ class Row:
     expires_at: datetime | None
     parent_id: str | None
     links: tuple[tuple[str, str], ...]
+    tags: tuple[str, ...]
     access_count: int
     injected: int
     cited: int
     preview: str
+    seconds: float  # what producing it cost (a tool call's latency, an LLM call's time)
+    cost_tokens: int
+    money: float
     norm: int  # hash of the normalised text (duplicates)
     words: int
 
@@ -136,10 +141,14 @@ class Row:
             expires_at=m.expires_at,
             parent_id=m.parent_id,
             links=tuple((link.type.value, link.target) for link in m.links),
+            tags=tuple(m.tags),
             access_count=m.access_count,
             injected=m.usage.injected,
             cited=m.usage.cited,
             preview=text[:160],
+            seconds=m.cost.seconds,
+            cost_tokens=m.cost.tokens,
+            money=m.cost.money,
             norm=hash(text.lower()),
             words=len(_WORD.findall(m.content[:2000])),
         )
@@ -152,6 +161,7 @@ class Row:
             last_used=self.last_used.isoformat(),
             expires_at=self.expires_at.isoformat() if self.expires_at else None,
             links=[{"type": t, "target": x} for t, x in self.links],
+            tags=list(self.tags),
             value=round(self.value, 4),
         )
         return out
@@ -220,6 +230,18 @@ class _Needs:
     evicted: dict[str, int] = field(default_factory=dict)  # memory -> seq of its pending eviction
     evictions: int = 0
     regretted: list[tuple[str, int, int]] = field(default_factory=list)  # (memory, evicted seq, needed seq)
+    # the same counts per memory ([needs, working hits, evictions, regrets]): what a session's metrics sum
+    per_memory: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0, 0]))
+
+    def of(self, ids: Iterable[str]) -> tuple[int, int, int, int]:
+        """(needs, hits, evictions, regrets) of the memories ``ids``."""
+        counts = [self.per_memory[i] for i in ids if i in self.per_memory]
+        return (
+            sum(c[0] for c in counts),
+            sum(c[1] for c in counts),
+            sum(c[2] for c in counts),
+            sum(c[3] for c in counts),
+        )
 
 
 class Lens:
@@ -242,6 +264,7 @@ class Lens:
         self.context_ms: list[float] = []
         self.manual: list[Event] = []
         self.weights_events: list[Event] = []
+        self.guidance_events: deque[Event] = deque(maxlen=GUIDANCE_KEPT)  # the newest guidance builds
         self.kinds: Counter[str] = Counter()
         self.last_at: datetime | None = None
         self._needs = _Needs()
@@ -421,19 +444,27 @@ class Lens:
     def _on_weights(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
         self.weights_events.append(e)
 
+    def _on_guidance(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
+        self.guidance_events.append(e)
+
     def _need(self, mid: str, seq: int, tier: str | None) -> None:
         n = self._needs
+        mine = n.per_memory[mid]
         if tier is not None:
             n.total += 1
             n.hits += tier == Tier.WORKING.value
+            mine[0] += 1
+            mine[1] += tier == Tier.WORKING.value
         evicted = n.evicted.pop(mid, None)
         if evicted is not None:
             n.regretted.append((mid, evicted, seq))
+            mine[3] += 1
 
     def _evict(self, mid: str, seq: int) -> None:
         if mid and mid not in self._needs.evicted:
             self._needs.evicted[mid] = seq
             self._needs.evictions += 1
+            self._needs.per_memory[mid][2] += 1
 
     # ---- reading -------------------------------------------------------------------------------------
     def now(self) -> datetime:
@@ -509,26 +540,46 @@ class Lens:
                 )
             return out
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self, session: str | None = None) -> dict[str, Any]:
+        """The tenant's metrics, or with ``session`` those of the session's memories and builds (events by
+        kind, recall latencies and tool reliability stay tenant-wide: a tracked recall has no session, and a
+        tool is as reliable as all of its calls say)."""
         self.refresh()
         with self._lock:
             now = self.now()
-            active = [r for r in self.rows.values() if r.status == Status.ACTIVE.value]
-            n = self._needs
-            builds = sorted(self.contexts.values(), key=lambda b: b.seq)
+            rows = [r for r in self.rows.values() if session is None or r.session_id == session]
+            active = [r for r in rows if r.status == Status.ACTIVE.value]
+            builds = sorted(
+                (
+                    b
+                    for b in self.contexts.values()
+                    if session is None or b.scope.get("session_id") == session
+                ),
+                key=lambda b: b.seq,
+            )
+            needs, hits, evictions, regrets = self._need_counts(session, rows)
             tokens = [b.tokens for b in builds]
+            build_ms = [float(b.ms) for b in builds if isinstance(b.ms, int | float)]
+            tools = (
+                self.harness.tool_reliability()
+            )  # a tool's reliability is the tenant's, as the pager sees it
             return {
-                "memories": len(self.rows),
+                "session": session,
+                "memories": len(rows),
                 "active": len(active),
                 "events": self.events_seen,
                 "events_by_kind": dict(self.kinds.most_common()),
-                "working_hit_rate": _rate(n.hits, n.total),
-                "needs": n.total,
+                "working_hit_rate": _rate(hits, needs),
+                "needs": needs,
                 "retrieval_ms": _percentiles(self.retrieve_ms),
-                "context_ms": _percentiles(self.context_ms),
-                "eviction_regret": _rate(len(n.regretted), n.evictions),
-                "evictions": n.evictions,
-                "regretted": [{"id": m, "evicted_seq": a, "needed_seq": b} for m, a, b in n.regretted[-50:]],
+                "context_ms": _percentiles(build_ms if session else self.context_ms),
+                "eviction_regret": _rate(regrets, evictions),
+                "evictions": evictions,
+                "regretted": [
+                    {"id": m, "evicted_seq": a, "needed_seq": b}
+                    for m, a, b in self._needs.regretted[-50:]
+                    if session is None or (m in self.rows and self.rows[m].session_id == session)
+                ],
                 "context_tokens": {
                     "builds": len(builds),
                     "mean": round(sum(tokens) / len(tokens), 1) if tokens else None,
@@ -540,9 +591,15 @@ class Lens:
                     ],
                 },
                 **quality_rates(active, now, self.harness.pager.config.scoring),
-                "tools": [asdict(t) for t in self.harness.tool_reliability().values()],
+                "tools": [asdict(t) for t in tools.values()],
                 "latency_series": [round(x, 3) for x in self.retrieve_ms[-300:]],
             }
+
+    def _need_counts(self, session: str | None, rows: Sequence[Row]) -> tuple[int, int, int, int]:
+        n = self._needs
+        if session is None:
+            return n.total, n.hits, n.evictions, len(n.regretted)
+        return n.of(r.id for r in rows)
 
 
 _HANDLERS = {
@@ -561,6 +618,7 @@ _HANDLERS = {
     "output": Lens._on_output,
     "manual": Lens._on_manual,
     WEIGHTS_KIND: Lens._on_weights,
+    "guidance": Lens._on_guidance,
 }
 
 

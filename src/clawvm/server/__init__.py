@@ -13,6 +13,7 @@ Where things are, in the order a request meets them:
 :mod:`.routes`         one module per resource (memories, recall, sessions, events, keys, health, dashboard)
 :mod:`.schemas`        request and response bodies (pydantic)
 :mod:`.errors`         library error type -> HTTP status and code (:data:`ERRORS`), the one error shape
+:mod:`.mcp`            MCP (streamable HTTP) at ``/mcp`` behind the same keys, with ``create_app(mcp=True)``
 :mod:`.app`            :func:`create_app`, the factory wiring the above
 :mod:`.serve`          :func:`run_server` (uvicorn); :mod:`.logs`: JSON-lines logging
 =====================  ===================================================================================

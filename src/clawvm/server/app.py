@@ -5,11 +5,12 @@ the error handlers, and the routers: health at the root, the API under ``/v1``, 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
+from starlette.routing import Route
 
 from clawvm.core.embed import Embedder
 from clawvm.core.version import __version__
@@ -39,6 +40,7 @@ def create_app(
     settings: ServerSettings | None = None,
     routers: Sequence[APIRouter] = (),
     harness_options: Mapping[str, Any] | None = None,
+    mcp: bool = False,
 ) -> FastAPI:
     """The ClawVM REST app over ``target`` (a store URL or path, or an open-able Store).
 
@@ -46,6 +48,8 @@ def create_app(
     ``routers``: more APIRouters to mount (they can depend on :data:`Reader`/:data:`Writer`/:data:`Admin`).
     ``harness_options``: more keyword arguments for every tenant's :class:`Harness` (``pager``,
     ``redaction`` — one policy or one per tenant —, ``data_keys``, ``summarizer`` ...).
+    ``mcp``: also serve MCP (streamable HTTP) at ``/mcp``, behind the same keys (:mod:`clawvm.server.mcp`;
+    needs the ``integrations`` extra).
     A Store passed in is set up but left open at shutdown (its owner closes it); one opened from a URL is
     closed with the app.
     """
@@ -54,11 +58,20 @@ def create_app(
     owns = not isinstance(target, Store)
     store = target if isinstance(target, Store) else store_from_url(target, dim=emb.dim if emb else 384)
     service = Service(store, emb, settings, owns_store=owns, harness_options=harness_options)
+    mcp_endpoint = None
+    if mcp:
+        from clawvm.server.mcp import McpEndpoint  # the mcp package is an optional extra
+
+        mcp_endpoint = McpEndpoint(service)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        sessions: AbstractAsyncContextManager[None] = (
+            mcp_endpoint.running() if mcp_endpoint else nullcontext()
+        )
         try:
-            yield
+            async with sessions:
+                yield
         finally:
             service.close()
 
@@ -81,5 +94,8 @@ def create_app(
     app.include_router(dashboard_router(), responses=ERROR_RESPONSES)
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
+    if mcp_endpoint is not None:
+        endpoint = Route(mcp_endpoint.path, mcp_endpoint, include_in_schema=False)  # an ASGI app
+        app.router.routes.append(endpoint)
     state_embedding_dim(app, emb.dim if emb is not None else store.dim)
     return app

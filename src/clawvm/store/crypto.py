@@ -227,6 +227,16 @@ def sealed_envelope(memory: Memory) -> Any:
     return info.get("sealed") if isinstance(info, Mapping) else None
 
 
+def without_sealed(memory: Memory) -> Memory:
+    """``memory`` as shown to a caller who may not read originals: its redaction mark (the kinds found)
+    without the sealed envelope, whose ciphertext length tells the original's length. The same object when
+    it has none."""
+    if sealed_envelope(memory) is None:
+        return memory
+    mark = {k: v for k, v in memory.metadata[REDACTION_FIELD].items() if k != "sealed"}
+    return memory.model_copy(update={"metadata": {**memory.metadata, REDACTION_FIELD: mark}})
+
+
 def reveal_original(memory: Memory, keys: DataKeys | None) -> str:
     """The content ``memory`` had before redaction (its content when nothing was redacted).
 

@@ -10,7 +10,7 @@ does not know (a newer writer's) stays a plain string rather than failing the re
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 
 class EventKind(StrEnum):
@@ -164,6 +164,7 @@ class ContextData(TypedDict):
     scope: dict[str, Any]
     ms: float
     manifest: list[dict[str, Any]]
+    text: NotRequired[str]  # the exact prompt (builds recorded before it was kept have none)
 
 
 class OutputData(TypedDict):

@@ -165,6 +165,9 @@ class TenantStore(Store):
         confined = self._confined(filters)
         return frozenset() if confined is None else self.inner.agents(confined)
 
+    def vectors_of(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        return self.inner.vectors_of(sorted(self._owned(ids)))
+
     def edges(self, ids: Sequence[str]) -> list[Edge]:
         own = self._owned(ids)
         found = self.inner.edges(sorted(own))

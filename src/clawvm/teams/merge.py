@@ -58,6 +58,7 @@ from clawvm.teams.shared import (
     build_revision,
     partition_key,
     root_id,
+    stored_id,
 )
 from clawvm.vm.compress import Fallback, drops_every_number, fallback_event, numbers_in
 from clawvm.vm.context import short_id
@@ -296,7 +297,8 @@ def components(n: int, pairs: Iterable[tuple[int, int]]) -> list[list[int]]:
 
 def _active(h: MergeHost, kinds: Sequence[Kind], team_id: str | None) -> dict[tuple[Any, ...], list[Memory]]:
     """Active memories of ``kinds`` grouped by who may read them (and by kind)."""
-    f = Filters.of(tenant=h.tenant, status=Status.ACTIVE, kind=list(kinds), team_id=team_id)
+    team = None if team_id is None else stored_id(h, team_id)
+    f = Filters.of(tenant=h.tenant, status=Status.ACTIVE, kind=list(kinds), team_id=team)
     groups: dict[tuple[Any, ...], list[Memory]] = defaultdict(list)
     for m in h.store.iter_all(f):
         if RULE_TAG in m.tags or CONFLICT_TAG in m.tags or m.pinned:

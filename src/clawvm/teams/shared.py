@@ -118,6 +118,12 @@ class Grant:
     write: bool
 
 
+def stored_id(h: TeamHost, value: str) -> str:
+    """A team or agent id as the write path stores it (a secret-looking id is redacted, one stored form per
+    original): grants are kept, looked up and compared in that form, like the memories they govern."""
+    return h.writer.identifier(value, h.tenant)
+
+
 def _grant_id(tenant: str, team_id: str, agent_id: str) -> str:
     return str(uuid.uuid5(_NAMESPACE, f"grant\x00{tenant}\x00{team_id}\x00{agent_id}"))
 
@@ -129,6 +135,7 @@ def grant(h: TeamHost, team_id: str, agent_id: str, *, read: bool = True, write:
             raise ValidationError(name, f"is {v!r}", "pass a non-empty string")
     if write and not read:
         raise ValidationError("read", "is False while write is True", "writers must be able to read")
+    team_id, agent_id = stored_id(h, team_id), stored_id(h, agent_id)
     g = Grant(team_id, agent_id, bool(read), bool(write))
     gid = _grant_id(h.tenant, team_id, agent_id)
     body = {"team_id": team_id, "agent_id": agent_id, "read": g.read, "write": g.write}
@@ -163,8 +170,9 @@ def grant(h: TeamHost, team_id: str, agent_id: str, *, read: bool = True, write:
 
 def grants(h: TeamHost, team_id: str | None = None) -> list[Grant]:
     """Every grant of this tenant (of one team, if given)."""
+    team = None if team_id is None else stored_id(h, team_id)
     f = Filters.of(
-        tenant=h.tenant, tags=[GRANT_TAG], kind=Kind.AGENT_STATE, status=Status.INTERNAL, team_id=team_id
+        tenant=h.tenant, tags=[GRANT_TAG], kind=Kind.AGENT_STATE, status=Status.INTERNAL, team_id=team
     )
     out = []
     for m in h.store.iter_all(f):
@@ -174,18 +182,19 @@ def grants(h: TeamHost, team_id: str | None = None) -> list[Grant]:
 
 
 def _agent_grants(h: TeamHost, agent_id: str) -> list[Grant]:
-    return [g for g in grants(h) if g.agent_id == agent_id]
+    agent = stored_id(h, agent_id)
+    return [g for g in grants(h) if g.agent_id == agent]
 
 
 def visibility(h: TeamHost, agent_id: str, tasks: Iterable[str] = ()) -> Visibility:
     """What ``agent_id`` may read, working on ``tasks``: pass it as ``visible_to=`` to any query."""
     readable = frozenset(g.team_id for g in _agent_grants(h, agent_id) if g.read)
-    return Visibility(agent_id, readable, frozenset(t for t in tasks if t))
+    return Visibility(stored_id(h, agent_id), readable, frozenset(stored_id(h, t) for t in tasks if t))
 
 
 def can_write(h: TeamHost, agent_id: str, team_id: str) -> bool:
     # every team write asks this: read the one grant record by its id instead of listing them all
-    gid = _grant_id(h.tenant, team_id, agent_id)
+    gid = _grant_id(h.tenant, stored_id(h, team_id), stored_id(h, agent_id))
     stored = h.store.get_many([gid]).get(gid)
     if stored is None or stored.status is not Status.INTERNAL or GRANT_TAG not in stored.tags:
         return False
@@ -216,7 +225,8 @@ def check_write(h: TeamHost, memory: Memory, agent_id: str | None = None) -> Non
     if writer is None or agent_id == APPLICATION or memory.scope is None:
         return
     if memory.scope is Scope.PRIVATE:
-        if memory.agent_id != writer:
+        owner = None if memory.agent_id is None else stored_id(h, memory.agent_id)
+        if owner != stored_id(h, writer):
             raise AccessDeniedError(
                 "agent_id", f"{writer!r} may not write {memory.agent_id!r}'s private memory", "share it first"
             )
@@ -471,7 +481,8 @@ class RetentionPolicy:
 def apply_retention(h: TeamHost, policy: RetentionPolicy, *, team_id: str | None = None) -> list[Memory]:
     """Archive what ``policy`` says is past keeping; returns the archived memories."""
     now = h.now()
-    f = Filters.of(tenant=h.tenant, status=Status.ACTIVE, kind=list(policy.kinds), team_id=team_id)
+    team = None if team_id is None else stored_id(h, team_id)
+    f = Filters.of(tenant=h.tenant, status=Status.ACTIVE, kind=list(policy.kinds), team_id=team)
     archived = []
     for m in list(h.store.iter_all(f)):
         if m.pinned:
@@ -573,7 +584,8 @@ def review_queue(
     With ``agent_id``, only what that agent may read."""
     vis = visibility(h, agent_id) if agent_id else None
     kinds = [*TEAM_KINDS, Kind.NOTE]
-    f = Filters.of(tenant=h.tenant, status=Status.ACTIVE, kind=kinds, team_id=team_id, visible_to=vis)
+    team = None if team_id is None else stored_id(h, team_id)
+    f = Filters.of(tenant=h.tenant, status=Status.ACTIVE, kind=kinds, team_id=team, visible_to=vis)
     queue = [m for m in h.store.iter_all(f) if needs_review(m, below)]
     return sorted(queue, key=lambda m: (m.confidence, m.created_at))
 

@@ -8,7 +8,11 @@ Enforced here and nowhere else. A write of memories passes, in this order:
 2. **redaction**: its content as the tenant's redaction policy stores it (token count recounted and the
    value re-derived when the text changed), and every string of its metadata (tool-call arguments, error
    messages, review reasons, checkpoint names, annotations ...) likewise, read with its key as context;
-   numbers stay numbers, and the sealed original (``metadata["redaction"]``) is left as it is;
+   numbers stay numbers, and the sealed original (``metadata["redaction"]``) is left as it is; its scope
+   ids (session, task, agent, team, tool) and tags as identifiers
+   (:func:`clawvm.core.redact.redact_identifier`: one stored form per original, so a secret-looking
+   session id neither leaks nor splits its session; readers map the ids they filter by with
+   :meth:`CommitPath.identifier`);
 3. **encryption of originals**: when the policy keeps them, the original text sealed with the data key
    into ``metadata["redaction"]`` (:mod:`clawvm.store.crypto`);
 4. **optimistic version check** and **store write**: the engine stores the batch only if every version is
@@ -19,8 +23,9 @@ Enforced here and nowhere else. A write of memories passes, in this order:
    events than memories, by design.);
 5. **cache invalidation**: the listeners (:meth:`CommitPath.on_commit`) hear which memories changed.
 
-Events are redacted too: every string in an event's ``data`` is scrubbed with the tenant's policy, so the
-log holds no text the memories could not. A caller that must shorten text (an event's excerpt, a tool's
+Events are redacted too: every string in an event's ``data`` is scrubbed with the tenant's policy (the
+values of scope-id keys, ``session_id`` ..., as identifiers, so they match the memories'), so the log holds
+no text the memories could not. A caller that must shorten text (an event's excerpt, a tool's
 result cut to its limit) scrubs it first with :meth:`CommitPath.scrub`: a secret cut in half is no longer
 recognisable afterwards.
 
@@ -49,7 +54,7 @@ import numpy as np
 from clawvm.core.embed import count_tokens
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import DEFAULT_MAX_CONTENT_BYTES, JSON, Memory
-from clawvm.core.redact import RedactionPolicy, redact_json
+from clawvm.core.redact import RedactionPolicy, redact_identifier, redact_json
 from clawvm.store.base import Event, Store, StoreReader
 from clawvm.store.crypto import REDACTION_FIELD
 from clawvm.write.redaction import Redactor
@@ -61,7 +66,9 @@ Rederive = Callable[[Memory], Memory]
 
 
 # how a text was checked (see _CleanTexts)
-_TEXT, _JSON, _METADATA = "text", "json", "metadata"
+_TEXT, _JSON, _METADATA, _IDENTIFIER = "text", "json", "metadata", "identifier"
+#: the memory fields that name a scope: identifiers, redacted as such (and event data keys of these names)
+SCOPE_ID_FIELDS = ("session_id", "task_id", "agent_id", "tool_name", "team_id")
 
 
 class Writer(Protocol):
@@ -77,6 +84,8 @@ class Writer(Protocol):
     def log(self, events: Sequence[Event]) -> list[int]: ...
 
     def scrub(self, text: str, tenant: str) -> str: ...
+
+    def identifier(self, value: str, tenant: str) -> str: ...
 
 
 class _CleanTexts:
@@ -190,12 +199,36 @@ class CommitPath:
         self._clean.add(tenant, _TEXT, scrubbed)
         return scrubbed
 
+    def identifier(self, value: str, tenant: str) -> str:
+        """``value`` (a scope id or a tag) as ``tenant``'s policy stores it: unchanged when nothing is found,
+        else its redacted form with a digest of the original (:func:`redact_identifier`). Readers pass the
+        ids they filter by through this too, so a caller finds its secret-looking session again."""
+        policy = self.redactor.policy_for(tenant)
+        if policy is None or (tenant, _IDENTIFIER, value) in self._clean:
+            return value
+        stored = redact_identifier(value, policy, salt=tenant)
+        self._clean.add(tenant, _IDENTIFIER, stored)  # the stored form maps to itself
+        return stored
+
     def _redacted(self, memory: Memory) -> Memory:
         """``memory`` as its tenant's policy stores it (unchanged when nothing is found)."""
         policy = self.redactor.policy_for(memory.tenant)
         if policy is None:
             return memory
-        return self._metadata_redacted(self._content_redacted(memory), policy)
+        return self._ids_redacted(self._metadata_redacted(self._content_redacted(memory), policy))
+
+    def _ids_redacted(self, memory: Memory) -> Memory:
+        """Scope ids and tags as identifiers (the same input always gives the same stored id)."""
+        tenant = memory.tenant
+        changed: dict[str, Any] = {}
+        for name in SCOPE_ID_FIELDS:
+            value = getattr(memory, name)
+            if value is not None and (stored := self.identifier(value, tenant)) != value:
+                changed[name] = stored
+        tags = [self.identifier(tag, tenant) for tag in memory.tags]
+        if tags != memory.tags:
+            changed["tags"] = list(dict.fromkeys(tags))  # two originals never share a form; stay unique
+        return memory.model_copy(update=changed) if changed else memory
 
     def _metadata_redacted(self, memory: Memory, policy: RedactionPolicy) -> Memory:
         shown = {k: v for k, v in memory.metadata.items() if k != REDACTION_FIELD}
@@ -237,14 +270,15 @@ class CommitPath:
             event if data is event.data else Event(event.kind, event.memory_id, data, event.tenant, event.at)
         )
 
-    def _scrub_value(self, value: Any, tenant: str) -> Any:
-        """``value`` with every string scrubbed; the same object when nothing changed (the common case)."""
+    def _scrub_value(self, value: Any, tenant: str, key: str | None = None) -> Any:
+        """``value`` with every string scrubbed (the value of a scope-id key as an identifier, as the
+        memories store it); the same object when nothing changed (the common case)."""
         if isinstance(value, str):
             if len(value) < 6:  # nothing detectable fits in 5 characters
                 return value
-            return self.scrub(value, tenant)
+            return self.identifier(value, tenant) if key in SCOPE_ID_FIELDS else self.scrub(value, tenant)
         if isinstance(value, dict):
-            items = {k: self._scrub_value(v, tenant) for k, v in value.items()}
+            items = {k: self._scrub_value(v, tenant, k) for k, v in value.items()}
             return value if all(items[k] is value[k] for k in value) else items
         if isinstance(value, list):
             elements = [self._scrub_value(v, tenant) for v in value]

@@ -21,7 +21,7 @@ from clawvm.server.schemas.requests import (
     RecordRequest,
     UpdateRequest,
 )
-from clawvm.server.schemas.responses import ImportOut, OriginalOut, ValueOut
+from clawvm.server.schemas.responses import ImportOut, OriginalOut, ValueOut, shown
 from clawvm.server.service import service_of
 
 router = APIRouter(tags=["memories"])
@@ -40,14 +40,16 @@ def record(
         "POST /v1/memories",
         body,
         201,
-        lambda: caller.harness.record(body.content, embedding=body.embedding, **body.fields()),
+        lambda: shown(
+            caller.principal, caller.harness.record(body.content, embedding=body.embedding, **body.fields())
+        ),
     )
 
 
 @router.get("/memories", response_model=list[Memory])
 def list_memories(query: Annotated[ListQuery, Query()], caller: Reader) -> list[Memory]:
     """The newest memories matching the filters (active ones unless ``status`` says otherwise)."""
-    return caller.harness.list(limit=query.limit, **query.as_kwargs())
+    return [shown(caller.principal, m) for m in caller.harness.list(limit=query.limit, **query.as_kwargs())]
 
 
 @router.post("/memories/import", response_model=ImportOut)
@@ -61,7 +63,7 @@ def import_memories(body: ImportRequest, caller: Admin) -> ImportOut:
 
 @router.get("/memories/{memory_id}", response_model=Memory)
 def get_memory(memory_id: MemoryId, caller: Reader) -> Memory:
-    return caller.harness.get(memory_id)
+    return shown(caller.principal, caller.harness.get(memory_id))
 
 
 @router.patch("/memories/{memory_id}", response_model=Memory)
@@ -73,8 +75,9 @@ def update_memory(memory_id: MemoryId, body: UpdateRequest, caller: Writer) -> M
         current = caller.harness.get(memory_id)
         if body.expected_version is not None and body.expected_version != current.version:
             raise ConflictError(memory_id, body.expected_version, current.version)
-        return current
-    return caller.harness.update(memory_id, expected_version=body.expected_version, **changes)
+        return shown(caller.principal, current)
+    updated = caller.harness.update(memory_id, expected_version=body.expected_version, **changes)
+    return shown(caller.principal, updated)
 
 
 @router.delete("/memories/{memory_id}", status_code=204)
@@ -97,18 +100,18 @@ def reveal_original(memory_id: MemoryId, caller: Admin) -> OriginalOut:
 
 @router.post("/memories/{memory_id}/pin", response_model=Memory)
 def pin(memory_id: MemoryId, caller: Writer) -> Memory:
-    return caller.harness.pin(memory_id)
+    return shown(caller.principal, caller.harness.pin(memory_id))
 
 
 @router.post("/memories/{memory_id}/unpin", response_model=Memory)
 def unpin(memory_id: MemoryId, caller: Writer) -> Memory:
-    return caller.harness.unpin(memory_id)
+    return shown(caller.principal, caller.harness.unpin(memory_id))
 
 
 @router.post("/memories/{memory_id}/feedback", response_model=Memory)
 def feedback(memory_id: MemoryId, body: FeedbackRequest, caller: Writer) -> Memory:
     """User feedback (+1 useful / -1 not useful); feeds the value score."""
-    return caller.harness.rate(memory_id, body.delta)
+    return shown(caller.principal, caller.harness.rate(memory_id, body.delta))
 
 
 @router.get("/memories/{memory_id}/value", response_model=ValueOut)
@@ -119,12 +122,12 @@ def value(memory_id: MemoryId, caller: Reader) -> ValueOut:
 
 @router.post("/memories/{memory_id}/compress", response_model=Memory)
 def compress(memory_id: MemoryId, caller: Writer) -> Memory:
-    return caller.harness.compress(memory_id)
+    return shown(caller.principal, caller.harness.compress(memory_id))
 
 
 @router.post("/memories/{memory_id}/decompress", response_model=Memory)
 def decompress(memory_id: MemoryId, caller: Writer) -> Memory:
-    return caller.harness.decompress(memory_id)
+    return shown(caller.principal, caller.harness.decompress(memory_id))
 
 
 @router.get(
@@ -133,8 +136,10 @@ def decompress(memory_id: MemoryId, caller: Writer) -> Memory:
     responses={200: {"content": {"application/x-ndjson": {}}, "description": "one memory per line"}},
 )
 def export(caller: Reader) -> StreamingResponse:
-    """Every memory of the tenant as JSON Lines, exactly as stored, oldest first. The harness's internal
-    records (team grants, learned weights) are left out: they are permissions and bookkeeping, not
-    memories, and an import refuses them (grant again on the target)."""
-    lines: Iterator[str] = (m.to_json() + "\n" for m in caller.harness.iter_all(status="any"))
+    """Every memory of the tenant as JSON Lines, exactly as stored, oldest first (sealed originals only in an
+    admin's export: the backup an import takes whole). The harness's internal records (team grants,
+    learned weights) are left out: they are permissions and bookkeeping, not memories, and an import
+    refuses them (grant again on the target)."""
+    memories = caller.harness.iter_all(status="any")
+    lines: Iterator[str] = (shown(caller.principal, m).to_json() + "\n" for m in memories)
     return StreamingResponse(lines, media_type="application/x-ndjson")

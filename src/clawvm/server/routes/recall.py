@@ -25,7 +25,7 @@ def recall(body: RecallRequest, caller: Reader) -> list[RecallHit]:
         track=records_usage(body.track, caller),
         **body.filters.as_kwargs(),
     )
-    return [RecallHit.of(h) for h in hits]
+    return [RecallHit.of(h, caller.principal) for h in hits]
 
 
 @router.post("/context", response_model=ContextOut)

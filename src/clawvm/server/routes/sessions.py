@@ -11,7 +11,7 @@ from clawvm.server.auth import Writer
 from clawvm.server.idempotency import IdempotencyKey, once
 from clawvm.server.routes.params import MemoryId, ScopeId
 from clawvm.server.schemas.requests import CheckpointRequest, StartSessionRequest
-from clawvm.server.schemas.responses import CheckpointOut, CollapseOut, RollbackOut, TickOut
+from clawvm.server.schemas.responses import CheckpointOut, CollapseOut, RollbackOut, TickOut, shown
 from clawvm.server.service import service_of
 
 router = APIRouter(tags=["sessions"])
@@ -47,13 +47,15 @@ def rollback(checkpoint_id: MemoryId, caller: Writer) -> RollbackOut:
 @router.post("/sessions/{session_id}/start", response_model=list[Memory])
 def start_session(session_id: ScopeId, body: StartSessionRequest, caller: Writer) -> list[Memory]:
     """Preload the working tier with the memories most relevant to ``task``."""
-    return caller.harness.start_session(session_id, body.task, task_id=body.task_id, k=body.k)
+    loaded = caller.harness.start_session(session_id, body.task, task_id=body.task_id, k=body.k)
+    return [shown(caller.principal, m) for m in loaded]
 
 
 @router.post("/tasks/{task_id}/collapse", response_model=CollapseOut)
 def collapse(task_id: ScopeId, caller: Writer) -> CollapseOut:
     """Compress a finished task's intermediate steps into one summary linked to them."""
-    return CollapseOut(summary=caller.harness.collapse_task(task_id))
+    summary = caller.harness.collapse_task(task_id)
+    return CollapseOut(summary=None if summary is None else shown(caller.principal, summary))
 
 
 @router.post("/tick", response_model=TickOut)

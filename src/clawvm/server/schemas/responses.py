@@ -12,10 +12,18 @@ from clawvm.core.model import Memory
 from clawvm.recall.retrieval import Recalled
 from clawvm.server.usage import Use
 from clawvm.store import Event
-from clawvm.store.keys import ApiKey, Role
+from clawvm.store.crypto import without_sealed
+from clawvm.store.keys import ApiKey, Permission, Principal, Role
 from clawvm.vm.checkpoint import RollbackReport
 from clawvm.vm.context import Context
 from clawvm.vm.scoring import ValueBreakdown
+
+
+def shown(principal: Principal, memory: Memory) -> Memory:
+    """``memory`` as ``principal`` sees it in a response: as stored for an admin (who may read the original
+    anyway), without the sealed original for every other role (:func:`without_sealed`: the envelope's
+    length tells the original's)."""
+    return memory if principal.can(Permission.ADMIN) else without_sealed(memory)
 
 
 class ErrorDetail(BaseModel):
@@ -45,12 +53,12 @@ class RecallHit(BaseModel):
     memory: Memory
 
     @classmethod
-    def of(cls, hit: Recalled) -> RecallHit:
+    def of(cls, hit: Recalled, principal: Principal) -> RecallHit:
         explain = {
             c: ChannelOut(raw=s.raw, normalized=s.normalized, weight=s.weight, rank=s.rank)
             for c, s in hit.explain.items()
         }
-        return cls(id=hit.id, score=hit.score, explain=explain, memory=hit.memory)
+        return cls(id=hit.id, score=hit.score, explain=explain, memory=shown(principal, hit.memory))
 
 
 class ManifestOut(BaseModel):

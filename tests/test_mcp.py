@@ -1,0 +1,360 @@
+"""The MCP server with the official ``mcp`` client: over stdio (``clawvm mcp`` as a subprocess), over
+streamable HTTP mounted on the REST app (a real uvicorn on loopback, API keys and tenants), and over
+``clawvm mcp --http --api-key`` (a real process). The client itself checks every successful result against
+the tool's output schema."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import httpx2
+import jsonschema
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import get_default_environment
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+import clawvm
+from clawvm import Harness, Kind
+from clawvm.agents.tools import AgentTools
+from clawvm.integrations.mcp_server import SCOPE_ARGUMENTS
+from clawvm.server import ServerSettings, create_app
+from clawvm.store import store_from_url
+from clawvm.store.keys import Keyring
+from engines import harness_target
+from loopback import serve_app
+
+T = TypeVar("T")
+SRC = str(Path(clawvm.__file__).parents[1])  # the clawvm under test (a worktree's), for subprocesses
+
+
+def run(talk: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    return asyncio.run(talk())
+
+
+def ok(result: Any) -> dict[str, Any]:
+    assert result.is_error is False, result
+    assert json.loads(result.content[0].text) == result.structured_content  # text and structure agree
+    return dict(result.structured_content["result"])
+
+
+def failed(result: Any, kind: str) -> dict[str, Any]:
+    assert result.is_error is True and result.structured_content["ok"] is False, result
+    assert result.structured_content["error"]["type"] == kind, result.structured_content
+    return dict(result.structured_content["error"])
+
+
+# ---- stdio ---------------------------------------------------------------------------------------------
+@pytest.mark.engines("sqlite", "postgres")
+def test_stdio_tools_resources_and_per_call_scope(engine_name: str, tmp_path: Path) -> None:
+    target = harness_target(engine_name, tmp_path, "mcp.db")
+    with Harness.open(target, embedder=None):
+        pass  # create the store first, as a deployment would
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=[
+            "-c",
+            "from clawvm.cli import main; main()",
+            "--db",
+            target,
+            "--no-embed",
+            "mcp",
+            "--session",
+            "s1",
+        ],
+        cwd=str(tmp_path),
+        env={**get_default_environment(), "PYTHONPATH": SRC},
+    )
+
+    async def talk() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with Client(server, read_timeout_seconds=60) as client:
+            out["instructions"] = client.instructions
+            out["tools"] = {t.name: t for t in (await client.list_tools()).tools}
+            call = client.call_tool
+            fact = ok(await call("record_memory", {"content": "the staging DB password was rotated"}))
+            other = ok(
+                await call("record_memory", {"content": "deploys freeze on Fridays", "session_id": "s2"})
+            )
+            out["ids"] = fact["id"], other["id"]
+            out["recall"] = ok(await call("recall_memory", {"query": "staging password rotated"}))
+            out["list_s1"] = ok(await call("list_memories", {}))
+            out["list_s2"] = ok(await call("list_memories", {"session_id": "s2", "limit": 5}))
+            got = ok(await call("get_memory", {"memory_id": fact["short_id"]}))
+            out["got"] = got
+            out["update"] = ok(
+                await call(
+                    "update_memory",
+                    {
+                        "memory_id": fact["id"],
+                        "content": "the staging DB password rotates weekly",
+                        "expected_version": got["version"],
+                    },
+                )
+            )
+            out["stale"] = failed(
+                await call(
+                    "update_memory",
+                    {"memory_id": fact["id"], "content": "x", "expected_version": got["version"]},
+                ),
+                "conflict",
+            )
+            out["not_in_s1"] = failed(await call("get_memory", {"memory_id": other["id"]}), "not_found")
+            out["templates"] = (await client.list_resource_templates()).resource_templates
+            out["resources"] = (await client.list_resources()).resources
+            out["memory_resource"] = (await client.read_resource(f"clawvm://memory/{fact['id']}")).contents[0]
+            out["context_resource"] = (
+                await client.read_resource("clawvm://session/s2/context?query=deploys")
+            ).contents[0]
+            ok(await call("forget_memory", {"memory_id": other["id"], "session_id": "s2"}))
+            out["forgotten"] = failed(
+                await call("get_memory", {"memory_id": other["id"], "session_id": "s2"}), "not_found"
+            )
+            try:
+                await client.read_resource(f"clawvm://memory/{other['id']}")
+                out["forgotten_resource"] = None
+            except MCPError as exc:
+                out["forgotten_resource"] = exc.message
+            out["bad"] = failed(await call("recall_memory", {"query": "x", "k": "many"}), "invalid_arguments")
+            out["bad_scope"] = failed(await call("list_memories", {"session_id": 5}), "invalid_arguments")
+            out["unknown"] = failed(await call("drop_tables", {}), "unknown_tool")
+        return out
+
+    out = run(talk)
+    assert "build_context" in out["instructions"] and "update_memory" in out["instructions"]
+    with Harness.open("memory://", embedder=None) as h:
+        catalog = AgentTools(h)
+    tools = out["tools"]
+    assert list(tools) == catalog.names
+    for name, tool in tools.items():
+        assert tool.description == catalog.description(name)
+        own = catalog.parameters(name)
+        assert {k: v for k, v in tool.input_schema["properties"].items() if k in own["properties"]} == own[
+            "properties"
+        ]
+        assert set(SCOPE_ARGUMENTS) <= set(tool.input_schema["properties"])
+        assert tool.input_schema.get("required", []) == own.get("required", [])  # the scope is optional
+        jsonschema.Draft202012Validator.check_schema(tool.output_schema)
+        effect = catalog.effect(name)
+        assert (tool.annotations.read_only_hint, tool.annotations.destructive_hint) == (
+            effect.read_only,
+            effect.destructive,
+        )
+        assert tool.annotations.idempotent_hint is effect.idempotent
+    assert tools["get_memory"].annotations.read_only_hint is True
+    assert tools["forget_memory"].annotations.destructive_hint is True
+    assert tools["record_memory"].annotations.destructive_hint is False
+
+    fact_id, other_id = out["ids"]
+    assert [m["id"] for m in out["recall"]["memories"]] == [fact_id]  # s1 only: s2's memory is not recalled
+    assert [m["id"] for m in out["list_s1"]["memories"]] == [fact_id] and out["list_s1"]["total"] == 1
+    assert [m["id"] for m in out["list_s2"]["memories"]] == [other_id]
+    assert out["got"]["content"] == "the staging DB password was rotated"
+    version = out["got"]["version"] + 1  # the read's version (recall's tracking may have moved it) plus one
+    assert out["update"] == {
+        "id": fact_id,
+        "short_id": fact_id[-8:],
+        "version": version,
+        "fields": ["content"],
+    }
+    assert "version" in out["stale"]["message"]
+    assert {t.uri_template for t in out["templates"]} == {
+        "clawvm://memory/{memory_id}",
+        "clawvm://session/{session_id}/context",
+    }
+    uris = [r.uri for r in out["resources"]]
+    assert uris == ["clawvm://session/s1/context", f"clawvm://memory/{fact_id}"]
+    memory = json.loads(out["memory_resource"].text)
+    assert out["memory_resource"].mime_type == "application/json"
+    assert (memory["id"], memory["content"], memory["version"]) == (
+        fact_id,
+        "the staging DB password rotates weekly",
+        version,
+    )
+    assert "deploys freeze on Fridays" in out["context_resource"].text
+    assert out["forgotten_resource"] is not None and "not found" in out["forgotten_resource"]
+    assert out["bad_scope"]["field"] == "session_id"
+
+    with Harness.open(target, embedder=None) as h:  # what the server wrote, where it wrote it
+        fact = h.get(fact_id)
+        assert (fact.session_id, fact.kind, fact.version) == ("s1", Kind.NOTE, version)
+        assert fact.content == "the staging DB password rotates weekly"
+        assert [e.kind.value for e in h.events(memory_id=fact_id)].count("update") == 1
+        assert h.list(session_id="s2") == []  # forgotten for good
+
+
+# ---- streamable HTTP on the REST app ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Mounted:
+    url: str
+    keys: dict[str, str]  # who -> API key: "a" and "b" (agents of tenants a and b), "a_reader" (read-only)
+    app: Any
+
+    def client(self, who: str | None) -> Client:
+        headers = {"Authorization": f"Bearer {self.keys[who]}"} if who else {}
+        http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=60))
+        return Client(streamable_http_client(f"{self.url}/mcp", http_client=http), read_timeout_seconds=60)
+
+
+@pytest.fixture(scope="module")
+def mounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mounted]:
+    db = str(tmp_path_factory.mktemp("mcp-http") / "mcp.db")
+    store = store_from_url(db)
+    store.setup()
+    keyring = Keyring(store)
+    keys = {
+        "a": keyring.create("a", "agent", "agent of a")[1],
+        "b": keyring.create("b", "agent", "agent of b")[1],
+        "a_reader": keyring.create("a", "read-only", "reader of a")[1],
+    }
+    app = create_app(store, embedder=None, settings=ServerSettings(rate_per_s=0), mcp=True)
+    try:
+        with serve_app(app) as url:
+            yield Mounted(url, keys, app)
+    finally:
+        store.close()
+
+
+def test_http_refuses_a_missing_or_wrong_key(mounted: Mounted) -> None:
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    accept = {"Accept": "application/json, text/event-stream"}
+    for headers in ({}, {"Authorization": "Bearer cvm_nope_nope"}, {"X-API-Key": "wrong"}):
+        r = httpx.post(f"{mounted.url}/mcp", json=hello, headers={**accept, **headers}, timeout=30)
+        assert r.status_code == 401, r.text
+        assert r.json()["error"]["code"] == "unauthorized"
+
+    async def without_key() -> None:
+        async with mounted.client(None) as client:
+            await client.list_tools()
+
+    with pytest.raises(Exception):  # noqa: B017 - the SDK's transport error for a 401, whatever its type
+        run(without_key)
+
+
+def test_http_tenants_roles_and_per_call_session(mounted: Mounted) -> None:
+    tenant_a = mounted.app.state.service.harness_for("a")
+
+    async def talk() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with mounted.client("a") as a:
+            out["tools"] = {t.name: t for t in (await a.list_tools()).tools}
+            mine = ok(
+                await a.call_tool("record_memory", {"content": "tenant a's secret plan", "session_id": "s9"})
+            )
+            out["mine"] = mine
+            out["landed_in"] = tenant_a.get(mine["id"]).session_id  # the call's session, not a default
+            out["a_list"] = ok(await a.call_tool("list_memories", {"session_id": "s9"}))
+            out["a_updated"] = ok(
+                await a.call_tool(
+                    "update_memory", {"memory_id": mine["id"], "tags": ["plan"], "session_id": "s9"}
+                )
+            )
+        async with mounted.client("b") as b:
+            out["b_get"] = failed(
+                await b.call_tool("get_memory", {"memory_id": mine["id"], "session_id": "s9"}), "not_found"
+            )
+            out["b_list"] = ok(await b.call_tool("list_memories", {"session_id": "s9"}))
+            try:
+                await b.read_resource(f"clawvm://memory/{mine['id']}")
+                out["b_resource"] = None
+            except MCPError as exc:
+                out["b_resource"] = exc.message
+        async with mounted.client("a_reader") as reader:
+            out["reader_record"] = failed(
+                await reader.call_tool("record_memory", {"content": "x"}), "forbidden"
+            )
+            out["reader_forget"] = failed(
+                await reader.call_tool("forget_memory", {"memory_id": mine["id"], "session_id": "s9"}),
+                "forbidden",
+            )
+            out["reader_recall"] = ok(
+                await reader.call_tool("recall_memory", {"query": "secret plan", "session_id": "s9"})
+            )
+            out["reader_resource"] = (
+                (await reader.read_resource(f"clawvm://memory/{mine['id']}")).contents[0].text
+            )
+        out["accesses_after_reader"] = tenant_a.get(mine["id"]).access_count
+        async with mounted.client("a") as a:
+            ok(await a.call_tool("recall_memory", {"query": "secret plan", "session_id": "s9"}))
+            out["accesses_after_agent"] = tenant_a.get(mine["id"]).access_count
+            ok(await a.call_tool("forget_memory", {"memory_id": mine["id"], "session_id": "s9"}))
+            out["a_gone"] = failed(
+                await a.call_tool("get_memory", {"memory_id": mine["id"], "session_id": "s9"}), "not_found"
+            )
+        return out
+
+    out = run(talk)
+    assert out["tools"]["update_memory"].annotations.destructive_hint is True
+    mine = out["mine"]
+    assert out["landed_in"] == "s9"
+    assert [m["id"] for m in out["a_list"]["memories"]] == [mine["id"]]
+    assert out["a_updated"]["version"] == 2
+    assert out["b_list"] == {"memories": [], "total": 0}  # tenant b sees none of tenant a's memories
+    assert out["b_resource"] is not None and "not found" in out["b_resource"]
+    assert [m["id"] for m in out["reader_recall"]["memories"]] == [mine["id"]]
+    assert json.loads(out["reader_resource"])["tags"] == ["plan"]
+    # a read-only key's recall records no usage; an agent's does
+    assert (out["accesses_after_reader"], out["accesses_after_agent"]) == (0, 1)
+    assert mounted.app.state.service.harness_for("b").count(session_id="s9") == 0
+    with pytest.raises(clawvm.NotFoundError):  # forgotten through MCP, in tenant a's store
+        tenant_a.get(mine["id"])
+
+
+# ---- clawvm mcp --http --api-key ---------------------------------------------------------------------------
+def test_cli_http_with_a_static_key(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path / "mcp.log"
+    args = [
+        "--db",
+        str(tmp_path / "m.db"),
+        "--no-embed",
+        "mcp",
+        "--http",
+        "--port",
+        str(port),
+        "--session",
+        "s1",
+    ]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from clawvm.cli import main; main()", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": SRC, "CLAWVM_MCP_API_KEY": "s3cret-key"},
+        )
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        for _ in range(600):
+            assert proc.poll() is None, log.read_text()
+            try:
+                refused = httpx.post(url, json={}, timeout=5)
+                break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthorized"
+
+        async def talk() -> dict[str, Any]:
+            http = httpx2.AsyncClient(headers={"Authorization": "Bearer s3cret-key"}, timeout=30)
+            async with Client(streamable_http_client(url, http_client=http), read_timeout_seconds=60) as c:
+                recorded = ok(await c.call_tool("record_memory", {"content": "served over HTTP"}))
+                return ok(await c.call_tool("get_memory", {"memory_id": recorded["id"]}))
+
+        got = run(talk)
+        assert (got["content"], got["session_id"]) == ("served over HTTP", "s1")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

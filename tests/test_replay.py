@@ -1,0 +1,169 @@
+"""What-if replay (clawvm.replay): a recorded session re-run offline under two policies, compared."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from clawvm import replay as whatif
+from clawvm.cli import main
+from clawvm.core.errors import ValidationError
+from clawvm.harness import Harness
+from clawvm.observe.lens import record_output
+from clawvm.vm.context import short_id
+from clawvm.vm.tiers import PagerConfig
+
+START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+FACTS = [
+    "The staging database lives on host db-stage-3 in the eu-west region.",
+    "Deploys are frozen every Friday after 15:00 UTC by team agreement.",
+    "The billing service retries a failed charge three times with backoff.",
+    "Priya owns the on-call rota and wants reports as bullet points.",
+    "The webhook secret rotates every 30 days; the last rotation was on 1 March.",
+    "Invoices older than seven years are archived to cold storage.",
+    "The cache warms from the hourly snapshot, not from the live table.",
+    "Latency alerts fire when the p95 of checkout passes 800 ms for five minutes.",
+]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.at = START
+
+    def __call__(self) -> datetime:
+        return self.at
+
+    def advance(self, minutes: float) -> None:
+        self.at += timedelta(minutes=minutes)
+
+
+def _session(h: Harness, clock: Clock, questions: list[tuple[str, int]]) -> list[str]:
+    """Record FACTS (plus filler) into session s1, then build a context for each question and answer it
+    citing the fact it asks about (when the context holds it). Returns the facts' ids."""
+    ids = []
+    for fact in FACTS:
+        clock.advance(2)
+        ids.append(h.record(fact, session_id="s1").id)
+        for n in range(3):
+            clock.advance(1)
+            h.record(f"chatter {n} about the weather and lunch plans, nothing else", session_id="s1")
+    for question, fact in questions:
+        clock.advance(5)
+        ctx = h.context(question, budget_tokens=400, session_id="s1")
+        cited = ids[fact] if ids[fact] in ctx.ids else ctx.ids[0]
+        record_output(h, ctx, f"answer from [{short_id(cited)}]", success=True)
+    return ids
+
+
+QUESTIONS = [
+    ("Where does the staging database live?", 0),
+    ("When are deploys frozen?", 1),
+    ("Who owns the on-call rota?", 3),
+    ("How often does the webhook secret rotate?", 4),
+]
+
+
+@pytest.fixture
+def recorded() -> tuple[Harness, list[str]]:
+    clock = Clock()
+    h = Harness.open("memory://", embedder=None, clock=clock)
+    ids = _session(h, clock, QUESTIONS)
+    yield h, ids
+    h.close()
+
+
+def test_a_policy_that_keeps_fewer_tokens_drops_what_the_recorded_context_used(
+    recorded: tuple[Harness, list[str]],
+) -> None:
+    h, ids = recorded
+    live = whatif.Policy("live", h.pager.config)
+    tight = whatif.Policy("tight", whatif.variant(h.pager.config, working_items=2), context_budget=30)
+    report = whatif.replay(h, "s1", live, tight)
+
+    assert len(report.builds) == len(QUESTIONS)
+    # replayed under its own policy, the session reproduces what the live run put in its prompts
+    assert report.a.recorded_kept == pytest.approx(1.0)
+    assert report.a.evidence_kept == pytest.approx(1.0)
+    # the tighter policy keeps fewer tokens and provably loses cited evidence, and the diff names it
+    assert report.b.tokens < report.a.tokens
+    assert report.b.evidence_kept is not None and report.b.evidence_kept < 1.0
+    dropped = set().union(*(d.dropped_needed for d in report.builds))
+    assert dropped and dropped <= {ids[fact] for _, fact in QUESTIONS}
+    for d in report.builds:
+        assert set(d.lines_out) >= d.dropped_needed
+        assert d.tokens_b <= 30 < d.tokens_a
+    text = whatif.format_report(report)
+    assert "← dropped " + short_id(sorted(dropped)[0]) in text or short_id(sorted(dropped)[0]) in text
+    assert "evidence kept" in text and "100.0%" in text
+
+
+def test_eviction_regret_counts_memories_paged_out_then_needed(recorded: tuple[Harness, list[str]]) -> None:
+    h, _ = recorded
+    tiny = PagerConfig(budgets=whatif.variant(h.pager.config, working_items=1).budgets)
+    report = whatif.replay(
+        h, "s1", whatif.Policy("live", h.pager.config), whatif.Policy("tiny", tiny), reach="session"
+    )
+    # every regretted memory was paged out of working in that replay and missing from a build needing it
+    for memory_id in report.b.regret:
+        assert memory_id in report.b.evicted
+        assert any(memory_id in b.needed and memory_id not in b.ids for b in report.b.builds)
+    assert report.b.summary()["eviction_regret"] == len(report.b.regret)
+
+
+def test_replay_never_writes_to_the_live_store(recorded: tuple[Harness, list[str]]) -> None:
+    h, _ = recorded
+    before_events = [(e.seq, e.kind) for e in h.events(limit=1000)]
+    before = {m.id: (m.version, m.tier, m.usage, m.value) for m in h.iter_all(status="any")}
+    whatif.replay(
+        h, "s1", whatif.Policy("a", h.pager.config), whatif.Policy("b", h.pager.config, context_budget=50)
+    )
+    assert [(e.seq, e.kind) for e in h.events(limit=1000)] == before_events
+    assert {m.id: (m.version, m.tier, m.usage, m.value) for m in h.iter_all(status="any")} == before
+
+
+def test_weights_change_the_values_the_pager_sees(recorded: tuple[Harness, list[str]]) -> None:
+    h, _ = recorded
+    changed = whatif.variant(h.pager.config, weights={"cite_weight": 0.9, "recency_floor": 0.9})
+    assert changed.scoring.cite_weight == 0.9 and changed.scoring.recency_floor == 0.9
+    assert h.pager.config.scoring.cite_weight != 0.9  # the live config is untouched
+    with pytest.raises(ValidationError) as err:
+        whatif.variant(h.pager.config, weights={"bogus": 1.0})
+    assert err.value.field == "weights.bogus" and "cite_weight" in str(err.value)
+
+
+def test_a_session_without_builds_is_a_clear_error(recorded: tuple[Harness, list[str]]) -> None:
+    h, _ = recorded
+    with pytest.raises(ValidationError) as err:
+        whatif.replay(h, "nope", whatif.Policy("a"), whatif.Policy("b"))
+    assert err.value.field == "session_id"
+
+
+def test_cli_replay_prints_the_comparison_and_writes_json(tmp_path: Path) -> None:
+    db = tmp_path / "agent.db"
+    clock = Clock()
+    h = Harness.open(db, embedder=None, clock=clock)
+    _session(h, clock, QUESTIONS)
+    h.close()
+    out = tmp_path / "replay.json"
+    runner = CliRunner()
+    args = ["--db", str(db), "--no-embed", "replay", "s1", "--budget", "30", "--json", str(out)]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "session s1: 4 context builds replayed" in result.output
+    assert "evidence kept" in result.output and "eviction regret" in result.output
+    saved = json.loads(out.read_text())
+    assert saved["a"]["evidence_kept"] == 1.0 and saved["b"]["evidence_kept"] < 1.0
+    bad = runner.invoke(main, ["--db", str(db), "--no-embed", "replay", "s1", "--weight", "cite_weight"])
+    assert bad.exit_code == 2 and "NAME=NUMBER" in bad.output
+
+
+def test_cli_replays_the_demo(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["--no-embed", "replay", "--demo", "--budget", "250"])
+    assert result.exit_code == 0, result.output
+    assert "session s5: 16 context builds replayed" in result.output
+    assert "← dropped" in result.output
