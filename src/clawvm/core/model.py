@@ -116,6 +116,19 @@ def as_utc(v: datetime) -> datetime:
         raise ValueError("is out of range once converted to UTC") from None
 
 
+def iso_datetime(v: Any) -> Any:
+    """A datetime given over HTTP, as ISO 8601 text (pydantic's lax mode would also take a number of seconds,
+    even as text: ``"0"``); a datetime passes as it is. For ``BeforeValidator`` at the edges."""
+    if isinstance(v, datetime):
+        return v
+    if not isinstance(v, str):
+        raise ValueError(f"has type {type(v).__name__}: pass an ISO 8601 datetime string")
+    try:
+        return datetime.fromisoformat(v)
+    except ValueError:
+        raise ValueError(f"is {v[:40]!r}: pass an ISO 8601 datetime such as 2026-01-31T12:00:00Z") from None
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 

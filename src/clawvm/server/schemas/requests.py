@@ -39,6 +39,7 @@ from clawvm.core.model import (
     Status,
     Tier,
     as_utc,
+    iso_datetime,
 )
 from clawvm.recall.retrieval import PRESETS
 from clawvm.store.keys import Role
@@ -82,19 +83,6 @@ def _payload(v: Any) -> Any:
     return v
 
 
-def _iso_text(v: Any) -> Any:
-    """A datetime comes as ISO 8601 text, as the spec says (lax pydantic would take a number of seconds,
-    even as text: "0")."""
-    if isinstance(v, datetime):
-        return v
-    if not isinstance(v, str):
-        raise ValueError(f"has type {type(v).__name__}: pass an ISO 8601 datetime string")
-    try:
-        return datetime.fromisoformat(v)
-    except ValueError:
-        raise ValueError(f"is {v[:40]!r}: pass an ISO 8601 datetime such as 2026-01-31T12:00:00Z") from None
-
-
 def _json_integer(v: Any) -> Any:
     """An integer is a JSON number without a fraction (1 or 1.0, as JSON Schema has it), never text or a
     boolean."""
@@ -105,7 +93,7 @@ def _json_integer(v: Any) -> Any:
 
 # Bodies are strict (a bool is true/false, a number is a JSON number, as the spec says); the kinds a JSON
 # body can only spell as text are read from their text: enums by value, datetimes in ISO 8601.
-UtcDatetime = Annotated[datetime, Strict(False), BeforeValidator(_iso_text), AfterValidator(as_utc)]
+UtcDatetime = Annotated[datetime, Strict(False), BeforeValidator(iso_datetime), AfterValidator(as_utc)]
 KindName = Annotated[Kind, Strict(False)]
 StateName = Annotated[State, Strict(False)]
 StatusName = Annotated[Status, Strict(False)]
