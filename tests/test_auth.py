@@ -8,9 +8,11 @@ import importlib
 import json
 import secrets
 import threading
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import click
 import pytest
@@ -290,6 +292,31 @@ def _engine_module(engine_name: str) -> ModuleType:
     return importlib.import_module(f"clawvm.store.{engine_name}")
 
 
+def _old_append(engine_name: str, store: Store) -> Callable[..., list[int]]:
+    """``store.append_events`` as an engine of that older schema ran it: its events table had only these
+    columns (no per-tenant numbers yet)."""
+    columns = "INSERT INTO events (at, tenant, kind, memory_id, data)"
+
+    def append(events: Sequence[Event], **_: Any) -> list[int]:
+        rows = [(e.at, e.tenant, e.kind, e.memory_id, json.dumps(e.data)) for e in events]
+        if isinstance(store, SQLiteStore):
+            with store._write("old append") as (db, _rev):
+                return [
+                    db.execute(f"{columns} VALUES (?,?,?,?,?)", (at.isoformat(), *r)).lastrowid or 0
+                    for at, *r in rows
+                ]
+        from clawvm.store.postgres import PostgresStore
+
+        assert engine_name == "postgres" and isinstance(store, PostgresStore)
+        with store._conn("old append") as conn:
+            return [
+                int(conn.execute(f"{columns} VALUES (%s,%s,%s,%s,%s) RETURNING seq", r).fetchone()[0])
+                for r in rows
+            ]
+
+    return append
+
+
 def _legacy_key(
     store: Store,
     tenant: str,
@@ -320,6 +347,7 @@ def test_a_store_whose_keys_exist_only_as_events_is_migrated_on_open(
         patch.setattr(module, "MIGRATIONS", migrations[:adds_table])
         old = make_store(engine_name, tmp_path, "old.db")
         old.setup()
+        patch.setattr(old, "append_events", _old_append(engine_name, old))
         ops_id, ops = _legacy_key(old, "acme", "admin", "ops", at=created)
         bot_id, bot = _legacy_key(old, "globex", "agent", "bot", at=created + timedelta(days=1))
         gone_id, gone = _legacy_key(old, "acme", "read-only", at=created + timedelta(hours=1))

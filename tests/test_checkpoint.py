@@ -210,6 +210,7 @@ def test_restore_in_another_process_is_exact(tmp_path: Path, embedder: clawvm.Mi
         long_id = h.record(long_text, session_id="s2", kind="tool_result", created_at=now[0]).id
         for i in range(12):  # pushes the long tool output down to the archive, where it is compressed
             h.record(f"s2 turn {i} on lunch plans", session_id="s2", kind="note", created_at=now[0])
+            h.flush()  # a pager pass: each moves the older memories one tier down
         h.pin(ids[0])
         h.rate(ids[1], +1)
         manual = h.record(long_text.replace("refunds", "payments"), session_id="s1", created_at=now[0])

@@ -192,6 +192,7 @@ def test_json_content_is_never_compressed(payload: Any) -> None:
         assert h.compress(m.id).content == m.content
         for i in range(6):  # push it down to the archive
             h.record(f"filler {i}", session_id="s1", created_at=T0)
+            h.flush()  # a pager pass: each pushes the older memories one tier down
         after = h.get(m.id)
         assert after.tier is Tier.ARCHIVE
         assert after.content == m.content and "compression" not in after.metadata
@@ -204,6 +205,7 @@ def test_long_text_is_compressed_on_its_way_to_the_archive() -> None:
         m = h.record(LONG, session_id="s1", kind="note", created_at=T0)
         for i in range(4):
             h.record(f"filler {i}", session_id="s1", kind="user_input", created_at=T0)
+            h.flush()  # a pager pass: each pushes the older memories one tier down
         after = h.get(m.id)
         assert after.tier is Tier.ARCHIVE and "compression" in after.metadata
         assert h.get(after.metadata["compression"]["raw_id"]).content == LONG
@@ -462,6 +464,7 @@ def test_an_endpoint_error_does_not_fail_the_record_that_archives(llm: ChatRepla
         m = h.record(LONG, session_id="s1", created_at=T0)
         for i in range(4):  # each of these records pushes older memories down; LONG reaches the archive
             h.record(f"filler {i}", session_id="s1", kind="user_input", created_at=T0)
+            h.flush()  # a pager pass: each pushes the older memories one tier down
         after = h.get(m.id)
         assert after.tier is Tier.ARCHIVE and after.metadata["compression"]["method"] == "extractive"
         assert h.decompress(m.id).content == LONG
@@ -485,6 +488,7 @@ def test_a_failing_summarizer_of_ones_own_leaves_the_memory_uncompressed() -> No
         m = h.record(LONG, session_id="s1", created_at=T0)
         for i in range(4):
             h.record(f"filler {i}", session_id="s1", kind="user_input", created_at=T0)
+            h.flush()  # a pager pass: each pushes the older memories one tier down
         after = h.get(m.id)
         assert after.tier is Tier.ARCHIVE and after.content == LONG and "compression" not in after.metadata
         errors = [e for e in h.events(memory_id=m.id) if e.kind == EventKind.COMPRESS_ERROR]

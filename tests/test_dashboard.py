@@ -106,6 +106,30 @@ def test_api_serves_every_view(small: tuple[TestClient, Harness, dict[str, str]]
     assert client.get("/dashboard/api/heatmap", params={"group": "x"}, headers=auth).status_code == 422
 
 
+def test_every_list_takes_the_same_filters(small: tuple[TestClient, Harness, dict[str, str]]) -> None:
+    client, h, keys = small
+    auth = _auth(keys["read-only"])
+
+    def get(path: str, **params: Any) -> Any:
+        r = client.get(f"/dashboard/api/{path}", params=params, headers=auth)
+        assert r.status_code == 200, (path, r.text)
+        return r.json()
+
+    decisions = h.count(kind="decision", status="any")
+    assert get("memories", kind="decision")["total"] == decisions
+    assert {n["kind"] for n in get("graph", kind="decision")["nodes"]} == {"decision"}
+    assert sum(c[-1] for c in get("timeline", kind="decision", buckets=4)["series"].values()) == decisions
+    assert all(" tool_result: " in r["label"] for r in get("heatmap", kind="tool_result")["rows"])
+    assert (
+        get("memories", since="2099-01-01")["total"] == 0
+        and get("memories", until="2000-01-01")["total"] == 0
+    )
+    assert get("contexts", q="tessera")["total"] == 1 and get("contexts", q="nothing like it")["total"] == 0
+    assert get("contexts", agent="nobody")["total"] == 0
+    csv_rows = client.get("/dashboard/api/export", params={"kind": "decision", "format": "csv"}, headers=auth)
+    assert csv_rows.text.count("\n") == decisions + 1  # the header and the selection, nothing else
+
+
 def test_manual_actions_through_the_api(small: tuple[TestClient, Harness, dict[str, str]]) -> None:
     client, h, keys = small
     target = h.list(limit=10, session_id="s2")[0]
@@ -405,6 +429,8 @@ def test_a_run_trace_leads_to_the_exact_prompt_and_a_diff_by_deep_link(
     page.wait_for_selector("#trace-tree details")
     # the tool results sit under their calls, errors are marked, each build is a step with its lines
     assert page.locator(".step-children .step-tool_result").count() >= 6
+    # the failing calls sit under the LLM turn that asked for them, their results under them
+    assert page.locator(".step-children .step-children .step-tool_result").count() >= 3
     assert page.locator("summary.step-error").count() >= 6
     assert page.locator("a.buildlink").count() == 4
     assert "4 context builds" in page.inner_text("#trace-totals")

@@ -124,6 +124,9 @@ def test_upgrading_a_schema_fills_the_expiry_column_from_the_stored_memories(
     with s._conn("test") as conn:  # back to the schema before the column existed
         conn.execute("DROP INDEX memories_expiry; DROP INDEX memories_keyset; DROP INDEX memories_tier")
         conn.execute("ALTER TABLE memories DROP COLUMN expires_at")
+        # and what the migrations after it added (per-tenant statistics and event numbers)
+        conn.execute("DROP TABLE tenant_lexstats, event_numbers; DROP INDEX events_tenant")
+        conn.execute("ALTER TABLE events DROP COLUMN tenant_seq")
         conn.execute("UPDATE meta SET value = '3' WHERE key = 'version'")  # before the expiry migration
     s.close()
     again = open_store(opened, url)

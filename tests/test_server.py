@@ -408,7 +408,7 @@ def test_an_export_of_a_tenant_with_grants_imports_back(env: Env, tmp_path: Path
     body = {"memories": [json.loads(line) for line in exported]}
     done = TestClient(target).post("/v1/memories/import", json=body, headers=admin)
     assert done.status_code == 200, done.text
-    assert done.json() == {"imported": len(exported), "skipped": 0}
+    assert done.json() == {"imported": len(exported), "skipped": 0, "renamed": {}}
 
 
 def test_export_and_import_stay_in_the_tenant(env: Env) -> None:
@@ -429,7 +429,7 @@ def test_export_and_import_stay_in_the_tenant(env: Env) -> None:
     done = env.client.post(
         "/v1/memories/import", json={"memories": [fresh, exported[0]]}, headers=env.auth("admin")
     ).json()
-    assert done == {"imported": 1, "skipped": 1}
+    assert done == {"imported": 1, "skipped": 1, "renamed": {}}
     assert env.client.get(f"/v1/memories/{fresh['id']}", headers=env.auth()).json()["tenant"] == "acme"
     # an import naming another tenant is refused by the tenant's store view; nothing is written
     before = checksum(env.store)
@@ -464,6 +464,36 @@ def test_authentication_errors(env: Env) -> None:
     forged = env.keys["agent"][:-4] + "AAAA"
     assert_error(env.client.get("/v1/memories", headers={"Authorization": f"Bearer {forged}"}), 401)
     assert_error(env.client.get("/v1/memories", headers={"Authorization": "Basic YTpi"}), 401)
+
+
+def test_an_import_of_an_id_another_tenant_holds_is_neither_refused_nor_shared(env: Env) -> None:
+    """globex imports a memory under an id acme holds (and one that links to it): no 403 that would tell,
+    no change to acme's memory; globex's copy gets an id of its own, the same at a second import."""
+    acme = env.record("acme's own memory")
+    their_admin = {
+        "Authorization": f"Bearer {env.client.app.state.service.keyring.create('globex', 'admin')[1]}"
+    }
+    other = "01a00000-0000-7000-8000-0000000000aa"
+    body = {
+        "memories": [
+            {**acme, "content": "globex's memory", "tenant": "globex", "version": 1},
+            {"id": other, "content": "globex's note", "links": [{"type": "refers_to", "target": acme["id"]}]},
+        ]
+    }
+    before = checksum(env.store)
+    done = env.client.post("/v1/memories/import", json=body, headers=their_admin)
+    assert done.status_code == 200, done.text
+    renamed = done.json()["renamed"]
+    assert done.json()["imported"] == 2 and set(renamed) == {acme["id"]}
+    mine = env.client.get(f"/v1/memories/{renamed[acme['id']]}", headers=env.auth("other")).json()
+    assert mine["content"] == "globex's memory" and mine["tenant"] == "globex"
+    note = env.client.get(f"/v1/memories/{other}", headers=env.auth("other")).json()
+    assert note["links"] == [{"type": "refers_to", "target": renamed[acme["id"]]}]
+    assert env.client.get(f"/v1/memories/{acme['id']}", headers=env.auth()).json() == acme
+    assert_error(env.client.get(f"/v1/memories/{acme['id']}", headers=env.auth("other")), 404, "not_found")
+    again = env.client.post("/v1/memories/import", json=body, headers=their_admin).json()
+    assert again == {"imported": 0, "skipped": 2, "renamed": renamed}
+    assert checksum(env.store) != before
 
 
 def test_each_tenant_gets_its_own_harness_and_sees_only_its_data(env: Env) -> None:
@@ -581,7 +611,7 @@ def test_imports_refuse_internal_records_and_foreign_sealed_originals(tmp_path: 
             assert checksum(store) == before  # nothing of the batch is written
         # this store's own export opens with its keys: accepted (and skipped, being present)
         again = client.post("/v1/memories/import", json={"memories": own}, headers=auth)
-        assert again.json() == {"imported": 0, "skipped": 1}, again.text
+        assert again.json() == {"imported": 0, "skipped": 1, "renamed": {}}, again.text
         assert client.get(f"/v1/memories/{made['id']}/original", headers=auth).json()["content"] == SECRET
     store.close()
 

@@ -179,6 +179,54 @@ def test_version_must_be_stored_plus_one(engine: Store) -> None:
     assert engine.get(a.id).content == "v2"
 
 
+def race_to_create(stores: list[Store], shared: str) -> tuple[list[int], list[int]]:
+    """Writer ``n`` puts a new memory ``writer n`` with id ``shared`` through ``stores[n]``, all at once;
+    returns who succeeded and who got ConflictError."""
+    start = threading.Barrier(len(stores))
+    won: list[int] = []
+    lost: list[int] = []
+
+    def create(n: int, store: Store) -> None:
+        start.wait()
+        try:
+            store.put(mem(f"writer {n}", id=shared))
+            won.append(n)
+        except ConflictError:
+            lost.append(n)
+
+    threads = [threading.Thread(target=create, args=(n, s)) for n, s in enumerate(stores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return won, lost
+
+
+def test_racing_creates_of_one_id_store_it_once(engine: Store, engine_name: str, tmp_path: Path) -> None:
+    """An id is a unique key: of several writers creating one id at once (a derived id, such as the one
+    the LangGraph adapter gives an item), exactly one succeeds and the others get ConflictError, whether
+    they share a connection or each have their own on one file or database; a deleted id can be created
+    again, and every connection then sees the new memory."""
+    others = [] if engine_name == "memory" else [make_store(engine_name, tmp_path, "t.db") for _ in range(3)]
+    for other in others:
+        other.setup()
+    stores = [engine, *others] if others else [engine] * 4
+    try:
+        for round_ in range(5):
+            shared = mem().id
+            won, lost = race_to_create(stores, shared)
+            assert len(won) == 1 and sorted(won + lost) == [0, 1, 2, 3], (round_, won, lost)
+            assert {s.get(shared).content for s in stores} == {f"writer {won[0]}"}
+            assert all_ids(engine).count(shared) == 1
+            stores[1].delete(shared)
+            stores[2].put(mem("created again", id=shared))
+            assert {s.get(shared).content for s in stores} == {"created again"}
+            assert engine.count() == round_ + 1
+    finally:
+        for other in others:
+            other.close()
+
+
 @pytest.mark.parametrize("stale_first", [True, False])
 def test_stale_put_writes_nothing_of_the_batch(engine: Store, stale_first: bool) -> None:
     a = mem("apple original")

@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+import sqlite3
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from clawvm import Filters, Harness, Memory, NotFoundError, ValidationError
 from clawvm.core.errors import AccessDeniedError
-from clawvm.store import Event, Query, Store
+from clawvm.core.model import Link, LinkType
+from clawvm.store import Event, Query, SQLiteStore, Store
 from clawvm.store.tenant import TenantStore
 from engines import make_store
 
@@ -183,8 +187,11 @@ def make_machine(engine_name: str, directory: Path) -> type[RuleBasedStateMachin
         @rule()
         def import_b(self) -> None:
             stolen = [m.model_copy(update={"tenant": "A"}) for m in self.inner.get_many(self.b_ids).values()]
-            with pytest.raises(AccessDeniedError):
-                self.a.import_memories(stolen[:1])
+            # neither refused (a 403 would tell that the id is in use) nor written over B's: A's copy gets
+            # an id of A's own (B's fingerprint, checked after every step, stays as it was)
+            done = self.a.import_renamed(stolen[:1])
+            own = done.renamed[stolen[0].id]
+            assert own != stolen[0].id and self.view_a.get(own).tenant == "A"
 
         # ---- tenant A, raw calls on its view ----------------------------------------------------------
         @rule(n=st.integers(0, 8))
@@ -282,8 +289,12 @@ def test_a_memory_of_another_tenant_is_not_found_and_its_id_not_writable(engine:
 
 
 def test_a_tenant_view_names_only_its_own_agents(engine: Store) -> None:
-    engine.put_many([Memory(content="x", tenant="A", agent_id="Nate"),
-                     Memory(content="y", tenant="B", agent_id="Mallory")])
+    engine.put_many(
+        [
+            Memory(content="x", tenant="A", agent_id="Nate"),
+            Memory(content="y", tenant="B", agent_id="Mallory"),
+        ]
+    )
     a = TenantStore(engine, "A")
     assert a.agents(Filters()) == a.agents(Filters.of(tenant="A")) == {"Nate"}
     assert a.agents(Filters.of(tenant="B")) == frozenset()  # another tenant's agents, not even their names
@@ -296,3 +307,261 @@ def test_events_of_a_tenant_are_paged_past_other_tenants(engine: Store) -> None:
     found = view.read_events(0, 2)
     assert [e.kind for e in found] == ["mine", "mine"]
     assert len(view.read_events(found[-1].seq or 0, 10)) == 1
+
+
+# ---- side channels: what another tenant holds shows in none of a tenant's scores ------------------------
+_worlds = itertools.count()
+# names mid-sentence, so that the entity graph (the recall's "graph" part) links memories too
+named = st.lists(st.sampled_from([*WORDS, "Bob", "Paris", "Tokyo"]), min_size=1, max_size=6).map(
+    lambda words: "note " + " ".join(words)
+)
+docs = st.lists(st.tuples(named, sessions, st.sampled_from(["ann", "bob", None])), min_size=1, max_size=8)
+_T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _put_docs(view: TenantStore, batch: list[tuple[str, str, str | None]], start: int) -> list[str]:
+    memories = [
+        Memory(
+            content=text,
+            tenant=view.tenant,
+            session_id=s,
+            agent_id=agent,
+            created_at=_T0 + timedelta(seconds=start + n),
+        )
+        for n, (text, s, agent) in enumerate(batch)
+    ]
+    view.put_many(memories)
+    return [m.id for m in memories]
+
+
+def _seen_by(view: TenantStore, ids: list[str], query: str) -> tuple[Any, ...]:
+    """Everything tenant ``view`` gets back from the search channels and recall's explain, ids replaced by
+    their position in ``ids`` (the same documents have other ids in the other world)."""
+    at = {i: n for n, i in enumerate(ids)}
+    raw = view.query(
+        Query(
+            filters=Filters.of(tenant=view.tenant),
+            text=query,
+            limit=20,
+            context=True,
+            expand=tuple(ids[:2]),
+            expand_max_df=100_000,  # every shared entity links, whatever its count
+            info=True,
+        )
+    )
+    channels = (
+        [(at[i], s) for i, s in raw.lexical],
+        [(at[i], s) for i, s in raw.context],
+        [(at[s], at[r], w) for s, r, w in raw.related],
+        sorted((at[i], c.length) for i, c in raw.info.items()),
+    )
+    h = Harness.open(view, embedder=None, tenant=view.tenant)
+    explained = [
+        (at[r.memory.id], r.score, sorted((name, c.raw, c.rank) for name, c in r.explain.items()))
+        for r in h.recall(query, k=10, track=False)
+    ]
+    return channels, explained
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mine=docs, theirs=docs, later=docs, query=texts)
+def test_bm25_statistics_are_per_tenant(
+    engine: Store,
+    mine: list[tuple[str, str, str | None]],
+    theirs: list[tuple[str, str, str | None]],
+    later: list[tuple[str, str, str | None]],
+    query: str,
+) -> None:
+    """B's scores, ranking and explain are the same whether or not another tenant A holds documents (A
+    writes before, between and after B's writes, with the same words and session names)."""
+    world = next(_worlds)
+    alone = TenantStore(engine, f"alone{world}")
+    beside = TenantStore(engine, f"beside{world}")
+    neighbour = TenantStore(engine, f"neighbour{world}")
+    ids_alone = _put_docs(alone, mine, 0) + _put_docs(alone, later, 100)
+    got_alone = _seen_by(alone, ids_alone, query)  # before the neighbour holds anything
+    _put_docs(neighbour, theirs, 0)
+    ids_beside = _put_docs(beside, mine, 0)
+    _put_docs(neighbour, theirs + later, 50)
+    ids_beside += _put_docs(beside, later, 100)
+    got_beside = _seen_by(beside, ids_beside, query)
+    assert _same(got_beside, got_alone), (got_beside, got_alone)
+
+
+def _same(x: Any, y: Any) -> bool:
+    """Equal, floats up to the last bits of a float8 sum (PostgreSQL adds a query's terms in no set order;
+    the in-process engines' float32 scores differ by far more than this when they differ at all)."""
+    if isinstance(x, float) and isinstance(y, float):
+        return math.isclose(x, y, rel_tol=1e-12, abs_tol=1e-15)
+    if isinstance(x, tuple | list) and isinstance(y, tuple | list):
+        return len(x) == len(y) and all(_same(a, b) for a, b in zip(x, y, strict=True))
+    return bool(x == y)
+
+
+# ---- events: numbered and read per tenant ----------------------------------------------------------------
+batches = st.lists(
+    st.tuples(
+        st.booleans(), st.lists(st.sampled_from(["add", "retrieve", "context"]), min_size=1, max_size=4)
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+def _events_seen(view: TenantStore, memory_id: str) -> tuple[Any, ...]:
+    def shown(found: list[Event]) -> list[tuple[Any, ...]]:
+        return [
+            (e.seq, e.kind, e.memory_id, e.tenant == view.tenant, json.dumps(e.data, sort_keys=True))
+            for e in found
+        ]
+
+    whole = view.read_events(0, 1000)
+    pages, after = [], 0
+    while page := view.read_events(after, 2):
+        pages.append(shown(page))
+        after = page[-1].seq or after
+    return shown(whole), pages, shown(view.read_events(0, 1000, memory_id)), shown(view.read_events(1, 3))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(logged=batches)
+def test_a_tenants_events_are_numbered_and_read_as_if_it_were_alone(
+    engine: Store, logged: list[tuple[bool, list[str]]]
+) -> None:
+    """B's event numbers, pages and per-memory reads are the same whether or not another tenant logs
+    between B's writes: B's numbers are 1, 2, 3 ... over its own events, so they say nothing of A."""
+    world = next(_worlds)
+    alone, beside = TenantStore(engine, f"b{world}alone"), TenantStore(engine, f"b{world}xxxxx")
+    neighbour = TenantStore(engine, f"a{world}")
+    got: dict[str, list[int]] = {"alone": [], "beside": []}
+    for n, (theirs_first, kinds) in enumerate(logged):
+        for name, view in (("alone", alone), ("beside", beside)):
+            if theirs_first and view is beside:
+                neighbour.append_events([Event(kind="noise", tenant=neighbour.tenant) for _ in range(n + 2)])
+            mine = [
+                Event(kind=k, memory_id=f"m{i % 2}", data={"n": n}, tenant=view.tenant)
+                for i, k in enumerate(kinds)
+            ]
+            got[name] += view.append_events(mine) if len(mine) > 1 else [view.append_event(mine[0])]
+    assert got["alone"] == got["beside"] == list(range(1, len(got["alone"]) + 1))
+    assert _events_seen(beside, "m1") == _events_seen(alone, "m1")
+    # the engine's own log still numbers every event once, in order (the operator's view: retention, copies)
+    everything = [e.seq for e in engine.read_events(0, 100_000)]
+    assert everything == sorted(set(everything))
+
+
+@pytest.mark.engines("sqlite", "postgres")
+def test_a_tenants_event_read_is_an_index_range_over_its_own_events(engine_name: str, engine: Store) -> None:
+    """The statement a tenant's read runs reads only that tenant's rows: the plan is a range of the
+    (tenant, number) index, whatever another tenant logged."""
+    engine.append_events([Event(kind="noise", tenant="A") for _ in range(3000)])
+    engine.append_events([Event(kind="mine", tenant="B") for _ in range(3)])
+    if engine_name == "sqlite":
+        from clawvm.store.sqlite import TENANT_EVENTS_SQL as sql
+
+        assert isinstance(engine, SQLiteStore)
+        with engine._read("test") as db:
+            plan = " ".join(
+                str(r[-1])
+                for r in db.execute(f"EXPLAIN QUERY PLAN {sql} ORDER BY tenant_seq LIMIT ?", ["B", 0, 100])
+            )
+        assert "USING INDEX events_tenant (tenant=? AND tenant_seq>?)" in plan, plan
+        assert "TEMP B-TREE" not in plan, plan
+    else:
+        from clawvm.store.postgres import TENANT_EVENTS_SQL as sql
+        from clawvm.store.postgres import PostgresStore
+
+        assert isinstance(engine, PostgresStore)
+        with engine._conn("test") as conn:
+            conn.execute("ANALYZE events")
+            rows = conn.execute(
+                f"EXPLAIN (ANALYZE, FORMAT JSON) {sql} ORDER BY tenant_seq LIMIT %s", ["B", 0, 100]
+            ).fetchone()
+        plan = json.dumps(rows[0])
+        assert "events_tenant" in plan and "Seq Scan" not in plan, plan
+        assert '"Rows Removed by Filter"' not in plan or '"Rows Removed by Filter": 0' in plan, plan
+    assert [e.seq for e in TenantStore(engine, "B").read_events(0, 10)] == [1, 2, 3]
+
+
+# ---- files written before per-tenant statistics and numbering still open ---------------------------------
+@pytest.mark.engines("sqlite", "postgres")
+def test_a_store_from_before_per_tenant_numbers_and_statistics_opens_with_both(
+    engine_name: str, tmp_path: Path
+) -> None:
+    store = make_store(engine_name, tmp_path, "old.db")
+    store.setup()
+    for n in range(4):
+        store.put_many(
+            [Memory(content=f"deploy disk {'timeout ' * n}", tenant=t, session_id="s") for t in "AB"]
+        )
+        store.append_events([Event(kind="add", tenant="A", data={"n": n}) for _ in range(n + 1)])
+        store.append_events([Event(kind="add", tenant="B", data={"n": n})])
+    b = TenantStore(store, "B")
+    query = Query(filters=Filters.of(tenant="B"), text="deploy timeout", limit=10, context=True)
+    before = (b.query(query), [(e.seq, e.data) for e in b.read_events()])
+    _back_to_the_old_schema(engine_name, store, tmp_path / "old.db")
+    store = make_store(engine_name, tmp_path, "old.db")
+    store.setup()  # migrates: numbers the logged events per tenant, counts each tenant's statistics
+    try:
+        b = TenantStore(store, "B")
+        after = (b.query(query), [(e.seq, e.data) for e in b.read_events()])
+        assert _same((after[0].lexical, after[0].context), (before[0].lexical, before[0].context))
+        assert after[1] == before[1] == [(n + 1, {"n": n}) for n in range(4)]
+        assert b.append_event(Event(kind="next", tenant="B")) == 5  # the numbering goes on
+        assert TenantStore(store, "A").read_events(9, 5)[0].seq == 10
+    finally:
+        store.close()
+
+
+def _back_to_the_old_schema(engine_name: str, store: Store, path: Path) -> None:
+    """Undo this change's migrations in ``store``'s file or schema, keeping its data, and close it."""
+    if engine_name == "sqlite":
+        store.close()
+        with sqlite3.connect(path) as db:
+            db.executescript(
+                "DROP INDEX events_tenant; ALTER TABLE events DROP COLUMN tenant_seq;"
+                " DELETE FROM counters WHERE name LIKE 'events:%'; PRAGMA user_version = 2;"
+            )
+        return
+    from clawvm.store.postgres import MIGRATIONS, PostgresStore
+
+    assert isinstance(store, PostgresStore)
+    with store._conn("test") as conn:
+        conn.execute("DROP TABLE tenant_lexstats; DROP TABLE event_numbers; DROP INDEX events_tenant")
+        conn.execute("ALTER TABLE events DROP COLUMN tenant_seq")
+        conn.execute("UPDATE meta SET value = %s WHERE key = 'version'", [str(len(MIGRATIONS) - 2)])
+    store.close()
+
+
+# ---- imports: an id another tenant holds is neither refused nor shared -------------------------------
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(held=st.sets(st.integers(0, 2)))
+def test_importing_ids_another_tenant_holds_keeps_both_memories(engine: Store, held: set[int]) -> None:
+    """B imports three linked memories; A already holds those of ``held``'s ids. Nothing is refused, A's
+    memories are untouched, B's are stored under its own ids (derived from the taken ones, references
+    following), and importing the same batch again writes nothing and maps the same way."""
+    world = next(_worlds)
+    a, b = TenantStore(engine, f"a{world}"), TenantStore(engine, f"b{world}")
+    root = Memory(content="B's root", tenant=b.tenant)
+    child = Memory(content="B's child", tenant=b.tenant, parent_id=root.id)
+    cited = Memory(
+        content="B's citing", tenant=b.tenant, links=[Link(type=LinkType.REFERS_TO, target=child.id)]
+    )
+    batch = [root, child, cited]
+    theirs = [Memory(id=batch[i].id, content=f"A's {i}", tenant=a.tenant) for i in sorted(held)]
+    a.put_many(theirs)
+    a_before = fingerprint(engine, a.tenant)
+    h = Harness.open(b, embedder=None, tenant=b.tenant)
+    done = h.import_renamed(batch)
+    assert done.imported == 3 and set(done.renamed) == {batch[i].id for i in held}
+    stored = [done.renamed.get(m.id, m.id) for m in batch]
+    assert [h.get(i).content for i in stored] == ["B's root", "B's child", "B's citing"]
+    assert h.get(stored[1]).parent_id == stored[0]
+    assert [k.target for k in h.get(stored[2]).links] == [stored[1]]
+    for i in held:
+        assert stored[i] != batch[i].id and engine.get(stored[i]).tenant == b.tenant
+        with pytest.raises(NotFoundError):
+            h.get(batch[i].id)
+    assert fingerprint(engine, a.tenant) == a_before
+    again = h.import_renamed(batch)
+    assert again.imported == 0 and again.renamed == done.renamed

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
+import itertools
 import sqlite3
-import tempfile
 import threading
+import time
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from clawvm import Filters, Harness, Kind, Memory, Status, Tier, ValidationError
 from clawvm.core.embed import count_tokens
@@ -22,10 +29,12 @@ from clawvm.store import MemoryStore
 from clawvm.vm.tiers import ORDER, Pager, PagerConfig, TierBudgets, value_per_token
 from clawvm.write.commit import CommitPath
 from clawvm.write.redaction import Redactor
+from engines import harness_target
 
 BUDGETS = TierBudgets(working_tokens=120, working_items=5, short_term_items=6, long_term_items=8)
-CFG = PagerConfig(budgets=BUDGETS)
+CFG = PagerConfig(budgets=BUDGETS, background=False)
 SESSIONS = ("s1", "s2")
+_files = itertools.count()
 
 WORDS = ["payment", "api", "refund", "deploy", "disk", "lunch", "Alice", "Bob", "Paris", "invoice", "retry",
          "cache", "user", "asked", "about", "the", "failed", "timeout", "coffee", "meeting"]
@@ -59,26 +68,44 @@ def snapshot(h: Harness) -> dict[str, str]:
     return {m.id: m.to_json() for m in everything(h)}
 
 
+def within_budgets(h: Harness, tiers: tuple[Tier, ...] = ORDER) -> None:
+    """Every session's ``tiers`` fit their budgets (active members only)."""
+    for session in SESSIONS:
+        for tier in tiers:
+            items, tokens = BUDGETS.limits(tier)
+            members = h.list(limit=10**6, session_id=session, tier=tier)  # active only
+            if items is not None:
+                assert len(members) <= items, (session, tier, len(members))
+            if tokens is not None:
+                assert sum(m.token_count for m in members) <= tokens, (session, tier)
+
+
+def demotions(h: Harness) -> int:
+    return sum(e.kind in ("demote", "archive") for e in h.events(limit=10**6))
+
+
 class TierMachine(RuleBasedStateMachine):
-    """Random record / recall / pin / unpin / tick / context / update sequences on small budgets."""
+    """Random record / recall / pin / unpin / tick / context / update sequences on small budgets, with the
+    periodic pager's invariants: record never demotes; a built context never exceeds its budget; a session
+    over its working budget is due for the next pager pass, and after a pass (or any lifecycle boundary:
+    context, flush, tick) every tier fits; the tiers below working fit after any operation.
+
+    The background pager is off here, so that what a rule did is what the invariants see; its passes are
+    the same :meth:`Harness.page` (``test_the_background_pager_pages_a_due_session_out``)."""
 
     engine = "memory"
+    directory: Path | None = None
 
     def __init__(self) -> None:
         super().__init__()
         self.now = [datetime.now(UTC).replace(microsecond=0)]
-        self.dir: str | None = None
-        target = "memory://"
-        if self.engine == "sqlite":
-            self.dir = tempfile.mkdtemp(prefix="clawvm-tiers-")
-            target = f"sqlite:///{self.dir}/t.db"
+        assert self.directory is not None or self.engine == "memory"
+        target = harness_target(self.engine, self.directory or Path("."), f"tiers{next(_files)}.db")
         self.h = Harness.open(target, embedder=None, pager=CFG, clock=lambda: self.now[0])
         self.originals: dict[str, str] = {}  # every id we recorded -> the text we last gave it
 
     def teardown(self) -> None:
         self.h.close()
-        if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
 
     def pick(self, i: int) -> str:
         ids = sorted(self.originals)
@@ -103,7 +130,9 @@ class TierMachine(RuleBasedStateMachine):
             fields["expires_at"] = self.now[0] + timedelta(hours=ttl_h)
         if link is not None and self.originals:
             fields["links"] = [{"type": "refers_to", "target": self.pick(link)}]
+        before = demotions(self.h)
         m = self.h.record(text, **fields)
+        assert demotions(self.h) == before, "record demoted: that is the pager's work"
         self.originals[m.id] = text
 
     @initialize(batch=st.lists(st.tuples(texts, st.sampled_from(SESSIONS), kinds), min_size=4, max_size=25))
@@ -146,12 +175,20 @@ class TierMachine(RuleBasedStateMachine):
     def tick(self, hours: int) -> None:
         self.now[0] += timedelta(hours=hours)
         self.h.tick()
+        within_budgets(self.h)
+
+    @rule()
+    def flush(self) -> None:
+        self.h.flush()
+        assert not self.h.working.due()
+        within_budgets(self.h)
 
     @rule(query=st.lists(st.sampled_from(WORDS), min_size=0, max_size=4).map(" ".join),
           budget=st.integers(1, 600), session=st.none() | st.sampled_from(SESSIONS))
     def context(self, query: str, budget: int, session: str | None) -> None:
         ctx = self.h.context(query, budget_tokens=budget, session_id=session)
         assert ctx.tokens <= budget and count_tokens(ctx.text) == ctx.tokens
+        within_budgets(self.h)  # a context build is a lifecycle boundary: the pager passed
 
     @precondition(lambda self: bool(self.originals))
     @rule(i=st.integers(0, 10**6), text=short_texts)
@@ -184,15 +221,19 @@ class TierMachine(RuleBasedStateMachine):
 
     # ---- invariants -------------------------------------------------------------------------------------
     @invariant()
-    def tiers_within_budget(self) -> None:
+    def lower_tiers_within_budget(self) -> None:
+        within_budgets(self.h, ORDER[1:])
+
+    @invariant()
+    def an_over_budget_working_tier_is_due(self) -> None:
+        items, tokens = BUDGETS.limits(Tier.WORKING)
+        due = set(self.h.working.due())
         for session in SESSIONS:
-            for tier in ORDER:
-                items, tokens = BUDGETS.limits(tier)
-                members = self.h.list(limit=10**6, session_id=session, tier=tier)  # active only
-                if items is not None:
-                    assert len(members) <= items, (session, tier, len(members))
-                if tokens is not None:
-                    assert sum(m.token_count for m in members) <= tokens, (session, tier)
+            members = self.h.list(limit=10**6, session_id=session, tier=Tier.WORKING)
+            if (items is not None and len(members) > items) or (
+                tokens is not None and sum(m.token_count for m in members) > tokens
+            ):
+                assert ("default", session) in due, (session, len(members))
 
     @invariant()
     def pinned_stay_in_working(self) -> None:
@@ -225,19 +266,18 @@ class TierMachine(RuleBasedStateMachine):
                 assert link.target in stored, (m.id, link)
 
 
-MACHINE_SETTINGS = settings(
-    max_examples=25, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
-)
-
-
-class SQLiteTierMachine(TierMachine):
-    engine = "sqlite"
-
-
-TestTiersMemory = TierMachine.TestCase
-TestTiersMemory.settings = MACHINE_SETTINGS
-TestTiersSQLite = SQLiteTierMachine.TestCase
-TestTiersSQLite.settings = settings(MACHINE_SETTINGS, max_examples=20)
+def test_the_pager_invariants_hold_on_every_engine(engine_name: str, tmp_path: Path) -> None:
+    fields = {"engine": engine_name, "directory": tmp_path}
+    machine = type(f"Tiers{engine_name.title()}", (TierMachine,), fields)
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples={"memory": 25, "sqlite": 15}.get(engine_name, 6),
+            stateful_step_count=30,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
 
 
 # ---- the policies, one by one -----------------------------------------------------------------------------
@@ -253,7 +293,7 @@ def clocked(
     """
     now = [T0]
     kw.setdefault("preset", "bm25")
-    pager = PagerConfig(budgets=budgets)
+    pager = PagerConfig(budgets=budgets, background=False)  # the tests run the pager's passes (h.page())
     h = Harness.open(target, embedder=None, pager=pager, clock=lambda: now[0], **kw)
     return h, now
 
@@ -320,6 +360,7 @@ def test_recall_promotes_a_demoted_memory_back_to_working() -> None:
                           session_id="s1", created_at=now[0])
         for i in range(6):
             h.record(f"coffee chat {i}", kind="user_input", session_id="s1", created_at=now[0])
+        h.page()
         assert h.get(target.id).tier is not Tier.WORKING
         assert h.explain(target.id).value >= h.pager.config.promote_value
         hits = h.recall("refund payment timeout", k=1)
@@ -340,6 +381,7 @@ def test_recall_that_warms_many_keeps_working_within_budget() -> None:
     with h:
         for i in range(12):
             h.record(f"note {i} about the Payment API", kind="user_input", session_id="s1", created_at=now[0])
+        h.page()
         h.recall("payment api note", k=12)
         assert len(h.list(session_id="s1", tier="working")) <= (BUDGETS.working_items or 0)
 
@@ -351,6 +393,7 @@ def test_low_value_recalled_memories_are_not_promoted() -> None:
                            created_at=now[0])
         for i in range(6):
             h.record(f"coffee chat {i}", kind="user_input", session_id="s1", created_at=now[0])
+        h.page()
         assert h.get(thought.id).tier is not Tier.WORKING
         now[0] += timedelta(days=10)  # a thought is stale after a few hours
         assert h.explain(thought.id).value < h.pager.config.promote_value
@@ -478,6 +521,7 @@ def test_pin_is_logged_like_every_move() -> None:
         m = h.record("pin me", session_id="s1", created_at=now[0])
         for i in range(6):
             h.record(f"filler {i}", session_id="s1", kind="user_input", created_at=now[0])
+        h.page()
         assert h.get(m.id).tier is not Tier.WORKING
         h.pin(m.id)
         ev = [e for e in h.events(memory_id=m.id) if e.kind in ("pin", "promote")][-1]
@@ -533,6 +577,7 @@ def test_preloaded_memories_are_in_the_new_sessions_working_set() -> None:
                           kind="tool_result", created_at=now[0])
         for i in range(6):
             h.record(f"coffee chat {i}", session_id="s0", kind="user_input", created_at=now[0])
+        h.page()
         loaded = h.start_session("s1", task="payment API refund", k=1)
         assert [m.id for m in loaded] == [refund.id]
         assert h.get(refund.id).tier is Tier.WORKING
@@ -549,6 +594,7 @@ def test_prefetch_warms_related_memories_without_blocking_record(tmp_path: Path)
         h.record(f"coffee chat {i}", session_id="s1", kind="user_input", created_at=now[0])
     assert h._prefetcher is not None
     h._prefetcher.submit(lambda: None).result(timeout=30)  # the prefetches so far are done
+    h.page()
     assert h.get(related.id).tier is not Tier.WORKING
     accesses = h.get(related.id).access_count
     gate = threading.Event()
@@ -642,23 +688,21 @@ def test_decompress_keeps_the_working_budget() -> None:
 
 
 @pytest.mark.parametrize("target", ["memory://", "sqlite"])
-def test_a_busy_session_sheds_its_working_tier_in_batches(target: str, tmp_path: Path) -> None:
+def test_record_never_demotes_and_a_pass_pages_out_to_the_low_watermark(target: str, tmp_path: Path) -> None:
     budgets = TierBudgets(working_items=8, working_tokens=None)
     h, now = clocked(budgets, target if target == "memory://" else f"sqlite:///{tmp_path}/b.db")
     with h:
-        shedding = 0
-        for i in range(40):
-            before = sum(e.kind == "demote" for e in h.events(limit=10**6))
+        for i in range(12):
             h.record(f"step {i} of the long task", session_id="s1", created_at=now[0])
-            working = h.list(session_id="s1", tier="working")
-            assert len(working) <= 8  # the budget holds after every record
-            shedding += sum(e.kind == "demote" for e in h.events(limit=10**6)) > before
-        # 8 * (1 - 0.25) = 6 stay after a shed: one record in three demotes (three at a time), not 32 of 40
-        assert shedding == 11
-        assert len(h.list(session_id="s1", tier="working")) == 7
+            assert h.working.due() == ([("default", "s1")] if i >= 8 else [])  # past the high mark: due
+        assert not [e for e in h.events(limit=10**6) if e.kind == "demote"]
+        assert len(h.list(session_id="s1", tier="working")) == 12  # over budget until the next pass
+        moved = h.page()
+        assert len(moved) == 6 and len(h.list(session_id="s1", tier="working")) == 6  # 8 * 0.75
+        assert not h.working.due() and h.page() == []
 
 
-def test_a_record_and_what_it_sheds_are_one_transaction(tmp_path: Path) -> None:
+def test_a_pager_pass_demotes_a_sessions_batch_in_one_transaction(tmp_path: Path) -> None:
     budgets = TierBudgets(working_items=4, working_tokens=None)
     h, now = clocked(budgets, f"sqlite:///{tmp_path}/one.db")
     db = sqlite3.connect(tmp_path / "one.db")
@@ -669,14 +713,16 @@ def test_a_record_and_what_it_sheds_are_one_transaction(tmp_path: Path) -> None:
     with h:
         for i in range(4):
             h.record(f"step {i} of the long task", session_id="s1", created_at=now[0])
-        before, demotes = commits(), sum(e.kind == "demote" for e in h.events(limit=10**6))
-        h.record("step 4 of the long task", session_id="s1", created_at=now[0])  # over budget: sheds
-        assert sum(e.kind == "demote" for e in h.events(limit=10**6)) - demotes == 2  # 5 -> 4 * 0.75
-        assert commits() == before + 1
+        before = commits()
+        h.record("step 4 of the long task", session_id="s1", created_at=now[0])  # over budget: due
+        assert commits() == before + 1  # the memory and its event, nothing else
+        h.page()
+        assert sum(e.kind == "demote" for e in h.events(limit=10**6)) == 2  # 5 -> 4 * 0.75
+        assert commits() == before + 2
     db.close()
 
 
-def test_a_new_memory_shed_at_once_is_stored_demoted_with_its_history() -> None:
+def test_a_new_memory_paged_out_at_once_keeps_its_history() -> None:
     budgets = TierBudgets(working_items=2, working_tokens=None)
     h, now = clocked(budgets)
     with h:
@@ -684,11 +730,12 @@ def test_a_new_memory_shed_at_once_is_stored_demoted_with_its_history() -> None:
             h.record(f"TimeoutError {i}", session_id="s1", kind="error", created_at=now[0])
         thought = "maybe look at this later, or maybe not, hard to say " * 8
         note = h.record(thought, session_id="s1", kind="llm_thought", created_at=now[0])
+        assert note == h.get(note.id) and note.tier is Tier.WORKING  # record returns the memory as stored
+        h.page()
         stored = h.get(note.id)
         assert stored.tier is Tier.SHORT_TERM and stored.version == 2
-        assert note == stored  # record returns the memory as stored
         assert [e.kind for e in h.events(memory_id=note.id)] == ["add", "demote"]
-        assert len(h.list(session_id="s1", tier="working")) == 1  # shed down to int(2 * 0.75)
+        assert len(h.list(session_id="s1", tier="working")) == 1  # paged down to int(2 * 0.75)
 
 
 def test_a_stale_view_of_the_working_tier_falls_back_to_the_store(tmp_path: Path) -> None:
@@ -701,9 +748,43 @@ def test_a_stale_view_of_the_working_tier_falls_back_to_the_store(tmp_path: Path
             a.record(f"first writer note {i}", session_id="s1", created_at=now[0])
         first = a.list(session_id="s1", tier="working")[-1]
         b.update(first.id, tags=["touched elsewhere"])  # a's cached view of this member is now stale
-        a.record("first writer note 4", session_id="s1", created_at=now[0])  # over budget: sheds
-        assert len(a.list(session_id="s1", tier="working")) <= 4
+        a.record("first writer note 4", session_id="s1", created_at=now[0])  # over budget: due
+        a.page()
+        assert len(a.list(session_id="s1", tier="working")) <= 3
         assert a.get(first.id).tags == ["touched elsewhere"]  # the other writer's change survived
+
+
+@pytest.mark.parametrize("boundary", ["context", "flush", "tick", "close"])
+def test_every_lifecycle_boundary_runs_the_pager(boundary: str, tmp_path: Path) -> None:
+    budgets = TierBudgets(working_items=3, working_tokens=None)
+    h, now = clocked(budgets, f"sqlite:///{tmp_path}/b.db")
+    for i in range(5):
+        h.record(f"note {i} of the long task", session_id="s1", created_at=now[0])
+    {"context": lambda: h.context("the long task", budget_tokens=50),
+     "flush": h.flush, "tick": h.tick, "close": h.close}[boundary]()
+    h.close()
+    h, _ = clocked(budgets, f"sqlite:///{tmp_path}/b.db")
+    with h:
+        assert h.count(session_id="s1", tier="working") == 2  # int(3 * 0.75)
+
+
+def test_the_background_pager_pages_a_due_session_out(tmp_path: Path) -> None:
+    budgets = TierBudgets(working_items=4, working_tokens=None)
+    pager = PagerConfig(budgets=budgets)  # background on, as by default
+    with Harness.open(f"sqlite:///{tmp_path}/bg.db", embedder=None, pager=pager) as h:
+        for i in range(5):
+            h.record(f"note {i} of the long task", session_id="s1")
+        deadline = time.monotonic() + 20
+        while h.count(session_id="s1", tier="working") > 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert h.count(session_id="s1", tier="working") == 3  # int(4 * 0.75), with no boundary crossed
+        assert not [e for e in h.events(limit=10**6) if e.kind == "pager_error"]
+
+
+def test_watermarks_are_fractions_of_the_budget_low_at_most_high() -> None:
+    for low, high in ((0.0, 1.0), (0.8, 0.7), (0.5, 1.2)):
+        with pytest.raises(ValidationError):
+            PagerConfig(working_low=low, working_high=high)
 
 
 def test_the_harness_remembers_a_bounded_number_of_sessions() -> None:
@@ -715,6 +796,7 @@ def test_the_harness_remembers_a_bounded_number_of_sessions() -> None:
             for s in range(6):
                 h.record(f"note {round_} in session {s}", session_id=f"s{s}", created_at=now[0])
                 assert len(h.working) <= 3
+        h.page()
         for s in range(6):
             assert len(h.list(session_id=f"s{s}", tier="working")) <= 2  # budgets hold all the same
             assert h.count(session_id=f"s{s}") == 3

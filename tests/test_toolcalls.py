@@ -271,6 +271,20 @@ def test_scope_precedence_call_over_block_over_decorator(harness: Harness) -> No
     assert pairs[0][0].tags == ["ops"] and pairs[0][1].tags == ["ops"]
 
 
+def test_a_scope_links_its_calls_to_the_llm_turn_that_asked(harness: Harness) -> None:
+    @harness.tool(session_id="s1")
+    def lookup(q: str) -> str:
+        return f"found {q}"
+
+    turn = harness.record("I should look up the host", kind=Kind.LLM_THOUGHT, session_id="s1")
+    with scope(parent_id=turn.id):
+        lookup("eu host")
+    lookup("unlinked")  # outside the block: no turn
+    (linked, result), (alone, _) = trail(harness, "lookup")
+    assert linked.parent_id == turn.id and result.parent_id == linked.id
+    assert alone.parent_id is None
+
+
 def test_bad_options_are_rejected() -> None:
     with Harness.open("memory://", embedder=None) as h:
         with pytest.raises(ValidationError) as info:

@@ -32,9 +32,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ from clawvm.server.app import ServerSettings, create_app
 from clawvm.store import Event, SQLiteStore
 from clawvm.store.crypto import REDACTION_FIELD, DataKey, DataKeys
 from clawvm.vm.context import short_id
+from clawvm.vm.tiers import TierBudgets
 
 # ---- what is planted, and what must never show ----------------------------------------------------------
 EMAIL = "dana.whitfield@northwind-mail.com"
@@ -262,6 +264,10 @@ def _import(w: World) -> int:
     return w.harness.import_memories([text, payload])
 
 
+def _import_renamed(w: World) -> int:
+    return w.harness.import_renamed([build_memory({"content": PLANTED, "tenant": "default"})]).imported
+
+
 def _unpin(w: World) -> Memory:
     w.harness.pin(w.note.id)
     w.mark()
@@ -301,6 +307,26 @@ def _start_session(w: World) -> list[Memory]:
 def _tick(w: World) -> dict[str, int]:
     w.clock.advance(days=3)  # values drift (refresh) and the idle session pages out (demote)
     return w.harness.tick()
+
+
+def _over_working_budget(w: World) -> None:
+    """Five memories in a working tier of four (no background pager): the session is due for a pass."""
+    budgets = TierBudgets(working_items=4, working_tokens=None)
+    w.harness.pager.config = replace(w.harness.pager.config, budgets=budgets, background=False)
+    for i in range(4):
+        w.harness.record(f"{PLANTED} ({i})", session_id=SESSION)
+    assert w.harness.working.due()
+    w.mark()
+
+
+def _page(w: World) -> Any:
+    _over_working_budget(w)
+    return w.harness.page()  # 5 -> int(4 * 0.75): two demotions
+
+
+def _flush(w: World) -> None:
+    _over_working_budget(w)
+    w.harness.flush()  # a lifecycle boundary: the same pass
 
 
 def _decorated_tool(w: World) -> Any:
@@ -365,6 +391,7 @@ SDK_WRITES: dict[str, tuple[Case, ...]] = {
     "update": (Case(lambda w: w.harness.update(w.note.id, content=f"{PLANTED} (corrected)"), ("update",)),),
     "revise": (Case(_revise, ("revise",)),),
     "import_memories": (Case(_import, ("import", "import")),),
+    "import_renamed": (Case(_import_renamed, ("import",)),),
     "forget": (Case(lambda w: w.harness.forget(w.note.id), ("forget",)),),
     "pin": (Case(lambda w: w.harness.pin(w.note.id), ("pin",)),),
     "unpin": (Case(_unpin, ("unpin",)),),
@@ -385,6 +412,8 @@ SDK_WRITES: dict[str, tuple[Case, ...]] = {
     "rollback": (Case(_rollback, ("rollback",)),),
     "start_session": (Case(_start_session, ("promote", "preload")),),
     "tick": (Case(_tick, ("refresh", "demote")),),
+    "page": (Case(_page, ("demote", "demote")),),
+    "flush": (Case(_flush, ("demote", "demote")),),
     "context": (Case(lambda w: w.harness.context(PLANTED, session_id=SESSION), ("context",)),),
     "recall": (Case(lambda w: w.harness.recall(PLANTED), ("retrieve",)),),
     "guidance": (
@@ -409,7 +438,6 @@ SDK_WRITES: dict[str, tuple[Case, ...]] = {
 SDK_READS: dict[str, str] = {
     "open": "opens a store (the constructor)",
     "close": "closes the store",
-    "flush": "waits for the embedding worker",
     "notify_embedder": "wakes the embedding worker",
     "now": "the harness's clock",
     "get": "one memory",
@@ -492,6 +520,7 @@ INTERVENE: dict[str, tuple[Case, ...]] = {
         Case(_intervene("annotate", note=straddling(2000)), ("update", "manual"), "note cut at 2000"),
     ),
     "archive": (Case(_intervene("archive"), ("archive", "scoring_weights", "manual")),),
+    "set_tier": (Case(_intervene("set_tier", tier="archive"), ("archive", "manual")),),
 }
 
 
@@ -724,6 +753,23 @@ REST_WRITES: dict[str, RestCase] = {
     "POST /dashboard/api/memories/{memory_id}/annotate": RestCase(
         _dashboard("annotate", {"text": PLANTED}), ("update", "manual")
     ),
+    "POST /dashboard/api/memories/{memory_id}/tier": RestCase(
+        _dashboard("tier", {"tier": "archive"}), ("archive", "manual")
+    ),
+    "POST /dashboard/api/memories": RestCase(
+        lambda w: ("/dashboard/api/memories", {"content": PLANTED}), ("add",)
+    ),
+    "POST /dashboard/api/memories/{memory_id}/revise": RestCase(
+        _dashboard("revise", {"content": PLANTED}), ("revise",)
+    ),
+    "POST /dashboard/api/memories/{memory_id}/forget": RestCase(_dashboard("forget"), ("forget",)),
+    "POST /dashboard/api/review/{memory_id}/approve": RestCase(
+        lambda w: (f"/dashboard/api/review/{w.note['id']}/approve", {}), ("update", "review.approved")
+    ),
+    "POST /dashboard/api/review/{memory_id}/reject": RestCase(
+        lambda w: (f"/dashboard/api/review/{w.note['id']}/reject", {"reason": PLANTED}),
+        ("update", "review.rejected"),
+    ),
 }
 #: POST/PUT/PATCH/DELETE routes that write nothing (none today)
 REST_READS: dict[str, str] = {}
@@ -873,6 +919,23 @@ def _lg_adelete(w: World) -> Any:
     return asyncio.run(_lg(w).adelete(NAMESPACE, "refund"))
 
 
+def _lg_sweep(w: World) -> Any:
+    _lg(w).put(NAMESPACE, "refund", {"note": PLANTED}, ttl=0)  # due at once
+    w.mark()
+    return _lg(w).sweep_ttl()
+
+
+def _lg_sweeper(w: World) -> Any:
+    _lg(w).put(NAMESPACE, "refund", {"note": PLANTED}, ttl=0)
+    w.mark()
+    store = _lg(w)
+    store.start_ttl_sweeper(sweep_interval_minutes=0.0005)  # every 30 ms
+    deadline = time.monotonic() + 5
+    while w.harness.count(tags=["langgraph"], status="any") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return store.stop_ttl_sweeper(timeout=5)
+
+
 PUT_AND_GET = [PutOp(NAMESPACE, "refund", {"note": PLANTED, "contact": EMAIL}), GetOp(NAMESPACE, "refund")]
 
 LANGGRAPH_WRITES: dict[str, tuple[Case, ...]] = {
@@ -885,11 +948,14 @@ LANGGRAPH_WRITES: dict[str, tuple[Case, ...]] = {
     "adelete": (Case(_lg_adelete, ("forget",)),),
     "batch": (Case(lambda w: _lg(w).batch(PUT_AND_GET), ("add",), "put and get"),),
     "abatch": (Case(lambda w: asyncio.run(_lg(w).abatch(PUT_AND_GET)), ("add",), "put and get"),),
+    "sweep_ttl": (Case(_lg_sweep, ("forget",), "an expired item"),),
+    "start_ttl_sweeper": (Case(_lg_sweeper, ("forget",), "until it swept an expired item"),),
+    "stop_ttl_sweeper": (Case(lambda w: _lg(w).stop_ttl_sweeper(), (), "none running"),),
     # updates only items written before namespace tags existed; a store written now has none
     "tag_namespaces": (Case(lambda w: _lg(w).tag_namespaces(), (), "nothing to tag"),),
 }
 LANGGRAPH_READS = {
-    name: "reads items (a query recall is untracked)"
+    name: "reads items (a query recall is untracked); reading an item with a TTL refreshes its expiry"
     for name in ("get", "aget", "search", "asearch", "list_namespaces", "alist_namespaces")
 }
 

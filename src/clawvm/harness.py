@@ -8,13 +8,16 @@ pager, context builder, teams) build on these methods.
 from __future__ import annotations
 
 import builtins
+import contextlib
+import functools
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 import numpy as np
 
@@ -32,6 +35,7 @@ from clawvm.core.model import (
     VISIBLE_STATUSES,
     Filters,
     Kind,
+    Link,
     LinkType,
     Memory,
     State,
@@ -67,11 +71,28 @@ from clawvm.vm.scoring import ValueBreakdown
 from clawvm.vm.scoring import explain as explain_value
 from clawvm.vm.sweep import Sweep
 from clawvm.vm.tiers import Pager, PagerConfig, one_pager_pass
-from clawvm.vm.working import WorkingTiers
+from clawvm.vm.working import PagerThread, WorkingTiers
 from clawvm.write.commit import SCOPE_ID_FIELDS, CommitPath
 from clawvm.write.redaction import Redactor
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _exclusive(method: Callable[Concatenate[Harness, _P], _R]) -> Callable[Concatenate[Harness, _P], _R]:
+    """A harness method that reads a memory and writes its next version: it does not interleave with a
+    background pager pass (which would move the memory between the read and the write, and the caller
+    would see a ConflictError for a change it never asked for)."""
+
+    @functools.wraps(method)
+    def run(self: Harness, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._exclusive:
+            return method(self, *args, **kwargs)
+
+    return run
+
+
 #: Sessions whose start_session preload a harness remembers (the oldest is forgotten first).
 PRELOADED_SESSIONS = 8192
 _IMMUTABLE = frozenset({"id", "created_at", "version", "tenant"})
@@ -80,6 +101,27 @@ _IMMUTABLE = frozenset({"id", "created_at", "version", "tenant"})
 #: No context line costs fewer tokens than this (its label alone, ``[<short id> <date>] <kind>:``, is
 #: 14-19): how many pinned or working memories one context could hold at most (see ``Harness._packable``).
 _MIN_LINE_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What :meth:`Harness.import_renamed` did: how many memories it wrote, and each imported id that is
+    stored under another id (another tenant holds it) -> that id."""
+
+    imported: int
+    renamed: dict[str, str] = field(default_factory=dict)
+
+
+def _renamed(memory: Memory, renamed: dict[str, str]) -> Memory:
+    """``memory`` with its id, parent and link targets replaced as ``renamed`` says."""
+    changes: dict[str, Any] = {}
+    if memory.id in renamed:
+        changes["id"] = renamed[memory.id]
+    if memory.parent_id in renamed:
+        changes["parent_id"] = renamed[memory.parent_id]
+    if any(k.target in renamed for k in memory.links):
+        changes["links"] = [Link(type=k.type, target=renamed.get(k.target, k.target)) for k in memory.links]
+    return memory.model_copy(update=changes) if changes else memory
 
 
 class Harness:
@@ -122,6 +164,10 @@ class Harness:
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="clawvm-prefetch") if prefetch else None
         self.working = WorkingTiers(store, self.pager)  # the record path's view of each working tier
         self.writer.on_commit(self.working.forget)
+        # the periodic pager: woken when a record puts a session past its high watermark; its passes and
+        # the methods that rewrite a memory they read (``_exclusive``) take turns
+        self._exclusive = threading.RLock()
+        self._pager_thread = PagerThread(self._background_pass, self._pager_error)
         self.sweep = Sweep(store, self.pager, tenant)  # tick()'s bounded pass and its cursors
         # session -> memories preloaded for it (from any session); the context builder adds them to its
         # working section. Kept in process: after a restart, start_session again.
@@ -233,14 +279,18 @@ class Harness:
             EventKind.ADD, memory, {"kind": memory.kind.value, "tier": memory.tier.value}
         )
         memory = self.working.admit(memory, None if vector is None else vector[None, :], added, self.now())
+        if self.pager.config.background and self.working.due():
+            self._pager_thread.wake()  # record never demotes: the pager pages the session out, in a batch
         if vector is None and self._worker is not None:
             self._worker.notify()
         if self._prefetcher is not None:
             self._prefetcher.submit(self._prefetch, memory)
         return memory
 
+    @_exclusive
     def update(
         self,
+        /,
         memory_id: str,
         *,
         expected_version: int | None = None,
@@ -290,6 +340,7 @@ class Harness:
         self._rebalance(updated)
         return updated
 
+    @_exclusive
     def forget(self, memory_id: str) -> None:
         """Delete a memory for good (its vector and outgoing links too)."""
         memory = self.store.get(memory_id)
@@ -310,10 +361,21 @@ class Harness:
             raise NotFoundError("memory", memory_id)
 
     def import_memories(self, memories: Sequence[Memory], *, restore: bool = False) -> int:
+        """:meth:`import_renamed`, returning how many memories were written."""
+        return self.import_renamed(memories, restore=restore).imported
+
+    @_exclusive
+    def import_renamed(self, memories: Sequence[Memory], *, restore: bool = False) -> Imported:
         """Store exported memories as they are (ids, versions, timestamps kept), in one atomic batch.
 
         Ids already present are skipped, so importing the same file twice is harmless. Returns how many
-        were written. They are embedded in the background like new records.
+        were written, and the ids that were stored under another id. They are embedded in the background
+        like new records.
+
+        On a tenant's view of a shared store, an id that another tenant holds is neither refused nor
+        shared: the memory is stored under an id of this tenant's own, derived from (tenant, id) — the same
+        at every import — and its references (``parent_id``, link targets) follow
+        (:meth:`clawvm.store.tenant.TenantStore.import_ids`); ``renamed`` lists them.
 
         Each memory passes the checks of a write first (:meth:`_check_import`): no status ``internal`` (the
         harness's own records: a grant cannot be forged by importing one) and no sealed original that this
@@ -324,6 +386,9 @@ class Harness:
         if not restore:
             for i, m in enumerate(memories):
                 self._check_import(i, m)
+        referenced = [r for m in memories for r in (m.id, m.parent_id, *(k.target for k in m.links)) if r]
+        renamed = {i: to for i, to in self.store.import_ids(referenced).items() if i != to}
+        memories = [_renamed(m, renamed) for m in memories] if renamed else list(memories)
         existing = self.store.get_many([m.id for m in memories])
         # token counts are the harness's own measure: recount rather than trust the file
         fresh = [
@@ -338,7 +403,7 @@ class Harness:
             self.writer.write(fresh, None, events)  # redacted like every write, whatever the file held
             if self._worker is not None:
                 self._worker.notify()
-        return len(fresh)
+        return Imported(len(fresh), renamed)
 
     def _check_import(self, index: int, memory: Memory) -> None:
         """What a write checks, for the ``index``-th memory of an import (field ``memories.<index>.*``)."""
@@ -439,6 +504,7 @@ class Harness:
         """Every component of the memory's value score right now (see :mod:`clawvm.vm.scoring`)."""
         return explain_value(self.store.get(memory_id), self.now(), self.pager.config.scoring)
 
+    @_exclusive
     def pin(self, memory_id: str) -> Memory:
         """Keep a memory in the working tier (and in every context of its session) until unpinned."""
         memory = self.store.get(memory_id)
@@ -464,12 +530,14 @@ class Harness:
         )
         return pinned
 
+    @_exclusive
     def unpin(self, memory_id: str) -> Memory:
         memory = self.store.get(memory_id)
         unpinned = self.pager.mutate(memory, lambda _m: {"pinned": False}, self.now())
         self._after_move(unpinned, EventKind.UNPIN, {})
         return unpinned
 
+    @_exclusive
     def rate(self, memory_id: str, delta: int) -> Memory:
         """User feedback: +1 (useful) or -1 (not useful); feeds the value score."""
         if delta not in (-1, 1):
@@ -488,9 +556,30 @@ class Harness:
         """One pager pass whose work is bounded and grows with what is due, not with the tenant's size:
         expiry, idle sessions paged out, value drift refreshed a page at a time (see
         :mod:`clawvm.vm.sweep`; its limits are ``self.sweep``'s). Returns ``expired``, ``refreshed`` and
-        ``moved`` (tier moves)."""
-        return self.sweep.run(self.now()).as_dict()
+        ``moved`` (tier moves), the due sessions' pager pass included."""
+        now = self.now()
+        report = self.sweep.run(now).as_dict()
+        report["moved"] += len(self.page(now))
+        return report
 
+    def page(self, now: datetime | None = None) -> builtins.list[Memory]:
+        """One pager pass now: every session past its working tier's high watermark is paged out to the low
+        one, and the tiers below are enforced (see :mod:`clawvm.vm.working`). Returns the memories moved.
+        Runs by itself in the background and at ``context()``, ``flush()``, ``tick()`` and ``close()``."""
+        with self._exclusive, self.pager.endpoint_pass():
+            return self.working.run_pass(now or self.now())
+
+    def _background_pass(self) -> None:
+        self.page()
+
+    def _pager_error(self, exc: Exception) -> None:
+        """A background pager pass failed: leave a trace (the sessions stay due for the next pass)."""
+        with contextlib.suppress(Exception):  # the store may be closing under it
+            self.writer.log(
+                [Event(kind=EventKind.PAGER_ERROR, tenant=self.tenant, data={"error": repr(exc)})]
+            )
+
+    @_exclusive
     def start_session(
         self, session_id: str, task: str | None = None, *, task_id: str | None = None, k: int = 8
     ) -> builtins.list[Memory]:
@@ -556,12 +645,14 @@ class Harness:
         self._event(kind, memory, {**data, "tier": memory.tier.value, "value": memory.value})
 
     # ---- compression ----------------------------------------------------------------------------------
+    @_exclusive
     def compress(self, memory_id: str) -> Memory:
         """Summarize a memory reversibly (its raw text is kept and pointed to)."""
         return compress_memory(
             self.writer, self.store.get(memory_id), self.summarizer, self.now(), reason="manual"
         )
 
+    @_exclusive
     def decompress(self, memory_id: str) -> Memory:
         current = self.store.get(memory_id)
         info = current.metadata.get("compression")
@@ -577,6 +668,7 @@ class Harness:
             return memory
         return compress_memory(self.writer, memory, self.summarizer, self.now(), reason=f"archived: {reason}")
 
+    @_exclusive
     def collapse_task(self, task_id: str) -> Memory | None:
         """Compress a finished task's INTERMEDIATE memories into one SUCCESS summary linked to each of them.
 
@@ -667,12 +759,15 @@ class Harness:
         """Rules, pitfalls, experiences and open conflicts the team has for ``task``, with a manifest."""
         return build_guidance(self, agent_id, task, budget_tokens, task_id=task_id, task_type=task_type)
 
+    @_exclusive
     def feedback(self, memory_id: str, adopted: bool) -> Memory:
         """Count whether guidance from ``memory_id`` was adopted; updates adoption stats and value."""
         return teams.feedback(self, memory_id, adopted)
 
+    @_exclusive
     def revise(
         self,
+        /,
         memory_id: str,
         *,
         agent_id: str | None = None,
@@ -690,9 +785,11 @@ class Harness:
         """Memories awaiting review (low confidence, flagged, open conflicts); see teams.review_queue."""
         return teams.review_queue(self, **options)
 
+    @_exclusive
     def approve(self, memory_id: str, *, by: str | None = None) -> Memory:
         return teams.approve(self, memory_id, by=by)
 
+    @_exclusive
     def reject(self, memory_id: str, *, by: str | None = None, reason: str | None = None) -> Memory:
         return teams.reject(self, memory_id, by=by, reason=reason)
 
@@ -702,11 +799,13 @@ class Harness:
             self._worker.notify()
 
     # ---- checkpoints ----------------------------------------------------------------------------------
+    @_exclusive
     def checkpoint(self, session_id: str, name: str) -> str:
         """Snapshot the session's tiers and value state; returns the checkpoint id."""
         session_id = self._stored_id(session_id)  # the id the session's memories were stored with
         return checkpoints.take(self.store, self.writer, self.tenant, session_id, name, self.now()).id
 
+    @_exclusive
     def rollback(self, checkpoint_id: str) -> checkpoints.RollbackReport:
         """Restore a checkpoint; memories created after it become obsolete (kept for analytics). What is
         restored, exactly: :mod:`clawvm.vm.checkpoint`."""
@@ -746,8 +845,10 @@ class Harness:
         session_id, task_id = self._stored_id(session_id), self._stored_id(task_id)
         agent_id = self._stored_id(agent_id)
         scope = toolcalls.scope_fields(session_id, task_id, agent_id)
-        if session_id and not read_only:
-            self.pager.enforce(self.tenant, session_id, now)
+        if not read_only:
+            self.page(now)  # a lifecycle boundary: the due sessions' pager pass
+            if session_id:
+                self.pager.enforce(self.tenant, session_id, now)
         candidates: list[Candidate] = []
         if scope:
             for m in self._packable(scope, budget_tokens, pinned=True):
@@ -856,15 +957,20 @@ class Harness:
         self._worker = worker
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until every recorded memory is embedded."""
+        """Wait until every recorded memory is embedded, and run a pager pass (a lifecycle boundary)."""
         if self._worker is not None:
             self._worker.flush(timeout)
+        self.page()
 
     def close(self, wait: bool = True) -> None:
-        """Stop the worker (after draining the queue unless ``wait=False``) and close the store."""
+        """Stop the worker (after draining the queue unless ``wait=False``), run the last pager pass and close
+        the store."""
         if self._prefetcher is not None:
             self._prefetcher.shutdown(wait=True)
             self._prefetcher = None
+        self._pager_thread.stop()
+        if self.working.due():
+            self.page()
         if self._worker is not None:
             if wait:
                 self._worker.flush()

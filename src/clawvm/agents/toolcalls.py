@@ -121,7 +121,9 @@ def scope_fields(
 def scope(**fields: Any) -> Iterator[None]:
     """Record every tool call made inside this block (this thread/task) with these scope fields.
 
-    Accepts ``session_id``, ``task_id``, ``agent_id``, ``tags``; nested blocks add to the outer one.
+    Accepts ``session_id``, ``task_id``, ``agent_id``, ``tags``, and ``parent_id``: the memory of the LLM
+    turn that asked for these calls (each call is recorded under it, so a run's trace shows which thought
+    asked for which tool); nested blocks add to the outer one.
     """
     _check_scope_fields(fields)
     token = _current_scope.set({**(_current_scope.get() or {}), **fields})
@@ -151,10 +153,11 @@ class ToolCall:
         self.harness = harness
         self.spec = spec
         self.args = {k: ("***" if k in spec.redact else _jsonable(v)) for k, v in (args or {}).items()}
-        self.parent_id = parent_id
+        resolved = _resolve_scope(spec, scope_fields)
+        self.parent_id = parent_id or resolved.pop("parent_id", None)  # the LLM turn that asked, if known
         # the caller's own keys beside ``tool_call`` (a framework's run ids, say); ``tool_call`` stays ours
         self.metadata = {k: v for k, v in (metadata or {}).items() if k != "tool_call"}
-        self.scope = _resolve_scope(spec, scope_fields)
+        self.scope = resolved
         self.call: Memory | None = None
         self.result: Memory | None = None
         self._value: Any = None
@@ -542,11 +545,10 @@ def _resolve_scope(spec: ToolSpec, given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _check_scope_fields(fields: Mapping[str, Any]) -> None:
-    unknown = set(fields) - {*_SCOPE_FIELDS, "tags"}
+    allowed = (*_SCOPE_FIELDS, "tags", "parent_id")
+    unknown = set(fields) - set(allowed)
     if unknown:
-        raise ValidationError(
-            sorted(unknown)[0], "is not a scope field", f"use {', '.join((*_SCOPE_FIELDS, 'tags'))}"
-        )
+        raise ValidationError(sorted(unknown)[0], "is not a scope field", f"use {', '.join(allowed)}")
 
 
 def _running_here(call_id: str) -> bool:

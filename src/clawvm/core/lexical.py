@@ -81,7 +81,8 @@ class BM25Params:
 
 
 class _Postings:
-    """One term's postings, with a cached array form and cached BM25 impacts.
+    """One term's postings, with a cached array form and cached BM25 impacts (of every row, and of each
+    statistics group's rows: see :class:`LexicalIndex`).
 
     The impact of a posting, tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl)), only changes when the
     postings change or the average document length drifts, so queries reuse it (at 100k documents this
@@ -90,13 +91,33 @@ class _Postings:
     query of a common term after a write rebuilds its cache from them in well under a millisecond.
     """
 
-    __slots__ = ("by_row", "cache", "rows", "tfs")
+    __slots__ = ("by_row", "cache", "df", "group_cache", "rows", "tfs")
 
     def __init__(self) -> None:
         self.rows = array("q")
         self.tfs = array("f")
         self.cache: tuple[np.ndarray, np.ndarray, float, np.ndarray] | None = None
         self.by_row: tuple[np.ndarray, np.ndarray] | None = None  # (rows sorted, their tfs)
+        self.df: dict[int, int] = {}  # statistics group -> how many of its rows hold the term
+        # statistics group -> (its rows, their impacts, the average length they were computed with); dropped
+        # whenever a posting of that group comes or goes, so one group's writes never touch another's
+        self.group_cache: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}
+
+    def group_impacts(
+        self, group: int, groups: np.ndarray, doc_len: np.ndarray, avgdl: float, params: BM25Params
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """(rows of ``group``, their impacts, the average length used): :meth:`impacts` for one group, with
+        the group's own average length (``groups``: each row's group)."""
+        c = self.group_cache.get(group)
+        if c is None or abs(c[2] - avgdl) > 0.02 * avgdl:
+            rows = np.array(self.rows, dtype=np.int64)
+            mine = groups[rows] == group
+            rows = rows[mine]
+            tfs = np.array(self.tfs, dtype=np.float32)[mine]
+            k1, b = params.k1, params.b
+            impact = tfs * (k1 + 1.0) / (tfs + k1 * (1.0 - b + b * doc_len[rows] / avgdl))
+            c = self.group_cache[group] = (rows, impact.astype(np.float32), avgdl)
+        return c
 
     def impacts(self, doc_len: np.ndarray, avgdl: float, params: BM25Params) -> tuple[np.ndarray, np.ndarray]:
         c = self._cached(doc_len, avgdl, params)
@@ -142,6 +163,12 @@ class LexicalIndex:
 
     Appends are O(terms); a removed row is tombstoned (its postings stay, masked out at query time) and
     re-adding a row replaces it. Not internally locked: the owning engine serialises writers.
+
+    Statistics groups: each row belongs to one group (the engines pass the tenant), and the corpus
+    statistics BM25 needs (document count N, average length, each term's document frequency) are kept per
+    group as well as for the whole index. ``scores(terms, group=g)`` scores with g's statistics alone, so
+    what one group holds changes no score of another (a tenant cannot read another tenant's document
+    frequencies from its scores); ``group=None`` scores with the whole index's.
     """
 
     def __init__(self, analyzer: Analyzer | None = None, params: BM25Params | None = None) -> None:
@@ -153,6 +180,9 @@ class LexicalIndex:
         self._doc_terms: dict[int, list[str]] = {}
         self._total_len = 0.0
         self._n_alive = 0
+        self._group = np.zeros(1024, dtype=np.int32)  # each row's statistics group
+        self._group_n: dict[int, int] = {}  # group -> live rows
+        self._group_len: dict[int, float] = {}  # group -> their total length
 
     def __len__(self) -> int:
         return self._n_alive
@@ -165,12 +195,15 @@ class LexicalIndex:
             alive = np.zeros(size, dtype=bool)
             alive[: len(self._alive)] = self._alive
             self._alive = alive
+            self._group = np.resize(self._group, size)
 
-    def add(self, row: int, text: str) -> None:
+    def add(self, row: int, text: str, group: int = 0) -> None:
+        """Index ``text`` as ``row`` of statistics ``group`` (replacing what the row held)."""
         if row < len(self._alive) and self._alive[row]:
             self.remove(row)
         terms = self.analyzer.terms(text)
         self._grow(row)
+        self._group[row] = group
         counts: dict[str, int] = {}
         for t in terms:
             counts[t] = counts.get(t, 0) + 1
@@ -180,11 +213,19 @@ class LexicalIndex:
                 p = self._postings[t] = _Postings()
             p.rows.append(row)
             p.tfs.append(c)
+            p.df[group] = p.df.get(group, 0) + 1
+            p.group_cache.pop(group, None)
         self._doc_terms[row] = list(counts)
         self._doc_len[row] = len(terms)
         self._alive[row] = True
         self._total_len += len(terms)
         self._n_alive += 1
+        self._group_n[group] = self._group_n.get(group, 0) + 1
+        self._group_len[group] = self._group_len.get(group, 0.0) + len(terms)
+
+    def group_of(self, row: int) -> int | None:
+        """The statistics group of a live ``row`` (None when it is not indexed)."""
+        return int(self._group[row]) if row < len(self._alive) and self._alive[row] else None
 
     def remove(self, row: int) -> None:
         if row >= len(self._alive) or not self._alive[row]:
@@ -192,6 +233,11 @@ class LexicalIndex:
         self._alive[row] = False
         self._total_len -= float(self._doc_len[row])
         self._n_alive -= 1
+        group = int(self._group[row])
+        self._group_n[group] -= 1
+        self._group_len[group] -= float(self._doc_len[row])
+        if not self._group_n[group]:
+            del self._group_n[group], self._group_len[group]
         for t in self._doc_terms.pop(row, []):
             p = self._postings[t]
             # Physically drop the posting so df stays exact. list.index scans in C: re-indexing an old row
@@ -204,48 +250,85 @@ class LexicalIndex:
                 del p.rows[i]
                 del p.tfs[i]
                 p.cache = p.by_row = None
+                p.group_cache.pop(group, None)
+                p.df[group] -= 1
+                if not p.df[group]:
+                    del p.df[group]
             if not p.rows:
                 del self._postings[t]
 
-    def search(self, query: str, limit: int, allowed: np.ndarray | None = None) -> list[tuple[int, float]]:
+    def search(
+        self, query: str, limit: int, allowed: np.ndarray | None = None, group: int | None = None
+    ) -> list[tuple[int, float]]:
         """Top ``limit`` (row, bm25) pairs for ``query``; ``allowed`` is an optional boolean row mask."""
-        scores = self.scores(self.analyzer.terms(query))
+        scores = self.scores(self.analyzer.terms(query), group)
         return [] if scores is None else top_rows(scores, limit, allowed)
 
-    def scores(self, terms: list[str]) -> np.ndarray | None:
-        """BM25 of every row for the query ``terms`` (0 where nothing matches), or None if none can."""
+    def corpus(self, group: int | None = None) -> tuple[int, float]:
+        """(document count, total length) of ``group``'s rows, or of every row for None."""
+        if group is None:
+            return self._n_alive, self._total_len
+        return self._group_n.get(group, 0), self._group_len.get(group, 0.0)
+
+    def df(self, term: str, group: int | None = None) -> int:
+        """How many rows (of ``group``, or of every group for None) hold ``term``."""
+        p = self._postings.get(term)
+        if p is None:
+            return 0
+        return len(p.rows) if group is None else p.df.get(group, 0)
+
+    def scores(self, terms: list[str], group: int | None = None) -> np.ndarray | None:
+        """BM25 of every row for the query ``terms`` (0 where nothing matches), or None if none can. With
+        ``group``, only that group's rows score, with that group's statistics (see the class docstring)."""
         terms = list(dict.fromkeys(terms))
-        if not terms or self._n_alive == 0:
+        n, total = self.corpus(group)
+        if not terms or n == 0:
             return None
-        avgdl = max(self._total_len / self._n_alive, 1.0)
+        avgdl = max(total / n, 1.0)
         scores = np.zeros(len(self._alive), dtype=np.float32)
         for t in terms:
             p = self._postings.get(t)
             if p is None:
                 continue
-            rows, impact = p.impacts(self._doc_len, avgdl, self.params)
-            scores[rows] += np.float32(self.idf(len(rows), self._n_alive)) * impact
+            if group is None:
+                rows, impact = p.impacts(self._doc_len, avgdl, self.params)
+                df = len(rows)
+            else:
+                df = p.df.get(group, 0)
+                if not df:
+                    continue
+                rows, impact, _ = p.group_impacts(group, self._group, self._doc_len, avgdl, self.params)
+            scores[rows] += np.float32(self.idf(df, n)) * impact
         return scores
 
-    def scores_of(self, terms: list[str], rows: np.ndarray) -> np.ndarray | None:
-        """BM25 of ``rows`` only, aligned with them: equal to ``scores(terms)[rows]``, bit for bit (the same
-        impacts, the same float32 sums in the same term order), at a cost that follows ``len(rows)`` and not
-        the index's size. Recall uses it when a filter leaves few rows (one LangGraph namespace, an agent)."""
+    def scores_of(self, terms: list[str], rows: np.ndarray, group: int | None = None) -> np.ndarray | None:
+        """BM25 of ``rows`` only, aligned with them: equal to ``scores(terms, group)[rows]``, bit for bit (the
+        same impacts, the same float32 sums in the same term order), at a cost that follows ``len(rows)``
+        and not the index's size. Recall uses it when a filter leaves few rows (one LangGraph namespace, an
+        agent). With ``group``, ``rows`` are that group's."""
         terms = list(dict.fromkeys(terms))
-        if not terms or self._n_alive == 0:
+        n, total = self.corpus(group)
+        if not terms or n == 0:
             return None
-        avgdl = max(self._total_len / self._n_alive, 1.0)
+        avgdl = max(total / n, 1.0)
         k1, b = self.params.k1, self.params.b
         out = np.zeros(len(rows), dtype=np.float32)
         for t in terms:
             p = self._postings.get(t)
             if p is None:
                 continue
-            posting_rows, _, cached_avgdl, _ = p._cached(self._doc_len, avgdl, self.params)
+            if group is None:
+                posting_rows, _, cached_avgdl, _ = p._cached(self._doc_len, avgdl, self.params)
+                df = len(posting_rows)
+            else:
+                df = p.df.get(group, 0)
+                if not df:
+                    continue
+                cached_avgdl = p.group_impacts(group, self._group, self._doc_len, avgdl, self.params)[2]
             tfs = p.tf_of(rows)
             # the cached impacts' formula and average length, on these rows (0 where the term is absent)
             impact = tfs * (k1 + 1.0) / (tfs + k1 * (1.0 - b + b * self._doc_len[rows] / cached_avgdl))
-            out += np.float32(self.idf(len(posting_rows), self._n_alive)) * impact.astype(np.float32)
+            out += np.float32(self.idf(df, n)) * impact.astype(np.float32)
         return out
 
     @staticmethod

@@ -27,7 +27,7 @@
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
-      if (k === "onclick" || k === "onchange" || k === "oninput") node.addEventListener(k.slice(2), v);
+      if (k === "onclick" || k === "onchange" || k === "oninput" || k === "ontoggle") node.addEventListener(k.slice(2), v);
       else if (k === "text") node.textContent = v;
       else if (v !== null && v !== undefined && v !== false) node.setAttribute(k, v === true ? "" : v);
     }
@@ -146,17 +146,21 @@
   };
 
   // the filter bar every memory list shares: kind, agent, tool, tag, tier, status, date range, text
-  function filterBar(onChange) {
+  function filterBar(onChange, only) {
     const f = state.filters;
     const changed = (k) => (e) => { f[k] = e.target.value; onChange(); };
     const choose = (k, label) => el("select", { "data-filter": k, onchange: changed(k) },
       el("option", { value: "", text: label }), FILTERS[k].map((v) => el("option", { value: v, selected: v === f[k] || null, text: v.replace("_", " ") })));
     const field = (k, placeholder, type) => el("input", { type: type || "search", "data-filter": k, placeholder, value: f[k], size: type ? null : 10, onchange: changed(k) });
-    return el("div", { class: "toolbar filters" },
-      field("q", "text or id…"), choose("kind", "any kind"), field("agent", "agent"), field("tool", "tool"), field("tag", "tag"),
-      choose("tier", "any tier"), choose("status", "active + archived…"),
-      el("label", { class: "muted" }, "from ", field("since", "", "date")), el("label", { class: "muted" }, "to ", field("until", "", "date")));
+    const parts = { q: () => field("q", only ? "query text…" : "text or id…"), kind: () => choose("kind", "any kind"),
+      agent: () => field("agent", "agent"), tool: () => field("tool", "tool"), tag: () => field("tag", "tag"),
+      tier: () => choose("tier", "any tier"), status: () => choose("status", "active + archived…"),
+      since: () => el("label", { class: "muted" }, "from ", field("since", "", "date")),
+      until: () => el("label", { class: "muted" }, "to ", field("until", "", "date")) };
+    return el("div", { class: "toolbar filters" }, (only || Object.keys(parts)).map((k) => parts[k]()));
   }
+
+  const BUILD_FILTERS = ["q", "agent", "since", "until"];  // what a context build can be filtered by
 
   function filterParams() {
     const f = Object.assign({}, state.filters);
@@ -206,13 +210,14 @@
   }
 
   async function viewTimeline(main) {
-    const data = await api("timeline" + qs({ session: state.session, buckets: 80, limit: 40, axis: state.axis }));
+    const data = await api("timeline" + qs(Object.assign(filterParams(), { buckets: 80, limit: 40, axis: state.axis })));
     const chart = el("div", { id: "timeline-chart" });
     const axis = el("select", { onchange: (e) => { state.axis = e.target.value; show("timeline"); } },
       el("option", { value: "events", selected: state.axis === "events" || null, text: "x axis: activity (event log)" }),
       el("option", { value: "time", selected: state.axis === "time" || null, text: "x axis: wall-clock time" }));
     fill(main, 
       el("h2", { text: "Tier timeline" + (state.session ? ` · ${state.session}` : " · all sessions") }),
+      filterBar(() => show("timeline")),
       el("div", { class: "toolbar" }, axis,
         el("span", { class: "muted", text: "Memories in each tier (stacked), replayed from the add and move events." })),
       el("div", { class: "card" }, chart),
@@ -228,13 +233,14 @@
 
   async function viewHeatmap(main) {
     const h = state.heat;
-    const data = await api("heatmap" + qs({ session: state.session, group: h.group, offset: h.offset, limit: 40, cols: 48 }));
+    const data = await api("heatmap" + qs(Object.assign(filterParams(), { group: h.group, offset: h.offset, limit: 40, cols: 48 })));
     const chart = el("div", { id: "heatmap-chart" });
     const group = el("select", { onchange: (e) => { h.group = e.target.value; h.offset = 0; show("heatmap"); } },
       el("option", { value: "memory", selected: h.group === "memory" || null, text: "one row per memory (by value)" }),
       el("option", { value: "kind", selected: h.group === "kind" || null, text: "aggregate by kind (mean)" }));
     fill(main, 
       el("h2", { text: "Value heatmap" + (state.session ? ` · ${state.session}` : " · all sessions") }),
+      filterBar(() => { h.offset = 0; show("heatmap"); }),
       el("div", { class: "toolbar" }, group,
         h.group === "memory" ? pager({ total: data.total, offset: h.offset, limit: 40 }, (o) => { h.offset = o; show("heatmap"); }) : null),
       el("div", { class: "card" }, chart));
@@ -242,12 +248,13 @@
   }
 
   async function viewGraph(main) {
-    const data = await api("graph" + qs({ session: state.session, focus: state.focus, limit: state.graphLimit }));
+    const data = await api("graph" + qs(Object.assign(filterParams(), { focus: state.focus, limit: state.graphLimit })));
     const chart = el("div", { id: "graph-chart" });
     const limit = el("select", { onchange: (e) => { state.graphLimit = Number(e.target.value); show("graph"); } },
       [40, 80, 120, 200, 300].map((n) => el("option", { value: n, selected: n === state.graphLimit || null, text: `${n} nodes` })));
     fill(main, 
       el("h2", { text: "Memory graph" + (state.focus ? " · around one memory" : state.session ? ` · ${state.session}` : "") }),
+      filterBar(() => show("graph")),
       el("div", { class: "toolbar" }, limit,
         state.focus ? el("button", { onclick: () => { state.focus = null; show("graph"); }, text: "show the whole scope" }) : null,
         el("span", { class: "muted", text: `${data.nodes.length} of ${data.total} memories · ${data.edges.length} links (parent, typed links, shared entities) · colour = tier, size = value` })),
@@ -256,7 +263,7 @@
   }
 
   async function contextList(box, onPick, onlyOutputs) {
-    const data = await api("contexts" + qs({ session: state.session, offset: state.ctxOffset, limit: 30 }));
+    const data = await api("contexts" + qs(Object.assign(filterParams(), { offset: state.ctxOffset, limit: 30 })));
     const items = onlyOutputs ? data.items.filter((b) => b.has_output).concat(data.items.filter((b) => !b.has_output)) : data.items;
     fill(box, 
       el("table", { id: "contexts-table" },
@@ -271,7 +278,7 @@
   async function viewContexts(main) {
     const list = el("div", { class: "card list" });
     const detail = el("div", { id: "context-detail" });
-    fill(main, el("h2", { text: "Context viewer" }),
+    fill(main, el("h2", { text: "Context viewer" }), filterBar(() => { state.ctxOffset = 0; show("contexts"); }, BUILD_FILTERS),
       el("p", { class: "muted", text: "The exact prompt of each build, the manifest beside it (why each line is in, its tier and value then), the output and its citations; compare two builds." }),
       el("div", { class: "split" }, list, detail));
     let items = [];
@@ -345,7 +352,7 @@
     const list = el("div", { class: "card list" });
     const detail = el("div", { id: "influence-detail" });
     const reverse = el("div", { id: "influence-reverse" });
-    fill(main, el("h2", { text: "Influence" }),
+    fill(main, el("h2", { text: "Influence" }), filterBar(() => { state.ctxOffset = 0; show("influence"); }, BUILD_FILTERS),
       el("p", { class: "muted", text: "Which memories fed a context build, with their tier and value at that moment, and which ones the output cited. Select a memory for the reverse: every context it entered." }),
       el("div", { class: "split" }, list, el("div", {}, detail, reverse)));
     const pick = async (seq) => {
@@ -563,10 +570,13 @@
         toast(String(e.message || e), true);
       }
     };
-    const editor = el("textarea", { id: "edit-content", rows: 4 });
-    editor.value = m.content;
-    const tier = el("select", { id: "tier-select" }, ["working", "short_term", "long_term", "archive"].map((t) =>
-      el("option", { value: t, selected: t === m.tier || null, text: t.replace("_", " ") })));
+    // the edit box survives a live re-render: open or not, and the text typed so far
+    const draft = state.draft && state.draft.id === id ? state.draft : (state.draft = { id, open: false, text: m.content });
+    const editor = el("textarea", { id: "edit-content", rows: 4, oninput: (e) => { draft.text = e.target.value; } });
+    editor.value = draft.text;
+    const chosen = draft.tier || m.tier;
+    const tier = el("select", { id: "tier-select", onchange: (e) => { draft.tier = e.target.value; } },
+      ["working", "short_term", "long_term", "archive"].map((t) => el("option", { value: t, selected: t === chosen || null, text: t.replace("_", " ") })));
     const change = async (label, run) => {
       try {
         const r = await run();
@@ -601,7 +611,7 @@
           el("button", { id: "archive-button", onclick: () => act("archive", {}, "archived"), text: "Archive" }),
           value, el("button", { id: "value-button", onclick: () => act("value", { value: Number(value.value) }, "value set"), text: "Set value" })),
         el("div", { class: "actions" }, tier,
-          el("button", { id: "tier-button", onclick: () => act("tier", { tier: tier.value }, `moved to ${tier.value}`), text: m.tier === "archive" ? "Un-archive to tier" : "Move to tier" }),
+          el("button", { id: "tier-button", onclick: () => { draft.tier = null; act("tier", { tier: tier.value }, `moved to ${tier.value}`); }, text: m.tier === "archive" ? "Un-archive to tier" : "Move to tier" }),
           el("button", { id: "forget-button", class: "danger", text: "Forget", onclick: () => {
             if (!window.confirm(`Forget memory ${d.row.short_id} for good?`)) return;
             $("#inspector").hidden = true;  // first: a live refresh meanwhile must not ask for it again
@@ -618,9 +628,10 @@
         el("button", { onclick: () => show("influence"), text: "Influence" }),
         m.session_id ? el("button", { onclick: () => { setSession(m.session_id); show("trace"); }, text: "Trace its session" }) : null),
       el("h3", { text: "Content" }), el("div", { class: "content", id: "inspector-content", text: m.content }),
-      canWrite() && m.status === "active" ? [el("details", { id: "edit-box" }, el("summary", { text: "Edit (saved as a new revision)" }), editor,
+      canWrite() && m.status === "active" ? [el("details", { id: "edit-box", open: draft.open || null, ontoggle: (e) => { draft.open = e.target.open; } },
+        el("summary", { text: "Edit (saved as a new revision)" }), editor,
         el("div", { class: "actions" }, el("button", { id: "revise-button", class: "primary", text: "Save revision", onclick: () =>
-          change("saved as a new revision", () => post(`memories/${id}/revise`, { content: editor.value, expected_version: m.version })) })))] : null,
+          change("saved as a new revision", () => post(`memories/${id}/revise`, { content: editor.value, expected_version: m.version }).then((r) => { state.draft = null; return r; })) })))] : null,
       history,
       (m.metadata.annotations || []).length ? [el("h3", { text: "Annotations" }),
         el("ul", {}, m.metadata.annotations.map((a) => el("li", { text: `${when(a.at)} ${a.by}: ${a.text}` })))] : null,

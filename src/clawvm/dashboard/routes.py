@@ -200,33 +200,39 @@ def create_router(
     @router.get("/api/timeline")
     def timeline(
         h: Reader,
-        session: Session = None,
+        flt: Annotated[FilterQuery, Query()],
         buckets: Annotated[int, Query(ge=2, le=400)] = 60,
         limit: Limit = 50,
         axis: Annotated[str, Query(pattern="^(events|time)$")] = "events",
     ) -> dict[str, Any]:
-        return views.timeline(lens_for(h), session, buckets, limit, axis)
+        return views.timeline(lens_for(h), flt.as_filter(), buckets, limit, axis)
 
     @router.get("/api/heatmap")
     def heatmap(
         h: Reader,
-        session: Session = None,
+        flt: Annotated[FilterQuery, Query()],
         group: Annotated[str, Query(pattern="^(memory|kind)$")] = "memory",
         cols: Annotated[int, Query(ge=2, le=200)] = 40,
         offset: Offset = 0,
         limit: Limit = 40,
     ) -> dict[str, Any]:
-        return views.heatmap(lens_for(h), session, group, cols, offset, limit)
+        return views.heatmap(lens_for(h), flt.as_filter(), group, cols, offset, limit)
 
     @router.get("/api/graph")
     def graph(
-        h: Reader, session: Session = None, focus: str | None = None, limit: Limit = 120, offset: Offset = 0
+        h: Reader,
+        flt: Annotated[FilterQuery, Query()],
+        focus: str | None = None,
+        limit: Limit = 120,
+        offset: Offset = 0,
     ) -> dict[str, Any]:
-        return views.graph(lens_for(h), session, focus, limit, offset)
+        return views.graph(lens_for(h), flt.as_filter(), focus, limit, offset)
 
     @router.get("/api/contexts")
-    def contexts(h: Reader, session: Session = None, offset: Offset = 0, limit: Limit = 50) -> dict[str, Any]:
-        return views.contexts(lens_for(h), session, offset, limit)
+    def contexts(
+        h: Reader, flt: Annotated[FilterQuery, Query()], offset: Offset = 0, limit: Limit = 50
+    ) -> dict[str, Any]:
+        return views.contexts(lens_for(h), flt.as_filter(), offset, limit)
 
     @router.get("/api/contexts/diff")
     def context_diff(h: Reader, a: int, b: int) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 from clawvm.core.entities import entities
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import Tier
-from clawvm.observe.lens import Lens, Move, Row
+from clawvm.observe.lens import ContextBuild, Lens, Move, Row
 from clawvm.store.crypto import without_sealed
 from clawvm.vm.context import short_id
 
@@ -28,7 +28,10 @@ TIERS = [t.value for t in Tier]
 NO_SESSION = "(none)"
 
 
-def _scope(lens: Lens, session: str | None) -> list[Row]:
+def _scope(lens: Lens, session: str | RowFilter | None) -> list[Row]:
+    """The rows of a view: one session's (or all), or those a filter bar keeps."""
+    if isinstance(session, RowFilter):
+        return session.rows(lens)
     rows = list(lens.rows.values())
     if session is None or session == "":
         return rows
@@ -126,6 +129,17 @@ class RowFilter:
             return False
         needle = self.q.lower()
         return not needle or needle in r.preview.lower() or r.id.endswith(needle)
+
+    def keeps_build(self, b: ContextBuild) -> bool:
+        """Whether a context build passes the filters that apply to builds."""
+        scope = b.scope
+        if self.session and scope.get("session_id") != self.session:
+            return False
+        if self.agent and scope.get("agent_id") != self.agent:
+            return False
+        if (self.since and b.at < self.since) or (self.until and b.at > self.until):
+            return False
+        return not self.q or self.q.lower() in b.query.lower()
 
     def rows(self, lens: Lens) -> list[Row]:
         """The matching rows (hold ``lens.lock``)."""
@@ -270,7 +284,11 @@ def _first_seen(row: Row, moves: list[Move]) -> tuple[datetime, int, str]:
 
 
 def timeline(
-    lens: Lens, session: str | None = None, buckets: int = 60, limit: int = 50, axis: str = "events"
+    lens: Lens,
+    session: str | RowFilter | None = None,
+    buckets: int = 60,
+    limit: int = 50,
+    axis: str = "events",
 ) -> dict[str, Any]:
     """Memories per tier (bucketed counts at the end of each bucket) and the latest tier moves.
 
@@ -353,7 +371,7 @@ def _move(lens: Lens, mv: Move) -> dict[str, Any]:
 # ---- value heatmap ---------------------------------------------------------------------------------------
 def heatmap(
     lens: Lens,
-    session: str | None = None,
+    session: str | RowFilter | None = None,
     group: str = "memory",
     cols: int = 40,
     offset: int = 0,
@@ -447,7 +465,11 @@ def _mean_over_time(series: list[list[tuple[datetime, float]]], edges: list[date
 
 # ---- memory graph ----------------------------------------------------------------------------------------
 def graph(
-    lens: Lens, session: str | None = None, focus: str | None = None, limit: int = 120, offset: int = 0
+    lens: Lens,
+    session: str | RowFilter | None = None,
+    focus: str | None = None,
+    limit: int = 120,
+    offset: int = 0,
 ) -> dict[str, Any]:
     """Nodes and edges: parent -> child, typed links, and shared entities (named by at most 12 nodes).
 
@@ -525,12 +547,16 @@ def _same_session_neighbours(lens: Lens, row: Row, k: int = 3) -> list[str]:
 
 
 # ---- contexts --------------------------------------------------------------------------------------------
-def contexts(lens: Lens, session: str | None = None, offset: int = 0, limit: int = 50) -> dict[str, Any]:
+def contexts(
+    lens: Lens, session: str | RowFilter | None = None, offset: int = 0, limit: int = 50
+) -> dict[str, Any]:
+    """Context builds, newest first: one session's, or those a filter bar keeps (session, agent, date
+    range, text of the query)."""
+    flt = session if isinstance(session, RowFilter) else RowFilter(session=session)
     lens.refresh()
     with lens.lock:
         builds = sorted(lens.contexts.values(), key=lambda b: b.seq, reverse=True)
-        if session:
-            builds = [b for b in builds if b.scope.get("session_id") == session]
+        builds = [b for b in builds if flt.keeps_build(b)]
         page = _page(builds, offset, limit)
         page["items"] = [b.summary() for b in page["items"]]
         return page

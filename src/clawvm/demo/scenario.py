@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from clawvm.agents import toolcalls
 from clawvm.core.errors import ConfigError
 from clawvm.core.model import Kind, State
 from clawvm.demo import ingest_locomo, ingest_workload, load_workload
@@ -313,9 +314,10 @@ def _agent_run(h: Harness, clock: ReplayClock) -> int:
     for attempt in range(3):
         clock.advance(seconds=40)
         thought = f"Attempt {attempt + 1}: charging invoice INV-{1040 + attempt} through the primary host."
-        h.record(thought, kind=Kind.LLM_THOUGHT, state=State.INTERMEDIATE, **scope)
+        turn = h.record(thought, kind=Kind.LLM_THOUGHT, state=State.INTERMEDIATE, **scope)
         clock.advance(seconds=10)
-        with suppress(TimeoutError):  # recorded as an ERROR result by the tool wrapper, 10 s later
+        # recorded as an ERROR result by the tool wrapper, 10 s later, under the turn that asked for it
+        with suppress(TimeoutError), toolcalls.scope(parent_id=turn.id):
             tessera_charge("api.tessera.example", 424.83)
         ctx = h.context("tessera charge timed out: what worked before?", budget_tokens=400, **scope)
         _answer(h, ctx, "timed out", success=False)

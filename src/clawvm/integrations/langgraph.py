@@ -1,29 +1,53 @@
 """LangGraph: a ``BaseStore`` backed by ClawVM, so graphs keep long-term memory in a ClawVM store.
 
-``ClawVMStore(harness)`` implements ``batch``/``abatch`` (LangGraph's store methods — ``put``, ``get``,
-``search``, ``delete``, ``list_namespaces`` and their ``a*`` forms — are built on them by ``BaseStore``).
+``ClawVMStore(harness, index=..., ttl=...)`` implements ``batch``/``abatch``; LangGraph's ``put``, ``get``,
+``search``, ``delete``, ``list_namespaces`` (and their ``a*`` forms) are built on them by ``BaseStore``.
 
 Mapping:
 
-- an item is one memory (kind ``knowledge`` by default): its value as JSON content, its namespace and key
-  in ``metadata.langgraph`` (with ``updated_at``); an overwrite is ``Harness.update`` (the version grows),
-  a delete is ``Harness.forget``;
+- an item is one memory (kind ``knowledge`` by default) whose id is derived from (tenant, namespace, key)
+  (a UUIDv5, :func:`item_id`): the engine's primary key makes the item unique, in every engine and across
+  processes sharing one file or database, so two concurrent puts of one key can never make two items. A
+  put reads the memory and writes it at the next version through the harness's one write path
+  (redaction, events, the optimistic version check); a put that loses a race re-reads and writes again
+  (last writer wins, as in LangGraph's own stores), so :class:`ConflictError` never reaches the graph;
+- the value is the memory's JSON content; namespace, key, LangGraph's ``created_at``/``updated_at``, the
+  TTL and whether the item is indexed are in ``metadata.langgraph``. The memory's own ``created_at`` is
+  the time of the item's last put, so the engines' newest-first pages are LangGraph's ``updated_at``
+  order;
 - namespaces are scopes: every prefix of an item's namespace is an indexed tag (``lg-ns:<digest>``), so
-  ``search(("users", "alice"))`` is filtered inside the engine like a session scope; ``get`` uses the
-  item's own tag (``lg-item:<digest>``); the namespace itself is a tag too (``lg-path:`` and its labels'
-  UTF-8 in hex, ``.`` between labels), whose code-point order is the namespaces' tuple order;
-- ``search(query=...)`` ranks with ClawVM's hybrid recall (lexical + dense) within the namespace: the
-  best ``offset + limit`` items (``SEARCH_WIDEN`` times that with a ``filter``), then the items the
-  recall did not reach without a score (as LangGraph's in-memory store does), newest first; without a
-  query, newest first. ``filter`` matches values exactly or with ``$eq $ne $gt $gte $lt $lte``, nested
-  dicts included; ``limit``/``offset`` page the result. The namespace is read in keyset pages only as
-  far as the page asked for needs (with a selective ``filter``, as far as it takes to fill it);
-- ``list_namespaces`` supports prefix/suffix conditions with ``"*"`` wildcards and ``max_depth``: it walks
-  the distinct namespace tags in order (``Store.tag_names``) and stops once ``offset + limit`` are found,
-  so its cost follows the page, not the number of items.
+  ``search(("users", "alice"))`` is filtered inside the engine like a session scope; the namespace itself
+  is a tag too (``lg-path:`` and its labels' UTF-8 in hex, ``.`` between labels), whose code-point order
+  is the namespaces' tuple order (``list_namespaces`` walks those tags, :meth:`Store.tag_names`, and stops
+  once ``offset + limit`` are found);
+- ``batch`` works as LangGraph's stores: every read (get, search, list_namespaces) sees the store as it
+  was before the batch's writes; of several puts of one key the last wins; the writes of one batch are
+  stored in one atomic write (a put and a delete in one batch: the deleted items expire in that same
+  write and are removed right after it);
+- semantic search: each item's indexed text (the whole value, or the ``fields`` of the
+  :class:`IndexConfig` or of ``put(index=[...])``, joined by newlines) is embedded when it is put, with
+  the ``IndexConfig``'s ``embed`` or else the harness's embedder; ``put(index=False)`` leaves the item
+  out of ranked results (as in LangGraph's stores it is still returned, without a score, after them).
+  ``search(query=...)`` ranks the namespace's items by the engine's vector search, and **the score is the
+  cosine similarity between the query's embedding and the item's, in [-1, 1]** (with the default MiniLM
+  model, text that answers the query scored 0.3 to 0.65 in our tests, unrelated text and nonsense queries
+  0.15 or less): a threshold on it means the same for every query. Items found without a score follow,
+  newest first. Without any embedder, the query ranks with ClawVM's lexical recall and no score is given;
+- without a query, items come newest ``updated_at`` first; ``filter`` matches values exactly or with
+  ``$eq $ne $gt $gte $lt $lte``, nested dicts included; ``limit``/``offset`` page the result. The
+  namespace is read in keyset pages only as far as the page asked for needs;
+- TTL (``supports_ttl``): ``put(..., ttl=minutes)`` (or the :class:`TTLConfig`'s ``default_ttl``) sets
+  the memory's ``expires_at``; a ``get``/``search`` with ``refresh_ttl`` (default: the config's
+  ``refresh_on_read``, else True) moves it forward by the item's TTL again. An item whose ``expires_at``
+  has passed is never returned or listed, even before it is swept; :meth:`ClawVMStore.sweep_ttl`
+  deletes expired items, and with ``sweep_interval_minutes`` a background thread does so
+  (:meth:`start_ttl_sweeper`, :meth:`stop_ttl_sweeper`). A sweep deletes an item only if it is still at
+  the version it read, checked under the engine's write lock: within one process a put that brings the
+  key back meanwhile is kept; from another process (or on PostgreSQL, whose writes do not take that
+  lock) such a put landing between the check and the delete is lost with the expired item.
 
-Not supported: TTLs (``supports_ttl = False``: LangGraph refuses a ``ttl`` argument) and per-item index
-fields (every item is indexed whole). Items written before namespace tags existed are listed by
+Items written by an earlier version of this adapter (under a random id) are still read, and the first put
+of their key moves them to their derived id. Items written before namespace tags existed are listed by
 ``list_namespaces`` once :meth:`ClawVMStore.tag_namespaces` has run over the store (once).
 """
 
@@ -32,13 +56,21 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from datetime import datetime
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
+import numpy as np
 from langgraph.store.base import (
     BaseStore,
     GetOp,
+    IndexConfig,
+    InvalidNamespaceError,
     Item,
     ListNamespacesOp,
     MatchCondition,
@@ -47,112 +79,235 @@ from langgraph.store.base import (
     Result,
     SearchItem,
     SearchOp,
+    TTLConfig,
+    ensure_embeddings,
+    get_text_at_path,
+    tokenize_path,
     validate_op_namespace,
 )
 
-from clawvm.core.errors import ValidationError
-from clawvm.core.model import Filters, Kind, Memory
+from clawvm.core.embed import count_tokens
+from clawvm.core.errors import ClawVMError, ConflictError, ValidationError
+from clawvm.core.model import Filters, Kind, Memory, Tier, build_memory, normalize_content, revalidate
 from clawvm.harness import Harness
-from clawvm.store import PageKey
+from clawvm.store import Event, PageKey, Query
+from clawvm.store.kinds import EventKind
+from clawvm.teams import shared as teams
+from clawvm.write.redaction import Redactor
 
 TAG = "langgraph"
 PATH_TAG = "lg-path:"  # + the namespace, encoded by _path_tag
 PAGE = 256  # memories (or namespace tags) read per keyset page
-SEARCH_WIDEN = 4  # with a filter, how many times offset + limit the recall ranks
+SEARCH_WIDEN = 4  # a query ranks this many times offset + limit candidates of the vector search
+CONFLICT_RETRIES = 64  # a batch's write that lost a race is read and written again, at most this often
 _MAX_TAG = 200  # the model's limit on a tag's length
+_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "clawvm:langgraph-item")
+_log = logging.getLogger(__name__)
+
+#: A memory paired with its search score (None: found without one).
+Scored = tuple[Memory, float | None]
+
+
+def item_id(tenant: str, namespace: tuple[str, ...], key: str) -> str:
+    """The memory id of the item (``namespace``, ``key``) of ``tenant``: a UUIDv5 of the three, so every
+    writer of the item names the same row and the engine's primary key keeps it unique. (Labels are never
+    empty, LangGraph validates them, so the empty label between namespace and key is unambiguous.)"""
+    return str(uuid.uuid5(_ID_NAMESPACE, "\x00".join((tenant, *namespace, "", key))))
 
 
 class ClawVMStore(BaseStore):
-    """LangGraph's store interface over a :class:`~clawvm.Harness` (see the module docstring)."""
+    """LangGraph's store interface over a :class:`~clawvm.Harness` (see the module docstring).
 
-    supports_ttl = False
+    ``index``: LangGraph's :class:`IndexConfig` (``embed``: the embedding model, ``dims``: its
+    dimension, which must be the store's; ``fields``: the JSON paths of a value that are embedded,
+    default the whole value). Without ``embed`` the harness's embedder is used. ``ttl``: LangGraph's
+    :class:`TTLConfig` (``default_ttl`` minutes, ``refresh_on_read``, ``sweep_interval_minutes``).
+    """
+
+    supports_ttl = True
 
     def __init__(
-        self, harness: Harness, *, kind: Kind | str = Kind.KNOWLEDGE, agent_id: str | None = None
+        self,
+        harness: Harness,
+        *,
+        kind: Kind | str = Kind.KNOWLEDGE,
+        agent_id: str | None = None,
+        index: IndexConfig | None = None,
+        ttl: TTLConfig | None = None,
     ) -> None:
         self.harness = harness
         self.kind = Kind(kind)
         self.agent_id = agent_id
+        self.index_config = index
+        self.embeddings = ensure_embeddings(index["embed"]) if index and index.get("embed") else None
+        dims = index.get("dims") if index else None
+        if dims is not None and dims != harness.store.dim:
+            raise ValidationError(
+                "index.dims",
+                f"is {dims}, the store holds vectors of {harness.store.dim}",
+                f"use an embedding model of {harness.store.dim} dimensions, or a store opened for {dims}",
+            )
+        self.fields: tuple[str, ...] = tuple((index or {}).get("fields") or ["$"])
+        self.ttl_config = ttl
+        self._sweeper: threading.Thread | None = None
+        self._stop_sweeping = threading.Event()
+        if ttl and ttl.get("sweep_interval_minutes"):
+            self.start_ttl_sweeper()
 
+    # ---- LangGraph's interface --------------------------------------------------------------------------
     def batch(self, ops: Iterable[Op]) -> list[Result]:
-        """Run the operations in order; each result at its operation's position."""
-        results: list[Result] = []
+        """Run ``ops``; each result at its operation's position. Reads see the store as it was before the
+        batch's writes; of several puts of one key the last wins; the writes are stored atomically."""
+        ops = list(ops)
         for op in ops:
             validate_op_namespace(op)
-            results.append(self._run(op))
+            if isinstance(op, PutOp) and not op.namespace:
+                raise InvalidNamespaceError("Namespace cannot be empty.")
+            if not isinstance(op, GetOp | PutOp | SearchOp | ListNamespacesOp):
+                raise ValidationError(
+                    "op", f"is a {type(op).__name__}", "pass GetOp, PutOp, SearchOp or ListNamespacesOp"
+                )
+        results: list[Result] = []
+        puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
+        read: dict[str, Memory] = {}  # what the reads returned whose TTL they refresh
+        for op in ops:
+            if isinstance(op, PutOp):
+                puts[(op.namespace, op.key)] = op
+                results.append(None)
+            elif isinstance(op, GetOp):
+                found = self._find(op.namespace, op.key)
+                if found is not None and op.refresh_ttl:
+                    read[found.id] = found
+                results.append(None if found is None else _item(found))
+            elif isinstance(op, SearchOp):
+                hits = self._search(op)
+                if op.refresh_ttl:
+                    read.update((m.id, m) for m, _ in hits)
+                results.append([_search_item(m, score) for m, score in hits])
+            else:
+                results.append(self._namespaces(op))
+        if puts:
+            self._write(list(puts.values()))
+        # an item the batch also wrote has a fresh TTL already
+        stale = [m for m in read.values() if _ttl(m) is not None and _address(m) not in puts]
+        if stale:
+            self._refresh(stale)
         return results
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         return await asyncio.to_thread(self.batch, list(ops))
 
-    # ---- operations -------------------------------------------------------------------------------------
-    def _run(self, op: Op) -> Result:
-        if isinstance(op, GetOp):
-            found = self._find(op.namespace, op.key)
-            return _item(found) if found is not None else None
-        if isinstance(op, PutOp):
-            self._put(op)
-            return None
-        if isinstance(op, SearchOp):
-            return self._search(op)
-        if isinstance(op, ListNamespacesOp):
-            return self._namespaces(op)
-        raise ValidationError(
-            "op", f"is a {type(op).__name__}", "pass GetOp, PutOp, SearchOp or ListNamespacesOp"
-        )
+    # ---- TTL ------------------------------------------------------------------------------------------
+    def sweep_ttl(self) -> int:
+        """Delete this tenant's items whose TTL has run out; returns how many. (They are never returned
+        anyway: sweeping frees their space.)"""
+        h = self.harness
+        due = h.filters({"tags": [TAG], "status": "any"}).with_(expires_by=h.now())
+        removed, after = 0, None
+        while True:
+            page = h.store.page(due, after, PAGE)
+            removed += self._remove(page)
+            if len(page) < PAGE:
+                return removed
+            after = PageKey.of(page[-1])
 
-    def _put(self, op: PutOp) -> None:
-        existing = self._find(op.namespace, op.key)
-        if op.value is None:
-            if existing is not None:
-                self.harness.forget(existing.id)
-            return
-        now = self.harness.now()
-        info = {"namespace": list(op.namespace), "key": op.key, "updated_at": now.isoformat()}
-        tags = [
-            TAG,
-            *(_ns_tag(op.namespace[:n]) for n in range(1, len(op.namespace) + 1)),
-            _item_tag(op.namespace, op.key),
-            _path_tag(op.namespace),
-        ]
-        if existing is None:
-            self.harness.record(
-                dict(op.value),
-                kind=self.kind,
-                agent_id=self.agent_id,
-                tags=tags,
-                metadata={TAG: info},
-                created_at=now,
+    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> None:
+        """Sweep (:meth:`sweep_ttl`) every ``sweep_interval_minutes`` (default: the TTL config's) in a
+        background thread until :meth:`stop_ttl_sweeper`. Starting it twice keeps the one running."""
+        minutes = sweep_interval_minutes or (self.ttl_config or {}).get("sweep_interval_minutes")
+        if not minutes or minutes <= 0:
+            raise ValidationError(
+                "sweep_interval_minutes", f"is {minutes!r}", "pass a positive number of minutes"
             )
-        else:
-            changes: dict[str, Any] = {
-                "content": dict(op.value),
-                "metadata": {**existing.metadata, TAG: info},
-            }
-            if _path_tag(op.namespace) not in existing.tags:  # written before namespace tags existed
-                changes["tags"] = [*existing.tags, _path_tag(op.namespace)]
-            self.harness.update(existing.id, **changes)
+        if self._sweeper is not None and self._sweeper.is_alive():
+            return
+        self._stop_sweeping.clear()
+        self._sweeper = threading.Thread(
+            target=self._sweep_every, args=(float(minutes) * 60,), name="clawvm-lg-ttl", daemon=True
+        )
+        self._sweeper.start()
 
-    def _search(self, op: SearchOp) -> list[SearchItem]:
+    def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
+        """Stop the background sweeper; True once it has stopped (or none was running)."""
+        self._stop_sweeping.set()
+        if self._sweeper is not None:
+            self._sweeper.join(timeout)
+            if self._sweeper.is_alive():
+                return False
+            self._sweeper = None
+        return True
+
+    def _sweep_every(self, seconds: float) -> None:
+        while not self._stop_sweeping.wait(seconds):
+            try:
+                self.sweep_ttl()
+            except ClawVMError as exc:  # a store that is briefly unreachable: the next sweep tries again
+                _log.warning("LangGraph TTL sweep failed: %s", exc)
+
+    # ---- reads ----------------------------------------------------------------------------------------
+    def _find(self, namespace: tuple[str, ...], key: str) -> Memory | None:
+        """The live item (``namespace``, ``key``), or None (missing, deleted or expired)."""
+        mid = item_id(self.harness.tenant, namespace, key)
+        found = self.harness.store.get_many([mid]).get(mid)
+        if found is not None:
+            return found if self.harness.filters({}).matches(found) else None
+        return self._legacy(namespace, key)
+
+    def _legacy(self, namespace: tuple[str, ...], key: str) -> Memory | None:
+        """The item as an earlier version of this adapter stored it: under a random id, found by its
+        item tag."""
+        found = self.harness.list(limit=1, tags=[_item_tag(namespace, key)])
+        return found[0] if found else None
+
+    def _search(self, op: SearchOp) -> list[Scored]:
         scope = [_ns_tag(op.namespace_prefix)] if op.namespace_prefix else [TAG]
         need = op.offset + op.limit
+        filters = self.harness.filters({"tags": scope})
 
         def wanted(m: Memory) -> bool:
             return not op.filter or matches(json.loads(m.content), op.filter)
 
-        found: list[tuple[Memory, float | None]] = []
+        found: list[Scored] = []
         if op.query and need > 0:
-            k = need * SEARCH_WIDEN if op.filter else need
-            hits = self.harness.recall(op.query, k=k, track=False, tags=scope)
-            found = [(h.memory, h.score) for h in hits if wanted(h.memory)]
+            found = self._ranked(op.query, scope, filters, need, bool(op.filter), wanted)
         reached = {m.id for m, _ in found}
         if len(found) < need:  # the rest of the namespace, newest first, only as far as the page needs
-            for m in self._newest(self.harness.filters({"tags": scope}), need - len(found)):
+            for m in self._newest(filters, need - len(found)):
                 if m.id not in reached and wanted(m):
                     found.append((m, None))
                     if len(found) >= need:
                         break
-        return [_search_item(m, s) for m, s in found[op.offset : need]]
+        return found[op.offset : need]
+
+    def _ranked(
+        self,
+        query: str,
+        scope: list[str],
+        filters: Filters,
+        need: int,
+        filtered: bool,
+        wanted: Callable[[Memory], bool],
+    ) -> list[Scored]:
+        """The indexed items the query finds, best first, scored by cosine similarity (see the module
+        docstring): the vector search's best ``SEARCH_WIDEN * need`` (some may be filtered out or not
+        indexed); without an embedder, lexical recall's best ``need`` (``SEARCH_WIDEN`` times that with a
+        ``filter``), unscored."""
+        vector = self._embed_query(query)
+        if vector is None:
+            k = need * SEARCH_WIDEN if filtered else need
+            hits = self.harness.recall(query, k=k, track=False, tags=scope)
+            return [(h.memory, None) for h in hits if _indexed(h.memory) and wanted(h.memory)]
+        store = self.harness.store
+        k = need * SEARCH_WIDEN
+        ids = [i for i, _ in store.query(Query(filters=filters, vector=vector, lexical=False, limit=k)).dense]
+        memories, vectors = store.get_many(ids), store.vectors_of(ids)
+        scored: list[tuple[Memory, float]] = []
+        for i in ids:
+            m, v = memories.get(i), vectors.get(i)
+            if m is not None and v is not None and _indexed(m) and wanted(m):
+                scored.append((m, _cosine(v, vector)))
+        scored.sort(key=lambda pair: -pair[1])
+        return list(scored)
 
     def _newest(self, filters: Filters, first: int) -> Iterator[Memory]:
         """The memories matching ``filters``, newest first, in keyset pages that start at ``first`` (what
@@ -198,9 +353,183 @@ class ClawVMStore(BaseStore):
         found = self.harness.store.page(active.with_(tags_all=frozenset([tag])), None, 1)
         return tuple(found[0].metadata[TAG]["namespace"]) if found else None
 
-    def _find(self, namespace: tuple[str, ...], key: str) -> Memory | None:
-        found = self.harness.list(limit=1, tags=[_item_tag(namespace, key)])
-        return found[0] if found else None
+    # ---- writes ---------------------------------------------------------------------------------------
+    def _write(self, puts: Sequence[PutOp]) -> None:
+        """Store ``puts`` (one per key) atomically; a write that lost a race to another writer of one of
+        its items is read and made again (last writer wins), so no :class:`ConflictError` escapes. The
+        values are embedded once, before the first try (and after they are checked: a value the write
+        path would refuse costs no embedding)."""
+        for op in puts:
+            if op.value is not None:
+                normalize_content(dict(op.value), self.harness.max_content_bytes)
+        texts = [None if op.value is None else self._indexed_text(dict(op.value), op.index) for op in puts]
+        wanted = [t for t in texts if t is not None]
+        rows = self._embed(wanted) if wanted else None
+        vectors: dict[int, np.ndarray] = {}
+        if rows is not None:
+            positions = [n for n, t in enumerate(texts) if t is not None]
+            vectors = {n: rows[i] for i, n in enumerate(positions)}
+        indexed = [t is not None for t in texts]
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                self._commit(puts, indexed, vectors)
+                return
+            except ConflictError:
+                if attempt == CONFLICT_RETRIES - 1:
+                    raise
+                time.sleep(random.uniform(0, 0.002 * (attempt + 1)))  # let the winner finish
+
+    def _commit(
+        self, puts: Sequence[PutOp], indexed: Sequence[bool], vectors: Mapping[int, np.ndarray]
+    ) -> None:
+        """One try at :meth:`_write`: read the items, write them at their next versions (``indexed``,
+        ``vectors``: per put, by position)."""
+        h = self.harness
+        now = h.now()
+        ids = [item_id(h.tenant, op.namespace, op.key) for op in puts]
+        stored = h.store.get_many(ids)
+        written: list[tuple[Memory, np.ndarray | None]] = []  # each new memory and its vector
+        gone: list[Memory] = []  # deleted items, and items moving off a random id (legacy)
+        for n, (mid, op) in enumerate(zip(ids, puts, strict=True)):
+            current = stored.get(mid)
+            before = current if current is not None and h.filters({}).matches(current) else None
+            if current is None and (legacy := self._legacy(op.namespace, op.key)) is not None:
+                gone.append(legacy)
+                before = legacy
+            if op.value is None:
+                if current is not None:
+                    gone.append(current)
+                continue
+            written.append((self._memory(mid, op, current, before, now, indexed[n]), vectors.get(n)))
+        if not written:
+            if gone:
+                h.writer.delete(gone, [self._forgot(m, now) for m in gone])
+            return
+        # memories with a vector first (the write path takes one row for each of the first ones)
+        written.sort(key=lambda pair: pair[1] is None)
+        rows = [v for _, v in written if v is not None]
+        memories = [m for m, _ in written]
+        events = [self._event(m, now) for m in memories]
+        # deleted items expire in the same write, so that every reader sees the batch whole; removed after
+        expiring = [revalidate(m, {"expires_at": now, "version": m.version + 1}) for m in gone]
+        events += [self._changed(m, ["expires_at"], now) for m in expiring]
+        h.writer.write([*memories, *expiring], np.stack(rows) if rows else None, events)
+        if expiring:
+            self._remove(expiring)
+        if len(rows) < len(memories):
+            h.notify_embedder()  # the harness's worker embeds the rest (ClawVM's own recall finds them)
+
+    def _memory(
+        self, mid: str, op: PutOp, current: Memory | None, before: Memory | None, now: datetime, indexed: bool
+    ) -> Memory:
+        """The memory a put stores at ``mid`` (over ``current``, the stored row if any; ``before``: the
+        live item it replaces, whose creation time it keeps; ``indexed``: whether searches rank it)."""
+        h = self.harness
+        assert op.value is not None
+        text, ctype = normalize_content(dict(op.value), h.max_content_bytes)
+        info = {
+            "namespace": list(op.namespace),
+            "key": op.key,
+            "created_at": (now if before is None else _item(before).created_at).isoformat(),
+            "updated_at": now.isoformat(),
+            "ttl": op.ttl,
+            "indexed": indexed,
+        }
+        memory = build_memory(
+            {
+                "id": mid,
+                "content": text,
+                "content_type": ctype,
+                "token_count": count_tokens(text),
+                "kind": self.kind,
+                "agent_id": self.agent_id,
+                "tenant": h.tenant,
+                "tier": Tier.WORKING,
+                "tags": _tags(op.namespace),
+                "metadata": {TAG: info},
+                # the time of the last put: the engines' newest-first order is then LangGraph's updated_at
+                "created_at": now,
+                "expires_at": None if op.ttl is None else now + timedelta(minutes=op.ttl),
+                "version": 1 if current is None else current.version + 1,
+            }
+        )
+        if current is None:
+            teams.check_write(h, memory)
+        else:
+            if current.content == text:  # the stored text keeps the redaction mark that describes it
+                memory = Redactor.unchanged(current)(memory)
+            teams.check_update(h, current, memory)
+        return memory.model_copy(update={"value": h.pager.value_now(memory, now)})
+
+    def _indexed_text(self, value: dict[str, Any], index: Any) -> str | None:
+        """The text of ``value`` a search ranks it by: its fields at the put's ``index`` paths (default:
+        the store's), joined by newlines; None for ``index=False`` or when no path finds text."""
+        if index is False:
+            return None
+        paths = self.fields if index is None else tuple(index)
+        parts = [t for p in paths for t in get_text_at_path(value, p if p == "$" else tokenize_path(p))]
+        return "\n".join(parts) if parts else None
+
+    def _embed(self, texts: list[str]) -> np.ndarray | None:
+        if self.embeddings is not None:
+            return np.asarray(self.embeddings.embed_documents(texts), dtype=np.float32)
+        if self.harness.embedder is not None:
+            return self.harness.embedder.embed(texts)
+        return None
+
+    def _embed_query(self, text: str) -> np.ndarray | None:
+        if self.embeddings is not None:
+            vector = np.asarray(self.embeddings.embed_query(text), dtype=np.float32)
+        elif self.harness.embedder is not None:
+            vector = np.asarray(self.harness.embedder.embed_query(text), dtype=np.float32)
+        else:
+            return None
+        norm = float(np.linalg.norm(vector))
+        return vector / norm if norm > 0 else None
+
+    def _refresh(self, memories: Sequence[Memory]) -> None:
+        """Move the expiry of items a read returned forward by their TTL (``refresh_ttl``). One that a
+        writer changed meanwhile is left as that writer stored it (a put sets its own TTL)."""
+        h = self.harness
+        now = h.now()
+        for m in memories:
+            ttl = _ttl(m)
+            assert ttl is not None
+            fresh = revalidate(m, {"expires_at": now + timedelta(minutes=ttl), "version": m.version + 1})
+            try:
+                h.writer.write([fresh], None, [self._changed(fresh, ["expires_at"], now)])
+            except ConflictError:
+                continue
+
+    def _remove(self, memories: Sequence[Memory]) -> int:
+        """Delete those of ``memories`` still stored at the version given (an item a put brought back
+        meanwhile stays), holding the engine's write lock so that no write of this process slips in
+        between the check and the delete."""
+        if not memories:
+            return 0
+        h = self.harness
+        with h.store.write_lock:
+            stored = h.store.get_many([m.id for m in memories])
+            doomed = [stored[m.id] for m in memories if m.id in stored and stored[m.id].version == m.version]
+            if not doomed:
+                return 0
+            return h.writer.delete(doomed, [self._forgot(m, h.now()) for m in doomed])
+
+    def _event(self, m: Memory, now: datetime) -> Event:
+        if m.version == 1:
+            data: dict[str, Any] = {"kind": m.kind.value, "tier": m.tier.value}
+            return Event(kind=EventKind.ADD, memory_id=m.id, data=data, tenant=m.tenant, at=now)
+        return self._changed(m, ["content", "expires_at", "metadata"], now)
+
+    @staticmethod
+    def _changed(m: Memory, fields: list[str], now: datetime) -> Event:
+        data = {"fields": fields, "version": m.version}
+        return Event(kind=EventKind.UPDATE, memory_id=m.id, data=data, tenant=m.tenant, at=now)
+
+    @staticmethod
+    def _forgot(m: Memory, now: datetime) -> Event:
+        data = {"kind": m.kind.value}
+        return Event(kind=EventKind.FORGET, memory_id=m.id, data=data, tenant=m.tenant, at=now)
 
     def tag_namespaces(self) -> int:
         """Give the items written before namespace tags existed theirs (see the module docstring), page by
@@ -215,6 +544,29 @@ class ClawVMStore(BaseStore):
 
 
 # ---- helpers --------------------------------------------------------------------------------------------
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    norms = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(np.dot(a, b)) / norms if norms > 0 else 0.0
+
+
+def _ttl(m: Memory) -> float | None:
+    ttl = m.metadata.get(TAG, {}).get("ttl")
+    return None if ttl is None else float(ttl)
+
+
+def _indexed(m: Memory) -> bool:
+    return bool(m.metadata.get(TAG, {}).get("indexed", True))  # earlier items were indexed whole
+
+
+def _address(m: Memory) -> tuple[tuple[str, ...], str]:
+    info = m.metadata[TAG]
+    return tuple(info["namespace"]), info["key"]
+
+
+def _tags(namespace: tuple[str, ...]) -> list[str]:
+    return [TAG, *(_ns_tag(namespace[:n]) for n in range(1, len(namespace) + 1)), _path_tag(namespace)]
+
+
 def _digest(parts: Iterable[str]) -> str:
     # labels cannot contain NUL (LangGraph validates them), so NUL joins them unambiguously
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
@@ -225,6 +577,7 @@ def _ns_tag(namespace: tuple[str, ...]) -> str:
 
 
 def _item_tag(namespace: tuple[str, ...], key: str) -> str:
+    """The tag an earlier version of this adapter gave an item (see :meth:`ClawVMStore._legacy`)."""
     return f"lg-item:{_digest((*namespace, '', key))}"
 
 
@@ -270,7 +623,8 @@ def _item(m: Memory) -> Item:
         value=json.loads(m.content),
         key=info["key"],
         namespace=tuple(info["namespace"]),
-        created_at=m.created_at,
+        # the memory's own creation time is the last put's; earlier items kept LangGraph's there
+        created_at=datetime.fromisoformat(info["created_at"]) if "created_at" in info else m.created_at,
         updated_at=datetime.fromisoformat(info["updated_at"]),
     )
 

@@ -273,7 +273,12 @@ class StoreReader(Protocol):
     def edges(self, ids: Sequence[str]) -> builtins.list[Edge]: ...
 
     def read_events(
-        self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None
+        self,
+        after_seq: int = 0,
+        limit: int = 1000,
+        memory_id: str | None = None,
+        *,
+        tenant: str | None = None,
     ) -> builtins.list[Event]: ...
 
     def agents(self, filters: Filters) -> frozenset[str]: ...
@@ -388,12 +393,25 @@ class Store(ABC):
         """Every link whose source or target is in ``ids``."""
 
     @abstractmethod
-    def append_events(self, events: Sequence[Event]) -> list[int]:
-        """Append events; returns their sequence numbers (increasing)."""
+    def append_events(self, events: Sequence[Event], *, tenant_numbers: bool = False) -> list[int]:
+        """Append events; returns their sequence numbers (increasing): the log's, or with ``tenant_numbers``
+        each event's number in its tenant's own sequence (see :meth:`read_events`)."""
 
     @abstractmethod
-    def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
-        """Events with ``seq > after_seq`` in order, optionally for one memory."""
+    def read_events(
+        self,
+        after_seq: int = 0,
+        limit: int = 1000,
+        memory_id: str | None = None,
+        *,
+        tenant: str | None = None,
+    ) -> list[Event]:
+        """Events with ``seq > after_seq`` in order, optionally for one memory.
+
+        With ``tenant``: that tenant's events alone, numbered in the tenant's own sequence (``seq`` and
+        ``after_seq`` are then 1, 2, 3 ... over its events, never reused, whatever other tenants log, so
+        its numbers tell nothing of their activity), read through an index on (tenant, number): the cost
+        follows the tenant's own events, not the log's size."""
 
     @abstractmethod
     def put_credential(self, credential: Credential) -> None:
@@ -537,6 +555,13 @@ class Store(ABC):
         Not abstract so that an engine can be written before it supports retention; such an engine
         refuses here instead of silently keeping everything."""
         raise StoreError(f"{type(self).__name__} does not support event retention")
+
+    def import_ids(self, ids: Sequence[str]) -> dict[str, str]:
+        """The id under which an imported memory (or a reference to one) is stored, for each of ``ids``: an
+        engine keeps every id (an import then skips ids it already holds); a tenant's view
+        (:meth:`clawvm.store.tenant.TenantStore.import_ids`) gives an id that another tenant holds a fresh
+        one of its own."""
+        return {i: i for i in ids}
 
     def agents(self, filters: Filters) -> frozenset[str]:
         """Every ``agent_id`` of the stored memories of the tenants ``filters`` allows (its other fields are

@@ -185,12 +185,16 @@ class SearchIndex:
         self._next = np.full(1024, -1, dtype=np.int64)
         self._ctx_len = np.zeros(1024, dtype=np.float32)  # neighbourhood document length
         self._version = 0  # bumped by every write: keys the context df cache
-        self._ctx_df: dict[str, tuple[int, int]] = {}  # term -> (version, neighbourhoods holding it)
+        # (term, tenant or None) -> (version, neighbourhoods holding it)
+        self._ctx_df: dict[tuple[str, int | None], tuple[int, int]] = {}
         self._ctx_sum = (-1, 0.0)  # (version, total neighbourhood length)
+        self._ctx_group_sum: dict[int, tuple[int, float]] = {}  # tenant -> (its version, its total length)
         self._last_mask: tuple[int, Filters, np.ndarray | None] | None = None
         self._sessions: dict[tuple[str, str], list[int]] = {}  # rows by (created_at, row)
         self._entities: dict[str, set[int]] = {}
         self._row_entities: dict[int, tuple[str, ...]] = {}
+        self._entity_df: dict[tuple[str, int], int] = {}  # (entity, tenant) -> that tenant's rows naming it
+        self._entity_group: dict[int, int] = {}  # row -> the tenant its entities were counted for
         self._cols = {name: _Column() for name in _COLUMNS}
         self._alive = np.zeros(1024, dtype=bool)
         self._created = np.zeros(1024, dtype=np.int64)  # microseconds since the epoch
@@ -204,6 +208,9 @@ class SearchIndex:
         self._row_tags: dict[int, list[str]] = {}
         self._text_hash: dict[int, int] = {}  # to skip re-tokenising unchanged text
         self._agents: dict[str, frozenset[str]] = {}  # tenant -> agent_ids seen (never shrinks)
+        # per tenant (its code in the tenant column, the lexical index's statistics group): writes to it,
+        # so a cache of one tenant's corpus statistics ages with that tenant's writes alone
+        self._tenant_version: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self.row_of)
@@ -256,11 +263,14 @@ class SearchIndex:
             tagged.add(row)
         self._row_tags[row] = list(memory.tags)
         text = index_text(memory)
-        changed = self._text_hash.get(row) != hash(text)
+        group = self._cols["tenant"].codes[memory.tenant]
+        old_group = self.lexical.group_of(row)
+        changed = self._text_hash.get(row) != hash(text) or old_group != group
         self._version += 1
+        self._wrote(group, old_group)
         old_len = float(self.lexical.doc_len[row]) if row < len(self.lexical.doc_len) else 0.0
         if changed:
-            self.lexical.add(row, text)
+            self.lexical.add(row, text, group)
             self._text_hash[row] = hash(text)
             self._set_entities(row, entities(text))
         # session order: leave the old place, take the new one; the neighbourhood lengths around both
@@ -277,6 +287,20 @@ class SearchIndex:
         elif changed or relocate:
             self._ctx_len[row] = self.lexical.doc_len[row]
         return row
+
+    def _wrote(self, *groups: int | None) -> None:
+        for g in groups:
+            if g is not None:
+                self._tenant_version[g] = self._tenant_version.get(g, 0) + 1
+
+    def _group(self, f: Filters) -> int | None:
+        """The statistics group of the one tenant ``f`` confines rows to (None: ``f`` spans tenants, or
+        names one that has never held a row: it matches nothing then). BM25's corpus statistics (document
+        count, average length, document frequencies) are then that tenant's alone: what another tenant
+        holds shows neither in its scores nor in its ranking."""
+        if f.tenant is None or len(f.tenant) != 1:
+            return None
+        return self._cols["tenant"].codes.get(next(iter(f.tenant)))
 
     # ---- sessions and neighbourhoods --------------------------------------------------------------------
     def _order(self, row: int) -> tuple[int, int]:
@@ -345,16 +369,26 @@ class SearchIndex:
 
     # ---- entity graph -----------------------------------------------------------------------------------
     def _set_entities(self, row: int, found: set[str]) -> None:
+        counted = self._entity_group.pop(row, None)
         for e in self._row_entities.pop(row, ()):
             linked = self._entities[e]
             linked.discard(row)
             if not linked:
                 del self._entities[e]
+            if counted is not None:
+                self._entity_df[e, counted] -= 1
+                if not self._entity_df[e, counted]:
+                    del self._entity_df[e, counted]
         if found:
             found = {sys.intern(e) for e in found}  # one string per entity, not one per mention
             self._row_entities[row] = tuple(sorted(found))
+            group = self.lexical.group_of(row)
+            if group is not None:
+                self._entity_group[row] = group
             for e in found:
                 self._entities.setdefault(e, set()).add(row)
+                if group is not None:
+                    self._entity_df[e, group] = self._entity_df.get((e, group), 0) + 1
 
     def agents(self, filters: Filters) -> frozenset[str]:
         """The agent_ids seen in the tenants ``filters`` allows (see :meth:`Store.agents`)."""
@@ -372,20 +406,21 @@ class SearchIndex:
         return {self.ids[r] for r in self._entities.get(entity, ())}  # type: ignore[misc]
 
     def related(
-        self, seeds: list[int], limit: int, max_df: int, allowed: np.ndarray | None
+        self, seeds: list[int], limit: int, max_df: int, allowed: np.ndarray | None, group: int | None = None
     ) -> list[tuple[int, int, float]]:
         """Up to ``limit`` (seed, row, weight) links: rows sharing an entity with a seed, rarest first.
 
         An entity named by ``df`` memories (2 <= df <= max_df) weighs log(n / df) / log(n) in [0, 1]; a row
-        reached from one seed through several entities is listed once, with its best weight.
+        reached from one seed through several entities is listed once, with its best weight. With ``group``
+        (one tenant), n and df count that tenant's memories alone.
         """
         if limit <= 0:
             return []
-        n = max(len(self.row_of), 2)
+        n = max(len(self.row_of) if group is None else self.lexical.corpus(group)[0], 2)
         links: list[tuple[float, int, str]] = []
         for s in seeds:
             for e in self._row_entities.get(s, ()):
-                df = len(self._entities[e])
+                df = len(self._entities[e]) if group is None else self._entity_df.get((e, group), 0)
                 if 2 <= df <= max_df:
                     links.append((math.log(n / df) / math.log(n), s, e))
         links.sort(key=lambda x: (-x[0], x[1], x[2]))
@@ -415,6 +450,7 @@ class SearchIndex:
         if session is not None:
             self._leave_session(row, session)
         self._set_entities(row, set())
+        self._wrote(self.lexical.group_of(row))
         self.lexical.remove(row)
         self.vectors.remove(row)
         self._ctx_len[row] = 0.0
@@ -612,18 +648,20 @@ class SearchIndex:
 
     def query(self, q: Query) -> QueryResult:
         allowed = self.mask(q.filters)
+        group = self._group(q.filters)
         result = QueryResult()
         ids = self.ids
         found: list[list[tuple[int, float]]] = []
         if q.text and (q.lexical or q.context):
             terms = self.lexical.analyzer.terms(q.text)
             # the best rows by their own text: the lexical channel, and where the context channel looks
-            best = self._lexical_best(terms, 2 * q.limit if q.context else q.limit, allowed)
+            best = self._lexical_best(terms, 2 * q.limit if q.context else q.limit, allowed, group)
             if q.lexical:
                 found.append(best[: q.limit])
                 result.lexical = [(ids[r], s) for r, s in found[-1]]  # type: ignore[misc]
             if q.context and best:
-                found.append(self.context_search(terms, np.asarray([r for r, _ in best]), q.limit, allowed))
+                best_rows = np.asarray([r for r, _ in best])
+                found.append(self.context_search(terms, best_rows, q.limit, allowed, group))
                 result.context = [(ids[r], s) for r, s in found[-1]]  # type: ignore[misc]
         if q.vector is not None:
             check_vectors(1, q.vector, self.vectors.dim, field="vector")
@@ -631,7 +669,7 @@ class SearchIndex:
             result.dense = [(ids[r], s) for r, s in found[-1]]  # type: ignore[misc]
         if q.expand:
             seeds = [self.row_of[i] for i in dict.fromkeys(q.expand) if i in self.row_of]
-            links = self.related(seeds, q.expand_limit, q.expand_max_df, allowed)
+            links = self.related(seeds, q.expand_limit, q.expand_max_df, allowed, group)
             result.related = [(ids[s], ids[r], w) for s, r, w in links]  # type: ignore[misc]
             found.append([(r, w) for _, r, w in links])
         if q.info or q.around:
@@ -648,19 +686,20 @@ class SearchIndex:
         return result
 
     def _lexical_best(
-        self, terms: list[str], limit: int, allowed: np.ndarray | None
+        self, terms: list[str], limit: int, allowed: np.ndarray | None, group: int | None = None
     ) -> list[tuple[int, float]]:
-        """The ``limit`` best (row, BM25) pairs among ``allowed`` rows. A filter that leaves few rows (one
-        namespace, one agent's memories) scores those rows alone, so the cost follows them and not the
-        store's size; the scores are the same either way (:meth:`LexicalIndex.scores_of`)."""
+        """The ``limit`` best (row, BM25) pairs among ``allowed`` rows (all of tenant ``group``'s, with its
+        statistics, when given). A filter that leaves few rows (one namespace, one agent's memories) scores
+        those rows alone, so the cost follows them and not the store's size; the scores are the same either
+        way (:meth:`LexicalIndex.scores_of`)."""
         if allowed is not None and int(np.count_nonzero(allowed)) <= SPARSE_ROWS:
             rows = np.flatnonzero(allowed)
-            few = self.lexical.scores_of(terms, rows)
+            few = self.lexical.scores_of(terms, rows, group)
             if few is None:
                 return []
             picked, scores = top_scores(few, limit)
             return list(zip(rows[picked].tolist(), scores.tolist(), strict=True))
-        own = self.lexical.scores(terms)
+        own = self.lexical.scores(terms, group)
         return [] if own is None else top_rows(own, limit, allowed)
 
     @staticmethod
@@ -679,16 +718,22 @@ class SearchIndex:
         return out
 
     def context_search(
-        self, terms: list[str], best: np.ndarray, limit: int, allowed: np.ndarray | None
+        self,
+        terms: list[str],
+        best: np.ndarray,
+        limit: int,
+        allowed: np.ndarray | None,
+        group: int | None = None,
     ) -> list[tuple[int, float]]:
         """BM25 over neighbourhood documents: a row's document is its text and that of ``window`` rows on
         each side in its session, concatenated. Exact BM25 of those documents (summed term frequencies and
         lengths, document frequency and average length over all neighbourhoods), scored for the rows near
         ``best``, the best rows by their own text (the query builds it from the ``2 * limit`` best): a
-        neighbourhood with none of them in it could only win through words that none of them has.
+        neighbourhood with none of them in it could only win through words that none of them has. With
+        ``group`` (one tenant), the statistics are that tenant's neighbourhoods' alone (sessions never
+        span tenants, so neither does a neighbourhood).
         """
-        size = len(self.ids)
-        n = len(self.row_of)
+        n = len(self.row_of) if group is None else self.lexical.corpus(group)[0]
         if len(best) == 0 or n == 0 or limit <= 0:
             return []
         cand = np.unique(np.concatenate(self._around(best)))
@@ -702,9 +747,7 @@ class SearchIndex:
         uniq, inverse = np.unique(members, return_inverse=True)
         inverse = inverse.reshape(members.shape)
         ctx_len = self._ctx_len[cand]
-        if self._ctx_sum[0] != self._version:
-            self._ctx_sum = (self._version, float(self._ctx_len[:size].sum()))
-        avgdl = max(self._ctx_sum[1] / n, 1.0)
+        avgdl = max(self._context_total(group) / n, 1.0)
         k1, b = self.lexical.params.k1, self.lexical.params.b
         norm = k1 * (1.0 - b + b * ctx_len / avgdl)
         present: list[str] = []  # the query terms some candidate neighbourhood holds, and their tfs
@@ -718,30 +761,52 @@ class SearchIndex:
             return []
         # all terms at once: (terms, members, candidates) -> summed over members -> (terms, candidates)
         tf = np.stack(tfs)[:, inverse].sum(axis=1)
-        idf = np.array([self.lexical.idf(self._context_df(t), n) for t in present], dtype=np.float32)
+        idf = np.array([self.lexical.idf(self._context_df(t, group), n) for t in present], dtype=np.float32)
         scores = (idf[:, None] * tf * (k1 + 1.0) / np.maximum(tf + norm, 1e-9)).sum(axis=0)
         at, best = top_scores(scores, limit)
         return list(zip(cand[at].tolist(), best.tolist(), strict=True))
 
-    def _context_df(self, term: str) -> int:
-        """How many neighbourhoods hold ``term``: the rows within ``window`` of one of its postings."""
-        cached = self._ctx_df.get(term)
+    def _context_total(self, group: int | None) -> float:
+        """The total neighbourhood length of every row, or of tenant ``group``'s rows."""
+        size = len(self.ids)
+        if group is None:
+            if self._ctx_sum[0] != self._version:
+                self._ctx_sum = (self._version, float(self._ctx_len[:size].sum()))
+            return self._ctx_sum[1]
+        cached = self._ctx_group_sum.get(group)
+        version = self._tenant_version.get(group, 0)
+        if cached is None or cached[0] != version:
+            mine = self._ctx_len[:size][self._cols["tenant"].data[:size] == group]
+            cached = self._ctx_group_sum[group] = (version, float(mine.sum()))
+        return cached[1]
+
+    def _context_df(self, term: str, group: int | None = None) -> int:
+        """How many neighbourhoods (of tenant ``group``'s rows, when given) hold ``term``: the rows within
+        ``window`` of one of its postings."""
+        key = (term, group)
+        cached = self._ctx_df.get(key)
+        if group is None:
+            version, n = self._version, len(self.row_of)
+        else:
+            version, n = self._tenant_version.get(group, 0), self.lexical.corpus(group)[0]
         # a count at most n/200 writes old is kept (exact below 200 memories): idf is a log, so the few
         # neighbourhoods those writes could add change it by a fraction of a percent, while recounting
         # after every write cost a busy store ~0.5 ms per common query term (a pass over its postings)
-        if cached is not None and self._version - cached[0] <= len(self.row_of) // 200:
+        if cached is not None and version - cached[0] <= n // 200:
             return cached[1]
         post = self.lexical.postings(term)
         if post is None:
             return 0
         rows = post[0]
+        if group is not None:
+            rows = rows[self._cols["tenant"].data[rows] == group]
         mark = np.zeros(len(self.ids) + 1, dtype=bool)
         for hop in self._around(rows):
             mark[hop] = True
         df = int(mark[:-1].sum())
         if len(self._ctx_df) > 50_000:
             self._ctx_df.clear()
-        self._ctx_df[term] = (self._version, df)
+        self._ctx_df[key] = (version, df)
         return df
 
     def _info(self, rows: np.ndarray, allowed: np.ndarray | None) -> dict[str, CandidateInfo]:

@@ -43,6 +43,7 @@ class EventKind(StrEnum):
     CONTEXT = "context"
     OUTPUT = "output"
     PREFETCH_ERROR = "prefetch_error"
+    PAGER_ERROR = "pager_error"  # a background pager pass failed
     # teams
     GRANT = "grant"
     REVISE = "revise"
@@ -249,6 +250,7 @@ PAYLOADS: dict[EventKind, type] = {
     EventKind.CONTEXT: ContextData,
     EventKind.OUTPUT: OutputData,
     EventKind.PREFETCH_ERROR: ErrorData,
+    EventKind.PAGER_ERROR: ErrorData,
     EventKind.GRANT: GrantData,
     EventKind.REVISE: ReviseData,
     EventKind.MERGE: MergeData,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
@@ -39,6 +41,10 @@ class MemoryStore(Store):
         self._vectors: dict[str, np.ndarray] = {}
         self._events: list[Event] = []
         self._events_dropped = 0  # events deleted from the head by retention; seq = index + this + 1
+        # each tenant's events: (the log's seq, the event numbered in the tenant's own sequence), and the
+        # last number each tenant has handed out (kept when retention drops its events: never reused)
+        self._tenant_events: dict[str, list[tuple[int, Event]]] = {}
+        self._tenant_last: dict[str, int] = {}
         self._index: SearchIndex | None = None
         self._credentials: dict[tuple[str, str, str], Credential] = {}  # by credential_order
 
@@ -149,17 +155,33 @@ class MemoryStore(Store):
             )
             return list(dict.fromkeys(found))  # a memory may list the same link twice: one edge
 
-    def append_events(self, events: Sequence[Event]) -> list[int]:
+    def append_events(self, events: Sequence[Event], *, tenant_numbers: bool = False) -> list[int]:
         with self._lock:
-            seqs = []
+            seqs, numbers = [], []
             for e in events:
                 seq = self._events_dropped + len(self._events) + 1
                 self._events.append(replace(e, seq=seq))
+                number = self._tenant_last[e.tenant] = self._tenant_last.get(e.tenant, 0) + 1
+                self._tenant_events.setdefault(e.tenant, []).append((seq, replace(e, seq=number)))
                 seqs.append(seq)
-            return seqs
+                numbers.append(number)
+            return numbers if tenant_numbers else seqs
 
-    def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
+    def read_events(
+        self,
+        after_seq: int = 0,
+        limit: int = 1000,
+        memory_id: str | None = None,
+        *,
+        tenant: str | None = None,
+    ) -> list[Event]:
         with self._lock:
+            if tenant is not None:
+                own = self._tenant_events.get(tenant, [])
+                # numbers are consecutive from the first one retention kept
+                start = max(0, after_seq - (own[0][1].seq or 1) + 1) if own else 0
+                mine = (e for _, e in own[start:] if memory_id is None or e.memory_id == memory_id)
+                return list(itertools.islice(mine, max(0, limit)))
             start = max(0, after_seq - self._events_dropped)
             found = [e for e in self._events[start:] if memory_id is None or e.memory_id == memory_id]
             return found[:limit]
@@ -169,6 +191,10 @@ class MemoryStore(Store):
             n = max(0, min(len(self._events), seq - self._events_dropped))
             del self._events[:n]
             self._events_dropped += n
+            for tenant, own in list(self._tenant_events.items()):
+                del own[: bisect_right(own, seq, key=lambda pair: pair[0])]
+                if not own:
+                    del self._tenant_events[tenant]
             return n
 
     # ---- credentials: a dict apart from the event log, so retention never reaches them ----------------

@@ -14,8 +14,11 @@ Tables (created by :data:`MIGRATIONS`, an append-only list; ``meta`` records how
 - ``postings(term, seq, tf)``: the inverted index of the project's own analyzer (``clawvm.core.lexical``), so
   BM25 here scores like the in-process engines; ``lexstats``: the document count, total length and
   sessioned count as 16 sharded counters (each connection adds to its own, so writers from many
-  processes do not queue on one row);
-- ``entities(entity, seq)``: the write-time entity graph; ``links``; ``events`` (``json`` data).
+  processes do not queue on one row); ``tenant_lexstats``: the same counters per tenant (a query confined
+  to one tenant scores with its own statistics);
+- ``entities(entity, seq)``: the write-time entity graph; ``links``; ``events`` (``json`` data; besides the
+  log's ``seq``, ``tenant_seq``: the event's number in its tenant's own sequence, indexed with the tenant,
+  each tenant's last number in ``event_numbers``).
 
 Optimistic locking holds across processes: ``put_many`` locks the stored rows (``SELECT ... FOR UPDATE``,
 in id order, so concurrent batches cannot deadlock on them), checks versions, and inserts new ids with
@@ -160,6 +163,28 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX memories_expiry ON memories (tenant, status, expires_at) WHERE expires_at IS NOT NULL;
     CREATE INDEX memories_keyset ON memories (created_at, id);
     CREATE INDEX memories_tier ON memories (tenant, tier, session_id COLLATE "C");
+    """,
+    # BM25's corpus counters per tenant (a query confined to one tenant scores with its own statistics:
+    # another tenant's documents show in none of its scores), sharded by connection like lexstats
+    """
+    CREATE TABLE tenant_lexstats (tenant text NOT NULL, slot integer NOT NULL, docs bigint NOT NULL,
+                                  total_len bigint NOT NULL, sessioned bigint NOT NULL,
+                                  PRIMARY KEY (tenant, slot));
+    INSERT INTO tenant_lexstats
+        SELECT tenant, 0, count(*), coalesce(sum(doc_len), 0), count(session_id)
+        FROM memories GROUP BY tenant;
+    """,
+    # events numbered per tenant as well (tenant_seq; each tenant's last number in event_numbers): a
+    # tenant reads its events through events_tenant, at a cost that follows its own events, and its
+    # numbers tell nothing of other tenants' activity. Events already logged are numbered in log order.
+    """
+    ALTER TABLE events ADD COLUMN tenant_seq bigint;
+    UPDATE events e SET tenant_seq = r.n
+        FROM (SELECT seq, row_number() OVER (PARTITION BY tenant ORDER BY seq) AS n FROM events) AS r
+        WHERE e.seq = r.seq;
+    CREATE UNIQUE INDEX events_tenant ON events (tenant, tenant_seq);
+    CREATE TABLE event_numbers (tenant text PRIMARY KEY, last bigint NOT NULL);
+    INSERT INTO event_numbers SELECT tenant, max(tenant_seq) FROM events GROUP BY tenant;
     """,
 )
 
@@ -395,9 +420,9 @@ class PostgresStore(Store):
             self._agents.clear()
         ids = [r.memory.id for r in rows]
         stored = {
-            str(i): (int(seq), int(v), int(th), bytes(ch), int(dl), bool(sess))
-            for i, seq, v, th, ch, dl, sess in conn.execute(
-                """SELECT id, seq, version, text_hash, content_hash, doc_len, session_id IS NOT NULL
+            str(i): (int(seq), int(v), int(th), bytes(ch), int(dl), bool(sess), str(tenant))
+            for i, seq, v, th, ch, dl, sess, tenant in conn.execute(
+                """SELECT id, seq, version, text_hash, content_hash, doc_len, session_id IS NOT NULL, tenant
                    FROM memories WHERE id = ANY(%s::uuid[]) ORDER BY id FOR UPDATE""",
                 [ids],
             )
@@ -410,12 +435,16 @@ class PostgresStore(Store):
             r.terms = Counter(term_key(t) for t in self.analyzer.terms(r.text))
             r.entities = sorted({term_key(e) for e in entities(r.text)})
         total = sessioned = 0
+        per_tenant = _TenantStats()
         for r in rows:
             old = stored.get(r.memory.id)
             # unchanged text keeps its stored postings and length
             r.doc_len = sum(r.terms.values()) if r.terms is not None else (old[4] if old else 0)
             total += r.doc_len - (old[4] if old else 0)
             sessioned += (r.memory.session_id is not None) - (old[5] if old else 0)
+            if old is not None:
+                per_tenant.add(old[6], -1, -old[4], -int(old[5]))
+            per_tenant.add(esc(r.memory.tenant) or "", 1, r.doc_len, int(r.memory.session_id is not None))
         changed = [r.memory.id for r in reindex if r.memory.id in stored]
         links = dict.fromkeys((r.memory.id, k.type.value, k.target) for r in rows for k in r.memory.links)
         # everything below goes to the server in one round trip; errors surface when the pipeline syncs
@@ -450,6 +479,8 @@ class PostgresStore(Store):
                     )
                 if fresh or total or sessioned:
                     cur.execute(_ADD_STATS, [len(fresh), total, sessioned])
+                if per_tenant.changed():
+                    cur.execute(_ADD_TENANT_STATS, per_tenant.arrays())
         except psycopg.errors.UniqueViolation as exc:
             # another transaction inserted one of these new ids since we looked: this batch lost the race
             taken = re.search(r"\(id\)=\(([0-9a-f-]{36})\)", exc.diag.message_detail or "")
@@ -463,17 +494,21 @@ class PostgresStore(Store):
         def delete(conn: psycopg.Connection[Any]) -> int:
             gone = conn.execute(
                 "DELETE FROM memories WHERE id = ANY(%s::uuid[])"
-                " RETURNING seq, doc_len, session_id IS NOT NULL",
+                " RETURNING seq, doc_len, session_id IS NOT NULL, tenant",
                 [unique],
             ).fetchall()
             if not gone:
                 return 0
-            seqs = [int(s) for s, _, _ in gone]
+            seqs = [int(s) for s, _, _, _ in gone]
             conn.execute("DELETE FROM postings WHERE seq = ANY(%s::bigint[])", [seqs])
             conn.execute("DELETE FROM entities WHERE seq = ANY(%s::bigint[])", [seqs])
             conn.execute("DELETE FROM links WHERE source = ANY(%s::uuid[])", [unique])
-            lengths, sessioned = sum(int(d) for _, d, _ in gone), sum(bool(x) for _, _, x in gone)
+            lengths, sessioned = sum(int(d) for _, d, _, _ in gone), sum(bool(x) for _, _, x, _ in gone)
             conn.execute(_ADD_STATS, [-len(gone), -lengths, -sessioned])
+            per_tenant = _TenantStats()
+            for _, d, x, tenant in gone:
+                per_tenant.add(str(tenant), -1, -int(d), -int(bool(x)))
+            conn.execute(_ADD_TENANT_STATS, per_tenant.arrays())
             return len(gone)
 
         return self._write("delete", delete)
@@ -656,12 +691,14 @@ class PostgresStore(Store):
         return [Edge(str(s), LinkType(t), str(d)) for s, t, d in rows]
 
     # ---- events -------------------------------------------------------------------------------------
-    def append_events(self, events: Sequence[Event]) -> list[int]:
+    def append_events(self, events: Sequence[Event], *, tenant_numbers: bool = False) -> list[int]:
         if not events:
             return []
-        return self._write("append_events", lambda conn: self._append_events(conn, events))
+        numbered = self._write("append_events", lambda conn: self._append_events(conn, events))
+        return [n if tenant_numbers else s for s, n in numbered]
 
-    def _append_events(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> list[int]:
+    def _append_events(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> list[tuple[int, int]]:
+        """Insert ``events``; returns (seq, number in its tenant's sequence) of each, in order."""
         cols: list[list[Any]] = [[], [], [], [], []]
         for e in events:
             for col, v in zip(
@@ -673,9 +710,9 @@ class PostgresStore(Store):
         with conn.pipeline(), conn.cursor() as cur:
             # one appender at a time per database, until commit: sequence numbers then commit in order
             cur.execute("SELECT pg_advisory_xact_lock(%s)", [_EVENTS_LOCK])
-            cur.execute(_INSERT_EVENTS, [*cols, EVENTS_CHANNEL, f"{self.schema}:"])
+            cur.execute(_INSERT_EVENTS, [cols[1], *cols, EVENTS_CHANNEL, f"{self.schema}:"])
             rows = cur.fetchall()
-        return sorted(int(r[0]) for r in rows)
+        return sorted((int(r[0]), int(r[1])) for r in rows)
 
     def delete_events_upto(self, seq: int) -> int:
         def delete(conn: psycopg.Connection[Any]) -> int:  # a sequence never hands out a number twice
@@ -683,13 +720,23 @@ class PostgresStore(Store):
 
         return self._write("delete_events", delete)
 
-    def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
-        sql = "SELECT seq, at, tenant, kind, memory_id, data FROM events WHERE seq > %s"
-        args: list[Any] = [after_seq]
+    def read_events(
+        self,
+        after_seq: int = 0,
+        limit: int = 1000,
+        memory_id: str | None = None,
+        *,
+        tenant: str | None = None,
+    ) -> list[Event]:
+        if tenant is None:
+            sql = "SELECT seq, at, tenant, kind, memory_id, data FROM events WHERE seq > %s"
+            args: list[Any] = [after_seq]
+        else:
+            sql, args = TENANT_EVENTS_SQL, [esc(tenant), after_seq]
         if memory_id is not None:
             sql += " AND memory_id = %s"
             args.append(esc(memory_id))
-        sql += " ORDER BY seq LIMIT %s"
+        sql += " ORDER BY seq LIMIT %s" if tenant is None else " ORDER BY tenant_seq LIMIT %s"
         args.append(min(limit, 2**62))
         with self._conn("read_events") as conn:
             rows = conn.execute(sql, args).fetchall()
@@ -924,18 +971,62 @@ _INSERT_POSTINGS = """INSERT INTO postings (term, seq, tf, dl)
 _INSERT_ENTITIES = """INSERT INTO entities (entity, seq)
     SELECT t.entity, m.seq FROM unnest(%s::text[], %s::uuid[]) AS t(entity, id)
     JOIN memories m ON m.id = t.id"""
-# rows are numbered in the order given; one notification per batch (equal payloads are delivered once)
-_INSERT_EVENTS = """WITH ins AS (
-        INSERT INTO events (at, tenant, kind, memory_id, data)
-        SELECT e.at, e.tenant, e.kind, e.memory_id, e.data::json
+#: One page of a tenant's events (the tenant's own numbers as ``seq``); add ``AND memory_id = %s`` for one
+#: memory's.
+TENANT_EVENTS_SQL = (
+    "SELECT tenant_seq, at, tenant, kind, memory_id, data FROM events WHERE tenant = %s AND tenant_seq > %s"
+)
+# rows are numbered in the order given, in the log and in each tenant's sequence (its counter row moves on
+# by its events in the batch); one notification per batch (equal payloads are delivered once)
+_INSERT_EVENTS = """WITH nums AS (
+        INSERT INTO event_numbers AS c
+        SELECT t.tenant, count(*) FROM unnest(%s::text[]) AS t(tenant) GROUP BY t.tenant ORDER BY t.tenant
+        ON CONFLICT (tenant) DO UPDATE SET last = c.last + excluded.last
+        RETURNING tenant, last),
+    e AS (
+        SELECT e.*, row_number() OVER (PARTITION BY e.tenant ORDER BY e.n) AS k,
+               count(*) OVER (PARTITION BY e.tenant) AS cnt
         FROM unnest(%s::timestamptz[], %s::text[], %s::text[], %s::text[], %s::text[])
-             WITH ORDINALITY AS e(at, tenant, kind, memory_id, data, n)
+             WITH ORDINALITY AS e(at, tenant, kind, memory_id, data, n)),
+    ins AS (
+        INSERT INTO events (at, tenant, kind, memory_id, data, tenant_seq)
+        SELECT e.at, e.tenant, e.kind, e.memory_id, e.data::json, nums.last - e.cnt + e.k
+        FROM e JOIN nums ON nums.tenant = e.tenant
         ORDER BY e.n
-        RETURNING seq)
-    SELECT seq, pg_notify(%s, %s || (SELECT max(seq) FROM ins)) FROM ins"""
+        RETURNING seq, tenant_seq)
+    SELECT seq, tenant_seq, pg_notify(%s, %s || (SELECT max(seq) FROM ins)) FROM ins"""
 # each connection adds to its own counter row: writers do not queue on one hot row
 _ADD_STATS = f"""UPDATE lexstats SET docs = docs + %s, total_len = total_len + %s, sessioned = sessioned + %s
     WHERE slot = pg_backend_pid() %% {_SLOTS}"""
+
+
+# the same per tenant (rows in tenant order: two writers lock shared rows in one order, never a deadlock)
+_ADD_TENANT_STATS = f"""INSERT INTO tenant_lexstats AS s
+    SELECT t.tenant, pg_backend_pid() %% {_SLOTS}, t.docs, t.total_len, t.sessioned
+    FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[]) AS t(tenant, docs, total_len, sessioned)
+    ORDER BY t.tenant
+    ON CONFLICT (tenant, slot) DO UPDATE SET docs = s.docs + excluded.docs,
+        total_len = s.total_len + excluded.total_len, sessioned = s.sessioned + excluded.sessioned"""
+
+
+class _TenantStats:
+    """One write's changes to :data:`_ADD_TENANT_STATS`'s counters, by stored tenant."""
+
+    def __init__(self) -> None:
+        self.by_tenant: dict[str, list[int]] = {}
+
+    def add(self, tenant: str, docs: int, total_len: int, sessioned: int) -> None:
+        d = self.by_tenant.setdefault(tenant, [0, 0, 0])
+        d[0] += docs
+        d[1] += total_len
+        d[2] += sessioned
+
+    def changed(self) -> bool:
+        return any(any(d) for d in self.by_tenant.values())
+
+    def arrays(self) -> list[list[Any]]:
+        tenants = sorted(t for t, d in self.by_tenant.items() if any(d))
+        return [tenants, *([self.by_tenant[t][i] for t in tenants] for i in range(3))]
 
 
 def _content_hash(content: str) -> bytes:

@@ -239,7 +239,7 @@ class Searcher:
     ) -> None:
         assert q.text is not None
         terms = [term_key(t) for t in self.analyzer.terms(q.text)]
-        stats = self.term_stats(conn, list(dict.fromkeys(terms)))
+        stats = self.term_stats(conn, list(dict.fromkeys(terms)), one_tenant(q.filters))
         if stats is None:
             return
         best = self.bm25(conn, stats, 2 * q.limit if q.context else q.limit, where, wargs)
@@ -251,18 +251,33 @@ class Searcher:
             found.append(ctx)
             result.context = [(h.id, h.score) for h in ctx]
 
-    def term_stats(self, conn: psycopg.Connection[Any], terms: list[str]) -> TermStats | None:
-        """Document frequencies of ``terms`` and the corpus counters, or None when nothing can match."""
+    def term_stats(
+        self, conn: psycopg.Connection[Any], terms: list[str], tenant: str | None = None
+    ) -> TermStats | None:
+        """Document frequencies of ``terms`` and the corpus counters (of ``tenant``'s memories alone, when
+        given: see :func:`one_tenant`), or None when nothing can match."""
         if not terms:
             return None
-        rows = conn.execute(
-            """SELECT t.term, (SELECT count(*) FROM postings p WHERE p.term = t.term), s.docs, s.total_len,
-                      s.sessioned
-               FROM unnest(%s::text[]) AS t(term),
-                    (SELECT coalesce(sum(docs), 0) AS docs, coalesce(sum(total_len), 0) AS total_len,
-                            coalesce(sum(sessioned), 0) AS sessioned FROM lexstats) AS s""",
-            [terms],
-        ).fetchall()
+        if tenant is None:
+            rows = conn.execute(
+                """SELECT t.term, (SELECT count(*) FROM postings p WHERE p.term = t.term), s.docs,
+                          s.total_len, s.sessioned
+                   FROM unnest(%s::text[]) AS t(term),
+                        (SELECT coalesce(sum(docs), 0) AS docs, coalesce(sum(total_len), 0) AS total_len,
+                                coalesce(sum(sessioned), 0) AS sessioned FROM lexstats) AS s""",
+                [terms],
+            ).fetchall()
+        else:
+            rows = conn.execute(
+                """SELECT t.term, (SELECT count(*) FROM postings p JOIN memories m ON m.seq = p.seq
+                                   WHERE p.term = t.term AND m.tenant = %s),
+                          s.docs, s.total_len, s.sessioned
+                   FROM unnest(%s::text[]) AS t(term),
+                        (SELECT coalesce(sum(docs), 0) AS docs, coalesce(sum(total_len), 0) AS total_len,
+                                coalesce(sum(sessioned), 0) AS sessioned
+                         FROM tenant_lexstats WHERE tenant = %s) AS s""",
+                [esc(tenant), terms, esc(tenant)],
+            ).fetchall()
         n = int(rows[0][2]) if rows else 0
         if n <= 0:
             return None
@@ -428,17 +443,25 @@ class Searcher:
         if not seed_rows:
             return []
         names = sorted({str(e) for _, _, e in seed_rows})
+        tenant = esc(one_tenant(filters))  # one tenant's query: its own memories' counts (see one_tenant)
         dfs = {
             str(e): int(n)
             for e, n in conn.execute(
                 """SELECT t.e,
-                          (SELECT count(*) FROM (SELECT 1 FROM entities x WHERE x.entity = t.e LIMIT %s) AS c)
+                          (SELECT count(*) FROM (SELECT 1 FROM entities x JOIN memories m ON m.seq = x.seq
+                                                 WHERE x.entity = t.e AND (%s::text IS NULL OR m.tenant = %s)
+                                                 LIMIT %s) AS c)
                    FROM unnest(%s::text[]) AS t(e)""",
-                [max_df + 1, names],
+                [tenant, tenant, max_df + 1, names],
             )
         }
         usable = [e for e in names if 2 <= dfs.get(e, 0) <= max_df]
-        total = conn.execute("SELECT coalesce(sum(docs), 0) FROM lexstats").fetchone()
+        if tenant is None:
+            total = conn.execute("SELECT coalesce(sum(docs), 0) FROM lexstats").fetchone()
+        else:
+            total = conn.execute(
+                "SELECT coalesce(sum(docs), 0) FROM tenant_lexstats WHERE tenant = %s", [tenant]
+            ).fetchone()
         n = max(int(total[0]) if total else 0, 2)
         members: dict[str, list[tuple[int, str, bool]]] = {e: [] for e in usable}
         where, wargs = compile_filters(filters, "m")
@@ -468,6 +491,14 @@ class Searcher:
                 if len(out) >= limit:
                     return out
         return out
+
+
+def one_tenant(filters: Filters) -> str | None:
+    """The tenant ``filters`` confine a query to, when they name exactly one. BM25's corpus statistics
+    (document count, average length, document and entity frequencies) are then that tenant's alone, so
+    what another tenant holds shows in none of its scores or rankings; a query over several tenants (an
+    operator's, on the engine itself) scores with the whole store's."""
+    return next(iter(filters.tenant)) if filters.tenant is not None and len(filters.tenant) == 1 else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,9 @@
 """The embedded default engine: one SQLite file (WAL) plus the in-process :class:`SearchIndex`.
 
-The file is the source of truth; the search index is rebuilt from its rows on open and kept current by
-every write. Several processes may open the same file: each write transaction bumps a change counter
+The file is the source of truth; the search index is kept current by every write, and on open it is
+loaded from the snapshot beside the file (:mod:`clawvm.store.snapshot`, written on close and every
+``snapshot_every`` changes) with the rows changed since replayed, or rebuilt from every row when there is no
+usable snapshot. Several processes may open the same file: each write transaction bumps a change counter
 (``rev``), and before every operation an engine that sees another connection committed
 (``PRAGMA data_version``) replays the rows and tombstones with a newer ``rev`` into its index.
 
@@ -13,8 +15,10 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -26,6 +30,7 @@ import numpy as np
 from clawvm.core.errors import ConfigError, SchemaError, StoreError
 from clawvm.core.model import Filters, LinkType, Memory
 from clawvm.core.vectors import normalize
+from clawvm.store import snapshot
 from clawvm.store.base import (
     Credential,
     Edge,
@@ -88,6 +93,22 @@ MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     CREATE INDEX credentials_name ON credentials(kind, name);
     """,
+    # events numbered per tenant as well (tenant_seq; the last number of each tenant in counters, under
+    # 'events:' + tenant): a tenant reads its events through this index, at a cost that follows its own
+    # events, and its numbers tell nothing of other tenants' activity; _DATA_MIGRATIONS[2] numbers the
+    # events already logged
+    """
+    ALTER TABLE events ADD COLUMN tenant_seq INTEGER;
+    CREATE UNIQUE INDEX events_tenant ON events(tenant, tenant_seq);
+    """,
+)
+
+#: The counters row holding the last event number a tenant was given: this prefix + the tenant.
+EVENTS_COUNTER = "events:"
+#: One page of a tenant's events (the tenant's own numbers as ``seq``); add ``AND memory_id = ?`` for one
+#: memory's.
+TENANT_EVENTS_SQL = (
+    "SELECT tenant_seq, at, tenant, kind, memory_id, data FROM events WHERE tenant = ? AND tenant_seq > ?"
 )
 
 # Insert a credential, or replace the stored one only when it is the next version (the compare-and-set of
@@ -114,8 +135,24 @@ def _copy_key_events(conn: sqlite3.Connection) -> None:
         conn.execute(_PUT_CREDENTIAL, (c.tenant, c.kind, c.name, c.version, credential_json(c)))
 
 
+def _number_events_per_tenant(conn: sqlite3.Connection) -> None:
+    """Number the events of an older file in each tenant's own sequence, in log order."""
+    last: dict[str, int] = {}
+    numbered = []
+    for seq, tenant in conn.execute("SELECT seq, tenant FROM events ORDER BY seq"):
+        last[tenant] = last.get(tenant, 0) + 1
+        numbered.append((last[tenant], seq))
+    conn.executemany("UPDATE events SET tenant_seq = ? WHERE seq = ?", numbered)
+    conn.executemany(
+        "INSERT INTO counters VALUES (?, ?)", [(EVENTS_COUNTER + t, n) for t, n in sorted(last.items())]
+    )
+
+
 #: Python steps of a migration, run after its SQL, in the same transaction (migration number -> step).
-_DATA_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _copy_key_events}
+_DATA_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
+    1: _copy_key_events,
+    2: _number_events_per_tenant,
+}
 
 
 @contextmanager
@@ -136,6 +173,10 @@ def _link_pairs(links_json: str | None) -> set[tuple[str, str]]:
 
 
 log = logging.getLogger("clawvm.store.sqlite")
+
+#: Changes (write transactions, ``rev``) between two snapshots of the index, besides the one on close: the
+#: most a reopen replays after a crash. At 100k memories a snapshot takes ~1 s under the engine's lock.
+SNAPSHOT_EVERY = 10_000
 
 
 class _Checkpointer:
@@ -213,6 +254,7 @@ class SQLiteStore(Store):
         timeout_s: float = 30.0,
         max_wal_bytes: int = 64 * 2**20,
         durability: str = "normal",
+        snapshot_every: int = SNAPSHOT_EVERY,
     ) -> None:
         super().__init__()
         if durability not in DURABILITY:
@@ -231,6 +273,9 @@ class SQLiteStore(Store):
         self._data_version = -1
         self._index_dirty = False  # set while a write transaction is changing the in-process index
         self._checkpointer: _Checkpointer | None = None
+        self.snapshot_every = snapshot_every  # changes (revs) between two snapshots of the index
+        self._snapshot_rev = 0  # the rev the newest snapshot this engine wrote or loaded is current to
+        self.index_source = ""  # how open got its index: "snapshot", or "rows" and why (diagnostics)
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -257,9 +302,69 @@ class SQLiteStore(Store):
             if self.path != ":memory:":
                 self._checkpointer = _Checkpointer(self.path, max_wal_bytes=self.max_wal_bytes)
                 self._checkpointer.start()
-            self._index = SearchIndex(self.dim)
-            self._catch_up()
+            self._index, self._rev = self._open_index()
+            self._snapshot_rev = self._rev
+            self._catch_up()  # the rows changed since the snapshot (all of them without one)
             self._index.vectors.prepare()  # fit the search projection now, not on the first query
+
+    def _open_index(self) -> tuple[SearchIndex, int]:
+        """The snapshot's index and the rev it is current to; an empty index and 0 when there is no usable
+        snapshot (missing, torn, corrupt, stale, another file's): then every row is replayed."""
+        if self.path == ":memory:":
+            self.index_source = "rows (in-memory file)"
+            return SearchIndex(self.dim), 0
+        db = self._db
+        self._name_file(db)
+        try:
+            current = int(db.execute("SELECT value FROM counters WHERE name = 'rev'").fetchone()[0])
+            loaded = snapshot.load(self.path, self.dim, self._fingerprint_at, current)
+        except FileNotFoundError:
+            self.index_source = "rows (no snapshot)"
+            return SearchIndex(self.dim), 0
+        except (OSError, ValueError, snapshot.SnapshotError) as exc:
+            log.warning("index snapshot of %s not used, rebuilding from the rows: %s", self.path, exc)
+            self.index_source = f"rows ({exc})"
+            return SearchIndex(self.dim), 0
+        self.index_source = "snapshot"
+        return loaded.index, loaded.rev
+
+    def _fingerprint_at(self, seq: int | None = None) -> snapshot.Fingerprint:
+        """The file's schema and the id at ``seq`` (default: the newest row's seq and id)."""
+        db = self._db
+        schema = int(db.execute("PRAGMA user_version").fetchone()[0])
+        found = db.execute("SELECT value FROM counters WHERE name = 'file_id'").fetchone()
+        file_id = int(found[0]) if found else 0
+        if seq is None:
+            row = db.execute("SELECT seq, id FROM memories ORDER BY seq DESC LIMIT 1").fetchone()
+            return snapshot.Fingerprint(file_id, schema, *(row or (0, None)))
+        row = db.execute("SELECT id FROM memories WHERE seq = ?", (seq,)).fetchone()
+        return snapshot.Fingerprint(file_id, schema, seq, row[0] if row else None)
+
+    def _name_file(self, db: sqlite3.Connection) -> None:
+        """Give the file a random id once (a counter row), which its index snapshots name: a new file made at
+        the same path never takes an old file's snapshot for its own."""
+        if db.execute("SELECT 1 FROM counters WHERE name = 'file_id'").fetchone() is None:
+            db.execute(
+                "INSERT OR IGNORE INTO counters (name, value) VALUES ('file_id', ?)",
+                (secrets.randbits(62) + 1,),
+            )
+
+    def write_snapshot(self) -> Path | None:
+        """Write the index's snapshot beside the file now (atomically: a temporary file renamed over the old
+        one); None for an in-memory file. Done on close and every ``snapshot_every`` changes."""
+        with self._lock, _translated("snapshot"):
+            if self.path == ":memory:" or self._index is None:
+                return None
+            db = self._db
+            db.execute("BEGIN")  # the fingerprint and the caught-up index: one view of the file
+            try:
+                self._catch_up()
+                fingerprint = self._fingerprint_at()
+            finally:
+                db.execute("COMMIT")
+            written = snapshot.write(self.path, self._index, self._rev, fingerprint)
+            self._snapshot_rev = self._rev
+            return written
 
     @staticmethod
     def _migrate(conn: sqlite3.Connection) -> None:
@@ -295,6 +400,11 @@ class SQLiteStore(Store):
 
     def close(self) -> None:
         with self._lock:
+            if self._conn is not None and self._index is not None and self._rev != self._snapshot_rev:
+                try:
+                    self.write_snapshot()
+                except Exception as exc:  # the rows are the truth: a failed snapshot costs the next open time
+                    log.warning("index snapshot of %s not written: %s", self.path, exc)
             if self._checkpointer is not None:
                 self._checkpointer.stop()
                 self._checkpointer = None
@@ -346,8 +456,12 @@ class SQLiteStore(Store):
         newest = self._rev
         pending_ids: list[str] = []
         pending_vecs: list[np.ndarray] = []
+        # a delta (another process's writes, or those since the snapshot) is found through the rev index and
+        # sorted (``+seq``): SQLite would otherwise walk every row in seq order, ~0.5 s at 100k memories for
+        # each catch-up; a full rebuild (rev 0) walks the table in order instead of sorting all of it
+        order = "seq" if self._rev == 0 else "+seq"
         for rev, body, emb in db.execute(
-            "SELECT rev, body, embedding FROM memories WHERE rev > ? ORDER BY seq", (self._rev,)
+            f"SELECT rev, body, embedding FROM memories WHERE rev > ? ORDER BY {order}", (self._rev,)
         ):
             m = IndexDoc.from_json(body)
             index.upsert(m)
@@ -393,6 +507,12 @@ class SQLiteStore(Store):
             # _data_version stays as read under the write lock: our own commit does not change it, and
             # re-reading it now would hide another connection's commit that landed since ours.
             self._rev = rev
+            if self._rev - self._snapshot_rev >= self.snapshot_every:
+                try:
+                    self.write_snapshot()
+                except Exception as exc:  # the write itself is committed; the next snapshot tries again
+                    log.warning("index snapshot of %s not written: %s", self.path, exc)
+                    self._snapshot_rev = self._rev
 
     @contextmanager
     def _read(self, action: str) -> Iterator[sqlite3.Connection]:
@@ -632,37 +752,50 @@ class SQLiteStore(Store):
                     out.append(Edge(s, LinkType(t), d))
         return list(dict.fromkeys(out))
 
-    def append_events(self, events: Sequence[Event]) -> list[int]:
+    def append_events(self, events: Sequence[Event], *, tenant_numbers: bool = False) -> list[int]:
         with self._write("append_events") as (db, _rev):
-            return self._insert_events(db, events)
+            seqs, numbers = self._insert_events(db, events)
+            return numbers if tenant_numbers else seqs
 
     @staticmethod
-    def _insert_events(db: sqlite3.Connection, events: Sequence[Event]) -> list[int]:
-        """Insert ``events`` in one statement; returns their seqs. The write lock is held and ``seq`` is
-        AUTOINCREMENT, so one batch's seqs are consecutive and end at the connection's last rowid."""
+    def _insert_events(db: sqlite3.Connection, events: Sequence[Event]) -> tuple[list[int], list[int]]:
+        """Insert ``events`` in one statement; returns their seqs and their numbers in their tenants' own
+        sequences. The write lock is held and ``seq`` is AUTOINCREMENT, so one batch's seqs are consecutive
+        and end at the connection's last rowid."""
         if not events:
-            return []
+            return [], []
+        numbers = _tenant_numbers(db, events)
         db.executemany(
-            "INSERT INTO events (at, tenant, kind, memory_id, data) VALUES (?,?,?,?,?)",
+            "INSERT INTO events (at, tenant, kind, memory_id, data, tenant_seq) VALUES (?,?,?,?,?,?)",
             [
-                (e.at.isoformat(), e.tenant, e.kind, e.memory_id, json.dumps(e.data, default=str))
-                for e in events
+                (e.at.isoformat(), e.tenant, e.kind, e.memory_id, json.dumps(e.data, default=str), n)
+                for e, n in zip(events, numbers, strict=True)
             ],
         )
         last = db.execute("SELECT last_insert_rowid()").fetchone()[0]
-        return list(range(last - len(events) + 1, last + 1))
+        return list(range(last - len(events) + 1, last + 1)), numbers
 
     def delete_events_upto(self, seq: int) -> int:
         with self._write("delete_events") as (db, _rev):  # AUTOINCREMENT: deleted seqs are never reused
             return int(db.execute("DELETE FROM events WHERE seq <= ?", (seq,)).rowcount)
 
-    def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
-        sql = "SELECT seq, at, tenant, kind, memory_id, data FROM events WHERE seq > ?"
-        args: list[object] = [after_seq]
+    def read_events(
+        self,
+        after_seq: int = 0,
+        limit: int = 1000,
+        memory_id: str | None = None,
+        *,
+        tenant: str | None = None,
+    ) -> list[Event]:
+        if tenant is None:
+            sql = "SELECT seq, at, tenant, kind, memory_id, data FROM events WHERE seq > ?"
+            args: list[object] = [after_seq]
+        else:
+            sql, args = TENANT_EVENTS_SQL, [tenant, after_seq]
         if memory_id is not None:
             sql += " AND memory_id = ?"
             args.append(memory_id)
-        sql += " ORDER BY seq LIMIT ?"
+        sql += " ORDER BY seq LIMIT ?" if tenant is None else " ORDER BY tenant_seq LIMIT ?"
         args.append(limit)
         with self._read("read_events") as db:
             return [
@@ -706,3 +839,21 @@ class SQLiteStore(Store):
         with self._lock, _translated("list_credentials"):
             rows = self._db.execute(sql, args).fetchall()
         return [Credential(t, k, n, json.loads(d), int(v)) for t, k, n, v, d in rows]
+
+
+def _tenant_numbers(db: sqlite3.Connection, events: Sequence[Event]) -> list[int]:
+    """The next numbers of each event's tenant (under the write lock), taken from its counter."""
+    counts = Counter(e.tenant for e in events)
+    following: dict[str, int] = {}
+    for tenant, n in sorted(counts.items()):
+        last = db.execute(
+            "INSERT INTO counters VALUES (?, ?)"
+            " ON CONFLICT (name) DO UPDATE SET value = value + excluded.value RETURNING value",
+            (EVENTS_COUNTER + tenant, n),
+        ).fetchone()[0]
+        following[tenant] = int(last) - n + 1
+    out = []
+    for e in events:
+        out.append(following[e.tenant])
+        following[e.tenant] += 1
+    return out

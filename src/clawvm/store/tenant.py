@@ -10,10 +10,16 @@ a filter. The rules, each enforced here and nowhere else:
   ``around``/``expand`` seeds of other tenants are dropped (the index answers for seeds whatever the
   filters); ``edges`` lists only links whose source is ours;
   ``read_events`` and ``unembedded`` return only this tenant's;
+- events are numbered per tenant: ``read_events`` and ``append_events`` speak the tenant's own sequence
+  (1, 2, 3 ... over its events, read through the engine's (tenant, number) index), so neither what a
+  tenant reads nor what it pays for a read depends on what other tenants log;
 - writes: ``put_many``/``write`` refuse a memory of another tenant, or one whose id is another tenant's
-  memory (:class:`AccessDeniedError`, nothing written); ``delete_many`` and ``set_vectors`` ignore ids of
-  other tenants; ``append_events`` refuses events of another tenant; event retention is refused (it
-  spans tenants: an operator runs it on the engine itself);
+  memory (:class:`AccessDeniedError`, nothing written). Imports do not get there: ``import_ids`` gives
+  an imported id that another tenant holds a fresh id of this tenant's own, derived from (tenant, id), so
+  an import is neither refused (a 403 would tell that the id is in use) nor mixed with the other
+  tenant's memory, and importing the same file again maps it the same way; ``delete_many`` and
+  ``set_vectors`` ignore ids of other tenants; ``append_events`` refuses events of another tenant;
+  event retention is refused (it spans tenants: an operator runs it on the engine itself);
 - credentials: ``find_credentials``/``list_credentials`` return only this tenant's (asking for another
   tenant's lists nothing), ``put_credential`` refuses a credential of another tenant. Credentials are keyed
   by tenant, so a tenant writing a name another tenant uses writes its own, never theirs.
@@ -24,6 +30,7 @@ A check and the write it guards run under the engine's lock, so no write of this
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
@@ -32,6 +39,12 @@ import numpy as np
 from clawvm.core.errors import AccessDeniedError
 from clawvm.core.model import Filters, Memory
 from clawvm.store.base import Credential, Edge, Event, PageKey, Query, QueryResult, Store, check_vectors
+
+#: Namespace of the ids an import derives (uuid5 of the tenant and the imported id): fixed, so that a
+#: derivation gives the same id on every host and at every import.
+IMPORT_NAMESPACE = uuid.UUID("5b0f6c1e-3d4a-4c59-9a51-0c2f1f3e8a77")
+#: How many derivations an import tries for one id before it gives up (each one taken by another tenant).
+_MAX_DERIVATIONS = 8
 
 
 class TenantStore(Store):
@@ -114,9 +127,33 @@ class TenantStore(Store):
                     "tenant", f"event of tenant {e.tenant!r}", "log events of your own tenant"
                 )
 
-    def append_events(self, events: Sequence[Event]) -> list[int]:
+    def append_events(self, events: Sequence[Event], *, tenant_numbers: bool = True) -> list[int]:
         self._check_events(events)
-        return self.inner.append_events(events)
+        return self.inner.append_events(events, tenant_numbers=True)
+
+    def import_ids(self, ids: Sequence[str]) -> dict[str, str]:
+        """Each of ``ids`` -> the id this tenant stores that imported memory under: the id itself when it
+        is free or this tenant's; when another tenant holds it, ``uuid5(IMPORT_NAMESPACE, tenant + id)``
+        (derived again from that while another tenant holds the derived one too). The same ids map the
+        same way at every import, so references between imported memories, and a second import of the
+        same file, stay consistent; the other tenant's memory is never touched."""
+        out: dict[str, str] = {}
+        wanted = list(dict.fromkeys(ids))
+        owner = {i: m.tenant for i, m in self.inner.get_many(wanted).items()}
+        for i in wanted:
+            mapped = i
+            for _ in range(_MAX_DERIVATIONS):
+                if owner.get(mapped, self.tenant) == self.tenant:
+                    break
+                mapped = str(uuid.uuid5(IMPORT_NAMESPACE, f"{self.tenant}\n{mapped}"))
+                taken = self.inner.get_many([mapped]).get(mapped)
+                owner[mapped] = self.tenant if taken is None else taken.tenant
+            else:
+                raise AccessDeniedError(
+                    "id", "could not be given an id of this tenant", "import it without an id"
+                )
+            out[i] = mapped
+        return out
 
     def delete_events_upto(self, seq: int) -> int:
         raise AccessDeniedError(
@@ -187,17 +224,17 @@ class TenantStore(Store):
                 return mine[:limit]
             asked *= 4
 
-    def read_events(self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None) -> list[Event]:
-        page_size = max(limit, 500)
-        out: list[Event] = []
-        cursor = after_seq
-        while len(out) < limit:
-            page = self.inner.read_events(cursor, page_size, memory_id)
-            out.extend(e for e in page if e.tenant == self.tenant)
-            if len(page) < page_size:
-                break
-            cursor = page[-1].seq or cursor
-        return out[:limit]
+    def read_events(
+        self,
+        after_seq: int = 0,
+        limit: int = 1000,
+        memory_id: str | None = None,
+        *,
+        tenant: str | None = None,
+    ) -> list[Event]:
+        if tenant is not None and tenant != self.tenant:
+            return []
+        return self.inner.read_events(after_seq, limit, memory_id, tenant=self.tenant)
 
     # ---- credentials --------------------------------------------------------------------------------
     def put_credential(self, credential: Credential) -> None:

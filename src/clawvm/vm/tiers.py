@@ -3,11 +3,15 @@
 Tiers, nearest to the prompt first: ``working`` (what the context builder puts in the prompt),
 ``short_term``, ``long_term``, ``archive``. Budgets apply per session (every memory with a session id
 belongs to its session's tiers); ``working`` has a token and an item budget, the others item budgets,
-``archive`` is unbounded. The pager runs on record, on access, on context build and on ``tick()``:
+``archive`` is unbounded. The pager runs periodically, like an operating system's, not inside each
+allocation: ``record()`` never demotes, it writes the new memory alone (see :mod:`clawvm.vm.working`).
 
-- new memories enter ``working``; when a tier is over budget, its unpinned memories with the lowest
-  value per token move one tier down until it fits (with 10% slack below short/long-term budgets, so
-  demotions come in batches rather than one per record);
+- new memories enter ``working``; a session whose working tier passes the high watermark
+  (``working_high`` of its budget) comes due, and the next pager pass (in the background, and at every
+  lifecycle boundary: ``context()``, ``flush()``, ``tick()``, ``close()``) pages it out to the low watermark
+  (``working_low``): its unpinned memories with the lowest value per token move one tier down, in one
+  batch. When a lower tier is over budget, its lowest-valued memories move one tier down likewise (with 10%
+  slack below short/long-term budgets, so demotions come in batches);
 - recalled memories are "warmed": access stats grow and, if their value reaches ``promote_value`` (and
   they fit the working token budget on their own), they move back to ``working``, whose budget is then
   enforced again with the memories just warmed evicted last;
@@ -20,7 +24,9 @@ belongs to its session's tiers); ``working`` has a token and an item budget, the
   ``PagerConfig.endpoint_budget_s`` (default 10 s) on LLM endpoints in total; then the rest of that pass
   summarizes extractively without calling them.
 
-Invariants (property-tested): no tier is over budget after any operation; a pinned memory stays in
+Invariants (property-tested): a built context never exceeds its budget; after a pager pass no tier of a
+session it covered is over budget, and every session over its working budget is due for the next pass;
+the tiers below working are within budget after any operation; a pinned memory stays in
 ``working`` until unpinned (pinning refuses when pinned memories alone would exceed the working budget);
 moves never change content except through reversible compression; ids and links stay valid.
 Every move is an :class:`~clawvm.store.Event` with kind, memory, from/to tier, value before/after, reason.
@@ -77,26 +83,38 @@ class PagerConfig:
     promote_value: float = 0.3  # a recalled memory at or above this value is promoted to working
     compress_over_tokens: int = 96  # archive-bound text memories longer than this are compressed
     slack: float = 0.1  # demote below this fraction under budget (short/long term), in one batch
-    # on record, an over-budget working tier sheds down to (1 - working_slack) of its budget: high and low
-    # watermarks, so a busy session demotes several memories once every few records instead of one on
-    # each; the demotions ride in the record's own write (Pager.shed_plan). Context builds still enforce
-    # the budget exactly. In bench/recall_scale.py at 100k memories sessions are full in the second half
-    # and one record in ~9 sheds, ~2.2 ms more than a plain record (values of ~30 members, ~7 rows
-    # rewritten, the lower tiers' counts): that is the record p95. A larger slack makes sheds rarer but
-    # larger and leaves the prompt emptier after each.
-    working_slack: float = 0.25
+    # The periodic pager's watermarks, as fractions of the working tier's budget (items and tokens alike).
+    # record() never demotes: it writes the new memory alone. When a session's working tier passes
+    # ``working_high`` of its budget the session comes due and the pager is woken; its pass pages the tier
+    # out to ``working_low`` of the budget (the lowest value per token first), in one batch, and enforces
+    # the tiers below. Passes run in the background (``background``) and at every lifecycle boundary of the
+    # harness (context(), flush(), tick(), close()), so a working tier is back within its budget after the
+    # next pass, and a built context never exceeds its own budget whatever the tiers hold. ``working_high``
+    # at most 1.0: the pager is woken no later than the budget is passed; a lower ``working_low`` makes
+    # passes rarer but larger and leaves the prompt emptier after each.
+    working_high: float = 1.0
+    working_low: float = 0.75
+    background: bool = True  # a pager thread per harness runs a pass as soon as a session comes due
     session_idle_hours: float = 2.0  # on tick, a session untouched this long pages its working tier out
     # seconds one pass (a tick, an enforce, an expire, a move) may wait on LLM endpoints in all (a hung
     # summarizer endpoint would otherwise cost its timeout once per memory archived); once spent, the rest
     # of the pass summarizes extractively without calling
     endpoint_budget_s: float = 10.0
 
+    def __post_init__(self) -> None:
+        if not 0.0 < self.working_low <= self.working_high <= 1.0:
+            raise ValidationError(
+                "working_low",
+                f"watermarks are low {self.working_low}, high {self.working_high}",
+                "pass 0 < working_low <= working_high <= 1.0 (fractions of the working budget)",
+            )
+
 
 def value_per_token(m: Memory, now: datetime, cfg: ScoringConfig) -> float:
     return value(m, now, cfg) / max(1, m.token_count)
 
 
-def over(ms: Sequence[Memory], items: int | None, tokens: int | None) -> bool:
+def over(ms: Sequence[Memory], items: float | None, tokens: float | None) -> bool:
     return (items is not None and len(ms) > items) or (
         tokens is not None and sum(m.token_count for m in ms) > tokens
     )
@@ -233,12 +251,14 @@ class Pager:
         now: datetime,
         protect: frozenset[str] = frozenset(),
         lower_only: bool = False,
+        to_low: bool = False,
     ) -> list[Memory]:
         """Demote until every tier of the session fits its budget; returns the memories moved.
 
         Memories in ``protect`` (just promoted) go last, so a warm-up is not undone by its own budget check.
         ``lower_only``: the working tier has just shed into short-term; check short-term, and long-term
-        only if short-term gave it anything.
+        only if short-term gave it anything. ``to_low``: a pager pass, which pages an over-budget working
+        tier out to its low watermark (``working_low``) rather than to the budget itself.
         """
         moved: list[Memory] = []
         cfg = self.config
@@ -259,9 +279,11 @@ class Pager:
             ):
                 continue  # cheap check: within the item budget and no token budget
             members = self.tier_members(tenant, session_id, tier)
-            if not over(members, items, tokens):
+            paging = tier is Tier.WORKING and to_low  # a pager pass: past the high mark, down to the low one
+            if not over(members, items, tokens) and not (paging and self.due(members)):
                 continue
-            slack = 0.0 if tier is Tier.WORKING else cfg.slack
+            working_slack = 1.0 - cfg.working_low if to_low else 0.0  # a pass pages to the low mark
+            slack = working_slack if tier is Tier.WORKING else cfg.slack
             chosen = self._victims(members, items, tokens, slack, now, protect)
             if below is Tier.ARCHIVE:  # archive-bound moves may compress: one by one
                 moved.extend(self.move(v, below, f"{tier.value} over budget", now) for v in chosen)
@@ -298,17 +320,14 @@ class Pager:
             chosen.append(victim)
         return chosen
 
-    def shed_plan(self, members: Sequence[Memory], now: datetime) -> tuple[list[Memory], list[Event]]:
-        """The record path's budget check, from the harness's own view of a session's working tier: when
-        ``members`` are over the working budget, the demotions (new versions and their events) that bring
-        it down to ``1 - working_slack`` of it, for the caller to write with the new memory in one write;
-        nothing when within budget (or when every member is pinned). After writing them, the caller runs
-        :meth:`enforce` with ``lower_only`` (short-term grew)."""
+    def due(self, members: Sequence[Memory]) -> bool:
+        """Whether a session whose working tier holds ``members`` is due for a pager pass: past the high
+        watermark (``working_high`` of the working budget)."""
         items, tokens = self.config.budgets.limits(Tier.WORKING)
-        if not over(members, items, tokens):
-            return [], []
-        chosen = self._victims(members, items, tokens, self.config.working_slack, now)
-        return self._demotions(chosen, Tier.SHORT_TERM, "working over budget", now)
+        high = self.config.working_high
+        return over(
+            members, None if items is None else items * high, None if tokens is None else tokens * high
+        )
 
     def _demotions(
         self, memories: Sequence[Memory], to: Tier, reason: str, now: datetime

@@ -1,11 +1,18 @@
-"""The record path's view of each session's working tier: admit a new memory and shed what no longer fits,
-in one write, without reading the tier back on every record.
+"""The record path's view of each session's working tier, and the periodic pager that keeps it in budget.
 
-:class:`WorkingTiers` keeps each session's working members as it last saw them. The commit path tells it
-of every write (:meth:`WorkingTiers.forget`, a commit listener), and a session whose memories changed is
-read back from the store on its next record, so the view is never trusted past a change it was told of. A
-member changed by another process makes the record's write conflict (optimistic versions); then the memory
-is written alone and the budgets are enforced from the store.
+``record()`` never demotes (the pager runs periodically, like an operating system's, not inside each
+allocation): :meth:`WorkingTiers.admit` writes the new memory alone and adds it to its view of the session's
+working tier; a session past the high watermark (``PagerConfig.working_high`` of its budget) comes *due*.
+:meth:`WorkingTiers.run_pass` (the pager pass) pages every due session out to the low watermark
+(``working_low``) and enforces the tiers below; :class:`PagerThread` runs it in the background when a
+session comes due, and the harness runs it at every lifecycle boundary (``context()``, ``flush()``,
+``tick()``, ``close()``). So a working tier may hold more than its budget between a record and the next
+pass, never after it; a built context never exceeds its own budget whatever the tiers hold.
+
+:class:`WorkingTiers` keeps each session's working members as it last saw them, so a record does not read
+the tier back. The commit path tells it of every write (:meth:`WorkingTiers.forget`, a commit listener),
+and a session whose memories changed is read back from the store on its next record, so the view is never
+trusted past a change it was told of.
 
 Members *added* by another process (several servers on one store) are not seen until this process reads
 the session again (after any change it is told of, or when the session falls out of the view): until then
@@ -16,12 +23,11 @@ move in the session, a context build with the session, ``tick()`` paging out) br
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 import numpy as np
 
-from clawvm.core.errors import ConflictError
 from clawvm.core.model import Memory, Tier
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
@@ -33,7 +39,8 @@ WORKING_SESSIONS = 8192
 
 
 class WorkingTiers:
-    """Each session's working members, as this process last wrote or read them (see the module docstring)."""
+    """Each session's working members, as this process last wrote or read them, and the sessions due for
+    a pager pass (see the module docstring)."""
 
     def __init__(self, store: StoreReader, pager: Pager, capacity: int = WORKING_SESSIONS) -> None:
         self.store = store
@@ -41,10 +48,18 @@ class WorkingTiers:
         self.capacity = capacity
         # (tenant, session) -> its working-tier members; the dict keeps recently used sessions last
         self._members: dict[tuple[str, str], list[Memory]] = {}
+        # sessions past the high watermark, oldest first (a dict as an ordered set)
+        self._due: dict[tuple[str, str], None] = {}
         self._lock = threading.RLock()  # held by admit while it writes, and so while it is told of it
+        self._pass_lock = threading.Lock()  # one pager pass at a time (background or a lifecycle boundary)
 
     def __len__(self) -> int:
         return len(self._members)
+
+    def due(self) -> list[tuple[str, str]]:
+        """The (tenant, session) pairs due for the next pager pass."""
+        with self._lock:
+            return list(self._due)
 
     def forget(self, written: Sequence[Memory], deleted: Sequence[str]) -> None:
         """Commit listener: a session's members are dropped when one of its memories changed (read back on
@@ -57,8 +72,8 @@ class WorkingTiers:
                     self._members.pop((m.tenant, m.session_id), None)
 
     def admit(self, memory: Memory, vectors: np.ndarray | None, added: Event, now: datetime) -> Memory:
-        """Write the new ``memory`` (its vector, its event) with what its session's working tier sheds to
-        make room for it: one write, one commit on engines with transactions. Returns it as stored."""
+        """Write the new ``memory`` (its vector, its event) alone: one write, never a demotion. Its session
+        comes due for the pager when its working tier passes the high watermark. Returns it as stored."""
         writer = self.pager.writer
         if memory.session_id is None or memory.tier is not Tier.WORKING:
             return writer.write([memory], vectors, [added])[0]
@@ -69,25 +84,62 @@ class WorkingTiers:
                 known = self.pager.tier_members(memory.tenant, memory.session_id, Tier.WORKING)
                 if len(self._members) >= self.capacity:  # a long-lived server meets endless sessions
                     del self._members[next(iter(self._members))]
-            members = [*known, memory]
-            demoted, moves = self.pager.shed_plan(members, now)
-            # the new memory may be shed at once (the lowest value per token): then it is stored demoted
-            # (version 2) and its history says so (add, then demote)
-            others = [m for m in demoted if m.id != memory.id]
-            shed = next((m for m in demoted if m.id == memory.id), memory)
-            try:
-                stored = writer.write([shed, *others], vectors, [added, *moves])[0]
-            except ConflictError:
-                if not others:
-                    raise  # the new memory itself conflicts (its id is taken)
-                writer.write([memory], vectors, [added])
-                self.pager.enforce(memory.tenant, memory.session_id, now)
-                self._members[key] = self.pager.tier_members(memory.tenant, memory.session_id, Tier.WORKING)
-                return self.store.get(memory.id)
-            members = [stored if m.id == stored.id else m for m in members]
-            if demoted:  # short-term grew: its budget, and the ones below
-                self.pager.enforce(memory.tenant, memory.session_id, now, lower_only=True)
-                gone = {m.id for m in demoted}
-                members = [m for m in members if m.id not in gone]
+            stored = writer.write([memory], vectors, [added])[0]
+            members = [*known, stored]
             self._members[key] = members
+            if self.pager.due(members):
+                self._due[key] = None
             return stored
+
+    def run_pass(self, now: datetime) -> list[Memory]:
+        """One pager pass: every due session's working tier is paged out to the low watermark and the tiers
+        below are enforced. Returns the memories moved. A pass waits for one already running."""
+        with self._pass_lock:
+            with self._lock:
+                due, self._due = list(self._due), {}
+            moved: list[Memory] = []
+            for tenant, session_id in due:
+                moved.extend(self.pager.enforce(tenant, session_id, now, to_low=True))
+            return moved
+
+
+class PagerThread:
+    """Runs ``run`` (a pager pass) in a background thread each time it is woken; passes do not queue up:
+    wakes while a pass runs make one more pass after it. Errors go to ``on_error`` (the thread lives on)."""
+
+    def __init__(self, run: Callable[[], object], on_error: Callable[[Exception], None]) -> None:
+        self._run = run
+        self._on_error = on_error
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def wake(self) -> None:
+        with self._start_lock:
+            if self._stopping:
+                return
+            if self._thread is None:  # started on the first wake: a harness that never fills a tier has none
+                self._thread = threading.Thread(target=self._loop, name="clawvm-pager", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Let a running pass finish and end the thread (the caller runs the last pass itself)."""
+        with self._start_lock:
+            self._stopping = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None:
+            thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stopping:
+                return
+            try:
+                self._run()
+            except Exception as exc:  # a background pass must never die silently; the next wake retries
+                self._on_error(exc)

@@ -54,11 +54,12 @@ def list_memories(query: Annotated[ListQuery, Query()], caller: Reader) -> list[
 
 @router.post("/memories/import", response_model=ImportOut)
 def import_memories(body: ImportRequest, caller: Admin) -> ImportOut:
-    """Store exported memories as they are (ids already present are skipped)."""
+    """Store exported memories as they are (ids already present are skipped). An id another tenant holds
+    is stored under an id of the caller's tenant instead, the same at every import (``renamed``)."""
     own = {"tenant": caller.principal.tenant}
     memories = [m if "tenant" in m.model_fields_set else m.model_copy(update=own) for m in body.memories]
-    n = caller.harness.import_memories(memories)
-    return ImportOut(imported=n, skipped=len(memories) - n)
+    done = caller.harness.import_renamed(memories)
+    return ImportOut(imported=done.imported, skipped=len(memories) - done.imported, renamed=done.renamed)
 
 
 @router.get("/memories/{memory_id}", response_model=Memory)

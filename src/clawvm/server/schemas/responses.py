@@ -156,6 +156,11 @@ class CollapseOut(BaseModel):
 class ImportOut(BaseModel):
     imported: int
     skipped: int
+    renamed: dict[str, str] = Field(
+        default_factory=dict,
+        description="imported ids another tenant holds -> the id of this tenant's own each is stored under "
+        "(the same at every import; references between the imported memories follow)",
+    )
 
 
 class StatsOut(BaseModel):

@@ -1,0 +1,314 @@
+"""The index snapshot beside a SQLite file: open maps it and replays only what changed since; a crash
+between snapshot and later writes loses nothing; a corrupt, torn, stale or foreign snapshot is detected and
+rebuilt."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clawvm import Memory
+from clawvm.core.model import Filters
+from clawvm.store import Query, SQLiteStore
+from clawvm.store import snapshot as snap
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+WORDS = ["payment", "refund", "alice", "deploy", "disk", "invoice", "cache", "lisbon", "retry", "coffee"]
+
+
+def memories(n: int, start: int = 0) -> list[Memory]:
+    rng = np.random.default_rng(start)
+    return [
+        Memory(
+            id=str(uuid.UUID(int=i + 1, version=4)),  # the same ids in every process
+            content=" ".join(rng.choice(WORDS, 5)) + f" note {i}",
+            session_id=f"s{i // 7}",
+            agent_id=f"a{i % 3}",
+            tenant="acme" if i % 5 == 0 else "default",  # two tenants: per-tenant BM25 statistics
+            tags=["t1"] if i % 4 == 0 else [],
+        )
+        for i in range(start, start + n)
+    ]
+
+
+def vectors(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, 384)).astype(np.float32)
+
+
+def opened(path: Path, **kw: int) -> SQLiteStore:
+    store = SQLiteStore(path, **kw)
+    store.setup()
+    return store
+
+
+def answers(store: SQLiteStore) -> list[object]:
+    """What the index answers: searches (three channels, filters), counts, pages, sessions, tags."""
+    q = vectors(1, 99)[0]
+    out: list[object] = []
+    for text, filters in [
+        ("payment refund", Filters()),
+        ("alice lisbon", Filters.of(agent_id="a1")),
+        ("deploy disk cache", Filters.of(session_id="s3")),
+        ("coffee", Filters.of(tags=["t1"])),
+        ("payment refund", Filters.of(tenant="acme")),  # scored with acme's own statistics
+        ("deploy lisbon", Filters.of(tenant="default", agent_id="a2")),
+    ]:
+        result = store.query(Query(text=text, vector=q, limit=10, filters=filters, context=True, info=True))
+        out.append((result.lexical, result.dense, result.context, result.info))
+        out.append(store.count(filters))
+    out.append([m.id for m in store.page(Filters(), None, 50)])
+    out.append(store.session_ids(Filters(), None, 100))
+    out.append(store.tag_names(Filters(), "", None, 10))
+    return out
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> Path:
+    """A file with 200 memories (some updated, some deleted) and the snapshot its close left."""
+    path = tmp_path / "s.db"
+    store = opened(path)
+    ms = memories(200)
+    store.write(ms, vectors(200, 1), [])
+    store.write([ms[5].model_copy(update={"content": "rewritten about lisbon", "version": 2})], None, [])
+    store.delete_many([ms[7].id, ms[150].id])
+    store.close()
+    assert snap.path_for(str(path)).exists()
+    return path
+
+
+def test_open_from_the_snapshot_answers_as_a_rebuild_does(built: Path, tmp_path: Path) -> None:
+    rebuilt_path = tmp_path / "copy.db"
+    shutil.copy(built, rebuilt_path)  # the same rows, no snapshot beside them
+    fast, slow = opened(built), opened(rebuilt_path)
+    try:
+        assert fast.index_source == "snapshot" and slow.index_source.startswith("rows")
+        assert answers(fast) == answers(slow)
+        # both keep indexing the same way after the open
+        more = memories(20, start=500)
+        old = fast.page(Filters(), None, 3)  # rows the snapshot holds: re-indexed, re-tagged, deleted
+        changed = [
+            m.model_copy(update={"content": "moved to lisbon", "tags": ["t2"], "version": m.version + 1})
+            for m in old[:2]
+        ]
+        for store in (fast, slow):
+            store.write(more, vectors(20, 2), [])
+            store.write(changed, None, [])
+            store.delete_many([old[2].id])
+        assert answers(fast) == answers(slow)
+    finally:
+        fast.close()
+        slow.close()
+    snap.path_for(str(rebuilt_path)).unlink()
+    again, rebuilt = opened(built), opened(rebuilt_path)  # a snapshot written from a loaded one reads back
+    try:
+        assert again.index_source == "snapshot" and rebuilt.index_source.startswith("rows")
+        assert answers(again) == answers(rebuilt)
+    finally:
+        again.close()
+        rebuilt.close()
+
+
+def test_writes_after_the_snapshot_are_replayed_on_open(built: Path) -> None:
+    a = opened(built, snapshot_every=10**6)
+    later = memories(30, start=300)
+    a.write(later, vectors(30, 3), [])
+    a.delete_many([later[0].id])
+    b = opened(built)  # a has not closed: its writes are in the rows only
+    try:
+        assert b.index_source == "snapshot"
+        assert b.count(Filters()) == a.count(Filters()) == 198 + 29
+        assert answers(a) == answers(b)
+        b.write(memories(5, start=900), None, [])  # and the processes still see each other's writes
+        assert a.count(Filters()) == b.count(Filters())
+    finally:
+        a.close()
+        b.close()
+
+
+CRASHING_WRITER = """
+import os, signal, sys
+import numpy as np
+sys.path.insert(0, sys.argv[2])
+from test_snapshot import memories, vectors
+from clawvm.store import SQLiteStore
+store = SQLiteStore(sys.argv[1], snapshot_every=10**6)
+store.setup()
+store.write(memories(100), vectors(100, 1), [])
+store.write_snapshot()
+store.write(memories(40, start=100), vectors(40, 2), [])  # the delta: in the rows, not in the snapshot
+store.delete_many([memories(1)[0].id])
+os.kill(os.getpid(), signal.SIGKILL)  # no close: no snapshot of the delta
+"""
+
+
+def test_a_writer_killed_between_snapshot_and_delta_loses_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "crash.db"
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASHING_WRITER, str(path), str(Path(__file__).parent)], env=env, check=False
+    )
+    assert proc.returncode == -signal.SIGKILL
+    header = snap.read_header(snap.path_for(str(path)))
+    store = opened(path)
+    try:
+        assert store.index_source == "snapshot"
+        assert store._rev > header["rev"]  # the delta was replayed over the snapshot
+        assert store.count(Filters()) == 139
+        found = store.query(Query(text=memories(1, start=139)[0].content, limit=1, filters=Filters()))
+        assert found.lexical[0][0] == memories(1, start=139)[0].id  # a memory written after the snapshot
+        assert memories(1)[0].id not in {i for i, _ in store.query(Query(text="note", limit=200)).lexical}
+    finally:
+        store.close()
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["state", "vectors", "truncated", "header"])
+def test_a_corrupt_snapshot_is_detected_and_rebuilt(built: Path, tmp_path: Path, damage: str) -> None:
+    shutil.copy(built, tmp_path / "clean.db")
+    clean = opened(tmp_path / "clean.db")
+    index = snap.path_for(str(built))
+    parts = snap.read_header(index)["parts"]
+    if damage == "truncated":
+        index.write_bytes(index.read_bytes()[: parts["vectors"]["offset"] + 100])
+    elif damage == "header":
+        _flip(index, 3)
+    else:
+        _flip(index, parts[damage]["offset"] + parts[damage]["length"] // 2)
+    store = opened(built)
+    try:
+        assert store.index_source.startswith("rows"), store.index_source
+        assert answers(store) == answers(clean)
+    finally:
+        store.close()
+        clean.close()
+    assert opened(built).index_source == "snapshot"  # the close wrote a good one again
+
+
+def test_another_files_snapshot_or_a_newer_one_is_not_used(built: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other.db"
+    store = opened(other)
+    for m in memories(10, start=700):  # ten changes: its rev passes the snapshot's
+        store.write([m], None, [])
+    store.close()
+    shutil.copy(snap.path_for(str(built)), snap.path_for(str(other)))  # 200 memories' index over 10 rows
+    store = opened(other)
+    try:
+        assert store.index_source.startswith("rows (another file"), store.index_source
+        assert store.count(Filters()) == 10
+    finally:
+        store.close()
+    # a file restored from an older backup, beside the snapshot of its later state
+    old = tmp_path / "old.db"
+    early = opened(old)
+    early.write(memories(10), None, [])
+    early.close()
+    backup = old.read_bytes()
+    later = opened(old)
+    later.write(memories(10, start=10), None, [])
+    later.close()
+    old.write_bytes(backup)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{old}{suffix}").unlink(missing_ok=True)
+    store = opened(old)
+    try:
+        assert store.index_source.startswith("rows (stale"), store.index_source
+        assert store.count(Filters()) == 10
+    finally:
+        store.close()
+
+
+def test_a_snapshot_that_names_anything_but_index_parts_is_refused(built: Path, tmp_path: Path) -> None:
+    """A pickle can call what it names: a planted snapshot must not run code when the file is opened."""
+    marker = tmp_path / "ran"
+
+    class Planted:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return os.system, (f"touch {marker}",)
+
+    index = snap.path_for(str(built))
+    header = snap.read_header(index)
+    payload = pickle.dumps(Planted())
+    data = bytearray(index.read_bytes())
+    state = header["parts"]["state"]
+    data[state["offset"] : state["offset"] + len(payload)] = payload
+    header["parts"]["state"] = {**state, "length": len(payload), "crc32": zlib.crc32(payload)}
+    head = json.dumps(header).encode()
+    data[: len(snap.MAGIC) + 8 + len(head)] = snap.MAGIC + len(head).to_bytes(8, "little") + head
+    index.write_bytes(bytes(data))
+    store = opened(built)
+    try:
+        assert "the state names posix.system" in store.index_source, store.index_source
+        assert not marker.exists()
+        assert store.count(Filters()) == 198
+    finally:
+        store.close()
+
+
+def test_a_snapshot_is_written_every_so_many_changes(tmp_path: Path) -> None:
+    path = tmp_path / "p.db"
+    store = opened(path, snapshot_every=3)
+    try:
+        for i in range(2):
+            store.write(memories(1, start=i), None, [])
+        assert not snap.path_for(str(path)).exists()
+        store.write(memories(1, start=2), None, [])
+        assert snap.read_header(snap.path_for(str(path)))["rev"] == store._rev
+        assert not list(tmp_path.glob("*.tmp"))  # written to a temporary name, renamed into place
+    finally:
+        store.close()
+
+
+def test_a_new_file_at_the_same_path_does_not_take_the_old_files_snapshot(tmp_path: Path) -> None:
+    path, other = tmp_path / "same.db", tmp_path / "made elsewhere.db"
+    first = memories(3)
+    for target, batch in ((path, first), (other, [m.model_copy(update={"content": "other"}) for m in first])):
+        store = opened(target)
+        store.write(batch, None, [])  # the same ids, rows and rev: only the files' own ids differ
+        store.close()
+    for suffix in ("-wal", "-shm"):
+        assert not Path(f"{other}{suffix}").exists()
+    other.replace(path)  # the old snapshot stays beside the new file
+    store = opened(path)
+    try:
+        assert store.index_source.startswith("rows (another file"), store.index_source
+        assert not store.query(Query(text=first[0].content, limit=5)).lexical
+    finally:
+        store.close()
+
+
+def test_a_snapshot_of_an_index_of_another_shape_is_rebuilt(
+    built: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version that adds a field to the index (per-tenant statistics, say) must not load an older
+    snapshot without it."""
+    from clawvm.store.index import SearchIndex
+
+    original = SearchIndex.__init__
+
+    def with_a_new_field(self: SearchIndex, *args: object, **kwargs: object) -> None:
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+        self.per_tenant_stats = {}  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(SearchIndex, "__init__", with_a_new_field)
+    store = opened(built)
+    try:
+        assert "changed shape" in store.index_source, store.index_source
+        assert store.count(Filters()) == 198
+    finally:
+        store.close()
