@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from clawvm.core.errors import ClawVMError, ConfigError, ValidationError
-from clawvm.core.model import Kind, Memory
+from clawvm.core.model import Kind, Memory, utcnow
 from clawvm.harness import Harness
 from clawvm.store import Store, store_from_url
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey, DataKeys, rotate_data_key
@@ -620,13 +620,20 @@ def keys() -> None:
     help="admin: also manages keys; agent: reads and writes; read-only: reads.",
 )
 @click.option("--name", default="", help="A label to recognise the key by (who or what uses it).")
+@click.option(
+    "--ttl-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds the key works for; after that it gets 401 key_expired (default: it does not expire).",
+)
 @click.pass_context
-def keys_create(ctx: click.Context, tenant: str, role: str, name: str) -> None:
+def keys_create(ctx: click.Context, tenant: str, role: str, name: str, ttl_s: float | None) -> None:
     """Create a key and print it (once: only its hash is stored)."""
     with _keyring(ctx) as ring:
-        record, token = ring.create(tenant, role, name)
+        record, token = ring.create(tenant, role, name, ttl_s=ttl_s)
     click.echo(token)
-    click.echo(f"key {record.key_id} for tenant {tenant} ({role}): shown once, store it now", err=True)
+    until = f", expires {record.expires_at.isoformat()}" if record.expires_at else ""
+    click.echo(f"key {record.key_id} for tenant {tenant} ({role}{until}): shown once, store it now", err=True)
 
 
 @keys.command("list")
@@ -646,11 +653,15 @@ def keys_list(ctx: click.Context, tenant: str | None, include_revoked: bool, as_
             "name": k.name,
             "created_at": k.created_at.isoformat(),
             "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None,
+            "expires_at": k.expires_at.isoformat() if k.expires_at else None,
         }
         if as_json:
             click.echo(json.dumps(row))
         else:
             state = f"revoked {row['revoked_at']}" if k.revoked_at else "active"
+            if k.expires_at and not k.revoked_at:
+                ends = "expired" if k.expired(utcnow()) else "until"
+                state = f"{ends} {row['expires_at']}"
             click.echo(f"{k.key_id}  {k.tenant:<20} {k.role.value:<9} {state:<8} {k.name}")
 
 

@@ -18,6 +18,7 @@ from clawvm.server.errors import ERROR_RESPONSES, install_error_handlers
 from clawvm.server.middleware import Guard
 from clawvm.server.routes import events, health, keys, memories, recall, sessions
 from clawvm.server.routes.dashboard import dashboard_router
+from clawvm.server.schemas.requests import state_embedding_dim
 from clawvm.server.service import RequestGauge, Service, embedder_from
 from clawvm.server.settings import ServerSettings
 from clawvm.store import Store, store_from_url
@@ -100,4 +101,5 @@ def create_app(
     if mcp_endpoint is not None:
         endpoint = Route(mcp_endpoint.path, mcp_endpoint, include_in_schema=False)  # an ASGI app
         app.router.routes.append(endpoint)
+    state_embedding_dim(app, emb.dim if emb is not None else store.dim)
     return app

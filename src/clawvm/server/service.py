@@ -1,7 +1,8 @@
 """:class:`Service`, what the routes of one app share: the engine, one embedding worker for it, the
-:class:`Keyring`, the rate limiter, the idempotency keys, and one :class:`Harness` per tenant over a
-:class:`TenantStore` view, so tenant isolation is enforced by the store layer whatever a route does.
-``create_app`` makes one and keeps it on ``app.state.service``; a route reaches it with :func:`service_of`."""
+:class:`Keyring`, the rate limiters, the keys' usage, the idempotency keys, and one :class:`Harness` per
+tenant over a :class:`TenantStore` view, so tenant isolation is enforced by the store layer whatever a
+route does. ``create_app`` makes one and keeps it on ``app.state.service``; a route reaches it with
+:func:`service_of`."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from clawvm.harness import Harness
 from clawvm.server.idempotency import IdempotencyKeys
 from clawvm.server.ratelimit import RateLimiter
 from clawvm.server.settings import ServerSettings
+from clawvm.server.usage import KeyUsage
 from clawvm.store import Store
 from clawvm.store.eventlog import EventTail
 from clawvm.store.keys import Keyring, Principal
@@ -52,7 +54,22 @@ class Service:
         self.settings = settings
         self.owns_store = owns_store
         self.keyring = Keyring(store, refresh_s=settings.keys_refresh_s)
-        self.limiter = RateLimiter(settings.rate_per_s, settings.burst)
+        most = settings.rate_buckets_max
+        self.limiter = RateLimiter(settings.rate_per_s, settings.burst, max_buckets=most)  # per API key
+        self.tenant_limiter = RateLimiter(
+            settings.tenant_rate_per_s, settings.tenant_burst, limit="tenant", max_buckets=most
+        )
+        self.mint_limiter = RateLimiter(
+            settings.mint_rate_per_s, settings.mint_burst, limit="key minting", max_buckets=most
+        )
+        # failed or missing keys per client address (charged after a failure, checked before a lookup)
+        self.unauthenticated = RateLimiter(
+            settings.unauthenticated_rate_per_s,
+            settings.unauthenticated_burst,
+            limit="unauthenticated requests",
+            max_buckets=most,
+        )
+        self.usage = KeyUsage(settings.usage_max_keys)
         self.idempotency = IdempotencyKeys(
             settings.idempotency_ttl_s, settings.idempotency_max_keys, settings.idempotency_max_bytes
         )
