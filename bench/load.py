@@ -1,13 +1,27 @@
-"""Load on the REST server: N concurrent clients over loopback, bounded by time and by request count.
+"""Load on the REST server: N concurrent clients over loopback, bounded by time and by request count; and
+the server's overhead and scaling, measured side by side in the same run.
 
-Each client is a thread with its own HTTP connection and API key, cycling through an agent's loop with a
-fixed mix (``--mix``, default 2 records : 1 recall : 1 context), in sessions of 40 records. Reported per
-operation: requests, throughput (req/s over the measured window), p50/p95/p99 latency (ms, client side,
-including HTTP) and errors (any status >= 400, or a failed connection; goal 0).
+Three measurements, in this order:
 
-Without ``--url`` the script starts its own server (``clawvm serve``, rate limit off) on a fresh SQLite
-file in a temporary directory, with an admin key created beforehand, and preloads ``--preload`` memories
-(not measured) so recall and context have a corpus. With ``--url``, pass ``--key`` (an agent key).
+1. **HTTP beside in-process** (``--rounds`` alternating blocks, one client, one keep-alive connection):
+   the same recall queries and the same kind of record, once through a :class:`Harness` opened in this
+   process on the server's own store (a tenant view, the server's redaction and embedder: what one
+   request runs) and once over HTTP; alternating blocks put the machine's load on both alike. Reported:
+   p50 of each and ``recall_http_over_inprocess_p50``, ``record_http_over_inprocess_p50``.
+2. **Scaling**: recall only, 1 client then 4 clients, for ``--seconds`` each;
+   ``recall_rps_4_over_1`` is the 4-client throughput over the 1-client one (tracked recalls, the default
+   of a writer's key); ``recall_untracked_rps_4_over_1`` the same for recalls that write nothing.
+3. **Mixed load**: ``--clients`` clients cycling through an agent's loop with a fixed mix (``--mix``,
+   default 2 records : 1 recall : 1 context), in sessions of 40 records. Reported per operation:
+   requests, throughput (req/s over the measured window), p50/p95/p99 latency (ms, client side, including
+   HTTP) and errors (any status >= 400, or a failed connection; goal 0).
+
+Every client is a process of its own (so the client's GIL is not the bottleneck) speaking HTTP/1.1 with
+keep-alive through ``http.client``. Without ``--url`` the script starts its own server (``clawvm serve
+--workers W``, rate limit off) on a fresh SQLite file in a temporary directory, with an admin key created
+beforehand, and preloads ``--preload`` memories (not measured; their embedding is waited for) so recall
+and context have a corpus. With ``--url``, pass ``--key`` (an agent key) and ``--db`` (the server's store,
+for the in-process side; without it the first measurement is skipped).
 
     python bench/load.py --clients 4 --seconds 10 --json bench/results/load.json
 """
@@ -15,7 +29,9 @@ file in a temporary directory, with an admin key created beforehand, and preload
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
+import multiprocessing
 import os
 import platform
 import random
@@ -23,13 +39,14 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -66,15 +83,19 @@ class Tally:
     latencies: dict[str, list[float]] = field(default_factory=lambda: {op: [] for op in OPS})
     errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OPS, 0))
     samples: list[str] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, op: str, ms: float, error: str | None) -> None:
-        with self.lock:
-            self.latencies[op].append(ms)
-            if error is not None:
-                self.errors[op] += 1
-                if len(self.samples) < 5:
-                    self.samples.append(f"{op}: {error}")
+        self.latencies[op].append(ms)
+        if error is not None:
+            self.errors[op] += 1
+            if len(self.samples) < 5:
+                self.samples.append(f"{op}: {error}")
+
+    def merge(self, other: Tally) -> None:
+        for op in OPS:
+            self.latencies[op] += other.latencies[op]
+            self.errors[op] += other.errors[op]
+        self.samples += other.samples[: 5 - len(self.samples)]
 
 
 def memory_text(rng: random.Random) -> str:
@@ -82,67 +103,113 @@ def memory_text(rng: random.Random) -> str:
     return f"{tool} on the {subject} " + rng.choice(OUTCOMES).format(n=rng.randint(1, 500))
 
 
-def request(client: httpx.Client, op: str, rng: random.Random, session: str) -> httpx.Response:
+def record_body(rng: random.Random, session: str) -> dict[str, Any]:
+    return {
+        "content": memory_text(rng),
+        "kind": "tool_result",
+        "session_id": session,
+        "tool_name": rng.choice(TOOLS),
+        "tags": [rng.choice(["ops", "billing", "ci"])],
+    }
+
+
+def request_of(op: str, rng: random.Random, session: str, track: bool = True) -> tuple[str, dict[str, Any]]:
+    """The path and JSON body of one ``op`` (``track=False``: a recall that writes nothing)."""
     if op == "record":
-        body = {
-            "content": memory_text(rng),
-            "kind": "tool_result",
-            "session_id": session,
-            "tool_name": rng.choice(TOOLS),
-            "tags": [rng.choice(["ops", "billing", "ci"])],
-        }
-        return client.post("/v1/memories", json=body)
+        return "/v1/memories", record_body(rng, session)
     if op == "recall":
-        return client.post("/v1/recall", json={"query": rng.choice(QUESTIONS), "k": 10})
-    return client.post(
-        "/v1/context", json={"query": rng.choice(QUESTIONS), "budget_tokens": 1000, "session_id": session}
-    )
+        return "/v1/recall", {"query": rng.choice(QUESTIONS), "k": 10, **({} if track else {"track": False})}
+    return "/v1/context", {"query": rng.choice(QUESTIONS), "budget_tokens": 1000, "session_id": session}
 
 
-def client_loop(
-    url: str, key: str, n: int, mix: list[str], deadline: float, budget: Callable[[], bool], tally: Tally
+class Connection:
+    """One keep-alive HTTP/1.1 connection (``http.client``: the lightest client, so the figures are the
+    server's), reopened after a failure."""
+
+    def __init__(self, url: str, key: str) -> None:
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        self.conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+
+    def post(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        try:
+            self.conn.request("POST", path, body=json.dumps(body).encode(), headers=self.headers)
+            response = self.conn.getresponse()
+            return response.status, response.read()
+        except (OSError, http.client.HTTPException):
+            self.conn.close()
+            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+            raise
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def client_process(
+    url: str,
+    key: str,
+    n: int,
+    mix: list[str],
+    seconds: float,
+    max_requests: int,
+    ready: Any,
+    go: EventType,
+    out: Any,
+    track: bool = True,
 ) -> None:
+    """One client (its own process): says it is ready, waits for ``go``, then loops over ``mix`` for
+    ``seconds``; puts its :class:`Tally` on ``out``."""
     rng = random.Random(n)
-    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
-        step = 0
-        while time.perf_counter() < deadline and budget():
-            op = mix[step % len(mix)]
-            session = f"load-{n}-{step // (40 * len(mix))}"
-            t0 = time.perf_counter()
-            error: str | None = None
-            try:
-                r = request(client, op, rng, session)
-                if r.status_code >= 400:
-                    error = f"{r.status_code} {r.text[:200]}"
-            except httpx.HTTPError as exc:
-                error = repr(exc)
-            tally.add(op, (time.perf_counter() - t0) * 1000, error)
-            step += 1
+    tally = Tally()
+    conn = Connection(url, key)
+    ready.put(n)
+    go.wait()
+    deadline = time.perf_counter() + seconds
+    step = 0
+    while time.perf_counter() < deadline and step < max_requests:
+        op = mix[step % len(mix)]
+        path, body = request_of(op, rng, f"load-{n}-{step // (40 * len(mix))}", track)
+        t0 = time.perf_counter()
+        error: str | None = None
+        try:
+            status, data = conn.post(path, body)
+            if status >= 400:
+                error = f"{status} {data[:200]!r}"
+        except (OSError, http.client.HTTPException) as exc:
+            error = repr(exc)
+        tally.add(op, (time.perf_counter() - t0) * 1000, error)
+        step += 1
+    conn.close()
+    out.put(tally)
 
 
 def run_load(
-    url: str, key: str, clients: int, seconds: float, max_requests: int, mix: list[str]
+    url: str, key: str, clients: int, seconds: float, max_requests: int, mix: list[str], track: bool = True
 ) -> tuple[Tally, float]:
-    tally = Tally()
-    issued = [0]
-    lock = threading.Lock()
-
-    def budget() -> bool:
-        with lock:
-            issued[0] += 1
-            return issued[0] <= max_requests
-
-    start = time.perf_counter()
-    deadline = start + seconds
-    threads = [
-        threading.Thread(target=client_loop, args=(url, key, n, mix, deadline, budget, tally))
+    """``clients`` client processes at once; their merged tally and the measured window's length."""
+    context = multiprocessing.get_context("spawn")
+    ready, go, out = context.Queue(), context.Event(), context.Queue()
+    per_client = max(1, max_requests // clients)
+    processes = [
+        context.Process(
+            target=client_process, args=(url, key, n, mix, seconds, per_client, ready, go, out, track)
+        )
         for n in range(clients)
     ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return tally, time.perf_counter() - start
+    for p in processes:
+        p.start()
+    for _ in processes:  # every client imported and connected before the window opens
+        ready.get(timeout=120)
+    start = time.perf_counter()
+    go.set()
+    tally = Tally()
+    for _ in processes:
+        tally.merge(out.get(timeout=seconds + 120))
+    elapsed = time.perf_counter() - start
+    for p in processes:
+        p.join(30)
+    return tally, elapsed
 
 
 def summarize(tally: Tally, elapsed: float) -> dict[str, dict[str, float]]:
@@ -180,8 +247,8 @@ def free_port() -> int:
 
 
 @contextmanager
-def own_server(embed: bool) -> Iterator[tuple[str, str]]:
-    """Start ``clawvm serve`` on a temporary SQLite file; yields (url, admin key)."""
+def own_server(embed: bool, workers: int) -> Iterator[tuple[str, str, str]]:
+    """Start ``clawvm serve --workers N`` on a temporary SQLite file; yields (url, admin key, store path)."""
     from clawvm.store import SQLiteStore
     from clawvm.store.keys import Keyring
 
@@ -202,6 +269,8 @@ def own_server(embed: bool) -> Iterator[tuple[str, str]]:
             "serve",
             "--port",
             str(port),
+            "--workers",
+            str(workers),
             "--rate-limit",
             "0",
             "--log-level",
@@ -212,7 +281,7 @@ def own_server(embed: bool) -> Iterator[tuple[str, str]]:
         url = f"http://127.0.0.1:{port}"
         try:
             wait_ready(url, proc)
-            yield url, key
+            yield url, key, str(db)
         finally:
             proc.terminate()
             try:
@@ -238,9 +307,123 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 180) ->
 
 def preload(url: str, key: str, n: int) -> None:
     rng = random.Random(12345)
-    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
-        for i in range(n):
-            request(client, "record", rng, f"preload-{i // 40}").raise_for_status()
+    conn = Connection(url, key)
+    for i in range(n):
+        status, data = conn.post("/v1/memories", record_body(rng, f"preload-{i // 40}"))
+        if status != 201:
+            raise SystemExit(f"preload failed: {status} {data[:200]!r}")
+    conn.close()
+
+
+def wait_embedded(db: str, timeout: float = 600) -> None:
+    """Until the server has embedded every memory (so the measured window does not carry that backlog)."""
+    from clawvm.store import store_from_url
+
+    store = store_from_url(db)
+    store.setup()
+    try:
+        deadline = time.monotonic() + timeout
+        while store.unembedded(1) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        store.close()
+
+
+# ---- HTTP beside in-process ------------------------------------------------------------------------
+def tenant_of(url: str, key: str) -> str:
+    r = httpx.get(f"{url}/v1/whoami", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    r.raise_for_status()
+    tenant: str = r.json()["tenant"]
+    return tenant
+
+
+def inprocess_harness(db: str, tenant: str, embed: bool, workers: int) -> Any:
+    """What one server worker runs for a request of ``tenant``: a Harness over a tenant view of the same
+    store, with the server's default redaction and an embedder with a worker's share of the cores. No
+    background worker of its own: the server's embeds what this one records, as for the server's records."""
+    from clawvm.core.embed import MiniLMEmbedder
+    from clawvm.harness import Harness
+    from clawvm.server.settings import redaction_options
+    from clawvm.store import store_from_url
+    from clawvm.store.tenant import TenantStore
+
+    store = store_from_url(db)
+    store.setup()
+    embedder = MiniLMEmbedder(threads=max(1, (os.cpu_count() or 1) // workers)) if embed else None
+    return Harness(TenantStore(store, tenant), embedder, tenant=tenant, **redaction_options())
+
+
+def p50(xs: list[float]) -> float:
+    return round(float(np.percentile(np.asarray(xs), 50)), 3) if xs else 0.0
+
+
+def side_by_side(url: str, key: str, harness: Any, rounds: int, block: int) -> dict[str, Any]:
+    """Alternating blocks of ``block`` calls, in-process then HTTP, ``rounds`` times, for recall then
+    record; the same queries and record bodies on both sides. Latencies in ms."""
+    conn = Connection(url, key)
+    times: dict[str, list[float]] = {
+        "recall_inprocess": [],
+        "recall_http": [],
+        "record_inprocess": [],
+        "record_http": [],
+    }
+
+    def timed(into: str, call: Callable[[], Any]) -> None:
+        t0 = time.perf_counter()
+        call()
+        times[into].append((time.perf_counter() - t0) * 1000)
+
+    def over_http(path: str, body: dict[str, Any], expect: int) -> Callable[[], None]:
+        def call() -> None:
+            status, data = conn.post(path, body)
+            if status != expect:
+                raise SystemExit(f"{path}: {status} {data[:200]!r}")
+
+        return call
+
+    for warm in range(3):  # warm both sides: model sessions, caches, the connection
+        question = QUESTIONS[warm % len(QUESTIONS)]
+        harness.recall(question, k=10)
+        over_http("/v1/recall", {"query": question, "k": 10}, 200)()
+    for r in range(rounds):
+        questions = [QUESTIONS[(r * block + i) % len(QUESTIONS)] for i in range(block)]
+        for question in questions:
+            timed("recall_inprocess", lambda q=question: harness.recall(q, k=10))
+        for question in questions:
+            timed("recall_http", over_http("/v1/recall", {"query": question, "k": 10}, 200))
+    rng = random.Random(7)
+    for r in range(rounds):
+        bodies = [record_body(rng, f"side-{r}") for _ in range(block)]
+        for body in bodies:
+            timed("record_inprocess", lambda b=body: harness.record(**b))
+        for body in bodies:
+            timed("record_http", over_http("/v1/memories", body, 201))
+    conn.close()
+    out: dict[str, Any] = {f"{name}_p50_ms": p50(xs) for name, xs in times.items()}
+    out["calls_each"] = rounds * block
+    out["recall_http_over_inprocess_p50"] = round(
+        out["recall_http_p50_ms"] / out["recall_inprocess_p50_ms"], 2
+    )
+    out["record_http_over_inprocess_p50"] = round(
+        out["record_http_p50_ms"] / out["record_inprocess_p50_ms"], 2
+    )
+    return out
+
+
+def scaling(url: str, key: str, seconds: float, max_requests: int) -> dict[str, Any]:
+    """Recall alone with 1 client, then with 4: throughput and p50 of each, and their ratio; tracked (the
+    default for a writer's key: each recall also writes its hits' access stats), then untracked
+    (``track: false``, which writes nothing), to tell the cost of those writes apart."""
+    out: dict[str, Any] = {}
+    for track, name in ((True, "recall"), (False, "recall_untracked")):
+        for clients in (1, 4):
+            tally, elapsed = run_load(url, key, clients, seconds, max_requests, ["recall"], track)
+            xs = tally.latencies["recall"]
+            out[f"{name}_rps_{clients}"] = round(len(xs) / elapsed, 1)
+            out[f"{name}_p50_ms_{clients}"] = p50(xs)
+            out[f"{name}_errors_{clients}"] = tally.errors["recall"]
+        out[f"{name}_rps_4_over_1"] = round(out[f"{name}_rps_4"] / max(out[f"{name}_rps_1"], 1e-9), 2)
+    return out
 
 
 def parse_mix(text: str) -> list[str]:
@@ -253,49 +436,91 @@ def parse_mix(text: str) -> list[str]:
     return mix
 
 
+GOALS = {
+    "recall_http_over_inprocess_p50": ("<=", 1.5),
+    "record_http_over_inprocess_p50": ("<=", 3.0),
+    "recall_rps_4_over_1": (">=", 1.5),
+}
+
+
+def print_ratios(ratios: dict[str, Any]) -> None:
+    print(f"{'ratio':<34} {'value':>7} {'goal':>7}  met")
+    for name, (sense, goal) in GOALS.items():
+        value = ratios.get(name)
+        met = value is not None and (value <= goal if sense == "<=" else value >= goal)
+        print(f"{name:<34} {value!s:>7} {sense + str(goal):>7}  {'yes' if met else 'no'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--clients", type=int, default=4, help="concurrent clients (threads)")
-    ap.add_argument("--seconds", type=float, default=10.0, help="measured duration")
-    ap.add_argument("--max-requests", type=int, default=100_000, help="stop after this many requests")
+    ap.add_argument("--clients", type=int, default=4, help="concurrent clients (processes), mixed load")
+    ap.add_argument("--seconds", type=float, default=10.0, help="measured duration of each load phase")
+    ap.add_argument("--max-requests", type=int, default=100_000, help="stop a phase after this many requests")
     ap.add_argument("--url", default=None, help="a running server (else one is started)")
     ap.add_argument("--key", default=None, help="API key for --url (agent or admin)")
+    ap.add_argument("--db", default=None, help="with --url: the server's store, for the in-process side")
+    ap.add_argument("--workers", type=int, default=2, help="own server: clawvm serve --workers N")
     ap.add_argument("--preload", type=int, default=500, help="memories recorded before measuring")
     ap.add_argument("--mix", default="record:2,recall:1,context:1", help="operation weights")
+    ap.add_argument("--rounds", type=int, default=8, help="HTTP beside in-process: alternating blocks")
+    ap.add_argument("--block", type=int, default=25, help="HTTP beside in-process: calls per block")
     ap.add_argument("--no-embed", action="store_true", help="own server without the embedding model")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args()
     mix = parse_mix(args.mix)
     if args.url and not args.key:
         raise SystemExit("--url needs --key")
+    embed = not args.no_embed
 
-    def measure(url: str, key: str) -> dict[str, Any]:
+    def measure(url: str, key: str, db: str | None) -> dict[str, Any]:
         if args.preload:
             preload(url, key, args.preload)
+        result: dict[str, Any] = {}
+        if db is not None and args.rounds > 0:
+            if embed:
+                wait_embedded(db)
+            harness = inprocess_harness(db, tenant_of(url, key), embed, args.workers)
+            try:
+                result.update(side_by_side(url, key, harness, args.rounds, args.block))
+            finally:
+                harness.close(wait=False)
+        if db is not None and embed:
+            wait_embedded(db)  # the backlog (preload, side-by-side records) is not the scaling phase's
+        result.update(scaling(url, key, args.seconds, args.max_requests))
+        print("HTTP beside in-process (p50 ms):", {k: v for k, v in result.items() if k.endswith("_ms")})
+        print("recall scaling:", {k: v for k, v in result.items() if "_rps_" in k or "_p50_ms_" in k})
+        print_ratios(result)
+        print(f"load average (1 min): {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
         tally, elapsed = run_load(url, key, args.clients, args.seconds, args.max_requests, mix)
         rows = summarize(tally, elapsed)
         print_table(rows)
         for sample in tally.samples:
             print("error sample:", sample)
-        return {"ops": rows, "elapsed_s": round(elapsed, 2), "error_samples": tally.samples}
+        return {**result, "ops": rows, "elapsed_s": round(elapsed, 2), "error_samples": tally.samples}
 
     if args.url:
-        result = measure(args.url, args.key)
+        result = measure(args.url, args.key, args.db)
     else:
-        with own_server(embed=not args.no_embed) as (url, key):
-            result = measure(url, key)
+        with own_server(embed, args.workers) as (url, key, db):
+            result = measure(url, key, db)
     result["config"] = {
         "clients": args.clients,
         "seconds": args.seconds,
         "max_requests": args.max_requests,
         "mix": args.mix,
         "preload": args.preload,
+        "workers": args.workers if args.url is None else None,
+        "rounds": args.rounds,
+        "block": args.block,
         "own_server": args.url is None,
-        "embedder": not args.no_embed,
+        "embedder": embed,
         "store": "sqlite" if args.url is None else "external",
     }
     result["machine"] = {
         "cpus": os.cpu_count(),
+        "load_average_1m_at_end": round(
+            os.getloadavg()[0], 1
+        ),  # others' work on the cores moves every figure
         "python": platform.python_version(),
         "platform": platform.platform(),
     }

@@ -140,7 +140,7 @@ def test_manual_actions_through_the_api(small: tuple[TestClient, Harness, dict[s
     assert pinned["after"]["pinned"] is True and pinned["learned"]
     assert client.get(url, headers=writer).json()["memory"]["pinned"] is True
     bad = client.post(f"{url}/value", json={"value": 0.4}, headers=writer)  # pinned: unpin first
-    assert bad.status_code == 422 and bad.json()["error"]["field"] == "memory_id"
+    assert bad.status_code == 409 and bad.json()["error"]["field"] == "memory_id"  # its state: invalid_state
     assert client.post(f"{url}/unpin", headers=writer).status_code == 200
     assert client.post(f"{url}/value", json={"value": 2}, headers=writer).status_code == 422
     assert client.post(f"{url}/value", json={"value": 0.2}, headers=writer).status_code == 200

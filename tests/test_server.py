@@ -129,7 +129,10 @@ def test_memory_crud_with_versions(env: Env) -> None:
         f"/v1/memories/{m['id']}", json={"expected_version": 1, "state": "error"}, headers=env.auth()
     )
     assert_error(stale, 409, "conflict", "expected_version")
-    assert_error(env.client.patch(f"/v1/memories/{m['id']}", json={}, headers=env.auth()), 422, field="body")
+    unchanged = env.client.patch(f"/v1/memories/{m['id']}", json={"kind": None}, headers=env.auth())
+    assert unchanged.status_code == 200 and unchanged.json() == r.json()  # changes nothing: no new version
+    stale_noop = {"expected_version": 1}
+    assert_error(env.client.patch(f"/v1/memories/{m['id']}", json=stale_noop, headers=env.auth()), 409)
     listed = env.client.get("/v1/memories", params={"tags": ["ci"], "kind": ["error"]}, headers=env.auth())
     assert [x["id"] for x in listed.json()] == [m["id"]]
     assert env.client.get("/v1/memories", params={"kind": ["note"]}, headers=env.auth()).json() == []
@@ -210,7 +213,7 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_response_and_wr
     assert again.headers["Idempotent-Replayed"] == "true"
     assert checksum(env.store) == before  # no second memory, no event
     changed = env.client.post("/v1/memories", json={**body, "tags": ["cd"]}, headers=once)
-    err = assert_error(changed, 422, "validation_error", "Idempotency-Key")
+    err = assert_error(changed, 409, "idempotency_key_reused", "Idempotency-Key")
     assert err["fix"] and checksum(env.store) == before
     # keys are per tenant: another tenant's request with the same key is its own
     theirs = env.client.post(
@@ -231,7 +234,7 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_response_and_wr
     )
     assert checksum(env.store) == before
     other_session = env.client.post("/v1/sessions/s2/checkpoints", json={"name": "before"}, headers=take)
-    assert_error(other_session, 422, "validation_error", "Idempotency-Key")
+    assert_error(other_session, 409, "idempotency_key_reused", "Idempotency-Key")
     for bad in ("", "has space", "k" * 256):
         r = env.client.post("/v1/memories", json=body, headers={**env.auth(), "Idempotency-Key": bad})
         assert_error(r, 422, "validation_error", "Idempotency-Key")

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from clawvm.core.errors import ClawVMError, ConfigError, ValidationError
-from clawvm.core.model import Kind, Memory
+from clawvm.core.model import Kind, Memory, utcnow
 from clawvm.harness import Harness
 from clawvm.store import Store, store_from_url
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey, DataKeys, rotate_data_key
@@ -415,6 +415,13 @@ def demo(
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
 @click.option("--port", default=8080, show_default=True, type=int, help="TCP port to listen on.")
 @click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Server processes on the one store and port (about one per core; a file or PostgreSQL store).",
+)
+@click.option(
     "--rate-limit",
     default=50.0,
     show_default=True,
@@ -468,6 +475,7 @@ def serve(
     ctx: click.Context,
     host: str,
     port: int,
+    workers: int,
     rate_limit: float,
     burst: int,
     max_body_bytes: int,
@@ -482,10 +490,12 @@ def serve(
     try:
         from clawvm.server import (
             ServerSettings,
+            WorkerSpec,
             configure_logging,
             create_app,
             redaction_options,
             run_server,
+            run_workers,
         )
     except ImportError as exc:
         missing = f"the server needs the 'server' extra ({exc}): pip install 'clawvm[server]'"
@@ -495,17 +505,39 @@ def serve(
     settings = ServerSettings(
         max_body_bytes=max_body_bytes, rate_per_s=rate_limit, burst=burst, preset=preset
     )
+    if workers > 1:
+        if str(ctx.obj["db"]).startswith("memory:"):
+            raise ConfigError("--workers > 1 needs a store the processes share: a file or a PostgreSQL URL")
+        with _keyring(ctx) as keyring:  # migrated once here, before the workers open it
+            _admin_key_note(keyring, admin_tenant)
+        spec = WorkerSpec(
+            str(ctx.obj["db"]),
+            settings,
+            embed=not ctx.obj["no_embed"],
+            redact=redact,
+            keep_originals=keep_originals,
+            log_level=log_level,
+            mcp=mcp,
+        )
+        if mcp:
+            _require_mcp()
+        run_workers(spec, workers, host, port)
+        return
     embedder = None if ctx.obj["no_embed"] else "default"
     if mcp:
         _require_mcp()
     app = create_app(ctx.obj["db"], embedder=embedder, settings=settings, harness_options=options, mcp=mcp)
-    keyring = app.state.service.keyring
+    _admin_key_note(app.state.service.keyring, admin_tenant)
+    run_server(app, host, port)
+
+
+def _admin_key_note(keyring: Keyring, admin_tenant: str | None) -> None:
+    """``serve --create-admin-key``: create the key and print it once; else say when there is no key."""
     if admin_tenant:
         record, token = keyring.create(admin_tenant, "admin", "created by clawvm serve")
         click.echo(f"admin key {record.key_id} for tenant {admin_tenant} (shown once): {token}", err=True)
     elif not keyring.list():
         click.echo("no API keys yet: clawvm keys create --tenant NAME --role admin", err=True)
-    run_server(app, host, port)
 
 
 def _require_mcp() -> None:
@@ -610,13 +642,20 @@ def keys() -> None:
     help="admin: also manages keys; agent: reads and writes; read-only: reads.",
 )
 @click.option("--name", default="", help="A label to recognise the key by (who or what uses it).")
+@click.option(
+    "--ttl-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds the key works for; after that it gets 401 key_expired (default: it does not expire).",
+)
 @click.pass_context
-def keys_create(ctx: click.Context, tenant: str, role: str, name: str) -> None:
+def keys_create(ctx: click.Context, tenant: str, role: str, name: str, ttl_s: float | None) -> None:
     """Create a key and print it (once: only its hash is stored)."""
     with _keyring(ctx) as ring:
-        record, token = ring.create(tenant, role, name)
+        record, token = ring.create(tenant, role, name, ttl_s=ttl_s)
     click.echo(token)
-    click.echo(f"key {record.key_id} for tenant {tenant} ({role}): shown once, store it now", err=True)
+    until = f", expires {record.expires_at.isoformat()}" if record.expires_at else ""
+    click.echo(f"key {record.key_id} for tenant {tenant} ({role}{until}): shown once, store it now", err=True)
 
 
 @keys.command("list")
@@ -636,11 +675,15 @@ def keys_list(ctx: click.Context, tenant: str | None, include_revoked: bool, as_
             "name": k.name,
             "created_at": k.created_at.isoformat(),
             "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None,
+            "expires_at": k.expires_at.isoformat() if k.expires_at else None,
         }
         if as_json:
             click.echo(json.dumps(row))
         else:
             state = f"revoked {row['revoked_at']}" if k.revoked_at else "active"
+            if k.expires_at and not k.revoked_at:
+                ends = "expired" if k.expired(utcnow()) else "until"
+                state = f"{ends} {row['expires_at']}"
             click.echo(f"{k.key_id}  {k.tenant:<20} {k.role.value:<9} {state:<8} {k.name}")
 
 

@@ -23,7 +23,13 @@ import numpy as np
 
 from clawvm.agents import reliability, toolcalls
 from clawvm.core.embed import Embedder, EmbedWorker, MiniLMEmbedder, count_tokens
-from clawvm.core.errors import AccessDeniedError, ConflictError, NotFoundError, ValidationError
+from clawvm.core.errors import (
+    AccessDeniedError,
+    ConflictError,
+    NotFoundError,
+    StateConflictError,
+    ValidationError,
+)
 from clawvm.core.model import (
     DEFAULT_MAX_CONTENT_BYTES,
     VISIBLE_STATUSES,
@@ -504,7 +510,7 @@ class Harness:
         memory = self.store.get(memory_id)
         self._refuse_expired(memory)
         if memory.status is not Status.ACTIVE:
-            raise ValidationError(
+            raise StateConflictError(
                 "memory_id", f"is {memory.status.value}", "only active memories can be pinned"
             )
         self.pager.check_pin(memory)
@@ -1029,7 +1035,7 @@ class Harness:
         """A memory whose TTL ran out stays out: a change would bring back text it promised to forget."""
         due = memory.expires_at is not None and memory.expires_at <= self.now()
         if memory.status is Status.EXPIRED or (due and memory.status is Status.ACTIVE):
-            raise ValidationError("memory_id", f"{memory.id} has expired", "record a new memory instead")
+            raise StateConflictError("memory_id", f"{memory.id} has expired", "record a new memory instead")
 
     def _event(self, kind: EventKind, memory: Memory, data: dict[str, Any]) -> None:
         self.writer.log([self._make_event(kind, memory, data)])

@@ -246,11 +246,23 @@ class EmbedWorker:
         pending: Callable[[int], list[tuple[str, str]]],
         write: Callable[[list[str], np.ndarray, list[str]], None],
         batch_size: int = 64,
+        *,
+        poll_s: float | None = None,
+        busy: Callable[[], bool] | None = None,
+        max_defer_s: float = 0.25,
     ) -> None:
         self.embedder = embedder
         self._pending = pending
         self._write = write
         self.batch_size = batch_size
+        # poll_s: also look for pending rows this often unnotified (rows other processes recorded: one
+        # embedding process serves several server processes on one store)
+        self.poll_s = poll_s
+        # busy: whether requests wait for the CPU now; a batch then waits (at most max_defer_s) so that
+        # the backlog is embedded in the gaps between requests instead of in front of them
+        self._busy = busy
+        self.max_defer_s = max_defer_s
+        self._hurry = False  # set by flush: someone waits for the backlog, embed it without deferring
         self._wake = threading.Condition()
         self._idle = threading.Event()
         self._idle.set()
@@ -282,7 +294,8 @@ class EmbedWorker:
             with self._wake:
                 while not self._dirty and not self._stopped:
                     self._idle.set()
-                    self._wake.wait()
+                    if not self._wake.wait(self.poll_s) and self.poll_s is not None:
+                        self._dirty = True  # a periodic look for what other processes recorded
                 if self._stopped:
                     self._idle.set()
                     return
@@ -295,6 +308,8 @@ class EmbedWorker:
 
     def _embed_pending(self, until_stopped: bool) -> None:
         while not (until_stopped and self._stopped):
+            if until_stopped:
+                self._defer_while_busy()
             batch = self._pending(self.batch_size)
             if not batch:
                 return
@@ -302,11 +317,24 @@ class EmbedWorker:
             # passing the texts makes the write conditional: a newer text or vector wins
             self._write(ids, self.embedder.embed(texts), texts)
 
+    def _defer_while_busy(self) -> None:
+        """Wait while requests are busy (see ``busy``), at most ``max_defer_s``: under steady load the
+        backlog still moves, one batch per deferral, and a request never queues behind a whole backlog."""
+        if self._busy is None:
+            return
+        deadline = time.monotonic() + self.max_defer_s
+        while self._busy() and not (self._stopped or self._hurry) and time.monotonic() < deadline:
+            time.sleep(0.002)
+
     def flush(self, timeout: float | None = None) -> None:
         """Wait until nothing is left to embed. A stopped worker's thread is gone: then the caller's thread
         embeds what is left (``timeout`` does not apply to that)."""
-        if self.notify() and not self._idle.wait(timeout):
-            raise TimeoutError("embedding queue did not drain in time")
+        self._hurry = True
+        try:
+            if self.notify() and not self._idle.wait(timeout):
+                raise TimeoutError("embedding queue did not drain in time")
+        finally:
+            self._hurry = False
         if self._error is not None:
             err, self._error = self._error, None
             raise EmbedderError(f"background embedding failed: {err}") from err

@@ -55,12 +55,21 @@ class EmbedderError(ClawVMError):
     """The embedding model could not be loaded or failed to encode."""
 
 
+class StateConflictError(ValidationError):
+    """The request is well formed but the memory's state forbids it now (obsolete, expired, pinned): the
+    server answers 409 ``invalid_state``, naming the field, as a :class:`ValidationError` would."""
+
+
 class ConfigError(ClawVMError, ValueError):
     """An option, preset name or store URL is not valid."""
 
 
 class AuthenticationError(ClawVMError):
     """No API key was given, or the key is unknown or revoked (the server answers 401)."""
+
+
+class KeyExpiredError(AuthenticationError):
+    """The API key is past its ``expires_at`` (the server answers 401 with the code ``key_expired``)."""
 
 
 class AccessDeniedError(ClawVMError, PermissionError):
@@ -77,11 +86,13 @@ class AccessDeniedError(ClawVMError, PermissionError):
 
 
 class RateLimitError(ClawVMError):
-    """Too many requests for one API key; retry after ``retry_after_s`` seconds."""
+    """Too many requests; retry after ``retry_after_s`` seconds. ``limit`` names the limit that was hit
+    (``API key``, ``tenant``, ``key minting``, ``unauthenticated requests``)."""
 
-    def __init__(self, retry_after_s: float) -> None:
-        super().__init__(f"rate limit exceeded: retry after {retry_after_s:.2f} s")
+    def __init__(self, retry_after_s: float, limit: str = "API key") -> None:
+        super().__init__(f"rate limit of the {limit} exceeded: retry after {retry_after_s:.2f} s")
         self.retry_after_s = retry_after_s
+        self.limit = limit
 
 
 class InvalidToolResultError(ClawVMError):

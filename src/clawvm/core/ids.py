@@ -37,6 +37,10 @@ def new_id() -> str:
     return str(uuid.UUID(int=value))
 
 
+#: What :func:`is_valid_id` accepts, as a JSON Schema pattern (the OpenAPI spec states it for every id).
+ID_PATTERN = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+
+
 def is_valid_id(text: str) -> bool:
     """True if ``text`` is a canonical UUID string (any version: imported ids are kept as they are)."""
     try:

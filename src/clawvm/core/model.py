@@ -16,11 +16,11 @@ from enum import StrEnum
 from typing import Any
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from clawvm.core.errors import ValidationError
-from clawvm.core.ids import is_valid_id, new_id
+from clawvm.core.ids import ID_PATTERN, is_valid_id, new_id
 
 DEFAULT_MAX_CONTENT_BYTES = 1_000_000
 #: How deeply JSON metadata and content may nest (objects/arrays inside each other). Deeper values pass
@@ -33,6 +33,18 @@ MAX_JSON_DEPTH = 64
 DEPTH_FIX = f"flatten it to at most {MAX_JSON_DEPTH} levels of objects and arrays"
 TEXT = "text/plain"
 JSON = "application/json"
+
+
+def _not_whitespace() -> str:
+    """A regex class of any character but Python's whitespace (``str.isspace``), each spelled out as
+    ``\\uXXXX``: ``\\S`` means other characters to other regex engines (JSON Schema's, pydantic's)."""
+    spaces = [c for c in map(chr, range(0x3001)) if c.isspace()]
+    return "[^" + "".join(f"\\u{ord(c):04x}" for c in spaces) + "]"
+
+
+#: JSON Schema pattern of a text with something besides whitespace (what ``strip()`` leaves non-empty).
+NON_BLANK = _not_whitespace()
+_ID_SCHEMA: dict[str, JsonValue] = {"type": "string", "pattern": ID_PATTERN}
 
 
 class Kind(StrEnum):
@@ -104,6 +116,19 @@ def as_utc(v: datetime) -> datetime:
         raise ValueError("is out of range once converted to UTC") from None
 
 
+def iso_datetime(v: Any) -> Any:
+    """A datetime given over HTTP, as ISO 8601 text (pydantic's lax mode would also take a number of seconds,
+    even as text: ``"0"``); a datetime passes as it is. For ``BeforeValidator`` at the edges."""
+    if isinstance(v, datetime):
+        return v
+    if not isinstance(v, str):
+        raise ValueError(f"has type {type(v).__name__}: pass an ISO 8601 datetime string")
+    try:
+        return datetime.fromisoformat(v)
+    except ValueError:
+        raise ValueError(f"is {v[:40]!r}: pass an ISO 8601 datetime such as 2026-01-31T12:00:00Z") from None
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -113,7 +138,7 @@ class Link(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     type: LinkType
-    target: str
+    target: str = Field(json_schema_extra={"pattern": ID_PATTERN})
 
     @field_validator("target")
     @classmethod
@@ -157,21 +182,25 @@ class Memory(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False, allow_inf_nan=False)
 
-    id: str = Field(default_factory=new_id)
-    content: str
-    content_type: str = TEXT
+    # the schema states what the validators below check (the OpenAPI spec shows it to clients)
+    id: str = Field(default_factory=new_id, json_schema_extra={"pattern": ID_PATTERN})
+    content: str = Field(json_schema_extra={"pattern": NON_BLANK})
+    content_type: str = Field(default=TEXT, json_schema_extra={"enum": [TEXT, JSON]})
     kind: Kind = Kind.NOTE
     state: State | None = None
     status: Status = Status.ACTIVE
-    tenant: str = "default"
+    tenant: str = Field(default="default", json_schema_extra={"minLength": 1})
     session_id: str | None = None
     task_id: str | None = None
     agent_id: str | None = None
     tool_name: str | None = None
     scope: Scope | None = None
     team_id: str | None = None
-    tags: list[str] = Field(default_factory=list)
-    parent_id: str | None = None
+    tags: list[str] = Field(
+        default_factory=list,
+        json_schema_extra={"items": {"type": "string", "pattern": NON_BLANK, "maxLength": 200}},
+    )
+    parent_id: str | None = Field(default=None, json_schema_extra={"anyOf": [_ID_SCHEMA, {"type": "null"}]})
     links: list[Link] = Field(default_factory=list)
     value: float = Field(default=0.5, ge=0.0, le=1.0)
     pinned: bool = False

@@ -16,20 +16,23 @@ current view at most once a second while events arrive.
 import threading
 import weakref
 from collections.abc import Callable
+from dataclasses import fields
 from datetime import datetime
 from importlib import resources
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import RedirectResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from clawvm.core.model import Kind, as_utc
+from clawvm.core.errors import NotFoundError, ValidationError
+from clawvm.core.model import NON_BLANK, Kind, as_utc, iso_datetime
 from clawvm.dashboard import debug, views
 from clawvm.harness import Harness
 from clawvm.observe.learning import intervene, weights_of
 from clawvm.observe.lens import Lens
 from clawvm.store.crypto import without_sealed
+from clawvm.vm.scoring import ScoringConfig
 
 STATIC = {
     "index.html": "text/html; charset=utf-8",
@@ -53,13 +56,25 @@ def lens_for(harness: Harness) -> Lens:
 
 
 class ValueBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # a number, not "0.5" (as the spec says)
     value: float = Field(ge=0.0, le=1.0)
 
 
+def _weights_pattern() -> str:
+    """The what-if view's ``weights``, as its schema states them: ``NAME=NUMBER`` pairs joined by commas,
+    each NAME a float weight of :class:`ScoringConfig` (what the replay accepts), or nothing."""
+    scoring = ScoringConfig()
+    names = "|".join(f.name for f in fields(scoring) if isinstance(getattr(scoring, f.name), float))
+    pair = f"({names})=-?[0-9]{{1,6}}(\\.[0-9]{{1,6}})?"
+    return f"^({pair}(,{pair})*)?$"
+
+
+WEIGHTS_PATTERN = _weights_pattern()
+
+
 class NoteBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    text: str = Field(min_length=1, max_length=2000)
+    model_config = ConfigDict(extra="forbid", strict=True)
+    text: str = Field(min_length=1, max_length=2000, pattern=NON_BLANK)
 
 
 class FilterQuery(BaseModel):
@@ -74,8 +89,8 @@ class FilterQuery(BaseModel):
     tool: str | None = Field(default=None, max_length=500)
     tag: str | None = Field(default=None, max_length=500)
     status: str | None = Field(default=None, max_length=50)
-    since: datetime | None = None
-    until: datetime | None = None
+    since: Annotated[datetime, BeforeValidator(iso_datetime)] | None = None
+    until: Annotated[datetime, BeforeValidator(iso_datetime)] | None = None
 
     def as_filter(self) -> views.RowFilter:
         given = {k: v for k, v in self.model_dump().items() if v not in (None, "")}
@@ -252,18 +267,34 @@ def create_router(
         budget: Annotated[int | None, Query(ge=1, le=200_000)] = None,
         working_items: Annotated[int | None, Query(ge=1, le=100_000)] = None,
         working_tokens: Annotated[int | None, Query(ge=1, le=1_000_000)] = None,
-        weights: Annotated[str, Query(max_length=500, description="NAME=VALUE,...")] = "",
+        weights: Annotated[
+            str, Query(max_length=500, pattern=WEIGHTS_PATTERN, description="NAME=VALUE,...")
+        ] = "",
     ) -> dict[str, Any]:
-        return debug.what_if(
-            h,
-            session,
-            budget=budget,
-            working_items=working_items,
-            working_tokens=working_tokens,
-            weights=views.parse_weights(weights),
-        )
+        try:
+            return debug.what_if(
+                h,
+                session,
+                budget=budget,
+                working_items=working_items,
+                working_tokens=working_tokens,
+                weights=views.parse_weights(weights),
+            )
+        except ValidationError as exc:
+            if exc.field == "session_id":  # no recorded build: nothing to replay there, as for a bad id
+                raise NotFoundError("session", session) from None
+            raise
 
-    @router.get("/api/export")
+    @router.get(
+        "/api/export",
+        response_class=Response,
+        responses={
+            200: {
+                "content": {"application/x-ndjson": {}, "text/csv": {}},
+                "description": "the selection, one memory a line (jsonl) or a row (csv)",
+            }
+        },
+    )
     def export(
         h: Reader,
         flt: Annotated[FilterQuery, Query()],

@@ -17,7 +17,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from clawvm.core.errors import ConflictError, ValidationError
+from clawvm.core.errors import ConflictError, StateConflictError, ValidationError
 from clawvm.core.model import Kind, Memory, Status, Tier, build_memory
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
@@ -265,7 +265,7 @@ def intervene(
     if action == "annotate" and (not isinstance(note, str) or not note.strip()):
         raise ValidationError("note", "is empty", "pass the annotation text")
     if action == "set_value" and memory.pinned:
-        raise ValidationError("memory_id", "is pinned (worth 1.0 while pinned)", "unpin it first")
+        raise StateConflictError("memory_id", "is pinned (worth 1.0 while pinned)", "unpin it first")
     # the value the memory has now, under the current weights (the stored one dates from its last write,
     # and the weights may have moved since): what the action's "before" and "after" compare
     before = _state(memory, harness.pager.value_now(memory, now))

@@ -15,7 +15,7 @@ Where things are, in the order a request meets them:
 :mod:`.errors`         library error type -> HTTP status and code (:data:`ERRORS`), the one error shape
 :mod:`.mcp`            MCP (streamable HTTP) at ``/mcp`` behind the same keys, with ``create_app(mcp=True)``
 :mod:`.app`            :func:`create_app`, the factory wiring the above
-:mod:`.serve`          :func:`run_server` (uvicorn); :mod:`.logs`: JSON-lines logging
+:mod:`.serve`          :func:`run_server` (uvicorn), :func:`run_workers` (N processes); :mod:`.logs`: logging
 =====================  ===================================================================================
 """
 
@@ -24,7 +24,7 @@ from clawvm.server.auth import Admin, Caller, Reader, Writer
 from clawvm.server.errors import ERROR_RESPONSES, ERRORS
 from clawvm.server.logs import JsonFormatter, configure_logging
 from clawvm.server.ratelimit import RateLimiter
-from clawvm.server.serve import run_server
+from clawvm.server.serve import WorkerSpec, run_server, run_workers
 from clawvm.server.service import Service
 from clawvm.server.settings import ServerSettings, redaction_options
 
@@ -38,9 +38,11 @@ __all__ = [
     "Reader",
     "ServerSettings",
     "Service",
+    "WorkerSpec",
     "Writer",
     "configure_logging",
     "create_app",
     "redaction_options",
     "run_server",
+    "run_workers",
 ]

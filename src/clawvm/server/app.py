@@ -18,7 +18,8 @@ from clawvm.server.errors import ERROR_RESPONSES, install_error_handlers
 from clawvm.server.middleware import Guard
 from clawvm.server.routes import events, health, keys, memories, recall, sessions
 from clawvm.server.routes.dashboard import dashboard_router
-from clawvm.server.service import Service, embedder_from
+from clawvm.server.schemas.requests import state_embedding_dim
+from clawvm.server.service import RequestGauge, Service, embedder_from
 from clawvm.server.settings import ServerSettings
 from clawvm.store import Store, store_from_url
 
@@ -40,6 +41,7 @@ def create_app(
     routers: Sequence[APIRouter] = (),
     harness_options: Mapping[str, Any] | None = None,
     mcp: bool = False,
+    requests: RequestGauge | None = None,
 ) -> FastAPI:
     """The ClawVM REST app over ``target`` (a store URL or path, or an open-able Store).
 
@@ -49,6 +51,7 @@ def create_app(
     ``redaction`` — one policy or one per tenant —, ``data_keys``, ``summarizer`` ...).
     ``mcp``: also serve MCP (streamable HTTP) at ``/mcp``, behind the same keys (:mod:`clawvm.server.mcp`;
     needs the ``integrations`` extra).
+    ``requests``: the gauge of requests in flight, shared by the worker processes of ``serve --workers``.
     A Store passed in is set up but left open at shutdown (its owner closes it); one opened from a URL is
     closed with the app.
     """
@@ -56,7 +59,9 @@ def create_app(
     emb = embedder_from(embedder)
     owns = not isinstance(target, Store)
     store = target if isinstance(target, Store) else store_from_url(target, dim=emb.dim if emb else 384)
-    service = Service(store, emb, settings, owns_store=owns, harness_options=harness_options)
+    service = Service(
+        store, emb, settings, owns_store=owns, harness_options=harness_options, requests=requests
+    )
     mcp_endpoint = None
     if mcp:
         from clawvm.server.mcp import McpEndpoint  # the mcp package is an optional extra
@@ -82,7 +87,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.service = service
-    app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, gauge=service.requests)
     install_error_handlers(app)
     app.include_router(health.router)
     v1 = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
@@ -96,4 +101,5 @@ def create_app(
     if mcp_endpoint is not None:
         endpoint = Route(mcp_endpoint.path, mcp_endpoint, include_in_schema=False)  # an ASGI app
         app.router.routes.append(endpoint)
+    state_embedding_dim(app, emb.dim if emb is not None else store.dim)
     return app

@@ -1,8 +1,8 @@
 """Who calls, and what they may do: an API key (``Authorization: Bearer <key>`` or ``X-API-Key``) names a
 :class:`Principal` (a tenant and a role); a route declares the permission it needs by taking a
 :data:`Reader`, :data:`Writer` or :data:`Admin` argument. That dependency authenticates the key (401),
-applies the key's rate limit (429), checks the role (403) and hands over the :class:`Caller`: the
-principal and the harness of its tenant.
+applies the rate limits of the key, of its tenant and of unauthenticated clients (429), checks the role
+(403) and hands over the :class:`Caller`: the principal and the harness of its tenant.
 
 ==========  ==================  ==============================================================
 argument    the key's role      routes
@@ -22,6 +22,7 @@ from typing import Annotated
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
+from clawvm.core.errors import AuthenticationError
 from clawvm.harness import Harness
 from clawvm.server.service import service_of
 from clawvm.store.keys import Permission, Principal
@@ -44,11 +45,21 @@ def authenticate(
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)] = None,
     header_key: Annotated[str | None, Security(_api_key_header)] = None,
 ) -> Principal:
-    """The caller of this request (401 without a valid key; 429 over the key's rate limit)."""
+    """The caller of this request: 401 without a valid key (``key_expired`` past its expiry); 429 over the
+    key's or the tenant's rate limit, or from a client address whose unauthenticated requests are over
+    theirs (refused before the key is even looked up)."""
     service = service_of(request)
-    principal = service.keyring.authenticate(bearer.credentials if bearer is not None else header_key)
+    client = request.client.host if request.client is not None else "unknown"
+    service.unauthenticated.peek(client)
+    try:
+        principal = service.keyring.authenticate(bearer.credentials if bearer is not None else header_key)
+    except AuthenticationError:
+        service.unauthenticated.spend(client)
+        raise
     request.state.principal = principal  # for the access log
     service.limiter.check(principal.key_id)
+    service.tenant_limiter.check(principal.tenant)
+    service.usage.note(principal.key_id)
     return principal
 
 

@@ -25,9 +25,11 @@ from clawvm.core.errors import (
     CryptoError,
     EmbedderError,
     InvalidToolResultError,
+    KeyExpiredError,
     NotFoundError,
     RateLimitError,
     SchemaError,
+    StateConflictError,
     StoreError,
     ValidationError,
 )
@@ -38,10 +40,12 @@ log = logging.getLogger(__name__)
 
 #: Library error -> (HTTP status, error code). The first matching class wins (subclasses first).
 ERRORS: tuple[tuple[type[ClawVMError], int, str], ...] = (
+    (StateConflictError, 409, "invalid_state"),  # a ValidationError: it must come first
     (ValidationError, 422, "validation_error"),
     (ConfigError, 422, "invalid_option"),
     (NotFoundError, 404, "not_found"),
     (ConflictError, 409, "conflict"),
+    (KeyExpiredError, 401, "key_expired"),
     (AuthenticationError, 401, "unauthorized"),
     (AccessDeniedError, 403, "forbidden"),
     (RateLimitError, 429, "rate_limited"),
@@ -99,13 +103,21 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description}
     for status, description in (
         (400, "Malformed request: not JSON, or not UTF-8"),
-        (401, "Missing, unknown or revoked API key"),
+        (401, "Missing, unknown, revoked (`unauthorized`) or expired (`key_expired`) API key"),
         (403, "The key's role may not do this, or the data is another tenant's"),
         (404, "Not found (ids of other tenants are not found either)"),
-        (409, "Version conflict: re-read and retry"),
+        (
+            409,
+            "Conflict: a stale version (`conflict`: re-read and retry), a memory whose state forbids it "
+            "(`invalid_state`), or an Idempotency-Key in use",
+        ),
         (413, "Request body over the size limit"),
         (422, "Invalid input; `field` names it"),
-        (429, "Rate limit of this API key exceeded; see Retry-After"),
+        (
+            429,
+            "A rate limit (of the API key, its tenant, key minting, or unauthenticated requests) "
+            "exceeded; see Retry-After",
+        ),
         (500, "Unexpected server error"),
         (503, "Storage engine or embedding model unavailable"),
     )
@@ -137,6 +149,8 @@ def response_for(exc: ClawVMError) -> JSONResponse:
         field, fix = f"{exc.what}_id", "check the id: it may have been forgotten, or never existed"
     elif isinstance(exc, ConflictError):
         field, fix = "expected_version", "re-read the memory and retry with its current version"
+    elif isinstance(exc, KeyExpiredError):
+        field, fix = "Authorization", "use another key (an admin mints one: POST /v1/keys)"
     elif isinstance(exc, AuthenticationError):
         field, fix = "Authorization", "send a valid key as 'Authorization: Bearer <key>' (clawvm keys create)"
     elif isinstance(exc, RateLimitError):
@@ -163,13 +177,38 @@ def _request_error(exc: RequestValidationError) -> JSONResponse:
     )
 
 
-def _http_error(exc: StarletteHTTPException) -> JSONResponse:
+def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     code, field, fix = {
         400: ("bad_request", "body", "send a JSON body"),
         404: ("not_found", None, "see /docs for the routes"),
         405: ("method_not_allowed", None, "see the Allow header"),
     }.get(exc.status_code, ("http_error", None, None))
-    return error_response(exc.status_code, code, str(exc.detail), field, fix, dict(exc.headers or {}) or None)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(sorted(_methods_of_path(request))) or headers.get("Allow", "")
+    return error_response(exc.status_code, code, str(exc.detail), field, fix, headers or None)
+
+
+_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
+
+
+def _methods_of_path(request: Request) -> set[str]:
+    """Every method the OpenAPI document lists for the path template the request's path fits (the most
+    literal one: ``/v1/memories/import`` over ``/v1/memories/{memory_id}``). Starlette's 405 names only
+    the methods of the first route that matched the path, while several routes (GET and POST /v1/keys)
+    may share it."""
+    openapi = getattr(request.app, "openapi", None)
+    paths: dict[str, Any] = openapi().get("paths", {}) if callable(openapi) else {}
+    segments = request.url.path.split("/")
+    fits: dict[int, set[str]] = {}  # by how many parameters the template has: the fewest is the route
+    for template, operations in paths.items():
+        parts = str(template).split("/")
+        if len(parts) == len(segments) and all(
+            p == s or (p.startswith("{") and p.endswith("}")) for p, s in zip(parts, segments, strict=True)
+        ):
+            params = sum(p.startswith("{") for p in parts)
+            fits.setdefault(params, set()).update(m.upper() for m in operations if m in _METHODS)
+    return fits[min(fits)] if fits else set()
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -184,9 +223,9 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         return _request_error(exc)
 
-    async def http(_request: Request, exc: Exception) -> Response:
+    async def http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        return _http_error(exc)
+        return _http_error(request, exc)
 
     app.add_exception_handler(ClawVMError, library)
     app.add_exception_handler(RequestValidationError, request_shape)

@@ -1,7 +1,7 @@
 """``Idempotency-Key`` for the routes that create (``POST /v1/memories``,
 ``POST /v1/sessions/{id}/checkpoints``): a client that retries a request with the same key and the same body
-gets the first response again, and nothing more is written; the same key with another body is a 422 naming
-the header.
+gets the first response again, and nothing more is written; the same key with another body is a 409
+(``idempotency_key_reused``) naming the header: the request itself is valid, the key is taken.
 
 :class:`IdempotencyKeys` keeps, per tenant, each key's request fingerprint and its first successful
 response, in this server process's memory. It is bounded three ways (:class:`ServerSettings`): a key
@@ -25,7 +25,6 @@ from fastapi import Header
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
-from clawvm.core.errors import ValidationError
 from clawvm.server.errors import error_response
 
 HEADER = "Idempotency-Key"
@@ -79,8 +78,9 @@ class IdempotencyKeys:
 
     def begin(self, tenant: str, key: str, fingerprint: str) -> Response | None:
         """The response to replay for ``key``, or None when the caller should run the request (the key
-        is then reserved until :meth:`finish` or :meth:`abandon`). A key used with another fingerprint is
-        a :class:`ValidationError` naming the header; a key whose first request still runs is a 409."""
+        is then reserved until :meth:`finish` or :meth:`abandon`). A key used with another fingerprint is a
+        409 ``idempotency_key_reused``; a key whose first request still runs is a 409
+        ``idempotency_in_progress`` (both name the header)."""
         with self._lock:
             keys = self._tenants.setdefault(tenant, _Tenant())
             self._expire(keys)
@@ -91,9 +91,11 @@ class IdempotencyKeys:
                 return None
             status, body = entry.status, entry.body
         if entry.fingerprint != fingerprint:
-            raise ValidationError(
-                HEADER,
+            return error_response(
+                409,
+                "idempotency_key_reused",
                 "was already used for a different request (another route or body)",
+                HEADER,
                 "use a new key for each new request; reuse a key only to retry the same request",
             )
         if status is None:

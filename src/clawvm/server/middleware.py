@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers, MutableHeaders
 
 from clawvm.server.errors import error_response
+from clawvm.server.service import RequestGauge
 from clawvm.store.keys import Principal
 
 log = logging.getLogger(__name__)
@@ -40,9 +41,10 @@ class _Rejected(Exception):
 class Guard:
     """Pure ASGI middleware; see the module docstring. The body is read once here (bounded) and replayed."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, gauge: RequestGauge | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.gauge = gauge  # counts the requests in flight (not event streams: they wait, not work)
 
     async def __call__(
         self,
@@ -54,6 +56,9 @@ class Guard:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
+        gauge = None if str(scope.get("path", "")).endswith("/stream") else self.gauge
+        if gauge is not None:
+            gauge.enter()  # on the event loop's thread only: no lock needed
         given = Headers(scope=scope).get("x-request-id", "")
         request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex[:16]
         sent = {"status": 0}
@@ -81,6 +86,8 @@ class Guard:
                     f"retry; if it persists report request {request_id}",
                 )(scope, receive, send_with_id)
         finally:
+            if gauge is not None:
+                gauge.leave()
             self._log(scope, request_id, sent["status"] or 500, started)
 
     async def _body(self, scope: MutableMapping[str, Any], receive: Receive) -> bytes:
@@ -126,6 +133,9 @@ class Guard:
 
     @staticmethod
     def _log(scope: MutableMapping[str, Any], request_id: str, status: int, started: float) -> None:
+        level = logging.ERROR if status >= 500 else logging.INFO
+        if not log.isEnabledFor(level):
+            return  # --log-level warning: no line to build
         principal = scope.get("state", {}).get("principal")
         fields: dict[str, Any] = {
             "request_id": request_id,
@@ -136,7 +146,7 @@ class Guard:
         }
         if isinstance(principal, Principal):
             fields.update(tenant=principal.tenant, key_id=principal.key_id, role=principal.role.value)
-        log.log(logging.ERROR if status >= 500 else logging.INFO, "request", extra={"fields": fields})
+        log.log(level, "request", extra={"fields": fields})
 
 
 def _check_path(scope: MutableMapping[str, Any]) -> None:

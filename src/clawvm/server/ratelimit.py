@@ -1,33 +1,89 @@
-"""The per-key rate limit (a token bucket), checked by :func:`clawvm.server.auth.authenticate` once the
-key is known; over it, a request is a 429 with ``Retry-After``."""
+"""Rate limits as token buckets (:class:`RateLimiter`), one bucket per key of the limit: an API key, a
+tenant, a tenant minting keys, a client address failing to authenticate. :func:`clawvm.server.auth.
+authenticate` and the key routes apply them (:class:`clawvm.server.service.Service` holds one limiter per
+kind); over a limit, a request is a 429 with ``Retry-After``."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from clawvm.core.errors import RateLimitError
 
+#: How many buckets one limiter keeps at most: the least recently used go first (a forgotten bucket
+#: starts full again, which only ever favours a caller quiet for longer than every other one).
+DEFAULT_MAX_BUCKETS = 100_000
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    at: float
+
 
 class RateLimiter:
-    """Token bucket per key: ``rate_per_s`` sustained, ``burst`` at once. Off when ``rate_per_s <= 0``."""
+    """Token bucket per key: ``rate_per_s`` sustained, ``burst`` at once. Off when ``rate_per_s <= 0``.
+    ``limit`` names it in the 429's message. At most ``max_buckets`` keys are tracked (LRU)."""
 
-    def __init__(self, rate_per_s: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        rate_per_s: float,
+        burst: int,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        limit: str = "API key",
+        max_buckets: int = DEFAULT_MAX_BUCKETS,
+    ) -> None:
         self.rate = rate_per_s
         self.burst = max(1, burst)
+        self.limit = limit
+        self.max_buckets = max(1, max_buckets)
         self._clock = clock
-        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, at)
+        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
         self._lock = threading.Lock()
 
     def check(self, key: str) -> None:
+        """Take one token from ``key``'s bucket, or raise RateLimitError (taking none)."""
+        self._take(key, spend=True)
+
+    def peek(self, key: str) -> None:
+        """Raise RateLimitError if ``key``'s bucket is empty; take nothing (see :meth:`spend`)."""
+        self._take(key, spend=False)
+
+    def spend(self, key: str) -> None:
+        """Take one token from ``key``'s bucket if it has one (a cost noted after the fact)."""
+        with contextlib.suppress(RateLimitError):
+            self._take(key, spend=True)
+
+    def _take(self, key: str, *, spend: bool) -> None:
         if self.rate <= 0:
             return
         now = self._clock()
         with self._lock:
-            tokens, at = self._buckets.get(key, (float(self.burst), now))
-            tokens = min(float(self.burst), tokens + (now - at) * self.rate)
-            if tokens < 1.0:
-                self._buckets[key] = (tokens, now)
-                raise RateLimitError((1.0 - tokens) / self.rate)
-            self._buckets[key] = (tokens - 1.0, now)
+            bucket = self._bucket(key, now)
+            if bucket.tokens < 1.0:
+                raise RateLimitError((1.0 - bucket.tokens) / self.rate, self.limit)
+            if spend:
+                bucket.tokens -= 1.0
+
+    def _bucket(self, key: str, now: float) -> _Bucket:
+        """``key``'s bucket refilled up to ``now`` (a new one starts full), most recently used last."""
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket(float(self.burst), now)
+            while len(self._buckets) > self.max_buckets:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+            bucket.tokens = min(float(self.burst), bucket.tokens + (now - bucket.at) * self.rate)
+            bucket.at = now
+        return bucket
+
+    def __len__(self) -> int:
+        """How many buckets are tracked now."""
+        with self._lock:
+            return len(self._buckets)

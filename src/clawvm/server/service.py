@@ -1,13 +1,14 @@
 """:class:`Service`, what the routes of one app share: the engine, one embedding worker for it, the
-:class:`Keyring`, the rate limiter, the idempotency keys, and one :class:`Harness` per tenant over a
-:class:`TenantStore` view, so tenant isolation is enforced by the store layer whatever a route does.
-``create_app`` makes one and keeps it on ``app.state.service``; a route reaches it with :func:`service_of`."""
+:class:`Keyring`, the rate limiters, the keys' usage, the idempotency keys, and one :class:`Harness` per
+tenant over a :class:`TenantStore` view, so tenant isolation is enforced by the store layer whatever a
+route does. ``create_app`` makes one and keeps it on ``app.state.service``; a route reaches it with
+:func:`service_of`."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableSequence
 from typing import Any
 
 from fastapi import Request
@@ -18,6 +19,7 @@ from clawvm.harness import Harness
 from clawvm.server.idempotency import IdempotencyKeys
 from clawvm.server.ratelimit import RateLimiter
 from clawvm.server.settings import ServerSettings
+from clawvm.server.usage import KeyUsage
 from clawvm.store import Store
 from clawvm.store.eventlog import EventTail
 from clawvm.store.keys import Keyring, Principal
@@ -38,6 +40,7 @@ class Service:
         *,
         owns_store: bool = True,
         harness_options: Mapping[str, Any] | None = None,
+        requests: RequestGauge | None = None,
     ) -> None:
         self.harness_options = dict(harness_options or {})
         if self.harness_options.get("redaction") is not None:
@@ -51,21 +54,49 @@ class Service:
         self.settings = settings
         self.owns_store = owns_store
         self.keyring = Keyring(store, refresh_s=settings.keys_refresh_s)
-        self.limiter = RateLimiter(settings.rate_per_s, settings.burst)
+        most = settings.rate_buckets_max
+        self.limiter = RateLimiter(settings.rate_per_s, settings.burst, max_buckets=most)  # per API key
+        self.tenant_limiter = RateLimiter(
+            settings.tenant_rate_per_s, settings.tenant_burst, limit="tenant", max_buckets=most
+        )
+        self.mint_limiter = RateLimiter(
+            settings.mint_rate_per_s, settings.mint_burst, limit="key minting", max_buckets=most
+        )
+        # failed or missing keys per client address (charged after a failure, checked before a lookup)
+        self.unauthenticated = RateLimiter(
+            settings.unauthenticated_rate_per_s,
+            settings.unauthenticated_burst,
+            limit="unauthenticated requests",
+            max_buckets=most,
+        )
+        self.usage = KeyUsage(settings.usage_max_keys)
         self.idempotency = IdempotencyKeys(
             settings.idempotency_ttl_s, settings.idempotency_max_keys, settings.idempotency_max_bytes
         )
+        self.requests = requests or RequestGauge()
         # one worker embeds for every tenant, straight on the engine (a worker per tenant view would
-        # scan the others' backlog)
-        self.worker = EmbedWorker(embedder, store.unembedded, store.set_vectors) if embedder else None
-        if self.worker is not None:
+        # scan the others' backlog); it embeds in the gaps between requests (busy), in small batches
+        self.worker: EmbedWorker | None = None
+        if embedder is not None and settings.embed_in_background:
+            self.worker = EmbedWorker(
+                embedder,
+                store.unembedded,
+                store.set_vectors,
+                batch_size=settings.embed_batch,
+                poll_s=settings.embed_poll_s,
+                busy=self.requests.busy,
+            )
             self.worker.start()
         self._harnesses: dict[str, Harness] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # taken only to make a tenant's harness, never to use one
         self.live = EventTail(store, poll_s=settings.events_poll_s)  # what event streams wait on
 
     def harness_for(self, tenant: str) -> Harness:
-        """The tenant's harness, over a view of the engine confined to that tenant (made once)."""
+        """The tenant's harness, over a view of the engine confined to that tenant (made once). Requests of
+        a tenant whose harness exists take no lock here (a dict read is atomic)."""
+        harness = self._harnesses.get(tenant)
+        if harness is not None:
+            return harness
         with self._lock:
             harness = self._harnesses.get(tenant)
             if harness is None:
@@ -103,6 +134,34 @@ class Service:
             self.worker = None
         if self.owns_store:
             self.store.close()
+
+
+class RequestGauge:
+    """How many requests are being answered now (event streams excepted: they wait, they do not work),
+    so that the embedding worker embeds in the gaps between requests (:meth:`busy`).
+
+    One slot per server process: :class:`~clawvm.server.middleware.Guard` counts in its own process's
+    slot, on the event loop's thread only, so no count is ever lost to a race; :meth:`busy` reads them
+    all. One process: a list of one. ``clawvm serve --workers N``: a shared array of N (the one embedding
+    worker then also yields to the requests of the other workers, whose cores it would take)."""
+
+    def __init__(self, slots: MutableSequence[int] | None = None, index: int = 0) -> None:
+        self._slots: MutableSequence[int] = [0] if slots is None else slots
+        self._index = index
+
+    def enter(self) -> None:
+        self._slots[self._index] += 1
+
+    def leave(self) -> None:
+        self._slots[self._index] -= 1
+
+    @property
+    def in_flight(self) -> int:
+        """Requests in flight in every process sharing the slots."""
+        return sum(self._slots)
+
+    def busy(self) -> bool:
+        return any(self._slots)
 
 
 def service_of(request: Request) -> Service:

@@ -29,7 +29,10 @@ copies them into the table once, in the schema migration that creates it
 only, like everything else in it.
 
 A credential's ``data``: ``role``, ``name`` (the label), ``hash`` (SHA-256 of the key, hex),
-``created_at`` and ``revoked_at`` (ISO 8601, UTC; ``revoked_at`` null while active).
+``created_at``, ``revoked_at`` and ``expires_at`` (ISO 8601, UTC; ``revoked_at`` null while active,
+``expires_at`` null or absent for a key that does not expire). A key past its ``expires_at`` fails
+authentication with :class:`clawvm.core.errors.KeyExpiredError` (HTTP 401 ``key_expired``); it stays
+listed, as a revoked key does.
 """
 
 from __future__ import annotations
@@ -43,11 +46,17 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from clawvm.core.errors import AccessDeniedError, AuthenticationError, NotFoundError, ValidationError
+from clawvm.core.errors import (
+    AccessDeniedError,
+    AuthenticationError,
+    KeyExpiredError,
+    NotFoundError,
+    ValidationError,
+)
 from clawvm.core.model import utcnow
 from clawvm.store.base import Credential, CredentialConflictError, Event, Store
 from clawvm.store.kinds import EventKind
@@ -124,10 +133,19 @@ class ApiKey:
     hash: str
     revoked_at: datetime | None = None
     version: int = 1  # of its credential: the compare-and-set of a revocation names it
+    expires_at: datetime | None = None
 
     @property
     def active(self) -> bool:
+        """Not revoked (an expired key is still active in this sense: see :meth:`usable`)."""
         return self.revoked_at is None
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+    def usable(self, now: datetime) -> bool:
+        """Whether the key authenticates at ``now``: neither revoked nor expired."""
+        return self.active and not self.expired(now)
 
     def credential(self) -> Credential:
         """This key as its stored credential."""
@@ -137,6 +155,7 @@ class ApiKey:
             "hash": self.hash,
             "created_at": self.created_at.isoformat(),
             "revoked_at": None if self.revoked_at is None else self.revoked_at.isoformat(),
+            "expires_at": None if self.expires_at is None else self.expires_at.isoformat(),
         }
         return Credential(self.tenant, API_KEY, self.key_id, data, self.version)
 
@@ -145,6 +164,7 @@ class ApiKey:
         """The key a stored credential of kind :data:`API_KEY` describes."""
         d = credential.data
         revoked = d.get("revoked_at")
+        expires = d.get("expires_at")
         return cls(
             key_id=credential.name,
             tenant=credential.tenant,
@@ -154,6 +174,7 @@ class ApiKey:
             hash=str(d["hash"]),
             revoked_at=None if revoked is None else datetime.fromisoformat(str(revoked)),
             version=credential.version,
+            expires_at=None if expires is None else datetime.fromisoformat(str(expires)),
         )
 
 
@@ -194,29 +215,60 @@ class Keyring:
     """
 
     def __init__(
-        self, store: Store, *, refresh_s: float = 2.0, clock: Callable[[], float] = time.monotonic
+        self,
+        store: Store,
+        *,
+        refresh_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+        now: Callable[[], datetime] = utcnow,
     ) -> None:
         self.store = store
         self.refresh_s = refresh_s
         self._clock = clock
+        self._now = now  # wall time, for expiry
         self._read: dict[str, _Read] = {}
         self._lock = threading.Lock()
 
-    def create(self, tenant: str, role: Role | str, name: str = "") -> tuple[ApiKey, str]:
-        """A new key for ``tenant``: returns its record and the key itself (shown this once, never stored)."""
+    def create(
+        self,
+        tenant: str,
+        role: Role | str,
+        name: str = "",
+        *,
+        expires_at: datetime | None = None,
+        ttl_s: float | None = None,
+    ) -> tuple[ApiKey, str]:
+        """A new key for ``tenant``: returns its record and the key itself (shown this once, never stored).
+        ``expires_at`` (aware datetime) and/or ``ttl_s`` (seconds from now): when it stops working (the
+        earlier of the two; a time already past mints a key that is already expired)."""
         check_tenant_name(tenant)
         role = role if isinstance(role, Role) else role_of(role)
         if len(name) > 200:
             raise ValidationError("name", f"is {len(name)} characters long", "use at most 200")
-        return self._create(tenant, role, name, {})
+        return self._create(tenant, role, name, {}, self._expiry(expires_at, ttl_s))
 
-    def _create(self, tenant: str, role: Role, name: str, audit: dict[str, Any]) -> tuple[ApiKey, str]:
+    def _expiry(self, expires_at: datetime | None, ttl_s: float | None) -> datetime | None:
+        """When a new key expires: the earlier of ``expires_at`` and ``ttl_s`` from now (None: never)."""
+        ends: list[datetime] = []
+        if ttl_s is not None:
+            if not ttl_s > 0:
+                raise ValidationError("ttl_s", f"is {ttl_s!r}", "pass a positive number of seconds")
+            ends.append(self._now() + timedelta(seconds=ttl_s))
+        if expires_at is not None:
+            if expires_at.tzinfo is None:
+                raise ValidationError("expires_at", "has no time zone", "pass a time with its UTC offset")
+            ends.append(expires_at)
+        return min(ends, default=None)
+
+    def _create(
+        self, tenant: str, role: Role, name: str, audit: dict[str, Any], expires_at: datetime | None = None
+    ) -> tuple[ApiKey, str]:
         while True:
             key_id = secrets.token_hex(6)
             if self.store.find_credentials(API_KEY, key_id):
                 continue  # taken by some tenant: a key id names one key, whichever tenant asks
             token = f"{KEY_PREFIX}_{key_id}_{secrets.token_urlsafe(32)}"
-            record = ApiKey(key_id, tenant, role, name, utcnow(), digest(token))
+            record = ApiKey(key_id, tenant, role, name, utcnow(), digest(token), expires_at=expires_at)
             try:
                 self.store.put_credential(record.credential())
             except CredentialConflictError:
@@ -241,19 +293,23 @@ class Keyring:
         return revoked[0]
 
     def rotate(self, key_id: str, tenant: str | None = None) -> tuple[ApiKey, str]:
-        """Replace an active key by a new one of the same tenant, role and name: returns the new record and
-        key (shown this once). The new key is stored before the old one is revoked, so a failure in between
-        leaves two working keys, never none."""
-        active = [k for k in self._owned(key_id, tenant) if k.active]
+        """Replace a working key by a new one of the same tenant, role, name and expiry: returns the new
+        record and key (shown this once). The new key is stored before the old one is revoked, so a failure
+        in between leaves two working keys, never none."""
+        now = self._now()
+        active = [k for k in self._owned(key_id, tenant) if k.usable(now)]
         if not active:
-            raise ValidationError("key_id", f"{key_id} was revoked", "rotate an active key, or create one")
+            raise ValidationError(
+                "key_id", f"{key_id} was revoked or has expired", "rotate a working key, or create one"
+            )
         old = active[0]
-        made = self._create(old.tenant, old.role, old.name, {"rotated_from": old.key_id})
+        made = self._create(old.tenant, old.role, old.name, {"rotated_from": old.key_id}, old.expires_at)
         self.revoke(old.key_id, old.tenant)
         return made
 
     def authenticate(self, token: str | None) -> Principal:
-        """The caller behind ``token``; AuthenticationError if missing, malformed, unknown or revoked."""
+        """The caller behind ``token``; AuthenticationError if missing, malformed, unknown or revoked,
+        KeyExpiredError (one of them) once past its ``expires_at``."""
         if not token:
             raise AuthenticationError("no API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'")
         match = _TOKEN.fullmatch(token)
@@ -266,12 +322,17 @@ class Keyring:
             raise AuthenticationError("unknown API key")
         if not key.active:
             raise AuthenticationError(f"API key {key_id} was revoked")
+        if key.expired(self._now()):
+            assert key.expires_at is not None
+            raise KeyExpiredError(f"API key {key_id} expired at {key.expires_at.isoformat()}")
         return Principal(key.key_id, key.tenant, key.role)
 
     def active(self, key_id: str) -> bool:
-        """Whether ``key_id`` is a key that works (an open event stream asks on every heartbeat); a cached
-        key is re-read once older than ``refresh_s``, as for :meth:`authenticate`."""
-        return any(k.active for k in self._current(key_id))
+        """Whether ``key_id`` is a key that works, neither revoked nor expired (an open event stream asks
+        every second or so); a cached key is re-read once older than ``refresh_s``, as for
+        :meth:`authenticate`."""
+        now = self._now()
+        return any(k.usable(now) for k in self._current(key_id))
 
     def _current(self, key_id: str) -> tuple[ApiKey, ...]:
         """The keys of ``key_id`` as cached, re-read when not cached or older than ``refresh_s``:

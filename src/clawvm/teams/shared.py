@@ -50,7 +50,7 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from clawvm.core.embed import count_tokens
-from clawvm.core.errors import AccessDeniedError, ConflictError, ValidationError
+from clawvm.core.errors import AccessDeniedError, ConflictError, StateConflictError, ValidationError
 from clawvm.core.ids import new_id
 from clawvm.core.model import (
     Filters,
@@ -428,7 +428,7 @@ def _append_revision(
         raise ConflictError(current.id, current.version, current.version)
     if current.status is Status.EXPIRED or (current.expires_at is not None and current.expires_at <= h.now()):
         # a revision would bring text back that its TTL promised to forget
-        raise ValidationError("memory_id", f"{current.id} has expired", "record a new memory instead")
+        raise StateConflictError("memory_id", f"{current.id} has expired", "record a new memory instead")
     old, new = build_revision(h, current, changes)
     event = Event(
         kind=EventKind.REVISE,

@@ -48,7 +48,8 @@ async def event_stream(
     the ``Last-Event-ID`` a reconnecting client sends) is one ``id: <seq>`` + ``data: <event JSON>``
     message, as in ``/v1/events``; a comment line every ~15 s keeps a quiet stream open. Events written
     by any server process on the same database arrive (PostgreSQL pushes them; other engines are polled
-    every 0.5 s). The stream ends after ``max_s`` seconds, when the key is revoked, or at shutdown."""
+    every 0.5 s). The stream ends after ``max_s`` seconds, within ~1 s of the key's revocation or expiry, or
+    at shutdown."""
     service = service_of(request)
     start = int(last_event_id) if last_event_id is not None else after_seq
     return StreamingResponse(
@@ -59,19 +60,32 @@ async def event_stream(
 
 
 async def _sse(service: Service, caller: Caller, after_seq: int, max_s: float | None) -> AsyncIterator[str]:
-    """The wire format of :func:`event_stream` over :meth:`EventTail.follow`."""
+    """The wire format of :func:`event_stream` over :meth:`EventTail.follow`. The key is rechecked every
+    ``key_check_s``, whether events flow or not (a quiet stream wakes that often), so a revoked or expired
+    key's stream ends within about that (plus ``keys_refresh_s`` when another process revoked it)."""
     yield "retry: 2000\n: open\n\n"  # reconnect after 2 s; the comment flushes the headers at once
+    settings = service.settings
     follow = service.live.follow(
-        caller.harness.events, after_seq, heartbeat_s=service.settings.heartbeat_s, max_s=max_s
+        caller.harness.events,
+        after_seq,
+        heartbeat_s=min(settings.heartbeat_s, settings.key_check_s),
+        max_s=max_s,
     )
+    loop = asyncio.get_running_loop()
+    checked = beat = loop.time()
     async with aclosing(follow) as batches:
         async for batch in batches:
+            now = loop.time()
+            if now - checked >= settings.key_check_s:
+                checked = now
+                if not await asyncio.to_thread(service.key_active, caller.principal):
+                    return
             if batch:
+                beat = now
                 yield "".join(f"id: {e.seq}\ndata: {EventOut.of(e).model_dump_json()}\n\n" for e in batch)
-            elif await asyncio.to_thread(service.key_active, caller.principal):
+            elif now - beat >= settings.heartbeat_s:
+                beat = now
                 yield ": heartbeat\n\n"
-            else:
-                return
 
 
 @router.get("/stats", response_model=StatsOut)

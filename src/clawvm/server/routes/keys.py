@@ -1,6 +1,6 @@
 """The caller's own key (``/whoami``) and, for admin keys, the tenant's API keys: list, create (the
-response shows the key this once), revoke (it stops working at once on this server, within
-``keys_refresh_s`` on the others)."""
+response shows the key this once; at most ``mint_burst`` at once per tenant, then ``mint_rate_per_s``),
+revoke (it stops working at once on this server, within ``keys_refresh_s`` on the others)."""
 
 from __future__ import annotations
 
@@ -26,15 +26,22 @@ def whoami(caller: Reader) -> dict[str, str]:
 def list_keys(
     request: Request, caller: Admin, include_revoked: Annotated[bool, Query()] = False
 ) -> list[KeyOut]:
-    """The tenant's API keys (never the keys themselves)."""
-    keys = service_of(request).keyring.list(caller.principal.tenant, include_revoked=include_revoked)
-    return [KeyOut.of(k) for k in keys]
+    """The tenant's API keys (never the keys themselves), with each one's use seen by this server process
+    (``requests``, ``last_used_at``: kept in memory, not in the store)."""
+    service = service_of(request)
+    keys = service.keyring.list(caller.principal.tenant, include_revoked=include_revoked)
+    return [KeyOut.of(k, service.usage.of(k.key_id)) for k in keys]
 
 
 @router.post("/keys", status_code=201, response_model=KeyCreated)
 def create_key(request: Request, body: KeyRequest, caller: Admin) -> KeyCreated:
-    """A new key of the caller's tenant; the response holds the key, shown this once."""
-    key, token = service_of(request).keyring.create(caller.principal.tenant, body.role, body.name)
+    """A new key of the caller's tenant; the response holds the key, shown this once. With ``expires_at``
+    or ``ttl_s`` it stops working then (401 ``key_expired``). Minting is rate limited per tenant (429)."""
+    service = service_of(request)
+    service.mint_limiter.check(caller.principal.tenant)
+    key, token = service.keyring.create(
+        caller.principal.tenant, body.role, body.name, expires_at=body.expires_at, ttl_s=body.ttl_s
+    )
     return KeyCreated(**KeyOut.of(key).model_dump(), key=token)
 
 
@@ -42,5 +49,7 @@ def create_key(request: Request, body: KeyRequest, caller: Admin) -> KeyCreated:
 def revoke_key(
     request: Request, key_id: Annotated[str, Path(min_length=1, max_length=64)], caller: Admin
 ) -> KeyOut:
-    """Revoke one of the tenant's keys (it stops working at once on this server)."""
-    return KeyOut.of(service_of(request).keyring.revoke(key_id, caller.principal.tenant))
+    """Revoke one of the tenant's keys (it stops working at once on this server, and its open event streams
+    end within ``key_check_s``)."""
+    service = service_of(request)
+    return KeyOut.of(service.keyring.revoke(key_id, caller.principal.tenant), service.usage.of(key_id))

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from clawvm.core.errors import ValidationError
+from clawvm.core.errors import ConflictError
 from clawvm.core.model import Memory
 from clawvm.server.auth import Admin, Reader, Writer
 from clawvm.server.idempotency import IdempotencyKey, once
@@ -69,10 +69,14 @@ def get_memory(memory_id: MemoryId, caller: Reader) -> Memory:
 
 @router.patch("/memories/{memory_id}", response_model=Memory)
 def update_memory(memory_id: MemoryId, body: UpdateRequest, caller: Writer) -> Memory:
-    """Change fields; the version grows by one. A stale ``expected_version`` is a 409."""
+    """Change fields; the version grows by one. A stale ``expected_version`` is a 409. A body that changes
+    nothing answers the memory as it is."""
     changes = body.changes()
     if not changes:
-        raise ValidationError("body", "changes nothing", "send at least one field to change")
+        current = caller.harness.get(memory_id)
+        if body.expected_version is not None and body.expected_version != current.version:
+            raise ConflictError(memory_id, body.expected_version, current.version)
+        return shown(caller.principal, current)
     updated = caller.harness.update(memory_id, expected_version=body.expected_version, **changes)
     return shown(caller.principal, updated)
 

@@ -13,17 +13,34 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
+from fastapi import FastAPI
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
     StringConstraints,
     WithJsonSchema,
     field_validator,
 )
 
-from clawvm.core.model import MAX_JSON_DEPTH, Cost, Kind, Link, Memory, State, Status, Tier, as_utc
+from clawvm.core.ids import ID_PATTERN
+from clawvm.core.model import (
+    MAX_JSON_DEPTH,
+    NON_BLANK,
+    Cost,
+    Kind,
+    Link,
+    Memory,
+    Scope,
+    State,
+    Status,
+    Tier,
+    as_utc,
+    iso_datetime,
+)
 from clawvm.recall.retrieval import PRESETS
 from clawvm.store.keys import Role
 
@@ -32,6 +49,7 @@ MAX_LINKS = 256
 MAX_QUERY_CHARS = 10_000
 MAX_IMPORT = 1000
 MAX_EMBEDDING_DIM = 4096
+MAX_KEY_TTL_S = 10 * 366 * 86400.0  # ten years: past it, mint a key that does not expire
 
 
 def _storable_problem(value: Any) -> str | None:
@@ -65,22 +83,47 @@ def _payload(v: Any) -> Any:
     return v
 
 
-UtcDatetime = Annotated[datetime, AfterValidator(as_utc)]
+def _json_integer(v: Any) -> Any:
+    """An integer is a JSON number without a fraction (1 or 1.0, as JSON Schema has it), never text or a
+    boolean."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValueError(f"has type {type(v).__name__}: pass an integer")
+    return v
+
+
+# Bodies are strict (a bool is true/false, a number is a JSON number, as the spec says); the kinds a JSON
+# body can only spell as text are read from their text: enums by value, datetimes in ISO 8601.
+UtcDatetime = Annotated[datetime, Strict(False), BeforeValidator(iso_datetime), AfterValidator(as_utc)]
+KindName = Annotated[Kind, Strict(False)]
+StateName = Annotated[State, Strict(False)]
+StatusName = Annotated[Status, Strict(False)]
+TierName = Annotated[Tier, Strict(False)]
+RoleName = Annotated[Role, Strict(False)]
+# internal is the harness's own records' status (team grants): no request may set it
+WritableStatus = Annotated[
+    Status, Strict(False), WithJsonSchema({"enum": [s.value for s in Status if s is not Status.INTERNAL]})
+]
+_INTEGER = (Strict(False), BeforeValidator(_json_integer))
+Integer = Annotated[int, *_INTEGER]
 # one field, not a union: a bad value is reported as "content" (a union would name each of its branches)
 Content = Annotated[
     Any,
     AfterValidator(_payload),
-    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}]}),
+    WithJsonSchema(
+        {"anyOf": [{"type": "string", "pattern": NON_BLANK}, {"type": "object"}, {"type": "array"}]}
+    ),
 ]
 Ident = Annotated[str, StringConstraints(min_length=1, max_length=256)]
-Tag = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+Tag = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=NON_BLANK)]
+MemoryRef = Annotated[str, StringConstraints(pattern=ID_PATTERN)]  # a memory id (parent_id)
 Query = Annotated[str, StringConstraints(max_length=MAX_QUERY_CHARS)]
 
 
 class RequestBody(BaseModel):
-    """Base of every request: unknown fields are errors; strings must be encodable as UTF-8."""
+    """Base of every request: unknown fields are errors; types are strict (no "1" for 1, no 0 for false);
+    strings must be encodable as UTF-8."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     @field_validator("*", mode="after")
     @classmethod
@@ -101,10 +144,10 @@ class FilterSpec(RequestBody):
     task_id: Ident | None = None
     agent_id: Ident | None = None
     tool_name: Ident | None = None
-    kind: list[Kind] | None = Field(default=None, min_length=1, max_length=len(Kind))
-    state: list[State] | None = Field(default=None, min_length=1, max_length=len(State))
-    status: list[Status] | None = Field(default=None, min_length=1, max_length=len(Status))
-    tier: list[Tier] | None = Field(default=None, min_length=1, max_length=len(Tier))
+    kind: list[KindName] | None = Field(default=None, min_length=1, max_length=len(Kind))
+    state: list[StateName] | None = Field(default=None, min_length=1, max_length=len(State))
+    status: list[StatusName] | None = Field(default=None, min_length=1, max_length=len(Status))
+    tier: list[TierName] | None = Field(default=None, min_length=1, max_length=len(Tier))
     tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
     tags_any: list[Tag] | None = Field(default=None, min_length=1, max_length=MAX_TAGS)
     parent_id: Ident | None = None
@@ -123,6 +166,10 @@ class FilterSpec(RequestBody):
 
 
 class ListQuery(FilterSpec):
+    """The filters as query parameters: those come as text, so they are read laxly ("true", "10")."""
+
+    model_config = ConfigDict(strict=False)
+
     limit: int = Field(default=100, ge=1, le=1000)
 
 
@@ -130,14 +177,14 @@ class RecordRequest(RequestBody):
     """A new memory. ``content``: text, or a JSON object/array (stored as canonical JSON)."""
 
     content: Content
-    kind: Kind = Kind.NOTE
-    state: State | None = None
+    kind: KindName = Kind.NOTE
+    state: StateName | None = None
     session_id: Ident | None = None
     task_id: Ident | None = None
     agent_id: Ident | None = None
     tool_name: Ident | None = None
     tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
-    parent_id: Ident | None = None
+    parent_id: MemoryRef | None = None
     links: list[Link] = Field(default_factory=list, max_length=MAX_LINKS)
     pinned: bool = False
     confidence: float = Field(default=1.0, ge=0.0, le=1.0)
@@ -150,30 +197,44 @@ class RecordRequest(RequestBody):
 
     def fields(self) -> dict[str, Any]:
         """The memory fields the caller set, for :meth:`clawvm.Harness.record`."""
-        return {name: getattr(self, name) for name in self.model_fields_set - {"content", "embedding"}}
+        sent = self.model_fields_set - {"content", "embedding"}
+        return {name: getattr(self, name) for name in sent if name != "cost" or self.cost is not None}
+
+
+_NULLABLE_MEMORY_FIELDS = frozenset(
+    {"state", "session_id", "task_id", "agent_id", "tool_name", "parent_id", "expires_at"}
+)
 
 
 class UpdateRequest(RequestBody):
     """Fields to change (only those sent). With ``expected_version``, a stale version is a 409."""
 
-    expected_version: int | None = Field(default=None, ge=1, le=2**62)
+    # 10**15: far above any version, and exact as a float (a JSON Schema validator may compare in floats)
+    expected_version: Annotated[int, Field(ge=1, le=10**15), *_INTEGER] | None = None
     content: Content = None
-    kind: Kind | None = None
-    state: State | None = None
-    status: Status | None = None
+    kind: KindName | None = None
+    state: StateName | None = None
+    status: WritableStatus | None = None
     session_id: Ident | None = None
     task_id: Ident | None = None
     agent_id: Ident | None = None
     tool_name: Ident | None = None
     tags: list[Tag] | None = Field(default=None, max_length=MAX_TAGS)
-    parent_id: Ident | None = None
+    parent_id: MemoryRef | None = None
     links: list[Link] | None = Field(default=None, max_length=MAX_LINKS)
     confidence: float | None = Field(default=None, ge=0.0, le=1.0)
     expires_at: UtcDatetime | None = None
     metadata: dict[str, Any] | None = None
 
     def changes(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.model_fields_set - {"expected_version"}}
+        """The fields sent, but a null where a memory cannot hold one (its content, kind, status, tags,
+        links, confidence, metadata): that null leaves the field as it is."""
+        sent = self.model_fields_set - {"expected_version"}
+        return {
+            name: getattr(self, name)
+            for name in sent
+            if getattr(self, name) is not None or name in _NULLABLE_MEMORY_FIELDS
+        }
 
 
 def _known_preset(name: str | None) -> str | None:
@@ -186,8 +247,12 @@ class RecallRequest(RequestBody):
     """Hybrid recall. ``track`` (default: true, but false for read-only keys) counts hits as accessed."""
 
     query: Query
-    k: int = Field(default=10, ge=1, le=200)
-    preset: Annotated[str | None, AfterValidator(_known_preset)] = None
+    k: Integer = Field(default=10, ge=1, le=200)
+    preset: Annotated[
+        str | None,
+        AfterValidator(_known_preset),
+        WithJsonSchema({"anyOf": [{"enum": sorted(PRESETS)}, {"type": "null"}]}),
+    ] = None
     track: bool | None = None
     filters: FilterSpec = Field(default_factory=lambda: FilterSpec())
 
@@ -196,17 +261,24 @@ class ContextRequest(RequestBody):
     """A prompt-ready context under ``budget_tokens``. ``record_usage`` defaults like recall's ``track``."""
 
     query: Query = ""
-    budget_tokens: int = Field(default=2000, ge=1, le=100_000)
+    budget_tokens: Integer = Field(default=2000, ge=1, le=100_000)
     session_id: Ident | None = None
     task_id: Ident | None = None
     agent_id: Ident | None = None
-    k: int | None = Field(default=None, ge=1, le=1000)
-    neighbours: int = Field(default=8, ge=0, le=100)
+    k: Annotated[int, Field(ge=1, le=1000), *_INTEGER] | None = None
+    neighbours: Integer = Field(default=8, ge=0, le=100)
     record_usage: bool | None = None
 
 
 class FeedbackRequest(RequestBody):
     delta: Literal[1, -1] = Field(description="+1: useful, -1: not useful")
+
+    @field_validator("delta", mode="before")
+    @classmethod
+    def _a_number(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # a Literal takes True for 1: the spec says a number
+            raise ValueError("is a boolean: pass 1 or -1")
+        return v
 
 
 class CheckpointRequest(RequestBody):
@@ -216,15 +288,59 @@ class CheckpointRequest(RequestBody):
 class StartSessionRequest(RequestBody):
     task: Query | None = None
     task_id: Ident | None = None
-    k: int = Field(default=8, ge=1, le=100)
+    k: Integer = Field(default=8, ge=1, le=100)
+
+
+def _import_rules(schema: dict[str, Any]) -> None:
+    """What an import checks beyond the memory's fields, stated in its schema: no ``internal`` status
+    (the harness's own records), and a scoped memory names what its scope needs."""
+    schema["properties"]["status"] = {"enum": [s.value for s in Status if s is not Status.INTERNAL]}
+    needs = {Scope.PRIVATE: "agent_id", Scope.TEAM: "team_id", Scope.TASK: "task_id"}
+    schema["allOf"] = [
+        {
+            "if": {"properties": {"scope": {"const": scope.value}}, "required": ["scope"]},
+            "then": {"properties": {field: {"type": "string"}}, "required": [field]},
+        }
+        for scope, field in needs.items()
+    ]
+
+
+class ImportedMemory(Memory):
+    """A memory as an import takes it: :class:`Memory`, with the import's own rules in its schema."""
+
+    model_config = ConfigDict(json_schema_extra=_import_rules)
 
 
 class ImportRequest(RequestBody):
     """Exported memories, stored as they are; a memory without ``tenant`` gets the caller's."""
 
-    memories: list[Memory] = Field(max_length=MAX_IMPORT)
+    memories: list[ImportedMemory] = Field(max_length=MAX_IMPORT)
 
 
 class KeyRequest(RequestBody):
-    role: Role = Role.AGENT
+    """A new key. ``expires_at`` and/or ``ttl_s``: when it stops working (401 ``key_expired``), the earlier
+    of the two; without either it does not expire."""
+
+    role: RoleName = Role.AGENT
     name: Annotated[str, StringConstraints(max_length=200)] = ""
+    expires_at: UtcDatetime | None = None
+    ttl_s: float | None = Field(default=None, gt=0, le=MAX_KEY_TTL_S, description="seconds from now")
+
+
+def state_embedding_dim(app: FastAPI, dim: int) -> None:
+    """Make ``app``'s OpenAPI document say how long a precomputed ``embedding`` must be: the store's
+    dimension, which the request models cannot know (it is the server's)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        fresh = app.openapi_schema is None
+        schema = build()  # FastAPI builds the document once and keeps it
+        if fresh:
+            record = schema.get("components", {}).get("schemas", {}).get("RecordRequest", {})
+            embedding = record.get("properties", {}).get("embedding", {})
+            for branch in embedding.get("anyOf", [embedding]):
+                if branch.get("type") == "array":
+                    branch["minItems"] = branch["maxItems"] = dim
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

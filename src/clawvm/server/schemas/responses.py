@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from clawvm.core.model import Memory
 from clawvm.recall.retrieval import Recalled
+from clawvm.server.usage import Use
 from clawvm.store import Event
 from clawvm.store.crypto import without_sealed
 from clawvm.store.keys import ApiKey, Permission, Principal, Role
@@ -175,9 +176,12 @@ class KeyOut(BaseModel):
     name: str
     created_at: datetime
     revoked_at: datetime | None
+    expires_at: datetime | None = Field(default=None, description="null: the key does not expire")
+    requests: int = Field(default=0, description="requests this server process saw with the key")
+    last_used_at: datetime | None = Field(default=None, description="its last request to this process")
 
     @classmethod
-    def of(cls, k: ApiKey) -> KeyOut:
+    def of(cls, k: ApiKey, use: Use | None = None) -> KeyOut:
         return cls(
             key_id=k.key_id,
             tenant=k.tenant,
@@ -185,6 +189,9 @@ class KeyOut(BaseModel):
             name=k.name,
             created_at=k.created_at,
             revoked_at=k.revoked_at,
+            expires_at=k.expires_at,
+            requests=use.requests if use is not None else 0,
+            last_used_at=use.last_used_at if use is not None else None,
         )
 
 
