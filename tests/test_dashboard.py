@@ -225,6 +225,17 @@ def _bulk_events(memories: list[Memory], builds: int) -> list[Event]:
     return events
 
 
+def _store_of_10k(engine_name: str, tmp_path: Path) -> tuple[Harness, list[Memory]]:
+    """10k memories, 10k tier moves and 300 context builds in a harness (and the memories)."""
+    h = Harness.open(harness_target(engine_name, tmp_path), embedder=None)
+    memories = _bulk_memories(10_000)
+    h.import_memories(memories)
+    events = _bulk_events(memories, 300)
+    for start in range(0, len(events), 2000):
+        h.store.append_events(events[start : start + 2000])
+    return h, memories
+
+
 SCALE_CHECKS: list[tuple[str, dict[str, Any], Any]] = [
     ("sessions", {"limit": 500}, lambda j: j["total"] == 40),
     ("memories", {"limit": 50, "sort": "value"}, lambda j: j["total"] == 10_000 and len(j["items"]) == 50),
@@ -242,12 +253,7 @@ SCALE_CHECKS: list[tuple[str, dict[str, Any], Any]] = [
 def test_views_stay_bounded_on_10k_memories(engine_name: str, tmp_path: Path) -> None:
     """10k memories, 10k tier moves, 300 context builds: every view answers with a page or an aggregate,
     never the whole tenant."""
-    h = Harness.open(harness_target(engine_name, tmp_path), embedder=None)
-    memories = _bulk_memories(10_000)
-    h.import_memories(memories)
-    events = _bulk_events(memories, 300)
-    for start in range(0, len(events), 2000):
-        h.store.append_events(events[start : start + 2000])
+    h, memories = _store_of_10k(engine_name, tmp_path)
     app = create_app(h.store, embedder=None)
     try:
         with TestClient(app) as client:
@@ -624,12 +630,7 @@ def test_filters_export_value_formula_and_graph_at_1024_px(
 def test_every_view_paints_on_a_10k_memory_store(engine_name: str, tmp_path: Path, browser: Any) -> None:
     """First paint of every view on 10k memories and 300 builds, measured in the browser (printed, not
     asserted: CI machines vary); every view must render."""
-    h = Harness.open(harness_target(engine_name, tmp_path), embedder=None)
-    memories = _bulk_memories(10_000)
-    h.import_memories(memories)
-    events = _bulk_events(memories, 300)
-    for start in range(0, len(events), 2000):
-        h.store.append_events(events[start : start + 2000])
+    h, _ = _store_of_10k(engine_name, tmp_path)
     app = create_app(h.store, embedder=None)
     key = _keys(app)["read-only"]
     timings: dict[str, float] = {}
