@@ -523,3 +523,22 @@ def test_learned_weights_load_when_the_harness_opens(h: Harness, clock: ReplayCl
     # the weights memory is the harness's own bookkeeping: never listed, counted or recalled
     assert all(m.kind is not Kind.AGENT_STATE for m in reopened.list(limit=100, status="any"))
     assert reopened.count(status="any") == h.count(status="any")
+
+
+def test_a_collapsed_task_moves_its_steps_to_the_archive_on_the_timeline(
+    h: Harness, clock: ReplayClock
+) -> None:
+    from clawvm.dashboard import views
+
+    steps = [
+        h.record(f"step {n}: tried host eu-{n}", session_id="s1", task_id="t1", state="intermediate")
+        for n in range(3)
+    ]
+    clock.advance(minutes=5)
+    summary = h.collapse_task("t1")
+    assert summary is not None
+    lens = Lens(h)
+    archived = {mv.memory_id for mv in lens.moves if mv.kind == "archive" and mv.to_tier == "archive"}
+    assert archived == {m.id for m in steps}
+    series = views.timeline(lens, "s1", buckets=4)["series"]
+    assert series["archive"][-1] == 3 and series["working"][-1] + series["short_term"][-1] >= 1  # the summary

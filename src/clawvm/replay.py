@@ -7,7 +7,8 @@ pager and context builder of a fresh in-memory harness, once per :class:`Policy`
 - each ``add`` is recorded again at its recorded time (its content and scope as they are now, its vector
   copied when the live store holds one, so no model runs for it): every memory of the tenant recorded up to
   the session's last build (a build recalls across sessions), or with ``reach="session"`` the session's own;
-- ``pin`` / ``unpin`` / ``forget`` of those memories, and tracked recalls (``retrieve``: access counts and
+- ``pin`` / ``unpin`` / ``forget`` of those memories, a person's archive / set value / tier move (the
+  scorer learns from them as it did live), and tracked recalls (``retrieve``: access counts and
   promotions), are applied again; where the recorded clock jumps by the pager's idle time, a ``tick()`` runs;
 - each ``context`` build of the session is built again (same query, scope and budget unless the policy sets
   another budget), and each ``output`` that cited a build credits the replayed build's lines it cites, so
@@ -43,6 +44,7 @@ from clawvm.core.embed import Embedder
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import Memory, Status, Tier
 from clawvm.harness import Harness
+from clawvm.observe.learning import intervene
 from clawvm.observe.lens import record_output
 from clawvm.store import Event
 from clawvm.store.crypto import REDACTION_FIELD
@@ -259,9 +261,10 @@ def run_policy(log: SessionLog, policy: Policy, embedder: Embedder | None, live:
     store.setup()
     # built directly, not opened: no embedding worker (replayed memories carry their live vectors; one
     # without stays lexical, as it was until the live worker reached it)
-    offline = Harness(
-        store, embedder, tenant=live.tenant, preset_name=live.config, pager=policy.pager, clock=clock
-    )
+    # no background pager thread: passes run at the replayed lifecycle boundaries (context builds, ticks),
+    # so a replay is the same every time and A and B differ by their policy alone
+    pager = replace(policy.pager, background=False)
+    offline = Harness(store, embedder, tenant=live.tenant, preset_name=live.config, pager=pager, clock=clock)
     contexts: dict[int, Context] = {}
     builds: list[Build] = []
     idle = timedelta(hours=policy.pager.session_idle_hours)
@@ -275,6 +278,8 @@ def run_policy(log: SessionLog, policy: Policy, embedder: Embedder | None, live:
             _record(offline, added, log.vectors.get(added.id))
         elif event.kind in (EventKind.PIN, EventKind.UNPIN, EventKind.FORGET):
             _apply_manual(offline, event)
+        elif event.kind == EventKind.MANUAL and event.data.get("action") in _PERSON_ACTIONS:
+            _apply_person(offline, event)
         elif event.kind == EventKind.RETRIEVE:
             offline.recall(str(event.data.get("query", "")), k=int(event.data.get("k", 10)))
         elif event.kind == EventKind.CONTEXT and event.seq is not None:
@@ -308,7 +313,7 @@ def _answers(event: Event, builds: Mapping[int, object]) -> bool:
 def _belongs(
     event: Event, session_id: str, memories: Mapping[str, Memory], builds: Mapping[int, object]
 ) -> bool:
-    if event.kind in (EventKind.ADD, EventKind.PIN, EventKind.UNPIN, EventKind.FORGET):
+    if event.kind in (EventKind.ADD, EventKind.PIN, EventKind.UNPIN, EventKind.FORGET, EventKind.MANUAL):
         return event.memory_id in memories
     if event.kind == EventKind.CONTEXT:
         return _is_build_of(event, session_id)
@@ -360,6 +365,22 @@ def _apply_manual(offline: Harness, event: Event) -> None:
         offline.unpin(memory_id)
     else:
         offline.forget(memory_id)
+
+
+#: a person's dashboard actions replayed as such (pins and unpins come as their own events)
+_PERSON_ACTIONS = frozenset({"archive", "set_value", "set_tier"})
+
+
+def _apply_person(offline: Harness, event: Event) -> None:
+    """A person's archive, set value or tier move, as the live harness took it (the scorer learns too)."""
+    memory_id = event.memory_id or ""
+    if not offline.store.get_many([memory_id]):
+        return
+    data = event.data
+    target = data.get("target")
+    value = float(target) if data.get("action") == "set_value" and isinstance(target, int | float) else None
+    tier = data.get("tier") if isinstance(data.get("tier"), str) else None
+    intervene(offline, str(data["action"]), memory_id, value=value, tier=tier, by=str(data.get("by", "user")))
 
 
 def _build(offline: Harness, event: Event, policy: Policy) -> Context:
@@ -482,7 +503,7 @@ def format_report(report: ReplayReport, width: int = 48) -> str:
         f" under {a} (A) and {b} (B)",
         "",
         f"{'build':>7}  {'query':<{width}}  {'tokens A→B':>12}  {'in':>3}  {'out':>3}"
-        f"  {'needed kept A/B':>15}",
+        f"  {'kept A/B of needed':>18}",
     ]
     for d in report.builds:
         kept = f"{len(d.kept_a)}/{len(d.kept_b)} of {len(d.needed)}"
@@ -493,7 +514,7 @@ def format_report(report: ReplayReport, width: int = 48) -> str:
         )
         lines.append(
             f"{d.seq:>7}  {clip(d.query, width):<{width}}  {f'{d.tokens_a}→{d.tokens_b}':>12}  "
-            f"{len(d.lines_in):>3}  {len(d.lines_out):>3}  {kept:>15}{flag}"
+            f"{len(d.lines_in):>3}  {len(d.lines_out):>3}  {kept:>18}{flag}"
         )
     lines += ["", f"{'':<22}{'A: ' + a:>18}  {'B: ' + b:>18}"]
     sa, sb = report.a.summary(), report.b.summary()

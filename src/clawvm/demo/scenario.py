@@ -56,7 +56,10 @@ DEMO_KEY_NAME = "MemLens demo"
 ANNOUNCE_POLL_S = 0.05
 #: Budgets small enough that a 30-record session overflows working, short-term and long-term.
 DEMO_PAGER = PagerConfig(
-    budgets=TierBudgets(working_tokens=700, working_items=12, short_term_items=12, long_term_items=24)
+    budgets=TierBudgets(working_tokens=700, working_items=12, short_term_items=12, long_term_items=24),
+    # the scripted clock drives the demo: pager passes at its lifecycle boundaries only, so every load of
+    # the demo (and every replay of it) is the same
+    background=False,
 )
 
 

@@ -373,6 +373,14 @@ class Lens:
         elif e.kind == "promote":
             self._need(mid, seq, None)
 
+    def _on_collapse(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
+        """A task's intermediate steps folded into its summary: each step moved to the archive."""
+        reason = f"collapsed into summary {short_id(e.memory_id or '')}"
+        for step in data.get("steps", []):
+            mid = str(step)
+            self.moves.append(Move(seq, e.at, mid, "archive", None, Tier.ARCHIVE.value, reason, None))
+            self._evict(mid, seq)
+
     def _on_compress(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
         reason = str(data.get("reason"))
         self.moves.append(Move(seq, e.at, e.memory_id or "", "compress", None, None, reason, None))
@@ -613,6 +621,7 @@ _HANDLERS = {
     "feedback": Lens._on_value,
     "refresh": Lens._on_value,
     "compress": Lens._on_compress,
+    "collapse": Lens._on_collapse,
     "retrieve": Lens._on_retrieve,
     "context": Lens._on_context,
     "output": Lens._on_output,
