@@ -512,13 +512,16 @@ def test_memories_are_edited_like_blocks_through_the_sdk_write_path(
     assert h.get(head).tier.value == "working"
 
     page.on("dialog", lambda dialog: dialog.accept())
+    assert problems == []
     page.click("#forget-button")
     page.wait_for_function("() => document.querySelector('#toast').textContent.startsWith('forgot')")
     assert page.locator("#inspector").is_hidden()
     assert h.store.get_many([head]) == {}
     manual = [e.data["action"] for e in h.events(memory_id=head, limit=100) if e.kind == "manual"]
     assert manual == ["set_tier", "set_tier"]
-    assert problems == []
+    # a live refresh already in flight when the memory was forgotten may still ask for it: the browser logs
+    # that read's 404 (the page handles it); anything else is a problem
+    assert [p for p in problems if "status of 404" not in p] == []
     page.close()
 
 
