@@ -241,7 +241,8 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_response_and_wr
 
 
 def test_idempotency_keys_are_bounded_and_expire(tmp_path: Path) -> None:
-    settings = ServerSettings(rate_per_s=0, idempotency_max_keys=2, idempotency_ttl_s=0.5)
+    # a lifetime that two back-to-back posts on a loaded CI machine cannot outlast
+    settings = ServerSettings(rate_per_s=0, idempotency_max_keys=2, idempotency_ttl_s=3.0)
     app, store, keys = open_app(tmp_path, settings)
     with TestClient(app) as client:
 
@@ -263,7 +264,7 @@ def test_idempotency_keys_are_bounded_and_expire(tmp_path: Path) -> None:
         assert len(app.state.service.idempotency) == 2
         kept = post("k4")
         assert post("k4") == kept
-        time.sleep(0.6)  # past the key's lifetime: a retry runs again
+        time.sleep(3.1)  # past the key's lifetime: a retry runs again
         assert post("k4") != kept
         # while the first request with a key runs, a second one with that key is a 409
         running = app.state.service.idempotency
