@@ -411,24 +411,26 @@ class AgentTools:
         """Run one tool call; returns ``{"ok": true, "result": ...}`` or a structured error. Never raises."""
         tool = self._tools.get(name) if isinstance(name, str) else None
         if tool is None:
-            return _error("unknown_tool", f"no tool named {name!r}", fix=f"use one of {self.names}")
+            return error_reply("unknown_tool", f"no tool named {name!r}", fix=f"use one of {self.names}")
         try:
             args = tool.args.model_validate(_parse(arguments))
             return {"ok": True, "result": tool.run(args).model_dump(mode="json")}
         except _BadJSON as exc:
-            return _error("invalid_json", str(exc), fix="send the arguments as a JSON object")
+            return error_reply("invalid_json", str(exc), fix="send the arguments as a JSON object")
         except pydantic.ValidationError as exc:
             return _validation_error(exc)
         except NotFoundError as exc:
-            return _error("not_found", str(exc), fix="use an id from recall_memory or the context")
+            return error_reply("not_found", str(exc), fix="use an id from recall_memory or the context")
         except ConflictError as exc:
-            return _error("conflict", str(exc), fix="read the memory again (get_memory) and retry the call")
+            return error_reply(
+                "conflict", str(exc), fix="read the memory again (get_memory) and retry the call"
+            )
         except ValidationError as exc:
-            return _error("invalid_request", str(exc), field=exc.field, fix=exc.fix)
+            return error_reply("invalid_request", str(exc), field=exc.field, fix=exc.fix)
         except ClawVMError as exc:
-            return _error(type(exc).__name__, str(exc))
+            return error_reply(type(exc).__name__, str(exc))
         except Exception as exc:  # a bug must not crash the agent's loop: report it as a tool error
-            return _error("internal", f"{type(exc).__name__}: {exc}")
+            return error_reply("internal", f"{type(exc).__name__}: {exc}")
 
     def tool_message(self, tool_call: Mapping[str, Any]) -> dict[str, Any]:
         """An OpenAI ``tool_calls`` entry -> the ``{"role": "tool", ...}`` message with the reply."""
@@ -737,7 +739,10 @@ def _shown(value: Any) -> str:
     return f"{_json_type(value)} {text}"
 
 
-def _error(kind: str, message: str, *, field: str | None = None, fix: str | None = None) -> dict[str, Any]:
+def error_reply(
+    kind: str, message: str, *, field: str | None = None, fix: str | None = None
+) -> dict[str, Any]:
+    """A tool's structured error reply: ``{"ok": false, "error": {type, message, field?, fix?}}``."""
     error: dict[str, Any] = {"type": kind, "message": message}
     if field is not None:
         error["field"] = field
@@ -752,7 +757,7 @@ def _validation_error(exc: pydantic.ValidationError) -> dict[str, Any]:
         for e in exc.errors(include_url=False)
     ]
     first = problems[0]
-    reply = _error(
+    reply = error_reply(
         "invalid_arguments",
         f"{first['field']}: {first['problem']}",
         field=first["field"],

@@ -46,7 +46,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from clawvm.agents.tools import AgentTools, ToolsHost
+from clawvm.agents.tools import AgentTools, ToolsHost, error_reply
 from clawvm.core.errors import ClawVMError, NotFoundError, ValidationError
 from clawvm.core.model import Status
 from clawvm.core.version import __version__
@@ -220,10 +220,12 @@ class _MemoryServer:
         for arg in SCOPE_ARGUMENTS:
             value = (params.arguments or {}).get(arg)
             if value is not None and not (isinstance(value, str) and value):
-                return _error("invalid_arguments", f"{arg}: expected a non-empty string or null", field=arg)
+                return error_reply(
+                    "invalid_arguments", f"{arg}: expected a non-empty string or null", field=arg
+                )
         writes = params.name in self.catalog.names and not self.catalog.effect(params.name).read_only
         if writes and not self.access_of(ctx).may_write:
-            return _error(
+            return error_reply(
                 "forbidden",
                 f"{params.name} changes memory and this API key may only read",
                 fix="use a key with the agent or admin role",
@@ -324,15 +326,6 @@ class _NoHarness:
 
     def __getattr__(self, name: str) -> Any:
         raise RuntimeError(f"the tool catalog has no harness ({name})")
-
-
-def _error(kind: str, message: str, *, field: str | None = None, fix: str | None = None) -> dict[str, Any]:
-    error: dict[str, Any] = {"type": kind, "message": message}
-    if field is not None:
-        error["field"] = field
-    if fix is not None:
-        error["fix"] = fix
-    return {"ok": False, "error": error}
 
 
 # ---- transports --------------------------------------------------------------------------------------------
