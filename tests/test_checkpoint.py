@@ -226,7 +226,7 @@ def test_restore_in_another_process_is_exact(tmp_path: Path, embedder: clawvm.Mi
         h.context("deploy disk", budget_tokens=300, session_id="s1")
         h.checkpoint("s1", "restore me")
         h.record("recorded last, not embedded yet", session_id="s1", created_at=now[0])
-        h.page()  # the record may have made s1 due: settle its pager pass (background or ours) before the dump
+        h.page()  # the record may have made s1 due: settle that pass before the dump
         # the state has everything the restore must bring back
         everything = h.store.list(Filters(), limit=10**9)
         assert {m.tier for m in everything} == set(Tier)
