@@ -91,6 +91,10 @@ class Service:
         self._lock = threading.Lock()  # taken only to make a tenant's harness, never to use one
         self.live = EventTail(store, poll_s=settings.events_poll_s)  # what event streams wait on
 
+    def harness_made(self, tenant: str) -> Harness | None:
+        """The tenant's harness if it is made already (a dict read: no lock, no I/O), else None."""
+        return self._harnesses.get(tenant)
+
     def harness_for(self, tenant: str) -> Harness:
         """The tenant's harness, over a view of the engine confined to that tenant (made once). Requests of
         a tenant whose harness exists take no lock here (a dict read is atomic)."""
