@@ -85,6 +85,7 @@ class Service:
                 batch_size=settings.embed_batch,
                 poll_s=settings.embed_poll_s,
                 busy=self.requests.busy,
+                nice=settings.embed_nice,
             )
             self.worker.start()
         self._harnesses: dict[str, Harness] = {}
