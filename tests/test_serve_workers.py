@@ -266,6 +266,23 @@ def test_background_embedding_waits_for_a_gap_between_requests_but_not_forever()
         worker.stop()
 
 
+def test_the_embedding_thread_runs_below_the_priority_of_the_requests_after_its_first_batch() -> None:
+    # Linux: each thread has its own nice value (elsewhere the worker changes nothing)
+    store = _unembedded_store(4)
+    worker = EmbedWorker(CountingEmbedder(), store.unembedded, store.set_vectors, batch_size=2, nice=5)
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    worker.start()
+    try:
+        worker.flush(timeout=10)
+        thread = worker._thread
+        assert thread is not None and thread.native_id is not None
+        assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == min(19, base + 5)
+        # the process itself, and so its request threads, keep their priority
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
+    finally:
+        worker.stop()
+
+
 def test_flush_is_not_deferred_by_busy_requests() -> None:
     store = _unembedded_store(4)
     embedder = CountingEmbedder()
