@@ -87,13 +87,21 @@ class _Uvicorn(uvicorn.Server):
 
 class _Handoff:
     """A worker's end of the parent's hand-off: connections arrive as descriptors on ``channel``; each is
-    served as if this worker had accepted it. ``closed[index]`` (written by this worker only) counts the
-    connections it has closed, so the parent, which counts what it handed over, knows how many each worker
-    holds open."""
+    served as if this worker had accepted it. This worker alone writes its slot of ``closed`` (how many
+    connections it has closed: the parent, which counts what it handed over, knows how many each worker
+    holds open) and of ``ready`` (1 once it serves: a worker still starting is handed connections only
+    when no worker is ready)."""
 
-    def __init__(self, channel: socket.socket, closed: MutableSequence[int], index: int) -> None:
+    def __init__(
+        self,
+        channel: socket.socket,
+        closed: MutableSequence[int],
+        ready: MutableSequence[int],
+        index: int,
+    ) -> None:
         self.channel = channel
         self.closed = closed
+        self.ready = ready
         self.index = index
         self.taken = 0  # connections taken over so far
         self._tasks: set[asyncio.Task[None]] = set()
@@ -110,8 +118,10 @@ class _Handoff:
         self._loop, self._protocol, self._parent_gone = loop, protocol, parent_gone
         self.channel.setblocking(False)
         loop.add_reader(self.channel.fileno(), self._receive)
+        self.ready[self.index] = 1
 
     def stop(self) -> None:
+        self.ready[self.index] = 0
         if self._loop is not None:
             self._loop.remove_reader(self.channel.fileno())
             self._loop = None
@@ -151,13 +161,17 @@ class _Handoff:
 
 class _Dispatcher:
     """The parent's side of the hand-off (a thread): accepts on ``listener`` and hands each connection to
-    the live worker holding the fewest open ones (``handed[i] - closed[i]``; ties go round)."""
+    the ready worker holding the fewest open ones (``handed[i] - closed[i]``; ties go round), or to one still
+    starting when none is ready (it serves the connection once it is)."""
 
-    def __init__(self, listener: socket.socket, workers: int, closed: Sequence[int]) -> None:
+    def __init__(
+        self, listener: socket.socket, workers: int, closed: Sequence[int], ready: Sequence[int]
+    ) -> None:
         self.listener = listener
         self.channels: list[socket.socket | None] = [None] * workers  # the parent's end of each worker's pair
         self.handed = [0] * workers
         self.closed = closed
+        self.ready = ready
         self._next = 0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="clawvm-accept", daemon=True)
@@ -200,7 +214,8 @@ class _Dispatcher:
         count = len(self.channels)
         start, self._next = self._next, (self._next + 1) % count
         order = sorted(
-            ((start + k) % count for k in range(count)), key=lambda i: self.handed[i] - self.closed[i]
+            ((start + k) % count for k in range(count)),
+            key=lambda i: (not self.ready[i], self.handed[i] - self.closed[i]),
         )
         for index in order:
             channel = self.channels[index]
@@ -262,16 +277,19 @@ def run_workers(spec: WorkerSpec, workers: int, host: str = "127.0.0.1", port: i
     stopping = threading.Event()
     # requests in flight, one slot per worker (see RequestGauge): the embedding worker yields to them all
     in_flight = context.RawArray("i", workers)
-    closed = context.RawArray("i", workers)  # connections each worker has closed (it alone writes its slot)
-    dispatcher = _Dispatcher(listener, workers, closed)
+    # each worker alone writes its slot of these: connections it has closed, and whether it serves yet
+    closed = context.RawArray("i", workers)
+    ready = context.RawArray("i", workers)
+    dispatcher = _Dispatcher(listener, workers, closed, ready)
 
     def start(index: int) -> BaseProcess:
         in_flight[index] = 0  # a dead worker's requests are gone with it
         closed[index] = 0
+        ready[index] = 0
         channel = dispatcher.connect(index)
         process = context.Process(
             target=_worker_main,
-            args=(spec, index, workers, channel, in_flight, closed),
+            args=(spec, index, workers, channel, in_flight, closed, ready),
             name=f"clawvm-worker-{index}",
         )
         process.start()
@@ -315,6 +333,7 @@ def _worker_main(
     channel: socket.socket,
     in_flight: MutableSequence[int],
     closed: MutableSequence[int],
+    ready: MutableSequence[int],
 ) -> None:
     """One worker: its own app over its own connection to the store, serving the connections the parent
     hands it on ``channel``."""
@@ -341,4 +360,4 @@ def _worker_main(
         mcp=spec.mcp,
     )
     service: Service = app.state.service
-    _Uvicorn(_config(app), service.live.stop, _Handoff(channel, closed, index)).run()
+    _Uvicorn(_config(app), service.live.stop, _Handoff(channel, closed, ready, index)).run()
