@@ -9,9 +9,10 @@ Three measurements, in this order:
    request runs) and once over HTTP, one right after the other (the side going first alternates), so
    the machine's other load falls on both alike. Reported: p50 of each and
    ``recall_http_over_inprocess_p50``, ``record_http_over_inprocess_p50``.
-2. **Scaling**: recall only, 1 client then 4 clients, for ``--seconds`` each;
-   ``recall_rps_4_over_1`` is the 4-client throughput over the 1-client one (tracked recalls, the default
-   of a writer's key); ``recall_untracked_rps_4_over_1`` the same for recalls that write nothing.
+2. **Scaling**: recall only, 1 client and 4 clients, for ``--seconds`` each, in ``--slices`` windows that
+   alternate (1, 4, 1, 4 ...) so the machine's other load falls on both alike; ``recall_rps_4_over_1`` is
+   the 4-client throughput over the 1-client one (tracked recalls, the default of a writer's key);
+   ``recall_untracked_rps_4_over_1`` the same for recalls that write nothing.
 3. **Mixed load**: ``--clients`` clients cycling through an agent's loop with a fixed mix (``--mix``,
    default 2 records : 1 recall : 1 context), in sessions of 40 records. Reported per operation:
    requests, throughput (req/s over the measured window), p50/p95/p99 latency (ms, client side, including
@@ -417,18 +418,29 @@ def side_by_side(url: str, key: str, harness: Any, rounds: int, block: int) -> d
     return out
 
 
-def scaling(url: str, key: str, seconds: float, max_requests: int) -> dict[str, Any]:
-    """Recall alone with 1 client, then with 4: throughput and p50 of each, and their ratio; tracked (the
+def scaling(url: str, key: str, seconds: float, max_requests: int, slices: int) -> dict[str, Any]:
+    """Recall alone with 1 client and with 4: throughput and p50 of each, and their ratio; tracked (the
     default for a writer's key: each recall also writes its hits' access stats), then untracked
-    (``track: false``, which writes nothing), to tell the cost of those writes apart."""
+    (``track: false``, which writes nothing), to tell the cost of those writes apart. Each side's
+    ``seconds`` are cut into ``slices`` windows that alternate (1 client, 4 clients, 1, 4 ...), so a change
+    in the machine's other load falls on both sides alike."""
     out: dict[str, Any] = {}
     for track, name in ((True, "recall"), (False, "recall_untracked")):
-        for clients in (1, 4):
-            tally, elapsed = run_load(url, key, clients, seconds, max_requests, ["recall"], track)
-            xs = tally.latencies["recall"]
-            out[f"{name}_rps_{clients}"] = round(len(xs) / elapsed, 1)
+        latencies: dict[int, list[float]] = {1: [], 4: []}
+        errors = dict.fromkeys(latencies, 0)
+        elapsed = dict.fromkeys(latencies, 0.0)
+        for _ in range(slices):
+            for clients in latencies:
+                tally, took = run_load(
+                    url, key, clients, seconds / slices, max_requests // slices, ["recall"], track
+                )
+                latencies[clients] += tally.latencies["recall"]
+                errors[clients] += tally.errors["recall"]
+                elapsed[clients] += took
+        for clients, xs in latencies.items():
+            out[f"{name}_rps_{clients}"] = round(len(xs) / elapsed[clients], 1)
             out[f"{name}_p50_ms_{clients}"] = p50(xs)
-            out[f"{name}_errors_{clients}"] = tally.errors["recall"]
+            out[f"{name}_errors_{clients}"] = errors[clients]
         out[f"{name}_rps_4_over_1"] = round(out[f"{name}_rps_4"] / max(out[f"{name}_rps_1"], 1e-9), 2)
     return out
 
@@ -471,6 +483,7 @@ def main() -> None:
     ap.add_argument("--mix", default="record:2,recall:1,context:1", help="operation weights")
     ap.add_argument("--rounds", type=int, default=8, help="HTTP beside in-process: sessions of records")
     ap.add_argument("--block", type=int, default=25, help="HTTP beside in-process: records per session")
+    ap.add_argument("--slices", type=int, default=5, help="scaling: alternating windows of 1 and 4 clients")
     ap.add_argument("--no-embed", action="store_true", help="own server without the embedding model")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args()
@@ -493,7 +506,7 @@ def main() -> None:
                 harness.close(wait=False)
         if db is not None and embed:
             wait_embedded(db)  # the backlog (preload, side-by-side records) is not the scaling phase's
-        result.update(scaling(url, key, args.seconds, args.max_requests))
+        result.update(scaling(url, key, args.seconds, args.max_requests, args.slices))
         print("HTTP beside in-process (p50 ms):", {k: v for k, v in result.items() if k.endswith("_ms")})
         print("recall scaling:", {k: v for k, v in result.items() if "_rps_" in k or "_p50_ms_" in k})
         print_ratios(result)
@@ -519,6 +532,7 @@ def main() -> None:
         "workers": args.workers if args.url is None else None,
         "rounds": args.rounds,
         "block": args.block,
+        "slices": args.slices,
         "own_server": args.url is None,
         "embedder": embed,
         "store": "sqlite" if args.url is None else "external",
