@@ -278,7 +278,10 @@ def own_server(embed: bool, workers: int) -> Iterator[tuple[str, str, str]]:
             "0",
         ]
         log = (Path(tmp) / "server.log").open("w")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        # a session of its own, as a server runs as a service: Linux's autogroup scheduling gives each
+        # session an equal share of the cores, so in the bench's session the clients' CPU would come out
+        # of the server's share
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         try:
             wait_ready(url, proc)
