@@ -237,7 +237,7 @@ _HANDOFF_TIMEOUT_S = 2.0
 
 
 def _config(app: FastAPI, host: str = "127.0.0.1", port: int = 8080) -> uvicorn.Config:
-    """uvicorn's settings (``host``/``port`` unused when it is handed a socket)."""
+    """uvicorn's settings (``host``/``port`` unused by a worker of :func:`run_workers`: the parent binds)."""
     return uvicorn.Config(
         app, host=host, port=port, log_config=None, access_log=False, timeout_graceful_shutdown=10
     )
