@@ -3,14 +3,16 @@ the server's overhead and scaling, measured side by side in the same run.
 
 Three measurements, in this order:
 
-1. **HTTP beside in-process** (``--rounds`` alternating blocks, one client, one keep-alive connection):
-   the same recall queries and the same kind of record, once through a :class:`Harness` opened in this
+1. **HTTP beside in-process** (``--rounds`` x ``--block`` calls a side, one client, one keep-alive
+   connection): each recall query and each record body, once through a :class:`Harness` opened in this
    process on the server's own store (a tenant view, the server's redaction and embedder: what one
-   request runs) and once over HTTP; alternating blocks put the machine's load on both alike. Reported:
-   p50 of each and ``recall_http_over_inprocess_p50``, ``record_http_over_inprocess_p50``.
-2. **Scaling**: recall only, 1 client then 4 clients, for ``--seconds`` each;
-   ``recall_rps_4_over_1`` is the 4-client throughput over the 1-client one (tracked recalls, the default
-   of a writer's key); ``recall_untracked_rps_4_over_1`` the same for recalls that write nothing.
+   request runs) and once over HTTP, one right after the other (the side going first alternates), so
+   the machine's other load falls on both alike. Reported: p50 of each and
+   ``recall_http_over_inprocess_p50``, ``record_http_over_inprocess_p50``.
+2. **Scaling**: recall only, 1 client and 4 clients, for ``--seconds`` each, in ``--slices`` windows that
+   alternate (1, 4, 1, 4 ...) so the machine's other load falls on both alike; ``recall_rps_4_over_1`` is
+   the 4-client throughput over the 1-client one (tracked recalls, the default of a writer's key);
+   ``recall_untracked_rps_4_over_1`` the same for recalls that write nothing.
 3. **Mixed load**: ``--clients`` clients cycling through an agent's loop with a fixed mix (``--mix``,
    default 2 records : 1 recall : 1 context), in sessions of 40 records. Reported per operation:
    requests, throughput (req/s over the measured window), p50/p95/p99 latency (ms, client side, including
@@ -18,10 +20,11 @@ Three measurements, in this order:
 
 Every client is a process of its own (so the client's GIL is not the bottleneck) speaking HTTP/1.1 with
 keep-alive through ``http.client``. Without ``--url`` the script starts its own server (``clawvm serve
---workers W``, rate limit off) on a fresh SQLite file in a temporary directory, with an admin key created
-beforehand, and preloads ``--preload`` memories (not measured; their embedding is waited for) so recall
-and context have a corpus. With ``--url``, pass ``--key`` (an agent key) and ``--db`` (the server's store,
-for the in-process side; without it the first measurement is skipped).
+--workers W`` with the defaults a user gets, logging included, but the rate limit off) on a fresh SQLite
+file in a temporary directory, with an admin key created beforehand, and preloads ``--preload`` memories
+(not measured; their embedding is waited for) so recall and context have a corpus. With ``--url``, pass
+``--key`` (an agent key) and ``--db`` (the server's store, for the in-process side; without it the first
+measurement is skipped).
 
     python bench/load.py --clients 4 --seconds 10 --json bench/results/load.json
 """
@@ -273,11 +276,12 @@ def own_server(embed: bool, workers: int) -> Iterator[tuple[str, str, str]]:
             str(workers),
             "--rate-limit",
             "0",
-            "--log-level",
-            "warning",
         ]
         log = (Path(tmp) / "server.log").open("w")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        # a session of its own, as a server runs as a service: Linux's autogroup scheduling gives each
+        # session an equal share of the cores, so in the bench's session the clients' CPU would come out
+        # of the server's share
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         try:
             wait_ready(url, proc)
@@ -358,8 +362,10 @@ def p50(xs: list[float]) -> float:
 
 
 def side_by_side(url: str, key: str, harness: Any, rounds: int, block: int) -> dict[str, Any]:
-    """Alternating blocks of ``block`` calls, in-process then HTTP, ``rounds`` times, for recall then
-    record; the same queries and record bodies on both sides. Latencies in ms."""
+    """``rounds`` x ``block`` calls on each side, in pairs: each query or record body goes in-process and
+    over HTTP one right after the other (which side goes first alternates), so a burst of the machine's
+    other load falls on both sides alike; records of ``block`` consecutive pairs share a session. Recall
+    first, then record. Latencies in ms."""
     conn = Connection(url, key)
     times: dict[str, list[float]] = {
         "recall_inprocess": [],
@@ -381,26 +387,31 @@ def side_by_side(url: str, key: str, harness: Any, rounds: int, block: int) -> d
 
         return call
 
+    def pair(op: str, n: int, local: Callable[[], Any], remote: Callable[[], None]) -> None:
+        sides = [(f"{op}_inprocess", local), (f"{op}_http", remote)]
+        for into, call in sides if n % 2 == 0 else sides[::-1]:
+            timed(into, call)
+
     for warm in range(3):  # warm both sides: model sessions, caches, the connection
         question = QUESTIONS[warm % len(QUESTIONS)]
         harness.recall(question, k=10)
         over_http("/v1/recall", {"query": question, "k": 10}, 200)()
-    for r in range(rounds):
-        questions = [QUESTIONS[(r * block + i) % len(QUESTIONS)] for i in range(block)]
-        for question in questions:
-            timed("recall_inprocess", lambda q=question: harness.recall(q, k=10))
-        for question in questions:
-            timed("recall_http", over_http("/v1/recall", {"query": question, "k": 10}, 200))
+    calls = rounds * block
+    for n in range(calls):
+        question = QUESTIONS[n % len(QUESTIONS)]
+        pair(
+            "recall",
+            n,
+            lambda q=question: harness.recall(q, k=10),
+            over_http("/v1/recall", {"query": question, "k": 10}, 200),
+        )
     rng = random.Random(7)
-    for r in range(rounds):
-        bodies = [record_body(rng, f"side-{r}") for _ in range(block)]
-        for body in bodies:
-            timed("record_inprocess", lambda b=body: harness.record(**b))
-        for body in bodies:
-            timed("record_http", over_http("/v1/memories", body, 201))
+    for n in range(calls):
+        body = record_body(rng, f"side-{n // block}")
+        pair("record", n, lambda b=body: harness.record(**b), over_http("/v1/memories", body, 201))
     conn.close()
     out: dict[str, Any] = {f"{name}_p50_ms": p50(xs) for name, xs in times.items()}
-    out["calls_each"] = rounds * block
+    out["calls_each"] = calls
     out["recall_http_over_inprocess_p50"] = round(
         out["recall_http_p50_ms"] / out["recall_inprocess_p50_ms"], 2
     )
@@ -410,18 +421,29 @@ def side_by_side(url: str, key: str, harness: Any, rounds: int, block: int) -> d
     return out
 
 
-def scaling(url: str, key: str, seconds: float, max_requests: int) -> dict[str, Any]:
-    """Recall alone with 1 client, then with 4: throughput and p50 of each, and their ratio; tracked (the
+def scaling(url: str, key: str, seconds: float, max_requests: int, slices: int) -> dict[str, Any]:
+    """Recall alone with 1 client and with 4: throughput and p50 of each, and their ratio; tracked (the
     default for a writer's key: each recall also writes its hits' access stats), then untracked
-    (``track: false``, which writes nothing), to tell the cost of those writes apart."""
+    (``track: false``, which writes nothing), to tell the cost of those writes apart. Each side's
+    ``seconds`` are cut into ``slices`` windows that alternate (1 client, 4 clients, 1, 4 ...), so a change
+    in the machine's other load falls on both sides alike."""
     out: dict[str, Any] = {}
     for track, name in ((True, "recall"), (False, "recall_untracked")):
-        for clients in (1, 4):
-            tally, elapsed = run_load(url, key, clients, seconds, max_requests, ["recall"], track)
-            xs = tally.latencies["recall"]
-            out[f"{name}_rps_{clients}"] = round(len(xs) / elapsed, 1)
+        latencies: dict[int, list[float]] = {1: [], 4: []}
+        errors = dict.fromkeys(latencies, 0)
+        elapsed = dict.fromkeys(latencies, 0.0)
+        for _ in range(slices):
+            for clients in latencies:
+                tally, took = run_load(
+                    url, key, clients, seconds / slices, max_requests // slices, ["recall"], track
+                )
+                latencies[clients] += tally.latencies["recall"]
+                errors[clients] += tally.errors["recall"]
+                elapsed[clients] += took
+        for clients, xs in latencies.items():
+            out[f"{name}_rps_{clients}"] = round(len(xs) / elapsed[clients], 1)
             out[f"{name}_p50_ms_{clients}"] = p50(xs)
-            out[f"{name}_errors_{clients}"] = tally.errors["recall"]
+            out[f"{name}_errors_{clients}"] = errors[clients]
         out[f"{name}_rps_4_over_1"] = round(out[f"{name}_rps_4"] / max(out[f"{name}_rps_1"], 1e-9), 2)
     return out
 
@@ -462,8 +484,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="own server: clawvm serve --workers N")
     ap.add_argument("--preload", type=int, default=500, help="memories recorded before measuring")
     ap.add_argument("--mix", default="record:2,recall:1,context:1", help="operation weights")
-    ap.add_argument("--rounds", type=int, default=8, help="HTTP beside in-process: alternating blocks")
-    ap.add_argument("--block", type=int, default=25, help="HTTP beside in-process: calls per block")
+    ap.add_argument("--rounds", type=int, default=8, help="HTTP beside in-process: sessions of records")
+    ap.add_argument("--block", type=int, default=25, help="HTTP beside in-process: records per session")
+    ap.add_argument("--slices", type=int, default=5, help="scaling: alternating windows of 1 and 4 clients")
     ap.add_argument("--no-embed", action="store_true", help="own server without the embedding model")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args()
@@ -486,7 +509,7 @@ def main() -> None:
                 harness.close(wait=False)
         if db is not None and embed:
             wait_embedded(db)  # the backlog (preload, side-by-side records) is not the scaling phase's
-        result.update(scaling(url, key, args.seconds, args.max_requests))
+        result.update(scaling(url, key, args.seconds, args.max_requests, args.slices))
         print("HTTP beside in-process (p50 ms):", {k: v for k, v in result.items() if k.endswith("_ms")})
         print("recall scaling:", {k: v for k, v in result.items() if "_rps_" in k or "_p50_ms_" in k})
         print_ratios(result)
@@ -512,6 +535,7 @@ def main() -> None:
         "workers": args.workers if args.url is None else None,
         "rounds": args.rounds,
         "block": args.block,
+        "slices": args.slices,
         "own_server": args.url is None,
         "embedder": embed,
         "store": "sqlite" if args.url is None else "external",

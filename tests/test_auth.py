@@ -102,6 +102,22 @@ def test_revoked_keys_stop_working_in_every_process(engine: Store) -> None:
     assert cli.revoke(record.key_id).revoked_at is not None  # revoking twice is harmless
 
 
+def test_needs_lookup_says_when_authenticate_would_read_the_store(engine: Store) -> None:
+    # the server authenticates on its event loop when this is False, in a thread when True
+    now = [0.0]
+    server = Keyring(engine, refresh_s=2.0, clock=lambda: now[0])
+    _, token = Keyring(engine).create("acme", "agent")  # made by another process: not cached here
+    assert server.needs_lookup(token)
+    server.authenticate(token)
+    assert not server.needs_lookup(token)  # read and cached
+    now[0] += 2.5
+    assert server.needs_lookup(token)  # cached too long ago: re-read (a revocation elsewhere shows)
+    server.authenticate(token)
+    assert not server.needs_lookup(token)
+    for unread in (None, "", "not a key", "cvm_0123456789ab_short"):  # refused without a lookup
+        assert not server.needs_lookup(unread)
+
+
 def test_an_open_stream_sees_a_revocation_within_refresh_s_without_reading_the_log_each_time(
     engine: Store,
 ) -> None:

@@ -6,6 +6,7 @@ lock that makes another tenant's harness."""
 
 from __future__ import annotations
 
+import http.client
 import multiprocessing
 import os
 import signal
@@ -89,8 +90,8 @@ def test_there_are_as_many_worker_processes_as_asked(workers: Workers) -> None:
 
 
 def test_a_write_through_any_worker_is_read_through_every_other(workers: Workers) -> None:
-    # a fresh connection each time: the kernel hands it to whichever worker accepts first, so over the
-    # rounds reads land on the worker that did not write (both answer: see the test above and below)
+    # a fresh connection each time: the parent hands each to the worker with the fewest open (ties in
+    # turn), so over the rounds reads land on the worker that did not write
     for i in range(ROUNDS):
         made = httpx.post(
             f"{workers.server.url}/v1/memories",
@@ -127,6 +128,50 @@ def test_concurrent_clients_are_all_answered(workers: Workers) -> None:
     with ThreadPoolExecutor(4) as pool:
         statuses = [s for batch in pool.map(client, range(4)) for s in batch]
     assert statuses.count(201) == 40 and statuses.count(200) == 40
+
+
+def _open_connections(pid: int, port: int) -> int:
+    """How many established TCP connections on local ``port`` the process ``pid`` holds (from /proc)."""
+    established: set[str] = set()  # socket inodes
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            if local_port == port and fields[3] == "01":  # 01: ESTABLISHED
+                established.add(fields[9])
+    held = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        held += target.startswith("socket:[") and target[8:-1] in established
+    return held
+
+
+def test_keep_alive_connections_opened_together_are_spread_evenly_over_the_workers(workers: Workers) -> None:
+    # with every worker accepting on one shared socket, the first to wake took most of a burst (3 and 1
+    # of 4, five times in six): one process then did three clients' work while the other idled
+    port = int(workers.server.url.rsplit(":", 1)[1])
+    pids = _workers_of(workers.server)
+    for _ in range(3):
+        time.sleep(0.3)  # the workers report closed connections every 0.1 s
+        before = [_open_connections(pid, port) for pid in pids]
+        clients = [http.client.HTTPConnection("127.0.0.1", port, timeout=30) for _ in range(4)]
+        try:
+            for client in clients:
+                client.connect()
+            for client in clients:
+                client.request("GET", "/v1/whoami", headers=workers.auth)
+                response = client.getresponse()
+                assert response.status == 200, response.read()
+                response.read()
+            held = [_open_connections(pid, port) for pid in pids]
+        finally:
+            for client in clients:
+                client.close()
+        assert sum(held) - sum(before) == 4
+        assert max(held) - min(held) <= 1, (before, held)
 
 
 def test_a_worker_that_dies_is_replaced_and_the_other_serves_meanwhile(workers: Workers) -> None:
@@ -217,6 +262,23 @@ def test_background_embedding_waits_for_a_gap_between_requests_but_not_forever()
         worker.notify()
         worker.flush(timeout=10)
         assert embedder.batches[-1][0] - quiet < 0.15
+    finally:
+        worker.stop()
+
+
+def test_the_embedding_thread_runs_below_the_priority_of_the_requests_after_its_first_batch() -> None:
+    # Linux: each thread has its own nice value (elsewhere the worker changes nothing)
+    store = _unembedded_store(4)
+    worker = EmbedWorker(CountingEmbedder(), store.unembedded, store.set_vectors, batch_size=2, nice=5)
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    worker.start()
+    try:
+        worker.flush(timeout=10)
+        thread = worker._thread
+        assert thread is not None and thread.native_id is not None
+        assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == min(19, base + 5)
+        # the process itself, and so its request threads, keep their priority
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
     finally:
         worker.stop()
 

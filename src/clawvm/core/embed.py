@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import sys
 import threading
 import time
 import weakref
@@ -250,6 +251,7 @@ class EmbedWorker:
         poll_s: float | None = None,
         busy: Callable[[], bool] | None = None,
         max_defer_s: float = 0.25,
+        nice: int = 0,
     ) -> None:
         self.embedder = embedder
         self._pending = pending
@@ -262,6 +264,10 @@ class EmbedWorker:
         # the backlog is embedded in the gaps between requests instead of in front of them
         self._busy = busy
         self.max_defer_s = max_defer_s
+        # nice: how many nice levels below its process the thread embeds (Linux, where a thread has its
+        # own): requests in the same or other processes then get the cores first when both want them
+        self.nice = nice
+        self._niced = False
         self._hurry = False  # set by flush: someone waits for the backlog, embed it without deferring
         self._wake = threading.Condition()
         self._idle = threading.Event()
@@ -314,8 +320,16 @@ class EmbedWorker:
             if not batch:
                 return
             ids, texts = [i for i, _ in batch], [text for _, text in batch]
-            # passing the texts makes the write conditional: a newer text or vector wins
-            self._write(ids, self.embedder.embed(texts), texts)
+            try:
+                # passing the texts makes the write conditional: a newer text or vector wins
+                self._write(ids, self.embedder.embed(texts), texts)
+            finally:
+                if until_stopped and not self._niced:
+                    # after the first batch, not before: the model is loaded by then, and the threads
+                    # ONNX Runtime starts with it (which also run the requests' query embeddings)
+                    # inherit the priority of the thread that loads it
+                    self._niced = True
+                    lower_thread_priority(self.nice)
 
     def _defer_while_busy(self) -> None:
         """Wait while requests are busy (see ``busy``), at most ``max_defer_s``: under steady load the
@@ -353,6 +367,20 @@ class EmbedWorker:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=_STOP_WAIT_S)
         _LIVE_WORKERS.discard(self)
+
+
+def lower_thread_priority(levels: int) -> bool:
+    """Lower the calling thread's CPU priority by ``levels`` nice levels (at most to 19); True if done.
+    Only on Linux, where each thread has its own nice value: elsewhere ``setpriority`` would name the whole
+    process, so nothing is changed. Raising a priority back needs privileges; nothing here does."""
+    if levels <= 0 or not sys.platform.startswith("linux"):
+        return False
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + levels))
+    except OSError:
+        return False
+    return True
 
 
 # Workers started and not stopped yet. Weak: the registry keeps no worker alive (a running thread does).

@@ -15,16 +15,17 @@ Admin       admin               the tenant's keys, import, originals kept before
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from clawvm.core.errors import AuthenticationError
 from clawvm.harness import Harness
-from clawvm.server.service import service_of
+from clawvm.server.service import Service, service_of
 from clawvm.store.keys import Permission, Principal
 
 
@@ -40,19 +41,31 @@ _bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <API k
 _api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="X-API-Key: <API key>")
 
 
-def authenticate(
+async def authenticate(
     request: Request,
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)] = None,
     header_key: Annotated[str | None, Security(_api_key_header)] = None,
 ) -> Principal:
     """The caller of this request: 401 without a valid key (``key_expired`` past its expiry); 429 over the
     key's or the tenant's rate limit, or from a client address whose unauthenticated requests are over
-    theirs (refused before the key is even looked up)."""
+    theirs (refused before the key is even looked up).
+
+    Why async: a sync dependency costs a hop to the thread pool and back on every request (FastAPI runs
+    each one there), and a cached key is checked in microseconds from memory. Only a key that must be
+    read from the store (not cached, or cached more than ``keys_refresh_s`` ago) goes to a thread, so the
+    event loop never waits on the store."""
     service = service_of(request)
+    token = bearer.credentials if bearer is not None else header_key
+    if service.keyring.needs_lookup(token):
+        return await run_in_threadpool(_authenticate, request, service, token)
+    return _authenticate(request, service, token)
+
+
+def _authenticate(request: Request, service: Service, token: str | None) -> Principal:
     client = request.client.host if request.client is not None else "unknown"
     service.unauthenticated.peek(client)
     try:
-        principal = service.keyring.authenticate(bearer.credentials if bearer is not None else header_key)
+        principal = service.keyring.authenticate(token)
     except AuthenticationError:
         service.unauthenticated.spend(client)
         raise
@@ -63,12 +76,17 @@ def authenticate(
     return principal
 
 
-def caller_with(permission: Permission) -> Callable[..., Caller]:
-    """A dependency: the caller, if its role grants ``permission`` (else 403)."""
+def caller_with(permission: Permission) -> Callable[..., Awaitable[Caller]]:
+    """A dependency: the caller, if its role grants ``permission`` (else 403). Async for the reason
+    :func:`authenticate` is: only a tenant's first request, which makes its harness, goes to a thread."""
 
-    def dependency(request: Request, principal: Annotated[Principal, Depends(authenticate)]) -> Caller:
+    async def dependency(request: Request, principal: Annotated[Principal, Depends(authenticate)]) -> Caller:
         principal.require(permission)
-        return Caller(principal, service_of(request).harness_for(principal.tenant))
+        service = service_of(request)
+        harness = service.harness_made(principal.tenant)
+        if harness is None:
+            harness = await run_in_threadpool(service.harness_for, principal.tenant)
+        return Caller(principal, harness)
 
     return dependency
 

@@ -85,11 +85,16 @@ class Service:
                 batch_size=settings.embed_batch,
                 poll_s=settings.embed_poll_s,
                 busy=self.requests.busy,
+                nice=settings.embed_nice,
             )
             self.worker.start()
         self._harnesses: dict[str, Harness] = {}
         self._lock = threading.Lock()  # taken only to make a tenant's harness, never to use one
         self.live = EventTail(store, poll_s=settings.events_poll_s)  # what event streams wait on
+
+    def harness_made(self, tenant: str) -> Harness | None:
+        """The tenant's harness if it is made already (a dict read: no lock, no I/O), else None."""
+        return self._harnesses.get(tenant)
 
     def harness_for(self, tenant: str) -> Harness:
         """The tenant's harness, over a view of the engine confined to that tenant (made once). Requests of

@@ -40,6 +40,9 @@ class ServerSettings:
     embed_in_background: bool = True
     embed_poll_s: float | None = None
     embed_batch: int = 16
+    # nice levels below the process at which the embedding thread runs (Linux): when the cores are short,
+    # the scheduler gives them to requests first, and the backlog takes what is left
+    embed_nice: int = 10
     preset: str | None = None
     max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES
     # Idempotency-Key (clawvm.server.idempotency): how long a key holds, and how many keys and response

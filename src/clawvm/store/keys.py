@@ -327,6 +327,18 @@ class Keyring:
             raise KeyExpiredError(f"API key {key_id} expired at {key.expires_at.isoformat()}")
         return Principal(key.key_id, key.tenant, key.role)
 
+    def needs_lookup(self, token: str | None) -> bool:
+        """Whether :meth:`authenticate` of ``token`` would read the store (its key id is not cached, or was
+        cached more than ``refresh_s`` ago); False when it answers from memory alone (a cached key, or a
+        token missing or malformed). A caller on an event loop authenticates inline when this is False,
+        and in a thread otherwise."""
+        match = _TOKEN.fullmatch(token) if token else None
+        if match is None:
+            return False
+        with self._lock:
+            cached = self._read.get(match.group(1))
+        return cached is None or self._clock() - cached.at > self.refresh_s
+
     def active(self, key_id: str) -> bool:
         """Whether ``key_id`` is a key that works, neither revoked nor expired (an open event stream asks
         every second or so); a cached key is re-read once older than ``refresh_s``, as for

@@ -30,7 +30,7 @@ router = APIRouter(tags=["memories"])
 @router.post("/memories", status_code=201, response_model=Memory)
 def record(
     request: Request, body: RecordRequest, caller: Writer, idempotency_key: IdempotencyKey = None
-) -> Memory | Response:
+) -> Response:
     """Record a new memory (lexically searchable at once, embedded in the background). With an
     ``Idempotency-Key``, a retry of the same body returns the first response and records nothing more."""
     return once(

@@ -24,7 +24,7 @@ def checkpoint(
     body: CheckpointRequest,
     caller: Writer,
     idempotency_key: IdempotencyKey = None,
-) -> CheckpointOut | Response:
+) -> Response:
     """Snapshot the session's tiers and value state. With an ``Idempotency-Key``, a retry of the same request
     returns the first checkpoint and takes no other."""
     return once(
