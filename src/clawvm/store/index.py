@@ -26,6 +26,7 @@ from clawvm.core.lexical import LexicalIndex, top_rows, top_scores
 from clawvm.core.model import Filters, Memory, Scope, Visibility
 from clawvm.core.vectors import VectorIndex
 from clawvm.store.base import CandidateInfo, Query, QueryResult, check_vectors
+from clawvm.store.mapped import key_of
 
 _COLUMNS = (
     "tenant",
@@ -206,7 +207,8 @@ class SearchIndex:
         self._tags: dict[str, set[int]] = {}
         self._tag_names: list[str] = []  # every key of _tags, sorted: prefix and keyset walks (tag_names)
         self._row_tags: dict[int, list[str]] = {}
-        self._text_hash: dict[int, int] = {}  # to skip re-tokenising unchanged text
+        # to skip re-tokenising unchanged text: a stable hash (hash() differs per process), kept by snapshots
+        self._text_hash: dict[int, int] = {}
         self._agents: dict[str, frozenset[str]] = {}  # tenant -> agent_ids seen (never shrinks)
         # per tenant (its code in the tenant column, the lexical index's statistics group): writes to it,
         # so a cache of one tenant's corpus statistics ages with that tenant's writes alone
@@ -265,13 +267,14 @@ class SearchIndex:
         text = index_text(memory)
         group = self._cols["tenant"].codes[memory.tenant]
         old_group = self.lexical.group_of(row)
-        changed = self._text_hash.get(row) != hash(text) or old_group != group
+        text_key = key_of(text)
+        changed = self._text_hash.get(row) != text_key or old_group != group
         self._version += 1
         self._wrote(group, old_group)
         old_len = float(self.lexical.doc_len[row]) if row < len(self.lexical.doc_len) else 0.0
         if changed:
             self.lexical.add(row, text, group)
-            self._text_hash[row] = hash(text)
+            self._text_hash[row] = text_key
             self._set_entities(row, entities(text))
         # session order: leave the old place, take the new one; the neighbourhood lengths around both
         # places change by one memory in, one out (O(window))

@@ -277,6 +277,7 @@ class SQLiteStore(Store):
         self.snapshot_every = snapshot_every  # changes (revs) between two snapshots of the index
         self._snapshot_rev = 0  # the rev the newest snapshot this engine wrote or loaded is current to
         self.index_source = ""  # how open got its index: "snapshot", or "rows" and why (diagnostics)
+        self._verifier: snapshot.Verifier | None = None  # the mapped snapshot's checksums, checked after open
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -307,6 +308,8 @@ class SQLiteStore(Store):
             self._snapshot_rev = self._rev
             self._catch_up()  # the rows changed since the snapshot (all of them without one)
             self._index.vectors.prepare()  # fit the search projection now, not on the first query
+            if self._verifier is not None:
+                self._verifier.start()
 
     def _open_index(self) -> tuple[SearchIndex, int]:
         """The snapshot's index and the rev it is current to; an empty index and 0 when there is no usable
@@ -327,7 +330,26 @@ class SQLiteStore(Store):
             self.index_source = f"rows ({exc})"
             return SearchIndex(self.dim), 0
         self.index_source = "snapshot"
+        self._verifier = loaded.verifier
         return loaded.index, loaded.rev
+
+    def snapshot_check(self, timeout: float = 60.0) -> str | None:
+        """Wait for the background check of the mapped snapshot's checksums (see :mod:`.snapshot`); what it
+        found wrong, None when nothing (or when the snapshot was checked at open, or not used)."""
+        verifier = self._verifier
+        return None if verifier is None else verifier.wait(timeout)
+
+    def _drop_damaged_snapshot(self) -> None:
+        """The background check found the mapped snapshot damaged: rebuild the index from the rows (the
+        next snapshot replaces the file)."""
+        verifier = self._verifier
+        if verifier is None or verifier.error is None:
+            return
+        log.warning("index snapshot of %s damaged, rebuilding from the rows: %s", self.path, verifier.error)
+        self._verifier = None
+        self.index_source = f"rows ({verifier.error}, found after open)"
+        self._index = SearchIndex(self.dim)
+        self._rev, self._data_version, self._snapshot_rev = 0, -1, -1
 
     def _fingerprint_at(self, seq: int | None = None) -> snapshot.Fingerprint:
         """The file's schema and the id at ``seq`` (default: the newest row's seq and id)."""
@@ -402,10 +424,15 @@ class SQLiteStore(Store):
     def close(self) -> None:
         with self._lock:
             if self._conn is not None and self._index is not None and self._rev != self._snapshot_rev:
+                if self._verifier is not None:  # a damaged base must not be copied into the next snapshot
+                    self._verifier.wait()
                 try:
                     self.write_snapshot()
                 except Exception as exc:  # the rows are the truth: a failed snapshot costs the next open time
                     log.warning("index snapshot of %s not written: %s", self.path, exc)
+            if self._verifier is not None:
+                self._verifier.stop()
+                self._verifier = None
             if self._checkpointer is not None:
                 self._checkpointer.stop()
                 self._checkpointer = None
@@ -436,6 +463,7 @@ class SQLiteStore(Store):
         connection's put and delete committed in between would leave the put unseen, for good.
         """
         db = self._db
+        self._drop_damaged_snapshot()
         if db.in_transaction:
             self._replay(db)
             return
