@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import clawvm
 from clawvm import Memory
 from clawvm.core.model import Filters
 from clawvm.store import Query, SQLiteStore
@@ -312,3 +313,75 @@ def test_a_snapshot_of_an_index_of_another_shape_is_rebuilt(
         assert store.count(Filters()) == 198
     finally:
         store.close()
+
+
+def _recalls(h: clawvm.Harness) -> list[object]:
+    """Default-preset recall of a few queries (query vectors given): ids, fused scores and channels."""
+    out: list[object] = []
+    for n, text in enumerate(["payment refund", "alice lisbon deploy", "coffee cache retry", "invoice"]):
+        q = vectors(1, 40 + n)[0]
+        for filters in (h.filters({}), h.filters({"session_id": "s3"})):
+            hits = h.recall_with(text, q, 10, h.config, filters)
+            out.append([(r.id, round(r.score, 6), sorted(r.explain)) for r in hits])
+    return out
+
+
+def test_recall_on_a_mapped_snapshot_matches_a_rebuilt_index(tmp_path: Path) -> None:
+    """Recall through the harness on 300 memories (sessions, tags, entities): the same hits and scores from
+    an index opened from its snapshot as from one rebuilt from the rows, before and after more writes."""
+    path = tmp_path / "h.db"
+    h = clawvm.Harness.open(path, embedder=None)
+    words = [*WORDS, "Alice", "Bob", "Lisbon"]
+    vs = vectors(300, 7)
+    for i in range(300):
+        text = " ".join(words[(i * k) % len(words)] for k in (1, 3, 7, 11))
+        h.record(text, embedding=vs[i], session_id=f"s{i % 12}", tags=[f"t{i % 5}"], kind="observation")
+    h.close()
+    shutil.copy(path, tmp_path / "copy.db")
+    fast = clawvm.Harness.open(path, embedder=None)
+    slow = clawvm.Harness.open(tmp_path / "copy.db", embedder=None)
+    try:
+        assert fast.store.index_source == "snapshot", fast.store.index_source  # type: ignore[attr-defined]
+        assert slow.store.index_source.startswith("rows")  # type: ignore[attr-defined]
+        first = _recalls(fast)
+        assert all(first[::2]), "every unfiltered query finds something"
+        assert first == _recalls(slow)
+        more = [m.model_copy(update={"session_id": "s3", "tenant": "default"}) for m in memories(20, 900)]
+        some = fast.store.page(Filters(), None, 4)  # rows of the mapped base: re-indexed, deleted
+        changed = [m.model_copy(update={"content": "refund for Bob", "version": m.version + 1}) for m in some]
+        for h in (fast, slow):  # the same writes to both: on the mapped one they land in its overlays
+            h.store.write(more, vs[:20], [])
+            h.store.write(changed[:3], None, [])
+            h.store.delete_many([changed[3].id])
+        assert _recalls(fast) == _recalls(slow)
+    finally:
+        fast.close()
+        slow.close()
+
+
+def test_damage_found_after_open_rebuilds_from_the_rows(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big snapshot's arrays are checked after open, in the background: damage found then makes the
+    engine rebuild from the rows before its next operation."""
+    monkeypatch.setattr(snap, "EAGER_VERIFY_BYTES", 0)
+    monkeypatch.setattr(snap, "VERIFY_DELAY_S", 0.0)
+    shutil.copy(built, tmp_path / "clean.db")
+    clean = opened(tmp_path / "clean.db")
+    index = snap.path_for(str(built))
+    part = snap.read_header(index)["parts"]["post.rows"]
+    _flip(index, part["offset"] + part["length"] // 2)
+    store = opened(built)
+    try:
+        assert store.index_source == "snapshot"  # the header, the state and the sizes are sound
+        assert (store.snapshot_check() or "").startswith("corrupt: post.rows"), store.snapshot_check()
+        assert answers(store) == answers(clean)
+        assert store.index_source.startswith("rows (corrupt"), store.index_source
+    finally:
+        store.close()
+        clean.close()
+    again = opened(built)  # the close wrote a sound snapshot
+    try:
+        assert again.index_source == "snapshot" and again.snapshot_check() is None
+    finally:
+        again.close()

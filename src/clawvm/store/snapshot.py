@@ -65,6 +65,9 @@ _PAGE = 4096
 _ALIGN = 64
 #: Arrays up to this many bytes in all are checked at open; above, by a background pass after open.
 EAGER_VERIFY_BYTES = 16 * 2**20
+#: Seconds after open before that background pass starts: a short-lived process (a CLI call) is not slowed
+#: by it; a process that lives on checks the snapshot it answers from.
+VERIFY_DELAY_S = 1.0
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _INDEX_ARRAYS = ("_alive", "_created", "_pinned", "_expires", "_prev", "_next", "_ctx_len")
 
@@ -321,9 +324,7 @@ class Verifier:
 
     fd: int
     parts: dict[str, dict[str, Any]]
-    #: seconds after open before the background pass starts: a short-lived process (a CLI call, a bench's
-    #: open and recall) is not slowed by it; a process that lives on checks the snapshot it answers from
-    delay_s: float = 1.0
+    delay_s: float = VERIFY_DELAY_S
     error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -421,7 +422,7 @@ def _load(fd: int, dim: int, fingerprint_of: Any, current_rev: int) -> Loaded:
     except Exception as exc:  # a checksum that matches but a pickle this version cannot read
         raise SnapshotError(f"unreadable state: {exc!r}") from exc
     arrays = {name: part for name, part in parts.items() if name != "state"}
-    verifier = Verifier(fd, arrays)
+    verifier = Verifier(fd, arrays, VERIFY_DELAY_S)
     eager = sum(p["length"] for p in arrays.values()) <= EAGER_VERIFY_BYTES
     if eager:
         error = verifier.check()
