@@ -97,10 +97,17 @@ class Strings(Sequence[str]):
 class Overlay(MutableMapping[K, V]):
     """A dict over a read-only base: a read the overlay cannot answer asks ``base(key)`` (None: not there)
     and keeps the answer (the index changes sets and lists it reads in place); writes and deletes stay in
-    the overlay. ``keys`` lists the base's keys, ``n`` counts them."""
+    the overlay. ``keys`` lists the base's keys, ``n`` counts them, ``bulk`` (optional) lists the base's
+    pairs faster than a lookup per key."""
 
-    def __init__(self, base: Callable[[K], V | None], keys: Callable[[], Iterable[K]], n: int) -> None:
-        self._base, self._keys, self._n = base, keys, n
+    def __init__(
+        self,
+        base: Callable[[K], V | None],
+        keys: Callable[[], Iterable[K]],
+        n: int,
+        bulk: Callable[[], Iterable[tuple[K, V]]] | None = None,
+    ) -> None:
+        self._base, self._keys, self._n, self._bulk = base, keys, n, bulk
         self._over: dict[K, V] = {}
         self._gone: set[K] = set()
 
@@ -162,11 +169,16 @@ class Overlay(MutableMapping[K, V]):
         """Every (key, value), without keeping what the base answers (writing a snapshot reads them all)."""
         over, gone = self._over, self._gone
         yield from list(over.items())
+        if self._bulk is not None:  # the base's pairs in one pass, not a lookup per key
+            for key, v in self._bulk():
+                if key not in over and key not in gone:
+                    yield key, v
+            return
         for key in self._keys():
             if key not in over and key not in gone:
-                v = self._base(key)
-                assert v is not None
-                yield key, v
+                found = self._base(key)
+                assert found is not None
+                yield key, found
 
 
 def items(m: MutableMapping[K, V]) -> Iterator[tuple[K, V]]:
@@ -178,8 +190,8 @@ class Appended(Generic[T]):
     """A list over a read-only base of ``n`` items (``base(i)``): items set since are kept in a dict,
     items appended in a list."""
 
-    def __init__(self, base: Callable[[int], T], n: int) -> None:
-        self._base, self._n = base, n
+    def __init__(self, base: Callable[[int], T], n: int, bulk: Callable[[], list[T]] | None = None) -> None:
+        self._base, self._n, self._bulk = base, n, bulk
         self._tail: list[T] = []
         self._over: dict[int, T] = {}
 
@@ -210,8 +222,15 @@ class Appended(Generic[T]):
         self._tail.append(value)
 
     def __iter__(self) -> Iterator[T]:
-        for i in range(len(self)):
-            yield self[i]
+        if self._bulk is None:
+            for i in range(len(self)):
+                yield self[i]
+            return
+        items = self._bulk()
+        for i, v in self._over.items():
+            items[i] = v
+        yield from items
+        yield from self._tail
 
 
 def csr(offsets: np.ndarray, values: np.ndarray, i: int) -> np.ndarray:

@@ -123,7 +123,7 @@ def _arrays(ix: SearchIndex) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The index as named flat arrays and a dict of small fields."""
     out = _Arrays()
     n = len(ix.ids)
-    ids: list[str | None] = [ix.ids[i] for i in range(n)]
+    ids: list[str | None] = list(ix.ids)
     _table(out, "ids", ids)  # type: ignore[arg-type]
     out["ids.null"] = np.fromiter((i is None for i in ids), dtype=bool, count=n)
     for name in _INDEX_ARRAYS:
@@ -162,7 +162,7 @@ def _arrays(ix: SearchIndex) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     _table(out, "tag", [t for t, _ in tags])
     out["tag.off"], out["tag.rows"] = pack_runs([sorted(rows) for _, rows in tags], np.int64)
     out["tag.row.off"], out["tag.row.codes"] = transpose(out["tag.off"], out["tag.rows"], n)
-    out["tag.row.has"] = _row_flags(n, [r for r, _ in items(ix._row_tags)])
+    out["tag.row.has"] = _row_flags(n, list(ix._row_tags))  # the keys alone: the lists are the tags' inverse
     lex_state = _lexical_arrays(ix.lexical, out)
     vec_state = _vector_arrays(ix.vectors, out)
     state = {
@@ -192,7 +192,9 @@ def _lexical_arrays(lex: LexicalIndex, out: dict[str, np.ndarray]) -> dict[str, 
     out["post.df.count"] = pack_runs([[c for _, c in d] for d in dfs], np.int64)[1]
     size = len(lex._alive)
     out["doc.off"], out["doc.codes"] = transpose(out["post.off"], out["post.rows"], size)
-    out["doc.has"] = _row_flags(size, [r for r, _ in items(lex._doc_terms)])
+    out["doc.has"] = _row_flags(
+        size, list(lex._doc_terms)
+    )  # the keys alone: the lists are the postings' inverse
     out["lex.doc_len"], out["lex.alive"], out["lex.group"] = lex._doc_len, lex._alive, lex._group
     return {
         "language": lex.analyzer._language,
@@ -222,6 +224,13 @@ def _vector_arrays(v: VectorIndex, out: dict[str, np.ndarray]) -> dict[str, Any]
     }
 
 
+def _spare_rows(v: VectorIndex) -> int:
+    """Zero rows written after the vector matrices: the index's next rows land in them (a page copied on
+    write each) instead of growing the matrices, which would copy them whole into memory."""
+    wanted = v._hi + max(1024, v._hi // 8)
+    return max(0, wanted - len(v._x))
+
+
 def write(db_path: str, index: SearchIndex, rev: int, fingerprint: Fingerprint) -> Path:
     """Write the snapshot of ``index`` (current to ``rev``) atomically; returns its path. The caller holds
     the engine's lock, so the index does not change meanwhile."""
@@ -231,23 +240,31 @@ def write(db_path: str, index: SearchIndex, rev: int, fingerprint: Fingerprint) 
     pickle.dump(small, state, protocol=pickle.HIGHEST_PROTOCOL)
     blobs: dict[str, memoryview] = {"state": state.getbuffer()}
     shapes: dict[str, dict[str, Any]] = {"state": {}}
+    spare = _spare_rows(index.vectors)
+    zeros: dict[str, bytes] = {}  # written after an array: its spare rows
     for name, a in arrays.items():
         a = np.ascontiguousarray(a)
         blobs[name] = a.reshape(-1).view(np.uint8).data
         shapes[name] = {"dtype": a.dtype.str, "shape": list(a.shape)}
+        if spare and name in ("vectors", "projected", "vec.has"):
+            zeros[name] = bytes(spare * a.dtype.itemsize * math.prod(a.shape[1:]))
+            shapes[name]["shape"][0] += spare
     # the offsets, from the data's start: the matrices on a page (for mapping), the rest on 64 bytes
     rel: dict[str, int] = {}
     at = 0
     for name, data in blobs.items():
         at += -at % (_PAGE if name in ("vectors", "projected") else _ALIGN)
         rel[name] = at
-        at += len(data)
-    parts = {name: {"offset": rel[name], "length": len(data), **shapes[name]} for name, data in blobs.items()}
+        at += len(data) + len(zeros.get(name, b""))
+    parts = {
+        name: {"offset": rel[name], "length": len(data) + len(zeros.get(name, b"")), **shapes[name]}
+        for name, data in blobs.items()
+    }
     sketch = len(json.dumps(parts)) + 24 * len(parts) + 1024  # room for the checksums and absolute offsets
     start = -(-(len(MAGIC) + 8 + sketch) // _PAGE) * _PAGE
     for name, part in parts.items():
         part["offset"] += start
-        part["crc32"] = zlib.crc32(blobs[name])
+        part["crc32"] = zlib.crc32(zeros.get(name, b""), zlib.crc32(blobs[name]))
     header = {
         "format": FORMAT,
         "rev": rev,
@@ -269,6 +286,7 @@ def write(db_path: str, index: SearchIndex, rev: int, fingerprint: Fingerprint) 
             for name, data in blobs.items():
                 f.write(b"\0" * (parts[name]["offset"] - f.tell()))
                 f.write(data)
+                f.write(zeros.get(name, b""))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -464,7 +482,11 @@ def _index(view: Callable[[str], np.ndarray], state: dict[str, Any], projected: 
     n = state["n_ids"]
     ids = _strings(view, "ids")
     null = view("ids.null")
-    s.ids = Appended(lambda i: None if null[i] else ids[i], n)  # type: ignore[assignment]
+    s.ids = Appended(  # type: ignore[assignment]
+        lambda i: None if null[i] else ids[i],
+        n,
+        lambda: [None if gone else i for i, gone in zip(ids, null.tolist(), strict=True)],
+    )
     s.row_of = Overlay(  # type: ignore[assignment]
         lambda k: _found(ids.find(k)),
         lambda: (ids[i] for i in np.flatnonzero(~null).tolist()),
@@ -495,11 +517,14 @@ def _index(view: Callable[[str], np.ndarray], state: dict[str, Any], projected: 
     def keys() -> Any:
         return (session(i) for i in range(len(sess)))
 
-    s._sessions = Overlay(session_rows, keys, len(sess))  # type: ignore[assignment]
+    def sessions_bulk() -> Any:
+        return ((session(i), csr(sess_off, sess_rows, i).tolist()) for i in range(len(sess)))
+
+    s._sessions = Overlay(session_rows, keys, len(sess), sessions_bulk)  # type: ignore[assignment]
     s._session_keys = Overlay(  # type: ignore[assignment]
         lambda k: k if sess.find(f"{k[0]}\0{k[1]}") >= 0 else None, keys, len(sess)
     )
-    s._session_of = _per_row(code, lambda c: session(c) if c >= 0 else None)  # type: ignore[assignment]
+    s._session_of = _per_row(code, session)  # type: ignore[assignment]
     # entities
     ent = _strings(view, "ent")
     ent_off, ent_rows = view("ent.off"), view("ent.rows")
@@ -523,18 +548,26 @@ def _index(view: Callable[[str], np.ndarray], state: dict[str, Any], projected: 
         groups = csr(df_off, df_group, i).tolist()
         return int(csr(df_off, df_count, i)[groups.index(key[1])]) if key[1] in groups else None
 
-    def entity_df_keys() -> Any:
-        for i in range(len(ent)):
-            for g in csr(df_off, df_group, i).tolist():
-                yield ent[i], g
+    def entity_df_pairs() -> Any:
+        for i, e in enumerate(ent):
+            groups, counts = csr(df_off, df_group, i).tolist(), csr(df_off, df_count, i).tolist()
+            yield from (((e, g), c) for g, c in zip(groups, counts, strict=True))
 
-    s._entities = Overlay(entity_rows, lambda: iter(ent), len(ent))  # type: ignore[assignment]
+    def entity_df_keys() -> Any:
+        return (key for key, _ in entity_df_pairs())
+
+    def entities_bulk() -> Any:
+        return ((e, set(csr(ent_off, ent_rows, i).tolist())) for i, e in enumerate(ent))
+
+    s._entities = Overlay(entity_rows, lambda: iter(ent), len(ent), entities_bulk)  # type: ignore[assignment]
     with_entities = np.flatnonzero(np.diff(row_off) > 0)
     s._row_entities = Overlay(  # type: ignore[assignment]
         row_entities, lambda: with_entities.tolist(), len(with_entities)
     )
-    s._entity_df = Overlay(entity_df, entity_df_keys, len(df_group))  # type: ignore[assignment]
-    s._entity_group = _per_row(view("ent.group"), lambda g: g if g >= 0 else None)  # type: ignore[assignment]
+    s._entity_df = Overlay(  # type: ignore[assignment]
+        entity_df, entity_df_keys, len(df_group), entity_df_pairs
+    )
+    s._entity_group = _per_row(view("ent.group"), lambda g: g)  # type: ignore[assignment]
     # columns
     s._cols = {}
     for name in _COLUMNS:
@@ -557,11 +590,14 @@ def _index(view: Callable[[str], np.ndarray], state: dict[str, Any], projected: 
             return None
         return [tag[c] for c in csr(trow_off, trow_codes, r).tolist()]
 
-    s._tags = Overlay(tag_rows_of, lambda: iter(tag), len(tag))  # type: ignore[assignment]
+    def tags_bulk() -> Any:
+        return ((t, set(csr(tag_off, tag_rows, i).tolist())) for i, t in enumerate(tag))
+
+    s._tags = Overlay(tag_rows_of, lambda: iter(tag), len(tag), tags_bulk)  # type: ignore[assignment]
     s._tag_names = state["tag_names"]
     s._row_tags = _flagged(trow_has, row_tags)  # type: ignore[assignment]
     text_has, text_key = view("text.has"), view("text.key")
-    s._text_hash = _flagged(text_has, lambda r: int(text_key[r]))  # type: ignore[assignment]
+    s._text_hash = _flagged(text_has, lambda r: int(text_key[r]), text_key)  # type: ignore[assignment]
     s._agents = state["agents"]
     s._tenant_version = state["tenant_version"]
     s._version = state["version"]
@@ -571,25 +607,35 @@ def _index(view: Callable[[str], np.ndarray], state: dict[str, Any], projected: 
 
 
 def _per_row(codes: np.ndarray, decode: Callable[[int], Any]) -> Overlay[int, Any]:
-    """A row -> value dict over a per-row array (``decode`` maps a code to the value, None: absent)."""
+    """A row -> value dict over a per-row array of codes (-1: the row is absent; ``decode`` maps a code to
+    the value)."""
     size = len(codes)
     present = np.flatnonzero(codes >= 0)
 
     def base(r: int) -> Any:
-        return decode(int(codes[r])) if 0 <= r < size else None
+        if not 0 <= r < size:
+            return None
+        c = int(codes[r])
+        return decode(c) if c >= 0 else None
 
-    return Overlay(base, present.tolist, len(present))
+    def bulk() -> Any:
+        return zip(present.tolist(), map(decode, codes[present].tolist()), strict=True)
+
+    return Overlay(base, present.tolist, len(present), bulk)
 
 
-def _flagged(has: np.ndarray, value: Callable[[int], Any]) -> Overlay[int, Any]:
-    """A row -> value dict holding the rows ``has`` flags."""
+def _flagged(
+    has: np.ndarray, value: Callable[[int], Any], values: np.ndarray | None = None
+) -> Overlay[int, Any]:
+    """A row -> value dict holding the rows ``has`` flags (``values``: the values per row, when an array)."""
     size = len(has)
     present = np.flatnonzero(has)
 
     def base(r: int) -> Any:
         return value(r) if 0 <= r < size and has[r] else None
 
-    return Overlay(base, present.tolist, len(present))
+    bulk = None if values is None else (lambda: zip(present.tolist(), values[present].tolist(), strict=True))
+    return Overlay(base, present.tolist, len(present), bulk)
 
 
 def _lexical(view: Callable[[str], np.ndarray], state: dict[str, Any]) -> LexicalIndex:
@@ -602,8 +648,9 @@ def _lexical(view: Callable[[str], np.ndarray], state: dict[str, Any]) -> Lexica
 
     def postings(t: str) -> _Postings | None:
         i = terms.find(t)
-        if i < 0:
-            return None
+        return None if i < 0 else postings_at(i)
+
+    def postings_at(i: int) -> _Postings:
         p = _Postings.__new__(_Postings)  # not __init__: its empty arrays would be thrown away at once
         p.rows = array("q", csr(off, rows, i).tobytes())
         p.tfs = array("f", csr(off, tfs, i).tobytes())
@@ -611,7 +658,12 @@ def _lexical(view: Callable[[str], np.ndarray], state: dict[str, Any]) -> Lexica
         p.cache, p.by_row, p.group_cache = None, None, {}
         return p
 
-    lex._postings = Overlay(postings, lambda: iter(terms), len(terms))  # type: ignore[assignment]
+    def postings_bulk() -> Any:
+        for i, t in enumerate(terms):
+            p = postings_at(i)
+            yield t, p
+
+    lex._postings = Overlay(postings, lambda: iter(terms), len(terms), postings_bulk)  # type: ignore[assignment]
     doc_off, doc_codes, doc_has = view("doc.off"), view("doc.codes"), view("doc.has")
     lex._doc_terms = _flagged(  # type: ignore[assignment]
         doc_has, lambda r: [terms[c] for c in csr(doc_off, doc_codes, r).tolist()]
