@@ -527,6 +527,9 @@ class SQLiteStore(Store):
             except BaseException:
                 db.execute("ROLLBACK")
                 if self._index_dirty:  # the index may hold half of this batch: rebuild it from the file
+                    if self._verifier is not None:  # nothing left to check: the mapped index is dropped
+                        self._verifier.stop()
+                        self._verifier = None
                     self._rev, self._data_version = 0, -1
                     self._index = SearchIndex(self.dim)
                     self._catch_up()
