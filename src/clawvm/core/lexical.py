@@ -4,7 +4,8 @@ Why in memory and not SQLite FTS5: measured on this 2-core machine, FTS5 ``bm25(
 short documents took 7 ms median / 35 ms p95 (and 23 / 111 ms under load) — over the whole recall budget
 of 10 ms p95 on its own. Scoring our own postings with numpy takes well under 2 ms at 100k (see
 ``bench/recall_scale.py``), and lets retrieval own the analyzer (stemming, stop words, field text), which
-is where LoCoMo's measured gains are. The index is rebuilt from the engine's rows on open.
+is where LoCoMo's measured gains are. The engine maps the index from a snapshot on open, or rebuilds it from
+its rows.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 It maps memory ids to dense row numbers and keeps, per row: the filterable metadata as interned integer
 columns (so a filter becomes a few vectorised numpy comparisons, ~0.1 ms per column at 100k rows), a
 BM25 lexical index and a dense vector index. Engines keep the memories themselves (a dict, or the SQLite
-file) and feed every write through here; on open the SQLite engine rebuilds it from the file's rows.
+file) and feed every write through here; on open the SQLite engine maps it from a snapshot (its dicts and
+lists become :mod:`clawvm.store.mapped` overlays over flat arrays) or rebuilds it from the file's rows.
 Not internally locked: the owning engine holds its lock around every call.
 """
 
@@ -166,8 +167,8 @@ class SearchIndex:
     channel is BM25 over neighbourhood documents (the concatenation of their texts) computed at query time
     from the lexical postings (see :meth:`context_search`); writes only keep the session order and each
     neighbourhood's length current, O(window). Entities (:func:`clawvm.core.entities.entities` of the indexed
-    text)
-    map to the rows naming them. All of it is derived from the memories: rebuilt on open, nothing persisted.
+    text) map to the rows naming them. All of it is derived from the memories: a snapshot persists it, the
+    rows rebuild it.
 
     (A materialised second inverted index over neighbourhood documents was measured first: same recall,
     but 2x the memory, 5x the reopen time and ~0.7 ms more per write at 100k memories.)
