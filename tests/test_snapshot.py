@@ -21,8 +21,9 @@ import pytest
 import clawvm
 from clawvm import Memory
 from clawvm.core.model import Filters
-from clawvm.store import Query, SQLiteStore
+from clawvm.store import Query, SQLiteStore, mapped
 from clawvm.store import snapshot as snap
+from clawvm.store.mapped import Appended, Overlay, Strings
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 WORDS = ["payment", "refund", "alice", "deploy", "disk", "invoice", "cache", "lisbon", "retry", "coffee"]
@@ -385,3 +386,38 @@ def test_damage_found_after_open_rebuilds_from_the_rows(
         assert again.index_source == "snapshot" and again.snapshot_check() is None
     finally:
         again.close()
+
+
+def test_an_overlay_reads_through_to_its_base_and_keeps_its_own_writes() -> None:
+    """The dict the mapped index holds: base answers, writes and deletes over it, the count, the pairs."""
+    base = {1: "a", 2: "b", 3: "c"}
+    counted: list[int] = []
+
+    def count() -> int:
+        counted.append(1)
+        return len(base)
+
+    m = Overlay(base.get, lambda: iter(base), count, lambda: iter(base.items()))
+    assert m.get(2) == "b" and 9 not in m and not counted  # reads do not count the base
+    m[2] = "B"  # replaces a base value: the count stays
+    m[4] = "d"  # a new key
+    del m[1]
+    assert counted == [1] and len(m) == 3
+    with pytest.raises(KeyError):
+        del m[1]
+    m[1] = "again"
+    assert m.pop(3) == "c" and m.pop(3, None) is None
+    assert dict(mapped.items(m)) == {1: "again", 2: "B", 4: "d"} == {k: m[k] for k in m}
+    assert len(m) == 3 and base == {1: "a", 2: "b", 3: "c"}  # the base is never written
+
+
+def test_an_appended_list_reads_its_base_and_keeps_its_own_writes() -> None:
+    items = Appended(lambda i: f"row{i}", 3, lambda: [f"row{i}" for i in range(3)])
+    items.append("new")
+    items[1] = None
+    assert len(items) == 4 and items[-1] == "new" and items[0] == "row0" and items[1] is None
+    assert list(items) == ["row0", None, "row2", "new"]
+    with pytest.raises(IndexError):
+        items[4]
+    table = Strings(*Strings.pack(["x", "yz", "é"]), *Strings.lookup(["x", "yz", "é"]))
+    assert [table.find(s) for s in ("é", "yz", "x", "w")] == [2, 1, 0, -1] and list(table) == ["x", "yz", "é"]

@@ -104,12 +104,19 @@ class Overlay(MutableMapping[K, V]):
         self,
         base: Callable[[K], V | None],
         keys: Callable[[], Iterable[K]],
-        n: int,
+        n: int | Callable[[], int],
         bulk: Callable[[], Iterable[tuple[K, V]]] | None = None,
     ) -> None:
-        self._base, self._keys, self._n, self._bulk = base, keys, n, bulk
+        self._base, self._keys, self._bulk = base, keys, bulk
+        # the count, or how to count (a pass over an array: done when first asked, not at open)
+        self._n = n if isinstance(n, int) else -1
+        self._count: Callable[[], int] | None = None if isinstance(n, int) else n
         self._over: dict[K, V] = {}
         self._gone: set[K] = set()
+
+    def _counted(self) -> None:
+        if self._count is not None:
+            self._n, self._count = self._count(), None
 
     def _lookup(self, key: K) -> V:
         v = self._over.get(key, _NONE)
@@ -135,6 +142,7 @@ class Overlay(MutableMapping[K, V]):
         return self._lookup(key) is not _NONE  # type: ignore[arg-type]
 
     def __setitem__(self, key: K, value: V) -> None:
+        self._counted()
         if self._lookup(key) is _NONE:
             self._n += 1
         self._over[key] = value
@@ -142,6 +150,7 @@ class Overlay(MutableMapping[K, V]):
     def __delitem__(self, key: K) -> None:
         if self._lookup(key) is _NONE:
             raise KeyError(key)
+        self._counted()
         del self._over[key]
         self._gone.add(key)
         self._n -= 1
@@ -156,6 +165,7 @@ class Overlay(MutableMapping[K, V]):
         return v
 
     def __len__(self) -> int:
+        self._counted()
         return self._n
 
     def __iter__(self) -> Iterator[K]:

@@ -37,6 +37,7 @@ lives past the pass (under a second at 100k) notices it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import math
@@ -137,6 +138,7 @@ def _arrays(ix: SearchIndex) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     out["ent.group"][list(counted)] = list(counted.values())
     for name, col in ix._cols.items():
         out[f"col.{name}"] = col.data
+        _table(out, f"col.{name}.v", list(col.values))
     # sessions: their keys ("tenant\0session" with the tenant's length) and rows in session order
     sessions = list(items(ix._sessions))
     keys = [f"{t}\0{s}" for (t, s), _ in sessions]
@@ -174,7 +176,6 @@ def _arrays(ix: SearchIndex) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         "agents": dict(ix._agents),
         "tag_names": list(ix._tag_names),
         "tenant_version": dict(ix._tenant_version),
-        "cols": {name: list(col.values) for name, col in ix._cols.items()},
         "lexical": lex_state,
         "vectors": vec_state,
     }
@@ -476,6 +477,10 @@ def _found(i: int) -> int | None:
     return i if i >= 0 else None
 
 
+def _code(values: Strings, value: str) -> int | None:
+    return _found(values.find(value))
+
+
 def _index(view: Callable[[str], np.ndarray], state: dict[str, Any], projected: bool) -> SearchIndex:
     """A SearchIndex over the mapped arrays (see :mod:`clawvm.store.mapped`)."""
     s = SearchIndex.__new__(SearchIndex)
@@ -560,9 +565,10 @@ def _index(view: Callable[[str], np.ndarray], state: dict[str, Any], projected: 
         return ((e, set(csr(ent_off, ent_rows, i).tolist())) for i, e in enumerate(ent))
 
     s._entities = Overlay(entity_rows, lambda: iter(ent), len(ent), entities_bulk)  # type: ignore[assignment]
-    with_entities = np.flatnonzero(np.diff(row_off) > 0)
     s._row_entities = Overlay(  # type: ignore[assignment]
-        row_entities, lambda: with_entities.tolist(), len(with_entities)
+        row_entities,
+        lambda: np.flatnonzero(np.diff(row_off) > 0).tolist(),
+        lambda: int(np.count_nonzero(np.diff(row_off) > 0)),
     )
     s._entity_df = Overlay(  # type: ignore[assignment]
         entity_df, entity_df_keys, len(df_group), entity_df_pairs
@@ -572,8 +578,11 @@ def _index(view: Callable[[str], np.ndarray], state: dict[str, Any], projected: 
     s._cols = {}
     for name in _COLUMNS:
         col = _Column.__new__(_Column)
-        col.values = state["cols"][name]
-        col.codes = {v: i for i, v in enumerate(col.values)}
+        values = _strings(view, f"col.{name}.v")
+        col.values = Appended(values.__getitem__, len(values), functools.partial(list, values))  # type: ignore[assignment]
+        col.codes = Overlay(  # type: ignore[assignment]
+            functools.partial(_code, values), functools.partial(iter, values), len(values)
+        )
         col.data = view(f"col.{name}")
         s._cols[name] = col
     # tags
@@ -608,9 +617,8 @@ def _index(view: Callable[[str], np.ndarray], state: dict[str, Any], projected: 
 
 def _per_row(codes: np.ndarray, decode: Callable[[int], Any]) -> Overlay[int, Any]:
     """A row -> value dict over a per-row array of codes (-1: the row is absent; ``decode`` maps a code to
-    the value)."""
+    the value). Which rows hold one is found when first asked (a pass over the array), not at open."""
     size = len(codes)
-    present = np.flatnonzero(codes >= 0)
 
     def base(r: int) -> Any:
         if not 0 <= r < size:
@@ -618,10 +626,14 @@ def _per_row(codes: np.ndarray, decode: Callable[[int], Any]) -> Overlay[int, An
         c = int(codes[r])
         return decode(c) if c >= 0 else None
 
-    def bulk() -> Any:
-        return zip(present.tolist(), map(decode, codes[present].tolist()), strict=True)
+    def present() -> list[int]:
+        return np.flatnonzero(codes >= 0).tolist()
 
-    return Overlay(base, present.tolist, len(present), bulk)
+    def bulk() -> Any:
+        rows = np.flatnonzero(codes >= 0)
+        return zip(rows.tolist(), map(decode, codes[rows].tolist()), strict=True)
+
+    return Overlay(base, present, lambda: int(np.count_nonzero(codes >= 0)), bulk)
 
 
 def _flagged(
@@ -629,13 +641,19 @@ def _flagged(
 ) -> Overlay[int, Any]:
     """A row -> value dict holding the rows ``has`` flags (``values``: the values per row, when an array)."""
     size = len(has)
-    present = np.flatnonzero(has)
 
     def base(r: int) -> Any:
         return value(r) if 0 <= r < size and has[r] else None
 
-    bulk = None if values is None else (lambda: zip(present.tolist(), values[present].tolist(), strict=True))
-    return Overlay(base, present.tolist, len(present), bulk)
+    def present() -> list[int]:
+        return np.flatnonzero(has).tolist()
+
+    def pairs() -> Any:
+        assert values is not None
+        rows = np.flatnonzero(has)
+        return zip(rows.tolist(), values[rows].tolist(), strict=True)
+
+    return Overlay(base, present, lambda: int(np.count_nonzero(has)), None if values is None else pairs)
 
 
 def _lexical(view: Callable[[str], np.ndarray], state: dict[str, Any]) -> LexicalIndex:
