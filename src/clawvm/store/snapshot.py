@@ -47,7 +47,7 @@ import pickle
 import threading
 import zlib
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -98,11 +98,10 @@ def path_for(db_path: str) -> Path:
 
 
 # ---- writing -------------------------------------------------------------------------------------------
-def _table(out: dict[str, np.ndarray], name: str, strings: list[str], lookup: bool = True) -> None:
-    """Strings as packed arrays (``name.s.off``, ``name.s.blob``) and, with ``lookup``, their hash lookup."""
+def _table(out: dict[str, np.ndarray], name: str, strings: Sequence[str | None]) -> None:
+    """Strings as packed arrays (``name.s.off``, ``name.s.blob``) with their hash lookup."""
     out[f"{name}.s.off"], out[f"{name}.s.blob"] = Strings.pack(strings)
-    if lookup:
-        out[f"{name}.s.hash"], out[f"{name}.s.at"] = Strings.lookup(strings)
+    out[f"{name}.s.hash"], out[f"{name}.s.at"] = Strings.lookup(strings)
 
 
 def _row_flags(size: int, rows: list[int]) -> np.ndarray:
@@ -125,7 +124,7 @@ def _arrays(ix: SearchIndex) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     out = _Arrays()
     n = len(ix.ids)
     ids: list[str | None] = list(ix.ids)
-    _table(out, "ids", ids)  # type: ignore[arg-type]
+    _table(out, "ids", ids)
     out["ids.null"] = np.fromiter((i is None for i in ids), dtype=bool, count=n)
     for name in _INDEX_ARRAYS:
         out[f"ix{name}"] = getattr(ix, name)
@@ -164,7 +163,7 @@ def _arrays(ix: SearchIndex) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     _table(out, "tag", [t for t, _ in tags])
     out["tag.off"], out["tag.rows"] = pack_runs([sorted(rows) for _, rows in tags], np.int64)
     out["tag.row.off"], out["tag.row.codes"] = transpose(out["tag.off"], out["tag.rows"], n)
-    out["tag.row.has"] = _row_flags(n, list(ix._row_tags))  # the keys alone: the lists are the tags' inverse
+    out["tag.row.has"] = _row_flags(n, list(ix._row_tags))  # the lists themselves: the tags' inverse
     lex_state = _lexical_arrays(ix.lexical, out)
     vec_state = _vector_arrays(ix.vectors, out)
     state = {
@@ -193,9 +192,8 @@ def _lexical_arrays(lex: LexicalIndex, out: dict[str, np.ndarray]) -> dict[str, 
     out["post.df.count"] = pack_runs([[c for _, c in d] for d in dfs], np.int64)[1]
     size = len(lex._alive)
     out["doc.off"], out["doc.codes"] = transpose(out["post.off"], out["post.rows"], size)
-    out["doc.has"] = _row_flags(
-        size, list(lex._doc_terms)
-    )  # the keys alone: the lists are the postings' inverse
+    # which rows hold a term list (the lists themselves are the postings' inverse, above)
+    out["doc.has"] = _row_flags(size, list(lex._doc_terms))
     out["lex.doc_len"], out["lex.alive"], out["lex.group"] = lex._doc_len, lex._alive, lex._group
     return {
         "language": lex.analyzer._language,
@@ -465,12 +463,10 @@ def _load(fd: int, dim: int, fingerprint_of: Any, current_rev: int) -> Loaded:
     return Loaded(index, int(header["rev"]), None if eager else verifier)
 
 
-def _strings(view: Callable[[str], np.ndarray], name: str, lookup: bool = True) -> Strings:
-    if lookup:
-        return Strings(
-            view(f"{name}.s.off"), view(f"{name}.s.blob"), view(f"{name}.s.hash"), view(f"{name}.s.at")
-        )
-    return Strings(view(f"{name}.s.off"), view(f"{name}.s.blob"))
+def _strings(view: Callable[[str], np.ndarray], name: str) -> Strings:
+    return Strings(
+        view(f"{name}.s.off"), view(f"{name}.s.blob"), view(f"{name}.s.hash"), view(f"{name}.s.at")
+    )
 
 
 def _found(i: int) -> int | None:
