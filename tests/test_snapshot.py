@@ -421,3 +421,27 @@ def test_an_appended_list_reads_its_base_and_keeps_its_own_writes() -> None:
         items[4]
     table = Strings(*Strings.pack(["x", "yz", "é"]), *Strings.lookup(["x", "yz", "é"]))
     assert [table.find(s) for s in ("é", "yz", "x", "w")] == [2, 1, 0, -1] and list(table) == ["x", "yz", "é"]
+
+
+def test_a_snapshot_written_over_an_unchecked_one_checks_it_first(
+    built: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The background check waits a while after open; a snapshot written before then (a close after a
+    write) runs it at once instead of waiting, and a damaged base is rebuilt, not copied."""
+    monkeypatch.setattr(snap, "EAGER_VERIFY_BYTES", 0)
+    monkeypatch.setattr(snap, "VERIFY_DELAY_S", 600.0)
+    index = snap.path_for(str(built))
+    part = snap.read_header(index)["parts"]["sess.rows"]
+    _flip(index, part["offset"] + part["length"] // 2)
+    store = opened(built)
+    assert store.index_source == "snapshot"
+    store.write(memories(1, start=800), None, [])
+    store.close()  # no ten-minute wait: the check ran now, found the damage, and the rows were replayed
+    assert store.index_source.startswith("rows (corrupt: sess.rows"), store.index_source
+    again = opened(built)
+    try:
+        assert again.index_source == "snapshot"
+        assert again.count(Filters()) == 199
+        assert again.snapshot_check() is None  # the new snapshot is sound (checked now, delay or not)
+    finally:
+        again.close()

@@ -344,20 +344,22 @@ class Verifier:
     delay_s: float = VERIFY_DELAY_S
     error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
-    _stop: threading.Event = field(default_factory=threading.Event)
+    _wake: threading.Event = field(default_factory=threading.Event)  # ends the delay: stop() or hurry()
+    _stopped: bool = False
     _thread: threading.Thread | None = None
 
     def check(self) -> str | None:
         try:
             for name, part in self.parts.items():
                 crc, at, left = 0, part["offset"], part["length"]
-                while left and not self._stop.is_set():
+                while left and not self._stopped:
                     chunk = os.pread(self.fd, min(left, 1 << 22), at)
                     if not chunk:
-                        return f"torn: {name} runs past the end of the file"
+                        self.error = f"torn: {name} runs past the end of the file"
+                        return self.error
                     crc = zlib.crc32(chunk, crc)
                     at, left = at + len(chunk), left - len(chunk)
-                if self._stop.is_set():
+                if self._stopped:
                     return None
                 if crc != part["crc32"]:
                     self.error = f"corrupt: {name} fails its checksum"
@@ -369,7 +371,8 @@ class Verifier:
     def start(self) -> None:
         def run() -> None:
             try:
-                if self._stop.wait(self.delay_s):
+                self._wake.wait(self.delay_s)
+                if self._stopped:
                     return
                 with contextlib.suppress(OSError, AttributeError):  # below the threads that answer queries
                     os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
@@ -381,12 +384,24 @@ class Verifier:
         self._thread = threading.Thread(target=run, name="clawvm-snapshot-check", daemon=True)
         self._thread.start()
 
+    def hurry(self) -> None:
+        """Start the check now (before a snapshot is written from the mapped index: a damaged base must not
+        be copied into a new file under a good checksum)."""
+        self._wake.set()
+
     def stop(self) -> None:
-        self._stop.set()
+        self._stopped = True
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        elif not self.done.is_set():  # never started: its descriptor is still ours to close
+            self.done.set()
+            os.close(self.fd)
 
     def wait(self, timeout: float = 60.0) -> str | None:
+        if self._thread is None and not self.done.is_set():
+            self.hurry()
+            self.start()
         self.done.wait(timeout)
         return self.error
 

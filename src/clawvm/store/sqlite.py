@@ -334,10 +334,13 @@ class SQLiteStore(Store):
         return loaded.index, loaded.rev
 
     def snapshot_check(self, timeout: float = 60.0) -> str | None:
-        """Wait for the background check of the mapped snapshot's checksums (see :mod:`.snapshot`); what it
-        found wrong, None when nothing (or when the snapshot was checked at open, or not used)."""
+        """Run the background check of the mapped snapshot's checksums now (see :mod:`.snapshot`) and wait for
+        it; what it found wrong, None when nothing (or when the snapshot was checked at open, or not used)."""
         verifier = self._verifier
-        return None if verifier is None else verifier.wait(timeout)
+        if verifier is None:
+            return None
+        verifier.hurry()  # asked for: no need to wait out the delay after open
+        return verifier.wait(timeout)
 
     def _drop_damaged_snapshot(self) -> None:
         """The background check found the mapped snapshot damaged: rebuild the index from the rows (the
@@ -378,6 +381,9 @@ class SQLiteStore(Store):
         with self._lock, _translated("snapshot"):
             if self.path == ":memory:" or self._index is None:
                 return None
+            if self._verifier is not None:  # a damaged base must not be copied into a new snapshot
+                self._verifier.hurry()
+                self._verifier.wait()
             db = self._db
             db.execute("BEGIN")  # the fingerprint and the caught-up index: one view of the file
             try:
@@ -424,8 +430,6 @@ class SQLiteStore(Store):
     def close(self) -> None:
         with self._lock:
             if self._conn is not None and self._index is not None and self._rev != self._snapshot_rev:
-                if self._verifier is not None:  # a damaged base must not be copied into the next snapshot
-                    self._verifier.wait()
                 try:
                     self.write_snapshot()
                 except Exception as exc:  # the rows are the truth: a failed snapshot costs the next open time
