@@ -158,7 +158,7 @@ def measure_memory(path: Path, n: int) -> dict[str, Any]:
         "    h = clawvm.Harness.open(sys.argv[2], embedder=None)\n"
         "    h.recall_with('kaibou', np.ones(384, dtype=np.float32), 10, h.config, h.filters({}))\n"
         "    ix = h.store.index\n"
-        "    post = sum(len(p.rows) for p in ix.lexical._postings.values())\n"
+        "    post = ix.lexical.posting_count()  # counted, not visited: a mapped index builds none of them\n"
         "    vec = ix.vectors._n * ix.vectors.dim * 4\n"
         "    print(json.dumps({'rss': rss(), 'base': base, 'postings': post, 'vector_bytes': vec,"
         " 'peak': hwm(), 'source': h.store.index_source}))\n"

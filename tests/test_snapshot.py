@@ -18,10 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import clawvm
 from clawvm import Memory
 from clawvm.core.model import Filters
-from clawvm.store import Query, SQLiteStore
+from clawvm.store import Query, SQLiteStore, mapped
 from clawvm.store import snapshot as snap
+from clawvm.store.mapped import Appended, Overlay, Strings
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 WORDS = ["payment", "refund", "alice", "deploy", "disk", "invoice", "cache", "lisbon", "retry", "coffee"]
@@ -312,3 +314,134 @@ def test_a_snapshot_of_an_index_of_another_shape_is_rebuilt(
         assert store.count(Filters()) == 198
     finally:
         store.close()
+
+
+def _recalls(h: clawvm.Harness) -> list[object]:
+    """Default-preset recall of a few queries (query vectors given): ids, fused scores and channels."""
+    out: list[object] = []
+    for n, text in enumerate(["payment refund", "alice lisbon deploy", "coffee cache retry", "invoice"]):
+        q = vectors(1, 40 + n)[0]
+        for filters in (h.filters({}), h.filters({"session_id": "s3"})):
+            hits = h.recall_with(text, q, 10, h.config, filters)
+            out.append([(r.id, round(r.score, 6), sorted(r.explain)) for r in hits])
+    return out
+
+
+def test_recall_on_a_mapped_snapshot_matches_a_rebuilt_index(tmp_path: Path) -> None:
+    """Recall through the harness on 300 memories (sessions, tags, entities): the same hits and scores from
+    an index opened from its snapshot as from one rebuilt from the rows, before and after more writes."""
+    path = tmp_path / "h.db"
+    h = clawvm.Harness.open(path, embedder=None)
+    words = [*WORDS, "Alice", "Bob", "Lisbon"]
+    vs = vectors(300, 7)
+    for i in range(300):
+        text = " ".join(words[(i * k) % len(words)] for k in (1, 3, 7, 11))
+        h.record(text, embedding=vs[i], session_id=f"s{i % 12}", tags=[f"t{i % 5}"], kind="observation")
+    h.close()
+    shutil.copy(path, tmp_path / "copy.db")
+    fast = clawvm.Harness.open(path, embedder=None)
+    slow = clawvm.Harness.open(tmp_path / "copy.db", embedder=None)
+    try:
+        assert fast.store.index_source == "snapshot", fast.store.index_source  # type: ignore[attr-defined]
+        assert slow.store.index_source.startswith("rows")  # type: ignore[attr-defined]
+        first = _recalls(fast)
+        assert all(first[::2]), "every unfiltered query finds something"
+        assert first == _recalls(slow)
+        more = [m.model_copy(update={"session_id": "s3", "tenant": "default"}) for m in memories(20, 900)]
+        some = fast.store.page(Filters(), None, 4)  # rows of the mapped base: re-indexed, deleted
+        changed = [m.model_copy(update={"content": "refund for Bob", "version": m.version + 1}) for m in some]
+        for h in (fast, slow):  # the same writes to both: on the mapped one they land in its overlays
+            h.store.write(more, vs[:20], [])
+            h.store.write(changed[:3], None, [])
+            h.store.delete_many([changed[3].id])
+        assert _recalls(fast) == _recalls(slow)
+    finally:
+        fast.close()
+        slow.close()
+
+
+def test_damage_found_after_open_rebuilds_from_the_rows(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big snapshot's arrays are checked after open, in the background: damage found then makes the
+    engine rebuild from the rows before its next operation."""
+    monkeypatch.setattr(snap, "EAGER_VERIFY_BYTES", 0)
+    monkeypatch.setattr(snap, "VERIFY_DELAY_S", 0.0)
+    shutil.copy(built, tmp_path / "clean.db")
+    clean = opened(tmp_path / "clean.db")
+    index = snap.path_for(str(built))
+    part = snap.read_header(index)["parts"]["post.rows"]
+    _flip(index, part["offset"] + part["length"] // 2)
+    store = opened(built)
+    try:
+        assert store.index_source == "snapshot"  # the header, the state and the sizes are sound
+        assert (store.snapshot_check() or "").startswith("corrupt: post.rows"), store.snapshot_check()
+        assert answers(store) == answers(clean)
+        assert store.index_source.startswith("rows (corrupt"), store.index_source
+    finally:
+        store.close()
+        clean.close()
+    again = opened(built)  # the close wrote a sound snapshot
+    try:
+        assert again.index_source == "snapshot" and again.snapshot_check() is None
+    finally:
+        again.close()
+
+
+def test_an_overlay_reads_through_to_its_base_and_keeps_its_own_writes() -> None:
+    """The dict the mapped index holds: base answers, writes and deletes over it, the count, the pairs."""
+    base = {1: "a", 2: "b", 3: "c"}
+    counted: list[int] = []
+
+    def count() -> int:
+        counted.append(1)
+        return len(base)
+
+    m = Overlay(base.get, lambda: iter(base), count, lambda: iter(base.items()))
+    assert m.get(2) == "b" and 9 not in m and not counted  # reads do not count the base
+    m[2] = "B"  # replaces a base value: the count stays
+    m[4] = "d"  # a new key
+    del m[1]
+    assert counted == [1] and len(m) == 3
+    with pytest.raises(KeyError):
+        del m[1]
+    m[1] = "again"
+    assert m.pop(3) == "c" and m.pop(3, None) is None
+    assert dict(mapped.items(m)) == {1: "again", 2: "B", 4: "d"} == {k: m[k] for k in m}
+    assert len(m) == 3 and base == {1: "a", 2: "b", 3: "c"}  # the base is never written
+
+
+def test_an_appended_list_reads_its_base_and_keeps_its_own_writes() -> None:
+    items = Appended(lambda i: f"row{i}", 3, lambda: [f"row{i}" for i in range(3)])
+    items.append("new")
+    items[1] = None
+    assert len(items) == 4 and items[-1] == "new" and items[0] == "row0" and items[1] is None
+    assert list(items) == ["row0", None, "row2", "new"]
+    with pytest.raises(IndexError):
+        items[4]
+    table = Strings(*Strings.pack(["x", "yz", "é"]), *Strings.lookup(["x", "yz", "é"]))
+    assert [table.find(s) for s in ("é", "yz", "x", "w")] == [2, 1, 0, -1] and list(table) == ["x", "yz", "é"]
+
+
+def test_a_snapshot_written_over_an_unchecked_one_checks_it_first(
+    built: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The background check waits a while after open; a snapshot written before then (a close after a
+    write) runs it at once instead of waiting, and a damaged base is rebuilt, not copied."""
+    monkeypatch.setattr(snap, "EAGER_VERIFY_BYTES", 0)
+    monkeypatch.setattr(snap, "VERIFY_DELAY_S", 600.0)
+    index = snap.path_for(str(built))
+    part = snap.read_header(index)["parts"]["sess.rows"]
+    _flip(index, part["offset"] + part["length"] // 2)
+    store = opened(built)
+    assert store.index_source == "snapshot"
+    store.write(memories(1, start=800), None, [])
+    store.close()  # no ten-minute wait: the check ran now, found the damage, and the rows were replayed
+    assert store.index_source.startswith("rows (corrupt: sess.rows"), store.index_source
+    again = opened(built)
+    try:
+        assert again.index_source == "snapshot"
+        assert again.count(Filters()) == 199
+        assert again.snapshot_check() is None  # the new snapshot is sound (checked now, delay or not)
+    finally:
+        again.close()

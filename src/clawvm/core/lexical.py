@@ -4,7 +4,8 @@ Why in memory and not SQLite FTS5: measured on this 2-core machine, FTS5 ``bm25(
 short documents took 7 ms median / 35 ms p95 (and 23 / 111 ms under load) — over the whole recall budget
 of 10 ms p95 on its own. Scoring our own postings with numpy takes well under 2 ms at 100k (see
 ``bench/recall_scale.py``), and lets retrieval own the analyzer (stemming, stop words, field text), which
-is where LoCoMo's measured gains are. The index is rebuilt from the engine's rows on open.
+is where LoCoMo's measured gains are. The engine maps the index from a snapshot on open, or rebuilds it from
+its rows.
 """
 
 from __future__ import annotations
@@ -180,6 +181,7 @@ class LexicalIndex:
         self._doc_terms: dict[int, list[str]] = {}
         self._total_len = 0.0
         self._n_alive = 0
+        self._n_postings = 0  # (term, row) pairs: what the postings hold, counted without visiting them
         self._group = np.zeros(1024, dtype=np.int32)  # each row's statistics group
         self._group_n: dict[int, int] = {}  # group -> live rows
         self._group_len: dict[int, float] = {}  # group -> their total length
@@ -216,12 +218,17 @@ class LexicalIndex:
             p.df[group] = p.df.get(group, 0) + 1
             p.group_cache.pop(group, None)
         self._doc_terms[row] = list(counts)
+        self._n_postings += len(counts)
         self._doc_len[row] = len(terms)
         self._alive[row] = True
         self._total_len += len(terms)
         self._n_alive += 1
         self._group_n[group] = self._group_n.get(group, 0) + 1
         self._group_len[group] = self._group_len.get(group, 0.0) + len(terms)
+
+    def posting_count(self) -> int:
+        """How many (term, row) postings the index holds."""
+        return self._n_postings
 
     def group_of(self, row: int) -> int | None:
         """The statistics group of a live ``row`` (None when it is not indexed)."""
@@ -249,6 +256,7 @@ class LexicalIndex:
             if i >= 0:
                 del p.rows[i]
                 del p.tfs[i]
+                self._n_postings -= 1
                 p.cache = p.by_row = None
                 p.group_cache.pop(group, None)
                 p.df[group] -= 1

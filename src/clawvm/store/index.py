@@ -3,7 +3,8 @@
 It maps memory ids to dense row numbers and keeps, per row: the filterable metadata as interned integer
 columns (so a filter becomes a few vectorised numpy comparisons, ~0.1 ms per column at 100k rows), a
 BM25 lexical index and a dense vector index. Engines keep the memories themselves (a dict, or the SQLite
-file) and feed every write through here; on open the SQLite engine rebuilds it from the file's rows.
+file) and feed every write through here; on open the SQLite engine maps it from a snapshot (its dicts and
+lists become :mod:`clawvm.store.mapped` overlays over flat arrays) or rebuilds it from the file's rows.
 Not internally locked: the owning engine holds its lock around every call.
 """
 
@@ -26,6 +27,7 @@ from clawvm.core.lexical import LexicalIndex, top_rows, top_scores
 from clawvm.core.model import Filters, Memory, Scope, Visibility
 from clawvm.core.vectors import VectorIndex
 from clawvm.store.base import CandidateInfo, Query, QueryResult, check_vectors
+from clawvm.store.mapped import key_of
 
 _COLUMNS = (
     "tenant",
@@ -165,8 +167,8 @@ class SearchIndex:
     channel is BM25 over neighbourhood documents (the concatenation of their texts) computed at query time
     from the lexical postings (see :meth:`context_search`); writes only keep the session order and each
     neighbourhood's length current, O(window). Entities (:func:`clawvm.core.entities.entities` of the indexed
-    text)
-    map to the rows naming them. All of it is derived from the memories: rebuilt on open, nothing persisted.
+    text) map to the rows naming them. All of it is derived from the memories: a snapshot persists it, the
+    rows rebuild it.
 
     (A materialised second inverted index over neighbourhood documents was measured first: same recall,
     but 2x the memory, 5x the reopen time and ~0.7 ms more per write at 100k memories.)
@@ -206,7 +208,8 @@ class SearchIndex:
         self._tags: dict[str, set[int]] = {}
         self._tag_names: list[str] = []  # every key of _tags, sorted: prefix and keyset walks (tag_names)
         self._row_tags: dict[int, list[str]] = {}
-        self._text_hash: dict[int, int] = {}  # to skip re-tokenising unchanged text
+        # to skip re-tokenising unchanged text: a stable hash (hash() differs per process), kept by snapshots
+        self._text_hash: dict[int, int] = {}
         self._agents: dict[str, frozenset[str]] = {}  # tenant -> agent_ids seen (never shrinks)
         # per tenant (its code in the tenant column, the lexical index's statistics group): writes to it,
         # so a cache of one tenant's corpus statistics ages with that tenant's writes alone
@@ -265,13 +268,14 @@ class SearchIndex:
         text = index_text(memory)
         group = self._cols["tenant"].codes[memory.tenant]
         old_group = self.lexical.group_of(row)
-        changed = self._text_hash.get(row) != hash(text) or old_group != group
+        text_key = key_of(text)
+        changed = self._text_hash.get(row) != text_key or old_group != group
         self._version += 1
         self._wrote(group, old_group)
         old_len = float(self.lexical.doc_len[row]) if row < len(self.lexical.doc_len) else 0.0
         if changed:
             self.lexical.add(row, text, group)
-            self._text_hash[row] = hash(text)
+            self._text_hash[row] = text_key
             self._set_entities(row, entities(text))
         # session order: leave the old place, take the new one; the neighbourhood lengths around both
         # places change by one memory in, one out (O(window))

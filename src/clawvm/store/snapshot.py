@@ -2,7 +2,7 @@
 the file maps the index instead of rebuilding it from every row.
 
 The file's rows stay the truth. A snapshot records the ``rev`` (the engine's change counter) it is current
-to; on open the engine loads it and replays only the rows and tombstones with a newer ``rev`` (the delta:
+to; on open the engine maps it and replays only the rows and tombstones with a newer ``rev`` (the delta:
 writes since the snapshot, by this process before a crash or by others), exactly as it catches up with
 another process's writes. So a crash between a snapshot and later writes loses nothing, and a snapshot that
 is missing, torn, corrupt or stale (another file's, a newer ``rev`` than the file holds, another schema or
@@ -12,41 +12,65 @@ Layout of ``<db>.index``, one file written to a temporary name and renamed over 
 
 | part | bytes |
 |---|---|
-| header | magic, JSON length, JSON (format, rev, schema, dim, fingerprint, the parts' lengths and CRC32s) |
-| state | the index as a pickle, its two vector matrices left out |
-| vectors | the vector matrix (float32 rows, capacity x dim), from a page boundary |
-| projected | the projected matrix the vector search screens with, when fitted |
+| header | magic, JSON length, JSON (format, rev, schema, dim, fingerprint, size; per part: offset, length, |
+| | dtype, shape, CRC32) |
+| state | the small fields (counters, per-tenant statistics, column vocabularies): a pickle of plain types |
+| arrays | each per-row or per-term structure as flat arrays (``docs/scale.md`` lists them): the vector |
+| | matrices (float32, from a page boundary), per-row columns, strings as UTF-8 bytes + offsets with a |
+| | sorted hash lookup, postings / sessions / entities / tags as compressed sparse rows |
 
-The vector matrices are memory-mapped copy-on-write on load (``numpy.memmap`` mode ``c``): pages are read
-when a search touches them, shared with the page cache, and a write in this process copies only the page it
-changes; a grown index moves to ordinary memory as before. The pickle is read whole: postings, columns,
-session order and entities (a second or so at 100k memories, against tens of seconds to rebuild them).
+Opening reads the header and the state, maps the whole file copy-on-write (``mmap`` ``ACCESS_COPY``) and
+builds views over it (:mod:`clawvm.store.mapped`): no per-row Python object is made, so opening costs the
+same at 1k and at 1M memories, and a query reads only the pages it touches. What the index changes after
+open goes to small overlays (a dict beside each mapped dict, a tail beside each mapped list; an array write
+copies only its page); the next snapshot folds them into a new file.
+
+Checks: the header, the fingerprint (file id, schema, the newest row's id) and the parts' bounds against the
+file's size at open; the state's CRC at open; the arrays' CRCs at open when they total at most
+``EAGER_VERIFY_BYTES``, else by a low-priority background pass right after open (reading through its own
+descriptor, so it fills no mapping) — the engine rebuilds from the rows when that pass finds damage. Reading
+every byte at open would cost what mapping saves (~200 MB at 100k memories); the snapshot is written whole
+and renamed into place, so only damage from outside (a disk, a hand) can fail a CRC, and a process that
+lives past the pass (under a second at 100k) notices it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
+import math
+import mmap
 import os
 import pickle
 import threading
 import zlib
 from array import array
-from collections.abc import Iterator, Mapping, MutableMapping
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from clawvm.core.lexical import Analyzer, LexicalIndex, _Postings
+from clawvm.core.lexical import Analyzer, BM25Params, LexicalIndex, _Postings
 from clawvm.core.vectors import VectorIndex
-from clawvm.store.index import SearchIndex
+from clawvm.store.index import _COLUMNS, SearchIndex, _Column
+from clawvm.store.mapped import Appended, Overlay, Strings, csr, items, pack_runs, transpose
 
 MAGIC = b"CLAWVM-INDEX\n"
-FORMAT = 2  # 2: each term's document frequency per statistics group (per-tenant BM25)
+FORMAT = 3  # 3: flat arrays, mapped on open (2: one pickle, read whole)
 _PAGE = 4096
+_ALIGN = 64
+#: Arrays up to this many bytes in all are checked at open; above, by a background pass after open.
+EAGER_VERIFY_BYTES = 16 * 2**20
+#: Seconds after open before that background pass starts: a short-lived process (a CLI call) is not slowed
+#: by it; a process that lives on checks the snapshot it answers from.
+VERIFY_DELAY_S = 1.0
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_INDEX_ARRAYS = ("_alive", "_created", "_pinned", "_expires", "_prev", "_next", "_ctx_len")
 
 
 @dataclass(frozen=True)
@@ -61,10 +85,12 @@ class Fingerprint:
     last_id: str | None
 
 
-@dataclass(frozen=True)
+@dataclass
 class Loaded:
     index: SearchIndex
     rev: int
+    #: the arrays' checksums, still to verify (None: verified at open)
+    verifier: Verifier | None = None
 
 
 def path_for(db_path: str) -> Path:
@@ -72,196 +98,194 @@ def path_for(db_path: str) -> Path:
 
 
 # ---- writing -------------------------------------------------------------------------------------------
-class _Pickler(pickle.Pickler):
-    """Pickles a SearchIndex without its vector matrices (written apart, mapped on load), query caches or
-    locks."""
-
-    def __init__(self, file: BinaryIO, matrices: dict[int, str]) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self._matrices = matrices  # id(array) -> its part's name
-
-    def persistent_id(self, obj: Any) -> Any:
-        if isinstance(obj, np.ndarray):
-            name = self._matrices.get(id(obj))
-            if name is not None:
-                return ("matrix", name)
-        return None
-
-    def reducer_override(self, obj: Any) -> Any:
-        if type(obj) is Analyzer:  # its stemmers are per thread and its cache refills: the language only
-            return Analyzer, (obj._language,)
-        if type(obj) is _Postings:  # rows, tfs, per-group frequencies: the impact caches are rebuilt on use
-            return _postings, (obj.rows, obj.tfs, obj.df)
-        if type(obj) is LexicalIndex:
-            state = dict(vars(obj))
-            # the bulk of the index as a few flat arrays: ~20k small objects and 100k lists unpickled one
-            # by one took seconds at 100k memories
-            state["_postings"] = _flat_postings(obj._postings)
-            state["_doc_terms"] = _LazyLists.encode(obj._doc_terms)
-            return _lexical_index, (state,)
-        if type(obj) is _LazyLists:
-            return _LazyLists, _LazyLists.encode(obj).parts
-        if type(obj) is VectorIndex:
-            state = {k: v for k, v in vars(obj).items() if k != "_lock"}
-            return _vector_index, (state,)
-        if type(obj) is SearchIndex:
-            state = dict(vars(obj))
-            state.update(_last_mask=None, _ctx_df={}, _ctx_sum=(-1, 0.0))  # caches keyed by the version
-            del state["row_of"]  # the inverse of ids: rebuilt in one pass
-            state["_row_tags"] = _LazyLists.encode(obj._row_tags)
-            return _search_index, (state,)
-        return NotImplemented
+def _table(out: dict[str, np.ndarray], name: str, strings: Sequence[str | None]) -> None:
+    """Strings as packed arrays (``name.s.off``, ``name.s.blob``) with their hash lookup."""
+    out[f"{name}.s.off"], out[f"{name}.s.blob"] = Strings.pack(strings)
+    out[f"{name}.s.hash"], out[f"{name}.s.at"] = Strings.lookup(strings)
 
 
-def _postings(rows: Any, tfs: Any, df: dict[int, int]) -> _Postings:
-    p = _Postings.__new__(_Postings)  # not __init__: its empty arrays would be thrown away at once
-    p.rows, p.tfs, p.cache, p.by_row, p.df, p.group_cache = rows, tfs, None, None, df, {}
-    return p
+def _row_flags(size: int, rows: list[int]) -> np.ndarray:
+    flags = np.zeros(size, dtype=bool)
+    flags[np.asarray(rows, dtype=np.int64)] = True
+    return flags
 
 
-@dataclass(frozen=True)
-class _Flat:
-    """A dict of int -> list of strings as flat arrays (rows, offsets into codes, codes into a vocabulary)."""
+class _Arrays(dict[str, np.ndarray]):
+    """Named arrays; a name is given once."""
 
-    parts: tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]
-
-
-class _LazyLists(MutableMapping[int, list[str]]):
-    """A loaded ``dict[int, list[str]]`` (a row's terms, a row's tags) left flat: a row's list is built when
-    it is read (a re-index, a delete), so opening does not build 100k lists. Writes go to an overlay."""
-
-    def __init__(self, rows: np.ndarray, offsets: np.ndarray, codes: np.ndarray, vocab: list[str]) -> None:
-        self._rows, self._offsets, self._codes, self._vocab = rows, offsets, codes, vocab
-        self._over: dict[int, list[str]] = {}
-        self._gone: set[int] = set()
-
-    @staticmethod
-    def encode(lists: Mapping[int, list[str]]) -> _Flat:
-        vocab: dict[str, int] = {}
-        rows = np.fromiter(sorted(lists), dtype=np.int64, count=len(lists))
-        lengths = np.zeros(len(rows) + 1, dtype=np.int64)
-        codes: list[int] = []
-        for i, row in enumerate(rows.tolist()):
-            items = lists[row]
-            lengths[i + 1] = len(items)
-            codes.extend(vocab.setdefault(x, len(vocab)) for x in items)
-        return _Flat((rows, np.cumsum(lengths), np.asarray(codes, dtype=np.int32), list(vocab)))
-
-    def _base(self, row: int) -> int:
-        """The row's place in the flat arrays, -1 when it is not there (or was deleted)."""
-        if row in self._gone:
-            return -1
-        i = int(np.searchsorted(self._rows, row))
-        return i if i < len(self._rows) and self._rows[i] == row else -1
-
-    def __getitem__(self, row: int) -> list[str]:
-        if row in self._over:
-            return self._over[row]
-        i = self._base(row)
-        if i < 0:
-            raise KeyError(row)
-        vocab = self._vocab
-        return [vocab[c] for c in self._codes[self._offsets[i] : self._offsets[i + 1]].tolist()]
-
-    def __setitem__(self, row: int, value: list[str]) -> None:
-        self._over[row] = value
-
-    def __delitem__(self, row: int) -> None:
-        found = self._over.pop(row, None) is not None
-        if self._base(row) >= 0:
-            self._gone.add(row)
-            found = True
-        if not found:
-            raise KeyError(row)
-
-    def __iter__(self) -> Iterator[int]:
-        yield from self._over
-        for row in self._rows.tolist():
-            if row not in self._gone and row not in self._over:
-                yield row
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
+    def __setitem__(self, name: str, a: np.ndarray) -> None:
+        if name in self:
+            raise ValueError(f"two arrays named {name}")
+        super().__setitem__(name, a)
 
 
-def _lists(flat: _Flat | dict[int, list[str]]) -> _LazyLists | dict[int, list[str]]:
-    return _LazyLists(*flat.parts) if isinstance(flat, _Flat) else flat
-
-
-def _flat_postings(
-    postings: dict[str, _Postings],
-) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, list[dict[int, int]]]:
-    terms = list(postings)
-    lengths = np.fromiter((len(p.rows) for p in postings.values()), dtype=np.int64, count=len(terms))
-    offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths)])
-    rows = np.frombuffer(b"".join(p.rows.tobytes() for p in postings.values()), dtype=np.int64)
-    tfs = np.frombuffer(b"".join(p.tfs.tobytes() for p in postings.values()), dtype=np.float32)
-    return terms, offsets, rows, tfs, [p.df for p in postings.values()]
-
-
-def _lexical_index(state: dict[str, Any]) -> LexicalIndex:
-    terms, offsets, rows, tfs, dfs = state["_postings"]
-    bounds = offsets.tolist()
-    state["_postings"] = {
-        t: _postings(array("q", rows[a:b].tobytes()), array("f", tfs[a:b].tobytes()), df)
-        for t, a, b, df in zip(terms, bounds, bounds[1:], dfs, strict=False)
+def _arrays(ix: SearchIndex) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The index as named flat arrays and a dict of small fields."""
+    out = _Arrays()
+    n = len(ix.ids)
+    ids: list[str | None] = list(ix.ids)
+    _table(out, "ids", ids)
+    out["ids.null"] = np.fromiter((i is None for i in ids), dtype=bool, count=n)
+    for name in _INDEX_ARRAYS:
+        out[f"ix{name}"] = getattr(ix, name)
+    hashed = dict(items(ix._text_hash))
+    out["text.has"] = _row_flags(n, list(hashed))
+    out["text.key"] = np.zeros(n, dtype=np.int64)
+    out["text.key"][list(hashed)] = list(hashed.values())
+    counted = dict(items(ix._entity_group))
+    out["ent.group"] = np.full(n, -1, dtype=np.int32)
+    out["ent.group"][list(counted)] = list(counted.values())
+    for name, col in ix._cols.items():
+        out[f"col.{name}"] = col.data
+        _table(out, f"col.{name}.v", list(col.values))
+    # sessions: their keys ("tenant\0session" with the tenant's length) and rows in session order
+    sessions = list(items(ix._sessions))
+    keys = [f"{t}\0{s}" for (t, s), _ in sessions]
+    _table(out, "sess", keys)
+    out["sess.tlen"] = np.fromiter((len(t) for (t, _), _ in sessions), dtype=np.int64, count=len(sessions))
+    out["sess.off"], out["sess.rows"] = pack_runs([rows for _, rows in sessions], np.int64)
+    out["sess.code"] = np.full(n, -1, dtype=np.int32)
+    for code, (_, rows) in enumerate(sessions):
+        out["sess.code"][rows] = code
+    # entities (sorted by name: a row's entities come out sorted) with their per-tenant counts
+    entities = sorted(items(ix._entities))
+    _table(out, "ent", [e for e, _ in entities])
+    out["ent.off"], out["ent.rows"] = pack_runs([sorted(rows) for _, rows in entities], np.int64)
+    out["ent.row.off"], out["ent.row.codes"] = transpose(out["ent.off"], out["ent.rows"], n)
+    per_entity: dict[str, list[tuple[int, int]]] = {}
+    for (e, group), count in items(ix._entity_df):
+        per_entity.setdefault(e, []).append((group, count))
+    dfs = [sorted(per_entity.get(e, [])) for e, _ in entities]
+    out["ent.df.off"], out["ent.df.group"] = pack_runs([[g for g, _ in d] for d in dfs], np.int64)
+    out["ent.df.count"] = pack_runs([[c for _, c in d] for d in dfs], np.int64)[1]
+    # tags (empty ones too: their names stay listed) and which rows hold a tag list
+    tags = list(items(ix._tags))
+    _table(out, "tag", [t for t, _ in tags])
+    out["tag.off"], out["tag.rows"] = pack_runs([sorted(rows) for _, rows in tags], np.int64)
+    out["tag.row.off"], out["tag.row.codes"] = transpose(out["tag.off"], out["tag.rows"], n)
+    out["tag.row.has"] = _row_flags(n, list(ix._row_tags))  # the lists themselves: the tags' inverse
+    lex_state = _lexical_arrays(ix.lexical, out)
+    vec_state = _vector_arrays(ix.vectors, out)
+    state = {
+        "n_ids": n,
+        "n_live": len(ix.row_of),
+        "window": ix.window,
+        "version": ix._version,
+        "ctx_group_sum": dict(ix._ctx_group_sum),
+        "agents": dict(ix._agents),
+        "tag_names": list(ix._tag_names),
+        "tenant_version": dict(ix._tenant_version),
+        "lexical": lex_state,
+        "vectors": vec_state,
     }
-    state["_doc_terms"] = _lists(state["_doc_terms"])
-    lexical = LexicalIndex.__new__(LexicalIndex)
-    vars(lexical).update(state)
-    return lexical
+    return out, state
 
 
-def _vector_index(state: dict[str, Any]) -> VectorIndex:
-    v = VectorIndex.__new__(VectorIndex)
-    vars(v).update(state)
-    v._lock = threading.Lock()
-    return v
+def _lexical_arrays(lex: LexicalIndex, out: dict[str, np.ndarray]) -> dict[str, Any]:
+    postings = list(items(lex._postings))
+    _table(out, "term", [t for t, _ in postings])
+    rows = [np.frombuffer(p.rows, dtype=np.int64) for _, p in postings]
+    out["post.off"], out["post.rows"] = pack_runs(rows, np.int64)
+    out["post.tfs"] = pack_runs([np.frombuffer(p.tfs, dtype=np.float32) for _, p in postings], np.float32)[1]
+    dfs = [sorted(p.df.items()) for _, p in postings]
+    out["post.df.off"], out["post.df.group"] = pack_runs([[g for g, _ in d] for d in dfs], np.int64)
+    out["post.df.count"] = pack_runs([[c for _, c in d] for d in dfs], np.int64)[1]
+    size = len(lex._alive)
+    out["doc.off"], out["doc.codes"] = transpose(out["post.off"], out["post.rows"], size)
+    # which rows hold a term list (the lists themselves are the postings' inverse, above)
+    out["doc.has"] = _row_flags(size, list(lex._doc_terms))
+    out["lex.doc_len"], out["lex.alive"], out["lex.group"] = lex._doc_len, lex._alive, lex._group
+    return {
+        "language": lex.analyzer._language,
+        "k1": lex.params.k1,
+        "b": lex.params.b,
+        "total_len": lex._total_len,
+        "n_alive": lex._n_alive,
+        "n_postings": lex._n_postings,
+        "group_n": dict(lex._group_n),
+        "group_len": dict(lex._group_len),
+    }
 
 
-def _search_index(state: dict[str, Any]) -> SearchIndex:
-    state["row_of"] = {memory_id: row for row, memory_id in enumerate(state["ids"]) if memory_id is not None}
-    state["_row_tags"] = _lists(state["_row_tags"])
-    s = SearchIndex.__new__(SearchIndex)
-    vars(s).update(state)
-    return s
+def _vector_arrays(v: VectorIndex, out: dict[str, np.ndarray]) -> dict[str, Any]:
+    out["vectors"] = v._x
+    out["vec.has"] = v._has
+    if v._xp is not None and v._proj is not None:
+        out["projected"], out["vec.proj"] = v._xp, v._proj
+    return {
+        "dim": v.dim,
+        "exact_below": v.exact_below,
+        "proj_dim": v.proj_dim,
+        "rescore": v.rescore,
+        "n": v._n,
+        "hi": v._hi,
+        "fitted_at": v._fitted_at,
+    }
+
+
+def _spare_rows(v: VectorIndex) -> int:
+    """Zero rows written after the vector matrices: the index's next rows land in them (a page copied on
+    write each) instead of growing the matrices, which would copy them whole into memory."""
+    wanted = v._hi + max(1024, v._hi // 8)
+    return max(0, wanted - len(v._x))
 
 
 def write(db_path: str, index: SearchIndex, rev: int, fingerprint: Fingerprint) -> Path:
     """Write the snapshot of ``index`` (current to ``rev``) atomically; returns its path. The caller holds
     the engine's lock, so the index does not change meanwhile."""
     target = path_for(db_path)
-    vectors = index.vectors
-    matrices = {"vectors": vectors._x}
-    if vectors._xp is not None:
-        matrices["projected"] = vectors._xp
+    arrays, small = _arrays(index)
+    state = io.BytesIO()
+    pickle.dump(small, state, protocol=pickle.HIGHEST_PROTOCOL)
+    blobs: dict[str, memoryview] = {"state": state.getbuffer()}
+    shapes: dict[str, dict[str, Any]] = {"state": {}}
+    spare = _spare_rows(index.vectors)
+    zeros: dict[str, bytes] = {}  # written after an array: its spare rows
+    for name, a in arrays.items():
+        a = np.ascontiguousarray(a)
+        blobs[name] = a.reshape(-1).view(np.uint8).data
+        shapes[name] = {"dtype": a.dtype.str, "shape": list(a.shape)}
+        if spare and name in ("vectors", "projected", "vec.has"):
+            zeros[name] = bytes(spare * a.dtype.itemsize * math.prod(a.shape[1:]))
+            shapes[name]["shape"][0] += spare
+    # the offsets, from the data's start: the matrices on a page (for mapping), the rest on 64 bytes
+    rel: dict[str, int] = {}
+    at = 0
+    for name, data in blobs.items():
+        at += -at % (_PAGE if name in ("vectors", "projected") else _ALIGN)
+        rel[name] = at
+        at += len(data) + len(zeros.get(name, b""))
+    parts = {
+        name: {"offset": rel[name], "length": len(data) + len(zeros.get(name, b"")), **shapes[name]}
+        for name, data in blobs.items()
+    }
+    sketch = len(json.dumps(parts)) + 24 * len(parts) + 1024  # room for the checksums and absolute offsets
+    start = -(-(len(MAGIC) + 8 + sketch) // _PAGE) * _PAGE
+    for name, part in parts.items():
+        part["offset"] += start
+        part["crc32"] = zlib.crc32(zeros.get(name, b""), zlib.crc32(blobs[name]))
+    header = {
+        "format": FORMAT,
+        "rev": rev,
+        "dim": index.vectors.dim,
+        "file_id": fingerprint.file_id,
+        "schema": fingerprint.schema,
+        "last_seq": fingerprint.last_seq,
+        "last_id": fingerprint.last_id,
+        "size": start + at,
+        "parts": parts,
+    }
+    head = json.dumps(header).encode()
+    if len(MAGIC) + 8 + len(head) > start:
+        raise ValueError("snapshot header over its room")
     tmp = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            f.write(b"\0" * _PAGE)  # the header's place, filled in last
-            state = io.BytesIO()
-            _Pickler(state, {id(a): name for name, a in matrices.items()}).dump(index)
-            parts: dict[str, dict[str, Any]] = {"state": _put(f, state.getbuffer())}
-            del state
-            for name, a in matrices.items():
-                f.write(b"\0" * (-f.tell() % _PAGE))  # matrices start on a page, for mapping
-                data = np.ascontiguousarray(a, dtype=np.float32).reshape(-1).view(np.uint8).data
-                parts[name] = {**_put(f, data), "shape": list(a.shape)}
-            header = {
-                "format": FORMAT,
-                "rev": rev,
-                "dim": vectors.dim,
-                "file_id": fingerprint.file_id,
-                "schema": fingerprint.schema,
-                "last_seq": fingerprint.last_seq,
-                "last_id": fingerprint.last_id,
-                "parts": parts,
-            }
-            head = json.dumps(header).encode()
-            if len(MAGIC) + 8 + len(head) > _PAGE:
-                raise ValueError("snapshot header over a page")
-            f.seek(0)
             f.write(MAGIC + len(head).to_bytes(8, "little") + head)
+            for name, data in blobs.items():
+                f.write(b"\0" * (parts[name]["offset"] - f.tell()))
+                f.write(data)
+                f.write(zeros.get(name, b""))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -271,36 +295,10 @@ def write(db_path: str, index: SearchIndex, rev: int, fingerprint: Fingerprint) 
     return target
 
 
-def _put(f: BinaryIO, data: bytes | memoryview) -> dict[str, Any]:
-    """Write ``data`` at the file's position; its offset, length and CRC32."""
-    start = f.tell()
-    f.write(data)
-    return {"offset": start, "length": len(data), "crc32": zlib.crc32(data)}
-
-
 # ---- reading ---------------------------------------------------------------------------------------------
-#: What a snapshot's pickle may name: the index's own classes and the plain types it holds. A pickle can call
-#: what it names, so a file planted beside a store must not name anything else (``os.system``, ...).
-_ALLOWED = {
-    "clawvm.store.snapshot": {
-        "_postings",
-        "_vector_index",
-        "_search_index",
-        "_lexical_index",
-        "_Flat",
-        "_LazyLists",
-    },
-    "clawvm.core.lexical": {"Analyzer", "LexicalIndex", "BM25Params"},
-    "clawvm.store.index": {"_Column"},
-    "array": {"array", "_array_reconstructor"},
-    "datetime": {"datetime", "timezone", "timedelta"},
-    "builtins": {"set", "frozenset"},
-    "numpy": {"dtype", "ndarray"},
-    "numpy.core.multiarray": {"_reconstruct", "scalar"},
-    "numpy._core.multiarray": {"_reconstruct", "scalar"},
-    "numpy.core.numeric": {"_frombuffer"},
-    "numpy._core.numeric": {"_frombuffer"},
-}
+#: What a snapshot's state may name: plain types only. A pickle can call what it names, so a file planted
+#: beside a store must not name anything else (``os.system``, ...).
+_ALLOWED = {"builtins": {"set", "frozenset"}}
 
 
 class _Unpickler(pickle.Unpickler):
@@ -316,17 +314,96 @@ class SnapshotError(Exception):
 
 def read_header(path: Path) -> dict[str, Any]:
     with open(path, "rb") as f:
-        head = f.read(_PAGE)
+        return _header(f.read(_PAGE), f)
+
+
+def _header(head: bytes, f: BinaryIO) -> dict[str, Any]:
     if not head.startswith(MAGIC):
         raise SnapshotError("not a snapshot (magic)")
     size = int.from_bytes(head[len(MAGIC) : len(MAGIC) + 8], "little")
+    if len(MAGIC) + 8 + size > len(head):
+        f.seek(0)
+        head = f.read(len(MAGIC) + 8 + size)
     try:
         header: dict[str, Any] = json.loads(head[len(MAGIC) + 8 : len(MAGIC) + 8 + size])
     except ValueError as exc:
         raise SnapshotError(f"unreadable header: {exc}") from exc
-    if header.get("format") != FORMAT:
-        raise SnapshotError(f"format {header.get('format')}, this version reads {FORMAT}")
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        got = header.get("format") if isinstance(header, dict) else None
+        raise SnapshotError(f"format {got}, this version reads {FORMAT}")
     return header
+
+
+@dataclass
+class Verifier:
+    """Checks the arrays' CRC32s by reading the file through its own descriptor (a mapping would make the
+    pages resident in this process). Run at open for small snapshots, else in a low-priority thread."""
+
+    fd: int
+    parts: dict[str, dict[str, Any]]
+    delay_s: float = VERIFY_DELAY_S
+    error: str | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    _wake: threading.Event = field(default_factory=threading.Event)  # ends the delay: stop() or hurry()
+    _stopped: bool = False
+    _thread: threading.Thread | None = None
+
+    def check(self) -> str | None:
+        try:
+            for name, part in self.parts.items():
+                crc, at, left = 0, part["offset"], part["length"]
+                while left and not self._stopped:
+                    chunk = os.pread(self.fd, min(left, 1 << 22), at)
+                    if not chunk:
+                        self.error = f"torn: {name} runs past the end of the file"
+                        return self.error
+                    crc = zlib.crc32(chunk, crc)
+                    at, left = at + len(chunk), left - len(chunk)
+                if self._stopped:
+                    return None
+                if crc != part["crc32"]:
+                    self.error = f"corrupt: {name} fails its checksum"
+                    return self.error
+            return None
+        finally:
+            self.done.set()
+
+    def start(self) -> None:
+        def run() -> None:
+            try:
+                self._wake.wait(self.delay_s)
+                if self._stopped:
+                    return
+                with contextlib.suppress(OSError, AttributeError):  # below the threads that answer queries
+                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+                self.check()
+            finally:
+                self.done.set()
+                os.close(self.fd)
+
+        self._thread = threading.Thread(target=run, name="clawvm-snapshot-check", daemon=True)
+        self._thread.start()
+
+    def hurry(self) -> None:
+        """Start the check now (before a snapshot is written from the mapped index: a damaged base must not
+        be copied into a new file under a good checksum)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        elif not self.done.is_set():  # never started: its descriptor is still ours to close
+            self.done.set()
+            os.close(self.fd)
+
+    def wait(self, timeout: float = 60.0) -> str | None:
+        if self._thread is None and not self.done.is_set():
+            self.hurry()
+            self.start()
+        self.done.wait(timeout)
+        return self.error
 
 
 def load(db_path: str, dim: int, fingerprint_of: Any, current_rev: int) -> Loaded:
@@ -334,7 +411,20 @@ def load(db_path: str, dim: int, fingerprint_of: Any, current_rev: int) -> Loade
     file's :class:`Fingerprint` for the snapshot's ``last_seq``; ``current_rev`` the file's ``rev``).
     Raises :class:`SnapshotError` (or ``FileNotFoundError``) when it cannot be used."""
     path = path_for(db_path)
-    header = read_header(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        loaded = _load(fd, dim, fingerprint_of, current_rev)
+    except BaseException:
+        os.close(fd)
+        raise
+    if loaded.verifier is None:
+        os.close(fd)
+    return loaded
+
+
+def _load(fd: int, dim: int, fingerprint_of: Any, current_rev: int) -> Loaded:
+    with os.fdopen(os.dup(fd), "rb") as f:
+        header = _header(f.read(_PAGE), f)
     if header["dim"] != dim:
         raise SnapshotError(f"dimension {header['dim']}, the store's is {dim}")
     if header["rev"] > current_rev:
@@ -346,39 +436,283 @@ def load(db_path: str, dim: int, fingerprint_of: Any, current_rev: int) -> Loade
         header["last_id"],
     ):
         raise SnapshotError("another file's snapshot (or the schema changed)")
-    parts = header["parts"]
-    size = path.stat().st_size
+    parts: dict[str, dict[str, Any]] = header["parts"]
+    size = os.fstat(fd).st_size
+    if size != header["size"]:
+        raise SnapshotError(f"torn: {size} bytes, the header says {header['size']}")
     for name, part in parts.items():
         if part["offset"] + part["length"] > size:
             raise SnapshotError(f"torn: {name} runs past the end of the file")
-    with open(path, "rb") as f:
-        for name, part in parts.items():
-            f.seek(part["offset"])
-            crc, left = 0, part["length"]
-            while left:
-                chunk = f.read(min(left, 1 << 24))
-                crc = zlib.crc32(chunk, crc)
-                left -= len(chunk)
-            if crc != part["crc32"]:
-                raise SnapshotError(f"corrupt: {name} fails its checksum")
-        matrices = {
-            name: np.memmap(
-                path, dtype=np.float32, mode="c", offset=part["offset"], shape=tuple(part["shape"])
-            )
-            for name, part in parts.items()
-            if name != "state"
-        }
-        f.seek(parts["state"]["offset"])
-        unpickler = _Unpickler(f)
-        unpickler.persistent_load = lambda pid: matrices[pid[1]]  # type: ignore[method-assign]
-        try:
-            index = unpickler.load()
-        except Exception as exc:  # a checksum that matches but a pickle this version cannot read
-            raise SnapshotError(f"unreadable state: {exc!r}") from exc
-    if not isinstance(index, SearchIndex):
-        raise SnapshotError("the state is not a search index")
+    state_part = parts["state"]
+    raw = os.pread(fd, state_part["length"], state_part["offset"])
+    if zlib.crc32(raw) != state_part["crc32"]:
+        raise SnapshotError("corrupt: state fails its checksum")
+    try:
+        state = _Unpickler(io.BytesIO(raw)).load()
+    except SnapshotError:
+        raise
+    except Exception as exc:  # a checksum that matches but a pickle this version cannot read
+        raise SnapshotError(f"unreadable state: {exc!r}") from exc
+    arrays = {name: part for name, part in parts.items() if name != "state"}
+    verifier = Verifier(fd, arrays, VERIFY_DELAY_S)
+    eager = sum(p["length"] for p in arrays.values()) <= EAGER_VERIFY_BYTES
+    if eager:
+        error = verifier.check()
+        if error:
+            raise SnapshotError(error)
+    mm = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)  # private: a write in this process copies its page
+
+    def view(name: str) -> np.ndarray:
+        part = arrays[name]
+        shape, dtype = tuple(part["shape"]), np.dtype(part["dtype"])
+        count = math.prod(shape)
+        if count == 0:
+            return np.zeros(shape, dtype=dtype)
+        return np.frombuffer(mm, dtype=dtype, count=count, offset=part["offset"]).reshape(shape)
+
+    try:
+        index = _index(view, state, "projected" in arrays)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise SnapshotError(f"unreadable arrays: {exc!r}") from exc
     _check_layout(index, dim)
-    return Loaded(index, int(header["rev"]))
+    return Loaded(index, int(header["rev"]), None if eager else verifier)
+
+
+def _strings(view: Callable[[str], np.ndarray], name: str) -> Strings:
+    return Strings(
+        view(f"{name}.s.off"), view(f"{name}.s.blob"), view(f"{name}.s.hash"), view(f"{name}.s.at")
+    )
+
+
+def _found(i: int) -> int | None:
+    return i if i >= 0 else None
+
+
+def _code(values: Strings, value: str) -> int | None:
+    return _found(values.find(value))
+
+
+def _index(view: Callable[[str], np.ndarray], state: dict[str, Any], projected: bool) -> SearchIndex:
+    """A SearchIndex over the mapped arrays (see :mod:`clawvm.store.mapped`)."""
+    s = SearchIndex.__new__(SearchIndex)
+    n = state["n_ids"]
+    ids = _strings(view, "ids")
+    null = view("ids.null")
+    s.ids = Appended(  # type: ignore[assignment]
+        lambda i: None if null[i] else ids[i],
+        n,
+        lambda: [None if gone else i for i, gone in zip(ids, null.tolist(), strict=True)],
+    )
+    s.row_of = Overlay(  # type: ignore[assignment]
+        lambda k: _found(ids.find(k)),
+        lambda: (ids[i] for i in np.flatnonzero(~null).tolist()),
+        state["n_live"],
+    )
+    s.lexical = _lexical(view, state["lexical"])
+    s.window = state["window"]
+    s.vectors = _vectors(view, state["vectors"], projected)
+    for name in _INDEX_ARRAYS:
+        setattr(s, name, view(f"ix{name}"))
+    created, alive = view("ix_created"), view("ix_alive")
+    s._created_at = Appended(  # type: ignore[assignment]
+        lambda i: _EPOCH + timedelta(microseconds=int(created[i])) if alive[i] else None, n
+    )
+    # sessions
+    sess = _strings(view, "sess")
+    tlen, code = view("sess.tlen"), view("sess.code")
+    sess_off, sess_rows = view("sess.off"), view("sess.rows")
+
+    def session(i: int) -> tuple[str, str]:
+        key, cut = sess[i], int(tlen[i])
+        return key[:cut], key[cut + 1 :]
+
+    def session_rows(key: tuple[str, str]) -> list[int] | None:
+        i = sess.find(f"{key[0]}\0{key[1]}")
+        return None if i < 0 else csr(sess_off, sess_rows, i).tolist()
+
+    def keys() -> Any:
+        return (session(i) for i in range(len(sess)))
+
+    def sessions_bulk() -> Any:
+        return ((session(i), csr(sess_off, sess_rows, i).tolist()) for i in range(len(sess)))
+
+    s._sessions = Overlay(session_rows, keys, len(sess), sessions_bulk)  # type: ignore[assignment]
+    s._session_keys = Overlay(  # type: ignore[assignment]
+        lambda k: k if sess.find(f"{k[0]}\0{k[1]}") >= 0 else None, keys, len(sess)
+    )
+    s._session_of = _per_row(code, session)  # type: ignore[assignment]
+    # entities
+    ent = _strings(view, "ent")
+    ent_off, ent_rows = view("ent.off"), view("ent.rows")
+    row_off, row_codes = view("ent.row.off"), view("ent.row.codes")
+    df_off, df_group, df_count = view("ent.df.off"), view("ent.df.group"), view("ent.df.count")
+
+    def entity_rows(e: str) -> set[int] | None:
+        i = ent.find(e)
+        return None if i < 0 else set(csr(ent_off, ent_rows, i).tolist())
+
+    def row_entities(r: int) -> tuple[str, ...] | None:
+        if not 0 <= r < n:
+            return None
+        found = csr(row_off, row_codes, r).tolist()
+        return tuple(ent[c] for c in found) if found else None
+
+    def entity_df(key: tuple[str, int]) -> int | None:
+        i = ent.find(key[0])
+        if i < 0:
+            return None
+        groups = csr(df_off, df_group, i).tolist()
+        return int(csr(df_off, df_count, i)[groups.index(key[1])]) if key[1] in groups else None
+
+    def entity_df_pairs() -> Any:
+        for i, e in enumerate(ent):
+            groups, counts = csr(df_off, df_group, i).tolist(), csr(df_off, df_count, i).tolist()
+            yield from (((e, g), c) for g, c in zip(groups, counts, strict=True))
+
+    def entity_df_keys() -> Any:
+        return (key for key, _ in entity_df_pairs())
+
+    def entities_bulk() -> Any:
+        return ((e, set(csr(ent_off, ent_rows, i).tolist())) for i, e in enumerate(ent))
+
+    s._entities = Overlay(entity_rows, lambda: iter(ent), len(ent), entities_bulk)  # type: ignore[assignment]
+    s._row_entities = Overlay(  # type: ignore[assignment]
+        row_entities,
+        lambda: np.flatnonzero(np.diff(row_off) > 0).tolist(),
+        lambda: int(np.count_nonzero(np.diff(row_off) > 0)),
+    )
+    s._entity_df = Overlay(  # type: ignore[assignment]
+        entity_df, entity_df_keys, len(df_group), entity_df_pairs
+    )
+    s._entity_group = _per_row(view("ent.group"), lambda g: g)  # type: ignore[assignment]
+    # columns
+    s._cols = {}
+    for name in _COLUMNS:
+        col = _Column.__new__(_Column)
+        values = _strings(view, f"col.{name}.v")
+        col.values = Appended(values.__getitem__, len(values), functools.partial(list, values))  # type: ignore[assignment]
+        col.codes = Overlay(  # type: ignore[assignment]
+            functools.partial(_code, values), functools.partial(iter, values), len(values)
+        )
+        col.data = view(f"col.{name}")
+        s._cols[name] = col
+    # tags
+    tag = _strings(view, "tag")
+    tag_off, tag_rows = view("tag.off"), view("tag.rows")
+    trow_off, trow_codes, trow_has = view("tag.row.off"), view("tag.row.codes"), view("tag.row.has")
+
+    def tag_rows_of(t: str) -> set[int] | None:
+        i = tag.find(t)
+        return None if i < 0 else set(csr(tag_off, tag_rows, i).tolist())
+
+    def row_tags(r: int) -> list[str] | None:
+        if not (0 <= r < n and trow_has[r]):
+            return None
+        return [tag[c] for c in csr(trow_off, trow_codes, r).tolist()]
+
+    def tags_bulk() -> Any:
+        return ((t, set(csr(tag_off, tag_rows, i).tolist())) for i, t in enumerate(tag))
+
+    s._tags = Overlay(tag_rows_of, lambda: iter(tag), len(tag), tags_bulk)  # type: ignore[assignment]
+    s._tag_names = state["tag_names"]
+    s._row_tags = _flagged(trow_has, row_tags)  # type: ignore[assignment]
+    text_has, text_key = view("text.has"), view("text.key")
+    s._text_hash = _flagged(text_has, lambda r: int(text_key[r]), text_key)  # type: ignore[assignment]
+    s._agents = state["agents"]
+    s._tenant_version = state["tenant_version"]
+    s._version = state["version"]
+    s._ctx_df, s._ctx_sum, s._ctx_group_sum = {}, (-1, 0.0), state["ctx_group_sum"]
+    s._last_mask = None
+    return s
+
+
+def _per_row(codes: np.ndarray, decode: Callable[[int], Any]) -> Overlay[int, Any]:
+    """A row -> value dict over a per-row array of codes (-1: the row is absent; ``decode`` maps a code to
+    the value). Which rows hold one is found when first asked (a pass over the array), not at open."""
+    size = len(codes)
+
+    def base(r: int) -> Any:
+        if not 0 <= r < size:
+            return None
+        c = int(codes[r])
+        return decode(c) if c >= 0 else None
+
+    def present() -> list[int]:
+        return np.flatnonzero(codes >= 0).tolist()
+
+    def bulk() -> Any:
+        rows = np.flatnonzero(codes >= 0)
+        return zip(rows.tolist(), map(decode, codes[rows].tolist()), strict=True)
+
+    return Overlay(base, present, lambda: int(np.count_nonzero(codes >= 0)), bulk)
+
+
+def _flagged(
+    has: np.ndarray, value: Callable[[int], Any], values: np.ndarray | None = None
+) -> Overlay[int, Any]:
+    """A row -> value dict holding the rows ``has`` flags (``values``: the values per row, when an array)."""
+    size = len(has)
+
+    def base(r: int) -> Any:
+        return value(r) if 0 <= r < size and has[r] else None
+
+    def present() -> list[int]:
+        return np.flatnonzero(has).tolist()
+
+    def pairs() -> Any:
+        assert values is not None
+        rows = np.flatnonzero(has)
+        return zip(rows.tolist(), values[rows].tolist(), strict=True)
+
+    return Overlay(base, present, lambda: int(np.count_nonzero(has)), None if values is None else pairs)
+
+
+def _lexical(view: Callable[[str], np.ndarray], state: dict[str, Any]) -> LexicalIndex:
+    lex = LexicalIndex.__new__(LexicalIndex)
+    lex.analyzer = Analyzer(state["language"])
+    lex.params = BM25Params(state["k1"], state["b"])
+    terms = _strings(view, "term")
+    off, rows, tfs = view("post.off"), view("post.rows"), view("post.tfs")
+    df_off, df_group, df_count = view("post.df.off"), view("post.df.group"), view("post.df.count")
+
+    def postings(t: str) -> _Postings | None:
+        i = terms.find(t)
+        return None if i < 0 else postings_at(i)
+
+    def postings_at(i: int) -> _Postings:
+        p = _Postings.__new__(_Postings)  # not __init__: its empty arrays would be thrown away at once
+        p.rows = array("q", csr(off, rows, i).tobytes())
+        p.tfs = array("f", csr(off, tfs, i).tobytes())
+        p.df = dict(zip(csr(df_off, df_group, i).tolist(), csr(df_off, df_count, i).tolist(), strict=True))
+        p.cache, p.by_row, p.group_cache = None, None, {}
+        return p
+
+    def postings_bulk() -> Any:
+        for i, t in enumerate(terms):
+            p = postings_at(i)
+            yield t, p
+
+    lex._postings = Overlay(postings, lambda: iter(terms), len(terms), postings_bulk)  # type: ignore[assignment]
+    doc_off, doc_codes, doc_has = view("doc.off"), view("doc.codes"), view("doc.has")
+    lex._doc_terms = _flagged(  # type: ignore[assignment]
+        doc_has, lambda r: [terms[c] for c in csr(doc_off, doc_codes, r).tolist()]
+    )
+    lex._doc_len, lex._alive, lex._group = view("lex.doc_len"), view("lex.alive"), view("lex.group")
+    lex._total_len, lex._n_alive, lex._n_postings = state["total_len"], state["n_alive"], state["n_postings"]
+    lex._group_n, lex._group_len = state["group_n"], state["group_len"]
+    return lex
+
+
+def _vectors(view: Callable[[str], np.ndarray], state: dict[str, Any], projected: bool) -> VectorIndex:
+    v = VectorIndex.__new__(VectorIndex)
+    v.dim, v.exact_below = state["dim"], state["exact_below"]
+    v.proj_dim, v.rescore = state["proj_dim"], state["rescore"]
+    v._x, v._has = view("vectors"), view("vec.has")
+    v._n, v._hi, v._fitted_at = state["n"], state["hi"], state["fitted_at"]
+    v._proj = np.array(view("vec.proj")) if projected else None
+    v._xp = view("projected") if projected else None
+    v._lock = threading.Lock()
+    return v
 
 
 def _check_layout(index: SearchIndex, dim: int) -> None:

@@ -277,6 +277,7 @@ class SQLiteStore(Store):
         self.snapshot_every = snapshot_every  # changes (revs) between two snapshots of the index
         self._snapshot_rev = 0  # the rev the newest snapshot this engine wrote or loaded is current to
         self.index_source = ""  # how open got its index: "snapshot", or "rows" and why (diagnostics)
+        self._verifier: snapshot.Verifier | None = None  # the mapped snapshot's checksums, checked after open
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -307,6 +308,8 @@ class SQLiteStore(Store):
             self._snapshot_rev = self._rev
             self._catch_up()  # the rows changed since the snapshot (all of them without one)
             self._index.vectors.prepare()  # fit the search projection now, not on the first query
+            if self._verifier is not None:
+                self._verifier.start()
 
     def _open_index(self) -> tuple[SearchIndex, int]:
         """The snapshot's index and the rev it is current to; an empty index and 0 when there is no usable
@@ -327,7 +330,29 @@ class SQLiteStore(Store):
             self.index_source = f"rows ({exc})"
             return SearchIndex(self.dim), 0
         self.index_source = "snapshot"
+        self._verifier = loaded.verifier
         return loaded.index, loaded.rev
+
+    def snapshot_check(self, timeout: float = 60.0) -> str | None:
+        """Run the background check of the mapped snapshot's checksums now (see :mod:`.snapshot`) and wait for
+        it; what it found wrong, None when nothing (or when the snapshot was checked at open, or not used)."""
+        verifier = self._verifier
+        if verifier is None:
+            return None
+        verifier.hurry()  # asked for: no need to wait out the delay after open
+        return verifier.wait(timeout)
+
+    def _drop_damaged_snapshot(self) -> None:
+        """The background check found the mapped snapshot damaged: rebuild the index from the rows (the
+        next snapshot replaces the file)."""
+        verifier = self._verifier
+        if verifier is None or verifier.error is None:
+            return
+        log.warning("index snapshot of %s damaged, rebuilding from the rows: %s", self.path, verifier.error)
+        self._verifier = None
+        self.index_source = f"rows ({verifier.error}, found after open)"
+        self._index = SearchIndex(self.dim)
+        self._rev, self._data_version, self._snapshot_rev = 0, -1, -1
 
     def _fingerprint_at(self, seq: int | None = None) -> snapshot.Fingerprint:
         """The file's schema and the id at ``seq`` (default: the newest row's seq and id)."""
@@ -356,6 +381,9 @@ class SQLiteStore(Store):
         with self._lock, _translated("snapshot"):
             if self.path == ":memory:" or self._index is None:
                 return None
+            if self._verifier is not None:  # a damaged base must not be copied into a new snapshot
+                self._verifier.hurry()
+                self._verifier.wait()
             db = self._db
             db.execute("BEGIN")  # the fingerprint and the caught-up index: one view of the file
             try:
@@ -406,6 +434,9 @@ class SQLiteStore(Store):
                     self.write_snapshot()
                 except Exception as exc:  # the rows are the truth: a failed snapshot costs the next open time
                     log.warning("index snapshot of %s not written: %s", self.path, exc)
+            if self._verifier is not None:
+                self._verifier.stop()
+                self._verifier = None
             if self._checkpointer is not None:
                 self._checkpointer.stop()
                 self._checkpointer = None
@@ -436,6 +467,7 @@ class SQLiteStore(Store):
         connection's put and delete committed in between would leave the put unseen, for good.
         """
         db = self._db
+        self._drop_damaged_snapshot()
         if db.in_transaction:
             self._replay(db)
             return
@@ -499,6 +531,9 @@ class SQLiteStore(Store):
             except BaseException:
                 db.execute("ROLLBACK")
                 if self._index_dirty:  # the index may hold half of this batch: rebuild it from the file
+                    if self._verifier is not None:  # nothing left to check: the mapped index is dropped
+                        self._verifier.stop()
+                        self._verifier = None
                     self._rev, self._data_version = 0, -1
                     self._index = SearchIndex(self.dim)
                     self._catch_up()

@@ -1,0 +1,271 @@
+"""The containers a snapshot-opened :class:`~clawvm.store.index.SearchIndex` holds: read-only arrays mapped
+from the snapshot file (the base) with the writes made since open kept beside them in memory (an overlay).
+
+Opening maps the file and builds none of the per-row Python objects (dicts of 100k ids, sets, lists): a read
+falls through to the base (one binary search, one slice) and what a write changes goes to a small dict, so the
+cost of opening does not grow with the store and memory holds only what was touched. The next snapshot folds
+the overlay back into a new base.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
+from typing import Any, Generic, TypeVar, overload
+
+import numpy as np
+
+K = TypeVar("K")
+V = TypeVar("V")
+T = TypeVar("T")
+
+_NONE: Any = object()  # "no value" where None is a value
+
+
+def key_of(text: str) -> int:
+    """A stable 64-bit hash of ``text`` (``hash()`` changes from one process to the next)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+class Strings(Sequence[str]):
+    """Strings packed in two arrays, their UTF-8 bytes end to end and ``n + 1`` offsets; optionally with a
+    lookup (their stable hashes sorted, and where each is) so that :meth:`find` is one binary search."""
+
+    def __init__(
+        self,
+        offsets: np.ndarray,
+        blob: np.ndarray,
+        hashes: np.ndarray | None = None,
+        at: np.ndarray | None = None,
+    ) -> None:
+        self._offsets, self._blob = offsets, memoryview(blob.data)
+        self._hashes, self._at = hashes, at
+
+    @staticmethod
+    def pack(items: Sequence[str | None]) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets, bytes) of ``items`` (None packs as an empty string: the caller marks it)."""
+        encoded = [b"" if s is None else s.encode() for s in items]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
+        return offsets, np.frombuffer(b"".join(encoded), dtype=np.uint8)
+
+    @staticmethod
+    def lookup(items: Sequence[str | None]) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted hashes, the item each one is) over the items that are not None."""
+        at = np.fromiter((i for i, s in enumerate(items) if s is not None), dtype=np.int64)
+        hashes = np.fromiter((key_of(items[i]) for i in at.tolist()), dtype=np.int64, count=len(at))
+        order = np.argsort(hashes, kind="stable")
+        return hashes[order], at[order]
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[str]: ...
+    def __getitem__(self, i: int | slice) -> str | Sequence[str]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        start, end = self._offsets[i : i + 2].tolist()
+        return bytes(self._blob[start:end]).decode()
+
+    def __iter__(self) -> Iterator[str]:
+        offsets, blob = self._offsets.tolist(), self._blob
+        for start, end in itertools.pairwise(offsets):
+            yield bytes(blob[start:end]).decode()
+
+    def find(self, text: str) -> int:
+        """Where ``text`` is (its index), -1 when it is not there."""
+        hashes, at = self._hashes, self._at
+        assert hashes is not None and at is not None, "a table without a lookup"
+        h = key_of(text)
+        i = int(np.searchsorted(hashes, h))
+        while i < len(hashes) and hashes[i] == h:
+            j = int(at[i])
+            if self[j] == text:
+                return j
+            i += 1
+        return -1
+
+
+class Overlay(MutableMapping[K, V]):
+    """A dict over a read-only base: a read the overlay cannot answer asks ``base(key)`` (None: not there)
+    and keeps the answer (the index changes sets and lists it reads in place); writes and deletes stay in
+    the overlay. ``keys`` lists the base's keys, ``n`` counts them, ``bulk`` (optional) lists the base's
+    pairs faster than a lookup per key."""
+
+    def __init__(
+        self,
+        base: Callable[[K], V | None],
+        keys: Callable[[], Iterable[K]],
+        n: int | Callable[[], int],
+        bulk: Callable[[], Iterable[tuple[K, V]]] | None = None,
+    ) -> None:
+        self._base, self._keys, self._bulk = base, keys, bulk
+        # the count, or how to count (a pass over an array: done when first asked, not at open)
+        self._n = n if isinstance(n, int) else -1
+        self._count: Callable[[], int] | None = None if isinstance(n, int) else n
+        self._over: dict[K, V] = {}
+        self._gone: set[K] = set()
+
+    def _counted(self) -> None:
+        if self._count is not None:
+            self._n, self._count = self._count(), None
+
+    def _lookup(self, key: K) -> V:
+        v = self._over.get(key, _NONE)
+        if v is not _NONE or key in self._gone:
+            return v  # type: ignore[no-any-return]
+        found = self._base(key)
+        if found is None:
+            return _NONE  # type: ignore[no-any-return]
+        self._over[key] = found
+        return found
+
+    def __getitem__(self, key: K) -> V:
+        v = self._lookup(key)
+        if v is _NONE:
+            raise KeyError(key)
+        return v
+
+    def get(self, key: K, default: Any = None) -> Any:
+        v = self._lookup(key)
+        return default if v is _NONE else v
+
+    def __contains__(self, key: object) -> bool:
+        return self._lookup(key) is not _NONE  # type: ignore[arg-type]
+
+    def __setitem__(self, key: K, value: V) -> None:
+        self._counted()
+        if self._lookup(key) is _NONE:
+            self._n += 1
+        self._over[key] = value
+
+    def __delitem__(self, key: K) -> None:
+        if self._lookup(key) is _NONE:
+            raise KeyError(key)
+        self._counted()
+        del self._over[key]
+        self._gone.add(key)
+        self._n -= 1
+
+    def pop(self, key: K, default: Any = _NONE) -> Any:
+        v = self._lookup(key)
+        if v is _NONE:
+            if default is _NONE:
+                raise KeyError(key)
+            return default
+        del self[key]
+        return v
+
+    def __len__(self) -> int:
+        self._counted()
+        return self._n
+
+    def __iter__(self) -> Iterator[K]:
+        over, gone = self._over, self._gone
+        yield from list(over)
+        for key in self._keys():
+            if key not in over and key not in gone:
+                yield key
+
+    def peek_items(self) -> Iterator[tuple[K, V]]:
+        """Every (key, value), without keeping what the base answers (writing a snapshot reads them all)."""
+        over, gone = self._over, self._gone
+        yield from list(over.items())
+        if self._bulk is not None:  # the base's pairs in one pass, not a lookup per key
+            for key, v in self._bulk():
+                if key not in over and key not in gone:
+                    yield key, v
+            return
+        for key in self._keys():
+            if key not in over and key not in gone:
+                found = self._base(key)
+                assert found is not None
+                yield key, found
+
+
+def items(m: MutableMapping[K, V]) -> Iterator[tuple[K, V]]:
+    """``m.items()``, without filling an :class:`Overlay` with its whole base."""
+    return m.peek_items() if isinstance(m, Overlay) else iter(list(m.items()))
+
+
+class Appended(Generic[T]):
+    """A list over a read-only base of ``n`` items (``base(i)``): items set since are kept in a dict,
+    items appended in a list."""
+
+    def __init__(self, base: Callable[[int], T], n: int, bulk: Callable[[], list[T]] | None = None) -> None:
+        self._base, self._n, self._bulk = base, n, bulk
+        self._tail: list[T] = []
+        self._over: dict[int, T] = {}
+
+    def __len__(self) -> int:
+        return self._n + len(self._tail)
+
+    def __getitem__(self, i: int) -> T:
+        if i < 0:
+            i += len(self)
+        if i >= self._n:
+            return self._tail[i - self._n]
+        if i < 0:
+            raise IndexError(i)
+        v = self._over.get(i, _NONE)
+        return self._base(i) if v is _NONE else v
+
+    def __setitem__(self, i: int, value: T) -> None:
+        if i < 0:
+            i += len(self)
+        if i >= self._n:
+            self._tail[i - self._n] = value
+        elif i >= 0:
+            self._over[i] = value
+        else:
+            raise IndexError(i)
+
+    def append(self, value: T) -> None:
+        self._tail.append(value)
+
+    def __iter__(self) -> Iterator[T]:
+        if self._bulk is None:
+            for i in range(len(self)):
+                yield self[i]
+            return
+        items = self._bulk()
+        for i, v in self._over.items():
+            items[i] = v
+        yield from items
+        yield from self._tail
+
+
+def csr(offsets: np.ndarray, values: np.ndarray, i: int) -> np.ndarray:
+    """The ``i``-th run of a compressed sparse row pair (``values[offsets[i]:offsets[i + 1]]``)."""
+    start, end = offsets[i : i + 2].tolist()
+    run: np.ndarray = values[start:end]
+    return run
+
+
+def pack_runs(runs: Sequence[np.ndarray | Sequence[int]], dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, values) of runs of numbers, end to end."""
+    lengths = np.fromiter(map(len, runs), dtype=np.int64, count=len(runs))
+    offsets = np.zeros(len(runs) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(lengths)
+    if not runs:
+        return offsets, np.zeros(0, dtype=dtype)
+    return offsets, np.concatenate([np.asarray(r, dtype=dtype) for r in runs]).astype(dtype, copy=False)
+
+
+def transpose(offsets: np.ndarray, values: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The runs per value of a run-per-key pair: for keys 0..k with runs of rows in ``[0, n)``, the runs of
+    keys per row (keys ascending within a row)."""
+    keys = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
+    order = np.argsort(values, kind="stable")
+    counts = np.bincount(values, minlength=n)[:n] if len(values) else np.zeros(n, dtype=np.int64)
+    out = np.zeros(n + 1, dtype=np.int64)
+    out[1:] = np.cumsum(counts)
+    return out, keys[order]
