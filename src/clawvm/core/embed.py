@@ -229,6 +229,11 @@ class OpenAIEmbedder:
         return vector
 
 
+#: How many batches of pending texts the embed worker reads at once, to sort them by length (see
+#: ``EmbedWorker._embed_pending``).
+LOOKAHEAD = 4
+
+
 class EmbedWorker:
     """Background thread that embeds un-embedded memories in batches.
 
@@ -308,14 +313,22 @@ class EmbedWorker:
 
     def _embed_pending(self, until_stopped: bool) -> None:
         while not (until_stopped and self._stopped):
-            if until_stopped:
-                self._defer_while_busy()
-            batch = self._pending(self.batch_size)
-            if not batch:
+            # LOOKAHEAD batches' worth read at once and sorted by length, then embedded and written a batch
+            # at a time: a batch holds texts of like length, which the model pads little. On the ingest
+            # texts of bench/limits.py, batches of the oldest 64 fed the model 9.7% more tokens (padding)
+            # than one sort of all 500; four batches sorted together, 1.2% more
+            pending = sorted(self._pending(self.batch_size * LOOKAHEAD), key=lambda item: len(item[1]))
+            if not pending:
                 return
-            ids, texts = [i for i, _ in batch], [text for _, text in batch]
-            # passing the texts makes the write conditional: a newer text or vector wins
-            self._write(ids, self.embedder.embed(texts), texts)
+            for start in range(0, len(pending), self.batch_size):
+                if until_stopped:
+                    if self._stopped:
+                        return
+                    self._defer_while_busy()
+                batch = pending[start : start + self.batch_size]
+                ids, texts = [i for i, _ in batch], [text for _, text in batch]
+                # passing the texts makes the write conditional: a newer text or vector wins
+                self._write(ids, self.embedder.embed(texts), texts)
 
     def _defer_while_busy(self) -> None:
         """Wait while requests are busy (see ``busy``), at most ``max_defer_s``: under steady load the
