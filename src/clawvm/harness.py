@@ -162,8 +162,6 @@ class Harness:
         )
         self._worker: EmbedWorker | None = None
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="clawvm-prefetch") if prefetch else None
-        # query embeddings, each overlapping its recall's lexical channels (threads started on demand)
-        self._query_embeddings = ThreadPoolExecutor(thread_name_prefix="clawvm-query-embed")
         self.working = WorkingTiers(store, self.pager)  # the record path's view of each working tier
         self.writer.on_commit(self.working.forget)
         # the periodic pager: woken when a record puts a session past its high watermark; its passes and
@@ -457,14 +455,12 @@ class Harness:
         cfg = self.config if preset is None else _preset(preset)
         f = self.filters(filters)
         started = time.perf_counter()
-        vector: Callable[[], np.ndarray] | None = None
+        vector = None
         named = query_authors(self.store, query, cfg, f)
         if cfg.uses("dense") and self.embedder is not None and query.strip():
-            # embedded on another thread while this one asks the lexical channels (run_recall waits for
-            # the vector only for the dense one): the model releases the interpreter while it runs
-            vector = self._query_embeddings.submit(
-                self._embed_query, self.embedder, dense_text(self.store, query, cfg, f, named)
-            ).result
+            t0 = time.perf_counter()
+            vector = self.embedder.embed_query(dense_text(self.store, query, cfg, f, named))
+            self.last_query_embed_ms = (time.perf_counter() - t0) * 1000
         hits = run_recall(self.store, query, vector, k, cfg, f, named)
         if not track:
             return hits
@@ -477,12 +473,6 @@ class Harness:
             return hits
         warmed = {m.id: m for m in self.pager.warm([h.memory for h in hits], self.now(), [retrieved])}
         return [Recalled(warmed.get(h.id, h.memory), h.score, h.explain) for h in hits]
-
-    def _embed_query(self, embedder: Embedder, text: str) -> np.ndarray:
-        t0 = time.perf_counter()
-        vector = embedder.embed_query(text)
-        self.last_query_embed_ms = (time.perf_counter() - t0) * 1000
-        return vector
 
     def recall_with(
         self, query: str, vector: np.ndarray | None, k: int, cfg: RecallConfig, filters: Filters
@@ -978,7 +968,6 @@ class Harness:
         if self._prefetcher is not None:
             self._prefetcher.shutdown(wait=True)
             self._prefetcher = None
-        self._query_embeddings.shutdown(wait=True)
         self._pager_thread.stop()
         if self.working.due():
             self.page()

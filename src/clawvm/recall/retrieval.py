@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
@@ -426,40 +425,10 @@ def length_factors(info: dict[str, CandidateInfo], scored: dict[str, float], g: 
     return {i: (n / median) ** g for i, n in lengths.items()}
 
 
-def _candidates(
-    store: Store,
-    text: str,
-    vector: np.ndarray | Callable[[], np.ndarray] | None,
-    k: int,
-    cfg: RecallConfig,
-    filters: Filters,
-) -> dict[str, list[tuple[str, float]]]:
-    """Each store channel's candidates. A ``vector`` still being computed (a callable that waits for it,
-    as the query's embedding) is waited for only after the lexical channels have been asked: they do
-    not need it, and the model runs meanwhile (it releases the interpreter)."""
-    lexical = cfg.uses("lexical") or cfg.uses("context")
-    dense = cfg.uses("dense") and vector is not None
-    query = Query(
-        filters=filters,
-        text=text if lexical else None,
-        vector=vector if dense and not callable(vector) else None,
-        limit=max(cfg.candidates, k),
-        dense_limit=None if cfg.dense_candidates is None else max(cfg.dense_candidates, k),
-        lexical=cfg.uses("lexical"),
-        context=cfg.uses("context"),
-    )
-    hits = store.query(query)
-    channels = {"lexical": hits.lexical, "context": hits.context, "dense": hits.dense}
-    if dense and callable(vector):  # the channels are independent: the dense one asked on its own
-        only = replace(query, text=None, vector=vector(), lexical=False, context=False)
-        channels["dense"] = store.query(only).dense
-    return channels
-
-
 def run_recall(
     store: Store,
     query: str,
-    vector: np.ndarray | Callable[[], np.ndarray] | None,
+    vector: np.ndarray | None,
     k: int,
     cfg: RecallConfig,
     filters: Filters,
@@ -468,11 +437,23 @@ def run_recall(
     """The recall pipeline: per-channel candidates from the store, fusion, then, for the best
     ``pool(k)`` fused candidates and their same-session neighbours, the time channel and smoothing
     (their creation times and neighbours come from a second, small store query), graph expansion, and
-    the memories. ``vector``: the query's, or a callable that waits for it (see :func:`_candidates`)."""
+    the memories."""
     times = time_expressions(query) if cfg.uses("time") else []
+    lexical = cfg.uses("lexical") or cfg.uses("context")
     named = query_authors(store, query, cfg, filters) if named is None else named
     text = strip_authors(query, named) if cfg.strip_authors else query
-    channels = _candidates(store, text, vector, k, cfg, filters)
+    hits = store.query(
+        Query(
+            filters=filters,
+            text=text if lexical else None,
+            vector=vector if cfg.uses("dense") else None,
+            limit=max(cfg.candidates, k),
+            dense_limit=None if cfg.dense_candidates is None else max(cfg.dense_candidates, k),
+            lexical=cfg.uses("lexical"),
+            context=cfg.uses("context"),
+        )
+    )
+    channels = {"lexical": hits.lexical, "context": hits.context, "dense": hits.dense}
     scores, parts = _fuse_scores(channels, cfg.weights, _RAW_CHANNELS)
     fused = scores  # what neighbours pass on: the fused scores, with the time channel's (added in place)
     info: dict[str, CandidateInfo] = {}
