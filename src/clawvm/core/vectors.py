@@ -122,21 +122,19 @@ class VectorIndex:
         if self._n == 0 or limit <= 0:
             return []
         q = normalize(np.asarray(query, dtype=np.float32).reshape(self.dim))
-        size = len(self._has)
-        valid = self._has if allowed is None else self._has & _fit(allowed, size)
-        n_valid = int(valid.sum()) if allowed is not None else self._n
+        hi = self._hi  # no row at or past it has a vector: masks are cut there, not copied to capacity
+        valid = self._has[:hi] if allowed is None else self._has[:hi] & _fit(allowed, hi)
+        n_valid = int(np.count_nonzero(valid)) if allowed is not None else self._n
         if n_valid == 0:
             return []
         self._maybe_fit()
         if n_valid < self.exact_below or self._proj is None or self._xp is None:
-            hi = self._hi
-            rows = np.flatnonzero(valid[:hi])
+            rows = np.flatnonzero(valid)
             # most rows qualify: one contiguous matmul beats gathering them
             scores = matvec(self._x[:hi], q)[rows] if 3 * n_valid >= hi else matvec(self._x[rows], q)
         else:
-            screen = matvec(self._xp[: self._hi], q @ self._proj)
-            valid = valid[: self._hi]
-            screen[~valid] = -np.inf
+            screen = matvec(self._xp[:hi], q @ self._proj)
+            np.putmask(screen, ~valid, -np.inf)
             n_cand = min(max(self.rescore, 4 * limit), n_valid)
             rows = top_indices(screen, n_cand)
             scores = matvec(self._x[rows], q)
@@ -163,8 +161,9 @@ def top_indices(x: np.ndarray, n: int) -> np.ndarray:
 
 
 def _fit(mask: np.ndarray, size: int) -> np.ndarray:
-    if len(mask) == size:
-        return mask
+    """``mask`` cut or padded (False) to ``size``: a view when it is long enough."""
+    if len(mask) >= size:
+        return mask[:size]
     out = np.zeros(size, dtype=bool)
     n = min(size, len(mask))
     out[:n] = mask[:n]
