@@ -800,3 +800,34 @@ def test_the_harness_remembers_a_bounded_number_of_sessions() -> None:
         for s in range(6):
             assert len(h.list(session_id=f"s{s}", tier="working")) <= 2  # budgets hold all the same
             assert h.count(session_id=f"s{s}") == 3
+
+
+def test_the_working_view_follows_every_write_as_the_store_holds_it(tmp_path: Path) -> None:
+    """The record path's view of a session's working tier is kept by the commit listener, not read back:
+    after a pager pass, an update that moves a memory to another session and a pin, it holds exactly what
+    the store's tier holds; a delete drops the whole view."""
+    budgets = TierBudgets(working_items=4, working_tokens=None)
+    pager = PagerConfig(budgets=budgets, background=False)
+    with Harness.open(f"sqlite:///{tmp_path}/view.db", embedder=None, pager=pager) as h:
+
+        def stored(session: str) -> set[str]:
+            return {m.id for m in h.pager.tier_members(h.tenant, session, Tier.WORKING)}
+
+        def held(session: str) -> set[str] | None:
+            members = h.working.members(h.tenant, session)
+            return None if members is None else {m.id for m in members}
+
+        ids = [h.record(f"note {i} of the first task", session_id="s1").id for i in range(6)]
+        assert held("s1") == stored("s1") and len(stored("s1")) == 6  # past the budget until the pass
+        h.page()
+        assert held("s1") == stored("s1") and len(stored("s1")) == 3  # int(4 * 0.75)
+        h.record("the second task starts", session_id="s2")
+        h.update(ids[-1], session_id="s2")  # leaves one session's tier, joins the other's
+        assert held("s1") == stored("s1") and ids[-1] not in stored("s1")
+        assert held("s2") == stored("s2") and ids[-1] in stored("s2")
+        h.pin(ids[-2])
+        assert held("s1") == stored("s1")
+        h.forget(ids[0])
+        assert held("s1") is None and held("s2") is None  # read back on each session's next record
+        h.record("after the delete", session_id="s1")
+        assert held("s1") == stored("s1")

@@ -230,6 +230,11 @@ class OpenAIEmbedder:
         return vector
 
 
+#: How many batches of pending texts the embed worker reads at once, to sort them by length (see
+#: ``EmbedWorker._embed_pending``).
+LOOKAHEAD = 4
+
+
 class EmbedWorker:
     """Background thread that embeds un-embedded memories in batches.
 
@@ -314,22 +319,30 @@ class EmbedWorker:
 
     def _embed_pending(self, until_stopped: bool) -> None:
         while not (until_stopped and self._stopped):
-            if until_stopped:
-                self._defer_while_busy()
-            batch = self._pending(self.batch_size)
-            if not batch:
+            # LOOKAHEAD batches' worth read at once and sorted by length, then embedded and written a batch
+            # at a time: a batch holds texts of like length, which the model pads little. On the ingest
+            # texts of bench/limits.py, batches of the oldest 64 fed the model 9.7% more tokens (padding)
+            # than one sort of all 500; four batches sorted together, 1.2% more
+            pending = sorted(self._pending(self.batch_size * LOOKAHEAD), key=lambda item: len(item[1]))
+            if not pending:
                 return
-            ids, texts = [i for i, _ in batch], [text for _, text in batch]
-            try:
-                # passing the texts makes the write conditional: a newer text or vector wins
-                self._write(ids, self.embedder.embed(texts), texts)
-            finally:
-                if until_stopped and not self._niced:
-                    # after the first batch, not before: the model is loaded by then, and the threads
-                    # ONNX Runtime starts with it (which also run the requests' query embeddings)
-                    # inherit the priority of the thread that loads it
-                    self._niced = True
-                    lower_thread_priority(self.nice)
+            for start in range(0, len(pending), self.batch_size):
+                if until_stopped:
+                    if self._stopped:
+                        return
+                    self._defer_while_busy()
+                batch = pending[start : start + self.batch_size]
+                ids, texts = [i for i, _ in batch], [text for _, text in batch]
+                try:
+                    # passing the texts makes the write conditional: a newer text or vector wins
+                    self._write(ids, self.embedder.embed(texts), texts)
+                finally:
+                    if until_stopped and not self._niced:
+                        # after the first batch, not before: the model is loaded by then, and the threads
+                        # ONNX Runtime starts with it (which also run the requests' query embeddings)
+                        # inherit the priority of the thread that loads it
+                        self._niced = True
+                        lower_thread_priority(self.nice)
 
     def _defer_while_busy(self) -> None:
         """Wait while requests are busy (see ``busy``), at most ``max_defer_s``: under steady load the
