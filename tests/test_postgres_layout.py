@@ -297,3 +297,23 @@ def test_the_context_channel_scores_neighbourhoods_by_its_definition(store: Post
     assert [i for i, _ in got] == [i for i, _ in want]
     assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-9)
     assert not math.isclose(want[0][1], want[-1][1])  # scores that rank, not ties
+
+
+def test_a_memory_moved_to_another_tenant_moves_with_its_postings(store: PostgresStore) -> None:
+    """Rows are locked through their tenant; an id stored under another tenant is still found, so the
+    write moves the memory (and its postings and entities) instead of adding a second row."""
+    m = Memory(content="Alice moved the billing ledger to Berlin", tenant="t1")
+    store.put(m)
+    store.put(m.model_copy(update={"tenant": "t2", "version": m.version + 1}))
+    assert store.get(m.id).tenant == "t2"
+    assert store.count() == 1 and store.count(Filters.of(tenant="t1")) == 0
+
+    def found(tenant: str) -> list[str]:
+        q = Query(filters=Filters.of(tenant=tenant), text="billing ledger", context=True)
+        return [i for i, _ in store.query(q).lexical]
+
+    assert found("t2") == [m.id] and found("t1") == []
+    assert store.index.entities_of(m.id)  # re-indexed under its new tenant, not dropped
+    with store._conn("test") as conn:
+        tenants = {str(r[0]) for r in conn.execute("SELECT DISTINCT tenant FROM postings")}
+    assert tenants == {"t2"}

@@ -650,13 +650,28 @@ class PostgresStore(Store):
         if any(r.memory.agent_id is not None for r in rows):
             self._agents.clear()
         ids = [r.memory.id for r in rows]
+        tenants = sorted({esc(r.memory.tenant) or "" for r in rows})
+        # the stored rows are locked through their tenants (a lock on one shard when the table is
+        # distributed by tenant); an id stored under another tenant (a memory moving, which the harness
+        # never does) is looked up in the same round trip and locked after
+        with conn.pipeline():
+            own = conn.execute(
+                _STORED + " WHERE tenant = ANY(%s::text[]) AND id = ANY(%s::uuid[])" + _LOCKED, [tenants, ids]
+            )
+            other = conn.execute(
+                "SELECT tenant, id FROM memories WHERE id = ANY(%s::uuid[]) AND tenant <> ALL(%s::text[])",
+                [ids, tenants],
+            )
+        found = own.fetchall()
+        moving = other.fetchall()
+        if moving:
+            found += conn.execute(
+                _STORED + " WHERE (tenant, id) IN (SELECT * FROM unnest(%s::text[], %s::uuid[]))" + _LOCKED,
+                [list(col) for col in zip(*moving, strict=True)],
+            ).fetchall()
         stored = {
             str(i): (int(seq), int(v), int(th), bytes(ch), int(dl), bool(sess), str(tenant))
-            for i, seq, v, th, ch, dl, sess, tenant in conn.execute(
-                """SELECT id, seq, version, text_hash, content_hash, doc_len, session_id IS NOT NULL, tenant
-                   FROM memories WHERE id = ANY(%s::uuid[]) ORDER BY id FOR UPDATE""",
-                [ids],
-            )
+            for i, seq, v, th, ch, dl, sess, tenant in found
         }
         check_versions([r.memory for r in rows], {i: s[1] for i, s in stored.items()})
         fresh = [r for r in rows if r.memory.id not in stored]
@@ -1303,6 +1318,11 @@ _INSERT = f"""INSERT INTO memories ({", ".join(_COLUMNS)}, embedding)
 _UPDATE = f"""UPDATE memories SET {", ".join(f"{c} = %s" for c in _COLUMNS[1:])},
                   embedding = coalesce(%b, CASE WHEN content_hash = %s THEN embedding END)
               WHERE id = %s"""
+# what put_many reads of the stored versions of a batch, and the lock it takes on them (in id order, so
+# concurrent batches cannot deadlock)
+_STORED = """SELECT id, seq, version, text_hash, content_hash, doc_len, session_id IS NOT NULL, tenant
+    FROM memories"""
+_LOCKED = " ORDER BY id FOR UPDATE"
 _INSERT_POSTINGS = """INSERT INTO postings (tenant, term, seq, tf, dl)
     SELECT t.tenant, t.term, m.seq, t.tf, t.dl
     FROM unnest(%s::text[], %s::text[], %s::uuid[], %s::int[], %s::int[]) AS t(tenant, term, id, tf, dl)
