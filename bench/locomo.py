@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse, urlunparse
 
 import numpy as np
 
@@ -326,8 +327,9 @@ def engine_targets(engine: str, pg_url: str | None = None) -> Iterator[Callable[
             yield lambda i: f"sqlite:///{d}/conv{i}.db"
     else:
         with postgres_url(pg_url) as url:
-            base = url.replace("&schema=bench", "")
-            yield lambda i: f"{base}{'&' if '?' in base else '?'}schema=locomo_{i}"
+            parts = urlparse(url)
+            kept = "&".join(p for p in parts.query.split("&") if p and not p.startswith("schema="))
+            yield lambda i: urlunparse(parts._replace(query=f"{kept}&schema=locomo_{i}".lstrip("&")))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

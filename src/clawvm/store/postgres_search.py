@@ -4,16 +4,18 @@ Every channel returns what the in-process :class:`~clawvm.store.index.SearchInde
 data (see ``store/base.py`` :class:`Query`), computed from the tables instead of from memory:
 
 - ``filtered``: the filters as a ``WHERE`` clause, newest first (ties: the later-inserted row first);
-- ``lexical``: BM25 with the same analyzer, formula and parameters, from the ``postings`` table (term,
-  row, term frequency), the sharded document counters (``lexstats``) and per-term document frequencies
-  counted from the postings' primary key: the scores are the in-process ones up to float rounding;
-- ``context``: BM25 over neighbourhood documents, scored exactly (summed term frequencies and lengths of
-  the ``window`` memories on each side in the session) for the rows near the best own-text rows, as
-  in process. Two corpus statistics are estimated instead of maintained on every write: a term's
-  neighbourhood document frequency (its document frequency spread over ``2 * window + 1`` neighbourhoods
-  for the share of memories that have a session) and the average neighbourhood length (the same
-  spread of the average length). Ranking inside one query is what they shape, and it is insensitive to
-  both;
+- ``lexical``: BM25 with the same analyzer, formula and parameters, from the ``postings`` table (tenant,
+  term, row -> term frequency and document length, all in its primary key) and the sharded per-tenant
+  document counters (``tenant_lexstats``); document frequencies are counted from the query terms'
+  postings: the scores are the in-process ones up to float rounding. Rows are ranked from the postings
+  alone and the filters checked best-first (:meth:`Searcher.lexical_sql`);
+- ``context``: BM25 over neighbourhood documents, in the same statement, scored exactly (summed term
+  frequencies and lengths of the ``window`` memories on each side in the session) for the rows near the
+  best own-text rows, as in process. Two corpus statistics are estimated instead of maintained on every
+  write: a term's neighbourhood document frequency (its document frequency spread over ``2 * window + 1``
+  neighbourhoods for the share of memories that have a session) and the average neighbourhood length
+  (the same spread of the average length). Ranking inside one query is what they shape, and it is
+  insensitive to both;
 - ``dense``: pgvector's HNSW index (inner product of unit vectors = cosine) with iterative scans, so
   filtered queries still fill their limit; an exact scan of the filtered rows when the index comes back
   short (few rows pass the filters, or the limit is beyond what HNSW serves);
