@@ -122,7 +122,6 @@ def _back_to_seq_keys(store: PostgresStore) -> None:
             DROP INDEX links_source;
             ALTER TABLE memories DROP CONSTRAINT memories_pkey, DROP CONSTRAINT memories_id_key,
                 ADD PRIMARY KEY (seq), ADD CONSTRAINT memories_id_key UNIQUE (id);
-            DROP INDEX memories_id, memories_seq;
             ALTER TABLE events DROP CONSTRAINT events_pkey, ADD PRIMARY KEY (seq);
             DROP INDEX events_seq;
             DROP TABLE agents;

@@ -23,12 +23,14 @@ Tables (created by :data:`MIGRATIONS`, an append-only list; ``meta`` records how
   tenant, each tenant's last number in ``event_numbers``).
 
 Every table but ``meta`` carries the tenant and every unique key includes it (see ``docs/postgres.md``,
-"Distributing with Citus"); ids and sequence numbers are indexed on their own as well, for lookups that
-do not name the tenant. Ids are unique per tenant in the schema; across tenants they are random UUIDs.
+"Distributing with Citus"). Ids are unique per tenant in the schema (key ``(id, tenant)``, which also
+serves lookups by id alone); across tenants they are random UUIDs, and a write finds an id another tenant
+holds (see :meth:`PostgresStore.put_many`).
 
-Optimistic locking holds across processes: ``put_many`` locks the stored rows (``SELECT ... FOR UPDATE``,
-in id order, so concurrent batches cannot deadlock on them), checks versions, and inserts new ids with
-their own sequence numbers; a concurrent insert of the same new id surfaces as :class:`ConflictError`.
+Optimistic locking holds across processes: ``put_many`` locks the stored rows through their tenants
+(``SELECT ... FOR UPDATE``, in id order, so concurrent batches cannot deadlock on them), checks
+versions, and inserts new ids with their own sequence numbers; a concurrent insert of the same new id
+surfaces as :class:`ConflictError`.
 Appending events takes numbers from a sequence with no lock shared between writers (only a *shared*
 advisory lock of the store's schema, held from the insert to the commit), so numbers may commit out of
 order. Readers tolerate that: :meth:`PostgresStore.read_events` returns the run of numbers that follows
@@ -211,9 +213,10 @@ MIGRATIONS: tuple[str, ...] = (
     # every table but meta carries the tenant and every unique key includes it, so a distributed
     # PostgreSQL (Citus) can shard each table by tenant with its keys checked on one shard: postings and
     # entities take their memory's tenant (postings' key covers tf and dl: BM25 ranks from the index
-    # alone), links their source's; ids and sequence numbers stay indexed on their own for lookups across
-    # tenants. The store-wide counters (lexstats) give way to the sums of the per-tenant ones, and
-    # recall's author names come from a table of (tenant, agent) instead of a recursive skip scan.
+    # alone), links their source's; memories are keyed (tenant, seq) and (id, tenant), the latter
+    # serving lookups by id alone. The store-wide counters (lexstats) give way to the sums of the
+    # per-tenant ones, and recall's author names come from a table of (tenant, agent) instead of a
+    # recursive skip scan.
     """
     DO $$ BEGIN
     IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
@@ -241,9 +244,7 @@ MIGRATIONS: tuple[str, ...] = (
         CREATE INDEX links_source ON links (source);
         ALTER TABLE memories DROP CONSTRAINT memories_pkey, DROP CONSTRAINT memories_id_key,
             ADD CONSTRAINT memories_pkey PRIMARY KEY (tenant, seq),
-            ADD CONSTRAINT memories_id_key UNIQUE (tenant, id);
-        CREATE INDEX memories_id ON memories (id);
-        CREATE INDEX memories_seq ON memories (seq);
+            ADD CONSTRAINT memories_id_key UNIQUE (id, tenant);
         ALTER TABLE events DROP CONSTRAINT events_pkey, ADD CONSTRAINT events_pkey PRIMARY KEY (tenant, seq);
         CREATE INDEX events_seq ON events (seq);
         DROP TABLE lexstats;
@@ -747,7 +748,7 @@ class PostgresStore(Store):
                     cur.execute(_ADD_TENANT_STATS, per_tenant.arrays())
         except psycopg.errors.UniqueViolation as exc:
             # another transaction inserted one of these new ids since we looked: this batch lost the race
-            taken = re.search(r"\(tenant, id\)=\(.*, ([0-9a-f-]{36})\)", exc.diag.message_detail or "")
+            taken = re.search(r"\(id, tenant\)=\(([0-9a-f-]{36}), ", exc.diag.message_detail or "")
             raise ConflictError(taken.group(1) if taken else fresh[0].memory.id, None, None) from None
 
     def delete_many(self, ids: Sequence[str]) -> int:
