@@ -843,11 +843,7 @@ class PostgresStore(Store):
         """On the replica when the URL names one: searches are untracked reads (a tracked recall's
         bookkeeping is written through put_many, to the primary)."""
         with self._replica_conn("query") as conn:
-            if query.vector is None:
-                return self._search.run(conn, query)
-            # the dense channel's settings are local to a transaction: BEGIN goes with the searches
-            with conn.pipeline(), conn.transaction():
-                return self._search.run(conn, query)
+            return self._search.run(conn, query)
 
     def agents(self, filters: Filters) -> frozenset[str]:
         key = filters.tenant

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import MISSING, dataclass, fields
 from datetime import datetime
 from hashlib import blake2b
@@ -202,14 +203,16 @@ class Searcher:
 
     def run(self, conn: psycopg.Connection[Any], q: Query) -> QueryResult:
         """The channels ``q`` asks for. The lexical statement (own text and neighbourhoods) and the dense
-        one are sent together (one round trip when ``conn`` is in a pipeline, as :meth:`PostgresStore.query`
-        runs it); the entity graph and the info of what they found follow."""
+        one are sent together, in one round trip; the entity graph and the info of what they found
+        follow."""
         if q.vector is not None:
             check_vectors(1, q.vector, self.dim, field="vector")
         where, wargs = compile_filters(q.filters)
         result = QueryResult()
         found: list[list[Hit]] = []
-        with conn.pipeline():
+        # one round trip: BEGIN (the HNSW settings are local to a transaction), the text statement, the
+        # settings, the dense search and COMMIT; the results are read once the pipeline has synced
+        with conn.pipeline(), conn.transaction() if q.vector is not None else nullcontext():
             lexical = self._send_lexical(conn, q) if q.text and (q.lexical or q.context) else None
             dense = (
                 self._send_dense(conn, q.vector, q.dense_k, where, wargs) if q.vector is not None else None
@@ -248,8 +251,9 @@ class Searcher:
         terms = list(dict.fromkeys(term_key(t) for t in self.analyzer.terms(q.text)))
         if not terms or q.limit <= 0:
             return None
-        depth = 2 * q.limit if q.context else q.limit  # the context channel looks around the best 2 * limit
-        sql, args = self.lexical_sql(terms, one_tenant(q.filters), q.filters, depth, q.limit, q.context)
+        limit = min(q.limit, 2**61)  # a bigint LIMIT, doubled below
+        depth = 2 * limit if q.context else limit  # the context channel looks around the best 2 * limit
+        sql, args = self.lexical_sql(terms, one_tenant(q.filters), q.filters, depth, limit, q.context)
         return conn.execute(sql, args)
 
     @staticmethod
@@ -368,21 +372,6 @@ class Searcher:
         return sql, args
 
     # ---- dense -----------------------------------------------------------------------------------------
-    def dense(
-        self, conn: psycopg.Connection[Any], vector: np.ndarray, limit: int, where: str, wargs: list[Any]
-    ) -> list[Hit]:
-        """Nearest unit vectors by inner product (= cosine), best first.
-
-        HNSW with an iterative scan (pgvector 0.8, relaxed order, re-sorted here): when filters or
-        archived/obsolete rows drop candidates, the index keeps walking the graph (up to
-        ``max_scan_tuples``) instead of returning short, so neither a share of inactive rows nor a narrow
-        filter (one agent, one session) turns into an exact scan. Exact only when the index is done and
-        came back short while more rows pass the filters (a limit beyond ``ef_search``'s 1000, or a filter
-        so narrow that the walk's budget ran out first)."""
-        with conn.pipeline():  # the settings and the search in one round trip
-            cur = self._send_dense(conn, vector, limit, where, wargs)
-        return self._read_dense(conn, cur, vector, limit, where, wargs)
-
     @staticmethod
     def _unit(vector: np.ndarray) -> np.ndarray:
         v = np.asarray(vector, dtype=np.float32).reshape(-1)
@@ -393,7 +382,15 @@ class Searcher:
         self, conn: psycopg.Connection[Any], vector: np.ndarray, limit: int, where: str, wargs: list[Any]
     ) -> psycopg.Cursor[Any] | None:
         """Send the HNSW search (None when the limit is beyond what HNSW serves: :meth:`_read_dense` then
-        sorts exactly)."""
+        sorts exactly), inside the caller's transaction.
+
+        Nearest unit vectors by inner product (= cosine), best first. HNSW with an iterative scan
+        (pgvector 0.8, relaxed order, re-sorted here): when filters or archived/obsolete rows drop
+        candidates, the index keeps walking the graph (up to ``max_scan_tuples``) instead of returning
+        short, so neither a share of inactive rows nor a narrow filter (one agent, one session) turns into
+        an exact scan. Exact only when the index is done and came back short while more rows pass the
+        filters (a limit beyond ``ef_search``'s 1000, or a filter so narrow that the walk's budget ran out
+        first)."""
         if limit <= 0 or limit > 1000:  # HNSW's candidate list (ef_search) tops out at 1000
             return None
         sql, args = self.dense_sql(self._unit(vector), limit, where, wargs, exact=False)
