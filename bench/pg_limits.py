@@ -210,7 +210,11 @@ def archive_share(store: PostgresStore, share: float) -> int:
         store.put_many(batch)
         done += len(batch)
     with store._conn("bare") as conn:
-        conn.execute("UPDATE bare b SET status = m.status FROM memories m WHERE m.id = b.id")
+        # only the rows that changed: rewriting all of them re-inserts every row into bare's HNSW graph
+        conn.execute(
+            "UPDATE bare b SET status = m.status FROM memories m"
+            " WHERE m.id = b.id AND m.status IS DISTINCT FROM b.status"
+        )
         conn.execute("ANALYZE memories")
         conn.execute("ANALYZE bare")
     return done

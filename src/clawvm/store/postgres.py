@@ -11,18 +11,26 @@ Tables (created by :data:`MIGRATIONS`, an append-only list; ``meta`` records how
   text[]`` and ``metadata jsonb`` with GIN indexes, and ``embedding vector(dim)`` with an HNSW index
   (inner product on unit vectors, i.e. cosine); keyset pages (``Store.page``) read the
   ``(created_at, id)`` order from an index;
-- ``postings(term, seq, tf)``: the inverted index of the project's own analyzer (``clawvm.core.lexical``), so
-  BM25 here scores like the in-process engines; ``lexstats``: the document count, total length and
-  sessioned count as 16 sharded counters (each connection adds to its own, so writers from many
-  processes do not queue on one row); ``tenant_lexstats``: the same counters per tenant (a query confined
-  to one tenant scores with its own statistics);
-- ``entities(entity, seq)``: the write-time entity graph; ``links``; ``events`` (``json`` data; besides the
-  log's ``seq``, ``tenant_seq``: the event's number in its tenant's own sequence, indexed with the tenant,
-  each tenant's last number in ``event_numbers``).
+- ``postings(tenant, term, seq, tf, dl)``: the inverted index of the project's own analyzer
+  (``clawvm.core.lexical``), so BM25 here scores like the in-process engines; its primary key covers the
+  term frequency and document length, so a query's BM25 is ranked from the index alone;
+  ``tenant_lexstats``: each tenant's document count, total length and sessioned count as 16 sharded
+  counters (each connection adds to its own, so writers from many processes do not queue on one row; a
+  query confined to one tenant scores with its own statistics, one over several with their sums);
+- ``entities(tenant, entity, seq)``: the write-time entity graph; ``links`` (with the source's tenant);
+  ``agents(tenant, agent_id)``: the names recall may strip from a query; ``events`` (``json`` data; besides
+  the log's ``seq``, ``tenant_seq``: the event's number in its tenant's own sequence, indexed with the
+  tenant, each tenant's last number in ``event_numbers``).
 
-Optimistic locking holds across processes: ``put_many`` locks the stored rows (``SELECT ... FOR UPDATE``,
-in id order, so concurrent batches cannot deadlock on them), checks versions, and inserts new ids with
-their own sequence numbers; a concurrent insert of the same new id surfaces as :class:`ConflictError`.
+Every table but ``meta`` carries the tenant and every unique key includes it (see ``docs/postgres.md``,
+"Distributing with Citus"). Ids are unique per tenant in the schema (key ``(id, tenant)``, which also
+serves lookups by id alone); across tenants they are random UUIDs, and a write finds an id another tenant
+holds (see :meth:`PostgresStore.put_many`).
+
+Optimistic locking holds across processes: ``put_many`` locks the stored rows through their tenants
+(``SELECT ... FOR UPDATE``, in id order, so concurrent batches cannot deadlock on them), checks
+versions, and inserts new ids with their own sequence numbers; a concurrent insert of the same new id
+surfaces as :class:`ConflictError`.
 Appending events takes numbers from a sequence with no lock shared between writers (only a *shared*
 advisory lock of the store's schema, held from the insert to the commit), so numbers may commit out of
 order. Readers tolerate that: :meth:`PostgresStore.read_events` returns the run of numbers that follows
@@ -201,6 +209,50 @@ MIGRATIONS: tuple[str, ...] = (
     # indexed column, so with free space on the page its update is HOT (no new HNSW or btree entries)
     """
     ALTER TABLE memories SET (fillfactor = 70);
+    """,
+    # every table but meta carries the tenant and every unique key includes it, so a distributed
+    # PostgreSQL (Citus) can shard each table by tenant with its keys checked on one shard: postings and
+    # entities take their memory's tenant (postings' key covers tf and dl: BM25 ranks from the index
+    # alone), links their source's; memories are keyed (tenant, seq) and (id, tenant), the latter
+    # serving lookups by id alone. The store-wide counters (lexstats) give way to the sums of the
+    # per-tenant ones, and recall's author names come from a table of (tenant, agent) instead of a
+    # recursive skip scan.
+    """
+    DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()
+                   AND table_name = 'postings' AND column_name = 'tenant') THEN
+        CREATE TABLE postings_by_tenant (tenant text NOT NULL, term text NOT NULL, seq bigint NOT NULL,
+                                         tf integer NOT NULL, dl integer NOT NULL);
+        INSERT INTO postings_by_tenant
+            SELECT m.tenant, p.term, p.seq, p.tf, p.dl FROM postings p JOIN memories m ON m.seq = p.seq;
+        DROP TABLE postings;
+        ALTER TABLE postings_by_tenant RENAME TO postings;
+        ALTER TABLE postings ADD CONSTRAINT postings_pkey PRIMARY KEY (tenant, term, seq) INCLUDE (tf, dl);
+        CREATE INDEX postings_seq ON postings (tenant, seq);
+        CREATE TABLE entities_by_tenant (tenant text NOT NULL, entity text NOT NULL, seq bigint NOT NULL);
+        INSERT INTO entities_by_tenant
+            SELECT m.tenant, e.entity, e.seq FROM entities e JOIN memories m ON m.seq = e.seq;
+        DROP TABLE entities;
+        ALTER TABLE entities_by_tenant RENAME TO entities;
+        ALTER TABLE entities ADD CONSTRAINT entities_pkey PRIMARY KEY (tenant, entity, seq);
+        CREATE INDEX entities_seq ON entities (tenant, seq);
+        ALTER TABLE links ADD COLUMN tenant text;
+        UPDATE links l SET tenant = m.tenant FROM memories m WHERE m.id = l.source;
+        UPDATE links SET tenant = '' WHERE tenant IS NULL;
+        ALTER TABLE links ALTER COLUMN tenant SET NOT NULL, DROP CONSTRAINT links_pkey,
+            ADD CONSTRAINT links_pkey PRIMARY KEY (tenant, source, type, target);
+        CREATE INDEX links_source ON links (source);
+        ALTER TABLE memories DROP CONSTRAINT memories_pkey, DROP CONSTRAINT memories_id_key,
+            ADD CONSTRAINT memories_pkey PRIMARY KEY (tenant, seq),
+            ADD CONSTRAINT memories_id_key UNIQUE (id, tenant);
+        ALTER TABLE events DROP CONSTRAINT events_pkey, ADD CONSTRAINT events_pkey PRIMARY KEY (tenant, seq);
+        CREATE INDEX events_seq ON events (seq);
+        DROP TABLE lexstats;
+    END IF; END $$;
+    CREATE TABLE IF NOT EXISTS agents (tenant text NOT NULL, agent_id text NOT NULL,
+                                       PRIMARY KEY (tenant, agent_id));
+    INSERT INTO agents SELECT DISTINCT tenant, agent_id FROM memories WHERE agent_id IS NOT NULL
+        ON CONFLICT DO NOTHING;
     """,
 )
 
@@ -599,34 +651,61 @@ class PostgresStore(Store):
         if any(r.memory.agent_id is not None for r in rows):
             self._agents.clear()
         ids = [r.memory.id for r in rows]
+        tenants = sorted({esc(r.memory.tenant) or "" for r in rows})
+        # the stored rows are locked through their tenants (a lock on one shard when the table is
+        # distributed by tenant); an id stored under another tenant (a memory moving, which the harness
+        # never does) is looked up in the same round trip and locked after
+        with conn.pipeline():
+            own = conn.execute(
+                _STORED + " WHERE tenant = ANY(%s::text[]) AND id = ANY(%s::uuid[])" + _LOCKED, [tenants, ids]
+            )
+            other = conn.execute(
+                "SELECT tenant, id FROM memories WHERE id = ANY(%s::uuid[]) AND tenant <> ALL(%s::text[])",
+                [ids, tenants],
+            )
+        found = own.fetchall()
+        moving = other.fetchall()
+        if moving:
+            found += conn.execute(
+                _STORED + " WHERE (tenant, id) IN (SELECT * FROM unnest(%s::text[], %s::uuid[]))" + _LOCKED,
+                [list(col) for col in zip(*moving, strict=True)],
+            ).fetchall()
         stored = {
             str(i): (int(seq), int(v), int(th), bytes(ch), int(dl), bool(sess), str(tenant))
-            for i, seq, v, th, ch, dl, sess, tenant in conn.execute(
-                """SELECT id, seq, version, text_hash, content_hash, doc_len, session_id IS NOT NULL, tenant
-                   FROM memories WHERE id = ANY(%s::uuid[]) ORDER BY id FOR UPDATE""",
-                [ids],
-            )
+            for i, seq, v, th, ch, dl, sess, tenant in found
         }
         check_versions([r.memory for r in rows], {i: s[1] for i, s in stored.items()})
         fresh = [r for r in rows if r.memory.id not in stored]
         updated = [r for r in rows if r.memory.id in stored]
-        reindex = [r for r in rows if r.memory.id not in stored or stored[r.memory.id][2] != r.text_hash]
+        # a new text, or a memory moved to another tenant (its postings and entities carry the tenant)
+        reindex = [
+            r
+            for r in rows
+            if r.memory.id not in stored
+            or stored[r.memory.id][2] != r.text_hash
+            or stored[r.memory.id][6] != esc(r.memory.tenant)
+        ]
         for r in reindex:
             r.terms = Counter(term_key(t) for t in self.analyzer.terms(r.text))
             r.entities = sorted({term_key(e) for e in entities(r.text)})
-        total = sessioned = 0
         per_tenant = _TenantStats()
         for r in rows:
             old = stored.get(r.memory.id)
             # unchanged text keeps its stored postings and length
             r.doc_len = sum(r.terms.values()) if r.terms is not None else (old[4] if old else 0)
-            total += r.doc_len - (old[4] if old else 0)
-            sessioned += (r.memory.session_id is not None) - (old[5] if old else 0)
             if old is not None:
                 per_tenant.add(old[6], -1, -old[4], -int(old[5]))
             per_tenant.add(esc(r.memory.tenant) or "", 1, r.doc_len, int(r.memory.session_id is not None))
-        changed = [r.memory.id for r in reindex if r.memory.id in stored]
-        links = dict.fromkeys((r.memory.id, k.type.value, k.target) for r in rows for k in r.memory.links)
+        # the stored (tenant, seq) of re-indexed memories: their old postings and entities go
+        changed = [(stored[r.memory.id][6], stored[r.memory.id][0]) for r in reindex if r.memory.id in stored]
+        links = dict.fromkeys(
+            (esc(r.memory.tenant) or "", r.memory.id, k.type.value, k.target)
+            for r in rows
+            for k in r.memory.links
+        )
+        agents = sorted(
+            {(esc(r.memory.tenant) or "", esc(r.memory.agent_id)) for r in rows if r.memory.agent_id}
+        )
         # everything below goes to the server in one round trip; errors surface when the pipeline syncs
         try:
             with conn.pipeline(), conn.cursor() as cur:
@@ -640,31 +719,36 @@ class PostgresStore(Store):
                 if changed:
                     for table in ("postings", "entities"):
                         cur.execute(
-                            f"DELETE FROM {table}"
-                            " WHERE seq IN (SELECT seq FROM memories WHERE id = ANY(%s::uuid[]))",
-                            [changed],
+                            f"DELETE FROM {table} WHERE (tenant, seq) IN"
+                            " (SELECT * FROM unnest(%s::text[], %s::bigint[]))",
+                            [list(col) for col in zip(*changed, strict=True)],
                         )
                 if reindex:
                     cur.execute(_INSERT_POSTINGS, _postings(reindex))
-                    names = [(e, r.memory.id) for r in reindex for e in r.entities or ()]
+                    names = [
+                        (esc(r.memory.tenant) or "", e, r.memory.id)
+                        for r in reindex
+                        for e in r.entities or ()
+                    ]
                     if names:
-                        cur.execute(_INSERT_ENTITIES, [[e for e, _ in names], [i for _, i in names]])
+                        cur.execute(_INSERT_ENTITIES, [list(col) for col in zip(*names, strict=True)])
                 if updated:
                     cur.execute(
                         "DELETE FROM links WHERE source = ANY(%s::uuid[])", [[r.memory.id for r in updated]]
                     )
                 if links:
                     cur.execute(
-                        "INSERT INTO links SELECT * FROM unnest(%s::uuid[], %s::text[], %s::uuid[])",
+                        "INSERT INTO links (tenant, source, type, target)"
+                        " SELECT * FROM unnest(%s::text[], %s::uuid[], %s::text[], %s::uuid[])",
                         [list(col) for col in zip(*links, strict=True)],
                     )
-                if fresh or total or sessioned:
-                    cur.execute(_ADD_STATS, [len(fresh), total, sessioned])
+                if agents:
+                    cur.execute(_ADD_AGENTS, [list(col) for col in zip(*agents, strict=True)])
                 if per_tenant.changed():
                     cur.execute(_ADD_TENANT_STATS, per_tenant.arrays())
         except psycopg.errors.UniqueViolation as exc:
             # another transaction inserted one of these new ids since we looked: this batch lost the race
-            taken = re.search(r"\(id\)=\(([0-9a-f-]{36})\)", exc.diag.message_detail or "")
+            taken = re.search(r"\(id, tenant\)=\(([0-9a-f-]{36}), ", exc.diag.message_detail or "")
             raise ConflictError(taken.group(1) if taken else fresh[0].memory.id, None, None) from None
 
     def delete_many(self, ids: Sequence[str]) -> int:
@@ -680,12 +764,14 @@ class PostgresStore(Store):
             ).fetchall()
             if not gone:
                 return 0
-            seqs = [int(s) for s, _, _, _ in gone]
-            conn.execute("DELETE FROM postings WHERE seq = ANY(%s::bigint[])", [seqs])
-            conn.execute("DELETE FROM entities WHERE seq = ANY(%s::bigint[])", [seqs])
+            keys = [[str(t) for _, _, _, t in gone], [int(s) for s, _, _, _ in gone]]
+            for table in ("postings", "entities"):
+                conn.execute(
+                    f"DELETE FROM {table} WHERE (tenant, seq) IN"
+                    " (SELECT * FROM unnest(%s::text[], %s::bigint[]))",
+                    keys,
+                )
             conn.execute("DELETE FROM links WHERE source = ANY(%s::uuid[])", [unique])
-            lengths, sessioned = sum(int(d) for _, d, _, _ in gone), sum(bool(x) for _, _, x, _ in gone)
-            conn.execute(_ADD_STATS, [-len(gone), -lengths, -sessioned])
             per_tenant = _TenantStats()
             for _, d, x, tenant in gone:
                 per_tenant.add(str(tenant), -1, -int(d), -int(bool(x)))
@@ -756,7 +842,7 @@ class PostgresStore(Store):
     def query(self, query: Query) -> QueryResult:
         """On the replica when the URL names one: searches are untracked reads (a tracked recall's
         bookkeeping is written through put_many, to the primary)."""
-        with self._replica_conn("query") as conn, conn.transaction():
+        with self._replica_conn("query") as conn:
             return self._search.run(conn, query)
 
     def agents(self, filters: Filters) -> frozenset[str]:
@@ -764,20 +850,13 @@ class PostgresStore(Store):
         cached = self._agents.get(key)
         if cached is not None and cached[0] > time.monotonic():
             return cached[1]
-        where, args = compile_filters(Filters(tenant=key), "m")
-        with self._conn("agents") as conn:  # a skip scan: one index probe per (tenant, agent)
+        tenants = "TRUE" if key is None else "a.tenant = ANY(%s::text[])"
+        args = [] if key is None else [sorted(esc(t) or "" for t in key)]
+        with self._conn("agents") as conn:  # the known names that still have a memory: one probe each
             rows = conn.execute(
-                f"""WITH RECURSIVE a(tenant, agent_id) AS (
-                        (SELECT tenant, agent_id FROM memories m WHERE agent_id IS NOT NULL AND {where}
-                         ORDER BY tenant, agent_id LIMIT 1)
-                        UNION ALL
-                        SELECT n.tenant, n.agent_id FROM a CROSS JOIN LATERAL (
-                            SELECT tenant, agent_id FROM memories m
-                            WHERE agent_id IS NOT NULL AND {where}
-                              AND (m.tenant, m.agent_id) > (a.tenant, a.agent_id)
-                            ORDER BY tenant, agent_id LIMIT 1) n
-                    ) SELECT agent_id FROM a""",
-                [*args, *args],
+                f"""SELECT DISTINCT a.agent_id FROM agents a WHERE {tenants} AND EXISTS (
+                        SELECT 1 FROM memories m WHERE m.tenant = a.tenant AND m.agent_id = a.agent_id)""",
+                args,
             ).fetchall()
         names = frozenset(str(unesc(r[0])) for r in rows)
         self._agents[key] = (time.monotonic() + _AGENTS_TTL_S, names)
@@ -787,7 +866,7 @@ class PostgresStore(Store):
         f = filters or Filters()
         with self._conn("count") as conn:
             if f == Filters():  # every memory: the counters, not a scan
-                row = conn.execute("SELECT coalesce(sum(docs), 0) FROM lexstats").fetchone()
+                row = conn.execute("SELECT coalesce(sum(docs), 0) FROM tenant_lexstats").fetchone()
             else:
                 where, args = compile_filters(f)
                 row = conn.execute(f"SELECT count(*) FROM memories m WHERE {where}", args).fetchone()
@@ -1101,7 +1180,8 @@ class EntityGraphView:
             return ()
         with self._store._conn("entities") as conn:
             rows = conn.execute(
-                "SELECT e.entity FROM entities e JOIN memories m ON m.seq = e.seq WHERE m.id = %s ORDER BY 1",
+                "SELECT e.entity FROM entities e JOIN memories m ON m.tenant = e.tenant AND m.seq = e.seq"
+                " WHERE m.id = %s ORDER BY 1",
                 [memory_id],
             ).fetchall()
         return tuple(str(r[0]) for r in rows)
@@ -1109,7 +1189,8 @@ class EntityGraphView:
     def linked(self, entity: str) -> set[str]:
         with self._store._conn("entities") as conn:
             rows = conn.execute(
-                "SELECT m.id FROM entities e JOIN memories m ON m.seq = e.seq WHERE e.entity = %s",
+                "SELECT m.id FROM entities e JOIN memories m ON m.tenant = e.tenant AND m.seq = e.seq"
+                " WHERE e.entity = %s",
                 [term_key(entity)],
             ).fetchall()
         return {str(r[0]) for r in rows}
@@ -1117,7 +1198,8 @@ class EntityGraphView:
     def _all(self) -> list[tuple[str, str]]:
         with self._store._conn("entities") as conn:
             rows = conn.execute(
-                "SELECT e.entity, m.id FROM entities e JOIN memories m ON m.seq = e.seq"
+                "SELECT e.entity, m.id FROM entities e"
+                " JOIN memories m ON m.tenant = e.tenant AND m.seq = e.seq"
             ).fetchall()
         return [(str(e), str(i)) for e, i in rows]
 
@@ -1233,13 +1315,25 @@ _INSERT = f"""INSERT INTO memories ({", ".join(_COLUMNS)}, embedding)
 _UPDATE = f"""UPDATE memories SET {", ".join(f"{c} = %s" for c in _COLUMNS[1:])},
                   embedding = coalesce(%b, CASE WHEN content_hash = %s THEN embedding END)
               WHERE id = %s"""
-_INSERT_POSTINGS = """INSERT INTO postings (term, seq, tf, dl)
-    SELECT t.term, m.seq, t.tf, t.dl
-    FROM unnest(%s::text[], %s::uuid[], %s::int[], %s::int[]) AS t(term, id, tf, dl)
-    JOIN memories m ON m.id = t.id"""
-_INSERT_ENTITIES = """INSERT INTO entities (entity, seq)
-    SELECT t.entity, m.seq FROM unnest(%s::text[], %s::uuid[]) AS t(entity, id)
-    JOIN memories m ON m.id = t.id"""
+# what put_many reads of the stored versions of a batch, and the lock it takes on them (in id order, so
+# concurrent batches cannot deadlock)
+_STORED = """SELECT id, seq, version, text_hash, content_hash, doc_len, session_id IS NOT NULL, tenant
+    FROM memories"""
+_LOCKED = " ORDER BY id FOR UPDATE"
+_INSERT_POSTINGS = """INSERT INTO postings (tenant, term, seq, tf, dl)
+    SELECT t.tenant, t.term, m.seq, t.tf, t.dl
+    FROM unnest(%s::text[], %s::text[], %s::uuid[], %s::int[], %s::int[]) AS t(tenant, term, id, tf, dl)
+    JOIN memories m ON m.tenant = t.tenant AND m.id = t.id"""
+_INSERT_ENTITIES = """INSERT INTO entities (tenant, entity, seq)
+    SELECT t.tenant, t.entity, m.seq FROM unnest(%s::text[], %s::text[], %s::uuid[]) AS t(tenant, entity, id)
+    JOIN memories m ON m.tenant = t.tenant AND m.id = t.id"""
+# an agent's first memory in a tenant adds it; a known one is only read (writers of one agent do not queue
+# on its row: an insert that conflicts would wait for the other writer's commit)
+_ADD_AGENTS = """INSERT INTO agents
+    SELECT t.tenant, t.agent_id FROM unnest(%s::text[], %s::text[]) AS t(tenant, agent_id)
+    WHERE NOT EXISTS (SELECT 1 FROM agents a WHERE a.tenant = t.tenant AND a.agent_id = t.agent_id)
+    ORDER BY 1, 2
+    ON CONFLICT DO NOTHING"""
 #: One page of a tenant's events (the tenant's own numbers as ``seq``); add ``AND memory_id = %s`` for one
 #: memory's.
 TENANT_EVENTS_SQL = (
@@ -1264,12 +1358,8 @@ _INSERT_EVENTS = """WITH nums AS (
         ORDER BY e.n
         RETURNING seq, tenant_seq)
     SELECT seq, tenant_seq, pg_notify(%s, %s || (SELECT max(seq) FROM ins)) FROM ins"""
-# each connection adds to its own counter row: writers do not queue on one hot row
-_ADD_STATS = f"""UPDATE lexstats SET docs = docs + %s, total_len = total_len + %s, sessioned = sessioned + %s
-    WHERE slot = pg_backend_pid() %% {_SLOTS}"""
-
-
-# the same per tenant (rows in tenant order: two writers lock shared rows in one order, never a deadlock)
+# each connection adds to its own counter rows, so writers do not queue on one hot row (rows in tenant
+# order: two writers lock shared rows in one order, never a deadlock)
 _ADD_TENANT_STATS = f"""INSERT INTO tenant_lexstats AS s
     SELECT t.tenant, pg_backend_pid() %% {_SLOTS}, t.docs, t.total_len, t.sessioned
     FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[]) AS t(tenant, docs, total_len, sessioned)
@@ -1315,7 +1405,8 @@ def _prepare(m: Memory) -> _Row:
 
 
 def _postings(rows: list[_Row]) -> list[list[Any]]:
-    """The postings of ``rows`` as the four arrays :data:`_INSERT_POSTINGS` takes."""
+    """The postings of ``rows`` as the five arrays :data:`_INSERT_POSTINGS` takes."""
+    tenants: list[str] = []
     terms: list[str] = []
     ids: list[str] = []
     tfs: list[int] = []
@@ -1323,11 +1414,12 @@ def _postings(rows: list[_Row]) -> list[list[Any]]:
     for r in rows:
         assert r.terms is not None
         for term, tf in r.terms.items():
+            tenants.append(esc(r.memory.tenant) or "")
             terms.append(term)
             ids.append(r.memory.id)
             tfs.append(tf)
             lens.append(r.doc_len)
-    return [terms, ids, tfs, lens]
+    return [tenants, terms, ids, tfs, lens]
 
 
 def _columns(r: _Row) -> tuple[Any, ...]:

@@ -4,16 +4,18 @@ Every channel returns what the in-process :class:`~clawvm.store.index.SearchInde
 data (see ``store/base.py`` :class:`Query`), computed from the tables instead of from memory:
 
 - ``filtered``: the filters as a ``WHERE`` clause, newest first (ties: the later-inserted row first);
-- ``lexical``: BM25 with the same analyzer, formula and parameters, from the ``postings`` table (term,
-  row, term frequency), the sharded document counters (``lexstats``) and per-term document frequencies
-  counted from the postings' primary key: the scores are the in-process ones up to float rounding;
-- ``context``: BM25 over neighbourhood documents, scored exactly (summed term frequencies and lengths of
-  the ``window`` memories on each side in the session) for the rows near the best own-text rows, as
-  in process. Two corpus statistics are estimated instead of maintained on every write: a term's
-  neighbourhood document frequency (its document frequency spread over ``2 * window + 1`` neighbourhoods
-  for the share of memories that have a session) and the average neighbourhood length (the same
-  spread of the average length). Ranking inside one query is what they shape, and it is insensitive to
-  both;
+- ``lexical``: BM25 with the same analyzer, formula and parameters, from the ``postings`` table (tenant,
+  term, row -> term frequency and document length, all in its primary key) and the sharded per-tenant
+  document counters (``tenant_lexstats``); document frequencies are counted from the query terms'
+  postings: the scores are the in-process ones up to float rounding. Rows are ranked from the postings
+  alone and the filters checked best-first (:meth:`Searcher.lexical_sql`);
+- ``context``: BM25 over neighbourhood documents, in the same statement, scored exactly (summed term
+  frequencies and lengths of the ``window`` memories on each side in the session) for the rows near the
+  best own-text rows, as in process. Two corpus statistics are estimated instead of maintained on every
+  write: a term's neighbourhood document frequency (its document frequency spread over ``2 * window + 1``
+  neighbourhoods for the share of memories that have a session) and the average neighbourhood length
+  (the same spread of the average length). Ranking inside one query is what they shape, and it is
+  insensitive to both;
 - ``dense``: pgvector's HNSW index (inner product of unit vectors = cosine) with iterative scans, so
   filtered queries still fill their limit; an exact scan of the filtered rows when the index comes back
   short (few rows pass the filters, or the limit is beyond what HNSW serves);
@@ -28,6 +30,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import MISSING, dataclass, fields
 from datetime import datetime
 from hashlib import blake2b
@@ -38,7 +41,7 @@ import psycopg
 
 from clawvm.core.errors import StoreError
 from clawvm.core.ids import is_valid_id
-from clawvm.core.lexical import Analyzer, BM25Params, LexicalIndex
+from clawvm.core.lexical import Analyzer, BM25Params
 from clawvm.core.model import Filters, Scope, Visibility
 from clawvm.store.base import CandidateInfo, Query, QueryResult, check_vectors
 from clawvm.store.index import CONTEXT_WINDOW
@@ -199,26 +202,40 @@ class Searcher:
         self.window = window
 
     def run(self, conn: psycopg.Connection[Any], q: Query) -> QueryResult:
+        """The channels ``q`` asks for. The lexical statement (own text and neighbourhoods) and the dense
+        one are sent together, in one round trip; the entity graph and the info of what they found
+        follow."""
         if q.vector is not None:
             check_vectors(1, q.vector, self.dim, field="vector")
         where, wargs = compile_filters(q.filters)
         result = QueryResult()
         found: list[list[Hit]] = []
-        if q.text and (q.lexical or q.context):
-            self._lexical(conn, q, where, wargs, result, found)
+        # one round trip: BEGIN (the HNSW settings are local to a transaction), the text statement, the
+        # settings, the dense search and COMMIT; the results are read once the pipeline has synced
+        with conn.pipeline(), conn.transaction() if q.vector is not None else nullcontext():
+            lexical = self._send_lexical(conn, q) if q.text and (q.lexical or q.context) else None
+            dense = (
+                self._send_dense(conn, q.vector, q.dense_k, where, wargs) if q.vector is not None else None
+            )
+        if lexical is not None:
+            own, ctx = self._read_lexical(lexical, q)
+            if q.lexical:
+                found.append(own)
+                result.lexical = [(h.id, h.score) for h in own]
+            if q.context:
+                found.append(ctx)
+                result.context = [(h.id, h.score) for h in ctx]
         if q.vector is not None:
-            dense = self.dense(conn, q.vector, q.dense_k, where, wargs)
-            result.dense = [(h.id, h.score) for h in dense]
-            found.append(dense)
+            hits = self._read_dense(conn, dense, q.vector, q.dense_k, where, wargs)
+            result.dense = [(h.id, h.score) for h in hits]
+            found.append(hits)
         if q.expand:
             links = self.related(conn, q.expand, q.expand_limit, q.expand_max_df, q.filters)
             result.related = [(s, t.id, t.score) for s, t in links]
             found.append([t for _, t in links])
         if q.info or q.around:
-            seqs = [h.seq for hits in found for h in hits] if q.info else []
-            if q.around:
-                seqs += seqs_of(conn, q.around)
-            result.info = self.info(conn, seqs, q.filters)
+            ids = [h.id for hits in found for h in hits] if q.info else []
+            result.info = self.info(conn, valid_ids([*ids, *q.around]), q.filters)
         if not q.text and q.vector is None and not q.expand and not q.around:
             rows = conn.execute(
                 f"SELECT id FROM memories m WHERE {where} ORDER BY created_at DESC, seq DESC LIMIT %s",
@@ -228,168 +245,175 @@ class Searcher:
         return result
 
     # ---- lexical and context ---------------------------------------------------------------------------
-    def _lexical(
-        self,
-        conn: psycopg.Connection[Any],
-        q: Query,
-        where: str,
-        wargs: list[Any],
-        result: QueryResult,
-        found: list[list[Hit]],
-    ) -> None:
+    def _send_lexical(self, conn: psycopg.Connection[Any], q: Query) -> psycopg.Cursor[Any] | None:
+        """Send the statement of the lexical and context channels (see :meth:`lexical_sql`)."""
         assert q.text is not None
-        terms = [term_key(t) for t in self.analyzer.terms(q.text)]
-        stats = self.term_stats(conn, list(dict.fromkeys(terms)), one_tenant(q.filters))
-        if stats is None:
-            return
-        best = self.bm25(conn, stats, 2 * q.limit if q.context else q.limit, where, wargs)
-        if q.lexical:
-            found.append(best[: q.limit])
-            result.lexical = [(h.id, h.score) for h in found[-1]]
-        if q.context and best:
-            ctx = self.context(conn, stats, best, q.limit, q.filters)
-            found.append(ctx)
-            result.context = [(h.id, h.score) for h in ctx]
-
-    def term_stats(
-        self, conn: psycopg.Connection[Any], terms: list[str], tenant: str | None = None
-    ) -> TermStats | None:
-        """Document frequencies of ``terms`` and the corpus counters (of ``tenant``'s memories alone, when
-        given: see :func:`one_tenant`), or None when nothing can match."""
-        if not terms:
+        terms = list(dict.fromkeys(term_key(t) for t in self.analyzer.terms(q.text)))
+        if not terms or q.limit <= 0:
             return None
-        if tenant is None:
-            rows = conn.execute(
-                """SELECT t.term, (SELECT count(*) FROM postings p WHERE p.term = t.term), s.docs,
-                          s.total_len, s.sessioned
-                   FROM unnest(%s::text[]) AS t(term),
-                        (SELECT coalesce(sum(docs), 0) AS docs, coalesce(sum(total_len), 0) AS total_len,
-                                coalesce(sum(sessioned), 0) AS sessioned FROM lexstats) AS s""",
-                [terms],
-            ).fetchall()
-        else:
-            rows = conn.execute(
-                """SELECT t.term, (SELECT count(*) FROM postings p JOIN memories m ON m.seq = p.seq
-                                   WHERE p.term = t.term AND m.tenant = %s),
-                          s.docs, s.total_len, s.sessioned
-                   FROM unnest(%s::text[]) AS t(term),
-                        (SELECT coalesce(sum(docs), 0) AS docs, coalesce(sum(total_len), 0) AS total_len,
-                                coalesce(sum(sessioned), 0) AS sessioned
-                         FROM tenant_lexstats WHERE tenant = %s) AS s""",
-                [esc(tenant), terms, esc(tenant)],
-            ).fetchall()
-        n = int(rows[0][2]) if rows else 0
-        if n <= 0:
-            return None
-        df = {str(t): int(d) for t, d, *_ in rows if d}
-        if not df:
-            return None
-        return TermStats(df, n, float(rows[0][3]), float(rows[0][4]))
+        limit = min(q.limit, 2**61)  # a bigint LIMIT, doubled below
+        depth = 2 * limit if q.context else limit  # the context channel looks around the best 2 * limit
+        sql, args = self.lexical_sql(terms, one_tenant(q.filters), q.filters, depth, limit, q.context)
+        return conn.execute(sql, args)
 
-    def bm25(
-        self, conn: psycopg.Connection[Any], st: TermStats, limit: int, where: str, wargs: list[Any]
-    ) -> list[Hit]:
-        """The ``limit`` best rows by BM25 of their own text (score > 0), best first."""
-        if limit <= 0:
-            return []
-        terms = list(st.df)
-        idfs = [LexicalIndex.idf(st.df[t], st.n) for t in terms]
-        k1, b = self.params.k1, self.params.b
-        avgdl = max(st.total_len / st.n, 1.0)
-        # per posting: idf * tf * (k1 + 1) / (tf + k1 * (1 - b) + k1 * b / avgdl * dl), in float8; then the
-        # filters, by primary key for each scored row (a plan that holds without fresh table statistics)
-        c0, c1 = float(k1 * (1.0 - b)), float(k1 * b / avgdl)
-        rows = conn.execute(
-            f"""WITH s AS (
-                    SELECT p.seq,
-                           sum(w.idf * p.tf / (p.tf + %s::float8 + %s::float8 * p.dl)) * %s::float8 AS score
-                    FROM unnest(%s::text[], %s::float8[]) AS w(term, idf)
-                    JOIN postings p ON p.term = w.term
-                    GROUP BY p.seq)
-                SELECT m.seq, m.id, s.score FROM s CROSS JOIN LATERAL (
-                    SELECT m.seq, m.id FROM memories m WHERE m.seq = s.seq AND {where} OFFSET 0) AS m
-                ORDER BY s.score DESC, m.seq
-                LIMIT %s""",
-            [c0, c1, k1 + 1.0, terms, idfs, *wargs, limit],
-        ).fetchall()
-        return [Hit(int(s), str(i), float(score)) for s, i, score in rows if score > 0]
+    @staticmethod
+    def _read_lexical(cur: psycopg.Cursor[Any], q: Query) -> tuple[list[Hit], list[Hit]]:
+        own: list[Hit] = []
+        ctx: list[Hit] = []
+        for channel, seq, ident, score in cur.fetchall():
+            (own if channel == "l" else ctx).append(Hit(int(seq), str(ident), float(score)))
+        return own[: q.limit], ctx
 
-    def context(
-        self, conn: psycopg.Connection[Any], st: TermStats, best: list[Hit], limit: int, filters: Filters
-    ) -> list[Hit]:
-        """BM25 over the neighbourhood documents of the rows within ``window`` of the best own-text rows."""
+    def lexical_sql(
+        self, terms: list[str], tenant: str | None, filters: Filters, depth: int, limit: int, context: bool
+    ) -> tuple[str, list[Any]]:
+        """One statement for both text channels, rows ``('l' | 'c', seq, id, score)``, best first per
+        channel.
+
+        Own text (``'l'``): the query terms' postings read from the covering primary key (tenant, term ->
+        tf, dl; no table access), document frequencies counted from them, BM25 summed per row in SQL;
+        rows are then taken best first and the filters checked row by row until ``depth`` pass (ranked
+        first, filtered after: a filter that passes most rows costs ``depth`` probes, not one per posting).
+
+        Context (``'c'``, when asked): for each of those ``depth`` rows, the ``2 * window`` memories on each
+        side in its session (two index range scans); the candidates are the passing rows within
+        ``window`` of one, each scored by BM25 over its neighbourhood (itself and ``window`` memories on
+        each side: summed term frequencies from the postings already read, summed lengths), with the
+        neighbourhood statistics estimated as described in the module docstring."""
         w = self.window
-        around = runs(conn, [h.seq for h in best], 2 * w, filters)
-        members: dict[int, list[Near]] = {}  # candidate seq -> its neighbourhood
-        cand: dict[int, Near] = {}
-        for h in best:
-            run = around.get(h.seq)
-            if run is None:
-                continue
-            for off in range(-w, w + 1):
-                c = run.get(off)
-                if c is None or not c.ok or c.seq in members:
-                    continue
-                cand[c.seq] = c
-                members[c.seq] = [x for o in range(off - w, off + w + 1) if (x := run.get(o)) is not None]
-        if not cand or limit <= 0:
-            return []
-        seqs = sorted({x.seq for ms in members.values() for x in ms})
-        terms = list(st.df)
-        tf: dict[tuple[int, str], int] = {
-            (int(s), str(t)): int(f)
-            for s, t, f in conn.execute(
-                "SELECT seq, term, tf FROM postings WHERE term = ANY(%s::text[]) AND seq = ANY(%s::bigint[])",
-                [terms, seqs],
-            )
-        }
-        k1, b = self.params.k1, self.params.b
-        share = st.sessioned / st.n
-        spread = 1.0 + 2 * w * share
-        avg_ctx = max(max(st.total_len / st.n, 1.0) * spread, 1.0)
-        idf_ctx = {t: LexicalIndex.idf(min(st.n, round(st.df[t] * spread)), st.n) for t in terms}
-        scored: list[Hit] = []
-        for seq, ms in members.items():
-            ctx_len = float(sum(x.doc_len for x in ms))
-            norm = k1 * (1.0 - b + b * ctx_len / avg_ctx)
-            score = 0.0
-            for t in terms:
-                f = sum(tf.get((x.seq, t), 0) for x in ms)
-                if f:
-                    score += idf_ctx[t] * f * (k1 + 1.0) / (f + norm)
-            if score > 0:
-                scored.append(Hit(seq, cand[seq].id, score))
-        scored.sort(key=lambda h: (-h.score, h.seq))
-        return scored[:limit]
+        k1, b = float(self.params.k1), float(self.params.b)
+        where, wargs = compile_filters(filters, "m")
+        on_tenant, targs = ("p.tenant = %s AND ", [esc(tenant)]) if tenant is not None else ("", [])
+        stats_of, sargs = ("WHERE s.tenant = %s", [esc(tenant)]) if tenant is not None else ("", [])
+        sql = f"""WITH hits AS MATERIALIZED (
+                SELECT p.tenant, p.term, p.seq, p.tf, p.dl FROM postings p
+                WHERE {on_tenant}p.term = ANY(%s::text[])),
+            st AS (
+                SELECT n, total_len, sessioned, 1.0 + {2 * w}.0 * sessioned / n AS spread FROM (
+                    SELECT coalesce(sum(docs), 0)::float8 AS n,
+                           coalesce(sum(total_len), 0)::float8 AS total_len,
+                           coalesce(sum(sessioned), 0)::float8 AS sessioned
+                    FROM tenant_lexstats s {stats_of}) AS c
+                WHERE n > 0),
+            idf AS (
+                SELECT d.term, ln(1.0 + (st.n - d.df + 0.5) / (d.df + 0.5)) AS idf,
+                       ln(1.0 + (st.n - d.cdf + 0.5) / (d.cdf + 0.5)) AS idf_ctx
+                FROM st CROSS JOIN LATERAL (
+                    SELECT h.term, count(*)::float8 AS df, least(st.n, round(count(*) * st.spread)) AS cdf
+                    FROM hits h GROUP BY h.term) AS d),
+            k AS (
+                SELECT %s::float8 * (1.0 - %s::float8) AS c0,
+                       %s::float8 * %s::float8 / greatest(total_len / n, 1.0) AS c1,
+                       greatest(greatest(total_len / n, 1.0) * spread, 1.0) AS avg_ctx
+                FROM st),
+            scored AS (
+                SELECT h.tenant, h.seq, sum(i.idf * h.tf / (h.tf + k.c0 + k.c1 * h.dl)) * %s::float8 AS score
+                FROM hits h JOIN idf i ON i.term = h.term CROSS JOIN k
+                GROUP BY h.tenant, h.seq),
+            best AS MATERIALIZED (
+                SELECT row_number() OVER (ORDER BY t.score DESC, t.seq) AS rank, t.* FROM (
+                    SELECT m.*, s.score FROM (SELECT * FROM scored ORDER BY score DESC, seq) AS s
+                    CROSS JOIN LATERAL (
+                        SELECT m.tenant, m.seq, m.id, m.session_id, m.created_at, m.doc_len FROM memories m
+                        WHERE m.tenant = s.tenant AND m.seq = s.seq AND {where} OFFSET 0) AS m
+                    WHERE s.score > 0
+                    ORDER BY s.score DESC, s.seq LIMIT %s) AS t)"""
+        args: list[Any] = [
+            *targs,
+            terms,
+            *sargs,
+            k1,
+            b,
+            k1,
+            b,
+            k1 + 1.0,
+            *wargs,
+            depth,
+        ]
+        if not context:
+            return sql + " SELECT 'l', seq, id, score FROM best ORDER BY rank", args
+        side = f"""SELECT m.tenant, m.seq, m.id, m.doc_len, ({where}) AS ok,
+                          row_number() OVER (ORDER BY m.created_at {{dir}}, m.seq {{dir}}) AS k
+                   FROM (SELECT m.* FROM memories m
+                         WHERE m.tenant = b.tenant AND m.session_id = b.session_id
+                           AND (m.created_at, m.seq) {{op}} (b.created_at, b.seq)
+                         ORDER BY m.created_at {{dir}}, m.seq {{dir}} LIMIT {2 * w}) AS m"""
+        sql += f""",
+            run AS (
+                SELECT b.rank, b.seq AS centre, 0::bigint AS off, b.tenant, b.seq, b.id, b.doc_len, TRUE AS ok
+                FROM best b
+                UNION ALL
+                SELECT b.rank, b.seq, -x.k, x.tenant, x.seq, x.id, x.doc_len, x.ok
+                FROM best b CROSS JOIN LATERAL ({side.format(op="<", dir="DESC")}) AS x
+                UNION ALL
+                SELECT b.rank, b.seq, x.k, x.tenant, x.seq, x.id, x.doc_len, x.ok
+                FROM best b CROSS JOIN LATERAL ({side.format(op=">", dir="ASC")}) AS x),
+            cand AS (
+                SELECT DISTINCT ON (r.seq) r.centre, r.off, r.seq, r.id FROM run r
+                WHERE r.ok AND abs(r.off) <= {w} ORDER BY r.seq, r.rank),
+            around AS (
+                SELECT c.seq AS cand, c.id, r.tenant, r.seq, sum(r.doc_len) OVER (PARTITION BY c.seq) AS len
+                FROM cand c JOIN run r ON r.centre = c.centre AND r.off BETWEEN c.off - {w} AND c.off + {w}),
+            freq AS (
+                SELECT a.cand, a.id, a.len::float8 AS len, h.term, sum(h.tf)::float8 AS f
+                FROM around a JOIN hits h ON h.tenant = a.tenant AND h.seq = a.seq
+                GROUP BY a.cand, a.id, a.len, h.term),
+            ctx AS (
+                SELECT f.cand AS seq, f.id,
+                       sum(i.idf_ctx * f.f * %s::float8
+                         / (f.f + %s::float8 * (1.0 - %s::float8 + %s::float8 * f.len / k.avg_ctx))) AS score
+                FROM freq f JOIN idf i ON i.term = f.term CROSS JOIN k
+                GROUP BY f.cand, f.id)
+            SELECT * FROM (SELECT 'l', seq, id, score FROM best WHERE rank <= %s ORDER BY rank) AS own
+            UNION ALL
+            SELECT * FROM (SELECT 'c', seq, id, score FROM ctx WHERE score > 0
+                           ORDER BY score DESC, seq LIMIT %s) AS c"""
+        args += [*wargs, *wargs, k1 + 1.0, k1, b, b, limit, limit]
+        return sql, args
 
     # ---- dense -----------------------------------------------------------------------------------------
-    def dense(
-        self, conn: psycopg.Connection[Any], vector: np.ndarray, limit: int, where: str, wargs: list[Any]
-    ) -> list[Hit]:
-        """Nearest unit vectors by inner product (= cosine), best first.
-
-        HNSW with an iterative scan (pgvector 0.8, relaxed order, re-sorted here): when filters or
-        archived/obsolete rows drop candidates, the index keeps walking the graph (up to
-        ``max_scan_tuples``) instead of returning short, so neither a share of inactive rows nor a narrow
-        filter (one agent, one session) turns into an exact scan. Exact only when the index is done and
-        came back short while more rows pass the filters (a limit beyond ``ef_search``'s 1000, or a filter
-        so narrow that the walk's budget ran out first)."""
-        if limit <= 0:
-            return []
+    @staticmethod
+    def _unit(vector: np.ndarray) -> np.ndarray:
         v = np.asarray(vector, dtype=np.float32).reshape(-1)
         norm = float(np.linalg.norm(v))
-        v = v / norm if norm > 0 else v
-        hits: list[Hit] = []
-        if limit <= 1000:  # HNSW's candidate list (ef_search) tops out at 1000
-            sql, args = self.dense_sql(v, limit, where, wargs, exact=False)
-            with conn.pipeline():  # the settings and the search in one round trip
-                set_dense_scan(conn, limit)
-                cur = conn.execute(sql, args)
+        return v / norm if norm > 0 else v
+
+    def _send_dense(
+        self, conn: psycopg.Connection[Any], vector: np.ndarray, limit: int, where: str, wargs: list[Any]
+    ) -> psycopg.Cursor[Any] | None:
+        """Send the HNSW search (None when the limit is beyond what HNSW serves: :meth:`_read_dense` then
+        sorts exactly), inside the caller's transaction.
+
+        Nearest unit vectors by inner product (= cosine), best first. HNSW with an iterative scan
+        (pgvector 0.8, relaxed order, re-sorted here): when filters or archived/obsolete rows drop
+        candidates, the index keeps walking the graph (up to ``max_scan_tuples``) instead of returning
+        short, so neither a share of inactive rows nor a narrow filter (one agent, one session) turns into
+        an exact scan. Exact only when the index is done and came back short while more rows pass the
+        filters (a limit beyond ``ef_search``'s 1000, or a filter so narrow that the walk's budget ran out
+        first)."""
+        if limit <= 0 or limit > 1000:  # HNSW's candidate list (ef_search) tops out at 1000
+            return None
+        sql, args = self.dense_sql(self._unit(vector), limit, where, wargs, exact=False)
+        set_dense_scan(conn, limit)
+        return conn.execute(sql, args)
+
+    def _read_dense(
+        self,
+        conn: psycopg.Connection[Any],
+        cur: psycopg.Cursor[Any] | None,
+        vector: np.ndarray,
+        limit: int,
+        where: str,
+        wargs: list[Any],
+    ) -> list[Hit]:
+        if limit <= 0:
+            return []
+        if cur is not None:
             found = [Hit(int(s), str(i), -float(d)) for s, i, d in cur.fetchall()]
             hits = sorted(found, key=lambda h: (-h.score, h.seq))
             if len(hits) == limit or len(hits) == self._passing(conn, limit, where, wargs):
                 return hits
-        sql, args = self.dense_sql(v, limit, where, wargs, exact=True)
+        sql, args = self.dense_sql(self._unit(vector), limit, where, wargs, exact=True)
         return self._hits(conn, sql, args)
 
     @staticmethod
@@ -420,11 +444,11 @@ class Searcher:
 
     # ---- info and the entity graph ---------------------------------------------------------------------
     def info(
-        self, conn: psycopg.Connection[Any], seqs: list[int], filters: Filters
+        self, conn: psycopg.Connection[Any], ids: list[str], filters: Filters
     ) -> dict[str, CandidateInfo]:
-        """CandidateInfo for ``seqs`` and for their neighbours that pass the filters."""
+        """CandidateInfo for the memories ``ids`` and for their neighbours that pass the filters."""
         out: dict[str, CandidateInfo] = {}
-        around = runs(conn, list(dict.fromkeys(seqs)), 2, filters)
+        around = runs(conn, ids, 2, filters)
 
         def describe(run: Run, at: int) -> CandidateInfo:
             me, before, after = run.get(at), run.get(at - 1), run.get(at + 1)
@@ -454,47 +478,38 @@ class Searcher:
         first, each entity weighing log(n / df) / log(n) (see ``SearchIndex.related``)."""
         if limit <= 0:
             return []
+        tenant = esc(one_tenant(filters))  # one tenant's query: its own memories' counts (see one_tenant)
+        on_tenant, targs = ("x.tenant = %s AND ", [tenant]) if tenant is not None else ("", [])
+        stats_of, sargs = ("WHERE tenant = %s", [tenant]) if tenant is not None else ("", [])
+        # the seeds' entities, each with its document frequency (counted up to max_df + 1) and the memories
         seed_rows = conn.execute(
-            "SELECT m.seq, m.id, e.entity FROM memories m JOIN entities e ON e.seq = m.seq"
-            " WHERE m.id = ANY(%s::uuid[])",
-            [[s for s in dict.fromkeys(seeds) if is_valid_id(s)]],
+            f"""SELECT m.seq, m.id, e.entity,
+                       (SELECT count(*) FROM (SELECT 1 FROM entities x WHERE {on_tenant}x.entity = e.entity
+                                              LIMIT %s) AS c),
+                       (SELECT coalesce(sum(docs), 0) FROM tenant_lexstats {stats_of})
+                FROM memories m JOIN entities e ON e.tenant = m.tenant AND e.seq = m.seq
+                WHERE m.id = ANY(%s::uuid[])""",
+            [*targs, max_df + 1, *sargs, [s for s in dict.fromkeys(seeds) if is_valid_id(s)]],
         ).fetchall()
         if not seed_rows:
             return []
-        names = sorted({str(e) for _, _, e in seed_rows})
-        tenant = esc(one_tenant(filters))  # one tenant's query: its own memories' counts (see one_tenant)
-        dfs = {
-            str(e): int(n)
-            for e, n in conn.execute(
-                """SELECT t.e,
-                          (SELECT count(*) FROM (SELECT 1 FROM entities x JOIN memories m ON m.seq = x.seq
-                                                 WHERE x.entity = t.e AND (%s::text IS NULL OR m.tenant = %s)
-                                                 LIMIT %s) AS c)
-                   FROM unnest(%s::text[]) AS t(e)""",
-                [tenant, tenant, max_df + 1, names],
-            )
-        }
-        usable = [e for e in names if 2 <= dfs.get(e, 0) <= max_df]
-        if tenant is None:
-            total = conn.execute("SELECT coalesce(sum(docs), 0) FROM lexstats").fetchone()
-        else:
-            total = conn.execute(
-                "SELECT coalesce(sum(docs), 0) FROM tenant_lexstats WHERE tenant = %s", [tenant]
-            ).fetchone()
-        n = max(int(total[0]) if total else 0, 2)
+        dfs = {str(e): int(d) for _, _, e, d, _ in seed_rows}
+        n = max(int(seed_rows[0][4]), 2)
+        usable = sorted(e for e, d in dfs.items() if 2 <= d <= max_df)
         members: dict[str, list[tuple[int, str, bool]]] = {e: [] for e in usable}
         where, wargs = compile_filters(filters, "m")
         if usable:
             for e, s, i, ok in conn.execute(
-                f"""SELECT x.entity, m.seq, m.id, ({where}) FROM entities x JOIN memories m ON m.seq = x.seq
-                    WHERE x.entity = ANY(%s::text[]) ORDER BY m.seq""",
-                [*wargs, usable],
+                f"""SELECT x.entity, m.seq, m.id, ({where})
+                    FROM entities x JOIN memories m ON m.tenant = x.tenant AND m.seq = x.seq
+                    WHERE {on_tenant}x.entity = ANY(%s::text[]) ORDER BY m.seq""",
+                [*wargs, *targs, usable],
             ):
                 members[str(e)].append((int(s), str(i), bool(ok)))
         links = sorted(
             (
                 (math.log(n / dfs[str(e)]) / math.log(n), int(s), str(i), str(e))
-                for s, i, e in seed_rows
+                for s, i, e, _, _ in seed_rows
                 if str(e) in members
             ),
             key=lambda x: (-x[0], x[1], x[3]),
@@ -535,32 +550,15 @@ def one_tenant(filters: Filters) -> str | None:
     return next(iter(filters.tenant)) if filters.tenant is not None and len(filters.tenant) == 1 else None
 
 
-@dataclass(frozen=True, slots=True)
-class TermStats:
-    df: dict[str, int]  # query terms that occur at all -> document frequency
-    n: int  # memories
-    total_len: float  # sum of document lengths
-    sessioned: float  # memories that belong to a session
-
-
 def valid_ids(ids: Sequence[str]) -> list[str]:
     """``ids`` without repeats or malformed ids (those could never match a uuid column)."""
     return [i for i in dict.fromkeys(ids) if is_valid_id(i)]
 
 
-def seqs_of(conn: psycopg.Connection[Any], ids: Sequence[str]) -> list[int]:
-    valid = valid_ids(ids)
-    if not valid:
-        return []
-    rows = conn.execute("SELECT id, seq FROM memories WHERE id = ANY(%s::uuid[])", [valid]).fetchall()
-    by_id = {str(i): int(s) for i, s in rows}
-    return [by_id[i] for i in valid if i in by_id]
-
-
-def runs(conn: psycopg.Connection[Any], centres: list[int], width: int, filters: Filters) -> dict[int, Run]:
-    """For each centre row, up to ``width`` memories on each side in its session by (created_at, seq),
-    each with whether it passes the filters. One statement: the centres, then for each a backward and a
-    forward scan of the session index."""
+def runs(conn: psycopg.Connection[Any], centres: list[str], width: int, filters: Filters) -> dict[int, Run]:
+    """For each centre row (by id; the result is keyed by its seq), up to ``width`` memories on each side
+    in its session by (created_at, seq), each with whether it passes the filters. One statement: the
+    centres, then for each a backward and a forward scan of the session index."""
     if not centres:
         return {}
     where_c, cargs = compile_filters(filters, "c")
@@ -568,7 +566,7 @@ def runs(conn: psycopg.Connection[Any], centres: list[int], width: int, filters:
     near = f"x.seq, x.id, x.created_at, x.session_id, x.doc_len, ({where_x}), x.agent_id"
     rows = conn.execute(
         f"""SELECT c.seq, 0, c.seq, c.id, c.created_at, c.session_id, c.doc_len, ({where_c}), c.agent_id
-            FROM memories c WHERE c.seq = ANY(%s::bigint[])
+            FROM memories c WHERE c.id = ANY(%s::uuid[])
             UNION ALL
             SELECT c.seq, y.* FROM memories c CROSS JOIN LATERAL (
                 (SELECT -1 AS dir, {near} FROM memories x
@@ -581,7 +579,7 @@ def runs(conn: psycopg.Connection[Any], centres: list[int], width: int, filters:
                    AND (x.created_at, x.seq) > (c.created_at, c.seq)
                  ORDER BY x.created_at, x.seq LIMIT %s)
             ) AS y
-            WHERE c.seq = ANY(%s::bigint[]) AND c.session_id IS NOT NULL""",
+            WHERE c.id = ANY(%s::uuid[]) AND c.session_id IS NOT NULL""",
         [*cargs, centres, *xargs, width, *xargs, width, centres],
     ).fetchall()
     sides: dict[int, tuple[list[Near], list[Near], list[Near]]] = {}
