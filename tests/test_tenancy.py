@@ -389,8 +389,8 @@ def test_bm25_statistics_are_per_tenant(
 
 
 def _same(x: Any, y: Any) -> bool:
-    """Equal, floats up to the last bits of a float8 sum (PostgreSQL adds a query's terms in no set order;
-    the in-process engines' float32 scores differ by far more than this when they differ at all)."""
+    """Equal, floats up to the last bits of a float8 sum (a margin for rounding only: the in-process
+    engines' float32 scores differ by far more than this when they differ at all)."""
     if isinstance(x, float) and isinstance(y, float):
         return math.isclose(x, y, rel_tol=1e-12, abs_tol=1e-15)
     if isinstance(x, tuple | list) and isinstance(y, tuple | list):

@@ -307,7 +307,10 @@ class Searcher:
                        greatest(greatest(total_len / n, 1.0) * spread, 1.0) AS avg_ctx
                 FROM st),
             scored AS (
-                SELECT h.tenant, h.seq, sum(i.idf * h.tf / (h.tf + k.c0 + k.c1 * h.dl)) * %s::float8 AS score
+                -- terms summed in one order: equal documents score the same bits on every call and tie
+                -- (then rank by seq) instead of ranking by the order a plan happened to add them in
+                SELECT h.tenant, h.seq,
+                       sum(i.idf * h.tf / (h.tf + k.c0 + k.c1 * h.dl) ORDER BY h.term) * %s::float8 AS score
                 FROM hits h JOIN idf i ON i.term = h.term CROSS JOIN k
                 GROUP BY h.tenant, h.seq),
             best AS MATERIALIZED (
@@ -361,7 +364,8 @@ class Searcher:
             ctx AS (
                 SELECT f.cand AS seq, f.id,
                        sum(i.idf_ctx * f.f * %s::float8
-                         / (f.f + %s::float8 * (1.0 - %s::float8 + %s::float8 * f.len / k.avg_ctx))) AS score
+                         / (f.f + %s::float8 * (1.0 - %s::float8 + %s::float8 * f.len / k.avg_ctx))
+                         ORDER BY f.term) AS score
                 FROM freq f JOIN idf i ON i.term = f.term CROSS JOIN k
                 GROUP BY f.cand, f.id)
             SELECT * FROM (SELECT 'l', seq, id, score FROM best WHERE rank <= %s ORDER BY rank) AS own
