@@ -411,6 +411,24 @@ def test_an_overlay_reads_through_to_its_base_and_keeps_its_own_writes() -> None
     assert len(m) == 3 and base == {1: "a", 2: "b", 3: "c"}  # the base is never written
 
 
+def test_an_overlay_asks_its_base_once_for_a_key_it_reads_then_sets() -> None:
+    """The index reads a new key, then sets it (a new memory's id, a term first seen): one base lookup."""
+    base = {1: "a"}
+    asked: list[int] = []
+
+    def lookup(key: int) -> str | None:
+        asked.append(key)
+        return base.get(key)
+
+    m = Overlay(lookup, lambda: iter(base), len(base))
+    assert m.get(5) is None and 5 not in m
+    m[5] = "e"
+    assert asked == [5] and m[5] == "e" and len(m) == 2
+    del m[5]
+    assert m.get(5) is None and len(m) == 1 and asked == [5]  # deleted: the base is not asked again
+    assert m.get(1) == "a" and asked == [5, 1]
+
+
 def test_an_appended_list_reads_its_base_and_keeps_its_own_writes() -> None:
     items = Appended(lambda i: f"row{i}", 3, lambda: [f"row{i}" for i in range(3)])
     items.append("new")

@@ -754,6 +754,21 @@ def test_a_stale_view_of_the_working_tier_falls_back_to_the_store(tmp_path: Path
         assert a.get(first.id).tags == ["touched elsewhere"]  # the other writer's change survived
 
 
+def test_a_pass_leaves_a_member_another_writer_moved_out_of_the_tier(tmp_path: Path) -> None:
+    budgets = TierBudgets(working_items=4, working_tokens=None)
+    target = f"sqlite:///{tmp_path}/moved.db"
+    a, now = clocked(budgets, target)
+    b, _ = clocked(budgets, target)
+    with a, b:
+        notes = [a.record(f"first writer note {i}", session_id="s1", created_at=now[0]) for i in range(5)]
+        assert a.working.due() == [("default", "s1")]
+        for m in notes:  # the other writer files every member away: a's view of the tier is now stale
+            b.update(m.id, tier="long_term")
+        a.page()  # the pass works from a's view; each move conflicts and finds its memory gone from the tier
+        assert {a.get(m.id).tier for m in notes} == {Tier.LONG_TERM}
+        assert not [e for e in a.events(limit=100) if e.kind == "demote"]
+
+
 @pytest.mark.parametrize("boundary", ["context", "flush", "tick", "close"])
 def test_every_lifecycle_boundary_runs_the_pager(boundary: str, tmp_path: Path) -> None:
     budgets = TierBudgets(working_items=3, working_tokens=None)

@@ -113,6 +113,9 @@ class Overlay(MutableMapping[K, V]):
         self._count: Callable[[], int] | None = None if isinstance(n, int) else n
         self._over: dict[K, V] = {}
         self._gone: set[K] = set()
+        # the last key the base did not hold: the index asks for a new key, then sets it (a new memory's id,
+        # a term first seen), and the base, read-only, answers the same the second time
+        self._missed: object = _NONE
 
     def _counted(self) -> None:
         if self._count is not None:
@@ -120,10 +123,11 @@ class Overlay(MutableMapping[K, V]):
 
     def _lookup(self, key: K) -> V:
         v = self._over.get(key, _NONE)
-        if v is not _NONE or key in self._gone:
+        if v is not _NONE or key in self._gone or key == self._missed:
             return v  # type: ignore[no-any-return]
         found = self._base(key)
         if found is None:
+            self._missed = key
             return _NONE  # type: ignore[no-any-return]
         self._over[key] = found
         return found

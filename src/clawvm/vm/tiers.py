@@ -252,13 +252,17 @@ class Pager:
         protect: frozenset[str] = frozenset(),
         lower_only: bool = False,
         to_low: bool = False,
+        working: Sequence[Memory] | None = None,
     ) -> list[Memory]:
         """Demote until every tier of the session fits its budget; returns the memories moved.
 
         Memories in ``protect`` (just promoted) go last, so a warm-up is not undone by its own budget check.
         ``lower_only``: the working tier has just shed into short-term; check short-term, and long-term
         only if short-term gave it anything. ``to_low``: a pager pass, which pages an over-budget working
-        tier out to its low watermark (``working_low``) rather than to the budget itself.
+        tier out to its low watermark (``working_low``) rather than to the budget itself. ``working``: the
+        working tier's members as the caller holds them (the record path's view, kept current by every
+        commit), so the pass need not read and parse the tier back; a member another process moved
+        meanwhile fails the version check and is moved one by one from its stored version.
         """
         moved: list[Memory] = []
         cfg = self.config
@@ -278,7 +282,10 @@ class Pager:
                 and tokens is None
             ):
                 continue  # cheap check: within the item budget and no token budget
-            members = self.tier_members(tenant, session_id, tier)
+            if tier is Tier.WORKING and working is not None:
+                members = [m for m in working if m.expires_at is None or m.expires_at > now]
+            else:
+                members = self.tier_members(tenant, session_id, tier)
             paging = tier is Tier.WORKING and to_low  # a pager pass: past the high mark, down to the low one
             if not over(members, items, tokens) and not (paging and self.due(members)):
                 continue
@@ -353,8 +360,13 @@ class Pager:
         changed, events = self._demotions(memories, to, reason, now)
         try:
             return self.writer.write(changed, None, events)
-        except ConflictError:
-            return [self.move(self.store.get(m.id), to, reason, now) for m in memories]
+        except ConflictError:  # each from its stored version, if it is still in the tier it was chosen from
+            stored = self.store.get_many([m.id for m in memories])
+            return [
+                self.move(current, to, reason, now)
+                for m in memories
+                if (current := stored.get(m.id)) is not None and current.tier is m.tier
+            ]
 
     def page_out_idle(self, tenant: str, session_id: str, now: datetime) -> list[Memory]:
         """A session nobody touched for ``session_idle_hours`` gives its working tier back (pins stay)."""

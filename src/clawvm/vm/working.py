@@ -136,7 +136,10 @@ class WorkingTiers:
                 due, self._due = list(self._due), {}
             moved: list[Memory] = []
             for tenant, session_id in due:
-                moved.extend(self.pager.enforce(tenant, session_id, now, to_low=True))
+                with self._lock:  # the view's members: the pass reads the tier back only when it holds none
+                    held = self._members.get((tenant, session_id))
+                    working = None if held is None else list(held)
+                moved.extend(self.pager.enforce(tenant, session_id, now, to_low=True, working=working))
             return moved
 
 
