@@ -240,6 +240,32 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_response_and_wr
         assert_error(r, 422, "validation_error", "Idempotency-Key")
 
 
+def test_a_retry_that_reaches_another_worker_finds_the_memory_instead_of_writing_it_twice(
+    tmp_path: Path,
+) -> None:
+    """Two server processes on one store keep their own idempotency keys (as ``serve --workers`` runs them,
+    and as a restart leaves one): the keyed id is what they share."""
+    app, store, keys = open_app(tmp_path)
+    other = create_app(
+        SQLiteStore(tmp_path / "server.db"), embedder=None, settings=ServerSettings(rate_per_s=0)
+    )
+    body = {"content": "the deploy failed: disk full on build-07", "session_id": "s1"}
+    headers = {"Authorization": f"Bearer {keys['agent']}", "Idempotency-Key": "retry-elsewhere"}
+    with TestClient(app) as first_worker, TestClient(other) as second_worker:
+        first = first_worker.post("/v1/memories", json=body, headers=headers)
+        assert first.status_code == 201, first.text
+        events = len(store.read_events(limit=1000))
+        again = second_worker.post("/v1/memories", json=body, headers=headers)
+        assert again.status_code == 201, again.text
+        assert again.json()["id"] == first.json()["id"]
+        assert store.count() == 1 and len(store.read_events(limit=1000)) == events
+        # the retry taught the second worker the key's body: another body under it is a 409 there too
+        changed = second_worker.post("/v1/memories", json={**body, "content": "disk fine"}, headers=headers)
+        assert_error(changed, 409, "idempotency_key_reused", "Idempotency-Key")
+        assert store.count() == 1
+    store.close()
+
+
 def test_idempotency_keys_are_bounded_and_expire(tmp_path: Path) -> None:
     # a lifetime that two back-to-back posts on a loaded CI machine cannot outlast
     settings = ServerSettings(rate_per_s=0, idempotency_max_keys=2, idempotency_ttl_s=3.0)
@@ -259,13 +285,15 @@ def test_idempotency_keys_are_bounded_and_expire(tmp_path: Path) -> None:
         first = post("k1")
         assert post("k1") == first
         post("k2")
-        post("k3")  # over 2 keys: k1, the oldest, is gone
-        assert post("k1") != first
+        post("k3")  # over 2 keys: k1, the oldest, is gone from this process's keys
+        count = store.count()
+        assert post("k1") == first  # ... but its memory is found under its keyed id: not written twice
+        assert store.count() == count
         assert len(app.state.service.idempotency) == 2
         kept = post("k4")
         assert post("k4") == kept
-        time.sleep(3.1)  # past the key's lifetime: a retry runs again
-        assert post("k4") != kept
+        time.sleep(3.1)  # past the key's lifetime: the retry runs again and finds the memory it recorded
+        assert post("k4") == kept and store.count() == count + 1
         # while the first request with a key runs, a second one with that key is a 409
         running = app.state.service.idempotency
         assert running.begin("acme", "k5", "fingerprint") is None

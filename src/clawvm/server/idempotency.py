@@ -8,7 +8,10 @@ response, in this server process's memory. It is bounded three ways (:class:`Ser
 expires ``idempotency_ttl_s`` after its first use (24 h), and a tenant holds at most
 ``idempotency_max_keys`` keys and ``idempotency_max_bytes`` of responses (its oldest go first). A response
 that is an error is not kept (nothing was written: a retry runs again). Keys do not survive a restart and
-are not shared between server processes: a retry that reaches another replica runs again.
+are not shared between server processes. What is: a memory recorded with a key is stored under an id made
+from the tenant, the key and the body (:func:`keyed_id`), so a retry that reaches another worker, or comes
+after a restart or after the key expired here, finds that memory and answers it (as it is now) instead of
+recording it twice. The same key with another body is a 409 only in the process that saw the first body.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -149,6 +153,17 @@ class IdempotencyKeys:
 def fingerprint(route: str, body: BaseModel) -> str:
     """What makes two requests the same: the route (method and path) and the body as parsed."""
     return hashlib.sha256(f"{route}\n{body.model_dump_json()}".encode()).hexdigest()
+
+
+#: The namespace of :func:`keyed_id`'s ids (a fixed random UUID: the ids must not change between releases).
+_KEYED_IDS = uuid.UUID("5b0f6d1e-8c57-4b7a-9d7e-2f61c0a4e913")
+
+
+def keyed_id(tenant: str, key: str, route: str, body: BaseModel) -> str:
+    """The id a request with ``key`` records its memory under: the same tenant, key and body give the same id
+    in every server process and after a restart, so a retry that reaches another worker (or outlives this
+    process's keys) finds the memory stored instead of writing it twice."""
+    return str(uuid.uuid5(_KEYED_IDS, f"{tenant}\n{key}\n{fingerprint(route, body)}"))
 
 
 def once(

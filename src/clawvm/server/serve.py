@@ -20,6 +20,7 @@ keep-alive connection's requests go straight to its worker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -360,4 +361,8 @@ def _worker_main(
         mcp=spec.mcp,
     )
     service: Service = app.state.service
-    _Uvicorn(_config(app), service.live.stop, _Handoff(channel, closed, ready, index)).run()
+    server = _Uvicorn(_config(app), service.live.stop, _Handoff(channel, closed, ready, index))
+    # a terminal's Ctrl-C reaches every process of the group: uvicorn shuts down cleanly, then raises the
+    # captured SIGINT again as KeyboardInterrupt, which a worker would print as a traceback on its way out
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()

@@ -12,7 +12,7 @@ from fastapi.responses import Response, StreamingResponse
 from clawvm.core.errors import ConflictError
 from clawvm.core.model import Memory
 from clawvm.server.auth import Admin, Reader, Writer
-from clawvm.server.idempotency import IdempotencyKey, once
+from clawvm.server.idempotency import IdempotencyKey, keyed_id, once
 from clawvm.server.routes.params import MemoryId
 from clawvm.server.schemas.requests import (
     FeedbackRequest,
@@ -33,17 +33,22 @@ def record(
 ) -> Response:
     """Record a new memory (lexically searchable at once, embedded in the background). With an
     ``Idempotency-Key``, a retry of the same body returns the first response and records nothing more."""
-    return once(
-        service_of(request).idempotency,
-        caller.principal.tenant,
-        idempotency_key,
-        "POST /v1/memories",
-        body,
-        201,
-        lambda: shown(
-            caller.principal, caller.harness.record(body.content, embedding=body.embedding, **body.fields())
-        ),
-    )
+    route, tenant = "POST /v1/memories", caller.principal.tenant
+
+    def run() -> Memory:
+        fields = body.fields()
+        if idempotency_key is not None:
+            fields["id"] = keyed_id(tenant, idempotency_key, route, body)
+        try:
+            recorded = caller.harness.record(body.content, embedding=body.embedding, **fields)
+        except ConflictError:
+            if idempotency_key is None:
+                raise
+            # recorded already under this key and body, by another worker or before a restart: that one
+            recorded = caller.harness.get(fields["id"])
+        return shown(caller.principal, recorded)
+
+    return once(service_of(request).idempotency, tenant, idempotency_key, route, body, 201, run)
 
 
 @router.get("/memories", response_model=list[Memory])
