@@ -1138,6 +1138,16 @@ def test_bad_input_is_a_clear_4xx_and_changes_nothing(
     assert checksum(env.store) == before
 
 
+def test_a_json_object_sent_without_its_content_type_is_told_to_send_the_header(env: Env) -> None:
+    """``curl -d '{...}'`` sends a form content type: the body is then not an object to FastAPI, and the
+    fix must point at the header, not at a JSON object the caller did send."""
+    headers = {**env.auth(), "content-type": "application/x-www-form-urlencoded"}
+    r = env.client.post("/v1/memories", content=b'{"content": "a note"}', headers=headers)
+    err = assert_error(r, 422, "validation_error", "body")
+    assert "Content-Type: application/json" in err["fix"]
+    assert env.store.count() == 0
+
+
 # ---- end to end over a real socket --------------------------------------------------------------------
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[tuple[str, Store, dict[str, str]]]:

@@ -162,6 +162,10 @@ def response_for(exc: ClawVMError) -> JSONResponse:
     return error_response(status, code, message, field, fix, headers or None)
 
 
+#: Validation error types that say the body as a whole is not a JSON object.
+_NOT_AN_OBJECT = frozenset({"dict_type", "model_type", "model_attributes_type"})
+
+
 def _request_error(exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0]
     loc = [str(p) for p in first.get("loc", ())]
@@ -172,9 +176,11 @@ def _request_error(exc: RequestValidationError) -> JSONResponse:
         reason = first.get("ctx", {}).get("error", "invalid JSON")
         return error_response(400, "invalid_json", f"is not valid JSON ({reason})", "body", "send JSON")
     message = str(first.get("msg", "is invalid")).removeprefix("Value error, ")
-    return error_response(
-        422, "validation_error", message, ".".join(path) or where, _FIXES.get(kind, "correct the value")
-    )
+    fix = _FIXES.get(kind, "correct the value")
+    if where == "body" and not path and kind in _NOT_AN_OBJECT:
+        # the usual cause: a JSON object sent without its content type (curl -d) reaches us as a string
+        fix = "send a JSON object with the header 'Content-Type: application/json'"
+    return error_response(422, "validation_error", message, ".".join(path) or where, fix)
 
 
 def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -282,6 +282,12 @@ def run_workers(spec: WorkerSpec, workers: int, host: str = "127.0.0.1", port: i
     closed = context.RawArray("i", workers)
     ready = context.RawArray("i", workers)
     dispatcher = _Dispatcher(listener, workers, closed, ready)
+    # the workers listen on no socket, so uvicorn's own "running on" line never comes: say it here
+    bound_host, bound_port = listener.getsockname()[:2]
+    log.info(
+        f"serving on http://{bound_host}:{bound_port} with {workers} workers",
+        extra={"fields": {"host": bound_host, "port": bound_port, "workers": workers}},
+    )
 
     def start(index: int) -> BaseProcess:
         in_flight[index] = 0  # a dead worker's requests are gone with it
