@@ -738,11 +738,17 @@ def test_a_new_memory_paged_out_at_once_keeps_its_history() -> None:
         assert len(h.list(session_id="s1", tier="working")) == 1  # paged down to int(2 * 0.75)
 
 
-def test_a_stale_view_of_the_working_tier_falls_back_to_the_store(tmp_path: Path) -> None:
+def two_writers(tmp_path: Path) -> tuple[Harness, Harness, list[datetime]]:
+    """Two harnesses on one SQLite file (a working tier of 4 items) and the first one's clock."""
     budgets = TierBudgets(working_items=4, working_tokens=None)
-    target = f"sqlite:///{tmp_path}/two.db"
+    target = f"sqlite:///{tmp_path}/shared.db"
     a, now = clocked(budgets, target)
     b, _ = clocked(budgets, target)
+    return a, b, now
+
+
+def test_a_stale_view_of_the_working_tier_falls_back_to_the_store(tmp_path: Path) -> None:
+    a, b, now = two_writers(tmp_path)
     with a, b:
         for i in range(4):
             a.record(f"first writer note {i}", session_id="s1", created_at=now[0])
@@ -755,10 +761,7 @@ def test_a_stale_view_of_the_working_tier_falls_back_to_the_store(tmp_path: Path
 
 
 def test_a_pass_leaves_a_member_another_writer_moved_out_of_the_tier(tmp_path: Path) -> None:
-    budgets = TierBudgets(working_items=4, working_tokens=None)
-    target = f"sqlite:///{tmp_path}/moved.db"
-    a, now = clocked(budgets, target)
-    b, _ = clocked(budgets, target)
+    a, b, now = two_writers(tmp_path)
     with a, b:
         notes = [a.record(f"first writer note {i}", session_id="s1", created_at=now[0]) for i in range(5)]
         assert a.working.due() == [("default", "s1")]
