@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from clawvm import Harness, State, Status
 from clawvm.agents.tools import AgentTools
+from loopback import ChatReplay
 
 NAMES = [
     "record_memory",
@@ -311,6 +312,73 @@ def test_strict_schemas_are_openai_strict_mode_subset() -> None:
             accepts_null = jsonschema.Draft202012Validator(schema).is_valid(None)
             assert accepts_null is (prop in optional), (s["function"]["name"], prop)
     assert any("maximum" in n for n in schema_nodes(loose))  # the full schema keeps its bounds
+
+
+def json_schema_keywords() -> set[str]:
+    """Every keyword of JSON Schema 2020-12, from the meta-schemas the jsonschema library ships."""
+    from jsonschema_specifications import REGISTRY
+
+    return {
+        key
+        for uri in REGISTRY
+        if "2020-12/meta/" in uri
+        for key in REGISTRY[uri].contents.get("properties", {})
+    }
+
+
+def test_every_published_keyword_is_json_schema() -> None:
+    # a validator ignores a keyword it does not know, so a bound published under a wrong name ("ge") is a
+    # bound no caller sees; check_schema cannot catch it
+    known = json_schema_keywords()
+    with Harness.open("memory://", embedder=None) as h:
+        tools = AgentTools(h, session_id="s1")
+        published = tools.schemas() + tools.schemas(strict=True)
+    for s in published:
+        for node in schema_nodes(s["function"]["parameters"]):
+            assert set(node) <= known, (s["function"]["name"], set(node) - known)
+    update = next(s for s in published if s["function"]["name"] == "update_memory")["function"]["parameters"]
+    version = update["properties"]["expected_version"]
+    assert any(o.get("minimum") == 1 for o in version.get("anyOf", [version]))
+
+
+def test_strict_tools_round_trip_through_the_official_openai_client(harness: Harness) -> None:
+    """The official ``openai`` client sends the strict tools to a chat endpoint on loopback; the tool call it
+    parses from the answer (every argument present, nulls for the optional ones, as strict mode makes a
+    model answer) dispatches; and the schemas agree with the SDK's own strict conversion of the same
+    argument models."""
+    import openai
+
+    from clawvm.agents.tools import json_schema
+
+    tools = AgentTools(harness, session_id="s1", task_id="t1")
+    strict = tools.schemas(strict=True)
+    params = {s["function"]["name"]: s["function"]["parameters"] for s in strict}
+    arguments = {
+        **dict.fromkeys(params["record_memory"]["properties"]),
+        "content": "Deploys freeze on Fridays",
+    }
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "record_memory", "arguments": json.dumps(arguments)},
+    }
+    with ChatReplay([{"role": "assistant", "content": None, "tool_calls": [call]}]) as server:
+        client = openai.OpenAI(base_url=server.v1, api_key="test-key", max_retries=0)
+        reply = client.chat.completions.create(
+            model="any",
+            messages=[{"role": "user", "content": "remember the freeze"}],
+            tools=strict,  # type: ignore[arg-type]
+        )
+        sent = server.requests[0]["json"]
+    assert sent["tools"] == strict  # the client sends the schemas as they are
+    (tool_call,) = reply.choices[0].message.tool_calls or []
+    stored = ok(tools.dispatch(tool_call.function.name, tool_call.function.arguments))  # type: ignore[union-attr]
+    assert harness.get(stored["id"]).content == "Deploys freeze on Fridays"
+    for name, tool in tools._tools.items():
+        theirs = openai.pydantic_function_tool(tool.args)["function"]["parameters"]
+        ours = json_schema(tool.args, strict=True)
+        assert sorted(ours["required"]) == sorted(theirs["required"]) == sorted(theirs["properties"]), name
+        assert ours["additionalProperties"] is theirs["additionalProperties"] is False, name
 
 
 def test_null_filled_strict_calls_dispatch(harness: Harness) -> None:

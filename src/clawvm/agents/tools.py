@@ -173,8 +173,10 @@ class UpdateMemoryArgs(_Args):
     content: str | None = Field(None, min_length=1, max_length=20000, description="The corrected text.")
     tags: list[str] | None = Field(None, max_length=20, description="The new labels (replace the old ones).")
     state: StateName | None = Field(None, description="The new outcome, for steps of a task.")
-    expected_version: JSONInt | None = Field(
-        None, ge=1, description="The version you read (get_memory); if the memory moved on, nothing changes."
+    # the bound goes on the integer before its validator: after a BeforeValidator (JSONInt), or on the
+    # union, pydantic publishes a "ge" that no JSON Schema validator knows instead of "minimum"
+    expected_version: Annotated[int, Field(ge=1), BeforeValidator(_integral)] | None = Field(
+        None, description="The version you read (get_memory); if the memory moved on, nothing changes."
     )
 
 
