@@ -27,7 +27,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 import clawvm
-from clawvm import Harness, Kind
+from clawvm import Harness, Kind, Status
 from clawvm.agents.tools import AgentTools
 from clawvm.integrations.mcp_server import SCOPE_ARGUMENTS
 from clawvm.server import ServerSettings, create_app
@@ -193,6 +193,59 @@ def test_stdio_tools_resources_and_per_call_scope(engine_name: str, tmp_path: Pa
         assert fact.content == "the staging DB password rotates weekly"
         assert [e.kind.value for e in h.events(memory_id=fact_id)].count("update") == 1
         assert h.list(session_id="s2") == []  # forgotten for good
+
+
+def test_stdio_scope_per_call_and_the_session_lifecycle_tools(tmp_path: Path) -> None:
+    """Task and agent per call over the launch defaults; pin, build_context, checkpoint and rollback through
+    the official client: a pinned memory is in the context, a rollback obsoletes what came after."""
+    target = str(tmp_path / "life.db")
+    with Harness.open(target, embedder=None):
+        pass
+    launch = ["--db", target, "--no-embed", "mcp", "--session", "s1", "--task", "t0", "--agent", "a0"]
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=["-c", "from clawvm.cli import main; main()", *launch],
+        cwd=str(tmp_path),
+        env={**get_default_environment(), "PYTHONPATH": SRC},
+    )
+
+    async def talk() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        async with Client(server, read_timeout_seconds=60) as client:
+            call = client.call_tool
+            out["default"] = ok(
+                await call("record_memory", {"content": "the cutover window is Sunday 02:00"})
+            )
+            out["given"] = ok(
+                await call(
+                    "record_memory",
+                    {"content": "billing owns the ledger migration", "task_id": "t9", "agent_id": "a9"},
+                )
+            )
+            out["pin"] = ok(await call("pin_memory", {"memory_id": out["default"]["short_id"]}))
+            out["checkpoint"] = ok(await call("checkpoint", {"name": "before the retry"}))
+            out["later"] = ok(
+                await call("record_memory", {"content": "retry the ledger export with batch 500"})
+            )
+            out["context"] = ok(
+                await call("build_context", {"query": "when is the cutover", "budget_tokens": 200})
+            )
+            out["rollback"] = ok(
+                await call("rollback", {"checkpoint_id": out["checkpoint"]["checkpoint_id"]})
+            )
+        return out
+
+    out = run(talk)
+    assert out["pin"]["pinned"] is True
+    assert out["default"]["id"] in out["context"]["ids"] and "Sunday 02:00" in out["context"]["text"]
+    assert out["context"]["tokens"] <= out["context"]["budget"] == 200
+    assert out["rollback"]["obsoleted"] >= 1
+    with Harness.open(target, embedder=None) as h:
+        default, given, later = (h.get(out[k]["id"]) for k in ("default", "given", "later"))
+        assert (default.task_id, default.agent_id, default.pinned) == ("t0", "a0", True)
+        assert (given.session_id, given.task_id, given.agent_id) == ("s1", "t9", "a9")
+        assert later.status == Status.OBSOLETE  # recorded after the checkpoint
+        assert default.status == given.status == Status.ACTIVE
 
 
 # ---- streamable HTTP on the REST app ----------------------------------------------------------------------
