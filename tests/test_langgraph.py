@@ -338,7 +338,7 @@ def test_batch_writes_are_atomic(harness: Harness) -> None:
 
 
 # ---- TTL ------------------------------------------------------------------------------------------------
-@pytest.mark.engines("memory", "sqlite")
+@pytest.mark.engines("memory", "sqlite", "postgres")
 def test_ttl_expires_items_refreshes_on_read_and_sweeps(
     engine_name: str, tmp_path: Path, embedder: clawvm.MiniLMEmbedder, clock: Clock
 ) -> None:
