@@ -171,6 +171,29 @@ def test_make_run_keeps_manual_changes_until_reset_and_refuses_a_busy_port(tmp_p
             h.get(target.id)
 
 
+def make_run_line(*assignments: str) -> list[str]:
+    """The clawvm command line ``make run`` would run with these variables (``make -n``: nothing runs)."""
+    root = Path(__file__).resolve().parents[1]
+    shown = subprocess.run(["make", "-n", "run", *assignments], cwd=root, capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    (line,) = [ln for ln in shown.stdout.splitlines() if ln.split()[:1] and ln.split()[0].endswith("/clawvm")]
+    return line.split()[1:]
+
+
+def test_make_run_passes_port_and_reset_to_the_demo(tmp_path: Path) -> None:
+    plain, moved = make_run_line(), make_run_line("PORT=8181", "RESET=1")
+    assert plain[plain.index("--port") + 1] == "8080" and "--reset" not in plain
+    assert moved[moved.index("--port") + 1] == "8181" and "--reset" in moved
+    # the line itself, on a busy port and a store of its own: refused with the port and the fix
+    port = free_port()
+    args = [*moved[: moved.index("--db") + 1], str(tmp_path / "demo.db"), *moved[moved.index("--db") + 2 :]]
+    args[args.index("--port") + 1] = str(port)
+    with socket.create_server(("127.0.0.1", port)):
+        busy = CliRunner().invoke(main, ["--no-embed", *args])
+    assert busy.exit_code == 2 and f"port: {port} on 127.0.0.1 is taken" in busy.output, busy.output
+    assert not (tmp_path / "demo.db").exists()
+
+
 def test_the_dashboard_demo_refuses_a_store_that_is_not_a_finished_demo(tmp_path: Path) -> None:
     db = tmp_path / "mine.db"
     with Harness.open(str(db), embedder=None) as h:
