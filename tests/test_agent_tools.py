@@ -411,6 +411,9 @@ def test_deeply_nested_json_is_invalid_json_not_a_crash(harness: Harness) -> Non
     for text in ("[" * 100000, '{"a":' * 100000, "[" * 100000 + "]" * 100000):
         e = err(tools.dispatch("record_memory", text), "invalid_json")
         assert "Recursion" not in e["message"]
+    for constant in ("NaN", "Infinity", "-Infinity"):  # Python's decoder takes them; JSON has no such numbers
+        e = err(tools.dispatch("recall_memory", f'{{"query": "x", "k": {constant}}}'), "invalid_json")
+        assert constant in e["message"]
 
 
 def test_errors_speak_json_types(harness: Harness) -> None:

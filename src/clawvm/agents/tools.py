@@ -674,7 +674,7 @@ def _parse(arguments: str | Mapping[str, Any] | None) -> dict[str, Any]:
     parsed: Any = arguments
     if isinstance(arguments, str):
         try:
-            parsed = json.loads(arguments)
+            parsed = json.loads(arguments, parse_constant=_not_json)
         except json.JSONDecodeError as exc:
             raise _BadJSON(f"arguments are not valid JSON ({exc.msg} at {exc.pos})") from None
         except RecursionError:  # "[[[[..." deeper than the decoder's stack: no tool takes such arguments
@@ -682,6 +682,11 @@ def _parse(arguments: str | Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(parsed, Mapping):
         raise _BadJSON(f"arguments are {_json_type(parsed)}, not an object")
     return dict(parsed)
+
+
+def _not_json(name: str) -> Any:
+    """NaN, Infinity and -Infinity: Python's decoder takes them, JSON has no such numbers."""
+    raise _BadJSON(f"arguments are not valid JSON ({name} is not a JSON number)")
 
 
 def _json_type(value: Any) -> str:
