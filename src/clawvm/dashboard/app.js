@@ -374,13 +374,14 @@
         c.text === null ? el("p", { class: "muted", text: "not kept for this build (recorded before prompts were kept)" })
           : highlight(c.text, cited, "prompt-text"),
         el("h3", { text: "Manifest" }),
-        el("table", { id: "context-lines" },
-          el("tr", {}, ["line", "section", "tier then", "value then", "score", "tokens", "cited", "reason", "content"].map((h) => el("th", { text: h }))),
+        el("table", { id: "context-lines", class: "fit" },
+          el("tr", {}, [["line", "w-id"], ["section", "w-tier"], ["tier then", "w-tier"], ["value then", "w-num"], ["score", "w-num wide-only"],
+            ["tokens", "w-num wide-only"], ["cited", "w-num"], ["reason", "w-reason wide-only"], ["content", ""]].map(([h, k]) => el("th", { class: k, text: h }))),
           c.lines.map((l) => el("tr", { class: "clickable", "data-id": l.id, onclick: () => inspect(l.id) },
             el("td", {}, el("code", { text: l.short_id })), el("td", {}, secPill(l.section)), el("td", {}, tierPill(l.tier)),
-            el("td", { text: num(l.value, 2) }), el("td", { text: num(l.score, 2) }), el("td", { text: l.tokens }),
+            el("td", { text: num(l.value, 2) }), el("td", { class: "wide-only", text: num(l.score, 2) }), el("td", { class: "wide-only", text: l.tokens }),
             el("td", { class: l.cited ? "cited-yes" : "cited-no", text: l.cited === null ? "–" : l.cited ? "cited" : "no" }),
-            el("td", { text: l.reason }), el("td", { text: l.preview })))),
+            el("td", { class: "wide-only", text: l.reason }), el("td", { class: "wrap-any", text: l.preview })))),
         c.output ? [el("h3", { text: "Output" + (c.output.success === null ? "" : c.output.success ? " · task succeeded" : " · task failed") }),
           highlight(c.output.text, cited, "output-text")] : el("p", { class: "muted", text: "no output recorded for this build" })));
       const s = c.by_section;
