@@ -128,6 +128,20 @@ def test_every_list_takes_the_same_filters(small: tuple[TestClient, Harness, dic
     assert get("contexts", agent="nobody")["total"] == 0
     csv_rows = client.get("/dashboard/api/export", params={"kind": "decision", "format": "csv"}, headers=auth)
     assert csv_rows.text.count("\n") == decisions + 1  # the header and the selection, nothing else
+    # the lists beyond memories: sessions, a trace, the teams face, the builds' export
+    assert [s["session_id"] for s in get("sessions", q="s2")["items"]] == ["s2"]
+    assert (
+        get("sessions", since="2099-01-01")["total"] == 0
+        and get("sessions", until="2000-01-01")["total"] == 0
+    )
+    steps = get("trace", session="s1", kind="decision")["steps"]
+    assert [x["kind"] for x in steps] == ["decision"]  # its parent filtered out, it moves up; no builds
+    assert len(get("trace", session="s1")["steps"]) > len(steps)
+    assert get("teams", agent="nobody")["review"] == [] and get("teams", agent="nobody")["grants"] == []
+    builds = client.get(
+        "/dashboard/api/contexts/export", params={"q": "tessera", "format": "csv"}, headers=auth
+    )
+    assert builds.text.splitlines()[0].startswith("seq,") and len(builds.text.splitlines()) == 2
 
 
 def test_manual_actions_through_the_api(small: tuple[TestClient, Harness, dict[str, str]]) -> None:
