@@ -97,6 +97,12 @@ class FilterQuery(BaseModel):
         return views.RowFilter(**{**given, "since": _utc(self.since), "until": _utc(self.until)})
 
 
+class TraceQuery(FilterQuery):
+    """A trace's query: its session (required), the filter bar for its steps."""
+
+    session: str = Field(min_length=1, max_length=500)  # required here
+
+
 def _utc(t: datetime | None) -> datetime | None:
     return None if t is None else as_utc(t)
 
@@ -274,14 +280,12 @@ def create_router(
     @router.get("/api/trace")
     def trace(
         h: Reader,
-        flt: Annotated[FilterQuery, Query()],
+        flt: Annotated[TraceQuery, Query()],
         task: Session = None,
         offset: Offset = 0,
         limit: Limit = debug.TRACE_PAGE,
     ) -> dict[str, Any]:
-        if not flt.session:
-            raise ValidationError("session", "a trace is of one session", "pass ?session=<session id>")
-        rows = flt.model_copy(update={"session": None}).as_filter()
+        rows = flt.model_copy(update={"session": None}).as_filter()  # the trace's session, not a filter
         return debug.trace(lens_for(h), flt.session, task or None, offset, limit, rows)
 
     @router.get("/api/memories/{memory_id}/revisions")
