@@ -128,6 +128,20 @@ def test_every_list_takes_the_same_filters(small: tuple[TestClient, Harness, dic
     assert get("contexts", agent="nobody")["total"] == 0
     csv_rows = client.get("/dashboard/api/export", params={"kind": "decision", "format": "csv"}, headers=auth)
     assert csv_rows.text.count("\n") == decisions + 1  # the header and the selection, nothing else
+    # the lists beyond memories: sessions, a trace, the teams face, the builds' export
+    assert [s["session_id"] for s in get("sessions", q="s2")["items"]] == ["s2"]
+    assert (
+        get("sessions", since="2099-01-01")["total"] == 0
+        and get("sessions", until="2000-01-01")["total"] == 0
+    )
+    steps = get("trace", session="s1", kind="decision")["steps"]
+    assert [x["kind"] for x in steps] == ["decision"]  # its parent filtered out, it moves up; no builds
+    assert len(get("trace", session="s1")["steps"]) > len(steps)
+    assert get("teams", agent="nobody")["review"] == [] and get("teams", agent="nobody")["grants"] == []
+    builds = client.get(
+        "/dashboard/api/contexts/export", params={"q": "tessera", "format": "csv"}, headers=auth
+    )
+    assert builds.text.splitlines()[0].startswith("seq,") and len(builds.text.splitlines()) == 2
 
 
 def test_manual_actions_through_the_api(small: tuple[TestClient, Harness, dict[str, str]]) -> None:
@@ -650,3 +664,304 @@ def test_every_view_paints_on_a_10k_memory_store(engine_name: str, tmp_path: Pat
     finally:
         h.close()
     print("\nfirst paint on 10k memories (ms): " + ", ".join(f"{v} {t:.0f}" for v, t in timings.items()))
+
+
+# ---- 1024 px, filters on every list, exports, deep links, teams actions, metrics --------------------------
+def _right_of_last_column(page: Any, table: str) -> float:
+    """The right edge of a table's last visible column."""
+    return float(
+        page.evaluate(
+            """(t) => Math.max(...[...document.querySelectorAll(t + ' tr:first-child th')]
+                 .filter((th) => th.offsetParent !== null).map((th) => th.getBoundingClientRect().right))""",
+            table,
+        )
+    )
+
+
+def test_the_inspector_leaves_the_lists_usable_at_1024_px(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    base, _, keys = served
+    page, problems = _open(browser, base, keys["read-only"], "#view=sessions&session=s1", width=1024)
+    header = page.locator("header").bounding_box()
+    assert header and header["height"] < 60  # one line: the Refresh button does not wrap
+    page.locator("#memories-table tr.memory-row").first.click()
+    page.wait_for_selector('#inspector[data-ready="1"]')
+    inspector = page.locator("#inspector").bounding_box()
+    assert inspector and inspector["x"] < 1024
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1024
+    content = page.locator("#memories-table th.w-content").bounding_box()
+    assert content and content["width"] >= 200, content  # not one word a line
+    for table in ("#memories-table", "#sessions-table"):
+        right = _right_of_last_column(page, table)
+        assert right <= inspector["x"], (table, right, inspector["x"])  # nothing under the inspector
+    cell = page.locator("#memories-table td.content-cell").first
+    assert cell.get_attribute("title") == page.evaluate(
+        "(id) => document.querySelector(`tr[data-id='${id}'] td.content-cell`).textContent",
+        page.locator("#memories-table tr.memory-row").first.get_attribute("data-id"),
+    )  # clipped on screen, whole on hover
+    page.screenshot(path=str(ARTIFACTS / "dashboard-1024-inspector.png"))
+
+    # the prompt diff scrolls in its box (a visible scrollbar) or opens whole
+    page.evaluate("location.hash = '#view=contexts&session=run-cutover'")
+    _wait_view(page, "contexts")
+    page.locator("tr.context-row").last.click()
+    page.wait_for_selector("#prompt-text")
+    page.select_option("#compare-with", index=1)
+    page.wait_for_selector("#prompt-diff")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1024
+    diff_box = "document.querySelector('#prompt-diff')"
+    assert page.evaluate(f"getComputedStyle({diff_box}).overflowY") == "auto"
+    page.click("#prompt-diff-expand")
+    assert page.evaluate(f"{diff_box}.scrollHeight <= {diff_box}.clientHeight + 1")
+
+    # the heatmap's row labels start inside the chart
+    page.evaluate("location.hash = '#view=heatmap&session=s5'")
+    _wait_view(page, "heatmap")
+    left = page.evaluate(
+        "Math.min(...[...document.querySelectorAll('#heatmap-chart g.hm-row text')].map(t => t.getBBox().x))"
+    )
+    assert left >= 0, left
+    assert problems == []
+    page.close()
+
+
+def test_a_filter_on_every_list_changes_what_it_shows(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    base, _, keys = served
+    page, problems = _open(browser, base, keys["read-only"], "#view=sessions", width=1024)
+
+    def narrow(selector: str, value: str, view: str) -> None:
+        page.fill(selector, value)
+        page.dispatch_event(selector, "change")
+        _wait_view(page, view)
+
+    every = page.locator("#sessions-table tr.session-row").count()
+    narrow("#sessions-filters [data-filter=agent]", "deploy-bot", "sessions")
+    page.wait_for_function("() => document.querySelectorAll('#sessions-table tr.session-row').length === 1")
+    assert every > 1 and page.inner_text("#sessions-table tr.session-row").startswith("run-cutover")
+    assert "s.agent=deploy-bot" in page.evaluate("location.hash")
+
+    page.evaluate("location.hash = '#view=trace&session=run-cutover'")
+    _wait_view(page, "trace")
+    assert page.locator("a.buildlink").count() == 4
+    page.select_option("#trace-filters [data-filter=kind]", "tool_result")
+    page.wait_for_function("() => !document.querySelector('a.buildlink')")
+    kinds = page.locator("#trace-tree .step-kind").all_inner_texts()
+    assert kinds and all(k.startswith("tool result") for k in kinds)
+    page.select_option("#trace-filters [data-filter=kind]", "")
+    _wait_view(page, "trace")
+
+    page.evaluate("location.hash = '#view=teams'")
+    _wait_view(page, "teams")
+    grants = page.locator("#grants-table tr").count()
+    narrow("#teams-filters [data-filter=agent]", "coder", "teams")
+    page.wait_for_function(f"() => document.querySelectorAll('#grants-table tr').length < {grants}")
+    assert set(page.locator("#grants-table td:nth-child(2)").all_inner_texts()) == {"coder"}
+    narrow("#teams-filters [data-filter=agent]", "", "teams")
+
+    page.evaluate("location.hash = '#view=contexts&session=run-cutover'")
+    _wait_view(page, "contexts")
+    assert page.locator("tr.context-row").count() == 4
+    narrow("[data-filter=q]", "dry run succeed", "contexts")
+    page.wait_for_function("() => document.querySelectorAll('tr.context-row').length === 1")
+    narrow("[data-filter=q]", "", "contexts")
+    assert problems == []
+    page.close()
+
+
+def test_context_builds_and_the_trace_export_the_selection(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    import json
+
+    base, _, keys = served
+    page, problems = _open(
+        browser, base, keys["read-only"], "#view=contexts&session=run-cutover&f.q=timed+out", width=1024
+    )
+    shown = sorted(
+        int(s) for s in page.locator("tr.context-row").evaluate_all("rs => rs.map(r => r.dataset.seq)")
+    )
+    assert len(shown) == 3
+    with page.expect_download() as download:
+        page.click("#contexts-export-jsonl")
+    builds = [json.loads(line) for line in download.value.path().read_text().splitlines()]
+    assert sorted(b["seq"] for b in builds) == shown  # the selection on screen, nothing else
+    assert all(b["manifest"] and "timed out" in b["query"] for b in builds)
+    assert all(set(line) >= {"id", "section", "tier"} for b in builds for line in b["manifest"])
+
+    page.evaluate("location.hash = '#view=trace&session=run-cutover'")
+    _wait_view(page, "trace")
+    with page.expect_download() as download:
+        page.click("#trace-export-csv")
+    rows = download.value.path().read_text().splitlines()
+    assert rows[0].startswith("depth,type,") and len(rows) - 1 == page.locator("#trace-tree summary").count()
+    assert problems == []
+    page.close()
+
+
+def test_trace_task_and_what_if_parameters_live_in_the_url(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    base, _, keys = served
+    page, problems = _open(browser, base, keys["read-only"], "#view=trace&session=run-cutover")
+    page.select_option("#trace-task", "t-dry-run")
+    _wait_view(page, "trace")
+    traced = page.evaluate("location.hash")
+    assert "task=t-dry-run" in traced
+    page.close()
+    fresh, more = _open(browser, base, keys["read-only"], traced.lstrip("#"))
+    fresh.wait_for_selector("#trace-tree details")
+    assert fresh.input_value("#trace-task") == "t-dry-run" and "task t-dry-run" in fresh.inner_text("h2")
+    fresh.close()
+
+    # a what-if link replays the same comparison: its budget and working-set size come back, and it runs
+    link = "view=whatif&session=s5&wi.budget=250&wi.working_items=6"
+    page, again = _open(browser, base, keys["read-only"], link)
+    page.wait_for_selector("#whatif-summary", timeout=60_000)
+    assert page.input_value("#whatif-budget") == "250" and page.input_value("#whatif-working_items") == "6"
+    hint = page.get_attribute('#whatif-summary tr[data-key="working_hit_rate"]', "title") or ""
+    assert "cited" in hint and "Metrics" in hint  # the replay's rate says what it counts
+    assert "(cited lines)" in page.inner_text('#whatif-summary tr[data-key="working_hit_rate"]')
+    all_builds = page.locator("#whatif-builds tr.whatif-build").count()
+    assert all_builds == 15 and "1–15 of" in page.inner_text("#whatif-result .pager")  # paged
+    page.check("#whatif-dropped")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#whatif-builds tr.whatif-build')]"
+        ".every(r => r.classList.contains('dropped'))"
+    )
+    dropped = page.locator("#whatif-builds tr.whatif-build").count()
+    heading = page.inner_text("#whatif-result .card:nth-child(2) h3")  # "Per context build (N of M)"
+    kept, of = (int(x) for x in heading.split("(")[1].rstrip(")").split(" of "))
+    assert 0 < dropped == kept < of
+    with page.expect_download() as download:
+        page.click("#whatif-export-csv")
+    assert len(download.value.path().read_text().splitlines()) == dropped + 1
+    page.fill("#whatif-working_tokens", "900")
+    page.dispatch_event("#whatif-working_tokens", "change")
+    assert "wi.working_tokens=900" in page.evaluate("location.hash")
+    page.evaluate("location.hash = '#view=metrics&session=s5'")
+    _wait_view(page, "metrics")
+    live = page.get_attribute("#metric-working-hit", "title") or ""
+    assert "recall" in live and "what-if" in live
+    assert problems == [] and more == [] and again == []
+    page.close()
+
+
+def test_teams_reject_conflicts_with_both_sides_and_guidance_sources(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    from clawvm.teams import shared
+    from clawvm.teams.merge import merge_team
+
+    base, h, keys = served
+    h.grant("ui-team", "planner", write=True)
+
+    def decision(text: str, subject: str, task: str) -> Memory:
+        return shared.record(
+            h, text, agent_id="planner", kind="decision", team_id="ui-team", subject=subject, task_id=task
+        )
+
+    day_1 = decision("Invoices go out on day 1 of each month.", "invoice day", "t-ui-1")
+    day_5 = decision("Invoices go out on day 5 of each month.", "invoice day", "t-ui-2")
+    thirty = decision("Refunds are allowed for 30 days.", "refund window", "t-ui-1")
+    fourteen = decision("Refunds are not allowed after 14 days.", "refund window", "t-ui-2")
+    doubtful = shared.record(
+        h,
+        "Refund mails may skip the invoice number.",
+        agent_id="planner",
+        kind="decision",
+        team_id="ui-team",
+        confidence=0.2,
+    )
+    rule = shared.record(
+        h,
+        "Refund retries must reuse the idempotency key of the first attempt.",
+        agent_id="planner",
+        kind="knowledge",
+        team_id="ui-team",
+        task_id="t-ui-3",
+    )
+    flagged = merge_team(h, team_id="ui-team").conflicts
+    assert len(flagged) == 2
+    for adopted in (True, True, False):
+        h.feedback(rule.id, adopted)
+    h.guidance("planner", "refund retries idempotency key", task_id="t-ui-4")
+
+    page, problems = _open(browser, base, keys["agent"], "#view=teams&f.agent=planner")
+    for note in flagged:  # each conflict shows both sides
+        sides = page.locator(f'.conflict[data-id="{note}"] .side').all_inner_texts()
+        assert len(sides) == 2, sides
+    day_note = next(n for n in flagged if day_1.id in shared.conflict_sides(h.get(n)))
+    window_note = next(n for n in flagged if n != day_note)
+    assert "day 1" in page.inner_text(f'.conflict[data-id="{day_note}"]')
+    assert "day 5" in page.inner_text(f'.conflict[data-id="{day_note}"]')
+
+    # guidance: each line's source tasks and adoption rate
+    block = page.locator("details.guidance", has_text="refund retries idempotency key").first
+    block.locator("summary").click()
+    row = block.locator("tr", has_text="reuse the idempotency key")
+    assert (
+        row.locator("td.sources").inner_text() == "t-ui-3"
+        and row.locator("td.adoption").inner_text() == "66.7%"
+    )
+    page.screenshot(path=str(ARTIFACTS / "dashboard-teams-conflicts.png"), full_page=True)
+
+    page.click(f'.reject-button[data-id="{doubtful.id}"]')
+    page.wait_for_function(
+        "(id) => !document.querySelector(`#review-table a[data-id='${id}']`)", arg=doubtful.id, timeout=30_000
+    )
+    assert h.get(doubtful.id).status.value == "obsolete"
+
+    page.click(f'.conflict[data-id="{day_note}"] .keep-button[data-id="{day_5.id}"]')
+    page.wait_for_function("(id) => !document.querySelector(`.conflict[data-id='${id}']`)", arg=day_note)
+    assert h.get(day_1.id).status.value == "obsolete" and h.get(day_5.id).status.value == "active"
+    assert h.get(day_5.id).metadata["review"]["status"] == "approved"
+
+    page.click(f'.not-conflict-button[data-id="{window_note}"]')
+    page.wait_for_function("(id) => !document.querySelector(`.conflict[data-id='${id}']`)", arg=window_note)
+    assert h.get(thirty.id).status.value == "active" and h.get(fourteen.id).status.value == "active"
+    assert shared.open_conflicts(h, involving=thirty.id) == []
+    assert problems == []
+    page.close()
+
+
+def test_metrics_follow_the_session_and_explain_rates_and_the_graph_pans(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    base, _, keys = served
+    page, problems = _open(browser, base, keys["read-only"], "#view=metrics&session=s5", width=1024)
+
+    def cards() -> dict[str, str]:
+        return dict(
+            zip(
+                page.locator("#metric-cards .metric .k").all_inner_texts(),
+                page.locator("#metric-cards .metric .v").all_inner_texts(),
+                strict=True,
+            )
+        )
+
+    s5 = cards()
+    rates = [m for m in page.locator("#metric-cards .metric").all() if "%" in m.locator(".v").inner_text()]
+    assert len(rates) >= 4 and all(len(m.get_attribute("title") or "") > 20 for m in rates)
+    page.select_option("#session", "run-cutover")
+    page.wait_for_function("() => document.querySelector('main h2').textContent.includes('run-cutover')")
+    _wait_view(page, "metrics")
+    other = cards()
+    assert other["memories (active)"] != s5["memories (active)"]
+    assert other != s5
+
+    page.evaluate("location.hash = '#view=graph&session=s5'")
+    _wait_view(page, "graph")
+    box = page.locator("#graph-chart svg").bounding_box()
+    assert box and page.get_attribute("#graph-chart svg", "data-pan") in (None, "0,0")
+    x, y = box["x"] + 6, box["y"] + 6  # a corner: background, not a node
+    page.mouse.move(x, y)
+    page.mouse.down()
+    page.mouse.move(x + 80, y + 40, steps=4)
+    page.mouse.up()
+    dx, dy = (int(v) for v in (page.get_attribute("#graph-chart svg", "data-pan") or "0,0").split(","))
+    assert dx > 0 and dy > 0
+    assert problems == []
+    page.close()

@@ -793,6 +793,11 @@ class Harness:
     def reject(self, memory_id: str, *, by: str | None = None, reason: str | None = None) -> Memory:
         return teams.reject(self, memory_id, by=by, reason=reason)
 
+    @_exclusive
+    def resolve_conflict(self, conflict_id: str, *, keep: str, by: str | None = None) -> Memory:
+        """Keep one side of a flagged conflict (approved) and reject the others; returns the kept memory."""
+        return teams.resolve_conflict(self, conflict_id, keep=keep, by=by)
+
     def notify_embedder(self) -> None:
         """Tell the embedding worker that memories written outside ``record`` wait for vectors."""
         if self._worker is not None:

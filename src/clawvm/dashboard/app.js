@@ -13,6 +13,9 @@
     key: localStorage.getItem("clawvm_key") || "",
     memPage: { offset: 0, sort: "newest" },
     filters: { q: "", kind: "", agent: "", tool: "", tag: "", tier: "", status: "", since: "", until: "" },
+    sessFilters: { q: "", agent: "", since: "", until: "" },  // the sessions list's own bar
+    traceTask: "",
+    whatif: { budget: "", working_items: "", working_tokens: "", weights: "" },
     role: null,  // the key's role (from /v1/whoami): a read-only key is offered no action
     heat: { group: "memory", offset: 0 },
     graphLimit: 120,
@@ -82,6 +85,34 @@
     setTimeout(() => URL.revokeObjectURL(url), 1000);
   }
 
+  // a file made in the page (what it already holds: a trace, a what-if comparison)
+  function saveText(text, filename, mime) {
+    const url = URL.createObjectURL(new Blob([text], { type: mime }));
+    const a = el("a", { href: url, download: filename });
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 1000);
+  }
+
+  // rows (objects) as CSV: the columns given, quoted where needed
+  function toCsv(rows, columns) {
+    const cell = (v) => {
+      const t = v === null || v === undefined ? "" : Array.isArray(v) ? v.join(" ") : typeof v === "object" ? JSON.stringify(v) : String(v);
+      return /[",\n\r]/.test(t) ? `"${t.replace(/"/g, '""')}"` : t;
+    };
+    return [columns.join(","), ...rows.map((r) => columns.map((c) => cell(r[c])).join(","))].join("\n") + "\n";
+  }
+
+  const toJsonl = (rows) => rows.map((r) => JSON.stringify(r) + "\n").join("");
+
+  // the two export buttons every list has; ``run(fmt)`` makes the file
+  function exportButtons(prefix, run, what) {
+    const go = (fmt) => Promise.resolve().then(() => run(fmt)).catch((e) => toast(String(e.message || e), true));
+    return [el("button", { id: `${prefix}-export-jsonl`, onclick: () => go("jsonl"), text: "Export JSONL", title: `${what}, one JSON object per line` }),
+      el("button", { id: `${prefix}-export-csv`, onclick: () => go("csv"), text: "Export CSV", title: `${what} as CSV` })];
+  }
+
   const canWrite = () => state.role !== null && state.role !== "read-only";
 
   function post(path, body) {
@@ -119,19 +150,24 @@
 
   // ---- views --------------------------------------------------------------------------------------
   async function viewSessions(main) {
-    const data = await api("sessions" + qs({ limit: 15, offset: state.sessOffset }));
+    const sf = Object.assign({}, state.sessFilters);
+    if (sf.until) sf.until += "T23:59:59";
+    const data = await api("sessions" + qs(Object.assign(sf, { limit: 15, offset: state.sessOffset })));
     const rows = data.items.map((s) => el("tr", {
       class: "clickable session-row" + (s.session_id === state.session ? " selected" : ""), "data-session": s.session_id,
       onclick: () => { setSession(s.session_id === "(none)" ? "" : s.session_id); show("sessions"); },
     },
-    el("td", {}, el("b", { text: s.session_id })),
-    el("td", { text: s.agents.join(", ") }), el("td", { text: s.tasks.join(", ") }),
-    el("td", { text: s.memories }), el("td", {}, tierBar(s.tiers)), el("td", { text: s.pinned }),
-    el("td", { text: s.working_tokens }), el("td", { text: s.contexts }), el("td", { text: when(s.last) })));
+    el("td", { class: "clip", title: s.session_id }, el("b", { text: s.session_id })),
+    clipCell(s.agents.join(", ")), clipCell(s.tasks.join(", ")),
+    el("td", { text: s.memories }), el("td", {}, tierBar(s.tiers)), el("td", { class: "wide-only", text: s.pinned }),
+    el("td", { class: "wide-only", text: s.working_tokens }), el("td", { class: "wide-only", text: s.contexts }), el("td", { class: "nowrap", text: when(s.last).slice(0, 16) })));
+    const heads = [["session", "w-session"], ["agents", ""], ["tasks", ""], ["memories", "w-num"], ["tiers", "w-tiers"], ["pinned", "w-num wide-only"],
+      ["working tokens", "w-num wide-only"], ["contexts", "w-num wide-only"], ["last activity", "w-when"]];
     fill(main, 
       el("h2", { text: `Sessions (${data.total})` }),
-      el("div", { class: "card" }, el("table", { id: "sessions-table" },
-        el("tr", {}, ["session", "agents", "tasks", "memories", "tiers", "pinned", "working tokens", "contexts", "last activity"].map((h) => el("th", { text: h }))),
+      filterBar(() => { state.sessOffset = 0; show("sessions"); }, ["q", "agent", "since", "until"], state.sessFilters, "sessions-filters", "session id…"),
+      el("div", { class: "card" }, el("table", { id: "sessions-table", class: "fit" },
+        el("tr", {}, heads.map(([h, c]) => el("th", { class: c, text: h }))),
         rows),
         pager(data, (o) => { state.sessOffset = o; show("sessions"); })),
       el("h2", { text: state.session ? `Memories of ${state.session}` : "Memories (all sessions)" }),
@@ -145,19 +181,25 @@
     status: ["active", "archived", "obsolete", "expired"],
   };
 
-  // the filter bar every memory list shares: kind, agent, tool, tag, tier, status, date range, text
-  function filterBar(onChange, only) {
-    const f = state.filters;
+  const clipCell = (text) => el("td", { class: "clip", title: text || "", text: text || "–" });
+
+  // the filter bar every list shares: kind, agent, tool, tag, tier, status, date range, text (``only``: the
+  // ones that list's data has; ``target``: where the values live, the memory lists' by default)
+  function filterBar(onChange, only, target, id, textHint) {
+    const f = target || state.filters;
     const changed = (k) => (e) => { f[k] = e.target.value; onChange(); };
     const choose = (k, label) => el("select", { "data-filter": k, onchange: changed(k) },
       el("option", { value: "", text: label }), FILTERS[k].map((v) => el("option", { value: v, selected: v === f[k] || null, text: v.replace("_", " ") })));
     const field = (k, placeholder, type) => el("input", { type: type || "search", "data-filter": k, placeholder, value: f[k], size: type ? null : 10, onchange: changed(k) });
-    const parts = { q: () => field("q", only ? "query text…" : "text or id…"), kind: () => choose("kind", "any kind"),
+    const parts = { q: () => field("q", textHint || (only ? "query text…" : "text or id…")), kind: () => choose("kind", "any kind"),
       agent: () => field("agent", "agent"), tool: () => field("tool", "tool"), tag: () => field("tag", "tag"),
       tier: () => choose("tier", "any tier"), status: () => choose("status", "active + archived…"),
       since: () => el("label", { class: "muted" }, "from ", field("since", "", "date")),
       until: () => el("label", { class: "muted" }, "to ", field("until", "", "date")) };
-    return el("div", { class: "toolbar filters" }, (only || Object.keys(parts)).map((k) => parts[k]()));
+    const set = (only || Object.keys(parts)).filter((k) => f[k] !== undefined);
+    const any = set.some((k) => f[k]);
+    return el("div", { class: "toolbar filters", id: id || null }, set.map((k) => parts[k]()),
+      any ? el("button", { class: "clear-filters", text: "clear", title: "clear these filters", onclick: () => { set.forEach((k) => { f[k] = ""; }); onChange(); } }) : null);
   }
 
   const BUILD_FILTERS = ["q", "agent", "since", "until"];  // what a context build can be filtered by
@@ -175,19 +217,21 @@
       ["newest", "oldest", "value", "tokens", "used"].map((t) => el("option", { value: t, selected: t === p.sort || null, text: "sort: " + t })));
     const exportAs = (fmt) => download("export" + qs(Object.assign(filterParams(), { format: fmt })), `memlens-memories.${fmt}`).catch((e) => toast(String(e.message || e), true));
     fill(box,
-      filterBar(() => { p.offset = 0; renderMemories(box); writeHash(); }),
+      filterBar(() => { p.offset = 0; renderMemories(box); writeHash(); }, null, null, "memory-filters"),
       el("div", { class: "toolbar" }, sort, el("span", { class: "muted", text: `${data.total} match` }), el("span", { class: "spacer" }),
         el("button", { id: "export-jsonl", onclick: () => exportAs("jsonl"), text: "Export JSONL", title: "the memories of this selection, whole, one JSON object per line" }),
         el("button", { id: "export-csv", onclick: () => exportAs("csv"), text: "Export CSV", title: "this selection's columns as CSV" }),
         canWrite() ? el("button", { id: "new-memory", class: "primary", onclick: () => newMemory(box), text: "New memory" }) : null),
-      el("div", { class: "card" }, el("table", { id: "memories-table" },
-        el("tr", {}, ["id", "kind", "agent / tool", "tier", "value", "tokens", "ctx / cited", "content"].map((h) => el("th", { text: h }))),
-        data.items.map((m) => el("tr", { class: "clickable memory-row" + (m.id === state.selected ? " selected" : ""), "data-id": m.id, onclick: () => inspect(m.id) },
-          el("td", {}, el("code", { text: m.short_id })), el("td", { text: m.kind + (m.state ? ` (${m.state})` : "") }),
-          el("td", { text: [m.agent_id, m.tool_name].filter(Boolean).join(" / ") || "–" }),
-          el("td", {}, tierPill(m.tier), m.pinned ? [" ", el("span", { class: "pill pinned", text: "pinned" })] : null, m.status !== "active" ? [" ", el("span", { class: "muted", text: m.status })] : null),
-          el("td", { text: num(m.value, 2) }), el("td", { text: m.tokens }), el("td", { title: "contexts entered / citations", text: `${m.injected} / ${m.cited}` }),
-          el("td", { text: m.preview }))))),
+      el("div", { class: "card" }, el("table", { id: "memories-table", class: "fit" },
+        el("tr", {}, [["id", "w-id"], ["kind · agent / tool", "w-kind"], ["tier", "w-tier"], ["value", "w-num"], ["tokens", "w-num wide-only"],
+          ["ctx / cited", "w-num wide-only"], ["content", "w-content"]].map(([h, c]) => el("th", { class: c, text: h }))),
+        data.items.map((m) => { const kind = m.kind + (m.state ? ` (${m.state})` : ""), who = [m.agent_id, m.tool_name].filter(Boolean).join(" / ") || "–";
+          return el("tr", { class: "clickable memory-row" + (m.id === state.selected ? " selected" : ""), "data-id": m.id, onclick: () => inspect(m.id) },
+            el("td", {}, el("code", { text: m.short_id })),
+            el("td", { class: "clip", title: `${kind} · ${who}` }, el("div", { class: "clip kind", text: kind }), el("div", { class: "clip muted small", text: who })),
+            el("td", {}, tierPill(m.tier), m.pinned ? [" ", el("span", { class: "pill pinned", text: "pinned" })] : null, m.status !== "active" ? [" ", el("span", { class: "muted", text: m.status })] : null),
+            el("td", { text: num(m.value, 2) }), el("td", { class: "wide-only", text: m.tokens }), el("td", { class: "wide-only", title: "contexts entered / citations", text: `${m.injected} / ${m.cited}` }),
+            el("td", { class: "clip content-cell", title: m.preview, text: m.preview })); }))),
       pager(data, (o) => { p.offset = o; renderMemories(box); }));
   }
 
@@ -265,11 +309,14 @@
   async function contextList(box, onPick, onlyOutputs) {
     const data = await api("contexts" + qs(Object.assign(filterParams(), { offset: state.ctxOffset, limit: 30 })));
     const items = onlyOutputs ? data.items.filter((b) => b.has_output).concat(data.items.filter((b) => !b.has_output)) : data.items;
+    const exportAs = (fmt) => download("contexts/export" + qs(Object.assign(filterParams(), { format: fmt })), `memlens-contexts.${fmt}`);
     fill(box, 
-      el("table", { id: "contexts-table" },
-        el("tr", {}, ["#", "query", "tokens", "cited"].map((h) => el("th", { text: h }))),
+      el("div", { class: "toolbar" }, el("span", { class: "muted", id: "contexts-total", text: `${data.total} builds` }), el("span", { class: "spacer" }),
+        exportButtons("contexts", exportAs, "the context builds of this selection (JSONL: with manifest and output)")),
+      el("table", { id: "contexts-table", class: "fit" },
+        el("tr", {}, [["#", "w-num"], ["query", ""], ["tokens", "w-tokens"], ["cited", "w-num"]].map(([h, c]) => el("th", { class: c, text: h }))),
         items.map((b) => el("tr", { class: "clickable context-row" + (b.seq === state.context ? " selected" : ""), "data-seq": b.seq, onclick: () => onPick(b.seq) },
-          el("td", { text: b.seq }), el("td", { text: b.query.slice(0, 60) || "(no query)" }),
+          el("td", { text: b.seq }), el("td", { class: "clip", title: b.query, text: b.query || "(no query)" }),
           el("td", { text: `${b.tokens}/${b.budget}` }), el("td", { text: b.has_output ? `${b.cited}/${b.lines}` : "–" })))),
       pager(data, (o) => { state.ctxOffset = o; contextList(box, onPick, onlyOutputs); }));
     return data.items;
@@ -306,8 +353,13 @@
           el("div", { class: "kv" },
             el("div", { text: `in (${d.lines_in.length})` }), el("div", { id: "diff-in" }, d.lines_in.map((l) => el("div", { class: "diff-add clickable", onclick: () => inspect(l.id) }, `+ ${l.short_id} ${l.section} · ${l.preview}`))),
             el("div", { text: `out (${d.lines_out.length})` }), el("div", { id: "diff-out" }, d.lines_out.map((l) => el("div", { class: "diff-del clickable", onclick: () => inspect(l.id) }, `− ${l.short_id} ${l.section} · ${l.preview}`)))),
-          el("h3", { text: "Prompt text diff" }),
-          el("pre", { id: "prompt-diff", class: "diff" }, d.text_diff.length ? d.text_diff.map((line) =>
+          el("div", { class: "toolbar" }, el("h3", { text: "Prompt text diff" }),
+            el("span", { class: "muted", id: "prompt-diff-size", text: `${d.text_diff.length} lines` }),
+            el("button", { id: "prompt-diff-expand", text: "show all", title: "show the whole diff here, without the box's scroll", onclick: (e) => {
+              const box = $("#prompt-diff"), open = box.classList.toggle("expanded");
+              e.target.textContent = open ? "in a box" : "show all";
+            } })),
+          el("pre", { id: "prompt-diff", class: "diff scrollbox" }, d.text_diff.length ? d.text_diff.map((line) =>
             el("div", { class: line.startsWith("+") && !line.startsWith("+++") ? "diff-add" : line.startsWith("-") && !line.startsWith("---") ? "diff-del" : "muted", text: line })) : "the two prompts are identical")));
       };
       fill(detail, el("div", { class: "card" },
@@ -322,13 +374,14 @@
         c.text === null ? el("p", { class: "muted", text: "not kept for this build (recorded before prompts were kept)" })
           : highlight(c.text, cited, "prompt-text"),
         el("h3", { text: "Manifest" }),
-        el("table", { id: "context-lines" },
-          el("tr", {}, ["line", "section", "tier then", "value then", "score", "tokens", "cited", "reason", "content"].map((h) => el("th", { text: h }))),
+        el("table", { id: "context-lines", class: "fit" },
+          el("tr", {}, [["line", "w-id"], ["section", "w-tier"], ["tier then", "w-tier"], ["value then", "w-num"], ["score", "w-num wide-only"],
+            ["tokens", "w-num wide-only"], ["cited", "w-num"], ["reason", "w-reason wide-only"], ["content", ""]].map(([h, k]) => el("th", { class: k, text: h }))),
           c.lines.map((l) => el("tr", { class: "clickable", "data-id": l.id, onclick: () => inspect(l.id) },
             el("td", {}, el("code", { text: l.short_id })), el("td", {}, secPill(l.section)), el("td", {}, tierPill(l.tier)),
-            el("td", { text: num(l.value, 2) }), el("td", { text: num(l.score, 2) }), el("td", { text: l.tokens }),
+            el("td", { text: num(l.value, 2) }), el("td", { class: "wide-only", text: num(l.score, 2) }), el("td", { class: "wide-only", text: l.tokens }),
             el("td", { class: l.cited ? "cited-yes" : "cited-no", text: l.cited === null ? "–" : l.cited ? "cited" : "no" }),
-            el("td", { text: l.reason }), el("td", { text: l.preview })))),
+            el("td", { class: "wide-only", text: l.reason }), el("td", { class: "wrap-any", text: l.preview })))),
         c.output ? [el("h3", { text: "Output" + (c.output.success === null ? "" : c.output.success ? " · task succeeded" : " · task failed") }),
           highlight(c.output.text, cited, "output-text")] : el("p", { class: "muted", text: "no output recorded for this build" })));
       const s = c.by_section;
@@ -389,8 +442,12 @@
           el("td", { class: r.cited ? "cited-yes" : "cited-no", text: r.cited === null ? "–" : r.cited ? "cited" : "no" }))))));
   }
 
-  function metricCard(k, v, hint) {
-    return el("div", { class: "metric", title: hint || "" }, el("div", { class: "v", text: v }), el("div", { class: "k", text: k }));
+  // the two working-tier hit rates: the live one (Metrics) and the replay's (What-if), defined differently
+  const HIT_RATE_LIVE = "Of the memories a tracked recall or a context build needed, the share already in the working tier when needed, like a cache hit rate";
+  const HIT_RATE_REPLAY = "Of the memories the recorded outputs cited, the share the replayed prompt held in its pinned or working section (not recalled). Metrics' working-tier hit rate counts every recall and build need by the memory's tier, so the two differ.";
+
+  function metricCard(k, v, hint, id) {
+    return el("div", { class: "metric", id: id || null, title: hint || "" }, el("div", { class: "v", text: v }), el("div", { class: "k", text: k }));
   }
 
   async function viewMetrics(main) {
@@ -400,7 +457,7 @@
     fill(main, el("h2", { text: "Metrics" + (state.session ? ` · ${state.session}` : " · all sessions") }),
       state.session ? el("p", { class: "muted", text: "Counts, rates and context builds follow the session selector; recall latency, events by kind and tool reliability are the tenant's." }) : null,
       el("div", { class: "cards", id: "metric-cards" },
-        metricCard("working-tier hit rate", pct(m.working_hit_rate), `Of the memories a tracked recall or a context build needed (${m.needs}), the share already in the working tier, like a cache hit rate.`),
+        metricCard("working-tier hit rate (recalls + builds)", pct(m.working_hit_rate), `${HIT_RATE_LIVE} (${m.needs} needs here). The what-if view's rate counts only the memories the recorded outputs cited, by the section of the replayed prompt they sat in, so the two differ.`, "metric-working-hit"),
         metricCard("recall p50 / p95 ms", `${num(m.retrieval_ms.p50)} / ${num(m.retrieval_ms.p95)}`, `Latency of tracked recalls, query embedding included (${m.retrieval_ms.n} recalls, tenant-wide).`),
         metricCard("context build p95 ms", num(m.context_ms.p95), `95th percentile time to build a context (${m.context_ms.n} builds).`),
         metricCard("eviction regret", pct(m.eviction_regret), `Of the memories archived or compressed (${m.evictions}), the share needed again later (recalled, cited, or pinned by a person): ${m.regretted.length} shown.`),
@@ -451,7 +508,10 @@
     if (state.selected) p.set("memory", state.selected);
     if (state.context) p.set("build", state.context);
     if (state.diffWith) p.set("diff", state.diffWith);
+    if (state.traceTask && state.view === "trace") p.set("task", state.traceTask);
     for (const [k, v] of Object.entries(state.filters)) if (v) p.set("f." + k, v);
+    if (state.view === "sessions") for (const [k, v] of Object.entries(state.sessFilters)) if (v) p.set("s." + k, v);
+    if (state.view === "whatif") for (const [k, v] of Object.entries(state.whatif)) if (v) p.set("wi." + k, v);
     const hash = "#" + p.toString();
     if (location.hash !== hash) history.replaceState(null, "", hash);
     writeHash.last = hash;
@@ -467,6 +527,9 @@
     state.context = p.get("build") ? Number(p.get("build")) : null;
     state.diffWith = p.get("diff") ? Number(p.get("diff")) : null;
     for (const k of Object.keys(state.filters)) state.filters[k] = p.get("f." + k) || "";
+    for (const k of Object.keys(state.sessFilters)) state.sessFilters[k] = p.get("s." + k) || "";
+    state.traceTask = p.get("task") || "";
+    for (const k of Object.keys(state.whatif)) state.whatif[k] = p.get("wi." + k) || "";
   }
 
   async function loadRole() {
@@ -652,7 +715,7 @@
 
   // ---- chrome -------------------------------------------------------------------------------------
   function setSession(sid) {
-    if (sid !== state.session) { state.context = null; state.diffWith = null; }
+    if (sid !== state.session) { state.context = null; state.diffWith = null; state.traceTask = ""; }
     state.session = sid;
     state.memPage.offset = 0; state.heat.offset = 0; state.ctxOffset = 0; state.focus = null;
     $("#session").value = sid;
@@ -665,6 +728,7 @@
       const o = await api("overview");
       $("#tenant").textContent = `tenant ${o.tenant}`;
       $("#status").textContent = `${o.memories} memories · ${o.contexts} context builds · ${o.events} events`;
+      $("#status").title = $("#status").textContent;
       const s = await api("sessions?limit=500");
       const sel = $("#session");
       fill(sel, el("option", { value: "", text: "all sessions" }),
@@ -807,7 +871,8 @@
   }
 
   const ML = { state, show, inspect, api, post, qs, el, fill, toast, pct, num, when, tierPill, secPill, pager, canWrite,
-    setSession, writeHash, highlight, metricCard, Charts: C };
+    setSession, writeHash, highlight, metricCard, filterBar, filterParams, download, saveText, toCsv, toJsonl, exportButtons, clipCell,
+    HIT_RATE_REPLAY, Charts: C };
   Object.assign(VIEWS, window.MemLensViews ? window.MemLensViews(ML) : {});
   window.MemLens = Object.assign(ML, { live });
   start();

@@ -92,8 +92,10 @@
     const s = frame(container, W, Math.max(H, 60));
     rows.forEach((r, i) => {
       const g = svg("g", { class: r.id ? "hm-row clickable" : "hm-row", "data-id": r.id || "" }, s);
-      text(g, labelW - 6, i * cell + 11, r.label.length > 58 ? r.label.slice(0, 57) + "…" : r.label,
+      // cut to what fits left of the cells (10 px text: ~6 px a character), the whole label on hover
+      const label = text(g, labelW - 6, i * cell + 11, r.label.length > 50 ? r.label.slice(0, 49) + "…" : r.label,
         { "text-anchor": "end", "font-size": 10 });
+      title(label, r.label);
       r.values.forEach((v, j) => {
         const c = svg("rect", { x: labelW + j * cell, y: i * cell, width: cell - 1, height: cell - 1,
           fill: valueColor(v) }, g);
@@ -257,6 +259,7 @@
       view.setAttribute("transform", `translate(${tx},${ty}) scale(${k})`);
       labels.style.display = k >= 1.6 || nodes.length <= 60 ? "" : "none";
       s.dataset.zoom = k.toFixed(2);
+      s.dataset.pan = `${Math.round(tx)},${Math.round(ty)}`;
     };
     const zoomAt = (factor, cx, cy) => {
       const next = Math.min(8, Math.max(0.5, k * factor));

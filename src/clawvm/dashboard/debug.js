@@ -3,7 +3,10 @@
 "use strict";
 
 window.MemLensViews = function (ML) {
-  const { state, api, post, qs, el, fill, toast, num, pct, when, tierPill, canWrite } = ML;
+  const { state, api, post, qs, el, fill, toast, num, pct, when, tierPill, canWrite, filterBar, filterParams, exportButtons } = ML;
+  const TRACE_FILTERS = ["q", "kind", "agent", "tool", "tag", "tier", "status", "since", "until"];
+  const TEAM_FILTERS = ["q", "kind", "agent", "tag", "since", "until"];
+  const BUILDS_PAGE = 15;
   // plain glyphs (a headless or minimal system has no emoji font)
   const ICONS = { user_input: "»", llm_thought: "◆", tool_call: "▸", tool_result: "↳", decision: "✓", error: "✗",
     observation: "○", knowledge: "■", summary: "Σ", note: "·", agent_state: "◇", context: "≡", output: "←" };
@@ -20,19 +23,37 @@ window.MemLensViews = function (ML) {
   async function viewTrace(main) {
     if (!state.session) return noSession(main, "Run trace");
     const task = state.traceTask || "";
-    const t = await api("trace" + qs({ session: state.session, task, limit: 200 }));
+    const t = await api("trace" + qs(Object.assign(filterParams(), { task, limit: 200 })));
     const tasks = el("select", { id: "trace-task", onchange: (e) => { state.traceTask = e.target.value; ML.show("trace"); } },
       el("option", { value: "", text: "all tasks" }), t.tasks.map((x) => el("option", { value: x, selected: x === task || null, text: x })));
     const tot = t.totals;
+    const exportAs = (fmt) => {
+      const rows = flatten(t.steps, 0);
+      const name = `memlens-trace-${t.session}${t.task ? "-" + t.task : ""}.${fmt}`;
+      if (fmt === "csv") ML.saveText(ML.toCsv(rows, TRACE_COLUMNS), name, "text/csv");
+      else ML.saveText(ML.toJsonl(rows), name, "application/x-ndjson");
+    };
     fill(main,
       el("h2", { text: `Run trace · ${t.session}` + (t.task ? ` · task ${t.task}` : "") }),
+      filterBar(() => ML.show("trace"), TRACE_FILTERS, null, "trace-filters"),
       el("div", { class: "toolbar" }, tasks,
         el("button", { id: "trace-expand", text: "expand all", onclick: () => main.querySelectorAll("details").forEach((d) => { d.open = true; }) }),
         el("button", { text: "collapse all", onclick: () => main.querySelectorAll("details").forEach((d) => { d.open = false; }) }),
         el("span", { class: "muted", id: "trace-totals", text: `${tot.memories} memories · ${tot.contexts} context builds (${tot.context_tokens} tokens) · ` +
-          `${tot.errors} errors · tools ${secs(tot.tool_seconds)} · LLM tokens ${tot.llm_tokens}` + (tot.money ? ` · cost ${num(tot.money, 4)}` : "") })),
-      el("div", { class: "card trace", id: "trace-tree" }, t.steps.map(step)),
+          `${tot.errors} errors · tools ${secs(tot.tool_seconds)} · LLM tokens ${tot.llm_tokens}` + (tot.money ? ` · cost ${num(tot.money, 4)}` : "") }),
+        el("span", { class: "spacer" }), exportButtons("trace", exportAs, "the steps of this trace, in order (children after their parent, with depth)")),
+      el("div", { class: "card trace", id: "trace-tree" }, t.steps.length ? t.steps.map(step) : el("p", { class: "muted", text: "No step matches these filters." })),
       t.total > t.steps.length ? el("p", { class: "muted", text: `first ${t.steps.length} of ${t.total} steps` }) : null);
+  }
+
+  const TRACE_COLUMNS = ["depth", "type", "at", "kind", "state", "tool", "id", "seq", "latency_s", "tokens", "money", "query", "preview"];
+
+  // the tree as rows, depth first (a parent before its children), each with its depth
+  function flatten(steps, depth) {
+    return steps.flatMap((s) => {
+      const { children, lines, ...rest } = s;
+      return [Object.assign({ depth }, rest, lines ? { lines } : {}), ...flatten(children || [], depth + 1)];
+    });
   }
 
   function step(s) {
@@ -58,11 +79,18 @@ window.MemLensViews = function (ML) {
 
   // ---- teams ----------------------------------------------------------------------------------------------
   async function viewTeams(main) {
-    const t = await api("teams");
+    const t = await api("teams" + qs(Object.assign(filterParams(), { session: "" })));
     const review = async (id, verdict) => {
       try {
         await post(`review/${id}/${verdict}`, {});
         toast(`${verdict === "approve" ? "approved" : "rejected"} ${shortOf(id)}`);
+        await ML.show("teams");
+      } catch (e) { toast(String(e.message || e), true); }
+    };
+    const keep = async (conflict, side) => {
+      try {
+        await post(`conflicts/${conflict}/keep`, { keep: side });
+        toast(`kept ${shortOf(side)}, the other side rejected`);
         await ML.show("teams");
       } catch (e) { toast(String(e.message || e), true); }
     };
@@ -73,7 +101,7 @@ window.MemLensViews = function (ML) {
     const rate = (m) => (m.adoption_rate === null ? "–" : `${pct(m.adoption_rate)} (${m.adopted}/${m.adopted + m.rejected})`);
     const byTeam = {};
     t.grants.forEach((g) => { (byTeam[g.team_id] = byTeam[g.team_id] || []).push(g); });
-    fill(main, el("h2", { text: "Teams" }),
+    fill(main, el("h2", { text: "Teams" }), filterBar(() => ML.show("teams"), TEAM_FILTERS, null, "teams-filters"),
       el("div", { class: "card" }, el("h3", { text: "Scopes and grants" }),
         Object.keys(byTeam).length ? el("table", { id: "grants-table" }, el("tr", {}, ["team", "agent", "read", "write"].map((h) => el("th", { text: h }))),
           Object.entries(byTeam).map(([team, gs]) => gs.map((g) => el("tr", {}, el("td", { text: team }), el("td", { text: g.agent_id }),
@@ -90,8 +118,8 @@ window.MemLensViews = function (ML) {
           el("div", { class: "sides" }, c.sides.map((m) => el("div", { class: "side card" },
             el("div", {}, el("code", { text: m.short_id }), ` ${m.kind} · ${m.agent_id || "?"} · confidence ${num(m.confidence, 2)}`),
             el("p", { text: m.preview }),
-            canWrite() ? el("button", { class: "keep-button", text: "Keep this side", onclick: () => review(m.id, "approve") }) : null))),
-          canWrite() ? el("div", { class: "actions" }, el("button", { text: "Not a conflict", onclick: () => review(c.id, "reject") })) : null))
+            canWrite() ? el("button", { class: "keep-button", "data-id": m.id, text: "Keep this side", title: "keep this side (approved), reject the other", onclick: () => keep(c.id, m.id) }) : null))),
+          canWrite() ? el("div", { class: "actions" }, el("button", { class: "not-conflict-button", "data-id": c.id, text: "Not a conflict", title: "close the conflict, keep both sides", onclick: () => review(c.id, "reject") })) : null))
           : el("p", { class: "muted", text: "No open conflicts." })),
       el("div", { class: "card" }, el("h3", { text: "Team knowledge: what guidance draws on" }),
         el("table", { id: "knowledge-table" }, el("tr", {}, ["memory", "kind", "team", "sources (tasks)", "adoption", "confidence", "content"].map((h) => el("th", { text: h }))),
@@ -101,22 +129,26 @@ window.MemLensViews = function (ML) {
       el("div", { class: "card" }, el("h3", { text: `Guidance blocks (newest ${t.guidance.length})` }),
         t.guidance.length ? t.guidance.map((g) => el("details", { class: "guidance" },
           el("summary", { text: `#${g.seq} ${g.agent_id}: “${g.task}” · ${g.tokens}/${g.budget} tokens · ${g.items.length} lines` }),
-          el("table", {}, el("tr", {}, ["section", "line", "sources", "adoption"].map((h) => el("th", { text: h }))),
+          el("table", { class: "guidance-items" }, el("tr", {}, ["section", "line", "sources", "adoption"].map((h) => el("th", { text: h }))),
             g.items.map((i) => el("tr", { class: "clickable", onclick: () => ML.inspect(i.id) }, el("td", { text: i.section }), el("td", { text: i.line }),
-              el("td", { text: (i.source_tasks || []).join(", ") || "–" }), el("td", { text: i.adoption_rate === null ? "–" : pct(i.adoption_rate) }))))))
+              el("td", { class: "sources", text: (i.source_tasks || []).join(", ") || "–" }),
+              el("td", { class: "adoption", title: "adopted / (adopted + rejected) by the agents that got this line", text: i.adoption_rate === null ? "–" : pct(i.adoption_rate) }))))))
           : el("p", { class: "muted", text: "No guidance built yet (Harness.guidance)." })));
   }
 
   // ---- what-if replay -------------------------------------------------------------------------------------
+  // The parameters live in state.whatif and in the URL (wi.*), so a link replays the same comparison.
   async function viewWhatIf(main) {
     if (!state.session) return noSession(main, "What-if replay");
-    const w = state.whatif || (state.whatif = { budget: "", working_items: "", working_tokens: "", weights: "" });
-    const input = (k, placeholder, size) => el("input", { id: `whatif-${k}`, placeholder, size: size || 8, value: w[k], onchange: (e) => { w[k] = e.target.value.trim(); } });
+    const w = state.whatif;
+    const input = (k, placeholder, size) => el("input", { id: `whatif-${k}`, placeholder, size: size || 8, value: w[k], onchange: (e) => { w[k] = e.target.value.trim(); ML.writeHash(); } });
     const result = el("div", { id: "whatif-result" });
     const run = async () => {
+      ML.writeHash();
       fill(result, el("p", { class: "muted", text: "replaying the session offline…" }));
       try {
         const r = await api("whatif" + qs(Object.assign({ session: state.session }, w)));
+        state.whatifView = { q: "", dropped: false, offset: 0 };
         renderReport(result, r);
       } catch (e) { fill(result, el("div", { class: "card" }, String(e.message || e))); }
     };
@@ -130,26 +162,45 @@ window.MemLensViews = function (ML) {
     if (w.budget || w.working_items || w.working_tokens || w.weights) await run();
   }
 
+  const BUILD_COLUMNS = ["seq", "query", "tokens_a", "tokens_b", "lines_in", "lines_out", "needed", "kept_a", "kept_b", "dropped_needed"];
+
   function renderReport(box, r) {
     const rows = [["prompt tokens", "tokens", String], ["evidence kept", "evidence_kept", pct], ["eviction regret", "eviction_regret", String],
-      ["working-tier hit rate", "working_hit_rate", pct], ["paged out of working", "evicted", String], ["recorded lines kept", "recorded_kept", pct]];
+      ["working-tier hit rate (cited lines)", "working_hit_rate", pct], ["paged out of working", "evicted", String], ["recorded lines kept", "recorded_kept", pct]];
     const hints = { evidence_kept: "the share of what the recorded outputs cited that the replayed prompts held",
       eviction_regret: "memories paged out of working that a later build needed and left out",
-      working_hit_rate: "needed memories found in the pinned or working section of the build",
+      working_hit_rate: ML.HIT_RATE_REPLAY,
       recorded_kept: "how closely the replay reproduces the live prompts (near 100% for A)" };
+    const v = state.whatifView || (state.whatifView = { q: "", dropped: false, offset: 0 });
+    const shown = r.builds.filter((d) => (!v.dropped || d.dropped_needed.length) && (!v.q || d.query.toLowerCase().includes(v.q.toLowerCase())));
+    const again = () => renderReport(box, r);
+    const ids = (list) => (list.length ? list.map((id) => el("code", { class: "sid", text: shortOf(id) })) : "–");
+    const exportAs = (fmt) => {
+      const name = `memlens-whatif-${state.session}.${fmt}`;
+      if (fmt === "csv") ML.saveText(ML.toCsv(shown, BUILD_COLUMNS), name, "text/csv");
+      else ML.saveText(ML.toJsonl([{ summary: { a: r.a, b: r.b }, params: Object.assign({}, state.whatif) }, ...shown]), name, "application/x-ndjson");
+    };
+    const page = shown.slice(v.offset, v.offset + BUILDS_PAGE);
     fill(box,
       el("div", { class: "card" }, el("h3", { text: "Aggregate effect" }),
         el("table", { id: "whatif-summary" }, el("tr", {}, ["", "A: current", "B: changed"].map((h) => el("th", { text: h }))),
-          rows.map(([label, key, fmt]) => el("tr", { title: hints[key] || "" }, el("td", { text: label }),
+          rows.map(([label, key, fmt]) => el("tr", { title: hints[key] || "", "data-key": key }, el("td", { text: label }),
             el("td", { text: r.a[key] === null ? "–" : fmt(r.a[key]) }), el("td", { class: r.b[key] !== r.a[key] ? "changed" : "", text: r.b[key] === null ? "–" : fmt(r.b[key]) }))))),
-      el("div", { class: "card" }, el("h3", { text: `Per context build (${r.builds.length})` }),
-        el("table", { id: "whatif-builds" }, el("tr", {}, ["build", "query", "tokens A → B", "lines in", "lines out", "needed kept A / B", "dropped"].map((h) => el("th", { text: h }))),
-          r.builds.map((d) => el("tr", { class: d.dropped_needed.length ? "dropped" : "" },
+      el("div", { class: "card" }, el("h3", { text: `Per context build (${shown.length} of ${r.builds.length})` }),
+        el("div", { class: "toolbar filters", id: "whatif-filters" },
+          el("input", { type: "search", id: "whatif-q", placeholder: "query text…", size: 14, value: v.q, onchange: (e) => { v.q = e.target.value; v.offset = 0; again(); } }),
+          el("label", {}, el("input", { type: "checkbox", id: "whatif-dropped", checked: v.dropped || null, onchange: (e) => { v.dropped = e.target.checked; v.offset = 0; again(); } }),
+            " only builds that dropped a needed memory"),
+          el("span", { class: "spacer" }), exportButtons("whatif", exportAs, "the per-build comparison shown (JSONL: the aggregate first)")),
+        el("table", { id: "whatif-builds", class: "fit" }, el("tr", {}, [["build", "w-build"], ["query", ""], ["tokens A → B", "w-tokens"], ["lines in", "w-ids wide-only"], ["lines out", "w-ids wide-only"],
+          ["needed kept A / B", "w-kept"], ["dropped", "w-ids"]].map(([h, c]) => el("th", { class: c, text: h }))),
+          page.map((d) => el("tr", { class: "whatif-build" + (d.dropped_needed.length ? " dropped" : ""), "data-seq": d.seq },
             el("td", {}, el("a", { href: "#", text: `#${d.seq}`, onclick: (e) => { e.preventDefault(); state.context = d.seq; ML.show("contexts"); } })),
-            el("td", { text: d.query.slice(0, 60) }), el("td", { text: `${d.tokens_a} → ${d.tokens_b}` }),
-            el("td", { text: d.lines_in.map(shortOf).join(" ") || "–" }), el("td", { text: d.lines_out.map(shortOf).join(" ") || "–" }),
-            el("td", { text: `${d.kept_a.length} / ${d.kept_b.length} of ${d.needed.length}` }),
-            el("td", {}, d.dropped_needed.map((id) => el("a", { href: "#", class: "memlink dropped-id", text: shortOf(id) + " ", onclick: (e) => { e.preventDefault(); ML.inspect(id); } }))))))));
+            el("td", { class: "clip", title: d.query, text: d.query }), el("td", { class: "nowrap", text: `${d.tokens_a} → ${d.tokens_b}` }),
+            el("td", { class: "ids wide-only" }, ids(d.lines_in)), el("td", { class: "ids wide-only" }, ids(d.lines_out)),
+            el("td", { class: "nowrap", text: `${d.kept_a.length} / ${d.kept_b.length} of ${d.needed.length}` }),
+            el("td", { class: "ids" }, d.dropped_needed.map((id) => el("a", { href: "#", class: "memlink dropped-id sid", text: shortOf(id), onclick: (e) => { e.preventDefault(); ML.inspect(id); } })))))),
+        ML.pager({ total: shown.length, offset: v.offset, limit: BUILDS_PAGE }, (o) => { v.offset = o; again(); })));
   }
 
   return { trace: viewTrace, teams: viewTeams, whatif: viewWhatIf };

@@ -16,6 +16,7 @@ from typing import Any
 
 from clawvm.core.errors import NotFoundError
 from clawvm.core.model import Filters, Kind, Memory, Status
+from clawvm.dashboard.views import RowFilter
 from clawvm.harness import Harness
 from clawvm.observe.lens import ContextBuild, Lens, Row
 from clawvm.replay import Policy, replay, variant
@@ -100,29 +101,43 @@ def _step_order(step: _Step) -> tuple[datetime, int]:
 
 
 def trace(
-    lens: Lens, session: str, task: str | None = None, offset: int = 0, limit: int = TRACE_PAGE
+    lens: Lens,
+    session: str,
+    task: str | None = None,
+    offset: int = 0,
+    limit: int = TRACE_PAGE,
+    flt: RowFilter | None = None,
 ) -> dict[str, Any]:
     """What happened in ``session`` (and ``task``), in order, as a tree: a tool call under the LLM call
     that asked for it, its result under it, an output under the context build it answered. Each step has
-    its latency, tokens and cost where recorded, and the memory ids."""
+    its latency, tokens and cost where recorded, and the memory ids.
+
+    ``flt`` (the filter bar, its session ignored) keeps the memory steps it matches (a step whose parent
+    is filtered out moves up to the top level) and the builds it matches; a filter only memories have
+    (kind, tool, tag, tier, status) leaves the builds out."""
+    flt = flt or RowFilter()
+    memory_only = any((flt.kind, flt.tool, flt.tag, flt.tier, flt.status))
     lens.refresh()
     with lens.lock:
         of_session = [r for r in lens.rows.values() if r.session_id == session]
         tasks = sorted({r.task_id for r in of_session if r.task_id})
-        rows = [r for r in of_session if task in (None, r.task_id)]
-        builds = [
+        in_task = [r for r in of_session if task in (None, r.task_id)]
+        of_task = [
             b
             for b in lens.contexts.values()
             if b.scope.get("session_id") == session and task in (None, b.scope.get("task_id"))
         ]
-    if not rows and not builds:
+    if not in_task and not of_task:
         raise NotFoundError("session", session if task is None else f"{session} / task {task}")
+    rows = [r for r in in_task if flt.keep(r)]
+    builds = [] if memory_only else [b for b in of_task if flt.keeps_build(b)]
     roots = _tree(rows, builds)
     roots.sort(key=_step_order)
     return {
         "session": session,
         "task": task,
         "tasks": tasks,
+        "unfiltered": len(in_task) + len(of_task),
         "total": len(roots),
         "offset": offset,
         "limit": limit,
@@ -232,23 +247,46 @@ def revisions(h: Harness, memory_id: str) -> dict[str, Any]:
 TEAM_LIST = 100
 
 
-def teams(lens: Lens, h: Harness) -> dict[str, Any]:
+def teams(lens: Lens, h: Harness, flt: RowFilter | None = None) -> dict[str, Any]:
     """The teams face: grants per team, the review queue, open conflicts with both sides, and the team
-    knowledge guidance draws on, with its sources and adoption rates (and the latest guidance builds)."""
+    knowledge guidance draws on, with its sources and adoption rates (and the latest guidance builds).
+
+    ``flt`` (the filter bar: text, kind, agent, tag, date range) narrows each list to what it applies to:
+    a conflict stays when either side (or its note) matches, a guidance build by its agent, task text and
+    date, a grant by its agent."""
+    flt = flt or RowFilter()
     lens.refresh()
-    queue = shared.review_queue(h)[:TEAM_LIST]
-    conflicts = [_conflict(h, note) for note in shared.open_conflicts(h)[:TEAM_LIST]]
+    queue = [m for m in shared.review_queue(h) if _keeps(flt, m)][:TEAM_LIST]
+    conflicts = [c for c in (_conflict(h, note, flt) for note in shared.open_conflicts(h)) if c][:TEAM_LIST]
     knowledge = Filters.of(tenant=h.tenant, status=Status.ACTIVE, kind=list(shared.TEAM_KINDS))
     team_memories = [m for m in h.store.page(knowledge, None, TEAM_LIST, newest_first=True) if m.team_id]
     with lens.lock:
         guidance = list(lens.guidance_events)
     return {
-        "grants": [g.__dict__ for g in shared.grants(h)],
+        "grants": [g.__dict__ for g in shared.grants(h) if not flt.agent or g.agent_id == flt.agent],
         "review": [_team_memory(m) for m in queue],
         "conflicts": conflicts,
-        "knowledge": [_team_memory(m) for m in team_memories],
-        "guidance": [_guidance_build(e) for e in reversed(guidance)],
+        "knowledge": [_team_memory(m) for m in team_memories if _keeps(flt, m)],
+        "guidance": [_guidance_build(e) for e in reversed(guidance) if _keeps_guidance(flt, e)],
     }
+
+
+def _keeps(flt: RowFilter, m: Memory) -> bool:
+    """Whether a team memory passes the filter bar (what applies to one: text, kind, agent, tag, dates)."""
+    wanted = ((flt.kind, m.kind.value), (flt.agent, m.agent_id), (flt.tier, m.tier.value))
+    if any(want and want != have for want, have in wanted) or (flt.tag and flt.tag not in m.tags):
+        return False
+    if (flt.since and m.created_at < flt.since) or (flt.until and m.created_at > flt.until):
+        return False
+    return not flt.q or flt.q.lower() in m.content.lower() or m.id.endswith(flt.q.lower())
+
+
+def _keeps_guidance(flt: RowFilter, e: Event) -> bool:
+    if flt.agent and e.data.get("agent_id") != flt.agent:
+        return False
+    if (flt.since and e.at < flt.since) or (flt.until and e.at > flt.until):
+        return False
+    return not flt.q or flt.q.lower() in str(e.data.get("task", "")).lower()
 
 
 def _guidance_build(e: Event) -> dict[str, Any]:
@@ -274,9 +312,12 @@ def _team_memory(m: Memory) -> dict[str, Any]:
     }
 
 
-def _conflict(h: Harness, note: Memory) -> dict[str, Any]:
-    sides = h.store.get_many(sorted(shared.conflict_sides(note)))
-    return {**_team_memory(note), "sides": [_team_memory(m) for m in sides.values()]}
+def _conflict(h: Harness, note: Memory, flt: RowFilter) -> dict[str, Any] | None:
+    """The conflict with both sides, or None when neither side (nor the note) passes the filter bar."""
+    sides = list(h.store.get_many(sorted(shared.conflict_sides(note))).values())
+    if not any(_keeps(flt, m) for m in [note, *sides]):
+        return None
+    return {**_team_memory(note), "sides": [_team_memory(m) for m in sides]}
 
 
 # ---- what-if replay -------------------------------------------------------------------------------------

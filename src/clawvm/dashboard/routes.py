@@ -97,6 +97,12 @@ class FilterQuery(BaseModel):
         return views.RowFilter(**{**given, "since": _utc(self.since), "until": _utc(self.until)})
 
 
+class TraceQuery(FilterQuery):
+    """A trace's query: its session (required), the filter bar for its steps."""
+
+    session: str = Field(min_length=1, max_length=500)  # required here
+
+
 def _utc(t: datetime | None) -> datetime | None:
     return None if t is None else as_utc(t)
 
@@ -125,6 +131,13 @@ class ReviseBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     content: str = Field(min_length=1, max_length=100_000)
     expected_version: int | None = Field(default=None, ge=1)
+
+
+class KeepBody(BaseModel):
+    """The side of a conflict to keep (the others are rejected)."""
+
+    model_config = ConfigDict(extra="forbid")
+    keep: str = Field(min_length=1, max_length=200)
 
 
 class ReviewBody(BaseModel):
@@ -180,8 +193,11 @@ def create_router(
         return {**out, "seq": lens.seq}  # the newest event seen: where the page's live event stream starts
 
     @router.get("/api/sessions")
-    def sessions(h: Reader, offset: Offset = 0, limit: Limit = 50, q: str = "") -> dict[str, Any]:
-        return views.sessions(lens_for(h), offset, limit, q)
+    def sessions(
+        h: Reader, flt: Annotated[FilterQuery, Query()], offset: Offset = 0, limit: Limit = 50
+    ) -> dict[str, Any]:
+        only = views.SessionFilter(q=flt.q, agent=flt.agent, since=_utc(flt.since), until=_utc(flt.until))
+        return views.sessions(lens_for(h), offset, limit, flt=only)
 
     @router.get("/api/memories")
     def memories(
@@ -234,6 +250,25 @@ def create_router(
     ) -> dict[str, Any]:
         return views.contexts(lens_for(h), flt.as_filter(), offset, limit)
 
+    @router.get(
+        "/api/contexts/export",
+        response_class=Response,
+        responses={
+            200: {
+                "content": {"application/x-ndjson": {}, "text/csv": {}},
+                "description": "the builds of the selection, one a line (jsonl) or a row (csv)",
+            }
+        },
+    )
+    def contexts_export(
+        h: Reader,
+        flt: Annotated[FilterQuery, Query()],
+        fmt: Annotated[str, Query(alias="format", pattern="^(jsonl|csv)$")] = "jsonl",
+    ) -> Response:
+        body, media = views.export_contexts(lens_for(h), flt.as_filter(), fmt)
+        headers = {"Content-Disposition": f'attachment; filename="memlens-contexts.{fmt}"'}
+        return Response(body, media_type=media, headers=headers)
+
     @router.get("/api/contexts/diff")
     def context_diff(h: Reader, a: int, b: int) -> dict[str, Any]:
         return debug.context_diff(lens_for(h), a, b)
@@ -245,20 +280,21 @@ def create_router(
     @router.get("/api/trace")
     def trace(
         h: Reader,
-        session: Annotated[str, Query(min_length=1, max_length=500)],
+        flt: Annotated[TraceQuery, Query()],
         task: Session = None,
         offset: Offset = 0,
         limit: Limit = debug.TRACE_PAGE,
     ) -> dict[str, Any]:
-        return debug.trace(lens_for(h), session, task, offset, limit)
+        rows = flt.model_copy(update={"session": None}).as_filter()  # the trace's session, not a filter
+        return debug.trace(lens_for(h), flt.session, task or None, offset, limit, rows)
 
     @router.get("/api/memories/{memory_id}/revisions")
     def revisions(h: Reader, memory_id: str) -> dict[str, Any]:
         return debug.revisions(h, memory_id)
 
     @router.get("/api/teams")
-    def teams_view(h: Reader) -> dict[str, Any]:
-        return debug.teams(lens_for(h), h)
+    def teams_view(h: Reader, flt: Annotated[FilterQuery, Query()]) -> dict[str, Any]:
+        return debug.teams(lens_for(h), h, flt.as_filter())
 
     @router.get("/api/whatif")
     def what_if(
@@ -397,6 +433,11 @@ def create_router(
     def approve(h: Writer, memory_id: str, body: ReviewBody) -> dict[str, Any]:
         m = h.approve(memory_id, by="dashboard")
         return {"id": m.id, "review": m.metadata.get("review")}
+
+    @router.post("/api/conflicts/{conflict_id}/keep")
+    def keep_side(h: Writer, conflict_id: str, body: KeepBody) -> dict[str, Any]:
+        kept = h.resolve_conflict(conflict_id, keep=body.keep, by="dashboard")
+        return {"id": conflict_id, "kept": kept.id, "review": kept.metadata.get("review")}
 
     @router.post("/api/review/{memory_id}/reject")
     def reject(h: Writer, memory_id: str, body: ReviewBody) -> dict[str, Any]:

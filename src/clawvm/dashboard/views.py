@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import csv
 import io
+import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -51,7 +52,30 @@ def _ms(t: datetime) -> int:
 
 
 # ---- sessions ---------------------------------------------------------------------------------------------
-def sessions(lens: Lens, offset: int = 0, limit: int = 50, q: str = "") -> dict[str, Any]:
+@dataclass(frozen=True)
+class SessionFilter:
+    """What the sessions list can be narrowed by: text of the session id, an agent that wrote in it, and a
+    date range its activity overlaps."""
+
+    q: str = ""
+    agent: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def keep(self, sid: str, rows: list[Row]) -> bool:
+        if self.q and self.q.lower() not in sid.lower():
+            return False
+        if self.agent and all(r.agent_id != self.agent for r in rows):
+            return False
+        if self.since and max(r.last_used for r in rows) < self.since:
+            return False
+        return not (self.until and min(r.created_at for r in rows) > self.until)
+
+
+def sessions(
+    lens: Lens, offset: int = 0, limit: int = 50, q: str = "", flt: SessionFilter | None = None
+) -> dict[str, Any]:
+    flt = flt or SessionFilter(q=q)
     lens.refresh()
     with lens.lock:
         groups: dict[str, list[Row]] = defaultdict(list)
@@ -62,7 +86,7 @@ def sessions(lens: Lens, offset: int = 0, limit: int = 50, q: str = "") -> dict[
         )
         out = []
         for sid, rows in groups.items():
-            if q and q.lower() not in sid.lower():
+            if not flt.keep(sid, rows):
                 continue
             tiers = Counter(r.tier for r in rows if r.status == "active")
             out.append(
@@ -189,6 +213,37 @@ def export(lens: Lens, flt: RowFilter, fmt: str) -> tuple[str, str]:
 
 
 EXPORT_PAGE = 500
+CONTEXT_COLUMNS = (
+    "seq", "at", "session_id", "task_id", "agent_id", "query", "tokens", "budget", "lines", "cited",
+)  # fmt: skip
+
+
+def export_contexts(lens: Lens, flt: RowFilter, fmt: str) -> tuple[str, str]:
+    """The context builds the filter bar keeps, newest first: JSONL (each build with its manifest and
+    output) or CSV (one row a build)."""
+    lens.refresh()
+    with lens.lock:
+        builds = sorted((b for b in lens.contexts.values() if flt.keeps_build(b)), key=lambda b: -b.seq)
+        if fmt == "csv":
+            out = io.StringIO()
+            writer = csv.writer(out)
+            writer.writerow(CONTEXT_COLUMNS)
+            for b in builds:
+                d = {**b.summary(), **{k: b.scope.get(k) for k in ("session_id", "task_id", "agent_id")}}
+                writer.writerow([d[c] for c in CONTEXT_COLUMNS])
+            return out.getvalue(), "text/csv; charset=utf-8"
+        lines = [
+            json.dumps(
+                {
+                    **b.summary(),
+                    "manifest": b.manifest,
+                    "output": None if b.output is None else {"text": b.output.text, "cited": b.output.cited},
+                },
+                default=str,
+            )
+            for b in builds
+        ]
+    return "".join(line + "\n" for line in lines), "application/x-ndjson"
 
 
 def parse_weights(text: str) -> dict[str, float]:
