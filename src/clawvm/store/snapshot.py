@@ -667,6 +667,15 @@ def _flagged(
     return Overlay(base, present, lambda: int(np.count_nonzero(has)), None if values is None else pairs)
 
 
+def _array_of(typecode: str, a: np.ndarray) -> array[Any]:
+    """A typed array holding ``a``'s items (same item type), by one copy of its bytes: a term's postings
+    are copied out of the mapped file on the first write that touches it (a record's), and
+    ``array(typecode, a.tobytes())`` took ~45x as long (~0.6 ms at 60k postings against ~14 us)."""
+    out = array(typecode)
+    out.frombytes(np.ascontiguousarray(a).data.cast("B"))
+    return out
+
+
 def _lexical(view: Callable[[str], np.ndarray], state: dict[str, Any]) -> LexicalIndex:
     lex = LexicalIndex.__new__(LexicalIndex)
     lex.analyzer = Analyzer(state["language"])
@@ -681,8 +690,7 @@ def _lexical(view: Callable[[str], np.ndarray], state: dict[str, Any]) -> Lexica
 
     def postings_at(i: int) -> _Postings:
         p = _Postings.__new__(_Postings)  # not __init__: its empty arrays would be thrown away at once
-        p.rows = array("q", csr(off, rows, i).tobytes())
-        p.tfs = array("f", csr(off, tfs, i).tobytes())
+        p.rows, p.tfs = _array_of("q", csr(off, rows, i)), _array_of("f", csr(off, tfs, i))
         p.df = dict(zip(csr(df_off, df_group, i).tolist(), csr(df_off, df_count, i).tolist(), strict=True))
         p.cache, p.by_row, p.group_cache = None, None, {}
         return p

@@ -19,7 +19,7 @@ import secrets
 import sqlite3
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -514,17 +514,18 @@ class SQLiteStore(Store):
         self._rev = newest
 
     @contextmanager
-    def _write(self, action: str) -> Iterator[tuple[sqlite3.Connection, int]]:
-        """A write transaction holding SQLite's write lock, caught up first, with its new ``rev``."""
+    def _write(
+        self, action: str, events: Sequence[Event] = ()
+    ) -> Iterator[tuple[sqlite3.Connection, int, dict[str, int]]]:
+        """A write transaction holding SQLite's write lock, caught up first, with its new ``rev`` and, for
+        ``events`` (the ones it will insert), each tenant's event counter after taking their numbers."""
         with self._lock, _translated(action):
             db = self._db
             db.execute("BEGIN IMMEDIATE")
             try:
                 self._catch_up()
-                rev = db.execute(
-                    "UPDATE counters SET value = value + 1 WHERE name = 'rev' RETURNING value"
-                ).fetchone()[0]
-                yield db, rev
+                rev, counted = _take_counters(db, events)
+                yield db, rev, counted
                 db.execute("COMMIT")
                 if self._checkpointer is not None:
                     self._checkpointer.committed()
@@ -560,7 +561,7 @@ class SQLiteStore(Store):
     def put_many(self, memories: Sequence[Memory]) -> None:
         if not memories:
             return
-        with self._write("put") as (db, rev):
+        with self._write("put") as (db, rev, _counted):
             self._put_rows(db, rev, memories)
 
     def write(
@@ -578,9 +579,9 @@ class SQLiteStore(Store):
         if vectors is not None:
             ids, rows = leading_vectors(memories, vectors, self.dim)
             vectors_of = dict(zip(ids, normalize(rows), strict=True))
-        with self._write("write") as (db, rev):
+        with self._write("write", events) as (db, rev, counted):
             self._put_rows(db, rev, memories, vectors_of)
-            self._insert_events(db, events)
+            self._insert_events(db, events, counted)
 
     def _put_rows(
         self,
@@ -675,7 +676,7 @@ class SQLiteStore(Store):
         unique = list(dict.fromkeys(ids))
         if not unique:
             return 0
-        with self._write("delete") as (db, rev):
+        with self._write("delete") as (db, rev, _counted):
             n = 0
             for memory_id in unique:
                 cur = db.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
@@ -723,7 +724,7 @@ class SQLiteStore(Store):
         self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None
     ) -> None:
         vecs = normalize(check_vectors(len(ids), vectors, self.dim))
-        with self._write("set_vectors") as (db, rev):
+        with self._write("set_vectors") as (db, rev, _counted):
             self._set_vector_rows(db, rev, ids, vecs, contents)
 
     def _set_vector_rows(
@@ -789,18 +790,21 @@ class SQLiteStore(Store):
         return list(dict.fromkeys(out))
 
     def append_events(self, events: Sequence[Event], *, tenant_numbers: bool = False) -> list[int]:
-        with self._write("append_events") as (db, _rev):
-            seqs, numbers = self._insert_events(db, events)
+        with self._write("append_events", events) as (db, _rev, counted):
+            seqs, numbers = self._insert_events(db, events, counted)
             return numbers if tenant_numbers else seqs
 
     @staticmethod
-    def _insert_events(db: sqlite3.Connection, events: Sequence[Event]) -> tuple[list[int], list[int]]:
+    def _insert_events(
+        db: sqlite3.Connection, events: Sequence[Event], counted: Mapping[str, int] | None = None
+    ) -> tuple[list[int], list[int]]:
         """Insert ``events`` in one statement; returns their seqs and their numbers in their tenants' own
         sequences. The write lock is held and ``seq`` is AUTOINCREMENT, so one batch's seqs are consecutive
-        and end at the connection's last rowid."""
+        and end at the connection's last rowid. ``counted``: the tenants' counters as :meth:`_write` left
+        them after taking these events' numbers (else they are taken here)."""
         if not events:
             return [], []
-        numbers = _tenant_numbers(db, events)
+        numbers = _tenant_numbers(db, events) if counted is None else _numbers_from(events, counted)
         db.executemany(
             "INSERT INTO events (at, tenant, kind, memory_id, data, tenant_seq) VALUES (?,?,?,?,?,?)",
             [
@@ -814,7 +818,7 @@ class SQLiteStore(Store):
     def import_events(self, events: Sequence[Event], tenant_numbers: Sequence[int] | None = None) -> None:
         if not events:
             return
-        with self._write("import_events") as (db, _rev):
+        with self._write("import_events") as (db, _rev, _counted):
             newest = db.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
             check_import(events, int(newest))
             numbers = list(tenant_numbers) if tenant_numbers is not None else _tenant_numbers(db, events)
@@ -844,7 +848,11 @@ class SQLiteStore(Store):
             )
 
     def delete_events_upto(self, seq: int) -> int:
-        with self._write("delete_events") as (db, _rev):  # AUTOINCREMENT: deleted seqs are never reused
+        with self._write("delete_events") as (
+            db,
+            _rev,
+            _counted,
+        ):  # AUTOINCREMENT: deleted seqs are never reused
             return int(db.execute("DELETE FROM events WHERE seq <= ?", (seq,)).rowcount)
 
     def read_events(
@@ -907,6 +915,30 @@ class SQLiteStore(Store):
         with self._lock, _translated("list_credentials"):
             rows = self._db.execute(sql, args).fetchall()
         return [Credential(t, k, n, json.loads(d), int(v)) for t, k, n, v, d in rows]
+
+
+def _take_counters(db: sqlite3.Connection, events: Sequence[Event]) -> tuple[int, dict[str, int]]:
+    """The transaction's new ``rev`` and, for ``events``, each tenant's event counter after their numbers
+    are taken: one statement for all of them (a record's write took two, ~20 us each)."""
+    counts = Counter(e.tenant for e in events)
+    names = [("rev", 1), *((EVENTS_COUNTER + tenant, n) for tenant, n in sorted(counts.items()))]
+    rows = db.execute(
+        f"INSERT INTO counters VALUES {','.join(['(?, ?)'] * len(names))}"
+        " ON CONFLICT (name) DO UPDATE SET value = value + excluded.value RETURNING name, value",
+        [x for pair in names for x in pair],
+    ).fetchall()
+    after = {str(name): int(value) for name, value in rows}  # RETURNING's row order is unspecified
+    return after.pop("rev"), {name.removeprefix(EVENTS_COUNTER): value for name, value in after.items()}
+
+
+def _numbers_from(events: Sequence[Event], counted: Mapping[str, int]) -> list[int]:
+    """Each event's number in its tenant's sequence, given the counters after the batch took them."""
+    following = {tenant: counted[tenant] - n + 1 for tenant, n in Counter(e.tenant for e in events).items()}
+    out = []
+    for e in events:
+        out.append(following[e.tenant])
+        following[e.tenant] += 1
+    return out
 
 
 def _tenant_numbers(db: sqlite3.Connection, events: Sequence[Event]) -> list[int]:

@@ -95,6 +95,10 @@ class PagerConfig:
     working_high: float = 1.0
     working_low: float = 0.75
     background: bool = True  # a pager thread per harness runs a pass as soon as a session comes due
+    # records come first: a background pass gives way (waits, GIL released) at its steps while a record()
+    # is in flight, at most this many milliseconds in all per pass, then goes on regardless (so continuous
+    # records from several threads cannot starve it); 0 never gives way
+    give_way_ms: float = 50.0
     session_idle_hours: float = 2.0  # on tick, a session untouched this long pages its working tier out
     # seconds one pass (a tick, an enforce, an expire, a move) may wait on LLM endpoints in all (a hung
     # summarizer endpoint would otherwise cost its timeout once per memory archived); once spent, the rest
@@ -102,6 +106,8 @@ class PagerConfig:
     endpoint_budget_s: float = 10.0
 
     def __post_init__(self) -> None:
+        if self.give_way_ms < 0:
+            raise ValidationError("give_way_ms", f"is {self.give_way_ms}", "pass 0 or more milliseconds")
         if not 0.0 < self.working_low <= self.working_high <= 1.0:
             raise ValidationError(
                 "working_low",
@@ -156,6 +162,10 @@ def one_pager_pass(method: Callable[Concatenate[_O, _P], _R]) -> Callable[Concat
     return run
 
 
+def _no_wait() -> None:
+    return None
+
+
 class Pager:
     """Applies :class:`PagerConfig` to a store. Stateless between calls: the store is the truth."""
 
@@ -170,6 +180,9 @@ class Pager:
         self.writer = writer  # every move is a write of the one commit path
         self.config = config or PagerConfig()
         self._compress = compress  # set by the harness: compresses a memory on its way to archive
+        # called between the steps of a pass (before each tier it checks, before each write): a background
+        # pass waits there while a record is in flight (see WorkingTiers.recording); else it returns at once
+        self.give_way: Callable[[], None] = _no_wait
 
     def value_now(self, memory: Memory, now: datetime) -> float:
         return value(memory, now, self.config.scoring)
@@ -218,6 +231,7 @@ class Pager:
             before = value(current, now, self.config.scoring)
             return _move_event(kind, current, to, before, after.value, reason, now, current.tier)
 
+        self.give_way()
         moved = self.mutate(memory, lambda _m: {**changes, "tier": to}, now, event=moved_event)
         if to is Tier.ARCHIVE and self._compress is not None:
             try:
@@ -267,6 +281,7 @@ class Pager:
         moved: list[Memory] = []
         cfg = self.config
         for tier, below in pairwise(ORDER[1:] if lower_only else ORDER):
+            self.give_way()
             items, tokens = cfg.budgets.limits(tier)
             if lower_only and tier is not Tier.SHORT_TERM and not moved:
                 break  # only short-term grew (the working tier shed into it), and it gave nothing down
@@ -358,6 +373,7 @@ class Pager:
         if not memories:
             return []
         changed, events = self._demotions(memories, to, reason, now)
+        self.give_way()
         try:
             return self.writer.write(changed, None, events)
         except ConflictError:  # each from its stored version, if it is still in the tier it was chosen from

@@ -25,7 +25,9 @@ move in the session, a context build with the session, ``tick()`` paging out) br
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 
 import numpy as np
@@ -56,6 +58,12 @@ class WorkingTiers:
         self._due: dict[tuple[str, str], None] = {}
         self._lock = threading.RLock()  # held by admit while it writes, and so while it is told of it
         self._pass_lock = threading.Lock()  # one pager pass at a time (background or a lifecycle boundary)
+        # records in flight, and the background pass's deadline for giving way to them (see recording())
+        self._in_flight = 0
+        self._quiet = threading.Condition(threading.Lock())
+        self._give_way_until: float | None = None  # set while a background pass runs; its thread's alone
+        self._pass_thread: int | None = None
+        pager.give_way = self._give_way
 
     def __len__(self) -> int:
         return len(self._members)
@@ -128,19 +136,55 @@ class WorkingTiers:
                 self._due[key] = None
             return stored
 
-    def run_pass(self, now: datetime) -> list[Memory]:
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        """Around a ``record()``: a background pager pass gives way while one is in flight (records come
+        first; a pass overlapping one made it wait on the GIL and the store's lock, the record p95's tail)."""
+        with self._quiet:
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._quiet:
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self._quiet.notify_all()
+
+    def _give_way(self) -> None:
+        """The pager's step boundary: in a background pass, wait (GIL released) while records are in flight,
+        until the pass's give-way time is spent; anywhere else, return at once."""
+        until = self._give_way_until
+        if until is None or self._pass_thread != threading.get_ident():
+            return
+        with self._quiet:
+            while self._in_flight:
+                left = until - time.monotonic()
+                if left <= 0 or not self._quiet.wait(left):
+                    return
+
+    def run_pass(self, now: datetime, give_way_s: float = 0.0) -> list[Memory]:
         """One pager pass: every due session's working tier is paged out to the low watermark and the tiers
-        below are enforced. Returns the memories moved. A pass waits for one already running."""
+        below are enforced. Returns the memories moved. A pass waits for one already running.
+        ``give_way_s``: the most this pass waits, in all, for records in flight (a background pass)."""
         with self._pass_lock:
-            with self._lock:
-                due, self._due = list(self._due), {}
-            moved: list[Memory] = []
-            for tenant, session_id in due:
-                with self._lock:  # the view's members: the pass reads the tier back only when it holds none
-                    held = self._members.get((tenant, session_id))
-                    working = None if held is None else list(held)
-                moved.extend(self.pager.enforce(tenant, session_id, now, to_low=True, working=working))
-            return moved
+            if give_way_s > 0:
+                self._give_way_until = time.monotonic() + give_way_s
+                self._pass_thread = threading.get_ident()
+            try:
+                return self._page_due(now)
+            finally:
+                self._give_way_until = self._pass_thread = None
+
+    def _page_due(self, now: datetime) -> list[Memory]:
+        with self._lock:
+            due, self._due = list(self._due), {}
+        moved: list[Memory] = []
+        for tenant, session_id in due:
+            with self._lock:  # the view's members: the pass reads the tier back only when it holds none
+                held = self._members.get((tenant, session_id))
+                working = None if held is None else list(held)
+            moved.extend(self.pager.enforce(tenant, session_id, now, to_low=True, working=working))
+        return moved
 
 
 class PagerThread:
