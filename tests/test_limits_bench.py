@@ -36,6 +36,7 @@ def test_limits_writes_every_ratio_beside_its_absolute_figures(tmp_path: Path) -
     ]
     assert limits.main(argv) == 0
     res = json.loads(out.read_text())
+    assert isinstance(res["record_ratio_idle_bare"], float) and res["record_ratio_idle_bare"] > 0
     for key in ("open_ratio", "record_ratio", "recall_ratio", "e2e_ratio", "ingest_ratio"):
         assert isinstance(res[key], float) and res[key] > 0, key
         assert key in res["met"]
