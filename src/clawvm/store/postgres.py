@@ -468,9 +468,11 @@ class PostgresStore(Store):
         rows = [_prepare(m) for m in memories]
         self._write("put", lambda conn: self._put(conn, rows))
 
-    def _put(self, conn: psycopg.Connection[Any], rows: list[_Row]) -> None:
-        if any(r.memory.agent_id is not None for r in rows):
-            self._agents.clear()
+    def _put(
+        self, conn: psycopg.Connection[Any], rows: list[_Row], events: Sequence[Event] = ()
+    ) -> list[tuple[int, int]]:
+        """Write ``rows`` (and append ``events``, in the same round trip as the rows' statements); returns
+        the events' numbers as :meth:`_append_events` does."""
         ids = [r.memory.id for r in rows]
         tenants = sorted({esc(r.memory.tenant) or "" for r in rows})
         # the stored rows are locked through their tenants (a lock on one shard when the table is
@@ -492,12 +494,22 @@ class PostgresStore(Store):
                 [list(col) for col in zip(*moving, strict=True)],
             ).fetchall()
         stored = {
-            str(i): _Stored(int(seq), int(v), int(th), bytes(ch), int(dl), bool(sess), str(tenant), bool(emb))
-            for i, seq, v, th, ch, dl, sess, tenant, emb in found
+            str(i): _Stored(
+                int(seq), int(v), int(th), bytes(ch), int(dl), bool(sess), str(tenant), bool(emb), a
+            )
+            for i, seq, v, th, ch, dl, sess, tenant, emb, a in found
         }
         check_versions([r.memory for r in rows], {i: s.version for i, s in stored.items()})
         fresh = [r for r in rows if r.memory.id not in stored]
         updated = [r for r in rows if r.memory.id in stored]
+        # the author names recall strips (Store.agents) change only with a new or re-assigned author: a
+        # bookkeeping write keeps the cached names
+        if any(r.memory.agent_id is not None for r in fresh) or any(
+            (esc(r.memory.tenant), esc(r.memory.agent_id))
+            != (stored[r.memory.id].tenant, stored[r.memory.id].agent)
+            for r in updated
+        ):
+            self._agents.clear()
         # a new text, or a memory moved to another tenant (its postings and entities carry the tenant)
         reindex = [
             r
@@ -574,6 +586,8 @@ class PostgresStore(Store):
                     cur.execute(_ADD_AGENTS, [list(col) for col in zip(*agents, strict=True)])
                 if per_tenant.changed():
                     cur.execute(_ADD_TENANT_STATS, per_tenant.arrays())
+                numbered = self._send_events(conn, events) if events else None
+            return self._numbers(numbered) if numbered is not None else []
         except psycopg.errors.UniqueViolation as exc:
             # another transaction inserted one of these new ids since we looked: this batch lost the race
             taken = re.search(r"\(id, tenant\)=\(([0-9a-f-]{36}), ", exc.diag.message_detail or "")
@@ -645,12 +659,7 @@ class PostgresStore(Store):
             for r, v in zip(rows, normalize(vecs), strict=False):
                 r.vector = v
 
-        def write(conn: psycopg.Connection[Any]) -> None:
-            self._put(conn, rows)
-            if events:
-                self._append_events(conn, events)
-
-        self._write("write", write)
+        self._write("write", lambda conn: self._put(conn, rows, events))
 
     # ---- reads --------------------------------------------------------------------------------------
     def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
@@ -789,6 +798,16 @@ class PostgresStore(Store):
 
     def _append_events(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> list[tuple[int, int]]:
         """Insert ``events``; returns (seq, number in its tenant's sequence) of each, in order."""
+        with conn.pipeline():
+            cur = self._send_events(conn, events)
+        return self._numbers(cur)
+
+    @staticmethod
+    def _numbers(cur: psycopg.Cursor[Any]) -> list[tuple[int, int]]:
+        return sorted((int(r[0]), int(r[1])) for r in cur.fetchall())
+
+    def _send_events(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> psycopg.Cursor[Any]:
+        """Queue the insert of ``events`` (in the caller's pipeline); its cursor returns their numbers."""
         cols: list[list[Any]] = [[], [], [], [], []]
         for e in events:
             for col, v in zip(
@@ -797,12 +816,9 @@ class PostgresStore(Store):
                 strict=True,
             ):
                 col.append(v)
-        with conn.pipeline(), conn.cursor() as cur:
-            # shared with every other appender (no queue); a reader at a hole waits for it (read_events)
-            cur.execute("SELECT pg_advisory_xact_lock_shared(%s, hashtext(%s))", [_EVENTS_LOCK, self.schema])
-            cur.execute(_INSERT_EVENTS, [cols[1], *cols, EVENTS_CHANNEL, f"{self.schema}:"])
-            rows = cur.fetchall()
-        return sorted((int(r[0]), int(r[1])) for r in rows)
+        # shared with every other appender (no queue); a reader at a hole waits for it (read_events)
+        conn.execute("SELECT pg_advisory_xact_lock_shared(%s, hashtext(%s))", [_EVENTS_LOCK, self.schema])
+        return conn.execute(_INSERT_EVENTS, [cols[1], *cols, EVENTS_CHANNEL, f"{self.schema}:"])
 
     def import_events(self, events: Sequence[Event], tenant_numbers: Sequence[int] | None = None) -> None:
         """Insert with the given numbers, then move the sequence past them (later appends follow)."""
@@ -1157,7 +1173,7 @@ _PUT_VECTOR = (
 # what put_many reads of the stored versions of a batch, and the lock it takes on them (in id order, so
 # concurrent batches cannot deadlock)
 _STORED = """SELECT id, seq, version, text_hash, content_hash, doc_len, session_id IS NOT NULL, tenant,
-    embedded FROM memories"""
+    embedded, agent_id FROM memories"""
 _LOCKED = " ORDER BY id FOR UPDATE"
 _INSERT_POSTINGS = """INSERT INTO postings (tenant, term, seq, tf, dl)
     SELECT t.tenant, t.term, m.seq, t.tf, t.dl
@@ -1219,6 +1235,7 @@ class _Stored:
     sessioned: bool
     tenant: str
     embedded: bool
+    agent: str | None
 
 
 @dataclass(slots=True)
