@@ -294,3 +294,26 @@ def test_a_reader_waits_at_a_number_still_in_flight_instead_of_skipping_it(tmp_p
         assert [e.kind for e in got[0]] == ["slow", "fast"] and got[0][-1].seq == fast
     finally:
         store.close()
+
+
+def test_a_sessions_tier_members_are_read_through_the_session(
+    loaded: tuple[PostgresStore, list[Memory], np.ndarray],
+) -> None:
+    """The pager's budget checks and a tracked recall's promotions read some sessions' tier members: the
+    sessions bound the index range (a filter on the tier alone walked the tenant's whole tier)."""
+    store, ms, _ = loaded
+    f = Filters.of(tenant="default", session_id=["s3", "s7"], tier="short_term", status="active")
+    where, args = compile_filters(f)
+    with store._conn("test") as conn:
+        plan = "\n".join(
+            str(r[0])
+            for r in conn.execute(
+                f"EXPLAIN SELECT m.body FROM memories m WHERE {where} ORDER BY m.created_at DESC, m.id DESC"
+                " LIMIT 500",
+                args,
+            )
+        )
+    assert any("Index Cond" in line and "session_id" in line for line in plan.splitlines()), plan
+    assert "Seq Scan" not in plan, plan
+    want = {m.id for m in ms if f.matches(m)}
+    assert want and {m.id for m in store.iter_all(f, newest_first=True)} == want

@@ -170,15 +170,18 @@ MIGRATIONS: tuple[str, ...] = (
     # live in their own table (keyed like memories, by tenant and seq) that bookkeeping never touches;
     # ``embedded`` says which rows have one (the embed worker's backlog comes from its partial index)
     """
-    CREATE TABLE vectors (tenant text NOT NULL, seq bigint NOT NULL, embedding vector({dim}) NOT NULL,
-                          PRIMARY KEY (tenant, seq));
-    ALTER TABLE vectors ALTER COLUMN embedding SET STORAGE PLAIN;
-    INSERT INTO vectors SELECT tenant, seq, embedding FROM memories WHERE embedding IS NOT NULL;
-    ALTER TABLE memories ADD COLUMN embedded boolean NOT NULL DEFAULT false;
-    UPDATE memories SET embedded = true WHERE embedding IS NOT NULL;
-    ALTER TABLE memories DROP COLUMN embedding;
-    CREATE INDEX memories_unembedded ON memories (seq) WHERE NOT embedded;
-    CREATE INDEX vectors_embedding ON vectors USING hnsw (embedding vector_ip_ops);
+    DO $$ BEGIN
+    IF to_regclass('vectors') IS NULL THEN
+        CREATE TABLE vectors (tenant text NOT NULL, seq bigint NOT NULL, embedding vector({dim}) NOT NULL,
+                              PRIMARY KEY (tenant, seq));
+        ALTER TABLE vectors ALTER COLUMN embedding SET STORAGE PLAIN;
+        INSERT INTO vectors SELECT tenant, seq, embedding FROM memories WHERE embedding IS NOT NULL;
+        ALTER TABLE memories ADD COLUMN embedded boolean NOT NULL DEFAULT false;
+        UPDATE memories SET embedded = true WHERE embedding IS NOT NULL;
+        ALTER TABLE memories DROP COLUMN embedding;
+        CREATE INDEX memories_unembedded ON memories (seq) WHERE NOT embedded;
+        CREATE INDEX vectors_embedding ON vectors USING hnsw (embedding vector_ip_ops);
+    END IF; END $$;
     ANALYZE vectors;
     """,
     # a session's tier members (the pager's budget checks, a tracked recall's promotions) by index: the
