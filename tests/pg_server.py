@@ -186,3 +186,21 @@ def store_url(directory: Path, filename: str | None) -> str:
     parts = urlparse(url)
     query = parts.query + ("&" if parts.query else "") + urlencode({"schema": schema})
     return urlunparse(parts._replace(query=query))
+
+
+# what the migration that moved vectors into their own table undoes, keeping the data: each vector back in
+# its memory's row, with the row's partial and HNSW indexes as they were
+VECTORS_IN_ROWS = """
+    ALTER TABLE memories ADD COLUMN embedding vector({dim});
+    ALTER TABLE memories ALTER COLUMN embedding SET STORAGE PLAIN;
+    UPDATE memories m SET embedding = v.embedding FROM vectors v WHERE v.tenant = m.tenant AND v.seq = m.seq;
+    DROP TABLE vectors;
+    ALTER TABLE memories DROP COLUMN embedded;
+    CREATE INDEX memories_unembedded ON memories (seq) WHERE embedding IS NULL;
+    CREATE INDEX memories_embedding ON memories USING hnsw (embedding vector_ip_ops);
+"""
+
+
+def vectors_back_in_rows(conn: psycopg.Connection[Any], dim: int) -> None:
+    """Give ``conn``'s schema (on its search path) the layout before vectors had their own table."""
+    conn.execute(VECTORS_IN_ROWS.replace("{dim}", str(dim)))

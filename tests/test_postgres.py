@@ -18,14 +18,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psycopg
 import pytest
 
 import pg_server
-from clawvm import ConflictError, Filters, Harness, Memory, StoreError
+from clawvm import ConflictError, Filters, Harness, Memory, StoreError, Tier
 from clawvm.core.errors import ConfigError, SchemaError
 from clawvm.store import Event, EventFeed, MemoryStore, Query, SQLiteStore, store_from_url
 from clawvm.store.postgres import PostgresStore, parse_url, split_url
+from clawvm.store.postgres_schema import MIGRATIONS
 from clawvm.store.postgres_search import compile_filters, esc, unesc, untranslated_filter_fields
 
 
@@ -132,7 +134,10 @@ def test_upgrading_a_schema_fills_the_expiry_column_from_the_stored_memories(
     timed, plain = Memory(content="expires", expires_at=due), Memory(content="stays")
     s.put_many([timed, plain])
     with s._conn("test") as conn:  # back to the schema before the column existed
-        conn.execute("DROP INDEX memories_expiry; DROP INDEX memories_keyset; DROP INDEX memories_tier")
+        pg_server.vectors_back_in_rows(conn, s.dim)
+        conn.execute(
+            "DROP INDEX memories_expiry; DROP INDEX memories_keyset; DROP INDEX memories_tier_members"
+        )
         conn.execute("ALTER TABLE memories DROP COLUMN expires_at")
         # and what the migrations after it added (per-tenant statistics and event numbers)
         conn.execute("DROP TABLE tenant_lexstats, event_numbers; DROP INDEX events_tenant")
@@ -142,6 +147,53 @@ def test_upgrading_a_schema_fills_the_expiry_column_from_the_stored_memories(
     again = open_store(opened, url)
     assert [m.id for m in again.list(Filters.of(expires_by=due))] == [timed.id]
     assert again.count(Filters.of(expires_by=due - timedelta(microseconds=1))) == 0
+
+
+def _unit_vectors(n: int, dim: int, seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def test_upgrading_moves_the_vectors_out_of_the_rows_and_searches_alike(
+    url: str, opened: list[PostgresStore]
+) -> None:
+    s = open_store(opened, url)
+    ms = [Memory(content=f"note {i}", session_id=f"s{i % 3}") for i in range(12)]
+    vecs = _unit_vectors(12, s.dim, 3)
+    s.write(ms[:9], vecs[:9])
+    s.put_many(ms[9:])  # three without a vector yet
+    query = Query(vector=vecs[4], dense_limit=5)
+    before = s.query(query).dense
+    with s._conn("test") as conn:
+        pg_server.vectors_back_in_rows(conn, s.dim)
+        moved_at = next(n for n, sql in enumerate(MIGRATIONS) if "CREATE TABLE vectors" in sql)
+        conn.execute("UPDATE meta SET value = %s WHERE key = 'version'", [str(moved_at)])
+    s.close()
+    again = open_store(opened, url)
+    assert again.query(query).dense == before and before[0][0] == ms[4].id
+    assert sorted(i for i, _ in again.unembedded(10)) == sorted(m.id for m in ms[9:])
+    assert sorted(again.vectors_of([m.id for m in ms])) == sorted(m.id for m in ms[:9])
+
+
+def test_bookkeeping_and_promotions_leave_the_vector_alone_and_a_new_text_drops_it(
+    url: str, opened: list[PostgresStore]
+) -> None:
+    s = open_store(opened, url)
+    m = Memory(content="a note with a vector")
+    s.write([m], _unit_vectors(1, s.dim, 5))
+
+    def vector_row() -> Any:
+        with s._conn("test") as conn:
+            return conn.execute("SELECT xmin::text, ctid::text FROM vectors").fetchall()
+
+    written = vector_row()
+    promoted = m.model_copy(update={"tier": Tier.WORKING, "access_count": 1, "version": 2})
+    s.put_many([promoted])  # an indexed column changes: the row's update is not HOT, the vector's row stays
+    assert vector_row() == written and sorted(s.vectors_of([m.id])) == [m.id]
+    s.put_many([promoted.model_copy(update={"content": "another text", "version": 3})])
+    assert vector_row() == [] and [i for i, _ in s.unembedded(5)] == [m.id]
+    s.set_vectors([m.id], _unit_vectors(1, s.dim, 6), ["another text"])
+    assert s.unembedded(5) == [] and sorted(s.vectors_of([m.id])) == [m.id]
 
 
 def test_processes_migrating_at_once_all_succeed(url: str, opened: list[PostgresStore]) -> None:

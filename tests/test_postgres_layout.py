@@ -110,6 +110,7 @@ def _back_to_seq_keys(store: PostgresStore) -> None:
     """Undo the tenant-keys migration in ``store``'s schema (keeping its data), as a database written
     before it would be, and close the store."""
     with store._conn("test") as conn, conn.transaction():
+        pg_server.vectors_back_in_rows(conn, store.dim)
         conn.execute("""
             ALTER TABLE postings DROP COLUMN tenant;
             ALTER TABLE postings ADD PRIMARY KEY (term, seq);

@@ -8,9 +8,11 @@ Tables (created by :data:`MIGRATIONS`, an append-only list; ``meta`` records how
 
 - ``memories``: one row per memory: its exact JSON (``body``, the source of truth for ``get``), the
   filterable fields as columns (``expires_at`` among them, indexed for the pager's expiry), ``tags
-  text[]`` and ``metadata jsonb`` with GIN indexes, and ``embedding vector(dim)`` with an HNSW index
-  (inner product on unit vectors, i.e. cosine); keyset pages (``Store.page``) read the
-  ``(created_at, id)`` order from an index;
+  text[]`` and ``metadata jsonb`` with GIN indexes, ``embedded`` (whether it has a vector); keyset pages
+  (``Store.page``) read the ``(created_at, id)`` order from an index;
+- ``vectors(tenant, seq, embedding vector(dim))``: each embedded memory's unit vector, keyed like its row,
+  with an HNSW index (inner product on unit vectors, i.e. cosine). Apart from the row so that access
+  bookkeeping and promotions, which rewrite the row, never re-insert it into the graph;
 - ``postings(tenant, term, seq, tf, dl)``: the inverted index of the project's own analyzer
   (``clawvm.core.lexical``), so BM25 here scores like the in-process engines; its primary key covers the
   term frequency and document length, so a query's BM25 is ranked from the index alone;
@@ -216,7 +218,7 @@ class HnswParams:
 
     def sql(self) -> str:
         return (
-            "CREATE INDEX memories_embedding ON memories USING hnsw (embedding vector_ip_ops)"
+            "CREATE INDEX vectors_embedding ON vectors USING hnsw (embedding vector_ip_ops)"
             f" WITH (m = {int(self.m)}, ef_construction = {int(self.ef_construction)})"
         )
 
@@ -378,7 +380,7 @@ class PostgresStore(Store):
                 if number in DATA_MIGRATIONS:
                     DATA_MIGRATIONS[number](conn)
             if applied == 0 and self.hnsw != HnswParams():  # a new schema: its graph as asked for
-                conn.execute("DROP INDEX memories_embedding")
+                conn.execute("DROP INDEX vectors_embedding")
                 conn.execute(self.hnsw.sql())
             conn.execute(
                 "INSERT INTO meta VALUES ('version', %s), ('dim', %s) ON CONFLICT (key) DO UPDATE"
@@ -466,9 +468,11 @@ class PostgresStore(Store):
         rows = [_prepare(m) for m in memories]
         self._write("put", lambda conn: self._put(conn, rows))
 
-    def _put(self, conn: psycopg.Connection[Any], rows: list[_Row]) -> None:
-        if any(r.memory.agent_id is not None for r in rows):
-            self._agents.clear()
+    def _put(
+        self, conn: psycopg.Connection[Any], rows: list[_Row], events: Sequence[Event] = ()
+    ) -> list[tuple[int, int]]:
+        """Write ``rows`` (and append ``events``, in the same round trip as the rows' statements); returns
+        the events' numbers as :meth:`_append_events` does."""
         ids = [r.memory.id for r in rows]
         tenants = sorted({esc(r.memory.tenant) or "" for r in rows})
         # the stored rows are locked through their tenants (a lock on one shard when the table is
@@ -490,19 +494,29 @@ class PostgresStore(Store):
                 [list(col) for col in zip(*moving, strict=True)],
             ).fetchall()
         stored = {
-            str(i): (int(seq), int(v), int(th), bytes(ch), int(dl), bool(sess), str(tenant))
-            for i, seq, v, th, ch, dl, sess, tenant in found
+            str(i): _Stored(
+                int(seq), int(v), int(th), bytes(ch), int(dl), bool(sess), str(tenant), bool(emb), a
+            )
+            for i, seq, v, th, ch, dl, sess, tenant, emb, a in found
         }
-        check_versions([r.memory for r in rows], {i: s[1] for i, s in stored.items()})
+        check_versions([r.memory for r in rows], {i: s.version for i, s in stored.items()})
         fresh = [r for r in rows if r.memory.id not in stored]
         updated = [r for r in rows if r.memory.id in stored]
+        # the author names recall strips (Store.agents) change only with a new or re-assigned author: a
+        # bookkeeping write keeps the cached names
+        if any(r.memory.agent_id is not None for r in fresh) or any(
+            (esc(r.memory.tenant), esc(r.memory.agent_id))
+            != (stored[r.memory.id].tenant, stored[r.memory.id].agent)
+            for r in updated
+        ):
+            self._agents.clear()
         # a new text, or a memory moved to another tenant (its postings and entities carry the tenant)
         reindex = [
             r
             for r in rows
             if r.memory.id not in stored
-            or stored[r.memory.id][2] != r.text_hash
-            or stored[r.memory.id][6] != esc(r.memory.tenant)
+            or stored[r.memory.id].text_hash != r.text_hash
+            or stored[r.memory.id].tenant != esc(r.memory.tenant)
         ]
         for r in reindex:
             r.terms = Counter(term_key(t) for t in self.analyzer.terms(r.text))
@@ -511,12 +525,15 @@ class PostgresStore(Store):
         for r in rows:
             old = stored.get(r.memory.id)
             # unchanged text keeps its stored postings and length
-            r.doc_len = sum(r.terms.values()) if r.terms is not None else (old[4] if old else 0)
+            r.doc_len = sum(r.terms.values()) if r.terms is not None else (old.doc_len if old else 0)
             if old is not None:
-                per_tenant.add(old[6], -1, -old[4], -int(old[5]))
+                per_tenant.add(old.tenant, -1, -old.doc_len, -int(old.sessioned))
             per_tenant.add(esc(r.memory.tenant) or "", 1, r.doc_len, int(r.memory.session_id is not None))
         # the stored (tenant, seq) of re-indexed memories: their old postings and entities go
-        changed = [(stored[r.memory.id][6], stored[r.memory.id][0]) for r in reindex if r.memory.id in stored]
+        changed = [
+            (stored[r.memory.id].tenant, stored[r.memory.id].seq) for r in reindex if r.memory.id in stored
+        ]
+        vectors = _VectorChanges.of(updated, stored)
         links = dict.fromkeys(
             (esc(r.memory.tenant) or "", r.memory.id, k.type.value, k.target)
             for r in rows
@@ -529,12 +546,16 @@ class PostgresStore(Store):
         try:
             with conn.pipeline(), conn.cursor() as cur:
                 if fresh:
-                    cur.executemany(_INSERT, [(*_columns(r), r.vector) for r in fresh])
+                    cur.executemany(
+                        _INSERT,
+                        [(*_columns(r), r.vector is not None, r.vector, r.vector is not None) for r in fresh],
+                    )
                 if updated:
                     cur.executemany(
                         _UPDATE,
-                        [(*_columns(r)[1:], r.vector, r.content_hash, r.memory.id) for r in updated],
+                        [(*_columns(r)[1:], vectors.embedded[r.memory.id], r.memory.id) for r in updated],
                     )
+                vectors.send(cur)
                 if changed:
                     for table in ("postings", "entities"):
                         cur.execute(
@@ -565,6 +586,8 @@ class PostgresStore(Store):
                     cur.execute(_ADD_AGENTS, [list(col) for col in zip(*agents, strict=True)])
                 if per_tenant.changed():
                     cur.execute(_ADD_TENANT_STATS, per_tenant.arrays())
+                numbered = self._send_events(conn, events) if events else None
+            return self._numbers(numbered) if numbered is not None else []
         except psycopg.errors.UniqueViolation as exc:
             # another transaction inserted one of these new ids since we looked: this batch lost the race
             taken = re.search(r"\(id, tenant\)=\(([0-9a-f-]{36}), ", exc.diag.message_detail or "")
@@ -584,7 +607,7 @@ class PostgresStore(Store):
             if not gone:
                 return 0
             keys = [[str(t) for _, _, _, t in gone], [int(s) for s, _, _, _ in gone]]
-            for table in ("postings", "entities"):
+            for table in ("postings", "entities", "vectors"):
                 conn.execute(
                     f"DELETE FROM {table} WHERE (tenant, seq) IN"
                     " (SELECT * FROM unnest(%s::text[], %s::bigint[]))",
@@ -613,13 +636,11 @@ class PostgresStore(Store):
         keep = [n for n, i in enumerate(ids) if is_valid_id(i)]
         args: list[tuple[Any, ...]]
         if contents is None:
-            sql = "UPDATE memories SET embedding = %b WHERE id = %s"
-            args = [(vecs[n], ids[n]) for n in keep]
-        else:
-            sql = (
-                "UPDATE memories SET embedding = %b WHERE id = %s AND embedding IS NULL AND content_hash = %s"
-            )
-            args = [(vecs[n], ids[n], _content_hash(contents[n])) for n in keep]
+            sql = _SET_VECTOR.format(only="", conflict=_REPLACE_VECTOR)
+            args = [(ids[n], vecs[n]) for n in keep]
+        else:  # only a row still without a vector and with the text the vector was computed from
+            sql = _SET_VECTOR.format(only=" AND NOT embedded AND content_hash = %s", conflict="NOTHING")
+            args = [(ids[n], _content_hash(contents[n]), vecs[n]) for n in keep]
         with conn.cursor() as cur:
             cur.executemany(sql, args)
 
@@ -638,12 +659,7 @@ class PostgresStore(Store):
             for r, v in zip(rows, normalize(vecs), strict=False):
                 r.vector = v
 
-        def write(conn: psycopg.Connection[Any]) -> None:
-            self._put(conn, rows)
-            if events:
-                self._append_events(conn, events)
-
-        self._write("write", write)
+        self._write("write", lambda conn: self._put(conn, rows, events))
 
     # ---- reads --------------------------------------------------------------------------------------
     def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
@@ -744,7 +760,7 @@ class PostgresStore(Store):
     def unembedded(self, limit: int) -> list[tuple[str, str]]:
         with self._conn("unembedded") as conn:
             rows = conn.execute(
-                "SELECT id, body FROM memories WHERE embedding IS NULL ORDER BY seq LIMIT %s", [limit]
+                "SELECT id, body FROM memories WHERE NOT embedded ORDER BY seq LIMIT %s", [limit]
             ).fetchall()
         return [(str(i), json.loads(body)["content"]) for i, body in rows]
 
@@ -754,7 +770,8 @@ class PostgresStore(Store):
             return {}
         with self._conn("vectors") as conn:
             rows = conn.execute(
-                "SELECT id, embedding FROM memories WHERE id = ANY(%s::uuid[]) AND embedding IS NOT NULL",
+                "SELECT m.id, v.embedding FROM memories m"
+                " JOIN vectors v ON v.tenant = m.tenant AND v.seq = m.seq WHERE m.id = ANY(%s::uuid[])",
                 [valid],
             ).fetchall()
         return {str(i): v.to_numpy().astype(np.float32) for i, v in rows}
@@ -781,6 +798,16 @@ class PostgresStore(Store):
 
     def _append_events(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> list[tuple[int, int]]:
         """Insert ``events``; returns (seq, number in its tenant's sequence) of each, in order."""
+        with conn.pipeline():
+            cur = self._send_events(conn, events)
+        return self._numbers(cur)
+
+    @staticmethod
+    def _numbers(cur: psycopg.Cursor[Any]) -> list[tuple[int, int]]:
+        return sorted((int(r[0]), int(r[1])) for r in cur.fetchall())
+
+    def _send_events(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> psycopg.Cursor[Any]:
+        """Queue the insert of ``events`` (in the caller's pipeline); its cursor returns their numbers."""
         cols: list[list[Any]] = [[], [], [], [], []]
         for e in events:
             for col, v in zip(
@@ -789,12 +816,9 @@ class PostgresStore(Store):
                 strict=True,
             ):
                 col.append(v)
-        with conn.pipeline(), conn.cursor() as cur:
-            # shared with every other appender (no queue); a reader at a hole waits for it (read_events)
-            cur.execute("SELECT pg_advisory_xact_lock_shared(%s, hashtext(%s))", [_EVENTS_LOCK, self.schema])
-            cur.execute(_INSERT_EVENTS, [cols[1], *cols, EVENTS_CHANNEL, f"{self.schema}:"])
-            rows = cur.fetchall()
-        return sorted((int(r[0]), int(r[1])) for r in rows)
+        # shared with every other appender (no queue); a reader at a hole waits for it (read_events)
+        conn.execute("SELECT pg_advisory_xact_lock_shared(%s, hashtext(%s))", [_EVENTS_LOCK, self.schema])
+        return conn.execute(_INSERT_EVENTS, [cols[1], *cols, EVENTS_CHANNEL, f"{self.schema}:"])
 
     def import_events(self, events: Sequence[Event], tenant_numbers: Sequence[int] | None = None) -> None:
         """Insert with the given numbers, then move the sequence past them (later appends follow)."""
@@ -945,7 +969,7 @@ class PostgresStore(Store):
         """Drop the HNSW index before loading many vectors: one build afterwards (:meth:`build_vector_index`)
         is far cheaper than maintaining the graph row by row. Dense search stays exact meanwhile."""
         with self._conn("drop_vector_index") as conn:
-            conn.execute("DROP INDEX IF EXISTS memories_embedding")
+            conn.execute("DROP INDEX IF EXISTS vectors_embedding")
 
     def build_vector_index(self, memory_mb: int = 1024, workers: int = 2) -> float:
         """(Re)build the HNSW index with this store's :class:`HnswParams`; returns the seconds it took.
@@ -959,11 +983,12 @@ class PostgresStore(Store):
                 [f"{int(memory_mb)}MB", str(int(workers))],
             )
             started = time.perf_counter()
-            conn.execute("DROP INDEX IF EXISTS memories_embedding")
+            conn.execute("DROP INDEX IF EXISTS vectors_embedding")
             conn.execute(self.hnsw.sql())
             took = time.perf_counter() - started
         with self._conn("analyze") as conn:
             conn.execute("ANALYZE memories")
+            conn.execute("ANALYZE vectors")
             conn.execute("ANALYZE postings")
         return took
 
@@ -971,7 +996,7 @@ class PostgresStore(Store):
         """The parameters the stored HNSW index was built with (None when there is none)."""
         with self._conn("vector_index_params") as conn:
             row = conn.execute(
-                "SELECT c.reloptions FROM pg_class c WHERE c.oid = to_regclass('memories_embedding')"
+                "SELECT c.reloptions FROM pg_class c WHERE c.oid = to_regclass('vectors_embedding')"
             ).fetchone()
         if row is None:
             return None
@@ -1127,17 +1152,28 @@ _COLUMNS = (
     "body",
     "expires_at",
 )
-# the vector, when known, in the same INSERT: one write per record, not an INSERT plus an UPDATE
-_INSERT = f"""INSERT INTO memories ({", ".join(_COLUMNS)}, embedding)
-    VALUES ({", ".join(["%s"] * len(_COLUMNS))}, %b)"""
-# a given vector replaces the stored one; else a changed text drops it (it was computed from the old one)
-_UPDATE = f"""UPDATE memories SET {", ".join(f"{c} = %s" for c in _COLUMNS[1:])},
-                  embedding = coalesce(%b, CASE WHEN content_hash = %s THEN embedding END)
+# the row and its vector, when known, in one statement: one write per record
+_INSERT = f"""WITH m AS (INSERT INTO memories ({", ".join(_COLUMNS)}, embedded)
+        VALUES ({", ".join(["%s"] * len(_COLUMNS))}, %s) RETURNING tenant, seq)
+    INSERT INTO vectors SELECT m.tenant, m.seq, %b::vector FROM m WHERE %s"""
+# the row only: its vector is another table's (see _VectorChanges), so a bookkeeping update that changes
+# no indexed column rewrites a row without it and stays HOT when the page has room
+_UPDATE = f"""UPDATE memories SET {", ".join(f"{c} = %s" for c in _COLUMNS[1:])}, embedded = %s
               WHERE id = %s"""
+# a memory's vector (Store.set_vectors): {only} narrows the rows, {conflict} says what a stored one gets
+_SET_VECTOR = """WITH m AS (UPDATE memories SET embedded = true WHERE id = %s{only} RETURNING tenant, seq)
+    INSERT INTO vectors SELECT m.tenant, m.seq, %b::vector FROM m ON CONFLICT (tenant, seq) DO {conflict}"""
+_REPLACE_VECTOR = "UPDATE SET embedding = excluded.embedding"
+# a given vector for a row the same write just stored (its ``embedded`` is set by the row's own statement)
+_PUT_VECTOR = (
+    """INSERT INTO vectors SELECT m.tenant, m.seq, %b::vector FROM memories m WHERE m.id = %s
+    ON CONFLICT (tenant, seq) DO """
+    + _REPLACE_VECTOR
+)
 # what put_many reads of the stored versions of a batch, and the lock it takes on them (in id order, so
 # concurrent batches cannot deadlock)
-_STORED = """SELECT id, seq, version, text_hash, content_hash, doc_len, session_id IS NOT NULL, tenant
-    FROM memories"""
+_STORED = """SELECT id, seq, version, text_hash, content_hash, doc_len, session_id IS NOT NULL, tenant,
+    embedded, agent_id FROM memories"""
 _LOCKED = " ORDER BY id FOR UPDATE"
 _INSERT_POSTINGS = """INSERT INTO postings (tenant, term, seq, tf, dl)
     SELECT t.tenant, t.term, m.seq, t.tf, t.dl
@@ -1185,6 +1221,65 @@ _ADD_TENANT_STATS = f"""INSERT INTO tenant_lexstats AS s
     ORDER BY t.tenant
     ON CONFLICT (tenant, slot) DO UPDATE SET docs = s.docs + excluded.docs,
         total_len = s.total_len + excluded.total_len, sessioned = s.sessioned + excluded.sessioned"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    """What :meth:`PostgresStore._put` reads of a stored row before replacing it."""
+
+    seq: int
+    version: int
+    text_hash: int
+    content_hash: bytes
+    doc_len: int
+    sessioned: bool
+    tenant: str
+    embedded: bool
+    agent: str | None
+
+
+@dataclass(slots=True)
+class _VectorChanges:
+    """What an update of stored rows does to their vectors: a given vector replaces the stored one; a
+    changed text drops it (it was computed from the old text); a memory moved to another tenant takes its
+    vector along; otherwise (bookkeeping) the vector is not touched at all."""
+
+    embedded: dict[str, bool]  # memory id -> whether it has a vector after the write
+    put: list[tuple[str, np.ndarray]]  # (memory id, unit vector)
+    drop: list[tuple[str, int]]  # stored (tenant, seq)
+    moved: list[tuple[str, str, int]]  # (new tenant, stored tenant, seq)
+
+    @classmethod
+    def of(cls, updated: list[_Row], stored: dict[str, _Stored]) -> _VectorChanges:
+        out = cls({}, [], [], [])
+        for r in updated:
+            old = stored[r.memory.id]
+            tenant = esc(r.memory.tenant) or ""
+            if r.vector is not None:
+                if old.embedded and old.tenant != tenant:
+                    out.drop.append((old.tenant, old.seq))
+                out.put.append((r.memory.id, r.vector))
+                out.embedded[r.memory.id] = True
+            elif old.embedded and old.content_hash != r.content_hash:
+                out.drop.append((old.tenant, old.seq))
+                out.embedded[r.memory.id] = False
+            else:
+                if old.embedded and old.tenant != tenant:
+                    out.moved.append((tenant, old.tenant, old.seq))
+                out.embedded[r.memory.id] = old.embedded
+        return out
+
+    def send(self, cur: psycopg.Cursor[Any]) -> None:
+        """The statements, on ``cur`` (in the caller's pipeline, after the rows' update)."""
+        if self.drop:
+            cur.execute(
+                "DELETE FROM vectors WHERE (tenant, seq) IN (SELECT * FROM unnest(%s::text[], %s::bigint[]))",
+                [list(col) for col in zip(*self.drop, strict=True)],
+            )
+        if self.moved:
+            cur.executemany("UPDATE vectors SET tenant = %s WHERE tenant = %s AND seq = %s", self.moved)
+        if self.put:
+            cur.executemany(_PUT_VECTOR, [(v, i) for i, v in self.put])
 
 
 class _TenantStats:

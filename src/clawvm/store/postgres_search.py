@@ -428,7 +428,7 @@ class Searcher:
     def _passing(conn: psycopg.Connection[Any], limit: int, where: str, wargs: list[Any]) -> int:
         """How many embedded rows pass the filters, counted up to ``limit`` (an index probe when narrow)."""
         row = conn.execute(
-            f"""SELECT count(*) FROM (SELECT 1 FROM memories m WHERE m.embedding IS NOT NULL AND {where}
+            f"""SELECT count(*) FROM (SELECT 1 FROM memories m WHERE m.embedded AND {where}
                 LIMIT %s) AS c""",
             [*wargs, limit],
         ).fetchone()
@@ -439,12 +439,14 @@ class Searcher:
         v: np.ndarray, limit: int, where: str, wargs: list[Any], exact: bool
     ) -> tuple[str, list[Any]]:
         """The dense statement: through the HNSW index, or (``exact``) a sort of every passing row."""
-        select = f"""SELECT m.seq, m.id, m.embedding <#> %b AS d FROM memories m
-                     WHERE m.embedding IS NOT NULL AND {where}"""
+        # vectors sit in their own table (keyed like memories): the index walk feeds a probe of each
+        # candidate's row by primary key, where the filters apply
+        select = f"""SELECT m.seq, m.id, v.embedding <#> %b AS d
+                     FROM vectors v JOIN memories m ON m.tenant = v.tenant AND m.seq = v.seq WHERE {where}"""
         if exact:  # a materialised set cannot be read through the index: an exact sort
             sql = f"WITH c AS MATERIALIZED ({select}) SELECT seq, id, d FROM c ORDER BY d, seq LIMIT %s"
             return sql, [v, *wargs, min(limit, 2**62)]
-        return f"{select} ORDER BY m.embedding <#> %b LIMIT %s", [v, *wargs, v, limit]
+        return f"{select} ORDER BY v.embedding <#> %b LIMIT %s", [v, *wargs, v, limit]
 
     # ---- info and the entity graph ---------------------------------------------------------------------
     def info(

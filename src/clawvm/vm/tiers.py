@@ -267,6 +267,7 @@ class Pager:
         lower_only: bool = False,
         to_low: bool = False,
         working: Sequence[Memory] | None = None,
+        working_grew: bool = False,
     ) -> list[Memory]:
         """Demote until every tier of the session fits its budget; returns the memories moved.
 
@@ -277,6 +278,8 @@ class Pager:
         working tier's members as the caller holds them (the record path's view, kept current by every
         commit), so the pass need not read and parse the tier back; a member another process moved
         meanwhile fails the version check and is moved one by one from its stored version.
+        ``working_grew``: only the working tier grew (promotions, which take from the tiers below): a lower
+        tier is checked only if the tiers above it shed something into it.
         """
         moved: list[Memory] = []
         cfg = self.config
@@ -285,6 +288,8 @@ class Pager:
             items, tokens = cfg.budgets.limits(tier)
             if lower_only and tier is not Tier.SHORT_TERM and not moved:
                 break  # only short-term grew (the working tier shed into it), and it gave nothing down
+            if working_grew and tier is not Tier.WORKING and not moved:
+                break  # nothing came down from above: the lower tiers only shrank
             if items is None and tokens is None:
                 continue
             if (
@@ -467,9 +472,25 @@ class Pager:
         the memories just warmed last)."""
         evicted: dict[str, Memory] = {}
         warmed = frozenset(m.id for m in out)
-        for tenant, session_id in sorted(promoted):
-            evicted.update((m.id, m) for m in self.enforce(tenant, session_id, now, protect=warmed))
+        for tenant in sorted({t for t, _ in promoted}):
+            sessions = sorted(s for t, s in promoted if t == tenant)
+            working = self._working_of(tenant, sessions)
+            for session_id in sessions:
+                moved = self.enforce(
+                    tenant, session_id, now, protect=warmed, working=working[session_id], working_grew=True
+                )
+                evicted.update((m.id, m) for m in moved)
         return [evicted.get(m.id, m) for m in out]
+
+    def _working_of(self, tenant: str, sessions: Sequence[str]) -> dict[str, list[Memory]]:
+        """The active working members of several sessions of one tenant, newest first, in one read (the
+        sessions of a recall's promoted hits: one query, not one per session)."""
+        out: dict[str, list[Memory]] = {s: [] for s in sessions}
+        f = Filters.of(tenant=tenant, session_id=list(sessions), tier=Tier.WORKING, status="active")
+        for m in self.store.iter_all(f, newest_first=True):
+            if m.session_id in out:
+                out[m.session_id].append(m)
+        return out
 
     @_one_pass
     def expire(self, tenant: str, now: datetime, limit: int = 500) -> list[Memory]:
