@@ -183,7 +183,7 @@ def run_demo(
     n = ingest_workload(harness, workload)
     echo(f"ingested {n} memories from {len(workload['sessions'])} sessions of '{workload['name']}'")
     if locomo is not None:
-        echo(f"ingested {ingest_locomo(harness, locomo)} LoCoMo turns from {locomo}")
+        echo(f"ingested {ingest_locomo(harness, locomo, builds=False)} LoCoMo turns from {locomo}")
     harness.flush()
     found = 0
     for q in workload["queries"]:
