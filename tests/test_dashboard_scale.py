@@ -233,7 +233,8 @@ def test_every_view_paints_from_a_cold_start_then_edits_approves_and_replays(
         for tr in page.locator("#whatif-summary tr").all()[1:]
     }
     assert int(cells["prompt tokens"][1]) < int(cells["prompt tokens"][0])
-    assert page.locator("#whatif-builds tr").count() == 1 + N_BUILDS // BUILD_SESSIONS  # a header, a row each
+    shown = page.locator("#whatif-builds tr").count() - 1  # the header, then a row per build (a page of them)
+    assert 0 < shown <= N_BUILDS // BUILD_SESSIONS
     assert h.count(status="any") == before  # the replay wrote nothing
     assert [p for p in problems if "status of 404" not in p] == []
     page.close()
