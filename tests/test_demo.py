@@ -215,3 +215,73 @@ def test_reset_deletes_a_sqlite_store_however_named_and_never_a_server_store(tmp
     with pytest.raises(ConfigError, match="--reset deletes a SQLite demo store"):
         remove_store_file("postgresql://localhost/agents")
     remove_store_file("postgresql://localhost/agents", asked=False)  # the printing demo's default: left be
+
+
+def test_the_demo_has_a_flagged_conflict_adopted_guidance_and_costed_llm_steps() -> None:
+    """What the teams face and the trace show of the demo: a conflict with both sides, a guidance build
+    with sources whose lines were adopted, LLM steps with tokens and cost, each failure counted once."""
+    from clawvm.dashboard import debug
+    from clawvm.dashboard.routes import lens_for
+    from clawvm.demo.scenario import LLM_COST
+
+    clock = ReplayClock()
+    h = open_demo("memory://", clock, embed=False)
+    try:
+        load_scenario(h, clock, echo=lambda _line: None)
+        lens = lens_for(h)
+        teams = debug.teams(lens, h)
+        [conflict] = teams["conflicts"]
+        sides = {s["preview"][:40] for s in conflict["sides"]}
+        assert any("fresh idempotency key" in s for s in sides) and any(
+            "keep the Cardinal key" in s for s in sides
+        )
+        [guide] = teams["guidance"]
+        assert guide["agent_id"] == "reviewer" and guide["items"]
+        assert all(item["source_tasks"] for item in guide["items"])  # each line names the tasks it came from
+        assert {"t-refund-fix"} <= {t for item in guide["items"] for t in item["source_tasks"]}
+        adopted = [m for m in teams["knowledge"] if m["adopted"]]
+        assert adopted and all("idempotency" in m["preview"].lower() for m in adopted)
+        assert any(m["adoption_rate"] == 0.0 for m in teams["knowledge"])  # offered and not adopted
+
+        totals = debug.trace(lens, "run-cutover")["totals"]
+        thoughts = h.list(limit=10, kind="llm_thought", session_id="run-cutover", status="any")
+        assert len(thoughts) == 3 and all(m.cost.tokens == LLM_COST["thought"]["tokens"] for m in thoughts)
+        assert totals["llm_tokens"] == 3 * LLM_COST["thought"]["tokens"] + LLM_COST["decision"]["tokens"]
+        assert totals["money"] == pytest.approx(
+            3 * LLM_COST["thought"]["money"] + LLM_COST["decision"]["money"]
+        )
+        # three timed-out charges: each an error call and its error result, three failures
+        failed = h.list(limit=20, state="error", session_id="run-cutover", status="any")
+        assert len(failed) == 6 and totals["errors"] == 3
+        assert totals["tool_seconds"] == pytest.approx(
+            sum(
+                m.cost.seconds
+                for m in h.list(limit=50, kind="tool_result", session_id="run-cutover", status="any")
+            )
+        )
+    finally:
+        h.close()
+
+
+def test_a_trace_without_recorded_tool_durations_says_so_rather_than_0_ms() -> None:
+    from clawvm.dashboard import debug
+    from clawvm.dashboard.routes import lens_for
+
+    h = Harness.open("memory://", embedder=None)
+    try:
+        call = h.record('{"args": {"host": "eu-1"}}', kind="tool_call", tool_name="ping", session_id="s1")
+        h.record(
+            "eu-1 answered in 40 ms", kind="tool_result", tool_name="ping", session_id="s1", parent_id=call.id
+        )
+        assert debug.trace(lens_for(h), "s1")["totals"]["tool_seconds"] is None
+        h.record(
+            "eu-2 answered in 250 ms",
+            kind="tool_result",
+            tool_name="ping",
+            session_id="s1",
+            cost={"seconds": 0.25},
+        )
+        totals = debug.trace(lens_for(h), "s1")["totals"]
+        assert totals["tool_seconds"] == 0.25 and totals["tool_results_timed"] == 1
+    finally:
+        h.close()

@@ -542,3 +542,36 @@ def test_a_collapsed_task_moves_its_steps_to_the_archive_on_the_timeline(
     assert archived == {m.id for m in steps}
     series = views.timeline(lens, "s1", buckets=4)["series"]
     assert series["archive"][-1] == 3 and series["working"][-1] + series["short_term"][-1] >= 1  # the summary
+
+
+def test_a_row_read_as_stored_is_the_row_of_the_memory() -> None:
+    """The lens builds its table from stored JSON (no validation per memory); every field must come out as
+    it does from the memory itself, for a memory that sets them all."""
+    from clawvm.core.model import Link, LinkType
+    from clawvm.observe.lens import Row
+
+    parent = Memory(content="the call")
+    full = Memory(
+        content="  TimeoutError:\n read timed out after 10 s  ",
+        kind=Kind.TOOL_RESULT,
+        state="error",
+        session_id="s1",
+        task_id="t1",
+        agent_id="deploy-bot",
+        tool_name="tessera_charge",
+        tier=Tier.SHORT_TERM,
+        value=0.37,
+        pinned=True,
+        created_at=T0,
+        last_accessed_at=T0 + timedelta(hours=2),
+        expires_at=T0 + timedelta(days=3),
+        parent_id=parent.id,
+        links=[Link(type=LinkType.REVISES, target=parent.id)],
+        tags=["payments", "eu"],
+        access_count=4,
+        usage=Usage(injected=3, cited=2),
+        cost=Cost(seconds=10.0, tokens=612, money=0.00092),
+    )
+    for m in (full, parent):
+        stored = json.loads(m.model_dump_json())  # what an engine keeps
+        assert Row.of_stored(stored) == Row.of(m)

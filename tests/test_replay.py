@@ -167,3 +167,107 @@ def test_cli_replays_the_demo(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "session s5: 16 context builds replayed" in result.output
     assert "← dropped" in result.output
+
+
+def _tiny_locomo(tmp_path: Path) -> Path:
+    """Two conversations in LoCoMo's format (the turns of tests/tiny_locomo.py, written for the tests), each
+    with two multi-hop questions of two evidence turns (one written as LoCoMo sometimes does, "D1:3; D2:4")
+    and an adversarial one without evidence."""
+    from tiny_locomo import conversation
+
+    samples = []
+    for n in (1, 2):
+        sample = conversation(n)
+        turns = [t for key in ("session_1", "session_2") for t in sample["conversation"][key]]
+        sample["qa"] = [
+            {
+                "question": "What is the kitten called and where is the sister's wedding?",
+                "answer": "Pepper; Lisbon",
+                "evidence": [turns[0]["dia_id"], turns[1]["dia_id"]],
+                "category": 1,
+            },
+            {
+                "question": "How was the tap fixed and what grows on the balcony?",
+                "answer": "a new washer; tomatoes, basil and chillies",
+                "evidence": [f"{turns[2]['dia_id']}; {turns[9]['dia_id']}"],
+                "category": 1,
+            },
+            {
+                "question": "Is anything unanswerable?",
+                "adversarial_answer": "no",
+                "evidence": [],
+                "category": 5,
+            },
+        ]
+        samples.append(sample)
+    path = tmp_path / "tiny_locomo.json"
+    path.write_text(json.dumps(samples))
+    return path
+
+
+def test_a_locomo_conversation_is_recorded_with_a_build_per_question_and_replays(tmp_path: Path) -> None:
+    from clawvm.demo import ingest_locomo_conversation, load_locomo
+
+    [first, _] = load_locomo(_tiny_locomo(tmp_path))
+    h = Harness.open("memory://", embedder=None, clock=Clock())
+    try:
+        done = ingest_locomo_conversation(h, first)
+        # 12 turns, 2 questions with evidence (the adversarial one has none: no build)
+        assert (done.session_id, done.turns, done.builds, done.evidence_in_context) == ("conv-1", 12, 2, 2)
+        dia = {m.metadata["dia_id"]: m.id for m in h.iter_all(session_id="conv-1")}
+        report = whatif.replay(
+            h, "conv-1", whatif.Policy("live", h.pager.config), whatif.Policy("tight", context_budget=40)
+        )
+    finally:
+        h.close()
+    # what each build needed is its question's two evidence turns, both in the recorded context
+    wanted = [{dia["D1:1"], dia["D1:2"]}, {dia["D1:3"], dia["D2:4"]}]
+    assert [set(d.needed) for d in report.builds] == wanted
+    assert report.a.evidence_kept == pytest.approx(1.0)
+    # 40 tokens hold one line of each answer's two: the other is dropped, and the diff names it
+    assert report.b.evidence_kept == pytest.approx(0.5)
+    for d, needed in zip(report.builds, wanted, strict=True):
+        assert (
+            len(d.dropped_needed) == 1 and d.dropped_needed <= needed and d.dropped_needed <= set(d.lines_out)
+        )
+
+
+def test_cli_replays_a_locomo_conversation(tmp_path: Path) -> None:
+    path = _tiny_locomo(tmp_path)
+    runner = CliRunner()
+    result = runner.invoke(main, ["--no-embed", "replay", "--locomo", str(path), "conv-2", "--budget", "40"])
+    assert result.exit_code == 0, result.output
+    assert "session conv-2: 2 context builds replayed" in result.output
+    assert result.output.count("← dropped") == 2
+    rows = {line[:22].strip(): line[22:].split() for line in result.output.splitlines()}
+    assert rows["evidence kept"] == ["100.0%", "50.0%"]
+    first = runner.invoke(main, ["--no-embed", "replay", "--locomo", str(path)])
+    assert first.exit_code == 0 and "session conv-1:" in first.output
+    bad = runner.invoke(main, ["--no-embed", "replay", "--locomo", str(path), "conv-9"])
+    assert bad.exit_code != 0 and "conv-1, conv-2" in bad.output
+
+
+def test_the_dashboard_what_if_replays_a_locomo_conversation(tmp_path: Path) -> None:
+    """Ingested into a served store (as `clawvm demo --dashboard --locomo PATH` does), a conversation is a
+    session the what-if view can pick: its builds replay, and a smaller budget shows the evidence dropped."""
+    from fastapi.testclient import TestClient
+
+    from clawvm.demo import ingest_locomo
+    from clawvm.server import create_app
+
+    h = Harness.open("memory://", embedder=None, clock=Clock())
+    assert ingest_locomo(h, _tiny_locomo(tmp_path)) == 24
+    app = create_app(h.store, embedder=None)
+    try:
+        with TestClient(app) as client:
+            _, key = app.state.service.keyring.create("default", "read-only", "test")
+            auth = {"Authorization": f"Bearer {key}"}
+            sessions = client.get("/dashboard/api/sessions", headers=auth).json()["items"]
+            assert {s["session_id"]: s["contexts"] for s in sessions} == {"conv-1": 2, "conv-2": 2}
+            r = client.get("/dashboard/api/whatif", params={"session": "conv-2", "budget": 40}, headers=auth)
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["a"]["evidence_kept"] == 1.0 and body["b"]["evidence_kept"] == 0.5
+            assert all(len(b["dropped_needed"]) == 1 for b in body["builds"])
+    finally:
+        h.close()

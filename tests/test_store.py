@@ -405,6 +405,23 @@ def test_pages_follow_a_keyset_of_creation_time_then_id(engine: Store) -> None:
     assert engine.page(Filters(), None, limit=0) == []
 
 
+def test_pages_as_stored_json_are_the_pages_of_memories(engine: Store) -> None:
+    """``page_json``/``iter_json`` (what MemLens reads its table with) give each memory of ``page`` as its
+    JSON, in the same keyset order, through every page."""
+    docs = [
+        mem(f"m{i}", created_at=T0 + timedelta(minutes=i % 3), tier=Tier.WORKING, tags=[f"t{i}"])
+        for i in range(7)
+    ]
+    engine.put_many(docs)
+    expected = [m.model_dump(mode="json") for m in engine.iter_all(Filters(), batch=3)]
+    assert len(expected) == 7
+    assert list(engine.iter_json(Filters(), batch=2)) == expected
+    assert engine.page_json(Filters(), PageKey.of(docs[0]), limit=3) == [
+        m.model_dump(mode="json") for m in engine.page(Filters(), PageKey.of(docs[0]), limit=3)
+    ]
+    assert [d["id"] for d in engine.iter_json(Filters.of(tags=["t3"]))] == [docs[3].id]
+
+
 def test_a_page_goes_on_after_its_key_even_when_that_memory_changed_or_left(engine: Store) -> None:
     docs = [mem(f"m{i}", created_at=T0 + timedelta(minutes=i), tier=Tier.WORKING) for i in range(6)]
     engine.put_many(docs)

@@ -889,6 +889,13 @@ def migrate_command(source: str, target: str, batch: int, dim: int, no_verify: b
 @main.command()
 @click.argument("session_id", required=False)
 @click.option("--demo", is_flag=True, help="Replay the demo workload (built in memory) instead of --db.")
+@click.option(
+    "--locomo",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Replay a LoCoMo conversation of this file (SESSION: its sample id, default the first), built in "
+    "memory with a context build per question.",
+)
 @click.option("--budget", type=int, default=None, help="B: this context budget for every build.")
 @click.option("--working-items", type=int, default=None, help="B: the working tier's item budget.")
 @click.option("--working-tokens", type=int, default=None, help="B: the working tier's token budget.")
@@ -906,6 +913,7 @@ def replay(
     ctx: click.Context,
     session_id: str | None,
     demo: bool,
+    locomo: Path | None,
     budget: int | None,
     working_items: int | None,
     working_tokens: int | None,
@@ -920,7 +928,7 @@ def replay(
     import clawvm.replay as whatif
 
     changes = dict(_weight(w) for w in weights)
-    with _replay_source(ctx, demo) as (h, default_session):
+    with _replay_source(ctx, demo, locomo, session_id) as (h, default_session):
         session = session_id or default_session
         if session is None:
             raise ValidationError("session_id", "is missing", "name the session to replay (or pass --demo)")
@@ -950,7 +958,13 @@ def _weight(text: str) -> tuple[str, float]:
 
 
 @contextmanager
-def _replay_source(ctx: click.Context, demo: bool) -> Iterator[tuple[Harness, str | None]]:
+def _replay_source(
+    ctx: click.Context, demo: bool, locomo: Path | None = None, session_id: str | None = None
+) -> Iterator[tuple[Harness, str | None]]:
+    if locomo is not None:
+        with _locomo_source(ctx, locomo, session_id) as found:
+            yield found
+        return
     if not demo:
         with _opened(ctx) as h:
             yield h, None
@@ -962,6 +976,29 @@ def _replay_source(ctx: click.Context, demo: bool) -> Iterator[tuple[Harness, st
     try:
         load_scenario(h, clock, lambda line: None)
         yield h, "s5"
+    finally:
+        h.close()
+
+
+@contextmanager
+def _locomo_source(ctx: click.Context, path: Path, sample_id: str | None) -> Iterator[tuple[Harness, str]]:
+    """One LoCoMo conversation recorded into a store in memory, on its own calendar, as the demo's pager
+    would page it: its turns, then a context build per question answered citing the evidence it held."""
+    from clawvm.demo import LOCOMO_START, ingest_locomo_conversation, load_locomo
+    from clawvm.demo.scenario import ReplayClock, open_demo
+
+    samples = load_locomo(path)
+    chosen = next((s for s in samples if sample_id in (None, s["sample_id"])), None)
+    if chosen is None:
+        known = ", ".join(str(s["sample_id"]) for s in samples)
+        raise ValidationError(
+            "session_id", f"{sample_id!r} is no conversation of {path}", f"pick one of {known}"
+        )
+    clock = ReplayClock(LOCOMO_START)  # the conversation's calendar: its sessions lie weeks apart
+    h = open_demo(store_from_url("memory://"), clock, not ctx.obj["no_embed"])
+    try:
+        done = ingest_locomo_conversation(h, chosen, on_time=clock.at)
+        yield h, done.session_id
     finally:
         h.close()
 

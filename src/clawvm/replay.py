@@ -209,7 +209,8 @@ def read_session(live: Harness, session_id: str, reach: Reach = "tenant") -> Ses
     scope: dict[str, Any] = {"session_id": session_id} if reach == "session" else {}
     found = live.iter_all(status="any", **scope)
     memories = {m.id: m for m in found if m.status is not Status.INTERNAL and m.team_id is None}
-    session_builds = [e for e in _all_events(live) if _is_build_of(e, session_id)]
+    log = list(_all_events(live))  # read once: the builds, their outputs and the events to re-run
+    session_builds = [e for e in log if _is_build_of(e, session_id)]
     if not session_builds:
         raise ValidationError(
             "session_id",
@@ -218,15 +219,13 @@ def read_session(live: Harness, session_id: str, reach: Reach = "tenant") -> Ses
         )
     recorded = {e.seq: _manifest_ids(e) for e in session_builds if e.seq is not None}
     # a build's output may come after the session's last build: read to the end for those
-    outputs = [e for e in _all_events(live) if _answers(e, recorded)]
+    outputs = [e for e in log if _answers(e, recorded)]
     needed = dict(recorded)
     for e in outputs:
         needed[int(e.data["context_seq"])] = frozenset(str(i) for i in e.data.get("cited", []))
     last = session_builds[-1].seq or 0
     events = tuple(
-        e
-        for e in _all_events(live)
-        if e.seq is not None and e.seq <= last and _belongs(e, session_id, memories, recorded)
+        e for e in log if e.seq is not None and e.seq <= last and _belongs(e, session_id, memories, recorded)
     )
     vectors = live.store.vectors_of(list(memories))
     return SessionLog(session_id, memories, vectors, events, needed, recorded)
@@ -268,7 +267,14 @@ def run_policy(log: SessionLog, policy: Policy, embedder: Embedder | None, live:
     contexts: dict[int, Context] = {}
     builds: list[Build] = []
     idle = timedelta(hours=policy.pager.session_idle_hours)
+    imported: list[Memory] = []  # a run of import events, written as the live import wrote it: in one batch
     for event in log.events:
+        if event.kind == EventKind.IMPORT:
+            found = log.memories.get(event.memory_id or "")
+            if found is not None:
+                imported.append(found)
+            continue
+        _import(offline, imported, log.vectors)
         if event.at - clock.at >= idle:  # the recorded clock crossed an idle gap: the periodic pass ran
             clock.at = event.at
             offline.tick()
@@ -310,10 +316,16 @@ def _answers(event: Event, builds: Mapping[int, object]) -> bool:
     return event.kind == EventKind.OUTPUT and int(event.data.get("context_seq", -1)) in builds
 
 
+#: events that concern one memory, replayed when that memory is
+_OF_A_MEMORY = frozenset(
+    {EventKind.ADD, EventKind.IMPORT, EventKind.PIN, EventKind.UNPIN, EventKind.FORGET, EventKind.MANUAL}
+)
+
+
 def _belongs(
     event: Event, session_id: str, memories: Mapping[str, Memory], builds: Mapping[int, object]
 ) -> bool:
-    if event.kind in (EventKind.ADD, EventKind.PIN, EventKind.UNPIN, EventKind.FORGET, EventKind.MANUAL):
+    if event.kind in _OF_A_MEMORY:
         return event.memory_id in memories
     if event.kind == EventKind.CONTEXT:
         return _is_build_of(event, session_id)
@@ -353,6 +365,22 @@ def _record(offline: Harness, memory: Memory, vector: np.ndarray | None) -> None
     # the live write path's redaction mark is its own to set: the replay records the redacted text as is
     fields["metadata"] = {k: v for k, v in memory.metadata.items() if k != REDACTION_FIELD}
     offline.record(memory.content, id=memory.id, embedding=vector, **fields)
+
+
+def _import(offline: Harness, memories: builtins.list[Memory], vectors: Mapping[str, np.ndarray]) -> None:
+    """Imported memories (a backup restored, a store migrated in) appear as they are now, in one batch
+    with their live vectors; ``memories`` is emptied."""
+    if not memories:
+        return
+    copies = [
+        m.model_copy(update={"metadata": {k: v for k, v in m.metadata.items() if k != REDACTION_FIELD}})
+        for m in memories
+    ]
+    offline.import_memories(copies, restore=True)  # the live store's own memories: a restore, not an upload
+    with_vector = [m.id for m in memories if m.id in vectors]
+    if with_vector:
+        offline.store.set_vectors(with_vector, np.stack([vectors[i] for i in with_vector]))
+    memories.clear()
 
 
 def _apply_manual(offline: Harness, event: Event) -> None:

@@ -199,16 +199,26 @@ def _totals(rows: Iterable[Row], builds: Iterable[ContextBuild]) -> dict[str, An
     by_kind: dict[str, int] = defaultdict(int)
     for r in rows:
         by_kind[r.kind] += 1
+    timed = [r.seconds for r in rows if r.kind == Kind.TOOL_RESULT.value and r.seconds]
     return {
         "memories": len(rows),
         "by_kind": dict(by_kind),
-        "errors": sum(1 for r in rows if r.state == "error"),
-        "tool_seconds": round(sum(r.seconds for r in rows if r.kind == Kind.TOOL_RESULT.value), 6),
+        "errors": _failures(rows),
+        # None when no tool result recorded its duration: unknown, which "0 ms" would misstate
+        "tool_seconds": round(sum(timed), 6) if timed else None,
+        "tool_results_timed": len(timed),
         "llm_tokens": sum(r.cost_tokens for r in rows),
         "money": round(sum(r.money for r in rows), 6),
         "contexts": len(builds),
         "context_tokens": sum(b.tokens for b in builds),
     }
+
+
+def _failures(rows: list[Row]) -> int:
+    """Failures, each counted once: a failed tool call is recorded as an error call and its error result
+    (the result's parent), which are one failure; any other error memory is one too."""
+    errors = {r.id: r for r in rows if r.state == "error"}
+    return sum(1 for r in errors.values() if not (r.parent_id in errors and r.kind == Kind.TOOL_RESULT.value))
 
 
 # ---- revisions ------------------------------------------------------------------------------------------

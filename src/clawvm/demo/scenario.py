@@ -42,6 +42,7 @@ from clawvm.observe.lens import record_output
 from clawvm.store import Store, store_from_url
 from clawvm.store.keys import Keyring
 from clawvm.teams import shared as teams
+from clawvm.teams.merge import merge_team
 from clawvm.vm.context import Context
 from clawvm.vm.tiers import PagerConfig, TierBudgets
 
@@ -50,6 +51,12 @@ START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 #: times out after its stated 10 s; the EU host answers, the ledger query and the rollout check take
 #: what such calls take.
 LATENCY_S = {"tessera_charge": 10.0, "tessera_charge_eu": 0.84, "sql_query": 0.12, "shell": 3.6}
+#: What each LLM step of the scripted agent run cost, as the agent's client reported it: time, tokens
+#: (prompt + completion) and money (USD at a typical small-model price).
+LLM_COST = {
+    "thought": {"seconds": 1.4, "tokens": 612, "money": 0.00092},
+    "decision": {"seconds": 2.1, "tokens": 1034, "money": 0.00155},
+}
 #: The name of the API key the dashboard demo makes once its scenario is loaded (how a kept store is known).
 DEMO_KEY_NAME = "MemLens demo"
 #: How often the demo looks whether its server listens yet, to print the URL.
@@ -317,7 +324,8 @@ def _agent_run(h: Harness, clock: ReplayClock) -> int:
     for attempt in range(3):
         clock.advance(seconds=40)
         thought = f"Attempt {attempt + 1}: charging invoice INV-{1040 + attempt} through the primary host."
-        turn = h.record(thought, kind=Kind.LLM_THOUGHT, state=State.INTERMEDIATE, **scope)
+        cost = LLM_COST["thought"]
+        turn = h.record(thought, kind=Kind.LLM_THOUGHT, state=State.INTERMEDIATE, cost=cost, **scope)
         clock.advance(seconds=10)
         # recorded as an ERROR result by the tool wrapper, 10 s later, under the turn that asked for it
         with suppress(TimeoutError), toolcalls.scope(parent_id=turn.id):
@@ -329,6 +337,7 @@ def _agent_run(h: Harness, clock: ReplayClock) -> int:
     h.record(
         "Decided: route charges through the EU regional host while the primary keeps timing out.",
         kind=Kind.DECISION,
+        cost=LLM_COST["decision"],
         **scope,
     )
     for n in range(3):
@@ -352,20 +361,48 @@ def _team_run(h: Harness, clock: ReplayClock) -> int:
     for agent in ("planner", "coder", "reviewer"):
         h.grant(team, agent, read=True, write=True)
     common = {"team_id": team, "task_id": task, "session_id": session, "task_type": "refunds"}
-    script = [
-        ("planner", Kind.OBSERVATION, "Refunds over EUR 500 fail on Tessera: error R-409 (duplicate key)."),
-        ("coder", Kind.OBSERVATION, "R-409 happens because billing-svc reuses the Cardinal idempotency key."),
-        ("planner", Kind.DECISION, "Decided: generate a fresh idempotency key per refund attempt."),
-        ("coder", Kind.KNOWLEDGE, "Tessera idempotency keys must be unique per request for 24 hours."),
-        ("reviewer", Kind.OBSERVATION, "The fix passes the refund test suite: 48 passed, 0 failed."),
+    key = "refund idempotency key"  # what the two decisions are about: fusion flags them as a conflict
+    script: list[tuple[str, Kind, str, str | None]] = [
+        (
+            "planner",
+            Kind.OBSERVATION,
+            "Refunds over EUR 500 fail on Tessera: error R-409 (duplicate key).",
+            None,
+        ),
+        (
+            "coder",
+            Kind.OBSERVATION,
+            "R-409 happens because billing-svc reuses the Cardinal idempotency key.",
+            None,
+        ),
+        ("planner", Kind.DECISION, "Decided: generate a fresh idempotency key per refund attempt.", key),
+        ("coder", Kind.KNOWLEDGE, "Tessera idempotency keys must be unique per request for 24 hours.", None),
+        ("reviewer", Kind.OBSERVATION, "The fix passes the refund test suite: 48 passed, 0 failed.", None),
+        (
+            "coder",
+            Kind.DECISION,
+            "Decided: keep the Cardinal key and retry a refund on R-409 after 60 s.",
+            key,
+        ),
     ]
     made = []
-    for agent, kind, text in script:
+    for agent, kind, text, subject in script:
         clock.advance(minutes=12)
-        made.append(teams.record(h, text, agent_id=agent, kind=kind, **common))
+        made.append(teams.record(h, text, agent_id=agent, kind=kind, subject=subject, **common))
     clock.advance(minutes=20)
     revised = "Decided: fresh idempotency key per refund attempt, derived from refund id + attempt number."
     h.revise(made[2].id, agent_id="reviewer", content=revised)
+    # fusion after the task: the coder's decision contradicts the planner's on the same subject, so a
+    # conflict note waits for review (both sides shown in the teams view)
+    merge_team(h, team_id=team)
+    clock.advance(minutes=30)
+    # the next refunds task asks the team for guidance and adopts the lines it acted on
+    guide = h.guidance(
+        "reviewer", "retry failed refunds safely", task_id="t-refund-retry", task_type="refunds"
+    )
+    for item in guide.items:
+        if item.section != "conflict":
+            h.feedback(item.id, adopted="idempotency" in item.line.lower())
     outputs = 0
     for agent in ("coder", "reviewer"):
         clock.advance(minutes=5)

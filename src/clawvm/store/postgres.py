@@ -711,6 +711,16 @@ class PostgresStore(Store):
         self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False
     ) -> list[Memory]:
         """A keyset page in (created_at, id) order: an index range scan from ``after``, never an OFFSET."""
+        return [from_stored(body) for body in self._page_bodies(filters, after, limit, newest_first)]
+
+    def page_json(
+        self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False
+    ) -> list[dict[str, Any]]:
+        return [json.loads(body) for body in self._page_bodies(filters, after, limit, newest_first)]
+
+    def _page_bodies(
+        self, filters: Filters, after: PageKey | None, limit: int, newest_first: bool
+    ) -> list[str]:
         if limit <= 0:
             return []
         where, args = compile_filters(filters)
@@ -728,7 +738,7 @@ class PostgresStore(Store):
                     ORDER BY m.created_at {direction}, m.id {direction} LIMIT %s""",
                 [*args, *extra, min(limit, 2**62)],
             ).fetchall()
-        return [from_stored(body) for (body,) in rows]
+        return [str(body) for (body,) in rows]
 
     def session_ids(self, filters: Filters, after: str | None = None, limit: int = 500) -> list[str]:
         where, args = compile_filters(filters)

@@ -710,6 +710,19 @@ class SQLiteStore(Store):
             found = self.get_many(ids)
         return [found[i] for i in ids if i in found]
 
+    def page_json(
+        self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False
+    ) -> list[dict[str, Any]]:
+        key = None if after is None else (micros(after.created_at), after.id)
+        bodies: dict[str, str] = {}
+        with self._read("page") as db:  # one lock: the ids and their rows come from the same state
+            ids = self.index.page(filters, key, limit, newest_first)
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                bodies.update(db.execute(f"SELECT id, body FROM memories WHERE id IN ({marks})", chunk))
+        return [json.loads(bodies[i]) for i in ids if i in bodies]
+
     def session_ids(self, filters: Filters, after: str | None = None, limit: int = 500) -> list[str]:
         with self._read("session_ids"):
             return self.index.session_ids(filters, after, limit)

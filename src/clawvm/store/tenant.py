@@ -33,6 +33,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -187,6 +188,12 @@ class TenantStore(Store):
     ) -> list[Memory]:
         confined = self._confined(filters)
         return [] if confined is None else self.inner.page(confined, after, limit, newest_first)
+
+    def page_json(
+        self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False
+    ) -> list[dict[str, Any]]:
+        confined = self._confined(filters)
+        return [] if confined is None else self.inner.page_json(confined, after, limit, newest_first)
 
     def session_ids(self, filters: Filters, after: str | None = None, limit: int = 500) -> list[str]:
         confined = self._confined(filters)
