@@ -40,7 +40,7 @@ window.MemLensViews = function (ML) {
         el("button", { id: "trace-expand", text: "expand all", onclick: () => main.querySelectorAll("details").forEach((d) => { d.open = true; }) }),
         el("button", { text: "collapse all", onclick: () => main.querySelectorAll("details").forEach((d) => { d.open = false; }) }),
         el("span", { class: "muted", id: "trace-totals", text: `${tot.memories} memories · ${tot.contexts} context builds (${tot.context_tokens} tokens) · ` +
-          `${tot.errors} errors · tools ${secs(tot.tool_seconds)} · LLM tokens ${tot.llm_tokens}` + (tot.money ? ` · cost ${num(tot.money, 4)}` : "") }),
+          `${tot.errors} errors · tools ${secs(tot.tool_seconds) || "–"} · LLM tokens ${tot.llm_tokens}` + (tot.money ? ` · cost ${num(tot.money, 4)}` : "") }),
         el("span", { class: "spacer" }), exportButtons("trace", exportAs, "the steps of this trace, in order (children after their parent, with depth)")),
       el("div", { class: "card trace", id: "trace-tree" }, t.steps.length ? t.steps.map(step) : el("p", { class: "muted", text: "No step matches these filters." })),
       t.total > t.steps.length ? el("p", { class: "muted", text: `first ${t.steps.length} of ${t.total} steps` }) : null);
