@@ -59,6 +59,8 @@ from clawvm.observe.lens import record_output
 from clawvm.server.app import ServerSettings, create_app
 from clawvm.store import Event, SQLiteStore
 from clawvm.store.crypto import REDACTION_FIELD, DataKey, DataKeys
+from clawvm.teams import shared
+from clawvm.teams.merge import merge_team
 from clawvm.vm.context import short_id
 from clawvm.vm.tiers import TierBudgets
 
@@ -383,6 +385,32 @@ def _nothing(_value: Any) -> None:
     return None
 
 
+def open_conflict(h: Harness) -> tuple[str, str]:
+    """Two team decisions on one subject, each with the planted secrets, merged into a flagged conflict:
+    the conflict note's id and the side to keep."""
+    h.grant(TEAM, AGENT, write=True)
+    sides = [
+        shared.record(
+            h,
+            f"{SHORT_PLANTED}: refunds within {days} days",
+            agent_id=AGENT,
+            kind="decision",
+            team_id=TEAM,
+            subject="refund window",
+            task_id=f"t-{days}",
+        )
+        for days in (14, 30)
+    ]
+    (note,) = merge_team(h, team_id=TEAM).conflicts
+    return note, sides[0].id
+
+
+def _resolve_conflict(w: World) -> Memory:
+    note, keep = open_conflict(w.harness)
+    w.mark()
+    return w.harness.resolve_conflict(note, keep=keep, by="reviewer")
+
+
 SDK_WRITES: dict[str, tuple[Case, ...]] = {
     "record": (
         Case(lambda w: w.harness.record(PLANTED, session_id=SESSION, task_id=TASK), ("add",)),
@@ -403,6 +431,12 @@ SDK_WRITES: dict[str, tuple[Case, ...]] = {
         Case(
             lambda w: w.harness.reject(w.note.id, by="reviewer", reason=PLANTED),
             ("update", "review.rejected"),
+        ),
+    ),
+    "resolve_conflict": (
+        Case(
+            _resolve_conflict,
+            ("update", "review.rejected", "update", "review.resolved", "update", "review.approved"),
         ),
     ),
     "compress": (Case(lambda w: w.harness.compress(w.note.id), ("compress",)),),
@@ -709,6 +743,12 @@ def _rest_revoke(w: RestWorld) -> tuple[str, Any]:
     return f"/v1/keys/{created['key_id']}", None
 
 
+def _rest_keep_side(w: RestWorld) -> tuple[str, Any]:
+    note, keep = open_conflict(w.client.app.state.service.harness_for("acme"))  # type: ignore[attr-defined]
+    w.mark()
+    return f"/dashboard/api/conflicts/{note}/keep", {"keep": keep}
+
+
 REST_WRITES: dict[str, RestCase] = {
     "POST /v1/memories": RestCase(lambda w: ("/v1/memories", {"content": PLANTED}), ("add",)),
     "POST /v1/memories/import": RestCase(_rest_import, ("import",), who="admin"),
@@ -765,6 +805,11 @@ REST_WRITES: dict[str, RestCase] = {
     "POST /dashboard/api/memories/{memory_id}/forget": RestCase(_dashboard("forget"), ("forget",)),
     "POST /dashboard/api/review/{memory_id}/approve": RestCase(
         lambda w: (f"/dashboard/api/review/{w.note['id']}/approve", {}), ("update", "review.approved")
+    ),
+    "POST /dashboard/api/conflicts/{conflict_id}/keep": RestCase(
+        _rest_keep_side,
+        ("update", "review.rejected", "update", "review.resolved", "update", "review.approved"),
+        "admin",
     ),
     "POST /dashboard/api/review/{memory_id}/reject": RestCase(
         lambda w: (f"/dashboard/api/review/{w.note['id']}/reject", {"reason": PLANTED}),
