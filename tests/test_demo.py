@@ -231,6 +231,13 @@ def test_the_demo_has_a_flagged_conflict_adopted_guidance_and_costed_llm_steps()
         lens = lens_for(h)
         teams = debug.teams(lens, h)
         [conflict] = teams["conflicts"]
+        # the sides a person can keep: the flagged heads only, not an older revision of one of them
+        from clawvm.teams import shared
+
+        assert [s["id"] for s in conflict["sides"]] == shared.conflict_choices(h.get(conflict["id"]))
+        assert len(conflict["sides"]) == 2 and all(
+            h.get(s["id"]).status.value == "active" for s in conflict["sides"]
+        )
         sides = {s["preview"][:40] for s in conflict["sides"]}
         assert any("fresh idempotency key" in s for s in sides) and any(
             "keep the Cardinal key" in s for s in sides

@@ -324,7 +324,9 @@ def _team_memory(m: Memory) -> dict[str, Any]:
 
 def _conflict(h: Harness, note: Memory, flt: RowFilter) -> dict[str, Any] | None:
     """The conflict with both sides, or None when neither side (nor the note) passes the filter bar."""
-    sides = list(h.store.get_many(sorted(shared.conflict_sides(note))).values())
+    choices = shared.conflict_choices(note)
+    found = h.store.get_many(choices)
+    sides = [found[i] for i in choices if i in found]
     if not any(_keeps(flt, m) for m in [note, *sides]):
         return None
     return {**_team_memory(note), "sides": [_team_memory(m) for m in sides]}

@@ -336,6 +336,12 @@ def conflict_sides(note: Memory) -> set[str]:
     return {str(i) for i in [*info.get("ids", []), *info.get("roots", [])]}
 
 
+def conflict_choices(note: Memory) -> list[str]:
+    """The sides a person can keep: the memories the conflict was flagged on (not their chains' roots,
+    which are older revisions of those same sides)."""
+    return [str(i) for i in note.metadata.get("conflict", {}).get("ids", [])]
+
+
 def previous(m: Memory) -> str | None:
     return next((link.target for link in m.links if link.type is LinkType.REVISES), None)
 
@@ -632,7 +638,7 @@ def reject(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str | 
 def resolve_conflict(h: TeamHost, conflict_id: str, *, keep: str, by: str | None = None) -> Memory:
     """Keep one side of a conflict (approved) and reject the others; returns the kept memory."""
     note = h.store.get(conflict_id)
-    sides = list(note.metadata.get("conflict", {}).get("ids", []))
+    sides = conflict_choices(note)
     if keep not in sides:
         raise ValidationError(
             "keep", f"{keep!r} is not a side of conflict {conflict_id}", f"pass one of {sides}"
