@@ -160,6 +160,11 @@ def test_cli_replay_prints_the_comparison_and_writes_json(tmp_path: Path) -> Non
     assert saved["a"]["evidence_kept"] == 1.0 and saved["b"]["evidence_kept"] < 1.0
     bad = runner.invoke(main, ["--db", str(db), "--no-embed", "replay", "s1", "--weight", "cite_weight"])
     assert bad.exit_code == 2 and "NAME=NUMBER" in bad.output
+    for budget in ("0", "-5"):  # 0 once read as "not given" and replayed A as B
+        bad = runner.invoke(main, ["--db", str(db), "--no-embed", "replay", "s1", "--budget", budget])
+        assert bad.exit_code == 2 and "budget" in bad.output and "positive" in bad.output, bad.output
+    same = runner.invoke(main, ["--db", str(db), "--no-embed", "replay", "s1"])
+    assert same.exit_code == 0 and "B is the current policy" in same.output
 
 
 def test_cli_replays_the_demo(tmp_path: Path) -> None:

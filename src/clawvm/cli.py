@@ -943,6 +943,11 @@ def replay(
             reach="session" if reach == "session" else "tenant",
         )
     click.echo(whatif.format_report(report))
+    if budget is None and working_items is None and working_tokens is None and not changes:
+        click.echo(
+            "(B is the current policy: pass --budget, --working-items, --working-tokens or --weight "
+            "to compare)"
+        )
     if json_path is not None:
         json_path.write_text(json.dumps(report.as_dict(), indent=2))
 

@@ -69,6 +69,17 @@ class Policy:
     pager: PagerConfig = field(default_factory=PagerConfig)
     context_budget: int | None = None
 
+    def __post_init__(self) -> None:
+        # 0 would read as "not given" below and replay the recorded budgets: a silent no-op
+        if self.context_budget is not None and (
+            isinstance(self.context_budget, bool)
+            or not isinstance(self.context_budget, int)
+            or self.context_budget < 1
+        ):
+            raise ValidationError(
+                "budget", f"is {self.context_budget!r}", "pass a positive number of tokens (or leave it out)"
+            )
+
 
 @dataclass(frozen=True)
 class Build:
@@ -415,7 +426,7 @@ def _build(offline: Harness, event: Event, policy: Policy) -> Context:
     data = event.data
     scope = {k: v for k, v in (data.get("scope") or {}).items() if k in ("session_id", "task_id", "agent_id")}
     query = str(data.get("query", ""))
-    budget = policy.context_budget or int(data.get("budget", 2000))
+    budget = int(data.get("budget", 2000)) if policy.context_budget is None else policy.context_budget
     return offline.context(query, budget_tokens=budget, **scope)
 
 
