@@ -14,6 +14,7 @@ import time
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -250,7 +251,17 @@ def test_the_demo_has_a_flagged_conflict_adopted_guidance_and_costed_llm_steps()
         assert adopted and all("idempotency" in m["preview"].lower() for m in adopted)
         assert any(m["adoption_rate"] == 0.0 for m in teams["knowledge"])  # offered and not adopted
 
-        totals = debug.trace(lens, "run-cutover")["totals"]
+        traced = debug.trace(lens, "run-cutover")
+        totals = traced["totals"]
+
+        def calls(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            found = [s for s in steps if s.get("kind") == "tool_call"]
+            return found + [c for s in steps for c in calls(s["children"])]
+
+        answered = [c for c in calls(traced["steps"]) if any(
+            k.get("kind") == "tool_result" for k in c["children"])]  # fmt: skip
+        assert answered and all(c["state"] != "pending" for c in answered)  # shown with their outcome
+        assert {c["state"] for c in answered} >= {"error", "success"}
         thoughts = h.list(limit=10, kind="llm_thought", session_id="run-cutover", status="any")
         assert len(thoughts) == 3 and all(m.cost.tokens == LLM_COST["thought"]["tokens"] for m in thoughts)
         assert totals["llm_tokens"] == 3 * LLM_COST["thought"]["tokens"] + LLM_COST["decision"]["tokens"]

@@ -153,6 +153,8 @@ def _tree(rows: list[Row], builds: list[ContextBuild]) -> list[_Step]:
     for r in rows:
         parent = steps.get(r.parent_id or "")
         (parent.children if parent is not None else roots).append(steps[r.id])
+    for step in steps.values():
+        _settle_call(step)
     for b in builds:
         step = _Step("context", b.at, b.seq, _context_data(b))
         if b.output is not None:
@@ -161,6 +163,17 @@ def _tree(rows: list[Row], builds: list[ContextBuild]) -> list[_Step]:
             step.children.append(_Step("output", out.at, out.seq, data))
         roots.append(step)
     return roots
+
+
+def _settle_call(step: _Step) -> None:
+    """A tool call is stored PENDING when it starts and its outcome is a result memory under it: the trace
+    shows the call with its result's state (the stored one stays in ``recorded_state``)."""
+    if step.data.get("kind") != "tool_call" or step.data.get("state") != "pending":
+        return
+    results = [c for c in step.children if c.data.get("kind") == "tool_result" and c.data.get("state")]
+    if results:
+        step.data["recorded_state"] = step.data["state"]
+        step.data["state"] = results[-1].data["state"]
 
 
 def _memory_step(r: Row, order: int) -> _Step:
