@@ -505,6 +505,8 @@ def test_memories_are_edited_like_blocks_through_the_sdk_write_path(
     page.click("#revise-button")
     page.wait_for_function("(old) => MemLens.state.selected !== old", arg=first)
     page.wait_for_selector('#inspector[data-ready="1"] #revisions-table .diff-add')
+    diff_width = page.evaluate("document.querySelector('#revisions-table .diff').offsetWidth")
+    assert diff_width > 200, diff_width  # the diff spans the panel, not a narrow third column
     head = page.evaluate("MemLens.state.selected")
     assert [m.id for m in h.history(head)] == [first, head]  # a new revision, the old one kept
     assert h.get(first).status.value == "obsolete" and "db-stage-5" in h.get(head).content

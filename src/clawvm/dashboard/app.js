@@ -595,10 +595,12 @@
     const r = await api(`memories/${id}/revisions`).catch(() => null);
     if (!r || r.revisions.length < 2) { fill(box); return; }
     fill(box, el("h3", { text: `Revisions (${r.revisions.length})` }),
-      el("table", { id: "revisions-table" }, r.revisions.slice().reverse().map((v) => el("tr", { class: "clickable", onclick: () => inspect(v.id) },
-        el("td", {}, el("code", { text: v.short_id })), el("td", { text: `${v.status} · ${when(v.created_at)}` }),
-        el("td", {}, v.diff.length ? el("pre", { class: "diff" }, v.diff.slice(2).map((line) =>
-          el("div", { class: line.startsWith("+") ? "diff-add" : line.startsWith("-") ? "diff-del" : "muted", text: line }))) : el("span", { class: "muted", text: "first version" }))))));
+      // each revision's diff on a row of its own, the panel's full width (a third column left it ~75 px)
+      el("table", { id: "revisions-table" }, r.revisions.slice().reverse().flatMap((v) => [
+        el("tr", { class: "clickable", onclick: () => inspect(v.id) },
+          el("td", {}, el("code", { text: v.short_id })), el("td", { text: `${v.status} · ${when(v.created_at)}` })),
+        el("tr", { class: "revision-diff" }, el("td", { colspan: 2 }, v.diff.length ? el("pre", { class: "diff" }, v.diff.slice(2).map((line) =>
+          el("div", { class: line.startsWith("+") ? "diff-add" : line.startsWith("-") ? "diff-del" : "muted", text: line }))) : el("span", { class: "muted", text: "first version" })))])));
   }
 
   // ---- inspector ----------------------------------------------------------------------------------
