@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 
+from browser import chromium
 from clawvm import Harness, Memory
 from clawvm.dashboard import views
 from clawvm.demo.scenario import ReplayClock, load_scenario, open_demo
@@ -26,16 +27,6 @@ from loopback import serve_app
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "artifacts"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 VIEWS = ["sessions", "timeline", "heatmap", "graph", "contexts", "influence", "metrics"]
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
@@ -303,16 +294,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Harn
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    if not CHROMIUM.exists():
-        pytest.fail("Debian's chromium is needed for the browser tests: apt-get install -y chromium")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 def _watched_page(browser: Any, height: int) -> tuple[Any, list[str]]:

@@ -9,11 +9,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from browser import chromium
 from clawvm import Harness, Memory
 from clawvm.server import create_app
 from clawvm.store import Event
@@ -21,8 +21,6 @@ from clawvm.teams import shared
 from loopback import serve_app
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
 N_MEMORIES = 10_000
 N_SESSIONS = 40
 N_BUILDS = 300
@@ -141,16 +139,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    if not CHROMIUM.exists():
-        pytest.fail("Debian's chromium is needed for the browser tests: apt-get install -y chromium")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 def _page(browser: Any) -> tuple[Any, list[str]]:
