@@ -861,11 +861,8 @@ class SQLiteStore(Store):
             )
 
     def delete_events_upto(self, seq: int) -> int:
-        with self._write("delete_events") as (
-            db,
-            _rev,
-            _counted,
-        ):  # AUTOINCREMENT: deleted seqs are never reused
+        # AUTOINCREMENT: deleted seqs are never reused
+        with self._write("delete_events") as (db, _rev, _counted):
             return int(db.execute("DELETE FROM events WHERE seq <= ?", (seq,)).rowcount)
 
     def read_events(
