@@ -441,3 +441,26 @@ def test_errors_speak_json_types(harness: Harness) -> None:
 def test_every_tool_rejects_unknown_arguments(name: str) -> None:
     with Harness.open("memory://", embedder=None) as h:
         err(AgentTools(h, session_id="s").dispatch(name, {"surprise": 1}), "invalid_arguments")
+
+
+def test_each_invalid_argument_gets_a_fix_of_its_own(harness: Harness) -> None:
+    tools = AgentTools(harness, session_id="s1")
+    fact = ok(tools.dispatch("record_memory", {"content": "the ledger export runs nightly"}))
+
+    def fix_of(name: str, args: dict[str, Any]) -> tuple[str, str]:
+        e = err(tools.dispatch(name, json.dumps(args)), "invalid_arguments")
+        return e["message"], e["fix"]
+
+    stale = {"memory_id": fact["id"], "content": "x", "expected_version": 0}
+    assert fix_of("update_memory", stale) == (
+        "expected_version: is 0; it must be at least 1",
+        "expected_version: pass a value at least 1",
+    )
+    assert fix_of("recall_memory", {"query": "x", "k": 1000})[1] == "k: pass a value at most 50"
+    assert fix_of("recall_memory", {"query": "x", "k": "5"})[1] == "k: send an integer"
+    assert fix_of("recall_memory", {"query": ""}) == ("query: is empty", "query: pass a non-empty value")
+    assert fix_of("record_memory", {})[1] == "content: add it"
+    assert fix_of("record_memory", {"content": "x", "kind": "bogus"})[1].startswith(
+        "kind: use one of 'user_input'"
+    )
+    assert "leave it out" in fix_of("record_memory", {"content": "x", "bogus": 1})[1]

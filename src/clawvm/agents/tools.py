@@ -726,16 +726,47 @@ _EXPECTED = {
 
 def _problem(e: Mapping[str, Any]) -> str:
     """One validation error in JSON's terms."""
-    kind, got = e["type"], e.get("input")
+    return _problem_and_fix(e)[0]
+
+
+def _problem_and_fix(e: Mapping[str, Any]) -> tuple[str, str]:
+    """One validation error in JSON's terms, and what the caller should send instead."""
+    kind, got, ctx = e["type"], e.get("input"), e.get("ctx", {})
     if kind in _EXPECTED:
-        return f"expected {_EXPECTED[kind]}, got {_json_type(got)}"
+        return f"expected {_EXPECTED[kind]}, got {_json_type(got)}", f"send {_EXPECTED[kind]}"
     if kind in ("literal_error", "enum"):
-        return f"expected one of {e.get('ctx', {}).get('expected', 'the listed values')}, got {_shown(got)}"
+        allowed = ctx.get("expected", "the listed values")
+        return f"expected one of {allowed}, got {_shown(got)}", f"use one of {allowed}"
     if kind == "missing":
-        return "is required"
+        return "is required", "add it"
     if kind == "extra_forbidden":
-        return "is not an argument of this tool"
-    return str(e["msg"])
+        return "is not an argument of this tool", "leave it out (the tool's schema lists the arguments)"
+    bound = _BOUNDS.get(kind)
+    if bound is not None:
+        word, limit_key = bound
+        shown = json.dumps(got) if isinstance(got, (int, float)) else _shown(got)
+        return (
+            f"is {shown}; it must be {word} {ctx.get(limit_key)}",
+            f"pass a value {word} {ctx.get(limit_key)}",
+        )
+    if kind in ("string_too_short", "too_short"):
+        least = ctx.get("min_length")
+        if least == 1:
+            return "is empty", "pass a non-empty value"
+        return f"is shorter than {least}", f"pass at least {least} (characters or items)"
+    if kind in ("string_too_long", "too_long"):
+        most = ctx.get("max_length")
+        return f"is longer than {most}", f"pass at most {most} (characters or items)"
+    return str(e["msg"]), "correct the arguments to match the tool's schema"
+
+
+# pydantic's bound errors: (what the bound says, the ctx key holding it)
+_BOUNDS = {
+    "greater_than_equal": ("at least", "ge"),
+    "greater_than": ("more than", "gt"),
+    "less_than_equal": ("at most", "le"),
+    "less_than": ("less than", "lt"),
+}
 
 
 def _shown(value: Any) -> str:
@@ -759,16 +790,16 @@ def error_reply(
 
 
 def _validation_error(exc: pydantic.ValidationError) -> dict[str, Any]:
+    errors = exc.errors(include_url=False)
     problems = [
-        {"field": ".".join(str(p) for p in e["loc"]) or "arguments", "problem": _problem(e)}
-        for e in exc.errors(include_url=False)
+        {"field": ".".join(str(p) for p in e["loc"]) or "arguments", "problem": _problem(e)} for e in errors
     ]
     first = problems[0]
     reply = error_reply(
         "invalid_arguments",
         f"{first['field']}: {first['problem']}",
         field=first["field"],
-        fix="correct the arguments to match the tool's schema",
+        fix=f"{first['field']}: {_problem_and_fix(errors[0])[1]}",
     )
     reply["error"]["problems"] = problems
     return reply
