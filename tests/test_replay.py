@@ -276,3 +276,15 @@ def test_the_dashboard_what_if_replays_a_locomo_conversation(tmp_path: Path) -> 
             assert all(len(b["dropped_needed"]) == 1 for b in body["builds"])
     finally:
         h.close()
+
+
+def test_shares_round_a_tie_up_as_the_dashboard_does() -> None:
+    from clawvm.replay import _fmt
+
+    assert [_fmt(9 / 16), _fmt(1 / 16), _fmt(0.3891), _fmt(1.0), _fmt(None)] == [
+        "56.3%",
+        "6.3%",
+        "38.9%",
+        "100.0%",
+        "–",
+    ]

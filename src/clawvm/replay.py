@@ -36,6 +36,7 @@ import builtins
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, Literal
 
 import numpy as np
@@ -575,7 +576,10 @@ _SUMMARY_ROWS = (
 def _fmt(x: object) -> str:
     if x is None:
         return "–"
-    return f"{x:.1%}" if isinstance(x, float) else str(x)
+    if not isinstance(x, float):
+        return str(x)
+    # a tie rounds up, as the dashboard's toFixed does (9/16 is 56.3% in both, not 56.2% here)
+    return f"{(Decimal(str(x)) * 100).quantize(Decimal('0.1'), rounding=ROUND_HALF_UP)}%"
 
 
 def _positive(name: str, n: int) -> int:
