@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from browser import chromium
+from bulk_events import context_build, demotions
 from clawvm import Harness, Memory
 from clawvm.dashboard import views
 from clawvm.demo.scenario import ReplayClock, load_scenario, open_demo
@@ -201,32 +202,10 @@ def _bulk_memories(n: int) -> list[Memory]:
 
 def _bulk_events(memories: list[Memory], builds: int) -> list[Event]:
     """One demotion per memory, then ``builds`` context builds of 20 lines each."""
-    moved = {"from": "working", "to": "short_term", "value_before": 0.5, "value_after": 0.4, "reason": "b"}
-    events = [Event("demote", m.id, moved, at=T0 + timedelta(minutes=i + 30)) for i, m in enumerate(memories)]
+    events = demotions(memories, T0)
     for b in range(builds):
-        manifest = [
-            {
-                "id": m.id,
-                "short_id": m.id[-8:],
-                "section": "retrieved",
-                "tier": "long_term",
-                "value": 0.5,
-                "score": 0.5,
-                "tokens": 24,
-                "reason": "recall",
-                "created_at": m.created_at.isoformat(),
-            }
-            for m in memories[b * 20 : b * 20 + 20]
-        ]
-        data = {
-            "query": f"q{b}",
-            "budget": 500,
-            "tokens": 480,
-            "scope": {"session_id": "s1"},
-            "ms": 5.0,
-            "manifest": manifest,
-        }
-        events.append(Event("context", None, data, at=T0 + timedelta(days=8, minutes=b)))
+        lines = memories[b * 20 : b * 20 + 20]
+        events.append(context_build(lines, f"q{b}", "s1", T0 + timedelta(days=8, minutes=b)))
     return events
 
 

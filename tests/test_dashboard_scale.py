@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from browser import chromium
+from bulk_events import context_build, demotions
 from clawvm import Harness, Memory
 from clawvm.server import create_app
 from clawvm.store import Event
@@ -65,35 +66,13 @@ def _memories() -> list[Memory]:
 def _events(memories: list[Memory]) -> list[Event]:
     """One demotion per memory, then 300 context builds over ten sessions (20 of the session's lines
     each): s1 holds 30 of them, what the what-if replay re-runs."""
-    moved = {"from": "working", "to": "short_term", "value_before": 0.5, "value_after": 0.4, "reason": "b"}
-    events = [Event("demote", m.id, moved, at=T0 + timedelta(minutes=i + 30)) for i, m in enumerate(memories)]
+    events = demotions(memories, T0)
     for b in range(N_BUILDS):
         session = f"s{b % BUILD_SESSIONS}"
         own = [m for m in memories[b % BUILD_SESSIONS :: N_SESSIONS] if m.session_id == session]
         lines = [own[(b * BUILD_LINES + n) % len(own)] for n in range(BUILD_LINES)]
-        manifest = [
-            {
-                "id": m.id,
-                "short_id": m.id[-8:],
-                "section": "retrieved",
-                "tier": "long_term",
-                "value": 0.5,
-                "score": 0.5,
-                "tokens": 24,
-                "reason": "recall",
-                "created_at": m.created_at.isoformat(),
-            }
-            for m in lines
-        ]
-        data = {
-            "query": f"Tessera host eu-{b % 7} run 1",
-            "budget": 500,
-            "tokens": 480,
-            "scope": {"session_id": session},
-            "ms": 5.0,
-            "manifest": manifest,
-        }
-        events.append(Event("context", None, data, at=T0 + timedelta(days=8, minutes=b)))
+        query = f"Tessera host eu-{b % 7} run 1"
+        events.append(context_build(lines, query, session, T0 + timedelta(days=8, minutes=b)))
     return events
 
 
