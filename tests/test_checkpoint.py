@@ -20,7 +20,9 @@ from clawvm.vm.tiers import PagerConfig, TierBudgets
 
 T0 = datetime(2030, 7, 1, 9, 0, tzinfo=UTC)
 BUDGETS = TierBudgets(working_tokens=120, working_items=4, short_term_items=4, long_term_items=4)
-CFG = PagerConfig(budgets=BUDGETS)
+# passes at lifecycle boundaries only: a background pass landing between the state a test reads and the
+# checkpoint (or after the rollback) would change tiers behind the comparison, as the scheduler decides
+CFG = PagerConfig(budgets=BUDGETS, background=False)
 RESTORED = ("tier", "pinned", "status", "usage", "access_count", "last_accessed_at")
 
 
