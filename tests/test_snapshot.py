@@ -441,6 +441,47 @@ def test_an_appended_list_reads_its_base_and_keeps_its_own_writes() -> None:
     assert [table.find(s) for s in ("é", "yz", "x", "w")] == [2, 1, 0, -1] and list(table) == ["x", "yz", "é"]
 
 
+def test_batched_reads_answer_as_one_read_per_item() -> None:
+    """What recall reads a few hundred at a time (ids, creation times, sessions, rows of ids) comes from one
+    batched read of the mapped base, with the overlay's writes, deletes and appended items over it."""
+    words = ["x", "yz", "é", "", "long" * 30]
+    table = Strings(*Strings.pack(words), *Strings.lookup(words))
+    at = [4, 0, 2, 2, 3, 1]
+    assert table.take(at) == [table[i] for i in at] == [words[i] for i in at]
+    assert table.find_many(["é", "nope", "x", "long" * 30]) == [2, -1, 0, 4]
+    # "yz" filed first under the hash of "x" (as a second string with that hash would be): the batched
+    # search confirms its candidate, and on a mismatch walks the chain as find does
+    h = mapped.key_of("x")
+    clash = Strings(*Strings.pack(words), np.array([h, h]), np.array([1, 0]))
+    assert clash.find_many(["x", "w"]) == [clash.find("x"), -1] == [0, -1]
+
+    items = Appended(lambda i: f"row{i}", 4, None, lambda rows: [f"row{i}" for i in rows])
+    items.append("new")
+    items[1] = "set"
+    rows = [4, 1, 0, 3, 4]
+    assert items.take(rows) == [items[i] for i in rows] == ["new", "set", "row0", "row3", "new"]
+    only_tail = Appended(lambda i: "never", 0, None, lambda rows: ["never" for _ in rows])
+    only_tail.append("a")
+    assert only_tail.take([0, 0]) == ["a", "a"]
+    assert mapped.take(["p", "q"], [1, 0]) == ["q", "p"]  # a plain list (a rebuilt index) reads as it is
+
+    base = {1: "a", 2: "b", 3: "c"}
+    asked: list[list[int]] = []
+
+    def many(keys: list[int]) -> list[str | None]:
+        asked.append(keys)
+        return [base.get(k) for k in keys]
+
+    m = Overlay(base.get, lambda: iter(base), len(base), None, many)
+    m[2] = "B"
+    del m[3]
+    m[7] = "new"
+    keys = [1, 2, 3, 7, 9]
+    assert m.get_many(keys) == [m.get(k) for k in keys] == ["a", "B", None, "new", None]
+    assert asked == [keys]  # one base read for the batch
+    assert mapped.get_many({1: "z"}, [1, 2]) == ["z", None]
+
+
 def test_a_snapshot_written_over_an_unchecked_one_checks_it_first(
     built: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

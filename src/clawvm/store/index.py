@@ -27,7 +27,7 @@ from clawvm.core.lexical import LexicalIndex, top_rows, top_scores
 from clawvm.core.model import Filters, Memory, Scope, Visibility
 from clawvm.core.vectors import VectorIndex
 from clawvm.store.base import CandidateInfo, Query, QueryResult, check_vectors
-from clawvm.store.mapped import key_of
+from clawvm.store.mapped import get_many, key_of, take
 
 _COLUMNS = (
     "tenant",
@@ -662,15 +662,15 @@ class SearchIndex:
             best = self._lexical_best(terms, 2 * q.limit if q.context else q.limit, allowed, group)
             if q.lexical:
                 found.append(best[: q.limit])
-                result.lexical = [(ids[r], s) for r, s in found[-1]]  # type: ignore[misc]
+                result.lexical = _named(ids, found[-1])
             if q.context and best:
                 best_rows = np.asarray([r for r, _ in best])
                 found.append(self.context_search(terms, best_rows, q.limit, allowed, group))
-                result.context = [(ids[r], s) for r, s in found[-1]]  # type: ignore[misc]
+                result.context = _named(ids, found[-1])
         if q.vector is not None:
             check_vectors(1, q.vector, self.vectors.dim, field="vector")
             found.append(self.vectors.search(q.vector, q.dense_k, allowed))
-            result.dense = [(ids[r], s) for r, s in found[-1]]  # type: ignore[misc]
+            result.dense = _named(ids, found[-1])
         if q.expand:
             seeds = [self.row_of[i] for i in dict.fromkeys(q.expand) if i in self.row_of]
             links = self.related(seeds, q.expand_limit, q.expand_max_df, allowed, group)
@@ -678,7 +678,7 @@ class SearchIndex:
             found.append([(r, w) for _, r, w in links])
         if q.info or q.around:
             rows = [r for hits in found for r, _ in hits] if q.info else []
-            rows += [self.row_of[i] for i in q.around if i in self.row_of]
+            rows += [r for r in get_many(self.row_of, list(q.around)) if r is not None]
             result.info = self._info(np.asarray(rows, dtype=np.int64), allowed)
         if not q.text and q.vector is None and not q.expand and not q.around:
             live = self._alive[: len(ids)] if allowed is None else allowed
@@ -821,11 +821,12 @@ class SearchIndex:
             near = near[allowed[near]]
         rows = np.union1d(rows, near)
         at = rows.tolist()
-        sessions = map(self._session_of.get, at)
+        sessions = get_many(self._session_of, at)
         agents = self._cols["agent_id"]
-        # each field in one C-level pass (this runs for ~100 rows per recall); -1 (no such row) -> None
+        # each field in one batched read (this runs for ~100 rows per recall, and on a mapped index one
+        # read per row cost ~12x as much); -1 (no such row) -> None
         fields = zip(
-            map(self._created_at.__getitem__, at),
+            take(self._created_at, at),
             [s[1] if s is not None else None for s in sessions],
             _lookup(self.ids, self._prev[rows]),
             _lookup(self.ids, self._next[rows]),
@@ -833,18 +834,24 @@ class SearchIndex:
             self.lexical.doc_len[rows].astype(np.int64).tolist(),
             strict=True,
         )
-        return dict(zip(map(self.ids.__getitem__, at), map(_info_of, fields), strict=True))  # type: ignore[arg-type]
+        return dict(zip(take(self.ids, at), map(_info_of, fields), strict=True))  # type: ignore[arg-type]
 
 
 T = TypeVar("T")
 _info_of = partial(tuple.__new__, CandidateInfo)  # CandidateInfo(*fields) without a Python-level frame
 
 
+def _named(ids: Sequence[str | None], hits: list[tuple[int, float]]) -> list[tuple[str, float]]:
+    """(id, score) for (row, score) hits, the ids read in one batch."""
+    names = take(ids, [r for r, _ in hits])
+    return list(zip(names, [s for _, s in hits], strict=True))  # type: ignore[arg-type]
+
+
 def _lookup(items: Sequence[T], at: np.ndarray) -> list[T | None]:
     """``[items[i] for i in at]``, None where ``i`` is -1, in one C-level pass."""
     if not items:
         return [None] * len(at)
-    out: list[T | None] = list(map(items.__getitem__, at.tolist()))  # -1 reads the last item: fixed below
+    out: list[T | None] = take(items, np.maximum(at, 0).tolist())
     for i in np.flatnonzero(at < 0).tolist():
         out[i] = None
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
@@ -75,10 +75,35 @@ class Strings(Sequence[str]):
         start, end = self._offsets[i : i + 2].tolist()
         return bytes(self._blob[start:end]).decode()
 
+    def take(self, at: Sequence[int]) -> list[str]:
+        """``[self[i] for i in at]`` (each ``i`` in range), decoded straight from the mapped bytes: recall
+        reads a few hundred ids at a time, and one call per id cost ~12x as much."""
+        offsets, blob = self._offsets, self._blob
+        index = np.asarray(at, dtype=np.int64)
+        starts, ends = offsets[index].tolist(), offsets[index + 1].tolist()
+        return [str(blob[a:b], "utf-8") for a, b in zip(starts, ends, strict=True)]
+
     def __iter__(self) -> Iterator[str]:
         offsets, blob = self._offsets.tolist(), self._blob
         for start, end in itertools.pairwise(offsets):
             yield bytes(blob[start:end]).decode()
+
+    def find_many(self, texts: Sequence[str]) -> list[int]:
+        """``[self.find(t) for t in texts]``: one vectorised search of the hashes, one batched decode to
+        confirm the hits (a hash shared by two strings falls back to :meth:`find`)."""
+        hashes, at = self._hashes, self._at
+        assert hashes is not None and at is not None, "a table without a lookup"
+        if not len(hashes) or not texts:
+            return [-1] * len(texts)
+        wanted = np.fromiter(map(key_of, texts), dtype=np.int64, count=len(texts))
+        slot = np.minimum(np.searchsorted(hashes, wanted), len(hashes) - 1)
+        hit = hashes[slot] == wanted
+        where: list[int] = np.where(hit, at[slot], -1).tolist()
+        confirm = [i for i, j in enumerate(where) if j >= 0]
+        for i, found in zip(confirm, self.take([where[i] for i in confirm]), strict=True):
+            if found != texts[i]:
+                where[i] = self.find(texts[i])
+        return where
 
     def find(self, text: str) -> int:
         """Where ``text`` is (its index), -1 when it is not there."""
@@ -106,8 +131,9 @@ class Overlay(MutableMapping[K, V]):
         keys: Callable[[], Iterable[K]],
         n: int | Callable[[], int],
         bulk: Callable[[], Iterable[tuple[K, V]]] | None = None,
+        base_many: Callable[[list[K]], list[V | None]] | None = None,
     ) -> None:
-        self._base, self._keys, self._bulk = base, keys, bulk
+        self._base, self._keys, self._bulk, self._base_many = base, keys, bulk, base_many
         # the count, or how to count (a pass over an array: done when first asked, not at open)
         self._n = n if isinstance(n, int) else -1
         self._count: Callable[[], int] | None = None if isinstance(n, int) else n
@@ -144,6 +170,21 @@ class Overlay(MutableMapping[K, V]):
 
     def __contains__(self, key: object) -> bool:
         return self._lookup(key) is not _NONE  # type: ignore[arg-type]
+
+    def get_many(self, keys: list[K]) -> list[V | None]:
+        """``[self.get(k) for k in keys]``, the base asked once for all keys the overlay cannot answer
+        (when it can answer many at once); what the base answers here is not kept."""
+        if self._base_many is None:
+            return list(map(self.get, keys))
+        over, gone = self._over, self._gone
+        out: list[V | None] = self._base_many(keys)
+        if over or gone:
+            for i, key in enumerate(keys):
+                if key in gone:
+                    out[i] = None
+                else:
+                    out[i] = over.get(key, out[i])
+        return out
 
     def __setitem__(self, key: K, value: V) -> None:
         self._counted()
@@ -195,6 +236,20 @@ class Overlay(MutableMapping[K, V]):
                 yield key, found
 
 
+def take(items: Sequence[T], at: list[int]) -> list[T]:
+    """``[items[i] for i in at]`` (each ``i`` in range): one batched read of a mapped :class:`Appended`."""
+    if isinstance(items, Appended):
+        return items.take(at)
+    return list(map(items.__getitem__, at))
+
+
+def get_many(m: Mapping[K, V], keys: list[K]) -> list[V | None]:
+    """``[m.get(k) for k in keys]``: one batched read of a mapped :class:`Overlay`."""
+    if isinstance(m, Overlay):
+        return m.get_many(keys)
+    return list(map(m.get, keys))
+
+
 def items(m: MutableMapping[K, V]) -> Iterator[tuple[K, V]]:
     """``m.items()``, without filling an :class:`Overlay` with its whole base."""
     return m.peek_items() if isinstance(m, Overlay) else iter(list(m.items()))
@@ -204,8 +259,14 @@ class Appended(Generic[T]):
     """A list over a read-only base of ``n`` items (``base(i)``): items set since are kept in a dict,
     items appended in a list."""
 
-    def __init__(self, base: Callable[[int], T], n: int, bulk: Callable[[], list[T]] | None = None) -> None:
-        self._base, self._n, self._bulk = base, n, bulk
+    def __init__(
+        self,
+        base: Callable[[int], T],
+        n: int,
+        bulk: Callable[[], list[T]] | None = None,
+        base_many: Callable[[list[int]], list[T]] | None = None,
+    ) -> None:
+        self._base, self._n, self._bulk, self._base_many = base, n, bulk, base_many
         self._tail: list[T] = []
         self._over: dict[int, T] = {}
 
@@ -234,6 +295,29 @@ class Appended(Generic[T]):
 
     def append(self, value: T) -> None:
         self._tail.append(value)
+
+    def take(self, at: list[int]) -> list[T]:
+        """``[self[i] for i in at]`` (each ``i`` in range), the base read once for all of them when it can
+        read many at once."""
+        n = self._n
+        if self._base_many is None or not at:
+            return list(map(self.__getitem__, at))
+        index = np.asarray(at, dtype=np.int64)
+        in_base = index < n
+        if in_base.all():
+            out = self._base_many(at)
+        else:
+            out = [self._tail[i - n] if i >= n else None for i in at]  # type: ignore[misc]
+            based = np.flatnonzero(in_base).tolist()
+            for i, v in zip(based, self._base_many(index[based].tolist()) if based else [], strict=True):
+                out[i] = v
+        if self._over:
+            over = self._over
+            for i, row in enumerate(at):
+                v = over.get(row, _NONE)
+                if v is not _NONE:
+                    out[i] = v
+        return out
 
     def __iter__(self) -> Iterator[T]:
         if self._bulk is None:

@@ -502,11 +502,14 @@ def _index(view: Callable[[str], np.ndarray], state: dict[str, Any], projected: 
         lambda i: None if null[i] else ids[i],
         n,
         lambda: [None if gone else i for i, gone in zip(ids, null.tolist(), strict=True)],
+        lambda at: [None if gone else i for i, gone in zip(ids.take(at), null[at].tolist(), strict=True)],
     )
     s.row_of = Overlay(  # type: ignore[assignment]
         lambda k: _found(ids.find(k)),
         lambda: (ids[i] for i in np.flatnonzero(~null).tolist()),
         state["n_live"],
+        None,
+        lambda keys: list(map(_found, ids.find_many(keys))),
     )
     s.lexical = _lexical(view, state["lexical"])
     s.window = state["window"]
@@ -514,8 +517,17 @@ def _index(view: Callable[[str], np.ndarray], state: dict[str, Any], projected: 
     for name in _INDEX_ARRAYS:
         setattr(s, name, view(f"ix{name}"))
     created, alive = view("ix_created"), view("ix_alive")
+    def created_many(at: list[int]) -> list[datetime | None]:
+        return [
+            _EPOCH + timedelta(microseconds=us) if live else None
+            for us, live in zip(created[at].tolist(), alive[at].tolist(), strict=True)
+        ]
+
     s._created_at = Appended(  # type: ignore[assignment]
-        lambda i: _EPOCH + timedelta(microseconds=int(created[i])) if alive[i] else None, n
+        lambda i: _EPOCH + timedelta(microseconds=int(created[i])) if alive[i] else None,
+        n,
+        None,
+        created_many,
     )
     # sessions
     sess = _strings(view, "sess")
@@ -590,7 +602,9 @@ def _index(view: Callable[[str], np.ndarray], state: dict[str, Any], projected: 
     for name in _COLUMNS:
         col = _Column.__new__(_Column)
         values = _strings(view, f"col.{name}.v")
-        col.values = Appended(values.__getitem__, len(values), functools.partial(list, values))  # type: ignore[assignment]
+        col.values = Appended(  # type: ignore[assignment]
+            values.__getitem__, len(values), functools.partial(list, values), values.take
+        )
         col.codes = Overlay(  # type: ignore[assignment]
             functools.partial(_code, values), functools.partial(iter, values), len(values)
         )
@@ -644,7 +658,14 @@ def _per_row(codes: np.ndarray, decode: Callable[[int], Any]) -> Overlay[int, An
         rows = np.flatnonzero(codes >= 0)
         return zip(rows.tolist(), map(decode, codes[rows].tolist()), strict=True)
 
-    return Overlay(base, present, lambda: int(np.count_nonzero(codes >= 0)), bulk)
+    def many(rows: list[int]) -> list[Any]:
+        at = np.asarray(rows, dtype=np.int64)
+        inside = (at >= 0) & (at < size)
+        found = np.where(inside, codes[np.where(inside, at, 0)], -1).tolist()
+        decoded = {c: decode(c) for c in set(found) if c >= 0}  # a few sessions among ~100 rows
+        return [decoded[c] if c >= 0 else None for c in found]
+
+    return Overlay(base, present, lambda: int(np.count_nonzero(codes >= 0)), bulk, many)
 
 
 def _flagged(
