@@ -121,6 +121,25 @@ def test_open_from_the_snapshot_answers_as_a_rebuild_does(built: Path, tmp_path:
         rebuilt.close()
 
 
+def test_an_empty_snapshot_takes_writes_as_a_rebuild_does(tmp_path: Path) -> None:
+    """A snapshot of a file with no memory yet (a store opened to mint keys first): every mapped array is
+    empty, and what the next process writes lives in the overlays alone."""
+    path, plain = tmp_path / "empty.db", tmp_path / "plain.db"
+    first = opened(path)
+    first.write_snapshot()
+    first.close()
+    mapped_store, rebuilt = opened(path), opened(plain)
+    try:
+        assert mapped_store.index_source == "snapshot"
+        same, vecs = memories(30), vectors(30, 3)
+        for store in (mapped_store, rebuilt):
+            store.write(same, vecs, [])
+        assert answers(mapped_store) == answers(rebuilt)
+    finally:
+        mapped_store.close()
+        rebuilt.close()
+
+
 def test_writes_after_the_snapshot_are_replayed_on_open(built: Path) -> None:
     a = opened(built, snapshot_every=10**6)
     later = memories(30, start=300)

@@ -661,7 +661,9 @@ def _per_row(codes: np.ndarray, decode: Callable[[int], Any]) -> Overlay[int, An
     def many(rows: list[int]) -> list[Any]:
         at = np.asarray(rows, dtype=np.int64)
         inside = (at >= 0) & (at < size)
-        found = np.where(inside, codes[np.where(inside, at, 0)], -1).tolist()
+        coded = np.full(len(at), -1, dtype=np.int64)
+        coded[inside] = codes[at[inside]]
+        found = coded.tolist()
         decoded = {c: decode(c) for c in set(found) if c >= 0}  # a few sessions among ~100 rows
         return [decoded[c] if c >= 0 else None for c in found]
 
