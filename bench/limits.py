@@ -18,6 +18,9 @@ costs measured side by side (interleaved call by call where the costs are per ca
 - ``ingest_ratio``: records/s of ``record()`` with background embedding until ``flush()``, over the
   embedder's raw ``embed`` batch throughput on the same texts. Goal >= 0.9.
 
+Snapshot stall (reported): the record that makes the periodic index snapshot due, with the snapshot
+written in a forked child (the default) and under the engine's lock, beside a plain record.
+
 Absolute figures sit beside them (open s, RSS MB, p50/p95 ms). Memory: a fresh child process opens the file
 and recalls once; its resident memory over a bare interpreter's (same imports) is compared with the bytes of
 the vectors plus the lexical postings (``memory_ratio``, goal <= 2).
@@ -263,6 +266,37 @@ def measure_record(h: clawvm.Harness, path: Path, count: int) -> dict[str, Any]:
     }
 
 
+def measure_snapshot_stall(h: clawvm.Harness, repeats: int) -> dict[str, Any]:
+    """The one record in every ``snapshot_every`` changes that makes the periodic index snapshot due, with
+    the snapshot written under the lock (``inline``) and in a forked child (``background``, the default),
+    over a record that makes none due (median of ``repeats`` each)."""
+    store = h.store
+    assert isinstance(store, SQLiteStore)
+    every, mode = store.snapshot_every, store.snapshot_mode
+    extra = next(Corpus(seed=7).batches(3 * repeats + 1))
+    rows = iter(zip(extra.texts, extra.sessions, extra.vectors, strict=True))
+
+    def one_record() -> float:
+        text, session, v = next(rows)
+        return ms_of(lambda: h.record(text, embedding=v, session_id=session, kind="observation"))[0]
+
+    out: dict[str, Any] = {}
+    try:
+        for name in ("inline", "background"):
+            store.snapshot_mode = name
+            took: list[float] = []
+            for _ in range(repeats):
+                store.snapshot_every = store._rev - store._snapshot_rev + 1  # the next change makes one due
+                took.append(one_record())
+                store.snapshot_wait()
+            out[f"snapshot_stall_{name}_ms"] = round(float(np.median(took)), 1)
+        store.snapshot_every = every
+        out["snapshot_stall_plain_record_ms"] = round(one_record(), 2)
+    finally:
+        store.snapshot_every, store.snapshot_mode = every, mode
+    return out
+
+
 # ---- recall ----------------------------------------------------------------------------------------------
 def measure_recall(
     h: clawvm.Harness, queries: list[tuple[int, str, np.ndarray]], warmup: int
@@ -367,6 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=1000)
     ap.add_argument("--ingest-n", type=int, default=500)
     ap.add_argument("--open-repeats", type=int, default=3)
+    ap.add_argument("--snapshot-repeats", type=int, default=3)
     args = ap.parse_args(argv)
     started = time.perf_counter()
     built = build(args.n, Path(args.cache), print)
@@ -392,6 +427,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             res.update(measure_e2e(h, queries[: 100 + args.warmup], args.warmup))
             print("record ...", flush=True)
             res.update(measure_record(h, work, args.records))
+            print("snapshot stall ...", flush=True)
+            res.update(measure_snapshot_stall(h, args.snapshot_repeats))
         finally:
             h.close()
         print("ingest ...", flush=True)
@@ -417,6 +454,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(p50 {res['recall_p50_ms']} / {res['recall_bare_p50_ms']})",
         ),
         ("e2e_ratio", f"p50 {res['e2e_recall_p50_ms']} ms vs embed_query {res['embed_query_p50_ms']} ms"),
+        (
+            "snapshot_stall_background_ms",
+            f"the record that makes the periodic snapshot due: {res['snapshot_stall_background_ms']} ms "
+            f"forked, {res['snapshot_stall_inline_ms']} ms written under the lock "
+            f"(a plain record {res['snapshot_stall_plain_record_ms']} ms)",
+        ),
         ("ingest_ratio", f"{res['ingest_per_s']}/s vs raw embedder {res['embedder_raw_per_s']}/s"),
         (
             "memory_ratio",
@@ -426,9 +469,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     print(f"\nlimits n={args.n} ({res['vectors']})")
     for key, detail in rows:
-        goal = GOALS.get(key, 2.0)
+        goal = {**GOALS, "memory_ratio": 2.0}.get(key)
         sign = ">=" if key == "ingest_ratio" else "<="
-        print(f"  {key:<14} {res[key]:>8}  (goal {sign} {goal})  {detail}")
+        aim = f"(goal {sign} {goal})" if goal is not None else "(reported)"
+        print(f"  {key:<14} {res[key]:>8}  {aim}  {detail}")
     Path(args.json).write_text(json.dumps(res, indent=2))
     print(f"wrote {args.json} ({res['elapsed_s']} s)")
     return 0

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 import zlib
 from pathlib import Path
@@ -281,18 +282,93 @@ def test_a_snapshot_that_names_anything_but_index_parts_is_refused(built: Path, 
         store.close()
 
 
-def test_a_snapshot_is_written_every_so_many_changes(tmp_path: Path) -> None:
+def opened_in(path: Path, mode: str, **kw: int) -> SQLiteStore:
+    store = SQLiteStore(path, snapshot_mode=mode, **kw)
+    store.setup()
+    return store
+
+
+@pytest.mark.parametrize("mode", ["background", "inline"])
+def test_a_snapshot_is_written_every_so_many_changes(tmp_path: Path, mode: str) -> None:
     path = tmp_path / "p.db"
-    store = opened(path, snapshot_every=3)
+    store = opened_in(path, mode, snapshot_every=3)
     try:
         for i in range(2):
             store.write(memories(1, start=i), None, [])
         assert not snap.path_for(str(path)).exists()
         store.write(memories(1, start=2), None, [])
+        assert store.snapshot_wait(timeout=60) is (True if mode == "background" else None)
         assert snap.read_header(snap.path_for(str(path)))["rev"] == store._rev
         assert not list(tmp_path.glob("*.tmp"))  # written to a temporary name, renamed into place
     finally:
         store.close()
+
+
+def test_writes_go_on_while_a_background_snapshot_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write that makes a snapshot due returns once the child is forked; the child writes the index as
+    it stood then, and a reopen from that snapshot replays the writes made meanwhile."""
+    path, go = tmp_path / "w.db", tmp_path / "go"
+    real_write = snap.write
+
+    def write_when_told(*args: object) -> Path:
+        while not go.exists():  # in the forked child: hold the snapshot back until the test says so
+            time.sleep(0.01)
+        return real_write(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(snap, "write", write_when_told)
+    store = opened_in(path, "background", snapshot_every=3)
+    try:
+        for i in range(3):  # one change each: the third makes the snapshot due
+            store.write(memories(1, start=i), None, [])
+        forked_at = store._rev
+        child = store._snapshot_child
+        assert child is not None and child.running() and not snap.path_for(str(path)).exists()
+        for i in range(3, 10):  # not held up by the child, and past the next due point: no second child
+            store.write(memories(1, start=i), None, [])
+        assert store._snapshot_child is child and child.running()
+        go.touch()
+        assert store.snapshot_wait(timeout=60) is True
+        older = snap.path_for(str(path)).read_bytes()
+        assert snap.read_header(snap.path_for(str(path)))["rev"] == forked_at < store._rev
+        expected = answers(store)
+    finally:
+        store.close()
+    snap.path_for(str(path)).write_bytes(older)  # as if the process had died before closing
+    again = opened(path)
+    try:
+        assert again.index_source == "snapshot" and answers(again) == expected
+        assert len(again.index) == 10
+    finally:
+        again.close()
+
+
+def test_a_background_snapshot_that_fails_is_written_on_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path, parent = tmp_path / "f.db", os.getpid()
+    real_write = snap.write
+
+    def fail_in_the_child(*args: object) -> Path:
+        if os.getpid() != parent:
+            raise OSError("disk full")
+        return real_write(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(snap, "write", fail_in_the_child)
+    store = opened_in(path, "background", snapshot_every=2)
+    with caplog.at_level("WARNING", logger="clawvm.store.forked"):
+        store.write(memories(1), None, [])
+        store.write(memories(1, start=1), None, [])
+        assert store.snapshot_wait(timeout=60) is False
+    assert "not written" in caplog.text and not snap.path_for(str(path)).exists()
+    store.close()  # the lost snapshot is written here, in this process
+    assert snap.read_header(snap.path_for(str(path)))["rev"] == 2
+    again = opened(path)
+    try:
+        assert again.index_source == "snapshot" and len(again.index) == 2
+    finally:
+        again.close()
 
 
 def test_a_new_file_at_the_same_path_does_not_take_the_old_files_snapshot(tmp_path: Path) -> None:

@@ -1195,3 +1195,13 @@ def test_an_unknown_sqlite_option_names_the_fix(tmp_path: Path) -> None:
         store_from_url(f"sqlite:///{tmp_path}/d.db?durability=paranoid")
     with pytest.raises(ConfigError, match="unknown option 'sync'"):
         store_from_url(f"sqlite:///{tmp_path}/d.db?sync=full")
+    with pytest.raises(ConfigError, match=r"snapshot mode 'later'.*\?snapshot=inline"):
+        store_from_url(f"sqlite:///{tmp_path}/d.db?snapshot=later")
+
+
+@pytest.mark.parametrize("mode", ["background", "inline"])
+def test_the_sqlite_snapshot_mode_is_selectable_from_the_url(tmp_path: Path, mode: str) -> None:
+    from clawvm.store import store_from_url
+
+    store = store_from_url(f"sqlite:///{tmp_path}/d.db?snapshot={mode}")
+    assert isinstance(store, SQLiteStore) and store.snapshot_mode == mode

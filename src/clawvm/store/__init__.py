@@ -47,7 +47,8 @@ def store_from_url(target: str | Path, dim: int = 384) -> Store:
     """An engine for ``target``: ``memory://``, ``sqlite:///abs/path``, ``sqlite://rel/path`` or a path.
 
     SQLite takes ``?durability=full`` (fsync every commit: power-loss safe) or ``normal`` (the default:
-    crash-safe); see :data:`clawvm.store.sqlite.DURABILITY`."""
+    crash-safe), see :data:`clawvm.store.sqlite.DURABILITY`; and ``?snapshot=inline`` to write the periodic
+    index snapshot under the engine's lock instead of in a forked child (see ``SNAPSHOT_MODES`` there)."""
     if isinstance(target, Path):
         return SQLiteStore(target, dim=dim)
     if "://" not in target:
@@ -60,12 +61,18 @@ def store_from_url(target: str | Path, dim: int = 384) -> Store:
         if not path:
             raise ConfigError(f"store URL {target!r} names no file: use sqlite:///path/to/memories.db")
         options = parse_qs(url.query)
-        unknown = sorted(set(options) - {"durability"})
+        unknown = sorted(set(options) - {"durability", "snapshot"})
         if unknown:
             raise ConfigError(
-                f"unknown option {unknown[0]!r} in {target!r}: SQLite takes ?durability=full|normal"
+                f"unknown option {unknown[0]!r} in {target!r}: "
+                "SQLite takes ?durability=full|normal and ?snapshot=background|inline"
             )
-        return SQLiteStore(path, dim=dim, durability=options.get("durability", ["normal"])[-1])
+        return SQLiteStore(
+            path,
+            dim=dim,
+            durability=options.get("durability", ["normal"])[-1],
+            snapshot_mode=options.get("snapshot", ["background"])[-1],
+        )
     if url.scheme in ("postgresql", "postgres"):
         try:  # imported here: psycopg is an optional extra
             from clawvm.store.postgres import PostgresStore

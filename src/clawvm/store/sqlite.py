@@ -30,7 +30,7 @@ import numpy as np
 from clawvm.core.errors import ConfigError, SchemaError, StoreError
 from clawvm.core.model import Filters, LinkType, Memory
 from clawvm.core.vectors import normalize
-from clawvm.store import snapshot
+from clawvm.store import forked, snapshot
 from clawvm.store.base import (
     Credential,
     Edge,
@@ -176,8 +176,14 @@ def _link_pairs(links_json: str | None) -> set[tuple[str, str]]:
 log = logging.getLogger("clawvm.store.sqlite")
 
 #: Changes (write transactions, ``rev``) between two snapshots of the index, besides the one on close: the
-#: most a reopen replays after a crash. At 100k memories a snapshot takes ~1 s under the engine's lock.
+#: most a reopen replays after a crash. At 100k memories a snapshot takes ~1.3 s to write.
 SNAPSHOT_EVERY = 10_000
+
+#: How the periodic snapshot is written: ``background`` (the default) in a forked child, so the write that
+#: makes it due waits for the fork (milliseconds) and not for the snapshot (:mod:`clawvm.store.forked`);
+#: ``inline`` under the engine's lock, stalling that write (~1.3 s at 100k memories) but using no second
+#: process (the only way where ``os.fork`` is missing). The snapshot on close is always written inline.
+SNAPSHOT_MODES = ("background", "inline")
 
 
 class _Checkpointer:
@@ -256,6 +262,7 @@ class SQLiteStore(Store):
         max_wal_bytes: int = 64 * 2**20,
         durability: str = "normal",
         snapshot_every: int = SNAPSHOT_EVERY,
+        snapshot_mode: str = "background",
     ) -> None:
         super().__init__()
         if durability not in DURABILITY:
@@ -263,6 +270,15 @@ class SQLiteStore(Store):
                 f"durability {durability!r} is unknown: use {' or '.join(DURABILITY)} "
                 "(sqlite:///path?durability=full)"
             )
+        if snapshot_mode not in SNAPSHOT_MODES:
+            raise ConfigError(
+                f"snapshot mode {snapshot_mode!r} is unknown: use {' or '.join(SNAPSHOT_MODES)} "
+                "(sqlite:///path?snapshot=inline)"
+            )
+        # in the background only where the platform can fork
+        self.snapshot_mode = snapshot_mode if forked.available() else "inline"
+        self._snapshot_child: forked.ForkedWrite | None = None  # the periodic snapshot being written, if any
+        self._snapshot_lost = False  # the last child failed: its rev has no snapshot
         self.durability = durability
         self.path = str(path)
         self.dim = dim
@@ -377,23 +393,59 @@ class SQLiteStore(Store):
 
     def write_snapshot(self) -> Path | None:
         """Write the index's snapshot beside the file now (atomically: a temporary file renamed over the old
-        one); None for an in-memory file. Done on close and every ``snapshot_every`` changes."""
+        one); None for an in-memory file. Done on close, and every ``snapshot_every`` changes where
+        ``snapshot_mode`` is ``inline``."""
         with self._lock, _translated("snapshot"):
             if self.path == ":memory:" or self._index is None:
                 return None
-            if self._verifier is not None:  # a damaged base must not be copied into a new snapshot
-                self._verifier.hurry()
-                self._verifier.wait()
-            db = self._db
-            db.execute("BEGIN")  # the fingerprint and the caught-up index: one view of the file
-            try:
-                self._catch_up()
-                fingerprint = self._fingerprint_at()
-            finally:
-                db.execute("COMMIT")
+            self.snapshot_wait()  # a child still writing an older one must not rename it over this one
+            fingerprint = self._snapshot_view()
             written = snapshot.write(self.path, self._index, self._rev, fingerprint)
-            self._snapshot_rev = self._rev
+            self._snapshot_rev, self._snapshot_lost = self._rev, False
             return written
+
+    def _snapshot_view(self) -> snapshot.Fingerprint:
+        """The index caught up with the file, and the fingerprint of that view (caller holds the lock)."""
+        if self._verifier is not None:  # a damaged base must not be copied into a new snapshot
+            self._verifier.hurry()
+            self._verifier.wait()
+        db = self._db
+        db.execute("BEGIN")  # the fingerprint and the caught-up index: one view of the file
+        try:
+            self._catch_up()
+            return self._fingerprint_at()
+        finally:
+            db.execute("COMMIT")
+
+    def _periodic_snapshot(self) -> None:
+        """The snapshot due every ``snapshot_every`` changes (caller holds the lock), in a forked child
+        unless ``snapshot_mode`` is ``inline``; one child at a time (a write while one runs leaves it be,
+        and the next write tries again)."""
+        if self.path == ":memory:" or self._index is None:
+            return
+        if self.snapshot_mode == "inline":
+            self.write_snapshot()
+            return
+        if self._snapshot_child is not None and self._snapshot_child.running():
+            return
+        with _translated("snapshot"):
+            fingerprint, index, rev = self._snapshot_view(), self._index, self._rev
+            self._snapshot_child = forked.ForkedWrite(
+                lambda: snapshot.write(self.path, index, rev, fingerprint), self.path
+            )
+        self._snapshot_rev = rev
+
+    def snapshot_wait(self, timeout: float | None = None) -> bool | None:
+        """Wait for the periodic snapshot a child is writing, if any: True when written, False when the
+        child failed (the next one tries again), None when there was none or it is still running."""
+        child = self._snapshot_child
+        if child is None:
+            return None
+        ok = child.wait(timeout)
+        if ok is not None:
+            self._snapshot_child = None
+            self._snapshot_lost = not ok
+        return ok
 
     @staticmethod
     def _migrate(conn: sqlite3.Connection) -> None:
@@ -429,7 +481,10 @@ class SQLiteStore(Store):
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None and self._index is not None and self._rev != self._snapshot_rev:
+            self.snapshot_wait()
+            # written unless the newest snapshot is current, including one a child failed to write
+            due = self._rev != self._snapshot_rev or self._snapshot_lost
+            if self._conn is not None and self._index is not None and due:
                 try:
                     self.write_snapshot()
                 except Exception as exc:  # the rows are the truth: a failed snapshot costs the next open time
@@ -546,7 +601,7 @@ class SQLiteStore(Store):
             self._rev = rev
             if self._rev - self._snapshot_rev >= self.snapshot_every:
                 try:
-                    self.write_snapshot()
+                    self._periodic_snapshot()
                 except Exception as exc:  # the write itself is committed; the next snapshot tries again
                     log.warning("index snapshot of %s not written: %s", self.path, exc)
                     self._snapshot_rev = self._rev
