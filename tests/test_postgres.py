@@ -140,7 +140,8 @@ def test_upgrading_a_schema_fills_the_expiry_column_from_the_stored_memories(
         )
         conn.execute("ALTER TABLE memories DROP COLUMN expires_at")
         # and what the migrations after it added (per-tenant statistics and event numbers)
-        conn.execute("DROP TABLE tenant_lexstats, event_numbers; DROP INDEX events_tenant")
+        conn.execute("DROP TABLE tenant_lexstats; DROP TABLE IF EXISTS event_numbers")
+        conn.execute("DROP INDEX events_tenant")
         conn.execute("ALTER TABLE events DROP COLUMN tenant_seq")
         conn.execute("UPDATE meta SET value = '3' WHERE key = 'version'")  # before the expiry migration
     s.close()
@@ -263,7 +264,12 @@ def test_events_from_another_process_reach_every_subscriber(url: str, opened: li
     assert got[2:] == [("two", seq)]
 
 
-def test_event_readers_following_seq_never_skip_a_late_commit(url: str, opened: list[PostgresStore]) -> None:
+@pytest.mark.parametrize("tenant", [None, "t1"], ids=["log", "tenant"])
+def test_event_readers_following_seq_never_skip_a_late_commit(
+    url: str, opened: list[PostgresStore], tenant: str | None
+) -> None:
+    """The log's numbers and each tenant's own are taken with no lock between writers, so they may commit
+    out of order; a reader following either never skips one that commits late."""
     s = open_store(opened, url)
     writers, per_writer = 4, 40
     seen: list[int] = []
@@ -271,7 +277,7 @@ def test_event_readers_following_seq_never_skip_a_late_commit(url: str, opened: 
 
     def write(w: int) -> None:
         for i in range(per_writer):
-            s.append_event(Event("tick", data={"w": w, "i": i}))
+            s.append_event(Event("tick", data={"w": w, "i": i}, tenant=tenant or "default"))
 
     def follow() -> None:
         after = 0
@@ -279,7 +285,7 @@ def test_event_readers_following_seq_never_skip_a_late_commit(url: str, opened: 
             # "done" is read before the read: an empty read after every writer returned means the end
             # (read after it, a commit landing between the read and the check would be missed)
             finished = done.is_set()
-            batch = s.read_events(after_seq=after)
+            batch = s.read_events(after_seq=after, tenant=tenant)
             seen.extend(e.seq for e in batch if e.seq is not None)
             after = seen[-1] if seen else 0
             if finished and not batch:
@@ -295,6 +301,37 @@ def test_event_readers_following_seq_never_skip_a_late_commit(url: str, opened: 
     done.set()
     reader.join(60)
     assert len(seen) == len(set(seen)) == writers * per_writer  # every event once: none skipped
+
+
+def test_appenders_of_one_tenant_do_not_wait_for_each_other(url: str, opened: list[PostgresStore]) -> None:
+    """An append still in flight (its transaction open) holds back no other append of its tenant, whose
+    number comes after it; a reader of the tenant's events waits for the one in flight instead of skipping
+    its number, then reads both in order."""
+    s = open_store(opened, url)
+    s.append_event(Event("first", tenant="t1"))  # the tenant's sequence exists
+    in_flight, release = threading.Event(), threading.Event()
+
+    def slow_append() -> None:
+        with s._conn("test") as conn, conn.transaction():
+            s._append_events(conn, [Event("slow", tenant="t1")])
+            in_flight.set()
+            release.wait(30)
+
+    slow = threading.Thread(target=slow_append)
+    slow.start()
+    assert in_flight.wait(30)
+    fast = s.append_events([Event("fast", tenant="t1")], tenant_numbers=True)  # returns while slow is open
+    assert fast == [3]
+    read: list[list[str]] = []
+    reader = threading.Thread(target=lambda: read.append([e.kind for e in s.read_events(1, tenant="t1")]))
+    reader.start()
+    reader.join(0.5)
+    assert reader.is_alive() and not read  # number 2 is in flight: the reader waits for it
+    release.set()
+    slow.join(30)
+    reader.join(30)
+    assert read == [["slow", "fast"]]
+    assert [e.seq for e in s.read_events(0, tenant="t1")] == [1, 2, 3]
 
 
 def test_a_new_id_written_twice_at_once_is_one_write_and_one_conflict(

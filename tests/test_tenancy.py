@@ -527,7 +527,8 @@ def _back_to_the_old_schema(engine_name: str, store: Store, path: Path) -> None:
 
     assert isinstance(store, PostgresStore)
     with store._conn("test") as conn:
-        conn.execute("DROP TABLE tenant_lexstats; DROP TABLE event_numbers; DROP INDEX events_tenant")
+        conn.execute("DROP TABLE tenant_lexstats; DROP TABLE IF EXISTS event_numbers")
+        conn.execute("DROP INDEX events_tenant")
         conn.execute("ALTER TABLE events DROP COLUMN tenant_seq")
         # back to the version before the per-tenant migration (later ones are idempotent and run again)
         before = next(n for n, sql in enumerate(MIGRATIONS) if "CREATE TABLE tenant_lexstats" in sql)

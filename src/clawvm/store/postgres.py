@@ -92,7 +92,7 @@ from clawvm.store.base import (
 )
 from clawvm.store.index import index_text
 from clawvm.store.memory import from_stored
-from clawvm.store.postgres_schema import DATA_MIGRATIONS, MIGRATIONS, PUT_CREDENTIAL
+from clawvm.store.postgres_schema import DATA_MIGRATIONS, MIGRATIONS, PUT_CREDENTIAL, tenant_sequence
 from clawvm.store.postgres_search import Searcher, compile_filters, esc, term_key, unesc, valid_ids
 
 log = logging.getLogger(__name__)
@@ -286,6 +286,7 @@ class PostgresStore(Store):
         # Store.agents per tenant set: (monotonic expiry, names); dropped on our own writes, so only other
         # processes' new agents wait for the expiry
         self._agents: dict[frozenset[str] | None, tuple[float, frozenset[str]]] = {}
+        self._numbered: set[str] = set()  # tenants (stored form) whose event sequence is known to exist
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -475,6 +476,7 @@ class PostgresStore(Store):
         the events' numbers as :meth:`_append_events` does."""
         ids = [r.memory.id for r in rows]
         tenants = sorted({esc(r.memory.tenant) or "" for r in rows})
+        self._number_tenants(conn, {esc(e.tenant) or "" for e in events})  # before the pipeline: it waits
         # the stored rows are locked through their tenants (a lock on one shard when the table is
         # distributed by tenant); an id stored under another tenant (a memory moving, which the harness
         # never does) is looked up in the same round trip and locked after
@@ -808,6 +810,7 @@ class PostgresStore(Store):
 
     def _append_events(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> list[tuple[int, int]]:
         """Insert ``events``; returns (seq, number in its tenant's sequence) of each, in order."""
+        self._number_tenants(conn, {esc(e.tenant) or "" for e in events})  # before the pipeline: it waits
         with conn.pipeline():
             cur = self._send_events(conn, events)
         return self._numbers(cur)
@@ -828,7 +831,30 @@ class PostgresStore(Store):
                 col.append(v)
         # shared with every other appender (no queue); a reader at a hole waits for it (read_events)
         conn.execute("SELECT pg_advisory_xact_lock_shared(%s, hashtext(%s))", [_EVENTS_LOCK, self.schema])
-        return conn.execute(_INSERT_EVENTS, [cols[1], *cols, EVENTS_CHANNEL, f"{self.schema}:"])
+        sequences = [tenant_sequence(t) for t in cols[1]]
+        return conn.execute(_INSERT_EVENTS, [*cols, sequences, EVENTS_CHANNEL, f"{self.schema}:"])
+
+    def _number_tenants(self, conn: psycopg.Connection[Any], tenants: set[str]) -> None:
+        """Make the event sequence of each of ``tenants`` (stored form) that has none, starting past the
+        tenant's highest number, in the caller's transaction (a savepoint each: a writer that made it first
+        is no error; one that is making it holds this one back until it commits). Called before the events'
+        statements, outside any pipeline. Nothing is sent once this process has seen each sequence."""
+        for tenant in sorted(tenants - self._numbered):
+            name = tenant_sequence(tenant)
+            row = conn.execute("SELECT to_regclass(%s)", [name]).fetchone()
+            if row is not None and row[0] is not None:
+                self._numbered.add(tenant)  # committed by someone: it stays (made here, it could roll back)
+                continue
+            try:
+                with conn.transaction():
+                    conn.execute(f"CREATE SEQUENCE {name}")  # a digest's name: nothing to quote
+                    conn.execute(
+                        "SELECT setval(%s::regclass, coalesce(max(tenant_seq), 0) + 1, false)"
+                        " FROM events WHERE tenant = %s",
+                        [name, tenant],
+                    )
+            except (psycopg.errors.DuplicateTable, psycopg.errors.UniqueViolation):
+                pass  # another writer made it first, started as this one would have been
 
     def import_events(self, events: Sequence[Event], tenant_numbers: Sequence[int] | None = None) -> None:
         """Insert with the given numbers, then move the sequence past them (later appends follow)."""
@@ -860,10 +886,11 @@ class PostgresStore(Store):
                         for e, n in zip(events, numbers, strict=True)
                     ],
                 )
-                cur.executemany(  # each tenant's counter moves past its imported numbers
-                    "INSERT INTO event_numbers AS c VALUES (%s, %s)"
-                    " ON CONFLICT (tenant) DO UPDATE SET last = greatest(c.last, excluded.last)",
-                    sorted(last.items()),
+            self._number_tenants(conn, set(last))
+            with conn.cursor() as cur:  # each tenant's sequence moves past its imported numbers
+                cur.executemany(
+                    "SELECT setval(%s::regclass, max(tenant_seq)) FROM events WHERE tenant = %s",
+                    [(tenant_sequence(t), t) for t in sorted(last)],
                 )
             conn.execute(
                 "SELECT setval(pg_get_serial_sequence('events', 'seq'), %s)",
@@ -872,20 +899,15 @@ class PostgresStore(Store):
 
         self._write("import_events", insert)
 
-    @staticmethod
-    def _next_numbers(conn: psycopg.Connection[Any], events: Sequence[Event]) -> list[int]:
-        """Each event's next number in its tenant's sequence, continuing from the stored counters."""
+    def _next_numbers(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> list[int]:
+        """Each event's next number in its tenant's sequence, in order."""
+        tenants = [esc(e.tenant) or "" for e in events]
+        self._number_tenants(conn, set(tenants))
         rows = conn.execute(
-            "SELECT tenant, last FROM event_numbers WHERE tenant = ANY(%s::text[])",
-            [sorted({esc(e.tenant) or "" for e in events})],
+            "SELECT nextval(s::regclass) FROM unnest(%s::text[]) WITH ORDINALITY AS t(s, n) ORDER BY n",
+            [[tenant_sequence(t) for t in tenants]],
         ).fetchall()
-        last = {str(t): int(n) for t, n in rows}
-        out = []
-        for e in events:
-            key = esc(e.tenant) or ""
-            last[key] = last.get(key, 0) + 1
-            out.append(last[key])
-        return out
+        return [int(r[0]) for r in rows]
 
     def delete_events_upto(self, seq: int) -> int:
         def delete(conn: psycopg.Connection[Any]) -> int:  # a sequence never hands out a number twice
@@ -1204,22 +1226,14 @@ _ADD_AGENTS = """INSERT INTO agents
 TENANT_EVENTS_SQL = (
     "SELECT tenant_seq, at, tenant, kind, memory_id, data FROM events WHERE tenant = %s AND tenant_seq > %s"
 )
-# rows are numbered in the order given, in the log and in each tenant's sequence (its counter row moves on
-# by its events in the batch); one notification per batch (equal payloads are delivered once)
-_INSERT_EVENTS = """WITH nums AS (
-        INSERT INTO event_numbers AS c
-        SELECT t.tenant, count(*) FROM unnest(%s::text[]) AS t(tenant) GROUP BY t.tenant ORDER BY t.tenant
-        ON CONFLICT (tenant) DO UPDATE SET last = c.last + excluded.last
-        RETURNING tenant, last),
-    e AS (
-        SELECT e.*, row_number() OVER (PARTITION BY e.tenant ORDER BY e.n) AS k,
-               count(*) OVER (PARTITION BY e.tenant) AS cnt
-        FROM unnest(%s::timestamptz[], %s::text[], %s::text[], %s::text[], %s::text[])
-             WITH ORDINALITY AS e(at, tenant, kind, memory_id, data, n)),
-    ins AS (
+# rows are numbered in the order given, in the log and in each tenant's sequence (nextval is volatile, so
+# PostgreSQL evaluates it after the sort, row by row); one notification per batch (equal payloads are
+# delivered once)
+_INSERT_EVENTS = """WITH ins AS (
         INSERT INTO events (at, tenant, kind, memory_id, data, tenant_seq)
-        SELECT e.at, e.tenant, e.kind, e.memory_id, e.data::json, nums.last - e.cnt + e.k
-        FROM e JOIN nums ON nums.tenant = e.tenant
+        SELECT e.at, e.tenant, e.kind, e.memory_id, e.data::json, nextval(e.numbers::regclass)
+        FROM unnest(%s::timestamptz[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])
+             WITH ORDINALITY AS e(at, tenant, kind, memory_id, data, numbers, n)
         ORDER BY e.n
         RETURNING seq, tenant_seq)
     SELECT seq, tenant_seq, pg_notify(%s, %s || (SELECT max(seq) FROM ins)) FROM ins"""

@@ -4,6 +4,7 @@ share with the engine."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -192,7 +193,26 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX IF EXISTS memories_tier;
     CREATE INDEX IF NOT EXISTS memories_tier_members ON memories (tenant, tier, session_id);
     """,
+    # each tenant's event numbers from a sequence of its own (see tenant_sequence), made on the tenant's
+    # first append and started past its highest number, instead of a counter row that every appender of
+    # the tenant locked from its insert to its commit (one writer's commit at a time per tenant). A number
+    # may now commit after a higher one, or be lost to a rollback: readers wait such holes out as they do
+    # in the log's own numbers (PostgresStore.read_events). Sequences left from an earlier numbering go
+    """
+    DROP TABLE IF EXISTS event_numbers;
+    DO $$ DECLARE s record; BEGIN
+        FOR s IN SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE c.relkind = 'S' AND n.nspname = current_schema() AND c.relname LIKE 'tenant_events_%'
+        LOOP EXECUTE format('DROP SEQUENCE %I', s.relname); END LOOP;
+    END $$;
+    """,
 )
+
+
+def tenant_sequence(tenant: str) -> str:
+    """The name of the sequence that numbers ``tenant``'s events (the tenant as stored, escaped): a digest,
+    so any tenant name makes a valid, fixed-length identifier that quotes nothing."""
+    return "tenant_events_" + hashlib.md5(tenant.encode(), usedforsecurity=False).hexdigest()
 
 # Insert a credential, or replace the stored one only when it is the next version (the compare-and-set of
 # Store.put_credential, in one statement: concurrent writers cannot both pass); no row when it fails.
