@@ -836,6 +836,34 @@ def test_a_background_pass_gives_way_to_a_record_in_flight_within_its_bound() ->
         assert h.count(session_id="s1", tier="working") == 3
     with pytest.raises(ValidationError):
         PagerConfig(give_way_ms=-1)
+    with pytest.raises(ValidationError, match="give_way_quiet_ms"):
+        PagerConfig(give_way_quiet_ms=-1)
+
+
+def test_a_background_pass_waits_out_a_burst_of_records() -> None:
+    """Records one after another (an import, a tool loop) keep a background pass waiting, not only the
+    record in flight: between two of them the pass would take a step that the next one then waits on. It
+    goes on once the records pause for the quiet time, and pages out all the same."""
+    budgets = TierBudgets(working_items=4, working_tokens=None)
+    # a quiet time far above any pause between two records of the loop below, even on a loaded machine
+    pager = PagerConfig(budgets=budgets, background=False, give_way_quiet_ms=300)
+    with Harness.open(embedder=None, pager=pager) as h:
+        for i in range(5):
+            h.record(f"note {i} of the long task", session_id="s1")
+        done = threading.Event()
+        background = threading.Thread(
+            target=lambda: (h.working.run_pass(h.now(), give_way_s=30.0), done.set())
+        )
+        background.start()
+        burst_ends = time.monotonic() + 1.0
+        n = 0
+        while time.monotonic() < burst_ends:  # no record in flight between two of them, only a gap
+            h.record(f"burst note {n}", session_id="s2")
+            n += 1
+        assert not done.is_set() and h.count(session_id="s1", tier="working") == 5
+        assert done.wait(20)  # the records paused: the pass goes on
+        background.join()
+        assert h.count(session_id="s1", tier="working") == 3
 
 
 def test_watermarks_are_fractions_of_the_budget_low_at_most_high() -> None:

@@ -96,9 +96,12 @@ class PagerConfig:
     working_low: float = 0.75
     background: bool = True  # a pager thread per harness runs a pass as soon as a session comes due
     # records come first: a background pass gives way (waits, GIL released) at its steps while a record()
-    # is in flight, at most this many milliseconds in all per pass, then goes on regardless (so continuous
-    # records from several threads cannot starve it); 0 never gives way
-    give_way_ms: float = 50.0
+    # is in flight or one ended less than ``give_way_quiet_ms`` ago, at most ``give_way_ms`` in all per
+    # pass, then goes on regardless (so endless records from several threads cannot starve it; the working
+    # tier may stay over its budget that long, a built context never does); 0 never gives way. At 1 s, a
+    # pass (~10 ms of work at 100k memories) meets about 1% of the records of an endless burst.
+    give_way_ms: float = 1000.0
+    give_way_quiet_ms: float = 5.0
     session_idle_hours: float = 2.0  # on tick, a session untouched this long pages its working tier out
     # seconds one pass (a tick, an enforce, an expire, a move) may wait on LLM endpoints in all (a hung
     # summarizer endpoint would otherwise cost its timeout once per memory archived); once spent, the rest
@@ -106,8 +109,9 @@ class PagerConfig:
     endpoint_budget_s: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.give_way_ms < 0:
-            raise ValidationError("give_way_ms", f"is {self.give_way_ms}", "pass 0 or more milliseconds")
+        for name in ("give_way_ms", "give_way_quiet_ms"):
+            if getattr(self, name) < 0:
+                raise ValidationError(name, f"is {getattr(self, name)}", "pass 0 or more milliseconds")
         if not 0.0 < self.working_low <= self.working_high <= 1.0:
             raise ValidationError(
                 "working_low",
