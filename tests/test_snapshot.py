@@ -122,6 +122,34 @@ def test_open_from_the_snapshot_answers_as_a_rebuild_does(built: Path, tmp_path:
         rebuilt.close()
 
 
+def test_moved_and_revived_memories_read_back_as_in_a_rebuild(built: Path, tmp_path: Path) -> None:
+    """Memories of the mapped base that leave their session for another (the session is deleted, then set
+    again, in the overlay) and one deleted then written again read back (their rows, sessions and
+    neighbours: what recall's batched reads ask for) as from an index rebuilt from the rows."""
+    rebuilt_path = tmp_path / "copy.db"
+    shutil.copy(built, rebuilt_path)
+    fast, slow = opened(built), opened(rebuilt_path)
+    try:
+        assert fast.index_source == "snapshot"
+        stored = fast.page(Filters(), None, 4)
+        moved = [
+            m.model_copy(update={"session_id": "elsewhere", "content": f"moved {i}", "version": m.version + 1})
+            for i, m in enumerate(stored[:2])
+        ]
+        gone = stored[2]
+        for store in (fast, slow):
+            store.write(moved, None, [])
+            store.delete_many([gone.id])
+            store.write([gone], None, [])  # the same id again: revived
+        ids = tuple(m.id for m in stored)
+        infos = [store.query(Query(filters=Filters(), around=ids)).info for store in (fast, slow)]
+        assert infos[0] == infos[1] and set(ids) <= set(infos[0])
+        assert {infos[0][m.id].session_id for m in moved} == {"elsewhere"}
+    finally:
+        fast.close()
+        slow.close()
+
+
 def test_an_empty_snapshot_takes_writes_as_a_rebuild_does(tmp_path: Path) -> None:
     """A snapshot of a file with no memory yet (a store opened to mint keys first): every mapped array is
     empty, and what the next process writes lives in the overlays alone."""
@@ -571,8 +599,10 @@ def test_batched_reads_answer_as_one_read_per_item() -> None:
     m[2] = "B"
     del m[3]
     m[7] = "new"
+    del m[1]
+    m[1] = "back"  # deleted, then set again (a memory that leaves its session and joins another)
     keys = [1, 2, 3, 7, 9]
-    assert m.get_many(keys) == [m.get(k) for k in keys] == ["a", "B", None, "new", None]
+    assert m.get_many(keys) == [m.get(k) for k in keys] == ["back", "B", None, "new", None]
     assert asked == [keys]  # one base read for the batch
     assert mapped.get_many({1: "z"}, [1, 2]) == ["z", None]
 

@@ -180,10 +180,11 @@ class Overlay(MutableMapping[K, V]):
         out: list[V | None] = self._base_many(keys)
         if over or gone:
             for i, key in enumerate(keys):
-                if key in gone:
+                v = over.get(key, _NONE)
+                if v is not _NONE:  # set here (a key deleted, then set again, is in both)
+                    out[i] = v
+                elif key in gone:
                     out[i] = None
-                else:
-                    out[i] = over.get(key, out[i])
         return out
 
     def __setitem__(self, key: K, value: V) -> None:
@@ -191,6 +192,7 @@ class Overlay(MutableMapping[K, V]):
         if self._lookup(key) is _NONE:
             self._n += 1
         self._over[key] = value
+        self._gone.discard(key)
 
     def __delitem__(self, key: K) -> None:
         if self._lookup(key) is _NONE:
