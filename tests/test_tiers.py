@@ -840,6 +840,28 @@ def test_a_background_pass_gives_way_to_a_record_in_flight_within_its_bound() ->
         PagerConfig(give_way_quiet_ms=-1)
 
 
+def test_a_foreground_call_does_not_wait_while_a_pass_gives_way() -> None:
+    """A background pass holds the harness's turn while it gives way to records; a foreground call that
+    needs the turn (a lifecycle boundary, an update) makes it stop giving way and finish, instead of
+    waiting out the records too."""
+    budgets = TierBudgets(working_items=4, working_tokens=None)
+    # the test runs the background pass itself; giving way for up to 30 s if nothing stopped it
+    pager = PagerConfig(budgets=budgets, background=False, give_way_ms=30_000)
+    with Harness.open(embedder=None, pager=pager) as h:
+        for i in range(5):
+            h.record(f"note {i} of the long task", session_id="s1")
+        done = threading.Event()
+        with h.working.recording():  # a record that never ends
+            background = threading.Thread(target=lambda: (h._background_pass(), done.set()))
+            background.start()
+            assert not done.wait(0.3)  # giving way to the record, the turn held
+            started = time.monotonic()
+            h.page()  # waits for the turn: the pass stops giving way
+            assert done.wait(10) and time.monotonic() - started < 10
+        background.join()
+        assert h.count(session_id="s1", tier="working") == 3
+
+
 def test_a_background_pass_waits_out_a_burst_of_records() -> None:
     """Records one after another (an import, a tool loop) keep a background pass waiting, not only the
     record in flight: between two of them the pass would take a step that the next one then waits on. It

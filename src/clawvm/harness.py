@@ -93,6 +93,32 @@ def _exclusive(method: Callable[Concatenate[Harness, _P], _R]) -> Callable[Conca
     return run
 
 
+class _Turns:
+    """The harness's exclusive turns: a re-entrant lock that counts the callers waiting for it, so that a
+    background pager pass giving way to records stops doing so as soon as a foreground call (``context()``,
+    an update, ``close()``) waits behind it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._counting = threading.Lock()
+        self.waiting = 0
+
+    def __enter__(self) -> _Turns:
+        if self._lock.acquire(blocking=False):
+            return self
+        with self._counting:
+            self.waiting += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._counting:
+                self.waiting -= 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
 #: Sessions whose start_session preload a harness remembers (the oldest is forgotten first).
 PRELOADED_SESSIONS = 8192
 _IMMUTABLE = frozenset({"id", "created_at", "version", "tenant"})
@@ -166,7 +192,8 @@ class Harness:
         self.writer.on_commit(self.working.forget)
         # the periodic pager: woken when a record puts a session past its high watermark; its passes and
         # the methods that rewrite a memory they read (``_exclusive``) take turns
-        self._exclusive = threading.RLock()
+        self._exclusive = _Turns()
+        self.working.foreground_waiting = lambda: self._exclusive.waiting > 0
         self._pager_thread = PagerThread(self._background_pass, self._pager_error)
         self.sweep = Sweep(store, self.pager, tenant)  # tick()'s bounded pass and its cursors
         # session -> memories preloaded for it (from any session); the context builder adds them to its

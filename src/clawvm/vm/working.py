@@ -63,6 +63,9 @@ class WorkingTiers:
         self._last_record_end = 0.0  # monotonic time the last record in flight ended
         self._quiet = threading.Lock()  # guards the two above
         self._give_way_until: float | None = None  # set while a background pass runs; its thread's alone
+        # whether a foreground call waits for the pass to finish (the harness's turns): then it stops giving
+        # way, or that call would wait for the records too
+        self.foreground_waiting: Callable[[], bool] = lambda: False
         self._pass_thread: int | None = None
         pager.give_way = self._give_way
 
@@ -161,16 +164,17 @@ class WorkingTiers:
         if until is None or self._pass_thread != threading.get_ident():
             return
         quiet_s = self.pager.config.give_way_quiet_ms / 1000.0
-        while True:
+        while not self.foreground_waiting():
             with self._quiet:
                 in_flight, last_end = self._in_flight, self._last_record_end
             now = time.monotonic()
             if now >= until:
                 return
-            quiet_left = quiet_s if in_flight else last_end + quiet_s - now
-            if quiet_left <= 0:
+            quiet_left = last_end + quiet_s - now
+            if not in_flight and quiet_left <= 0:
                 return
-            time.sleep(min(max(quiet_left, 0.001), until - now))  # polls, a few times per quiet time at most
+            # polls: a few times per quiet time at most, every millisecond while a record is in flight
+            time.sleep(min(max(quiet_left, 0.001), until - now))
 
     def run_pass(self, now: datetime, give_way_s: float = 0.0) -> list[Memory]:
         """One pager pass: every due session's working tier is paged out to the low watermark and the tiers
