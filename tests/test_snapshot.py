@@ -9,6 +9,7 @@ import os
 import pickle
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from clawvm import Memory
 from clawvm.core.model import Filters
 from clawvm.store import Query, SQLiteStore, mapped
 from clawvm.store import snapshot as snap
+from clawvm.store import sqlite as sqlite_engine
 from clawvm.store.mapped import Appended, Overlay, Strings
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -341,12 +343,14 @@ def test_writes_go_on_while_a_background_snapshot_is_written(
     real_write = snap.write
 
     def write_when_told(*args: object) -> Path:
-        while not go.exists():  # in the forked child: hold the snapshot back until the test says so
+        deadline = time.monotonic() + 60
+        while not go.exists() and time.monotonic() < deadline:  # in the child: held until the test says
             time.sleep(0.01)
         return real_write(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(snap, "write", write_when_told)
     store = opened_in(path, "background", snapshot_every=3)
+    listening = socket.create_server(("127.0.0.1", 0))  # as a server's: the child must not hold it open
     try:
         for i in range(3):  # one change each: the third makes the snapshot due
             store.write(memories(1, start=i), None, [])
@@ -356,12 +360,19 @@ def test_writes_go_on_while_a_background_snapshot_is_written(
         for i in range(3, 10):  # not held up by the child, and past the next due point: no second child
             store.write(memories(1, start=i), None, [])
         assert store._snapshot_child is child and child.running()
+        # the child keeps no descriptor of the parent's but the standard three (the socket, the database)
+        deadline = time.monotonic() + 30
+        while len(os.listdir(f"/proc/{child.pid}/fd")) > 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(map(int, os.listdir(f"/proc/{child.pid}/fd"))) == [0, 1, 2]
         go.touch()
         assert store.snapshot_wait(timeout=60) is True
         older = snap.path_for(str(path)).read_bytes()
         assert snap.read_header(snap.path_for(str(path)))["rev"] == forked_at < store._rev
         expected = answers(store)
     finally:
+        go.touch()
+        listening.close()
         store.close()
     snap.path_for(str(path)).write_bytes(older)  # as if the process had died before closing
     again = opened(path)
@@ -370,6 +381,29 @@ def test_writes_go_on_while_a_background_snapshot_is_written(
         assert len(again.index) == 10
     finally:
         again.close()
+
+
+def test_close_kills_a_snapshot_writer_that_hangs_and_writes_the_snapshot_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, parent = tmp_path / "h.db", os.getpid()
+    real_write = snap.write
+
+    def hang_in_the_child(*args: object) -> Path:
+        while os.getpid() != parent:
+            time.sleep(0.05)
+        return real_write(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(snap, "write", hang_in_the_child)
+    monkeypatch.setattr(sqlite_engine, "SNAPSHOT_CHILD_TIMEOUT_S", 0.5)
+    store = opened_in(path, "background", snapshot_every=2)
+    store.write(memories(1), None, [])
+    store.write(memories(1, start=1), None, [])
+    child = store._snapshot_child
+    assert child is not None and child.running()
+    store.close()  # waits half a second, kills the writer, writes the snapshot here
+    assert not child.running() and child.ok is False
+    assert snap.read_header(snap.path_for(str(path)))["rev"] == 2
 
 
 def test_a_background_snapshot_that_fails_is_written_on_close(

@@ -176,14 +176,19 @@ def _link_pairs(links_json: str | None) -> set[tuple[str, str]]:
 log = logging.getLogger("clawvm.store.sqlite")
 
 #: Changes (write transactions, ``rev``) between two snapshots of the index, besides the one on close: the
-#: most a reopen replays after a crash. At 100k memories a snapshot takes ~1.3 s to write.
+#: most a reopen replays after a crash. At 100k memories a snapshot takes ~2 s to write.
 SNAPSHOT_EVERY = 10_000
 
 #: How the periodic snapshot is written: ``background`` (the default) in a forked child, so the write that
 #: makes it due waits for the fork (milliseconds) and not for the snapshot (:mod:`clawvm.store.forked`);
-#: ``inline`` under the engine's lock, stalling that write (~1.3 s at 100k memories) but using no second
-#: process (the only way where ``os.fork`` is missing). The snapshot on close is always written inline.
+#: ``inline`` under the engine's lock, stalling that write (~2 s at 100k memories) but using no second
+#: process (the only way off Linux, see :func:`clawvm.store.forked.available`). The snapshot on close is
+#: always written inline.
 SNAPSHOT_MODES = ("background", "inline")
+
+#: How long ``close()`` waits for a child still writing a snapshot before killing it (~30 s is expected
+#: at 1M memories); the snapshot it was writing is then written by ``close()`` itself.
+SNAPSHOT_CHILD_TIMEOUT_S = 600.0
 
 
 class _Checkpointer:
@@ -398,7 +403,7 @@ class SQLiteStore(Store):
         with self._lock, _translated("snapshot"):
             if self.path == ":memory:" or self._index is None:
                 return None
-            self.snapshot_wait()  # a child still writing an older one must not rename it over this one
+            self._finish_child()  # a child still writing an older one must not rename it over this one
             fingerprint = self._snapshot_view()
             written = snapshot.write(self.path, self._index, self._rev, fingerprint)
             self._snapshot_rev, self._snapshot_lost = self._rev, False
@@ -430,9 +435,14 @@ class SQLiteStore(Store):
             return
         with _translated("snapshot"):
             fingerprint, index, rev = self._snapshot_view(), self._index, self._rev
-            self._snapshot_child = forked.ForkedWrite(
-                lambda: snapshot.write(self.path, index, rev, fingerprint), self.path
-            )
+            try:
+                self._snapshot_child = forked.ForkedWrite(
+                    lambda: snapshot.write(self.path, index, rev, fingerprint), self.path
+                )
+            except OSError as exc:  # no memory or process for a child: write it here, as inline does
+                log.warning("index snapshot of %s not forked (%s): written under the lock", self.path, exc)
+                self.write_snapshot()
+                return
         self._snapshot_rev = rev
 
     def snapshot_wait(self, timeout: float | None = None) -> bool | None:
@@ -441,10 +451,19 @@ class SQLiteStore(Store):
         child = self._snapshot_child
         if child is None:
             return None
-        ok = child.wait(timeout)
-        if ok is not None:
-            self._snapshot_child = None
-            self._snapshot_lost = not ok
+        return self._ended(child, child.wait(timeout))
+
+    def _finish_child(self) -> None:
+        """Wait for the child writing a snapshot, if any; one that hangs is killed (close must end)."""
+        child = self._snapshot_child
+        if child is not None:
+            self._ended(child, child.stop(SNAPSHOT_CHILD_TIMEOUT_S))
+
+    def _ended(self, child: forked.ForkedWrite, ok: bool | None) -> bool | None:
+        with self._lock:  # a newer child may have been forked meanwhile: it stays
+            if ok is not None and self._snapshot_child is child:
+                self._snapshot_child = None
+                self._snapshot_lost = not ok
         return ok
 
     @staticmethod
@@ -481,7 +500,7 @@ class SQLiteStore(Store):
 
     def close(self) -> None:
         with self._lock:
-            self.snapshot_wait()
+            self._finish_child()
             # written unless the newest snapshot is current, including one a child failed to write
             due = self._rev != self._snapshot_rev or self._snapshot_lost
             if self._conn is not None and self._index is not None and due:
