@@ -334,6 +334,27 @@ def test_appenders_of_one_tenant_do_not_wait_for_each_other(url: str, opened: li
     assert [e.seq for e in s.read_events(0, tenant="t1")] == [1, 2, 3]
 
 
+def test_a_tenants_numbers_go_on_past_its_old_counter_after_the_upgrade(
+    url: str, opened: list[PostgresStore]
+) -> None:
+    """Before each tenant had a sequence its numbers came from a counter row, which retention never
+    lowered: a tenant whose events were all deleted must not start over at 1 (a reader holding number 3
+    would skip the new events up to it)."""
+    s = open_store(opened, url)
+    assert s.append_events([Event("old", tenant="t")] * 3, tenant_numbers=True) == [1, 2, 3]
+    newest = s.read_events(0)[-1].seq
+    assert newest is not None
+    s.delete_events_upto(newest)  # retention: every event of the tenant is gone
+    with s._conn("test") as conn:  # as the schema before sequences: the counter row, no sequence
+        conn.execute("INSERT INTO event_numbers VALUES ('t', 3) ON CONFLICT (tenant) DO UPDATE SET last = 3")
+        conn.execute(f"DROP SEQUENCE {s._sequence('t')}")
+        conn.execute("UPDATE meta SET value = %s WHERE key = 'version'", [str(len(MIGRATIONS) - 1)])
+    s.close()
+    again = open_store(opened, url)
+    assert again.append_events([Event("new", tenant="t")], tenant_numbers=True) == [4]
+    assert [e.kind for e in again.read_events(3, tenant="t")] == ["new"]
+
+
 def test_a_new_id_written_twice_at_once_is_one_write_and_one_conflict(
     url: str, opened: list[PostgresStore]
 ) -> None:

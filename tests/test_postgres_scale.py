@@ -280,8 +280,7 @@ def test_a_reader_waits_at_a_number_still_in_flight_instead_of_skipping_it(tmp_p
         slow_writer = threading.Thread(target=lambda: store._write("append_events", slow))
         slow_writer.start()
         assert appended.wait(30)
-        # another tenant's event commits while the lower number is in flight (one tenant's appends queue on
-        # its own counter row: its numbers are gap-free)
+        # another tenant's event commits while the lower number is in flight
         fast = store.append_event(Event("fast", tenant="other"))
         got: list[list[Event]] = []
         reader = threading.Thread(target=lambda: got.append(store.read_events(after_seq=first)))

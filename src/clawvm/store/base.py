@@ -428,8 +428,10 @@ class Store(ABC):
 
         With ``tenant``: that tenant's events alone, numbered in the tenant's own sequence (``seq`` and
         ``after_seq`` are then 1, 2, 3 ... over its events, never reused, whatever other tenants log, so
-        its numbers tell nothing of their activity), read through an index on (tenant, number): the cost
-        follows the tenant's own events, not the log's size."""
+        its numbers tell nothing of their activity; where writers run concurrently, as on PostgreSQL, a
+        number lost to a rolled-back write leaves a gap, and a reader never skips one still in flight),
+        read through an index on (tenant, number): the cost follows the tenant's own events, not the log's
+        size."""
 
     def import_events(self, events: Sequence[Event], tenant_numbers: Sequence[int] | None = None) -> None:
         """Append a copy of another log's events *keeping their sequence numbers* (``clawvm migrate``:

@@ -21,8 +21,8 @@ Tables (created by :data:`MIGRATIONS`, an append-only list; ``meta`` records how
   query confined to one tenant scores with its own statistics, one over several with their sums);
 - ``entities(tenant, entity, seq)``: the write-time entity graph; ``links`` (with the source's tenant);
   ``agents(tenant, agent_id)``: the names recall may strip from a query; ``events`` (``json`` data; besides
-  the log's ``seq``, ``tenant_seq``: the event's number in its tenant's own sequence, indexed with the
-  tenant, each tenant's last number in ``event_numbers``).
+  the log's ``seq``, ``tenant_seq``: the event's number in its tenant's own sequence (the sequence
+  ``tenant_events_<md5 of the tenant>``, made on its first append), indexed with the tenant).
 
 Every table but ``meta`` carries the tenant and every unique key includes it (see ``docs/postgres.md``,
 "Distributing with Citus"). Ids are unique per tenant in the schema (key ``(id, tenant)``, which also
@@ -831,8 +831,12 @@ class PostgresStore(Store):
                 col.append(v)
         # shared with every other appender (no queue); a reader at a hole waits for it (read_events)
         conn.execute("SELECT pg_advisory_xact_lock_shared(%s, hashtext(%s))", [_EVENTS_LOCK, self.schema])
-        sequences = [tenant_sequence(t) for t in cols[1]]
+        sequences = [self._sequence(t) for t in cols[1]]
         return conn.execute(_INSERT_EVENTS, [*cols, sequences, EVENTS_CHANNEL, f"{self.schema}:"])
+
+    def _sequence(self, tenant: str) -> str:
+        """The schema-qualified name of the sequence numbering ``tenant``'s events (stored form)."""
+        return f"{self.schema}.{tenant_sequence(tenant)}"
 
     def _number_tenants(self, conn: psycopg.Connection[Any], tenants: set[str]) -> None:
         """Make the event sequence of each of ``tenants`` (stored form) that has none, starting past the
@@ -840,19 +844,17 @@ class PostgresStore(Store):
         is no error; one that is making it holds this one back until it commits). Called before the events'
         statements, outside any pipeline. Nothing is sent once this process has seen each sequence."""
         for tenant in sorted(tenants - self._numbered):
-            name = tenant_sequence(tenant)
+            name = self._sequence(tenant)
             row = conn.execute("SELECT to_regclass(%s)", [name]).fetchone()
             if row is not None and row[0] is not None:
-                self._numbered.add(tenant)  # committed by someone: it stays (made here, it could roll back)
+                # committed by another transaction (this one asks once per tenant, before it makes any): it
+                # stays, where one made here could still roll back
+                self._numbered.add(tenant)
                 continue
             try:
                 with conn.transaction():
-                    conn.execute(f"CREATE SEQUENCE {name}")  # a digest's name: nothing to quote
-                    conn.execute(
-                        "SELECT setval(%s::regclass, coalesce(max(tenant_seq), 0) + 1, false)"
-                        " FROM events WHERE tenant = %s",
-                        [name, tenant],
-                    )
+                    conn.execute(f"CREATE SEQUENCE {name}")  # a checked schema and a digest: nothing to quote
+                    conn.execute(_START_SEQUENCE, [name, tenant, tenant])
             except (psycopg.errors.DuplicateTable, psycopg.errors.UniqueViolation):
                 pass  # another writer made it first, started as this one would have been
 
@@ -862,6 +864,7 @@ class PostgresStore(Store):
             return
 
         def insert(conn: psycopg.Connection[Any]) -> None:
+            self._number_tenants(conn, {esc(e.tenant) or "" for e in events})
             conn.execute("LOCK TABLE events IN EXCLUSIVE MODE")  # no append between the check and setval
             newest = conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()
             check_import(events, int(newest[0]) if newest else 0)
@@ -886,11 +889,12 @@ class PostgresStore(Store):
                         for e, n in zip(events, numbers, strict=True)
                     ],
                 )
-            self._number_tenants(conn, set(last))
-            with conn.cursor() as cur:  # each tenant's sequence moves past its imported numbers
-                cur.executemany(
-                    "SELECT setval(%s::regclass, max(tenant_seq)) FROM events WHERE tenant = %s",
-                    [(tenant_sequence(t), t) for t in sorted(last)],
+            for tenant, n in sorted(last.items()):  # its sequence moves past the imported numbers, never back
+                name = self._sequence(tenant)  # the highest number handed out: last_value once it is called
+                conn.execute(
+                    f"SELECT setval(%s::regclass, greatest(%s, (SELECT last_value - (NOT is_called)::int"
+                    f" FROM {name})))",
+                    [name, n],
                 )
             conn.execute(
                 "SELECT setval(pg_get_serial_sequence('events', 'seq'), %s)",
@@ -900,12 +904,10 @@ class PostgresStore(Store):
         self._write("import_events", insert)
 
     def _next_numbers(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> list[int]:
-        """Each event's next number in its tenant's sequence, in order."""
-        tenants = [esc(e.tenant) or "" for e in events]
-        self._number_tenants(conn, set(tenants))
+        """Each event's next number in its tenant's sequence, in order (the sequences exist)."""
         rows = conn.execute(
             "SELECT nextval(s::regclass) FROM unnest(%s::text[]) WITH ORDINALITY AS t(s, n) ORDER BY n",
-            [[tenant_sequence(t) for t in tenants]],
+            [[self._sequence(esc(e.tenant) or "") for e in events]],
         ).fetchall()
         return [int(r[0]) for r in rows]
 
@@ -1226,6 +1228,12 @@ _ADD_AGENTS = """INSERT INTO agents
 TENANT_EVENTS_SQL = (
     "SELECT tenant_seq, at, tenant, kind, memory_id, data FROM events WHERE tenant = %s AND tenant_seq > %s"
 )
+# a tenant's new event sequence starts past the highest number it ever had: in its events, or counted in
+# event_numbers before sequences numbered them (events retention deleted included); scalar subqueries, so
+# that setval runs where the sequence lives (a distributed events table's coordinator)
+_START_SEQUENCE = """SELECT setval(%s::regclass, greatest(
+        (SELECT coalesce(max(tenant_seq), 0) FROM events WHERE tenant = %s),
+        (SELECT coalesce(max(last), 0) FROM event_numbers WHERE tenant = %s)) + 1, false)"""
 # rows are numbered in the order given, in the log and in each tenant's sequence (nextval is volatile, so
 # PostgreSQL evaluates it after the sort, row by row); one notification per batch (equal payloads are
 # delivered once)

@@ -194,12 +194,12 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX IF NOT EXISTS memories_tier_members ON memories (tenant, tier, session_id);
     """,
     # each tenant's event numbers from a sequence of its own (see tenant_sequence), made on the tenant's
-    # first append and started past its highest number, instead of a counter row that every appender of
+    # first append and started past its highest number (event_numbers keeps, read-only now, how far each
+    # tenant had gone, retention's deletes included), instead of that counter row, which every appender of
     # the tenant locked from its insert to its commit (one writer's commit at a time per tenant). A number
     # may now commit after a higher one, or be lost to a rollback: readers wait such holes out as they do
     # in the log's own numbers (PostgresStore.read_events). Sequences left from an earlier numbering go
     """
-    DROP TABLE IF EXISTS event_numbers;
     DO $$ DECLARE s record; BEGIN
         FOR s IN SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                  WHERE c.relkind = 'S' AND n.nspname = current_schema() AND c.relname LIKE 'tenant_events_%'
