@@ -148,13 +148,18 @@ class Link(BaseModel):
         return v
 
 
+#: The largest integer a count or a version may hold: what a SQLite INTEGER and a PostgreSQL bigint store
+#: (a larger one, imported or sent to the API, failed in the engine's insert instead of at validation).
+INT64_MAX = 2**63 - 1
+
+
 class Cost(BaseModel):
     """What producing the memory cost: wall time, model tokens, money (any currency, caller's choice)."""
 
     # inf/NaN would be written to JSON as null and could not be read back
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     seconds: float = Field(default=0.0, ge=0)
-    tokens: int = Field(default=0, ge=0)
+    tokens: int = Field(default=0, ge=0, le=INT64_MAX)
     money: float = Field(default=0.0, ge=0)
 
 
@@ -167,11 +172,11 @@ class Usage(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    injected: int = Field(default=0, ge=0)
-    cited: int = Field(default=0, ge=0)
-    successes: int = Field(default=0, ge=0)
-    failures: int = Field(default=0, ge=0)
-    feedback: int = 0
+    injected: int = Field(default=0, ge=0, le=INT64_MAX)
+    cited: int = Field(default=0, ge=0, le=INT64_MAX)
+    successes: int = Field(default=0, ge=0, le=INT64_MAX)
+    failures: int = Field(default=0, ge=0, le=INT64_MAX)
+    feedback: int = Field(default=0, ge=-INT64_MAX, le=INT64_MAX)
 
 
 class Memory(BaseModel):
@@ -204,16 +209,16 @@ class Memory(BaseModel):
     links: list[Link] = Field(default_factory=list)
     value: float = Field(default=0.5, ge=0.0, le=1.0)
     pinned: bool = False
-    access_count: int = Field(default=0, ge=0)
+    access_count: int = Field(default=0, ge=0, le=INT64_MAX)
     last_accessed_at: datetime | None = None
     created_at: datetime = Field(default_factory=utcnow)
     expires_at: datetime | None = None
-    version: int = Field(default=1, ge=1)
+    version: int = Field(default=1, ge=1, le=INT64_MAX)
     tier: Tier = Tier.SHORT_TERM
     confidence: float = Field(default=1.0, ge=0.0, le=1.0)
     cost: Cost = Field(default_factory=Cost)
     usage: Usage = Field(default_factory=Usage)
-    token_count: int = Field(default=0, ge=0)
+    token_count: int = Field(default=0, ge=0, le=INT64_MAX)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("id", "parent_id")
