@@ -135,7 +135,9 @@ def test_moved_and_revived_memories_read_back_as_in_a_rebuild(built: Path, tmp_p
         assert fast.index_source == "snapshot"
         stored = fast.page(Filters(), None, 4)
         moved = [
-            m.model_copy(update={"session_id": "elsewhere", "content": f"moved {i}", "version": m.version + 1})
+            m.model_copy(
+                update={"session_id": "elsewhere", "content": f"moved {i}", "version": m.version + 1}
+            )
             for i, m in enumerate(stored[:2])
         ]
         gone = stored[2]
