@@ -6,6 +6,8 @@ import itertools
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -799,14 +801,22 @@ def test_the_background_pager_pages_a_due_session_out(tmp_path: Path) -> None:
         assert not [e for e in h.events(limit=10**6) if e.kind == "pager_error"]
 
 
-def test_a_background_pass_gives_way_to_a_record_in_flight_within_its_bound() -> None:
-    """While a record is in flight a background pass waits at its step boundaries (records come first);
-    it goes on once the record is done, or once its give-way time is spent, and pages out all the same."""
+@contextmanager
+def _one_session_due(**pager_options: Any) -> Iterator[Harness]:
+    """A harness whose session s1 is past its working budget of 4 (5 notes); the test runs the passes,
+    on threads of its own."""
     budgets = TierBudgets(working_items=4, working_tokens=None)
-    pager = PagerConfig(budgets=budgets, background=False)  # the test runs the passes, on threads of its own
+    pager = PagerConfig(budgets=budgets, background=False, **pager_options)
     with Harness.open(embedder=None, pager=pager) as h:
         for i in range(5):
             h.record(f"note {i} of the long task", session_id="s1")
+        yield h
+
+
+def test_a_background_pass_gives_way_to_a_record_in_flight_within_its_bound() -> None:
+    """While a record is in flight a background pass waits at its step boundaries (records come first);
+    it goes on once the record is done, or once its give-way time is spent, and pages out all the same."""
+    with _one_session_due() as h:
         assert h.working.due() == [(h.tenant, "s1")]
         done = threading.Event()
         with h.working.recording():  # a record in flight on another thread
@@ -844,12 +854,7 @@ def test_a_foreground_call_does_not_wait_while_a_pass_gives_way() -> None:
     """A background pass holds the harness's turn while it gives way to records; a foreground call that
     needs the turn (a lifecycle boundary, an update) makes it stop giving way and finish, instead of
     waiting out the records too."""
-    budgets = TierBudgets(working_items=4, working_tokens=None)
-    # the test runs the background pass itself; giving way for up to 30 s if nothing stopped it
-    pager = PagerConfig(budgets=budgets, background=False, give_way_ms=30_000)
-    with Harness.open(embedder=None, pager=pager) as h:
-        for i in range(5):
-            h.record(f"note {i} of the long task", session_id="s1")
+    with _one_session_due(give_way_ms=30_000) as h:  # giving way for up to 30 s if nothing stopped it
         done = threading.Event()
         with h.working.recording():  # a record that never ends
             background = threading.Thread(target=lambda: (h._background_pass(), done.set()))
@@ -866,12 +871,8 @@ def test_a_background_pass_waits_out_a_burst_of_records() -> None:
     """Records one after another (an import, a tool loop) keep a background pass waiting, not only the
     record in flight: between two of them the pass would take a step that the next one then waits on. It
     goes on once the records pause for the quiet time, and pages out all the same."""
-    budgets = TierBudgets(working_items=4, working_tokens=None)
     # a quiet time far above any pause between two records of the loop below, even on a loaded machine
-    pager = PagerConfig(budgets=budgets, background=False, give_way_quiet_ms=300)
-    with Harness.open(embedder=None, pager=pager) as h:
-        for i in range(5):
-            h.record(f"note {i} of the long task", session_id="s1")
+    with _one_session_due(give_way_quiet_ms=300) as h:
         done = threading.Event()
         background = threading.Thread(
             target=lambda: (h.working.run_pass(h.now(), give_way_s=30.0), done.set())
