@@ -148,9 +148,11 @@ class Link(BaseModel):
         return v
 
 
-#: The largest integer a count or a version may hold: what a SQLite INTEGER and a PostgreSQL bigint store
-#: (a larger one, imported or sent to the API, failed in the engine's insert instead of at validation).
-INT64_MAX = 2**63 - 1
+#: The largest integer a count or a version may hold: the largest every JSON client reads exactly
+#: (JavaScript's Number.MAX_SAFE_INTEGER, so schema validators that compare in floating point agree with
+#: this one), well inside what a SQLite INTEGER and a PostgreSQL bigint store (a version past 2^63,
+#: imported or sent to the API, failed in the engine's insert instead of at validation).
+MAX_COUNT = 2**53 - 1
 
 
 class Cost(BaseModel):
@@ -159,7 +161,7 @@ class Cost(BaseModel):
     # inf/NaN would be written to JSON as null and could not be read back
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     seconds: float = Field(default=0.0, ge=0)
-    tokens: int = Field(default=0, ge=0, le=INT64_MAX)
+    tokens: int = Field(default=0, ge=0, le=MAX_COUNT)
     money: float = Field(default=0.0, ge=0)
 
 
@@ -172,11 +174,11 @@ class Usage(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    injected: int = Field(default=0, ge=0, le=INT64_MAX)
-    cited: int = Field(default=0, ge=0, le=INT64_MAX)
-    successes: int = Field(default=0, ge=0, le=INT64_MAX)
-    failures: int = Field(default=0, ge=0, le=INT64_MAX)
-    feedback: int = Field(default=0, ge=-INT64_MAX, le=INT64_MAX)
+    injected: int = Field(default=0, ge=0, le=MAX_COUNT)
+    cited: int = Field(default=0, ge=0, le=MAX_COUNT)
+    successes: int = Field(default=0, ge=0, le=MAX_COUNT)
+    failures: int = Field(default=0, ge=0, le=MAX_COUNT)
+    feedback: int = Field(default=0, ge=-MAX_COUNT, le=MAX_COUNT)
 
 
 class Memory(BaseModel):
@@ -209,16 +211,16 @@ class Memory(BaseModel):
     links: list[Link] = Field(default_factory=list)
     value: float = Field(default=0.5, ge=0.0, le=1.0)
     pinned: bool = False
-    access_count: int = Field(default=0, ge=0, le=INT64_MAX)
+    access_count: int = Field(default=0, ge=0, le=MAX_COUNT)
     last_accessed_at: datetime | None = None
     created_at: datetime = Field(default_factory=utcnow)
     expires_at: datetime | None = None
-    version: int = Field(default=1, ge=1, le=INT64_MAX)
+    version: int = Field(default=1, ge=1, le=MAX_COUNT)
     tier: Tier = Tier.SHORT_TERM
     confidence: float = Field(default=1.0, ge=0.0, le=1.0)
     cost: Cost = Field(default_factory=Cost)
     usage: Usage = Field(default_factory=Usage)
-    token_count: int = Field(default=0, ge=0, le=INT64_MAX)
+    token_count: int = Field(default=0, ge=0, le=MAX_COUNT)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("id", "parent_id")
