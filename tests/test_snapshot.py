@@ -357,11 +357,11 @@ def test_writes_go_on_while_a_background_snapshot_is_written(
         for i in range(3):  # one change each: the third makes the snapshot due
             store.write(memories(1, start=i), None, [])
         forked_at = store._rev
-        child = store._snapshot_child
+        child = store._snapshots.child
         assert child is not None and child.running() and not snap.path_for(str(path)).exists()
         for i in range(3, 10):  # not held up by the child, and past the next due point: no second child
             store.write(memories(1, start=i), None, [])
-        assert store._snapshot_child is child and child.running()
+        assert store._snapshots.child is child and child.running()
         # the child keeps no descriptor of the parent's but the standard three (the socket, the database)
         deadline = time.monotonic() + 30
         while len(os.listdir(f"/proc/{child.pid}/fd")) > 3 and time.monotonic() < deadline:
@@ -401,7 +401,7 @@ def test_close_kills_a_snapshot_writer_that_hangs_and_writes_the_snapshot_itself
     store = opened_in(path, "background", snapshot_every=2)
     store.write(memories(1), None, [])
     store.write(memories(1, start=1), None, [])
-    child = store._snapshot_child
+    child = store._snapshots.child
     assert child is not None and child.running()
     store.close()  # waits half a second, kills the writer, writes the snapshot here
     assert not child.running() and child.ok is False

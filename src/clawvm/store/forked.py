@@ -116,3 +116,40 @@ class ForkedWrite:
         self._done.wait(10.0)
         return False
 
+
+
+class BackgroundSnapshots:
+    """One engine's periodic snapshot writers: one child at a time, and whether the last one's snapshot was
+    lost (then the engine's close writes one itself)."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.child: ForkedWrite | None = None  # the snapshot being written, if any
+        self.lost = False  # the last child failed: its rev has no snapshot
+        self._lock = threading.Lock()
+
+    def busy(self) -> bool:
+        return self.child is not None and self.child.running()
+
+    def start(self, write: Callable[[], object]) -> None:
+        """Fork a child running ``write``; ``OSError`` when the fork itself fails."""
+        self.child = ForkedWrite(write, self.label)
+
+    def wait(self, timeout: float | None = None) -> bool | None:
+        """Wait for the child, if any: True when it wrote its snapshot, False when it failed, None when
+        there was none or it is still running."""
+        child = self.child
+        return None if child is None else self._ended(child, child.wait(timeout))
+
+    def finish(self, timeout: float) -> None:
+        """Wait for the child, if any; one still running after ``timeout`` seconds is killed."""
+        child = self.child
+        if child is not None:
+            self._ended(child, child.stop(timeout))
+
+    def _ended(self, child: ForkedWrite, ok: bool | None) -> bool | None:
+        with self._lock:  # a newer child may have been forked meanwhile: it stays
+            if ok is not None and self.child is child:
+                self.child = None
+                self.lost = not ok
+        return ok

@@ -282,10 +282,9 @@ class SQLiteStore(Store):
             )
         # in the background only where the platform can fork
         self.snapshot_mode = snapshot_mode if forked.available() else "inline"
-        self._snapshot_child: forked.ForkedWrite | None = None  # the periodic snapshot being written, if any
-        self._snapshot_lost = False  # the last child failed: its rev has no snapshot
         self.durability = durability
         self.path = str(path)
+        self._snapshots = forked.BackgroundSnapshots(self.path)  # the periodic snapshot's writers
         self.dim = dim
         self.timeout_s = timeout_s
         self.max_wal_bytes = max_wal_bytes  # the log is emptied past this (see _Checkpointer)
@@ -403,11 +402,16 @@ class SQLiteStore(Store):
         with self._lock, _translated("snapshot"):
             if self.path == ":memory:" or self._index is None:
                 return None
-            self._finish_child()  # a child still writing an older one must not rename it over this one
-            fingerprint = self._snapshot_view()
-            written = snapshot.write(self.path, self._index, self._rev, fingerprint)
-            self._snapshot_rev, self._snapshot_lost = self._rev, False
-            return written
+            # a child still writing an older one must not rename it over this one
+            self._snapshots.finish(SNAPSHOT_CHILD_TIMEOUT_S)
+            return self._write_snapshot(self._snapshot_view())
+
+    def _write_snapshot(self, fingerprint: snapshot.Fingerprint) -> Path:
+        """Write the snapshot of the index as it is, under the lock (the caller holds it)."""
+        assert self._index is not None
+        written = snapshot.write(self.path, self._index, self._rev, fingerprint)
+        self._snapshot_rev, self._snapshots.lost = self._rev, False
+        return written
 
     def _snapshot_view(self) -> snapshot.Fingerprint:
         """The index caught up with the file, and the fingerprint of that view (caller holds the lock)."""
@@ -431,40 +435,22 @@ class SQLiteStore(Store):
         if self.snapshot_mode == "inline":
             self.write_snapshot()
             return
-        if self._snapshot_child is not None and self._snapshot_child.running():
+        if self._snapshots.busy():
             return
         with _translated("snapshot"):
             fingerprint, index, rev = self._snapshot_view(), self._index, self._rev
             try:
-                self._snapshot_child = forked.ForkedWrite(
-                    lambda: snapshot.write(self.path, index, rev, fingerprint), self.path
-                )
+                self._snapshots.start(lambda: snapshot.write(self.path, index, rev, fingerprint))
             except OSError as exc:  # no memory or process for a child: write it here, as inline does
                 log.warning("index snapshot of %s not forked (%s): written under the lock", self.path, exc)
-                self.write_snapshot()
+                self._write_snapshot(fingerprint)
                 return
         self._snapshot_rev = rev
 
     def snapshot_wait(self, timeout: float | None = None) -> bool | None:
         """Wait for the periodic snapshot a child is writing, if any: True when written, False when the
         child failed (the next one tries again), None when there was none or it is still running."""
-        child = self._snapshot_child
-        if child is None:
-            return None
-        return self._ended(child, child.wait(timeout))
-
-    def _finish_child(self) -> None:
-        """Wait for the child writing a snapshot, if any; one that hangs is killed (close must end)."""
-        child = self._snapshot_child
-        if child is not None:
-            self._ended(child, child.stop(SNAPSHOT_CHILD_TIMEOUT_S))
-
-    def _ended(self, child: forked.ForkedWrite, ok: bool | None) -> bool | None:
-        with self._lock:  # a newer child may have been forked meanwhile: it stays
-            if ok is not None and self._snapshot_child is child:
-                self._snapshot_child = None
-                self._snapshot_lost = not ok
-        return ok
+        return self._snapshots.wait(timeout)
 
     @staticmethod
     def _migrate(conn: sqlite3.Connection) -> None:
@@ -500,9 +486,9 @@ class SQLiteStore(Store):
 
     def close(self) -> None:
         with self._lock:
-            self._finish_child()
+            self._snapshots.finish(SNAPSHOT_CHILD_TIMEOUT_S)  # a hung writer is killed: close must end
             # written unless the newest snapshot is current, including one a child failed to write
-            due = self._rev != self._snapshot_rev or self._snapshot_lost
+            due = self._rev != self._snapshot_rev or self._snapshots.lost
             if self._conn is not None and self._index is not None and due:
                 try:
                     self.write_snapshot()
