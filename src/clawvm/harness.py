@@ -10,7 +10,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -71,7 +70,7 @@ from clawvm.vm.scoring import ValueBreakdown
 from clawvm.vm.scoring import explain as explain_value
 from clawvm.vm.sweep import Sweep
 from clawvm.vm.tiers import Pager, PagerConfig, one_pager_pass
-from clawvm.vm.working import PagerThread, WorkingTiers
+from clawvm.vm.working import PagerThread, Turns, WorkingTiers
 from clawvm.write.commit import SCOPE_ID_FIELDS, CommitPath
 from clawvm.write.redaction import Redactor
 
@@ -91,32 +90,6 @@ def _exclusive(method: Callable[Concatenate[Harness, _P], _R]) -> Callable[Conca
             return method(self, *args, **kwargs)
 
     return run
-
-
-class _Turns:
-    """The harness's exclusive turns: a re-entrant lock that counts the callers waiting for it, so that a
-    background pager pass giving way to records stops doing so as soon as a foreground call (``context()``,
-    an update, ``close()``) waits behind it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._counting = threading.Lock()
-        self.waiting = 0
-
-    def __enter__(self) -> _Turns:
-        if self._lock.acquire(blocking=False):
-            return self
-        with self._counting:
-            self.waiting += 1
-        try:
-            self._lock.acquire()
-        finally:
-            with self._counting:
-                self.waiting -= 1
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
 
 
 #: Sessions whose start_session preload a harness remembers (the oldest is forgotten first).
@@ -192,7 +165,7 @@ class Harness:
         self.writer.on_commit(self.working.forget)
         # the periodic pager: woken when a record puts a session past its high watermark; its passes and
         # the methods that rewrite a memory they read (``_exclusive``) take turns
-        self._exclusive = _Turns()
+        self._exclusive = Turns()
         self.working.foreground_waiting = lambda: self._exclusive.waiting > 0
         self._pager_thread = PagerThread(self._background_pass, self._pager_error)
         self.sweep = Sweep(store, self.pager, tenant)  # tick()'s bounded pass and its cursors

@@ -201,6 +201,33 @@ class WorkingTiers:
         return moved
 
 
+class Turns:
+    """The harness's exclusive turns, taken by its pager passes and by the calls that rewrite a memory they
+    read: a re-entrant lock that counts the callers waiting for it, so that a background pass giving way to
+    records (:meth:`WorkingTiers._give_way`) stops doing so as soon as a foreground call (``context()``, an
+    update, ``close()``) waits behind it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._counting = threading.Lock()
+        self.waiting = 0
+
+    def __enter__(self) -> Turns:
+        if self._lock.acquire(blocking=False):
+            return self
+        with self._counting:
+            self.waiting += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._counting:
+                self.waiting -= 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
 class PagerThread:
     """Runs ``run`` (a pager pass) in a background thread each time it is woken; passes do not queue up:
     wakes while a pass runs make one more pass after it. Errors go to ``on_error`` (the thread lives on)."""
