@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,13 +16,14 @@ from clawvm import (
     PRESETS,
     ConfigError,
     ConflictError,
+    EmbedderError,
     Filters,
     Harness,
     NotFoundError,
     RecallConfig,
     ValidationError,
 )
-from clawvm.store import SQLiteStore
+from clawvm.store import Query, QueryResult, SQLiteStore
 from engines import harness_target
 
 CORPUS = [
@@ -204,6 +206,92 @@ def test_memories_recorded_without_an_embedder_are_embedded_on_the_next_open(
         assert hit.id == a.id and hit.explain["dense"].raw > 0.2
 
 
+class GatedEmbedder:
+    """MiniLM's vectors, each query embedding holding on until the store has been asked for the text
+    channels (``wait_for_text``), so the order of the two shows in ``calls``; or failing (``fail``)."""
+
+    name = "gated"
+    dim = 384
+
+    def __init__(self, model: clawvm.MiniLMEmbedder) -> None:
+        self.model = model
+        self.text_asked = threading.Event()
+        self.calls: list[str] = []
+        self.wait_for_text = False
+        self.fail = False
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return self.model.embed(texts)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        self.calls.append("embed started")
+        if self.fail:
+            raise EmbedderError("the model is gone")
+        if self.wait_for_text and not self.text_asked.wait(timeout=10):
+            self.calls.append("embed waited in vain")
+        self.calls.append("embed done")
+        return self.model.embed_query(text)
+
+
+def _observe_text_queries(h: Harness, embedder: GatedEmbedder) -> None:
+    ask = h.store.query
+
+    def query(q: Query) -> QueryResult:
+        if q.text:
+            embedder.calls.append("text channels")
+            embedder.text_asked.set()
+        return ask(q)
+
+    h.store.query = query  # type: ignore[method-assign]
+
+
+def test_the_text_channels_run_while_the_query_is_embedded(
+    engine_name: str, tmp_path: Path, embedder: clawvm.MiniLMEmbedder
+) -> None:
+    gated = GatedEmbedder(embedder)
+    with Harness.open(harness_target(engine_name, tmp_path), embedder=gated) as h:
+        fill(h)
+        h.flush(timeout=60)
+        _observe_text_queries(h, gated)
+        gated.wait_for_text = True
+        hits = h.recall("why did the deploy fail? disk full", k=2)
+        # the embedding was still in flight when the store ran the text channels, and its vector was used
+        assert gated.calls == ["embed started", "text channels", "embed done"]
+        assert hits[0].memory.content.startswith("The deploy failed") and "dense" in hits[0].explain
+        assert h.last_query_embed_ms > 0
+        gated.wait_for_text, gated.calls = False, []
+        h.parallel_query_embedding = False
+        h.recall("why did the deploy fail? disk full", k=2)
+        assert gated.calls == ["embed started", "embed done", "text channels"]
+
+
+def test_recall_ranks_the_same_with_the_query_embedded_in_parallel_or_first(harness: Harness) -> None:
+    fill(harness)
+    harness.flush(timeout=60)
+    for query in ("disk full on the build machine", "what does the user prefer?", "payment retries"):
+        harness.parallel_query_embedding = True
+        beside = [(h.id, h.score, h.explain) for h in harness.recall(query, k=4, track=False)]
+        harness.parallel_query_embedding = False
+        first = [(h.id, h.score, h.explain) for h in harness.recall(query, k=4, track=False)]
+        assert beside == first and any("dense" in e for _, _, e in beside)
+
+
+def test_a_failing_query_embedding_fails_the_recall_and_ends_its_thread_on_close(
+    tmp_path: Path, embedder: clawvm.MiniLMEmbedder
+) -> None:
+    gated = GatedEmbedder(embedder)
+    h = Harness.open(tmp_path / "m.db", embedder=gated)
+    fill(h)
+    gated.fail = True
+    with pytest.raises(EmbedderError, match="the model is gone"):
+        h.recall("disk full", k=2)
+    gated.fail = False
+    assert h.recall("disk full", k=2)[0].memory.content.startswith("The deploy failed")
+    assert any(t.name.startswith("clawvm-query-embed") for t in threading.enumerate())
+    h.close()
+    assert not any(t.name.startswith("clawvm-query-embed") for t in threading.enumerate())
+
+
 def test_concurrent_records_and_recalls(harness: Harness) -> None:
     errors: list[BaseException] = []
     recorded: list[list[str]] = [[] for _ in range(8)]
@@ -288,7 +376,14 @@ def test_presets(harness: Harness) -> None:
     with pytest.raises(ConfigError):
         harness.recall(q, preset="nope")
     assert sorted(PRESETS) == [
-        "bm25", "dense", "graph", "hybrid", "hybrid-fast", "hybrid-v1", "hybrid-v2", "hybrid-v3"
+        "bm25",
+        "dense",
+        "graph",
+        "hybrid",
+        "hybrid-fast",
+        "hybrid-v1",
+        "hybrid-v2",
+        "hybrid-v3",
     ]
 
 

@@ -21,7 +21,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 import numpy as np
 
 from clawvm.agents import reliability, toolcalls
-from clawvm.core.embed import Embedder, EmbedWorker, MiniLMEmbedder, count_tokens
+from clawvm.core.embed import Embedder, EmbedWorker, MiniLMEmbedder, QueryEmbeddings, count_tokens
 from clawvm.core.errors import (
     AccessDeniedError,
     ConflictError,
@@ -47,7 +47,15 @@ from clawvm.core.model import (
 )
 from clawvm.core.redact import RedactionPolicy
 from clawvm.observe.learning import stored_weights, with_weights
-from clawvm.recall.retrieval import RecallConfig, Recalled, dense_text, preset, query_authors, run_recall
+from clawvm.recall.retrieval import (
+    PendingVector,
+    RecallConfig,
+    Recalled,
+    dense_text,
+    preset,
+    query_authors,
+    run_recall,
+)
 from clawvm.store import Event, PageKey, Store, store_from_url
 from clawvm.store.base import check_vectors
 from clawvm.store.crypto import REDACTION_FIELD, DataKeys
@@ -140,6 +148,7 @@ class Harness:
         prefetch: bool = False,
         redaction: RedactionPolicy | Mapping[str, RedactionPolicy] | None = None,
         data_keys: DataKeys | None = None,
+        parallel_query_embedding: bool = True,
     ) -> None:
         self.store = store
         self.redactor = Redactor(redaction, data_keys)  # write-time redaction (clawvm.core.redact)
@@ -172,7 +181,9 @@ class Harness:
         # session -> memories preloaded for it (from any session); the context builder adds them to its
         # working section. Kept in process: after a restart, start_session again.
         self._preloaded: dict[str, builtins.list[str]] = {}  # the newest PRELOADED_SESSIONS sessions
-        self.last_query_embed_ms = 0.0
+        self._last_embed_ms = 0.0
+        self.parallel_query_embedding = parallel_query_embedding
+        self._query_embeds: QueryEmbeddings | None = None
 
     @classmethod
     def open(
@@ -189,6 +200,7 @@ class Harness:
         prefetch: bool = False,
         redaction: RedactionPolicy | Mapping[str, RedactionPolicy] | None = None,
         data_keys: DataKeys | None = None,
+        parallel_query_embedding: bool = True,
     ) -> Harness:
         """Open (creating or migrating) a store and start the embedding worker.
 
@@ -200,6 +212,9 @@ class Harness:
         ``redaction``: redact new content at write time (one policy, or one per tenant; see
         :mod:`clawvm.core.redact`); ``data_keys``: seal originals the policy keeps (default: from the
         environment, :mod:`clawvm.store.crypto`).
+        ``parallel_query_embedding``: a recall embeds its query in a thread of its own while the text
+        channels run (default); ``False`` embeds it first, on the caller's thread (fewer threads on a
+        machine whose cores are all busy).
         """
         config = _preset(preset)  # validate options before any I/O
         emb: Embedder | None
@@ -227,6 +242,7 @@ class Harness:
             prefetch=prefetch,
             redaction=redaction,
             data_keys=data_keys,
+            parallel_query_embedding=parallel_query_embedding,
         )
         if emb is not None:
             harness._worker = EmbedWorker(emb, store.unembedded, store.set_vectors)
@@ -461,12 +477,10 @@ class Harness:
         cfg = self.config if preset is None else _preset(preset)
         f = self.filters(filters)
         started = time.perf_counter()
-        vector = None
+        vector: np.ndarray | PendingVector | None = None
         named = query_authors(self.store, query, cfg, f)
         if cfg.uses("dense") and self.embedder is not None and query.strip():
-            t0 = time.perf_counter()
-            vector = self.embedder.embed_query(dense_text(self.store, query, cfg, f, named))
-            self.last_query_embed_ms = (time.perf_counter() - t0) * 1000
+            vector = self._query_embedding(dense_text(self.store, query, cfg, f, named))
         hits = run_recall(self.store, query, vector, k, cfg, f, named)
         if not track:
             return hits
@@ -479,6 +493,28 @@ class Harness:
             return hits
         warmed = {m.id: m for m in self.pager.warm([h.memory for h in hits], self.now(), [retrieved])}
         return [Recalled(warmed.get(h.id, h.memory), h.score, h.explain) for h in hits]
+
+    def _query_embedding(self, text: str) -> np.ndarray | PendingVector:
+        """The query's vector: started beside the caller (``parallel_query_embedding``), so the recall's text
+        channels run while the model encodes, or computed here."""
+        assert self.embedder is not None
+        if not self.parallel_query_embedding:
+            started = time.perf_counter()
+            vector = self.embedder.embed_query(text)
+            self.last_query_embed_ms = (time.perf_counter() - started) * 1000
+            return vector
+        if self._query_embeds is None:
+            self._query_embeds = QueryEmbeddings(self.embedder)
+        return self._query_embeds.start(text)
+
+    @property
+    def last_query_embed_ms(self) -> float:
+        """How long the latest query embedding took, in ms (0.0 before the first)."""
+        return self._query_embeds.last_ms if self._query_embeds is not None else self._last_embed_ms
+
+    @last_query_embed_ms.setter
+    def last_query_embed_ms(self, ms: float) -> None:
+        self._last_embed_ms = ms
 
     def recall_with(
         self, query: str, vector: np.ndarray | None, k: int, cfg: RecallConfig, filters: Filters
@@ -983,6 +1019,8 @@ class Harness:
             self._prefetcher.shutdown(wait=True)
             self._prefetcher = None
         self._pager_thread.stop()
+        if self._query_embeds is not None:
+            self._query_embeds.close()
         if self.working.due():
             self.page()
         if self._worker is not None:

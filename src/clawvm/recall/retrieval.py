@@ -35,12 +35,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
 from operator import itemgetter
+from typing import Protocol
 
 import numpy as np
 
 from clawvm.core.errors import ConfigError
 from clawvm.core.model import Filters, Memory
-from clawvm.store import CandidateInfo, Query, Store
+from clawvm.store import CandidateInfo, Query, QueryResult, Store
 
 CHANNELS = ("lexical", "context", "dense", "time", "graph")
 _RAW_CHANNELS = frozenset({"time"})  # already in [0, 1]: not min-max normalised
@@ -425,10 +426,45 @@ def length_factors(info: dict[str, CandidateInfo], scored: dict[str, float], g: 
     return {i: (n / median) ** g for i, n in lengths.items()}
 
 
+class PendingVector(Protocol):
+    """A query vector still being computed (a :class:`concurrent.futures.Future`): ``result()`` waits for
+    it, or raises the embedder's error."""
+
+    def result(self) -> np.ndarray: ...
+
+
+def _channel_hits(
+    store: Store,
+    text: str,
+    vector: np.ndarray | PendingVector | None,
+    k: int,
+    cfg: RecallConfig,
+    filters: Filters,
+) -> QueryResult:
+    """Every channel's candidates. A vector at hand goes into the same store query as the text (one round
+    trip); a pending one is waited for after the text channels have run, then asked for alone."""
+    base = Query(
+        filters=filters,
+        text=text if cfg.uses("lexical") or cfg.uses("context") else None,
+        limit=max(cfg.candidates, k),
+        dense_limit=None if cfg.dense_candidates is None else max(cfg.dense_candidates, k),
+        lexical=cfg.uses("lexical"),
+        context=cfg.uses("context"),
+    )
+    if vector is None or isinstance(vector, np.ndarray):
+        return store.query(replace(base, vector=vector if cfg.uses("dense") else None))
+    # (a query with neither text nor vector lists the newest memories: not a channel)
+    hits = store.query(base) if base.text is not None else QueryResult()
+    ready = vector.result()
+    if cfg.uses("dense"):
+        hits.dense = store.query(replace(base, text=None, vector=ready)).dense
+    return hits
+
+
 def run_recall(
     store: Store,
     query: str,
-    vector: np.ndarray | None,
+    vector: np.ndarray | PendingVector | None,
     k: int,
     cfg: RecallConfig,
     filters: Filters,
@@ -437,22 +473,12 @@ def run_recall(
     """The recall pipeline: per-channel candidates from the store, fusion, then, for the best
     ``pool(k)`` fused candidates and their same-session neighbours, the time channel and smoothing
     (their creation times and neighbours come from a second, small store query), graph expansion, and
-    the memories."""
+    the memories. ``vector`` may still be computing (:class:`PendingVector`): the text channels run
+    meanwhile."""
     times = time_expressions(query) if cfg.uses("time") else []
-    lexical = cfg.uses("lexical") or cfg.uses("context")
     named = query_authors(store, query, cfg, filters) if named is None else named
     text = strip_authors(query, named) if cfg.strip_authors else query
-    hits = store.query(
-        Query(
-            filters=filters,
-            text=text if lexical else None,
-            vector=vector if cfg.uses("dense") else None,
-            limit=max(cfg.candidates, k),
-            dense_limit=None if cfg.dense_candidates is None else max(cfg.dense_candidates, k),
-            lexical=cfg.uses("lexical"),
-            context=cfg.uses("context"),
-        )
-    )
+    hits = _channel_hits(store, text, vector, k, cfg, filters)
     channels = {"lexical": hits.lexical, "context": hits.context, "dense": hits.dense}
     scores, parts = _fuse_scores(channels, cfg.weights, _RAW_CHANNELS)
     fused = scores  # what neighbours pass on: the fused scores, with the time channel's (added in place)
