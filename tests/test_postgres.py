@@ -313,7 +313,7 @@ def test_appenders_of_one_tenant_do_not_wait_for_each_other(url: str, opened: li
 
     def slow_append() -> None:
         with s._conn("test") as conn, conn.transaction():
-            s._append_events(conn, [Event("slow", tenant="t1")])
+            s.event_log.append(conn, [Event("slow", tenant="t1")])
             in_flight.set()
             release.wait(30)
 
@@ -347,7 +347,7 @@ def test_a_tenants_numbers_go_on_past_its_old_counter_after_the_upgrade(
     s.delete_events_upto(newest)  # retention: every event of the tenant is gone
     with s._conn("test") as conn:  # as the schema before sequences: the counter row, no sequence
         conn.execute("INSERT INTO event_numbers VALUES ('t', 3) ON CONFLICT (tenant) DO UPDATE SET last = 3")
-        conn.execute(f"DROP SEQUENCE {s._sequence('t')}")
+        conn.execute(f"DROP SEQUENCE {s.event_log.sequence('t')}")
         conn.execute("UPDATE meta SET value = %s WHERE key = 'version'", [str(len(MIGRATIONS) - 1)])
     s.close()
     again = open_store(opened, url)

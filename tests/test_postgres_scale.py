@@ -272,7 +272,7 @@ def test_a_reader_waits_at_a_number_still_in_flight_instead_of_skipping_it(tmp_p
         appended, release = threading.Event(), threading.Event()
 
         def slow(conn: psycopg.Connection[Any]) -> list[int]:
-            seqs = store._append_events(conn, [Event("slow")])
+            seqs = store.event_log.append(conn, [Event("slow")])
             appended.set()
             assert release.wait(30)
             return seqs

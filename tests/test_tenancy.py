@@ -468,8 +468,8 @@ def test_a_tenants_event_read_is_an_index_range_over_its_own_events(engine_name:
         assert "USING INDEX events_tenant (tenant=? AND tenant_seq>?)" in plan, plan
         assert "TEMP B-TREE" not in plan, plan
     else:
-        from clawvm.store.postgres import TENANT_EVENTS_SQL as sql
         from clawvm.store.postgres import PostgresStore
+        from clawvm.store.postgres_events import TENANT_EVENTS_SQL as sql
 
         assert isinstance(engine, PostgresStore)
         with engine._conn("test") as conn:

@@ -33,14 +33,8 @@ Optimistic locking holds across processes: ``put_many`` locks the stored rows th
 (``SELECT ... FOR UPDATE``, in id order, so concurrent batches cannot deadlock on them), checks
 versions, and inserts new ids with their own sequence numbers; a concurrent insert of the same new id
 surfaces as :class:`ConflictError`.
-Appending events takes numbers from a sequence with no lock shared between writers (only a *shared*
-advisory lock of the store's schema, held from the insert to the commit), so numbers may commit out of
-order. Readers tolerate that: :meth:`PostgresStore.read_events` returns the run of numbers that follows
-``after_seq`` without a hole; at a hole (a number still in flight, or one a rolled-back transaction used)
-it takes the same lock exclusively, which waits for the appenders in flight, after which every number
-handed out is final, and reads again. A reader following ``after_seq`` thus never skips an event that
-commits late, and writers never queue behind each other. Appends send ``NOTIFY`` so every process hears
-of them (:meth:`PostgresStore.subscribe`).
+The event log (numbers per tenant with no lock shared between writers, reads that never skip an event
+still in flight, ``NOTIFY`` to every process) lives in :mod:`clawvm.store.postgres_events`.
 
 psycopg errors are translated into :mod:`clawvm.core.errors` in :func:`_translated`, the one place that knows
 about the driver. The query side lives in :mod:`clawvm.store.postgres_search`.
@@ -52,7 +46,6 @@ import json
 import logging
 import os
 import re
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -83,7 +76,6 @@ from clawvm.store.base import (
     QueryResult,
     Store,
     check_credential_version,
-    check_import,
     check_vectors,
     check_versions,
     credential_json,
@@ -92,17 +84,16 @@ from clawvm.store.base import (
 )
 from clawvm.store.index import index_text
 from clawvm.store.memory import from_stored
-from clawvm.store.postgres_schema import DATA_MIGRATIONS, MIGRATIONS, PUT_CREDENTIAL, tenant_sequence
+from clawvm.store.postgres_events import Listener, PgEventLog
+from clawvm.store.postgres_schema import DATA_MIGRATIONS, MIGRATIONS, PUT_CREDENTIAL
 from clawvm.store.postgres_search import Searcher, compile_filters, esc, term_key, unesc, valid_ids
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_SCHEMA = "clawvm"
-EVENTS_CHANNEL = "clawvm_events"
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _MIGRATION_LOCK = 0x636C6177  # advisory lock key for migrations ("claw"), database-wide
-_EVENTS_LOCK = 0x636C6178  # advisory lock class: event appends (shared), reads at a hole (exclusive)
 _SLOTS = 16
 
 _AGENTS_TTL_S = 2.0  # how soon recall sees an agent another process added (Store.agents)
@@ -282,11 +273,11 @@ class PostgresStore(Store):
         self._search = Searcher(self.analyzer, self.params, dim)
         self._pool: psycopg_pool.ConnectionPool | None = None
         self._vector_info: TypeInfo | None = None
-        self._listener: _Listener | None = None
+        self._listener: Listener | None = None
         # Store.agents per tenant set: (monotonic expiry, names); dropped on our own writes, so only other
         # processes' new agents wait for the expiry
         self._agents: dict[frozenset[str] | None, tuple[float, frozenset[str]]] = {}
-        self._numbered: set[str] = set()  # tenants (stored form) whose event sequence is known to exist
+        self.event_log = PgEventLog(self.schema)
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -473,10 +464,10 @@ class PostgresStore(Store):
         self, conn: psycopg.Connection[Any], rows: list[_Row], events: Sequence[Event] = ()
     ) -> list[tuple[int, int]]:
         """Write ``rows`` (and append ``events``, in the same round trip as the rows' statements); returns
-        the events' numbers as :meth:`_append_events` does."""
+        the events' numbers as :meth:`PgEventLog.append` does."""
         ids = [r.memory.id for r in rows]
         tenants = sorted({esc(r.memory.tenant) or "" for r in rows})
-        self._number_tenants(conn, {esc(e.tenant) or "" for e in events})  # before the pipeline: it waits
+        self.event_log.number_tenants(conn, events)  # before the pipeline: it waits
         # the stored rows are locked through their tenants (a lock on one shard when the table is
         # distributed by tenant); an id stored under another tenant (a memory moving, which the harness
         # never does) is looked up in the same round trip and locked after
@@ -588,8 +579,8 @@ class PostgresStore(Store):
                     cur.execute(_ADD_AGENTS, [list(col) for col in zip(*agents, strict=True)])
                 if per_tenant.changed():
                     cur.execute(_ADD_TENANT_STATS, per_tenant.arrays())
-                numbered = self._send_events(conn, events) if events else None
-            return self._numbers(numbered) if numbered is not None else []
+                numbered = self.event_log.send(conn, events) if events else None
+            return self.event_log.numbers(numbered) if numbered is not None else []
         except psycopg.errors.UniqueViolation as exc:
             # another transaction inserted one of these new ids since we looked: this batch lost the race
             taken = re.search(r"\(id, tenant\)=\(([0-9a-f-]{36}), ", exc.diag.message_detail or "")
@@ -801,121 +792,22 @@ class PostgresStore(Store):
             ).fetchall()
         return [Edge(str(s), LinkType(t), str(d)) for s, t, d in rows]
 
-    # ---- events -------------------------------------------------------------------------------------
+    # ---- events (clawvm.store.postgres_events) -------------------------------------------------------
     def append_events(self, events: Sequence[Event], *, tenant_numbers: bool = False) -> list[int]:
         if not events:
             return []
-        numbered = self._write("append_events", lambda conn: self._append_events(conn, events))
+        numbered = self._write("append_events", lambda conn: self.event_log.append(conn, events))
         return [n if tenant_numbers else s for s, n in numbered]
 
-    def _append_events(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> list[tuple[int, int]]:
-        """Insert ``events``; returns (seq, number in its tenant's sequence) of each, in order."""
-        self._number_tenants(conn, {esc(e.tenant) or "" for e in events})  # before the pipeline: it waits
-        with conn.pipeline():
-            cur = self._send_events(conn, events)
-        return self._numbers(cur)
-
-    @staticmethod
-    def _numbers(cur: psycopg.Cursor[Any]) -> list[tuple[int, int]]:
-        return sorted((int(r[0]), int(r[1])) for r in cur.fetchall())
-
-    def _send_events(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> psycopg.Cursor[Any]:
-        """Queue the insert of ``events`` (in the caller's pipeline); its cursor returns their numbers."""
-        cols: list[list[Any]] = [[], [], [], [], []]
-        for e in events:
-            for col, v in zip(
-                cols,
-                (e.at, esc(e.tenant), esc(e.kind), esc(e.memory_id), json.dumps(e.data, default=str)),
-                strict=True,
-            ):
-                col.append(v)
-        # shared with every other appender (no queue); a reader at a hole waits for it (read_events)
-        conn.execute("SELECT pg_advisory_xact_lock_shared(%s, hashtext(%s))", [_EVENTS_LOCK, self.schema])
-        sequences = [self._sequence(t) for t in cols[1]]
-        return conn.execute(_INSERT_EVENTS, [*cols, sequences, EVENTS_CHANNEL, f"{self.schema}:"])
-
-    def _sequence(self, tenant: str) -> str:
-        """The schema-qualified name of the sequence numbering ``tenant``'s events (stored form)."""
-        return f"{self.schema}.{tenant_sequence(tenant)}"
-
-    def _number_tenants(self, conn: psycopg.Connection[Any], tenants: set[str]) -> None:
-        """Make the event sequence of each of ``tenants`` (stored form) that has none, starting past the
-        tenant's highest number, in the caller's transaction (a savepoint each: a writer that made it first
-        is no error; one that is making it holds this one back until it commits). Called before the events'
-        statements, outside any pipeline. Nothing is sent once this process has seen each sequence."""
-        for tenant in sorted(tenants - self._numbered):
-            name = self._sequence(tenant)
-            row = conn.execute("SELECT to_regclass(%s)", [name]).fetchone()
-            if row is not None and row[0] is not None:
-                # committed by another transaction (this one asks once per tenant, before it makes any): it
-                # stays, where one made here could still roll back
-                self._numbered.add(tenant)
-                continue
-            try:
-                with conn.transaction():
-                    conn.execute(f"CREATE SEQUENCE {name}")  # a checked schema and a digest: nothing to quote
-                    conn.execute(_START_SEQUENCE, [name, tenant, tenant])
-            except (psycopg.errors.DuplicateTable, psycopg.errors.UniqueViolation):
-                pass  # another writer made it first, started as this one would have been
-
     def import_events(self, events: Sequence[Event], tenant_numbers: Sequence[int] | None = None) -> None:
-        """Insert with the given numbers, then move the sequence past them (later appends follow)."""
-        if not events:
-            return
-
         def insert(conn: psycopg.Connection[Any]) -> None:
-            self._number_tenants(conn, {esc(e.tenant) or "" for e in events})
-            conn.execute("LOCK TABLE events IN EXCLUSIVE MODE")  # no append between the check and setval
-            newest = conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()
-            check_import(events, int(newest[0]) if newest else 0)
-            numbers = list(tenant_numbers) if tenant_numbers is not None else self._next_numbers(conn, events)
-            last: dict[str, int] = {}
-            for e, n in zip(events, numbers, strict=True):
-                last[esc(e.tenant) or ""] = max(last.get(esc(e.tenant) or "", 0), n)
-            with conn.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO events (seq, at, tenant, kind, memory_id, data, tenant_seq)"
-                    " VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                    [
-                        (
-                            e.seq,
-                            e.at,
-                            esc(e.tenant),
-                            esc(e.kind),
-                            esc(e.memory_id),
-                            json.dumps(e.data, default=str),
-                            n,
-                        )
-                        for e, n in zip(events, numbers, strict=True)
-                    ],
-                )
-            for tenant, n in sorted(last.items()):  # its sequence moves past the imported numbers, never back
-                name = self._sequence(tenant)  # the highest number handed out: last_value once it is called
-                conn.execute(
-                    f"SELECT setval(%s::regclass, greatest(%s, (SELECT last_value - (NOT is_called)::int"
-                    f" FROM {name})))",
-                    [name, n],
-                )
-            conn.execute(
-                "SELECT setval(pg_get_serial_sequence('events', 'seq'), %s)",
-                [max(e.seq or 0 for e in events)],
-            )
+            self.event_log.insert_imported(conn, events, tenant_numbers)
 
-        self._write("import_events", insert)
-
-    def _next_numbers(self, conn: psycopg.Connection[Any], events: Sequence[Event]) -> list[int]:
-        """Each event's next number in its tenant's sequence, in order (the sequences exist)."""
-        rows = conn.execute(
-            "SELECT nextval(s::regclass) FROM unnest(%s::text[]) WITH ORDINALITY AS t(s, n) ORDER BY n",
-            [[self._sequence(esc(e.tenant) or "") for e in events]],
-        ).fetchall()
-        return [int(r[0]) for r in rows]
+        if events:
+            self._write("import_events", insert)
 
     def delete_events_upto(self, seq: int) -> int:
-        def delete(conn: psycopg.Connection[Any]) -> int:  # a sequence never hands out a number twice
-            return conn.execute("DELETE FROM events WHERE seq <= %s", [seq]).rowcount
-
-        return self._write("delete_events", delete)
+        return self._write("delete_events", lambda conn: self.event_log.delete_upto(conn, seq))
 
     def read_events(
         self,
@@ -925,30 +817,8 @@ class PostgresStore(Store):
         *,
         tenant: str | None = None,
     ) -> list[Event]:
-        if tenant is None:
-            sql = "SELECT seq, at, tenant, kind, memory_id, data FROM events WHERE seq > %s"
-            args: list[Any] = [after_seq]
-        else:
-            sql, args = TENANT_EVENTS_SQL, [esc(tenant), after_seq]
-        if memory_id is not None:
-            sql += " AND memory_id = %s"
-            args.append(esc(memory_id))
-        sql += " ORDER BY seq LIMIT %s" if tenant is None else " ORDER BY tenant_seq LIMIT %s"
-        args.append(min(limit, 2**62))
         with self._conn("read_events") as conn:
-            rows = conn.execute(sql, args).fetchall()
-            if memory_id is None and not _without_holes(after_seq, [int(r[0]) for r in rows]):
-                # a lower number may still be in flight: wait for the appenders holding the shared lock;
-                # then every number handed out is committed or gone for good
-                with conn.transaction():
-                    conn.execute(
-                        "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [_EVENTS_LOCK, self.schema]
-                    )
-                    rows = conn.execute(sql, args).fetchall()
-        return [
-            Event(kind=unesc(k) or "", memory_id=unesc(mid), data=d, tenant=unesc(t) or "", at=at, seq=int(s))
-            for s, at, t, k, mid, d in rows
-        ]
+            return self.event_log.read(conn, after_seq, limit, memory_id, tenant)
 
     # ---- credentials: a table of their own, which event retention never touches ---------------------
     def put_credential(self, credential: Credential) -> None:
@@ -994,7 +864,7 @@ class PostgresStore(Store):
         connection (``LISTEN``). Returns a function that unsubscribes."""
         with self._lock:
             if self._listener is None:
-                self._listener = _Listener(self.conninfo, self.schema)
+                self._listener = Listener(self.conninfo, self.schema)
             listener = self._listener
         return listener.add(callback)
 
@@ -1097,70 +967,6 @@ class EntityGraphView:
         return {i: tuple(sorted(es)) for i, es in out.items()}
 
 
-class _Listener:
-    """One ``LISTEN`` connection on a thread, fanning notifications for one schema out to callbacks."""
-
-    def __init__(self, conninfo: str, schema: str) -> None:
-        self._conninfo = conninfo
-        self._prefix = f"{schema}:"
-        self._callbacks: dict[int, Callable[[int], None]] = {}
-        self._next = 0
-        self._lock = threading.Lock()
-        self._stopped = threading.Event()
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="clawvm-pg-listen", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(30) or self._error is not None:
-            self._stopped.set()
-            raise StoreError(f"postgres listen failed: {self._error or 'timed out'}")
-
-    def add(self, callback: Callable[[int], None]) -> Callable[[], None]:
-        with self._lock:
-            key = self._next
-            self._next += 1
-            self._callbacks[key] = callback
-
-        def remove() -> None:
-            with self._lock:
-                self._callbacks.pop(key, None)
-
-        return remove
-
-    def _run(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                with psycopg.connect(self._conninfo, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {EVENTS_CHANNEL}")
-                    self._ready.set()
-                    while not self._stopped.is_set():
-                        for note in conn.notifies(timeout=0.2):
-                            self._deliver(note.payload)
-            except psycopg.Error as exc:  # connection lost: report once at start, else reconnect
-                if not self._ready.is_set():
-                    self._error = exc
-                    self._ready.set()
-                    return
-                log.warning("clawvm listener lost its connection (%s); reconnecting", exc)
-                self._stopped.wait(0.5)
-
-    def _deliver(self, payload: str) -> None:
-        if not payload.startswith(self._prefix):
-            return
-        seq = int(payload[len(self._prefix) :])
-        with self._lock:
-            callbacks = list(self._callbacks.values())
-        for cb in callbacks:
-            try:
-                cb(seq)
-            except Exception:  # a subscriber's bug must not stop delivery to the others
-                log.exception("event subscriber failed")
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._thread.join(timeout=5)
-
-
 _COLUMNS = (
     "id",
     "tenant",
@@ -1223,28 +1029,6 @@ _ADD_AGENTS = """INSERT INTO agents
     WHERE NOT EXISTS (SELECT 1 FROM agents a WHERE a.tenant = t.tenant AND a.agent_id = t.agent_id)
     ORDER BY 1, 2
     ON CONFLICT DO NOTHING"""
-#: One page of a tenant's events (the tenant's own numbers as ``seq``); add ``AND memory_id = %s`` for one
-#: memory's.
-TENANT_EVENTS_SQL = (
-    "SELECT tenant_seq, at, tenant, kind, memory_id, data FROM events WHERE tenant = %s AND tenant_seq > %s"
-)
-# a tenant's new event sequence starts past the highest number it ever had: in its events, or counted in
-# event_numbers before sequences numbered them (events retention deleted included); scalar subqueries, so
-# that setval runs where the sequence lives (a distributed events table's coordinator)
-_START_SEQUENCE = """SELECT setval(%s::regclass, greatest(
-        (SELECT coalesce(max(tenant_seq), 0) FROM events WHERE tenant = %s),
-        (SELECT coalesce(max(last), 0) FROM event_numbers WHERE tenant = %s)) + 1, false)"""
-# rows are numbered in the order given, in the log and in each tenant's sequence (nextval is volatile, so
-# PostgreSQL evaluates it after the sort, row by row); one notification per batch (equal payloads are
-# delivered once)
-_INSERT_EVENTS = """WITH ins AS (
-        INSERT INTO events (at, tenant, kind, memory_id, data, tenant_seq)
-        SELECT e.at, e.tenant, e.kind, e.memory_id, e.data::json, nextval(e.numbers::regclass)
-        FROM unnest(%s::timestamptz[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])
-             WITH ORDINALITY AS e(at, tenant, kind, memory_id, data, numbers, n)
-        ORDER BY e.n
-        RETURNING seq, tenant_seq)
-    SELECT seq, tenant_seq, pg_notify(%s, %s || (SELECT max(seq) FROM ins)) FROM ins"""
 # each connection adds to its own counter rows, so writers do not queue on one hot row (rows in tenant
 # order: two writers lock shared rows in one order, never a deadlock)
 _ADD_TENANT_STATS = f"""INSERT INTO tenant_lexstats AS s
@@ -1332,11 +1116,6 @@ class _TenantStats:
     def arrays(self) -> list[list[Any]]:
         tenants = sorted(t for t, d in self.by_tenant.items() if any(d))
         return [tenants, *([self.by_tenant[t][i] for t in tenants] for i in range(3))]
-
-
-def _without_holes(after: int, seqs: list[int]) -> bool:
-    """Whether ``seqs`` (ascending) run on from ``after`` one by one."""
-    return all(seq == after + 1 + n for n, seq in enumerate(seqs))
 
 
 def _content_hash(content: str) -> bytes:
