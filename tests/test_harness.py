@@ -252,8 +252,9 @@ def test_the_text_channels_run_while_the_query_is_embedded(
     with Harness.open(harness_target(engine_name, tmp_path), embedder=gated) as h:
         fill(h)
         h.flush(timeout=60)
+        h.recall("disk", k=1)  # the first query embedding runs in place: it measures the embedder
         _observe_text_queries(h, gated)
-        gated.wait_for_text = True
+        gated.calls, gated.wait_for_text = [], True
         hits = h.recall("why did the deploy fail? disk full", k=2)
         # the embedding was still in flight when the store ran the text channels, and its vector was used
         assert gated.calls == ["embed started", "text channels", "embed done"]
@@ -276,12 +277,43 @@ def test_recall_ranks_the_same_with_the_query_embedded_in_parallel_or_first(harn
         assert beside == first and any("dense" in e for _, _, e in beside)
 
 
+class LookupEmbedder(GatedEmbedder):
+    """Vectors looked up, not computed (a cache, a table): each query embedding takes microseconds."""
+
+    def __init__(self, model: clawvm.MiniLMEmbedder) -> None:
+        super().__init__(model)
+        self.cache: dict[str, np.ndarray] = {}
+
+    def embed_query(self, text: str) -> np.ndarray:
+        self.calls.append("looked up")
+        return self.cache[text]
+
+
+def test_an_embedder_that_answers_at_once_is_called_in_place(
+    tmp_path: Path, embedder: clawvm.MiniLMEmbedder
+) -> None:
+    """Handing a lookup to another thread would cost more than it hides (and on PostgreSQL, a round trip
+    of its own for the dense channel): the query is embedded first, on the caller's thread."""
+    fast = LookupEmbedder(embedder)
+    queries = ["disk full", "what does the user prefer?", "payment retries"]
+    fast.cache = {q: embedder.embed_query(q) for q in queries}
+    with Harness.open(tmp_path / "m.db", embedder=fast) as h:
+        fill(h)
+        _observe_text_queries(h, fast)
+        for q in queries * 3:
+            assert h.recall(q, k=2)
+        assert fast.calls == ["looked up", "text channels"] * 9
+        assert h.last_query_embed_ms > 0
+        assert not any(t.name.startswith("clawvm-query-embed") for t in threading.enumerate())
+
+
 def test_a_failing_query_embedding_fails_the_recall_and_ends_its_thread_on_close(
     tmp_path: Path, embedder: clawvm.MiniLMEmbedder
 ) -> None:
     gated = GatedEmbedder(embedder)
     h = Harness.open(tmp_path / "m.db", embedder=gated)
     fill(h)
+    h.recall("disk", k=1)  # measures the embedder: slow enough to embed beside the caller from now on
     gated.fail = True
     with pytest.raises(EmbedderError, match="the model is gone"):
         h.recall("disk full", k=2)

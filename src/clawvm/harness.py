@@ -181,9 +181,8 @@ class Harness:
         # session -> memories preloaded for it (from any session); the context builder adds them to its
         # working section. Kept in process: after a restart, start_session again.
         self._preloaded: dict[str, builtins.list[str]] = {}  # the newest PRELOADED_SESSIONS sessions
-        self._last_embed_ms = 0.0
         self.parallel_query_embedding = parallel_query_embedding
-        self._query_embeds: QueryEmbeddings | None = None
+        self._query_embeds = QueryEmbeddings(embedder) if embedder is not None else None
 
     @classmethod
     def open(
@@ -495,26 +494,16 @@ class Harness:
         return [Recalled(warmed.get(h.id, h.memory), h.score, h.explain) for h in hits]
 
     def _query_embedding(self, text: str) -> np.ndarray | PendingVector:
-        """The query's vector: started beside the caller (``parallel_query_embedding``), so the recall's text
-        channels run while the model encodes, or computed here."""
-        assert self.embedder is not None
-        if not self.parallel_query_embedding:
-            started = time.perf_counter()
-            vector = self.embedder.embed_query(text)
-            self.last_query_embed_ms = (time.perf_counter() - started) * 1000
-            return vector
-        if self._query_embeds is None:
-            self._query_embeds = QueryEmbeddings(self.embedder)
-        return self._query_embeds.start(text)
+        """The query's vector, or its computation begun beside the caller so that the recall's text
+        channels run while the model encodes (``parallel_query_embedding``, when it pays: see
+        :class:`QueryEmbeddings`)."""
+        assert self._query_embeds is not None  # there is an embedder
+        return self._query_embeds.vector(text, overlap=self.parallel_query_embedding)
 
     @property
     def last_query_embed_ms(self) -> float:
         """How long the latest query embedding took, in ms (0.0 before the first)."""
-        return self._query_embeds.last_ms if self._query_embeds is not None else self._last_embed_ms
-
-    @last_query_embed_ms.setter
-    def last_query_embed_ms(self, ms: float) -> None:
-        self._last_embed_ms = ms
+        return self._query_embeds.last_ms if self._query_embeds is not None else 0.0
 
     def recall_with(
         self, query: str, vector: np.ndarray | None, k: int, cfg: RecallConfig, filters: Filters

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
@@ -194,11 +195,20 @@ class MiniLMEmbedder:
         return vector
 
 
+#: below this typical query-embedding time (ms), a recall embeds on the caller's thread: the hand-off to
+#: another thread, and on PostgreSQL the dense channel's own round trip, would cost more than the overlap
+#: saves (an embedder that looks vectors up, or a cache)
+OVERLAP_MIN_MS = 1.0
+
+
 class QueryEmbeddings:
     """Query embeddings computed beside the caller, so that a recall's text channels (BM25 over the memory
     and over its neighbourhood, ~1-2 ms at 100k) run while the model encodes the query (~5-7 ms for MiniLM
     on 2 cores; an HTTP embedder's round trip is longer): the model releases the GIL while it runs.
 
+    Only when it pays: an embedder whose queries take under :data:`OVERLAP_MIN_MS` is called in place. What
+    a query costs is the fastest of the last few (a stall of the machine only ever adds time); the first
+    query, which measures it, runs on the caller's thread.
     Threads are made on demand, up to ``workers`` (concurrent recalls of a server each get one), and are
     not daemons: an interpreter that exits waits for an encoding in flight instead of ending its thread
     inside ONNX Runtime (see :func:`_stop_live_workers`).
@@ -206,23 +216,44 @@ class QueryEmbeddings:
 
     def __init__(self, embedder: Embedder, workers: int = 4) -> None:
         self.embedder = embedder
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="clawvm-query-embed")
-        self.last_ms = 0.0  # how long the latest query embedding took, for MemLens's latency view
+        self._workers = workers
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self.last_ms = 0.0  # the latest query embedding's time
+        self._recent: deque[float] = deque(maxlen=8)  # the latest query embeddings' times
 
-    def start(self, text: str) -> Future[np.ndarray]:
-        """Begin embedding ``text``; ``result()`` of the returned future is its vector (or the
-        embedder's error)."""
-        return self._pool.submit(self._timed, text)
+    @property
+    def typical_ms(self) -> float | None:
+        """What a query embedding costs: the fastest of the last few; None before the first."""
+        with self._lock:  # a deque mutated while min() reads it raises
+            return min(self._recent, default=None)
+
+    def vector(self, text: str, overlap: bool = True) -> np.ndarray | Future[np.ndarray]:
+        """``text``'s vector: begun on another thread (``result()`` of the future returned gives it, or the
+        embedder's error) when ``overlap`` and the embedder is slow enough for that to pay, else now."""
+        typical = self.typical_ms
+        if not overlap or typical is None or typical < OVERLAP_MIN_MS:
+            return self._timed(text)
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="clawvm-query-embed")
+            return self._pool.submit(self._timed, text)
 
     def _timed(self, text: str) -> np.ndarray:
         started = time.perf_counter()
         vector = self.embedder.embed_query(text)
-        self.last_ms = (time.perf_counter() - started) * 1000
+        ms = (time.perf_counter() - started) * 1000
+        with self._lock:
+            self.last_ms = ms
+            self._recent.append(ms)
         return vector
 
     def close(self) -> None:
         """Wait for the embeddings in flight and end the threads. Idempotent."""
-        self._pool.shutdown(wait=True)
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
 
 class OpenAIEmbedder:
