@@ -1,0 +1,76 @@
+"""``clawvm`` command line: a thin shell over :class:`clawvm.Harness` on the embedded default store.
+
+The commands live by group (memories, serving, admin, replaying); this module is the entry point that
+gathers them under one ``clawvm`` group.
+"""
+
+from __future__ import annotations
+
+import click
+
+from clawvm.cli import admin, memories, replaying, serving
+from clawvm.cli.common import CliGroup
+
+DEFAULT_DB = "clawvm.db"
+
+
+@click.group(cls=CliGroup)
+@click.option(
+    "--db",
+    envvar="CLAWVM_DB",
+    default=DEFAULT_DB,
+    show_default=True,
+    help="Store to use: a SQLite file path, sqlite:///PATH or memory:// (env CLAWVM_DB).",
+)
+@click.option("--no-embed", is_flag=True, help="Do not load the embedding model (lexical recall only).")
+@click.option(
+    "--pool-size", type=click.IntRange(min=1), default=None, help="PostgreSQL: connections per process."
+)
+@click.option(
+    "--statement-timeout-ms", type=click.IntRange(min=1), default=None, help="PostgreSQL: statement timeout."
+)
+@click.version_option(package_name="clawvm")
+@click.pass_context
+def main(
+    ctx: click.Context, db: str, no_embed: bool, pool_size: int | None, statement_timeout_ms: int | None
+) -> None:
+    """ClawVM: harness-managed memory for LLM agents."""
+    given = {"pool_size": pool_size, "statement_timeout_ms": statement_timeout_ms}
+    ctx.obj = {
+        "db": _with_url_params(db, {k: v for k, v in given.items() if v is not None}),
+        "no_embed": no_embed,
+    }
+
+
+def _with_url_params(db: str, params: dict[str, int]) -> str:
+    """``db`` with PostgreSQL store parameters added to its query string (options the CLI takes as flags)."""
+    if not params:
+        return db
+    if not db.startswith(("postgresql://", "postgres://")):
+        raise click.UsageError("--pool-size and --statement-timeout-ms apply to postgresql:// stores only")
+    extra = "&".join(f"{k}={v}" for k, v in params.items())
+    return f"{db}{'&' if '?' in db else '?'}{extra}"
+
+
+COMMANDS = (
+    memories.add,
+    memories.search,
+    memories.show,
+    memories.forget,
+    memories.export,
+    memories.prune_events,
+    memories.import_,
+    memories.stats,
+    serving.demo,
+    serving.serve,
+    serving.mcp_command,
+    admin.keys,
+    admin.review,
+    admin.seed,
+    admin.reindex,
+    admin.migrate_command,
+    replaying.replay,
+)
+for command in COMMANDS:
+    main.add_command(command)
+keys = admin.keys  # the key commands, as tests and scripts import them

@@ -1,0 +1,277 @@
+"""Administration: API keys and data keys, the review queue, seeds, the PostgreSQL index, migration."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from clawvm.cli.common import CliGroup, opened_harness, opened_keyring, opened_store
+from clawvm.core.errors import ConfigError
+from clawvm.core.model import utcnow
+from clawvm.store import store_from_url
+from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey, DataKeys, rotate_data_key
+from clawvm.store.keys import Role
+
+
+@click.group(cls=CliGroup)
+def keys() -> None:
+    """API keys of the server: hashed, one tenant and one role each (kept in the store's credentials
+    table, which prune-events never touches)."""
+
+
+@keys.command("create")
+@click.option("--tenant", required=True, help="Tenant the key reads and writes (letters, digits, . _ -).")
+@click.option(
+    "--role",
+    type=click.Choice([r.value for r in Role]),
+    default=Role.AGENT.value,
+    show_default=True,
+    help="admin: also manages keys; agent: reads and writes; read-only: reads.",
+)
+@click.option("--name", default="", help="A label to recognise the key by (who or what uses it).")
+@click.option(
+    "--ttl-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds the key works for; after that it gets 401 key_expired (default: it does not expire).",
+)
+@click.pass_context
+def keys_create(ctx: click.Context, tenant: str, role: str, name: str, ttl_s: float | None) -> None:
+    """Create a key and print it (once: only its hash is stored)."""
+    with opened_keyring(ctx) as ring:
+        record, token = ring.create(tenant, role, name, ttl_s=ttl_s)
+    click.echo(token)
+    until = f", expires {record.expires_at.isoformat()}" if record.expires_at else ""
+    click.echo(f"key {record.key_id} for tenant {tenant} ({role}{until}): shown once, store it now", err=True)
+
+
+@keys.command("list")
+@click.option("--tenant", default=None, help="Only this tenant's keys.")
+@click.option("--all", "include_revoked", is_flag=True, help="Include revoked keys.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON Lines instead of a table.")
+@click.pass_context
+def keys_list(ctx: click.Context, tenant: str | None, include_revoked: bool, as_json: bool) -> None:
+    """List keys (ids, tenants, roles; never the keys themselves)."""
+    with opened_keyring(ctx) as ring:
+        found = ring.list(tenant, include_revoked=include_revoked)
+    for k in found:
+        row = {
+            "key_id": k.key_id,
+            "tenant": k.tenant,
+            "role": k.role.value,
+            "name": k.name,
+            "created_at": k.created_at.isoformat(),
+            "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None,
+            "expires_at": k.expires_at.isoformat() if k.expires_at else None,
+        }
+        if as_json:
+            click.echo(json.dumps(row))
+        else:
+            state = f"revoked {row['revoked_at']}" if k.revoked_at else "active"
+            if k.expires_at and not k.revoked_at:
+                ends = "expired" if k.expired(utcnow()) else "until"
+                state = f"{ends} {row['expires_at']}"
+            click.echo(f"{k.key_id}  {k.tenant:<20} {k.role.value:<9} {state:<8} {k.name}")
+
+
+@keys.command("revoke")
+@click.argument("key_id")
+@click.pass_context
+def keys_revoke(ctx: click.Context, key_id: str) -> None:
+    """Revoke KEY_ID: running servers refuse it within a few seconds."""
+    with opened_keyring(ctx) as ring:
+        ring.revoke(key_id)
+    click.echo(f"revoked {key_id}")
+
+
+@keys.command("rotate")
+@click.argument("key_id")
+@click.pass_context
+def keys_rotate(ctx: click.Context, key_id: str) -> None:
+    """Replace KEY_ID by a new key of the same tenant, role and name; print the new key (once) and revoke
+    the old one."""
+    with opened_keyring(ctx) as ring:
+        record, token = ring.rotate(key_id)
+    click.echo(token)
+    click.echo(f"key {record.key_id} replaces {key_id} (revoked): shown once, store it now", err=True)
+
+
+@keys.command("rotate-data-key")
+@click.option(
+    "--key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar=KEY_FILE_ENV,
+    default=None,
+    help=f"Data key file (base64 keys, one a line, the first seals; env {KEY_FILE_ENV}). Without "
+    "--new-key-file a new key is generated and written first in it.",
+)
+@click.option(
+    "--new-key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Use the key in this file as the new key, or generate one into it when it does not exist.",
+)
+@click.option("--drop-old", is_flag=True, help="Afterwards keep only the new key in --key-file.")
+@click.pass_context
+def keys_rotate_data_key(
+    ctx: click.Context, key_file: Path | None, new_key_file: Path | None, drop_old: bool
+) -> None:
+    """Re-encrypt every sealed original (redacted content kept for admins) under a new data key.
+
+    The old keys, all needed to read, come from CLAWVM_DATA_KEY and/or the key file. Processes still
+    running with only the old key must be restarted with the new one.
+    """
+    old = DataKeys.from_env({KEY_ENV: os.environ.get(KEY_ENV, ""), KEY_FILE_ENV: str(key_file or "")})
+    if old is None:
+        raise ConfigError(f"no data key to read the sealed originals: set {KEY_ENV} or pass --key-file")
+    if new_key_file is not None:
+        if not new_key_file.exists():
+            DataKeys((DataKey.generate(),)).save(new_key_file)
+        new = DataKeys.load(new_key_file).current
+    elif key_file is not None:
+        new = DataKey.generate()
+        old.with_current(new).save(key_file)  # first, so that a run stopped halfway loses no key
+    else:
+        raise ConfigError("nowhere to keep the new key: pass --new-key-file PATH, or --key-file PATH")
+    with opened_store(ctx) as store:
+        report = rotate_data_key(store, old, new)
+    if drop_old and key_file is not None and new_key_file is None:
+        DataKeys((new,)).save(key_file)
+    click.echo(
+        f"re-encrypted {report.rekeyed} sealed originals under data key {report.kid} "
+        f"({report.already} were under it already)"
+    )
+    if new_key_file is not None:
+        click.echo(f"use the new key: {KEY_FILE_ENV}={new_key_file}", err=True)
+
+
+@click.group(cls=CliGroup)
+def review() -> None:
+    """The review queue of team memories: low confidence, flagged, or open conflicts (clawvm.teams.shared)."""
+
+
+@review.command("list")
+@click.option(
+    "--below", default=0.5, show_default=True, type=float, help="Confidence under which a memory waits."
+)
+@click.option("--team", "team_id", default=None, help="Only this team's memories.")
+@click.option("--agent", "agent_id", default=None, help="Only what this agent may read.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON Lines (whole memories).")
+@click.pass_context
+def review_list(
+    ctx: click.Context, below: float, team_id: str | None, agent_id: str | None, as_json: bool
+) -> None:
+    """List memories awaiting review, least trusted first."""
+    with opened_harness(ctx, embed=False) as h:
+        for m in h.review_queue(below=below, team_id=team_id, agent_id=agent_id):
+            if as_json:
+                click.echo(m.to_json())
+            else:
+                text = m.content.replace("\n", " ")
+                click.echo(f"{m.id}  {m.confidence:.2f}  [{m.kind.value}] {text[:100]}")
+
+
+@review.command("approve")
+@click.argument("memory_id")
+@click.option("--by", default=None, help="Who approves (kept with the review).")
+@click.pass_context
+def review_approve(ctx: click.Context, memory_id: str, by: str | None) -> None:
+    """Approve MEMORY_ID (an open conflict: close it, keeping both sides)."""
+    with opened_harness(ctx, embed=False) as h:
+        h.approve(memory_id, by=by)
+    click.echo(f"approved {memory_id}")
+
+
+@review.command("reject")
+@click.argument("memory_id")
+@click.option("--by", default=None, help="Who rejects (kept with the review).")
+@click.option("--reason", default=None, help="Why (kept with the review).")
+@click.pass_context
+def review_reject(ctx: click.Context, memory_id: str, by: str | None, reason: str | None) -> None:
+    """Reject MEMORY_ID: it becomes obsolete (kept for history) and its open conflicts close."""
+    with opened_harness(ctx, embed=False) as h:
+        h.reject(memory_id, by=by, reason=reason)
+    click.echo(f"rejected {memory_id}")
+
+
+@click.command()
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.pass_context
+def seed(ctx: click.Context, path: Path) -> None:
+    """Import team seed knowledge and rule templates from a YAML or JSON file (see clawvm.teams.seed)."""
+    from clawvm.teams.seed import import_seed
+
+    with opened_harness(ctx) as h:
+        report = import_seed(h, path)
+    click.echo(f"imported {report.imported} ({report.memories} memories, {report.rules} rules in the file)")
+
+
+@click.command()
+@click.option(
+    "--m", "m", type=click.IntRange(min=2), default=None, help="HNSW links per node (kept if not given)."
+)
+@click.option(
+    "--ef-construction",
+    type=click.IntRange(min=4),
+    default=None,
+    help="HNSW build candidates (kept if not given).",
+)
+@click.option(
+    "--memory-mb", type=click.IntRange(min=64), default=1024, show_default=True, help="Build memory."
+)
+@click.option("--dim", default=384, show_default=True, help="Vector dimension of the store.")
+@click.pass_context
+def reindex(ctx: click.Context, m: int | None, ef_construction: int | None, memory_mb: int, dim: int) -> None:
+    """Rebuild the PostgreSQL vector (HNSW) index, with new parameters if given."""
+    from clawvm.store.postgres import HnswParams, PostgresStore
+
+    with opened_store(ctx, dim) as store:
+        if not isinstance(store, PostgresStore):
+            raise click.UsageError("reindex rebuilds PostgreSQL's HNSW index: pass --db postgresql://...")
+        current = store.vector_index_params() or HnswParams()
+        store.hnsw = HnswParams(m=m or current.m, ef_construction=ef_construction or current.ef_construction)
+        took = store.build_vector_index(memory_mb=memory_mb)
+    params = store.hnsw
+    click.echo(
+        f"rebuilt the HNSW index (m={params.m}, ef_construction={params.ef_construction}) in {took:.1f} s"
+    )
+
+
+@click.command(name="migrate")
+@click.option(
+    "--from", "source", required=True, help="Store to copy: sqlite:///PATH, postgresql://... or a path."
+)
+@click.option("--to", "target", required=True, help="Empty store to copy into (any engine).")
+@click.option("--batch", default=500, show_default=True, help="Memories per write.")
+@click.option("--dim", default=384, show_default=True, help="Vector dimension of both stores.")
+@click.option("--no-verify", is_flag=True, help="Skip the verification (counts, checksums, vectors).")
+def migrate_command(source: str, target: str, batch: int, dim: int, no_verify: bool) -> None:
+    """Copy every memory, vector and event into an empty store, then verify the copy."""
+    from clawvm.store.migrate import migrate
+
+    src, dst = store_from_url(source, dim=dim), store_from_url(target, dim=dim)
+    src.setup()
+    try:
+        dst.setup()
+        try:
+            with click.progressbar(length=src.count(), label="memories", file=sys.stderr) as bar:
+
+                def progress(what: str, n: int) -> None:
+                    if what == "memories":
+                        bar.update(n)
+
+                report = migrate(src, dst, batch=batch, verify=not no_verify, progress=progress)
+        finally:
+            dst.close()
+    finally:
+        src.close()
+    click.echo(f"copied {report.memories} memories, {report.vectors} vectors, {report.events} events")
+    if report.target is not None:
+        click.echo(
+            f"verified: counts and checksums match (memories {report.target.memory_checksum[:16]}, "
+            f"events {report.target.event_checksum[:16]}); vectors within {report.worst_vector_error:.1e}"
+        )

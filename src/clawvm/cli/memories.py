@@ -1,0 +1,304 @@
+"""Commands over the memories themselves: add, search, show, forget, export, import, prune-events, stats."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import click
+
+from clawvm.cli.common import opened_harness
+from clawvm.core.errors import ValidationError
+from clawvm.core.model import Kind, Memory
+from clawvm.harness import Harness
+
+
+@click.command()
+@click.argument("content", required=False)
+@click.option(
+    "--file",
+    "content_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Read the content from this file (UTF-8) instead of CONTENT.",
+)
+@click.option(
+    "--kind", default="note", show_default=True, help="Memory kind, e.g. user_input, tool_result, decision."
+)
+@click.option("--state", default=None, help="pending, success, error or intermediate.")
+@click.option("--session", "session_id", default=None, help="Session id.")
+@click.option("--task", "task_id", default=None, help="Task id.")
+@click.option("--agent", "agent_id", default=None, help="Agent id.")
+@click.option("--tool", "tool_name", default=None, help="Tool name.")
+@click.option("--tag", "tags", multiple=True, help="Tag (repeatable).")
+@click.option("--json-content", is_flag=True, help="Parse CONTENT as JSON and store it as canonical JSON.")
+@click.pass_context
+def add(
+    ctx: click.Context,
+    /,
+    content: str | None,
+    content_file: Path | None,
+    json_content: bool,
+    tags: tuple[str, ...],
+    **fields: Any,
+) -> None:
+    """Record CONTENT as a new memory and print its id (CONTENT "-" reads it from stdin)."""
+    text = _content(content, content_file)
+    payload: Any = text
+    if json_content:
+        try:
+            payload = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValidationError(
+                "content", f"is not valid JSON ({exc.msg})", "drop --json-content or fix the JSON"
+            ) from None
+    with opened_harness(ctx) as h:
+        m = h.record(payload, tags=list(tags), **{k: v for k, v in fields.items() if v is not None})
+        click.echo(m.id)
+
+
+def _content(content: str | None, content_file: Path | None) -> str:
+    """The text to record: CONTENT, stdin for "-", or the file given with --file (exactly one of them)."""
+    if (content is None) == (content_file is None):
+        raise ValidationError(
+            "content", "must come from exactly one place", 'give CONTENT, "-" for stdin, or --file PATH'
+        )
+    if content_file is not None:
+        try:
+            return content_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValidationError(
+                "--file", f"{content_file} is not UTF-8 text ({exc.reason})", "record a text file"
+            ) from None
+    if content == "-":
+        return sys.stdin.read()
+    return str(content)
+
+
+def _kind(value: str | None) -> Kind | None:
+    """``--kind`` as a Kind, or the same one-line error (exit code 2) ``add`` gives for a wrong kind."""
+    if value is None:
+        return None
+    try:
+        return Kind(value)
+    except ValueError:
+        allowed = ", ".join(k.value for k in Kind)
+        raise ValidationError("kind", f"is {value!r}", f"use one of {allowed}") from None
+
+
+@click.command()
+@click.argument("query")
+@click.option("-k", default=5, show_default=True, help="How many memories to return.")
+@click.option("--preset", default=None, help="Recall preset: hybrid (default), bm25 or dense.")
+@click.option("--session", "session_id", default=None, help="Only this session.")
+@click.option("--kind", default=None, help="Only this kind.")
+@click.option(
+    "--tag", "tags", multiple=True, help="Only memories with this tag (repeatable: all must match)."
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON Lines with scores and per-channel breakdown."
+)
+@click.pass_context
+def search(
+    ctx: click.Context,
+    /,
+    query: str,
+    k: int,
+    preset: str | None,
+    as_json: bool,
+    tags: tuple[str, ...],
+    **filters: Any,
+) -> None:
+    """Hybrid recall: the K best memories for QUERY."""
+    filters["kind"] = _kind(filters.get("kind"))
+    given = {name: v for name, v in filters.items() if v is not None}
+    if tags:
+        given["tags"] = list(tags)
+    with opened_harness(ctx) as h:
+        for r in h.recall(query, k=k, preset=preset, **given):
+            if as_json:
+                explain = {
+                    c: {"raw": s.raw, "normalized": s.normalized, "weight": s.weight, "rank": s.rank}
+                    for c, s in r.explain.items()
+                }
+                click.echo(
+                    json.dumps(
+                        {
+                            "id": r.id,
+                            "score": r.score,
+                            "explain": explain,
+                            "memory": json.loads(r.memory.to_json()),
+                        }
+                    )
+                )
+            else:
+                text = r.memory.content.replace("\n", " ")
+                click.echo(f"{r.score:.3f}  {r.id}  [{r.memory.kind.value}] {text[:120]}")
+
+
+@click.command()
+@click.argument("memory_id")
+@click.pass_context
+def show(ctx: click.Context, memory_id: str) -> None:
+    """Print one memory as JSON."""
+    with opened_harness(ctx, embed=False) as h:
+        click.echo(json.dumps(json.loads(h.get(memory_id).to_json()), indent=2, ensure_ascii=False))
+
+
+@click.command()
+@click.argument("memory_id")
+@click.pass_context
+def forget(ctx: click.Context, memory_id: str) -> None:
+    """Delete one memory for good."""
+    with opened_harness(ctx, embed=False) as h:
+        h.forget(memory_id)
+        click.echo(f"forgot {memory_id}")
+
+
+@click.command()
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write to this file instead of standard output.",
+)
+@click.option("--session", "session_id", default=None, help="Only this session.")
+@click.option("--events", is_flag=True, help="Export the event log instead of the memories (MemLens).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "parquet"]),
+    default="jsonl",
+    show_default=True,
+    help="parquet: with --events and --out (analytics extra); DuckDB queries: see clawvm.store.eventlog.",
+)
+@click.pass_context
+def export(ctx: click.Context, out: Path | None, session_id: str | None, events: bool, fmt: str) -> None:
+    """Export memories as JSON Lines (one memory per line, lossless), oldest first; or the event log."""
+    if events or fmt == "parquet":
+        _export_events(ctx, out, session_id, events, fmt)
+        return
+    with opened_harness(ctx, embed=False) as h:
+        # a lossless backup: every status, the harness's internal records (team grants) included
+        filters = h.filters({"session_id": session_id}).with_(status=None)
+        stream = out.open("w", encoding="utf-8") if out else sys.stdout
+        try:
+            n = 0
+            for m in h.store.iter_all(filters):
+                stream.write(m.to_json() + "\n")
+                n += 1
+        finally:
+            if out:
+                stream.close()
+        if out:
+            click.echo(f"exported {n} memories to {out}", err=True)
+
+
+def _export_events(
+    ctx: click.Context, out: Path | None, session_id: str | None, events: bool, fmt: str
+) -> None:
+    from clawvm.store.eventlog import export_jsonl, export_parquet
+
+    if not events or session_id is not None or (fmt == "parquet" and out is None):
+        raise ValidationError(
+            "format", "parquet exports the event log to a file", "use --events --format parquet -o FILE"
+        )
+    with opened_harness(ctx, embed=False) as h:
+        if fmt == "parquet" and out is not None:
+            n = export_parquet(h.store, out)
+        else:
+            stream = out.open("w", encoding="utf-8") if out else sys.stdout
+            try:
+                n = export_jsonl(h.store, stream)
+            finally:
+                if out:
+                    stream.close()
+    if out:
+        click.echo(f"exported {n} events to {out}", err=True)
+
+
+@click.command(name="prune-events")
+@click.option("--max-age-days", type=float, default=None, help="Delete events older than this many days.")
+@click.option("--max-events", type=int, default=None, help="Keep at most this many events (the newest).")
+@click.pass_context
+def prune_events(ctx: click.Context, max_age_days: float | None, max_events: int | None) -> None:
+    """Event-log retention: delete the oldest events (learned scorer weights are kept); export first."""
+    from clawvm.store.eventlog import Retention, prune
+
+    with opened_harness(ctx, embed=False) as h:
+        n = prune(h.store, Retention(max_age_days, max_events), h.now())
+    click.echo(f"deleted {n} events")
+
+
+@click.command(name="import")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.pass_context
+def import_(ctx: click.Context, path: Path) -> None:
+    """Import a JSON Lines export. Every line is validated first: a bad file imports nothing."""
+    memories: list[Memory] = []
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                memories.append(Memory.from_json(raw))
+            except ValidationError as exc:
+                raise ValidationError(f"{path}:{lineno}: {exc.field}", exc.problem, exc.fix) from None
+    with opened_harness(ctx) as h:
+        n = h.import_memories(memories, restore=True)  # a backup of a store: grants and sealed originals too
+    click.echo(f"imported {n} memories ({len(memories) - n} already present)")
+
+
+@click.command()
+@click.pass_context
+def stats(ctx: click.Context) -> None:
+    """Counts by kind, status and tier, and how many memories still wait for an embedding."""
+    with opened_harness(ctx, embed=False) as h:
+        kinds: Counter[str] = Counter()
+        statuses: Counter[str] = Counter()
+        tiers: Counter[str] = Counter()
+        sessions: set[str] = set()
+        unembedded = 0
+        page: list[str] = []
+        # one pass over the memories in keyset pages; whether each page's memories have vectors yet is
+        # asked page by page
+        for m in h.iter_all(status="any"):
+            kinds[m.kind.value] += 1
+            statuses[m.status.value] += 1
+            tiers[m.tier.value] += 1
+            if m.session_id:
+                sessions.add(m.session_id)
+            page.append(m.id)
+            if len(page) == 500:
+                unembedded += len(page) - len(h.store.vectors_of(page))
+                page = []
+        unembedded += len(page) - len(h.store.vectors_of(page))
+        result = {
+            "memories": kinds.total(),
+            "by_kind": dict(kinds),
+            "by_status": dict(statuses),
+            "by_tier": dict(tiers),
+            "sessions": len(sessions),
+            "unembedded": unembedded,
+            "events": _count_events(h),
+        }
+        db = ctx.obj["db"]
+        if "://" not in db and os.path.exists(db):
+            result["file_bytes"] = os.path.getsize(db)
+        click.echo(json.dumps(result, indent=2))
+
+
+def _count_events(h: Harness) -> int:
+    """The event log's length, read in pages of a thousand."""
+    n, after = 0, 0
+    while page := h.events(after_seq=after, limit=1000):
+        n += len(page)
+        after = page[-1].seq or after
+        if len(page) < 1000:
+            break
+    return n
