@@ -337,3 +337,32 @@ def test_the_embedding_worker_yields_to_the_requests_of_every_worker_process() -
     assert embedding.busy() and embedding.in_flight == 1
     other.leave()
     assert not embedding.busy() and other.in_flight == 0
+
+
+class SlowQueryEmbedder(CountingEmbedder):
+    """Queries take a model's time (2 ms): worth embedding beside the text channels."""
+
+    def embed_query(self, text: str) -> np.ndarray:
+        time.sleep(0.002)
+        return super().embed_query(text)
+
+
+def _query_embed_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("clawvm-query-embed")]
+
+
+def test_every_tenant_embeds_its_queries_in_one_pool_which_closes_with_the_service() -> None:
+    """A harness per tenant: a pool of query-embedding threads per tenant would grow with the tenants and
+    outlive the service."""
+    service = Service(MemoryStore(dim=8), SlowQueryEmbedder(), ServerSettings(embed_in_background=False))
+    try:
+        tenants = [service.harness_for(f"t{i}") for i in range(6)]
+        for h in tenants:
+            h.record("the deploy failed on a full disk")
+            for _ in range(3):
+                assert h.recall("deploy disk", k=1)
+        assert 0 < len(_query_embed_threads()) <= 4
+        assert {id(h._query_embeds) for h in tenants} == {id(service.query_embeds)}
+    finally:
+        service.close()
+    assert _query_embed_threads() == []

@@ -183,6 +183,7 @@ class Harness:
         self._preloaded: dict[str, builtins.list[str]] = {}  # the newest PRELOADED_SESSIONS sessions
         self.parallel_query_embedding = parallel_query_embedding
         self._query_embeds = QueryEmbeddings(embedder) if embedder is not None else None
+        self._owns_query_embeds = True
 
     @classmethod
     def open(
@@ -990,6 +991,13 @@ class Harness:
                 continue
 
     # ---- lifecycle ----------------------------------------------------------------------------------
+    def share_query_embeddings(self, shared: QueryEmbeddings) -> None:
+        """Embed queries with ``shared`` (one pool of threads for the harnesses of a server's tenants), which
+        its owner closes; this harness's own is closed now."""
+        own, self._query_embeds, self._owns_query_embeds = self._query_embeds, shared, False
+        if own is not None and own is not shared:
+            own.close()
+
     def share_embed_worker(self, worker: EmbedWorker | None) -> None:
         """Notify ``worker`` of new content, one worker shared by many harnesses (a server has one for all
         its tenants, straight on the engine); whoever started it flushes and stops it."""
@@ -1008,7 +1016,7 @@ class Harness:
             self._prefetcher.shutdown(wait=True)
             self._prefetcher = None
         self._pager_thread.stop()
-        if self._query_embeds is not None:
+        if self._query_embeds is not None and self._owns_query_embeds:
             self._query_embeds.close()
         if self.working.due():
             self.page()

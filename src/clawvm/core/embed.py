@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import statistics
 import sys
 import threading
 import time
@@ -207,8 +208,9 @@ class QueryEmbeddings:
     on 2 cores; an HTTP embedder's round trip is longer): the model releases the GIL while it runs.
 
     Only when it pays: an embedder whose queries take under :data:`OVERLAP_MIN_MS` is called in place. What
-    a query costs is the fastest of the last few (a stall of the machine only ever adds time); the first
-    query, which measures it, runs on the caller's thread.
+    a query costs is the median of the last few (neither a stall of the machine nor a caching embedder's
+    odd hit decides it); the first query, which measures it, runs on the caller's thread, and so does
+    every query once :meth:`close` has run.
     Threads are made on demand, up to ``workers`` (concurrent recalls of a server each get one), and are
     not daemons: an interpreter that exits waits for an encoding in flight instead of ending its thread
     inside ONNX Runtime (see :func:`_stop_live_workers`).
@@ -218,26 +220,28 @@ class QueryEmbeddings:
         self.embedder = embedder
         self._workers = workers
         self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
         self._lock = threading.Lock()
         self.last_ms = 0.0  # the latest query embedding's time
         self._recent: deque[float] = deque(maxlen=8)  # the latest query embeddings' times
 
     @property
     def typical_ms(self) -> float | None:
-        """What a query embedding costs: the fastest of the last few; None before the first."""
-        with self._lock:  # a deque mutated while min() reads it raises
-            return min(self._recent, default=None)
+        """What a query embedding costs: the median of the last few; None before the first."""
+        with self._lock:  # a deque mutated while it is read raises
+            return statistics.median(self._recent) if self._recent else None
 
     def vector(self, text: str, overlap: bool = True) -> np.ndarray | Future[np.ndarray]:
         """``text``'s vector: begun on another thread (``result()`` of the future returned gives it, or the
         embedder's error) when ``overlap`` and the embedder is slow enough for that to pay, else now."""
         typical = self.typical_ms
-        if not overlap or typical is None or typical < OVERLAP_MIN_MS:
-            return self._timed(text)
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="clawvm-query-embed")
-            return self._pool.submit(self._timed, text)
+        if overlap and typical is not None and typical >= OVERLAP_MIN_MS:
+            with self._lock:
+                if self._pool is None and not self._closed:
+                    self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="clawvm-query-embed")
+                if self._pool is not None:
+                    return self._pool.submit(self._timed, text)
+        return self._timed(text)
 
     def _timed(self, text: str) -> np.ndarray:
         started = time.perf_counter()
@@ -249,9 +253,10 @@ class QueryEmbeddings:
         return vector
 
     def close(self) -> None:
-        """Wait for the embeddings in flight and end the threads. Idempotent."""
+        """Wait for the embeddings in flight and end the threads; later queries are embedded in place.
+        Idempotent."""
         with self._lock:
-            pool, self._pool = self._pool, None
+            pool, self._pool, self._closed = self._pool, None, True
         if pool is not None:
             pool.shutdown(wait=True)
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
 from operator import itemgetter
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -426,11 +426,14 @@ def length_factors(info: dict[str, CandidateInfo], scored: dict[str, float], g: 
     return {i: (n / median) ** g for i, n in lengths.items()}
 
 
+@runtime_checkable
 class PendingVector(Protocol):
     """A query vector still being computed (a :class:`concurrent.futures.Future`): ``result()`` waits for
     it, or raises the embedder's error."""
 
     def result(self) -> np.ndarray: ...
+
+    def cancel(self) -> bool: ...
 
 
 def _channel_hits(
@@ -451,10 +454,14 @@ def _channel_hits(
         lexical=cfg.uses("lexical"),
         context=cfg.uses("context"),
     )
-    if vector is None or isinstance(vector, np.ndarray):
+    if not isinstance(vector, PendingVector):
         return store.query(replace(base, vector=vector if cfg.uses("dense") else None))
-    # (a query with neither text nor vector lists the newest memories: not a channel)
-    hits = store.query(base) if base.text is not None else QueryResult()
+    try:
+        # (a query with neither text nor vector lists the newest memories: not a channel)
+        hits = store.query(base) if base.text is not None else QueryResult()
+    except BaseException:
+        vector.cancel()  # not started yet: never run; else its result is dropped
+        raise
     ready = vector.result()
     if cfg.uses("dense"):
         hits.dense = store.query(replace(base, text=None, vector=ready)).dense

@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import Request
 
-from clawvm.core.embed import Embedder, EmbedWorker, MiniLMEmbedder
+from clawvm.core.embed import Embedder, EmbedWorker, MiniLMEmbedder, QueryEmbeddings
 from clawvm.core.errors import EmbedderError, ValidationError
 from clawvm.harness import Harness
 from clawvm.server.idempotency import IdempotencyKeys
@@ -88,6 +88,8 @@ class Service:
                 nice=settings.embed_nice,
             )
             self.worker.start()
+        # one pool of query-embedding threads for every tenant's harness (see Harness.recall)
+        self.query_embeds = QueryEmbeddings(embedder) if embedder is not None else None
         self._harnesses: dict[str, Harness] = {}
         self._lock = threading.Lock()  # taken only to make a tenant's harness, never to use one
         self.live = EventTail(store, poll_s=settings.events_poll_s)  # what event streams wait on
@@ -114,6 +116,8 @@ class Service:
                     **self.harness_options,
                 )
                 harness.share_embed_worker(self.worker)  # its records notify the shared worker
+                if self.query_embeds is not None:
+                    harness.share_query_embeddings(self.query_embeds)
                 self._harnesses[tenant] = harness
             return harness
 
@@ -127,9 +131,11 @@ class Service:
         return self.keyring.active(principal.key_id)
 
     def close(self) -> None:
-        """At shutdown: end the event streams, drain and stop the embedding worker, close the store if the
-        service opened it."""
+        """At shutdown: end the event streams, the query embeddings in flight, drain and stop the embedding
+        worker, close the store if the service opened it."""
         self.live.stop()
+        if self.query_embeds is not None:
+            self.query_embeds.close()
         if self.worker is not None:
             try:
                 self.worker.flush(timeout=30)
