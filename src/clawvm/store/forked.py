@@ -93,9 +93,11 @@ class ForkedWrite:
         except ChildProcessError:  # reaped by someone else (SIGCHLD ignored, a waitpid(-1) of the host's)
             self.ok = False
         finally:
+            # the rows are the truth: a lost snapshot costs the next open a longer replay. Logged before the
+            # waiters wake, so that one that finds the snapshot lost also finds why in the log
+            if not self.ok:
+                log.warning("index snapshot of %s not written: its writer ended with %s", self.label, status)
             self._done.set()
-        if not self.ok:  # the rows are the truth: a lost snapshot costs the next open a longer replay
-            log.warning("index snapshot of %s not written: its writer ended with %s", self.label, status)
 
     def running(self) -> bool:
         return not self._done.is_set()
