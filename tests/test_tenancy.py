@@ -457,7 +457,7 @@ def test_a_tenants_event_read_is_an_index_range_over_its_own_events(engine_name:
     engine.append_events([Event(kind="noise", tenant="A") for _ in range(3000)])
     engine.append_events([Event(kind="mine", tenant="B") for _ in range(3)])
     if engine_name == "sqlite":
-        from clawvm.store.sqlite import TENANT_EVENTS_SQL as sql
+        from clawvm.store.sqlite_events import TENANT_EVENTS_SQL as sql
 
         assert isinstance(engine, SQLiteStore)
         with engine._read("test") as db:

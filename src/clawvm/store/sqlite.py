@@ -18,8 +18,7 @@ import logging
 import secrets
 import sqlite3
 import threading
-from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -30,7 +29,7 @@ import numpy as np
 from clawvm.core.errors import ConfigError, SchemaError, StoreError
 from clawvm.core.model import Filters, LinkType, Memory
 from clawvm.core.vectors import normalize
-from clawvm.store import forked, snapshot
+from clawvm.store import forked, snapshot, sqlite_events
 from clawvm.store.base import (
     Credential,
     Edge,
@@ -40,7 +39,6 @@ from clawvm.store.base import (
     QueryResult,
     Store,
     check_credential_version,
-    check_import,
     check_vectors,
     check_versions,
     credential_json,
@@ -104,14 +102,6 @@ MIGRATIONS: tuple[str, ...] = (
     """,
 )
 
-#: The counters row holding the last event number a tenant was given: this prefix + the tenant.
-EVENTS_COUNTER = "events:"
-#: One page of a tenant's events (the tenant's own numbers as ``seq``); add ``AND memory_id = ?`` for one
-#: memory's.
-TENANT_EVENTS_SQL = (
-    "SELECT tenant_seq, at, tenant, kind, memory_id, data FROM events WHERE tenant = ? AND tenant_seq > ?"
-)
-
 # Insert a credential, or replace the stored one only when it is the next version (the compare-and-set of
 # Store.put_credential, in one statement); no row comes back when the check fails.
 _PUT_CREDENTIAL = """INSERT INTO credentials (tenant, kind, name, version, data) VALUES (?,?,?,?,?)
@@ -136,23 +126,10 @@ def _copy_key_events(conn: sqlite3.Connection) -> None:
         conn.execute(_PUT_CREDENTIAL, (c.tenant, c.kind, c.name, c.version, credential_json(c)))
 
 
-def _number_events_per_tenant(conn: sqlite3.Connection) -> None:
-    """Number the events of an older file in each tenant's own sequence, in log order."""
-    last: dict[str, int] = {}
-    numbered = []
-    for seq, tenant in conn.execute("SELECT seq, tenant FROM events ORDER BY seq"):
-        last[tenant] = last.get(tenant, 0) + 1
-        numbered.append((last[tenant], seq))
-    conn.executemany("UPDATE events SET tenant_seq = ? WHERE seq = ?", numbered)
-    conn.executemany(
-        "INSERT INTO counters VALUES (?, ?)", [(EVENTS_COUNTER + t, n) for t, n in sorted(last.items())]
-    )
-
-
 #: Python steps of a migration, run after its SQL, in the same transaction (migration number -> step).
 _DATA_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: _copy_key_events,
-    2: _number_events_per_tenant,
+    2: sqlite_events.number_events_per_tenant,
 }
 
 
@@ -584,7 +561,7 @@ class SQLiteStore(Store):
             db.execute("BEGIN IMMEDIATE")
             try:
                 self._catch_up()
-                rev, counted = _take_counters(db, events)
+                rev, counted = sqlite_events.take_counters(db, events)
                 yield db, rev, counted
                 db.execute("COMMIT")
                 if self._checkpointer is not None:
@@ -641,7 +618,7 @@ class SQLiteStore(Store):
             vectors_of = dict(zip(ids, normalize(rows), strict=True))
         with self._write("write", events) as (db, rev, counted):
             self._put_rows(db, rev, memories, vectors_of)
-            self._insert_events(db, events, counted)
+            sqlite_events.insert_events(db, events, counted)
 
     def _put_rows(
         self,
@@ -864,66 +841,18 @@ class SQLiteStore(Store):
 
     def append_events(self, events: Sequence[Event], *, tenant_numbers: bool = False) -> list[int]:
         with self._write("append_events", events) as (db, _rev, counted):
-            seqs, numbers = self._insert_events(db, events, counted)
+            seqs, numbers = sqlite_events.insert_events(db, events, counted)
             return numbers if tenant_numbers else seqs
-
-    @staticmethod
-    def _insert_events(
-        db: sqlite3.Connection, events: Sequence[Event], counted: Mapping[str, int] | None = None
-    ) -> tuple[list[int], list[int]]:
-        """Insert ``events`` in one statement; returns their seqs and their numbers in their tenants' own
-        sequences. The write lock is held and ``seq`` is AUTOINCREMENT, so one batch's seqs are consecutive
-        and end at the connection's last rowid. ``counted``: the tenants' counters as :meth:`_write` left
-        them after taking these events' numbers (else they are taken here)."""
-        if not events:
-            return [], []
-        numbers = _tenant_numbers(db, events) if counted is None else _numbers_from(events, counted)
-        db.executemany(
-            "INSERT INTO events (at, tenant, kind, memory_id, data, tenant_seq) VALUES (?,?,?,?,?,?)",
-            [
-                (e.at.isoformat(), e.tenant, e.kind, e.memory_id, json.dumps(e.data, default=str), n)
-                for e, n in zip(events, numbers, strict=True)
-            ],
-        )
-        last = db.execute("SELECT last_insert_rowid()").fetchone()[0]
-        return list(range(last - len(events) + 1, last + 1)), numbers
 
     def import_events(self, events: Sequence[Event], tenant_numbers: Sequence[int] | None = None) -> None:
         if not events:
             return
         with self._write("import_events") as (db, _rev, _counted):
-            newest = db.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
-            check_import(events, int(newest))
-            numbers = list(tenant_numbers) if tenant_numbers is not None else _tenant_numbers(db, events)
-            db.executemany(  # AUTOINCREMENT keeps the largest number given: later appends follow it
-                "INSERT INTO events (seq, at, tenant, kind, memory_id, data, tenant_seq)"
-                " VALUES (?,?,?,?,?,?,?)",
-                [
-                    (
-                        e.seq,
-                        e.at.isoformat(),
-                        e.tenant,
-                        e.kind,
-                        e.memory_id,
-                        json.dumps(e.data, default=str),
-                        n,
-                    )
-                    for e, n in zip(events, numbers, strict=True)
-                ],
-            )
-            last: dict[str, int] = {}
-            for e, n in zip(events, numbers, strict=True):
-                last[e.tenant] = max(last.get(e.tenant, 0), n)
-            db.executemany(  # each tenant's counter moves past its imported numbers
-                "INSERT INTO counters VALUES (?, ?)"
-                " ON CONFLICT (name) DO UPDATE SET value = max(value, excluded.value)",
-                [(EVENTS_COUNTER + t, n) for t, n in sorted(last.items())],
-            )
+            sqlite_events.insert_imported(db, events, tenant_numbers)
 
     def delete_events_upto(self, seq: int) -> int:
-        # AUTOINCREMENT: deleted seqs are never reused
         with self._write("delete_events") as (db, _rev, _counted):
-            return int(db.execute("DELETE FROM events WHERE seq <= ?", (seq,)).rowcount)
+            return sqlite_events.delete_upto(db, seq)
 
     def read_events(
         self,
@@ -933,23 +862,8 @@ class SQLiteStore(Store):
         *,
         tenant: str | None = None,
     ) -> list[Event]:
-        if tenant is None:
-            sql = "SELECT seq, at, tenant, kind, memory_id, data FROM events WHERE seq > ?"
-            args: list[object] = [after_seq]
-        else:
-            sql, args = TENANT_EVENTS_SQL, [tenant, after_seq]
-        if memory_id is not None:
-            sql += " AND memory_id = ?"
-            args.append(memory_id)
-        sql += " ORDER BY seq LIMIT ?" if tenant is None else " ORDER BY tenant_seq LIMIT ?"
-        args.append(limit)
         with self._read("read_events") as db:
-            return [
-                Event(
-                    kind=k, memory_id=mid, data=json.loads(d), tenant=t, at=datetime.fromisoformat(at), seq=s
-                )
-                for s, at, t, k, mid, d in db.execute(sql, args)
-            ]
+            return sqlite_events.read(db, after_seq, limit, memory_id, tenant)
 
     # ---- credentials: a table of their own, which event retention never touches ---------------------
     def put_credential(self, credential: Credential) -> None:
@@ -985,45 +899,3 @@ class SQLiteStore(Store):
         with self._lock, _translated("list_credentials"):
             rows = self._db.execute(sql, args).fetchall()
         return [Credential(t, k, n, json.loads(d), int(v)) for t, k, n, v, d in rows]
-
-
-def _take_counters(db: sqlite3.Connection, events: Sequence[Event]) -> tuple[int, dict[str, int]]:
-    """The transaction's new ``rev`` and, for ``events``, each tenant's event counter after their numbers
-    are taken: one statement for all of them (a record's write took two, ~20 us each)."""
-    counts = Counter(e.tenant for e in events)
-    names = [("rev", 1), *((EVENTS_COUNTER + tenant, n) for tenant, n in sorted(counts.items()))]
-    rows = db.execute(
-        f"INSERT INTO counters VALUES {','.join(['(?, ?)'] * len(names))}"
-        " ON CONFLICT (name) DO UPDATE SET value = value + excluded.value RETURNING name, value",
-        [x for pair in names for x in pair],
-    ).fetchall()
-    after = {str(name): int(value) for name, value in rows}  # RETURNING's row order is unspecified
-    return after.pop("rev"), {name.removeprefix(EVENTS_COUNTER): value for name, value in after.items()}
-
-
-def _numbers_from(events: Sequence[Event], counted: Mapping[str, int]) -> list[int]:
-    """Each event's number in its tenant's sequence, given the counters after the batch took them."""
-    following = {tenant: counted[tenant] - n + 1 for tenant, n in Counter(e.tenant for e in events).items()}
-    out = []
-    for e in events:
-        out.append(following[e.tenant])
-        following[e.tenant] += 1
-    return out
-
-
-def _tenant_numbers(db: sqlite3.Connection, events: Sequence[Event]) -> list[int]:
-    """The next numbers of each event's tenant (under the write lock), taken from its counter."""
-    counts = Counter(e.tenant for e in events)
-    following: dict[str, int] = {}
-    for tenant, n in sorted(counts.items()):
-        last = db.execute(
-            "INSERT INTO counters VALUES (?, ?)"
-            " ON CONFLICT (name) DO UPDATE SET value = value + excluded.value RETURNING value",
-            (EVENTS_COUNTER + tenant, n),
-        ).fetchone()[0]
-        following[tenant] = int(last) - n + 1
-    out = []
-    for e in events:
-        out.append(following[e.tenant])
-        following[e.tenant] += 1
-    return out
