@@ -486,6 +486,7 @@ SDK_READS: dict[str, str] = {
     "filters": "the callers' filters (tenant, status) as a Filters value",
     "iter_all": "memories by filters, in keyset pages",
     "share_embed_worker": "points the harness at a shared embedding worker (a server's)",
+    "share_query_embeddings": "points the harness at a shared pool of query-embedding threads (a server's)",
 }
 
 #: Returns originals in clear, to admins only: its own test below.
