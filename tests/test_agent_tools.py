@@ -348,7 +348,7 @@ def test_strict_tools_round_trip_through_the_official_openai_client(harness: Har
     argument models."""
     import openai
 
-    from clawvm.agents.tools import json_schema
+    from clawvm.agents.tool_schemas import json_schema
 
     tools = AgentTools(harness, session_id="s1", task_id="t1")
     strict = tools.schemas(strict=True)

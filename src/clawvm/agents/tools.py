@@ -7,9 +7,10 @@ returns a JSON-able reply, ``{"ok": true, "result": ...}`` or ``{"ok": false, "e
 "message", ...}}`` — it never raises into the agent's loop. ``tool_message(tool_call)`` turns an
 OpenAI ``tool_calls`` entry into the ``role: tool`` message to send back.
 
-Each tool's arguments are a pydantic model; its JSON schema *is* the published schema, and arguments are
-validated against it strictly (no coercion: ``"5"`` is not an integer, while ``5.0`` is, as in JSON
-Schema), unknown names rejected. An optional argument may be sent as ``null``, meaning "not given".
+Each tool's arguments are a pydantic model (:mod:`clawvm.agents.tool_schemas`); its JSON schema *is* the
+published schema, and arguments are validated against it strictly (no coercion: ``"5"`` is not an
+integer, while ``5.0`` is, as in JSON Schema), unknown names rejected. An optional argument may be sent
+as ``null``, meaning "not given".
 ``schemas(strict=True)`` is the variant for OpenAI's strict mode (``"strict": true``): every property is
 listed in ``required`` (the optional ones are nullable instead) and the keywords strict mode does not
 take (bounds, lengths, patterns, formats, defaults) are left out; the dispatcher still enforces them.
@@ -28,11 +29,46 @@ import builtins
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Protocol
+from typing import Any, Protocol
 
 import pydantic
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from clawvm.agents.tool_schemas import (
+    ADDS,
+    OVERWRITES,
+    READS,
+    RECALL_CLIP,
+    SHORT_ID_LENGTH,
+    BuildContextArgs,
+    CheckpointArgs,
+    CheckpointResult,
+    ContextResult,
+    Effect,
+    ForgetMemoryArgs,
+    ForgetResult,
+    GetMemoryArgs,
+    ListMemoriesArgs,
+    ListResult,
+    MemoryBrief,
+    MemoryDetail,
+    PinMemoryArgs,
+    PinResult,
+    RecallMemoryArgs,
+    RecallResult,
+    RecordMemoryArgs,
+    RecordResult,
+    RollbackArgs,
+    RollbackResult,
+    ScoredMemory,
+    SummarizeResult,
+    SummarizeTaskArgs,
+    ToolArgs,
+    ToolResult,
+    UpdateMemoryArgs,
+    UpdateResult,
+    json_schema,
+    tidy_schema,
+)
 from clawvm.agents.toolcalls import scope_fields
 from clawvm.core.errors import ClawVMError, ConflictError, NotFoundError, ValidationError
 from clawvm.core.ids import is_valid_id
@@ -87,255 +123,11 @@ class ToolsHost(Protocol):
     ) -> Iterator[Memory]: ...
 
 
-KindName = Literal[
-    "user_input",
-    "llm_thought",
-    "tool_call",
-    "tool_result",
-    "agent_state",
-    "observation",
-    "decision",
-    "error",
-    "knowledge",
-    "summary",
-    "note",
-]
-StateName = Literal["pending", "success", "error", "intermediate"]
-SHORT_ID_LENGTH = 8
-RECALL_CLIP = 600
-
-
-def _integral(v: Any) -> Any:
-    """JSON has one number type: 5.0 is the integer 5 to a JSON Schema validator, so to us too."""
-    return int(v) if isinstance(v, float) and v.is_integer() else v
-
-
-JSONInt = Annotated[int, BeforeValidator(_integral)]
-
-
-class _Args(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_means_not_given(cls, data: Any) -> Any:
-        """An explicit null for an optional argument is the argument left out (strict-mode callers must
-        send every property, so they send null for the ones they do not mean to set)."""
-        if not isinstance(data, Mapping):
-            return data
-        fields = cls.model_fields
-        return {
-            k: v for k, v in data.items() if not (v is None and k in fields and not fields[k].is_required())
-        }
-
-
-class RecordMemoryArgs(_Args):
-    """Remember something for later in this session (a fact, a decision, an observation)."""
-
-    content: str = Field(min_length=1, max_length=20000, description="What to remember, self-contained.")
-    kind: KindName = Field("note", description="What sort of memory this is.")
-    state: StateName | None = Field(None, description="Outcome, for steps of a task.")
-    tags: list[str] = Field(default_factory=list, max_length=20, description="Labels to filter by later.")
-    parent_id: str | None = Field(None, description="Id (or short id) of the memory this one follows from.")
-    pinned: bool = Field(False, description="Keep it in every context of this session.")
-
-
-class RecallMemoryArgs(_Args):
-    """Search memory: the most relevant memories for a query, best first."""
-
-    query: str = Field(min_length=1, max_length=2000, description="What you are looking for.")
-    k: JSONInt = Field(5, ge=1, le=50, description="How many memories to return.")
-    kind: KindName | None = Field(None, description="Only memories of this kind.")
-    tags: list[str] = Field(default_factory=list, max_length=20, description="Only memories with all tags.")
-    scope: Literal["session", "task", "all"] = Field(
-        "session", description="Search this session, this task, or everything you may read."
-    )
-
-
-class ListMemoriesArgs(_Args):
-    """List this session's memories, newest first (to browse; use recall_memory to search)."""
-
-    limit: JSONInt = Field(20, ge=1, le=100, description="How many memories to return.")
-    kind: KindName | None = Field(None, description="Only memories of this kind.")
-    tags: list[str] = Field(default_factory=list, max_length=20, description="Only memories with all tags.")
-
-
-class GetMemoryArgs(_Args):
-    """One memory of this session in full: content, tags, version, scope."""
-
-    memory_id: str = Field(min_length=1, description="Id or short id of the memory.")
-
-
-class UpdateMemoryArgs(_Args):
-    """Correct a memory of this session (a new revision; its version grows by one)."""
-
-    memory_id: str = Field(min_length=1, description="Id or short id of the memory.")
-    content: str | None = Field(None, min_length=1, max_length=20000, description="The corrected text.")
-    tags: list[str] | None = Field(None, max_length=20, description="The new labels (replace the old ones).")
-    state: StateName | None = Field(None, description="The new outcome, for steps of a task.")
-    # the bound goes on the integer before its validator: after a BeforeValidator (JSONInt), or on the
-    # union, pydantic publishes a "ge" that no JSON Schema validator knows instead of "minimum"
-    expected_version: Annotated[int, Field(ge=1), BeforeValidator(_integral)] | None = Field(
-        None, description="The version you read (get_memory); if the memory moved on, nothing changes."
-    )
-
-
-class BuildContextArgs(_Args):
-    """Build a prompt-ready context for a question: pinned, working and retrieved memories under a budget."""
-
-    query: str = Field(min_length=1, max_length=2000, description="The question or task at hand.")
-    budget_tokens: JSONInt = Field(1000, ge=50, le=32000, description="Token budget of the context.")
-    tools: list[str] | None = Field(
-        None, description="Tools you are about to use (adds reliability warnings for flaky ones)."
-    )
-
-
-class CheckpointArgs(_Args):
-    """Snapshot this session's memory state so it can be rolled back to later."""
-
-    name: str = Field(min_length=1, max_length=200, description="A name for the checkpoint.")
-
-
-class RollbackArgs(_Args):
-    """Return this session's memory to a checkpoint; later memories become obsolete (not deleted)."""
-
-    checkpoint_id: str = Field(min_length=1, description="Id returned by checkpoint.")
-
-
-class PinMemoryArgs(_Args):
-    """Keep a memory in every context of this session."""
-
-    memory_id: str = Field(min_length=1, description="Id or short id of the memory.")
-
-
-class ForgetMemoryArgs(_Args):
-    """Delete a memory of this session for good (use for wrong or sensitive information)."""
-
-    memory_id: str = Field(min_length=1, description="Id or short id of the memory.")
-
-
-class SummarizeTaskArgs(_Args):
-    """Collapse a finished task's intermediate steps into one summary memory."""
-
-    task_id: str | None = Field(None, description="The task to summarize (default: the current task).")
-
-
-# ---- what each tool answers (``result`` of a successful reply) ---------------------------------------------
-class _Result(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class MemoryBrief(_Result):
-    id: str
-    short_id: str
-    kind: KindName
-    state: StateName | None
-    tool_name: str | None
-    created_at: str = Field(description="ISO 8601")
-    content: str = Field(description=f"The text, clipped to {RECALL_CLIP} characters.")
-
-
-class ScoredMemory(MemoryBrief):
-    score: float
-
-
-class MemoryDetail(_Result):
-    id: str
-    short_id: str
-    kind: KindName
-    state: StateName | None
-    status: str
-    content: str
-    tags: list[str]
-    pinned: bool
-    version: int
-    session_id: str | None
-    task_id: str | None
-    agent_id: str | None
-    tool_name: str | None
-    parent_id: str | None
-    created_at: str = Field(description="ISO 8601")
-
-
-class RecordResult(_Result):
-    id: str
-    short_id: str
-    kind: KindName
-
-
-class RecallResult(_Result):
-    memories: list[ScoredMemory]
-
-
-class ListResult(_Result):
-    memories: list[MemoryBrief]
-    total: int = Field(description="How many memories match (more than listed when over the limit).")
-
-
-class UpdateResult(_Result):
-    id: str
-    short_id: str
-    version: int
-    fields: list[str] = Field(description="The fields changed.")
-
-
-class ContextResult(_Result):
-    text: str
-    tokens: int
-    budget: int
-    ids: list[str]
-
-
-class CheckpointResult(_Result):
-    checkpoint_id: str
-
-
-class RollbackResult(_Result):
-    checkpoint_id: str
-    restored: int
-    obsoleted: int
-
-
-class PinResult(_Result):
-    id: str
-    short_id: str
-    pinned: bool
-
-
-class ForgetResult(_Result):
-    id: str
-    short_id: str
-    forgotten: bool
-
-
-class SummarizeResult(_Result):
-    summary_id: str | None
-    short_id: str | None = None
-    content: str | None = None
-    reason: str | None = Field(None, description="Why there is no summary, when summary_id is null.")
-
-
-@dataclass(frozen=True)
-class Effect:
-    """What a tool does to the memory (the MCP tool annotations): ``read_only`` changes no memory (recall and
-    context may still count usage, unless the tools are built with ``record_usage=False``); ``destructive``
-    overwrites or removes; ``idempotent``: a second identical call changes nothing more."""
-
-    read_only: bool
-    destructive: bool = False
-    idempotent: bool = False
-
-
-READS = Effect(read_only=True, idempotent=True)
-ADDS = Effect(read_only=False)
-OVERWRITES = Effect(read_only=False, destructive=True)
-
-
 @dataclass(frozen=True)
 class _Tool:
-    args: type[_Args]
-    result: type[_Result]
-    run: Callable[[Any], _Result]
+    args: type[ToolArgs]
+    result: type[ToolResult]
+    run: Callable[[Any], ToolResult]
     effect: Effect
 
 
@@ -386,7 +178,7 @@ class AgentTools:
 
     def result_schema(self, name: str) -> dict[str, Any]:
         """The JSON schema of ``name``'s ``result`` (a successful reply's payload)."""
-        schema: dict[str, Any] = _tidy(self._tools[name].result.model_json_schema())
+        schema: dict[str, Any] = tidy_schema(self._tools[name].result.model_json_schema())
         return schema
 
     def effect(self, name: str) -> Effect:
@@ -561,107 +353,6 @@ class AgentTools:
         if len(found) != 1:
             raise NotFoundError("memory", memory_id)
         return found[0]
-
-
-# Keywords OpenAI's strict mode does not accept; the strict schema leaves them out and the dispatcher (which
-# validates against the full model) still enforces them.
-STRICT_UNSUPPORTED = frozenset(
-    {
-        "minimum",
-        "maximum",
-        "exclusiveMinimum",
-        "exclusiveMaximum",
-        "multipleOf",
-        "minLength",
-        "maxLength",
-        "pattern",
-        "format",
-        "default",
-        "minItems",
-        "maxItems",
-        "uniqueItems",
-        "minProperties",
-        "maxProperties",
-    }
-)
-# Keywords whose value maps names to schemas (a property named "format" is not the keyword "format").
-_NAMED_SCHEMAS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
-
-
-def json_schema(model: type[BaseModel], *, strict: bool = False) -> dict[str, Any]:
-    """The model's JSON schema, tidied for function calling: no titles, optional arguments nullable.
-
-    ``strict``: OpenAI's strict-mode subset (every property required, unsupported keywords left out,
-    ``additionalProperties: false`` on every object).
-    """
-    schema: dict[str, Any] = _tidy(model.model_json_schema())
-    schema.pop("description", None)  # the docstring: already the function's description
-    schema = _optional_nullable(schema)
-    return _strict(schema) if strict else schema
-
-
-def _optional_nullable(node: Any) -> Any:
-    """Every object's optional properties also accept null (the dispatcher reads null as "not given")."""
-    if isinstance(node, list):
-        return [_optional_nullable(v) for v in node]
-    if not isinstance(node, dict):
-        return node
-    out = {
-        k: (
-            {n: _optional_nullable(s) for n, s in v.items()} if k in _NAMED_SCHEMAS else _optional_nullable(v)
-        )
-        for k, v in node.items()
-    }
-    if isinstance(out.get("properties"), dict):
-        required = set(out.get("required", []))
-        out["properties"] = {n: (s if n in required else _nullable(s)) for n, s in out["properties"].items()}
-    return out
-
-
-def _nullable(prop: dict[str, Any]) -> dict[str, Any]:
-    """``prop`` also accepting null: a type list where that is exact, else ``anyOf`` with null."""
-    if _accepts_null(prop):
-        return prop
-    kind = prop.get("type")
-    if isinstance(kind, str) and "enum" not in prop and "const" not in prop:
-        return {**prop, "type": [kind, "null"]}
-    annotations = {k: v for k, v in prop.items() if k in ("description", "default")}
-    inner = {k: v for k, v in prop.items() if k not in annotations}
-    return {"anyOf": [inner, {"type": "null"}], **annotations}
-
-
-def _accepts_null(prop: dict[str, Any]) -> bool:
-    kind = prop.get("type")
-    if kind == "null" or (isinstance(kind, list) and "null" in kind):
-        return True
-    return any(isinstance(o, dict) and _accepts_null(o) for o in prop.get("anyOf", []))
-
-
-def _strict(node: Any) -> Any:
-    """OpenAI's strict-mode subset of an (already nullable-optional) schema."""
-    if isinstance(node, list):
-        return [_strict(v) for v in node]
-    if not isinstance(node, dict):
-        return node
-    out = {
-        k: ({n: _strict(s) for n, s in v.items()} if k in _NAMED_SCHEMAS else _strict(v))
-        for k, v in node.items()
-        if k not in STRICT_UNSUPPORTED
-    }
-    if out.get("type") == "object" or "properties" in out:
-        out["properties"] = out.get("properties", {})
-        out["required"] = list(out["properties"])
-        out["additionalProperties"] = False
-    return out
-
-
-def _tidy(node: Any) -> Any:
-    """Drop pydantic's titles and ``default: null`` (noise to a model); the constraints stay as they are."""
-    if isinstance(node, dict):
-        return {k: _tidy(v) for k, v in node.items() if k != "title" and not (k == "default" and v is None)}
-    if isinstance(node, list):
-        return [_tidy(v) for v in node]
-    return node
 
 
 class _BadJSON(Exception):
