@@ -710,9 +710,14 @@
       el("table", { id: "inspector-events" }, d.events.slice(-12).reverse().map((e) => el("tr", {}, el("td", { text: e.seq }), el("td", { text: e.kind }),
         el("td", { text: JSON.stringify(e.data).slice(0, 90) })))));
     C.sparkline(spark, d.values.map((v) => v.value).concat([m.value]));
-    renderRevisions(history, id);
+    // ready once the revisions are in too: a live refresh rebuilds the inspector, and a table filled only
+    // after "ready" could be thrown away by the next rebuild before anyone saw it
+    await renderRevisions(history, id);
     box.dataset.ready = "1";
-    if (state.view === "influence") renderReverse($("#influence-reverse"));
+    // the influence view lists this memory's contexts, once that view is on the page (while it is still
+    // loading, its own render lists them)
+    const reverse = $("#influence-reverse");
+    if (state.view === "influence" && reverse) renderReverse(reverse).catch((e) => toast(String(e.message || e), true));
   }
 
   // ---- chrome -------------------------------------------------------------------------------------
