@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -109,6 +111,36 @@ def test_add_reads_content_from_stdin_or_a_file(tmp_path: Path) -> None:
         result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", *wrong])
         assert result.exit_code == 2 and "content" in result.output and "Traceback" not in result.output
     assert json.loads(run(db, "stats"))["memories"] == 3
+
+
+@pytest.mark.parametrize(
+    ("missing", "args", "says"),
+    [
+        ("psycopg", ["--db", "postgresql://u@localhost/db", "reindex"], "pip install 'clawvm[postgres]'"),
+        ("fastapi", ["demo", "--dashboard"], "pip install 'clawvm[server]'"),
+        ("fastapi", ["serve"], "pip install 'clawvm[server]'"),
+    ],
+)
+def test_a_command_whose_extra_is_not_installed_says_which_in_one_line(
+    tmp_path: Path, missing: str, args: list[str], says: str
+) -> None:
+    """As after ``pip install clawvm`` without the extra: the import of its package fails."""
+    launch = f"import sys; sys.modules[{missing!r}] = None; from clawvm.cli import main; main()"
+    out = subprocess.run(
+        [sys.executable, "-c", launch, "--db", str(tmp_path / "c.db"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2, out.stderr
+    assert says in out.stderr and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_reindex_of_a_store_that_is_not_postgresql_is_a_usage_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["--db", str(tmp_path / "c.db"), "reindex"])
+    assert result.exit_code == 2 and "pass --db postgresql://" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_search_rejects_an_unknown_kind_like_add(tmp_path: Path) -> None:

@@ -227,11 +227,12 @@ def seed(ctx: click.Context, path: Path) -> None:
 @click.pass_context
 def reindex(ctx: click.Context, m: int | None, ef_construction: int | None, memory_mb: int, dim: int) -> None:
     """Rebuild the PostgreSQL vector (HNSW) index, with new parameters if given."""
-    from clawvm.store.postgres import HnswParams, PostgresStore
+    if not str(ctx.obj["db"]).startswith(("postgresql://", "postgres://")):
+        raise click.UsageError("reindex rebuilds PostgreSQL's HNSW index: pass --db postgresql://...")
+    with opened_store(ctx, dim) as store:  # without the driver: one line naming the extra to install
+        from clawvm.store.postgres import HnswParams, PostgresStore
 
-    with opened_store(ctx, dim) as store:
-        if not isinstance(store, PostgresStore):
-            raise click.UsageError("reindex rebuilds PostgreSQL's HNSW index: pass --db postgresql://...")
+        assert isinstance(store, PostgresStore)
         current = store.vector_index_params() or HnswParams()
         store.hnsw = HnswParams(m=m or current.m, ef_construction=ef_construction or current.ef_construction)
         took = store.build_vector_index(memory_mb=memory_mb)

@@ -43,6 +43,7 @@ def demo(
 
     db = ctx.obj["db"]
     if dashboard:
+        _require_server()
         embed = not ctx.obj["no_embed"]
         serve_demo(db, host, port, embed=embed, locomo=locomo, echo=click.echo, reset=bool(reset))
         return
@@ -129,19 +130,16 @@ def serve(
     mcp: bool,
 ) -> None:
     """Run the REST API over the store: API keys, tenants, limits; OpenAPI at /docs and /openapi.json."""
-    try:
-        from clawvm.server import (
-            ServerSettings,
-            WorkerSpec,
-            configure_logging,
-            create_app,
-            redaction_options,
-            run_server,
-            run_workers,
-        )
-    except ImportError as exc:
-        missing = f"the server needs the 'server' extra ({exc}): pip install 'clawvm[server]'"
-        raise ConfigError(missing) from None
+    _require_server()
+    from clawvm.server import (
+        ServerSettings,
+        WorkerSpec,
+        configure_logging,
+        create_app,
+        redaction_options,
+        run_server,
+        run_workers,
+    )
     options = redaction_options(redact=redact, keep_originals=keep_originals)  # a missing key fails here
     configure_logging(log_level)
     settings = ServerSettings(
@@ -180,6 +178,15 @@ def _admin_key_note(keyring: Keyring, admin_tenant: str | None) -> None:
         click.echo(f"admin key {record.key_id} for tenant {admin_tenant} (shown once): {token}", err=True)
     elif not keyring.list():
         click.echo("no API keys yet: clawvm keys create --tenant NAME --role admin", err=True)
+
+
+def _require_server() -> None:
+    """The server's optional dependencies, or one line saying how to install them."""
+    try:
+        import clawvm.server  # noqa: F401
+    except ImportError as exc:
+        missing = f"the server needs the 'server' extra ({exc}): pip install 'clawvm[server]'"
+        raise ConfigError(missing) from None
 
 
 def _require_mcp() -> None:
