@@ -3,11 +3,25 @@ embedding worker's stop."""
 
 from __future__ import annotations
 
+import concurrent.futures.thread
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clawvm import Harness
-from clawvm.core.embed import _LIVE_WORKERS, EmbedWorker, MiniLMEmbedder, count_tokens, wordpiece
+from clawvm.core.embed import (
+    _LIVE_WORKERS,
+    EmbedWorker,
+    MiniLMEmbedder,
+    QueryEmbeddings,
+    count_tokens,
+    wordpiece,
+)
 
 
 def tokenizer_count(text: str) -> int:
@@ -67,3 +81,36 @@ def test_a_stopped_worker_wakes_nothing_and_flush_embeds_in_the_callers_thread(
         assert h.store.vectors_of([memory.id]) == {}
         worker.flush()
         assert set(h.store.vectors_of([memory.id])) == {memory.id}
+
+
+class SlowLookup:
+    """Vectors after a model's time (2 ms): worth embedding beside the caller."""
+
+    name = "slow-lookup"
+    dim = 4
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return np.ones((len(texts), self.dim), dtype=np.float32) / 2
+
+    def embed_query(self, text: str) -> np.ndarray:
+        time.sleep(0.002)
+        vector: np.ndarray = self.embed([text])[0]
+        return vector
+
+
+def test_query_embeddings_go_on_in_place_once_the_interpreter_is_exiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A recall on a daemon thread while the script ends: the interpreter's exit shuts every thread pool
+    (concurrent.futures sets this flag then), and a submit would raise RuntimeError into the recall."""
+    queries = QueryEmbeddings(SlowLookup())
+    try:
+        queries.vector("measured in place")
+        assert isinstance(queries.vector("beside the caller"), Future)
+        monkeypatch.setattr(concurrent.futures.thread, "_shutdown", True)
+        vector = queries.vector("while exiting")
+        assert isinstance(vector, np.ndarray) and vector.shape == (4,)
+        assert isinstance(queries.vector("and after"), np.ndarray)  # no new pool either
+    finally:
+        monkeypatch.undo()
+        queries.close()

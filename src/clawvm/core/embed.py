@@ -240,7 +240,10 @@ class QueryEmbeddings:
                 if self._pool is None and not self._closed:
                     self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="clawvm-query-embed")
                 if self._pool is not None:
-                    return self._pool.submit(self._timed, text)
+                    try:
+                        return self._pool.submit(self._timed, text)
+                    except RuntimeError:  # the interpreter is exiting: its pools take no new work
+                        self._pool, self._closed = None, True
         return self._timed(text)
 
     def _timed(self, text: str) -> np.ndarray:
