@@ -37,7 +37,8 @@ The event log (numbers per tenant with no lock shared between writers, reads tha
 still in flight, ``NOTIFY`` to every process) lives in :mod:`clawvm.store.postgres_events`.
 
 psycopg errors are translated into :mod:`clawvm.core.errors` in :func:`_translated`, the one place that knows
-about the driver. The query side lives in :mod:`clawvm.store.postgres_search`.
+about the driver. The query side lives in :mod:`clawvm.store.postgres_search`; how a memory becomes rows,
+and the statements that write them, in :mod:`clawvm.store.postgres_rows`.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from hashlib import blake2b
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlparse, urlunparse
 
@@ -67,6 +67,7 @@ from clawvm.core.ids import is_valid_id
 from clawvm.core.lexical import Analyzer, BM25Params
 from clawvm.core.model import Filters, LinkType, Memory
 from clawvm.core.vectors import normalize
+from clawvm.store import postgres_rows as pgrows
 from clawvm.store.base import (
     Credential,
     Edge,
@@ -82,7 +83,6 @@ from clawvm.store.base import (
     credentials_page_sql,
     leading_vectors,
 )
-from clawvm.store.index import index_text
 from clawvm.store.memory import from_stored
 from clawvm.store.postgres_events import Listener, PgEventLog
 from clawvm.store.postgres_schema import DATA_MIGRATIONS, MIGRATIONS, PUT_CREDENTIAL
@@ -94,7 +94,6 @@ T = TypeVar("T")
 DEFAULT_SCHEMA = "clawvm"
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _MIGRATION_LOCK = 0x636C6177  # advisory lock key for migrations ("claw"), database-wide
-_SLOTS = 16
 
 _AGENTS_TTL_S = 2.0  # how soon recall sees an agent another process added (Store.agents)
 _RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
@@ -212,21 +211,6 @@ class HnswParams:
             "CREATE INDEX vectors_embedding ON vectors USING hnsw (embedding vector_ip_ops)"
             f" WITH (m = {int(self.m)}, ef_construction = {int(self.ef_construction)})"
         )
-
-
-@dataclass(slots=True)
-class _Row:
-    """A memory prepared for writing: what its columns and index tables need."""
-
-    memory: Memory
-    body: str
-    text: str  # what the lexical index sees (index_text)
-    text_hash: int
-    content_hash: bytes
-    doc_len: int = 0
-    terms: Counter[str] | None = None  # filled only when its text is (re)indexed
-    entities: list[str] | None = None
-    vector: np.ndarray | None = None  # unit vector written with the row (Store.write), else none/kept
 
 
 class PostgresStore(Store):
@@ -457,11 +441,11 @@ class PostgresStore(Store):
         if not memories:
             return
         check_versions(memories, {})  # duplicate ids, before touching the database
-        rows = [_prepare(m) for m in memories]
+        rows = [pgrows.prepare(m) for m in memories]
         self._write("put", lambda conn: self._put(conn, rows))
 
     def _put(
-        self, conn: psycopg.Connection[Any], rows: list[_Row], events: Sequence[Event] = ()
+        self, conn: psycopg.Connection[Any], rows: list[pgrows.MemoryRow], events: Sequence[Event] = ()
     ) -> list[tuple[int, int]]:
         """Write ``rows`` (and append ``events``, in the same round trip as the rows' statements); returns
         the events' numbers as :meth:`PgEventLog.append` does."""
@@ -473,7 +457,8 @@ class PostgresStore(Store):
         # never does) is looked up in the same round trip and locked after
         with conn.pipeline():
             own = conn.execute(
-                _STORED + " WHERE tenant = ANY(%s::text[]) AND id = ANY(%s::uuid[])" + _LOCKED, [tenants, ids]
+                pgrows.STORED + " WHERE tenant = ANY(%s::text[]) AND id = ANY(%s::uuid[])" + pgrows.LOCKED,
+                [tenants, ids],
             )
             other = conn.execute(
                 "SELECT tenant, id FROM memories WHERE id = ANY(%s::uuid[]) AND tenant <> ALL(%s::text[])",
@@ -483,11 +468,13 @@ class PostgresStore(Store):
         moving = other.fetchall()
         if moving:
             found += conn.execute(
-                _STORED + " WHERE (tenant, id) IN (SELECT * FROM unnest(%s::text[], %s::uuid[]))" + _LOCKED,
+                pgrows.STORED
+                + " WHERE (tenant, id) IN (SELECT * FROM unnest(%s::text[], %s::uuid[]))"
+                + pgrows.LOCKED,
                 [list(col) for col in zip(*moving, strict=True)],
             ).fetchall()
         stored = {
-            str(i): _Stored(
+            str(i): pgrows.StoredRow(
                 int(seq), int(v), int(th), bytes(ch), int(dl), bool(sess), str(tenant), bool(emb), a
             )
             for i, seq, v, th, ch, dl, sess, tenant, emb, a in found
@@ -514,7 +501,7 @@ class PostgresStore(Store):
         for r in reindex:
             r.terms = Counter(term_key(t) for t in self.analyzer.terms(r.text))
             r.entities = sorted({term_key(e) for e in entities(r.text)})
-        per_tenant = _TenantStats()
+        per_tenant = pgrows.TenantStats()
         for r in rows:
             old = stored.get(r.memory.id)
             # unchanged text keeps its stored postings and length
@@ -526,7 +513,7 @@ class PostgresStore(Store):
         changed = [
             (stored[r.memory.id].tenant, stored[r.memory.id].seq) for r in reindex if r.memory.id in stored
         ]
-        vectors = _VectorChanges.of(updated, stored)
+        vectors = pgrows.VectorChanges.of(updated, stored)
         links = dict.fromkeys(
             (esc(r.memory.tenant) or "", r.memory.id, k.type.value, k.target)
             for r in rows
@@ -540,13 +527,19 @@ class PostgresStore(Store):
             with conn.pipeline(), conn.cursor() as cur:
                 if fresh:
                     cur.executemany(
-                        _INSERT,
-                        [(*_columns(r), r.vector is not None, r.vector, r.vector is not None) for r in fresh],
+                        pgrows.INSERT_ROW,
+                        [
+                            (*pgrows.columns_of(r), r.vector is not None, r.vector, r.vector is not None)
+                            for r in fresh
+                        ],
                     )
                 if updated:
                     cur.executemany(
-                        _UPDATE,
-                        [(*_columns(r)[1:], vectors.embedded[r.memory.id], r.memory.id) for r in updated],
+                        pgrows.UPDATE_ROW,
+                        [
+                            (*pgrows.columns_of(r)[1:], vectors.embedded[r.memory.id], r.memory.id)
+                            for r in updated
+                        ],
                     )
                 vectors.send(cur)
                 if changed:
@@ -557,14 +550,14 @@ class PostgresStore(Store):
                             [list(col) for col in zip(*changed, strict=True)],
                         )
                 if reindex:
-                    cur.execute(_INSERT_POSTINGS, _postings(reindex))
+                    cur.execute(pgrows.INSERT_POSTINGS, pgrows.postings_of(reindex))
                     names = [
                         (esc(r.memory.tenant) or "", e, r.memory.id)
                         for r in reindex
                         for e in r.entities or ()
                     ]
                     if names:
-                        cur.execute(_INSERT_ENTITIES, [list(col) for col in zip(*names, strict=True)])
+                        cur.execute(pgrows.INSERT_ENTITIES, [list(col) for col in zip(*names, strict=True)])
                 if updated:
                     cur.execute(
                         "DELETE FROM links WHERE source = ANY(%s::uuid[])", [[r.memory.id for r in updated]]
@@ -576,9 +569,9 @@ class PostgresStore(Store):
                         [list(col) for col in zip(*links, strict=True)],
                     )
                 if agents:
-                    cur.execute(_ADD_AGENTS, [list(col) for col in zip(*agents, strict=True)])
+                    cur.execute(pgrows.ADD_AGENTS, [list(col) for col in zip(*agents, strict=True)])
                 if per_tenant.changed():
-                    cur.execute(_ADD_TENANT_STATS, per_tenant.arrays())
+                    cur.execute(pgrows.ADD_TENANT_STATS, per_tenant.arrays())
                 numbered = self.event_log.send(conn, events) if events else None
             return self.event_log.numbers(numbered) if numbered is not None else []
         except psycopg.errors.UniqueViolation as exc:
@@ -607,10 +600,10 @@ class PostgresStore(Store):
                     keys,
                 )
             conn.execute("DELETE FROM links WHERE source = ANY(%s::uuid[])", [unique])
-            per_tenant = _TenantStats()
+            per_tenant = pgrows.TenantStats()
             for _, d, x, tenant in gone:
                 per_tenant.add(str(tenant), -1, -int(d), -int(bool(x)))
-            conn.execute(_ADD_TENANT_STATS, per_tenant.arrays())
+            conn.execute(pgrows.ADD_TENANT_STATS, per_tenant.arrays())
             return len(gone)
 
         return self._write("delete", delete)
@@ -629,11 +622,11 @@ class PostgresStore(Store):
         keep = [n for n, i in enumerate(ids) if is_valid_id(i)]
         args: list[tuple[Any, ...]]
         if contents is None:
-            sql = _SET_VECTOR.format(only="", conflict=_REPLACE_VECTOR)
+            sql = pgrows.SET_VECTOR.format(only="", conflict=pgrows.REPLACE_VECTOR)
             args = [(ids[n], vecs[n]) for n in keep]
         else:  # only a row still without a vector and with the text the vector was computed from
-            sql = _SET_VECTOR.format(only=" AND NOT embedded AND content_hash = %s", conflict="NOTHING")
-            args = [(ids[n], _content_hash(contents[n]), vecs[n]) for n in keep]
+            sql = pgrows.SET_VECTOR.format(only=" AND NOT embedded AND content_hash = %s", conflict="NOTHING")
+            args = [(ids[n], pgrows.content_hash(contents[n]), vecs[n]) for n in keep]
         with conn.cursor() as cur:
             cur.executemany(sql, args)
 
@@ -646,7 +639,7 @@ class PostgresStore(Store):
                 self.append_events(events)
             return
         check_versions(memories, {})
-        rows = [_prepare(m) for m in memories]
+        rows = [pgrows.prepare(m) for m in memories]
         if vectors is not None:
             _, vecs = leading_vectors(memories, vectors, self.dim)
             for r, v in zip(rows, normalize(vecs), strict=False):
@@ -965,214 +958,3 @@ class EntityGraphView:
         for e, i in self._all():
             out.setdefault(i, []).append(e)
         return {i: tuple(sorted(es)) for i, es in out.items()}
-
-
-_COLUMNS = (
-    "id",
-    "tenant",
-    "session_id",
-    "task_id",
-    "agent_id",
-    "tool_name",
-    "scope",
-    "team_id",
-    "kind",
-    "state",
-    "status",
-    "tier",
-    "parent_id",
-    "pinned",
-    "tags",
-    "created_at",
-    "version",
-    "doc_len",
-    "text_hash",
-    "content_hash",
-    "metadata",
-    "body",
-    "expires_at",
-)
-# the row and its vector, when known, in one statement: one write per record
-_INSERT = f"""WITH m AS (INSERT INTO memories ({", ".join(_COLUMNS)}, embedded)
-        VALUES ({", ".join(["%s"] * len(_COLUMNS))}, %s) RETURNING tenant, seq)
-    INSERT INTO vectors SELECT m.tenant, m.seq, %b::vector FROM m WHERE %s"""
-# the row only: its vector is another table's (see _VectorChanges), so a bookkeeping update that changes
-# no indexed column rewrites a row without it and stays HOT when the page has room
-_UPDATE = f"""UPDATE memories SET {", ".join(f"{c} = %s" for c in _COLUMNS[1:])}, embedded = %s
-              WHERE id = %s"""
-# a memory's vector (Store.set_vectors): {only} narrows the rows, {conflict} says what a stored one gets
-_SET_VECTOR = """WITH m AS (UPDATE memories SET embedded = true WHERE id = %s{only} RETURNING tenant, seq)
-    INSERT INTO vectors SELECT m.tenant, m.seq, %b::vector FROM m ON CONFLICT (tenant, seq) DO {conflict}"""
-_REPLACE_VECTOR = "UPDATE SET embedding = excluded.embedding"
-# a given vector for a row the same write just stored (its ``embedded`` is set by the row's own statement)
-_PUT_VECTOR = (
-    """INSERT INTO vectors SELECT m.tenant, m.seq, %b::vector FROM memories m WHERE m.id = %s
-    ON CONFLICT (tenant, seq) DO """
-    + _REPLACE_VECTOR
-)
-# what put_many reads of the stored versions of a batch, and the lock it takes on them (in id order, so
-# concurrent batches cannot deadlock)
-_STORED = """SELECT id, seq, version, text_hash, content_hash, doc_len, session_id IS NOT NULL, tenant,
-    embedded, agent_id FROM memories"""
-_LOCKED = " ORDER BY id FOR UPDATE"
-_INSERT_POSTINGS = """INSERT INTO postings (tenant, term, seq, tf, dl)
-    SELECT t.tenant, t.term, m.seq, t.tf, t.dl
-    FROM unnest(%s::text[], %s::text[], %s::uuid[], %s::int[], %s::int[]) AS t(tenant, term, id, tf, dl)
-    JOIN memories m ON m.tenant = t.tenant AND m.id = t.id"""
-_INSERT_ENTITIES = """INSERT INTO entities (tenant, entity, seq)
-    SELECT t.tenant, t.entity, m.seq FROM unnest(%s::text[], %s::text[], %s::uuid[]) AS t(tenant, entity, id)
-    JOIN memories m ON m.tenant = t.tenant AND m.id = t.id"""
-# an agent's first memory in a tenant adds it; a known one is only read (writers of one agent do not queue
-# on its row: an insert that conflicts would wait for the other writer's commit)
-_ADD_AGENTS = """INSERT INTO agents
-    SELECT t.tenant, t.agent_id FROM unnest(%s::text[], %s::text[]) AS t(tenant, agent_id)
-    WHERE NOT EXISTS (SELECT 1 FROM agents a WHERE a.tenant = t.tenant AND a.agent_id = t.agent_id)
-    ORDER BY 1, 2
-    ON CONFLICT DO NOTHING"""
-# each connection adds to its own counter rows, so writers do not queue on one hot row (rows in tenant
-# order: two writers lock shared rows in one order, never a deadlock)
-_ADD_TENANT_STATS = f"""INSERT INTO tenant_lexstats AS s
-    SELECT t.tenant, pg_backend_pid() %% {_SLOTS}, t.docs, t.total_len, t.sessioned
-    FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[]) AS t(tenant, docs, total_len, sessioned)
-    ORDER BY t.tenant
-    ON CONFLICT (tenant, slot) DO UPDATE SET docs = s.docs + excluded.docs,
-        total_len = s.total_len + excluded.total_len, sessioned = s.sessioned + excluded.sessioned"""
-
-
-@dataclass(frozen=True, slots=True)
-class _Stored:
-    """What :meth:`PostgresStore._put` reads of a stored row before replacing it."""
-
-    seq: int
-    version: int
-    text_hash: int
-    content_hash: bytes
-    doc_len: int
-    sessioned: bool
-    tenant: str
-    embedded: bool
-    agent: str | None
-
-
-@dataclass(slots=True)
-class _VectorChanges:
-    """What an update of stored rows does to their vectors: a given vector replaces the stored one; a
-    changed text drops it (it was computed from the old text); a memory moved to another tenant takes its
-    vector along; otherwise (bookkeeping) the vector is not touched at all."""
-
-    embedded: dict[str, bool]  # memory id -> whether it has a vector after the write
-    put: list[tuple[str, np.ndarray]]  # (memory id, unit vector)
-    drop: list[tuple[str, int]]  # stored (tenant, seq)
-    moved: list[tuple[str, str, int]]  # (new tenant, stored tenant, seq)
-
-    @classmethod
-    def of(cls, updated: list[_Row], stored: dict[str, _Stored]) -> _VectorChanges:
-        out = cls({}, [], [], [])
-        for r in updated:
-            old = stored[r.memory.id]
-            tenant = esc(r.memory.tenant) or ""
-            if r.vector is not None:
-                if old.embedded and old.tenant != tenant:
-                    out.drop.append((old.tenant, old.seq))
-                out.put.append((r.memory.id, r.vector))
-                out.embedded[r.memory.id] = True
-            elif old.embedded and old.content_hash != r.content_hash:
-                out.drop.append((old.tenant, old.seq))
-                out.embedded[r.memory.id] = False
-            else:
-                if old.embedded and old.tenant != tenant:
-                    out.moved.append((tenant, old.tenant, old.seq))
-                out.embedded[r.memory.id] = old.embedded
-        return out
-
-    def send(self, cur: psycopg.Cursor[Any]) -> None:
-        """The statements, on ``cur`` (in the caller's pipeline, after the rows' update)."""
-        if self.drop:
-            cur.execute(
-                "DELETE FROM vectors WHERE (tenant, seq) IN (SELECT * FROM unnest(%s::text[], %s::bigint[]))",
-                [list(col) for col in zip(*self.drop, strict=True)],
-            )
-        if self.moved:
-            cur.executemany("UPDATE vectors SET tenant = %s WHERE tenant = %s AND seq = %s", self.moved)
-        if self.put:
-            cur.executemany(_PUT_VECTOR, [(v, i) for i, v in self.put])
-
-
-class _TenantStats:
-    """One write's changes to :data:`_ADD_TENANT_STATS`'s counters, by stored tenant."""
-
-    def __init__(self) -> None:
-        self.by_tenant: dict[str, list[int]] = {}
-
-    def add(self, tenant: str, docs: int, total_len: int, sessioned: int) -> None:
-        d = self.by_tenant.setdefault(tenant, [0, 0, 0])
-        d[0] += docs
-        d[1] += total_len
-        d[2] += sessioned
-
-    def changed(self) -> bool:
-        return any(any(d) for d in self.by_tenant.values())
-
-    def arrays(self) -> list[list[Any]]:
-        tenants = sorted(t for t, d in self.by_tenant.items() if any(d))
-        return [tenants, *([self.by_tenant[t][i] for t in tenants] for i in range(3))]
-
-
-def _content_hash(content: str) -> bytes:
-    return blake2b(content.encode("utf-8"), digest_size=16).digest()
-
-
-def _prepare(m: Memory) -> _Row:
-    text = index_text(m)
-    digest = blake2b(text.encode("utf-8"), digest_size=8).digest()
-    text_hash = int.from_bytes(digest, "big", signed=True)
-    return _Row(m, m.model_dump_json(), text, text_hash, _content_hash(m.content))
-
-
-def _postings(rows: list[_Row]) -> list[list[Any]]:
-    """The postings of ``rows`` as the five arrays :data:`_INSERT_POSTINGS` takes."""
-    tenants: list[str] = []
-    terms: list[str] = []
-    ids: list[str] = []
-    tfs: list[int] = []
-    lens: list[int] = []
-    for r in rows:
-        assert r.terms is not None
-        for term, tf in r.terms.items():
-            tenants.append(esc(r.memory.tenant) or "")
-            terms.append(term)
-            ids.append(r.memory.id)
-            tfs.append(tf)
-            lens.append(r.doc_len)
-    return [tenants, terms, ids, tfs, lens]
-
-
-def _columns(r: _Row) -> tuple[Any, ...]:
-    """The row's values in :data:`_COLUMNS` order."""
-    m = r.memory
-    meta = json.dumps(m.metadata, ensure_ascii=False)
-    return (
-        m.id,
-        esc(m.tenant),
-        esc(m.session_id),
-        esc(m.task_id),
-        esc(m.agent_id),
-        esc(m.tool_name),
-        m.scope.value if m.scope else None,
-        esc(m.team_id),
-        m.kind.value,
-        m.state.value if m.state else None,
-        m.status.value,
-        m.tier.value,
-        m.parent_id,
-        m.pinned,
-        [esc(t) for t in m.tags],
-        m.created_at,
-        m.version,
-        r.doc_len,
-        r.text_hash,
-        r.content_hash,
-        None if "\\u0000" in meta else meta,  # jsonb cannot hold NUL; the body keeps it
-        r.body,
-        m.expires_at,
-    )
