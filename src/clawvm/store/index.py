@@ -29,20 +29,9 @@ from clawvm.core.vectors import VectorIndex
 from clawvm.store.base import CandidateInfo, Query, QueryResult, check_vectors
 from clawvm.store.mapped import get_many, key_of, take
 
-_COLUMNS = (
-    "tenant",
-    "session_id",
-    "task_id",
-    "agent_id",
-    "tool_name",
-    "scope",
-    "team_id",
-    "kind",
-    "state",
-    "status",
-    "tier",
-    "parent_id",
-)
+# a column for each field a filter matches against a set of values (the masks read them by those names),
+# and the parent a revision names
+_COLUMNS = (*Filters.SET_FIELDS, "parent_id")
 
 
 #: Memories on each side of a memory (same session, by creation time) in its neighbourhood document.
