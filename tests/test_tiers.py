@@ -88,9 +88,9 @@ def demotions(h: Harness) -> int:
 
 class TierMachine(RuleBasedStateMachine):
     """Random record / recall / pin / unpin / tick / context / update sequences on small budgets, with the
-    periodic pager's invariants: record never demotes; a built context never exceeds its budget; a session
-    over its working budget is due for the next pager pass, and after a pass (or any lifecycle boundary:
-    context, flush, tick) every tier fits; the tiers below working fit after any operation.
+    periodic pager's invariants: record and recall never demote; a built context never exceeds its budget;
+    a session over its working budget is due for the next pager pass, and after a pass (or any lifecycle
+    boundary: context, flush, tick) every tier fits; the tiers below working fit after any operation.
 
     The background pager is off here, so that what a rule did is what the invariants see; its passes are
     the same :meth:`Harness.page` (``test_the_background_pager_pages_a_due_session_out``)."""
@@ -151,8 +151,10 @@ class TierMachine(RuleBasedStateMachine):
           k=st.integers(1, 8), session=st.none() | st.sampled_from(SESSIONS))
     def recall(self, query: str, k: int, session: str | None) -> None:
         scope = {"session_id": session} if session else {}
+        before = demotions(self.h)
         for hit in self.h.recall(query, k=k, track=True, **scope):
             assert hit.memory.status is Status.ACTIVE
+        assert demotions(self.h) == before, "a recall demoted: its promotions are paged out by the pager"
 
     @precondition(lambda self: bool(self.originals))
     @rule(i=st.integers(0, 10**6))
@@ -373,19 +375,27 @@ def test_recall_promotes_a_demoted_memory_back_to_working() -> None:
         promote = [e for e in h.events(memory_id=target.id) if e.kind == "promote"]
         assert promote and promote[-1].data["to"] == "working"
         assert promote[-1].data["reason"] == "warmed by retrieval"
-        # and the working tier still fits its budget
+        # and the working tier fits its budget again after the next pager pass
+        h.page()
         working = h.list(session_id="s1", tier="working")
         assert len(working) <= (BUDGETS.working_items or 0)
 
 
-def test_recall_that_warms_many_keeps_working_within_budget() -> None:
+def test_recall_that_warms_many_leaves_the_paging_out_to_the_next_pass() -> None:
+    """Promotions grow the working tier as records do: the session comes due, and the next pager pass (not
+    the recall) brings it back within budget; the context built meanwhile stays within its own."""
     h, now = clocked()
     with h:
         for i in range(12):
             h.record(f"note {i} about the Payment API", kind="user_input", session_id="s1", created_at=now[0])
         h.page()
-        h.recall("payment api note", k=12)
+        assert h.working.due() == []
+        hits = h.recall("payment api note", k=12)
+        assert sum(hit.memory.tier is Tier.WORKING for hit in hits) > (BUDGETS.working_items or 0)
+        assert h.working.due() == [("default", "s1")]
+        h.page()
         assert len(h.list(session_id="s1", tier="working")) <= (BUDGETS.working_items or 0)
+        assert h.working.due() == []
 
 
 def test_low_value_recalled_memories_are_not_promoted() -> None:

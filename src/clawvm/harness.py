@@ -301,8 +301,7 @@ class Harness:
             EventKind.ADD, memory, {"kind": memory.kind.value, "tier": memory.tier.value}
         )
         memory = self.working.admit(memory, None if vector is None else vector[None, :], added, self.now())
-        if self.pager.config.background and self.working.due():
-            self._pager_thread.wake()  # record never demotes: the pager pages the session out, in a batch
+        self._wake_pager()  # record never demotes: the pager pages the session out, in a batch
         if vector is None and self._worker is not None:
             self._worker.notify()
         if self._prefetcher is not None:
@@ -491,7 +490,8 @@ class Harness:
         if not hits:
             self.writer.log([retrieved])
             return hits
-        warmed = {m.id: m for m in self.pager.warm([h.memory for h in hits], self.now(), [retrieved])}
+        warmed = {m.id: m for m in self.working.warm([h.memory for h in hits], self.now(), [retrieved])}
+        self._wake_pager()  # promotions that put a session past its high mark are paged out in a batch
         return [Recalled(warmed.get(h.id, h.memory), h.score, h.explain) for h in hits]
 
     def _query_embedding(self, text: str) -> np.ndarray | PendingVector:
@@ -607,6 +607,11 @@ class Harness:
     def _background_pass(self) -> None:
         self._page(None, give_way_s=self.pager.config.give_way_ms / 1000.0)  # records in flight come first
 
+    def _wake_pager(self) -> None:
+        """Wake the background pager when a session is due (else the next lifecycle boundary pages it)."""
+        if self.pager.config.background and self.working.due():
+            self._pager_thread.wake()
+
     def _pager_error(self, exc: Exception) -> None:
         """A background pager pass failed: leave a trace (the sessions stay due for the next pass)."""
         with contextlib.suppress(Exception):  # the store may be closing under it
@@ -656,7 +661,8 @@ class Harness:
             hits = self.recall(memory.content[:500], k=4, track=False)
             related = [h.memory for h in hits if h.id != memory.id and h.memory.tier is not Tier.WORKING]
             if related:
-                self.pager.warm(related, self.now())
+                self.working.warm(related, self.now())
+                self._wake_pager()
         except Exception as exc:  # a background helper must never take the caller down; leave a trace
             self.writer.log(
                 [

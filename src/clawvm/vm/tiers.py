@@ -403,11 +403,20 @@ class Pager:
             return []
         return [self.move(m, Tier.SHORT_TERM, "session idle", now) for m in members if not m.pinned]
 
-    def warm(self, memories: Sequence[Memory], now: datetime, events: Sequence[Event] = ()) -> list[Memory]:
+    def warm(
+        self,
+        memories: Sequence[Memory],
+        now: datetime,
+        events: Sequence[Event] = (),
+        *,
+        page_out: bool = True,
+    ) -> list[Memory]:
         """Access bookkeeping for recalled memories; promotes the valuable ones back to working.
 
         One write for all of them (with ``events``, e.g. the recall's own); when one changed since it was
-        read, the whole batch is redone one by one, each re-read and retried.
+        read, the whole batch is redone one by one, each re-read and retried. ``page_out``: enforce the
+        budgets of the sessions that promotions grew now; without it, the caller leaves that to its pager
+        pass (:meth:`clawvm.vm.working.WorkingTiers.warm`).
         """
         out: list[Memory] = []
         moves: list[Event] = []
@@ -439,12 +448,12 @@ class Pager:
         if len({m.id for m in out}) == len(out):  # a write names each memory once
             try:
                 written = self.writer.write(out, None, [*events, *moves])
-                return self._after_promotions(written, promoted, now)
+                return self._after_promotions(written, promoted, now) if page_out else written
             except ConflictError:
                 pass
         if events:
             self.writer.log(events)
-        return self._warm_each(memories, now)
+        return self._warm_each(memories, now, page_out)
 
     def _promotable(self, m: Memory) -> bool:
         _, max_tokens = self.config.budgets.limits(Tier.WORKING)
@@ -455,7 +464,7 @@ class Pager:
             and (max_tokens is None or m.session_id is None or m.token_count <= max_tokens)
         )
 
-    def _warm_each(self, memories: Sequence[Memory], now: datetime) -> list[Memory]:
+    def _warm_each(self, memories: Sequence[Memory], now: datetime, page_out: bool) -> list[Memory]:
         out = []
         promoted: set[tuple[str, str]] = set()
         for m in memories:
@@ -467,7 +476,7 @@ class Pager:
                 if touched.session_id is not None:
                     promoted.add((touched.tenant, touched.session_id))
             out.append(touched)
-        return self._after_promotions(out, promoted, now)
+        return self._after_promotions(out, promoted, now) if page_out else out
 
     def _after_promotions(
         self, out: list[Memory], promoted: set[tuple[str, str]], now: datetime

@@ -6,8 +6,10 @@ working tier; a session past the high watermark (``PagerConfig.working_high`` of
 :meth:`WorkingTiers.run_pass` (the pager pass) pages every due session out to the low watermark
 (``working_low``) and enforces the tiers below; :class:`PagerThread` runs it in the background when a
 session comes due, and the harness runs it at every lifecycle boundary (``context()``, ``flush()``,
-``tick()``, ``close()``). So a working tier may hold more than its budget between a record and the next
-pass, never after it; a built context never exceeds its own budget whatever the tiers hold.
+``tick()``, ``close()``). A tracked recall's promotions grow the working tier the same way
+(:meth:`WorkingTiers.warm`): the recall writes its bookkeeping and leaves the paging out to the pass. So a
+working tier may hold more than its budget between a record or a recall and the next pass, never after it;
+a built context never exceeds its own budget whatever the tiers hold.
 
 :class:`WorkingTiers` keeps each session's working members as it last saw them, so a record does not read
 the tier back. The commit path tells it of every write (:meth:`WorkingTiers.forget`, a commit listener), as
@@ -139,6 +141,25 @@ class WorkingTiers:
             if self.pager.due(members):
                 self._due[key] = None
             return stored
+
+    def warm(self, memories: Sequence[Memory], now: datetime, events: Sequence[Event] = ()) -> list[Memory]:
+        """A recall's access bookkeeping and promotions (:meth:`Pager.warm`) without paging out inline, as
+        for a record: a session that the promotions put past its high watermark comes due for the pager
+        (one not held comes due unchecked: the pass reads it and skips it when it is within). Returns the
+        memories as stored."""
+        was = {m.id: m.tier for m in memories}
+        warmed = self.pager.warm(memories, now, events, page_out=False)
+        grew = {
+            (m.tenant, m.session_id)
+            for m in warmed
+            if m.session_id is not None and m.tier is Tier.WORKING and was.get(m.id) is not Tier.WORKING
+        }
+        with self._lock:  # the commit listener has added the promoted members to the sessions held
+            for key in grew:
+                held = self._members.get(key)
+                if held is None or self.pager.due(held):
+                    self._due[key] = None
+        return warmed
 
     @contextmanager
     def recording(self) -> Iterator[None]:
