@@ -215,10 +215,16 @@ class WorkingTiers:
             due, self._due = list(self._due), {}
         moved: list[Memory] = []
         for tenant, session_id in due:
-            with self._lock:  # the view's members: the pass reads the tier back only when it holds none
-                held = self._members.get((tenant, session_id))
-                working = None if held is None else list(held)
-            moved.extend(self.pager.enforce(tenant, session_id, now, to_low=True, working=working))
+            key = (tenant, session_id)
+            with self._lock:  # the view's members: the pass reads the tier back only when it holds none,
+                if key not in self._members:  # and then holds it (the session's next records need it)
+                    self._hold(key, self.pager.tier_members(tenant, session_id, Tier.WORKING))
+                working = list(self._hold(key))
+            # a session comes due only because its working tier grew (records, promotions): the tiers
+            # below need a look only when it sheds into them
+            moved.extend(
+                self.pager.enforce(tenant, session_id, now, to_low=True, working=working, working_grew=True)
+            )
         return moved
 
 
