@@ -487,7 +487,7 @@ class Pager:
         warmed = frozenset(m.id for m in out)
         for tenant in sorted({t for t, _ in promoted}):
             sessions = sorted(s for t, s in promoted if t == tenant)
-            working = self._working_of(tenant, sessions)
+            working = self.working_of(tenant, sessions)
             for session_id in sessions:
                 moved = self.enforce(
                     tenant, session_id, now, protect=warmed, working=working[session_id], working_grew=True
@@ -495,7 +495,7 @@ class Pager:
                 evicted.update((m.id, m) for m in moved)
         return [evicted.get(m.id, m) for m in out]
 
-    def _working_of(self, tenant: str, sessions: Sequence[str]) -> dict[str, list[Memory]]:
+    def working_of(self, tenant: str, sessions: Sequence[str]) -> dict[str, list[Memory]]:
         """The active working members of several sessions of one tenant, newest first, in one read (the
         sessions of a recall's promoted hits: one query, not one per session)."""
         out: dict[str, list[Memory]] = {s: [] for s in sessions}

@@ -213,19 +213,27 @@ class WorkingTiers:
     def _page_due(self, now: datetime) -> list[Memory]:
         with self._lock:
             due, self._due = list(self._due), {}
+            self._read_back([key for key in due if key not in self._members])
         moved: list[Memory] = []
         for tenant, session_id in due:
-            key = (tenant, session_id)
-            with self._lock:  # the view's members: the pass reads the tier back only when it holds none,
-                if key not in self._members:  # and then holds it (the session's next records need it)
-                    self._hold(key, self.pager.tier_members(tenant, session_id, Tier.WORKING))
-                working = list(self._hold(key))
+            with self._lock:  # the view's members (None: forgotten past capacity meanwhile, read again)
+                held = self._members.get((tenant, session_id))
+                working = None if held is None else list(held)
             # a session comes due only because its working tier grew (records, promotions): the tiers
             # below need a look only when it sheds into them
             moved.extend(
                 self.pager.enforce(tenant, session_id, now, to_low=True, working=working, working_grew=True)
             )
         return moved
+
+    def _read_back(self, sessions: Sequence[tuple[str, str]]) -> None:
+        """Read the working tiers of ``sessions`` (one query per tenant, not one per session: a recall's
+        promotions make several due at once) and hold them; the caller holds the lock, so no commit lands
+        between the read and the hold."""
+        for tenant in sorted({t for t, _ in sessions}):
+            mine = sorted(s for t, s in sessions if t == tenant)
+            for session_id, members in self.pager.working_of(tenant, mine).items():
+                self._hold((tenant, session_id), members)
 
 
 class Turns:
