@@ -48,8 +48,9 @@ from _scale_engines import load, pct
 from _synthetic import DIM, Corpus
 from clawvm import Harness, Status
 from clawvm.store import store_from_url
-from clawvm.store.postgres import PostgresStore, split_url
+from clawvm.store.postgres import PostgresStore
 from clawvm.store.postgres_search import set_dense_scan
+from clawvm.store.postgres_url import split_url
 
 
 class CorpusEmbedder:

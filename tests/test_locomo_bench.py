@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 
 import pg_server
-from clawvm.store.postgres import split_url
+from clawvm.store.postgres_url import split_url
 from tiny_locomo import FACTS, QUESTIONS, conversation
 
 ROOT = Path(__file__).resolve().parents[1]

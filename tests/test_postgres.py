@@ -26,9 +26,10 @@ import pg_server
 from clawvm import ConflictError, Filters, Harness, Memory, StoreError, Tier
 from clawvm.core.errors import ConfigError, SchemaError
 from clawvm.store import Event, EventFeed, MemoryStore, Query, SQLiteStore, store_from_url
-from clawvm.store.postgres import PostgresStore, parse_url, split_url
+from clawvm.store.postgres import PostgresStore
 from clawvm.store.postgres_schema import MIGRATIONS
 from clawvm.store.postgres_search import compile_filters, esc, unesc, untranslated_filter_fields
+from clawvm.store.postgres_url import parse_url, split_url
 
 
 @pytest.fixture

@@ -25,8 +25,9 @@ import pg_server
 from clawvm import Filters, Memory, Status
 from clawvm.cli import main
 from clawvm.store import Event, PageKey, Query, store_from_url
-from clawvm.store.postgres import HnswParams, PostgresStore
+from clawvm.store.postgres import PostgresStore
 from clawvm.store.postgres_search import Searcher, compile_filters, set_dense_scan
+from clawvm.store.postgres_url import HnswParams
 
 N, DIM, AGENTS, SESSIONS, K = 2000, 32, 10, 40, 10
 

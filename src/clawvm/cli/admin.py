@@ -230,7 +230,8 @@ def reindex(ctx: click.Context, m: int | None, ef_construction: int | None, memo
     if not str(ctx.obj["db"]).startswith(("postgresql://", "postgres://")):
         raise click.UsageError("reindex rebuilds PostgreSQL's HNSW index: pass --db postgresql://...")
     with opened_store(ctx, dim) as store:  # without the driver: one line naming the extra to install
-        from clawvm.store.postgres import HnswParams, PostgresStore
+        from clawvm.store.postgres import PostgresStore
+        from clawvm.store.postgres_url import HnswParams
 
         assert isinstance(store, PostgresStore)
         current = store.vector_index_params() or HnswParams()

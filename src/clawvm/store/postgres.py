@@ -33,6 +33,7 @@ Optimistic locking holds across processes: ``put_many`` locks the stored rows th
 (``SELECT ... FOR UPDATE``, in id order, so concurrent batches cannot deadlock on them), checks
 versions, and inserts new ids with their own sequence numbers; a concurrent insert of the same new id
 surfaces as :class:`ConflictError`.
+The store URL (libpq's parameters and the engine's own) is taken apart in :mod:`clawvm.store.postgres_url`.
 The event log (numbers per tenant with no lock shared between writers, reads that never skip an event
 still in flight, ``NOTIFY`` to every process) lives in :mod:`clawvm.store.postgres_events`.
 
@@ -51,9 +52,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import unquote, urlparse, urlunparse
 
 import numpy as np
 import psycopg
@@ -87,14 +86,19 @@ from clawvm.store.memory import from_stored
 from clawvm.store.postgres_events import Listener, PgEventLog
 from clawvm.store.postgres_schema import DATA_MIGRATIONS, MIGRATIONS, PUT_CREDENTIAL
 from clawvm.store.postgres_search import Searcher, compile_filters, esc, term_key, unesc, valid_ids
+from clawvm.store.postgres_url import (
+    DEFAULT_POOL_SIZE,
+    SCHEMA_NAME,
+    HnswParams,
+    parse_url,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-DEFAULT_SCHEMA = "clawvm"
-_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _MIGRATION_LOCK = 0x636C6177  # advisory lock key for migrations ("claw"), database-wide
 
+_REPLICA_POLL_S = 0.002  # how often a read-your-writes search checks the replica's replay
 _AGENTS_TTL_S = 2.0  # how soon recall sees an agent another process added (Store.agents)
 _RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
@@ -111,106 +115,6 @@ def _translated(action: str) -> Iterator[None]:
         raise StoreError(f"postgres {action} failed: {exc}") from exc
     except psycopg_pool.PoolTimeout as exc:
         raise StoreError(f"postgres {action} failed: no connection available ({exc})") from exc
-
-
-_POOL_SIZE = 8
-_OURS = (
-    "schema",
-    "pool_size",
-    "statement_timeout_ms",
-    "hnsw_m",
-    "hnsw_ef_construction",
-    "replica",
-    "read_your_writes",
-    "prepared",
-)
-_REPLICA_POLL_S = 0.002
-
-
-@dataclass(frozen=True, slots=True)
-class PgUrl:
-    """A store URL taken apart: what goes to libpq (``conninfo``, every parameter we do not own, quoted
-    as given) and our own parameters."""
-
-    conninfo: str
-    schema: str = DEFAULT_SCHEMA
-    pool_size: int | None = None
-    statement_timeout_ms: int | None = None
-    hnsw_m: int | None = None
-    hnsw_ef_construction: int | None = None
-    libpq_options: str | None = None  # the URL's own ``options=`` (libpq's -c settings), decoded
-    replica: str | None = None  # a hot standby's URL (percent-encoded in ours): searches go there
-    read_your_writes: bool = False  # a search on the replica first waits for this process's last write
-    prepared: bool = True  # server-side prepared statements (off behind a pooler that cannot keep them)
-
-
-def _positive(name: str, value: str) -> int:
-    if not value.isdigit() or int(value) <= 0:
-        raise ConfigError(f"{name}={value!r} in the store URL is not a positive whole number")
-    return int(value)
-
-
-def parse_url(url: str) -> PgUrl:
-    """Split a store URL into the libpq conninfo and our own parameters (see :class:`PgUrl`)."""
-    parts = urlparse(url)
-    ours: dict[str, str] = {}
-    rest: list[str] = []
-    libpq_options = None
-    for raw in parts.query.split("&") if parts.query else []:
-        key = unquote(raw.split("=", 1)[0])
-        value = unquote(raw.split("=", 1)[1]) if "=" in raw else ""
-        if key in _OURS:
-            ours[key] = value
-            continue
-        if key == "options":
-            libpq_options = value
-        rest.append(raw)  # verbatim: libpq percent-decodes it itself ("+" is no space to libpq)
-    schema = ours.get("schema", DEFAULT_SCHEMA)
-    if not _SCHEMA_NAME.match(schema):
-        raise ConfigError(
-            f"schema {schema!r} in the store URL is not a plain lower-case SQL name: use letters, digits, _"
-        )
-    named = ("schema", "replica", "read_your_writes", "prepared")
-    numbers = {k: _positive(k, v) for k, v in ours.items() if k not in named}
-    replica = ours.get("replica") or None
-    if replica is not None and not replica.startswith(("postgresql://", "postgres://")):
-        raise ConfigError(
-            f"replica={replica!r} in the store URL is not a postgresql:// URL (percent-encode it)"
-        )
-    scheme = "postgresql" if parts.scheme in ("postgresql", "postgres") else parts.scheme
-    return PgUrl(
-        conninfo=urlunparse(parts._replace(scheme=scheme, query="&".join(rest))),
-        schema=schema,
-        pool_size=numbers.get("pool_size"),
-        statement_timeout_ms=numbers.get("statement_timeout_ms"),
-        hnsw_m=numbers.get("hnsw_m"),
-        hnsw_ef_construction=numbers.get("hnsw_ef_construction"),
-        libpq_options=libpq_options,
-        replica=replica,
-        read_your_writes=ours.get("read_your_writes", "").lower() in ("1", "true", "yes", "on"),
-        prepared=ours.get("prepared", "on").lower() not in ("0", "false", "no", "off"),
-    )
-
-
-def split_url(url: str) -> tuple[str, str]:
-    """``(libpq conninfo URL, schema)``: our own parameters taken out of ``url``."""
-    parsed = parse_url(url)
-    return parsed.conninfo, parsed.schema
-
-
-@dataclass(frozen=True)
-class HnswParams:
-    """How the HNSW graph is built (pgvector's defaults): ``m`` links per node, ``ef_construction`` the
-    candidate list while inserting. Larger: better recall at a given ``ef_search``, slower writes/builds."""
-
-    m: int = 16
-    ef_construction: int = 64
-
-    def sql(self) -> str:
-        return (
-            "CREATE INDEX vectors_embedding ON vectors USING hnsw (embedding vector_ip_ops)"
-            f" WITH (m = {int(self.m)}, ef_construction = {int(self.ef_construction)})"
-        )
 
 
 class PostgresStore(Store):
@@ -233,11 +137,11 @@ class PostgresStore(Store):
         parsed = parse_url(url)
         self.conninfo = parsed.conninfo
         self.schema = schema or parsed.schema
-        if not _SCHEMA_NAME.match(self.schema):
+        if not SCHEMA_NAME.match(self.schema):
             raise ConfigError(f"schema {self.schema!r} is not a plain lower-case SQL name")
         self.dim = dim
         # keyword arguments (the CLI's options) win over the URL's parameters, which win over defaults
-        self.pool_size = pool_size or parsed.pool_size or _POOL_SIZE
+        self.pool_size = pool_size or parsed.pool_size or DEFAULT_POOL_SIZE
         self.statement_timeout_ms = statement_timeout_ms or parsed.statement_timeout_ms
         self.hnsw = HnswParams(
             m=hnsw_m or parsed.hnsw_m or HnswParams.m,
