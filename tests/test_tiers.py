@@ -6,7 +6,7 @@ import itertools
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -24,7 +24,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from clawvm import Filters, Harness, Kind, Memory, Status, Tier, ValidationError
+from clawvm import Filters, Harness, Kind, Memory, Status, StoreError, Tier, ValidationError
 from clawvm.core.embed import count_tokens
 from clawvm.core.model import build_memory
 from clawvm.store import MemoryStore
@@ -949,3 +949,79 @@ def test_the_working_view_follows_every_write_as_the_store_holds_it(tmp_path: Pa
         assert held("s1") is None and held("s2") is None  # read back on each session's next record
         h.record("after the delete", session_id="s1")
         assert held("s1") == stored("s1")
+
+
+def test_a_promotion_that_raced_a_pass_leaves_its_session_due() -> None:
+    """A recall reads its hits in working; a pass demotes them before the recall's bookkeeping write, which
+    then conflicts and promotes them back one by one: the session is over its budget again, so it is due
+    (what counts is what the write promoted, not the tiers the recall read)."""
+    h, now = clocked()
+    with h:
+        for i in range(12):
+            h.record(f"note {i} about the Payment API", kind="user_input", session_id="s1", created_at=now[0])
+        seen = h.list(limit=100, session_id="s1", tier="working")  # the recall's read
+        assert len(seen) == 12
+        h.page()  # the pass runs between the read and the bookkeeping write
+        assert len(h.list(limit=100, session_id="s1", tier="working")) <= (BUDGETS.working_items or 0)
+        h.working.warm(seen, now[0])
+        assert len(h.list(limit=100, session_id="s1", tier="working")) > (BUDGETS.working_items or 0)
+        assert h.working.due() == [("default", "s1")]
+
+
+def test_the_pass_after_a_recall_pages_the_memories_it_warmed_out_last() -> None:
+    """A long memory that a recall promotes has a low value per token, but the pass that pages its session
+    out moves the memories the recall did not touch first: a warm-up is not undone by the next pass."""
+    budgets = TierBudgets(working_tokens=1000, working_items=4, short_term_items=50, long_term_items=50)
+    h, now = clocked(budgets)
+    with h:
+        long = h.record("the refund for the Payment API failed with a timeout. " * 8, kind="tool_result",
+                        session_id="s1", created_at=now[0])
+        h.pager.move(h.get(long.id), Tier.SHORT_TERM, "test", now[0])
+        for i in range(4):
+            h.record(f"coffee chat {i}", kind="user_input", session_id="s1", created_at=now[0])
+        h.page()
+        assert h.get(long.id).tier is Tier.SHORT_TERM
+        assert h.recall("refund payment timeout", k=1)[0].id == long.id
+        assert h.get(long.id).tier is Tier.WORKING
+        assert h.working.due() == [("default", "s1")]
+        h.page()
+        assert h.get(long.id).tier is Tier.WORKING
+        assert len(h.list(limit=100, session_id="s1", tier="working")) <= 4
+
+
+def test_a_failed_pass_keeps_the_sessions_it_did_not_finish_due() -> None:
+    h, now = clocked()
+    with h:
+        for i in range(12):
+            h.record(f"note {i} about the Payment API", kind="user_input", session_id="s1", created_at=now[0])
+        h.page()
+        h.forget(h.list(limit=1, session_id="s1", tier="short_term")[0].id)  # a delete drops the whole view
+        h.recall("payment api note", k=12)  # promotions into a session the view no longer holds
+        assert h.working.due() == [("default", "s1")]
+        real = h.pager.working_of
+
+        def unavailable(tenant: str, sessions: Sequence[str]) -> dict[str, list[Memory]]:
+            raise StoreError("the store is unavailable")
+
+        h.pager.working_of = unavailable  # type: ignore[method-assign]
+        with pytest.raises(StoreError):
+            h.page()
+        h.pager.working_of = real  # type: ignore[method-assign]
+        assert h.working.due() == [("default", "s1")]
+        h.page()
+        assert len(h.list(limit=100, session_id="s1", tier="working")) <= (BUDGETS.working_items or 0)
+
+
+def test_records_made_straight_into_a_lower_tier_are_paged_by_the_next_pass() -> None:
+    """A record never demotes, into whichever tier it goes; one straight into long term makes the session
+    due, and the next pass brings that tier back within its budget."""
+    h, now = clocked()
+    with h:
+        for i in range(12):
+            h.record(f"imported fact {i}", kind="observation", session_id="s1", tier="long_term",
+                     created_at=now[0])
+        assert len(h.list(limit=100, session_id="s1", tier="long_term")) == 12
+        assert h.working.due() == [("default", "s1")]
+        h.page()
+        assert len(h.list(limit=100, session_id="s1", tier="long_term")) <= (BUDGETS.long_term_items or 0)
+        assert h.working.due() == []

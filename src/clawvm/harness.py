@@ -596,8 +596,9 @@ class Harness:
 
     def page(self, now: datetime | None = None) -> builtins.list[Memory]:
         """One pager pass now: every session past its working tier's high watermark is paged out to the low
-        one, and the tiers below are enforced (see :mod:`clawvm.vm.working`). Returns the memories moved.
-        Runs by itself in the background and at ``context()``, ``flush()``, ``tick()`` and ``close()``."""
+        one, and a tier below that grew is brought back within its budget (see :mod:`clawvm.vm.working`).
+        Returns the memories moved. Runs by itself in the background and at ``context()``, ``flush()``,
+        ``tick()`` and ``close()``."""
         return self._page(now, give_way_s=0.0)
 
     def _page(self, now: datetime | None, give_way_s: float) -> builtins.list[Memory]:

@@ -13,8 +13,9 @@ allocation: ``record()`` never demotes, it writes the new memory alone (see :mod
   batch. When a lower tier is over budget, its lowest-valued memories move one tier down likewise (with 10%
   slack below short/long-term budgets, so demotions come in batches);
 - recalled memories are "warmed": access stats grow and, if their value reaches ``promote_value`` (and
-  they fit the working token budget on their own), they move back to ``working``, whose budget is then
-  enforced again with the memories just warmed evicted last;
+  they fit the working token budget on their own), they move back to ``working``; a session that this
+  puts past the high watermark comes due like a record's, and the pass pages the memories just warmed out
+  last;
 - memories whose ``expires_at`` passed become ``expired`` and go to ``archive``;
 - on ``tick()``, a session idle for ``session_idle_hours`` pages its (unpinned) working tier out;
 - memories entering ``archive`` are compressed reversibly when long (see :mod:`clawvm.vm.compress`); an LLM
@@ -26,7 +27,8 @@ allocation: ``record()`` never demotes, it writes the new memory alone (see :mod
 
 Invariants (property-tested): a built context never exceeds its budget; after a pager pass no tier of a
 session it covered is over budget, and every session over its working budget is due for the next pass;
-the tiers below working are within budget after any operation; a pinned memory stays in
+the tiers below working are within budget after any operation but a record made straight into one of
+them, which makes its session due; a pinned memory stays in
 ``working`` until unpinned (pinning refuses when pinned memories alone would exceed the working budget);
 moves never change content except through reversible compression; ids and links stay valid.
 Every move is an :class:`~clawvm.store.Event` with kind, memory, from/to tier, value before/after, reason.
@@ -144,6 +146,25 @@ def _one_pass(method: Callable[_P, _R]) -> Callable[_P, _R]:
             return method(*args, **kwargs)
 
     return run
+
+
+@dataclass(frozen=True)
+class Warmed:
+    """What :meth:`Pager.warm` wrote: the memories as stored, and for each session (tenant, session id)
+    that promotions grew, the ids warmed in it (a pager pass pages those out last)."""
+
+    memories: list[Memory]
+    grown: dict[tuple[str, str], frozenset[str]]
+
+
+def _sessions_of(warmed: Sequence[Memory], promoted: set[str]) -> dict[tuple[str, str], frozenset[str]]:
+    """Each session with a promoted memory among ``warmed``, with the ids of every warmed memory in it."""
+    grown = {(m.tenant, m.session_id) for m in warmed if m.id in promoted and m.session_id is not None}
+    ids: dict[tuple[str, str], set[str]] = {key: set() for key in grown}
+    for m in warmed:
+        if m.session_id is not None and (m.tenant, m.session_id) in ids:
+            ids[(m.tenant, m.session_id)].add(m.id)
+    return {key: frozenset(v) for key, v in ids.items()}
 
 
 class PagerOwner(Protocol):
@@ -275,15 +296,15 @@ class Pager:
     ) -> list[Memory]:
         """Demote until every tier of the session fits its budget; returns the memories moved.
 
-        Memories in ``protect`` (just promoted) go last, so a warm-up is not undone by its own budget check.
+        Memories in ``protect`` (just warmed) go last, so a warm-up is not undone by the pass that follows it.
         ``lower_only``: the working tier has just shed into short-term; check short-term, and long-term
         only if short-term gave it anything. ``to_low``: a pager pass, which pages an over-budget working
         tier out to its low watermark (``working_low``) rather than to the budget itself. ``working``: the
         working tier's members as the caller holds them (the record path's view, kept current by every
         commit), so the pass need not read and parse the tier back; a member another process moved
         meanwhile fails the version check and is moved one by one from its stored version.
-        ``working_grew``: only the working tier grew (promotions, which take from the tiers below): a lower
-        tier is checked only if the tiers above it shed something into it.
+        ``working_grew``: only the working tier grew (records, and promotions, which take from the tiers
+        below): a lower tier is checked only if the tiers above it shed something into it.
         """
         moved: list[Memory] = []
         cfg = self.config
@@ -403,24 +424,17 @@ class Pager:
             return []
         return [self.move(m, Tier.SHORT_TERM, "session idle", now) for m in members if not m.pinned]
 
-    def warm(
-        self,
-        memories: Sequence[Memory],
-        now: datetime,
-        events: Sequence[Event] = (),
-        *,
-        page_out: bool = True,
-    ) -> list[Memory]:
-        """Access bookkeeping for recalled memories; promotes the valuable ones back to working.
+    def warm(self, memories: Sequence[Memory], now: datetime, events: Sequence[Event] = ()) -> Warmed:
+        """Access bookkeeping for recalled memories; promotes the valuable ones back to working. Never
+        demotes: a working tier the promotions grew past its budget is the pager pass's to page out
+        (:meth:`clawvm.vm.working.WorkingTiers.warm` makes its session due).
 
         One write for all of them (with ``events``, e.g. the recall's own); when one changed since it was
-        read, the whole batch is redone one by one, each re-read and retried. ``page_out``: enforce the
-        budgets of the sessions that promotions grew now; without it, the caller leaves that to its pager
-        pass (:meth:`clawvm.vm.working.WorkingTiers.warm`).
+        read, the whole batch is redone one by one, each re-read and retried.
         """
         out: list[Memory] = []
         moves: list[Event] = []
-        promoted: set[tuple[str, str]] = set()
+        promoted: list[Memory] = []
         at = as_utc(now)
         for m in memories:
             # counts that grow by one and a UTC time: valid by construction, so a copy, not a re-validation
@@ -442,18 +456,17 @@ class Pager:
                     )
                 )
                 touched = touched.model_copy(update={"tier": Tier.WORKING})
-                if touched.session_id is not None:
-                    promoted.add((touched.tenant, touched.session_id))
+                promoted.append(touched)
             out.append(touched)
         if len({m.id for m in out}) == len(out):  # a write names each memory once
             try:
                 written = self.writer.write(out, None, [*events, *moves])
-                return self._after_promotions(written, promoted, now) if page_out else written
+                return Warmed(written, _sessions_of(written, {m.id for m in promoted}))
             except ConflictError:
                 pass
         if events:
             self.writer.log(events)
-        return self._warm_each(memories, now, page_out)
+        return self._warm_each(memories, now)
 
     def _promotable(self, m: Memory) -> bool:
         _, max_tokens = self.config.budgets.limits(Tier.WORKING)
@@ -464,40 +477,23 @@ class Pager:
             and (max_tokens is None or m.session_id is None or m.token_count <= max_tokens)
         )
 
-    def _warm_each(self, memories: Sequence[Memory], now: datetime, page_out: bool) -> list[Memory]:
+    def _warm_each(self, memories: Sequence[Memory], now: datetime) -> Warmed:
         out = []
-        promoted: set[tuple[str, str]] = set()
+        promoted: set[str] = set()
         for m in memories:
             touched = self.mutate(
                 m, lambda cur: {"access_count": cur.access_count + 1, "last_accessed_at": now}, now
             )
-            if self._promotable(touched):
+            if self._promotable(touched):  # judged on the stored version: it may have moved since the read
                 touched = self.move(touched, Tier.WORKING, "warmed by retrieval", now)
-                if touched.session_id is not None:
-                    promoted.add((touched.tenant, touched.session_id))
+                promoted.add(touched.id)
             out.append(touched)
-        return self._after_promotions(out, promoted, now) if page_out else out
-
-    def _after_promotions(
-        self, out: list[Memory], promoted: set[tuple[str, str]], now: datetime
-    ) -> list[Memory]:
-        """Promotions may have filled a working tier past its budget: page out again (lowest value first,
-        the memories just warmed last)."""
-        evicted: dict[str, Memory] = {}
-        warmed = frozenset(m.id for m in out)
-        for tenant in sorted({t for t, _ in promoted}):
-            sessions = sorted(s for t, s in promoted if t == tenant)
-            working = self.working_of(tenant, sessions)
-            for session_id in sessions:
-                moved = self.enforce(
-                    tenant, session_id, now, protect=warmed, working=working[session_id], working_grew=True
-                )
-                evicted.update((m.id, m) for m in moved)
-        return [evicted.get(m.id, m) for m in out]
+        return Warmed(out, _sessions_of(out, promoted))
 
     def working_of(self, tenant: str, sessions: Sequence[str]) -> dict[str, list[Memory]]:
-        """The active working members of several sessions of one tenant, newest first, in one read (the
-        sessions of a recall's promoted hits: one query, not one per session)."""
+        """The active working members of several sessions of one tenant, newest first, in one read (a
+        pager pass's sessions, several made due at once by one recall's promotions: one query, not one per
+        session)."""
         out: dict[str, list[Memory]] = {s: [] for s in sessions}
         f = Filters.of(tenant=tenant, session_id=list(sessions), tier=Tier.WORKING, status="active")
         for m in self.store.iter_all(f, newest_first=True):

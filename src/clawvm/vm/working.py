@@ -4,12 +4,14 @@
 allocation): :meth:`WorkingTiers.admit` writes the new memory alone and adds it to its view of the session's
 working tier; a session past the high watermark (``PagerConfig.working_high`` of its budget) comes *due*.
 :meth:`WorkingTiers.run_pass` (the pager pass) pages every due session out to the low watermark
-(``working_low``) and enforces the tiers below; :class:`PagerThread` runs it in the background when a
+(``working_low``), and each tier below it sheds into, one tier down likewise (a record made straight into
+a tier below working makes its session due too); :class:`PagerThread` runs it in the background when a
 session comes due, and the harness runs it at every lifecycle boundary (``context()``, ``flush()``,
 ``tick()``, ``close()``). A tracked recall's promotions grow the working tier the same way
 (:meth:`WorkingTiers.warm`): the recall writes its bookkeeping and leaves the paging out to the pass. So a
 working tier may hold more than its budget between a record or a recall and the next pass, never after it;
-a built context never exceeds its own budget whatever the tiers hold.
+a built context never exceeds its own budget whatever the tiers hold. The pass pages the memories a recall
+just warmed out last, and a pass that fails leaves the sessions it did not finish due for the next one.
 
 :class:`WorkingTiers` keeps each session's working members as it last saw them, so a record does not read
 the tier back. The commit path tells it of every write (:meth:`WorkingTiers.forget`, a commit listener), as
@@ -30,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import numpy as np
@@ -56,8 +59,8 @@ class WorkingTiers:
         self._members: dict[tuple[str, str], list[Memory]] = {}
         # memory id -> the session whose members hold it (a write may move a memory to another session)
         self._session_of: dict[str, tuple[str, str]] = {}
-        # sessions past the high watermark, oldest first (a dict as an ordered set)
-        self._due: dict[tuple[str, str], None] = {}
+        # sessions due for the next pass (past the high watermark, or a tier below grew), oldest first
+        self._due: dict[tuple[str, str], _Due] = {}
         self._lock = threading.RLock()  # held by admit while it writes, and so while it is told of it
         self._pass_lock = threading.Lock()  # one pager pass at a time (background or a lifecycle boundary)
         # records in flight, and the background pass's deadline for giving way to them (see recording())
@@ -125,7 +128,15 @@ class WorkingTiers:
         comes due for the pager when its working tier passes the high watermark. Returns it as stored."""
         writer = self.pager.writer
         if memory.session_id is None or memory.tier is not Tier.WORKING:
-            return writer.write([memory], vectors, [added])[0]
+            stored = writer.write([memory], vectors, [added])[0]
+            if (
+                stored.session_id is not None
+                and stored.tier in _BUDGETED_BELOW
+                and stored.status is Status.ACTIVE
+            ):
+                with self._lock:  # recorded straight into a tier below working: the pass checks that tier
+                    self._mark((stored.tenant, stored.session_id), lower_grew=True)
+            return stored
         with self._lock:
             stored = writer.write([memory], vectors, [added])[0]  # the listener adds it to a session held
             if stored.session_id is None:
@@ -139,27 +150,29 @@ class WorkingTiers:
                     key, self.pager.tier_members(stored.tenant, stored.session_id, Tier.WORKING)
                 )
             if self.pager.due(members):
-                self._due[key] = None
+                self._mark(key)
             return stored
 
     def warm(self, memories: Sequence[Memory], now: datetime, events: Sequence[Event] = ()) -> list[Memory]:
-        """A recall's access bookkeeping and promotions (:meth:`Pager.warm`) without paging out inline, as
-        for a record: a session that the promotions put past its high watermark comes due for the pager
-        (one not held comes due unchecked: the pass reads it and skips it when it is within). Returns the
-        memories as stored."""
-        was = {m.id: m.tier for m in memories}
-        warmed = self.pager.warm(memories, now, events, page_out=False)
-        grew = {
-            (m.tenant, m.session_id)
-            for m in warmed
-            if m.session_id is not None and m.tier is Tier.WORKING and was.get(m.id) is not Tier.WORKING
-        }
+        """A recall's access bookkeeping and promotions (:meth:`Pager.warm`), which never demote: as for a
+        record, a session that the promotions put past its high watermark comes due for the pager, which
+        pages the memories just warmed out last (a session not held comes due unchecked: the pass reads it
+        and leaves it when it is within). Returns the memories as stored."""
+        warmed = self.pager.warm(memories, now, events)
         with self._lock:  # the commit listener has added the promoted members to the sessions held
-            for key in grew:
+            for key, ids in warmed.grown.items():
                 held = self._members.get(key)
                 if held is None or self.pager.due(held):
-                    self._due[key] = None
-        return warmed
+                    self._mark(key, ids)
+        return warmed.memories
+
+    def _mark(
+        self, key: tuple[str, str], warmed: frozenset[str] = frozenset(), lower_grew: bool = False
+    ) -> None:
+        """Make the session due (the caller holds the lock), adding to why it already is."""
+        why = self._due.setdefault(key, _Due())
+        why.warmed |= warmed
+        why.lower_grew |= lower_grew
 
     @contextmanager
     def recording(self) -> Iterator[None]:
@@ -212,28 +225,59 @@ class WorkingTiers:
 
     def _page_due(self, now: datetime) -> list[Memory]:
         with self._lock:
-            due, self._due = list(self._due), {}
-            self._read_back([key for key in due if key not in self._members])
+            due, self._due = self._due, {}
         moved: list[Memory] = []
-        for tenant, session_id in due:
-            with self._lock:  # the view's members (None: forgotten past capacity meanwhile, read again)
-                held = self._members.get((tenant, session_id))
-                working = None if held is None else list(held)
-            # a session comes due only because its working tier grew (records, promotions): the tiers
-            # below need a look only when it sheds into them
-            moved.extend(
-                self.pager.enforce(tenant, session_id, now, to_low=True, working=working, working_grew=True)
-            )
+        try:
+            self._give_way()  # the read back below holds the view's lock, which records need
+            with self._lock:
+                self._read_back([key for key in due if key not in self._members])
+            for key in list(due):
+                with self._lock:  # the view's members (None: forgotten past capacity meanwhile, read again)
+                    held = self._members.get(key)
+                    working = None if held is None else list(held)
+                why = due[key]
+                tenant, session_id = key
+                # due because its working tier grew (records, promotions): the tiers below need a look
+                # only when it sheds into them, or when a record went straight into one of them
+                moved.extend(
+                    self.pager.enforce(
+                        tenant,
+                        session_id,
+                        now,
+                        protect=frozenset(why.warmed),
+                        to_low=True,
+                        working=working,
+                        working_grew=not why.lower_grew,
+                    )
+                )
+                del due[key]
+        finally:
+            if due:  # a failed pass: the sessions it did not finish stay due for the next one
+                with self._lock:
+                    for key, why in due.items():
+                        self._mark(key, frozenset(why.warmed), why.lower_grew)
         return moved
 
     def _read_back(self, sessions: Sequence[tuple[str, str]]) -> None:
         """Read the working tiers of ``sessions`` (one query per tenant, not one per session: a recall's
-        promotions make several due at once) and hold them; the caller holds the lock, so no commit lands
-        between the read and the hold."""
+        promotions make several due at once) and hold them; the caller holds the lock, so no commit's
+        notice reaches the view between the read and the hold."""
         for tenant in sorted({t for t, _ in sessions}):
             mine = sorted(s for t, s in sessions if t == tenant)
             for session_id, members in self.pager.working_of(tenant, mine).items():
                 self._hold((tenant, session_id), members)
+
+
+@dataclass(slots=True)
+class _Due:
+    """Why a session is due: the ids a recall warmed in it (paged out last), and whether a tier below
+    working grew too (a record straight into it), so that the pass checks the tiers below."""
+
+    warmed: set[str] = field(default_factory=set)
+    lower_grew: bool = False
+
+
+_BUDGETED_BELOW = (Tier.SHORT_TERM, Tier.LONG_TERM)  # the tiers below working that have budgets
 
 
 class Turns:
