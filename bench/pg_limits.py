@@ -14,7 +14,7 @@ with HNSW, ``tsvector`` with GIN) and measures, with the same filters (tenant, s
 | ``record_ratio`` | ``Harness.record`` p95 / bare single-row INSERT p95 | <= 2 |
 | ``writers_ratio`` | records/s of 4 writer processes / of 1 | >= 2.5 |
 | ``writers_bare_ratio`` | the same for the bare INSERT, measured beside it (the ceiling) | (reported) |
-| ``tracked_ratio`` | tracked recall p50 / untracked recall p50 | <= 1.3 |
+| ``tracked_ratio`` | tracked / untracked recall p50 (the same queries, in blocks of 25 in turn) | <= 1.3 |
 | ``replica_ratio`` | replica-served recall p95 / primary-served recall p95 | (reported) |
 
 The bare query: HNSW top-100 + full-text top-100 in one statement. A recall ratio's two sides are taken
@@ -184,6 +184,23 @@ def side_by_side(
     return a, b
 
 
+def tracked_in_turns(
+    h: Harness, queries: list[tuple[int, str, np.ndarray]], block: int = 25
+) -> tuple[list[float], list[float]]:
+    """Every query recalled untracked and tracked, a block of ``block`` queries at a time: one kind over
+    the block, then the other (which goes first alternates). Side by side like the other ratios, but in
+    blocks: a tracked recall's bookkeeping wakes a pager pass that runs in the background while the next
+    recalls do, a cost of tracking that belongs to the tracked block. Each block starts with no pass due."""
+    untracked: list[float] = []
+    tracked: list[float] = []
+    for i, start in enumerate(range(0, len(queries), block)):
+        chunk = queries[start : start + block]
+        for track in (False, True) if i % 2 == 0 else (True, False):
+            h.page()
+            (tracked if track else untracked).extend(clawvm_recall(h, chunk, track))
+    return untracked, tracked
+
+
 def recall_ms(h: Harness) -> Callable[[str, np.ndarray], float]:
     """One untracked ClawVM recall, in ms (the query vector comes from the harness's embedder)."""
     return lambda text, _v: _ms(lambda: h.recall(text, k=10, track=False))
@@ -333,12 +350,13 @@ def run(n: int, queries: int, writer_s: float) -> dict[str, Any]:
             bare_recall(store, warm)
             with store._conn("bare") as conn:
                 untracked, bare = side_by_side(recall_ms(h), lambda t, v: bare_query(conn, t, v), measured)
-            tracked = clawvm_recall(h, measured, True)
+            untracked_beside, tracked = tracked_in_turns(h, measured)
             out.update(
                 recall_p50_ms=pct(untracked, 50),
                 recall_p95_ms=pct(untracked, 95),
                 bare_p50_ms=pct(bare, 50),
                 bare_p95_ms=pct(bare, 95),
+                untracked_beside_tracked_p50_ms=pct(untracked_beside, 50),
                 tracked_p50_ms=pct(tracked, 50),
                 tracked_p95_ms=pct(tracked, 95),
             )
@@ -399,7 +417,7 @@ def run(n: int, queries: int, writer_s: float) -> dict[str, Any]:
         record_ratio=round(out["record_p95_ms"] / out["bare_insert_p95_ms"], 2),
         writers_ratio=round(out["writers_4_per_s"] / out["writers_1_per_s"], 2),
         writers_bare_ratio=round(out["bare_writers_4_per_s"] / out["bare_writers_1_per_s"], 2),
-        tracked_ratio=round(out["tracked_p50_ms"] / out["recall_p50_ms"], 2),
+        tracked_ratio=round(out["tracked_p50_ms"] / out["untracked_beside_tracked_p50_ms"], 2),
         replica_ratio=round(out["replica_p95_ms"] / out["primary_p95_ms"], 2),
     )
     return out
@@ -411,7 +429,7 @@ GOALS = {
     "record_ratio": ("<=", 2.0, "record_p95_ms", "bare_insert_p95_ms"),
     "writers_ratio": (">=", 2.5, "writers_4_per_s", "writers_1_per_s"),
     "writers_bare_ratio": ("", None, "bare_writers_4_per_s", "bare_writers_1_per_s"),
-    "tracked_ratio": ("<=", 1.3, "tracked_p50_ms", "recall_p50_ms"),
+    "tracked_ratio": ("<=", 1.3, "tracked_p50_ms", "untracked_beside_tracked_p50_ms"),
     "replica_ratio": ("", None, "replica_p95_ms", "primary_p95_ms"),
 }
 
