@@ -1025,3 +1025,34 @@ def test_records_made_straight_into_a_lower_tier_are_paged_by_the_next_pass() ->
         h.page()
         assert len(h.list(limit=100, session_id="s1", tier="long_term")) <= (BUDGETS.long_term_items or 0)
         assert h.working.due() == []
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: TierBudgets(working_tokens="100"), "budgets.working_tokens"),  # type: ignore[arg-type]
+        (lambda: TierBudgets(working_items=-1), "budgets.working_items"),
+        (lambda: TierBudgets(long_term_items=0), "budgets.long_term_items"),
+        (lambda: TierBudgets(working_items=True), "budgets.working_items"),
+        (lambda: PagerConfig(budgets={"working_tokens": 10}), "budgets"),  # type: ignore[arg-type]
+        (lambda: PagerConfig(slack=2), "slack"),
+        (lambda: PagerConfig(slack=-1), "slack"),
+        (lambda: PagerConfig(promote_value=5), "promote_value"),
+        (lambda: PagerConfig(session_idle_hours=-1), "session_idle_hours"),
+        (lambda: PagerConfig(compress_over_tokens=-5), "compress_over_tokens"),
+        (lambda: PagerConfig(working_high="1"), "working_high"),  # type: ignore[arg-type]
+        (lambda: PagerConfig(background="no"), "background"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_bad_pager_setting_is_refused_where_it_is_made_naming_the_field(make: Any, field: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        make()
+    assert err.value.field == field
+
+
+def test_a_pager_that_is_not_a_pager_config_is_refused_before_the_store_opens(tmp_path: Path) -> None:
+    path = tmp_path / "never.db"
+    with pytest.raises(ValidationError) as err:
+        Harness.open(path, embedder=None, pager={"working_high": 1})  # type: ignore[arg-type]
+    assert err.value.field == "pager" and "PagerConfig" in err.value.fix
+    assert not path.exists()

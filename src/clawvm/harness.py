@@ -217,6 +217,8 @@ class Harness:
         machine whose cores are all busy).
         """
         config = _preset(preset)  # validate options before any I/O
+        if pager is not None and not isinstance(pager, PagerConfig):
+            raise ValidationError("pager", f"is a {type(pager).__name__}", "pass clawvm.PagerConfig(...)")
         emb: Embedder | None
         if embedder == "default":
             emb = _default_embedder()

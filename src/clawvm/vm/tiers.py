@@ -57,6 +57,14 @@ from clawvm.write.commit import Writer
 ORDER = (Tier.WORKING, Tier.SHORT_TERM, Tier.LONG_TERM, Tier.ARCHIVE)
 
 
+def _whole(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
 @dataclass(frozen=True)
 class TierBudgets:
     """Per-session budgets. ``None`` means unbounded."""
@@ -67,6 +75,23 @@ class TierBudgets:
     long_term_items: int | None = 4000
     short_term_tokens: int | None = None
     long_term_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "working_tokens",
+            "working_items",
+            "short_term_items",
+            "long_term_items",
+            "short_term_tokens",
+            "long_term_tokens",
+        ):
+            budget = getattr(self, name)
+            if budget is not None and (not _whole(budget) or budget < 1):
+                raise ValidationError(
+                    f"budgets.{name}",
+                    f"is {budget!r}",
+                    "pass a whole number of at least 1, or None: unbounded",
+                )
 
     def limits(self, tier: Tier) -> tuple[int | None, int | None]:
         """(items, tokens) for ``tier``."""
@@ -111,9 +136,33 @@ class PagerConfig:
     endpoint_budget_s: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("give_way_ms", "give_way_quiet_ms"):
-            if getattr(self, name) < 0:
-                raise ValidationError(name, f"is {getattr(self, name)}", "pass 0 or more milliseconds")
+        if not isinstance(self.budgets, TierBudgets):
+            raise ValidationError(
+                "budgets", f"is a {type(self.budgets).__name__}", "pass clawvm.TierBudgets(...)"
+            )
+        if not isinstance(self.scoring, ScoringConfig):
+            raise ValidationError(
+                "scoring", f"is a {type(self.scoring).__name__}", "pass clawvm.vm.scoring.ScoringConfig(...)"
+            )
+        if not isinstance(self.background, bool):
+            raise ValidationError("background", f"is {self.background!r}", "pass True or False")
+        if not _whole(self.compress_over_tokens) or self.compress_over_tokens < 0:
+            raise ValidationError(
+                "compress_over_tokens", f"is {self.compress_over_tokens!r}", "pass a whole number, 0 or more"
+            )
+        for name, low, high in (("promote_value", 0.0, 1.0), ("slack", 0.0, 0.99)):
+            if not _number(getattr(self, name)) or not low <= getattr(self, name) <= high:
+                raise ValidationError(
+                    name, f"is {getattr(self, name)!r}", f"pass a number from {low} to {high}"
+                )
+        for name in ("give_way_ms", "give_way_quiet_ms", "session_idle_hours", "endpoint_budget_s"):
+            if not _number(getattr(self, name)) or getattr(self, name) < 0:
+                raise ValidationError(name, f"is {getattr(self, name)!r}", "pass a number, 0 or more")
+        for name in ("working_low", "working_high"):
+            if not _number(getattr(self, name)):
+                raise ValidationError(
+                    name, f"is {getattr(self, name)!r}", "pass a fraction of the working budget"
+                )
         if not 0.0 < self.working_low <= self.working_high <= 1.0:
             raise ValidationError(
                 "working_low",
@@ -203,6 +252,8 @@ class Pager:
     ) -> None:
         self.store = store
         self.writer = writer  # every move is a write of the one commit path
+        if config is not None and not isinstance(config, PagerConfig):
+            raise ValidationError("pager", f"is a {type(config).__name__}", "pass clawvm.PagerConfig(...)")
         self.config = config or PagerConfig()
         self._compress = compress  # set by the harness: compresses a memory on its way to archive
         # called between the steps of a pass (before each tier it checks, before each write): a background
