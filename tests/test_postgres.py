@@ -98,6 +98,21 @@ def test_url_schema_parameter_is_ours_and_the_rest_goes_to_libpq() -> None:
         split_url("postgresql://u@h/db?schema=Robert');DROP")
 
 
+def test_url_switches_take_on_or_off_and_nothing_else() -> None:
+    """``prepared`` is the pooler's safety switch: a value that is neither on nor off must not silently
+    leave prepared statements on."""
+    assert parse_url("postgresql://u@h/db?prepared=off").prepared is False
+    assert parse_url("postgresql://u@h/db?prepared=ON").prepared is True
+    assert parse_url("postgresql://u@h/db").prepared is True
+    for bad in ("prepared=maybe", "prepared=disable", "read_your_writes=enabled"):
+        with pytest.raises(ConfigError, match=bad.split("=")[0] + ".*on or off"):
+            parse_url(f"postgresql://u@h/db?{bad}")
+    with pytest.raises(ConfigError, match="replica"):  # read-your-writes waits for a replica
+        parse_url("postgresql://u@h/db?read_your_writes=on")
+    replica = "postgresql%3A%2F%2Fu%40r%2Fdb"
+    assert parse_url(f"postgresql://u@h/db?replica={replica}&read_your_writes=1").read_your_writes
+
+
 def test_constructor_does_no_io_and_an_unreachable_server_is_a_store_error(tmp_path: Path) -> None:
     s = store_from_url(f"postgresql://nobody@/db?host={tmp_path}&connect_timeout=2")  # no server there
     with pytest.raises(StoreError) as exc:

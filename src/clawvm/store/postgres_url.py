@@ -51,6 +51,18 @@ def _positive(name: str, value: str) -> int:
     return int(value)
 
 
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
+
+
+def _flag(name: str, value: str) -> bool:
+    if value.lower() in _ON:
+        return True
+    if value.lower() in _OFF:
+        return False
+    raise ConfigError(f"{name}={value!r} in the store URL is not on or off: pass {name}=on or {name}=off")
+
+
 def parse_url(url: str) -> PgUrl:
     """Split a store URL into the libpq conninfo and our own parameters (see :class:`PgUrl`)."""
     parts = urlparse(url)
@@ -78,6 +90,12 @@ def parse_url(url: str) -> PgUrl:
         raise ConfigError(
             f"replica={replica!r} in the store URL is not a postgresql:// URL (percent-encode it)"
         )
+    read_your_writes = _flag("read_your_writes", ours.get("read_your_writes", "off"))
+    if read_your_writes and replica is None:
+        raise ConfigError(
+            "read_your_writes=on in the store URL waits for a replica, and the URL names none:"
+            " add replica=<percent-encoded postgresql:// URL> or leave read_your_writes out"
+        )
     scheme = "postgresql" if parts.scheme in ("postgresql", "postgres") else parts.scheme
     return PgUrl(
         conninfo=urlunparse(parts._replace(scheme=scheme, query="&".join(rest))),
@@ -88,8 +106,8 @@ def parse_url(url: str) -> PgUrl:
         hnsw_ef_construction=numbers.get("hnsw_ef_construction"),
         libpq_options=libpq_options,
         replica=replica,
-        read_your_writes=ours.get("read_your_writes", "").lower() in ("1", "true", "yes", "on"),
-        prepared=ours.get("prepared", "on").lower() not in ("0", "false", "no", "off"),
+        read_your_writes=read_your_writes,
+        prepared=_flag("prepared", ours.get("prepared", "on")),
     )
 
 
