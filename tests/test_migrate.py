@@ -185,3 +185,16 @@ def test_a_migrated_output_still_finds_its_context_build(
         assert got["output"]["seq"] == want["output"]["seq"] and out.cited == [cited.id]
         assert [x["id"] for x in got["lines"]] == [x["id"] for x in want["lines"]]
         assert copy.store.append_event(Event("later")) > want["output"]["seq"]  # numbering goes on after
+
+
+def test_cli_refuses_a_source_that_does_not_exist_or_holds_nothing(tmp_path: Path) -> None:
+    """A mistyped --from must not "succeed" with 0 memories copied (nor leave an empty store behind)."""
+    target = tmp_path / "target.db"
+    runner = CliRunner()
+    missing = runner.invoke(main, ["migrate", "--from", str(tmp_path / "srcc.db"), "--to", str(target)])
+    assert missing.exit_code == 2 and "no store file" in missing.output, missing.output
+    assert not (tmp_path / "srcc.db").exists() and not target.exists()
+    empty = pg_server.store_url(tmp_path, "nosuch")
+    nothing = runner.invoke(main, ["migrate", "--from", empty, "--to", str(target)])
+    assert nothing.exit_code == 2 and "holds no memories, events or keys" in nothing.output, nothing.output
+    assert not target.exists()

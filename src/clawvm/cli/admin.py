@@ -12,9 +12,10 @@ import click
 from clawvm.cli.common import CliGroup, opened_harness, opened_keyring, opened_store
 from clawvm.core.errors import ConfigError
 from clawvm.core.model import utcnow
-from clawvm.store import store_from_url
+from clawvm.store import Store, store_from_url
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey, DataKeys, rotate_data_key
 from clawvm.store.keys import Role
+from clawvm.store.sqlite import SQLiteStore
 
 
 @click.group(cls=CliGroup)
@@ -243,6 +244,10 @@ def reindex(ctx: click.Context, m: int | None, ef_construction: int | None, memo
     )
 
 
+def _empty(store: Store) -> bool:
+    return store.count() == 0 and not store.read_events(0, 1) and not store.list_credentials(limit=1)
+
+
 @click.command(name="migrate")
 @click.option(
     "--from", "source", required=True, help="Store to copy: sqlite:///PATH, postgresql://... or a path."
@@ -256,8 +261,12 @@ def migrate_command(source: str, target: str, batch: int, dim: int, no_verify: b
     from clawvm.store.migrate import migrate
 
     src, dst = store_from_url(source, dim=dim), store_from_url(target, dim=dim)
+    if isinstance(src, SQLiteStore) and not Path(src.path).exists():  # opening it would make an empty one
+        raise click.UsageError(f"--from: there is no store file at {src.path}: check the path")
     src.setup()
     try:
+        if _empty(src):  # a mistyped schema or file name: nothing to copy
+            raise click.UsageError(f"--from: {source} holds no memories, events or keys: check the store URL")
         dst.setup()
         try:
             with click.progressbar(length=src.count(), label="memories", file=sys.stderr) as bar:
