@@ -317,3 +317,38 @@ def test_filters_of_normalizes_what_callers_write() -> None:
     with pytest.raises(ValidationError) as exc:
         Filters.of(created_before="2026-01-01")
     assert exc.value.field == "created_before"
+
+
+@pytest.mark.parametrize(
+    ("given", "field"),
+    [
+        ({"tier": "hot"}, "tier"),
+        ({"kind": ["observation", "thought"]}, "kind"),
+        ({"status": "gone"}, "status"),
+        ({"state": "bad"}, "state"),
+        ({"scope": "everyone"}, "scope"),
+        ({"pinned": "false-ish"}, "pinned"),
+        ({"pinned": 2}, "pinned"),
+        ({"session_id": 5}, "session_id"),
+        ({"tags": ["ok", 7]}, "tags"),
+    ],
+)
+def test_a_filter_value_that_could_match_nothing_is_refused_naming_the_filter(
+    given: dict[str, Any], field: str
+) -> None:
+    """A misspelt enum value used to count 0 quietly; ``pinned="false"`` counted the pinned memories."""
+    with pytest.raises(ValidationError) as err:
+        Filters.of(**given)
+    assert err.value.field == field
+
+
+def test_filters_take_enum_values_as_strings_or_enums_and_pinned_as_true_or_false() -> None:
+    assert Filters.of(kind=[Kind.OBSERVATION, "decision"]).kind == frozenset({"observation", "decision"})
+    assert Filters.of(pinned="false").pinned is False and Filters.of(pinned=True).pinned is True
+    with Harness.open("memory://", embedder=None) as h:
+        h.record("pinned note", session_id="s", pinned=True)
+        h.record("plain note", session_id="s")
+        assert (h.count(pinned="false"), h.count(pinned="true")) == (1, 1)
+        with pytest.raises(ValidationError, match="tier"):
+            h.count(tier="hot")
+        assert h.count() == 2  # nothing was changed by the refusals

@@ -533,15 +533,15 @@ class Filters:
             if v is None:
                 continue
             if name in cls.SET_FIELDS or name == "tags_any":
-                args[name] = _as_set(_enum_values(v))
+                args[name] = _checked_set(name, _as_set(_texts(name, _enum_values(v))))
             elif name == "tags_all":
-                args[name] = _as_set(_enum_values(v)) or frozenset()
+                args[name] = _as_set(_texts("tags", _enum_values(v))) or frozenset()
             elif name in ("created_after", "created_before", "expires_by", "live_at"):
                 if not isinstance(v, datetime):
                     raise ValidationError(name, "must be a datetime", "pass a timezone-aware datetime")
                 args[name] = v if v.tzinfo else v.replace(tzinfo=UTC)
             elif name == "pinned":
-                args[name] = bool(v)
+                args[name] = _flag(name, v)
             elif name == "visible_to":
                 if not isinstance(v, Visibility):
                     raise ValidationError(
@@ -582,6 +582,48 @@ class Filters:
         from dataclasses import replace
 
         return replace(self, **changes)
+
+
+#: The filters whose values are one of an enum's: a value outside it could match nothing, so it is a mistake
+_ENUM_FILTERS: dict[str, type[StrEnum]] = {
+    "kind": Kind,
+    "state": State,
+    "status": Status,
+    "tier": Tier,
+    "scope": Scope,
+}
+
+
+def _checked_set(name: str, values: frozenset[str] | None) -> frozenset[str] | None:
+    enum = _ENUM_FILTERS.get(name)
+    if enum is None or values is None:
+        return values
+    allowed = {e.value for e in enum}
+    unknown = sorted(values - allowed)
+    if unknown:
+        raise ValidationError(name, f"has the unknown value {unknown[0]!r}", f"use one of {sorted(allowed)}")
+    return values
+
+
+def _texts(name: str, v: Any) -> Any:
+    """``v`` (a string or an iterable of them) as given; anything else names the filter."""
+    items = [v] if isinstance(v, str) or not isinstance(v, Iterable) else list(v)
+    for x in items:
+        if not isinstance(x, str):
+            raise ValidationError(
+                name, f"holds a {type(x).__name__} ({x!r})", "pass a string or a list of strings"
+            )
+    return v
+
+
+def _flag(name: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    raise ValidationError(name, f"is {v!r}", "pass True or False")
 
 
 def _enum_values(v: Any) -> Any:
