@@ -160,6 +160,23 @@ def test_manual_actions_through_the_api(small: tuple[TestClient, Harness, dict[s
     assert h.get(target.id).metadata["annotations"][0]["text"] == "checked"
 
 
+def test_blank_text_is_refused_by_the_schema_the_dashboard_publishes(
+    small: tuple[TestClient, Harness, dict[str, str]],
+) -> None:
+    """Whitespace alone is no memory: the published schema says so (as the REST API's does), so a client
+    that follows the schema never sends what the write path refuses."""
+    client, h, keys = small
+    writer = _auth(keys["agent"])
+    before = h.count()
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["NewMemoryBody"]["properties"]
+    assert "pattern" in schema["content"] and "pattern" in schema["tags"]["items"]
+    for body in ({"content": "\n"}, {"content": "ok", "tags": [" "]}):
+        refused = client.post("/dashboard/api/memories", json=body, headers=writer)
+        assert refused.status_code == 422, refused.text
+    assert h.count() == before
+    assert client.post("/dashboard/api/memories", json={"content": "a note"}, headers=writer).status_code == 201
+
+
 # ---- aggregation --------------------------------------------------------------------------------------
 _STEPS = st.lists(
     st.lists(st.tuples(st.integers(0, 50), st.floats(0, 1)), min_size=1, max_size=6), min_size=1, max_size=8

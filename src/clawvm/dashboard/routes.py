@@ -112,24 +112,24 @@ class TierBody(BaseModel):
     tier: Literal["working", "short_term", "long_term", "archive"]
 
 
-Tag = Annotated[str, Field(min_length=1, max_length=200)]
+Tag = Annotated[str, Field(min_length=1, max_length=200, pattern=NON_BLANK)]
 
 
 class NewMemoryBody(BaseModel):
     """A memory written from the dashboard (through the harness, as the SDK's ``record``)."""
 
     model_config = ConfigDict(extra="forbid")
-    content: str = Field(min_length=1, max_length=100_000)
+    content: str = Field(min_length=1, max_length=100_000, pattern=NON_BLANK)
     kind: Kind = Kind.NOTE
     session_id: str | None = Field(default=None, max_length=500)
-    tags: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+    tags: list[Tag] = Field(
         default_factory=list, max_length=50
     )
 
 
 class ReviseBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    content: str = Field(min_length=1, max_length=100_000)
+    content: str = Field(min_length=1, max_length=100_000, pattern=NON_BLANK)
     expected_version: int | None = Field(default=None, ge=1)
 
 
