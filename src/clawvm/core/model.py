@@ -606,14 +606,14 @@ def _checked_set(name: str, values: frozenset[str] | None) -> frozenset[str] | N
 
 
 def _texts(name: str, v: Any) -> Any:
-    """``v`` (a string or an iterable of them) as given; anything else names the filter."""
+    """``v`` (a string, or an iterable of them, read once into a list); anything else names the filter."""
     items = [v] if isinstance(v, str) or not isinstance(v, Iterable) else list(v)
     for x in items:
         if not isinstance(x, str):
             raise ValidationError(
                 name, f"holds a {type(x).__name__} ({x!r})", "pass a string or a list of strings"
             )
-    return v
+    return v if isinstance(v, str) else items
 
 
 def _flag(name: str, v: Any) -> bool:

@@ -485,7 +485,7 @@ class Pager:
         """
         out: list[Memory] = []
         moves: list[Event] = []
-        promoted: list[Memory] = []
+        promoted: set[str] = set()
         at = as_utc(now)
         for m in memories:
             # counts that grow by one and a UTC time: valid by construction, so a copy, not a re-validation
@@ -507,12 +507,12 @@ class Pager:
                     )
                 )
                 touched = touched.model_copy(update={"tier": Tier.WORKING})
-                promoted.append(touched)
+                promoted.add(touched.id)
             out.append(touched)
         if len({m.id for m in out}) == len(out):  # a write names each memory once
             try:
                 written = self.writer.write(out, None, [*events, *moves])
-                return Warmed(written, _sessions_of(written, {m.id for m in promoted}))
+                return Warmed(written, _sessions_of(written, promoted))
             except ConflictError:
                 pass
         if events:
