@@ -174,7 +174,8 @@ def test_blank_text_is_refused_by_the_schema_the_dashboard_publishes(
         refused = client.post("/dashboard/api/memories", json=body, headers=writer)
         assert refused.status_code == 422, refused.text
     assert h.count() == before
-    assert client.post("/dashboard/api/memories", json={"content": "a note"}, headers=writer).status_code == 201
+    written = client.post("/dashboard/api/memories", json={"content": "a note"}, headers=writer)
+    assert written.status_code == 201
 
 
 # ---- aggregation --------------------------------------------------------------------------------------
