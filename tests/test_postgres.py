@@ -110,6 +110,10 @@ def test_url_switches_take_on_or_off_and_nothing_else() -> None:
     with pytest.raises(ConfigError, match="replica"):  # read-your-writes waits for a replica
         parse_url("postgresql://u@h/db?read_your_writes=on")
     replica = "postgresql%3A%2F%2Fu%40r%2Fdb"
+    with pytest.raises(ConfigError, match="did you mean pool_size"):  # a typo: before any connection
+        parse_url("postgresql://u@h/db?poolsize=4")
+    with pytest.raises(ConfigError, match="did you mean sslmode"):
+        parse_url("postgresql://u@h/db?ssl_mode=require")
     assert parse_url(f"postgresql://u@h/db?replica={replica}&read_your_writes=1").read_your_writes
 
 

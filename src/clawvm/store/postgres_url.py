@@ -7,9 +7,13 @@ to libpq as written, which percent-decodes it itself. Pure functions: nothing he
 
 from __future__ import annotations
 
+import difflib
+import functools
 import re
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse, urlunparse
+
+from psycopg import pq
 
 from clawvm.core.errors import ConfigError
 
@@ -63,6 +67,23 @@ def _flag(name: str, value: str) -> bool:
     raise ConfigError(f"{name}={value!r} in the store URL is not on or off: pass {name}=on or {name}=off")
 
 
+@functools.cache
+def _libpq_parameters() -> frozenset[str]:
+    """The parameters the libpq that will read the URL knows (its own list: versions add some)."""
+    return frozenset(option.keyword.decode() for option in pq.Conninfo.get_defaults())
+
+
+def _check_libpq_parameter(key: str) -> None:
+    """A parameter neither ours nor libpq's is a typo: refused here with the nearest names, rather than by
+    libpq at the first connection as an "invalid URI query parameter"."""
+    known = _libpq_parameters()
+    if key in known:
+        return
+    near = difflib.get_close_matches(key, [*_OURS, *sorted(known)], n=2)
+    hint = f"did you mean {' or '.join(near)}?" if near else f"ClawVM's own are {', '.join(_OURS)}"
+    raise ConfigError(f"{key!r} in the store URL is neither a libpq parameter nor ClawVM's: {hint}")
+
+
 def parse_url(url: str) -> PgUrl:
     """Split a store URL into the libpq conninfo and our own parameters (see :class:`PgUrl`)."""
     parts = urlparse(url)
@@ -75,6 +96,7 @@ def parse_url(url: str) -> PgUrl:
         if key in _OURS:
             ours[key] = value
             continue
+        _check_libpq_parameter(key)
         if key == "options":
             libpq_options = value
         rest.append(raw)  # verbatim: libpq percent-decodes it itself ("+" is no space to libpq)
