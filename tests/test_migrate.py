@@ -137,6 +137,7 @@ def test_cli_migrates_sqlite_to_postgres_and_back(tmp_path: Path) -> None:
     assert there.exit_code == 0, there.output
     assert f"copied {len(ms)} memories, {len(ms) - 2} vectors, {len(ms) + 1} events" in there.output
     assert "verified: counts and checksums match" in there.output
+    assert "memories" not in there.output.splitlines()  # no progress bar drawn where no terminal shows it
     back = runner.invoke(main, ["migrate", "--from", pg, "--to", str(b)])
     assert back.exit_code == 0 and "verified" in back.output, back.output
     again = runner.invoke(main, ["migrate", "--from", str(a), "--to", pg])

@@ -269,13 +269,16 @@ def migrate_command(source: str, target: str, batch: int, dim: int, no_verify: b
             raise click.UsageError(f"--from: {source} holds no memories, events or keys: check the store URL")
         dst.setup()
         try:
-            with click.progressbar(length=src.count(), label="memories", file=sys.stderr) as bar:
+            if not sys.stderr.isatty():  # a bar drawn into a log or a pipe is noise
+                report = migrate(src, dst, batch=batch, verify=not no_verify)
+            else:
+                with click.progressbar(length=src.count(), label="memories", file=sys.stderr) as bar:
 
-                def progress(what: str, n: int) -> None:
-                    if what == "memories":
-                        bar.update(n)
+                    def progress(what: str, n: int) -> None:
+                        if what == "memories":
+                            bar.update(n)
 
-                report = migrate(src, dst, batch=batch, verify=not no_verify, progress=progress)
+                    report = migrate(src, dst, batch=batch, verify=not no_verify, progress=progress)
         finally:
             dst.close()
     finally:
