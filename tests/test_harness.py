@@ -21,8 +21,10 @@ from clawvm import (
     Harness,
     NotFoundError,
     RecallConfig,
+    State,
     ValidationError,
 )
+from clawvm.core.model import build_memory, moved_on
 from clawvm.store import MemoryStore, Query, QueryResult, SQLiteStore
 from engines import harness_target
 
@@ -102,6 +104,36 @@ def test_recall_argument_validation(harness: Harness) -> None:
         harness.recall("x", k=0)
     assert exc.value.field == "k"
     assert harness.recall("nothing stored yet") == []
+
+
+def test_the_harness_bookkeeping_never_makes_an_update_conflict(harness: Harness) -> None:
+    """An access (a tracked recall), a promotion or a page-out is the harness's own bookkeeping: it makes a
+    new version, but an update expecting the version read before it still goes ahead. Any other write in
+    between (a pin here) is a change the caller has not seen: a conflict."""
+    m = harness.record("the cache hit rate dropped to ten percent", session_id="s1")
+    assert [h.id for h in harness.recall("cache hit rate", preset="bm25")] == [m.id]
+    harness.flush()  # the pager pass writes the access
+    accessed = harness.get(m.id)
+    assert accessed.access_count == 1 and accessed.version == 2 and accessed.changed_version == 1
+    u = harness.update(m.id, expected_version=m.version, state="success")
+    assert u.version == 3 and u.changed_version is None and u.state is State.SUCCESS
+    with pytest.raises(ConflictError):  # the update is a change: version 1 is stale now
+        harness.update(m.id, expected_version=m.version, state="error")
+    harness.recall("cache hit rate", preset="bm25")
+    harness.flush()
+    assert harness.update(m.id, expected_version=u.version, content="the rate recovered").version == 5
+    pinned = harness.pin(m.id)
+    with pytest.raises(ConflictError):
+        harness.update(m.id, expected_version=pinned.version - 1, state="error")
+
+
+def test_changed_version_is_below_the_version() -> None:
+    # a copy into a new memory (a compressed original, a revision) is changed at its own version
+    assert build_memory({"content": "x", "version": 2, "changed_version": 2}).changed_version is None
+    m = build_memory({"content": "x", "version": 5, "changed_version": 3})
+    assert [moved_on(m, v) for v in range(1, 7)] == [True, True, False, False, False, True]
+    fresh = build_memory({"content": "x", "version": 5})
+    assert [moved_on(fresh, v) for v in (4, 5, 6)] == [True, False, True]
 
 
 def test_update_with_expected_version(harness: Harness) -> None:

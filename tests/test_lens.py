@@ -64,6 +64,7 @@ def test_working_hit_rate_latency_and_regret(h: Harness, clock: ReplayClock) -> 
     assert [x.id for x in h.recall("cardinal webhook secret", k=1, preset="bm25")] == [gone.id]  # regret
     h.recall("nothing matches zyxwv", k=3, preset="bm25")
     h.recall("payment gateway", k=1, preset="bm25", track=False)  # untracked: not counted
+    h.page()  # the pass that writes the recalls' bookkeeping and events
 
     m = Lens(h).metrics()
     assert m["needs"] == 3 and m["working_hit_rate"] == pytest.approx(1 / 3, abs=1e-4)

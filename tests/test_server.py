@@ -152,7 +152,18 @@ def test_recall_and_context_explain_their_evidence(env: Env) -> None:
         "/v1/recall", json={"query": "why did the deploy fail", "k": 2}, headers=env.auth()
     ).json()
     assert hits[0]["id"] == disk["id"] and "lexical" in hits[0]["explain"]
-    assert hits[0]["memory"]["access_count"] == 1  # tracked by default for an agent
+    # tracked by default for an agent: the background pager writes the access soon after the answer
+    deadline = time.monotonic() + 10
+    while (stored := env.client.get(f"/v1/memories/{disk['id']}", headers=env.auth()).json())[
+        "access_count"
+    ] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stored["access_count"] == 1 and stored["version"] == 2 and stored["changed_version"] == 1
+    # that bookkeeping is no change to the caller who read version 1
+    patched = env.client.patch(
+        f"/v1/memories/{disk['id']}", json={"expected_version": 1, "state": "success"}, headers=env.auth()
+    )
+    assert patched.status_code == 200 and patched.json()["version"] == 3
     ctx = env.client.post(
         "/v1/context",
         json={"query": "deploy disk", "budget_tokens": 200, "session_id": "s1"},

@@ -28,6 +28,7 @@ from clawvm import Filters, Harness, Kind, Memory, Status, StoreError, Tier, Val
 from clawvm.core.embed import count_tokens
 from clawvm.core.model import build_memory
 from clawvm.store import MemoryStore
+from clawvm.vm import working as working_module
 from clawvm.vm.tiers import ORDER, Pager, PagerConfig, TierBudgets, value_per_token
 from clawvm.write.commit import CommitPath
 from clawvm.write.redaction import Redactor
@@ -289,15 +290,17 @@ T0 = datetime(2030, 1, 1, 9, 0, tzinfo=UTC)
 
 
 def clocked(
-    budgets: TierBudgets = BUDGETS, target: str = "memory://", **kw: Any
+    budgets: TierBudgets = BUDGETS, target: str = "memory://", defer_access: bool = True, **kw: Any
 ) -> tuple[Harness, list[datetime]]:
     """A lexical-only harness on a fresh memory store whose clock the test moves (``now[0]``).
 
     BM25 recall keeps these pager tests independent of how the default preset fuses its channels.
+    ``defer_access=False``: a tracked recall writes its bookkeeping itself, before it returns.
     """
     now = [T0]
     kw.setdefault("preset", "bm25")
-    pager = PagerConfig(budgets=budgets, background=False)  # the tests run the pager's passes (h.page())
+    # the tests run the pager's passes (h.page())
+    pager = PagerConfig(budgets=budgets, background=False, defer_access=defer_access)
     h = Harness.open(target, embedder=None, pager=pager, clock=lambda: now[0], **kw)
     return h, now
 
@@ -369,9 +372,14 @@ def test_recall_promotes_a_demoted_memory_back_to_working() -> None:
         assert h.explain(target.id).value >= h.pager.config.promote_value
         hits = h.recall("refund payment timeout", k=1)
         assert hits[0].id == target.id
+        # the recall's bookkeeping waits for the next pass: the hit is as the recall read it
+        assert h.get(target.id) == hits[0].memory and h.working.accesses_pending()
+        assert not [e for e in h.events() if e.kind == "retrieve"]
+        h.page()
         after = h.get(target.id)
         assert after.tier is Tier.WORKING and after.access_count == 1 and after.last_accessed_at == now[0]
-        assert hits[0].memory.tier is Tier.WORKING
+        assert not h.working.accesses_pending()
+        assert [e.data["query"] for e in h.events() if e.kind == "retrieve"] == ["refund payment timeout"]
         promote = [e for e in h.events(memory_id=target.id) if e.kind == "promote"]
         assert promote and promote[-1].data["to"] == "working"
         assert promote[-1].data["reason"] == "warmed by retrieval"
@@ -384,7 +392,7 @@ def test_recall_promotes_a_demoted_memory_back_to_working() -> None:
 def test_recall_that_warms_many_leaves_the_paging_out_to_the_next_pass() -> None:
     """Promotions grow the working tier as records do: the session comes due, and the next pager pass (not
     the recall) brings it back within budget; the context built meanwhile stays within its own."""
-    h, now = clocked()
+    h, now = clocked(defer_access=False)
     with h:
         for i in range(12):
             h.record(f"note {i} about the Payment API", kind="user_input", session_id="s1", created_at=now[0])
@@ -411,6 +419,7 @@ def test_low_value_recalled_memories_are_not_promoted() -> None:
         assert h.explain(thought.id).value < h.pager.config.promote_value
         tier = h.get(thought.id).tier
         h.recall("refund timeout caching", k=1)
+        h.page()
         assert h.get(thought.id).tier is tier and h.get(thought.id).access_count == 1
 
 
@@ -506,6 +515,7 @@ def test_every_pager_move_is_an_event() -> None:
         h.record("short lived", session_id="s1", expires_at=now[0], created_at=now[0])
         h.tick()
         h.recall("entry 0 deploys refunds", k=3)
+        h.page()
         moves = [e for e in h.events(limit=10**6) if e.kind in ("promote", "demote", "archive")]
         assert {e.kind for e in moves} == {"promote", "demote", "archive"}
         for e in moves:
@@ -668,11 +678,12 @@ def test_a_recall_stamps_its_hits_accessed_in_utc_from_a_clock_in_another_zone()
     with Harness.open("memory://", embedder=None, preset="bm25", clock=lambda: local[0]) as h:
         m = h.record("the nightly backup finished", session_id="s1")
         local[0] += timedelta(hours=1)
-        hit = h.recall("nightly backup", k=1)[0].memory
-        assert hit.id == m.id and hit.access_count == 1 and hit.version == m.version + 1
+        assert h.recall("nightly backup", k=1)[0].id == m.id
+        h.flush()  # the pager's pass writes the recall's bookkeeping
+        hit = h.get(m.id)
+        assert hit.access_count == 1 and hit.version == m.version + 1
         assert hit.last_accessed_at == datetime(2030, 1, 1, 10, 0, tzinfo=UTC)
         assert hit.last_accessed_at.tzinfo is UTC  # stored in the one zone every memory uses
-        assert h.get(m.id) == hit
 
 
 def test_record_stamps_created_at_with_the_harness_clock() -> None:
@@ -968,11 +979,13 @@ def test_a_promotion_that_raced_a_pass_leaves_its_session_due() -> None:
         assert h.working.due() == [("default", "s1")]
 
 
-def test_the_pass_after_a_recall_pages_the_memories_it_warmed_out_last() -> None:
+@pytest.mark.parametrize("defer_access", [True, False], ids=["deferred", "in the recall"])
+def test_the_pass_after_a_recall_pages_the_memories_it_warmed_out_last(defer_access: bool) -> None:
     """A long memory that a recall promotes has a low value per token, but the pass that pages its session
-    out moves the memories the recall did not touch first: a warm-up is not undone by the next pass."""
+    out moves the memories the recall did not touch first: a warm-up is not undone by the next pass (nor
+    by the pass that writes the recall's bookkeeping, when it waited for one)."""
     budgets = TierBudgets(working_tokens=1000, working_items=4, short_term_items=50, long_term_items=50)
-    h, now = clocked(budgets)
+    h, now = clocked(budgets, defer_access=defer_access)
     with h:
         long = h.record("the refund for the Payment API failed with a timeout. " * 8, kind="tool_result",
                         session_id="s1", created_at=now[0])
@@ -982,11 +995,105 @@ def test_the_pass_after_a_recall_pages_the_memories_it_warmed_out_last() -> None
         h.page()
         assert h.get(long.id).tier is Tier.SHORT_TERM
         assert h.recall("refund payment timeout", k=1)[0].id == long.id
-        assert h.get(long.id).tier is Tier.WORKING
-        assert h.working.due() == [("default", "s1")]
+        if not defer_access:
+            assert h.get(long.id).tier is Tier.WORKING
+            assert h.working.due() == [("default", "s1")]
         h.page()
         assert h.get(long.id).tier is Tier.WORKING
         assert len(h.list(limit=100, session_id="s1", tier="working")) <= 4
+
+
+# ---- a tracked recall's bookkeeping, written by the next pass (PagerConfig.defer_access) -----------------
+def test_recalls_of_one_memory_before_a_pass_count_each_in_one_write() -> None:
+    h, now = clocked()
+    with h:
+        m = h.record("the nightly backup finished at 03:10", session_id="s1", created_at=now[0])
+        now[0] += timedelta(minutes=5)
+        h.recall("nightly backup", k=1)
+        now[0] += timedelta(minutes=5)
+        h.recall("backup finished", k=1)
+        assert h.get(m.id).access_count == 0
+        h.page()
+        after = h.get(m.id)
+        assert after.access_count == 2 and after.last_accessed_at == now[0]
+        assert after.version == m.version + 1  # both recalls' bookkeeping in one write
+        assert [e.kind for e in h.events() if e.kind == "retrieve"] == ["retrieve", "retrieve"]
+        h.page()  # nothing left to write
+        assert h.get(m.id).version == after.version
+
+
+def test_a_memory_changed_or_deleted_after_its_recall_keeps_what_happened_since() -> None:
+    """The pass counts an access on the memory as stored now, not as the recall read it: an update made
+    in between stays, and a memory deleted in between counts nothing (and fails nothing)."""
+    h, now = clocked()
+    with h:
+        a = h.record("the deploy window is friday", session_id="s1", created_at=now[0])
+        b = h.record("the deploy freeze starts monday", session_id="s1", created_at=now[0])
+        assert {x.id for x in h.recall("deploy", k=2)} == {a.id, b.id}
+        h.update(a.id, content="the deploy window moved to thursday")
+        h.forget(b.id)
+        h.page()
+        after = h.get(a.id)
+        assert after.content == "the deploy window moved to thursday" and after.access_count == 1
+        assert [e.kind for e in h.events() if e.kind == "retrieve"] == ["retrieve"]
+
+
+def test_a_failed_write_of_the_bookkeeping_leaves_it_for_the_next_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    h, now = clocked()
+    with h:
+        m = h.record("the nightly backup finished", session_id="s1", created_at=now[0])
+        h.recall("nightly backup", k=1)
+
+        def unavailable(ids: Sequence[str]) -> dict[str, Memory]:
+            raise StoreError("the store is unavailable")
+
+        monkeypatch.setattr(h.working.store, "get_many", unavailable)
+        with pytest.raises(StoreError):
+            h.page()
+        assert h.working.accesses_pending()
+        monkeypatch.undo()
+        h.recall("backup finished", k=1)  # added to what the failed pass put back
+        h.page()
+        assert h.get(m.id).access_count == 2  # neither lost nor counted twice
+        assert len([e for e in h.events() if e.kind == "retrieve"]) == 2
+
+
+def test_a_recall_writes_the_bookkeeping_itself_when_too_much_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no background pager and no lifecycle boundary, the pending bookkeeping is bounded."""
+    monkeypatch.setattr(working_module, "ACCESS_BUFFER", 3)
+    h, _now = clocked()
+    with h:
+        ids = [h.record(f"note {i} about the backup", session_id="s1").id for i in range(3)]
+        h.recall("backup note", k=2)
+        assert h.working.accesses_pending()
+        h.recall("backup note", k=3)  # the third memory pending: this recall writes them all
+        assert not h.working.accesses_pending()
+        assert sorted(h.get(i).access_count for i in ids) == [1, 2, 2]
+
+
+def test_the_background_pager_writes_a_recalls_bookkeeping_without_a_boundary() -> None:
+    with Harness.open("memory://", embedder=None, preset="bm25") as h:
+        m = h.record("the nightly backup finished", session_id="s1")
+        h.recall("nightly backup", k=1)
+        deadline = time.monotonic() + 10
+        while h.get(m.id).access_count == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert h.get(m.id).access_count == 1 and not h.working.accesses_pending()
+
+
+def test_close_and_checkpoint_write_the_pending_bookkeeping(tmp_path: Path) -> None:
+    target = harness_target("sqlite", tmp_path)
+    h, now = clocked(target=target)
+    with h:
+        m = h.record("the nightly backup finished", session_id="s1", created_at=now[0])
+        h.recall("nightly backup", k=1)
+        h.checkpoint("s1", "after the recall")  # the snapshot sees the access
+        assert h.get(m.id).access_count == 1
+        h.recall("nightly backup", k=1)
+    with Harness.open(target, embedder=None) as again:
+        assert again.get(m.id).access_count == 2
 
 
 def test_a_failed_pass_keeps_the_sessions_it_did_not_finish_due() -> None:
@@ -997,7 +1104,7 @@ def test_a_failed_pass_keeps_the_sessions_it_did_not_finish_due() -> None:
         h.page()
         h.forget(h.list(limit=1, session_id="s1", tier="short_term")[0].id)  # a delete drops the whole view
         h.recall("payment api note", k=12)  # promotions into a session the view no longer holds
-        assert h.working.due() == [("default", "s1")]
+        assert h.working.accesses_pending() and h.working.due() == []
         real = h.pager.working_of
 
         def unavailable(tenant: str, sessions: Sequence[str]) -> dict[str, list[Memory]]:
@@ -1007,7 +1114,8 @@ def test_a_failed_pass_keeps_the_sessions_it_did_not_finish_due() -> None:
         with pytest.raises(StoreError):
             h.page()
         h.pager.working_of = real  # type: ignore[method-assign]
-        assert h.working.due() == [("default", "s1")]
+        # the pass wrote the recall's promotions before it failed: the session they grew stays due
+        assert h.working.due() == [("default", "s1")] and not h.working.accesses_pending()
         h.page()
         assert len(h.list(limit=100, session_id="s1", tier="working")) <= (BUDGETS.working_items or 0)
 

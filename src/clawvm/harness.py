@@ -41,6 +41,7 @@ from clawvm.core.model import (
     Status,
     Tier,
     build_memory,
+    moved_on,
     normalize_content,
     revalidate,
     utcnow,
@@ -333,7 +334,7 @@ class Harness:
             name = sorted(bad)[0]
             raise ValidationError(name, "cannot be changed", "record a new memory that revises this one")
         current = self.store.get(memory_id)
-        if expected_version is not None and current.version != expected_version:
+        if expected_version is not None and moved_on(current, expected_version):
             raise ConflictError(memory_id, expected_version, current.version)
         self._refuse_expired(current)
         # the stored redaction mark stays with the stored text: a caller can neither drop nor forge it; new
@@ -469,7 +470,9 @@ class Harness:
         """The ``k`` best memories for ``query`` under ``filters`` (default: this tenant, status active).
 
         With ``track`` (default) the hits count as accessed: their access stats grow and the pager may
-        promote them to the working tier.
+        promote them to the working tier. That bookkeeping (and the recall's event) is written by the next
+        pager pass, in the background or at the next lifecycle boundary (``flush()``, ``context()``,
+        ``close()``), not before the recall returns; ``PagerConfig(defer_access=False)`` writes it here.
         """
         if not isinstance(query, str):
             raise ValidationError("query", f"has type {type(query).__name__}", "pass a string")
@@ -488,11 +491,16 @@ class Harness:
         # a tracked recall is a stored access: logged (MemLens latency, hit rate, regret) in the same write
         # as the hits' access stats and promotions; the event log keeps no protected text either
         logged = self.redactor.scrub(query, self.tenant)
-        retrieved = _retrieve_event(self.tenant, self.now(), logged, k, hits, started)
+        now = self.now()
+        retrieved = _retrieve_event(self.tenant, now, logged, k, hits, started)
+        if self.pager.config.defer_access:  # written by the next pager pass, with the other recalls'
+            self.working.accessed([h.memory for h in hits], now, [retrieved])
+            self._wake_pager()
+            return hits
         if not hits:
             self.writer.log([retrieved])
             return hits
-        warmed = {m.id: m for m in self.working.warm([h.memory for h in hits], self.now(), [retrieved])}
+        warmed = {m.id: m for m in self.working.warm([h.memory for h in hits], now, [retrieved])}
         self._wake_pager()  # promotions that put a session past its high mark are paged out in a batch
         return [Recalled(warmed.get(h.id, h.memory), h.score, h.explain) for h in hits]
 
@@ -611,8 +619,9 @@ class Harness:
         self._page(None, give_way_s=self.pager.config.give_way_ms / 1000.0)  # records in flight come first
 
     def _wake_pager(self) -> None:
-        """Wake the background pager when a session is due (else the next lifecycle boundary pages it)."""
-        if self.pager.config.background and self.working.due():
+        """Wake the background pager when a session is due or recalls' bookkeeping waits (else the next
+        lifecycle boundary does it)."""
+        if self.pager.config.background and (self.working.due() or self.working.accesses_pending()):
             self._pager_thread.wake()
 
     def _pager_error(self, exc: Exception) -> None:
@@ -852,12 +861,14 @@ class Harness:
     def checkpoint(self, session_id: str, name: str) -> str:
         """Snapshot the session's tiers and value state; returns the checkpoint id."""
         session_id = self._stored_id(session_id)  # the id the session's memories were stored with
+        self.working.harvest(self.now())  # the tiers and access stats as the recalls so far left them
         return checkpoints.take(self.store, self.writer, self.tenant, session_id, name, self.now()).id
 
     @_exclusive
     def rollback(self, checkpoint_id: str) -> checkpoints.RollbackReport:
         """Restore a checkpoint; memories created after it become obsolete (kept for analytics). What is
         restored, exactly: :mod:`clawvm.vm.checkpoint`."""
+        self.working.harvest(self.now())  # recalls before it are written before it, not onto what it restores
         return checkpoints.rollback(self.store, self.pager, checkpoint_id, self.now(), self.tenant)
 
     # ---- context --------------------------------------------------------------------------------------
@@ -1027,7 +1038,7 @@ class Harness:
         self._pager_thread.stop()
         if self._query_embeds is not None and self._owns_query_embeds:
             self._query_embeds.close()
-        if self.working.due():
+        if self.working.due() or self.working.accesses_pending():
             self.page()
         if self._worker is not None:
             if wait:

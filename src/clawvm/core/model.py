@@ -216,6 +216,11 @@ class Memory(BaseModel):
     created_at: datetime = Field(default_factory=utcnow)
     expires_at: datetime | None = None
     version: int = Field(default=1, ge=1, le=MAX_COUNT)
+    # the version of the last change other than the harness's own bookkeeping (access counts, promotions,
+    # paging, value refreshes); None: this version. A caller's expected_version from any version since
+    # then is still current (moved_on): the harness's bookkeeping never makes an update conflict. Set by
+    # the commit path on every write (what a caller passes is not kept).
+    changed_version: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     tier: Tier = Tier.SHORT_TERM
     confidence: float = Field(default=1.0, ge=0.0, le=1.0)
     cost: Cost = Field(default_factory=Cost)
@@ -259,6 +264,13 @@ class Memory(BaseModel):
             _check_utf8(tag)
             seen.setdefault(tag, None)
         return list(seen)
+
+    @field_validator("changed_version")
+    @classmethod
+    def _changed_before(cls, v: int | None, info: ValidationInfo) -> int | None:
+        # a copy made into a new memory (a compressed original, a revision, an import) is changed at its
+        # own version, whatever its source said; the commit path sets the field on every write anyway
+        return None if v is not None and v >= info.data.get("version", 1) else v
 
     @field_validator("created_at", "expires_at", "last_accessed_at")
     @classmethod
@@ -433,6 +445,14 @@ def build_memory(fields: Mapping[str, Any]) -> Memory:
         return Memory.model_validate(dict(fields))
     except pydantic.ValidationError as exc:
         raise _translate(exc) from None
+
+
+def moved_on(current: Memory, expected_version: int) -> bool:
+    """Whether ``current`` changed since the caller read it at ``expected_version``: by a change other than
+    the harness's own bookkeeping since then (access counts, promotions, paging, value refreshes: see
+    ``Memory.changed_version``), or ``expected_version`` is one it never had."""
+    since = current.version if current.changed_version is None else current.changed_version
+    return not since <= expected_version <= current.version
 
 
 def revalidate(memory: Memory, changes: Mapping[str, Any]) -> Memory:

@@ -63,6 +63,7 @@ from clawvm.core.model import (
     Tier,
     Visibility,
     build_memory,
+    moved_on,
     normalize_content,
     revalidate,
 )
@@ -419,7 +420,7 @@ def revise(
     """
     current = h.store.get(memory_id)
     if current.status is Status.OBSOLETE or (
-        expected_version is not None and current.version != expected_version
+        expected_version is not None and moved_on(current, expected_version)
     ):
         raise ConflictError(memory_id, expected_version, current.version)
     check_write(h, current, agent_id or current.agent_id)

@@ -87,7 +87,7 @@ class Sweep:
         fresh = self.pager.value_now(m, now)
         if abs(fresh - m.value) <= 0.01:
             return None
-        self.pager.mutate(m, lambda _m: {}, now)
+        self.pager.mutate(m, lambda _m: {}, now, bookkeeping=True)
         data = {"value_before": round(m.value, 4), "value_after": round(fresh, 4)}
         return Event(kind=EventKind.REFRESH, memory_id=m.id, data=data, tenant=m.tenant, at=now)
 

@@ -37,14 +37,14 @@ Every move is an :class:`~clawvm.store.Event` with kind, memory, from/to tier, v
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import pairwise
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
-from clawvm.core.errors import ConflictError, ValidationError
+from clawvm.core.errors import ConflictError, NotFoundError, ValidationError
 from clawvm.core.model import Filters, Memory, Status, Tier, as_utc, revalidate
 from clawvm.core.openai_http import EndpointBudget, endpoint_budget
 from clawvm.store import Event
@@ -122,6 +122,10 @@ class PagerConfig:
     working_high: float = 1.0
     working_low: float = 0.75
     background: bool = True  # a pager thread per harness runs a pass as soon as a session comes due
+    # a tracked recall's bookkeeping (its hits' access counts and promotions, its event) is written by the
+    # next pager pass, like an operating system's pager harvesting accessed bits: one write for every
+    # recall since the last pass, off the recall's path. False writes it in the recall, before it returns.
+    defer_access: bool = True
     # records come first: a background pass gives way (waits, GIL released) at its steps while a record()
     # is in flight or one ended less than ``give_way_quiet_ms`` ago, at most ``give_way_ms`` in all per
     # pass, then goes on regardless (so endless records from several threads cannot starve it; the working
@@ -144,8 +148,9 @@ class PagerConfig:
             raise ValidationError(
                 "scoring", f"is a {type(self.scoring).__name__}", "pass clawvm.vm.scoring.ScoringConfig(...)"
             )
-        if not isinstance(self.background, bool):
-            raise ValidationError("background", f"is {self.background!r}", "pass True or False")
+        for flag in ("background", "defer_access"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValidationError(flag, f"is {getattr(self, flag)!r}", "pass True or False")
         if not _whole(self.compress_over_tokens) or self.compress_over_tokens < 0:
             raise ValidationError(
                 "compress_over_tokens", f"is {self.compress_over_tokens!r}", "pass a whole number, 0 or more"
@@ -195,6 +200,20 @@ def _one_pass(method: Callable[_P, _R]) -> Callable[_P, _R]:
             return method(*args, **kwargs)
 
     return run
+
+
+@dataclass(frozen=True)
+class Access:
+    """How often a memory was accessed since its bookkeeping was last written, and when last: what a pager
+    pass writes for the recalls it harvests (:meth:`clawvm.vm.working.WorkingTiers.harvest`)."""
+
+    times: int
+    last_at: datetime
+
+
+def _accessed(current: Memory, seen: Access) -> dict[str, Any]:
+    """The change that counts ``seen`` on ``current`` (a :meth:`Pager.mutate` change)."""
+    return {"access_count": current.access_count + seen.times, "last_accessed_at": seen.last_at}
 
 
 @dataclass(frozen=True)
@@ -276,27 +295,37 @@ class Pager:
         *,
         keep_value: bool = False,
         event: Callable[[Memory, Memory], Event] | None = None,
+        bookkeeping: bool = False,
     ) -> Memory:
         """Apply ``change(current)`` as a new version, re-reading and retrying when someone else wrote.
 
         The value is recomputed as of ``now``, unless ``keep_value`` (a rollback restores the value the
         checkpoint saw, exactly: ``change`` then sets it). ``event(before, after)`` is written with the
-        change, in the same step."""
+        change, in the same step. ``bookkeeping``: the harness's own (see :meth:`CommitPath.write`)."""
         for _ in range(20):
             changed = revalidate(memory, {**change(memory), "version": memory.version + 1})
             if not keep_value:
                 changed = revalidate(changed, {"value": value(changed, now, self.config.scoring)})
             try:
-                return self.writer.write([changed], None, [] if event is None else [event(memory, changed)])[
-                    0
-                ]
+                events = [] if event is None else [event(memory, changed)]
+                return self.writer.write([changed], None, events, bookkeeping=bookkeeping)[0]
             except ConflictError:
                 memory = self.store.get(memory.id)
         raise ConflictError(memory.id, memory.version, None)
 
     @_one_pass
-    def move(self, memory: Memory, to: Tier, reason: str, now: datetime, **changes: Any) -> Memory:
-        """Store ``memory`` in tier ``to`` and log the move (kind promote/demote/archive)."""
+    def move(
+        self,
+        memory: Memory,
+        to: Tier,
+        reason: str,
+        now: datetime,
+        *,
+        bookkeeping: bool = False,
+        **changes: Any,
+    ) -> Memory:
+        """Store ``memory`` in tier ``to`` and log the move (kind promote/demote/archive). ``bookkeeping``:
+        the pager's own move (paging, a recall's promotion), not a caller's (see ``CommitPath.write``)."""
 
         def moved_event(current: Memory, after: Memory) -> Event:
             kind = (
@@ -308,7 +337,9 @@ class Pager:
             return _move_event(kind, current, to, before, after.value, reason, now, current.tier)
 
         self.give_way()
-        moved = self.mutate(memory, lambda _m: {**changes, "tier": to}, now, event=moved_event)
+        moved = self.mutate(
+            memory, lambda _m: {**changes, "tier": to}, now, event=moved_event, bookkeeping=bookkeeping
+        )
         if to is Tier.ARCHIVE and self._compress is not None:
             try:
                 moved = self._compress(moved, reason)
@@ -389,7 +420,9 @@ class Pager:
             slack = working_slack if tier is Tier.WORKING else cfg.slack
             chosen = self._victims(members, items, tokens, slack, now, protect)
             if below is Tier.ARCHIVE:  # archive-bound moves may compress: one by one
-                moved.extend(self.move(v, below, f"{tier.value} over budget", now) for v in chosen)
+                moved.extend(
+                    self.move(v, below, f"{tier.value} over budget", now, bookkeeping=True) for v in chosen
+                )
             else:
                 moved.extend(self.move_many(chosen, below, f"{tier.value} over budget", now))
         return moved
@@ -456,11 +489,11 @@ class Pager:
         changed, events = self._demotions(memories, to, reason, now)
         self.give_way()
         try:
-            return self.writer.write(changed, None, events)
+            return self.writer.write(changed, None, events, bookkeeping=True)
         except ConflictError:  # each from its stored version, if it is still in the tier it was chosen from
             stored = self.store.get_many([m.id for m in memories])
             return [
-                self.move(current, to, reason, now)
+                self.move(current, to, reason, now, bookkeeping=True)
                 for m in memories
                 if (current := stored.get(m.id)) is not None and current.tier is m.tier
             ]
@@ -473,25 +506,42 @@ class Pager:
         last = max(max(m.created_at, m.last_accessed_at or m.created_at) for m in members)
         if (now - last).total_seconds() < self.config.session_idle_hours * 3600:
             return []
-        return [self.move(m, Tier.SHORT_TERM, "session idle", now) for m in members if not m.pinned]
+        idle = [m for m in members if not m.pinned]
+        return [self.move(m, Tier.SHORT_TERM, "session idle", now, bookkeeping=True) for m in idle]
 
-    def warm(self, memories: Sequence[Memory], now: datetime, events: Sequence[Event] = ()) -> Warmed:
-        """Access bookkeeping for recalled memories; promotes the valuable ones back to working. Never
-        demotes: a working tier the promotions grew past its budget is the pager pass's to page out
+    def warm(
+        self,
+        memories: Sequence[Memory],
+        now: datetime,
+        events: Sequence[Event] = (),
+        accesses: Mapping[str, Access] | None = None,
+    ) -> Warmed:
+        """Access bookkeeping for recalled memories (each accessed once, at ``now``, unless ``accesses``
+        says otherwise); promotes the valuable ones back to working. Never demotes: a working tier the
+        promotions grew past its budget is the pager pass's to page out
         (:meth:`clawvm.vm.working.WorkingTiers.warm` makes its session due).
 
         One write for all of them (with ``events``, e.g. the recall's own); when one changed since it was
         read, the whole batch is redone one by one, each re-read and retried.
         """
+        if not memories:
+            if events:
+                self.writer.log(events)
+            return Warmed([], {})
         out: list[Memory] = []
         moves: list[Event] = []
         promoted: set[str] = set()
-        at = as_utc(now)
+        once = Access(1, now)
         for m in memories:
-            # counts that grow by one and a UTC time: valid by construction, so a copy, not a re-validation
+            seen = once if accesses is None else accesses.get(m.id, once)
+            # counts that grow and a UTC time: valid by construction, so a copy, not a re-validation
             # (which cost ~150 µs a hit, 1.5 ms of a tracked recall); value() is within [0, 1] likewise
             touched = m.model_copy(
-                update={"access_count": m.access_count + 1, "last_accessed_at": at, "version": m.version + 1}
+                update={
+                    "access_count": m.access_count + seen.times,
+                    "last_accessed_at": as_utc(seen.last_at),
+                    "version": m.version + 1,
+                }
             )
             touched = touched.model_copy(update={"value": value(touched, now, self.config.scoring)})
             if self._promotable(touched):
@@ -511,13 +561,13 @@ class Pager:
             out.append(touched)
         if len({m.id for m in out}) == len(out):  # a write names each memory once
             try:
-                written = self.writer.write(out, None, [*events, *moves])
+                written = self.writer.write(out, None, [*events, *moves], bookkeeping=True)
                 return Warmed(written, _sessions_of(written, promoted))
             except ConflictError:
                 pass
         if events:
             self.writer.log(events)
-        return self._warm_each(memories, now)
+        return self._warm_each(memories, now, accesses)
 
     def _promotable(self, m: Memory) -> bool:
         _, max_tokens = self.config.budgets.limits(Tier.WORKING)
@@ -528,15 +578,19 @@ class Pager:
             and (max_tokens is None or m.session_id is None or m.token_count <= max_tokens)
         )
 
-    def _warm_each(self, memories: Sequence[Memory], now: datetime) -> Warmed:
+    def _warm_each(
+        self, memories: Sequence[Memory], now: datetime, accesses: Mapping[str, Access] | None
+    ) -> Warmed:
         out = []
         promoted: set[str] = set()
         for m in memories:
-            touched = self.mutate(
-                m, lambda cur: {"access_count": cur.access_count + 1, "last_accessed_at": now}, now
-            )
+            seen = Access(1, now) if accesses is None else accesses.get(m.id, Access(1, now))
+            try:
+                touched = self.mutate(m, functools.partial(_accessed, seen=seen), now, bookkeeping=True)
+            except NotFoundError:  # deleted since it was read: no access left to count
+                continue
             if self._promotable(touched):  # judged on the stored version: it may have moved since the read
-                touched = self.move(touched, Tier.WORKING, "warmed by retrieval", now)
+                touched = self.move(touched, Tier.WORKING, "warmed by retrieval", now, bookkeeping=True)
                 promoted.add(touched.id)
             out.append(touched)
         return Warmed(out, _sessions_of(out, promoted))

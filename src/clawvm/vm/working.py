@@ -7,11 +7,16 @@ working tier; a session past the high watermark (``PagerConfig.working_high`` of
 (``working_low``), and each tier below it sheds into, one tier down likewise (a record made straight into
 a tier below working makes its session due too); :class:`PagerThread` runs it in the background when a
 session comes due, and the harness runs it at every lifecycle boundary (``context()``, ``flush()``,
-``tick()``, ``close()``). A tracked recall's promotions grow the working tier the same way
-(:meth:`WorkingTiers.warm`): the recall writes its bookkeeping and leaves the paging out to the pass. So a
-working tier may hold more than its budget between a record or a recall and the next pass, never after it;
-a built context never exceeds its own budget whatever the tiers hold. The pass pages the memories a recall
-just warmed out last, and a pass that fails leaves the sessions it did not finish due for the next one.
+``tick()``, ``close()``). A tracked recall's promotions grow the working tier the same way: the recall
+leaves its bookkeeping (its hits' access counts and promotions, its event) to the next pass, as an operating
+system's pager harvests the accessed bits (:meth:`WorkingTiers.accessed`, then :meth:`WorkingTiers.harvest`
+at the start of the pass: one write for all the recalls since the last, each access counted on the memory
+as stored by then), or writes it itself with ``PagerConfig(defer_access=False)`` (:meth:`WorkingTiers.warm`).
+So a working tier may hold more than its budget between a record or a recall and the next pass, never
+after it; a built context never exceeds its own budget whatever the tiers hold. The pass pages the memories
+a recall just warmed out last, and a pass that fails leaves the sessions it did not finish due, and the
+bookkeeping it did not write pending, for the next one. Pending bookkeeping lives in this process until
+that pass: a crash loses access counts (never a memory), and other processes see them after it.
 
 :class:`WorkingTiers` keeps each session's working members as it last saw them, so a record does not read
 the tier back. The commit path tells it of every write (:meth:`WorkingTiers.forget`, a commit listener), as
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -40,7 +45,11 @@ import numpy as np
 from clawvm.core.model import Memory, Status, Tier
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
-from clawvm.vm.tiers import Pager
+from clawvm.vm.tiers import Access, Pager
+
+#: Memories whose recalls' bookkeeping may wait for a pass (see ``WorkingTiers.accessed``): past it, a
+#: recall writes it itself (a harness with no background pager and no lifecycle boundary for a long time).
+ACCESS_BUFFER = 1024
 
 #: Sessions whose working tier is remembered between records (each costs ~25 memories); a session beyond
 #: it is read back from the store on its next record (~0.3 ms at 100k memories).
@@ -73,6 +82,10 @@ class WorkingTiers:
         self.foreground_waiting: Callable[[], bool] = lambda: False
         self._pass_thread: int | None = None
         pager.give_way = self._give_way
+        # tracked recalls' bookkeeping waiting for the next pass (see accessed()): per memory, and the events
+        self._accesses: dict[str, Access] = {}
+        self._access_events: list[Event] = []
+        self._access_lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._members)
@@ -153,18 +166,67 @@ class WorkingTiers:
                 self._mark(key)
             return stored
 
-    def warm(self, memories: Sequence[Memory], now: datetime, events: Sequence[Event] = ()) -> list[Memory]:
-        """A recall's access bookkeeping and promotions (:meth:`Pager.warm`), which never demote: as for a
-        record, a session that the promotions put past its high watermark comes due for the pager, which
-        pages the memories just warmed out last (a session not held comes due unchecked: the pass reads it
-        and leaves it when it is within). Returns the memories as stored."""
-        warmed = self.pager.warm(memories, now, events)
+    def warm(
+        self,
+        memories: Sequence[Memory],
+        now: datetime,
+        events: Sequence[Event] = (),
+        accesses: Mapping[str, Access] | None = None,
+    ) -> list[Memory]:
+        """A recall's access bookkeeping and promotions (:meth:`Pager.warm`), written now, which never
+        demote: as for a record, a session that the promotions put past its high watermark comes due for
+        the pager, which pages the memories just warmed out last (a session not held comes due unchecked:
+        the pass reads it and leaves it when it is within). Returns the memories as stored."""
+        warmed = self.pager.warm(memories, now, events, accesses)
         with self._lock:  # the commit listener has added the promoted members to the sessions held
             for key, ids in warmed.grown.items():
                 held = self._members.get(key)
                 if held is None or self.pager.due(held):
                     self._mark(key, ids)
         return warmed.memories
+
+    def accessed(self, memories: Sequence[Memory], now: datetime, events: Sequence[Event] = ()) -> None:
+        """A tracked recall's hits (and its ``events``), for the next pass to write (:meth:`harvest`):
+        ``PagerConfig.defer_access``. Past ``ACCESS_BUFFER`` memories pending (no pass ran: no background
+        pager, no lifecycle boundary), the caller writes them itself."""
+        with self._access_lock:
+            for m in memories:
+                seen = self._accesses.get(m.id)
+                self._accesses[m.id] = Access(1 if seen is None else seen.times + 1, now)
+            self._access_events.extend(events)
+            full = len(self._accesses) >= ACCESS_BUFFER
+        if full:
+            self.harvest(now)
+
+    def accesses_pending(self) -> bool:
+        """Whether recalls' bookkeeping waits for the next pass."""
+        with self._access_lock:
+            return bool(self._accesses or self._access_events)
+
+    def harvest(self, now: datetime) -> list[Memory]:
+        """Write the bookkeeping of the recalls since the last harvest: each memory's access count grows by
+        the times it was recalled, from its current stored version (it may have changed since the recall
+        read it; one deleted since counts nothing), in one write with the recalls' events; promotions make
+        their sessions due as :meth:`warm`'s do. Returns the memories as stored. Runs at the start of every
+        pass; a failed write leaves the bookkeeping pending for the next one."""
+        with self._access_lock:
+            accesses, self._accesses = self._accesses, {}
+            events, self._access_events = self._access_events, []
+        if not accesses and not events:
+            return []
+        try:
+            current = self.store.get_many(list(accesses))
+            memories = [current[i] for i in accesses if i in current]
+            return self.warm(memories, now, events, accesses)
+        except Exception:
+            with self._access_lock:  # back in front of what came meanwhile, counts added up
+                for memory_id, seen in accesses.items():
+                    later = self._accesses.get(memory_id)
+                    self._accesses[memory_id] = (
+                        seen if later is None else Access(seen.times + later.times, later.last_at)
+                    )
+                self._access_events[:0] = events
+            raise
 
     def _mark(
         self, key: tuple[str, str], warmed: frozenset[str] = frozenset(), lower_grew: bool = False
@@ -219,6 +281,8 @@ class WorkingTiers:
                 self._give_way_until = time.monotonic() + give_way_s
                 self._pass_thread = threading.get_ident()
             try:
+                self._give_way()
+                self.harvest(now)  # promotions among them make their sessions due for this pass
                 return self._page_due(now)
             finally:
                 self._give_way_until = self._pass_thread = None

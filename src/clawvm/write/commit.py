@@ -76,7 +76,12 @@ class Writer(Protocol):
     delete them, or log events that accompany no memory. Implemented by :class:`CommitPath`."""
 
     def write(
-        self, memories: Sequence[Memory], vectors: np.ndarray | None = None, events: Sequence[Event] = ()
+        self,
+        memories: Sequence[Memory],
+        vectors: np.ndarray | None = None,
+        events: Sequence[Event] = (),
+        *,
+        bookkeeping: bool = False,
     ) -> list[Memory]: ...
 
     def delete(self, memories: Sequence[Memory], events: Sequence[Event] = ()) -> int: ...
@@ -86,6 +91,19 @@ class Writer(Protocol):
     def scrub(self, text: str, tenant: str) -> str: ...
 
     def identifier(self, value: str, tenant: str) -> str: ...
+
+
+def _versioned(memory: Memory, bookkeeping: bool) -> Memory:
+    """``memory`` with the ``changed_version`` its write gives it (see :meth:`CommitPath.write`): a change
+    clears it (None: this version), bookkeeping keeps the last change's (the version before this one, when
+    that was the change)."""
+    if bookkeeping:
+        if memory.changed_version is not None or memory.version == 1:
+            return memory
+        return memory.model_copy(update={"changed_version": memory.version - 1})
+    if memory.changed_version is None:
+        return memory
+    return memory.model_copy(update={"changed_version": None})
 
 
 class _CleanTexts:
@@ -149,13 +167,22 @@ class CommitPath:
 
     # ---- the writes ---------------------------------------------------------------------------------
     def write(
-        self, memories: Sequence[Memory], vectors: np.ndarray | None = None, events: Sequence[Event] = ()
+        self,
+        memories: Sequence[Memory],
+        vectors: np.ndarray | None = None,
+        events: Sequence[Event] = (),
+        *,
+        bookkeeping: bool = False,
     ) -> list[Memory]:
         """Store ``memories`` (new ones at any version, changed ones at stored version + 1), the vectors of
         the first ones (``vectors``: one row each, in order) and ``events``, atomically. Returns the
-        memories as stored. :class:`clawvm.ConflictError` when a version moved on: nothing is written."""
+        memories as stored. :class:`clawvm.ConflictError` when a version moved on: nothing is written.
+
+        ``bookkeeping``: the harness's own changes (access counts, promotions, paging, value refreshes),
+        which keep each memory's ``changed_version`` (the version a caller's ``expected_version`` must not
+        be older than); any other write is a change, and sets it to the new version."""
         self._validate(memories)
-        stored = [self._redacted(m) for m in memories]
+        stored = [self._redacted(_versioned(m, bookkeeping)) for m in memories]
         self._store.write(stored, vectors, [self._scrubbed(e) for e in events])
         self._notify(stored, ())
         return stored

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from clawvm.core.errors import ConflictError
-from clawvm.core.model import Memory
+from clawvm.core.model import Memory, moved_on
 from clawvm.server.auth import Admin, Reader, Writer
 from clawvm.server.idempotency import IdempotencyKey, keyed_id, once
 from clawvm.server.routes.params import MemoryId
@@ -79,7 +79,7 @@ def update_memory(memory_id: MemoryId, body: UpdateRequest, caller: Writer) -> M
     changes = body.changes()
     if not changes:
         current = caller.harness.get(memory_id)
-        if body.expected_version is not None and body.expected_version != current.version:
+        if body.expected_version is not None and moved_on(current, body.expected_version):
             raise ConflictError(memory_id, body.expected_version, current.version)
         return shown(caller.principal, current)
     updated = caller.harness.update(memory_id, expected_version=body.expected_version, **changes)
