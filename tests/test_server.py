@@ -1054,6 +1054,15 @@ BAD_INPUT: list[tuple[str, str, str, dict[str, Any], int, str, str]] = [
         "expires_at",
     ),
     (
+        "a date in ISO 8601's basic form (1053-11-20), which is no RFC 3339 date-time",
+        "GET",
+        "/v1/memories",
+        {"params": {"created_after": "10531120"}},
+        422,
+        "validation_error",
+        "created_after",
+    ),
+    (
         "huge tag list",
         "POST",
         "/v1/memories",

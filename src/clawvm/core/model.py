@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -116,17 +117,34 @@ def as_utc(v: datetime) -> datetime:
         raise ValueError("is out of range once converted to UTC") from None
 
 
+# the date-time of RFC 3339 (the OpenAPI "date-time" format), seconds and offset optional (no offset: UTC);
+# not the other ISO 8601 forms Python reads, such as "10531120" (the basic form of 1053-11-20)
+_DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}(:\d{2}(\.\d+)?)?([Zz]|[+-]\d{2}:\d{2})?")
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
 def iso_datetime(v: Any) -> Any:
-    """A datetime given over HTTP, as ISO 8601 text (pydantic's lax mode would also take a number of seconds,
+    """A datetime given over HTTP, as RFC 3339 text (pydantic's lax mode would also take a number of seconds,
     even as text: ``"0"``); a datetime passes as it is. For ``BeforeValidator`` at the edges."""
+    return _parsed_datetime(v, _DATE_TIME)
+
+
+def iso_date_or_datetime(v: Any) -> Any:
+    """:func:`iso_datetime`, or a date alone (midnight UTC): a browser's date input."""
+    return _parsed_datetime(v, _DATE if isinstance(v, str) and len(v) == 10 else _DATE_TIME)
+
+
+def _parsed_datetime(v: Any, form: re.Pattern[str]) -> Any:
     if isinstance(v, datetime):
         return v
     if not isinstance(v, str):
         raise ValueError(f"has type {type(v).__name__}: pass an ISO 8601 datetime string")
     try:
-        return datetime.fromisoformat(v)
+        if form.fullmatch(v):
+            return datetime.fromisoformat(v)
     except ValueError:
-        raise ValueError(f"is {v[:40]!r}: pass an ISO 8601 datetime such as 2026-01-31T12:00:00Z") from None
+        pass
+    raise ValueError(f"is {v[:40]!r}: pass an ISO 8601 datetime such as 2026-01-31T12:00:00Z")
 
 
 def utcnow() -> datetime:

@@ -26,7 +26,7 @@ from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from clawvm.core.errors import NotFoundError, ValidationError
-from clawvm.core.model import NON_BLANK, Kind, as_utc, iso_datetime
+from clawvm.core.model import NON_BLANK, Kind, as_utc, iso_date_or_datetime
 from clawvm.dashboard import debug, views
 from clawvm.harness import Harness
 from clawvm.observe.learning import intervene, weights_of
@@ -89,8 +89,8 @@ class FilterQuery(BaseModel):
     tool: str | None = Field(default=None, max_length=500)
     tag: str | None = Field(default=None, max_length=500)
     status: str | None = Field(default=None, max_length=50)
-    since: Annotated[datetime, BeforeValidator(iso_datetime)] | None = None
-    until: Annotated[datetime, BeforeValidator(iso_datetime)] | None = None
+    since: Annotated[datetime, BeforeValidator(iso_date_or_datetime)] | None = None
+    until: Annotated[datetime, BeforeValidator(iso_date_or_datetime)] | None = None
 
     def as_filter(self) -> views.RowFilter:
         given = {k: v for k, v in self.model_dump().items() if v not in (None, "")}
