@@ -351,6 +351,41 @@ def measure_e2e(h: clawvm.Harness, queries: list[tuple[int, str, np.ndarray]], w
     }
 
 
+def measure_tracked(
+    h: clawvm.Harness, path: Path, queries: list[tuple[int, str, np.ndarray]], block: int = 25
+) -> dict[str, Any]:
+    """Tracked recall (the default: its bookkeeping is written by the pager's next pass) and tracked recall
+    that writes it itself (``PagerConfig(defer_access=False)``, a second harness on the same file and
+    embedder) beside untracked recall, on the same queries, a block of ``block`` at a time, the order of
+    the three kinds rotating from block to block; each block starts with no pass due (reported)."""
+    in_recall = clawvm.Harness.open(path, embedder=h.embedder, pager=clawvm.PagerConfig(defer_access=False))
+    kinds = {
+        "untracked": lambda t: h.recall(t, k=10, track=False),
+        "tracked": lambda t: h.recall(t, k=10),
+        "in_recall": lambda t: in_recall.recall(t, k=10),
+    }
+    took: dict[str, list[float]] = {name: [] for name in kinds}
+    names = list(kinds)
+    try:
+        for i, start in enumerate(range(0, len(queries), block)):
+            for name in names[i % 3 :] + names[: i % 3]:
+                h.page()
+                in_recall.page()
+                recall = kinds[name]
+                for _, text, _ in queries[start : start + block]:
+                    took[name].append(ms_of(lambda r=recall, t=text: r(t))[0])
+    finally:
+        in_recall.close()
+    base = pct(took["untracked"], 50)
+    return {
+        "tracked_ratio": round(pct(took["tracked"], 50) / base, 2),
+        "tracked_in_recall_ratio": round(pct(took["in_recall"], 50) / base, 2),
+        "untracked_beside_tracked_p50_ms": base,
+        "tracked_p50_ms": pct(took["tracked"], 50),
+        "tracked_in_recall_p50_ms": pct(took["in_recall"], 50),
+    }
+
+
 # ---- ingest ----------------------------------------------------------------------------------------------
 def measure_ingest(work: Path, count: int) -> dict[str, Any]:
     batch = next(Corpus(seed=123).batches(count))
@@ -425,6 +460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             res.update(measure_recall(h, queries, args.warmup))
             print("e2e ...", flush=True)
             res.update(measure_e2e(h, queries[: 100 + args.warmup], args.warmup))
+            print("tracked ...", flush=True)
+            res.update(measure_tracked(h, work / "store.db", queries[args.warmup : 100 + args.warmup]))
             print("record ...", flush=True)
             res.update(measure_record(h, work, args.records))
             print("snapshot stall ...", flush=True)
@@ -454,6 +491,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(p50 {res['recall_p50_ms']} / {res['recall_bare_p50_ms']})",
         ),
         ("e2e_ratio", f"p50 {res['e2e_recall_p50_ms']} ms vs embed_query {res['embed_query_p50_ms']} ms"),
+        (
+            "tracked_ratio",
+            f"tracked p50 {res['tracked_p50_ms']} ms vs untracked "
+            f"{res['untracked_beside_tracked_p50_ms']} ms; "
+            f"bookkeeping in the recall {res['tracked_in_recall_p50_ms']} ms "
+            f"(ratio {res['tracked_in_recall_ratio']})",
+        ),
         (
             "snapshot_stall_background_ms",
             f"the record that makes the periodic snapshot due: {res['snapshot_stall_background_ms']} ms "
