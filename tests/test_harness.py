@@ -20,8 +20,11 @@ from clawvm import (
     Filters,
     Harness,
     NotFoundError,
+    PagerConfig,
     RecallConfig,
     State,
+    Tier,
+    TierBudgets,
     ValidationError,
 )
 from clawvm.core.model import build_memory, moved_on
@@ -122,9 +125,34 @@ def test_the_harness_bookkeeping_never_makes_an_update_conflict(harness: Harness
     harness.recall("cache hit rate", preset="bm25")
     harness.flush()
     assert harness.update(m.id, expected_version=u.version, content="the rate recovered").version == 5
+    before_context = harness.get(m.id)
+    harness.context("cache hit rate", budget_tokens=200, session_id="s1")  # injected: bookkeeping too
+    assert harness.get(m.id).version > before_context.version
+    assert harness.update(m.id, expected_version=before_context.version, state="success")
     pinned = harness.pin(m.id)
     with pytest.raises(ConflictError):
         harness.update(m.id, expected_version=pinned.version - 1, state="error")
+    with pytest.raises(ValidationError) as exc:
+        harness.update(m.id, changed_version=1)
+    assert exc.value.field == "changed_version"
+
+
+def test_page_outs_and_promotions_never_make_an_update_conflict() -> None:
+    pager = PagerConfig(budgets=TierBudgets(working_items=2), background=False)
+    with Harness.open("memory://", embedder=None, preset="bm25", pager=pager) as h:
+        first = h.record("the deploy of build 7 failed on the disk check", session_id="s1")
+        for i in range(3):
+            h.record(f"coffee chat {i}", session_id="s1")
+        h.page()
+        paged = h.get(first.id)
+        assert paged.tier is not Tier.WORKING and paged.version > first.version
+        h.recall("deploy build disk check", k=1)
+        h.page()
+        promoted = h.get(first.id)
+        assert promoted.tier is Tier.WORKING and promoted.version > paged.version
+        assert promoted.changed_version == first.version
+        updated = h.update(first.id, expected_version=first.version, state="error")
+        assert updated.version == promoted.version + 1
 
 
 def test_changed_version_is_below_the_version() -> None:

@@ -75,6 +75,24 @@ def test_working_hit_rate_latency_and_regret(h: Harness, clock: ReplayClock) -> 
     assert m["regretted"][0]["id"] == gone.id
 
 
+def test_a_recall_before_an_eviction_is_no_regret_whenever_its_event_is_logged(
+    h: Harness, clock: ReplayClock
+) -> None:
+    """A tracked recall's event is logged by the pager's next pass: here after the expiry that followed
+    the recall (tick() runs it), so its number comes later, but its time says it came first."""
+    m = h.record("a temporary token for the staging deploy", session_id="s1",
+                 expires_at=T0 + timedelta(minutes=30))
+    h.recall("temporary token staging", k=1, preset="bm25")
+    clock.now = T0 + timedelta(hours=1)
+    h.tick()
+    assert h.get(m.id).tier is Tier.ARCHIVE
+    metrics = Lens(h).metrics()
+    assert metrics["evictions"] == 1 and metrics["eviction_regret"] == 0.0
+    h.recall("temporary token staging", k=1, preset="bm25", status="any")  # needed again after it
+    h.flush()
+    assert Lens(h).metrics()["eviction_regret"] == 1.0
+
+
 def test_context_tokens_and_quality_rates(h: Harness, clock: ReplayClock) -> None:
     a = h.record("deploy window is friday 18:00 lisbon time", session_id="s1")
     h.record("Deploy window is Friday   18:00 Lisbon time", session_id="s1")  # duplicate (case, spaces)

@@ -352,3 +352,15 @@ def test_filters_take_enum_values_as_strings_or_enums_and_pinned_as_true_or_fals
         with pytest.raises(ValidationError, match="tier"):
             h.count(tier="hot")
         assert h.count() == 2  # nothing was changed by the refusals
+
+
+def test_request_datetimes_are_rfc3339_date_times() -> None:
+    from clawvm.core.model import iso_date_or_datetime, iso_datetime
+
+    # RFC 3339 allows a lower-case t and z
+    assert iso_datetime("2026-01-31t12:00:00z") == datetime(2026, 1, 31, 12, tzinfo=UTC)
+    assert iso_datetime("2026-01-31T14:00+02:00") == datetime(2026, 1, 31, 12, tzinfo=UTC)
+    for wrong in ("10531120", "2026-01-31", "2026-01-31 12:00:00Z", "0", "2026-W05"):
+        with pytest.raises(ValueError, match="RFC 3339"):
+            iso_datetime(wrong)
+    assert iso_date_or_datetime("2026-01-31") == datetime(2026, 1, 31)  # a browser's date input

@@ -1054,6 +1054,15 @@ BAD_INPUT: list[tuple[str, str, str, dict[str, Any], int, str, str]] = [
         "expires_at",
     ),
     (
+        "a date-time that is not RFC 3339 (a space for the T)",
+        "GET",
+        "/v1/memories",
+        {"params": {"created_after": "2026-01-31 12:00:00Z"}},
+        422,
+        "validation_error",
+        "created_after",
+    ),
+    (
         "a date in ISO 8601's basic form (1053-11-20), which is no RFC 3339 date-time",
         "GET",
         "/v1/memories",

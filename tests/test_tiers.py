@@ -24,9 +24,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from clawvm import Filters, Harness, Kind, Memory, Status, StoreError, Tier, ValidationError
+from clawvm import ConflictError, Filters, Harness, Kind, Memory, Status, StoreError, Tier, ValidationError
 from clawvm.core.embed import count_tokens
 from clawvm.core.model import build_memory
+from clawvm.observe.learning import intervene
 from clawvm.store import MemoryStore
 from clawvm.vm import working as working_module
 from clawvm.vm.tiers import ORDER, Pager, PagerConfig, TierBudgets, value_per_token
@@ -1094,6 +1095,80 @@ def test_close_and_checkpoint_write_the_pending_bookkeeping(tmp_path: Path) -> N
         h.recall("nightly backup", k=1)
     with Harness.open(target, embedder=None) as again:
         assert again.get(m.id).access_count == 2
+
+
+def test_a_recall_made_before_a_manual_archive_counts_but_does_not_undo_it() -> None:
+    h, now = clocked()
+    with h:
+        m = h.record("the nightly backup finished at 03:10", kind="tool_result", session_id="s1",
+                     created_at=now[0])
+        h.pager.move(h.get(m.id), Tier.LONG_TERM, "test", now[0], bookkeeping=True)
+        assert h.explain(m.id).value >= h.pager.config.promote_value  # a recall would promote it
+        h.recall("nightly backup", k=1)
+        intervene(h, "archive", m.id)  # a person archives it before the pass writes the recall's access
+        h.page()
+        after = h.get(m.id)
+        assert after.tier is Tier.ARCHIVE and after.access_count == 1
+
+
+def test_a_bookkeeping_write_that_fails_part_way_counts_nothing_twice() -> None:
+    """The batch write conflicts, the one-by-one fallback logs the events and writes the first memory, then
+    fails: the next pass does not write any of it again."""
+    h, now = clocked()
+    with h:
+        a = h.record("backup one finished", session_id="s1", created_at=now[0])
+        b = h.record("backup two finished", session_id="s1", created_at=now[0])
+        assert len(h.recall("backup finished", k=2)) == 2
+        real_write, real_mutate = h.writer.write, h.pager.mutate
+        calls = itertools.count()
+
+        def write(ms: Any, v: Any = None, ev: Any = (), *, bookkeeping: bool = False) -> list[Memory]:
+            if bookkeeping and len(ms) > 1:
+                raise ConflictError(ms[0].id, 0, 0)  # someone else wrote one of them meanwhile
+            return real_write(ms, v, ev, bookkeeping=bookkeeping)
+
+        def mutate(*args: Any, **kwargs: Any) -> Memory:
+            if next(calls) == 1:
+                raise StoreError("the store is unavailable")
+            return real_mutate(*args, **kwargs)
+
+        h.writer.write, h.pager.mutate = write, mutate  # type: ignore[method-assign]
+        with pytest.raises(StoreError):
+            h.page()
+        h.writer.write, h.pager.mutate = real_write, real_mutate  # type: ignore[method-assign]
+        assert not h.working.accesses_pending()
+        h.page()
+        assert sorted(h.get(i).access_count for i in (a.id, b.id)) == [0, 1]
+        assert len([e for e in h.events() if e.kind == "retrieve"]) == 1
+
+
+def test_recalls_with_no_hit_are_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(working_module, "ACCESS_BUFFER", 3)
+    h, _now = clocked()
+    with h:
+        for _ in range(2):
+            h.recall("nothing matches zyxwv", k=3)
+        assert h.working.accesses_pending()
+        h.recall("nothing matches zyxwv", k=3)  # the third event pending: this recall writes them
+        assert not h.working.accesses_pending()
+        assert len([e for e in h.events() if e.kind == "retrieve"]) == 3
+
+
+def test_the_last_access_never_goes_back_in_time(tmp_path: Path) -> None:
+    """Two harnesses on one file: the one whose pass writes last recalled first."""
+    target = harness_target("sqlite", tmp_path)
+    h1, now = clocked(target=target)
+    h2, _ = clocked(target=target)
+    h2.clock = lambda: now[0]
+    with h1, h2:
+        m = h1.record("the nightly backup finished at 03:10", session_id="s1", created_at=now[0])
+        h1.recall("nightly backup", k=1)
+        now[0] += timedelta(hours=3)
+        h2.recall("nightly backup", k=1)
+        h2.flush()
+        h1.flush()
+        got = h1.get(m.id)
+        assert got.access_count == 2 and got.last_accessed_at == now[0]
 
 
 def test_a_failed_pass_keeps_the_sessions_it_did_not_finish_due() -> None:

@@ -103,7 +103,7 @@ def _exclusive(method: Callable[Concatenate[Harness, _P], _R]) -> Callable[Conca
 
 #: Sessions whose start_session preload a harness remembers (the oldest is forgotten first).
 PRELOADED_SESSIONS = 8192
-_IMMUTABLE = frozenset({"id", "created_at", "version", "tenant"})
+_IMMUTABLE = frozenset({"id", "created_at", "version", "changed_version", "tenant"})
 
 
 #: No context line costs fewer tokens than this (its label alone, ``[<short id> <date>] <kind>:``, is
@@ -494,7 +494,9 @@ class Harness:
         now = self.now()
         retrieved = _retrieve_event(self.tenant, now, logged, k, hits, started)
         if self.pager.config.defer_access:  # written by the next pager pass, with the other recalls'
-            self.working.accessed([h.memory for h in hits], now, [retrieved])
+            if self.working.accessed([h.memory for h in hits], now, [retrieved]):
+                with self._exclusive:  # too much waits (no pass for long): written here, in a turn
+                    self.working.harvest(now)
             self._wake_pager()
             return hits
         if not hits:
@@ -600,6 +602,8 @@ class Harness:
         :mod:`clawvm.vm.sweep`; its limits are ``self.sweep``'s). Returns ``expired``, ``refreshed`` and
         ``moved`` (tier moves), the due sessions' pager pass included."""
         now = self.now()
+        with self._exclusive:  # expiry and idleness read the access stats: the recalls' first
+            self.working.harvest(now)
         report = self.sweep.run(now).as_dict()
         report["moved"] += len(self.page(now))
         return report
@@ -1004,8 +1008,8 @@ class Harness:
                     change.update(access_count=m.access_count + 1, last_accessed_at=now)
                 changed = m.model_copy(update=change)
                 batch.append(changed.model_copy(update={"value": self.pager.value_now(changed, now)}))
-            try:
-                self.writer.write(batch)
+            try:  # the harness's own bookkeeping: no caller's update conflicts with it
+                self.writer.write(batch, bookkeeping=True)
                 return
             except ConflictError:
                 continue
@@ -1038,14 +1042,16 @@ class Harness:
         self._pager_thread.stop()
         if self._query_embeds is not None and self._owns_query_embeds:
             self._query_embeds.close()
-        if self.working.due() or self.working.accesses_pending():
-            self.page()
-        if self._worker is not None:
-            if wait:
-                self._worker.flush()
-            self._worker.stop()
-            self._worker = None
-        self.store.close()
+        try:
+            if self.working.due() or self.working.accesses_pending():
+                self.page()
+        finally:  # a last pass that failed still leaves the worker stopped and the store closed
+            if self._worker is not None:
+                if wait:
+                    self._worker.flush()
+                self._worker.stop()
+                self._worker = None
+            self.store.close()
 
     def __enter__(self) -> Harness:
         return self

@@ -138,13 +138,13 @@ def _parsed_datetime(v: Any, form: re.Pattern[str]) -> Any:
     if isinstance(v, datetime):
         return v
     if not isinstance(v, str):
-        raise ValueError(f"has type {type(v).__name__}: pass an ISO 8601 datetime string")
+        raise ValueError(f"has type {type(v).__name__}: pass an RFC 3339 date-time string")
     try:
         if form.fullmatch(v):
-            return datetime.fromisoformat(v)
+            return datetime.fromisoformat(v.upper())  # RFC 3339 allows "t" and "z", Python reads "T" and "Z"
     except ValueError:
         pass
-    raise ValueError(f"is {v[:40]!r}: pass an ISO 8601 datetime such as 2026-01-31T12:00:00Z")
+    raise ValueError(f"is {v[:40]!r}: pass an RFC 3339 date-time such as 2026-01-31T12:00:00Z")
 
 
 def utcnow() -> datetime:

@@ -266,7 +266,8 @@ class Move:
 class _Needs:
     total: int = 0
     hits: int = 0
-    evicted: dict[str, int] = field(default_factory=dict)  # memory -> seq of its pending eviction
+    # memory -> seq and time of its pending eviction
+    evicted: dict[str, tuple[int, datetime]] = field(default_factory=dict)
     evictions: int = 0
     regretted: list[tuple[str, int, int]] = field(default_factory=list)  # (memory, evicted seq, needed seq)
     # the same counts per memory ([needs, working hits, evictions, regrets]): what a session's metrics sum
@@ -410,7 +411,7 @@ class Lens:
         if isinstance(after, int | float):
             self.values[mid].append((e.at, float(after)))
         if e.kind == "archive":
-            self._evict(mid, seq)
+            self._evict(mid, seq, e.at)
         elif e.kind == "promote":
             self._need(mid, seq, None)
 
@@ -420,12 +421,12 @@ class Lens:
         for step in data.get("steps", []):
             mid = str(step)
             self.moves.append(Move(seq, e.at, mid, "archive", None, Tier.ARCHIVE.value, reason, None))
-            self._evict(mid, seq)
+            self._evict(mid, seq, e.at)
 
     def _on_compress(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
         reason = str(data.get("reason"))
         self.moves.append(Move(seq, e.at, e.memory_id or "", "compress", None, None, reason, None))
-        self._evict(e.memory_id or "", seq)
+        self._evict(e.memory_id or "", seq, e.at)
 
     def _on_value(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
         v = data.get("value", data.get("value_after"))
@@ -438,7 +439,9 @@ class Lens:
         for hit in data.get("hits", []):
             mid = str(hit["id"])
             touched.add(mid)
-            self._need(mid, seq, hit.get("tier"))
+            # a tracked recall's event is logged by the pager's next pass, maybe after an eviction that
+            # followed the recall: its time, not its number, says whether it came after the eviction
+            self._need(mid, seq, hit.get("tier"), e.at)
             if isinstance(hit.get("value"), int | float):
                 self.values[mid].append((e.at, float(hit["value"])))
 
@@ -496,7 +499,8 @@ class Lens:
     def _on_guidance(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
         self.guidance_events.append(e)
 
-    def _need(self, mid: str, seq: int, tier: str | None) -> None:
+    def _need(self, mid: str, seq: int, tier: str | None, at: datetime | None = None) -> None:
+        """A need of ``mid`` (event ``seq``, at ``at`` when its number may come later than its time)."""
         n = self._needs
         mine = n.per_memory[mid]
         if tier is not None:
@@ -504,14 +508,15 @@ class Lens:
             n.hits += tier == Tier.WORKING.value
             mine[0] += 1
             mine[1] += tier == Tier.WORKING.value
-        evicted = n.evicted.pop(mid, None)
-        if evicted is not None:
-            n.regretted.append((mid, evicted, seq))
+        evicted = n.evicted.get(mid)
+        if evicted is not None and (at is None or at >= evicted[1]):
+            del n.evicted[mid]
+            n.regretted.append((mid, evicted[0], seq))
             mine[3] += 1
 
-    def _evict(self, mid: str, seq: int) -> None:
+    def _evict(self, mid: str, seq: int, at: datetime) -> None:
         if mid and mid not in self._needs.evicted:
-            self._needs.evicted[mid] = seq
+            self._needs.evicted[mid] = (seq, at)
             self._needs.evictions += 1
             self._needs.per_memory[mid][2] += 1
 

@@ -44,8 +44,8 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
-from clawvm.core.errors import ConflictError, NotFoundError, ValidationError
-from clawvm.core.model import Filters, Memory, Status, Tier, as_utc, revalidate
+from clawvm.core.errors import ConflictError, NotFoundError, StoreError, ValidationError
+from clawvm.core.model import Filters, Memory, Status, Tier, as_utc, moved_on, revalidate
 from clawvm.core.openai_http import EndpointBudget, endpoint_budget
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
@@ -204,16 +204,39 @@ def _one_pass(method: Callable[_P, _R]) -> Callable[_P, _R]:
 
 @dataclass(frozen=True)
 class Access:
-    """How often a memory was accessed since its bookkeeping was last written, and when last: what a pager
-    pass writes for the recalls it harvests (:meth:`clawvm.vm.working.WorkingTiers.harvest`)."""
+    """How often a memory was accessed since its bookkeeping was last written, when last, and the latest
+    version those accesses read (None: the memory as given): what a pager pass writes for the recalls it
+    harvests (:meth:`clawvm.vm.working.WorkingTiers.harvest`)."""
 
     times: int
     last_at: datetime
+    read_version: int | None = None
+
+    def then(self, later: Access) -> Access:
+        """These accesses and ``later`` ones, as one."""
+        return Access(
+            self.times + later.times,
+            max(self.last_at, later.last_at),
+            max(self.read_version or 0, later.read_version or 0) or None,
+        )
+
+    def touch(self, current: Memory) -> dict[str, Any]:
+        """The change that counts these accesses on ``current``: its last access never goes back in time
+        (another process may have written a later one first)."""
+        last = as_utc(self.last_at)
+        if current.last_accessed_at is not None and current.last_accessed_at > last:
+            last = current.last_accessed_at
+        return {"access_count": current.access_count + self.times, "last_accessed_at": last}
+
+    def may_promote(self, current: Memory) -> bool:
+        """Whether the accesses may still promote ``current``: not when someone changed it since they read it
+        (archived it, moved it by hand), which a recall made before that change must not undo."""
+        return self.read_version is None or not moved_on(current, self.read_version)
 
 
-def _accessed(current: Memory, seen: Access) -> dict[str, Any]:
-    """The change that counts ``seen`` on ``current`` (a :meth:`Pager.mutate` change)."""
-    return {"access_count": current.access_count + seen.times, "last_accessed_at": seen.last_at}
+class WarmPartlyWritten(StoreError):
+    """A recall's bookkeeping failed after part of it was written (its events, some of the memories): the
+    rest is not retried, so that nothing is counted twice."""
 
 
 @dataclass(frozen=True)
@@ -536,15 +559,9 @@ class Pager:
             seen = once if accesses is None else accesses.get(m.id, once)
             # counts that grow and a UTC time: valid by construction, so a copy, not a re-validation
             # (which cost ~150 µs a hit, 1.5 ms of a tracked recall); value() is within [0, 1] likewise
-            touched = m.model_copy(
-                update={
-                    "access_count": m.access_count + seen.times,
-                    "last_accessed_at": as_utc(seen.last_at),
-                    "version": m.version + 1,
-                }
-            )
+            touched = m.model_copy(update={**seen.touch(m), "version": m.version + 1})
             touched = touched.model_copy(update={"value": value(touched, now, self.config.scoring)})
-            if self._promotable(touched):
+            if self._promotable(touched) and seen.may_promote(m):
                 moves.append(
                     _move_event(
                         EventKind.PROMOTE,
@@ -567,7 +584,10 @@ class Pager:
                 pass
         if events:
             self.writer.log(events)
-        return self._warm_each(memories, now, accesses)
+        try:
+            return self._warm_each(memories, now, accesses)
+        except Exception as exc:
+            raise WarmPartlyWritten(f"the recalls' bookkeeping was written in part: {exc}") from exc
 
     def _promotable(self, m: Memory) -> bool:
         _, max_tokens = self.config.budgets.limits(Tier.WORKING)
@@ -586,10 +606,11 @@ class Pager:
         for m in memories:
             seen = Access(1, now) if accesses is None else accesses.get(m.id, Access(1, now))
             try:
-                touched = self.mutate(m, functools.partial(_accessed, seen=seen), now, bookkeeping=True)
+                touched = self.mutate(m, seen.touch, now, bookkeeping=True)
             except NotFoundError:  # deleted since it was read: no access left to count
                 continue
-            if self._promotable(touched):  # judged on the stored version: it may have moved since the read
+            # judged on the stored version: it may have moved since the read
+            if self._promotable(touched) and seen.may_promote(touched):
                 touched = self.move(touched, Tier.WORKING, "warmed by retrieval", now, bookkeeping=True)
                 promoted.add(touched.id)
             out.append(touched)

@@ -45,7 +45,7 @@ import numpy as np
 from clawvm.core.model import Memory, Status, Tier
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
-from clawvm.vm.tiers import Access, Pager
+from clawvm.vm.tiers import Access, Pager, WarmPartlyWritten
 
 #: Memories whose recalls' bookkeeping may wait for a pass (see ``WorkingTiers.accessed``): past it, a
 #: recall writes it itself (a harness with no background pager and no lifecycle boundary for a long time).
@@ -185,18 +185,18 @@ class WorkingTiers:
                     self._mark(key, ids)
         return warmed.memories
 
-    def accessed(self, memories: Sequence[Memory], now: datetime, events: Sequence[Event] = ()) -> None:
-        """A tracked recall's hits (and its ``events``), for the next pass to write (:meth:`harvest`):
-        ``PagerConfig.defer_access``. Past ``ACCESS_BUFFER`` memories pending (no pass ran: no background
-        pager, no lifecycle boundary), the caller writes them itself."""
+    def accessed(self, memories: Sequence[Memory], now: datetime, events: Sequence[Event] = ()) -> bool:
+        """A tracked recall's hits (as it read them) and its ``events``, for the next pass to write
+        (:meth:`harvest`): ``PagerConfig.defer_access``. True when ``ACCESS_BUFFER`` memories or events are
+        pending (no pass ran: no background pager, no lifecycle boundary): the caller should harvest them
+        itself."""
         with self._access_lock:
             for m in memories:
+                access = Access(1, now, m.version)
                 seen = self._accesses.get(m.id)
-                self._accesses[m.id] = Access(1 if seen is None else seen.times + 1, now)
+                self._accesses[m.id] = access if seen is None else seen.then(access)
             self._access_events.extend(events)
-            full = len(self._accesses) >= ACCESS_BUFFER
-        if full:
-            self.harvest(now)
+            return max(len(self._accesses), len(self._access_events)) >= ACCESS_BUFFER
 
     def accesses_pending(self) -> bool:
         """Whether recalls' bookkeeping waits for the next pass."""
@@ -207,8 +207,10 @@ class WorkingTiers:
         """Write the bookkeeping of the recalls since the last harvest: each memory's access count grows by
         the times it was recalled, from its current stored version (it may have changed since the recall
         read it; one deleted since counts nothing), in one write with the recalls' events; promotions make
-        their sessions due as :meth:`warm`'s do. Returns the memories as stored. Runs at the start of every
-        pass; a failed write leaves the bookkeeping pending for the next one."""
+        their sessions due as :meth:`warm`'s do; a recall made before someone changed a memory (archived it,
+        moved it by hand) counts, but does not promote it. Returns the memories as stored. Runs at the start
+        of every pass; a write that failed before writing anything leaves the bookkeeping pending for the
+        next one (one that failed part way through is not retried: nothing is counted twice)."""
         with self._access_lock:
             accesses, self._accesses = self._accesses, {}
             events, self._access_events = self._access_events, []
@@ -218,13 +220,13 @@ class WorkingTiers:
             current = self.store.get_many(list(accesses))
             memories = [current[i] for i in accesses if i in current]
             return self.warm(memories, now, events, accesses)
+        except WarmPartlyWritten:
+            raise
         except Exception:
             with self._access_lock:  # back in front of what came meanwhile, counts added up
                 for memory_id, seen in accesses.items():
                     later = self._accesses.get(memory_id)
-                    self._accesses[memory_id] = (
-                        seen if later is None else Access(seen.times + later.times, later.last_at)
-                    )
+                    self._accesses[memory_id] = seen if later is None else seen.then(later)
                 self._access_events[:0] = events
             raise
 
@@ -282,7 +284,11 @@ class WorkingTiers:
                 self._pass_thread = threading.get_ident()
             try:
                 self._give_way()
-                self.harvest(now)  # promotions among them make their sessions due for this pass
+                try:
+                    self.harvest(now)  # promotions among them make their sessions due for this pass
+                except Exception:  # the due sessions are paged out all the same; then the caller hears of it
+                    self._page_due(now)
+                    raise
                 return self._page_due(now)
             finally:
                 self._give_way_until = self._pass_thread = None
