@@ -47,8 +47,8 @@ from clawvm.store import Event
 from clawvm.store.base import StoreReader
 from clawvm.vm.tiers import Access, Pager, WarmPartlyWritten
 
-#: Memories whose recalls' bookkeeping may wait for a pass (see ``WorkingTiers.accessed``): past it, a
-#: recall writes it itself (a harness with no background pager and no lifecycle boundary for a long time).
+#: Memories (or recall events) whose recalls' bookkeeping may wait for a pass (``WorkingTiers.accessed``):
+#: past it, a recall writes it itself (a harness with no background pager and no lifecycle boundary).
 ACCESS_BUFFER = 1024
 
 #: Sessions whose working tier is remembered between records (each costs ~25 memories); a session beyond
