@@ -135,6 +135,10 @@ def test_the_harness_bookkeeping_never_makes_an_update_conflict(harness: Harness
     with pytest.raises(ValidationError) as exc:
         harness.update(m.id, changed_version=1)
     assert exc.value.field == "changed_version"
+    for wrong in ("1", 0, -1, True, 1.0):
+        with pytest.raises(ValidationError) as exc:
+            harness.update(m.id, expected_version=wrong, state="error")
+        assert exc.value.field == "expected_version"
 
 
 def test_page_outs_and_promotions_never_make_an_update_conflict() -> None:

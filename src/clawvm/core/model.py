@@ -468,7 +468,14 @@ def build_memory(fields: Mapping[str, Any]) -> Memory:
 def moved_on(current: Memory, expected_version: int) -> bool:
     """Whether ``current`` changed since the caller read it at ``expected_version``: by a change other than
     the harness's own bookkeeping since then (access counts, promotions, paging, value refreshes: see
-    ``Memory.changed_version``), or ``expected_version`` is one it never had."""
+    ``Memory.changed_version``), or ``expected_version`` is one it never had. :class:`ValidationError` when
+    ``expected_version`` is no version at all (not a positive integer)."""
+    if isinstance(expected_version, bool) or not isinstance(expected_version, int) or expected_version < 1:
+        raise ValidationError(
+            "expected_version",
+            f"is {expected_version!r}",
+            "pass the version you read (a positive integer), or None to skip the check",
+        )
     since = current.version if current.changed_version is None else current.changed_version
     return not since <= expected_version <= current.version
 
