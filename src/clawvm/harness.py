@@ -495,8 +495,7 @@ class Harness:
         retrieved = _retrieve_event(self.tenant, now, logged, k, hits, started)
         if self.pager.config.defer_access:  # written by the next pager pass, with the other recalls'
             if self.working.accessed([h.memory for h in hits], now, [retrieved]):
-                with self._exclusive:  # too much waits (no pass for long): written here, in a turn
-                    self.working.harvest(now)
+                self._write_recalls(now)  # too much waits (no pass for long): written here
             self._wake_pager()
             return hits
         if not hits:
@@ -602,8 +601,7 @@ class Harness:
         :mod:`clawvm.vm.sweep`; its limits are ``self.sweep``'s). Returns ``expired``, ``refreshed`` and
         ``moved`` (tier moves), the due sessions' pager pass included."""
         now = self.now()
-        with self._exclusive:  # expiry and idleness read the access stats: the recalls' first
-            self.working.harvest(now)
+        self._write_recalls(now)  # expiry and idleness read the access stats: the recalls' first
         report = self.sweep.run(now).as_dict()
         report["moved"] += len(self.page(now))
         return report
@@ -621,6 +619,11 @@ class Harness:
 
     def _background_pass(self) -> None:
         self._page(None, give_way_s=self.pager.config.give_way_ms / 1000.0)  # records in flight come first
+
+    def _write_recalls(self, now: datetime) -> None:
+        """Write the tracked recalls' pending bookkeeping now, in the harness's turn (as a pass would)."""
+        with self._exclusive:
+            self.working.harvest(now)
 
     def _wake_pager(self) -> None:
         """Wake the background pager when a session is due or recalls' bookkeeping waits (else the next
@@ -865,14 +868,14 @@ class Harness:
     def checkpoint(self, session_id: str, name: str) -> str:
         """Snapshot the session's tiers and value state; returns the checkpoint id."""
         session_id = self._stored_id(session_id)  # the id the session's memories were stored with
-        self.working.harvest(self.now())  # the tiers and access stats as the recalls so far left them
+        self._write_recalls(self.now())  # the tiers and access stats as the recalls so far left them
         return checkpoints.take(self.store, self.writer, self.tenant, session_id, name, self.now()).id
 
     @_exclusive
     def rollback(self, checkpoint_id: str) -> checkpoints.RollbackReport:
         """Restore a checkpoint; memories created after it become obsolete (kept for analytics). What is
         restored, exactly: :mod:`clawvm.vm.checkpoint`."""
-        self.working.harvest(self.now())  # recalls before it are written before it, not onto what it restores
+        self._write_recalls(self.now())  # recalls before it are written before it, not onto what it restores
         return checkpoints.rollback(self.store, self.pager, checkpoint_id, self.now(), self.tenant)
 
     # ---- context --------------------------------------------------------------------------------------
