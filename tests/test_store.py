@@ -228,12 +228,15 @@ def test_racing_creates_of_one_id_store_it_once(engine: Store, engine_name: str,
 
 
 @pytest.mark.parametrize("stale_first", [True, False])
-def test_stale_put_writes_nothing_of_the_batch(engine: Store, stale_first: bool) -> None:
+@pytest.mark.parametrize("stale_version", [1, 2])
+def test_stale_put_writes_nothing_of_the_batch(engine: Store, stale_first: bool, stale_version: int) -> None:
+    """Version 2 again, or version 1 (as a new memory carries: the write tries it as a new row first and
+    meets the stored one), beside new memories: none of the batch is written."""
     a = mem("apple original")
     engine.put(a)
     engine.put(bump(a, content="apple second"))
     fresh1, fresh2 = mem("banana fresh"), mem("cherry fresh")
-    stale = bump(a, content="apple stale durian")  # version 2 again
+    stale = a.model_copy(update={"content": "apple stale durian", "version": stale_version})
     batch = [stale, fresh1, fresh2] if stale_first else [fresh1, fresh2, stale]
     with pytest.raises(ConflictError):
         engine.put_many(batch)

@@ -20,6 +20,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,44 @@ def _blob(v: np.ndarray) -> bytes:
 def _link_pairs(links_json: str | None) -> set[tuple[str, str]]:
     """A stored body's links as the (type, target) pairs of its rows in ``links``."""
     return {(link["type"], link["target"]) for link in json.loads(links_json or "[]")}
+
+
+_ROW_COLUMNS = (
+    "id, rev, tenant, session_id, task_id, agent_id, tool_name, kind, state, status, tier, created_at,"
+    " version, body, embedding"
+)
+_ROW_MARKS = ",".join("?" * 15)
+
+
+def _row(rev: int, m: Memory, vector: np.ndarray | None) -> tuple[Any, ...]:
+    """``m``'s values for :data:`_ROW_COLUMNS` (its unit ``vector``, when given, as the embedding)."""
+    return (
+        m.id,
+        rev,
+        m.tenant,
+        m.session_id,
+        m.task_id,
+        m.agent_id,
+        m.tool_name,
+        m.kind.value,
+        m.state.value if m.state else None,
+        m.status.value,
+        m.tier.value,
+        m.created_at.isoformat(),
+        m.version,
+        m.model_dump_json(),
+        None if vector is None else _blob(vector),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _StoredState:
+    """What a write reads of a stored row: its version (the optimistic check), content and links (what
+    changed)."""
+
+    version: int
+    content: str | None
+    links: set[tuple[str, str]]
 
 
 log = logging.getLogger("clawvm.store.sqlite")
@@ -630,56 +669,29 @@ class SQLiteStore(Store):
         """Upsert ``memories`` and their (unit) ``vectors``: a new memory's vector goes into its insert (one
         row write, not an insert and then an update), an existing one's is set after. A memory's link rows
         are rewritten only when its links changed (a tier move, the record path's common rewrite, keeps
-        them)."""
-        ids = [m.id for m in memories]
-        found = db.execute(  # versions for the optimistic check, contents and links to tell what changed
-            f"SELECT id, version, json_extract(body, '$.content'), json_extract(body, '$.links')"
-            f" FROM memories WHERE id IN ({','.join('?' * len(ids))})",
-            ids,
-        ).fetchall()
-        check_versions(memories, {i: version for i, version, _, _ in found})
-        old_content = {i: content for i, _, content, _ in found}
-        old_links = {i: _link_pairs(links) for i, _, _, links in found}
-        rewritten = {m.id for m in memories if m.id in old_content and old_content[m.id] != m.content}
+        them).
+
+        A memory at version 1 (a record's) is tried as a new row first, with no read before: only one
+        already stored (a conflict, then) goes the way of the others, which read the stored versions,
+        contents and links to check the version and tell what changed."""
+        check_versions(memories, {})  # the same id twice in one batch: refused before anything is written
         vectors = vectors or {}
-        with_vector = {i: v for i, v in vectors.items() if i not in old_content}
+        fresh = {m.id for m in memories if m.version == 1 and self._insert_new(db, rev, m, vectors.get(m.id))}
+        rest = [m for m in memories if m.id not in fresh]
+        found = self._stored_states(db, [m.id for m in rest])
+        check_versions(rest, {i: state.version for i, state in found.items()})
+        rewritten = {m.id for m in rest if m.id in found and found[m.id].content != m.content}
+        with_vector = {i: v for i, v in vectors.items() if i not in found}
         for m in memories:
-            v = with_vector.get(m.id)
-            row = (
-                m.id,
-                rev,
-                m.tenant,
-                m.session_id,
-                m.task_id,
-                m.agent_id,
-                m.tool_name,
-                m.kind.value,
-                m.state.value if m.state else None,
-                m.status.value,
-                m.tier.value,
-                m.created_at.isoformat(),
-                m.version,
-                m.model_dump_json(),
-                None if v is None else _blob(v),
-            )
-            db.execute(
-                """INSERT INTO memories (id, rev, tenant, session_id, task_id, agent_id, tool_name, kind,
-                       state, status, tier, created_at, version, body, embedding)
-                   VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
-                   ON CONFLICT(id) DO UPDATE SET rev=excluded.rev, tenant=excluded.tenant,
-                       session_id=excluded.session_id, task_id=excluded.task_id,
-                       agent_id=excluded.agent_id,
-                       tool_name=excluded.tool_name, kind=excluded.kind, state=excluded.state,
-                       status=excluded.status, tier=excluded.tier, created_at=excluded.created_at,
-                       version=excluded.version, body=excluded.body""",
-                row,
-            )
-            if m.id in rewritten:  # new text: the old vector no longer describes it
-                db.execute("UPDATE memories SET embedding = NULL WHERE id = ?", (m.id,))
+            if m.id not in fresh:
+                self._upsert_row(db, rev, m, with_vector.get(m.id))
+                if m.id in rewritten:  # new text: the old vector no longer describes it
+                    db.execute("UPDATE memories SET embedding = NULL WHERE id = ?", (m.id,))
             links = {(link.type.value, link.target) for link in m.links}
-            if links == old_links.get(m.id, set()):
+            old_links = found[m.id].links if m.id in found else set()
+            if links == old_links:
                 continue
-            if m.id in old_links:
+            if m.id in found:
                 db.execute("DELETE FROM links WHERE source = ?", (m.id,))
             db.executemany(
                 "INSERT OR IGNORE INTO links VALUES (?,?,?)", [(m.id, t, target) for t, target in links]
@@ -694,6 +706,39 @@ class SQLiteStore(Store):
         later = [i for i in vectors if i not in with_vector]
         if later:
             self._set_vector_rows(db, rev, later, np.stack([vectors[i] for i in later]), None)
+
+    def _insert_new(self, db: sqlite3.Connection, rev: int, m: Memory, vector: np.ndarray | None) -> bool:
+        """Insert ``m`` as a new row; False (nothing written) when its id is stored already."""
+        cur = db.execute(
+            f"INSERT INTO memories ({_ROW_COLUMNS}) VALUES ({_ROW_MARKS}) ON CONFLICT(id) DO NOTHING",
+            _row(rev, m, vector),
+        )
+        return cur.rowcount == 1
+
+    def _upsert_row(self, db: sqlite3.Connection, rev: int, m: Memory, vector: np.ndarray | None) -> None:
+        """Write ``m``'s row, new or not (an existing row keeps its vector: the caller sets or clears it)."""
+        db.execute(
+            f"""INSERT INTO memories ({_ROW_COLUMNS}) VALUES ({_ROW_MARKS})
+               ON CONFLICT(id) DO UPDATE SET rev=excluded.rev, tenant=excluded.tenant,
+                   session_id=excluded.session_id, task_id=excluded.task_id,
+                   agent_id=excluded.agent_id,
+                   tool_name=excluded.tool_name, kind=excluded.kind, state=excluded.state,
+                   status=excluded.status, tier=excluded.tier, created_at=excluded.created_at,
+                   version=excluded.version, body=excluded.body""",
+            _row(rev, m, vector),
+        )
+
+    @staticmethod
+    def _stored_states(db: sqlite3.Connection, ids: list[str]) -> dict[str, _StoredState]:
+        """The stored version, content and link pairs of each of ``ids`` that is stored."""
+        if not ids:
+            return {}
+        rows = db.execute(
+            f"SELECT id, version, json_extract(body, '$.content'), json_extract(body, '$.links')"
+            f" FROM memories WHERE id IN ({','.join('?' * len(ids))})",
+            ids,
+        ).fetchall()
+        return {i: _StoredState(version, content, _link_pairs(links)) for i, version, content, links in rows}
 
     def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
         if not ids:

@@ -54,11 +54,14 @@ def insert_events(
     if not events:
         return [], []
     numbers = _tenant_numbers(db, events) if counted is None else _numbers_from(events, counted)
-    db.executemany(
-        "INSERT INTO events (at, tenant, kind, memory_id, data, tenant_seq) VALUES (?,?,?,?,?,?)",
-        [(*_columns(e)[1:], n) for e, n in zip(events, numbers, strict=True)],
-    )
-    last = db.execute("SELECT last_insert_rowid()").fetchone()[0]
+    rows = [(*_columns(e)[1:], n) for e, n in zip(events, numbers, strict=True)]
+    insert = "INSERT INTO events (at, tenant, kind, memory_id, data, tenant_seq) VALUES (?,?,?,?,?,?)"
+    if len(rows) == 1:  # a record's one event: the cursor knows its rowid, no statement asks for it
+        last = db.execute(insert, rows[0]).lastrowid
+    else:  # executemany leaves lastrowid unset
+        db.executemany(insert, rows)
+        last = db.execute("SELECT last_insert_rowid()").fetchone()[0]
+    assert last is not None
     return list(range(last - len(events) + 1, last + 1)), numbers
 
 
