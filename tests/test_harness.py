@@ -5,8 +5,9 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,7 +28,9 @@ from clawvm import (
     TierBudgets,
     ValidationError,
 )
-from clawvm.core.model import build_memory, moved_on
+from clawvm.core.model import Memory, build_memory, moved_on
+from clawvm.observe.learning import intervene
+from clawvm.observe.lens import record_output
 from clawvm.store import MemoryStore, Query, QueryResult, SQLiteStore
 from engines import harness_target
 
@@ -157,6 +160,98 @@ def test_page_outs_and_promotions_never_make_an_update_conflict() -> None:
         assert promoted.changed_version == first.version
         updated = h.update(first.id, expected_version=first.version, state="error")
         assert updated.version == promoted.version + 1
+
+
+class _RacedAfterRead(SQLiteStore):
+    """A SQLite store that runs ``race`` once, right after its next read once armed: what another process
+    writes between a caller's read and its write."""
+
+    race: Callable[[], object] | None = None
+
+    def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
+        found = super().get_many(ids)
+        race, self.race = self.race, None
+        if race is not None:
+            race()
+        return found
+
+
+def _raced_pair(path: Path, **options: Any) -> tuple[Harness, _RacedAfterRead, Harness]:
+    """A harness on a :class:`_RacedAfterRead` store, and another on the same file that races it."""
+    store = _RacedAfterRead(path)
+    pager = PagerConfig(background=False, **options)
+    racer = Harness.open(path, embedder=None, preset="bm25", pager=PagerConfig(background=False))
+    return Harness.open(store, embedder=None, preset="bm25", pager=pager), store, racer
+
+
+@pytest.mark.parametrize("between", ["bookkeeping", "change"])
+def test_an_update_goes_past_bookkeeping_written_between_its_read_and_its_write(
+    tmp_path: Path, between: str
+) -> None:
+    """Another process's tracked recall lands between an update's read and its write: the update is redone
+    on the memory as it is now (the access kept), whether or not the caller passed an expected version. A
+    real change there (another caller's update) still fails it, and nothing of it is written."""
+    h, store, other = _raced_pair(tmp_path / "raced.db")
+    with h, other:
+        m = h.record("the cache hit rate dropped to ten percent", session_id="s1")
+        for expect in (False, True):
+            before = h.get(m.id)
+            expected = before.version if expect else None
+            if between == "bookkeeping":
+                store.race = lambda: (other.recall("cache hit rate"), other.flush())
+                u = h.update(m.id, expected_version=expected, state="success")
+                assert u.version == before.version + 2 and u.state is State.SUCCESS
+                assert u.access_count == before.access_count + 1 and u.changed_version is None
+            else:
+                store.race = lambda: other.update(m.id, tags=["theirs"])
+                with pytest.raises(ConflictError):
+                    h.update(m.id, expected_version=expected, state="success")
+                now = h.get(m.id)
+                assert now.tags == ["theirs"] and now.state is not State.SUCCESS
+                assert now.version == before.version + 1
+
+
+def test_a_revision_goes_past_bookkeeping_written_between_its_read_and_its_write(tmp_path: Path) -> None:
+    h, store, other = _raced_pair(tmp_path / "raced.db")
+    with h, other:
+        m = h.record("the ledger uses mysql", session_id="s1")
+        store.race = lambda: (other.recall("ledger mysql"), other.flush())
+        head = h.revise(m.id, expected_version=m.version, content="the ledger uses postgres")
+        assert head.content == "the ledger uses postgres" and h.get(m.id).access_count == 1
+
+
+def test_a_recall_writing_its_own_bookkeeping_leaves_a_manual_move_made_since_its_read(
+    tmp_path: Path,
+) -> None:
+    """With ``defer_access=False`` the recall writes its hits' accesses itself: a person's move of a hit
+    (the dashboard's set tier) made after the recall read it is not undone by a promotion."""
+    h, store, other = _raced_pair(tmp_path / "raced.db", defer_access=False, promote_value=0.0)
+    with h, other:
+        m = h.record("the cache hit rate dropped to ten percent", session_id="s1")
+        h.pager.move(h.get(m.id), Tier.SHORT_TERM, "paged out", h.now(), bookkeeping=True)
+        store.race = lambda: intervene(other, "set_tier", m.id, tier="long_term")
+        [hit] = h.recall("cache hit rate", k=1)
+        now = h.get(m.id)
+        assert now.tier is Tier.LONG_TERM and now.access_count == 1
+        assert hit.memory.tier is Tier.LONG_TERM
+        h.recall("cache hit rate", k=1)  # a recall made after the move may promote it
+        assert h.get(m.id).tier is Tier.WORKING
+
+
+def test_citations_and_preloads_are_bookkeeping(harness: Harness) -> None:
+    """A citation's credit (``record_output``) and a session's preload are the harness's own writes: an
+    update expecting the version read before them goes ahead."""
+    m = harness.record("the deploy failed because the disk was full", session_id="s1")
+    ctx = harness.context("why did the deploy fail", budget_tokens=300, session_id="s1")
+    record_output(harness, ctx, f"It failed: the disk was full [{ctx.manifest[0].short_id}]", success=True)
+    credited = harness.get(m.id)
+    assert credited.usage.cited == 1 and credited.version > m.version
+    assert harness.update(m.id, expected_version=m.version, state="error").state is State.ERROR
+    now = harness.now()
+    paged = harness.pager.move(harness.get(m.id), Tier.LONG_TERM, "paged out", now, bookkeeping=True)
+    harness.start_session("s2", "deploy disk full")
+    assert harness.get(m.id).tier is Tier.WORKING
+    assert harness.update(m.id, expected_version=paged.version, state="success").state is State.SUCCESS
 
 
 def test_changed_version_is_below_the_version() -> None:

@@ -80,7 +80,7 @@ from clawvm.vm.scoring import explain as explain_value
 from clawvm.vm.sweep import Sweep
 from clawvm.vm.tiers import Pager, PagerConfig, one_pager_pass
 from clawvm.vm.working import PagerThread, Turns, WorkingTiers
-from clawvm.write.commit import SCOPE_ID_FIELDS, CommitPath
+from clawvm.write.commit import SCOPE_ID_FIELDS, CommitPath, past_bookkeeping
 from clawvm.write.redaction import Redactor
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -336,6 +336,18 @@ class Harness:
         current = self.store.get(memory_id)
         if expected_version is not None and moved_on(current, expected_version):
             raise ConflictError(memory_id, expected_version, current.version)
+        updated = past_bookkeeping(
+            current,
+            lambda: self.store.get(memory_id),
+            lambda read: self._write_update(read, changes, as_agent),
+        )
+        if "content" in changes and self._worker is not None:
+            self._worker.notify()
+        self._rebalance(updated)
+        return updated
+
+    def _write_update(self, current: Memory, changes: dict[str, Any], as_agent: str | None) -> Memory:
+        """Write ``changes`` to ``current`` as read: its next version (compare-and-set), with its event."""
         self._refuse_expired(current)
         # the stored redaction mark stays with the stored text: a caller can neither drop nor forge it; new
         # text starts unmarked, and the commit path redacts it and seals its original
@@ -358,11 +370,7 @@ class Harness:
         event = self._make_event(
             EventKind.UPDATE, updated, {"fields": sorted(changes), "version": updated.version}
         )
-        updated = self.writer.write([updated], None, [event])[0]
-        if "content" in changes and self._worker is not None:
-            self._worker.notify()
-        self._rebalance(updated)
-        return updated
+        return self.writer.write([updated], None, [event])[0]
 
     @_exclusive
     def forget(self, memory_id: str) -> None:
@@ -653,7 +661,9 @@ class Harness:
         for h in hits:
             if h.memory.tier is not Tier.WORKING:
                 loaded.append(
-                    self.pager.move(h.memory, Tier.WORKING, f"preloaded for session {session_id}", now)
+                    self.pager.move(  # the harness's own paging, as a recall's promotion is
+                        h.memory, Tier.WORKING, f"preloaded for session {session_id}", now, bookkeeping=True
+                    )
                 )
         protect = frozenset(m.id for m in loaded)
         for sid in {m.session_id for m in loaded if m.session_id}:

@@ -770,7 +770,10 @@ def record_output(
     uncited = [str(x["id"]) for x in manifest if x["short_id"] not in said]
     now = harness.now()
     for memory in harness.store.get_many(cited).values():
-        harness.pager.mutate(memory, lambda cur: {"usage": _credited(cur.usage, success)}, now)
+        # the harness's own usage stats, as access counts are: no change a reader of the memory must see
+        harness.pager.mutate(
+            memory, lambda cur: {"usage": _credited(cur.usage, success)}, now, bookkeeping=True
+        )
     [event_seq] = harness.writer.log(
         [
             Event(

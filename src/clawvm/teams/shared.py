@@ -72,7 +72,7 @@ from clawvm.store.base import StoreReader
 from clawvm.store.crypto import REDACTION_FIELD
 from clawvm.store.kinds import EventKind
 from clawvm.vm.tiers import Pager
-from clawvm.write.commit import Recorder
+from clawvm.write.commit import Recorder, past_bookkeeping
 
 
 class TeamHost(Recorder, Protocol):
@@ -424,7 +424,9 @@ def revise(
     ):
         raise ConflictError(memory_id, expected_version, current.version)
     check_write(h, current, agent_id or current.agent_id)
-    return _append_revision(h, current, agent_id, changes)
+    return past_bookkeeping(
+        current, lambda: h.store.get(memory_id), lambda read: _append_revision(h, read, agent_id, changes)
+    )
 
 
 def _append_revision(

@@ -47,13 +47,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from clawvm.core.embed import count_tokens
-from clawvm.core.errors import ValidationError
-from clawvm.core.model import DEFAULT_MAX_CONTENT_BYTES, JSON, Memory
+from clawvm.core.errors import ConflictError, ValidationError
+from clawvm.core.model import DEFAULT_MAX_CONTENT_BYTES, JSON, Memory, moved_on
 from clawvm.core.redact import RedactionPolicy, redact_identifier, redact_json
 from clawvm.store.base import Event, Store, StoreReader
 from clawvm.store.crypto import REDACTION_FIELD
@@ -104,6 +104,30 @@ def _versioned(memory: Memory, bookkeeping: bool) -> Memory:
     if memory.changed_version is None:
         return memory
     return memory.model_copy(update={"changed_version": None})
+
+
+T = TypeVar("T")
+
+#: how often :func:`past_bookkeeping` re-reads a memory that bookkeeping keeps moving under a write
+BOOKKEEPING_RETRIES = 8
+
+
+def past_bookkeeping(current: Memory, read: Callable[[], Memory], write: Callable[[Memory], T]) -> T:
+    """``write(current)``, a caller's compare-and-set change of the memory it read as ``current``, redone on
+    a fresh ``read()`` when it conflicts with the harness's bookkeeping alone: an access count, a citation,
+    a promotion or a page-out written between the read and the write (by a recall or pager pass of this
+    process or another) is no change the caller could have seen, so it must not fail the caller's write.
+    A real change since ``current`` (another caller's update, a manual move) still raises
+    :class:`ConflictError`, as does bookkeeping that keeps winning the race ``BOOKKEEPING_RETRIES`` times."""
+    for _ in range(BOOKKEEPING_RETRIES):
+        try:
+            return write(current)
+        except ConflictError:
+            latest = read()
+            if latest.version == current.version or moved_on(latest, current.version):
+                raise  # nothing moved (the write refused itself), or a real change did
+            current = latest
+    return write(current)
 
 
 class _CleanTexts:
