@@ -49,6 +49,7 @@ PUBLIC = [
     "SchemaError",
     "Scope",
     "State",
+    "StateConflictError",
     "Status",
     "StoreError",
     "TamperedError",

@@ -13,7 +13,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clawvm import Filters, Harness, Kind, LinkType, State, Status, Tier, ValidationError
+from clawvm import (
+    Filters,
+    Harness,
+    Kind,
+    LinkType,
+    State,
+    StateConflictError,
+    Status,
+    Tier,
+    ValidationError,
+)
 from clawvm.core.openai_http import FailureReason
 from clawvm.store import Event
 from clawvm.store.kinds import EventKind
@@ -174,6 +184,28 @@ def test_compression_events_and_recompression() -> None:
         # numbers survive the summary
         for s in NUMERIC:
             assert s in again.content
+
+
+def test_the_way_back_to_the_original_survives_updates() -> None:
+    """The raw copy refuses edits (decompress would return them as the original), and new metadata on the
+    compressed memory keeps its pointer to the raw copy (dropping it lost the original for good)."""
+    with open_harness() as h:
+        m = h.record(LONG, session_id="s1", created_at=T0)
+        raw_id = h.compress(m.id).metadata["compression"]["raw_id"]
+        for change in ({"content": "overwritten raw"}, {"tags": ["x"]}, {"status": "active"}):
+            with pytest.raises(StateConflictError) as exc:
+                h.update(raw_id, **change)
+            assert exc.value.field == "memory_id" and m.id in exc.value.problem
+        with pytest.raises(StateConflictError):
+            h.revise(raw_id, content="overwritten raw")
+        kept = h.update(m.id, metadata={"reviewed": True})
+        assert kept.metadata["reviewed"] is True and kept.metadata["compression"]["raw_id"] == raw_id
+        with pytest.raises(ValidationError) as exc:
+            h.update(m.id, metadata={"compression": {"raw_id": m.id}})
+        assert exc.value.field == "metadata.compression"
+        with pytest.raises(ValidationError):
+            h.forget(raw_id)  # still the raw content of m
+        assert h.decompress(m.id).content == LONG
 
 
 @pytest.mark.parametrize(

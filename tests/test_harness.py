@@ -24,6 +24,7 @@ from clawvm import (
     PagerConfig,
     RecallConfig,
     State,
+    StateConflictError,
     Tier,
     TierBudgets,
     ValidationError,
@@ -252,6 +253,44 @@ def test_citations_and_preloads_are_bookkeeping(harness: Harness) -> None:
     harness.start_session("s2", "deploy disk full")
     assert harness.get(m.id).tier is Tier.WORKING
     assert harness.update(m.id, expected_version=paged.version, state="success").state is State.SUCCESS
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("token_count", 5000), ("content_type", "application/json"), ("value", 0.9), ("pinned", True),
+     ("access_count", 7), ("usage", {"cited": 3})],
+)
+def test_an_update_refuses_what_the_harness_sets(harness: Harness, field: str, value: Any) -> None:
+    """A token count of 5000 kept a memory out of every prompt; a value or a pin set this way skipped the
+    scorer and the pinned budget. Each is refused, naming what sets it, and nothing is written."""
+    m = harness.record("alpha beta gamma delta", session_id="s")
+    with pytest.raises(ValidationError) as exc:
+        harness.update(m.id, **{field: value})
+    assert exc.value.field == field and exc.value.problem == "is set by the harness" and exc.value.fix
+    assert harness.get(m.id) == m
+
+
+def test_an_obsolete_revision_stays_as_it_was_replaced(harness: Harness) -> None:
+    """Reviving or editing a revision that a later one replaced would give its chain two heads."""
+    d = harness.record("refund limit 500 EUR", kind="decision", session_id="s")
+    head = harness.revise(d.id, content="refund limit 800 EUR")
+    old = harness.get(d.id)
+    for change in ({"status": "active"}, {"content": "refund limit 900 EUR"}):
+        with pytest.raises(StateConflictError) as exc:
+            harness.update(d.id, **change)
+        assert exc.value.field == "memory_id" and "obsolete" in exc.value.problem
+    assert harness.get(d.id) == old
+    assert [m.id for m in harness.history(head.id)] == [d.id, head.id]
+
+
+@pytest.mark.parametrize(("field", "value"), [("tier", "archive"), ("status", "archived")])
+def test_a_pinned_record_is_working_and_active(harness: Harness, field: str, value: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        harness.record("keep this in every prompt", session_id="s", pinned=True, **{field: value})
+    assert exc.value.field == field and "pinned" in exc.value.problem
+    assert harness.count(session_id="s", status="any") == 0
+    pinned = harness.record("keep this in every prompt", session_id="s", pinned=True, tier="working")
+    assert pinned.pinned and pinned.tier is Tier.WORKING
 
 
 def test_changed_version_is_below_the_version() -> None:

@@ -104,6 +104,18 @@ def _exclusive(method: Callable[Concatenate[Harness, _P], _R]) -> Callable[Conca
 #: Sessions whose start_session preload a harness remembers (the oldest is forgotten first).
 PRELOADED_SESSIONS = 8192
 _IMMUTABLE = frozenset({"id", "created_at", "version", "changed_version", "tenant"})
+#: Fields an update may not set, each with what sets it instead (REST PATCH does not take them either).
+_SET_BY_HARNESS = {
+    "token_count": "it is counted from the content: change the content",
+    "content_type": "it follows the content: pass the content as text, or as a dict or list for JSON",
+    "value": "the scorer computes it: use rate(id, delta), or intervene(h, 'set_value', id, value=...)",
+    "pinned": "use pin(id) or unpin(id), which keep the pinned budget and the working tier",
+    "access_count": "recalls count accesses",
+    "last_accessed_at": "recalls count accesses",
+    "usage": "context builds and record_output count it",
+}
+#: Metadata that compress() keeps: the compressed memory's pointer to its raw copy, and the raw copy's back.
+_COMPRESSION_METADATA = ("compression", "raw_of")
 
 
 #: No context line costs fewer tokens than this (its label alone, ``[<short id> <date>] <kind>:``, is
@@ -283,6 +295,8 @@ class Harness:
         fields.setdefault("tenant", self.tenant)
         fields.setdefault("tier", Tier.WORKING)  # new memories start next to the prompt; the pager moves them
         fields.setdefault("created_at", self.now())
+        if fields.get("pinned"):
+            _refuse_unpinnable(fields)
         if fields.get("pinned") and fields.get("session_id") is not None:
             self.pager.check_pin(build_memory({**fields, "content": text, "token_count": count_tokens(text)}))
         memory = build_memory(
@@ -333,6 +347,9 @@ class Harness:
         if bad:
             name = sorted(bad)[0]
             raise ValidationError(name, "cannot be changed", "record a new memory that revises this one")
+        owned = sorted(set(_SET_BY_HARNESS).intersection(changes))
+        if owned:
+            raise ValidationError(owned[0], "is set by the harness", _SET_BY_HARNESS[owned[0]])
         current = self.store.get(memory_id)
         if expected_version is not None and moved_on(current, expected_version):
             raise ConflictError(memory_id, expected_version, current.version)
@@ -349,6 +366,8 @@ class Harness:
     def _write_update(self, current: Memory, changes: dict[str, Any], as_agent: str | None) -> Memory:
         """Write ``changes`` to ``current`` as read: its next version (compare-and-set), with its event."""
         self._refuse_expired(current)
+        self._refuse_frozen(current)
+        changes = _keeping_compression(current, changes)
         # the stored redaction mark stays with the stored text: a caller can neither drop nor forge it; new
         # text starts unmarked, and the commit path redacts it and seals its original
         mark = Redactor.unchanged(current)
@@ -357,11 +376,13 @@ class Harness:
             mark = Redactor.replaced()
             changes = {**changes, "content": text, "content_type": ctype, "token_count": count_tokens(text)}
             info = current.metadata.get("compression")
-            if info and "metadata" not in changes:
+            if info:
                 # new text supersedes the summary: drop the pointer so decompress cannot bring old text back
                 # (the raw copy stays archived, and becomes forgettable)
-                changes["metadata"] = {k: v for k, v in current.metadata.items() if k != "compression"}
-                changes["links"] = [link for link in current.links if link.target != info["raw_id"]]
+                metadata = changes.get("metadata", current.metadata)
+                changes["metadata"] = {k: v for k, v in metadata.items() if k != "compression"}
+                if "links" not in changes:
+                    changes["links"] = [link for link in current.links if link.target != info["raw_id"]]
         updated = mark(revalidate(current, {**changes, "version": current.version + 1}))
         teams.check_update(self, current, updated, as_agent)
         if updated.pinned and updated.token_count > current.token_count:
@@ -1119,6 +1140,23 @@ class Harness:
         vector: np.ndarray = check_vectors(1, embedding, dim, field="embedding")[0]
         return vector
 
+    def _refuse_frozen(self, memory: Memory) -> None:
+        """A memory that only the harness may change: a revision a later one replaced (a change would give
+        its chain two heads), or the raw copy a compressed memory decompresses to."""
+        if memory.status is Status.OBSOLETE:
+            raise StateConflictError(
+                "memory_id",
+                f"{memory.id} is obsolete: a later revision replaced it",
+                "change the head of its chain (see history(id)), or revise it",
+            )
+        owners = referenced_raw(self.store, memory)
+        if owners:
+            raise StateConflictError(
+                "memory_id",
+                f"{memory.id} is the raw content of compressed memory {owners[0]}",
+                f"change {owners[0]} instead, or decompress it first",
+            )
+
     def _refuse_expired(self, memory: Memory) -> None:
         """A memory whose TTL ran out stays out: a change would bring back text it promised to forget."""
         due = memory.expires_at is not None and memory.expires_at <= self.now()
@@ -1165,3 +1203,30 @@ def _default_embedder() -> MiniLMEmbedder:
     if _DEFAULT is None:
         _DEFAULT = MiniLMEmbedder()
     return _DEFAULT
+
+
+def _keeping_compression(current: Memory, changes: dict[str, Any]) -> dict[str, Any]:
+    """``changes`` with new ``metadata`` keeping the compression pointers of ``current``, which only
+    compress() and decompress() set (a caller's replacement of the metadata would otherwise drop them, and
+    with them the way back to the original text). Setting one to another value is a ValidationError."""
+    given = changes.get("metadata")
+    if not isinstance(given, Mapping):
+        return changes  # no new metadata (or none valid: the validation that follows says so)
+    for key in _COMPRESSION_METADATA:
+        if key in given and given[key] != current.metadata.get(key):
+            raise ValidationError(
+                f"metadata.{key}", "is set by compress()", "leave it out: the harness keeps it"
+            )
+    kept = {k: current.metadata[k] for k in _COMPRESSION_METADATA if k in current.metadata}
+    return {**changes, "metadata": {**given, **kept}} if kept else changes
+
+
+def _refuse_unpinnable(fields: Mapping[str, Any]) -> None:
+    """A pinned record lives in the working tier, active (what pin() requires): another tier or status
+    beside ``pinned`` is a contradiction, refused rather than silently resolved."""
+    for name, pinned_is in (("tier", Tier.WORKING), ("status", Status.ACTIVE)):
+        given = fields.get(name)
+        if given is not None and given != pinned_is:
+            raise ValidationError(
+                name, f"is {given!r} on a pinned memory", f"leave {name} out: a pinned memory is {pinned_is}"
+            )

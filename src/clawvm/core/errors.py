@@ -24,10 +24,14 @@ class NotFoundError(ClawVMError, LookupError):
 class ConflictError(ClawVMError):
     """An optimistic-locking check failed: the stored version is not the one the writer expected."""
 
-    def __init__(self, ident: str, expected: int | None, actual: int | None) -> None:
-        super().__init__(
-            f"memory {ident!r} is at version {actual}, not {expected}: re-read it and retry the update"
-        )
+    def __init__(
+        self, ident: str, expected: int | None, actual: int | None, reason: str | None = None
+    ) -> None:
+        """``reason``: what moved on, when it is not a version the caller expected (a chain's head)."""
+        if reason is None:
+            now = f"is at version {actual}, not {expected}" if expected is not None else "changed"
+            reason = f"memory {ident!r} {now}: re-read it and retry the update"
+        super().__init__(reason)
         self.ident = ident
         self.expected = expected
         self.actual = actual

@@ -71,6 +71,7 @@ from clawvm.store import Event
 from clawvm.store.base import StoreReader
 from clawvm.store.crypto import REDACTION_FIELD
 from clawvm.store.kinds import EventKind
+from clawvm.vm.compress import referenced_raw
 from clawvm.vm.tiers import Pager
 from clawvm.write.commit import Recorder, past_bookkeeping
 
@@ -419,10 +420,23 @@ def revise(
     has moved on; :class:`AccessDeniedError` when ``agent_id`` may not write it.
     """
     current = h.store.get(memory_id)
-    if current.status is Status.OBSOLETE or (
-        expected_version is not None and moved_on(current, expected_version)
-    ):
+    if current.status is Status.OBSOLETE:
+        raise ConflictError(
+            memory_id,
+            expected_version,
+            current.version,
+            f"memory {memory_id!r} is not the head of its revision chain any more (the head is "
+            f"{latest(h, memory_id).id!r}): revise the head, or use revise_with_retry",
+        )
+    if expected_version is not None and moved_on(current, expected_version):
         raise ConflictError(memory_id, expected_version, current.version)
+    owners = referenced_raw(h.store, current)
+    if owners:  # decompress would return the revision as the original text
+        raise StateConflictError(
+            "memory_id",
+            f"{memory_id} is the raw content of compressed memory {owners[0]}",
+            f"revise {owners[0]} instead, or decompress it first",
+        )
     check_write(h, current, agent_id or current.agent_id)
     return past_bookkeeping(
         current, lambda: h.store.get(memory_id), lambda read: _append_revision(h, read, agent_id, changes)
