@@ -88,6 +88,14 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path: Path) -> None:
     assert json.loads(run(db, "stats"))["memories"] == 1
 
 
+@pytest.mark.parametrize("command", [["serve"], ["demo", "--dashboard"], ["mcp", "--http"]])
+def test_a_port_outside_tcp_s_range_is_refused(tmp_path: Path, command: list[str]) -> None:
+    """99999 used to reach the socket, which listened on 99999 mod 65536 while the log said 99999."""
+    args = ["--db", str(tmp_path / "p.db"), "--no-embed", *command, "--port", "99999"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "--port" in result.output and "0<=x<=65535" in result.output
+
+
 def test_add_reads_content_from_stdin_or_a_file(tmp_path: Path) -> None:
     db = tmp_path / "c.db"
     piped = "line one\nline two: the runner's disk was full\n"

@@ -29,10 +29,12 @@ from clawvm import (
     TierBudgets,
     ValidationError,
 )
+from clawvm.core.errors import StoreError
 from clawvm.core.model import Memory, build_memory, moved_on
 from clawvm.observe.learning import intervene
 from clawvm.observe.lens import record_output
 from clawvm.store import MemoryStore, Query, QueryResult, SQLiteStore
+from clawvm.vm.working import ACCESS_BUFFER
 from engines import harness_target
 
 CORPUS = [
@@ -111,6 +113,40 @@ def test_recall_argument_validation(harness: Harness) -> None:
         harness.recall("x", k=0)
     assert exc.value.field == "k"
     assert harness.recall("nothing stored yet") == []
+
+
+def test_counts_and_flags_are_checked_at_the_harness_boundary(harness: Harness) -> None:
+    """A negative limit sliced results silently, a text or zero one raised raw TypeError / IndexError, and
+    feedback(id, 1000) added 1000 to the adoption counts. Each names its field now, and nothing changes."""
+    ms = [harness.record(f"note {i} about the payments host", session_id="s") for i in range(3)]
+    calls = {
+        "limit": [lambda v: harness.list(limit=v, session_id="s"), lambda v: harness.events(limit=v)],
+        "batch": [lambda v: list(harness.iter_all(batch=v))],
+        "k": [lambda v: harness.recall("payments", k=v)],
+        "budget_tokens": [lambda v: harness.context("payments", budget_tokens=v)],
+    }
+    for field, tries in calls.items():
+        for call in tries:
+            for bad in (-1, 0, True, "5", 2.0):
+                with pytest.raises(ValidationError) as exc:
+                    call(bad)
+                assert exc.value.field == field, (field, bad)
+    for bad_seq in (-1, "a", False):
+        with pytest.raises(ValidationError) as exc:
+            harness.events(after_seq=bad_seq)
+        assert exc.value.field == "after_seq"
+    with pytest.raises(ValidationError) as exc:
+        harness.context(5)  # type: ignore[arg-type]
+    assert exc.value.field == "query"
+    for adopted in ("yes", 1000, 1, None):
+        with pytest.raises(ValidationError) as exc:
+            harness.feedback(ms[0].id, adopted)  # type: ignore[arg-type]
+        assert exc.value.field == "adopted"
+    with pytest.raises(ValidationError) as exc:
+        harness.import_memories([{"content": "x"}])  # type: ignore[list-item]
+    assert exc.value.field == "memories.0"
+    assert harness.get(ms[0].id) == ms[0] and harness.count(session_id="s") == 3
+    assert [m.id for m in harness.list(limit=2, session_id="s")] == [ms[2].id, ms[1].id]
 
 
 def test_the_harness_bookkeeping_never_makes_an_update_conflict(harness: Harness) -> None:
@@ -244,6 +280,9 @@ def test_citations_and_preloads_are_bookkeeping(harness: Harness) -> None:
     update expecting the version read before them goes ahead."""
     m = harness.record("the deploy failed because the disk was full", session_id="s1")
     ctx = harness.context("why did the deploy fail", budget_tokens=300, session_id="s1")
+    with pytest.raises(ValidationError) as exc:
+        record_output(harness, ctx, "It failed", success="yes")  # type: ignore[arg-type]
+    assert exc.value.field == "success" and harness.get(m.id).usage.cited == 0
     record_output(harness, ctx, f"It failed: the disk was full [{ctx.manifest[0].short_id}]", success=True)
     credited = harness.get(m.id)
     assert credited.usage.cited == 1 and credited.version > m.version
@@ -291,6 +330,35 @@ def test_a_pinned_record_is_working_and_active(harness: Harness, field: str, val
     assert harness.count(session_id="s", status="any") == 0
     pinned = harness.record("keep this in every prompt", session_id="s", pinned=True, tier="working")
     assert pinned.pinned and pinned.tier is Tier.WORKING
+
+
+class _FailingWrites(SQLiteStore):
+    """A SQLite store whose writes of memories fail while ``failing`` (a locked or full disk)."""
+
+    failing = False
+
+    def write(self, memories: Sequence[Memory], vectors: Any = None, events: Sequence[Any] = ()) -> None:
+        if self.failing and memories:
+            raise StoreError("disk I/O error")
+        super().write(memories, vectors, events)
+
+
+def test_a_recall_whose_queued_bookkeeping_cannot_be_written_still_returns_its_hits(tmp_path: Path) -> None:
+    """The recall that fills the bookkeeping queue writes it itself; when that write fails the recall has
+    still succeeded: it returns its hits (a caller retrying it would count its accesses twice), the failure
+    is logged, and the next pass writes every access once."""
+    store = _FailingWrites(tmp_path / "failing.db")
+    with Harness.open(store, embedder=None, preset="bm25", pager=PagerConfig(background=False)) as h:
+        m = h.record("the cache hit rate dropped to ten percent", session_id="s1")
+        for _ in range(ACCESS_BUFFER - 1):
+            h.recall("cache hit rate", k=1)
+        store.failing = True
+        [hit] = h.recall("cache hit rate", k=1)  # the one that fills the queue
+        assert hit.id == m.id
+        assert [e.data["error"] for e in h.events(memory_id=None) if e.kind == "pager_error"]
+        store.failing = False
+        h.flush()
+        assert h.get(m.id).access_count == ACCESS_BUFFER
 
 
 def test_changed_version_is_below_the_version() -> None:

@@ -27,6 +27,7 @@ from clawvm.core.errors import (
     ConflictError,
     NotFoundError,
     StateConflictError,
+    StoreError,
     ValidationError,
 )
 from clawvm.core.model import (
@@ -41,6 +42,8 @@ from clawvm.core.model import (
     Status,
     Tier,
     build_memory,
+    counted,
+    flag,
     moved_on,
     normalize_content,
     revalidate,
@@ -436,8 +439,12 @@ class Harness:
         nothing is written. ``restore``: an operator restoring this store's own backup (``clawvm import``,
         which holds the database anyway) skips those two checks, so a lossless backup comes back whole.
         """
-        if not restore:
-            for i, m in enumerate(memories):
+        for i, m in enumerate(memories):
+            if not isinstance(m, Memory):
+                raise ValidationError(
+                    f"memories.{i}", f"is a {type(m).__name__}", "pass Memory objects (Memory.model_validate)"
+                )
+            if not restore:
                 self._check_import(i, m)
         referenced = [r for m in memories for r in (m.id, m.parent_id, *(k.target for k in m.links)) if r]
         renamed = {i: to for i, to in self.store.import_ids(referenced).items() if i != to}
@@ -505,8 +512,7 @@ class Harness:
         """
         if not isinstance(query, str):
             raise ValidationError("query", f"has type {type(query).__name__}", "pass a string")
-        if not isinstance(k, int) or k < 1:
-            raise ValidationError("k", f"is {k!r}", "pass a positive integer")
+        counted("k", k)
         cfg = self.config if preset is None else _preset(preset)
         f = self.filters(filters)
         started = time.perf_counter()
@@ -524,7 +530,10 @@ class Harness:
         retrieved = _retrieve_event(self.tenant, now, logged, k, hits, started)
         if self.pager.config.defer_access:  # written by the next pager pass, with the other recalls'
             if self.working.accessed([h.memory for h in hits], now, [retrieved]):
-                self._write_recalls(now)  # too much waits (no pass for long): written here
+                try:
+                    self._write_recalls(now)  # too much waits (no pass for long): written here
+                except StoreError as exc:  # still queued for the next pass: the recall itself succeeded,
+                    self._pager_error(exc)  # and a caller retrying it would count its accesses twice
             self._wake_pager()
             return hits
         if not hits:
@@ -553,7 +562,7 @@ class Harness:
         return run_recall(self.store, query, vector, k, cfg, filters)
 
     def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]:
-        return self.store.list(self.filters(filters), limit=limit)
+        return self.store.list(self.filters(filters), limit=counted("limit", limit))
 
     def count(self, **filters: Any) -> int:
         return self.store.count(self.filters(filters))
@@ -561,12 +570,12 @@ class Harness:
     def iter_all(self, *, newest_first: bool = False, batch: int = 500, **filters: Any) -> Iterator[Memory]:
         """Every memory matching ``filters`` (as for :meth:`list`), oldest first (newest first with
         ``newest_first``), read in keyset pages of ``batch``: what callers use instead of a "no limit"."""
-        return self.store.iter_all(self.filters(filters), batch, newest_first)
+        return self.store.iter_all(self.filters(filters), counted("batch", batch), newest_first)
 
     def events(
         self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None
     ) -> builtins.list[Event]:
-        return self.store.read_events(after_seq, limit, memory_id)
+        return self.store.read_events(counted("after_seq", after_seq, 0), counted("limit", limit), memory_id)
 
     # ---- virtual memory: value, tiers, paging ---------------------------------------------------------
     def now(self) -> datetime:
@@ -853,7 +862,7 @@ class Harness:
     @_exclusive
     def feedback(self, memory_id: str, adopted: bool) -> Memory:
         """Count whether guidance from ``memory_id`` was adopted; updates adoption stats and value."""
-        return teams.feedback(self, memory_id, adopted)
+        return teams.feedback(self, memory_id, flag("adopted", adopted))
 
     @_exclusive
     def revise(
@@ -935,8 +944,9 @@ class Harness:
         ``read_only``: write nothing (a read-only caller's build): no pager pass over the session, no usage
         and no ``context`` event, so the context's ``event_seq`` stays None (MemLens cannot trace it).
         """
-        if not isinstance(budget_tokens, int) or budget_tokens < 1:
-            raise ValidationError("budget_tokens", f"is {budget_tokens!r}", "pass a positive integer")
+        if not isinstance(query, str):
+            raise ValidationError("query", f"has type {type(query).__name__}", "pass a string")
+        counted("budget_tokens", budget_tokens)
         now = self.now()
         started = time.perf_counter()
         k = k or max(20, budget_tokens // 40)  # hits to fill most of the budget; neighbours fill the rest

@@ -10,6 +10,9 @@ from clawvm.cli.common import opened_harness, opened_keyring
 from clawvm.core.errors import ConfigError
 from clawvm.store.keys import Keyring
 
+#: a TCP port (0: any free one); click's plain int let 99999 through, which the socket took as 34463
+_PORT = click.IntRange(0, 65535)
+
 
 @click.command()
 @click.option(
@@ -32,7 +35,7 @@ from clawvm.store.keys import Keyring
     "and serve the API and dashboard, printing the dashboard URL.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="With --dashboard: interface to use.")
-@click.option("--port", default=8080, show_default=True, type=int, help="With --dashboard: TCP port.")
+@click.option("--port", default=8080, show_default=True, type=_PORT, help="With --dashboard: TCP port.")
 @click.pass_context
 def demo(
     ctx: click.Context, locomo: Path | None, reset: bool | None, dashboard: bool, host: str, port: int
@@ -56,7 +59,7 @@ def demo(
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
-@click.option("--port", default=8080, show_default=True, type=int, help="TCP port to listen on.")
+@click.option("--port", default=8080, show_default=True, type=_PORT, help="TCP port to listen on.")
 @click.option(
     "--workers",
     default=1,
@@ -206,7 +209,7 @@ def _require_mcp() -> None:
 @click.option("--tenant", default="default", show_default=True, help="Tenant of the memories.")
 @click.option("--http", is_flag=True, help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="With --http: the address to listen on.")
-@click.option("--port", default=8765, show_default=True, type=int, help="With --http: the port.")
+@click.option("--port", default=8765, show_default=True, type=_PORT, help="With --http: the port.")
 @click.option(
     "--api-key",
     envvar="CLAWVM_MCP_API_KEY",

@@ -684,3 +684,19 @@ def _enum_values(v: Any) -> Any:
 def finite(x: float) -> float:
     """Guard for scores coming out of numeric code: NaN/inf become 0."""
     return x if math.isfinite(x) else 0.0
+
+
+def counted(name: str, v: Any, least: int = 1) -> int:
+    """``v`` as a whole count of at least ``least`` (a limit, a page size, k), or :class:`ValidationError`
+    naming ``name``: a bool, a float or text is no count, and a negative limit sliced silently."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        raise ValidationError(name, f"is {v!r}", f"pass a whole number of at least {least}")
+    return v
+
+
+def flag(name: str, v: Any) -> bool:
+    """``v`` when it is a bool, else :class:`ValidationError` naming ``name`` ("yes" or 1000 counted as
+    adopted and added 1000 to the adoption counts)."""
+    if not isinstance(v, bool):
+        raise ValidationError(name, f"is {v!r}", "pass True or False")
+    return v

@@ -758,6 +758,8 @@ def record_output(
     """
     if not isinstance(output, str):
         raise ValidationError("output", f"has type {type(output).__name__}", "pass the output text")
+    if success is not None and not isinstance(success, bool):
+        raise ValidationError("success", f"is {success!r}", "pass True, False or None (unknown)")
     seq = context.event_seq if isinstance(context, Context) else context
     if seq is None:
         raise ValidationError("context", "has no event_seq", "pass a Context returned by Harness.context")
