@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import clawvm
-from clawvm import Filters, Harness, NotFoundError, Status, Tier, ValidationError
+from clawvm import Filters, Harness, NotFoundError, StateConflictError, Status, Tier, ValidationError
 from clawvm.vm.tiers import PagerConfig, TierBudgets
 
 T0 = datetime(2030, 7, 1, 9, 0, tzinfo=UTC)
@@ -98,6 +98,28 @@ def test_rollback_needs_a_checkpoint_id() -> None:
         with pytest.raises(ValidationError):
             h.rollback(fake.id)
         assert h.get(m.id).status is Status.ACTIVE
+
+
+def test_a_checkpoint_has_a_name_and_its_snapshot_stays_as_taken() -> None:
+    """An edit of the snapshot made the rollback fail ("is not a snapshot"); forgetting it drops the
+    checkpoint, as intended."""
+    h, _now = open_clocked()
+    with h:
+        m = h.record("plain memory", session_id="s1")
+        for name in ("", "   ", None):
+            with pytest.raises(ValidationError) as err:
+                h.checkpoint("s1", name)  # type: ignore[arg-type]
+            assert err.value.field == "name"
+        cp = h.checkpoint("s1", "before")
+        for change in ({"content": "{}"}, {"tags": []}, {"kind": "note"}):
+            with pytest.raises(StateConflictError) as conflict:
+                h.update(cp, **change)
+            assert "before" in conflict.value.problem
+        h.update(m.id, tier="archive")
+        assert h.rollback(cp).restored and h.get(m.id).tier is Tier.WORKING
+        h.forget(cp)
+        with pytest.raises(NotFoundError):
+            h.rollback(cp)
 
 
 ops = st.lists(

@@ -103,12 +103,13 @@ def test_add_reads_content_from_stdin_or_a_file(tmp_path: Path) -> None:
         main, ["--db", str(db), "--no-embed", "add", "-", "--kind", "error"], input=piped
     )
     assert result.exit_code == 0, result.output
-    assert json.loads(run(db, "show", result.output.strip()))["content"] == piped
+    # the line break that ends the last line (echo's, an editor's) is not part of the memory
+    assert json.loads(run(db, "show", result.output.strip()))["content"] == piped.removesuffix("\n")
     note = tmp_path / "note.md"
     note.write_text("# Incident\n\nrotated the staging key ✓\n", encoding="utf-8")
     mid = run(db, "add", "--file", str(note), "--tag", "incident").strip()
     shown = json.loads(run(db, "show", mid))
-    assert shown["content"] == note.read_text(encoding="utf-8") and shown["tags"] == ["incident"]
+    assert shown["content"] == "# Incident\n\nrotated the staging key ✓" and shown["tags"] == ["incident"]
     piped_json = '{"host": "ci-3", "disk_free_gb": 0.4}'
     result = CliRunner().invoke(
         main, ["--db", str(db), "--no-embed", "add", "-", "--json-content"], input=piped_json

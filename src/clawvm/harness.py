@@ -907,6 +907,8 @@ class Harness:
     @_exclusive
     def checkpoint(self, session_id: str, name: str) -> str:
         """Snapshot the session's tiers and value state; returns the checkpoint id."""
+        if not isinstance(name, str) or not name.strip():
+            raise ValidationError("name", f"is {name!r}", "name the checkpoint (a non-empty string)")
         session_id = self._stored_id(session_id)  # the id the session's memories were stored with
         self._write_recalls(self.now())  # the tiers and access stats as the recalls so far left them
         return checkpoints.take(self.store, self.writer, self.tenant, session_id, name, self.now()).id
@@ -1151,8 +1153,15 @@ class Harness:
         return vector
 
     def _refuse_frozen(self, memory: Memory) -> None:
-        """A memory that only the harness may change: a revision a later one replaced (a change would give
-        its chain two heads), or the raw copy a compressed memory decompresses to."""
+        """A memory that only the harness may change: a checkpoint's snapshot (a rollback reads it as it was
+        taken), a revision a later one replaced (a change would give its chain two heads), or the raw copy a
+        compressed memory decompresses to."""
+        if checkpoints.is_snapshot(memory):
+            raise StateConflictError(
+                "memory_id",
+                f"{memory.id} is the snapshot of checkpoint {memory.metadata.get('checkpoint')!r}",
+                "roll back to it, or forget it to drop the checkpoint",
+            )
         if memory.status is Status.OBSOLETE:
             raise StateConflictError(
                 "memory_id",

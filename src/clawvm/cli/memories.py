@@ -69,14 +69,20 @@ def _content(content: str | None, content_file: Path | None) -> str:
         )
     if content_file is not None:
         try:
-            return content_file.read_text(encoding="utf-8")
+            return _last_line_ended(content_file.read_text(encoding="utf-8"))
         except UnicodeDecodeError as exc:
             raise ValidationError(
                 "--file", f"{content_file} is not UTF-8 text ({exc.reason})", "record a text file"
             ) from None
     if content == "-":
-        return sys.stdin.read()
+        return _last_line_ended(sys.stdin.read())
     return str(content)
+
+
+def _last_line_ended(text: str) -> str:
+    """``text`` without the line break that ends its last line (``echo``'s, an editor's): it ends the
+    line, it is not part of the memory."""
+    return text.removesuffix("\n").removesuffix("\r")
 
 
 def _kind(value: str | None) -> Kind | None:

@@ -95,8 +95,13 @@ def session_memories(store: StoreReader, tenant: str, session_id: str) -> Iterat
     holds one line per memory of the session, never the tenant's other memories, and a rollback changes
     them page by page (a keyset walk neither skips nor repeats a memory it changes)."""
     for m in store.iter_all(Filters.of(tenant=tenant, session_id=session_id)):
-        if TAG not in m.tags or m.kind is not Kind.AGENT_STATE:
+        if not is_snapshot(m):
             yield m
+
+
+def is_snapshot(memory: Memory) -> bool:
+    """Whether ``memory`` is a checkpoint's snapshot."""
+    return TAG in memory.tags and memory.kind is Kind.AGENT_STATE
 
 
 def take(
@@ -197,7 +202,7 @@ def read_snapshot(snap: Memory, tenant: str | None = None) -> Snapshot:
     content is a snapshot of its own session. Another tenant's is :class:`NotFoundError`; anything else a
     :class:`ValidationError` naming ``checkpoint_id`` (content written by hand, or imported, can look like a
     checkpoint without being one)."""
-    if TAG not in snap.tags or snap.kind is not Kind.AGENT_STATE:
+    if not is_snapshot(snap):
         raise ValidationError("checkpoint_id", f"{snap.id} is not a checkpoint", _NOT_A_SNAPSHOT_FIX)
     if tenant is not None and snap.tenant != tenant:  # as if it did not exist: no tenant learns another's ids
         raise NotFoundError("checkpoint", snap.id)
