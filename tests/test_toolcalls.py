@@ -227,7 +227,7 @@ def test_templates_give_one_format_per_tool_and_redact_hides_secrets(harness: Ha
     [
         (lambda r: None if r["rows"] else "no rows returned", "no rows returned"),
         (lambda r: bool(r["rows"]), "rejected by the validator"),
-        (lambda r: r["missing"], "KeyError: 'missing'"),
+        (lambda r: r["missing"], "the tool's validator raised KeyError: 'missing'"),
     ],
 )
 def test_invalid_result_is_recorded_as_error_never_silently(
@@ -243,6 +243,27 @@ def test_invalid_result_is_recorded_as_error_never_silently(
     assert info.value.reason == reason and (info.value.call_id, info.value.result_id) == (call.id, result.id)
     assert call.state is State.ERROR and result.state is State.ERROR
     assert result.content == f"InvalidToolResult: {reason}"
+
+
+def test_a_failing_template_or_cost_function_is_named(harness: Harness) -> None:
+    """A result the tool's own recording template cannot format is recorded as an ERROR that says so: the
+    template is the part to fix, not the tool."""
+
+    @harness.tool("get", session_id="s5", template="GET {args[url]} -> {result[status]}")
+    def get(url: str) -> dict[str, int]:
+        return {"code": 200}
+
+    with pytest.raises(InvalidToolResultError) as info:
+        get("http://x")
+    assert info.value.reason == "the tool's recording template raised KeyError: 'status'"
+
+    @harness.tool("count", session_id="s5", cost=lambda r: {"tokens": r["tokens"]})
+    def count() -> dict[str, int]:
+        return {"rows": 3}
+
+    with pytest.raises(InvalidToolResultError) as info:
+        count()
+    assert info.value.reason == "the tool's cost function raised KeyError: 'tokens'"
 
 
 def test_valid_result_passes_the_validator(harness: Harness) -> None:

@@ -209,12 +209,16 @@ class ToolCall:
     def succeed(self, value: Any) -> Any:
         """Validate and record ``value``; returns it, or raises InvalidToolResultError when rejected."""
         duration = self._elapsed()
+        part = "validator"  # which of the tool's own functions runs: a failing one is named in the error
         try:
             problem = self._check(value)
+            part = "recording template" if self.spec.template is not None else "result"
             content = self._result_content(value)
+            part = "cost function"
             cost = self._cost(value, duration)
         except Exception as exc:  # a failing validator/template/cost function: the result is unusable
-            problem, content, cost = f"{type(exc).__name__}: {exc}", None, self._cost(None, duration)
+            problem = f"the tool's {part} raised {type(exc).__name__}: {exc}"
+            content, cost = None, self._cost(None, duration)
         if problem is not None:
             result = self._finish(
                 State.ERROR,
