@@ -96,6 +96,11 @@ def test_api_serves_every_view(small: tuple[TestClient, Harness, dict[str, str]]
     assert client.get("/dashboard/api/contexts/999999", headers=auth).status_code == 404
     assert client.get("/dashboard/api/memories/nope", headers=auth).status_code == 404
     assert client.get("/dashboard/api/heatmap", params={"group": "x"}, headers=auth).status_code == 422
+    for name in ("kind", "tier", "status"):  # a misspelt filter used to answer an empty list
+        refused = client.get("/dashboard/api/memories", params={name: "bogus"}, headers=auth)
+        assert refused.status_code == 422 and refused.json()["error"]["field"] == name, refused.text
+    narrowed = client.get("/dashboard/api/memories", params={"kind": "", "tier": "working"}, headers=auth)
+    assert narrowed.status_code == 200
 
 
 def test_every_list_takes_the_same_filters(small: tuple[TestClient, Harness, dict[str, str]]) -> None:

@@ -18,15 +18,16 @@ import weakref
 from collections.abc import Callable
 from dataclasses import fields
 from datetime import datetime
+from enum import StrEnum
 from importlib import resources
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import RedirectResponse, Response
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from clawvm.core.errors import NotFoundError, ValidationError
-from clawvm.core.model import NON_BLANK, Kind, as_utc, iso_date_or_datetime
+from clawvm.core.model import NON_BLANK, Kind, Status, Tier, as_utc, iso_date_or_datetime
 from clawvm.dashboard import debug, views
 from clawvm.harness import Harness
 from clawvm.observe.learning import intervene, weights_of
@@ -77,18 +78,31 @@ class NoteBody(BaseModel):
     text: str = Field(min_length=1, max_length=2000, pattern=NON_BLANK)
 
 
+def _one_of(names: type[StrEnum]) -> Callable[[str], str]:
+    """A filter value that must be one of ``names`` (or empty: no filter); a misspelt one used to match
+    nothing and show an empty list, where the API answers 422."""
+    allowed = [n.value for n in names]
+
+    def check(v: str) -> str:
+        if v and v not in allowed:
+            raise ValueError(f"is {v!r}: use one of {', '.join(allowed)}")
+        return v
+
+    return check
+
+
 class FilterQuery(BaseModel):
     """The filter bar of every list (query parameters): see :class:`clawvm.dashboard.views.RowFilter`.
     (Not ``extra="forbid"``: the route's other parameters share the query string.)"""
 
     session: str | None = Field(default=None, max_length=500)
     q: str = Field(default="", max_length=500)
-    tier: str | None = Field(default=None, max_length=50)
-    kind: str | None = Field(default=None, max_length=50)
+    tier: Annotated[str, AfterValidator(_one_of(Tier))] | None = Field(default=None, max_length=50)
+    kind: Annotated[str, AfterValidator(_one_of(Kind))] | None = Field(default=None, max_length=50)
     agent: str | None = Field(default=None, max_length=500)
     tool: str | None = Field(default=None, max_length=500)
     tag: str | None = Field(default=None, max_length=500)
-    status: str | None = Field(default=None, max_length=50)
+    status: Annotated[str, AfterValidator(_one_of(Status))] | None = Field(default=None, max_length=50)
     since: Annotated[datetime, BeforeValidator(iso_date_or_datetime)] | None = None
     until: Annotated[datetime, BeforeValidator(iso_date_or_datetime)] | None = None
 
