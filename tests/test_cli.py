@@ -198,6 +198,10 @@ def test_import_of_a_bad_file_imports_nothing(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert f"{dump}:2: kind" in result.output
     assert json.loads(run(dst, "stats"))["memories"] == 0
+    dump.write_text("\n".join([*lines, "", lines[0]]) + "\n")  # the same memory twice
+    result = CliRunner().invoke(main, ["--db", str(dst), "--no-embed", "import", str(dump)])
+    assert result.exit_code == 2 and f"{dump}:3: id" in result.output and "line 1" in result.output
+    assert json.loads(run(dst, "stats"))["memories"] == 0
 
 
 texts = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=80).filter(

@@ -247,14 +247,20 @@ def prune_events(ctx: click.Context, max_age_days: float | None, max_events: int
 def import_(ctx: click.Context, path: Path) -> None:
     """Import a JSON Lines export. Every line is validated first: a bad file imports nothing."""
     memories: list[Memory] = []
+    line_of: dict[str, int] = {}  # id -> the line that holds it
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
             if not raw.strip():
                 continue
             try:
-                memories.append(Memory.from_json(raw))
+                memory = Memory.from_json(raw)
             except ValidationError as exc:
                 raise ValidationError(f"{path}:{lineno}: {exc.field}", exc.problem, exc.fix) from None
+            if (first := line_of.setdefault(memory.id, lineno)) != lineno:
+                raise ValidationError(
+                    f"{path}:{lineno}: id", f"repeats the id of line {first}", "keep one line per memory"
+                )
+            memories.append(memory)
     with opened_harness(ctx) as h:
         n = h.import_memories(memories, restore=True)  # a backup of a store: grants and sealed originals too
     click.echo(f"imported {n} memories ({len(memories) - n} already present)")
