@@ -91,8 +91,9 @@ def test_url_schema_parameter_is_ours_and_the_rest_goes_to_libpq() -> None:
         250,
         "-c work_mem=7MB",
     )
-    with pytest.raises(ConfigError, match="pool_size"):
+    with pytest.raises(ConfigError, match="pool_size") as exc:
         parse_url("postgresql://u@h/db?pool_size=0")
+    assert exc.value.field == "pool_size"
     assert split_url("postgres://u@h/db")[1] == "clawvm"
     with pytest.raises(ConfigError):
         split_url("postgresql://u@h/db?schema=Robert');DROP")
@@ -105,8 +106,9 @@ def test_url_switches_take_on_or_off_and_nothing_else() -> None:
     assert parse_url("postgresql://u@h/db?prepared=ON").prepared is True
     assert parse_url("postgresql://u@h/db").prepared is True
     for bad in ("prepared=maybe", "prepared=disable", "read_your_writes=enabled"):
-        with pytest.raises(ConfigError, match=bad.split("=")[0] + ".*on or off"):
+        with pytest.raises(ConfigError, match=bad.split("=")[0] + ".*on or off") as exc:
             parse_url(f"postgresql://u@h/db?{bad}")
+        assert exc.value.field == bad.split("=")[0]
     with pytest.raises(ConfigError, match="replica"):  # read-your-writes waits for a replica
         parse_url("postgresql://u@h/db?read_your_writes=on")
     replica = "postgresql%3A%2F%2Fu%40r%2Fdb"

@@ -140,14 +140,18 @@ def test_presets() -> None:
     assert not default.uses("graph") and PRESETS["graph"].uses("graph")
     for name, cfg in PRESETS.items():
         assert cfg.name == name and set(cfg.weights) <= set(CHANNELS)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError) as exc:
         preset("nope")
-    with pytest.raises(ConfigError):
+    assert exc.value.field == "preset" and "hybrid" in str(exc.value)
+    with pytest.raises(ConfigError) as exc:
         RecallConfig("bad", {"lexicon": 1.0})
-    with pytest.raises(ConfigError):
+    assert exc.value.field == "weights"
+    with pytest.raises(ConfigError) as exc:
         RecallConfig("bad", {"lexical": -1.0})
-    with pytest.raises(ConfigError, match="length_prior"):
+    assert exc.value.field == "weights"
+    with pytest.raises(ConfigError, match="length_prior") as exc:
         RecallConfig("bad", {"lexical": 1.0}, length_prior=-0.1)
+    assert exc.value.field == "length_prior"
     with pytest.raises(ConfigError, match="dense_candidates"):
         RecallConfig("bad", {"dense": 1.0}, dense_candidates=0)
     # the previous default stays available; the new one adds the length prior and a deeper dense list

@@ -65,7 +65,12 @@ class StateConflictError(ValidationError):
 
 
 class ConfigError(ClawVMError, ValueError):
-    """An option, preset name or store URL is not valid."""
+    """An option, preset name or store URL is not valid. The message says what to use instead; ``field``
+    names the option when one is to blame (``preset``, ``weights``, a store URL parameter), else None."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class AuthenticationError(ClawVMError):

@@ -94,13 +94,15 @@ class RecallConfig:
     def __post_init__(self) -> None:
         unknown = set(self.weights) - set(CHANNELS)
         if unknown:
-            raise ConfigError(f"unknown recall channel(s) {sorted(unknown)}: use {list(CHANNELS)}")
-        priors = (self.smoothing, self.author_prior, self.length_prior)
-        if any(w < 0 for w in self.weights.values()) or any(p < 0 for p in priors):
-            raise ConfigError("recall weights, smoothing, author_prior and length_prior must be >= 0")
+            raise ConfigError(f"unknown recall channel(s) {sorted(unknown)}: use {list(CHANNELS)}", "weights")
+        numbers = {"smoothing": self.smoothing, "author_prior": self.author_prior}
+        numbers.update(length_prior=self.length_prior, weights=min(self.weights.values(), default=0.0))
+        for name, n in numbers.items():
+            if n < 0:
+                raise ConfigError(f"recall {name} is {n}: pass 0 or more (0 turns it off)", name)
         counts = (self.candidates, self.dense_candidates if self.dense_candidates is not None else 1)
         if any(n < 1 for n in counts):
-            raise ConfigError("recall candidates and dense_candidates must be >= 1")
+            raise ConfigError("recall candidates and dense_candidates must be >= 1", "candidates")
 
     def uses(self, channel: str) -> bool:
         return self.weights.get(channel, 0.0) > 0.0
@@ -170,7 +172,7 @@ def preset(name: str | RecallConfig | None) -> RecallConfig:
         return name
     key = name or DEFAULT_PRESET
     if key not in PRESETS:
-        raise ConfigError(f"unknown recall preset {key!r}: use one of {sorted(PRESETS)}")
+        raise ConfigError(f"unknown recall preset {key!r}: use one of {sorted(PRESETS)}", "preset")
     return PRESETS[key]
 
 

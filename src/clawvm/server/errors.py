@@ -145,6 +145,8 @@ def response_for(exc: ClawVMError) -> JSONResponse:
     headers: dict[str, str] = {}
     if isinstance(exc, ValidationError | AccessDeniedError):
         field, message, fix = exc.field, exc.problem, exc.fix
+    elif isinstance(exc, ConfigError):  # its message says what to use instead
+        field = exc.field
     elif isinstance(exc, NotFoundError):
         field, fix = f"{exc.what}_id", "check the id: it may have been forgotten, or never existed"
     elif isinstance(exc, ConflictError):

@@ -51,7 +51,7 @@ class PgUrl:
 
 def _positive(name: str, value: str) -> int:
     if not value.isdigit() or int(value) <= 0:
-        raise ConfigError(f"{name}={value!r} in the store URL is not a positive whole number")
+        raise ConfigError(f"{name}={value!r} in the store URL is not a positive whole number", name)
     return int(value)
 
 
@@ -64,7 +64,9 @@ def _flag(name: str, value: str) -> bool:
         return True
     if value.lower() in _OFF:
         return False
-    raise ConfigError(f"{name}={value!r} in the store URL is not on or off: pass {name}=on or {name}=off")
+    raise ConfigError(
+        f"{name}={value!r} in the store URL is not on or off: pass {name}=on or {name}=off", name
+    )
 
 
 @functools.cache

@@ -289,12 +289,14 @@ class SQLiteStore(Store):
         if durability not in DURABILITY:
             raise ConfigError(
                 f"durability {durability!r} is unknown: use {' or '.join(DURABILITY)} "
-                "(sqlite:///path?durability=full)"
+                "(sqlite:///path?durability=full)",
+                "durability",
             )
         if snapshot_mode not in SNAPSHOT_MODES:
             raise ConfigError(
                 f"snapshot mode {snapshot_mode!r} is unknown: use {' or '.join(SNAPSHOT_MODES)} "
-                "(sqlite:///path?snapshot=inline)"
+                "(sqlite:///path?snapshot=inline)",
+                "snapshot",
             )
         # in the background only where the platform can fork
         self.snapshot_mode = snapshot_mode if forked.available() else "inline"
