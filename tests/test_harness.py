@@ -25,6 +25,7 @@ from clawvm import (
     RecallConfig,
     State,
     StateConflictError,
+    Status,
     Tier,
     TierBudgets,
     ValidationError,
@@ -127,10 +128,12 @@ def test_counts_and_flags_are_checked_at_the_harness_boundary(harness: Harness) 
     }
     for field, tries in calls.items():
         for call in tries:
-            for bad in (-1, 0, True, "5", 2.0):
+            for bad in (-1, True, "5", 2.0) if field == "limit" else (-1, 0, True, "5", 2.0):
                 with pytest.raises(ValidationError) as exc:
                     call(bad)
                 assert exc.value.field == field, (field, bad)
+    assert harness.list(limit=0) == [] and harness.events(limit=0) == []  # none asked, none given
+    assert len(harness.list(limit=np.int64(2), session_id="s")) == 2  # any integer type
     for bad_seq in (-1, "a", False):
         with pytest.raises(ValidationError) as exc:
             harness.events(after_seq=bad_seq)
@@ -317,7 +320,7 @@ def test_an_obsolete_revision_stays_as_it_was_replaced(harness: Harness) -> None
     for change in ({"status": "active"}, {"content": "refund limit 900 EUR"}):
         with pytest.raises(StateConflictError) as exc:
             harness.update(d.id, **change)
-        assert exc.value.field == "memory_id" and "obsolete" in exc.value.problem
+        assert exc.value.field == "memory_id" and f"replaced by {head.id}" in exc.value.problem
     assert harness.get(d.id) == old
     assert [m.id for m in harness.history(head.id)] == [d.id, head.id]
 
@@ -359,6 +362,39 @@ def test_a_recall_whose_queued_bookkeeping_cannot_be_written_still_returns_its_h
         store.failing = False
         h.flush()
         assert h.get(m.id).access_count == ACCESS_BUFFER
+
+
+def test_an_obsolete_memory_nothing_replaced_can_be_changed_back(harness: Harness) -> None:
+    """Rejected, rolled back or marked obsolete by hand: no later revision holds its place, so it may be
+    made active again (only a replaced revision may not, see above)."""
+    m = harness.record("the build cache lives on ci-3", session_id="s")
+    harness.update(m.id, status="obsolete")
+    assert harness.update(m.id, status="active").status is Status.ACTIVE
+    harness.reject(m.id, reason="wrong host")
+    assert harness.reject(m.id, reason="twice").status is Status.OBSOLETE  # a double click
+    assert harness.update(m.id, status="active").status is Status.ACTIVE
+
+
+def test_a_pinned_memory_leaves_working_only_unpinned(harness: Harness) -> None:
+    m = harness.pin(harness.record("keep this in every prompt", session_id="s").id)
+    for change in ({"tier": "archive"}, {"status": "archived"}):
+        with pytest.raises(ValidationError) as exc:
+            harness.update(m.id, **change)
+        assert exc.value.field in change and "unpin" in exc.value.fix
+    harness.unpin(m.id)
+    assert harness.update(m.id, tier="archive").tier is Tier.ARCHIVE
+
+
+def test_a_revision_refuses_what_an_update_refuses(harness: Harness) -> None:
+    m = harness.record("the ledger uses mysql", session_id="s")
+    for field, value in (("pinned", True), ("access_count", 999), ("usage", {"cited": 50}), ("value", 1.0)):
+        with pytest.raises(ValidationError) as exc:
+            harness.revise(m.id, content="the ledger uses postgres", **{field: value})
+        assert exc.value.field == field
+    cp = harness.checkpoint("s", "before")
+    with pytest.raises(StateConflictError):
+        harness.revise(cp, content="{}")
+    assert harness.history(m.id) == [harness.get(m.id)] and harness.rollback(cp)
 
 
 def test_changed_version_is_below_the_version() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +47,7 @@ from clawvm.core.model import (
     flag,
     moved_on,
     normalize_content,
+    refuse_set_by_harness,
     revalidate,
     utcnow,
 )
@@ -104,19 +106,11 @@ def _exclusive(method: Callable[Concatenate[Harness, _P], _R]) -> Callable[Conca
     return run
 
 
+log = logging.getLogger("clawvm.harness")
+
 #: Sessions whose start_session preload a harness remembers (the oldest is forgotten first).
 PRELOADED_SESSIONS = 8192
 _IMMUTABLE = frozenset({"id", "created_at", "version", "changed_version", "tenant"})
-#: Fields an update may not set, each with what sets it instead (REST PATCH does not take them either).
-_SET_BY_HARNESS = {
-    "token_count": "it is counted from the content: change the content",
-    "content_type": "it follows the content: pass the content as text, or as a dict or list for JSON",
-    "value": "the scorer computes it: use rate(id, delta), or intervene(h, 'set_value', id, value=...)",
-    "pinned": "use pin(id) or unpin(id), which keep the pinned budget and the working tier",
-    "access_count": "recalls count accesses",
-    "last_accessed_at": "recalls count accesses",
-    "usage": "context builds and record_output count it",
-}
 #: Metadata that compress() keeps: the compressed memory's pointer to its raw copy, and the raw copy's back.
 _COMPRESSION_METADATA = ("compression", "raw_of")
 
@@ -299,7 +293,7 @@ class Harness:
         fields.setdefault("tier", Tier.WORKING)  # new memories start next to the prompt; the pager moves them
         fields.setdefault("created_at", self.now())
         if fields.get("pinned"):
-            _refuse_unpinnable(fields)
+            _refuse_unpinnable(fields, "leave it out")
         if fields.get("pinned") and fields.get("session_id") is not None:
             self.pager.check_pin(build_memory({**fields, "content": text, "token_count": count_tokens(text)}))
         memory = build_memory(
@@ -350,9 +344,7 @@ class Harness:
         if bad:
             name = sorted(bad)[0]
             raise ValidationError(name, "cannot be changed", "record a new memory that revises this one")
-        owned = sorted(set(_SET_BY_HARNESS).intersection(changes))
-        if owned:
-            raise ValidationError(owned[0], "is set by the harness", _SET_BY_HARNESS[owned[0]])
+        refuse_set_by_harness(changes)
         current = self.store.get(memory_id)
         if expected_version is not None and moved_on(current, expected_version):
             raise ConflictError(memory_id, expected_version, current.version)
@@ -387,6 +379,9 @@ class Harness:
                 if "links" not in changes:
                     changes["links"] = [link for link in current.links if link.target != info["raw_id"]]
         updated = mark(revalidate(current, {**changes, "version": current.version + 1}))
+        if updated.pinned:
+            given: dict[str, Any] = {k: getattr(updated, k) for k in ("tier", "status") if k in changes}
+            _refuse_unpinnable(given, f"unpin({current.id!r}) first")
         teams.check_update(self, current, updated, as_agent)
         if updated.pinned and updated.token_count > current.token_count:
             self.pager.check_pin(updated)
@@ -532,8 +527,10 @@ class Harness:
             if self.working.accessed([h.memory for h in hits], now, [retrieved]):
                 try:
                     self._write_recalls(now)  # too much waits (no pass for long): written here
-                except StoreError as exc:  # still queued for the next pass: the recall itself succeeded,
-                    self._pager_error(exc)  # and a caller retrying it would count its accesses twice
+                except StoreError as exc:  # the recall itself succeeded: a caller retrying it would count
+                    # its accesses twice. What was not written waits for the next pass (unless half written)
+                    log.warning("a recall's queued bookkeeping was not written: %s", exc)
+                    self._pager_error(exc)
             self._wake_pager()
             return hits
         if not hits:
@@ -562,7 +559,7 @@ class Harness:
         return run_recall(self.store, query, vector, k, cfg, filters)
 
     def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]:
-        return self.store.list(self.filters(filters), limit=counted("limit", limit))
+        return self.store.list(self.filters(filters), limit=counted("limit", limit, 0))
 
     def count(self, **filters: Any) -> int:
         return self.store.count(self.filters(filters))
@@ -575,7 +572,8 @@ class Harness:
     def events(
         self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None
     ) -> builtins.list[Event]:
-        return self.store.read_events(counted("after_seq", after_seq, 0), counted("limit", limit), memory_id)
+        after, most = counted("after_seq", after_seq, 0), counted("limit", limit, 0)
+        return self.store.read_events(after, most, memory_id)
 
     # ---- virtual memory: value, tiers, paging ---------------------------------------------------------
     def now(self) -> datetime:
@@ -1153,27 +1151,16 @@ class Harness:
         return vector
 
     def _refuse_frozen(self, memory: Memory) -> None:
-        """A memory that only the harness may change: a checkpoint's snapshot (a rollback reads it as it was
-        taken), a revision a later one replaced (a change would give its chain two heads), or the raw copy a
-        compressed memory decompresses to."""
-        if checkpoints.is_snapshot(memory):
+        """A memory that only the harness may change: a checkpoint's snapshot or a compressed memory's raw
+        copy (:func:`clawvm.teams.shared.refuse_frozen`), or one a later revision or a merge replaced (a
+        change, reviving it above all, would give its chain two heads). An obsolete memory that nothing
+        replaced (rejected, rolled back, marked so by hand) may be changed back."""
+        teams.refuse_frozen(self, memory)
+        if teams.successor(memory) is not None:
             raise StateConflictError(
                 "memory_id",
-                f"{memory.id} is the snapshot of checkpoint {memory.metadata.get('checkpoint')!r}",
-                "roll back to it, or forget it to drop the checkpoint",
-            )
-        if memory.status is Status.OBSOLETE:
-            raise StateConflictError(
-                "memory_id",
-                f"{memory.id} is obsolete: a later revision replaced it",
+                f"{memory.id} was replaced by {teams.successor(memory)} (a revision or a merge)",
                 "change the head of its chain (see history(id)), or revise it",
-            )
-        owners = referenced_raw(self.store, memory)
-        if owners:
-            raise StateConflictError(
-                "memory_id",
-                f"{memory.id} is the raw content of compressed memory {owners[0]}",
-                f"change {owners[0]} instead, or decompress it first",
             )
 
     def _refuse_expired(self, memory: Memory) -> None:
@@ -1240,12 +1227,12 @@ def _keeping_compression(current: Memory, changes: dict[str, Any]) -> dict[str, 
     return {**changes, "metadata": {**given, **kept}} if kept else changes
 
 
-def _refuse_unpinnable(fields: Mapping[str, Any]) -> None:
-    """A pinned record lives in the working tier, active (what pin() requires): another tier or status
-    beside ``pinned`` is a contradiction, refused rather than silently resolved."""
+def _refuse_unpinnable(fields: Mapping[str, Any], fix: str) -> None:
+    """A pinned memory lives in the working tier, active (what pin() requires): another tier or status for
+    one is a contradiction, refused (with ``fix``) rather than silently resolved."""
     for name, pinned_is in (("tier", Tier.WORKING), ("status", Status.ACTIVE)):
         given = fields.get(name)
         if given is not None and given != pinned_is:
             raise ValidationError(
-                name, f"is {given!r} on a pinned memory", f"leave {name} out: a pinned memory is {pinned_is}"
+                name, f"is {given!r} on a pinned memory", f"{fix}: a pinned memory is {pinned_is}"
             )

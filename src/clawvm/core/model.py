@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -465,6 +466,26 @@ def build_memory(fields: Mapping[str, Any]) -> Memory:
         raise _translate(exc) from None
 
 
+#: Fields a caller's change (an update, a revision) may not set, each with what sets it instead (the
+#: REST API does not take them either).
+SET_BY_HARNESS = {
+    "token_count": "it is counted from the content: change the content",
+    "content_type": "it follows the content: pass the content as text, or as a dict or list for JSON",
+    "value": "the scorer computes it: use rate(id, delta), or intervene(h, 'set_value', id, value=...)",
+    "pinned": "use pin(id) or unpin(id), which keep the pinned budget and the working tier",
+    "access_count": "recalls count accesses",
+    "last_accessed_at": "recalls count accesses",
+    "usage": "context builds and record_output count it",
+}
+
+
+def refuse_set_by_harness(changes: Mapping[str, Any]) -> None:
+    """:class:`ValidationError` for the first field of ``changes`` that :data:`SET_BY_HARNESS` names."""
+    owned = sorted(set(SET_BY_HARNESS).intersection(changes))
+    if owned:
+        raise ValidationError(owned[0], "is set by the harness", SET_BY_HARNESS[owned[0]])
+
+
 def moved_on(current: Memory, expected_version: int) -> bool:
     """Whether ``current`` changed since the caller read it at ``expected_version``: by a change other than
     the harness's own bookkeeping since then (access counts, promotions, paging, value refreshes: see
@@ -688,10 +709,15 @@ def finite(x: float) -> float:
 
 def counted(name: str, v: Any, least: int = 1) -> int:
     """``v`` as a whole count of at least ``least`` (a limit, a page size, k), or :class:`ValidationError`
-    naming ``name``: a bool, a float or text is no count, and a negative limit sliced silently."""
-    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+    naming ``name``: a bool, a float or text is no count, and a negative limit sliced silently. Any integer
+    type passes (``operator.index``: NumPy's too)."""
+    try:
+        n = operator.index(v) if not isinstance(v, bool) else None
+    except TypeError:
+        n = None
+    if n is None or n < least:
         raise ValidationError(name, f"is {v!r}", f"pass a whole number of at least {least}")
-    return v
+    return n
 
 
 def flag(name: str, v: Any) -> bool:

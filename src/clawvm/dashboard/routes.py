@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import RedirectResponse, Response
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from clawvm.core.errors import NotFoundError, ValidationError
 from clawvm.core.model import NON_BLANK, Kind, Status, Tier, as_utc, iso_date_or_datetime
@@ -78,17 +78,14 @@ class NoteBody(BaseModel):
     text: str = Field(min_length=1, max_length=2000, pattern=NON_BLANK)
 
 
-def _one_of(names: type[StrEnum]) -> Callable[[str], str]:
-    """A filter value that must be one of ``names`` (or empty: no filter); a misspelt one used to match
-    nothing and show an empty list, where the API answers 422."""
-    allowed = [n.value for n in names]
+def _blank_is_none(v: Any) -> Any:
+    """The filter bar sends an empty value for "any": no filter."""
+    return None if v == "" else v
 
-    def check(v: str) -> str:
-        if v and v not in allowed:
-            raise ValueError(f"is {v!r}: use one of {', '.join(allowed)}")
-        return v
 
-    return check
+def _or_blank(names: type[StrEnum]) -> dict[str, Any]:
+    """The JSON Schema of a filter that takes one of ``names`` or an empty value (no filter)."""
+    return {"anyOf": [{"type": "string", "enum": ["", *(n.value for n in names)]}, {"type": "null"}]}
 
 
 class FilterQuery(BaseModel):
@@ -97,12 +94,15 @@ class FilterQuery(BaseModel):
 
     session: str | None = Field(default=None, max_length=500)
     q: str = Field(default="", max_length=500)
-    tier: Annotated[str, AfterValidator(_one_of(Tier))] | None = Field(default=None, max_length=50)
-    kind: Annotated[str, AfterValidator(_one_of(Kind))] | None = Field(default=None, max_length=50)
+    # one of the names, or empty (no filter): a misspelt one used to match nothing and show an empty list
+    tier: Annotated[Tier | None, BeforeValidator(_blank_is_none), WithJsonSchema(_or_blank(Tier))] = None
+    kind: Annotated[Kind | None, BeforeValidator(_blank_is_none), WithJsonSchema(_or_blank(Kind))] = None
     agent: str | None = Field(default=None, max_length=500)
     tool: str | None = Field(default=None, max_length=500)
     tag: str | None = Field(default=None, max_length=500)
-    status: Annotated[str, AfterValidator(_one_of(Status))] | None = Field(default=None, max_length=50)
+    status: Annotated[
+        Status | None, BeforeValidator(_blank_is_none), WithJsonSchema(_or_blank(Status))
+    ] = None
     since: Annotated[datetime, BeforeValidator(iso_date_or_datetime)] | None = None
     until: Annotated[datetime, BeforeValidator(iso_date_or_datetime)] | None = None
 

@@ -65,12 +65,14 @@ from clawvm.core.model import (
     build_memory,
     moved_on,
     normalize_content,
+    refuse_set_by_harness,
     revalidate,
 )
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
 from clawvm.store.crypto import REDACTION_FIELD
 from clawvm.store.kinds import EventKind
+from clawvm.vm.checkpoint import is_snapshot
 from clawvm.vm.compress import referenced_raw
 from clawvm.vm.tiers import Pager
 from clawvm.write.commit import Recorder, past_bookkeeping
@@ -430,17 +432,31 @@ def revise(
         )
     if expected_version is not None and moved_on(current, expected_version):
         raise ConflictError(memory_id, expected_version, current.version)
-    owners = referenced_raw(h.store, current)
-    if owners:  # decompress would return the revision as the original text
-        raise StateConflictError(
-            "memory_id",
-            f"{memory_id} is the raw content of compressed memory {owners[0]}",
-            f"revise {owners[0]} instead, or decompress it first",
-        )
+    refuse_set_by_harness(changes)
+    refuse_frozen(h, current)
     check_write(h, current, agent_id or current.agent_id)
     return past_bookkeeping(
         current, lambda: h.store.get(memory_id), lambda read: _append_revision(h, read, agent_id, changes)
     )
+
+
+def refuse_frozen(h: TeamHost, memory: Memory) -> None:
+    """:class:`StateConflictError` for a memory only the harness may change or revise: a checkpoint's
+    snapshot (a rollback reads it as it was taken) or the raw copy a compressed memory decompresses to
+    (decompress would return the change as the original text)."""
+    if is_snapshot(memory):
+        raise StateConflictError(
+            "memory_id",
+            f"{memory.id} is the snapshot of checkpoint {memory.metadata.get('checkpoint')!r}",
+            "roll back to it, or forget it to drop the checkpoint",
+        )
+    owners = referenced_raw(h.store, memory)
+    if owners:
+        raise StateConflictError(
+            "memory_id",
+            f"{memory.id} is the raw content of compressed memory {owners[0]}",
+            f"change {owners[0]} instead, or decompress it first",
+        )
 
 
 def _append_revision(

@@ -40,7 +40,6 @@ from clawvm.core.model import (
     Tier,
     as_utc,
     iso_datetime,
-    utcnow,
 )
 from clawvm.recall.retrieval import PRESETS
 from clawvm.store.keys import Role
@@ -283,7 +282,7 @@ class FeedbackRequest(RequestBody):
 
 
 class CheckpointRequest(RequestBody):
-    name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=NON_BLANK)]
 
 
 class StartSessionRequest(RequestBody):
@@ -318,20 +317,13 @@ class ImportRequest(RequestBody):
     memories: list[ImportedMemory] = Field(max_length=MAX_IMPORT)
 
 
-def _in_the_future(v: datetime) -> datetime:
-    """A key's expiry: a time already past would mint a key that never works."""
-    if v <= utcnow():
-        raise ValueError(f"is {v.isoformat()}, already past: pass a future time, or ttl_s")
-    return v
-
-
 class KeyRequest(RequestBody):
     """A new key. ``expires_at`` and/or ``ttl_s``: when it stops working (401 ``key_expired``), the earlier
     of the two; without either it does not expire."""
 
     role: RoleName = Role.AGENT
     name: Annotated[str, StringConstraints(max_length=200)] = ""
-    expires_at: Annotated[UtcDatetime, AfterValidator(_in_the_future)] | None = None
+    expires_at: UtcDatetime | None = None
     ttl_s: float | None = Field(default=None, gt=0, le=MAX_KEY_TTL_S, description="seconds from now")
 
 
