@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
@@ -323,6 +324,8 @@ def test_an_obsolete_revision_stays_as_it_was_replaced(harness: Harness) -> None
         assert exc.value.field == "memory_id" and f"replaced by {head.id}" in exc.value.problem
     assert harness.get(d.id) == old
     assert [m.id for m in harness.history(head.id)] == [d.id, head.id]
+    with pytest.raises(ConflictError, match=re.escape(f"the head is '{head.id}'")):
+        harness.revise(d.id, content="refund limit 900 EUR")
 
 
 @pytest.mark.parametrize(("field", "value"), [("tier", "archive"), ("status", "archived")])
@@ -372,6 +375,8 @@ def test_an_obsolete_memory_nothing_replaced_can_be_changed_back(harness: Harnes
     assert harness.update(m.id, status="active").status is Status.ACTIVE
     harness.reject(m.id, reason="wrong host")
     assert harness.reject(m.id, reason="twice").status is Status.OBSOLETE  # a double click
+    with pytest.raises(ConflictError, match=re.escape("obsolete (rejected, or rolled back): make it active")):
+        harness.revise(m.id, content="the build cache lives on ci-4")
     assert harness.update(m.id, status="active").status is Status.ACTIVE
 
 

@@ -423,12 +423,15 @@ def revise(
     """
     current = h.store.get(memory_id)
     if current.status is Status.OBSOLETE:
+        head = latest(h, memory_id).id
         raise ConflictError(
             memory_id,
             expected_version,
             current.version,
-            f"memory {memory_id!r} is not the head of its revision chain any more (the head is "
-            f"{latest(h, memory_id).id!r}): revise the head, or use revise_with_retry",
+            f"memory {memory_id!r} is not the head of its revision chain any more (the head is {head!r}):"
+            " revise the head, or use revise_with_retry"
+            if head != memory_id
+            else f"memory {memory_id!r} is obsolete (rejected, or rolled back): make it active first",
         )
     if expected_version is not None and moved_on(current, expected_version):
         raise ConflictError(memory_id, expected_version, current.version)
