@@ -380,14 +380,17 @@ def test_an_obsolete_memory_nothing_replaced_can_be_changed_back(harness: Harnes
     assert harness.update(m.id, status="active").status is Status.ACTIVE
 
 
-def test_a_pinned_memory_leaves_working_only_unpinned(harness: Harness) -> None:
-    m = harness.pin(harness.record("keep this in every prompt", session_id="s").id)
+def test_archiving_or_rejecting_a_pinned_memory_unpins_it(harness: Harness) -> None:
+    """A pinned memory lives in working and active: a change that moves it out of either unpins it in the
+    same write (it stayed pinned in the archive before, counted but never packed)."""
     for change in ({"tier": "archive"}, {"status": "archived"}):
-        with pytest.raises(ValidationError) as exc:
-            harness.update(m.id, **change)
-        assert exc.value.field in change and "unpin" in exc.value.fix
-    harness.unpin(m.id)
-    assert harness.update(m.id, tier="archive").tier is Tier.ARCHIVE
+        m = harness.pin(harness.record("keep this in every prompt", session_id="s").id)
+        moved = harness.update(m.id, **change)
+        assert not moved.pinned and moved.version == m.version + 1
+    m = harness.pin(harness.record("keep this too", session_id="s").id)
+    rejected = harness.reject(m.id, reason="wrong")
+    assert rejected.status is Status.OBSOLETE and not rejected.pinned
+    assert harness.count(session_id="s", pinned=True, status="any") == 0
 
 
 def test_a_revision_refuses_what_an_update_refuses(harness: Harness) -> None:

@@ -363,6 +363,8 @@ class Harness:
         self._refuse_expired(current)
         self._refuse_frozen(current)
         changes = _keeping_compression(current, changes)
+        if current.pinned and _leaves_the_prompt(changes):  # archiving or rejecting a pinned memory
+            changes = {**changes, "pinned": False}  # unpins it in the same write, as intervene's archive does
         # the stored redaction mark stays with the stored text: a caller can neither drop nor forge it; new
         # text starts unmarked, and the commit path redacts it and seals its original
         mark = Redactor.unchanged(current)
@@ -379,9 +381,6 @@ class Harness:
                 if "links" not in changes:
                     changes["links"] = [link for link in current.links if link.target != info["raw_id"]]
         updated = mark(revalidate(current, {**changes, "version": current.version + 1}))
-        if updated.pinned:
-            given: dict[str, Any] = {k: getattr(updated, k) for k in ("tier", "status") if k in changes}
-            _refuse_unpinnable(given, f"unpin({current.id!r}) first")
         teams.check_update(self, current, updated, as_agent)
         if updated.pinned and updated.token_count > current.token_count:
             self.pager.check_pin(updated)
@@ -1236,3 +1235,10 @@ def _refuse_unpinnable(fields: Mapping[str, Any], fix: str) -> None:
             raise ValidationError(
                 name, f"is {given!r} on a pinned memory", f"{fix}: a pinned memory is {pinned_is}"
             )
+
+
+def _leaves_the_prompt(changes: Mapping[str, Any]) -> bool:
+    """Whether ``changes`` move a memory out of the working tier or out of ``active``, where a pinned one
+    lives."""
+    tier, status = changes.get("tier"), changes.get("status")
+    return (tier is not None and tier != Tier.WORKING) or (status is not None and status != Status.ACTIVE)
