@@ -1155,10 +1155,10 @@ class Harness:
         change, reviving it above all, would give its chain two heads). An obsolete memory that nothing
         replaced (rejected, rolled back, marked so by hand) may be changed back."""
         teams.refuse_frozen(self, memory)
-        if teams.successor(memory) is not None:
+        if (replaced_by := teams.successor(memory)) is not None:
             raise StateConflictError(
                 "memory_id",
-                f"{memory.id} was replaced by {teams.successor(memory)} (a revision or a merge)",
+                f"{memory.id} was replaced by {replaced_by} (a revision or a merge)",
                 "change the head of its chain (see history(id)), or revise it",
             )
 
