@@ -59,7 +59,7 @@ import clawvm
 from _scale_engines import load
 from _synthetic import Corpus
 from clawvm.core.vectors import top_indices
-from clawvm.store import SQLiteStore
+from clawvm.store import SQLiteStore, snapshot
 
 FORMAT = 1  # bump when the cached build changes shape
 GOALS = {"open_ratio": 10.0, "record_ratio": 2.0, "recall_ratio": 2.0, "e2e_ratio": 1.5, "ingest_ratio": 0.9}
@@ -79,7 +79,7 @@ def ms_of(fn: Callable[[], Any]) -> tuple[float, Any]:
 def build(n: int, cache: Path, echo: Callable[[str], None]) -> Path:
     """A directory with ``store.db`` (N synthetic memories with vectors, written through ``Store.write``)
     and ``fts.db`` (the same texts in an FTS5 table): built once per N and cached."""
-    done = cache / f"limits-n{n}-f{FORMAT}"
+    done = cache / f"limits-n{n}-f{FORMAT}-s{snapshot.FORMAT}"  # a new snapshot format: a new build
     if (done / "complete").exists():
         echo(f"cached build: {done}")
         return done

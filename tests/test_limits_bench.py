@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from clawvm.store import snapshot
+
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
@@ -45,4 +47,5 @@ def test_limits_writes_every_ratio_beside_its_absolute_figures(tmp_path: Path) -
     assert (
         res["record_p95_ms"] >= res["record_p50_ms"] > 0 and res["recall_p95_ms"] >= res["recall_p50_ms"] > 0
     )
-    assert (tmp_path / "cache" / "limits-n2000-f1" / "complete").exists()  # cached for the next run
+    built = tmp_path / "cache" / f"limits-n2000-f{limits.FORMAT}-s{snapshot.FORMAT}"
+    assert (built / "complete").exists()  # cached for the next run

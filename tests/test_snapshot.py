@@ -23,9 +23,11 @@ import pytest
 import clawvm
 from clawvm import Memory
 from clawvm.core.model import Filters
+from clawvm.core.vectors import VectorIndex
 from clawvm.store import Query, SQLiteStore, mapped
 from clawvm.store import snapshot as snap
 from clawvm.store import sqlite as sqlite_engine
+from clawvm.store.index import SearchIndex
 from clawvm.store.mapped import Appended, Overlay, Strings
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -665,3 +667,30 @@ def test_a_snapshot_written_over_an_unchecked_one_checks_it_first(
         assert again.snapshot_check() is None  # the new snapshot is sound (checked now, delay or not)
     finally:
         again.close()
+
+
+def test_a_projected_index_with_sign_codes_reads_back_and_grows_as_the_original(tmp_path: Path) -> None:
+    """Above ``exact_below`` the snapshot holds the projection and the sign codes: searches on the mapped
+    index answer as on the one written, and so do rows added after the open (into the spare rows the
+    snapshot leaves, then past them)."""
+    rng = np.random.default_rng(11)
+    written = SearchIndex(384)
+    written.vectors = VectorIndex(384, exact_below=50, rescore=20, code_share=0.1)
+    x = rng.standard_normal((1500, 384)).astype(np.float32)
+    written.vectors.add(np.arange(1500), x)
+    written.vectors.prepare()
+    mark = snap.Fingerprint(file_id=1, schema=1, last_seq=0, last_id=None)
+    snap.write(str(tmp_path / "v.db"), written, 1, mark)
+    read = snap.load(str(tmp_path / "v.db"), 384, lambda _seq: mark, 1).index.vectors
+    assert read._codes is not None and read.code_share == 0.1
+    assert np.array_equal(read._codes[:, :1500], written.vectors._codes[:, :1500])
+
+    def searches(v: VectorIndex) -> list[list[tuple[int, float]]]:
+        return [v.search(q, 10) for q in np.random.default_rng(12).standard_normal((8, 384))]
+
+    assert searches(read) == searches(written.vectors)
+    for v in (read, written.vectors):
+        v.add(np.arange(1500, 1600), x[:100] + 0.01)  # within the spare rows
+        v.add([9000], x[7:8])  # past them: the matrices and the codes grow
+    assert searches(read) == searches(written.vectors)
+    assert read.search(x[7], 2)[0][0] in (7, 9000)

@@ -1,11 +1,11 @@
-"""Dense vector index: exact search, the projected screen above ``exact_below``, masks and removal."""
+"""Dense vector index: exact search, the projected screen above ``exact_below``, its sign codes, masks."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from clawvm.core.vectors import VectorIndex, normalize
+from clawvm.core.vectors import VectorIndex, normalize, sign_codes
 
 DIM = 384
 
@@ -140,3 +140,89 @@ def test_projected_mode_respects_masks_removal_and_new_rows(
     finally:
         idx.remove(2500)
         idx.add([best], x[best : best + 1])
+
+
+# ---- the sign codes that cut the rows the screen reads --------------------------------------------------
+@pytest.fixture(scope="module")
+def coded() -> tuple[VectorIndex, np.ndarray, np.ndarray]:
+    """3,000 rows with a screen that re-scores 20: the codes keep 10% (300) of them for the screen."""
+    rng = np.random.default_rng(6)
+    bases = unit(rng, 20)
+    x = structured(rng, bases, 3000)
+    idx = VectorIndex(DIM, exact_below=50, rescore=20, code_share=0.1)
+    idx.add(np.arange(3000), x)
+    idx.prepare()
+    return idx, x, bases
+
+
+def test_codes_cut_the_screened_rows_to_their_share_and_keep_the_nearest(
+    coded: tuple[VectorIndex, np.ndarray, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    idx, x, bases = coded
+    assert idx._codes is not None and idx._codes.shape[0] == DIM // 64
+    valid = idx._has[: idx._hi]
+    rng = np.random.default_rng(7)
+    overlaps = []
+    cut: list[int] = []  # rows each search's screen read
+    nearest = idx._nearest_codes
+
+    def spy(*args: object) -> np.ndarray | None:
+        near = nearest(*args)  # type: ignore[arg-type]
+        cut.append(-1 if near is None else len(near))
+        return near
+
+    monkeypatch.setattr(idx, "_nearest_codes", spy)
+    for q in structured(rng, bases, 20):
+        near = idx._nearest_codes(normalize(q), valid, len(idx), 20)
+        assert near is not None
+        assert 300 <= len(near) < 600, len(near)  # the share, plus the rows tied at the cut
+        assert list(near) == sorted(set(near.tolist()))
+        assert exact_top(x, q, 1)[0] in set(near.tolist())
+        hits = idx.search(q, 10)
+        overlaps.append(len({r for r, _ in hits} & set(exact_top(x, q, 10))))
+        for r, s in hits:
+            assert s == pytest.approx(float(x[r] @ normalize(q)), abs=1e-5)
+    assert float(np.mean(overlaps)) >= 8.0, overlaps
+    assert len(cut) == 40 and all(0 < c < 600 for c in cut), cut  # every search screened the cut rows
+
+
+def test_codes_follow_masks_removal_growth_and_can_be_turned_off(
+    coded: tuple[VectorIndex, np.ndarray, np.ndarray],
+) -> None:
+    idx, x, bases = coded
+    q = structured(np.random.default_rng(8), bases, 1)[0]
+    allowed = np.zeros(3000, dtype=bool)
+    allowed[::2] = True  # 1,500 rows: the codes still cut them
+    assert idx._nearest_codes(normalize(q), idx._has[:3000] & allowed, 1500, 20) is not None
+    hits = idx.search(q, 10, allowed)
+    assert len(hits) == 10 and all(r % 2 == 0 for r, _ in hits)
+
+    best = idx.search(q, 1)[0][0]
+    far = 40_000  # past the capacity: the codes grow with the matrices
+    idx.remove(best)
+    try:
+        assert best not in {r for r, _ in idx.search(q, 50)}
+        idx.add([far], q[None, :])  # a row added after the fit gets its code
+        assert idx.search(q, 1)[0] == (far, pytest.approx(1.0, abs=1e-5))
+        assert idx._codes is not None and idx._codes.shape[1] == len(idx._x) > far
+        share = idx.code_share
+        idx.code_share = 0  # off: the screen reads every row, and finds the same best row
+        try:
+            assert idx.search(q, 1)[0][0] == far
+        finally:
+            idx.code_share = share
+    finally:
+        idx.remove(far)
+        idx.add([best], x[best : best + 1])
+    assert idx.search(x[best], 1)[0][0] == best
+
+
+def test_sign_codes_set_a_bit_per_dimension_above_the_mean() -> None:
+    mean = np.zeros(70, dtype=np.float32)
+    rows = -np.ones((2, 70), dtype=np.float32)
+    rows[0, [0, 9, 69]] = 1.0  # bits 0, 9 and 69; 70 dims take two words
+    codes = sign_codes(rows, mean)
+    assert codes.shape == (2, 2) and codes.dtype == np.uint64
+    assert [int(np.bitwise_count(c).sum()) for c in codes] == [3, 0]
+    bits = np.unpackbits(codes[0].view(np.uint8))[:70]
+    assert np.flatnonzero(bits).tolist() == [0, 9, 69]

@@ -9,6 +9,14 @@ Chosen by measurement on this 2-core machine (see ``bench/recall_scale.py``):
 So small indexes are searched exactly, and above ``exact_below`` rows the projected screen is used. The
 projection is refitted when the index has doubled since the last fit.
 
+Before the screen, a sign code cuts the rows it reads (``code_share``): each row keeps one bit per dimension
+(above or below the fitted mean), and the rows whose code is nearest the query's in Hamming distance, a
+share of the valid ones, are the only ones screened. Reading 48 bytes a row instead of the screen's 384 is
+what makes it pay: at 100k rows the full screen reads 38 MB in ~5 ms on one core, the codes 4.8 MB in ~1 ms.
+On 24k real MiniLM sentence vectors (300 questions), the exact top 10 kept by the screen alone was 97.5%;
+with the codes keeping 8% of the rows before it, 97.2% (4%: 96.0%; 16%: 97.6%). ``code_share=0`` turns the
+cut off.
+
 The scans are single-threaded (:func:`matvec`, NumPy's own SIMD loop) rather than BLAS ``@``: a BLAS
 matrix-vector product splits over its thread pool, whose threads spin and wait on a machine whose cores are
 busy. On this 2-core machine under load, 100k x 96 took 13.5 ms with ``@`` and 3.1 ms single-threaded;
@@ -40,17 +48,29 @@ def matvec(m: np.ndarray, v: np.ndarray) -> np.ndarray:
 class VectorIndex:
     """Rows are the engine's dense row numbers; a row without a vector never matches."""
 
-    def __init__(self, dim: int, exact_below: int = 20_000, proj_dim: int = 96, rescore: int = 400) -> None:
+    def __init__(
+        self,
+        dim: int,
+        exact_below: int = 20_000,
+        proj_dim: int = 96,
+        rescore: int = 400,
+        code_share: float = 0.08,
+    ) -> None:
         self.dim = dim
         self.exact_below = exact_below
         self.proj_dim = min(proj_dim, dim)
         self.rescore = rescore
+        self.code_share = code_share
         self._x = np.zeros((1024, dim), dtype=np.float32)
         self._has = np.zeros(1024, dtype=bool)
         self._n = 0  # number of rows with a vector
         self._hi = 0  # one past the highest row ever given a vector
         self._proj: np.ndarray | None = None  # (dim, proj_dim)
         self._xp: np.ndarray | None = None  # projected rows
+        self._mean: np.ndarray | None = None  # (dim,): the sign codes' threshold, fitted with the projection
+        # (words, rows) uint64, a row's code down a column: bit d set when x[d] > mean[d]. Word-major, so
+        # that the Hamming pass reads each word of every row contiguously (~3x faster than row-major)
+        self._codes: np.ndarray | None = None
         self._fitted_at = 0
         self._lock = threading.Lock()  # guards the projection refit only
 
@@ -69,6 +89,10 @@ class VectorIndex:
                 xp = np.zeros((size, self.proj_dim), dtype=np.float32)
                 xp[: len(self._xp)] = self._xp
                 self._xp = xp
+            if self._codes is not None:
+                codes = np.zeros((len(self._codes), size), dtype=np.uint64)
+                codes[:, : self._codes.shape[1]] = self._codes
+                self._codes = codes
 
     def add(self, rows: np.ndarray | list[int], vectors: np.ndarray) -> None:
         if len(rows) == 1:  # a record's one vector: scalar indexing (~18 us against ~28 us batched)
@@ -85,6 +109,8 @@ class VectorIndex:
         self._has[rows] = True
         if self._proj is not None and self._xp is not None:
             self._xp[rows] = vecs @ self._proj
+        if self._mean is not None and self._codes is not None:
+            self._codes[:, rows] = sign_codes(vecs, self._mean).T
 
     def _add_one(self, row: int, vector: np.ndarray) -> None:
         # the batched path's arithmetic exactly (its 2-D normalize, a one-row matmul): an index rebuilt
@@ -98,6 +124,8 @@ class VectorIndex:
         self._has[row] = True
         if self._proj is not None and self._xp is not None:
             self._xp[row] = (vecs @ self._proj)[0]
+        if self._mean is not None and self._codes is not None:
+            self._codes[:, row] = sign_codes(vecs, self._mean)[0]
 
     def remove(self, row: int) -> None:
         if row < len(self._has) and self._has[row]:
@@ -105,6 +133,8 @@ class VectorIndex:
             self._x[row] = 0
             if self._xp is not None:
                 self._xp[row] = 0
+            if self._codes is not None:
+                self._codes[:, row] = 0
             self._n -= 1
 
     def get(self, row: int) -> np.ndarray | None:
@@ -123,11 +153,18 @@ class VectorIndex:
         with self._lock:
             rows = np.flatnonzero(self._has)
             sample = self._x[rows[:: max(1, len(rows) // 8000)]]
-            centered = sample - sample.mean(axis=0)
+            mean = sample.mean(axis=0)
+            centered = sample - mean
             # top principal directions from the covariance's eigenvectors: 25x faster than an SVD here
             _, eigvecs = np.linalg.eigh(centered.T @ centered)
             proj = np.ascontiguousarray(eigvecs[:, ::-1][:, : self.proj_dim])
             self._xp = np.ascontiguousarray(self._x @ proj)
+            self._codes = np.zeros((code_words(self.dim), len(self._x)), dtype=np.uint64)
+            for start in range(0, len(self._x), _CODE_CHUNK):  # a bool matrix of every row at once is big
+                chunk = self._x[start : start + _CODE_CHUNK]
+                self._codes[:, start : start + len(chunk)] = sign_codes(chunk, mean).T
+            self._codes[:, ~self._has] = 0
+            self._mean = mean
             self._proj = proj
             self._fitted_at = self._n
 
@@ -149,16 +186,96 @@ class VectorIndex:
             # most rows qualify: one contiguous matmul beats gathering them
             scores = matvec(self._x[:hi], q)[rows] if 3 * n_valid >= hi else matvec(self._x[rows], q)
         else:
-            screen = matvec(self._xp[:hi], q @ self._proj)
-            np.putmask(screen, ~valid, -np.inf)
             n_cand = min(max(self.rescore, 4 * limit), n_valid)
-            rows = top_indices(screen, n_cand)
+            near = self._nearest_codes(q, valid, n_valid, n_cand)
+            if near is None:
+                screen = matvec(self._xp[:hi], q @ self._proj)
+                np.putmask(screen, ~valid, -np.inf)
+                rows = top_indices(screen, n_cand)
+            else:
+                rows = near[top_indices(self._screen_of(near, q @ self._proj), n_cand)]
             scores = matvec(self._x[rows], q)
         if len(rows) > limit:
             top = np.argpartition(-scores, limit - 1)[:limit]
             rows, scores = rows[top], scores[top]
         order = np.argsort(-scores, kind="stable")
         return list(zip(rows[order].tolist(), scores[order].tolist(), strict=True))
+
+    def _nearest_codes(
+        self, q: np.ndarray, valid: np.ndarray, n_valid: int, n_cand: int
+    ) -> np.ndarray | None:
+        """The valid rows, in order, whose sign codes are nearest the query's: at least ``code_share`` of
+        the valid rows and ``4 * n_cand`` (rows tied at the cut all come in); None when that would not cut
+        the rows the screen reads (or the codes are off or not fitted)."""
+        keep = max(int(self.code_share * n_valid), 4 * n_cand)
+        if self._codes is None or self._mean is None or self.code_share <= 0 or 2 * keep > n_valid:
+            return None
+        hi = len(valid)
+        code = sign_codes(q.reshape(1, self.dim), self._mean)[0]
+        words = len(code)
+        same = np.full(hi, 64 * words, dtype=np.uint16)  # bits the row's code shares with the query's
+        differ, count = _scratch("differ", (_BLOCK,), np.uint64), _scratch("count", (_BLOCK,), np.uint8)
+        for start in range(0, hi, _BLOCK):
+            stop = min(hi, start + _BLOCK)
+            d, c = differ[: stop - start], count[: stop - start]
+            for word in range(words):
+                np.bitwise_xor(self._codes[word, start:stop], code[word], out=d)
+                np.bitwise_count(d, out=c)
+                np.subtract(same[start:stop], c, out=same[start:stop])
+        if n_valid < hi:
+            same[~valid] = 0
+        # the cut from the counts of each agreement (0..bits), not a partition: the values are few and tied
+        at_least = np.cumsum(np.bincount(same, minlength=64 * words + 1)[::-1])
+        cut = 64 * words - int(np.searchsorted(at_least, keep))
+        near = np.flatnonzero(same >= max(cut, 1))
+        return near if len(near) >= n_cand else None  # (only codes opposite the query's in every bit)
+
+    def _screen_of(self, rows: np.ndarray, qp: np.ndarray) -> np.ndarray:
+        """The projected screen's scores of ``rows``, gathered a block at a time into a reused buffer."""
+        assert self._xp is not None
+        out = np.empty(len(rows), dtype=np.float32)
+        block = _scratch("gather", (_GATHER, self.proj_dim), np.float32)
+        for start in range(0, len(rows), _GATHER):
+            part = rows[start : start + _GATHER]
+            got = np.take(self._xp, part, axis=0, out=block[: len(part)])
+            out[start : start + len(part)] = matvec(got, qp)
+        return out
+
+
+def code_words(dim: int) -> int:
+    """64-bit words in a sign code of ``dim`` bits."""
+    return -(-dim // 64)
+
+
+def sign_codes(rows: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    """(len(rows), words) uint64: bit d of a row's code is set when its value d is above ``mean[d]``."""
+    packed = np.packbits(rows > mean, axis=1)
+    words = code_words(rows.shape[1])
+    if packed.shape[1] != 8 * words:
+        packed = np.pad(packed, ((0, 0), (0, 8 * words - packed.shape[1])))
+    codes: np.ndarray = np.ascontiguousarray(packed).view(np.uint64)
+    return codes
+
+
+_CODE_CHUNK = 16_384
+# Block sizes of the searches' passes, through per-thread buffers reused from search to search: a fresh
+# temporary of a few MB is mapped and page-faulted in on every call, which cost more than the pass itself
+# (a 9k-row gather of the screen: 2.5 ms fresh, 0.3 ms into a warm buffer)
+_BLOCK = 65_536
+_GATHER = 2_048
+_SCRATCH = threading.local()
+
+
+def _scratch(name: str, shape: tuple[int, ...], dtype: type[np.generic]) -> np.ndarray:
+    """This thread's buffer ``name`` of ``shape`` (contents undefined)."""
+    key = (name, shape)
+    buffers: dict[tuple[str, tuple[int, ...]], np.ndarray] | None = getattr(_SCRATCH, "buffers", None)
+    if buffers is None:
+        buffers = _SCRATCH.buffers = {}
+    got = buffers.get(key)
+    if got is None:
+        got = buffers[key] = np.empty(shape, dtype=dtype)
+    return got
 
 
 def top_indices(x: np.ndarray, n: int) -> np.ndarray:

@@ -61,7 +61,7 @@ from clawvm.store.index import _COLUMNS, SearchIndex, _Column
 from clawvm.store.mapped import Appended, Overlay, Strings, csr, items, pack_runs, transpose
 
 MAGIC = b"CLAWVM-INDEX\n"
-FORMAT = 3  # 3: flat arrays, mapped on open (2: one pickle, read whole)
+FORMAT = 4  # 4: sign codes beside the projection (3: flat arrays, mapped on open; 2: one pickle)
 _PAGE = 4096
 _ALIGN = 64
 #: Arrays up to this many bytes in all are checked at open; above, by a background pass after open.
@@ -210,17 +210,22 @@ def _lexical_arrays(lex: LexicalIndex, out: dict[str, np.ndarray]) -> dict[str, 
 def _vector_arrays(v: VectorIndex, out: dict[str, np.ndarray]) -> dict[str, Any]:
     out["vectors"] = v._x
     out["vec.has"] = v._has
-    if v._xp is not None and v._proj is not None:
+    if v._xp is not None and v._proj is not None and v._codes is not None and v._mean is not None:
         out["projected"], out["vec.proj"] = v._xp, v._proj
+        out["vec.codes"], out["vec.mean"] = v._codes, v._mean
     return {
         "dim": v.dim,
         "exact_below": v.exact_below,
         "proj_dim": v.proj_dim,
         "rescore": v.rescore,
+        "code_share": v.code_share,
         "n": v._n,
         "hi": v._hi,
         "fitted_at": v._fitted_at,
     }
+
+
+_PER_VECTOR_ROW = ("vectors", "projected", "vec.has")  # arrays with a row per vector row, on the first axis
 
 
 def _spare_rows(v: VectorIndex) -> int:
@@ -242,10 +247,12 @@ def write(db_path: str, index: SearchIndex, rev: int, fingerprint: Fingerprint) 
     spare = _spare_rows(index.vectors)
     zeros: dict[str, bytes] = {}  # written after an array: its spare rows
     for name, a in arrays.items():
+        if spare and name == "vec.codes":  # word-major: its rows run along the second axis
+            a = np.pad(a, ((0, 0), (0, spare)))
         a = np.ascontiguousarray(a)
         blobs[name] = a.reshape(-1).view(np.uint8).data
         shapes[name] = {"dtype": a.dtype.str, "shape": list(a.shape)}
-        if spare and name in ("vectors", "projected", "vec.has"):
+        if spare and name in _PER_VECTOR_ROW:
             zeros[name] = bytes(spare * a.dtype.itemsize * math.prod(a.shape[1:]))
             shapes[name]["shape"][0] += spare
     # the offsets, from the data's start: the matrices on a page (for mapping), the rest on 64 bytes
@@ -737,11 +744,13 @@ def _lexical(view: Callable[[str], np.ndarray], state: dict[str, Any]) -> Lexica
 def _vectors(view: Callable[[str], np.ndarray], state: dict[str, Any], projected: bool) -> VectorIndex:
     v = VectorIndex.__new__(VectorIndex)
     v.dim, v.exact_below = state["dim"], state["exact_below"]
-    v.proj_dim, v.rescore = state["proj_dim"], state["rescore"]
+    v.proj_dim, v.rescore, v.code_share = state["proj_dim"], state["rescore"], state["code_share"]
     v._x, v._has = view("vectors"), view("vec.has")
     v._n, v._hi, v._fitted_at = state["n"], state["hi"], state["fitted_at"]
     v._proj = np.array(view("vec.proj")) if projected else None
     v._xp = view("projected") if projected else None
+    v._mean = np.array(view("vec.mean")) if projected else None
+    v._codes = view("vec.codes") if projected else None
     v._lock = threading.Lock()
     return v
 
