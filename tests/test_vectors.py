@@ -226,3 +226,44 @@ def test_sign_codes_set_a_bit_per_dimension_above_the_mean() -> None:
     assert [int(np.bitwise_count(c).sum()) for c in codes] == [3, 0]
     bits = np.unpackbits(codes[0].view(np.uint8))[:70]
     assert np.flatnonzero(bits).tolist() == [0, 9, 69]
+
+
+def assert_codes_current(idx: VectorIndex) -> None:
+    """Every row's stored code is its vector's code under the fitted mean; rows without a vector hold 0."""
+    assert idx._codes is not None and idx._mean is not None
+    assert idx._codes.shape == (-(-idx.dim // 64), len(idx._x))
+    expected = sign_codes(idx._x, idx._mean).T
+    expected[:, ~idx._has] = 0
+    assert np.array_equal(idx._codes, expected)
+
+
+def test_codes_stay_current_through_adds_removals_growth_and_a_refit() -> None:
+    """At 100 dims (codes of two words, the second part-filled): each change keeps the codes equal to the
+    vectors' own, including rows added between fits and the refit once the index has doubled."""
+    rng = np.random.default_rng(9)
+    idx = VectorIndex(100, exact_below=40, rescore=10, code_share=0.1)
+    idx.add(np.arange(60), unit(rng, 60, 100))
+    idx.prepare()
+    assert_codes_current(idx)
+    mean = idx._mean
+    idx.add([60], unit(rng, 1, 100))  # one row
+    idx.add(np.arange(61, 100), unit(rng, 39, 100))  # a batch
+    idx.remove(5)
+    idx.add([5], unit(rng, 1, 100))  # re-added
+    idx.add([3000], unit(rng, 1, 100))  # past the capacity
+    assert_codes_current(idx)
+    assert idx._mean is mean  # no refit yet (101 rows, fitted at 60)
+    idx.add(np.arange(100, 130), unit(rng, 30, 100))  # doubled: the next search refits
+    idx.search(unit(rng, 1, 100)[0], 5)
+    assert idx._mean is not mean and idx._fitted_at == 131
+    assert_codes_current(idx)
+    valid = idx._has[: idx._hi]
+    q = unit(rng, 1, 100)[0]
+    near = idx._nearest_codes(q, valid, len(idx), 10)
+    assert near is not None
+    differ = sign_codes(idx._x[: idx._hi], idx._mean) ^ sign_codes(q[None, :], idx._mean)
+    same = 100 - np.array([int(np.unpackbits(row.view(np.uint8)).sum()) for row in differ])
+    same[~valid] = -1
+    keep = max(int(0.1 * len(idx)), 4 * 10)  # 4 x n_cand (40) is more than the share (13)
+    cut = np.sort(same)[::-1][keep - 1]  # brute force: every valid row as good as the keep-th best
+    assert set(near.tolist()) == set(np.flatnonzero(same >= cut).tolist())

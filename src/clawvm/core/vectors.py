@@ -158,14 +158,15 @@ class VectorIndex:
             # top principal directions from the covariance's eigenvectors: 25x faster than an SVD here
             _, eigvecs = np.linalg.eigh(centered.T @ centered)
             proj = np.ascontiguousarray(eigvecs[:, ::-1][:, : self.proj_dim])
-            self._xp = np.ascontiguousarray(self._x @ proj)
-            self._codes = np.zeros((code_words(self.dim), len(self._x)), dtype=np.uint64)
+            xp = np.ascontiguousarray(self._x @ proj)
+            codes = np.zeros((code_words(self.dim), len(self._x)), dtype=np.uint64)
             for start in range(0, len(self._x), _CODE_CHUNK):  # a bool matrix of every row at once is big
                 chunk = self._x[start : start + _CODE_CHUNK]
-                self._codes[:, start : start + len(chunk)] = sign_codes(chunk, mean).T
-            self._codes[:, ~self._has] = 0
-            self._mean = mean
-            self._proj = proj
+                codes[:, start : start + len(chunk)] = sign_codes(chunk, mean).T
+            codes[:, ~self._has] = 0
+            # set together, once whole (the engines never search while they write, so no search sees
+            # them half set; this keeps a future one that does from reading half-filled codes)
+            self._xp, self._proj, self._codes, self._mean = xp, proj, codes, mean
             self._fitted_at = self._n
 
     def search(
@@ -205,8 +206,9 @@ class VectorIndex:
         self, q: np.ndarray, valid: np.ndarray, n_valid: int, n_cand: int
     ) -> np.ndarray | None:
         """The valid rows, in order, whose sign codes are nearest the query's: at least ``code_share`` of
-        the valid rows and ``4 * n_cand`` (rows tied at the cut all come in); None when that would not cut
-        the rows the screen reads (or the codes are off or not fitted)."""
+        the valid rows and ``4 * n_cand`` (rows tied at the cut all come in); None when that would not
+        halve the rows the screen reads (so a ``code_share`` of 0.5 or more is the same as 0), or the codes
+        are not fitted."""
         keep = max(int(self.code_share * n_valid), 4 * n_cand)
         if self._codes is None or self._mean is None or self.code_share <= 0 or 2 * keep > n_valid:
             return None
@@ -237,7 +239,8 @@ class VectorIndex:
         block = _scratch("gather", (_GATHER, self.proj_dim), np.float32)
         for start in range(0, len(rows), _GATHER):
             part = rows[start : start + _GATHER]
-            got = np.take(self._xp, part, axis=0, out=block[: len(part)])
+            # mode="clip": the rows are in range, and the default mode buffers the gather to check them
+            got = np.take(self._xp, part, axis=0, out=block[: len(part)], mode="clip")
             out[start : start + len(part)] = matvec(got, qp)
         return out
 
@@ -261,8 +264,8 @@ _CODE_CHUNK = 16_384
 # Block sizes of the searches' passes, through per-thread buffers reused from search to search: a fresh
 # temporary of a few MB is mapped and page-faulted in on every call, which cost more than the pass itself
 # (a 9k-row gather of the screen: 2.5 ms fresh, 0.3 ms into a warm buffer)
-_BLOCK = 65_536
-_GATHER = 2_048
+_BLOCK = 16_384
+_GATHER = 1_024
 _SCRATCH = threading.local()
 
 
