@@ -192,6 +192,33 @@ def test_writes_after_the_snapshot_are_replayed_on_open(built: Path) -> None:
         b.close()
 
 
+def test_close_leaves_a_small_delta_for_the_next_open_to_replay(built: Path, tmp_path: Path) -> None:
+    """Below ``close_delta_share`` of the memories changed, close leaves the snapshot as it is and the next
+    open replays the rows changed since; at the share, close writes a new one."""
+    written_at = snap.read_header(snap.path_for(str(built)))["rev"]
+    small = opened(built, close_delta_share=0.1)  # a new snapshot once a tenth of the memories changed
+    small.write(memories(5, start=700), vectors(5, 4), [])
+    small.delete_many([small.page(Filters(), None, 1)[0].id])
+    expected = answers(small)
+    small.close()
+    assert snap.read_header(snap.path_for(str(built)))["rev"] == written_at  # 6 changes of 202: kept
+    shutil.copy(built, tmp_path / "rows.db")  # the same rows, rebuilt
+    again, rebuilt = opened(built, close_delta_share=0.1), opened(tmp_path / "rows.db")
+    try:
+        assert again.index_source == "snapshot" and rebuilt.index_source.startswith("rows")
+        assert answers(again) == answers(rebuilt) == expected
+        again.write(memories(25, start=800), vectors(25, 5), [])  # 6 + 25 changes of 227: written
+    finally:
+        again.close()
+        rebuilt.close()
+    assert snap.read_header(snap.path_for(str(built)))["rev"] > written_at
+    gone = opened(built, close_delta_share=0.1)
+    gone.write(memories(1, start=900), vectors(1, 6), [])
+    snap.path_for(str(built)).unlink()  # removed while open: a change is enough to write one on close
+    gone.close()
+    assert snap.path_for(str(built)).exists()
+
+
 CRASHING_WRITER = """
 import os, signal, sys
 import numpy as np
