@@ -219,6 +219,25 @@ def test_close_leaves_a_small_delta_for_the_next_open_to_replay(built: Path, tmp
     assert snap.path_for(str(built)).exists()
 
 
+def test_a_snapshot_whose_newest_memory_was_deleted_since_is_still_used(built: Path, tmp_path: Path) -> None:
+    """The snapshot names its file by the id of the newest row it holds; that memory deleted after it (and
+    the snapshot left as it was) does not make it another file's: the next open maps it and replays."""
+    newest = snap.read_header(snap.path_for(str(built)))["last_id"]
+    store = opened(built, close_delta_share=0.5)
+    store.delete_many([newest])
+    expected = answers(store)
+    store.close()
+    assert snap.read_header(snap.path_for(str(built)))["last_id"] == newest  # not rewritten
+    shutil.copy(built, tmp_path / "rows.db")
+    again, rebuilt = opened(built), opened(tmp_path / "rows.db")
+    try:
+        assert again.index_source == "snapshot", again.index_source
+        assert answers(again) == answers(rebuilt) == expected
+    finally:
+        again.close()
+        rebuilt.close()
+
+
 CRASHING_WRITER = """
 import os, signal, sys
 import numpy as np
@@ -708,7 +727,7 @@ def test_a_projected_index_with_sign_codes_reads_back_and_grows_as_the_original(
     written.vectors.prepare()
     mark = snap.Fingerprint(file_id=1, schema=1, last_seq=0, last_id=None)
     snap.write(str(tmp_path / "v.db"), written, 1, mark)
-    read = snap.load(str(tmp_path / "v.db"), 384, lambda _seq: mark, 1).index.vectors
+    read = snap.load(str(tmp_path / "v.db"), 384, lambda _seq, *_: mark, 1).index.vectors
     assert read._codes is not None and read.code_share == 0.1
     assert np.array_equal(read._codes[:, :1500], written.vectors._codes[:, :1500])
 

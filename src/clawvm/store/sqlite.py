@@ -401,8 +401,10 @@ class SQLiteStore(Store):
         self._index = SearchIndex(self.dim)
         self._rev, self._data_version, self._snapshot_rev = 0, -1, -1
 
-    def _fingerprint_at(self, seq: int | None = None) -> snapshot.Fingerprint:
-        """The file's schema and the id at ``seq`` (default: the newest row's seq and id)."""
+    def _fingerprint_at(self, seq: int | None = None, deleted: str | None = None) -> snapshot.Fingerprint:
+        """The file's schema and the id at ``seq`` (default: the newest row's seq and id). With no row at
+        ``seq``: ``deleted`` when this file deleted a memory of that id after ``seq`` was taken (a snapshot
+        whose newest memory was deleted since is still this file's), else None."""
         db = self._db
         schema = int(db.execute("PRAGMA user_version").fetchone()[0])
         found = db.execute("SELECT value FROM counters WHERE name = 'file_id'").fetchone()
@@ -411,6 +413,8 @@ class SQLiteStore(Store):
             row = db.execute("SELECT seq, id FROM memories ORDER BY seq DESC LIMIT 1").fetchone()
             return snapshot.Fingerprint(file_id, schema, *(row or (0, None)))
         row = db.execute("SELECT id FROM memories WHERE seq = ?", (seq,)).fetchone()
+        if row is None and deleted is not None:
+            row = db.execute("SELECT id FROM tombstones WHERE id = ? LIMIT 1", (deleted,)).fetchone()
         return snapshot.Fingerprint(file_id, schema, seq, row[0] if row else None)
 
     def _name_file(self, db: sqlite3.Connection) -> None:
