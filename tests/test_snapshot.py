@@ -483,6 +483,30 @@ def test_a_background_snapshot_that_fails_is_written_on_close(
         again.close()
 
 
+def test_an_inline_snapshot_that_fails_is_owed_by_close_whatever_the_delta(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "f.db"
+    store = SQLiteStore(path, snapshot_mode="inline", snapshot_every=3, close_delta_share=1.0)
+    store.setup()
+    store.write(memories(40), None, [])
+    store.write_snapshot()  # rev 1
+    real_write, failures = snap.write, []
+
+    def fail_once(*args: object) -> Path:
+        if not failures:
+            failures.append(args)
+            raise OSError("disk full")
+        return real_write(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(snap, "write", fail_once)
+    for i in range(3):  # the third change makes the periodic one due: it fails, the write stands
+        store.write(memories(1, start=100 + i), None, [])
+    assert failures and len(store.index) == 43
+    store.close()  # 3 changes of 43 is under close_delta_share=1.0, but the failed snapshot is owed
+    assert snap.read_header(snap.path_for(str(path)))["rev"] == 4
+
+
 def test_a_new_file_at_the_same_path_does_not_take_the_old_files_snapshot(tmp_path: Path) -> None:
     path, other = tmp_path / "same.db", tmp_path / "made elsewhere.db"
     first = memories(3)

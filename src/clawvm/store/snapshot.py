@@ -414,9 +414,9 @@ class Verifier:
 
 
 def load(db_path: str, dim: int, fingerprint_of: Any, current_rev: int) -> Loaded:
-    """The snapshot beside ``db_path``, checked against the file (``fingerprint_of(last_seq, last_id)``
+    """The snapshot beside ``db_path``, checked against the file (``fingerprint_of(last_seq, last_id, rev)``
     gives the file's :class:`Fingerprint` for the snapshot's ``last_seq``, naming ``last_id`` when that row
-    was deleted since; ``current_rev`` is the file's ``rev``).
+    was deleted after the snapshot's ``rev``; ``current_rev`` is the file's ``rev``).
     Raises :class:`SnapshotError` (or ``FileNotFoundError``) when it cannot be used."""
     path = path_for(db_path)
     fd = os.open(path, os.O_RDONLY)
@@ -437,7 +437,7 @@ def _load(fd: int, dim: int, fingerprint_of: Any, current_rev: int) -> Loaded:
         raise SnapshotError(f"dimension {header['dim']}, the store's is {dim}")
     if header["rev"] > current_rev:
         raise SnapshotError(f"stale: current to rev {header['rev']}, the file is at {current_rev}")
-    found: Fingerprint = fingerprint_of(header["last_seq"], header["last_id"])
+    found: Fingerprint = fingerprint_of(header["last_seq"], header["last_id"], header["rev"])
     if (found.file_id, found.schema, found.last_id) != (
         header["file_id"],
         header["schema"],

@@ -401,9 +401,11 @@ class SQLiteStore(Store):
         self._index = SearchIndex(self.dim)
         self._rev, self._data_version, self._snapshot_rev = 0, -1, -1
 
-    def _fingerprint_at(self, seq: int | None = None, deleted: str | None = None) -> snapshot.Fingerprint:
+    def _fingerprint_at(
+        self, seq: int | None = None, deleted: str | None = None, since_rev: int = 0
+    ) -> snapshot.Fingerprint:
         """The file's schema and the id at ``seq`` (default: the newest row's seq and id). With no row at
-        ``seq``: ``deleted`` when this file deleted a memory of that id after ``seq`` was taken (a snapshot
+        ``seq``: ``deleted`` when this file deleted a memory of that id after ``since_rev`` (a snapshot
         whose newest memory was deleted since is still this file's), else None."""
         db = self._db
         schema = int(db.execute("PRAGMA user_version").fetchone()[0])
@@ -414,7 +416,9 @@ class SQLiteStore(Store):
             return snapshot.Fingerprint(file_id, schema, *(row or (0, None)))
         row = db.execute("SELECT id FROM memories WHERE seq = ?", (seq,)).fetchone()
         if row is None and deleted is not None:
-            row = db.execute("SELECT id FROM tombstones WHERE id = ? LIMIT 1", (deleted,)).fetchone()
+            row = db.execute(  # the tombstones since the snapshot, through their rev index
+                "SELECT id FROM tombstones WHERE rev > ? AND id = ? LIMIT 1", (since_rev, deleted)
+            ).fetchone()
         return snapshot.Fingerprint(file_id, schema, seq, row[0] if row else None)
 
     def _name_file(self, db: sqlite3.Connection) -> None:
@@ -441,7 +445,7 @@ class SQLiteStore(Store):
         """Write the snapshot of the index as it is, under the lock (the caller holds it)."""
         assert self._index is not None
         written = snapshot.write(self.path, self._index, self._rev, fingerprint)
-        self._snapshot_rev, self._snapshots.lost = self._rev, False
+        self._snapshot_rev, self._snapshots.lost = self._rev, True
         return written
 
     def _snapshot_view(self) -> snapshot.Fingerprint:
@@ -518,9 +522,10 @@ class SQLiteStore(Store):
     def close(self) -> None:
         with self._lock:
             self._snapshots.finish(SNAPSHOT_CHILD_TIMEOUT_S)  # a hung writer is killed: close must end
-            if self._conn is not None and self._index is not None and self._snapshot_due_on_close():
+            if self._conn is not None and self._index is not None:
                 try:
-                    self.write_snapshot()
+                    if self._snapshot_due_on_close():
+                        self.write_snapshot()
                 except Exception as exc:  # the rows are the truth: a failed snapshot costs the next open time
                     log.warning("index snapshot of %s not written: %s", self.path, exc)
             if self._verifier is not None:
@@ -656,7 +661,8 @@ class SQLiteStore(Store):
                     self._periodic_snapshot()
                 except Exception as exc:  # the write itself is committed; the next snapshot tries again
                     log.warning("index snapshot of %s not written: %s", self.path, exc)
-                    self._snapshot_rev = self._rev
+                    # not retried on every write, but owed: close writes it whatever the delta
+                    self._snapshot_rev, self._snapshots.lost = self._rev, True
 
     @contextmanager
     def _read(self, action: str) -> Iterator[sqlite3.Connection]:
