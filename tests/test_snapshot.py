@@ -483,6 +483,22 @@ def test_a_background_snapshot_that_fails_is_written_on_close(
         again.close()
 
 
+def test_close_after_its_own_snapshot_leaves_a_small_delta(tmp_path: Path) -> None:
+    path = tmp_path / "f.db"
+    store = SQLiteStore(path, close_delta_share=0.5)
+    store.setup()
+    store.write(memories(40), None, [])
+    store.write_snapshot()  # rev 1, by this engine
+    store.write(memories(1, start=100), None, [])
+    store.close()  # 1 change of 41: left for the next open
+    assert snap.read_header(snap.path_for(str(path)))["rev"] == 1
+    again = opened(path)
+    try:
+        assert again.index_source == "snapshot" and len(again.index) == 41
+    finally:
+        again.close()
+
+
 def test_an_inline_snapshot_that_fails_is_owed_by_close_whatever_the_delta(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

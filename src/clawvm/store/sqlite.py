@@ -445,7 +445,7 @@ class SQLiteStore(Store):
         """Write the snapshot of the index as it is, under the lock (the caller holds it)."""
         assert self._index is not None
         written = snapshot.write(self.path, self._index, self._rev, fingerprint)
-        self._snapshot_rev, self._snapshots.lost = self._rev, True
+        self._snapshot_rev, self._snapshots.lost = self._rev, False
         return written
 
     def _snapshot_view(self) -> snapshot.Fingerprint:
