@@ -61,7 +61,7 @@ from _synthetic import Corpus
 from clawvm.core.vectors import top_indices
 from clawvm.store import SQLiteStore, snapshot
 
-FORMAT = 1  # bump when the cached build changes shape
+FORMAT = 2  # bump when the cached build changes shape (2: its snapshot holds the fitted projection)
 GOALS = {"open_ratio": 10.0, "record_ratio": 2.0, "recall_ratio": 2.0, "e2e_ratio": 1.5, "ingest_ratio": 0.9}
 
 

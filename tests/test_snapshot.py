@@ -499,6 +499,41 @@ def test_close_after_its_own_snapshot_leaves_a_small_delta(tmp_path: Path) -> No
         again.close()
 
 
+def test_a_snapshot_holds_the_projection_and_one_without_it_is_replaced_on_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written after bulk writes and no search, a snapshot still holds the fitted projection (else every
+    open fits it again); one written without it (as an older version did) is rewritten by the next close,
+    however small its delta."""
+    path = tmp_path / "f.db"
+
+    def write_unsearched(fit: bool) -> None:
+        store = SQLiteStore(path, close_delta_share=1.0)
+        store.setup()
+        store.index.vectors.exact_below = 50  # kept in the snapshot: the projection is due from 50 rows
+        store.write(memories(120), vectors(120, 8), [])
+        if not fit:
+            monkeypatch.setattr(VectorIndex, "prepare", lambda self: False)
+        store.close()
+        monkeypatch.undo()
+
+    write_unsearched(fit=True)
+    assert "projected" in snap.read_header(snap.path_for(str(path)))["parts"]
+    again = opened(path, close_delta_share=1.0)
+    assert again.index_source == "snapshot" and again.index.vectors._fitted_at == 120  # mapped, not refit
+    again.close()
+
+    path.unlink()
+    snap.path_for(str(path)).unlink()
+    write_unsearched(fit=False)
+    written = snap.read_header(snap.path_for(str(path)))
+    assert "projected" not in written["parts"]
+    reopened = opened(path, close_delta_share=1.0)  # fits at open: the snapshot lacked it
+    assert reopened.index_source == "snapshot" and reopened.index.vectors._fitted_at == 120
+    reopened.close()  # nothing changed, but the fit is owed to the snapshot
+    assert "projected" in snap.read_header(snap.path_for(str(path)))["parts"]
+
+
 def test_an_inline_snapshot_that_fails_is_owed_by_close_whatever_the_delta(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

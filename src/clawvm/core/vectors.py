@@ -143,9 +143,12 @@ class VectorIndex:
             return vector
         return None
 
-    def prepare(self) -> None:
-        """Fit the search projection now if the index is big enough (else the first search does)."""
+    def prepare(self) -> bool:
+        """Fit the search projection now if the index is big enough (else the first search does); True when
+        it was fitted now."""
+        fitted_at = self._fitted_at
         self._maybe_fit()
+        return self._fitted_at != fitted_at
 
     def _maybe_fit(self) -> None:
         if self._n < self.exact_below or (self._proj is not None and self._n < 2 * self._fitted_at):

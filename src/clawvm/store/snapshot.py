@@ -239,6 +239,9 @@ def write(db_path: str, index: SearchIndex, rev: int, fingerprint: Fingerprint) 
     """Write the snapshot of ``index`` (current to ``rev``) atomically; returns its path. The caller holds
     the engine's lock, so the index does not change meanwhile."""
     target = path_for(db_path)
+    # the projection, codes and all, go in fitted: a snapshot written after bulk writes and no search
+    # would leave every open that maps it to fit them again (1-3 s at 100k), and never keep that fit
+    index.vectors.prepare()
     arrays, small = _arrays(index)
     state = io.BytesIO()
     pickle.dump(small, state, protocol=pickle.HIGHEST_PROTOCOL)

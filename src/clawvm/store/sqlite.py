@@ -323,6 +323,7 @@ class SQLiteStore(Store):
         self.snapshot_every = snapshot_every  # changes (revs) between two snapshots of the index
         self.close_delta_share = close_delta_share  # see CLOSE_DELTA_SHARE
         self._snapshot_rev = 0  # the rev the newest snapshot this engine wrote or loaded is current to
+        self._snapshot_owed = False  # close writes one whatever the delta (one failed, or lacks a fit)
         self.index_source = ""  # how open got its index: "snapshot", or "rows" and why (diagnostics)
         self._verifier: snapshot.Verifier | None = None  # the mapped snapshot's checksums, checked after open
 
@@ -354,7 +355,10 @@ class SQLiteStore(Store):
             self._index, self._rev = self._open_index()
             self._snapshot_rev = self._rev
             self._catch_up()  # the rows changed since the snapshot (all of them without one)
-            self._index.vectors.prepare()  # fit the search projection now, not on the first query
+            # fit the search projection now, not on the first query; one a mapped snapshot lacked is owed
+            # to the next snapshot, so that later opens map it instead of fitting it again
+            if self._index.vectors.prepare() and self.index_source == "snapshot":
+                self._snapshot_owed = True
             if self._verifier is not None:
                 self._verifier.start()
 
@@ -445,7 +449,7 @@ class SQLiteStore(Store):
         """Write the snapshot of the index as it is, under the lock (the caller holds it)."""
         assert self._index is not None
         written = snapshot.write(self.path, self._index, self._rev, fingerprint)
-        self._snapshot_rev, self._snapshots.lost = self._rev, False
+        self._snapshot_rev, self._snapshots.lost, self._snapshot_owed = self._rev, False, False
         return written
 
     def _snapshot_view(self) -> snapshot.Fingerprint:
@@ -541,10 +545,11 @@ class SQLiteStore(Store):
                 self._index = None
 
     def _snapshot_due_on_close(self) -> bool:
-        """Whether ``close()`` writes a snapshot (caller holds the lock): when a child failed to write the
-        periodic one, when no snapshot this engine knows of holds the file's rows, or when the rows changed
-        since it are at least ``close_delta_share`` of the memories (fewer are replayed on the next open)."""
-        if self._snapshots.lost:
+        """Whether ``close()`` writes a snapshot (caller holds the lock): when one is owed (the periodic one
+        failed; the mapped one lacked the projection this engine fitted), when no snapshot this engine knows
+        of holds the file's rows, or when the rows changed since it are at least ``close_delta_share`` of
+        the memories (fewer are replayed on the next open)."""
+        if self._snapshots.lost or self._snapshot_owed:
             return True
         if self._rev == self._snapshot_rev:
             return False
@@ -662,7 +667,7 @@ class SQLiteStore(Store):
                 except Exception as exc:  # the write itself is committed; the next snapshot tries again
                     log.warning("index snapshot of %s not written: %s", self.path, exc)
                     # not retried on every write, but owed: close writes it whatever the delta
-                    self._snapshot_rev, self._snapshots.lost = self._rev, True
+                    self._snapshot_rev, self._snapshot_owed = self._rev, True
 
     @contextmanager
     def _read(self, action: str) -> Iterator[sqlite3.Connection]:
