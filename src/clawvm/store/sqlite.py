@@ -192,7 +192,7 @@ class _StoredState:
 log = logging.getLogger("clawvm.store.sqlite")
 
 #: Changes (write transactions, ``rev``) between two snapshots of the index, besides the one on close: the
-#: most a reopen replays after a crash. At 100k memories a snapshot takes ~2 s to write.
+#: most a reopen replays after a crash. At 100k memories a snapshot takes ~4 s to write.
 SNAPSHOT_EVERY = 10_000
 
 #: The smallest delta, as a share of the memories indexed, that ``close()`` folds into a new snapshot: a
@@ -204,7 +204,7 @@ CLOSE_DELTA_SHARE = 0.001
 
 #: How the periodic snapshot is written: ``background`` (the default) in a forked child, so the write that
 #: makes it due waits for the fork (milliseconds) and not for the snapshot (:mod:`clawvm.store.forked`);
-#: ``inline`` under the engine's lock, stalling that write (~2 s at 100k memories) but using no second
+#: ``inline`` under the engine's lock, stalling that write (~4 s at 100k memories) but using no second
 #: process (the only way off Linux, see :func:`clawvm.store.forked.available`). The snapshot on close is
 #: always written inline.
 SNAPSHOT_MODES = ("background", "inline")
