@@ -11,11 +11,13 @@ from pathlib import Path
 
 import click
 import httpx
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from clawvm import Harness
 from clawvm.cli import main
 from clawvm.core.model import Kind
 from clawvm.store import SQLiteStore
@@ -240,6 +242,23 @@ def test_stats_and_demo(tmp_path: Path) -> None:
     stats = json.loads(run(db, "stats"))
     assert stats["memories"] > 100 and stats["sessions"] == 5
     assert stats["by_kind"]["tool_call"] == stats["by_kind"]["tool_result"]
+
+
+def test_stats_counts_each_kind_status_and_tier_and_what_waits_for_a_vector(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    h = Harness.open(db, embedder=None)
+    try:
+        kept = h.record("the runner's disk was full", kind="error", session_id="a")
+        h.record("retry with a bigger disk", kind="decision", session_id="a")
+        h.record("disk is fine now", kind="observation", session_id="b", embedding=np.ones(384))
+        h.update(kept.id, status="archived")
+    finally:
+        h.close()
+    stats = json.loads(run(db, "stats"))
+    assert stats["memories"] == 3 and stats["sessions"] == 2 and stats["unembedded"] == 2
+    assert stats["by_kind"] == {"observation": 1, "decision": 1, "error": 1}
+    assert stats["by_status"] == {"active": 2, "archived": 1}
+    assert sum(stats["by_tier"].values()) == 3 and stats["events"] >= 4
 
 
 # ---- serve: redaction on by default, kept originals for admins ---------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +12,9 @@ import click
 
 from clawvm.cli.common import opened_harness
 from clawvm.core.errors import ValidationError
-from clawvm.core.model import Kind, Memory
+from clawvm.core.model import VISIBLE_STATUSES, Kind, Memory, Status, Tier
 from clawvm.harness import Harness
+from clawvm.store.base import Query
 
 
 @click.command()
@@ -271,38 +271,46 @@ def import_(ctx: click.Context, path: Path) -> None:
 def stats(ctx: click.Context) -> None:
     """Counts by kind, status and tier, and how many memories still wait for an embedding."""
     with opened_harness(ctx, embed=False) as h:
-        kinds: Counter[str] = Counter()
-        statuses: Counter[str] = Counter()
-        tiers: Counter[str] = Counter()
-        sessions: set[str] = set()
-        unembedded = 0
-        page: list[str] = []
-        # one pass over the memories in keyset pages; whether each page's memories have vectors yet is
-        # asked page by page
-        for m in h.iter_all(status="any"):
-            kinds[m.kind.value] += 1
-            statuses[m.status.value] += 1
-            tiers[m.tier.value] += 1
-            if m.session_id:
-                sessions.add(m.session_id)
-            page.append(m.id)
-            if len(page) == 500:
-                unembedded += len(page) - len(h.store.vectors_of(page))
-                page = []
-        unembedded += len(page) - len(h.store.vectors_of(page))
-        result = {
-            "memories": kinds.total(),
-            "by_kind": dict(kinds),
-            "by_status": dict(statuses),
-            "by_tier": dict(tiers),
-            "sessions": len(sessions),
-            "unembedded": unembedded,
+        # counts from the store's index, not a pass over every memory (~20 s at 100k memories)
+        result: dict[str, Any] = {
+            "memories": h.count(status="any"),
+            "by_kind": _counts(h, "kind", [k.value for k in Kind]),
+            "by_status": _counts(h, "status", [s.value for s in Status if s in VISIBLE_STATUSES]),
+            "by_tier": _counts(h, "tier", [t.value for t in Tier]),
+            "sessions": _count_sessions(h),
+            "unembedded": _count_unembedded(h),
             "events": _count_events(h),
         }
         db = ctx.obj["db"]
         if "://" not in db and os.path.exists(db):
             result["file_bytes"] = os.path.getsize(db)
         click.echo(json.dumps(result, indent=2))
+
+
+def _counts(h: Harness, field: str, values: list[str]) -> dict[str, int]:
+    """How many memories (of any visible status) hold each of ``values`` in ``field``; none for 0."""
+    scope = {} if field == "status" else {"status": "any"}
+    counts = {v: h.count(**scope, **{field: v}) for v in values}
+    return {v: n for v, n in counts.items() if n}
+
+
+def _count_sessions(h: Harness) -> int:
+    """Distinct sessions among the memories, their ids read in pages of 500."""
+    filters, n, after = h.filters({"status": "any"}), 0, None
+    while page := h.store.session_ids(filters, after, 500):
+        n += len(page)
+        if len(page) < 500:
+            break
+        after = page[-1]
+    return n
+
+
+def _count_unembedded(h: Harness) -> int:
+    """Memories without a vector yet: their ids from the index, the vectors asked for 500 ids at a time."""
+    filters = h.filters({"status": "any"})
+    ids = h.store.query(Query(filters=filters, limit=h.store.count(filters))).filtered
+    pages = (ids[start : start + 500] for start in range(0, len(ids), 500))
+    return sum(len(page) - len(h.store.vectors_of(page)) for page in pages)
 
 
 def _count_events(h: Harness) -> int:
