@@ -534,6 +534,23 @@ def test_a_snapshot_holds_the_projection_and_one_without_it_is_replaced_on_close
     assert "projected" in snap.read_header(snap.path_for(str(path)))["parts"]
 
 
+def test_a_forked_snapshot_gets_a_projection_fitted_before_the_fork(tmp_path: Path) -> None:
+    """A projection due when the periodic snapshot forks is fitted in this process first: the child only
+    writes (BLAS in a forked child of a process whose BLAS threads ran can hang)."""
+    path = tmp_path / "f.db"
+    store = opened_in(path, "background", snapshot_every=2)
+    try:
+        store.index.vectors.exact_below = 50
+        store.write(memories(120), vectors(120, 9), [])
+        assert store.index.vectors._proj is None  # no search yet: nothing fitted
+        store.write(memories(1, start=500), vectors(1, 10), [])  # the second change: the snapshot forks
+        assert store.index.vectors._proj is not None  # fitted here, before the fork
+        assert store.snapshot_wait(timeout=60) is True
+        assert "projected" in snap.read_header(snap.path_for(str(path)))["parts"]
+    finally:
+        store.close()
+
+
 def test_an_inline_snapshot_that_fails_is_owed_by_close_whatever_the_delta(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -478,6 +478,9 @@ class SQLiteStore(Store):
             return
         with _translated("snapshot"):
             fingerprint, index, rev = self._snapshot_view(), self._index, self._rev
+            # a projection due is fitted here, not by snapshot.write in the child: BLAS in a forked child of
+            # a process whose BLAS threads have run can wait forever on a pool that did not come across
+            index.vectors.prepare()
             try:
                 self._snapshots.start(lambda: snapshot.write(self.path, index, rev, fingerprint))
             except OSError as exc:  # no memory or process for a child: write it here, as inline does
