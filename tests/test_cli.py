@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import click
@@ -252,13 +254,15 @@ def test_stats_counts_each_kind_status_and_tier_and_what_waits_for_a_vector(tmp_
         h.record("retry with a bigger disk", kind="decision", session_id="a")
         h.record("disk is fine now", kind="observation", session_id="b", embedding=np.ones(384))
         h.update(kept.id, status="archived")
+        h.record("due soon", session_id="", expires_at=datetime.now(UTC) + timedelta(milliseconds=200))
+        time.sleep(0.3)  # past its expiry, not yet ticked: still stored as active
     finally:
         h.close()
     stats = json.loads(run(db, "stats"))
-    assert stats["memories"] == 3 and stats["sessions"] == 2 and stats["unembedded"] == 2
-    assert stats["by_kind"] == {"observation": 1, "decision": 1, "error": 1}
-    assert stats["by_status"] == {"active": 2, "archived": 1}
-    assert sum(stats["by_tier"].values()) == 3 and stats["events"] >= 4
+    assert stats["memories"] == 4 and stats["sessions"] == 2 and stats["unembedded"] == 3
+    assert stats["by_kind"] == {"observation": 1, "decision": 1, "error": 1, "note": 1}
+    assert stats["by_status"] == {"active": 3, "archived": 1}  # as stored: they add up to the total
+    assert sum(stats["by_tier"].values()) == 4 and stats["events"] >= 5
 
 
 # ---- serve: redaction on by default, kept originals for admins ---------------------------------------------

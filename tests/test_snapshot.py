@@ -533,6 +533,18 @@ def test_a_snapshot_holds_the_projection_and_one_without_it_is_replaced_on_close
     reopened.close()  # nothing changed, but the fit is owed to the snapshot
     assert "projected" in snap.read_header(snap.path_for(str(path)))["parts"]
 
+    path.unlink()  # owed once more, and paid by a periodic snapshot this time
+    snap.path_for(str(path)).unlink()
+    write_unsearched(fit=False)
+    paying = opened_in(path, "background", snapshot_every=2)  # (close_delta_share: the default)
+    paying.close_delta_share = 1.0
+    paying.write(memories(2, start=600), vectors(2, 11), [])
+    paying.write(memories(1, start=700), vectors(1, 12), [])  # the periodic snapshot: it pays the debt
+    assert paying.snapshot_wait(timeout=60) is True
+    paid = snap.path_for(str(path)).stat().st_ino  # a snapshot is written aside and renamed over
+    paying.close()  # nothing owed any more, and nothing changed since: not written again
+    assert snap.path_for(str(path)).stat().st_ino == paid
+
 
 def test_a_forked_snapshot_gets_a_projection_fitted_before_the_fork(tmp_path: Path) -> None:
     """A projection due when the periodic snapshot forks is fitted in this process first: the child only

@@ -288,17 +288,18 @@ def stats(ctx: click.Context) -> None:
 
 
 def _counts(h: Harness, field: str, values: list[str]) -> dict[str, int]:
-    """How many memories (of any visible status) hold each of ``values`` in ``field``; none for 0."""
-    scope = {} if field == "status" else {"status": "any"}
-    counts = {v: h.count(**scope, **{field: v}) for v in values}
+    """How many memories (of any visible status) hold each of ``values`` in ``field`` as stored; none for 0.
+    (The stored status: ``h.count(status="active")`` would leave out active memories past their expiry.)"""
+    every = h.filters({"status": "any"})
+    counts = {v: h.store.count(every.with_(**{field: frozenset({v})})) for v in values}
     return {v: n for v, n in counts.items() if n}
 
 
 def _count_sessions(h: Harness) -> int:
-    """Distinct sessions among the memories, their ids read in pages of 500."""
+    """Distinct sessions among the memories (an empty session id is none), their ids read in pages of 500."""
     filters, n, after = h.filters({"status": "any"}), 0, None
     while page := h.store.session_ids(filters, after, 500):
-        n += len(page)
+        n += sum(1 for session in page if session)
         if len(page) < 500:
             break
         after = page[-1]

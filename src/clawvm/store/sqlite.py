@@ -487,7 +487,8 @@ class SQLiteStore(Store):
                 log.warning("index snapshot of %s not forked (%s): written under the lock", self.path, exc)
                 self._write_snapshot(fingerprint)
                 return
-        self._snapshot_rev = rev
+        # the child's snapshot pays what was owed (it fails: then it is lost, which close honours too)
+        self._snapshot_rev, self._snapshot_owed = rev, False
 
     def snapshot_wait(self, timeout: float | None = None) -> bool | None:
         """Wait for the periodic snapshot a child is writing, if any: True when written, False when the
