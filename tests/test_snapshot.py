@@ -362,6 +362,14 @@ def test_a_snapshot_that_names_anything_but_index_parts_is_refused(built: Path, 
         store.close()
 
 
+def assert_reopens_from_its_snapshot(path: Path, memories_indexed: int) -> None:
+    again = opened(path)
+    try:
+        assert again.index_source == "snapshot" and len(again.index) == memories_indexed
+    finally:
+        again.close()
+
+
 def opened_in(path: Path, mode: str, **kw: int) -> SQLiteStore:
     store = SQLiteStore(path, snapshot_mode=mode, **kw)
     store.setup()
@@ -476,11 +484,7 @@ def test_a_background_snapshot_that_fails_is_written_on_close(
     assert "not written" in caplog.text and not snap.path_for(str(path)).exists()
     store.close()  # the lost snapshot is written here, in this process
     assert snap.read_header(snap.path_for(str(path)))["rev"] == 2
-    again = opened(path)
-    try:
-        assert again.index_source == "snapshot" and len(again.index) == 2
-    finally:
-        again.close()
+    assert_reopens_from_its_snapshot(path, 2)
 
 
 def test_close_after_its_own_snapshot_leaves_a_small_delta(tmp_path: Path) -> None:
@@ -492,11 +496,7 @@ def test_close_after_its_own_snapshot_leaves_a_small_delta(tmp_path: Path) -> No
     store.write(memories(1, start=100), None, [])
     store.close()  # 1 change of 41: left for the next open
     assert snap.read_header(snap.path_for(str(path)))["rev"] == 1
-    again = opened(path)
-    try:
-        assert again.index_source == "snapshot" and len(again.index) == 41
-    finally:
-        again.close()
+    assert_reopens_from_its_snapshot(path, 41)
 
 
 def test_a_snapshot_holds_the_projection_and_one_without_it_is_replaced_on_close(
