@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from clawvm import Harness
 from clawvm.cli import main
+from clawvm.cli.common import hoist_group_options
 from clawvm.core.model import Kind
 from clawvm.store import SQLiteStore
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey
@@ -90,6 +91,34 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", "add", "{oops", "--json-content"])
     assert result.exit_code == 2 and "content" in result.output
     assert json.loads(run(db, "stats"))["memories"] == 1
+
+
+def test_clawvm_s_own_options_work_after_the_command_too(tmp_path: Path) -> None:
+    """``clawvm search "q" --no-embed`` said "No such option" although ``--no-embed`` is clawvm's: its own
+    options are taken before or after the command (a value with its option, ``=`` or not)."""
+    db = tmp_path / "after.db"
+
+    def invoke(*args: str) -> str:
+        result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    mid = invoke("add", "the deploy failed on build-07", "--no-embed", "--db", str(db)).strip()
+    assert mid in invoke("search", "deploy", f"--db={db}", "--no-embed", "-k", "3")
+    stats = json.loads(invoke("stats", "--no-embed", "--db", str(db)))
+    assert stats["memories"] == 1 and stats["unembedded"] == 1  # --no-embed was heard: nothing embedded
+    # after "--" everything is the command's own text, even a word that looks like clawvm's option
+    literal = invoke("--db", str(db), "--no-embed", "add", "--", "--no-embed").strip()
+    assert json.loads(invoke("--db", str(db), "--no-embed", "show", literal))["content"] == "--no-embed"
+
+
+def test_hoisting_moves_only_the_group_s_options_and_their_values() -> None:
+    hoisted = hoist_group_options(
+        main, ["search", "q", "--db", "a.db", "-k", "3", "--no-embed", "--json", "--", "--db"]
+    )
+    assert hoisted == ["--db", "a.db", "--no-embed", "search", "q", "-k", "3", "--json", "--", "--db"]
+    assert hoist_group_options(main, ["--db", "x", "stats"]) == ["--db", "x", "stats"]
+    assert hoist_group_options(main, ["--no-embed"]) == ["--no-embed"]  # no command: left as it is
 
 
 @pytest.mark.parametrize("command", [["serve"], ["demo", "--dashboard"], ["mcp", "--http"]])

@@ -28,7 +28,12 @@ def opened_harness(ctx: click.Context, embed: bool = True) -> Iterator[Harness]:
 
 
 class CliGroup(click.Group):
-    """Turns ClawVM errors into one clear line and exit code 2, instead of a traceback."""
+    """Turns ClawVM errors into one clear line and exit code 2, instead of a traceback; takes its own
+    options (``--db``, ``--no-embed`` ...) after the command too (``clawvm search "q" --no-embed``), where
+    people put them."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, hoist_group_options(self, args))
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -53,3 +58,48 @@ def opened_store(ctx: click.Context, dim: int = 384) -> Iterator[Store]:
 def opened_keyring(ctx: click.Context) -> Iterator[Keyring]:
     with opened_store(ctx) as store:
         yield Keyring(store)
+
+
+def hoist_group_options(group: click.Group, args: list[str]) -> list[str]:
+    """``args`` with the group's own options that follow the command name moved before it (a value with its
+    option), so that click, which reads a group's options only before its command, takes them in either
+    place. Nothing after ``--`` moves: that is the command's own text."""
+    takes_value: dict[str, bool] = {}
+    for param in group.params:
+        if isinstance(param, click.Option):
+            for name in (*param.opts, *param.secondary_opts):
+                takes_value[name] = not param.is_flag and not param.count
+    command_at = _command_position(args, takes_value)
+    if command_at is None:
+        return args
+    moved: list[str] = []
+    rest: list[str] = []
+    tail = args[command_at + 1 :]
+    i = 0
+    while i < len(tail):
+        arg = tail[i]
+        if arg == "--":
+            rest += tail[i:]
+            break
+        name = arg.split("=", 1)[0]
+        if name in takes_value:
+            with_value = takes_value[name] and "=" not in arg and i + 1 < len(tail)
+            moved += tail[i : i + 2] if with_value else [arg]
+            i += 2 if with_value else 1
+            continue
+        rest.append(arg)
+        i += 1
+    return [*args[:command_at], *moved, args[command_at], *rest]
+
+
+def _command_position(args: list[str], takes_value: dict[str, bool]) -> int | None:
+    """Where the command name is in ``args`` (the first word that is neither a group option nor its value)."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return i
+        i += 2 if takes_value.get(arg, False) else 1
+    return None
