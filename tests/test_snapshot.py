@@ -24,9 +24,8 @@ import clawvm
 from clawvm import Memory
 from clawvm.core.model import Filters
 from clawvm.core.vectors import VectorIndex
-from clawvm.store import Query, SQLiteStore, mapped
+from clawvm.store import Query, SQLiteStore, mapped, sqlite_snapshots
 from clawvm.store import snapshot as snap
-from clawvm.store import sqlite as sqlite_engine
 from clawvm.store.index import SearchIndex
 from clawvm.store.mapped import Appended, Overlay, Strings
 
@@ -453,7 +452,7 @@ def test_close_kills_a_snapshot_writer_that_hangs_and_writes_the_snapshot_itself
         return real_write(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(snap, "write", hang_in_the_child)
-    monkeypatch.setattr(sqlite_engine, "SNAPSHOT_CHILD_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(sqlite_snapshots, "SNAPSHOT_CHILD_TIMEOUT_S", 0.5)
     store = opened_in(path, "background", snapshot_every=2)
     store.write(memories(1), None, [])
     store.write(memories(1, start=1), None, [])

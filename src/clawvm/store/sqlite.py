@@ -7,17 +7,16 @@ when there is no usable snapshot. Several processes may open the same file: each
 a change counter (``rev``), and before every operation an engine that sees another connection committed
 (``PRAGMA data_version``) replays the rows and tombstones with a newer ``rev`` into its index.
 
-sqlite3 errors are translated into :mod:`clawvm.core.errors` in :func:`_translated`, the one place that
-knows about the driver.
+The snapshot's lifecycle (when it is read, written, checked and owed) is :mod:`.sqlite_snapshots`; sqlite3
+errors are translated into :mod:`clawvm.core.errors` in :func:`.sqlite_support.translated`, the one place
+that knows about the driver.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import secrets
 import sqlite3
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from clawvm.core.errors import ConfigError, SchemaError, StoreError
+from clawvm.core.errors import ConfigError, SchemaError
 from clawvm.core.model import Filters, LinkType, Memory
 from clawvm.core.vectors import normalize
 from clawvm.store import forked, snapshot, sqlite_events
@@ -49,6 +48,13 @@ from clawvm.store.base import (
 from clawvm.store.index import IndexDoc, SearchIndex, micros
 from clawvm.store.keys import AUTH_TENANT, KEYS_STREAM, credentials_from_key_events
 from clawvm.store.memory import from_stored
+from clawvm.store.sqlite_snapshots import (
+    CLOSE_DELTA_SHARE,
+    SNAPSHOT_EVERY,
+    SNAPSHOT_MODES,
+    IndexSnapshots,
+)
+from clawvm.store.sqlite_support import Checkpointer, translated
 
 # Append-only: never edit a shipped entry, add a new one. PRAGMA user_version = number applied.
 MIGRATIONS: tuple[str, ...] = (
@@ -134,14 +140,6 @@ _DATA_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
 }
 
 
-@contextmanager
-def _translated(action: str) -> Iterator[None]:
-    try:
-        yield
-    except sqlite3.Error as exc:
-        raise StoreError(f"sqlite {action} failed: {exc}") from exc
-
-
 def _blob(v: np.ndarray) -> bytes:
     return np.asarray(v, dtype="<f4").tobytes()
 
@@ -191,86 +189,6 @@ class _StoredState:
 
 log = logging.getLogger("clawvm.store.sqlite")
 
-#: Changes (write transactions, ``rev``) between two snapshots of the index, besides the one on close: the
-#: most a reopen replays after a crash. At 100k memories a snapshot takes ~4 s to write.
-SNAPSHOT_EVERY = 10_000
-
-#: The smallest delta, as a share of the memories indexed, that ``close()`` folds into a new snapshot: a
-#: smaller one is left in the rows for the next open to replay. Rewriting the snapshot costs ~45 us per
-#: memory (4.7 s at 100k), replaying a changed row ~0.5 ms (1,000 rows: 0.51 s), so at 1 change in 1,000
-#: memories a reopen replays for ~1% of what the rewrite would have cost. A CLI search on a 100k file (its
-#: access bookkeeping is a few changes) closed in 3.8 s, rewriting the whole snapshot; now it leaves a delta.
-CLOSE_DELTA_SHARE = 0.001
-
-#: How the periodic snapshot is written: ``background`` (the default) in a forked child, so the write that
-#: makes it due waits for the fork (milliseconds) and not for the snapshot (:mod:`clawvm.store.forked`);
-#: ``inline`` under the engine's lock, stalling that write (~4 s at 100k memories) but using no second
-#: process (the only way off Linux, see :func:`clawvm.store.forked.available`). The snapshot on close is
-#: always written inline.
-SNAPSHOT_MODES = ("background", "inline")
-
-#: How long ``close()`` waits for a child still writing a snapshot before killing it (~30 s is expected
-#: at 1M memories); the snapshot it was writing is then written by ``close()`` itself.
-SNAPSHOT_CHILD_TIMEOUT_S = 600.0
-
-
-class _Checkpointer:
-    """Copies the write-ahead log back into the database file on its own thread and connection.
-
-    SQLite's automatic checkpoint runs inside the commit that crosses 1000 WAL pages: at 100k memories
-    that was one record in ~60 stalling for 5-10 ms (``bench/recall_scale.py`` record p99). Here commits
-    only count (:meth:`committed`); every ``every`` commits, and once a second, a PASSIVE checkpoint (it
-    never blocks writers or readers) runs off the write path, with the GIL released while SQLite works.
-    A log only starts over once a checkpoint has caught up with it between two commits, which a busy
-    writer never allows; so past ``max_wal_bytes`` a TRUNCATE checkpoint waits for the writer, copies the
-    little the passive ones left, and empties the log (one short stall per that many bytes written).
-    """
-
-    def __init__(self, path: str, every: int = 64, max_wal_bytes: int = 64 * 2**20) -> None:
-        self.path = path
-        self.every = every
-        self.max_wal_bytes = max_wal_bytes
-        self._commits = 0
-        self._wake = threading.Event()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="clawvm-sqlite-checkpoint", daemon=True)
-        self._thread.start()
-
-    def committed(self) -> None:
-        self._commits += 1
-        if self._commits >= self.every:
-            self._commits = 0
-            self._wake.set()
-
-    def stop(self) -> None:
-        """Stop and close its connection (before the store's own closes: the last connection to close
-        checkpoints the whole log and removes it)."""
-        self._stopping = True
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
-        wal = Path(self.path + "-wal")
-        try:
-            while not self._stopping:
-                self._wake.wait(1.0)
-                self._wake.clear()
-                if self._stopping:
-                    break
-                try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                    if wal.exists() and wal.stat().st_size > self.max_wal_bytes:
-                        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                except (sqlite3.Error, OSError) as exc:  # busy or gone: the next round retries
-                    log.debug("checkpoint skipped: %s", exc)
-        finally:
-            conn.close()
-
 
 #: ``durability`` -> SQLite's ``synchronous`` setting. ``normal`` (the default, WAL + synchronous=NORMAL): a
 #: crash of the process loses nothing acknowledged; a power loss or OS crash may lose the last transactions
@@ -279,7 +197,7 @@ class _Checkpointer:
 DURABILITY = {"normal": "NORMAL", "full": "FULL"}
 
 
-class SQLiteStore(Store):
+class SQLiteStore(IndexSnapshots, Store):
     schemes = ("sqlite", "file")
 
     def __init__(
@@ -313,13 +231,13 @@ class SQLiteStore(Store):
         self._snapshots = forked.BackgroundSnapshots(self.path)  # the periodic snapshot's writers
         self.dim = dim
         self.timeout_s = timeout_s
-        self.max_wal_bytes = max_wal_bytes  # the log is emptied past this (see _Checkpointer)
+        self.max_wal_bytes = max_wal_bytes  # the log is emptied past this (see Checkpointer)
         self._conn: sqlite3.Connection | None = None
         self._index: SearchIndex | None = None
         self._rev = 0
         self._data_version = -1
         self._index_dirty = False  # set while a write transaction is changing the in-process index
-        self._checkpointer: _Checkpointer | None = None
+        self._checkpointer: Checkpointer | None = None
         self.snapshot_every = snapshot_every  # changes (revs) between two snapshots of the index
         self.close_delta_share = close_delta_share  # see CLOSE_DELTA_SHARE
         self._snapshot_rev = 0  # the rev the newest snapshot this engine wrote or loaded is current to
@@ -334,7 +252,7 @@ class SQLiteStore(Store):
                 return
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            with _translated("open"):
+            with translated("open"):
                 conn = sqlite3.connect(
                     self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
                 )
@@ -350,7 +268,7 @@ class SQLiteStore(Store):
                     raise
             self._conn = conn
             if self.path != ":memory:":
-                self._checkpointer = _Checkpointer(self.path, max_wal_bytes=self.max_wal_bytes)
+                self._checkpointer = Checkpointer(self.path, max_wal_bytes=self.max_wal_bytes)
                 self._checkpointer.start()
             self._index, self._rev = self._open_index()
             self._snapshot_rev = self._rev
@@ -361,139 +279,6 @@ class SQLiteStore(Store):
                 self._snapshot_owed = True
             if self._verifier is not None:
                 self._verifier.start()
-
-    def _open_index(self) -> tuple[SearchIndex, int]:
-        """The snapshot's index and the rev it is current to; an empty index and 0 when there is no usable
-        snapshot (missing, torn, corrupt, stale, another file's): then every row is replayed."""
-        if self.path == ":memory:":
-            self.index_source = "rows (in-memory file)"
-            return SearchIndex(self.dim), 0
-        db = self._db
-        self._name_file(db)
-        try:
-            current = int(db.execute("SELECT value FROM counters WHERE name = 'rev'").fetchone()[0])
-            loaded = snapshot.load(self.path, self.dim, self._fingerprint_at, current)
-        except FileNotFoundError:
-            self.index_source = "rows (no snapshot)"
-            return SearchIndex(self.dim), 0
-        except (OSError, ValueError, snapshot.SnapshotError) as exc:
-            log.warning("index snapshot of %s not used, rebuilding from the rows: %s", self.path, exc)
-            self.index_source = f"rows ({exc})"
-            return SearchIndex(self.dim), 0
-        self.index_source = "snapshot"
-        self._verifier = loaded.verifier
-        return loaded.index, loaded.rev
-
-    def snapshot_check(self, timeout: float = 60.0) -> str | None:
-        """Run the background check of the mapped snapshot's checksums now (see :mod:`.snapshot`) and wait for
-        it; what it found wrong, None when nothing (or when the snapshot was checked at open, or not used)."""
-        verifier = self._verifier
-        if verifier is None:
-            return None
-        verifier.hurry()  # asked for: no need to wait out the delay after open
-        return verifier.wait(timeout)
-
-    def _drop_damaged_snapshot(self) -> None:
-        """The background check found the mapped snapshot damaged: rebuild the index from the rows (the
-        next snapshot replaces the file)."""
-        verifier = self._verifier
-        if verifier is None or verifier.error is None:
-            return
-        log.warning("index snapshot of %s damaged, rebuilding from the rows: %s", self.path, verifier.error)
-        self._verifier = None
-        self.index_source = f"rows ({verifier.error}, found after open)"
-        self._index = SearchIndex(self.dim)
-        self._rev, self._data_version, self._snapshot_rev = 0, -1, -1
-
-    def _fingerprint_at(
-        self, seq: int | None = None, deleted: str | None = None, since_rev: int = 0
-    ) -> snapshot.Fingerprint:
-        """The file's schema and the id at ``seq`` (default: the newest row's seq and id). With no row at
-        ``seq``: ``deleted`` when this file deleted a memory of that id after ``since_rev`` (a snapshot
-        whose newest memory was deleted since is still this file's), else None."""
-        db = self._db
-        schema = int(db.execute("PRAGMA user_version").fetchone()[0])
-        found = db.execute("SELECT value FROM counters WHERE name = 'file_id'").fetchone()
-        file_id = int(found[0]) if found else 0
-        if seq is None:
-            row = db.execute("SELECT seq, id FROM memories ORDER BY seq DESC LIMIT 1").fetchone()
-            return snapshot.Fingerprint(file_id, schema, *(row or (0, None)))
-        row = db.execute("SELECT id FROM memories WHERE seq = ?", (seq,)).fetchone()
-        if row is None and deleted is not None:
-            row = db.execute(  # the tombstones since the snapshot, through their rev index
-                "SELECT id FROM tombstones WHERE rev > ? AND id = ? LIMIT 1", (since_rev, deleted)
-            ).fetchone()
-        return snapshot.Fingerprint(file_id, schema, seq, row[0] if row else None)
-
-    def _name_file(self, db: sqlite3.Connection) -> None:
-        """Give the file a random id once (a counter row), which its index snapshots name: a new file made at
-        the same path never takes an old file's snapshot for its own."""
-        if db.execute("SELECT 1 FROM counters WHERE name = 'file_id'").fetchone() is None:
-            db.execute(
-                "INSERT OR IGNORE INTO counters (name, value) VALUES ('file_id', ?)",
-                (secrets.randbits(62) + 1,),
-            )
-
-    def write_snapshot(self) -> Path | None:
-        """Write the index's snapshot beside the file now (atomically: a temporary file renamed over the old
-        one); None for an in-memory file. Done on close, and every ``snapshot_every`` changes where
-        ``snapshot_mode`` is ``inline``."""
-        with self._lock, _translated("snapshot"):
-            if self.path == ":memory:" or self._index is None:
-                return None
-            # a child still writing an older one must not rename it over this one
-            self._snapshots.finish(SNAPSHOT_CHILD_TIMEOUT_S)
-            return self._write_snapshot(self._snapshot_view())
-
-    def _write_snapshot(self, fingerprint: snapshot.Fingerprint) -> Path:
-        """Write the snapshot of the index as it is, under the lock (the caller holds it)."""
-        assert self._index is not None
-        written = snapshot.write(self.path, self._index, self._rev, fingerprint)
-        self._snapshot_rev, self._snapshots.lost, self._snapshot_owed = self._rev, False, False
-        return written
-
-    def _snapshot_view(self) -> snapshot.Fingerprint:
-        """The index caught up with the file, and the fingerprint of that view (caller holds the lock)."""
-        if self._verifier is not None:  # a damaged base must not be copied into a new snapshot
-            self._verifier.hurry()
-            self._verifier.wait()
-        db = self._db
-        db.execute("BEGIN")  # the fingerprint and the caught-up index: one view of the file
-        try:
-            self._catch_up()
-            return self._fingerprint_at()
-        finally:
-            db.execute("COMMIT")
-
-    def _periodic_snapshot(self) -> None:
-        """The snapshot due every ``snapshot_every`` changes (caller holds the lock), in a forked child
-        unless ``snapshot_mode`` is ``inline``; one child at a time (a write while one runs leaves it be,
-        and the next write tries again)."""
-        if self.path == ":memory:" or self._index is None:
-            return
-        if self.snapshot_mode == "inline":
-            self.write_snapshot()
-            return
-        if self._snapshots.busy():
-            return
-        with _translated("snapshot"):
-            fingerprint, index, rev = self._snapshot_view(), self._index, self._rev
-            # a projection due is fitted here, not by snapshot.write in the child: BLAS in a forked child of
-            # a process whose BLAS threads have run can wait forever on a pool that did not come across
-            index.vectors.prepare()
-            try:
-                self._snapshots.start(lambda: snapshot.write(self.path, index, rev, fingerprint))
-            except OSError as exc:  # no memory or process for a child: write it here, as inline does
-                log.warning("index snapshot of %s not forked (%s): written under the lock", self.path, exc)
-                self._write_snapshot(fingerprint)
-                return
-        # the child's snapshot pays what was owed (it fails: then it is lost, which close honours too)
-        self._snapshot_rev, self._snapshot_owed = rev, False
-
-    def snapshot_wait(self, timeout: float | None = None) -> bool | None:
-        """Wait for the periodic snapshot a child is writing, if any: True when written, False when the
-        child failed (the next one tries again), None when there was none or it is still running."""
-        return self._snapshots.wait(timeout)
 
     @staticmethod
     def _migrate(conn: sqlite3.Connection) -> None:
@@ -524,48 +309,20 @@ class SQLiteStore(Store):
         ``durability=full``, 1 with ``normal``). Only names of letters and underscores are asked."""
         if not name.replace("_", "").isalpha():
             raise ConfigError(f"{name!r} is not a PRAGMA name")
-        with self._lock, _translated("pragma"):
+        with self._lock, translated("pragma"):
             return self._db.execute(f"PRAGMA {name}").fetchone()[0]
 
     def close(self) -> None:
         with self._lock:
-            self._snapshots.finish(SNAPSHOT_CHILD_TIMEOUT_S)  # a hung writer is killed: close must end
-            if self._conn is not None and self._index is not None:
-                try:
-                    if self._snapshot_due_on_close():
-                        self.write_snapshot()
-                except Exception as exc:  # the rows are the truth: a failed snapshot costs the next open time
-                    log.warning("index snapshot of %s not written: %s", self.path, exc)
-            if self._verifier is not None:
-                self._verifier.stop()
-                self._verifier = None
+            self._close_snapshots(connected=self._conn is not None)
             if self._checkpointer is not None:
                 self._checkpointer.stop()
                 self._checkpointer = None
             if self._conn is not None:
-                with _translated("close"):
+                with translated("close"):
                     self._conn.close()
                 self._conn = None
                 self._index = None
-
-    def _snapshot_due_on_close(self) -> bool:
-        """Whether ``close()`` writes a snapshot (caller holds the lock): when one is owed (the periodic one
-        failed; the mapped one lacked the projection this engine fitted), when no snapshot this engine knows
-        of holds the file's rows, or when the rows changed since it are at least ``close_delta_share`` of
-        the memories (fewer are replayed on the next open)."""
-        if self._snapshots.lost or self._snapshot_owed:
-            return True
-        if self._rev == self._snapshot_rev:
-            return False
-        if self._snapshot_rev <= 0 or not snapshot.path_for(self.path).exists():
-            return True  # rebuilt from the rows, dropped as damaged, or removed: nothing to replay onto
-        changed = self._db.execute(
-            "SELECT (SELECT count(*) FROM memories WHERE rev > ?1) + (SELECT count(*) FROM tombstones "
-            "WHERE rev > ?1)",
-            (self._snapshot_rev,),
-        ).fetchone()[0]
-        assert self._index is not None
-        return int(changed) >= max(1, int(self.close_delta_share * len(self._index.row_of)))
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -640,7 +397,7 @@ class SQLiteStore(Store):
     ) -> Iterator[tuple[sqlite3.Connection, int, dict[str, int]]]:
         """A write transaction holding SQLite's write lock, caught up first, with its new ``rev`` and, for
         ``events`` (the ones it will insert), each tenant's event counter after taking their numbers."""
-        with self._lock, _translated(action):
+        with self._lock, translated(action):
             db = self._db
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -675,7 +432,7 @@ class SQLiteStore(Store):
 
     @contextmanager
     def _read(self, action: str) -> Iterator[sqlite3.Connection]:
-        with self._lock, _translated(action):
+        with self._lock, translated(action):
             self._catch_up()
             yield self._db
 
@@ -960,7 +717,7 @@ class SQLiteStore(Store):
     def put_credential(self, credential: Credential) -> None:
         c = credential
         row = (c.tenant, c.kind, c.name, c.version, credential_json(c))
-        with self._lock, _translated("put_credential"):
+        with self._lock, translated("put_credential"):
             written = self._db.execute(_PUT_CREDENTIAL, row).fetchall()  # one statement: atomic on its own
             if written:
                 return
@@ -971,7 +728,7 @@ class SQLiteStore(Store):
         raise AssertionError("the upsert refused a credential the version rule accepts")  # pragma: no cover
 
     def find_credentials(self, kind: str, name: str) -> list[Credential]:
-        with self._lock, _translated("find_credentials"):  # no _read: the search index is not involved
+        with self._lock, translated("find_credentials"):  # no _read: the search index is not involved
             rows = self._db.execute(
                 "SELECT tenant, kind, name, version, data FROM credentials WHERE kind = ? AND name = ?"
                 " ORDER BY tenant",
@@ -987,6 +744,6 @@ class SQLiteStore(Store):
         limit: int = 1000,
     ) -> list[Credential]:
         sql, args = credentials_page_sql(kind, tenant, after, limit, "?")
-        with self._lock, _translated("list_credentials"):
+        with self._lock, translated("list_credentials"):
             rows = self._db.execute(sql, args).fetchall()
         return [Credential(t, k, n, json.loads(d), int(v)) for t, k, n, v, d in rows]

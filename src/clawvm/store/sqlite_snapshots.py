@@ -1,0 +1,243 @@
+"""The SQLite engine's index snapshot lifecycle: when the snapshot beside the file is read, written, checked
+and owed (:class:`IndexSnapshots`, a part of :class:`clawvm.store.sqlite.SQLiteStore`).
+
+What a snapshot holds and how it is mapped is :mod:`clawvm.store.snapshot`; how a child process writes one
+is :mod:`clawvm.store.forked`. Here: open maps the snapshot (or rebuilds from the rows when there is none
+usable), the engine writes one every ``snapshot_every`` changes (in a forked child by default) and on
+close past a small delta, a snapshot found damaged after open is dropped for the rows, and one that failed
+or lacks what this engine fitted is owed to the next close.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import sqlite3
+import threading
+from pathlib import Path
+
+from clawvm.store import forked, snapshot
+from clawvm.store.index import SearchIndex
+from clawvm.store.sqlite_support import translated
+
+log = logging.getLogger("clawvm.store.sqlite")
+
+#: Changes (write transactions, ``rev``) between two snapshots of the index, besides the one on close: the
+#: most a reopen replays after a crash. At 100k memories a snapshot takes ~4 s to write.
+SNAPSHOT_EVERY = 10_000
+
+#: The smallest delta, as a share of the memories indexed, that ``close()`` folds into a new snapshot: a
+#: smaller one is left in the rows for the next open to replay. Rewriting the snapshot costs ~45 us per
+#: memory (4.7 s at 100k), replaying a changed row ~0.5 ms (1,000 rows: 0.51 s), so at 1 change in 1,000
+#: memories a reopen replays for ~1% of what the rewrite would have cost. A CLI search on a 100k file (its
+#: access bookkeeping is a few changes) closed in 3.8 s, rewriting the whole snapshot; now it leaves a delta.
+CLOSE_DELTA_SHARE = 0.001
+
+#: How the periodic snapshot is written: ``background`` (the default) in a forked child, so the write that
+#: makes it due waits for the fork (milliseconds) and not for the snapshot (:mod:`clawvm.store.forked`);
+#: ``inline`` under the engine's lock, stalling that write (~4 s at 100k memories) but using no second
+#: process (the only way off Linux, see :func:`clawvm.store.forked.available`). The snapshot on close is
+#: always written inline.
+SNAPSHOT_MODES = ("background", "inline")
+
+#: How long ``close()`` waits for a child still writing a snapshot before killing it (~30 s is expected
+#: at 1M memories); the snapshot it was writing is then written by ``close()`` itself.
+SNAPSHOT_CHILD_TIMEOUT_S = 600.0
+
+
+class IndexSnapshots:
+    """The snapshot half of :class:`clawvm.store.sqlite.SQLiteStore` (a base class of it): the engine's
+    state that this reads (declared below) and the connection and catch-up the engine provides."""
+
+    path: str
+    dim: int
+    snapshot_every: int  # changes (revs) between two snapshots of the index
+    snapshot_mode: str  # one of SNAPSHOT_MODES
+    close_delta_share: float  # see CLOSE_DELTA_SHARE
+    index_source: str  # how open got its index: "snapshot", or "rows" and why (diagnostics)
+    _lock: threading.RLock
+    _index: SearchIndex | None
+    _rev: int
+    _data_version: int
+    _snapshots: forked.BackgroundSnapshots  # the periodic snapshot's writers
+    _snapshot_rev: int  # the rev the newest snapshot this engine wrote or loaded is current to
+    _snapshot_owed: bool  # close writes one whatever the delta (one failed, or lacks a fit)
+    _verifier: snapshot.Verifier | None  # the mapped snapshot's checksums, checked after open
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        raise NotImplementedError
+
+    @property
+    def index(self) -> SearchIndex:
+        raise NotImplementedError
+
+    def _catch_up(self) -> None:
+        raise NotImplementedError
+
+    def _open_index(self) -> tuple[SearchIndex, int]:
+        """The snapshot's index and the rev it is current to; an empty index and 0 when there is no usable
+        snapshot (missing, torn, corrupt, stale, another file's): then every row is replayed."""
+        if self.path == ":memory:":
+            self.index_source = "rows (in-memory file)"
+            return SearchIndex(self.dim), 0
+        db = self._db
+        self._name_file(db)
+        try:
+            current = int(db.execute("SELECT value FROM counters WHERE name = 'rev'").fetchone()[0])
+            loaded = snapshot.load(self.path, self.dim, self._fingerprint_at, current)
+        except FileNotFoundError:
+            self.index_source = "rows (no snapshot)"
+            return SearchIndex(self.dim), 0
+        except (OSError, ValueError, snapshot.SnapshotError) as exc:
+            log.warning("index snapshot of %s not used, rebuilding from the rows: %s", self.path, exc)
+            self.index_source = f"rows ({exc})"
+            return SearchIndex(self.dim), 0
+        self.index_source = "snapshot"
+        self._verifier = loaded.verifier
+        return loaded.index, loaded.rev
+
+    def snapshot_check(self, timeout: float = 60.0) -> str | None:
+        """Run the background check of the mapped snapshot's checksums now (see :mod:`.snapshot`) and wait for
+        it; what it found wrong, None when nothing (or when the snapshot was checked at open, or not used)."""
+        verifier = self._verifier
+        if verifier is None:
+            return None
+        verifier.hurry()  # asked for: no need to wait out the delay after open
+        return verifier.wait(timeout)
+
+    def _drop_damaged_snapshot(self) -> None:
+        """The background check found the mapped snapshot damaged: rebuild the index from the rows (the
+        next snapshot replaces the file)."""
+        verifier = self._verifier
+        if verifier is None or verifier.error is None:
+            return
+        log.warning("index snapshot of %s damaged, rebuilding from the rows: %s", self.path, verifier.error)
+        self._verifier = None
+        self.index_source = f"rows ({verifier.error}, found after open)"
+        self._index = SearchIndex(self.dim)
+        self._rev, self._data_version, self._snapshot_rev = 0, -1, -1
+
+    def _fingerprint_at(
+        self, seq: int | None = None, deleted: str | None = None, since_rev: int = 0
+    ) -> snapshot.Fingerprint:
+        """The file's schema and the id at ``seq`` (default: the newest row's seq and id). With no row at
+        ``seq``: ``deleted`` when this file deleted a memory of that id after ``since_rev`` (a snapshot
+        whose newest memory was deleted since is still this file's), else None."""
+        db = self._db
+        schema = int(db.execute("PRAGMA user_version").fetchone()[0])
+        found = db.execute("SELECT value FROM counters WHERE name = 'file_id'").fetchone()
+        file_id = int(found[0]) if found else 0
+        if seq is None:
+            row = db.execute("SELECT seq, id FROM memories ORDER BY seq DESC LIMIT 1").fetchone()
+            return snapshot.Fingerprint(file_id, schema, *(row or (0, None)))
+        row = db.execute("SELECT id FROM memories WHERE seq = ?", (seq,)).fetchone()
+        if row is None and deleted is not None:
+            row = db.execute(  # the tombstones since the snapshot, through their rev index
+                "SELECT id FROM tombstones WHERE rev > ? AND id = ? LIMIT 1", (since_rev, deleted)
+            ).fetchone()
+        return snapshot.Fingerprint(file_id, schema, seq, row[0] if row else None)
+
+    def _name_file(self, db: sqlite3.Connection) -> None:
+        """Give the file a random id once (a counter row), which its index snapshots name: a new file made at
+        the same path never takes an old file's snapshot for its own."""
+        if db.execute("SELECT 1 FROM counters WHERE name = 'file_id'").fetchone() is None:
+            db.execute(
+                "INSERT OR IGNORE INTO counters (name, value) VALUES ('file_id', ?)",
+                (secrets.randbits(62) + 1,),
+            )
+
+    def write_snapshot(self) -> Path | None:
+        """Write the index's snapshot beside the file now (atomically: a temporary file renamed over the old
+        one); None for an in-memory file. Done on close, and every ``snapshot_every`` changes where
+        ``snapshot_mode`` is ``inline``."""
+        with self._lock, translated("snapshot"):
+            if self.path == ":memory:" or self._index is None:
+                return None
+            # a child still writing an older one must not rename it over this one
+            self._snapshots.finish(SNAPSHOT_CHILD_TIMEOUT_S)
+            return self._write_snapshot(self._snapshot_view())
+
+    def _write_snapshot(self, fingerprint: snapshot.Fingerprint) -> Path:
+        """Write the snapshot of the index as it is, under the lock (the caller holds it)."""
+        assert self._index is not None
+        written = snapshot.write(self.path, self._index, self._rev, fingerprint)
+        self._snapshot_rev, self._snapshots.lost, self._snapshot_owed = self._rev, False, False
+        return written
+
+    def _snapshot_view(self) -> snapshot.Fingerprint:
+        """The index caught up with the file, and the fingerprint of that view (caller holds the lock)."""
+        if self._verifier is not None:  # a damaged base must not be copied into a new snapshot
+            self._verifier.hurry()
+            self._verifier.wait()
+        db = self._db
+        db.execute("BEGIN")  # the fingerprint and the caught-up index: one view of the file
+        try:
+            self._catch_up()
+            return self._fingerprint_at()
+        finally:
+            db.execute("COMMIT")
+
+    def _periodic_snapshot(self) -> None:
+        """The snapshot due every ``snapshot_every`` changes (caller holds the lock), in a forked child
+        unless ``snapshot_mode`` is ``inline``; one child at a time (a write while one runs leaves it be,
+        and the next write tries again)."""
+        if self.path == ":memory:" or self._index is None:
+            return
+        if self.snapshot_mode == "inline":
+            self.write_snapshot()
+            return
+        if self._snapshots.busy():
+            return
+        with translated("snapshot"):
+            fingerprint, index, rev = self._snapshot_view(), self._index, self._rev
+            # a projection due is fitted here, not by snapshot.write in the child: BLAS in a forked child of
+            # a process whose BLAS threads have run can wait forever on a pool that did not come across
+            index.vectors.prepare()
+            try:
+                self._snapshots.start(lambda: snapshot.write(self.path, index, rev, fingerprint))
+            except OSError as exc:  # no memory or process for a child: write it here, as inline does
+                log.warning("index snapshot of %s not forked (%s): written under the lock", self.path, exc)
+                self._write_snapshot(fingerprint)
+                return
+        # the child's snapshot pays what was owed (it fails: then it is lost, which close honours too)
+        self._snapshot_rev, self._snapshot_owed = rev, False
+
+    def snapshot_wait(self, timeout: float | None = None) -> bool | None:
+        """Wait for the periodic snapshot a child is writing, if any: True when written, False when the
+        child failed (the next one tries again), None when there was none or it is still running."""
+        return self._snapshots.wait(timeout)
+
+    def _snapshot_due_on_close(self) -> bool:
+        """Whether ``close()`` writes a snapshot (caller holds the lock): when one is owed (the periodic one
+        failed; the mapped one lacked the projection this engine fitted), when no snapshot this engine knows
+        of holds the file's rows, or when the rows changed since it are at least ``close_delta_share`` of
+        the memories (fewer are replayed on the next open)."""
+        if self._snapshots.lost or self._snapshot_owed:
+            return True
+        if self._rev == self._snapshot_rev:
+            return False
+        if self._snapshot_rev <= 0 or not snapshot.path_for(self.path).exists():
+            return True  # rebuilt from the rows, dropped as damaged, or removed: nothing to replay onto
+        changed = self._db.execute(
+            "SELECT (SELECT count(*) FROM memories WHERE rev > ?1) + (SELECT count(*) FROM tombstones "
+            "WHERE rev > ?1)",
+            (self._snapshot_rev,),
+        ).fetchone()[0]
+        assert self._index is not None
+        return int(changed) >= max(1, int(self.close_delta_share * len(self._index.row_of)))
+
+    def _close_snapshots(self, connected: bool) -> None:
+        """On close (caller holds the lock): wait for a child still writing (killed past
+        ``SNAPSHOT_CHILD_TIMEOUT_S``: close must end), write the snapshot when due (``connected``: the file
+        is open), stop the check."""
+        self._snapshots.finish(SNAPSHOT_CHILD_TIMEOUT_S)
+        if connected and self._index is not None:
+            try:
+                if self._snapshot_due_on_close():
+                    self.write_snapshot()
+            except Exception as exc:  # the rows are the truth: a failed snapshot costs the next open time
+                log.warning("index snapshot of %s not written: %s", self.path, exc)
+        if self._verifier is not None:
+            self._verifier.stop()
+            self._verifier = None
