@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clawvm import (
+    ConfigError,
     ConflictError,
     Filters,
     Kind,
@@ -39,7 +40,7 @@ from clawvm import (
     ValidationError,
 )
 from clawvm.core.model import revalidate
-from clawvm.store import Edge, Event, PageKey, Query, SQLiteStore, Store
+from clawvm.store import Edge, Event, PageKey, Query, SQLiteStore, Store, store_from_url
 from engines import make_store
 from strategies import at, memories
 
@@ -1087,6 +1088,40 @@ def test_newer_schema_raises_schema_error(engine_name: str, db_path: Path, opene
         SQLiteStore(db_path).setup()
     assert isinstance(exc.value, StoreError)
     assert "99" in str(exc.value)
+
+
+@sqlite_only
+def test_another_application_s_file_is_refused_and_left_as_it_was(engine_name: str, db_path: Path) -> None:
+    """``--db`` aimed at another program's SQLite file used to add ClawVM's tables to it (and switch it to
+    WAL), even for a read-only command."""
+    conn = sqlite3.connect(db_path)
+    conn.execute("CREATE TABLE users (id INTEGER, name TEXT)")
+    conn.execute("INSERT INTO users VALUES (1, 'ada')")
+    conn.commit()
+    conn.close()
+    with pytest.raises(SchemaError) as exc:
+        SQLiteStore(db_path).setup()
+    assert "not a ClawVM store" in str(exc.value) and "users" in str(exc.value)
+    conn = sqlite3.connect(db_path)
+    assert [n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["users"]
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    assert conn.execute("SELECT * FROM users").fetchall() == [(1, "ada")]
+    conn.close()
+    empty = db_path.with_name("empty.db")
+    sqlite3.connect(empty).close()  # an empty file (no tables) becomes a store
+    store = SQLiteStore(empty)
+    store.setup()
+    store.close()
+
+
+@pytest.mark.parametrize("target", ["", "   ", None, 123])
+def test_a_store_target_that_names_no_file_is_refused(target: object) -> None:
+    """An empty name is SQLite's temporary file, deleted on close: every write was silently lost."""
+    with pytest.raises(ConfigError) as exc:
+        store_from_url(target)  # type: ignore[arg-type]
+    assert exc.value.field == "db"
+    with pytest.raises(ConfigError):
+        SQLiteStore("")
 
 
 @sqlite_only

@@ -101,6 +101,18 @@ def test_revoking_a_grant_hides_the_team_at_once(engine_name: str, lexical: Harn
     assert not lexical.list(visible_to=Visibility("planner"), kind=Kind.AGENT_STATE)  # grants stay hidden
 
 
+@pytest.mark.parametrize("flags", [{"write": "no"}, {"read": "false"}, {"read": 1}, {"write": None}])
+def test_a_grant_takes_true_or_false_and_nothing_truthy(
+    engine_name: str, lexical: Harness, flags: dict[str, object]
+) -> None:
+    """``grant(..., write="no")`` granted write access: any non-empty string is true."""
+    before = teams.grants(lexical)
+    with pytest.raises(ValidationError) as err:
+        lexical.grant("pay", "newcomer", **flags)
+    assert err.value.field == next(iter(flags)) and "True or False" in str(err.value)
+    assert teams.grants(lexical) == before
+
+
 def test_writes_need_a_write_grant_and_write_nothing_otherwise(engine_name: str, lexical: Harness) -> None:
     populate(lexical)
     before = lexical.count(status="any")

@@ -6,25 +6,38 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import click
 
 from clawvm.core.errors import ClawVMError
 from clawvm.harness import Harness
-from clawvm.store import Store, store_from_url
+from clawvm.store import SQLiteStore, Store, store_from_url
 from clawvm.store.keys import Keyring
 
 
 @contextmanager
-def opened_harness(ctx: click.Context, embed: bool = True) -> Iterator[Harness]:
-    """A harness on ``--db``, with the embedding model unless ``--no-embed`` or ``embed=False``."""
+def opened_harness(ctx: click.Context, embed: bool = True, existing: bool = False) -> Iterator[Harness]:
+    """A harness on ``--db``, with the embedding model unless ``--no-embed`` or ``embed=False``.
+    ``existing``: a command that only reads (or removes) refuses a SQLite file that is not there, rather
+    than making an empty store of a mistyped path and answering from it."""
     db: str = ctx.obj["db"]
+    if existing:
+        _require_store(db)
     harness = Harness.open(db, embedder="default" if embed and not ctx.obj["no_embed"] else None)
     try:
         yield harness
     finally:
         harness.close()
+
+
+def _require_store(db: str) -> None:
+    store = store_from_url(db)  # no connection yet: only the engine and its file name
+    if isinstance(store, SQLiteStore) and not Path(store.path).exists():
+        raise click.UsageError(
+            f"no store at {store.path}: check --db (or CLAWVM_DB); `clawvm add` or `clawvm import` make one"
+        )
 
 
 class CliGroup(click.Group):
@@ -40,6 +53,11 @@ class CliGroup(click.Group):
             return super().invoke(ctx)
         except ClawVMError as exc:
             click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except OSError as exc:  # a file the command was pointed at: one line, not a traceback
+            if exc.filename is None:
+                raise
+            click.echo(f"error: {exc.filename}: {exc.strerror or exc}", err=True)
             sys.exit(2)
 
 
@@ -83,7 +101,9 @@ def hoist_group_options(group: click.Group, args: list[str]) -> list[str]:
             break
         name = arg.split("=", 1)[0]
         if name in takes_value:
-            with_value = takes_value[name] and "=" not in arg and i + 1 < len(tail)
+            with_value = takes_value[name] and "=" not in arg
+            if with_value and i + 1 == len(tail):  # moved bare, it would take the command's name as its value
+                raise click.UsageError(f"Option '{name}' requires an argument.")
             moved += tail[i : i + 2] if with_value else [arg]
             i += 2 if with_value else 1
             continue

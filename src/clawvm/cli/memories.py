@@ -124,7 +124,7 @@ def search(
     given = {name: v for name, v in filters.items() if v is not None}
     if tags:
         given["tags"] = list(tags)
-    with opened_harness(ctx) as h:
+    with opened_harness(ctx, existing=True) as h:
         for r in h.recall(query, k=k, preset=preset, **given):
             if as_json:
                 explain = {
@@ -151,7 +151,7 @@ def search(
 @click.pass_context
 def show(ctx: click.Context, memory_id: str) -> None:
     """Print one memory as JSON."""
-    with opened_harness(ctx, embed=False) as h:
+    with opened_harness(ctx, embed=False, existing=True) as h:
         click.echo(json.dumps(json.loads(h.get(memory_id).to_json()), indent=2, ensure_ascii=False))
 
 
@@ -160,7 +160,7 @@ def show(ctx: click.Context, memory_id: str) -> None:
 @click.pass_context
 def forget(ctx: click.Context, memory_id: str) -> None:
     """Delete one memory for good."""
-    with opened_harness(ctx, embed=False) as h:
+    with opened_harness(ctx, embed=False, existing=True) as h:
         h.forget(memory_id)
         click.echo(f"forgot {memory_id}")
 
@@ -189,7 +189,7 @@ def export(ctx: click.Context, out: Path | None, session_id: str | None, events:
     if events or fmt == "parquet":
         _export_events(ctx, out, session_id, events, fmt)
         return
-    with opened_harness(ctx, embed=False) as h:
+    with opened_harness(ctx, embed=False, existing=True) as h:
         # a lossless backup: every status, the harness's internal records (team grants) included
         filters = h.filters({"session_id": session_id}).with_(status=None)
         stream = out.open("w", encoding="utf-8") if out else sys.stdout
@@ -214,7 +214,7 @@ def _export_events(
         raise ValidationError(
             "format", "parquet exports the event log to a file", "use --events --format parquet -o FILE"
         )
-    with opened_harness(ctx, embed=False) as h:
+    with opened_harness(ctx, embed=False, existing=True) as h:
         if fmt == "parquet" and out is not None:
             n = export_parquet(h.store, out)
         else:
@@ -236,7 +236,7 @@ def prune_events(ctx: click.Context, max_age_days: float | None, max_events: int
     """Event-log retention: delete the oldest events (learned scorer weights are kept); export first."""
     from clawvm.store.eventlog import Retention, prune
 
-    with opened_harness(ctx, embed=False) as h:
+    with opened_harness(ctx, embed=False, existing=True) as h:
         n = prune(h.store, Retention(max_age_days, max_events), h.now())
     click.echo(f"deleted {n} events")
 
@@ -270,7 +270,7 @@ def import_(ctx: click.Context, path: Path) -> None:
 @click.pass_context
 def stats(ctx: click.Context) -> None:
     """Counts by kind, status and tier, and how many memories still wait for an embedding."""
-    with opened_harness(ctx, embed=False) as h:
+    with opened_harness(ctx, embed=False, existing=True) as h:
         # counts from the store's index, not a pass over every memory (~20 s at 100k memories)
         result: dict[str, Any] = {
             "memories": h.count(status="any"),

@@ -143,7 +143,11 @@ def serve(
         run_server,
         run_workers,
     )
+
     options = redaction_options(redact=redact, keep_originals=keep_originals)  # a missing key fails here
+    from clawvm.demo.scenario import check_port_free
+
+    check_port_free(host, port, again="clawvm serve --port {port}")  # not a traceback later
     configure_logging(log_level)
     settings = ServerSettings(
         max_body_bytes=max_body_bytes, rate_per_s=rate_limit, burst=burst, preset=preset
@@ -241,6 +245,10 @@ def mcp_command(
     _require_mcp()
     from clawvm.integrations.mcp_server import run
 
+    if http:
+        from clawvm.demo.scenario import check_port_free
+
+        check_port_free(host, port, again="clawvm mcp --http --port {port}")
     if http and host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         click.echo(
             f"warning: serving MCP on {host} without --api-key: anyone who reaches it may write", err=True

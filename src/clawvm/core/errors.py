@@ -52,7 +52,8 @@ class StoreError(ClawVMError):
 
 
 class SchemaError(StoreError):
-    """The database schema is newer than this version of ClawVM understands, or a migration failed."""
+    """The database schema is newer than this version of ClawVM understands, a migration failed, or the file
+    is another application's (tables, but no ClawVM schema)."""
 
 
 class EmbedderError(ClawVMError):

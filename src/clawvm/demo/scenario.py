@@ -189,9 +189,12 @@ def remove_store_file(db: str, *, asked: bool = True) -> None:
         Path(path + suffix).unlink(missing_ok=True)
 
 
-def check_port_free(host: str, port: int) -> None:
-    """Refuse a port another process listens on, naming it and how to choose another one (binding here
-    the way the server binds, address reuse included, so a port the server could take passes)."""
+def check_port_free(
+    host: str, port: int, again: str = "make run PORT={port} (or clawvm demo --dashboard --port {port})"
+) -> None:
+    """Refuse a port another process listens on, naming it and how to choose another one (``again``, the
+    command with ``{port}`` for a free-looking one; binding here the way the server binds, address reuse
+    included, so a port the server could take passes)."""
     try:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn picks it
         with socket.create_server((host, port), family=family):
@@ -200,8 +203,7 @@ def check_port_free(host: str, port: int) -> None:
         other = port + 1 if 0 < port < 65535 else 8081
         problem = "is taken by another process" if exc.errno == errno.EADDRINUSE else f"cannot be used: {exc}"
         raise ConfigError(
-            f"port: {port} on {host} {problem}; choose another one: make run PORT={other} "
-            f"(or clawvm demo --dashboard --port {other})"
+            f"port: {port} on {host} {problem}; choose another one: {again.format(port=other)}", "port"
         ) from None
 
 

@@ -49,8 +49,21 @@ def store_from_url(target: str | Path, dim: int = 384) -> Store:
     SQLite takes ``?durability=full`` (fsync every commit: power-loss safe) or ``normal`` (the default:
     crash-safe), see :data:`clawvm.store.sqlite.DURABILITY`; and ``?snapshot=inline`` to write the periodic
     index snapshot under the engine's lock instead of in a forked child (see ``SNAPSHOT_MODES`` there)."""
+    if not isinstance(target, str | Path):
+        raise ConfigError(
+            f"store target is a {type(target).__name__}: pass a file path, sqlite:///PATH, memory:// or "
+            "postgresql://...",
+            "db",
+        )
     if isinstance(target, Path):
         return SQLiteStore(target, dim=dim)
+    if not target.strip():
+        # SQLite takes an empty name for a temporary file deleted on close: every write would be lost
+        raise ConfigError(
+            "store target is empty: name a file (memories.db), or memory:// for a store that is meant to "
+            "vanish on close",
+            "db",
+        )
     if "://" not in target:
         return SQLiteStore(target, dim=dim)
     url = urlparse(target)

@@ -177,6 +177,23 @@ def _row(rev: int, m: Memory, vector: np.ndarray | None) -> tuple[Any, ...]:
     )
 
 
+def _refuse_foreign_file(conn: sqlite3.Connection) -> None:
+    """Refuse a file that holds another application's tables (no ClawVM schema yet, but not empty): the
+    first migration would add ClawVM's tables to it, even for a read-only command aimed at the wrong file."""
+    names = [
+        name
+        for (name,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+        )
+    ]
+    if names:
+        shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+        raise SchemaError(
+            f"this SQLite file is not a ClawVM store (it holds other tables: {shown}) and is left as it "
+            "is: point --db at a ClawVM store or at a new file"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class _StoredState:
     """What a write reads of a stored row: its version (the optimistic check), content and links (what
@@ -228,6 +245,8 @@ class SQLiteStore(IndexSnapshots, Store):
         self.snapshot_mode = snapshot_mode if forked.available() else "inline"
         self.durability = durability
         self.path = str(path)
+        if not self.path.strip():  # SQLite's name for a temporary file, deleted on close
+            raise ConfigError("the SQLite file name is empty: name a file (memories.db)", "path")
         self._snapshots = forked.BackgroundSnapshots(self.path)  # the periodic snapshot's writers
         self.dim = dim
         self.timeout_s = timeout_s
@@ -257,6 +276,8 @@ class SQLiteStore(IndexSnapshots, Store):
                     self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
                 )
                 try:
+                    if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
+                        _refuse_foreign_file(conn)  # before WAL mode, which the file's header would keep
                     conn.execute("PRAGMA journal_mode=WAL")
                     conn.execute(f"PRAGMA synchronous={DURABILITY[self.durability]}")
                     conn.execute("PRAGMA foreign_keys=ON")

@@ -63,6 +63,7 @@ from clawvm.core.model import (
     Tier,
     Visibility,
     build_memory,
+    flag,
     moved_on,
     normalize_content,
     refuse_set_by_harness,
@@ -137,6 +138,7 @@ def grant(h: TeamHost, team_id: str, agent_id: str, *, read: bool = True, write:
     for name, v in (("team_id", team_id), ("agent_id", agent_id)):
         if not isinstance(v, str) or not v.strip():
             raise ValidationError(name, f"is {v!r}", "pass a non-empty string")
+    read, write = flag("read", read), flag("write", write)  # "no" is truthy: it granted write access
     if write and not read:
         raise ValidationError("read", "is False while write is True", "writers must be able to read")
     team_id, agent_id = stored_id(h, team_id), stored_id(h, agent_id)
