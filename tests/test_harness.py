@@ -313,6 +313,31 @@ def test_an_update_refuses_what_the_harness_sets(harness: Harness, field: str, v
     assert harness.get(m.id) == m
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("token_count", 5000), ("content_type", "application/json"), ("value", 0.99), ("access_count", 100),
+     ("last_accessed_at", "2026-01-01T00:00:00Z"), ("usage", {"cited": 50, "successes": 50}), ("version", 3)],
+)
+def test_a_record_refuses_what_the_harness_sets(harness: Harness, field: str, value: Any) -> None:
+    """record(access_count=100, usage={...}) stored them (a value inflated from its first moment), and
+    record(value=0.99) dropped the value without a word; as update() does, each is refused now."""
+    before = harness.count(status="any")
+    with pytest.raises(ValidationError) as exc:
+        harness.record("plain note", **{field: value})
+    assert exc.value.field == field and exc.value.problem == "is set by the harness" and exc.value.fix
+    assert harness.count(status="any") == before
+    assert harness.record("plain note", pinned=True, session_id="s").pinned  # pinning at record stays
+
+
+def test_a_record_with_a_stored_id_says_the_id_exists(harness: Harness) -> None:
+    """It said "is at version 1, not 0: re-read it and retry the update" of what was a create."""
+    first = harness.record("alpha", session_id="s")
+    with pytest.raises(ConflictError) as exc:
+        harness.record("beta", id=first.id, session_id="s")
+    assert str(exc.value).startswith("id: memory") and "exists already" in str(exc.value)
+    assert harness.get(first.id) == first and harness.count(status="any") == 1
+
+
 def test_an_obsolete_revision_stays_as_it_was_replaced(harness: Harness) -> None:
     """Reviving or editing a revision that a later one replaced would give its chain two heads."""
     d = harness.record("refund limit 500 EUR", kind="decision", session_id="s")

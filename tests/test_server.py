@@ -129,8 +129,9 @@ def test_memory_crud_with_versions(env: Env) -> None:
         f"/v1/memories/{m['id']}", json={"expected_version": 1, "state": "error"}, headers=env.auth()
     )
     assert_error(stale, 409, "conflict", "expected_version")
-    unchanged = env.client.patch(f"/v1/memories/{m['id']}", json={"kind": None}, headers=env.auth())
-    assert unchanged.status_code == 200 and unchanged.json() == r.json()  # changes nothing: no new version
+    for nulls in ({"kind": None}, {"content": None}, {"content": None, "tags": None}):
+        unchanged = env.client.patch(f"/v1/memories/{m['id']}", json=nulls, headers=env.auth())
+        assert unchanged.status_code == 200 and unchanged.json() == r.json()  # no change: no new version
     stale_noop = {"expected_version": 1}
     assert_error(env.client.patch(f"/v1/memories/{m['id']}", json=stale_noop, headers=env.auth()), 409)
     listed = env.client.get("/v1/memories", params={"tags": ["ci"], "kind": ["error"]}, headers=env.auth())

@@ -280,9 +280,11 @@ class Harness:
     def _record(
         self, content: Any, embedding: Sequence[float] | np.ndarray | None, fields: dict[str, Any]
     ) -> Memory:
-        for name in ("id", "version", "content_type", "token_count"):
-            if name in fields and name != "id":
-                raise ValidationError(name, "is set by the harness", f"do not pass {name}")
+        if "version" in fields:
+            raise ValidationError("version", "is set by the harness", "leave it out: a new memory is 1")
+        # as update() refuses them (the value, access counts and usage would otherwise start inflated, or be
+        # dropped without a word); pinned is the exception: record(pinned=True) pins, within the budget
+        refuse_set_by_harness({name: None for name in fields if name != "pinned"})
         if isinstance(fields.get("metadata"), Mapping) and REDACTION_FIELD in fields["metadata"]:
             raise ValidationError(
                 f"metadata.{REDACTION_FIELD}", "is set by the write path", "leave it out: redaction marks it"
@@ -314,7 +316,16 @@ class Harness:
         added = self._make_event(
             EventKind.ADD, memory, {"kind": memory.kind.value, "tier": memory.tier.value}
         )
-        memory = self.working.admit(memory, None if vector is None else vector[None, :], added, self.now())
+        try:
+            memory = self.working.admit(memory, None if vector is None else vector[None, :], added, self.now())
+        except ConflictError as exc:  # a caller's id that a stored memory has: a create, not an update
+            raise ConflictError(
+                memory.id,
+                None,
+                exc.actual,
+                f"id: memory {memory.id!r} exists already (leave id out to record a new memory, or change "
+                "that one with update())",
+            ) from None
         self._wake_pager()  # record never demotes: the pager pages the session out, in a batch
         if vector is None and self._worker is not None:
             self._worker.notify()

@@ -211,7 +211,7 @@ class UpdateRequest(RequestBody):
 
     # 10**15: far above any version, and exact as a float (a JSON Schema validator may compare in floats)
     expected_version: Annotated[int, Field(ge=1, le=10**15), *_INTEGER] | None = None
-    content: Content = None
+    content: Content | None = None  # null, as for kind: the content stays as it is
     kind: KindName | None = None
     state: StateName | None = None
     status: WritableStatus | None = None
