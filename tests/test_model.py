@@ -364,3 +364,18 @@ def test_request_datetimes_are_rfc3339_date_times() -> None:
         with pytest.raises(ValueError, match="RFC 3339"):
             iso_datetime(wrong)
     assert iso_date_or_datetime("2026-01-31") == datetime(2026, 1, 31)  # a browser's date input
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "fix"),
+    [
+        ({"parent_id": "nope"}, "parent_id", "the id of a stored memory"),
+        ({"metadata": {"x": object()}}, "metadata", "a dict of JSON values"),
+        ({"tags": [""]}, "tags", "a list of non-empty strings"),
+    ],
+)
+def test_a_field_s_own_check_names_what_to_pass(fields: dict[str, object], field: str, fix: str) -> None:
+    """These said only "see the message" as their fix."""
+    with pytest.raises(ValidationError) as exc:
+        build_memory({"content": "x", "tenant": "t", **fields})
+    assert exc.value.field == field and fix in exc.value.fix

@@ -316,8 +316,9 @@ class Harness:
         added = self._make_event(
             EventKind.ADD, memory, {"kind": memory.kind.value, "tier": memory.tier.value}
         )
+        rows = None if vector is None else vector[None, :]
         try:
-            memory = self.working.admit(memory, None if vector is None else vector[None, :], added, self.now())
+            memory = self.working.admit(memory, rows, added, self.now())
         except ConflictError as exc:  # a caller's id that a stored memory has: a create, not an update
             raise ConflictError(
                 memory.id,

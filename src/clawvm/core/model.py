@@ -443,9 +443,26 @@ _FIXES = {
     "greater_than_equal": "pass a larger value",
     "less_than_equal": "pass a smaller value",
     "missing": "provide it",
-    "value_error": "see the message",
+    "value_error": "correct the value as the message says",
     "json_too_deep": DEPTH_FIX,
 }
+
+#: The fix for a field whose own check failed (a ``value_error``: the message says what is wrong, this what
+#: to pass instead), by the field's top-level name.
+FIELD_FIXES = {
+    "parent_id": "pass the id of a stored memory, as record() returned it",
+    "metadata": "pass a dict of JSON values: strings, numbers, booleans, null, lists and dicts",
+    "tags": "pass a list of non-empty strings",
+    "content": "pass non-empty text, or a dict or list for JSON content",
+    "links": "pass a list of {type, target}, with a stored memory's id as target",
+}
+
+
+def fix_for(error_type: str, field: str) -> str:
+    """What to do about a pydantic error of ``error_type`` on ``field`` (its dotted path)."""
+    if error_type == "value_error" and (own := FIELD_FIXES.get(field.split(".")[0])) is not None:
+        return own
+    return _FIXES.get(error_type, "correct the value")
 
 
 def _translate(exc: pydantic.ValidationError) -> ValidationError:
@@ -455,7 +472,7 @@ def _translate(exc: pydantic.ValidationError) -> ValidationError:
     msg = str(err.get("msg", "is invalid"))
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
-    return ValidationError(loc, msg, _FIXES.get(str(err["type"]), "correct the value"))
+    return ValidationError(loc, msg, fix_for(str(err["type"]), loc))
 
 
 def build_memory(fields: Mapping[str, Any]) -> Memory:

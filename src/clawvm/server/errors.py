@@ -33,7 +33,7 @@ from clawvm.core.errors import (
     StoreError,
     ValidationError,
 )
-from clawvm.core.model import DEPTH_FIX
+from clawvm.core.model import DEPTH_FIX, fix_for
 from clawvm.server.schemas.responses import ErrorBody
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ _FIXES = {
     "greater_than": "pass a larger value",
     "less_than_equal": "pass a smaller value",
     "less_than": "pass a smaller value",
-    "value_error": "see the message",
+    "value_error": "correct the value as the message says",
     "json_too_deep": DEPTH_FIX,  # the library's own check (clawvm.core.model), e.g. memories in an import
 }
 
@@ -178,11 +178,12 @@ def _request_error(exc: RequestValidationError) -> JSONResponse:
         reason = first.get("ctx", {}).get("error", "invalid JSON")
         return error_response(400, "invalid_json", f"is not valid JSON ({reason})", "body", "send JSON")
     message = str(first.get("msg", "is invalid")).removeprefix("Value error, ")
-    fix = _FIXES.get(kind, "correct the value")
+    field = ".".join(path) or where
+    fix = fix_for(kind, field) if kind == "value_error" else _FIXES.get(kind, "correct the value")
     if where == "body" and not path and kind in _NOT_AN_OBJECT:
         # the usual cause: a JSON object sent without its content type (curl -d) reaches us as a string
         fix = "send a JSON object with the header 'Content-Type: application/json'"
-    return error_response(422, "validation_error", message, ".".join(path) or where, fix)
+    return error_response(422, "validation_error", message, field, fix)
 
 
 def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
