@@ -178,6 +178,10 @@ def test_add_reads_content_from_stdin_or_a_file(tmp_path: Path) -> None:
     mid = run(db, "add", "--file", str(note), "--tag", "incident").strip()
     shown = json.loads(run(db, "show", mid))
     assert shown["content"] == "# Incident\n\nrotated the staging key ✓" and shown["tags"] == ["incident"]
+    note.write_text("\ufeffsaved by an editor that marks UTF-8\n", encoding="utf-8")  # a byte-order mark
+    assert json.loads(run(db, "show", run(db, "add", "--file", str(note)).strip()))["content"] == (
+        "saved by an editor that marks UTF-8"
+    )
     piped_json = '{"host": "ci-3", "disk_free_gb": 0.4}'
     result = CliRunner().invoke(
         main, ["--db", str(db), "--no-embed", "add", "-", "--json-content"], input=piped_json
@@ -187,7 +191,7 @@ def test_add_reads_content_from_stdin_or_a_file(tmp_path: Path) -> None:
     for wrong in (["add"], ["add", "both", "--file", str(note)]):  # no content, or two sources
         result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", *wrong])
         assert result.exit_code == 2 and "content" in result.output and "Traceback" not in result.output
-    assert json.loads(run(db, "stats"))["memories"] == 3
+    assert json.loads(run(db, "stats"))["memories"] == 4
 
 
 @pytest.mark.parametrize(

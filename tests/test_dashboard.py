@@ -93,7 +93,8 @@ def test_api_serves_every_view(small: tuple[TestClient, Harness, dict[str, str]]
     assert detail["contexts"][0]["cited"] is True and detail["explain"]["cited"] > 0
     metrics = client.get("/dashboard/api/metrics", headers=auth).json()
     assert metrics["context_tokens"]["builds"] == 1
-    assert client.get("/dashboard/api/contexts/999999", headers=auth).status_code == 404
+    missing = client.get("/dashboard/api/contexts/999999", headers=auth)
+    assert missing.status_code == 404 and missing.json()["error"]["field"] == "context_build_id"
     assert client.get("/dashboard/api/memories/nope", headers=auth).status_code == 404
     assert client.get("/dashboard/api/heatmap", params={"group": "x"}, headers=auth).status_code == 422
     for name in ("kind", "tier", "status"):  # a misspelt filter used to answer an empty list

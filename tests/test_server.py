@@ -509,7 +509,13 @@ def test_authentication_errors(env: Env) -> None:
     assert_error(env.client.get("/v1/memories", headers={"Authorization": "Bearer nope"}), 401)
     forged = env.keys["agent"][:-4] + "AAAA"
     assert_error(env.client.get("/v1/memories", headers={"Authorization": f"Bearer {forged}"}), 401)
-    assert_error(env.client.get("/v1/memories", headers={"Authorization": "Basic YTpi"}), 401)
+    basic = env.client.get("/v1/memories", headers={"Authorization": "Basic YTpi"})
+    assert_error(basic, 401)
+    assert "its scheme is 'Basic'" in basic.json()["error"]["message"]
+    bare = env.client.get("/v1/memories", headers={"Authorization": env.keys["agent"]})  # no "Bearer"
+    assert_error(bare, 401)
+    assert "is not 'Bearer <key>'" in bare.json()["error"]["message"]
+    assert env.keys["agent"] not in bare.text  # the key is never repeated back
 
 
 def test_an_import_of_an_id_another_tenant_holds_is_neither_refused_nor_shared(env: Env) -> None:

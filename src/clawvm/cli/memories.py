@@ -69,7 +69,7 @@ def _content(content: str | None, content_file: Path | None) -> str:
         )
     if content_file is not None:
         try:
-            return _last_line_ended(content_file.read_text(encoding="utf-8"))
+            return _last_line_ended(content_file.read_text(encoding="utf-8-sig"))  # without an editor's BOM
         except UnicodeDecodeError as exc:
             raise ValidationError(
                 "--file", f"{content_file} is not UTF-8 text ({exc.reason})", "record a text file"

@@ -65,6 +65,8 @@ def _authenticate(request: Request, service: Service, token: str | None) -> Prin
     client = request.client.host if request.client is not None else "unknown"
     service.unauthenticated.peek(client)
     try:
+        if token is None and (sent := request.headers.get("authorization")):
+            _refuse_scheme(sent)
         principal = service.keyring.authenticate(token)
     except AuthenticationError:
         service.unauthenticated.spend(client)
@@ -74,6 +76,18 @@ def _authenticate(request: Request, service: Service, token: str | None) -> Prin
     service.tenant_limiter.check(principal.tenant)
     service.usage.note(principal.key_id)
     return principal
+
+
+def _refuse_scheme(sent: str) -> None:
+    """An Authorization header that is not ``Bearer <key>`` (a bare key, ``Token <key>``): said so, where
+    "no API key" was true of nothing the caller could see. The header's value is not repeated (it may be
+    the key)."""
+    scheme = sent.split(" ", 1)[0] if " " in sent.strip() else None
+    found = f"its scheme is {scheme!r}" if scheme else "it has no scheme"
+    raise AuthenticationError(
+        f"the Authorization header is not 'Bearer <key>' ({found}): "
+        "send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'"
+    )
 
 
 def caller_with(permission: Permission) -> Callable[..., Awaitable[Caller]]:

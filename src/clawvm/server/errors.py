@@ -148,7 +148,8 @@ def response_for(exc: ClawVMError) -> JSONResponse:
     elif isinstance(exc, ConfigError):  # its message says what to use instead
         field = exc.field
     elif isinstance(exc, NotFoundError):
-        field, fix = f"{exc.what}_id", "check the id: it may have been forgotten, or never existed"
+        field = f"{exc.what.replace(' ', '_')}_id"  # "context build" -> context_build_id
+        fix = "check the id: it may have been forgotten, or never existed"
     elif isinstance(exc, ConflictError):
         field, fix = "expected_version", "re-read the memory and retry with its current version"
     elif isinstance(exc, KeyExpiredError):
