@@ -136,6 +136,27 @@ ops = st.lists(
 )
 
 
+def test_a_session_s_checkpoints_are_listed_newest_first() -> None:
+    """There was no way to find a checkpoint's id again, save keeping the one checkpoint() returned."""
+    h, now = open_clocked()
+    with h:
+        h.record("first step", session_id="s")
+        h.record("elsewhere", session_id="other")
+        before = h.checkpoint("s", "before")
+        now[0] += timedelta(minutes=1)
+        h.record("second step", session_id="s")
+        again = h.checkpoint("s", "before")  # a name may repeat: the id tells them apart
+        h.checkpoint("other", "theirs")
+        listed = h.checkpoints("s")
+        assert [(c.id, c.name, c.memories) for c in listed] == [(again, "before", 2), (before, "before", 1)]
+        assert listed[0].taken_at == T0 + timedelta(minutes=1) and listed[0].session_id == "s"
+        assert h.checkpoints("nobody") == []
+        h.rollback(listed[-1].id)
+        assert [c.id for c in h.checkpoints("s")] == [again, before]  # a rollback keeps them all
+        with pytest.raises(ValidationError):
+            h.checkpoints("")
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.integers(2, 10), ops)
 def test_rollback_undoes_any_detour(n: int, detour: list[tuple[str, Any]]) -> None:

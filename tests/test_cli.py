@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -131,6 +132,13 @@ def test_file_errors_are_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["--db", str(db), "export", "-o", str(out)])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert result.output.strip() == f"error: {out}: No such file or directory"
+    not_sqlite = tmp_path / "notes.txt"
+    not_sqlite.write_text("not a database, but long enough to have a header's worth of bytes " * 3)
+    for wrong in (tmp_path, not_sqlite):  # a directory, a text file: the message names it and what to do
+        result = CliRunner().invoke(main, ["--db", str(wrong), "--no-embed", "stats"])
+        assert result.exit_code == 2 and f"sqlite open of {wrong} failed" in result.output
+        assert "point it at a ClawVM store" in result.output
+    assert not_sqlite.read_text().startswith("not a database")
     result = CliRunner().invoke(main, ["search", "deploy", "--db"])  # moved bare, it took "search"
     assert result.exit_code == 2 and "Option '--db' requires an argument" in result.output
 
@@ -322,15 +330,18 @@ def test_stats_counts_each_kind_status_and_tier_and_what_waits_for_a_vector(tmp_
         h.record("retry with a bigger disk", kind="decision", session_id="a")
         h.record("disk is fine now", kind="observation", session_id="b", embedding=np.ones(384))
         h.update(kept.id, status="archived")
-        h.record("due soon", session_id="", expires_at=datetime.now(UTC) + timedelta(milliseconds=200))
+        h.record("due soon", expires_at=datetime.now(UTC) + timedelta(milliseconds=200))
+        # an empty session id, as files written before record() refused one may hold: no session
+        older = {"id": str(uuid.uuid4()), "session_id": "", "version": 1}
+        h.store.put(h.get(kept.id).model_copy(update=older))
         time.sleep(0.3)  # past its expiry, not yet ticked: still stored as active
     finally:
         h.close()
     stats = json.loads(run(db, "stats"))
-    assert stats["memories"] == 4 and stats["sessions"] == 2 and stats["unembedded"] == 3
-    assert stats["by_kind"] == {"observation": 1, "decision": 1, "error": 1, "note": 1}
-    assert stats["by_status"] == {"active": 3, "archived": 1}  # as stored: they add up to the total
-    assert sum(stats["by_tier"].values()) == 4 and stats["events"] >= 5
+    assert stats["memories"] == 5 and stats["sessions"] == 2 and stats["unembedded"] == 4
+    assert stats["by_kind"] == {"observation": 1, "decision": 1, "error": 2, "note": 1}
+    assert stats["by_status"] == {"active": 3, "archived": 2}  # as stored: they add up to the total
+    assert sum(stats["by_tier"].values()) == 5 and stats["events"] >= 5
 
 
 # ---- serve: redaction on by default, kept originals for admins ---------------------------------------------

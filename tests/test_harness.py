@@ -329,6 +329,29 @@ def test_a_record_refuses_what_the_harness_sets(harness: Harness, field: str, va
     assert harness.record("plain note", pinned=True, session_id="s").pinned  # pinning at record stays
 
 
+@pytest.mark.parametrize("field", ["session_id", "task_id", "agent_id", "tool_name"])
+def test_a_blank_scope_id_is_refused_at_record_and_update(harness: Harness, field: str) -> None:
+    """session_id="" made a session that no listing or count showed (None is "no session")."""
+    with pytest.raises(ValidationError) as exc:
+        harness.record("x", **{field: ""})
+    assert exc.value.field == field and "None for no" in exc.value.fix
+    m = harness.record("y", session_id="s")
+    with pytest.raises(ValidationError):
+        harness.update(m.id, **{field: "  "})
+    assert harness.get(m.id) == m
+
+
+def test_a_dense_only_recall_without_an_embedder_says_so() -> None:
+    """With --no-embed, --preset dense found nothing, always, without a word."""
+    with Harness.open("memory://", embedder=None) as h:
+        h.record("the deploy failed on build-07")
+        with pytest.raises(ConfigError) as exc:
+            h.recall("deploy", preset="dense")
+        assert exc.value.field == "preset" and "no embedder" in str(exc.value)
+        found = h.recall("deploy", preset="bm25")
+        assert [r.memory.content for r in found] == ["the deploy failed on build-07"]
+
+
 def test_a_record_with_a_stored_id_says_the_id_exists(harness: Harness) -> None:
     """It said "is at version 1, not 0: re-read it and retry the update" of what was a create."""
     first = harness.record("alpha", session_id="s")

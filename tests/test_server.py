@@ -346,6 +346,9 @@ def test_checkpoint_rollback_session_start_collapse_tick(env: Env) -> None:
     cp = env.client.post("/v1/sessions/s1/checkpoints", json={"name": "before"}, headers=env.auth())
     assert cp.status_code == 201
     later = env.record("an experiment we will undo", session_id="s1")
+    listed = env.client.get("/v1/sessions/s1/checkpoints", headers=env.auth("reader"))
+    assert [(c["id"], c["name"], c["memories"]) for c in listed.json()] == [(cp.json()["id"], "before", 1)]
+    assert env.client.get("/v1/sessions/s9/checkpoints", headers=env.auth()).json() == []
     report = env.client.post(f"/v1/checkpoints/{cp.json()['id']}/rollback", headers=env.auth()).json()
     assert report["obsoleted"] == [later["id"]]
     assert_error(

@@ -484,6 +484,7 @@ SDK_READS: dict[str, str] = {
     "get": "one memory",
     "list": "memories by filters",
     "count": "a count by filters",
+    "checkpoints": "a session's checkpoint memories, listed",
     "events": "the event log",
     "history": "a revision chain",
     "explain": "a value breakdown",

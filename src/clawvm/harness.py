@@ -25,6 +25,7 @@ from clawvm.agents import reliability, toolcalls
 from clawvm.core.embed import Embedder, EmbedWorker, MiniLMEmbedder, QueryEmbeddings, count_tokens
 from clawvm.core.errors import (
     AccessDeniedError,
+    ConfigError,
     ConflictError,
     NotFoundError,
     StateConflictError,
@@ -69,6 +70,7 @@ from clawvm.store.kinds import EventKind
 from clawvm.teams import shared as teams
 from clawvm.teams.guidance import Guidance, build_guidance
 from clawvm.vm import checkpoint as checkpoints
+from clawvm.vm.checkpoint import CheckpointInfo, RollbackReport
 from clawvm.vm.compress import (
     ExtractiveSummarizer,
     Summarizer,
@@ -284,7 +286,7 @@ class Harness:
             raise ValidationError("version", "is set by the harness", "leave it out: a new memory is 1")
         # as update() refuses them (the value, access counts and usage would otherwise start inflated, or be
         # dropped without a word); pinned is the exception: record(pinned=True) pins, within the budget
-        refuse_set_by_harness({name: None for name in fields if name != "pinned"})
+        refuse_set_by_harness({name: v for name, v in fields.items() if name != "pinned"})
         if isinstance(fields.get("metadata"), Mapping) and REDACTION_FIELD in fields["metadata"]:
             raise ValidationError(
                 f"metadata.{REDACTION_FIELD}", "is set by the write path", "leave it out: redaction marks it"
@@ -523,6 +525,14 @@ class Harness:
         f = self.filters(filters)
         started = time.perf_counter()
         vector: np.ndarray | PendingVector | None = None
+        text_channels = cfg.uses("lexical") or cfg.uses("context")
+        if self.embedder is None and cfg.uses("dense") and not text_channels:
+            raise ConfigError(  # it found nothing, always, without a word
+                f"recall preset {cfg.name!r} searches by embedding only, and this harness has no embedder: "
+                "open it with an embedder (not --no-embed / embedder=None), or use a preset with text "
+                "channels (hybrid, bm25)",
+                "preset",
+            )
         named = query_authors(self.store, query, cfg, f)
         if cfg.uses("dense") and self.embedder is not None and query.strip():
             vector = self._query_embedding(dense_text(self.store, query, cfg, f, named))
@@ -922,8 +932,14 @@ class Harness:
         self._write_recalls(self.now())  # the tiers and access stats as the recalls so far left them
         return checkpoints.take(self.store, self.writer, self.tenant, session_id, name, self.now()).id
 
+    def checkpoints(self, session_id: str) -> builtins.list[CheckpointInfo]:
+        """The session's checkpoints, newest first: id, name, when, and how many memories each holds."""
+        if not isinstance(session_id, str) or not session_id.strip():
+            raise ValidationError("session_id", f"is {session_id!r}", "name the session (a non-empty string)")
+        return checkpoints.listed(self.store, self.tenant, self._stored_id(session_id))
+
     @_exclusive
-    def rollback(self, checkpoint_id: str) -> checkpoints.RollbackReport:
+    def rollback(self, checkpoint_id: str) -> RollbackReport:
         """Restore a checkpoint; memories created after it become obsolete (kept for analytics). What is
         restored, exactly: :mod:`clawvm.vm.checkpoint`."""
         self._write_recalls(self.now())  # recalls before it are written before it, not onto what it restores

@@ -483,6 +483,9 @@ def build_memory(fields: Mapping[str, Any]) -> Memory:
         raise _translate(exc) from None
 
 
+#: The fields that name a memory's scope (a session, a task ...): an id, or None.
+SCOPE_IDS = ("session_id", "task_id", "agent_id", "tool_name", "team_id")
+
 #: Fields a caller's change (an update, a revision) may not set, each with what sets it instead (the
 #: REST API does not take them either).
 SET_BY_HARNESS = {
@@ -497,10 +500,17 @@ SET_BY_HARNESS = {
 
 
 def refuse_set_by_harness(changes: Mapping[str, Any]) -> None:
-    """:class:`ValidationError` for the first field of ``changes`` that :data:`SET_BY_HARNESS` names."""
+    """:class:`ValidationError` for the first field of ``changes`` that :data:`SET_BY_HARNESS` names, or
+    for a scope id given as blank text (``session_id=""`` made a session no listing or count showed: None
+    is how a memory has no session)."""
     owned = sorted(set(SET_BY_HARNESS).intersection(changes))
     if owned:
         raise ValidationError(owned[0], "is set by the harness", SET_BY_HARNESS[owned[0]])
+    for name in SCOPE_IDS:
+        value = changes.get(name)
+        if isinstance(value, str) and not value.strip():
+            what = name.removesuffix("_id").replace("_", " ")
+            raise ValidationError(name, f"is {value!r}", f"pass a non-empty id, or None for no {what}")
 
 
 def moved_on(current: Memory, expected_version: int) -> bool:

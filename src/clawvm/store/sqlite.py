@@ -271,7 +271,7 @@ class SQLiteStore(IndexSnapshots, Store):
                 return
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            with translated("open"):
+            with translated(f"open of {self.path}", "point it at a ClawVM store, or at a new file"):
                 conn = sqlite3.connect(
                     self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
                 )

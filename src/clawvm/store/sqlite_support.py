@@ -16,13 +16,13 @@ log = logging.getLogger("clawvm.store.sqlite")
 
 
 @contextmanager
-def translated(action: str) -> Iterator[None]:
-    """sqlite3 errors raised inside as :class:`StoreError` naming ``action`` (the one place that knows the
-    driver's errors)."""
+def translated(action: str, fix: str | None = None) -> Iterator[None]:
+    """sqlite3 errors raised inside as :class:`StoreError` naming ``action`` (and what to do, ``fix``) (the
+    one place that knows the driver's errors)."""
     try:
         yield
     except sqlite3.Error as exc:
-        raise StoreError(f"sqlite {action} failed: {exc}") from exc
+        raise StoreError(f"sqlite {action} failed: {exc}" + (f" ({fix})" if fix else "")) from exc
 
 
 class Checkpointer:

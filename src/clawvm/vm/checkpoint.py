@@ -104,6 +104,36 @@ def is_snapshot(memory: Memory) -> bool:
     return TAG in memory.tags and memory.kind is Kind.AGENT_STATE
 
 
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A checkpoint as :func:`listed` tells it: what to roll back to, without its snapshot's lines."""
+
+    id: str
+    name: str
+    session_id: str
+    taken_at: datetime
+    memories: int  # how many of the session's memories its snapshot holds
+
+
+def listed(store: StoreReader, tenant: str, session_id: str) -> list[CheckpointInfo]:
+    """``session_id``'s checkpoints, newest first (names may repeat: the id tells them apart)."""
+    found = Filters.of(
+        tenant=tenant, session_id=session_id, kind=Kind.AGENT_STATE, tags_all=frozenset([TAG]), status=None
+    )
+    infos = [
+        CheckpointInfo(
+            id=m.id,
+            name=str(m.metadata.get("checkpoint", "")),
+            session_id=session_id,
+            taken_at=m.created_at,
+            memories=int(m.metadata.get("memories", 0)),
+        )
+        for m in store.iter_all(found)
+        if is_snapshot(m)
+    ]
+    return sorted(infos, key=lambda c: (c.taken_at, c.id), reverse=True)
+
+
 def take(
     store: StoreReader, writer: Writer, tenant: str, session_id: str, name: str, now: datetime
 ) -> Memory:

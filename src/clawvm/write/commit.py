@@ -53,7 +53,7 @@ import numpy as np
 
 from clawvm.core.embed import count_tokens
 from clawvm.core.errors import ConflictError, ValidationError
-from clawvm.core.model import DEFAULT_MAX_CONTENT_BYTES, JSON, Memory, moved_on
+from clawvm.core.model import DEFAULT_MAX_CONTENT_BYTES, JSON, SCOPE_IDS, Memory, moved_on
 from clawvm.core.redact import RedactionPolicy, redact_identifier, redact_json
 from clawvm.store.base import Event, Store, StoreReader
 from clawvm.store.crypto import REDACTION_FIELD
@@ -68,7 +68,7 @@ Rederive = Callable[[Memory], Memory]
 # how a text was checked (see _CleanTexts)
 _TEXT, _JSON, _METADATA, _IDENTIFIER = "text", "json", "metadata", "identifier"
 #: the memory fields that name a scope: identifiers, redacted as such (and event data keys of these names)
-SCOPE_ID_FIELDS = ("session_id", "task_id", "agent_id", "tool_name", "team_id")
+SCOPE_ID_FIELDS = SCOPE_IDS
 
 
 class Writer(Protocol):

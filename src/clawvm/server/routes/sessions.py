@@ -7,11 +7,18 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from clawvm.core.model import Memory
-from clawvm.server.auth import Writer
+from clawvm.server.auth import Reader, Writer
 from clawvm.server.idempotency import IdempotencyKey, once
 from clawvm.server.routes.params import MemoryId, ScopeId
 from clawvm.server.schemas.requests import CheckpointRequest, StartSessionRequest
-from clawvm.server.schemas.responses import CheckpointOut, CollapseOut, RollbackOut, TickOut, shown
+from clawvm.server.schemas.responses import (
+    CheckpointItem,
+    CheckpointOut,
+    CollapseOut,
+    RollbackOut,
+    TickOut,
+    shown,
+)
 from clawvm.server.service import service_of
 
 router = APIRouter(tags=["sessions"])
@@ -36,6 +43,15 @@ def checkpoint(
         201,
         lambda: CheckpointOut(id=caller.harness.checkpoint(session_id, body.name)),
     )
+
+
+@router.get("/sessions/{session_id}/checkpoints", response_model=list[CheckpointItem])
+def list_checkpoints(session_id: ScopeId, caller: Reader) -> list[CheckpointItem]:
+    """The session's checkpoints, newest first: what ``POST /v1/checkpoints/{id}/rollback`` takes."""
+    return [
+        CheckpointItem(id=c.id, name=c.name, taken_at=c.taken_at, memories=c.memories)
+        for c in caller.harness.checkpoints(session_id)
+    ]
 
 
 @router.post("/checkpoints/{checkpoint_id}/rollback", response_model=RollbackOut)

@@ -115,6 +115,15 @@ class CheckpointOut(BaseModel):
     id: str
 
 
+class CheckpointItem(BaseModel):
+    """One of a session's checkpoints (``GET /v1/sessions/{id}/checkpoints``, newest first)."""
+
+    id: str
+    name: str
+    taken_at: datetime
+    memories: int  # how many of the session's memories its snapshot holds
+
+
 class RollbackOut(BaseModel):
     checkpoint_id: str
     restored: list[str]
