@@ -483,6 +483,9 @@ class Harness:
 
     # ---- reading ------------------------------------------------------------------------------------
     def get(self, memory_id: str) -> Memory:
+        """The memory ``memory_id``; :class:`NotFoundError` when there is none."""
+        if not isinstance(memory_id, str):  # get(None) said "memory None not found"
+            raise ValidationError("memory_id", f"is a {type(memory_id).__name__}", "pass a memory's id")
         return self.store.get(memory_id)
 
     def reveal(self, memory_id: str, *, admin: bool = False) -> str:

@@ -48,6 +48,11 @@ class CliGroup(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, hoist_group_options(self, args))
 
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        if cmd.epilog is None:  # a command's help lists its own options: say where the store ones are
+            cmd.epilog = "clawvm's own options (--db, --no-embed ...) work here too: clawvm --help"
+        super().add_command(cmd, name)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)

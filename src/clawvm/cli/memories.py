@@ -14,6 +14,7 @@ from clawvm.cli.common import opened_harness
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import VISIBLE_STATUSES, Kind, Memory, Status, Tier
 from clawvm.harness import Harness
+from clawvm.recall.retrieval import PRESETS
 from clawvm.store.base import Query
 
 
@@ -99,7 +100,12 @@ def _kind(value: str | None) -> Kind | None:
 @click.command()
 @click.argument("query")
 @click.option("-k", default=5, show_default=True, help="How many memories to return.")
-@click.option("--preset", default=None, help="Recall preset: hybrid (default), bm25 or dense.")
+@click.option(
+    "--preset",
+    type=click.Choice(sorted(PRESETS)),
+    default=None,
+    help="Recall preset (default: hybrid; docs/recall.md compares them).",
+)
 @click.option("--session", "session_id", default=None, help="Only this session.")
 @click.option("--kind", default=None, help="Only this kind.")
 @click.option(

@@ -420,7 +420,8 @@ def normalize_content(content: Any, max_bytes: int = DEFAULT_MAX_CONTENT_BYTES) 
         raise ValidationError(
             "content",
             f"is {size} bytes, over the {max_bytes}-byte limit",
-            "store large payloads elsewhere and record a reference, or raise max_content_bytes",
+            "store large payloads elsewhere and record a reference (the limit is the harness's "
+            "max_content_bytes)",
         )
     return text, ctype
 
