@@ -452,7 +452,7 @@ def test_an_export_of_a_tenant_with_grants_imports_back(env: Env, tmp_path: Path
     body = {"memories": [json.loads(line) for line in exported]}
     done = TestClient(target).post("/v1/memories/import", json=body, headers=admin)
     assert done.status_code == 200, done.text
-    assert done.json() == {"imported": len(exported), "skipped": 0, "renamed": {}}
+    assert done.json() == {"imported": len(exported), "skipped": 0, "renamed": {}, "differing": []}
 
 
 def test_export_and_import_stay_in_the_tenant(env: Env) -> None:
@@ -473,7 +473,11 @@ def test_export_and_import_stay_in_the_tenant(env: Env) -> None:
     done = env.client.post(
         "/v1/memories/import", json={"memories": [fresh, exported[0]]}, headers=env.auth("admin")
     ).json()
-    assert done == {"imported": 1, "skipped": 1, "renamed": {}}
+    assert done == {"imported": 1, "skipped": 1, "renamed": {}, "differing": []}
+    edited = {**exported[0], "content": "edited after the export"}
+    again = env.client.post("/v1/memories/import", json={"memories": [edited]}, headers=env.auth("admin"))
+    assert again.json() == {"imported": 0, "skipped": 1, "renamed": {}, "differing": [edited["id"]]}
+    assert env.client.get(f"/v1/memories/{m['id']}", headers=env.auth()).json()["content"] == m["content"]
     assert env.client.get(f"/v1/memories/{fresh['id']}", headers=env.auth()).json()["tenant"] == "acme"
     # an import naming another tenant is refused by the tenant's store view; nothing is written
     before = checksum(env.store)
@@ -547,7 +551,7 @@ def test_an_import_of_an_id_another_tenant_holds_is_neither_refused_nor_shared(e
     assert env.client.get(f"/v1/memories/{acme['id']}", headers=env.auth()).json() == acme
     assert_error(env.client.get(f"/v1/memories/{acme['id']}", headers=env.auth("other")), 404, "not_found")
     again = env.client.post("/v1/memories/import", json=body, headers=their_admin).json()
-    assert again == {"imported": 0, "skipped": 2, "renamed": renamed}
+    assert again == {"imported": 0, "skipped": 2, "renamed": renamed, "differing": []}
     assert checksum(env.store) != before
 
 
@@ -666,7 +670,7 @@ def test_imports_refuse_internal_records_and_foreign_sealed_originals(tmp_path: 
             assert checksum(store) == before  # nothing of the batch is written
         # this store's own export opens with its keys: accepted (and skipped, being present)
         again = client.post("/v1/memories/import", json={"memories": own}, headers=auth)
-        assert again.json() == {"imported": 0, "skipped": 1, "renamed": {}}, again.text
+        assert again.json() == {"imported": 0, "skipped": 1, "renamed": {}, "differing": []}, again.text
         assert client.get(f"/v1/memories/{made['id']}/original", headers=auth).json()["content"] == SECRET
     store.close()
 

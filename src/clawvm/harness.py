@@ -129,6 +129,8 @@ class Imported:
 
     imported: int
     renamed: dict[str, str] = field(default_factory=dict)
+    # ids already present whose stored content differs from the imported one's: skipped, kept as stored
+    differing: list[str] = field(default_factory=list)
 
 
 def _renamed(memory: Memory, renamed: dict[str, str]) -> Memory:
@@ -433,8 +435,9 @@ class Harness:
         """Store exported memories as they are (ids, versions, timestamps kept), in one atomic batch.
 
         Ids already present are skipped, so importing the same file twice is harmless. Returns how many
-        were written, and the ids that were stored under another id. They are embedded in the background
-        like new records.
+        were written, the ids that were stored under another id, and the skipped ids whose stored content
+        differs from the file's (kept as stored: an import never overwrites). They are embedded in the
+        background like new records.
 
         On a tenant's view of a shared store, an id that another tenant holds is neither refused nor
         shared: the memory is stored under an id of this tenant's own, derived from (tenant, id) — the same
@@ -471,7 +474,8 @@ class Harness:
             self.writer.write(fresh, None, events)  # redacted like every write, whatever the file held
             if self._worker is not None:
                 self._worker.notify()
-        return Imported(len(fresh), renamed)
+        differing = [m.id for m in memories if m.id in existing and existing[m.id].content != m.content]
+        return Imported(len(fresh), renamed, differing)
 
     def _check_import(self, index: int, memory: Memory) -> None:
         """What a write checks, for the ``index``-th memory of an import (field ``memories.<index>.*``)."""

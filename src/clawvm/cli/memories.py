@@ -268,8 +268,17 @@ def import_(ctx: click.Context, path: Path) -> None:
                 )
             memories.append(memory)
     with opened_harness(ctx) as h:
-        n = h.import_memories(memories, restore=True)  # a backup of a store: grants and sealed originals too
+        # a backup of a store: grants and sealed originals too
+        done = h.import_renamed(memories, restore=True)
+    n = done.imported
     click.echo(f"imported {n} memories ({len(memories) - n} already present)")
+    if done.differing:
+        click.echo(
+            f"warning: {len(done.differing)} of those differ from the file and were kept as stored (an "
+            f"import never overwrites; e.g. {done.differing[0]}): forget them first, or import into a new "
+            "store",
+            err=True,
+        )
 
 
 @click.command()

@@ -64,7 +64,12 @@ def import_memories(body: ImportRequest, caller: Admin) -> ImportOut:
     own = {"tenant": caller.principal.tenant}
     memories = [m if "tenant" in m.model_fields_set else m.model_copy(update=own) for m in body.memories]
     done = caller.harness.import_renamed(memories)
-    return ImportOut(imported=done.imported, skipped=len(memories) - done.imported, renamed=done.renamed)
+    return ImportOut(
+        imported=done.imported,
+        skipped=len(memories) - done.imported,
+        renamed=done.renamed,
+        differing=done.differing,
+    )
 
 
 @router.get("/memories/{memory_id}", response_model=Memory)

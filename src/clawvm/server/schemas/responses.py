@@ -170,6 +170,11 @@ class ImportOut(BaseModel):
         description="imported ids another tenant holds -> the id of this tenant's own each is stored under "
         "(the same at every import; references between the imported memories follow)",
     )
+    differing: list[str] = Field(
+        default_factory=list,
+        description="skipped ids whose stored content differs from the imported one's (kept as stored: an "
+        "import never overwrites)",
+    )
 
 
 class StatsOut(BaseModel):
