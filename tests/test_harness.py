@@ -341,6 +341,21 @@ def test_a_blank_scope_id_is_refused_at_record_and_update(harness: Harness, fiel
     assert harness.get(m.id) == m
 
 
+def test_a_closed_harness_refuses_writes_and_closes_again_quietly(tmp_path: Path) -> None:
+    """record() after close() wrote a memory no worker would embed and no pager would page."""
+    h = Harness.open(tmp_path / "closed.db", embedder=None)
+    kept = h.record("before the close", session_id="s")
+    h.close()
+    for write in (lambda: h.record("after the close"), lambda: h.forget(kept.id)):
+        with pytest.raises(StateConflictError) as exc:
+            write()
+        assert exc.value.field == "harness" and "Harness.open" in exc.value.fix
+    assert h.get(kept.id).content == "before the close"  # reads still answer
+    h.close()  # and a second close only closes the store again
+    with Harness.open(tmp_path / "closed.db", embedder=None) as again:
+        assert again.count() == 1
+
+
 def test_a_dense_only_recall_without_an_embedder_says_so() -> None:
     """With --no-embed, --preset dense found nothing, always, without a word."""
     with Harness.open("memory://", embedder=None) as h:

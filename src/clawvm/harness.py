@@ -1113,7 +1113,11 @@ class Harness:
 
     def close(self, wait: bool = True) -> None:
         """Stop the worker (after draining the queue unless ``wait=False``), run the last pager pass and close
-        the store."""
+        the store. Writes are refused afterwards; closing again only closes the store (a read after the
+        first close reopened it)."""
+        if self.writer.closed:
+            self.store.close()
+            return
         if self._prefetcher is not None:
             self._prefetcher.shutdown(wait=True)
             self._prefetcher = None
@@ -1129,6 +1133,7 @@ class Harness:
                     self._worker.flush()
                 self._worker.stop()
                 self._worker = None
+            self.writer.close()  # a write after this would never be embedded or paged: refused
             self.store.close()
 
     def __enter__(self) -> Harness:

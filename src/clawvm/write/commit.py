@@ -52,7 +52,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from clawvm.core.embed import count_tokens
-from clawvm.core.errors import ConflictError, ValidationError
+from clawvm.core.errors import ConflictError, StateConflictError, ValidationError
 from clawvm.core.model import DEFAULT_MAX_CONTENT_BYTES, JSON, SCOPE_IDS, Memory, moved_on
 from clawvm.core.redact import RedactionPolicy, redact_identifier, redact_json
 from clawvm.store.base import Event, Store, StoreReader
@@ -179,6 +179,20 @@ class CommitPath:
         self._listeners: list[Listener] = []
         self._rederive: Rederive | None = None
         self._clean = _CleanTexts(memo_size)
+        self._closed = False
+
+    def close(self) -> None:
+        """Refuse every later write: its harness closed (no worker embeds and no pager pages what a write
+        after that would leave)."""
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _open(self) -> None:
+        if self._closed:
+            raise StateConflictError("harness", "is closed", "open a new one: Harness.open(...)")
 
     def on_commit(self, listener: Listener) -> None:
         """Call ``listener`` after every commit (caches that hold stored memories drop what changed)."""
@@ -205,6 +219,7 @@ class CommitPath:
         ``bookkeeping``: the harness's own changes (access counts, promotions, paging, value refreshes),
         which keep each memory's ``changed_version`` (the version a caller's ``expected_version`` must not
         be older than); any other write is a change, and sets it to the new version."""
+        self._open()
         self._validate(memories)
         stored = [self._redacted(_versioned(m, bookkeeping)) for m in memories]
         self._store.write(stored, vectors, [self._scrubbed(e) for e in events])
@@ -213,6 +228,7 @@ class CommitPath:
 
     def delete(self, memories: Sequence[Memory], events: Sequence[Event] = ()) -> int:
         """Delete ``memories`` for good (their vectors and links too), then log ``events``."""
+        self._open()
         deleted = self._store.delete_many([m.id for m in memories])
         if events:
             self._store.append_events([self._scrubbed(e) for e in events])
@@ -221,6 +237,7 @@ class CommitPath:
 
     def log(self, events: Sequence[Event]) -> list[int]:
         """Append events that accompany no memory write (a context build, a recall, a grant read ...)."""
+        self._open()
         return self._store.append_events([self._scrubbed(e) for e in events])
 
     # ---- the steps ----------------------------------------------------------------------------------
