@@ -141,6 +141,10 @@ def test_file_errors_are_one_line(tmp_path: Path) -> None:
     assert not_sqlite.read_text().startswith("not a database")
     result = CliRunner().invoke(main, ["search", "deploy", "--db"])  # moved bare, it took "search"
     assert result.exit_code == 2 and "Option '--db' requires an argument" in result.output
+    result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", "search", "note", "--preset", "dense"])
+    assert result.exit_code == 2 and "--preset dense searches by embedding only" in result.output
+    result = CliRunner().invoke(main, ["search", "deploy", "--db"])
+    assert result.exit_code == 2 and "Option '--db' requires an argument" in result.output
 
 
 @pytest.mark.parametrize("command", [["serve"], ["serve", "--workers", "2"], ["mcp", "--http"]])

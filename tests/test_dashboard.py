@@ -491,7 +491,10 @@ def test_memories_are_edited_like_blocks_through_the_sdk_write_path(
     page.click("#revise-button")
     page.wait_for_function("(old) => MemLens.state.selected !== old", arg=first)
     page.wait_for_selector('#inspector[data-ready="1"] #revisions-table .diff-add')
-    diff_width = page.evaluate("document.querySelector('#revisions-table .diff').offsetWidth")
+    # read where it is once rendered: the inspector may render again between a wait and a separate read
+    diff_width = page.wait_for_function(
+        "() => { const d = document.querySelector('#revisions-table .diff'); return d && d.offsetWidth; }"
+    ).json_value()
     assert diff_width > 200, diff_width  # the diff spans the panel, not a narrow third column
     head = page.evaluate("MemLens.state.selected")
     assert [m.id for m in h.history(head)] == [first, head]  # a new revision, the old one kept

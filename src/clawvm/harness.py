@@ -25,7 +25,6 @@ from clawvm.agents import reliability, toolcalls
 from clawvm.core.embed import Embedder, EmbedWorker, MiniLMEmbedder, QueryEmbeddings, count_tokens
 from clawvm.core.errors import (
     AccessDeniedError,
-    ConfigError,
     ConflictError,
     NotFoundError,
     StateConflictError,
@@ -58,6 +57,7 @@ from clawvm.recall.retrieval import (
     PendingVector,
     RecallConfig,
     Recalled,
+    dense_only,
     dense_text,
     preset,
     query_authors,
@@ -196,6 +196,7 @@ class Harness:
         # working section. Kept in process: after a restart, start_session again.
         self._preloaded: dict[str, builtins.list[str]] = {}  # the newest PRELOADED_SESSIONS sessions
         self.parallel_query_embedding = parallel_query_embedding
+        self._said_no_dense = False  # warned that a dense-only preset finds nothing without an embedder
         self._query_embeds = QueryEmbeddings(embedder) if embedder is not None else None
         self._owns_query_embeds = True
 
@@ -532,13 +533,13 @@ class Harness:
         f = self.filters(filters)
         started = time.perf_counter()
         vector: np.ndarray | PendingVector | None = None
-        text_channels = cfg.uses("lexical") or cfg.uses("context")
-        if self.embedder is None and cfg.uses("dense") and not text_channels:
-            raise ConfigError(  # it found nothing, always, without a word
-                f"recall preset {cfg.name!r} searches by embedding only, and this harness has no embedder: "
-                "open it with an embedder (not --no-embed / embedder=None), or use a preset with text "
-                "channels (hybrid, bm25)",
-                "preset",
+        if self.embedder is None and dense_only(cfg) and not self._said_no_dense:
+            self._said_no_dense = True  # once: it finds nothing, on every call (the CLI refuses it)
+            log.warning(
+                "recall preset %r searches by embedding only, and this harness has no embedder: it finds "
+                "nothing; open the harness with an embedder, or use a preset with text channels "
+                "(hybrid, bm25)",
+                cfg.name,
             )
         named = query_authors(self.store, query, cfg, f)
         if cfg.uses("dense") and self.embedder is not None and query.strip():

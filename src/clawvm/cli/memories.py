@@ -14,7 +14,7 @@ from clawvm.cli.common import opened_harness
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import VISIBLE_STATUSES, Kind, Memory, Status, Tier
 from clawvm.harness import Harness
-from clawvm.recall.retrieval import PRESETS
+from clawvm.recall.retrieval import PRESETS, dense_only
 from clawvm.store.base import Query
 
 
@@ -130,6 +130,11 @@ def search(
     given = {name: v for name, v in filters.items() if v is not None}
     if tags:
         given["tags"] = list(tags)
+    if preset is not None and ctx.obj["no_embed"] and dense_only(PRESETS[preset]):
+        raise click.UsageError(  # it found nothing, always, without a word
+            f"--preset {preset} searches by embedding only, which --no-embed turns off: drop --no-embed, or "
+            "use --preset hybrid or bm25"
+        )
     with opened_harness(ctx, existing=True) as h:
         for r in h.recall(query, k=k, preset=preset, **given):
             if as_json:

@@ -114,6 +114,11 @@ class RecallConfig:
         return replace(self, name=name or self.name, weights=weights, **changes)  # type: ignore[arg-type]
 
 
+def dense_only(cfg: RecallConfig) -> bool:
+    """Whether ``cfg`` finds candidates by embedding alone (no text channel): without an embedder, nothing."""
+    return cfg.uses("dense") and not (cfg.uses("lexical") or cfg.uses("context"))
+
+
 # The default before the length prior: hybrid-v2 with the authors a query names factored out
 # (strip_authors, author_prior). LoCoMo dev, all five categories, R@5 / R@10 74.2 / 83.0, multi-hop R@10
 # 49.8 (hybrid-v2: 71.1 / 80.1, 42.6). Dense 1.0: once names are gone the dense channel matches the topic
