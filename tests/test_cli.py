@@ -159,6 +159,11 @@ def test_a_port_in_use_is_refused_in_one_line_naming_another(tmp_path: Path, com
     assert f"--port {port + 1}" in result.output
 
 
+def test_a_misspelt_option_of_clawvm_s_own_after_the_command_gets_a_suggestion() -> None:
+    result = CliRunner().invoke(main, ["search", "q", "--no-embedd"])
+    assert result.exit_code == 2 and "Did you mean '--no-embed'?" in result.output
+
+
 def test_hoisting_moves_only_the_group_s_options_and_their_values() -> None:
     hoisted = hoist_group_options(
         main, ["search", "q", "--db", "a.db", "-k", "3", "--no-embed", "--json", "--", "--db"]

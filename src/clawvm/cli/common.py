@@ -3,6 +3,7 @@ group class that turns ClawVM errors into one line."""
 
 from __future__ import annotations
 
+import difflib
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,6 +57,12 @@ class CliGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.NoSuchOption as exc:  # a misspelt --no-embed after the command: suggest clawvm's own too
+            own = [name for p in self.params if isinstance(p, click.Option) for name in p.opts]
+            near = difflib.get_close_matches(exc.option_name, own, n=1)
+            if near and not exc.possibilities:
+                raise click.NoSuchOption(exc.option_name, possibilities=near, ctx=exc.ctx) from None
+            raise
         except ClawVMError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
