@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -179,13 +180,22 @@ def _row(rev: int, m: Memory, vector: np.ndarray | None) -> tuple[Any, ...]:
 
 def _refuse_foreign_file(conn: sqlite3.Connection) -> None:
     """Refuse a file that holds another application's tables (no ClawVM schema yet, but not empty): the
-    first migration would add ClawVM's tables to it, even for a read-only command aimed at the wrong file."""
-    names = [
-        name
-        for (name,) in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
-        )
-    ]
+    first migration would add ClawVM's tables to it, even for a read-only command aimed at the wrong file.
+    The schema version and the tables are read in one transaction: another process migrating the new file
+    meanwhile shows both or neither (read apart, its tables at version 0 looked foreign)."""
+    conn.execute("BEGIN")
+    try:
+        if conn.execute("PRAGMA user_version").fetchone()[0] != 0:
+            return
+        names = [
+            name
+            for (name,) in conn.execute(
+                "SELECT name FROM sqlite_master"
+                " WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+            )
+        ]
+    finally:
+        conn.execute("COMMIT")
     if names:
         shown = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
         raise SchemaError(
@@ -272,21 +282,7 @@ class SQLiteStore(IndexSnapshots, Store):
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             with translated(f"open of {self.path}", "point it at a ClawVM store, or at a new file"):
-                conn = sqlite3.connect(
-                    self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
-                )
-                try:
-                    if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
-                        _refuse_foreign_file(conn)  # before WAL mode, which the file's header would keep
-                    conn.execute("PRAGMA journal_mode=WAL")
-                    conn.execute(f"PRAGMA synchronous={DURABILITY[self.durability]}")
-                    conn.execute("PRAGMA foreign_keys=ON")
-                    self._migrate(conn)
-                    if self.path != ":memory:":
-                        conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer's thread does it
-                except BaseException:
-                    conn.close()
-                    raise
+                conn = self._connect()
             self._conn = conn
             if self.path != ":memory:":
                 self._checkpointer = Checkpointer(self.path, max_wal_bytes=self.max_wal_bytes)
@@ -324,6 +320,35 @@ class SQLiteStore(IndexSnapshots, Store):
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
+
+    def _connect(self) -> sqlite3.Connection:
+        """A connection to the file, in WAL mode and migrated. A brand-new file opened by several processes
+        at once can answer "database is locked" while one of them switches it to WAL (SQLite does not wait
+        on that): tried again, with a growing pause, for up to ``timeout_s``."""
+        deadline = time.monotonic() + self.timeout_s
+        pause = 0.01
+        while True:
+            conn = sqlite3.connect(
+                self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
+            )
+            try:
+                _refuse_foreign_file(conn)  # before WAL mode, which the file's header would keep
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute(f"PRAGMA synchronous={DURABILITY[self.durability]}")
+                conn.execute("PRAGMA foreign_keys=ON")
+                self._migrate(conn)
+                if self.path != ":memory:":
+                    conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer's thread does it
+                return conn
+            except sqlite3.OperationalError as exc:
+                conn.close()
+                if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                    raise
+            except BaseException:
+                conn.close()
+                raise
+            time.sleep(pause)
+            pause = min(2 * pause, 0.5)
 
     def pragma(self, name: str) -> Any:
         """A PRAGMA's value on this store's connection (diagnostics: e.g. ``synchronous`` is 2 with
