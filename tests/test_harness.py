@@ -330,30 +330,13 @@ def test_a_record_refuses_what_the_harness_sets(harness: Harness, field: str, va
 
 
 @pytest.mark.parametrize("field", ["session_id", "task_id", "agent_id", "tool_name"])
-def test_a_blank_scope_id_is_refused_at_record_and_update(harness: Harness, field: str) -> None:
-    """session_id="" made a session that no listing or count showed (None is "no session")."""
-    with pytest.raises(ValidationError) as exc:
-        harness.record("x", **{field: ""})
-    assert exc.value.field == field and "None for no" in exc.value.fix
-    m = harness.record("y", session_id="s")
-    with pytest.raises(ValidationError):
-        harness.update(m.id, **{field: "  "})
-    assert harness.get(m.id) == m
-
-
-def test_a_closed_harness_refuses_writes_and_closes_again_quietly(tmp_path: Path) -> None:
-    """record() after close() wrote a memory no worker would embed and no pager would page."""
-    h = Harness.open(tmp_path / "closed.db", embedder=None)
-    kept = h.record("before the close", session_id="s")
-    h.close()
-    for write in (lambda: h.record("after the close"), lambda: h.forget(kept.id)):
-        with pytest.raises(StateConflictError) as exc:
-            write()
-        assert exc.value.field == "harness" and "Harness.open" in exc.value.fix
-    assert h.get(kept.id).content == "before the close"  # reads still answer
-    h.close()  # and a second close only closes the store again
-    with Harness.open(tmp_path / "closed.db", embedder=None) as again:
-        assert again.count() == 1
+def test_a_blank_scope_id_is_no_scope(harness: Harness, field: str) -> None:
+    """session_id="" made a session that no listing or count showed: blank is stored as None (no
+    session), at record and at update; a replay copying an older blank-scoped memory still records it."""
+    m = harness.record("x", **{field: ""})
+    assert getattr(harness.get(m.id), field) is None
+    n = harness.record("y", session_id="s", task_id="t", agent_id="a", tool_name="grep")
+    assert getattr(harness.update(n.id, **{field: "  "}), field) is None
 
 
 def test_a_dense_only_recall_without_an_embedder_says_so(caplog: pytest.LogCaptureFixture) -> None:

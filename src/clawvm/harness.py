@@ -42,6 +42,7 @@ from clawvm.core.model import (
     State,
     Status,
     Tier,
+    blank_scopes_as_none,
     build_memory,
     counted,
     flag,
@@ -290,6 +291,7 @@ class Harness:
         # as update() refuses them (the value, access counts and usage would otherwise start inflated, or be
         # dropped without a word); pinned is the exception: record(pinned=True) pins, within the budget
         refuse_set_by_harness({name: v for name, v in fields.items() if name != "pinned"})
+        fields = blank_scopes_as_none(fields)
         if isinstance(fields.get("metadata"), Mapping) and REDACTION_FIELD in fields["metadata"]:
             raise ValidationError(
                 f"metadata.{REDACTION_FIELD}", "is set by the write path", "leave it out: redaction marks it"
@@ -362,6 +364,7 @@ class Harness:
             name = sorted(bad)[0]
             raise ValidationError(name, "cannot be changed", "record a new memory that revises this one")
         refuse_set_by_harness(changes)
+        changes = blank_scopes_as_none(changes)
         current = self.store.get(memory_id)
         if expected_version is not None and moved_on(current, expected_version):
             raise ConflictError(memory_id, expected_version, current.version)
@@ -1114,8 +1117,8 @@ class Harness:
 
     def close(self, wait: bool = True) -> None:
         """Stop the worker (after draining the queue unless ``wait=False``), run the last pager pass and close
-        the store. Writes are refused afterwards; closing again only closes the store (a read after the
-        first close reopened it)."""
+        the store. A caller's writes are refused afterwards (reads still answer, their bookkeeping written);
+        closing again only closes the store (a read after the first close reopened it)."""
         if self.writer.closed:
             self.store.close()
             return

@@ -501,17 +501,18 @@ SET_BY_HARNESS = {
 
 
 def refuse_set_by_harness(changes: Mapping[str, Any]) -> None:
-    """:class:`ValidationError` for the first field of ``changes`` that :data:`SET_BY_HARNESS` names, or
-    for a scope id given as blank text (``session_id=""`` made a session no listing or count showed: None
-    is how a memory has no session)."""
+    """:class:`ValidationError` for the first field of ``changes`` that :data:`SET_BY_HARNESS` names."""
     owned = sorted(set(SET_BY_HARNESS).intersection(changes))
     if owned:
         raise ValidationError(owned[0], "is set by the harness", SET_BY_HARNESS[owned[0]])
-    for name in SCOPE_IDS:
-        value = changes.get(name)
-        if isinstance(value, str) and not value.strip():
-            what = name.removesuffix("_id").replace("_", " ")
-            raise ValidationError(name, f"is {value!r}", f"pass a non-empty id, or None for no {what}")
+
+
+def blank_scopes_as_none(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with each scope id given as blank text (``session_id=""``) as None, which is how a memory
+    has no session, task ...: stored blank, it made a session that no listing or count showed. (Memories
+    stored blank before are copied back through here by replays and restores: they are not refused.)"""
+    blank = [n for n in SCOPE_IDS if isinstance(fields.get(n), str) and not fields[n].strip()]
+    return {**fields, **dict.fromkeys(blank)} if blank else fields
 
 
 def moved_on(current: Memory, expected_version: int) -> bool:

@@ -62,6 +62,7 @@ from clawvm.core.model import (
     Status,
     Tier,
     Visibility,
+    blank_scopes_as_none,
     build_memory,
     flag,
     moved_on,
@@ -438,14 +439,16 @@ def revise(
     if expected_version is not None and moved_on(current, expected_version):
         raise ConflictError(memory_id, expected_version, current.version)
     refuse_set_by_harness(changes)
+    changes = blank_scopes_as_none(dict(changes))
+    refuse_frozen(h, current)
+    check_write(h, current, agent_id or current.agent_id)
+    # after the access checks: a refusal must not tell one who may not write whether a guess is the content
     if all(getattr(current, name, _ABSENT) == value for name, value in changes.items()):
         raise ValidationError(  # a revision is kept for good: one identical to its head is noise in the chain
             "changes",
             "change nothing" if not changes else f"give {', '.join(sorted(changes))} the value it has",
             "pass what the revision changes, e.g. revise(id, content='...')",
         )
-    refuse_frozen(h, current)
-    check_write(h, current, agent_id or current.agent_id)
     return past_bookkeeping(
         current, lambda: h.store.get(memory_id), lambda read: _append_revision(h, read, agent_id, changes)
     )

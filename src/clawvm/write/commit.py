@@ -182,8 +182,9 @@ class CommitPath:
         self._closed = False
 
     def close(self) -> None:
-        """Refuse every later write: its harness closed (no worker embeds and no pager pages what a write
-        after that would leave)."""
+        """Refuse every later change of a caller's (a write that is not bookkeeping, a delete): its harness
+        closed, and no worker would embed nor pager page what it left. What reads write (access counts, a
+        context's events) still goes through: a read after close answers as before."""
         self._closed = True
 
     @property
@@ -219,7 +220,8 @@ class CommitPath:
         ``bookkeeping``: the harness's own changes (access counts, promotions, paging, value refreshes),
         which keep each memory's ``changed_version`` (the version a caller's ``expected_version`` must not
         be older than); any other write is a change, and sets it to the new version."""
-        self._open()
+        if not bookkeeping:
+            self._open()
         self._validate(memories)
         stored = [self._redacted(_versioned(m, bookkeeping)) for m in memories]
         self._store.write(stored, vectors, [self._scrubbed(e) for e in events])
@@ -237,7 +239,6 @@ class CommitPath:
 
     def log(self, events: Sequence[Event]) -> list[int]:
         """Append events that accompany no memory write (a context build, a recall, a grant read ...)."""
-        self._open()
         return self._store.append_events([self._scrubbed(e) for e in events])
 
     # ---- the steps ----------------------------------------------------------------------------------
