@@ -115,7 +115,19 @@ def test_clawvm_s_own_options_work_after_the_command_too(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(
-    "command", [["search", "deploy"], ["show", "x"], ["forget", "x"], ["stats"], ["export"], ["prune-events"]]
+    "command",
+    [
+        ["search", "deploy"],
+        ["show", "x"],
+        ["forget", "x"],
+        ["stats"],
+        ["export"],
+        ["prune-events"],
+        ["keys", "list"],
+        ["keys", "revoke", "x"],
+        ["review", "list"],
+        ["replay", "s1"],
+    ],
 )
 def test_a_command_that_reads_refuses_a_store_that_is_not_there(tmp_path: Path, command: list[str]) -> None:
     """A mistyped --db made an empty store (and its directory) and answered from it, as if it were empty."""
@@ -159,6 +171,14 @@ def test_a_port_in_use_is_refused_in_one_line_naming_another(tmp_path: Path, com
     assert f"--port {port + 1}" in result.output
 
 
+def test_a_host_that_cannot_be_listened_on_is_named_not_the_port(tmp_path: Path) -> None:
+    """An unknown host was reported as the port's fault, with another port to try."""
+    args = ["--db", str(tmp_path / "h.db"), "--no-embed", "serve", "--host", "no-such-host.invalid"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "host: no-such-host.invalid cannot be listened on" in result.output
+    assert "--port" not in result.output
+
+
 def test_a_misspelt_option_of_clawvm_s_own_after_the_command_gets_a_suggestion() -> None:
     result = CliRunner().invoke(main, ["search", "q", "--no-embedd"])
     assert result.exit_code == 2 and "Did you mean '--no-embed'?" in result.output
@@ -171,6 +191,14 @@ def test_hoisting_moves_only_the_group_s_options_and_their_values() -> None:
     assert hoisted == ["--db", "a.db", "--no-embed", "search", "q", "-k", "3", "--json", "--", "--db"]
     assert hoist_group_options(main, ["--db", "x", "stats"]) == ["--db", "x", "stats"]
     assert hoist_group_options(main, ["--no-embed"]) == ["--no-embed"]  # no command: left as it is
+    assert hoist_group_options(main, ["search", "q", "--db"]) == ["search", "q", "--db"]  # no value: stays
+
+
+def test_shell_completion_of_a_trailing_db_does_not_crash(tmp_path: Path) -> None:
+    """Completing `clawvm search q --db ` raised in the option hoisting, inside click's completion."""
+    env = {"COMP_WORDS": "clawvm search q --db ", "COMP_CWORD": "4", "_CLAWVM_COMPLETE": "bash_complete"}
+    result = CliRunner().invoke(main, [], env=env, prog_name="clawvm")
+    assert result.exit_code == 0 and "Traceback" not in result.output
 
 
 @pytest.mark.parametrize("command", [["serve"], ["demo", "--dashboard"], ["mcp", "--http"]])

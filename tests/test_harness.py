@@ -33,6 +33,7 @@ from clawvm import (
 )
 from clawvm.core.errors import StoreError
 from clawvm.core.model import Memory, build_memory, moved_on
+from clawvm.core.redact import RedactionPolicy
 from clawvm.observe.learning import intervene
 from clawvm.observe.lens import record_output
 from clawvm.store import MemoryStore, Query, QueryResult, SQLiteStore
@@ -337,6 +338,19 @@ def test_a_blank_scope_id_is_no_scope(harness: Harness, field: str) -> None:
     assert getattr(harness.get(m.id), field) is None
     n = harness.record("y", session_id="s", task_id="t", agent_id="a", tool_name="grep")
     assert getattr(harness.update(n.id, **{field: "  "}), field) is None
+
+
+def test_an_import_into_a_redacting_store_twice_reports_nothing_differing() -> None:
+    """The stored text is the scrubbed one: compared with the file's original, every redacted memory was
+    reported as differing (and the CLI told the user to forget it)."""
+    with Harness.open("memory://", embedder=None) as source:
+        exported = source.get(source.record("mail alice@example.com about the refund", session_id="s").id)
+    with Harness.open("memory://", embedder=None, redaction=RedactionPolicy()) as h:
+        assert h.import_renamed([exported]).imported == 1
+        assert "alice@example.com" not in h.get(exported.id).content
+        assert h.import_renamed([exported]).differing == []
+        edited = exported.model_copy(update={"content": "mail bob about the refund"})
+        assert h.import_renamed([edited]).differing == [exported.id]
 
 
 def test_a_dense_only_recall_without_an_embedder_says_so(caplog: pytest.LogCaptureFixture) -> None:

@@ -371,7 +371,7 @@ def test_request_datetimes_are_rfc3339_date_times() -> None:
     [
         ({"parent_id": "nope"}, "parent_id", "the id of a stored memory"),
         ({"metadata": {"x": object()}}, "metadata", "a dict of JSON values"),
-        ({"tags": [""]}, "tags", "a list of non-empty strings"),
+        ({"tags": [""]}, "tags", "each a non-empty string"),
     ],
 )
 def test_a_field_s_own_check_names_what_to_pass(fields: dict[str, object], field: str, fix: str) -> None:

@@ -523,6 +523,9 @@ def test_authentication_errors(env: Env) -> None:
     assert_error(bare, 401)
     assert "is not 'Bearer <key>'" in bare.json()["error"]["message"]
     assert env.keys["agent"] not in bare.text  # the key is never repeated back
+    empty = env.client.get("/v1/memories", headers={"Authorization": "Bearer "})
+    assert_error(empty, 401)
+    assert "no key after 'Bearer'" in empty.json()["error"]["message"]
 
 
 def test_an_import_of_an_id_another_tenant_holds_is_neither_refused_nor_shared(env: Env) -> None:

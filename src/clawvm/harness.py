@@ -130,7 +130,8 @@ class Imported:
 
     imported: int
     renamed: dict[str, str] = field(default_factory=dict)
-    # ids already present whose stored content differs from the imported one's: skipped, kept as stored
+    # ids already present (as stored, renamed ones under their new id) whose stored content differs from
+    # the imported one's as the write path would store it: skipped, kept as stored
     differing: list[str] = field(default_factory=list)
 
 
@@ -478,8 +479,15 @@ class Harness:
             self.writer.write(fresh, None, events)  # redacted like every write, whatever the file held
             if self._worker is not None:
                 self._worker.notify()
-        differing = [m.id for m in memories if m.id in existing and existing[m.id].content != m.content]
+        differing = [m.id for m in memories if m.id in existing and self._differs(existing[m.id], m)]
         return Imported(len(fresh), renamed, differing)
+
+    def _differs(self, stored: Memory, imported: Memory) -> bool:
+        """Whether ``imported`` holds other content than ``stored``, as the write path would have stored it
+        (a redacting store keeps the scrubbed text: the file's original is the same memory)."""
+        if stored.content == imported.content:
+            return False
+        return stored.content != self.writer.scrub(imported.content, imported.tenant)
 
     def _check_import(self, index: int, memory: Memory) -> None:
         """What a write checks, for the ``index``-th memory of an import (field ``memories.<index>.*``)."""

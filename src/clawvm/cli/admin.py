@@ -57,7 +57,7 @@ def keys_create(ctx: click.Context, tenant: str, role: str, name: str, ttl_s: fl
 @click.pass_context
 def keys_list(ctx: click.Context, tenant: str | None, include_revoked: bool, as_json: bool) -> None:
     """List keys (ids, tenants, roles; never the keys themselves)."""
-    with opened_keyring(ctx) as ring:
+    with opened_keyring(ctx, existing=True) as ring:
         found = ring.list(tenant, include_revoked=include_revoked)
     for k in found:
         row = {
@@ -84,7 +84,7 @@ def keys_list(ctx: click.Context, tenant: str | None, include_revoked: bool, as_
 @click.pass_context
 def keys_revoke(ctx: click.Context, key_id: str) -> None:
     """Revoke KEY_ID: running servers refuse it within a few seconds."""
-    with opened_keyring(ctx) as ring:
+    with opened_keyring(ctx, existing=True) as ring:
         ring.revoke(key_id)
     click.echo(f"revoked {key_id}")
 
@@ -95,7 +95,7 @@ def keys_revoke(ctx: click.Context, key_id: str) -> None:
 def keys_rotate(ctx: click.Context, key_id: str) -> None:
     """Replace KEY_ID by a new key of the same tenant, role and name; print the new key (once) and revoke
     the old one."""
-    with opened_keyring(ctx) as ring:
+    with opened_keyring(ctx, existing=True) as ring:
         record, token = ring.rotate(key_id)
     click.echo(token)
     click.echo(f"key {record.key_id} replaces {key_id} (revoked): shown once, store it now", err=True)
@@ -138,7 +138,7 @@ def keys_rotate_data_key(
         old.with_current(new).save(key_file)  # first, so that a run stopped halfway loses no key
     else:
         raise ConfigError("nowhere to keep the new key: pass --new-key-file PATH, or --key-file PATH")
-    with opened_store(ctx) as store:
+    with opened_store(ctx, existing=True) as store:
         report = rotate_data_key(store, old, new)
     if drop_old and key_file is not None and new_key_file is None:
         DataKeys((new,)).save(key_file)
@@ -167,7 +167,7 @@ def review_list(
     ctx: click.Context, below: float, team_id: str | None, agent_id: str | None, as_json: bool
 ) -> None:
     """List memories awaiting review, least trusted first."""
-    with opened_harness(ctx, embed=False) as h:
+    with opened_harness(ctx, embed=False, existing=True) as h:
         for m in h.review_queue(below=below, team_id=team_id, agent_id=agent_id):
             if as_json:
                 click.echo(m.to_json())
@@ -182,7 +182,7 @@ def review_list(
 @click.pass_context
 def review_approve(ctx: click.Context, memory_id: str, by: str | None) -> None:
     """Approve MEMORY_ID (an open conflict: close it, keeping both sides)."""
-    with opened_harness(ctx, embed=False) as h:
+    with opened_harness(ctx, embed=False, existing=True) as h:
         h.approve(memory_id, by=by)
     click.echo(f"approved {memory_id}")
 
@@ -194,7 +194,7 @@ def review_approve(ctx: click.Context, memory_id: str, by: str | None) -> None:
 @click.pass_context
 def review_reject(ctx: click.Context, memory_id: str, by: str | None, reason: str | None) -> None:
     """Reject MEMORY_ID: it becomes obsolete (kept for history) and its open conflicts close."""
-    with opened_harness(ctx, embed=False) as h:
+    with opened_harness(ctx, embed=False, existing=True) as h:
         h.reject(memory_id, by=by, reason=reason)
     click.echo(f"rejected {memory_id}")
 

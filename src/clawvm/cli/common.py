@@ -59,6 +59,8 @@ class CliGroup(click.Group):
             return super().invoke(ctx)
         except click.NoSuchOption as exc:  # a misspelt --no-embed after the command: suggest clawvm's own too
             own = [name for p in self.params if isinstance(p, click.Option) for name in p.opts]
+            if exc.option_name in own:  # one of clawvm's, last on the line, with no value (not moved)
+                raise click.UsageError(f"Option '{exc.option_name}' requires an argument.", exc.ctx) from None
             near = difflib.get_close_matches(exc.option_name, own, n=1)
             if near and not exc.possibilities:
                 raise click.NoSuchOption(exc.option_name, possibilities=near, ctx=exc.ctx) from None
@@ -74,8 +76,11 @@ class CliGroup(click.Group):
 
 
 @contextmanager
-def opened_store(ctx: click.Context, dim: int = 384) -> Iterator[Store]:
-    """The engine of ``--db`` itself (no harness: key and data-key commands work below it)."""
+def opened_store(ctx: click.Context, dim: int = 384, existing: bool = False) -> Iterator[Store]:
+    """The engine of ``--db`` itself (no harness: key and data-key commands work below it); ``existing``
+    as for :func:`opened_harness`."""
+    if existing:
+        _require_store(ctx.obj["db"])
     store = store_from_url(ctx.obj["db"], dim=dim)
     store.setup()
     try:
@@ -85,8 +90,8 @@ def opened_store(ctx: click.Context, dim: int = 384) -> Iterator[Store]:
 
 
 @contextmanager
-def opened_keyring(ctx: click.Context) -> Iterator[Keyring]:
-    with opened_store(ctx) as store:
+def opened_keyring(ctx: click.Context, existing: bool = False) -> Iterator[Keyring]:
+    with opened_store(ctx, existing=existing) as store:
         yield Keyring(store)
 
 
@@ -115,7 +120,8 @@ def hoist_group_options(group: click.Group, args: list[str]) -> list[str]:
         if name in takes_value:
             with_value = takes_value[name] and "=" not in arg
             if with_value and i + 1 == len(tail):  # moved bare, it would take the command's name as its value
-                raise click.UsageError(f"Option '{name}' requires an argument.")
+                rest.append(arg)  # so it stays, and the command says it lacks one (see CliGroup.invoke)
+                break
             moved += tail[i : i + 2] if with_value else [arg]
             i += 2 if with_value else 1
             continue

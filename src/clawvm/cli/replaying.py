@@ -100,7 +100,7 @@ def _replay_source(
             yield found
         return
     if not demo:
-        with opened_harness(ctx) as h:
+        with opened_harness(ctx, existing=True) as h:
             yield h, None
         return
     from clawvm.demo.scenario import ReplayClock, load_scenario, open_demo

@@ -453,7 +453,7 @@ _FIXES = {
 FIELD_FIXES = {
     "parent_id": "pass the id of a stored memory, as record() returned it",
     "metadata": "pass a dict of JSON values: strings, numbers, booleans, null, lists and dicts",
-    "tags": "pass a list of non-empty strings",
+    "tags": "pass a list of tags, each a non-empty string within the limit the message names",
     "content": "pass non-empty text, or a dict or list for JSON content",
     "links": "pass a list of {type, target}, with a stored memory's id as target",
 }

@@ -201,9 +201,15 @@ def check_port_free(
             pass
     except OSError as exc:
         other = port + 1 if 0 < port < 65535 else 8081
-        problem = "is taken by another process" if exc.errno == errno.EADDRINUSE else f"cannot be used: {exc}"
-        raise ConfigError(
-            f"port: {port} on {host} {problem}; choose another one: {again.format(port=other)}", "port"
+        if exc.errno in (errno.EADDRINUSE, errno.EACCES):  # the port's fault: another one will do
+            problem = "is taken by another process" if exc.errno == errno.EADDRINUSE else "needs privileges"
+            raise ConfigError(
+                f"port: {port} on {host} {problem}; choose another one: {again.format(port=other)}", "port"
+            ) from None
+        raise ConfigError(  # an unknown name, an address this machine does not have: another port won't do
+            f"host: {host} cannot be listened on ({exc}); use 127.0.0.1, 0.0.0.0 or an address of this "
+            "machine (--host)",
+            "host",
         ) from None
 
 

@@ -82,7 +82,12 @@ def _refuse_scheme(sent: str) -> None:
     """An Authorization header that is not ``Bearer <key>`` (a bare key, ``Token <key>``): said so, where
     "no API key" was true of nothing the caller could see. The header's value is not repeated (it may be
     the key)."""
-    scheme = sent.split(" ", 1)[0] if " " in sent.strip() else None
+    stripped = sent.strip()
+    if stripped.lower() == "bearer":
+        raise AuthenticationError(
+            "the Authorization header has no key after 'Bearer': send 'Authorization: Bearer <key>'"
+        )
+    scheme = stripped.split(" ", 1)[0] if " " in stripped else None
     found = f"its scheme is {scheme!r}" if scheme else "it has no scheme"
     raise AuthenticationError(
         f"the Authorization header is not 'Bearer <key>' ({found}): "

@@ -22,7 +22,9 @@ def translated(action: str, fix: str | None = None) -> Iterator[None]:
     try:
         yield
     except sqlite3.Error as exc:
-        raise StoreError(f"sqlite {action} failed: {exc}" + (f" ({fix})" if fix else "")) from exc
+        # a lock is another process's doing, not the file's: the fix for a wrong file would mislead
+        fits = fix is not None and "locked" not in str(exc) and "busy" not in str(exc)
+        raise StoreError(f"sqlite {action} failed: {exc}" + (f" ({fix})" if fits else "")) from exc
 
 
 class Checkpointer:
