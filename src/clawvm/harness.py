@@ -264,9 +264,17 @@ class Harness:
             parallel_query_embedding=parallel_query_embedding,
         )
         if emb is not None:
-            harness._worker = EmbedWorker(emb, store.unembedded, store.set_vectors)
+            harness._worker = EmbedWorker(emb, store.unembedded, harness._set_vectors)
             harness._worker.start()  # picks up anything a previous process left un-embedded
         return harness
+
+    def _set_vectors(
+        self, ids: builtins.list[str], vectors: np.ndarray, contents: builtins.list[str]
+    ) -> None:
+        """The embedding worker's vectors (of ``contents``), stored; dropped once the harness is closed (a
+        batch that outlived close's wait would reopen the store behind it): the next open embeds those."""
+        if not self.writer.closed:
+            self.store.set_vectors(ids, vectors, contents)
 
     # ---- writing ------------------------------------------------------------------------------------
     def record(
