@@ -419,7 +419,8 @@ def revise(
     expected_version: int | None = None,
     **changes: Any,
 ) -> Memory:
-    """Append a revision of ``memory_id`` with ``changes``; returns the new head.
+    """Append a revision of ``memory_id`` with ``changes``; returns the new head (the head as it is when
+    ``changes`` change nothing: no revision is appended).
 
     Raises :class:`ConflictError` when ``memory_id`` is no longer the head or (with ``expected_version``)
     has moved on; :class:`AccessDeniedError` when ``agent_id`` may not write it.
@@ -442,13 +443,11 @@ def revise(
     changes = blank_scopes_as_none(dict(changes))
     refuse_frozen(h, current)
     check_write(h, current, agent_id or current.agent_id)
-    # after the access checks: a refusal must not tell one who may not write whether a guess is the content
+    # a revision is kept for good: one that changes nothing would be noise in the chain, so the head is
+    # answered as it is (as a PATCH that changes nothing is); after the access checks, so that the answer
+    # tells one who may not write nothing of the content
     if all(getattr(current, name, _ABSENT) == value for name, value in changes.items()):
-        raise ValidationError(  # a revision is kept for good: one identical to its head is noise in the chain
-            "changes",
-            "change nothing" if not changes else f"give {', '.join(sorted(changes))} the value it has",
-            "pass what the revision changes, e.g. revise(id, content='...')",
-        )
+        return current
     return past_bookkeeping(
         current, lambda: h.store.get(memory_id), lambda read: _append_revision(h, read, agent_id, changes)
     )
