@@ -14,6 +14,7 @@ import logging
 import secrets
 import sqlite3
 import threading
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 from clawvm.store import forked, snapshot
@@ -45,7 +46,7 @@ SNAPSHOT_MODES = ("background", "inline")
 SNAPSHOT_CHILD_TIMEOUT_S = 600.0
 
 
-class IndexSnapshots:
+class IndexSnapshots(ABC):
     """The snapshot half of :class:`clawvm.store.sqlite.SQLiteStore` (a base class of it): the engine's
     state that this reads (declared below) and the connection and catch-up the engine provides."""
 
@@ -65,15 +66,15 @@ class IndexSnapshots:
     _verifier: snapshot.Verifier | None  # the mapped snapshot's checksums, checked after open
 
     @property
-    def _db(self) -> sqlite3.Connection:
-        raise NotImplementedError
+    @abstractmethod
+    def _db(self) -> sqlite3.Connection: ...  # the engine's connection, opened on first use
 
     @property
-    def index(self) -> SearchIndex:
-        raise NotImplementedError
+    @abstractmethod
+    def index(self) -> SearchIndex: ...
 
-    def _catch_up(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _catch_up(self) -> None: ...  # replays into the index what other connections committed
 
     def _open_index(self) -> tuple[SearchIndex, int]:
         """The snapshot's index and the rev it is current to; an empty index and 0 when there is no usable
