@@ -301,8 +301,14 @@ def test_citations_and_preloads_are_bookkeeping(harness: Harness) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("token_count", 5000), ("content_type", "application/json"), ("value", 0.9), ("pinned", True),
-     ("access_count", 7), ("usage", {"cited": 3})],
+    [
+        ("token_count", 5000),
+        ("content_type", "application/json"),
+        ("value", 0.9),
+        ("pinned", True),
+        ("access_count", 7),
+        ("usage", {"cited": 3}),
+    ],
 )
 def test_an_update_refuses_what_the_harness_sets(harness: Harness, field: str, value: Any) -> None:
     """A token count of 5000 kept a memory out of every prompt; a value or a pin set this way skipped the
@@ -316,8 +322,15 @@ def test_an_update_refuses_what_the_harness_sets(harness: Harness, field: str, v
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("token_count", 5000), ("content_type", "application/json"), ("value", 0.99), ("access_count", 100),
-     ("last_accessed_at", "2026-01-01T00:00:00Z"), ("usage", {"cited": 50, "successes": 50}), ("version", 3)],
+    [
+        ("token_count", 5000),
+        ("content_type", "application/json"),
+        ("value", 0.99),
+        ("access_count", 100),
+        ("last_accessed_at", "2026-01-01T00:00:00Z"),
+        ("usage", {"cited": 50, "successes": 50}),
+        ("version", 3),
+    ],
 )
 def test_a_record_refuses_what_the_harness_sets(harness: Harness, field: str, value: Any) -> None:
     """record(access_count=100, usage={...}) stored them (a value inflated from its first moment), and
@@ -351,6 +364,35 @@ def test_an_import_into_a_redacting_store_twice_reports_nothing_differing() -> N
         assert h.import_renamed([exported]).differing == []
         edited = exported.model_copy(update={"content": "mail bob about the refund"})
         assert h.import_renamed([edited]).differing == [exported.id]
+
+
+def test_a_memory_imported_at_the_count_limit_stays_readable_and_the_harness_works(tmp_path: Path) -> None:
+    """Imported at version 2^53-1, a memory's next bookkeeping write stored 2^53, which no read could
+    parse (the API's tick answered 500 from then on). A caller's change of it is refused now, and the
+    harness's bookkeeping leaves it as it is while writing the rest of its batch."""
+    from clawvm.core.model import MAX_COUNT
+
+    h = Harness.open(tmp_path / "limit.db", embedder=None)
+    other = h.record("the limit of versions", session_id="s")
+    at_limit = h.get(other.id).model_copy(
+        update={
+            "id": "01a00000-0000-7000-8000-00000000abcd",
+            "version": MAX_COUNT,
+            "content": "versions at the limit",
+        }
+    )
+    h.import_memories([at_limit])
+    assert {r.memory.id for r in h.recall("versions limit", k=3)} == {other.id, at_limit.id}
+    h.page()  # the recall's accesses: written for one, kept as they were for the other
+    assert "versions at the limit" in h.context("versions limit", session_id="s").text
+    h.tick()
+    with pytest.raises(ValidationError) as exc:
+        h.update(at_limit.id, state="success")
+    assert exc.value.field == "version"
+    assert h.get(other.id).access_count >= 1 and h.get(at_limit.id).version == MAX_COUNT
+    h.close()
+    with Harness.open(tmp_path / "limit.db", embedder=None) as again:
+        assert again.get(at_limit.id).version == MAX_COUNT and again.count() == 2
 
 
 def test_a_dense_only_recall_without_an_embedder_says_so(caplog: pytest.LogCaptureFixture) -> None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -53,11 +54,13 @@ import numpy as np
 
 from clawvm.core.embed import count_tokens
 from clawvm.core.errors import ConflictError, StateConflictError, ValidationError
-from clawvm.core.model import DEFAULT_MAX_CONTENT_BYTES, JSON, SCOPE_IDS, Memory, moved_on
+from clawvm.core.model import DEFAULT_MAX_CONTENT_BYTES, JSON, MAX_COUNT, SCOPE_IDS, Memory, moved_on
 from clawvm.core.redact import RedactionPolicy, redact_identifier, redact_json
 from clawvm.store.base import Event, Store, StoreReader
 from clawvm.store.crypto import REDACTION_FIELD
 from clawvm.write.redaction import Redactor
+
+log = logging.getLogger("clawvm.write")
 
 #: Called after a commit with the memories it wrote (as stored) and the ids it deleted.
 Listener = Callable[[Sequence[Memory], Sequence[str]], None]
@@ -162,6 +165,25 @@ class _CleanTexts:
                 self._seen.popitem(last=False)
 
 
+def _past_counts(m: Memory) -> str | None:
+    """The field of ``m`` that a change took past :data:`MAX_COUNT` (a memory imported at the limit, then
+    changed), if any: stored, the memory could not be read back (the model bounds them)."""
+    counts = {"version": m.version, "access_count": m.access_count, **dict(m.usage)}
+    for name, n in counts.items():
+        if abs(n) > MAX_COUNT:
+            return name if name in ("version", "access_count") else f"usage.{name}"
+    return None
+
+
+def _within_counts(m: Memory) -> None:
+    if (name := _past_counts(m)) is not None:
+        raise ValidationError(
+            name,
+            f"would pass {MAX_COUNT}, the largest a count may hold",
+            "record a new memory in its place (this one cannot change again)",
+        )
+
+
 class CommitPath:
     """The one commit path over ``store`` (see the module docstring for what it applies, in order)."""
 
@@ -222,6 +244,12 @@ class CommitPath:
         be older than); any other write is a change, and sets it to the new version."""
         if not bookkeeping:
             self._open()
+        elif vectors is None and any(_past_counts(m) for m in memories):
+            # the harness's own bookkeeping is best effort: a memory at the limit keeps its counts, and the
+            # rest of the batch (a pager pass, a recall's accesses) is written, not failed with it for good
+            kept = [m for m in memories if _past_counts(m) is None]
+            log.warning("%d memories at the count limit kept as they were", len(memories) - len(kept))
+            memories = kept
         self._validate(memories)
         stored = [self._redacted(_versioned(m, bookkeeping)) for m in memories]
         self._store.write(stored, vectors, [self._scrubbed(e) for e in events])
@@ -254,6 +282,7 @@ class CommitPath:
                 raise ValidationError("tenant", "is empty", "name the tenant the memory belongs to")
             if m.version < 1:
                 raise ValidationError("version", f"is {m.version}", "versions start at 1")
+            _within_counts(m)
             size = len(m.content.encode("utf-8", "surrogatepass"))
             if size > self.max_content_bytes:
                 raise ValidationError(
