@@ -33,6 +33,7 @@ from clawvm.core.errors import (
 )
 from clawvm.core.model import (
     DEFAULT_MAX_CONTENT_BYTES,
+    SCOPE_IDS,
     VISIBLE_STATUSES,
     Filters,
     Kind,
@@ -88,7 +89,7 @@ from clawvm.vm.scoring import explain as explain_value
 from clawvm.vm.sweep import Sweep
 from clawvm.vm.tiers import Pager, PagerConfig, one_pager_pass
 from clawvm.vm.working import PagerThread, Turns, WorkingTiers
-from clawvm.write.commit import SCOPE_ID_FIELDS, CommitPath, past_bookkeeping
+from clawvm.write.commit import CommitPath, past_bookkeeping
 from clawvm.write.redaction import Redactor
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -1196,7 +1197,7 @@ class Harness:
         if self.redactor.policy_for(self.tenant) is None:
             return f
         changes: dict[str, frozenset[str]] = {}
-        for name in (*SCOPE_ID_FIELDS, "tags_all", "tags_any"):
+        for name in (*SCOPE_IDS, "tags_all", "tags_any"):
             given: frozenset[str] | None = getattr(f, name)
             if given:
                 stored = frozenset(self.writer.identifier(v, self.tenant) for v in given)

@@ -484,7 +484,8 @@ def build_memory(fields: Mapping[str, Any]) -> Memory:
         raise _translate(exc) from None
 
 
-#: The fields that name a memory's scope (a session, a task ...): an id, or None.
+#: The fields that name a memory's scope (a session, a task ...): an id, or None; the write path redacts
+#: them as identifiers (and event data keys of these names).
 SCOPE_IDS = ("session_id", "task_id", "agent_id", "tool_name", "team_id")
 
 #: Fields a caller's change (an update, a revision) may not set, each with what sets it instead (the

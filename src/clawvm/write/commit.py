@@ -70,8 +70,6 @@ Rederive = Callable[[Memory], Memory]
 
 # how a text was checked (see _CleanTexts)
 _TEXT, _JSON, _METADATA, _IDENTIFIER = "text", "json", "metadata", "identifier"
-#: the memory fields that name a scope: identifiers, redacted as such (and event data keys of these names)
-SCOPE_ID_FIELDS = SCOPE_IDS
 
 
 class Writer(Protocol):
@@ -326,7 +324,7 @@ class CommitPath:
         """Scope ids and tags as identifiers (the same input always gives the same stored id)."""
         tenant = memory.tenant
         changed: dict[str, Any] = {}
-        for name in SCOPE_ID_FIELDS:
+        for name in SCOPE_IDS:
             value = getattr(memory, name)
             if value is not None and (stored := self.identifier(value, tenant)) != value:
                 changed[name] = stored
@@ -381,7 +379,7 @@ class CommitPath:
         if isinstance(value, str):
             if len(value) < 6:  # nothing detectable fits in 5 characters
                 return value
-            return self.identifier(value, tenant) if key in SCOPE_ID_FIELDS else self.scrub(value, tenant)
+            return self.identifier(value, tenant) if key in SCOPE_IDS else self.scrub(value, tenant)
         if isinstance(value, dict):
             items = {k: self._scrub_value(v, tenant, k) for k, v in value.items()}
             return value if all(items[k] is value[k] for k in value) else items
