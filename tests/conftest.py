@@ -7,6 +7,7 @@ Store and ``harness`` an open Harness, once per engine; a test restricted to som
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "engines(*names): run an engine-parametrized test only on these engines"
     )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A child process a failed test left stuck is killed: at exit, multiprocessing waits for every
+    non-daemon child, so one stuck child held the whole run until CI's time ran out."""
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(timeout=5)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

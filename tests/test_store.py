@@ -764,8 +764,10 @@ def random_filters(draw: st.DrawFn) -> Filters:
     names = draw(st.lists(st.sampled_from(sorted(FILTER_VALUES)), max_size=4, unique=True))
     fields = {name: draw(FILTER_VALUES[name]) for name in names}
     if draw(st.booleans()):  # one tenant and one session: the in-process index tests only that session's rows
-        fields.update(tenant=frozenset([draw(st.sampled_from(SMALL))]),
-                      session_id=frozenset([draw(st.sampled_from(SMALL))]))
+        fields.update(
+            tenant=frozenset([draw(st.sampled_from(SMALL))]),
+            session_id=frozenset([draw(st.sampled_from(SMALL))]),
+        )
     return Filters(**fields)
 
 
@@ -917,9 +919,7 @@ def test_a_vector_written_with_its_new_memory_is_in_the_file(
 
 
 @sqlite_only
-def test_two_stores_on_one_file_see_each_others_writes(
-    engine_name: str, two_connections: Pair
-) -> None:
+def test_two_stores_on_one_file_see_each_others_writes(engine_name: str, two_connections: Pair) -> None:
     one, two = two_connections
     a, b = mem("quokka sighting on the island"), mem("wombat burrow")
     one.put_many([a, b])
@@ -1114,36 +1114,39 @@ def test_another_application_s_file_is_refused_and_left_as_it_was(engine_name: s
     store.close()
 
 
-def _open_when_told(path: str, start: Any, results: Any) -> None:
-    start.wait()
-    try:
-        store = SQLiteStore(path)
-        store.setup()
-        store.close()
-        results.put("ok")
-    except Exception as exc:  # reported to the test, which names it
-        results.put(f"{type(exc).__name__}: {exc}")
-
-
 def test_processes_opening_a_new_file_at_once_all_get_the_store(tmp_path: Path) -> None:
     """Four processes opening one new file at once: one in ~15 read the others' fresh tables at schema
     version 0 and refused the file as another application's, and ~1 in 20 got "database is locked" from
     the switch to WAL mode (which SQLite does not wait on)."""
     import multiprocessing
 
-    ctx = multiprocessing.get_context("fork")
+    import open_race
+
+    # Children come from a fork server: a plain fork of this multithreaded test process can copy a lock
+    # another thread holds, and the child then waits forever. The server imports the engine once, so each
+    # child starts in milliseconds, close enough together to race.
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["clawvm.store.sqlite"])  # this module is not on its path
     failures = []
     for round_ in range(12):
         start, results = ctx.Barrier(4), ctx.Queue()
         procs = [
-            ctx.Process(target=_open_when_told, args=(str(tmp_path / f"{round_}.db"), start, results))
+            ctx.Process(
+                target=open_race.open_when_told,
+                args=(str(tmp_path / f"{round_}.db"), start, results),
+                daemon=True,
+            )
             for _ in range(4)
         ]
-        for p in procs:
-            p.start()
-        said = [results.get(timeout=60) for _ in procs]
-        for p in procs:
-            p.join(timeout=60)
+        try:
+            for p in procs:
+                p.start()
+            said = [results.get(timeout=60) for _ in procs]
+        finally:
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
         failures += [x for x in said if x != "ok"]
     assert failures == []
 
