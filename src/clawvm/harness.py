@@ -1165,7 +1165,8 @@ class Harness:
 
     # ---- helpers ------------------------------------------------------------------------------------
     def filters(self, given: Mapping[str, Any]) -> Filters:
-        """Callers' filters: this tenant and active memories unless they say otherwise; never INTERNAL.
+        """Callers' filters: this tenant and active memories unless they say otherwise; never INTERNAL
+        (a status list that names it among others leaves it out; asking for it alone is refused).
 
         Expiry is a read-time filter: asking for active memories (the default) also leaves out those whose
         ``expires_at`` has passed, whether or not a ``tick()`` has marked them expired yet."""
@@ -1178,6 +1179,13 @@ class Harness:
         if f.status is not None and Status.ACTIVE.value in f.status and Status.EXPIRED.value not in f.status:
             f = f if f.live_at is not None else f.with_(live_at=self.now())  # due is as good as expired
         if f.status is not None and Status.INTERNAL.value in f.status:  # the harness's own records (grants)
+            if f.status == {Status.INTERNAL.value}:  # else it answered "none", which was never true
+                raise ValidationError(
+                    "status",
+                    "is internal: those are the harness's own records (team grants, learned weights), "
+                    "never listed or recalled",
+                    "ask for a status callers see (active, archived, obsolete, expired), or 'any'",
+                )
             f = f.with_(status=f.status - {Status.INTERNAL.value})
         return self._stored_ids(f)
 
