@@ -570,3 +570,27 @@ def test_importing_ids_another_tenant_holds_keeps_both_memories(engine: Store, h
     assert fingerprint(engine, a.tenant) == a_before
     again = h.import_renamed(batch)
     assert again.imported == 0 and again.renamed == done.renamed
+
+
+@pytest.mark.engines("sqlite", "postgres")  # memory:// is a new store at every open: nothing to share
+def test_harnesses_opened_for_two_tenants_on_one_file_are_isolated(engine_name: str, tmp_path: Path) -> None:
+    """``Harness.open(path, tenant=...)`` gives the tenant the server's view of the file: B's harness could
+    read, pin and forget A's memory by its id, and record into tenant A."""
+    from engines import harness_target
+
+    target = harness_target(engine_name, tmp_path)
+    with (
+        Harness.open(target, tenant="A", embedder=None) as a,
+        Harness.open(target, tenant="B", embedder=None) as b,
+    ):
+        kept = a.record("alice's plan for the launch", session_id="s")
+        for reach in (b.get, b.forget, b.pin, b.explain, b.history, lambda i: b.update(i, content="mine")):
+            with pytest.raises(NotFoundError):
+                reach(kept.id)
+        with pytest.raises(AccessDeniedError) as refused:
+            b.record("written for A", tenant="A")
+        assert refused.value.field == "tenant"
+        assert b.recall("alice plan launch", preset="bm25") == [] and b.count(status="any") == 0
+        assert a.get(kept.id) == kept and a.count() == 1
+    with Harness.open(target, tenant="A", embedder=None) as again:  # the engine under a view was closed
+        assert again.get(kept.id).content == kept.content

@@ -33,6 +33,7 @@ from clawvm.core.errors import (
 )
 from clawvm.core.model import (
     DEFAULT_MAX_CONTENT_BYTES,
+    DEFAULT_TENANT,
     SCOPE_IDS,
     VISIBLE_STATUSES,
     Filters,
@@ -69,6 +70,7 @@ from clawvm.store import Event, PageKey, Store, store_from_url
 from clawvm.store.base import check_vectors
 from clawvm.store.crypto import REDACTION_FIELD, DataKeys
 from clawvm.store.kinds import EventKind
+from clawvm.store.tenant import TenantStore
 from clawvm.teams import shared as teams
 from clawvm.teams.guidance import Guidance, build_guidance
 from clawvm.vm import checkpoint as checkpoints
@@ -156,7 +158,7 @@ class Harness:
         store: Store,
         embedder: Embedder | None,
         *,
-        tenant: str = "default",
+        tenant: str = DEFAULT_TENANT,
         preset_name: str | RecallConfig | None = None,
         max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES,
         pager: PagerConfig | None = None,
@@ -173,6 +175,7 @@ class Harness:
         self.writer = CommitPath(store, self.redactor, max_content_bytes=max_content_bytes)
         self.embedder = embedder
         self.tenant = tenant
+        self._engine = store  # what close() closes besides the store (open() sets the engine of a view)
         self.config = preset(preset_name)
         self.max_content_bytes = max_content_bytes
         self.clock = clock
@@ -209,7 +212,7 @@ class Harness:
         target: str | Path | Store = "memory://",
         *,
         embedder: Embedder | str | None = "default",
-        tenant: str = "default",
+        tenant: str = DEFAULT_TENANT,
         preset: str | RecallConfig | None = None,
         max_content_bytes: int = DEFAULT_MAX_CONTENT_BYTES,
         pager: PagerConfig | None = None,
@@ -248,8 +251,13 @@ class Harness:
             )
         else:
             emb = embedder
-        store = target if isinstance(target, Store) else store_from_url(target, dim=emb.dim if emb else 384)
-        store.setup()
+        engine = target if isinstance(target, Store) else store_from_url(target, dim=emb.dim if emb else 384)
+        engine.setup()
+        store = engine
+        if tenant != DEFAULT_TENANT and not isinstance(engine, TenantStore):
+            # a tenant's harness sees the file as the server's tenants do: by id, another tenant's memory is
+            # not found, and nothing it writes lands in another tenant (clawvm.store.tenant enforces it)
+            store = TenantStore(engine, tenant)
         harness = cls(
             store,
             emb,
@@ -264,6 +272,7 @@ class Harness:
             data_keys=data_keys,
             parallel_query_embedding=parallel_query_embedding,
         )
+        harness._engine = engine  # closed with the harness (a tenant's view leaves its engine open)
         if emb is not None:
             harness._worker = EmbedWorker(emb, store.unembedded, harness._set_vectors)
             harness._worker.start()  # picks up anything a previous process left un-embedded
@@ -1137,7 +1146,7 @@ class Harness:
         the store. A caller's writes are refused afterwards (reads still answer, their bookkeeping written);
         closing again only closes the store (a read after the first close reopened it)."""
         if self.writer.closed:
-            self.store.close()
+            self._close_store()
             return
         if self._prefetcher is not None:
             self._prefetcher.shutdown(wait=True)
@@ -1155,7 +1164,12 @@ class Harness:
                 self._worker.stop()
                 self._worker = None
             self.writer.close()  # a write after this would never be embedded or paged: refused
-            self.store.close()
+            self._close_store()
+
+    def _close_store(self) -> None:
+        self.store.close()
+        if self._engine is not self.store:  # the engine under the tenant view open() made
+            self._engine.close()
 
     def __enter__(self) -> Harness:
         return self

@@ -70,6 +70,10 @@ class State(StrEnum):
     INTERMEDIATE = "intermediate"
 
 
+#: The tenant of a memory, and of a harness, that names none.
+DEFAULT_TENANT = "default"
+
+
 class Status(StrEnum):
     ACTIVE = "active"
     ARCHIVED = "archived"
@@ -215,7 +219,7 @@ class Memory(BaseModel):
     kind: Kind = Kind.NOTE
     state: State | None = None
     status: Status = Status.ACTIVE
-    tenant: str = Field(default="default", json_schema_extra={"minLength": 1})
+    tenant: str = Field(default=DEFAULT_TENANT, json_schema_extra={"minLength": 1})
     session_id: str | None = None
     task_id: str | None = None
     agent_id: str | None = None
