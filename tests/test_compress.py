@@ -18,6 +18,8 @@ from clawvm import (
     Harness,
     Kind,
     LinkType,
+    Memory,
+    NotFoundError,
     State,
     StateConflictError,
     Status,
@@ -208,6 +210,44 @@ def test_the_way_back_to_the_original_survives_updates() -> None:
         assert h.decompress(m.id).content == LONG
 
 
+def test_forgetting_a_compressed_memory_forgets_every_copy_of_its_original() -> None:
+    """The archived raw copies outlived forget(): a recall with status "any" still found the full text."""
+    with open_harness() as h:
+        m = h.record(LONG, session_id="s1", created_at=T0)
+        first = h.compress(m.id).metadata["compression"]["raw_id"]
+        h.decompress(m.id)
+        second = h.compress(m.id).metadata["compression"]["raw_id"]  # a second raw copy
+        bystander = h.record("another memory of the session", session_id="s1")
+        h.forget(m.id)
+        for gone in (m.id, first, second):
+            with pytest.raises(NotFoundError):
+                h.get(gone)
+        assert h.get(bystander.id) == bystander
+        assert [e.memory_id for e in h.events() if e.kind == "forget"] == [m.id, first, second]
+
+
+def test_a_compression_pointer_is_never_taken_on_its_word() -> None:
+    """decompress() trusted metadata.compression: a record carrying one pointing at another memory had its
+    text replaced by that memory's, for good."""
+    with open_harness() as h:
+        other = h.record("another memory's text")
+        with pytest.raises(ValidationError) as exc:
+            h.record("my important note", metadata={"compression": {"raw_id": other.id}})
+        assert exc.value.field == "metadata.compression"
+        with pytest.raises(ValidationError) as exc:
+            h.record("my important note", metadata={"raw_of": other.id})
+        assert exc.value.field == "metadata.raw_of"
+        # an import keeps its metadata as it was; a pointer that does not lead back is refused at decompress
+        forged = Memory(content="imported note", metadata={"compression": {"raw_id": other.id}})
+        h.import_memories([forged])
+        with pytest.raises(ValidationError) as exc:
+            h.decompress(forged.id)
+        assert exc.value.field == "memory_id" and other.id in exc.value.problem
+        assert (
+            h.get(forged.id).content == "imported note" and h.get(other.id).content == "another memory's text"
+        )
+
+
 @pytest.mark.parametrize(
     "payload",
     [
@@ -265,19 +305,33 @@ def test_raw_copy_cannot_be_forgotten_while_referenced() -> None:
 def test_collapse_task_summarizes_intermediates_into_one_success() -> None:
     with open_harness() as h:
         steps = [
-            h.record(text, task_id="t1", session_id="s1", state="intermediate", kind="llm_thought",
-                     created_at=T0 + timedelta(minutes=i))
-            for i, text in enumerate([
-                "Looking at the failing build first.",
-                "Build 7 failed at step 3 with exit code 137.",
-                "Exit code 137 means the container ran out of memory.",
-                "Raising the memory limit to 4096 MB should fix it.",
-            ])
+            h.record(
+                text,
+                task_id="t1",
+                session_id="s1",
+                state="intermediate",
+                kind="llm_thought",
+                created_at=T0 + timedelta(minutes=i),
+            )
+            for i, text in enumerate(
+                [
+                    "Looking at the failing build first.",
+                    "Build 7 failed at step 3 with exit code 137.",
+                    "Exit code 137 means the container ran out of memory.",
+                    "Raising the memory limit to 4096 MB should fix it.",
+                ]
+            )
         ]
-        done = h.record("Raised the limit; build 8 passed.", task_id="t1", session_id="s1", state="success",
-                        created_at=T0 + timedelta(minutes=9))
-        other = h.record("Unrelated thought.", task_id="t2", session_id="s1", state="intermediate",
-                         created_at=T0)
+        done = h.record(
+            "Raised the limit; build 8 passed.",
+            task_id="t1",
+            session_id="s1",
+            state="success",
+            created_at=T0 + timedelta(minutes=9),
+        )
+        other = h.record(
+            "Unrelated thought.", task_id="t2", session_id="s1", state="intermediate", created_at=T0
+        )
         summary = h.collapse_task("t1")
         assert summary is not None
         assert summary.kind is Kind.SUMMARY and summary.state is State.SUCCESS and summary.task_id == "t1"

@@ -82,6 +82,7 @@ from clawvm.vm.compress import (
     decompress_memory,
     fallback_event,
     is_compressible,
+    raw_copies,
     referenced_raw,
     summary_of,
 )
@@ -311,10 +312,8 @@ class Harness:
         # dropped without a word); pinned is the exception: record(pinned=True) pins, within the budget
         refuse_set_by_harness({name: v for name, v in fields.items() if name != "pinned"})
         fields = blank_scopes_as_none(fields)
-        if isinstance(fields.get("metadata"), Mapping) and REDACTION_FIELD in fields["metadata"]:
-            raise ValidationError(
-                f"metadata.{REDACTION_FIELD}", "is set by the write path", "leave it out: redaction marks it"
-            )
+        if isinstance(fields.get("metadata"), Mapping):
+            _refuse_harness_metadata(fields["metadata"])
         text, ctype = normalize_content(content, self.max_content_bytes)
         vector = self._check_vector(embedding) if embedding is not None else None
         fields.setdefault("tenant", self.tenant)
@@ -444,9 +443,10 @@ class Harness:
                 f"is the raw content of compressed memory {owners[0]}",
                 "decompress or forget that memory first",
             )
-        if not self.writer.delete(
-            [memory], [self._make_event(EventKind.FORGET, memory, {"kind": memory.kind.value})]
-        ):
+        # its raw copies (compressed once, maybe decompressed since) hold its original text: they go too
+        doomed = [memory, *raw_copies(self.store, memory)]
+        events = [self._make_event(EventKind.FORGET, m, {"kind": m.kind.value}) for m in doomed]
+        if not self.writer.delete(doomed, events):
             raise NotFoundError("memory", memory_id)
 
     def import_memories(self, memories: Sequence[Memory], *, restore: bool = False) -> int:
@@ -1307,6 +1307,20 @@ def _keeping_compression(current: Memory, changes: dict[str, Any]) -> dict[str, 
             )
     kept = {k: current.metadata[k] for k in _COMPRESSION_METADATA if k in current.metadata}
     return {**changes, "metadata": {**given, **kept}} if kept else changes
+
+
+def _refuse_harness_metadata(metadata: Mapping[str, Any]) -> None:
+    """A new memory's metadata may not carry the marks the harness sets: a forged compression pointer let
+    decompress() replace the memory's text with another memory's."""
+    if REDACTION_FIELD in metadata:
+        raise ValidationError(
+            f"metadata.{REDACTION_FIELD}", "is set by the write path", "leave it out: redaction marks it"
+        )
+    for key in _COMPRESSION_METADATA:
+        if key in metadata:
+            raise ValidationError(
+                f"metadata.{key}", "is set by compress()", "leave it out: compress() sets it"
+            )
 
 
 def _refuse_unpinnable(fields: Mapping[str, Any], fix: str) -> None:

@@ -34,7 +34,7 @@ from typing import Protocol, runtime_checkable
 
 from clawvm.core.embed import count_tokens
 from clawvm.core.entities import entities as named_entities
-from clawvm.core.errors import ClawVMError
+from clawvm.core.errors import ClawVMError, ValidationError
 from clawvm.core.model import JSON, Link, LinkType, Memory, Status, Tier, build_memory, revalidate
 from clawvm.core.openai_http import ChatEndpoint, EndpointFailure, FailureReason
 from clawvm.store import Event
@@ -308,6 +308,12 @@ def decompress_memory(store: StoreReader, writer: Writer, memory: Memory, now: d
     if not info:
         return memory
     raw = store.get(info["raw_id"])
+    if raw.metadata.get("raw_of") != memory.id:  # a pointer compress() did not write (an import's)
+        raise ValidationError(
+            "memory_id",
+            f"points at {raw.id} as its raw text, which is not a raw copy of it",
+            "nothing to decompress: update its content instead",
+        )
     metadata = {k: v for k, v in memory.metadata.items() if k != "compression"}
     metadata["decompressed_from"] = info
     restored = revalidate(
@@ -324,6 +330,25 @@ def decompress_memory(store: StoreReader, writer: Writer, memory: Memory, now: d
         kind=EventKind.DECOMPRESS, memory_id=memory.id, tenant=memory.tenant, at=now, data={"raw_id": raw.id}
     )
     return writer.write([restored], None, [event])[0]
+
+
+def raw_copies(store: StoreReader, memory: Memory, page: int = 500) -> list[Memory]:
+    """The stored raw copies of ``memory``'s earlier texts: the one it points at now, the one it was last
+    decompressed from, and those its compress events name (a memory compressed, decompressed and compressed
+    again has several). Only copies that point back at it count: a pointer is never taken on its word."""
+    named = {
+        info["raw_id"]
+        for key in ("compression", "decompressed_from")
+        if isinstance(info := memory.metadata.get(key), dict) and isinstance(info.get("raw_id"), str)
+    }
+    after: int | None = 0
+    while after is not None and (batch := store.read_events(after, page, memory.id)):
+        named.update(
+            str(e.data["raw_id"]) for e in batch if e.kind == EventKind.COMPRESS and "raw_id" in e.data
+        )
+        after = batch[-1].seq  # a read event always has its number
+    found = store.get_many(sorted(named))
+    return [raw for raw in found.values() if raw.metadata.get("raw_of") == memory.id]
 
 
 def referenced_raw(store: StoreReader, memory: Memory) -> list[str]:
