@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawvm import Harness, Kind, LinkType, Status
+from clawvm import Harness, Kind, LinkType, StateConflictError, Status
 from clawvm.store import Event
 from clawvm.store.kinds import EventKind
 from clawvm.teams import shared as teams
@@ -274,6 +275,30 @@ def test_conflicting_decisions_are_flagged_once_and_resolvable(engine_name: str,
     assert h.get(note.id).status is Status.ARCHIVED
     assert teams.open_conflicts(h) == [] and h.get(unrelated.id).status is Status.ACTIVE
     assert merge_team(h, team_id="pay").conflicts == []  # a closed conflict is not flagged again
+
+
+def test_resolving_a_conflict_for_a_side_that_cannot_be_kept_writes_nothing(
+    engine_name: str, tmp_path: Path
+) -> None:
+    """The other side was rejected and the note closed before the kept side's approval was refused: both
+    sides were gone."""
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+    target = harness_target(engine_name, tmp_path, "expiring.db")
+    with Harness.open(target, embedder=None, clock=lambda: now[0]) as h:
+        crew(h)
+        redis = teams.record(h, "Use Redis for the session cache", agent_id="planner", team_id="pay",
+                             kind="decision", subject="session cache")
+        memcached = teams.record(h, "Use Memcached for the session cache", agent_id="writer", team_id="pay",
+                                 kind="decision", subject="session cache", expires_at=now[0] + timedelta(1))
+        (note,) = merge_team(h, team_id="pay").conflicts
+        now[0] += timedelta(days=2)  # the side to keep has expired
+        with pytest.raises(StateConflictError) as exc:
+            teams.resolve_conflict(h, note, keep=memcached.id, by="lead")
+        assert exc.value.field == "memory_id"
+        assert h.get(redis.id).status is Status.ACTIVE and "review" not in h.get(redis.id).metadata
+        assert h.get(note).status is Status.ACTIVE and teams.open_conflicts(h)[0].id == note
+        kept = teams.resolve_conflict(h, note, keep=redis.id, by="lead")  # the expired side is out already
+        assert kept.metadata["review"]["status"] == "approved" and teams.open_conflicts(h) == []
 
 
 def test_conflicts_without_subjects_need_a_contradiction(engine_name: str, lexical: Harness) -> None:

@@ -193,7 +193,8 @@ def review_approve(ctx: click.Context, memory_id: str, by: str | None) -> None:
 @click.option("--reason", default=None, help="Why (kept with the review).")
 @click.pass_context
 def review_reject(ctx: click.Context, memory_id: str, by: str | None, reason: str | None) -> None:
-    """Reject MEMORY_ID: it becomes obsolete (kept for history) and its open conflicts close."""
+    """Reject MEMORY_ID: it becomes obsolete (kept for history) and its open conflicts close. A conflict
+    note is closed as "not a conflict" (archived), both sides kept."""
     with opened_harness(ctx, embed=False, existing=True) as h:
         h.reject(memory_id, by=by, reason=reason)
     click.echo(f"rejected {memory_id}")

@@ -692,10 +692,21 @@ def resolve_conflict(h: TeamHost, conflict_id: str, *, keep: str, by: str | None
         raise ValidationError(
             "keep", f"{keep!r} is not a side of conflict {conflict_id}", f"pass one of {sides}"
         )
+    # the kept side first: when it cannot be approved (expired since), nothing is written; rejected first,
+    # the other side was gone and the note closed before that refusal
+    kept = approve(h, keep, by=by, reason=f"kept in conflict {conflict_id}")
     for side in sides:
-        if side != keep:
-            reject(h, side, by=by, reason=f"conflict {conflict_id} resolved for {keep}")
-    return approve(h, keep, by=by, reason=f"kept in conflict {conflict_id}")
+        # a side that expired or left since is out already (and refuses changes): nothing to reject
+        if side != keep and _live(h, other := latest(h, side)):
+            reject(h, other.id, by=by, reason=f"conflict {conflict_id} resolved for {keep}")
+    if (still := h.store.get(conflict_id)).status is Status.ACTIVE:  # no rejection closed it
+        _close_conflict(h, still, "resolved", by, f"{keep} kept")
+    return kept
+
+
+def _live(h: TeamHost, m: Memory) -> bool:
+    """Active and not past its expiry (which a tick may not have marked yet)."""
+    return m.status is Status.ACTIVE and (m.expires_at is None or m.expires_at > h.now())
 
 
 def open_conflicts(
