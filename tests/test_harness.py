@@ -226,6 +226,21 @@ def _raced_pair(path: Path, **options: Any) -> tuple[Harness, _RacedAfterRead, H
     return Harness.open(store, embedder=None, preset="bm25", pager=pager), store, racer
 
 
+def test_a_change_that_changes_nothing_writes_nothing(harness: Harness) -> None:
+    """update() with no field, or with the stored values, and pin() of a pinned memory each made a new
+    version: whoever held the memory's version got a ConflictError for nothing."""
+    h = harness
+    m = h.record("the deploy runs at noon", session_id="s1", tags=["ops"])
+    logged = len(h.events(memory_id=m.id))
+    for same in ({}, {"content": m.content}, {"tags": ["ops"]}, {"session_id": "s1", "state": m.state}):
+        assert h.update(m.id, expected_version=m.version, **same).version == m.version, same
+    assert h.unpin(m.id).version == m.version  # not pinned: nothing to undo
+    pinned = h.pin(m.id)
+    assert pinned.version == m.version + 1 and h.pin(m.id).version == pinned.version
+    assert len(h.events(memory_id=m.id)) == logged + 1  # the one pin
+    assert h.update(m.id, expected_version=pinned.version, content="at one").version == pinned.version + 1
+
+
 @pytest.mark.parametrize("between", ["bookkeeping", "change"])
 def test_an_update_goes_past_bookkeeping_written_between_its_read_and_its_write(
     tmp_path: Path, between: str
@@ -241,15 +256,17 @@ def test_an_update_goes_past_bookkeeping_written_between_its_read_and_its_write(
             expected = before.version if expect else None
             if between == "bookkeeping":
                 store.race = lambda: (other.recall("cache hit rate"), other.flush())
-                u = h.update(m.id, expected_version=expected, state="success")
-                assert u.version == before.version + 2 and u.state is State.SUCCESS
+                state = State.ERROR if expect else State.SUCCESS  # a change each time (no change: no write)
+                u = h.update(m.id, expected_version=expected, state=state)
+                assert u.version == before.version + 2 and u.state is state
                 assert u.access_count == before.access_count + 1 and u.changed_version is None
             else:
-                store.race = lambda: other.update(m.id, tags=["theirs"])
+                theirs = [f"theirs-{expect}"]  # a change each time
+                store.race = lambda theirs=theirs: other.update(m.id, tags=theirs)
                 with pytest.raises(ConflictError):
                     h.update(m.id, expected_version=expected, state="success")
                 now = h.get(m.id)
-                assert now.tags == ["theirs"] and now.state is not State.SUCCESS
+                assert now.tags == theirs and now.state is not State.SUCCESS
                 assert now.version == before.version + 1
 
 

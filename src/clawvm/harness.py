@@ -369,7 +369,8 @@ class Harness:
         as_agent: str | None = None,
         **changes: Any,
     ) -> Memory:
-        """Change fields of a memory; its version grows by one.
+        """Change fields of a memory; its version grows by one (a call that changes nothing returns the
+        memory as stored, same version, and logs nothing).
 
         With ``expected_version``, a memory that has moved on raises :class:`ConflictError`; in every case
         the write itself is compare-and-set, so two concurrent updates never silently overwrite each other.
@@ -420,6 +421,8 @@ class Harness:
                     changes["links"] = [link for link in current.links if link.target != info["raw_id"]]
         updated = mark(revalidate(current, {**changes, "version": current.version + 1}))
         teams.check_update(self, current, updated, as_agent)
+        if updated.model_copy(update={"version": current.version}) == current:
+            return current  # nothing changes: no new version (that made holders of the old one conflict)
         if updated.pinned and updated.token_count > current.token_count:
             self.pager.check_pin(updated)
         updated = updated.model_copy(update={"value": self.pager.value_now(updated, self.now())})
@@ -650,6 +653,8 @@ class Harness:
             raise StateConflictError(
                 "memory_id", f"is {memory.status.value}", "only active memories can be pinned"
             )
+        if memory.pinned and memory.tier is Tier.WORKING:
+            return memory  # pinned already: no new version, no event
         self.pager.check_pin(memory)
         now = self.now()
         before = self.pager.value_now(memory, now)
@@ -670,6 +675,8 @@ class Harness:
     @_exclusive
     def unpin(self, memory_id: str) -> Memory:
         memory = self.store.get(memory_id)
+        if not memory.pinned:
+            return memory  # nothing to undo: no new version, no event
         unpinned = self.pager.mutate(memory, lambda _m: {"pinned": False}, self.now())
         self._after_move(unpinned, EventKind.UNPIN, {})
         return unpinned
