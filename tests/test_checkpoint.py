@@ -157,6 +157,18 @@ def test_a_session_s_checkpoints_are_listed_newest_first() -> None:
             h.checkpoints("")
 
 
+@pytest.mark.parametrize("session", [None, "", "   ", 7])
+def test_a_checkpoint_names_its_session(session: object) -> None:
+    """checkpoint(None) snapshotted every memory of the tenant into a checkpoint rollback then refused."""
+    h, _ = open_clocked()
+    with h:
+        h.record("a step", session_id="s")
+        with pytest.raises(ValidationError) as exc:
+            h.checkpoint(session, "before")  # type: ignore[arg-type]
+        assert exc.value.field == "session_id"
+        assert h.list(kind="agent_state", status="any") == []  # no snapshot written
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.integers(2, 10), ops)
 def test_rollback_undoes_any_detour(n: int, detour: list[tuple[str, Any]]) -> None:

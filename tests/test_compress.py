@@ -302,6 +302,18 @@ def test_raw_copy_cannot_be_forgotten_while_referenced() -> None:
 
 
 # ---- collapse a task -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("task", [None, "", "  "])
+def test_collapse_task_names_its_task(task: object) -> None:
+    """collapse_task(None) merged the steps of every task (and of none) into one summary."""
+    with open_harness() as h:
+        for t in ("a", "b", None):
+            h.record(f"step of {t}", task_id=t, state="intermediate")
+        with pytest.raises(ValidationError) as exc:
+            h.collapse_task(task)  # type: ignore[arg-type]
+        assert exc.value.field == "task_id"
+        assert h.count(state="intermediate") == 3  # nothing archived
+
+
 def test_collapse_task_summarizes_intermediates_into_one_success() -> None:
     with open_harness() as h:
         steps = [

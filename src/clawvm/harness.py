@@ -837,7 +837,8 @@ class Harness:
 
         The intermediates are archived, not deleted; the summary ``summarizes`` every one of them.
         """
-        task_id = self._stored_id(task_id)  # the id its memories were stored with
+        # None asked for the steps of no task in particular: every task's were merged into one summary
+        task_id = self._stored_id(_named("task_id", task_id, "name the task (a non-empty string)"))
         # the task's own steps, read in keyset pages and already in (created_at, id) order
         intermediate = Filters.of(tenant=self.tenant, task_id=task_id, state="intermediate", status="active")
         steps = builtins.list(self.store.iter_all(intermediate))
@@ -972,15 +973,16 @@ class Harness:
         """Snapshot the session's tiers and value state; returns the checkpoint id."""
         if not isinstance(name, str) or not name.strip():
             raise ValidationError("name", f"is {name!r}", "name the checkpoint (a non-empty string)")
-        session_id = self._stored_id(session_id)  # the id the session's memories were stored with
+        # None or a blank id snapshotted every memory of the tenant into a checkpoint rollback refused
+        named = _named("session_id", session_id, "name the session (a non-empty string)")
+        session_id = self._stored_id(named)
         self._write_recalls(self.now())  # the tiers and access stats as the recalls so far left them
         return checkpoints.take(self.store, self.writer, self.tenant, session_id, name, self.now()).id
 
     def checkpoints(self, session_id: str) -> builtins.list[CheckpointInfo]:
         """The session's checkpoints, newest first: id, name, when, and how many memories each holds."""
-        if not isinstance(session_id, str) or not session_id.strip():
-            raise ValidationError("session_id", f"is {session_id!r}", "name the session (a non-empty string)")
-        return checkpoints.listed(self.store, self.tenant, self._stored_id(session_id))
+        named = _named("session_id", session_id, "name the session (a non-empty string)")
+        return checkpoints.listed(self.store, self.tenant, self._stored_id(named))
 
     @_exclusive
     def rollback(self, checkpoint_id: str) -> RollbackReport:
@@ -1314,6 +1316,13 @@ def _keeping_compression(current: Memory, changes: dict[str, Any]) -> dict[str, 
             )
     kept = {k: current.metadata[k] for k in _COMPRESSION_METADATA if k in current.metadata}
     return {**changes, "metadata": {**given, **kept}} if kept else changes
+
+
+def _named(field: str, value: object, fix: str) -> str:
+    """``value``, a caller's id that must name something: a non-blank string, else a ValidationError."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValidationError(field, f"is {value!r}", fix)
+    return value
 
 
 def _refuse_harness_metadata(metadata: Mapping[str, Any]) -> None:
