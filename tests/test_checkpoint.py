@@ -157,6 +157,24 @@ def test_a_session_s_checkpoints_are_listed_newest_first() -> None:
             h.checkpoints("")
 
 
+def test_an_agents_own_state_tagged_checkpoint_is_an_ordinary_memory() -> None:
+    """Kind and tag alone made it a snapshot: every change was refused, no prompt held it, and it was
+    listed among the session's checkpoints."""
+    h, _ = open_clocked()
+    with h:
+        state = h.record("planner at step 3 of 5", kind="agent_state", tags=["checkpoint"], session_id="s")
+        real = h.checkpoint("s", "before")
+        changed = h.update(state.id, content="planner at step 4 of 5")
+        assert changed.version == state.version + 1
+        assert [c.id for c in h.checkpoints("s")] == [real]
+        ctx = h.context("planner step", session_id="s", record_usage=False)
+        assert state.id in ctx.ids and real not in ctx.ids
+        with pytest.raises(ValidationError):
+            h.rollback(state.id)
+        with pytest.raises(StateConflictError):  # the real snapshot still refuses changes
+            h.update(real, content="edited")
+
+
 @pytest.mark.parametrize("session", [None, "", "   ", 7])
 def test_a_checkpoint_names_its_session(session: object) -> None:
     """checkpoint(None) snapshotted every memory of the tenant into a checkpoint rollback then refused."""

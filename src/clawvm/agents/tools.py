@@ -74,9 +74,8 @@ from clawvm.core.errors import ClawVMError, ConflictError, NotFoundError, Valida
 from clawvm.core.ids import is_valid_id
 from clawvm.core.model import Memory
 from clawvm.recall.retrieval import Recalled
-from clawvm.vm.checkpoint import TAG as CHECKPOINT_TAG
 from clawvm.vm.checkpoint import RollbackReport
-from clawvm.vm.context import Context, short_id
+from clawvm.vm.context import Context, is_snapshot, short_id
 
 
 class ToolsHost(Protocol):
@@ -293,7 +292,7 @@ class AgentTools:
     def _rollback(self, a: RollbackArgs) -> RollbackResult:
         session = self._session("rollback")
         snap = self.harness.get(a.checkpoint_id) if is_valid_id(a.checkpoint_id) else None
-        if snap is None or CHECKPOINT_TAG not in snap.tags or snap.session_id != session:
+        if snap is None or not is_snapshot(snap) or snap.session_id != session:
             raise ValidationError(
                 "checkpoint_id", "is not a checkpoint of this session", "pass an id returned by checkpoint"
             )

@@ -74,8 +74,8 @@ from clawvm.store import Event
 from clawvm.store.base import StoreReader
 from clawvm.store.crypto import REDACTION_FIELD
 from clawvm.store.kinds import EventKind
-from clawvm.vm.checkpoint import is_snapshot
 from clawvm.vm.compress import referenced_raw
+from clawvm.vm.context import is_snapshot
 from clawvm.vm.tiers import Pager
 from clawvm.write.commit import Recorder, past_bookkeeping
 

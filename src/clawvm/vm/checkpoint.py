@@ -42,7 +42,7 @@ from clawvm.store import Event
 from clawvm.store.base import StoreReader
 from clawvm.store.kinds import EventKind
 from clawvm.vm.compress import decompress_memory
-from clawvm.vm.context import CHECKPOINT_TAG
+from clawvm.vm.context import CHECKPOINT_TAG, is_snapshot
 from clawvm.vm.tiers import Pager
 from clawvm.write.commit import Writer
 
@@ -97,11 +97,6 @@ def session_memories(store: StoreReader, tenant: str, session_id: str) -> Iterat
     for m in store.iter_all(Filters.of(tenant=tenant, session_id=session_id)):
         if not is_snapshot(m):
             yield m
-
-
-def is_snapshot(memory: Memory) -> bool:
-    """Whether ``memory`` is a checkpoint's snapshot."""
-    return TAG in memory.tags and memory.kind is Kind.AGENT_STATE
 
 
 @dataclass(frozen=True)

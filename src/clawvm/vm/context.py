@@ -125,7 +125,19 @@ def admissible(memory: Memory, now: datetime) -> bool:
         return False
     if "raw_of" in memory.metadata:
         return False
-    return not (memory.kind is Kind.AGENT_STATE and CHECKPOINT_TAG in memory.tags)
+    return not is_snapshot(memory)
+
+
+def is_snapshot(memory: Memory) -> bool:
+    """Whether ``memory`` is a checkpoint's snapshot (:mod:`clawvm.vm.checkpoint`): its kind and tag, and
+    the JSON content and metadata that ``take`` writes. Kind and tag alone also matched an agent's own
+    state tagged "checkpoint", which then refused every change and never reached a prompt."""
+    return (
+        memory.kind is Kind.AGENT_STATE
+        and CHECKPOINT_TAG in memory.tags
+        and memory.content_type == "application/json"
+        and {"checkpoint", "memories"} <= memory.metadata.keys()
+    )
 
 
 def pack(
