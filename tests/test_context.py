@@ -14,7 +14,17 @@ from hypothesis import strategies as st
 from clawvm import Harness, Kind, Memory, Status, Tier, ValidationError
 from clawvm.core.embed import count_tokens
 from clawvm.core.model import build_memory
-from clawvm.vm.context import SECTIONS, Candidate, Context, Quotas, admissible, pack, render, short_id
+from clawvm.vm.context import (
+    SECTIONS,
+    Candidate,
+    Context,
+    Quotas,
+    admissible,
+    is_snapshot,
+    pack,
+    render,
+    short_id,
+)
 from clawvm.vm.tiers import PagerConfig, TierBudgets
 
 T0 = datetime(2030, 3, 1, 9, 0, tzinfo=UTC)
@@ -247,6 +257,11 @@ def candidates(draw: st.DrawFn) -> list[Candidate]:
             "tags": draw(st.sampled_from([[], ["checkpoint"]])),
             "metadata": draw(st.sampled_from([{}, {"raw_of": "0190a1b2-0000-7000-8000-000000000000"}])),
         })
+        if draw(st.integers(0, 5)) == 0:  # now and then a checkpoint's snapshot, as take() writes it
+            m = m.model_copy(update={
+                "kind": Kind.AGENT_STATE, "tags": ["checkpoint"], "content": '{"memories": {}}',
+                "content_type": "application/json", "metadata": {"checkpoint": "before", "memories": 0},
+            })
         near = tuple(draw(st.lists(st.sampled_from(pool), max_size=2))) if pool else ()
         pool.append(m)
         section = draw(st.sampled_from(SECTIONS))
@@ -277,7 +292,7 @@ def test_pack_is_pure_and_within_budget(cands: list[Candidate], budget: int, q: 
     for m in offered.values():
         if m.id in first.ids:
             assert m.status is Status.ACTIVE and (m.expires_at is None or m.expires_at > T0)
-            assert "raw_of" not in m.metadata and not (m.kind is Kind.AGENT_STATE and "checkpoint" in m.tags)
+            assert "raw_of" not in m.metadata and not is_snapshot(m)
 
 
 def test_pack_with_nothing() -> None:
