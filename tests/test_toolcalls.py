@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import math
 import os
 import socket
 import subprocess
@@ -245,25 +247,58 @@ def test_invalid_result_is_recorded_as_error_never_silently(
     assert result.content == f"InvalidToolResult: {reason}"
 
 
-def test_a_failing_template_or_cost_function_is_named(harness: Harness) -> None:
-    """A result the tool's own recording template cannot format is recorded as an ERROR that says so: the
-    template is the part to fix, not the tool."""
+def test_a_failing_template_or_cost_function_never_costs_the_tool_its_result(harness: Harness) -> None:
+    """The tool worked, only its recording template or cost function failed: the caller lost the result to
+    an InvalidToolResultError, and the call counted as the tool's error in its reliability."""
 
     @harness.tool("get", session_id="s5", template="GET {args[url]} -> {result[status]}")
     def get(url: str) -> dict[str, int]:
         return {"code": 200}
 
-    with pytest.raises(InvalidToolResultError) as info:
-        get("http://x")
-    assert info.value.reason == "the tool's recording template raised KeyError: 'status'"
+    assert get("http://x") == {"code": 200}
+    ((call, result),) = trail(harness, "get")
+    assert call.state is State.SUCCESS and result.state is State.SUCCESS
+    assert json.loads(result.content) == {"code": 200}  # the default format
+    assert result.metadata["tool_result"]["recording_errors"] == [
+        "the tool's recording template raised KeyError: 'status'"
+    ]
 
     @harness.tool("count", session_id="s5", cost=lambda r: {"tokens": r["tokens"]})
     def count() -> dict[str, int]:
         return {"rows": 3}
 
-    with pytest.raises(InvalidToolResultError) as info:
-        count()
-    assert info.value.reason == "the tool's cost function raised KeyError: 'tokens'"
+    assert count() == {"rows": 3}
+    ((_, counted),) = trail(harness, "count")
+    assert counted.state is State.SUCCESS and counted.cost.tokens == 0
+    assert counted.metadata["tool_result"]["recording_errors"] == [
+        "the tool's cost function raised KeyError: 'tokens'"
+    ]
+    assert harness.tool_reliability("get")["get"].error_rate == 0.0
+
+
+@pytest.mark.parametrize(
+    ("field", "amount"),
+    [
+        ("tokens", -5),
+        ("tokens", "5"),
+        ("tokens", 1.5),
+        ("money", math.nan),
+        ("money", -1.0),
+        ("money", math.inf),
+        ("tokens", True),
+    ],
+)
+def test_a_bad_cost_is_refused_where_it_is_added(harness: Harness, field: str, amount: object) -> None:
+    """add_cost(tokens=-5) failed only when the block exited, with pydantic's error, and left the call
+    PENDING for good."""
+    with harness.tool_call("fetch", {}, session_id="s6") as call:
+        with pytest.raises(ValidationError) as exc:
+            call.add_cost(**{field: amount})
+        assert exc.value.field == field
+        call.add_cost(tokens=3, money=0.5)
+        call.set_result("ok")
+    ((recorded, result),) = trail(harness, "fetch")
+    assert recorded.state is State.SUCCESS and (result.cost.tokens, result.cost.money) == (3, 0.5)
 
 
 def test_valid_result_passes_the_validator(harness: Harness) -> None:

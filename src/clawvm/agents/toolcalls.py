@@ -12,7 +12,9 @@ Every call of a recorded tool (``@harness.tool(...)`` on any sync or async calla
    validator rejects the result — the ``tool_result`` is in state ERROR with content
    ``"<ExceptionType>: <message>"`` and ``metadata.tool_result.error`` = type, message, the last frames
    of the traceback and whether it was a timeout. An invalid result raises
-   :class:`~clawvm.core.errors.InvalidToolResultError` to the caller: it is never passed on silently.
+   :class:`~clawvm.core.errors.InvalidToolResultError` to the caller: it is never passed on silently. A
+   failing recording template or cost function is the record's problem, not the tool's: the result is
+   recorded in the default format, returned, and the failure noted (``recording_errors``) and logged.
 
 The call memory then takes the outcome's state (SUCCESS/ERROR) and points to its result
 (``metadata.tool_call.result_id``), so only calls still running — or whose process died — are PENDING.
@@ -32,6 +34,8 @@ import contextvars
 import functools
 import inspect
 import json
+import logging
+import math
 import os
 import socket
 import threading
@@ -49,6 +53,8 @@ from clawvm.core.model import Cost, Kind, Memory, State, canonical_json
 from clawvm.store import Event
 from clawvm.store.kinds import EventKind
 from clawvm.write.commit import Recorder
+
+log = logging.getLogger(__name__)
 
 
 class ToolHost(Recorder, Protocol):
@@ -203,31 +209,47 @@ class ToolCall:
 
     def add_cost(self, *, tokens: int = 0, money: float = 0.0) -> None:
         """Model tokens or money the call consumed (the duration is measured by itself)."""
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise ValidationError("tokens", f"is {tokens!r}", "pass a whole number of tokens, 0 or more")
+        if isinstance(money, bool) or not isinstance(money, int | float) or not 0 <= money < math.inf:
+            raise ValidationError("money", f"is {money!r}", "pass a finite amount, 0 or more")
         self._extra_cost["tokens"] += tokens
         self._extra_cost["money"] += money
 
     def succeed(self, value: Any) -> Any:
-        """Validate and record ``value``; returns it, or raises InvalidToolResultError when rejected."""
+        """Validate and record ``value``; returns it, or raises InvalidToolResultError when rejected.
+
+        The tool's recording template and cost function only shape the record: one that fails leaves the
+        result recorded in the default format (``metadata.tool_result.recording_errors`` says what
+        failed, and a warning is logged), returned, and counted as the success it was."""
         duration = self._elapsed()
-        part = "validator"  # which of the tool's own functions runs: a failing one is named in the error
         try:
             problem = self._check(value)
-            part = "recording template" if self.spec.template is not None else "result"
-            content = self._result_content(value)
-            part = "cost function"
-            cost = self._cost(value, duration)
-        except Exception as exc:  # a failing validator/template/cost function: the result is unusable
-            problem = f"the tool's {part} raised {type(exc).__name__}: {exc}"
-            content, cost = None, self._cost(None, duration)
+        except Exception as exc:  # a failing validator: the result cannot be vouched for
+            problem = f"the tool's validator raised {type(exc).__name__}: {exc}"
         if problem is not None:
             result = self._finish(
                 State.ERROR,
                 f"InvalidToolResult: {problem}",
-                cost,
+                self._cost(None, duration),
                 {"error": {"type": "InvalidToolResult", "message": problem, "timeout": False}},
             )
             raise InvalidToolResultError(self.spec.name, problem, self._call_id(), result.id)
-        self._finish(State.SUCCESS, content if content is not None else "(no result)", cost, {})
+        failed: list[str] = []
+        try:
+            content = self._result_content(value)
+        except Exception as exc:
+            failed.append(f"the tool's recording template raised {type(exc).__name__}: {exc}")
+            content = self._plain_content(value)
+        try:
+            cost = self._cost(value, duration)
+        except Exception as exc:
+            failed.append(f"the tool's cost function raised {type(exc).__name__}: {exc}")
+            cost = self._cost(None, duration)
+        for what in failed:
+            log.warning("tool %s: %s; its result is recorded in the default format", self.spec.name, what)
+        info: dict[str, Any] = {"recording_errors": failed} if failed else {}
+        self._finish(State.SUCCESS, content if content is not None else "(no result)", cost, info)
         return value
 
     def fail(self, exc: BaseException) -> Memory:
@@ -310,6 +332,10 @@ class ToolCall:
     def _result_content(self, value: Any) -> Any:
         if self.spec.template is not None:
             return self._format(self.spec.template, value)
+        return self._plain_content(value)
+
+    def _plain_content(self, value: Any) -> Any:
+        """``value`` in the default format: JSON for mappings and sequences, else its text."""
         if value is None:
             return None
         if isinstance(value, Mapping | list | tuple):
