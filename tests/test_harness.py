@@ -370,6 +370,30 @@ def test_a_blank_scope_id_is_no_scope(harness: Harness, field: str) -> None:
     assert getattr(harness.update(n.id, **{field: "  "}), field) is None
 
 
+@pytest.mark.parametrize(
+    ("content", "content_type", "problem"),
+    [("", "text/plain", "empty"), ("   ", "text/plain", "empty"), ("not json {", "application/json", "JSON")],
+)
+def test_an_import_checks_content_as_a_record_does(content: str, content_type: str, problem: str) -> None:
+    """A blank memory reached prompts as an empty line; unparsable JSON failed every content_json() (and, in
+    a redacting store, the import itself with a raw JSONDecodeError)."""
+    for redaction in (None, RedactionPolicy()):
+        with Harness.open("memory://", embedder=None, redaction=redaction) as h:
+            good = Memory(content="a fine memory")
+            bad = Memory(content=content, content_type=content_type)
+            with pytest.raises(ValidationError) as exc:
+                h.import_memories([good, bad])
+            assert exc.value.field == "memories.1.content" and problem in exc.value.problem
+            assert h.count(status="any") == 0  # nothing of the batch
+
+
+def test_an_import_takes_any_iterable_of_memories() -> None:
+    """A generator was used up by the checks: the import wrote nothing and said 0."""
+    with Harness.open("memory://", embedder=None) as h:
+        assert h.import_memories(Memory(content=f"memory {i}") for i in range(3)) == 3  # type: ignore[arg-type]
+        assert h.count() == 3
+
+
 def test_an_import_into_a_redacting_store_twice_reports_nothing_differing() -> None:
     """The stored text is the scrubbed one: compared with the file's original, every redacted memory was
     reported as differing (and the CLI told the user to forget it)."""

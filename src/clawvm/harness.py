@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -34,6 +35,7 @@ from clawvm.core.errors import (
 from clawvm.core.model import (
     DEFAULT_MAX_CONTENT_BYTES,
     DEFAULT_TENANT,
+    JSON,
     SCOPE_IDS,
     VISIBLE_STATUSES,
     Filters,
@@ -476,11 +478,13 @@ class Harness:
         nothing is written. ``restore``: an operator restoring this store's own backup (``clawvm import``,
         which holds the database anyway) skips those two checks, so a lossless backup comes back whole.
         """
+        memories = builtins.list(memories)  # a generator was used up by these checks: nothing was imported
         for i, m in enumerate(memories):
             if not isinstance(m, Memory):
                 raise ValidationError(
                     f"memories.{i}", f"is a {type(m).__name__}", "pass Memory objects (Memory.model_validate)"
                 )
+            self._check_imported_content(i, m, restore)
             if not restore:
                 self._check_import(i, m)
         referenced = [r for m in memories for r in (m.id, m.parent_id, *(k.target for k in m.links)) if r]
@@ -509,6 +513,26 @@ class Harness:
         if stored.content == imported.content:
             return False
         return stored.content != self.writer.scrub(imported.content, imported.tenant)
+
+    def _check_imported_content(self, index: int, memory: Memory, restore: bool) -> None:
+        """The content checks of a record (a restore keeps a backup's sizes whatever the limit now), and
+        JSON content that parses: a blank line reached prompts, and unparsable JSON failed every later
+        ``content_json()`` and redaction."""
+        field = f"memories.{index}.content"
+        if not memory.content.strip():
+            raise ValidationError(field, "is empty", "drop the memory, or give it content")
+        if not restore:
+            try:
+                normalize_content(memory.content, self.max_content_bytes)
+            except ValidationError as exc:
+                raise ValidationError(field, exc.problem, exc.fix) from None
+        if memory.content_type == JSON:
+            try:
+                json.loads(memory.content)
+            except ValueError as exc:
+                raise ValidationError(
+                    field, f"is not valid JSON ({exc})", "fix it, or set content_type to text/plain"
+                ) from None
 
     def _check_import(self, index: int, memory: Memory) -> None:
         """What a write checks, for the ``index``-th memory of an import (field ``memories.<index>.*``)."""
