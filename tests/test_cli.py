@@ -301,7 +301,7 @@ def test_export_import_round_trip(tmp_path: Path) -> None:
     assert "imported 0" in run(dst, "import", str(dump))  # idempotent
     first = json.loads(dump.read_text().splitlines()[0])
     changed = tmp_path / "changed.jsonl"
-    changed.write_text(json.dumps({**first, "content": "edited after the export"}) + "\n")
+    changed.write_text(json.dumps({**first, "content": '{"edited": "after the export"}'}) + "\n")
     out = run(dst, "import", str(changed))  # the same id, other content: kept as stored, and said so
     assert "imported 0 memories (1 already present)" in out and "1 of those differ from the file" in out
     assert first["id"] in out and json.loads(run(dst, "show", first["id"]))["content"] == first["content"]
