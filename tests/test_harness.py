@@ -537,6 +537,29 @@ def test_archiving_or_rejecting_a_pinned_memory_unpins_it(harness: Harness) -> N
     assert harness.count(session_id="s", pinned=True, status="any") == 0
 
 
+def test_no_change_takes_a_session_past_its_pinned_budget(engine_name: str, tmp_path: Path) -> None:
+    """Pins made outside a session and then moved into it, and a pinned memory revised to a longer text,
+    went past the budget pin() holds to; a revised, collapsed or obsolete memory stayed pinned outside
+    the working tier."""
+    pager = PagerConfig(budgets=TierBudgets(working_items=2), background=False)
+    with Harness.open(harness_target(engine_name, tmp_path), embedder=None, pager=pager) as h:
+        inside = [h.pin(h.record(f"pinned {i}", session_id="s").id) for i in range(2)]
+        outside = h.pin(h.record("pinned elsewhere", session_id="t").id)
+        with pytest.raises(ValidationError) as exc:
+            h.update(outside.id, session_id="s")
+        assert exc.value.field == "pinned" and h.get(outside.id).session_id == "t"
+        head = h.revise(inside[0].id, content="pinned 0, revised")  # the pin passes to the new revision
+        assert head.pinned and not h.get(inside[0].id).pinned
+        assert h.count(session_id="s", pinned=True, status="any") == 2
+        with pytest.raises(ValidationError) as exc:  # past the working tier's tokens, as update() refuses
+            h.revise(inside[1].id, content="word " * (pager.budgets.working_tokens + 10))
+        assert exc.value.field == "pinned" and h.get(inside[1].id).status is Status.ACTIVE
+        steps = [h.record(f"step {i}", task_id="job", state="intermediate", session_id="t") for i in range(2)]
+        h.pin(steps[0].id)
+        h.collapse_task("job")
+        assert not h.get(steps[0].id).pinned
+
+
 def test_a_revision_refuses_what_an_update_refuses(harness: Harness) -> None:
     m = harness.record("the ledger uses mysql", session_id="s")
     for field, value in (("pinned", True), ("access_count", 999), ("usage", {"cited": 50}), ("value", 1.0)):

@@ -425,7 +425,8 @@ class Harness:
         teams.check_update(self, current, updated, as_agent)
         if updated.model_copy(update={"version": current.version}) == current:
             return current  # nothing changes: no new version (that made holders of the old one conflict)
-        if updated.pinned and updated.token_count > current.token_count:
+        moved = updated.session_id != current.session_id  # into another session's pinned budget
+        if updated.pinned and (moved or updated.token_count > current.token_count):
             self.pager.check_pin(updated)
         updated = updated.model_copy(update={"value": self.pager.value_now(updated, self.now())})
         event = self._make_event(
@@ -882,8 +883,10 @@ class Harness:
             metadata={"collapsed": len(steps)},
         )
         now = self.now()
+        # archived steps leave the prompt: a pinned one is unpinned (pinned means working and active)
+        archived = {"status": Status.ARCHIVED, "tier": Tier.ARCHIVE, "pinned": False}
         for m in steps:
-            self.pager.mutate(m, lambda _m: {"status": Status.ARCHIVED, "tier": Tier.ARCHIVE}, now)
+            self.pager.mutate(m, lambda _m: archived, now)
         self._event(EventKind.COLLAPSE, summary, {"task_id": task_id, "steps": [m.id for m in steps]})
         if summarized.fallback is not None:  # the LLM gave no usable summary: say why it is extractive
             kind = EventKind.SUMMARIZER_FALLBACK

@@ -400,10 +400,13 @@ def build_revision(
         id=new_id(), version=1, created_at=h.now(), status=Status.ACTIVE, links=links, metadata=metadata
     )
     new = build_memory(data)
+    if new.pinned and new.token_count > current.token_count:  # as update() checks a pinned memory growing
+        h.pager.check_pin(new, replacing=current.id)
     new = new.model_copy(update={"value": h.pager.value_now(new, h.now())})
     old = current.model_copy(
         update={
             "status": Status.OBSOLETE,
+            "pinned": False,  # obsolete leaves the prompt; its pin passes to the new revision
             "version": current.version + 1,
             "metadata": {**current.metadata, "superseded_by": new.id},
         }
