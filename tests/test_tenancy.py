@@ -594,3 +594,21 @@ def test_harnesses_opened_for_two_tenants_on_one_file_are_isolated(engine_name: 
         assert a.get(kept.id) == kept and a.count() == 1
     with Harness.open(target, tenant="A", embedder=None) as again:  # the engine under a view was closed
         assert again.get(kept.id).content == kept.content
+
+
+@pytest.mark.engines("sqlite")
+def test_a_tenant_imports_another_tenants_export_into_its_own(tmp_path: Path) -> None:
+    """The import was refused with "event of tenant 'A'": the memories kept the exporter's tenant."""
+    target = str(tmp_path / "shared.db")
+    with (
+        Harness.open(target, tenant="A", embedder=None) as a,
+        Harness.open(target, tenant="B", embedder=None) as b,
+    ):
+        exported = [a.record(f"acme note {i}", session_id="s") for i in range(2)]
+        done = b.import_renamed(exported)
+        assert done.imported == 2 and set(done.renamed) == {m.id for m in exported}  # A holds those ids
+        mine = b.list(limit=10)
+        assert {m.content for m in mine} == {"acme note 0", "acme note 1"} and {m.tenant for m in mine} == {
+            "B"
+        }
+        assert a.count() == 2 and all(a.get(m.id) == m for m in exported)

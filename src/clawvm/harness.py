@@ -471,7 +471,8 @@ class Harness:
         On a tenant's view of a shared store, an id that another tenant holds is neither refused nor
         shared: the memory is stored under an id of this tenant's own, derived from (tenant, id) — the same
         at every import — and its references (``parent_id``, link targets) follow
-        (:meth:`clawvm.store.tenant.TenantStore.import_ids`); ``renamed`` lists them.
+        (:meth:`clawvm.store.tenant.TenantStore.import_ids`); ``renamed`` lists them. A tenant's view also
+        imports another tenant's export into its own tenant (the file's ``tenant`` field was refused).
 
         Each memory passes the checks of a write first (:meth:`_check_import`): no status ``internal`` (the
         harness's own records: a grant cannot be forged by importing one) and no sealed original that this
@@ -488,6 +489,11 @@ class Harness:
             self._check_imported_content(i, m, restore)
             if not restore:
                 self._check_import(i, m)
+        if isinstance(self.store, TenantStore):  # a tenant imports into its own tenant, whoever exported
+            memories = [
+                m if m.tenant == self.tenant else m.model_copy(update={"tenant": self.tenant})
+                for m in memories
+            ]
         referenced = [r for m in memories for r in (m.id, m.parent_id, *(k.target for k in m.links)) if r]
         renamed = {i: to for i, to in self.store.import_ids(referenced).items() if i != to}
         memories = [_renamed(m, renamed) for m in memories] if renamed else list(memories)
