@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -947,3 +948,30 @@ def test_context_manager_flushes_and_closes(
         with Harness.open(target, embedder=None) as again:
             assert again.count() == 5
             assert again.store.unembedded(10) == []  # close() waited for the embedding queue
+
+
+def test_odd_arguments_get_a_named_error_or_a_sensible_answer(harness: Harness) -> None:
+    """Each raised a raw OverflowError, TypeError or AttributeError."""
+    h = harness
+    m = h.record("the deploy runs at noon", session_id="s")
+    assert h.events(after_seq=2**63) == [] and len(h.events(limit=2**63)) >= 1  # as many as there are
+    assert [r.id for r in h.recall("deploy noon", k=2**63, preset="bm25")] == [m.id]
+    for call, field in (
+        (lambda: h.context("deploy", neighbours="a"), "neighbours"),  # type: ignore[arg-type]
+        (lambda: h.context("deploy", quotas={"pinned": 1}), "quotas"),  # type: ignore[arg-type]
+        (lambda: h.review_queue(below="x"), "below"),
+        (lambda: h.review_queue(below=None), "below"),
+    ):
+        with pytest.raises(ValidationError) as exc:
+            call()
+        assert exc.value.field == field
+
+
+def test_a_clock_of_naive_datetimes_is_taken_as_utc() -> None:
+    """Naive datetimes are UTC everywhere else; a naive clock made record, recall and context raise
+    TypeError (naive compared with aware)."""
+    with Harness.open("memory://", embedder=None, clock=lambda: datetime(2030, 1, 1, 12)) as h:
+        m = h.record("the deploy runs at noon", session_id="s", expires_at=datetime(2030, 1, 2))
+        assert m.created_at == datetime(2030, 1, 1, 12, tzinfo=UTC)
+        assert [r.id for r in h.recall("deploy noon")] == [m.id]
+        assert m.id in h.context("deploy", session_id="s").ids

@@ -46,6 +46,7 @@ from clawvm.core.model import (
     State,
     Status,
     Tier,
+    as_utc,
     blank_scopes_as_none,
     build_memory,
     counted,
@@ -591,7 +592,7 @@ class Harness:
         """
         if not isinstance(query, str):
             raise ValidationError("query", f"has type {type(query).__name__}", "pass a string")
-        counted("k", k)
+        k = counted("k", k)
         cfg = self.config if preset is None else _preset(preset)
         f = self.filters(filters)
         started = time.perf_counter()
@@ -669,7 +670,9 @@ class Harness:
 
     # ---- virtual memory: value, tiers, paging ---------------------------------------------------------
     def now(self) -> datetime:
-        return self.clock()
+        """The harness's clock, in UTC: a clock of naive datetimes is taken as UTC, as stored datetimes
+        are (comparing its naive times with the stored aware ones raised TypeError in every call)."""
+        return as_utc(self.clock())
 
     def explain(self, memory_id: str) -> ValueBreakdown:
         """Every component of the memory's value score right now (see :mod:`clawvm.vm.scoring`)."""
@@ -980,6 +983,9 @@ class Harness:
 
     def review_queue(self, **options: Any) -> builtins.list[Memory]:
         """Memories awaiting review (low confidence, flagged, open conflicts); see teams.review_queue."""
+        below = options.get("below", teams.REVIEW_BELOW)
+        if isinstance(below, bool) or not isinstance(below, int | float) or not 0 <= below <= 1:
+            raise ValidationError("below", f"is {below!r}", "pass a confidence between 0 and 1")
         return teams.review_queue(self, **options)
 
     @_exclusive
@@ -1052,7 +1058,12 @@ class Harness:
         """
         if not isinstance(query, str):
             raise ValidationError("query", f"has type {type(query).__name__}", "pass a string")
-        counted("budget_tokens", budget_tokens)
+        budget_tokens = counted("budget_tokens", budget_tokens)
+        neighbours = counted("neighbours", neighbours, 0)
+        if quotas is not None and not isinstance(quotas, Quotas):
+            raise ValidationError(
+                "quotas", f"is a {type(quotas).__name__}", "pass clawvm.Quotas(...), or leave it out"
+            )
         now = self.now()
         started = time.perf_counter()
         k = k or max(20, budget_tokens // 40)  # hits to fill most of the budget; neighbours fill the rest

@@ -744,14 +744,15 @@ def finite(x: float) -> float:
 def counted(name: str, v: Any, least: int = 1) -> int:
     """``v`` as a whole count of at least ``least`` (a limit, a page size, k), or :class:`ValidationError`
     naming ``name``: a bool, a float or text is no count, and a negative limit sliced silently. Any integer
-    type passes (``operator.index``: NumPy's too)."""
+    type passes (``operator.index``: NumPy's too). One past :data:`MAX_COUNT` is taken as that many: no
+    store holds more, and the engines' 64-bit integers overflowed on it (``events(after_seq=2**63)``)."""
     try:
         n = operator.index(v) if not isinstance(v, bool) else None
     except TypeError:
         n = None
     if n is None or n < least:
         raise ValidationError(name, f"is {v!r}", f"pass a whole number of at least {least}")
-    return n
+    return min(n, MAX_COUNT)
 
 
 def flag(name: str, v: Any) -> bool:
