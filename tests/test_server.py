@@ -137,6 +137,20 @@ def test_memory_crud_with_versions(env: Env) -> None:
     listed = env.client.get("/v1/memories", params={"tags": ["ci"], "kind": ["error"]}, headers=env.auth())
     assert [x["id"] for x in listed.json()] == [m["id"]]
     assert env.client.get("/v1/memories", params={"kind": ["note"]}, headers=env.auth()).json() == []
+    # status "any", as the SDK takes it (it was a 422 offering 'internal', which the SDK refuses)
+    archived = env.client.patch(f"/v1/memories/{m['id']}", json={"status": "archived"}, headers=env.auth())
+    assert archived.status_code == 200
+    assert env.client.get("/v1/memories", headers=env.auth()).json() == []
+    for status in (["any"], ["active", "any"], ["archived"]):
+        found = env.client.get("/v1/memories", params={"status": status}, headers=env.auth()).json()
+        assert [x["id"] for x in found] == [m["id"]], status
+    recalled = env.client.post(
+        "/v1/recall", json={"query": "disk", "filters": {"status": ["any"]}}, headers=env.auth()
+    )
+    assert recalled.status_code == 200, recalled.text
+    refused = env.client.get("/v1/memories", params={"status": ["internal"]}, headers=env.auth())
+    assert_error(refused, 422, field="status.0")
+    assert "internal" not in refused.text.replace("status.0", "")
     assert env.client.delete(f"/v1/memories/{m['id']}", headers=env.auth()).status_code == 204
     assert_error(env.client.get(f"/v1/memories/{m['id']}", headers=env.auth()), 404, "not_found", "memory_id")
 

@@ -30,6 +30,7 @@ from clawvm.core.ids import ID_PATTERN
 from clawvm.core.model import (
     MAX_JSON_DEPTH,
     NON_BLANK,
+    VISIBLE_STATUSES,
     Cost,
     Kind,
     Link,
@@ -96,13 +97,23 @@ def _json_integer(v: Any) -> Any:
 UtcDatetime = Annotated[datetime, Strict(False), BeforeValidator(iso_datetime), AfterValidator(as_utc)]
 KindName = Annotated[Kind, Strict(False)]
 StateName = Annotated[State, Strict(False)]
-StatusName = Annotated[Status, Strict(False)]
 TierName = Annotated[Tier, Strict(False)]
 RoleName = Annotated[Role, Strict(False)]
 # internal is the harness's own records' status (team grants): no request may set it
 WritableStatus = Annotated[
     Status, Strict(False), WithJsonSchema({"enum": [s.value for s in Status if s is not Status.INTERNAL]})
 ]
+# what a filter may ask for: a status callers see, or "any" (all of those), as the SDK takes them
+_STATUS_FILTERS = [*(s.value for s in Status if s in VISIBLE_STATUSES), "any"]
+
+
+def _status_filter(v: str) -> str:
+    if v not in _STATUS_FILTERS:
+        raise ValueError(f"should be one of {', '.join(repr(x) for x in _STATUS_FILTERS)}")
+    return v
+
+
+StatusFilter = Annotated[str, AfterValidator(_status_filter), WithJsonSchema({"enum": _STATUS_FILTERS})]
 _INTEGER = (Strict(False), BeforeValidator(_json_integer))
 Integer = Annotated[int, *_INTEGER]
 # one field, not a union: a bad value is reported as "content" (a union would name each of its branches)
@@ -137,7 +148,7 @@ class RequestBody(BaseModel):
 class FilterSpec(RequestBody):
     """Which memories: every given field must match (lists mean "one of"; ``tags`` means "all of").
 
-    ``status`` defaults to active memories only; list every status to see them all.
+    ``status`` defaults to active memories only; ``any`` (or every status listed) asks for them all.
     """
 
     session_id: Ident | None = None
@@ -146,7 +157,7 @@ class FilterSpec(RequestBody):
     tool_name: Ident | None = None
     kind: list[KindName] | None = Field(default=None, min_length=1, max_length=len(Kind))
     state: list[StateName] | None = Field(default=None, min_length=1, max_length=len(State))
-    status: list[StatusName] | None = Field(default=None, min_length=1, max_length=len(Status))
+    status: list[StatusFilter] | None = Field(default=None, min_length=1, max_length=len(_STATUS_FILTERS))
     tier: list[TierName] | None = Field(default=None, min_length=1, max_length=len(Tier))
     tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
     tags_any: list[Tag] | None = Field(default=None, min_length=1, max_length=MAX_TAGS)
@@ -158,11 +169,14 @@ class FilterSpec(RequestBody):
     def as_kwargs(self) -> dict[str, Any]:
         """Keyword filters for :meth:`clawvm.Harness.recall` / ``list``."""
         given = self.model_fields_set
-        return {
+        out = {
             name: getattr(self, name)
             for name in FilterSpec.model_fields
             if name in given and getattr(self, name) is not None
         }
+        if "any" in out.get("status", ()):
+            out["status"] = "any"
+        return out
 
 
 class ListQuery(FilterSpec):
