@@ -477,6 +477,15 @@ def test_export_and_import_stay_in_the_tenant(env: Env) -> None:
     assert [e["id"] for e in exported] == [m["id"]]
     theirs = env.client.get("/v1/export", headers=env.auth("other")).text
     assert theirs == ""
+    # the list's filters narrow it; an unknown one is refused (it was silently ignored: everything came)
+    assert env.client.get("/v1/export", params={"session_id": "s2"}, headers=env.auth("reader")).text == ""
+    assert (
+        env.client.get("/v1/export", params={"session_id": "s1"}, headers=env.auth("reader")).text
+        == lines.text
+    )
+    assert_error(
+        env.client.get("/v1/export", params={"bogus": 1}, headers=env.auth("reader")), 422, field="bogus"
+    )
     fresh = {**exported[0], "id": "01a00000-0000-7000-8000-000000000001"}
     del fresh["tenant"]
     assert_error(

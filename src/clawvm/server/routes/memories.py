@@ -15,6 +15,7 @@ from clawvm.server.auth import Admin, Reader, Writer
 from clawvm.server.idempotency import IdempotencyKey, keyed_id, once
 from clawvm.server.routes.params import MemoryId
 from clawvm.server.schemas.requests import (
+    ExportQuery,
     FeedbackRequest,
     ImportRequest,
     ListQuery,
@@ -146,11 +147,12 @@ def decompress(memory_id: MemoryId, caller: Writer) -> Memory:
     response_class=StreamingResponse,
     responses={200: {"content": {"application/x-ndjson": {}}, "description": "one memory per line"}},
 )
-def export(caller: Reader) -> StreamingResponse:
+def export(query: Annotated[ExportQuery, Query()], caller: Reader) -> StreamingResponse:
     """Every memory of the tenant as JSON Lines, exactly as stored, oldest first (sealed originals only in an
-    admin's export: the backup an import takes whole). The harness's internal records (team grants,
-    learned weights) are left out: they are permissions and bookkeeping, not memories, and an import
-    refuses them (grant again on the target)."""
-    memories = caller.harness.iter_all(status="any")
+    admin's export: the backup an import takes whole); the filters of ``GET /v1/memories`` narrow it
+    (every status unless ``status`` says otherwise). The harness's internal records (team grants, learned
+    weights) are left out: they are permissions and bookkeeping, not memories, and an import refuses them
+    (grant again on the target)."""
+    memories = caller.harness.iter_all(**{"status": "any", **query.as_kwargs()})
     lines: Iterator[str] = (shown(caller.principal, m).to_json() + "\n" for m in memories)
     return StreamingResponse(lines, media_type="application/x-ndjson")

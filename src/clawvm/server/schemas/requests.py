@@ -179,11 +179,13 @@ class FilterSpec(RequestBody):
         return out
 
 
-class ListQuery(FilterSpec):
+class ExportQuery(FilterSpec):
     """The filters as query parameters: those come as text, so they are read laxly ("true", "10")."""
 
     model_config = ConfigDict(strict=False)
 
+
+class ListQuery(ExportQuery):
     limit: int = Field(default=100, ge=1, le=1000)
 
 
