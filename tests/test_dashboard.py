@@ -5,6 +5,7 @@ Playwright) against a real uvicorn server on loopback with the demo workload loa
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -96,6 +97,15 @@ def test_api_serves_every_view(small: tuple[TestClient, Harness, dict[str, str]]
     missing = client.get("/dashboard/api/contexts/999999", headers=auth)
     assert missing.status_code == 404 and missing.json()["error"]["field"] == "context_build_id"
     assert client.get("/dashboard/api/memories/nope", headers=auth).status_code == 404
+    # an unknown session is a 404, as for the trace and the what-if (it answered the tenant's figures)
+    of_s1 = client.get("/dashboard/api/metrics", params={"session": "s1"}, headers=auth).json()
+    assert of_s1["memories"] == 2
+    gone = client.get("/dashboard/api/metrics", params={"session": "nope"}, headers=auth)
+    assert gone.status_code == 404 and gone.json()["error"]["field"] == "session_id"
+    for sort in views.SORTS:  # each sort the view knows is one the API takes, and nothing else
+        assert client.get("/dashboard/api/memories", params={"sort": sort}, headers=auth).status_code == 200
+    assert client.get("/dashboard/api/memories", params={"sort": "nope"}, headers=auth).status_code == 422
+    assert set(views.SORTS) == set(typing.get_args(views.SortName))
     assert client.get("/dashboard/api/heatmap", params={"group": "x"}, headers=auth).status_code == 422
     for name in ("kind", "tier", "status"):  # a misspelt filter used to answer an empty list
         refused = client.get("/dashboard/api/memories", params={name: "bogus"}, headers=auth)

@@ -217,7 +217,7 @@ def create_router(
     def memories(
         h: Reader,
         flt: Annotated[FilterQuery, Query()],
-        sort: str = "newest",
+        sort: views.SortName = "newest",
         offset: Offset = 0,
         limit: Limit = 50,
     ) -> dict[str, Any]:
@@ -361,7 +361,10 @@ def create_router(
 
     @router.get("/api/metrics")
     def metrics(h: Reader, session: Session = None) -> dict[str, Any]:
-        return lens_for(h).metrics(session or None)
+        got = lens_for(h).metrics(session or None)
+        if session and not got["memories"] and not got["context_tokens"]["builds"]:  # as trace and what-if
+            raise NotFoundError("session", session)
+        return got
 
     @router.get("/api/weights")
     def weights(h: Reader) -> dict[str, Any]:

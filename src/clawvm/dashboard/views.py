@@ -12,11 +12,11 @@ import csv
 import io
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import accumulate, pairwise
-from typing import Any
+from typing import Any, Literal
 
 from clawvm.core.entities import entities
 from clawvm.core.errors import ValidationError
@@ -112,7 +112,8 @@ def sessions(
 
 
 # ---- memories ---------------------------------------------------------------------------------------------
-SORTS = {
+SortName = Literal["value", "newest", "oldest", "tokens", "used"]
+SORTS: dict[str, Callable[[Any], float]] = {
     "value": lambda r: -r.value,
     "newest": lambda r: -r.created_at.timestamp(),
     "oldest": lambda r: r.created_at.timestamp(),
