@@ -92,6 +92,9 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path: Path) -> None:
     assert "kind" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", "add", "{oops", "--json-content"])
     assert result.exit_code == 2 and "content" in result.output
+    for scalar in ('"just a string"', "42", "null"):  # stored as text, or refused with a fix for Python
+        result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", "add", scalar, "--json-content"])
+        assert result.exit_code == 2 and "drop --json-content" in result.output, result.output
     assert json.loads(run(db, "stats"))["memories"] == 1
 
 

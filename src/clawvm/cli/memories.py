@@ -57,6 +57,13 @@ def add(
             raise ValidationError(
                 "content", f"is not valid JSON ({exc.msg})", "drop --json-content or fix the JSON"
             ) from None
+        if not isinstance(payload, dict | list):  # a JSON string was stored as text, a number refused oddly
+            kind = "string" if isinstance(payload, str) else type(payload).__name__
+            raise ValidationError(
+                "content",
+                f"is a JSON {kind}, not an object or array",
+                "drop --json-content to store it as text, or wrap it in an object or array",
+            )
     with opened_harness(ctx) as h:
         m = h.record(payload, tags=list(tags), **{k: v for k, v in fields.items() if v is not None})
         click.echo(m.id)
