@@ -439,3 +439,20 @@ def test_serve_refuses_to_keep_originals_without_a_data_key(tmp_path: Path) -> N
     assert result.exit_code == 2 and KEY_ENV in result.output and KEY_FILE_ENV in result.output
     result = runner.invoke(main, [*args, "--no-redact"])
     assert result.exit_code == 2 and "--redact" in result.output
+
+
+def test_a_server_tenants_export_is_read_with_its_tenant(tmp_path: Path) -> None:
+    """`clawvm import` of a server tenant's export said "imported 13 memories", and no command showed them:
+    they were stored under the tenant, and the CLI reads the default one."""
+    source, db = tmp_path / "server.db", tmp_path / "local.db"
+    with Harness.open(source, tenant="acme", embedder=None) as acme:
+        acme.record("the acme deploy runs at noon", session_id="s")
+    dump = tmp_path / "acme.jsonl"
+    run(source, "--tenant", "acme", "export", "-o", str(dump))
+    result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", "import", str(dump)])
+    assert result.exit_code == 0 and "--tenant acme" in result.output
+    assert json.loads(run(db, "stats"))["memories"] == 0
+    assert json.loads(run(db, "--tenant", "acme", "stats"))["memories"] == 1
+    assert "acme deploy" in run(db, "--tenant", "acme", "search", "deploy noon")
+    result = CliRunner().invoke(main, ["--db", str(db), "--tenant", " ", "stats"])
+    assert result.exit_code == 2 and "--tenant" in result.output

@@ -10,6 +10,7 @@ import click
 
 from clawvm.cli import admin, memories, replaying, serving
 from clawvm.cli.common import CliGroup
+from clawvm.core.model import DEFAULT_TENANT
 
 DEFAULT_DB = "clawvm.db"
 
@@ -24,6 +25,13 @@ DEFAULT_DB = "clawvm.db"
 )
 @click.option("--no-embed", is_flag=True, help="Do not load the embedding model (lexical recall only).")
 @click.option(
+    "--tenant",
+    envvar="CLAWVM_TENANT",
+    default=DEFAULT_TENANT,
+    show_default=True,
+    help="The tenant whose memories commands read and write (a server's tenants share one store).",
+)
+@click.option(
     "--pool-size", type=click.IntRange(min=1), default=None, help="PostgreSQL: connections per process."
 )
 @click.option(
@@ -32,13 +40,21 @@ DEFAULT_DB = "clawvm.db"
 @click.version_option(package_name="clawvm")
 @click.pass_context
 def main(
-    ctx: click.Context, db: str, no_embed: bool, pool_size: int | None, statement_timeout_ms: int | None
+    ctx: click.Context,
+    db: str,
+    no_embed: bool,
+    tenant: str,
+    pool_size: int | None,
+    statement_timeout_ms: int | None,
 ) -> None:
     """ClawVM: harness-managed memory for LLM agents."""
+    if not tenant.strip():
+        raise click.BadParameter("is blank: name a tenant, or leave --tenant out", param_hint="--tenant")
     given = {"pool_size": pool_size, "statement_timeout_ms": statement_timeout_ms}
     ctx.obj = {
         "db": _with_url_params(db, {k: v for k, v in given.items() if v is not None}),
         "no_embed": no_embed,
+        "tenant": tenant,
     }
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from clawvm.core.errors import ClawVMError
+from clawvm.core.model import DEFAULT_TENANT
 from clawvm.harness import Harness
 from clawvm.store import SQLiteStore, Store, store_from_url
 from clawvm.store.keys import Keyring
@@ -26,7 +27,8 @@ def opened_harness(ctx: click.Context, embed: bool = True, existing: bool = Fals
     db: str = ctx.obj["db"]
     if existing:
         _require_store(db)
-    harness = Harness.open(db, embedder="default" if embed and not ctx.obj["no_embed"] else None)
+    embedder = "default" if embed and not ctx.obj["no_embed"] else None
+    harness = Harness.open(db, embedder=embedder, tenant=ctx.obj.get("tenant", DEFAULT_TENANT))
     try:
         yield harness
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +285,15 @@ def import_(ctx: click.Context, path: Path) -> None:
         done = h.import_renamed(memories, restore=True)
     n = done.imported
     click.echo(f"imported {n} memories ({len(memories) - n} already present)")
+    others = Counter(m.tenant for m in memories if m.tenant != h.tenant)
+    if others:  # stored as the file says, out of this tenant's sight: say where they went
+        tenant, count = others.most_common(1)[0]
+        names = ", ".join(map(repr, sorted(others)))
+        click.echo(
+            f"note: {sum(others.values())} of them belong to tenant(s) {names}, not {h.tenant!r}: "
+            f"see them with `clawvm --tenant {tenant} ...` ({count} there)",
+            err=True,
+        )
     if done.differing:
         click.echo(
             f"warning: {len(done.differing)} of those differ from the file and were kept as stored (an "
