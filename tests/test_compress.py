@@ -226,6 +226,31 @@ def test_forgetting_a_compressed_memory_forgets_every_copy_of_its_original() -> 
         assert [e.memory_id for e in h.events() if e.kind == "forget"] == [m.id, first, second]
 
 
+def test_an_expired_memorys_original_stays_expired_and_out_of_reach() -> None:
+    """Its raw copy was stored archived: recall(status="archived") returned the full text its TTL promised
+    to forget; compress() and decompress() went on changing it, though update() refused."""
+    now = [T0]
+    with Harness.open("memory://", embedder=None, clock=lambda: now[0]) as h:
+        m = h.record(LONG, session_id="s1", expires_at=T0 + timedelta(hours=1))
+        other = h.record(LONG, session_id="s2", expires_at=T0 + timedelta(hours=1))
+        earlier_id = h.compress(other.id).metadata["compression"]["raw_id"]
+        query = "retry policy maximum delay"
+        assert earlier_id in {r.id for r in h.recall(query, k=20, status="archived")}  # reachable before
+        now[0] = T0 + timedelta(hours=2)
+        h.tick()
+        compressed = h.get(m.id)
+        assert compressed.status is Status.EXPIRED and "compression" in compressed.metadata
+        raw = h.get(compressed.metadata["compression"]["raw_id"])
+        earlier = h.get(earlier_id)  # compressed before it expired
+        assert raw.status is Status.EXPIRED and earlier.status is Status.EXPIRED
+        reached = {r.id for r in h.recall(query, k=20, status="archived")}
+        assert reached & {m.id, raw.id, other.id, earlier.id} == set()
+        for change in (h.compress, h.decompress):
+            for memory in (m, other):
+                with pytest.raises(StateConflictError):
+                    change(memory.id)
+
+
 def test_a_compression_pointer_is_never_taken_on_its_word() -> None:
     """decompress() trusted metadata.compression: a record carrying one pointing at another memory had its
     text replaced by that memory's, for good."""

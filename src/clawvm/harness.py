@@ -845,13 +845,14 @@ class Harness:
     @_exclusive
     def compress(self, memory_id: str) -> Memory:
         """Summarize a memory reversibly (its raw text is kept and pointed to)."""
-        return compress_memory(
-            self.writer, self.store.get(memory_id), self.summarizer, self.now(), reason="manual"
-        )
+        memory = self.store.get(memory_id)
+        self._refuse_expired(memory)  # as update() does: its text is due to be forgotten, not reshaped
+        return compress_memory(self.writer, memory, self.summarizer, self.now(), reason="manual")
 
     @_exclusive
     def decompress(self, memory_id: str) -> Memory:
         current = self.store.get(memory_id)
+        self._refuse_expired(current)  # decompressing would bring back the text its TTL promised to forget
         info = current.metadata.get("compression")
         if current.pinned and info:  # a pinned memory cannot be demoted: refuse to grow it past the budget
             raw = self.store.get(info["raw_id"])

@@ -262,7 +262,8 @@ def compress_memory(
     raw = build_memory(
         {
             **memory.model_dump(exclude={"id", "links", "version", "value", "pinned", "usage", "metadata"}),
-            "status": Status.ARCHIVED,
+            # an expired memory's original stays expired: archived, it answered status="archived" reads
+            "status": Status.EXPIRED if memory.status is Status.EXPIRED else Status.ARCHIVED,
             "tier": Tier.ARCHIVE,
             "kind": memory.kind,
             "metadata": {"raw_of": memory.id},

@@ -645,8 +645,19 @@ class Pager:
         for m in self.due_to_expire(tenant, now, limit):
             if m.expires_at is not None and m.expires_at <= now:
                 reason = "ttl expired (its pin ends with it)" if m.pinned else "ttl expired"
-                expired.append(self.move(m, Tier.ARCHIVE, reason, now, status=Status.EXPIRED, pinned=False))
+                gone = self.move(m, Tier.ARCHIVE, reason, now, status=Status.EXPIRED, pinned=False)
+                self._expire_raw_copy(gone, now)
+                expired.append(gone)
         return expired
+
+    def _expire_raw_copy(self, memory: Memory, now: datetime) -> None:
+        """The archived raw copy of an expired memory compressed before (its original text) expires with it:
+        left archived, a read of archived memories still returned the text the TTL promised to forget."""
+        info = memory.metadata.get("compression")
+        raw_id = info.get("raw_id") if isinstance(info, dict) else None
+        raw = self.store.get_many([raw_id]).get(raw_id) if isinstance(raw_id, str) else None
+        if raw is not None and raw.metadata.get("raw_of") == memory.id and raw.status is Status.ARCHIVED:
+            self.mutate(raw, lambda _m: {"status": Status.EXPIRED}, now)
 
     def due_to_expire(self, tenant: str, now: datetime, limit: int) -> list[Memory]:
         """Up to ``limit`` active memories of ``tenant`` whose ``expires_at`` is at or before ``now``, oldest
