@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pydantic
 import pytest
 
 import clawvm
@@ -371,21 +372,19 @@ def test_a_blank_scope_id_is_no_scope(harness: Harness, field: str) -> None:
     assert getattr(harness.update(n.id, **{field: "  "}), field) is None
 
 
-@pytest.mark.parametrize(
-    ("content", "content_type", "problem"),
-    [("", "text/plain", "empty"), ("   ", "text/plain", "empty"), ("not json {", "application/json", "JSON")],
-)
-def test_an_import_checks_content_as_a_record_does(content: str, content_type: str, problem: str) -> None:
-    """A blank memory reached prompts as an empty line; unparsable JSON failed every content_json() (and, in
-    a redacting store, the import itself with a raw JSONDecodeError)."""
-    for redaction in (None, RedactionPolicy()):
-        with Harness.open("memory://", embedder=None, redaction=redaction) as h:
-            good = Memory(content="a fine memory")
-            bad = Memory(content=content, content_type=content_type)
-            with pytest.raises(ValidationError) as exc:
-                h.import_memories([good, bad])
-            assert exc.value.field == "memories.1.content" and problem in exc.value.problem
-            assert h.count(status="any") == 0  # nothing of the batch
+def test_imported_content_is_checked_as_recorded_content() -> None:
+    """A blank memory was imported and reached prompts as an empty line; unparsable JSON content made every
+    content_json() and, in a redacting store, the import itself raise a raw JSONDecodeError."""
+    with pytest.raises(pydantic.ValidationError, match="content"):
+        Memory(content="   ")
+    labelled = Memory(content="not json { mail alice@example.com", content_type="application/json")
+    with Harness.open("memory://", embedder=None, redaction=RedactionPolicy()) as h:
+        assert h.import_memories([labelled]) == 1
+        stored = h.get(labelled.id)
+        assert "alice@example.com" not in stored.content  # scrubbed as text
+        with pytest.raises(ValidationError) as exc:
+            stored.content_json()
+        assert exc.value.field == "content"
 
 
 def test_an_import_takes_any_iterable_of_memories() -> None:

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from clawvm import Harness, NotFoundError, RedactionPolicy, Status, ValidationError
+from clawvm import Filters, Harness, NotFoundError, RedactionPolicy, Status, ValidationError
 from clawvm.demo.scenario import ReplayClock
 from clawvm.store.crypto import REDACTION_FIELD
 
@@ -68,7 +68,7 @@ def test_a_due_memory_cannot_be_updated_or_pinned_back_to_life() -> None:
 def test_internal_records_cannot_be_forgotten() -> None:
     with Harness.open("memory://", embedder=None) as h:
         h.grant("crew", "alice", write=True)
-        grant = h.store.list(h.filters({"status": "internal"}).with_(status=frozenset({"internal"})), limit=1)
+        grant = h.store.list(Filters.of(tenant=h.tenant, status="internal"), limit=1)
         assert grant and grant[0].status is Status.INTERNAL
         with pytest.raises(ValidationError, match="internal"):
             h.forget(grant[0].id)

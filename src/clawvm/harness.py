@@ -10,7 +10,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -35,7 +34,6 @@ from clawvm.core.errors import (
 from clawvm.core.model import (
     DEFAULT_MAX_CONTENT_BYTES,
     DEFAULT_TENANT,
-    JSON,
     SCOPE_IDS,
     VISIBLE_STATUSES,
     Filters,
@@ -487,7 +485,6 @@ class Harness:
                 raise ValidationError(
                     f"memories.{i}", f"is a {type(m).__name__}", "pass Memory objects (Memory.model_validate)"
                 )
-            self._check_imported_content(i, m, restore)
             if not restore:
                 self._check_import(i, m)
         if isinstance(self.store, TenantStore):  # a tenant imports into its own tenant, whoever exported
@@ -521,26 +518,6 @@ class Harness:
         if stored.content == imported.content:
             return False
         return stored.content != self.writer.scrub(imported.content, imported.tenant)
-
-    def _check_imported_content(self, index: int, memory: Memory, restore: bool) -> None:
-        """The content checks of a record (a restore keeps a backup's sizes whatever the limit now), and
-        JSON content that parses: a blank line reached prompts, and unparsable JSON failed every later
-        ``content_json()`` and redaction."""
-        field = f"memories.{index}.content"
-        if not memory.content.strip():
-            raise ValidationError(field, "is empty", "drop the memory, or give it content")
-        if not restore:
-            try:
-                normalize_content(memory.content, self.max_content_bytes)
-            except ValidationError as exc:
-                raise ValidationError(field, exc.problem, exc.fix) from None
-        if memory.content_type == JSON:
-            try:
-                json.loads(memory.content)
-            except ValueError as exc:
-                raise ValidationError(
-                    field, f"is not valid JSON ({exc})", "fix it, or set content_type to text/plain"
-                ) from None
 
     def _check_import(self, index: int, memory: Memory) -> None:
         """What a write checks, for the ``index``-th memory of an import (field ``memories.<index>.*``)."""

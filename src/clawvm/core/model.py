@@ -219,7 +219,7 @@ class Memory(BaseModel):
     kind: Kind = Kind.NOTE
     state: State | None = None
     status: Status = Status.ACTIVE
-    tenant: str = Field(default=DEFAULT_TENANT, json_schema_extra={"minLength": 1})
+    tenant: str = Field(default=DEFAULT_TENANT, json_schema_extra={"minLength": 1, "pattern": NON_BLANK})
     session_id: str | None = None
     task_id: str | None = None
     agent_id: str | None = None
@@ -263,6 +263,20 @@ class Memory(BaseModel):
     def _encodable(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is not None and not _stored(info):
             _check_utf8(v)
+        return v
+
+    @field_validator("tenant")
+    @classmethod
+    def _named_tenant(cls, v: str, info: ValidationInfo) -> str:
+        if not _stored(info) and not v.strip():  # as its schema says (minLength 1): a tenant nobody can name
+            raise ValueError("is blank: name the tenant, or leave it out for the default one")
+        return v
+
+    @field_validator("content")
+    @classmethod
+    def _not_blank(cls, v: str, info: ValidationInfo) -> str:
+        if not _stored(info) and not v.strip():  # as its schema says: a blank line reached prompts
+            raise ValueError("is blank: give the memory content")
         return v
 
     @field_validator("content_type")
@@ -324,8 +338,14 @@ class Memory(BaseModel):
         return normalized
 
     def content_json(self) -> Any:
-        """The payload as a Python object when ``content_type`` is JSON, else the text."""
-        return json.loads(self.content) if self.content_type == JSON else self.content
+        """The payload as a Python object when ``content_type`` is JSON, else the text. JSON content that
+        does not parse (an imported file's, say) is a :class:`ValidationError` naming ``content``."""
+        if self.content_type != JSON:
+            return self.content
+        try:
+            return json.loads(self.content)
+        except ValueError as exc:
+            raise ValidationError("content", f"is not valid JSON ({exc})", "read .content as text") from None
 
     def to_json(self) -> str:
         """Lossless JSON text of this memory (the JSON Lines export format)."""

@@ -854,10 +854,14 @@ def redact_content(
     text: str, is_json: bool, policy: RedactionPolicy | None = None
 ) -> tuple[str, dict[str, int]]:
     """What the write path stores: the redacted content (JSON stays canonical JSON) and counts by kind."""
+    try:
+        parsed = json.loads(text) if is_json else None
+    except ValueError:  # labelled JSON that does not parse (an imported file's): its secrets are text too
+        is_json = False
     if not is_json:
         r = redact(text, policy)
         return r.text, r.counts()
-    payload, counts = redact_json(json.loads(text), policy)
+    payload, counts = redact_json(parsed, policy)
     if not counts:
         return text, counts
     return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False), counts

@@ -321,10 +321,38 @@ def _import_rules(schema: dict[str, Any]) -> None:
     ]
 
 
+_IMPORTED_NUMBERS = ("version", "changed_version", "access_count", "token_count", "value", "confidence")
+_IMPORTED_DATETIMES = ("created_at", "expires_at", "last_accessed_at")
+
+
 class ImportedMemory(Memory):
     """A memory as an import takes it: :class:`Memory`, with the import's own rules in its schema."""
 
     model_config = ConfigDict(json_schema_extra=_import_rules)
+
+    # JSON types as the schema states them: the memory model, lax for Python callers, took true as 1, "5"
+    # as 5, 0 as a date and 1 as pinned (every other request body is strict)
+    @field_validator(*_IMPORTED_NUMBERS, "usage", "cost", mode="before")
+    @classmethod
+    def _json_numbers(cls, v: Any) -> Any:
+        values = v.values() if isinstance(v, Mapping) else [v]
+        if any(isinstance(x, bool) or not isinstance(x, int | float | None) for x in values):
+            raise ValueError("is not a number: pass a JSON number")
+        return v
+
+    @field_validator(*_IMPORTED_DATETIMES, mode="before")
+    @classmethod
+    def _json_datetimes(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, str):
+            raise ValueError("is not a date-time: pass an ISO 8601 string")
+        return v
+
+    @field_validator("pinned", mode="before")
+    @classmethod
+    def _json_boolean(cls, v: Any) -> Any:
+        if not isinstance(v, bool):
+            raise ValueError("is not a boolean: pass true or false")
+        return v
 
 
 class ImportRequest(RequestBody):
