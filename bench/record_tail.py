@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import clawvm
-import clawvm.harness
+import clawvm.harness.facade
 from _synthetic import Corpus
 from clawvm.store.index import SearchIndex
 from clawvm.store.sqlite import SQLiteStore
@@ -39,7 +39,7 @@ from clawvm.write.commit import CommitPath
 
 # (owner, attribute, phase): the record path's steps, outermost first
 PHASES: list[tuple[Any, str, str]] = [
-    (clawvm.harness, "build_memory", "build and validate"),
+    (clawvm.harness.facade, "build_memory", "build and validate"),
     (Pager, "value_now", "value"),
     (WorkingTiers, "admit", "admit (write + view)"),
     (CommitPath, "_redacted", "redaction"),

@@ -1,4 +1,4 @@
-"""The facade agents and tools use: ``Harness.open(...)`` then record / recall / get / update / forget.
+"""The object agents and tools use: ``Harness.open(...)`` then record / recall / get / update / forget.
 
 The harness owns one storage engine and (optionally) one embedder with its background worker. All logic
 is written once and is synchronous; it is thread-safe because the engines are. Later layers (tiers,
@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
@@ -38,7 +38,6 @@ from clawvm.core.model import (
     VISIBLE_STATUSES,
     Filters,
     Kind,
-    Link,
     LinkType,
     Memory,
     State,
@@ -56,6 +55,8 @@ from clawvm.core.model import (
     utcnow,
 )
 from clawvm.core.redact import RedactionPolicy
+from clawvm.harness import importing
+from clawvm.harness.importing import Imported
 from clawvm.observe.learning import stored_weights, with_weights
 from clawvm.recall.retrieval import (
     PendingVector,
@@ -126,30 +127,6 @@ _COMPRESSION_METADATA = ("compression", "raw_of")
 #: No context line costs fewer tokens than this (its label alone, ``[<short id> <date>] <kind>:``, is
 #: 14-19): how many pinned or working memories one context could hold at most (see ``Harness._packable``).
 _MIN_LINE_TOKENS = 8
-
-
-@dataclass(frozen=True)
-class Imported:
-    """What :meth:`Harness.import_renamed` did: how many memories it wrote, and each imported id that is
-    stored under another id (another tenant holds it) -> that id."""
-
-    imported: int
-    renamed: dict[str, str] = field(default_factory=dict)
-    # ids already present (as stored, renamed ones under their new id) whose stored content differs from
-    # the imported one's as the write path would store it: skipped, kept as stored
-    differing: list[str] = field(default_factory=list)
-
-
-def _renamed(memory: Memory, renamed: dict[str, str]) -> Memory:
-    """``memory`` with its id, parent and link targets replaced as ``renamed`` says."""
-    changes: dict[str, Any] = {}
-    if memory.id in renamed:
-        changes["id"] = renamed[memory.id]
-    if memory.parent_id in renamed:
-        changes["parent_id"] = renamed[memory.parent_id]
-    if any(k.target in renamed for k in memory.links):
-        changes["links"] = [Link(type=k.type, target=renamed.get(k.target, k.target)) for k in memory.links]
-    return memory.model_copy(update=changes) if changes else memory
 
 
 class Harness:
@@ -473,59 +450,13 @@ class Harness:
         (:meth:`clawvm.store.tenant.TenantStore.import_ids`); ``renamed`` lists them. A tenant's view also
         imports another tenant's export into its own tenant (the file's ``tenant`` field was refused).
 
-        Each memory passes the checks of a write first (:meth:`_check_import`): no status ``internal`` (the
+        Each memory passes the checks of a write first (:func:`.importing.check`): no status ``internal`` (the
         harness's own records: a grant cannot be forged by importing one) and no sealed original that this
         store's data keys cannot open; else :class:`ValidationError` naming ``memories.<i>.<field>`` and
         nothing is written. ``restore``: an operator restoring this store's own backup (``clawvm import``,
         which holds the database anyway) skips those two checks, so a lossless backup comes back whole.
         """
-        memories = builtins.list(memories)  # a generator was used up by these checks: nothing was imported
-        for i, m in enumerate(memories):
-            if not isinstance(m, Memory):
-                raise ValidationError(
-                    f"memories.{i}", f"is a {type(m).__name__}", "pass Memory objects (Memory.model_validate)"
-                )
-            if not restore:
-                self._check_import(i, m)
-        if isinstance(self.store, TenantStore):  # a tenant imports into its own tenant, whoever exported
-            memories = [
-                m if m.tenant == self.tenant else m.model_copy(update={"tenant": self.tenant})
-                for m in memories
-            ]
-        referenced = [r for m in memories for r in (m.id, m.parent_id, *(k.target for k in m.links)) if r]
-        renamed = {i: to for i, to in self.store.import_ids(referenced).items() if i != to}
-        memories = [_renamed(m, renamed) for m in memories] if renamed else list(memories)
-        existing = self.store.get_many([m.id for m in memories])
-        # token counts are the harness's own measure: recount rather than trust the file
-        fresh = [
-            m if m.token_count == (n := count_tokens(m.content)) else m.model_copy(update={"token_count": n})
-            for m in memories
-            if m.id not in existing
-        ]
-        if fresh:
-            events = [
-                Event(kind=EventKind.IMPORT, memory_id=m.id, tenant=m.tenant, at=self.now()) for m in fresh
-            ]
-            self.writer.write(fresh, None, events)  # redacted like every write, whatever the file held
-            if self._worker is not None:
-                self._worker.notify()
-        differing = [m.id for m in memories if m.id in existing and self._differs(existing[m.id], m)]
-        return Imported(len(fresh), renamed, differing)
-
-    def _differs(self, stored: Memory, imported: Memory) -> bool:
-        """Whether ``imported`` holds other content than ``stored``, as the write path would have stored it
-        (a redacting store keeps the scrubbed text: the file's original is the same memory)."""
-        if stored.content == imported.content:
-            return False
-        return stored.content != self.writer.scrub(imported.content, imported.tenant)
-
-    def _check_import(self, index: int, memory: Memory) -> None:
-        """What a write checks, for the ``index``-th memory of an import (field ``memories.<index>.*``)."""
-        try:
-            teams.check_write(self, memory, teams.APPLICATION)  # status, scope (the import is the app's)
-            self.redactor.check_sealed(memory)
-        except ValidationError as exc:
-            raise ValidationError(f"memories.{index}.{exc.field}", exc.problem, exc.fix) from None
+        return importing.import_memories(self, memories, restore)
 
     # ---- reading ------------------------------------------------------------------------------------
     def get(self, memory_id: str) -> Memory:

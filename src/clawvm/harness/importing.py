@@ -1,0 +1,106 @@
+"""Importing exported memories (``Harness.import_renamed``): checked as writes are, stored as they were
+(ids, versions, timestamps) in one batch through the write path, ids already present skipped and compared.
+
+A host gives what an import needs of the harness: the store (its ``import_ids`` above all), the write path,
+the redactor, and what team checks read (:class:`clawvm.teams.shared.TeamHost`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from clawvm.core.embed import count_tokens
+from clawvm.core.errors import ValidationError
+from clawvm.core.model import Link, Memory
+from clawvm.store import Event, Store
+from clawvm.store.kinds import EventKind
+from clawvm.store.tenant import TenantStore
+from clawvm.teams import shared as teams
+from clawvm.write.redaction import Redactor
+
+
+class ImportHost(teams.TeamHost, Protocol):
+    """The harness, as an import sees it."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def redactor(self) -> Redactor: ...
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What an import did: how many memories it wrote, and each imported id that is stored under another
+    id (another tenant holds it) -> that id."""
+
+    imported: int
+    renamed: dict[str, str] = field(default_factory=dict)
+    # ids already present (as stored, renamed ones under their new id) whose stored content differs from
+    # the imported one's as the write path would store it: skipped, kept as stored
+    differing: list[str] = field(default_factory=list)
+
+
+def import_memories(h: ImportHost, given: Iterable[Memory], restore: bool) -> Imported:
+    """Store ``given`` (see ``Harness.import_renamed``); ``restore`` skips the write checks."""
+    memories = list(given)  # a generator was used up by the checks below: nothing was imported
+    for i, m in enumerate(memories):
+        if not isinstance(m, Memory):
+            raise ValidationError(
+                f"memories.{i}", f"is a {type(m).__name__}", "pass Memory objects (Memory.model_validate)"
+            )
+        if not restore:
+            check(h, i, m)
+    if isinstance(h.store, TenantStore):  # a tenant imports into its own tenant, whoever exported
+        memories = [
+            m if m.tenant == h.tenant else m.model_copy(update={"tenant": h.tenant}) for m in memories
+        ]
+    referenced = [r for m in memories for r in (m.id, m.parent_id, *(k.target for k in m.links)) if r]
+    renamed = {i: to for i, to in h.store.import_ids(referenced).items() if i != to}
+    if renamed:
+        memories = [_renamed(m, renamed) for m in memories]
+    existing = h.store.get_many([m.id for m in memories])
+    # token counts are the harness's own measure: recount rather than trust the file
+    fresh = [
+        m if m.token_count == (n := count_tokens(m.content)) else m.model_copy(update={"token_count": n})
+        for m in memories
+        if m.id not in existing
+    ]
+    if fresh:
+        events = [Event(kind=EventKind.IMPORT, memory_id=m.id, tenant=m.tenant, at=h.now()) for m in fresh]
+        h.writer.write(fresh, None, events)  # redacted like every write, whatever the file held
+        h.notify_embedder()
+    differing = [m.id for m in memories if m.id in existing and _differs(h, existing[m.id], m)]
+    return Imported(len(fresh), renamed, differing)
+
+
+def check(h: ImportHost, index: int, memory: Memory) -> None:
+    """What a write checks, for the ``index``-th memory of an import (field ``memories.<index>.*``): its
+    status and scope (the import is the application's write) and that its sealed original opens here."""
+    try:
+        teams.check_write(h, memory, teams.APPLICATION)
+        h.redactor.check_sealed(memory)
+    except ValidationError as exc:
+        raise ValidationError(f"memories.{index}.{exc.field}", exc.problem, exc.fix) from None
+
+
+def _differs(h: ImportHost, stored: Memory, imported: Memory) -> bool:
+    """Whether ``imported`` holds other content than ``stored``, as the write path would have stored it
+    (a redacting store keeps the scrubbed text: the file's original is the same memory)."""
+    if stored.content == imported.content:
+        return False
+    return stored.content != h.writer.scrub(imported.content, imported.tenant)
+
+
+def _renamed(memory: Memory, renamed: dict[str, str]) -> Memory:
+    """``memory`` with its id, parent and link targets replaced as ``renamed`` says."""
+    changes: dict[str, Any] = {}
+    if memory.id in renamed:
+        changes["id"] = renamed[memory.id]
+    if memory.parent_id in renamed:
+        changes["parent_id"] = renamed[memory.parent_id]
+    if any(k.target in renamed for k in memory.links):
+        changes["links"] = [Link(type=k.type, target=renamed.get(k.target, k.target)) for k in memory.links]
+    return memory.model_copy(update=changes) if changes else memory
