@@ -112,6 +112,7 @@ def hoist_group_options(group: click.Group, args: list[str]) -> list[str]:
     moved: list[str] = []
     rest: list[str] = []
     tail = args[command_at + 1 :]
+    own = _command_options(group, args[command_at], tail)  # `keys create --tenant` is the command's
     i = 0
     while i < len(tail):
         arg = tail[i]
@@ -119,7 +120,7 @@ def hoist_group_options(group: click.Group, args: list[str]) -> list[str]:
             rest += tail[i:]
             break
         name = arg.split("=", 1)[0]
-        if name in takes_value:
+        if name in takes_value and name not in own:
             with_value = takes_value[name] and "=" not in arg
             if with_value and i + 1 == len(tail):  # moved bare, it would take the command's name as its value
                 rest.append(arg)  # so it stays, and the command says it lacks one (see CliGroup.invoke)
@@ -130,6 +131,20 @@ def hoist_group_options(group: click.Group, args: list[str]) -> list[str]:
         rest.append(arg)
         i += 1
     return [*args[:command_at], *moved, args[command_at], *rest]
+
+
+def _command_options(group: click.Group, name: str, tail: list[str]) -> set[str]:
+    """The option names of command ``name`` and, for a group of commands, of the subcommands ``tail``
+    names: an option of the group's name that the command has too is the command's where it follows it."""
+    names: set[str] = set()
+    command = group.commands.get(name)
+    words = iter(w for w in tail if not w.startswith("-"))
+    while command is not None:
+        for param in command.params:
+            if isinstance(param, click.Option):
+                names.update(param.opts, param.secondary_opts)
+        command = command.commands.get(next(words, "")) if isinstance(command, click.Group) else None
+    return names
 
 
 def _command_position(args: list[str], takes_value: dict[str, bool]) -> int | None:

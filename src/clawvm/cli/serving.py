@@ -8,6 +8,7 @@ import click
 
 from clawvm.cli.common import opened_harness, opened_keyring
 from clawvm.core.errors import ConfigError
+from clawvm.core.model import DEFAULT_TENANT
 from clawvm.store.keys import Keyring
 
 #: a TCP port (0: any free one); click's plain int let 99999 through, which the socket took as 34463
@@ -210,7 +211,7 @@ def _require_mcp() -> None:
 )
 @click.option("--task", "task_id", default=None, help="Default task.")
 @click.option("--agent", "agent_id", default=None, help="Default agent.")
-@click.option("--tenant", default="default", show_default=True, help="Tenant of the memories.")
+@click.option("--tenant", default=None, help="Tenant of the memories (default: clawvm's --tenant).")
 @click.option("--http", is_flag=True, help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="With --http: the address to listen on.")
 @click.option("--port", default=8765, show_default=True, type=_PORT, help="With --http: the port.")
@@ -233,7 +234,7 @@ def mcp_command(
     session_id: str | None,
     task_id: str | None,
     agent_id: str | None,
-    tenant: str,
+    tenant: str | None,
     http: bool,
     host: str,
     port: int,
@@ -258,7 +259,7 @@ def mcp_command(
         session_id=session_id,
         task_id=task_id,
         agent_id=agent_id,
-        tenant=tenant,
+        tenant=tenant or ctx.obj.get("tenant", DEFAULT_TENANT),
         embedder=None if ctx.obj["no_embed"] else "default",
         redact=redact,
         keep_originals=keep_originals,
