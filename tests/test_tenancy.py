@@ -612,3 +612,9 @@ def test_a_tenant_imports_another_tenants_export_into_its_own(tmp_path: Path) ->
             "B"
         }
         assert a.count() == 2 and all(a.get(m.id) == m for m in exported)
+
+
+def test_a_tenant_view_guards_with_the_engines_write_lock(engine: Store) -> None:
+    """The view had a lock of its own that no write took: a check-then-write under it was not atomic."""
+    view = TenantStore(engine, "A")
+    assert view.write_lock is engine.write_lock

@@ -30,6 +30,7 @@ A check and the write it guards run under the engine's lock, so no write of this
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -57,6 +58,12 @@ class TenantStore(Store):
         self.tenant = tenant
         self.dim = inner.dim
         self.schemes = inner.schemes
+
+    @property
+    def write_lock(self) -> threading.RLock:
+        """The engine's: a caller that checks and then writes through this view (the LangGraph store's
+        delete) holds the lock the engine's writes take, not one of the view's own that no write takes."""
+        return self.inner.write_lock
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def setup(self) -> None:
