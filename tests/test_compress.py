@@ -233,6 +233,8 @@ def test_an_expired_memorys_original_stays_expired_and_out_of_reach() -> None:
     with Harness.open("memory://", embedder=None, clock=lambda: now[0]) as h:
         m = h.record(LONG, session_id="s1", expires_at=T0 + timedelta(hours=1))
         other = h.record(LONG, session_id="s2", expires_at=T0 + timedelta(hours=1))
+        earliest_id = h.compress(other.id).metadata["compression"]["raw_id"]
+        h.decompress(other.id)  # and compressed again: two copies of its text
         earlier_id = h.compress(other.id).metadata["compression"]["raw_id"]
         query = "retry policy maximum delay"
         assert earlier_id in {r.id for r in h.recall(query, k=20, status="archived")}  # reachable before
@@ -243,6 +245,7 @@ def test_an_expired_memorys_original_stays_expired_and_out_of_reach() -> None:
         raw = h.get(compressed.metadata["compression"]["raw_id"])
         earlier = h.get(earlier_id)  # compressed before it expired
         assert raw.status is Status.EXPIRED and earlier.status is Status.EXPIRED
+        assert h.get(earliest_id).status is Status.EXPIRED
         reached = {r.id for r in h.recall(query, k=20, status="archived")}
         assert reached & {m.id, raw.id, other.id, earlier.id} == set()
         for change in (h.compress, h.decompress):

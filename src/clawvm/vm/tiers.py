@@ -50,7 +50,7 @@ from clawvm.core.openai_http import EndpointBudget, endpoint_budget
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
 from clawvm.store.kinds import EventKind
-from clawvm.vm.compress import SummarizerError
+from clawvm.vm.compress import SummarizerError, raw_copies
 from clawvm.vm.scoring import DEFAULT_SCORING, ScoringConfig, value
 from clawvm.write.commit import Writer
 
@@ -646,18 +646,18 @@ class Pager:
             if m.expires_at is not None and m.expires_at <= now:
                 reason = "ttl expired (its pin ends with it)" if m.pinned else "ttl expired"
                 gone = self.move(m, Tier.ARCHIVE, reason, now, status=Status.EXPIRED, pinned=False)
-                self._expire_raw_copy(gone, now)
+                self._expire_raw_copies(gone, now)
                 expired.append(gone)
         return expired
 
-    def _expire_raw_copy(self, memory: Memory, now: datetime) -> None:
-        """The archived raw copy of an expired memory compressed before (its original text) expires with it:
+    def _expire_raw_copies(self, memory: Memory, now: datetime) -> None:
+        """The archived raw copies of an expired memory compressed before (its earlier texts) expire with it:
         left archived, a read of archived memories still returned the text the TTL promised to forget."""
-        info = memory.metadata.get("compression")
-        raw_id = info.get("raw_id") if isinstance(info, dict) else None
-        raw = self.store.get_many([raw_id]).get(raw_id) if isinstance(raw_id, str) else None
-        if raw is not None and raw.metadata.get("raw_of") == memory.id and raw.status is Status.ARCHIVED:
-            self.mutate(raw, lambda _m: {"status": Status.EXPIRED}, now)
+        if not {"compression", "decompressed_from"} & memory.metadata.keys():
+            return  # never compressed: no copy (and no read of its events)
+        for raw in raw_copies(self.store, memory):
+            if raw.status is Status.ARCHIVED:
+                self.mutate(raw, lambda _m: {"status": Status.EXPIRED}, now)
 
     def due_to_expire(self, tenant: str, now: datetime, limit: int) -> list[Memory]:
         """Up to ``limit`` active memories of ``tenant`` whose ``expires_at`` is at or before ``now``, oldest
