@@ -10,6 +10,7 @@ import stat
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,7 +27,7 @@ from clawvm import (
     WrongKeyError,
 )
 from clawvm.cli import main
-from clawvm.core.errors import AccessDeniedError
+from clawvm.core.errors import AccessDeniedError, ValidationError
 from clawvm.store import Store
 from clawvm.store.crypto import (
     KEY_ENV,
@@ -334,3 +335,23 @@ def test_database_files_hold_no_plaintext_of_protected_content(engine_name: str,
         assert leaks() == []
         assert EMAIL in h.reveal(m.id, admin=True)  # the original is there, sealed
     assert leaks() == []
+
+
+@pytest.mark.engines("sqlite")
+def test_a_sealed_original_moved_to_another_tenant_by_an_import_is_refused(
+    engine_name: str, tmp_path: Path, keys: DataKeys
+) -> None:
+    """Imported into another tenant, a memory kept its envelope, sealed to the first tenant and id: the
+    import succeeded and every reveal of it failed as tampered."""
+    target = harness_target(engine_name, tmp_path)
+    options: dict[str, Any] = {"embedder": None, "redaction": KEEP, "data_keys": keys}
+    with Harness.open(target, tenant="a", **options) as a, Harness.open(target, tenant="b", **options) as b:
+        sealed = a.record("mail alice@example.com about the refund")
+        for restore in (False, True):
+            with pytest.raises(ValidationError) as exc:
+                b.import_renamed([sealed], restore=restore)
+            assert exc.value.field == "memories.0.metadata.redaction.sealed" and "admin" in (
+                exc.value.fix or ""
+            )
+        plain = sealed.model_copy(update={"metadata": {}})  # as a non-admin's export gives it
+        assert b.import_renamed([plain]).imported == 1

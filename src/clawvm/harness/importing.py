@@ -45,14 +45,13 @@ class Imported:
 
 def import_memories(h: ImportHost, given: Iterable[Memory], restore: bool) -> Imported:
     """Store ``given`` (see ``Harness.import_renamed``); ``restore`` skips the write checks."""
-    memories = list(given)  # a generator was used up by the checks below: nothing was imported
-    for i, m in enumerate(memories):
+    given = list(given)  # a generator was used up by the checks below: nothing was imported
+    for i, m in enumerate(given):
         if not isinstance(m, Memory):
             raise ValidationError(
                 f"memories.{i}", f"is a {type(m).__name__}", "pass Memory objects (Memory.model_validate)"
             )
-        if not restore:
-            check(h, i, m)
+    memories = given
     if isinstance(h.store, TenantStore):  # a tenant imports into its own tenant, whoever exported
         memories = [
             m if m.tenant == h.tenant else m.model_copy(update={"tenant": h.tenant}) for m in memories
@@ -61,6 +60,14 @@ def import_memories(h: ImportHost, given: Iterable[Memory], restore: bool) -> Im
     renamed = {i: to for i, to in h.store.import_ids(referenced).items() if i != to}
     if renamed:
         memories = [_renamed(m, renamed) for m in memories]
+    # checked as they will be stored: a sealed original is sealed to its tenant and id, so one moved to
+    # this tenant or renamed would never open again (a restore keeps what did not move as it was)
+    for i, (m, was) in enumerate(zip(memories, given, strict=True)):
+        moved = (m.tenant, m.id) != (was.tenant, was.id)
+        if not restore:
+            check(h, i, m, moved)
+        elif moved:
+            _check_sealed(h, i, m, moved)
     existing = h.store.get_many([m.id for m in memories])
     # token counts are the harness's own measure: recount rather than trust the file
     fresh = [
@@ -76,14 +83,28 @@ def import_memories(h: ImportHost, given: Iterable[Memory], restore: bool) -> Im
     return Imported(len(fresh), renamed, differing)
 
 
-def check(h: ImportHost, index: int, memory: Memory) -> None:
+def check(h: ImportHost, index: int, memory: Memory, moved: bool = False) -> None:
     """What a write checks, for the ``index``-th memory of an import (field ``memories.<index>.*``): its
-    status and scope (the import is the application's write) and that its sealed original opens here."""
+    status and scope (the import is the application's write) and that its sealed original opens here
+    (``moved``: the import gave it this tenant or a new id, to which no original was sealed)."""
     try:
         teams.check_write(h, memory, teams.APPLICATION)
-        h.redactor.check_sealed(memory)
     except ValidationError as exc:
         raise ValidationError(f"memories.{index}.{exc.field}", exc.problem, exc.fix) from None
+    _check_sealed(h, index, memory, moved)
+
+
+def _check_sealed(h: ImportHost, index: int, memory: Memory, moved: bool) -> None:
+    """``memory``'s sealed original opens here; ``moved``: the import gave it this tenant or a new id."""
+    try:
+        h.redactor.check_sealed(memory)
+    except ValidationError as exc:
+        fix = (
+            "export it with a key that is not an admin's (no sealed originals), or drop metadata.redaction"
+            if moved
+            else exc.fix
+        )
+        raise ValidationError(f"memories.{index}.{exc.field}", exc.problem, fix) from None
 
 
 def _differs(h: ImportHost, stored: Memory, imported: Memory) -> bool:
