@@ -454,5 +454,10 @@ def test_a_server_tenants_export_is_read_with_its_tenant(tmp_path: Path) -> None
     assert json.loads(run(db, "stats"))["memories"] == 0
     assert json.loads(run(db, "--tenant", "acme", "stats"))["memories"] == 1
     assert "acme deploy" in run(db, "--tenant", "acme", "search", "deploy noon")
+    result = CliRunner().invoke(
+        main, ["--db", str(db), "--no-embed", "--tenant", "globex", "import", str(dump)]
+    )
+    assert result.exit_code == 0 and "imported into tenant 'globex'" in result.output
+    assert "acme deploy" in run(db, "--tenant", "globex", "search", "deploy noon")
     result = CliRunner().invoke(main, ["--db", str(db), "--tenant", " ", "stats"])
     assert result.exit_code == 2 and "--tenant" in result.output

@@ -13,7 +13,7 @@ import click
 
 from clawvm.cli.common import opened_harness
 from clawvm.core.errors import ValidationError
-from clawvm.core.model import VISIBLE_STATUSES, Kind, Memory, Status, Tier
+from clawvm.core.model import DEFAULT_TENANT, VISIBLE_STATUSES, Kind, Memory, Status, Tier
 from clawvm.harness import Harness
 from clawvm.recall.retrieval import PRESETS, dense_only
 from clawvm.store.base import Query
@@ -286,9 +286,11 @@ def import_(ctx: click.Context, path: Path) -> None:
     n = done.imported
     click.echo(f"imported {n} memories ({len(memories) - n} already present)")
     others = Counter(m.tenant for m in memories if m.tenant != h.tenant)
-    if others:  # stored as the file says, out of this tenant's sight: say where they went
+    names = ", ".join(map(repr, sorted(others)))
+    if others and h.tenant != DEFAULT_TENANT:  # a tenant's import takes them into its own tenant
+        click.echo(f"note: those of tenant(s) {names} were imported into tenant {h.tenant!r}", err=True)
+    elif others:  # stored as the file says, out of this tenant's sight: say where they went
         tenant, count = others.most_common(1)[0]
-        names = ", ".join(map(repr, sorted(others)))
         click.echo(
             f"note: {sum(others.values())} of them belong to tenant(s) {names}, not {h.tenant!r}: "
             f"see them with `clawvm --tenant {tenant} ...` ({count} there)",

@@ -61,13 +61,11 @@ def import_memories(h: ImportHost, given: Iterable[Memory], restore: bool) -> Im
     if renamed:
         memories = [_renamed(m, renamed) for m in memories]
     # checked as they will be stored: a sealed original is sealed to its tenant and id, so one moved to
-    # this tenant or renamed would never open again (a restore keeps what did not move as it was)
+    # this tenant or renamed would never open again
     for i, (m, was) in enumerate(zip(memories, given, strict=True)):
         moved = (m.tenant, m.id) != (was.tenant, was.id)
-        if not restore:
+        if not restore or moved:  # a restore keeps what did not move as it was; what moved is a write
             check(h, i, m, moved)
-        elif moved:
-            _check_sealed(h, i, m, moved)
     existing = h.store.get_many([m.id for m in memories])
     # token counts are the harness's own measure: recount rather than trust the file
     fresh = [
