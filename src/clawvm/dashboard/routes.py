@@ -15,7 +15,7 @@ current view at most once a second while events arrive.
 # the dependency aliases (Reader, Writer) are local to create_router, where string annotations can't see.
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import fields
 from datetime import datetime
 from enum import StrEnum
@@ -24,10 +24,10 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import RedirectResponse, Response
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from clawvm.core.errors import NotFoundError, ValidationError
-from clawvm.core.model import NON_BLANK, Kind, Status, Tier, as_utc, iso_date_or_datetime
+from clawvm.core.model import NON_BLANK, VISIBLE_STATUSES, Kind, Status, Tier, as_utc, iso_date_or_datetime
 from clawvm.dashboard import debug, views
 from clawvm.harness import Harness
 from clawvm.observe.learning import intervene, weights_of
@@ -83,9 +83,15 @@ def _blank_is_none(v: Any) -> Any:
     return None if v == "" else v
 
 
-def _or_blank(names: type[StrEnum]) -> dict[str, Any]:
+def _or_blank(names: Iterable[StrEnum]) -> dict[str, Any]:
     """The JSON Schema of a filter that takes one of ``names`` or an empty value (no filter)."""
     return {"anyOf": [{"type": "string", "enum": ["", *(n.value for n in names)]}, {"type": "null"}]}
+
+
+def _visible(status: Status | None) -> Status | None:
+    if status is Status.INTERNAL:  # the harness's own records: never listed (this answered an empty list)
+        raise ValueError("is internal: ask for a status callers see, or leave it empty")
+    return status
 
 
 class FilterQuery(BaseModel):
@@ -101,7 +107,10 @@ class FilterQuery(BaseModel):
     tool: str | None = Field(default=None, max_length=500)
     tag: str | None = Field(default=None, max_length=500)
     status: Annotated[
-        Status | None, BeforeValidator(_blank_is_none), WithJsonSchema(_or_blank(Status))
+        Status | None,
+        BeforeValidator(_blank_is_none),
+        AfterValidator(_visible),
+        WithJsonSchema(_or_blank(sorted(VISIBLE_STATUSES))),
     ] = None
     since: Annotated[datetime, BeforeValidator(iso_date_or_datetime)] | None = None
     until: Annotated[datetime, BeforeValidator(iso_date_or_datetime)] | None = None
@@ -136,9 +145,7 @@ class NewMemoryBody(BaseModel):
     content: str = Field(min_length=1, max_length=100_000, pattern=NON_BLANK)
     kind: Kind = Kind.NOTE
     session_id: str | None = Field(default=None, max_length=500)
-    tags: list[Tag] = Field(
-        default_factory=list, max_length=50
-    )
+    tags: list[Tag] = Field(default_factory=list, max_length=50)
 
 
 class ReviseBody(BaseModel):
