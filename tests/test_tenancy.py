@@ -618,3 +618,11 @@ def test_a_tenant_view_guards_with_the_engines_write_lock(engine: Store) -> None
     """The view had a lock of its own that no write took: a check-then-write under it was not atomic."""
     view = TenantStore(engine, "A")
     assert view.write_lock is engine.write_lock
+
+
+@pytest.mark.parametrize("tenant", ["", "  ", None])
+def test_a_harness_for_a_blank_tenant_is_refused_at_open(tenant: object) -> None:
+    """It opened, and then every write failed on the memory's blank tenant."""
+    with pytest.raises(ValidationError) as exc:
+        Harness.open("memory://", embedder=None, tenant=tenant)  # type: ignore[arg-type]
+    assert exc.value.field == "tenant"

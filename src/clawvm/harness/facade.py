@@ -217,6 +217,8 @@ class Harness:
         machine whose cores are all busy).
         """
         config = _preset(preset)  # validate options before any I/O
+        if not isinstance(tenant, str) or not tenant.strip():  # it opened, then every write failed
+            raise ValidationError("tenant", f"is {tenant!r}", "name the tenant, or leave it out")
         if pager is not None and not isinstance(pager, PagerConfig):
             raise ValidationError("pager", f"is a {type(pager).__name__}", "pass clawvm.PagerConfig(...)")
         emb: Embedder | None

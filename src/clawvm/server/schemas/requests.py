@@ -332,13 +332,21 @@ class ImportedMemory(Memory):
 
     # JSON types as the schema states them: the memory model, lax for Python callers, took true as 1, "5"
     # as 5, 0 as a date and 1 as pinned (every other request body is strict)
-    @field_validator(*_IMPORTED_NUMBERS, "usage", "cost", mode="before")
+    @field_validator(*_IMPORTED_NUMBERS, mode="before")
     @classmethod
     def _json_numbers(cls, v: Any) -> Any:
-        values = v.values() if isinstance(v, Mapping) else [v]
-        if any(isinstance(x, bool) or not isinstance(x, int | float | None) for x in values):
+        if isinstance(v, bool) or not isinstance(v, int | float | None):
             raise ValueError("is not a number: pass a JSON number")
         return v
+
+    @field_validator("usage", "cost", mode="before")
+    @classmethod
+    def _json_counters(cls, v: Any) -> Any:
+        if isinstance(v, Mapping) and any(
+            isinstance(x, bool) or not isinstance(x, int | float) for x in v.values()
+        ):
+            raise ValueError("holds a value that is not a number: pass an object of JSON numbers")
+        return v  # not an object at all: the model says so
 
     @field_validator(*_IMPORTED_DATETIMES, mode="before")
     @classmethod
