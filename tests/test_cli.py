@@ -459,5 +459,9 @@ def test_a_server_tenants_export_is_read_with_its_tenant(tmp_path: Path) -> None
     )
     assert result.exit_code == 0 and "imported into tenant 'globex'" in result.output
     assert "acme deploy" in run(db, "--tenant", "globex", "search", "deploy noon")
+    result = CliRunner().invoke(
+        main, ["--db", str(db), "--tenant", "acme", "prune-events", "--max-events", "1"]
+    )
+    assert result.exit_code == 2 and "without --tenant" in result.output
     result = CliRunner().invoke(main, ["--db", str(db), "--tenant", " ", "stats"])
     assert result.exit_code == 2 and "--tenant" in result.output

@@ -255,6 +255,8 @@ def prune_events(ctx: click.Context, max_age_days: float | None, max_events: int
     """Event-log retention: delete the oldest events (learned scorer weights are kept); export first."""
     from clawvm.store.eventlog import Retention, prune
 
+    if ctx.obj.get("tenant", DEFAULT_TENANT) != DEFAULT_TENANT:
+        raise click.UsageError("prune-events works on the whole log, every tenant's: run it without --tenant")
     with opened_harness(ctx, embed=False, existing=True) as h:
         n = prune(h.store, Retention(max_age_days, max_events), h.now())
     click.echo(f"deleted {n} events")
