@@ -626,3 +626,38 @@ def test_a_harness_for_a_blank_tenant_is_refused_at_open(tenant: object) -> None
     with pytest.raises(ValidationError) as exc:
         Harness.open("memory://", embedder=None, tenant=tenant)  # type: ignore[arg-type]
     assert exc.value.field == "tenant"
+
+
+@pytest.mark.engines("sqlite")
+def test_a_copy_into_another_tenant_keeps_its_own_references(tmp_path: Path) -> None:
+    """The ids another tenant holds were renamed, but not where metadata and snapshots name them: the copy's
+    decompress looked for the first tenant's raw copy, and its rollback matched none of its memories."""
+    target = str(tmp_path / "shared.db")
+    prose = [
+        "We talked about the weather and the long queue at the coffee shop.",
+        "Nobody remembered where the old dashboards were kept.",
+        "It rained all afternoon so the team stayed inside and planned.",
+        "Everyone agreed that the retry policy needs a maximum delay.",
+    ]
+    long_text = " ".join(prose * 6)
+    with (
+        Harness.open(target, tenant="A", embedder=None) as a,
+        Harness.open(target, tenant="B", embedder=None) as b,
+    ):
+        kept = a.record(long_text, session_id="s")
+        assert "compression" in a.compress(kept.id).metadata
+        with a.tool_call("grep", {"q": "rows"}, session_id="s") as call:
+            call.set_result("3 rows")
+        cp = a.checkpoint("s", "before")
+        exported = list(a.iter_all(status="any"))
+        done = b.import_renamed(exported)
+        assert done.imported == len(exported) and set(done.renamed) == {m.id for m in exported}
+        copy = done.renamed[kept.id]
+        assert b.decompress(copy).content == long_text
+        tool_call = next(m for m in b.list(kind="tool_call", status="any"))
+        assert b.get(tool_call.metadata["tool_call"]["result_id"]).content == "3 rows"
+        later = b.record("after the checkpoint", session_id="s")
+        b.pin(copy)  # a change the rollback undoes
+        report = b.rollback(done.renamed[cp])
+        assert report.restored == [copy] and report.obsoleted == [later.id] and not b.get(copy).pinned
+        assert a.get(kept.id).metadata["compression"]  # the first tenant's memory is as it was

@@ -7,17 +7,19 @@ the redactor, and what team checks read (:class:`clawvm.teams.shared.TeamHost`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from clawvm.core.embed import count_tokens
 from clawvm.core.errors import ValidationError
-from clawvm.core.model import Link, Memory
+from clawvm.core.model import Link, Memory, canonical_json
 from clawvm.store import Event, Store
 from clawvm.store.kinds import EventKind
 from clawvm.store.tenant import TenantStore
 from clawvm.teams import shared as teams
+from clawvm.vm.context import is_snapshot
 from clawvm.write.redaction import Redactor
 
 
@@ -114,7 +116,10 @@ def _differs(h: ImportHost, stored: Memory, imported: Memory) -> bool:
 
 
 def _renamed(memory: Memory, renamed: dict[str, str]) -> Memory:
-    """``memory`` with its id, parent and link targets replaced as ``renamed`` says."""
+    """``memory`` with every reference to an id of ``renamed`` following it: its id, parent and link
+    targets, the ids its metadata names (a compressed memory's raw copy, a tool call's result, a revision's
+    predecessor) and, in a checkpoint's snapshot, the memories it holds. Left behind, a copy's decompress
+    looked for the other tenant's raw copy and its rollback matched none of its memories."""
     changes: dict[str, Any] = {}
     if memory.id in renamed:
         changes["id"] = renamed[memory.id]
@@ -122,4 +127,21 @@ def _renamed(memory: Memory, renamed: dict[str, str]) -> Memory:
         changes["parent_id"] = renamed[memory.parent_id]
     if any(k.target in renamed for k in memory.links):
         changes["links"] = [Link(type=k.type, target=renamed.get(k.target, k.target)) for k in memory.links]
+    if (metadata := _swapped(memory.metadata, renamed)) != memory.metadata:
+        changes["metadata"] = metadata
+    if is_snapshot(memory):
+        content = canonical_json(_swapped(json.loads(memory.content), renamed))
+        if content != memory.content:
+            changes["content"] = content
     return memory.model_copy(update=changes) if changes else memory
+
+
+def _swapped(value: Any, renamed: dict[str, str]) -> Any:
+    """``value`` (JSON) with each string and key that is an id of ``renamed`` replaced by its new id."""
+    if isinstance(value, str):
+        return renamed.get(value, value)
+    if isinstance(value, dict):
+        return {renamed.get(k, k): _swapped(v, renamed) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_swapped(v, renamed) for v in value]
+    return value
