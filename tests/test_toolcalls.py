@@ -275,6 +275,20 @@ def test_a_failing_template_or_cost_function_never_costs_the_tool_its_result(har
     ]
     assert harness.tool_reliability("get")["get"].error_rate == 0.0
 
+    ran = []
+
+    @harness.tool("head", session_id="s5", call_template="HEAD {args[nope]}")
+    def head(url: str) -> str:
+        ran.append(url)
+        return "200"
+
+    assert head("http://y") == "200" and ran == ["http://y"]  # the tool ran: a KeyError stopped it
+    ((headed, _),) = trail(harness, "head")
+    assert json.loads(headed.content)["args"] == {"url": "http://y"}
+    assert headed.metadata["tool_call"]["recording_errors"] == [
+        "the tool's call template raised KeyError: 'nope'"
+    ]
+
 
 @pytest.mark.parametrize(
     ("field", "amount"),

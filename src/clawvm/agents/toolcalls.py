@@ -174,8 +174,17 @@ class ToolCall:
 
     # ---- driving a call -----------------------------------------------------------------------------
     def start(self) -> Memory:
-        """Record the PENDING call (before the tool runs)."""
-        content = self._format(self.spec.call_template, self.args) if self.spec.call_template else None
+        """Record the PENDING call (before the tool runs). A call template that fails leaves the call in
+        the default format (noted in ``metadata.tool_call.recording_errors``, and logged): the tool runs."""
+        content, failed = None, []
+        if self.spec.call_template:
+            try:
+                content = self._format(self.spec.call_template, self.args)
+            except Exception as exc:
+                failed.append(f"the tool's call template raised {type(exc).__name__}: {exc}")
+                log.warning(
+                    "tool %s: %s; its call is recorded in the default format", self.spec.name, failed[0]
+                )
         self.call = self.harness.record(
             content if content is not None else {"tool": self.spec.name, "args": self.args},
             kind=Kind.TOOL_CALL,
@@ -188,6 +197,7 @@ class ToolCall:
                     "args": self.args,
                     "pid": os.getpid(),
                     "host": socket.gethostname(),
+                    **({"recording_errors": failed} if failed else {}),
                 },
                 **self.metadata,
             },
