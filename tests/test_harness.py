@@ -560,6 +560,22 @@ def test_no_change_takes_a_session_past_its_pinned_budget(engine_name: str, tmp_
         assert not h.get(steps[0].id).pinned
 
 
+def test_an_import_holds_pinned_memories_to_what_pin_does(engine_name: str, tmp_path: Path) -> None:
+    """A pinned memory in the archive was imported and packed as pinned; six pinned into a session with a
+    budget of two were imported, and the pager left them all there."""
+    pager = PagerConfig(budgets=TierBudgets(working_items=2), background=False)
+    with Harness.open(harness_target(engine_name, tmp_path), embedder=None, pager=pager) as h:
+        archived = Memory(content="old pin", pinned=True, tier="archive", session_id="s")
+        with pytest.raises(ValidationError) as exc:
+            h.import_memories([archived])
+        assert exc.value.field == "memories.0.pinned"
+        three = [Memory(content=f"pin {i}", pinned=True, tier="working", session_id="s") for i in range(3)]
+        with pytest.raises(ValidationError) as exc:
+            h.import_memories(three)
+        assert exc.value.field == "memories.2.pinned" and h.count(status="any") == 0
+        assert h.import_memories(three[:2]) == 2 and h.count(session_id="s", pinned=True) == 2
+
+
 def test_a_revision_refuses_what_an_update_refuses(harness: Harness) -> None:
     m = harness.record("the ledger uses mysql", session_id="s")
     for field, value in (("pinned", True), ("access_count", 999), ("usage", {"cited": 50}), ("value", 1.0)):

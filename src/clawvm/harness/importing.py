@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from clawvm.core.embed import count_tokens
 from clawvm.core.errors import ValidationError
-from clawvm.core.model import Link, Memory, canonical_json
+from clawvm.core.model import Link, Memory, Status, Tier, canonical_json
 from clawvm.store import Event, Store
 from clawvm.store.kinds import EventKind
 from clawvm.store.tenant import TenantStore
@@ -75,6 +75,8 @@ def import_memories(h: ImportHost, given: Iterable[Memory], restore: bool) -> Im
         for m in memories
         if m.id not in existing
     ]
+    if not restore:
+        _check_pins(h, [(i, m) for i, m in enumerate(memories) if m.id not in existing and m.pinned])
     if fresh:
         events = [Event(kind=EventKind.IMPORT, memory_id=m.id, tenant=m.tenant, at=h.now()) for m in fresh]
         h.writer.write(fresh, None, events)  # redacted like every write, whatever the file held
@@ -92,6 +94,25 @@ def check(h: ImportHost, index: int, memory: Memory, moved: bool = False) -> Non
     except ValidationError as exc:
         raise ValidationError(f"memories.{index}.{exc.field}", exc.problem, exc.fix) from None
     _check_sealed(h, index, memory, moved)
+
+
+def _check_pins(h: ImportHost, pinned: list[tuple[int, Memory]]) -> None:
+    """The pinned memories of an import hold to what pin() does: working and active, and within each
+    session's pinned budget, counting those already pinned there and the import's own."""
+    seen: dict[tuple[str, str | None], list[Memory]] = {}
+    for index, memory in pinned:
+        if memory.tier is not Tier.WORKING or memory.status is not Status.ACTIVE:
+            raise ValidationError(
+                f"memories.{index}.pinned",
+                f"is true for a memory in tier {memory.tier.value}, status {memory.status.value}",
+                "a pinned memory is working and active: set pinned to false, or the tier and status",
+            )
+        before = seen.setdefault((memory.tenant, memory.session_id), [])
+        try:
+            h.pager.check_pin(memory, alongside=before)
+        except ValidationError as exc:
+            raise ValidationError(f"memories.{index}.pinned", exc.problem, exc.fix) from None
+        before.append(memory)
 
 
 def _check_sealed(h: ImportHost, index: int, memory: Memory, moved: bool) -> None:

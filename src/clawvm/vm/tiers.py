@@ -665,14 +665,18 @@ class Pager:
         so the cost follows what is due, not the tenant's size."""
         return self.store.page(Filters.of(tenant=tenant, status="active", expires_by=now), None, limit)
 
-    def check_pin(self, memory: Memory, replacing: str | None = None) -> None:
+    def check_pin(
+        self, memory: Memory, replacing: str | None = None, alongside: Sequence[Memory] = ()
+    ) -> None:
         """Refuse a pin that would make the pinned memories alone exceed the working budget. ``replacing``:
-        the id of a pinned memory that ``memory`` takes the place of (a revision's predecessor)."""
+        the id of a pinned memory that ``memory`` takes the place of (a revision's predecessor);
+        ``alongside``: pinned memories of its session written in the same batch (an import's)."""
         if memory.session_id is None:
             return
         items, tokens = self.config.budgets.limits(Tier.WORKING)
         pinned = [m for m in self.tier_members(memory.tenant, memory.session_id, Tier.WORKING) if m.pinned]
-        pinned = [m for m in pinned if m.id not in (memory.id, replacing)] + [memory]
+        batch = {memory.id, replacing, *(m.id for m in alongside)}
+        pinned = [m for m in pinned if m.id not in batch] + [*alongside, memory]
         if over(pinned, items, tokens):
             raise ValidationError(
                 "pinned",
