@@ -107,6 +107,9 @@ def test_api_serves_every_view(small: tuple[TestClient, Harness, dict[str, str]]
     assert client.get("/dashboard/api/memories", params={"sort": "nope"}, headers=auth).status_code == 422
     internal = client.get("/dashboard/api/memories", params={"status": "internal"}, headers=auth)
     assert internal.status_code == 422  # the harness's own records: it answered an empty list
+    assert "internal" not in internal.text.replace("status", "")
+    every = client.get("/dashboard/api/memories", params={"status": "any"}, headers=auth).json()
+    assert every["total"] == client.get("/dashboard/api/memories", headers=auth).json()["total"]
     assert set(views.SORTS) == set(typing.get_args(views.SortName))
     assert client.get("/dashboard/api/heatmap", params={"group": "x"}, headers=auth).status_code == 422
     for name in ("kind", "tier", "status"):  # a misspelt filter used to answer an empty list

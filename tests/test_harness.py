@@ -990,3 +990,15 @@ def test_a_clock_of_naive_datetimes_is_taken_as_utc() -> None:
         assert m.created_at == datetime(2030, 1, 1, 12, tzinfo=UTC)
         assert [r.id for r in h.recall("deploy noon")] == [m.id]
         assert m.id in h.context("deploy", session_id="s").ids
+
+
+def test_status_any_is_taken_in_a_list_and_the_fix_names_what_a_caller_may_ask(harness: Harness) -> None:
+    """status=["any"] was refused though the API takes it, and a misspelt status listed 'internal' (refused)
+    but not 'any' as the values to use."""
+    m = harness.record("the deploy runs at noon")
+    harness.update(m.id, status="archived")
+    assert harness.count(status=["any"]) == harness.count(status=["active", "any"]) == 1
+    with pytest.raises(ValidationError) as exc:
+        harness.count(status="ANY")
+    assert exc.value.field == "status" and "'any'" in (exc.value.fix or "")
+    assert "internal" not in (exc.value.fix or "")

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import RedirectResponse, Response
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from clawvm.core.errors import NotFoundError, ValidationError
 from clawvm.core.model import NON_BLANK, VISIBLE_STATUSES, Kind, Status, Tier, as_utc, iso_date_or_datetime
@@ -88,10 +88,17 @@ def _or_blank(names: Iterable[StrEnum]) -> dict[str, Any]:
     return {"anyOf": [{"type": "string", "enum": ["", *(n.value for n in names)]}, {"type": "null"}]}
 
 
-def _visible(status: Status | None) -> Status | None:
-    if status is Status.INTERNAL:  # the harness's own records: never listed (this answered an empty list)
-        raise ValueError("is internal: ask for a status callers see, or leave it empty")
-    return status
+_STATUS_CHOICES = sorted(s.value for s in VISIBLE_STATUSES)
+
+
+def _status_choice(v: Any) -> Any:
+    """A status the lists show, or "any" / empty for all of them (as ``/v1`` and the SDK take "any");
+    internal, the harness's own records, is no choice (it answered an empty list)."""
+    if v in (None, "", "any"):
+        return None
+    if v not in _STATUS_CHOICES:
+        raise ValueError(f"should be one of {', '.join(_STATUS_CHOICES)}, 'any' or empty")
+    return v
 
 
 class FilterQuery(BaseModel):
@@ -108,9 +115,10 @@ class FilterQuery(BaseModel):
     tag: str | None = Field(default=None, max_length=500)
     status: Annotated[
         Status | None,
-        BeforeValidator(_blank_is_none),
-        AfterValidator(_visible),
-        WithJsonSchema(_or_blank(sorted(VISIBLE_STATUSES))),
+        BeforeValidator(_status_choice),
+        WithJsonSchema(
+            {"anyOf": [{"type": "string", "enum": ["", "any", *_STATUS_CHOICES]}, {"type": "null"}]}
+        ),
     ] = None
     since: Annotated[datetime, BeforeValidator(iso_date_or_datetime)] | None = None
     until: Annotated[datetime, BeforeValidator(iso_date_or_datetime)] | None = None

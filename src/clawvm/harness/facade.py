@@ -1151,9 +1151,19 @@ class Harness:
         args = dict(given)
         args.setdefault("tenant", self.tenant)
         status = args.setdefault("status", "active")
-        if status is None or status == "any":
-            args["status"] = VISIBLE_STATUSES
-        f = Filters.of(**args)
+        if (
+            status is None
+            or status == "any"
+            or (isinstance(status, list | tuple | set | frozenset) and "any" in status)
+        ):
+            args["status"] = VISIBLE_STATUSES  # "any" among others too, as the API takes it
+        try:
+            f = Filters.of(**args)
+        except ValidationError as exc:
+            if exc.field != "status":
+                raise
+            shown = ", ".join(sorted(s.value for s in VISIBLE_STATUSES))
+            raise ValidationError("status", exc.problem, f"use one of {shown}, or 'any'") from None
         if f.status is not None and Status.ACTIVE.value in f.status and Status.EXPIRED.value not in f.status:
             f = f if f.live_at is not None else f.with_(live_at=self.now())  # due is as good as expired
         if f.status is not None and Status.INTERNAL.value in f.status:  # the harness's own records (grants)
