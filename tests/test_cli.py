@@ -459,6 +459,13 @@ def test_a_server_tenants_export_is_read_with_its_tenant(tmp_path: Path) -> None
     )
     assert result.exit_code == 0 and "imported into tenant 'globex'" in result.output
     assert "acme deploy" in run(db, "--tenant", "globex", "search", "deploy noon")
+    bad = tmp_path / "bad.jsonl"  # a pinned memory outside working, moved into another tenant: refused
+    row = json.loads(dump.read_text().splitlines()[0])
+    bad.write_text("\n" + json.dumps({**row, "pinned": True, "tier": "archive"}) + "\n")
+    result = CliRunner().invoke(
+        main, ["--db", str(db), "--no-embed", "--tenant", "initech", "import", str(bad)]
+    )
+    assert result.exit_code == 2 and f"{bad}:2: pinned" in result.output, result.output
     result = CliRunner().invoke(
         main, ["--db", str(db), "--tenant", "acme", "prune-events", "--max-events", "1"]
     )

@@ -284,7 +284,10 @@ def import_(ctx: click.Context, path: Path) -> None:
             memories.append(memory)
     with opened_harness(ctx) as h:
         # a backup of a store: grants and sealed originals too
-        done = h.import_renamed(memories, restore=True)
+        try:
+            done = h.import_renamed(memories, restore=True)
+        except ValidationError as exc:  # memories.<i>.<field>: say which line of the file
+            raise _at_line(exc, path, [line_of[m.id] for m in memories]) from None
     n = done.imported
     click.echo(f"imported {n} memories ({len(memories) - n} already present)")
     others = Counter(m.tenant for m in memories if m.tenant != h.tenant)
@@ -305,6 +308,15 @@ def import_(ctx: click.Context, path: Path) -> None:
             "store",
             err=True,
         )
+
+
+def _at_line(exc: ValidationError, path: Path, lines: list[int]) -> ValidationError:
+    """``exc`` naming the file's line instead of the batch's ``memories.<i>``."""
+    head, _, rest = exc.field.partition(".")
+    index, _, field = rest.partition(".")
+    if head != "memories" or not index.isdigit() or int(index) >= len(lines):
+        return exc
+    return ValidationError(f"{path}:{lines[int(index)]}: {field or 'memory'}", exc.problem, exc.fix)
 
 
 @click.command()

@@ -64,10 +64,12 @@ def import_memories(h: ImportHost, given: Iterable[Memory], restore: bool) -> Im
         memories = [_renamed(m, renamed) for m in memories]
     # checked as they will be stored: a sealed original is sealed to its tenant and id, so one moved to
     # this tenant or renamed would never open again
+    written_as_new: set[int] = set()  # a restore keeps what did not move as it was; what moved is a write
     for i, (m, was) in enumerate(zip(memories, given, strict=True)):
         moved = (m.tenant, m.id) != (was.tenant, was.id)
-        if not restore or moved:  # a restore keeps what did not move as it was; what moved is a write
+        if not restore or moved:
             check(h, i, m, moved)
+            written_as_new.add(i)
     existing = h.store.get_many([m.id for m in memories])
     # token counts are the harness's own measure: recount rather than trust the file
     fresh = [
@@ -75,8 +77,10 @@ def import_memories(h: ImportHost, given: Iterable[Memory], restore: bool) -> Im
         for m in memories
         if m.id not in existing
     ]
-    if not restore:
-        _check_pins(h, [(i, m) for i, m in enumerate(memories) if m.id not in existing and m.pinned])
+    pinned = [
+        (i, m) for i, m in enumerate(memories) if i in written_as_new and m.pinned and m.id not in existing
+    ]
+    _check_pins(h, pinned)
     if fresh:
         events = [Event(kind=EventKind.IMPORT, memory_id=m.id, tenant=m.tenant, at=h.now()) for m in fresh]
         h.writer.write(fresh, None, events)  # redacted like every write, whatever the file held
