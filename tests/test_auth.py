@@ -462,6 +462,9 @@ def test_keys_cli_create_list_revoke(tmp_path: Path) -> None:
         listed = runner.invoke(main, ["--db", db, "keys", "list", "--json"], catch_exceptions=False)
         row = json.loads(listed.stdout)
         assert row["key_id"] == principal.key_id and token not in listed.output
+        for tenant, shown in (("acme", 1), ("globex", 0)):  # clawvm's --tenant narrows it (it was ignored)
+            narrowed = runner.invoke(main, ["--db", db, "--tenant", tenant, "keys", "list", "--json"])
+            assert len(narrowed.stdout.splitlines()) == shown, narrowed.output
         revoked = runner.invoke(
             main, ["--db", db, "keys", "revoke", principal.key_id], catch_exceptions=False
         )

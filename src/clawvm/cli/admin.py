@@ -11,7 +11,7 @@ import click
 
 from clawvm.cli.common import CliGroup, opened_harness, opened_keyring, opened_store
 from clawvm.core.errors import ConfigError
-from clawvm.core.model import utcnow
+from clawvm.core.model import DEFAULT_TENANT, utcnow
 from clawvm.store import Store, store_from_url
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey, DataKeys, rotate_data_key
 from clawvm.store.keys import Role
@@ -51,12 +51,16 @@ def keys_create(ctx: click.Context, tenant: str, role: str, name: str, ttl_s: fl
 
 
 @keys.command("list")
-@click.option("--tenant", default=None, help="Only this tenant's keys.")
+@click.option(
+    "--tenant", default=None, help="Only this tenant's keys (default: clawvm's --tenant, if given)."
+)
 @click.option("--all", "include_revoked", is_flag=True, help="Include revoked keys.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON Lines instead of a table.")
 @click.pass_context
 def keys_list(ctx: click.Context, tenant: str | None, include_revoked: bool, as_json: bool) -> None:
     """List keys (ids, tenants, roles; never the keys themselves)."""
+    if tenant is None and ctx.obj.get("tenant", DEFAULT_TENANT) != DEFAULT_TENANT:
+        tenant = ctx.obj["tenant"]  # clawvm --tenant acme keys list: acme's (it listed every tenant's)
     with opened_keyring(ctx, existing=True) as ring:
         found = ring.list(tenant, include_revoked=include_revoked)
     for k in found:
