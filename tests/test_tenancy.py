@@ -589,7 +589,7 @@ def test_harnesses_opened_for_two_tenants_on_one_file_are_isolated(engine_name: 
                 reach(kept.id)
         with pytest.raises(AccessDeniedError) as refused:
             b.record("written for A", tenant="A")
-        assert refused.value.field == "tenant"
+        assert refused.value.field == "tenant" and "memories of your own tenant" in (refused.value.fix or "")
         assert b.recall("alice plan launch", preset="bm25") == [] and b.count(status="any") == 0
         assert a.get(kept.id) == kept and a.count() == 1
     with Harness.open(target, tenant="A", embedder=None) as again:  # the engine under a view was closed

@@ -86,12 +86,15 @@ class TenantStore(Store):
             return None
         return filters.with_(tenant=frozenset([self.tenant]))
 
-    def _check_writable(self, memories: Sequence[Memory]) -> None:
+    def _check_tenants(self, memories: Sequence[Memory]) -> None:
         for m in memories:
             if m.tenant != self.tenant:
                 raise AccessDeniedError(
                     "tenant", f"is {m.tenant!r}, not the caller's tenant", "write memories of your own tenant"
                 )
+
+    def _check_writable(self, memories: Sequence[Memory]) -> None:
+        self._check_tenants(memories)
         stored = self.inner.get_many([m.id for m in memories])
         if any(m.tenant != self.tenant for m in stored.values()):
             raise AccessDeniedError("id", "is not available to this tenant", "let ClawVM choose the id")
@@ -108,6 +111,7 @@ class TenantStore(Store):
         vectors: np.ndarray | None = None,
         events: Sequence[Event] = (),
     ) -> None:
+        self._check_tenants(memories)  # before the events: the memory's tenant is what the caller named
         self._check_events(events)
         with self.inner.write_lock:
             self._check_writable(memories)
