@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from clawvm.core.embed import count_tokens
-from clawvm.core.errors import ValidationError
+from clawvm.core.errors import StateConflictError, ValidationError
 from clawvm.core.model import Link, Memory, Status, Tier, canonical_json
 from clawvm.store import Event, Store
 from clawvm.store.kinds import EventKind
@@ -114,8 +114,8 @@ def _check_pins(h: ImportHost, pinned: list[tuple[int, Memory]]) -> None:
         before = seen.setdefault((memory.tenant, memory.session_id), [])
         try:
             h.pager.check_pin(memory, alongside=before)
-        except ValidationError as exc:
-            raise ValidationError(f"memories.{index}.pinned", exc.problem, exc.fix) from None
+        except ValidationError as exc:  # the session's state, not the memory's: a conflict (409 on the API)
+            raise StateConflictError(f"memories.{index}.pinned", exc.problem, exc.fix) from None
         before.append(memory)
 
 

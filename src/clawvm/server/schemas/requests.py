@@ -309,7 +309,8 @@ class StartSessionRequest(RequestBody):
 
 def _import_rules(schema: dict[str, Any]) -> None:
     """What an import checks beyond the memory's fields, stated in its schema: no ``internal`` status
-    (the harness's own records), and a scoped memory names what its scope needs."""
+    (the harness's own records), a scoped memory names what its scope needs, and a pinned one is working
+    and active."""
     schema["properties"]["status"] = {"enum": [s.value for s in Status if s is not Status.INTERNAL]}
     needs = {Scope.PRIVATE: "agent_id", Scope.TEAM: "team_id", Scope.TASK: "task_id"}
     schema["allOf"] = [
@@ -319,6 +320,20 @@ def _import_rules(schema: dict[str, Any]) -> None:
         }
         for scope, field in needs.items()
     ]
+    # a pinned memory is working and active (what pin() makes it); its session's budget is the store's
+    # state, a 409 when full
+    schema["allOf"].append(
+        {
+            "if": {"properties": {"pinned": {"const": True}}, "required": ["pinned"]},
+            "then": {
+                "properties": {
+                    "tier": {"const": Tier.WORKING.value},
+                    "status": {"const": Status.ACTIVE.value},
+                },
+                "required": ["tier"],
+            },
+        }
+    )
 
 
 _IMPORTED_NUMBERS = ("version", "changed_version", "access_count", "token_count", "value", "confidence")
