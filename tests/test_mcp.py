@@ -338,9 +338,11 @@ def test_http_tenants_roles_and_per_call_session(mounted: Mounted) -> None:
             out["reader_resource"] = (
                 (await reader.read_resource(f"clawvm://memory/{mine['id']}")).contents[0].text
             )
+        tenant_a.flush()  # a recall's access is written by the next pager pass: run it now, not by chance
         out["accesses_after_reader"] = tenant_a.get(mine["id"]).access_count
         async with mounted.client("a") as a:
             ok(await a.call_tool("recall_memory", {"query": "secret plan", "session_id": "s9"}))
+            tenant_a.flush()
             out["accesses_after_agent"] = tenant_a.get(mine["id"]).access_count
             ok(await a.call_tool("forget_memory", {"memory_id": mine["id"], "session_id": "s9"}))
             out["a_gone"] = failed(
