@@ -86,6 +86,8 @@ class Status(StrEnum):
 
 #: The statuses a caller may see: ``status="any"`` means these.
 VISIBLE_STATUSES = frozenset(s for s in Status if s is not Status.INTERNAL)
+#: What a caller's status filter may name (SDK, API, dashboard): a status it sees, or "any" for them all.
+STATUS_CHOICES = (*sorted(s.value for s in VISIBLE_STATUSES), "any")
 
 
 class Tier(StrEnum):

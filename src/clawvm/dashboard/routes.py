@@ -27,7 +27,7 @@ from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from clawvm.core.errors import NotFoundError, ValidationError
-from clawvm.core.model import NON_BLANK, VISIBLE_STATUSES, Kind, Status, Tier, as_utc, iso_date_or_datetime
+from clawvm.core.model import NON_BLANK, STATUS_CHOICES, Kind, Status, Tier, as_utc, iso_date_or_datetime
 from clawvm.dashboard import debug, views
 from clawvm.harness import Harness
 from clawvm.observe.learning import intervene, weights_of
@@ -88,7 +88,7 @@ def _or_blank(names: Iterable[StrEnum]) -> dict[str, Any]:
     return {"anyOf": [{"type": "string", "enum": ["", *(n.value for n in names)]}, {"type": "null"}]}
 
 
-_STATUS_CHOICES = sorted(s.value for s in VISIBLE_STATUSES)
+_STATUS_CHOICES = [x for x in STATUS_CHOICES if x != "any"]
 
 
 def _status_choice(v: Any) -> Any:

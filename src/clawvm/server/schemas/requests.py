@@ -30,7 +30,7 @@ from clawvm.core.ids import ID_PATTERN
 from clawvm.core.model import (
     MAX_JSON_DEPTH,
     NON_BLANK,
-    VISIBLE_STATUSES,
+    STATUS_CHOICES,
     Cost,
     Kind,
     Link,
@@ -104,7 +104,7 @@ WritableStatus = Annotated[
     Status, Strict(False), WithJsonSchema({"enum": [s.value for s in Status if s is not Status.INTERNAL]})
 ]
 # what a filter may ask for: a status callers see, or "any" (all of those), as the SDK takes them
-_STATUS_FILTERS = [*(s.value for s in Status if s in VISIBLE_STATUSES), "any"]
+_STATUS_FILTERS = list(STATUS_CHOICES)
 
 
 def _status_filter(v: str) -> str:
