@@ -9,11 +9,13 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from clawvm import Kind, LinkType, Memory, State, Status, Tier, ValidationError
-from clawvm.core.model import JSON, TEXT, build_memory
+from clawvm.core.model import JSON, TENANT_PATTERN, TEXT, build_memory
 
 uuids = st.uuids().map(str)
 texts = st.text(max_size=40)
 opt_texts = st.none() | texts
+#: names a tenant may have (the names it may not are tested where the rule is)
+tenants = st.from_regex(TENANT_PATTERN, fullmatch=True)
 tags = st.text(min_size=1, max_size=20).filter(lambda s: bool(s.strip()))
 unit = st.floats(min_value=0.0, max_value=1.0)
 timezones = st.just(UTC) | st.integers(min_value=-23 * 60, max_value=23 * 60).map(
@@ -42,7 +44,7 @@ def memory_fields(draw: st.DrawFn) -> dict[str, Any]:
         "kind": draw(st.sampled_from(list(Kind))),
         "state": draw(st.none() | st.sampled_from(list(State))),
         "status": draw(st.sampled_from(list(Status))),
-        "tenant": draw(texts),
+        "tenant": draw(tenants),
         "session_id": draw(opt_texts),
         "task_id": draw(opt_texts),
         "agent_id": draw(opt_texts),

@@ -25,8 +25,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from clawvm import Filters, Harness, Memory, NotFoundError, PagerConfig, ValidationError
 from clawvm.core.errors import AccessDeniedError
-from clawvm.core.model import Link, LinkType
-from clawvm.store import Event, Query, SQLiteStore, Store
+from clawvm.core.model import STORED, TENANT_FIX, Link, LinkType, build_memory
+from clawvm.store import Event, MemoryStore, Query, SQLiteStore, Store
 from clawvm.store.tenant import TenantStore
 from engines import make_store
 
@@ -620,12 +620,24 @@ def test_a_tenant_view_guards_with_the_engines_write_lock(engine: Store) -> None
     assert view.write_lock is engine.write_lock
 
 
-@pytest.mark.parametrize("tenant", ["", "  ", None])
-def test_a_harness_for_a_blank_tenant_is_refused_at_open(tenant: object) -> None:
-    """It opened, and then every write failed on the memory's blank tenant."""
+@pytest.mark.parametrize("tenant", ["", "  ", None, "acme corp", "_auth", "x" * 65, "caf\u00e9"])
+def test_a_harness_for_a_tenant_no_key_could_name_is_refused_at_open(tenant: object) -> None:
+    """A blank tenant opened, and then every write failed; "acme corp" opened and stored memories that no
+    API key could ever reach (the keyring refuses the name), so the server could never serve them."""
     with pytest.raises(ValidationError) as exc:
         Harness.open("memory://", embedder=None, tenant=tenant)  # type: ignore[arg-type]
+    assert exc.value.field == "tenant" and exc.value.fix == TENANT_FIX
+
+
+@pytest.mark.parametrize("tenant", ["acme corp", "_auth", ""])
+def test_a_memory_of_a_tenant_no_key_could_name_is_refused_and_a_stored_one_still_reads(tenant: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        build_memory({"content": "x", "tenant": tenant})
     assert exc.value.field == "tenant"
+    legacy = Memory.model_validate({"content": "x", "tenant": tenant}, context=STORED)
+    assert legacy.tenant == tenant  # rows written before the rule still load
+    with pytest.raises(ValidationError, match="tenant"):
+        TenantStore(MemoryStore(), tenant)
 
 
 @pytest.mark.engines("sqlite")

@@ -81,3 +81,43 @@ def test_a_checkpoint_of_another_tenant_cannot_be_rolled_back() -> None:
         globex = Harness(acme.store, None, tenant="globex")
         with pytest.raises(NotFoundError):
             globex.rollback(cp)
+
+
+def test_a_vector_of_text_that_redaction_changed_is_not_stored() -> None:
+    """A caller's vector of the raw text encodes the secret (a search for the card number found the memory
+    through it); the memory waits for the embedder instead, which embeds what is stored."""
+    with redacting() as h:
+        raw = [1.0] + [0.0] * 383
+        secret = h.record(f"card {CARD} on file", embedding=raw, session_id="s")
+        clean = h.record("nothing secret here", embedding=raw, session_id="s")
+        assert CARD not in secret.content
+        waiting = [memory_id for memory_id, _ in h.store.unembedded(10)]
+        assert waiting == [secret.id] and clean.id not in waiting
+
+
+def test_a_langgraph_put_sends_no_secret_to_the_embedding_model() -> None:
+    from clawvm.integrations.langgraph import ClawVMStore
+
+    seen: list[str] = []
+
+    def recording(texts: list[str]) -> list[list[float]]:
+        seen.extend(texts)
+        return [[1.0] + [0.0] * 383 for _ in texts]
+
+    with redacting() as h:
+        store = ClawVMStore(h, index={"dims": 384, "embed": recording, "fields": ["text"]})
+        store.put(("n",), "k", {"text": f"pay with {CARD}"})
+        assert seen and not any(CARD in t for t in seen)
+        assert CARD not in h.store.get_many([m.id for m in h.list(limit=5)]).popitem()[1].content
+
+
+def test_a_tag_filter_is_stripped_as_stored_tags_are() -> None:
+    """record(tags=[" urgent "]) stored "urgent", and list(tags=[" urgent "]) found nothing."""
+    with Harness.open("memory://", embedder=None) as h:
+        m = h.record("page the on-call", tags=[" urgent "])
+        assert m.tags == ["urgent"]
+        assert [x.id for x in h.list(tags=[" urgent "])] == [m.id]
+        assert [x.id for x in h.list(tags_any=["urgent ", "other"])] == [m.id]
+        with pytest.raises(ValidationError) as exc:
+            h.list(tags=["  "])
+        assert exc.value.field == "tags"

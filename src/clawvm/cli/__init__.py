@@ -10,7 +10,7 @@ import click
 
 from clawvm.cli import admin, memories, replaying, serving
 from clawvm.cli.common import CliGroup
-from clawvm.core.model import DEFAULT_TENANT
+from clawvm.core.model import DEFAULT_TENANT, TENANT_FIX, is_tenant_name
 
 DEFAULT_DB = "clawvm.db"
 
@@ -50,6 +50,10 @@ def main(
     """ClawVM: harness-managed memory for LLM agents."""
     if not tenant.strip():
         raise click.BadParameter("is blank: name a tenant, or leave --tenant out", param_hint="--tenant")
+    if not is_tenant_name(tenant):  # the server's keys could never name it: refused before any store opens
+        raise click.BadParameter(
+            f"{tenant!r} is not a valid tenant name: {TENANT_FIX}", param_hint="--tenant"
+        )
     given = {"pool_size": pool_size, "statement_timeout_ms": statement_timeout_ms}
     ctx.obj = {
         "db": _with_url_params(db, {k: v for k, v in given.items() if v is not None}),

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeGuard
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationInfo, field_validator
@@ -72,6 +72,22 @@ class State(StrEnum):
 
 #: The tenant of a memory, and of a harness, that names none.
 DEFAULT_TENANT = "default"
+#: What a tenant may be called: the same name must work as a harness's, a memory's, an API key's and a
+#: CLI flag's, so one rule for all of them (``_``-prefixed names are kept for the store's own streams).
+TENANT_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
+TENANT_FIX = "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+_TENANT_NAME = re.compile(TENANT_PATTERN)
+
+
+def is_tenant_name(tenant: object) -> TypeGuard[str]:
+    return isinstance(tenant, str) and _TENANT_NAME.fullmatch(tenant) is not None
+
+
+def check_tenant_name(tenant: object) -> str:
+    """``tenant`` if it is a valid tenant name (:data:`TENANT_PATTERN`), else a ValidationError."""
+    if not is_tenant_name(tenant):
+        raise ValidationError("tenant", f"{tenant!r} is not a valid tenant name", TENANT_FIX)
+    return tenant
 
 
 class Status(StrEnum):
@@ -221,7 +237,10 @@ class Memory(BaseModel):
     kind: Kind = Kind.NOTE
     state: State | None = None
     status: Status = Status.ACTIVE
-    tenant: str = Field(default=DEFAULT_TENANT, json_schema_extra={"minLength": 1, "pattern": NON_BLANK})
+    tenant: str = Field(
+        default=DEFAULT_TENANT,
+        json_schema_extra={"minLength": 1, "maxLength": 64, "pattern": f"^{TENANT_PATTERN}$"},
+    )
     session_id: str | None = None
     task_id: str | None = None
     agent_id: str | None = None
@@ -270,9 +289,11 @@ class Memory(BaseModel):
     @field_validator("tenant")
     @classmethod
     def _named_tenant(cls, v: str, info: ValidationInfo) -> str:
-        if not _stored(info) and not v.strip():  # as its schema says (minLength 1): a tenant nobody can name
+        if _stored(info) or is_tenant_name(v):  # a stored row keeps the name it was written with
+            return v
+        if not v.strip():
             raise ValueError("is blank: name the tenant, or leave it out for the default one")
-        return v
+        raise ValueError(f"{v!r} is not a valid tenant name: {TENANT_FIX}")
 
     @field_validator("content")
     @classmethod
@@ -654,10 +675,12 @@ class Filters:
                 raise ValidationError(name, "is not a known filter", f"use one of {sorted(known | {'tags'})}")
             if v is None:
                 continue
-            if name in cls.SET_FIELDS or name == "tags_any":
+            if name == "tags_any":
+                args[name] = _checked_set(name, _tag_set(name, v))
+            elif name in cls.SET_FIELDS:
                 args[name] = _checked_set(name, _as_set(_texts(name, _enum_values(v))))
             elif name == "tags_all":
-                args[name] = _as_set(_texts("tags", _enum_values(v))) or frozenset()
+                args[name] = _tag_set("tags", v) or frozenset()
             elif name in ("created_after", "created_before", "expires_by", "live_at"):
                 if not isinstance(v, datetime):
                     raise ValidationError(name, "must be a datetime", "pass a timezone-aware datetime")
@@ -736,6 +759,18 @@ def _texts(name: str, v: Any) -> Any:
                 name, f"holds a {type(x).__name__} ({x!r})", "pass a string or a list of strings"
             )
     return v if isinstance(v, str) else items
+
+
+def _tag_set(name: str, v: Any) -> frozenset[str] | None:
+    """Tags to filter by, stripped as a memory's tags are when it is stored (``" urgent "`` finds the memory
+    recorded with it); a blank one is refused: no memory has one."""
+    tags = _as_set(_texts(name, _enum_values(v)))
+    if tags is None:
+        return None
+    stripped = frozenset(tag.strip() for tag in tags)
+    if "" in stripped:
+        raise ValidationError(name, "holds a blank tag", "name each tag, or leave the filter out")
+    return stripped
 
 
 def _flag(name: str, v: Any) -> bool:

@@ -47,6 +47,7 @@ from clawvm.core.model import (
     as_utc,
     blank_scopes_as_none,
     build_memory,
+    check_tenant_name,
     counted,
     flag,
     moved_on,
@@ -218,8 +219,7 @@ class Harness:
         machine whose cores are all busy).
         """
         config = _preset(preset)  # validate options before any I/O
-        if not isinstance(tenant, str) or not tenant.strip():  # it opened, then every write failed
-            raise ValidationError("tenant", f"is {tenant!r}", "name the tenant, or leave it out")
+        check_tenant_name(tenant)  # before any I/O: a name no API key could carry is refused everywhere
         if pager is not None and not isinstance(pager, PagerConfig):
             raise ValidationError("pager", f"is a {type(pager).__name__}", "pass clawvm.PagerConfig(...)")
         emb: Embedder | None

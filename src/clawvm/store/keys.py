@@ -57,7 +57,7 @@ from clawvm.core.errors import (
     NotFoundError,
     ValidationError,
 )
-from clawvm.core.model import utcnow
+from clawvm.core.model import check_tenant_name, utcnow
 from clawvm.store.base import Credential, CredentialConflictError, Event, Store
 from clawvm.store.kinds import EventKind
 
@@ -74,7 +74,6 @@ AUDIT_REVOKED = EventKind.API_KEY_REVOKED
 LEGACY_CREATED = "key_created"
 LEGACY_REVOKED = "key_revoked"
 KEY_PREFIX = "cvm"
-_TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _TOKEN = re.compile(rf"{KEY_PREFIX}_([0-9a-f]{{12}})_[A-Za-z0-9_-]{{20,100}}")
 
 
@@ -95,17 +94,6 @@ PERMISSIONS: dict[Role, frozenset[Permission]] = {
     Role.AGENT: frozenset({Permission.READ, Permission.WRITE}),
     Role.ADMIN: frozenset(Permission),
 }
-
-
-def check_tenant_name(tenant: str) -> str:
-    """``tenant`` if it is a valid tenant name (letters, digits, ``._-``; not starting with ``_``)."""
-    if not isinstance(tenant, str) or not _TENANT_NAME.fullmatch(tenant):
-        raise ValidationError(
-            "tenant",
-            f"{tenant!r} is not a valid tenant name",
-            "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
-        )
-    return tenant
 
 
 def role_of(name: str) -> Role:

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from clawvm.core.errors import AccessDeniedError
-from clawvm.core.model import Filters, Memory
+from clawvm.core.model import Filters, Memory, check_tenant_name
 from clawvm.store.base import Credential, Edge, Event, PageKey, Query, QueryResult, Store, check_vectors
 
 #: Namespace of the ids an import derives (uuid5 of the tenant and the imported id): fixed, so that a
@@ -55,7 +55,7 @@ class TenantStore(Store):
     def __init__(self, inner: Store, tenant: str) -> None:
         super().__init__()
         self.inner = inner
-        self.tenant = tenant
+        self.tenant = check_tenant_name(tenant)
         self.dim = inner.dim
         self.schemes = inner.schemes
 
