@@ -363,6 +363,8 @@ class ClawVMStore(BaseStore):
             if op.value is not None:
                 normalize_content(dict(op.value), self.harness.max_content_bytes)
         texts = [None if op.value is None else self._indexed_text(dict(op.value), op.index) for op in puts]
+        # as the tenant's redaction policy would store them: a secret never reaches the embedding model
+        texts = [None if t is None else self.harness.writer.scrub(t, self.harness.tenant) for t in texts]
         wanted = [t for t in texts if t is not None]
         rows = self._embed(wanted) if wanted else None
         vectors: dict[int, np.ndarray] = {}

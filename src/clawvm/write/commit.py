@@ -257,7 +257,8 @@ class CommitPath:
             memories = kept
         self._validate(memories)
         stored = [self._redacted(_versioned(m, bookkeeping)) for m in memories]
-        self._store.write(stored, vectors, [self._scrubbed(e) for e in events])
+        rows, vectors = _vectors_of_stored_text(memories, stored, vectors)
+        self._store.write(rows, vectors, [self._scrubbed(e) for e in events])
         self._notify(stored, ())
         return stored
 
@@ -423,3 +424,21 @@ class Recorder(Host, Protocol):
         as_agent: str | None = None,
         **changes: Any,
     ) -> Memory: ...
+
+
+def _vectors_of_stored_text(
+    given: Sequence[Memory], stored: list[Memory], vectors: np.ndarray | None
+) -> tuple[list[Memory], np.ndarray | None]:
+    """``stored`` in the order the engine takes them, and the vectors that describe what is stored: a
+    caller's vector of a text that redaction then changed encodes the secret (a search for the secret finds
+    it), so it is dropped and the memory waits for the embedder like one recorded without a vector. The
+    engine reads ``vectors`` as those of the leading memories, so the ones keeping theirs go first."""
+    if vectors is None:
+        return stored, None
+    leading = min(len(vectors), len(stored))
+    kept = [i for i in range(leading) if given[i].content == stored[i].content]
+    if len(kept) == leading:
+        return stored, vectors
+    kept_set = set(kept)
+    order = [stored[i] for i in kept] + [m for i, m in enumerate(stored) if i not in kept_set]
+    return order, (vectors[kept] if kept else None)
