@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, get_args
 
 import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawvm import Harness, State, Status
+from clawvm import Harness, Kind, State, Status
+from clawvm.agents.tool_schemas import KindName, StateName
 from clawvm.agents.tools import AgentTools
 from loopback import ChatReplay
 
@@ -201,12 +202,26 @@ class BrokenSummarizer:
         raise RuntimeError("summarizer crashed")
 
 
-def test_an_unexpected_failure_is_a_tool_error_too() -> None:
+def test_an_unexpected_failure_is_a_tool_error_too(caplog: pytest.LogCaptureFixture) -> None:
+    """The reply names the kind of failure, the log keeps its message: a store's message may name files and
+    SQL, which a remote MCP client must not see (the REST API's 5xx replies hide it too)."""
     with Harness.open("memory://", embedder=None, summarizer=BrokenSummarizer()) as h:
         tools = AgentTools(h, session_id="s1", task_id="t1")
         ok(tools.dispatch("record_memory", {"content": "step 1", "state": "intermediate"}))
         e = err(tools.dispatch("summarize_task", {}), "internal")
-        assert e["message"] == "RuntimeError: summarizer crashed"
+        assert e["message"].startswith("RuntimeError: summarize_task failed")
+        assert "crashed" not in e["message"]
+        assert e["fix"] and "summarizer crashed" in caplog.text
+
+
+def test_a_change_to_a_replaced_memory_is_an_invalid_state_with_its_fix() -> None:
+    """A refusal by the memory's state, not the call's arguments (it was reported as invalid_request)."""
+    with Harness.open("memory://", embedder=None) as h:
+        tools = AgentTools(h, session_id="s1")
+        old = ok(tools.dispatch("record_memory", {"content": "deploys on Friday"}))
+        h.revise(old["id"], content="deploys on Thursday")
+        e = err(tools.dispatch("update_memory", {"memory_id": old["id"], "content": "x"}), "invalid_state")
+        assert e["field"] == "memory_id" and "revise" in e["fix"]
 
 
 def test_tool_message_answers_an_openai_tool_call() -> None:
@@ -464,3 +479,21 @@ def test_each_invalid_argument_gets_a_fix_of_its_own(harness: Harness) -> None:
         "kind: use one of 'user_input'"
     )
     assert "leave it out" in fix_of("record_memory", {"content": "x", "bogus": 1})[1]
+
+
+def test_the_tools_kind_and_state_names_are_the_models() -> None:
+    """Spelled out for the JSON Schema: a kind added to the model and not here would be refused by tools."""
+    assert set(get_args(KindName)) == {k.value for k in Kind}
+    assert set(get_args(StateName)) == {s.value for s in State}
+
+
+def test_a_blank_scope_is_no_scope_for_reads_as_for_writes() -> None:
+    """AgentTools(session_id="   ") recorded memories with no session (a blank scope id is none), then
+    listed session "   " and found none of them."""
+    with Harness.open("memory://", embedder=None) as h:
+        tools = AgentTools(h, session_id="   ")
+        made = tools.dispatch("record_memory", {"content": "the cutover is on Sunday"})
+        assert made["ok"]
+        listed = tools.dispatch("list_memories", {})
+        assert [m["id"] for m in listed["result"]["memories"]] == [made["result"]["id"]]
+        assert tools.dispatch("get_memory", {"memory_id": made["result"]["id"]})["ok"]

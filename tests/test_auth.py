@@ -441,6 +441,10 @@ def test_bad_key_requests_are_refused(engine: Store) -> None:
             ring.create(tenant, "agent")
     with pytest.raises(ValidationError, match="role"):
         ring.create("acme", "root")
+    for ttl_s in (0, -1, float("nan"), float("inf"), 1e20):  # 1e20 overflowed timedelta: a traceback
+        with pytest.raises(ValidationError) as exc:
+            ring.create("acme", "agent", ttl_s=ttl_s)
+        assert exc.value.field == "ttl_s"
     assert ring.list() == []
 
 

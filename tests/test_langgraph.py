@@ -374,6 +374,16 @@ def test_ttl_expires_items_refreshes_on_read_and_sweeps(
         )
 
 
+@pytest.mark.parametrize("ttl", [-1, float("nan"), float("inf"), 1e20, "5"])
+def test_a_ttl_that_is_no_number_of_minutes_ahead_is_refused(mem_harness: Harness, ttl: Any) -> None:
+    """-1 stored an item that expired before it was put; NaN and 1e20 raised Python's own ValueError and
+    OverflowError."""
+    store = ClawVMStore(mem_harness)
+    with pytest.raises(ValidationError) as exc:
+        store.put(("s",), "k", {"v": 1}, ttl=ttl)
+    assert exc.value.field == "ttl" and items_of(mem_harness) == []
+
+
 def test_ttl_config_default_ttl_refresh_and_background_sweeper(mem_harness: Harness, clock: Clock) -> None:
     store = ClawVMStore(mem_harness, ttl={"default_ttl": 2, "refresh_on_read": False})
     store.put(("c",), "k", {"v": 1})  # the default TTL applies

@@ -127,8 +127,23 @@ def test_stdio_tools_resources_and_per_call_scope(engine_name: str, tmp_path: Pa
                 out["forgotten_resource"] = None
             except MCPError as exc:
                 out["forgotten_resource"] = exc.message
+            out["bad_budgets"] = []
+            for budget in (
+                "\u00b2",
+                "10" * 12,
+                "49",
+                "-5",
+            ):  # a superscript passed isdigit() and failed int()
+                try:
+                    await client.read_resource(f"clawvm://session/s2/context?budget_tokens={budget}")
+                    out["bad_budgets"].append(None)
+                except MCPError as exc:
+                    out["bad_budgets"].append(exc.message)
             out["bad"] = failed(await call("recall_memory", {"query": "x", "k": "many"}), "invalid_arguments")
             out["bad_scope"] = failed(await call("list_memories", {"session_id": 5}), "invalid_arguments")
+            out["blank_scope"] = failed(
+                await call("record_memory", {"content": "x", "session_id": "   "}), "invalid_arguments"
+            )
             out["unknown"] = failed(await call("drop_tables", {}), "unknown_tool")
         return out
 
@@ -185,7 +200,10 @@ def test_stdio_tools_resources_and_per_call_scope(engine_name: str, tmp_path: Pa
     )
     assert "deploys freeze on Fridays" in out["context_resource"].text
     assert out["forgotten_resource"] is not None and "not found" in out["forgotten_resource"]
-    assert out["bad_scope"]["field"] == "session_id"
+    assert [m is not None and "budget_tokens" in m and "50 to 32000" in m for m in out["bad_budgets"]] == [
+        True
+    ] * 4
+    assert out["bad_scope"]["field"] == "session_id" and out["blank_scope"]["field"] == "session_id"
 
     with Harness.open(target, embedder=None) as h:  # what the server wrote, where it wrote it
         fact = h.get(fact_id)

@@ -249,6 +249,9 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_response_and_wr
     # a first attempt that failed wrote nothing and is not kept: the retry runs
     fixed = {**env.auth(), "Idempotency-Key": "retry-after-a-422"}
     assert_error(env.client.post("/v1/memories", json={"content": " "}, headers=fixed), 422, field="content")
+    # a blank scope id is refused (stored as none, it was not the session a read of "  " then asked for)
+    blank = env.client.post("/v1/memories", json={"content": "x", "session_id": "  "}, headers=env.auth())
+    assert_error(blank, 422, field="session_id")
     assert env.client.post("/v1/memories", json=body, headers=fixed).status_code == 201
     # checkpoints too
     take = {**env.auth(), "Idempotency-Key": "cp-1"}

@@ -15,6 +15,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from clawvm.core.errors import ValidationError
+
+# spelled out for the type checker and the JSON Schema; tests/test_agent_tools.py holds them to the enums
 KindName = Literal[
     "user_input",
     "llm_thought",
@@ -108,11 +111,36 @@ class UpdateMemoryArgs(ToolArgs):
     )
 
 
+@dataclass(frozen=True)
+class Bounds:
+    default: int
+    least: int
+    most: int
+
+    def check(self, name: str, text: str) -> int:
+        """``text`` (a query string's value) as a whole number within these bounds, or ValidationError."""
+        n = int(text) if text.isascii() and text.isdigit() else None
+        if n is None or not self.least <= n <= self.most:
+            raise ValidationError(
+                name, f"is {text!r}", f"pass a whole number from {self.least} to {self.most}"
+            )
+        return n
+
+
+#: An agent's context budget in tokens, by the tool and by the MCP context resource alike.
+CONTEXT_BUDGET = Bounds(default=1000, least=50, most=32000)
+
+
 class BuildContextArgs(ToolArgs):
     """Build a prompt-ready context for a question: pinned, working and retrieved memories under a budget."""
 
     query: str = Field(min_length=1, max_length=2000, description="The question or task at hand.")
-    budget_tokens: JSONInt = Field(1000, ge=50, le=32000, description="Token budget of the context.")
+    budget_tokens: JSONInt = Field(
+        CONTEXT_BUDGET.default,
+        ge=CONTEXT_BUDGET.least,
+        le=CONTEXT_BUDGET.most,
+        description="Token budget of the context.",
+    )
     tools: list[str] | None = Field(
         None, description="Tools you are about to use (adds reliability warnings for flaky ones)."
     )

@@ -118,9 +118,10 @@ class ToolSpec:
 def scope_fields(
     session_id: str | None = None, task_id: str | None = None, agent_id: str | None = None
 ) -> dict[str, Any]:
-    """The scope fields that are set (None and empty ones left out), to pass on as keyword arguments."""
+    """The scope fields that are set (None and blank ones left out, as a memory recorded with a blank one
+    has none: kept, "   " scoped reads to a session that the same scope's records never had)."""
     given = {"session_id": session_id, "task_id": task_id, "agent_id": agent_id}
-    return {name: value for name, value in given.items() if value}
+    return {name: value for name, value in given.items() if value and value.strip()}
 
 
 @contextmanager

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -70,12 +71,21 @@ from clawvm.agents.tool_schemas import (
     tidy_schema,
 )
 from clawvm.agents.toolcalls import scope_fields
-from clawvm.core.errors import ClawVMError, ConflictError, NotFoundError, ValidationError
+from clawvm.core.errors import (
+    AccessDeniedError,
+    ConflictError,
+    NotFoundError,
+    RateLimitError,
+    StateConflictError,
+    ValidationError,
+)
 from clawvm.core.ids import is_valid_id
 from clawvm.core.model import Memory
 from clawvm.recall.retrieval import Recalled
 from clawvm.vm.checkpoint import RollbackReport
 from clawvm.vm.context import Context, is_snapshot, short_id
+
+log = logging.getLogger("clawvm.agents.tools")
 
 
 class ToolsHost(Protocol):
@@ -218,12 +228,16 @@ class AgentTools:
             return error_reply(
                 "conflict", str(exc), fix="read the memory again (get_memory) and retry the call"
             )
+        except StateConflictError as exc:  # a ValidationError of the memory's state, not of the call
+            return error_reply("invalid_state", str(exc), field=exc.field, fix=exc.fix)
         except ValidationError as exc:
             return error_reply("invalid_request", str(exc), field=exc.field, fix=exc.fix)
-        except ClawVMError as exc:
-            return error_reply(type(exc).__name__, str(exc))
-        except Exception as exc:  # a bug must not crash the agent's loop: report it as a tool error
-            return error_reply("internal", f"{type(exc).__name__}: {exc}")
+        except AccessDeniedError as exc:
+            return error_reply("forbidden", str(exc), field=exc.field, fix=exc.fix)
+        except RateLimitError as exc:
+            return error_reply("rate_limited", str(exc), fix=f"retry in {exc.retry_after_s:g} s")
+        except Exception as exc:  # a failure must not crash the agent's loop: report it as a tool error
+            return _internal_error(name, exc)
 
     def tool_message(self, tool_call: Mapping[str, Any]) -> dict[str, Any]:
         """An OpenAI ``tool_calls`` entry -> the ``{"role": "tool", ...}`` message with the reply."""
@@ -465,6 +479,18 @@ def _shown(value: Any) -> str:
         return _json_type(value)
     text = json.dumps(value[:60] if isinstance(value, str) else value)
     return f"{_json_type(value)} {text}"
+
+
+def _internal_error(tool: str, exc: Exception) -> dict[str, Any]:
+    """A failure inside the memory service (a store, the keys, a summarizer, a bug): the agent learns which
+    kind and that a retry may help, the log keeps the message (as the REST API's 5xx replies: a store's
+    message may name files and SQL, which a remote MCP client must not see)."""
+    log.error("tool %s failed", tool, exc_info=exc)
+    return error_reply(
+        "internal",
+        f"{type(exc).__name__}: {tool} failed inside the memory service; its log has the details",
+        fix="retry the call; if it fails again, go on without it and tell whoever runs the memory service",
+    )
 
 
 def error_reply(

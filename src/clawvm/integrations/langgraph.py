@@ -362,6 +362,7 @@ class ClawVMStore(BaseStore):
         for op in puts:
             if op.value is not None:
                 normalize_content(dict(op.value), self.harness.max_content_bytes)
+                _check_ttl(op.ttl)
         texts = [None if op.value is None else self._indexed_text(dict(op.value), op.index) for op in puts]
         # as the tenant's redaction policy would store them: a secret never reaches the embedding model
         texts = [None if t is None else self.harness.writer.scrub(t, self.harness.tenant) for t in texts]
@@ -680,3 +681,19 @@ def _num(v: Any) -> float:
     if isinstance(v, bool) or v is None:
         raise TypeError("not a number")
     return float(v)
+
+
+#: The longest TTL a put may ask for, in minutes (a hundred years): past it the expiry overflowed a datetime.
+MAX_TTL_MINUTES = 100 * 366 * 24 * 60
+
+
+def _check_ttl(ttl: float | None) -> None:
+    """A put's TTL in minutes: None (never expires), 0 (due at once: the next sweep deletes it) or a finite
+    number up to the cap. A negative one was taken as a time in the past; NaN and 1e20 failed with
+    Python's own errors."""
+    if ttl is None:
+        return
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 <= ttl <= MAX_TTL_MINUTES:
+        raise ValidationError(
+            "ttl", f"is {ttl!r}", f"pass minutes from 0 to {MAX_TTL_MINUTES}, or None: it never expires"
+        )

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import hmac
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,13 +47,16 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from clawvm.agents.tool_schemas import CONTEXT_BUDGET
 from clawvm.agents.tools import AgentTools, ToolsHost, error_reply
-from clawvm.core.errors import ClawVMError, NotFoundError, ValidationError
+from clawvm.core.errors import AccessDeniedError, ClawVMError, NotFoundError, ValidationError
 from clawvm.core.model import Status
 from clawvm.core.version import __version__
 from clawvm.harness import Harness
 from clawvm.vm.context import short_id
 from clawvm.write.redaction import redaction_options
+
+log = logging.getLogger("clawvm.integrations.mcp")
 
 SCOPE_ARGUMENTS = ("session_id", "task_id", "agent_id")
 MEMORY_TEMPLATE = "clawvm://memory/{memory_id}"
@@ -60,7 +64,7 @@ CONTEXT_TEMPLATE = "clawvm://session/{session_id}/context"
 LISTED_MEMORIES = (
     50  # resources/list: the launch session's newest memories (recall or list_memories for more)
 )
-DEFAULT_CONTEXT_BUDGET = 1000
+DEFAULT_CONTEXT_BUDGET = CONTEXT_BUDGET.default
 
 INSTRUCTIONS = """\
 ClawVM is your long-term memory. Before answering, call build_context (or recall_memory) with the question \
@@ -219,9 +223,10 @@ class _MemoryServer:
         """The error reply for a call that must not run: bad scope arguments, or a write by a reader."""
         for arg in SCOPE_ARGUMENTS:
             value = (params.arguments or {}).get(arg)
-            if value is not None and not (isinstance(value, str) and value):
+            # a blank one recorded memories with no scope that the same scope's reads then missed
+            if value is not None and not (isinstance(value, str) and value.strip()):
                 return error_reply(
-                    "invalid_arguments", f"{arg}: expected a non-empty string or null", field=arg
+                    "invalid_arguments", f"{arg}: expected a string with text in it, or null", field=arg
                 )
         writes = params.name in self.catalog.names and not self.catalog.effect(params.name).read_only
         if writes and not self.access_of(ctx).may_write:
@@ -287,8 +292,14 @@ class _MemoryServer:
         access = self.access_of(ctx)
         try:
             mime, text = await anyio.to_thread.run_sync(_read, access, uri)
-        except ClawVMError as exc:
+        except (ValidationError, NotFoundError, AccessDeniedError) as exc:  # the caller's to fix
             raise MCPError(types.INVALID_PARAMS, f"{uri}: {exc}") from None
+        except ClawVMError as exc:  # the service's: the message stays in the log, as a tool call's does
+            log.error("reading %s failed", uri, exc_info=exc)
+            raise MCPError(
+                types.INTERNAL_ERROR,
+                f"{uri}: {type(exc).__name__}: reading it failed; the log has the details",
+            ) from None
         return types.ReadResourceResult(
             contents=[types.TextResourceContents(uri=uri, mime_type=mime, text=text)]
         )
@@ -309,11 +320,9 @@ def _read(access: Access, uri: str) -> tuple[str, str]:
     if parts.netloc == "session" and len(segments) == 2 and segments[1] == "context":
         query = parse_qs(parts.query)
         budget = query.get("budget_tokens", [str(DEFAULT_CONTEXT_BUDGET)])[0]
-        if not budget.isdigit():
-            raise ValidationError("budget_tokens", f"is {budget!r}", "pass a positive integer")
         ctx = access.harness.context(
             query.get("query", [""])[0],
-            budget_tokens=int(budget),
+            budget_tokens=CONTEXT_BUDGET.check("budget_tokens", budget),
             session_id=segments[0],
             read_only=not access.may_write,
         )

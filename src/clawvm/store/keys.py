@@ -74,6 +74,8 @@ AUDIT_REVOKED = EventKind.API_KEY_REVOKED
 LEGACY_CREATED = "key_created"
 LEGACY_REVOKED = "key_revoked"
 KEY_PREFIX = "cvm"
+#: The longest lifetime a key may be given: past it, mint a key that does not expire.
+MAX_KEY_TTL_S = 10 * 366 * 86400.0
 _TOKEN = re.compile(rf"{KEY_PREFIX}_([0-9a-f]{{12}})_[A-Za-z0-9_-]{{20,100}}")
 
 
@@ -239,8 +241,12 @@ class Keyring:
         """When a new key expires: the earlier of ``expires_at`` and ``ttl_s`` from now (None: never)."""
         ends: list[datetime] = []
         if ttl_s is not None:
-            if not ttl_s > 0:
-                raise ValidationError("ttl_s", f"is {ttl_s!r}", "pass a positive number of seconds")
+            if not 0 < ttl_s <= MAX_KEY_TTL_S:  # NaN fails too; past the cap timedelta overflowed
+                raise ValidationError(
+                    "ttl_s",
+                    f"is {ttl_s!r}",
+                    f"pass more than 0 seconds, at most {MAX_KEY_TTL_S:.0f} (ten years); none: never expires",
+                )
             ends.append(self._now() + timedelta(seconds=ttl_s))
         if expires_at is not None:
             if expires_at.tzinfo is None:

@@ -64,7 +64,7 @@ from clawvm.core.entities import entities
 from clawvm.core.errors import ConfigError, ConflictError, SchemaError, StoreError, ValidationError
 from clawvm.core.ids import is_valid_id
 from clawvm.core.lexical import Analyzer, BM25Params
-from clawvm.core.model import Filters, LinkType, Memory
+from clawvm.core.model import MAX_COUNT, Filters, LinkType, Memory
 from clawvm.core.vectors import normalize
 from clawvm.store import postgres_rows as pgrows
 from clawvm.store.base import (
@@ -626,7 +626,7 @@ class PostgresStore(Store):
             rows = conn.execute(
                 f"""SELECT m.body FROM memories m WHERE {where} AND {cond}
                     ORDER BY m.created_at {direction}, m.id {direction} LIMIT %s""",
-                [*args, *extra, min(limit, 2**62)],
+                [*args, *extra, min(limit, MAX_COUNT)],
             ).fetchall()
         return [str(body) for (body,) in rows]
 
@@ -637,7 +637,7 @@ class PostgresStore(Store):
             rows = conn.execute(
                 f"""SELECT DISTINCT m.session_id COLLATE "C" AS s FROM memories m
                     WHERE {where} AND m.session_id IS NOT NULL AND {cond} ORDER BY s LIMIT %s""",
-                [*args, *extra, min(max(0, limit), 2**62)],
+                [*args, *extra, min(max(0, limit), MAX_COUNT)],
             ).fetchall()
         return [str(unesc(r[0])) for r in rows]
 
@@ -653,7 +653,7 @@ class PostgresStore(Store):
                 f"""SELECT DISTINCT t COLLATE "C" AS name
                     FROM memories m CROSS JOIN LATERAL unnest(m.tags) AS t
                     WHERE {where} AND starts_with(t, %s) AND {cond} ORDER BY name LIMIT %s""",
-                [*args, esc(prefix) or "", *extra, min(max(0, limit), 2**62)],
+                [*args, esc(prefix) or "", *extra, min(max(0, limit), MAX_COUNT)],
             ).fetchall()
         return [str(unesc(r[0])) for r in rows]
 

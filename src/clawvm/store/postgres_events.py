@@ -27,6 +27,7 @@ from typing import Any
 import psycopg
 
 from clawvm.core.errors import StoreError
+from clawvm.core.model import MAX_COUNT
 from clawvm.store.base import Event, check_import
 from clawvm.store.postgres_schema import tenant_sequence
 from clawvm.store.postgres_search import esc, unesc
@@ -181,7 +182,7 @@ class PgEventLog:
             sql += " AND memory_id = %s"
             args.append(esc(memory_id))
         sql += " ORDER BY seq LIMIT %s" if tenant is None else " ORDER BY tenant_seq LIMIT %s"
-        args.append(min(limit, 2**62))
+        args.append(min(limit, MAX_COUNT))
         rows = conn.execute(sql, args).fetchall()
         if memory_id is None and not _without_holes(after_seq, [int(r[0]) for r in rows]):
             # a lower number may still be in flight: wait for the appenders holding the shared lock; then

@@ -42,7 +42,7 @@ import psycopg
 from clawvm.core.errors import StoreError
 from clawvm.core.ids import is_valid_id
 from clawvm.core.lexical import Analyzer, BM25Params
-from clawvm.core.model import Filters, Scope, Visibility
+from clawvm.core.model import MAX_COUNT, Filters, Scope, Visibility
 from clawvm.store.base import CandidateInfo, Query, QueryResult, check_vectors
 from clawvm.store.index import CONTEXT_WINDOW
 
@@ -239,7 +239,7 @@ class Searcher:
         if not q.text and q.vector is None and not q.expand and not q.around:
             rows = conn.execute(
                 f"SELECT id FROM memories m WHERE {where} ORDER BY created_at DESC, seq DESC LIMIT %s",
-                [*wargs, min(q.limit, 2**62)],
+                [*wargs, min(q.limit, MAX_COUNT)],
             ).fetchall()
             result.filtered = [str(r[0]) for r in rows]
         return result
@@ -445,7 +445,7 @@ class Searcher:
                      FROM vectors v JOIN memories m ON m.tenant = v.tenant AND m.seq = v.seq WHERE {where}"""
         if exact:  # a materialised set cannot be read through the index: an exact sort
             sql = f"WITH c AS MATERIALIZED ({select}) SELECT seq, id, d FROM c ORDER BY d, seq LIMIT %s"
-            return sql, [v, *wargs, min(limit, 2**62)]
+            return sql, [v, *wargs, min(limit, MAX_COUNT)]
         return f"{select} ORDER BY v.embedding <#> %b LIMIT %s", [v, *wargs, v, limit]
 
     # ---- info and the entity graph ---------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
-from clawvm.core.model import VISIBLE_STATUSES, Status, Tier
+from clawvm.core.model import MAX_COUNT, VISIBLE_STATUSES, Status, Tier
 from clawvm.server.auth import Caller, Reader
 from clawvm.server.schemas.responses import EventOut, EventsPage, StatsOut
 from clawvm.server.service import Service, service_of
@@ -22,7 +22,7 @@ router = APIRouter(tags=["events"])
 @router.get("/events", response_model=EventsPage)
 def events(
     caller: Reader,
-    after_seq: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    after_seq: Annotated[int, Query(ge=0, le=MAX_COUNT)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     memory_id: Annotated[str | None, Query(min_length=1, max_length=100)] = None,
 ) -> EventsPage:
@@ -40,7 +40,7 @@ def events(
 async def event_stream(
     request: Request,
     caller: Reader,
-    after_seq: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    after_seq: Annotated[int, Query(ge=0, le=MAX_COUNT)] = 0,
     max_s: Annotated[float | None, Query(gt=0, le=86400, description="end the stream after this")] = None,
     last_event_id: Annotated[str | None, Header(pattern=r"^[0-9]{1,18}$")] = None,
 ) -> StreamingResponse:

@@ -28,6 +28,7 @@ from pydantic import (
 
 from clawvm.core.ids import ID_PATTERN
 from clawvm.core.model import (
+    MAX_COUNT,
     MAX_JSON_DEPTH,
     NON_BLANK,
     STATUS_CHOICES,
@@ -43,14 +44,13 @@ from clawvm.core.model import (
     iso_datetime,
 )
 from clawvm.recall.retrieval import PRESETS
-from clawvm.store.keys import Role
+from clawvm.store.keys import MAX_KEY_TTL_S, Role
 
 MAX_TAGS = 64
 MAX_LINKS = 256
 MAX_QUERY_CHARS = 10_000
 MAX_IMPORT = 1000
 MAX_EMBEDDING_DIM = 4096
-MAX_KEY_TTL_S = 10 * 366 * 86400.0  # ten years: past it, mint a key that does not expire
 
 
 def _storable_problem(value: Any) -> str | None:
@@ -124,7 +124,9 @@ Content = Annotated[
         {"anyOf": [{"type": "string", "pattern": NON_BLANK}, {"type": "object"}, {"type": "array"}]}
     ),
 ]
-Ident = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+Ident = Annotated[
+    str, StringConstraints(min_length=1, max_length=256, pattern=NON_BLANK)
+]  # blank: no scope at all
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=NON_BLANK)]
 MemoryRef = Annotated[str, StringConstraints(pattern=ID_PATTERN)]  # a memory id (parent_id)
 Query = Annotated[str, StringConstraints(max_length=MAX_QUERY_CHARS)]
@@ -225,8 +227,9 @@ _NULLABLE_MEMORY_FIELDS = frozenset(
 class UpdateRequest(RequestBody):
     """Fields to change (only those sent). With ``expected_version``, a stale version is a 409."""
 
-    # 10**15: far above any version, and exact as a float (a JSON Schema validator may compare in floats)
-    expected_version: Annotated[int, Field(ge=1, le=10**15), *_INTEGER] | None = None
+    # MAX_COUNT (2**53 - 1): the highest version a memory may have, and exact as a float (a JSON Schema
+    # validator may compare in floats)
+    expected_version: Annotated[int, Field(ge=1, le=MAX_COUNT), *_INTEGER] | None = None
     content: Content | None = None  # null, as for kind: the content stays as it is
     kind: KindName | None = None
     state: StateName | None = None
