@@ -121,6 +121,8 @@ log = logging.getLogger("clawvm.harness")
 
 #: Sessions whose start_session preload a harness remembers (the oldest is forgotten first).
 PRELOADED_SESSIONS = 8192
+#: Tries of a forget whose memory keeps changing under it (each a pager pass or another writer racing it).
+FORGET_RETRIES = 5
 _IMMUTABLE = frozenset({"id", "created_at", "version", "changed_version", "tenant"})
 #: Metadata that compress() keeps: the compressed memory's pointer to its raw copy, and the raw copy's back.
 _COMPRESSION_METADATA = ("compression", "raw_of")
@@ -416,6 +418,15 @@ class Harness:
     @_exclusive
     def forget(self, memory_id: str) -> None:
         """Delete a memory for good (its vector and outgoing links too)."""
+        for _ in range(FORGET_RETRIES - 1):
+            try:
+                return self._forget(memory_id)
+            except ConflictError:  # it changed since it was read (a pager pass, another process): again
+                continue
+        return self._forget(memory_id)
+
+    def _forget(self, memory_id: str) -> None:
+        """One try at :meth:`forget`, deleting the memory and its raw copies as read."""
         memory = self.store.get(memory_id)
         if memory.status is Status.INTERNAL:
             raise ValidationError(

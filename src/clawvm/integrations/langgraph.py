@@ -505,18 +505,18 @@ class ClawVMStore(BaseStore):
                 continue
 
     def _remove(self, memories: Sequence[Memory]) -> int:
-        """Delete those of ``memories`` still stored at the version given (an item a put brought back
-        meanwhile stays), holding the engine's write lock so that no write of this process slips in
-        between the check and the delete."""
-        if not memories:
-            return 0
+        """Delete those of ``memories`` still stored at the version given: an item a put brought back
+        meanwhile, in this process or another, stays (the commit path checks each version in the delete's
+        own transaction and refuses the batch; the item that moved on is left out and the rest tried
+        again)."""
         h = self.harness
-        with h.store.write_lock:
-            stored = h.store.get_many([m.id for m in memories])
-            doomed = [stored[m.id] for m in memories if m.id in stored and stored[m.id].version == m.version]
-            if not doomed:
-                return 0
-            return h.writer.delete(doomed, [self._forgot(m, h.now()) for m in doomed])
+        doomed = list(memories)
+        while doomed:
+            try:
+                return h.writer.delete(doomed, [self._forgot(m, h.now()) for m in doomed])
+            except ConflictError as exc:
+                doomed = [m for m in doomed if m.id != exc.ident]
+        return 0
 
     def _event(self, m: Memory, now: datetime) -> Event:
         if m.version == 1:

@@ -23,7 +23,7 @@ import builtins
 import json
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -316,6 +316,17 @@ def check_versions(batch: Sequence[Memory], stored: dict[str, int]) -> None:
             raise ConflictError(m.id, m.version - 1, current)
 
 
+def check_removable(batch: Sequence[Memory], stored: Mapping[str, int]) -> None:
+    """The optimistic-locking rule of a delete: a memory still stored must be at the version the caller
+    read (a change that landed since is not deleted unseen); one no longer stored was deleted already."""
+    if len({m.id for m in batch}) != len(batch):
+        raise ValidationError("memories", "the same id appears twice in one batch", "delete each id once")
+    for m in batch:
+        current = stored.get(m.id)
+        if current is not None and current != m.version:
+            raise ConflictError(m.id, m.version, current)
+
+
 def check_vectors(
     n: int, vectors: np.ndarray | Sequence[Any], dim: int, field: str = "vectors"
 ) -> np.ndarray:
@@ -508,6 +519,22 @@ class Store(ABC):
             self.set_vectors(*embedded)
         if events:
             self.append_events(events)
+
+    def remove(self, memories: Sequence[Memory], events: Sequence[Event] = ()) -> int:
+        """Delete ``memories`` (their vectors and outgoing links) where each is still stored at its
+        ``version``, and append ``events``, as one step; returns how many were stored. One stored at
+        another version: :class:`ConflictError`, nothing deleted or logged (see :func:`check_removable`).
+
+        Engines with transactions override this to check, delete and log in one transaction (a crash
+        between the delete and its event lost the event); this default holds :attr:`write_lock`, which
+        makes the step atomic within this process only."""
+        with self.write_lock:
+            stored = self.get_many([m.id for m in memories])
+            check_removable(memories, {i: m.version for i, m in stored.items()})
+            deleted = self.delete_many([m.id for m in memories])
+            if events:
+                self.append_events(events)
+            return deleted
 
     def delete(self, memory_id: str) -> None:
         if self.delete_many([memory_id]) == 0:

@@ -76,6 +76,7 @@ from clawvm.store.base import (
     QueryResult,
     Store,
     check_credential_version,
+    check_removable,
     check_vectors,
     check_versions,
     credential_json,
@@ -487,30 +488,53 @@ class PostgresStore(Store):
         unique = valid_ids(ids)
         if not unique:
             return 0
+        return self._write("delete", lambda conn: self._delete_rows(conn, unique))
 
-        def delete(conn: psycopg.Connection[Any]) -> int:
-            gone = conn.execute(
-                "DELETE FROM memories WHERE id = ANY(%s::uuid[])"
-                " RETURNING seq, doc_len, session_id IS NOT NULL, tenant",
-                [unique],
+    def remove(self, memories: Sequence[Memory], events: Sequence[Event] = ()) -> int:
+        """The versions checked (the rows locked), the rows deleted and the events logged in one
+        transaction."""
+        ids = valid_ids([m.id for m in memories])
+        if not ids:
+            if events:
+                self.append_events(events)
+            return 0
+
+        def remove(conn: psycopg.Connection[Any]) -> int:
+            stored = conn.execute(
+                "SELECT id::text, version FROM memories WHERE id = ANY(%s::uuid[]) FOR UPDATE", [ids]
             ).fetchall()
-            if not gone:
-                return 0
-            keys = [[str(t) for _, _, _, t in gone], [int(s) for s, _, _, _ in gone]]
-            for table in ("postings", "entities", "vectors"):
-                conn.execute(
-                    f"DELETE FROM {table} WHERE (tenant, seq) IN"
-                    " (SELECT * FROM unnest(%s::text[], %s::bigint[]))",
-                    keys,
-                )
-            conn.execute("DELETE FROM links WHERE source = ANY(%s::uuid[])", [unique])
-            per_tenant = pgrows.TenantStats()
-            for _, d, x, tenant in gone:
-                per_tenant.add(str(tenant), -1, -int(d), -int(bool(x)))
-            conn.execute(pgrows.ADD_TENANT_STATS, per_tenant.arrays())
-            return len(gone)
+            check_removable(memories, {str(i): int(v) for i, v in stored})
+            deleted = self._delete_rows(conn, ids)
+            if events:
+                self.event_log.append(conn, events)
+            return deleted
 
-        return self._write("delete", delete)
+        return self._write("delete", remove)
+
+    @staticmethod
+    def _delete_rows(conn: psycopg.Connection[Any], unique: list[str]) -> int:
+        """Delete the rows of ``unique`` and what indexes them (in the caller's transaction); returns how
+        many were stored."""
+        gone = conn.execute(
+            "DELETE FROM memories WHERE id = ANY(%s::uuid[])"
+            " RETURNING seq, doc_len, session_id IS NOT NULL, tenant",
+            [unique],
+        ).fetchall()
+        if not gone:
+            return 0
+        keys = [[str(t) for _, _, _, t in gone], [int(s) for s, _, _, _ in gone]]
+        for table in ("postings", "entities", "vectors"):
+            conn.execute(
+                f"DELETE FROM {table} WHERE (tenant, seq) IN"
+                " (SELECT * FROM unnest(%s::text[], %s::bigint[]))",
+                keys,
+            )
+        conn.execute("DELETE FROM links WHERE source = ANY(%s::uuid[])", [unique])
+        per_tenant = pgrows.TenantStats()
+        for _, d, x, tenant in gone:
+            per_tenant.add(str(tenant), -1, -int(d), -int(bool(x)))
+        conn.execute(pgrows.ADD_TENANT_STATS, per_tenant.arrays())
+        return len(gone)
 
     def set_vectors(
         self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None

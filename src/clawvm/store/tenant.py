@@ -121,6 +121,13 @@ class TenantStore(Store):
         with self.inner.write_lock:
             return self.inner.delete_many(sorted(self._owned(ids)))
 
+    def remove(self, memories: Sequence[Memory], events: Sequence[Event] = ()) -> int:
+        self._check_tenants(memories)
+        self._check_events(events)
+        with self.inner.write_lock:  # an id another tenant holds is not this memory: left alone
+            own = self._owned([m.id for m in memories])
+            return self.inner.remove([m for m in memories if m.id in own], events)
+
     def set_vectors(
         self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None
     ) -> None:

@@ -263,11 +263,11 @@ class CommitPath:
         return stored
 
     def delete(self, memories: Sequence[Memory], events: Sequence[Event] = ()) -> int:
-        """Delete ``memories`` for good (their vectors and links too), then log ``events``."""
+        """Delete ``memories`` for good (their vectors and links too) and log ``events``, atomically, if
+        each is still at the version given (:class:`clawvm.ConflictError` otherwise: a change that landed
+        since it was read is not deleted unseen, and nothing is written)."""
         self._open()
-        deleted = self._store.delete_many([m.id for m in memories])
-        if events:
-            self._store.append_events([self._scrubbed(e) for e in events])
+        deleted = self._store.remove(memories, [self._scrubbed(e) for e in events])
         self._notify((), [m.id for m in memories])
         return deleted
 
