@@ -448,6 +448,25 @@ def test_bad_key_requests_are_refused(engine: Store) -> None:
     assert ring.list() == []
 
 
+def test_keys_cli_create_takes_the_tenant_clawvm_was_given(tmp_path: Path) -> None:
+    """`clawvm --tenant acme keys create` and CLAWVM_TENANT=acme failed with "Missing option '--tenant'",
+    and `clawvm --tenant acme keys create --tenant globex` minted a globex key without a word."""
+    db = str(tmp_path / "keys.db")
+    runner = CliRunner()
+    assert runner.invoke(main, ["--db", db, "--tenant", "acme", "keys", "create"]).exit_code == 0
+    assert runner.invoke(main, ["--db", db, "keys", "create"], env={"CLAWVM_TENANT": "globex"}).exit_code == 0
+    both = runner.invoke(main, ["--db", db, "--tenant", "acme", "keys", "create", "--tenant", "globex"])
+    assert both.exit_code == 2 and "'acme' and 'globex'" in both.output
+    neither = runner.invoke(main, ["--db", db, "keys", "create"], env={"CLAWVM_TENANT": None})
+    assert neither.exit_code == 2 and "--tenant" in neither.output
+    store = SQLiteStore(db)
+    store.setup()
+    try:
+        assert sorted(k.tenant for k in Keyring(store).list()) == ["acme", "globex"]
+    finally:
+        store.close()
+
+
 def test_keys_cli_create_list_revoke(tmp_path: Path) -> None:
     db = str(tmp_path / "keys.db")
     runner = CliRunner()

@@ -379,3 +379,13 @@ def test_a_field_s_own_check_names_what_to_pass(fields: dict[str, object], field
     with pytest.raises(ValidationError) as exc:
         build_memory({"content": "x", "tenant": "t", **fields})
     assert exc.value.field == field and fix in exc.value.fix
+
+
+@pytest.mark.parametrize("field", ["content", "session_id", "tags"])
+def test_a_nul_character_is_refused_in_stored_text(field: str) -> None:
+    """A record with U+0000 in its content was stored, and SQLite's embed worker then spun on it forever."""
+    value: Any = ["a\x00b"] if field == "tags" else "a\x00b"
+    fields = {"content": "ok", field: value}
+    with pytest.raises(ValidationError) as exc:
+        build_memory(fields)
+    assert exc.value.field.startswith(field) and "NUL" in exc.value.problem

@@ -39,7 +39,7 @@ from clawvm import (
     Tier,
     ValidationError,
 )
-from clawvm.core.model import revalidate
+from clawvm.core.model import STORED, revalidate
 from clawvm.store import Edge, Event, PageKey, Query, SQLiteStore, Store, store_from_url
 from engines import make_store
 from strategies import at, memories
@@ -122,6 +122,39 @@ def test_delete_many_counts_existing_ids_once(engine: Store) -> None:
     assert engine.delete_many([a.id, a.id, mem().id, b.id]) == 2
     assert all_ids(engine) == [c.id]
     assert engine.delete_many([]) == 0
+
+
+def test_remove_checks_versions_and_logs_its_events_in_one_step(engine: Store) -> None:
+    """A delete and its event were two steps (a crash between them lost the event), with no version check
+    (a change that landed after the read was deleted unseen)."""
+    a, b, c = mem("a"), mem("b"), mem("c")
+    engine.put_many([a, b, c])
+    engine.put(bump(b, content="b changed"))  # since the caller read b
+    seen = len(engine.read_events(0, 100))
+
+    def forgot(m: Memory) -> Event:
+        return Event(kind="forget", memory_id=m.id, at=at(2026))
+
+    with pytest.raises(ConflictError) as exc:
+        engine.remove([a, b], [forgot(a), forgot(b)])
+    assert exc.value.ident == b.id and exc.value.expected == 1 and exc.value.actual == 2
+    assert sorted(all_ids(engine)) == sorted([a.id, b.id, c.id]) and len(engine.read_events(0, 100)) == seen
+    gone = mem("never stored")  # deleted already: skipped, not a conflict
+    assert engine.remove([a, gone], [forgot(a)]) == 1
+    assert sorted(all_ids(engine)) == sorted([b.id, c.id])
+    assert [e.memory_id for e in engine.read_events(0, 100)][-1:] == [a.id]
+    assert engine.remove([], []) == 0
+
+
+@pytest.mark.engines("memory", "sqlite")  # PostgreSQL's text cannot hold U+0000 at all
+def test_a_stored_text_holding_nul_gets_its_vector(engine: Store) -> None:
+    """SQLite's JSON functions end a text at U+0000: the vector's update compared the stored content that
+    way, matched nothing, and the embed worker took the same row again forever."""
+    legacy = Memory.model_validate({"content": "x\x00y", "tenant": "default"}, context=STORED)
+    engine.put(legacy)
+    assert [i for i, _ in engine.unembedded(10)] == [legacy.id]
+    engine.set_vectors([legacy.id], np.ones((1, engine.dim), dtype=np.float32), contents=["x\x00y"])
+    assert engine.unembedded(10) == [] and legacy.id in engine.vectors_of([legacy.id])
 
 
 def test_put_many_of_nothing_is_a_no_op(engine: Store) -> None:

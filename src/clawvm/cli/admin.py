@@ -25,7 +25,11 @@ def keys() -> None:
 
 
 @keys.command("create")
-@click.option("--tenant", required=True, help="Tenant the key reads and writes (letters, digits, . _ -).")
+@click.option(
+    "--tenant",
+    default=None,
+    help="Tenant the key reads and writes (letters, digits, . _ -; default: clawvm's --tenant or CLAWVM_TENANT).",
+)
 @click.option(
     "--role",
     type=click.Choice([r.value for r in Role]),
@@ -41,13 +45,26 @@ def keys() -> None:
     help="Seconds the key works for; after that it gets 401 key_expired (default: it does not expire).",
 )
 @click.pass_context
-def keys_create(ctx: click.Context, tenant: str, role: str, name: str, ttl_s: float | None) -> None:
+def keys_create(ctx: click.Context, tenant: str | None, role: str, name: str, ttl_s: float | None) -> None:
     """Create a key and print it (once: only its hash is stored)."""
+    tenant = _key_tenant(ctx, tenant)
     with opened_keyring(ctx) as ring:
         record, token = ring.create(tenant, role, name, ttl_s=ttl_s)
     click.echo(token)
     until = f", expires {record.expires_at.isoformat()}" if record.expires_at else ""
     click.echo(f"key {record.key_id} for tenant {tenant} ({role}{until}): shown once, store it now", err=True)
+
+
+def _key_tenant(ctx: click.Context, given: str | None) -> str:
+    """The tenant a new key is for: the command's --tenant, else the one clawvm was given (the command
+    required its own and ignored CLAWVM_TENANT); both, naming two tenants, is refused."""
+    named = ctx.obj["tenant"] if ctx.obj.get("tenant_named") else None
+    if given is not None and named is not None and given != named:
+        raise click.UsageError(f"--tenant names both {named!r} and {given!r}: name the key's tenant once")
+    tenant = given or named
+    if tenant is None:
+        raise click.UsageError("name the key's tenant: keys create --tenant NAME (or set CLAWVM_TENANT)")
+    return tenant
 
 
 @keys.command("list")

@@ -398,6 +398,8 @@ def _check_utf8(text: str) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("contains unpaired surrogates (not valid UTF-8)") from None
+    if "\x00" in text:  # PostgreSQL cannot store it, and SQLite's JSON functions end a text there
+        raise ValueError("contains a NUL character (U+0000): remove it")
 
 
 def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:

@@ -40,6 +40,7 @@ from clawvm.store.base import (
     QueryResult,
     Store,
     check_credential_version,
+    check_removable,
     check_vectors,
     check_versions,
     credential_json,
@@ -608,17 +609,40 @@ class SQLiteStore(IndexSnapshots, Store):
         if not unique:
             return 0
         with self._write("delete") as (db, rev, _counted):
-            n = 0
-            for memory_id in unique:
-                cur = db.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
-                if cur.rowcount:
-                    n += 1
-                    db.execute("DELETE FROM links WHERE source = ?", (memory_id,))
-                    db.execute("INSERT INTO tombstones VALUES (?, ?)", (memory_id, rev))
-            self._index_dirty = True
-            for memory_id in unique:
-                self.index.remove(memory_id)
-            return n
+            return self._delete_rows(db, rev, unique)
+
+    def remove(self, memories: Sequence[Memory], events: Sequence[Event] = ()) -> int:
+        """The versions checked, the rows deleted and the events logged in one transaction."""
+        if not memories:
+            if events:
+                self.append_events(events)
+            return 0
+        ids = [m.id for m in memories]
+        with self._write("delete", events) as (db, rev, counted):
+            stored: dict[str, int] = {}
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                stored.update(db.execute(f"SELECT id, version FROM memories WHERE id IN ({marks})", chunk))
+            check_removable(memories, stored)
+            deleted = self._delete_rows(db, rev, ids)
+            sqlite_events.insert_events(db, events, counted)
+            return deleted
+
+    def _delete_rows(self, db: sqlite3.Connection, rev: int, ids: Sequence[str]) -> int:
+        """Delete ``ids``' rows, links and index entries, leaving a tombstone of each (in the caller's
+        transaction); returns how many were stored."""
+        n = 0
+        for memory_id in ids:
+            cur = db.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
+            if cur.rowcount:
+                n += 1
+                db.execute("DELETE FROM links WHERE source = ?", (memory_id,))
+                db.execute("INSERT INTO tombstones VALUES (?, ?)", (memory_id, rev))
+        self._index_dirty = True
+        for memory_id in ids:
+            self.index.remove(memory_id)
+        return n
 
     def count(self, filters: Filters | None = None) -> int:
         with self._read("count"):
@@ -686,16 +710,26 @@ class SQLiteStore(IndexSnapshots, Store):
                     "UPDATE memories SET embedding = ?, rev = ? WHERE id = ?", (_blob(v), rev, memory_id)
                 )
             else:
+                if not self._unembedded_with(db, memory_id, contents[n]):
+                    continue
                 cur = db.execute(
-                    "UPDATE memories SET embedding = ?, rev = ? WHERE id = ? AND embedding IS NULL"
-                    " AND json_extract(body, '$.content') = ?",
-                    (_blob(v), rev, memory_id, contents[n]),
+                    "UPDATE memories SET embedding = ?, rev = ? WHERE id = ?", (_blob(v), rev, memory_id)
                 )
             if cur.rowcount:
                 written.append((memory_id, v))
         self._index_dirty = True
         for memory_id, v in written:
             self.index.set_vector(memory_id, v)
+
+    @staticmethod
+    def _unembedded_with(db: sqlite3.Connection, memory_id: str, content: str) -> bool:
+        """Whether ``memory_id`` still lacks a vector and still holds ``content`` (the text that was
+        embedded). Compared in Python: SQLite's JSON functions end a text at U+0000, so a content holding
+        one never matched, and the embed worker took the same row again forever."""
+        row = db.execute(
+            "SELECT body FROM memories WHERE id = ? AND embedding IS NULL", (memory_id,)
+        ).fetchone()
+        return row is not None and json.loads(row[0])["content"] == content
 
     def vectors_of(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
