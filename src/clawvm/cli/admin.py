@@ -28,7 +28,7 @@ def keys() -> None:
 @click.option(
     "--tenant",
     default=None,
-    help="Tenant the key reads and writes (letters, digits, . _ -; default: clawvm's --tenant or CLAWVM_TENANT).",
+    help="Tenant the key reads and writes (letters, digits, . _ -; default: --tenant of clawvm).",
 )
 @click.option(
     "--role",
