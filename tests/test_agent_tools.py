@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from clawvm import Harness, Kind, State, Status
 from clawvm.agents.tool_schemas import KindName, StateName
 from clawvm.agents.tools import AgentTools
+from clawvm.vm.compress import SummarizerError
 from loopback import ChatReplay
 
 NAMES = [
@@ -212,6 +213,22 @@ def test_an_unexpected_failure_is_a_tool_error_too(caplog: pytest.LogCaptureFixt
         assert e["message"].startswith("RuntimeError: summarize_task failed")
         assert "crashed" not in e["message"]
         assert e["fix"] and "summarizer crashed" in caplog.text
+
+
+class DownSummarizer:
+    name = "down"
+
+    def summarize(self, text: str, max_chars: int) -> str:
+        raise SummarizerError("the team's summarizer is down")
+
+
+def test_a_failing_summarizer_of_ones_own_is_an_upstream_failure() -> None:
+    with Harness.open("memory://", embedder=None, summarizer=DownSummarizer()) as h:
+        tools = AgentTools(h, session_id="s1", task_id="t1")
+        ok(tools.dispatch("record_memory", {"content": "step 1", "state": "intermediate"}))
+        e = err(tools.dispatch("summarize_task", {}), "upstream_failed")
+        assert e["fix"] and "down" not in e["message"]
+        assert h.count(session_id="s1") == 1
 
 
 def test_a_change_to_a_replaced_memory_is_an_invalid_state_with_its_fix() -> None:

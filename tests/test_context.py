@@ -30,12 +30,36 @@ from clawvm.vm.tiers import PagerConfig, TierBudgets
 T0 = datetime(2030, 3, 1, 9, 0, tzinfo=UTC)
 LINE = re.compile(r"^\[([0-9a-f]{8}) (\d{4}-\d{2}-\d{2})\] (\w+): ")
 
-WORDS = ["payment", "api", "refund", "deploy", "disk", "lunch", "Alice", "Bob", "Paris", "invoice", "retry",
-         "cache", "user", "asked", "about", "the", "failed", "timeout", "coffee", "meeting", "42", "7.5"]
+WORDS = [
+    "payment",
+    "api",
+    "refund",
+    "deploy",
+    "disk",
+    "lunch",
+    "Alice",
+    "Bob",
+    "Paris",
+    "invoice",
+    "retry",
+    "cache",
+    "user",
+    "asked",
+    "about",
+    "the",
+    "failed",
+    "timeout",
+    "coffee",
+    "meeting",
+    "42",
+    "7.5",
+]
 word_texts = st.lists(st.sampled_from(WORDS), min_size=1, max_size=40).map(" ".join)
 # any text the harness accepts, including odd whitespace and control characters
 odd_texts = st.text(
-    st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=80
+    st.characters(codec="utf-8", exclude_categories=["Cs"], exclude_characters="\x00"),
+    min_size=1,
+    max_size=80,
 ).filter(lambda s: bool(s.strip()))
 texts = st.one_of(word_texts, word_texts, odd_texts)
 
@@ -109,12 +133,20 @@ def test_budget_must_be_positive() -> None:
 def test_pinned_first_then_working_then_retrieved() -> None:
     h, _now = open_harness()
     with h:
-        old = [h.record(f"the invoice for Paris was {i} euros", session_id="s0", created_at=T0)
-               for i in range(5)]
+        old = [
+            h.record(f"the invoice for Paris was {i} euros", session_id="s0", created_at=T0) for i in range(5)
+        ]
         pin = h.record("the user wants answers in French", session_id="s1", kind="user_input", created_at=T0)
         h.pin(pin.id)
-        work = [h.record(f"step {i}: checking the deploy logs", session_id="s1", kind="llm_thought",
-                         created_at=T0 + timedelta(minutes=i)) for i in range(3)]
+        work = [
+            h.record(
+                f"step {i}: checking the deploy logs",
+                session_id="s1",
+                kind="llm_thought",
+                created_at=T0 + timedelta(minutes=i),
+            )
+            for i in range(3)
+        ]
         ctx = h.context("invoice Paris euros", budget_tokens=400, session_id="s1")
         check_shape(ctx, 400)
         sections = {e.id: e.section for e in ctx.manifest}
@@ -128,8 +160,9 @@ def test_pinned_first_then_working_then_retrieved() -> None:
             assert e.tier == h.get(e.id).tier.value or e.section == "retrieved"
         # working memories are taken before retrieved ones (within the working quota), even when the
         # retrieved ones are the relevant ones and there are more of them than the budget holds
-        more = [h.record(f"the invoice for Paris was {i} euros", session_id="s0", created_at=T0)
-                for i in range(9)]
+        more = [
+            h.record(f"the invoice for Paris was {i} euros", session_id="s0", created_at=T0) for i in range(9)
+        ]
         cost = {m.id: count_tokens(render(h.get(m.id))) for m in [pin, *work, *old, *more]}
         working_tokens = sum(cost[m.id] for m in work)
         budget = int(working_tokens / Quotas().working) + 1
@@ -167,8 +200,10 @@ def test_neighbours_of_retrieved_turns_are_included() -> None:
             "she called him Oscar, a small brown terrier",
             "nice, we should meet for coffee soon",
         ]
-        ms = [h.record(t, session_id="chat", kind="user_input", created_at=T0 + timedelta(minutes=i))
-              for i, t in enumerate(turns)]
+        ms = [
+            h.record(t, session_id="chat", kind="user_input", created_at=T0 + timedelta(minutes=i))
+            for i, t in enumerate(turns)
+        ]
         for i in range(12):  # another conversation, so "chat" is not in anyone's working tier for this query
             h.record(f"unrelated chatter number {i}", session_id="other", created_at=T0 + timedelta(hours=1))
         ctx = h.context("dog adopted name", budget_tokens=300, session_id="other")
@@ -197,7 +232,15 @@ def test_context_event_and_usage_bookkeeping() -> None:
         assert ev.data["manifest"] == [e.as_dict() for e in ctx.manifest]
         assert (ev.data["budget"], ev.data["tokens"], ev.data["query"]) == (200, ctx.tokens, "refund payment")
         assert set(ev.data["manifest"][0]) == {
-            "id", "short_id", "section", "tier", "value", "score", "tokens", "reason", "created_at"
+            "id",
+            "short_id",
+            "section",
+            "tier",
+            "value",
+            "score",
+            "tokens",
+            "reason",
+            "created_at",
         }
         assert ev.at == now[0]
         assert h.get(a.id).usage.injected == 1 and h.get(b.id).usage.injected == 0
@@ -247,21 +290,31 @@ def candidates(draw: st.DrawFn) -> list[Candidate]:
     pool: list[Memory] = []
     for _ in range(draw(st.integers(0, 12))):
         text = draw(texts)
-        m = build_memory({
-            "content": text, "kind": draw(st.sampled_from(list(Kind))), "token_count": count_tokens(text),
-            "created_at": T0 + timedelta(minutes=draw(st.integers(0, 10**5))),
-            "value": draw(st.floats(0, 1)), "tier": draw(st.sampled_from(list(Tier))),
-            # mostly active; now and then what a prompt may never hold (see vm/context.py)
-            "status": draw(st.sampled_from([Status.ACTIVE] * 4 + list(Status))),
-            "expires_at": draw(st.none() | st.integers(-3, 3).map(lambda h: T0 + timedelta(hours=h))),
-            "tags": draw(st.sampled_from([[], ["checkpoint"]])),
-            "metadata": draw(st.sampled_from([{}, {"raw_of": "0190a1b2-0000-7000-8000-000000000000"}])),
-        })
+        m = build_memory(
+            {
+                "content": text,
+                "kind": draw(st.sampled_from(list(Kind))),
+                "token_count": count_tokens(text),
+                "created_at": T0 + timedelta(minutes=draw(st.integers(0, 10**5))),
+                "value": draw(st.floats(0, 1)),
+                "tier": draw(st.sampled_from(list(Tier))),
+                # mostly active; now and then what a prompt may never hold (see vm/context.py)
+                "status": draw(st.sampled_from([Status.ACTIVE] * 4 + list(Status))),
+                "expires_at": draw(st.none() | st.integers(-3, 3).map(lambda h: T0 + timedelta(hours=h))),
+                "tags": draw(st.sampled_from([[], ["checkpoint"]])),
+                "metadata": draw(st.sampled_from([{}, {"raw_of": "0190a1b2-0000-7000-8000-000000000000"}])),
+            }
+        )
         if draw(st.integers(0, 5)) == 0:  # now and then a checkpoint's snapshot, as take() writes it
-            m = m.model_copy(update={
-                "kind": Kind.AGENT_STATE, "tags": ["checkpoint"], "content": '{"memories": {}}',
-                "content_type": "application/json", "metadata": {"checkpoint": "before", "memories": 0},
-            })
+            m = m.model_copy(
+                update={
+                    "kind": Kind.AGENT_STATE,
+                    "tags": ["checkpoint"],
+                    "content": '{"memories": {}}',
+                    "content_type": "application/json",
+                    "metadata": {"checkpoint": "before", "memories": 0},
+                }
+            )
         near = tuple(draw(st.lists(st.sampled_from(pool), max_size=2))) if pool else ()
         pool.append(m)
         section = draw(st.sampled_from(SECTIONS))

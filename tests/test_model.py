@@ -18,7 +18,7 @@ from hypothesis import given, settings
 import clawvm.core.ids
 from clawvm import Filters, Harness, Kind, Memory, ValidationError
 from clawvm.core.ids import is_valid_id, new_id
-from clawvm.core.model import JSON, MAX_JSON_DEPTH, STORED, TEXT, build_memory
+from clawvm.core.model import JSON, MAX_JSON_DEPTH, MAX_SCOPE_ID_CHARS, MAX_TAGS, STORED, TEXT, build_memory
 from engines import harness_target
 from strategies import memories
 
@@ -389,3 +389,21 @@ def test_a_nul_character_is_refused_in_stored_text(field: str) -> None:
     with pytest.raises(ValidationError) as exc:
         build_memory(fields)
     assert exc.value.field.startswith(field) and "NUL" in exc.value.problem
+
+
+def test_one_set_of_scope_and_tag_limits_for_every_way_in() -> None:
+    """The SDK stored a 10,000-character session and 100 tags, which the REST API then refused to name."""
+    for fields, name in (
+        ({"session_id": "s" * (MAX_SCOPE_ID_CHARS + 1)}, "session_id"),
+        ({"agent_id": "a" * (MAX_SCOPE_ID_CHARS + 1)}, "agent_id"),
+        ({"tags": [f"t{i}" for i in range(MAX_TAGS + 1)]}, "tags"),
+    ):
+        with pytest.raises(ValidationError) as exc:
+            build_memory({"content": "x", **fields})
+        assert exc.value.field == name
+    fits = build_memory(
+        {"content": "x", "session_id": "s" * MAX_SCOPE_ID_CHARS, "tags": [f"t{i}" for i in range(MAX_TAGS)]}
+    )
+    assert len(fits.tags) == MAX_TAGS
+    long_ago = Memory.model_validate({"content": "x", "session_id": "s" * 300}, context=STORED)
+    assert long_ago.session_id == "s" * 300  # a row stored before the limit still reads

@@ -13,15 +13,37 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import clawvm.vm.scoring
-from clawvm import Harness, Kind, Memory
+from clawvm import Harness, Kind, Memory, ValidationError
 from clawvm.core.model import build_memory
 from clawvm.vm.scoring import DEFAULT_SCORING, ScoringConfig, content_signals, explain, recency, value
 from strategies import datetimes, memories
 
 T0 = datetime(2030, 6, 1, 12, 0, tzinfo=UTC)
 
-WORDS = ["the", "build", "deploy", "notes", "about", "user", "asked", "for", "Paris", "Alice", "42", "3.5",
-         "error", "final answer", "def f(x):", "return", "{", "}", "ok", "conclusion", "plan", "timeout"]
+WORDS = [
+    "the",
+    "build",
+    "deploy",
+    "notes",
+    "about",
+    "user",
+    "asked",
+    "for",
+    "Paris",
+    "Alice",
+    "42",
+    "3.5",
+    "error",
+    "final answer",
+    "def f(x):",
+    "return",
+    "{",
+    "}",
+    "ok",
+    "conclusion",
+    "plan",
+    "timeout",
+]
 
 texts = st.lists(st.sampled_from(WORDS), min_size=1, max_size=12).map(" ".join)
 
@@ -29,7 +51,7 @@ texts = st.lists(st.sampled_from(WORDS), min_size=1, max_size=12).map(" ".join)
 @st.composite
 def scored(draw: st.DrawFn, /, **fixed: Any) -> Memory:
     """A memory over the fields that the value formula reads (realistic ranges)."""
-    created = T0 + timedelta(minutes=draw(st.integers(-10**6, 10**6)))
+    created = T0 + timedelta(minutes=draw(st.integers(-(10**6), 10**6)))
     last = draw(st.none() | st.integers(0, 10**6).map(lambda m: created + timedelta(minutes=m)))
     fields_: dict[str, Any] = {
         "content": draw(texts),
@@ -96,7 +118,7 @@ def test_feedback_is_monotone(m: Memory, votes: int, age_min: int) -> None:
     assert value(with_usage(m, feedback=f - votes), now) <= base + 1e-12
     # and the feedback component itself moves strictly while tanh is not saturated (in floats)
     if abs(f) <= 5:
-            assert explain(with_usage(m, feedback=f + votes), now).feedback > explain(m, now).feedback
+        assert explain(with_usage(m, feedback=f + votes), now).feedback > explain(m, now).feedback
 
 
 @settings(max_examples=200, deadline=None)
@@ -118,7 +140,11 @@ def test_value_is_the_documented_combination_of_its_components(m: Memory, age_mi
     prior = b.base + sum(b.signals.values()) + b.cost
     raw = (
         prior * (cfg.recency_floor + (1 - cfg.recency_floor) * b.recency)
-        + b.access + b.injected + b.cited + b.success + b.feedback
+        + b.access
+        + b.injected
+        + b.cited
+        + b.success
+        + b.feedback
     )
     assert b.value == pytest.approx(min(1.0, max(0.0, raw)), abs=1e-12)
     assert b.base == cfg.base[m.kind.value]
@@ -127,8 +153,9 @@ def test_value_is_the_documented_combination_of_its_components(m: Memory, age_mi
 
 def test_config_is_data() -> None:
     heavy = ScoringConfig(feedback_weight=0.5)
-    m = build_memory({"content": "plain words here", "kind": "note", "created_at": T0,
-                      "usage": {"feedback": 3}})
+    m = build_memory(
+        {"content": "plain words here", "kind": "note", "created_at": T0, "usage": {"feedback": 3}}
+    )
     assert explain(m, T0, heavy).feedback == pytest.approx(0.5 * math.tanh(1.5))
     assert explain(m, T0, heavy).feedback > explain(m, T0).feedback
     no_thoughts = ScoringConfig(base={**DEFAULT_SCORING.base, "note": 0.0})
@@ -172,9 +199,7 @@ PLAIN = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("signal", "text"), [(s, t) for s, ts in SIGNAL_EXAMPLES.items() for t in ts]
-)
+@pytest.mark.parametrize(("signal", "text"), [(s, t) for s, ts in SIGNAL_EXAMPLES.items() for t in ts])
 def test_each_signal_is_detected(signal: str, text: str) -> None:
     found = content_signals(text)
     assert signal in found
@@ -187,9 +212,31 @@ def test_plain_prose_has_no_signal(text: str) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from(["we", "walked", "home", "slowly", "and", "she", "smiled", "at", "the",
-                                 "dog", "quiet", "evening", "returned", "mirror", "garden"]),
-                min_size=1, max_size=15).map(" ".join))
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "we",
+                "walked",
+                "home",
+                "slowly",
+                "and",
+                "she",
+                "smiled",
+                "at",
+                "the",
+                "dog",
+                "quiet",
+                "evening",
+                "returned",
+                "mirror",
+                "garden",
+            ]
+        ),
+        min_size=1,
+        max_size=15,
+    ).map(" ".join)
+)
 def test_lowercase_prose_without_signal_words_has_no_signal(text: str) -> None:
     assert content_signals(text) == {}
 
@@ -197,8 +244,11 @@ def test_lowercase_prose_without_signal_words_has_no_signal(text: str) -> None:
 def test_signals_raise_the_prior() -> None:
     plain = build_memory({"content": "we talked about the weather", "kind": "note", "created_at": T0})
     rich = build_memory(
-        {"content": "final answer: Alice fixed the 503 error in def retry()", "kind": "note",
-         "created_at": T0}
+        {
+            "content": "final answer: Alice fixed the 503 error in def retry()",
+            "kind": "note",
+            "created_at": T0,
+        }
     )
     assert set(explain(rich, T0).signals) == {"error", "conclusion", "numbers", "code", "entities"}
     assert value(rich, T0) > value(plain, T0)
@@ -231,8 +281,19 @@ def test_last_access_resets_the_recency_clock() -> None:
 # ---- the docstring and Harness.explain ---------------------------------------------------------------------
 def test_module_docstring_documents_the_formula_and_defaults() -> None:
     doc = clawvm.vm.scoring.__doc__ or ""
-    for term in ("prior", "recency", "half_life_hours", "use(m)", "feedback", "clamp01", "pinned",
-                 "base[kind]", "0.5 **", "tanh", "log1p"):
+    for term in (
+        "prior",
+        "recency",
+        "half_life_hours",
+        "use(m)",
+        "feedback",
+        "clamp01",
+        "pinned",
+        "base[kind]",
+        "0.5 **",
+        "tanh",
+        "log1p",
+    ):
         assert term in doc, term
     cfg = ScoringConfig()
     for f in fields(ScoringConfig):
@@ -245,15 +306,31 @@ def test_module_docstring_documents_the_formula_and_defaults() -> None:
         assert re.search(row, doc, re.M), f"defaults of {kind.value} not documented"
 
 
-COMPONENTS = {"value", "base", "signals", "cost", "recency", "access", "injected", "cited", "success",
-              "feedback", "pinned"}
+COMPONENTS = {
+    "value",
+    "base",
+    "signals",
+    "cost",
+    "recency",
+    "access",
+    "injected",
+    "cited",
+    "success",
+    "feedback",
+    "pinned",
+}
 
 
 def test_harness_explain_returns_every_component() -> None:
     now = [T0]
     with Harness.open("memory://", embedder=None, clock=lambda: now[0]) as h:
-        m = h.record("final answer: Alice paid 42 EUR", kind="user_input", session_id="s",
-                     created_at=T0, cost={"seconds": 3.0, "tokens": 1200})
+        m = h.record(
+            "final answer: Alice paid 42 EUR",
+            kind="user_input",
+            session_id="s",
+            created_at=T0,
+            cost={"seconds": 3.0, "tokens": 1200},
+        )
         b = h.explain(m.id)
         assert set(b.as_dict()) == COMPONENTS
         assert b.base == DEFAULT_SCORING.base["user_input"]
@@ -274,3 +351,20 @@ def test_a_recorded_memory_stores_its_scored_value() -> None:
         m = h.record("we talked about the weather", kind="llm_thought", session_id="s", created_at=T0)
         assert m.value == pytest.approx(h.explain(m.id).value)
         assert h.get(m.id).value == pytest.approx(h.explain(m.id).value)
+
+
+@pytest.mark.parametrize(
+    ("setting", "field"),
+    [
+        ({"half_life_hours": {"note": 0.0}}, "half_life_hours.note"),  # divided by zero at the first record
+        ({"half_life_hours": {"note": -5.0}}, "half_life_hours.note"),
+        ({"access_weight": float("nan")}, "access_weight"),  # made every value 0.0
+        ({"recency_floor": 5}, "recency_floor"),
+        ({"base": {"note": float("inf")}}, "base.note"),
+        ({"base": {"notes": 0.5}}, "base.notes"),
+    ],
+)
+def test_a_bad_scoring_setting_is_refused_where_it_is_made(setting: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        ScoringConfig(**setting)
+    assert exc.value.field == field and exc.value.fix

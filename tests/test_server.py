@@ -46,6 +46,7 @@ from clawvm.server import (
 from clawvm.store import SQLiteStore, Store
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey
 from clawvm.teams.shared import can_write
+from clawvm.vm.compress import SummarizerError
 from loopback import serve_app
 
 ERROR_KEYS = {"code", "message", "field", "fix"}
@@ -252,6 +253,10 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_response_and_wr
     # a blank scope id is refused (stored as none, it was not the session a read of "  " then asked for)
     blank = env.client.post("/v1/memories", json={"content": "x", "session_id": "  "}, headers=env.auth())
     assert_error(blank, 422, field="session_id")
+    # in words, not the regex: "String should match pattern '[^\\u0009\\u000a...'"
+    unnamed = env.client.post("/v1/sessions/s1/checkpoints", json={"name": "   "}, headers=env.auth())
+    assert_error(unnamed, 422, field="name")
+    assert unnamed.json()["error"]["message"] == "is blank" and "\\u" not in unnamed.text
     assert env.client.post("/v1/memories", json=body, headers=fixed).status_code == 201
     # checkpoints too
     take = {**env.auth(), "Idempotency-Key": "cp-1"}
@@ -621,6 +626,28 @@ def test_harness_options_reach_every_tenant_harness(tmp_path: Path) -> None:
         mine = client.post("/v1/memories", json=text, headers={"Authorization": f"Bearer {acme}"}).json()
         theirs = client.post("/v1/memories", json=text, headers={"Authorization": f"Bearer {globex}"}).json()
     assert "ann@example.org" not in mine["content"] and theirs["content"] == text["content"]
+    store.close()
+
+
+class DownSummarizer:
+    name = "down"
+
+    def summarize(self, text: str, max_chars: int) -> str:
+        raise SummarizerError("the team's summarizer is down")
+
+
+def test_a_summarizer_of_the_operators_own_that_fails_is_a_502(tmp_path: Path) -> None:
+    """It was a 500 internal_error, as if the server had a bug: the model it called failed."""
+    store = SQLiteStore(tmp_path / "upstream.db")
+    app = create_app(store, embedder=None, harness_options={"summarizer": DownSummarizer()})
+    key = app.state.service.keyring.create("acme", "agent")[1]
+    auth = {"Authorization": f"Bearer {key}"}
+    with TestClient(app) as client:
+        made = client.post("/v1/memories", json={"content": "word " * 400}, headers=auth).json()
+        r = client.post(f"/v1/memories/{made['id']}/compress", headers=auth)
+        assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_failed"
+        assert "down" not in r.text  # the operator's message stays in the log
+        assert client.get(f"/v1/memories/{made['id']}", headers=auth).json()["content"] == made["content"]
     store.close()
 
 

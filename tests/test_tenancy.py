@@ -614,6 +614,25 @@ def test_a_tenant_imports_another_tenants_export_into_its_own(tmp_path: Path) ->
         assert a.count() == 2 and all(a.get(m.id) == m for m in exported)
 
 
+def test_the_owner_restores_a_backup_whose_ids_a_tenant_imported_first(tmp_path: Path) -> None:
+    """The owner's import said "1 already present" and restored nothing: tenant A held the ids."""
+    with Harness.open("memory://", embedder=None) as source:
+        backup = [source.record("hello backup", session_id="s"), source.record("second", session_id="s")]
+        backup.append(source.record("a reply", session_id="s", parent_id=backup[0].id))
+    target = str(tmp_path / "b.db")
+    with Harness.open(target, tenant="A", embedder=None) as a:
+        assert a.import_renamed(backup).imported == 3
+    with Harness.open(target, embedder=None) as owner:
+        done = owner.import_renamed(backup)
+        assert done.imported == 3 and set(done.renamed) == {m.id for m in backup}
+        mine = {m.content: m for m in owner.list(tenant="default", limit=10)}
+        assert set(mine) == {"hello backup", "second", "a reply"}
+        assert mine["a reply"].parent_id == mine["hello backup"].id  # the reference follows the rename
+        assert owner.import_renamed(backup).imported == 0  # again: the same ids, already present
+    with Harness.open(target, tenant="A", embedder=None) as a:
+        assert a.count() == 3
+
+
 def test_a_tenant_view_guards_with_the_engines_write_lock(engine: Store) -> None:
     """The view had a lock of its own that no write took: a check-then-write under it was not atomic."""
     view = TenantStore(engine, "A")

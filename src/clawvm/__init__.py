@@ -18,6 +18,7 @@ from clawvm.core.errors import (
     StateConflictError,
     StoreError,
     TamperedError,
+    UpstreamError,
     ValidationError,
     WrongKeyError,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "TamperedError",
     "Tier",
     "TierBudgets",
+    "UpstreamError",
     "ValidationError",
     "WrongKeyError",
     "redact",

@@ -77,6 +77,7 @@ from clawvm.core.errors import (
     NotFoundError,
     RateLimitError,
     StateConflictError,
+    UpstreamError,
     ValidationError,
 )
 from clawvm.core.ids import is_valid_id
@@ -236,6 +237,13 @@ class AgentTools:
             return error_reply("forbidden", str(exc), field=exc.field, fix=exc.fix)
         except RateLimitError as exc:
             return error_reply("rate_limited", str(exc), fix=f"retry in {exc.retry_after_s:g} s")
+        except UpstreamError as exc:  # a model the harness called (a summarizer): nothing was changed
+            log.warning("tool %s: %s", name, exc)
+            return error_reply(
+                "upstream_failed",
+                f"{type(exc).__name__}: a model {name} needs failed; nothing was changed",
+                fix="retry later, or go on without it",
+            )
         except Exception as exc:  # a failure must not crash the agent's loop: report it as a tool error
             return _internal_error(name, exc)
 

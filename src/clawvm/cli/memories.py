@@ -301,6 +301,13 @@ def import_(ctx: click.Context, path: Path) -> None:
             f"see them with `clawvm --tenant {tenant} ...` ({count} there)",
             err=True,
         )
+    moved = [m.id for m in memories if m.id in done.renamed]
+    if moved:  # another tenant holds those ids: the copies have ids of their own
+        click.echo(
+            f"note: {len(moved)} of them are stored under new ids, another tenant holding theirs "
+            f"(e.g. {moved[0]} -> {done.renamed[moved[0]]})",
+            err=True,
+        )
     if done.differing:
         click.echo(
             f"warning: {len(done.differing)} of those differ from the file and were kept as stored (an "

@@ -119,6 +119,11 @@ class InvalidToolResultError(ClawVMError):
         self.result_id = result_id
 
 
+class UpstreamError(ClawVMError):
+    """A model the harness called on the caller's behalf (a summarizer, a synthesizer, a chat endpoint)
+    failed or gave no usable answer; nothing was changed. The server answers 502 ``upstream_failed``."""
+
+
 class CryptoError(ClawVMError):
     """A sealed original (encryption at rest, :mod:`clawvm.store.crypto`) could not be opened."""
 

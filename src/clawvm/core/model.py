@@ -31,6 +31,12 @@ DEFAULT_MAX_CONTENT_BYTES = 1_000_000
 #: read), so they are refused when a memory is built. The server refuses request bodies deeper than this
 #: too (:mod:`clawvm.server.schemas`).
 MAX_JSON_DEPTH = 64
+#: The longest scope id (session, task, agent, tool, team) and the most tags (each at most
+#: MAX_TAG_CHARS) a memory may have: one set of limits for every way in, so that a memory recorded
+#: through the SDK can be named through the REST API, the dashboard and the tools.
+MAX_SCOPE_ID_CHARS = 256
+MAX_TAGS = 64
+MAX_TAG_CHARS = 200
 #: What to do about a value nested deeper (the ``fix`` of the error; the server's too).
 DEPTH_FIX = f"flatten it to at most {MAX_JSON_DEPTH} levels of objects and arrays"
 TEXT = "text/plain"
@@ -46,6 +52,10 @@ def _not_whitespace() -> str:
 
 #: JSON Schema pattern of a text with something besides whitespace (what ``strip()`` leaves non-empty).
 NON_BLANK = _not_whitespace()
+#: JSON Schema of a text with no NUL character (stored text may not hold one: see ``_check_utf8``); said as
+#: "not a string holding one", so that it also holds beside ``null`` in an optional field's schema.
+NO_NUL: dict[str, JsonValue] = {"not": {"type": "string", "pattern": "\\u0000"}}
+_SCOPE_ID_SCHEMA: dict[str, JsonValue] = {"maxLength": MAX_SCOPE_ID_CHARS, **NO_NUL}
 _ID_SCHEMA: dict[str, JsonValue] = {"type": "string", "pattern": ID_PATTERN}
 
 
@@ -232,7 +242,7 @@ class Memory(BaseModel):
 
     # the schema states what the validators below check (the OpenAPI spec shows it to clients)
     id: str = Field(default_factory=new_id, json_schema_extra={"pattern": ID_PATTERN})
-    content: str = Field(json_schema_extra={"pattern": NON_BLANK})
+    content: str = Field(json_schema_extra={"pattern": NON_BLANK, **NO_NUL})
     content_type: str = Field(default=TEXT, json_schema_extra={"enum": [TEXT, JSON]})
     kind: Kind = Kind.NOTE
     state: State | None = None
@@ -241,15 +251,18 @@ class Memory(BaseModel):
         default=DEFAULT_TENANT,
         json_schema_extra={"minLength": 1, "maxLength": 64, "pattern": f"^{TENANT_PATTERN}$"},
     )
-    session_id: str | None = None
-    task_id: str | None = None
-    agent_id: str | None = None
-    tool_name: str | None = None
+    session_id: str | None = Field(default=None, json_schema_extra=_SCOPE_ID_SCHEMA)
+    task_id: str | None = Field(default=None, json_schema_extra=_SCOPE_ID_SCHEMA)
+    agent_id: str | None = Field(default=None, json_schema_extra=_SCOPE_ID_SCHEMA)
+    tool_name: str | None = Field(default=None, json_schema_extra=_SCOPE_ID_SCHEMA)
     scope: Scope | None = None
-    team_id: str | None = None
+    team_id: str | None = Field(default=None, json_schema_extra=_SCOPE_ID_SCHEMA)
     tags: list[str] = Field(
         default_factory=list,
-        json_schema_extra={"items": {"type": "string", "pattern": NON_BLANK, "maxLength": 200}},
+        json_schema_extra={
+            "maxItems": MAX_TAGS,
+            "items": {"type": "string", "pattern": NON_BLANK, "maxLength": MAX_TAG_CHARS, **NO_NUL},
+        },
     )
     parent_id: str | None = Field(default=None, json_schema_extra={"anyOf": [_ID_SCHEMA, {"type": "null"}]})
     links: list[Link] = Field(default_factory=list)
@@ -286,6 +299,14 @@ class Memory(BaseModel):
             _check_utf8(v)
         return v
 
+    @field_validator("session_id", "task_id", "agent_id", "tool_name", "team_id")
+    @classmethod
+    def _short_scope_id(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and not _stored(info) and len(v) > MAX_SCOPE_ID_CHARS:
+            # every surface reads scopes this long (the REST API refused longer ones the SDK had stored)
+            raise ValueError(f"is {len(v)} characters long: use at most {MAX_SCOPE_ID_CHARS}")
+        return v
+
     @field_validator("tenant")
     @classmethod
     def _named_tenant(cls, v: str, info: ValidationInfo) -> str:
@@ -319,10 +340,12 @@ class Memory(BaseModel):
             tag = tag.strip()
             if not tag:
                 raise ValueError("tags must be non-empty strings")
-            if len(tag) > 200:
-                raise ValueError("each tag must be at most 200 characters")
+            if len(tag) > MAX_TAG_CHARS:
+                raise ValueError(f"each tag must be at most {MAX_TAG_CHARS} characters")
             _check_utf8(tag)
             seen.setdefault(tag, None)
+        if len(seen) > MAX_TAGS:
+            raise ValueError(f"has {len(seen)} tags: use at most {MAX_TAGS}")
         return list(seen)
 
     @field_validator("changed_version")
@@ -393,13 +416,19 @@ def _stored(info: ValidationInfo) -> bool:
     return info.context is STORED
 
 
+def check_no_nul(text: str) -> str:
+    """``text`` if it holds no NUL character (a pydantic validator of the edges' text types)."""
+    if "\x00" in text:  # PostgreSQL cannot store it, and SQLite's JSON functions end a text there
+        raise ValueError("contains a NUL character (U+0000): remove it")
+    return text
+
+
 def _check_utf8(text: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("contains unpaired surrogates (not valid UTF-8)") from None
-    if "\x00" in text:  # PostgreSQL cannot store it, and SQLite's JSON functions end a text there
-        raise ValueError("contains a NUL character (U+0000): remove it")
+    check_no_nul(text)
 
 
 def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
@@ -515,10 +544,27 @@ def fix_for(error_type: str, field: str) -> str:
     return _FIXES.get(error_type, "correct the value")
 
 
+def pattern_in_words(error: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(problem, fix) of a pydantic error for a text that does not match one of the model's patterns, in
+    words: pydantic's message quotes the regex (a whitespace-only name was answered with forty escapes)."""
+    if error.get("type") != "string_pattern_mismatch":
+        return None
+    return _PATTERN_WORDS.get(str(dict(error.get("ctx") or {}).get("pattern", "")))
+
+
+_PATTERN_WORDS = {
+    NON_BLANK: ("is blank", "give it some text besides spaces"),
+    ID_PATTERN: ("is not a memory id", "pass an id as record() returned it"),
+    f"^{TENANT_PATTERN}$": ("is not a valid tenant name", TENANT_FIX),
+}
+
+
 def _translate(exc: pydantic.ValidationError) -> ValidationError:
     """First pydantic error -> our ValidationError with a dotted field path and a fix."""
     err = exc.errors(include_url=False)[0]
     loc = ".".join(str(p) for p in err["loc"]) or "memory"
+    if (words := pattern_in_words(err)) is not None:
+        return ValidationError(loc, *words)
     msg = str(err.get("msg", "is invalid"))
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from clawvm.core.errors import ClawVMError
+from clawvm.core.errors import UpstreamError
 
 #: Everything :func:`post_json` can raise on a failed call or a reply that is not JSON. ``http.client``
 #: errors (a bad status line, a body shorter than its Content-Length) are neither OSError nor URLError.
@@ -66,7 +66,7 @@ class FailureReason(StrEnum):
     NUMBERS_DROPPED = "numbers_dropped"  # the input had numbers, the reply kept none of them
 
 
-class EndpointFailure(ClawVMError):
+class EndpointFailure(UpstreamError):
     """A chat endpoint gave no usable reply. ``detail`` names what happened (a status code, an exception
     class), never any text of the request or the reply."""
 

@@ -27,7 +27,18 @@ from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from clawvm.core.errors import NotFoundError, ValidationError
-from clawvm.core.model import NON_BLANK, STATUS_CHOICES, Kind, Status, Tier, as_utc, iso_date_or_datetime
+from clawvm.core.model import (
+    MAX_SCOPE_ID_CHARS,
+    MAX_TAG_CHARS,
+    NO_NUL,
+    NON_BLANK,
+    STATUS_CHOICES,
+    Kind,
+    Status,
+    Tier,
+    as_utc,
+    iso_date_or_datetime,
+)
 from clawvm.dashboard import debug, views
 from clawvm.harness import Harness
 from clawvm.observe.learning import intervene, weights_of
@@ -63,10 +74,11 @@ class ValueBody(BaseModel):
 
 def _weights_pattern() -> str:
     """The what-if view's ``weights``, as its schema states them: ``NAME=NUMBER`` pairs joined by commas,
-    each NAME a float weight of :class:`ScoringConfig` (what the replay accepts), or nothing."""
+    each NAME a float weight of :class:`ScoringConfig` (what the replay accepts) and each NUMBER from 0 to
+    1 (what the config accepts), or nothing."""
     scoring = ScoringConfig()
     names = "|".join(f.name for f in fields(scoring) if isinstance(getattr(scoring, f.name), float))
-    pair = f"({names})=-?[0-9]{{1,6}}(\\.[0-9]{{1,6}})?"
+    pair = f"({names})=(0(\\.[0-9]{{1,6}})?|1(\\.0{{1,6}})?)"
     return f"^({pair}(,{pair})*)?$"
 
 
@@ -143,22 +155,24 @@ class TierBody(BaseModel):
     tier: Literal["working", "short_term", "long_term", "archive"]
 
 
-Tag = Annotated[str, Field(min_length=1, max_length=200, pattern=NON_BLANK)]
+Tag = Annotated[
+    str, Field(min_length=1, max_length=MAX_TAG_CHARS, pattern=NON_BLANK, json_schema_extra=NO_NUL)
+]
 
 
 class NewMemoryBody(BaseModel):
     """A memory written from the dashboard (through the harness, as the SDK's ``record``)."""
 
     model_config = ConfigDict(extra="forbid")
-    content: str = Field(min_length=1, max_length=100_000, pattern=NON_BLANK)
+    content: str = Field(min_length=1, max_length=100_000, pattern=NON_BLANK, json_schema_extra=NO_NUL)
     kind: Kind = Kind.NOTE
-    session_id: str | None = Field(default=None, max_length=500)
+    session_id: str | None = Field(default=None, max_length=MAX_SCOPE_ID_CHARS, json_schema_extra=NO_NUL)
     tags: list[Tag] = Field(default_factory=list, max_length=50)
 
 
 class ReviseBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    content: str = Field(min_length=1, max_length=100_000, pattern=NON_BLANK)
+    content: str = Field(min_length=1, max_length=100_000, pattern=NON_BLANK, json_schema_extra=NO_NUL)
     expected_version: int | None = Field(default=None, ge=1)
 
 

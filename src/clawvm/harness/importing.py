@@ -58,8 +58,13 @@ def import_memories(h: ImportHost, given: Iterable[Memory], restore: bool) -> Im
         memories = [
             m if m.tenant == h.tenant else m.model_copy(update={"tenant": h.tenant}) for m in memories
         ]
-    referenced = [r for m in memories for r in (m.id, m.parent_id, *(k.target for k in m.links)) if r]
-    renamed = {i: to for i, to in h.store.import_ids(referenced).items() if i != to}
+        renamed = _renames(h.store, memories)
+    else:  # the owner restores each tenant's memories as that tenant's view would
+        renamed = {}
+        for tenant in dict.fromkeys(m.tenant for m in memories):
+            renamed.update(
+                _renames(TenantStore(h.store, tenant), [m for m in memories if m.tenant == tenant])
+            )
     if renamed:
         memories = [_renamed(m, renamed) for m in memories]
     # checked as they will be stored: a sealed original is sealed to its tenant and id, so one moved to
@@ -87,6 +92,14 @@ def import_memories(h: ImportHost, given: Iterable[Memory], restore: bool) -> Im
         h.notify_embedder()
     differing = [m.id for m in memories if m.id in existing and _differs(h, existing[m.id], m)]
     return Imported(len(fresh), renamed, differing)
+
+
+def _renames(view: TenantStore, memories: list[Memory]) -> dict[str, str]:
+    """Each id ``memories`` hold or name that ``view``'s tenant stores under another id: one another tenant
+    holds (an owner's restore of a default-tenant backup into a file where a tenant had imported it said
+    "1 already present" and restored nothing)."""
+    referenced = [r for m in memories for r in (m.id, m.parent_id, *(k.target for k in m.links)) if r]
+    return {i: to for i, to in view.import_ids(referenced).items() if i != to}
 
 
 def check(h: ImportHost, index: int, memory: Memory, moved: bool = False) -> None:

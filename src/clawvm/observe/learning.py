@@ -11,6 +11,7 @@ event retention never forgets them). Unpin and annotate teach nothing: an unpin 
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
@@ -178,14 +179,21 @@ def _clip(x: float) -> float:
     return min(1.0, max(0.0, x))
 
 
+def _finite(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def weights_of(cfg: ScoringConfig) -> dict[str, Any]:
     return {"base": dict(cfg.base), **{name: getattr(cfg, name) for name in _SCALAR_WEIGHTS}}
 
 
 def with_weights(cfg: ScoringConfig, weights: Mapping[str, Any]) -> ScoringConfig:
-    """``cfg`` with the learned ``weights`` (as :func:`weights_of` gives them; unknown keys ignored)."""
-    scalars = {n: float(weights[n]) for n in _SCALAR_WEIGHTS if isinstance(weights.get(n), int | float)}
-    base = {**cfg.base, **{k: float(v) for k, v in dict(weights.get("base", {})).items()}}
+    """``cfg`` with the learned ``weights`` (as :func:`weights_of` gives them; unknown keys ignored, and
+    numbers brought into 0..1: they come from the event log, and a harness must open whatever it holds)."""
+    scalars = {n: _clip(float(weights[n])) for n in _SCALAR_WEIGHTS if _finite(weights.get(n))}
+    kinds = {k.value for k in Kind}
+    learned = dict(weights.get("base", {}))
+    base = {**cfg.base, **{k: _clip(float(v)) for k, v in learned.items() if k in kinds and _finite(v)}}
     scoring: ScoringConfig = replace(cfg, base=base, **scalars)  # type: ignore[arg-type]
     return scoring
 

@@ -31,9 +31,10 @@ from clawvm.core.errors import (
     SchemaError,
     StateConflictError,
     StoreError,
+    UpstreamError,
     ValidationError,
 )
-from clawvm.core.model import DEPTH_FIX, fix_for
+from clawvm.core.model import DEPTH_FIX, fix_for, pattern_in_words
 from clawvm.server.schemas.responses import ErrorBody
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ ERRORS: tuple[tuple[type[ClawVMError], int, str], ...] = (
     (SchemaError, 500, "schema_error"),
     (StoreError, 503, "store_unavailable"),
     (EmbedderError, 503, "embedder_unavailable"),
+    (UpstreamError, 502, "upstream_failed"),  # a summarizer or synthesizer of the operator's own
     (ClawVMError, 500, "internal_error"),
 )
 
@@ -94,6 +96,7 @@ _FIXES = {
 _MESSAGES_5XX = {
     "store_unavailable": "the storage engine failed; retry later",
     "embedder_unavailable": "the embedding model failed; retry later",
+    "upstream_failed": "a model the server called for this request failed; nothing was changed",
     "schema_error": "the database schema is not usable by this server version",
     "crypto_error": "protected content could not be decrypted with the server's data keys",
     "internal_error": "unexpected server error",
@@ -119,6 +122,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
             "exceeded; see Retry-After",
         ),
         (500, "Unexpected server error"),
+        (502, "A model the server called (summarizer, synthesizer) failed; nothing was changed"),
         (503, "Storage engine or embedding model unavailable"),
     )
 }
@@ -181,6 +185,8 @@ def _request_error(exc: RequestValidationError) -> JSONResponse:
     message = str(first.get("msg", "is invalid")).removeprefix("Value error, ")
     field = ".".join(path) or where
     fix = fix_for(kind, field) if kind == "value_error" else _FIXES.get(kind, "correct the value")
+    if (words := pattern_in_words(first)) is not None:
+        message, fix = words
     if where == "body" and not path and kind in _NOT_AN_OBJECT:
         # the usual cause: a JSON object sent without its content type (curl -d) reaches us as a string
         fix = "send a JSON object with the header 'Content-Type: application/json'"

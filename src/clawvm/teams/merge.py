@@ -41,7 +41,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from clawvm.core.embed import Embedder, count_tokens
-from clawvm.core.errors import ClawVMError, ConflictError
+from clawvm.core.errors import ConflictError, UpstreamError
 from clawvm.core.lexical import Analyzer
 from clawvm.core.model import Filters, Kind, Link, LinkType, Memory, Scope, Status, Tier, build_memory
 from clawvm.core.openai_http import ChatEndpoint, EndpointFailure, FailureReason
@@ -78,7 +78,7 @@ _NEGATION = re.compile(
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
-class SynthesisError(ClawVMError):
+class SynthesisError(UpstreamError):
     """A synthesizer failed; the errors are left as they were. (The LLM synthesizer never raises it: it
     falls back to the extractive one. A synthesizer of your own may.)"""
 

@@ -34,7 +34,7 @@ from typing import Protocol, runtime_checkable
 
 from clawvm.core.embed import count_tokens
 from clawvm.core.entities import entities as named_entities
-from clawvm.core.errors import ClawVMError, ValidationError
+from clawvm.core.errors import UpstreamError, ValidationError
 from clawvm.core.model import JSON, Link, LinkType, Memory, Status, Tier, build_memory, revalidate
 from clawvm.core.openai_http import ChatEndpoint, EndpointFailure, FailureReason
 from clawvm.store import Event
@@ -51,7 +51,7 @@ _WORD = re.compile(r"[A-Za-z][a-z]+")
 _IDENTIFIER = re.compile(r"[0-9_-]|[a-z][A-Z]")  # "ERR_42", "api-v2", "LeBron": never a sentence word
 
 
-class SummarizerError(ClawVMError):
+class SummarizerError(UpstreamError):
     """A summarizer failed; the memory is left as it was. (The LLM summarizer never raises it: it falls
     back to the extractive one. A summarizer of your own may.)"""
 

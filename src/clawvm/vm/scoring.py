@@ -48,10 +48,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 
+from clawvm.core.errors import ValidationError
 from clawvm.core.model import Kind, Memory
 
 _ERROR = re.compile(
@@ -114,6 +116,33 @@ class ScoringConfig:
     cite_weight: float = 0.15
     success_weight: float = 0.1
     feedback_weight: float = 0.25
+
+    def __post_init__(self) -> None:
+        """Refused here, not at the first value computed: a half-life of 0 divided by zero in the middle
+        of a record, a NaN weight made every value 0.0 without a word."""
+        _check_per_kind("base", self.base, "a number from 0 to 1", lambda x: 0.0 <= x <= 1.0)
+        _check_per_kind("half_life_hours", self.half_life_hours, "a number of hours above 0", lambda x: x > 0)
+        for name in self.__dataclass_fields__:
+            if name in ("base", "half_life_hours"):
+                continue
+            x = getattr(self, name)
+            if not _finite(x) or not 0.0 <= x <= 1.0:
+                raise ValidationError(name, f"is {x!r}", "pass a number from 0 to 1")
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check_per_kind(name: str, table: object, wanted: str, within: Callable[[float], bool]) -> None:
+    if not isinstance(table, dict):
+        raise ValidationError(name, f"is a {type(table).__name__}", f"pass a dict of kind -> {wanted}")
+    kinds = {k.value for k in Kind}
+    for kind, x in table.items():
+        if kind not in kinds:
+            raise ValidationError(f"{name}.{kind}", "is no kind of memory", f"use one of {sorted(kinds)}")
+        if not _finite(x) or not within(float(x)):
+            raise ValidationError(f"{name}.{kind}", f"is {x!r}", f"pass {wanted}")
 
 
 DEFAULT_SCORING = ScoringConfig()
