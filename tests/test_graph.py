@@ -31,8 +31,10 @@ def put(store: Store, content: str, **fields: Any) -> Memory:
     ("text", "expected"),
     [
         ("Caroline: Hey Mel! Good to see you!", {"mel"}),
-        ("Melanie: Thanks, Caroline! I read Becoming Nicole by Amy Ellis Nutt.",
-         {"caroline", "becoming nicole", "amy ellis nutt"}),
+        (
+            "Melanie: Thanks, Caroline! I read Becoming Nicole by Amy Ellis Nutt.",
+            {"caroline", "becoming nicole", "amy ellis nutt"},
+        ),
         ("John: My old area, West County, was hit by a flood last Friday.", {"west county"}),
         ('Joanna: I just watched "Little Women" and it was amazing!', {"little women"}),
         ("Nate: Max is my dog. I love Max.", {"max"}),
@@ -133,6 +135,6 @@ def test_graph_is_rebuilt_on_open(engine: Store, tmp_path: Any) -> None:
     reopened.setup()
     try:
         assert index_of(reopened).linked("oliver") == {a.id, b.id}
-        assert [t for _, t, _ in reopened.query(Query(expand=(a.id,))).related] == [b.id]
+        assert [link.id for link in reopened.query(Query(expand=(a.id,))).related] == [b.id]
     finally:
         reopened.close()

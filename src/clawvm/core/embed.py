@@ -320,7 +320,7 @@ class EmbedWorker:
     def __init__(
         self,
         embedder: Embedder,
-        pending: Callable[[int], list[tuple[str, str]]],
+        pending: Callable[[int], Sequence[tuple[str, str]]],  # (id, text) of each memory without a vector
         write: Callable[[list[str], np.ndarray, list[str]], None],
         batch_size: int = 64,
         *,

@@ -538,8 +538,9 @@ def run_recall(
         links = store.query(
             Query(filters=filters, expand=tuple(seed_score), expand_limit=cfg.graph_links)
         ).related
-        for seed, target, w in links:
-            bonus[target] = max(bonus.get(target, 0.0), w * seed_score[seed] / top if top > 0 else 0.0)
+        for link in links:
+            reached = link.weight * seed_score[link.seed] / top if top > 0 else 0.0
+            bonus[link.id] = max(bonus.get(link.id, 0.0), reached)
         wg = cfg.weights["graph"]
         for i, b in bonus.items():
             scores[i] = scores.get(i, 0.0) + wg * b

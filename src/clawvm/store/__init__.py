@@ -21,7 +21,9 @@ from clawvm.store.base import (
     PageKey,
     Query,
     QueryResult,
+    Related,
     Store,
+    Unembedded,
 )
 from clawvm.store.memory import MemoryStore
 from clawvm.store.sqlite import SQLiteStore
@@ -37,8 +39,10 @@ __all__ = [
     "PageKey",
     "Query",
     "QueryResult",
+    "Related",
     "SQLiteStore",
     "Store",
+    "Unembedded",
     "store_from_url",
 ]
 

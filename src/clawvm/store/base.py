@@ -94,6 +94,22 @@ class CandidateInfo(NamedTuple):
     length: int = 0  # lexical document length, in analysed terms (recall's length prior)
 
 
+class Related(NamedTuple):
+    """A memory that shares a named entity with a seed (:attr:`Query.expand`), and how strongly: the
+    rarer the entity, the nearer ``weight`` is to 1."""
+
+    seed: str
+    id: str
+    weight: float
+
+
+class Unembedded(NamedTuple):
+    """A memory that still lacks a vector, with the text to embed (:meth:`Store.unembedded`)."""
+
+    id: str
+    content: str
+
+
 @dataclass
 class QueryResult:
     """Raw per-channel candidates (id, engine score), best first. Fusion happens in retrieval."""
@@ -103,7 +119,7 @@ class QueryResult:
     filtered: list[str] = field(default_factory=list)
     context: list[tuple[str, float]] = field(default_factory=list)
     info: dict[str, CandidateInfo] = field(default_factory=dict)
-    related: list[tuple[str, str, float]] = field(default_factory=list)  # (seed, linked id, weight in [0, 1])
+    related: list[Related] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -414,8 +430,8 @@ class Store(ABC):
         """
 
     @abstractmethod
-    def unembedded(self, limit: int) -> list[tuple[str, str]]:
-        """Up to ``limit`` (id, content) pairs of memories that still lack a vector, oldest first."""
+    def unembedded(self, limit: int) -> list[Unembedded]:
+        """Up to ``limit`` memories that still lack a vector, oldest first."""
 
     @abstractmethod
     def edges(self, ids: Sequence[str]) -> list[Edge]:

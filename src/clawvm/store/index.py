@@ -26,7 +26,7 @@ from clawvm.core.entities import entities
 from clawvm.core.lexical import LexicalIndex, top_rows, top_scores
 from clawvm.core.model import Filters, Memory, Scope, Visibility
 from clawvm.core.vectors import VectorIndex
-from clawvm.store.base import CandidateInfo, Query, QueryResult, check_vectors
+from clawvm.store.base import CandidateInfo, Query, QueryResult, Related, check_vectors
 from clawvm.store.mapped import get_many, key_of, take
 
 # a column for each field a filter matches against a set of values (the masks read them by those names),
@@ -663,7 +663,7 @@ class SearchIndex:
         if q.expand:
             seeds = [self.row_of[i] for i in dict.fromkeys(q.expand) if i in self.row_of]
             links = self.related(seeds, q.expand_limit, q.expand_max_df, allowed, group)
-            result.related = [(ids[s], ids[r], w) for s, r, w in links]  # type: ignore[misc]
+            result.related = [Related(_live(ids, s), _live(ids, r), w) for s, r, w in links]
             found.append([(r, w) for _, r, w in links])
         if q.info or q.around:
             rows = [r for hits in found for r, _ in hits] if q.info else []
@@ -828,6 +828,13 @@ class SearchIndex:
 
 T = TypeVar("T")
 _info_of = partial(tuple.__new__, CandidateInfo)  # CandidateInfo(*fields) without a Python-level frame
+
+
+def _live(ids: Sequence[str | None], row: int) -> str:
+    """The id of a live row (a removed row's id is None: no search reaches it)."""
+    found = ids[row]
+    assert found is not None, f"row {row} was removed"
+    return found
 
 
 def _named(ids: Sequence[str | None], hits: list[tuple[int, float]]) -> list[tuple[str, float]]:

@@ -23,6 +23,7 @@ from clawvm.store.base import (
     Query,
     QueryResult,
     Store,
+    Unembedded,
     check_credential_version,
     check_import,
     check_vectors,
@@ -141,9 +142,9 @@ class MemoryStore(Store):
             # kept as given (the index normalises its own copy): hand them out unit-normalised, as stored
             return {i: normalize(self._vectors[i]) for i in dict.fromkeys(ids) if i in self._vectors}
 
-    def unembedded(self, limit: int) -> list[tuple[str, str]]:
+    def unembedded(self, limit: int) -> list[Unembedded]:
         with self._lock:
-            out = [(i, m.content) for i, m in self._memories.items() if i not in self._vectors]
+            out = [Unembedded(i, m.content) for i, m in self._memories.items() if i not in self._vectors]
             return out[:limit]
 
     def edges(self, ids: Sequence[str]) -> list[Edge]:

@@ -75,6 +75,7 @@ from clawvm.store.base import (
     Query,
     QueryResult,
     Store,
+    Unembedded,
     check_credential_version,
     check_removable,
     check_vectors,
@@ -681,12 +682,12 @@ class PostgresStore(Store):
             ).fetchall()
         return [str(unesc(r[0])) for r in rows]
 
-    def unembedded(self, limit: int) -> list[tuple[str, str]]:
+    def unembedded(self, limit: int) -> list[Unembedded]:
         with self._conn("unembedded") as conn:
             rows = conn.execute(
                 "SELECT id, body FROM memories WHERE NOT embedded ORDER BY seq LIMIT %s", [limit]
             ).fetchall()
-        return [(str(i), json.loads(body)["content"]) for i, body in rows]
+        return [Unembedded(str(i), json.loads(body)["content"]) for i, body in rows]
 
     def vectors_of(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         valid = valid_ids(ids)

@@ -43,7 +43,7 @@ from clawvm.core.errors import StoreError
 from clawvm.core.ids import is_valid_id
 from clawvm.core.lexical import Analyzer, BM25Params
 from clawvm.core.model import MAX_COUNT, Filters, Scope, Visibility
-from clawvm.store.base import CandidateInfo, Query, QueryResult, check_vectors
+from clawvm.store.base import CandidateInfo, Query, QueryResult, Related, check_vectors
 from clawvm.store.index import CONTEXT_WINDOW
 
 # ---- values ----------------------------------------------------------------------------------------------
@@ -231,7 +231,7 @@ class Searcher:
             found.append(hits)
         if q.expand:
             links = self.related(conn, q.expand, q.expand_limit, q.expand_max_df, q.filters)
-            result.related = [(s, t.id, t.score) for s, t in links]
+            result.related = [Related(s, t.id, t.score) for s, t in links]
             found.append([t for _, t in links])
         if q.info or q.around:
             ids = [h.id for hits in found for h in hits] if q.info else []

@@ -39,6 +39,7 @@ from clawvm.store.base import (
     Query,
     QueryResult,
     Store,
+    Unembedded,
     check_credential_version,
     check_removable,
     check_vectors,
@@ -744,10 +745,10 @@ class SQLiteStore(IndexSnapshots, Store):
                     out[i] = np.frombuffer(emb, dtype="<f4").copy()
         return out
 
-    def unembedded(self, limit: int) -> list[tuple[str, str]]:
+    def unembedded(self, limit: int) -> list[Unembedded]:
         with self._read("unembedded") as db:
             return [
-                (i, json.loads(body)["content"])
+                Unembedded(i, json.loads(body)["content"])
                 for i, body in db.execute(
                     "SELECT id, body FROM memories WHERE embedding IS NULL ORDER BY seq LIMIT ?", (limit,)
                 )

@@ -40,7 +40,17 @@ import numpy as np
 
 from clawvm.core.errors import AccessDeniedError
 from clawvm.core.model import Filters, Memory, check_tenant_name
-from clawvm.store.base import Credential, Edge, Event, PageKey, Query, QueryResult, Store, check_vectors
+from clawvm.store.base import (
+    Credential,
+    Edge,
+    Event,
+    PageKey,
+    Query,
+    QueryResult,
+    Store,
+    Unembedded,
+    check_vectors,
+)
 
 #: Namespace of the ids an import derives (uuid5 of the tenant and the imported id): fixed, so that a
 #: derivation gives the same id on every host and at every import.
@@ -236,15 +246,15 @@ class TenantStore(Store):
         sources = own | self._owned({e.source for e in found} - own)
         return [e for e in found if e.source in sources]
 
-    def unembedded(self, limit: int) -> list[tuple[str, str]]:
+    def unembedded(self, limit: int) -> list[Unembedded]:
         # the contract has no tenant argument: read the oldest pending pairs, four times more each round
         # until ``limit`` of them are ours or none are left (the server runs one worker on the engine
         # itself; this is for a Harness opened directly on a view)
         asked = max(1, limit)
         while True:
             pending = self.inner.unembedded(asked)
-            own = self._owned(i for i, _ in pending)
-            mine = [(i, text) for i, text in pending if i in own]
+            own = self._owned(p.id for p in pending)
+            mine = [p for p in pending if p.id in own]
             if len(mine) >= limit or len(pending) < asked:
                 return mine[:limit]
             asked *= 4
