@@ -57,7 +57,7 @@ from clawvm.store.sqlite_snapshots import (
     SNAPSHOT_MODES,
     IndexSnapshots,
 )
-from clawvm.store.sqlite_support import Checkpointer, translated
+from clawvm.store.sqlite_support import Checkpointer, is_locked, translated
 
 # Append-only: never edit a shipped entry, add a new one. PRAGMA user_version = number applied.
 MIGRATIONS: tuple[str, ...] = (
@@ -344,7 +344,7 @@ class SQLiteStore(IndexSnapshots, Store):
                 return conn
             except sqlite3.OperationalError as exc:
                 conn.close()
-                if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                if not is_locked(exc) or time.monotonic() + pause > deadline:
                     raise
             except BaseException:
                 conn.close()

@@ -15,6 +15,13 @@ from clawvm.core.errors import StoreError
 log = logging.getLogger("clawvm.store.sqlite")
 
 
+def is_locked(exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` says another connection holds the lock (SQLITE_BUSY or SQLITE_LOCKED, and their
+    extended codes: the primary code is the low byte), read from the driver's code, not its message."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
 @contextmanager
 def translated(action: str, fix: str | None = None) -> Iterator[None]:
     """sqlite3 errors raised inside as :class:`StoreError` naming ``action`` (and what to do, ``fix``) (the
@@ -23,7 +30,7 @@ def translated(action: str, fix: str | None = None) -> Iterator[None]:
         yield
     except sqlite3.Error as exc:
         # a lock is another process's doing, not the file's: the fix for a wrong file would mislead
-        fits = fix is not None and "locked" not in str(exc) and "busy" not in str(exc)
+        fits = fix is not None and not is_locked(exc)
         raise StoreError(f"sqlite {action} failed: {exc}" + (f" ({fix})" if fits else "")) from exc
 
 
