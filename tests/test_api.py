@@ -53,6 +53,7 @@ PUBLIC = [
     "Status",
     "StoreError",
     "TamperedError",
+    "UpstreamError",
     "Tier",
     "ValidationError",
     "WrongKeyError",

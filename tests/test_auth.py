@@ -457,12 +457,17 @@ def test_keys_cli_create_takes_the_tenant_clawvm_was_given(tmp_path: Path) -> No
     assert runner.invoke(main, ["--db", db, "keys", "create"], env={"CLAWVM_TENANT": "globex"}).exit_code == 0
     both = runner.invoke(main, ["--db", db, "--tenant", "acme", "keys", "create", "--tenant", "globex"])
     assert both.exit_code == 2 and "'acme' and 'globex'" in both.output
+    # an exported CLAWVM_TENANT gives way to the command's own --tenant
+    mine = runner.invoke(
+        main, ["--db", db, "keys", "create", "--tenant", "initech"], env={"CLAWVM_TENANT": "acme"}
+    )
+    assert mine.exit_code == 0, mine.output
     neither = runner.invoke(main, ["--db", db, "keys", "create"], env={"CLAWVM_TENANT": None})
     assert neither.exit_code == 2 and "--tenant" in neither.output
     store = SQLiteStore(db)
     store.setup()
     try:
-        assert sorted(k.tenant for k in Keyring(store).list()) == ["acme", "globex"]
+        assert sorted(k.tenant for k in Keyring(store).list()) == ["acme", "globex", "initech"]
     finally:
         store.close()
 

@@ -141,7 +141,7 @@ raw_texts = st.one_of(
     st.lists(st.sampled_from(PROSE + NUMERIC + CODE), min_size=1, max_size=25).map(" ".join),
     st.lists(st.sampled_from(PROSE + NUMERIC + CODE), min_size=1, max_size=25).map("\n".join),
     st.text(
-        st.characters(codec="utf-8", exclude_categories=["Cs"], exclude_characters="\x00"),
+        st.characters(codec="utf-8", exclude_categories=["Cs"]),
         min_size=1,
         max_size=400,
     ),

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from clawvm import Filters, Harness, Memory, NotFoundError, PagerConfig, ValidationError
+from clawvm import ConflictError, Filters, Harness, Memory, NotFoundError, PagerConfig, ValidationError
 from clawvm.core.errors import AccessDeniedError
 from clawvm.core.model import STORED, TENANT_FIX, Link, LinkType, build_memory
 from clawvm.store import Event, MemoryStore, Query, SQLiteStore, Store
@@ -631,6 +631,22 @@ def test_the_owner_restores_a_backup_whose_ids_a_tenant_imported_first(tmp_path:
         assert owner.import_renamed(backup).imported == 0  # again: the same ids, already present
     with Harness.open(target, tenant="A", embedder=None) as a:
         assert a.count() == 3
+
+
+def test_a_tenant_view_removes_its_own_memories_at_their_versions(engine: Store) -> None:
+    a, b = TenantStore(engine, "A"), TenantStore(engine, "B")
+    mine, theirs = Memory(content="mine", tenant="A"), Memory(content="theirs", tenant="B")
+    a.put(mine)
+    b.put(theirs)
+    a.put(mine.model_copy(update={"content": "mine, changed", "version": 2}))
+    forgot = Event(kind="forget", memory_id=mine.id, tenant="A", at=datetime(2026, 6, 1, tzinfo=UTC))
+    with pytest.raises(ConflictError):  # changed since it was read at version 1
+        a.remove([mine], [forgot])
+    with pytest.raises(AccessDeniedError):  # a memory of another tenant is not the view's to name
+        a.remove([theirs], [])
+    assert a.remove([mine.model_copy(update={"version": 2})], [forgot]) == 1
+    assert a.get_many([mine.id]) == {} and b.get(theirs.id).content == "theirs"
+    assert [e.memory_id for e in a.read_events(0, 10)] == [mine.id]
 
 
 def test_a_tenant_view_guards_with_the_engines_write_lock(engine: Store) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
+import clawvm
 from clawvm import Filters, Harness, NotFoundError, RedactionPolicy, Status, ValidationError
 from clawvm.demo.scenario import ReplayClock
 from clawvm.store.crypto import REDACTION_FIELD
@@ -95,6 +97,18 @@ def test_a_vector_of_text_that_redaction_changed_is_not_stored() -> None:
         assert waiting == [secret.id] and clean.id not in waiting
 
 
+def test_the_embedder_is_woken_for_a_memory_whose_given_vector_was_dropped(
+    embedder: clawvm.MiniLMEmbedder,
+) -> None:
+    """It was woken only for records given no vector: the memory waited for the next flush()."""
+    with Harness.open("memory://", embedder=embedder, redaction=RedactionPolicy()) as h:
+        secret = h.record(f"card {CARD} on file", embedding=[1.0] + [0.0] * 383, session_id="s")
+        deadline = time.monotonic() + 30  # no flush(): the worker alone embeds it
+        while h.store.unembedded(1) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert h.store.unembedded(1) == [] and secret.id in h.store.vectors_of([secret.id])
+
+
 def test_a_langgraph_put_sends_no_secret_to_the_embedding_model() -> None:
     from clawvm.integrations.langgraph import ClawVMStore
 
@@ -108,7 +122,10 @@ def test_a_langgraph_put_sends_no_secret_to_the_embedding_model() -> None:
         store = ClawVMStore(h, index={"dims": 384, "embed": recording, "fields": ["text"]})
         store.put(("n",), "k", {"text": f"pay with {CARD}"})
         assert seen and not any(CARD in t for t in seen)
-        assert CARD not in h.store.get_many([m.id for m in h.list(limit=5)]).popitem()[1].content
+        (item,) = h.list(limit=5)
+        assert CARD not in item.content
+        assert item.id in h.store.vectors_of([item.id])  # the vector of the scrubbed text is kept
+        assert [hit.key for hit in store.search(("n",), query="pay with")] == ["k"]
 
 
 def test_a_tag_filter_is_stripped_as_stored_tags_are() -> None:

@@ -49,7 +49,7 @@ from types import TracebackType
 from typing import Any, Protocol, TypeVar, cast
 
 from clawvm.core.errors import ConflictError, InvalidToolResultError, ValidationError
-from clawvm.core.model import Cost, Kind, Memory, State, canonical_json
+from clawvm.core.model import Cost, Kind, Memory, State, canonical_json, capped_tags
 from clawvm.store import Event
 from clawvm.store.kinds import EventKind
 from clawvm.write.commit import Recorder
@@ -387,9 +387,8 @@ class ToolCall:
     ) -> Memory:
         call_id = self._call_id()
         try:
-            result_tags = [*self.scope.get("tags", []), *tags]
-            if self.spec.fallback_for:
-                result_tags.append(fallback_tag(self.spec.fallback_for))
+            marks = [*tags, *([fallback_tag(self.spec.fallback_for)] if self.spec.fallback_for else [])]
+            result_tags = capped_tags(marks, self.scope.get("tags", []))
             self.result = self.harness.record(
                 content,
                 kind=Kind.TOOL_RESULT,
@@ -535,7 +534,7 @@ def _mark_interrupted(harness: ToolHost, call: Memory) -> None:
         harness,
         call.id,
         lambda m: {
-            "tags": [*m.tags, INTERRUPTED],
+            "tags": capped_tags([INTERRUPTED], m.tags),
             "metadata": {
                 **m.metadata,
                 "tool_call": {**info, "status": INTERRUPTED, "result_id": result.id},

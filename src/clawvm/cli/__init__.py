@@ -59,8 +59,8 @@ def main(
         "db": _with_url_params(db, {k: v for k, v in given.items() if v is not None}),
         "no_embed": no_embed,
         "tenant": tenant,
-        # named by --tenant or CLAWVM_TENANT, not the default: what `keys create` mints for
-        "tenant_named": ctx.get_parameter_source("tenant") is not click.core.ParameterSource.DEFAULT,
+        # where the tenant came from: `keys create` mints for it when not told otherwise
+        "tenant_source": ctx.get_parameter_source("tenant"),
     }
 
 

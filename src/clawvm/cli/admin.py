@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from clawvm.cli.common import CliGroup, opened_harness, opened_keyring, opened_store
 from clawvm.core.errors import ConfigError
@@ -56,15 +57,18 @@ def keys_create(ctx: click.Context, tenant: str | None, role: str, name: str, tt
 
 
 def _key_tenant(ctx: click.Context, given: str | None) -> str:
-    """The tenant a new key is for: the command's --tenant, else the one clawvm was given (the command
-    required its own and ignored CLAWVM_TENANT); both, naming two tenants, is refused."""
-    named = ctx.obj["tenant"] if ctx.obj.get("tenant_named") else None
-    if given is not None and named is not None and given != named:
-        raise click.UsageError(f"--tenant names both {named!r} and {given!r}: name the key's tenant once")
-    tenant = given or named
-    if tenant is None:
-        raise click.UsageError("name the key's tenant: keys create --tenant NAME (or set CLAWVM_TENANT)")
-    return tenant
+    """The tenant a new key is for: the command's --tenant, else clawvm's (from its command line or
+    CLAWVM_TENANT: the command required its own and ignored both). Two different ones on the command line
+    are refused; the environment's gives way to the command's (an operator minting for another tenant)."""
+    source = ctx.obj.get("tenant_source")
+    if given is not None:
+        named = ctx.obj["tenant"] if source is ParameterSource.COMMANDLINE else given
+        if named != given:
+            raise click.UsageError(f"--tenant names both {named!r} and {given!r}: name the key's tenant once")
+        return given
+    if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+        return str(ctx.obj["tenant"])
+    raise click.UsageError("name the key's tenant: keys create --tenant NAME (or set CLAWVM_TENANT)")
 
 
 @keys.command("list")

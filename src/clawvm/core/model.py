@@ -52,10 +52,7 @@ def _not_whitespace() -> str:
 
 #: JSON Schema pattern of a text with something besides whitespace (what ``strip()`` leaves non-empty).
 NON_BLANK = _not_whitespace()
-#: JSON Schema of a text with no NUL character (stored text may not hold one: see ``_check_utf8``); said as
-#: "not a string holding one", so that it also holds beside ``null`` in an optional field's schema.
-NO_NUL: dict[str, JsonValue] = {"not": {"type": "string", "pattern": "\\u0000"}}
-_SCOPE_ID_SCHEMA: dict[str, JsonValue] = {"maxLength": MAX_SCOPE_ID_CHARS, **NO_NUL}
+_SCOPE_ID_SCHEMA: dict[str, JsonValue] = {"maxLength": MAX_SCOPE_ID_CHARS}
 _ID_SCHEMA: dict[str, JsonValue] = {"type": "string", "pattern": ID_PATTERN}
 
 
@@ -242,7 +239,7 @@ class Memory(BaseModel):
 
     # the schema states what the validators below check (the OpenAPI spec shows it to clients)
     id: str = Field(default_factory=new_id, json_schema_extra={"pattern": ID_PATTERN})
-    content: str = Field(json_schema_extra={"pattern": NON_BLANK, **NO_NUL})
+    content: str = Field(json_schema_extra={"pattern": NON_BLANK})
     content_type: str = Field(default=TEXT, json_schema_extra={"enum": [TEXT, JSON]})
     kind: Kind = Kind.NOTE
     state: State | None = None
@@ -261,7 +258,7 @@ class Memory(BaseModel):
         default_factory=list,
         json_schema_extra={
             "maxItems": MAX_TAGS,
-            "items": {"type": "string", "pattern": NON_BLANK, "maxLength": MAX_TAG_CHARS, **NO_NUL},
+            "items": {"type": "string", "pattern": NON_BLANK, "maxLength": MAX_TAG_CHARS},
         },
     )
     parent_id: str | None = Field(default=None, json_schema_extra={"anyOf": [_ID_SCHEMA, {"type": "null"}]})
@@ -302,7 +299,7 @@ class Memory(BaseModel):
     @field_validator("session_id", "task_id", "agent_id", "tool_name", "team_id")
     @classmethod
     def _short_scope_id(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is not None and not _stored(info) and len(v) > MAX_SCOPE_ID_CHARS:
+        if v is not None and not _as_stored(info) and len(v) > MAX_SCOPE_ID_CHARS:
             # every surface reads scopes this long (the REST API refused longer ones the SDK had stored)
             raise ValueError(f"is {len(v)} characters long: use at most {MAX_SCOPE_ID_CHARS}")
         return v
@@ -310,7 +307,7 @@ class Memory(BaseModel):
     @field_validator("tenant")
     @classmethod
     def _named_tenant(cls, v: str, info: ValidationInfo) -> str:
-        if _stored(info) or is_tenant_name(v):  # a stored row keeps the name it was written with
+        if _as_stored(info) or is_tenant_name(v):  # a stored row keeps the name it was written with
             return v
         if not v.strip():
             raise ValueError("is blank: name the tenant, or leave it out for the default one")
@@ -319,7 +316,7 @@ class Memory(BaseModel):
     @field_validator("content")
     @classmethod
     def _not_blank(cls, v: str, info: ValidationInfo) -> str:
-        if not _stored(info) and not v.strip():  # as its schema says: a blank line reached prompts
+        if not _as_stored(info) and not v.strip():  # as its schema says: a blank line reached prompts
             raise ValueError("is blank: give the memory content")
         return v
 
@@ -333,7 +330,7 @@ class Memory(BaseModel):
     @field_validator("tags")
     @classmethod
     def _clean_tags(cls, v: list[str], info: ValidationInfo) -> list[str]:
-        if _stored(info):
+        if _as_stored(info):
             return v
         seen: dict[str, None] = {}
         for tag in v:
@@ -416,11 +413,15 @@ def _stored(info: ValidationInfo) -> bool:
     return info.context is STORED
 
 
-def check_no_nul(text: str) -> str:
-    """``text`` if it holds no NUL character (a pydantic validator of the edges' text types)."""
-    if "\x00" in text:  # PostgreSQL cannot store it, and SQLite's JSON functions end a text there
-        raise ValueError("contains a NUL character (U+0000): remove it")
-    return text
+#: The validation context key of the fields a :func:`revalidate` keeps as stored.
+KEPT = "kept"
+
+
+def _as_stored(info: ValidationInfo) -> bool:
+    """Whether the field being validated is taken as stored: a stored row read back, or a field that a
+    :func:`revalidate` leaves as it was (rules added since it was written do not apply to it)."""
+    context = info.context
+    return context is STORED or (isinstance(context, dict) and info.field_name in context.get(KEPT, ()))
 
 
 def _check_utf8(text: str) -> None:
@@ -428,7 +429,6 @@ def _check_utf8(text: str) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("contains unpaired surrogates (not valid UTF-8)") from None
-    check_no_nul(text)
 
 
 def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
@@ -627,10 +627,22 @@ def moved_on(current: Memory, expected_version: int) -> bool:
 
 
 def revalidate(memory: Memory, changes: Mapping[str, Any]) -> Memory:
-    """A copy of ``memory`` with ``changes`` applied and fully re-validated."""
+    """A copy of ``memory`` with ``changes`` applied and re-validated. The rules for new input (a
+    tenant's name, the limits on scope ids and tags, non-blank content) judge the changed fields only:
+    a memory stored before a rule existed can still be paged, pinned or archived."""
     data = memory.model_dump()
     data.update(changes)
-    return build_memory(data)
+    try:
+        return Memory.model_validate(data, context={KEPT: frozenset(data) - frozenset(changes)})
+    except pydantic.ValidationError as exc:
+        raise _translate(exc) from None
+
+
+def capped_tags(first: Iterable[str], then: Iterable[str] = ()) -> list[str]:
+    """``first`` (the harness's own marks) then ``then``, each once, the first :data:`MAX_TAGS` of them:
+    a union of several memories' tags (a merge, a tool result's scope tags and its marks) stays within
+    the limit a caller's tags are held to."""
+    return list(dict.fromkeys([*first, *then]))[:MAX_TAGS]
 
 
 Scalar = str | Iterable[str] | None

@@ -30,7 +30,7 @@ from clawvm.core.errors import NotFoundError, ValidationError
 from clawvm.core.model import (
     MAX_SCOPE_ID_CHARS,
     MAX_TAG_CHARS,
-    NO_NUL,
+    MAX_TAGS,
     NON_BLANK,
     STATUS_CHOICES,
     Kind,
@@ -155,24 +155,22 @@ class TierBody(BaseModel):
     tier: Literal["working", "short_term", "long_term", "archive"]
 
 
-Tag = Annotated[
-    str, Field(min_length=1, max_length=MAX_TAG_CHARS, pattern=NON_BLANK, json_schema_extra=NO_NUL)
-]
+Tag = Annotated[str, Field(min_length=1, max_length=MAX_TAG_CHARS, pattern=NON_BLANK)]
 
 
 class NewMemoryBody(BaseModel):
     """A memory written from the dashboard (through the harness, as the SDK's ``record``)."""
 
     model_config = ConfigDict(extra="forbid")
-    content: str = Field(min_length=1, max_length=100_000, pattern=NON_BLANK, json_schema_extra=NO_NUL)
+    content: str = Field(min_length=1, max_length=100_000, pattern=NON_BLANK)
     kind: Kind = Kind.NOTE
-    session_id: str | None = Field(default=None, max_length=MAX_SCOPE_ID_CHARS, json_schema_extra=NO_NUL)
-    tags: list[Tag] = Field(default_factory=list, max_length=50)
+    session_id: str | None = Field(default=None, max_length=MAX_SCOPE_ID_CHARS)
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
 
 
 class ReviseBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    content: str = Field(min_length=1, max_length=100_000, pattern=NON_BLANK, json_schema_extra=NO_NUL)
+    content: str = Field(min_length=1, max_length=100_000, pattern=NON_BLANK)
     expected_version: int | None = Field(default=None, ge=1)
 
 

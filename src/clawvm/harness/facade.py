@@ -336,7 +336,8 @@ class Harness:
                 "that one with update())",
             ) from None
         self._wake_pager()  # record never demotes: the pager pages the session out, in a batch
-        if vector is None and self._worker is not None:
+        # no vector given, or the write path dropped the one given (it was of text redaction changed)
+        if (vector is None or memory.content != text) and self._worker is not None:
             self._worker.notify()
         if self._prefetcher is not None:
             self._prefetcher.submit(self._prefetch, memory)

@@ -416,7 +416,9 @@ class ClawVMStore(BaseStore):
         # deleted items expire in the same write, so that every reader sees the batch whole; removed after
         expiring = [revalidate(m, {"expires_at": now, "version": m.version + 1}) for m in gone]
         events += [self._changed(m, ["expires_at"], now) for m in expiring]
-        h.writer.write([*memories, *expiring], np.stack(rows) if rows else None, events)
+        # the vectors are of scrubbed text (_write): kept where redaction changed the stored value
+        stacked = np.stack(rows) if rows else None
+        h.writer.write([*memories, *expiring], stacked, events, scrubbed_vectors=True)
         if expiring:
             self._remove(expiring)
         if len(rows) < len(memories):
@@ -515,7 +517,10 @@ class ClawVMStore(BaseStore):
             try:
                 return h.writer.delete(doomed, [self._forgot(m, h.now()) for m in doomed])
             except ConflictError as exc:
-                doomed = [m for m in doomed if m.id != exc.ident]
+                left = [m for m in doomed if m.id != exc.ident]
+                if len(left) == len(doomed):  # not one of ours: retrying would fail the same way forever
+                    raise
+                doomed = left
         return 0
 
     def _event(self, m: Memory, now: datetime) -> Event:

@@ -192,7 +192,8 @@ def with_weights(cfg: ScoringConfig, weights: Mapping[str, Any]) -> ScoringConfi
     numbers brought into 0..1: they come from the event log, and a harness must open whatever it holds)."""
     scalars = {n: _clip(float(weights[n])) for n in _SCALAR_WEIGHTS if _finite(weights.get(n))}
     kinds = {k.value for k in Kind}
-    learned = dict(weights.get("base", {}))
+    learned = weights.get("base")
+    learned = dict(learned) if isinstance(learned, Mapping) else {}
     base = {**cfg.base, **{k: _clip(float(v)) for k, v in learned.items() if k in kinds and _finite(v)}}
     scoring: ScoringConfig = replace(cfg, base=base, **scalars)  # type: ignore[arg-type]
     return scoring

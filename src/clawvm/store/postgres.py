@@ -501,8 +501,11 @@ class PostgresStore(Store):
             return 0
 
         def remove(conn: psycopg.Connection[Any]) -> int:
+            # in the order write() takes its locks (tenant sequences, then rows by id): no deadlock with it
+            self.event_log.number_tenants(conn, events)
             stored = conn.execute(
-                "SELECT id::text, version FROM memories WHERE id = ANY(%s::uuid[]) FOR UPDATE", [ids]
+                "SELECT id::text, version FROM memories WHERE id = ANY(%s::uuid[]) ORDER BY id FOR UPDATE",
+                [ids],
             ).fetchall()
             check_removable(memories, {str(i): int(v) for i, v in stored})
             deleted = self._delete_rows(conn, ids)

@@ -43,7 +43,18 @@ import numpy as np
 from clawvm.core.embed import Embedder, count_tokens
 from clawvm.core.errors import ConflictError, UpstreamError
 from clawvm.core.lexical import Analyzer
-from clawvm.core.model import Filters, Kind, Link, LinkType, Memory, Scope, Status, Tier, build_memory
+from clawvm.core.model import (
+    Filters,
+    Kind,
+    Link,
+    LinkType,
+    Memory,
+    Scope,
+    Status,
+    Tier,
+    build_memory,
+    capped_tags,
+)
 from clawvm.core.openai_http import ChatEndpoint, EndpointFailure, FailureReason
 from clawvm.core.vectors import normalize
 from clawvm.store import Event
@@ -376,7 +387,7 @@ def _merge(
         "adoption": {"adopted": sum(a for a, _ in counts), "rejected": sum(r for _, r in counts)},
     }
     changes: dict[str, Any] = {
-        "tags": list(dict.fromkeys(t for m in members for t in m.tags)),
+        "tags": capped_tags(t for m in members for t in m.tags),
         "confidence": max(m.confidence for m in members),
         "usage": usage,
         "metadata": metadata,
@@ -501,7 +512,7 @@ def _new_pitfall(h: MergeHost, errors: list[Memory], synth: Synthesizer, report:
     samples = _samples(errors)
     result = synthesis_of(synth, samples, _occurrences(errors))
     text = result.text
-    tags = [PITFALL_TAG, *dict.fromkeys(t for e in errors for t in e.tags if t.startswith("task-type:"))]
+    tags = capped_tags([PITFALL_TAG], (t for e in errors for t in e.tags if t.startswith("task-type:")))
     fields = {
         "content": text,
         "kind": Kind.KNOWLEDGE,
@@ -560,7 +571,7 @@ def _extend_pitfall(
         "samples": samples,
     }
     learned_on = (t for e in errors for t in e.tags if t.startswith("task-type:"))
-    tags = list(dict.fromkeys([*pitfall.tags, *learned_on]))
+    tags = capped_tags(pitfall.tags, learned_on)
     changes: dict[str, Any] = {"metadata": metadata, "tags": tags}
     if result is not None:
         changes["content"] = result.text

@@ -83,6 +83,7 @@ class Writer(Protocol):
         events: Sequence[Event] = (),
         *,
         bookkeeping: bool = False,
+        scrubbed_vectors: bool = False,
     ) -> list[Memory]: ...
 
     def delete(self, memories: Sequence[Memory], events: Sequence[Event] = ()) -> int: ...
@@ -239,6 +240,7 @@ class CommitPath:
         events: Sequence[Event] = (),
         *,
         bookkeeping: bool = False,
+        scrubbed_vectors: bool = False,
     ) -> list[Memory]:
         """Store ``memories`` (new ones at any version, changed ones at stored version + 1), the vectors of
         the first ones (``vectors``: one row each, in order) and ``events``, atomically. Returns the
@@ -246,7 +248,11 @@ class CommitPath:
 
         ``bookkeeping``: the harness's own changes (access counts, promotions, paging, value refreshes),
         which keep each memory's ``changed_version`` (the version a caller's ``expected_version`` must not
-        be older than); any other write is a change, and sets it to the new version."""
+        be older than); any other write is a change, and sets it to the new version.
+
+        ``scrubbed_vectors``: the caller embedded text as the tenant's policy stores it (:meth:`scrub`),
+        so its vectors are kept where redaction changed the content; otherwise those are dropped (a vector
+        of the raw text encodes the secret) and the embedder embeds what is stored."""
         if not bookkeeping:
             self._open()
         elif vectors is None and any(_past_counts(m) for m in memories):
@@ -257,7 +263,9 @@ class CommitPath:
             memories = kept
         self._validate(memories)
         stored = [self._redacted(_versioned(m, bookkeeping)) for m in memories]
-        rows, vectors = _vectors_of_stored_text(memories, stored, vectors)
+        rows = stored
+        if not scrubbed_vectors:
+            rows, vectors = _vectors_of_stored_text(memories, stored, vectors)
         self._store.write(rows, vectors, [self._scrubbed(e) for e in events])
         self._notify(stored, ())
         return stored

@@ -33,7 +33,6 @@ from clawvm.core.model import (
     MAX_SCOPE_ID_CHARS,
     MAX_TAG_CHARS,
     MAX_TAGS,
-    NO_NUL,
     NON_BLANK,
     STATUS_CHOICES,
     Cost,
@@ -45,7 +44,6 @@ from clawvm.core.model import (
     Status,
     Tier,
     as_utc,
-    check_no_nul,
     iso_datetime,
 )
 from clawvm.recall.retrieval import PRESETS
@@ -125,20 +123,16 @@ Content = Annotated[
     Any,
     AfterValidator(_payload),
     WithJsonSchema(
-        {"anyOf": [{"type": "string", "pattern": NON_BLANK, **NO_NUL}, {"type": "object"}, {"type": "array"}]}
+        {"anyOf": [{"type": "string", "pattern": NON_BLANK}, {"type": "object"}, {"type": "array"}]}
     ),
 ]
 Ident = Annotated[
     str,
     StringConstraints(min_length=1, max_length=MAX_SCOPE_ID_CHARS, pattern=NON_BLANK),
-    AfterValidator(check_no_nul),
-    Field(json_schema_extra=NO_NUL),
 ]  # blank: no scope at all
 Tag = Annotated[
     str,
     StringConstraints(min_length=1, max_length=MAX_TAG_CHARS, pattern=NON_BLANK),
-    AfterValidator(check_no_nul),
-    Field(json_schema_extra=NO_NUL),
 ]
 MemoryRef = Annotated[str, StringConstraints(pattern=ID_PATTERN)]  # a memory id (parent_id)
 Query = Annotated[str, StringConstraints(max_length=MAX_QUERY_CHARS)]
