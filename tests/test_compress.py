@@ -631,3 +631,32 @@ def test_entities_of_a_summary_skip_words_capitalised_by_a_sentence_start() -> N
     text = "The payment failed at Acme Corp. Most retries used ERR_42 and the Stripe API. Then Caroline left."
     assert entities(text) == ["Acme Corp", "ERR_42", "Stripe API", "Caroline"]
     assert "The" not in entities("The Bank of America said no.")
+
+
+def test_a_memory_stored_before_the_limits_can_be_compressed_and_revised() -> None:
+    """Its raw copy and its revision were built as new input: a memory with 70 tags, written before the
+    limit, could not be archived (the compression failed after the archive move had committed)."""
+    from clawvm.core.model import STORED, Memory
+
+    prose = [
+        "We talked about the weather and the long queue at the coffee shop.",
+        "Nobody remembered where the old dashboards were kept.",
+        "It rained all afternoon so the team stayed inside and planned.",
+        "Everyone agreed that the retry policy needs a maximum delay.",
+    ]
+    text = " ".join(prose * 6)
+    with Harness.open("memory://", embedder=None) as h:
+        legacy = Memory.model_validate(
+            {
+                "content": text,
+                "session_id": "s" * 300,
+                "tags": [f"t{i}" for i in range(70)],
+                "token_count": 120,
+            },
+            context=STORED,
+        )
+        h.store.put(legacy)  # as an older version stored it
+        small = h.compress(legacy.id)
+        assert len(small.content) < len(text) and len(small.tags) == 70
+        assert h.decompress(legacy.id).content == text
+        assert h.revise(legacy.id, content="the rollout is done").tags == legacy.tags

@@ -155,6 +155,11 @@ def test_a_text_holding_nul_gets_its_vector(engine: Store) -> None:
     engine.set_vectors([binary.id], np.ones((1, engine.dim), dtype=np.float32), contents=[binary.content])
     assert engine.unembedded(10) == [] and binary.id in engine.vectors_of([binary.id])
     assert engine.get(binary.id).content == binary.content
+    moved = bump(binary, tier=Tier.ARCHIVE)  # the same text: the vector stays
+    engine.put(moved)
+    assert binary.id in engine.vectors_of([binary.id])
+    engine.put(bump(moved, content="ELF"))  # cut at the NUL: new text, the old vector goes
+    assert binary.id not in engine.vectors_of([binary.id])
 
 
 def test_put_many_of_nothing_is_a_no_op(engine: Store) -> None:

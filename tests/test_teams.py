@@ -59,8 +59,9 @@ def populate(h: Harness) -> dict[str, Memory]:
         "pay_team": rec(h, "ledger uses postgres", agent_id="planner", team_id="pay", kind=Kind.DECISION),
         "ops_team": rec(h, "ledger pager rota", agent_id="oncall", team_id="ops"),
         "task_open": rec(h, "ledger task t1 notes", agent_id="writer", task_id="t1", scope=Scope.TASK),
-        "task_ops": rec(h, "ledger task t1 ops notes", agent_id="oncall", team_id="ops", task_id="t1",
-                        scope=Scope.TASK),
+        "task_ops": rec(
+            h, "ledger task t1 ops notes", agent_id="oncall", team_id="ops", task_id="t1", scope=Scope.TASK
+        ),
         "tenant_wide": h.record("ledger glossary for everyone", kind=Kind.KNOWLEDGE),
     }
 
@@ -111,6 +112,15 @@ def test_a_grant_takes_true_or_false_and_nothing_truthy(
         lexical.grant("pay", "newcomer", **flags)
     assert err.value.field == next(iter(flags)) and "True or False" in str(err.value)
     assert teams.grants(lexical) == before
+
+
+def test_a_grant_to_a_name_holding_nul_is_refused(engine_name: str, lexical: Harness) -> None:
+    """The grant's id joins team and agent with NUL: a write grant to agent "x\\0y" on team "t" had the id
+    of agent "y" on team "t\\0x", which then could write."""
+    with pytest.raises(ValidationError) as err:
+        lexical.grant("t", "x\x00y", write=True)
+    assert err.value.field == "agent_id"
+    assert not teams.can_write(lexical, "y", "t\x00x")
 
 
 def test_a_revision_that_changes_nothing_appends_nothing(engine_name: str, lexical: Harness) -> None:
@@ -250,7 +260,11 @@ scoped = st.fixed_dictionaries(
     tasks=st.frozensets(st.sampled_from(["t1", "t2"])),
 )
 def test_store_visibility_agrees_with_the_reference_semantics(
-    engine_name: str, tmp_path: Path, rows: list[dict[str, Any]], agent: str, teams_: frozenset[str],
+    engine_name: str,
+    tmp_path: Path,
+    rows: list[dict[str, Any]],
+    agent: str,
+    teams_: frozenset[str],
     tasks: frozenset[str],
 ) -> None:
     store = _shared_store(engine_name, tmp_path)
@@ -284,7 +298,9 @@ def test_a_revision_appends_and_recall_sees_only_the_latest(engine_name: str, le
     third = h.revise(second.id, agent_id="planner", expected_version=1, content="cache sessions in valkey")
     chain = h.history(first.id)
     assert [m.content for m in chain] == [
-        "cache sessions in redis", "cache sessions in memcached", "cache sessions in valkey"
+        "cache sessions in redis",
+        "cache sessions in memcached",
+        "cache sessions in valkey",
     ]
     assert [m.status for m in chain] == [Status.OBSOLETE, Status.OBSOLETE, Status.ACTIVE]
     assert chain[-1].id == third.id and h.history(second.id) == chain
@@ -415,10 +431,17 @@ def test_review_queue_approve_and_reject(engine_name: str, lexical: Harness) -> 
     h = lexical
     h.grant("pay", "planner", write=True)
     sure = teams.record(h, "refunds need two approvals", agent_id="planner", team_id="pay", kind="knowledge")
-    unsure = teams.record(h, "refunds may need three approvals", agent_id="planner", team_id="pay",
-                          kind="knowledge", confidence=0.3)
-    wrong = teams.record(h, "refunds need no approval", agent_id="planner", team_id="pay", kind="knowledge",
-                         confidence=0.2)
+    unsure = teams.record(
+        h,
+        "refunds may need three approvals",
+        agent_id="planner",
+        team_id="pay",
+        kind="knowledge",
+        confidence=0.3,
+    )
+    wrong = teams.record(
+        h, "refunds need no approval", agent_id="planner", team_id="pay", kind="knowledge", confidence=0.2
+    )
     assert [m.id for m in h.review_queue()] == [wrong.id, unsure.id]
     assert teams.trust(h.get(unsure.id)) == pytest.approx(0.15)  # down-weighted until approved
     assert teams.trust(h.get(sure.id)) == 1.0
@@ -484,12 +507,33 @@ def team_history(h: Harness) -> dict[str, Memory]:
         h.grant("docs", agent, write=True)
     rec = teams.record
     made = {
-        "err1": rec(h, "The release note forgot the breaking API change", agent_id="reviewer", team_id="docs",
-                    kind="error", task_id="t1", task_type="release-note"),
-        "tone": rec(h, "Release notes use a formal tone", agent_id="planner", team_id="docs", kind="decision",
-                    task_id="t1", task_type="release-note", subject="tone"),
-        "obs": rec(h, "Readers of release notes skim the first line only", agent_id="writer", team_id="docs",
-                   kind="observation", task_id="t2"),
+        "err1": rec(
+            h,
+            "The release note forgot the breaking API change",
+            agent_id="reviewer",
+            team_id="docs",
+            kind="error",
+            task_id="t1",
+            task_type="release-note",
+        ),
+        "tone": rec(
+            h,
+            "Release notes use a formal tone",
+            agent_id="planner",
+            team_id="docs",
+            kind="decision",
+            task_id="t1",
+            task_type="release-note",
+            subject="tone",
+        ),
+        "obs": rec(
+            h,
+            "Readers of release notes skim the first line only",
+            agent_id="writer",
+            team_id="docs",
+            kind="observation",
+            task_id="t2",
+        ),
         "secret": rec(h, "Release note drafts live in my private folder", agent_id="planner"),
     }
     made["tone2"] = h.revise(made["tone"].id, agent_id="planner", content="Release notes use a friendly tone")
@@ -547,8 +591,14 @@ def _guidance_harness(tmp_path: Path) -> Harness:
         h = Harness.open("memory://", embedder=None, clock=ReplayClock(T0))
         team_history(h)
         for n in range(30):
-            teams.record(h, f"Billing api change {n} needs a line in the release note about field f{n}",
-                         agent_id="writer", team_id="docs", kind="observation", task_id=f"t{n}")
+            teams.record(
+                h,
+                f"Billing api change {n} needs a line in the release note about field f{n}",
+                agent_id="writer",
+                team_id="docs",
+                kind="observation",
+                task_id=f"t{n}",
+            )
         _GUIDED[key] = h
     return _GUIDED[key]
 

@@ -630,7 +630,13 @@ def revalidate(memory: Memory, changes: Mapping[str, Any]) -> Memory:
     """A copy of ``memory`` with ``changes`` applied and re-validated. The rules for new input (a
     tenant's name, the limits on scope ids and tags, non-blank content) judge the changed fields only:
     a memory stored before a rule existed can still be paged, pinned or archived."""
-    data = memory.model_dump()
+    return derived(memory, changes)
+
+
+def derived(memory: Memory, changes: Mapping[str, Any], exclude: Iterable[str] = ()) -> Memory:
+    """A memory made from ``memory``'s fields (but ``exclude``, left to their defaults) and ``changes``
+    (a revision, a compressed memory's raw copy), validated as :func:`revalidate` validates."""
+    data = memory.model_dump(exclude=set(exclude))
     data.update(changes)
     try:
         return Memory.model_validate(data, context={KEPT: frozenset(data) - frozenset(changes)})

@@ -88,7 +88,16 @@ from langgraph.store.base import (
 
 from clawvm.core.embed import count_tokens
 from clawvm.core.errors import ClawVMError, ConflictError, ValidationError
-from clawvm.core.model import Filters, Kind, Memory, Tier, build_memory, normalize_content, revalidate
+from clawvm.core.model import (
+    Filters,
+    Kind,
+    Memory,
+    Tier,
+    build_memory,
+    capped_tags,
+    normalize_content,
+    revalidate,
+)
 from clawvm.harness import Harness
 from clawvm.store import Event, PageKey, Query
 from clawvm.store.kinds import EventKind
@@ -546,7 +555,7 @@ class ClawVMStore(BaseStore):
         for m in self.harness.store.iter_all(self.harness.filters({"tags": [TAG]}), batch=PAGE):
             tag = _path_tag(tuple(m.metadata[TAG]["namespace"]))
             if tag not in m.tags:
-                self.harness.update(m.id, tags=[*m.tags, tag])
+                self.harness.update(m.id, tags=capped_tags([tag], m.tags))
                 updated += 1
         return updated
 

@@ -510,7 +510,10 @@ class PostgresStore(Store):
             check_removable(memories, {str(i): int(v) for i, v in stored})
             deleted = self._delete_rows(conn, ids)
             if events:
-                self.event_log.append(conn, events)
+                # numbered above; numbering again would take a sequence this transaction made (and may
+                # still roll back) for one made for good
+                with conn.pipeline():
+                    self.event_log.send(conn, events)
             return deleted
 
         return self._write("delete", remove)

@@ -147,6 +147,10 @@ def _blob(v: np.ndarray) -> bytes:
     return np.asarray(v, dtype="<f4").tobytes()
 
 
+#: How a stored body's JSON spells U+0000.
+_ESCAPED_NUL = "\\u0000"
+
+
 def _link_pairs(links_json: str | None) -> set[tuple[str, str]]:
     """A stored body's links as the (type, target) pairs of its rows in ``links``."""
     return {(link["type"], link["target"]) for link in json.loads(links_json or "[]")}
@@ -584,12 +588,20 @@ class SQLiteStore(IndexSnapshots, Store):
         """The stored version, content and link pairs of each of ``ids`` that is stored."""
         if not ids:
             return {}
+        # SQLite's JSON functions end a text at U+0000: a body that escapes one is read in Python (a NUL
+        # content compared as its prefix, so a rewrite that cut the text there kept the old vector)
         rows = db.execute(
-            f"SELECT id, version, json_extract(body, '$.content'), json_extract(body, '$.links')"
+            f"SELECT id, version, json_extract(body, '$.content'), json_extract(body, '$.links'),"
+            f" CASE WHEN instr(body, ?) > 0 THEN body END"
             f" FROM memories WHERE id IN ({','.join('?' * len(ids))})",
-            ids,
+            [_ESCAPED_NUL, *ids],
         ).fetchall()
-        return {i: _StoredState(version, content, _link_pairs(links)) for i, version, content, links in rows}
+        out = {}
+        for i, version, content, links, with_nul in rows:
+            if with_nul is not None:
+                content = json.loads(with_nul)["content"]
+            out[i] = _StoredState(version, content, _link_pairs(links))
+        return out
 
     def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
         if not ids:

@@ -64,6 +64,7 @@ from clawvm.core.model import (
     Visibility,
     blank_scopes_as_none,
     build_memory,
+    derived,
     flag,
     moved_on,
     normalize_content,
@@ -139,6 +140,8 @@ def grant(h: TeamHost, team_id: str, agent_id: str, *, read: bool = True, write:
     for name, v in (("team_id", team_id), ("agent_id", agent_id)):
         if not isinstance(v, str) or not v.strip():
             raise ValidationError(name, f"is {v!r}", "pass a non-empty string")
+        if "\x00" in v:  # the grant's id joins the two with NUL: ("t", "x\0y") would be ("t\0x", "y")'s
+            raise ValidationError(name, "holds a NUL character", "name teams and agents without one")
     read, write = flag("read", read), flag("write", write)  # "no" is truthy: it granted write access
     if write and not read:
         raise ValidationError("read", "is False while write is True", "writers must be able to read")
@@ -201,11 +204,14 @@ def visibility(h: TeamHost, agent_id: str, tasks: Iterable[str] = ()) -> Visibil
 
 def can_write(h: TeamHost, agent_id: str, team_id: str) -> bool:
     # every team write asks this: read the one grant record by its id instead of listing them all
-    gid = _grant_id(h.tenant, stored_id(h, team_id), stored_id(h, agent_id))
+    team, agent = stored_id(h, team_id), stored_id(h, agent_id)
+    gid = _grant_id(h.tenant, team, agent)
     stored = h.store.get_many([gid]).get(gid)
     if stored is None or stored.status is not Status.INTERNAL or GRANT_TAG not in stored.tags:
         return False
-    return bool(stored.metadata.get("grant", {}).get("write"))
+    body = stored.metadata.get("grant", {})
+    # the record must be this pair's, not one whose names join to the same id
+    return body.get("team_id") == team and body.get("agent_id") == agent and bool(body.get("write"))
 
 
 def check_scope(memory: Memory) -> None:
@@ -394,12 +400,8 @@ def build_revision(
     }
     links = [link for link in changes.pop("links", current.links) if link.type is not LinkType.REVISES]
     links = [*links, Link(type=LinkType.REVISES, target=current.id), *extra_links]
-    data = current.model_dump()
-    data.update(changes)
-    data.update(
-        id=new_id(), version=1, created_at=h.now(), status=Status.ACTIVE, links=links, metadata=metadata
-    )
-    new = build_memory(data)
+    own = {"id": new_id(), "version": 1, "created_at": h.now(), "status": Status.ACTIVE}
+    new = derived(current, {**changes, **own, "links": links, "metadata": metadata})
     if new.pinned and new.token_count > current.token_count:  # as update() checks a pinned memory growing
         h.pager.check_pin(new, replacing=current.id)
     new = new.model_copy(update={"value": h.pager.value_now(new, h.now())})

@@ -35,7 +35,7 @@ from typing import Protocol, runtime_checkable
 from clawvm.core.embed import count_tokens
 from clawvm.core.entities import entities as named_entities
 from clawvm.core.errors import UpstreamError, ValidationError
-from clawvm.core.model import JSON, Link, LinkType, Memory, Status, Tier, build_memory, revalidate
+from clawvm.core.model import JSON, Link, LinkType, Memory, Status, Tier, derived, revalidate
 from clawvm.core.openai_http import ChatEndpoint, EndpointFailure, FailureReason
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
@@ -259,15 +259,16 @@ def compress_memory(
         if notes:
             writer.log(notes)
         return memory
-    raw = build_memory(
+    raw = derived(
+        memory,
         {
-            **memory.model_dump(exclude={"id", "links", "version", "value", "pinned", "usage", "metadata"}),
             # an expired memory's original stays expired: archived, it answered status="archived" reads
             "status": Status.EXPIRED if memory.status is Status.EXPIRED else Status.ARCHIVED,
             "tier": Tier.ARCHIVE,
             "kind": memory.kind,
             "metadata": {"raw_of": memory.id},
-        }
+        },
+        exclude={"id", "links", "version", "value", "pinned", "usage", "metadata"},
     )
     info = {
         "raw_id": raw.id,
