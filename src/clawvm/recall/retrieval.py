@@ -41,7 +41,8 @@ import numpy as np
 
 from clawvm.core.errors import ConfigError
 from clawvm.core.model import Filters, Memory
-from clawvm.store import CandidateInfo, Query, QueryResult, Store
+from clawvm.store import CandidateInfo, Query, QueryResult
+from clawvm.store.base import StoreReader
 
 CHANNELS = ("lexical", "context", "dense", "time", "graph")
 _RAW_CHANNELS = frozenset({"time"})  # already in [0, 1]: not min-max normalised
@@ -391,7 +392,7 @@ def _stripped(query: str, names: frozenset[str]) -> str:
     return kept if _QWORD.search(kept) else query
 
 
-def query_authors(store: Store, query: str, cfg: RecallConfig, filters: Filters) -> set[str]:
+def query_authors(store: StoreReader, query: str, cfg: RecallConfig, filters: Filters) -> set[str]:
     """The agents ``query`` names, when ``cfg`` uses them (else none, without asking the store)."""
     if not (cfg.strip_authors or cfg.author_prior > 0):
         return set()
@@ -399,7 +400,7 @@ def query_authors(store: Store, query: str, cfg: RecallConfig, filters: Filters)
 
 
 def dense_text(
-    store: Store, query: str, cfg: RecallConfig, filters: Filters, named: set[str] | None = None
+    store: StoreReader, query: str, cfg: RecallConfig, filters: Filters, named: set[str] | None = None
 ) -> str:
     """The text to embed for ``query`` under ``cfg``: the query, without the authors it names (``named``,
     when the caller already has them) when ``cfg.strip_authors``."""
@@ -444,7 +445,7 @@ class PendingVector(Protocol):
 
 
 def _channel_hits(
-    store: Store,
+    store: StoreReader,
     text: str,
     vector: np.ndarray | PendingVector | None,
     k: int,
@@ -476,7 +477,7 @@ def _channel_hits(
 
 
 def run_recall(
-    store: Store,
+    store: StoreReader,
     query: str,
     vector: np.ndarray | PendingVector | None,
     k: int,
