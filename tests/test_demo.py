@@ -206,6 +206,24 @@ def test_the_dashboard_demo_refuses_a_store_that_is_not_a_finished_demo(tmp_path
         assert [m.content for m in h.list()] == ["my own memory, not the demo's"]  # left as it was
 
 
+def test_the_printing_demo_never_starts_over_on_a_store_of_the_users(tmp_path: Path) -> None:
+    """`clawvm demo` deleted the store CLAWVM_DB named, the user's memories and API keys with it."""
+    db = tmp_path / "agent.db"
+    with Harness.open(str(db), embedder=None) as h:
+        h.record("customer ACME contract renews on 1 May")
+    refused = CliRunner().invoke(main, ["--no-embed", "--db", str(db), "demo"])
+    assert refused.exit_code == 2 and "--reset" in refused.output
+    with Harness.open(str(db), embedder=None) as h:
+        assert [m.content for m in h.list()] == ["customer ACME contract renews on 1 May"]
+    demo = tmp_path / "demo.db"
+    for _ in range(2):  # its own store it starts over, as before
+        assert CliRunner().invoke(main, ["--no-embed", "--db", str(demo), "demo"]).exit_code == 0
+    reset = CliRunner().invoke(main, ["--no-embed", "--db", str(db), "demo", "--reset"])  # asked: deleted
+    assert reset.exit_code == 0
+    with Harness.open(str(db), embedder=None) as h:
+        assert not any("ACME" in m.content for m in h.iter_all(status="any"))
+
+
 def test_reset_deletes_a_sqlite_store_however_named_and_never_a_server_store(tmp_path: Path) -> None:
     db = tmp_path / "demo.db"
     with Harness.open(str(db), embedder=None) as h:

@@ -25,9 +25,9 @@ _PORT = click.IntRange(0, 65535)
 @click.option(
     "--reset/--keep",
     default=None,
-    help="Start from an empty store file (deleting it), or keep it. Default: the printing demo starts over; "
-    "the dashboard demo keeps the store it finds (pins and edits made in the dashboard stay) and loads the "
-    "demo only into an empty one.",
+    help="Start from an empty store file (deleting it), or keep it. Default: the printing demo starts over "
+    "(on its own store only: one with other memories or API keys is refused); the dashboard demo keeps the "
+    "store it finds (pins and edits made in the dashboard stay) and loads the demo only into an empty one.",
 )
 @click.option(
     "--dashboard",
@@ -43,7 +43,7 @@ def demo(
 ) -> None:
     """Ingest the bundled ops-assistant workload and show recalls with their evidence."""
     from clawvm.demo import run_demo
-    from clawvm.demo.scenario import remove_store_file, serve_demo
+    from clawvm.demo.scenario import holds_only_a_demo, remove_store_file, serve_demo
 
     db = ctx.obj["db"]
     if dashboard:
@@ -51,6 +51,11 @@ def demo(
         embed = not ctx.obj["no_embed"]
         serve_demo(db, host, port, embed=embed, locomo=locomo, echo=click.echo, reset=bool(reset))
         return
+    if reset is None and not holds_only_a_demo(db):  # it starts over: never over a store of the user's
+        raise ConfigError(
+            f"db: {db} holds memories or API keys of its own; the demo starts from an empty store: pass "
+            "another --db (clawvm --db demo.db demo), or --reset to delete this one"
+        )
     if reset is not False:
         remove_store_file(db, asked=reset is True)
     with opened_harness(ctx) as h:

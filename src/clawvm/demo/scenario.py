@@ -34,13 +34,14 @@ from urllib.parse import urlparse
 
 from clawvm.agents import toolcalls
 from clawvm.core.errors import ConfigError
-from clawvm.core.model import Kind, State
+from clawvm.core.model import Filters, Kind, State
 from clawvm.demo import ingest_locomo, ingest_workload, load_workload
 from clawvm.harness import Harness
 from clawvm.observe.learning import intervene
 from clawvm.observe.lens import record_output
 from clawvm.store import Store, store_from_url
 from clawvm.store.keys import Keyring
+from clawvm.store.snapshot import path_for as snapshot_path
 from clawvm.teams import shared as teams
 from clawvm.teams.merge import merge_team
 from clawvm.vm.context import Context
@@ -170,6 +171,23 @@ def demo_loaded(h: Harness) -> bool:
     return any(k.name == DEMO_KEY_NAME for k in Keyring(h.store).list("default", include_revoked=True))
 
 
+def holds_only_a_demo(db: str) -> bool:
+    """Whether the SQLite store ``db`` is missing, empty or holds only what the printing demo records
+    (the workload's sessions, no API keys): what ``clawvm demo`` may delete without being asked. Other
+    engines are never deleted by it."""
+    url = urlparse(db) if "://" in db else None
+    if url is not None and url.scheme not in ("sqlite", "file"):
+        return True
+    path = Path(db if url is None else url.netloc + url.path)
+    if not path.exists():
+        return True
+    sessions = [s["session_id"] for s in load_workload()["sessions"]]
+    with Harness.open(str(path), embedder=None) as h:
+        everything, ours = Filters(), Filters.of(session_id=sessions)  # every status, every tenant
+        no_keys = not Keyring(h.store).list(include_revoked=True)
+        return no_keys and h.store.count(everything) == h.store.count(ours)
+
+
 def remove_store_file(db: str, *, asked: bool = True) -> None:
     """Delete a SQLite store (a path or ``sqlite://`` URL) with its WAL files; ``memory://`` starts empty
     anyway. A server's store (PostgreSQL) is not the demo's to drop: refused when the reset was ``asked``
@@ -187,6 +205,7 @@ def remove_store_file(db: str, *, asked: bool = True) -> None:
     path = db if url is None else url.netloc + url.path
     for suffix in ("", "-wal", "-shm"):
         Path(path + suffix).unlink(missing_ok=True)
+    snapshot_path(path).unlink(missing_ok=True)  # left, the next open read it and found it stale
 
 
 def check_port_free(
