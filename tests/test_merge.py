@@ -48,14 +48,39 @@ def crew(h: Harness) -> None:
 def test_duplicates_merge_into_one_revision_keeping_every_source(engine_name: str, harness: Harness) -> None:
     h = harness
     crew(h)
-    a = teams.record(h, "The billing API returns amounts in cents", agent_id="planner", team_id="pay",
-                     task_id="t1", kind="observation")
-    b = teams.record(h, "Amounts from the billing API are expressed in cents", agent_id="writer",
-                     team_id="pay", task_id="t2", kind="observation", confidence=0.9)
-    c = teams.record(h, "the billing api returns amounts in cents!", agent_id="reviewer", team_id="pay",
-                     task_id="t3", kind="observation")
-    other = teams.record(h, "The billing API paginates after 100 rows", agent_id="writer", team_id="pay",
-                         task_id="t2", kind="observation")
+    a = teams.record(
+        h,
+        "The billing API returns amounts in cents",
+        agent_id="planner",
+        team_id="pay",
+        task_id="t1",
+        kind="observation",
+    )
+    b = teams.record(
+        h,
+        "Amounts from the billing API are expressed in cents",
+        agent_id="writer",
+        team_id="pay",
+        task_id="t2",
+        kind="observation",
+        confidence=0.9,
+    )
+    c = teams.record(
+        h,
+        "the billing api returns amounts in cents!",
+        agent_id="reviewer",
+        team_id="pay",
+        task_id="t3",
+        kind="observation",
+    )
+    other = teams.record(
+        h,
+        "The billing API paginates after 100 rows",
+        agent_id="writer",
+        team_id="pay",
+        task_id="t2",
+        kind="observation",
+    )
     h.feedback(b.id, True)
     h.flush()
     report = merge_team(h, team_id="pay")
@@ -82,10 +107,20 @@ def test_duplicates_merge_into_one_revision_keeping_every_source(engine_name: st
 
 def test_dense_similarity_alone_finds_paraphrases(engine_name: str, harness: Harness) -> None:
     crew(harness)
-    a = teams.record(harness, "The billing API returns amounts in cents", agent_id="planner", team_id="pay",
-                     kind="observation")
-    b = teams.record(harness, "Amounts from the billing API are expressed in cents", agent_id="writer",
-                     team_id="pay", kind="observation")
+    a = teams.record(
+        harness,
+        "The billing API returns amounts in cents",
+        agent_id="planner",
+        team_id="pay",
+        kind="observation",
+    )
+    b = teams.record(
+        harness,
+        "Amounts from the billing API are expressed in cents",
+        agent_id="writer",
+        team_id="pay",
+        kind="observation",
+    )
     no_lexical = MergeConfig(duplicate_lexical=1.01)
     assert [set(s) for _, s in merge_team(harness, config=no_lexical).merged] == [{a.id, b.id}]
 
@@ -118,12 +153,14 @@ def test_recurring_errors_become_one_pitfall(engine_name: str, harness: Harness)
     h = harness
     crew(h)
     errors = [
-        teams.record(h, text, agent_id="reviewer", team_id="pay", kind="error", task_id=f"t{n}",
-                     task_type="deploy")
+        teams.record(
+            h, text, agent_id="reviewer", team_id="pay", kind="error", task_id=f"t{n}", task_type="deploy"
+        )
         for n, text in enumerate(ERRORS[:2], start=1)
     ]
-    lone = teams.record(h, "Lint failed on an unused import", agent_id="reviewer", team_id="pay",
-                        kind="error", task_id="t1")
+    lone = teams.record(
+        h, "Lint failed on an unused import", agent_id="reviewer", team_id="pay", kind="error", task_id="t1"
+    )
     report = merge_team(h, team_id="pay")
     assert len(report.knowledge) == 1
     pitfall = h.get(report.knowledge[0])
@@ -251,12 +288,32 @@ def test_a_pitfall_revised_while_the_llm_is_down_is_extractive(
 def test_conflicting_decisions_are_flagged_once_and_resolvable(engine_name: str, lexical: Harness) -> None:
     h = lexical
     crew(h)
-    redis = teams.record(h, "Use Redis for the session cache", agent_id="planner", team_id="pay",
-                         kind="decision", subject="session cache", task_id="t1")
-    memcached = teams.record(h, "Use Memcached for the session cache", agent_id="writer", team_id="pay",
-                             kind="decision", subject="Session  Cache", task_id="t2")
-    unrelated = teams.record(h, "Use Postgres for the ledger", agent_id="planner", team_id="pay",
-                             kind="decision", subject="ledger database")
+    redis = teams.record(
+        h,
+        "Use Redis for the session cache",
+        agent_id="planner",
+        team_id="pay",
+        kind="decision",
+        subject="session cache",
+        task_id="t1",
+    )
+    memcached = teams.record(
+        h,
+        "Use Memcached for the session cache",
+        agent_id="writer",
+        team_id="pay",
+        kind="decision",
+        subject="Session  Cache",
+        task_id="t2",
+    )
+    unrelated = teams.record(
+        h,
+        "Use Postgres for the ledger",
+        agent_id="planner",
+        team_id="pay",
+        kind="decision",
+        subject="ledger database",
+    )
     report = merge_team(h, team_id="pay")
     assert len(report.conflicts) == 1
     note = h.get(report.conflicts[0])
@@ -275,6 +332,11 @@ def test_conflicting_decisions_are_flagged_once_and_resolvable(engine_name: str,
     assert h.get(note.id).status is Status.ARCHIVED
     assert teams.open_conflicts(h) == [] and h.get(unrelated.id).status is Status.ACTIVE
     assert merge_team(h, team_id="pay").conflicts == []  # a closed conflict is not flagged again
+    # resolved again the other way, it left both sides obsolete and the team without a decision
+    with pytest.raises(StateConflictError) as closed:
+        teams.resolve_conflict(h, note.id, keep=memcached.id, by="lead")
+    assert closed.value.field == "conflict_id"
+    assert h.get(redis.id).status is Status.ACTIVE and h.get(memcached.id).status is Status.OBSOLETE
 
 
 def test_resolving_a_conflict_for_a_side_that_cannot_be_kept_writes_nothing(
@@ -286,10 +348,23 @@ def test_resolving_a_conflict_for_a_side_that_cannot_be_kept_writes_nothing(
     target = harness_target(engine_name, tmp_path, "expiring.db")
     with Harness.open(target, embedder=None, clock=lambda: now[0]) as h:
         crew(h)
-        redis = teams.record(h, "Use Redis for the session cache", agent_id="planner", team_id="pay",
-                             kind="decision", subject="session cache")
-        memcached = teams.record(h, "Use Memcached for the session cache", agent_id="writer", team_id="pay",
-                                 kind="decision", subject="session cache", expires_at=now[0] + timedelta(1))
+        redis = teams.record(
+            h,
+            "Use Redis for the session cache",
+            agent_id="planner",
+            team_id="pay",
+            kind="decision",
+            subject="session cache",
+        )
+        memcached = teams.record(
+            h,
+            "Use Memcached for the session cache",
+            agent_id="writer",
+            team_id="pay",
+            kind="decision",
+            subject="session cache",
+            expires_at=now[0] + timedelta(1),
+        )
         (note,) = merge_team(h, team_id="pay").conflicts
         now[0] += timedelta(days=2)  # the side to keep has expired
         with pytest.raises(StateConflictError) as exc:
@@ -304,11 +379,17 @@ def test_resolving_a_conflict_for_a_side_that_cannot_be_kept_writes_nothing(
 def test_conflicts_without_subjects_need_a_contradiction(engine_name: str, lexical: Harness) -> None:
     crew(lexical)
     rec = teams.record
-    a = rec(lexical, "Retry failed refund calls three times", agent_id="planner", team_id="pay",
-            kind="knowledge")
+    a = rec(
+        lexical, "Retry failed refund calls three times", agent_id="planner", team_id="pay", kind="knowledge"
+    )
     b = rec(lexical, "Never retry failed refund calls", agent_id="writer", team_id="pay", kind="knowledge")
-    rec(lexical, "Refund calls are logged with their order id", agent_id="writer", team_id="pay",
-        kind="knowledge")
+    rec(
+        lexical,
+        "Refund calls are logged with their order id",
+        agent_id="writer",
+        team_id="pay",
+        kind="knowledge",
+    )
     report = merge_team(lexical, team_id="pay")
     (note,) = [lexical.get(i) for i in report.conflicts]
     assert set(note.metadata["conflict"]["ids"]) == {a.id, b.id}
@@ -320,10 +401,12 @@ def test_conflicts_without_subjects_need_a_contradiction(engine_name: str, lexic
 
 def test_rejecting_one_side_closes_its_conflicts(engine_name: str, lexical: Harness) -> None:
     crew(lexical)
-    a = teams.record(lexical, "Ship on Fridays", agent_id="planner", team_id="pay", kind="decision",
-                     subject="release day")
-    teams.record(lexical, "Ship on Tuesdays", agent_id="writer", team_id="pay", kind="decision",
-                 subject="release day")
+    a = teams.record(
+        lexical, "Ship on Fridays", agent_id="planner", team_id="pay", kind="decision", subject="release day"
+    )
+    teams.record(
+        lexical, "Ship on Tuesdays", agent_id="writer", team_id="pay", kind="decision", subject="release day"
+    )
     (conflict,) = merge_team(lexical).conflicts
     lexical.reject(a.id, reason="Fridays are frozen")
     assert lexical.get(conflict).status is Status.ARCHIVED
@@ -344,8 +427,13 @@ def test_contradiction_signal(a: str, b: str, expected: bool) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(2, 30).flatmap(lambda n: st.tuples(st.just(n), st.lists(st.tuples(
-    st.integers(0, n - 1), st.integers(0, n - 1)), max_size=40))))
+@given(
+    st.integers(2, 30).flatmap(
+        lambda n: st.tuples(
+            st.just(n), st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=40)
+        )
+    )
+)
 def test_components_are_the_connected_groups(case: tuple[int, list[tuple[int, int]]]) -> None:
     n, pairs = case
     groups = components(n, pairs)

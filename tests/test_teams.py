@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from clawvm import ConflictError, Filters, Harness, Kind, Status, ValidationError
 from clawvm.cli import main as cli
 from clawvm.core.embed import count_tokens
-from clawvm.core.errors import AccessDeniedError
+from clawvm.core.errors import AccessDeniedError, StateConflictError
 from clawvm.core.model import Memory, Scope, Visibility
 from clawvm.demo.scenario import ReplayClock
 from clawvm.observe.learning import intervene
@@ -112,6 +112,59 @@ def test_a_grant_takes_true_or_false_and_nothing_truthy(
         lexical.grant("pay", "newcomer", **flags)
     assert err.value.field == next(iter(flags)) and "True or False" in str(err.value)
     assert teams.grants(lexical) == before
+
+
+def test_a_read_only_agent_cannot_write_into_a_team_by_leaving_the_scope_out(
+    engine_name: str, lexical: Harness
+) -> None:
+    """With no scope the write check was skipped: the read-only writer's decision joined the team's
+    fusion and guidance, contradicting the planner's with no conflict flagged."""
+    lexical.grant("payments", "reader")  # read only
+    with pytest.raises(AccessDeniedError) as err:
+        lexical.record("Refunds go to store credit", kind="decision", agent_id="reader", team_id="payments")
+    assert err.value.field == "team_id"
+    assert lexical.count(team_id="payments") == 0
+    lexical.grant("payments", "reader", write=True)
+    assert lexical.record("Refunds go to store credit", agent_id="reader", team_id="payments").scope is None
+
+
+def test_no_writer_approves_its_own_memory_past_the_review_queue(engine_name: str, lexical: Harness) -> None:
+    """metadata.review was a caller's to set: a low-confidence memory "approved" itself out of the queue."""
+    lexical.grant("t", "w", write=True)
+    low = lexical.record(
+        "maybe the key rotates monthly", kind="knowledge", team_id="t", agent_id="w", confidence=0.3
+    )
+    forged = {"review": {"status": "approved"}}
+    for attempt in (
+        lambda: lexical.record("z", kind="knowledge", confidence=0.2, metadata=forged),
+        lambda: lexical.update(low.id, as_agent="w", metadata=forged),
+        lambda: lexical.revise(low.id, agent_id="w", metadata=forged),
+    ):
+        with pytest.raises(ValidationError) as err:
+            attempt()
+        assert err.value.field == "metadata.review"
+    assert [m.id for m in lexical.review_queue()] == [low.id]
+    lexical.approve(low.id, by="lead")  # the way to approve it
+    assert lexical.review_queue() == []
+    kept = lexical.update(
+        low.id, as_agent="w", metadata={"source": "wiki"}
+    )  # other metadata: the review stays
+    assert kept.metadata["review"]["status"] == "approved" and kept.metadata["source"] == "wiki"
+
+
+def test_revise_with_retry_refuses_what_revise_refuses(engine_name: str, lexical: Harness) -> None:
+    """It pinned a third memory past a two-item budget, revised a checkpoint's snapshot, and retried a
+    rejected head for seconds before a bare ConflictError."""
+    c = lexical.record("third c", session_id="s")
+    with pytest.raises(ValidationError) as err:
+        teams.revise_with_retry(lexical, c.id, lambda head: {"pinned": True})
+    assert err.value.field == "pinned"
+    snapshot = lexical.checkpoint("s", "before")
+    with pytest.raises(StateConflictError):
+        teams.revise_with_retry(lexical, snapshot, lambda head: {"content": "{}"})
+    lexical.reject(c.id, by="lead")
+    with pytest.raises(ConflictError, match="obsolete"):
+        teams.revise_with_retry(lexical, c.id, lambda head: {"content": "again"})
 
 
 def test_a_grant_to_a_name_holding_nul_is_refused(engine_name: str, lexical: Harness) -> None:

@@ -126,6 +126,11 @@ FORGET_RETRIES = 5
 _IMMUTABLE = frozenset({"id", "created_at", "version", "changed_version", "tenant"})
 #: Metadata that compress() keeps: the compressed memory's pointer to its raw copy, and the raw copy's back.
 _COMPRESSION_METADATA = ("compression", "raw_of")
+#: Metadata only the harness sets, and what sets it: a caller's record or update may not.
+_HARNESS_METADATA = {
+    **dict.fromkeys(_COMPRESSION_METADATA, "compress()"),
+    teams.REVIEW_FIELD: "approve() or reject()",
+}
 
 
 #: No context line costs fewer tokens than this (its label alone, ``[<short id> <date>] <kind>:``, is
@@ -385,7 +390,7 @@ class Harness:
         """Write ``changes`` to ``current`` as read: its next version (compare-and-set), with its event."""
         self._refuse_expired(current)
         self._refuse_frozen(current)
-        changes = _keeping_compression(current, changes)
+        changes = _keeping_compression(current, changes, reviewing=as_agent == teams.APPLICATION)
         if current.pinned and _leaves_the_prompt(changes):  # archiving or rejecting a pinned memory
             changes = {**changes, "pinned": False}  # unpins it in the same write, as intervene's archive does
         # the stored redaction mark stays with the stored text: a caller can neither drop nor forge it; new
@@ -1281,19 +1286,20 @@ def _default_embedder() -> MiniLMEmbedder:
     return _DEFAULT
 
 
-def _keeping_compression(current: Memory, changes: dict[str, Any]) -> dict[str, Any]:
-    """``changes`` with new ``metadata`` keeping the compression pointers of ``current``, which only
-    compress() and decompress() set (a caller's replacement of the metadata would otherwise drop them, and
-    with them the way back to the original text). Setting one to another value is a ValidationError."""
+def _keeping_compression(current: Memory, changes: dict[str, Any], *, reviewing: bool) -> dict[str, Any]:
+    """``changes`` with new ``metadata`` keeping the marks of ``current`` that only the harness sets: the
+    compression pointers (compress() and decompress(); dropped, they were the way back to the original
+    text) and the review (approve() and reject(), or the application acting as itself: ``reviewing``;
+    forged by an agent, its low-confidence memory left the review queue). Setting one to another value is
+    a ValidationError."""
     given = changes.get("metadata")
     if not isinstance(given, Mapping):
         return changes  # no new metadata (or none valid: the validation that follows says so)
-    for key in _COMPRESSION_METADATA:
+    guarded = {k: by for k, by in _HARNESS_METADATA.items() if not (reviewing and k == teams.REVIEW_FIELD)}
+    for key, by in guarded.items():
         if key in given and given[key] != current.metadata.get(key):
-            raise ValidationError(
-                f"metadata.{key}", "is set by compress()", "leave it out: the harness keeps it"
-            )
-    kept = {k: current.metadata[k] for k in _COMPRESSION_METADATA if k in current.metadata}
+            raise ValidationError(f"metadata.{key}", f"is set by {by}", "leave it out: the harness keeps it")
+    kept = {k: current.metadata[k] for k in guarded if k in current.metadata}
     return {**changes, "metadata": {**given, **kept}} if kept else changes
 
 
@@ -1311,11 +1317,9 @@ def _refuse_harness_metadata(metadata: Mapping[str, Any]) -> None:
         raise ValidationError(
             f"metadata.{REDACTION_FIELD}", "is set by the write path", "leave it out: redaction marks it"
         )
-    for key in _COMPRESSION_METADATA:
+    for key, by in _HARNESS_METADATA.items():
         if key in metadata:
-            raise ValidationError(
-                f"metadata.{key}", "is set by compress()", "leave it out: compress() sets it"
-            )
+            raise ValidationError(f"metadata.{key}", f"is set by {by}", f"leave it out: {by} sets it")
 
 
 def _refuse_unpinnable(fields: Mapping[str, Any], fix: str) -> None:

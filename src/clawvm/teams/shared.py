@@ -96,6 +96,8 @@ class TeamHost(Recorder, Protocol):
 
 #: Confidence under which a memory enters the review queue (and is down-weighted until approved).
 REVIEW_BELOW = 0.5
+#: The metadata key of a memory's review (approve() and reject() set it; no caller may).
+REVIEW_FIELD = "review"
 #: The memory kinds a team shares and fuses.
 TEAM_KINDS = (Kind.OBSERVATION, Kind.DECISION, Kind.ERROR, Kind.KNOWLEDGE)
 GRANT_TAG = "clawvm:grant"
@@ -235,7 +237,9 @@ def check_write(h: TeamHost, memory: Memory, agent_id: str | None = None) -> Non
         )
     writer = agent_id or memory.agent_id
     # APPLICATION counts only as the acting agent a caller names, never as a memory's own agent_id
-    if writer is None or agent_id == APPLICATION or memory.scope is None:
+    # a memory that names a team joins that team's fusion and guidance whatever its scope: writing one
+    # takes the team's write grant (a read-only agent left the scope out and got its decision in)
+    if writer is None or agent_id == APPLICATION or (memory.scope is None and memory.team_id is None):
         return
     if memory.scope is Scope.PRIVATE:
         owner = None if memory.agent_id is None else stored_id(h, memory.agent_id)
@@ -382,6 +386,17 @@ def build_revision(
         name = sorted(bad)[0]
         raise ValidationError(name, "cannot change in a revision", "record a new memory instead")
     changes = dict(changes)
+    given = changes.get("metadata")
+    if (
+        isinstance(given, Mapping)
+        and REVIEW_FIELD in given
+        and given[REVIEW_FIELD] != current.metadata.get(REVIEW_FIELD)
+    ):  # a writer approved its own low-confidence memory past the review queue
+        raise ValidationError(
+            f"metadata.{REVIEW_FIELD}",
+            "is set by approve() or reject()",
+            "leave it out: the harness keeps it",
+        )
     metadata = dict(changes.pop("metadata", current.metadata))
     # the old revision's redaction mark describes its text and is sealed to its id: the write path marks
     # the new revision's text itself
@@ -519,8 +534,20 @@ def revise_with_retry(
     head = latest(h, memory_id)
     check_write(h, head, agent_id or head.agent_id)  # once: a revision never changes scope or team
     for attempt in range(attempts):
+        # what revise() refuses, this refuses too (it pinned past the budget, revised a checkpoint's
+        # snapshot, and retried a rejected head for seconds before a bare conflict)
+        if head.status is Status.OBSOLETE:  # the newest of its chain: rejected or rolled back
+            raise ConflictError(
+                head.id,
+                None,
+                head.version,
+                f"memory {head.id!r} is obsolete (rejected, or rolled back): make it active first",
+            )
+        refuse_frozen(h, head)
+        changes = change(head)
+        refuse_set_by_harness(changes)
         try:
-            return _append_revision(h, head, agent_id, change(head))
+            return _append_revision(h, head, agent_id, blank_scopes_as_none(dict(changes)))
         except ConflictError:
             time.sleep(random.uniform(0, min(0.02, 0.0005 * 2 ** min(attempt, 8))))  # jitter breaks lockstep
             head = latest(h, head.id)
@@ -617,7 +644,7 @@ def feedback(h: TeamHost, memory_id: str, adopted: bool) -> Memory:
 # ---- review queue -----------------------------------------------------------------------------------------
 def review_state(m: Memory) -> str | None:
     """``approved``, ``rejected``, ``pending`` (flagged), or None (never reviewed)."""
-    state = m.metadata.get("review", {}).get("status")
+    state = m.metadata.get(REVIEW_FIELD, {}).get("status")
     return str(state) if state else None
 
 
@@ -659,7 +686,7 @@ def _set_review(
         m.id,
         expected_version=m.version,
         as_agent=APPLICATION,
-        metadata={**m.metadata, "review": review},
+        metadata={**m.metadata, REVIEW_FIELD: review},
         **changes,
     )
     h.writer.log(
@@ -692,6 +719,13 @@ def reject(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str | 
 def resolve_conflict(h: TeamHost, conflict_id: str, *, keep: str, by: str | None = None) -> Memory:
     """Keep one side of a conflict (approved) and reject the others; returns the kept memory."""
     note = h.store.get(conflict_id)
+    if note.status is not Status.ACTIVE:  # resolved again, the other way, it left both sides obsolete
+        review = note.metadata.get(REVIEW_FIELD, {})
+        raise StateConflictError(
+            "conflict_id",
+            f"conflict {conflict_id} is closed ({review.get('status', note.status.value)})",
+            "revise the kept decision instead, or record a new one",
+        )
     sides = conflict_choices(note)
     if keep not in sides:
         raise ValidationError(
