@@ -113,12 +113,19 @@ def test_rule_templates_add_guidance_when_the_task_matches(
     neither = lexical.guidance("writer", "Write the quarterly summary", 300, task_type="report")
     assert neither.rules == []
     assert lexical.guidance("stranger", "Export card data", 300).rules == []  # team rules need the team
+    # a rule whose words a recall finds, but whose type and keywords do not match, is no rule for the task
+    words = lexical.guidance("writer", "Back up the database before the migrations freeze", 300)
+    assert words.rules == [] and all("Run the database migrations" not in i.line for i in words.items)
 
 
 # file text, expected line, expected field
 BAD = [
-    ("memories:\n  - kind: knowledge\n    content: ok\n  - kind: decision\n    content: x\n"
-     "    confidence: 1.7\n", 6, "memories[1].confidence"),
+    (
+        "memories:\n  - kind: knowledge\n    content: ok\n  - kind: decision\n    content: x\n"
+        "    confidence: 1.7\n",
+        6,
+        "memories[1].confidence",
+    ),
     ("memories:\n  - kind: decisionx\n    content: x\n", 2, "memories[0].kind"),
     ("memories:\n  - kind: note\n    content: x\n", 2, "memories[0].kind"),
     ("memories:\n  - kind: knowledge\n", 2, "memories[0]"),
@@ -148,10 +155,17 @@ def test_errors_name_file_line_and_field(tmp_path: Path, text: str, line: int, f
 @pytest.mark.parametrize(
     ("text", "line", "field"),
     [
-        ('{"memories": [\n {"kind": "knowledge", "content": "ok"},\n {"kind": "decisionx",\n'
-         '  "content": "x"}\n]}', 3, "memories[1].kind"),
-        ('{"memories": [\n {"kind": "knowledge",\n  "content": "ok",\n  "confidence": -1}]}', 4,
-         "memories[0].confidence"),
+        (
+            '{"memories": [\n {"kind": "knowledge", "content": "ok"},\n {"kind": "decisionx",\n'
+            '  "content": "x"}\n]}',
+            3,
+            "memories[1].kind",
+        ),
+        (
+            '{"memories": [\n {"kind": "knowledge",\n  "content": "ok",\n  "confidence": -1}]}',
+            4,
+            "memories[0].confidence",
+        ),
         ('{"memories": [\n {"kind": "knowledge", "content": "ok"},\n]}', 3, "file"),  # trailing comma
     ],
 )
@@ -173,8 +187,13 @@ def test_other_suffixes_and_unreadable_files_are_refused(tmp_path: Path) -> None
 
 
 CORRUPTIONS: list[tuple[str, Any]] = [
-    ("kind", "notakind"), ("content", ""), ("confidence", 2), ("scope", "nowhere"), ("tags", "x"),
-    ("unknown_field", 1), ("agent", 7),
+    ("kind", "notakind"),
+    ("content", ""),
+    ("confidence", 2),
+    ("scope", "nowhere"),
+    ("tags", "x"),
+    ("unknown_field", 1),
+    ("agent", 7),
 ]
 
 

@@ -138,3 +138,21 @@ def test_a_tag_filter_is_stripped_as_stored_tags_are() -> None:
         with pytest.raises(ValidationError) as exc:
             h.list(tags=["  "])
         assert exc.value.field == "tags"
+
+
+def test_inputs_of_the_wrong_type_are_refused_naming_their_field() -> None:
+    """Each failed with Python's own error (AttributeError, TypeError) or, for NaN, named another field."""
+    from clawvm import PagerConfig, replay
+
+    with Harness.open("memory://", embedder=None) as h:
+        cases = [
+            ("args", lambda: h.tool_call("sh", "notadict", session_id="x")),  # type: ignore[arg-type]
+            ("agent_id", lambda: h.guidance(None, "x", 100)),  # type: ignore[arg-type]
+            ("agent_id", lambda: h.guidance("  ", "x", 100)),
+            ("working_items", lambda: replay.variant(h.pager.config, working_items="3")),  # type: ignore[arg-type]
+            ("working_high", lambda: PagerConfig(working_high=float("nan"))),
+        ]
+        for field, call in cases:
+            with pytest.raises(ValidationError) as exc:
+                call()
+            assert exc.value.field == field

@@ -583,6 +583,6 @@ def _fmt(x: object) -> str:
 
 
 def _positive(name: str, n: int) -> int:
-    if n < 1:
-        raise ValidationError(name, f"is {n}", "pass a positive integer")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:  # "3" failed with Python's TypeError
+        raise ValidationError(name, f"is {n!r}", "pass a positive integer")
     return n

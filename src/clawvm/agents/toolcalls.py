@@ -159,6 +159,10 @@ class ToolCall:
     ) -> None:
         self.harness = harness
         self.spec = spec
+        if args is not None and not isinstance(args, Mapping):
+            raise ValidationError(
+                "args", f"is a {type(args).__name__}", "pass the call's arguments as a dict of name -> value"
+            )
         self.args = {k: ("***" if k in spec.redact else _jsonable(v)) for k, v in (args or {}).items()}
         resolved = _resolve_scope(spec, scope_fields)
         self.parent_id = parent_id or resolved.pop("parent_id", None)  # the LLM turn that asked, if known

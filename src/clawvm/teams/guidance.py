@@ -217,6 +217,8 @@ def build_guidance(
         raise ValidationError("budget_tokens", f"is {budget_tokens!r}", "pass a positive integer")
     if not isinstance(task, str):
         raise ValidationError("task", f"has type {type(task).__name__}", "pass the task's text")
+    if not isinstance(agent_id, str) or not agent_id.strip():  # None failed in Python; "" found nothing
+        raise ValidationError("agent_id", f"is {agent_id!r}", "name the agent the guidance is for")
     vis = visibility(h, agent_id, [task_id] if task_id else [])
     found: dict[str, _Candidate] = {}
 
@@ -230,6 +232,8 @@ def build_guidance(
     if task.strip():
         hits = h.recall(task, k=k, track=False, visible_to=vis, kind=list(TEAM_KINDS))
         for rank, hit in enumerate(hits):
+            if RULE_TAG in hit.memory.tags:  # a rule applies when its type or keywords match, above
+                continue
             offer(hit.memory, max(hit.score, 1e-3), f"recall #{rank + 1} ({hit.score:.2f})")
     if task_type:
         same_type = h.list(

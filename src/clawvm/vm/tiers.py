@@ -37,6 +37,7 @@ Every move is an :class:`~clawvm.store.Event` with kind, memory, from/to tier, v
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -164,7 +165,7 @@ class PagerConfig:
             if not _number(getattr(self, name)) or getattr(self, name) < 0:
                 raise ValidationError(name, f"is {getattr(self, name)!r}", "pass a number, 0 or more")
         for name in ("working_low", "working_high"):
-            if not _number(getattr(self, name)):
+            if not _number(getattr(self, name)) or not math.isfinite(getattr(self, name)):  # NaN: its name
                 raise ValidationError(
                     name, f"is {getattr(self, name)!r}", "pass a fraction of the working budget"
                 )
