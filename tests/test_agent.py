@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from clawvm import Harness, Kind, Status
+from clawvm import Harness, Kind, Status, ValidationError
 from clawvm.agents.agent import GUIDANCE_INTRO, AgentWithMemory
 from clawvm.core.model import Scope
 from clawvm.teams import shared as teams
@@ -149,3 +149,19 @@ def test_example_team_learns_across_tasks(
         (pitfall,) = h.list(kind=Kind.KNOWLEDGE, tags=[teams.PITFALL_TAG])
         assert pitfall.metadata["source_tasks"] == ["task-1", "task-2"]
         assert h.count(kind=Kind.ERROR) == 0 and h.count(kind=Kind.ERROR, status="archived") == 2
+
+
+def test_a_reply_the_agent_may_not_record_is_still_answered(engine_name: str, lexical: Harness) -> None:
+    """A read-only member's reply raised AccessDeniedError after its input was saved: the answer was lost."""
+    lexical.grant("pay", "writer")  # read only
+    agent = AgentWithMemory(EchoAgent(["refunds go to the card"]), lexical, "writer", team_id="pay")
+    assert agent.reply([{"role": "user", "content": "write about refunds"}]) == "refunds go to the card"
+    assert agent.last_reply is None and agent.last_record_error is not None
+    assert agent.last_record_error.field == "team_id"  # type: ignore[attr-defined]
+    with pytest.raises(ValidationError) as exc:  # a plain string failed with AttributeError
+        agent.reply("hello")  # type: ignore[arg-type]
+    assert exc.value.field == "messages"
+    silent = AgentWithMemory(EchoAgent([None]), lexical, "writer")  # type: ignore[list-item]
+    with pytest.raises(ValidationError) as exc:
+        silent.reply([{"role": "user", "content": "hi"}])
+    assert exc.value.field == "reply"

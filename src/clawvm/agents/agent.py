@@ -10,10 +10,12 @@ the caller, e.g. when it parses decisions or issues out of it and records those 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from clawvm.core.errors import ClawVMError, ValidationError
 from clawvm.core.model import Kind, Memory, Scope
 from clawvm.teams.guidance import Guidance
 from clawvm.teams.shared import TeamHost
@@ -37,6 +39,8 @@ class GuidedHost(TeamHost, Protocol):
 
 
 Message = dict[str, str]
+
+log = logging.getLogger("clawvm.agents.agent")
 GUIDANCE_INTRO = "Team memory (what earlier tasks taught us; cite an item's [id] when you use it):"
 
 
@@ -64,12 +68,14 @@ class AgentWithMemory:
     record_as: Kind | None = Kind.OBSERVATION  # None: the caller records what the reply means itself
     last_guidance: Guidance | None = field(default=None, init=False)
     last_reply: Memory | None = field(default=None, init=False)
+    #: why the last exchange was not recorded (None: it was): the answer is returned all the same
+    last_record_error: ClawVMError | None = field(default=None, init=False)
 
     def start_task(self, task_id: str | None, task_type: str | None = None) -> None:
         self.task_id, self.task_type = task_id, task_type
 
     def reply(self, messages: Sequence[Message]) -> str:
-        messages = list(messages)
+        messages = _checked_messages(messages)
         task = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), "")
         guidance = self.harness.guidance(
             self.agent_id, task, self.budget_tokens, task_id=self.task_id, task_type=self.task_type
@@ -79,7 +85,14 @@ class AgentWithMemory:
         if guidance.text:
             prompt = [{"role": "system", "content": f"{GUIDANCE_INTRO}\n{guidance.text}"}, *messages]
         answer = self.agent.reply(prompt)
-        self._record(task, answer)
+        if not isinstance(answer, str):
+            raise ValidationError("reply", f"the agent answered a {type(answer).__name__}", "return text")
+        self.last_reply, self.last_record_error = None, None
+        try:
+            self._record(task, answer)
+        except ClawVMError as exc:  # a read-only member, a store down: the model's answer is not lost
+            log.warning("agent %s: the exchange was not recorded: %s", self.agent_id, exc)
+            self.last_record_error = exc
         return answer
 
     def feedback(self, adopted: bool, ids: Sequence[str] | None = None) -> None:
@@ -105,3 +118,15 @@ class AgentWithMemory:
                 task_type=self.task_type,
                 **common,
             )
+
+
+def _checked_messages(messages: Sequence[Message]) -> list[Message]:
+    """``messages`` as a list of chat messages (dicts with a role), or a ValidationError naming the one
+    that is not (a plain string failed with Python's AttributeError)."""
+    if isinstance(messages, str | bytes):
+        raise ValidationError("messages", "is text", 'pass a list of {"role": ..., "content": ...} dicts')
+    out = list(messages)
+    for i, m in enumerate(out):
+        if not isinstance(m, dict) or not isinstance(m.get("content", ""), str):
+            raise ValidationError(f"messages.{i}", f"is {m!r}", 'pass {"role": ..., "content": "text"}')
+    return out
