@@ -326,8 +326,9 @@ def test_conflicting_decisions_are_flagged_once_and_resolvable(engine_name: str,
     assert [i.id for i in g.conflicts] == [note.id]
     shown = {i.id for i in g.experiences}
     assert memcached.id in shown and redis.id not in shown  # of two conflicting decisions, the newer
-    kept = teams.resolve_conflict(h, note.id, keep=redis.id, by="lead")
-    assert kept.metadata["review"]["status"] == "approved"
+    revised = h.revise(redis.id, content=redis.content + " (with a 5 minute TTL)")
+    kept = teams.resolve_conflict(h, note.id, keep=revised.id, by="lead")  # a side's head names it too
+    assert kept.id == revised.id and kept.metadata["review"]["status"] == "approved"
     assert h.get(memcached.id).status is Status.OBSOLETE
     assert h.get(note.id).status is Status.ARCHIVED
     assert teams.open_conflicts(h) == [] and h.get(unrelated.id).status is Status.ACTIVE
@@ -336,7 +337,7 @@ def test_conflicting_decisions_are_flagged_once_and_resolvable(engine_name: str,
     with pytest.raises(StateConflictError) as closed:
         teams.resolve_conflict(h, note.id, keep=memcached.id, by="lead")
     assert closed.value.field == "conflict_id"
-    assert h.get(redis.id).status is Status.ACTIVE and h.get(memcached.id).status is Status.OBSOLETE
+    assert h.get(revised.id).status is Status.ACTIVE and h.get(memcached.id).status is Status.OBSOLETE
 
 
 def test_resolving_a_conflict_for_a_side_that_cannot_be_kept_writes_nothing(

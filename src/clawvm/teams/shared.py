@@ -727,9 +727,12 @@ def resolve_conflict(h: TeamHost, conflict_id: str, *, keep: str, by: str | None
             "revise the kept decision instead, or record a new one",
         )
     sides = conflict_choices(note)
+    # a side revised since the conflict was flagged is named by its head too (what the views show now)
+    heads = {latest(h, side).id: side for side in sides}
+    keep = heads.get(keep, keep)
     if keep not in sides:
         raise ValidationError(
-            "keep", f"{keep!r} is not a side of conflict {conflict_id}", f"pass one of {sides}"
+            "keep", f"{keep!r} is not a side of conflict {conflict_id}", f"pass one of {sorted(heads)}"
         )
     # the kept side first: when it cannot be approved (expired since), nothing is written; rejected first,
     # the other side was gone and the note closed before that refusal
