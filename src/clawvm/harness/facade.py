@@ -390,7 +390,7 @@ class Harness:
         """Write ``changes`` to ``current`` as read: its next version (compare-and-set), with its event."""
         self._refuse_expired(current)
         self._refuse_frozen(current)
-        changes = _keeping_compression(current, changes, reviewing=as_agent == teams.APPLICATION)
+        changes = _keeping_harness_metadata(current, changes, reviewing=as_agent == teams.APPLICATION)
         if current.pinned and _leaves_the_prompt(changes):  # archiving or rejecting a pinned memory
             changes = {**changes, "pinned": False}  # unpins it in the same write, as intervene's archive does
         # the stored redaction mark stays with the stored text: a caller can neither drop nor forge it; new
@@ -1286,7 +1286,7 @@ def _default_embedder() -> MiniLMEmbedder:
     return _DEFAULT
 
 
-def _keeping_compression(current: Memory, changes: dict[str, Any], *, reviewing: bool) -> dict[str, Any]:
+def _keeping_harness_metadata(current: Memory, changes: dict[str, Any], *, reviewing: bool) -> dict[str, Any]:
     """``changes`` with new ``metadata`` keeping the marks of ``current`` that only the harness sets: the
     compression pointers (compress() and decompress(); dropped, they were the way back to the original
     text) and the review (approve() and reject(), or the application acting as itself: ``reviewing``;
