@@ -459,9 +459,7 @@ def revise(
         )
     if expected_version is not None and moved_on(current, expected_version):
         raise ConflictError(memory_id, expected_version, current.version)
-    refuse_set_by_harness(changes)
-    changes = blank_scopes_as_none(dict(changes))
-    refuse_frozen(h, current)
+    changes = _revision_changes(h, current, changes)
     check_write(h, current, agent_id or current.agent_id)
     # a revision is kept for good: one that changes nothing would be noise in the chain, so the head is
     # answered as it is (as a PATCH that changes nothing is); after the access checks, so that the answer
@@ -474,6 +472,14 @@ def revise(
 
 
 _ABSENT = object()  # no such field: differs from any value
+
+
+def _revision_changes(h: TeamHost, current: Memory, changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``changes`` as a revision of ``current`` takes them (revise and revise_with_retry alike): what the
+    harness sets is refused, a blank scope id is none, and a memory only the harness may change refuses."""
+    refuse_set_by_harness(changes)
+    refuse_frozen(h, current)
+    return blank_scopes_as_none(dict(changes))
 
 
 def refuse_frozen(h: TeamHost, memory: Memory) -> None:
@@ -543,11 +549,9 @@ def revise_with_retry(
                 head.version,
                 f"memory {head.id!r} is obsolete (rejected, or rolled back): make it active first",
             )
-        refuse_frozen(h, head)
-        changes = change(head)
-        refuse_set_by_harness(changes)
+        changes = _revision_changes(h, head, change(head))
         try:
-            return _append_revision(h, head, agent_id, blank_scopes_as_none(dict(changes)))
+            return _append_revision(h, head, agent_id, changes)
         except ConflictError:
             time.sleep(random.uniform(0, min(0.02, 0.0005 * 2 ** min(attempt, 8))))  # jitter breaks lockstep
             head = latest(h, head.id)
