@@ -149,6 +149,17 @@ def _blob(v: np.ndarray) -> bytes:
 
 #: How a stored body's JSON spells U+0000.
 _ESCAPED_NUL = "\\u0000"
+#: A stored content, read in SQL: SQLite's JSON functions end a text at U+0000, so a body escaping one
+#: is also returned whole, to be read in Python (:func:`_content_of`; one ``?``: :data:`_ESCAPED_NUL`).
+#: Compared as its prefix, such a content never matched the text the embed worker had embedded (it took
+#: the row again forever), and a rewrite that cut the text at its NUL kept the old vector.
+_CONTENT_COLUMNS = "json_extract(body, '$.content'), CASE WHEN instr(body, ?) > 0 THEN body END"
+_MISSING = object()
+
+
+def _content_of(extracted: str, with_nul: str | None) -> str:
+    """The content of a row read through :data:`_CONTENT_COLUMNS`."""
+    return extracted if with_nul is None else str(json.loads(with_nul)["content"])
 
 
 def _link_pairs(links_json: str | None) -> set[tuple[str, str]]:
@@ -588,20 +599,15 @@ class SQLiteStore(IndexSnapshots, Store):
         """The stored version, content and link pairs of each of ``ids`` that is stored."""
         if not ids:
             return {}
-        # SQLite's JSON functions end a text at U+0000: a body that escapes one is read in Python (a NUL
-        # content compared as its prefix, so a rewrite that cut the text there kept the old vector)
         rows = db.execute(
-            f"SELECT id, version, json_extract(body, '$.content'), json_extract(body, '$.links'),"
-            f" CASE WHEN instr(body, ?) > 0 THEN body END"
+            f"SELECT id, version, json_extract(body, '$.links'), {_CONTENT_COLUMNS}"
             f" FROM memories WHERE id IN ({','.join('?' * len(ids))})",
             [_ESCAPED_NUL, *ids],
         ).fetchall()
-        out = {}
-        for i, version, content, links, with_nul in rows:
-            if with_nul is not None:
-                content = json.loads(with_nul)["content"]
-            out[i] = _StoredState(version, content, _link_pairs(links))
-        return out
+        return {
+            i: _StoredState(version, _content_of(extracted, with_nul), _link_pairs(links))
+            for i, version, links, extracted, with_nul in rows
+        }
 
     def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
         if not ids:
@@ -717,13 +723,14 @@ class SQLiteStore(IndexSnapshots, Store):
         contents: Sequence[str] | None,
     ) -> None:
         written = []
+        waiting = {} if contents is None else self._unembedded_contents(db, ids)
         for n, (memory_id, v) in enumerate(zip(ids, vecs, strict=True)):
             if contents is None:
                 cur = db.execute(
                     "UPDATE memories SET embedding = ?, rev = ? WHERE id = ?", (_blob(v), rev, memory_id)
                 )
             else:
-                if not self._unembedded_with(db, memory_id, contents[n]):
+                if waiting.get(memory_id, _MISSING) != contents[n]:  # embedded since, or its text changed
                     continue
                 cur = db.execute(
                     "UPDATE memories SET embedding = ?, rev = ? WHERE id = ?", (_blob(v), rev, memory_id)
@@ -735,14 +742,18 @@ class SQLiteStore(IndexSnapshots, Store):
             self.index.set_vector(memory_id, v)
 
     @staticmethod
-    def _unembedded_with(db: sqlite3.Connection, memory_id: str, content: str) -> bool:
-        """Whether ``memory_id`` still lacks a vector and still holds ``content`` (the text that was
-        embedded). Compared in Python: SQLite's JSON functions end a text at U+0000, so a content holding
-        one never matched, and the embed worker took the same row again forever."""
-        row = db.execute(
-            "SELECT body FROM memories WHERE id = ? AND embedding IS NULL", (memory_id,)
-        ).fetchone()
-        return row is not None and json.loads(row[0])["content"] == content
+    def _unembedded_contents(db: sqlite3.Connection, ids: Sequence[str]) -> dict[str, str]:
+        """The stored content of each of ``ids`` that still lacks a vector (read in one query a chunk)."""
+        out: dict[str, str] = {}
+        for start in range(0, len(ids), 500):
+            chunk = list(ids[start : start + 500])
+            for i, extracted, with_nul in db.execute(
+                f"SELECT id, {_CONTENT_COLUMNS} FROM memories WHERE embedding IS NULL"
+                f" AND id IN ({','.join('?' * len(chunk))})",
+                [_ESCAPED_NUL, *chunk],
+            ):
+                out[i] = _content_of(extracted, with_nul)
+        return out
 
     def vectors_of(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
