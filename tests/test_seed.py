@@ -141,6 +141,11 @@ BAD = [
     ("colour: red\n", 1, "colour"),
     ("- just a list\n", 1, "file"),
     ("memories:\n  - kind: knowledge\n    content: [unclosed\n", 4, "file"),
+    # YAML reads true as a boolean, which a number field would take as 1.0
+    ("memories:\n  - kind: knowledge\n    content: x\n    confidence: true\n", 4, "memories[0].confidence"),
+    # a second content would silently replace the first
+    ("memories:\n  - kind: knowledge\n    content: x\n    content: y\n", 3, "memories[0].content"),
+    ("team: a\nmemories: []\nteam: b\n", 1, "team"),
 ]
 
 
@@ -167,6 +172,11 @@ def test_errors_name_file_line_and_field(tmp_path: Path, text: str, line: int, f
             "memories[0].confidence",
         ),
         ('{"memories": [\n {"kind": "knowledge", "content": "ok"},\n]}', 3, "file"),  # trailing comma
+        (
+            '{"memories": [\n {"kind": "knowledge",\n  "content": "ok",\n  "content": "no"}]}',
+            3,
+            "memories[0].content",
+        ),
     ],
 )
 def test_json_errors_name_line_and_field(tmp_path: Path, text: str, line: int, field: str) -> None:

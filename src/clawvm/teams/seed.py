@@ -84,6 +84,24 @@ class _Lines:
         except yaml.YAMLError:  # JSON that YAML cannot read (rare): lines of the entries are unknown
             self.root = None
 
+    def first_duplicate(self) -> tuple[tuple[str | int, ...], str] | None:
+        """The first key written twice in one mapping (its path, and the key): YAML keeps the last one
+        silently, so a second ``content:`` would replace the first unseen."""
+        stack: list[tuple[yaml.Node | None, tuple[str | int, ...]]] = [(self.root, ())]
+        while stack:
+            node, path = stack.pop(0)
+            if isinstance(node, yaml.MappingNode):
+                seen: set[str] = set()
+                for key, value in node.value:
+                    if isinstance(key, yaml.ScalarNode):
+                        if key.value in seen:
+                            return path, key.value
+                        seen.add(key.value)
+                        stack.append((value, (*path, key.value)))
+            elif isinstance(node, yaml.SequenceNode):
+                stack.extend((child, (*path, i)) for i, child in enumerate(node.value))
+        return None
+
     def line(self, path: tuple[str | int, ...]) -> int:
         node, best = self.root, 1
         for step in path:
@@ -125,6 +143,13 @@ class _Seed:
         if not isinstance(v, str) or not v.strip():
             raise self.fail((*where, key), f"is {v!r}", "write a non-empty string")
         return v.strip()
+
+    def confidence(self, entry: dict[str, Any], where: tuple[str | int, ...]) -> float:
+        v = entry.get("confidence", 1.0)
+        # YAML reads ``yes``/``true`` as a boolean, which a number field would otherwise take as 1.0
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise self.fail((*where, "confidence"), f"is {v!r}", "write a number from 0 to 1")
+        return float(v)
 
     def memory(
         self, entry: Any, where: tuple[str | int, ...], team: str | None, known: set[str], rule: bool
@@ -175,7 +200,7 @@ class _Seed:
             "agent_id": self.text(entry, "agent", where, False),
             "task_id": self.text(entry, "task", where, False),
             "tags": tags,
-            "confidence": entry.get("confidence", 1.0),
+            "confidence": self.confidence(entry, where),
             "tier": Tier.LONG_TERM,
             "metadata": metadata,
         }
@@ -206,6 +231,9 @@ def parse(path: str | Path, *, tenant: str = "default") -> tuple[list[Memory], i
         ) from None
     doc = _load(path, text)
     seed = _Seed(path, text, tenant)
+    if (duplicate := seed.lines.first_duplicate()) is not None:
+        where, key = duplicate
+        raise seed.fail((*where, key), "is written twice in one mapping", "keep one (YAML reads the last)")
     if not isinstance(doc, dict):
         raise seed.fail((), f"is a {type(doc).__name__}", "write a mapping with memories: and/or rules:")
     for key in doc:
