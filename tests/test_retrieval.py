@@ -177,6 +177,17 @@ def lexical_harness(engine_name: str, tmp_path: Path) -> Iterator[Harness]:
         h.close()
 
 
+def test_equal_scores_rank_the_newest_first_on_every_engine(lexical_harness: Harness) -> None:
+    """Identical texts score alike: which of them a recall returns, and in what order, was the engine's
+    accident (PostgreSQL the oldest, in process whatever the partition left). The newest come first."""
+    h = lexical_harness
+    ids = [h.record("deploy failed on host", session_id="s").id for _ in range(300)]
+    hits = h.recall("deploy", k=5, track=False, preset="bm25")
+    assert [ids.index(x.id) for x in hits] == [299, 298, 297, 296, 295]
+    raw = h.store.query(Query(filters=h.filters({}), text="deploy", limit=40, lexical=True)).lexical
+    assert [ids.index(i) for i, _ in raw] == list(range(299, 259, -1))
+
+
 def conversation(h: Harness) -> dict[str, Memory]:
     """Two sessions of a chat; the fact about the lake is in a reply that never names the lake."""
     t1, t2 = T0, T0 + timedelta(days=40)

@@ -363,7 +363,8 @@ class LexicalIndex:
 
 
 def top_rows(scores: np.ndarray, limit: int, allowed: np.ndarray | None = None) -> list[tuple[int, float]]:
-    """The ``limit`` best (row, score) pairs with a positive score, best first (``allowed``: row mask)."""
+    """The ``limit`` best (row, score) pairs with a positive score, best first (``allowed``: row mask);
+    of equal scores, the newest rows (the highest) are kept and come first."""
     rows, best = top_scores(scores, limit, allowed)
     return list(zip(rows.tolist(), best.tolist(), strict=True))
 
@@ -384,6 +385,12 @@ def top_scores(
     cs = scores[cand]
     if len(cand) > limit:
         top = top_indices(cs, limit)
+        # equal scores at the cut (identical texts): the newest rows, the highest, are the ones kept, as
+        # every engine keeps them (PostgreSQL ranks by seq, its insert order, the same way)
+        floor = cs[top].min()
+        sure = top[cs[top] > floor]
+        tied = np.flatnonzero(cs == floor)
+        top = np.concatenate([sure, tied[len(tied) - (limit - len(sure)) :]])
         cand, cs = cand[top], cs[top]
-    order = np.argsort(-cs, kind="stable")
+    order = np.lexsort((-cand, -cs))  # best first; equal scores newest first
     return cand[order], cs[order]

@@ -308,19 +308,20 @@ class Searcher:
                 FROM st),
             scored AS (
                 -- terms summed in one order: equal documents score the same bits on every call and tie
-                -- (then rank by seq) instead of ranking by the order a plan happened to add them in
+                -- (then the newest, highest seq, first, as in process) instead of ranking by the order a
+                -- plan happened to add them in
                 SELECT h.tenant, h.seq,
                        sum(i.idf * h.tf / (h.tf + k.c0 + k.c1 * h.dl) ORDER BY h.term) * %s::float8 AS score
                 FROM hits h JOIN idf i ON i.term = h.term CROSS JOIN k
                 GROUP BY h.tenant, h.seq),
             best AS MATERIALIZED (
-                SELECT row_number() OVER (ORDER BY t.score DESC, t.seq) AS rank, t.* FROM (
-                    SELECT m.*, s.score FROM (SELECT * FROM scored ORDER BY score DESC, seq) AS s
+                SELECT row_number() OVER (ORDER BY t.score DESC, t.seq DESC) AS rank, t.* FROM (
+                    SELECT m.*, s.score FROM (SELECT * FROM scored ORDER BY score DESC, seq DESC) AS s
                     CROSS JOIN LATERAL (
                         SELECT m.tenant, m.seq, m.id, m.session_id, m.created_at, m.doc_len FROM memories m
                         WHERE m.tenant = s.tenant AND m.seq = s.seq AND {where} OFFSET 0) AS m
                     WHERE s.score > 0
-                    ORDER BY s.score DESC, s.seq LIMIT %s) AS t)"""
+                    ORDER BY s.score DESC, s.seq DESC LIMIT %s) AS t)"""
         args: list[Any] = [
             *targs,
             terms,
