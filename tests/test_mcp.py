@@ -431,3 +431,6 @@ def test_cli_http_with_a_static_key(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    said = log.read_text()  # where it serves, and how a client authenticates
+    assert f"MCP over HTTP at {url}, with --api-key as the Bearer token" in said, said
+    assert f"http://127.0.0.1:{port}" in said.split("MCP over HTTP", 1)[1] and "POST /mcp" not in said

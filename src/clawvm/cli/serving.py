@@ -255,6 +255,9 @@ def mcp_command(
         from clawvm.demo.scenario import check_port_free
 
         check_port_free(host, port, again="clawvm mcp --http --port {port}")
+        where = f"http://{host}:{port}/mcp" if port else f"/mcp on the port uvicorn names below ({host})"
+        auth = "with --api-key as the Bearer token" if api_key else "no API key"
+        click.echo(f"MCP over HTTP at {where}, {auth}; Ctrl-C stops it", err=True)
     if http and host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         click.echo(
             f"warning: serving MCP on {host} without --api-key: anyone who reaches it may write", err=True

@@ -380,7 +380,10 @@ class KeyCheck:
 
 
 def serve_http(server: Server[Any], host: str, port: int, api_key: str | None = None) -> None:
-    uvicorn.run(http_app(server, host=host, api_key=api_key), host=host, port=port, log_level="warning")
+    """Serve until stopped. uvicorn's startup line says where it listens (the port it took, for port 0);
+    the endpoint is ``/mcp`` there. No line per request."""
+    app = http_app(server, host=host, api_key=api_key)
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
 
 
 def run(
