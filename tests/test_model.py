@@ -21,6 +21,7 @@ from clawvm.core.ids import is_valid_id, new_id
 from clawvm.core.model import (
     JSON,
     MAX_JSON_DEPTH,
+    MAX_METADATA_BYTES,
     MAX_SCOPE_ID_CHARS,
     MAX_TAGS,
     STORED,
@@ -257,6 +258,22 @@ def test_too_deep_metadata_in_an_update_is_refused_and_nothing_changes(harness: 
             harness.update(m.id, **bad)
         assert exc.value.field == next(iter(bad)) and str(MAX_JSON_DEPTH) in exc.value.fix
     assert (harness.get(m.id), len(harness.events())) == before
+
+
+def test_metadata_over_its_size_limit_is_refused_and_nothing_changes() -> None:
+    """Content had a limit, metadata none: three megabytes were stored and read with every list."""
+    with Harness.open("memory://", embedder=None) as h:
+        m = h.record("a note", metadata={"n": 1})
+        fits = "é" * ((MAX_METADATA_BYTES - 20) // 2)  # two bytes each in UTF-8
+        assert h.record("at the limit", metadata={"a": fits}).metadata == {"a": fits}
+        for call in (
+            lambda: h.record("x", metadata={"a": fits + "é" * 20}),
+            lambda: h.update(m.id, metadata={"a": "y" * MAX_METADATA_BYTES}),
+        ):
+            with pytest.raises(ValidationError) as refused:
+                call()
+            assert refused.value.field == "metadata" and "content" in refused.value.fix
+        assert h.get(m.id).metadata == {"n": 1} and h.count() == 2
 
 
 def test_too_deep_metadata_cannot_come_in_through_json() -> None:

@@ -37,6 +37,9 @@ MAX_JSON_DEPTH = 64
 MAX_SCOPE_ID_CHARS = 256
 MAX_TAGS = 64
 MAX_TAG_CHARS = 200
+#: The most a memory's metadata may hold, as UTF-8 JSON: as much as its content by default. Metadata is
+#: read with every memory (lists, recalls, the dashboard), so megabytes there slowed every read of it.
+MAX_METADATA_BYTES = 1_000_000
 #: What to do about a value nested deeper (the ``fix`` of the error; the server's too).
 DEPTH_FIX = f"flatten it to at most {MAX_JSON_DEPTH} levels of objects and arrays"
 TEXT = "text/plain"
@@ -367,11 +370,15 @@ class Memory(BaseModel):
         )
         try:
             text = json.dumps(v, allow_nan=False, ensure_ascii=False)
-            text.encode("utf-8")
+            size = len(text.encode("utf-8"))  # and an unpaired surrogate cannot be stored
         except RecursionError:
             raise too_deep_error from None
         except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
             raise ValueError(f"must be JSON-serialisable ({exc})") from None
+        if size > MAX_METADATA_BYTES:
+            raise PydanticCustomError(
+                "json_too_large", f"is {size} bytes as JSON, over the {MAX_METADATA_BYTES}-byte limit"
+            )
         # nesting needs as many brackets as levels: only a text with that many is walked level by level
         if text.count("{") + text.count("[") > MAX_JSON_DEPTH and too_deep(v):
             raise too_deep_error
@@ -524,6 +531,7 @@ _FIXES = {
     "missing": "provide it",
     "value_error": "correct the value as the message says",
     "json_too_deep": DEPTH_FIX,
+    "json_too_large": "keep a large payload in the content, or outside ClawVM with a reference here",
 }
 
 #: The fix for a field whose own check failed (a ``value_error``: the message says what is wrong, this what
