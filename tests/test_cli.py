@@ -79,6 +79,10 @@ def test_add_search_show_forget(tmp_path: Path) -> None:
     assert run(db, "search", "disk full", "--session", "s2").strip() == ""
     shown = json.loads(run(db, "show", mid))
     assert shown["kind"] == "error" and shown["tags"] == ["ci"]
+    # a person's searches leave the store as it was; --track counts one as an agent's recall
+    assert (shown["version"], shown["access_count"]) == (1, 0)
+    run(db, "search", "disk full", "--track")
+    assert json.loads(run(db, "show", mid))["access_count"] == 1
     run(db, "forget", mid)
     result = CliRunner().invoke(main, ["--db", str(db), "show", mid])
     assert result.exit_code == 2 and "not found" in result.output

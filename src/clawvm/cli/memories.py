@@ -122,6 +122,12 @@ def _kind(value: str | None) -> Kind | None:
 @click.option(
     "--json", "as_json", is_flag=True, help="Print JSON Lines with scores and per-channel breakdown."
 )
+@click.option(
+    "--track",
+    is_flag=True,
+    help="Count the search as an access to what it returns, as an agent's recall is (it may promote "
+    "them). Without it the store is left as it was.",
+)
 @click.pass_context
 def search(
     ctx: click.Context,
@@ -131,9 +137,10 @@ def search(
     preset: str | None,
     as_json: bool,
     tags: tuple[str, ...],
+    track: bool,
     **filters: Any,
 ) -> None:
-    """Hybrid recall: the K best memories for QUERY."""
+    """Hybrid recall: the K best memories for QUERY (a person's look: read-only unless --track)."""
     filters["kind"] = _kind(filters.get("kind"))
     given = {name: v for name, v in filters.items() if v is not None}
     if tags:
@@ -144,7 +151,7 @@ def search(
             "use --preset hybrid or bm25"
         )
     with opened_harness(ctx, existing=True) as h:
-        for r in h.recall(query, k=k, preset=preset, **given):
+        for r in h.recall(query, k=k, preset=preset, track=track, **given):
             if as_json:
                 explain = {
                     c: {"raw": s.raw, "normalized": s.normalized, "weight": s.weight, "rank": s.rank}
