@@ -314,6 +314,25 @@ def test_export_import_round_trip(tmp_path: Path) -> None:
     assert first["id"] in out and json.loads(run(dst, "show", first["id"]))["content"] == first["content"]
 
 
+def test_export_keeps_memories_past_their_expiry(tmp_path: Path) -> None:
+    """A backup holds everything: a memory stored expired, and one that expired since (no tick marked it),
+    which reading active memories leaves out."""
+    src, dst = tmp_path / "a.db", tmp_path / "b.db"
+    then = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)  # long before the export runs
+    with Harness.open(src, embedder=None, clock=lambda: then) as h:
+        kept = h.record("the staging password rotates weekly")
+        stored_expired = h.record("a one-hour token", expires_at=then - timedelta(hours=1))
+        due_since = h.record("the freeze ends Friday", expires_at=then + timedelta(days=3))
+    dump = tmp_path / "dump.jsonl"
+    run(src, "export", "-o", str(dump))
+    exported = {json.loads(line)["id"]: json.loads(line)["status"] for line in dump.read_text().splitlines()}
+    assert exported == {kept.id: "active", stored_expired.id: "expired", due_since.id: "active"}
+    run(dst, "import", str(dump))
+    dump2 = tmp_path / "dump2.jsonl"
+    run(dst, "export", "-o", str(dump2))
+    assert dump.read_text() == dump2.read_text()
+
+
 def test_import_of_a_bad_file_imports_nothing(tmp_path: Path) -> None:
     src, dst = tmp_path / "a.db", tmp_path / "b.db"
     run(src, "add", "first")

@@ -217,7 +217,8 @@ def export(ctx: click.Context, out: Path | None, session_id: str | None, events:
         return
     with opened_harness(ctx, embed=False, existing=True) as h:
         # a lossless backup: every status, the harness's internal records (team grants) included
-        filters = h.filters({"session_id": session_id}).with_(status=None)
+        # (its memories past their expiry too, which reading "active" by default would leave out)
+        filters = h.filters({"session_id": session_id}).with_(status=None, live_at=None)
         stream = out.open("w", encoding="utf-8") if out else sys.stdout
         try:
             n = 0
