@@ -99,6 +99,9 @@ def test_duplicates_merge_into_one_revision_keeping_every_source(engine_name: st
     for source in (a, b, c):
         assert h.get(source.id).status is Status.OBSOLETE  # kept for history, never recalled
         assert teams.latest(h, source.id).id == merged_id
+        # each source's history is its own chain up to the merge (the source it revises is not another's)
+        assert [m.id for m in h.history(source.id)] == [source.id, merged_id]
+    assert [m.id for m in h.history(merged_id)] == [c.id, merged_id]  # the merge revises the kept text's
     assert h.get(other.id).status is Status.ACTIVE
     active = h.list(kind=Kind.OBSERVATION, team_id="pay")
     assert {m.id for m in active} == {merged_id, other.id}

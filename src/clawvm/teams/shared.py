@@ -327,13 +327,7 @@ def latest(h: TeamHost, memory_id: str) -> Memory:
     m = h.store.get_many([hint]).get(hint) if hint is not None else None  # hints are never deleted rows...
     if m is None:  # ...but a forgotten one is possible: start from the id itself
         m = h.store.get(memory_id)
-    seen = {m.id}
-    while (nxt := successor(m)) is not None and nxt not in seen:
-        found = h.store.get_many([nxt]).get(nxt)
-        if found is None:
-            break
-        seen.add(nxt)
-        m = found
+    m = (_walk(h, m, successor) or [m])[-1]
     if m.id != memory_id:
         with _HEADS_LOCK:
             if len(heads) > _HEADS_SIZE:
@@ -364,17 +358,29 @@ def previous(m: Memory) -> str | None:
 
 
 def history(h: TeamHost, memory_id: str) -> list[Memory]:
-    """Every revision of ``memory_id``'s chain, oldest first (the last one is the head)."""
-    chain = [latest(h, memory_id)]
-    seen = {chain[0].id}
-    while (prev := previous(chain[-1])) is not None and prev not in seen:
-        found = h.store.get_many([prev]).get(prev)
+    """Every revision of ``memory_id``'s chain, oldest first (the last one is the head): the revisions it
+    replaced, itself, and what replaced it since. A merge joins several chains into one head; the history
+    of one of its sources is that source's own chain up to the merge, not another source's."""
+    start = h.store.get(memory_id)
+    earlier = _walk(h, start, previous)
+    later = _walk(h, start, successor)
+    return [*reversed(earlier), start, *later]
+
+
+def _walk(h: TeamHost, start: Memory, step: Callable[[Memory], str | None]) -> list[Memory]:
+    """The memories reached from ``start`` by ``step`` (not ``start`` itself), until it leads nowhere,
+    to a forgotten memory, or back to one already reached."""
+    reached: list[Memory] = []
+    seen = {start.id}
+    m = start
+    while (nxt := step(m)) is not None and nxt not in seen:
+        found = h.store.get_many([nxt]).get(nxt)
         if found is None:
             break
-        seen.add(prev)
-        chain.append(found)
-    chain.reverse()
-    return chain
+        seen.add(nxt)
+        reached.append(found)
+        m = found
+    return reached
 
 
 def build_revision(
