@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawvm import Harness, Kind, LinkType, StateConflictError, Status
+from clawvm import Harness, Kind, LinkType, StateConflictError, Status, ValidationError
 from clawvm.store import Event
 from clawvm.store.kinds import EventKind
 from clawvm.teams import shared as teams
@@ -25,6 +25,7 @@ from clawvm.teams.merge import (
     contradicts,
     merge_team,
 )
+from clawvm.vm.context import short_id
 from engines import harness_target
 from loopback import DIGITLESS_REPLY, MISBEHAVIOURS, ChatReplay, Misbehaviour
 
@@ -341,6 +342,31 @@ def test_conflicting_decisions_are_flagged_once_and_resolvable(engine_name: str,
         teams.resolve_conflict(h, note.id, keep=memcached.id, by="lead")
     assert closed.value.field == "conflict_id"
     assert h.get(revised.id).status is Status.ACTIVE and h.get(memcached.id).status is Status.OBSOLETE
+
+
+def test_a_conflict_is_resolved_by_the_short_id_its_note_shows(lexical: Harness) -> None:
+    """A reviewer reads ``[1a2b3c4d]`` in the conflict's text and passes that: it names its side."""
+    h = lexical
+    crew(h)
+    sides = [
+        teams.record(
+            h,
+            f"Use {db} for the session cache",
+            agent_id=who,
+            team_id="pay",
+            kind="decision",
+            subject="session cache",
+        )
+        for db, who in (("Redis", "planner"), ("Memcached", "writer"))
+    ]
+    (note_id,) = merge_team(h, team_id="pay").conflicts
+    shown = f"[{short_id(sides[1].id)}]"
+    assert shown in h.get(note_id).content
+    with pytest.raises(ValidationError) as wrong:
+        teams.resolve_conflict(h, note_id, keep="[00000000]", by="lead")
+    assert wrong.value.field == "keep" and h.get(note_id).status is Status.ACTIVE
+    kept = teams.resolve_conflict(h, note_id, keep=shown, by="lead")
+    assert kept.id == sides[1].id and h.get(sides[0].id).status is Status.OBSOLETE
 
 
 def test_resolving_a_conflict_for_a_side_that_cannot_be_kept_writes_nothing(

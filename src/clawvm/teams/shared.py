@@ -76,7 +76,7 @@ from clawvm.store.base import StoreReader
 from clawvm.store.crypto import REDACTION_FIELD
 from clawvm.store.kinds import EventKind
 from clawvm.vm.compress import referenced_raw
-from clawvm.vm.context import is_snapshot
+from clawvm.vm.context import is_snapshot, short_id
 from clawvm.vm.tiers import Pager
 from clawvm.write.commit import Recorder, past_bookkeeping
 
@@ -740,6 +740,8 @@ def resolve_conflict(h: TeamHost, conflict_id: str, *, keep: str, by: str | None
     # a side revised since the conflict was flagged is named by its head too (what the views show now)
     heads = {latest(h, side).id: side for side in sides}
     keep = heads.get(keep, keep)
+    if keep not in sides:  # the short id the note's text shows (``[1a2b3c4d]``), of a side or its head
+        keep = _side_of_short_id(keep, heads) or keep
     if keep not in sides:
         raise ValidationError(
             "keep", f"{keep!r} is not a side of conflict {conflict_id}", f"pass one of {sorted(heads)}"
@@ -754,6 +756,14 @@ def resolve_conflict(h: TeamHost, conflict_id: str, *, keep: str, by: str | None
     if (still := h.store.get(conflict_id)).status is Status.ACTIVE:  # no rejection closed it
         _close_conflict(h, still, "resolved", by, f"{keep} kept")
     return kept
+
+
+def _side_of_short_id(given: str, heads: Mapping[str, str]) -> str | None:
+    """The one conflict side (``heads``: head id -> side) whose id or head's id has the short id
+    ``given``; None when none or several have it."""
+    wanted = given.strip().strip("[]").lower()
+    found = {side for head, side in heads.items() if wanted in (short_id(head), short_id(side))}
+    return found.pop() if len(found) == 1 else None
 
 
 def _live(h: TeamHost, m: Memory) -> bool:
