@@ -394,6 +394,25 @@ def test_an_import_takes_any_iterable_of_memories() -> None:
         assert h.count() == 3
 
 
+def test_a_restored_backup_is_the_store_as_it_was(tmp_path: Path) -> None:
+    """Every field comes back: the version of a memory's last change (a caller's ``expected_version``
+    still holds after the restore) and the token counts of the harness's own records."""
+    with Harness.open(tmp_path / "a.db", embedder=None, pager=PagerConfig(defer_access=False)) as h:
+        h.grant("docs", "writer", write=True)
+        a = h.record("alpha release notes", session_id="s")
+        h.checkpoint("s", "before the release")
+        h.recall("alpha", k=1)  # bookkeeping: a new version, not a change
+        backup = [Memory.from_json(m.to_json()) for m in h.store.iter_all(Filters())]
+        assert (h.get(a.id).version, h.get(a.id).changed_version) == (2, 1)
+    with Harness.open(tmp_path / "b.db", embedder=None) as restored:
+        assert restored.import_memories(backup, restore=True) == len(backup)
+        assert list(restored.store.iter_all(Filters())) == backup
+        restored.update(a.id, expected_version=1, content="alpha release notes, edited")
+        uploaded = backup[-1].model_copy(update={"id": str(uuid.uuid4()), "token_count": 0})
+        restored.import_memories([uploaded])  # not a restore: a write, counted as the harness counts
+        assert restored.get(uploaded.id).token_count == count_tokens(uploaded.content) > 0
+
+
 def test_an_import_into_a_redacting_store_twice_reports_nothing_differing() -> None:
     """The stored text is the scrubbed one: compared with the file's original, every redacted memory was
     reported as differing (and the CLI told the user to forget it)."""

@@ -76,9 +76,13 @@ def import_memories(h: ImportHost, given: Iterable[Memory], restore: bool) -> Im
             check(h, i, m, moved)
             written_as_new.add(i)
     existing = h.store.get_many([m.id for m in memories])
-    # token counts are the harness's own measure: recount rather than trust the file
+    # what a restore gives back unmoved is this store's own, as it was (its token counts, and the
+    # version of its last change, which a caller's expected_version is checked against); anything else
+    # is a write: token counts are the harness's own measure, recounted rather than taken from the file
+    as_exported = {m.id for i, m in enumerate(memories) if i not in written_as_new}
     fresh = [
-        m if m.token_count == (n := count_tokens(m.content)) else m.model_copy(update={"token_count": n})
+        m if m.id in as_exported or m.token_count == (n := count_tokens(m.content))
+        else m.model_copy(update={"token_count": n})
         for m in memories
         if m.id not in existing
     ]
@@ -88,7 +92,7 @@ def import_memories(h: ImportHost, given: Iterable[Memory], restore: bool) -> Im
     _check_pins(h, pinned)
     if fresh:
         events = [Event(kind=EventKind.IMPORT, memory_id=m.id, tenant=m.tenant, at=h.now()) for m in fresh]
-        h.writer.write(fresh, None, events)  # redacted like every write, whatever the file held
+        h.writer.write(fresh, None, events, restored=as_exported)  # redacted like every write
         h.notify_embedder()
     differing = [m.id for m in memories if m.id in existing and _differs(h, existing[m.id], m)]
     return Imported(len(fresh), renamed, differing)

@@ -46,7 +46,7 @@ import json
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
@@ -84,9 +84,14 @@ class Writer(Protocol):
         *,
         bookkeeping: bool = False,
         scrubbed_vectors: bool = False,
+        restored: Collection[str] = (),
     ) -> list[Memory]: ...
 
     def delete(self, memories: Sequence[Memory], events: Sequence[Event] = ()) -> int: ...
+
+    def attach_vectors(
+        self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None
+    ) -> None: ...
 
     def log(self, events: Sequence[Event]) -> list[int]: ...
 
@@ -95,10 +100,12 @@ class Writer(Protocol):
     def identifier(self, value: str, tenant: str) -> str: ...
 
 
-def _versioned(memory: Memory, bookkeeping: bool) -> Memory:
+def _versioned(memory: Memory, bookkeeping: bool, restored: bool = False) -> Memory:
     """``memory`` with the ``changed_version`` its write gives it (see :meth:`CommitPath.write`): a change
     clears it (None: this version), bookkeeping keeps the last change's (the version before this one, when
-    that was the change)."""
+    that was the change), and a restored backup keeps what it was exported with."""
+    if restored:
+        return memory
     if bookkeeping:
         if memory.changed_version is not None or memory.version == 1:
             return memory
@@ -241,6 +248,7 @@ class CommitPath:
         *,
         bookkeeping: bool = False,
         scrubbed_vectors: bool = False,
+        restored: Collection[str] = (),
     ) -> list[Memory]:
         """Store ``memories`` (new ones at any version, changed ones at stored version + 1), the vectors of
         the first ones (``vectors``: one row each, in order) and ``events``, atomically. Returns the
@@ -252,7 +260,10 @@ class CommitPath:
 
         ``scrubbed_vectors``: the caller embedded text as the tenant's policy stores it (:meth:`scrub`),
         so its vectors are kept where redaction changed the content; otherwise those are dropped (a vector
-        of the raw text encodes the secret) and the embedder embeds what is stored."""
+        of the raw text encodes the secret) and the embedder embeds what is stored.
+
+        ``restored``: ids of memories a backup of this store gives back as they were; each keeps the
+        ``changed_version`` it was exported with (a caller's ``expected_version`` holds as it did)."""
         if not bookkeeping:
             self._open()
         elif vectors is None and any(_past_counts(m) for m in memories):
@@ -262,7 +273,7 @@ class CommitPath:
             log.warning("%d memories at the count limit kept as they were", len(memories) - len(kept))
             memories = kept
         self._validate(memories)
-        stored = [self._redacted(_versioned(m, bookkeeping)) for m in memories]
+        stored = [self._redacted(_versioned(m, bookkeeping, m.id in restored)) for m in memories]
         rows = stored
         if not scrubbed_vectors:
             rows, vectors = _vectors_of_stored_text(memories, stored, vectors)
