@@ -162,11 +162,11 @@ def measure_memory(path: Path, n: int) -> dict[str, Any]:
         "if sys.argv[1] == 'open':\n"
         "    h = clawvm.Harness.open(sys.argv[2], embedder=None)\n"
         "    h.recall_with('kaibou', np.ones(384, dtype=np.float32), 10, h.config, h.filters({}))\n"
-        "    ix = h.store.index\n"
+        "    ix = h._store.index  # the engine itself: the bench reads its internals\n"
         "    post = ix.lexical.posting_count()  # counted, not visited: a mapped index builds none of them\n"
         "    vec = ix.vectors._n * ix.vectors.dim * 4\n"
         "    print(json.dumps({'rss': rss(), 'base': base, 'postings': post, 'vector_bytes': vec,"
-        " 'peak': hwm(), 'source': h.store.index_source}))\n"
+        " 'peak': hwm(), 'source': h._store.index_source}))\n"
         "    h.close()\n"
         "else:\n"
         "    print(json.dumps({'rss': rss(), 'base': base}))\n"
@@ -207,7 +207,7 @@ def measure_memory(path: Path, n: int) -> dict[str, Any]:
 
 # ---- record ----------------------------------------------------------------------------------------------
 def measure_record(h: clawvm.Harness, path: Path, count: int) -> dict[str, Any]:
-    store = h.store
+    store = h._store  # the engine itself: the bench reads and sets its internals
     assert isinstance(store, SQLiteStore)
     journal, sync = store.pragma("journal_mode"), store.pragma("synchronous")
     bare = sqlite3.connect(path / "bare.db", isolation_level=None)
@@ -270,7 +270,7 @@ def measure_snapshot_stall(h: clawvm.Harness, repeats: int) -> dict[str, Any]:
     """The one record in every ``snapshot_every`` changes that makes the periodic index snapshot due, with
     the snapshot written under the lock (``inline``) and in a forked child (``background``, the default),
     over a record that makes none due (median of ``repeats`` each)."""
-    store = h.store
+    store = h._store  # the engine itself: the bench reads and sets its internals
     assert isinstance(store, SQLiteStore)
     every, mode = store.snapshot_every, store.snapshot_mode
     extra = next(Corpus(seed=7).batches(3 * repeats + 1))
@@ -301,7 +301,7 @@ def measure_snapshot_stall(h: clawvm.Harness, repeats: int) -> dict[str, Any]:
 def measure_recall(
     h: clawvm.Harness, queries: list[tuple[int, str, np.ndarray]], warmup: int
 ) -> dict[str, Any]:
-    index = h.store.index  # type: ignore[attr-defined]
+    index = h._store.index  # type: ignore[attr-defined]  # the engine itself
     cfg, filters = h.config, h.filters({})
 
     def bare(text: str, v: np.ndarray) -> None:

@@ -101,7 +101,7 @@ class Corpus:
         self.conv = conv
         self.harness = harness
         if window is not None:
-            harness.store.index.window = window  # type: ignore[attr-defined]
+            harness._store.index.window = window  # type: ignore[attr-defined]  # the engine itself
         self.dia_of: dict[str, str] = {}
         for turn, vec in zip(conv.turns, vectors, strict=True):
             m = harness.record(

@@ -209,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         h.recall_with(q, v, k, cfg, filters)
     timed_q = list(zip(questions[args.warmup :], qvecs[args.warmup :], strict=True))
     recall_ms = [timed(lambda q=q, v=v: h.recall_with(q, v, k, cfg, filters))[0] for q, v in timed_q]
-    index = h.store.index  # type: ignore[attr-defined]
+    index = h._store.index  # type: ignore[attr-defined]  # the engine itself
     parts: dict[str, list[float]] = {
         "mask": [], "lexical": [], "context": [], "dense": [], "fuse": [], "get_many": []
     }

@@ -11,6 +11,7 @@ import itertools
 from pathlib import Path
 
 import pg_server
+from clawvm.harness import Harness
 from clawvm.store import MemoryStore, SQLiteStore, Store, store_from_url
 
 ENGINES: list[str] = ["memory", "sqlite", "postgres"]
@@ -38,3 +39,9 @@ def harness_target(name: str, directory: Path, filename: str = "h.db") -> str:
     if name == "postgres":
         return pg_server.store_url(directory, filename)
     raise ValueError(f"unknown engine {name!r}")
+
+
+def engine_of(h: Harness) -> Store:
+    """The engine behind ``h`` (``Harness.store`` only reads): for fixtures that write below the commit
+    path, as an older version of ClawVM, another tool or store-level maintenance would have."""
+    return h._store

@@ -28,6 +28,7 @@ from clawvm.core.model import Kind
 from clawvm.store import SQLiteStore
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey
 from clawvm.store.keys import Keyring
+from engines import engine_of
 from loopback import ServeProcess
 
 COMMANDS = sorted(main.commands)
@@ -403,7 +404,7 @@ def test_stats_counts_each_kind_status_and_tier_and_what_waits_for_a_vector(tmp_
         h.record("due soon", expires_at=datetime.now(UTC) + timedelta(milliseconds=200))
         # an empty session id, as files written before record() refused one may hold: no session
         older = {"id": str(uuid.uuid4()), "session_id": "", "version": 1}
-        h.store.put(h.get(kept.id).model_copy(update=older))
+        engine_of(h).put(h.get(kept.id).model_copy(update=older))
         time.sleep(0.3)  # past its expiry, not yet ticked: still stored as active
     finally:
         h.close()

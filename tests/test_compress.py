@@ -38,6 +38,7 @@ from clawvm.vm.compress import (
     referenced_raw,
 )
 from clawvm.vm.tiers import PagerConfig, TierBudgets
+from engines import engine_of
 from loopback import DIGITLESS_REPLY, MISBEHAVIOURS, ChatReplay, Fault, Misbehaviour
 
 T0 = datetime(2030, 5, 1, 9, 0, tzinfo=UTC)
@@ -655,7 +656,7 @@ def test_a_memory_stored_before_the_limits_can_be_compressed_and_revised() -> No
             },
             context=STORED,
         )
-        h.store.put(legacy)  # as an older version stored it
+        engine_of(h).put(legacy)  # as an older version stored it
         small = h.compress(legacy.id)
         assert len(small.content) < len(text) and len(small.tags) == 70
         assert h.decompress(legacy.id).content == text

@@ -39,7 +39,7 @@ from clawvm.store.crypto import (
     unseal,
 )
 from clawvm.store.eventlog import Retention, prune
-from engines import harness_target
+from engines import engine_of, harness_target
 
 KEEP = RedactionPolicy(keep_original=True)
 EMAIL, CARD = "alice.w@example.com", "4539 1488 0343 6467"
@@ -213,7 +213,7 @@ def test_keeping_originals_needs_a_data_key(tmp_path: Path, monkeypatch: pytest.
 
 def test_a_wrong_key_is_a_specific_error(protected: Harness) -> None:
     m = protected.record(SECRET_TEXT)
-    other = Harness(protected.store, None, redaction=KEEP, data_keys=DataKeys((DataKey.generate(),)))
+    other = Harness(engine_of(protected), None, redaction=KEEP, data_keys=DataKeys((DataKey.generate(),)))
     with pytest.raises(WrongKeyError):
         other.reveal(m.id, admin=True)
 
@@ -225,12 +225,14 @@ def test_tampering_is_detected(protected: Harness) -> None:
     ct = bytearray(base64.b64decode(envelope["ct"]))
     ct[-1] ^= 0x80  # a bit of the GCM tag
     bad = {**a.metadata["redaction"], "sealed": {**envelope, "ct": base64.b64encode(bytes(ct)).decode()}}
-    protected.store.put(a.model_copy(update={"metadata": {"redaction": bad}, "version": a.version + 1}))
+    engine_of(protected).put(a.model_copy(update={"metadata": {"redaction": bad}, "version": a.version + 1}))
     with pytest.raises(TamperedError):
         protected.reveal(a.id, admin=True)
     # a valid envelope copied onto another memory does not open there either
     moved = {**b.metadata["redaction"], "sealed": envelope}
-    protected.store.put(b.model_copy(update={"metadata": {"redaction": moved}, "version": b.version + 1}))
+    engine_of(protected).put(
+        b.model_copy(update={"metadata": {"redaction": moved}, "version": b.version + 1})
+    )
     with pytest.raises(TamperedError):
         protected.reveal(b.id, admin=True)
 
@@ -245,7 +247,7 @@ def test_rotation_reseals_every_original_under_the_new_key(protected: Harness, k
     ids.append(protected.record(SECRET_TEXT, tenant="other").id)
     protected.record("plain text, nothing sealed")
     new = DataKey.generate()
-    report = rotate_data_key(protected.store, keys, new)
+    report = rotate_data_key(engine_of(protected), keys, new)
     assert (report.kid, report.rekeyed, report.already) == (new.kid, 4, 0)
     assert _kids(protected.store) == {new.kid}
     only_new, only_old = DataKeys((new,)), keys
@@ -258,7 +260,7 @@ def test_rotation_reseals_every_original_under_the_new_key(protected: Harness, k
         "default",
         "other",
     }
-    again = rotate_data_key(protected.store, DataKeys((new,)), new)
+    again = rotate_data_key(engine_of(protected), DataKeys((new,)), new)
     assert (again.rekeyed, again.already) == (0, 4)
 
 
@@ -268,13 +270,13 @@ def test_nothing_about_data_keys_depends_on_the_event_log(protected: Harness, ke
     every original readable and rotation working."""
     ids = [protected.record(f"{SECRET_TEXT} #{i}").id for i in range(2)]
     first = DataKey.generate()
-    rotate_data_key(protected.store, keys, first)
-    assert prune(protected.store, Retention(max_events=0), datetime.now(UTC)) > 0
-    assert protected.store.read_events(0, 10) == []
+    rotate_data_key(engine_of(protected), keys, first)
+    assert prune(engine_of(protected), Retention(max_events=0), datetime.now(UTC)) > 0
+    assert [e.kind for e in protected.store.read_events(0, 10)] == ["events_pruned"]
     for i in ids:
         assert reveal_original(protected.store.get(i), DataKeys((first,))).startswith(SECRET_TEXT)
     second = DataKey.generate()
-    report = rotate_data_key(protected.store, DataKeys((first,)), second)
+    report = rotate_data_key(engine_of(protected), DataKeys((first,)), second)
     assert (report.rekeyed, report.already) == (2, 0) and _kids(protected.store) == {second.kid}
     assert reveal_original(protected.store.get(ids[0]), DataKeys((second,))).startswith(SECRET_TEXT)
 
@@ -282,7 +284,7 @@ def test_nothing_about_data_keys_depends_on_the_event_log(protected: Harness, ke
 def test_rotation_without_every_old_key_writes_nothing(protected: Harness, keys: DataKeys) -> None:
     m = protected.record(SECRET_TEXT)
     with pytest.raises(WrongKeyError):
-        rotate_data_key(protected.store, DataKeys((DataKey.generate(),)), DataKey.generate())
+        rotate_data_key(engine_of(protected), DataKeys((DataKey.generate(),)), DataKey.generate())
     assert protected.store.get(m.id).version == m.version and _kids(protected.store) == {keys.current.kid}
 
 

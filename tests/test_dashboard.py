@@ -24,7 +24,7 @@ from clawvm.dashboard import views
 from clawvm.demo.scenario import ReplayClock, load_scenario, open_demo
 from clawvm.server import create_app
 from clawvm.store import Event
-from engines import harness_target
+from engines import engine_of, harness_target
 from loopback import serve_app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +56,7 @@ def small(engine_name: str, tmp_path: Path) -> Iterator[tuple[TestClient, Harnes
     clock.advance(minutes=5)
     ctx = h.context("tessera api host", budget_tokens=200, session_id="s1")
     record_output(h, ctx, f"use the EU host [{ctx.manifest[-1].short_id}]")
-    app = create_app(h.store, embedder=None)
+    app = create_app(engine_of(h), embedder=None)
     try:
         with TestClient(app) as client:
             yield client, h, _keys(app)
@@ -255,7 +255,7 @@ def _store_of_10k(engine_name: str, tmp_path: Path) -> tuple[Harness, list[Memor
     h.import_memories(memories)
     events = _bulk_events(memories, 300)
     for start in range(0, len(events), 2000):
-        h.store.append_events(events[start : start + 2000])
+        engine_of(h).append_events(events[start : start + 2000])
     return h, memories
 
 
@@ -277,7 +277,7 @@ def test_views_stay_bounded_on_10k_memories(engine_name: str, tmp_path: Path) ->
     """10k memories, 10k tier moves, 300 context builds: every view answers with a page or an aggregate,
     never the whole tenant."""
     h, memories = _store_of_10k(engine_name, tmp_path)
-    app = create_app(h.store, embedder=None)
+    app = create_app(engine_of(h), embedder=None)
     try:
         with TestClient(app) as client:
             auth = _auth(_keys(app)["read-only"])
@@ -300,7 +300,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Harn
     load_scenario(h, clock, echo=lambda _line: None)
     # as `make run` serves it: the app's harnesses keep the demo's pager and its clock
     app = create_app(
-        h.store, embedder=None, harness_options={"pager": h.pager.config, "clock": clock.running()}
+        engine_of(h), embedder=None, harness_options={"pager": h.pager.config, "clock": clock.running()}
     )
     keys = _keys(app)
     try:
@@ -654,7 +654,7 @@ def test_every_view_paints_on_a_10k_memory_store(engine_name: str, tmp_path: Pat
     """First paint of every view on 10k memories and 300 builds, measured in the browser (printed, not
     asserted: CI machines vary); every view must render."""
     h, _ = _store_of_10k(engine_name, tmp_path)
-    app = create_app(h.store, embedder=None)
+    app = create_app(engine_of(h), embedder=None)
     key = _keys(app)["read-only"]
     timings: dict[str, float] = {}
     try:

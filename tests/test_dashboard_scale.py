@@ -19,6 +19,7 @@ from clawvm import Harness, Memory
 from clawvm.server import create_app
 from clawvm.store import Event
 from clawvm.teams import shared
+from engines import engine_of
 from loopback import serve_app
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -94,7 +95,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     h.import_memories(memories)
     events = _events(memories)
     for start in range(0, len(events), 2000):
-        h.store.append_events(events[start : start + 2000])
+        engine_of(h).append_events(events[start : start + 2000])
     h.grant("billing-team", "coder", read=True, write=True)
     doubtful = shared.record(
         h,
@@ -105,7 +106,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         confidence=0.3,
     )
     built = time.monotonic() - started
-    app = create_app(h.store, embedder=None)
+    app = create_app(engine_of(h), embedder=None)
     ring = app.state.service.keyring
     keys = {role: ring.create("default", role, f"test {role}")[1] for role in ("agent", "read-only")}
     print(f"\n10k store built in {built:.1f} s")

@@ -70,7 +70,7 @@ def test_a_stopped_worker_wakes_nothing_and_flush_embeds_in_the_callers_thread(
 ) -> None:
     """What the exit hook leaves behind: a harness whose worker is stopped still flushes (and closes)."""
     with Harness.open("memory://", embedder=None) as h:
-        worker = EmbedWorker(embedder, h.store.unembedded, h.store.set_vectors)
+        worker = EmbedWorker(embedder, h.store.unembedded, h.writer.attach_vectors)
         worker.start()
         assert worker in _LIVE_WORKERS  # what the exit hook stops
         worker.stop()

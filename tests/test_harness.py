@@ -6,6 +6,7 @@ import re
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,6 +34,7 @@ from clawvm import (
     TierBudgets,
     ValidationError,
 )
+from clawvm.core.embed import count_tokens
 from clawvm.core.errors import StoreError
 from clawvm.core.model import Memory, build_memory, moved_on
 from clawvm.core.redact import RedactionPolicy
@@ -40,7 +42,7 @@ from clawvm.observe.learning import intervene
 from clawvm.observe.lens import record_output
 from clawvm.store import MemoryStore, Query, QueryResult, SQLiteStore
 from clawvm.vm.working import ACCESS_BUFFER
-from engines import harness_target
+from engines import engine_of, harness_target
 
 CORPUS = [
     (
@@ -747,7 +749,8 @@ class GatedEmbedder:
 
 
 def _observe_text_queries(h: Harness, embedder: GatedEmbedder) -> None:
-    ask = h.store.query
+    engine = engine_of(h)  # the harness asks its engine
+    ask = engine.query
 
     def query(q: Query) -> QueryResult:
         if q.text:
@@ -755,7 +758,7 @@ def _observe_text_queries(h: Harness, embedder: GatedEmbedder) -> None:
             embedder.text_asked.set()
         return ask(q)
 
-    h.store.query = query  # type: ignore[method-assign]
+    engine.query = query  # type: ignore[method-assign]
 
 
 def test_the_text_channels_run_while_the_query_is_embedded(
@@ -837,13 +840,14 @@ def test_a_failing_query_embedding_fails_the_recall_and_ends_its_thread_on_close
     assert any(t.name.startswith("clawvm-query-embed") for t in threading.enumerate())
     h.close()
     assert not any(t.name.startswith("clawvm-query-embed") for t in threading.enumerate())
-    # a recall after close (on an engine that still answers: memory://) embeds in place, no new threads
+    # a recall after close is refused, and starts no thread
     again = Harness(MemoryStore(), gated)
     fill(again)
     again.recall("disk", k=1)
     assert again.recall("disk full", k=2)[0].memory.content.startswith("The deploy failed")  # beside
     again.close()
-    assert again.recall("disk full", k=2)[0].memory.content.startswith("The deploy failed")
+    with pytest.raises(StateConflictError):
+        again.recall("disk full", k=2)
     assert not any(t.name.startswith("clawvm-query-embed") for t in threading.enumerate())
 
 
@@ -978,7 +982,7 @@ def test_context_manager_flushes_and_closes(
     assert h._worker is None
     assert worker._thread is None  # the embedding thread was stopped and joined
     if engine_name == "sqlite":
-        assert isinstance(h.store, SQLiteStore) and h.store._conn is None
+        assert isinstance(engine_of(h), SQLiteStore) and engine_of(h)._conn is None
         with Harness.open(target, embedder=None) as again:
             assert again.count() == 5
             assert again.store.unembedded(10) == []  # close() waited for the embedding queue
@@ -1021,3 +1025,83 @@ def test_status_any_is_taken_in_a_list_and_the_fix_names_what_a_caller_may_ask(h
         harness.count(status="ANY")
     assert exc.value.field == "status" and "'any'" in (exc.value.fix or "")
     assert "internal" not in (exc.value.fix or "")
+
+
+@pytest.mark.parametrize(
+    ("setting", "field"),
+    [
+        ({"max_content_bytes": 0}, "max_content_bytes"),
+        ({"max_content_bytes": -1}, "max_content_bytes"),
+        ({"max_content_bytes": "abc"}, "max_content_bytes"),
+        ({"max_content_bytes": True}, "max_content_bytes"),
+        ({"clock": "now"}, "clock"),
+        ({"clock": 5}, "clock"),
+        ({"clock": lambda: "2026-01-01"}, "clock"),
+    ],
+)
+def test_a_bad_setting_is_refused_when_the_harness_opens(
+    tmp_path: Path, setting: dict[str, Any], field: str
+) -> None:
+    """Refused at open, naming the setting, before any file is made: not at the first record, as a raw
+    TypeError or a limit no text could meet."""
+    with pytest.raises(ValidationError) as refused:
+        Harness.open(tmp_path / "h.db", embedder=None, **setting)
+    assert refused.value.field == field and not (tmp_path / "h.db").exists()
+
+
+_BY_ID: list[tuple[str, Callable[[Harness, Any], object], str]] = [
+    ("get", lambda h, x: h.get(x), "memory_id"),
+    ("forget", lambda h, x: h.forget(x), "memory_id"),
+    ("update", lambda h, x: h.update(x, content="new"), "memory_id"),
+    ("pin", lambda h, x: h.pin(x), "memory_id"),
+    ("rate", lambda h, x: h.rate(x, 1), "memory_id"),
+    ("explain", lambda h, x: h.explain(x), "memory_id"),
+    ("compress", lambda h, x: h.compress(x), "memory_id"),
+    ("revise", lambda h, x: h.revise(x, content="new"), "memory_id"),
+    ("history", lambda h, x: h.history(x), "memory_id"),
+    ("approve", lambda h, x: h.approve(x), "memory_id"),
+    ("feedback", lambda h, x: h.feedback(x, True), "memory_id"),
+    ("rollback", lambda h, x: h.rollback(x), "checkpoint_id"),
+]
+
+
+@pytest.mark.parametrize(("method", "call", "field"), _BY_ID, ids=[m for m, _, _ in _BY_ID])
+@pytest.mark.parametrize("given", [None, 5])
+def test_an_id_that_is_no_string_is_a_mistake_not_a_missing_memory(
+    method: str, call: Callable[[Harness, Any], object], field: str, given: object
+) -> None:
+    """``forget(None)`` answered "memory None not found", as if the caller had the right kind of id."""
+    with Harness.open("memory://", embedder=None) as h:
+        with pytest.raises(ValidationError) as refused:
+            call(h, given)
+        assert refused.value.field == field
+
+
+def test_a_closed_harness_answers_nothing_and_writes_nothing(tmp_path: Path) -> None:
+    """Like a closed file: a read after close() used to answer, and a recall or a context wrote its
+    bookkeeping (access counts, events) to the store its owner had closed."""
+    h = Harness.open(tmp_path / "h.db", embedder=None)
+    m = h.record("hello world", session_id="s1")
+    view = h.store
+    h.close()
+    calls: list[Callable[[], object]] = [
+        lambda: h.get(m.id),
+        lambda: h.recall("hello"),
+        lambda: h.context("hello", session_id="s1"),
+        lambda: h.count(),
+        lambda: h.events(),
+        lambda: h.explain(m.id),
+        lambda: h.tick(),
+        lambda: h.page(),
+        lambda: h.record("after"),
+        lambda: view.count(Filters()),
+        lambda: view.get(m.id),
+    ]
+    for call in calls:
+        with pytest.raises(StateConflictError) as refused:
+            call()
+        assert refused.value.field == "harness"
+    h.flush()  # what close() did already: nothing to do
+    h.close()  # closing again is harmless
+    with Harness.open(tmp_path / "h.db", embedder=None) as again:
+        assert [e.kind for e in again.events()] == ["add"] and again.get(m.id).access_count == 0

@@ -31,7 +31,7 @@ from clawvm.observe.lens import Lens, record_output
 from clawvm.store import Event
 from clawvm.store.eventlog import DUCKDB_QUERIES, Retention, export_jsonl, export_parquet, prune, run_query
 from clawvm.vm.scoring import DEFAULT_SCORING
-from engines import harness_target
+from engines import engine_of, harness_target
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
@@ -80,8 +80,9 @@ def test_a_recall_before_an_eviction_is_no_regret_whenever_its_event_is_logged(
 ) -> None:
     """A tracked recall's event is logged by the pager's next pass: here after the expiry that followed
     the recall (tick() runs it), so its number comes later, but its time says it came first."""
-    m = h.record("a temporary token for the staging deploy", session_id="s1",
-                 expires_at=T0 + timedelta(minutes=30))
+    m = h.record(
+        "a temporary token for the staging deploy", session_id="s1", expires_at=T0 + timedelta(minutes=30)
+    )
     h.recall("temporary token staging", k=1, preset="bm25")
     clock.now = T0 + timedelta(hours=1)
     h.tick()
@@ -320,7 +321,7 @@ def test_manual_actions_are_events_and_teach_the_scorer(h: Harness, clock: Repla
     assert weights[-1].data["weights"] == weights_of(h.pager.config.scoring)
 
     # a new harness over the same store gets the learned weights back when it opens, before anyone looks
-    fresh = Harness(h.store, None, clock=clock)
+    fresh = Harness(engine_of(h), None, clock=clock)
     assert weights_of(fresh.pager.config.scoring) == weights[-1].data["weights"]
     assert fresh.pager.config.scoring != DEFAULT_SCORING
 
@@ -438,22 +439,25 @@ def test_retention_drops_the_head_and_keeps_learned_weights(h: Harness, clock: R
     last_seq = h.events(limit=10**6)[-1].seq or 0
     weights = [e for e in h.events(limit=10**6) if e.kind == "scoring_weights"][-1]
 
-    assert prune(h.store, Retention(max_age_days=1000), clock.now) == 0
-    dropped = prune(h.store, Retention(max_age_days=2.5), clock.now)
+    assert prune(engine_of(h), Retention(max_age_days=1000), clock.now) == 0
+    dropped = prune(engine_of(h), Retention(max_age_days=2.5), clock.now)
     kept = h.events(limit=10**6)
     cutoff = clock.now - timedelta(days=2.5)
     assert dropped > 0 and all(e.at >= cutoff for e in kept[:1])
-    assert len(kept) == total - dropped  # the weights event was newer than the cutoff: nothing carried
+    # the weights event was newer than the cutoff: nothing carried; the log notes where it was cut
+    assert len(kept) == total - dropped + 1
+    assert kept[-1].kind == "events_pruned" and kept[-1].data == {"deleted": dropped, "upto": kept[0].seq - 1}
 
-    assert prune(h.store, Retention(max_events=1), clock.now) == len(kept) - 1
+    assert prune(engine_of(h), Retention(max_events=1), clock.now) == len(kept) - 1
     kept = h.events(limit=10**6)
-    assert [e.kind for e in kept] == ["manual", "scoring_weights"]  # the newest, and the carried weights
-    assert kept[-1].data["weights"] == weights.data["weights"]
-    assert kept[-1].data["carried_from"] == weights.seq
-    assert weights_of(Harness(h.store, None).pager.config.scoring) == weights.data["weights"]
-    prune(h.store, Retention(max_events=0), clock.now)  # not even the carried event is needed to learn
-    assert weights_of(Harness(h.store, None).pager.config.scoring) == weights.data["weights"]
-    new_seq = h.store.append_event(Event("note", data={"after": "prune"}))
+    # the newest (the first prune's note), the carried weights, and this prune's note
+    assert [e.kind for e in kept] == ["events_pruned", "scoring_weights", "events_pruned"]
+    assert kept[1].data["weights"] == weights.data["weights"]
+    assert kept[1].data["carried_from"] == weights.seq
+    assert weights_of(Harness(engine_of(h), None).pager.config.scoring) == weights.data["weights"]
+    prune(engine_of(h), Retention(max_events=0), clock.now)  # not even the carried event is needed to learn
+    assert weights_of(Harness(engine_of(h), None).pager.config.scoring) == weights.data["weights"]
+    new_seq = engine_of(h).append_event(Event("note", data={"after": "prune"}))
     assert new_seq > last_seq  # sequence numbers are never reused
     with pytest.raises(ValidationError):
         Retention(max_events=-1)
@@ -485,7 +489,7 @@ def test_cli_exports_events_and_prunes(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "--events" in bad.output
     assert run("prune-events", "--max-events", "5") == f"deleted {total - 5} events\n"
     with Harness.open(db, embedder=None) as h:
-        assert len(h.events(limit=10**6)) == 5
+        assert len(h.events(limit=10**6)) == 5 + 1  # and the prune's own note
 
 
 # ---- observers observe ----------------------------------------------------------------------------------
@@ -502,7 +506,7 @@ def test_a_lens_and_the_dashboard_change_no_scoring_or_tier_state(h: Harness, cl
     from clawvm.dashboard import create_router
 
     _activity(h, clock)
-    viewer = Harness(h.store, None, clock=clock)  # another process opening the same store
+    viewer = Harness(engine_of(h), None, clock=clock)  # another process opening the same store
     config, state = viewer.pager.config, _state(viewer)
     last_seq = viewer.events(limit=1_000_000)[-1].seq
 
@@ -536,7 +540,7 @@ def test_learned_weights_load_when_the_harness_opens(h: Harness, clock: ReplayCl
     note = h.record("User profile: prefers Lisbon time and EUR tables", kind="note", session_id="s1")
     taught = intervene(h, "pin", note.id)
     assert taught["learned"]
-    reopened = Harness(h.store, None, clock=clock)
+    reopened = Harness(engine_of(h), None, clock=clock)
     assert weights_of(reopened.pager.config.scoring) == weights_of(h.pager.config.scoring)
     assert reopened.pager.config.scoring.base["note"] > DEFAULT_SCORING.base["note"]
     # the weights memory is the harness's own bookkeeping: never listed, counted or recalled

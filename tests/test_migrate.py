@@ -15,7 +15,7 @@ from clawvm.cli import main
 from clawvm.observe.lens import Lens, record_output
 from clawvm.store import Event, Query, Store, store_from_url
 from clawvm.store.migrate import check, migrate, summarize
-from engines import harness_target, make_store
+from engines import engine_of, harness_target, make_store
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 
@@ -162,7 +162,7 @@ def test_a_migrated_output_still_finds_its_context_build(
     with Harness.open(source_url, embedder=None) as h:
         for i in range(3):
             h.record(f"warm-up note {i} about nothing in particular", session_id="s0")
-        h.store.delete_events_upto(h.events()[-1].seq or 0)  # the log now starts after a gap
+        engine_of(h).delete_events_upto(h.events()[-1].seq or 0)  # the log now starts after a gap
         cited = h.record("the EU regional host works for tessera charges", session_id="s1")
         ctx = h.context("tessera charges host", budget_tokens=400, session_id="s1")
         assert ctx.event_seq is not None and ctx.event_seq > 4
@@ -185,7 +185,7 @@ def test_a_migrated_output_still_finds_its_context_build(
         got = Lens(copy).influence(ctx.event_seq)
         assert got["output"]["seq"] == want["output"]["seq"] and out.cited == [cited.id]
         assert [x["id"] for x in got["lines"]] == [x["id"] for x in want["lines"]]
-        assert copy.store.append_event(Event("later")) > want["output"]["seq"]  # numbering goes on after
+        assert engine_of(copy).append_event(Event("later")) > want["output"]["seq"]  # numbering goes on after
 
 
 def test_cli_refuses_a_source_that_does_not_exist_or_holds_nothing(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from clawvm.harness import Harness
 from clawvm.observe.lens import record_output
 from clawvm.vm.context import short_id
 from clawvm.vm.tiers import PagerConfig
+from engines import engine_of
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
@@ -264,7 +265,7 @@ def test_the_dashboard_what_if_replays_a_locomo_conversation(tmp_path: Path) -> 
 
     h = Harness.open("memory://", embedder=None, clock=Clock())
     assert ingest_locomo(h, _tiny_locomo(tmp_path)) == 24
-    app = create_app(h.store, embedder=None)
+    app = create_app(engine_of(h), embedder=None)
     try:
         with TestClient(app) as client:
             _, key = app.state.service.keyring.create("default", "read-only", "test")

@@ -28,6 +28,7 @@ from clawvm.store import Query, SQLiteStore, mapped, sqlite_snapshots
 from clawvm.store import snapshot as snap
 from clawvm.store.index import SearchIndex
 from clawvm.store.mapped import Appended, Overlay, Strings
+from engines import engine_of
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 WORDS = ["payment", "refund", "alice", "deploy", "disk", "invoice", "cache", "lisbon", "retry", "coffee"]
@@ -652,8 +653,8 @@ def test_recall_on_a_mapped_snapshot_matches_a_rebuilt_index(tmp_path: Path) -> 
     fast = clawvm.Harness.open(path, embedder=None)
     slow = clawvm.Harness.open(tmp_path / "copy.db", embedder=None)
     try:
-        assert fast.store.index_source == "snapshot", fast.store.index_source  # type: ignore[attr-defined]
-        assert slow.store.index_source.startswith("rows")  # type: ignore[attr-defined]
+        assert engine_of(fast).index_source == "snapshot", engine_of(fast).index_source  # type: ignore[attr-defined]
+        assert engine_of(slow).index_source.startswith("rows")  # type: ignore[attr-defined]
         first = _recalls(fast)
         assert all(first[::2]), "every unfiltered query finds something"
         assert first == _recalls(slow)
@@ -661,9 +662,9 @@ def test_recall_on_a_mapped_snapshot_matches_a_rebuilt_index(tmp_path: Path) -> 
         some = fast.store.page(Filters(), None, 4)  # rows of the mapped base: re-indexed, deleted
         changed = [m.model_copy(update={"content": "refund for Bob", "version": m.version + 1}) for m in some]
         for h in (fast, slow):  # the same writes to both: on the mapped one they land in its overlays
-            h.store.write(more, vs[:20], [])
-            h.store.write(changed[:3], None, [])
-            h.store.delete_many([changed[3].id])
+            engine_of(h).write(more, vs[:20], [])
+            engine_of(h).write(changed[:3], None, [])
+            engine_of(h).delete_many([changed[3].id])
         assert _recalls(fast) == _recalls(slow)
     finally:
         fast.close()

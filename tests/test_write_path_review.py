@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 import clawvm
 from clawvm import Filters, Harness, NotFoundError, RedactionPolicy, Status, ValidationError
 from clawvm.demo.scenario import ReplayClock
 from clawvm.store.crypto import REDACTION_FIELD
+from engines import engine_of
 
 T0 = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
 CARD = "4111111111111111"
@@ -80,7 +83,7 @@ def test_a_checkpoint_of_another_tenant_cannot_be_rolled_back() -> None:
     with Harness.open("memory://", embedder=None, tenant="acme") as acme:
         acme.record("acme fact", session_id="s1")
         cp = acme.checkpoint("s1", "before")
-        globex = Harness(acme.store, None, tenant="globex")
+        globex = Harness(engine_of(acme), None, tenant="globex")
         with pytest.raises(NotFoundError):
             globex.rollback(cp)
 
@@ -156,3 +159,95 @@ def test_inputs_of_the_wrong_type_are_refused_naming_their_field() -> None:
             with pytest.raises(ValidationError) as exc:
                 call()
             assert exc.value.field == field
+
+
+#: what an engine writes with; none of it may be reachable through ``Harness.store``
+_ENGINE_WRITES = (
+    "put",
+    "put_many",
+    "write",
+    "remove",
+    "delete",
+    "delete_many",
+    "set_vectors",
+    "append_event",
+    "append_events",
+    "import_events",
+    "delete_events_upto",
+    "put_credential",
+    "close",
+)
+
+
+def test_the_store_a_harness_hands_out_only_reads(tmp_path: Path) -> None:
+    """A caller holding a harness reads through ``h.store``; a write around the commit path (no
+    redaction, no version check, no event) is not there to make."""
+    with Harness.open(tmp_path / "h.db", embedder=None, redaction=RedactionPolicy()) as h:
+        m = h.record(f"card {CARD}", session_id="s")
+        plain = h.record("the cutover is on Friday", session_id="s", embedding=[1.0] + [0.0] * 383)
+        view = h.store
+        assert view is h.store  # one view per harness (callers may key caches by it)
+        for name in _ENGINE_WRITES:
+            assert hasattr(engine_of(h), name) and not hasattr(view, name), name
+        assert view.get(m.id).content == h.get(m.id).content and CARD not in view.get(m.id).content
+        assert view.count(Filters()) == 2 and [x.id for x in view.iter_all(Filters())] == [m.id, plain.id]
+        assert view.dim == 384 and list(view.vectors_of([m.id, plain.id])) == [plain.id]
+        assert [u.id for u in view.unembedded(5)] == [m.id]  # no embedder here
+        assert [e.kind for e in view.read_events(0, 10, m.id)] == ["add"]
+
+
+def test_late_vectors_go_through_the_commit_path_and_stop_at_close(tmp_path: Path) -> None:
+    """The embedding worker's vectors are attached by the commit path: where the memory still holds the
+    text they were computed from, and not once the harness closed."""
+    h = Harness.open(tmp_path / "h.db", embedder=None)
+    m = h.record("the deploy key rotates on Fridays", session_id="s")
+    v = np.zeros((1, 384), dtype=np.float32)
+    v[0, 0] = 1.0
+    h.writer.attach_vectors([m.id], v, ["an older text"])  # the worker embedded what is no longer stored
+    assert h.store.vectors_of([m.id]) == {}
+    h.writer.attach_vectors([m.id], v, [m.content])
+    assert m.id in h.store.vectors_of([m.id])
+    h.close()
+    with pytest.raises(clawvm.StateConflictError):
+        h.writer.attach_vectors([m.id], v)
+
+
+def test_a_parent_is_a_stored_memory_and_never_a_descendant() -> None:
+    """A dangling, self or circular parent was stored, and a cycle hid its memories from the run trace."""
+    with Harness.open("memory://", embedder=None) as h:
+        a = h.record("plan the cutover", session_id="s")
+        b = h.record("check the replicas", session_id="s", parent_id=a.id)
+        c = h.record("replicas in sync", session_id="s", parent_id=b.id)
+        for bad in (
+            lambda: h.record("orphan", session_id="s", parent_id="01a2b3c4-0000-7000-8000-000000000001"),
+            lambda: h.update(a.id, parent_id=a.id),
+            lambda: h.update(a.id, parent_id=c.id),  # a -> c -> b -> a
+        ):
+            with pytest.raises(ValidationError) as refused:
+                bad()
+            assert refused.value.field == "parent_id"
+        assert h.get(a.id).parent_id is None and h.get(a.id).version == 1
+        d = h.record("an aside", session_id="s")
+        assert h.update(c.id, parent_id=d.id).parent_id == d.id  # a move that makes no cycle is fine
+        acme = Harness.open(engine_of(h), embedder=None, tenant="acme")  # a tenant's view of one store
+        with pytest.raises(ValidationError):  # another tenant's memory is no parent of this one's
+            acme.record("mine", parent_id=a.id)
+
+
+def test_a_trace_shows_every_step_of_a_store_holding_a_parent_cycle() -> None:
+    from clawvm.dashboard import debug
+    from clawvm.dashboard.routes import lens_for
+
+    with Harness.open("memory://", embedder=None) as h:
+        a = h.record("plan the cutover", session_id="s")
+        b = h.record("check the replicas", session_id="s", parent_id=a.id)
+        c = h.record("replicas in sync", session_id="s")
+        # as an older version stored them: a memory its own parent, and a and b each other's
+        engine_of(h).put(h.get(a.id).model_copy(update={"parent_id": b.id, "version": 2}))
+        engine_of(h).put(h.get(c.id).model_copy(update={"parent_id": c.id, "version": 2}))
+        traced = debug.trace(lens_for(h), "s")
+
+        def ids(steps: list[dict[str, object]]) -> list[object]:
+            return [x for s in steps for x in (s["id"], *ids(s["children"]))]  # type: ignore[arg-type]
+
+        assert traced["unfiltered"] == 3 and sorted(ids(traced["steps"])) == sorted([a.id, b.id, c.id])

@@ -391,7 +391,7 @@ def _import(offline: Harness, memories: builtins.list[Memory], vectors: Mapping[
     offline.import_memories(copies, restore=True)  # the live store's own memories: a restore, not an upload
     with_vector = [m.id for m in memories if m.id in vectors]
     if with_vector:
-        offline.store.set_vectors(with_vector, np.stack([vectors[i] for i in with_vector]))
+        offline.writer.attach_vectors(with_vector, np.stack([vectors[i] for i in with_vector]))
     memories.clear()
 
 

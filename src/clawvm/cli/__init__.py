@@ -21,7 +21,8 @@ DEFAULT_DB = "clawvm.db"
     envvar="CLAWVM_DB",
     default=DEFAULT_DB,
     show_default=True,
-    help="Store to use: a SQLite file path, sqlite:///PATH or memory:// (env CLAWVM_DB).",
+    help="Store to use: a SQLite file path, sqlite:///ABS/PATH, memory:// or postgresql://... "
+    "(env CLAWVM_DB).",
 )
 @click.option("--no-embed", is_flag=True, help="Do not load the embedding model (lexical recall only).")
 @click.option(

@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
-from clawvm.cli.common import opened_harness
+from clawvm.cli.common import opened_harness, opened_store
 from clawvm.core.errors import ValidationError
-from clawvm.core.model import DEFAULT_TENANT, VISIBLE_STATUSES, Kind, Memory, Status, Tier
+from clawvm.core.model import DEFAULT_TENANT, VISIBLE_STATUSES, Kind, Memory, Status, Tier, utcnow
 from clawvm.harness import Harness
 from clawvm.recall.retrieval import PRESETS, dense_only
 from clawvm.store.base import Query
@@ -265,8 +265,8 @@ def prune_events(ctx: click.Context, max_age_days: float | None, max_events: int
 
     if ctx.obj.get("tenant", DEFAULT_TENANT) != DEFAULT_TENANT:
         raise click.UsageError("prune-events works on the whole log, every tenant's: run it without --tenant")
-    with opened_harness(ctx, embed=False, existing=True) as h:
-        n = prune(h.store, Retention(max_age_days, max_events), h.now())
+    with opened_store(ctx, existing=True) as store:  # retention works below the write path, on the log
+        n = prune(store, Retention(max_age_days, max_events), utcnow())
     click.echo(f"deleted {n} events")
 
 

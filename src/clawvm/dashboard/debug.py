@@ -149,10 +149,16 @@ def trace(
 def _tree(rows: list[Row], builds: list[ContextBuild]) -> list[_Step]:
     rows = sorted(rows, key=lambda r: (r.created_at, r.id))
     steps = {r.id: _memory_step(r, n) for n, r in enumerate(rows)}
+    order = {r.id: n for n, r in enumerate(rows)}
     roots: list[_Step] = []
     for r in rows:
+        # under a parent recorded before it: a parent outside the view, a later one or itself (older
+        # stores hold such links, and a cycle of them hid every step in it) leaves the step a root
         parent = steps.get(r.parent_id or "")
-        (parent.children if parent is not None else roots).append(steps[r.id])
+        if parent is not None and order[r.parent_id or ""] < order[r.id]:
+            parent.children.append(steps[r.id])
+        else:
+            roots.append(steps[r.id])
     for step in steps.values():
         _settle_call(step)
     for b in builds:

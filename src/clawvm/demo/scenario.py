@@ -131,9 +131,10 @@ def serve_demo(
     if reset:
         remove_store_file(db)
     clock = ReplayClock()
-    h = open_demo(store_from_url(db), clock, embed)
+    store = store_from_url(db)  # the harness's, closed with it; the app and its keyring share it
+    h = open_demo(store, clock, embed)
     try:
-        if demo_loaded(h):
+        if demo_loaded(store):
             echo(f"kept {db} as it was left (pins and edits stay); start over: make run RESET=1")
             newest = next(h.iter_all(newest_first=True, status="any", batch=1), None)
             if newest is not None:  # the demo's calendar resumes where the store left it
@@ -149,7 +150,7 @@ def serve_demo(
         configure_logging("warning")
         # the store stays ours (closed with the harness); the app's harnesses keep the demo's pager and clock
         options = {"pager": h.pager.config, "clock": clock.running()}
-        app = create_app(h.store, embedder=h.embedder, harness_options=options)
+        app = create_app(store, embedder=h.embedder, harness_options=options)
         _, key = app.state.service.keyring.create("default", "agent", DEMO_KEY_NAME)
         urls = [
             f"\nMemLens dashboard: http://{host}:{port}/dashboard/#key={key}",
@@ -166,9 +167,9 @@ def serve_demo(
         h.close()
 
 
-def demo_loaded(h: Harness) -> bool:
+def demo_loaded(store: Store) -> bool:
     """Whether the store holds a finished demo: its API key is made only after the scenario loaded."""
-    return any(k.name == DEMO_KEY_NAME for k in Keyring(h.store).list("default", include_revoked=True))
+    return any(k.name == DEMO_KEY_NAME for k in Keyring(store).list("default", include_revoked=True))
 
 
 def holds_only_a_demo(db: str) -> bool:
@@ -182,9 +183,10 @@ def holds_only_a_demo(db: str) -> bool:
     if not path.exists():
         return True
     sessions = [s["session_id"] for s in load_workload()["sessions"]]
-    with Harness.open(str(path), embedder=None) as h:
+    store = store_from_url(str(path))
+    with Harness.open(store, embedder=None) as h:
         everything, ours = Filters(), Filters.of(session_id=sessions)  # every status, every tenant
-        no_keys = not Keyring(h.store).list(include_revoked=True)
+        no_keys = not Keyring(store).list(include_revoked=True)
         return no_keys and h.store.count(everything) == h.store.count(ours)
 
 

@@ -71,7 +71,7 @@ from clawvm.recall.retrieval import (
     run_recall,
 )
 from clawvm.store import Event, PageKey, Store, store_from_url
-from clawvm.store.base import check_vectors
+from clawvm.store.base import ReadOnlyStore, StoreReader, check_vectors
 from clawvm.store.crypto import REDACTION_FIELD, DataKeys
 from clawvm.store.kinds import EventKind
 from clawvm.store.tenant import TenantStore
@@ -138,6 +138,17 @@ _HARNESS_METADATA = {
 _MIN_LINE_TOKENS = 8
 
 
+def _check_clock(clock: Any) -> None:
+    """``clock`` is a callable giving a datetime (the harness's now; a naive one is taken as UTC), or
+    :class:`ValidationError`."""
+    now = clock() if callable(clock) else None
+    if not isinstance(now, datetime):
+        got = f"gives {now!r}" if callable(clock) else f"is {clock!r}"
+        raise ValidationError(
+            "clock", got, "pass a function returning a datetime (the default: clawvm's utcnow)"
+        )
+
+
 class Harness:
     """Harness-managed memory. Create with :meth:`open`; use as a context manager or call :meth:`close`."""
 
@@ -157,7 +168,10 @@ class Harness:
         data_keys: DataKeys | None = None,
         parallel_query_embedding: bool = True,
     ) -> None:
-        self.store = store
+        max_content_bytes = counted("max_content_bytes", max_content_bytes)
+        _check_clock(clock)  # a bad setting is refused where it is made, not at the first record
+        self._store = store
+        self._reader = ReadOnlyStore(store, self._check_open)  # reads end with the harness
         self.redactor = Redactor(redaction, data_keys)  # write-time redaction (clawvm.core.redact)
         # every write of this harness and of the feature modules it serves goes through here
         self.writer = CommitPath(store, self.redactor, max_content_bytes=max_content_bytes)
@@ -194,6 +208,12 @@ class Harness:
         self._query_embeds = QueryEmbeddings(embedder) if embedder is not None else None
         self._owns_query_embeds = True
 
+    @property
+    def store(self) -> StoreReader:
+        """The store, to read: every write goes through this harness (its commit path validates, redacts,
+        versions and logs it), so the engine's write methods are not reachable from here."""
+        return self._reader
+
     @classmethod
     def open(
         cls,
@@ -229,6 +249,8 @@ class Harness:
         check_tenant_name(tenant)  # before any I/O: a name no API key could carry is refused everywhere
         if pager is not None and not isinstance(pager, PagerConfig):
             raise ValidationError("pager", f"is a {type(pager).__name__}", "pass clawvm.PagerConfig(...)")
+        max_content_bytes = counted("max_content_bytes", max_content_bytes)
+        _check_clock(clock)
         emb: Embedder | None
         if embedder == "default":
             emb = _default_embedder()
@@ -273,7 +295,7 @@ class Harness:
         """The embedding worker's vectors (of ``contents``), stored; dropped once the harness is closed (a
         batch that outlived close's wait would reopen the store behind it): the next open embeds those."""
         if not self.writer.closed:
-            self.store.set_vectors(ids, vectors, contents)
+            self.writer.attach_vectors(ids, vectors, contents)
 
     # ---- writing ------------------------------------------------------------------------------------
     def record(
@@ -321,6 +343,7 @@ class Harness:
             }
         )
         teams.check_write(self, memory)  # a team memory needs its agent's write grant
+        self._check_parent(memory, ancestors=False)  # new: no stored memory descends from it
         if memory.expires_at is not None and memory.expires_at <= self.now():
             memory = memory.model_copy(
                 update={"status": Status.EXPIRED, "tier": Tier.ARCHIVE, "pinned": False}
@@ -373,12 +396,12 @@ class Harness:
             raise ValidationError(name, "cannot be changed", "record a new memory that revises this one")
         refuse_set_by_harness(changes)
         changes = blank_scopes_as_none(changes)
-        current = self.store.get(memory_id)
+        current = self._store.get(memory_id)
         if expected_version is not None and moved_on(current, expected_version):
             raise ConflictError(memory_id, expected_version, current.version)
         updated = past_bookkeeping(
             current,
-            lambda: self.store.get(memory_id),
+            lambda: self._store.get(memory_id),
             lambda read: self._write_update(read, changes, as_agent),
         )
         if "content" in changes and self._worker is not None:
@@ -410,6 +433,8 @@ class Harness:
                     changes["links"] = [link for link in current.links if link.target != info["raw_id"]]
         updated = mark(revalidate(current, {**changes, "version": current.version + 1}))
         teams.check_update(self, current, updated, as_agent)
+        if updated.parent_id != current.parent_id:
+            self._check_parent(updated, ancestors=True)
         if updated.model_copy(update={"version": current.version}) == current:
             return current  # nothing changes: no new version (that made holders of the old one conflict)
         moved = updated.session_id != current.session_id  # into another session's pinned budget
@@ -433,12 +458,12 @@ class Harness:
 
     def _forget(self, memory_id: str) -> None:
         """One try at :meth:`forget`, deleting the memory and its raw copies as read."""
-        memory = self.store.get(memory_id)
+        memory = self._store.get(memory_id)
         if memory.status is Status.INTERNAL:
             raise ValidationError(
                 "memory_id", "is an internal record of the harness (a grant, learned weights)", "leave it"
             )
-        owners = referenced_raw(self.store, memory)
+        owners = referenced_raw(self._store, memory)
         if owners:
             raise ValidationError(
                 "memory_id",
@@ -446,7 +471,7 @@ class Harness:
                 "decompress or forget that memory first",
             )
         # its raw copies (compressed once, maybe decompressed since) hold its original text: they go too
-        doomed = [memory, *raw_copies(self.store, memory)]
+        doomed = [memory, *raw_copies(self._store, memory)]
         events = [self._make_event(EventKind.FORGET, m, {"kind": m.kind.value}) for m in doomed]
         if not self.writer.delete(doomed, events):
             raise NotFoundError("memory", memory_id)
@@ -476,14 +501,13 @@ class Harness:
         nothing is written. ``restore``: an operator restoring this store's own backup (``clawvm import``,
         which holds the database anyway) skips those two checks, so a lossless backup comes back whole.
         """
-        return importing.import_memories(self, memories, restore)
+        return importing.import_memories(self, self._store, memories, restore)
 
     # ---- reading ------------------------------------------------------------------------------------
     def get(self, memory_id: str) -> Memory:
-        """The memory ``memory_id``; :class:`NotFoundError` when there is none."""
-        if not isinstance(memory_id, str):  # get(None) said "memory None not found"
-            raise ValidationError("memory_id", f"is a {type(memory_id).__name__}", "pass a memory's id")
-        return self.store.get(memory_id)
+        """The memory ``memory_id``; :class:`NotFoundError` when there is none (:class:`ValidationError`
+        when it is not a string)."""
+        return self._store.get(memory_id)
 
     def reveal(self, memory_id: str, *, admin: bool = False) -> str:
         """The original content of a memory stored redacted, opened with the data key; admins only.
@@ -495,7 +519,7 @@ class Harness:
         """
         if admin is not True:
             raise AccessDeniedError("role", "may not reveal redacted content", "ask an admin of the tenant")
-        memory = self.store.get(memory_id)
+        memory = self._store.get(memory_id)
         if memory.tenant != self.tenant:  # as if it did not exist, like another tenant's id on the server
             raise NotFoundError("memory", memory_id)
         original = self.redactor.reveal(memory)
@@ -533,10 +557,10 @@ class Harness:
                 "(hybrid, bm25)",
                 cfg.name,
             )
-        named = query_authors(self.store, query, cfg, f)
+        named = query_authors(self._store, query, cfg, f)
         if cfg.uses("dense") and self.embedder is not None and query.strip():
-            vector = self._query_embedding(dense_text(self.store, query, cfg, f, named))
-        hits = run_recall(self.store, query, vector, k, cfg, f, named)
+            vector = self._query_embedding(dense_text(self._store, query, cfg, f, named))
+        hits = run_recall(self._store, query, vector, k, cfg, f, named)
         if not track:
             return hits
         # a tracked recall is a stored access: logged (MemLens latency, hit rate, regret) in the same write
@@ -577,24 +601,24 @@ class Harness:
         self, query: str, vector: np.ndarray | None, k: int, cfg: RecallConfig, filters: Filters
     ) -> list[Recalled]:
         """Recall with a precomputed query vector (used by benchmarks to time embedding separately)."""
-        return run_recall(self.store, query, vector, k, cfg, filters)
+        return run_recall(self._store, query, vector, k, cfg, filters)
 
     def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]:
-        return self.store.list(self.filters(filters), limit=counted("limit", limit, 0))
+        return self._store.list(self.filters(filters), limit=counted("limit", limit, 0))
 
     def count(self, **filters: Any) -> int:
-        return self.store.count(self.filters(filters))
+        return self._store.count(self.filters(filters))
 
     def iter_all(self, *, newest_first: bool = False, batch: int = 500, **filters: Any) -> Iterator[Memory]:
         """Every memory matching ``filters`` (as for :meth:`list`), oldest first (newest first with
         ``newest_first``), read in keyset pages of ``batch``: what callers use instead of a "no limit"."""
-        return self.store.iter_all(self.filters(filters), counted("batch", batch), newest_first)
+        return self._store.iter_all(self.filters(filters), counted("batch", batch), newest_first)
 
     def events(
         self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None
     ) -> builtins.list[Event]:
         after, most = counted("after_seq", after_seq, 0), counted("limit", limit, 0)
-        return self.store.read_events(after, most, memory_id)
+        return self._store.read_events(after, most, memory_id)
 
     # ---- virtual memory: value, tiers, paging ---------------------------------------------------------
     def now(self) -> datetime:
@@ -605,12 +629,12 @@ class Harness:
 
     def explain(self, memory_id: str) -> ValueBreakdown:
         """Every component of the memory's value score right now (see :mod:`clawvm.vm.scoring`)."""
-        return explain_value(self.store.get(memory_id), self.now(), self.pager.config.scoring)
+        return explain_value(self._store.get(memory_id), self.now(), self.pager.config.scoring)
 
     @_exclusive
     def pin(self, memory_id: str) -> Memory:
         """Keep a memory in the working tier (and in every context of its session) until unpinned."""
-        memory = self.store.get(memory_id)
+        memory = self._store.get(memory_id)
         self._refuse_expired(memory)
         if memory.status is not Status.ACTIVE:
             raise StateConflictError(
@@ -637,7 +661,7 @@ class Harness:
 
     @_exclusive
     def unpin(self, memory_id: str) -> Memory:
-        memory = self.store.get(memory_id)
+        memory = self._store.get(memory_id)
         if not memory.pinned:
             return memory  # nothing to undo: no new version, no event
         unpinned = self.pager.mutate(memory, lambda _m: {"pinned": False}, self.now())
@@ -649,7 +673,7 @@ class Harness:
         """User feedback: +1 (useful) or -1 (not useful); feeds the value score."""
         if delta not in (-1, 1):
             raise ValidationError("delta", f"is {delta!r}", "pass +1 or -1")
-        memory = self.store.get(memory_id)
+        memory = self._store.get(memory_id)
         rated = self.pager.mutate(
             memory,
             lambda m: {"usage": m.usage.model_copy(update={"feedback": m.usage.feedback + delta})},
@@ -774,19 +798,19 @@ class Harness:
     @_exclusive
     def compress(self, memory_id: str) -> Memory:
         """Summarize a memory reversibly (its raw text is kept and pointed to)."""
-        memory = self.store.get(memory_id)
+        memory = self._store.get(memory_id)
         self._refuse_expired(memory)  # as update() does: its text is due to be forgotten, not reshaped
         return compress_memory(self.writer, memory, self.summarizer, self.now(), reason="manual")
 
     @_exclusive
     def decompress(self, memory_id: str) -> Memory:
-        current = self.store.get(memory_id)
+        current = self._store.get(memory_id)
         self._refuse_expired(current)  # decompressing would bring back the text its TTL promised to forget
         info = current.metadata.get("compression")
         if current.pinned and info:  # a pinned memory cannot be demoted: refuse to grow it past the budget
-            raw = self.store.get(info["raw_id"])
+            raw = self._store.get(info["raw_id"])
             self.pager.check_pin(current.model_copy(update={"token_count": raw.token_count}))
-        restored = decompress_memory(self.store, self.writer, current, self.now())
+        restored = decompress_memory(self._store, self.writer, current, self.now())
         self._rebalance(restored)
         return restored
 
@@ -805,7 +829,7 @@ class Harness:
         task_id = self._stored_id(_named("task_id", task_id, "name the task (a non-empty string)"))
         # the task's own steps, read in keyset pages and already in (created_at, id) order
         intermediate = Filters.of(tenant=self.tenant, task_id=task_id, state="intermediate", status="active")
-        steps = builtins.list(self.store.iter_all(intermediate))
+        steps = builtins.list(self._store.iter_all(intermediate))
         if not steps:
             return None
         text = "\n".join(m.content for m in steps)
@@ -928,7 +952,8 @@ class Harness:
 
     @_exclusive
     def resolve_conflict(self, conflict_id: str, *, keep: str, by: str | None = None) -> Memory:
-        """Keep one side of a flagged conflict (approved) and reject the others; returns the kept memory."""
+        """Keep one side of a flagged conflict (approved) and reject the others; returns the kept memory.
+        ``keep``: the side's id, its newest revision's, or the 8-character short id the note shows."""
         return teams.resolve_conflict(self, conflict_id, keep=keep, by=by)
 
     def notify_embedder(self) -> None:
@@ -946,19 +971,19 @@ class Harness:
         named = _named("session_id", session_id, "name the session (a non-empty string)")
         session_id = self._stored_id(named)
         self._write_recalls(self.now())  # the tiers and access stats as the recalls so far left them
-        return checkpoints.take(self.store, self.writer, self.tenant, session_id, name, self.now()).id
+        return checkpoints.take(self._store, self.writer, self.tenant, session_id, name, self.now()).id
 
     def checkpoints(self, session_id: str) -> builtins.list[CheckpointInfo]:
         """The session's checkpoints, newest first: id, name, when, and how many memories each holds."""
         named = _named("session_id", session_id, "name the session (a non-empty string)")
-        return checkpoints.listed(self.store, self.tenant, self._stored_id(named))
+        return checkpoints.listed(self._store, self.tenant, self._stored_id(named))
 
     @_exclusive
     def rollback(self, checkpoint_id: str) -> RollbackReport:
         """Restore a checkpoint; memories created after it become obsolete (kept for analytics). What is
         restored, exactly: :mod:`clawvm.vm.checkpoint`."""
         self._write_recalls(self.now())  # recalls before it are written before it, not onto what it restores
-        return checkpoints.rollback(self.store, self.pager, checkpoint_id, self.now(), self.tenant)
+        return checkpoints.rollback(self._store, self.pager, checkpoint_id, self.now(), self.tenant)
 
     # ---- context --------------------------------------------------------------------------------------
     def context(
@@ -1010,7 +1035,7 @@ class Harness:
                 candidates.append(Candidate(m, "pinned", 1.0, "pinned"))
             for m in self._packable(scope, budget_tokens, tier="working", pinned=False):
                 candidates.append(Candidate(m, "working", m.value, "working tier"))
-            preloaded = self.store.get_many(self._preloaded.get(session_id or "", []))
+            preloaded = self._store.get_many(self._preloaded.get(session_id or "", []))
             for m in preloaded.values():
                 if m.status is Status.ACTIVE:
                     candidates.append(Candidate(m, "working", m.value, "preloaded for this session"))
@@ -1071,7 +1096,7 @@ class Harness:
         hold: no line costs fewer than ``_MIN_LINE_TOKENS``, so more than that many could never be packed
         (one page, whatever the scope's size)."""
         most = budget_tokens // _MIN_LINE_TOKENS + 1
-        return self.store.page(self.filters({**scope, **wanted}), None, most, newest_first=True)
+        return self._store.page(self.filters({**scope, **wanted}), None, most, newest_first=True)
 
     def _neighbours(self, memory: Memory) -> tuple[Memory, ...]:
         """The memory recorded just before and just after ``memory`` in its session: one single-row keyset
@@ -1080,14 +1105,14 @@ class Harness:
             return ()
         session = self.filters({"session_id": memory.session_id, "status": "any"})
         at = PageKey.of(memory)
-        before = self.store.page(session, at, 1, newest_first=True)
-        after = self.store.page(session, at, 1)
+        before = self._store.page(session, at, 1, newest_first=True)
+        after = self._store.page(session, at, 1)
         return (*before, *after)
 
     def _record_injection(self, ctx: Context, retrieved: set[str], now: datetime) -> None:
         """Usage bookkeeping of a built context, in one batch: injected+1, retrieved ones accessed."""
         for _ in range(5):
-            current = self.store.get_many(ctx.ids)
+            current = self._store.get_many(ctx.ids)
             batch = []
             for m in current.values():
                 # plain copies, no re-validation: the changed values are counters and a timestamp we built
@@ -1119,15 +1144,19 @@ class Harness:
         self._worker = worker
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until every recorded memory is embedded, and run a pager pass (a lifecycle boundary)."""
+        """Wait until every recorded memory is embedded, and run a pager pass (a lifecycle boundary).
+        Nothing to do once closed: close() did both."""
+        if self.writer.closed:
+            return
         if self._worker is not None:
             self._worker.flush(timeout)
         self.page()
 
     def close(self, wait: bool = True) -> None:
         """Stop the worker (after draining the queue unless ``wait=False``), run the last pager pass and close
-        the store. A caller's writes are refused afterwards (reads still answer, their bookkeeping written);
-        closing again only closes the store (a read after the first close reopened it)."""
+        the store. Every method but ``close``, ``flush``, ``now`` and ``filters`` refuses afterwards
+        (:class:`StateConflictError`), reads through :attr:`store` too; closing again closes the store
+        again (harmless)."""
         if self.writer.closed:
             self._close_store()
             return
@@ -1149,9 +1178,35 @@ class Harness:
             self.writer.close()  # a write after this would never be embedded or paged: refused
             self._close_store()
 
+    def _check_parent(self, memory: Memory, *, ancestors: bool) -> None:
+        """``memory``'s parent is a stored memory of this tenant, other than itself; with ``ancestors``
+        (a parent changed by an update), not one of its own descendants either. A dangling or circular
+        parent hid the memory and its children from a run's trace."""
+        parent = memory.parent_id
+        if parent is None:
+            return
+        fix = "name a stored memory (the step this one follows from), or leave parent_id out"
+        if parent == memory.id:
+            raise ValidationError("parent_id", "is the memory's own id", fix)
+        found = self._store.get_many([parent]).get(parent)
+        if found is None:  # well formed, but not what the store holds now (REST: 409 invalid_state)
+            raise StateConflictError("parent_id", f"names no stored memory ({parent})", fix)
+        seen = {memory.id, parent}
+        step = found.parent_id if ancestors else None
+        while step is not None and step not in seen:  # up the parent's chain, to a root or a known id
+            seen.add(step)
+            above = self._store.get_many([step]).get(step)
+            step = None if above is None else above.parent_id
+        if step == memory.id:
+            raise StateConflictError("parent_id", f"{parent} descends from this memory (a cycle)", fix)
+
+    def _check_open(self) -> None:
+        if self.writer.closed:
+            raise _closed()
+
     def _close_store(self) -> None:
-        self.store.close()
-        if self._engine is not self.store:  # the engine under the tenant view open() made
+        self._store.close()
+        if self._engine is not self._store:  # the engine under the tenant view open() made
             self._engine.close()
 
     def __enter__(self) -> Harness:
@@ -1221,7 +1276,7 @@ class Harness:
         return f.with_(**changes) if changes else f
 
     def _check_vector(self, embedding: Sequence[float] | np.ndarray) -> np.ndarray:
-        dim = self.embedder.dim if self.embedder else self.store.dim
+        dim = self.embedder.dim if self.embedder else self._store.dim
         vector: np.ndarray = check_vectors(1, embedding, dim, field="embedding")[0]
         return vector
 
@@ -1338,3 +1393,30 @@ def _leaves_the_prompt(changes: Mapping[str, Any]) -> bool:
     lives."""
     tier, status = changes.get("tier"), changes.get("status")
     return (tier is not None and tier != Tier.WORKING) or (status is not None and status != Status.ACTIVE)
+
+
+# ---- a closed harness ------------------------------------------------------------------------------------
+#: What a closed harness still answers: closing again, and what touches no store. Every other public
+#: method refuses, like a closed file: a read after close() used to answer, and to write its bookkeeping
+#: (access counts, a context's event) to a store its owner had closed.
+_ANSWERED_AFTER_CLOSE = frozenset({"close", "flush", "now", "filters"})
+
+
+def _refused_once_closed(method: Callable[..., _R]) -> Callable[..., _R]:
+    @functools.wraps(method)
+    def run(self: Harness, /, *args: Any, **kwargs: Any) -> _R:
+        self._check_open()
+        return method(self, *args, **kwargs)
+
+    return run
+
+
+def _closed() -> StateConflictError:
+    return StateConflictError("harness", "is closed", "open a new one: Harness.open(...)")
+
+
+# enforced here and nowhere else: each public method of the class body, whatever layer it reaches into
+for _name, _method in builtins.list(vars(Harness).items()):
+    a_method = callable(_method) and not isinstance(_method, classmethod | staticmethod | property)
+    if a_method and not _name.startswith("_") and _name not in _ANSWERED_AFTER_CLOSE:
+        setattr(Harness, _name, _refused_once_closed(_method))

@@ -1,8 +1,9 @@
 """Importing exported memories (``Harness.import_renamed``): checked as writes are, stored as they were
 (ids, versions, timestamps) in one batch through the write path, ids already present skipped and compared.
 
-A host gives what an import needs of the harness: the store (its ``import_ids`` above all), the write path,
-the redactor, and what team checks read (:class:`clawvm.teams.shared.TeamHost`).
+A host gives what an import needs of the harness: the write path, the redactor, and what team checks
+read (:class:`clawvm.teams.shared.TeamHost`); its engine, whose ``import_ids`` name the renames, comes
+beside.
 """
 
 from __future__ import annotations
@@ -27,9 +28,6 @@ class ImportHost(teams.TeamHost, Protocol):
     """The harness, as an import sees it."""
 
     @property
-    def store(self) -> Store: ...
-
-    @property
     def redactor(self) -> Redactor: ...
 
 
@@ -45,8 +43,10 @@ class Imported:
     differing: list[str] = field(default_factory=list)
 
 
-def import_memories(h: ImportHost, given: Iterable[Memory], restore: bool) -> Imported:
-    """Store ``given`` (see ``Harness.import_renamed``); ``restore`` skips the write checks."""
+def import_memories(h: ImportHost, engine: Store, given: Iterable[Memory], restore: bool) -> Imported:
+    """Store ``given`` (see ``Harness.import_renamed``); ``restore`` skips the write checks. ``engine`` is
+    the harness's store (a tenant's view or the owner's engine): it names the ids an import must rename;
+    the memories are written through ``h.writer``."""
     given = list(given)  # a generator was used up by the checks below: nothing was imported
     for i, m in enumerate(given):
         if not isinstance(m, Memory):
@@ -54,16 +54,16 @@ def import_memories(h: ImportHost, given: Iterable[Memory], restore: bool) -> Im
                 f"memories.{i}", f"is a {type(m).__name__}", "pass Memory objects (Memory.model_validate)"
             )
     memories = given
-    if isinstance(h.store, TenantStore):  # a tenant imports into its own tenant, whoever exported
+    if isinstance(engine, TenantStore):  # a tenant imports into its own tenant, whoever exported
         memories = [
             m if m.tenant == h.tenant else m.model_copy(update={"tenant": h.tenant}) for m in memories
         ]
-        renamed = _renames(h.store, memories)
+        renamed = _renames(engine, memories)
     else:  # the owner restores each tenant's memories as that tenant's view would
         renamed = {}
         for tenant in dict.fromkeys(m.tenant for m in memories):
             renamed.update(
-                _renames(TenantStore(h.store, tenant), [m for m in memories if m.tenant == tenant])
+                _renames(TenantStore(engine, tenant), [m for m in memories if m.tenant == tenant])
             )
     if renamed:
         memories = [_renamed(m, renamed) for m in memories]

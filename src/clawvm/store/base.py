@@ -508,6 +508,8 @@ class Store(ABC):
         return self._lock
 
     def get(self, memory_id: str) -> Memory:
+        if not isinstance(memory_id, str):  # get(None) said "memory None not found": a caller's slip
+            raise ValidationError("memory_id", f"is a {type(memory_id).__name__}", "pass a memory's id")
         found = self.get_many([memory_id]).get(memory_id)
         if found is None:
             raise NotFoundError("memory", memory_id)
@@ -682,3 +684,94 @@ class Store(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ReadOnlyStore:
+    """A store's read side and nothing else (:class:`StoreReader`, plus :meth:`unembedded`): what
+    ``Harness.store`` hands out. Code that holds a harness reads through it; a write goes through the
+    harness, whose commit path validates, redacts, versions and logs it. The engine's write methods are
+    not here to call, so nothing can write around that path by accident. ``opened`` (when given) is asked
+    before each read: it raises once the owner closed (a harness's reads end with it)."""
+
+    # callers may key caches by it (weakly: it goes with its harness)
+    __slots__ = ("__weakref__", "_opened", "_store")
+
+    def __init__(self, store: Store, opened: Callable[[], None] | None = None) -> None:
+        self._store = store
+        self._opened = opened or _always_open
+
+    @property
+    def _open_store(self) -> Store:
+        self._opened()
+        return self._store
+
+    def __repr__(self) -> str:
+        return f"ReadOnlyStore({self._store!r})"
+
+    @property
+    def dim(self) -> int:
+        return self._open_store.dim
+
+    def get(self, memory_id: str) -> Memory:
+        return self._open_store.get(memory_id)
+
+    def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
+        return self._open_store.get_many(ids)
+
+    def list(self, filters: Filters | None = None, limit: int = 100) -> builtins.list[Memory]:
+        return self._open_store.list(filters, limit)
+
+    def count(self, filters: Filters | None = None) -> int:
+        return self._open_store.count(filters)
+
+    def iter_all(
+        self, filters: Filters | None = None, batch: int = 500, newest_first: bool = False
+    ) -> Iterator[Memory]:
+        return self._open_store.iter_all(filters, batch, newest_first)
+
+    def iter_json(self, filters: Filters | None = None, batch: int = 500) -> Iterator[dict[str, Any]]:
+        return self._open_store.iter_json(filters, batch)
+
+    def page(
+        self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False
+    ) -> builtins.list[Memory]:
+        return self._open_store.page(filters, after, limit, newest_first)
+
+    def session_ids(
+        self, filters: Filters, after: str | None = None, limit: int = 500
+    ) -> builtins.list[str]:
+        return self._open_store.session_ids(filters, after, limit)
+
+    def tag_names(
+        self, filters: Filters, prefix: str = "", after: str | None = None, limit: int = 500
+    ) -> builtins.list[str]:
+        return self._open_store.tag_names(filters, prefix, after, limit)
+
+    def query(self, query: Query) -> QueryResult:
+        return self._open_store.query(query)
+
+    def edges(self, ids: Sequence[str]) -> builtins.list[Edge]:
+        return self._open_store.edges(ids)
+
+    def read_events(
+        self,
+        after_seq: int = 0,
+        limit: int = 1000,
+        memory_id: str | None = None,
+        *,
+        tenant: str | None = None,
+    ) -> builtins.list[Event]:
+        return self._open_store.read_events(after_seq, limit, memory_id, tenant=tenant)
+
+    def agents(self, filters: Filters) -> frozenset[str]:
+        return self._open_store.agents(filters)
+
+    def vectors_of(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        return self._open_store.vectors_of(ids)
+
+    def unembedded(self, limit: int) -> builtins.list[Unembedded]:
+        return self._open_store.unembedded(limit)
+
+
+def _always_open() -> None:
+    """A :class:`ReadOnlyStore` whose owner never closes it."""

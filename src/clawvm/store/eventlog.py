@@ -21,11 +21,13 @@ reads it. The kinds and their ``data``:
     pin / unpin  pinned state changed                       from, to, value_before, value_after, tier, value
     manual       a person's intervention (dashboard, API)   action, by, before, after, value?, note?
     scoring_weights  the learning rule changed the scorer   weights, delta, action, target
+    events_pruned    retention deleted the log's head        deleted, upto (the last deleted seq)
     collapse, checkpoint, rollback, preload, compress_error, prefetch_error: see their modules.
 
 Retention (:class:`Retention`, :func:`prune`) drops the *head* of the log, like a message broker's log
 retention: every event older than ``max_age_days``, or beyond the newest ``max_events``. The latest
-``scoring_weights`` event is carried over (re-appended) so learned weights survive pruning. Analytics of
+``scoring_weights`` event is carried over (re-appended) so learned weights survive pruning, and the prune
+itself is logged (``events_pruned``), so a timeline shows where its history was cut. Analytics of
 the pruned period are gone afterwards; export first if you need them. Nothing that authenticates lives in
 the log: API keys are credentials (:meth:`clawvm.store.Store.put_credential`), out of retention's reach,
 and the data keys' ids travel inside each sealed envelope; the log holds only their audit lines.
@@ -153,7 +155,8 @@ def iter_events(store: StoreReader, after_seq: int = 0, batch: int = 5000) -> It
 
 
 def prune(store: Store, retention: Retention, now: datetime) -> int:
-    """Apply ``retention`` to the store's log (all tenants); returns how many events were deleted."""
+    """Apply ``retention`` to the store's log (all tenants); returns how many events were deleted. A prune
+    that deletes any logs an ``events_pruned`` event (how many, and up to which seq), kept like any other."""
     cutoff_time = None if retention.max_age_days is None else now - timedelta(days=retention.max_age_days)
     seqs: list[int] = []
     aged_out = 0  # the seq up to which every event is older than the cutoff
@@ -178,7 +181,10 @@ def prune(store: Store, retention: Retention, now: datetime) -> int:
     ]
     if carried:  # re-append before deleting: a crash in between leaves a duplicate, never a loss
         store.append_events(carried)
-    return store.delete_events_upto(upto)
+    deleted = store.delete_events_upto(upto)
+    # the log says where its history was cut: a reader of the timeline sees a gap that was asked for
+    store.append_event(Event(EventKind.EVENTS_PRUNED, at=now, data={"deleted": deleted, "upto": upto}))
+    return deleted
 
 
 def event_record(e: Event) -> dict[str, Any]:
@@ -198,7 +204,7 @@ def _exported(e: Event, tenant: str | None) -> bool:
     return e.tenant == tenant if tenant is not None else not e.tenant.startswith("_")
 
 
-def export_jsonl(store: Store, stream: IO[str], tenant: str | None = None) -> int:
+def export_jsonl(store: StoreReader, stream: IO[str], tenant: str | None = None) -> int:
     """Write the log as JSON Lines (oldest first); returns how many events were written."""
     n = 0
     for e in iter_events(store):
@@ -208,7 +214,7 @@ def export_jsonl(store: Store, stream: IO[str], tenant: str | None = None) -> in
     return n
 
 
-def export_parquet(store: Store, path: Path, tenant: str | None = None, batch: int = 20000) -> int:
+def export_parquet(store: StoreReader, path: Path, tenant: str | None = None, batch: int = 20000) -> int:
     """Write the log as one Parquet file (see the module docstring for the columns); returns the count."""
     try:
         import pyarrow as pa  # type: ignore[import-untyped]
@@ -241,7 +247,7 @@ def export_parquet(store: Store, path: Path, tenant: str | None = None, batch: i
     return n
 
 
-def _table(store: Store, events: list[Event], schema: Any, pa: Any) -> Any:
+def _table(store: StoreReader, events: list[Event], schema: Any, pa: Any) -> Any:
     sessions = _sessions_of(store, events)
     columns: dict[str, list[Any]] = {
         "seq": [e.seq for e in events],
@@ -255,7 +261,7 @@ def _table(store: Store, events: list[Event], schema: Any, pa: Any) -> Any:
     return pa.table(columns, schema=schema)
 
 
-def _sessions_of(store: Store, events: list[Event]) -> dict[str, str | None]:
+def _sessions_of(store: StoreReader, events: list[Event]) -> dict[str, str | None]:
     ids = list({e.memory_id for e in events if e.memory_id})
     out: dict[str, str | None] = {}
     for start in range(0, len(ids), 500):

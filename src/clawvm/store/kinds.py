@@ -65,6 +65,7 @@ class EventKind(StrEnum):
     KEY_CREATED = "key_created"  # how stores before the credentials table held keys (read once, to migrate)
     KEY_REVOKED = "key_revoked"
     ROTATE_DATA_KEY = "rotate_data_key"
+    EVENTS_PRUNED = "events_pruned"  # retention deleted the log's oldest events (the first one left)
 
 
 def kind_of(text: str) -> EventKind | str:
@@ -219,6 +220,11 @@ class WeightsData(TypedDict):
     action: str
 
 
+class EventsPrunedData(TypedDict):
+    deleted: int  # how many events retention deleted
+    upto: int  # the last deleted event's seq: the log now starts after it
+
+
 class NoData(TypedDict):
     """Kinds whose ``data`` promises nothing beyond the event's own fields."""
 
@@ -268,6 +274,7 @@ PAYLOADS: dict[EventKind, type] = {
     EventKind.KEY_CREATED: NoData,
     EventKind.KEY_REVOKED: NoData,
     EventKind.ROTATE_DATA_KEY: NoData,
+    EventKind.EVENTS_PRUNED: EventsPrunedData,
 }
 
 

@@ -180,6 +180,10 @@ def rollback(
 ) -> RollbackReport:
     """Restore the checkpoint ``checkpoint_id`` (of ``tenant``, when given); :class:`ValidationError` naming
     ``checkpoint_id``, and nothing changed, when it is not a checkpoint snapshot of its own session."""
+    if not isinstance(checkpoint_id, str):
+        raise ValidationError(
+            "checkpoint_id", f"is a {type(checkpoint_id).__name__}", "pass the id checkpoint() returned"
+        )
     try:
         snap = store.get(checkpoint_id)
     except NotFoundError:

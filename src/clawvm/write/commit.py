@@ -18,8 +18,8 @@ Enforced here and nowhere else. A write of memories passes, in this order:
 4. **optimistic version check** and **store write**: the engine stores the batch only if every version is
    one more than the stored one, with its vectors and the **events** the caller passes in the same step
    (one transaction on engines that have them): never half a batch, and never a change without the events
-   it was written with. (Deletes are the exception: the engine deletes, then the events are appended.
-   Bookkeeping writes, such as access counts and value refreshes batched into one event, pass fewer
+   it was written with. Deletes are version-checked the same way, with their events in the same step.
+   (Bookkeeping writes, such as access counts and value refreshes batched into one event, pass fewer
    events than memories, by design.);
 5. **cache invalidation**: the listeners (:meth:`CommitPath.on_commit`) hear which memories changed.
 
@@ -29,8 +29,12 @@ no text the memories could not. A caller that must shorten text (an event's exce
 result cut to its limit) scrubs it first with :meth:`CommitPath.scrub`: a secret cut in half is no longer
 recognisable afterwards.
 
+The embedding worker's vectors, computed after the memory was stored, are attached here too
+(:meth:`CommitPath.attach_vectors`): derived from stored text, they need no redaction and log no event.
+
 Feature modules (teams, the pager, tool calls, learning ...) get the narrow :class:`Writer` protocol and a
-read-only store (:class:`clawvm.store.base.StoreReader`); only this module holds the store for writing.
+read-only store (:class:`clawvm.store.base.StoreReader`); so does a caller of ``Harness.store``
+(:class:`clawvm.store.base.ReadOnlyStore`). Only this module writes to the store.
 Store-level maintenance that must keep bytes exactly (``clawvm migrate``, data-key rotation) works below it.
 
 Redaction runs on every memory of every write, not only on new text: a caller cannot skip it by changing
@@ -289,6 +293,15 @@ class CommitPath:
         deleted = self._store.remove(memories, [self._scrubbed(e) for e in events])
         self._notify((), [m.id for m in memories])
         return deleted
+
+    def attach_vectors(
+        self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None
+    ) -> None:
+        """Attach embeddings to stored memories (:meth:`clawvm.store.Store.set_vectors`: with ``contents``,
+        only where a memory still holds exactly that text and no vector). A vector is derived from what the
+        commit path already stored, so it logs no event and no cached memory changes."""
+        self._open()
+        self._store.set_vectors(ids, vectors, contents)
 
     def log(self, events: Sequence[Event]) -> list[int]:
         """Append events that accompany no memory write (a context build, a recall, a grant read ...)."""
