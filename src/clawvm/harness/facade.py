@@ -57,7 +57,7 @@ from clawvm.core.model import (
     utcnow,
 )
 from clawvm.core.redact import RedactionPolicy
-from clawvm.harness import importing
+from clawvm.harness import assembly, importing
 from clawvm.harness.importing import Imported
 from clawvm.observe.learning import stored_weights, with_weights
 from clawvm.recall.retrieval import (
@@ -70,7 +70,7 @@ from clawvm.recall.retrieval import (
     query_authors,
     run_recall,
 )
-from clawvm.store import Event, PageKey, Store, store_from_url
+from clawvm.store import Event, Store, store_from_url
 from clawvm.store.base import ReadOnlyStore, StoreReader, check_vectors
 from clawvm.store.crypto import REDACTION_FIELD, DataKeys
 from clawvm.store.kinds import EventKind
@@ -90,7 +90,7 @@ from clawvm.vm.compress import (
     referenced_raw,
     summary_of,
 )
-from clawvm.vm.context import Candidate, Context, Quotas, pack
+from clawvm.vm.context import Context, Quotas
 from clawvm.vm.scoring import ValueBreakdown
 from clawvm.vm.scoring import explain as explain_value
 from clawvm.vm.sweep import Sweep
@@ -131,11 +131,6 @@ _HARNESS_METADATA = {
     **dict.fromkeys(_COMPRESSION_METADATA, "compress()"),
     teams.REVIEW_FIELD: "approve() or reject()",
 }
-
-
-#: No context line costs fewer tokens than this (its label alone, ``[<short id> <date>] <kind>:``, is
-#: 14-19): how many pinned or working memories one context could hold at most (see ``Harness._packable``).
-_MIN_LINE_TOKENS = 8
 
 
 def _check_clock(clock: Any) -> None:
@@ -1005,7 +1000,8 @@ class Harness:
         """A prompt-ready context for ``query`` under ``budget_tokens``, with the manifest of every line.
 
         Packs pinned memories of the scope, then its working tier, then retrieved memories (with the
-        neighbours of the best ``neighbours`` hits), never over budget (see :mod:`clawvm.vm.context`).
+        neighbours of the best ``neighbours`` hits), never over budget (see :mod:`clawvm.vm.context`; the
+        build and what it records: :mod:`.assembly`).
         ``tools``: tools the task is about to use; a warning line (first in the text) for each unreliable
         one, inferred from the scope's recent calls when None (see :mod:`clawvm.agents.reliability`).
         ``read_only``: write nothing (a read-only caller's build): no pager pass over the session, no usage
@@ -1019,116 +1015,23 @@ class Harness:
             raise ValidationError(
                 "quotas", f"is a {type(quotas).__name__}", "pass clawvm.Quotas(...), or leave it out"
             )
-        now = self.now()
-        started = time.perf_counter()
         k = k or max(20, budget_tokens // 40)  # hits to fill most of the budget; neighbours fill the rest
         session_id, task_id = self._stored_id(session_id), self._stored_id(task_id)
         agent_id = self._stored_id(agent_id)
-        scope = toolcalls.scope_fields(session_id, task_id, agent_id)
-        if not read_only:
-            self.page(now)  # a lifecycle boundary: the due sessions' pager pass
-            if session_id:
-                self.pager.enforce(self.tenant, session_id, now)
-        candidates: list[Candidate] = []
-        if scope:
-            for m in self._packable(scope, budget_tokens, pinned=True):
-                candidates.append(Candidate(m, "pinned", 1.0, "pinned"))
-            for m in self._packable(scope, budget_tokens, tier="working", pinned=False):
-                candidates.append(Candidate(m, "working", m.value, "working tier"))
-            preloaded = self._store.get_many(self._preloaded.get(session_id or "", []))
-            for m in preloaded.values():
-                if m.status is Status.ACTIVE:
-                    candidates.append(Candidate(m, "working", m.value, "preloaded for this session"))
-        agent_scope = {"agent_id": agent_id} if agent_id else {}
-        hits: builtins.list[Recalled] = []
-        if query.strip() and vector is not None:  # a precomputed query vector (benchmarks time it apart)
-            hits = self.recall_with(query, vector, k, self.config, self.filters(agent_scope))
-        elif query.strip():
-            hits = self.recall(query, k=k, track=False, **agent_scope)
-        for rank, h in enumerate(hits):
-            near = self._neighbours(h.memory) if rank < neighbours else ()
-            candidates.append(
-                Candidate(h.memory, "retrieved", h.score, f"recall #{rank + 1} ({h.score:.2f})", near)
-            )
-        warned = reliability.context_warnings(self, tools, scope, budget_tokens)
-        ctx = pack(
-            [self._valued(c, now) for c in candidates],
-            budget_tokens - warned.tokens,
-            count_tokens,
-            quotas or Quotas(),
-            now=now,
+        request = assembly.Request(
+            query=query,
+            budget_tokens=budget_tokens,
+            scope=toolcalls.scope_fields(session_id, task_id, agent_id),
+            k=k,
+            neighbours=neighbours,
+            quotas=quotas or Quotas(),
+            record_usage=record_usage,
+            read_only=read_only,
+            vector=vector,
+            tools=tools,
+            preloaded=self._preloaded.get(session_id or "", []),
         )
-        warned.apply(ctx, budget_tokens)
-        if read_only:
-            return ctx
-        if record_usage and ctx.manifest:
-            self._record_injection(ctx, {h.id for h in hits}, now)
-        [ctx.event_seq] = self.writer.log(  # MemLens traces influence (and citations) by this seq
-            [
-                Event(
-                    kind=EventKind.CONTEXT,
-                    tenant=self.tenant,
-                    at=now,
-                    data={
-                        "query": self.redactor.scrub(query, self.tenant),
-                        "budget": budget_tokens,
-                        "tokens": ctx.tokens,
-                        "scope": scope,
-                        "ms": round((time.perf_counter() - started) * 1000, 3),
-                        "manifest": [e.as_dict() for e in ctx.manifest],
-                        "text": ctx.text,  # the exact prompt: MemLens shows and diffs it
-                    },
-                )
-            ]
-        )
-        return ctx
-
-    def _valued(self, c: Candidate, now: datetime) -> Candidate:
-        """The candidate with values as of ``now`` (stored values date from the memory's last write)."""
-
-        def fresh(m: Memory) -> Memory:
-            return m.model_copy(update={"value": self.pager.value_now(m, now)})
-
-        return replace(c, memory=fresh(c.memory), neighbours=tuple(fresh(n) for n in c.neighbours))
-
-    def _packable(self, scope: Mapping[str, Any], budget_tokens: int, **wanted: Any) -> builtins.list[Memory]:
-        """The newest memories of ``scope`` matching ``wanted`` that a context of ``budget_tokens`` could
-        hold: no line costs fewer than ``_MIN_LINE_TOKENS``, so more than that many could never be packed
-        (one page, whatever the scope's size)."""
-        most = budget_tokens // _MIN_LINE_TOKENS + 1
-        return self._store.page(self.filters({**scope, **wanted}), None, most, newest_first=True)
-
-    def _neighbours(self, memory: Memory) -> tuple[Memory, ...]:
-        """The memory recorded just before and just after ``memory`` in its session: one single-row keyset
-        page each way, in (created_at, id) order."""
-        if memory.session_id is None:
-            return ()
-        session = self.filters({"session_id": memory.session_id, "status": "any"})
-        at = PageKey.of(memory)
-        before = self._store.page(session, at, 1, newest_first=True)
-        after = self._store.page(session, at, 1)
-        return (*before, *after)
-
-    def _record_injection(self, ctx: Context, retrieved: set[str], now: datetime) -> None:
-        """Usage bookkeeping of a built context, in one batch: injected+1, retrieved ones accessed."""
-        for _ in range(5):
-            current = self._store.get_many(ctx.ids)
-            batch = []
-            for m in current.values():
-                # plain copies, no re-validation: the changed values are counters and a timestamp we built
-                change: dict[str, Any] = {
-                    "usage": m.usage.model_copy(update={"injected": m.usage.injected + 1}),
-                    "version": m.version + 1,
-                }
-                if m.id in retrieved:
-                    change.update(access_count=m.access_count + 1, last_accessed_at=now)
-                changed = m.model_copy(update=change)
-                batch.append(changed.model_copy(update={"value": self.pager.value_now(changed, now)}))
-            try:  # the harness's own bookkeeping: no caller's update conflicts with it
-                self.writer.write(batch, bookkeeping=True)
-                return
-            except ConflictError:
-                continue
+        return assembly.build(self, request)
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def share_query_embeddings(self, shared: QueryEmbeddings) -> None:
