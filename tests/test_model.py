@@ -435,11 +435,13 @@ def test_a_memory_stored_before_a_limit_can_still_change() -> None:
             "tenant": "acme corp",
             "session_id": "s" * 300,
             "tags": [f"t{i}" for i in range(70)],
+            "metadata": {"blob": "y" * (MAX_METADATA_BYTES + 1)},
         },
         context=STORED,
     )
     archived = revalidate(legacy, {"tier": "archive", "version": 2})
     assert (archived.tier.value, len(archived.tags), archived.tenant) == ("archive", 70, "acme corp")
+    assert archived.metadata == legacy.metadata
     with pytest.raises(ValidationError) as exc:  # a change is new input: the rules judge it
         revalidate(legacy, {"tags": [f"u{i}" for i in range(MAX_TAGS + 1)]})
     assert exc.value.field == "tags"

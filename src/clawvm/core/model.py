@@ -363,7 +363,9 @@ class Memory(BaseModel):
     @field_validator("metadata")
     @classmethod
     def _json_metadata(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        if not v or _stored(info):  # read back from JSON it was checked and normalised as, when written
+        # read back from JSON, or kept as stored by a revalidate: it was checked and normalised as when
+        # written (a memory stored before a limit still changes)
+        if not v or _as_stored(info):
             return v
         too_deep_error = PydanticCustomError(
             "json_too_deep", f"is nested deeper than {MAX_JSON_DEPTH} levels"
