@@ -272,7 +272,7 @@ def test_nothing_about_data_keys_depends_on_the_event_log(protected: Harness, ke
     first = DataKey.generate()
     rotate_data_key(engine_of(protected), keys, first)
     assert prune(engine_of(protected), Retention(max_events=0), datetime.now(UTC)) > 0
-    assert [e.kind for e in protected.store.read_events(0, 10)] == ["events_pruned"]
+    assert {e.kind for e in protected.store.read_events(0, 10)} == {"events_pruned"}
     for i in ids:
         assert reveal_original(protected.store.get(i), DataKeys((first,))).startswith(SECRET_TEXT)
     second = DataKey.generate()

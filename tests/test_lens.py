@@ -448,12 +448,14 @@ def test_retention_drops_the_head_and_keeps_learned_weights(h: Harness, clock: R
     assert len(kept) == total - dropped + 1
     assert kept[-1].kind == "events_pruned" and kept[-1].data == {"deleted": dropped, "upto": kept[0].seq - 1}
 
-    assert prune(engine_of(h), Retention(max_events=1), clock.now) == len(kept) - 1
+    # the notes do not count against max_events: the newest other event stays
+    assert prune(engine_of(h), Retention(max_events=1), clock.now) == len(kept) - 2
     kept = h.events(limit=10**6)
-    # the newest (the first prune's note), the carried weights, and this prune's note
-    assert [e.kind for e in kept] == ["events_pruned", "scoring_weights", "events_pruned"]
-    assert kept[1].data["weights"] == weights.data["weights"]
-    assert kept[1].data["carried_from"] == weights.seq
+    # the newest event, the first prune's note, the carried weights, and this prune's note
+    assert [e.kind for e in kept] == ["manual", "events_pruned", "scoring_weights", "events_pruned"]
+    assert kept[2].data["weights"] == weights.data["weights"]
+    assert kept[2].data["carried_from"] == weights.seq
+    assert prune(engine_of(h), Retention(max_events=2), clock.now) == 0  # again: nothing more to do
     assert weights_of(Harness(engine_of(h), None).pager.config.scoring) == weights.data["weights"]
     prune(engine_of(h), Retention(max_events=0), clock.now)  # not even the carried event is needed to learn
     assert weights_of(Harness(engine_of(h), None).pager.config.scoring) == weights.data["weights"]

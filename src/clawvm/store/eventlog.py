@@ -59,6 +59,7 @@ import json
 import logging
 import math
 import threading
+from collections import Counter
 from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -66,6 +67,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from clawvm.core.errors import ConfigError, StoreError, ValidationError
+from clawvm.core.model import DEFAULT_TENANT
 from clawvm.store import Event, EventFeed, Store
 from clawvm.store.base import StoreReader
 from clawvm.store.kinds import EventKind
@@ -155,14 +157,20 @@ def iter_events(store: StoreReader, after_seq: int = 0, batch: int = 5000) -> It
 
 
 def prune(store: Store, retention: Retention, now: datetime) -> int:
-    """Apply ``retention`` to the store's log (all tenants); returns how many events were deleted. A prune
-    that deletes any logs an ``events_pruned`` event (how many, and up to which seq), kept like any other."""
+    """Apply ``retention`` to the store's log (all tenants); returns how many events were deleted.
+
+    Each tenant that lost events gets an ``events_pruned`` event (how many of its events went, and the
+    log's seq up to which everything was deleted), so its own timeline shows where its history was cut.
+    Those notes are not counted against ``max_events`` (a second prune with the same retention deletes
+    nothing); they go with the rest once a later prune cuts past them."""
     cutoff_time = None if retention.max_age_days is None else now - timedelta(days=retention.max_age_days)
-    seqs: list[int] = []
-    aged_out = 0  # the seq up to which every event is older than the cutoff
+    seqs: list[int] = []  # the events retention counts, in order
+    aged_out = 0  # how many of ``seqs``, from the oldest, are older than the cutoff
     latest_kept: dict[str, Event] = {}
     for e in iter_events(store):
         seq = e.seq or 0
+        if e.kind == EventKind.EVENTS_PRUNED:
+            continue
         seqs.append(seq)
         if cutoff_time is not None and aged_out == len(seqs) - 1 and e.at < cutoff_time:
             aged_out = len(seqs)
@@ -179,11 +187,15 @@ def prune(store: Store, retention: Retention, now: datetime) -> int:
         for e in latest_kept.values()
         if (e.seq or 0) <= upto
     ]
+    # each tenant's share of what goes (a second pass over the head: the first kept no tenants)
+    lost = Counter(e.tenant for e in itertools.takewhile(lambda e: (e.seq or 0) <= upto, iter_events(store)))
     if carried:  # re-append before deleting: a crash in between leaves a duplicate, never a loss
         store.append_events(carried)
     deleted = store.delete_events_upto(upto)
-    # the log says where its history was cut: a reader of the timeline sees a gap that was asked for
-    store.append_event(Event(EventKind.EVENTS_PRUNED, at=now, data={"deleted": deleted, "upto": upto}))
+    for tenant, n in sorted(lost.items()):
+        note = Event(EventKind.EVENTS_PRUNED, tenant=tenant, at=now, data={"deleted": n, "upto": upto})
+        # numbered as that tenant's harness numbers its events (a tenant's own sequence)
+        store.append_events([note], tenant_numbers=tenant != DEFAULT_TENANT)
     return deleted
 
 
