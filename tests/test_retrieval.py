@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawvm import ConfigError, Harness, Memory, Status
+from clawvm import ConfigError, Filters, Harness, Memory, Status
 from clawvm.core.lexical import Analyzer
 from clawvm.recall.retrieval import (
     CHANNELS,
@@ -186,6 +187,13 @@ def test_equal_scores_rank_the_newest_first_on_every_engine(lexical_harness: Har
     assert [ids.index(x.id) for x in hits] == [299, 298, 297, 296, 295]
     raw = h.store.query(Query(filters=h.filters({}), text="deploy", limit=40, lexical=True)).lexical
     assert [ids.index(i) for i, _ in raw] == list(range(299, 259, -1))
+    # the context channel (the default preset's) keeps and orders its ties as the reference engine does
+    with Harness.open("memory://", embedder=None) as reference:
+        same = [reference.record("deploy failed on host", session_id="s").id for _ in range(300)]
+        ask = Query(filters=Filters(), text="deploy", limit=40, lexical=False, context=True)
+        theirs = [same.index(i) for i, _ in reference.store.query(ask).context]
+        ours = [ids.index(i) for i, _ in h.store.query(replace(ask, filters=h.filters({}))).context]
+        assert ours == theirs and theirs[0] > 250
 
 
 def conversation(h: Harness) -> dict[str, Memory]:

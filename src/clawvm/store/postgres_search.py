@@ -372,7 +372,7 @@ class Searcher:
             SELECT * FROM (SELECT 'l', seq, id, score FROM best WHERE rank <= %s ORDER BY rank) AS own
             UNION ALL
             SELECT * FROM (SELECT 'c', seq, id, score FROM ctx WHERE score > 0
-                           ORDER BY score DESC, seq LIMIT %s) AS c"""
+                           ORDER BY score DESC, seq DESC LIMIT %s) AS c"""
         args += [*wargs, *wargs, k1 + 1.0, k1, b, b, limit, limit]
         return sql, args
 
