@@ -232,6 +232,9 @@ def test_a_parent_is_a_stored_memory_and_never_a_descendant() -> None:
         acme = Harness.open(engine_of(h), embedder=None, tenant="acme")  # a tenant's view of one store
         with pytest.raises(ValidationError):  # another tenant's memory is no parent of this one's
             acme.record("mine", parent_id=a.id)
+        theirs = acme.record("acme's own step")
+        with pytest.raises(ValidationError):  # nor for the owner's view, which reads every tenant's
+            h.record("the default tenant's", parent_id=theirs.id)
 
 
 def test_a_trace_shows_every_step_of_a_store_holding_a_parent_cycle() -> None:

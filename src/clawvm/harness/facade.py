@@ -1092,8 +1092,11 @@ class Harness:
         if parent == memory.id:
             raise ValidationError("parent_id", "is the memory's own id", fix)
         found = self._store.get_many([parent]).get(parent)
-        if found is None:  # well formed, but not what the store holds now (REST: 409 invalid_state)
-            raise StateConflictError("parent_id", f"names no stored memory ({parent})", fix)
+        # (the owner's view reads every tenant's memories: a parent is one of the memory's own tenant)
+        if found is None or found.tenant != memory.tenant:  # well formed, but not what the store holds
+            raise StateConflictError(
+                "parent_id", f"names no stored memory of tenant {memory.tenant!r} ({parent})", fix
+            )
         seen = {memory.id, parent}
         step = found.parent_id if ancestors else None
         while step is not None and step not in seen:  # up the parent's chain, to a root or a known id
