@@ -44,7 +44,7 @@ from clawvm.vm import working as working_module
 from clawvm.vm.tiers import ORDER, Pager, PagerConfig, TierBudgets, value_per_token
 from clawvm.write.commit import CommitPath
 from clawvm.write.redaction import Redactor
-from engines import harness_target
+from engines import engine_of, harness_target
 
 BUDGETS = TierBudgets(working_tokens=120, working_items=5, short_term_items=6, long_term_items=8)
 CFG = PagerConfig(budgets=BUDGETS, background=False)
@@ -1067,7 +1067,7 @@ def test_a_failed_write_of_the_bookkeeping_leaves_it_for_the_next_pass(
         def unavailable(ids: Sequence[str]) -> dict[str, Memory]:
             raise StoreError("the store is unavailable")
 
-        monkeypatch.setattr(h.working.store, "get_many", unavailable)
+        monkeypatch.setattr(engine_of(h), "get_many", unavailable)  # what the working tiers read through
         with pytest.raises(StoreError):
             h.page()
         assert h.working.accesses_pending()

@@ -177,7 +177,7 @@ class Harness:
         self.max_content_bytes = max_content_bytes
         self.clock = clock
         self.summarizer: Summarizer = summarizer or ExtractiveSummarizer()
-        self.pager = Pager(store, self.writer, pager, compress=self._compress_on_archive)
+        self.pager = Pager(self._reader, self.writer, pager, compress=self._compress_on_archive)
         learned = stored_weights(store, tenant)  # what manual actions taught: loaded on open, not on a look
         if learned is not None:
             scoring = with_weights(self.pager.config.scoring, learned)
@@ -187,14 +187,14 @@ class Harness:
         )
         self._worker: EmbedWorker | None = None
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="clawvm-prefetch") if prefetch else None
-        self.working = WorkingTiers(store, self.pager)  # the record path's view of each working tier
+        self.working = WorkingTiers(self._reader, self.pager)  # the record path's view of each working tier
         self.writer.on_commit(self.working.forget)
         # the periodic pager: woken when a record puts a session past its high watermark; its passes and
         # the methods that rewrite a memory they read (``_exclusive``) take turns
         self._exclusive = Turns()
         self.working.foreground_waiting = lambda: self._exclusive.waiting > 0
         self._pager_thread = PagerThread(self._background_pass, self._pager_error)
-        self.sweep = Sweep(store, self.pager, tenant)  # tick()'s bounded pass and its cursors
+        self.sweep = Sweep(self._reader, self.pager, tenant)  # tick()'s bounded pass and its cursors
         # session -> memories preloaded for it (from any session); the context builder adds them to its
         # working section. Kept in process: after a restart, start_session again.
         self._preloaded: dict[str, builtins.list[str]] = {}  # the newest PRELOADED_SESSIONS sessions
