@@ -409,6 +409,20 @@ def test_ttl_config_default_ttl_refresh_and_background_sweeper(mem_harness: Harn
         store.start_ttl_sweeper()  # no interval configured or given
 
 
+def test_the_ttl_sweeper_ends_when_its_harness_closes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It logged a failed sweep every interval, for good, once the harness had closed."""
+    h = Harness.open(tmp_path / "lg.db", embedder=None)
+    store = ClawVMStore(h, ttl={"sweep_interval_minutes": 0.001})  # every 60 ms
+    h.close()
+    deadline = time.monotonic() + 5
+    while store._sweeper is not None and store._sweeper.is_alive():
+        assert time.monotonic() < deadline, "the sweeper outlived its harness"
+        time.sleep(0.02)
+    assert "sweep failed" not in caplog.text
+
+
 # ---- search: what the score means, order, index ------------------------------------------------------
 def test_search_scores_are_cosine_similarities_a_threshold_can_cut(
     mem_harness: Harness, embedder: clawvm.MiniLMEmbedder

@@ -248,6 +248,8 @@ class ClawVMStore(BaseStore):
 
     def _sweep_every(self, seconds: float) -> None:
         while not self._stop_sweeping.wait(seconds):
+            if self.harness.writer.closed:  # the store's harness closed: nothing to sweep ever again
+                return
             try:
                 self.sweep_ttl()
             except ClawVMError as exc:  # a store that is briefly unreachable: the next sweep tries again
