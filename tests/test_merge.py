@@ -362,9 +362,10 @@ def test_a_conflict_is_resolved_by_the_short_id_its_note_shows(lexical: Harness)
     (note_id,) = merge_team(h, team_id="pay").conflicts
     shown = f"[{short_id(sides[1].id)}]"
     assert shown in h.get(note_id).content
-    with pytest.raises(ValidationError) as wrong:
-        teams.resolve_conflict(h, note_id, keep="[00000000]", by="lead")
-    assert wrong.value.field == "keep" and h.get(note_id).status is Status.ACTIVE
+    for wrong_keep in ("[00000000]", None, 7):
+        with pytest.raises(ValidationError) as wrong:
+            teams.resolve_conflict(h, note_id, keep=wrong_keep, by="lead")  # type: ignore[arg-type]
+        assert wrong.value.field == "keep" and h.get(note_id).status is Status.ACTIVE
     kept = teams.resolve_conflict(h, note_id, keep=shown, by="lead")
     assert kept.id == sides[1].id and h.get(sides[0].id).status is Status.OBSOLETE
 

@@ -736,6 +736,8 @@ def resolve_conflict(h: TeamHost, conflict_id: str, *, keep: str, by: str | None
             f"conflict {conflict_id} is closed ({review.get('status', note.status.value)})",
             "revise the kept decision instead, or record a new one",
         )
+    if not isinstance(keep, str):
+        raise ValidationError("keep", f"is a {type(keep).__name__}", "pass the id of the side to keep")
     sides = conflict_choices(note)
     # a side revised since the conflict was flagged is named by its head too (what the views show now)
     heads = {latest(h, side).id: side for side in sides}
