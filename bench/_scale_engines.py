@@ -129,7 +129,7 @@ def measure(
             rec.append((time.perf_counter() - t) * 1000)
         res.update(record_p50_ms=pct(rec, 50), record_p95_ms=pct(rec, 95))
         res["count_ms"] = round(float(np.median([_timed(h.count) for _ in range(5)])), 2)
-        res["db_mb"] = _size_mb(h.store, target)
+        res["db_mb"] = _size_mb(h._store, target)  # the engine itself
     finally:
         h.close()
     echo(f"    recall p50/p95 {res['recall_p50_ms']}/{res['recall_p95_ms']} ms, found {res['found_at_10']}")

@@ -120,7 +120,7 @@ def measure_open(path: Path, queries: list[tuple[int, str, np.ndarray]], repeats
     def ours() -> None:
         h = clawvm.Harness.open(path / "store.db", embedder=None)
         h.recall_with(text, vec, 10, h.config, h.filters({}))
-        sources.append(getattr(h.store, "index_source", ""))
+        sources.append(getattr(h._store, "index_source", ""))  # the engine itself
         h.close()
 
     def bare() -> None:

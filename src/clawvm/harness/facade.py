@@ -1048,7 +1048,8 @@ class Harness:
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every recorded memory is embedded, and run a pager pass (a lifecycle boundary).
-        Nothing to do once closed: close() did both."""
+        Nothing to do once closed: close() ran the last pass, and what it left unembedded (``wait=False``)
+        the next open embeds."""
         if self.writer.closed:
             return
         if self._worker is not None:

@@ -221,9 +221,10 @@ class CommitPath:
         self._closed = False
 
     def close(self) -> None:
-        """Refuse every later change of a caller's (a write that is not bookkeeping, a delete): its harness
-        closed, and no worker would embed nor pager page what it left. What reads write (access counts, a
-        context's events) still goes through: a read after close answers as before."""
+        """Refuse every later change of a caller's (a write that is not bookkeeping, a delete, a vector):
+        its harness closed, and no worker would embed nor pager page what it left. Bookkeeping and events
+        still go through (a close's last pager pass writes them); the harness itself refuses every call
+        once closed."""
         self._closed = True
 
     @property
