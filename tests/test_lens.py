@@ -467,6 +467,29 @@ def test_retention_drops_the_head_and_keeps_learned_weights(h: Harness, clock: R
         Retention(max_age_days=math.nan)
 
 
+def test_a_tenants_prune_note_counts_in_its_own_numbers(tmp_path: Path) -> None:
+    """A tenant's events are numbered in its own sequence, so that it learns nothing of the others'
+    activity: its prune note gave the shared log's number."""
+    db = tmp_path / "shared.db"
+    with Harness.open(db, embedder=None) as owner:
+        for i in range(3):
+            owner.record(f"owner {i}")
+    with Harness.open(db, embedder=None, tenant="acme") as acme:
+        for i in range(4):
+            acme.record(f"acme {i}")
+    with Harness.open(db, embedder=None) as owner:
+        for i in range(2):
+            owner.record(f"owner again {i}")
+        assert prune(engine_of(owner), Retention(max_events=2), owner.now()) == 7
+    with Harness.open(db, embedder=None, tenant="acme") as acme:
+        (note,) = acme.events()
+        assert (note.kind, note.data) == ("events_pruned", {"deleted": 4, "upto": 4})
+        assert note.seq == 5  # acme's own next number
+    with Harness.open(db, embedder=None) as owner:
+        notes = {e.tenant: e.data for e in owner.events() if e.kind == "events_pruned"}
+        assert notes["default"] == {"deleted": 3, "upto": 7}  # the owner's view numbers by the log
+
+
 def test_cli_exports_events_and_prunes(tmp_path: Path) -> None:
     from click.testing import CliRunner
 

@@ -21,7 +21,7 @@ reads it. The kinds and their ``data``:
     pin / unpin  pinned state changed                       from, to, value_before, value_after, tier, value
     manual       a person's intervention (dashboard, API)   action, by, before, after, value?, note?
     scoring_weights  the learning rule changed the scorer   weights, delta, action, target
-    events_pruned    retention deleted the log's head        deleted, upto (the last deleted seq)
+    events_pruned    retention cut the log's head            deleted, upto (in the tenant's own numbers)
     collapse, checkpoint, rollback, preload, compress_error, prefetch_error: see their modules.
 
 Retention (:class:`Retention`, :func:`prune`) drops the *head* of the log, like a message broker's log
@@ -160,7 +160,8 @@ def prune(store: Store, retention: Retention, now: datetime) -> int:
     """Apply ``retention`` to the store's log (all tenants); returns how many events were deleted.
 
     Each tenant that lost events gets an ``events_pruned`` event (how many of its events went, and the
-    log's seq up to which everything was deleted), so its own timeline shows where its history was cut.
+    number of the last one in the tenant's own sequence: the log's seq for the default tenant), so its
+    own timeline shows where its history was cut, and no tenant learns the log's numbers.
     Those notes are not counted against ``max_events`` (a second prune with the same retention deletes
     nothing); they go with the rest once a later prune cuts past them."""
     cutoff_time = None if retention.max_age_days is None else now - timedelta(days=retention.max_age_days)
@@ -189,14 +190,27 @@ def prune(store: Store, retention: Retention, now: datetime) -> int:
     ]
     # each tenant's share of what goes (a second pass over the head: the first kept no tenants)
     lost = Counter(e.tenant for e in itertools.takewhile(lambda e: (e.seq or 0) <= upto, iter_events(store)))
+    # where each tenant's own history now starts: what goes is the head of every tenant's sequence too
+    cut = {t: upto if t == DEFAULT_TENANT else _nth_number(store, t, n) for t, n in lost.items()}
     if carried:  # re-append before deleting: a crash in between leaves a duplicate, never a loss
         store.append_events(carried)
     deleted = store.delete_events_upto(upto)
     for tenant, n in sorted(lost.items()):
-        note = Event(EventKind.EVENTS_PRUNED, tenant=tenant, at=now, data={"deleted": n, "upto": upto})
+        data = {"deleted": n, "upto": cut[tenant]}
+        note = Event(EventKind.EVENTS_PRUNED, tenant=tenant, at=now, data=data)
         # numbered as that tenant's harness numbers its events (a tenant's own sequence)
         store.append_events([note], tenant_numbers=tenant != DEFAULT_TENANT)
     return deleted
+
+
+def _nth_number(store: StoreReader, tenant: str, n: int, page: int = 5000) -> int:
+    """The number, in ``tenant``'s own sequence, of its ``n``-th event (read a page at a time: a
+    tenant's numbers may have gaps, and its events are not counted in the log's numbers)."""
+    after = seen = 0
+    while seen < n and (events := store.read_events(after, min(page, n - seen), tenant=tenant)):
+        seen += len(events)
+        after = events[-1].seq or after
+    return after
 
 
 def event_record(e: Event) -> dict[str, Any]:

@@ -222,7 +222,7 @@ class WeightsData(TypedDict):
 
 class EventsPrunedData(TypedDict):
     deleted: int  # how many events retention deleted
-    upto: int  # the last deleted event's seq: the log now starts after it
+    upto: int  # the last deleted event's number in the tenant's own sequence: its log starts after it
 
 
 class NoData(TypedDict):
