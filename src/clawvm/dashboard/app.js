@@ -694,7 +694,9 @@
         m.session_id ? el("button", { onclick: () => { setSession(m.session_id); show("trace"); }, text: "Trace its session" }) : null),
       el("h3", { text: "Content" }), el("div", { class: "content", id: "inspector-content", text: m.content }),
       canWrite() && m.status === "active" ? [el("details", { id: "edit-box", open: draft.open || null, ontoggle: (e) => { draft.open = e.target.open; } },
-        el("summary", { text: "Edit (saved as a new revision)" }), editor,
+        // the click, not only the toggle event (a task later), marks it open: a live re-render landing
+        // in between rebuilt the box closed under a user who had just opened it
+        el("summary", { text: "Edit (saved as a new revision)", onclick: (e) => { draft.open = !e.currentTarget.parentElement.open; } }), editor,
         el("div", { class: "actions" }, el("button", { id: "revise-button", class: "primary", text: "Save revision", onclick: () =>
           change("saved as a new revision", () => post(`memories/${id}/revise`, { content: editor.value, expected_version: m.version }).then((r) => { state.draft = null; return r; })) })))] : null,
       history,
