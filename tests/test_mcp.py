@@ -29,7 +29,7 @@ from mcp.shared.exceptions import MCPError
 import clawvm
 from clawvm import Harness, Kind, Status
 from clawvm.agents.tools import AgentTools
-from clawvm.integrations.mcp_server import SCOPE_ARGUMENTS
+from clawvm.integrations.mcp_server import SCOPE_ARGUMENTS, build_server
 from clawvm.server import ServerSettings, create_app
 from clawvm.store import store_from_url
 from clawvm.store.keys import Keyring
@@ -434,3 +434,23 @@ def test_cli_http_with_a_static_key(tmp_path: Path) -> None:
     said = log.read_text()  # where it serves, and how a client authenticates
     assert f"MCP over HTTP at {url}, with --api-key as the Bearer token" in said, said
     assert f"http://127.0.0.1:{port}" in said.split("MCP over HTTP", 1)[1] and "POST /mcp" not in said
+
+
+def test_a_server_whose_harness_closed_says_so() -> None:
+    """A memory resource answered "not found" and the resource list "Internal server error"."""
+    h = Harness.open("memory://", embedder=None)
+    m = h.record("hello", session_id="s1")
+    server = build_server(h, session_id="s1")
+    h.close()
+
+    async def talk() -> list[str]:
+        said = []
+        async with Client(server, read_timeout_seconds=60) as client:
+            for ask in (lambda: client.read_resource(f"clawvm://memory/{m.id}"), client.list_resources):
+                with pytest.raises(MCPError) as refused:
+                    await ask()
+                said.append(str(refused.value))
+        return said
+
+    for message in run(talk):
+        assert "harness: is closed" in message and "not found" not in message, message

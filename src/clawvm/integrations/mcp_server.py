@@ -49,7 +49,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from clawvm.agents.tool_schemas import CONTEXT_BUDGET
 from clawvm.agents.tools import AgentTools, ToolsHost, error_reply
-from clawvm.core.errors import AccessDeniedError, ClawVMError, NotFoundError, ValidationError
+from clawvm.core.errors import (
+    AccessDeniedError,
+    ClawVMError,
+    NotFoundError,
+    StateConflictError,
+    ValidationError,
+)
 from clawvm.core.model import Status
 from clawvm.core.version import __version__
 from clawvm.harness import Harness
@@ -267,7 +273,10 @@ class _MemoryServer:
             return types.ListResourcesResult(resources=[])
         host = self.access_of(ctx).harness
         scope = {k: getattr(self.defaults, k) for k in SCOPE_ARGUMENTS if getattr(self.defaults, k)}
-        newest = await anyio.to_thread.run_sync(lambda: host.list(limit=LISTED_MEMORIES, **scope))
+        try:
+            newest = await anyio.to_thread.run_sync(lambda: host.list(limit=LISTED_MEMORIES, **scope))
+        except StateConflictError as exc:  # its harness closed: say so, not "internal error"
+            raise MCPError(types.INTERNAL_ERROR, f"listing resources failed: {exc}") from None
         context = types.Resource(
             name=f"context of {session}",
             uri=CONTEXT_TEMPLATE.format(session_id=session),
@@ -314,6 +323,9 @@ def _read(access: Access, uri: str) -> tuple[str, str]:
     if parts.netloc == "memory" and len(segments) == 1:
         # no scope: any memory of the tenant, by id or short id; the harness's own records stay hidden
         reply = AgentTools(access.harness).dispatch("get_memory", {"memory_id": segments[0]})
+        if not reply["ok"] and reply["error"]["type"] == "invalid_state":  # a closed harness, say
+            error = reply["error"]
+            raise StateConflictError(error.get("field", "uri"), error["message"], error.get("fix", ""))
         if not reply["ok"] or reply["result"]["status"] == Status.INTERNAL.value:
             raise NotFoundError("memory", segments[0])
         return "application/json", json.dumps(reply["result"])
