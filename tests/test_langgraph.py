@@ -39,7 +39,7 @@ from langgraph.store.memory import InMemoryStore
 import clawvm
 from clawvm import Harness, Kind, ValidationError
 from clawvm.integrations import langgraph as langgraph_adapter
-from clawvm.integrations.langgraph import TAG, ClawVMStore, item_id
+from clawvm.integrations.langgraph import MAX_NAMESPACE_DEPTH, TAG, ClawVMStore, item_id
 from engines import harness_target
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -407,6 +407,16 @@ def test_ttl_config_default_ttl_refresh_and_background_sweeper(mem_harness: Harn
         assert sweeping.stop_ttl_sweeper(timeout=5)
     with pytest.raises(ValidationError):
         store.start_ttl_sweeper()  # no interval configured or given
+
+
+def test_a_namespace_deeper_than_an_item_can_be_tagged_is_refused_by_name(mem_harness: Harness) -> None:
+    """A put 63 labels deep failed with a message about tags, which the caller never gave."""
+    store = ClawVMStore(mem_harness)
+    deepest = tuple(f"l{i}" for i in range(MAX_NAMESPACE_DEPTH))
+    store.put(deepest, "k", {"v": 1})
+    assert store.get(deepest, "k") is not None
+    with pytest.raises(InvalidNamespaceError, match=f"at most {MAX_NAMESPACE_DEPTH}"):
+        store.put((*deepest, "one more"), "k", {"v": 2})
 
 
 def test_the_ttl_sweeper_ends_when_its_harness_closes(

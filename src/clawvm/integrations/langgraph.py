@@ -89,6 +89,7 @@ from langgraph.store.base import (
 from clawvm.core.embed import count_tokens
 from clawvm.core.errors import ClawVMError, ConflictError, ValidationError
 from clawvm.core.model import (
+    MAX_TAGS,
     Filters,
     Kind,
     Memory,
@@ -107,6 +108,8 @@ from clawvm.write.redaction import Redactor
 TAG = "langgraph"
 PATH_TAG = "lg-path:"  # + the namespace, encoded by _path_tag
 PAGE = 256  # memories (or namespace tags) read per keyset page
+#: The deepest namespace a put may name: an item's tags are one per prefix, its path and the store's own
+MAX_NAMESPACE_DEPTH = MAX_TAGS - 2
 SEARCH_WIDEN = 4  # a query ranks this many times offset + limit candidates of the vector search
 CONFLICT_RETRIES = 64  # a batch's write that lost a race is read and written again, at most this often
 _MAX_TAG = 200  # the model's limit on a tag's length
@@ -172,6 +175,11 @@ class ClawVMStore(BaseStore):
             validate_op_namespace(op)
             if isinstance(op, PutOp) and not op.namespace:
                 raise InvalidNamespaceError("Namespace cannot be empty.")
+            if isinstance(op, PutOp) and len(op.namespace) > MAX_NAMESPACE_DEPTH:
+                # each prefix is a tag of the item's memory, and a memory holds at most MAX_TAGS
+                raise InvalidNamespaceError(
+                    f"Namespace has {len(op.namespace)} labels: use at most {MAX_NAMESPACE_DEPTH}."
+                )
             if not isinstance(op, GetOp | PutOp | SearchOp | ListNamespacesOp):
                 raise ValidationError(
                     "op", f"is a {type(op).__name__}", "pass GetOp, PutOp, SearchOp or ListNamespacesOp"
