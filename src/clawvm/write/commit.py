@@ -66,6 +66,9 @@ from clawvm.write.redaction import Redactor
 
 log = logging.getLogger("clawvm.write")
 
+#: What to do about a closed harness (the message reaches its program, and through tools a model too).
+CLOSED_FIX = "the program that closed it opens a new one (Harness.open)"
+
 #: Called after a commit with the memories it wrote (as stored) and the ids it deleted.
 Listener = Callable[[Sequence[Memory], Sequence[str]], None]
 #: Re-derives fields that depend on the content (the value score) after redaction changed the content.
@@ -233,7 +236,7 @@ class CommitPath:
 
     def _open(self) -> None:
         if self._closed:
-            raise StateConflictError("harness", "is closed", "open a new one: Harness.open(...)")
+            raise StateConflictError("harness", "is closed", CLOSED_FIX)
 
     def on_commit(self, listener: Listener) -> None:
         """Call ``listener`` after every commit (caches that hold stored memories drop what changed)."""
