@@ -29,11 +29,10 @@ from clawvm.core.errors import ConflictError
 from clawvm.core.model import Filters, Memory, Status
 from clawvm.recall.retrieval import RecallConfig, Recalled
 from clawvm.store import Event, PageKey
-from clawvm.store.base import StoreReader
 from clawvm.store.kinds import EventKind
 from clawvm.vm.context import Candidate, Context, Quotas, pack
 from clawvm.vm.tiers import Pager
-from clawvm.write.commit import Writer
+from clawvm.write.commit import Host
 
 #: No context line costs fewer tokens than this (its label alone, ``[<short id> <date>] <kind>:``, is
 #: 14-19): how many pinned or working memories one context could hold at most (see :func:`_packable`).
@@ -42,25 +41,14 @@ MIN_LINE_TOKENS = 8
 USAGE_RETRIES = 5
 
 
-class AssemblyHost(reliability.CallLister, Protocol):
+class AssemblyHost(Host, reliability.CallLister, Protocol):
     """The harness, as a context build sees it."""
-
-    @property
-    def tenant(self) -> str: ...
-
-    @property
-    def store(self) -> StoreReader: ...
-
-    @property
-    def writer(self) -> Writer: ...
 
     @property
     def pager(self) -> Pager: ...
 
     @property
     def config(self) -> RecallConfig: ...
-
-    def now(self) -> datetime: ...
 
     def filters(self, given: Mapping[str, Any]) -> Filters: ...
 
