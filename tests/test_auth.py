@@ -62,6 +62,16 @@ def test_only_the_hash_is_stored_and_only_as_a_credential(engine: Store) -> None
     assert secret not in logged and hashed not in logged and record.key_id in logged  # the audit line
 
 
+def test_a_keys_audit_lines_carry_its_name_scrubbed(engine: Store) -> None:
+    """The log is exported and streamed: an operator's label naming a person stays in the key list."""
+    ring = Keyring(engine)
+    record, _ = ring.create("acme", "agent", "ci runner of ann@example.org")
+    ring.revoke(record.key_id)
+    audits = [e.data["name"] for e in engine.read_events(0, 1000) if e.data.get("key_id") == record.key_id]
+    assert audits == ["ci runner of [EMAIL]", "ci runner of [EMAIL]"]
+    assert [k.name for k in ring.list("acme", include_revoked=True)] == ["ci runner of ann@example.org"]
+
+
 def test_the_raw_sqlite_file_holds_no_key(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "k.db")
     store.setup()

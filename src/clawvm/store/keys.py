@@ -58,6 +58,7 @@ from clawvm.core.errors import (
     ValidationError,
 )
 from clawvm.core.model import check_tenant_name, utcnow
+from clawvm.core.redact import redact
 from clawvm.store.base import Credential, CredentialConflictError, Event, Store
 from clawvm.store.kinds import EventKind
 
@@ -391,8 +392,11 @@ class Keyring:
 
     def _audit(self, kind: str, key: ApiKey, extra: dict[str, Any]) -> None:
         """An audit line in the reserved tenant's log: who got which key, or lost it. Never the hash; nothing
-        reads it back (authentication reads the credentials table), so retention may drop it."""
-        data = {"key_id": key.key_id, "tenant": key.tenant, "role": key.role.value, "name": key.name, **extra}
+        reads it back (authentication reads the credentials table), so retention may drop it. The key's
+        name is scrubbed by every detector: the log is exported and streamed, and an operator's label
+        ("ci for ann@example.org") is not meant to travel with it."""
+        name = redact(key.name).text
+        data = {"key_id": key.key_id, "tenant": key.tenant, "role": key.role.value, "name": name, **extra}
         at = key.created_at if kind == AUDIT_CREATED else (key.revoked_at or utcnow())
         self.store.append_event(Event(kind=kind, memory_id=KEYS_STREAM, tenant=AUTH_TENANT, at=at, data=data))
 
