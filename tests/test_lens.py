@@ -446,7 +446,7 @@ def test_retention_drops_the_head_and_keeps_learned_weights(h: Harness, clock: R
     assert dropped > 0 and all(e.at >= cutoff for e in kept[:1])
     # the weights event was newer than the cutoff: nothing carried; the log notes where it was cut
     assert len(kept) == total - dropped + 1
-    assert kept[-1].kind == "events_pruned" and kept[-1].data == {"deleted": dropped, "upto": kept[0].seq - 1}
+    assert kept[-1].kind == "events_pruned" and kept[-1].data == {"deleted": dropped}
 
     # the notes do not count against max_events: the newest other event stays
     assert prune(engine_of(h), Retention(max_events=1), clock.now) == len(kept) - 2
@@ -455,7 +455,8 @@ def test_retention_drops_the_head_and_keeps_learned_weights(h: Harness, clock: R
     assert [e.kind for e in kept] == ["manual", "events_pruned", "scoring_weights", "events_pruned"]
     assert kept[2].data["weights"] == weights.data["weights"]
     assert kept[2].data["carried_from"] == weights.seq
-    assert prune(engine_of(h), Retention(max_events=2), clock.now) == 0  # again: nothing more to do
+    # run again, it deletes nothing: neither the notes nor the carried copy count against max_events
+    assert prune(engine_of(h), Retention(max_events=1), clock.now) == 0
     assert weights_of(Harness(engine_of(h), None).pager.config.scoring) == weights.data["weights"]
     prune(engine_of(h), Retention(max_events=0), clock.now)  # not even the carried event is needed to learn
     assert weights_of(Harness(engine_of(h), None).pager.config.scoring) == weights.data["weights"]
@@ -467,9 +468,9 @@ def test_retention_drops_the_head_and_keeps_learned_weights(h: Harness, clock: R
         Retention(max_age_days=math.nan)
 
 
-def test_a_tenants_prune_note_counts_in_its_own_numbers(tmp_path: Path) -> None:
-    """A tenant's events are numbered in its own sequence, so that it learns nothing of the others'
-    activity: its prune note gave the shared log's number."""
+def test_each_tenant_that_lost_events_gets_its_own_prune_note(tmp_path: Path) -> None:
+    """One note in the default tenant left the others' timelines without it; it also said a seq of the
+    shared log, whose numbers a tenant is never shown, and a later prune counted old notes as events."""
     db = tmp_path / "shared.db"
     with Harness.open(db, embedder=None) as owner:
         for i in range(3):
@@ -483,11 +484,16 @@ def test_a_tenants_prune_note_counts_in_its_own_numbers(tmp_path: Path) -> None:
         assert prune(engine_of(owner), Retention(max_events=2), owner.now()) == 7
     with Harness.open(db, embedder=None, tenant="acme") as acme:
         (note,) = acme.events()
-        assert (note.kind, note.data) == ("events_pruned", {"deleted": 4, "upto": 4})
+        assert (note.kind, note.data) == ("events_pruned", {"deleted": 4})
         assert note.seq == 5  # acme's own next number
     with Harness.open(db, embedder=None) as owner:
         notes = {e.tenant: e.data for e in owner.events() if e.kind == "events_pruned"}
-        assert notes["default"] == {"deleted": 3, "upto": 7}  # the owner's view numbers by the log
+        assert notes == {"default": {"deleted": 3}, "acme": {"deleted": 4}}  # the owner's view sees all
+        assert prune(engine_of(owner), Retention(max_events=2), owner.now()) == 0  # the notes do not count
+        owner.record("owner, later")
+        assert prune(engine_of(owner), Retention(max_events=2), owner.now()) == 1  # one event, not a note
+        latest = [e for e in owner.events() if e.kind == "events_pruned"][-1]
+        assert (latest.tenant, latest.data) == ("default", {"deleted": 1})
 
 
 def test_cli_exports_events_and_prunes(tmp_path: Path) -> None:

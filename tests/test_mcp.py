@@ -454,3 +454,4 @@ def test_a_server_whose_harness_closed_says_so() -> None:
 
     for message in run(talk):
         assert "harness: is closed" in message and "not found" not in message, message
+        assert message.count("harness") == 1, message  # said once, not wrapped in itself

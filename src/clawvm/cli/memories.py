@@ -257,7 +257,12 @@ def _export_events(
 
 @click.command(name="prune-events")
 @click.option("--max-age-days", type=float, default=None, help="Delete events older than this many days.")
-@click.option("--max-events", type=int, default=None, help="Keep at most this many events (the newest).")
+@click.option(
+    "--max-events",
+    type=int,
+    default=None,
+    help="Keep at most this many events (the newest), besides the prune notes and the carried weights.",
+)
 @click.pass_context
 def prune_events(ctx: click.Context, max_age_days: float | None, max_events: int | None) -> None:
     """Event-log retention: delete the oldest events (learned scorer weights are kept); export first."""

@@ -175,7 +175,7 @@ class ClawVMStore(BaseStore):
             validate_op_namespace(op)
             if isinstance(op, PutOp) and not op.namespace:
                 raise InvalidNamespaceError("Namespace cannot be empty.")
-            if isinstance(op, PutOp) and len(op.namespace) > MAX_NAMESPACE_DEPTH:
+            if isinstance(op, PutOp) and op.value is not None and len(op.namespace) > MAX_NAMESPACE_DEPTH:
                 # each prefix is a tag of the item's memory, and a memory holds at most MAX_TAGS
                 raise InvalidNamespaceError(
                     f"Namespace has {len(op.namespace)} labels: use at most {MAX_NAMESPACE_DEPTH}."

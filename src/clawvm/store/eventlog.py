@@ -21,13 +21,14 @@ reads it. The kinds and their ``data``:
     pin / unpin  pinned state changed                       from, to, value_before, value_after, tier, value
     manual       a person's intervention (dashboard, API)   action, by, before, after, value?, note?
     scoring_weights  the learning rule changed the scorer   weights, delta, action, target
-    events_pruned    retention cut the log's head            deleted, upto (in the tenant's own numbers)
+    events_pruned    retention cut the log's head            deleted (how many of the tenant's events)
     collapse, checkpoint, rollback, preload, compress_error, prefetch_error: see their modules.
 
 Retention (:class:`Retention`, :func:`prune`) drops the *head* of the log, like a message broker's log
 retention: every event older than ``max_age_days``, or beyond the newest ``max_events``. The latest
-``scoring_weights`` event is carried over (re-appended) so learned weights survive pruning, and the prune
-itself is logged (``events_pruned``), so a timeline shows where its history was cut. Analytics of
+``scoring_weights`` event (each tenant's) is carried over (re-appended) so learned weights survive
+pruning, and each tenant that lost events gets an ``events_pruned`` note, so its timeline shows where its
+history was cut. Analytics of
 the pruned period are gone afterwards; export first if you need them. Nothing that authenticates lives in
 the log: API keys are credentials (:meth:`clawvm.store.Store.put_credential`), out of retention's reach,
 and the data keys' ids travel inside each sealed envelope; the log holds only their audit lines.
@@ -67,7 +68,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from clawvm.core.errors import ConfigError, StoreError, ValidationError
-from clawvm.core.model import DEFAULT_TENANT
 from clawvm.store import Event, EventFeed, Store
 from clawvm.store.base import StoreReader
 from clawvm.store.kinds import EventKind
@@ -157,26 +157,25 @@ def iter_events(store: StoreReader, after_seq: int = 0, batch: int = 5000) -> It
 
 
 def prune(store: Store, retention: Retention, now: datetime) -> int:
-    """Apply ``retention`` to the store's log (all tenants); returns how many events were deleted.
+    """Apply ``retention`` to the store's log (all tenants); returns how many events it deleted.
 
-    Each tenant that lost events gets an ``events_pruned`` event (how many of its events went, and the
-    number of the last one in the tenant's own sequence: the log's seq for the default tenant), so its
-    own timeline shows where its history was cut, and no tenant learns the log's numbers.
-    Those notes are not counted against ``max_events`` (a second prune with the same retention deletes
-    nothing); they go with the rest once a later prune cuts past them."""
+    Each tenant that lost events gets an ``events_pruned`` event saying how many (``deleted``), so its
+    own timeline shows where its history was cut. Those notes, and the copies of kept events a prune
+    carries over, are not counted (against ``max_events``, nor in what a prune says it deleted): the same
+    prune run twice deletes nothing the second time. They go with the rest once a later prune cuts past
+    them."""
     cutoff_time = None if retention.max_age_days is None else now - timedelta(days=retention.max_age_days)
     seqs: list[int] = []  # the events retention counts, in order
     aged_out = 0  # how many of ``seqs``, from the oldest, are older than the cutoff
-    latest_kept: dict[str, Event] = {}
+    latest_kept: dict[tuple[str, str], Event] = {}  # (kind, tenant) -> its newest event of a kept kind
     for e in iter_events(store):
-        seq = e.seq or 0
-        if e.kind == EventKind.EVENTS_PRUNED:
+        if e.kind in KEEP_LATEST:
+            latest_kept[(e.kind, e.tenant)] = e
+        if not _counted(e):
             continue
-        seqs.append(seq)
+        seqs.append(e.seq or 0)
         if cutoff_time is not None and aged_out == len(seqs) - 1 and e.at < cutoff_time:
             aged_out = len(seqs)
-        if e.kind in KEEP_LATEST:
-            latest_kept[e.kind] = e
     drop = aged_out
     if retention.max_events is not None:
         drop = max(drop, len(seqs) - retention.max_events)
@@ -189,28 +188,19 @@ def prune(store: Store, retention: Retention, now: datetime) -> int:
         if (e.seq or 0) <= upto
     ]
     # each tenant's share of what goes (a second pass over the head: the first kept no tenants)
-    lost = Counter(e.tenant for e in itertools.takewhile(lambda e: (e.seq or 0) <= upto, iter_events(store)))
-    # where each tenant's own history now starts: what goes is the head of every tenant's sequence too
-    cut = {t: upto if t == DEFAULT_TENANT else _nth_number(store, t, n) for t, n in lost.items()}
+    head = itertools.takewhile(lambda e: (e.seq or 0) <= upto, iter_events(store))
+    lost = Counter(e.tenant for e in head if _counted(e))
     if carried:  # re-append before deleting: a crash in between leaves a duplicate, never a loss
         store.append_events(carried)
-    deleted = store.delete_events_upto(upto)
-    for tenant, n in sorted(lost.items()):
-        data = {"deleted": n, "upto": cut[tenant]}
-        note = Event(EventKind.EVENTS_PRUNED, tenant=tenant, at=now, data=data)
-        # numbered as that tenant's harness numbers its events (a tenant's own sequence)
-        store.append_events([note], tenant_numbers=tenant != DEFAULT_TENANT)
-    return deleted
+    store.delete_events_upto(upto)
+    notes = [Event(EventKind.EVENTS_PRUNED, tenant=t, at=now, data={"deleted": n}) for t, n in lost.items()]
+    store.append_events(sorted(notes, key=lambda note: note.tenant))
+    return sum(lost.values())
 
 
-def _nth_number(store: StoreReader, tenant: str, n: int, page: int = 5000) -> int:
-    """The number, in ``tenant``'s own sequence, of its ``n``-th event (read a page at a time: a
-    tenant's numbers may have gaps, and its events are not counted in the log's numbers)."""
-    after = seen = 0
-    while seen < n and (events := store.read_events(after, min(page, n - seen), tenant=tenant)):
-        seen += len(events)
-        after = events[-1].seq or after
-    return after
+def _counted(e: Event) -> bool:
+    """Whether retention counts ``e``: not a prune's own note, nor the copy of a kept event it carried."""
+    return e.kind != EventKind.EVENTS_PRUNED and "carried_from" not in e.data
 
 
 def event_record(e: Event) -> dict[str, Any]:

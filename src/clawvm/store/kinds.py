@@ -65,7 +65,7 @@ class EventKind(StrEnum):
     KEY_CREATED = "key_created"  # how stores before the credentials table held keys (read once, to migrate)
     KEY_REVOKED = "key_revoked"
     ROTATE_DATA_KEY = "rotate_data_key"
-    EVENTS_PRUNED = "events_pruned"  # retention deleted the log's oldest events (the first one left)
+    EVENTS_PRUNED = "events_pruned"  # retention deleted a tenant's oldest events (how many)
 
 
 def kind_of(text: str) -> EventKind | str:
@@ -221,8 +221,7 @@ class WeightsData(TypedDict):
 
 
 class EventsPrunedData(TypedDict):
-    deleted: int  # how many events retention deleted
-    upto: int  # the last deleted event's number in the tenant's own sequence: its log starts after it
+    deleted: int  # how many of the tenant's events retention deleted (this note is logged after them)
 
 
 class NoData(TypedDict):
