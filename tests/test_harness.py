@@ -1082,8 +1082,14 @@ def test_a_closed_harness_answers_nothing_and_writes_nothing(tmp_path: Path) -> 
     bookkeeping (access counts, events) to the store its owner had closed."""
     h = Harness.open(tmp_path / "h.db", embedder=None)
     m = h.record("hello world", session_id="s1")
+    h.record("and another", session_id="s1")
     view = h.store
+    paging, viewed = h.iter_all(batch=1), view.iter_all(Filters(), batch=1)  # made before the close
+    assert next(paging).id == next(viewed).id == m.id
     h.close()
+    for pages in (paging, viewed):  # no page is read once the harness closed
+        with pytest.raises(StateConflictError):
+            next(pages)
     calls: list[Callable[[], object]] = [
         lambda: h.get(m.id),
         lambda: h.recall("hello"),
@@ -1104,4 +1110,4 @@ def test_a_closed_harness_answers_nothing_and_writes_nothing(tmp_path: Path) -> 
     h.flush()  # what close() did already: nothing to do
     h.close()  # closing again is harmless
     with Harness.open(tmp_path / "h.db", embedder=None) as again:
-        assert [e.kind for e in again.events()] == ["add"] and again.get(m.id).access_count == 0
+        assert [e.kind for e in again.events()] == ["add", "add"] and again.get(m.id).access_count == 0

@@ -71,7 +71,7 @@ from clawvm.recall.retrieval import (
     run_recall,
 )
 from clawvm.store import Event, Store, store_from_url
-from clawvm.store.base import ReadOnlyStore, StoreReader, check_vectors
+from clawvm.store.base import ReadOnlyStore, StoreReader, check_vectors, while_open
 from clawvm.store.crypto import REDACTION_FIELD, DataKeys
 from clawvm.store.kinds import EventKind
 from clawvm.store.tenant import TenantStore
@@ -607,7 +607,8 @@ class Harness:
     def iter_all(self, *, newest_first: bool = False, batch: int = 500, **filters: Any) -> Iterator[Memory]:
         """Every memory matching ``filters`` (as for :meth:`list`), oldest first (newest first with
         ``newest_first``), read in keyset pages of ``batch``: what callers use instead of a "no limit"."""
-        return self._store.iter_all(self.filters(filters), counted("batch", batch), newest_first)
+        pages = self._store.iter_all(self.filters(filters), counted("batch", batch), newest_first)
+        return while_open(pages, self._check_open)  # no page is read once the harness closed
 
     def events(
         self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None

@@ -26,7 +26,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -727,10 +727,10 @@ class ReadOnlyStore:
     def iter_all(
         self, filters: Filters | None = None, batch: int = 500, newest_first: bool = False
     ) -> Iterator[Memory]:
-        return self._open_store.iter_all(filters, batch, newest_first)
+        return while_open(self._open_store.iter_all(filters, batch, newest_first), self._opened)
 
     def iter_json(self, filters: Filters | None = None, batch: int = 500) -> Iterator[dict[str, Any]]:
-        return self._open_store.iter_json(filters, batch)
+        return while_open(self._open_store.iter_json(filters, batch), self._opened)
 
     def page(
         self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False
@@ -775,3 +775,18 @@ class ReadOnlyStore:
 
 def _always_open() -> None:
     """A :class:`ReadOnlyStore` whose owner never closes it."""
+
+
+T = TypeVar("T")
+
+
+def while_open(items: Iterator[T], opened: Callable[[], None]) -> Iterator[T]:
+    """``items`` read one by one, each only while ``opened()`` lets (it raises once the owner closed):
+    a paging iterator made before a close reads no page after it."""
+    while True:
+        opened()
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        yield item
