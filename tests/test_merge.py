@@ -8,12 +8,13 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawvm import Harness, Kind, LinkType, StateConflictError, Status, ValidationError
+from clawvm import Harness, Kind, LinkType, Memory, StateConflictError, Status, ValidationError
 from clawvm.store import Event
 from clawvm.store.kinds import EventKind
 from clawvm.teams import shared as teams
@@ -289,35 +290,17 @@ def test_a_pitfall_revised_while_the_llm_is_down_is_extractive(
 
 
 # ---- conflicts --------------------------------------------------------------------------------------------
+def decide(h: Harness, text: str, agent: str, subject: str = "session cache", **fields: Any) -> Memory:
+    """A decision of team ``pay`` on ``subject``: two of them on one subject that disagree conflict."""
+    return teams.record(h, text, agent_id=agent, team_id="pay", kind="decision", subject=subject, **fields)
+
+
 def test_conflicting_decisions_are_flagged_once_and_resolvable(engine_name: str, lexical: Harness) -> None:
     h = lexical
     crew(h)
-    redis = teams.record(
-        h,
-        "Use Redis for the session cache",
-        agent_id="planner",
-        team_id="pay",
-        kind="decision",
-        subject="session cache",
-        task_id="t1",
-    )
-    memcached = teams.record(
-        h,
-        "Use Memcached for the session cache",
-        agent_id="writer",
-        team_id="pay",
-        kind="decision",
-        subject="Session  Cache",
-        task_id="t2",
-    )
-    unrelated = teams.record(
-        h,
-        "Use Postgres for the ledger",
-        agent_id="planner",
-        team_id="pay",
-        kind="decision",
-        subject="ledger database",
-    )
+    redis = decide(h, "Use Redis for the session cache", "planner", task_id="t1")
+    memcached = decide(h, "Use Memcached for the session cache", "writer", "Session  Cache", task_id="t2")
+    unrelated = decide(h, "Use Postgres for the ledger", "planner", "ledger database")
     report = merge_team(h, team_id="pay")
     assert len(report.conflicts) == 1
     note = h.get(report.conflicts[0])
@@ -349,14 +332,7 @@ def test_a_conflict_is_resolved_by_the_short_id_its_note_shows(lexical: Harness)
     h = lexical
     crew(h)
     sides = [
-        teams.record(
-            h,
-            f"Use {db} for the session cache",
-            agent_id=who,
-            team_id="pay",
-            kind="decision",
-            subject="session cache",
-        )
+        decide(h, f"Use {db} for the session cache", who)
         for db, who in (("Redis", "planner"), ("Memcached", "writer"))
     ]
     (note_id,) = merge_team(h, team_id="pay").conflicts
@@ -379,22 +355,9 @@ def test_resolving_a_conflict_for_a_side_that_cannot_be_kept_writes_nothing(
     target = harness_target(engine_name, tmp_path, "expiring.db")
     with Harness.open(target, embedder=None, clock=lambda: now[0]) as h:
         crew(h)
-        redis = teams.record(
-            h,
-            "Use Redis for the session cache",
-            agent_id="planner",
-            team_id="pay",
-            kind="decision",
-            subject="session cache",
-        )
-        memcached = teams.record(
-            h,
-            "Use Memcached for the session cache",
-            agent_id="writer",
-            team_id="pay",
-            kind="decision",
-            subject="session cache",
-            expires_at=now[0] + timedelta(1),
+        redis = decide(h, "Use Redis for the session cache", "planner")
+        memcached = decide(
+            h, "Use Memcached for the session cache", "writer", expires_at=now[0] + timedelta(1)
         )
         (note,) = merge_team(h, team_id="pay").conflicts
         now[0] += timedelta(days=2)  # the side to keep has expired
@@ -432,12 +395,8 @@ def test_conflicts_without_subjects_need_a_contradiction(engine_name: str, lexic
 
 def test_rejecting_one_side_closes_its_conflicts(engine_name: str, lexical: Harness) -> None:
     crew(lexical)
-    a = teams.record(
-        lexical, "Ship on Fridays", agent_id="planner", team_id="pay", kind="decision", subject="release day"
-    )
-    teams.record(
-        lexical, "Ship on Tuesdays", agent_id="writer", team_id="pay", kind="decision", subject="release day"
-    )
+    a = decide(lexical, "Ship on Fridays", "planner", "release day")
+    decide(lexical, "Ship on Tuesdays", "writer", "release day")
     (conflict,) = merge_team(lexical).conflicts
     lexical.reject(a.id, reason="Fridays are frozen")
     assert lexical.get(conflict).status is Status.ARCHIVED
