@@ -96,7 +96,7 @@ from clawvm.vm.scoring import explain as explain_value
 from clawvm.vm.sweep import Sweep
 from clawvm.vm.tiers import Pager, PagerConfig, one_pager_pass
 from clawvm.vm.working import PagerThread, Turns, WorkingTiers
-from clawvm.write.commit import CLOSED_FIX, CommitPath, past_bookkeeping
+from clawvm.write.commit import CommitPath, closed_harness, past_bookkeeping
 from clawvm.write.redaction import Redactor
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -1110,7 +1110,7 @@ class Harness:
 
     def _check_open(self) -> None:
         if self.writer.closed:
-            raise _closed()
+            raise closed_harness()
 
     def _close_store(self) -> None:
         self._store.close()
@@ -1317,10 +1317,6 @@ def _refused_once_closed(method: Callable[..., _R]) -> Callable[..., _R]:
         return method(self, *args, **kwargs)
 
     return run
-
-
-def _closed() -> StateConflictError:
-    return StateConflictError("harness", "is closed", CLOSED_FIX)
 
 
 # enforced here and nowhere else: each public method of the class body, whatever layer it reaches into

@@ -60,7 +60,7 @@ from clawvm.core.model import Status
 from clawvm.core.version import __version__
 from clawvm.harness import Harness
 from clawvm.vm.context import short_id
-from clawvm.write.commit import CLOSED_FIX
+from clawvm.write.commit import closed_harness
 from clawvm.write.redaction import redaction_options
 
 log = logging.getLogger("clawvm.integrations.mcp")
@@ -325,7 +325,7 @@ def _read(access: Access, uri: str) -> tuple[str, str]:
         # no scope: any memory of the tenant, by id or short id; the harness's own records stay hidden
         reply = AgentTools(access.harness).dispatch("get_memory", {"memory_id": segments[0]})
         if not reply["ok"] and reply["error"].get("field") == "harness":  # closed: not "not found"
-            raise StateConflictError("harness", "is closed", CLOSED_FIX)
+            raise closed_harness()
         if not reply["ok"] or reply["result"]["status"] == Status.INTERNAL.value:
             raise NotFoundError("memory", segments[0])
         return "application/json", json.dumps(reply["result"])

@@ -66,9 +66,6 @@ from clawvm.write.redaction import Redactor
 
 log = logging.getLogger("clawvm.write")
 
-#: What to do about a closed harness (the message reaches its program, and through tools a model too).
-CLOSED_FIX = "the program that closed it opens a new one (Harness.open)"
-
 #: Called after a commit with the memories it wrote (as stored) and the ids it deleted.
 Listener = Callable[[Sequence[Memory], Sequence[str]], None]
 #: Re-derives fields that depend on the content (the value score) after redaction changed the content.
@@ -204,6 +201,12 @@ def _within_counts(m: Memory) -> None:
         )
 
 
+def closed_harness() -> StateConflictError:
+    """The error of a call on a closed harness (its program sees it, and through tools a model too)."""
+    fix = "the program that closed it opens a new one (Harness.open)"
+    return StateConflictError("harness", "is closed", fix)
+
+
 class CommitPath:
     """The one commit path over ``store`` (see the module docstring for what it applies, in order)."""
 
@@ -236,7 +239,7 @@ class CommitPath:
 
     def _open(self) -> None:
         if self._closed:
-            raise StateConflictError("harness", "is closed", CLOSED_FIX)
+            raise closed_harness()
 
     def on_commit(self, listener: Listener) -> None:
         """Call ``listener`` after every commit (caches that hold stored memories drop what changed)."""
