@@ -517,8 +517,9 @@ def run_recall(
             get = scores.get
             # candidates outside the pool keep their own share; the pool inherits its neighbours'
             smoothed = {i: s / div for i, s in scores.items()}
-            for i, (_, _, before, after, _, _) in info.items():
-                if (s := (get(i, 0.0) + a * (get(before or "", 0.0) + get(after or "", 0.0))) / div) > 0:
+            for i, where in info.items():
+                near = get(where.previous or "", 0.0) + get(where.next or "", 0.0)
+                if (s := (get(i, 0.0) + a * near) / div) > 0:
                     smoothed[i] = s
             scores = smoothed
         if cfg.length_prior > 0:  # after smoothing, as the author prior: a neighbour's length is not its own
@@ -526,8 +527,8 @@ def run_recall(
             for i, f in lengths.items():
                 scores[i] *= f
         if prior:  # the named authors' own memories (after smoothing: their neighbours do not inherit it)
-            for i, (_, _, _, _, agent, _) in info.items():
-                if agent is not None and i in scores and agent.lower() in named:
+            for i, where in info.items():
+                if where.agent_id is not None and i in scores and where.agent_id.lower() in named:
                     scores[i] *= 1.0 + prior
                     boosted.add(i)
 
