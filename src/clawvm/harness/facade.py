@@ -123,6 +123,8 @@ log = logging.getLogger("clawvm.harness")
 PRELOADED_SESSIONS = 8192
 #: Tries of a forget whose memory keeps changing under it (each a pager pass or another writer racing it).
 FORGET_RETRIES = 5
+#: Due memories a read of expired ones marks expired per step (see Harness._expiry_settled), as tick() does.
+EXPIRY_PAGE = 500
 _IMMUTABLE = frozenset({"id", "created_at", "version", "changed_version", "tenant"})
 #: Metadata that compress() keeps: the compressed memory's pointer to its raw copy, and the raw copy's back.
 _COMPRESSION_METADATA = ("compression", "raw_of")
@@ -541,7 +543,7 @@ class Harness:
             raise ValidationError("query", f"has type {type(query).__name__}", "pass a string")
         k = counted("k", k)
         cfg = self.config if preset is None else _preset(preset)
-        f = self.filters(filters)
+        f = self._expiry_settled(self.filters(filters))
         started = time.perf_counter()
         vector: np.ndarray | PendingVector | None = None
         if self.embedder is None and dense_only(cfg) and not self._said_no_dense:
@@ -599,15 +601,32 @@ class Harness:
         return run_recall(self._store, query, vector, k, cfg, filters)
 
     def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]:
-        return self._store.list(self.filters(filters), limit=counted("limit", limit, 0))
+        return self._store.list(self._expiry_settled(self.filters(filters)), limit=counted("limit", limit, 0))
 
     def count(self, **filters: Any) -> int:
-        return self._store.count(self.filters(filters))
+        return self._store.count(self._expiry_settled(self.filters(filters)))
+
+    def _expiry_settled(self, f: Filters) -> Filters:
+        """``f``, after a read that asks for expired memories has had every due one marked expired.
+
+        A memory is expired from the moment its ``expires_at`` passes: reads of active memories leave it out
+        at once (:meth:`filters`), but the ``expired`` status is written by the sweep (:meth:`tick`). So
+        that a read of expired memories (``status="expired"`` or ``"any"``) does not miss, or show as
+        active, those no sweep has reached yet, it runs the sweep's expiry first (through the write path,
+        with its events), a page at a time until none is due: what is due, not the tenant's size."""
+        if f.status is None or Status.EXPIRED.value not in f.status:
+            return f
+        now = self.now()
+        with self._exclusive:
+            while len(self.pager.expire(self.tenant, now, EXPIRY_PAGE)) == EXPIRY_PAGE:
+                pass  # a full page: there may be more
+        return f
 
     def iter_all(self, *, newest_first: bool = False, batch: int = 500, **filters: Any) -> Iterator[Memory]:
         """Every memory matching ``filters`` (as for :meth:`list`), oldest first (newest first with
         ``newest_first``), read in keyset pages of ``batch``: what callers use instead of a "no limit"."""
-        pages = self._store.iter_all(self.filters(filters), counted("batch", batch), newest_first)
+        f = self._expiry_settled(self.filters(filters))
+        pages = self._store.iter_all(f, counted("batch", batch), newest_first)
         return while_open(pages, self._check_open)  # no page is read once the harness closed
 
     def events(
