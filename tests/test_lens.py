@@ -598,6 +598,42 @@ def test_a_collapsed_task_moves_its_steps_to_the_archive_on_the_timeline(
     assert series["archive"][-1] == 3 and series["working"][-1] + series["short_term"][-1] >= 1  # the summary
 
 
+def test_a_rollback_puts_its_memories_back_in_their_tiers_on_the_timeline(
+    h: Harness, clock: ReplayClock
+) -> None:
+    """The timeline replays the rollback: its restored memories leave the archive the dashboard sent them
+    to (the last bucket matched the store's tiers only until then), and the ones made since are archived."""
+    from clawvm.dashboard import views
+
+    facts = [h.record(f"fact {n} about the orion deploy", session_id="s1") for n in range(3)]
+    cp = h.checkpoint("s1", "before")
+    clock.advance(minutes=1)
+    later = h.record("a fact the rollback undoes", session_id="s1")
+    for m in facts:
+        intervene(h, "archive", m.id)
+    h.rollback(cp)
+    lens = Lens(h)
+    last = {tier: counts[-1] for tier, counts in views.timeline(lens, "s1", buckets=4)["series"].items()}
+    stored = Counter(m.tier.value for m in h.list(session_id="s1", status="any"))
+    assert stored["working"] == 3 and h.get(later.id).tier is Tier.ARCHIVE
+    assert all(last[tier] == stored[tier] for tier in last), (last, stored)
+    assert {mv.memory_id for mv in lens.moves if mv.kind == "rollback"} == {m.id for m in [*facts, later]}
+
+
+def test_the_lens_reads_again_what_an_event_changed_besides_its_own_memory(h: Harness) -> None:
+    """A revision makes its predecessor obsolete, a merge its sources: the lens showed them active (the
+    dashboard's active count, stale rate and pins) until its periodic full reload."""
+    lens = Lens(h)
+    old = h.record("the staging db is db-stage-3", session_id="s1")
+    h.pin(old.id)
+    lens.refresh()
+    head = h.revise(old.id, content="the staging db is db-stage-4")
+    assert h.get(old.id).status.value == "obsolete"
+    lens.refresh()
+    assert old.id not in lens.rows or lens.rows[old.id].status == "obsolete"
+    assert lens.metrics()["active"] == h.count() == 1 and lens.rows[head.id].status == "active"
+
+
 def test_a_row_read_as_stored_is_the_row_of_the_memory() -> None:
     """The lens builds its table from stored JSON (no validation per memory); every field must come out as
     it does from the memory itself, for a memory that sets them all."""

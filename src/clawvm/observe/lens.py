@@ -390,11 +390,12 @@ class Lens:
         seq, data = e.seq or 0, e.data
         if e.memory_id:
             touched.add(e.memory_id)
-        for key in ("ids", "steps", "restored", "obsoleted"):
+        for key in _CHANGED_ID_LISTS:
             if isinstance(data.get(key), list):
                 touched.update(str(x) for x in data[key])
-        if isinstance(data.get("raw_id"), str):
-            touched.add(data["raw_id"])
+        for key in _CHANGED_IDS:
+            if isinstance(data.get(key), str):
+                touched.add(data[key])
         handler = _HANDLERS.get(e.kind)
         if handler is not None:
             handler(self, e, seq, data, touched)
@@ -422,6 +423,17 @@ class Lens:
             mid = str(step)
             self.moves.append(Move(seq, e.at, mid, "archive", None, Tier.ARCHIVE.value, reason, None))
             self._evict(mid, seq, e.at)
+
+    def _on_rollback(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
+        """The restored memories are back in their checkpoint's tiers; the ones made since are archived."""
+        reason = f"rolled back to checkpoint {data.get('name', '')!s}"
+        tiers = data.get("tiers") if isinstance(data.get("tiers"), dict) else {}
+        for mid in map(str, data.get("restored", [])):
+            row = self.rows.get(mid)  # a rollback logged without its tiers: the tier it has now
+            tier = tiers.get(mid, row.tier if row is not None else None)
+            self.moves.append(Move(seq, e.at, mid, "rollback", None, tier, reason, None))
+        for mid in map(str, data.get("obsoleted", [])):
+            self.moves.append(Move(seq, e.at, mid, "rollback", None, Tier.ARCHIVE.value, reason, None))
 
     def _on_compress(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
         reason = str(data.get("reason"))
@@ -656,6 +668,10 @@ class Lens:
         return n.of(r.id for r in rows)
 
 
+#: Event data that names memories the event changed besides its own (their rows are read again): lists of
+#: ids, and single ids (a revision's predecessor, made obsolete; a compressed memory's raw copy).
+_CHANGED_ID_LISTS = ("ids", "steps", "restored", "obsoleted", "sources", "errors")
+_CHANGED_IDS = ("raw_id", "revises")
 _HANDLERS = {
     "add": Lens._on_add,
     "import": Lens._on_add,
@@ -668,6 +684,7 @@ _HANDLERS = {
     "refresh": Lens._on_value,
     "compress": Lens._on_compress,
     "collapse": Lens._on_collapse,
+    "rollback": Lens._on_rollback,
     "retrieve": Lens._on_retrieve,
     "context": Lens._on_context,
     "output": Lens._on_output,

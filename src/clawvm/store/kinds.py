@@ -150,6 +150,7 @@ class RollbackData(TypedDict):
     name: str
     restored: list[str]
     obsoleted: list[str]
+    tiers: NotRequired[dict[str, str]]  # restored id -> its tier now (rollbacks logged before it lack it)
 
 
 class RetrieveData(TypedDict):

@@ -192,6 +192,7 @@ def rollback(
         ) from None  # the id the caller passed is a checkpoint_id
     data = read_snapshot(snap, tenant)
     restored, obsoleted = [], []
+    tiers: dict[str, str] = {}  # restored id -> the tier it is back in (MemLens's timeline replays it)
     for m in session_memories(store, snap.tenant, data.session_id):
         if m.id == snap.id:
             continue
@@ -212,6 +213,7 @@ def rollback(
             pager.mutate(m, lambda _m, t=target: dict(t), now, keep_value=True)  # type: ignore[misc]
         if changed or decompressed:
             restored.append(m.id)
+            tiers[m.id] = Tier(target["tier"]).value
     pager.writer.log(
         [
             Event(
@@ -219,7 +221,7 @@ def rollback(
                 memory_id=snap.id,
                 tenant=snap.tenant,
                 at=now,
-                data={"name": data.name, "restored": restored, "obsoleted": obsoleted},
+                data={"name": data.name, "restored": restored, "obsoleted": obsoleted, "tiers": tiers},
             )
         ]
     )
