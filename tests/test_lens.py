@@ -326,6 +326,17 @@ def test_manual_actions_are_events_and_teach_the_scorer(h: Harness, clock: Repla
     assert fresh.pager.config.scoring != DEFAULT_SCORING
 
 
+def test_moving_a_pinned_memory_out_of_the_working_tier_ends_its_pin(h: Harness) -> None:
+    """As update(tier=) does: kept, the moved memory stayed pinned in short-term, outside the pin budget
+    (which counts the working tier's pins), so one more pin than the budget holds was accepted."""
+    m = h.record("the deploy freeze starts friday", session_id="s1")
+    h.pin(m.id)
+    moved = intervene(h, "set_tier", m.id, tier="short_term")
+    assert moved["after"]["tier"] == "short_term" and moved["after"]["pinned"] is False
+    assert not h.get(m.id).pinned and "unpinned" in h.events(memory_id=m.id)[-2].data["reason"]
+    assert intervene(h, "set_tier", m.id, tier="long_term")["after"]["pinned"] is False  # not pinned: moved
+
+
 def test_archive_never_raises_a_value(h: Harness, clock: ReplayClock) -> None:
     pinned = h.record("User profile: prefers Lisbon time", kind="note", session_id="s1")
     plain = h.record("another note about reports", kind="note", session_id="s1")

@@ -349,8 +349,11 @@ def _perform(
             memory = harness.decompress(memory.id)  # un-archiving brings the full text back
         if to is memory.tier:
             return memory
-        pinned = {"pinned": False} if to is Tier.ARCHIVE else {}
-        return harness.pager.move(memory, to, f"moved to {to.value} by {by}", now, **pinned)
+        # a pin keeps a memory in the working tier: a move out of it ends the pin, as update(tier=) does
+        # (kept, the moved memory stayed pinned outside every session's pin budget)
+        if memory.pinned and to is not Tier.WORKING:
+            return harness.pager.move(memory, to, f"moved to {to.value} by {by}, unpinned", now, pinned=False)
+        return harness.pager.move(memory, to, f"moved to {to.value} by {by}", now)
     if action == "annotate":
         notes = list(memory.metadata.get("annotations", []))
         notes.append(
