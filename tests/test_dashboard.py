@@ -92,6 +92,10 @@ def test_api_serves_every_view(small: tuple[TestClient, Harness, dict[str, str]]
     cited = next(x["id"] for x in infl["lines"] if x["cited"])
     detail = client.get(f"/dashboard/api/memories/{cited}", headers=auth).json()
     assert detail["contexts"][0]["cited"] is True and detail["explain"]["cited"] > 0
+    entered = client.get(f"/dashboard/api/memories/{cited}/contexts", headers=auth).json()
+    assert entered["total"] == 1 and entered["items"][0]["seq"] == seq and entered["items"][0]["cited"]
+    unknown = client.get("/dashboard/api/memories/nope/contexts", headers=auth)  # it answered 200 []
+    assert unknown.status_code == 404 and unknown.json()["error"]["field"] == "memory_id"
     metrics = client.get("/dashboard/api/metrics", headers=auth).json()
     assert metrics["context_tokens"]["builds"] == 1
     missing = client.get("/dashboard/api/contexts/999999", headers=auth)
@@ -971,3 +975,31 @@ def test_metrics_follow_the_session_and_explain_rates_and_the_graph_pans(
     assert dx > 0 and dy > 0
     assert problems == []
     page.close()
+
+
+def test_the_inspector_shows_a_memorys_newest_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It read the first 200 of a memory's events, so one with more never showed its latest pins and moves;
+    now it pages through them (a page of 7 here) and keeps the newest 100."""
+    from clawvm.observe.lens import Lens
+
+    monkeypatch.setattr(views, "EVENT_PAGE", 7)
+    with Harness.open("memory://", embedder=None) as h:
+        m = h.record("the root memory of a long session", session_id="s1")
+        for _ in range(60):
+            h.pin(m.id)
+            h.unpin(m.id)
+        mine = h.events(limit=1000, memory_id=m.id)
+        shown = views.memory_detail(Lens(h), m.id)["events"]
+        assert len(mine) > 100 and [e["seq"] for e in shown] == [e.seq for e in mine[-100:]]
+
+
+def test_the_contexts_a_memory_entered_come_newest_first_a_page_at_a_time() -> None:
+    from clawvm.observe.lens import Lens
+
+    with Harness.open("memory://", embedder=None) as h:
+        m = h.record("the deploy freeze starts friday", session_id="s1")
+        h.pin(m.id)
+        asked = [h.context(f"deploy question {n}", budget_tokens=200, session_id="s1") for n in range(7)]
+        builds = [ctx.event_seq for ctx in asked]
+        page = views.contexts_of(Lens(h), m.id, offset=2, limit=3)
+        assert page["total"] == 7 and [c["seq"] for c in page["items"]] == builds[::-1][2:5]

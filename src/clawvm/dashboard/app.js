@@ -433,8 +433,9 @@
       fill(box, el("p", { class: "muted", text: "Select a memory (click one anywhere) to list the contexts it entered." }));
       return;
     }
-    const rows = await api(`memories/${state.selected}/contexts`);
-    fill(box, el("div", { class: "card" }, el("h3", { text: `Contexts that memory ${state.selected.replace(/-/g, "").slice(-8)} entered (${rows.length})` }),
+    const page = await api(`memories/${state.selected}/contexts?limit=100`), rows = page.items;  // newest first
+    const shown = page.total > rows.length ? `${page.total}, the newest ${rows.length} shown` : `${page.total}`;
+    fill(box, el("div", { class: "card" }, el("h3", { text: `Contexts that memory ${state.selected.replace(/-/g, "").slice(-8)} entered (${shown})` }),
       el("table", { id: "reverse-table" }, el("tr", {}, ["#", "when", "query", "section", "tier then", "value then", "cited"].map((h) => el("th", { text: h }))),
         rows.map((r) => el("tr", { class: "clickable", onclick: () => { state.context = r.seq; show("influence"); } },
           el("td", { text: r.seq }), el("td", { text: when(r.at) }), el("td", { text: r.query.slice(0, 50) }), el("td", {}, secPill(r.section)),

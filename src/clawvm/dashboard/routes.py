@@ -383,8 +383,8 @@ def create_router(
         return Response(body, media_type=media, headers=headers)
 
     @router.get("/api/memories/{memory_id}/contexts")
-    def contexts_of(h: Reader, memory_id: str) -> list[dict[str, Any]]:
-        return lens_for(h).contexts_of(memory_id)
+    def contexts_of(h: Reader, memory_id: str, offset: Offset = 0, limit: Limit = 100) -> dict[str, Any]:
+        return views.contexts_of(lens_for(h), memory_id, offset, limit)
 
     @router.get("/api/metrics")
     def metrics(h: Reader, session: Session = None) -> dict[str, Any]:
@@ -475,7 +475,7 @@ def create_router(
 
     @router.post("/api/review/{memory_id}/approve")
     def approve(h: Writer, memory_id: str, body: ReviewBody) -> dict[str, Any]:
-        m = h.approve(memory_id, by="dashboard")
+        m = h.approve(memory_id, by="dashboard", reason=body.reason)
         return {"id": m.id, "review": m.metadata.get("review")}
 
     @router.post("/api/conflicts/{conflict_id}/keep")

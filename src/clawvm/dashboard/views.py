@@ -11,7 +11,7 @@ import bisect
 import csv
 import io
 import json
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -22,10 +22,13 @@ from clawvm.core.entities import entities
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import Tier
 from clawvm.observe.lens import ContextBuild, Lens, Move, Row
+from clawvm.store import Event
 from clawvm.store.crypto import without_sealed
 from clawvm.vm.context import short_id
 
 TIERS = [t.value for t in Tier]
+#: Events read per page when the inspector looks for a memory's newest ones.
+EVENT_PAGE = 500
 NO_SESSION = "(none)"
 
 
@@ -265,7 +268,7 @@ def memory_detail(lens: Lens, memory_id: str) -> dict[str, Any]:
     m = lens.harness.get(memory_id)
     breakdown = lens.harness.explain(memory_id).as_dict()
     floor = lens.harness.pager.config.scoring.recency_floor
-    events = lens.harness.events(limit=200, memory_id=memory_id)
+    events = _latest_events(lens, memory_id, 100)
     with lens.lock:
         children = [r.id for r in lens.rows.values() if r.parent_id == memory_id][:50]
         values = list(lens.values.get(memory_id, [])[-200:])
@@ -276,12 +279,26 @@ def memory_detail(lens: Lens, memory_id: str) -> dict[str, Any]:
         "formula": value_formula(breakdown, floor, m.pinned),
         "events": [
             {"seq": e.seq, "at": e.at.isoformat(), "kind": e.kind, "data": _brief(e.data)}
-            for e in events[-100:]
+            for e in events
         ],
         "contexts": lens.contexts_of_as_is(memory_id)[-100:],
         "children": children,
         "values": [{"at": a.isoformat(), "value": v} for a, v in values],
     }
+
+
+def _latest_events(lens: Lens, memory_id: str, most: int) -> list[Event]:
+    """The newest ``most`` events of one memory, oldest first. The log is read forward only, so this pages
+    through the memory's events (an indexed read of its own, whatever the log's size), keeping the last
+    ones: a first page of 200 showed a memory's oldest events, never its latest pins and moves."""
+    latest: deque[Event] = deque(maxlen=most)
+    after = 0
+    while page := lens.harness.events(after_seq=after, limit=EVENT_PAGE, memory_id=memory_id):
+        latest.extend(page)
+        after = page[-1].seq or after
+        if len(page) < EVENT_PAGE:
+            break
+    return list(latest)
 
 
 def value_formula(x: dict[str, Any], recency_floor: float, pinned: bool) -> dict[str, Any]:
@@ -603,6 +620,16 @@ def _same_session_neighbours(lens: Lens, row: Row, k: int = 3) -> list[str]:
 
 
 # ---- contexts --------------------------------------------------------------------------------------------
+def contexts_of(lens: Lens, memory_id: str, offset: int = 0, limit: int = 100) -> dict[str, Any]:
+    """Reverse influence: the context builds ``memory_id`` entered, newest first, a page at a time (a
+    memory pinned through thousands of builds made one answer of hundreds of KB). An id this tenant has no
+    memory of is :class:`NotFoundError`, as in the other views of one memory."""
+    lens.harness.get(memory_id)
+    entered = lens.contexts_of(memory_id)
+    entered.reverse()
+    return _page(entered, offset, limit)
+
+
 def contexts(
     lens: Lens, session: str | RowFilter | None = None, offset: int = 0, limit: int = 50
 ) -> dict[str, Any]:
