@@ -498,8 +498,9 @@ def test_review_queue_approve_and_reject(engine_name: str, lexical: Harness) -> 
     assert [m.id for m in h.review_queue()] == [wrong.id, unsure.id]
     assert teams.trust(h.get(unsure.id)) == pytest.approx(0.15)  # down-weighted until approved
     assert teams.trust(h.get(sure.id)) == 1.0
-    approved = h.approve(unsure.id, by="lead")
+    approved = h.approve(unsure.id, by="lead", reason="checked with finance")  # the reason was dropped
     assert teams.trust(approved) == 1.0 and approved.metadata["review"]["by"] == "lead"
+    assert approved.metadata["review"]["reason"] == "checked with finance"
     rejected = h.reject(wrong.id, by="lead", reason="policy says two")
     assert rejected.status is Status.OBSOLETE
     assert h.review_queue() == []
@@ -522,12 +523,13 @@ def test_review_cli_lists_approves_and_rejects(tmp_path: Path) -> None:
     listed = run("list").splitlines()
     assert [line.split()[0] for line in listed] == [lower.id, low.id]
     assert run("list", "--agent", "stranger").strip() == ""
-    assert "approved" in run("approve", low.id, "--by", "lead")
+    assert "approved" in run("approve", low.id, "--by", "lead", "--reason", "seen the logs")
     assert "rejected" in run("reject", lower.id, "--reason", "wrong")
     assert run("list").strip() == ""
     with Harness.open(db, embedder=None) as h:
         assert h.get(lower.id).status is Status.OBSOLETE
         assert h.get(low.id).metadata["review"]["status"] == "approved"
+        assert h.get(low.id).metadata["review"]["reason"] == "seen the logs"
     bad = CliRunner().invoke(cli, ["--db", db, "review", "approve", str(uuid.uuid4())])
     assert bad.exit_code == 2 and "not found" in bad.output
 

@@ -813,7 +813,8 @@ REST_WRITES: dict[str, RestCase] = {
     ),
     "POST /dashboard/api/memories/{memory_id}/forget": RestCase(_dashboard("forget"), ("forget",)),
     "POST /dashboard/api/review/{memory_id}/approve": RestCase(
-        lambda w: (f"/dashboard/api/review/{w.note['id']}/approve", {}), ("update", "review.approved")
+        lambda w: (f"/dashboard/api/review/{w.note['id']}/approve", {"reason": PLANTED}),
+        ("update", "review.approved"),
     ),
     "POST /dashboard/api/conflicts/{conflict_id}/keep": RestCase(
         _rest_keep_side,

@@ -204,11 +204,12 @@ def review_list(
 @review.command("approve")
 @click.argument("memory_id")
 @click.option("--by", default=None, help="Who approves (kept with the review).")
+@click.option("--reason", default=None, help="Why (kept with the review).")
 @click.pass_context
-def review_approve(ctx: click.Context, memory_id: str, by: str | None) -> None:
+def review_approve(ctx: click.Context, memory_id: str, by: str | None, reason: str | None) -> None:
     """Approve MEMORY_ID (an open conflict: close it, keeping both sides)."""
     with opened_harness(ctx, embed=False, existing=True) as h:
-        h.approve(memory_id, by=by)
+        h.approve(memory_id, by=by, reason=reason)
     click.echo(f"approved {memory_id}")
 
 

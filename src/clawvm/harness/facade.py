@@ -958,8 +958,8 @@ class Harness:
         return teams.review_queue(self, **options)
 
     @_exclusive
-    def approve(self, memory_id: str, *, by: str | None = None) -> Memory:
-        return teams.approve(self, memory_id, by=by)
+    def approve(self, memory_id: str, *, by: str | None = None, reason: str | None = None) -> Memory:
+        return teams.approve(self, memory_id, by=by, reason=reason)
 
     @_exclusive
     def reject(self, memory_id: str, *, by: str | None = None, reason: str | None = None) -> Memory:
