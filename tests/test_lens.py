@@ -3,6 +3,7 @@ retention. Storage-touching tests run on every engine (``engine_name``)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import Counter
@@ -337,6 +338,18 @@ def test_moving_a_pinned_memory_out_of_the_working_tier_ends_its_pin(h: Harness)
     assert intervene(h, "set_tier", m.id, tier="long_term")["after"]["pinned"] is False  # not pinned: moved
 
 
+def test_a_manual_actions_events_come_in_time_order() -> None:
+    """A pin reads the clock itself: the manual and scoring_weights events after it were logged at the
+    instant read before it, so the memory's value series came out of order."""
+    ticks = itertools.count()
+    with Harness.open("memory://", embedder=None, clock=lambda: T0 + timedelta(seconds=next(ticks))) as h:
+        m = h.record("the runbook for the payments outage", session_id="s1")
+        intervene(h, "pin", m.id)
+        logged = h.events()
+        assert [e.kind for e in logged][-2:] == ["scoring_weights", "manual"]
+        assert [e.at for e in logged] == sorted(e.at for e in logged)
+
+
 def test_archive_never_raises_a_value(h: Harness, clock: ReplayClock) -> None:
     pinned = h.record("User profile: prefers Lisbon time", kind="note", session_id="s1")
     plain = h.record("another note about reports", kind="note", session_id="s1")
@@ -376,6 +389,8 @@ def test_manual_action_input_is_checked(h: Harness) -> None:
         intervene(h, "delete", m.id)
     with pytest.raises(ValidationError):
         intervene(h, "set_value", m.id, value=1.5)
+    with pytest.raises(ValidationError, match="value"):
+        intervene(h, "set_value", m.id, value=True)  # a bool is an int to Python, not a value to a person
     with pytest.raises(ValidationError):
         intervene(h, "annotate", m.id, note="  ")
     h.pin(m.id)

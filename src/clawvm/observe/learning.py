@@ -266,7 +266,7 @@ def intervene(
     now = harness.now()
     target = TARGETS.get(action)
     if action == "set_value":
-        if not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
             raise ValidationError("value", f"is {value!r}", "pass a number between 0 and 1")
         target = float(value)
     if action == "set_tier" and tier not in {t.value for t in Tier}:
@@ -285,6 +285,9 @@ def intervene(
     if target is not None and learn_first:
         delta = _teach(harness, memory, now, target, action, learn_rate)
     after = _perform(harness, action, memory, now, target, note, by, tier)
+    # what follows is logged after the action, which may have read the clock itself (pin does): at ``now``
+    # its events came out of time order with the action's
+    now = max(now, harness.now())
     if target is not None and not learn_first:  # a pin teaches only once it took place
         delta = _teach(harness, memory, now, target, action, learn_rate)
     data: dict[str, Any] = {"action": action, "by": by, "before": before, "after": _state(after)}
