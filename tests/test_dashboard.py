@@ -99,7 +99,9 @@ def test_api_serves_every_view(small: tuple[TestClient, Harness, dict[str, str]]
     metrics = client.get("/dashboard/api/metrics", headers=auth).json()
     assert metrics["context_tokens"]["builds"] == 1
     missing = client.get("/dashboard/api/contexts/999999", headers=auth)
-    assert missing.status_code == 404 and missing.json()["error"]["field"] == "context_build_id"
+    assert missing.status_code == 404 and missing.json()["error"]["field"] == "seq"  # the parameter's name
+    diff = client.get("/dashboard/api/contexts/diff", params={"a": seq, "b": 999999}, headers=auth)
+    assert diff.status_code == 404 and diff.json()["error"]["field"] == "b"
     assert client.get("/dashboard/api/memories/nope", headers=auth).status_code == 404
     # an unknown session is a 404, as for the trace and the what-if (it answered the tenant's figures)
     of_s1 = client.get("/dashboard/api/metrics", params={"session": "s1"}, headers=auth).json()

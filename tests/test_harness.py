@@ -632,6 +632,7 @@ def test_update_with_expected_version(harness: Harness) -> None:
     with pytest.raises(ConflictError) as exc:
         harness.update(m.id, expected_version=1, content="stale writer")
     assert exc.value.expected == 1 and exc.value.actual == 2
+    assert exc.value.field == "expected_version" and "version 2" in exc.value.problem and exc.value.fix
     assert harness.get(m.id) == u
     assert len(harness.events()) == events_before
 
@@ -654,8 +655,10 @@ def test_update_with_expected_version(harness: Harness) -> None:
         harness.update(m.id, content="")
     assert vexc.value.field == "content"
     assert harness.get(m.id) == u
-    with pytest.raises(NotFoundError):
+    with pytest.raises(NotFoundError) as missing:
         harness.update(clawvm.Memory(content="x").id, tags=["x"])
+    # as every error a caller handles: what was wrong where, and what to do (a handler read .field and failed)
+    assert missing.value.field == "memory_id" and "no memory" in missing.value.problem and missing.value.fix
 
 
 def test_updated_content_is_re_embedded(harness: Harness) -> None:

@@ -13,12 +13,16 @@ class ClawVMError(Exception):
 
 
 class NotFoundError(ClawVMError, LookupError):
-    """A memory (or other object) with the given id does not exist."""
+    """A memory (or other object) with the given id does not exist. ``field`` names the argument that
+    held the id (``memory_id`` for a memory, ``context_build_id`` for a context build, unless given)."""
 
-    def __init__(self, what: str, ident: str) -> None:
+    def __init__(self, what: str, ident: str, field: str | None = None) -> None:
         super().__init__(f"{what} {ident!r} not found")
         self.what = what
         self.ident = ident
+        self.field = field or f"{what.replace(' ', '_')}_id"
+        self.problem = f"no {what} {ident!r}"
+        self.fix = "check the id: it may have been forgotten, or never existed"
 
 
 class ConflictError(ClawVMError):
@@ -35,6 +39,9 @@ class ConflictError(ClawVMError):
         self.ident = ident
         self.expected = expected
         self.actual = actual
+        self.field = "expected_version"
+        self.problem = reason
+        self.fix = "re-read the memory and retry with its current version"
 
 
 class ValidationError(ClawVMError, ValueError):

@@ -31,10 +31,14 @@ _DIFF_CONTEXT_LINES = 1
 
 
 # ---- exact prompts --------------------------------------------------------------------------------------
-def context_detail(lens: Lens, seq: int) -> dict[str, Any]:
+def context_detail(lens: Lens, seq: int, field: str = "seq") -> dict[str, Any]:
     """One build as the model got it: the exact prompt text, its manifest (why each line is in, tier and
-    value then), and the output with its citations when one was recorded."""
-    detail = lens.influence(seq)  # refreshes the lens; NotFoundError for another tenant's or no build
+    value then), and the output with its citations when one was recorded. ``field``: the parameter that
+    named ``seq``, for the :class:`NotFoundError` of another tenant's build or none."""
+    try:
+        detail = lens.influence(seq)  # refreshes the lens
+    except NotFoundError as exc:
+        raise NotFoundError(exc.what, exc.ident, field) from None
     found = lens.harness.store.read_events(seq - 1, 1)
     text = found[0].data.get("text") if found and found[0].seq == seq else None
     return {**detail, "text": text if isinstance(text, str) else None}
@@ -42,7 +46,7 @@ def context_detail(lens: Lens, seq: int) -> dict[str, Any]:
 
 def context_diff(lens: Lens, a: int, b: int) -> dict[str, Any]:
     """Two builds side by side: lines in and out (by memory), tokens, and a unified diff of the texts."""
-    left, right = context_detail(lens, a), context_detail(lens, b)
+    left, right = context_detail(lens, a, "a"), context_detail(lens, b, "b")
     ids_left = {line["id"] for line in left["lines"]}
     ids_right = {line["id"] for line in right["lines"]}
     text_diff = list(

@@ -427,7 +427,7 @@ class Lens:
     def _on_rollback(self, e: Event, seq: int, data: dict[str, Any], touched: set[str]) -> None:
         """The restored memories are back in their checkpoint's tiers; the ones made since are archived."""
         reason = f"rolled back to checkpoint {data.get('name', '')!s}"
-        tiers = data.get("tiers") if isinstance(data.get("tiers"), dict) else {}
+        tiers: dict[str, Any] = data["tiers"] if isinstance(data.get("tiers"), dict) else {}
         for mid in map(str, data.get("restored", [])):
             row = self.rows.get(mid)  # a rollback logged without its tiers: the tier it has now
             tier = tiers.get(mid, row.tier if row is not None else None)

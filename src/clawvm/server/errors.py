@@ -151,11 +151,8 @@ def response_for(exc: ClawVMError) -> JSONResponse:
         field, message, fix = exc.field, exc.problem, exc.fix
     elif isinstance(exc, ConfigError):  # its message says what to use instead
         field = exc.field
-    elif isinstance(exc, NotFoundError):
-        field = f"{exc.what.replace(' ', '_')}_id"  # "context build" -> context_build_id
-        fix = "check the id: it may have been forgotten, or never existed"
-    elif isinstance(exc, ConflictError):
-        field, fix = "expected_version", "re-read the memory and retry with its current version"
+    elif isinstance(exc, NotFoundError | ConflictError):  # the message as it was, the field and fix named
+        field, fix = exc.field, exc.fix
     elif isinstance(exc, KeyExpiredError):
         field, fix = "Authorization", "use another key (an admin mints one: POST /v1/keys)"
     elif isinstance(exc, AuthenticationError):
