@@ -202,7 +202,7 @@ def test_session_restore_after_the_agent_is_killed_mid_call(
     with Harness.open(target, embedder=None) as h:
         (done, lost) = sorted(h.list(kind="tool_call", session_id="s-kill"), key=lambda m: m.id)
         assert done.state is State.SUCCESS
-        assert lost.state is State.PENDING and INTERRUPTED in lost.tags
+        assert lost.state is State.ERROR and INTERRUPTED in lost.tags
         assert lost.metadata["tool_call"]["status"] == INTERRUPTED
         (outcome,) = h.list(kind="tool_result", parent_id=lost.id)
         assert outcome.state is State.ERROR and outcome.metadata["tool_result"]["interrupted"] is True

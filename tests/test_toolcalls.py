@@ -396,13 +396,14 @@ def test_restore_marks_orphaned_calls_interrupted_and_keeps_them_visible(harness
     report = harness.restore_session("s7")
     assert report.interrupted == [lost.id] and report.closed == [] and report.running_elsewhere == []
     call = harness.get(lost.id)
-    assert call.state is State.PENDING and INTERRUPTED in call.tags
+    assert call.state is State.ERROR and INTERRUPTED in call.tags  # no longer PENDING: not running
     assert call.metadata["tool_call"]["status"] == INTERRUPTED
     (result,) = harness.list(parent_id=lost.id, kind="tool_result")
     assert result.state is State.ERROR and INTERRUPTED in result.tags
     assert result.metadata["tool_result"]["interrupted"] is True
     assert "fetch call interrupted" in result.content
     assert any(e.kind == "tool_interrupted" for e in harness.events(memory_id=lost.id))
+    assert harness.list(session_id="s7", state="pending") == []  # an agent resuming its PENDING calls
     assert harness.get(other_session.id).tags == []  # another session is left alone
     ctx = harness.context("fetch", session_id="s7", budget_tokens=1000)
     assert {lost.id, result.id} <= set(ctx.ids) and "interrupted" in ctx.text

@@ -21,7 +21,9 @@ The call memory then takes the outcome's state (SUCCESS/ERROR) and points to its
 :func:`restore` (``Harness.restore_session``) finds the PENDING calls of a session whose process is gone
 and marks each ``interrupted``: tag ``interrupted``, ``metadata.tool_call.status = "interrupted"``, an
 ERROR ``tool_result`` saying so (so the next context shows the agent what happened) and a
-``tool_interrupted`` event. The call itself keeps state PENDING: it never finished.
+``tool_interrupted`` event. The call takes its result's state, ERROR, as a finished call does: PENDING
+means running, and an agent that picks up its PENDING calls must not run a crashed deploy again as if
+it had never started (whether it took effect is unknown; the result says so).
 
 Scope (session, task, agent, tags) comes from, in order: the call's own arguments, the innermost
 :func:`scope` block, the decorator's defaults.
@@ -538,6 +540,7 @@ def _mark_interrupted(harness: ToolHost, call: Memory) -> None:
         harness,
         call.id,
         lambda m: {
+            "state": State.ERROR,
             "tags": capped_tags([INTERRUPTED], m.tags),
             "metadata": {
                 **m.metadata,
