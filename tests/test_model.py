@@ -341,9 +341,14 @@ def test_filters_of_normalizes_what_callers_write() -> None:
     assert f.session_id == frozenset({"s1", "s2"}) and f.tenant is None
     assert f.created_after == datetime(2026, 1, 1, tzinfo=UTC)
     assert f.pinned is True
-    with pytest.raises(ValidationError) as exc:
-        Filters.of(created_before="2026-01-01")
-    assert exc.value.field == "created_before"
+    # ISO 8601 text as record() takes it for expires_at (a date alone: midnight UTC); not any text
+    assert Filters.of(created_before="2026-01-01").created_before == datetime(2026, 1, 1, tzinfo=UTC)
+    later = Filters.of(created_after="2026-01-01T10:00:00+02:00").created_after
+    assert later == datetime(2026, 1, 1, 8, tzinfo=UTC)
+    for bad in ("yesterday", 20260101):
+        with pytest.raises(ValidationError) as exc:
+            Filters.of(created_before=bad)
+        assert exc.value.field == "created_before" and "ISO 8601" in exc.value.fix
 
 
 @pytest.mark.parametrize(

@@ -758,9 +758,7 @@ class Filters:
             elif name == "tags_all":
                 args[name] = _tag_set("tags", v) or frozenset()
             elif name in ("created_after", "created_before", "expires_by", "live_at"):
-                if not isinstance(v, datetime):
-                    raise ValidationError(name, "must be a datetime", "pass a timezone-aware datetime")
-                args[name] = v if v.tzinfo else v.replace(tzinfo=UTC)
+                args[name] = _instant(name, v)
             elif name == "pinned":
                 args[name] = _flag(name, v)
             elif name == "visible_to":
@@ -847,6 +845,20 @@ def _tag_set(name: str, v: Any) -> frozenset[str] | None:
     if "" in stripped:
         raise ValidationError(name, "holds a blank tag", "name each tag, or leave the filter out")
     return stripped
+
+
+def _instant(name: str, v: object) -> datetime:
+    """A filter's instant: a datetime, or ISO 8601 text as record() takes for ``expires_at`` (naive: UTC)."""
+    if isinstance(v, str):
+        try:
+            v = datetime.fromisoformat(v.strip())
+        except ValueError:
+            raise ValidationError(
+                name, f"is {v!r}, not a date", "pass a datetime or ISO 8601 text, e.g. 2026-05-04T08:00:00Z"
+            ) from None
+    if not isinstance(v, datetime):
+        raise ValidationError(name, "must be a datetime", "pass a datetime or ISO 8601 text (2026-05-04)")
+    return v if v.tzinfo else v.replace(tzinfo=UTC)
 
 
 def _flag(name: str, v: Any) -> bool:
