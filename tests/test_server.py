@@ -135,6 +135,9 @@ def test_memory_crud_with_versions(env: Env) -> None:
         assert unchanged.status_code == 200 and unchanged.json() == r.json()  # no change: no new version
     stale_noop = {"expected_version": 1}
     assert_error(env.client.patch(f"/v1/memories/{m['id']}", json=stale_noop, headers=env.auth()), 409)
+    for owned, route in (("value", "/feedback"), ("pinned", "/pin")):  # the route that changes it, named
+        refused = env.client.patch(f"/v1/memories/{m['id']}", json={owned: 1}, headers=env.auth())
+        assert route in assert_error(refused, 422, "validation_error", owned)["fix"]
     listed = env.client.get("/v1/memories", params={"tags": ["ci"], "kind": ["error"]}, headers=env.auth())
     assert [x["id"] for x in listed.json()] == [m["id"]]
     assert env.client.get("/v1/memories", params={"kind": ["note"]}, headers=env.auth()).json() == []

@@ -166,6 +166,18 @@ def response_for(exc: ClawVMError) -> JSONResponse:
     return error_response(status, code, message, field, fix, headers or None)
 
 
+#: Fields a caller may not send because the harness sets them -> the route that changes them (the SDK's
+#: refusal names its methods, clawvm.core.model.SET_BY_HARNESS; "remove it" alone left a client stuck)
+_SET_BY_HARNESS = {
+    "value": "the scorer computes it: send POST /v1/memories/{id}/feedback (or set it in the dashboard)",
+    "pinned": "use POST /v1/memories/{id}/pin or /unpin, which keep the pinned budget and the working tier",
+    "token_count": "it is counted from the content: change the content",
+    "content_type": "it follows the content: send text, or a JSON object or list",
+    "access_count": "recalls count accesses",
+    "last_accessed_at": "recalls count accesses",
+    "usage": "context builds and recorded outputs count it",
+}
+
 #: Validation error types that say the body as a whole is not a JSON object.
 _NOT_AN_OBJECT = frozenset({"dict_type", "model_type", "model_attributes_type"})
 
@@ -182,6 +194,8 @@ def _request_error(exc: RequestValidationError) -> JSONResponse:
     message = str(first.get("msg", "is invalid")).removeprefix("Value error, ")
     field = ".".join(path) or where
     fix = fix_for(kind, field) if kind == "value_error" else _FIXES.get(kind, "correct the value")
+    if kind == "extra_forbidden" and where == "body" and field in _SET_BY_HARNESS:
+        message, fix = "is set by the harness", _SET_BY_HARNESS[field]
     if (words := pattern_in_words(first)) is not None:
         message, fix = words
     if where == "body" and not path and kind in _NOT_AN_OBJECT:
