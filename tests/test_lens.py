@@ -177,6 +177,14 @@ def test_influence_marks_cited_and_feeds_value(h: Harness) -> None:
     assert h.explain(cited.id).cited == pytest.approx(DEFAULT_SCORING.cite_weight)  # cited/injected = 1
     assert h.explain(other.id).cited == 0.0 and h.get(other.id).usage.cited == 0
 
+    # a second model call from the same context: its citations add up, as the usage counts them (the
+    # latest output alone used to replace the first, un-citing what it cited)
+    second = f"And the dashboard is slow [{before[other.id].short_id}]."
+    record_output(h, ctx, second, success=False)
+    lines = {x["id"]: x for x in Lens(h).influence(ctx.event_seq)["lines"]}
+    assert lines[cited.id]["cited"] is True and lines[other.id]["cited"] is True
+    assert (h.get(cited.id).usage.cited, h.get(other.id).usage.cited) == (1, 1)
+
 
 def test_record_output_rejects_what_is_not_a_context_build(h: Harness) -> None:
     m = h.record("a memory", session_id="s1")

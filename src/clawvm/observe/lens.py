@@ -216,6 +216,15 @@ class Output:
     success: bool | None
 
 
+def _merged(earlier: Output, later: Output) -> Output:
+    """A build's outputs add up (several model calls from one context): a memory any of them cited is
+    cited, as each output counted in its ``usage.cited``; the text and outcome are the latest. (The
+    latest alone used to replace the others, un-citing what they cited.)"""
+    cited = list(dict.fromkeys([*earlier.cited, *later.cited]))
+    uncited = [i for i in dict.fromkeys([*earlier.uncited, *later.uncited]) if i not in set(cited)]
+    return Output(later.seq, later.at, cited, uncited, later.text, later.success)
+
+
 @dataclass
 class ContextBuild:
     seq: int
@@ -491,7 +500,7 @@ class Lens:
             data.get("success"),
         )
         if build is not None:
-            build.output = out
+            build.output = out if build.output is None else _merged(build.output, out)
         for mid in out.cited:
             touched.add(mid)
             self._need(mid, seq, None)
