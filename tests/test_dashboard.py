@@ -1005,3 +1005,20 @@ def test_the_contexts_a_memory_entered_come_newest_first_a_page_at_a_time() -> N
         builds = [ctx.event_seq for ctx in asked]
         page = views.contexts_of(Lens(h), m.id, offset=2, limit=3)
         assert page["total"] == 7 and [c["seq"] for c in page["items"]] == builds[::-1][2:5]
+
+
+def test_the_graph_around_a_memory_keeps_to_the_filter_bar_and_pages() -> None:
+    """It ignored the filter bar, offset and the count it reported (the scope's, not the neighbourhood's)."""
+    from clawvm.observe.lens import Lens
+
+    with Harness.open("memory://", embedder=None) as h:
+        root = h.record("incident 42: the payments queue stalled", session_id="s1")
+        here = [h.record(f"step {n} of incident 42", session_id="s1", parent_id=root.id) for n in range(5)]
+        elsewhere = h.record("incident 42 follow-up in another session", session_id="s2", parent_id=root.id)
+        lens = Lens(h)
+        first = views.graph(lens, views.RowFilter(session="s1"), focus=root.id, limit=3)
+        rest = views.graph(lens, views.RowFilter(session="s1"), focus=root.id, limit=3, offset=3)
+        shown = [n["id"] for n in first["nodes"] + rest["nodes"]]
+        assert first["total"] == rest["total"] == 6 and shown[0] == root.id
+        assert sorted(shown[1:]) == sorted(m.id for m in here) and elsewhere.id not in shown
+        assert len(views.graph(lens, None, focus=root.id)["nodes"]) == 7  # no filter: the whole neighbourhood

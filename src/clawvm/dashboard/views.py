@@ -546,16 +546,19 @@ def graph(
 ) -> dict[str, Any]:
     """Nodes and edges: parent -> child, typed links, and shared entities (named by at most 12 nodes).
 
-    With ``focus``, the memory and its neighbourhood (breadth-first over those edges, up to ``limit``);
-    else the newest ``limit`` memories of the scope (``offset`` pages back)."""
+    With ``focus``, the memory and its neighbourhood within the scope (breadth-first over those edges,
+    nearest first); else the scope's memories, newest first. Either way ``total`` counts them all and
+    ``limit`` and ``offset`` page through them (the neighbourhood ignored both and the filter bar, while
+    ``total`` counted the scope)."""
     lens.refresh()
     with lens.lock:
         rows = _scope(lens, session)
         if focus:
-            chosen = _neighbourhood(lens, focus, limit)
+            listed = _neighbourhood(lens, focus, {r.id for r in rows})
         else:
             rows.sort(key=lambda r: r.created_at, reverse=True)
-            chosen = [r.id for r in rows[offset : offset + limit]]
+            listed = [r.id for r in rows]
+        chosen = listed[offset : offset + limit]
         ids = set(chosen)
         contents = {}
         for start in range(0, len(chosen), 500):
@@ -578,10 +581,12 @@ def graph(
                     {"source": a, "target": b, "type": "entity", "label": key} for a, b in pairwise(members)
                 )
         nodes = [lens.rows[i].as_dict() for i in chosen if i in lens.rows]
-        return {"nodes": nodes, "edges": edges, "total": len(rows), "offset": offset, "focus": focus}
+        return {"nodes": nodes, "edges": edges, "total": len(listed), "offset": offset, "focus": focus}
 
 
-def _neighbourhood(lens: Lens, focus: str, limit: int) -> list[str]:
+def _neighbourhood(lens: Lens, focus: str, scope: set[str]) -> list[str]:
+    """``focus`` and the memories of ``scope`` it reaches, nearest first (one pass over the rows, as the
+    edges take anyway). The focus itself is first even when the filter bar leaves it out."""
     lens.memory(focus)  # NotFoundError for an unknown id
     children: dict[str, list[str]] = defaultdict(list)
     for r in lens.rows.values():
@@ -592,7 +597,7 @@ def _neighbourhood(lens: Lens, focus: str, limit: int) -> list[str]:
     seen = [focus]  # a list for the order; `seen_set` for the membership tests
     seen_set = {focus}
     frontier = [focus]
-    while frontier and len(seen) < limit:
+    while frontier:
         nxt = []
         for i in frontier:
             node = lens.rows.get(i)
@@ -602,7 +607,7 @@ def _neighbourhood(lens: Lens, focus: str, limit: int) -> list[str]:
                 if i == focus:  # the focus's conversational neighbours (a scan: once, not per node)
                     near += _same_session_neighbours(lens, node)
             for j in near:
-                if j not in seen_set and j in lens.rows and len(seen) < limit:
+                if j not in seen_set and j in scope:
                     seen.append(j)
                     seen_set.add(j)
                     nxt.append(j)
