@@ -48,9 +48,14 @@ MODULES = _modules()
 
 def _imports(name: str, path: Path) -> set[str]:
     """Every clawvm module ``name`` imports (relative ones resolved; ``from x import y`` counts y when y is
-    a module), at any depth of the file: inside functions and ``if TYPE_CHECKING`` too."""
+    a module), at any depth of the file: inside functions and ``if TYPE_CHECKING`` too.
+
+    A module's own packages are left out when it imports their submodules only (``from clawvm.store import
+    snapshot``); a name one of them re-exports (``from clawvm.store import Event``) counts the package,
+    whose ``__init__`` imports its engines: that is how a submodule closes a cycle through its package."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     out: set[str] = set()
+    re_exported_by: set[str] = set()  # packages a name (not a submodule) was imported from
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             module = node.module or ""
@@ -58,10 +63,18 @@ def _imports(name: str, path: Path) -> set[str]:
                 base = package[: len(package) - (node.level - 1)]
                 module = ".".join([*base, module] if module else base)
             out.add(module)
-            out.update(f"{module}.{alias.name}" for alias in node.names)
+            named = {f"{module}.{alias.name}" for alias in node.names}
+            out.update(named)
+            if not named <= MODULES.keys():
+                re_exported_by.add(module)
         elif isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
-    return {m for m in out if m in MODULES and m != name and (m == "clawvm" or not name.startswith(m + "."))}
+
+    def counted(m: str) -> bool:
+        own_package = m != "clawvm" and name.startswith(m + ".")
+        return m in MODULES and m != name and (not own_package or m in re_exported_by)
+
+    return {m for m in out if counted(m)}
 
 
 GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
@@ -118,3 +131,8 @@ def test_the_walk_sees_type_only_and_relative_imports(tmp_path: Path) -> None:
         "if TYPE_CHECKING:\n    from ..harness import Harness\n"
     )
     assert {"clawvm", "clawvm.harness"} <= _imports("clawvm.teams.shared", probe)
+    # a submodule of its own package: a name the package re-exports counts the package, a submodule not
+    probe.write_text("from clawvm.store import snapshot\n")
+    assert _imports("clawvm.store.crypto", probe) == {"clawvm.store.snapshot"}
+    probe.write_text("from clawvm.store import Event, snapshot\n")
+    assert _imports("clawvm.store.crypto", probe) == {"clawvm.store", "clawvm.store.snapshot"}

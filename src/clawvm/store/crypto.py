@@ -38,7 +38,7 @@ from typing import Any
 
 from clawvm.core.errors import ConfigError, ConflictError, NotFoundError, TamperedError, WrongKeyError
 from clawvm.core.model import Filters, Memory
-from clawvm.store import Event, Store
+from clawvm.store.base import Event, Store
 from clawvm.store.kinds import EventKind
 
 KEY_ENV = "CLAWVM_DATA_KEY"

@@ -68,8 +68,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from clawvm.core.errors import ConfigError, StoreError, ValidationError
-from clawvm.store import Event, EventFeed, Store
-from clawvm.store.base import StoreReader
+from clawvm.store.base import Event, EventFeed, Store, StoreReader
 from clawvm.store.kinds import EventKind
 
 log = logging.getLogger("clawvm.store.eventlog")

@@ -32,7 +32,7 @@ import numpy as np
 
 from clawvm.core.errors import StoreError, ValidationError
 from clawvm.core.model import Memory
-from clawvm.store import Credential, Event, Store
+from clawvm.store.base import Credential, Event, Store
 from clawvm.store.eventlog import event_pages
 
 Progress = Callable[[str, int], None]  # (what: "memories" | "events", how many more were copied)
