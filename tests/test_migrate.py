@@ -115,7 +115,8 @@ def test_a_store_that_is_not_empty_is_refused_and_differences_are_found(tmp_path
         with pytest.raises(ValidationError) as exc:
             migrate(source, target)
         assert exc.value.field == "to" and summarize(target) == before  # nothing written
-        check(source, target)
+        verified = check(source, target)
+        assert verified.source == verified.target == before and verified.worst_vector_error <= 1e-5
         m = target.list(limit=1)[0]
         target.put(m.model_copy(update={"version": m.version + 1, "tags": ["tampered"]}))
         with pytest.raises(StoreError, match="differs"):

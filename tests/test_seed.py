@@ -89,8 +89,7 @@ def test_a_seed_file_imports_once_with_its_scopes(engine_name: str, lexical: Har
 def test_json_seed_is_equivalent(engine_name: str, lexical: Harness, tmp_path: Path) -> None:
     as_json = write(tmp_path, "seed.json", json.dumps(yaml.safe_load(GOOD), indent=2))
     as_yaml = write(tmp_path, "seed.yaml", GOOD)
-    from_json, _, _ = parse(as_json)
-    from_yaml, _, _ = parse(as_yaml)
+    from_json, from_yaml = parse(as_json).memories, parse(as_yaml).memories
     assert [m.id for m in from_json] == [m.id for m in from_yaml]
     assert [m.content for m in from_json] == [m.content for m in from_yaml]
     import_seed(lexical, as_json)

@@ -25,7 +25,7 @@ import hashlib
 import json
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -64,6 +64,15 @@ class Report:
     target: Summary | None = None
     worst_vector_error: float = 0.0
     credentials: int = 0
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What :func:`check` compared: both stores' summaries (equal) and the largest vector difference."""
+
+    source: Summary
+    target: Summary
+    worst_vector_error: float
 
 
 @runtime_checkable
@@ -194,14 +203,18 @@ def migrate(
     report = Report(copied, vectors, events, credentials=credentials)
     if not verify:
         return report
-    before, after, worst = check(source, target, batch)
-    return Report(copied, vectors, events, before, after, worst, credentials)
+    verified = check(source, target, batch)
+    return replace(
+        report,
+        source=verified.source,
+        target=verified.target,
+        worst_vector_error=verified.worst_vector_error,
+    )
 
 
-def check(source: Store, target: Store, batch: int = 500) -> tuple[Summary, Summary, float]:
+def check(source: Store, target: Store, batch: int = 500) -> Verified:
     """Verify that ``target`` holds what ``source`` holds: equal summaries and every vector within
-    :data:`VECTOR_TOLERANCE`. Returns both summaries and the largest vector difference; raises
-    :class:`StoreError` on any difference."""
+    :data:`VECTOR_TOLERANCE`; :class:`StoreError` on any difference."""
     before, after = summarize(source, batch), summarize(target, batch)
     if before != after:
         raise StoreError(f"the copy differs from its source: source {before}, target {after}")
@@ -215,4 +228,4 @@ def check(source: Store, target: Store, batch: int = 500) -> tuple[Summary, Summ
             worst = max(worst, float(np.max(np.abs(v - got[i]))) if len(v) else 0.0)
     if worst > VECTOR_TOLERANCE:
         raise StoreError(f"a copied vector differs from its source by {worst:.2e} (> {VECTOR_TOLERANCE})")
-    return before, after, worst
+    return Verified(before, after, worst)

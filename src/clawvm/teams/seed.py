@@ -220,8 +220,18 @@ class _Seed:
         return m.model_copy(update={"token_count": count_tokens(m.content)})
 
 
-def parse(path: str | Path, *, tenant: str = "default") -> tuple[list[Memory], int, int]:
-    """Validate a seed file into memories (nothing written): (memories, memory entries, rule entries)."""
+@dataclass(frozen=True)
+class ParsedSeed:
+    """A seed file validated into memories (nothing written yet), and how many entries each section had
+    (an entry written twice is one memory)."""
+
+    memories: list[Memory]
+    memory_entries: int
+    rule_entries: int
+
+
+def parse(path: str | Path, *, tenant: str = "default") -> ParsedSeed:
+    """Validate a seed file into memories; nothing is written."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -253,7 +263,7 @@ def parse(path: str | Path, *, tenant: str = "default") -> tuple[list[Memory], i
         for n, entry in enumerate(entries):
             m = seed.memory(entry, (section, n), team, known, rule)
             out.setdefault(m.id, m)  # the same entry twice is one memory
-    return list(out.values()), counts["memories"], counts["rules"]
+    return ParsedSeed(list(out.values()), counts["memories"], counts["rules"])
 
 
 def _load(path: Path, text: str) -> Any:
@@ -278,11 +288,11 @@ def _load(path: Path, text: str) -> Any:
 
 def import_seed(h: SeedHost, path: str | Path) -> SeedReport:
     """Validate ``path`` and import it in one atomic batch (see the module docstring)."""
-    memories, n_memories, n_rules = parse(path, tenant=h.tenant)
+    parsed = parse(path, tenant=h.tenant)
     now = h.now()
     stamped = []
-    for m in memories:
+    for m in parsed.memories:
         m = m.model_copy(update={"created_at": now})
         stamped.append(m.model_copy(update={"value": h.pager.value_now(m, now)}))
     imported = h.import_memories(stamped)
-    return SeedReport(memories=n_memories, rules=n_rules, imported=imported)
+    return SeedReport(memories=parsed.memory_entries, rules=parsed.rule_entries, imported=imported)
