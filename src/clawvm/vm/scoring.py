@@ -52,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
+from typing import NamedTuple
 
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import Kind, Memory
@@ -220,32 +221,32 @@ def _sat(count: float, at: float = 10.0) -> float:
 
 def explain(memory: Memory, now: datetime, cfg: ScoringConfig = DEFAULT_SCORING) -> ValueBreakdown:
     """Every component of the value formula (see the module docstring) for ``memory`` at ``now``."""
-    v, base, signals, cost, rec, access, injected, cited, success, feedback = _components(memory, now, cfg)
-    return ValueBreakdown(
-        value=v,
-        base=base,
-        signals=signals,
-        cost=cost,
-        recency=rec,
-        access=access,
-        injected=injected,
-        cited=cited,
-        success=success,
-        feedback=feedback,
-        pinned=memory.pinned,
-    )
+    return ValueBreakdown(**_components(memory, now, cfg)._asdict(), pinned=memory.pinned)
 
 
 def value(memory: Memory, now: datetime, cfg: ScoringConfig = DEFAULT_SCORING) -> float:
     # the pager scores every member of a tier to pick demotions: the formula without the breakdown object
     # (a frozen dataclass of 11 fields, a third of the cost)
-    return _components(memory, now, cfg)[0]
+    return _components(memory, now, cfg).value
 
 
-def _components(
-    memory: Memory, now: datetime, cfg: ScoringConfig
-) -> tuple[float, float, dict[str, float], float, float, float, float, float, float, float]:
-    """(value, base, signals, cost, recency, access, injected, cited, success, feedback): the formula."""
+class _Parts(NamedTuple):
+    """The formula's terms (a NamedTuple: built once per memory scored, as cheap as a tuple)."""
+
+    value: float
+    base: float
+    signals: dict[str, float]
+    cost: float
+    recency: float
+    access: float
+    injected: float
+    cited: float
+    success: float
+    feedback: float
+
+
+def _components(memory: Memory, now: datetime, cfg: ScoringConfig) -> _Parts:
+    """Every term of the formula, and the value they make."""
     u = memory.usage
     base = cfg.base.get(memory.kind.value, 0.4)
     signals = content_signals(memory.content, cfg)
@@ -268,4 +269,4 @@ def _components(
         + feedback
     )
     value = 1.0 if memory.pinned else min(1.0, max(0.0, raw))
-    return value, base, signals, cost, rec, access, injected, cited, success, feedback
+    return _Parts(value, base, signals, cost, rec, access, injected, cited, success, feedback)
