@@ -140,6 +140,17 @@ def is_snapshot(memory: Memory) -> bool:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Line:
+    """A memory chosen for the context: in which section, with what score and reason, at what cost."""
+
+    memory: Memory
+    section: str
+    score: float
+    reason: str
+    tokens: int
+
+
 def pack(
     candidates: Sequence[Candidate],
     budget: int,
@@ -149,7 +160,7 @@ def pack(
     now: datetime,
 ) -> Context:
     """The context of ``candidates`` under ``budget`` tokens, as of ``now`` (what is admissible then)."""
-    chosen: dict[str, tuple[Memory, str, float, str, int]] = {}
+    chosen: dict[str, _Line] = {}
     used = 0
     by_section = dict.fromkeys(SECTIONS, 0)
 
@@ -162,7 +173,7 @@ def pack(
         tokens = line_tokens(m, count_tokens)
         if by_section[section] + tokens > limit or used + tokens > budget:
             return False
-        chosen[m.id] = (m, section, score, reason, tokens)
+        chosen[m.id] = _Line(m, section, score, reason, tokens)
         by_section[section] += tokens
         used += tokens
         return True
@@ -182,20 +193,22 @@ def pack(
     manifest: list[ManifestEntry] = []
     for section in SECTIONS:
         rows = sorted(
-            (v for v in chosen.values() if v[1] == section), key=lambda v: (v[0].created_at, v[0].id)
+            (line for line in chosen.values() if line.section == section),
+            key=lambda line: (line.memory.created_at, line.memory.id),
         )
-        for m, sec, score, reason, tokens in rows:
+        for line in rows:
+            m = line.memory
             lines.append(render(m))
             manifest.append(
                 ManifestEntry(
                     m.id,
                     short_id(m.id),
-                    sec,
+                    line.section,
                     m.tier.value,
                     round(m.value, 4),
-                    round(score, 4),
-                    tokens,
-                    reason,
+                    round(line.score, 4),
+                    line.tokens,
+                    line.reason,
                     m.created_at.isoformat(),
                 )
             )
