@@ -221,7 +221,8 @@ def _merged(earlier: Output, later: Output) -> Output:
     cited, as each output counted in its ``usage.cited``; the text and outcome are the latest. (The
     latest alone used to replace the others, un-citing what they cited.)"""
     cited = list(dict.fromkeys([*earlier.cited, *later.cited]))
-    uncited = [i for i in dict.fromkeys([*earlier.uncited, *later.uncited]) if i not in set(cited)]
+    either = set(cited)
+    uncited = [i for i in dict.fromkeys([*earlier.uncited, *later.uncited]) if i not in either]
     return Output(later.seq, later.at, cited, uncited, later.text, later.success)
 
 
