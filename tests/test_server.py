@@ -117,6 +117,18 @@ def assert_error(
 
 
 # ---- the SDK over HTTP --------------------------------------------------------------------------------
+def test_a_query_parameter_the_route_does_not_take_is_refused(env: Env) -> None:
+    """A misspelt filter was ignored: ``?sesion_id=s1`` listed every memory, as if no filter were asked."""
+    env.record(session_id="s1")
+    env.record(session_id="s2")
+    typo = env.client.get("/v1/memories", params={"sesion_id": "s1"}, headers=env.auth())
+    assert "session_id" in assert_error(typo, 422, "validation_error", "sesion_id")["fix"]
+    lens = env.client.get("/dashboard/api/memories", params={"sesion": "s1"}, headers=env.auth())
+    assert_error(lens, 422, "validation_error", "sesion")
+    listed = env.client.get("/v1/memories", params={"session_id": "s1"}, headers=env.auth())
+    assert listed.status_code == 200 and len(listed.json()) == 1
+
+
 def test_memory_crud_with_versions(env: Env) -> None:
     m = env.record(tags=["ci"], session_id="s1", kind="error", state="error")
     assert m["tenant"] == "acme" and m["version"] == 1 and m["tier"] == "working"
