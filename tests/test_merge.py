@@ -327,6 +327,19 @@ def test_conflicting_decisions_are_flagged_once_and_resolvable(engine_name: str,
     assert h.get(revised.id).status is Status.ACTIVE and h.get(memcached.id).status is Status.OBSOLETE
 
 
+def test_a_revised_closed_conflict_stays_closed(engine_name: str, lexical: Harness) -> None:
+    """Revising an archived memory made its new head active: a team writer reopened a conflict a lead had
+    closed (and a revised error folded into a pitfall counted again)."""
+    h = lexical
+    crew(h)
+    decide(h, "Use Redis for the session cache", "planner")
+    decide(h, "Use Memcached for the session cache", "writer")
+    (note_id,) = merge_team(h, team_id="pay").conflicts
+    h.approve(note_id, by="lead")  # not a conflict: closed, archived
+    head = h.revise(note_id, agent_id="writer", content="Conflict (reopened by a writer)")
+    assert head.status is Status.ARCHIVED and teams.open_conflicts(h) == []
+
+
 def test_a_conflict_is_resolved_by_the_short_id_its_note_shows(lexical: Harness) -> None:
     """A reviewer reads ``[1a2b3c4d]`` in the conflict's text and passes that: it names its side."""
     h = lexical

@@ -508,6 +508,53 @@ def test_review_queue_approve_and_reject(engine_name: str, lexical: Harness) -> 
     assert not h.review_queue(agent_id="stranger")  # an agent only sees the queue it may read
 
 
+def test_new_text_waits_for_its_own_review(engine_name: str, lexical: Harness) -> None:
+    """An approval was of the text approved: a revision or an update with other text carried it over, so
+    the new text had full trust and skipped the queue."""
+    h = lexical
+    h.grant("pay", "writer", write=True)
+    low = teams.record(h, "webhooks may arrive twice", agent_id="writer", team_id="pay", confidence=0.3)
+    h.approve(low.id, by="lead")
+    revised = h.revise(low.id, agent_id="writer", content="disable signature checks on webhooks")
+    assert teams.review_state(revised) is None and revised.id in ids(h.review_queue())
+    h.approve(revised.id, by="lead")
+    updated = h.update(revised.id, as_agent="writer", content="skip the webhook signature entirely")
+    assert teams.review_state(updated) is None and teams.trust(updated) < 1.0
+    tagged = h.update(updated.id, as_agent="writer", tags=["webhooks"])  # the same text: nothing to review
+    h.approve(tagged.id, by="lead")
+    assert teams.review_state(h.update(tagged.id, as_agent="writer", tags=["ops"])) == "approved"
+
+
+def test_a_harness_record_is_no_callers_memory(lexical: Harness) -> None:
+    """A team grant read through history(), counted by feedback() or compressed: callers reach these only
+    through grant() and grants()."""
+    lexical.grant("pay", "writer", write=True)
+    (record,) = lexical.store.list(Filters.of(tags=[teams.GRANT_TAG], status="internal"))
+    for call in (lexical.history, lambda i: lexical.feedback(i, True), lexical.compress, lexical.revise):
+        with pytest.raises(ValidationError) as refused:
+            call(record.id)
+        assert refused.value.field == "memory_id" and "internal record" in refused.value.problem
+    assert lexical.store.get(record.id) == record
+
+
+def test_a_grant_revoked_between_retries_stops_the_next_one(lexical: Harness) -> None:
+    h = lexical
+    h.grant("pay", "writer", write=True)
+    m = teams.record(h, "refunds take two days", agent_id="writer", team_id="pay")
+    tries = []
+
+    def change(head: Memory) -> dict[str, Any]:
+        if not tries:  # the first try loses a race, and the grant goes meanwhile
+            h.revise(head.id, content=head.content + " (moved)")
+            h.grant("pay", "writer", read=True, write=False)
+        tries.append(head.id)
+        return {"content": head.content + " +writer"}
+
+    with pytest.raises(AccessDeniedError):
+        teams.revise_with_retry(h, m.id, change, agent_id="writer")
+    assert "+writer" not in teams.latest(h, m.id).content and len(tries) == 1
+
+
 def test_review_cli_lists_approves_and_rejects(tmp_path: Path) -> None:
     db = str(tmp_path / "cli.db")
     with Harness.open(db, embedder=None) as h:

@@ -606,6 +606,17 @@ SET_BY_HARNESS = {
 }
 
 
+def refuse_internal(memory: Memory) -> None:
+    """:class:`ValidationError` naming ``memory_id`` for a record of the harness's own (a team grant, the
+    learned weights): callers read them through what keeps them (``grants()``), and change them only so."""
+    if memory.status is Status.INTERNAL:
+        raise ValidationError(
+            "memory_id",
+            "is an internal record of the harness (a team grant, learned weights)",
+            "leave it; change grants with harness.grant()",
+        )
+
+
 def refuse_set_by_harness(changes: Mapping[str, Any]) -> None:
     """:class:`ValidationError` for the first field of ``changes`` that :data:`SET_BY_HARNESS` names."""
     owned = sorted(set(SET_BY_HARNESS).intersection(changes))

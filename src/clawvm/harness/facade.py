@@ -52,6 +52,7 @@ from clawvm.core.model import (
     flag,
     moved_on,
     normalize_content,
+    refuse_internal,
     refuse_set_by_harness,
     revalidate,
     utcnow,
@@ -428,6 +429,8 @@ class Harness:
                 changes["metadata"] = {k: v for k, v in metadata.items() if k != "compression"}
                 if "links" not in changes:
                     changes["links"] = [link for link in current.links if link.target != info["raw_id"]]
+            if text != current.content:
+                changes = _review_dropped(current, changes, reviewing=as_agent == teams.APPLICATION)
         updated = mark(revalidate(current, {**changes, "version": current.version + 1}))
         teams.check_update(self, current, updated, as_agent)
         if updated.parent_id != current.parent_id:
@@ -456,10 +459,7 @@ class Harness:
     def _forget(self, memory_id: str) -> None:
         """One try at :meth:`forget`, deleting the memory and its raw copies as read."""
         memory = self._store.get(memory_id)
-        if memory.status is Status.INTERNAL:
-            raise ValidationError(
-                "memory_id", "is an internal record of the harness (a grant, learned weights)", "leave it"
-            )
+        refuse_internal(memory)
         owners = referenced_raw(self._store, memory)
         if owners:
             raise ValidationError(
@@ -814,12 +814,14 @@ class Harness:
     def compress(self, memory_id: str) -> Memory:
         """Summarize a memory reversibly (its raw text is kept and pointed to)."""
         memory = self._store.get(memory_id)
+        refuse_internal(memory)
         self._refuse_expired(memory)  # as update() does: its text is due to be forgotten, not reshaped
         return compress_memory(self.writer, memory, self.summarizer, self.now(), reason="manual")
 
     @_exclusive
     def decompress(self, memory_id: str) -> Memory:
         current = self._store.get(memory_id)
+        refuse_internal(current)
         self._refuse_expired(current)  # decompressing would bring back the text its TTL promised to forget
         info = current.metadata.get("compression")
         if current.pinned and info:  # a pinned memory cannot be demoted: refuse to grow it past the budget
@@ -1283,6 +1285,19 @@ def _keeping_harness_metadata(current: Memory, changes: dict[str, Any], *, revie
             raise ValidationError(f"metadata.{key}", f"is set by {by}", "leave it out: the harness keeps it")
     kept = {k: current.metadata[k] for k in guarded if k in current.metadata}
     return {**changes, "metadata": {**given, **kept}} if kept else changes
+
+
+def _review_dropped(current: Memory, changes: dict[str, Any], *, reviewing: bool) -> dict[str, Any]:
+    """``changes``, which give ``current`` new text, without its review: an approval was of the old text
+    (kept, the new text of a low-confidence memory skipped the review queue with full trust), unless the
+    application, reviewing, sets the review in the same update."""
+    metadata = changes.get("metadata", current.metadata)
+    given = changes.get("metadata")
+    if teams.REVIEW_FIELD not in metadata or (
+        reviewing and isinstance(given, Mapping) and teams.REVIEW_FIELD in given
+    ):
+        return changes
+    return {**changes, "metadata": {k: v for k, v in metadata.items() if k != teams.REVIEW_FIELD}}
 
 
 def _named(field: str, value: object, fix: str) -> str:

@@ -68,6 +68,7 @@ from clawvm.core.model import (
     flag,
     moved_on,
     normalize_content,
+    refuse_internal,
     refuse_set_by_harness,
     revalidate,
 )
@@ -258,10 +259,7 @@ def check_write(h: TeamHost, memory: Memory, agent_id: str | None = None) -> Non
 
 def check_update(h: TeamHost, before: Memory, after: Memory, agent_id: str | None = None) -> None:
     """An update may go ahead: its writer may write ``before`` and ``after`` (see the module's rule)."""
-    if before.status is Status.INTERNAL:
-        raise ValidationError(
-            "memory_id", "is an internal record of the harness (a team grant)", "use harness.grant() instead"
-        )
+    refuse_internal(before)
     check_write(h, before, agent_id)
     check_write(h, after, agent_id)
 
@@ -362,6 +360,7 @@ def history(h: TeamHost, memory_id: str) -> list[Memory]:
     replaced, itself, and what replaced it since. A merge joins several chains into one head; the history
     of one of its sources is that source's own chain up to the merge, not another source's."""
     start = h.store.get(memory_id)
+    refuse_internal(start)
     earlier = _walk(h, start, previous)
     later = _walk(h, start, successor)
     return [*reversed(earlier), start, *later]
@@ -411,6 +410,8 @@ def build_revision(
         text, ctype = normalize_content(changes["content"], h.max_content_bytes)
         changes.update(content=text, content_type=ctype, token_count=count_tokens(text))
         metadata.pop("compression", None)  # the new text is not a summary of the old raw copy
+        if text != current.content:  # a review approved the old text, not this one: it waits for its own
+            metadata.pop(REVIEW_FIELD, None)
     for key in ("superseded_by", "merged_into"):
         metadata.pop(key, None)
     info = current.metadata.get("revision", {})
@@ -421,7 +422,10 @@ def build_revision(
     }
     links = [link for link in changes.pop("links", current.links) if link.type is not LinkType.REVISES]
     links = [*links, Link(type=LinkType.REVISES, target=current.id), *extra_links]
-    own = {"id": new_id(), "version": 1, "created_at": h.now(), "status": Status.ACTIVE}
+    # the status goes on as it was (revise refuses obsolete and expired ones): a revision of an archived
+    # memory (a closed conflict note, an error folded into a pitfall) is archived too; made active, it
+    # reopened the conflict, or counted the error again
+    own = {"id": new_id(), "version": 1, "created_at": h.now(), "status": current.status}
     new = derived(current, {**changes, **own, "links": links, "metadata": metadata})
     if new.pinned and new.token_count > current.token_count:  # as update() checks a pinned memory growing
         h.pager.check_pin(new, replacing=current.id)
@@ -483,6 +487,7 @@ _ABSENT = object()  # no such field: differs from any value
 def _revision_changes(h: TeamHost, current: Memory, changes: Mapping[str, Any]) -> dict[str, Any]:
     """``changes`` as a revision of ``current`` takes them (revise and revise_with_retry alike): what the
     harness sets is refused, a blank scope id is none, and a memory only the harness may change refuses."""
+    refuse_internal(current)
     refuse_set_by_harness(changes)
     refuse_frozen(h, current)
     return blank_scopes_as_none(dict(changes))
@@ -544,8 +549,10 @@ def revise_with_retry(
     overwrite with a value computed earlier. That is what keeps concurrent updates from being lost.
     """
     head = latest(h, memory_id)
-    check_write(h, head, agent_id or head.agent_id)  # once: a revision never changes scope or team
     for attempt in range(attempts):
+        # each try: a revision never changes scope or team, but a grant revoked while the tries go on
+        # must stop the next one (checked once, a revoked writer's retry landed seconds later)
+        check_write(h, head, agent_id or head.agent_id)
         # what revise() refuses, this refuses too (it pinned past the budget, revised a checkpoint's
         # snapshot, and retried a rejected head for seconds before a bare conflict)
         if head.status is Status.OBSOLETE:  # the newest of its chain: rejected or rolled back
@@ -624,6 +631,7 @@ def feedback(h: TeamHost, memory_id: str, adopted: bool) -> Memory:
     """
     for _ in range(50):
         head = latest(h, memory_id)
+        refuse_internal(head)
         a, r = adoption(head)
         u = head.usage
         usage = u.model_copy(
