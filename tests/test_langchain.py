@@ -10,13 +10,21 @@ from typing import Any
 import pytest
 from langchain_core.documents import Document
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel, ParrotFakeChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    HumanMessageChunk,
+    SystemMessage,
+    ToolMessage,
+)
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables import RunnableLambda
 from langchain_core.runnables.history import RunnableWithMessageHistory
 from langchain_core.tools import StructuredTool, ToolException, tool
 
-from clawvm import Harness, Kind, State
+from clawvm import Harness, Kind, State, ValidationError
 from clawvm.integrations.langchain import (
     HANDLED_ERROR,
     ClawVMCallbackHandler,
@@ -223,3 +231,18 @@ def test_chat_history_keeps_a_session_in_order_and_clear_forgets_it(harness: Har
     assert [m.content for m in ClawVMChatMessageHistory(harness, "chat-2").messages] == ["Hi", "Hello."]
     forgotten = [e for e in harness.events(limit=1000) if e.kind is EventKind.FORGET]
     assert len(forgotten) == 6
+
+
+def test_a_streamed_reply_is_an_ai_turn_and_a_history_needs_its_session(harness: Harness) -> None:
+    """RunnableWithMessageHistory.stream() stores the reply as an AIMessageChunk: it was stored as an
+    observation. A history without a session stored its messages in none, read every session's back, and
+    clear() forgot them all."""
+    history = ClawVMChatMessageHistory(harness, "chat-3")
+    history.add_messages([HumanMessageChunk(content="Which host?"), AIMessageChunk(content="The EU one.")])
+    stored = list(harness.iter_all(session_id="chat-3"))
+    assert [m.kind for m in stored] == [Kind.USER_INPUT, Kind.LLM_THOUGHT]
+    assert [m.content for m in history.messages] == ["Which host?", "The EU one."]
+    for missing in (None, "", "  "):
+        with pytest.raises(ValidationError) as refused:
+            ClawVMChatMessageHistory(harness, missing)  # type: ignore[arg-type]
+        assert refused.value.field == "session_id"

@@ -54,6 +54,7 @@ from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
 from clawvm.agents.toolcalls import ToolCall, ToolSpec, scope_fields
+from clawvm.core.errors import ValidationError
 from clawvm.core.model import Cost, Kind, Memory, State, Status
 from clawvm.harness import Harness
 
@@ -337,6 +338,9 @@ def _document(memory: Memory, score: float) -> Document:
 
 # ---- chat message history -----------------------------------------------------------------------------
 _KIND_OF_MESSAGE = {"human": Kind.USER_INPUT, "ai": Kind.LLM_THOUGHT, "system": Kind.NOTE}
+#: A streamed message's chunk type, as its whole message's: a streamed AI reply is an AI reply.
+_KIND_OF_MESSAGE.update({"AIMessageChunk": Kind.LLM_THOUGHT, "HumanMessageChunk": Kind.USER_INPUT})
+_KIND_OF_MESSAGE["SystemMessageChunk"] = Kind.NOTE
 
 
 class ClawVMChatMessageHistory(BaseChatMessageHistory):
@@ -346,6 +350,12 @@ class ClawVMChatMessageHistory(BaseChatMessageHistory):
     def __init__(
         self, harness: Harness, session_id: str, *, agent_id: str | None = None, task_id: str | None = None
     ) -> None:
+        # the history is one session's: without one, messages were stored in none and read back from all,
+        # and clear() forgot every session's chat
+        if not isinstance(session_id, str) or not session_id.strip():
+            raise ValidationError(
+                "session_id", f"is {session_id!r}", "pass the chat's session id (a non-empty string)"
+            )
         self.harness = harness
         self.session_id = session_id
         self.scope = scope_fields(session_id, task_id, agent_id)
