@@ -735,3 +735,22 @@ def test_langgraph_store_agrees_with_langgraphs_in_memory_store(
         if prefix:
             assert ours.list_namespaces(prefix=prefix) == live.list_namespaces(prefix=prefix)
             assert ours.list_namespaces(suffix=prefix) == live.list_namespaces(suffix=prefix)
+
+
+def test_a_memory_tagged_like_an_item_but_no_item_is_left_out_of_reads(mem_harness: Harness) -> None:
+    """Items are memories, so a tool may change one's text to prose, and a person may tag a note
+    ``langgraph``: either made every get and search of the namespace raise (JSONDecodeError, KeyError)."""
+    from clawvm.agents.tools import AgentTools
+
+    store = ClawVMStore(mem_harness)
+    store.put(("ops",), "eu", {"fact": "EU host healthy"})
+    store.put(("ops",), "us", {"fact": "US host slow"})
+    eu = mem_harness.get(item_id(mem_harness.tenant, ("ops",), "eu"))
+    changed = AgentTools(mem_harness).dispatch("update_memory", {"memory_id": eu.id, "content": "EU host down"})
+    assert changed["ok"]
+    mem_harness.record("a note about langgraph itself", tags=[TAG])
+    assert store.get(("ops",), "eu") is None and [i.key for i in store.search(("ops",))] == ["us"]
+    assert [i.key for i in store.search(())] == ["us"]
+    assert [i.key for i in store.search(("ops",), query="host")] == ["us"]
+    store.put(("ops",), "eu", {"fact": "EU host healthy again"})  # a put makes it an item again
+    assert store.get(("ops",), "eu").value == {"fact": "EU host healthy again"}

@@ -269,14 +269,14 @@ class ClawVMStore(BaseStore):
         mid = item_id(self.harness.tenant, namespace, key)
         found = self.harness.store.get_many([mid]).get(mid)
         if found is not None:
-            return found if self.harness.filters({}).matches(found) else None
+            return found if self.harness.filters({}).matches(found) and is_item(found) else None
         return self._legacy(namespace, key)
 
     def _legacy(self, namespace: tuple[str, ...], key: str) -> Memory | None:
         """The item as an earlier version of this adapter stored it: under a random id, found by its
         item tag."""
         found = self.harness.list(limit=1, tags=[_item_tag(namespace, key)])
-        return found[0] if found else None
+        return found[0] if found and is_item(found[0]) else None
 
     def _search(self, op: SearchOp) -> list[Scored]:
         scope = [_ns_tag(op.namespace_prefix)] if op.namespace_prefix else [TAG]
@@ -284,7 +284,7 @@ class ClawVMStore(BaseStore):
         filters = self.harness.filters({"tags": scope})
 
         def wanted(m: Memory) -> bool:
-            return not op.filter or matches(json.loads(m.content), op.filter)
+            return is_item(m) and (not op.filter or matches(json.loads(m.content), op.filter))
 
         found: list[Scored] = []
         if op.query and need > 0:
@@ -414,7 +414,12 @@ class ClawVMStore(BaseStore):
         gone: list[Memory] = []  # deleted items, and items moving off a random id (legacy)
         for n, (mid, op) in enumerate(zip(ids, puts, strict=True)):
             current = stored.get(mid)
-            before = current if current is not None and h.filters({}).matches(current) else None
+            # the live item it replaces (a memory at its address that is no item any more is replaced)
+            before = (
+                current
+                if current is not None and h.filters({}).matches(current) and is_item(current)
+                else None
+            )
             if current is None and (legacy := self._legacy(op.namespace, op.key)) is not None:
                 gone.append(legacy)
                 before = legacy
@@ -642,6 +647,20 @@ def _walk_prefix(conditions: Iterable[MatchCondition]) -> str:
                 spelled = PATH_TAG + ".".join(label.encode().hex() for label in fixed)
                 return spelled[: _MAX_TAG - len(_digest(())) - 1]
     return PATH_TAG
+
+
+def is_item(m: Memory) -> bool:
+    """Whether ``m`` reads as an item: the adapter's address in its metadata and a JSON object as its text.
+    A memory tagged like an item but not one (a note tagged ``langgraph`` by hand, an item whose text a
+    tool or the dashboard changed to prose) is left out of every read: one such memory made every
+    ``get`` and ``search`` of its namespace raise."""
+    info = m.metadata.get(TAG)
+    if not isinstance(info, dict) or not {"key", "namespace", "updated_at"} <= info.keys():
+        return False
+    try:
+        return isinstance(json.loads(m.content), dict)
+    except ValueError:
+        return False
 
 
 def _item(m: Memory) -> Item:
