@@ -746,8 +746,8 @@ def test_a_memory_tagged_like_an_item_but_no_item_is_left_out_of_reads(mem_harne
     store.put(("ops",), "eu", {"fact": "EU host healthy"})
     store.put(("ops",), "us", {"fact": "US host slow"})
     eu = mem_harness.get(item_id(mem_harness.tenant, ("ops",), "eu"))
-    changed = AgentTools(mem_harness).dispatch("update_memory", {"memory_id": eu.id, "content": "EU host down"})
-    assert changed["ok"]
+    prose = {"memory_id": eu.id, "content": "EU host down"}
+    assert AgentTools(mem_harness).dispatch("update_memory", prose)["ok"]
     mem_harness.record("a note about langgraph itself", tags=[TAG])
     assert store.get(("ops",), "eu") is None and [i.key for i in store.search(("ops",))] == ["us"]
     assert [i.key for i in store.search(())] == ["us"]
