@@ -754,3 +754,31 @@ def test_a_memory_tagged_like_an_item_but_no_item_is_left_out_of_reads(mem_harne
     assert [i.key for i in store.search(("ops",), query="host")] == ["us"]
     store.put(("ops",), "eu", {"fact": "EU host healthy again"})  # a put makes it an item again
     assert store.get(("ops",), "eu").value == {"fact": "EU host healthy again"}
+
+
+def test_under_redaction_an_item_comes_back_with_an_address_that_finds_it() -> None:
+    """Keys and namespace labels were redacted as plain text: two keys came back alike ("[EMAIL]"), and
+    neither that nor the namespace shown could read or delete the item."""
+    from clawvm.write.redaction import RedactionPolicy
+
+    with Harness.open("memory://", embedder=None, redaction=RedactionPolicy()) as h:
+        store = ClawVMStore(h)
+        store.put(("users",), "bob@example.com", {"plan": "pro"})
+        store.put(("users",), "carol@example.com", {"plan": "free"})
+        keys = sorted(item.key for item in store.search(("users",)))
+        assert len(set(keys)) == 2 and all("@" not in k and k.startswith("[EMAIL]~") for k in keys)
+        assert store.get(("users",), "bob@example.com").key in keys  # the original finds it too
+        store.put(("phones", "+1-555-123-4567"), "prefs", {"lang": "pt"})
+        (listed,) = store.list_namespaces(prefix=("phones",))
+        assert store.get(listed, "prefs").namespace == listed  # the namespace listed is the item's
+        for item in store.search(("users",)):
+            store.delete(item.namespace, item.key)
+        assert store.search(("users",)) == []
+
+
+def test_long_labels_cut_to_a_depth_are_listed_once(mem_harness: Harness) -> None:
+    store = ClawVMStore(mem_harness)
+    long = "x" * 100  # longer than a tag spells out: its tag is shortened
+    for ns in [(long, "b"), (long + "y",), (long, "a"), (long, "c"), (long + "y", "z"), (long,)]:
+        store.put(ns, "k", {"v": 1})
+    assert sorted(store.list_namespaces(max_depth=1)) == [(long,), (long + "y",)]

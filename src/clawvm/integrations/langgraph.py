@@ -184,6 +184,7 @@ class ClawVMStore(BaseStore):
                 raise ValidationError(
                     "op", f"is a {type(op).__name__}", "pass GetOp, PutOp, SearchOp or ListNamespacesOp"
                 )
+        ops = [self._stored_address(op) for op in ops]
         results: list[Result] = []
         puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
         read: dict[str, Memory] = {}  # what the reads returned whose TTL they refresh
@@ -340,12 +341,35 @@ class ClawVMStore(BaseStore):
                 return
             after, size = PageKey.of(page[-1]), min(PAGE, 2 * size)
 
+    def _stored_address(self, op: Op) -> Op:
+        """``op`` with its namespace labels and key as the write path stores identifiers. Under a redaction
+        policy a label or key that holds a secret is stored as ``[EMAIL]~<digest>``, and that form maps to
+        itself, so the original and the form an item comes back with both address it (the key was
+        redacted as plain metadata text, ``[EMAIL]``: two such keys came back alike and neither could be
+        read or deleted by it). Without a policy, every op is as given."""
+        h = self.harness
+        if h.redactor.policy_for(h.tenant) is None:
+            return op
+
+        def stored(labels: Iterable[str]) -> tuple[str, ...]:
+            return tuple(x if x == "*" else h.writer.identifier(x, h.tenant) for x in labels)
+
+        if isinstance(op, GetOp | PutOp):
+            return op._replace(namespace=stored(op.namespace), key=h.writer.identifier(op.key, h.tenant))
+        if isinstance(op, SearchOp):
+            return op._replace(namespace_prefix=stored(op.namespace_prefix))
+        if isinstance(op, ListNamespacesOp) and op.match_conditions:
+            conditions = tuple(c._replace(path=stored(c.path)) for c in op.match_conditions)
+            return op._replace(match_conditions=conditions)
+        return op
+
     def _namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         conditions = op.match_conditions or ()
         need = op.offset + op.limit
         active = self.harness.filters({})
         prefix = _walk_prefix(conditions)
         out: list[tuple[str, ...]] = []
+        listed: set[tuple[str, ...]] = set()
         after: str | None = None
         while len(out) < need:
             page = self.harness.store.tag_names(active, prefix, after, PAGE)
@@ -354,8 +378,11 @@ class ClawVMStore(BaseStore):
                 if ns is None or not all(_ns_matches(c, ns) for c in conditions):
                     continue
                 shown = ns[: op.max_depth] if op.max_depth is not None else ns
-                if not out or out[-1] != shown:  # tags come in namespace order: duplicates are adjacent
+                # tags come in namespace order, except the shortened tags of long labels: a set, not the
+                # last one, says whether a namespace cut to max_depth was listed already
+                if shown not in listed:
                     out.append(shown)
+                    listed.add(shown)
                 if len(out) >= need:
                     break
             if len(page) < PAGE:
