@@ -782,3 +782,16 @@ def test_long_labels_cut_to_a_depth_are_listed_once(mem_harness: Harness) -> Non
     for ns in [(long, "b"), (long + "y",), (long, "a"), (long, "c"), (long + "y", "z"), (long,)]:
         store.put(ns, "k", {"v": 1})
     assert sorted(store.list_namespaces(max_depth=1)) == [(long,), (long + "y",)]
+
+
+def test_a_filtered_search_ranks_matches_beyond_the_first_window(mem_harness: Harness) -> None:
+    """The filter was applied to the query's best 4 x limit candidates only; the matches past them came
+    back after the ranked ones, unscored, newest first."""
+    store = ClawVMStore(mem_harness)
+    for i in range(40):
+        store.put(("kb",), f"en{i}", {"text": f"weather in city {i}", "lang": "en"})
+    store.put(("kb",), "fr", {"text": "the payments API answers 503", "lang": "fr"})
+    for i in range(40, 60):
+        store.put(("kb",), f"en{i}", {"text": f"weather in city {i}", "lang": "en"})
+    (hit,) = store.search(("kb",), query="weather", filter={"lang": "fr"}, limit=1)
+    assert hit.key == "fr" and hit.score is not None

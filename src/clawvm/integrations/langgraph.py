@@ -311,23 +311,41 @@ class ClawVMStore(BaseStore):
         """The indexed items the query finds, best first, scored by cosine similarity (see the module
         docstring): the vector search's best ``SEARCH_WIDEN * need`` (some may be filtered out or not
         indexed); without an embedder, lexical recall's best ``need`` (``SEARCH_WIDEN`` times that with a
-        ``filter``), unscored."""
+        ``filter``), unscored. With a ``filter`` that leaves fewer than ``need`` of them, the search
+        widens ``SEARCH_WIDEN``-fold until enough match or none is left: the matches past the first
+        window came back after the ranked ones, unscored, newest first."""
         vector = self._embed_query(query)
+        k = need * SEARCH_WIDEN if filtered or vector is not None else need
+        while True:
+            found, candidates = self._ranked_within(query, vector, scope, filters, k, wanted)
+            if not filtered or len(found) >= need or candidates < k:
+                return found
+            k *= SEARCH_WIDEN
+
+    def _ranked_within(
+        self,
+        query: str,
+        vector: np.ndarray | None,
+        scope: list[str],
+        filters: Filters,
+        k: int,
+        wanted: Callable[[Memory], bool],
+    ) -> tuple[list[Scored], int]:
+        """The wanted indexed items among the query's best ``k`` candidates, best first, and how many
+        candidates there were (fewer than ``k``: the namespace has no more)."""
         if vector is None:
-            k = need * SEARCH_WIDEN if filtered else need
             hits = self.harness.recall(query, k=k, track=False, tags=scope)
-            return [(h.memory, None) for h in hits if _indexed(h.memory) and wanted(h.memory)]
+            return [(h.memory, None) for h in hits if _indexed(h.memory) and wanted(h.memory)], len(hits)
         store = self.harness.store
-        k = need * SEARCH_WIDEN
         ids = [i for i, _ in store.query(Query(filters=filters, vector=vector, lexical=False, limit=k)).dense]
         memories, vectors = store.get_many(ids), store.vectors_of(ids)
-        scored: list[tuple[Memory, float]] = []
+        scored: list[Scored] = []
         for i in ids:
             m, v = memories.get(i), vectors.get(i)
             if m is not None and v is not None and _indexed(m) and wanted(m):
                 scored.append((m, _cosine(v, vector)))
-        scored.sort(key=lambda pair: -pair[1])
-        return list(scored)
+        scored.sort(key=lambda pair: -(pair[1] or 0.0))
+        return scored, len(ids)
 
     def _newest(self, filters: Filters, first: int) -> Iterator[Memory]:
         """The memories matching ``filters``, newest first, in keyset pages that start at ``first`` (what
