@@ -204,6 +204,7 @@ def test_stdio_tools_resources_and_per_call_scope(engine_name: str, tmp_path: Pa
         True
     ] * 4
     assert out["bad_scope"]["field"] == "session_id" and out["blank_scope"]["field"] == "session_id"
+    assert "session id" in out["bad_scope"]["fix"] and out["blank_scope"]["fix"]  # what to send instead
 
     with Harness.open(target, embedder=None) as h:  # what the server wrote, where it wrote it
         fact = h.get(fact_id)

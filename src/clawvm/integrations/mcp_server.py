@@ -233,7 +233,10 @@ class _MemoryServer:
             # a blank one recorded memories with no scope that the same scope's reads then missed
             if value is not None and not (isinstance(value, str) and value.strip()):
                 return error_reply(
-                    "invalid_arguments", f"{arg}: expected a string with text in it, or null", field=arg
+                    "invalid_arguments",
+                    f"{arg}: expected a string with text in it, or null",
+                    field=arg,
+                    fix=f"pass the {arg.replace('_', ' ')} (non-blank text), or leave it out",
                 )
         writes = params.name in self.catalog.names and not self.catalog.effect(params.name).read_only
         if writes and not self.access_of(ctx).may_write:
