@@ -555,6 +555,32 @@ def test_a_grant_revoked_between_retries_stops_the_next_one(lexical: Harness) ->
     assert "+writer" not in teams.latest(h, m.id).content and len(tries) == 1
 
 
+def test_bad_team_input_is_refused_naming_the_field(lexical: Harness) -> None:
+    """Each of these raised a bare ValueError or AttributeError, or was stored as given."""
+    h = lexical
+    h.grant("pay", "planner", write=True)
+    m = teams.record(h, "refunds take two days", agent_id="planner", team_id="pay", kind="decision")
+    cases: list[tuple[str, Any]] = [
+        ("scope", lambda: teams.record(h, "y", agent_id="planner", team_id="pay", scope="global")),
+        ("subject", lambda: teams.record(h, "y", agent_id="planner", team_id="pay", subject=["a"])),
+        ("task_type", lambda: teams.record(h, "y", agent_id="planner", team_id="pay", task_type=" ")),
+        ("task_type", lambda: h.guidance("planner", "refunds", 100, task_type=5)),
+        ("budget_tokens", lambda: h.guidance("planner", "refunds", True)),
+        ("metadata", lambda: h.revise(m.id, agent_id="planner", metadata="x")),
+        ("links", lambda: h.revise(m.id, agent_id="planner", links="x")),
+        ("conflict_id", lambda: h.resolve_conflict(m.id, keep=m.id)),
+    ]
+    for field, call in cases:
+        with pytest.raises(ValidationError) as refused:
+            call()
+        assert refused.value.field == field, (field, refused.value)
+    assert h.count(team_id="pay") == 1 and h.get(m.id).version == 1  # nothing written
+    # links given as record() takes them, {type, target}, are taken by a revision too
+    other = h.record("the refund runbook", kind="note")
+    head = h.revise(m.id, agent_id="planner", links=[{"type": "refers_to", "target": other.id}])
+    assert {(link.type.value, link.target) for link in head.links} >= {("refers_to", other.id)}
+
+
 def test_review_cli_lists_approves_and_rejects(tmp_path: Path) -> None:
     db = str(tmp_path / "cli.db")
     with Harness.open(db, embedder=None) as h:

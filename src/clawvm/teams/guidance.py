@@ -213,7 +213,7 @@ def build_guidance(
     k: int = 30,
 ) -> Guidance:
     """Guidance for ``agent_id`` about to work on ``task`` (see the module docstring)."""
-    if not isinstance(budget_tokens, int) or budget_tokens < 1:
+    if isinstance(budget_tokens, bool) or not isinstance(budget_tokens, int) or budget_tokens < 1:
         raise ValidationError("budget_tokens", f"is {budget_tokens!r}", "pass a positive integer")
     if not isinstance(task, str):
         raise ValidationError("task", f"has type {type(task).__name__}", "pass the task's text")

@@ -116,6 +116,8 @@ _IMMUTABLE_IN_REVISION = frozenset(
 
 def task_type_tag(task_type: str) -> str:
     """The tag that marks memories learned on tasks of ``task_type`` (guidance matches on it)."""
+    if not isinstance(task_type, str) or not task_type.strip():
+        raise ValidationError("task_type", f"is {task_type!r}", "name the kind of task (non-blank text)")
     return f"task-type:{task_type.strip().lower()}"
 
 
@@ -282,13 +284,21 @@ def record(
     ``task_type`` tags it so guidance for later tasks of that type finds it; ``subject`` names what a
     DECISION/KNOWLEDGE is about (fusion flags two different ones on the same subject as a conflict).
     """
-    scope = Scope(scope) if scope is not None else (Scope.TEAM if team_id else Scope.PRIVATE)
-    tags = list(fields.pop("tags", []))
-    metadata = dict(fields.pop("metadata", {}))
-    if task_type:
+    # a scope given is checked by record() with every other field (Scope(...) here raised a bare ValueError)
+    scope = scope if scope is not None else (Scope.TEAM if team_id else Scope.PRIVATE)
+    tags = list(fields.pop("tags", None) or [])
+    metadata = fields.pop("metadata", None) or {}
+    if not isinstance(metadata, Mapping):
+        raise ValidationError("metadata", f"is a {type(metadata).__name__}", "pass a JSON object (a dict)")
+    metadata = dict(metadata)
+    if task_type is not None:
         tags.append(task_type_tag(task_type))
         metadata["task_type"] = task_type
-    if subject:
+    if subject is not None:
+        if not isinstance(subject, str) or not subject.strip():
+            raise ValidationError(
+                "subject", f"is {subject!r}", "name what the memory is about (non-blank text)"
+            )
         metadata["subject"] = subject
     return h.record(
         content,
@@ -402,7 +412,10 @@ def build_revision(
             "is set by approve() or reject()",
             "leave it out: the harness keeps it",
         )
-    metadata = dict(changes.pop("metadata", current.metadata))
+    metadata = changes.pop("metadata", current.metadata)
+    if not isinstance(metadata, Mapping):
+        raise ValidationError("metadata", f"is a {type(metadata).__name__}", "pass a JSON object (a dict)")
+    metadata = dict(metadata)
     # the old revision's redaction mark describes its text and is sealed to its id: the write path marks
     # the new revision's text itself
     metadata.pop(REDACTION_FIELD, None)
@@ -420,7 +433,11 @@ def build_revision(
         "number": int(info.get("number", 1)) + 1,
         "previous": current.id,
     }
-    links = [link for link in changes.pop("links", current.links) if link.type is not LinkType.REVISES]
+    given_links = changes.pop("links", current.links)
+    if not isinstance(given_links, list | tuple):
+        raise ValidationError("links", f"is a {type(given_links).__name__}", "pass a list of links")
+    # a link given as {"type", "target"} (as record() takes it) is validated with the revision below
+    links = [link for link in given_links if _link_type(link) != LinkType.REVISES]
     links = [*links, Link(type=LinkType.REVISES, target=current.id), *extra_links]
     # the status goes on as it was (revise refuses obsolete and expired ones): a revision of an archived
     # memory (a closed conflict note, an error folded into a pitfall) is archived too; made active, it
@@ -439,6 +456,11 @@ def build_revision(
         }
     )
     return old, new
+
+
+def _link_type(link: object) -> object:
+    """The type of a link given as a :class:`Link` or as the mapping record() also takes."""
+    return link.type if isinstance(link, Link) else link.get("type") if isinstance(link, Mapping) else None
 
 
 def revise(
@@ -737,6 +759,12 @@ def reject(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str | 
 def resolve_conflict(h: TeamHost, conflict_id: str, *, keep: str, by: str | None = None) -> Memory:
     """Keep one side of a conflict (approved) and reject the others; returns the kept memory."""
     note = h.store.get(conflict_id)
+    if CONFLICT_TAG not in note.tags or note.kind is not Kind.NOTE:  # it said "keep ... is not a side"
+        raise ValidationError(
+            "conflict_id",
+            f"{conflict_id} is not a conflict note",
+            "pass the id of a note open_conflicts() lists",
+        )
     if note.status is not Status.ACTIVE:  # resolved again, the other way, it left both sides obsolete
         review = note.metadata.get(REVIEW_FIELD, {})
         raise StateConflictError(
