@@ -5,6 +5,7 @@ loopback), conflicting decisions flagged for review; never across readers."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from clawvm import Harness, Kind, LinkType, Memory, StateConflictError, Status, ValidationError
 from clawvm.store import Event
 from clawvm.store.kinds import EventKind
+from clawvm.teams import merge
 from clawvm.teams import shared as teams
 from clawvm.teams.merge import (
     ExtractiveSynthesizer,
@@ -338,6 +340,47 @@ def test_a_revised_closed_conflict_stays_closed(engine_name: str, lexical: Harne
     h.approve(note_id, by="lead")  # not a conflict: closed, archived
     head = h.revise(note_id, agent_id="writer", content="Conflict (reopened by a writer)")
     assert head.status is Status.ARCHIVED and teams.open_conflicts(h) == []
+
+
+def test_runs_side_by_side_flag_each_conflict_once(
+    engine_name: str, lexical: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each run read the flagged pairs once, at its start: two runs at once flagged every pair twice (79
+    notes for 40 pairs in a trial). Of one pair's notes the first stays and the later runs drop theirs."""
+    h = lexical
+    crew(h)
+    for n in range(4):
+        decide(h, f"Use Redis for cache {n}", "planner", f"cache {n}")
+        decide(h, f"Use Memcached for cache {n}", "writer", f"cache {n}")
+    first = merge_team(h, team_id="pay").conflicts
+    assert len(first) == 4
+    # a second run that read the flagged pairs before the first wrote its notes
+    monkeypatch.setattr(merge._KnownConflicts, "read", classmethod(lambda cls, host: cls()))
+    assert merge_team(h, team_id="pay").conflicts == []
+    assert sorted(n.id for n in teams.open_conflicts(h)) == sorted(first)
+    monkeypatch.undo()
+    threads = [threading.Thread(target=merge_team, args=(h,), kwargs={"team_id": "pay"}) for _ in range(3)]
+    decide(h, "Use Redis for the queue", "planner", "queue")
+    decide(h, "Use Kafka for the queue", "writer", "queue")
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(teams.open_conflicts(h)) == 5
+
+
+def test_a_merged_duplicate_of_one_side_keeps_its_conflict_closed(engine_name: str, lexical: Harness) -> None:
+    """The merge of two duplicates kept the newer one's chain: its root was not the flagged side's, so a
+    conflict the lead had closed was flagged again."""
+    h = lexical
+    crew(h)
+    decide(h, "Retry failed refunds 3 times", "planner", "refund retries")
+    decide(h, "Retry failed refunds 5 times", "writer", "refund retries")
+    (note,) = merge_team(h, team_id="pay").conflicts
+    h.approve(note, by="lead")  # not a conflict
+    decide(h, "Retry failed refunds 3 times", "reviewer", "refund retries")  # a duplicate of one side
+    report = merge_team(h, team_id="pay")
+    assert len(report.merged) == 1 and report.conflicts == [] and teams.open_conflicts(h) == []
 
 
 def test_a_conflict_is_resolved_by_the_short_id_its_note_shows(lexical: Harness) -> None:

@@ -31,6 +31,7 @@ picked up by the next run.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Sequence
@@ -87,6 +88,8 @@ _NEGATION = re.compile(
     r"\b(not|no|never|don't|dont|avoid|without|instead|disable[ds]?|stop|forbid\w*)\b", re.I
 )
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
+#: Notes of one conflict pair read to find the first (concurrent runs write a few at most).
+PAIR_TWINS = 50
 
 
 class SynthesisError(UpstreamError):
@@ -322,8 +325,9 @@ def _provenance(m: Memory) -> list[dict[str, Any]]:
     known = m.metadata.get("provenance")
     if known:
         return list(known)
+    created = m.created_at.isoformat()
     return [
-        {"id": m.id, "agent_id": m.agent_id, "task_id": m.task_id, "created_at": m.created_at.isoformat()}
+        {"id": m.id, "root": root_id(m), "agent_id": m.agent_id, "task_id": m.task_id, "created_at": created}
     ]
 
 
@@ -609,7 +613,7 @@ def contradicts(a: str, b: str) -> bool:
 
 
 def flag_conflicts(h: MergeHost, cfg: MergeConfig, report: MergeReport, team_id: str | None = None) -> None:
-    known = _known_conflicts(h)
+    known = _KnownConflicts.read(h)
     for group in _active(h, (Kind.DECISION, Kind.KNOWLEDGE), team_id).values():
         items = [m for m in group if PITFALL_TAG not in m.tags]
         if len(items) < 2:
@@ -618,8 +622,7 @@ def flag_conflicts(h: MergeHost, cfg: MergeConfig, report: MergeReport, team_id:
         for i in range(len(items)):
             for j in range(i + 1, len(items)):
                 a, b = items[i], items[j]
-                key = frozenset({root_id(a), root_id(b)})
-                if len(key) < 2 or key in known:
+                if root_id(a) == root_id(b) or known.between(a, b):
                     continue
                 similar = sim.lexical(i, j) >= cfg.duplicate_lexical or sim.dense(i, j) >= cfg.duplicate_dense
                 if similar and not contradicts(a.content, b.content):
@@ -630,14 +633,70 @@ def flag_conflicts(h: MergeHost, cfg: MergeConfig, report: MergeReport, team_id:
                 else:
                     same = sim.lexical(i, j) >= cfg.subject_lexical and contradicts(a.content, b.content)
                 if same:
-                    known.add(key)
-                    report.conflicts.append(_flag(h, a, b, sa or sb).id)
+                    known.add(root_id(a), root_id(b))
+                    note = _flag(h, a, b, sa or sb)
+                    if _first_of_its_pair(h, note):
+                        report.conflicts.append(note.id)
 
 
-def _known_conflicts(h: MergeHost) -> set[frozenset[str]]:
-    """Conflicts flagged before, open or closed (a closed one is not flagged again)."""
-    f = Filters.of(tenant=h.tenant, kind=Kind.NOTE, tags=[CONFLICT_TAG])
-    return {frozenset(n.metadata.get("conflict", {}).get("roots", [])) for n in h.store.iter_all(f)}
+@dataclass
+class _KnownConflicts:
+    """The pairs flagged before, open or closed (a closed one is not flagged again), by the roots of their
+    sides' revision chains. A side known under another root is the same side too: a merge of duplicates
+    keeps one source's chain and names the others in its provenance (a duplicate of one side, merged,
+    flagged the conflict again, even one a lead had closed)."""
+
+    partners: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+
+    @classmethod
+    def read(cls, h: MergeHost) -> _KnownConflicts:
+        known = cls()
+        f = Filters.of(tenant=h.tenant, kind=Kind.NOTE, tags=[CONFLICT_TAG])
+        for note in h.store.iter_all(f):
+            roots = [str(r) for r in note.metadata.get("conflict", {}).get("roots", [])]
+            if len(roots) == 2:
+                known.add(*roots)
+        return known
+
+    def add(self, a: str, b: str) -> None:
+        self.partners[a].add(b)
+        self.partners[b].add(a)
+
+    def between(self, a: Memory, b: Memory) -> bool:
+        theirs = _lineage(b)
+        return any(self.partners.get(r, set()) & theirs for r in _lineage(a))
+
+
+def _lineage(m: Memory) -> set[str]:
+    """Every id ``m`` stands for: its chain's root and, for a merge, each source (and its root)."""
+    out = {root_id(m)}
+    for source in m.metadata.get("provenance", []):
+        out.update(str(source[k]) for k in ("id", "root") if isinstance(source, dict) and source.get(k))
+    return out
+
+
+def _pair_tag(a: Memory, b: Memory) -> str:
+    """The tag of the conflict notes of one pair of chains: concurrent runs of merge_team flag a pair each."""
+    roots = "|".join(sorted((root_id(a), root_id(b))))
+    return f"{CONFLICT_TAG}:{hashlib.sha256(roots.encode()).hexdigest()[:16]}"
+
+
+def _first_of_its_pair(h: MergeHost, note: Memory) -> bool:
+    """Whether ``note`` is the first note of its pair: a run beside another (threads, processes) may flag
+    the same pair at the same time. Of its notes the first stays; the others are deleted by the runs that
+    wrote them (each sees the same first one), so the pair is flagged once."""
+    pair = next((t for t in note.tags if t.startswith(f"{CONFLICT_TAG}:")), None)
+    if pair is None:
+        return True
+    twins = h.store.page(Filters.of(tenant=h.tenant, kind=Kind.NOTE, tags=[pair]), None, PAIR_TWINS)
+    first = min(twins, key=lambda m: (m.created_at, m.id), default=note)
+    if first.id == note.id:
+        return True
+    forgot = Event(
+        kind=EventKind.FORGET, memory_id=note.id, tenant=note.tenant, at=h.now(), data={"kind": "note"}
+    )
+    h.writer.delete([note], [forgot])
+    return False
 
 
 def _flag(h: MergeHost, a: Memory, b: Memory, subject: str | None) -> Memory:
@@ -655,7 +714,7 @@ def _flag(h: MergeHost, a: Memory, b: Memory, subject: str | None) -> Memory:
         team_id=a.team_id,
         task_id=a.task_id,
         agent_id=owner,
-        tags=[CONFLICT_TAG],
+        tags=[CONFLICT_TAG, _pair_tag(a, b)],
         tier=Tier.LONG_TERM,
         links=[{"type": LinkType.REFERS_TO, "target": a.id}, {"type": LinkType.REFERS_TO, "target": b.id}],
         metadata={"conflict": {"ids": [a.id, b.id], "roots": [root_id(a), root_id(b)], "subject": subject}},
