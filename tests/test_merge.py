@@ -346,7 +346,7 @@ def test_runs_side_by_side_flag_each_conflict_once(
     engine_name: str, lexical: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each run read the flagged pairs once, at its start: two runs at once flagged every pair twice (79
-    notes for 40 pairs in a trial). Of one pair's notes the first stays and the later runs drop theirs."""
+    notes for 40 pairs in a trial). A pair's note has one id, so the store keeps the first."""
     h = lexical
     crew(h)
     for n in range(4):
@@ -381,6 +381,26 @@ def test_a_merged_duplicate_of_one_side_keeps_its_conflict_closed(engine_name: s
     decide(h, "Retry failed refunds 3 times", "reviewer", "refund retries")  # a duplicate of one side
     report = merge_team(h, team_id="pay")
     assert len(report.merged) == 1 and report.conflicts == [] and teams.open_conflicts(h) == []
+
+
+def test_guidance_shows_a_side_of_an_open_conflict_only_with_the_conflict(lexical: Harness) -> None:
+    """At small budgets the conflict line did not fit its quota while one side did, so the disputed
+    decision read as the team's practice."""
+    h = lexical
+    crew(h)
+    h.grant("pay", "intern")
+    sides = (("original card", "planner"), ("store credit", "writer"), ("bank transfer", "reviewer"))
+    for text, agent in sides:
+        decide(h, f"Refunds go to the {text}", agent, "refund method")
+    notes = {n: teams.conflict_sides(h.get(n)) for n in merge_team(h, team_id="pay").conflicts}
+    assert len(notes) == 3
+    shown_sides = 0
+    for budget in range(20, 400, 10):
+        shown = {item.id for item in h.guidance("intern", "how do refunds go out", budget).items}
+        for side in shown - set(notes):
+            assert all(n in shown for n, sides in notes.items() if side in sides), (budget, side)
+            shown_sides += 1
+    assert shown_sides  # at larger budgets the newest side is shown, with its conflicts
 
 
 def test_a_conflict_is_resolved_by_the_short_id_its_note_shows(lexical: Harness) -> None:

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import builtins
 import re
-from collections.abc import Iterable, Iterator
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -246,11 +247,14 @@ def build_guidance(
             offer(m, boost, f"learned on an earlier {task_type} task{also}")
     conflicts = open_conflicts(h, visible_to=vis)
     _prefer_newest_decisions(h, vis, found, conflicts)
+    disputed: dict[str, set[str]] = defaultdict(set)  # a side of an open conflict -> its conflict notes
     for note in conflicts:
         sides = conflict_sides(note)
-        touches = any(c.memory.id in sides or root_id(c.memory) in sides for c in found.values())
-        offer(note, 1.0 if touches else 0.2, "conflict among these memories" if touches else "open conflict")
-    picked = _pack(list(found.values()), budget_tokens)
+        touched = [c.memory.id for c in found.values() if c.memory.id in sides or root_id(c.memory) in sides]
+        for side in touched:
+            disputed[side].add(note.id)
+        offer(note, 1.0 if touched else 0.2, "conflict among these memories" if touched else "open conflict")
+    picked = _pack(list(found.values()), budget_tokens, disputed)
     items = [
         GuidanceItem(
             id=c.memory.id,
@@ -319,8 +323,13 @@ def _prefer_newest_decisions(
             found[newest.id] = _Candidate(newest, section_of(newest), best.relevance, reason)
 
 
-def _pack(candidates: list[_Candidate], budget: int) -> list[_Candidate]:
-    """Pick lines: per section in order, best first, within the section's quota; then leftovers."""
+def _pack(
+    candidates: list[_Candidate], budget: int, disputed: Mapping[str, set[str]] | None = None
+) -> list[_Candidate]:
+    """Pick lines: per section in order, best first, within the section's quota; then leftovers. A side
+    of an open conflict (``disputed``: its id -> the conflict notes) only after its conflict's line: at a
+    small budget the conflict line did not fit while the side did, which read as the team's settled
+    practice."""
     header_tokens = {s: count_tokens(HEADERS[s]) for s in SECTIONS}
     lines = {id(c): format_line(c.memory) for c in candidates}
     cost = {id(c): count_tokens(lines[id(c)]) for c in candidates}
@@ -330,6 +339,8 @@ def _pack(candidates: list[_Candidate], budget: int) -> list[_Candidate]:
 
     def try_add(c: _Candidate, limit: int) -> bool:
         nonlocal used
+        if not (disputed or {}).get(c.memory.id, set()) <= {p.memory.id for p in picked}:
+            return False
         extra = cost[id(c)] + (0 if c.section in opened else header_tokens[c.section])
         if used + extra > limit:
             return False

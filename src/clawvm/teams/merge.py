@@ -31,8 +31,8 @@ picked up by the next run.
 
 from __future__ import annotations
 
-import hashlib
 import re
+import uuid
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -88,8 +88,8 @@ _NEGATION = re.compile(
     r"\b(not|no|never|don't|dont|avoid|without|instead|disable[ds]?|stop|forbid\w*)\b", re.I
 )
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
-#: Notes of one conflict pair read to find the first (concurrent runs write a few at most).
-PAIR_TWINS = 50
+#: Namespace of the conflict notes' ids (see conflict_note_id).
+_CONFLICT_NAMESPACE = uuid.UUID("9b7e1f3c-2a64-4d0b-8f51-6c3e2d1a7b90")
 
 
 class SynthesisError(UpstreamError):
@@ -635,7 +635,7 @@ def flag_conflicts(h: MergeHost, cfg: MergeConfig, report: MergeReport, team_id:
                 if same:
                     known.add(root_id(a), root_id(b))
                     note = _flag(h, a, b, sa or sb)
-                    if _first_of_its_pair(h, note):
+                    if note is not None:
                         report.conflicts.append(note.id)
 
 
@@ -675,31 +675,16 @@ def _lineage(m: Memory) -> set[str]:
     return out
 
 
-def _pair_tag(a: Memory, b: Memory) -> str:
-    """The tag of the conflict notes of one pair of chains: concurrent runs of merge_team flag a pair each."""
-    roots = "|".join(sorted((root_id(a), root_id(b))))
-    return f"{CONFLICT_TAG}:{hashlib.sha256(roots.encode()).hexdigest()[:16]}"
+def conflict_note_id(tenant: str, a: Memory, b: Memory) -> str:
+    """The id of the conflict note of the chains of ``a`` and ``b`` (either order): one per pair, so runs of
+    merge_team at the same time (threads, processes) cannot flag a pair twice: the store refuses the
+    second note's id (each run read the flagged pairs once, at its start, and both wrote one)."""
+    roots = "\x00".join(sorted((root_id(a), root_id(b))))
+    return str(uuid.uuid5(_CONFLICT_NAMESPACE, f"conflict\x00{tenant}\x00{roots}"))
 
 
-def _first_of_its_pair(h: MergeHost, note: Memory) -> bool:
-    """Whether ``note`` is the first note of its pair: a run beside another (threads, processes) may flag
-    the same pair at the same time. Of its notes the first stays; the others are deleted by the runs that
-    wrote them (each sees the same first one), so the pair is flagged once."""
-    pair = next((t for t in note.tags if t.startswith(f"{CONFLICT_TAG}:")), None)
-    if pair is None:
-        return True
-    twins = h.store.page(Filters.of(tenant=h.tenant, kind=Kind.NOTE, tags=[pair]), None, PAIR_TWINS)
-    first = min(twins, key=lambda m: (m.created_at, m.id), default=note)
-    if first.id == note.id:
-        return True
-    forgot = Event(
-        kind=EventKind.FORGET, memory_id=note.id, tenant=note.tenant, at=h.now(), data={"kind": "note"}
-    )
-    h.writer.delete([note], [forgot])
-    return False
-
-
-def _flag(h: MergeHost, a: Memory, b: Memory, subject: str | None) -> Memory:
+def _flag(h: MergeHost, a: Memory, b: Memory, subject: str | None) -> Memory | None:
+    """Record the conflict note of ``a`` and ``b``; None when a run beside this one recorded it first."""
     a, b = sorted((a, b), key=lambda m: (m.created_at, m.id))
     about = f"'{subject}'" if subject else "the same subject"
     text = (
@@ -707,14 +692,24 @@ def _flag(h: MergeHost, a: Memory, b: Memory, subject: str | None) -> Memory:
         f"[{short_id(b.id)}] {' '.join(b.content.split())[:160]}"
     )
     owner = a.agent_id if a.scope is Scope.PRIVATE else None
+    try:
+        return _record_note(h, a, b, subject, text, owner)
+    except ConflictError:  # its id is stored: the pair was flagged by another run meanwhile
+        return None
+
+
+def _record_note(
+    h: MergeHost, a: Memory, b: Memory, subject: str | None, text: str, owner: str | None
+) -> Memory:
     return h.record(
         text,
+        id=conflict_note_id(h.tenant, a, b),
         kind=Kind.NOTE,
         scope=a.scope,
         team_id=a.team_id,
         task_id=a.task_id,
         agent_id=owner,
-        tags=[CONFLICT_TAG, _pair_tag(a, b)],
+        tags=[CONFLICT_TAG],
         tier=Tier.LONG_TERM,
         links=[{"type": LinkType.REFERS_TO, "target": a.id}, {"type": LinkType.REFERS_TO, "target": b.id}],
         metadata={"conflict": {"ids": [a.id, b.id], "roots": [root_id(a), root_id(b)], "subject": subject}},
