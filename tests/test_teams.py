@@ -197,6 +197,10 @@ def test_writes_need_a_write_grant_and_write_nothing_otherwise(engine_name: str,
     with pytest.raises(ValidationError) as missing:
         teams.record(lexical, "a task memory without a task", agent_id="planner", scope="task")
     assert missing.value.field == "task_id"
+    # a private memory that names a team takes the grant too: it went into the team's review queue
+    with pytest.raises(AccessDeniedError) as private:
+        teams.record(lexical, "my own note for pay", agent_id="writer", team_id="pay", scope="private")
+    assert private.value.field == "team_id"
     assert lexical.count(status="any") == before
 
 

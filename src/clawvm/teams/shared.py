@@ -250,7 +250,7 @@ def check_write(h: TeamHost, memory: Memory, agent_id: str | None = None) -> Non
             raise AccessDeniedError(
                 "agent_id", f"{writer!r} may not write {memory.agent_id!r}'s private memory", "share it first"
             )
-        return
+        # a private memory that names a team still takes the grant (it went into the team's review queue)
     if memory.team_id is not None and not can_write(h, writer, memory.team_id):
         raise AccessDeniedError(
             "team_id",
