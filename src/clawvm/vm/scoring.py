@@ -149,8 +149,10 @@ def _check_per_kind(name: str, table: object, wanted: str, within: Callable[[flo
 DEFAULT_SCORING = ScoringConfig()
 
 
-@dataclass(frozen=True)
-class ValueBreakdown:
+class ValueBreakdown(NamedTuple):
+    """Every term of the value formula for one memory at one instant (see the module docstring). A
+    NamedTuple: the pager builds one for each member of a tier it scores, as cheaply as a tuple."""
+
     value: float
     base: float
     signals: dict[str, float]
@@ -164,7 +166,7 @@ class ValueBreakdown:
     pinned: bool
 
     def as_dict(self) -> dict[str, object]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return dict(self._asdict())
 
 
 @lru_cache(maxsize=65536)
@@ -221,31 +223,15 @@ def _sat(count: float, at: float = 10.0) -> float:
 
 def explain(memory: Memory, now: datetime, cfg: ScoringConfig = DEFAULT_SCORING) -> ValueBreakdown:
     """Every component of the value formula (see the module docstring) for ``memory`` at ``now``."""
-    return ValueBreakdown(**_components(memory, now, cfg)._asdict(), pinned=memory.pinned)
+    return _components(memory, now, cfg)
 
 
 def value(memory: Memory, now: datetime, cfg: ScoringConfig = DEFAULT_SCORING) -> float:
-    # the pager scores every member of a tier to pick demotions: the formula without the breakdown object
-    # (a frozen dataclass of 11 fields, a third of the cost)
+    # the pager scores every member of a tier to pick demotions
     return _components(memory, now, cfg).value
 
 
-class _Parts(NamedTuple):
-    """The formula's terms (a NamedTuple: built once per memory scored, as cheap as a tuple)."""
-
-    value: float
-    base: float
-    signals: dict[str, float]
-    cost: float
-    recency: float
-    access: float
-    injected: float
-    cited: float
-    success: float
-    feedback: float
-
-
-def _components(memory: Memory, now: datetime, cfg: ScoringConfig) -> _Parts:
+def _components(memory: Memory, now: datetime, cfg: ScoringConfig) -> ValueBreakdown:
     """Every term of the formula, and the value they make."""
     u = memory.usage
     base = cfg.base.get(memory.kind.value, 0.4)
@@ -269,4 +255,6 @@ def _components(memory: Memory, now: datetime, cfg: ScoringConfig) -> _Parts:
         + feedback
     )
     value = 1.0 if memory.pinned else min(1.0, max(0.0, raw))
-    return _Parts(value, base, signals, cost, rec, access, injected, cited, success, feedback)
+    return ValueBreakdown(
+        value, base, signals, cost, rec, access, injected, cited, success, feedback, memory.pinned
+    )
