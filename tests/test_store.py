@@ -571,6 +571,10 @@ FILTER_CASES: list[tuple[dict[str, Any], str]] = [
     ({"live_at": T1}, "bcd"),  # exclusive: expiring at T1 is expired at T1; no expiry is always live
     ({"live_at": T0}, "abcd"),
     ({"live_at": T1, "status": "active"}, "c"),
+    # an active memory only when due by then (a read of expired memories that no sweep marked yet)
+    ({"active_due_by": T1}, "abd"),
+    ({"active_due_by": T0}, "bd"),
+    ({"active_due_by": T1, "status": ["active", "obsolete"]}, "ad"),
     ({"tenant": "t1", "status": "active"}, "a"),
     ({"session_id": "s1", "tags_any": ["y"], "kind": "tool_call"}, "a"),
 ]
@@ -793,6 +797,7 @@ FILTER_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "created_before": st.none() | st.sampled_from(POOL_TIMES),
     "expires_by": st.none() | st.sampled_from(POOL_TIMES),
     "live_at": st.none() | st.sampled_from(POOL_TIMES),
+    "active_due_by": st.none() | st.sampled_from(POOL_TIMES),
 }
 
 

@@ -986,9 +986,7 @@ def _lg_sweeper(w: World) -> Any:
     store = _lg(w)
     store.start_ttl_sweeper(sweep_interval_minutes=0.0005)  # every 30 ms
     deadline = time.monotonic() + 5
-    # polled below the harness: its reads of expired memories mark the due ones expired (an event)
-    left = w.harness.filters({"tags": ["langgraph"], "status": "any"})
-    while w.harness.store.count(left) and time.monotonic() < deadline:
+    while w.harness.count(tags=["langgraph"], status="any") and time.monotonic() < deadline:
         time.sleep(0.01)
     return store.stop_ttl_sweeper(timeout=5)
 

@@ -735,6 +735,10 @@ class Filters:
     visible_to: Visibility | None = None  # read permissions of one agent (see Visibility)
     expires_by: datetime | None = None  # ``expires_at`` is set and at or before this instant (due to expire)
     live_at: datetime | None = None  # ``expires_at`` is unset or after this instant (not expired by then)
+    # an ``active`` memory must be due to expire by this instant (``expires_at`` at or before it); other
+    # statuses are not concerned: with ``status`` {expired, active}, the memories expired by then, swept
+    # or not (a read of expired memories missed the due ones no tick had marked yet)
+    active_due_by: datetime | None = None
 
     SET_FIELDS = (
         "tenant",
@@ -768,7 +772,7 @@ class Filters:
                 args[name] = _checked_set(name, _as_set(_texts(name, _enum_values(v))))
             elif name == "tags_all":
                 args[name] = _tag_set("tags", v) or frozenset()
-            elif name in ("created_after", "created_before", "expires_by", "live_at"):
+            elif name in ("created_after", "created_before", "expires_by", "live_at", "active_due_by"):
                 args[name] = _instant(name, v)
             elif name == "pinned":
                 args[name] = _flag(name, v)
@@ -805,6 +809,10 @@ class Filters:
         if self.expires_by is not None and (m.expires_at is None or m.expires_at > self.expires_by):
             return False
         if self.live_at is not None and m.expires_at is not None and m.expires_at <= self.live_at:
+            return False
+        due_by = self.active_due_by
+        live = m.expires_at is None or (due_by is not None and m.expires_at > due_by)
+        if due_by is not None and m.status is Status.ACTIVE and live:
             return False
         return not (self.created_before is not None and not m.created_at < self.created_before)
 

@@ -124,8 +124,6 @@ log = logging.getLogger("clawvm.harness")
 PRELOADED_SESSIONS = 8192
 #: Tries of a forget whose memory keeps changing under it (each a pager pass or another writer racing it).
 FORGET_RETRIES = 5
-#: Due memories a read of expired ones marks expired per step (see Harness._expiry_settled), as tick() does.
-EXPIRY_PAGE = 500
 _IMMUTABLE = frozenset({"id", "created_at", "version", "changed_version", "tenant"})
 #: Metadata that compress() keeps: the compressed memory's pointer to its raw copy, and the raw copy's back.
 _COMPRESSION_METADATA = ("compression", "raw_of")
@@ -543,7 +541,7 @@ class Harness:
             raise ValidationError("query", f"has type {type(query).__name__}", "pass a string")
         k = counted("k", k)
         cfg = self.config if preset is None else _preset(preset)
-        f = self._expiry_settled(self.filters(filters))
+        f = self.filters(filters)
         started = time.perf_counter()
         vector: np.ndarray | PendingVector | None = None
         if self.embedder is None and dense_only(cfg) and not self._said_no_dense:
@@ -557,7 +555,7 @@ class Harness:
         named = query_authors(self._store, query, cfg, f)
         if cfg.uses("dense") and self.embedder is not None and query.strip():
             vector = self._query_embedding(dense_text(self._store, query, cfg, f, named))
-        hits = run_recall(self._store, query, vector, k, cfg, f, named)
+        hits = _seen_hits(run_recall(self._store, query, vector, k, cfg, f, named), self.now())
         if not track:
             return hits
         # a tracked recall is a stored access: logged (MemLens latency, hit rate, regret) in the same write
@@ -601,33 +599,19 @@ class Harness:
         return run_recall(self._store, query, vector, k, cfg, filters)
 
     def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]:
-        return self._store.list(self._expiry_settled(self.filters(filters)), limit=counted("limit", limit, 0))
+        found = self._store.list(self.filters(filters), limit=counted("limit", limit, 0))
+        return as_seen(found, self.now())
 
     def count(self, **filters: Any) -> int:
-        return self._store.count(self._expiry_settled(self.filters(filters)))
-
-    def _expiry_settled(self, f: Filters) -> Filters:
-        """``f``, after a read that asks for expired memories has had every due one marked expired.
-
-        A memory is expired from the moment its ``expires_at`` passes: reads of active memories leave it out
-        at once (:meth:`filters`), but the ``expired`` status is written by the sweep (:meth:`tick`). So
-        that a read of expired memories (``status="expired"`` or ``"any"``) does not miss, or show as
-        active, those no sweep has reached yet, it runs the sweep's expiry first (through the write path,
-        with its events), a page at a time until none is due: what is due, not the tenant's size."""
-        if f.status is None or Status.EXPIRED.value not in f.status:
-            return f
-        now = self.now()
-        with self._exclusive:
-            while len(self.pager.expire(self.tenant, now, EXPIRY_PAGE)) == EXPIRY_PAGE:
-                pass  # a full page: there may be more
-        return f
+        return self._store.count(self.filters(filters))
 
     def iter_all(self, *, newest_first: bool = False, batch: int = 500, **filters: Any) -> Iterator[Memory]:
         """Every memory matching ``filters`` (as for :meth:`list`), oldest first (newest first with
         ``newest_first``), read in keyset pages of ``batch``: what callers use instead of a "no limit"."""
-        f = self._expiry_settled(self.filters(filters))
-        pages = self._store.iter_all(f, counted("batch", batch), newest_first)
-        return while_open(pages, self._check_open)  # no page is read once the harness closed
+        pages = self._store.iter_all(self.filters(filters), counted("batch", batch), newest_first)
+        now = self.now()
+        seen = (as_seen([m], now)[0] for m in pages)
+        return while_open(seen, self._check_open)  # no page is read once the harness closed
 
     def events(
         self, after_seq: int = 0, limit: int = 1000, memory_id: str | None = None
@@ -1167,8 +1151,14 @@ class Harness:
                 raise
             shown = ", ".join(repr(x) for x in STATUS_CHOICES)
             raise ValidationError("status", exc.problem, f"use one of {shown}") from None
-        if f.status is not None and Status.ACTIVE.value in f.status and Status.EXPIRED.value not in f.status:
+        asked = f.status or frozenset()
+        active, expired = Status.ACTIVE.value in asked, Status.EXPIRED.value in asked
+        if active and not expired:
             f = f if f.live_at is not None else f.with_(live_at=self.now())  # due is as good as expired
+        elif expired and not active:
+            # expired ones, swept or not: the active ones due by now too (a read writes nothing)
+            due_by = f.active_due_by or self.now()
+            f = f.with_(status=asked | {Status.ACTIVE.value}, active_due_by=due_by)
         if f.status is not None and Status.INTERNAL.value in f.status:  # the harness's own records (grants)
             if f.status == {Status.INTERNAL.value}:  # else it answered "none", which was never true
                 raise ValidationError(
@@ -1298,6 +1288,24 @@ def _review_dropped(current: Memory, changes: dict[str, Any], *, reviewing: bool
     ):
         return changes
     return {**changes, "metadata": {k: v for k, v in metadata.items() if k != teams.REVIEW_FIELD}}
+
+
+def as_seen(memories: builtins.list[Memory], now: datetime) -> builtins.list[Memory]:
+    """``memories`` as reads show them at ``now``: a memory is expired from the moment its ``expires_at``
+    passes, so an active one past it shows status ``expired`` (stored active until tick() sweeps it; the
+    stored object, h.get() and h.store give it as stored)."""
+    return [
+        m.model_copy(update={"status": Status.EXPIRED})
+        if m.status is Status.ACTIVE and m.expires_at is not None and m.expires_at <= now
+        else m
+        for m in memories
+    ]
+
+
+def _seen_hits(hits: builtins.list[Recalled], now: datetime) -> builtins.list[Recalled]:
+    """Recall hits with their memories as reads show them (see :func:`as_seen`)."""
+    shown = as_seen([h.memory for h in hits], now)
+    return [h if m is h.memory else Recalled(m, h.score, h.explain) for h, m in zip(hits, shown, strict=True)]
 
 
 def _named(field: str, value: object, fix: str) -> str:

@@ -24,7 +24,7 @@ import numpy as np
 
 from clawvm.core.entities import entities
 from clawvm.core.lexical import LexicalIndex, top_rows, top_scores
-from clawvm.core.model import Filters, Memory, Scope, Visibility
+from clawvm.core.model import Filters, Memory, Scope, Status, Visibility
 from clawvm.core.vectors import VectorIndex
 from clawvm.store.base import CandidateInfo, Query, QueryResult, Related, check_vectors
 from clawvm.store.mapped import get_many, key_of, take
@@ -612,6 +612,9 @@ class SearchIndex:
             both(self._expires[rows] <= micros(f.expires_by))
         if f.live_at is not None:
             both(self._expires[rows] > micros(f.live_at))
+        if f.active_due_by is not None:
+            active = self._cols["status"].isin(frozenset([Status.ACTIVE.value]), rows)
+            both(~active | (self._expires[rows] <= micros(f.active_due_by)))
         if m is None:
             return None
         return m & self._alive[rows]

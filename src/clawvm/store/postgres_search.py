@@ -42,7 +42,7 @@ import psycopg
 from clawvm.core.errors import StoreError
 from clawvm.core.ids import is_valid_id
 from clawvm.core.lexical import Analyzer, BM25Params
-from clawvm.core.model import MAX_COUNT, Filters, Scope, Visibility
+from clawvm.core.model import MAX_COUNT, Filters, Scope, Status, Visibility
 from clawvm.store.base import CandidateInfo, Query, QueryResult, Related, check_vectors
 from clawvm.store.index import CONTEXT_WINDOW
 
@@ -116,6 +116,7 @@ _FILTER_SQL: dict[str, Callable[[str, Any], Clause]] = {
     "visible_to": _visible,
     "expires_by": lambda a, v: (f"{a}.expires_at <= %s", [v]),
     "live_at": lambda a, v: (f"({a}.expires_at IS NULL OR {a}.expires_at > %s)", [v]),
+    "active_due_by": lambda a, v: (f"({a}.status <> %s OR {a}.expires_at <= %s)", [Status.ACTIVE.value, v]),
 }
 
 
