@@ -534,7 +534,10 @@ def test_a_harness_record_is_no_callers_memory(lexical: Harness) -> None:
     through grant() and grants()."""
     lexical.grant("pay", "writer", write=True)
     (record,) = lexical.store.list(Filters.of(tags=[teams.GRANT_TAG], status="internal"))
-    for call in (lexical.history, lambda i: lexical.feedback(i, True), lexical.compress, lexical.revise):
+    calls = [lexical.history, lambda i: lexical.feedback(i, True), lexical.compress, lexical.revise]
+    calls += [lambda i: lexical.rate(i, 1), lexical.unpin, lexical.explain, lexical.pin]
+    calls += [lambda i: intervene(lexical, "set_tier", i, tier="archive")]  # the dashboard's move
+    for call in calls:
         with pytest.raises(ValidationError) as refused:
             call(record.id)
         assert refused.value.field == "memory_id" and "internal record" in refused.value.problem

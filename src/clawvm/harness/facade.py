@@ -456,8 +456,7 @@ class Harness:
 
     def _forget(self, memory_id: str) -> None:
         """One try at :meth:`forget`, deleting the memory and its raw copies as read."""
-        memory = self._store.get(memory_id)
-        refuse_internal(memory)
+        memory = self._callers(memory_id)
         owners = referenced_raw(self._store, memory)
         if owners:
             raise ValidationError(
@@ -514,7 +513,7 @@ class Harness:
         """
         if admin is not True:
             raise AccessDeniedError("role", "may not reveal redacted content", "ask an admin of the tenant")
-        memory = self._store.get(memory_id)
+        memory = self._callers(memory_id)
         if memory.tenant != self.tenant:  # as if it did not exist, like another tenant's id on the server
             raise NotFoundError("memory", memory_id)
         original = self.redactor.reveal(memory)
@@ -628,12 +627,12 @@ class Harness:
 
     def explain(self, memory_id: str) -> ValueBreakdown:
         """Every component of the memory's value score right now (see :mod:`clawvm.vm.scoring`)."""
-        return explain_value(self._store.get(memory_id), self.now(), self.pager.config.scoring)
+        return explain_value(self._callers(memory_id), self.now(), self.pager.config.scoring)
 
     @_exclusive
     def pin(self, memory_id: str) -> Memory:
         """Keep a memory in the working tier (and in every context of its session) until unpinned."""
-        memory = self._store.get(memory_id)
+        memory = self._callers(memory_id)
         self._refuse_expired(memory)
         if memory.status is not Status.ACTIVE:
             raise StateConflictError(
@@ -660,7 +659,7 @@ class Harness:
 
     @_exclusive
     def unpin(self, memory_id: str) -> Memory:
-        memory = self._store.get(memory_id)
+        memory = self._callers(memory_id)
         if not memory.pinned:
             return memory  # nothing to undo: no new version, no event
         unpinned = self.pager.mutate(memory, lambda _m: {"pinned": False}, self.now())
@@ -672,7 +671,7 @@ class Harness:
         """User feedback: +1 (useful) or -1 (not useful); feeds the value score."""
         if delta not in (-1, 1):
             raise ValidationError("delta", f"is {delta!r}", "pass +1 or -1")
-        memory = self._store.get(memory_id)
+        memory = self._callers(memory_id)
         rated = self.pager.mutate(
             memory,
             lambda m: {"usage": m.usage.model_copy(update={"feedback": m.usage.feedback + delta})},
@@ -797,15 +796,13 @@ class Harness:
     @_exclusive
     def compress(self, memory_id: str) -> Memory:
         """Summarize a memory reversibly (its raw text is kept and pointed to)."""
-        memory = self._store.get(memory_id)
-        refuse_internal(memory)
+        memory = self._callers(memory_id)
         self._refuse_expired(memory)  # as update() does: its text is due to be forgotten, not reshaped
         return compress_memory(self.writer, memory, self.summarizer, self.now(), reason="manual")
 
     @_exclusive
     def decompress(self, memory_id: str) -> Memory:
-        current = self._store.get(memory_id)
-        refuse_internal(current)
+        current = self._callers(memory_id)
         self._refuse_expired(current)  # decompressing would bring back the text its TTL promised to forget
         info = current.metadata.get("compression")
         if current.pinned and info:  # a pinned memory cannot be demoted: refuse to grow it past the budget
@@ -1193,6 +1190,14 @@ class Harness:
                 if stored != given:
                     changes[name] = stored
         return f.with_(**changes) if changes else f
+
+    def _callers(self, memory_id: str) -> Memory:
+        """The stored memory ``memory_id`` that a caller's id-taking method acts on; a record of the
+        harness's own (a team grant, the learned weights) is refused, naming ``memory_id``: reached by its
+        id, it was rated, moved and explained like a caller's memory."""
+        memory = self._store.get(memory_id)
+        refuse_internal(memory)
+        return memory
 
     def _check_vector(self, embedding: Sequence[float] | np.ndarray) -> np.ndarray:
         dim = self.embedder.dim if self.embedder else self._store.dim

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from clawvm.core.errors import ConflictError, StateConflictError, ValidationError
-from clawvm.core.model import Kind, Memory, Status, Tier, build_memory
+from clawvm.core.model import Kind, Memory, Status, Tier, build_memory, refuse_internal
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
 from clawvm.store.eventlog import WEIGHTS_KIND
@@ -263,6 +263,7 @@ def intervene(
     if action not in ACTIONS:
         raise ValidationError("action", f"is {action!r}", f"use one of {', '.join(ACTIONS)}")
     memory = harness.get(memory_id)
+    refuse_internal(memory)  # a grant or the learned weights: moved to the archive by the dashboard's tier
     now = harness.now()
     target = TARGETS.get(action)
     if action == "set_value":
