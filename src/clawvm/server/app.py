@@ -9,7 +9,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcon
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import APIRouter, FastAPI
 from starlette.routing import Route
 
 from clawvm.core.embed import Embedder
@@ -18,7 +18,6 @@ from clawvm.server.errors import ERROR_RESPONSES, install_error_handlers
 from clawvm.server.middleware import Guard
 from clawvm.server.routes import events, health, keys, memories, recall, sessions
 from clawvm.server.routes.dashboard import dashboard_router
-from clawvm.server.routes.params import known_query_only
 from clawvm.server.schemas.requests import state_embedding_dim
 from clawvm.server.service import RequestGauge, Service, embedder_from
 from clawvm.server.settings import ServerSettings
@@ -86,7 +85,6 @@ def create_app(
         description="Harness-managed memory for LLM agents. Every error is "
         '`{"error": {"code", "message", "field", "fix"}}`.',
         lifespan=lifespan,
-        dependencies=[Depends(known_query_only)],
     )
     app.state.service = service
     app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, gauge=service.requests)

@@ -25,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 
 from clawvm.core.errors import AuthenticationError
 from clawvm.harness import Harness
+from clawvm.server.routes.params import known_query_only
 from clawvm.server.service import Service, service_of
 from clawvm.store.keys import Permission, Principal
 
@@ -101,6 +102,7 @@ def caller_with(permission: Permission) -> Callable[..., Awaitable[Caller]]:
 
     async def dependency(request: Request, principal: Annotated[Principal, Depends(authenticate)]) -> Caller:
         principal.require(permission)
+        await known_query_only(request)  # after the key: a caller without one learns no parameter names
         service = service_of(request)
         harness = service.harness_made(principal.tenant)
         if harness is None:

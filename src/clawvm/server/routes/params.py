@@ -20,7 +20,8 @@ async def known_query_only(request: Request) -> None:  # async: no worker thread
     a misspelt filter (``?sesion_id=s1``) answered as if there were none, with every memory.
 
     The names are the route's own parameters (aliases and the fields of query models included), read
-    once per route; what is not a FastAPI route (the MCP endpoint, static files) is not checked."""
+    once per route. Called by the key check (:func:`clawvm.server.auth.caller_with`), once the caller is
+    known: the routes that take no key (health, the dashboard's page and files) are not checked."""
     route = request.scope.get("route")
     if not isinstance(route, APIRoute):
         return
