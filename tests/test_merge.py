@@ -369,6 +369,21 @@ def test_runs_side_by_side_flag_each_conflict_once(
     assert len(teams.open_conflicts(h)) == 5
 
 
+def test_fusion_flags_a_conflict_between_private_sides_of_an_agent_without_a_write_grant(
+    lexical: Harness,
+) -> None:
+    """Fusion is the application's write: the note of a conflict between an agent's private memories
+    that name a team was recorded as that agent, and refused once its grant was read-only."""
+    h = lexical
+    crew(h)
+    decide(h, "Use Redis for the session cache", "planner", scope="private")
+    decide(h, "Use Memcached for the session cache", "planner", scope="private")
+    h.grant("pay", "planner", read=True, write=False)
+    (note_id,) = merge_team(h, team_id="pay").conflicts
+    note = h.get(note_id)
+    assert note.scope is not None and note.scope.value == "private" and note.agent_id == "planner"
+
+
 def test_a_merged_duplicate_of_one_side_keeps_its_conflict_closed(engine_name: str, lexical: Harness) -> None:
     """The merge of two duplicates kept the newer one's chain: its root was not the flagged side's, so a
     conflict the lead had closed was flagged again."""

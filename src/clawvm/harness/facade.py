@@ -295,11 +295,18 @@ class Harness:
 
     # ---- writing ------------------------------------------------------------------------------------
     def record(
-        self, content: Any, *, embedding: Sequence[float] | np.ndarray | None = None, **fields: Any
+        self,
+        content: Any,
+        *,
+        embedding: Sequence[float] | np.ndarray | None = None,
+        as_agent: str | None = None,
+        **fields: Any,
     ) -> Memory:
         """Store a new memory and return it. Lexically searchable at once; embedded in the background.
 
         ``embedding`` attaches a precomputed vector instead (it must match the embedder's dimension).
+        ``as_agent``: the agent making the write, as for :meth:`update` (default: the memory's own agent),
+        which must be allowed to write it (see :mod:`clawvm.teams.shared`).
         Raises :class:`ValidationError` naming the field; nothing is written then.
 
         A memory whose ``expires_at`` is already past is stored expired (status ``expired``, archive tier):
@@ -307,10 +314,14 @@ class Harness:
         or a prompt (a late write of a one-hour secret stays out of them).
         """
         with self.working.recording():  # a background pager pass gives way meanwhile
-            return self._record(content, embedding, fields)
+            return self._record(content, embedding, fields, as_agent)
 
     def _record(
-        self, content: Any, embedding: Sequence[float] | np.ndarray | None, fields: dict[str, Any]
+        self,
+        content: Any,
+        embedding: Sequence[float] | np.ndarray | None,
+        fields: dict[str, Any],
+        as_agent: str | None = None,
     ) -> Memory:
         if "version" in fields:
             raise ValidationError("version", "is set by the harness", "leave it out: a new memory is 1")
@@ -338,7 +349,7 @@ class Harness:
                 "version": 1,
             }
         )
-        teams.check_write(self, memory)  # a team memory needs its agent's write grant
+        teams.check_write(self, memory, as_agent)  # a team memory needs its writer's write grant
         self._check_parent(memory, ancestors=False)  # new: no stored memory descends from it
         if memory.expires_at is not None and memory.expires_at <= self.now():
             memory = memory.model_copy(

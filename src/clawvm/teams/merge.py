@@ -61,6 +61,7 @@ from clawvm.core.vectors import normalize
 from clawvm.store import Event
 from clawvm.store.kinds import EventKind
 from clawvm.teams.shared import (
+    APPLICATION,
     CONFLICT_TAG,
     PITFALL_TAG,
     RULE_TAG,
@@ -703,6 +704,7 @@ def _record_note(
 ) -> Memory:
     return h.record(
         text,
+        as_agent=APPLICATION,  # fusion is the application's own write, whoever owns a private side
         id=conflict_note_id(h.tenant, a, b),
         kind=Kind.NOTE,
         scope=a.scope,
