@@ -570,6 +570,7 @@ def test_bad_team_input_is_refused_naming_the_field(lexical: Harness) -> None:
     cases: list[tuple[str, Any]] = [
         ("scope", lambda: teams.record(h, "y", agent_id="planner", team_id="pay", scope="global")),
         ("subject", lambda: teams.record(h, "y", agent_id="planner", team_id="pay", subject=["a"])),
+        ("tags", lambda: teams.record(h, "y", agent_id="planner", team_id="pay", tags="urgent")),
         ("task_type", lambda: teams.record(h, "y", agent_id="planner", team_id="pay", task_type=" ")),
         ("task_type", lambda: h.guidance("planner", "refunds", 100, task_type=5)),
         ("budget_tokens", lambda: h.guidance("planner", "refunds", True)),

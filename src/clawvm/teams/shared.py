@@ -286,7 +286,10 @@ def record(
     """
     # a scope given is checked by record() with every other field (Scope(...) here raised a bare ValueError)
     scope = scope if scope is not None else (Scope.TEAM if team_id else Scope.PRIVATE)
-    tags = list(fields.pop("tags", None) or [])
+    tags = fields.pop("tags", None) or []
+    if not isinstance(tags, list | tuple):  # list("urgent") stored one tag a letter
+        raise ValidationError("tags", f"is a {type(tags).__name__}", "pass a list of tags, e.g. ['urgent']")
+    tags = list(tags)
     metadata = fields.pop("metadata", None) or {}
     if not isinstance(metadata, Mapping):
         raise ValidationError("metadata", f"is a {type(metadata).__name__}", "pass a JSON object (a dict)")
