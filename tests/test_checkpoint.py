@@ -366,3 +366,45 @@ def test_rollback_undoes_a_later_compression_and_restores_values_exactly() -> No
         assert back.content == text and "compression" not in back.metadata
         assert back.value == value_then  # the checkpoint's number, not a recomputation at rollback time
         assert back.usage.feedback == 1
+
+
+def tight(items: int, tokens: int) -> PagerConfig:
+    return PagerConfig(budgets=TierBudgets(working_items=items, working_tokens=tokens), background=False)
+
+
+def test_a_rollback_leaves_the_session_within_its_budgets() -> None:
+    """A memory that grew since the checkpoint came back to the working tier over its budget, and no pass
+    knew the session was due: it stayed over budget through flush, page and tick."""
+    with Harness.open("memory://", embedder=None, pager=tight(4, 300)) as h:
+        ids = [h.record(f"step {i}", session_id="s").id for i in range(4)]
+        cp = h.checkpoint("s", "cp")
+        h.update(ids[0], content="long text " * 200)  # ~400 tokens: paged out at once
+        h.rollback(cp)
+        assert h.get(ids[0]).tier is Tier.WORKING  # restored as checkpointed; the next pass pages it out
+        h.flush()
+        working = h.list(session_id="s", tier="working")
+        assert sum(m.token_count for m in working) <= 300 and len(working) <= 4
+
+
+def test_a_rollback_restores_a_pin_only_within_the_pin_budget() -> None:
+    with Harness.open("memory://", embedder=None, pager=tight(3, 100)) as h:
+        a = h.record("alpha", session_id="s", pinned=True)
+        cp = h.checkpoint("s", "cp")
+        h.unpin(a.id)
+        h.update(a.id, content="word " * 150)  # grown past what the pinned may hold
+        h.rollback(cp)
+        assert not h.get(a.id).pinned  # pinned, no pass could page it out and every context began with it
+        assert h.context("alpha", session_id="s", budget_tokens=1000).tokens <= 1000
+
+
+def test_a_rollback_leaves_a_memory_older_than_the_checkpoint_that_moved_in() -> None:
+    """Not in the snapshot is not "made since": a memory moved into the session after the checkpoint was
+    made obsolete by the rollback."""
+    with Harness.open("memory://", embedder=None) as h:
+        older = h.record("the runbook for the ledger", session_id="t")
+        h.record("a step of the session", session_id="s")
+        cp = h.checkpoint("s", "cp")
+        h.update(older.id, session_id="s")
+        made_since = h.record("a step after the checkpoint", session_id="s")
+        report = h.rollback(cp)
+        assert report.obsoleted == [made_since.id] and h.get(older.id).status is Status.ACTIVE

@@ -992,7 +992,15 @@ class Harness:
         """Restore a checkpoint; memories created after it become obsolete (kept for analytics). What is
         restored, exactly: :mod:`clawvm.vm.checkpoint`."""
         self._write_recalls(self.now())  # recalls before it are written before it, not onto what it restores
-        return checkpoints.rollback(self._store, self.pager, checkpoint_id, self.now(), self.tenant)
+        report = checkpoints.rollback(self._store, self.pager, checkpoint_id, self.now(), self.tenant)
+        # what it restored may put the session's tiers over budget (a memory that grew since is back in
+        # working): the next pass brings them within (no pass knew the session was due: it stayed over
+        # budget until a context). Restored as it was checkpointed until then.
+        session_id = self._store.get(report.checkpoint_id).session_id
+        if session_id is not None:
+            self.working.mark_due(self.tenant, session_id)
+            self._wake_pager()
+        return report
 
     # ---- context --------------------------------------------------------------------------------------
     def context(

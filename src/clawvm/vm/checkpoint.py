@@ -197,17 +197,21 @@ def rollback(
         if m.id == snap.id:
             continue
         old = data.memories.get(m.id)
-        if old is None:
+        if old is None and m.created_at >= snap.created_at:  # made since (not in it, not older): undone
             if m.status is not Status.OBSOLETE:  # already undone (an earlier rollback): nothing to do
                 pager.mutate(
                     m, lambda _m: {"status": Status.OBSOLETE, "tier": Tier.ARCHIVE, "pinned": False}, now
                 )
                 obsoleted.append(m.id)
             continue
+        if old is None:  # older than the checkpoint, moved into the session since: not the session's then
+            continue
         decompressed = "compression" in m.metadata and old.compressed is False
         if decompressed:  # compressed since the checkpoint: its raw text comes back
             m = decompress_memory(store, pager.writer, m, now)
         target = _restored_fields(m, old)
+        if target["pinned"] and not m.pinned and m.session_id is not None:
+            target = _pin_if_it_fits(pager, m, target)
         changed = any(getattr(m, k) != v for k, v in target.items())
         if changed:
             pager.mutate(m, lambda _m, t=target: dict(t), now, keep_value=True)  # type: ignore[misc]
@@ -226,6 +230,17 @@ def rollback(
         ]
     )
     return RollbackReport(snap.id, restored, obsoleted)
+
+
+def _pin_if_it_fits(pager: Pager, m: Memory, target: dict[str, Any]) -> dict[str, Any]:
+    """``target`` with the pin it restores only if the pinned memories then fit the working budget: a
+    memory that grew since the checkpoint came back pinned past it (pin() refuses the same), where no
+    pager pass can page it out. Unpinned, it is restored to its tier like any other."""
+    try:
+        pager.check_pin(m.model_copy(update={"pinned": True, "tier": target["tier"]}))
+    except ValidationError:  # over the budget (pinned)
+        return {**target, "pinned": False}
+    return target
 
 
 def read_snapshot(snap: Memory, tenant: str | None = None) -> Snapshot:

@@ -95,6 +95,13 @@ class WorkingTiers:
         with self._lock:
             return list(self._due)
 
+    def mark_due(self, tenant: str, session_id: str) -> None:
+        """Make the session due for the next pager pass: a change this view did not see grow it (a rollback
+        brings memories back to the working tier), so no pass knew it was over budget."""
+        with self._lock:
+            self._members.pop((tenant, session_id), None)  # read back by the pass: the rollback rewrote it
+            self._mark((tenant, session_id), lower_grew=True)
+
     def members(self, tenant: str, session_id: str) -> list[Memory] | None:
         """The session's working members as this view holds them; None when it holds none for it."""
         with self._lock:
