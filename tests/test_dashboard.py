@@ -107,7 +107,7 @@ def test_api_serves_every_view(small: tuple[TestClient, Harness, dict[str, str]]
     of_s1 = client.get("/dashboard/api/metrics", params={"session": "s1"}, headers=auth).json()
     assert of_s1["memories"] == 2
     gone = client.get("/dashboard/api/metrics", params={"session": "nope"}, headers=auth)
-    assert gone.status_code == 404 and gone.json()["error"]["field"] == "session_id"
+    assert gone.status_code == 404 and gone.json()["error"]["field"] == "session"  # the parameter sent
     for sort in views.SORTS:  # each sort the view knows is one the API takes, and nothing else
         assert client.get("/dashboard/api/memories", params={"sort": sort}, headers=auth).status_code == 200
     assert client.get("/dashboard/api/memories", params={"sort": "nope"}, headers=auth).status_code == 422

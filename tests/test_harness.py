@@ -475,6 +475,7 @@ def test_a_record_with_a_stored_id_says_the_id_exists(harness: Harness) -> None:
     with pytest.raises(ConflictError) as exc:
         harness.record("beta", id=first.id, session_id="s")
     assert str(exc.value).startswith("id: memory") and "exists already" in str(exc.value)
+    assert exc.value.field == "id" and "leave id out" in exc.value.fix  # not expected_version: none was sent
     assert harness.get(first.id) == first and harness.count(status="any") == 1
 
 

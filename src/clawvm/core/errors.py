@@ -29,9 +29,17 @@ class ConflictError(ClawVMError):
     """An optimistic-locking check failed: the stored version is not the one the writer expected."""
 
     def __init__(
-        self, ident: str, expected: int | None, actual: int | None, reason: str | None = None
+        self,
+        ident: str,
+        expected: int | None,
+        actual: int | None,
+        reason: str | None = None,
+        *,
+        field: str = "expected_version",
+        fix: str = "re-read the memory and retry with its current version",
     ) -> None:
-        """``reason``: what moved on, when it is not a version the caller expected (a chain's head)."""
+        """``reason``: what moved on, when it is not a version the caller expected (a chain's head);
+        ``field`` and ``fix``: what the caller sent that conflicts (an ``id`` a stored memory has)."""
         if reason is None:
             now = f"is at version {actual}, not {expected}" if expected is not None else "changed"
             reason = f"memory {ident!r} {now}: re-read it and retry the update"
@@ -39,9 +47,9 @@ class ConflictError(ClawVMError):
         self.ident = ident
         self.expected = expected
         self.actual = actual
-        self.field = "expected_version"
+        self.field = field
         self.problem = reason
-        self.fix = "re-read the memory and retry with its current version"
+        self.fix = fix
 
 
 class ValidationError(ClawVMError, ValueError):

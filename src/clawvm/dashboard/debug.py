@@ -132,7 +132,8 @@ def trace(
             if b.scope.get("session_id") == session and task in (None, b.scope.get("task_id"))
         ]
     if not in_task and not of_task:
-        raise NotFoundError("session", session if task is None else f"{session} / task {task}")
+        named = session if task is None else f"{session} / task {task}"
+        raise NotFoundError("session", named, field="session" if task is None else "task")
     rows = [r for r in in_task if flt.keep(r)]
     builds = [] if memory_only else [b for b in of_task if flt.keeps_build(b)]
     roots = _tree(rows, builds)

@@ -359,7 +359,7 @@ def create_router(
             )
         except ValidationError as exc:
             if exc.field == "session_id":  # no recorded build: nothing to replay there, as for a bad id
-                raise NotFoundError("session", session) from None
+                raise NotFoundError("session", session, field="session") from None
             raise
 
     @router.get(
@@ -390,7 +390,7 @@ def create_router(
     def metrics(h: Reader, session: Session = None) -> dict[str, Any]:
         got = lens_for(h).metrics(session or None)
         if session and not got["memories"] and not got["context_tokens"]["builds"]:  # as trace and what-if
-            raise NotFoundError("session", session)
+            raise NotFoundError("session", session, field="session")
         return got
 
     @router.get("/api/weights")

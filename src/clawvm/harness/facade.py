@@ -367,8 +367,9 @@ class Harness:
                 memory.id,
                 None,
                 exc.actual,
-                f"id: memory {memory.id!r} exists already (leave id out to record a new memory, or change "
-                "that one with update())",
+                f"id: memory {memory.id!r} exists already",
+                field="id",
+                fix="leave id out to record a new memory, or change that one with update()",
             ) from None
         self._wake_pager()  # record never demotes: the pager pages the session out, in a batch
         # no vector given, or the write path dropped the one given (it was of text redaction changed)

@@ -342,7 +342,7 @@ def _read(access: Access, uri: str) -> tuple[str, str]:
             read_only=not access.may_write,
         )
         return "text/plain", ctx.text
-    raise NotFoundError("resource", uri)
+    raise NotFoundError("resource", uri, field="uri")
 
 
 class _NoHarness:

@@ -248,7 +248,7 @@ def reveal_original(memory: Memory, keys: DataKeys | None) -> str:
         return memory.content
     envelope = sealed_envelope(memory)
     if envelope is None:
-        raise NotFoundError("sealed original of memory", memory.id)
+        raise NotFoundError("sealed original of memory", memory.id, field="memory_id")
     if keys is None:
         raise ConfigError(f"no data key to open sealed originals: set {KEY_ENV} or {KEY_FILE_ENV}")
     return unseal(keys, envelope, _aad(memory.tenant, memory.id)).decode("utf-8")
