@@ -536,6 +536,10 @@ def test_memories_are_edited_like_blocks_through_the_sdk_write_path(
     )
     assert page.locator("#toast.error").count() == 0, page.inner_text("#toast")
     assert h.get(head).tier.value == "working"
+    # an empty value box is no value (Number("") is 0: it set the value to 0)
+    page.fill("#value-input", "")
+    page.click("#value-button")
+    page.wait_for_function("() => document.querySelector('#toast').textContent.startsWith('value: enter')")
 
     page.on("dialog", lambda dialog: dialog.accept())
     assert problems == []
@@ -545,6 +549,13 @@ def test_memories_are_edited_like_blocks_through_the_sdk_write_path(
     assert h.store.get_many([head]) == {}
     manual = [e.data["action"] for e in h.events(memory_id=head, limit=100) if e.kind == "manual"]
     assert manual == ["set_tier", "set_tier"]
+    # the revised one is history: annotated or forgotten, never pinned, valued or moved
+    old, _ = _open(browser, base, keys["agent"], f"#view=sessions&session=s1&memory={first}")
+    old.wait_for_selector('#inspector[data-ready="1"] #value-formula')
+    for absent in ("#pin-button", "#value-button", "#tier-button", "#edit-box"):
+        assert old.locator(absent).count() == 0, absent
+    assert old.locator("#forget-button").count() == 1
+    old.close()
     # a live refresh already in flight when the memory was forgotten may still ask for it: the browser logs
     # that read's 404 (the page handles it); anything else is a problem
     assert [p for p in problems if "status of 404" not in p] == []

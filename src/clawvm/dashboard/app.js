@@ -435,12 +435,14 @@
     }
     const page = await api(`memories/${state.selected}/contexts?limit=100`), rows = page.items;  // newest first
     const shown = page.total > rows.length ? `${page.total}, the newest ${rows.length} shown` : `${page.total}`;
-    fill(box, el("div", { class: "card" }, el("h3", { text: `Contexts that memory ${state.selected.replace(/-/g, "").slice(-8)} entered (${shown})` }),
+    const name = state.selected.replace(/-/g, "").slice(-8);
+    const none = rows.length ? null : el("tr", {}, el("td", { colspan: 7, class: "muted", text: "None yet: no context build has included it." }));
+    fill(box, el("div", { class: "card" }, el("h3", { text: `Contexts that memory ${name} entered (${shown})` }),
       el("table", { id: "reverse-table" }, el("tr", {}, ["#", "when", "query", "section", "tier then", "value then", "cited"].map((h) => el("th", { text: h }))),
         rows.map((r) => el("tr", { class: "clickable", onclick: () => { state.context = r.seq; show("influence"); } },
           el("td", { text: r.seq }), el("td", { text: when(r.at) }), el("td", { text: r.query.slice(0, 50) }), el("td", {}, secPill(r.section)),
           el("td", {}, tierPill(r.tier)), el("td", { text: num(r.value, 2) }),
-          el("td", { class: r.cited ? "cited-yes" : "cited-no", text: r.cited === null ? "–" : r.cited ? "cited" : "no" }))))));
+          el("td", { class: r.cited ? "cited-yes" : "cited-no", text: r.cited === null ? "–" : r.cited ? "cited" : "no" }))), none)));
   }
 
   // the two working-tier hit rates: the live one (Metrics) and the replay's (What-if), defined differently
@@ -660,7 +662,11 @@
       el("div", { class: "kv", id: "inspector-fields" },
         el("div", { text: "kind / state" }), el("div", { text: `${m.kind}${m.state ? " / " + m.state : ""}` }),
         el("div", { text: "tier" }), el("div", {}, tierPill(m.tier), m.pinned ? [" ", el("span", { id: "pinned-flag", class: "pill pinned", text: "pinned" })] : null),
-        el("div", { text: "value" }), el("div", { id: "value-now", text: num(m.value, 3) }),
+        // the value under the scorer's current weights, as the breakdown below makes it; the stored one dates
+        // from the memory's last write (the lists show it) and differs once the scorer has learned since
+        el("div", { text: "value" }), el("div", {}, el("span", { id: "value-now", text: num(d.formula.value, 3) }),
+          Math.abs(d.formula.value - m.value) > 0.0005 ? el("span", { class: "muted", id: "value-stored", text: ` (stored ${num(m.value, 3)})`,
+            title: "the value written at the memory's last change, which the lists show; the scorer's weights moved since" }) : null),
         el("div", { text: "status" }), el("div", { text: m.status }),
         el("div", { text: "session" }), el("div", { text: m.session_id || "–" }),
         el("div", { text: "agent / task" }), el("div", { text: `${m.agent_id || "–"} / ${m.task_id || "–"}` }),
@@ -671,13 +677,18 @@
         el("div", { text: "tags" }), el("div", { text: m.tags.join(", ") || "–" }),
         el("div", { text: "id" }), el("div", {}, el("code", { text: m.id }))),
       canWrite() ? [
-        el("div", { class: "actions", id: "actions" },
+        // an obsolete or expired memory is history: it can be annotated or forgotten, not pinned or moved
+        m.status === "active" ? el("div", { class: "actions", id: "actions" },
           m.pinned ? el("button", { id: "unpin-button", onclick: () => act("unpin", {}, "unpinned"), text: "Unpin" })
             : el("button", { id: "pin-button", class: "primary", onclick: () => act("pin", {}, "pinned"), text: "Pin" }),
           el("button", { id: "archive-button", onclick: () => act("archive", {}, "archived"), text: "Archive" }),
-          value, el("button", { id: "value-button", onclick: () => act("value", { value: Number(value.value) }, "value set"), text: "Set value" })),
-        el("div", { class: "actions" }, tier,
-          el("button", { id: "tier-button", onclick: () => { draft.tier = null; act("tier", { tier: tier.value }, `moved to ${tier.value}`); }, text: m.tier === "archive" ? "Un-archive to tier" : "Move to tier" }),
+          value, el("button", { id: "value-button", onclick: () => {
+            const given = value.value.trim();  // Number("") is 0: an empty box set the value to 0
+            if (given === "" || !Number.isFinite(Number(given))) { toast("value: enter a number from 0 to 1", true); return; }
+            act("value", { value: Number(given) }, "value set");
+          }, text: "Set value" })) : null,
+        el("div", { class: "actions" }, m.status === "active" ? [tier,
+          el("button", { id: "tier-button", onclick: () => { draft.tier = null; act("tier", { tier: tier.value }, `moved to ${tier.value}`); }, text: m.tier === "archive" ? "Un-archive to tier" : "Move to tier" })] : null,
           el("button", { id: "forget-button", class: "danger", text: "Forget", onclick: () => {
             if (!window.confirm(`Forget memory ${d.row.short_id} for good?`)) return;
             $("#inspector").hidden = true;  // first: a live refresh meanwhile must not ask for it again
