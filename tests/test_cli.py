@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -143,6 +144,22 @@ def test_a_command_that_reads_refuses_a_store_that_is_not_there(tmp_path: Path, 
     result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", *command])
     assert result.exit_code == 2 and f"no store at {db}" in result.output
     assert not db.parent.exists()
+
+
+@pytest.mark.parametrize("made", ["touched", "sqlite without tables"])
+@pytest.mark.parametrize("command", [["stats"], ["export"], ["search", "x"], ["keys", "list"]])
+def test_a_command_that_reads_leaves_an_empty_file_as_it_is(
+    tmp_path: Path, made: str, command: list[str]
+) -> None:
+    """An empty file (or an empty SQLite database) was made into a store by a command that only reads."""
+    db = tmp_path / "empty.db"
+    db.touch()
+    if made != "touched":
+        sqlite3.connect(db).close()
+    before = db.read_bytes()
+    result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", *command])
+    assert result.exit_code == 2 and "no ClawVM store" in result.output
+    assert db.read_bytes() == before
 
 
 def test_file_errors_are_one_line(tmp_path: Path) -> None:

@@ -3,7 +3,9 @@ group class that turns ClawVM errors into one line."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import sqlite3
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,10 +39,26 @@ def opened_harness(ctx: click.Context, embed: bool = True, existing: bool = Fals
 
 def _require_store(db: str) -> None:
     store = store_from_url(db)  # no connection yet: only the engine and its file name
-    if isinstance(store, SQLiteStore) and not Path(store.path).exists():
+    if not isinstance(store, SQLiteStore):
+        return
+    path = Path(store.path)
+    if not path.exists() or _holds_no_table(path):  # an empty file would have been made into a store
+        what = "no store" if not path.exists() else "no ClawVM store (an empty database)"
         raise click.UsageError(
-            f"no store at {store.path}: check --db (or CLAWVM_DB); `clawvm add` or `clawvm import` make one"
+            f"{what} at {store.path}: check --db (or CLAWVM_DB); `clawvm add` or `clawvm import` make one"
         )
+
+
+def _holds_no_table(path: Path) -> bool:
+    """Whether the SQLite file at ``path`` is empty (no table at all), read without writing to it."""
+    if path.is_dir() or path.stat().st_size == 0:
+        return not path.is_dir()
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            tables: int = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            return tables == 0
+    except sqlite3.DatabaseError:  # not SQLite at all: the store's own open says so, naming the file
+        return False
 
 
 class CliGroup(click.Group):
