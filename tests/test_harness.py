@@ -415,6 +415,26 @@ def test_a_restored_backup_is_the_store_as_it_was(tmp_path: Path) -> None:
         assert restored.get(uploaded.id).token_count == count_tokens(uploaded.content) > 0
 
 
+def test_a_restore_from_an_edited_file_holds_to_the_budgets() -> None:
+    """A restore trusted the file: a memory whose token count was edited down filled a context five times
+    over its budget, and a pinned memory in the archive was stored so."""
+    with Harness.open("memory://", embedder=None) as h:
+        long = h.record("alpha " * 300, session_id="z")
+        pinned = h.record("beta", session_id="z")
+        h.pin(pinned.id)
+        backup = [Memory.from_json(m.to_json()) for m in h.store.iter_all(Filters())]
+    edited = [m.model_copy(update={"token_count": 1}) if m.id == long.id else m for m in backup]
+    with Harness.open("memory://", embedder=None) as restored:
+        restored.import_memories(edited, restore=True)
+        assert restored.get(long.id).token_count == count_tokens(long.content)
+        ctx = restored.context("alpha", session_id="z", budget_tokens=100)
+        assert count_tokens(ctx.text) <= 100
+    archived = [m.model_copy(update={"tier": Tier.ARCHIVE}) if m.id == pinned.id else m for m in backup]
+    with Harness.open("memory://", embedder=None) as restored, pytest.raises(ValidationError) as refused:
+        restored.import_memories(archived, restore=True)
+    assert refused.value.field.endswith(".pinned")
+
+
 def test_an_import_into_a_redacting_store_twice_reports_nothing_differing() -> None:
     """The stored text is the scrubbed one: compared with the file's original, every redacted memory was
     reported as differing (and the CLI told the user to forget it)."""

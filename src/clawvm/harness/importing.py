@@ -76,19 +76,13 @@ def import_memories(h: ImportHost, engine: Store, given: Iterable[Memory], resto
             check(h, i, m, moved)
             written_as_new.add(i)
     existing = h.store.get_many([m.id for m in memories])
-    # what a restore gives back unmoved is this store's own, as it was (its token counts, and the
-    # version of its last change, which a caller's expected_version is checked against); anything else
-    # is a write: token counts are the harness's own measure, recounted rather than taken from the file
+    # what a restore gives back unmoved is this store's own, as it was (the version of its last change,
+    # which a caller's expected_version is checked against; the token counts of the harness's records);
+    # anything else is a write
     as_exported = {m.id for i, m in enumerate(memories) if i not in written_as_new}
-    fresh = [
-        m if m.id in as_exported or m.token_count == (n := count_tokens(m.content))
-        else m.model_copy(update={"token_count": n})
-        for m in memories
-        if m.id not in existing
-    ]
-    pinned = [
-        (i, m) for i, m in enumerate(memories) if i in written_as_new and m.pinned and m.id not in existing
-    ]
+    fresh = [_counted(m, m.id in as_exported) for m in memories if m.id not in existing]
+    # restored or not: a pin from a file (a hand-edited backup) must hold to what pin() does
+    pinned = [(i, m) for i, m in enumerate(memories) if m.pinned and m.id not in existing]
     _check_pins(h, pinned)
     if fresh:
         events = [Event(kind=EventKind.IMPORT, memory_id=m.id, tenant=m.tenant, at=h.now()) for m in fresh]
@@ -96,6 +90,16 @@ def import_memories(h: ImportHost, engine: Store, given: Iterable[Memory], resto
         h.notify_embedder()
     differing = [m.id for m in memories if m.id in existing and _differs(h, existing[m.id], m)]
     return Imported(len(fresh), renamed, differing)
+
+
+def _counted(memory: Memory, restored: bool) -> Memory:
+    """``memory`` with the harness's own token count of its text: a count taken from a file (a hand-edited
+    backup) put a context over its budget. A restore keeps those of the harness's own records (a grant's,
+    a checkpoint's snapshot: 0, as they never enter a prompt)."""
+    if restored and (memory.status is Status.INTERNAL or is_snapshot(memory)):
+        return memory
+    n = count_tokens(memory.content)
+    return memory if memory.token_count == n else memory.model_copy(update={"token_count": n})
 
 
 def _renames(view: TenantStore, memories: list[Memory]) -> dict[str, str]:
