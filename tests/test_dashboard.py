@@ -106,6 +106,10 @@ def test_api_serves_every_view(small: tuple[TestClient, Harness, dict[str, str]]
     # an unknown session is a 404, as for the trace and the what-if (it answered the tenant's figures)
     of_s1 = client.get("/dashboard/api/metrics", params={"session": "s1"}, headers=auth).json()
     assert of_s1["memories"] == 2
+    bad = client.get("/dashboard/api/whatif", params={"session": "s1", "weights": "bogus=abc"}, headers=auth)
+    err = bad.json()["error"]  # in words: it quoted a regex of hundreds of characters
+    assert bad.status_code == 422 and err["field"] == "weights" and "NAME=VALUE" in err["message"]
+    assert "cite_weight" in err["fix"] and "^(" not in err["message"] + err["fix"]
     gone = client.get("/dashboard/api/metrics", params={"session": "nope"}, headers=auth)
     assert gone.status_code == 404 and gone.json()["error"]["field"] == "session"  # the parameter sent
     for sort in views.SORTS:  # each sort the view knows is one the API takes, and nothing else

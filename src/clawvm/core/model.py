@@ -569,6 +569,12 @@ _PATTERN_WORDS = {
 }
 
 
+def describe_pattern(pattern: str, problem: str, fix: str) -> None:
+    """Say in words what text ``pattern`` wants (:func:`pattern_in_words`), for a pattern of an edge's own
+    (the dashboard's what-if weights quoted a regex of several hundred characters)."""
+    _PATTERN_WORDS[pattern] = (problem, fix)
+
+
 def _translate(exc: pydantic.ValidationError) -> ValidationError:
     """First pydantic error -> our ValidationError with a dotted field path and a fix."""
     err = exc.errors(include_url=False)[0]

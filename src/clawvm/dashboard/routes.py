@@ -37,6 +37,7 @@ from clawvm.core.model import (
     Status,
     Tier,
     as_utc,
+    describe_pattern,
     iso_date_or_datetime,
 )
 from clawvm.dashboard import debug, views
@@ -72,17 +73,28 @@ class ValueBody(BaseModel):
     value: float = Field(ge=0.0, le=1.0)
 
 
+def _weight_names() -> list[str]:
+    """The float weights of :class:`ScoringConfig`: what the what-if replay accepts."""
+    scoring = ScoringConfig()
+    return [f.name for f in fields(scoring) if isinstance(getattr(scoring, f.name), float)]
+
+
 def _weights_pattern() -> str:
     """The what-if view's ``weights``, as its schema states them: ``NAME=NUMBER`` pairs joined by commas,
     each NAME a float weight of :class:`ScoringConfig` (what the replay accepts) and each NUMBER from 0 to
     1 (what the config accepts), or nothing."""
-    scoring = ScoringConfig()
-    names = "|".join(f.name for f in fields(scoring) if isinstance(getattr(scoring, f.name), float))
+    names = "|".join(_weight_names())
     pair = f"({names})=(0(\\.[0-9]{{1,6}})?|1(\\.0{{1,6}})?)"
     return f"^({pair}(,{pair})*)?$"
 
 
 WEIGHTS_PATTERN = _weights_pattern()
+describe_pattern(
+    WEIGHTS_PATTERN,
+    "is not a list of NAME=VALUE weights",
+    "join NAME=VALUE pairs with commas, each VALUE from 0 to 1 and each NAME one of: "
+    + ", ".join(_weight_names()),
+)
 
 
 class NoteBody(BaseModel):
