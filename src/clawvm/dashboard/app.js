@@ -193,7 +193,7 @@
     const field = (k, placeholder, type) => el("input", { type: type || "search", "data-filter": k, placeholder, value: f[k], size: type ? null : 10, onchange: changed(k) });
     const parts = { q: () => field("q", textHint || (only ? "query text…" : "text or id…")), kind: () => choose("kind", "any kind"),
       agent: () => field("agent", "agent"), tool: () => field("tool", "tool"), tag: () => field("tag", "tag"),
-      tier: () => choose("tier", "any tier"), status: () => choose("status", "active + archived…"),
+      tier: () => choose("tier", "any tier"), status: () => choose("status", "any status"),
       since: () => el("label", { class: "muted" }, "from ", field("since", "", "date")),
       until: () => el("label", { class: "muted" }, "to ", field("until", "", "date")) };
     const set = (only || Object.keys(parts)).filter((k) => f[k] !== undefined);
