@@ -566,9 +566,9 @@ class Harness:
         named = query_authors(self._store, query, cfg, f)
         if cfg.uses("dense") and self.embedder is not None and query.strip():
             vector = self._query_embedding(dense_text(self._store, query, cfg, f, named))
-        hits = _seen_hits(run_recall(self._store, query, vector, k, cfg, f, named), self.now())
+        hits = run_recall(self._store, query, vector, k, cfg, f, named)
         if not track:
-            return hits
+            return _seen_hits(hits, self.now())
         # a tracked recall is a stored access: logged (MemLens latency, hit rate, regret) in the same write
         # as the hits' access stats and promotions; the event log keeps no protected text either
         logged = self.redactor.scrub(query, self.tenant)
@@ -583,13 +583,14 @@ class Harness:
                     log.warning("a recall's queued bookkeeping was not written: %s", exc)
                     self._pager_error(exc)
             self._wake_pager()
-            return hits
+            return _seen_hits(hits, now)
         if not hits:
             self.writer.log([retrieved])
             return hits
         warmed = {m.id: m for m in self.working.warm([h.memory for h in hits], now, [retrieved])}
         self._wake_pager()  # promotions that put a session past its high mark are paged out in a batch
-        return [Recalled(warmed.get(h.id, h.memory), h.score, h.explain) for h in hits]
+        # as the caller sees them, after the bookkeeping wrote them as stored
+        return _seen_hits([Recalled(warmed.get(h.id, h.memory), h.score, h.explain) for h in hits], now)
 
     def _query_embedding(self, text: str) -> np.ndarray | PendingVector:
         """The query's vector, or its computation begun beside the caller so that the recall's text
@@ -611,7 +612,7 @@ class Harness:
 
     def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]:
         found = self._store.list(self.filters(filters), limit=counted("limit", limit, 0))
-        return as_seen(found, self.now())
+        return _as_seen(found, self.now())
 
     def count(self, **filters: Any) -> int:
         return self._store.count(self.filters(filters))
@@ -621,7 +622,7 @@ class Harness:
         ``newest_first``), read in keyset pages of ``batch``: what callers use instead of a "no limit"."""
         pages = self._store.iter_all(self.filters(filters), counted("batch", batch), newest_first)
         now = self.now()
-        seen = (as_seen([m], now)[0] for m in pages)
+        seen = (_as_seen([m], now)[0] for m in pages)
         return while_open(seen, self._check_open)  # no page is read once the harness closed
 
     def events(
@@ -1315,7 +1316,7 @@ def _review_dropped(current: Memory, changes: dict[str, Any], *, reviewing: bool
     return {**changes, "metadata": {k: v for k, v in metadata.items() if k != teams.REVIEW_FIELD}}
 
 
-def as_seen(memories: builtins.list[Memory], now: datetime) -> builtins.list[Memory]:
+def _as_seen(memories: builtins.list[Memory], now: datetime) -> builtins.list[Memory]:
     """``memories`` as reads show them at ``now``: a memory is expired from the moment its ``expires_at``
     passes, so an active one past it shows status ``expired`` (stored active until tick() sweeps it; the
     stored object, h.get() and h.store give it as stored)."""
@@ -1328,8 +1329,8 @@ def as_seen(memories: builtins.list[Memory], now: datetime) -> builtins.list[Mem
 
 
 def _seen_hits(hits: builtins.list[Recalled], now: datetime) -> builtins.list[Recalled]:
-    """Recall hits with their memories as reads show them (see :func:`as_seen`)."""
-    shown = as_seen([h.memory for h in hits], now)
+    """Recall hits with their memories as reads show them (see :func:`_as_seen`)."""
+    shown = _as_seen([h.memory for h in hits], now)
     return [h if m is h.memory else Recalled(m, h.score, h.explain) for h, m in zip(hits, shown, strict=True)]
 
 
