@@ -19,6 +19,7 @@ import pytest
 import clawvm
 from clawvm import (
     PRESETS,
+    ClawVMError,
     ConfigError,
     ConflictError,
     EmbedderError,
@@ -433,6 +434,16 @@ def test_a_restore_from_an_edited_file_holds_to_the_budgets() -> None:
     with Harness.open("memory://", embedder=None) as restored, pytest.raises(ValidationError) as refused:
         restored.import_memories(archived, restore=True)
     assert refused.value.field.endswith(".pinned")
+    # a pin is checked at the harness's count of its text, not the file's
+    grown = [
+        m.model_copy(update={"content": "beta " * 300, "token_count": 1}) if m.id == pinned.id else m
+        for m in backup
+        if m.id != long.id
+    ]
+    small = PagerConfig(budgets=TierBudgets(working_tokens=100))
+    for restore in (True, False):
+        with Harness.open("memory://", embedder=None, pager=small) as restored, pytest.raises(ClawVMError):
+            restored.import_memories(grown, restore=restore)
 
 
 def test_an_import_into_a_redacting_store_twice_reports_nothing_differing() -> None:

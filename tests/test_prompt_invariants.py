@@ -15,6 +15,7 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -27,6 +28,7 @@ from hypothesis.stateful import (
 
 from clawvm import ClawVMError, Harness, Kind, Status
 from clawvm.demo.scenario import ReplayClock
+from clawvm.observe.learning import intervene
 from clawvm.teams.merge import merge_team
 from engines import harness_target
 
@@ -203,7 +205,8 @@ def test_expiry_is_a_read_time_filter(engine_name: str, tmp_path: Path) -> None:
         clock.advance(hours=1)  # due now; no tick has run
         assert h.recall("cache key rotation") == [] and h.list() == [] and h.count() == 0
         assert [x.id for x in h.list(status="any")] == [m.id]  # still stored, for analytics and export
-        assert h.get(m.id).status is Status.ACTIVE  # until the sweep marks it
+        assert h.store.get(m.id).status is Status.ACTIVE  # stored so until the sweep marks it
+        assert h.get(m.id).status is Status.EXPIRED  # as reads show it
         assert h.tick()["expired"] == 1 and h.get(m.id).status is Status.EXPIRED
 
 
@@ -222,8 +225,28 @@ def test_a_read_of_expired_memories_finds_those_no_sweep_has_marked(engine_name:
         hits = h.recall("cache key rotation", status="expired", track=False)
         assert [(x.id, x.memory.status) for x in hits] == [(due.id, Status.EXPIRED)]
         assert h.count(status=["archived", "expired"]) == 1 and h.count(status="archived") == 0
-        assert len(h.events()) == logged and h.get(due.id).status is Status.ACTIVE  # stored as it was
+        assert len(h.events()) == logged and h.store.get(due.id).status is Status.ACTIVE  # stored as it was
+        assert h.get(due.id).status is Status.EXPIRED
         assert h.tick()["expired"] == 1  # the sweep writes it
+
+
+def test_reading_expired_memories_never_revives_them() -> None:
+    """A tracked recall of expired memories promoted a due one back to the working tier (a valuable one,
+    rated up); pinning, rating or moving one is refused, as for one the sweep marked."""
+    clock = ReplayClock(T0)
+    with Harness.open("memory://", embedder=None, clock=clock) as h:
+        m = h.record("vpn token for the night shift", tier="short_term", expires_at=T0 + timedelta(hours=1))
+        for _ in range(3):
+            h.rate(m.id, +1)
+        clock.advance(hours=2)
+        assert [x.id for x in h.recall("vpn token night shift", status="expired")] == [m.id]
+        h.flush()
+        assert h.store.get(m.id).tier.value == "short_term"  # not promoted
+        with pytest.raises(ClawVMError):
+            h.rate(m.id, +1)
+        with pytest.raises(ClawVMError):
+            intervene(h, "set_tier", m.id, tier="working")
+        assert h.store.get(m.id).tier.value == "short_term"
 
 
 def test_a_record_already_past_its_expiry_is_stored_expired() -> None:

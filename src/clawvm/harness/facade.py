@@ -511,9 +511,10 @@ class Harness:
 
     # ---- reading ------------------------------------------------------------------------------------
     def get(self, memory_id: str) -> Memory:
-        """The memory ``memory_id``; :class:`NotFoundError` when there is none (:class:`ValidationError`
-        when it is not a string)."""
-        return self._store.get(memory_id)
+        """The memory ``memory_id`` as reads show it (past its ``expires_at``: expired, swept or not; the
+        stored object is ``h.store.get``); :class:`NotFoundError` when there is none
+        (:class:`ValidationError` when it is not a string)."""
+        return _as_seen([self._store.get(memory_id)], self.now())[0]
 
     def reveal(self, memory_id: str, *, admin: bool = False) -> str:
         """The original content of a memory stored redacted, opened with the data key; admins only.
@@ -611,8 +612,9 @@ class Harness:
         return run_recall(self._store, query, vector, k, cfg, filters)
 
     def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]:
-        found = self._store.list(self.filters(filters), limit=counted("limit", limit, 0))
-        return _as_seen(found, self.now())
+        f = self.filters(filters)
+        found = self._store.list(f, limit=counted("limit", limit, 0))
+        return _as_seen(found, _instant_of(f) or self.now())  # the filter's instant: one reading of the clock
 
     def count(self, **filters: Any) -> int:
         return self._store.count(self.filters(filters))
@@ -620,8 +622,9 @@ class Harness:
     def iter_all(self, *, newest_first: bool = False, batch: int = 500, **filters: Any) -> Iterator[Memory]:
         """Every memory matching ``filters`` (as for :meth:`list`), oldest first (newest first with
         ``newest_first``), read in keyset pages of ``batch``: what callers use instead of a "no limit"."""
-        pages = self._store.iter_all(self.filters(filters), counted("batch", batch), newest_first)
-        now = self.now()
+        f = self.filters(filters)
+        pages = self._store.iter_all(f, counted("batch", batch), newest_first)
+        now = _instant_of(f) or self.now()
         seen = (_as_seen([m], now)[0] for m in pages)
         return while_open(seen, self._check_open)  # no page is read once the harness closed
 
@@ -685,6 +688,7 @@ class Harness:
         if delta not in (-1, 1):
             raise ValidationError("delta", f"is {delta!r}", "pass +1 or -1")
         memory = self._callers(memory_id)
+        self._refuse_expired(memory)  # as pin and update do: its value no longer matters to any prompt
         rated = self.pager.mutate(
             memory,
             lambda m: {"usage": m.usage.model_copy(update={"feedback": m.usage.feedback + delta})},
@@ -1326,6 +1330,11 @@ def _as_seen(memories: builtins.list[Memory], now: datetime) -> builtins.list[Me
         else m
         for m in memories
     ]
+
+
+def _instant_of(f: Filters) -> datetime | None:
+    """The instant ``f`` judges expiry at (what :meth:`Harness.filters` read of the clock), if any."""
+    return f.live_at or f.active_due_by
 
 
 def _seen_hits(hits: builtins.list[Recalled], now: datetime) -> builtins.list[Recalled]:

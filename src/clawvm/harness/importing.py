@@ -80,9 +80,11 @@ def import_memories(h: ImportHost, engine: Store, given: Iterable[Memory], resto
     # which a caller's expected_version is checked against; the token counts of the harness's records);
     # anything else is a write
     as_exported = {m.id for i, m in enumerate(memories) if i not in written_as_new}
-    fresh = [_counted(m, m.id in as_exported) for m in memories if m.id not in existing]
-    # restored or not: a pin from a file (a hand-edited backup) must hold to what pin() does
-    pinned = [(i, m) for i, m in enumerate(memories) if m.pinned and m.id not in existing]
+    counted = [_counted(m, m.id in as_exported) for m in memories]
+    fresh = [m for m in counted if m.id not in existing]
+    # restored or not: a pin from a file (a hand-edited backup) must hold to what pin() does, at the
+    # harness's count of its text
+    pinned = [(i, m) for i, m in enumerate(counted) if m.pinned and m.id not in existing]
     _check_pins(h, pinned)
     if fresh:
         events = [Event(kind=EventKind.IMPORT, memory_id=m.id, tenant=m.tenant, at=h.now()) for m in fresh]

@@ -264,6 +264,12 @@ def intervene(
         raise ValidationError("action", f"is {action!r}", f"use one of {', '.join(ACTIONS)}")
     memory = harness.get(memory_id)
     refuse_internal(memory)  # a grant or the learned weights: moved to the archive by the dashboard's tier
+    if action != "annotate" and memory.status is not Status.ACTIVE:  # history: noted, not changed
+        raise StateConflictError(
+            "memory_id",
+            f"is {memory.status.value} (only an active memory is pinned, valued or moved)",
+            "annotate it, or forget it",
+        )
     now = harness.now()
     target = TARGETS.get(action)
     if action == "set_value":

@@ -568,7 +568,7 @@ class Pager:
             # (which cost ~150 µs a hit, 1.5 ms of a tracked recall); value() is within [0, 1] likewise
             touched = m.model_copy(update={**seen.touch(m), "version": m.version + 1})
             touched = touched.model_copy(update={"value": value(touched, now, self.config.scoring)})
-            if self._promotable(touched) and seen.may_promote(m):
+            if self._promotable(touched, now) and seen.may_promote(m):
                 moves.append(
                     _move_event(
                         EventKind.PROMOTE,
@@ -596,11 +596,13 @@ class Pager:
         except Exception as exc:
             raise WarmPartlyWritten(f"the recalls' bookkeeping was written in part: {exc}") from exc
 
-    def _promotable(self, m: Memory) -> bool:
+    def _promotable(self, m: Memory, now: datetime) -> bool:
         _, max_tokens = self.config.budgets.limits(Tier.WORKING)
         return (
             m.tier is not Tier.WORKING
             and m.status is Status.ACTIVE
+            # due to expire: expired, swept or not (a recall of expired memories brought one back to working)
+            and (m.expires_at is None or m.expires_at > now)
             and m.value >= self.config.promote_value
             and (max_tokens is None or m.session_id is None or m.token_count <= max_tokens)
         )
@@ -617,7 +619,7 @@ class Pager:
             except NotFoundError:  # deleted since it was read: no access left to count
                 continue
             # judged on the stored version: it may have moved since the read
-            if self._promotable(touched) and seen.may_promote(touched):
+            if self._promotable(touched, now) and seen.may_promote(touched):
                 touched = self.move(touched, Tier.WORKING, "warmed by retrieval", now, bookkeeping=True)
                 promoted.add(touched.id)
             out.append(touched)
