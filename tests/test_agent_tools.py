@@ -179,7 +179,8 @@ def test_errors_are_structured_and_never_raised(harness: Harness) -> None:
     err(tools.dispatch("record_memory", {"content": "x", "kind": "gossip"}), "invalid_arguments")
     err(tools.dispatch("record_memory", '{"content": '), "invalid_json")
     err(tools.dispatch("record_memory", "[1, 2]"), "invalid_json")
-    assert "record_memory" in err(tools.dispatch("delete_everything", {}), "unknown_tool")["fix"]
+    unknown = err(tools.dispatch("delete_everything", {}), "unknown_tool")
+    assert "record_memory" in unknown["fix"] and unknown["field"] == "name"
     err(tools.dispatch("pin_memory", {"memory_id": "0123abcd"}), "not_found")
     err(tools.dispatch("pin_memory", {"memory_id": "not-an-id"}), "invalid_request")
     err(tools.dispatch("record_memory", {"content": "   "}), "invalid_request")

@@ -215,7 +215,9 @@ class AgentTools:
         """Run one tool call; returns ``{"ok": true, "result": ...}`` or a structured error. Never raises."""
         tool = self._tools.get(name) if isinstance(name, str) else None
         if tool is None:
-            return error_reply("unknown_tool", f"no tool named {name!r}", fix=f"use one of {self.names}")
+            return error_reply(
+                "unknown_tool", f"no tool named {name!r}", field="name", fix=f"use one of {self.names}"
+            )
         try:
             args = tool.args.model_validate(_parse(arguments))
             return {"ok": True, "result": tool.run(args).model_dump(mode="json")}
