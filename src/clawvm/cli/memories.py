@@ -348,7 +348,10 @@ def stats(ctx: click.Context) -> None:
         result: dict[str, Any] = {
             "memories": h.count(status="any"),
             "by_kind": _counts(h, "kind", [k.value for k in Kind]),
-            "by_status": _counts(h, "status", [s.value for s in Status if s in VISIBLE_STATUSES]),
+            # as reads show them (a memory past its expiry is expired, swept or not), as the server's stats
+            "by_status": {
+                s.value: n for s in Status if s in VISIBLE_STATUSES and (n := h.count(status=s.value))
+            },
             "by_tier": _counts(h, "tier", [t.value for t in Tier]),
             "sessions": _count_sessions(h),
             "unembedded": _count_unembedded(h),
@@ -361,8 +364,7 @@ def stats(ctx: click.Context) -> None:
 
 
 def _counts(h: Harness, field: str, values: list[str]) -> dict[str, int]:
-    """How many memories (of any visible status) hold each of ``values`` in ``field`` as stored; none for 0.
-    (The stored status: ``h.count(status="active")`` would leave out active memories past their expiry.)"""
+    """How many memories (of any visible status) hold each of ``values`` in ``field``; none for 0."""
     every = h.filters({"status": "any"})
     counts = {v: h.store.count(every.with_(**{field: frozenset({v})})) for v in values}
     return {v: n for v, n in counts.items() if n}
