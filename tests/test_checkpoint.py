@@ -408,3 +408,31 @@ def test_a_rollback_leaves_a_memory_older_than_the_checkpoint_that_moved_in() ->
         made_since = h.record("a step after the checkpoint", session_id="s")
         report = h.rollback(cp)
         assert report.obsoleted == [made_since.id] and h.get(older.id).status is Status.ACTIVE
+
+
+def test_a_rollback_restores_pins_whatever_the_order_of_the_rows() -> None:
+    """A re-pin was checked against pins the same rollback had yet to undo: of two memories, whether the
+    checkpointed pin came back depended on which was older."""
+    for pin_the_older in (True, False):
+        with Harness.open("memory://", embedder=None, pager=tight(5, 100)) as h:
+            a = h.record("alpha " * 60, session_id="s")  # 60 tokens each: one pin fits, not two
+            b = h.record("bravo " * 60, session_id="s")
+            kept, other = (a, b) if pin_the_older else (b, a)
+            h.pin(kept.id)
+            cp = h.checkpoint("s", "cp")
+            h.unpin(kept.id)
+            h.pin(other.id)
+            report = h.rollback(cp)
+            assert h.get(kept.id).pinned and not h.get(other.id).pinned, pin_the_older
+            assert len(report.restored) == len(set(report.restored))
+
+
+def test_a_memory_recorded_after_the_checkpoint_is_undone_whatever_its_created_at() -> None:
+    """Made since is read from the event log: a created_at given by the caller (or a skewed clock) made a
+    memory recorded after the checkpoint look older, and the rollback left it."""
+    with Harness.open("memory://", embedder=None) as h:
+        h.record("a step of the session", session_id="s")
+        cp = h.checkpoint("s", "cp")
+        earlier = datetime(2020, 1, 1, tzinfo=UTC)  # before the checkpoint, by any clock
+        backdated = h.record("recorded later, dated earlier", session_id="s", created_at=earlier)
+        assert h.rollback(cp).obsoleted == [backdated.id]

@@ -193,11 +193,23 @@ def rollback(
     data = read_snapshot(snap, tenant)
     restored, obsoleted = [], []
     tiers: dict[str, str] = {}  # restored id -> the tier it is back in (MemLens's timeline replays it)
+    repins: list[tuple[Memory, dict[str, Any]]] = []  # pins to restore once every unpin is written
+    taken = _first_seq(store, snap)
+
+    def restore(m: Memory, target: dict[str, Any], decompressed: bool) -> None:
+        changed = any(getattr(m, k) != v for k, v in target.items())
+        if changed:
+            pager.mutate(m, lambda _m, t=target: dict(t), now, keep_value=True)  # type: ignore[misc]
+        if changed or decompressed:
+            if m.id not in tiers:  # a re-pin restores its memory a second time
+                restored.append(m.id)
+            tiers[m.id] = Tier(target["tier"]).value
+
     for m in session_memories(store, snap.tenant, data.session_id):
         if m.id == snap.id:
             continue
         old = data.memories.get(m.id)
-        if old is None and m.created_at >= snap.created_at:  # made since (not in it, not older): undone
+        if old is None and _made_since(store, m, snap, taken):  # undone
             if m.status is not Status.OBSOLETE:  # already undone (an earlier rollback): nothing to do
                 pager.mutate(
                     m, lambda _m: {"status": Status.OBSOLETE, "tier": Tier.ARCHIVE, "pinned": False}, now
@@ -211,13 +223,14 @@ def rollback(
             m = decompress_memory(store, pager.writer, m, now)
         target = _restored_fields(m, old)
         if target["pinned"] and not m.pinned and m.session_id is not None:
-            target = _pin_if_it_fits(pager, m, target)
-        changed = any(getattr(m, k) != v for k, v in target.items())
-        if changed:
-            pager.mutate(m, lambda _m, t=target: dict(t), now, keep_value=True)  # type: ignore[misc]
-        if changed or decompressed:
-            restored.append(m.id)
-            tiers[m.id] = Tier(target["tier"]).value
+            # after the unpins: counted before them, whether a pin fit depended on the order of the rows
+            repins.append((m, target))
+            restore(m, {**target, "pinned": False}, decompressed)
+            continue
+        restore(m, target, decompressed)
+    for m, target in repins:
+        current = store.get(m.id)
+        restore(current, _pin_if_it_fits(pager, current, target), False)
     pager.writer.log(
         [
             Event(
@@ -230,6 +243,23 @@ def rollback(
         ]
     )
     return RollbackReport(snap.id, restored, obsoleted)
+
+
+def _first_seq(store: StoreReader, m: Memory) -> int | None:
+    """The sequence number of ``m``'s first event (its ``add``, ``import`` or ``checkpoint``); None when
+    the log no longer holds it (retention)."""
+    first = store.read_events(0, 1, memory_id=m.id)
+    return first[0].seq if first else None
+
+
+def _made_since(store: StoreReader, m: Memory, snap: Memory, taken: int | None) -> bool:
+    """Whether ``m``, absent from the snapshot, was made after it: by the event log, which orders writes
+    whatever times they carry (a ``created_at`` given by the caller, or a skewed clock, made a memory
+    recorded since look older); by creation time when the log no longer says."""
+    made = _first_seq(store, m) if taken is not None else None
+    if taken is not None and made is not None:
+        return made > taken
+    return m.created_at >= snap.created_at
 
 
 def _pin_if_it_fits(pager: Pager, m: Memory, target: dict[str, Any]) -> dict[str, Any]:
