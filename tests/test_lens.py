@@ -111,10 +111,10 @@ def test_context_tokens_and_quality_rates(h: Harness, clock: ReplayClock) -> Non
     assert ct["max"] == max(c1.tokens, c2.tokens)
     assert [(s["tokens"], s["budget"]) for s in ct["series"]] == [(c1.tokens, 300), (c2.tokens, 60)]
     assert m["context_ms"]["n"] == 2
-    assert m["active"] == 5
-    assert m["duplicate_rate"] == pytest.approx(1 / 5)
-    assert m["junk_rate"] == pytest.approx(1 / 5)
-    assert m["stale_rate"] == pytest.approx(2 / 5)  # revised (a) + past its TTL
+    assert m["active"] == 4 == h.count()  # past its TTL is expired, swept or not, as reads show it
+    assert m["duplicate_rate"] == pytest.approx(1 / 4)
+    assert m["junk_rate"] == pytest.approx(1 / 4)
+    assert m["stale_rate"] == pytest.approx(1 / 4)  # revised (a)
 
 
 def test_tool_reliability_comes_from_the_recorded_calls(h: Harness) -> None:
@@ -139,6 +139,21 @@ def test_lens_keeps_up_incrementally(h: Harness) -> None:
     assert lens.rows[m.id].pinned and lens.rows[m.id].tier == "working"
     h.forget(h.record("to be forgotten soon", session_id="s1").id)
     assert lens.metrics()["memories"] == 1
+
+
+def test_the_lens_shows_a_memory_past_its_expiry_expired_as_reads_do(h: Harness, clock: ReplayClock) -> None:
+    """The dashboard listed it active (under "active", not under "expired") until a tick swept it."""
+    from clawvm.dashboard import views
+
+    lens = Lens(h)
+    due = h.record("one-time code 4471", session_id="s1", expires_at=T0 + timedelta(hours=1))
+    h.record("the deploy runbook", session_id="s1")
+    lens.refresh()
+    assert lens.rows[due.id].status == "active"
+    clock.advance(hours=2)
+    lens.refresh()
+    expired = views.memories(lens, views.RowFilter(status="expired"), "newest", 0, 50)
+    assert [r["id"] for r in expired["items"]] == [due.id] and lens.metrics()["active"] == h.count() == 1
 
 
 def test_team_grants_never_show_as_memories(h: Harness) -> None:

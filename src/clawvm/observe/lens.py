@@ -18,9 +18,9 @@ Metrics (:meth:`Lens.metrics`), each defined from events and memories:
 - **duplicate rate**: active memories whose normalised text (case, whitespace) repeats an earlier
   active memory of the tenant, over all active memories. **Junk rate**: active memories with fewer than
   three words made of letters or digits ("ok", "{}", "..."), or never used (no access, injection or
-  citation) with a value under 0.15 a day after they were recorded. **Stale rate**: active memories that
-  are past ``expires_at``, revised by a newer active memory (a ``revises`` link), or in the working tier
-  untouched for over three half-lives of their kind.
+  citation) with a value under 0.15 a day after they were recorded. **Stale rate**: active memories
+  revised by a newer active memory (a ``revises`` link), or in the working tier untouched for over three
+  half-lives of their kind (one past its ``expires_at`` is expired, swept or not, as reads show it).
 - **per-tool reliability**: :meth:`clawvm.Harness.tool_reliability` (:mod:`clawvm.agents.reliability`: error
 and
   timeout rates, latency, the unreliable verdict and the fallback that worked, over recent calls).
@@ -50,7 +50,7 @@ import threading
 import time
 from collections import Counter, defaultdict, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -88,6 +88,11 @@ GUIDANCE_KEPT = 20  # guidance builds the lens keeps (the dashboard's teams view
 
 
 # ---- the memory table -----------------------------------------------------------------------------------
+def _may_expire(r: Row) -> bool:
+    """An active row with an expiry: shown expired once it passes (see :meth:`Lens._show_expired`)."""
+    return r.expires_at is not None and r.status == Status.ACTIVE.value
+
+
 @dataclass
 class Row:
     """What the dashboard and the metrics need of one memory (a few hundred bytes, not the whole text)."""
@@ -321,6 +326,7 @@ class Lens:
         self._loaded_at = 0.0
         self._load_cost = 0.0
         self._touched_while_reloading: set[str] | None = None  # set while a background reload runs
+        self._expiring: set[str] = set()  # active rows with an expiry: shown expired once it passes
         with self._lock:
             self._read_events()
             self._swap_rows(self._load_rows())
@@ -342,6 +348,7 @@ class Lens:
                 self._touched_while_reloading.update(touched)
             if touched:
                 self._reread(touched)
+            self._show_expired()
             pause = max(self.full_reload_s, 50 * self._load_cost)
             if self._touched_while_reloading is None and time.monotonic() - self._loaded_at > pause:
                 self._touched_while_reloading = set()
@@ -368,6 +375,19 @@ class Lens:
     def _swap_rows(self, rows: dict[str, Row]) -> None:
         self.rows = rows
         self._loaded_at = time.monotonic()
+        self._expiring = {i for i, r in rows.items() if _may_expire(r)}
+
+    def _show_expired(self) -> None:
+        """Rows past their ``expires_at`` show status expired, as the harness's reads do, swept or not (the
+        dashboard listed them active, under "active" and not under "expired", until a tick)."""
+        now = self.now()
+        for i in list(self._expiring):
+            row = self.rows.get(i)
+            if row is None or not _may_expire(row):  # forgotten, or changed since
+                self._expiring.discard(i)
+            elif row.expires_at is not None and row.expires_at <= now:
+                self.rows[i] = replace(row, status=Status.EXPIRED.value)
+                self._expiring.discard(i)
 
     def _reload_in_background(self) -> None:
         try:
@@ -389,7 +409,9 @@ class Lens:
             found = self.harness.store.get_many(chunk)
             for i in chunk:
                 if i in found and found[i].status in VISIBLE_STATUSES:
-                    self.rows[i] = Row.of(found[i])
+                    self.rows[i] = row = Row.of(found[i])
+                    if _may_expire(row):
+                        self._expiring.add(i)
                 else:
                     self.rows.pop(i, None)
 
@@ -751,10 +773,8 @@ def quality_rates(active: Sequence[Row], now: datetime, cfg: ScoringConfig) -> d
     for r in active:
         half = cfg.half_life_hours.get(r.kind, 168.0)
         idle_h = (now - r.last_used).total_seconds() / 3600
-        if (
-            (r.expires_at is not None and r.expires_at <= now)
-            or r.id in revised
-            or (r.tier == Tier.WORKING.value and not r.pinned and idle_h > STALE_HALF_LIVES * half)
+        if r.id in revised or (
+            r.tier == Tier.WORKING.value and not r.pinned and idle_h > STALE_HALF_LIVES * half
         ):
             stale.append(r.id)
     n = len(active)
