@@ -416,6 +416,18 @@ def test_a_restored_backup_is_the_store_as_it_was(tmp_path: Path) -> None:
         assert restored.get(uploaded.id).token_count == count_tokens(uploaded.content) > 0
 
 
+def test_an_import_refuses_a_parent_neither_in_it_nor_stored() -> None:
+    """record() refuses a dangling parent_id; an import stored it, and the run trace lost its children."""
+    with Harness.open("memory://", embedder=None) as h:
+        parent = Memory(content="the failed deploy", session_id="s")
+        child = Memory(content="the retry", session_id="s", parent_id=parent.id)
+        orphan = Memory(content="a step of nothing", session_id="s", parent_id=Memory(content="x").id)
+        assert h.import_memories([parent, child]) == 2  # its parent in the same import
+        with pytest.raises(StateConflictError) as refused:
+            h.import_memories([orphan])
+        assert refused.value.field == "memories.0.parent_id" and h.count() == 2
+
+
 def test_a_restore_from_an_edited_file_holds_to_the_budgets() -> None:
     """A restore trusted the file: a memory whose token count was edited down filled a context five times
     over its budget, and a pinned memory in the archive was stored so."""

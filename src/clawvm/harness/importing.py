@@ -62,9 +62,7 @@ def import_memories(h: ImportHost, engine: Store, given: Iterable[Memory], resto
     else:  # the owner restores each tenant's memories as that tenant's view would
         renamed = {}
         for tenant in dict.fromkeys(m.tenant for m in memories):
-            renamed.update(
-                _renames(TenantStore(engine, tenant), [m for m in memories if m.tenant == tenant])
-            )
+            renamed.update(_renames(TenantStore(engine, tenant), [m for m in memories if m.tenant == tenant]))
     if renamed:
         memories = [_renamed(m, renamed) for m in memories]
     # checked as they will be stored: a sealed original is sealed to its tenant and id, so one moved to
@@ -75,6 +73,7 @@ def import_memories(h: ImportHost, engine: Store, given: Iterable[Memory], resto
         if not restore or moved:
             check(h, i, m, moved)
             written_as_new.add(i)
+    _check_parents(h, memories, written_as_new)
     existing = h.store.get_many([m.id for m in memories])
     # what a restore gives back unmoved is this store's own, as it was (the version of its last change,
     # which a caller's expected_version is checked against; the token counts of the harness's records);
@@ -121,6 +120,26 @@ def check(h: ImportHost, index: int, memory: Memory, moved: bool = False) -> Non
     except ValidationError as exc:
         raise ValidationError(f"memories.{index}.{exc.field}", exc.problem, exc.fix) from None
     _check_sealed(h, index, memory, moved)
+
+
+def _check_parents(h: ImportHost, memories: list[Memory], checked: set[int]) -> None:
+    """Each ``checked`` memory's parent is in the import or stored in its tenant, as record() requires (an
+    import stored dangling parents that a write refuses, and the run trace lost their children)."""
+    batch = {(m.tenant, m.id) for m in memories}
+    wanted = {
+        i: m
+        for i, m in enumerate(memories)
+        if i in checked and m.parent_id and (m.tenant, m.parent_id) not in batch
+    }
+    stored = h.store.get_many(list({m.parent_id for m in wanted.values() if m.parent_id}))
+    for i, m in wanted.items():
+        parent = stored.get(m.parent_id or "")
+        if parent is None or parent.tenant != m.tenant:
+            raise StateConflictError(
+                f"memories.{i}.parent_id",
+                f"names no memory of the import or of tenant {m.tenant!r} ({m.parent_id})",
+                "import the parent with it, or leave parent_id out",
+            )
 
 
 def _check_pins(h: ImportHost, pinned: list[tuple[int, Memory]]) -> None:
