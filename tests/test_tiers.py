@@ -1256,3 +1256,20 @@ def test_a_pager_that_is_not_a_pager_config_is_refused_before_the_store_opens(tm
         Harness.open(path, embedder=None, pager={"working_high": 1})  # type: ignore[arg-type]
     assert err.value.field == "pager" and "PagerConfig" in err.value.fix
     assert not path.exists()
+
+
+def test_the_first_ticks_of_a_harness_bring_every_session_within_its_budgets(tmp_path: Path) -> None:
+    """A process that recorded and ended without a pass (a crash) left the session over its working
+    budget, and the next process knew no session was due: flush, page and tick left it so."""
+    db = tmp_path / "crash.db"
+    pager = PagerConfig(budgets=TierBudgets(working_items=4), background=False)
+    crashed = Harness.open(db, embedder=None, pager=pager)
+    for i in range(10):
+        crashed.record(f"step {i} of the deploy", session_id="s")  # never demotes: the pass would
+    with Harness.open(db, embedder=None, pager=pager) as after:
+        assert after.count(session_id="s", tier="working") == 10
+        after.flush()
+        after.page()
+        after.tick()
+        assert after.count(session_id="s", tier="working") <= 4
+    crashed.close()

@@ -8,6 +8,9 @@ One :meth:`Sweep.run` does, for one tenant:
   (``session_idle_hours`` ago; a store aggregate) are checked, ``session_limit`` a pass from a cursor over
   their ids that wraps; an idle one pages its working tier out and has its budgets enforced (every write
   path keeps the other sessions within theirs);
+- **catch up**: the first passes of a harness enforce the budgets of every session with working-tier
+  memories, ``session_limit`` sessions a pass, once round (one a process that ended left over its budget
+  is due to no one else);
 - **refresh**: one keyset page of ``refresh_limit`` active memories, after a cursor in creation order, has its
   values recomputed (a drift over 0.01 is written, with a ``refresh`` event). The cursor moves on every pass
   and wraps after the newest memory, so every active memory is refreshed once every
@@ -61,6 +64,10 @@ class Sweep:
         # where the next pass's refresh page and idle-session page start (None: from the beginning)
         self._refresh_after: PageKey | None = None
         self._idle_after: str | None = None
+        # catching up after a start: where the next page of sessions to check starts, and whether any is
+        # left (see _catch_up)
+        self._catch_up_after: str | None = None
+        self._caught_up = False
 
     def run(self, now: datetime) -> SweepReport:
         expired = self.pager.expire(self.tenant, now, self.expire_limit)
@@ -70,7 +77,22 @@ class Sweep:
             paged_out = self.pager.page_out_idle(self.tenant, session_id, now)
             if paged_out:
                 moved += len(paged_out) + len(self.pager.enforce(self.tenant, session_id, now))
+        moved += self._catch_up(now)
         return SweepReport(len(expired), refreshed, moved)
+
+    def _catch_up(self, now: datetime) -> int:
+        """The first passes of a harness enforce the budgets of every session with working memories, a page
+        of ``session_limit`` a pass, once round: a process knows which sessions are due from what it saw,
+        so one left over its budget by a process that ended (a crash, records and no pass) stayed so until
+        something touched it. Returns the tier moves."""
+        if self._caught_up:
+            return 0
+        working = Filters.of(tenant=self.tenant, tier=Tier.WORKING, status="active")
+        sessions = self.store.session_ids(working, self._catch_up_after, self.session_limit)
+        self._catch_up_after = sessions[-1] if len(sessions) == self.session_limit else None
+        self._caught_up = self._catch_up_after is None
+        # as a pass would have: a session past its high mark is paged out to the low one (others are left)
+        return sum(len(self.pager.enforce(self.tenant, s, now, to_low=True)) for s in sessions)
 
     def _refresh_page(self, now: datetime) -> int:
         """Recompute the values of the next page of active memories; returns how many drifted and were
