@@ -59,7 +59,16 @@ from clawvm.core.model import (
 )
 from clawvm.core.redact import RedactionPolicy
 from clawvm.harness import assembly, importing
+from clawvm.harness.fields import (
+    keeping_harness_metadata,
+    leaves_the_prompt,
+    named_id,
+    refuse_harness_metadata,
+    refuse_unpinnable,
+    review_dropped,
+)
 from clawvm.harness.importing import Imported
+from clawvm.harness.seen import as_seen, instant_of, seen_hits
 from clawvm.observe.learning import stored_weights, with_weights
 from clawvm.recall.retrieval import (
     PendingVector,
@@ -73,7 +82,7 @@ from clawvm.recall.retrieval import (
 )
 from clawvm.store import Event, Store, store_from_url
 from clawvm.store.base import ReadOnlyStore, StoreReader, check_vectors, while_open
-from clawvm.store.crypto import REDACTION_FIELD, DataKeys
+from clawvm.store.crypto import DataKeys
 from clawvm.store.kinds import EventKind
 from clawvm.store.tenant import TenantStore
 from clawvm.teams import shared as teams
@@ -125,13 +134,6 @@ PRELOADED_SESSIONS = 8192
 #: Tries of a forget whose memory keeps changing under it (each a pager pass or another writer racing it).
 FORGET_RETRIES = 5
 _IMMUTABLE = frozenset({"id", "created_at", "version", "changed_version", "tenant"})
-#: Metadata that compress() keeps: the compressed memory's pointer to its raw copy, and the raw copy's back.
-_COMPRESSION_METADATA = ("compression", "raw_of")
-#: Metadata only the harness sets, and what sets it: a caller's record or update may not.
-_HARNESS_METADATA = {
-    **dict.fromkeys(_COMPRESSION_METADATA, "compress()"),
-    teams.REVIEW_FIELD: "approve() or reject()",
-}
 
 
 def _check_clock(clock: Any) -> None:
@@ -330,14 +332,14 @@ class Harness:
         refuse_set_by_harness({name: v for name, v in fields.items() if name != "pinned"})
         fields = blank_scopes_as_none(fields)
         if isinstance(fields.get("metadata"), Mapping):
-            _refuse_harness_metadata(fields["metadata"])
+            refuse_harness_metadata(fields["metadata"])
         text, ctype = normalize_content(content, self.max_content_bytes)
         vector = self._check_vector(embedding) if embedding is not None else None
         fields.setdefault("tenant", self.tenant)
         fields.setdefault("tier", Tier.WORKING)  # new memories start next to the prompt; the pager moves them
         fields.setdefault("created_at", self.now())
         if fields.get("pinned"):
-            _refuse_unpinnable(fields, "leave it out")
+            refuse_unpinnable(fields, "leave it out")
         if fields.get("pinned") and fields.get("session_id") is not None:
             self.pager.check_pin(build_memory({**fields, "content": text, "token_count": count_tokens(text)}))
         memory = build_memory(
@@ -421,8 +423,8 @@ class Harness:
         """Write ``changes`` to ``current`` as read: its next version (compare-and-set), with its event."""
         self._refuse_expired(current)
         self._refuse_frozen(current)
-        changes = _keeping_harness_metadata(current, changes, reviewing=as_agent == teams.APPLICATION)
-        if current.pinned and _leaves_the_prompt(changes):  # archiving or rejecting a pinned memory
+        changes = keeping_harness_metadata(current, changes, reviewing=as_agent == teams.APPLICATION)
+        if current.pinned and leaves_the_prompt(changes):  # archiving or rejecting a pinned memory
             changes = {**changes, "pinned": False}  # unpins it in the same write, as intervene's archive does
         # the stored redaction mark stays with the stored text: a caller can neither drop nor forge it; new
         # text starts unmarked, and the commit path redacts it and seals its original
@@ -440,7 +442,7 @@ class Harness:
                 if "links" not in changes:
                     changes["links"] = [link for link in current.links if link.target != info["raw_id"]]
             if text != current.content:
-                changes = _review_dropped(current, changes, reviewing=as_agent == teams.APPLICATION)
+                changes = review_dropped(current, changes, reviewing=as_agent == teams.APPLICATION)
         updated = mark(revalidate(current, {**changes, "version": current.version + 1}))
         teams.check_update(self, current, updated, as_agent)
         if updated.parent_id != current.parent_id:
@@ -514,7 +516,7 @@ class Harness:
         """The memory ``memory_id`` as reads show it (past its ``expires_at``: expired, swept or not; the
         stored object is ``h.store.get``); :class:`NotFoundError` when there is none
         (:class:`ValidationError` when it is not a string)."""
-        return _as_seen([self._store.get(memory_id)], self.now())[0]
+        return as_seen([self._store.get(memory_id)], self.now())[0]
 
     def reveal(self, memory_id: str, *, admin: bool = False) -> str:
         """The original content of a memory stored redacted, opened with the data key; admins only.
@@ -569,7 +571,7 @@ class Harness:
             vector = self._query_embedding(dense_text(self._store, query, cfg, f, named))
         hits = run_recall(self._store, query, vector, k, cfg, f, named)
         if not track:
-            return _seen_hits(hits, self.now())
+            return seen_hits(hits, self.now())
         # a tracked recall is a stored access: logged (MemLens latency, hit rate, regret) in the same write
         # as the hits' access stats and promotions; the event log keeps no protected text either
         logged = self.redactor.scrub(query, self.tenant)
@@ -584,14 +586,14 @@ class Harness:
                     log.warning("a recall's queued bookkeeping was not written: %s", exc)
                     self._pager_error(exc)
             self._wake_pager()
-            return _seen_hits(hits, now)
+            return seen_hits(hits, now)
         if not hits:
             self.writer.log([retrieved])
             return hits
         warmed = {m.id: m for m in self.working.warm([h.memory for h in hits], now, [retrieved])}
         self._wake_pager()  # promotions that put a session past its high mark are paged out in a batch
         # as the caller sees them, after the bookkeeping wrote them as stored
-        return _seen_hits([Recalled(warmed.get(h.id, h.memory), h.score, h.explain) for h in hits], now)
+        return seen_hits([Recalled(warmed.get(h.id, h.memory), h.score, h.explain) for h in hits], now)
 
     def _query_embedding(self, text: str) -> np.ndarray | PendingVector:
         """The query's vector, or its computation begun beside the caller so that the recall's text
@@ -614,7 +616,7 @@ class Harness:
     def list(self, limit: int = 100, **filters: Any) -> builtins.list[Memory]:
         f = self.filters(filters)
         found = self._store.list(f, limit=counted("limit", limit, 0))
-        return _as_seen(found, _instant_of(f) or self.now())  # the filter's instant: one reading of the clock
+        return as_seen(found, instant_of(f) or self.now())  # the filter's instant: one reading of the clock
 
     def count(self, **filters: Any) -> int:
         return self._store.count(self.filters(filters))
@@ -624,8 +626,8 @@ class Harness:
         ``newest_first``), read in keyset pages of ``batch``: what callers use instead of a "no limit"."""
         f = self.filters(filters)
         pages = self._store.iter_all(f, counted("batch", batch), newest_first)
-        now = _instant_of(f) or self.now()
-        seen = (_as_seen([m], now)[0] for m in pages)
+        now = instant_of(f) or self.now()
+        seen = (as_seen([m], now)[0] for m in pages)
         return while_open(seen, self._check_open)  # no page is read once the harness closed
 
     def events(
@@ -841,7 +843,7 @@ class Harness:
         The intermediates are archived, not deleted; the summary ``summarizes`` every one of them.
         """
         # None asked for the steps of no task in particular: every task's were merged into one summary
-        task_id = self._stored_id(_named("task_id", task_id, "name the task (a non-empty string)"))
+        task_id = self._stored_id(named_id("task_id", task_id, "name the task (a non-empty string)"))
         # the task's own steps, read in keyset pages and already in (created_at, id) order
         intermediate = Filters.of(tenant=self.tenant, task_id=task_id, state="intermediate", status="active")
         steps = builtins.list(self._store.iter_all(intermediate))
@@ -983,14 +985,14 @@ class Harness:
         if not isinstance(name, str) or not name.strip():
             raise ValidationError("name", f"is {name!r}", "name the checkpoint (a non-empty string)")
         # None or a blank id snapshotted every memory of the tenant into a checkpoint rollback refused
-        named = _named("session_id", session_id, "name the session (a non-empty string)")
+        named = named_id("session_id", session_id, "name the session (a non-empty string)")
         session_id = self._stored_id(named)
         self._write_recalls(self.now())  # the tiers and access stats as the recalls so far left them
         return checkpoints.take(self._store, self.writer, self.tenant, session_id, name, self.now()).id
 
     def checkpoints(self, session_id: str) -> builtins.list[CheckpointInfo]:
         """The session's checkpoints, newest first: id, name, when, and how many memories each holds."""
-        named = _named("session_id", session_id, "name the session (a non-empty string)")
+        named = named_id("session_id", session_id, "name the session (a non-empty string)")
         return checkpoints.listed(self._store, self.tenant, self._stored_id(named))
 
     @_exclusive
@@ -1288,96 +1290,6 @@ def _default_embedder() -> MiniLMEmbedder:
     if _DEFAULT is None:
         _DEFAULT = MiniLMEmbedder()
     return _DEFAULT
-
-
-def _keeping_harness_metadata(current: Memory, changes: dict[str, Any], *, reviewing: bool) -> dict[str, Any]:
-    """``changes`` with new ``metadata`` keeping the marks of ``current`` that only the harness sets: the
-    compression pointers (compress() and decompress(); dropped, they were the way back to the original
-    text) and the review (approve() and reject(), or the application acting as itself: ``reviewing``;
-    forged by an agent, its low-confidence memory left the review queue). Setting one to another value is
-    a ValidationError."""
-    given = changes.get("metadata")
-    if not isinstance(given, Mapping):
-        return changes  # no new metadata (or none valid: the validation that follows says so)
-    guarded = {k: by for k, by in _HARNESS_METADATA.items() if not (reviewing and k == teams.REVIEW_FIELD)}
-    for key, by in guarded.items():
-        if key in given and given[key] != current.metadata.get(key):
-            raise ValidationError(f"metadata.{key}", f"is set by {by}", "leave it out: the harness keeps it")
-    kept = {k: current.metadata[k] for k in guarded if k in current.metadata}
-    return {**changes, "metadata": {**given, **kept}} if kept else changes
-
-
-def _review_dropped(current: Memory, changes: dict[str, Any], *, reviewing: bool) -> dict[str, Any]:
-    """``changes``, which give ``current`` new text, without its review: an approval was of the old text
-    (kept, the new text of a low-confidence memory skipped the review queue with full trust), unless the
-    application, reviewing, sets the review in the same update."""
-    metadata = changes.get("metadata", current.metadata)
-    given = changes.get("metadata")
-    if teams.REVIEW_FIELD not in metadata or (
-        reviewing and isinstance(given, Mapping) and teams.REVIEW_FIELD in given
-    ):
-        return changes
-    return {**changes, "metadata": {k: v for k, v in metadata.items() if k != teams.REVIEW_FIELD}}
-
-
-def _as_seen(memories: builtins.list[Memory], now: datetime) -> builtins.list[Memory]:
-    """``memories`` as reads show them at ``now``: a memory is expired from the moment its ``expires_at``
-    passes, so an active one past it shows status ``expired`` (stored active until tick() sweeps it; the
-    stored object, h.get() and h.store give it as stored)."""
-    return [
-        m.model_copy(update={"status": Status.EXPIRED})
-        if m.status is Status.ACTIVE and m.expires_at is not None and m.expires_at <= now
-        else m
-        for m in memories
-    ]
-
-
-def _instant_of(f: Filters) -> datetime | None:
-    """The instant ``f`` judges expiry at (what :meth:`Harness.filters` read of the clock), if any."""
-    return f.live_at or f.active_due_by
-
-
-def _seen_hits(hits: builtins.list[Recalled], now: datetime) -> builtins.list[Recalled]:
-    """Recall hits with their memories as reads show them (see :func:`_as_seen`)."""
-    shown = _as_seen([h.memory for h in hits], now)
-    return [h if m is h.memory else Recalled(m, h.score, h.explain) for h, m in zip(hits, shown, strict=True)]
-
-
-def _named(field: str, value: object, fix: str) -> str:
-    """``value``, a caller's id that must name something: a non-blank string, else a ValidationError."""
-    if not isinstance(value, str) or not value.strip():
-        raise ValidationError(field, f"is {value!r}", fix)
-    return value
-
-
-def _refuse_harness_metadata(metadata: Mapping[str, Any]) -> None:
-    """A new memory's metadata may not carry the marks the harness sets: a forged compression pointer let
-    decompress() replace the memory's text with another memory's."""
-    if REDACTION_FIELD in metadata:
-        raise ValidationError(
-            f"metadata.{REDACTION_FIELD}", "is set by the write path", "leave it out: redaction marks it"
-        )
-    for key, by in _HARNESS_METADATA.items():
-        if key in metadata:
-            raise ValidationError(f"metadata.{key}", f"is set by {by}", f"leave it out: {by} sets it")
-
-
-def _refuse_unpinnable(fields: Mapping[str, Any], fix: str) -> None:
-    """A pinned memory lives in the working tier, active (what pin() requires): another tier or status for
-    one is a contradiction, refused (with ``fix``) rather than silently resolved."""
-    for name, pinned_is in (("tier", Tier.WORKING), ("status", Status.ACTIVE)):
-        given = fields.get(name)
-        if given is not None and given != pinned_is:
-            raise ValidationError(
-                name, f"is {given!r} on a pinned memory", f"{fix}: a pinned memory is {pinned_is}"
-            )
-
-
-def _leaves_the_prompt(changes: Mapping[str, Any]) -> bool:
-    """Whether ``changes`` move a memory out of the working tier or out of ``active``, where a pinned one
-    lives."""
-    tier, status = changes.get("tier"), changes.get("status")
-    return (tier is not None and tier != Tier.WORKING) or (status is not None and status != Status.ACTIVE)
 
 
 # ---- a closed harness ------------------------------------------------------------------------------------
