@@ -285,7 +285,8 @@ class ClawVMStore(BaseStore):
         filters = self.harness.filters({"tags": scope})
 
         def wanted(m: Memory) -> bool:
-            return is_item(m) and (not op.filter or matches(json.loads(m.content), op.filter))
+            value = _item_value(m)  # its text read once, for both questions
+            return value is not None and (not op.filter or matches(value, op.filter))
 
         found: list[Scored] = []
         if op.query and need > 0:
@@ -699,13 +700,19 @@ def is_item(m: Memory) -> bool:
     A memory tagged like an item but not one (a note tagged ``langgraph`` by hand, an item whose text a
     tool or the dashboard changed to prose) is left out of every read: one such memory made every
     ``get`` and ``search`` of its namespace raise."""
+    return _item_value(m) is not None
+
+
+def _item_value(m: Memory) -> dict[str, Any] | None:
+    """The value of the item ``m`` holds; None when it is no item (see :func:`is_item`)."""
     info = m.metadata.get(TAG)
     if not isinstance(info, dict) or not {"key", "namespace", "updated_at"} <= info.keys():
-        return False
+        return None
     try:
-        return isinstance(json.loads(m.content), dict)
+        value = json.loads(m.content)
     except ValueError:
-        return False
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _item(m: Memory) -> Item:
