@@ -66,8 +66,10 @@ def test_rollback_restores_tiers_pins_status_and_usage() -> None:
 
         other_before = h.get(other.id)
         report = h.rollback(cp)
-        assert state(h, ids) == before
-        assert set(report.restored) == {i for i in ids if changed[i] != before[i]}
+        back = [i for i in ids if i != ttl.id]  # its TTL passed since: it stays expired (a promise to forget)
+        assert state(h, back) == {i: before[i] for i in back}
+        assert state(h, [ttl.id]) == {ttl.id: changed[ttl.id]}
+        assert set(report.restored) == {i for i in back if changed[i] != before[i]}
         assert set(report.obsoleted) == {m.id for m in new}
         for m in new:
             after = h.get(m.id)  # still there, for analytics
@@ -219,7 +221,11 @@ def test_rollback_undoes_any_detour(n: int, detour: list[tuple[str, Any]]) -> No
                 now[0] += timedelta(hours=arg)
                 h.tick()
         report = h.rollback(cp)
-        assert state(h, s1) == before
+        stored = h.store.get_many(s1)
+        expired = {i for i in s1 if (at := stored[i].expires_at) is not None and at <= now[0]}
+        back = [i for i in s1 if i not in expired]
+        assert state(h, back) == {i: before[i] for i in back}
+        assert all(stored[i].status is Status.EXPIRED for i in expired)  # a TTL passed since: it stays so
         assert set(report.obsoleted) == new
         assert all(h.get(i).status is Status.OBSOLETE for i in new)
 
@@ -436,3 +442,19 @@ def test_a_memory_recorded_after_the_checkpoint_is_undone_whatever_its_created_a
         earlier = datetime(2020, 1, 1, tzinfo=UTC)  # before the checkpoint, by any clock
         backdated = h.record("recorded later, dated earlier", session_id="s", created_at=earlier)
         assert h.rollback(cp).obsoleted == [backdated.id]
+
+
+def test_a_rollback_leaves_a_memory_expired_since_expired() -> None:
+    """A TTL is a promise to forget: restored, the expired memory went back to working active, and the next
+    tick() expired it a second time."""
+    h, now = open_clocked()
+    with h:
+        token = h.record("a one-hour token", session_id="s", expires_at=now[0] + timedelta(hours=1))
+        cp = h.checkpoint("s", "cp")
+        now[0] += timedelta(hours=2)
+        assert h.tick()["expired"] == 1
+        report = h.rollback(cp)
+        stored = h.store.get(token.id)
+        assert (stored.status, stored.tier) == (Status.EXPIRED, Tier.ARCHIVE)
+        assert token.id not in report.restored
+        assert h.tick()["expired"] == 0

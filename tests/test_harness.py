@@ -8,7 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -1060,6 +1060,48 @@ def test_a_clock_of_naive_datetimes_is_taken_as_utc() -> None:
         assert m.created_at == datetime(2030, 1, 1, 12, tzinfo=UTC)
         assert [r.id for r in h.recall("deploy noon")] == [m.id]
         assert m.id in h.context("deploy", session_id="s").ids
+
+
+def test_a_pass_at_a_naive_instant_takes_it_as_utc() -> None:
+    """page(now=<naive>) raised TypeError (naive minus aware) once a session was due; page(now="x") and
+    flush(timeout="x") raised TypeErrors too."""
+    pager = PagerConfig(budgets=TierBudgets(working_items=2), background=False)
+    with Harness.open("memory://", embedder=None, pager=pager) as h:
+        for i in range(5):
+            h.record(f"note {i}", session_id="s")
+        assert h.page(now=datetime(2030, 3, 2, 12, 0))  # moved some
+        assert h.count(session_id="s", tier="working") <= 2
+        for call, field in ((lambda: h.page(now="x"), "now"), (lambda: h.flush(timeout="x"), "timeout")):
+            with pytest.raises(ValidationError) as exc:
+                call()
+            assert exc.value.field == field
+
+
+def test_scope_ids_of_a_context_are_strings(harness: Harness) -> None:
+    """context(session_id=5) raised AttributeError from deep in the build (list and recall named the
+    field)."""
+    for field in ("session_id", "task_id", "agent_id"):
+        with pytest.raises(ValidationError) as exc:
+            harness.context("x", **{field: 5})
+        assert exc.value.field == field
+    with pytest.raises(ValidationError) as exc:
+        harness.checkpoints(["s"])  # type: ignore[arg-type]
+    assert exc.value.field == "session_id"
+
+
+def test_an_update_that_sets_a_past_expiry_answers_as_get_does(harness: Harness) -> None:
+    """The memory update() returned said active while get() said expired."""
+    m = harness.record("short lived", session_id="s")
+    updated = harness.update(m.id, expires_at=harness.now() - timedelta(seconds=1))
+    assert updated.status is harness.get(m.id).status is Status.EXPIRED
+
+
+def test_an_import_of_no_list_names_memories(harness: Harness) -> None:
+    for given in (None, 5, {"id": "x"}):
+        with pytest.raises(ValidationError) as exc:
+            harness.import_memories(given)  # type: ignore[arg-type]
+        assert exc.value.field == "memories"
+    assert harness.count(status="any") == 0
 
 
 def test_status_any_is_taken_in_a_list_and_the_fix_names_what_a_caller_may_ask(harness: Harness) -> None:

@@ -366,6 +366,29 @@ def test_bad_options_are_rejected() -> None:
             pass
 
 
+def test_a_tool_call_option_or_validator_that_is_none_is_refused_before_the_tool_runs() -> None:
+    """An unknown tool_call option raised TypeError from ToolSpec; a validator that is no function was
+    taken, the tool ran, and its good result was recorded as an error."""
+    with Harness.open("memory://", embedder=None) as h:
+        with pytest.raises(ValidationError) as info:
+            h.tool_call("shell", {"cmd": "ls"}, session_id="s", retries=3)
+        assert info.value.field == "retries" and "validator" in (info.value.fix or "")
+        ran: list[int] = []
+        for name in ("validator", "cost"):
+            with pytest.raises(ValidationError) as info:
+
+                @h.tool(session_id="s", **{name: "status < 500"})
+                def charge(amount: int) -> dict[str, int]:
+                    ran.append(amount)
+                    return {"status": 200}
+
+            assert info.value.field == name
+        with pytest.raises(ValidationError) as info:
+            h.tool_reliability("charge", policy=5)  # type: ignore[arg-type]
+        assert info.value.field == "policy"
+        assert ran == [] and h.count(status="any") == 0
+
+
 # ---- restore ------------------------------------------------------------------------------------------
 def dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])

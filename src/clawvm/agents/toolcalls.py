@@ -45,7 +45,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, cast
@@ -112,9 +112,27 @@ class ToolSpec:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValidationError("name", f"is {self.name!r}", "name the tool with a non-empty string")
         _check_scope_fields(self.defaults)
+        for name in ("validator", "cost"):  # else the tool ran first and its result was blamed
+            given = getattr(self, name)
+            if given is not None and not callable(given):
+                raise ValidationError(
+                    name, f"is a {type(given).__name__} ({given!r})", "pass a function of the result, or None"
+                )
         # callers pass lists; keep the frozen spec hashable and its lookups cheap
         object.__setattr__(self, "redact", frozenset(self.redact))
         object.__setattr__(self, "timeout_errors", tuple(self.timeout_errors))
+
+
+def spec_options(options: Mapping[str, Any]) -> None:
+    """Refuse what is not a :class:`ToolSpec` option (``Harness.tool_call``'s keyword arguments)."""
+    known = [f.name for f in fields(ToolSpec) if f.name not in ("name", "defaults")]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValidationError(
+            unknown[0],
+            "is not an option of a tool call",
+            f"use {', '.join([*_SCOPE_FIELDS, 'tags', *known])}",
+        )
 
 
 def scope_fields(

@@ -417,7 +417,8 @@ class Harness:
         if "content" in changes and self._worker is not None:
             self._worker.notify()
         self._rebalance(updated)
-        return updated
+        # as get() shows it: an expires_at set in the past expired it
+        return as_seen([updated], self.now())[0]
 
     def _write_update(self, current: Memory, changes: dict[str, Any], as_agent: str | None) -> Memory:
         """Write ``changes`` to ``current`` as read: its next version (compare-and-set), with its event."""
@@ -715,8 +716,13 @@ class Harness:
         """One pager pass now: every session past its working tier's high watermark is paged out to the low
         one, and a tier below that grew is brought back within its budget (see :mod:`clawvm.vm.working`).
         Returns the memories moved. Runs by itself in the background and at ``context()``, ``flush()``,
-        ``tick()`` and ``close()``."""
-        return self._page(now, give_way_s=0.0)
+        ``tick()`` and ``close()``. ``now``: the instant the pass judges values at (naive: UTC), else the
+        harness's clock."""
+        if now is not None and not isinstance(now, datetime):
+            raise ValidationError(
+                "now", f"is {now!r}", "pass a datetime, or leave it out (the harness's clock)"
+            )
+        return self._page(None if now is None else as_utc(now), give_way_s=0.0)
 
     def _page(self, now: datetime | None, give_way_s: float) -> builtins.list[Memory]:
         with self._exclusive, self.pager.endpoint_pass():
@@ -750,7 +756,7 @@ class Harness:
         """Preload the working tier with the memories most relevant to ``task`` (of this task, if given)."""
         if not task:
             return []
-        session_id, task_id = self._stored_id(session_id), self._stored_id(task_id)
+        session_id, task_id = self._stored_id(session_id, "session_id"), self._stored_id(task_id, "task_id")
         scope = {"task_id": task_id} if task_id else {}
         hits = self.recall(task, k=k, track=False, **scope)
         now = self.now()
@@ -843,7 +849,9 @@ class Harness:
         The intermediates are archived, not deleted; the summary ``summarizes`` every one of them.
         """
         # None asked for the steps of no task in particular: every task's were merged into one summary
-        task_id = self._stored_id(named_id("task_id", task_id, "name the task (a non-empty string)"))
+        task_id = self._stored_id(
+            named_id("task_id", task_id, "name the task (a non-empty string)"), "task_id"
+        )
         # the task's own steps, read in keyset pages and already in (created_at, id) order
         intermediate = Filters.of(tenant=self.tenant, task_id=task_id, state="intermediate", status="active")
         steps = builtins.list(self._store.iter_all(intermediate))
@@ -897,6 +905,7 @@ class Harness:
         validator...).
         """
         scope = {k: options.pop(k) for k in ("session_id", "task_id", "agent_id", "tags") if k in options}
+        toolcalls.spec_options(options)
         spec = toolcalls.ToolSpec(name, **options)
         return toolcalls.ToolCall(self, spec, args, parent_id=parent_id, **scope)
 
@@ -908,7 +917,14 @@ class Harness:
         self, tool: str | None = None, policy: reliability.ReliabilityPolicy | None = None
     ) -> dict[str, reliability.ToolStats]:
         """Error rate, timeout rate, latency and fallback per tool (one tool, or every recent one)."""
+        if policy is not None and not isinstance(policy, reliability.ReliabilityPolicy):
+            raise ValidationError(
+                "policy",
+                f"is a {type(policy).__name__}",
+                "pass clawvm.agents.reliability.ReliabilityPolicy(...)",
+            )
         if tool is not None:
+            tool = named_id("tool", tool, "name the tool (a non-empty string), or pass None for every tool")
             return {tool: reliability.stats(self, tool, policy)}
         return reliability.all_stats(self, policy)
 
@@ -986,14 +1002,14 @@ class Harness:
             raise ValidationError("name", f"is {name!r}", "name the checkpoint (a non-empty string)")
         # None or a blank id snapshotted every memory of the tenant into a checkpoint rollback refused
         named = named_id("session_id", session_id, "name the session (a non-empty string)")
-        session_id = self._stored_id(named)
+        session_id = self._stored_id(named, "session_id")
         self._write_recalls(self.now())  # the tiers and access stats as the recalls so far left them
         return checkpoints.take(self._store, self.writer, self.tenant, session_id, name, self.now()).id
 
     def checkpoints(self, session_id: str) -> builtins.list[CheckpointInfo]:
         """The session's checkpoints, newest first: id, name, when, and how many memories each holds."""
         named = named_id("session_id", session_id, "name the session (a non-empty string)")
-        return checkpoints.listed(self._store, self.tenant, self._stored_id(named))
+        return checkpoints.listed(self._store, self.tenant, self._stored_id(named, "session_id"))
 
     @_exclusive
     def rollback(self, checkpoint_id: str) -> RollbackReport:
@@ -1046,8 +1062,8 @@ class Harness:
                 "quotas", f"is a {type(quotas).__name__}", "pass clawvm.Quotas(...), or leave it out"
             )
         k = k or max(20, budget_tokens // 40)  # hits to fill most of the budget; neighbours fill the rest
-        session_id, task_id = self._stored_id(session_id), self._stored_id(task_id)
-        agent_id = self._stored_id(agent_id)
+        session_id, task_id = self._stored_id(session_id, "session_id"), self._stored_id(task_id, "task_id")
+        agent_id = self._stored_id(agent_id, "agent_id")
         request = assembly.Request(
             query=query,
             budget_tokens=budget_tokens,
@@ -1080,6 +1096,8 @@ class Harness:
         """Wait until every recorded memory is embedded, and run a pager pass (a lifecycle boundary).
         Nothing to do once closed: close() ran the last pass, and what it left unembedded (``wait=False``)
         the next open embeds."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)):
+            raise ValidationError("timeout", f"is {timeout!r}", "pass seconds (a number), or None to wait")
         if self.writer.closed:
             return
         if self._worker is not None:
@@ -1195,14 +1213,19 @@ class Harness:
         return self._stored_ids(f)
 
     @overload
-    def _stored_id(self, value: str) -> str: ...
+    def _stored_id(self, value: str, field: str) -> str: ...
 
     @overload
-    def _stored_id(self, value: None) -> None: ...
+    def _stored_id(self, value: None, field: str) -> None: ...
 
-    def _stored_id(self, value: str | None) -> str | None:
-        """A scope id a caller names, as the write path stored it (:meth:`CommitPath.identifier`)."""
-        return None if value is None else self.writer.identifier(value, self.tenant)
+    def _stored_id(self, value: str | None, field: str) -> str | None:
+        """A scope id a caller names (``field``: None or a string), as the write path stored it
+        (:meth:`CommitPath.identifier`)."""
+        if value is None:
+            return None
+        if not isinstance(value, str):  # else an AttributeError from deep in the build
+            raise ValidationError(field, f"is a {type(value).__name__} ({value!r})", "pass a string")
+        return self.writer.identifier(value, self.tenant)
 
     def _stored_ids(self, f: Filters) -> Filters:
         """``f`` with its scope ids and tags as the write path stored them: a caller filtering by the

@@ -9,7 +9,7 @@ beside.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -47,6 +47,12 @@ def import_memories(h: ImportHost, engine: Store, given: Iterable[Memory], resto
     """Store ``given`` (see ``Harness.import_renamed``); ``restore`` skips the write checks. ``engine`` is
     the harness's store (a tenant's view or the owner's engine): it names the ids an import must rename;
     the memories are written through ``h.writer``."""
+    if isinstance(given, str | bytes | Mapping) or not isinstance(given, Iterable):
+        raise ValidationError(
+            "memories",
+            f"is a {type(given).__name__}",
+            "pass a list of Memory objects (Memory.model_validate)",
+        )
     given = list(given)  # a generator was used up by the checks below: nothing was imported
     for i, m in enumerate(given):
         if not isinstance(m, Memory):

@@ -12,7 +12,8 @@ the result it got later) and its links (a link to a memory made later goes). A m
 the checkpoint gets its raw text back. Memories created after the checkpoint become ``obsolete`` (not
 deleted: analytics can still show what was undone). What it does not restore: content edited after the
 checkpoint other than by compression (revisions are new memories, and those are obsoleted), memories
-forgotten for good, and the event log, which records the rollback (a ``rollback`` event lists all of it).
+forgotten for good, memories expired since (their TTL passed: they stay expired), and the event log,
+which records the rollback (a ``rollback`` event lists all of it).
 """
 
 from __future__ import annotations
@@ -217,6 +218,10 @@ def rollback(
                 obsoleted.append(m.id)
             continue
         if old is None:  # older than the checkpoint, moved into the session since: not the session's then
+            continue
+        if m.status is Status.EXPIRED or (m.expires_at is not None and m.expires_at <= now):
+            # a TTL is a promise to forget: restored, an expired memory went back to working active, and
+            # the next tick() expired it a second time
             continue
         decompressed = "compression" in m.metadata and old.compressed is False
         if decompressed:  # compressed since the checkpoint: its raw text comes back
