@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from clawvm.core.embed import EmbedWorker
-from clawvm.core.model import Memory
+from clawvm.core.model import Filters, Memory
 from clawvm.server.service import RequestGauge, Service
 from clawvm.server.settings import ServerSettings
 from clawvm.store import MemoryStore, SQLiteStore
@@ -366,3 +366,25 @@ def test_every_tenant_embeds_its_queries_in_one_pool_which_closes_with_the_servi
     finally:
         service.close()
     assert _query_embed_threads() == []
+
+
+class SlowBatchEmbedder(CountingEmbedder):
+    """A batch takes a model's time under load (0.3 s)."""
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        time.sleep(0.3)
+        return super().embed(texts)
+
+
+def test_closing_the_service_leaves_the_embedding_backlog_to_the_next_open() -> None:
+    """Shutdown waited up to 30 s for the backlog (an import's thousands) that the next open embeds anyway:
+    a SIGTERM'd server outlived the grace period of docker stop (10 s) and was killed."""
+    store = MemoryStore(dim=8)
+    store.setup()
+    service = Service(store, SlowBatchEmbedder(), ServerSettings())
+    h = service.harness_for("acme")
+    for i in range(64):
+        h.record(f"imported memory {i}")
+    service.close()
+    assert store.unembedded(100)  # at most the batch in flight was written; the rest waits for the next open
+    assert store.count(Filters.of(tenant="acme")) == 64

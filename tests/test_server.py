@@ -129,6 +129,22 @@ def test_a_query_parameter_the_route_does_not_take_is_refused(env: Env) -> None:
     assert listed.status_code == 200 and len(listed.json()) == 1
 
 
+def test_a_query_parameter_given_twice_or_not_utf8_is_refused(env: Env) -> None:
+    """``?limit=1&limit=3`` read the last and ignored the first; ``?session_id=%FF`` was decoded with a
+    replacement character and answered 200 [] (a path's bytes were already refused)."""
+    for i in range(3):
+        env.record(session_id="s1", tags=[f"t{i}"])
+    twice = env.client.get("/v1/memories?limit=1&limit=3", headers=env.auth())
+    assert "once" in assert_error(twice, 422, "validation_error", "limit")["fix"]
+    # a list filter takes a value each time it is given
+    both = env.client.get("/v1/memories?tags_any=t0&tags_any=t1", headers=env.auth())
+    assert both.status_code == 200 and len(both.json()) == 2
+    for query, field in (("session_id=%FF", "session_id"), ("session_id=s1&%FF=x", "query")):
+        assert_error(env.client.get(f"/v1/memories?{query}", headers=env.auth()), 400, "invalid_utf8", field)
+    spaced = env.client.get("/v1/memories?session_id=s%C3%A9+1", headers=env.auth())  # UTF-8 and a +
+    assert spaced.status_code == 200 and spaced.json() == []
+
+
 def test_memory_crud_with_versions(env: Env) -> None:
     m = env.record(tags=["ci"], session_id="s1", kind="error", state="error")
     assert m["tenant"] == "acme" and m["version"] == 1 and m["tier"] == "working"

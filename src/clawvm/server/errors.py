@@ -158,8 +158,12 @@ def response_for(exc: ClawVMError) -> JSONResponse:
     elif isinstance(exc, AuthenticationError):
         field, fix = "Authorization", "send a valid key as 'Authorization: Bearer <key>' (clawvm keys create)"
     elif isinstance(exc, RateLimitError):
-        fix = f"slow down; retry after {exc.retry_after_s:.2f} s"
-        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+        # whole seconds, as the header must be: the message said "retry after 0.00 s" beside Retry-After: 1,
+        # and a client that trusted it was refused again at once
+        wait = max(1, math.ceil(exc.retry_after_s))
+        message = f"rate limit of the {exc.limit} exceeded: retry after {wait} s"
+        fix = f"slow down; retry after {wait} s (the Retry-After header)"
+        headers["Retry-After"] = str(wait)
     if status >= 500:
         message = _MESSAGES_5XX.get(code, "unexpected server error")
         fix = fix or "retry later; the server log has the details (search for the X-Request-ID)"

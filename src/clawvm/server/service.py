@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import Request
 
 from clawvm.core.embed import Embedder, EmbedWorker, MiniLMEmbedder, QueryEmbeddings
-from clawvm.core.errors import EmbedderError, ValidationError
+from clawvm.core.errors import ValidationError
 from clawvm.harness import Harness
 from clawvm.server.idempotency import IdempotencyKeys
 from clawvm.server.ratelimit import RateLimiter
@@ -131,16 +131,16 @@ class Service:
         return self.keyring.active(principal.key_id)
 
     def close(self) -> None:
-        """At shutdown: end the event streams, the query embeddings in flight, drain and stop the embedding
-        worker, close the store if the service opened it."""
+        """At shutdown: end the event streams, the query embeddings in flight, stop the embedding worker
+        once its batch in flight is written, close the store if the service opened it.
+
+        The worker's backlog is not drained: what is left is embedded at the next open, and waiting for
+        it (an import's thousands) kept a SIGTERM'd server alive past the grace period of ``docker stop``
+        or Kubernetes, which then killed it."""
         self.live.stop()
         if self.query_embeds is not None:
             self.query_embeds.close()
         if self.worker is not None:
-            try:
-                self.worker.flush(timeout=30)
-            except (TimeoutError, EmbedderError) as exc:
-                log.warning("embedding queue not drained at shutdown", extra={"fields": {"error": str(exc)}})
             self.worker.stop()
             self.worker = None
         if self.owns_store:

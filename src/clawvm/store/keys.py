@@ -55,6 +55,7 @@ from clawvm.core.errors import (
     AuthenticationError,
     KeyExpiredError,
     NotFoundError,
+    StateConflictError,
     ValidationError,
 )
 from clawvm.core.model import check_tenant_name, utcnow
@@ -252,6 +253,12 @@ class Keyring:
         if expires_at is not None:
             if expires_at.tzinfo is None:
                 raise ValidationError("expires_at", "has no time zone", "pass a time with its UTC offset")
+            if expires_at <= self._now():  # a key that never works, and one of the tenant's mints used up
+                raise StateConflictError(
+                    "expires_at",
+                    f"is {expires_at.isoformat()}, already past",
+                    "pass a future time, or ttl_s (seconds from now)",
+                )
             ends.append(expires_at)
         return min(ends, default=None)
 

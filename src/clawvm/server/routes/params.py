@@ -3,7 +3,9 @@ the check that a route takes every query parameter sent."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from dataclasses import dataclass
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from fastapi import Path, Request
 from fastapi.routing import APIRoute
@@ -17,7 +19,8 @@ ScopeId = Annotated[str, Path(min_length=1, max_length=256)]  # a session or tas
 
 async def known_query_only(request: Request) -> None:  # async: no worker thread for a dict lookup
     """Refuse a query parameter the route does not take (422 naming it, with the ones it takes): ignored,
-    a misspelt filter (``?sesion_id=s1``) answered as if there were none, with every memory.
+    a misspelt filter (``?sesion_id=s1``) answered as if there were none, with every memory. Refuse one
+    given twice that takes one value (``?limit=1&limit=3`` read the last and ignored the first).
 
     The names are the route's own parameters (aliases and the fields of query models included), read
     once per route. Called by the key check (:func:`clawvm.server.auth.caller_with`), once the caller is
@@ -25,22 +28,35 @@ async def known_query_only(request: Request) -> None:  # async: no worker thread
     route = request.scope.get("route")
     if not isinstance(route, APIRoute):
         return
-    allowed: frozenset[str] | None = getattr(route, _NAMES_ATTRIBUTE, None)
-    if allowed is None:
-        allowed = _query_names(route)
-        setattr(route, _NAMES_ATTRIBUTE, allowed)  # kept with the route (routes are not hashable)
-    unknown = sorted(set(request.query_params) - allowed)
+    declared: _Declared | None = getattr(route, _NAMES_ATTRIBUTE, None)
+    if declared is None:
+        declared = _query_names(route)
+        setattr(route, _NAMES_ATTRIBUTE, declared)  # kept with the route (routes are not hashable)
+    given = request.query_params
+    unknown = sorted(set(given) - declared.names)
     if unknown:
-        takes = ", ".join(sorted(allowed)) or "none"
+        takes = ", ".join(sorted(declared.names)) or "none"
         raise ValidationError(unknown[0], "is not a query parameter of this route", f"use one of: {takes}")
+    for name in sorted(set(given) - declared.lists):
+        if len(values := given.getlist(name)) > 1:
+            raise ValidationError(name, f"is given {len(values)} times", "give it once")
 
 
 _NAMES_ATTRIBUTE = "_clawvm_query_names"
 
 
-def _query_names(route: APIRoute) -> frozenset[str]:
+@dataclass(frozen=True)
+class _Declared:
+    """A route's query parameters: every name, and those that take a list (given once per value)."""
+
+    names: frozenset[str]
+    lists: frozenset[str]
+
+
+def _query_names(route: APIRoute) -> _Declared:
     """Every query parameter name ``route`` and its dependencies declare."""
     names: set[str] = set()
+    lists: set[str] = set()
     pending = [route.dependant]
     while pending:
         dependant = pending.pop()
@@ -48,7 +64,22 @@ def _query_names(route: APIRoute) -> frozenset[str]:
         for param in dependant.query_params:
             model = param.field_info.annotation
             if isinstance(model, type) and issubclass(model, BaseModel):  # a query model: its fields
-                names.update(f.alias or name for name, f in model.model_fields.items())
+                for name, f in model.model_fields.items():
+                    names.add(f.alias or name)
+                    if _takes_many(f.annotation):
+                        lists.add(f.alias or name)
             else:
                 names.add(param.alias)
-    return frozenset(names)
+                if _takes_many(model):
+                    lists.add(param.alias)
+    return _Declared(frozenset(names), frozenset(lists))
+
+
+def _takes_many(annotation: Any) -> bool:
+    """Whether a parameter of this type takes a list (``list[str] | None``, annotated or not)."""
+    origin = get_origin(annotation)
+    if origin in (list, tuple, set, frozenset):
+        return True
+    if origin in (Union, UnionType, Annotated):
+        return any(_takes_many(arg) for arg in get_args(annotation))
+    return False
