@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import zlib
@@ -331,6 +332,114 @@ def test_another_files_snapshot_or_a_newer_one_is_not_used(built: Path, tmp_path
     try:
         assert store.index_source.startswith("rows (stale"), store.index_source
         assert store.count(Filters()) == 10
+    finally:
+        store.close()
+
+
+def test_a_restored_file_never_takes_its_later_snapshot_again(tmp_path: Path) -> None:
+    """Once the restored file's rev climbed past the snapshot's again (writes, then a crash before the next
+    snapshot), the snapshot of the discarded history was mapped and the rows written in between were
+    never replayed: they were missing from count and recall."""
+    old = tmp_path / "old.db"
+    early = opened(old)
+    early.write(memories(10), None, [])
+    early.close()
+    backup = old.read_bytes()
+    later = opened(old)
+    for m in memories(10):  # updates: the newest row (the snapshot's fingerprint) stays the backup's
+        later.write([m.model_copy(update={"content": f"{m.content} changed", "version": 2})], None, [])
+    later.close()  # its snapshot: current to a rev the backup never reached
+    old.write_bytes(backup)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{old}{suffix}").unlink(missing_ok=True)
+    first = opened(old)
+    assert first.index_source.startswith("rows (stale"), first.index_source
+    for m in memories(15, start=100):  # its rev passes the old snapshot's; no snapshot of its own yet
+        first.write([m], None, [])
+    second = opened(old)  # as the next process would after the first was killed
+    try:
+        assert second.index_source.startswith("rows"), second.index_source
+        assert second.count(Filters()) == 25
+        assert not second.query(Query(text="changed", limit=5, filters=Filters())).lexical
+        text = memories(1, start=100)[0].content
+        assert (
+            second.query(Query(text=text, limit=1, filters=Filters())).lexical[0][0]
+            == memories(1, start=100)[0].id
+        )
+    finally:
+        second.close()
+        first.close()
+    reopened = opened(old)
+    try:
+        assert reopened.index_source == "snapshot" and reopened.count(Filters()) == 25
+    finally:
+        reopened.close()
+
+
+@pytest.mark.parametrize("damage", ["length", "missing rev", "rev as text", "offset as text", "no parts"])
+def test_a_snapshot_header_of_the_wrong_shape_is_rebuilt(built: Path, tmp_path: Path, damage: str) -> None:
+    """A damaged header length asked for exabytes (MemoryError), and valid JSON missing a field or of
+    another type raised KeyError or TypeError out of every open, the CLI's too."""
+    index = snap.path_for(str(built))
+    data = bytearray(index.read_bytes())
+    if damage == "length":
+        data[len(snap.MAGIC) + 7] = 0x7F
+    else:
+        size = int.from_bytes(data[len(snap.MAGIC) : len(snap.MAGIC) + 8], "little")
+        start = len(snap.MAGIC) + 8
+        header = json.loads(data[start : start + size])
+        if damage == "missing rev":
+            del header["rev"]
+        elif damage == "rev as text":
+            header["rev"] = str(header["rev"])
+        elif damage == "offset as text":
+            header["parts"]["vectors"]["offset"] = str(header["parts"]["vectors"]["offset"])
+        else:
+            del header["parts"]
+        head = json.dumps(header).encode()
+        data[len(snap.MAGIC) : start] = len(head).to_bytes(8, "little")
+        data[start : start + size] = head
+    shutil.copy(built, tmp_path / "clean.db")
+    index.write_bytes(bytes(data))
+    clean, store = opened(tmp_path / "clean.db"), opened(built)
+    try:
+        assert store.index_source.startswith("rows (corrupt"), store.index_source
+        assert answers(store) == answers(clean)
+    finally:
+        store.close()
+        clean.close()
+
+
+def test_the_temporary_file_of_a_dead_snapshot_writer_is_removed_on_open(built: Path) -> None:
+    """A writer killed before its rename left a file as big as a snapshot, and nothing removed it."""
+    index = snap.path_for(str(built))
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead = index.with_name(f"{index.name}.{int(gone.stdout)}.1.tmp")
+    mine = index.with_name(f"{index.name}.{os.getpid()}.1.tmp")  # a writer of this live process
+    dead.write_bytes(b"half a snapshot")
+    mine.write_bytes(b"being written")
+    opened(built).close()
+    assert not dead.exists() and mine.exists()
+
+
+def test_a_snapshot_child_outlives_the_thread_that_forked_it(tmp_path: Path) -> None:
+    """Linux sends the parent-death signal when the forking *thread* ends: a snapshot made due by a thread
+    that then ended (a request's, the pager's) was killed half written."""
+    store = opened(tmp_path / "t.db", snapshot_every=20)
+    try:
+        for m in memories(19):
+            store.write([m], None, [])
+
+        def last() -> None:
+            store.write(memories(1, start=19), None, [])  # makes the snapshot due: the child forks here
+
+        thread = threading.Thread(target=last)
+        thread.start()
+        thread.join()
+        assert store.snapshot_wait(60) is True
+        assert snap.read_header(snap.path_for(str(tmp_path / "t.db")))["rev"] >= 20
     finally:
         store.close()
 

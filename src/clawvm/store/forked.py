@@ -10,10 +10,13 @@ What makes it safe in a process with other threads (the embed worker, the checkp
 pool, a server's): the child first turns the garbage collector off (no finaliser of the parent's objects,
 an inherited connection or session, runs in it), closes every inherited descriptor but the standard three
 (a server's sockets are not held open by it; the mapped snapshot stays mapped), restores the default signal
-handlers and asks to be killed with its parent; then it runs :func:`clawvm.store.snapshot.write`, which
-takes no lock another thread could have held at the fork, and leaves with ``os._exit``, so nothing of the
-parent's runs at its exit. What it wrote is current to the rev it was forked at; writes made since are
-replayed on the next open like any delta, so a child that dies loses nothing.
+handlers and sets an alarm that ends it after :data:`CHILD_LIFETIME_S` whatever happens; then it runs
+:func:`clawvm.store.snapshot.write`, which takes no lock another thread could have held at the fork, and
+leaves with ``os._exit``, so nothing of the parent's runs at its exit. What it wrote is current to the rev
+it was forked at; writes made since are replayed on the next open like any delta, so a child that dies
+loses nothing. A child whose parent dies finishes its snapshot (the next open replays less); it used to
+be killed with its parent (``PR_SET_PDEATHSIG``), which Linux sends when the *thread* that forked ends: a
+snapshot made due by a request thread or the pager was killed half written, its temporary file left.
 
 Only on Linux (:func:`available`): elsewhere a threaded process cannot fork safely (macOS) or at all
 (Windows), and the engine writes under its lock.
@@ -22,7 +25,6 @@ Only on Linux (:func:`available`): elsewhere a threaded process cannot fork safe
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import logging
 import os
@@ -34,7 +36,10 @@ from collections.abc import Callable
 
 log = logging.getLogger("clawvm.store.forked")
 
-_PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies
+#: How long a child may live, whoever waits for it (its parent gives it up after
+#: :data:`clawvm.store.sqlite_snapshots.SNAPSHOT_CHILD_TIMEOUT_S`): a child that hangs, or whose parent died,
+#: never stays behind (``SIGALRM``'s default action ends it)
+CHILD_LIFETIME_S = 900
 
 
 def available() -> bool:
@@ -55,13 +60,12 @@ def _become_alone() -> None:
     gc.disable()
     with contextlib.suppress(OSError):
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM):
         with contextlib.suppress(OSError, ValueError):
             signal.signal(sig, signal.SIG_DFL)
     with contextlib.suppress(OSError, ValueError):
         signal.set_wakeup_fd(-1)
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal.alarm(CHILD_LIFETIME_S)
 
 
 class ForkedWrite:
@@ -117,7 +121,6 @@ class ForkedWrite:
             os.kill(self.pid, signal.SIGKILL)
         self._done.wait(10.0)
         return False
-
 
 
 class BackgroundSnapshots:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import io
 import json
 import math
@@ -305,6 +306,31 @@ def write(db_path: str, index: SearchIndex, rev: int, fingerprint: Fingerprint) 
     return target
 
 
+def remove_leftovers(db_path: str) -> list[Path]:
+    """Remove the temporary files of snapshot writers that died before renaming theirs into place (a killed
+    process, a machine that went down): each is as big as a snapshot, and nothing else removed them. A
+    writer still alive (this process's, another's) keeps its own. Returns the files removed."""
+    target = path_for(db_path)
+    removed = []
+    for tmp in target.parent.glob(f"{glob.escape(target.name)}.*.*.tmp"):
+        pid = tmp.name[len(target.name) + 1 :].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+                removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 # ---- reading ---------------------------------------------------------------------------------------------
 #: What a snapshot's state may name: plain types only. A pickle can call what it names, so a file planted
 #: beside a store must not name anything else (``os.system``, ...).
@@ -322,6 +348,15 @@ class SnapshotError(Exception):
     """Why a snapshot cannot be used (the caller rebuilds from the rows)."""
 
 
+class StaleSnapshotError(SnapshotError):
+    """The snapshot is current to a newer ``rev`` than the file holds: the file went back in time (restored
+    from a backup), so its history from that rev on is another one than the snapshot's."""
+
+    def __init__(self, rev: int, current: int) -> None:
+        super().__init__(f"stale: current to rev {rev}, the file is at {current}")
+        self.rev = rev
+
+
 def read_header(path: Path) -> dict[str, Any]:
     with open(path, "rb") as f:
         return _header(f.read(_PAGE), f)
@@ -331,6 +366,8 @@ def _header(head: bytes, f: BinaryIO) -> dict[str, Any]:
     if not head.startswith(MAGIC):
         raise SnapshotError("not a snapshot (magic)")
     size = int.from_bytes(head[len(MAGIC) : len(MAGIC) + 8], "little")
+    if size > _MAX_HEADER:  # a damaged length: read as it is, it asked for exabytes (MemoryError)
+        raise SnapshotError(f"corrupt: a header of {size} bytes")
     if len(MAGIC) + 8 + size > len(head):
         f.seek(0)
         head = f.read(len(MAGIC) + 8 + size)
@@ -341,7 +378,40 @@ def _header(head: bytes, f: BinaryIO) -> dict[str, Any]:
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         got = header.get("format") if isinstance(header, dict) else None
         raise SnapshotError(f"format {got}, this version reads {FORMAT}")
+    _check_header(header)
     return header
+
+
+#: The most header bytes a snapshot has (its parts' names, offsets, shapes and checksums: a few KB)
+_MAX_HEADER = 1 << 20
+_HEADER_INTS = ("rev", "dim", "file_id", "schema", "last_seq", "size")
+_PART_INTS = ("offset", "length", "crc32")
+
+
+def _check_header(header: dict[str, Any]) -> None:
+    """Every field the reader uses, of its type: valid JSON with a field missing or of another type (a hand's
+    edit, a damaged digit) raised KeyError or TypeError out of open instead of a rebuild."""
+
+    def whole(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    bad = [name for name in _HEADER_INTS if not whole(header.get(name))]
+    if not isinstance(header.get("last_id"), str | None):
+        bad.append("last_id")
+    parts = header.get("parts")
+    if not isinstance(parts, dict) or not isinstance(parts.get("state"), dict):
+        bad.append("parts")
+    else:
+        bad += [f"parts.{name}" for name, part in parts.items() if not _part_ok(name, part, whole)]
+    if bad:
+        raise SnapshotError(f"corrupt: header field {bad[0]}")
+
+
+def _part_ok(name: str, part: object, whole: Callable[[object], bool]) -> bool:
+    """Whether one part's entry has its offset, length and checksum (and an array's dtype and shape)."""
+    if not isinstance(part, dict) or not all(whole(part.get(k)) for k in _PART_INTS):
+        return False
+    return name == "state" or (isinstance(part.get("dtype"), str) and isinstance(part.get("shape"), list))
 
 
 @dataclass
@@ -425,6 +495,9 @@ def load(db_path: str, dim: int, fingerprint_of: Any, current_rev: int) -> Loade
     fd = os.open(path, os.O_RDONLY)
     try:
         loaded = _load(fd, dim, fingerprint_of, current_rev)
+    except (KeyError, TypeError, IndexError, OverflowError, MemoryError) as exc:
+        os.close(fd)  # a damaged field that the header's checks let through: a rebuild, not a crash
+        raise SnapshotError(f"corrupt: {exc!r}") from exc
     except BaseException:
         os.close(fd)
         raise
@@ -439,7 +512,7 @@ def _load(fd: int, dim: int, fingerprint_of: Any, current_rev: int) -> Loaded:
     if header["dim"] != dim:
         raise SnapshotError(f"dimension {header['dim']}, the store's is {dim}")
     if header["rev"] > current_rev:
-        raise SnapshotError(f"stale: current to rev {header['rev']}, the file is at {current_rev}")
+        raise StaleSnapshotError(header["rev"], current_rev)
     found: Fingerprint = fingerprint_of(header["last_seq"], header["last_id"], header["rev"])
     if (found.file_id, found.schema, found.last_id) != (
         header["file_id"],
@@ -528,6 +601,7 @@ def _index(view: Callable[[str], np.ndarray], state: dict[str, Any], projected: 
     for name in _INDEX_ARRAYS:
         setattr(s, name, view(f"ix{name}"))
     created, alive = view("ix_created"), view("ix_alive")
+
     def created_many(at: list[int]) -> list[datetime | None]:
         return [
             _EPOCH + timedelta(microseconds=us) if live else None

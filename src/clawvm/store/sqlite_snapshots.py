@@ -84,11 +84,18 @@ class IndexSnapshots(ABC):
             return SearchIndex(self.dim), 0
         db = self._db
         self._name_file(db)
+        for tmp in snapshot.remove_leftovers(self.path):
+            log.warning("removed %s, left by a snapshot writer that died", tmp)
         try:
-            current = int(db.execute("SELECT value FROM counters WHERE name = 'rev'").fetchone()[0])
+            current = self._file_rev(db)
             loaded = snapshot.load(self.path, self.dim, self._fingerprint_at, current)
         except FileNotFoundError:
             self.index_source = "rows (no snapshot)"
+            return SearchIndex(self.dim), 0
+        except snapshot.StaleSnapshotError as exc:
+            self._rename_if_restored(db, exc.rev)
+            log.warning("index snapshot of %s not used, rebuilding from the rows: %s", self.path, exc)
+            self.index_source = f"rows ({exc})"
             return SearchIndex(self.dim), 0
         except (OSError, ValueError, snapshot.SnapshotError) as exc:
             log.warning("index snapshot of %s not used, rebuilding from the rows: %s", self.path, exc)
@@ -138,6 +145,24 @@ class IndexSnapshots(ABC):
                 "SELECT id FROM tombstones WHERE rev > ? AND id = ? LIMIT 1", (since_rev, deleted)
             ).fetchone()
         return snapshot.Fingerprint(file_id, schema, seq, row[0] if row else None)
+
+    @staticmethod
+    def _file_rev(db: sqlite3.Connection) -> int:
+        return int(db.execute("SELECT value FROM counters WHERE name = 'rev'").fetchone()[0])
+
+    def _rename_if_restored(self, db: sqlite3.Connection, snapshot_rev: int) -> None:
+        """The snapshot is current to a newer rev than the file: the file went back in time (a backup put in
+        its place). Its history from there on is another than the snapshot's, so the file takes a new id,
+        which no snapshot of the old history names: left in place, the old snapshot was taken for current
+        once the file's rev had climbed past it again (after a crash before the next snapshot), and hid
+        every memory recorded in between. Read again first: another process may have written a snapshot
+        just after this one read the file's rev (a newer snapshot, not an older file)."""
+        if snapshot_rev <= self._file_rev(db):
+            return
+        db.execute("UPDATE counters SET value = ? WHERE name = 'file_id'", (secrets.randbits(62) + 1,))
+        log.warning(
+            "%s is older than its index snapshot (restored from a backup?): given a new file id", self.path
+        )
 
     def _name_file(self, db: sqlite3.Connection) -> None:
         """Give the file a random id once (a counter row), which its index snapshots name: a new file made at
