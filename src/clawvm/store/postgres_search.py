@@ -14,8 +14,9 @@ data (see ``store/base.py`` :class:`Query`), computed from the tables instead of
   best own-text rows, as in process. Two corpus statistics are estimated instead of maintained on every
   write: a term's neighbourhood document frequency (its document frequency spread over ``2 * window + 1``
   neighbourhoods for the share of memories that have a session) and the average neighbourhood length
-  (the same spread of the average length). Ranking inside one query is what they shape, and it is
-  insensitive to both;
+  (the same spread of the average length). They shape the ranking inside one query, and where a term
+  is in a large share of the neighbourhoods (a small store, a very common term) the estimate saturates and
+  the order differs from the exact one in process (six memories in two sessions: another top 5);
 - ``dense``: pgvector's HNSW index (inner product of unit vectors = cosine) with iterative scans, so
   filtered queries still fill their limit; an exact scan of the filtered rows when the index comes back
   short (few rows pass the filters, or the limit is beyond what HNSW serves);
