@@ -162,6 +162,20 @@ def test_a_command_that_reads_leaves_an_empty_file_as_it_is(
     assert db.read_bytes() == before
 
 
+def test_a_command_that_fails_on_a_new_file_leaves_no_file(tmp_path: Path) -> None:
+    """`clawvm --db agnet.db add ""` left an empty store at the misspelt path, which the next command took
+    for the store; a failure after a write, or on a file that was there, leaves the file."""
+    typo = tmp_path / "agnet.db"
+    for command in (["add", ""], ["add", "x", "--kind", "nonsense"], ["keys", "create", "--role", "wizard"]):
+        result = CliRunner().invoke(main, ["--db", str(typo), "--no-embed", *command])
+        assert result.exit_code == 2, result.output
+        assert list(tmp_path.iterdir()) == [], command
+    db = tmp_path / "agent.db"
+    run(db, "add", "a note")
+    assert CliRunner().invoke(main, ["--db", str(db), "--no-embed", "add", ""]).exit_code == 2
+    assert "a note" in run(db, "search", "note")
+
+
 def test_file_errors_are_one_line(tmp_path: Path) -> None:
     db = tmp_path / "f.db"
     run(db, "add", "a note")

@@ -30,11 +30,49 @@ def opened_harness(ctx: click.Context, embed: bool = True, existing: bool = Fals
     if existing:
         _require_store(db)
     embedder = "default" if embed and not ctx.obj["no_embed"] else None
-    harness = Harness.open(db, embedder=embedder, tenant=ctx.obj.get("tenant", DEFAULT_TENANT))
+    with _unless_left_empty(db):
+        harness = Harness.open(db, embedder=embedder, tenant=ctx.obj.get("tenant", DEFAULT_TENANT))
+        try:
+            yield harness
+        finally:
+            harness.close()
+
+
+@contextmanager
+def _unless_left_empty(db: str) -> Iterator[None]:
+    """A command that fails on a SQLite file it made leaves no file behind when nothing was written to it:
+    `clawvm --db agnet.db add ""` left an empty store at the misspelt path, which later commands then took
+    for the store."""
+    made = _new_sqlite_file(db)
     try:
-        yield harness
-    finally:
-        harness.close()
+        yield
+    except BaseException:
+        if made is not None and _holds_nothing(made):
+            for path in (made, *(made.with_name(made.name + s) for s in ("-wal", "-shm", ".index"))):
+                path.unlink(missing_ok=True)
+        raise
+
+
+def _new_sqlite_file(db: str) -> Path | None:
+    """The file a SQLite ``db`` would make, when it is not there yet."""
+    store = store_from_url(db)  # no connection yet: only the engine and its file name
+    if not isinstance(store, SQLiteStore) or store.path == ":memory:":
+        return None
+    path = Path(store.path)
+    return None if path.exists() else path
+
+
+def _holds_nothing(path: Path) -> bool:
+    """Whether the store file at ``path`` has no memory, event or key (read only)."""
+    if not path.is_file():
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            held = ("memories", "events", "credentials")
+            return not any(db.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone() for t in held if t in tables)
+    except sqlite3.DatabaseError:
+        return False
 
 
 def _require_store(db: str) -> None:
@@ -101,12 +139,13 @@ def opened_store(ctx: click.Context, dim: int = 384, existing: bool = False) -> 
     as for :func:`opened_harness`."""
     if existing:
         _require_store(ctx.obj["db"])
-    store = store_from_url(ctx.obj["db"], dim=dim)
-    store.setup()
-    try:
-        yield store
-    finally:
-        store.close()
+    with _unless_left_empty(ctx.obj["db"]):
+        store = store_from_url(ctx.obj["db"], dim=dim)
+        store.setup()
+        try:
+            yield store
+        finally:
+            store.close()
 
 
 @contextmanager
