@@ -451,6 +451,24 @@ def test_author_levers_rank_the_named_authors_own_memories_first(lexical_harness
     assert "author" in {c for x in prior_only for c in x.explain}  # the prior alone also needs the pool
 
 
+def test_an_author_named_like_a_month_is_no_time_expression(lexical_harness: Harness) -> None:
+    """"What did April say about the budget?" read "April" as the month too: every memory made in April
+    got the time channel's boost."""
+    h = lexical_harness
+    said = h.record("the budget for the offsite is approved", agent_id="April", session_id="s1",
+                    created_at=datetime(2026, 2, 10, 9, tzinfo=UTC))
+    made_in_april = h.record("the budget review slipped again", agent_id="Joanna", session_id="s3",
+                             created_at=datetime(2026, 4, 14, 9, tzinfo=UTC))
+    cfg = LEXICAL_ONLY.with_(
+        "authors", weights={"lexical": 1.0, "time": 0.5}, strip_authors=True, author_prior=0.5
+    )
+    hits = {x.id: x for x in h.recall("What did April say about the budget?", k=2, preset=cfg, track=False)}
+    assert set(hits) == {said.id, made_in_april.id}
+    assert "time" not in hits[made_in_april.id].explain and "author" in hits[said.id].explain
+    in_february = {x.id: x for x in h.recall("the budget in February?", k=2, preset=cfg, track=False)}
+    assert "time" in in_february[said.id].explain  # a month no author is called: the time channel
+
+
 # ---- length prior -------------------------------------------------------------------------------------
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 200), min_size=1, max_size=40), st.floats(0.0, 2.0))

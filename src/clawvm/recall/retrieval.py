@@ -490,9 +490,11 @@ def run_recall(
     (their creation times and neighbours come from a second, small store query), graph expansion, and
     the memories. ``vector`` may still be computing (:class:`PendingVector`): the text channels run
     meanwhile."""
-    times = time_expressions(query) if cfg.uses("time") else []
     named = query_authors(store, query, cfg, filters) if named is None else named
     text = strip_authors(query, named) if cfg.strip_authors else query
+    # without the authors it names: an author called April or June read as a month, and the time channel
+    # lifted every memory of that month
+    times = time_expressions(strip_authors(query, named)) if cfg.uses("time") else []
     hits = _channel_hits(store, text, vector, k, cfg, filters)
     channels = {"lexical": hits.lexical, "context": hits.context, "dense": hits.dense}
     scores, parts = _fuse_scores(channels, cfg.weights, _RAW_CHANNELS)
