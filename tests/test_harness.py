@@ -1096,6 +1096,18 @@ def test_an_update_that_sets_a_past_expiry_answers_as_get_does(harness: Harness)
     assert updated.status is harness.get(m.id).status is Status.EXPIRED
 
 
+def test_a_blank_scope_id_filter_is_refused_as_a_blank_tag_is(harness: Harness) -> None:
+    """record(session_id="") stores no session, but recall, list and count filtered on the text "" and
+    silently found nothing, not even that memory."""
+    harness.record("the walrus ate the config file", session_id="")
+    for read in (harness.count, harness.list, lambda **f: harness.recall("walrus", **f)):
+        for field in ("session_id", "task_id", "agent_id"):
+            with pytest.raises(ValidationError) as exc:
+                read(**{field: " "})
+            assert exc.value.field == field and "none" in (exc.value.fix or "")
+    assert harness.count() == 1
+
+
 def test_an_import_of_no_list_names_memories(harness: Harness) -> None:
     for given in (None, 5, {"id": "x"}):
         with pytest.raises(ValidationError) as exc:

@@ -776,6 +776,13 @@ class Filters:
                 args[name] = _checked_set(name, _tag_set(name, v))
             elif name in cls.SET_FIELDS:
                 args[name] = _checked_set(name, _as_set(_texts(name, _enum_values(v))))
+                if name in SCOPE_IDS and any(not x.strip() for x in args[name]):
+                    # stored as none (record): filtered as text, it silently matched nothing
+                    raise ValidationError(
+                        name,
+                        "holds a blank id",
+                        "name one, or leave the filter out: a blank id is stored as none",
+                    )
             elif name == "tags_all":
                 args[name] = _tag_set("tags", v) or frozenset()
             elif name in ("created_after", "created_before", "expires_by", "live_at", "active_due_by"):
