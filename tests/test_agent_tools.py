@@ -142,7 +142,9 @@ def test_list_get_update_forget_and_every_result_matches_its_schema(harness: Har
     ]
     err(tools.dispatch("update_memory", {"memory_id": first["id"]}), "invalid_request")  # changes nothing
     err(tools.dispatch("update_memory", {"memory_id": theirs["id"], "content": "mine now"}), "not_found")
-    err(tools.dispatch("get_memory", {"memory_id": theirs["id"]}), "not_found")
+    # what recall_memory (scope "all") and a context's recalled lines show, get_memory opens: it told the
+    # model that an id its context showed did not exist
+    assert call("get_memory", memory_id=theirs["short_id"])["content"] == "not in s1"
     assert harness.get(theirs["id"]).content == "not in s1"
     # the other tools' results match their schemas too
     call("recall_memory", query="EU host")
@@ -515,3 +517,16 @@ def test_a_blank_scope_is_no_scope_for_reads_as_for_writes() -> None:
         listed = tools.dispatch("list_memories", {})
         assert [m["id"] for m in listed["result"]["memories"]] == [made["result"]["id"]]
         assert tools.dispatch("get_memory", {"memory_id": made["result"]["id"]})["ok"]
+
+
+def test_a_bound_agent_opens_its_own_memories_of_every_session_and_no_other_agents(harness: Harness) -> None:
+    """get_memory reaches what build_context recalls (the agent's memories of every session), as
+    recall_memory's scope "all" does, and not another agent's memories."""
+    mine_elsewhere = harness.record("the locker code is 4471", session_id="s2", agent_id="ana")
+    other_agents = harness.record("the locker code is 9902", session_id="s2", agent_id="bob")
+    tools = AgentTools(harness, session_id="s1", agent_id="ana")
+    ctx = ok(tools.dispatch("build_context", {"query": "locker code"}))
+    assert mine_elsewhere.id in ctx["ids"]
+    assert ok(tools.dispatch("get_memory", {"memory_id": mine_elsewhere.id}))["id"] == mine_elsewhere.id
+    err(tools.dispatch("get_memory", {"memory_id": other_agents.id}), "not_found")
+    err(tools.dispatch("forget_memory", {"memory_id": mine_elsewhere.id}), "not_found")  # writes stay in s1

@@ -85,9 +85,8 @@ def test_stdio_tools_resources_and_per_call_scope(engine_name: str, tmp_path: Pa
             out["tools"] = {t.name: t for t in (await client.list_tools()).tools}
             call = client.call_tool
             fact = ok(await call("record_memory", {"content": "the staging DB password was rotated"}))
-            other = ok(
-                await call("record_memory", {"content": "deploys freeze on Fridays", "session_id": "s2"})
-            )
+            other_text = "deploys freeze on Fridays"
+            other = ok(await call("record_memory", {"content": other_text, "session_id": "s2"}))
             out["ids"] = fact["id"], other["id"]
             out["recall"] = ok(await call("recall_memory", {"query": "staging password rotated"}))
             out["list_s1"] = ok(await call("list_memories", {}))
@@ -111,7 +110,9 @@ def test_stdio_tools_resources_and_per_call_scope(engine_name: str, tmp_path: Pa
                 ),
                 "conflict",
             )
-            out["not_in_s1"] = failed(await call("get_memory", {"memory_id": other["id"]}), "not_found")
+            # another session's memory: readable (as recall with scope "all" shows it), not writable
+            assert ok(await call("get_memory", {"memory_id": other["id"]}))["content"] == other_text
+            failed(await call("update_memory", {"memory_id": other["id"], "content": "x"}), "not_found")
             out["templates"] = (await client.list_resource_templates()).resource_templates
             out["resources"] = (await client.list_resources()).resources
             out["memory_resource"] = (await client.read_resource(f"clawvm://memory/{fact['id']}")).contents[0]

@@ -288,7 +288,9 @@ class AgentTools:
         return ListResult(memories=[_brief(m) for m in found], total=self.harness.count(**filters))
 
     def _get(self, a: GetMemoryArgs) -> MemoryDetail:
-        return _detail(self._resolve(a.memory_id))
+        # what the tools can show it (recall_memory's scope "all", the context's recalled lines) it can open;
+        # the writes (update, forget) stay within the bound scope
+        return _detail(self._resolve(a.memory_id, self._readable))
 
     def _update(self, a: UpdateMemoryArgs) -> UpdateResult:
         changes = a.model_dump(include={"content", "tags", "state"}, exclude_none=True)
@@ -355,11 +357,19 @@ class AgentTools:
             raise ValidationError("session_id", f"is not bound, and {tool} works on a session", "bind one")
         return str(session)
 
-    def _resolve(self, memory_id: str) -> Memory:
-        """A memory of this scope by full id or short id (NotFoundError otherwise)."""
+    @property
+    def _readable(self) -> dict[str, Any]:
+        """The scope a read may reach: the bound agent's memories (every session's, as recall_memory's
+        scope "all" and the context's retrieved lines show them)."""
+        return {k: v for k, v in self.scope.items() if k == "agent_id"}
+
+    def _resolve(self, memory_id: str, within: Mapping[str, Any] | None = None) -> Memory:
+        """A memory of ``within`` (default: the bound scope) by full id or short id (NotFoundError
+        otherwise)."""
+        within = self.scope if within is None else within
         if is_valid_id(memory_id):
             m = self.harness.get(memory_id)
-            if all(getattr(m, k) == v for k, v in self.scope.items()):
+            if all(getattr(m, k) == v for k, v in within.items()):
                 return m
             raise NotFoundError("memory", memory_id)
         wanted = memory_id.strip().lower().lstrip("[").rstrip("]")
@@ -368,7 +378,7 @@ class AgentTools:
                 "memory_id", f"is {memory_id!r}", "pass a full id or the 8-character short id"
             )
         found: list[Memory] = []  # newest first (recent memories are the ones cited), paged; two is enough
-        for m in self.harness.iter_all(newest_first=True, status="any", **self.scope):
+        for m in self.harness.iter_all(newest_first=True, status="any", **within):
             if short_id(m.id) == wanted:
                 found.append(m)
                 if len(found) > 1:
