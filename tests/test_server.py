@@ -129,6 +129,18 @@ def test_a_query_parameter_the_route_does_not_take_is_refused(env: Env) -> None:
     assert listed.status_code == 200 and len(listed.json()) == 1
 
 
+def test_a_valid_json_body_python_cannot_read_says_why(env: Env) -> None:
+    """JSON nested thousands deep, or an integer of thousands of digits, was "There was an error parsing
+    the body", fix "send a JSON body", though the body was JSON."""
+    huge = b'{"content": "x", "metadata": {"n": ' + b"9" * 5000 + b"}}"
+    for body, words in ((DEEP, "deeper"), (huge, "digits")):
+        r = env.client.post(
+            "/v1/memories", content=body, headers={**env.auth(), "Content-Type": "application/json"}
+        )
+        err = assert_error(r, 400, "bad_request", "body")
+        assert words in err["message"] and "JSON body" not in err["fix"]
+
+
 def test_a_query_parameter_given_twice_or_not_utf8_is_refused(env: Env) -> None:
     """``?limit=1&limit=3`` read the last and ignored the first; ``?session_id=%FF`` was decoded with a
     replacement character and answered 200 [] (a path's bytes were already refused)."""

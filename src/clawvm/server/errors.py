@@ -215,9 +215,21 @@ def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         405: ("method_not_allowed", None, "see the Allow header"),
     }.get(exc.status_code, ("http_error", None, None))
     headers = dict(exc.headers or {})
+    message = str(exc.detail)
+    if exc.status_code == 400 and (why := _unparsed(exc.__cause__)) is not None:
+        message, fix = why  # FastAPI's "There was an error parsing the body", of a body that is valid JSON
     if exc.status_code == 405:
         headers["Allow"] = ", ".join(sorted(_methods_of_path(request))) or headers.get("Allow", "")
-    return error_response(exc.status_code, code, str(exc.detail), field, fix, headers or None)
+    return error_response(exc.status_code, code, message, field, fix, headers or None)
+
+
+def _unparsed(cause: BaseException | None) -> tuple[str, str] | None:
+    """Why Python's JSON reader refused a body that is valid JSON, in words, with the fix."""
+    if isinstance(cause, RecursionError):
+        return "nests arrays or objects deeper than the JSON reader takes", "nest less than 1,000 levels deep"
+    if isinstance(cause, ValueError) and "digits" in str(cause):
+        return "holds an integer of more digits than the JSON reader takes", "send at most 4,300 digits"
+    return None
 
 
 _METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
