@@ -25,7 +25,8 @@ same at 1k and at 1M memories, and a query reads only the pages it touches. What
 open goes to small overlays (a dict beside each mapped dict, a tail beside each mapped list; an array write
 copies only its page); the next snapshot folds them into a new file.
 
-Checks: the header, the fingerprint (file id, schema, the newest row's id) and the parts' bounds against the
+Checks: the header, the fingerprint (file id, schema, the newest row's id, the newest changes: a copy that
+went on apart changed other rows at those revs) and the parts' bounds against the
 file's size at open; the state's CRC at open; the arrays' CRCs at open when they total at most
 ``EAGER_VERIFY_BYTES``, else by a low-priority background pass right after open (reading through its own
 descriptor, so it fills no mapping) — the engine rebuilds from the rows when that pass finds damage. Reading
@@ -84,6 +85,19 @@ class Fingerprint:
     schema: int
     last_seq: int
     last_id: str | None
+    #: the newest changes the snapshot holds, (memory id, rev, alive after it): a copy of the file that went
+    #: on apart (or a restored backup written to since) has another change at those revs, while the same
+    #: file only ever moved them on (see ``load``'s ``same_history``)
+    recent: tuple[Change, ...] = ()
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change to the file: the memory it wrote (``alive``) or deleted, at ``rev``."""
+
+    memory_id: str
+    rev: int
+    alive: bool
 
 
 @dataclass
@@ -283,6 +297,7 @@ def write(db_path: str, index: SearchIndex, rev: int, fingerprint: Fingerprint) 
         "schema": fingerprint.schema,
         "last_seq": fingerprint.last_seq,
         "last_id": fingerprint.last_id,
+        "recent": [[c.memory_id, c.rev, c.alive] for c in fingerprint.recent],
         "size": start + at,
         "parts": parts,
     }
@@ -398,6 +413,16 @@ def _check_header(header: dict[str, Any]) -> None:
     bad = [name for name in _HEADER_INTS if not whole(header.get(name))]
     if not isinstance(header.get("last_id"), str | None):
         bad.append("last_id")
+    recent = header.get("recent", [])  # absent from snapshots written before it was kept
+    if not isinstance(recent, list) or not all(
+        isinstance(c, list)
+        and len(c) == 3
+        and isinstance(c[0], str)
+        and whole(c[1])
+        and isinstance(c[2], bool)
+        for c in recent
+    ):
+        bad.append("recent")
     parts = header.get("parts")
     if not isinstance(parts, dict) or not isinstance(parts.get("state"), dict):
         bad.append("parts")
@@ -486,15 +511,22 @@ class Verifier:
         return self.error
 
 
-def load(db_path: str, dim: int, fingerprint_of: Any, current_rev: int) -> Loaded:
+def load(
+    db_path: str,
+    dim: int,
+    fingerprint_of: Any,
+    current_rev: int,
+    same_history: Callable[[Sequence[Change], int], bool] | None = None,
+) -> Loaded:
     """The snapshot beside ``db_path``, checked against the file (``fingerprint_of(last_seq, last_id, rev)``
     gives the file's :class:`Fingerprint` for the snapshot's ``last_seq``, naming ``last_id`` when that row
-    was deleted after the snapshot's ``rev``; ``current_rev`` is the file's ``rev``).
+    was deleted after the snapshot's ``rev``; ``current_rev`` is the file's ``rev``; ``same_history(recent,
+    rev)`` says whether the file holds the snapshot's newest changes, or moved them on after ``rev``).
     Raises :class:`SnapshotError` (or ``FileNotFoundError``) when it cannot be used."""
     path = path_for(db_path)
     fd = os.open(path, os.O_RDONLY)
     try:
-        loaded = _load(fd, dim, fingerprint_of, current_rev)
+        loaded = _load(fd, dim, fingerprint_of, current_rev, same_history)
     except (KeyError, TypeError, IndexError, OverflowError, MemoryError) as exc:
         os.close(fd)  # a damaged field that the header's checks let through: a rebuild, not a crash
         raise SnapshotError(f"corrupt: {exc!r}") from exc
@@ -506,7 +538,13 @@ def load(db_path: str, dim: int, fingerprint_of: Any, current_rev: int) -> Loade
     return loaded
 
 
-def _load(fd: int, dim: int, fingerprint_of: Any, current_rev: int) -> Loaded:
+def _load(
+    fd: int,
+    dim: int,
+    fingerprint_of: Any,
+    current_rev: int,
+    same_history: Callable[[Sequence[Change], int], bool] | None,
+) -> Loaded:
     with os.fdopen(os.dup(fd), "rb") as f:
         header = _header(f.read(_PAGE), f)
     if header["dim"] != dim:
@@ -520,6 +558,9 @@ def _load(fd: int, dim: int, fingerprint_of: Any, current_rev: int) -> Loaded:
         header["last_id"],
     ):
         raise SnapshotError("another file's snapshot (or the schema changed)")
+    recent = [Change(str(c[0]), int(c[1]), bool(c[2])) for c in header.get("recent", [])]
+    if recent and same_history is not None and not same_history(recent, header["rev"]):
+        raise SnapshotError("another history's snapshot (a copy of the file that went on apart, or a backup)")
     parts: dict[str, dict[str, Any]] = header["parts"]
     size = os.fstat(fd).st_size
     if size != header["size"]:

@@ -15,6 +15,7 @@ import secrets
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 
 from clawvm.store import forked, snapshot
@@ -40,6 +41,10 @@ CLOSE_DELTA_SHARE = 0.001
 #: process (the only way off Linux, see :func:`clawvm.store.forked.available`). The snapshot on close is
 #: always written inline.
 SNAPSHOT_MODES = ("background", "inline")
+
+#: How many of the file's newest changes a snapshot names (its check of the file's history at open: two
+#: indexed reads)
+RECENT_CHANGES = 32
 
 #: How long ``close()`` waits for a child still writing a snapshot before killing it (~30 s is expected
 #: at 1M memories); the snapshot it was writing is then written by ``close()`` itself.
@@ -88,7 +93,7 @@ class IndexSnapshots(ABC):
             log.warning("removed %s, left by a snapshot writer that died", tmp)
         try:
             current = self._file_rev(db)
-            loaded = snapshot.load(self.path, self.dim, self._fingerprint_at, current)
+            loaded = snapshot.load(self.path, self.dim, self._fingerprint_at, current, self._same_history)
         except FileNotFoundError:
             self.index_source = "rows (no snapshot)"
             return SearchIndex(self.dim), 0
@@ -137,8 +142,9 @@ class IndexSnapshots(ABC):
         found = db.execute("SELECT value FROM counters WHERE name = 'file_id'").fetchone()
         file_id = int(found[0]) if found else 0
         if seq is None:
-            row = db.execute("SELECT seq, id FROM memories ORDER BY seq DESC LIMIT 1").fetchone()
-            return snapshot.Fingerprint(file_id, schema, *(row or (0, None)))
+            newest = db.execute("SELECT seq, id FROM memories ORDER BY seq DESC LIMIT 1").fetchone()
+            last_seq, last_id = newest or (0, None)
+            return snapshot.Fingerprint(file_id, schema, last_seq, last_id, self._recent_changes(db))
         row = db.execute("SELECT id FROM memories WHERE seq = ?", (seq,)).fetchone()
         if row is None and deleted is not None:
             row = db.execute(  # the tombstones since the snapshot, through their rev index
@@ -163,6 +169,56 @@ class IndexSnapshots(ABC):
         log.warning(
             "%s is older than its index snapshot (restored from a backup?): given a new file id", self.path
         )
+
+    @staticmethod
+    def _recent_changes(db: sqlite3.Connection) -> tuple[snapshot.Change, ...]:
+        """The file's newest changes (:data:`RECENT_CHANGES` of them, writes and deletes), through the rev
+        indexes: what a snapshot names so that a later open can tell this history from another."""
+        written = db.execute(
+            "SELECT id, rev, 1 FROM memories ORDER BY rev DESC LIMIT ?", (RECENT_CHANGES,)
+        ).fetchall()
+        deleted = db.execute(
+            "SELECT id, rev, 0 FROM tombstones ORDER BY rev DESC LIMIT ?", (RECENT_CHANGES,)
+        ).fetchall()
+        newest = sorted(written + deleted, key=lambda c: -c[1])[:RECENT_CHANGES]
+        return tuple(snapshot.Change(i, rev, bool(alive)) for i, rev, alive in newest)
+
+    def _same_history(self, recent: Sequence[snapshot.Change], rev: int) -> bool:
+        """Whether the file holds each of a snapshot's newest changes (current to ``rev``), or moved it on
+        after ``rev``: in the same file a row only ever changes again later, and a delete's tombstone
+        stays. A copy that went on apart, or a restored backup written to since, made other changes at
+        those revs (updates and deletes leave the newest row, the other check, as it was)."""
+        db = self._db
+        alive = [c for c in recent if c.alive]
+        rows = (
+            dict(
+                db.execute(
+                    f"SELECT id, rev FROM memories WHERE id IN ({','.join('?' * len(alive))})",
+                    [c.memory_id for c in alive],
+                ).fetchall()
+            )
+            if alive
+            else {}
+        )
+        for c in alive:
+            now = rows.get(c.memory_id)
+            if now == c.rev or (now is not None and now > rev):
+                continue
+            deleted_since = db.execute(
+                "SELECT 1 FROM tombstones WHERE rev > ? AND id = ? LIMIT 1", (rev, c.memory_id)
+            ).fetchone()
+            if now is not None or deleted_since is None:
+                return False
+        for c in recent:
+            if (
+                not c.alive
+                and db.execute(
+                    "SELECT 1 FROM tombstones WHERE rev = ? AND id = ?", (c.rev, c.memory_id)
+                ).fetchone()
+                is None
+            ):
+                return False
+        return True
 
     def _name_file(self, db: sqlite3.Connection) -> None:
         """Give the file a random id once (a counter row), which its index snapshots name: a new file made at
