@@ -843,6 +843,35 @@ def test_damage_found_after_open_rebuilds_from_the_rows(
         again.close()
 
 
+def test_a_read_that_fails_on_damage_not_yet_found_checks_the_snapshot_first(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read before the background check (a CLI call exits sooner) raised numpy's IndexError out of every
+    search; it checks the snapshot, drops it and says so, and the next read answers from the rows."""
+    monkeypatch.setattr(snap, "EAGER_VERIFY_BYTES", 0)
+    monkeypatch.setattr(snap, "VERIFY_DELAY_S", 3600.0)  # the background check would come too late
+    shutil.copy(built, tmp_path / "clean.db")
+    clean = opened(tmp_path / "clean.db")
+    index = snap.path_for(str(built))
+    part = snap.read_header(index)["parts"]["post.rows"]
+    data = bytearray(index.read_bytes())
+    data[part["offset"] : part["offset"] + 8 * 64] = np.full(64, 10**12, dtype=np.int64).tobytes()
+    index.write_bytes(bytes(data))
+    store = opened(built)
+    try:
+        assert store.index_source == "snapshot"
+        text = memories(1)[0].content
+        with pytest.raises(clawvm.StoreError, match="damaged"):
+            for word in {w for m in memories(200) for w in m.content.split()}:  # some term's postings
+                store.query(Query(text=word, limit=5, filters=Filters()))
+        assert answers(store) == answers(clean)
+        assert store.index_source.startswith("rows (corrupt"), store.index_source
+        assert store.query(Query(text=text, limit=1, filters=Filters())).lexical
+    finally:
+        store.close()
+        clean.close()
+
+
 def test_an_overlay_reads_through_to_its_base_and_keeps_its_own_writes() -> None:
     """The dict the mapped index holds: base answers, writes and deletes over it, the count, the pairs."""
     base = {1: "a", 2: "b", 3: "c"}

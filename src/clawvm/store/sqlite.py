@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from clawvm.core.errors import ConfigError, SchemaError
+from clawvm.core.errors import ClawVMError, ConfigError, SchemaError, StoreError
 from clawvm.core.model import Filters, LinkType, Memory
 from clawvm.core.vectors import normalize
 from clawvm.store import forked, snapshot, sqlite_events
@@ -497,7 +497,17 @@ class SQLiteStore(IndexSnapshots, Store):
     def _read(self, action: str) -> Iterator[sqlite3.Connection]:
         with self._lock, translated(action):
             self._catch_up()
-            yield self._db
+            try:
+                yield self._db
+            except (IndexError, KeyError, OverflowError, ValueError) as exc:
+                # a mapped snapshot's arrays are checked in the background after open: a read that fails
+                # on them before that check ran (a CLI call exits sooner) raised numpy's IndexError
+                if isinstance(exc, ClawVMError) or not self._snapshot_found_damaged():
+                    raise
+                raise StoreError(
+                    f"the index snapshot of {self.path} is damaged ({exc!r}): the index is rebuilt from the "
+                    "rows, which are intact; run the call again"
+                ) from exc
 
     # ---- contract -----------------------------------------------------------------------------------
     def put_many(self, memories: Sequence[Memory]) -> None:

@@ -119,6 +119,18 @@ class IndexSnapshots(ABC):
         verifier.hurry()  # asked for: no need to wait out the delay after open
         return verifier.wait(timeout)
 
+    def _snapshot_found_damaged(self) -> bool:
+        """Check the mapped snapshot now if its background check has not run (a read failed on it): True
+        when it is damaged, and then dropped for the rows (the next operation rebuilds the index)."""
+        verifier = self._verifier
+        if verifier is None:
+            return False
+        verifier.hurry()
+        if verifier.wait() is None:
+            return False
+        self._drop_damaged_snapshot()
+        return True
+
     def _drop_damaged_snapshot(self) -> None:
         """The background check found the mapped snapshot damaged: rebuild the index from the rows (the
         next snapshot replaces the file)."""
