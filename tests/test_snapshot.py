@@ -411,6 +411,32 @@ def test_the_snapshot_of_a_copy_that_went_on_apart_is_not_used(tmp_path: Path) -
         again.close()
 
 
+def test_a_copy_that_changed_other_memories_and_then_the_named_ones_is_not_taken_for_this_file(
+    tmp_path: Path,
+) -> None:
+    """The named changes alone let a copy pass that changed another memory at one of their revs and moved
+    the named ones on later: its search still found the other memory's old text."""
+    first = tmp_path / "x" / "s.db"
+    with clawvm.Harness.open(first, embedder=None) as h:
+        ids = [h.record(f"note {i} about the ledger").id for i in range(100)]
+    second = tmp_path / "y" / "s.db"
+    second.parent.mkdir()
+    for suffix in ("", ".index"):
+        shutil.copy(f"{first}{suffix}", f"{second}{suffix}")
+    with clawvm.Harness.open(first, embedder=None) as h:
+        h.update(ids[-1], content="the newest note, changed in the first copy")
+    with clawvm.Harness.open(second, embedder=None) as h:
+        h.update(ids[0], content="kiwi: the oldest note, changed in the second copy")  # the same rev
+        h.update(ids[-1], content="the newest note, changed in the second copy")  # moves the named one on
+    shutil.copy(f"{first}.index", f"{second}.index")
+    store = opened(second)
+    try:
+        assert store.index_source.startswith("rows (another history"), store.index_source
+        assert [i for i, _ in store.query(Query(text="kiwi", limit=5, filters=Filters())).lexical] == [ids[0]]
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("damage", ["length", "missing rev", "rev as text", "offset as text", "no parts"])
 def test_a_snapshot_header_of_the_wrong_shape_is_rebuilt(built: Path, tmp_path: Path, damage: str) -> None:
     """A damaged header length asked for exabytes (MemoryError), and valid JSON missing a field or of
@@ -453,10 +479,14 @@ def test_the_temporary_file_of_a_dead_snapshot_writer_is_removed_on_open(built: 
     )
     dead = index.with_name(f"{index.name}.{int(gone.stdout)}.1.tmp")
     mine = index.with_name(f"{index.name}.{os.getpid()}.1.tmp")  # a writer of this live process
-    dead.write_bytes(b"half a snapshot")
-    mine.write_bytes(b"being written")
+    fresh = index.with_name(f"{index.name}.{int(gone.stdout)}.2.tmp")  # a writer another container runs
+    for tmp in (dead, mine, fresh):
+        tmp.write_bytes(b"part of a snapshot")
+    long_ago = time.time() - snap.LEFTOVER_IDLE_S - 60
+    for tmp in (dead, mine):
+        os.utime(tmp, (long_ago, long_ago))
     opened(built).close()
-    assert not dead.exists() and mine.exists()
+    assert not dead.exists() and mine.exists() and fresh.exists()
 
 
 def test_a_snapshot_child_outlives_the_thread_that_forked_it(tmp_path: Path) -> None:

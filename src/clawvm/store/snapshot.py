@@ -47,6 +47,7 @@ import mmap
 import os
 import pickle
 import threading
+import time
 import zlib
 from array import array
 from collections.abc import Callable, Sequence
@@ -284,12 +285,7 @@ def write(db_path: str, index: SearchIndex, rev: int, fingerprint: Fingerprint) 
         name: {"offset": rel[name], "length": len(data) + len(zeros.get(name, b"")), **shapes[name]}
         for name, data in blobs.items()
     }
-    sketch = len(json.dumps(parts)) + 24 * len(parts) + 1024  # room for the checksums and absolute offsets
-    start = -(-(len(MAGIC) + 8 + sketch) // _PAGE) * _PAGE
-    for name, part in parts.items():
-        part["offset"] += start
-        part["crc32"] = zlib.crc32(zeros.get(name, b""), zlib.crc32(blobs[name]))
-    header = {
+    fields = {
         "format": FORMAT,
         "rev": rev,
         "dim": index.vectors.dim,
@@ -298,6 +294,15 @@ def write(db_path: str, index: SearchIndex, rev: int, fingerprint: Fingerprint) 
         "last_seq": fingerprint.last_seq,
         "last_id": fingerprint.last_id,
         "recent": [[c.memory_id, c.rev, c.alive] for c in fingerprint.recent],
+    }
+    # room for every field, the parts with their checksums and absolute offsets, and the size
+    sketch = len(json.dumps(fields)) + len(json.dumps(parts)) + 24 * len(parts) + 1024
+    start = -(-(len(MAGIC) + 8 + sketch) // _PAGE) * _PAGE
+    for name, part in parts.items():
+        part["offset"] += start
+        part["crc32"] = zlib.crc32(zeros.get(name, b""), zlib.crc32(blobs[name]))
+    header = {
+        **fields,
         "size": start + at,
         "parts": parts,
     }
@@ -327,13 +332,21 @@ def remove_leftovers(db_path: str) -> list[Path]:
     writer still alive (this process's, another's) keeps its own. Returns the files removed."""
     target = path_for(db_path)
     removed = []
+    idle_since = time.time() - LEFTOVER_IDLE_S
     for tmp in target.parent.glob(f"{glob.escape(target.name)}.*.*.tmp"):
         pid = tmp.name[len(target.name) + 1 :].split(".", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError):
+            # a process id alone is not enough: a writer in another container sharing the volume has one
+            # this process cannot see; a writer writes without pause, so a file long untouched is a dead one's
+            if pid.isdigit() and not _alive(int(pid)) and tmp.stat().st_mtime < idle_since:
                 tmp.unlink()
                 removed.append(tmp)
     return removed
+
+
+#: How long a snapshot writer's temporary file must have been left untouched before an open removes it
+#: (a forked writer lives at most ``forked.CHILD_LIFETIME_S``, 900 s; one writing never pauses that long)
+LEFTOVER_IDLE_S = 900.0
 
 
 def _alive(pid: int) -> bool:

@@ -175,9 +175,15 @@ class IndexSnapshots(ABC):
         once the file's rev had climbed past it again (after a crash before the next snapshot), and hid
         every memory recorded in between. Read again first: another process may have written a snapshot
         just after this one read the file's rev (a newer snapshot, not an older file)."""
-        if snapshot_rev <= self._file_rev(db):
+        try:
+            if snapshot_rev <= self._file_rev(db):
+                return
+            db.execute("UPDATE counters SET value = ? WHERE name = 'file_id'", (secrets.randbits(62) + 1,))
+        except sqlite3.Error as exc:  # busy or read-only: this open rebuilds all the same
+            log.warning(
+                "%s: file id not renewed (%s): its old snapshot is refused only while stale", self.path, exc
+            )
             return
-        db.execute("UPDATE counters SET value = ? WHERE name = 'file_id'", (secrets.randbits(62) + 1,))
         log.warning(
             "%s is older than its index snapshot (restored from a backup?): given a new file id", self.path
         )
@@ -230,7 +236,22 @@ class IndexSnapshots(ABC):
                 is None
             ):
                 return False
-        return True
+        return self._no_other_changes(db, recent, rev)
+
+    @staticmethod
+    def _no_other_changes(db: sqlite3.Connection, recent: Sequence[snapshot.Change], rev: int) -> bool:
+        """Whether every change the file holds after the oldest rev ``recent`` names, up to ``rev``, is one
+        of them: the same file holds those or moved them past ``rev``; a copy that went on apart changed
+        other memories at those revs (and could have moved the named ones on since)."""
+        oldest = min(c.rev for c in recent)  # its rev may have more changes than the list kept: left out
+        named = {(c.memory_id, c.rev, c.alive) for c in recent}
+        written = db.execute(
+            "SELECT id, rev, 1 FROM memories WHERE rev > ? AND rev <= ?", (oldest, rev)
+        ).fetchall()
+        deleted = db.execute(
+            "SELECT id, rev, 0 FROM tombstones WHERE rev > ? AND rev <= ?", (oldest, rev)
+        ).fetchall()
+        return all((i, r, bool(alive)) in named for i, r, alive in written + deleted)
 
     def _name_file(self, db: sqlite3.Connection) -> None:
         """Give the file a random id once (a counter row), which its index snapshots name: a new file made at
