@@ -14,6 +14,7 @@ from clawvm import Harness, Kind, State, Status
 from clawvm.agents.tool_schemas import KindName, StateName
 from clawvm.agents.tools import AgentTools
 from clawvm.vm.compress import SummarizerError
+from clawvm.vm.context import short_id
 from loopback import ChatReplay
 
 NAMES = [
@@ -530,3 +531,11 @@ def test_a_bound_agent_opens_its_own_memories_of_every_session_and_no_other_agen
     assert ok(tools.dispatch("get_memory", {"memory_id": mine_elsewhere.id}))["id"] == mine_elsewhere.id
     err(tools.dispatch("get_memory", {"memory_id": other_agents.id}), "not_found")
     err(tools.dispatch("forget_memory", {"memory_id": mine_elsewhere.id}), "not_found")  # writes stay in s1
+    # a short id: the session's own memory first (a twin short id elsewhere does not make it ambiguous)
+    here = harness.record("the session's own note", session_id="s1", agent_id="ana")
+    shown = ok(tools.dispatch("get_memory", {"memory_id": short_id(here.id)}))
+    assert shown["id"] == here.id
+    assert (
+        ok(tools.dispatch("get_memory", {"memory_id": short_id(mine_elsewhere.id)}))["id"]
+        == mine_elsewhere.id
+    )

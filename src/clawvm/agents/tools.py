@@ -377,12 +377,17 @@ class AgentTools:
             raise ValidationError(
                 "memory_id", f"is {memory_id!r}", "pass a full id or the 8-character short id"
             )
-        found: list[Memory] = []  # newest first (recent memories are the ones cited), paged; two is enough
-        for m in self.harness.iter_all(newest_first=True, status="any", **within):
-            if short_id(m.id) == wanted:
-                found.append(m)
-                if len(found) > 1:
-                    break
+        # the bound scope first: proving a short id unique over every session of the agent (or the tenant)
+        # read all its memories, seconds at 60k, for the ids a model cites most, its session's own
+        for scope in dict.fromkeys([tuple(self.scope.items()), tuple(within.items())]):
+            found: list[Memory] = []  # newest first (recent ones are cited), paged; two are enough
+            for m in self.harness.iter_all(newest_first=True, status="any", **dict(scope)):
+                if short_id(m.id) == wanted:
+                    found.append(m)
+                    if len(found) > 1:
+                        break
+            if found:
+                break
         if len(found) != 1:
             raise NotFoundError("memory", memory_id)
         return found[0]
