@@ -246,3 +246,16 @@ def test_a_streamed_reply_is_an_ai_turn_and_a_history_needs_its_session(harness:
         with pytest.raises(ValidationError) as refused:
             ClawVMChatMessageHistory(harness, missing)  # type: ignore[arg-type]
         assert refused.value.field == "session_id"
+
+
+def test_histories_of_one_session_for_two_agents_keep_apart() -> None:
+    """agent_id and task_id were written but not read: each agent's history read the other's messages,
+    and clear() forgot them for good."""
+    with Harness.open("memory://", embedder=None) as h:
+        a = ClawVMChatMessageHistory(h, "chat", agent_id="A")
+        b = ClawVMChatMessageHistory(h, "chat", agent_id="B")
+        a.add_message(HumanMessage("from A"))
+        b.add_message(HumanMessage("from B"))
+        assert [m.content for m in a.messages] == ["from A"]
+        a.clear()
+        assert [m.content for m in b.messages] == ["from B"] and a.messages == []

@@ -380,7 +380,9 @@ class ClawVMChatMessageHistory(BaseChatMessageHistory):
             self.harness.forget(memory_id)
 
     def _stored(self) -> Iterator[Memory]:
-        return self.harness.iter_all(session_id=self.session_id, tags=[CHAT_TAG], status=_HISTORY_STATUSES)
+        # the whole scope it writes with: two histories of one session for two agents (or tasks) read and
+        # cleared each other's messages
+        return self.harness.iter_all(**self.scope, tags=[CHAT_TAG], status=_HISTORY_STATUSES)
 
 
 def _message_text(message: BaseMessage) -> str:
