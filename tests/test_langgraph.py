@@ -795,3 +795,23 @@ def test_a_filtered_search_ranks_matches_beyond_the_first_window(mem_harness: Ha
         store.put(("kb",), f"en{i}", {"text": f"weather in city {i}", "lang": "en"})
     (hit,) = store.search(("kb",), query="weather", filter={"lang": "fr"}, limit=1)
     assert hit.key == "fr" and hit.score is not None
+
+
+def test_a_negative_limit_or_offset_and_mixed_keys_are_refused_by_name() -> None:
+    """search(limit=-1) answered [] and offset=-1 the first item (slices from the end); a value with keys
+    1 and "b" said only "'<' not supported between instances of 'str' and 'int'"."""
+    with Harness.open("memory://", embedder=None) as h:
+        store = ClawVMStore(h)
+        for i in range(3):
+            store.put(("p",), f"k{i}", {"i": i})
+        for args, field in (({"limit": -1}, "limit"), ({"offset": -1}, "offset")):
+            with pytest.raises(ValidationError) as exc:
+                store.search(("p",), **args)
+            assert exc.value.field == field
+        with pytest.raises(ValidationError) as exc:
+            store.list_namespaces(limit=-1)
+        assert exc.value.field == "limit"
+        with pytest.raises(ValidationError) as exc:
+            store.put(("p",), "mixed", {1: "x", "b": 2})
+        assert "keys of two types" in exc.value.problem
+        assert len(store.search(("p",))) == 3

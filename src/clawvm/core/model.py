@@ -467,8 +467,10 @@ def canonical_json(payload: Any) -> str:
     try:
         return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
+        # sorting keys of two types (1 and "b") fails with a comparison error that names neither
+        why = "a dict has keys of two types" if "not supported between" in str(exc) else str(exc)
         raise ValidationError(
-            "content", f"is not JSON-serialisable ({exc})", "pass text, or a dict/list of JSON values"
+            "content", f"is not JSON-serialisable ({why})", "pass text, or a dict/list of JSON values"
         ) from None
 
 

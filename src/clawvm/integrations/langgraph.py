@@ -96,6 +96,7 @@ from clawvm.core.model import (
     Tier,
     build_memory,
     capped_tags,
+    counted,
     normalize_content,
     revalidate,
 )
@@ -184,6 +185,9 @@ class ClawVMStore(BaseStore):
                 raise ValidationError(
                     "op", f"is a {type(op).__name__}", "pass GetOp, PutOp, SearchOp or ListNamespacesOp"
                 )
+            if isinstance(op, SearchOp | ListNamespacesOp):  # a negative one sliced from the end
+                counted("limit", op.limit, 0)
+                counted("offset", op.offset, 0)
         ops = [self._stored_address(op) for op in ops]
         results: list[Result] = []
         puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
