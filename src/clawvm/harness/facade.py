@@ -444,6 +444,10 @@ class Harness:
                     changes["links"] = [link for link in current.links if link.target != info["raw_id"]]
             if text != current.content:
                 changes = review_dropped(current, changes, reviewing=as_agent == teams.APPLICATION)
+        if teams.review_state(current) == "rejected" and changes.get("status") == Status.ACTIVE.value:
+            # a rejection undone by hand, not by approve(): the memory is reviewed again (kept, its author
+            # brought it back active at full trust and out of the review queue)
+            changes = review_dropped(current, changes, reviewing=as_agent == teams.APPLICATION)
         updated = mark(revalidate(current, {**changes, "version": current.version + 1}))
         teams.check_update(self, current, updated, as_agent)
         if updated.parent_id != current.parent_id:
@@ -484,6 +488,7 @@ class Harness:
         events = [self._make_event(EventKind.FORGET, m, {"kind": m.kind.value}) for m in doomed]
         if not self.writer.delete(doomed, events):
             raise NotFoundError("memory", memory_id)
+        teams.close_conflicts_of_forgotten(self, memory.id)
 
     def import_memories(self, memories: Sequence[Memory], *, restore: bool = False) -> int:
         """:meth:`import_renamed`, returning how many memories were written."""
@@ -968,12 +973,18 @@ class Harness:
         """Every revision of the memory's chain, oldest first."""
         return teams.history(self, memory_id)
 
-    def review_queue(self, **options: Any) -> builtins.list[Memory]:
+    def review_queue(
+        self, *, below: float = teams.REVIEW_BELOW, team_id: str | None = None, agent_id: str | None = None
+    ) -> builtins.list[Memory]:
         """Memories awaiting review (low confidence, flagged, open conflicts); see teams.review_queue."""
-        below = options.get("below", teams.REVIEW_BELOW)
         if isinstance(below, bool) or not isinstance(below, int | float) or not 0 <= below <= 1:
             raise ValidationError("below", f"is {below!r}", "pass a confidence between 0 and 1")
-        return teams.review_queue(self, **options)
+        for name, given in (("team_id", team_id), ("agent_id", agent_id)):
+            if given is not None:
+                named_id(
+                    name, given, f"name the {name.removesuffix('_id')} (a non-empty string), or leave it out"
+                )
+        return teams.review_queue(self, below=below, team_id=team_id, agent_id=agent_id)
 
     @_exclusive
     def approve(self, memory_id: str, *, by: str | None = None, reason: str | None = None) -> Memory:

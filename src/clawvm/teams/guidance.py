@@ -43,7 +43,7 @@ from clawvm.teams.shared import (
     adoption,
     adoption_rate,
     conflict_sides,
-    latest,
+    latest_if_kept,
     open_conflicts,
     root_id,
     task_type_tag,
@@ -220,6 +220,9 @@ def build_guidance(
         raise ValidationError("task", f"has type {type(task).__name__}", "pass the task's text")
     if not isinstance(agent_id, str) or not agent_id.strip():  # None failed in Python; "" found nothing
         raise ValidationError("agent_id", f"is {agent_id!r}", "name the agent the guidance is for")
+    for name, given in (("task_id", task_id), ("task_type", task_type)):
+        if given is not None and (not isinstance(given, str) or not given.strip()):  # "" was ignored
+            raise ValidationError(name, f"is {given!r}", "pass a non-empty string, or leave it out")
     vis = visibility(h, agent_id, [task_id] if task_id else [])
     found: dict[str, _Candidate] = {}
 
@@ -307,9 +310,11 @@ def _prefer_newest_decisions(
         ]
         if not older:
             continue
-        heads = [latest(h, i) for i in note.metadata.get("conflict", {}).get("ids", [])]
+        heads = [latest_if_kept(h, i) for i in note.metadata.get("conflict", {}).get("ids", [])]
         decisions = [
-            m for m in heads if m.kind is Kind.DECISION and m.status is Status.ACTIVE and vis.allows(m)
+            m
+            for m in heads
+            if m is not None and m.kind is Kind.DECISION and m.status is Status.ACTIVE and vis.allows(m)
         ]
         if not decisions:
             continue

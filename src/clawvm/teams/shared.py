@@ -50,7 +50,13 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from clawvm.core.embed import count_tokens
-from clawvm.core.errors import AccessDeniedError, ConflictError, StateConflictError, ValidationError
+from clawvm.core.errors import (
+    AccessDeniedError,
+    ConflictError,
+    NotFoundError,
+    StateConflictError,
+    ValidationError,
+)
 from clawvm.core.ids import new_id
 from clawvm.core.model import (
     Filters,
@@ -345,6 +351,23 @@ def latest(h: TeamHost, memory_id: str) -> Memory:
                 heads.clear()
             heads[memory_id] = m.id
     return m
+
+
+def latest_if_kept(h: TeamHost, memory_id: str) -> Memory | None:
+    """:func:`latest`, or None when the memory was forgotten (a conflict note keeps naming its sides)."""
+    try:
+        return latest(h, memory_id)
+    except NotFoundError:
+        return None
+
+
+def close_conflicts_of_forgotten(h: TeamHost, memory_id: str) -> list[Memory]:
+    """Close the open conflicts ``memory_id`` was a side of, once it is forgotten: nothing is left to
+    keep or reject (left open, each was offered for review and named a side no read could find)."""
+    return [
+        _close_conflict(h, note, "resolved", APPLICATION, f"{memory_id} forgotten")
+        for note in open_conflicts(h, involving=memory_id)
+    ]
 
 
 def root_id(m: Memory) -> str:
@@ -743,7 +766,11 @@ def approve(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str |
     "not a conflict": both sides are kept."""
     m = latest(h, memory_id)
     if CONFLICT_TAG in m.tags and m.kind is Kind.NOTE:
+        _refuse_closed(m)
         return _close_conflict(h, m, "approved", by, reason or "both sides kept")
+    if m.status is Status.OBSOLETE and review_state(m) == "rejected":  # the rejection overturned
+        return _set_review(h, m, "approved", by, reason, status=Status.ACTIVE)
+    _refuse_unreviewable(m, "approved")
     return _set_review(h, m, "approved", by, reason)
 
 
@@ -752,11 +779,38 @@ def reject(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str | 
     is a side of is closed."""
     m = latest(h, memory_id)
     if CONFLICT_TAG in m.tags and m.kind is Kind.NOTE:
+        _refuse_closed(m)
         return _close_conflict(h, m, "rejected", by, reason or "not a conflict")
+    _refuse_unreviewable(m, "rejected")
     rejected = _set_review(h, m, "rejected", by, reason, status=Status.OBSOLETE)
     for note in open_conflicts(h, involving=m.id):
         _close_conflict(h, note, "resolved", by, f"{m.id} rejected")
     return rejected
+
+
+def _refuse_closed(note: Memory) -> None:
+    """A closed conflict note is not reviewed again: approving one resolved for a side rewrote it as "both
+    sides kept" while the other side stayed rejected."""
+    if note.status is not Status.ACTIVE:
+        review = note.metadata.get(REVIEW_FIELD, {})
+        raise StateConflictError(
+            "memory_id",
+            f"conflict {note.id} is closed ({review.get('status', note.status.value)})",
+            "revise the kept decision instead, or record a new one",
+        )
+
+
+def _refuse_unreviewable(m: Memory, state: str) -> None:
+    """Only an active memory is approved or rejected (a rejected one may be approved: that overturns the
+    rejection): reviewing another replaced who had rejected it and why, or approved what stayed obsolete."""
+    if m.status is not Status.ACTIVE:
+        was = review_state(m)
+        raise StateConflictError(
+            "memory_id",
+            f"{m.id} is {m.status.value}" + (f" ({was})" if was else ""),
+            "only active memories are reviewed"
+            + ("; approve it to overturn the rejection" if was == "rejected" else ""),
+        )
 
 
 def resolve_conflict(h: TeamHost, conflict_id: str, *, keep: str, by: str | None = None) -> Memory:
@@ -778,8 +832,11 @@ def resolve_conflict(h: TeamHost, conflict_id: str, *, keep: str, by: str | None
     if not isinstance(keep, str):
         raise ValidationError("keep", f"is a {type(keep).__name__}", "pass the id of the side to keep")
     sides = conflict_choices(note)
-    # a side revised since the conflict was flagged is named by its head too (what the views show now)
-    heads = {latest(h, side).id: side for side in sides}
+    # a side revised since the conflict was flagged is named by its head too (what the views show now); a
+    # forgotten one is no choice
+    kept_heads = {side: latest_if_kept(h, side) for side in sides}
+    sides = [side for side in sides if kept_heads[side] is not None]
+    heads = {head.id: side for side, head in kept_heads.items() if head is not None}
     keep = heads.get(keep, keep)
     if keep not in sides:  # the short id the note's text shows (``[1a2b3c4d]``), of a side or its head
         keep = _side_of_short_id(keep, heads) or keep
@@ -792,7 +849,7 @@ def resolve_conflict(h: TeamHost, conflict_id: str, *, keep: str, by: str | None
     kept = approve(h, keep, by=by, reason=f"kept in conflict {conflict_id}")
     for side in sides:
         # a side that expired or left since is out already (and refuses changes): nothing to reject
-        if side != keep and _live(h, other := latest(h, side)):
+        if side != keep and (other := kept_heads[side]) is not None and _live(h, other):
             reject(h, other.id, by=by, reason=f"conflict {conflict_id} resolved for {keep}")
     if (still := h.store.get(conflict_id)).status is Status.ACTIVE:  # no rejection closed it
         _close_conflict(h, still, "resolved", by, f"{keep} kept")
