@@ -376,17 +376,23 @@ def test_a_restored_file_never_takes_its_later_snapshot_again(tmp_path: Path) ->
         reopened.close()
 
 
-def test_the_snapshot_of_a_copy_that_went_on_apart_is_not_used(tmp_path: Path) -> None:
-    """Two copies of one file share its id; changed by updates and deletes only, they keep its newest row
-    too. The snapshot of one was mapped over the other once the other's rev had passed it: 10 memories
-    missing from count, and the other's updates not found."""
+def _two_copies(tmp_path: Path, n: int) -> tuple[Path, Path, list[str]]:
+    """A file of ``n`` memories with its snapshot, and a copy of both: one file's two futures."""
     first = tmp_path / "x" / "s.db"
     with clawvm.Harness.open(first, embedder=None) as h:
-        ids = [h.record(f"note {i} about the ledger").id for i in range(40)]
+        ids = [h.record(f"note {i} about the ledger").id for i in range(n)]
     second = tmp_path / "y" / "s.db"
     second.parent.mkdir()
     for suffix in ("", ".index"):
         shutil.copy(f"{first}{suffix}", f"{second}{suffix}")
+    return first, second, ids
+
+
+def test_the_snapshot_of_a_copy_that_went_on_apart_is_not_used(tmp_path: Path) -> None:
+    """Two copies of one file share its id; changed by updates and deletes only, they keep its newest row
+    too. The snapshot of one was mapped over the other once the other's rev had passed it: 10 memories
+    missing from count, and the other's updates not found."""
+    first, second, ids = _two_copies(tmp_path, 40)
     with clawvm.Harness.open(first, embedder=None) as h:
         for i in ids[:10]:
             h.forget(i)
@@ -416,13 +422,7 @@ def test_a_copy_that_changed_other_memories_and_then_the_named_ones_is_not_taken
 ) -> None:
     """The named changes alone let a copy pass that changed another memory at one of their revs and moved
     the named ones on later: its search still found the other memory's old text."""
-    first = tmp_path / "x" / "s.db"
-    with clawvm.Harness.open(first, embedder=None) as h:
-        ids = [h.record(f"note {i} about the ledger").id for i in range(100)]
-    second = tmp_path / "y" / "s.db"
-    second.parent.mkdir()
-    for suffix in ("", ".index"):
-        shutil.copy(f"{first}{suffix}", f"{second}{suffix}")
+    first, second, ids = _two_copies(tmp_path, 100)
     with clawvm.Harness.open(first, embedder=None) as h:
         h.update(ids[-1], content="the newest note, changed in the first copy")
     with clawvm.Harness.open(second, embedder=None) as h:
