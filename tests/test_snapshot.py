@@ -325,15 +325,20 @@ def test_another_files_snapshot_or_a_newer_one_is_not_used(built: Path, tmp_path
     later = opened(old)
     later.write(memories(10, start=10), None, [])
     later.close()
-    old.write_bytes(backup)
-    for suffix in ("-wal", "-shm"):
-        Path(f"{old}{suffix}").unlink(missing_ok=True)
+    _restore(old, backup)
     store = opened(old)
     try:
         assert store.index_source.startswith("rows (stale"), store.index_source
         assert store.count(Filters()) == 10
     finally:
         store.close()
+
+
+def _restore(path: Path, backup: bytes) -> None:
+    """Put a backup's bytes in place of the file (its log goes: the backup holds what was committed)."""
+    path.write_bytes(backup)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
 def test_a_restored_file_never_takes_its_later_snapshot_again(tmp_path: Path) -> None:
@@ -349,9 +354,7 @@ def test_a_restored_file_never_takes_its_later_snapshot_again(tmp_path: Path) ->
     for m in memories(10):  # updates: the newest row (the snapshot's fingerprint) stays the backup's
         later.write([m.model_copy(update={"content": f"{m.content} changed", "version": 2})], None, [])
     later.close()  # its snapshot: current to a rev the backup never reached
-    old.write_bytes(backup)
-    for suffix in ("-wal", "-shm"):
-        Path(f"{old}{suffix}").unlink(missing_ok=True)
+    _restore(old, backup)
     first = opened(old)
     assert first.index_source.startswith("rows (stale"), first.index_source
     for m in memories(15, start=100):  # its rev passes the old snapshot's; no snapshot of its own yet
