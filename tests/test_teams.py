@@ -795,10 +795,13 @@ def test_a_closed_conflict_or_a_rejected_memory_is_not_reviewed_again(lexical: H
         with pytest.raises(StateConflictError) as exc:
             review(note.id, by="intern")
         assert exc.value.field == "memory_id" and "closed" in exc.value.problem
+    again = lexical.reject(b.id, by="intern", reason="twice")  # a double click changes nothing
+    assert again.version == lexical.get(b.id).version and again.metadata["review"]["by"] == "lead"
+    lexical.update(b.id, status="archived", as_agent=teams.APPLICATION)
     with pytest.raises(StateConflictError) as exc:
-        lexical.reject(b.id, by="intern")
-    assert "approve it to overturn" in (exc.value.fix or "")
-    assert lexical.get(b.id).metadata["review"]["by"] == "lead"
+        lexical.approve(b.id, by="intern")  # archived by hand since: no rejection left to overturn
+    assert "only active memories are reviewed" in (exc.value.fix or "")
+    lexical.update(b.id, status="obsolete", as_agent=teams.APPLICATION)
     overturned = lexical.approve(b.id, by="lead", reason="both are allowed after all")
     assert overturned.status is Status.ACTIVE and teams.review_state(overturned) == "approved"
 

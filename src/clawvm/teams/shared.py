@@ -781,6 +781,8 @@ def reject(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str | 
     if CONFLICT_TAG in m.tags and m.kind is Kind.NOTE:
         _refuse_closed(m)
         return _close_conflict(h, m, "rejected", by, reason or "not a conflict")
+    if m.status is Status.OBSOLETE and review_state(m) == "rejected":
+        return m  # a double click: the first rejection, its reviewer and reason, stand
     _refuse_unreviewable(m, "rejected")
     rejected = _set_review(h, m, "rejected", by, reason, status=Status.OBSOLETE)
     for note in open_conflicts(h, involving=m.id):
