@@ -838,3 +838,22 @@ def test_review_queue_and_guidance_options_are_checked_by_name(lexical: Harness)
             call()
         if field is not None:
             assert isinstance(exc.value, ValidationError) and exc.value.field == field
+
+
+def test_a_merged_duplicate_of_a_conflict_side_is_shown_only_with_its_conflict(lexical: Harness) -> None:
+    """The merge of a duplicate kept the duplicate's chain: its root was not a side's, so at a small
+    budget guidance showed the disputed decision alone, as settled practice."""
+    from clawvm.teams.merge import merge_team
+
+    for agent in ("planner", "writer", "reviewer"):
+        lexical.grant("payments", agent, write=True)
+    shared = dict(team_id="payments", scope="team", kind="decision", metadata={"subject": "refund method"})
+    lexical.record("Refunds go to the original card", agent_id="planner", confidence=0.8, **shared)
+    lexical.record("Refunds go to store credit", agent_id="writer", **shared)
+    merge_team(lexical, team_id="payments")
+    lexical.record("Refunds go to the original card", agent_id="reviewer", confidence=0.9, **shared)
+    merge_team(lexical, team_id="payments")
+    (note,) = teams.open_conflicts(lexical)
+    for budget in (30, 40, 60, 300):
+        shown = lexical.guidance("writer", "refund method original card store credit", budget).ids
+        assert not shown or note.id in shown, budget

@@ -44,8 +44,8 @@ from clawvm.teams.shared import (
     adoption_rate,
     conflict_sides,
     latest_if_kept,
+    lineage,
     open_conflicts,
-    root_id,
     task_type_tag,
     trust,
     visibility,
@@ -253,7 +253,7 @@ def build_guidance(
     disputed: dict[str, set[str]] = defaultdict(set)  # a side of an open conflict -> its conflict notes
     for note in conflicts:
         sides = conflict_sides(note)
-        touched = [c.memory.id for c in found.values() if c.memory.id in sides or root_id(c.memory) in sides]
+        touched = [c.memory.id for c in found.values() if lineage(c.memory) & sides]
         for side in touched:
             disputed[side].add(note.id)
         offer(note, 1.0 if touched else 0.2, "conflict among these memories" if touched else "open conflict")
@@ -306,7 +306,7 @@ def _prefer_newest_decisions(
         older = [
             c
             for c in found.values()
-            if c.memory.kind is Kind.DECISION and (c.memory.id in ids or root_id(c.memory) in ids)
+            if c.memory.kind is Kind.DECISION and lineage(c.memory) & ids
         ]
         if not older:
             continue

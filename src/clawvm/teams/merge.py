@@ -69,6 +69,7 @@ from clawvm.teams.shared import (
     TeamHost,
     adoption,
     build_revision,
+    lineage,
     partition_key,
     root_id,
     stored_id,
@@ -664,16 +665,8 @@ class _KnownConflicts:
         self.partners[b].add(a)
 
     def between(self, a: Memory, b: Memory) -> bool:
-        theirs = _lineage(b)
-        return any(self.partners.get(r, set()) & theirs for r in _lineage(a))
-
-
-def _lineage(m: Memory) -> set[str]:
-    """Every id ``m`` stands for: its chain's root and, for a merge, each source (and its root)."""
-    out = {root_id(m)}
-    for source in m.metadata.get("provenance", []):
-        out.update(str(source[k]) for k in ("id", "root") if isinstance(source, dict) and source.get(k))
-    return out
+        theirs = lineage(b)
+        return any(self.partners.get(r, set()) & theirs for r in lineage(a))
 
 
 def conflict_note_id(tenant: str, a: Memory, b: Memory) -> str:

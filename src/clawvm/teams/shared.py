@@ -375,6 +375,15 @@ def root_id(m: Memory) -> str:
     return str(m.metadata.get("revision", {}).get("root", m.id))
 
 
+def lineage(m: Memory) -> set[str]:
+    """Every id ``m`` stands for: itself, its chain's root and, for a merge of duplicates, each source (and
+    its root): a conflict flagged between two memories is about whatever merge or revision replaced them."""
+    out = {m.id, root_id(m)}
+    for source in m.metadata.get("provenance", []):
+        out.update(str(source[k]) for k in ("id", "root") if isinstance(source, dict) and source.get(k))
+    return out
+
+
 def conflict_sides(note: Memory) -> set[str]:
     """Ids and chain roots of the memories a conflict note is about."""
     info = note.metadata.get("conflict", {})
