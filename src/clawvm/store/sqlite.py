@@ -290,6 +290,7 @@ class SQLiteStore(IndexSnapshots, Store):
         self._snapshot_owed = False  # close writes one whatever the delta (one failed, or lacks a fit)
         self.index_source = ""  # how open got its index: "snapshot", or "rows" and why (diagnostics)
         self._verifier: snapshot.Verifier | None = None  # the mapped snapshot's checksums, checked after open
+        self._own_runs: list[tuple[int, int]] = []  # the revs of this engine's own writes
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -485,6 +486,7 @@ class SQLiteStore(IndexSnapshots, Store):
             # _data_version stays as read under the write lock: our own commit does not change it, and
             # re-reading it now would hide another connection's commit that landed since ours.
             self._rev = rev
+            self._note_own_write(rev)
             if self._rev - self._snapshot_rev >= self.snapshot_every:
                 try:
                     self._periodic_snapshot()
