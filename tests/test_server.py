@@ -1505,3 +1505,14 @@ def _fuzz(strategy: st.SearchStrategy[Any], n: int, seen: dict[int, int]) -> Non
         )
 
     run()
+
+
+def test_the_request_log_keeps_no_secret_a_path_names(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    """A session called after an email was stored redacted but logged in clear, in every request line."""
+    secret = "eve.secret@example.org"
+    with caplog.at_level(logging.INFO):
+        r = env.client.post(f"/v1/sessions/{secret}/checkpoints", json={"name": "cp"}, headers=env.auth())
+    assert r.status_code in (200, 201), r.text
+    lines = [rec for rec in caplog.records if rec.getMessage() == "request"]
+    assert lines and all(secret not in str(getattr(rec, "fields", "")) for rec in lines)
+    assert any("/v1/sessions/[EMAIL]/checkpoints" in str(getattr(rec, "fields", "")) for rec in lines)

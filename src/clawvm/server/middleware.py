@@ -17,6 +17,7 @@ from urllib.parse import unquote_to_bytes
 from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers, MutableHeaders
 
+from clawvm.core.redact import redact
 from clawvm.server.errors import error_response
 from clawvm.server.service import RequestGauge
 from clawvm.store.keys import Principal
@@ -141,7 +142,9 @@ class Guard:
         fields: dict[str, Any] = {
             "request_id": request_id,
             "method": scope.get("method"),
-            "path": scope.get("path"),
+            # ids in a path are scope ids a caller named (a session called after an email): stored redacted,
+            # they were logged in clear
+            "path": redact(str(scope.get("path", ""))).text,
             "status": status,
             "duration_ms": round((time.perf_counter() - started) * 1000, 2),
         }
