@@ -482,3 +482,22 @@ def test_a_secret_looking_session_checkpoints_rolls_back_and_builds_its_context(
         assert [e.id for e in ctx.manifest] == [first.id]  # the session's working tier, found by its id
         assert [m.id for m in h.list(session_id=session)] == [first.id]
         assert not s.leaks(_rows_as_text(h.store))
+
+
+def test_the_dashboard_traces_and_replays_a_session_by_the_id_it_was_recorded_with(tmp_path: Path) -> None:
+    """The trace, metrics and what-if compared the typed id with the stored, redacted one and answered 404
+    (the memories view and every SDK read mapped it)."""
+    s = Secrets.of("dashboard-session", "rest")
+    session, _ = secret_ids(s)
+    store = SQLiteStore(tmp_path / "dash.db")
+    app = create_app(store, embedder=None, settings=ServerSettings(rate_per_s=0), harness_options=_options())
+    key = app.state.service.keyring.create(TENANT, "agent", "agent")[1]
+    with TestClient(app) as client:
+        rest = Rest(client, {"agent": key})
+        rest.call("POST", "/v1/memories", {"content": "the rollout starts at noon", "session_id": session})
+        rest.call("POST", "/v1/context", {"query": "rollout", "session_id": session, "budget_tokens": 200})
+        trace = rest.call("GET", "/dashboard/api/trace", session=session)
+        assert trace["steps"] or trace.get("items")
+        assert rest.call("GET", "/dashboard/api/metrics", session=session)["memories"]
+        rest.call("GET", "/dashboard/api/whatif", session=session, budget=100)
+    store.close()

@@ -217,7 +217,9 @@ class SessionLog:
 
 
 def read_session(live: Harness, session_id: str, reach: Reach = "tenant") -> SessionLog:
-    """The session's log, read from ``live`` (nothing is written to it)."""
+    """The session's log, read from ``live`` (nothing is written to it). ``session_id`` as recorded (a
+    secret-looking one is stored redacted: the log names the stored form)."""
+    session_id = live.writer.identifier(session_id, live.tenant)
     scope: dict[str, Any] = {"session_id": session_id} if reach == "session" else {}
     found = live.iter_all(status="any", **scope)
     memories = {m.id: m for m in found if m.status is not Status.INTERNAL and m.team_id is None}
