@@ -312,6 +312,12 @@ def test_cli_rotates_the_data_key_in_place_and_into_a_new_file(engine_name: str,
         assert h.reveal(mid, admin=True) == SECRET_TEXT
     result = runner.invoke(main, rotate, env={KEY_ENV: "", KEY_FILE_ENV: ""})
     assert result.exit_code == 2 and "data key" in result.output
+    # --drop-old beside --new-key-file was ignored (the old keys stayed, exit 0): refused before any change
+    before = key_file.read_bytes()
+    both = [*rotate, "--new-key-file", str(tmp_path / "other.keys"), "--drop-old"]
+    result = runner.invoke(main, both, env=env)
+    assert result.exit_code == 2 and "--drop-old" in result.output
+    assert key_file.read_bytes() == before and not (tmp_path / "other.keys").exists()
 
 
 # ---- the raw database files ------------------------------------------------------------------------

@@ -151,6 +151,11 @@ def keys_rotate_data_key(
     The old keys, all needed to read, come from CLAWVM_DATA_KEY and/or the key file. Processes still
     running with only the old key must be restarted with the new one.
     """
+    if drop_old and new_key_file is not None:  # it was ignored: the old keys stayed in --key-file
+        raise click.UsageError(
+            "--drop-old keeps only the new key in --key-file, and --new-key-file keeps the new key apart: "
+            f"pass one of them (with --new-key-file, point {KEY_FILE_ENV} at it once the rotation is done)"
+        )
     old = DataKeys.from_env({KEY_ENV: os.environ.get(KEY_ENV, ""), KEY_FILE_ENV: str(key_file or "")})
     if old is None:
         raise ConfigError(f"no data key to read the sealed originals: set {KEY_ENV} or pass --key-file")
@@ -165,7 +170,7 @@ def keys_rotate_data_key(
         raise ConfigError("nowhere to keep the new key: pass --new-key-file PATH, or --key-file PATH")
     with opened_store(ctx, existing=True) as store:
         report = rotate_data_key(store, old, new)
-    if drop_old and key_file is not None and new_key_file is None:
+    if drop_old and key_file is not None:
         DataKeys((new,)).save(key_file)
     click.echo(
         f"re-encrypted {report.rekeyed} sealed originals under data key {report.kid} "
