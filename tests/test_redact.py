@@ -79,6 +79,9 @@ def test_placeholders_are_typed_and_spans_point_into_the_original() -> None:
         ("ssh admin@192.168.1.20", [("ip", "192.168.1.20")]),
         ("std::vector<int> and 12:30:45", []),
         ("[2001:db8::1]:443", [("ip", "2001:db8::1")]),
+        ("use version=1.2.3.4", []),  # numbering, "=" attached
+        ("call dead::beef now; a::b; arr[1]::2", []),  # code, not addresses
+        ("gateway fe80::1ff:fe23:4567:890a", [("ip", "fe80::1ff:fe23:4567:890a")]),
         ("https://bob:s3cret@db.example.com/x", [("credentials", "bob:s3cret")]),
         ("password=hunter2&user=bob", [("secret", "hunter2")]),
         ("api_key = os.environ['KEY']", []),

@@ -21,7 +21,7 @@ kind            what counts, and what is checked
                 ``api_key:``/``token=`` assignments, and high-entropy strings (random-looking: short runs
                 of one character class; hex-only strings -- git hashes, sha256, UUIDs -- are not secrets)
 ``credentials`` the ``user:password`` of a URL (``https://user:pass@host``)
-``ip``          IPv4 and IPv6 addresses (checked with :mod:`ipaddress`); not a version (``v1.2.3.4``)
+``ip``          IPv4 and IPv6 addresses (checked with :mod:`ipaddress`); not versions, nor code (``a::b``)
 =============== ===============================================================================
 
 When candidates overlap, the more specific detector wins (a JWT is a secret, not a high-entropy string).
@@ -587,7 +587,7 @@ def _numbering(before: str) -> bool:
     if before.rstrip().endswith(("==", ">=", "<=", "~=")):
         return True
     words = before.lower().split()
-    return bool(words) and words[-1].strip(":.#(") in _NUMBERING_WORDS
+    return bool(words) and words[-1].strip(":.#(=") in _NUMBERING_WORDS  # "version=1.2.3.4" too
 
 
 def _ips(text: str) -> Iterator[_Found]:
@@ -597,13 +597,20 @@ def _ips(text: str) -> Iterator[_Found]:
         yield _Found(PiiKind.IP, m.start(), m.end(), 60, "ipv4")
     for m in _IPV6.finditer(text):
         candidate = m.group(0)
-        if not any(c.isalnum() for c in candidate):  # "::" alone (C++ scope, Haskell) is no address
+        if not _address_like(candidate):
             continue
         try:
             ipaddress.IPv6Address(candidate)
         except ValueError:
             continue
         yield _Found(PiiKind.IP, m.start(), m.end(), 60, "ipv6")
+
+
+def _address_like(candidate: str) -> bool:
+    """Whether an IPv6-shaped word reads as an address rather than code: two groups or more, and a digit
+    or a third group ("::" alone, "a::b", "dead::beef", "arr[1]::2" are scope operators and words)."""
+    groups = [g for g in candidate.split(":") if g]
+    return len(groups) >= 2 and (len(groups) >= 3 or any(c.isdigit() for c in candidate))
 
 
 # -- phone numbers
