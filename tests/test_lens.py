@@ -567,9 +567,15 @@ def test_cli_exports_events_and_prunes(tmp_path: Path) -> None:
     assert sum(n for _, n in run_query(parquet, "events_by_kind")) == total
     bad = CliRunner().invoke(main, ["--db", str(db), "export", "--format", "parquet"])
     assert bad.exit_code == 2 and "--events" in bad.output
-    assert run("prune-events", "--max-events", "5") == f"deleted {total - 5} events\n"
+    # another tenant's log is its own: neither exported nor counted with --tenant default (it was both)
+    with Harness.open(db, embedder=None, tenant="acme") as acme:
+        acme.record("acme's own note")
+    assert len(run("export", "--events").splitlines()) == total
+    assert json.loads(run("stats"))["events"] == total
+    assert len(run("--tenant", "acme", "export", "--events").splitlines()) == 1
+    assert run("prune-events", "--max-events", "5") == f"deleted {total + 1 - 5} events\n"
     with Harness.open(db, embedder=None) as h:
-        assert len(h.events(limit=10**6)) == 5 + 1  # and the prune's own note
+        assert len(h.events(limit=10**6)) == 5 + 1  # and the prune's own note (acme's event was kept)
 
 
 # ---- observers observe ----------------------------------------------------------------------------------

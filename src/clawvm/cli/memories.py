@@ -242,12 +242,13 @@ def _export_events(
             "format", "parquet exports the event log to a file", "use --events --format parquet -o FILE"
         )
     with opened_harness(ctx, embed=False, existing=True) as h:
+        # the tenant's own, as the memories export is (every tenant's events went out with --tenant acme)
         if fmt == "parquet" and out is not None:
-            n = export_parquet(h.store, out)
+            n = export_parquet(h.store, out, tenant=h.tenant)
         else:
             stream = out.open("w", encoding="utf-8") if out else sys.stdout
             try:
-                n = export_jsonl(h.store, stream)
+                n = export_jsonl(h.store, stream, tenant=h.tenant)
             finally:
                 if out:
                     stream.close()
@@ -390,10 +391,11 @@ def _count_unembedded(h: Harness) -> int:
 
 
 def _count_events(h: Harness) -> int:
-    """The event log's length, read in pages of a thousand."""
+    """How many of the log's events are the tenant's (the memories counted beside are), read in pages of a
+    thousand."""
     n, after = 0, 0
     while page := h.events(after_seq=after, limit=1000):
-        n += len(page)
+        n += sum(1 for e in page if e.tenant == h.tenant)
         after = page[-1].seq or after
         if len(page) < 1000:
             break
