@@ -322,3 +322,12 @@ def test_a_trace_without_recorded_tool_durations_says_so_rather_than_0_ms() -> N
         assert totals["tool_seconds"] == 0.25 and totals["tool_results_timed"] == 1
     finally:
         h.close()
+
+
+def test_the_dashboard_demo_refuses_port_0_before_loading_anything(tmp_path: Path) -> None:
+    """Port 0 (any free port) was taken, and the demo waited for port 0 to answer: the dashboard's URL and
+    its key were never printed."""
+    db = tmp_path / "demo.db"
+    result = CliRunner().invoke(main, ["--no-embed", "--db", str(db), "demo", "--dashboard", "--port", "0"])
+    assert result.exit_code == 2 and "--port" in result.output and "1<=x<=65535" in result.output
+    assert not db.exists()

@@ -13,6 +13,9 @@ from clawvm.store.keys import Keyring
 
 #: a TCP port (0: any free one); click's plain int let 99999 through, which the socket took as 34463
 _PORT = click.IntRange(0, 65535)
+#: the demo prints its dashboard's URL once the port answers: port 0 (any free one) never did, and the URL
+#: and its key were never printed
+_NAMED_PORT = click.IntRange(1, 65535)
 
 
 @click.command()
@@ -36,7 +39,9 @@ _PORT = click.IntRange(0, 65535)
     "and serve the API and dashboard, printing the dashboard URL.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="With --dashboard: interface to use.")
-@click.option("--port", default=8080, show_default=True, type=_PORT, help="With --dashboard: TCP port.")
+@click.option(
+    "--port", default=8080, show_default=True, type=_NAMED_PORT, help="With --dashboard: TCP port (1-65535)."
+)
 @click.pass_context
 def demo(
     ctx: click.Context, locomo: Path | None, reset: bool | None, dashboard: bool, host: str, port: int
