@@ -1037,3 +1037,20 @@ def test_the_graph_around_a_memory_keeps_to_the_filter_bar_and_pages() -> None:
         assert first["total"] == rest["total"] == 6 and shown[0] == root.id
         assert sorted(shown[1:]) == sorted(m.id for m in here) and elsewhere.id not in shown
         assert len(views.graph(lens, None, focus=root.id)["nodes"]) == 7  # no filter: the whole neighbourhood
+
+
+def test_a_phone_wide_page_keeps_its_header_on_screen_and_its_tables_in_their_cards(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """At 390 px the header (558 px) scrolled every view sideways with the key and refresh buttons off
+    screen, and the sessions table's headers overlapped."""
+    base, _h, keys = served
+    page, problems = _open(browser, base, keys["read-only"], "#view=sessions", width=390)
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.wait_for_timeout(300)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    box = page.locator("#key-button").bounding_box()
+    assert box is not None and box["x"] + box["width"] <= 390
+    page.screenshot(path=str(ARTIFACTS / "dashboard-phone-sessions.png"), full_page=True)
+    assert problems == []
+    page.close()
