@@ -318,10 +318,7 @@ def test_another_files_snapshot_or_a_newer_one_is_not_used(built: Path, tmp_path
         store.close()
     # a file restored from an older backup, beside the snapshot of its later state
     old = tmp_path / "old.db"
-    early = opened(old)
-    early.write(memories(10), None, [])
-    early.close()
-    backup = old.read_bytes()
+    backup = _ten_and_their_backup(old)
     later = opened(old)
     later.write(memories(10, start=10), None, [])
     later.close()
@@ -332,6 +329,14 @@ def test_another_files_snapshot_or_a_newer_one_is_not_used(built: Path, tmp_path
         assert store.count(Filters()) == 10
     finally:
         store.close()
+
+
+def _ten_and_their_backup(path: Path) -> bytes:
+    """A file of ten memories (and its snapshot), and its bytes as a backup would keep them."""
+    early = opened(path)
+    early.write(memories(10), None, [])
+    early.close()
+    return path.read_bytes()
 
 
 def _restore(path: Path, backup: bytes) -> None:
@@ -346,10 +351,7 @@ def test_a_restored_file_never_takes_its_later_snapshot_again(tmp_path: Path) ->
     snapshot), the snapshot of the discarded history was mapped and the rows written in between were
     never replayed: they were missing from count and recall."""
     old = tmp_path / "old.db"
-    early = opened(old)
-    early.write(memories(10), None, [])
-    early.close()
-    backup = old.read_bytes()
+    backup = _ten_and_their_backup(old)
     later = opened(old)
     for m in memories(10):  # updates: the newest row (the snapshot's fingerprint) stays the backup's
         later.write([m.model_copy(update={"content": f"{m.content} changed", "version": 2})], None, [])
