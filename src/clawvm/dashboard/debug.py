@@ -121,6 +121,8 @@ def trace(
     (kind, tool, tag, tier, status) leaves the builds out."""
     flt = flt or RowFilter()
     memory_only = any((flt.kind, flt.tool, flt.tag, flt.tier, flt.status))
+    named_session, named_task = session, task  # as the caller named them (the stored forms may be redacted)
+    session, task = lens.stored_id(session), None if task is None else lens.stored_id(task)
     lens.refresh()
     with lens.lock:
         of_session = [r for r in lens.rows.values() if r.session_id == session]
@@ -132,7 +134,7 @@ def trace(
             if b.scope.get("session_id") == session and task in (None, b.scope.get("task_id"))
         ]
     if not in_task and not of_task:
-        named = session if task is None else f"{session} / task {task}"
+        named = named_session if task is None else f"{named_session} / task {named_task}"
         raise NotFoundError("session", named, field="session" if task is None else "task")
     rows = [r for r in in_task if flt.keep(r)]
     builds = [] if memory_only else [b for b in of_task if flt.keeps_build(b)]

@@ -73,12 +73,6 @@ class ValueBody(BaseModel):
     value: float = Field(ge=0.0, le=1.0)
 
 
-def _as_stored(harness: Harness, scope_id: str | None) -> str | None:
-    """A session or task id a person typed, as the write path stored it (a secret-looking one is stored
-    redacted): the trace, metrics and what-if compared the typed one and found no such session."""
-    return harness.writer.identifier(scope_id, harness.tenant) if scope_id else None
-
-
 def _weight_names() -> list[str]:
     """The float weights of :class:`ScoringConfig`: what the what-if replay accepts."""
     scoring = ScoringConfig()
@@ -345,8 +339,7 @@ def create_router(
         limit: Limit = debug.TRACE_PAGE,
     ) -> dict[str, Any]:
         rows = flt.model_copy(update={"session": None}).as_filter()  # the trace's session, not a filter
-        stored = _as_stored(h, flt.session)
-        return debug.trace(lens_for(h), stored or flt.session, _as_stored(h, task), offset, limit, rows)
+        return debug.trace(lens_for(h), flt.session, task or None, offset, limit, rows)
 
     @router.get("/api/memories/{memory_id}/revisions")
     def revisions(h: Reader, memory_id: str) -> dict[str, Any]:
@@ -407,7 +400,7 @@ def create_router(
 
     @router.get("/api/metrics")
     def metrics(h: Reader, session: Session = None) -> dict[str, Any]:
-        got = lens_for(h).metrics(_as_stored(h, session))
+        got = lens_for(h).metrics(session or None)
         if session and not got["memories"] and not got["context_tokens"]["builds"]:  # as trace and what-if
             raise NotFoundError("session", session, field="session")
         return got

@@ -41,7 +41,7 @@ def _scope(lens: Lens, session: str | RowFilter | None) -> list[Row]:
         return rows
     if session == NO_SESSION:
         return [r for r in rows if r.session_id is None]
-    stored = lens.harness.writer.identifier(session, lens.harness.tenant)  # as the write path stored it
+    stored = lens.stored_id(session)
     return [r for r in rows if r.session_id == stored]
 
 

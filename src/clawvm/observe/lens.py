@@ -638,10 +638,16 @@ class Lens:
                 )
             return out
 
+    def stored_id(self, scope_id: str) -> str:
+        """A session or task id as a caller names it, as the write path stored it (a secret-looking one is
+        stored redacted): what the rows and builds hold."""
+        return self.harness.writer.identifier(scope_id, self.tenant)
+
     def metrics(self, session: str | None = None) -> dict[str, Any]:
         """The tenant's metrics, or with ``session`` those of the session's memories and builds (events by
         kind, recall latencies and tool reliability stay tenant-wide: a tracked recall has no session, and a
         tool is as reliable as all of its calls say)."""
+        session = self.stored_id(session) if session else None
         self.refresh()
         with self._lock:
             now = self.now()
