@@ -779,7 +779,7 @@ def approve(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str |
         return _close_conflict(h, m, "approved", by, reason or "both sides kept")
     if m.status is Status.OBSOLETE and review_state(m) == "rejected":  # the rejection overturned
         return _set_review(h, m, "approved", by, reason, status=Status.ACTIVE)
-    _refuse_unreviewable(m, "approved")
+    _refuse_unreviewable(m)
     return _set_review(h, m, "approved", by, reason)
 
 
@@ -792,26 +792,27 @@ def reject(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str | 
         return _close_conflict(h, m, "rejected", by, reason or "not a conflict")
     if m.status is Status.OBSOLETE and review_state(m) == "rejected":
         return m  # a double click: the first rejection, its reviewer and reason, stand
-    _refuse_unreviewable(m, "rejected")
+    _refuse_unreviewable(m)
     rejected = _set_review(h, m, "rejected", by, reason, status=Status.OBSOLETE)
     for note in open_conflicts(h, involving=m.id):
         _close_conflict(h, note, "resolved", by, f"{m.id} rejected")
     return rejected
 
 
-def _refuse_closed(note: Memory) -> None:
-    """A closed conflict note is not reviewed again: approving one resolved for a side rewrote it as "both
-    sides kept" while the other side stayed rejected."""
+def _refuse_closed(note: Memory, field: str = "memory_id") -> None:
+    """A closed conflict note is not reviewed or resolved again: approving one resolved for a side rewrote
+    it as "both sides kept" while the other side stayed rejected; resolving it the other way left both
+    sides obsolete."""
     if note.status is not Status.ACTIVE:
         review = note.metadata.get(REVIEW_FIELD, {})
         raise StateConflictError(
-            "memory_id",
+            field,
             f"conflict {note.id} is closed ({review.get('status', note.status.value)})",
             "revise the kept decision instead, or record a new one",
         )
 
 
-def _refuse_unreviewable(m: Memory, state: str) -> None:
+def _refuse_unreviewable(m: Memory) -> None:
     """Only an active memory is approved or rejected (a rejected one may be approved: that overturns the
     rejection): reviewing another replaced who had rejected it and why, or approved what stayed obsolete."""
     if m.status is not Status.ACTIVE:
@@ -833,13 +834,7 @@ def resolve_conflict(h: TeamHost, conflict_id: str, *, keep: str, by: str | None
             f"{conflict_id} is not a conflict note",
             "pass the id of a note open_conflicts() lists",
         )
-    if note.status is not Status.ACTIVE:  # resolved again, the other way, it left both sides obsolete
-        review = note.metadata.get(REVIEW_FIELD, {})
-        raise StateConflictError(
-            "conflict_id",
-            f"conflict {conflict_id} is closed ({review.get('status', note.status.value)})",
-            "revise the kept decision instead, or record a new one",
-        )
+    _refuse_closed(note, "conflict_id")
     if not isinstance(keep, str):
         raise ValidationError("keep", f"is a {type(keep).__name__}", "pass the id of the side to keep")
     sides = conflict_choices(note)
