@@ -38,7 +38,9 @@ def test_limits_writes_every_ratio_beside_its_absolute_figures(tmp_path: Path) -
     ]
     assert limits.main(argv) == 0
     res = json.loads(out.read_text())
-    assert isinstance(res["record_ratio_idle_bare"], float) and res["record_ratio_idle_bare"] > 0
+    for key in ("record_ratio_idle_bare", "record_floor_ratio"):
+        assert isinstance(res[key], float) and res[key] > 0, key
+    assert 0 < res["record_floor_p50_ms"] <= res["record_floor_p95_ms"]
     for key in ("open_ratio", "record_ratio", "recall_ratio", "e2e_ratio", "ingest_ratio"):
         assert isinstance(res[key], float) and res[key] > 0, key
         assert key in res["met"]
