@@ -117,6 +117,12 @@ def test_a_checkpoint_has_a_name_and_its_snapshot_stays_as_taken() -> None:
             with pytest.raises(StateConflictError) as conflict:
                 h.update(cp, **change)
             assert "before" in conflict.value.problem
+        taken = h.get(cp)
+        for change_of in (lambda: h.rate(cp, 1), lambda: h.compress(cp)):  # rate bumped its version
+            with pytest.raises(StateConflictError) as conflict:
+                change_of()
+            assert "before" in conflict.value.problem
+        assert h.get(cp) == taken
         h.update(m.id, tier="archive")
         assert h.rollback(cp).restored and h.get(m.id).tier is Tier.WORKING
         h.forget(cp)

@@ -1077,6 +1077,42 @@ def test_a_pass_at_a_naive_instant_takes_it_as_utc() -> None:
             assert exc.value.field == field
 
 
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda h: h.flush(timeout=-1), "timeout"),
+        (lambda h: h.flush(timeout=float("nan")), "timeout"),
+        (lambda h: h.flush(timeout=1e20), "timeout"),  # past what a wait takes: OverflowError with a worker
+        (lambda h: list(h.iter_all(newest_first=None)), "newest_first"),  # TypeError from the index
+        (lambda h: list(h.iter_all(newest_first=10**20)), "newest_first"),  # OverflowError
+        (lambda h: h.context("x", k=0), "k"),  # 0 read as "the default"; -1 was refused
+        (lambda h: h.start_session("s", []), "task"),  # an empty list read as "no task"
+        (lambda h: h.context("x", quotas=clawvm.Quotas(working="a")), "quotas.working"),  # ValueError
+        (lambda h: h.context("x", quotas=clawvm.Quotas(retrieved=None)), "quotas.retrieved"),  # TypeError
+        (lambda h: h.context("x", quotas=clawvm.Quotas(working=float("nan"))), "quotas.working"),
+        (lambda h: h.context("x", quotas=clawvm.Quotas(pinned=7)), "quotas.pinned"),  # taken silently
+        (lambda h: h.context("x", quotas=clawvm.Quotas(working=-1.0)), "quotas.working"),
+        (lambda h: h.tool(name="")(lambda: None), "name"),  # a blank name became the function's
+        (lambda h: h.tool(name=[])(lambda: None), "name"),
+    ],
+)
+def test_a_bad_argument_of_the_virtual_memory_face_is_refused_by_name(
+    harness: Harness, call: Callable[[Harness], Any], field: str
+) -> None:
+    harness.record("deploy notes", session_id="s")
+    with pytest.raises(ValidationError) as exc:
+        call(harness)
+    assert exc.value.field == field
+
+
+def test_a_tool_call_with_a_parent_that_is_no_id_is_refused(harness: Harness) -> None:
+    """parent_id=[] was taken as "no parent" (an empty value read as not given)."""
+    with pytest.raises(ValidationError) as exc, harness.tool_call("probe", {}, parent_id=[]):  # type: ignore[arg-type]
+        pass
+    assert exc.value.field == "parent_id"
+    assert harness.count(status="any") == 0
+
+
 def test_scope_ids_of_a_context_are_strings(harness: Harness) -> None:
     """context(session_id=5) raised AttributeError from deep in the build (list and recall named the
     field)."""

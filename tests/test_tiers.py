@@ -586,6 +586,19 @@ def test_pin_refused_over_the_working_budget_changes_nothing() -> None:
         assert h.pin(ids[5]).tier is Tier.WORKING
 
 
+def test_a_pin_whose_ttl_ran_out_leaves_room_for_a_new_pin_before_any_sweep() -> None:
+    h, now = clocked(TierBudgets(working_items=2, short_term_items=4, long_term_items=4))
+    with h:
+        short = h.record("short lived pin", session_id="s1", expires_at=T0 + timedelta(minutes=5))
+        h.pin(short.id)
+        h.pin(h.record("lasting pin", session_id="s1").id)
+        third = h.record("third pin", session_id="s1")
+        with pytest.raises(ValidationError):  # the first one is live yet: two pins fill the budget
+            h.pin(third.id)
+        now[0] = T0 + timedelta(minutes=10)  # no tick: its stored status is still active, and pinned
+        assert h.pin(third.id).pinned
+
+
 def test_start_session_preloads_relevant_memories_into_working() -> None:
     h, now = clocked()
     with h:

@@ -185,7 +185,9 @@ class ToolCall:
             )
         self.args = {k: ("***" if k in spec.redact else _jsonable(v)) for k, v in (args or {}).items()}
         resolved = _resolve_scope(spec, scope_fields)
-        self.parent_id = parent_id or resolved.pop("parent_id", None)  # the LLM turn that asked, if known
+        scoped_parent = resolved.pop("parent_id", None)
+        # the LLM turn that asked, if known; one given that is no id is refused by the record's check
+        self.parent_id = scoped_parent if parent_id is None else parent_id
         # the caller's own keys beside ``tool_call`` (a framework's run ids, say); ``tool_call`` stays ours
         self.metadata = {k: v for k, v in (metadata or {}).items() if k != "tool_call"}
         self.scope = resolved
@@ -456,7 +458,7 @@ def tool(
 
     def decorate(fn: F) -> F:
         spec = ToolSpec(
-            name or fn.__name__,
+            fn.__name__ if name is None else name,  # a name given blank is refused, not replaced
             template=template,
             call_template=call_template,
             validator=validator,

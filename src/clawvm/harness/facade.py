@@ -11,6 +11,7 @@ import builtins
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -342,7 +343,9 @@ class Harness:
         if fields.get("pinned"):
             refuse_unpinnable(fields, "leave it out")
         if fields.get("pinned") and fields.get("session_id") is not None:
-            self.pager.check_pin(build_memory({**fields, "content": text, "token_count": count_tokens(text)}))
+            self.pager.check_pin(
+                build_memory({**fields, "content": text, "token_count": count_tokens(text)}), self.now()
+            )
         memory = build_memory(
             {
                 **fields,
@@ -457,7 +460,7 @@ class Harness:
             return current  # nothing changes: no new version (that made holders of the old one conflict)
         moved = updated.session_id != current.session_id  # into another session's pinned budget
         if updated.pinned and (moved or updated.token_count > current.token_count):
-            self.pager.check_pin(updated)
+            self.pager.check_pin(updated, self.now())
         updated = updated.model_copy(update={"value": self.pager.value_now(updated, self.now())})
         event = self._make_event(
             EventKind.UPDATE, updated, {"fields": sorted(changes), "version": updated.version}
@@ -634,6 +637,8 @@ class Harness:
     def iter_all(self, *, newest_first: bool = False, batch: int = 500, **filters: Any) -> Iterator[Memory]:
         """Every memory matching ``filters`` (as for :meth:`list`), oldest first (newest first with
         ``newest_first``), read in keyset pages of ``batch``: what callers use instead of a "no limit"."""
+        if not isinstance(newest_first, bool):
+            raise ValidationError("newest_first", f"is {newest_first!r}", "pass True or False")
         f = self.filters(filters)
         pages = self._store.iter_all(f, counted("batch", batch), newest_first)
         now = instant_of(f) or self.now()
@@ -668,7 +673,7 @@ class Harness:
             )
         if memory.pinned and memory.tier is Tier.WORKING:
             return memory  # pinned already: no new version, no event
-        self.pager.check_pin(memory)
+        self.pager.check_pin(memory, self.now())
         now = self.now()
         before = self.pager.value_now(memory, now)
         pinned = self.pager.mutate(memory, lambda _m: {"pinned": True, "tier": Tier.WORKING}, now)
@@ -701,6 +706,7 @@ class Harness:
             raise ValidationError("delta", f"is {delta!r}", "pass +1 or -1")
         memory = self._callers(memory_id)
         self._refuse_expired(memory)  # as pin and update do: its value no longer matters to any prompt
+        teams.refuse_frozen(self, memory)  # a checkpoint's snapshot or a raw copy: only the harness writes it
         rated = self.pager.mutate(
             memory,
             lambda m: {"usage": m.usage.model_copy(update={"feedback": m.usage.feedback + delta})},
@@ -763,6 +769,8 @@ class Harness:
         self, session_id: str, task: str | None = None, *, task_id: str | None = None, k: int = 8
     ) -> builtins.list[Memory]:
         """Preload the working tier with the memories most relevant to ``task`` (of this task, if given)."""
+        if task is not None and not isinstance(task, str):
+            raise ValidationError("task", f"has type {type(task).__name__}", "pass the task as a string")
         if not task:
             return []
         session_id, task_id = self._stored_id(session_id, "session_id"), self._stored_id(task_id, "task_id")
@@ -832,6 +840,7 @@ class Harness:
         """Summarize a memory reversibly (its raw text is kept and pointed to)."""
         memory = self._callers(memory_id)
         self._refuse_expired(memory)  # as update() does: its text is due to be forgotten, not reshaped
+        teams.refuse_frozen(self, memory)  # as update() does: a snapshot or a raw copy stays as written
         return compress_memory(self.writer, memory, self.summarizer, self.now(), reason="manual")
 
     @_exclusive
@@ -841,7 +850,7 @@ class Harness:
         info = current.metadata.get("compression")
         if current.pinned and info:  # a pinned memory cannot be demoted: refuse to grow it past the budget
             raw = self._store.get(info["raw_id"])
-            self.pager.check_pin(current.model_copy(update={"token_count": raw.token_count}))
+            self.pager.check_pin(current.model_copy(update={"token_count": raw.token_count}), self.now())
         restored = decompress_memory(self._store, self.writer, current, self.now())
         self._rebalance(restored)
         return restored
@@ -1076,7 +1085,8 @@ class Harness:
             raise ValidationError(
                 "quotas", f"is a {type(quotas).__name__}", "pass clawvm.Quotas(...), or leave it out"
             )
-        k = k or max(20, budget_tokens // 40)  # hits to fill most of the budget; neighbours fill the rest
+        # hits to fill most of the budget; neighbours fill the rest
+        k = max(20, budget_tokens // 40) if k is None else counted("k", k)
         session_id, task_id = self._stored_id(session_id, "session_id"), self._stored_id(task_id, "task_id")
         agent_id = self._stored_id(agent_id, "agent_id")
         request = assembly.Request(
@@ -1111,8 +1121,15 @@ class Harness:
         """Wait until every recorded memory is embedded, and run a pager pass (a lifecycle boundary).
         Nothing to do once closed: close() ran the last pass, and what it left unembedded (``wait=False``)
         the next open embeds."""
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)):
-            raise ValidationError("timeout", f"is {timeout!r}", "pass seconds (a number), or None to wait")
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            # NaN fails both comparisons; past TIMEOUT_MAX the wait itself raises OverflowError
+            or not 0 <= timeout <= threading.TIMEOUT_MAX
+        ):
+            raise ValidationError(
+                "timeout", f"is {timeout!r}", "pass seconds (a number, 0 or more), or None to wait"
+            )
         if self.writer.closed:
             return
         if self._worker is not None:

@@ -161,7 +161,7 @@ def _check_pins(h: ImportHost, pinned: list[tuple[int, Memory]]) -> None:
             )
         before = seen.setdefault((memory.tenant, memory.session_id), [])
         try:
-            h.pager.check_pin(memory, alongside=before)
+            h.pager.check_pin(memory, h.now(), alongside=before)
         except ValidationError as exc:  # the session's state, not the memory's: a conflict (409 on the API)
             raise StateConflictError(f"memories.{index}.pinned", exc.problem, exc.fix) from None
         before.append(memory)

@@ -480,7 +480,7 @@ def build_revision(
     own = {"id": new_id(), "version": 1, "created_at": h.now(), "status": current.status}
     new = derived(current, {**changes, **own, "links": links, "metadata": metadata})
     if new.pinned and new.token_count > current.token_count:  # as update() checks a pinned memory growing
-        h.pager.check_pin(new, replacing=current.id)
+        h.pager.check_pin(new, h.now(), replacing=current.id)
     new = new.model_copy(update={"value": h.pager.value_now(new, h.now())})
     old = current.model_copy(
         update={

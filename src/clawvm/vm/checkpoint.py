@@ -235,7 +235,7 @@ def rollback(
         restore(m, target, decompressed)
     for m, target in repins:
         current = store.get(m.id)
-        restore(current, _pin_if_it_fits(pager, current, target), False)
+        restore(current, _pin_if_it_fits(pager, current, target, now), False)
     pager.writer.log(
         [
             Event(
@@ -267,12 +267,12 @@ def _made_since(store: StoreReader, m: Memory, snap: Memory, taken: int | None) 
     return m.created_at >= snap.created_at
 
 
-def _pin_if_it_fits(pager: Pager, m: Memory, target: dict[str, Any]) -> dict[str, Any]:
+def _pin_if_it_fits(pager: Pager, m: Memory, target: dict[str, Any], now: datetime) -> dict[str, Any]:
     """``target`` with the pin it restores only if the pinned memories then fit the working budget: a
     memory that grew since the checkpoint came back pinned past it (pin() refuses the same), where no
     pager pass can page it out. Unpinned, it is restored to its tier like any other."""
     try:
-        pager.check_pin(m.model_copy(update={"pinned": True, "tier": target["tier"]}))
+        pager.check_pin(m.model_copy(update={"pinned": True, "tier": target["tier"]}), now)
     except ValidationError:  # over the budget (pinned)
         return {**target, "pinned": False}
     return target

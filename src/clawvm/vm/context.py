@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from clawvm.core.errors import ValidationError
 from clawvm.core.model import Kind, Memory, Status
 
 SECTIONS = ("pinned", "working", "retrieved")
@@ -39,6 +40,18 @@ class Quotas:
     pinned: float = 1.0
     working: float = 0.4
     retrieved: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("pinned", "working", "retrieved"):
+            share = getattr(self, name)
+            # bool is an int: True would read as the whole budget
+            number = isinstance(share, int | float) and not isinstance(share, bool)
+            if not number or not 0.0 <= share <= 1.0:
+                raise ValidationError(
+                    f"quotas.{name}",
+                    f"is {share!r}",
+                    "pass a share of the budget between 0 and 1 (0.4 = 40%)",
+                )
 
 
 @dataclass(frozen=True)

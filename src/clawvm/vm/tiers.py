@@ -669,15 +669,25 @@ class Pager:
         return self.store.page(Filters.of(tenant=tenant, status="active", expires_by=now), None, limit)
 
     def check_pin(
-        self, memory: Memory, replacing: str | None = None, alongside: Sequence[Memory] = ()
+        self,
+        memory: Memory,
+        now: datetime,
+        replacing: str | None = None,
+        alongside: Sequence[Memory] = (),
     ) -> None:
         """Refuse a pin that would make the pinned memories alone exceed the working budget. ``replacing``:
         the id of a pinned memory that ``memory`` takes the place of (a revision's predecessor);
-        ``alongside``: pinned memories of its session written in the same batch (an import's)."""
+        ``alongside``: pinned memories of its session written in the same batch (an import's). A pinned
+        memory whose TTL ran out by ``now`` counts for nothing: every read treats it as expired already,
+        and the next sweep unpins it."""
         if memory.session_id is None:
             return
         items, tokens = self.config.budgets.limits(Tier.WORKING)
-        pinned = [m for m in self.tier_members(memory.tenant, memory.session_id, Tier.WORKING) if m.pinned]
+        pinned = [
+            m
+            for m in self.tier_members(memory.tenant, memory.session_id, Tier.WORKING)
+            if m.pinned and (m.expires_at is None or m.expires_at > now)
+        ]
         batch = {memory.id, replacing, *(m.id for m in alongside)}
         pinned = [m for m in pinned if m.id not in batch] + [*alongside, memory]
         if over(pinned, items, tokens):
