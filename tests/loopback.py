@@ -42,6 +42,7 @@ class Fault(Enum):
     GARBAGE_STATUS_LINE = "garbage_status_line"  # answers a line that is not an HTTP status line
     TRUNCATED_BODY = "truncated_body"  # a 200 whose Content-Length is far longer than the body sent
     HANG = "hang"  # answers nothing for ``hang_s`` seconds (past any client timeout), then hangs up
+    TRICKLE = "trickle"  # a 200 whose body comes a byte every ``trickle_s``: each read quick, the whole slow
 
 
 class ChatReplay:
@@ -72,6 +73,7 @@ class ChatReplay:
         self.status = 200
         self.fault: Fault | None = None
         self.hang_s = 60.0  # how long a HANG lasts at most (it ends early when the server stops)
+        self.trickle_s = 0.2  # a TRICKLE's wait between two bytes
         self.requests: list[dict[str, Any]] = []
         self.stopping = threading.Event()
         self._lock = threading.Lock()
@@ -121,6 +123,8 @@ class ChatReplay:
 
 #: A reply without a single digit (for an input that has some, an LLM summary that dropped every number).
 DIGITLESS_REPLY = "A short summary that keeps no figure at all."
+#: A reply far longer than any summary or lesson asked for (with digits, so that is all that is wrong).
+LONG_REPLY = "Step 1 ran and step 2 ran after it. " * 400
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,8 @@ class Misbehaviour:
             server.script = [""] * 20
         elif self.name == "no_digits":
             server.script = [DIGITLESS_REPLY] * 20
+        elif self.name == "too_long":
+            server.script = [LONG_REPLY] * 20
         else:
             server.fault = Fault(self.name)
 
@@ -154,6 +160,8 @@ MISBEHAVIOURS = [
     Misbehaviour("content_empty", "empty_reply", "content is empty"),
     Misbehaviour("no_digits", "numbers_dropped", ""),
     Misbehaviour("hang", "timeout", "read timed out"),
+    Misbehaviour("trickle", "timeout", "read timed out"),  # each read quick, the whole reply never in time
+    Misbehaviour("too_long", "too_long", ""),
 ]
 
 
@@ -180,6 +188,20 @@ class _ChatHandler(BaseHTTPRequestHandler):
             self.wfile.write(data[: len(data) // 2])  # then the connection closes: HTTP/1.0, no keep-alive
         elif fault is Fault.HANG:
             replay.stopping.wait(replay.hang_s)  # the client gives up first; answer nothing
+        elif fault is Fault.TRICKLE:
+            data = json.dumps(payload).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            for i in range(len(data)):
+                if replay.stopping.wait(replay.trickle_s):
+                    return
+                try:
+                    self.wfile.write(data[i : i + 1])
+                    self.wfile.flush()
+                except OSError:  # the client gave up: that is the point
+                    return
         else:
             self._send(status, json.dumps(payload), "application/json")
 
@@ -202,6 +224,50 @@ class _ChatHandler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         pass  # keep test output clean
+
+
+class EmbeddingsReplay:
+    """An OpenAI-compatible ``/embeddings`` endpoint on loopback: every POST is answered with
+    ``vector_of(text)`` for each input text, or with ``status`` while it is not 200. ``v1`` is the base
+    URL clients take. A context manager, as :class:`ChatReplay`."""
+
+    def __init__(self, vector_of: Callable[[str], list[float]]) -> None:
+        self.vector_of = vector_of
+        self.status = 200
+        self.calls = 0
+        replay = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+                replay.calls += 1
+                if replay.status != 200:
+                    data = json.dumps({"error": {"message": "scripted failure"}}).encode()
+                else:
+                    texts = enumerate(body["input"])
+                    rows = [{"index": i, "embedding": replay.vector_of(t)} for i, t in texts]
+                    data = json.dumps({"data": rows}).encode()  # NaN goes out as JSON's NaN: some servers do
+                self.send_response(replay.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self.v1 = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def __enter__(self) -> EmbeddingsReplay:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
 
 
 @contextmanager

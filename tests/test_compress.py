@@ -4,6 +4,8 @@ OpenAI-compatible LLM summarizer against a real HTTP server on loopback."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -661,3 +663,41 @@ def test_a_memory_stored_before_the_limits_can_be_compressed_and_revised() -> No
         assert len(small.content) < len(text) and len(small.tags) == 70
         assert h.decompress(legacy.id).content == text
         assert h.revise(legacy.id, content="the rollout is done").tags == legacy.tags
+
+
+def test_a_compress_waiting_on_its_endpoint_holds_up_no_other_rewrite(llm: ChatReplay) -> None:
+    """compress() waited on the endpoint inside the turn every rewriting call takes: an update or a
+    context() of another session waited with it, for as long as the endpoint took."""
+    llm.fault = Fault.HANG
+    with open_harness(summarizer=summarizer_for(llm, timeout_s=30)) as h:
+        slow = h.record(LONG, session_id="s1")
+        other = h.record("deploy notes", session_id="s2")
+        compressing = threading.Thread(target=h.compress, args=(slow.id,))
+        compressing.start()
+        while not llm.requests:  # until the compress waits on the endpoint
+            assert compressing.is_alive()
+            time.sleep(0.01)
+        assert h.update(other.id, tags=["ops"]).tags == ["ops"]
+        assert "deploy notes" in h.context("deploy", session_id="s2").text
+        assert compressing.is_alive()  # all of that while the compress still waits on its endpoint
+        llm.stopping.set()  # the endpoint hangs up: the compress falls back to the extractive summary
+        compressing.join(60)
+        assert h.get(slow.id).metadata["compression"]["method"] == "extractive"
+
+
+def test_an_llm_helper_hides_its_key_and_refuses_a_bad_setting_where_it_is_made() -> None:
+    """repr() printed the api_key; a base_url without a scheme, a blank model or a timeout of 0 were taken
+    and every call then failed as the endpoint's fault ("unreachable", "malformed_reply")."""
+    summarizer = LLMSummarizer(base_url="http://127.0.0.1:9/v1", model="tiny", api_key="sk-secret-123")
+    assert "sk-secret-123" not in repr(summarizer)
+    good = {"base_url": "http://127.0.0.1:9/v1", "model": "tiny", "timeout_s": 5.0}
+    for bad, field in (
+        ({"base_url": "127.0.0.1:9/v1"}, "base_url"),
+        ({"model": None}, "model"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"timeout_s": "5"}, "timeout_s"),
+        ({"api_key": 5}, "api_key"),
+    ):
+        with pytest.raises(ValidationError) as exc:
+            LLMSummarizer(**{**good, **bad})
+        assert exc.value.field == field

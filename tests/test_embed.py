@@ -4,24 +4,28 @@ embedding worker's stop."""
 from __future__ import annotations
 
 import concurrent.futures.thread
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawvm import Harness
+from clawvm import EmbedderError, Harness, StateConflictError, ValidationError
 from clawvm.core.embed import (
     _LIVE_WORKERS,
     EmbedWorker,
     MiniLMEmbedder,
+    OpenAIEmbedder,
     QueryEmbeddings,
     count_tokens,
     wordpiece,
 )
+from loopback import EmbeddingsReplay
 
 
 def tokenizer_count(text: str) -> int:
@@ -114,3 +118,54 @@ def test_query_embeddings_go_on_in_place_once_the_interpreter_is_exiting(
     finally:
         monkeypatch.undo()
         queries.close()
+
+
+# ---- an OpenAI-compatible embeddings endpoint, over a real socket --------------------------------------
+def test_an_endpoint_answering_nan_is_the_embedders_fault_not_the_callers() -> None:
+    """NaN from the endpoint raised ValidationError(field="vector", "pass ... finite floats"): a 422 that
+    blamed the caller for the endpoint's answer."""
+    with EmbeddingsReplay(lambda text: [float("nan")] * 8) as server:
+        embedder = OpenAIEmbedder(server.v1, "tiny", 8, api_key="sk-test", timeout_s=5)
+        with pytest.raises(EmbedderError, match="NaN"):
+            embedder.embed(["hello"])
+        with Harness.open("memory://", embedder=embedder) as h:
+            with pytest.raises(EmbedderError):
+                h.recall("hello")
+            h.close(wait=False)  # what it left unembedded, the next open embeds
+
+
+def test_close_closes_the_harness_even_when_the_embedder_fails() -> None:
+    """close() raised from the worker's last flush before stopping it or closing the store: the harness
+    stayed open (later records were accepted) and the embedding thread ran on."""
+    with EmbeddingsReplay(lambda text: [1.0] * 8) as server:
+        server.status = 500
+        h = Harness.open("memory://", embedder=OpenAIEmbedder(server.v1, "tiny", 8, timeout_s=5))
+        h.record("a memory the endpoint cannot embed")
+        with pytest.raises(EmbedderError):
+            h.close()
+        with pytest.raises(StateConflictError):
+            h.record("after close")
+        assert not [t for t in threading.enumerate() if t.name == "clawvm-embed" and t.is_alive()]
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"base_url": "127.0.0.1:8000/v1"}, "base_url"),  # no scheme: every call failed as "unreachable"
+        ({"base_url": ""}, "base_url"),
+        ({"model": None}, "model"),
+        ({"model": " "}, "model"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"timeout_s": -1}, "timeout_s"),
+        ({"timeout_s": "5"}, "timeout_s"),
+        ({"timeout_s": float("nan")}, "timeout_s"),
+        ({"dim": 0}, "dim"),
+    ],
+)
+def test_an_embeddings_endpoints_bad_setting_is_refused_where_it_is_made(
+    settings: dict[str, Any], field: str
+) -> None:
+    given = {"base_url": "http://127.0.0.1:9/v1", "model": "tiny", "dim": 8, "timeout_s": 5.0, **settings}
+    with pytest.raises(ValidationError) as exc:
+        OpenAIEmbedder(**given)
+    assert exc.value.field == field

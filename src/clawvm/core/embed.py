@@ -31,8 +31,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from clawvm.core.errors import EmbedderError
-from clawvm.core.openai_http import FAILURES, post_json
+from clawvm.core.errors import EmbedderError, ValidationError
+from clawvm.core.openai_http import FAILURES, check_endpoint_settings, post_json
 from clawvm.core.vectors import normalize
 
 
@@ -270,11 +270,15 @@ class OpenAIEmbedder:
     def __init__(
         self, base_url: str, model: str, dim: int, api_key: str | None = None, timeout_s: float = 30.0
     ):
+        api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
+        check_endpoint_settings(base_url, model, api_key, timeout_s)
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise ValidationError("dim", f"is {dim!r}", "pass the endpoint's vector dimension (e.g. 1536)")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.dim = dim
         self.name = f"openai:{model}"
-        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
+        self.api_key = api_key
         self.timeout_s = timeout_s
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
@@ -294,6 +298,8 @@ class OpenAIEmbedder:
             raise EmbedderError(f"embedding endpoint {self.base_url} failed: {exc}") from exc
         if vecs.shape != (len(texts), self.dim):
             raise EmbedderError(f"endpoint returned shape {vecs.shape}, expected ({len(texts)}, {self.dim})")
+        if not np.isfinite(vecs).all():  # the endpoint's fault, not a vector the caller passed
+            raise EmbedderError(f"embedding endpoint {self.base_url} returned NaN or infinite values")
         return normalize(vecs)
 
     def embed_query(self, text: str) -> np.ndarray:

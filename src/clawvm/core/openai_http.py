@@ -19,15 +19,16 @@ import http.client
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from clawvm.core.errors import UpstreamError
+from clawvm.core.errors import UpstreamError, ValidationError
 
 #: Everything :func:`post_json` can raise on a failed call or a reply that is not JSON. ``http.client``
 #: errors (a bad status line, a body shorter than its Content-Length) are neither OSError nor URLError.
@@ -42,8 +43,27 @@ FAILURES = (
 )
 
 
-def post_json(base_url: str, path: str, payload: dict[str, Any], api_key: str, timeout_s: float) -> Any:
-    """POST ``payload`` as JSON to ``base_url`` + ``path`` and return the decoded JSON reply."""
+#: The largest reply :func:`post_json` reads (an embeddings batch of 256 vectors of 3072 dimensions is
+#: ~16 MB of JSON); past it the reply counts as malformed, before it fills the process's memory.
+MAX_REPLY_BYTES = 64 * 2**20
+_READ_BYTES = 64 * 1024
+
+
+def post_json(
+    base_url: str,
+    path: str,
+    payload: dict[str, Any],
+    api_key: str,
+    timeout_s: float,
+    max_bytes: int = MAX_REPLY_BYTES,
+) -> Any:
+    """POST ``payload`` as JSON to ``base_url`` + ``path`` and return the decoded JSON reply.
+
+    ``timeout_s`` bounds the whole reply, not only each wait on the socket: a server that trickles its
+    body a byte at a time is cut off once the time is up (the call then ends within about twice
+    ``timeout_s``: the read in flight at the deadline may wait its own timeout). A reply of more than
+    ``max_bytes`` raises ValueError."""
+    deadline = time.monotonic() + timeout_s
     req = urllib.request.Request(
         base_url.rstrip("/") + path,
         data=json.dumps(payload).encode(),
@@ -51,7 +71,42 @@ def post_json(base_url: str, path: str, payload: dict[str, Any], api_key: str, t
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"},
     )
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        return json.loads(resp.read())
+        return json.loads(_body_by(resp, deadline, max_bytes))
+
+
+def _body_by(resp: http.client.HTTPResponse, deadline: float, max_bytes: int) -> bytes:
+    """``resp``'s whole body, read as it arrives (``read1``: what one read of the socket gives) until
+    ``deadline`` (TimeoutError past it) or ``max_bytes`` (ValueError)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the reply did not arrive within the timeout")
+        chunk = resp.read1(_READ_BYTES)
+        if not chunk:
+            body = b"".join(chunks)
+            if resp.length:  # the connection closed short of the Content-Length (read() raised this too)
+                raise http.client.IncompleteRead(body, resp.length)
+            return body
+        size += len(chunk)
+        if size > max_bytes:
+            raise ValueError(f"the reply is over {max_bytes} bytes")
+        chunks.append(chunk)
+
+
+def check_endpoint_settings(base_url: Any, model: Any, api_key: Any, timeout_s: Any) -> None:
+    """:class:`ValidationError` naming the first bad setting of an endpoint."""
+    if not isinstance(base_url, str) or urllib.parse.urlsplit(base_url).scheme not in ("http", "https"):
+        raise ValidationError(
+            "base_url", f"is {base_url!r}", "pass the endpoint's URL, e.g. 'http://127.0.0.1:8000/v1'"
+        )
+    if not isinstance(model, str) or not model.strip():
+        raise ValidationError("model", f"is {model!r}", "name the model the endpoint serves")
+    if not isinstance(api_key, str):
+        raise ValidationError("api_key", f"is a {type(api_key).__name__}", "pass the key as a string")
+    number = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
+    if not number or not 0 < timeout_s <= 3600:  # NaN fails the comparison too
+        raise ValidationError("timeout_s", f"is {timeout_s!r}", "pass seconds, more than 0 (at most 3600)")
 
 
 class FailureReason(StrEnum):
@@ -62,6 +117,7 @@ class FailureReason(StrEnum):
     EMPTY_REPLY = "empty_reply"  # content null, empty or blank
     TIMEOUT = "timeout"  # no answer within the timeout (or what was left of the pass's budget)
     UNREACHABLE = "unreachable"  # connection refused, reset, no route
+    TOO_LONG = "too_long"  # a reply far longer than asked for (a summary no shorter, a lesson of pages)
     BUDGET_SPENT = "budget_spent"  # the pass's endpoint budget was used up: not called at all
     NUMBERS_DROPPED = "numbers_dropped"  # the input had numbers, the reply kept none of them
 
@@ -133,12 +189,16 @@ def endpoint_budget(seconds: float) -> Iterator[EndpointBudget]:
 
 @dataclass(frozen=True)
 class ChatEndpoint:
-    """An OpenAI-compatible ``/chat/completions`` endpoint asked one prompt at a time."""
+    """An OpenAI-compatible ``/chat/completions`` endpoint asked one prompt at a time. Its settings are
+    checked when it is made (a bad one failed every call later, reported as the endpoint's fault)."""
 
     base_url: str
     model: str
-    api_key: str = ""
+    api_key: str = field(default="", repr=False)  # a printed helper or a traceback's locals show no key
     timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        check_endpoint_settings(self.base_url, self.model, self.api_key, self.timeout_s)
 
     def complete(self, prompt: str) -> str:
         """The model's reply to ``prompt`` (one user message, temperature 0), stripped and never empty.

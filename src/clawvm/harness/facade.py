@@ -100,6 +100,7 @@ from clawvm.vm.compress import (
     is_compressible,
     raw_copies,
     referenced_raw,
+    summarize_memory,
     summary_of,
 )
 from clawvm.vm.context import Context, Quotas
@@ -835,13 +836,27 @@ class Harness:
         self._event(kind, memory, {**data, "tier": memory.tier.value, "value": memory.value})
 
     # ---- compression ----------------------------------------------------------------------------------
-    @_exclusive
     def compress(self, memory_id: str) -> Memory:
         """Summarize a memory reversibly (its raw text is kept and pointed to)."""
+        memory = self._compressible(memory_id)
+        # summarized before taking the turn of the calls that rewrite a memory: an LLM summarizer waits on
+        # its endpoint (up to its timeout), and context() and every update would have waited with it
+        summarized = summarize_memory(self.summarizer, memory) if is_compressible(memory) else None
+        with self._exclusive:
+            current = self._compressible(memory_id)
+            if current.content != memory.content:  # rewritten meanwhile: summarized again, in the turn
+                summarized = None
+            return compress_memory(
+                self.writer, current, self.summarizer, self.now(), reason="manual", summarized=summarized
+            )
+
+    def _compressible(self, memory_id: str) -> Memory:
+        """The caller's memory, refused as update() refuses it: expired (its text is due to be forgotten,
+        not reshaped), a checkpoint's snapshot or a raw copy (they stay as written)."""
         memory = self._callers(memory_id)
-        self._refuse_expired(memory)  # as update() does: its text is due to be forgotten, not reshaped
-        teams.refuse_frozen(self, memory)  # as update() does: a snapshot or a raw copy stays as written
-        return compress_memory(self.writer, memory, self.summarizer, self.now(), reason="manual")
+        self._refuse_expired(memory)
+        teams.refuse_frozen(self, memory)
+        return memory
 
     @_exclusive
     def decompress(self, memory_id: str) -> Memory:
@@ -1154,13 +1169,15 @@ class Harness:
             if self.working.due() or self.working.accesses_pending():
                 self.page()
         finally:  # a last pass that failed still leaves the worker stopped and the store closed
-            if self._worker is not None:
-                if wait:
-                    self._worker.flush()
-                self._worker.stop()
-                self._worker = None
-            self.writer.close()  # a write after this would never be embedded or paged: refused
-            self._close_store()
+            worker, self._worker = self._worker, None
+            try:
+                if worker is not None and wait:
+                    worker.flush()  # raises what the embedder failed with: after the rest is closed
+            finally:  # a failing embedder too: what it left unembedded, the next open embeds
+                if worker is not None:
+                    worker.stop()
+                self.writer.close()  # a write after this would never be embedded or paged: refused
+                self._close_store()
 
     def _check_parent(self, memory: Memory, *, ancestors: bool) -> None:
         """``memory``'s parent is a stored memory of this tenant, other than itself; with ``ancestors``

@@ -139,6 +139,10 @@ class Synthesis:
     fallback: Fallback | None = None
 
 
+#: The longest lesson :class:`LLMSynthesizer` takes (beyond the length of the errors it sums up).
+LESSON_MAX_CHARS = 600
+
+
 @dataclass(frozen=True)
 class LLMSynthesizer(ChatEndpoint):
     """A lesson written by any OpenAI-compatible ``/chat/completions`` endpoint (optional).
@@ -162,6 +166,9 @@ class LLMSynthesizer(ChatEndpoint):
         )
         try:
             lesson = self.complete(prompt)
+            # two sentences were asked for; a reply longer than the errors it sums up is no lesson
+            if len(lesson) > max(LESSON_MAX_CHARS, len(listed)):
+                raise EndpointFailure(FailureReason.TOO_LONG, f"{len(lesson)} characters for two sentences")
             if drops_every_number(listed, lesson):
                 found = len(numbers_in(listed))
                 raise EndpointFailure(FailureReason.NUMBERS_DROPPED, f"{found} numbers, none kept")

@@ -18,11 +18,12 @@ never any text). A placeholder ("None", "") is never stored.
 | `http_status`     | the endpoint answered with an error status                                    |
 | `malformed_reply` | not HTTP (a bad status line), a body shorter than its Content-Length, not JSON |
 | `empty_reply`     | the reply's content is null, empty or blank                                    |
-| `timeout`         | no answer within ``timeout_s`` (or what was left of the pass's budget)         |
+| `timeout`         | no whole answer within ``timeout_s`` (or what was left of the pass's budget)   |
 | `unreachable`     | the connection was refused or reset                                            |
 | `budget_spent`    | the pager's pass had spent ``PagerConfig.endpoint_budget_s`` (default 10 s) on  |
 |                   | the endpoint already: the rest of the pass summarizes extractively, uncalled    |
 | `numbers_dropped` | the text had numbers and the summary kept none of them                         |
+| `too_long`        | the summary is over 1.5x the length asked for                                  |
 """
 
 from __future__ import annotations
@@ -206,6 +207,10 @@ class LLMSummarizer(ChatEndpoint):
         )
         try:
             reply = self.complete(prompt)
+            if len(reply) > max_chars * 3 // 2:  # some overshoot is a model's way; a summary longer is not
+                raise EndpointFailure(
+                    FailureReason.TOO_LONG, f"{len(reply)} characters, asked for at most {max_chars}"
+                )
             if drops_every_number(text, reply):
                 found = len(numbers_in(text))
                 raise EndpointFailure(FailureReason.NUMBERS_DROPPED, f"{found} numbers, none kept")
@@ -228,6 +233,11 @@ def is_compressible(memory: Memory) -> bool:
     )
 
 
+def summarize_memory(summarizer: Summarizer, memory: Memory, ratio: float = 0.4) -> Summary:
+    """The summary :func:`compress_memory` writes: ``ratio`` of the text's length, at least 80 characters."""
+    return summary_of(summarizer, memory.content, max(80, int(len(memory.content) * ratio)))
+
+
 def compress_memory(
     writer: Writer,
     memory: Memory,
@@ -235,15 +245,18 @@ def compress_memory(
     now: datetime,
     ratio: float = 0.4,
     reason: str = "",
+    summarized: Summary | None = None,
 ) -> Memory:
     """Replace ``memory``'s content by a summary; its raw text moves to an archived copy it points to.
+    ``summarized``: :func:`summarize_memory`'s summary of this very content, made before (outside a lock
+    that an LLM's wait should not hold); else it is made here.
 
     Returns the memory unchanged when there is nothing to gain (JSON payloads, already compressed, or a
     summary that is not shorter).
     """
     if not is_compressible(memory):
         return memory
-    result = summary_of(summarizer, memory.content, max(80, int(len(memory.content) * ratio)))
+    result = summarized if summarized is not None else summarize_memory(summarizer, memory, ratio)
     summary = result.text
     notes = (
         []
