@@ -5,6 +5,7 @@ Playwright) against a real uvicorn server on loopback with the demo workload loa
 
 from __future__ import annotations
 
+import threading
 import typing
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from hypothesis import given
@@ -23,6 +25,7 @@ from clawvm import Harness, Memory
 from clawvm.dashboard import views
 from clawvm.demo.scenario import ReplayClock, load_scenario, open_demo
 from clawvm.server import create_app
+from clawvm.server.settings import ServerSettings
 from clawvm.store import Event
 from engines import engine_of, harness_target
 from loopback import serve_app
@@ -62,6 +65,64 @@ def small(engine_name: str, tmp_path: Path) -> Iterator[tuple[TestClient, Harnes
             yield client, h, _keys(app)
     finally:
         h.close()
+
+
+class HeldQueryEmbedder:
+    """A tiny deterministic embedder whose query embeddings wait, while ``held`` is set, until ``go`` is:
+    a what-if replay embeds its builds' queries with it, so one replay can be held in flight."""
+
+    name = "held"
+    dim = 8
+
+    def __init__(self) -> None:
+        self.held = threading.Event()
+        self.waiting = threading.Event()
+        self.go = threading.Event()
+
+    def embed(self, texts: typing.Sequence[str]) -> np.ndarray:
+        return np.asarray([[1.0 + (len(t) + i) % 3 for i in range(self.dim)] for t in texts], np.float32)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        if self.held.is_set():
+            self.waiting.set()
+            assert self.go.wait(60)
+        vector: np.ndarray = self.embed([text])[0]
+        return vector
+
+
+def test_a_what_if_is_bounded_in_size_and_runs_one_at_a_time(tmp_path: Path) -> None:
+    """One what-if request replayed the whole tenant however big (206 s and +720 MB at 30k memories),
+    kept running after its client left, and several piled up gigabytes."""
+    embedder = HeldQueryEmbedder()
+    h = Harness.open(tmp_path / "w.db", embedder=embedder, clock=ReplayClock(T0))
+    for i in range(3):
+        h.record(f"deploy step {i} of the tessera rollout", session_id="s1")
+    h.record("an unrelated note of another session", session_id="s2")
+    h.context("tessera rollout", budget_tokens=200, session_id="s1")
+    h.close()
+    settings = ServerSettings(whatif_max_memories=3)
+    with TestClient(create_app(tmp_path / "w.db", embedder=embedder, settings=settings)) as client:
+        auth = _auth(_keys(client.app)["read-only"])
+        tenant_wide = client.get("/dashboard/api/whatif", params={"session": "s1"}, headers=auth)
+        err = tenant_wide.json()["error"]
+        assert tenant_wide.status_code == 422 and err["field"] == "reach", tenant_wide.text
+        assert "more than 3 memories" in err["message"] and "reach=session" in err["fix"]
+        own = {"session": "s1", "reach": "session"}
+        assert client.get("/dashboard/api/whatif", params=own, headers=auth).status_code == 200
+        embedder.held.set()
+        first: list[httpx.Response] = []
+        running = threading.Thread(
+            target=lambda: first.append(client.get("/dashboard/api/whatif", params=own, headers=auth))
+        )
+        running.start()
+        assert embedder.waiting.wait(60)  # the first replay is in flight
+        second = client.get("/dashboard/api/whatif", params=own, headers=auth)
+        assert second.status_code == 429 and int(second.headers["Retry-After"]) >= 1
+        assert "one at a time" in second.json()["error"]["message"]
+        embedder.go.set()
+        running.join(60)
+        assert first[0].status_code == 200
+        assert client.get("/dashboard/api/whatif", params=own, headers=auth).status_code == 200
 
 
 def test_api_serves_every_view(small: tuple[TestClient, Harness, dict[str, str]]) -> None:
@@ -631,7 +692,14 @@ def test_what_if_replay_in_the_page_shows_the_evidence_a_smaller_budget_drops(
     assert int(cells["prompt tokens"][1]) < int(cells["prompt tokens"][0])
     assert page.locator("#whatif-builds tr.dropped a.dropped-id").count() >= 1
     page.screenshot(path=str(ARTIFACTS / "dashboard-whatif.png"), full_page=True)
-    assert h.count(status="any") == before  # the replay wrote nothing
+    # the session's own memories only: what a tenant past the server's what-if limit is told to replay
+    page.check("#whatif-reach")
+    with page.expect_response(lambda r: "/api/whatif" in r.url) as replayed:
+        page.click("#whatif-run")
+    assert "reach=session" in replayed.value.url and replayed.value.status == 200
+    page.wait_for_selector("#whatif-summary", timeout=60_000)
+    assert "wi.reach=session" in page.evaluate("location.hash")  # a link replays the same comparison
+    assert h.count(status="any") == before  # the replays wrote nothing
     assert problems == []
     page.close()
 

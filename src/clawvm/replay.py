@@ -216,13 +216,29 @@ class SessionLog:
     recorded: Mapping[int, frozenset[str]]  # context seq -> what that build held
 
 
-def read_session(live: Harness, session_id: str, reach: Reach = "tenant") -> SessionLog:
+def read_session(
+    live: Harness, session_id: str, reach: Reach = "tenant", max_memories: int | None = None
+) -> SessionLog:
     """The session's log, read from ``live`` (nothing is written to it). ``session_id`` as recorded (a
-    secret-looking one is stored redacted: the log names the stored form)."""
+    secret-looking one is stored redacted: the log names the stored form). ``max_memories``: refuse
+    (:class:`ValidationError` on ``reach``) a log of more memories to replay, before reading them all."""
     session_id = live.writer.identifier(session_id, live.tenant)
     scope: dict[str, Any] = {"session_id": session_id} if reach == "session" else {}
-    found = live.iter_all(status="any", **scope)
-    memories = {m.id: m for m in found if m.status is not Status.INTERNAL and m.team_id is None}
+    memories: dict[str, Memory] = {}
+    for m in live.iter_all(status="any", **scope):
+        if m.status is Status.INTERNAL or m.team_id is not None:
+            continue
+        memories[m.id] = m
+        if max_memories is not None and len(memories) > max_memories:
+            unlimited = "run `clawvm --db STORE replay SESSION`, which has no limit"
+            raise ValidationError(
+                "reach",
+                f"replaying session {session_id!r} over the {reach} re-records more than {max_memories} "
+                "memories, the limit here",
+                f"replay the session's own memories (reach=session), or {unlimited}"
+                if reach == "tenant"
+                else unlimited,
+            )
     log = list(_all_events(live))  # read once: the builds, their outputs and the events to re-run
     session_builds = [e for e in log if _is_build_of(e, session_id)]
     if not session_builds:
@@ -253,13 +269,15 @@ def replay(
     *,
     embedder: Embedder | None = None,
     reach: Reach = "tenant",
+    max_memories: int | None = None,
 ) -> ReplayReport:
     """Replay ``session_id`` of ``live`` under policies ``a`` and ``b`` and compare them build by build.
 
     ``embedder`` embeds the recorded queries (default: the live harness's; None there means lexical recall
-    in both replays); ``reach``: which memories are replayed ("tenant": all recorded up to the session's
+    in both replays); ``max_memories``: the most memories to replay (see :func:`read_session`);
+    ``reach``: which memories are replayed ("tenant": all recorded up to the session's
     last build; "session": its own). The live store is only read."""
-    log = read_session(live, session_id, reach)
+    log = read_session(live, session_id, reach, max_memories)
     queries = _MemoEmbedder.wrap(embedder if embedder is not None else live.embedder)
     outcome_a = run_policy(log, a, queries, live)
     outcome_b = run_policy(log, b, queries, live)

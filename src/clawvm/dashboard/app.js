@@ -15,7 +15,7 @@
     filters: { q: "", kind: "", agent: "", tool: "", tag: "", tier: "", status: "", since: "", until: "" },
     sessFilters: { q: "", agent: "", since: "", until: "" },  // the sessions list's own bar
     traceTask: "",
-    whatif: { budget: "", working_items: "", working_tokens: "", weights: "" },
+    whatif: { budget: "", working_items: "", working_tokens: "", weights: "", reach: "" },
     role: null,  // the key's role (from /v1/whoami): a read-only key is offered no action
     heat: { group: "memory", offset: 0 },
     graphLimit: 120,

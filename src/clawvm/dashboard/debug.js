@@ -157,6 +157,11 @@ window.MemLensViews = function (ML) {
       el("div", { class: "toolbar" }, el("label", {}, "context budget ", input("budget", "recorded")),
         el("label", {}, "working items ", input("working_items", "current")), el("label", {}, "working tokens ", input("working_tokens", "current")),
         el("label", {}, "weights ", input("weights", "cite_weight=0.3,…", 22)),
+        // a replay re-records every memory of the tenant up to the session's last build; a big tenant is
+        // refused by the server, and this replays the session's own memories instead
+        el("label", { title: "replay only this session's memories (the server refuses a tenant past its what-if limit)" },
+          el("input", { type: "checkbox", id: "whatif-reach", checked: w.reach === "session" || null, onchange: (e) => { w.reach = e.target.checked ? "session" : ""; ML.writeHash(); } }),
+          " this session's memories only"),
         el("button", { id: "whatif-run", class: "primary", text: "Replay", onclick: run })),
       result);
     if (w.budget || w.working_items || w.working_tokens || w.weights) await run();

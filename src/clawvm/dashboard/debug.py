@@ -19,7 +19,7 @@ from clawvm.core.model import Filters, Kind, Memory, Status
 from clawvm.dashboard.views import RowFilter
 from clawvm.harness import Harness
 from clawvm.observe.lens import ContextBuild, Lens, Row
-from clawvm.replay import Policy, replay, variant
+from clawvm.replay import Policy, Reach, replay, variant
 from clawvm.store import Event
 from clawvm.teams import shared
 from clawvm.teams.guidance import source_tasks
@@ -359,6 +359,12 @@ def _conflict(h: Harness, note: Memory, flt: RowFilter) -> dict[str, Any] | None
 
 
 # ---- what-if replay -------------------------------------------------------------------------------------
+#: The most memories one what-if request replays (each policy re-records them all: ~2 s for 3,000, ~14 s for
+#: 10,000 on a loaded machine, and two in-process harnesses of memory); more is refused, pointing at
+#: reach=session and at ``clawvm replay``, which has no limit.
+WHATIF_MAX_MEMORIES = 10_000
+
+
 def what_if(
     h: Harness,
     session: str,
@@ -367,9 +373,12 @@ def what_if(
     working_items: int | None = None,
     working_tokens: int | None = None,
     weights: Mapping[str, float] | None = None,
+    reach: Reach = "tenant",
+    max_memories: int = WHATIF_MAX_MEMORIES,
 ) -> dict[str, Any]:
-    """:func:`clawvm.replay.replay` of ``session`` under the live policy (A) and the changed one (B)."""
+    """:func:`clawvm.replay.replay` of ``session`` under the live policy (A) and the changed one (B),
+    refused (:class:`ValidationError` on ``reach``) when it would replay more than ``max_memories``."""
     current = h.pager.config
     changed = variant(current, working_items=working_items, working_tokens=working_tokens, weights=weights)
-    report = replay(h, session, Policy("current", current), Policy("changed", changed, context_budget=budget))
-    return report.as_dict()
+    a, b = Policy("current", current), Policy("changed", changed, context_budget=budget)
+    return replay(h, session, a, b, reach=reach, max_memories=max_memories).as_dict()

@@ -26,7 +26,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from clawvm.core.errors import NotFoundError, ValidationError
+from clawvm.core.errors import NotFoundError, RateLimitError, ValidationError
 from clawvm.core.model import (
     MAX_SCOPE_ID_CHARS,
     MAX_TAG_CHARS,
@@ -203,11 +203,22 @@ def _static(name: str) -> Response:
     return Response(body, media_type=STATIC[name], headers={"Cache-Control": "no-cache"})
 
 
+#: Seconds a what-if request refused while another runs is told to wait (a replay takes seconds).
+WHATIF_RETRY_S = 5.0
+
+
 def create_router(
-    read: Callable[..., Harness], write: Callable[..., Harness] | None = None, prefix: str = "/dashboard"
+    read: Callable[..., Harness],
+    write: Callable[..., Harness] | None = None,
+    prefix: str = "/dashboard",
+    whatif_max_memories: int = debug.WHATIF_MAX_MEMORIES,
 ) -> APIRouter:
-    """The dashboard router; ``read``/``write`` are dependencies giving the caller's harness."""
+    """The dashboard router; ``read``/``write`` are dependencies giving the caller's harness.
+    ``whatif_max_memories``: the most memories one what-if request replays (more is refused)."""
     router = APIRouter(prefix=prefix, tags=["dashboard"])
+    # one what-if replay at a time in this process: each holds two in-process harnesses and cannot be
+    # cancelled once started (a client that gave up left its replay running, and a few piled up GBs)
+    replaying = threading.Lock()
     Reader = Annotated[Harness, Depends(read)]
     Writer = Annotated[Harness, Depends(write or read)]
     Offset = Annotated[int, Query(ge=0)]
@@ -359,7 +370,13 @@ def create_router(
         weights: Annotated[
             str, Query(max_length=500, pattern=WEIGHTS_PATTERN, description="NAME=VALUE,...")
         ] = "",
+        reach: Annotated[
+            Literal["tenant", "session"],
+            Query(description="replay every memory recorded up to the session's last build, or its own"),
+        ] = "tenant",
     ) -> dict[str, Any]:
+        if not replaying.acquire(blocking=False):
+            raise RateLimitError(WHATIF_RETRY_S, "what-if replays (one at a time per server process)")
         try:
             return debug.what_if(
                 h,
@@ -368,11 +385,15 @@ def create_router(
                 working_items=working_items,
                 working_tokens=working_tokens,
                 weights=views.parse_weights(weights),
+                reach=reach,
+                max_memories=whatif_max_memories,
             )
         except ValidationError as exc:
             if exc.field == "session_id":  # no recorded build: nothing to replay there, as for a bad id
                 raise NotFoundError("session", session, field="session") from None
             raise
+        finally:
+            replaying.release()
 
     @router.get(
         "/api/export",

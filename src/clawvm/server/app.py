@@ -95,7 +95,7 @@ def create_app(
         v1.include_router(router)
     app.include_router(v1)
     # mounted routers document the same error responses (the spec then lists every status they answer)
-    app.include_router(dashboard_router(), responses=ERROR_RESPONSES)
+    app.include_router(dashboard_router(settings), responses=ERROR_RESPONSES)
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)
     if mcp_endpoint is not None:

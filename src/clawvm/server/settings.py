@@ -50,3 +50,5 @@ class ServerSettings:
     idempotency_ttl_s: float = 24 * 3600.0
     idempotency_max_keys: int = 10_000
     idempotency_max_bytes: int = 16 * 1024 * 1024
+    # the most memories one dashboard what-if request replays (clawvm.dashboard.debug.WHATIF_MAX_MEMORIES)
+    whatif_max_memories: int = 10_000

@@ -8,9 +8,10 @@ from fastapi import APIRouter
 from clawvm.dashboard import create_router
 from clawvm.harness import Harness
 from clawvm.server.auth import Reader, Writer
+from clawvm.server.settings import ServerSettings
 
 
-def dashboard_router() -> APIRouter:
+def dashboard_router(settings: ServerSettings) -> APIRouter:
     """The dashboard's router, its harnesses given by the API's own key dependencies."""
 
     def read(caller: Reader) -> Harness:
@@ -19,4 +20,4 @@ def dashboard_router() -> APIRouter:
     def write(caller: Writer) -> Harness:
         return caller.harness
 
-    return create_router(read, write)
+    return create_router(read, write, whatif_max_memories=settings.whatif_max_memories)
