@@ -720,3 +720,81 @@ def test_a_row_read_as_stored_is_the_row_of_the_memory() -> None:
     for m in (full, parent):
         stored = json.loads(m.model_dump_json())  # what an engine keeps
         assert Row.of_stored(stored) == Row.of(m)
+
+
+def test_a_revision_appears_on_the_timeline_when_it_was_made(h: Harness, clock: ReplayClock) -> None:
+    """A revision logs ``revise``, not ``add``: the timeline put it at the start of the log, one memory
+    more in the first bucket than existed then."""
+    from clawvm.dashboard import views
+
+    first = h.record("deploys go through the EU host", session_id="s1")
+    for n in range(5):
+        clock.advance(minutes=1)
+        h.record(f"later note {n}", session_id="s1")
+    clock.advance(minutes=1)
+    h.revise(first.id, content="deploys go through the US host")
+    timeline = views.timeline(Lens(h), "s1", buckets=6)  # by event position: the default
+    created = [m.created_at for m in h.list(session_id="s1", status="any", limit=100)]
+    for i, edge_ms in enumerate(timeline["edges"]):  # memories per bucket end: those made by then
+        made = sum(at <= datetime.fromtimestamp(edge_ms / 1000, UTC) for at in created)
+        assert sum(col[i] for col in timeline["series"].values()) == made
+
+
+def test_a_bad_learning_rate_or_target_writes_nothing(h: Harness) -> None:
+    """intervene(pin, learn_rate=-1) pinned and logged the pin, then refused the rate; "x" raised
+    TypeError after the pin; learn() took targets of NaN, 7 and -3 and moved weights the whole cap."""
+    m = h.record("the refund job runs nightly", session_id="s1")
+    events = len(h.events(limit=1000))
+    for rate in (-1, "x", float("nan"), 0):
+        with pytest.raises(ValidationError) as exc:
+            intervene(h, "pin", m.id, learn_rate=rate)  # type: ignore[arg-type]
+        assert exc.value.field == "rate"
+    with pytest.raises(ValidationError) as exc:
+        intervene(h, "pin", m.id, by=None)  # type: ignore[arg-type]
+    assert exc.value.field == "by"
+    assert not h.get(m.id).pinned and len(h.events(limit=1000)) == events
+    for target in (float("nan"), 7.0, -3.0, "1"):
+        with pytest.raises(ValidationError) as exc:
+            learn(h.pager.config.scoring, m, h.now(), target)  # type: ignore[arg-type]
+        assert exc.value.field == "target"
+
+
+def test_an_export_refuses_a_path_it_cannot_or_should_not_write(h: Harness, tmp_path: Path) -> None:
+    """A missing folder raised pyarrow's FileNotFoundError, batch=0 IndexError, and any existing file was
+    overwritten silently; a query of a missing or foreign file raised DuckDB's own errors."""
+    h.record("one memory", session_id="s1")
+    precious = tmp_path / "notes.txt"
+    precious.write_text("keep me")
+    for path, batch in ((tmp_path / "nope" / "e.parquet", 100), (tmp_path, 100), (precious, 100)):
+        with pytest.raises(ValidationError) as exc:
+            export_parquet(h.store, path, batch=batch)
+        assert exc.value.field == "path"
+    with pytest.raises(ValidationError) as exc:
+        export_parquet(h.store, tmp_path / "e.parquet", batch=0)
+    assert exc.value.field == "batch"
+    assert precious.read_text() == "keep me"
+    again = tmp_path / "again.parquet"
+    assert export_parquet(h.store, again) == export_parquet(h.store, again)  # an earlier export: rewritten
+    for parquet in (tmp_path / "missing.parquet", precious):
+        with pytest.raises(ValidationError) as exc:
+            run_query(parquet, "events_by_kind")
+        assert exc.value.field == "parquet"
+
+
+def test_a_view_refuses_a_parameter_it_would_have_ignored(h: Harness) -> None:
+    """The SDK's views took an unknown axis or group as the default, and cols=0 raised IndexError;
+    record_output of a string raised TypeError."""
+    from clawvm.dashboard import views
+
+    h.record("one memory", session_id="s1")
+    lens = Lens(h)
+    for call, field in (
+        (lambda: views.timeline(lens, axis="bogus"), "axis"),
+        (lambda: views.timeline(lens, buckets=0), "buckets"),
+        (lambda: views.heatmap(lens, group="bogus"), "group"),
+        (lambda: views.heatmap(lens, cols=0), "cols"),
+        (lambda: record_output(h, "4", "answer"), "context"),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(ValidationError) as exc:
+            call()
+        assert exc.value.field == field

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from clawvm.core.entities import entities
 from clawvm.core.errors import ValidationError
-from clawvm.core.model import Tier
+from clawvm.core.model import Tier, counted
 from clawvm.observe.lens import ContextBuild, Lens, Move, Row
 from clawvm.store import Event
 from clawvm.store.crypto import without_sealed
@@ -346,6 +346,11 @@ def _edges(start: datetime, end: datetime, buckets: int) -> list[datetime]:
     return [start + timedelta(seconds=span * (i + 1) / buckets) for i in range(buckets)]
 
 
+#: What the timeline's buckets follow, and what the heatmap's rows are (the API's choices too).
+TIMELINE_AXES = ("events", "time")
+HEATMAP_GROUPS = ("memory", "kind")
+
+
 def _first_seen(row: Row, moves: list[Move]) -> tuple[datetime, int, str]:
     """When a memory appeared (time, event seq) and in which tier: its add event, else its creation
     time and first known tier (seq 0: before the log we have)."""
@@ -368,6 +373,9 @@ def timeline(
     ``axis="events"`` buckets by position in the event log, so bursts of activity get the room they
     need (an agent works for minutes, then nothing for days); ``axis="time"`` by wall-clock time. Either
     way ``edges`` are the times of the bucket ends, for the labels."""
+    if axis not in TIMELINE_AXES:
+        raise ValidationError("axis", f"is {axis!r}", f"use one of {', '.join(TIMELINE_AXES)}")
+    buckets = counted("buckets", buckets)
     lens.refresh()
     with lens.lock:
         rows = _scope(lens, session)
@@ -454,6 +462,9 @@ def heatmap(
     that kind's memories present at each time). A memory's value is known at its events (moves, pins,
     votes, recalls, context builds) and now; between two samples the earlier one holds, before the first
     the first is carried back to when it appeared."""
+    if group not in HEATMAP_GROUPS:
+        raise ValidationError("group", f"is {group!r}", f"use one of {', '.join(HEATMAP_GROUPS)}")
+    cols = counted("cols", cols)
     lens.refresh()
     with lens.lock:
         rows = _scope(lens, session)

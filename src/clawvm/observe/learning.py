@@ -116,6 +116,13 @@ def raw_value(memory: Memory, now: datetime, cfg: ScoringConfig) -> float:
     return prior * r + b.access + b.injected + b.cited + b.success + b.feedback
 
 
+def check_rate(rate: Any) -> None:
+    """:class:`ValidationError` unless ``rate`` is a learning rate in (0, 1] (NaN and text are not)."""
+    number = isinstance(rate, int | float) and not isinstance(rate, bool)
+    if not number or not 0.0 < rate <= 1.0:
+        raise ValidationError("rate", f"is {rate!r}", "pass a learning rate in (0, 1]")
+
+
 def learn(
     cfg: ScoringConfig,
     memory: Memory,
@@ -146,8 +153,9 @@ def learn(
     move, and only that way, so no memory's value moves the other way. Returns the new config and the
     change of each weight.
     """
-    if not 0.0 < rate <= 1.0:
-        raise ValidationError("rate", f"is {rate!r}", "pass a learning rate in (0, 1]")
+    check_rate(rate)
+    if isinstance(target, bool) or not isinstance(target, int | float) or not 0.0 <= target <= 1.0:
+        raise ValidationError("target", f"is {target!r}", "pass the value the memory should have, 0 to 1")
     f = features(memory, now, cfg)
     norm = sum(x * x for x in f.values())
     err = target - raw_value(memory, now, cfg)
@@ -262,6 +270,9 @@ def intervene(
     """
     if action not in ACTIONS:
         raise ValidationError("action", f"is {action!r}", f"use one of {', '.join(ACTIONS)}")
+    check_rate(learn_rate)  # before any write: a pin took place, then the bad rate was refused
+    if not isinstance(by, str) or not by.strip():
+        raise ValidationError("by", f"is {by!r}", "name who acts (e.g. 'user' or a person's name)")
     memory = harness.get(memory_id)
     refuse_internal(memory)  # a grant or the learned weights: moved to the archive by the dashboard's tier
     if action != "annotate" and memory.status is not Status.ACTIVE:  # history: noted, not changed

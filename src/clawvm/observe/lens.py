@@ -2,8 +2,9 @@
 
 :class:`Lens` keeps a light table of one tenant's memories and indexes of its event log (see
 :mod:`clawvm.store.eventlog` for the kinds), brought up to date incrementally on every :meth:`Lens.refresh`:
-the memories an event names are re-read, and everything is re-read now and then (value refreshes on
-``tick()`` write no event).
+the memories an event names are re-read, and everything is re-read now and then (a learning step moves
+the values of many memories without an event naming each; ``tick()`` rewrites a drifted value with a
+``refresh`` event, a page of memories at a time).
 
 Metrics (:meth:`Lens.metrics`), each defined from events and memories:
 
@@ -713,6 +714,7 @@ _CHANGED_IDS = ("raw_id", "revises")
 _HANDLERS = {
     "add": Lens._on_add,
     "import": Lens._on_add,
+    "revise": Lens._on_add,  # a revision is a new memory (the event names it), at its predecessor's tier
     "promote": Lens._on_move,
     "demote": Lens._on_move,
     "archive": Lens._on_move,
@@ -813,6 +815,12 @@ def record_output(
         raise ValidationError("output", f"has type {type(output).__name__}", "pass the output text")
     if success is not None and not isinstance(success, bool):
         raise ValidationError("success", f"is {success!r}", "pass True, False or None (unknown)")
+    if not isinstance(context, Context) and (isinstance(context, bool) or not isinstance(context, int)):
+        raise ValidationError(
+            "context",
+            f"has type {type(context).__name__}",
+            "pass a Context from Harness.context, or its event_seq",
+        )
     seq = context.event_seq if isinstance(context, Context) else context
     if seq is None:
         raise ValidationError("context", "has no event_seq", "pass a Context returned by Harness.context")

@@ -6,6 +6,7 @@ reads it. The kinds and their ``data``:
 
     add          a memory was recorded                      kind, tier
     update       fields changed (a new version)             fields, version
+    revise       a revision, a new memory (``memory_id``)   revises (the predecessor), number, agent_id
     forget       deleted for good                           kind
     import       stored from an export                      -
     promote      moved nearer the prompt                    from, to, value_before, value_after, reason
@@ -68,6 +69,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from clawvm.core.errors import ConfigError, StoreError, ValidationError
+from clawvm.core.model import counted
 from clawvm.store.base import Event, EventFeed, Store, StoreReader
 from clawvm.store.kinds import EventKind
 
@@ -230,7 +232,11 @@ def export_jsonl(store: StoreReader, stream: IO[str], tenant: str | None = None)
 
 
 def export_parquet(store: StoreReader, path: Path, tenant: str | None = None, batch: int = 20000) -> int:
-    """Write the log as one Parquet file (see the module docstring for the columns); returns the count."""
+    """Write the log as one Parquet file (see the module docstring for the columns); returns the count.
+    ``path`` is new or an earlier export (a file of anything else is refused, not overwritten), in a
+    folder that exists."""
+    batch = counted("batch", batch)
+    _check_export_path(Path(path))
     try:
         import pyarrow as pa  # type: ignore[import-untyped]
         import pyarrow.parquet as pq  # type: ignore[import-untyped]
@@ -260,6 +266,26 @@ def export_parquet(store: StoreReader, path: Path, tenant: str | None = None, ba
             writer.write_table(_table(store, chunk, schema, pa))
             n += len(chunk)
     return n
+
+
+#: The first bytes of every Parquet file.
+_PARQUET_MAGIC = b"PAR1"
+
+
+def _check_export_path(path: Path) -> None:
+    """:class:`ValidationError` on ``path`` unless a Parquet export can be written there."""
+    if path.is_dir():
+        raise ValidationError("path", f"{path} is a folder", "name the file to write, e.g. events.parquet")
+    if not path.parent.is_dir():
+        raise ValidationError("path", f"the folder {path.parent} does not exist", "create it or pick one")
+    if path.exists():
+        with path.open("rb") as existing:
+            if existing.read(len(_PARQUET_MAGIC)) != _PARQUET_MAGIC:
+                raise ValidationError(
+                    "path",
+                    f"{path} exists and is not a Parquet file (it would be overwritten)",
+                    "pass a new path, or remove that file first",
+                )
 
 
 def _table(store: StoreReader, events: list[Event], schema: Any, pa: Any) -> Any:
@@ -300,9 +326,16 @@ def run_query(parquet: Path, name: str) -> list[tuple[Any, ...]]:
         import duckdb
     except ImportError:  # pragma: no cover
         raise ConfigError("DuckDB queries need duckdb: pip install 'clawvm[analytics]'") from None
+    if not Path(parquet).is_file():
+        raise ValidationError("parquet", f"{parquet} is no file", "export the log first (export_parquet)")
     sql = DUCKDB_QUERIES[name].format(events=str(parquet).replace("'", "''"))
     with duckdb.connect() as con:
-        rows: list[tuple[Any, ...]] = con.execute(sql).fetchall()
+        try:
+            rows: list[tuple[Any, ...]] = con.execute(sql).fetchall()
+        except duckdb.Error as exc:  # not Parquet, or not an export of the log (its columns)
+            raise ValidationError(
+                "parquet", f"{parquet} is not an event log export DuckDB can read ({exc})", "export it again"
+            ) from exc
     return rows
 
 
