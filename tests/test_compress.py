@@ -609,15 +609,22 @@ def test_an_endpoint_error_does_not_fail_the_record_that_archives(llm: ChatRepla
 class BrokenSummarizer:
     """A summarizer of the user's own that fails: the pager leaves the memory uncompressed and says why."""
 
+    error: Exception
     name: str = "broken"
 
     def summarize(self, text: str, max_chars: int) -> str:
-        raise SummarizerError("the team's summarizer is down")
+        raise self.error
 
 
-def test_a_failing_summarizer_of_ones_own_leaves_the_memory_uncompressed() -> None:
+@pytest.mark.parametrize(
+    "error",
+    # anything but SummarizerError failed the pager's pass: four memories stayed over budget, due for ever
+    [SummarizerError("the team's summarizer is down"), RuntimeError("the team's summarizer is down")],
+    ids=["SummarizerError", "RuntimeError"],
+)
+def test_a_failing_summarizer_of_ones_own_leaves_the_memory_uncompressed(error: Exception) -> None:
     budgets = TierBudgets(working_tokens=400, working_items=1, short_term_items=1, long_term_items=1)
-    with open_harness(summarizer=BrokenSummarizer(), pager=PagerConfig(budgets=budgets)) as h:
+    with open_harness(summarizer=BrokenSummarizer(error), pager=PagerConfig(budgets=budgets)) as h:
         m = h.record(LONG, session_id="s1", created_at=T0)
         for i in range(4):
             h.record(f"filler {i}", session_id="s1", kind="user_input", created_at=T0)
@@ -626,6 +633,9 @@ def test_a_failing_summarizer_of_ones_own_leaves_the_memory_uncompressed() -> No
         assert after.tier is Tier.ARCHIVE and after.content == LONG and "compression" not in after.metadata
         errors = [e for e in h.events(memory_id=m.id) if e.kind == EventKind.COMPRESS_ERROR]
         assert errors and "down" in errors[-1].data["error"]
+        assert not h.working.due()  # every pass finished: no session left over its budget
+        with pytest.raises(SummarizerError):  # asked directly, the caller hears it as a ClawVM error
+            h.compress(h.record(LONG + " again", session_id="s2").id)
 
 
 def test_entities_of_a_summary_skip_words_capitalised_by_a_sentence_start() -> None:

@@ -483,6 +483,25 @@ def test_retention_archives_by_age_and_value_and_never_deletes(engine_name: str,
     assert [e.data["reason"] for e in h.events(memory_id=old_obs.id) if e.kind == "retention"]
 
 
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"max_age": {"observation": 30}}, "max_age.observation"),  # days as a number: a raw TypeError later
+        ({"max_age": {"observation": timedelta(0)}}, "max_age.observation"),
+        ({"max_age": {"observations": timedelta(days=1)}}, "max_age.observations"),  # matched nothing
+        ({"max_age": [("observation", timedelta(days=1))]}, "max_age"),
+        ({"min_value": 2}, "min_value"),
+        ({"min_value": "0.5"}, "min_value"),
+    ],
+)
+def test_a_retention_policy_refuses_a_bad_setting_where_it_is_made(
+    settings: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ValidationError) as exc:
+        teams.RetentionPolicy(**settings)
+    assert exc.value.field == field
+
+
 # ---- review queue -----------------------------------------------------------------------------------------
 def test_review_queue_approve_and_reject(engine_name: str, lexical: Harness) -> None:
     h = lexical

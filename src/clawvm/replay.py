@@ -233,7 +233,7 @@ def read_session(
             unlimited = "run `clawvm --db STORE replay SESSION`, which has no limit"
             raise ValidationError(
                 "reach",
-                f"replaying session {session_id!r} over the {reach} re-records more than {max_memories} "
+                f"replaying session {session_id!r} over the {reach} reads more than {max_memories} "
                 "memories, the limit here",
                 f"replay the session's own memories (reach=session), or {unlimited}"
                 if reach == "tenant"

@@ -638,6 +638,25 @@ class RetentionPolicy:
     min_value: float | None = None
     kinds: tuple[Kind, ...] = TEAM_KINDS
 
+    def __post_init__(self) -> None:
+        # checked here: a number of days given as 30 failed apply_retention with a raw TypeError
+        if not isinstance(self.max_age, Mapping):
+            raise ValidationError("max_age", f"is {self.max_age!r}", "pass {kind: timedelta(days=N)}")
+        for kind, limit in self.max_age.items():
+            if kind not in {k.value for k in Kind}:
+                raise ValidationError(
+                    f"max_age.{kind}", "is no memory kind", "key it by a kind, e.g. 'observation'"
+                )
+            if not isinstance(limit, timedelta) or limit <= timedelta(0):
+                raise ValidationError(
+                    f"max_age.{kind}", f"is {limit!r}", "pass a positive timedelta, e.g. timedelta(days=30)"
+                )
+        value = self.min_value
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0
+        ):
+            raise ValidationError("min_value", f"is {value!r}", "pass a value between 0 and 1, or None")
+
 
 def apply_retention(h: TeamHost, policy: RetentionPolicy, *, team_id: str | None = None) -> list[Memory]:
     """Archive what ``policy`` says is past keeping; returns the archived memories."""

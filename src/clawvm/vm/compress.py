@@ -91,10 +91,20 @@ class ReportingSummarizer(Summarizer, Protocol):
 
 
 def summary_of(summarizer: Summarizer, text: str, max_chars: int) -> Summary:
-    """``summarizer``'s summary of ``text`` with its method, and the fallback if it took one."""
+    """``summarizer``'s summary of ``text`` with its method, and the fallback if it took one. Whatever a
+    summarizer of one's own raises comes out as :class:`SummarizerError`: a pager pass that archives then
+    leaves the memory uncompressed (a ``compress_error`` event) instead of failing, its session still due."""
     if isinstance(summarizer, ReportingSummarizer):
         return summarizer.summary(text, max_chars)
-    return Summary(summarizer.summarize(text, max_chars), summarizer.name)
+    try:
+        summary = summarizer.summarize(text, max_chars)
+    except SummarizerError:
+        raise
+    except Exception as exc:
+        raise SummarizerError(f"summarizer {summarizer.name!r} failed: {exc!r}") from exc
+    if not isinstance(summary, str):
+        raise SummarizerError(f"summarizer {summarizer.name!r} returned a {type(summary).__name__}, not text")
+    return Summary(summary, summarizer.name)
 
 
 def numbers_in(text: str) -> set[str]:
