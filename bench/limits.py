@@ -296,6 +296,7 @@ def measure_record_floor(path: Path, count: int) -> dict[str, Any]:
         os.write(journal, b"\n".join(parts) + b"\n")
 
     bare = _BareInserts(path / "bare.db", h)
+    stored = h.count(status="any")
     h._store.write = append  # type: ignore[method-assign]  # this harness's writes go to the journal only
     extra = next(Corpus(seed=98).batches(count))
     ours: list[float] = []
@@ -307,11 +308,15 @@ def measure_record_floor(path: Path, count: int) -> dict[str, Any]:
             )
             ours.append(took)
             theirs.append(bare.time(m, v, "-floor"))
+        journaled = os.fstat(journal).st_size
+        store_unchanged = h.count(status="any") == stored  # what was measured wrote no row
     finally:
         h.close()  # its pager's last writes go to the journal too: the file is left as it was
         os.close(journal)
         bare.close()
     return {
+        "record_floor_journal_bytes": journaled,
+        "record_floor_store_unchanged": store_unchanged,
         "record_floor_ratio": round(pct(ours, 95) / pct(theirs, 95), 2),
         "record_floor_p50_ms": pct(ours, 50),
         "record_floor_p95_ms": pct(ours, 95),

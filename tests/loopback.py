@@ -43,6 +43,8 @@ class Fault(Enum):
     TRUNCATED_BODY = "truncated_body"  # a 200 whose Content-Length is far longer than the body sent
     HANG = "hang"  # answers nothing for ``hang_s`` seconds (past any client timeout), then hangs up
     TRICKLE = "trickle"  # a 200 whose body comes a byte every ``trickle_s``: each read quick, the whole slow
+    TRICKLE_HEADERS = "trickle_headers"  # the status line, then one header a byte every ``trickle_s``
+    # for ``hang_s``, then it hangs up (a client still waiting then reads a broken reply, not a timeout)
 
 
 class ChatReplay:
@@ -74,6 +76,7 @@ class ChatReplay:
         self.fault: Fault | None = None
         self.hang_s = 60.0  # how long a HANG lasts at most (it ends early when the server stops)
         self.trickle_s = 0.2  # a TRICKLE's wait between two bytes
+        self.hung_up_on = threading.Event()  # a client closed the connection while a TRICKLE went on
         self.requests: list[dict[str, Any]] = []
         self.stopping = threading.Event()
         self._lock = threading.Lock()
@@ -148,6 +151,9 @@ class Misbehaviour:
             server.script = [DIGITLESS_REPLY] * 20
         elif self.name == "too_long":
             server.script = [LONG_REPLY] * 20
+        elif self.name == "trickle_headers":
+            server.fault = Fault.TRICKLE_HEADERS
+            server.hang_s = 10.0  # a client without a deadline on the whole call sees a broken reply then
         else:
             server.fault = Fault(self.name)
 
@@ -161,6 +167,7 @@ MISBEHAVIOURS = [
     Misbehaviour("no_digits", "numbers_dropped", ""),
     Misbehaviour("hang", "timeout", "read timed out"),
     Misbehaviour("trickle", "timeout", "read timed out"),  # each read quick, the whole reply never in time
+    Misbehaviour("trickle_headers", "timeout", "read timed out"),  # the same before the body
     Misbehaviour("too_long", "too_long", ""),
 ]
 
@@ -188,6 +195,16 @@ class _ChatHandler(BaseHTTPRequestHandler):
             self.wfile.write(data[: len(data) // 2])  # then the connection closes: HTTP/1.0, no keep-alive
         elif fault is Fault.HANG:
             replay.stopping.wait(replay.hang_s)  # the client gives up first; answer nothing
+        elif fault is Fault.TRICKLE_HEADERS:
+            ends = time.monotonic() + replay.hang_s
+            try:
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                while time.monotonic() < ends and not replay.stopping.wait(replay.trickle_s):
+                    self.wfile.write(b"a")
+                    self.wfile.flush()
+            except OSError:  # the client gave up
+                replay.hung_up_on.set()
+                return
         elif fault is Fault.TRICKLE:
             data = json.dumps(payload).encode()
             self.send_response(200)
@@ -201,6 +218,7 @@ class _ChatHandler(BaseHTTPRequestHandler):
                     self.wfile.write(data[i : i + 1])
                     self.wfile.flush()
                 except OSError:  # the client gave up: that is the point
+                    replay.hung_up_on.set()
                     return
         else:
             self._send(status, json.dumps(payload), "application/json")

@@ -711,3 +711,13 @@ def test_an_llm_helper_hides_its_key_and_refuses_a_bad_setting_where_it_is_made(
         with pytest.raises(ValidationError) as exc:
             LLMSummarizer(**{**good, **bad})
         assert exc.value.field == field
+
+
+@pytest.mark.parametrize("fault", [Fault.TRICKLE, Fault.TRICKLE_HEADERS], ids=lambda f: f.value)
+def test_a_reply_trickled_past_the_timeout_is_hung_up_on(llm: ChatReplay, fault: Fault) -> None:
+    """The timeout bounded each wait on the socket, not the call: a server sending its headers (or its
+    body) a byte at a time kept the call open until it chose to stop (here 10 s), with timeout_s=1."""
+    llm.fault, llm.hang_s = fault, 10.0
+    summary = summarizer_for(llm, timeout_s=1.0).summary(LONG, 200)
+    assert summary.fallback is not None and summary.fallback.reason == "timeout"
+    assert llm.hung_up_on.wait(10)  # the client shut the connection while the server was still sending

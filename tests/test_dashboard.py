@@ -106,7 +106,7 @@ def test_a_what_if_is_bounded_in_size_and_runs_one_at_a_time(tmp_path: Path) -> 
         tenant_wide = client.get("/dashboard/api/whatif", params={"session": "s1"}, headers=auth)
         err = tenant_wide.json()["error"]
         assert tenant_wide.status_code == 422 and err["field"] == "reach", tenant_wide.text
-        assert "more than 3 memories" in err["message"] and "reach=session" in err["fix"]
+        assert "its 4 memories" in err["message"] and "reach=session" in err["fix"]
         own = {"session": "s1", "reach": "session"}
         assert client.get("/dashboard/api/whatif", params=own, headers=auth).status_code == 200
         embedder.held.set()

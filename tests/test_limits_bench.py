@@ -41,6 +41,8 @@ def test_limits_writes_every_ratio_beside_its_absolute_figures(tmp_path: Path) -
     for key in ("record_ratio_idle_bare", "record_floor_ratio"):
         assert isinstance(res[key], float) and res[key] > 0, key
     assert 0 < res["record_floor_p50_ms"] <= res["record_floor_p95_ms"]
+    # the floor's records went to its journal (40 memories' JSON at least), none to the store
+    assert res["record_floor_journal_bytes"] > 40 * 100 and res["record_floor_store_unchanged"] is True
     for key in ("open_ratio", "record_ratio", "recall_ratio", "e2e_ratio", "ingest_ratio"):
         assert isinstance(res[key], float) and res[key] > 0, key
         assert key in res["met"]

@@ -224,29 +224,26 @@ def read_session(
     (:class:`ValidationError` on ``reach``) a log of more memories to replay, before reading them all."""
     session_id = live.writer.identifier(session_id, live.tenant)
     scope: dict[str, Any] = {"session_id": session_id} if reach == "session" else {}
-    memories: dict[str, Memory] = {}
-    for m in live.iter_all(status="any", **scope):
-        if m.status is Status.INTERNAL or m.team_id is not None:
-            continue
-        memories[m.id] = m
-        if max_memories is not None and len(memories) > max_memories:
+    if max_memories is not None:  # counted, not read: a big tenant is refused before its memories are
+        if live.count(status="any", session_id=session_id) == 0:  # no such session: that first
+            raise _no_build(session_id)
+        held = live.count(status="any", **scope)
+        if held > max_memories:
             unlimited = "run `clawvm --db STORE replay SESSION`, which has no limit"
             raise ValidationError(
                 "reach",
-                f"replaying session {session_id!r} over the {reach} reads more than {max_memories} "
-                "memories, the limit here",
+                f"replaying session {session_id!r} over the {reach} reads its {held} memories, more than "
+                f"the limit here ({max_memories})",
                 f"replay the session's own memories (reach=session), or {unlimited}"
                 if reach == "tenant"
                 else unlimited,
             )
+    found = live.iter_all(status="any", **scope)
+    memories = {m.id: m for m in found if m.status is not Status.INTERNAL and m.team_id is None}
     log = list(_all_events(live))  # read once: the builds, their outputs and the events to re-run
     session_builds = [e for e in log if _is_build_of(e, session_id)]
     if not session_builds:
-        raise ValidationError(
-            "session_id",
-            f"{session_id!r} has no recorded context build",
-            "pick a session that built contexts",
-        )
+        raise _no_build(session_id)
     recorded = {e.seq: _manifest_ids(e) for e in session_builds if e.seq is not None}
     # a build's output may come after the session's last build: read to the end for those
     outputs = [e for e in log if _answers(e, recorded)]
@@ -259,6 +256,12 @@ def read_session(
     )
     vectors = live.store.vectors_of(list(memories))
     return SessionLog(session_id, memories, vectors, events, needed, recorded)
+
+
+def _no_build(session_id: str) -> ValidationError:
+    return ValidationError(
+        "session_id", f"{session_id!r} has no recorded context build", "pick a session that built contexts"
+    )
 
 
 def replay(
@@ -440,7 +443,8 @@ def _apply_person(offline: Harness, event: Event) -> None:
     target = data.get("target")
     value = float(target) if data.get("action") == "set_value" and isinstance(target, int | float) else None
     tier = data.get("tier") if isinstance(data.get("tier"), str) else None
-    intervene(offline, str(data["action"]), memory_id, value=value, tier=tier, by=str(data.get("by", "user")))
+    by = str(data.get("by") or "user")  # a blank one was taken before intervene refused it
+    intervene(offline, str(data["action"]), memory_id, value=value, tier=tier, by=by)
 
 
 def _build(offline: Harness, event: Event, policy: Policy) -> Context:

@@ -15,8 +15,12 @@ timeout per memory.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import http.client
 import json
+import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -59,29 +63,104 @@ def post_json(
 ) -> Any:
     """POST ``payload`` as JSON to ``base_url`` + ``path`` and return the decoded JSON reply.
 
-    ``timeout_s`` bounds the whole reply, not only each wait on the socket: a server that trickles its
-    body a byte at a time is cut off once the time is up (the call then ends within about twice
-    ``timeout_s``: the read in flight at the deadline may wait its own timeout). A reply of more than
-    ``max_bytes`` raises ValueError."""
-    deadline = time.monotonic() + timeout_s
+    ``timeout_s`` bounds the whole call, not only each wait on the socket: a server that trickles its
+    status line, headers or body a byte at a time has its connection shut when the time is up, and the
+    call raises TimeoutError. A reply of more than ``max_bytes`` raises ValueError."""
     req = urllib.request.Request(
         base_url.rstrip("/") + path,
         data=json.dumps(payload).encode(),
         method="POST",
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"},
     )
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        return json.loads(_body_by(resp, deadline, max_bytes))
+    with _Deadline(timeout_s) as deadline:
+        token = _CALL_DEADLINE.set(deadline)
+        try:
+            with _opener().open(req, timeout=timeout_s) as resp:
+                return json.loads(_body_of(resp, max_bytes))
+        except FAILURES as exc:
+            if deadline.fired:  # what the shut connection looked like: a reset, a short read
+                raise TimeoutError("the reply did not arrive within the timeout") from exc
+            raise
+        finally:
+            _CALL_DEADLINE.reset(token)
 
 
-def _body_by(resp: http.client.HTTPResponse, deadline: float, max_bytes: int) -> bytes:
-    """``resp``'s whole body, read as it arrives (``read1``: what one read of the socket gives) until
-    ``deadline`` (TimeoutError past it) or ``max_bytes`` (ValueError)."""
+class _Deadline:
+    """Shuts a call's connection down when its time is up. The socket's own timeout bounds each wait
+    on it, not their sum: a server trickling a byte now and then held a call for as long as it liked."""
+
+    def __init__(self, seconds: float) -> None:
+        self.fired = False
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sock = sock
+            if self.fired:
+                _shut(sock)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            if self._sock is not None:
+                _shut(self._sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # closed already
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+#: The deadline of the call this thread is making (its connection registers its socket with it).
+_CALL_DEADLINE: ContextVar[_Deadline | None] = ContextVar("clawvm_call_deadline", default=None)
+
+
+class _WatchedHTTP(http.client.HTTPConnection):
+    def connect(self) -> None:
+        super().connect()
+        if (deadline := _CALL_DEADLINE.get()) is not None:
+            deadline.watch(self.sock)
+
+
+class _WatchedHTTPS(http.client.HTTPSConnection):
+    def connect(self) -> None:
+        super().connect()
+        if (deadline := _CALL_DEADLINE.get()) is not None:
+            deadline.watch(self.sock)
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def do_open(self, http_class: Any, req: Any, **kw: Any) -> http.client.HTTPResponse:
+        return super().do_open(_WatchedHTTP, req, **kw)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def do_open(self, http_class: Any, req: Any, **kw: Any) -> http.client.HTTPResponse:
+        return super().do_open(_WatchedHTTPS, req, **kw)
+
+
+@functools.cache
+def _opener() -> urllib.request.OpenerDirector:
+    """urllib's opener (proxies from the environment, redirects) over connections a deadline watches."""
+    return urllib.request.build_opener(_HTTPHandler(), _HTTPSHandler())
+
+
+def _body_of(resp: http.client.HTTPResponse, max_bytes: int) -> bytes:
+    """``resp``'s whole body, read as it arrives (``read1``: what one read of the socket gives), or
+    ValueError past ``max_bytes``."""
     chunks: list[bytes] = []
     size = 0
     while True:
-        if time.monotonic() > deadline:
-            raise TimeoutError("the reply did not arrive within the timeout")
         chunk = resp.read1(_READ_BYTES)
         if not chunk:
             body = b"".join(chunks)
@@ -96,7 +175,11 @@ def _body_by(resp: http.client.HTTPResponse, deadline: float, max_bytes: int) ->
 
 def check_endpoint_settings(base_url: Any, model: Any, api_key: Any, timeout_s: Any) -> None:
     """:class:`ValidationError` naming the first bad setting of an endpoint."""
-    if not isinstance(base_url, str) or urllib.parse.urlsplit(base_url).scheme not in ("http", "https"):
+    try:
+        parts = urllib.parse.urlsplit(base_url) if isinstance(base_url, str) else None
+    except ValueError:  # "http://[::1" and the like
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValidationError(
             "base_url", f"is {base_url!r}", "pass the endpoint's URL, e.g. 'http://127.0.0.1:8000/v1'"
         )

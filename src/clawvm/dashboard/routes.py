@@ -37,6 +37,7 @@ from clawvm.core.model import (
     Status,
     Tier,
     as_utc,
+    counted,
     describe_pattern,
     iso_date_or_datetime,
 )
@@ -215,6 +216,7 @@ def create_router(
 ) -> APIRouter:
     """The dashboard router; ``read``/``write`` are dependencies giving the caller's harness.
     ``whatif_max_memories``: the most memories one what-if request replays (more is refused)."""
+    whatif_max_memories = counted("whatif_max_memories", whatif_max_memories)
     router = APIRouter(prefix=prefix, tags=["dashboard"])
     # one what-if replay at a time in this process: each holds two in-process harnesses and cannot be
     # cancelled once started (a client that gave up left its replay running, and a few piled up GBs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clawvm.core.model import DEFAULT_MAX_CONTENT_BYTES
+from clawvm.dashboard.debug import WHATIF_MAX_MEMORIES
 from clawvm.write.redaction import redaction_options as redaction_options  # re-exported: serve's flags
 
 
@@ -50,5 +51,5 @@ class ServerSettings:
     idempotency_ttl_s: float = 24 * 3600.0
     idempotency_max_keys: int = 10_000
     idempotency_max_bytes: int = 16 * 1024 * 1024
-    # the most memories one dashboard what-if request replays (clawvm.dashboard.debug.WHATIF_MAX_MEMORIES)
-    whatif_max_memories: int = 10_000
+    # the most memories one dashboard what-if request replays
+    whatif_max_memories: int = WHATIF_MAX_MEMORIES

@@ -278,7 +278,7 @@ def _check_export_path(path: Path) -> None:
         raise ValidationError("path", f"{path} is a folder", "name the file to write, e.g. events.parquet")
     if not path.parent.is_dir():
         raise ValidationError("path", f"the folder {path.parent} does not exist", "create it or pick one")
-    if path.exists():
+    if path.exists() and path.stat().st_size > 0:  # an empty placeholder (mkstemp's) holds nothing to lose
         with path.open("rb") as existing:
             if existing.read(len(_PARQUET_MAGIC)) != _PARQUET_MAGIC:
                 raise ValidationError(
@@ -326,7 +326,7 @@ def run_query(parquet: Path, name: str) -> list[tuple[Any, ...]]:
         import duckdb
     except ImportError:  # pragma: no cover
         raise ConfigError("DuckDB queries need duckdb: pip install 'clawvm[analytics]'") from None
-    if not Path(parquet).is_file():
+    if not Path(parquet).is_file() and not any(c in str(parquet) for c in "*?["):  # a glob: DuckDB's
         raise ValidationError("parquet", f"{parquet} is no file", "export the log first (export_parquet)")
     sql = DUCKDB_QUERIES[name].format(events=str(parquet).replace("'", "''"))
     with duckdb.connect() as con:

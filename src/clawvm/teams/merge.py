@@ -148,8 +148,9 @@ class LLMSynthesizer(ChatEndpoint):
     """A lesson written by any OpenAI-compatible ``/chat/completions`` endpoint (optional).
 
     Never raises and never writes a placeholder: without a usable lesson (an error status, a malformed or
-    empty reply, a timeout, a spent budget, or a lesson keeping none of the errors' numbers when they had
-    some) the lesson is :class:`ExtractiveSynthesizer`'s, and :meth:`synthesis` says why."""
+    empty reply, a timeout, a spent budget, a lesson keeping none of the errors' numbers when they had
+    some, or one longer than both ``LESSON_MAX_CHARS`` and the errors) the lesson is
+    :class:`ExtractiveSynthesizer`'s, and :meth:`synthesis` says why."""
 
     name: str = "llm"
 
