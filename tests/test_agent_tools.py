@@ -6,6 +6,7 @@ import json
 from typing import Any, get_args
 
 import jsonschema
+import pydantic
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -213,8 +214,9 @@ def test_an_unexpected_failure_is_a_tool_error_too(caplog: pytest.LogCaptureFixt
     with Harness.open("memory://", embedder=None, summarizer=BrokenSummarizer()) as h:
         tools = AgentTools(h, session_id="s1", task_id="t1")
         ok(tools.dispatch("record_memory", {"content": "step 1", "state": "intermediate"}))
-        e = err(tools.dispatch("summarize_task", {}), "internal")
-        assert e["message"].startswith("RuntimeError: summarize_task failed")
+        # a summarizer of one's own that raises anything is an upstream failure (SummarizerError)
+        e = err(tools.dispatch("summarize_task", {}), "upstream_failed")
+        assert e["message"].startswith("SummarizerError: a model summarize_task needs failed")
         assert "crashed" not in e["message"]
         assert e["fix"] and "summarizer crashed" in caplog.text
 
@@ -539,3 +541,62 @@ def test_a_bound_agent_opens_its_own_memories_of_every_session_and_no_other_agen
         ok(tools.dispatch("get_memory", {"memory_id": short_id(mine_elsewhere.id)}))["id"]
         == mine_elsewhere.id
     )
+
+
+def test_an_agents_tools_change_no_memory_of_another_agent_in_bulk() -> None:
+    """summarize_task archived and quoted another agent's private steps (it collapsed the task whoever
+    wrote it), and rollback in a shared session obsoleted another agent's memories: one the first agent
+    could not even read."""
+    with Harness.open("memory://", embedder=None) as h:
+        mine = AgentTools(h, session_id="s1", agent_id="a1")
+        theirs = AgentTools(h, session_id="s1", agent_id="a2")
+        elsewhere = AgentTools(h, session_id="s2", agent_id="a2", task_id="t-b")
+        for n in range(2):
+            step = {"content": f"a2 secret step {n}", "kind": "observation", "state": "intermediate"}
+            ok(elsewhere.dispatch("record_memory", step))
+        refused = err(mine.dispatch("summarize_task", {"task_id": "t-b"}), "invalid_request")
+        assert refused["field"] == "task_id" and "secret" not in json.dumps(refused)
+        assert h.count(task_id="t-b", status="archived") == 0  # a2's steps untouched
+        assert ok(elsewhere.dispatch("summarize_task", {"task_id": "t-b"}))["summary_id"]  # a2's own: fine
+
+        cp = ok(mine.dispatch("checkpoint", {"name": "before"}))["checkpoint_id"]
+        later = ok(theirs.dispatch("record_memory", {"content": "a2 works on", "kind": "observation"}))
+        refused = err(mine.dispatch("rollback", {"checkpoint_id": cp}), "invalid_request")
+        assert refused["field"] == "checkpoint_id"
+        assert h.get(later["id"]).status is Status.ACTIVE  # it was obsoleted
+        own = AgentTools(h, session_id="s3", agent_id="a1")  # a session of its own: rollback as before
+        cp = ok(own.dispatch("checkpoint", {"name": "before"}))["checkpoint_id"]
+        made = ok(own.dispatch("record_memory", {"content": "a guess", "kind": "observation"}))
+        assert ok(own.dispatch("rollback", {"checkpoint_id": cp}))["obsoleted"] == 1
+        assert h.get(made["id"]).status is Status.OBSOLETE
+
+
+def test_a_parent_that_is_no_memory_of_the_scope_is_named_as_parent_id() -> None:
+    """record_memory's bad parent_id was reported as memory_id, an argument it does not have."""
+    with Harness.open("memory://", embedder=None) as h:
+        tools = AgentTools(h, session_id="s1")
+        bad = err(tools.dispatch("record_memory", {"content": "x", "parent_id": "abc"}), "invalid_request")
+        assert bad["field"] == "parent_id"
+        missing = "01a245e4-d74a-7000-bedf-fa43ab5adc14"
+        gone = err(tools.dispatch("record_memory", {"content": "x", "parent_id": missing}), "not_found")
+        assert gone["field"] == "parent_id"
+
+
+class SdkToolCall(pydantic.BaseModel):
+    """The shape of the OpenAI SDK's ``message.tool_calls[i]``: an object with ``model_dump``, no ``get``."""
+
+    id: str
+    type: str = "function"
+    function: dict[str, str]
+
+
+def test_tool_message_takes_the_sdks_object_and_refuses_what_is_no_tool_call() -> None:
+    """The SDK's object raised AttributeError (no .get); a function given as a string did too."""
+    with Harness.open("memory://", embedder=None) as h:
+        tools = AgentTools(h, session_id="s1")
+        call = SdkToolCall(id="call_9", function={"name": "record_memory", "arguments": '{"content": "hi"}'})
+        msg = tools.tool_message(call)
+        assert msg["tool_call_id"] == "call_9" and json.loads(msg["content"])["ok"] is True
+        for bad in ({"id": "c1", "function": "list_memories"}, {"id": None, "function": {"name": "x"}}):
+            reply = json.loads(tools.tool_message(bad)["content"])
+            assert reply["ok"] is False and reply["error"]["field"] == "tool_call"

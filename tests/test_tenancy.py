@@ -23,7 +23,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from clawvm import ConflictError, Filters, Harness, Memory, NotFoundError, PagerConfig, ValidationError
+from clawvm import (
+    ConflictError,
+    Filters,
+    Harness,
+    Memory,
+    NotFoundError,
+    PagerConfig,
+    StateConflictError,
+    ValidationError,
+)
 from clawvm.core.errors import AccessDeniedError
 from clawvm.core.model import STORED, TENANT_FIX, Link, LinkType, build_memory
 from clawvm.store import Event, MemoryStore, Query, SQLiteStore, Store
@@ -612,6 +621,35 @@ def test_a_tenant_imports_another_tenants_export_into_its_own(tmp_path: Path) ->
             "B"
         }
         assert a.count() == 2 and all(a.get(m.id) == m for m in exported)
+
+
+@pytest.mark.engines("sqlite")
+def test_an_import_naming_another_tenants_id_learns_nothing_of_it(tmp_path: Path) -> None:
+    """A link or parent naming, outside the batch, an id tenant A holds was renamed (the answer's
+    ``renamed`` and the refusal named the derived id): B learned that some tenant holds that id, and its
+    link pointed at nothing. Now such an id is taken as given, as record() takes it; one B imported
+    before, in an earlier part of the same file, is still followed."""
+    target = str(tmp_path / "shared.db")
+    with (
+        Harness.open(target, tenant="A", embedder=None) as a,
+        Harness.open(target, tenant="B", embedder=None) as b,
+    ):
+        theirs = a.record("A's note", session_id="s").id
+        unknown = "01a245e4-d74a-7000-bedf-fa43ab5adc14"
+        answers = []
+        for target_id in (theirs, unknown):
+            link = Memory(content="probe", links=[{"type": "refers_to", "target": target_id}])
+            done = b.import_renamed([link])
+            assert done.renamed == {} and b.get(link.id).links[0].target == target_id
+            with pytest.raises(StateConflictError) as refused:
+                b.import_renamed([Memory(content="probe", parent_id=target_id)])
+            answers.append(refused.value.problem.replace(target_id, "ID"))
+        assert answers[0] == answers[1]  # A's id and an unknown one: the same answer
+        part1 = [a.get(theirs)]  # A's export, imported by B in two parts: the reply follows the rename
+        b.import_renamed(part1)
+        reply = Memory(content="a reply", parent_id=theirs)
+        done = b.import_renamed([reply])
+        assert b.get(done.renamed.get(reply.id, reply.id)).parent_id == done.renamed[theirs]
 
 
 def test_the_owner_restores_a_backup_whose_ids_a_tenant_imported_first(tmp_path: Path) -> None:

@@ -501,3 +501,38 @@ def test_every_call_has_exactly_one_result_with_the_outcome_state(plan: list[str
             assert ("timeout" in result.tags) is (kind == "timeout")
         assert h.count(kind="tool_call", state="pending") == 0
         assert os.getpid() == pairs[0][0].metadata["tool_call"]["pid"]
+
+
+def test_a_result_or_error_the_store_refuses_as_text_is_recorded_escaped(harness: Harness) -> None:
+    """A lone surrogate (bytes decoded with surrogateescape) made the result's record fail: the caller got
+    a ValidationError instead of the tool's value, and the call stayed pending (``interrupted`` on the
+    next restore, though it had finished)."""
+    odd = b"caf\xe9 menu".decode("utf-8", errors="surrogateescape")
+
+    @harness.tool(session_id="s1")
+    def menu() -> str:
+        return odd
+
+    @harness.tool(session_id="s1")
+    def broken() -> str:
+        raise RuntimeError(f"cannot parse {odd}")
+
+    assert menu() == odd  # the value as the tool returned it
+    with pytest.raises(RuntimeError, match="cannot parse"):
+        broken()
+    for tool in ("menu", "broken"):
+        ((call, result),) = trail(harness, tool)
+        assert call.state is not State.PENDING and "\\udce9" in result.content
+
+
+def test_a_call_forgotten_while_it_runs_still_returns_the_tools_value(harness: Harness) -> None:
+    """The model forgot the pending call while the tool ran: its result's record named a parent no longer
+    stored, and the caller got StateConflictError instead of the deploy's outcome."""
+
+    @harness.tool(session_id="s1")
+    def deploy() -> str:
+        (call,) = harness.list(kind="tool_call", state="pending", tool_name="deploy")
+        harness.forget(call.id)
+        return "deployed v2"
+
+    assert deploy() == "deployed v2"

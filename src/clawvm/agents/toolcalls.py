@@ -50,7 +50,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, cast
 
-from clawvm.core.errors import ConflictError, InvalidToolResultError, ValidationError
+from clawvm.core.errors import ClawVMError, ConflictError, InvalidToolResultError, ValidationError
 from clawvm.core.model import Cost, Kind, Memory, State, canonical_json, capped_tags
 from clawvm.store import Event
 from clawvm.store.kinds import EventKind
@@ -286,7 +286,10 @@ class ToolCall:
         for what in failed:
             log.warning("tool %s: %s; its result is recorded in the default format", self.spec.name, what)
         info: dict[str, Any] = {"recording_errors": failed} if failed else {}
-        self._finish(State.SUCCESS, content if content is not None else "(no result)", cost, info)
+        try:
+            self._finish(State.SUCCESS, content if content is not None else "(no result)", cost, info)
+        except ClawVMError as exc:  # the trail is the harness's business: the tool ran, its value is theirs
+            log.warning("tool %s: result not recorded (%s); the value is returned", self.spec.name, exc)
         return value
 
     def fail(self, exc: BaseException) -> Memory:
@@ -412,6 +415,7 @@ class ToolCall:
         tags: Sequence[str] = (),
     ) -> Memory:
         call_id = self._call_id()
+        content, info = _well_formed(content), _well_formed(info)
         try:
             marks = [*tags, *([fallback_tag(self.spec.fallback_for)] if self.spec.fallback_for else [])]
             result_tags = capped_tags(marks, self.scope.get("tags", []))
@@ -672,6 +676,23 @@ def bind_arguments(
             bound.apply_defaults()
             return {k: v for k, v in bound.arguments.items() if k not in ("self", "cls")}
     return {"args": list(args), **kwargs} if args else dict(kwargs)
+
+
+def _well_formed(value: Any) -> Any:
+    """``value`` with each string made valid UTF-8: a lone surrogate (bytes decoded with
+    ``surrogateescape``, say) is stored as its escape. The store refuses such text, and the result, or
+    the error the tool raised, went unrecorded with its call left pending."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, Mapping):
+        return {_well_formed(k): _well_formed(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_well_formed(v) for v in value]
+    return value
 
 
 def _jsonable(value: Any) -> Any:

@@ -81,10 +81,10 @@ from clawvm.core.errors import (
     ValidationError,
 )
 from clawvm.core.ids import is_valid_id
-from clawvm.core.model import Memory
+from clawvm.core.model import Kind, Memory
 from clawvm.recall.retrieval import Recalled
 from clawvm.vm.checkpoint import RollbackReport
-from clawvm.vm.context import Context, is_snapshot, short_id
+from clawvm.vm.context import CHECKPOINT_TAG, Context, is_snapshot, short_id
 
 log = logging.getLogger("clawvm.agents.tools")
 
@@ -226,7 +226,8 @@ class AgentTools:
         except pydantic.ValidationError as exc:
             return _validation_error(exc)
         except NotFoundError as exc:
-            return error_reply("not_found", str(exc), fix="use an id from recall_memory or the context")
+            fix = "use an id from recall_memory or the context"
+            return error_reply("not_found", str(exc), field=exc.field, fix=fix)
         except ConflictError as exc:
             return error_reply(
                 "conflict", str(exc), fix="read the memory again (get_memory) and retry the call"
@@ -249,15 +250,28 @@ class AgentTools:
         except Exception as exc:  # a failure must not crash the agent's loop: report it as a tool error
             return _internal_error(name, exc)
 
-    def tool_message(self, tool_call: Mapping[str, Any]) -> dict[str, Any]:
-        """An OpenAI ``tool_calls`` entry -> the ``{"role": "tool", ...}`` message with the reply."""
-        fn = tool_call.get("function") or {}
-        reply = self.dispatch(str(fn.get("name")), fn.get("arguments"))
-        return {"role": "tool", "tool_call_id": tool_call.get("id", ""), "content": json.dumps(reply)}
+    def tool_message(self, tool_call: Any) -> dict[str, Any]:
+        """An OpenAI ``tool_calls`` entry -> the ``{"role": "tool", ...}`` message with the reply. The entry
+        as a dict or as the OpenAI SDK's object (``message.tool_calls[i]``: anything with ``model_dump``)."""
+        if not isinstance(tool_call, Mapping) and callable(getattr(tool_call, "model_dump", None)):
+            tool_call = tool_call.model_dump()
+        fn = tool_call.get("function") if isinstance(tool_call, Mapping) else None
+        call_id = tool_call.get("id") if isinstance(tool_call, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(call_id, str):
+            reply = error_reply(
+                "invalid_request",
+                "tool_call: is not an OpenAI tool call (an id string, a function with name and arguments)",
+                field="tool_call",
+                fix="pass an entry of the assistant message's tool_calls",
+            )
+        else:
+            reply = self.dispatch(str(fn.get("name")), fn.get("arguments"))
+        answered = call_id if isinstance(call_id, str) else ""
+        return {"role": "tool", "tool_call_id": answered, "content": json.dumps(reply)}
 
     # ---- the tools -----------------------------------------------------------------------------------------
     def _record(self, a: RecordMemoryArgs) -> RecordResult:
-        parent = self._resolve(a.parent_id).id if a.parent_id else None
+        parent = self._resolve(a.parent_id, field="parent_id").id if a.parent_id else None
         m = self.harness.record(
             a.content,
             kind=a.kind,
@@ -322,6 +336,13 @@ class AgentTools:
             raise ValidationError(
                 "checkpoint_id", "is not a checkpoint of this session", "pass an id returned by checkpoint"
             )
+        # a rollback obsoletes every memory of the session made since the checkpoint, whoever made it
+        if self._others_in("session_id", session, created_after=snap.created_at):
+            raise ValidationError(
+                "checkpoint_id",
+                "would obsolete memories other agents made in this session since the checkpoint",
+                "roll it back from the harness (Harness.rollback), not from one agent's tools",
+            )
         report = self.harness.rollback(snap.id)
         return RollbackResult(
             checkpoint_id=report.checkpoint_id,
@@ -342,6 +363,13 @@ class AgentTools:
         task = a.task_id or self.scope.get("task_id")
         if not task:
             raise ValidationError("task_id", "is missing and no task is bound", "pass task_id")
+        if self._others_in("task_id", task, state="intermediate", status="active"):
+            # collapse_task archives every step of the task, whoever wrote it, and quotes them
+            raise ValidationError(
+                "task_id",
+                "has steps outside this agent's scope (other agents or sessions) as well",
+                "summarize a task of your own",
+            )
         summary = self.harness.collapse_task(task)
         if summary is None:
             reason = f"task {task!r} has no intermediate steps to summarize"
@@ -351,6 +379,20 @@ class AgentTools:
         )
 
     # ---- helpers -------------------------------------------------------------------------------------------
+    def _others_in(self, field: str, value: str, **filters: Any) -> bool:
+        """Whether the memories whose ``field`` is ``value`` (and ``filters``; by default of any status)
+        reach outside the bound scope: a tool that changes all of them at once (a rollback, a task's
+        summary) would change memories this agent may not even read."""
+        filters = {"status": "any", **filters, field: value}
+        bound = {k: v for k, v in self.scope.items() if k in ("session_id", "agent_id") and k != field}
+        if not bound:
+            return False
+        count = self.harness.count
+        outside = count(**filters) - count(**filters, **bound)
+        # a checkpoint's snapshot belongs to the session, whoever took it (it names no agent)
+        snapshots = {**filters, "kind": Kind.AGENT_STATE.value, "tags": [CHECKPOINT_TAG]}
+        return outside - (count(**snapshots) - count(**snapshots, **bound)) > 0
+
     def _session(self, tool: str) -> str:
         session = self.scope.get("session_id")
         if not session:
@@ -363,19 +405,24 @@ class AgentTools:
         scope "all" and the context's retrieved lines show them)."""
         return {k: v for k, v in self.scope.items() if k == "agent_id"}
 
-    def _resolve(self, memory_id: str, within: Mapping[str, Any] | None = None) -> Memory:
+    def _resolve(
+        self, memory_id: str, within: Mapping[str, Any] | None = None, field: str = "memory_id"
+    ) -> Memory:
         """A memory of ``within`` (default: the bound scope) by full id or short id (NotFoundError
-        otherwise)."""
+        otherwise); errors name ``field``, the argument that held the id."""
         within = self.scope if within is None else within
         if is_valid_id(memory_id):
-            m = self.harness.get(memory_id)
+            try:
+                m = self.harness.get(memory_id)
+            except NotFoundError:
+                raise NotFoundError("memory", memory_id, field=field) from None
             if all(getattr(m, k) == v for k, v in within.items()):
                 return m
-            raise NotFoundError("memory", memory_id)
+            raise NotFoundError("memory", memory_id, field=field)
         wanted = memory_id.strip().lower().lstrip("[").rstrip("]")
         if len(wanted) != SHORT_ID_LENGTH:
             raise ValidationError(
-                "memory_id", f"is {memory_id!r}", "pass a full id or the 8-character short id"
+                field, f"is {memory_id!r}", "pass a full id or the 8-character short id (its last 8)"
             )
         # the bound scope first: proving a short id unique over every session of the agent (or the tenant)
         # read all its memories, seconds at 60k, for the ids a model cites most, its session's own
@@ -389,7 +436,7 @@ class AgentTools:
             if found:
                 break
         if len(found) != 1:
-            raise NotFoundError("memory", memory_id)
+            raise NotFoundError("memory", memory_id, field=field)
         return found[0]
 
 
