@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import clawvm
 from clawvm import Filters, Harness, NotFoundError, StateConflictError, Status, Tier, ValidationError
+from clawvm.vm import checkpoint as checkpoints
 from clawvm.vm.tiers import PagerConfig, TierBudgets
 
 T0 = datetime(2030, 7, 1, 9, 0, tzinfo=UTC)
@@ -226,7 +227,9 @@ def test_rollback_undoes_any_detour(n: int, detour: list[tuple[str, Any]]) -> No
             else:
                 now[0] += timedelta(hours=arg)
                 h.tick()
+        planned = {m.id for m in checkpoints.would_change(h.store, cp, now[0], h.tenant)}
         report = h.rollback(cp)
+        assert planned == set(report.restored) | set(report.obsoleted)  # told before, as it then did
         stored = h.store.get_many(s1)
         expired = {i for i in s1 if (at := stored[i].expires_at) is not None and at <= now[0]}
         back = [i for i in s1 if i not in expired]

@@ -30,7 +30,6 @@ from clawvm import (
     Memory,
     NotFoundError,
     PagerConfig,
-    StateConflictError,
     ValidationError,
 )
 from clawvm.core.errors import AccessDeniedError
@@ -624,32 +623,23 @@ def test_a_tenant_imports_another_tenants_export_into_its_own(tmp_path: Path) ->
 
 
 @pytest.mark.engines("sqlite")
-def test_an_import_naming_another_tenants_id_learns_nothing_of_it(tmp_path: Path) -> None:
-    """A link or parent naming, outside the batch, an id tenant A holds was renamed (the answer's
-    ``renamed`` and the refusal named the derived id): B learned that some tenant holds that id, and its
-    link pointed at nothing. Now such an id is taken as given, as record() takes it; one B imported
-    before, in an earlier part of the same file, is still followed."""
-    target = str(tmp_path / "shared.db")
-    with (
-        Harness.open(target, tenant="A", embedder=None) as a,
-        Harness.open(target, tenant="B", embedder=None) as b,
-    ):
-        theirs = a.record("A's note", session_id="s").id
-        unknown = "01a245e4-d74a-7000-bedf-fa43ab5adc14"
-        answers = []
-        for target_id in (theirs, unknown):
-            link = Memory(content="probe", links=[{"type": "refers_to", "target": target_id}])
-            done = b.import_renamed([link])
-            assert done.renamed == {} and b.get(link.id).links[0].target == target_id
-            with pytest.raises(StateConflictError) as refused:
-                b.import_renamed([Memory(content="probe", parent_id=target_id)])
-            answers.append(refused.value.problem.replace(target_id, "ID"))
-        assert answers[0] == answers[1]  # A's id and an unknown one: the same answer
-        part1 = [a.get(theirs)]  # A's export, imported by B in two parts: the reply follows the rename
-        b.import_renamed(part1)
-        reply = Memory(content="a reply", parent_id=theirs)
-        done = b.import_renamed([reply])
-        assert b.get(done.renamed.get(reply.id, reply.id)).parent_id == done.renamed[theirs]
+def test_a_backup_restored_in_parts_keeps_its_links_forward_and_back(tmp_path: Path) -> None:
+    """An id only named in one part (a link to a memory of a later part, a parent in an earlier one) maps
+    as the memory it names does when its part comes: a restore in parts keeps every reference, though
+    another tenant holds the original ids (it imported the file first)."""
+    with Harness.open("memory://", embedder=None) as source:
+        first = source.record("the plan", session_id="s")
+        second = source.record("its review", session_id="s", parent_id=first.id)
+        first = source.update(first.id, links=[{"type": "refers_to", "target": second.id}])
+    target = str(tmp_path / "parts.db")
+    with Harness.open(target, tenant="A", embedder=None) as a:
+        assert a.import_renamed([first, second]).imported == 2
+    with Harness.open(target, tenant="B", embedder=None) as b:
+        one = b.import_renamed([first])  # names `second` before it is imported
+        two = b.import_renamed([second])
+        plan, review = one.renamed[first.id], two.renamed[second.id]
+        assert b.get(plan).links[0].target == review  # forward
+        assert b.get(review).parent_id == plan  # and back
 
 
 def test_the_owner_restores_a_backup_whose_ids_a_tenant_imported_first(tmp_path: Path) -> None:

@@ -517,12 +517,19 @@ def test_a_result_or_error_the_store_refuses_as_text_is_recorded_escaped(harness
     def broken() -> str:
         raise RuntimeError(f"cannot parse {odd}")
 
+    @harness.tool(session_id="s1")
+    def lookup(name: str) -> str:  # an argument the store refuses as text: the tool never ran
+        return "found"
+
+    assert lookup(odd) == "found"
     assert menu() == odd  # the value as the tool returned it
     with pytest.raises(RuntimeError, match="cannot parse"):
         broken()
     for tool in ("menu", "broken"):
         ((call, result),) = trail(harness, tool)
         assert call.state is not State.PENDING and "\\udce9" in result.content
+    ((call, _),) = trail(harness, "lookup")
+    assert "\\udce9" in call.content_json()["args"]["name"]
 
 
 def test_a_call_forgotten_while_it_runs_still_returns_the_tools_value(harness: Harness) -> None:

@@ -50,7 +50,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, cast
 
-from clawvm.core.errors import ClawVMError, ConflictError, InvalidToolResultError, ValidationError
+from clawvm.core.errors import ConflictError, InvalidToolResultError, StateConflictError, ValidationError
 from clawvm.core.model import Cost, Kind, Memory, State, canonical_json, capped_tags
 from clawvm.store import Event
 from clawvm.store.kinds import EventKind
@@ -183,7 +183,8 @@ class ToolCall:
             raise ValidationError(
                 "args", f"is a {type(args).__name__}", "pass the call's arguments as a dict of name -> value"
             )
-        self.args = {k: ("***" if k in spec.redact else _jsonable(v)) for k, v in (args or {}).items()}
+        given = {k: ("***" if k in spec.redact else _jsonable(v)) for k, v in (args or {}).items()}
+        self.args: dict[str, Any] = _well_formed(given)
         resolved = _resolve_scope(spec, scope_fields)
         scoped_parent = resolved.pop("parent_id", None)
         # the LLM turn that asked, if known; one given that is no id is refused by the record's check
@@ -288,8 +289,12 @@ class ToolCall:
         info: dict[str, Any] = {"recording_errors": failed} if failed else {}
         try:
             self._finish(State.SUCCESS, content if content is not None else "(no result)", cost, info)
-        except ClawVMError as exc:  # the trail is the harness's business: the tool ran, its value is theirs
-            log.warning("tool %s: result not recorded (%s); the value is returned", self.spec.name, exc)
+        except StateConflictError as exc:
+            if exc.field != "parent_id":
+                raise
+            # the call was forgotten while the tool ran: nothing to hang the result on, but the tool ran
+            # and its value is the caller's (a deploy's outcome must not turn into our error)
+            log.warning("tool %s: call forgotten while it ran; its result is not recorded", self.spec.name)
         return value
 
     def fail(self, exc: BaseException) -> Memory:
@@ -392,7 +397,8 @@ class ToolCall:
 
     def _cut(self, text: str) -> str:
         """``text`` cut to the result limit, scrubbed first: a secret across the cut would no longer be
-        recognisable by the write path's redaction."""
+        recognisable by the write path's redaction (and made valid UTF-8 before: its escapes count)."""
+        text = _well_formed(text)
         if len(text) > MAX_RESULT_CHARS:
             text = self.harness.writer.scrub(text, self.harness.tenant)
         return _truncate(text)

@@ -30,6 +30,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 import pydantic
@@ -81,16 +82,25 @@ from clawvm.core.errors import (
     ValidationError,
 )
 from clawvm.core.ids import is_valid_id
-from clawvm.core.model import Kind, Memory
+from clawvm.core.model import Memory
 from clawvm.recall.retrieval import Recalled
+from clawvm.store.base import StoreReader
+from clawvm.vm import checkpoint as checkpoints
 from clawvm.vm.checkpoint import RollbackReport
-from clawvm.vm.context import CHECKPOINT_TAG, Context, is_snapshot, short_id
+from clawvm.vm.context import Context, is_snapshot, short_id
 
 log = logging.getLogger("clawvm.agents.tools")
 
 
 class ToolsHost(Protocol):
     """The harness operations the LLM-facing tools dispatch to."""
+
+    tenant: str
+
+    @property
+    def store(self) -> StoreReader: ...
+
+    def now(self) -> datetime: ...
 
     def record(self, content: Any, **fields: Any) -> Memory: ...
 
@@ -257,10 +267,10 @@ class AgentTools:
             tool_call = tool_call.model_dump()
         fn = tool_call.get("function") if isinstance(tool_call, Mapping) else None
         call_id = tool_call.get("id") if isinstance(tool_call, Mapping) else None
-        if not isinstance(fn, Mapping) or not isinstance(call_id, str):
+        if not isinstance(fn, Mapping):  # (an id may be missing: some OpenAI-compatible servers leave it out)
             reply = error_reply(
                 "invalid_request",
-                "tool_call: is not an OpenAI tool call (an id string, a function with name and arguments)",
+                "tool_call: is not an OpenAI tool call (a function with a name and arguments)",
                 field="tool_call",
                 fix="pass an entry of the assistant message's tool_calls",
             )
@@ -331,18 +341,27 @@ class AgentTools:
 
     def _rollback(self, a: RollbackArgs) -> RollbackResult:
         session = self._session("rollback")
-        snap = self.harness.get(a.checkpoint_id) if is_valid_id(a.checkpoint_id) else None
+        try:
+            snap = self.harness.get(a.checkpoint_id) if is_valid_id(a.checkpoint_id) else None
+        except NotFoundError:
+            snap = None
         if snap is None or not is_snapshot(snap) or snap.session_id != session:
             raise ValidationError(
                 "checkpoint_id", "is not a checkpoint of this session", "pass an id returned by checkpoint"
             )
-        # a rollback obsoletes every memory of the session made since the checkpoint, whoever made it
-        if self._others_in("session_id", session, created_after=snap.created_at):
-            raise ValidationError(
-                "checkpoint_id",
-                "would obsolete memories other agents made in this session since the checkpoint",
-                "roll it back from the harness (Harness.rollback), not from one agent's tools",
-            )
+        agent = self.scope.get("agent_id")
+        if agent is not None:  # a rollback changes the whole session's memories, whoever made them
+            h = self.harness
+            # what the harness keeps moving (tiers, values, usage: a context build counts its lines) is
+            # no other agent's own change
+            ignore = checkpoints.BOOKKEEPING
+            changed = checkpoints.would_change(h.store, snap.id, h.now(), h.tenant, ignore=ignore)
+            if any(m.agent_id != agent for m in changed):
+                raise ValidationError(
+                    "checkpoint_id",
+                    "would change memories of this session that are not this agent's own",
+                    "roll it back from the harness (Harness.rollback), not from one agent's tools",
+                )
         report = self.harness.rollback(snap.id)
         return RollbackResult(
             checkpoint_id=report.checkpoint_id,
@@ -380,18 +399,12 @@ class AgentTools:
 
     # ---- helpers -------------------------------------------------------------------------------------------
     def _others_in(self, field: str, value: str, **filters: Any) -> bool:
-        """Whether the memories whose ``field`` is ``value`` (and ``filters``; by default of any status)
-        reach outside the bound scope: a tool that changes all of them at once (a rollback, a task's
-        summary) would change memories this agent may not even read."""
-        filters = {"status": "any", **filters, field: value}
+        """Whether the memories whose ``field`` is ``value`` (and ``filters``) reach outside the bound
+        session and agent: a tool that changes all of them at once (a task's summary) would change
+        memories this agent may not even read."""
+        filters = {**filters, field: value}
         bound = {k: v for k, v in self.scope.items() if k in ("session_id", "agent_id") and k != field}
-        if not bound:
-            return False
-        count = self.harness.count
-        outside = count(**filters) - count(**filters, **bound)
-        # a checkpoint's snapshot belongs to the session, whoever took it (it names no agent)
-        snapshots = {**filters, "kind": Kind.AGENT_STATE.value, "tags": [CHECKPOINT_TAG]}
-        return outside - (count(**snapshots) - count(**snapshots, **bound)) > 0
+        return bool(bound) and self.harness.count(**filters) != self.harness.count(**filters, **bound)
 
     def _session(self, tool: str) -> str:
         session = self.scope.get("session_id")

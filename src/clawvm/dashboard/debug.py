@@ -360,9 +360,9 @@ def _conflict(h: Harness, note: Memory, flt: RowFilter) -> dict[str, Any] | None
 
 # ---- what-if replay -------------------------------------------------------------------------------------
 #: The most memories one what-if request replays (each policy re-records them all: ~2 s for 3,000, ~14 s for
-#: 10,000 on a loaded machine, and two in-process harnesses of memory); more is refused, pointing at
-#: reach=session and at ``clawvm replay``, which has no limit.
-WHATIF_MAX_MEMORIES = 10_000
+#: 10,000 on a loaded machine, so ~30 s here, and two in-process harnesses of memory); more is refused,
+#: pointing at reach=session and at ``clawvm replay``, which has no limit.
+WHATIF_MAX_MEMORIES = 20_000
 
 
 def what_if(

@@ -112,15 +112,9 @@ def _counted(memory: Memory, restored: bool) -> Memory:
 def _renames(view: TenantStore, memories: list[Memory]) -> dict[str, str]:
     """Each id ``memories`` hold or name that ``view``'s tenant stores under another id: one another tenant
     holds (an owner's restore of a default-tenant backup into a file where a tenant had imported it said
-    "1 already present" and restored nothing). An id only named (a parent or a link target outside the
-    batch) follows only to a memory this tenant stores (an earlier import of the same file): renamed
-    otherwise, it told the importer that another tenant holds that id, and pointed at nothing."""
-    batch = {m.id for m in memories}
+    "1 already present" and restored nothing)."""
     referenced = [r for m in memories for r in (m.id, m.parent_id, *(k.target for k in m.links)) if r]
-    mapped = {i: to for i, to in view.import_ids(referenced).items() if i != to}
-    named_only = [to for i, to in mapped.items() if i not in batch]
-    ours = view.get_many(named_only) if named_only else {}
-    return {i: to for i, to in mapped.items() if i in batch or to in ours}
+    return {i: to for i, to in view.import_ids(referenced).items() if i != to}
 
 
 def check(h: ImportHost, index: int, memory: Memory, moved: bool = False) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as ShapeError
@@ -181,16 +181,7 @@ def rollback(
 ) -> RollbackReport:
     """Restore the checkpoint ``checkpoint_id`` (of ``tenant``, when given); :class:`ValidationError` naming
     ``checkpoint_id``, and nothing changed, when it is not a checkpoint snapshot of its own session."""
-    if not isinstance(checkpoint_id, str):
-        raise ValidationError(
-            "checkpoint_id", f"is a {type(checkpoint_id).__name__}", "pass the id checkpoint() returned"
-        )
-    try:
-        snap = store.get(checkpoint_id)
-    except NotFoundError:
-        raise NotFoundError(
-            "checkpoint", checkpoint_id
-        ) from None  # the id the caller passed is a checkpoint_id
+    snap = _checkpoint(store, checkpoint_id)
     data = read_snapshot(snap, tenant)
     restored, obsoleted = [], []
     tiers: dict[str, str] = {}  # restored id -> the tier it is back in (MemLens's timeline replays it)
@@ -207,22 +198,16 @@ def rollback(
             tiers[m.id] = Tier(target["tier"]).value
 
     for m in session_memories(store, snap.tenant, data.session_id):
-        if m.id == snap.id:
+        step = _step(store, m, snap, data, taken, now)
+        if step == "obsolete":
+            pager.mutate(
+                m, lambda _m: {"status": Status.OBSOLETE, "tier": Tier.ARCHIVE, "pinned": False}, now
+            )
+            obsoleted.append(m.id)
             continue
-        old = data.memories.get(m.id)
-        if old is None and _made_since(store, m, snap, taken):  # undone
-            if m.status is not Status.OBSOLETE:  # already undone (an earlier rollback): nothing to do
-                pager.mutate(
-                    m, lambda _m: {"status": Status.OBSOLETE, "tier": Tier.ARCHIVE, "pinned": False}, now
-                )
-                obsoleted.append(m.id)
+        if step == "keep":
             continue
-        if old is None:  # older than the checkpoint, moved into the session since: not the session's then
-            continue
-        if m.status is Status.EXPIRED or (m.expires_at is not None and m.expires_at <= now):
-            # a TTL is a promise to forget: restored, an expired memory went back to working active, and
-            # the next tick() expired it a second time
-            continue
+        old = data.memories[m.id]
         decompressed = "compression" in m.metadata and old.compressed is False
         if decompressed:  # compressed since the checkpoint: its raw text comes back
             m = decompress_memory(store, pager.writer, m, now)
@@ -248,6 +233,74 @@ def rollback(
         ]
     )
     return RollbackReport(snap.id, restored, obsoleted)
+
+
+#: What a rollback restores that the harness itself keeps moving (tiers, values, usage and access
+#: counts): :func:`would_change` can leave them out, to ask what a rollback changes that a writer wrote.
+BOOKKEEPING = frozenset({"tier", "value", "usage", "access_count", "last_accessed_at"})
+
+
+def would_change(
+    store: StoreReader,
+    checkpoint_id: str,
+    now: datetime,
+    tenant: str | None = None,
+    *,
+    ignore: frozenset[str] = frozenset(),
+) -> list[Memory]:
+    """The memories a rollback to ``checkpoint_id`` would change if run at ``now``: the ones it would
+    obsolete, and the ones it would restore whose fields (but ``ignore``'s) differ from the snapshot's, or
+    that it would decompress; decided as :func:`rollback` decides them. Nothing is written."""
+    snap = _checkpoint(store, checkpoint_id)
+    data = read_snapshot(snap, tenant)
+    taken = _first_seq(store, snap)
+    out = []
+    for m in session_memories(store, snap.tenant, data.session_id):
+        step = _step(store, m, snap, data, taken, now)
+        if step == "obsolete":
+            out.append(m)
+        elif step == "restore":
+            old = data.memories[m.id]
+            decompressed = "compression" in m.metadata and old.compressed is False
+            target = _restored_fields(m, old)
+            if decompressed or any(getattr(m, k) != v for k, v in target.items() if k not in ignore):
+                out.append(m)
+    return out
+
+
+def _checkpoint(store: StoreReader, checkpoint_id: Any) -> Memory:
+    """The stored memory ``checkpoint_id`` names (a snapshot or not: :func:`read_snapshot` checks)."""
+    if not isinstance(checkpoint_id, str):
+        raise ValidationError(
+            "checkpoint_id", f"is a {type(checkpoint_id).__name__}", "pass the id checkpoint() returned"
+        )
+    try:
+        return store.get(checkpoint_id)
+    except NotFoundError:
+        raise NotFoundError("checkpoint", checkpoint_id) from None  # the id the caller passed
+
+
+Step = Literal["obsolete", "restore", "keep"]
+
+
+def _step(
+    store: StoreReader, m: Memory, snap: Memory, data: Snapshot, taken: int | None, now: datetime
+) -> Step:
+    """What a rollback does to ``m``, a memory of the snapshot's session: obsolete it (made since the
+    checkpoint), restore it to its snapshot line, or keep it as it is."""
+    if m.id == snap.id:
+        return "keep"
+    old = data.memories.get(m.id)
+    if old is None and _made_since(store, m, snap, taken):  # undone
+        # already undone (an earlier rollback): nothing to do
+        return "obsolete" if m.status is not Status.OBSOLETE else "keep"
+    if old is None:  # older than the checkpoint, moved into the session since: not the session's then
+        return "keep"
+    if m.status is Status.EXPIRED or (m.expires_at is not None and m.expires_at <= now):
+        # a TTL is a promise to forget: restored, an expired memory went back to working active, and
+        # the next tick() expired it a second time
+        return "keep"
+    return "restore"
 
 
 def _first_seq(store: StoreReader, m: Memory) -> int | None:
