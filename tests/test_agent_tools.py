@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawvm import Harness, Kind, State, Status
+from clawvm import Harness, Kind, PagerConfig, State, Status, TierBudgets
 from clawvm.agents.tool_schemas import KindName, StateName
 from clawvm.agents.tools import AgentTools
 from clawvm.vm.compress import SummarizerError
@@ -610,3 +610,18 @@ def test_tool_message_takes_the_sdks_object_and_refuses_what_is_no_tool_call() -
         # no id (some OpenAI-compatible servers leave it out): still dispatched, answered with ""
         msg = tools.tool_message({"function": {"name": "record_memory", "arguments": {"content": "hey"}}})
         assert msg["tool_call_id"] == "" and json.loads(msg["content"])["ok"] is True
+
+
+def test_an_agents_rollback_is_not_refused_for_the_pagers_own_moves() -> None:
+    """The pager compressed another agent's memories on their way to the archive after the checkpoint;
+    the rollback would decompress them, which no agent wrote: it was refused."""
+    budgets = TierBudgets(working_items=1, short_term_items=1, long_term_items=1)
+    with Harness.open("memory://", embedder=None, pager=PagerConfig(budgets=budgets, background=False)) as h:
+        a1, a2 = AgentTools(h, session_id="s", agent_id="a1"), AgentTools(h, session_id="s", agent_id="a2")
+        long = "The ledger export ran for hours and then stopped without a word. " * 12
+        for n in range(3):
+            ok(a2.dispatch("record_memory", {"content": f"{long} Attempt {n}.", "kind": "observation"}))
+        cp = ok(a1.dispatch("checkpoint", {"name": "before"}))["checkpoint_id"]
+        h.page()
+        assert h.count(session_id="s", agent_id="a2", tier="archive") >= 1  # compressed on the way there
+        assert ok(a1.dispatch("rollback", {"checkpoint_id": cp}))["restored"] >= 1

@@ -99,6 +99,7 @@ def test_a_what_if_is_bounded_in_size_and_runs_one_at_a_time(tmp_path: Path) -> 
         h.record(f"deploy step {i} of the tessera rollout", session_id="s1")
     h.record("an unrelated note of another session", session_id="s2")
     h.context("tessera rollout", budget_tokens=200, session_id="s1")
+    h.context("tessera rollout", budget_tokens=200, session_id="s3")  # s3 holds no memory of its own
     h.close()
     settings = ServerSettings(whatif_max_memories=3)
     with TestClient(create_app(tmp_path / "w.db", embedder=embedder, settings=settings)) as client:
@@ -109,6 +110,11 @@ def test_a_what_if_is_bounded_in_size_and_runs_one_at_a_time(tmp_path: Path) -> 
         assert "its 4 memories" in err["message"] and "reach=session" in err["fix"]
         own = {"session": "s1", "reach": "session"}
         assert client.get("/dashboard/api/whatif", params=own, headers=auth).status_code == 200
+        unknown = client.get("/dashboard/api/whatif", params={"session": "nope"}, headers=auth)
+        assert unknown.status_code == 404 and unknown.json()["error"]["field"] == "session"  # before the 422
+        # a session whose builds recall the tenant's memories, holding none itself: replayed
+        elsewhere = {"session": "s3", "reach": "session"}
+        assert client.get("/dashboard/api/whatif", params=elsewhere, headers=auth).status_code == 200
         embedder.held.set()
         first: list[httpx.Response] = []
         running = threading.Thread(

@@ -489,6 +489,7 @@ def test_retention_archives_by_age_and_value_and_never_deletes(engine_name: str,
         ({"max_age": {"observation": 30}}, "max_age.observation"),  # days as a number: a raw TypeError later
         ({"max_age": {"observation": timedelta(0)}}, "max_age.observation"),
         ({"max_age": {"observations": timedelta(days=1)}}, "max_age.observations"),  # matched nothing
+        ({"max_age": {"note": timedelta(days=1)}}, "max_age.note"),  # a kind, but not a team kind: ignored
         ({"max_age": [("observation", timedelta(days=1))]}, "max_age"),
         ({"min_value": 2}, "min_value"),
         ({"min_value": "0.5"}, "min_value"),

@@ -225,8 +225,6 @@ def read_session(
     session_id = live.writer.identifier(session_id, live.tenant)
     scope: dict[str, Any] = {"session_id": session_id} if reach == "session" else {}
     if max_memories is not None:  # counted, not read: a big tenant is refused before its memories are
-        if live.count(status="any", session_id=session_id) == 0:  # no such session: that first
-            raise _no_build(session_id)
         held = live.count(status="any", **scope)
         if held > max_memories:
             unlimited = "run `clawvm --db STORE replay SESSION`, which has no limit"
@@ -443,7 +441,7 @@ def _apply_person(offline: Harness, event: Event) -> None:
     target = data.get("target")
     value = float(target) if data.get("action") == "set_value" and isinstance(target, int | float) else None
     tier = data.get("tier") if isinstance(data.get("tier"), str) else None
-    by = str(data.get("by") or "user")  # a blank one was taken before intervene refused it
+    by = str(data.get("by") or "").strip() or "user"  # a blank one was taken before intervene refused it
     intervene(offline, str(data["action"]), memory_id, value=value, tier=tier, by=by)
 
 

@@ -920,6 +920,16 @@ def finite(x: float) -> float:
     return x if math.isfinite(x) else 0.0
 
 
+def within(name: str, v: Any, low: float, high: float, fix: str, *, above_low: bool = False) -> float:
+    """``v``, a number in [``low``, ``high``] (in (``low``, ``high``] with ``above_low``), as a float; else
+    :class:`ValidationError` naming ``name`` with ``fix``: a bool, text or NaN is in no range (True read as
+    1, and NaN fails every comparison silently)."""
+    number = isinstance(v, int | float) and not isinstance(v, bool)
+    if not number or not (low < v <= high if above_low else low <= v <= high):
+        raise ValidationError(name, f"is {v!r}", fix)
+    return float(v)
+
+
 def counted(name: str, v: Any, least: int = 1) -> int:
     """``v`` as a whole count of at least ``least`` (a limit, a page size, k), or :class:`ValidationError`
     naming ``name``: a bool, a float or text is no count, and a negative limit sliced silently. Any integer

@@ -33,6 +33,7 @@ from enum import StrEnum
 from typing import Any
 
 from clawvm.core.errors import UpstreamError, ValidationError
+from clawvm.core.model import within
 
 #: Everything :func:`post_json` can raise on a failed call or a reply that is not JSON. ``http.client``
 #: errors (a bad status line, a body shorter than its Content-Length) are neither OSError nor URLError.
@@ -187,9 +188,8 @@ def check_endpoint_settings(base_url: Any, model: Any, api_key: Any, timeout_s: 
         raise ValidationError("model", f"is {model!r}", "name the model the endpoint serves")
     if not isinstance(api_key, str):
         raise ValidationError("api_key", f"is a {type(api_key).__name__}", "pass the key as a string")
-    number = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
-    if not number or not 0 < timeout_s <= 3600:  # NaN fails the comparison too
-        raise ValidationError("timeout_s", f"is {timeout_s!r}", "pass seconds, more than 0 (at most 3600)")
+    fix = "pass seconds, more than 0 (at most 3600)"
+    within("timeout_s", timeout_s, 0.0, 3600.0, fix, above_low=True)
 
 
 class FailureReason(StrEnum):

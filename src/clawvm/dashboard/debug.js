@@ -164,7 +164,7 @@ window.MemLensViews = function (ML) {
           " this session's memories only"),
         el("button", { id: "whatif-run", class: "primary", text: "Replay", onclick: run })),
       result);
-    if (w.budget || w.working_items || w.working_tokens || w.weights) await run();
+    if (w.budget || w.working_items || w.working_tokens || w.weights || w.reach) await run();
   }
 
   const BUILD_COLUMNS = ["seq", "query", "tokens_a", "tokens_b", "lines_in", "lines_out", "needed", "kept_a", "kept_b", "dropped_needed"];

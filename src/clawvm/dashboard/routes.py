@@ -377,6 +377,9 @@ def create_router(
             Query(description="replay every memory recorded up to the session's last build, or its own"),
         ] = "tenant",
     ) -> dict[str, Any]:
+        # a session that built no context is a 404 before any limit (the Lens indexes the builds)
+        if not lens_for(h).metrics(session)["context_tokens"]["builds"]:
+            raise NotFoundError("session", session, field="session")
         if not replaying.acquire(blocking=False):
             raise RateLimitError(WHATIF_RETRY_S, "what-if replays (one at a time per server process)")
         try:

@@ -58,6 +58,7 @@ from clawvm.core.model import (
     refuse_set_by_harness,
     revalidate,
     utcnow,
+    within,
 )
 from clawvm.core.redact import RedactionPolicy
 from clawvm.harness import assembly, importing
@@ -674,8 +675,8 @@ class Harness:
             )
         if memory.pinned and memory.tier is Tier.WORKING:
             return memory  # pinned already: no new version, no event
-        self.pager.check_pin(memory, self.now())
         now = self.now()
+        self.pager.check_pin(memory, now)
         before = self.pager.value_now(memory, now)
         pinned = self.pager.mutate(memory, lambda _m: {"pinned": True, "tier": Tier.WORKING}, now)
         self._after_move(
@@ -1136,15 +1137,9 @@ class Harness:
         """Wait until every recorded memory is embedded, and run a pager pass (a lifecycle boundary).
         Nothing to do once closed: close() ran the last pass, and what it left unembedded (``wait=False``)
         the next open embeds."""
-        if timeout is not None and (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            # NaN fails both comparisons; past TIMEOUT_MAX the wait itself raises OverflowError
-            or not 0 <= timeout <= threading.TIMEOUT_MAX
-        ):
-            raise ValidationError(
-                "timeout", f"is {timeout!r}", "pass seconds (a number, 0 or more), or None to wait"
-            )
+        if timeout is not None:  # past TIMEOUT_MAX the wait itself raised OverflowError
+            fix = "pass seconds (a number, 0 or more), or None to wait"
+            within("timeout", timeout, 0.0, threading.TIMEOUT_MAX, fix)
         if self.writer.closed:
             return
         if self._worker is not None:

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol
 
 from clawvm.core.errors import ConflictError, StateConflictError, ValidationError
-from clawvm.core.model import Kind, Memory, Status, Tier, build_memory, refuse_internal
+from clawvm.core.model import Kind, Memory, Status, Tier, build_memory, refuse_internal, within
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
 from clawvm.store.eventlog import WEIGHTS_KIND
@@ -117,10 +117,8 @@ def raw_value(memory: Memory, now: datetime, cfg: ScoringConfig) -> float:
 
 
 def check_rate(rate: Any) -> None:
-    """:class:`ValidationError` unless ``rate`` is a learning rate in (0, 1] (NaN and text are not)."""
-    number = isinstance(rate, int | float) and not isinstance(rate, bool)
-    if not number or not 0.0 < rate <= 1.0:
-        raise ValidationError("rate", f"is {rate!r}", "pass a learning rate in (0, 1]")
+    """:class:`ValidationError` unless ``rate`` is a learning rate in (0, 1]."""
+    within("rate", rate, 0.0, 1.0, "pass a learning rate in (0, 1]", above_low=True)
 
 
 def learn(
@@ -154,8 +152,7 @@ def learn(
     change of each weight.
     """
     check_rate(rate)
-    if isinstance(target, bool) or not isinstance(target, int | float) or not 0.0 <= target <= 1.0:
-        raise ValidationError("target", f"is {target!r}", "pass the value the memory should have, 0 to 1")
+    within("target", target, 0.0, 1.0, "pass the value the memory should have, 0 to 1")
     f = features(memory, now, cfg)
     norm = sum(x * x for x in f.values())
     err = target - raw_value(memory, now, cfg)
@@ -271,7 +268,7 @@ def intervene(
     if action not in ACTIONS:
         raise ValidationError("action", f"is {action!r}", f"use one of {', '.join(ACTIONS)}")
     check_rate(learn_rate)  # before any write: a pin took place, then the bad rate was refused
-    if not isinstance(by, str) or not by.strip():
+    if not isinstance(by, str) or not by.strip():  # (harness.fields.named_id is a layer above)
         raise ValidationError("by", f"is {by!r}", "name who acts (e.g. 'user' or a person's name)")
     memory = harness.get(memory_id)
     refuse_internal(memory)  # a grant or the learned weights: moved to the archive by the dashboard's tier
@@ -284,9 +281,7 @@ def intervene(
     now = harness.now()
     target = TARGETS.get(action)
     if action == "set_value":
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
-            raise ValidationError("value", f"is {value!r}", "pass a number between 0 and 1")
-        target = float(value)
+        target = within("value", value, 0.0, 1.0, "pass a number between 0 and 1")
     if action == "set_tier" and tier not in {t.value for t in Tier}:
         raise ValidationError("tier", f"is {tier!r}", f"use one of {', '.join(t.value for t in Tier)}")
     if action == "annotate" and (not isinstance(note, str) or not note.strip()):

@@ -192,6 +192,7 @@ class GrantData(TypedDict):
 class ReviseData(TypedDict):
     revises: str
     number: int
+    agent_id: NotRequired[str | None]  # the reviser (written since revisions name their agent)
 
 
 class MergeData(TypedDict):

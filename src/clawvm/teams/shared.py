@@ -77,6 +77,7 @@ from clawvm.core.model import (
     refuse_internal,
     refuse_set_by_harness,
     revalidate,
+    within,
 )
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
@@ -642,20 +643,17 @@ class RetentionPolicy:
         # checked here: a number of days given as 30 failed apply_retention with a raw TypeError
         if not isinstance(self.max_age, Mapping):
             raise ValidationError("max_age", f"is {self.max_age!r}", "pass {kind: timedelta(days=N)}")
+        kept = {k.value for k in self.kinds}
         for kind, limit in self.max_age.items():
-            if kind not in {k.value for k in Kind}:
-                raise ValidationError(
-                    f"max_age.{kind}", "is no memory kind", "key it by a kind, e.g. 'observation'"
-                )
+            if kind not in kept:  # another kind's entry would do nothing: apply_retention reads only these
+                fix = f"use one of {sorted(kept)}"
+                raise ValidationError(f"max_age.{kind}", "is not among the kinds this policy keeps", fix)
             if not isinstance(limit, timedelta) or limit <= timedelta(0):
                 raise ValidationError(
                     f"max_age.{kind}", f"is {limit!r}", "pass a positive timedelta, e.g. timedelta(days=30)"
                 )
-        value = self.min_value
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0
-        ):
-            raise ValidationError("min_value", f"is {value!r}", "pass a value between 0 and 1, or None")
+        if self.min_value is not None:
+            within("min_value", self.min_value, 0.0, 1.0, "pass a value between 0 and 1, or None")
 
 
 def apply_retention(h: TeamHost, policy: RetentionPolicy, *, team_id: str | None = None) -> list[Memory]:

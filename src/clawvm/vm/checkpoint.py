@@ -31,6 +31,7 @@ from clawvm.core.model import (
     Filters,
     Kind,
     Link,
+    LinkType,
     Memory,
     State,
     Status,
@@ -236,8 +237,9 @@ def rollback(
 
 
 #: What a rollback restores that the harness itself keeps moving (tiers, values, usage and access
-#: counts): :func:`would_change` can leave them out, to ask what a rollback changes that a writer wrote.
-BOOKKEEPING = frozenset({"tier", "value", "usage", "access_count", "last_accessed_at"})
+#: counts, the pager's compression on the way to the archive): :func:`would_change` can leave them out,
+#: to ask what a rollback changes that a writer wrote.
+BOOKKEEPING = frozenset({"tier", "value", "usage", "access_count", "last_accessed_at", "compressed"})
 
 
 def would_change(
@@ -250,7 +252,8 @@ def would_change(
 ) -> list[Memory]:
     """The memories a rollback to ``checkpoint_id`` would change if run at ``now``: the ones it would
     obsolete, and the ones it would restore whose fields (but ``ignore``'s) differ from the snapshot's, or
-    that it would decompress; decided as :func:`rollback` decides them. Nothing is written."""
+    that it would decompress; decided as :func:`rollback` decides them. Nothing is written. (What the
+    store holds: recalls' access bookkeeping that a harness still holds is written by its rollback first.)"""
     snap = _checkpoint(store, checkpoint_id)
     data = read_snapshot(snap, tenant)
     taken = _first_seq(store, snap)
@@ -263,7 +266,13 @@ def would_change(
             old = data.memories[m.id]
             decompressed = "compression" in m.metadata and old.compressed is False
             target = _restored_fields(m, old)
-            if decompressed or any(getattr(m, k) != v for k, v in target.items() if k not in ignore):
+            seen = m
+            if decompressed and "compressed" in ignore:  # its pointer to the raw copy is the pager's too
+                raw = m.metadata["compression"].get("raw_id")
+                links = [k for k in m.links if not (k.type is LinkType.DERIVED_FROM and k.target == raw)]
+                seen = m.model_copy(update={"links": links})
+            changed = any(getattr(seen, k) != v for k, v in target.items() if k not in ignore)
+            if changed or (decompressed and "compressed" not in ignore):
                 out.append(m)
     return out
 

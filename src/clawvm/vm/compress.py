@@ -16,7 +16,7 @@ never any text). A placeholder ("None", "") is never stored.
 | reason            | when                                                                          |
 |-------------------|-------------------------------------------------------------------------------|
 | `http_status`     | the endpoint answered with an error status                                    |
-| `malformed_reply` | not HTTP (a bad status line), a body shorter than its Content-Length, not JSON |
+| `malformed_reply` | not HTTP, a body shorter than its Content-Length or over 64 MB, not JSON          |
 | `empty_reply`     | the reply's content is null, empty or blank                                    |
 | `timeout`         | no whole answer within ``timeout_s`` (or what was left of the pass's budget)   |
 | `unreachable`     | the connection was refused or reset                                            |

@@ -24,8 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from clawvm.core.errors import ValidationError
-from clawvm.core.model import Kind, Memory, Status
+from clawvm.core.model import Kind, Memory, Status, within
 
 SECTIONS = ("pinned", "working", "retrieved")
 
@@ -43,15 +42,8 @@ class Quotas:
 
     def __post_init__(self) -> None:
         for name in ("pinned", "working", "retrieved"):
-            share = getattr(self, name)
-            # bool is an int: True would read as the whole budget
-            number = isinstance(share, int | float) and not isinstance(share, bool)
-            if not number or not 0.0 <= share <= 1.0:
-                raise ValidationError(
-                    f"quotas.{name}",
-                    f"is {share!r}",
-                    "pass a share of the budget between 0 and 1 (0.4 = 40%)",
-                )
+            fix = "pass a share of the budget between 0 and 1 (0.4 = 40%)"
+            within(f"quotas.{name}", getattr(self, name), 0.0, 1.0, fix)
 
 
 @dataclass(frozen=True)
