@@ -288,9 +288,10 @@ def _decompress(w: World) -> Memory:
     return w.harness.decompress(w.note.id)
 
 
-def _intermediate_steps(w: World, task_id: str) -> None:
+def _intermediate_steps(w: World, task_id: str, agent_id: str | None = None) -> None:
     for step in ("looked the customer up", "found the charge", "refunded it"):
-        w.harness.record(f"{step}: {PLANTED}", task_id=task_id, session_id=SESSION, state=State.INTERMEDIATE)
+        scope = {"task_id": task_id, "session_id": SESSION, "agent_id": agent_id}
+        w.harness.record(f"{step}: {PLANTED}", state=State.INTERMEDIATE, **scope)
 
 
 def _collapse(w: World) -> Memory | None:
@@ -888,7 +889,7 @@ def _mcp_rollback(w: World) -> dict[str, Any]:
 
 
 def _mcp_summarize(w: World) -> dict[str, Any]:
-    _intermediate_steps(w, TASK)
+    _intermediate_steps(w, TASK, AGENT)  # the bound agent's own steps: its tools summarize no one else's
     w.mark()
     return {}
 
