@@ -519,6 +519,25 @@ def _open(browser: Any, base: str, key: str, fragment: str, width: int = 1500) -
     return page, problems
 
 
+def test_a_page_that_meets_the_rate_limit_waits_and_reads_again(browser: Any, tmp_path: Path) -> None:
+    """A view reads several things at once; a read that met the key's rate limit (429) left its panel
+    empty: the inspector's revisions table stayed away in a loaded CI run."""
+    h = Harness.open(tmp_path / "limited.db", embedder=None)
+    first = h.record("deploys go through the EU host", session_id="s1")
+    head = h.revise(first.id, content="deploys go through the US host").id
+    h.close()
+    app = create_app(tmp_path / "limited.db", embedder=None, settings=ServerSettings(rate_per_s=6, burst=3))
+    keys = _keys(app)
+    with serve_app(app) as base:
+        page, problems = _watched_page(browser, height=1000)
+        page.goto(f"{base}/dashboard/#key={keys['read-only']}")
+        _wait_view(page, "sessions")
+        page.evaluate("(f) => { location.hash = f; }", f"#view=sessions&session=s1&memory={head}")
+        page.wait_for_selector('#inspector[data-ready="1"] #revisions-table .diff-add', timeout=60_000)
+        assert any("429" in p for p in problems), problems  # it did meet the limit, and read again
+        page.close()
+
+
 def test_a_run_trace_leads_to_the_exact_prompt_and_a_diff_by_deep_link(
     served: tuple[str, Harness, dict[str, str]], browser: Any
 ) -> None:

@@ -60,7 +60,15 @@
   async function api(path, opts) {
     const headers = Object.assign({ Accept: "application/json" }, (opts && opts.headers) || {});
     if (state.key) headers.Authorization = "Bearer " + state.key;
-    const res = await fetch("api/" + path, Object.assign({}, opts || {}, { headers }));
+    let res = await fetch("api/" + path, Object.assign({}, opts || {}, { headers }));
+    // a view reads several things at once and may meet the key's rate limit: a read waits what the 429's
+    // Retry-After says and asks again (a few times); a write is never sent twice
+    const reading = !opts || !opts.method || opts.method.toUpperCase() === "GET";
+    for (let again = 0; res.status === 429 && reading && again < 5; again++) {
+      const wait = Math.min(5, Number(res.headers.get("Retry-After")) || 1);
+      await new Promise((done) => setTimeout(done, wait * 1000));
+      res = await fetch("api/" + path, Object.assign({}, opts || {}, { headers }));
+    }
     if (res.status === 401 || res.status === 403) {
       $("#keybar").hidden = false;
       throw new ApiError(res.status === 401 ? "an API key is needed: enter one above" : "this key may not do that");
