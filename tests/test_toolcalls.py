@@ -164,6 +164,36 @@ def test_async_tool_success_and_error(harness: Harness) -> None:
     assert (bad_call.state, bad.state, bad.content) == (State.ERROR, State.ERROR, "ConnectionError: refused")
 
 
+def test_a_call_cut_off_from_outside_is_interrupted_not_the_tools_error(harness: Harness) -> None:
+    """A task cancelled around the tool (asyncio.wait_for's timeout) or Ctrl-C stops the call before the
+    tool returns: the exception goes on to the caller, and the trail says the call was interrupted (its
+    outcome unknown), which the tool's reliability leaves out of its error rate."""
+
+    @harness.tool(session_id="s9")
+    async def deploy(app: str) -> str:
+        await asyncio.sleep(30)
+        return "deployed"
+
+    async def run() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(deploy("web"), 0.05)
+
+    asyncio.run(run())
+    with pytest.raises(KeyboardInterrupt), harness.tool_call("deploy", {"app": "db"}, session_id="s9"):
+        raise KeyboardInterrupt
+    pairs = trail(harness, "deploy")
+    errors = [r.metadata["tool_result"]["error"]["type"] for _, r in pairs]
+    assert errors == ["CancelledError", "KeyboardInterrupt"]
+    for call, result in pairs:
+        assert (call.state, result.state) == (State.ERROR, State.ERROR)
+        assert INTERRUPTED in result.tags and INTERRUPTED in call.tags
+        assert result.metadata["tool_result"]["interrupted"] is True
+        assert call.metadata["tool_call"]["status"] == INTERRUPTED
+        assert "outcome is unknown" in result.content
+    stats = harness.tool_reliability("deploy")["deploy"]
+    assert (stats.interrupted, stats.errors, stats.error_rate) == (2, 0, 0.0)
+
+
 def test_context_manager_sync_and_async(harness: Harness) -> None:
     with harness.tool_call("shell", {"cmd": "df -h"}, session_id="s3") as call:
         call.set_result("disk 91% full")

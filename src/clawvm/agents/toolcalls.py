@@ -13,6 +13,8 @@ Every call of a recorded tool (``@harness.tool(...)`` on any sync or async calla
    ``"<ExceptionType>: <message>"`` and ``metadata.tool_result.error`` = type, message, the last frames
    of the traceback and whether it was a timeout. An invalid result raises
    :class:`~clawvm.core.errors.InvalidToolResultError` to the caller: it is never passed on silently. A
+   call cut off from outside (its task cancelled, by a timeout around it or a shutdown; Ctrl-C) is
+   recorded ``interrupted``, as :func:`restore` records a crashed one, not as the tool's error. A
    failing recording template or cost function is the record's problem, not the tool's: the result is
    recorded in the default format, returned, and the failure noted (``recording_errors``) and logged.
 
@@ -31,6 +33,7 @@ Scope (session, task, agent, tags) comes from, in order: the call's own argument
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextvars
 import functools
@@ -82,6 +85,13 @@ Template = str | Callable[[Any], Any]
 Validator = Callable[[Any], bool | str | None]
 
 INTERRUPTED = "interrupted"
+#: What cuts a call off from outside rather than failing it: recorded ``interrupted`` (see ToolCall.fail)
+CUT_OFF: tuple[type[BaseException], ...] = (
+    asyncio.CancelledError,
+    KeyboardInterrupt,
+    SystemExit,
+    GeneratorExit,
+)
 TIMEOUT = "timeout"
 MAX_RESULT_CHARS = 8000
 TRACEBACK_FRAMES = 3
@@ -298,7 +308,9 @@ class ToolCall:
         return value
 
     def fail(self, exc: BaseException) -> Memory:
-        """Record ``exc`` as the call's ERROR outcome."""
+        """Record ``exc`` as the call's ERROR outcome (``interrupted`` when the caller cut the call off)."""
+        if isinstance(exc, CUT_OFF):
+            return self._cut_off(exc)
         timeout = is_timeout(exc, self.spec.timeout_errors)
         error = {
             "type": type(exc).__name__,
@@ -312,6 +324,23 @@ class ToolCall:
             self._cost(None, self._elapsed()),
             {"error": error},
             tags=[TIMEOUT] if timeout else [],
+        )
+
+    def _cut_off(self, exc: BaseException) -> Memory:
+        """The call stopped from outside while the tool ran (a task cancelled, by a timeout around it or
+        a shutdown; Ctrl-C; the process exiting): not the tool's failure, and whether it took effect is
+        unknown, so it is recorded as :func:`restore` records a call its dead process left: ``interrupted``
+        (left out of the tool's reliability rates), never as an error of the tool."""
+        name = type(exc).__name__
+        error = {"type": name, "message": str(exc), "traceback": "", "timeout": False}
+        return self._finish(
+            State.ERROR,
+            f"{self.spec.name} call interrupted ({name}): it was stopped from outside before the tool "
+            "returned, so its outcome is unknown",
+            self._cost(None, self._elapsed()),
+            {"interrupted": True, "error": error},
+            tags=[INTERRUPTED],
+            status=INTERRUPTED,
         )
 
     def fail_reported(self, message: str, error_type: str) -> Memory:
@@ -419,7 +448,10 @@ class ToolCall:
         cost: Cost,
         info: dict[str, Any],
         tags: Sequence[str] = (),
+        status: str | None = None,
     ) -> Memory:
+        """Record the result and close the call; ``status`` is the call's (default: the state's), and the
+        call takes the result's ``tags`` that mark outcomes (``interrupted``)."""
         call_id = self._call_id()
         content, info = _well_formed(content), _well_formed(info)
         try:
@@ -435,7 +467,8 @@ class ToolCall:
                 metadata={"tool_result": {"call_id": call_id, "duration_s": cost.seconds, **info}},
                 **{**self.scope, "tags": result_tags},
             )
-            _close_call(self.harness, call_id, state, self.result.id, cost.seconds)
+            marked = [t for t in tags if t == INTERRUPTED]
+            _close_call(self.harness, call_id, state, self.result.id, cost.seconds, status, marked)
             return self.result
         finally:
             with _in_flight_lock:
@@ -592,12 +625,22 @@ def _mark_interrupted(harness: ToolHost, call: Memory) -> None:
 
 
 # ---- helpers --------------------------------------------------------------------------------------------
-def _close_call(harness: ToolHost, call_id: str, state: State, result_id: str, seconds: float) -> None:
-    """The call takes its outcome's state and points to its result."""
+def _close_call(
+    harness: ToolHost,
+    call_id: str,
+    state: State,
+    result_id: str,
+    seconds: float,
+    status: str | None = None,
+    tags: Sequence[str] = (),
+) -> None:
+    """The call takes its outcome's state (its ``status``: the state's unless given, and ``tags``) and
+    points to its result."""
 
     def change(m: Memory) -> dict[str, Any]:
-        info = {**m.metadata.get("tool_call", {}), "status": state.value, "result_id": result_id}
-        return {"state": state, "metadata": {**m.metadata, "tool_call": {**info, "duration_s": seconds}}}
+        info = {**m.metadata.get("tool_call", {}), "status": status or state.value, "result_id": result_id}
+        closed = {"state": state, "metadata": {**m.metadata, "tool_call": {**info, "duration_s": seconds}}}
+        return {**closed, "tags": capped_tags(list(tags), m.tags)} if tags else closed
 
     _update(harness, call_id, change)
 
