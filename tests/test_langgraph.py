@@ -815,3 +815,21 @@ def test_a_negative_limit_or_offset_and_mixed_keys_are_refused_by_name() -> None
             store.put(("p",), "mixed", {1: "x", "b": 2})
         assert "keys of two types" in exc.value.problem
         assert len(store.search(("p",))) == 3
+
+
+def test_under_redaction_no_secret_of_an_indexed_field_reaches_the_embedding_model() -> None:
+    """Each indexed field was scrubbed as text alone: the value of a "password" field read as no secret,
+    was embedded, and its vector stored beside the redacted value."""
+    from clawvm.write.redaction import RedactionPolicy
+
+    seen: list[str] = []
+
+    def embed(texts: list[str]) -> list[list[float]]:
+        seen.extend(texts)
+        return [[1.0] * 384 for _ in texts]
+
+    with Harness.open("memory://", embedder=None, redaction=RedactionPolicy()) as h:
+        store = ClawVMStore(h, index={"embed": embed, "dims": 384, "fields": ["password", "card"]})
+        store.put(("ns",), "k1", {"password": "hunter2Xy9", "card": 4111111111111111})
+        assert store.get(("ns",), "k1").value == {"password": "[SECRET]", "card": "[CARD]"}
+    assert seen == ["[SECRET]\n[CARD]"]

@@ -451,6 +451,20 @@ def test_the_stored_form_of_an_id_is_its_own_stored_form() -> None:
     assert redact_identifier("session-42", policy, salt=TENANT) == "session-42"
 
 
+def test_a_card_or_phone_number_given_as_a_number_in_metadata_is_redacted_as_in_content() -> None:
+    """Metadata numbers were left as they were: a card number sent as an integer was stored in clear,
+    though the same value in JSON content became [CARD]."""
+    with Harness.open("memory://", embedder=None, redaction=RedactionPolicy()) as h:
+        in_content = h.record({"card": 4111111111111111})
+        in_metadata = h.record(
+            "payment note", metadata={"card": 4111111111111111, "billing": {"phone": 5550132}, "count": 7}
+        )
+        assert json.loads(in_content.content) == {"card": "[CARD]"}
+        assert in_metadata.metadata["card"] == "[CARD]" and in_metadata.metadata["count"] == 7
+        assert in_metadata.metadata["billing"] == {"phone": "[PHONE]"}
+        assert h.get(in_metadata.id).metadata == in_metadata.metadata  # as stored
+
+
 def test_grants_of_secret_looking_team_and_agent_ids_govern_their_memories(tmp_path: Path) -> None:
     """Grants are kept and checked in the stored form of the ids, like the memories they govern."""
     s = Secrets.of("grants", "sdk")

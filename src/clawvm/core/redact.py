@@ -802,32 +802,31 @@ def redact_identifier(value: str, policy: RedactionPolicy | None = None, *, salt
 
 
 # ---- JSON payloads ---------------------------------------------------------------------------------
-def redact_json(
-    payload: Any, policy: RedactionPolicy | None = None, *, numbers: bool = True
-) -> tuple[Any, dict[str, int]]:
-    """A copy of a JSON value with its strings (and numbers that are cards or phones) redacted.
+def redact_json(payload: Any, policy: RedactionPolicy | None = None) -> tuple[Any, dict[str, int]]:
+    """A copy of a JSON value with its strings (and integers that are cards or phones) redacted.
 
     Each value is checked with its key as context (``"phone": "5550132"`` reads as ``phone: 5550132``),
-    so that assignments and phone words work inside JSON too. Returns the copy and the counts by kind.
-    ``numbers=False`` leaves numbers as they are (metadata: a count must stay a number).
+    so that assignments and phone words work inside JSON too; an integer found to be a card or a phone
+    becomes its placeholder (a string), any other stays the number it was. Returns the copy and the counts
+    by kind.
     """
     tally: Counter[str] = Counter()
-    return _walk(payload, None, policy or DEFAULT_POLICY, tally, numbers), dict(tally)
+    return _walk(payload, None, policy or DEFAULT_POLICY, tally), dict(tally)
 
 
-def _walk(value: Any, key: str | None, policy: RedactionPolicy, tally: Counter[str], numbers: bool) -> Any:
+def _walk(value: Any, key: str | None, policy: RedactionPolicy, tally: Counter[str]) -> Any:
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         repeats: dict[str, int] = {}
         for k, v in value.items():
             new_key = _unique_key(_redact_scalar(str(k), None, policy, tally), out, repeats)
-            out[new_key] = _walk(v, str(k), policy, tally, numbers)
+            out[new_key] = _walk(v, str(k), policy, tally)
         return out
     if isinstance(value, list | tuple):
-        return [_walk(v, key, policy, tally, numbers) for v in value]
+        return [_walk(v, key, policy, tally) for v in value]
     if isinstance(value, str):
         return _redact_scalar(value, key, policy, tally)
-    if numbers and isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, int) and not isinstance(value, bool):
         text = str(value)
         redacted = _redact_scalar(text, key, policy, tally)
         return value if redacted == text else redacted

@@ -432,9 +432,15 @@ class ClawVMStore(BaseStore):
             if op.value is not None:
                 normalize_content(dict(op.value), self.harness.max_content_bytes)
                 _check_ttl(op.ttl)
-        texts = [None if op.value is None else self._indexed_text(dict(op.value), op.index) for op in puts]
-        # as the tenant's redaction policy would store them: a secret never reaches the embedding model
-        texts = [None if t is None else self.harness.writer.scrub(t, self.harness.tenant) for t in texts]
+        # the indexed fields of each value as the tenant's redaction policy stores it (each field read with
+        # its key: the text of a "password" field alone reads as no secret), scrubbed again as the text
+        # they join into: a secret never reaches the embedding model
+        writer, tenant = self.harness.writer, self.harness.tenant
+        stored = [None if op.value is None else writer.scrub_json(dict(op.value), tenant) for op in puts]
+        fields = [
+            None if v is None else self._indexed_text(v, op.index) for v, op in zip(stored, puts, strict=True)
+        ]
+        texts = [None if t is None else writer.scrub(t, tenant) for t in fields]
         wanted = [t for t in texts if t is not None]
         rows = self._embed(wanted) if wanted else None
         vectors: dict[int, np.ndarray] = {}

@@ -7,9 +7,10 @@ Enforced here and nowhere else. A write of memories passes, in this order:
    content within ``max_content_bytes``; vectors of the store's dimension;
 2. **redaction**: its content as the tenant's redaction policy stores it (token count recounted and the
    value re-derived when the text changed), and every string of its metadata (tool-call arguments, error
-   messages, review reasons, checkpoint names, annotations ...) likewise, read with its key as context;
-   numbers stay numbers, and the sealed original (``metadata["redaction"]``) is left as it is; its scope
-   ids (session, task, agent, team, tool) and tags as identifiers
+   messages, review reasons, checkpoint names, annotations ...) likewise, read with its key as context
+   (an integer that is a card or a phone number too, as in JSON content), and the sealed original
+   (``metadata["redaction"]``) is left as it is; its scope ids (session, task, agent, team, tool) and
+   tags as identifiers
    (:func:`clawvm.core.redact.redact_identifier`: one stored form per original, so a secret-looking
    session id neither leaks nor splits its session; readers map the ids they filter by with
    :meth:`CommitPath.identifier`);
@@ -342,6 +343,13 @@ class CommitPath:
         self._clean.add(tenant, _TEXT, scrubbed)
         return scrubbed
 
+    def scrub_json(self, value: Any, tenant: str) -> Any:
+        """A JSON ``value`` as ``tenant``'s policy would store it as a memory's JSON content (each string
+        and number read with its key as context): for callers that index or embed parts of a value, which
+        out of its keys' context would not be recognised as the secrets they are (``{"password": "x"}``)."""
+        policy = self.redactor.policy_for(tenant)
+        return value if policy is None else redact_json(value, policy)[0]
+
     def identifier(self, value: str, tenant: str) -> str:
         """``value`` (a scope id or a tag) as ``tenant``'s policy stores it: unchanged when nothing is found,
         else its redacted form with a digest of the original (:func:`redact_identifier`). Readers pass the
@@ -380,7 +388,7 @@ class CommitPath:
         key = json.dumps(shown, sort_keys=True, default=str)
         if (memory.tenant, _METADATA, key) in self._clean:
             return memory
-        redacted, counts = redact_json(shown, policy, numbers=False)
+        redacted, counts = redact_json(shown, policy)
         if not counts:
             self._clean.add(memory.tenant, _METADATA, key)
             return memory
