@@ -494,6 +494,41 @@ def test_rejecting_one_side_closes_its_conflicts(engine_name: str, lexical: Harn
     assert lexical.get(conflict).metadata["review"]["status"] == "resolved"
 
 
+def test_rejecting_or_forgetting_the_revision_of_a_side_closes_its_conflicts(
+    engine_name: str, lexical: Harness
+) -> None:
+    """Only the note's own ids and roots were compared: a side's later revision, rejected or forgotten,
+    left the conflict open, in the review queue and in guidance."""
+    crew(lexical)
+    conflicts = []
+    for end in ("reject", "forget"):
+        a = decide(lexical, f"Ship on Fridays ({end})", "planner", f"release day {end}")
+        decide(lexical, f"Ship on Tuesdays ({end})", "writer", f"release day {end}")
+        (conflict,) = merge_team(lexical).conflicts
+        head = lexical.revise(a.id, agent_id="planner", content=f"Ship on Friday mornings ({end})")
+        lexical.reject(head.id) if end == "reject" else lexical.forget(head.id)
+        conflicts.append(conflict)
+    assert [lexical.get(c).status for c in conflicts] == [Status.ARCHIVED, Status.ARCHIVED]
+    assert teams.open_conflicts(lexical) == []
+
+
+def test_merge_options_are_checked_by_name(lexical: Harness) -> None:
+    """They failed mid-merge with TypeError/AttributeError, and a threshold of -1 merged everything."""
+    for bad in (
+        {"duplicate_lexical": "x"},
+        {"duplicate_dense": -1},
+        {"min_occurrences": "2"},
+        {"min_tasks": 0},
+    ):
+        with pytest.raises(ValidationError) as err:
+            MergeConfig(**bad)  # type: ignore[arg-type]
+        assert err.value.field == next(iter(bad))
+    with pytest.raises(ValidationError, match="config"):
+        merge_team(lexical, config={"duplicate_lexical": 0.5})  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="synthesizer"):
+        merge_team(lexical, synthesizer="llm")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("a", "b", "expected"),
     [

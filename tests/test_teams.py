@@ -167,6 +167,40 @@ def test_revise_with_retry_refuses_what_revise_refuses(engine_name: str, lexical
         teams.revise_with_retry(lexical, c.id, lambda head: {"content": "again"})
 
 
+def test_a_revision_is_checked_as_its_writer_would_write_it(engine_name: str, lexical: Harness) -> None:
+    """Only the old head was checked: a change of agent_id planted a's text as b's private memory."""
+    mine = lexical.record("a's note", agent_id="a", scope="private")
+    with pytest.raises(AccessDeniedError):
+        teams.revise_with_retry(
+            lexical, mine.id, lambda m: {"agent_id": "b", "content": "planted"}, agent_id="a"
+        )
+    assert lexical.list(visible_to=teams.visibility(lexical, "b")) == []
+    assert teams.latest(lexical, mine.id).content == "a's note"
+
+
+def test_revise_with_retry_checks_its_change_by_name(engine_name: str, lexical: Harness) -> None:
+    m = lexical.record("runbook v1")
+    for change, attempts in ((lambda head: None, 5), ({"content": "x"}, 5), (lambda head: "x", 5), (None, 0)):
+        with pytest.raises(ValidationError) as err:
+            teams.revise_with_retry(
+                lexical, m.id, change or (lambda head: {"content": "v2"}), attempts=attempts
+            )  # type: ignore[arg-type]
+        assert err.value.field == ("attempts" if attempts == 0 else "change")
+    assert teams.latest(lexical, m.id).content == "runbook v1"
+    # and with the right arguments also the retention kinds by name
+    assert teams.RetentionPolicy(kinds=("decision",)).kinds == (Kind.DECISION,)
+
+
+def test_visibility_takes_tasks_as_a_list_not_a_string(engine_name: str, lexical: Harness) -> None:
+    """ "ab" was read as the tasks "a" and "b": an agent read every one-letter task's memories."""
+    lexical.record("task-a secret", agent_id="x", scope="task", task_id="a")
+    for agent, tasks, field in (("bob", "ab", "tasks"), ("bob", [1], "tasks"), (None, [], "agent_id")):
+        with pytest.raises(ValidationError) as err:
+            teams.visibility(lexical, agent, tasks)  # type: ignore[arg-type]
+        assert err.value.field == field
+    assert len(lexical.list(visible_to=teams.visibility(lexical, "bob", ["a"]))) == 1
+
+
 def test_a_grant_to_a_name_holding_nul_is_refused(engine_name: str, lexical: Harness) -> None:
     """The grant's id joins team and agent with NUL: a write grant to agent "x\\0y" on team "t" had the id
     of agent "y" on team "t\\0x", which then could write."""
@@ -493,6 +527,8 @@ def test_retention_archives_by_age_and_value_and_never_deletes(engine_name: str,
         ({"max_age": [("observation", timedelta(days=1))]}, "max_age"),
         ({"min_value": 2}, "min_value"),
         ({"min_value": "0.5"}, "min_value"),
+        ({"kinds": "decision"}, "kinds"),
+        ({"kinds": ("decisions",)}, "kinds"),
     ],
 )
 def test_a_retention_policy_refuses_a_bad_setting_where_it_is_made(

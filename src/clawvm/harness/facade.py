@@ -495,7 +495,7 @@ class Harness:
         if not self.writer.delete(doomed, events):
             raise NotFoundError("memory", memory_id)
         try:
-            teams.close_conflicts_of_forgotten(self, memory.id)
+            teams.close_conflicts_of_forgotten(self, memory)
         except ClawVMError as exc:  # the forget stands (a retry would say "not found"); guidance skips it
             log.warning("a conflict of forgotten memory %s was left open: %s", memory.id, exc)
 

@@ -303,11 +303,7 @@ def _prefer_newest_decisions(
     revision of each side counts), so guidance never offers a decision that a later one contradicts."""
     for note in conflicts:
         ids = conflict_sides(note)
-        older = [
-            c
-            for c in found.values()
-            if c.memory.kind is Kind.DECISION and lineage(c.memory) & ids
-        ]
+        older = [c for c in found.values() if c.memory.kind is Kind.DECISION and lineage(c.memory) & ids]
         if not older:
             continue
         heads = [latest_if_kept(h, i) for i in note.metadata.get("conflict", {}).get("ids", [])]

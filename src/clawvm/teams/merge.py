@@ -31,6 +31,7 @@ picked up by the next run.
 
 from __future__ import annotations
 
+import math
 import re
 import uuid
 from collections import OrderedDict, defaultdict
@@ -42,7 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from clawvm.core.embed import Embedder, count_tokens
-from clawvm.core.errors import ConflictError, UpstreamError
+from clawvm.core.errors import ConflictError, UpstreamError, ValidationError
 from clawvm.core.lexical import Analyzer
 from clawvm.core.model import (
     Filters,
@@ -55,6 +56,8 @@ from clawvm.core.model import (
     Tier,
     build_memory,
     capped_tags,
+    counted,
+    within,
 )
 from clawvm.core.openai_http import ChatEndpoint, EndpointFailure, FailureReason
 from clawvm.core.vectors import normalize
@@ -108,6 +111,24 @@ class MergeConfig:
     min_occurrences: int = 2
     min_tasks: int = 2
     subject_lexical: float = 0.4
+
+    def __post_init__(self) -> None:
+        # checked here: a threshold given as text raised TypeError mid-merge, and -1 merged everything
+        for name in _SIMILARITIES:
+            # above 1 is allowed: that measure alone then never suffices (a channel turned off)
+            fix = "pass a similarity threshold of 0 or more (over 1: this measure never suffices)"
+            within(name, getattr(self, name), 0.0, math.inf, fix)
+        for name in ("min_occurrences", "min_tasks"):
+            counted(name, getattr(self, name))
+
+
+_SIMILARITIES = (
+    "duplicate_lexical",
+    "duplicate_dense",
+    "cluster_lexical",
+    "cluster_dense",
+    "subject_lexical",
+)
 
 
 class Synthesizer(Protocol):
@@ -227,6 +248,11 @@ def merge_team(
     synthesizer: Synthesizer | None = None,
 ) -> MergeReport:
     """Merge near-duplicates, synthesize recurring errors, flag conflicts (of one team, or all)."""
+    if config is not None and not isinstance(config, MergeConfig):
+        raise ValidationError("config", f"is {config!r}", "pass a MergeConfig(...), or None for the defaults")
+    if synthesizer is not None and not callable(getattr(synthesizer, "synthesize", None)):
+        fix = "pass an object with synthesize(errors, occurrences) (ExtractiveSynthesizer, LLMSynthesizer)"
+        raise ValidationError("synthesizer", f"is {synthesizer!r}", fix)
     cfg = config or MergeConfig()
     report = MergeReport()
     synth = synthesizer or ExtractiveSynthesizer()

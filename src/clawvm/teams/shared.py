@@ -44,7 +44,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
@@ -70,6 +70,7 @@ from clawvm.core.model import (
     Visibility,
     blank_scopes_as_none,
     build_memory,
+    counted,
     derived,
     flag,
     moved_on,
@@ -210,6 +211,14 @@ def _agent_grants(h: TeamHost, agent_id: str) -> list[Grant]:
 
 def visibility(h: TeamHost, agent_id: str, tasks: Iterable[str] = ()) -> Visibility:
     """What ``agent_id`` may read, working on ``tasks``: pass it as ``visible_to=`` to any query."""
+    if not isinstance(agent_id, str) or not agent_id.strip():
+        raise ValidationError("agent_id", f"is {agent_id!r}", "name the agent whose reads these are")
+    # a string is iterable: "ab" read as the tasks "a" and "b", and showed their memories
+    if isinstance(tasks, str | bytes) or not isinstance(tasks, Iterable):
+        raise ValidationError("tasks", f"is {tasks!r}", "pass a list of task ids, e.g. tasks=[task_id]")
+    tasks = list(tasks)
+    if not all(isinstance(t, str) for t in tasks):
+        raise ValidationError("tasks", f"holds {tasks!r}", "pass task ids as strings")
     readable = frozenset(g.team_id for g in _agent_grants(h, agent_id) if g.read)
     return Visibility(stored_id(h, agent_id), readable, frozenset(stored_id(h, t) for t in tasks if t))
 
@@ -362,12 +371,15 @@ def latest_if_kept(h: TeamHost, memory_id: str) -> Memory | None:
         return None
 
 
-def close_conflicts_of_forgotten(h: TeamHost, memory_id: str) -> list[Memory]:
-    """Close the open conflicts ``memory_id`` was a side of, once it is forgotten: nothing is left to
-    keep or reject (left open, each was offered for review and named a side no read could find)."""
+def close_conflicts_of_forgotten(h: TeamHost, memory: Memory) -> list[Memory]:
+    """Close the open conflicts ``memory`` (as it was before it was forgotten) was a side of: nothing is
+    left to keep or reject (left open, each was offered for review and named a side no read could find).
+    A live head stands for its chain and its merge's sources (:func:`lineage`): the revision of a side
+    forgotten takes its conflicts with it."""
+    sides = lineage(memory) if memory.status is Status.ACTIVE else {memory.id}
     return [
-        _close_conflict(h, note, "resolved", APPLICATION, f"{memory_id} forgotten")
-        for note in open_conflicts(h, involving=memory_id)
+        _close_conflict(h, note, "resolved", APPLICATION, f"{memory.id} forgotten")
+        for note in open_conflicts(h, involving=sides)
     ]
 
 
@@ -580,6 +592,9 @@ def _append_revision(
         # a revision would bring text back that its TTL promised to forget
         raise StateConflictError("memory_id", f"{current.id} has expired", "record a new memory instead")
     old, new = build_revision(h, current, changes)
+    # the writer must be able to write the revision too: a change of its agent made another agent's
+    # private memory (revise_with_retry's change returned agent_id)
+    check_write(h, new, agent_id or current.agent_id)
     event = Event(
         kind=EventKind.REVISE,
         memory_id=new.id,
@@ -606,6 +621,10 @@ def revise_with_retry(
     again with the newer head, so it must merge (append to, count from) what it sees rather than
     overwrite with a value computed earlier. That is what keeps concurrent updates from being lost.
     """
+    if not callable(change):
+        fix = "pass a function of the head that returns the fields to change"
+        raise ValidationError("change", f"is {type(change).__name__}", fix)
+    attempts = counted("attempts", attempts)
     head = latest(h, memory_id)
     for attempt in range(attempts):
         # each try: a revision never changes scope or team, but a grant revoked while the tries go on
@@ -620,7 +639,11 @@ def revise_with_retry(
                 head.version,
                 f"memory {head.id!r} is obsolete (rejected, or rolled back): make it active first",
             )
-        changes = _revision_changes(h, head, change(head))
+        asked = change(head)
+        if not isinstance(asked, Mapping):
+            fix = "return a dict of the fields to change, e.g. {'content': ...}"
+            raise ValidationError("change", f"returned {type(asked).__name__}", fix)
+        changes = _revision_changes(h, head, asked)
         try:
             return _append_revision(h, head, agent_id, changes)
         except ConflictError:
@@ -643,6 +666,14 @@ class RetentionPolicy:
         # checked here: a number of days given as 30 failed apply_retention with a raw TypeError
         if not isinstance(self.max_age, Mapping):
             raise ValidationError("max_age", f"is {self.max_age!r}", "pass {kind: timedelta(days=N)}")
+        # kinds by name or Kind (a name read as a Kind raised AttributeError)
+        if isinstance(self.kinds, str) or not isinstance(self.kinds, Iterable):
+            fix = "pass a tuple of kinds, e.g. (Kind.DECISION,)"
+            raise ValidationError("kinds", f"is {self.kinds!r}", fix)
+        try:
+            object.__setattr__(self, "kinds", tuple(Kind(k) for k in self.kinds))
+        except ValueError as exc:
+            raise ValidationError("kinds", str(exc), f"use kinds among {[k.value for k in Kind]}") from None
         kept = {k.value for k in self.kinds}
         for kind, limit in self.max_age.items():
             if kind not in kept:  # another kind's entry would do nothing: apply_retention reads only these
@@ -811,7 +842,7 @@ def reject(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str | 
         return m  # a double click: the first rejection, its reviewer and reason, stand
     _refuse_unreviewable(m)
     rejected = _set_review(h, m, "rejected", by, reason, status=Status.OBSOLETE)
-    for note in open_conflicts(h, involving=m.id):
+    for note in open_conflicts(h, involving=lineage(m)):  # a side's revision or merge stands for it
         _close_conflict(h, note, "resolved", by, f"{m.id} rejected")
     return rejected
 
@@ -893,13 +924,14 @@ def _live(h: TeamHost, m: Memory) -> bool:
 
 
 def open_conflicts(
-    h: TeamHost, *, involving: str | None = None, visible_to: Visibility | None = None
+    h: TeamHost, *, involving: Collection[str] | None = None, visible_to: Visibility | None = None
 ) -> list[Memory]:
+    """The open conflict notes (newest first), those with a side among the ids ``involving`` only."""
     f = Filters.of(
         tenant=h.tenant, status=Status.ACTIVE, kind=Kind.NOTE, tags=[CONFLICT_TAG], visible_to=visible_to
     )
     notes = h.store.iter_all(f, newest_first=True)
-    return [n for n in notes if involving is None or involving in conflict_sides(n)]
+    return [n for n in notes if involving is None or not conflict_sides(n).isdisjoint(involving)]
 
 
 def _close_conflict(h: TeamHost, note: Memory, state: str, by: str | None, reason: str) -> Memory:
