@@ -41,6 +41,7 @@ from clawvm import (
 )
 from clawvm.core.model import revalidate
 from clawvm.store import Edge, Event, PageKey, Query, SQLiteStore, Store, store_from_url
+from clawvm.store.tenant import TenantStore
 from engines import make_store
 from strategies import at, memories
 
@@ -89,6 +90,15 @@ def test_get_many_returns_only_existing_ids(engine: Store) -> None:
     assert found == {a.id: a, b.id: b}
     assert engine.get_many([]) == {}
     assert engine.get_many([missing]) == {}
+
+
+def test_tenants_of_names_each_stored_ids_tenant_as_get_many_would(engine: Store) -> None:
+    ours, theirs = mem("ours", tenant="acme"), mem("theirs", tenant="globex")
+    engine.put_many([ours, theirs])
+    asked = [ours.id, theirs.id, "01a00000-0000-7000-8000-000000000000", "not-an-id"]
+    assert engine.tenants_of(asked) == {ours.id: "acme", theirs.id: "globex"}
+    assert engine.tenants_of([]) == {}
+    assert TenantStore(engine, "acme").tenants_of(asked) == {ours.id: "acme"}
 
 
 def test_get_and_delete_of_missing_id_raise_not_found(engine: Store) -> None:

@@ -515,6 +515,12 @@ class Store(ABC):
             raise NotFoundError("memory", memory_id)
         return found
 
+    def tenants_of(self, ids: Sequence[str]) -> dict[str, str]:
+        """The tenant of each stored memory among ``ids`` (missing ids are absent): what a tenant's view
+        asks of every id it is handed. Engines answer it without reading the memories (the default reads
+        them)."""
+        return {i: m.tenant for i, m in self.get_many(ids).items()}
+
     def put(self, memory: Memory) -> None:
         self.put_many([memory])
 

@@ -805,6 +805,18 @@ class SearchIndex:
         self._ctx_df[key] = (version, df)
         return df
 
+    def tenants_of(self, ids: Sequence[str]) -> dict[str, str]:
+        """The tenant of each indexed memory among ``ids`` (a tenant's view asks it of the ids it is
+        handed: read here, ~40 ids cost ~0.05 ms against ~0.7 ms by the rows of a big file)."""
+        wanted = list(ids)
+        found = [(i, r) for i, r in zip(wanted, get_many(self.row_of, wanted), strict=True) if r is not None]
+        found = [(i, r) for i, r in found if self._alive[r]]
+        if not found:
+            return {}
+        tenant = self._cols["tenant"]
+        names = _lookup(tenant.values, tenant.data[np.fromiter((r for _, r in found), dtype=np.int64)])
+        return {i: name for (i, _), name in zip(found, names, strict=True) if name is not None}
+
     def _info(self, rows: np.ndarray, allowed: np.ndarray | None) -> dict[str, CandidateInfo]:
         """CandidateInfo for ``rows`` and for their neighbours that ``allowed`` lets through."""
         near = np.concatenate([self._prev[rows], self._next[rows]])

@@ -84,6 +84,10 @@ class MemoryStore(Store):
         with self._lock:
             return {i: private_copy(self._memories[i]) for i in ids if i in self._memories}
 
+    def tenants_of(self, ids: Sequence[str]) -> dict[str, str]:
+        with self._lock:
+            return self.index.tenants_of(ids)
+
     def delete_many(self, ids: Sequence[str]) -> int:
         with self._lock:
             n = 0

@@ -595,6 +595,16 @@ class PostgresStore(Store):
             out[m.id] = m
         return out
 
+    def tenants_of(self, ids: Sequence[str]) -> dict[str, str]:
+        valid = valid_ids(ids)
+        if not valid:
+            return {}
+        with self._conn("get") as conn:
+            rows = conn.execute(
+                "SELECT id::text, tenant FROM memories WHERE id = ANY(%s::uuid[])", [valid]
+            ).fetchall()
+        return {str(i): str(t) for i, t in rows}
+
     def query(self, query: Query) -> QueryResult:
         """On the replica when the URL names one: searches are untracked reads (a tracked recall's
         bookkeeping is written through put_many, to the primary)."""

@@ -88,7 +88,7 @@ class TenantStore(Store):
         wanted = list(dict.fromkeys(ids))
         if not wanted:
             return set()
-        return {i for i, m in self.inner.get_many(wanted).items() if m.tenant == self.tenant}
+        return {i for i, tenant in self.inner.tenants_of(wanted).items() if tenant == self.tenant}
 
     def _confined(self, filters: Filters) -> Filters | None:
         """``filters`` restricted to this tenant, or None when they ask only for other tenants."""
@@ -105,8 +105,8 @@ class TenantStore(Store):
 
     def _check_writable(self, memories: Sequence[Memory]) -> None:
         self._check_tenants(memories)
-        stored = self.inner.get_many([m.id for m in memories])
-        if any(m.tenant != self.tenant for m in stored.values()):
+        stored = self.inner.tenants_of([m.id for m in memories])
+        if any(tenant != self.tenant for tenant in stored.values()):
             raise AccessDeniedError("id", "is not available to this tenant", "let ClawVM choose the id")
 
     # ---- writes -------------------------------------------------------------------------------------
@@ -192,6 +192,9 @@ class TenantStore(Store):
     # ---- reads --------------------------------------------------------------------------------------
     def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
         return {i: m for i, m in self.inner.get_many(ids).items() if m.tenant == self.tenant}
+
+    def tenants_of(self, ids: Sequence[str]) -> dict[str, str]:
+        return {i: t for i, t in self.inner.tenants_of(ids).items() if t == self.tenant}
 
     def query(self, query: Query) -> QueryResult:
         filters = self._confined(query.filters)
