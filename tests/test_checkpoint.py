@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -468,3 +469,34 @@ def test_a_rollback_leaves_a_memory_expired_since_expired() -> None:
         assert (stored.status, stored.tier) == (Status.EXPIRED, Tier.ARCHIVE)
         assert token.id not in report.restored
         assert h.tick()["expired"] == 0
+
+
+KILLED_AT_FIRST_COMMIT = """
+import os, signal, sys
+from clawvm import Harness
+h = Harness.open(sys.argv[1], embedder=None)
+# the process dies right after the rollback's first commit
+h.writer.on_commit(lambda written, deleted: os.kill(os.getpid(), signal.SIGKILL))
+h.rollback(sys.argv[2])
+"""
+
+
+def test_a_rollback_killed_after_its_first_commit_is_whole(tmp_path: Path) -> None:
+    """Each memory was written on its own and the rollback event last: a process killed part way left
+    the session half rolled back, and the log said nothing of it."""
+    db = tmp_path / "s.db"
+    with Harness.open(db, embedder=None) as h:
+        kept = [h.record(f"before {i}", session_id="s") for i in range(4)]
+        cp = h.checkpoint("s", "cp")
+        later = [h.record(f"after {i}", session_id="s") for i in range(6)]
+        h.pin(kept[0].id)
+        h.rate(kept[1].id, 1)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_AT_FIRST_COMMIT, str(db), cp], capture_output=True, timeout=120
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    with Harness.open(db, embedder=None) as h:
+        assert {h.get(m.id).status for m in later} == {Status.OBSOLETE}
+        assert not h.get(kept[0].id).pinned
+        (event,) = [e for e in h.events(limit=1000) if e.kind == "rollback"]
+        assert sorted(event.data["obsoleted"]) == sorted(m.id for m in later)

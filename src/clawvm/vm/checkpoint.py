@@ -12,13 +12,15 @@ the result it got later) and its links (a link to a memory made later goes). A m
 the checkpoint gets its raw text back. Memories created after the checkpoint become ``obsolete`` (not
 deleted: analytics can still show what was undone). What it does not restore: content edited after the
 checkpoint other than by compression (revisions are new memories, and those are obsoleted), memories
-forgotten for good, memories expired since (their TTL passed: they stay expired), and the event log,
-which records the rollback (a ``rollback`` event lists all of it).
+forgotten for good, memories expired since (their TTL passed: they stay expired), memories moved to
+another session since (they are that session's now), and the event log, which records the rollback (a
+``rollback`` event lists all of it). The changes and that event are one write: a rollback is whole or not
+at all, whenever its process dies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -26,7 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as ShapeError
 
-from clawvm.core.errors import NotFoundError, ValidationError
+from clawvm.core.errors import ConflictError, NotFoundError, ValidationError
 from clawvm.core.model import (
     Filters,
     Kind,
@@ -39,6 +41,7 @@ from clawvm.core.model import (
     Usage,
     build_memory,
     canonical_json,
+    revalidate,
 )
 from clawvm.store import Event
 from clawvm.store.base import StoreReader
@@ -177,63 +180,117 @@ def take(
     return writer.write([snapshot], None, [event])[0]
 
 
+#: How often a rollback is planned and written again when a memory it writes changed meanwhile (a pager
+#: pass, another process): its write is one compare-and-set of every memory it changes
+ROLLBACK_RETRIES = 20
+
+
 def rollback(
     store: StoreReader, pager: Pager, checkpoint_id: str, now: datetime, tenant: str | None = None
 ) -> RollbackReport:
     """Restore the checkpoint ``checkpoint_id`` (of ``tenant``, when given); :class:`ValidationError` naming
-    ``checkpoint_id``, and nothing changed, when it is not a checkpoint snapshot of its own session."""
+    ``checkpoint_id``, and nothing changed, when it is not a checkpoint snapshot of its own session.
+
+    Every change and the ``rollback`` event are one write: a process killed during a rollback leaves the
+    session as it was or rolled back, never half (each memory written on its own left 755 of 3,000 undone,
+    and no event said so). Only the raw text of a memory compressed since comes back first, each in a
+    write of its own: a decompressed memory is the same memory, whole."""
     snap = _checkpoint(store, checkpoint_id)
     data = read_snapshot(snap, tenant)
-    restored, obsoleted = [], []
-    tiers: dict[str, str] = {}  # restored id -> the tier it is back in (MemLens's timeline replays it)
-    repins: list[tuple[Memory, dict[str, Any]]] = []  # pins to restore once every unpin is written
     taken = _first_seq(store, snap)
+    decompressed: set[str] = set()
+    for m in session_memories(store, snap.tenant, data.session_id):
+        if _step(store, m, snap, data, taken, now) != "restore":
+            continue
+        if "compression" in m.metadata and data.memories[m.id].compressed is False:
+            decompress_memory(store, pager.writer, m, now)  # compressed since: its raw text comes back
+            decompressed.add(m.id)
+    for _ in range(ROLLBACK_RETRIES):
+        plan = _plan(store, pager, snap, data, taken, now, decompressed)
+        event = Event(
+            kind=EventKind.ROLLBACK,
+            memory_id=snap.id,
+            tenant=snap.tenant,
+            at=now,
+            data={
+                "name": data.name,
+                "restored": plan.restored,
+                "obsoleted": plan.obsoleted,
+                "tiers": plan.tiers,
+            },
+        )
+        try:
+            pager.writer.write(plan.written, None, [event])
+        except ConflictError:  # one of them changed since it was read: read and decide again
+            continue
+        return RollbackReport(snap.id, plan.restored, plan.obsoleted)
+    raise ConflictError(
+        snap.id,
+        None,
+        None,
+        f"the session of checkpoint {snap.id} kept changing while the rollback was written",
+        field="checkpoint_id",
+        fix="roll back again",
+    )
 
-    def restore(m: Memory, target: dict[str, Any], decompressed: bool) -> None:
-        changed = any(getattr(m, k) != v for k, v in target.items())
-        if changed:
-            pager.mutate(m, lambda _m, t=target: dict(t), now, keep_value=True)  # type: ignore[misc]
-        if changed or decompressed:
-            if m.id not in tiers:  # a re-pin restores its memory a second time
-                restored.append(m.id)
-            tiers[m.id] = Tier(target["tier"]).value
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a rollback writes (each memory at its next version) and reports."""
+
+    written: list[Memory]
+    restored: list[str]
+    obsoleted: list[str]
+    tiers: dict[str, str]  # restored id -> the tier it is back in (MemLens's timeline replays it)
+
+
+def _plan(
+    store: StoreReader,
+    pager: Pager,
+    snap: Memory,
+    data: Snapshot,
+    taken: int | None,
+    now: datetime,
+    decompressed: set[str],
+) -> _Plan:
+    """The rollback's changes as the store holds the session now (``decompressed``: restored already)."""
+    written: dict[str, Memory] = {}
+    restored, obsoleted = [], []
+    tiers: dict[str, str] = {}
+    repins: list[tuple[Memory, dict[str, Any]]] = []  # pins restored once every unpin is counted
+
+    def change(m: Memory, fields: dict[str, Any], keep_value: bool) -> Memory:
+        changed = revalidate(m, {**fields, "version": m.version + 1})
+        return changed if keep_value else revalidate(changed, {"value": pager.value_now(changed, now)})
 
     for m in session_memories(store, snap.tenant, data.session_id):
         step = _step(store, m, snap, data, taken, now)
         if step == "obsolete":
-            pager.mutate(
-                m, lambda _m: {"status": Status.OBSOLETE, "tier": Tier.ARCHIVE, "pinned": False}, now
-            )
+            fields = {"status": Status.OBSOLETE, "tier": Tier.ARCHIVE, "pinned": False}
+            written[m.id] = change(m, fields, keep_value=False)
             obsoleted.append(m.id)
             continue
         if step == "keep":
             continue
-        old = data.memories[m.id]
-        decompressed = "compression" in m.metadata and old.compressed is False
-        if decompressed:  # compressed since the checkpoint: its raw text comes back
-            m = decompress_memory(store, pager.writer, m, now)
-        target = _restored_fields(m, old)
+        target = _restored_fields(m, data.memories[m.id])
         if target["pinned"] and not m.pinned and m.session_id is not None:
-            # after the unpins: counted before them, whether a pin fit depended on the order of the rows
+            # after the unpins: whether a pin fits does not depend on the order of the rows
             repins.append((m, target))
-            restore(m, {**target, "pinned": False}, decompressed)
-            continue
-        restore(m, target, decompressed)
+            target = {**target, "pinned": False}
+        if any(getattr(m, k) != v for k, v in target.items()):
+            written[m.id] = change(m, target, keep_value=True)
+        if m.id in written or m.id in decompressed:
+            restored.append(m.id)
+            tiers[m.id] = Tier(target["tier"]).value
     for m, target in repins:
-        current = store.get(m.id)
-        restore(current, _pin_if_it_fits(pager, current, target, now), False)
-    pager.writer.log(
-        [
-            Event(
-                kind=EventKind.ROLLBACK,
-                memory_id=snap.id,
-                tenant=snap.tenant,
-                at=now,
-                data={"name": data.name, "restored": restored, "obsoleted": obsoleted, "tiers": tiers},
-            )
-        ]
-    )
-    return RollbackReport(snap.id, restored, obsoleted)
+        pinned = [w for w in written.values() if w.pinned and w.session_id == m.session_id]
+        target = _pin_if_it_fits(pager, m, target, now, pinned, written.keys())
+        if any(getattr(m, k) != v for k, v in target.items()):
+            written[m.id] = change(m, target, keep_value=True)
+            if m.id not in tiers:
+                restored.append(m.id)
+            tiers[m.id] = Tier(target["tier"]).value
+    return _Plan(list(written.values()), restored, obsoleted, tiers)
 
 
 #: What a rollback restores that the harness itself keeps moving (tiers, values, usage and access
@@ -329,12 +386,22 @@ def _made_since(store: StoreReader, m: Memory, snap: Memory, taken: int | None) 
     return m.created_at >= snap.created_at
 
 
-def _pin_if_it_fits(pager: Pager, m: Memory, target: dict[str, Any], now: datetime) -> dict[str, Any]:
-    """``target`` with the pin it restores only if the pinned memories then fit the working budget: a
-    memory that grew since the checkpoint came back pinned past it (pin() refuses the same), where no
-    pager pass can page it out. Unpinned, it is restored to its tier like any other."""
+def _pin_if_it_fits(
+    pager: Pager,
+    m: Memory,
+    target: dict[str, Any],
+    now: datetime,
+    pinned: Sequence[Memory],
+    written: Collection[str],
+) -> dict[str, Any]:
+    """``target`` with the pin it restores only if the pinned memories then fit the working budget (those
+    stored, but the rollback's ``written`` ones, and its ``pinned`` ones): a memory that grew since the
+    checkpoint came back pinned past it (pin() refuses the same), where no pager pass can page it out.
+    Unpinned, it is restored to its tier like any other."""
     try:
-        pager.check_pin(m.model_copy(update={"pinned": True, "tier": target["tier"]}), now)
+        pinned_then = [w for w in pinned if w.tier is Tier.WORKING]
+        wanted = m.model_copy(update={"pinned": True, "tier": target["tier"]})
+        pager.check_pin(wanted, now, alongside=pinned_then, written=written)
     except ValidationError:  # over the budget (pinned)
         return {**target, "pinned": False}
     return target

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -674,10 +674,12 @@ class Pager:
         now: datetime,
         replacing: str | None = None,
         alongside: Sequence[Memory] = (),
+        written: Collection[str] = (),
     ) -> None:
         """Refuse a pin that would make the pinned memories alone exceed the working budget. ``replacing``:
         the id of a pinned memory that ``memory`` takes the place of (a revision's predecessor);
-        ``alongside``: pinned memories of its session written in the same batch (an import's). A pinned
+        ``alongside``: pinned memories of its session written in the same batch (an import's);
+        ``written``: ids the batch writes (a rollback's), whose stored pins do not count. A pinned
         memory whose TTL ran out by ``now`` counts for nothing: every read treats it as expired already,
         and the next sweep unpins it."""
         if memory.session_id is None:
@@ -688,7 +690,7 @@ class Pager:
             for m in self.tier_members(memory.tenant, memory.session_id, Tier.WORKING)
             if m.pinned and (m.expires_at is None or m.expires_at > now)
         ]
-        batch = {memory.id, replacing, *(m.id for m in alongside)}
+        batch = {memory.id, replacing, *(m.id for m in alongside), *written}
         pinned = [m for m in pinned if m.id not in batch] + [*alongside, memory]
         if over(pinned, items, tokens):
             raise ValidationError(
