@@ -490,6 +490,19 @@ def test_restore_closes_a_call_whose_result_was_written(harness: Harness) -> Non
     assert call.state is State.SUCCESS and call.metadata["tool_call"]["result_id"] == done.id
 
 
+def test_restore_leaves_a_result_a_rollback_undid_undone(harness: Harness) -> None:
+    """It closed the call as a success pointing at the result the rollback had obsoleted."""
+    lost = orphan(harness, "s11", "fetch", dead_pid())
+    cp = harness.checkpoint("s11", "mid-call")
+    harness.record(
+        "200 OK", kind="tool_result", state="success", tool_name="fetch", session_id="s11", parent_id=lost.id
+    )
+    harness.rollback(cp)
+    report = harness.restore_session("s11")
+    assert report.closed == [] and report.interrupted == [lost.id]
+    assert harness.get(lost.id).metadata["tool_call"]["status"] == INTERRUPTED
+
+
 @pytest.mark.engines("sqlite", "postgres")
 def test_restore_after_reopening_the_store(engine_name: str, tmp_path: Path) -> None:
     target = harness_target(engine_name, tmp_path)

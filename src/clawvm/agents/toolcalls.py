@@ -54,7 +54,7 @@ from types import TracebackType
 from typing import Any, Protocol, TypeVar, cast
 
 from clawvm.core.errors import ConflictError, InvalidToolResultError, StateConflictError, ValidationError
-from clawvm.core.model import Cost, Kind, Memory, State, canonical_json, capped_tags
+from clawvm.core.model import Cost, Kind, Memory, State, Status, canonical_json, capped_tags
 from clawvm.store import Event
 from clawvm.store.kinds import EventKind
 from clawvm.write.commit import Recorder
@@ -562,7 +562,9 @@ def restore(harness: ToolHost, session_id: str) -> RestoreReport:
         if _owner_alive(call):
             elsewhere.append(call.id)
             continue
-        results = harness.list(limit=1, parent_id=call.id, kind=Kind.TOOL_RESULT, status="any")
+        # a result a rollback undid (obsolete) is no outcome: the rollback made the call PENDING again
+        found = harness.list(limit=10, parent_id=call.id, kind=Kind.TOOL_RESULT, status="any")
+        results = [r for r in found if r.status is not Status.OBSOLETE]
         if results:  # the process died between writing the result and closing the call
             state = results[0].state or State.ERROR
             _close_call(harness, call.id, state, results[0].id, results[0].cost.seconds)
