@@ -641,6 +641,17 @@ def test_an_import_holds_pinned_memories_to_what_pin_does(engine_name: str, tmp_
         assert h.import_memories(three[:2]) == 2 and h.count(session_id="s", pinned=True) == 2
 
 
+def test_an_import_makes_the_sessions_it_fills_due_for_the_pager(engine_name: str, tmp_path: Path) -> None:
+    """No pass knew of them: a hundred imported working memories stayed over the budget through flush()
+    and page()."""
+    pager = PagerConfig(budgets=TierBudgets(working_items=4), background=False)
+    with Harness.open(harness_target(engine_name, tmp_path), embedder=None, pager=pager) as h:
+        h.import_memories([Memory(content=f"step {i}", tier="working", session_id="s") for i in range(20)])
+        h.flush()
+        assert h.count(session_id="s", tier="working") <= 4
+        assert h.count(session_id="s") == 20
+
+
 def test_a_revision_refuses_what_an_update_refuses(harness: Harness) -> None:
     m = harness.record("the ledger uses mysql", session_id="s")
     for field, value in (("pinned", True), ("access_count", 999), ("usage", {"cited": 50}), ("value", 1.0)):

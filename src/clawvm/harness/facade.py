@@ -524,7 +524,14 @@ class Harness:
         nothing is written. ``restore``: an operator restoring this store's own backup (``clawvm import``,
         which holds the database anyway) skips those two checks, so a lossless backup comes back whole.
         """
-        return importing.import_memories(self, self._store, memories, restore)
+        imported = importing.import_memories(self, self._store, memories, restore)
+        # the sessions it filled are due for the pager (a hundred imported working memories stayed over
+        # the budget through flush() and page(): no pass knew of them)
+        for tenant, session_id in imported.sessions:
+            self.working.mark_due(tenant, session_id)
+        if imported.sessions:
+            self._wake_pager()
+        return imported
 
     # ---- reading ------------------------------------------------------------------------------------
     def get(self, memory_id: str) -> Memory:

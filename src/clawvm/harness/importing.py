@@ -41,6 +41,8 @@ class Imported:
     # ids already present (as stored, renamed ones under their new id) whose stored content differs from
     # the imported one's as the write path would store it: skipped, kept as stored
     differing: list[str] = field(default_factory=list)
+    # the (tenant, session) of each memory written, as stored: the pager's next pass checks their budgets
+    sessions: frozenset[tuple[str, str]] = frozenset()
 
 
 def import_memories(h: ImportHost, engine: Store, given: Iterable[Memory], restore: bool) -> Imported:
@@ -91,12 +93,14 @@ def import_memories(h: ImportHost, engine: Store, given: Iterable[Memory], resto
     # harness's count of its text
     pinned = [(i, m) for i, m in enumerate(counted) if m.pinned and m.id not in existing]
     _check_pins(h, pinned)
+    sessions: frozenset[tuple[str, str]] = frozenset()
     if fresh:
         events = [Event(kind=EventKind.IMPORT, memory_id=m.id, tenant=m.tenant, at=h.now()) for m in fresh]
-        h.writer.write(fresh, None, events, restored=as_exported)  # redacted like every write
+        stored = h.writer.write(fresh, None, events, restored=as_exported)  # redacted like every write
+        sessions = frozenset((m.tenant, m.session_id) for m in stored if m.session_id is not None)
         h.notify_embedder()
     differing = [m.id for m in memories if m.id in existing and _differs(h, existing[m.id], m)]
-    return Imported(len(fresh), renamed, differing)
+    return Imported(len(fresh), renamed, differing, sessions)
 
 
 def _counted(memory: Memory, restored: bool) -> Memory:
