@@ -798,3 +798,29 @@ def test_a_view_refuses_a_parameter_it_would_have_ignored(h: Harness) -> None:
         with pytest.raises(ValidationError) as exc:
             call()
         assert exc.value.field == field
+
+
+class _WriterBetween:
+    """The harness, with another writer changing a memory's metadata right after each read of it: the
+    read-then-write window of a dashboard action, made to happen every time."""
+
+    def __init__(self, h: Harness) -> None:
+        self._h = h
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._h, name)
+
+    def get(self, memory_id: str) -> Memory:
+        seen = self._h.get(memory_id)
+        self._h.update(memory_id, metadata={**self._h.store.get(memory_id).metadata, "ticket": "OPS-1"})
+        return seen
+
+
+def test_an_annotation_keeps_what_another_writer_changed_meanwhile() -> None:
+    """The whole metadata as read was written back with no version: the other writer's change was lost."""
+    with Harness.open("memory://", embedder=None) as h:
+        m = h.record("the EU host is flaky", metadata={"owner": "ann"})
+        intervene(_WriterBetween(h), "annotate", m.id, note="checked by ops")  # type: ignore[arg-type]
+        stored = h.get(m.id).metadata
+        assert stored["owner"] == "ann" and stored["ticket"] == "OPS-1"
+        assert [n["text"] for n in stored["annotations"]] == ["checked by ops"]

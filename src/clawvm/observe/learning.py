@@ -371,18 +371,36 @@ def _perform(
             return harness.pager.move(memory, to, f"moved to {to.value} by {by}, unpinned", now, pinned=False)
         return harness.pager.move(memory, to, f"moved to {to.value} by {by}", now)
     if action == "annotate":
-        notes = list(memory.metadata.get("annotations", []))
-        notes.append(
-            {"at": now.isoformat(), "by": by, "text": harness.writer.scrub(str(note), memory.tenant)[:2000]}
-        )
-        # the dashboard user's note, not an agent's write (like pin/archive above)
-        annotated = {**memory.metadata, "annotations": notes}
-        return harness.update(memory.id, as_agent=APPLICATION, metadata=annotated)
+        text = harness.writer.scrub(str(note), memory.tenant)[:2000]
+        return _annotated(harness, memory, {"at": now.isoformat(), "by": by, "text": text})
     assert target is not None  # set_value
     votes = _votes_for(harness, memory, now, target)
     return harness.pager.mutate(
         memory, lambda cur: {"usage": cur.usage.model_copy(update={"feedback": votes})}, now
     )
+
+
+#: How often an annotation is written again over a memory that another writer changed meanwhile
+ANNOTATE_RETRIES = 10
+
+
+def _annotated(harness: LearningHost, memory: Memory, entry: dict[str, Any]) -> Memory:
+    """``memory`` with ``entry`` added to its annotations, over the metadata as stored: the whole metadata
+    is written back, so it is written at the version it was read at, and read again when another writer
+    changed it meanwhile (their change was overwritten, silently)."""
+    for _ in range(ANNOTATE_RETRIES):
+        notes = [*memory.metadata.get("annotations", []), entry]
+        try:
+            # the dashboard user's note, not an agent's write (like pin/archive above)
+            return harness.update(
+                memory.id,
+                as_agent=APPLICATION,
+                expected_version=memory.version,
+                metadata={**memory.metadata, "annotations": notes},
+            )
+        except ConflictError:
+            memory = harness.store.get(memory.id)
+    raise ConflictError(memory.id, memory.version, None, f"memory {memory.id} kept changing: annotate again")
 
 
 def _votes_for(harness: LearningHost, memory: Memory, now: datetime, target: float) -> int:
