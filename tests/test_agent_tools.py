@@ -138,6 +138,9 @@ def test_list_get_update_forget_and_every_result_matches_its_schema(harness: Har
         "conflict",
     )
     assert "get_memory" in stale["fix"] and harness.get(first["id"]).content == "the EU host is degraded"
+    # a forget decided on an old version keeps the memory
+    err(tools.dispatch("forget_memory", {"memory_id": first["id"], "expected_version": 1}), "conflict")
+    assert harness.get(first["id"]).content == "the EU host is degraded"
     assert call("update_memory", memory_id=first["short_id"], state="success", tags=[])["fields"] == [
         "state",
         "tags",
@@ -288,6 +291,7 @@ TOOLS_UNDER_TEST = {
     "summarize_task": ["task_id"],
     "list_memories": ["limit", "kind", "tags"],
     "update_memory": ["memory_id", "content", "tags", "state", "expected_version"],
+    "forget_memory": ["memory_id", "expected_version"],
 }
 
 

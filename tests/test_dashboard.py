@@ -256,6 +256,12 @@ def test_manual_actions_through_the_api(small: tuple[TestClient, Harness, dict[s
     weights = client.get("/dashboard/api/weights", headers=writer).json()
     assert [x["action"] for x in weights["history"]] == ["pin", "set_value", "archive"]
     assert h.get(target.id).metadata["annotations"][0]["text"] == "checked"
+    # a forget of the version the inspector showed, once the memory moved on, keeps it (409)
+    stale = client.post(f"{url}/forget", json={"expected_version": target.version}, headers=writer)
+    assert stale.status_code == 409 and h.get(target.id).id == target.id
+    shown = h.get(target.id).version
+    assert client.post(f"{url}/forget", json={"expected_version": shown}, headers=writer).status_code == 200
+    assert client.get(url, headers=writer).status_code == 404
 
 
 def test_blank_text_is_refused_by_the_schema_the_dashboard_publishes(

@@ -652,6 +652,24 @@ def test_an_import_makes_the_sessions_it_fills_due_for_the_pager(engine_name: st
         assert h.count(session_id="s") == 20
 
 
+def test_a_forget_decided_on_an_old_version_keeps_the_memory(harness: Harness) -> None:
+    """A delete always won: a runbook updated by one client was forgotten by another that read v1."""
+    m = harness.record("runbook v1", session_id="s")
+    harness.update(m.id, content="runbook v2 with the critical fix")
+    with pytest.raises(ConflictError):
+        harness.forget(m.id, expected_version=1)
+    assert harness.get(m.id).content == "runbook v2 with the critical fix"
+    with pytest.raises(ValidationError) as exc:
+        harness.forget(m.id, expected_version="2")  # type: ignore[arg-type]
+    assert exc.value.field == "expected_version"
+    harness.recall("runbook critical fix")  # its access counted: bookkeeping, not a change
+    harness.flush()
+    assert harness.get(m.id).version > 2
+    harness.forget(m.id, expected_version=2)
+    with pytest.raises(NotFoundError):
+        harness.get(m.id)
+
+
 def test_a_revision_refuses_what_an_update_refuses(harness: Harness) -> None:
     m = harness.record("the ledger uses mysql", session_id="s")
     for field, value in (("pinned", True), ("access_count", 999), ("usage", {"cited": 50}), ("value", 1.0)):

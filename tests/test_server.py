@@ -195,7 +195,13 @@ def test_memory_crud_with_versions(env: Env) -> None:
     refused = env.client.get("/v1/memories", params={"status": ["internal"]}, headers=env.auth())
     assert_error(refused, 422, field="status.0")
     assert "internal" not in refused.text.replace("status.0", "")
-    assert env.client.delete(f"/v1/memories/{m['id']}", headers=env.auth()).status_code == 204
+    stale = env.client.delete(f"/v1/memories/{m['id']}", params={"expected_version": 1}, headers=env.auth())
+    assert_error(stale, 409, "conflict", "expected_version")  # archived since version 1: kept
+    version = env.client.get(f"/v1/memories/{m['id']}", headers=env.auth()).json()["version"]
+    deleted = env.client.delete(
+        f"/v1/memories/{m['id']}", params={"expected_version": version}, headers=env.auth()
+    )
+    assert deleted.status_code == 204
     assert_error(env.client.get(f"/v1/memories/{m['id']}", headers=env.auth()), 404, "not_found", "memory_id")
 
 

@@ -168,6 +168,9 @@ class ForgetMemoryArgs(ToolArgs):
     """Delete a memory of this session for good (use for wrong or sensitive information)."""
 
     memory_id: str = Field(min_length=1, description="Id or short id of the memory.")
+    expected_version: Annotated[int, Field(ge=1), BeforeValidator(_integral)] | None = Field(
+        None, description="The version you read (get_memory); if the memory moved on, it is kept."
+    )
 
 
 class SummarizeTaskArgs(ToolArgs):

@@ -132,7 +132,7 @@ class ToolsHost(Protocol):
 
     def pin(self, memory_id: str) -> Memory: ...
 
-    def forget(self, memory_id: str) -> None: ...
+    def forget(self, memory_id: str, *, expected_version: int | None = None) -> None: ...
 
     def collapse_task(self, task_id: str) -> Memory | None: ...
 
@@ -375,7 +375,7 @@ class AgentTools:
 
     def _forget(self, a: ForgetMemoryArgs) -> ForgetResult:
         m = self._resolve(a.memory_id)
-        self.harness.forget(m.id)
+        self.harness.forget(m.id, expected_version=a.expected_version)
         return ForgetResult(id=m.id, short_id=short_id(m.id), forgotten=True)
 
     def _summarize(self, a: SummarizeTaskArgs) -> SummarizeResult:

@@ -702,7 +702,7 @@
             $("#inspector").hidden = true;  // first: a live refresh meanwhile must not ask for it again
             state.selected = null;
             writeHash();
-            post(`memories/${id}/forget`).then(() => {
+            post(`memories/${id}/forget`, { expected_version: m.version }).then(() => {
               toast(`forgot ${d.row.short_id}`);
               return show(state.view);
             }).catch((e) => toast(String(e.message || e), true));

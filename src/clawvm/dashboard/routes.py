@@ -187,6 +187,13 @@ class ReviseBody(BaseModel):
     expected_version: int | None = Field(default=None, ge=1)
 
 
+class ForgetBody(BaseModel):
+    """What the inspector showed: a memory that has moved on since is kept (409)."""
+
+    model_config = ConfigDict(extra="forbid")
+    expected_version: int | None = Field(default=None, ge=1)
+
+
 class KeepBody(BaseModel):
     """The side of a conflict to keep (the others are rejected)."""
 
@@ -506,8 +513,8 @@ def create_router(
         return {"id": head.id, "revises": memory_id, "memory": without_sealed(head).model_dump(mode="json")}
 
     @router.post("/api/memories/{memory_id}/forget")
-    def forget(h: Writer, memory_id: str) -> dict[str, Any]:
-        h.forget(memory_id)
+    def forget(h: Writer, memory_id: str, body: ForgetBody | None = None) -> dict[str, Any]:
+        h.forget(memory_id, expected_version=None if body is None else body.expected_version)
         lens_for(h).refresh()
         return {"id": memory_id, "forgotten": True}
 

@@ -137,6 +137,16 @@ log = logging.getLogger("clawvm.harness")
 PRELOADED_SESSIONS = 8192
 #: Tries of a forget whose memory keeps changing under it (each a pager pass or another writer racing it).
 FORGET_RETRIES = 5
+
+
+class _MovedOn(Exception):
+    """A forget's ``expected_version`` is older than the memory (not a race to retry): its conflict."""
+
+    def __init__(self, conflict: ConflictError) -> None:
+        super().__init__(str(conflict))
+        self.conflict = conflict
+
+
 _IMMUTABLE = frozenset({"id", "created_at", "version", "changed_version", "tenant"})
 
 
@@ -470,18 +480,29 @@ class Harness:
         return self.writer.write([updated], None, [event])[0]
 
     @_exclusive
-    def forget(self, memory_id: str) -> None:
-        """Delete a memory for good (its vector and outgoing links too)."""
+    def forget(self, memory_id: str, *, expected_version: int | None = None) -> None:
+        """Delete a memory for good (its vector and outgoing links too). With ``expected_version`` (the
+        version the caller read), a memory that has moved on since raises :class:`ConflictError` and is
+        kept, as :meth:`update` does: a delete decided on an old version must not take a newer one."""
+        if expected_version is not None:
+            expected_version = counted("expected_version", expected_version)
         for _ in range(FORGET_RETRIES - 1):
             try:
-                return self._forget(memory_id)
+                return self._forget(memory_id, expected_version)
+            except _MovedOn as stale:  # the caller's version is old: theirs to decide again
+                raise stale.conflict from None
             except ConflictError:  # it changed since it was read (a pager pass, another process): again
                 continue
-        return self._forget(memory_id)
+        try:
+            return self._forget(memory_id, expected_version)
+        except _MovedOn as stale:
+            raise stale.conflict from None
 
-    def _forget(self, memory_id: str) -> None:
+    def _forget(self, memory_id: str, expected_version: int | None = None) -> None:
         """One try at :meth:`forget`, deleting the memory and its raw copies as read."""
         memory = self._callers(memory_id)
+        if expected_version is not None and moved_on(memory, expected_version):
+            raise _MovedOn(ConflictError(memory_id, expected_version, memory.version))
         owners = referenced_raw(self._store, memory)
         if owners:
             raise ValidationError(

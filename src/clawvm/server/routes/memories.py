@@ -13,7 +13,7 @@ from clawvm.core.errors import ConflictError
 from clawvm.core.model import Memory, moved_on
 from clawvm.server.auth import Admin, Reader, Writer
 from clawvm.server.idempotency import IdempotencyKey, keyed_id, once
-from clawvm.server.routes.params import MemoryId
+from clawvm.server.routes.params import ExpectedVersion, MemoryId
 from clawvm.server.schemas.requests import (
     ExportQuery,
     FeedbackRequest,
@@ -93,9 +93,10 @@ def update_memory(memory_id: MemoryId, body: UpdateRequest, caller: Writer) -> M
 
 
 @router.delete("/memories/{memory_id}", status_code=204)
-def forget_memory(memory_id: MemoryId, caller: Writer) -> Response:
-    """Delete a memory for good."""
-    caller.harness.forget(memory_id)
+def forget_memory(memory_id: MemoryId, caller: Writer, expected_version: ExpectedVersion = None) -> Response:
+    """Delete a memory for good. With ``expected_version`` (the version you read), a memory that has moved
+    on since is kept: 409, as for a PATCH."""
+    caller.harness.forget(memory_id, expected_version=expected_version)
     return Response(status_code=204)
 
 

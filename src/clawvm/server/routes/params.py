@@ -7,14 +7,19 @@ from dataclasses import dataclass
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from fastapi import Path, Request
+from fastapi import Path, Query, Request
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
 from clawvm.core.errors import ValidationError
+from clawvm.core.model import MAX_COUNT
 
 MemoryId = Annotated[str, Path(min_length=1, max_length=100, description="a memory id")]
 ScopeId = Annotated[str, Path(min_length=1, max_length=256)]  # a session or task id
+#: The version a caller read, on a route that changes or deletes one memory: a newer one is a 409
+ExpectedVersion = Annotated[
+    int | None, Query(ge=1, le=MAX_COUNT, description="the version you read; a newer one is a 409")
+]
 
 
 async def known_query_only(request: Request) -> None:  # async: no worker thread for a dict lookup
