@@ -833,3 +833,20 @@ def test_under_redaction_no_secret_of_an_indexed_field_reaches_the_embedding_mod
         store.put(("ns",), "k1", {"password": "hunter2Xy9", "card": 4111111111111111})
         assert store.get(("ns",), "k1").value == {"password": "[SECRET]", "card": "[CARD]"}
     assert seen == ["[SECRET]\n[CARD]"]
+
+
+def test_a_filter_on_a_tuple_matches_the_value_put_with_that_tuple() -> None:
+    """A value is stored as JSON (tuples come back as lists), while the filter kept its tuple: a filter
+    naming the very tuple an item was put with never matched it."""
+    with Harness.open("memory://", embedder=None) as h:
+        store = ClawVMStore(h)
+        store.put(("f",), "k", {"tags": ("x", "y"), "nested": {"pair": (1, (2, 3))}})
+        store.put(("f",), "other", {"tags": ("x", "z")})
+        for condition in (
+            {"tags": ("x", "y")},
+            {"tags": {"$eq": ("x", "y")}},
+            {"nested": {"pair": (1, (2, 3))}},
+            {"nested": {"$eq": {"pair": (1, (2, 3))}}},
+        ):
+            assert [i.key for i in store.search(("f",), filter=condition)] == ["k"], condition
+        assert [i.key for i in store.search(("f",), filter={"tags": {"$ne": ("x", "y")}})] == ["other"]

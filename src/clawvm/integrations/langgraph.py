@@ -765,19 +765,30 @@ _OPS: dict[str, Callable[[Any, Any], bool]] = {
 
 
 def matches(value: Any, condition: Any) -> bool:
-    """LangGraph's filter semantics: exact match, ``$`` operators, nested dicts matched field by field."""
+    """LangGraph's filter semantics: exact match, ``$`` operators, nested dicts matched field by field.
+    The condition is compared as a value is stored (JSON: tuples as lists), else a filter on a tuple
+    never matched the value it was put with."""
     if isinstance(condition, Mapping):
         if any(str(k).startswith("$") for k in condition):
             return all(_apply(value, str(op), arg) for op, arg in condition.items())
         return isinstance(value, Mapping) and all(matches(value.get(k), c) for k, c in condition.items())
-    return bool(value == condition)
+    return bool(value == _as_stored(condition))
+
+
+def _as_stored(condition: Any) -> Any:
+    """A filter's operand as its value comes back from the store's JSON: tuples (nested too) as lists."""
+    if isinstance(condition, list | tuple):
+        return [_as_stored(c) for c in condition]
+    if isinstance(condition, Mapping):
+        return {k: _as_stored(c) for k, c in condition.items()}
+    return condition
 
 
 def _apply(value: Any, op: str, arg: Any) -> bool:
     if op not in _OPS:
         raise ValidationError("filter", f"uses unknown operator {op!r}", f"use one of {sorted(_OPS)}")
     try:
-        return _OPS[op](value, arg)
+        return _OPS[op](value, _as_stored(arg))
     except (TypeError, ValueError):  # a missing or non-numeric field does not match a comparison
         return False
 
