@@ -850,3 +850,27 @@ def test_a_filter_on_a_tuple_matches_the_value_put_with_that_tuple() -> None:
         ):
             assert [i.key for i in store.search(("f",), filter=condition)] == ["k"], condition
         assert [i.key for i in store.search(("f",), filter={"tags": {"$ne": ("x", "y")}})] == ["other"]
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda s: s.get(("\ud800",), "k"), "namespace"),
+        (lambda s: s.get(("ns",), "\ud800"), "key"),
+        (lambda s: s.put(("ns", "\udfff"), "k", {"v": 1}), "namespace"),
+        (lambda s: s.put(("ns",), "\ud800", {"v": 1}), "key"),
+        (lambda s: s.delete(("ns",), "\ud800"), "key"),
+        (lambda s: s.search(("\ud800",)), "namespace"),
+        (lambda s: s.list_namespaces(prefix=("\ud800",)), "namespace"),
+        (lambda s: s.batch([PutOp(("ns",), "ok", {"v": 1}), PutOp(("ns",), "\ud800", {"v": 2})]), "key"),
+    ],
+)
+def test_an_unpaired_surrogate_in_a_namespace_or_key_is_refused_by_name(call: Any, field: str) -> None:
+    """The item's id and tags are of its address's UTF-8: a lone surrogate raised a bare
+    UnicodeEncodeError (a value holding one is refused by name)."""
+    with Harness.open("memory://", embedder=None) as h:
+        store = ClawVMStore(h)
+        with pytest.raises(ValidationError) as exc:
+            call(store)
+        assert exc.value.field == field and "unpaired surrogates" in exc.value.problem
+        assert h.count(status="any") == 0  # nothing stored, not even the batch's valid put

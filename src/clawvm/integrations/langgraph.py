@@ -174,6 +174,7 @@ class ClawVMStore(BaseStore):
         ops = list(ops)
         for op in ops:
             validate_op_namespace(op)
+            _check_address(op)
             if isinstance(op, PutOp) and not op.namespace:
                 raise InvalidNamespaceError("Namespace cannot be empty.")
             if isinstance(op, PutOp) and op.value is not None and len(op.namespace) > MAX_NAMESPACE_DEPTH:
@@ -687,6 +688,33 @@ def _decode_path(tag: str) -> tuple[str, ...] | None:
     if "~" in body:
         return None
     return tuple(bytes.fromhex(label).decode() for label in body.split("."))
+
+
+def _check_address(op: Op) -> None:
+    """Refuse an op whose namespace labels or key hold unpaired surrogates, by name, as a value holding
+    them is refused: the item's id and tags are of their UTF-8, which has none (a bare UnicodeEncodeError
+    escaped)."""
+    labels: tuple[str, ...] = ()
+    if isinstance(op, GetOp | PutOp):
+        labels = op.namespace
+        _check_utf8("key", op.key)
+    elif isinstance(op, SearchOp):
+        labels = op.namespace_prefix
+    elif isinstance(op, ListNamespacesOp):
+        labels = tuple(label for c in op.match_conditions or () for label in c.path)
+    for label in labels:
+        _check_utf8("namespace", label)
+
+
+def _check_utf8(field: str, text: str) -> None:
+    if not isinstance(text, str):  # LangGraph validates the types; the encoding is what is checked here
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError(
+            field, "contains unpaired surrogates (not valid UTF-8)", "remove or replace them"
+        ) from None
 
 
 def _walk_prefix(conditions: Iterable[MatchCondition]) -> str:
