@@ -874,3 +874,50 @@ def test_an_unpaired_surrogate_in_a_namespace_or_key_is_refused_by_name(call: An
             call(store)
         assert exc.value.field == field and "unpaired surrogates" in exc.value.problem
         assert h.count(status="any") == 0  # nothing stored, not even the batch's valid put
+
+
+class AsyncOnlyEmbeddings(Embeddings):
+    """A LangChain model that only embeds asynchronously (its sync methods raise, as some clients do)."""
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        raise NotImplementedError
+
+    def embed_query(self, text: str) -> list[float]:
+        raise NotImplementedError
+
+    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        return WordEmbeddings().embed_documents(texts)
+
+    async def aembed_query(self, text: str) -> list[float]:
+        return WordEmbeddings().embed_query(text)
+
+
+async def embed_words(texts: list[str]) -> list[list[float]]:
+    return WordEmbeddings().embed_documents(texts)
+
+
+@pytest.mark.parametrize("embed", [embed_words, AsyncOnlyEmbeddings()], ids=["function", "embeddings"])
+def test_an_async_only_embedding_model_embeds_through_the_async_api(embed: Any) -> None:
+    """aput/asearch ran the sync batch in a thread, so an async-only model failed with LangChain's
+    "initialized with an async function but no sync function" (LangGraph's InMemoryStore uses it); the sync
+    methods now refuse it by the setting's name, and store nothing."""
+    with Harness.open("memory://", embedder=None) as h:
+        store = ClawVMStore(h, index={"dims": 384, "embed": embed})
+
+        async def run() -> list[Any]:
+            await store.aput(("docs",), "weather", {"text": "rain and wind in the city"})
+            await store.aput(("docs",), "deploy", {"text": "the payments deploy froze"})
+            return await store.asearch(("docs",), query="payments deploy")
+
+        first, second = asyncio.run(run())
+        assert first.key == "deploy" and first.score is not None and first.score > 0.5
+        assert second.key == "weather" and second.score is not None and second.score < first.score
+        for call in (
+            lambda: store.put(("docs",), "sync", {"text": "a sync put"}),
+            lambda: store.search(("docs",), query="payments"),
+        ):
+            with pytest.raises(ValidationError) as exc:
+                call()
+            assert exc.value.field == "index.embed" and "aput/asearch" in exc.value.fix
+        assert store.get(("docs",), "sync") is None
+        assert len(store.search(("docs",))) == 2  # no query: nothing to embed, the sync read works
