@@ -276,3 +276,18 @@ def test_a_history_stores_the_messages_of_one_call_all_or_none() -> None:
         assert h.count(status="any") == 0
         history.add_messages([HumanMessage("question"), AIMessage("answer")])
         assert [m.content for m in history.messages] == ["question", "answer"]
+
+
+def test_a_history_without_agent_or_task_is_the_whole_sessions() -> None:
+    """As documented: the unscoped history reads and clears every agent's messages of its session."""
+    with Harness.open("memory://", embedder=None) as h:
+        ClawVMChatMessageHistory(h, "chat", agent_id="A").add_message(HumanMessage("from A"))
+        ClawVMChatMessageHistory(h, "chat", task_id="t").add_message(HumanMessage("in t"))
+        ClawVMChatMessageHistory(h, "other", agent_id="A").add_message(HumanMessage("elsewhere"))
+        whole = ClawVMChatMessageHistory(h, "chat")
+        assert sorted(m.content for m in whole.messages) == ["from A", "in t"]
+        whole.clear()
+        assert ClawVMChatMessageHistory(h, "chat", agent_id="A").messages == []
+        assert [m.content for m in ClawVMChatMessageHistory(h, "other", agent_id="A").messages] == [
+            "elsewhere"
+        ]

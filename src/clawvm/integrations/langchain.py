@@ -33,7 +33,9 @@ gives the ``k`` best memories of :meth:`Harness.recall` as ``Document`` objects,
 message is a memory of that session (human: ``user_input``, AI: ``llm_thought``, system: ``note``, any
 other: ``observation``), tagged ``chat``, its text as content (so recall finds it) and the whole message
 in ``metadata.langchain_message``; ``add_messages`` stores all it is given or none; ``messages`` reads them
-back oldest first; ``clear()`` forgets them (the session's other memories stay).
+back oldest first; ``clear()`` forgets them (the session's other memories stay). A history given an
+``agent_id`` or ``task_id`` reads and clears only the messages written with them; one given neither is the
+whole session's: it reads and clears every agent's and task's messages of that session.
 """
 
 from __future__ import annotations
