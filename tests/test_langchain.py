@@ -259,3 +259,35 @@ def test_histories_of_one_session_for_two_agents_keep_apart() -> None:
         assert [m.content for m in a.messages] == ["from A"]
         a.clear()
         assert [m.content for m in b.messages] == ["from B"] and a.messages == []
+
+
+def test_a_history_stores_the_messages_of_one_call_all_or_none() -> None:
+    """RunnableWithMessageHistory saves a question and its answer in one add_messages: an answer over the
+    size limit was refused after the question had been stored, leaving it without its answer."""
+    with Harness.open("memory://", embedder=None) as h:
+        history = ClawVMChatMessageHistory(h, "chat-4")
+        too_long = AIMessage("x" * (h.max_content_bytes + 1))
+        with pytest.raises(ValidationError) as refused:
+            history.add_messages([HumanMessage("question"), too_long])
+        assert refused.value.field == "content"
+        assert history.messages == [] and h.count(status="any") == 0
+        with pytest.raises(ValidationError):  # the check itself writes nothing either
+            h.check_record(too_long.content, session_id="chat-4")
+        assert h.count(status="any") == 0
+        history.add_messages([HumanMessage("question"), AIMessage("answer")])
+        assert [m.content for m in history.messages] == ["question", "answer"]
+
+
+def test_a_history_without_agent_or_task_is_the_whole_sessions() -> None:
+    """As documented: the unscoped history reads and clears every agent's messages of its session."""
+    with Harness.open("memory://", embedder=None) as h:
+        ClawVMChatMessageHistory(h, "chat", agent_id="A").add_message(HumanMessage("from A"))
+        ClawVMChatMessageHistory(h, "chat", task_id="t").add_message(HumanMessage("in t"))
+        ClawVMChatMessageHistory(h, "other", agent_id="A").add_message(HumanMessage("elsewhere"))
+        whole = ClawVMChatMessageHistory(h, "chat")
+        assert sorted(m.content for m in whole.messages) == ["from A", "in t"]
+        whole.clear()
+        assert ClawVMChatMessageHistory(h, "chat", agent_id="A").messages == []
+        assert [m.content for m in ClawVMChatMessageHistory(h, "other", agent_id="A").messages] == [
+            "elsewhere"
+        ]

@@ -833,3 +833,91 @@ def test_under_redaction_no_secret_of_an_indexed_field_reaches_the_embedding_mod
         store.put(("ns",), "k1", {"password": "hunter2Xy9", "card": 4111111111111111})
         assert store.get(("ns",), "k1").value == {"password": "[SECRET]", "card": "[CARD]"}
     assert seen == ["[SECRET]\n[CARD]"]
+
+
+def test_a_filter_on_a_tuple_matches_the_value_put_with_that_tuple() -> None:
+    """A value is stored as JSON (tuples come back as lists), while the filter kept its tuple: a filter
+    naming the very tuple an item was put with never matched it."""
+    with Harness.open("memory://", embedder=None) as h:
+        store = ClawVMStore(h)
+        store.put(("f",), "k", {"tags": ("x", "y"), "nested": {"pair": (1, (2, 3))}})
+        store.put(("f",), "other", {"tags": ("x", "z")})
+        for condition in (
+            {"tags": ("x", "y")},
+            {"tags": {"$eq": ("x", "y")}},
+            {"nested": {"pair": (1, (2, 3))}},
+            {"nested": {"$eq": {"pair": (1, (2, 3))}}},
+        ):
+            assert [i.key for i in store.search(("f",), filter=condition)] == ["k"], condition
+        assert [i.key for i in store.search(("f",), filter={"tags": {"$ne": ("x", "y")}})] == ["other"]
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda s: s.get(("\ud800",), "k"), "namespace"),
+        (lambda s: s.get(("ns",), "\ud800"), "key"),
+        (lambda s: s.put(("ns", "\udfff"), "k", {"v": 1}), "namespace"),
+        (lambda s: s.put(("ns",), "\ud800", {"v": 1}), "key"),
+        (lambda s: s.delete(("ns",), "\ud800"), "key"),
+        (lambda s: s.search(("\ud800",)), "namespace"),
+        (lambda s: s.list_namespaces(prefix=("\ud800",)), "namespace"),
+        (lambda s: s.batch([PutOp(("ns",), "ok", {"v": 1}), PutOp(("ns",), "\ud800", {"v": 2})]), "key"),
+    ],
+)
+def test_an_unpaired_surrogate_in_a_namespace_or_key_is_refused_by_name(call: Any, field: str) -> None:
+    """The item's id and tags are of its address's UTF-8: a lone surrogate raised a bare
+    UnicodeEncodeError (a value holding one is refused by name)."""
+    with Harness.open("memory://", embedder=None) as h:
+        store = ClawVMStore(h)
+        with pytest.raises(ValidationError) as exc:
+            call(store)
+        assert exc.value.field == field and "unpaired surrogates" in exc.value.problem
+        assert h.count(status="any") == 0  # nothing stored, not even the batch's valid put
+
+
+class AsyncOnlyEmbeddings(Embeddings):
+    """A LangChain model that only embeds asynchronously (its sync methods raise, as some clients do)."""
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        raise NotImplementedError
+
+    def embed_query(self, text: str) -> list[float]:
+        raise NotImplementedError
+
+    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        return WordEmbeddings().embed_documents(texts)
+
+    async def aembed_query(self, text: str) -> list[float]:
+        return WordEmbeddings().embed_query(text)
+
+
+async def embed_words(texts: list[str]) -> list[list[float]]:
+    return WordEmbeddings().embed_documents(texts)
+
+
+@pytest.mark.parametrize("embed", [embed_words, AsyncOnlyEmbeddings()], ids=["function", "embeddings"])
+def test_an_async_only_embedding_model_embeds_through_the_async_api(embed: Any) -> None:
+    """aput/asearch ran the sync batch in a thread, so an async-only model failed with LangChain's
+    "initialized with an async function but no sync function" (LangGraph's InMemoryStore uses it); the sync
+    methods now refuse it by the setting's name, and store nothing."""
+    with Harness.open("memory://", embedder=None) as h:
+        store = ClawVMStore(h, index={"dims": 384, "embed": embed})
+
+        async def run() -> list[Any]:
+            await store.aput(("docs",), "weather", {"text": "rain and wind in the city"})
+            await store.aput(("docs",), "deploy", {"text": "the payments deploy froze"})
+            return await store.asearch(("docs",), query="payments deploy")
+
+        first, second = asyncio.run(run())
+        assert first.key == "deploy" and first.score is not None and first.score > 0.5
+        assert second.key == "weather" and second.score is not None and second.score < first.score
+        for call in (
+            lambda: store.put(("docs",), "sync", {"text": "a sync put"}),
+            lambda: store.search(("docs",), query="payments"),
+        ):
+            with pytest.raises(ValidationError) as exc:
+                call()
+            assert exc.value.field == "index.embed" and "aput/asearch" in exc.value.fix
+        assert store.get(("docs",), "sync") is None
+        assert len(store.search(("docs",))) == 2  # no query: nothing to embed, the sync read works

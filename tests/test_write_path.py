@@ -493,6 +493,7 @@ SDK_READS: dict[str, str] = {
     "tool_reliability": "statistics of past tool calls",
     "recall_with": "an untracked recall with a given vector (benchmarks)",
     "filters": "the callers' filters (tenant, status) as a Filters value",
+    "check_record": "raises what record() would raise for its arguments, writing nothing",
     "iter_all": "memories by filters, in keyset pages",
     "share_embed_worker": "points the harness at a shared embedding worker (a server's)",
     "share_query_embeddings": "points the harness at a shared pool of query-embedding threads (a server's)",

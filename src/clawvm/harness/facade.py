@@ -332,13 +332,28 @@ class Harness:
         with self.working.recording():  # a background pager pass gives way meanwhile
             return self._record(content, embedding, fields, as_agent)
 
-    def _record(
+    def check_record(
+        self,
+        content: Any,
+        *,
+        embedding: Sequence[float] | np.ndarray | None = None,
+        as_agent: str | None = None,
+        **fields: Any,
+    ) -> None:
+        """Raise what :meth:`record` would raise for these arguments, writing nothing: a caller storing
+        several memories one record at a time checks them all first, so that it stores all or none (the
+        store's own failures aside)."""
+        self._new_memory(content, embedding, dict(fields), as_agent)
+
+    def _new_memory(
         self,
         content: Any,
         embedding: Sequence[float] | np.ndarray | None,
         fields: dict[str, Any],
-        as_agent: str | None = None,
-    ) -> Memory:
+        as_agent: str | None,
+    ) -> tuple[Memory, np.ndarray | None, str]:
+        """The memory :meth:`record` stores, checked (the write's own checks aside), its vector and its
+        text as given."""
         if "version" in fields:
             raise ValidationError("version", "is set by the harness", "leave it out: a new memory is 1")
         # as update() refuses them (the value, access counts and usage would otherwise start inflated, or be
@@ -374,6 +389,16 @@ class Harness:
                 update={"status": Status.EXPIRED, "tier": Tier.ARCHIVE, "pinned": False}
             )
         memory = memory.model_copy(update={"value": self.pager.value_now(memory, self.now())})
+        return memory, vector, text
+
+    def _record(
+        self,
+        content: Any,
+        embedding: Sequence[float] | np.ndarray | None,
+        fields: dict[str, Any],
+        as_agent: str | None = None,
+    ) -> Memory:
+        memory, vector, text = self._new_memory(content, embedding, fields, as_agent)
         added = self._make_event(
             EventKind.ADD, memory, {"kind": memory.kind.value, "tier": memory.tier.value}
         )

@@ -32,8 +32,10 @@ gives the ``k`` best memories of :meth:`Harness.recall` as ``Document`` objects,
 **Chat message history.** ``ClawVMChatMessageHistory(h, session_id)`` is a ``BaseChatMessageHistory``: each
 message is a memory of that session (human: ``user_input``, AI: ``llm_thought``, system: ``note``, any
 other: ``observation``), tagged ``chat``, its text as content (so recall finds it) and the whole message
-in ``metadata.langchain_message``; ``messages`` reads them back oldest first; ``clear()`` forgets them
-(the session's other memories stay).
+in ``metadata.langchain_message``; ``add_messages`` stores all it is given or none; ``messages`` reads them
+back oldest first; ``clear()`` forgets them (the session's other memories stay). A history given an
+``agent_id`` or ``task_id`` reads and clears only the messages written with them; one given neither is the
+whole session's: it reads and clears every agent's and task's messages of that session.
 """
 
 from __future__ import annotations
@@ -365,14 +367,25 @@ class ClawVMChatMessageHistory(BaseChatMessageHistory):
         return messages_from_dict([m.metadata["langchain_message"] for m in self._stored()])
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
-        for message in messages:
-            self.harness.record(
+        """Store ``messages``, all or none: each is checked as its record would be before any is stored
+        (``RunnableWithMessageHistory`` saves a question and its answer in one call, and an answer over the
+        size limit left the question stored alone)."""
+        records = [
+            (
                 _message_text(message),
-                kind=_KIND_OF_MESSAGE.get(message.type, Kind.OBSERVATION),
-                tags=[CHAT_TAG],
-                metadata={"langchain_message": message_to_dict(message)},
-                **self.scope,
+                {
+                    "kind": _KIND_OF_MESSAGE.get(message.type, Kind.OBSERVATION),
+                    "tags": [CHAT_TAG],
+                    "metadata": {"langchain_message": message_to_dict(message)},
+                    **self.scope,
+                },
             )
+            for message in messages
+        ]
+        for text, fields in records:
+            self.harness.check_record(text, **fields)
+        for text, fields in records:
+            self.harness.record(text, **fields)
 
     def clear(self) -> None:
         """Forget this session's messages through the harness (its other memories stay)."""

@@ -26,7 +26,9 @@ Mapping:
   write and are removed right after it);
 - semantic search: each item's indexed text (the whole value, or the ``fields`` of the
   :class:`IndexConfig` or of ``put(index=[...])``, joined by newlines) is embedded when it is put, with
-  the ``IndexConfig``'s ``embed`` or else the harness's embedder; ``put(index=False)`` leaves the item
+  the ``IndexConfig``'s ``embed`` or else the harness's embedder (the async methods await the model's
+  ``aembed_documents``/``aembed_query`` before the batch runs, so an async-only model works there; the
+  sync ones refuse it by name); ``put(index=False)`` leaves the item
   out of ranked results (as in LangGraph's stores it is still returned, without a score, after them).
   ``search(query=...)`` ranks the namespace's items by the engine's vector search, and **the score is the
   cosine similarity between the query's embedding and the item's, in [-1, 1]** (with the default MiniLM
@@ -62,10 +64,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
+from langchain_core.embeddings import Embeddings
 from langgraph.store.base import (
     BaseStore,
     GetOp,
@@ -85,6 +89,7 @@ from langgraph.store.base import (
     tokenize_path,
     validate_op_namespace,
 )
+from langgraph.store.base.embed import EmbeddingsLambda
 
 from clawvm.core.embed import count_tokens
 from clawvm.core.errors import ClawVMError, ConflictError, ValidationError
@@ -119,6 +124,47 @@ _log = logging.getLogger(__name__)
 
 #: A memory paired with its search score (None: found without one).
 Scored = tuple[Memory, float | None]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A batch checked, before anything is embedded or read: its ops at their stored addresses, the puts
+    it writes (the last of each key) with the text each is indexed by (None: not ranked), and the
+    distinct queries its searches rank by."""
+
+    ops: list[Op]
+    puts: dict[tuple[tuple[str, ...], str], PutOp]
+    texts: list[str | None]
+    queries: list[str]
+
+
+@dataclass(frozen=True)
+class _Vectors:
+    """A plan's embeddings: its indexed texts' by the put's position, its queries' (unit length; None for
+    a zero vector) by query. Computed before the batch runs, so the sync and async paths share it."""
+
+    documents: dict[int, np.ndarray]
+    queries: dict[str, np.ndarray | None]
+
+    @classmethod
+    def of(cls, plan: _Plan, rows: Sequence[Any], asked: Sequence[Any]) -> _Vectors:
+        positions = [n for n, t in enumerate(plan.texts) if t is not None]
+        documents = {n: np.asarray(rows[i], dtype=np.float32) for i, n in enumerate(positions)}
+        return cls(documents, {q: _unit(v) for q, v in zip(plan.queries, asked, strict=True)})
+
+
+def _unit(vector: Any) -> np.ndarray | None:
+    v = np.asarray(vector, dtype=np.float32)
+    norm = float(np.linalg.norm(v))
+    return v / norm if norm > 0 else None
+
+
+def _async_only() -> ValidationError:
+    return ValidationError(
+        "index.embed",
+        "only embeds asynchronously",
+        "use aput/asearch (the store's async methods), or pass a sync function",
+    )
 
 
 def item_id(tenant: str, namespace: tuple[str, ...], key: str) -> str:
@@ -171,9 +217,24 @@ class ClawVMStore(BaseStore):
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         """Run ``ops``; each result at its operation's position. Reads see the store as it was before the
         batch's writes; of several puts of one key the last wins; the writes are stored atomically."""
+        plan = self._plan(ops)
+        return self._run(plan, self._vectors(plan))
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        """:meth:`batch`, with the configured model's ``aembed_documents``/``aembed_query`` awaited first
+        (an async-only embedding function works, as in LangGraph's stores); the rest runs in a thread."""
+        if self.embeddings is None:  # the harness's embedder is synchronous: the whole batch in a thread
+            return await asyncio.to_thread(self.batch, list(ops))
+        plan = await asyncio.to_thread(self._plan, list(ops))
+        return await asyncio.to_thread(self._run, plan, await self._avectors(plan, self.embeddings))
+
+    def _plan(self, ops: Iterable[Op]) -> _Plan:
+        """``ops`` checked (a put's value as the write path would: a value it would refuse costs no
+        embedding) and resolved to their stored addresses, with what the batch has to embed."""
         ops = list(ops)
         for op in ops:
             validate_op_namespace(op)
+            _check_address(op)
             if isinstance(op, PutOp) and not op.namespace:
                 raise InvalidNamespaceError("Namespace cannot be empty.")
             if isinstance(op, PutOp) and op.value is not None and len(op.namespace) > MAX_NAMESPACE_DEPTH:
@@ -189,12 +250,22 @@ class ClawVMStore(BaseStore):
                 counted("limit", op.limit, 0)
                 counted("offset", op.offset, 0)
         ops = [self._stored_address(op) for op in ops]
+        puts = {(op.namespace, op.key): op for op in ops if isinstance(op, PutOp)}
+        for op in puts.values():
+            if op.value is not None:
+                normalize_content(dict(op.value), self.harness.max_content_bytes)
+                _check_ttl(op.ttl)
+        queries = [
+            op.query for op in ops if isinstance(op, SearchOp) and op.query and op.offset + op.limit > 0
+        ]
+        return _Plan(ops, puts, self._indexed_texts(list(puts.values())), list(dict.fromkeys(queries)))
+
+    def _run(self, plan: _Plan, vectors: _Vectors) -> list[Result]:
+        """The reads and writes of a planned batch, with its texts and queries embedded (``vectors``)."""
         results: list[Result] = []
-        puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
         read: dict[str, Memory] = {}  # what the reads returned whose TTL they refresh
-        for op in ops:
+        for op in plan.ops:
             if isinstance(op, PutOp):
-                puts[(op.namespace, op.key)] = op
                 results.append(None)
             elif isinstance(op, GetOp):
                 found = self._find(op.namespace, op.key)
@@ -202,22 +273,19 @@ class ClawVMStore(BaseStore):
                     read[found.id] = found
                 results.append(None if found is None else _item(found))
             elif isinstance(op, SearchOp):
-                hits = self._search(op)
+                hits = self._search(op, vectors.queries.get(op.query) if op.query else None)
                 if op.refresh_ttl:
                     read.update((m.id, m) for m, _ in hits)
                 results.append([_search_item(m, score) for m, score in hits])
             else:
                 results.append(self._namespaces(op))
-        if puts:
-            self._write(list(puts.values()))
+        if plan.puts:
+            self._write(list(plan.puts.values()), plan.texts, vectors.documents)
         # an item the batch also wrote has a fresh TTL already
-        stale = [m for m in read.values() if _ttl(m) is not None and _address(m) not in puts]
+        stale = [m for m in read.values() if _ttl(m) is not None and _address(m) not in plan.puts]
         if stale:
             self._refresh(stale)
         return results
-
-    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
-        return await asyncio.to_thread(self.batch, list(ops))
 
     # ---- TTL ------------------------------------------------------------------------------------------
     def sweep_ttl(self) -> int:
@@ -283,7 +351,8 @@ class ClawVMStore(BaseStore):
         found = self.harness.list(limit=1, tags=[_item_tag(namespace, key)])
         return found[0] if found and is_item(found[0]) else None
 
-    def _search(self, op: SearchOp) -> list[Scored]:
+    def _search(self, op: SearchOp, vector: np.ndarray | None) -> list[Scored]:
+        """The page of items ``op`` asks for; ``vector``: its query's embedding (None: lexical, or none)."""
         scope = [_ns_tag(op.namespace_prefix)] if op.namespace_prefix else [TAG]
         need = op.offset + op.limit
         filters = self.harness.filters({"tags": scope})
@@ -294,7 +363,7 @@ class ClawVMStore(BaseStore):
 
         found: list[Scored] = []
         if op.query and need > 0:
-            found = self._ranked(op.query, scope, filters, need, bool(op.filter), wanted)
+            found = self._ranked(op.query, vector, scope, filters, need, bool(op.filter), wanted)
         reached = {m.id for m, _ in found}
         if len(found) < need:  # the rest of the namespace, newest first, only as far as the page needs
             for m in self._newest(filters, need - len(found)):
@@ -307,6 +376,7 @@ class ClawVMStore(BaseStore):
     def _ranked(
         self,
         query: str,
+        vector: np.ndarray | None,
         scope: list[str],
         filters: Filters,
         need: int,
@@ -319,7 +389,6 @@ class ClawVMStore(BaseStore):
         ``filter``), unscored. With a ``filter`` that leaves fewer than ``need`` of them, the search
         widens ``SEARCH_WIDEN``-fold until enough match or none is left: the matches past the first
         window came back after the ranked ones, unscored, newest first."""
-        vector = self._embed_query(query)
         k = need * SEARCH_WIDEN if filtered or vector is not None else need
         while True:
             found, candidates = self._ranked_within(query, vector, scope, filters, k, wanted)
@@ -423,30 +492,12 @@ class ClawVMStore(BaseStore):
         return tuple(found[0].metadata[TAG]["namespace"]) if found else None
 
     # ---- writes ---------------------------------------------------------------------------------------
-    def _write(self, puts: Sequence[PutOp]) -> None:
-        """Store ``puts`` (one per key) atomically; a write that lost a race to another writer of one of
-        its items is read and made again (last writer wins), so no :class:`ConflictError` escapes. The
-        values are embedded once, before the first try (and after they are checked: a value the write
-        path would refuse costs no embedding)."""
-        for op in puts:
-            if op.value is not None:
-                normalize_content(dict(op.value), self.harness.max_content_bytes)
-                _check_ttl(op.ttl)
-        # the indexed fields of each value as the tenant's redaction policy stores it (each field read with
-        # its key: the text of a "password" field alone reads as no secret), scrubbed again as the text
-        # they join into: a secret never reaches the embedding model
-        writer, tenant = self.harness.writer, self.harness.tenant
-        stored = [None if op.value is None else writer.scrub_json(dict(op.value), tenant) for op in puts]
-        fields = [
-            None if v is None else self._indexed_text(v, op.index) for v, op in zip(stored, puts, strict=True)
-        ]
-        texts = [None if t is None else writer.scrub(t, tenant) for t in fields]
-        wanted = [t for t in texts if t is not None]
-        rows = self._embed(wanted) if wanted else None
-        vectors: dict[int, np.ndarray] = {}
-        if rows is not None:
-            positions = [n for n, t in enumerate(texts) if t is not None]
-            vectors = {n: rows[i] for i, n in enumerate(positions)}
+    def _write(
+        self, puts: Sequence[PutOp], texts: Sequence[str | None], vectors: Mapping[int, np.ndarray]
+    ) -> None:
+        """Store ``puts`` (one per key; ``texts``: what each is indexed by, ``vectors``: their embeddings,
+        by position) atomically; a write that lost a race to another writer of one of its items is read and
+        made again (last writer wins), so no :class:`ConflictError` escapes."""
         indexed = [t is not None for t in texts]
         for attempt in range(CONFLICT_RETRIES):
             try:
@@ -546,6 +597,20 @@ class ClawVMStore(BaseStore):
             teams.check_update(h, current, memory)
         return memory.model_copy(update={"value": h.pager.value_now(memory, now)})
 
+    def _indexed_texts(self, puts: Sequence[PutOp]) -> list[str | None]:
+        """The text each put is ranked by (None: not indexed), as the tenant's redaction policy stores it:
+        the value scrubbed as JSON (each field read with its key: the text of a "password" field alone
+        reads as no secret), its indexed fields scrubbed again as the text they join into. A secret never
+        reaches the embedding model."""
+        writer, tenant = self.harness.writer, self.harness.tenant
+        texts: list[str | None] = []
+        for op in puts:
+            field = None
+            if op.value is not None:
+                field = self._indexed_text(writer.scrub_json(dict(op.value), tenant), op.index)
+            texts.append(None if field is None else writer.scrub(field, tenant))
+        return texts
+
     def _indexed_text(self, value: dict[str, Any], index: Any) -> str | None:
         """The text of ``value`` a search ranks it by: its fields at the put's ``index`` paths (default:
         the store's), joined by newlines; None for ``index=False`` or when no path finds text."""
@@ -555,22 +620,39 @@ class ClawVMStore(BaseStore):
         parts = [t for p in paths for t in get_text_at_path(value, p if p == "$" else tokenize_path(p))]
         return "\n".join(parts) if parts else None
 
-    def _embed(self, texts: list[str]) -> np.ndarray | None:
+    def _vectors(self, plan: _Plan) -> _Vectors:
+        """The embeddings ``plan`` needs, from the configured model's sync methods or the harness's
+        embedder (none: no vectors, queries rank lexically)."""
+        texts = [t for t in plan.texts if t is not None]
+        embedder = self.harness.embedder
+        rows: Sequence[Any]
+        asked: list[Any]
         if self.embeddings is not None:
-            return np.asarray(self.embeddings.embed_documents(texts), dtype=np.float32)
-        if self.harness.embedder is not None:
-            return self.harness.embedder.embed(texts)
-        return None
-
-    def _embed_query(self, text: str) -> np.ndarray | None:
-        if self.embeddings is not None:
-            vector = np.asarray(self.embeddings.embed_query(text), dtype=np.float32)
-        elif self.harness.embedder is not None:
-            vector = np.asarray(self.harness.embedder.embed_query(text), dtype=np.float32)
+            if not texts and not plan.queries:
+                return _Vectors({}, {})
+            embeddings = self.embeddings
+            # an async function given as embed: LangChain's ValueError named neither it nor the way out
+            if isinstance(embeddings, EmbeddingsLambda) and getattr(embeddings, "func", None) is None:
+                raise _async_only()
+            try:
+                rows = embeddings.embed_documents(texts) if texts else []
+                asked = [embeddings.embed_query(q) for q in plan.queries]
+            except NotImplementedError:  # a LangChain model that implements only the async methods
+                raise _async_only() from None
+        elif embedder is not None:
+            rows = list(embedder.embed(texts)) if texts else []
+            asked = [embedder.embed_query(q) for q in plan.queries]
         else:
-            return None
-        norm = float(np.linalg.norm(vector))
-        return vector / norm if norm > 0 else None
+            return _Vectors({}, {})
+        return _Vectors.of(plan, rows, asked)
+
+    @staticmethod
+    async def _avectors(plan: _Plan, embeddings: Embeddings) -> _Vectors:
+        """:meth:`_vectors` from the model's async methods."""
+        texts = [t for t in plan.texts if t is not None]
+        rows = await embeddings.aembed_documents(texts) if texts else []
+        asked = [await embeddings.aembed_query(q) for q in plan.queries]
+        return _Vectors.of(plan, rows, asked)
 
     def _refresh(self, memories: Sequence[Memory]) -> None:
         """Move the expiry of items a read returned forward by their TTL (``refresh_ttl``). One that a
@@ -689,6 +771,33 @@ def _decode_path(tag: str) -> tuple[str, ...] | None:
     return tuple(bytes.fromhex(label).decode() for label in body.split("."))
 
 
+def _check_address(op: Op) -> None:
+    """Refuse an op whose namespace labels or key hold unpaired surrogates, by name, as a value holding
+    them is refused: the item's id and tags are of their UTF-8, which has none (a bare UnicodeEncodeError
+    escaped)."""
+    labels: tuple[str, ...] = ()
+    if isinstance(op, GetOp | PutOp):
+        labels = op.namespace
+        _check_utf8("key", op.key)
+    elif isinstance(op, SearchOp):
+        labels = op.namespace_prefix
+    elif isinstance(op, ListNamespacesOp):
+        labels = tuple(label for c in op.match_conditions or () for label in c.path)
+    for label in labels:
+        _check_utf8("namespace", label)
+
+
+def _check_utf8(field: str, text: str) -> None:
+    if not isinstance(text, str):  # LangGraph validates the types; the encoding is what is checked here
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError(
+            field, "contains unpaired surrogates (not valid UTF-8)", "remove or replace them"
+        ) from None
+
+
 def _walk_prefix(conditions: Iterable[MatchCondition]) -> str:
     """The tag prefix every namespace listed must have: the labels a prefix condition fixes before its
     first wildcard (the conditions themselves are still checked on every namespace)."""
@@ -765,19 +874,30 @@ _OPS: dict[str, Callable[[Any, Any], bool]] = {
 
 
 def matches(value: Any, condition: Any) -> bool:
-    """LangGraph's filter semantics: exact match, ``$`` operators, nested dicts matched field by field."""
+    """LangGraph's filter semantics: exact match, ``$`` operators, nested dicts matched field by field.
+    The condition is compared as a value is stored (JSON: tuples as lists), else a filter on a tuple
+    never matched the value it was put with."""
     if isinstance(condition, Mapping):
         if any(str(k).startswith("$") for k in condition):
             return all(_apply(value, str(op), arg) for op, arg in condition.items())
         return isinstance(value, Mapping) and all(matches(value.get(k), c) for k, c in condition.items())
-    return bool(value == condition)
+    return bool(value == _as_stored(condition))
+
+
+def _as_stored(condition: Any) -> Any:
+    """A filter's operand as its value comes back from the store's JSON: tuples (nested too) as lists."""
+    if isinstance(condition, list | tuple):
+        return [_as_stored(c) for c in condition]
+    if isinstance(condition, Mapping):
+        return {k: _as_stored(c) for k, c in condition.items()}
+    return condition
 
 
 def _apply(value: Any, op: str, arg: Any) -> bool:
     if op not in _OPS:
         raise ValidationError("filter", f"uses unknown operator {op!r}", f"use one of {sorted(_OPS)}")
     try:
-        return _OPS[op](value, arg)
+        return _OPS[op](value, _as_stored(arg))
     except (TypeError, ValueError):  # a missing or non-numeric field does not match a comparison
         return False
 
