@@ -824,3 +824,15 @@ def test_an_annotation_keeps_what_another_writer_changed_meanwhile() -> None:
         stored = h.get(m.id).metadata
         assert stored["owner"] == "ann" and stored["ticket"] == "OPS-1"
         assert [n["text"] for n in stored["annotations"]] == ["checked by ops"]
+
+
+def test_a_lens_of_no_harness_or_of_no_memory_is_refused_by_name() -> None:
+    """Lens(None) raised AttributeError; contexts_of(None) answered [] as if the memory entered none."""
+    with pytest.raises(ValidationError) as exc:
+        Lens(None)  # type: ignore[arg-type]
+    assert exc.value.field == "harness"
+    with Harness.open("memory://", embedder=None) as h:
+        for bad in (None, ""):
+            with pytest.raises(ValidationError) as exc:
+                Lens(h).contexts_of(bad)  # type: ignore[arg-type]
+            assert exc.value.field == "memory_id"

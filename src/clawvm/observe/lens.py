@@ -305,6 +305,8 @@ class Lens:
     (every public reader does)."""
 
     def __init__(self, harness: LensHost, full_reload_s: float = 300.0) -> None:
+        if not isinstance(getattr(harness, "tenant", None), str):
+            raise ValidationError("harness", f"is {type(harness).__name__}", "pass the Harness to analyse")
         self.harness = harness
         self.tenant = harness.tenant
         self.full_reload_s = full_reload_s
@@ -614,6 +616,8 @@ class Lens:
 
     def contexts_of(self, memory_id: str) -> list[dict[str, Any]]:
         """Reverse influence: every context build ``memory_id`` entered, with its tier and value then."""
+        if not isinstance(memory_id, str) or not memory_id:
+            raise ValidationError("memory_id", f"is {memory_id!r}", "pass the id of a memory")
         self.refresh()
         return self.contexts_of_as_is(memory_id)
 
