@@ -530,3 +530,32 @@ def test_a_server_tenants_export_is_read_with_its_tenant(tmp_path: Path) -> None
     for unusable in (" ", "acme corp"):  # the second one no API key could name: the server never serves it
         result = CliRunner().invoke(main, ["--db", str(db), "--tenant", unusable, "stats"])
         assert result.exit_code == 2 and "--tenant" in result.output and "name" in result.output
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["export", "--out"],
+        ["export", "--events", "--out"],
+        ["export", "--events", "--format", "parquet", "--out"],
+        ["replay", "s1", "--json"],
+    ],
+)
+@pytest.mark.parametrize(
+    "out",
+    ["t.db", "./t.db", "sub/../t.db", "link.db", "t.db-wal", "t.db-shm", "t.db.index", "t.db.index.1.2.tmp"],
+)
+def test_an_output_file_that_is_the_store_or_beside_it_is_refused_before_it_is_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str], out: str
+) -> None:
+    """`export -o t.db` on the store t.db (or its log, its index snapshot, a link to it) emptied the store
+    to 0 bytes before failing: the output was opened for writing first."""
+    monkeypatch.chdir(tmp_path)
+    run(Path("t.db"), "add", "a note", "--session", "s1")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.db").symlink_to("t.db")
+    files = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and not p.is_symlink()}
+    result = CliRunner().invoke(main, ["--db", "t.db", "--no-embed", *command, out])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: {command[-1]}: ") and "write to another file" in result.output
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and not p.is_symlink()} == files

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import re
 import sqlite3
 import sys
 from collections.abc import Iterator
@@ -14,11 +15,15 @@ from typing import Any
 
 import click
 
-from clawvm.core.errors import ClawVMError
+from clawvm.core.errors import ClawVMError, ValidationError
 from clawvm.core.model import DEFAULT_TENANT
 from clawvm.harness import Harness
 from clawvm.store import SQLiteStore, Store, store_from_url
 from clawvm.store.keys import Keyring
+from clawvm.store.snapshot import path_for as snapshot_path
+
+#: What SQLite keeps beside a database file (its write-ahead log and shared memory, a rollback journal)
+_SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
 
 
 @contextmanager
@@ -73,6 +78,37 @@ def _holds_nothing(path: Path) -> bool:
             return not any(db.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone() for t in held if t in tables)
     except sqlite3.DatabaseError:
         return False
+
+
+def refuse_store_as_output(db: str, out: Path | None, option: str) -> None:
+    """Refuse ``out`` when it is the SQLite store of ``db`` or a file kept beside it (log, shared memory,
+    journal, index snapshot and its temporary files), however it is spelt (relative, through a symlink, a
+    hard link): opening it for writing emptied the store before the command failed on it."""
+    store = store_from_url(db)  # no connection yet: only the engine and its file name
+    if out is None or not isinstance(store, SQLiteStore) or store.path == ":memory:":
+        return
+    if _keeps(Path(store.path), out):
+        raise ValidationError(
+            option,
+            f"{out} is the store {store.path} or a file kept beside it: writing it would destroy the store",
+            "write to another file",
+        )
+
+
+def _keeps(db: Path, out: Path) -> bool:
+    """Whether ``out`` is the SQLite file ``db`` or one of its companions."""
+    target = out.resolve()
+    for base in {db.absolute(), db.resolve()}:  # the snapshot sits beside the name, SQLite's files the target
+        index = snapshot_path(str(base))
+        own = [base, index, *(base.with_name(base.name + s) for s in _SQLITE_COMPANIONS)]
+        if target in {p.resolve() for p in own}:
+            return True
+        if target.exists() and any(p.exists() and target.samefile(p) for p in own):
+            return True
+        temporary = rf"{re.escape(index.name)}\.\d+\.\d+\.tmp"  # a snapshot being written
+        if target.parent == index.parent.resolve() and re.fullmatch(temporary, target.name):
+            return True
+    return False
 
 
 def _require_store(db: str) -> None:

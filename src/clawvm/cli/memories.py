@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from clawvm.cli.common import opened_harness, opened_store
+from clawvm.cli.common import opened_harness, opened_store, refuse_store_as_output
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import DEFAULT_TENANT, VISIBLE_STATUSES, Kind, Memory, Status, Tier, utcnow
 from clawvm.harness import Harness
@@ -212,6 +212,7 @@ def forget(ctx: click.Context, memory_id: str) -> None:
 @click.pass_context
 def export(ctx: click.Context, out: Path | None, session_id: str | None, events: bool, fmt: str) -> None:
     """Export memories as JSON Lines (one memory per line, lossless), oldest first; or the event log."""
+    refuse_store_as_output(ctx.obj["db"], out, "--out")  # before the store opens: -o clawvm.db emptied it
     if events or fmt == "parquet":
         _export_events(ctx, out, session_id, events, fmt)
         return
