@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -559,3 +559,47 @@ def test_an_output_file_that_is_the_store_or_beside_it_is_refused_before_it_is_o
     assert result.exit_code == 2, result.output
     assert result.output.startswith(f"error: {command[-1]}: ") and "write to another file" in result.output
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and not p.is_symlink()} == files
+
+
+class BacklogEmbedder:
+    """A cheap stand-in for the default model that keeps what it embedded: stored texts and queries apart."""
+
+    name = "backlog"
+    dim = 384
+
+    def __init__(self) -> None:
+        self.stored: list[str] = []
+        self.queries: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.stored += texts
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        out[:, 0] = 1.0
+        return out
+
+    def embed_query(self, text: str) -> np.ndarray:
+        self.queries.append(text)
+        out = np.zeros(self.dim, dtype=np.float32)
+        out[0] = 1.0
+        return out
+
+
+def test_a_search_embeds_its_query_not_the_backlog_and_an_add_embeds_what_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`clawvm search` on a store of 3,000 memories without vectors embedded and wrote all of them (and
+    waited for it on close, ~10 s): a look that only reads leaves them waiting; a write embeds before exit."""
+    embedder = BacklogEmbedder()
+    monkeypatch.setattr("clawvm.harness.facade._default_embedder", lambda: embedder)
+    db = tmp_path / "b.db"
+    for i in range(3):
+        run(db, "add", f"deploy note {i}")  # --no-embed: they wait for vectors
+    with_model = ["--db", str(db)]
+    result = CliRunner().invoke(main, [*with_model, "search", "deploy"], catch_exceptions=False)
+    assert result.exit_code == 0 and "deploy note 0" in result.output
+    assert embedder.queries == ["deploy"] and embedder.stored == []
+    assert json.loads(run(db, "stats"))["unembedded"] == 3
+    result = CliRunner().invoke(main, [*with_model, "add", "deploy note 3"], catch_exceptions=False)
+    assert result.exit_code == 0
+    assert sorted(embedder.stored) == [f"deploy note {i}" for i in range(4)]
+    assert json.loads(run(db, "stats"))["unembedded"] == 0

@@ -30,13 +30,16 @@ _SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
 def opened_harness(ctx: click.Context, embed: bool = True, existing: bool = False) -> Iterator[Harness]:
     """A harness on ``--db``, with the embedding model unless ``--no-embed`` or ``embed=False``.
     ``existing``: a command that only reads (or removes) refuses a SQLite file that is not there, rather
-    than making an empty store of a mistyped path and answering from it."""
+    than making an empty store of a mistyped path and answering from it; it embeds its queries only, not
+    the store's backlog (`clawvm search` embedded and wrote 3,000 waiting memories, ~10 s, before exiting).
+    A command that writes embeds what it wrote, and the backlog with it, before it exits."""
     db: str = ctx.obj["db"]
     if existing:
         _require_store(db)
     embedder = "default" if embed and not ctx.obj["no_embed"] else None
     with _unless_left_empty(db):
-        harness = Harness.open(db, embedder=embedder, tenant=ctx.obj.get("tenant", DEFAULT_TENANT))
+        tenant = ctx.obj.get("tenant", DEFAULT_TENANT)
+        harness = Harness.open(db, embedder=embedder, tenant=tenant, embed_backlog=not existing)
         try:
             yield harness
         finally:
