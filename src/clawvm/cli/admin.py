@@ -160,16 +160,26 @@ def keys_rotate_data_key(
     if old is None:
         raise ConfigError(f"no data key to read the sealed originals: set {KEY_ENV} or pass --key-file")
     if new_key_file is not None:
-        if not new_key_file.exists():
-            DataKeys((DataKey.generate(),)).save(new_key_file)
-        new = DataKeys.load(new_key_file).current
+        made = not new_key_file.exists()
+        new = DataKey.generate() if made else DataKeys.load(new_key_file).current
     elif key_file is not None:
         new = DataKey.generate()
-        old.with_current(new).save(key_file)  # first, so that a run stopped halfway loses no key
     else:
         raise ConfigError("nowhere to keep the new key: pass --new-key-file PATH, or --key-file PATH")
+    old_keys: DataKeys = old  # not None: the closure below does not see the check above
+
+    def keep_new_key() -> None:
+        """Saved once the old keys are known to open the store, before anything is re-sealed: a run
+        stopped halfway loses no key, and a refused one (keys of another store) leaves the files as they
+        were (it rewrote --key-file with a new key first)."""
+        if new_key_file is not None:
+            if made:
+                DataKeys((new,)).save(new_key_file)
+        elif key_file is not None:
+            old_keys.with_current(new).save(key_file)
+
     with opened_store(ctx, existing=True) as store:
-        report = rotate_data_key(store, old, new)
+        report = rotate_data_key(store, old, new, prepare=keep_new_key)
     if drop_old and key_file is not None:
         DataKeys((new,)).save(key_file)
     click.echo(
