@@ -25,10 +25,12 @@ from hypothesis import strategies as st
 from clawvm import Harness
 from clawvm.cli import main
 from clawvm.cli.common import hoist_group_options
+from clawvm.core.errors import ValidationError
 from clawvm.core.model import Kind
-from clawvm.store import SQLiteStore
+from clawvm.store import SQLiteStore, store_from_url
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey
 from clawvm.store.keys import Keyring
+from clawvm.store.migrate import migrate
 from engines import engine_of
 from loopback import ServeProcess
 
@@ -603,3 +605,26 @@ def test_a_search_embeds_its_query_not_the_backlog_and_an_add_embeds_what_waits(
     assert result.exit_code == 0
     assert sorted(embedder.stored) == [f"deploy note {i}" for i in range(4)]
     assert json.loads(run(db, "stats"))["unembedded"] == 0
+
+
+def test_migrate_refuses_a_batch_under_one_and_a_wrong_dimension_before_making_the_target(
+    tmp_path: Path,
+) -> None:
+    """`--batch 0` failed with an IndexError and left an empty target; `--dim 10` on a store of 384-dim
+    vectors failed with a reshape's ValueError: both are one line, naming the option, and no target."""
+    source = tmp_path / "a.db"
+    with Harness.open(source, embedder=BacklogEmbedder()) as h:
+        h.record("the deploy failed")
+    target = tmp_path / "n.db"
+    base = ["migrate", "--from", str(source), "--to", str(target)]
+    result = CliRunner().invoke(main, [*base, "--batch", "0"])
+    assert result.exit_code == 2 and "'--batch'" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(main, [*base, "--dim", "10"])
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines()[-1] == (
+        f"error: --dim: is 10, but --from {source} holds 384-dimensional vectors (pass --dim 384)"
+    )
+    assert not target.exists()
+    with pytest.raises(ValidationError, match="batch"):  # the library's own check, before any write
+        migrate(store_from_url("memory://"), store_from_url("memory://"), batch=0)
+
