@@ -29,6 +29,7 @@ from clawvm.core.errors import ValidationError
 from clawvm.core.model import Kind
 from clawvm.store import SQLiteStore, store_from_url
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey
+from clawvm.store.eventlog import MAX_AGE_DAYS, Retention
 from clawvm.store.keys import Keyring
 from clawvm.store.migrate import migrate
 from engines import engine_of
@@ -627,4 +628,16 @@ def test_migrate_refuses_a_batch_under_one_and_a_wrong_dimension_before_making_t
     assert not target.exists()
     with pytest.raises(ValidationError, match="batch"):  # the library's own check, before any write
         migrate(store_from_url("memory://"), store_from_url("memory://"), batch=0)
+
+
+@pytest.mark.parametrize("age", ["1e6", "1e10", "inf", "nan", "-1"])
+def test_prune_events_refuses_an_age_past_the_calendar_by_name(tmp_path: Path, age: str) -> None:
+    """`prune-events --max-age-days 1e6` (or 1e10, inf) overflowed the cutoff's date: a traceback."""
+    db = tmp_path / "p.db"
+    run(db, "add", "a note")
+    result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", "prune-events", "--max-age-days", age])
+    assert result.exit_code == 2 and "--max-age-days" in result.output and "Traceback" not in result.output
+    with pytest.raises(ValidationError, match="max_age_days"):  # the library bounds it too
+        Retention(max_age_days=float(age))
+    assert Retention(max_age_days=MAX_AGE_DAYS).max_age_days == MAX_AGE_DAYS
 

@@ -13,10 +13,19 @@ import click
 
 from clawvm.cli.common import opened_harness, opened_store, refuse_store_as_output
 from clawvm.core.errors import ValidationError
-from clawvm.core.model import DEFAULT_TENANT, VISIBLE_STATUSES, Kind, Memory, Status, Tier, utcnow
+from clawvm.core.model import (
+    DEFAULT_TENANT,
+    VISIBLE_STATUSES,
+    Kind,
+    Memory,
+    Status,
+    Tier,
+    utcnow,
+)
 from clawvm.harness import Harness
 from clawvm.recall.retrieval import PRESETS, dense_only
 from clawvm.store.base import Query
+from clawvm.store.eventlog import MAX_AGE_DAYS
 
 
 @click.command()
@@ -258,10 +267,15 @@ def _export_events(
 
 
 @click.command(name="prune-events")
-@click.option("--max-age-days", type=float, default=None, help="Delete events older than this many days.")
+@click.option(
+    "--max-age-days",
+    type=click.FloatRange(min=0, max=MAX_AGE_DAYS),
+    default=None,
+    help="Delete events older than this many days.",
+)
 @click.option(
     "--max-events",
-    type=int,
+    type=click.IntRange(min=0),
     default=None,
     help="Keep at most this many events (the newest), besides the prune notes and the carried weights.",
 )
@@ -272,8 +286,12 @@ def prune_events(ctx: click.Context, max_age_days: float | None, max_events: int
 
     if ctx.obj.get("tenant", DEFAULT_TENANT) != DEFAULT_TENANT:
         raise click.UsageError("prune-events works on the whole log, every tenant's: run it without --tenant")
+    try:
+        retention = Retention(max_age_days, max_events)
+    except ValidationError as exc:  # nan, which no range refuses: named as the option
+        raise ValidationError(f"--{exc.field.replace('_', '-')}", exc.problem, exc.fix) from None
     with opened_store(ctx, existing=True) as store:  # retention works below the write path, on the log
-        n = prune(store, Retention(max_age_days, max_events), utcnow())
+        n = prune(store, retention, utcnow())
     click.echo(f"deleted {n} events")
 
 
