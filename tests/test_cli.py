@@ -641,3 +641,15 @@ def test_prune_events_refuses_an_age_past_the_calendar_by_name(tmp_path: Path, a
         Retention(max_age_days=float(age))
     assert Retention(max_age_days=MAX_AGE_DAYS).max_age_days == MAX_AGE_DAYS
 
+
+@pytest.mark.parametrize("depth", [65, 990, 5000])
+def test_json_content_nested_past_the_decoder_s_stack_is_the_usual_too_deep_error(
+    tmp_path: Path, depth: int
+) -> None:
+    """`add --json-content "[[[...]]]"` 990 deep raised a RecursionError from the JSON decoder."""
+    db = tmp_path / "j.db"
+    result = CliRunner().invoke(
+        main, ["--db", str(db), "--no-embed", "add", "-", "--json-content"], input="[" * depth + "]" * depth
+    )
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.output.startswith("error: content: is nested deeper than 64 levels (")

@@ -15,6 +15,8 @@ from clawvm.cli.common import opened_harness, opened_store, refuse_store_as_outp
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import (
     DEFAULT_TENANT,
+    DEPTH_FIX,
+    MAX_JSON_DEPTH,
     VISIBLE_STATUSES,
     Kind,
     Memory,
@@ -66,6 +68,12 @@ def add(
         except json.JSONDecodeError as exc:
             raise ValidationError(
                 "content", f"is not valid JSON ({exc.msg})", "drop --json-content or fix the JSON"
+            ) from None
+        except RecursionError:  # deeper than the decoder's stack: refused as a shallower too-deep value is
+            raise ValidationError(
+                "content",
+                f"is nested deeper than {MAX_JSON_DEPTH} levels",
+                f"{DEPTH_FIX}, or pass it as text",
             ) from None
         if not isinstance(payload, dict | list):  # a JSON string was stored as text, a number refused oddly
             kind = "string" if isinstance(payload, str) else type(payload).__name__
