@@ -653,3 +653,24 @@ def test_json_content_nested_past_the_decoder_s_stack_is_the_usual_too_deep_erro
     )
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert result.output.startswith("error: content: is nested deeper than 64 levels (")
+
+
+@pytest.mark.parametrize(("reads", "memories"), [("one line", 300), ("nothing", 1)])
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(
+    tmp_path: Path, reads: str, memories: int
+) -> None:
+    """`clawvm export | head -1` exited 1 (click's broken-pipe handling); a reader gone before a short output
+    was flushed left the interpreter's "Exception ignored" lines on stderr: exit 0, nothing on stderr."""
+    db = tmp_path / "big.db"
+    with Harness.open(db, embedder=None) as h:  # 300: more than a pipe holds, the export waits on the reader
+        for i in range(memories):
+            h.record(f"memory {i} " + "x" * 400)
+    command = [sys.executable, "-m", "clawvm.cli", "--db", str(db), "--no-embed", "export"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        if reads == "one line":
+            assert json.loads(proc.stdout.readline())["content"].startswith("memory ")
+        proc.stdout.close()  # "nothing": closed while the command still starts, before it writes
+        errors = proc.stderr.read()
+        assert proc.wait(timeout=120) == 0, errors
+    assert errors == b""

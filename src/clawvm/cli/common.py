@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import os
 import re
 import sqlite3
 import sys
@@ -153,7 +154,13 @@ class CliGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            if ctx.parent is None:  # what is still buffered: its broken pipe is caught here, not at exit
+                sys.stdout.flush()
+            return result
+        except BrokenPipeError:  # `clawvm export | head -1`: the reader had what it wanted (click: exit 1)
+            _discard_stdout()
+            sys.exit(0)
         except click.NoSuchOption as exc:  # a misspelt --no-embed after the command: suggest clawvm's own too
             own = [name for p in self.params if isinstance(p, click.Option) for name in p.opts]
             if exc.option_name in own:  # one of clawvm's, last on the line, with no value (not moved)
@@ -170,6 +177,18 @@ class CliGroup(click.Group):
                 raise
             click.echo(f"error: {exc.filename}: {exc.strerror or exc}", err=True)
             sys.exit(2)
+
+
+def _discard_stdout() -> None:
+    """Point standard output at the null device, as Python's documentation recommends after a broken pipe:
+    the interpreter's own flush at exit would fail on it again and print "Exception ignored" lines."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor (a test's captured output): replace the stream
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - kept open until exit
+    finally:
+        os.close(devnull)
 
 
 @contextmanager
