@@ -674,3 +674,19 @@ def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(
         errors = proc.stderr.read()
         assert proc.wait(timeout=120) == 0, errors
     assert errors == b""
+
+
+def test_a_tenant_from_the_environment_is_named_as_such(tmp_path: Path) -> None:
+    """`CLAWVM_TENANT=acme clawvm prune-events` said "run it without --tenant", which was never given; a bad
+    CLAWVM_TENANT was reported as a bad --tenant."""
+    db = tmp_path / "t.db"
+    run(db, "add", "a note")
+    prune = ["--db", str(db), "--no-embed", "prune-events", "--max-events", "1"]
+    result = CliRunner().invoke(main, prune, env={"CLAWVM_TENANT": "acme"})
+    assert result.exit_code == 2 and "tenant 'acme' is set" in result.output
+    assert "without --tenant and without CLAWVM_TENANT" in result.output
+    for wrong in ("a b", " "):
+        result = CliRunner().invoke(main, ["--db", str(db), "stats"], env={"CLAWVM_TENANT": wrong})
+        assert result.exit_code == 2 and "Invalid value for CLAWVM_TENANT" in result.output
+        result = CliRunner().invoke(main, ["--db", str(db), "--tenant", wrong, "stats"])
+        assert result.exit_code == 2 and "Invalid value for --tenant" in result.output

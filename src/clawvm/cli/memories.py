@@ -292,8 +292,11 @@ def prune_events(ctx: click.Context, max_age_days: float | None, max_events: int
     """Event-log retention: delete the oldest events (learned scorer weights are kept); export first."""
     from clawvm.store.eventlog import Retention, prune
 
-    if ctx.obj.get("tenant", DEFAULT_TENANT) != DEFAULT_TENANT:
-        raise click.UsageError("prune-events works on the whole log, every tenant's: run it without --tenant")
+    if (tenant := ctx.obj.get("tenant", DEFAULT_TENANT)) != DEFAULT_TENANT:  # named both: it may be the env's
+        raise click.UsageError(
+            f"prune-events works on the whole log, every tenant's, and tenant {tenant!r} is set: run it "
+            "without --tenant and without CLAWVM_TENANT"
+        )
     try:
         retention = Retention(max_age_days, max_events)
     except ValidationError as exc:  # nan, which no range refuses: named as the option
