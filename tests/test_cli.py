@@ -690,3 +690,14 @@ def test_a_tenant_from_the_environment_is_named_as_such(tmp_path: Path) -> None:
         assert result.exit_code == 2 and "Invalid value for CLAWVM_TENANT" in result.output
         result = CliRunner().invoke(main, ["--db", str(db), "--tenant", wrong, "stats"])
         assert result.exit_code == 2 and "Invalid value for --tenant" in result.output
+
+
+def test_import_reads_stdin_for_a_dash_as_add_does(tmp_path: Path) -> None:
+    """`add -` read stdin, `import -` said there was no file named "-"."""
+    source, copy = tmp_path / "a.db", tmp_path / "b.db"
+    mid = run(source, "add", "the deploy failed").strip()
+    dump = run(source, "export")
+    assert run(copy, "import", "-", stdin=dump).startswith("imported 1 memories")
+    assert json.loads(run(copy, "show", mid))["content"] == "the deploy failed"
+    result = CliRunner().invoke(main, ["--db", str(copy), "--no-embed", "import", "-"], input=dump + "oops\n")
+    assert result.exit_code == 2 and result.output.startswith("error: <stdin>:2: ")

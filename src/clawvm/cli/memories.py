@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import click
 
@@ -307,13 +308,19 @@ def prune_events(ctx: click.Context, max_age_days: float | None, max_events: int
 
 
 @click.command(name="import")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path))
 @click.pass_context
 def import_(ctx: click.Context, path: Path) -> None:
-    """Import a JSON Lines export. Every line is validated first: a bad file imports nothing."""
+    """Import a JSON Lines export (PATH "-" reads it from stdin, as `add -` does). Every line is validated
+    first: a bad file imports nothing."""
     memories: list[Memory] = []
     line_of: dict[str, int] = {}  # id -> the line that holds it
-    with path.open("rb") as fh:
+    source: contextlib.AbstractContextManager[IO[bytes]]
+    if str(path) == "-":  # left open: stdin is not this command's to close
+        source, path = contextlib.nullcontext(sys.stdin.buffer), Path("<stdin>")
+    else:
+        source = path.open("rb")
+    with source as fh:
         for lineno, raw in enumerate(fh, start=1):
             if not raw.strip():
                 continue
