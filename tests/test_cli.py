@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,10 +25,13 @@ from hypothesis import strategies as st
 from clawvm import Harness
 from clawvm.cli import main
 from clawvm.cli.common import hoist_group_options
+from clawvm.core.errors import ValidationError
 from clawvm.core.model import Kind
-from clawvm.store import SQLiteStore
+from clawvm.store import SQLiteStore, store_from_url
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey
+from clawvm.store.eventlog import MAX_AGE_DAYS, Retention
 from clawvm.store.keys import Keyring
+from clawvm.store.migrate import migrate
 from engines import engine_of
 from loopback import ServeProcess
 
@@ -530,3 +533,171 @@ def test_a_server_tenants_export_is_read_with_its_tenant(tmp_path: Path) -> None
     for unusable in (" ", "acme corp"):  # the second one no API key could name: the server never serves it
         result = CliRunner().invoke(main, ["--db", str(db), "--tenant", unusable, "stats"])
         assert result.exit_code == 2 and "--tenant" in result.output and "name" in result.output
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["export", "--out"],
+        ["export", "--events", "--out"],
+        ["export", "--events", "--format", "parquet", "--out"],
+        ["replay", "s1", "--json"],
+    ],
+)
+@pytest.mark.parametrize(
+    "out",
+    ["t.db", "./t.db", "sub/../t.db", "link.db", "t.db-wal", "t.db-shm", "t.db.index", "t.db.index.1.2.tmp"],
+)
+def test_an_output_file_that_is_the_store_or_beside_it_is_refused_before_it_is_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str], out: str
+) -> None:
+    """`export -o t.db` on the store t.db (or its log, its index snapshot, a link to it) emptied the store
+    to 0 bytes before failing: the output was opened for writing first."""
+    monkeypatch.chdir(tmp_path)
+    run(Path("t.db"), "add", "a note", "--session", "s1")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.db").symlink_to("t.db")
+    files = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and not p.is_symlink()}
+    result = CliRunner().invoke(main, ["--db", "t.db", "--no-embed", *command, out])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: {command[-1]}: ") and "write to another file" in result.output
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and not p.is_symlink()} == files
+
+
+class BacklogEmbedder:
+    """A cheap stand-in for the default model that keeps what it embedded: stored texts and queries apart."""
+
+    name = "backlog"
+    dim = 384
+
+    def __init__(self) -> None:
+        self.stored: list[str] = []
+        self.queries: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.stored += texts
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        out[:, 0] = 1.0
+        return out
+
+    def embed_query(self, text: str) -> np.ndarray:
+        self.queries.append(text)
+        out = np.zeros(self.dim, dtype=np.float32)
+        out[0] = 1.0
+        return out
+
+
+def test_a_search_embeds_its_query_not_the_backlog_and_an_add_embeds_what_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`clawvm search` on a store of 3,000 memories without vectors embedded and wrote all of them (and
+    waited for it on close, ~10 s): a look that only reads leaves them waiting; a write embeds before exit."""
+    embedder = BacklogEmbedder()
+    monkeypatch.setattr("clawvm.harness.facade._default_embedder", lambda: embedder)
+    db = tmp_path / "b.db"
+    for i in range(3):
+        run(db, "add", f"deploy note {i}")  # --no-embed: they wait for vectors
+    with_model = ["--db", str(db)]
+    result = CliRunner().invoke(main, [*with_model, "search", "deploy"], catch_exceptions=False)
+    assert result.exit_code == 0 and "deploy note 0" in result.output
+    assert embedder.queries == ["deploy"] and embedder.stored == []
+    assert json.loads(run(db, "stats"))["unembedded"] == 3
+    result = CliRunner().invoke(main, [*with_model, "add", "deploy note 3"], catch_exceptions=False)
+    assert result.exit_code == 0
+    assert sorted(embedder.stored) == [f"deploy note {i}" for i in range(4)]
+    assert json.loads(run(db, "stats"))["unembedded"] == 0
+
+
+def test_migrate_refuses_a_batch_under_one_and_a_wrong_dimension_before_making_the_target(
+    tmp_path: Path,
+) -> None:
+    """`--batch 0` failed with an IndexError and left an empty target; `--dim 10` on a store of 384-dim
+    vectors failed with a reshape's ValueError: both are one line, naming the option, and no target."""
+    source = tmp_path / "a.db"
+    with Harness.open(source, embedder=BacklogEmbedder()) as h:
+        h.record("the deploy failed")
+    target = tmp_path / "n.db"
+    base = ["migrate", "--from", str(source), "--to", str(target)]
+    result = CliRunner().invoke(main, [*base, "--batch", "0"])
+    assert result.exit_code == 2 and "'--batch'" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(main, [*base, "--dim", "10"])
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines()[-1] == (
+        f"error: --dim: is 10, but --from {source} holds 384-dimensional vectors (pass --dim 384)"
+    )
+    assert not target.exists()
+    with pytest.raises(ValidationError, match="batch"):  # the library's own check, before any write
+        migrate(store_from_url("memory://"), store_from_url("memory://"), batch=0)
+
+
+@pytest.mark.parametrize("age", ["1e6", "1e10", "inf", "nan", "-1"])
+def test_prune_events_refuses_an_age_past_the_calendar_by_name(tmp_path: Path, age: str) -> None:
+    """`prune-events --max-age-days 1e6` (or 1e10, inf) overflowed the cutoff's date: a traceback."""
+    db = tmp_path / "p.db"
+    run(db, "add", "a note")
+    result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", "prune-events", "--max-age-days", age])
+    assert result.exit_code == 2 and "--max-age-days" in result.output and "Traceback" not in result.output
+    with pytest.raises(ValidationError, match="max_age_days"):  # the library bounds it too
+        Retention(max_age_days=float(age))
+    assert Retention(max_age_days=MAX_AGE_DAYS).max_age_days == MAX_AGE_DAYS
+
+
+@pytest.mark.parametrize("depth", [65, 990, 5000])
+def test_json_content_nested_past_the_decoder_s_stack_is_the_usual_too_deep_error(
+    tmp_path: Path, depth: int
+) -> None:
+    """`add --json-content "[[[...]]]"` 990 deep raised a RecursionError from the JSON decoder."""
+    db = tmp_path / "j.db"
+    result = CliRunner().invoke(
+        main, ["--db", str(db), "--no-embed", "add", "-", "--json-content"], input="[" * depth + "]" * depth
+    )
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.output.startswith("error: content: is nested deeper than 64 levels (")
+
+
+@pytest.mark.parametrize(("reads", "memories"), [("one line", 300), ("nothing", 1)])
+def test_a_reader_that_closes_the_pipe_early_ends_the_command_quietly(
+    tmp_path: Path, reads: str, memories: int
+) -> None:
+    """`clawvm export | head -1` exited 1 (click's broken-pipe handling); a reader gone before a short output
+    was flushed left the interpreter's "Exception ignored" lines on stderr: exit 0, nothing on stderr."""
+    db = tmp_path / "big.db"
+    with Harness.open(db, embedder=None) as h:  # 300: more than a pipe holds, the export waits on the reader
+        for i in range(memories):
+            h.record(f"memory {i} " + "x" * 400)
+    command = [sys.executable, "-m", "clawvm.cli", "--db", str(db), "--no-embed", "export"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        if reads == "one line":
+            assert json.loads(proc.stdout.readline())["content"].startswith("memory ")
+        proc.stdout.close()  # "nothing": closed while the command still starts, before it writes
+        errors = proc.stderr.read()
+        assert proc.wait(timeout=120) == 0, errors
+    assert errors == b""
+
+
+def test_a_tenant_from_the_environment_is_named_as_such(tmp_path: Path) -> None:
+    """`CLAWVM_TENANT=acme clawvm prune-events` said "run it without --tenant", which was never given; a bad
+    CLAWVM_TENANT was reported as a bad --tenant."""
+    db = tmp_path / "t.db"
+    run(db, "add", "a note")
+    prune = ["--db", str(db), "--no-embed", "prune-events", "--max-events", "1"]
+    result = CliRunner().invoke(main, prune, env={"CLAWVM_TENANT": "acme"})
+    assert result.exit_code == 2 and "tenant 'acme' is set" in result.output
+    assert "without --tenant and without CLAWVM_TENANT" in result.output
+    for wrong in ("a b", " "):
+        result = CliRunner().invoke(main, ["--db", str(db), "stats"], env={"CLAWVM_TENANT": wrong})
+        assert result.exit_code == 2 and "Invalid value for CLAWVM_TENANT" in result.output
+        result = CliRunner().invoke(main, ["--db", str(db), "--tenant", wrong, "stats"])
+        assert result.exit_code == 2 and "Invalid value for --tenant" in result.output
+
+
+def test_import_reads_stdin_for_a_dash_as_add_does(tmp_path: Path) -> None:
+    """`add -` read stdin, `import -` said there was no file named "-"."""
+    source, copy = tmp_path / "a.db", tmp_path / "b.db"
+    mid = run(source, "add", "the deploy failed").strip()
+    dump = run(source, "export")
+    assert run(copy, "import", "-", stdin=dump).startswith("imported 1 memories")
+    assert json.loads(run(copy, "show", mid))["content"] == "the deploy failed"
+    result = CliRunner().invoke(main, ["--db", str(copy), "--no-embed", "import", "-"], input=dump + "oops\n")
+    assert result.exit_code == 2 and result.output.startswith("error: <stdin>:2: ")

@@ -320,6 +320,30 @@ def test_cli_rotates_the_data_key_in_place_and_into_a_new_file(engine_name: str,
     assert key_file.read_bytes() == before and not (tmp_path / "other.keys").exists()
 
 
+@pytest.mark.engines("sqlite")
+@pytest.mark.parametrize("into", ["--key-file", "--new-key-file"])
+def test_cli_rotation_refused_for_keys_of_another_store_leaves_the_key_files_as_they_were(
+    engine_name: str, tmp_path: Path, into: str
+) -> None:
+    """A rotation refused because the keys do not open the store's sealed originals rewrote --key-file
+    with a new key first (and made --new-key-file): the files are saved only once the keys are known."""
+    right, wrong = tmp_path / "right.keys", tmp_path / "wrong.keys"
+    DataKeys((DataKey.generate(),)).save(right)
+    DataKeys((DataKey.generate(),)).save(wrong)
+    db = tmp_path / "cli.db"
+    with Harness.open(db, embedder=None, redaction=KEEP, data_keys=DataKeys.load(right)) as h:
+        mid = h.record(SECRET_TEXT).id
+    before = wrong.read_bytes()
+    fresh = tmp_path / "fresh.keys"
+    args = ["--db", str(db), "keys", "rotate-data-key", "--key-file", str(wrong)]
+    args += ["--new-key-file", str(fresh)] if into == "--new-key-file" else []
+    result = CliRunner().invoke(main, args, env={KEY_ENV: "", KEY_FILE_ENV: ""})
+    assert result.exit_code == 2 and result.output.startswith("error: ") and "Traceback" not in result.output
+    assert wrong.read_bytes() == before and not fresh.exists()
+    with Harness.open(db, embedder=None, redaction=KEEP, data_keys=DataKeys.load(right)) as h:
+        assert h.reveal(mid, admin=True) == SECRET_TEXT
+
+
 # ---- the raw database files ------------------------------------------------------------------------
 @pytest.mark.engines("sqlite")
 def test_database_files_hold_no_plaintext_of_protected_content(engine_name: str, tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from clawvm import (
     ConfigError,
     ConflictError,
+    DimensionError,
     Filters,
     Kind,
     Link,
@@ -1333,3 +1334,30 @@ def test_the_sqlite_snapshot_mode_is_selectable_from_the_url(tmp_path: Path, mod
 
     store = store_from_url(f"sqlite:///{tmp_path}/d.db?snapshot={mode}")
     assert isinstance(store, SQLiteStore) and store.snapshot_mode == mode
+
+
+@pytest.mark.parametrize("snapshot", [True, False])
+def test_a_sqlite_file_of_other_vectors_opened_at_another_dim_is_refused_naming_both(
+    tmp_path: Path, snapshot: bool
+) -> None:
+    """Opened for 10-dimensional vectors, a file of 384-dimensional ones failed with a reshape's ValueError
+    (its index rebuilt from the rows); PostgreSQL already refused so. The file is left as it was."""
+    path = tmp_path / "v.db"
+    store = SQLiteStore(str(path), dim=DIM)
+    store.setup()
+    m = mem()
+    store.write([m], unit_vectors(1))
+    store.close()
+    if not snapshot:
+        (tmp_path / "v.db.index").unlink(missing_ok=True)
+    before = path.read_bytes()
+    other = SQLiteStore(str(path), dim=10)
+    with pytest.raises(DimensionError) as exc:
+        other.setup()
+    assert (exc.value.stored, exc.value.dim) == (DIM, 10) and isinstance(exc.value, SchemaError)
+    assert "384-dimensional vectors, not 10" in str(exc.value)
+    assert path.read_bytes() == before
+    again = SQLiteStore(str(path), dim=DIM)
+    again.setup()
+    assert list(again.vectors_of([m.id])) == [m.id]
+    again.close()

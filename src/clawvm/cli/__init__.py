@@ -7,6 +7,7 @@ gathers them under one ``clawvm`` group.
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
 from clawvm.cli import admin, memories, replaying, serving
 from clawvm.cli.common import CliGroup
@@ -49,12 +50,16 @@ def main(
     statement_timeout_ms: int | None,
 ) -> None:
     """ClawVM: harness-managed memory for LLM agents."""
+    # the name of where the tenant came from: CLAWVM_TENANT's was blamed on a --tenant never given
+    named = (
+        "--tenant"
+        if ctx.get_parameter_source("tenant") is not ParameterSource.ENVIRONMENT
+        else "CLAWVM_TENANT"
+    )
     if not tenant.strip():
-        raise click.BadParameter("is blank: name a tenant, or leave --tenant out", param_hint="--tenant")
+        raise click.BadParameter(f"is blank: name a tenant, or leave {named} out", param_hint=named)
     if not is_tenant_name(tenant):  # the server's keys could never name it: refused before any store opens
-        raise click.BadParameter(
-            f"{tenant!r} is not a valid tenant name: {TENANT_FIX}", param_hint="--tenant"
-        )
+        raise click.BadParameter(f"{tenant!r} is not a valid tenant name: {TENANT_FIX}", param_hint=named)
     given = {"pool_size": pool_size, "statement_timeout_ms": statement_timeout_ms}
     ctx.obj = {
         "db": _with_url_params(db, {k: v for k, v in given.items() if v is not None}),

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 
 from clawvm.cli.common import CliGroup, opened_harness, opened_keyring, opened_store
-from clawvm.core.errors import ConfigError
+from clawvm.core.errors import ConfigError, DimensionError, ValidationError
 from clawvm.core.model import DEFAULT_TENANT, utcnow
 from clawvm.store import Store, store_from_url
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey, DataKeys, rotate_data_key
@@ -160,16 +162,26 @@ def keys_rotate_data_key(
     if old is None:
         raise ConfigError(f"no data key to read the sealed originals: set {KEY_ENV} or pass --key-file")
     if new_key_file is not None:
-        if not new_key_file.exists():
-            DataKeys((DataKey.generate(),)).save(new_key_file)
-        new = DataKeys.load(new_key_file).current
+        made = not new_key_file.exists()
+        new = DataKey.generate() if made else DataKeys.load(new_key_file).current
     elif key_file is not None:
         new = DataKey.generate()
-        old.with_current(new).save(key_file)  # first, so that a run stopped halfway loses no key
     else:
         raise ConfigError("nowhere to keep the new key: pass --new-key-file PATH, or --key-file PATH")
+    old_keys: DataKeys = old  # not None: the closure below does not see the check above
+
+    def keep_new_key() -> None:
+        """Saved once the old keys are known to open the store, before anything is re-sealed: a run
+        stopped halfway loses no key, and a refused one (keys of another store) leaves the files as they
+        were (it rewrote --key-file with a new key first)."""
+        if new_key_file is not None:
+            if made:
+                DataKeys((new,)).save(new_key_file)
+        elif key_file is not None:
+            old_keys.with_current(new).save(key_file)
+
     with opened_store(ctx, existing=True) as store:
-        report = rotate_data_key(store, old, new)
+        report = rotate_data_key(store, old, new, prepare=keep_new_key)
     if drop_old and key_file is not None:
         DataKeys((new,)).save(key_file)
     click.echo(
@@ -276,6 +288,19 @@ def reindex(ctx: click.Context, m: int | None, ef_construction: int | None, memo
     )
 
 
+@contextmanager
+def _dimension_named(option: str) -> Iterator[None]:
+    """A store of other vectors than ``--dim`` says (a reshape's ValueError before), refused naming it."""
+    try:
+        yield
+    except DimensionError as exc:
+        raise ValidationError(
+            "--dim",
+            f"is {exc.dim}, but {option} {exc.where} holds {exc.stored}-dimensional vectors",
+            f"pass --dim {exc.stored}",
+        ) from None
+
+
 def _empty(store: Store) -> bool:
     return store.count() == 0 and not store.read_events(0, 1) and not store.list_credentials(limit=1)
 
@@ -285,8 +310,16 @@ def _empty(store: Store) -> bool:
     "--from", "source", required=True, help="Store to copy: sqlite:///PATH, postgresql://... or a path."
 )
 @click.option("--to", "target", required=True, help="Empty store to copy into (any engine).")
-@click.option("--batch", default=500, show_default=True, help="Memories per write.")
-@click.option("--dim", default=384, show_default=True, help="Vector dimension of both stores.")
+@click.option(
+    "--batch", type=click.IntRange(min=1), default=500, show_default=True, help="Memories per write."
+)
+@click.option(
+    "--dim",
+    type=click.IntRange(min=1),
+    default=384,
+    show_default=True,
+    help="Vector dimension of both stores (that of the embedder that wrote them).",
+)
 @click.option("--no-verify", is_flag=True, help="Skip the verification (counts, checksums, vectors).")
 def migrate_command(source: str, target: str, batch: int, dim: int, no_verify: bool) -> None:
     """Copy every memory, vector and event into an empty store, then verify the copy."""
@@ -295,11 +328,13 @@ def migrate_command(source: str, target: str, batch: int, dim: int, no_verify: b
     src, dst = store_from_url(source, dim=dim), store_from_url(target, dim=dim)
     if isinstance(src, SQLiteStore) and not Path(src.path).exists():  # opening it would make an empty one
         raise click.UsageError(f"--from: there is no store file at {src.path}: check the path")
-    src.setup()
+    with _dimension_named("--from"):
+        src.setup()
     try:
         if _empty(src):  # a mistyped schema or file name: nothing to copy
             raise click.UsageError(f"--from: {source} holds no memories, events or keys: check the store URL")
-        dst.setup()
+        with _dimension_named("--to"):
+            dst.setup()
         try:
             if not sys.stderr.isatty():  # a bar drawn into a log or a pipe is noise
                 report = migrate(src, dst, batch=batch, verify=not no_verify)

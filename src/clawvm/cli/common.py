@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import os
+import re
 import sqlite3
 import sys
 from collections.abc import Iterator
@@ -14,24 +16,31 @@ from typing import Any
 
 import click
 
-from clawvm.core.errors import ClawVMError
+from clawvm.core.errors import ClawVMError, ValidationError
 from clawvm.core.model import DEFAULT_TENANT
 from clawvm.harness import Harness
 from clawvm.store import SQLiteStore, Store, store_from_url
 from clawvm.store.keys import Keyring
+from clawvm.store.snapshot import path_for as snapshot_path
+
+#: What SQLite keeps beside a database file (its write-ahead log and shared memory, a rollback journal)
+_SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
 
 
 @contextmanager
 def opened_harness(ctx: click.Context, embed: bool = True, existing: bool = False) -> Iterator[Harness]:
     """A harness on ``--db``, with the embedding model unless ``--no-embed`` or ``embed=False``.
     ``existing``: a command that only reads (or removes) refuses a SQLite file that is not there, rather
-    than making an empty store of a mistyped path and answering from it."""
+    than making an empty store of a mistyped path and answering from it; it embeds its queries only, not
+    the store's backlog (`clawvm search` embedded and wrote 3,000 waiting memories, ~10 s, before exiting).
+    A command that writes embeds what it wrote, and the backlog with it, before it exits."""
     db: str = ctx.obj["db"]
     if existing:
         _require_store(db)
     embedder = "default" if embed and not ctx.obj["no_embed"] else None
     with _unless_left_empty(db):
-        harness = Harness.open(db, embedder=embedder, tenant=ctx.obj.get("tenant", DEFAULT_TENANT))
+        tenant = ctx.obj.get("tenant", DEFAULT_TENANT)
+        harness = Harness.open(db, embedder=embedder, tenant=tenant, embed_backlog=not existing)
         try:
             yield harness
         finally:
@@ -75,6 +84,37 @@ def _holds_nothing(path: Path) -> bool:
         return False
 
 
+def refuse_store_as_output(db: str, out: Path | None, option: str) -> None:
+    """Refuse ``out`` when it is the SQLite store of ``db`` or a file kept beside it (log, shared memory,
+    journal, index snapshot and its temporary files), however it is spelt (relative, through a symlink, a
+    hard link): opening it for writing emptied the store before the command failed on it."""
+    store = store_from_url(db)  # no connection yet: only the engine and its file name
+    if out is None or not isinstance(store, SQLiteStore) or store.path == ":memory:":
+        return
+    if _keeps(Path(store.path), out):
+        raise ValidationError(
+            option,
+            f"{out} is the store {store.path} or a file kept beside it: writing it would destroy the store",
+            "write to another file",
+        )
+
+
+def _keeps(db: Path, out: Path) -> bool:
+    """Whether ``out`` is the SQLite file ``db`` or one of its companions."""
+    target = out.resolve()
+    for base in {db.absolute(), db.resolve()}:  # the snapshot sits beside the name, SQLite's files the target
+        index = snapshot_path(str(base))
+        own = [base, index, *(base.with_name(base.name + s) for s in _SQLITE_COMPANIONS)]
+        if target in {p.resolve() for p in own}:
+            return True
+        if target.exists() and any(p.exists() and target.samefile(p) for p in own):
+            return True
+        temporary = rf"{re.escape(index.name)}\.\d+\.\d+\.tmp"  # a snapshot being written
+        if target.parent == index.parent.resolve() and re.fullmatch(temporary, target.name):
+            return True
+    return False
+
+
 def _require_store(db: str) -> None:
     store = store_from_url(db)  # no connection yet: only the engine and its file name
     if not isinstance(store, SQLiteStore):
@@ -114,7 +154,13 @@ class CliGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            if ctx.parent is None:  # what is still buffered: its broken pipe is caught here, not at exit
+                sys.stdout.flush()
+            return result
+        except BrokenPipeError:  # `clawvm export | head -1`: the reader had what it wanted (click: exit 1)
+            _discard_stdout()
+            sys.exit(0)
         except click.NoSuchOption as exc:  # a misspelt --no-embed after the command: suggest clawvm's own too
             own = [name for p in self.params if isinstance(p, click.Option) for name in p.opts]
             if exc.option_name in own:  # one of clawvm's, last on the line, with no value (not moved)
@@ -131,6 +177,18 @@ class CliGroup(click.Group):
                 raise
             click.echo(f"error: {exc.filename}: {exc.strerror or exc}", err=True)
             sys.exit(2)
+
+
+def _discard_stdout() -> None:
+    """Point standard output at the null device, as Python's documentation recommends after a broken pipe:
+    the interpreter's own flush at exit would fail on it again and print "Exception ignored" lines."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor (a test's captured output): replace the stream
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - kept open until exit
+    finally:
+        os.close(devnull)
 
 
 @contextmanager

@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import click
 
-from clawvm.cli.common import opened_harness, opened_store
+from clawvm.cli.common import opened_harness, opened_store, refuse_store_as_output
 from clawvm.core.errors import ValidationError
-from clawvm.core.model import DEFAULT_TENANT, VISIBLE_STATUSES, Kind, Memory, Status, Tier, utcnow
+from clawvm.core.model import (
+    DEFAULT_TENANT,
+    DEPTH_FIX,
+    MAX_JSON_DEPTH,
+    VISIBLE_STATUSES,
+    Kind,
+    Memory,
+    Status,
+    Tier,
+    utcnow,
+)
 from clawvm.harness import Harness
 from clawvm.recall.retrieval import PRESETS, dense_only
 from clawvm.store.base import Query
+from clawvm.store.eventlog import MAX_AGE_DAYS
 
 
 @click.command()
@@ -57,6 +69,12 @@ def add(
         except json.JSONDecodeError as exc:
             raise ValidationError(
                 "content", f"is not valid JSON ({exc.msg})", "drop --json-content or fix the JSON"
+            ) from None
+        except RecursionError:  # deeper than the decoder's stack: refused as a shallower too-deep value is
+            raise ValidationError(
+                "content",
+                f"is nested deeper than {MAX_JSON_DEPTH} levels",
+                f"{DEPTH_FIX}, or pass it as text",
             ) from None
         if not isinstance(payload, dict | list):  # a JSON string was stored as text, a number refused oddly
             kind = "string" if isinstance(payload, str) else type(payload).__name__
@@ -212,6 +230,7 @@ def forget(ctx: click.Context, memory_id: str) -> None:
 @click.pass_context
 def export(ctx: click.Context, out: Path | None, session_id: str | None, events: bool, fmt: str) -> None:
     """Export memories as JSON Lines (one memory per line, lossless), oldest first; or the event log."""
+    refuse_store_as_output(ctx.obj["db"], out, "--out")  # before the store opens: -o clawvm.db emptied it
     if events or fmt == "parquet":
         _export_events(ctx, out, session_id, events, fmt)
         return
@@ -257,10 +276,15 @@ def _export_events(
 
 
 @click.command(name="prune-events")
-@click.option("--max-age-days", type=float, default=None, help="Delete events older than this many days.")
+@click.option(
+    "--max-age-days",
+    type=click.FloatRange(min=0, max=MAX_AGE_DAYS),
+    default=None,
+    help="Delete events older than this many days.",
+)
 @click.option(
     "--max-events",
-    type=int,
+    type=click.IntRange(min=0),
     default=None,
     help="Keep at most this many events (the newest), besides the prune notes and the carried weights.",
 )
@@ -269,21 +293,34 @@ def prune_events(ctx: click.Context, max_age_days: float | None, max_events: int
     """Event-log retention: delete the oldest events (learned scorer weights are kept); export first."""
     from clawvm.store.eventlog import Retention, prune
 
-    if ctx.obj.get("tenant", DEFAULT_TENANT) != DEFAULT_TENANT:
-        raise click.UsageError("prune-events works on the whole log, every tenant's: run it without --tenant")
+    if (tenant := ctx.obj.get("tenant", DEFAULT_TENANT)) != DEFAULT_TENANT:  # named both: it may be the env's
+        raise click.UsageError(
+            f"prune-events works on the whole log, every tenant's, and tenant {tenant!r} is set: run it "
+            "without --tenant and without CLAWVM_TENANT"
+        )
+    try:
+        retention = Retention(max_age_days, max_events)
+    except ValidationError as exc:  # nan, which no range refuses: named as the option
+        raise ValidationError(f"--{exc.field.replace('_', '-')}", exc.problem, exc.fix) from None
     with opened_store(ctx, existing=True) as store:  # retention works below the write path, on the log
-        n = prune(store, Retention(max_age_days, max_events), utcnow())
+        n = prune(store, retention, utcnow())
     click.echo(f"deleted {n} events")
 
 
 @click.command(name="import")
-@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path))
 @click.pass_context
 def import_(ctx: click.Context, path: Path) -> None:
-    """Import a JSON Lines export. Every line is validated first: a bad file imports nothing."""
+    """Import a JSON Lines export (PATH "-" reads it from stdin, as `add -` does). Every line is validated
+    first: a bad file imports nothing."""
     memories: list[Memory] = []
     line_of: dict[str, int] = {}  # id -> the line that holds it
-    with path.open("rb") as fh:
+    source: contextlib.AbstractContextManager[IO[bytes]]
+    if str(path) == "-":  # left open: stdin is not this command's to close
+        source, path = contextlib.nullcontext(sys.stdin.buffer), Path("<stdin>")
+    else:
+        source = path.open("rb")
+    with source as fh:
         for lineno, raw in enumerate(fh, start=1):
             if not raw.strip():
                 continue

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from clawvm.cli.common import opened_harness
+from clawvm.cli.common import opened_harness, refuse_store_as_output
 from clawvm.core.errors import ValidationError
 from clawvm.harness import Harness
 from clawvm.store import store_from_url
@@ -57,6 +57,7 @@ def replay(
     import clawvm.replay as whatif
 
     changes = dict(_weight(w) for w in weights)
+    refuse_store_as_output(ctx.obj["db"], json_path, "--json")  # --json clawvm.db emptied the store
     with _replay_source(ctx, demo, locomo, session_id) as (h, default_session):
         session = session_id or default_session
         if session is None:

@@ -71,6 +71,20 @@ class SchemaError(StoreError):
     is another application's (tables, but no ClawVM schema)."""
 
 
+class DimensionError(SchemaError):
+    """The store holds vectors of ``stored`` dimensions and was opened for ``dim`` (another embedder's):
+    ``where`` names the store."""
+
+    def __init__(self, where: str, stored: int, dim: int) -> None:
+        super().__init__(
+            f"{where} holds {stored}-dimensional vectors, not {dim}: open it with the embedder it was "
+            "written with, or use another store"
+        )
+        self.where = where
+        self.stored = stored
+        self.dim = dim
+
+
 class EmbedderError(ClawVMError):
     """The embedding model could not be loaded or failed to encode."""
 

@@ -242,6 +242,7 @@ class Harness:
         redaction: RedactionPolicy | Mapping[str, RedactionPolicy] | None = None,
         data_keys: DataKeys | None = None,
         parallel_query_embedding: bool = True,
+        embed_backlog: bool = True,
     ) -> Harness:
         """Open (creating or migrating) a store and start the embedding worker.
 
@@ -256,6 +257,10 @@ class Harness:
         ``parallel_query_embedding``: a recall embeds its query in a thread of its own while the text
         channels run (default); ``False`` embeds it first, on the caller's thread (fewer threads on a
         machine whose cores are all busy).
+        ``embed_backlog``: start the background worker that embeds what has no vector yet, the store's
+        backlog included (default); ``False`` starts none: the embedder embeds queries only, and what this
+        harness records waits for the next harness that has one (a look that only reads, which would
+        otherwise embed and write a whole backlog, and wait for it on close).
         """
         config = _preset(preset)  # validate options before any I/O
         check_tenant_name(tenant)  # before any I/O: a name no API key could carry is refused everywhere
@@ -263,6 +268,7 @@ class Harness:
             raise ValidationError("pager", f"is a {type(pager).__name__}", "pass clawvm.PagerConfig(...)")
         max_content_bytes = counted("max_content_bytes", max_content_bytes)
         _check_clock(clock)
+        embed_backlog = flag("embed_backlog", embed_backlog)
         emb: Embedder | None
         if embedder == "default":
             emb = _default_embedder()
@@ -296,7 +302,7 @@ class Harness:
             parallel_query_embedding=parallel_query_embedding,
         )
         harness._engine = engine  # closed with the harness (a tenant's view leaves its engine open)
-        if emb is not None:
+        if emb is not None and embed_backlog:
             harness._worker = EmbedWorker(emb, store.unembedded, harness._set_vectors)
             harness._worker.start()  # picks up anything a previous process left un-embedded
         return harness

@@ -31,7 +31,7 @@ import os
 import secrets
 import tempfile
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -261,17 +261,27 @@ class RotationReport:
     already: int  # envelopes that were under the new key already
 
 
-def rotate_data_key(store: Store, keys: DataKeys, new_key: DataKey, batch: int = 200) -> RotationReport:
+def rotate_data_key(
+    store: Store,
+    keys: DataKeys,
+    new_key: DataKey,
+    batch: int = 200,
+    prepare: Callable[[], None] | None = None,
+) -> RotationReport:
     """Re-seal every sealed original in ``store`` (all tenants) under ``new_key``.
 
     ``keys`` must open every envelope (the old keys). Each re-sealed memory is written with the usual
     version check, so a concurrent writer is never overwritten (the batch is re-read and retried). If a
-    run stops halfway, every envelope still names its key: run it again with both keys.
+    run stops halfway, every envelope still names its key: run it again with both keys. ``prepare`` is
+    called once the keys are known to name every envelope's, before anything is written: where a caller
+    keeps the new key (a refused rotation then leaves its key file as it was).
     """
     target = keys.with_current(new_key)
     sealed = {m.id: env.get("kid") for m in store.iter_all(Filters()) if (env := sealed_envelope(m))}
     for kid in set(sealed.values()):
         target.get(str(kid))  # refuse before writing anything when an envelope's key is missing
+    if prepare is not None:
+        prepare()
     todo = [i for i, kid in sealed.items() if kid != new_key.kid]
     per_tenant: Counter[str] = Counter()
     for start in range(0, len(todo), batch):

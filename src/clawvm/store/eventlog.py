@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from clawvm.core.errors import ConfigError, StoreError, ValidationError
-from clawvm.core.model import counted
+from clawvm.core.model import counted, within
 from clawvm.store.base import Event, EventFeed, Store, StoreReader
 from clawvm.store.kinds import EventKind
 
@@ -123,6 +123,11 @@ DUCKDB_QUERIES: dict[str, str] = {
 }
 
 
+#: The longest ``Retention.max_age_days``: 1,000 years, a cutoff that any date after the year 1000 can be
+#: moved back by (a datetime stops at the year 1)
+MAX_AGE_DAYS = 365_250
+
+
 @dataclass(frozen=True)
 class Retention:
     """How much of the event log to keep. ``None`` keeps everything on that axis."""
@@ -131,8 +136,9 @@ class Retention:
     max_events: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_age_days is not None and not self.max_age_days >= 0:
-            raise ValidationError("max_age_days", f"is {self.max_age_days!r}", "pass a number >= 0 or None")
+        if self.max_age_days is not None:  # past the calendar's start, prune's cutoff overflowed (1e6 days)
+            fix = f"pass days from 0 to {MAX_AGE_DAYS:,} (1,000 years), or None to keep every age"
+            within("max_age_days", self.max_age_days, 0, MAX_AGE_DAYS, fix)
         if self.max_events is not None and self.max_events < 0:
             raise ValidationError("max_events", f"is {self.max_events!r}", "pass an integer >= 0 or None")
 

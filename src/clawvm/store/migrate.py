@@ -31,7 +31,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from clawvm.core.errors import StoreError, ValidationError
-from clawvm.core.model import Memory
+from clawvm.core.model import Memory, counted
 from clawvm.store.base import Credential, Event, Store
 from clawvm.store.eventlog import event_pages
 
@@ -161,6 +161,7 @@ def migrate(
     Raises :class:`ValidationError` when the target is not empty and :class:`StoreError` when the
     verification finds a difference.
     """
+    batch = counted("batch", batch)  # 0 failed halfway with an IndexError, the target set up and empty
     held, logged = target.count(), len(target.read_events(limit=1))
     keyed = len(target.list_credentials(limit=1))
     if held or logged or keyed:

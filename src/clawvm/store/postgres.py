@@ -61,7 +61,14 @@ from pgvector.psycopg.vector import register_vector_info
 from psycopg.types import TypeInfo
 
 from clawvm.core.entities import entities
-from clawvm.core.errors import ConfigError, ConflictError, SchemaError, StoreError, ValidationError
+from clawvm.core.errors import (
+    ConfigError,
+    ConflictError,
+    DimensionError,
+    SchemaError,
+    StoreError,
+    ValidationError,
+)
 from clawvm.core.ids import is_valid_id
 from clawvm.core.lexical import Analyzer, BM25Params
 from clawvm.core.model import MAX_COUNT, Filters, LinkType, Memory
@@ -253,10 +260,7 @@ class PostgresStore(Store):
                     "upgrade clawvm"
                 )
             if dim != self.dim:
-                raise SchemaError(
-                    f"schema {self.schema!r} holds {dim}-dimensional vectors, not {self.dim}: open it with "
-                    "the same embedder, or use another schema"
-                )
+                raise DimensionError(f"schema {self.schema!r}", dim, self.dim)
             for number in range(applied, len(MIGRATIONS)):
                 conn.execute(MIGRATIONS[number].replace("{dim}", str(self.dim)))
                 if number in DATA_MIGRATIONS:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from clawvm.core.errors import ClawVMError, ConfigError, SchemaError, StoreError
+from clawvm.core.errors import ClawVMError, ConfigError, DimensionError, SchemaError, StoreError
 from clawvm.core.model import Filters, LinkType, Memory
 from clawvm.core.vectors import normalize
 from clawvm.store import forked, snapshot, sqlite_events
@@ -305,9 +305,16 @@ class SQLiteStore(IndexSnapshots, Store):
             if self.path != ":memory:":
                 self._checkpointer = Checkpointer(self.path, max_wal_bytes=self.max_wal_bytes)
                 self._checkpointer.start()
-            self._index, self._rev = self._open_index()
-            self._snapshot_rev = self._rev
-            self._catch_up()  # the rows changed since the snapshot (all of them without one)
+            try:
+                self._index, self._rev = self._open_index()
+                self._snapshot_rev = self._rev
+                self._catch_up()  # the rows changed since the snapshot (all of them without one)
+            except (
+                BaseException
+            ):  # vectors of another dimension: closed, with no snapshot of a part-built index
+                self._index = None
+                self.close()
+                raise
             # fit the search projection now, not on the first query; one a mapped snapshot lacked is owed
             # to the next snapshot, so that later opens map it instead of fitting it again
             if self._index.vectors.prepare() and self.index_source == "snapshot":
@@ -441,6 +448,8 @@ class SQLiteStore(IndexSnapshots, Store):
             m = IndexDoc.from_json(body)
             index.upsert(m)
             if emb is not None:
+                if len(emb) != 4 * self.dim:  # another embedder's (a wrong --dim): not a reshape's ValueError
+                    raise DimensionError(self.path, len(emb) // 4, self.dim)
                 pending_ids.append(m.id)
                 pending_vecs.append(np.frombuffer(emb, dtype="<f4"))
             else:
