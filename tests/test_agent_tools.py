@@ -629,3 +629,52 @@ def test_an_agents_rollback_is_not_refused_for_the_pagers_own_moves() -> None:
         h.page()
         assert h.count(session_id="s", agent_id="a2", tier="archive") >= 1  # compressed on the way there
         assert ok(a1.dispatch("rollback", {"checkpoint_id": cp}))["restored"] >= 1
+
+
+class _AnotherAgentBetween:
+    """The harness, with agent a2 recording into the session just as a1's rollback begins: the window
+    between the tools' check of what the rollback would change and the rollback itself."""
+
+    def __init__(self, h: Harness) -> None:
+        self._h = h
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._h, name)
+
+    def rollback(self, checkpoint_id: str, **options: Any) -> Any:
+        AgentTools(self._h, session_id="s", agent_id="a2").dispatch(
+            "record_memory", {"content": "a2's late note"}
+        )
+        return self._h.rollback(checkpoint_id, **options)
+
+
+def test_an_agents_rollback_never_obsoletes_what_another_agent_made_meanwhile() -> None:
+    """The check and the rollback were two calls: a2's note made between them was obsoleted."""
+    with Harness.open("memory://", embedder=None) as h:
+        a1 = AgentTools(_AnotherAgentBetween(h), session_id="s", agent_id="a1")  # type: ignore[arg-type]
+        ok(a1.dispatch("record_memory", {"content": "a1's first note"}))
+        cp = ok(a1.dispatch("checkpoint", {"name": "before"}))["checkpoint_id"]
+        ok(a1.dispatch("record_memory", {"content": "a1's second note"}))
+        refused = err(a1.dispatch("rollback", {"checkpoint_id": cp}), "invalid_request")
+        assert refused["field"] == "checkpoint_id"
+        notes = [m for m in h.list(session_id="s", status="any") if "note" in m.content]
+        assert len(notes) == 3 and {m.status for m in notes} == {Status.ACTIVE}
+        assert not [e for e in h.events(limit=100) if e.kind == "rollback"]
+
+
+def test_a_rollback_guard_sees_what_it_would_change_and_can_stop_it() -> None:
+    with Harness.open("memory://", embedder=None) as h:
+        kept = h.record("before", session_id="s", agent_id="a1")
+        cp = h.checkpoint("s", "cp")
+        later = h.record("after", session_id="s", agent_id="a2")
+        h.update(kept.id, tier="long_term")  # a tier: the harness's bookkeeping, shown to no guard
+        seen: list[str] = []
+
+        def stop(memories: Any) -> None:
+            seen.extend(m.id for m in memories)
+            raise ValueError("not now")
+
+        with pytest.raises(ValueError):
+            h.rollback(cp, guard=stop)
+        assert seen == [later.id] and h.get(later.id).status is Status.ACTIVE
+        assert h.rollback(cp, guard=lambda memories: None).obsoleted == [later.id]

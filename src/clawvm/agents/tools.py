@@ -126,7 +126,9 @@ class ToolsHost(Protocol):
 
     def count(self, **filters: Any) -> int: ...
 
-    def rollback(self, checkpoint_id: str) -> RollbackReport: ...
+    def rollback(
+        self, checkpoint_id: str, *, guard: Callable[[Sequence[Memory]], None] | None = None
+    ) -> RollbackReport: ...
 
     def get(self, memory_id: str) -> Memory: ...
 
@@ -350,19 +352,24 @@ class AgentTools:
                 "checkpoint_id", "is not a checkpoint of this session", "pass an id returned by checkpoint"
             )
         agent = self.scope.get("agent_id")
-        if agent is not None:  # a rollback changes the whole session's memories, whoever made them
-            h = self.harness
-            # what the harness keeps moving (tiers, values, usage: a context build counts its lines) is
-            # no other agent's own change
-            ignore = checkpoints.BOOKKEEPING
-            changed = checkpoints.would_change(h.store, snap.id, h.now(), h.tenant, ignore=ignore)
-            if any(m.agent_id != agent for m in changed):
+
+        def own_only(memories: Sequence[Memory]) -> None:
+            if any(m.agent_id != agent for m in memories):
                 raise ValidationError(
                     "checkpoint_id",
                     "would change memories of this session that are not this agent's own",
                     "roll it back from the harness (Harness.rollback), not from one agent's tools",
                 )
-        report = self.harness.rollback(snap.id)
+
+        if agent is not None:  # a rollback changes the whole session's memories, whoever made them
+            h = self.harness
+            # what the harness keeps moving (tiers, values, usage: a context build counts its lines) is
+            # no other agent's own change. Asked first (it writes nothing: a refused rollback decompresses
+            # nothing either), and again by the rollback itself as it writes (guard): another agent's
+            # memory made in between would have been obsoleted
+            ignore = checkpoints.BOOKKEEPING
+            own_only(checkpoints.would_change(h.store, snap.id, h.now(), h.tenant, ignore=ignore))
+        report = self.harness.rollback(snap.id, guard=None if agent is None else own_only)
         return RollbackResult(
             checkpoint_id=report.checkpoint_id,
             restored=len(report.restored),

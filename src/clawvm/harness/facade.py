@@ -1111,11 +1111,19 @@ class Harness:
         return checkpoints.listed(self._store, self.tenant, self._stored_id(named, "session_id"))
 
     @_exclusive
-    def rollback(self, checkpoint_id: str) -> RollbackReport:
+    def rollback(
+        self, checkpoint_id: str, *, guard: Callable[[Sequence[Memory]], None] | None = None
+    ) -> RollbackReport:
         """Restore a checkpoint; memories created after it become obsolete (kept for analytics). What is
-        restored, exactly: :mod:`clawvm.vm.checkpoint`."""
+        restored, exactly: :mod:`clawvm.vm.checkpoint`. ``guard`` sees the memories the rollback would
+        obsolete or change beyond the harness's bookkeeping, just before it writes; raising there writes
+        nothing (:func:`clawvm.vm.checkpoint.rollback`)."""
+        if guard is not None and not callable(guard):
+            raise ValidationError("guard", f"is {guard!r}", "pass a function of the memories, or None")
         self._write_recalls(self.now())  # recalls before it are written before it, not onto what it restores
-        report = checkpoints.rollback(self._store, self.pager, checkpoint_id, self.now(), self.tenant)
+        report = checkpoints.rollback(
+            self._store, self.pager, checkpoint_id, self.now(), self.tenant, guard=guard
+        )
         # what it restored may put the session's tiers over budget (a memory that grew since is back in
         # working): the next pass brings them within (no pass knew the session was due: it stayed over
         # budget until a context). Restored as it was checkpointed until then.

@@ -20,7 +20,7 @@ at all, whenever its process dies.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -186,10 +186,20 @@ ROLLBACK_RETRIES = 20
 
 
 def rollback(
-    store: StoreReader, pager: Pager, checkpoint_id: str, now: datetime, tenant: str | None = None
+    store: StoreReader,
+    pager: Pager,
+    checkpoint_id: str,
+    now: datetime,
+    tenant: str | None = None,
+    *,
+    guard: Callable[[Sequence[Memory]], None] | None = None,
 ) -> RollbackReport:
     """Restore the checkpoint ``checkpoint_id`` (of ``tenant``, when given); :class:`ValidationError` naming
     ``checkpoint_id``, and nothing changed, when it is not a checkpoint snapshot of its own session.
+    ``guard`` is shown the memories (as read) whose change is more than the harness's bookkeeping
+    (:data:`BOOKKEEPING`) or that the rollback obsoletes, each time it decides what to write, just before
+    it writes: raising there writes nothing (a check made before the call could miss a memory another
+    writer made meanwhile).
 
     Every change and the ``rollback`` event are one write: a process killed during a rollback leaves the
     session as it was or rolled back, never half (each memory written on its own left 755 of 3,000 undone,
@@ -207,6 +217,8 @@ def rollback(
             decompressed.add(m.id)
     for _ in range(ROLLBACK_RETRIES):
         plan = _plan(store, pager, snap, data, taken, now, decompressed)
+        if guard is not None:
+            guard(plan.touched)
         event = Event(
             kind=EventKind.ROLLBACK,
             memory_id=snap.id,
@@ -242,6 +254,7 @@ class _Plan:
     restored: list[str]
     obsoleted: list[str]
     tiers: dict[str, str]  # restored id -> the tier it is back in (MemLens's timeline replays it)
+    touched: list[Memory]  # as read: those it obsoletes or changes beyond BOOKKEEPING (a rollback's guard)
 
 
 def _plan(
@@ -257,6 +270,7 @@ def _plan(
     written: dict[str, Memory] = {}
     restored, obsoleted = [], []
     tiers: dict[str, str] = {}
+    touched: dict[str, Memory] = {}
     repins: list[tuple[Memory, dict[str, Any]]] = []  # pins restored once every unpin is counted
 
     def change(m: Memory, fields: dict[str, Any], keep_value: bool) -> Memory:
@@ -269,6 +283,7 @@ def _plan(
             fields = {"status": Status.OBSOLETE, "tier": Tier.ARCHIVE, "pinned": False}
             written[m.id] = change(m, fields, keep_value=False)
             obsoleted.append(m.id)
+            touched[m.id] = m
             continue
         if step == "keep":
             continue
@@ -279,6 +294,8 @@ def _plan(
             target = {**target, "pinned": False}
         if any(getattr(m, k) != v for k, v in target.items()):
             written[m.id] = change(m, target, keep_value=True)
+        if any(getattr(m, k) != v for k, v in target.items() if k not in BOOKKEEPING):
+            touched[m.id] = m
         if m.id in written or m.id in decompressed:
             restored.append(m.id)
             tiers[m.id] = Tier(target["tier"]).value
@@ -287,10 +304,11 @@ def _plan(
         target = _pin_if_it_fits(pager, m, target, now, pinned, written.keys())
         if any(getattr(m, k) != v for k, v in target.items()):
             written[m.id] = change(m, target, keep_value=True)
+            touched[m.id] = m  # its pin comes back
             if m.id not in tiers:
                 restored.append(m.id)
             tiers[m.id] = Tier(target["tier"]).value
-    return _Plan(list(written.values()), restored, obsoleted, tiers)
+    return _Plan(list(written.values()), restored, obsoleted, tiers, list(touched.values()))
 
 
 #: What a rollback restores that the harness itself keeps moving (tiers, values, usage and access
