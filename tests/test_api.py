@@ -29,6 +29,7 @@ PUBLIC = [
     "CryptoError",
     "DataKey",
     "DataKeys",
+    "DimensionError",
     "Embedder",
     "EmbedderError",
     "Filters",
