@@ -1277,3 +1277,42 @@ def test_a_closed_harness_answers_nothing_and_writes_nothing(tmp_path: Path) -> 
     h.close()  # closing again is harmless
     with Harness.open(tmp_path / "h.db", embedder=None) as again:
         assert [e.kind for e in again.events()] == ["add", "add"] and again.get(m.id).access_count == 0
+
+
+class _ImportLandingFirst:
+    """The harness, with the same file imported by another caller just before this import's write: two
+    imports of one file side by side, their reads done before either wrote."""
+
+    def __init__(self, h: Harness, memories: list[Memory]) -> None:
+        self._h, self._memories, self._raced = h, memories, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._h, name)
+
+    @property
+    def writer(self) -> Any:
+        outer = self
+
+        class Racing:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(outer._h.writer, name)
+
+            def write(self, *args: Any, **kwargs: Any) -> Any:
+                if not outer._raced:
+                    outer._raced = True
+                    outer._h.import_memories(outer._memories[:3])  # the other import lands first
+                return outer._h.writer.write(*args, **kwargs)
+
+        return Racing()
+
+
+def test_two_imports_of_one_file_side_by_side_import_each_memory_once() -> None:
+    """The second one failed with "memory ... is at version 2, not 1: re-read it and retry the update"."""
+    from clawvm.harness import importing
+
+    with Harness.open("memory://", embedder=None) as source:
+        exported = [source.record(f"note {i}", session_id="s") for i in range(5)]
+    with Harness.open("memory://", embedder=None) as h:
+        done = importing.import_memories(_ImportLandingFirst(h, exported), h._store, exported, False)  # type: ignore[arg-type]
+        assert done.imported == 2 and h.count(session_id="s") == 5
+        assert len([e for e in h.events(limit=100) if e.kind == "import"]) == 5

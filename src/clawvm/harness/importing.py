@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from clawvm.core.embed import count_tokens
-from clawvm.core.errors import StateConflictError, ValidationError
+from clawvm.core.errors import ConflictError, StateConflictError, ValidationError
 from clawvm.core.model import Link, Memory, Status, Tier, canonical_json
 from clawvm.store import Event, Store
 from clawvm.store.kinds import EventKind
@@ -22,6 +22,10 @@ from clawvm.store.tenant import TenantStore
 from clawvm.teams import shared as teams
 from clawvm.vm.context import is_snapshot
 from clawvm.write.redaction import Redactor
+
+#: How often an import reads which of its ids are stored and writes the rest, when another writer stored
+#: some of them in between (two imports of one file, side by side)
+IMPORT_RETRIES = 5
 
 
 class ImportHost(teams.TeamHost, Protocol):
@@ -82,17 +86,30 @@ def import_memories(h: ImportHost, engine: Store, given: Iterable[Memory], resto
             check(h, i, m, moved)
             written_as_new.add(i)
     _check_parents(h, memories, written_as_new)
-    existing = h.store.get_many([m.id for m in memories])
     # what a restore gives back unmoved is this store's own, as it was (the version of its last change,
     # which a caller's expected_version is checked against; the token counts of the harness's records);
     # anything else is a write
     as_exported = {m.id for i, m in enumerate(memories) if i not in written_as_new}
     counted = [_counted(m, m.id in as_exported) for m in memories]
-    fresh = [m for m in counted if m.id not in existing]
+    for _ in range(IMPORT_RETRIES - 1):
+        try:
+            return _write_new(h, counted, as_exported, renamed)
+        except ConflictError:
+            # another import (or writer) stored some of these ids since they were read: read which, and
+            # import the rest (it failed with "memory ... is at version 2, not 1", of no update made)
+            continue
+    return _write_new(h, counted, as_exported, renamed)
+
+
+def _write_new(
+    h: ImportHost, memories: list[Memory], as_exported: set[str], renamed: dict[str, str]
+) -> Imported:
+    """Write those of ``memories`` not stored yet, in one write (the import's one try at it)."""
+    existing = h.store.get_many([m.id for m in memories])
+    fresh = [m for m in memories if m.id not in existing]
     # restored or not: a pin from a file (a hand-edited backup) must hold to what pin() does, at the
     # harness's count of its text
-    pinned = [(i, m) for i, m in enumerate(counted) if m.pinned and m.id not in existing]
-    _check_pins(h, pinned)
+    _check_pins(h, [(i, m) for i, m in enumerate(memories) if m.pinned and m.id not in existing])
     sessions: frozenset[tuple[str, str]] = frozenset()
     if fresh:
         events = [Event(kind=EventKind.IMPORT, memory_id=m.id, tenant=m.tenant, at=h.now()) for m in fresh]
