@@ -102,6 +102,15 @@ def test_tenants_of_names_each_stored_ids_tenant_as_get_many_would(engine: Store
     assert TenantStore(engine, "acme").tenants_of(asked) == {ours.id: "acme"}
 
 
+def test_a_naive_time_in_a_filter_reads_as_utc_on_every_engine(engine: Store) -> None:
+    """Memory and SQLite raised TypeError (naive minus aware); PostgreSQL read it as UTC."""
+    m = mem("dated")
+    engine.put_many([m])
+    naive = m.created_at.astimezone(UTC).replace(tzinfo=None)
+    assert engine.count(Filters(created_after=naive - timedelta(seconds=1))) == 1
+    assert engine.count(Filters(created_before=naive)) == 0
+
+
 def test_get_and_delete_of_missing_id_raise_not_found(engine: Store) -> None:
     ghost = mem().id
     with pytest.raises(NotFoundError) as exc:

@@ -48,7 +48,11 @@ _MICROSECOND = timedelta(microseconds=1)
 
 def micros(t: datetime) -> int:
     """Exact microseconds since the epoch. A float ``timestamp()`` cannot tell microseconds apart after
-    about the year 2240 (or before 1700), which would break ``created_before``/``created_after``."""
+    about the year 2240 (or before 1700), which would break ``created_before``/``created_after``. A naive
+    time is UTC, as everywhere in ClawVM (PostgreSQL reads it so: a store caller's naive filter raised
+    TypeError on the other engines)."""
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
     return (t - _EPOCH) // _MICROSECOND
 
 
