@@ -500,3 +500,18 @@ def test_a_rollback_killed_after_its_first_commit_is_whole(tmp_path: Path) -> No
         assert not h.get(kept[0].id).pinned
         (event,) = [e for e in h.events(limit=1000) if e.kind == "rollback"]
         assert sorted(event.data["obsoleted"]) == sorted(m.id for m in later)
+
+
+def test_a_memory_decompressed_since_the_checkpoint_stays_whole_and_points_at_no_raw_copy() -> None:
+    """The rollback restored the compression's pointer to the raw copy on a memory that was whole again."""
+    with Harness.open("memory://", embedder=None) as h:
+        topics = ("weather", "queue", "coffee", "train", "garden", "concert", "library", "market", "harbour")
+        text = " ".join(f"We talked about the {w} and the long walk home afterwards." for w in topics * 3)
+        m = h.record(text, session_id="s1")
+        raw_id = h.compress(m.id).metadata["compression"]["raw_id"]
+        cp = h.checkpoint("s1", "compressed")
+        h.decompress(m.id)
+        h.rollback(cp)
+        back = h.get(m.id)
+        assert back.content == text and "compression" not in back.metadata
+        assert raw_id not in [link.target for link in back.links]

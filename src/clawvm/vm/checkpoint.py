@@ -11,7 +11,8 @@ checkpoint recorded, not a recomputation), pin, status, usage counters, access c
 the result it got later) and its links (a link to a memory made later goes). A memory compressed after
 the checkpoint gets its raw text back. Memories created after the checkpoint become ``obsolete`` (not
 deleted: analytics can still show what was undone). What it does not restore: content edited after the
-checkpoint other than by compression (revisions are new memories, and those are obsoleted), memories
+checkpoint other than by compression (revisions are new memories, and those are obsoleted; a memory
+decompressed since stays whole), memories
 forgotten for good, memories expired since (their TTL passed: they stay expired), memories moved to
 another session since (they are that session's now), and the event log, which records the rollback (a
 ``rollback`` event lists all of it). The changes and that event are one write: a rollback is whole or not
@@ -470,7 +471,14 @@ def _restored_fields(m: Memory, old: SnapshotLine) -> dict[str, Any]:
     if "state" in given:
         fields["state"] = old.state
     if "links" in given:
-        fields["links"] = list(old.links)
+        # a memory decompressed since stays whole (its summary is not kept): the pointer to its raw copy
+        # that came with the compression does not come back without it
+        raw = (
+            m.metadata.get("decompressed_from", {}).get("raw_id") if "compression" not in m.metadata else None
+        )
+        fields["links"] = [
+            link for link in old.links if not (link.type is LinkType.DERIVED_FROM and link.target == raw)
+        ]
     if "tool_call" in given and m.metadata.get("tool_call") != old.tool_call:
         rest = {k: v for k, v in m.metadata.items() if k != "tool_call"}
         fields["metadata"] = rest if old.tool_call is None else {**rest, "tool_call": old.tool_call}
