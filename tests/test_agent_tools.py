@@ -678,3 +678,20 @@ def test_a_rollback_guard_sees_what_it_would_change_and_can_stop_it() -> None:
             h.rollback(cp, guard=stop)
         assert seen == [later.id] and h.get(later.id).status is Status.ACTIVE
         assert h.rollback(cp, guard=lambda memories: None).obsoleted == [later.id]
+
+
+def test_a_rollback_guard_that_refuses_leaves_a_memory_compressed_since_compressed() -> None:
+    """The raw text of memories compressed since came back before the guard was asked."""
+    with Harness.open("memory://", embedder=None) as h:
+        text = " ".join(f"We talked about the {w} and the long walk home." for w in ("queue", "train") * 12)
+        m = h.record(text, session_id="s", agent_id="a1")
+        cp = h.checkpoint("s", "cp")
+        h.record("after", session_id="s", agent_id="a2")
+        compressed = h.compress(m.id)
+
+        def refuse(memories: Any) -> None:
+            raise ValueError("not now")
+
+        with pytest.raises(ValueError):
+            h.rollback(cp, guard=refuse)
+        assert h.get(m.id).version == compressed.version and "compression" in h.get(m.id).metadata

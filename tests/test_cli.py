@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sqlite3
 import subprocess
@@ -88,6 +89,11 @@ def test_add_search_show_forget(tmp_path: Path) -> None:
     assert (shown["version"], shown["access_count"]) == (1, 0)
     run(db, "search", "disk full", "--track")
     assert json.loads(run(db, "show", mid))["access_count"] == 1
+    with Harness.open(db, embedder=None) as h:
+        h.update(mid, tags=["ci", "disk"])  # another writer changed it since version 1
+    stale = CliRunner().invoke(main, ["--db", str(db), "forget", mid, "--expected-version", "1"])
+    assert stale.exit_code == 2 and "version" in stale.output
+    assert json.loads(run(db, "show", mid))["id"] == mid
     run(db, "forget", mid)
     result = CliRunner().invoke(main, ["--db", str(db), "show", mid])
     assert result.exit_code == 2 and "not found" in result.output
@@ -701,3 +707,15 @@ def test_import_reads_stdin_for_a_dash_as_add_does(tmp_path: Path) -> None:
     assert json.loads(run(copy, "show", mid))["content"] == "the deploy failed"
     result = CliRunner().invoke(main, ["--db", str(copy), "--no-embed", "import", "-"], input=dump + "oops\n")
     assert result.exit_code == 2 and result.output.startswith("error: <stdin>:2: ")
+
+
+def test_only_a_broken_stdout_is_a_reader_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every BrokenPipeError ended the command with exit 0: one from a socket or a child process too."""
+    from clawvm.cli.common import _stdout_closed
+
+    read_end, write_end = os.pipe()
+    with os.fdopen(write_end, "w") as out:
+        monkeypatch.setattr(sys, "stdout", out)
+        assert not _stdout_closed()  # its reader is there: another pipe broke
+        os.close(read_end)
+        assert _stdout_closed()

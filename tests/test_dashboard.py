@@ -1048,7 +1048,7 @@ def test_teams_reject_conflicts_with_both_sides_and_guidance_sources(
     page.click(f'.not-conflict-button[data-id="{window_note}"]')
     page.wait_for_function("(id) => !document.querySelector(`.conflict[data-id='${id}']`)", arg=window_note)
     assert h.get(thirty.id).status.value == "active" and h.get(fourteen.id).status.value == "active"
-    assert shared.open_conflicts(h, involving=thirty.id) == []
+    assert shared.open_conflicts(h, involving=[thirty.id]) == []
     assert problems == []
     page.close()
 

@@ -510,6 +510,9 @@ def test_rejecting_or_forgetting_the_revision_of_a_side_closes_its_conflicts(
         conflicts.append(conflict)
     assert [lexical.get(c).status for c in conflicts] == [Status.ARCHIVED, Status.ARCHIVED]
     assert teams.open_conflicts(lexical) == []
+    with pytest.raises(ValidationError) as err:  # one id read as its characters matched nothing
+        teams.open_conflicts(lexical, involving=conflicts[0])  # type: ignore[arg-type]
+    assert err.value.field == "involving"
 
 
 def test_merge_options_are_checked_by_name(lexical: Harness) -> None:

@@ -490,6 +490,23 @@ def test_restore_closes_a_call_whose_result_was_written(harness: Harness) -> Non
     assert call.state is State.SUCCESS and call.metadata["tool_call"]["result_id"] == done.id
 
 
+def test_restore_closes_a_call_whose_interrupted_result_was_written_as_interrupted(harness: Harness) -> None:
+    """It closed it with status "error" and no tag: the call and its result disagreed."""
+    lost = orphan(harness, "s12", "deploy", dead_pid())
+    harness.record(
+        "deploy call interrupted",
+        kind="tool_result",
+        state="error",
+        tool_name="deploy",
+        session_id="s12",
+        parent_id=lost.id,
+        tags=[INTERRUPTED],
+    )
+    assert harness.restore_session("s12").closed == [lost.id]
+    call = harness.get(lost.id)
+    assert call.metadata["tool_call"]["status"] == INTERRUPTED and INTERRUPTED in call.tags
+
+
 def test_restore_leaves_a_result_a_rollback_undid_undone(harness: Harness) -> None:
     """It closed the call as a success pointing at the result the rollback had obsoleted."""
     lost = orphan(harness, "s11", "fetch", dead_pid())

@@ -566,8 +566,16 @@ def restore(harness: ToolHost, session_id: str) -> RestoreReport:
         found = harness.list(limit=10, parent_id=call.id, kind=Kind.TOOL_RESULT, status="any")
         results = [r for r in found if r.status is not Status.OBSOLETE]
         if results:  # the process died between writing the result and closing the call
-            state = results[0].state or State.ERROR
-            _close_call(harness, call.id, state, results[0].id, results[0].cost.seconds)
+            result = results[0]
+            # an interrupted outcome (cut off, or a crash marked) is the call's too, as _finish makes it
+            cut = INTERRUPTED in result.tags or bool(
+                result.metadata.get("tool_result", {}).get("interrupted")
+            )
+            marks = [INTERRUPTED] if cut else []
+            status = INTERRUPTED if cut else None
+            _close_call(
+                harness, call.id, result.state or State.ERROR, result.id, result.cost.seconds, status, marks
+            )
             closed.append(call.id)
         else:
             _mark_interrupted(harness, call)

@@ -7,6 +7,7 @@ import contextlib
 import difflib
 import os
 import re
+import select
 import sqlite3
 import sys
 from collections.abc import Iterator
@@ -159,6 +160,8 @@ class CliGroup(click.Group):
                 sys.stdout.flush()
             return result
         except BrokenPipeError:  # `clawvm export | head -1`: the reader had what it wanted (click: exit 1)
+            if not _stdout_closed():  # another pipe (a socket, a child process): a failure, told as one
+                raise
             _discard_stdout()
             sys.exit(0)
         except click.NoSuchOption as exc:  # a misspelt --no-embed after the command: suggest clawvm's own too
@@ -177,6 +180,17 @@ class CliGroup(click.Group):
                 raise
             click.echo(f"error: {exc.filename}: {exc.strerror or exc}", err=True)
             sys.exit(2)
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (so that a broken pipe was stdout's)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # no file descriptor (a test's captured output): stdout is all there is
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
 
 
 def _discard_stdout() -> None:

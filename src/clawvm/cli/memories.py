@@ -201,11 +201,17 @@ def show(ctx: click.Context, memory_id: str) -> None:
 
 @click.command()
 @click.argument("memory_id")
+@click.option(
+    "--expected-version",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The version you read (show): a memory changed since is kept, and the command fails.",
+)
 @click.pass_context
-def forget(ctx: click.Context, memory_id: str) -> None:
+def forget(ctx: click.Context, memory_id: str, expected_version: int | None) -> None:
     """Delete one memory for good."""
     with opened_harness(ctx, embed=False, existing=True) as h:
-        h.forget(memory_id)
+        h.forget(memory_id, expected_version=expected_version)
         click.echo(f"forgot {memory_id}")
 
 

@@ -927,6 +927,8 @@ def open_conflicts(
     h: TeamHost, *, involving: Collection[str] | None = None, visible_to: Visibility | None = None
 ) -> list[Memory]:
     """The open conflict notes (newest first), those with a side among the ids ``involving`` only."""
+    if isinstance(involving, str | bytes):  # one id, read as its characters, matched nothing
+        raise ValidationError("involving", f"is {involving!r}", "pass a collection of ids, e.g. [memory_id]")
     f = Filters.of(
         tenant=h.tenant, status=Status.ACTIVE, kind=Kind.NOTE, tags=[CONFLICT_TAG], visible_to=visible_to
     )

@@ -198,9 +198,10 @@ def rollback(
     """Restore the checkpoint ``checkpoint_id`` (of ``tenant``, when given); :class:`ValidationError` naming
     ``checkpoint_id``, and nothing changed, when it is not a checkpoint snapshot of its own session.
     ``guard`` is shown the memories (as read) whose change is more than the harness's bookkeeping
-    (:data:`BOOKKEEPING`) or that the rollback obsoletes, each time it decides what to write, just before
-    it writes: raising there writes nothing (a check made before the call could miss a memory another
-    writer made meanwhile).
+    (:data:`BOOKKEEPING`) or that the rollback obsoletes, each time it decides what to write: first before
+    anything is written, again once the raw text of memories compressed since is back and after a conflict
+    (a check made before the call could miss a memory another writer made meanwhile). Raising there stops
+    the rollback: nothing of it is written but, from the second time on, that raw text.
 
     Every change and the ``rollback`` event are one write: a process killed during a rollback leaves the
     session as it was or rolled back, never half (each memory written on its own left 755 of 3,000 undone,
@@ -210,16 +211,15 @@ def rollback(
     data = read_snapshot(snap, tenant)
     taken = _first_seq(store, snap)
     decompressed: set[str] = set()
-    for m in session_memories(store, snap.tenant, data.session_id):
-        if _step(store, m, snap, data, taken, now) != "restore":
-            continue
-        if "compression" in m.metadata and data.memories[m.id].compressed is False:
-            decompress_memory(store, pager.writer, m, now)  # compressed since: its raw text comes back
-            decompressed.add(m.id)
     for _ in range(ROLLBACK_RETRIES):
         plan = _plan(store, pager, snap, data, taken, now, decompressed)
-        if guard is not None:
+        if guard is not None:  # before anything is written, decompressions included
             guard(plan.touched)
+        if plan.compressed_since:  # their raw text comes back first, then the plan is made again
+            for m in plan.compressed_since:
+                decompress_memory(store, pager.writer, m, now)
+                decompressed.add(m.id)
+            continue
         event = Event(
             kind=EventKind.ROLLBACK,
             memory_id=snap.id,
@@ -256,6 +256,7 @@ class _Plan:
     obsoleted: list[str]
     tiers: dict[str, str]  # restored id -> the tier it is back in (MemLens's timeline replays it)
     touched: list[Memory]  # as read: those it obsoletes or changes beyond BOOKKEEPING (a rollback's guard)
+    compressed_since: list[Memory]  # to restore, and compressed since the checkpoint: decompressed first
 
 
 def _plan(
@@ -272,6 +273,7 @@ def _plan(
     restored, obsoleted = [], []
     tiers: dict[str, str] = {}
     touched: dict[str, Memory] = {}
+    compressed_since: list[Memory] = []
     repins: list[tuple[Memory, dict[str, Any]]] = []  # pins restored once every unpin is counted
 
     def change(m: Memory, fields: dict[str, Any], keep_value: bool) -> Memory:
@@ -288,6 +290,9 @@ def _plan(
             continue
         if step == "keep":
             continue
+        since = "compression" in m.metadata and data.memories[m.id].compressed is False
+        if since:
+            compressed_since.append(m)
         target = _restored_fields(m, data.memories[m.id])
         if target["pinned"] and not m.pinned and m.session_id is not None:
             # after the unpins: whether a pin fits does not depend on the order of the rows
@@ -295,7 +300,8 @@ def _plan(
             target = {**target, "pinned": False}
         if any(getattr(m, k) != v for k, v in target.items()):
             written[m.id] = change(m, target, keep_value=True)
-        if any(getattr(m, k) != v for k, v in target.items() if k not in BOOKKEEPING):
+        seen = _without_raw_pointer(m) if since else m  # the pointer is the compression's: bookkeeping
+        if any(getattr(seen, k) != v for k, v in target.items() if k not in BOOKKEEPING):
             touched[m.id] = m
         if m.id in written or m.id in decompressed:
             restored.append(m.id)
@@ -309,7 +315,7 @@ def _plan(
             if m.id not in tiers:
                 restored.append(m.id)
             tiers[m.id] = Tier(target["tier"]).value
-    return _Plan(list(written.values()), restored, obsoleted, tiers, list(touched.values()))
+    return _Plan(list(written.values()), restored, obsoleted, tiers, list(touched.values()), compressed_since)
 
 
 #: What a rollback restores that the harness itself keeps moving (tiers, values, usage and access
@@ -344,13 +350,18 @@ def would_change(
             target = _restored_fields(m, old)
             seen = m
             if decompressed and "compressed" in ignore:  # its pointer to the raw copy is the pager's too
-                raw = m.metadata["compression"].get("raw_id")
-                links = [k for k in m.links if not (k.type is LinkType.DERIVED_FROM and k.target == raw)]
-                seen = m.model_copy(update={"links": links})
+                seen = _without_raw_pointer(m)
             changed = any(getattr(seen, k) != v for k, v in target.items() if k not in ignore)
             if changed or (decompressed and "compressed" not in ignore):
                 out.append(m)
     return out
+
+
+def _without_raw_pointer(m: Memory) -> Memory:
+    """Compressed ``m`` without its link to its raw copy (the compression's, which a decompression drops)."""
+    raw = m.metadata["compression"].get("raw_id")
+    links = [k for k in m.links if not (k.type is LinkType.DERIVED_FROM and k.target == raw)]
+    return m.model_copy(update={"links": links})
 
 
 def _checkpoint(store: StoreReader, checkpoint_id: Any) -> Memory:
