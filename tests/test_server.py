@@ -349,6 +349,26 @@ def test_a_retry_that_reaches_another_worker_finds_the_memory_instead_of_writing
     store.close()
 
 
+def test_a_retry_after_a_restart_never_brings_back_a_memory_forgotten_since(tmp_path: Path) -> None:
+    """The keyed id no longer conflicted once the memory was deleted: the retry recorded it again."""
+    app, store, keys = open_app(tmp_path)
+    body = {"content": "the deploy failed: disk full on build-07"}
+    headers = {"Authorization": f"Bearer {keys['agent']}", "Idempotency-Key": "made-then-forgotten"}
+    with TestClient(app) as before:
+        made = before.post("/v1/memories", json=body, headers=headers).json()
+        assert before.delete(f"/v1/memories/{made['id']}", headers=headers).status_code == 204
+    restarted = create_app(
+        SQLiteStore(tmp_path / "server.db"), embedder=None, settings=ServerSettings(rate_per_s=0)
+    )
+    with TestClient(restarted) as after:
+        again = after.post("/v1/memories", json=body, headers=headers)
+        assert_error(again, 409, field="Idempotency-Key")
+        assert store.count() == 0
+        fresh = after.post("/v1/memories", json=body, headers={**headers, "Idempotency-Key": "another"})
+        assert fresh.status_code == 201
+    store.close()
+
+
 def test_idempotency_keys_are_bounded_and_expire(tmp_path: Path) -> None:
     # a lifetime that two back-to-back posts on a loaded CI machine cannot outlast
     settings = ServerSettings(rate_per_s=0, idempotency_max_keys=2, idempotency_ttl_s=3.0)

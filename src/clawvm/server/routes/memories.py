@@ -9,8 +9,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from clawvm.core.errors import ConflictError
+from clawvm.core.errors import ConflictError, StateConflictError
 from clawvm.core.model import Memory, moved_on
+from clawvm.harness import Harness
 from clawvm.server.auth import Admin, Reader, Writer
 from clawvm.server.idempotency import IdempotencyKey, keyed_id, once
 from clawvm.server.routes.params import ExpectedVersion, MemoryId
@@ -40,6 +41,7 @@ def record(
         fields = body.fields()
         if idempotency_key is not None:
             fields["id"] = keyed_id(tenant, idempotency_key, route, body)
+            refuse_recorded_and_forgotten(caller.harness, fields["id"])
         try:
             recorded = caller.harness.record(body.content, embedding=body.embedding, **fields)
         except ConflictError:
@@ -50,6 +52,19 @@ def record(
         return shown(caller.principal, recorded)
 
     return once(service_of(request).idempotency, tenant, idempotency_key, route, body, 201, run)
+
+
+def refuse_recorded_and_forgotten(harness: Harness, memory_id: str) -> None:
+    """A retry whose key recorded a memory that was forgotten since (its events say it existed): recorded
+    again, the retry brought back what a client deleted. (A key this process still holds replays the first
+    answer before this is asked; this is a retry that reached another worker, or came after a restart.)"""
+    if harness.store.get_many([memory_id]) or not harness.store.read_events(0, 1, memory_id=memory_id):
+        return
+    raise StateConflictError(
+        "Idempotency-Key",
+        f"recorded memory {memory_id}, which was forgotten since",
+        "send a new Idempotency-Key to record it again",
+    )
 
 
 @router.get("/memories", response_model=list[Memory])
