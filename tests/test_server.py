@@ -432,6 +432,33 @@ def test_pin_feedback_value_compress_and_events(env: Env) -> None:
     assert all(e["tenant"] == "acme" for e in page["events"] + rest["events"])
 
 
+def test_a_session_or_task_id_holding_a_slash_is_reachable(env: Env) -> None:
+    """Record took "team/a", but every session route was a 404 for it, the slash encoded or not."""
+    made = env.client.post(
+        "/v1/memories", json={"content": "x", "session_id": "team/a", "task_id": "t/1"}, headers=env.auth()
+    )
+    assert made.status_code == 201
+    taken = env.client.post("/v1/sessions/team%2Fa/checkpoints", json={"name": "cp"}, headers=env.auth())
+    assert taken.status_code == 201, taken.text
+    listed = env.client.get("/v1/sessions/team/a/checkpoints", headers=env.auth()).json()
+    assert [c["name"] for c in listed] == ["cp"]
+    assert env.client.post("/v1/tasks/t%2F1/collapse", headers=env.auth()).status_code == 200
+
+
+def test_a_body_sent_to_a_route_that_takes_none_is_refused(env: Env) -> None:
+    """DELETE ignored {"expected_version": 99} and deleted whatever the version."""
+    m = env.client.post("/v1/memories", json={"content": "keep me"}, headers=env.auth()).json()
+    sent = env.client.request(
+        "DELETE", f"/v1/memories/{m['id']}", json={"expected_version": 99}, headers=env.auth()
+    )
+    err = assert_error(sent, 422, field="body")
+    assert "expected_version" in (err["fix"] or "")
+    assert env.client.get(f"/v1/memories/{m['id']}", headers=env.auth()).status_code == 200
+    assert (
+        env.client.post("/v1/tick", json={}, headers=env.auth()).status_code == 200
+    )  # an empty object is none
+
+
 def test_checkpoint_rollback_session_start_collapse_tick(env: Env) -> None:
     kept = env.record("deploy plan: roll out build 7", session_id="s1", task_id="t1", state="intermediate")
     cp = env.client.post("/v1/sessions/s1/checkpoints", json={"name": "before"}, headers=env.auth())

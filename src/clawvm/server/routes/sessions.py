@@ -24,7 +24,7 @@ from clawvm.server.service import service_of
 router = APIRouter(tags=["sessions"])
 
 
-@router.post("/sessions/{session_id}/checkpoints", status_code=201, response_model=CheckpointOut)
+@router.post("/sessions/{session_id:path}/checkpoints", status_code=201, response_model=CheckpointOut)
 def checkpoint(
     request: Request,
     session_id: ScopeId,
@@ -45,7 +45,7 @@ def checkpoint(
     )
 
 
-@router.get("/sessions/{session_id}/checkpoints", response_model=list[CheckpointItem])
+@router.get("/sessions/{session_id:path}/checkpoints", response_model=list[CheckpointItem])
 def list_checkpoints(session_id: ScopeId, caller: Reader) -> list[CheckpointItem]:
     """The session's checkpoints, newest first: what ``POST /v1/checkpoints/{id}/rollback`` takes."""
     return [
@@ -60,14 +60,14 @@ def rollback(checkpoint_id: MemoryId, caller: Writer) -> RollbackOut:
     return RollbackOut.of(caller.harness.rollback(checkpoint_id))
 
 
-@router.post("/sessions/{session_id}/start", response_model=list[Memory])
+@router.post("/sessions/{session_id:path}/start", response_model=list[Memory])
 def start_session(session_id: ScopeId, body: StartSessionRequest, caller: Writer) -> list[Memory]:
     """Preload the working tier with the memories most relevant to ``task``."""
     loaded = caller.harness.start_session(session_id, body.task, task_id=body.task_id, k=body.k)
     return [shown(caller.principal, m) for m in loaded]
 
 
-@router.post("/tasks/{task_id}/collapse", response_model=CollapseOut)
+@router.post("/tasks/{task_id:path}/collapse", response_model=CollapseOut)
 def collapse(task_id: ScopeId, caller: Writer) -> CollapseOut:
     """Compress a finished task's intermediate steps into one summary linked to them."""
     summary = caller.harness.collapse_task(task_id)
