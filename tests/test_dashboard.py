@@ -24,6 +24,7 @@ from bulk_events import context_build, demotions
 from clawvm import Harness, Memory
 from clawvm.dashboard import views
 from clawvm.demo.scenario import ReplayClock, load_scenario, open_demo
+from clawvm.observe.lens import Lens
 from clawvm.server import create_app
 from clawvm.server.settings import ServerSettings
 from clawvm.store import Event
@@ -1153,3 +1154,48 @@ def test_a_phone_wide_page_keeps_its_header_on_screen_and_its_tables_in_their_ca
     page.screenshot(path=str(ARTIFACTS / "dashboard-phone-sessions.png"), full_page=True)
     assert problems == []
     page.close()
+
+
+def test_the_manifest_keeps_its_content_column_and_the_bar_counts_the_warnings(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """With the inspector open at 1400 px, a 340 px build list beside the build left the manifest's
+    content column 0 px wide (one character a line, a page 11 times as tall); and the token bar left out
+    the tool-reliability warning lines, so it summed to less than the build's token count."""
+    base, h, keys = served
+    lens = Lens(h)
+    lens.refresh()
+    warned = [
+        b for b in lens.contexts.values() if b.by_section().get("warnings") and b.scope.get("session_id")
+    ]
+    assert warned, "the demo has a build with warning lines"
+    build = warned[-1]
+    got = httpx.get(
+        f"{base}/dashboard/api/contexts/{build.seq}", headers=_auth(keys["read-only"]), timeout=30
+    ).json()
+    assert got["by_section"]["warnings"] > 0 and sum(got["by_section"].values()) == got["tokens"]
+    for width in (1400, 1600):
+        fragment = f"#view=contexts&session={build.scope['session_id']}&build={build.seq}"
+        page, problems = _open(browser, base, keys["read-only"], fragment, width=width)
+        page.wait_for_selector("#context-lines tr.clickable")
+        sections = page.evaluate(
+            """() => Object.fromEntries([...document.querySelectorAll('#context-bar rect[data-section]')]
+                 .map((r) => [r.dataset.section, Number(r.getAttribute('width'))]))"""
+        )
+        assert sections["warnings"] > 0
+        shown = round(sum(w for s, w in sections.items() if s != "free") * got["budget"] / 900)
+        assert shown == got["tokens"], (sections, got["tokens"])
+        assert f"{got['tokens']} of {got['budget']} tokens" in page.inner_text("#context-bar")
+        before = page.evaluate("document.documentElement.scrollHeight")
+        page.locator("#context-lines tr.clickable").first.click()
+        page.wait_for_selector('#inspector[data-ready="1"]')
+        after = page.evaluate("document.documentElement.scrollHeight")
+        assert after < 3 * before, (width, before, after)
+        cells = page.evaluate(
+            "[...document.querySelectorAll('#context-lines td.content-cell')].map((td) => td.offsetWidth)"
+        )
+        assert cells and min(cells) >= 200, (width, cells)
+        assert page.locator("#context-lines th.wide-only").first.is_hidden()  # as docs/memlens.md says
+        page.screenshot(path=str(ARTIFACTS / f"dashboard-manifest-inspector-{width}.png"), full_page=True)
+        assert problems == []
+        page.close()

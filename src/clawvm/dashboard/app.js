@@ -384,16 +384,17 @@
         el("h3", { text: "Manifest" }),
         el("table", { id: "context-lines", class: "fit" },
           el("tr", {}, [["line", "w-id"], ["section", "w-tier"], ["tier then", "w-tier"], ["value then", "w-num"], ["score", "w-num wide-only"],
-            ["tokens", "w-num wide-only"], ["cited", "w-num"], ["reason", "w-reason wide-only"], ["content", ""]].map(([h, k]) => el("th", { class: k, text: h }))),
+            ["tokens", "w-num wide-only"], ["cited", "w-num"], ["reason", "w-reason wide-only"], ["content", "w-content"]].map(([h, k]) => el("th", { class: k, text: h }))),
           c.lines.map((l) => el("tr", { class: "clickable", "data-id": l.id, onclick: () => inspect(l.id) },
             el("td", {}, el("code", { text: l.short_id })), el("td", {}, secPill(l.section)), el("td", {}, tierPill(l.tier)),
             el("td", { text: num(l.value, 2) }), el("td", { class: "wide-only", text: num(l.score, 2) }), el("td", { class: "wide-only", text: l.tokens }),
             el("td", { class: l.cited ? "cited-yes" : "cited-no", text: l.cited === null ? "–" : l.cited ? "cited" : "no" }),
-            el("td", { class: "wide-only", text: l.reason }), el("td", { class: "wrap-any", text: l.preview })))),
+            el("td", { class: "wide-only", text: l.reason }), el("td", { class: "wrap-any content-cell", text: l.preview })))),
         c.output ? [el("h3", { text: "Output" + (c.output.success === null ? "" : c.output.success ? " · task succeeded" : " · task failed") }),
           highlight(c.output.text, cited, "output-text")] : el("p", { class: "muted", text: "no output recorded for this build" })));
       const s = c.by_section;
-      C.stackedBar(bar, [{ name: "pinned", value: s.pinned || 0 }, { name: "working", value: s.working || 0 },
+      // the warning lines (unreliable tools) come first in the prompt and have no manifest line
+      C.stackedBar(bar, [{ name: "warnings", value: s.warnings || 0 }, { name: "pinned", value: s.pinned || 0 }, { name: "working", value: s.working || 0 },
         { name: "retrieved", value: s.retrieved || 0 }, { name: "free", value: Math.max(0, c.budget - c.tokens) }], c.budget);
       if (state.diffWith && state.diffWith !== seq) { compare.value = String(state.diffWith); await showDiff(state.diffWith, seq); }
     };

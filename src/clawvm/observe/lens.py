@@ -245,9 +245,14 @@ class ContextBuild:
     output: Output | None = None
 
     def by_section(self) -> dict[str, int]:
+        """Tokens per section, as ``Context.by_section``: the manifest's lines, and the tool-reliability
+        warning lines at the top of the prompt (no manifest line: the rest of the build's tokens)."""
         out = {"pinned": 0, "working": 0, "retrieved": 0}
         for e in self.manifest:
             out[str(e["section"])] = out.get(str(e["section"]), 0) + int(e["tokens"])
+        warnings = self.tokens - sum(out.values())
+        if warnings > 0:
+            out["warnings"] = warnings
         return out
 
     def summary(self) -> dict[str, Any]:
