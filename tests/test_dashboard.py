@@ -197,6 +197,29 @@ def test_api_serves_every_view(small: tuple[TestClient, Harness, dict[str, str]]
     assert narrowed.status_code == 200
 
 
+def test_the_memories_without_a_session_are_a_selection_of_their_own(
+    small: tuple[TestClient, Harness, dict[str, str]],
+) -> None:
+    """The sessions list's "(none)" row opened every memory of the tenant: ``session=(none)`` keeps the
+    memories (and builds) recorded without a session, the key's tenant's only."""
+    client, h, keys = small
+    auth = _auth(keys["read-only"])
+    loose = h.record("a note that belongs to no session", kind="note")
+    h.context("a question asked outside any session", budget_tokens=100)
+    other = Harness.open(engine_of(h), embedder=None, tenant="acme")
+    try:
+        other.record("acme's own note without a session", kind="note")
+    finally:
+        other.close()
+    rows = client.get("/dashboard/api/sessions", headers=auth).json()["items"]
+    none = next(s for s in rows if s["session_id"] == views.NO_SESSION)
+    got = client.get("/dashboard/api/memories", params={"session": views.NO_SESSION}, headers=auth).json()
+    assert [m["id"] for m in got["items"]] == [loose.id] and got["total"] == none["memories"] == 1
+    builds = client.get("/dashboard/api/contexts", params={"session": views.NO_SESSION}, headers=auth).json()
+    assert builds["total"] == 1 and not builds["items"][0]["scope"].get("session_id")
+    assert client.get("/dashboard/api/contexts", headers=auth).json()["total"] == 2
+
+
 def test_every_list_takes_the_same_filters(small: tuple[TestClient, Harness, dict[str, str]]) -> None:
     client, h, keys = small
     auth = _auth(keys["read-only"])
@@ -1199,3 +1222,29 @@ def test_the_manifest_keeps_its_content_column_and_the_bar_counts_the_warnings(
         page.screenshot(path=str(ARTIFACTS / f"dashboard-manifest-inspector-{width}.png"), full_page=True)
         assert problems == []
         page.close()
+
+
+def test_the_none_session_row_lists_the_memories_without_a_session(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """Clicking the "(none)" row showed every memory ("Memories (all sessions)")."""
+    base, h, keys = served
+    page, problems = _open(browser, base, keys["read-only"], "#view=sessions&s.q=none")
+    row = page.locator('tr.session-row[data-session="(none)"]')
+    count = int(row.locator("td").nth(3).inner_text())
+    row.click()
+    page.wait_for_selector('#memories-heading:text("Memories without a session")')
+    _wait_view(page, "sessions")
+    assert f"{count} match" in page.inner_text("#memories")
+    assert "session=%28none%29" in page.evaluate("location.hash")
+    assert page.eval_on_selector("#session", "(s) => s.value") == "(none)"
+    ids = page.locator("#memories-table tr.memory-row").evaluate_all(
+        "(rows) => rows.map((r) => r.dataset.id)"
+    )
+    assert ids and all(h.get(i).session_id is None for i in ids)
+    for view, says in (("metrics", "no metrics of their own"), ("trace", "Pick a session")):
+        page.click(f'#tabs a[data-view="{view}"]')  # no "session not found": these need a real session
+        _wait_view(page, view)
+        assert says in page.inner_text("main")
+    assert problems == []
+    page.close()

@@ -25,6 +25,10 @@
     ctxOffset: 0,
   };
   const PAGE = 25;
+  // the sessions list's row of the memories recorded without a session: a selection the memory lists and
+  // the builds take (the API's ``session=(none)``); a trace, a what-if or a session's metrics need a real one
+  const NO_SESSION = "(none)";
+  const realSession = () => (state.session === NO_SESSION ? "" : state.session);
   const $ = (sel) => document.querySelector(sel);
 
   function el(tag, attrs, ...children) {
@@ -163,7 +167,7 @@
     const data = await api("sessions" + qs(Object.assign(sf, { limit: 15, offset: state.sessOffset })));
     const rows = data.items.map((s) => el("tr", {
       class: "clickable session-row" + (s.session_id === state.session ? " selected" : ""), "data-session": s.session_id,
-      onclick: () => { setSession(s.session_id === "(none)" ? "" : s.session_id); show("sessions"); },
+      onclick: () => { setSession(s.session_id); show("sessions"); },
     },
     el("td", { class: "clip", title: s.session_id }, el("b", { text: s.session_id })),
     clipCell(s.agents.join(", ")), clipCell(s.tasks.join(", ")),
@@ -178,7 +182,8 @@
         el("tr", {}, heads.map(([h, c]) => el("th", { class: c, text: h }))),
         rows),
         pager(data, (o) => { state.sessOffset = o; show("sessions"); })),
-      el("h2", { text: state.session ? `Memories of ${state.session}` : "Memories (all sessions)" }),
+      el("h2", { id: "memories-heading", text: state.session === NO_SESSION ? "Memories without a session"
+        : state.session ? `Memories of ${state.session}` : "Memories (all sessions)" }),
       el("div", { id: "memories" }));
     await renderMemories($("#memories"));
   }
@@ -246,11 +251,11 @@
   function newMemory(box) {
     const content = el("textarea", { id: "new-content", rows: 3, placeholder: "what the agent should remember…" });
     const kind = el("select", { id: "new-kind" }, FILTERS.kind.map((k) => el("option", { value: k, selected: k === "note" || null, text: k })));
-    const form = el("div", { class: "card", id: "new-memory-form" }, el("h3", { text: "New memory" + (state.session ? ` in ${state.session}` : "") }), content,
+    const form = el("div", { class: "card", id: "new-memory-form" }, el("h3", { text: "New memory" + (realSession() ? ` in ${realSession()}` : "") }), content,
       el("div", { class: "actions" }, kind,
         el("button", { id: "new-save", class: "primary", text: "Record", onclick: async () => {
           try {
-            const r = await post("memories", { content: content.value, kind: kind.value, session_id: state.session || null });
+            const r = await post("memories", { content: content.value, kind: kind.value, session_id: realSession() || null });
             toast(`recorded ${r.id.replace(/-/g, "").slice(-8)}`);
             await renderMemories(box);
             await inspect(r.id);
@@ -463,11 +468,12 @@
   }
 
   async function viewMetrics(main) {
-    const [m, w, manual] = await Promise.all([api("metrics" + qs({ session: state.session })), api("weights"), api("manual?limit=20")]);
+    const [m, w, manual] = await Promise.all([api("metrics" + qs({ session: realSession() })), api("weights"), api("manual?limit=20")]);
     const tokens = el("div", { id: "tokens-chart" }), latency = el("div", { id: "latency-chart" });
     const tools = el("div", { id: "tools-chart" }), kinds = el("div", { id: "kinds-chart" }), weights = el("div", { id: "weights-chart" });
-    fill(main, el("h2", { text: "Metrics" + (state.session ? ` · ${state.session}` : " · all sessions") }),
-      state.session ? el("p", { class: "muted", text: "Counts, rates and context builds follow the session selector; recall latency, events by kind and tool reliability are the tenant's." }) : null,
+    fill(main, el("h2", { text: "Metrics" + (realSession() ? ` · ${realSession()}` : " · all sessions") }),
+      state.session === NO_SESSION ? el("p", { class: "muted", text: "Memories without a session have no metrics of their own: these are the tenant's." })
+        : state.session ? el("p", { class: "muted", text: "Counts, rates and context builds follow the session selector; recall latency, events by kind and tool reliability are the tenant's." }) : null,
       el("div", { class: "cards", id: "metric-cards" },
         metricCard("working-tier hit rate (recalls + builds)", pct(m.working_hit_rate), `${HIT_RATE_LIVE} (${m.needs} needs here). The what-if view's rate counts only the memories the recorded outputs cited, by the section of the replayed prompt they sat in, so the two differ.`, "metric-working-hit"),
         metricCard("recall p50 / p95 ms", `${num(m.retrieval_ms.p50)} / ${num(m.retrieval_ms.p95)}`, `Latency of tracked recalls, query embedding included (${m.retrieval_ms.n} recalls, tenant-wide).`),
@@ -762,7 +768,8 @@
       const s = await api("sessions?limit=500");
       const sel = $("#session");
       fill(sel, el("option", { value: "", text: "all sessions" }),
-        s.items.filter((x) => x.session_id !== "(none)").map((x) => el("option", { value: x.session_id, text: `${x.session_id} (${x.memories})` })));
+        s.items.map((x) => el("option", { value: x.session_id,
+          text: x.session_id === NO_SESSION ? `no session (${x.memories})` : `${x.session_id} (${x.memories})` })));
       sel.value = state.session;
       return o;
     } catch (e) {
@@ -900,7 +907,7 @@
     if (selected) await inspect(selected);
   }
 
-  const ML = { state, show, inspect, api, post, qs, el, fill, toast, pct, num, when, tierPill, secPill, pager, canWrite,
+  const ML = { state, realSession, show, inspect, api, post, qs, el, fill, toast, pct, num, when, tierPill, secPill, pager, canWrite,
     setSession, writeHash, highlight, metricCard, filterBar, filterParams, download, saveText, toCsv, toJsonl, exportButtons, clipCell,
     HIT_RATE_REPLAY, Charts: C };
   Object.assign(VIEWS, window.MemLensViews ? window.MemLensViews(ML) : {});

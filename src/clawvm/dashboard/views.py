@@ -161,7 +161,10 @@ class RowFilter:
     def keeps_build(self, b: ContextBuild) -> bool:
         """Whether a context build passes the filters that apply to builds."""
         scope = b.scope
-        if self.session and scope.get("session_id") != self.session:
+        if self.session == NO_SESSION:
+            if scope.get("session_id"):
+                return False
+        elif self.session and scope.get("session_id") != self.session:
             return False
         if self.agent and scope.get("agent_id") != self.agent:
             return False
@@ -278,8 +281,7 @@ def memory_detail(lens: Lens, memory_id: str) -> dict[str, Any]:
         "explain": breakdown,
         "formula": value_formula(breakdown, floor, m.pinned),
         "events": [
-            {"seq": e.seq, "at": e.at.isoformat(), "kind": e.kind, "data": _brief(e.data)}
-            for e in events
+            {"seq": e.seq, "at": e.at.isoformat(), "kind": e.kind, "data": _brief(e.data)} for e in events
         ],
         "contexts": lens.contexts_of_as_is(memory_id)[-100:],
         "children": children,
