@@ -1248,3 +1248,41 @@ def test_the_none_session_row_lists_the_memories_without_a_session(
         assert says in page.inner_text("main")
     assert problems == []
     page.close()
+
+
+def test_the_inspector_closes_out_of_the_address_and_on_a_refused_key(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """Its ✕ left ``memory=`` in the address (a reload opened it again) and Escape did nothing; a wrong
+    key said "an API key is needed" and left the old key's inspector open, its Pin button live."""
+    base, _, keys = served
+    page, problems = _open(browser, base, keys["agent"], "#view=sessions&session=s1")
+    rows = page.locator("#memories-table tr.memory-row")
+    for close in ("click", "Escape"):
+        rows.first.click()
+        page.wait_for_selector('#inspector[data-ready="1"]')
+        assert "memory=" in page.evaluate("location.hash")
+        if close == "click":
+            page.click("#inspector-close")
+        else:
+            page.keyboard.press("Escape")
+        assert page.locator("#inspector").is_hidden()
+        assert "memory=" not in page.evaluate("location.hash")
+        assert page.locator("#memories-table tr.selected").count() == 0
+    page.reload()
+    _wait_view(page, "sessions")
+    assert page.locator("#inspector").is_hidden()
+
+    rows.first.click()
+    page.wait_for_selector("#pin-button, #unpin-button")
+    page.click("#key-button")
+    page.fill("#key", "cvm_not_a_key")
+    page.click("#key-save")
+    page.wait_for_selector('#status:has-text("refused")')
+    assert "401" in page.inner_text("#status")
+    _wait_view(page, "sessions")
+    assert page.locator("#inspector").is_hidden() and page.locator("#pin-button, #unpin-button").count() == 0
+    assert "memory=" not in page.evaluate("location.hash")
+    page.evaluate("localStorage.removeItem('clawvm_key')")
+    assert all("401" in p for p in problems), problems  # the refused requests, nothing else
+    page.close()

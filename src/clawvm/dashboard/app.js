@@ -73,9 +73,15 @@
       await new Promise((done) => setTimeout(done, wait * 1000));
       res = await fetch("api/" + path, Object.assign({}, opts || {}, { headers }));
     }
-    if (res.status === 401 || res.status === 403) {
+    if (res.status === 401) {
+      // no key, or one the server refused: what the inspector showed (and offered) was the old key's
       $("#keybar").hidden = false;
-      throw new ApiError(res.status === 401 ? "an API key is needed: enter one above" : "this key may not do that");
+      closeInspector();
+      throw new ApiError(state.key ? "the API key was refused (401): enter another above" : "an API key is needed: enter one above");
+    }
+    if (res.status === 403) {
+      $("#keybar").hidden = false;
+      throw new ApiError("this key may not do that");
     }
     const body = await res.json().catch(() => ({}));
     if (!res.ok) {  // the server's error schema: {"error": {"code", "message", "field", "fix"}}
@@ -622,6 +628,17 @@
   }
 
   // ---- inspector ----------------------------------------------------------------------------------
+  // closed by its ✕, by Escape, when its memory is forgotten or the key is refused: out of the address
+  // too, so a reload does not open it again
+  function closeInspector() {
+    const box = $("#inspector");
+    box.hidden = true;
+    fill(box);
+    state.selected = null;
+    document.querySelectorAll("[data-id].selected").forEach((n) => n.classList.remove("selected"));
+    writeHash();
+  }
+
   async function inspect(id) {
     if (!id) return;
     state.selected = id;
@@ -673,7 +690,7 @@
     const history = el("div", { id: "revisions" });
     fill(box, 
       el("div", { class: "toolbar" }, el("h2", { text: `Memory ${d.row.short_id}` }), el("span", { class: "spacer" }),
-        el("button", { onclick: () => { box.hidden = true; state.selected = null; }, text: "✕", title: "close" })),
+        el("button", { id: "inspector-close", onclick: closeInspector, text: "✕", title: "close (Esc)" })),
       el("div", { class: "kv", id: "inspector-fields" },
         el("div", { text: "kind / state" }), el("div", { text: `${m.kind}${m.state ? " / " + m.state : ""}` }),
         el("div", { text: "tier" }), el("div", {}, tierPill(m.tier), m.pinned ? [" ", el("span", { id: "pinned-flag", class: "pill pinned", text: "pinned" })] : null),
@@ -706,9 +723,7 @@
           el("button", { id: "tier-button", onclick: () => { draft.tier = null; act("tier", { tier: tier.value }, `moved to ${tier.value}`); }, text: m.tier === "archive" ? "Un-archive to tier" : "Move to tier" })] : null,
           el("button", { id: "forget-button", class: "danger", text: "Forget", onclick: () => {
             if (!window.confirm(`Forget memory ${d.row.short_id} for good?`)) return;
-            $("#inspector").hidden = true;  // first: a live refresh meanwhile must not ask for it again
-            state.selected = null;
-            writeHash();
+            closeInspector();  // first: a live refresh meanwhile must not ask for it again
             post(`memories/${id}/forget`, { expected_version: m.version }).then(() => {
               toast(`forgot ${d.row.short_id}`);
               return show(state.view);
@@ -879,6 +894,10 @@
     readHash();
     $("#session").addEventListener("change", (e) => { setSession(e.target.value); show(state.view); });
     $("#refresh").addEventListener("click", () => { loadChrome(); show(state.view); if (state.selected) inspect(state.selected); });
+    document.addEventListener("keydown", (e) => {  // Escape closes the inspector (not while typing)
+      const typing = e.target.closest && e.target.closest("input, textarea, select");
+      if (e.key === "Escape" && !typing && !$("#inspector").hidden) closeInspector();
+    });
     $("#key-button").addEventListener("click", () => { $("#keybar").hidden = !$("#keybar").hidden; });
     $("#key").value = state.key;
     $("#keybar").addEventListener("submit", (e) => {
