@@ -258,6 +258,32 @@ def test_every_list_takes_the_same_filters(small: tuple[TestClient, Harness, dic
     assert builds.text.splitlines()[0].startswith("seq,") and len(builds.text.splitlines()) == 2
 
 
+def test_text_cut_for_a_list_ends_with_an_ellipsis(small: tuple[TestClient, Harness, dict[str, str]]) -> None:
+    """The tier moves, the teams' review queue and conflicts cut their text mid-word without a mark."""
+    from clawvm.dashboard import debug
+    from clawvm.observe.lens import clip
+
+    assert clip("short", 10) == "short" and clip("x" * 30, 10) == "x" * 9 + "…"
+    assert clip("alpha beta gamma delta", 15) == "alpha beta…"  # at a word, where one is near the end
+    client, h, keys = small
+    words = " ".join(f"word{n}" for n in range(80))  # 559 characters
+    long = h.record(words, kind="note", session_id="s1")
+    moved = client.post(
+        f"/dashboard/api/memories/{long.id}/tier", json={"tier": "long_term"}, headers=_auth(keys["agent"])
+    )
+    assert moved.status_code == 200, moved.text
+    auth = _auth(keys["read-only"])
+    moves = client.get("/dashboard/api/timeline", params={"limit": 40}, headers=auth).json()["moves"]
+    listed = client.get("/dashboard/api/memories", params={"q": "word0"}, headers=auth).json()["items"]
+    cut = [
+        next(m["preview"] for m in moves if m["id"] == long.id),
+        listed[0]["preview"],
+        debug._team_memory(h.get(long.id))["preview"],  # the review queue's, the knowledge's, a conflict's
+    ]
+    for text, limit in zip(cut, (100, 160, 200), strict=True):
+        assert text.endswith("…") and len(text) <= limit and words.startswith(text[:-1]), text
+
+
 def test_manual_actions_through_the_api(small: tuple[TestClient, Harness, dict[str, str]]) -> None:
     client, h, keys = small
     target = h.list(limit=10, session_id="s2")[0]

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from clawvm.core.entities import entities
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import Tier, counted
-from clawvm.observe.lens import ContextBuild, Lens, Move, Row
+from clawvm.observe.lens import ContextBuild, Lens, Move, Row, clip
 from clawvm.store import Event
 from clawvm.store.crypto import without_sealed
 from clawvm.vm.context import short_id
@@ -447,7 +447,7 @@ def _move(lens: Lens, mv: Move) -> dict[str, Any]:
         "to": mv.to_tier,
         "reason": mv.reason,
         "value": mv.value_after,
-        "preview": row.preview[:100] if row else "(forgotten)",
+        "preview": clip(row.preview, 100) if row else "(forgotten)",
     }
 
 
@@ -500,7 +500,7 @@ def heatmap(
             "rows": [
                 {
                     "id": r.id,
-                    "label": f"{short_id(r.id)} {r.kind}: {r.preview[:60]}",
+                    "label": f"{short_id(r.id)} {r.kind}: {clip(r.preview, 60)}",
                     "values": _sampled(points[r.id], edges),
                 }
                 for r in page
