@@ -1312,3 +1312,42 @@ def test_the_inspector_closes_out_of_the_address_and_on_a_refused_key(
     page.evaluate("localStorage.removeItem('clawvm_key')")
     assert all("401" in p for p in problems), problems  # the refused requests, nothing else
     page.close()
+
+
+def test_rows_that_open_something_take_the_focus_and_open_on_enter_or_space(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """Memory, build and session rows could not take the focus; the moves table said "Latest tier moves
+    (419)" over 40 rows."""
+    base, _, keys = served
+    page, problems = _open(browser, base, keys["read-only"], "#view=sessions")
+    session = page.locator("tr.session-row").nth(1)
+    name = session.get_attribute("data-session")
+    assert session.get_attribute("tabindex") == "0"
+    session.focus()
+    page.keyboard.press("Enter")
+    page.wait_for_selector(f'#memories-heading:text("Memories of {name}")')
+    _wait_view(page, "sessions")
+    memory = page.locator("#memories-table tr.memory-row").first
+    assert memory.get_attribute("tabindex") == "0"
+    memory.focus()
+    page.keyboard.press(" ")
+    page.wait_for_selector('#inspector[data-ready="1"]')
+    assert memory.get_attribute("data-id") in page.evaluate("location.hash")
+    assert page.evaluate("window.scrollY") == 0  # Space opened the row, it did not scroll the page
+
+    page.evaluate("location.hash = '#view=contexts&session=s5'")
+    _wait_view(page, "contexts")
+    build = page.locator("tr.context-row").nth(1)
+    build.focus()
+    page.keyboard.press("Enter")
+    page.wait_for_selector(f'tr.context-row.selected[data-seq="{build.get_attribute("data-seq")}"]')
+
+    page.evaluate("location.hash = '#view=timeline'")
+    _wait_view(page, "timeline")
+    shown = page.locator("#moves-table tr.clickable").count()
+    heading = page.inner_text("#moves-heading")
+    total = int(heading.rsplit(" ", 1)[-1])
+    assert shown == 40 < total and heading == f"Tier moves: the latest 40 of {total}", heading
+    assert problems == []
+    page.close()

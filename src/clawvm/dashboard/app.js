@@ -35,11 +35,24 @@
     const node = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
       if (k === "onclick" || k === "onchange" || k === "oninput" || k === "ontoggle") node.addEventListener(k.slice(2), v);
+      else if (k === "onopen") opens(node, v);
       else if (k === "text") node.textContent = v;
       else if (v !== null && v !== undefined && v !== false) node.setAttribute(k, v === true ? "" : v);
     }
     node.append(...nodes(children));
     return node;
+  }
+
+  // what every list row that opens something (a memory, a build, a session) uses: it takes the focus (Tab)
+  // and opens on a click, Enter or Space
+  function opens(node, open) {
+    node.tabIndex = 0;
+    node.addEventListener("click", open);
+    node.addEventListener("keydown", (e) => {
+      if (e.target !== node || (e.key !== "Enter" && e.key !== " ")) return;
+      e.preventDefault();  // Space scrolled the page
+      open(e);
+    });
   }
 
   // children as DOM nodes: nested arrays flattened, null/undefined/false dropped, text and numbers as text
@@ -173,7 +186,7 @@
     const data = await api("sessions" + qs(Object.assign(sf, { limit: 15, offset: state.sessOffset })));
     const rows = data.items.map((s) => el("tr", {
       class: "clickable session-row" + (s.session_id === state.session ? " selected" : ""), "data-session": s.session_id,
-      onclick: () => { setSession(s.session_id); show("sessions"); },
+      onopen: () => { setSession(s.session_id); show("sessions"); },
     },
     el("td", { class: "clip", title: s.session_id }, el("b", { text: s.session_id })),
     clipCell(s.agents.join(", ")), clipCell(s.tasks.join(", ")),
@@ -245,7 +258,7 @@
         el("tr", {}, [["id", "w-id"], ["kind · agent / tool", "w-kind"], ["tier", "w-tier"], ["value", "w-num"], ["tokens", "w-num wide-only"],
           ["ctx / cited", "w-num wide-only"], ["content", "w-content"]].map(([h, c]) => el("th", { class: c, text: h }))),
         data.items.map((m) => { const kind = m.kind + (m.state ? ` (${m.state})` : ""), who = [m.agent_id, m.tool_name].filter(Boolean).join(" / ") || "–";
-          return el("tr", { class: "clickable memory-row" + (m.id === state.selected ? " selected" : ""), "data-id": m.id, onclick: () => inspect(m.id) },
+          return el("tr", { class: "clickable memory-row" + (m.id === state.selected ? " selected" : ""), "data-id": m.id, onopen: () => inspect(m.id) },
             el("td", {}, el("code", { text: m.short_id })),
             el("td", { class: "clip", title: `${kind} · ${who}` }, el("div", { class: "clip kind", text: kind }), el("div", { class: "clip muted small", text: who })),
             el("td", {}, tierPill(m.tier), m.pinned ? [" ", el("span", { class: "pill pinned", text: "pinned" })] : null, m.status !== "active" ? [" ", el("span", { class: "muted", text: m.status })] : null),
@@ -272,6 +285,9 @@
     content.focus();
   }
 
+  // the moves table lists the latest few: say so where there are more
+  const movesHeading = (shown, total) => (shown < total ? `Tier moves: the latest ${shown} of ${total}` : `Tier moves (${total})`);
+
   async function viewTimeline(main) {
     const data = await api("timeline" + qs(Object.assign(filterParams(), { buckets: 80, limit: 40, axis: state.axis })));
     const chart = el("div", { id: "timeline-chart" });
@@ -284,10 +300,10 @@
       el("div", { class: "toolbar" }, axis,
         el("span", { class: "muted", text: "Memories in each tier (stacked), replayed from the add and move events." })),
       el("div", { class: "card" }, chart),
-      el("h3", { text: `Latest tier moves (${data.total_moves || 0})` }),
+      el("h3", { id: "moves-heading", text: movesHeading((data.moves || []).length, data.total_moves || 0) }),
       el("div", { class: "card" }, el("table", { id: "moves-table" },
         el("tr", {}, ["when", "memory", "move", "reason", "value after", "content"].map((h) => el("th", { text: h }))),
-        (data.moves || []).map((m) => el("tr", { class: "clickable", "data-id": m.id, onclick: () => inspect(m.id) },
+        (data.moves || []).map((m) => el("tr", { class: "clickable", "data-id": m.id, onopen: () => inspect(m.id) },
           el("td", { text: when(m.at) }), el("td", {}, el("code", { text: m.short_id })),
           el("td", {}, m.from ? tierPill(m.from) : "", m.to ? [" → ", tierPill(m.to)] : ` ${m.kind}`),
           el("td", { text: m.reason }), el("td", { text: m.value === null ? "" : num(m.value, 2) }), el("td", { text: m.preview }))))));
@@ -334,7 +350,7 @@
         exportButtons("contexts", exportAs, "the context builds of this selection (JSONL: with manifest and output)")),
       el("table", { id: "contexts-table", class: "fit" },
         el("tr", {}, [["#", "w-num"], ["query", ""], ["tokens", "w-tokens"], ["cited", "w-num"]].map(([h, c]) => el("th", { class: c, text: h }))),
-        items.map((b) => el("tr", { class: "clickable context-row" + (b.seq === state.context ? " selected" : ""), "data-seq": b.seq, onclick: () => onPick(b.seq) },
+        items.map((b) => el("tr", { class: "clickable context-row" + (b.seq === state.context ? " selected" : ""), "data-seq": b.seq, onopen: () => onPick(b.seq) },
           el("td", { text: b.seq }), el("td", { class: "clip", title: b.query, text: b.query || "(no query)" }),
           el("td", { text: `${b.tokens}/${b.budget}` }), el("td", { text: b.has_output ? `${b.cited}/${b.lines}` : "–" })))),
       pager(data, (o) => { state.ctxOffset = o; contextList(box, onPick, onlyOutputs); }));
@@ -370,8 +386,8 @@
         fill(diffBox, el("div", { class: "card" },
           el("h3", { text: `Build #${d.a.seq} → #${d.b.seq}: ${d.a.tokens} → ${d.b.tokens} tokens, ${d.kept} lines kept` }),
           el("div", { class: "kv" },
-            el("div", { text: `in (${d.lines_in.length})` }), el("div", { id: "diff-in" }, d.lines_in.map((l) => el("div", { class: "diff-add clickable", onclick: () => inspect(l.id) }, `+ ${l.short_id} ${l.section} · ${l.preview}`))),
-            el("div", { text: `out (${d.lines_out.length})` }), el("div", { id: "diff-out" }, d.lines_out.map((l) => el("div", { class: "diff-del clickable", onclick: () => inspect(l.id) }, `− ${l.short_id} ${l.section} · ${l.preview}`)))),
+            el("div", { text: `in (${d.lines_in.length})` }), el("div", { id: "diff-in" }, d.lines_in.map((l) => el("div", { class: "diff-add clickable", onopen: () => inspect(l.id) }, `+ ${l.short_id} ${l.section} · ${l.preview}`))),
+            el("div", { text: `out (${d.lines_out.length})` }), el("div", { id: "diff-out" }, d.lines_out.map((l) => el("div", { class: "diff-del clickable", onopen: () => inspect(l.id) }, `− ${l.short_id} ${l.section} · ${l.preview}`)))),
           el("div", { class: "toolbar" }, el("h3", { text: "Prompt text diff" }),
             el("span", { class: "muted", id: "prompt-diff-size", text: `${d.text_diff.length} lines` }),
             el("button", { id: "prompt-diff-expand", text: "show all", title: "show the whole diff here, without the box's scroll", onclick: (e) => {
@@ -396,7 +412,7 @@
         el("table", { id: "context-lines", class: "fit" },
           el("tr", {}, [["line", "w-id"], ["section", "w-tier"], ["tier then", "w-tier"], ["value then", "w-num"], ["score", "w-num wide-only"],
             ["tokens", "w-num wide-only"], ["cited", "w-num"], ["reason", "w-reason wide-only"], ["content", "w-content"]].map(([h, k]) => el("th", { class: k, text: h }))),
-          c.lines.map((l) => el("tr", { class: "clickable", "data-id": l.id, onclick: () => inspect(l.id) },
+          c.lines.map((l) => el("tr", { class: "clickable", "data-id": l.id, onopen: () => inspect(l.id) },
             el("td", {}, el("code", { text: l.short_id })), el("td", {}, secPill(l.section)), el("td", {}, tierPill(l.tier)),
             el("td", { text: num(l.value, 2) }), el("td", { class: "wide-only", text: num(l.score, 2) }), el("td", { class: "wide-only", text: l.tokens }),
             el("td", { class: l.cited ? "cited-yes" : "cited-no", text: l.cited === null ? "–" : l.cited ? "cited" : "no" }),
@@ -459,7 +475,7 @@
     const none = rows.length ? null : el("tr", {}, el("td", { colspan: 7, class: "muted", text: "None yet: no context build has included it." }));
     fill(box, el("div", { class: "card" }, el("h3", { text: `Contexts that memory ${name} entered (${shown})` }),
       el("table", { id: "reverse-table" }, el("tr", {}, ["#", "when", "query", "section", "tier then", "value then", "cited"].map((h) => el("th", { text: h }))),
-        rows.map((r) => el("tr", { class: "clickable", onclick: () => { state.context = r.seq; show("influence"); } },
+        rows.map((r) => el("tr", { class: "clickable", onopen: () => { state.context = r.seq; show("influence"); } },
           el("td", { text: r.seq }), el("td", { text: when(r.at) }), el("td", { text: r.query.slice(0, 50) }), el("td", {}, secPill(r.section)),
           el("td", {}, tierPill(r.tier)), el("td", { text: num(r.value, 2) }),
           el("td", { class: r.cited ? "cited-yes" : "cited-no", text: r.cited === null ? "–" : r.cited ? "cited" : "no" }))), none)));
@@ -508,7 +524,7 @@
             el("td", { text: num(e.target, 2) }), el("td", { text: Object.entries(e.delta || {}).map(([k, v]) => `${k} ${v > 0 ? "+" : ""}${v.toFixed(4)}`).join(", ") }))))),
       el("div", { class: "card" }, el("h3", { text: `Manual actions (${manual.total})` }),
         el("table", { id: "manual-table" }, el("tr", {}, ["#", "when", "action", "by", "memory", "value before → after"].map((h) => el("th", { text: h }))),
-          manual.items.map((a) => el("tr", { class: "clickable", onclick: () => inspect(a.memory_id) }, el("td", { text: a.seq }), el("td", { text: when(a.at) }),
+          manual.items.map((a) => el("tr", { class: "clickable", onopen: () => inspect(a.memory_id) }, el("td", { text: a.seq }), el("td", { text: when(a.at) }),
             el("td", { text: a.action }), el("td", { text: a.by }), el("td", {}, el("code", { text: (a.memory_id || "").replace(/-/g, "").slice(-8) })),
             el("td", { text: `${num(a.before.value, 2)} → ${num(a.after.value, 2)}` }))))));
     C.lineChart(tokens, m.context_tokens.series.map((s) => ({ y: s.tokens, y2: s.budget, label: `#${s.seq}: ${s.tokens}/${s.budget}` })), { xlabel: "builds, oldest → newest", fmt: (v) => String(Math.round(v)) });
@@ -621,7 +637,7 @@
     fill(box, el("h3", { text: `Revisions (${r.revisions.length})` }),
       // each revision's diff on a row of its own, the panel's full width (a third column left it ~75 px)
       el("table", { id: "revisions-table" }, r.revisions.slice().reverse().flatMap((v) => [
-        el("tr", { class: "clickable", onclick: () => inspect(v.id) },
+        el("tr", { class: "clickable", onopen: () => inspect(v.id) },
           el("td", {}, el("code", { text: v.short_id })), el("td", { text: `${v.status} · ${when(v.created_at)}` })),
         el("tr", { class: "revision-diff" }, el("td", { colspan: 2 }, v.diff.length ? el("pre", { class: "diff" }, v.diff.slice(2).map((line) =>
           el("div", { class: line.startsWith("+") ? "diff-add" : line.startsWith("-") ? "diff-del" : "muted", text: line }))) : el("span", { class: "muted", text: "first version" })))])));
@@ -747,7 +763,7 @@
       el("h3", { text: "Why this value" }), formula(d.formula),
       el("h3", { text: "Value over time" }), spark,
       el("h3", { text: `Contexts it entered (${d.contexts.length})` }),
-      el("table", {}, d.contexts.slice(-8).reverse().map((c) => el("tr", { class: "clickable", onclick: () => { state.context = c.seq; show("contexts"); } },
+      el("table", {}, d.contexts.slice(-8).reverse().map((c) => el("tr", { class: "clickable", onopen: () => { state.context = c.seq; show("contexts"); } },
         el("td", { text: `#${c.seq}` }), el("td", {}, secPill(c.section)), el("td", { text: num(c.value, 2) }),
         el("td", { class: c.cited ? "cited-yes" : "cited-no", text: c.cited === null ? "" : c.cited ? "cited" : "" }), el("td", { text: c.query.slice(0, 40) })))),
       el("h3", { text: "Events" }),

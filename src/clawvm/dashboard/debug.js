@@ -130,7 +130,7 @@ window.MemLensViews = function (ML) {
         t.guidance.length ? t.guidance.map((g) => el("details", { class: "guidance" },
           el("summary", { text: `#${g.seq} ${g.agent_id}: “${g.task}” · ${g.tokens}/${g.budget} tokens · ${g.items.length} lines` }),
           el("table", { class: "guidance-items" }, el("tr", {}, ["section", "line", "sources", "adoption"].map((h) => el("th", { text: h }))),
-            g.items.map((i) => el("tr", { class: "clickable", onclick: () => ML.inspect(i.id) }, el("td", { text: i.section }), el("td", { text: i.line }),
+            g.items.map((i) => el("tr", { class: "clickable", onopen: () => ML.inspect(i.id) }, el("td", { text: i.section }), el("td", { text: i.line }),
               el("td", { class: "sources", text: (i.source_tasks || []).join(", ") || "–" }),
               el("td", { class: "adoption", title: "adopted / (adopted + rejected) by the agents that got this line", text: i.adoption_rate === null ? "–" : pct(i.adoption_rate) }))))))
           : el("p", { class: "muted", text: "No guidance built yet (Harness.guidance)." })));
