@@ -24,6 +24,7 @@ from bulk_events import context_build, demotions
 from clawvm import Harness, Memory
 from clawvm.dashboard import views
 from clawvm.demo.scenario import ReplayClock, load_scenario, open_demo
+from clawvm.observe.lens import Lens
 from clawvm.server import create_app
 from clawvm.server.settings import ServerSettings
 from clawvm.store import Event
@@ -196,6 +197,29 @@ def test_api_serves_every_view(small: tuple[TestClient, Harness, dict[str, str]]
     assert narrowed.status_code == 200
 
 
+def test_the_memories_without_a_session_are_a_selection_of_their_own(
+    small: tuple[TestClient, Harness, dict[str, str]],
+) -> None:
+    """The sessions list's "(none)" row opened every memory of the tenant: ``session=(none)`` keeps the
+    memories (and builds) recorded without a session, the key's tenant's only."""
+    client, h, keys = small
+    auth = _auth(keys["read-only"])
+    loose = h.record("a note that belongs to no session", kind="note")
+    h.context("a question asked outside any session", budget_tokens=100)
+    other = Harness.open(engine_of(h), embedder=None, tenant="acme")
+    try:
+        other.record("acme's own note without a session", kind="note")
+    finally:
+        other.close()
+    rows = client.get("/dashboard/api/sessions", headers=auth).json()["items"]
+    none = next(s for s in rows if s["session_id"] == views.NO_SESSION)
+    got = client.get("/dashboard/api/memories", params={"session": views.NO_SESSION}, headers=auth).json()
+    assert [m["id"] for m in got["items"]] == [loose.id] and got["total"] == none["memories"] == 1
+    builds = client.get("/dashboard/api/contexts", params={"session": views.NO_SESSION}, headers=auth).json()
+    assert builds["total"] == 1 and not builds["items"][0]["scope"].get("session_id")
+    assert client.get("/dashboard/api/contexts", headers=auth).json()["total"] == 2
+
+
 def test_every_list_takes_the_same_filters(small: tuple[TestClient, Harness, dict[str, str]]) -> None:
     client, h, keys = small
     auth = _auth(keys["read-only"])
@@ -232,6 +256,32 @@ def test_every_list_takes_the_same_filters(small: tuple[TestClient, Harness, dic
         "/dashboard/api/contexts/export", params={"q": "tessera", "format": "csv"}, headers=auth
     )
     assert builds.text.splitlines()[0].startswith("seq,") and len(builds.text.splitlines()) == 2
+
+
+def test_text_cut_for_a_list_ends_with_an_ellipsis(small: tuple[TestClient, Harness, dict[str, str]]) -> None:
+    """The tier moves, the teams' review queue and conflicts cut their text mid-word without a mark."""
+    from clawvm.dashboard import debug
+    from clawvm.observe.lens import clip
+
+    assert clip("short", 10) == "short" and clip("x" * 30, 10) == "x" * 9 + "…"
+    assert clip("alpha beta gamma delta", 15) == "alpha beta…"  # at a word, where one is near the end
+    client, h, keys = small
+    words = " ".join(f"word{n}" for n in range(80))  # 559 characters
+    long = h.record(words, kind="note", session_id="s1")
+    moved = client.post(
+        f"/dashboard/api/memories/{long.id}/tier", json={"tier": "long_term"}, headers=_auth(keys["agent"])
+    )
+    assert moved.status_code == 200, moved.text
+    auth = _auth(keys["read-only"])
+    moves = client.get("/dashboard/api/timeline", params={"limit": 40}, headers=auth).json()["moves"]
+    listed = client.get("/dashboard/api/memories", params={"q": "word0"}, headers=auth).json()["items"]
+    cut = [
+        next(m["preview"] for m in moves if m["id"] == long.id),
+        listed[0]["preview"],
+        debug._team_memory(h.get(long.id))["preview"],  # the review queue's, the knowledge's, a conflict's
+    ]
+    for text, limit in zip(cut, (100, 160, 200), strict=True):
+        assert text.endswith("…") and len(text) <= limit and words.startswith(text[:-1]), text
 
 
 def test_manual_actions_through_the_api(small: tuple[TestClient, Harness, dict[str, str]]) -> None:
@@ -1151,5 +1201,153 @@ def test_a_phone_wide_page_keeps_its_header_on_screen_and_its_tables_in_their_ca
     box = page.locator("#key-button").bounding_box()
     assert box is not None and box["x"] + box["width"] <= 390
     page.screenshot(path=str(ARTIFACTS / "dashboard-phone-sessions.png"), full_page=True)
+    assert problems == []
+    page.close()
+
+
+def test_the_manifest_keeps_its_content_column_and_the_bar_counts_the_warnings(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """With the inspector open at 1400 px, a 340 px build list beside the build left the manifest's
+    content column 0 px wide (one character a line, a page 11 times as tall); and the token bar left out
+    the tool-reliability warning lines, so it summed to less than the build's token count."""
+    base, h, keys = served
+    lens = Lens(h)
+    lens.refresh()
+    warned = [
+        b for b in lens.contexts.values() if b.by_section().get("warnings") and b.scope.get("session_id")
+    ]
+    assert warned, "the demo has a build with warning lines"
+    build = warned[-1]
+    got = httpx.get(
+        f"{base}/dashboard/api/contexts/{build.seq}", headers=_auth(keys["read-only"]), timeout=30
+    ).json()
+    assert got["by_section"]["warnings"] > 0 and sum(got["by_section"].values()) == got["tokens"]
+    for width in (1400, 1600):
+        fragment = f"#view=contexts&session={build.scope['session_id']}&build={build.seq}"
+        page, problems = _open(browser, base, keys["read-only"], fragment, width=width)
+        page.wait_for_selector("#context-lines tr.clickable")
+        sections = page.evaluate(
+            """() => Object.fromEntries([...document.querySelectorAll('#context-bar rect[data-section]')]
+                 .map((r) => [r.dataset.section, Number(r.getAttribute('width'))]))"""
+        )
+        assert sections["warnings"] > 0
+        shown = round(sum(w for s, w in sections.items() if s != "free") * got["budget"] / 900)
+        assert shown == got["tokens"], (sections, got["tokens"])
+        assert f"{got['tokens']} of {got['budget']} tokens" in page.inner_text("#context-bar")
+        before = page.evaluate("document.documentElement.scrollHeight")
+        page.locator("#context-lines tr.clickable").first.click()
+        page.wait_for_selector('#inspector[data-ready="1"]')
+        after = page.evaluate("document.documentElement.scrollHeight")
+        assert after < 3 * before, (width, before, after)
+        cells = page.evaluate(
+            "[...document.querySelectorAll('#context-lines td.content-cell')].map((td) => td.offsetWidth)"
+        )
+        assert cells and min(cells) >= 200, (width, cells)
+        assert page.locator("#context-lines th.wide-only").first.is_hidden()  # as docs/memlens.md says
+        page.screenshot(path=str(ARTIFACTS / f"dashboard-manifest-inspector-{width}.png"), full_page=True)
+        assert problems == []
+        page.close()
+
+
+def test_the_none_session_row_lists_the_memories_without_a_session(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """Clicking the "(none)" row showed every memory ("Memories (all sessions)")."""
+    base, h, keys = served
+    page, problems = _open(browser, base, keys["read-only"], "#view=sessions&s.q=none")
+    row = page.locator('tr.session-row[data-session="(none)"]')
+    count = int(row.locator("td").nth(3).inner_text())
+    row.click()
+    page.wait_for_selector('#memories-heading:text("Memories without a session")')
+    _wait_view(page, "sessions")
+    assert f"{count} match" in page.inner_text("#memories")
+    assert "session=%28none%29" in page.evaluate("location.hash")
+    assert page.eval_on_selector("#session", "(s) => s.value") == "(none)"
+    ids = page.locator("#memories-table tr.memory-row").evaluate_all(
+        "(rows) => rows.map((r) => r.dataset.id)"
+    )
+    assert ids and all(h.get(i).session_id is None for i in ids)
+    for view, says in (("metrics", "no metrics of their own"), ("trace", "Pick a session")):
+        page.click(f'#tabs a[data-view="{view}"]')  # no "session not found": these need a real session
+        _wait_view(page, view)
+        assert says in page.inner_text("main")
+    assert problems == []
+    page.close()
+
+
+def test_the_inspector_closes_out_of_the_address_and_on_a_refused_key(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """Its ✕ left ``memory=`` in the address (a reload opened it again) and Escape did nothing; a wrong
+    key said "an API key is needed" and left the old key's inspector open, its Pin button live."""
+    base, _, keys = served
+    page, problems = _open(browser, base, keys["agent"], "#view=sessions&session=s1")
+    rows = page.locator("#memories-table tr.memory-row")
+    for close in ("click", "Escape"):
+        rows.first.click()
+        page.wait_for_selector('#inspector[data-ready="1"]')
+        assert "memory=" in page.evaluate("location.hash")
+        if close == "click":
+            page.click("#inspector-close")
+        else:
+            page.keyboard.press("Escape")
+        assert page.locator("#inspector").is_hidden()
+        assert "memory=" not in page.evaluate("location.hash")
+        assert page.locator("#memories-table tr.selected").count() == 0
+    page.reload()
+    _wait_view(page, "sessions")
+    assert page.locator("#inspector").is_hidden()
+
+    rows.first.click()
+    page.wait_for_selector("#pin-button, #unpin-button")
+    page.click("#key-button")
+    page.fill("#key", "cvm_not_a_key")
+    page.click("#key-save")
+    page.wait_for_selector('#status:has-text("refused")')
+    assert "401" in page.inner_text("#status")
+    _wait_view(page, "sessions")
+    assert page.locator("#inspector").is_hidden() and page.locator("#pin-button, #unpin-button").count() == 0
+    assert "memory=" not in page.evaluate("location.hash")
+    page.evaluate("localStorage.removeItem('clawvm_key')")
+    assert all("401" in p for p in problems), problems  # the refused requests, nothing else
+    page.close()
+
+
+def test_rows_that_open_something_take_the_focus_and_open_on_enter_or_space(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """Memory, build and session rows could not take the focus; the moves table said "Latest tier moves
+    (419)" over 40 rows."""
+    base, _, keys = served
+    page, problems = _open(browser, base, keys["read-only"], "#view=sessions")
+    session = page.locator("tr.session-row").nth(1)
+    name = session.get_attribute("data-session")
+    assert session.get_attribute("tabindex") == "0"
+    session.focus()
+    page.keyboard.press("Enter")
+    page.wait_for_selector(f'#memories-heading:text("Memories of {name}")')
+    _wait_view(page, "sessions")
+    memory = page.locator("#memories-table tr.memory-row").first
+    assert memory.get_attribute("tabindex") == "0"
+    memory.focus()
+    page.keyboard.press(" ")
+    page.wait_for_selector('#inspector[data-ready="1"]')
+    assert memory.get_attribute("data-id") in page.evaluate("location.hash")
+    assert page.evaluate("window.scrollY") == 0  # Space opened the row, it did not scroll the page
+
+    page.evaluate("location.hash = '#view=contexts&session=s5'")
+    _wait_view(page, "contexts")
+    build = page.locator("tr.context-row").nth(1)
+    build.focus()
+    page.keyboard.press("Enter")
+    page.wait_for_selector(f'tr.context-row.selected[data-seq="{build.get_attribute("data-seq")}"]')
+
+    page.evaluate("location.hash = '#view=timeline'")
+    _wait_view(page, "timeline")
+    shown = page.locator("#moves-table tr.clickable").count()
+    heading = page.inner_text("#moves-heading")
+    total = int(heading.rsplit(" ", 1)[-1])
+    assert shown == 40 < total and heading == f"Tier moves: the latest 40 of {total}", heading
     assert problems == []
     page.close()

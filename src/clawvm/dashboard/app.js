@@ -25,17 +25,34 @@
     ctxOffset: 0,
   };
   const PAGE = 25;
+  // the sessions list's row of the memories recorded without a session: a selection the memory lists and
+  // the builds take (the API's ``session=(none)``); a trace, a what-if or a session's metrics need a real one
+  const NO_SESSION = "(none)";
+  const realSession = () => (state.session === NO_SESSION ? "" : state.session);
   const $ = (sel) => document.querySelector(sel);
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
       if (k === "onclick" || k === "onchange" || k === "oninput" || k === "ontoggle") node.addEventListener(k.slice(2), v);
+      else if (k === "onopen") opens(node, v);
       else if (k === "text") node.textContent = v;
       else if (v !== null && v !== undefined && v !== false) node.setAttribute(k, v === true ? "" : v);
     }
     node.append(...nodes(children));
     return node;
+  }
+
+  // what every list row that opens something (a memory, a build, a session) uses: it takes the focus (Tab)
+  // and opens on a click, Enter or Space
+  function opens(node, open) {
+    node.tabIndex = 0;
+    node.addEventListener("click", open);
+    node.addEventListener("keydown", (e) => {
+      if (e.target !== node || (e.key !== "Enter" && e.key !== " ")) return;
+      e.preventDefault();  // Space scrolled the page
+      open(e);
+    });
   }
 
   // children as DOM nodes: nested arrays flattened, null/undefined/false dropped, text and numbers as text
@@ -69,9 +86,15 @@
       await new Promise((done) => setTimeout(done, wait * 1000));
       res = await fetch("api/" + path, Object.assign({}, opts || {}, { headers }));
     }
-    if (res.status === 401 || res.status === 403) {
+    if (res.status === 401) {
+      // no key, or one the server refused: what the inspector showed (and offered) was the old key's
       $("#keybar").hidden = false;
-      throw new ApiError(res.status === 401 ? "an API key is needed: enter one above" : "this key may not do that");
+      closeInspector();
+      throw new ApiError(state.key ? "the API key was refused (401): enter another above" : "an API key is needed: enter one above");
+    }
+    if (res.status === 403) {
+      $("#keybar").hidden = false;
+      throw new ApiError("this key may not do that");
     }
     const body = await res.json().catch(() => ({}));
     if (!res.ok) {  // the server's error schema: {"error": {"code", "message", "field", "fix"}}
@@ -163,7 +186,7 @@
     const data = await api("sessions" + qs(Object.assign(sf, { limit: 15, offset: state.sessOffset })));
     const rows = data.items.map((s) => el("tr", {
       class: "clickable session-row" + (s.session_id === state.session ? " selected" : ""), "data-session": s.session_id,
-      onclick: () => { setSession(s.session_id === "(none)" ? "" : s.session_id); show("sessions"); },
+      onopen: () => { setSession(s.session_id); show("sessions"); },
     },
     el("td", { class: "clip", title: s.session_id }, el("b", { text: s.session_id })),
     clipCell(s.agents.join(", ")), clipCell(s.tasks.join(", ")),
@@ -178,7 +201,8 @@
         el("tr", {}, heads.map(([h, c]) => el("th", { class: c, text: h }))),
         rows),
         pager(data, (o) => { state.sessOffset = o; show("sessions"); })),
-      el("h2", { text: state.session ? `Memories of ${state.session}` : "Memories (all sessions)" }),
+      el("h2", { id: "memories-heading", text: state.session === NO_SESSION ? "Memories without a session"
+        : state.session ? `Memories of ${state.session}` : "Memories (all sessions)" }),
       el("div", { id: "memories" }));
     await renderMemories($("#memories"));
   }
@@ -234,7 +258,7 @@
         el("tr", {}, [["id", "w-id"], ["kind · agent / tool", "w-kind"], ["tier", "w-tier"], ["value", "w-num"], ["tokens", "w-num wide-only"],
           ["ctx / cited", "w-num wide-only"], ["content", "w-content"]].map(([h, c]) => el("th", { class: c, text: h }))),
         data.items.map((m) => { const kind = m.kind + (m.state ? ` (${m.state})` : ""), who = [m.agent_id, m.tool_name].filter(Boolean).join(" / ") || "–";
-          return el("tr", { class: "clickable memory-row" + (m.id === state.selected ? " selected" : ""), "data-id": m.id, onclick: () => inspect(m.id) },
+          return el("tr", { class: "clickable memory-row" + (m.id === state.selected ? " selected" : ""), "data-id": m.id, onopen: () => inspect(m.id) },
             el("td", {}, el("code", { text: m.short_id })),
             el("td", { class: "clip", title: `${kind} · ${who}` }, el("div", { class: "clip kind", text: kind }), el("div", { class: "clip muted small", text: who })),
             el("td", {}, tierPill(m.tier), m.pinned ? [" ", el("span", { class: "pill pinned", text: "pinned" })] : null, m.status !== "active" ? [" ", el("span", { class: "muted", text: m.status })] : null),
@@ -246,11 +270,11 @@
   function newMemory(box) {
     const content = el("textarea", { id: "new-content", rows: 3, placeholder: "what the agent should remember…" });
     const kind = el("select", { id: "new-kind" }, FILTERS.kind.map((k) => el("option", { value: k, selected: k === "note" || null, text: k })));
-    const form = el("div", { class: "card", id: "new-memory-form" }, el("h3", { text: "New memory" + (state.session ? ` in ${state.session}` : "") }), content,
+    const form = el("div", { class: "card", id: "new-memory-form" }, el("h3", { text: "New memory" + (realSession() ? ` in ${realSession()}` : "") }), content,
       el("div", { class: "actions" }, kind,
         el("button", { id: "new-save", class: "primary", text: "Record", onclick: async () => {
           try {
-            const r = await post("memories", { content: content.value, kind: kind.value, session_id: state.session || null });
+            const r = await post("memories", { content: content.value, kind: kind.value, session_id: realSession() || null });
             toast(`recorded ${r.id.replace(/-/g, "").slice(-8)}`);
             await renderMemories(box);
             await inspect(r.id);
@@ -260,6 +284,9 @@
     box.prepend(form);
     content.focus();
   }
+
+  // the moves table lists the latest few: say so where there are more
+  const movesHeading = (shown, total) => (shown < total ? `Tier moves: the latest ${shown} of ${total}` : `Tier moves (${total})`);
 
   async function viewTimeline(main) {
     const data = await api("timeline" + qs(Object.assign(filterParams(), { buckets: 80, limit: 40, axis: state.axis })));
@@ -273,10 +300,10 @@
       el("div", { class: "toolbar" }, axis,
         el("span", { class: "muted", text: "Memories in each tier (stacked), replayed from the add and move events." })),
       el("div", { class: "card" }, chart),
-      el("h3", { text: `Latest tier moves (${data.total_moves || 0})` }),
+      el("h3", { id: "moves-heading", text: movesHeading((data.moves || []).length, data.total_moves || 0) }),
       el("div", { class: "card" }, el("table", { id: "moves-table" },
         el("tr", {}, ["when", "memory", "move", "reason", "value after", "content"].map((h) => el("th", { text: h }))),
-        (data.moves || []).map((m) => el("tr", { class: "clickable", "data-id": m.id, onclick: () => inspect(m.id) },
+        (data.moves || []).map((m) => el("tr", { class: "clickable", "data-id": m.id, onopen: () => inspect(m.id) },
           el("td", { text: when(m.at) }), el("td", {}, el("code", { text: m.short_id })),
           el("td", {}, m.from ? tierPill(m.from) : "", m.to ? [" → ", tierPill(m.to)] : ` ${m.kind}`),
           el("td", { text: m.reason }), el("td", { text: m.value === null ? "" : num(m.value, 2) }), el("td", { text: m.preview }))))));
@@ -323,7 +350,7 @@
         exportButtons("contexts", exportAs, "the context builds of this selection (JSONL: with manifest and output)")),
       el("table", { id: "contexts-table", class: "fit" },
         el("tr", {}, [["#", "w-num"], ["query", ""], ["tokens", "w-tokens"], ["cited", "w-num"]].map(([h, c]) => el("th", { class: c, text: h }))),
-        items.map((b) => el("tr", { class: "clickable context-row" + (b.seq === state.context ? " selected" : ""), "data-seq": b.seq, onclick: () => onPick(b.seq) },
+        items.map((b) => el("tr", { class: "clickable context-row" + (b.seq === state.context ? " selected" : ""), "data-seq": b.seq, onopen: () => onPick(b.seq) },
           el("td", { text: b.seq }), el("td", { class: "clip", title: b.query, text: b.query || "(no query)" }),
           el("td", { text: `${b.tokens}/${b.budget}` }), el("td", { text: b.has_output ? `${b.cited}/${b.lines}` : "–" })))),
       pager(data, (o) => { state.ctxOffset = o; contextList(box, onPick, onlyOutputs); }));
@@ -359,8 +386,8 @@
         fill(diffBox, el("div", { class: "card" },
           el("h3", { text: `Build #${d.a.seq} → #${d.b.seq}: ${d.a.tokens} → ${d.b.tokens} tokens, ${d.kept} lines kept` }),
           el("div", { class: "kv" },
-            el("div", { text: `in (${d.lines_in.length})` }), el("div", { id: "diff-in" }, d.lines_in.map((l) => el("div", { class: "diff-add clickable", onclick: () => inspect(l.id) }, `+ ${l.short_id} ${l.section} · ${l.preview}`))),
-            el("div", { text: `out (${d.lines_out.length})` }), el("div", { id: "diff-out" }, d.lines_out.map((l) => el("div", { class: "diff-del clickable", onclick: () => inspect(l.id) }, `− ${l.short_id} ${l.section} · ${l.preview}`)))),
+            el("div", { text: `in (${d.lines_in.length})` }), el("div", { id: "diff-in" }, d.lines_in.map((l) => el("div", { class: "diff-add clickable", onopen: () => inspect(l.id) }, `+ ${l.short_id} ${l.section} · ${l.preview}`))),
+            el("div", { text: `out (${d.lines_out.length})` }), el("div", { id: "diff-out" }, d.lines_out.map((l) => el("div", { class: "diff-del clickable", onopen: () => inspect(l.id) }, `− ${l.short_id} ${l.section} · ${l.preview}`)))),
           el("div", { class: "toolbar" }, el("h3", { text: "Prompt text diff" }),
             el("span", { class: "muted", id: "prompt-diff-size", text: `${d.text_diff.length} lines` }),
             el("button", { id: "prompt-diff-expand", text: "show all", title: "show the whole diff here, without the box's scroll", onclick: (e) => {
@@ -384,16 +411,17 @@
         el("h3", { text: "Manifest" }),
         el("table", { id: "context-lines", class: "fit" },
           el("tr", {}, [["line", "w-id"], ["section", "w-tier"], ["tier then", "w-tier"], ["value then", "w-num"], ["score", "w-num wide-only"],
-            ["tokens", "w-num wide-only"], ["cited", "w-num"], ["reason", "w-reason wide-only"], ["content", ""]].map(([h, k]) => el("th", { class: k, text: h }))),
-          c.lines.map((l) => el("tr", { class: "clickable", "data-id": l.id, onclick: () => inspect(l.id) },
+            ["tokens", "w-num wide-only"], ["cited", "w-num"], ["reason", "w-reason wide-only"], ["content", "w-content"]].map(([h, k]) => el("th", { class: k, text: h }))),
+          c.lines.map((l) => el("tr", { class: "clickable", "data-id": l.id, onopen: () => inspect(l.id) },
             el("td", {}, el("code", { text: l.short_id })), el("td", {}, secPill(l.section)), el("td", {}, tierPill(l.tier)),
             el("td", { text: num(l.value, 2) }), el("td", { class: "wide-only", text: num(l.score, 2) }), el("td", { class: "wide-only", text: l.tokens }),
             el("td", { class: l.cited ? "cited-yes" : "cited-no", text: l.cited === null ? "–" : l.cited ? "cited" : "no" }),
-            el("td", { class: "wide-only", text: l.reason }), el("td", { class: "wrap-any", text: l.preview })))),
+            el("td", { class: "wide-only", text: l.reason }), el("td", { class: "wrap-any content-cell", text: l.preview })))),
         c.output ? [el("h3", { text: "Output" + (c.output.success === null ? "" : c.output.success ? " · task succeeded" : " · task failed") }),
           highlight(c.output.text, cited, "output-text")] : el("p", { class: "muted", text: "no output recorded for this build" })));
       const s = c.by_section;
-      C.stackedBar(bar, [{ name: "pinned", value: s.pinned || 0 }, { name: "working", value: s.working || 0 },
+      // the warning lines (unreliable tools) come first in the prompt and have no manifest line
+      C.stackedBar(bar, [{ name: "warnings", value: s.warnings || 0 }, { name: "pinned", value: s.pinned || 0 }, { name: "working", value: s.working || 0 },
         { name: "retrieved", value: s.retrieved || 0 }, { name: "free", value: Math.max(0, c.budget - c.tokens) }], c.budget);
       if (state.diffWith && state.diffWith !== seq) { compare.value = String(state.diffWith); await showDiff(state.diffWith, seq); }
     };
@@ -447,7 +475,7 @@
     const none = rows.length ? null : el("tr", {}, el("td", { colspan: 7, class: "muted", text: "None yet: no context build has included it." }));
     fill(box, el("div", { class: "card" }, el("h3", { text: `Contexts that memory ${name} entered (${shown})` }),
       el("table", { id: "reverse-table" }, el("tr", {}, ["#", "when", "query", "section", "tier then", "value then", "cited"].map((h) => el("th", { text: h }))),
-        rows.map((r) => el("tr", { class: "clickable", onclick: () => { state.context = r.seq; show("influence"); } },
+        rows.map((r) => el("tr", { class: "clickable", onopen: () => { state.context = r.seq; show("influence"); } },
           el("td", { text: r.seq }), el("td", { text: when(r.at) }), el("td", { text: r.query.slice(0, 50) }), el("td", {}, secPill(r.section)),
           el("td", {}, tierPill(r.tier)), el("td", { text: num(r.value, 2) }),
           el("td", { class: r.cited ? "cited-yes" : "cited-no", text: r.cited === null ? "–" : r.cited ? "cited" : "no" }))), none)));
@@ -462,11 +490,12 @@
   }
 
   async function viewMetrics(main) {
-    const [m, w, manual] = await Promise.all([api("metrics" + qs({ session: state.session })), api("weights"), api("manual?limit=20")]);
+    const [m, w, manual] = await Promise.all([api("metrics" + qs({ session: realSession() })), api("weights"), api("manual?limit=20")]);
     const tokens = el("div", { id: "tokens-chart" }), latency = el("div", { id: "latency-chart" });
     const tools = el("div", { id: "tools-chart" }), kinds = el("div", { id: "kinds-chart" }), weights = el("div", { id: "weights-chart" });
-    fill(main, el("h2", { text: "Metrics" + (state.session ? ` · ${state.session}` : " · all sessions") }),
-      state.session ? el("p", { class: "muted", text: "Counts, rates and context builds follow the session selector; recall latency, events by kind and tool reliability are the tenant's." }) : null,
+    fill(main, el("h2", { text: "Metrics" + (realSession() ? ` · ${realSession()}` : " · all sessions") }),
+      state.session === NO_SESSION ? el("p", { class: "muted", text: "Memories without a session have no metrics of their own: these are the tenant's." })
+        : state.session ? el("p", { class: "muted", text: "Counts, rates and context builds follow the session selector; recall latency, events by kind and tool reliability are the tenant's." }) : null,
       el("div", { class: "cards", id: "metric-cards" },
         metricCard("working-tier hit rate (recalls + builds)", pct(m.working_hit_rate), `${HIT_RATE_LIVE} (${m.needs} needs here). The what-if view's rate counts only the memories the recorded outputs cited, by the section of the replayed prompt they sat in, so the two differ.`, "metric-working-hit"),
         metricCard("recall p50 / p95 ms", `${num(m.retrieval_ms.p50)} / ${num(m.retrieval_ms.p95)}`, `Latency of tracked recalls, query embedding included (${m.retrieval_ms.n} recalls, tenant-wide).`),
@@ -495,7 +524,7 @@
             el("td", { text: num(e.target, 2) }), el("td", { text: Object.entries(e.delta || {}).map(([k, v]) => `${k} ${v > 0 ? "+" : ""}${v.toFixed(4)}`).join(", ") }))))),
       el("div", { class: "card" }, el("h3", { text: `Manual actions (${manual.total})` }),
         el("table", { id: "manual-table" }, el("tr", {}, ["#", "when", "action", "by", "memory", "value before → after"].map((h) => el("th", { text: h }))),
-          manual.items.map((a) => el("tr", { class: "clickable", onclick: () => inspect(a.memory_id) }, el("td", { text: a.seq }), el("td", { text: when(a.at) }),
+          manual.items.map((a) => el("tr", { class: "clickable", onopen: () => inspect(a.memory_id) }, el("td", { text: a.seq }), el("td", { text: when(a.at) }),
             el("td", { text: a.action }), el("td", { text: a.by }), el("td", {}, el("code", { text: (a.memory_id || "").replace(/-/g, "").slice(-8) })),
             el("td", { text: `${num(a.before.value, 2)} → ${num(a.after.value, 2)}` }))))));
     C.lineChart(tokens, m.context_tokens.series.map((s) => ({ y: s.tokens, y2: s.budget, label: `#${s.seq}: ${s.tokens}/${s.budget}` })), { xlabel: "builds, oldest → newest", fmt: (v) => String(Math.round(v)) });
@@ -608,13 +637,24 @@
     fill(box, el("h3", { text: `Revisions (${r.revisions.length})` }),
       // each revision's diff on a row of its own, the panel's full width (a third column left it ~75 px)
       el("table", { id: "revisions-table" }, r.revisions.slice().reverse().flatMap((v) => [
-        el("tr", { class: "clickable", onclick: () => inspect(v.id) },
+        el("tr", { class: "clickable", onopen: () => inspect(v.id) },
           el("td", {}, el("code", { text: v.short_id })), el("td", { text: `${v.status} · ${when(v.created_at)}` })),
         el("tr", { class: "revision-diff" }, el("td", { colspan: 2 }, v.diff.length ? el("pre", { class: "diff" }, v.diff.slice(2).map((line) =>
           el("div", { class: line.startsWith("+") ? "diff-add" : line.startsWith("-") ? "diff-del" : "muted", text: line }))) : el("span", { class: "muted", text: "first version" })))])));
   }
 
   // ---- inspector ----------------------------------------------------------------------------------
+  // closed by its ✕, by Escape, when its memory is forgotten or the key is refused: out of the address
+  // too, so a reload does not open it again
+  function closeInspector() {
+    const box = $("#inspector");
+    box.hidden = true;
+    fill(box);
+    state.selected = null;
+    document.querySelectorAll("[data-id].selected").forEach((n) => n.classList.remove("selected"));
+    writeHash();
+  }
+
   async function inspect(id) {
     if (!id) return;
     state.selected = id;
@@ -666,7 +706,7 @@
     const history = el("div", { id: "revisions" });
     fill(box, 
       el("div", { class: "toolbar" }, el("h2", { text: `Memory ${d.row.short_id}` }), el("span", { class: "spacer" }),
-        el("button", { onclick: () => { box.hidden = true; state.selected = null; }, text: "✕", title: "close" })),
+        el("button", { id: "inspector-close", onclick: closeInspector, text: "✕", title: "close (Esc)" })),
       el("div", { class: "kv", id: "inspector-fields" },
         el("div", { text: "kind / state" }), el("div", { text: `${m.kind}${m.state ? " / " + m.state : ""}` }),
         el("div", { text: "tier" }), el("div", {}, tierPill(m.tier), m.pinned ? [" ", el("span", { id: "pinned-flag", class: "pill pinned", text: "pinned" })] : null),
@@ -699,9 +739,7 @@
           el("button", { id: "tier-button", onclick: () => { draft.tier = null; act("tier", { tier: tier.value }, `moved to ${tier.value}`); }, text: m.tier === "archive" ? "Un-archive to tier" : "Move to tier" })] : null,
           el("button", { id: "forget-button", class: "danger", text: "Forget", onclick: () => {
             if (!window.confirm(`Forget memory ${d.row.short_id} for good?`)) return;
-            $("#inspector").hidden = true;  // first: a live refresh meanwhile must not ask for it again
-            state.selected = null;
-            writeHash();
+            closeInspector();  // first: a live refresh meanwhile must not ask for it again
             post(`memories/${id}/forget`, { expected_version: m.version }).then(() => {
               toast(`forgot ${d.row.short_id}`);
               return show(state.view);
@@ -725,7 +763,7 @@
       el("h3", { text: "Why this value" }), formula(d.formula),
       el("h3", { text: "Value over time" }), spark,
       el("h3", { text: `Contexts it entered (${d.contexts.length})` }),
-      el("table", {}, d.contexts.slice(-8).reverse().map((c) => el("tr", { class: "clickable", onclick: () => { state.context = c.seq; show("contexts"); } },
+      el("table", {}, d.contexts.slice(-8).reverse().map((c) => el("tr", { class: "clickable", onopen: () => { state.context = c.seq; show("contexts"); } },
         el("td", { text: `#${c.seq}` }), el("td", {}, secPill(c.section)), el("td", { text: num(c.value, 2) }),
         el("td", { class: c.cited ? "cited-yes" : "cited-no", text: c.cited === null ? "" : c.cited ? "cited" : "" }), el("td", { text: c.query.slice(0, 40) })))),
       el("h3", { text: "Events" }),
@@ -761,7 +799,8 @@
       const s = await api("sessions?limit=500");
       const sel = $("#session");
       fill(sel, el("option", { value: "", text: "all sessions" }),
-        s.items.filter((x) => x.session_id !== "(none)").map((x) => el("option", { value: x.session_id, text: `${x.session_id} (${x.memories})` })));
+        s.items.map((x) => el("option", { value: x.session_id,
+          text: x.session_id === NO_SESSION ? `no session (${x.memories})` : `${x.session_id} (${x.memories})` })));
       sel.value = state.session;
       return o;
     } catch (e) {
@@ -871,6 +910,10 @@
     readHash();
     $("#session").addEventListener("change", (e) => { setSession(e.target.value); show(state.view); });
     $("#refresh").addEventListener("click", () => { loadChrome(); show(state.view); if (state.selected) inspect(state.selected); });
+    document.addEventListener("keydown", (e) => {  // Escape closes the inspector (not while typing)
+      const typing = e.target.closest && e.target.closest("input, textarea, select");
+      if (e.key === "Escape" && !typing && !$("#inspector").hidden) closeInspector();
+    });
     $("#key-button").addEventListener("click", () => { $("#keybar").hidden = !$("#keybar").hidden; });
     $("#key").value = state.key;
     $("#keybar").addEventListener("submit", (e) => {
@@ -899,7 +942,7 @@
     if (selected) await inspect(selected);
   }
 
-  const ML = { state, show, inspect, api, post, qs, el, fill, toast, pct, num, when, tierPill, secPill, pager, canWrite,
+  const ML = { state, realSession, show, inspect, api, post, qs, el, fill, toast, pct, num, when, tierPill, secPill, pager, canWrite,
     setSession, writeHash, highlight, metricCard, filterBar, filterParams, download, saveText, toCsv, toJsonl, exportButtons, clipCell,
     HIT_RATE_REPLAY, Charts: C };
   Object.assign(VIEWS, window.MemLensViews ? window.MemLensViews(ML) : {});

@@ -5,7 +5,7 @@
 (function () {
   const NS = "http://www.w3.org/2000/svg";
   const TIER_COLORS = { working: "#d9480f", short_term: "#f59f00", long_term: "#1c7ed6", archive: "#868e96" };
-  const SECTION_COLORS = { pinned: "#7048e8", working: "#d9480f", retrieved: "#1c7ed6", free: "#e9ecef" };
+  const SECTION_COLORS = { warnings: "#c92a2a", pinned: "#7048e8", working: "#d9480f", retrieved: "#1c7ed6", free: "#e9ecef" };
   const EDGE_COLORS = { parent: "#495057", entity: "#74c0fc", caused_by: "#e03131", revises: "#f08c00",
     summarizes: "#2f9e44", derived_from: "#9c36b5", refers_to: "#1098ad" };
 

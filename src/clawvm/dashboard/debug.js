@@ -21,7 +21,7 @@ window.MemLensViews = function (ML) {
 
   // ---- run trace ------------------------------------------------------------------------------------------
   async function viewTrace(main) {
-    if (!state.session) return noSession(main, "Run trace");
+    if (!ML.realSession()) return noSession(main, "Run trace");
     const task = state.traceTask || "";
     const t = await api("trace" + qs(Object.assign(filterParams(), { task, limit: 200 })));
     const tasks = el("select", { id: "trace-task", onchange: (e) => { state.traceTask = e.target.value; ML.show("trace"); } },
@@ -130,7 +130,7 @@ window.MemLensViews = function (ML) {
         t.guidance.length ? t.guidance.map((g) => el("details", { class: "guidance" },
           el("summary", { text: `#${g.seq} ${g.agent_id}: “${g.task}” · ${g.tokens}/${g.budget} tokens · ${g.items.length} lines` }),
           el("table", { class: "guidance-items" }, el("tr", {}, ["section", "line", "sources", "adoption"].map((h) => el("th", { text: h }))),
-            g.items.map((i) => el("tr", { class: "clickable", onclick: () => ML.inspect(i.id) }, el("td", { text: i.section }), el("td", { text: i.line }),
+            g.items.map((i) => el("tr", { class: "clickable", onopen: () => ML.inspect(i.id) }, el("td", { text: i.section }), el("td", { text: i.line }),
               el("td", { class: "sources", text: (i.source_tasks || []).join(", ") || "–" }),
               el("td", { class: "adoption", title: "adopted / (adopted + rejected) by the agents that got this line", text: i.adoption_rate === null ? "–" : pct(i.adoption_rate) }))))))
           : el("p", { class: "muted", text: "No guidance built yet (Harness.guidance)." })));
@@ -139,7 +139,7 @@ window.MemLensViews = function (ML) {
   // ---- what-if replay -------------------------------------------------------------------------------------
   // The parameters live in state.whatif and in the URL (wi.*), so a link replays the same comparison.
   async function viewWhatIf(main) {
-    if (!state.session) return noSession(main, "What-if replay");
+    if (!ML.realSession()) return noSession(main, "What-if replay");
     const w = state.whatif;
     const input = (k, placeholder, size) => el("input", { id: `whatif-${k}`, placeholder, size: size || 8, value: w[k], onchange: (e) => { w[k] = e.target.value.trim(); ML.writeHash(); } });
     const result = el("div", { id: "whatif-result" });

@@ -18,7 +18,7 @@ from clawvm.core.errors import NotFoundError
 from clawvm.core.model import Filters, Kind, Memory, Status
 from clawvm.dashboard.views import RowFilter
 from clawvm.harness import Harness
-from clawvm.observe.lens import ContextBuild, Lens, Row
+from clawvm.observe.lens import ContextBuild, Lens, Row, clip
 from clawvm.replay import Policy, Reach, replay, variant
 from clawvm.store import Event
 from clawvm.teams import shared
@@ -172,7 +172,12 @@ def _tree(rows: list[Row], builds: list[ContextBuild]) -> list[_Step]:
         step = _Step("context", b.at, b.seq, _context_data(b))
         if b.output is not None:
             out = b.output
-            data = {"seq": out.seq, "cited": out.cited, "success": out.success, "preview": out.text[:160]}
+            data = {
+                "seq": out.seq,
+                "cited": out.cited,
+                "success": out.success,
+                "preview": clip(out.text, 160),
+            }
             step.children.append(_Step("output", out.at, out.seq, data))
         roots.append(step)
     return roots
@@ -344,7 +349,7 @@ def _team_memory(m: Memory) -> dict[str, Any]:
         "rejected": shared.adoption(m)[1],
         "source_tasks": list(source_tasks(m)),
         "tags": m.tags,
-        "preview": " ".join(m.content.split())[:200],
+        "preview": clip(" ".join(m.content.split()), 200),
     }
 
 

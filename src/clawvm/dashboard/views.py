@@ -21,7 +21,7 @@ from typing import Any, Literal
 from clawvm.core.entities import entities
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import Tier, counted
-from clawvm.observe.lens import ContextBuild, Lens, Move, Row
+from clawvm.observe.lens import ContextBuild, Lens, Move, Row, clip
 from clawvm.store import Event
 from clawvm.store.crypto import without_sealed
 from clawvm.vm.context import short_id
@@ -161,7 +161,10 @@ class RowFilter:
     def keeps_build(self, b: ContextBuild) -> bool:
         """Whether a context build passes the filters that apply to builds."""
         scope = b.scope
-        if self.session and scope.get("session_id") != self.session:
+        if self.session == NO_SESSION:
+            if scope.get("session_id"):
+                return False
+        elif self.session and scope.get("session_id") != self.session:
             return False
         if self.agent and scope.get("agent_id") != self.agent:
             return False
@@ -278,8 +281,7 @@ def memory_detail(lens: Lens, memory_id: str) -> dict[str, Any]:
         "explain": breakdown,
         "formula": value_formula(breakdown, floor, m.pinned),
         "events": [
-            {"seq": e.seq, "at": e.at.isoformat(), "kind": e.kind, "data": _brief(e.data)}
-            for e in events
+            {"seq": e.seq, "at": e.at.isoformat(), "kind": e.kind, "data": _brief(e.data)} for e in events
         ],
         "contexts": lens.contexts_of_as_is(memory_id)[-100:],
         "children": children,
@@ -445,7 +447,7 @@ def _move(lens: Lens, mv: Move) -> dict[str, Any]:
         "to": mv.to_tier,
         "reason": mv.reason,
         "value": mv.value_after,
-        "preview": row.preview[:100] if row else "(forgotten)",
+        "preview": clip(row.preview, 100) if row else "(forgotten)",
     }
 
 
@@ -498,7 +500,7 @@ def heatmap(
             "rows": [
                 {
                     "id": r.id,
-                    "label": f"{short_id(r.id)} {r.kind}: {r.preview[:60]}",
+                    "label": f"{short_id(r.id)} {r.kind}: {clip(r.preview, 60)}",
                     "values": _sampled(points[r.id], edges),
                 }
                 for r in page

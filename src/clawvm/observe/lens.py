@@ -89,6 +89,18 @@ GUIDANCE_KEPT = 20  # guidance builds the lens keeps (the dashboard's teams view
 
 
 # ---- the memory table -----------------------------------------------------------------------------------
+def clip(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters: whole, or cut at a word boundary where one is near the
+    end (else mid-word) and ended with "…", so a cut never reads as the whole text."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    if space >= (limit * 2) // 3:
+        cut = cut[:space]
+    return cut.rstrip() + "…"
+
+
 def _may_expire(r: Row) -> bool:
     """An active row with an expiry: shown expired once it passes (see :meth:`Lens._show_expired`)."""
     return r.expires_at is not None and r.status == Status.ACTIVE.value
@@ -151,7 +163,7 @@ class Row:
             access_count=m.access_count,
             injected=m.usage.injected,
             cited=m.usage.cited,
-            preview=text[:160],
+            preview=clip(text, 160),
             seconds=m.cost.seconds,
             cost_tokens=m.cost.tokens,
             money=m.cost.money,
@@ -190,7 +202,7 @@ class Row:
             access_count=int(d.get("access_count", 0)),
             injected=int(usage.get("injected", 0)),
             cited=int(usage.get("cited", 0)),
-            preview=text[:160],
+            preview=clip(text, 160),
             seconds=float(cost.get("seconds", 0.0)),
             cost_tokens=int(cost.get("tokens", 0)),
             money=float(cost.get("money", 0.0)),
@@ -245,9 +257,14 @@ class ContextBuild:
     output: Output | None = None
 
     def by_section(self) -> dict[str, int]:
+        """Tokens per section, as ``Context.by_section``: the manifest's lines, and the tool-reliability
+        warning lines at the top of the prompt (no manifest line: the rest of the build's tokens)."""
         out = {"pinned": 0, "working": 0, "retrieved": 0}
         for e in self.manifest:
             out[str(e["section"])] = out.get(str(e["section"]), 0) + int(e["tokens"])
+        warnings = self.tokens - sum(out.values())
+        if warnings > 0:
+            out["warnings"] = warnings
         return out
 
     def summary(self) -> dict[str, Any]:
