@@ -459,6 +459,37 @@ def test_a_body_sent_to_a_route_that_takes_none_is_refused(env: Env) -> None:
     )  # an empty object is none
 
 
+def test_a_list_pages_after_the_last_id_without_repeating_or_skipping(env: Env) -> None:
+    """Paging by created_before skipped memories made at one instant (an import's): 5 of 12 were seen."""
+    at = "2026-01-01T00:00:00Z"
+    made = [{"content": f"tie {i}", "session_id": "tie", "created_at": at} for i in range(12)]
+    assert env.client.post(
+        "/v1/memories/import", json={"memories": made}, headers=env.auth("admin")
+    ).is_success
+    seen: list[dict[str, Any]] = []
+    while True:
+        after = {"after": seen[-1]["id"]} if seen else {}
+        page = env.client.get(
+            "/v1/memories", params={"session_id": "tie", "limit": 5, **after}, headers=env.auth()
+        )
+        assert page.status_code == 200, page.text
+        seen += page.json()
+        # written between pages: newer than every page's position, so never in a later page
+        env.client.post(
+            "/v1/memories", json={"content": "a later one", "session_id": "tie"}, headers=env.auth()
+        )
+        if len(page.json()) < 5:
+            break
+    assert sorted(m["content"] for m in seen) == sorted(m["content"] for m in made)
+    gone = "01a00000-0000-7000-8000-000000000000"
+    assert_error(
+        env.client.get("/v1/memories", params={"after": gone}, headers=env.auth()), 404, field="after"
+    )
+    assert_error(
+        env.client.get("/v1/memories", params={"after": "x"}, headers=env.auth()), 422, field="after"
+    )
+
+
 def test_checkpoint_rollback_session_start_collapse_tick(env: Env) -> None:
     kept = env.record("deploy plan: roll out build 7", session_id="s1", task_id="t1", state="intermediate")
     cp = env.client.post("/v1/sessions/s1/checkpoints", json={"name": "before"}, headers=env.auth())

@@ -484,6 +484,7 @@ SDK_READS: dict[str, str] = {
     "now": "the harness's clock",
     "get": "one memory",
     "list": "memories by filters",
+    "list_page": "memories by filters, a keyset page",
     "count": "a count by filters",
     "checkpoints": "a session's checkpoint memories, listed",
     "events": "the event log",

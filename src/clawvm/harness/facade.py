@@ -84,7 +84,7 @@ from clawvm.recall.retrieval import (
     run_recall,
 )
 from clawvm.store import Event, Store, store_from_url
-from clawvm.store.base import ReadOnlyStore, StoreReader, check_vectors, while_open
+from clawvm.store.base import PageKey, ReadOnlyStore, StoreReader, check_vectors, while_open
 from clawvm.store.crypto import DataKeys
 from clawvm.store.kinds import EventKind
 from clawvm.store.tenant import TenantStore
@@ -691,6 +691,19 @@ class Harness:
         f = self.filters(filters)
         found = self._store.list(f, limit=counted("limit", limit, 0))
         return as_seen(found, instant_of(f) or self.now())  # the filter's instant: one reading of the clock
+
+    def list_page(
+        self, limit: int = 100, after: PageKey | None = None, **filters: Any
+    ) -> builtins.list[Memory]:
+        """The newest memories matching ``filters`` strictly after ``after`` (the :meth:`PageKey.of` the
+        last memory of the page before): a keyset page, so memories written between pages neither repeat
+        nor vanish, and memories created at one instant are neither (:meth:`list` orders those by row)."""
+        if after is not None and not isinstance(after, PageKey):
+            fix = "pass PageKey.of(the last memory of the page before)"
+            raise ValidationError("after", f"is {after!r}", fix)
+        f = self.filters(filters)
+        found = self._store.page(f, after, counted("limit", limit, 0), newest_first=True)
+        return as_seen(found, instant_of(f) or self.now())
 
     def count(self, **filters: Any) -> int:
         return self._store.count(self.filters(filters))

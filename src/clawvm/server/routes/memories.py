@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from clawvm.core.errors import ConflictError, StateConflictError
+from clawvm.core.errors import ConflictError, NotFoundError, StateConflictError
 from clawvm.core.model import Memory, moved_on
 from clawvm.harness import Harness
 from clawvm.server.auth import Admin, Reader, Writer
@@ -25,6 +25,7 @@ from clawvm.server.schemas.requests import (
 )
 from clawvm.server.schemas.responses import ImportOut, OriginalOut, ValueOut, shown
 from clawvm.server.service import service_of
+from clawvm.store.base import PageKey
 
 router = APIRouter(tags=["memories"])
 
@@ -69,8 +70,17 @@ def refuse_recorded_and_forgotten(harness: Harness, memory_id: str) -> None:
 
 @router.get("/memories", response_model=list[Memory])
 def list_memories(query: Annotated[ListQuery, Query()], caller: Reader) -> list[Memory]:
-    """The newest memories matching the filters (active ones unless ``status`` says otherwise)."""
-    return [shown(caller.principal, m) for m in caller.harness.list(limit=query.limit, **query.as_kwargs())]
+    """The newest memories matching the filters (active ones unless ``status`` says otherwise), a page of
+    ``limit``; ``after``, the id of the last memory of a page, asks for the next (a keyset position:
+    memories written between pages neither repeat nor are skipped; 404 when that memory is gone)."""
+    after = None
+    if query.after is not None:
+        try:
+            after = PageKey.of(caller.harness.get(query.after))
+        except NotFoundError:
+            raise NotFoundError("memory", query.after, field="after") from None
+    found = caller.harness.list_page(limit=query.limit, after=after, **query.as_kwargs())
+    return [shown(caller.principal, m) for m in found]
 
 
 @router.post("/memories/import", response_model=ImportOut)

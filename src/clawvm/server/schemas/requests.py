@@ -195,6 +195,9 @@ class ExportQuery(FilterSpec):
 
 class ListQuery(ExportQuery):
     limit: int = Field(default=100, ge=1, le=1000)
+    after: MemoryRef | None = Field(
+        default=None, description="the id of the last memory of the page before: the next page"
+    )
 
 
 class RecordRequest(RequestBody):
