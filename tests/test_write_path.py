@@ -779,14 +779,14 @@ REST_WRITES: dict[str, RestCase] = {
     "POST /v1/context": RestCase(
         lambda w: ("/v1/context", {"query": PLANTED, "session_id": SESSION}), ("context",)
     ),
-    "POST /v1/sessions/{session_id}/checkpoints": RestCase(
+    "POST /v1/sessions/{session_id:path}/checkpoints": RestCase(
         lambda w: (f"/v1/sessions/{SESSION}/checkpoints", {"name": SHORT_PLANTED}), ("checkpoint",)
     ),
     "POST /v1/checkpoints/{checkpoint_id}/rollback": RestCase(_rest_rollback, ("rollback",)),
-    "POST /v1/sessions/{session_id}/start": RestCase(
+    "POST /v1/sessions/{session_id:path}/start": RestCase(
         lambda w: ("/v1/sessions/s2/start", {"task": PLANTED}), ("preload",)
     ),
-    "POST /v1/tasks/{task_id}/collapse": RestCase(_rest_collapse, ("add", "collapse")),
+    "POST /v1/tasks/{task_id:path}/collapse": RestCase(_rest_collapse, ("add", "collapse")),
     "POST /v1/tick": RestCase(_rest_tick, ("refresh", "demote")),
     "POST /v1/keys": RestCase(
         lambda w: ("/v1/keys", {"role": "agent", "name": "ci"}), ("api_key_created",), "admin"
