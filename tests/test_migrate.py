@@ -51,7 +51,7 @@ def fill(store: Store) -> list[Memory]:
         Memory(content=f"filler memory number {i}", session_id="s2", created_at=T0 + timedelta(hours=i))
         for i in range(12)
     ]
-    store.put_many(ms)
+    store.put_many(ms, imported={m.id for m in ms})  # new at the versions they carry
     vecs = np.random.default_rng(3).standard_normal((len(ms) - 2, 384)).astype(np.float32)
     store.set_vectors([m.id for m in ms[2:]], vecs)
     store.append_events(

@@ -210,10 +210,17 @@ def test_stored_memory_is_isolated_from_the_callers_objects(engine: Store) -> No
 
 
 # ---- optimistic locking -------------------------------------------------------------------------------
-def test_a_new_id_keeps_the_version_it_carries(engine: Store) -> None:
-    # imports keep their versions: any version is accepted for an id that is not stored yet
+def test_a_new_id_keeps_the_version_it_carries_only_when_imported(engine: Store) -> None:
+    # imports keep their versions: any version is accepted for an id that is not stored yet, if the writer
+    # says it imports it; else a later version changes a memory that must be stored (one forgotten since
+    # its writer read it came back whole: a recall's bookkeeping racing a forget in another process)
     m = mem("imported at version five", version=5)
-    engine.put(m)
+    with pytest.raises(ConflictError) as gone:
+        engine.put(m)
+    assert gone.value.actual is None and engine.get_many([m.id]) == {}
+    with pytest.raises(ConflictError):
+        engine.write([m], None, [])
+    engine.put_many([m], imported={m.id})
     assert engine.get(m.id).version == 5
     with pytest.raises(ConflictError) as exc:
         engine.put(m.model_copy(update={"content": "stale"}))

@@ -113,7 +113,8 @@ def _write_new(
     sessions: frozenset[tuple[str, str]] = frozenset()
     if fresh:
         events = [Event(kind=EventKind.IMPORT, memory_id=m.id, tenant=m.tenant, at=h.now()) for m in fresh]
-        stored = h.writer.write(fresh, None, events, restored=as_exported)  # redacted like every write
+        # redacted like every write; new at the versions they carry
+        stored = h.writer.write(fresh, None, events, restored=as_exported, imported={m.id for m in fresh})
         sessions = frozenset((m.tenant, m.session_id) for m in stored if m.session_id is not None)
         h.notify_embedder()
     differing = [m.id for m in memories if m.id in existing and _differs(h, existing[m.id], m)]

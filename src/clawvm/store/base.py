@@ -23,7 +23,7 @@ import builtins
 import json
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
@@ -332,6 +332,17 @@ def check_versions(batch: Sequence[Memory], stored: dict[str, int]) -> None:
             raise ConflictError(m.id, m.version - 1, current)
 
 
+def check_stored(batch: Sequence[Memory], stored: Mapping[str, int], imported: Collection[str]) -> None:
+    """A memory at a later version than 1 changes one that must still be stored: one forgotten since its
+    writer read it would otherwise be stored again, whole (a recall's bookkeeping, written in one process
+    just after another forgot the memory, brought it back). Only ``imported`` ids (an import or a
+    migration, which create memories at the version they carry) may be new at a later version."""
+    for m in batch:
+        if m.version > 1 and m.id not in stored and m.id not in imported:
+            gone = f"memory {m.id!r} is no longer stored: it was forgotten since it was read"
+            raise ConflictError(m.id, m.version - 1, None, gone)
+
+
 def check_removable(batch: Sequence[Memory], stored: Mapping[str, int]) -> None:
     """The optimistic-locking rule of a delete: a memory still stored must be at the version the caller
     read (a change that landed since is not deleted unseen); one no longer stored was deleted already."""
@@ -391,8 +402,10 @@ class Store(ABC):
         """Release resources. Idempotent."""
 
     @abstractmethod
-    def put_many(self, memories: Sequence[Memory]) -> None:
-        """Insert or replace memories atomically, with the optimistic version check."""
+    def put_many(self, memories: Sequence[Memory], *, imported: Collection[str] = ()) -> None:
+        """Insert or replace memories atomically, with the optimistic version check (:func:`check_versions`)
+        and the check that a memory past version 1 is still stored (:func:`check_stored`; ``imported`` ids
+        may be new at any version)."""
 
     @abstractmethod
     def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
@@ -529,16 +542,18 @@ class Store(ABC):
         memories: Sequence[Memory],
         vectors: np.ndarray | None = None,
         events: Sequence[Event] = (),
+        *,
+        imported: Collection[str] = (),
     ) -> None:
-        """``put_many`` + ``set_vectors`` (when given, one row for each of the first memories: see
-        :func:`leading_vectors`) + ``append_events`` as one step.
+        """``put_many`` (``imported`` as there) + ``set_vectors`` (when given, one row for each of the first
+        memories: see :func:`leading_vectors`) + ``append_events`` as one step.
 
         The record path writes all three for every memory; engines with transactions override this to
         commit once (a third of the commits). This default is correct for any engine, one call after the
         other: the version check of ``put_many`` still guards the whole step.
         """
         embedded = None if vectors is None else leading_vectors(memories, vectors, self.dim)
-        self.put_many(memories)
+        self.put_many(memories, imported=imported)
         if embedded is not None:
             self.set_vectors(*embedded)
         if events:

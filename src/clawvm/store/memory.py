@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from functools import lru_cache
 from typing import Any
@@ -26,6 +26,7 @@ from clawvm.store.base import (
     Unembedded,
     check_credential_version,
     check_import,
+    check_stored,
     check_vectors,
     check_versions,
     credential_json,
@@ -66,10 +67,11 @@ class MemoryStore(Store):
         assert self._index is not None
         return self._index
 
-    def put_many(self, memories: Sequence[Memory]) -> None:
+    def put_many(self, memories: Sequence[Memory], *, imported: Collection[str] = ()) -> None:
         with self._lock:
             stored = {m.id: self._memories[m.id].version for m in memories if m.id in self._memories}
             check_versions(memories, stored)
+            check_stored(memories, stored, imported)
             for m in memories:
                 old = self._memories.get(m.id)
                 if old is not None and old.content != m.content:

@@ -180,10 +180,11 @@ def migrate(
             found = source.vectors_of([m.id for m in memories])
             # the embedded memories first: Store.write takes vectors for its leading memories
             ordered = sorted(memories, key=lambda m: m.id not in found)
+            copies = {m.id for m in memories}  # new in the target at the versions they carry
             if found:
-                target.write(ordered, np.stack([found[m.id] for m in ordered[: len(found)]]))
+                target.write(ordered, np.stack([found[m.id] for m in ordered[: len(found)]]), imported=copies)
             else:
-                target.put_many(ordered)
+                target.put_many(ordered, imported=copies)
             copied += len(memories)
             vectors += len(found)
             if progress:

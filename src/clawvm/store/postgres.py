@@ -50,7 +50,7 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -85,6 +85,7 @@ from clawvm.store.base import (
     Unembedded,
     check_credential_version,
     check_removable,
+    check_stored,
     check_vectors,
     check_versions,
     credential_json,
@@ -347,18 +348,22 @@ class PostgresStore(Store):
         raise AssertionError("unreachable")
 
     # ---- writes -------------------------------------------------------------------------------------
-    def put_many(self, memories: Sequence[Memory]) -> None:
+    def put_many(self, memories: Sequence[Memory], *, imported: Collection[str] = ()) -> None:
         if not memories:
             return
         check_versions(memories, {})  # duplicate ids, before touching the database
         rows = [pgrows.prepare(m) for m in memories]
-        self._write("put", lambda conn: self._put(conn, rows))
+        self._write("put", lambda conn: self._put(conn, rows, imported=imported))
 
     def _put(
-        self, conn: psycopg.Connection[Any], rows: list[pgrows.MemoryRow], events: Sequence[Event] = ()
+        self,
+        conn: psycopg.Connection[Any],
+        rows: list[pgrows.MemoryRow],
+        events: Sequence[Event] = (),
+        imported: Collection[str] = (),
     ) -> list[tuple[int, int]]:
         """Write ``rows`` (and append ``events``, in the same round trip as the rows' statements); returns
-        the events' numbers as :meth:`PgEventLog.append` does."""
+        the events' numbers as :meth:`PgEventLog.append` does (``imported``: see :func:`check_stored`)."""
         ids = [r.memory.id for r in rows]
         tenants = sorted({esc(r.memory.tenant) or "" for r in rows})
         self.event_log.number_tenants(conn, events)  # before the pipeline: it waits
@@ -390,6 +395,7 @@ class PostgresStore(Store):
             for i, seq, v, th, ch, dl, sess, tenant, emb, a in found
         }
         check_versions([r.memory for r in rows], {i: s.version for i, s in stored.items()})
+        check_stored([r.memory for r in rows], {i: s.version for i, s in stored.items()}, imported)
         fresh = [r for r in rows if r.memory.id not in stored]
         updated = [r for r in rows if r.memory.id in stored]
         # the author names recall strips (Store.agents) change only with a new or re-assigned author: a
@@ -570,7 +576,12 @@ class PostgresStore(Store):
             cur.executemany(sql, args)
 
     def write(
-        self, memories: Sequence[Memory], vectors: np.ndarray | None = None, events: Sequence[Event] = ()
+        self,
+        memories: Sequence[Memory],
+        vectors: np.ndarray | None = None,
+        events: Sequence[Event] = (),
+        *,
+        imported: Collection[str] = (),
     ) -> None:
         """Memories, their vectors and their events in one transaction (one commit per record)."""
         if not memories:
@@ -584,7 +595,7 @@ class PostgresStore(Store):
             for r, v in zip(rows, normalize(vecs), strict=False):
                 r.vector = v
 
-        self._write("write", lambda conn: self._put(conn, rows, events))
+        self._write("write", lambda conn: self._put(conn, rows, events, imported))
 
     # ---- reads --------------------------------------------------------------------------------------
     def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:

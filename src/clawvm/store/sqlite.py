@@ -18,7 +18,7 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -42,6 +42,7 @@ from clawvm.store.base import (
     Unembedded,
     check_credential_version,
     check_removable,
+    check_stored,
     check_vectors,
     check_versions,
     credential_json,
@@ -521,17 +522,19 @@ class SQLiteStore(IndexSnapshots, Store):
                 ) from exc
 
     # ---- contract -----------------------------------------------------------------------------------
-    def put_many(self, memories: Sequence[Memory]) -> None:
+    def put_many(self, memories: Sequence[Memory], *, imported: Collection[str] = ()) -> None:
         if not memories:
             return
         with self._write("put") as (db, rev, _counted):
-            self._put_rows(db, rev, memories)
+            self._put_rows(db, rev, memories, imported=imported)
 
     def write(
         self,
         memories: Sequence[Memory],
         vectors: np.ndarray | None = None,
         events: Sequence[Event] = (),
+        *,
+        imported: Collection[str] = (),
     ) -> None:
         """One transaction for the memories, their vectors and their events (one commit per record)."""
         if not memories:
@@ -543,7 +546,7 @@ class SQLiteStore(IndexSnapshots, Store):
             ids, rows = leading_vectors(memories, vectors, self.dim)
             vectors_of = dict(zip(ids, normalize(rows), strict=True))
         with self._write("write", events) as (db, rev, counted):
-            self._put_rows(db, rev, memories, vectors_of)
+            self._put_rows(db, rev, memories, vectors_of, imported)
             sqlite_events.insert_events(db, events, counted)
 
     def _put_rows(
@@ -552,9 +555,11 @@ class SQLiteStore(IndexSnapshots, Store):
         rev: int,
         memories: Sequence[Memory],
         vectors: dict[str, np.ndarray] | None = None,
+        imported: Collection[str] = (),
     ) -> None:
-        """Upsert ``memories`` and their (unit) ``vectors``: a new memory's vector goes into its insert (one
-        row write, not an insert and then an update), an existing one's is set after. A memory's link rows
+        """Upsert ``memories`` and their (unit) ``vectors`` (``imported``: see :func:`check_stored`): a new
+        memory's vector goes into its insert (one row write, not an insert and then an update), an existing
+        one's is set after. A memory's link rows
         are rewritten only when its links changed (a tier move, the record path's common rewrite, keeps
         them).
 
@@ -567,6 +572,7 @@ class SQLiteStore(IndexSnapshots, Store):
         rest = [m for m in memories if m.id not in fresh]
         found = self._stored_states(db, [m.id for m in rest])
         check_versions(rest, {i: state.version for i, state in found.items()})
+        check_stored(rest, {i: state.version for i, state in found.items()}, imported)
         rewritten = {m.id for m in rest if m.id in found and found[m.id].content != m.content}
         with_vector = {i: v for i, v in vectors.items() if i not in found}
         for m in memories:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -110,22 +110,24 @@ class TenantStore(Store):
             raise AccessDeniedError("id", "is not available to this tenant", "let ClawVM choose the id")
 
     # ---- writes -------------------------------------------------------------------------------------
-    def put_many(self, memories: Sequence[Memory]) -> None:
+    def put_many(self, memories: Sequence[Memory], *, imported: Collection[str] = ()) -> None:
         with self.inner.write_lock:
             self._check_writable(memories)
-            self.inner.put_many(memories)
+            self.inner.put_many(memories, imported=imported)
 
     def write(
         self,
         memories: Sequence[Memory],
         vectors: np.ndarray | None = None,
         events: Sequence[Event] = (),
+        *,
+        imported: Collection[str] = (),
     ) -> None:
         self._check_tenants(memories)  # before the events: the memory's tenant is what the caller named
         self._check_events(events)
         with self.inner.write_lock:
             self._check_writable(memories)
-            self.inner.write(memories, vectors, events)
+            self.inner.write(memories, vectors, events, imported=imported)
 
     def delete_many(self, ids: Sequence[str]) -> int:
         with self.inner.write_lock:

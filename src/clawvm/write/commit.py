@@ -90,6 +90,7 @@ class Writer(Protocol):
         bookkeeping: bool = False,
         scrubbed_vectors: bool = False,
         restored: Collection[str] = (),
+        imported: Collection[str] = (),
     ) -> list[Memory]: ...
 
     def delete(self, memories: Sequence[Memory], events: Sequence[Event] = ()) -> int: ...
@@ -261,10 +262,12 @@ class CommitPath:
         bookkeeping: bool = False,
         scrubbed_vectors: bool = False,
         restored: Collection[str] = (),
+        imported: Collection[str] = (),
     ) -> list[Memory]:
-        """Store ``memories`` (new ones at any version, changed ones at stored version + 1), the vectors of
+        """Store ``memories`` (new ones at version 1, changed ones at stored version + 1), the vectors of
         the first ones (``vectors``: one row each, in order) and ``events``, atomically. Returns the
-        memories as stored. :class:`clawvm.ConflictError` when a version moved on: nothing is written.
+        memories as stored. :class:`clawvm.ConflictError` when a version moved on, or a memory past version
+        1 is no longer stored (forgotten since it was read: written, it came back): nothing is written.
 
         ``bookkeeping``: the harness's own changes (access counts, promotions, paging, value refreshes),
         which keep each memory's ``changed_version`` (the version a caller's ``expected_version`` must not
@@ -275,7 +278,9 @@ class CommitPath:
         of the raw text encodes the secret) and the embedder embeds what is stored.
 
         ``restored``: ids of memories a backup of this store gives back as they were; each keeps the
-        ``changed_version`` it was exported with (a caller's ``expected_version`` holds as it did)."""
+        ``changed_version`` it was exported with (a caller's ``expected_version`` holds as it did).
+
+        ``imported``: ids an import creates at the version it carries (new at any version)."""
         if not bookkeeping:
             self._open()
         elif vectors is None and any(_past_counts(m) for m in memories):
@@ -289,7 +294,7 @@ class CommitPath:
         rows = stored
         if not scrubbed_vectors:
             rows, vectors = _vectors_of_stored_text(memories, stored, vectors)
-        self._store.write(rows, vectors, [self._scrubbed(e) for e in events])
+        self._store.write(rows, vectors, [self._scrubbed(e) for e in events], imported=imported)
         self._notify(stored, ())
         return stored
 
