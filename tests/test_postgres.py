@@ -26,6 +26,7 @@ import pg_server
 from clawvm import ConflictError, Filters, Harness, Memory, StoreError, Tier
 from clawvm.core.errors import ConfigError, SchemaError
 from clawvm.store import Event, EventFeed, MemoryStore, Query, SQLiteStore, store_from_url
+from clawvm.store import postgres as postgres_engine
 from clawvm.store.postgres import PostgresStore
 from clawvm.store.postgres_schema import MIGRATIONS
 from clawvm.store.postgres_search import compile_filters, esc, unesc, untranslated_filter_fields
@@ -51,6 +52,28 @@ def open_store(stores: list[PostgresStore], url: str, **kw: Any) -> PostgresStor
     s.setup()
     stores.append(s)
     return s
+
+
+def test_pooled_connections_killed_on_the_server_are_replaced_not_failed(
+    url: str, opened: list[PostgresStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a database restart (or connections killed on the server) each idle pooled connection failed
+    one call: 8 of 12 calls after a restart."""
+    monkeypatch.setattr(postgres_engine, "IDLE_CHECK_S", 0.0, raising=False)  # every handout checks
+    store = open_store(opened, f"{url}&pool_size=4")
+    store.put_many([Memory(content=f"note {i}") for i in range(3)])
+    threads = [threading.Thread(target=lambda: [store.count(Filters()) for _ in range(20)]) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with psycopg.connect(pg_server.module_database_url(), autocommit=True) as admin:
+        killed = admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+    assert killed is not None and killed[0] >= 1
+    assert [store.count(Filters()) for _ in range(12)] == [3] * 12
 
 
 # ---- filters --------------------------------------------------------------------------------------------

@@ -107,6 +107,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _MIGRATION_LOCK = 0x636C6177  # advisory lock key for migrations ("claw"), database-wide
+#: Seconds a pooled connection may sit unused before it is checked as it is handed out (a restart of the
+#: database, or a connection killed on the server, leaves idle ones dead)
+IDLE_CHECK_S = 2.0
 
 _REPLICA_POLL_S = 0.002  # how often a read-your-writes search checks the replica's replay
 _AGENTS_TTL_S = 2.0  # how soon recall sees an agent another process added (Store.agents)
@@ -170,6 +173,7 @@ class PostgresStore(Store):
         self.params = params or BM25Params()
         self._search = Searcher(self.analyzer, self.params, dim)
         self._pool: psycopg_pool.ConnectionPool | None = None
+        self._last_used: dict[int, float] = {}  # id(connection) -> when it came back to the pool
         self._vector_info: TypeInfo | None = None
         self._listener: Listener | None = None
         # Store.agents per tenant set: (monotonic expiry, names); dropped on our own writes, so only other
@@ -217,10 +221,26 @@ class PostgresStore(Store):
                 "prepare_threshold": 5 if self.prepared else None,
             },
             configure=self._configure,
+            check=self._check_idle,
+            reset=self._returned,
             name=f"clawvm-{self.schema}",
         )
         pool.open(wait=True, timeout=30)
         return pool
+
+    def _returned(self, conn: psycopg.Connection[Any]) -> None:
+        """Pool callback as a connection comes back: when it was last used (see :meth:`_check_idle`)."""
+        if len(self._last_used) > 4 * self.pool_size:  # ids of connections closed since: checked anew
+            self._last_used.clear()
+        self._last_used[id(conn)] = time.monotonic()
+
+    def _check_idle(self, conn: psycopg.Connection[Any]) -> None:
+        """Pool callback as a connection is handed out: one idle for ``IDLE_CHECK_S`` is asked a no-op
+        first (a broken one raises, and the pool hands out a new one). After a database restart every
+        pooled connection was dead, and each failed one call (8 of 12 calls after a restart); a ping on
+        every call would cost a round trip each, so a connection in steady use goes unchecked."""
+        if time.monotonic() - self._last_used.get(id(conn), 0.0) > IDLE_CHECK_S:
+            psycopg_pool.ConnectionPool.check_connection(conn)
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         assert self._vector_info is not None
