@@ -124,10 +124,13 @@ def _translated(action: str) -> Iterator[None]:
         raise SchemaError(
             f"postgres {action} failed: {exc} (was the schema dropped under a running store?)"
         ) from exc
+    except psycopg_pool.PoolTimeout as exc:  # before psycopg.Error, which it is (it was never reached)
+        raise StoreError(
+            f"postgres {action} failed: no connection available ({exc}): every pooled connection is busy "
+            "or the database does not answer; raise pool_size in the URL, or check the database"
+        ) from exc
     except psycopg.Error as exc:
         raise StoreError(f"postgres {action} failed: {exc}") from exc
-    except psycopg_pool.PoolTimeout as exc:
-        raise StoreError(f"postgres {action} failed: no connection available ({exc})") from exc
 
 
 class PostgresStore(Store):

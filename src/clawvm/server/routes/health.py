@@ -12,8 +12,9 @@ router = APIRouter(tags=["health"], responses={503: ERROR_RESPONSES[503], 500: E
 
 
 @router.get("/healthz", response_model=Health)
-def healthz() -> Health:
-    """Liveness: the process answers."""
+async def healthz() -> Health:
+    """Liveness: the process answers (on the event loop, never queued behind the routes' worker threads:
+    while the store is down they all wait for it, and a liveness probe then restarted a healthy process)."""
     return Health(status="ok")
 
 
