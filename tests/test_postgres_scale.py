@@ -262,6 +262,33 @@ def test_a_replica_serves_searches_and_reads_our_writes_on_request(tmp_path: Pat
         store.close()
 
 
+def test_read_your_writes_falls_back_to_the_primary_when_the_replica_lags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It waited for the replica, then searched it anyway: the fresh write was silently missing."""
+    from clawvm.store import postgres as postgres_engine
+
+    monkeypatch.setattr(postgres_engine, "READ_YOUR_WRITES_WAIT_S", 0.3, raising=False)
+    primary = pg_server.store_url(tmp_path, "lagging")
+    replicated = f"{primary}&replica={quote(pg_server.replica_of(primary), safe='')}"
+    control = store_from_url(replicated, dim=DIM)  # its replica connection is the standby's, always
+    store = store_from_url(replicated + "&read_your_writes=1", dim=DIM)
+    assert isinstance(control, PostgresStore) and isinstance(store, PostgresStore)
+    control.setup()
+    store.setup()
+    with control._replica_conn("test") as standby:
+        standby.execute("SELECT pg_wal_replay_pause()")
+    try:
+        note = Memory(content="the kiwi shipment is late")
+        store.put(note)
+        assert [i for i, _ in store.query(Query(text="kiwi shipment")).lexical] == [note.id]
+    finally:
+        with control._replica_conn("test") as standby:
+            standby.execute("SELECT pg_wal_replay_resume()")
+        store.close()
+        control.close()
+
+
 def test_a_reader_waits_at_a_number_still_in_flight_instead_of_skipping_it(tmp_path: Path) -> None:
     """Appenders of different tenants share no lock: a later number may commit first. The reader of the
     log stops at the hole, waits for the appender that holds it, and then returns both, in order."""

@@ -110,6 +110,8 @@ _MIGRATION_LOCK = 0x636C6177  # advisory lock key for migrations ("claw"), datab
 #: Seconds a pooled connection may sit unused before it is checked as it is handed out (a restart of the
 #: database, or a connection killed on the server, leaves idle ones dead)
 IDLE_CHECK_S = 2.0
+#: How long a search with read_your_writes waits for the replica before the primary answers it
+READ_YOUR_WRITES_WAIT_S = 5.0
 
 _REPLICA_POLL_S = 0.002  # how often a read-your-writes search checks the replica's replay
 _AGENTS_TTL_S = 2.0  # how soon recall sees an agent another process added (Store.agents)
@@ -332,8 +334,12 @@ class PostgresStore(Store):
             with self._conn(action) as conn:
                 yield conn
             return
-        if self.read_your_writes:
-            self.wait_for_replica()
+        if self.read_your_writes and not self.wait_for_replica(READ_YOUR_WRITES_WAIT_S):
+            # the replica has not replayed our last write in time: the primary answers (the reader asked
+            # to see its writes, and a replica behind answered without them, silently)
+            with self._conn(action) as conn:
+                yield conn
+            return
         with _translated(action), pool.connection() as conn:
             yield conn
 
