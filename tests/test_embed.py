@@ -87,6 +87,44 @@ def test_a_stopped_worker_wakes_nothing_and_flush_embeds_in_the_callers_thread(
         assert set(h.store.vectors_of([memory.id])) == {memory.id}
 
 
+class _FailsOnce:
+    """A model whose first batch fails (the store it writes to was briefly down, say), then works."""
+
+    name = "fails-once"
+    dim = 384
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("connection reset")
+        return np.ones((len(texts), self.dim), dtype=np.float32) / 2
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.embed([text])[0]
+
+
+def test_a_failure_the_worker_has_recovered_from_is_not_raised_by_flush() -> None:
+    """flush() raised the first batch's failure though a later pass had embedded everything."""
+    model = _FailsOnce()
+    with Harness.open("memory://", embedder=None) as h:
+        worker = EmbedWorker(model, h.store.unembedded, h.writer.attach_vectors, poll_s=0.05)
+        worker.start()
+        try:
+            memory = h.record("recorded while the store was briefly down")
+            worker.notify()
+            deadline = time.monotonic() + 30
+            while not h.store.vectors_of([memory.id]) and time.monotonic() < deadline:
+                time.sleep(0.02)  # the worker retries on its own, polling
+            time.sleep(0.2)  # its pass ends
+            worker.flush(timeout=30)  # nothing to raise: the backlog is embedded
+            assert model.calls >= 2 and set(h.store.vectors_of([memory.id])) == {memory.id}
+        finally:
+            worker.stop()
+
+
 class SlowLookup:
     """Vectors after a model's time (2 ms): worth embedding beside the caller."""
 

@@ -390,6 +390,8 @@ class EmbedWorker:
                 self._dirty = False
             try:
                 self._embed_pending(until_stopped=True)
+                if not self._stopped:  # a pass drained the backlog: a failure before it is past (a store
+                    self._error = None  # briefly down failed one batch, and flush() raised it afterwards)
             except BaseException as exc:  # surfaced by flush(); the worker keeps serving later notifies
                 self._error = exc
                 time.sleep(0.05)
