@@ -287,7 +287,10 @@ def measure_record_floor(path: Path, count: int) -> dict[str, Any]:
     journal = os.open(path / "floor.journal", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
     def append(
-        memories: Sequence[Any], vectors: np.ndarray | None = None, events: Sequence[Any] = ()
+        memories: Sequence[Any],
+        vectors: np.ndarray | None = None,
+        events: Sequence[Any] = (),
+        **_options: Any,  # (``imported``: a journal keeps any version)
     ) -> None:
         parts = [m.to_json().encode() for m in memories]
         parts += [json.dumps([e.kind, e.memory_id, e.data, e.at.isoformat()]).encode() for e in events]
