@@ -1286,3 +1286,27 @@ def test_the_first_ticks_of_a_harness_bring_every_session_within_its_budgets(tmp
         after.tick()
         assert after.count(session_id="s", tier="working") <= 4
     crashed.close()
+
+
+def test_a_memory_forgotten_during_a_maintenance_pass_is_skipped_not_fatal() -> None:
+    """A forgotten memory's next version is refused (it no longer brings one back), and the pager's
+    steps raised NotFoundError: one forget between a pass's read and its write ended the whole tick()."""
+    now = [datetime(2030, 1, 1, tzinfo=UTC)]
+    pager = PagerConfig(background=False)
+    with Harness.open("memory://", embedder=None, pager=pager, clock=lambda: now[0]) as h:
+        first, second = (h.record(f"note {i} about the build farm", session_id="s") for i in range(2))
+        forgotten: list[str] = []
+
+        pair = {first.id: second.id, second.id: first.id}
+
+        def forget_the_other(written: Any, deleted: Any) -> None:  # another process, between two steps
+            moved_first = [m.id for m in written if m.id in pair]
+            if not forgotten and moved_first:
+                forgotten.append(pair[moved_first[0]])
+                h.forget(forgotten[0])
+
+        h.writer.on_commit(forget_the_other)
+        now[0] += timedelta(hours=3)  # the session is idle: its working tier is paged out
+        moved = h.pager.page_out_idle(h.tenant, "s", now[0])
+        assert len(moved) == 1 and forgotten == [pair[moved[0].id]]
+        assert h.get(moved[0].id).tier is Tier.SHORT_TERM and h.store.get_many(forgotten) == {}

@@ -108,7 +108,7 @@ from clawvm.vm.context import Context, Quotas
 from clawvm.vm.scoring import ValueBreakdown
 from clawvm.vm.scoring import explain as explain_value
 from clawvm.vm.sweep import Sweep
-from clawvm.vm.tiers import Pager, PagerConfig, one_pager_pass
+from clawvm.vm.tiers import Pager, PagerConfig, one_pager_pass, unless_forgotten
 from clawvm.vm.working import PagerThread, Turns, WorkingTiers
 from clawvm.write.commit import CommitPath, closed_harness, past_bookkeeping
 from clawvm.write.redaction import Redactor
@@ -854,11 +854,17 @@ class Harness:
         loaded = []
         for h in hits:
             if h.memory.tier is not Tier.WORKING:
-                loaded.append(
-                    self.pager.move(  # the harness's own paging, as a recall's promotion is
-                        h.memory, Tier.WORKING, f"preloaded for session {session_id}", now, bookkeeping=True
-                    )
+                # the harness's own paging, as a recall's promotion is (one forgotten meanwhile: skipped)
+                step = functools.partial(
+                    self.pager.move,
+                    h.memory,
+                    Tier.WORKING,
+                    f"preloaded for session {session_id}",
+                    now,
+                    bookkeeping=True,
                 )
+                if (done := unless_forgotten(step)) is not None:
+                    loaded.append(done)
         protect = frozenset(m.id for m in loaded)
         for sid in {m.session_id for m in loaded if m.session_id}:
             self.pager.enforce(self.tenant, sid, now, protect=protect)
@@ -979,8 +985,8 @@ class Harness:
         now = self.now()
         # archived steps leave the prompt: a pinned one is unpinned (pinned means working and active)
         archived = {"status": Status.ARCHIVED, "tier": Tier.ARCHIVE, "pinned": False}
-        for m in steps:
-            self.pager.mutate(m, lambda _m: archived, now)
+        for m in steps:  # a step forgotten meanwhile has nothing left to archive
+            unless_forgotten(functools.partial(self.pager.mutate, m, lambda _m: archived, now))
         self._event(EventKind.COLLAPSE, summary, {"task_id": task_id, "steps": [m.id for m in steps]})
         if summarized.fallback is not None:  # the LLM gave no usable summary: say why it is extractive
             kind = EventKind.SUMMARIZER_FALLBACK

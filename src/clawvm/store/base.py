@@ -6,8 +6,10 @@ into :mod:`clawvm.core.errors` at this boundary, do no I/O in their constructor 
 migrates), and are safe to call from several threads.
 
 Write semantics (optimistic locking): ``put_many`` stores a memory only if its ``version`` is exactly one
-more than the stored version (any version for an id not stored yet, so imports keep theirs). Otherwise
-nothing of the batch is written and :class:`ConflictError` is raised. Callers bump the version; the
+more than the stored version; an id not stored yet is new at version 1, or at any version when the caller
+names it ``imported`` (imports and migrations keep theirs: a later version of a missing id is otherwise a
+memory forgotten since its writer read it, not brought back). Otherwise nothing of the batch is written and
+:class:`ConflictError` is raised. Callers bump the version; the
 engine checks and writes atomically.
 
 Credentials (what authentication reads: an API key's hash, tenant, role and state) live in a small keyed
@@ -322,8 +324,7 @@ def check_import(events: Sequence[Event], newest: int | None) -> list[int]:
 
 def check_versions(batch: Sequence[Memory], stored: dict[str, int]) -> None:
     """The optimistic-locking rule, shared by engines: a memory whose id is stored must be exactly the
-    stored version + 1; a new id may carry any version (imports keep theirs); one batch may not hold the
-    same id twice."""
+    stored version + 1 (a new id: :func:`check_stored`); one batch may not hold the same id twice."""
     if len({m.id for m in batch}) != len(batch):
         raise ValidationError("memories", "the same id appears twice in one batch", "write each id once")
     for m in batch:
@@ -340,7 +341,9 @@ def check_stored(batch: Sequence[Memory], stored: Mapping[str, int], imported: C
     for m in batch:
         if m.version > 1 and m.id not in stored and m.id not in imported:
             gone = f"memory {m.id!r} is no longer stored: it was forgotten since it was read"
-            raise ConflictError(m.id, m.version - 1, None, gone)
+            raise ConflictError(
+                m.id, m.version - 1, None, gone, field="memory_id", fix="it is gone: read again"
+            )
 
 
 def check_removable(batch: Sequence[Memory], stored: Mapping[str, int]) -> None:
@@ -758,9 +761,7 @@ class ReadOnlyStore:
     ) -> builtins.list[Memory]:
         return self._open_store.page(filters, after, limit, newest_first)
 
-    def session_ids(
-        self, filters: Filters, after: str | None = None, limit: int = 500
-    ) -> builtins.list[str]:
+    def session_ids(self, filters: Filters, after: str | None = None, limit: int = 500) -> builtins.list[str]:
         return self._open_store.session_ids(filters, after, limit)
 
     def tag_names(

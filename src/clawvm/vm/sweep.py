@@ -29,7 +29,7 @@ from clawvm.core.model import Filters, Memory, Tier
 from clawvm.store import Event
 from clawvm.store.base import PageKey, StoreReader
 from clawvm.store.kinds import EventKind
-from clawvm.vm.tiers import Pager
+from clawvm.vm.tiers import Pager, unless_forgotten
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,8 @@ class Sweep:
         fresh = self.pager.value_now(m, now)
         if abs(fresh - m.value) <= 0.01:
             return None
-        self.pager.mutate(m, lambda _m: {}, now, bookkeeping=True)
+        if unless_forgotten(lambda: self.pager.mutate(m, lambda _m: {}, now, bookkeeping=True)) is None:
+            return None
         data = {"value_before": round(m.value, 4), "value_after": round(fresh, 4)}
         return Event(kind=EventKind.REFRESH, memory_id=m.id, data=data, tenant=m.tenant, at=now)
 

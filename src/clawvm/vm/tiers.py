@@ -451,9 +451,11 @@ class Pager:
             slack = working_slack if tier is Tier.WORKING else cfg.slack
             chosen = self._victims(members, items, tokens, slack, now, protect)
             if below is Tier.ARCHIVE:  # archive-bound moves may compress: one by one
-                moved.extend(
-                    self.move(v, below, f"{tier.value} over budget", now, bookkeeping=True) for v in chosen
-                )
+                reason = f"{tier.value} over budget"
+                for v in chosen:
+                    step = functools.partial(self.move, v, below, reason, now, bookkeeping=True)
+                    if (done := unless_forgotten(step)) is not None:
+                        moved.append(done)
             else:
                 moved.extend(self.move_many(chosen, below, f"{tier.value} over budget", now))
         return moved
@@ -523,11 +525,12 @@ class Pager:
             return self.writer.write(changed, None, events, bookkeeping=True)
         except ConflictError:  # each from its stored version, if it is still in the tier it was chosen from
             stored = self.store.get_many([m.id for m in memories])
-            return [
-                self.move(current, to, reason, now, bookkeeping=True)
+            steps = [
+                functools.partial(self.move, current, to, reason, now, bookkeeping=True)
                 for m in memories
                 if (current := stored.get(m.id)) is not None and current.tier is m.tier
             ]
+            return [done for step in steps if (done := unless_forgotten(step)) is not None]
 
     def page_out_idle(self, tenant: str, session_id: str, now: datetime) -> list[Memory]:
         """A session nobody touched for ``session_idle_hours`` gives its working tier back (pins stay)."""
@@ -538,7 +541,11 @@ class Pager:
         if (now - last).total_seconds() < self.config.session_idle_hours * 3600:
             return []
         idle = [m for m in members if not m.pinned]
-        return [self.move(m, Tier.SHORT_TERM, "session idle", now, bookkeeping=True) for m in idle]
+        steps = [
+            functools.partial(self.move, m, Tier.SHORT_TERM, "session idle", now, bookkeeping=True)
+            for m in idle
+        ]
+        return [done for step in steps if (done := unless_forgotten(step)) is not None]
 
     def warm(
         self,
@@ -648,7 +655,11 @@ class Pager:
         for m in self.due_to_expire(tenant, now, limit):
             if m.expires_at is not None and m.expires_at <= now:
                 reason = "ttl expired (its pin ends with it)" if m.pinned else "ttl expired"
-                gone = self.move(m, Tier.ARCHIVE, reason, now, status=Status.EXPIRED, pinned=False)
+                step = functools.partial(
+                    self.move, m, Tier.ARCHIVE, reason, now, status=Status.EXPIRED, pinned=False
+                )
+                if (gone := unless_forgotten(step)) is None:
+                    continue
                 self._expire_raw_copies(gone, now)
                 expired.append(gone)
         return expired
@@ -660,7 +671,9 @@ class Pager:
             return  # never compressed: no copy (and no read of its events)
         for raw in raw_copies(self.store, memory):
             if raw.status is Status.ARCHIVED:
-                self.mutate(raw, lambda _m: {"status": Status.EXPIRED}, now)
+                unless_forgotten(
+                    functools.partial(self.mutate, raw, lambda _m: {"status": Status.EXPIRED}, now)
+                )
 
     def due_to_expire(self, tenant: str, now: datetime, limit: int) -> list[Memory]:
         """Up to ``limit`` active memories of ``tenant`` whose ``expires_at`` is at or before ``now``, oldest
@@ -698,6 +711,20 @@ class Pager:
                 "would put the pinned memories of this session over the working-tier budget",
                 "unpin another memory first or raise TierBudgets.working_tokens / working_items",
             )
+
+
+def unless_forgotten(step: Callable[[], Memory]) -> Memory | None:
+    """``step()``, a maintenance step's change of one memory, or None when the memory was forgotten
+    meanwhile (by another caller or process): the step skips it, the rest of the pass goes on (the write
+    of a memory no longer stored is refused, as :func:`clawvm.store.base.check_stored` says)."""
+    try:
+        return step()
+    except NotFoundError:
+        return None
+    except ConflictError as exc:
+        if exc.actual is None:  # no longer stored
+            return None
+        raise
 
 
 def _move_event(
