@@ -459,7 +459,7 @@ def test_a_body_sent_to_a_route_that_takes_none_is_refused(env: Env) -> None:
     )  # an empty object is none
 
 
-def test_a_list_pages_after_the_last_id_without_repeating_or_skipping(env: Env) -> None:
+def test_a_list_pages_by_cursor_without_repeating_or_skipping(env: Env) -> None:
     """Paging by created_before skipped memories made at one instant (an import's): 5 of 12 were seen."""
     at = "2026-01-01T00:00:00Z"
     made = [{"content": f"tie {i}", "session_id": "tie", "created_at": at} for i in range(12)]
@@ -467,27 +467,30 @@ def test_a_list_pages_after_the_last_id_without_repeating_or_skipping(env: Env) 
         "/v1/memories/import", json={"memories": made}, headers=env.auth("admin")
     ).is_success
     seen: list[dict[str, Any]] = []
+    cursor: str | None = None
     while True:
-        after = {"after": seen[-1]["id"]} if seen else {}
+        after = {"after": cursor} if cursor else {}
         page = env.client.get(
             "/v1/memories", params={"session_id": "tie", "limit": 5, **after}, headers=env.auth()
         )
         assert page.status_code == 200, page.text
         seen += page.json()
-        # written between pages: newer than every page's position, so never in a later page
+        cursor = page.headers.get("X-Next-Cursor")
+        # written between pages: newer than every page's position, so never in a later page; and the
+        # page's last memory forgotten: its position still pages on
         env.client.post(
             "/v1/memories", json={"content": "a later one", "session_id": "tie"}, headers=env.auth()
         )
-        if len(page.json()) < 5:
+        if cursor is None:
             break
+        env.client.delete(f"/v1/memories/{seen[-1]['id']}", headers=env.auth())
     assert sorted(m["content"] for m in seen) == sorted(m["content"] for m in made)
-    gone = "01a00000-0000-7000-8000-000000000000"
-    assert_error(
-        env.client.get("/v1/memories", params={"after": gone}, headers=env.auth()), 404, field="after"
-    )
-    assert_error(
-        env.client.get("/v1/memories", params={"after": "x"}, headers=env.auth()), 422, field="after"
-    )
+    for bad in ("x", "12~nope", "01a00000-0000-7000-8000-000000000000"):
+        assert_error(
+            env.client.get("/v1/memories", params={"after": bad}, headers=env.auth()), 422, field="after"
+        )
+    far = "-99999999999999999~01a00000-0000-7000-8000-000000000000"  # before the calendar: an empty page
+    assert env.client.get("/v1/memories", params={"after": far}, headers=env.auth()).json() == []
 
 
 def test_checkpoint_rollback_session_start_collapse_tick(env: Env) -> None:

@@ -9,23 +9,24 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from clawvm.core.errors import ConflictError, NotFoundError, StateConflictError
+from clawvm.core.errors import ConflictError, StateConflictError
 from clawvm.core.model import Memory, moved_on
 from clawvm.harness import Harness
 from clawvm.server.auth import Admin, Reader, Writer
 from clawvm.server.idempotency import IdempotencyKey, keyed_id, once
 from clawvm.server.routes.params import ExpectedVersion, MemoryId
 from clawvm.server.schemas.requests import (
+    CURSOR_PATTERN,
     ExportQuery,
     FeedbackRequest,
     ImportRequest,
     ListQuery,
     RecordRequest,
     UpdateRequest,
+    cursor_of,
 )
 from clawvm.server.schemas.responses import ImportOut, OriginalOut, ValueOut, shown
 from clawvm.server.service import service_of
-from clawvm.store.base import PageKey
 
 router = APIRouter(tags=["memories"])
 
@@ -68,18 +69,28 @@ def refuse_recorded_and_forgotten(harness: Harness, memory_id: str) -> None:
     )
 
 
-@router.get("/memories", response_model=list[Memory])
-def list_memories(query: Annotated[ListQuery, Query()], caller: Reader) -> list[Memory]:
+@router.get(
+    "/memories",
+    response_model=list[Memory],
+    responses={
+        200: {
+            "headers": {
+                "X-Next-Cursor": {
+                    "description": "on a full page: pass it as after= for the next page",
+                    "schema": {"type": "string", "pattern": CURSOR_PATTERN},
+                }
+            }
+        }
+    },
+)
+def list_memories(query: Annotated[ListQuery, Query()], caller: Reader, response: Response) -> list[Memory]:
     """The newest memories matching the filters (active ones unless ``status`` says otherwise), a page of
-    ``limit``; ``after``, the id of the last memory of a page, asks for the next (a keyset position:
-    memories written between pages neither repeat nor are skipped; 404 when that memory is gone)."""
-    after = None
-    if query.after is not None:
-        try:
-            after = PageKey.of(caller.harness.get(query.after))
-        except NotFoundError:
-            raise NotFoundError("memory", query.after, field="after") from None
-    found = caller.harness.list_page(limit=query.limit, after=after, **query.as_kwargs())
+    ``limit``; a full page answers ``X-Next-Cursor``, which ``after`` takes for the next page (a keyset
+    position: memories written between pages neither repeat nor are skipped, and a memory forgotten since
+    does not break the paging)."""
+    found = caller.harness.list_page(limit=query.limit, after=query.position(), **query.as_kwargs())
+    if len(found) == query.limit:
+        response.headers["X-Next-Cursor"] = cursor_of(found[-1])
     return [shown(caller.principal, m) for m in found]
 
 

@@ -10,7 +10,7 @@ other rules (content size, ids of links, JSON metadata) stay in the library, whi
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI
@@ -47,6 +47,7 @@ from clawvm.core.model import (
     iso_datetime,
 )
 from clawvm.recall.retrieval import PRESETS
+from clawvm.store.base import PageKey
 from clawvm.store.keys import MAX_KEY_TTL_S, Role
 
 MAX_LINKS = 256
@@ -193,11 +194,35 @@ class ExportQuery(FilterSpec):
     model_config = ConfigDict(strict=False)
 
 
+#: A list page's position: the microseconds since the epoch of its last memory's creation, "~", its id
+#: (every string of this shape is a position: one of a memory forgotten since still pages on)
+CURSOR_PATTERN = r"^-?[0-9]{1,17}~" + ID_PATTERN.removeprefix("^")
+
+
 class ListQuery(ExportQuery):
     limit: int = Field(default=100, ge=1, le=1000)
-    after: MemoryRef | None = Field(
-        default=None, description="the id of the last memory of the page before: the next page"
+    after: Annotated[str, StringConstraints(pattern=CURSOR_PATTERN)] | None = Field(
+        default=None, description="the X-Next-Cursor of the page before: the next page"
     )
+
+    def position(self) -> PageKey | None:
+        """The keyset position ``after`` names (:func:`cursor_of` made it)."""
+        if self.after is None:
+            return None
+        micros, memory_id = self.after.split("~", 1)
+        try:
+            at = _EPOCH + timedelta(microseconds=int(micros))
+        except OverflowError:  # past the calendar's years: before (after) every memory
+            at = (datetime.min if micros.startswith("-") else datetime.max).replace(tzinfo=UTC)
+        return PageKey(at, memory_id)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def cursor_of(memory: Memory) -> str:
+    """The ``after`` of the page that follows the one ``memory`` ends."""
+    return f"{(memory.created_at - _EPOCH) // timedelta(microseconds=1)}~{memory.id}"
 
 
 class RecordRequest(RequestBody):
