@@ -914,6 +914,9 @@ def test_keeping_originals_needs_a_data_key(tmp_path: Path, monkeypatch: pytest.
 
 def test_health_and_readiness(env: Env) -> None:
     assert env.client.get("/healthz").json() == {"status": "ok", "checks": {}}
+    for probe in ("/healthz", "/readyz"):  # load balancers probe with HEAD: it was a 405
+        head = env.client.head(probe)
+        assert head.status_code == 200 and head.content == b""
     ready = env.client.get("/readyz").json()
     assert ready["status"] == "ready" and ready["checks"]["store"] == "ok"
 

@@ -11,14 +11,15 @@ from clawvm.server.service import service_of
 router = APIRouter(tags=["health"], responses={503: ERROR_RESPONSES[503], 500: ERROR_RESPONSES[500]})
 
 
-@router.get("/healthz", response_model=Health)
+# HEAD too: load balancers often probe with it (a 405 read as down)
+@router.api_route("/healthz", methods=["GET", "HEAD"], response_model=Health)
 async def healthz() -> Health:
     """Liveness: the process answers (on the event loop, never queued behind the routes' worker threads:
     while the store is down they all wait for it, and a liveness probe then restarted a healthy process)."""
     return Health(status="ok")
 
 
-@router.get("/readyz", response_model=Health)
+@router.api_route("/readyz", methods=["GET", "HEAD"], response_model=Health)
 def readyz(request: Request) -> Health:
     """Readiness: the store answers a read."""
     return Health(status="ready", checks=service_of(request).readiness())
