@@ -278,10 +278,16 @@ def test_read_your_writes_falls_back_to_the_primary_when_the_replica_lags(
     store.setup()
     with control._replica_conn("test") as standby:
         standby.execute("SELECT pg_wal_replay_pause()")
+    waits: list[float] = []
+    wait = store.wait_for_replica
+    store.wait_for_replica = lambda timeout_s=5.0: waits.append(timeout_s) or wait(timeout_s)  # type: ignore[method-assign]
     try:
         note = Memory(content="the kiwi shipment is late")
         store.put(note)
-        assert [i for i, _ in store.query(Query(text="kiwi shipment")).lexical] == [note.id]
+        for _ in range(3):
+            assert [i for i, _ in store.query(Query(text="kiwi shipment")).lexical] == [note.id]
+        # waited once for that write; the searches after it asked the replica without waiting again
+        assert waits[0] == 0.3 and set(waits[1:]) == {0.0}
     finally:
         with control._replica_conn("test") as standby:
             standby.execute("SELECT pg_wal_replay_resume()")

@@ -175,6 +175,7 @@ class PostgresStore(Store):
         self.prepared = parsed.prepared
         self._replica_pool: psycopg_pool.ConnectionPool | None = None
         self._written_lsn: str | None = None  # WAL position after this process's last write (replica only)
+        self._lagged_at: str | None = None  # the last write the replica failed to replay in time
         self.analyzer = analyzer or Analyzer()
         self.params = params or BM25Params()
         self._search = Searcher(self.analyzer, self.params, dim)
@@ -341,7 +342,7 @@ class PostgresStore(Store):
             with self._conn(action) as conn:
                 yield conn
             return
-        if self.read_your_writes and not self.wait_for_replica(READ_YOUR_WRITES_WAIT_S):
+        if self.read_your_writes and not self._replica_has_our_writes():
             # the replica has not replayed our last write in time: the primary answers (the reader asked
             # to see its writes, and a replica behind answered without them, silently)
             with self._conn(action) as conn:
@@ -349,6 +350,17 @@ class PostgresStore(Store):
             return
         with _translated(action), self._pooled(pool) as conn:
             yield conn
+
+    def _replica_has_our_writes(self) -> bool:
+        """Whether the replica has replayed this process's last write: waited for up to
+        ``READ_YOUR_WRITES_WAIT_S``, unless it already failed to reach that same write in time, in which
+        case it is asked once, without waiting (under a lasting lag every search waited the full time
+        before the primary answered it)."""
+        lagged = self._written_lsn is not None and self._written_lsn == self._lagged_at
+        if self.wait_for_replica(0.0 if lagged else READ_YOUR_WRITES_WAIT_S):
+            return True
+        self._lagged_at = self._written_lsn
+        return False
 
     def wait_for_replica(self, timeout_s: float = 5.0) -> bool:
         """Wait until the replica has replayed this process's last write (read-your-writes on request);
