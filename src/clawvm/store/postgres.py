@@ -442,8 +442,9 @@ class PostgresStore(Store):
             )
             for i, seq, v, th, ch, dl, sess, tenant, emb, a in found
         }
-        check_versions([r.memory for r in rows], {i: s.version for i, s in stored.items()})
-        check_stored([r.memory for r in rows], {i: s.version for i, s in stored.items()}, imported)
+        written, versions = [r.memory for r in rows], {i: s.version for i, s in stored.items()}
+        check_versions(written, versions)
+        check_stored(written, versions, imported)
         fresh = [r for r in rows if r.memory.id not in stored]
         updated = [r for r in rows if r.memory.id in stored]
         # the author names recall strips (Store.agents) change only with a new or re-assigned author: a

@@ -571,8 +571,9 @@ class SQLiteStore(IndexSnapshots, Store):
         fresh = {m.id for m in memories if m.version == 1 and self._insert_new(db, rev, m, vectors.get(m.id))}
         rest = [m for m in memories if m.id not in fresh]
         found = self._stored_states(db, [m.id for m in rest])
-        check_versions(rest, {i: state.version for i, state in found.items()})
-        check_stored(rest, {i: state.version for i, state in found.items()}, imported)
+        versions = {i: state.version for i, state in found.items()}
+        check_versions(rest, versions)
+        check_stored(rest, versions, imported)
         rewritten = {m.id for m in rest if m.id in found and found[m.id].content != m.content}
         with_vector = {i: v for i, v in vectors.items() if i not in found}
         for m in memories:
