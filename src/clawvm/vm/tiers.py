@@ -451,11 +451,7 @@ class Pager:
             slack = working_slack if tier is Tier.WORKING else cfg.slack
             chosen = self._victims(members, items, tokens, slack, now, protect)
             if below is Tier.ARCHIVE:  # archive-bound moves may compress: one by one
-                reason = f"{tier.value} over budget"
-                for v in chosen:
-                    step = functools.partial(self.move, v, below, reason, now, bookkeeping=True)
-                    if (done := unless_forgotten(step)) is not None:
-                        moved.append(done)
+                moved.extend(self._move_each(chosen, below, f"{tier.value} over budget", now))
             else:
                 moved.extend(self.move_many(chosen, below, f"{tier.value} over budget", now))
         return moved
@@ -525,12 +521,8 @@ class Pager:
             return self.writer.write(changed, None, events, bookkeeping=True)
         except ConflictError:  # each from its stored version, if it is still in the tier it was chosen from
             stored = self.store.get_many([m.id for m in memories])
-            steps = [
-                functools.partial(self.move, current, to, reason, now, bookkeeping=True)
-                for m in memories
-                if (current := stored.get(m.id)) is not None and current.tier is m.tier
-            ]
-            return [done for step in steps if (done := unless_forgotten(step)) is not None]
+            current = [c for m in memories if (c := stored.get(m.id)) is not None and c.tier is m.tier]
+            return self._move_each(current, to, reason, now)
 
     def page_out_idle(self, tenant: str, session_id: str, now: datetime) -> list[Memory]:
         """A session nobody touched for ``session_idle_hours`` gives its working tier back (pins stay)."""
@@ -541,10 +533,12 @@ class Pager:
         if (now - last).total_seconds() < self.config.session_idle_hours * 3600:
             return []
         idle = [m for m in members if not m.pinned]
-        steps = [
-            functools.partial(self.move, m, Tier.SHORT_TERM, "session idle", now, bookkeeping=True)
-            for m in idle
-        ]
+        return self._move_each(idle, Tier.SHORT_TERM, "session idle", now)
+
+    def _move_each(self, memories: Sequence[Memory], to: Tier, reason: str, now: datetime) -> list[Memory]:
+        """The pager's own moves of ``memories`` one by one, as stored after; one forgotten meanwhile is
+        skipped (:func:`unless_forgotten`)."""
+        steps = [functools.partial(self.move, m, to, reason, now, bookkeeping=True) for m in memories]
         return [done for step in steps if (done := unless_forgotten(step)) is not None]
 
     def warm(
