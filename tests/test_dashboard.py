@@ -724,6 +724,22 @@ def test_a_read_only_key_is_offered_no_action(
     page.close()
 
 
+def test_a_link_followed_while_the_inspector_opens_is_not_lost(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """Opening the inspector (a live refresh does) between a navigation and its hashchange event rewrote
+    the address to the old view's, and the event was then taken for the page's own: the teams link was
+    lost and the page stayed on the sessions view (a loaded CI run waited a minute for it)."""
+    base, h, keys = served
+    memory_id = h.list(session_id="s1", limit=1)[0].id
+    page, problems = _open(browser, base, keys["agent"], "#view=sessions&session=s1")
+    page.evaluate("(id) => { location.hash = '#view=teams'; MemLens.inspect(id); }", memory_id)
+    _wait_view(page, "teams")
+    assert page.evaluate("MemLens.state.view") == "teams"
+    assert problems == []
+    page.close()
+
+
 def test_the_teams_face_reviews_with_sources_and_adoption(
     served: tuple[str, Harness, dict[str, str]], browser: Any
 ) -> None:

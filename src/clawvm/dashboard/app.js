@@ -557,8 +557,8 @@
     writeHash.last = hash;
   }
 
-  function readHash() {
-    const raw = location.hash.slice(1);
+  function readHash(hash) {
+    const raw = (hash === undefined ? location.hash : hash).slice(1);
     if (!raw.includes("=")) { state.view = raw || "sessions"; return; }  // an old "#metrics" link
     const p = new URLSearchParams(raw);
     state.view = p.get("view") || "sessions";
@@ -927,9 +927,12 @@
       e.preventDefault();
       show(a.dataset.view);
     }));
-    window.addEventListener("hashchange", () => {  // a pasted deep link, or back/forward
-      if (location.hash === writeHash.last) return;  // our own
-      readHash();
+    window.addEventListener("hashchange", (e) => {  // a pasted deep link, or back/forward
+      // the address navigated to, not location.hash: a render or inspector opening between the navigation
+      // and this event rewrote the address to the old view's (replaceState), and the link was lost
+      const target = new URL(e.newURL).hash;
+      if (target === writeHash.last) return;  // the page shows it already
+      readHash(target);
       state.memPage.offset = 0;
       $("#session").value = state.session;
       show(state.view);
