@@ -415,13 +415,13 @@ def test_recall_that_warms_many_leaves_the_paging_out_to_the_next_pass() -> None
         for i in range(12):
             h.record(f"note {i} about the Payment API", kind="user_input", session_id="s1", created_at=now[0])
         h.page()
-        assert h.working.due() == []
+        assert h.working.due() == [] and not h.working.any_due()
         hits = h.recall("payment api note", k=12)
         assert sum(hit.memory.tier is Tier.WORKING for hit in hits) > (BUDGETS.working_items or 0)
-        assert h.working.due() == [("default", "s1")]
+        assert h.working.due() == [("default", "s1")] and h.working.any_due()
         h.page()
         assert len(h.list(session_id="s1", tier="working")) <= (BUDGETS.working_items or 0)
-        assert h.working.due() == []
+        assert h.working.due() == [] and not h.working.any_due()
 
 
 def test_low_value_recalled_memories_are_not_promoted() -> None:

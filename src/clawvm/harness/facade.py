@@ -828,7 +828,7 @@ class Harness:
     def _wake_pager(self) -> None:
         """Wake the background pager when a session is due or recalls' bookkeeping waits (else the next
         lifecycle boundary does it)."""
-        if self.pager.config.background and (self.working.due() or self.working.accesses_pending()):
+        if self.pager.config.background and (self.working.any_due() or self.working.accesses_pending()):
             self._pager_thread.wake()
 
     def _pager_error(self, exc: Exception) -> None:
@@ -1247,7 +1247,7 @@ class Harness:
         if self._query_embeds is not None and self._owns_query_embeds:
             self._query_embeds.close()
         try:
-            if self.working.due() or self.working.accesses_pending():
+            if self.working.any_due() or self.working.accesses_pending():
                 self.page()
         finally:  # a last pass that failed still leaves the worker stopped and the store closed
             worker, self._worker = self._worker, None

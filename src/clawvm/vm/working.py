@@ -95,6 +95,12 @@ class WorkingTiers:
         with self._lock:
             return list(self._due)
 
+    def any_due(self) -> bool:
+        """Whether any session is due (every record asks: no copy of the due list, which a pager behind
+        a busy writer makes thousands long)."""
+        with self._lock:
+            return bool(self._due)
+
     def mark_due(self, tenant: str, session_id: str) -> None:
         """Make the session due for the next pager pass: a change this view did not see grow it (a rollback
         brings memories back to the working tier), so no pass knew it was over budget."""
