@@ -1368,3 +1368,36 @@ def test_rows_that_open_something_take_the_focus_and_open_on_enter_or_space(
     assert shown == 40 < total and heading == f"Tier moves: the latest 40 of {total}", heading
     assert problems == []
     page.close()
+
+
+def test_set_value_says_the_value_reached_when_it_is_not_the_one_asked(browser: Any, tmp_path: Path) -> None:
+    """Set value sets the feedback votes whose value comes nearest the one asked, and votes move a value
+    only so far: the toast said "value set" over a value the memory never took (1.0 asked, 0.70 kept)."""
+    h = Harness.open(tmp_path / "valued.db", embedder=None)
+    memory = h.record("deploys go through the EU host", session_id="s1")
+    h.close()
+    app = create_app(tmp_path / "valued.db", embedder=None)
+    with serve_app(app) as base:
+        deep_link = f"#view=sessions&session=s1&memory={memory.id}"
+        page, problems = _open(browser, base, _keys(app)["agent"], deep_link)
+
+        def set_value(asked: str) -> tuple[float, str]:
+            page.wait_for_selector('#inspector[data-ready="1"] #value-button')
+            page.fill("#value-input", asked)
+            page.evaluate("document.querySelector('#toast').hidden = true")
+            with page.expect_response(lambda r: r.url.endswith(f"{memory.id}/value")) as answer:
+                page.click("#value-button")
+            page.wait_for_selector("#toast:not([hidden])")
+            return answer.value.json()["after"]["value"], page.inner_text("#toast")
+
+        reached, said = set_value("1")
+        assert reached < 0.99  # out of the votes' reach
+        assert said.startswith(f"value set to {reached:.2f} (asked 1.00: the nearest"), said
+        asked = f"{reached:.2f}"  # reachable: the votes that gave it give it again
+        reached, said = set_value(asked)
+        if abs(reached - float(asked)) < 0.005:
+            assert said.startswith(f"value set to {reached:.2f} · was") and "asked" not in said, said
+        else:
+            assert f"(asked {asked}:" in said, said
+        assert problems == []
+        page.close()

@@ -644,6 +644,22 @@
   }
 
   // ---- inspector ----------------------------------------------------------------------------------
+  // the toast after a manual action: what the server answered it did (the value and tier after it)
+  function acted(label, r) {
+    return `${label}: value ${num(r.before.value, 2)} → ${num(r.after.value, 2)}, tier ${r.after.tier}` + learnedNote(r);
+  }
+
+  const learnedNote = (r) => { const n = Object.keys(r.learned || {}).length; return n ? ` · ${n} scorer weights adjusted` : ""; };
+
+  // Set value cannot write a value: the server sets the feedback votes whose value comes nearest the one
+  // asked, and votes move a value in steps and only so far from what the scorer's other terms give. The
+  // toast says the value reached, and the one asked where they differ ("value set" alone claimed it was)
+  function valueSet(asked, r) {
+    const reached = r.after.value, missed = Math.abs(reached - asked) >= 0.005;
+    return `value set to ${num(reached, 2)}` + (missed ? ` (asked ${num(asked, 2)}: the nearest the scorer's feedback votes reach;`
+      + " they move a value in steps and only so far)" : "") + ` · was ${num(r.before.value, 2)}, tier ${r.after.tier}` + learnedNote(r);
+  }
+
   // closed by its ✕, by Escape, when its memory is forgotten or the key is refused: out of the address
   // too, so a reload does not open it again
   function closeInspector() {
@@ -675,11 +691,11 @@
     const spark = el("div", { id: "value-spark" });
     const value = el("input", { type: "number", min: 0, max: 1, step: 0.05, value: Number(m.value).toFixed(2), id: "value-input" });
     const note = el("input", { type: "text", placeholder: "note…", id: "note-input" });
+    // ``label``: what the action did, or a function of the server's answer that says it (Set value)
     const act = async (path, body, label) => {
       try {
         const r = await post(`memories/${id}/${path}`, body);
-        const learned = Object.keys(r.learned || {}).length;
-        toast(`${label}: value ${num(r.before.value, 2)} → ${num(r.after.value, 2)}, tier ${r.after.tier}` + (learned ? ` · ${learned} scorer weights adjusted` : ""));
+        toast(typeof label === "function" ? label(r) : acted(label, r));
         await inspect(id);
         await show(state.view);
       } catch (e) {
@@ -733,7 +749,7 @@
           value, el("button", { id: "value-button", onclick: () => {
             const given = value.value.trim();  // Number("") is 0: an empty box set the value to 0
             if (given === "" || !Number.isFinite(Number(given))) { toast("value: enter a number from 0 to 1", true); return; }
-            act("value", { value: Number(given) }, "value set");
+            act("value", { value: Number(given) }, (r) => valueSet(Number(given), r));
           }, text: "Set value" })) : null,
         el("div", { class: "actions" }, m.status === "active" ? [tier,
           el("button", { id: "tier-button", onclick: () => { draft.tier = null; act("tier", { tier: tier.value }, `moved to ${tier.value}`); }, text: m.tier === "archive" ? "Un-archive to tier" : "Move to tier" })] : null,
