@@ -1401,3 +1401,29 @@ def test_set_value_says_the_value_reached_when_it_is_not_the_one_asked(browser: 
             assert f"(asked {asked}:" in said, said
         assert problems == []
         page.close()
+
+
+def test_the_influence_view_explains_its_colours(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """The influence diagram colours each bar by its memory's tier and each link by whether the output
+    cited it, with no legend: the orange of a citation read as the short-term tier's."""
+    base, _h, keys = served
+    page, problems = _open(browser, base, keys["read-only"], "#view=influence&session=run-cutover")
+    page.wait_for_selector("#influence-chart path.cited")
+    legend = page.locator("#influence-legend")
+    assert legend.is_visible()
+    explained = {
+        item.get_attribute("data-color"): item.inner_text() for item in legend.locator("[data-color]").all()
+    }
+    bars = {r.get_attribute("fill") for r in page.locator("#influence-chart .infl-line rect").all()}
+    links = {p.get_attribute("stroke") for p in page.locator("#influence-chart path.cite").all()}
+    assert bars and links and bars | links <= explained.keys(), (bars, links, explained)
+    tiers = {"#d9480f": "working", "#f59f00": "short term", "#1c7ed6": "long term", "#868e96": "archive"}
+    assert {color: explained.get(color) for color in tiers} == tiers
+    assert "cited" in explained["#f08c00"] and "bar length: value" in legend.inner_text()
+    swatch = legend.locator('[data-color="#f08c00"] i').evaluate("i => getComputedStyle(i).backgroundColor")
+    assert swatch == "rgb(240, 140, 0)"  # the swatch shows the colour it names
+    page.screenshot(path=str(ARTIFACTS / "dashboard-influence-legend.png"))
+    assert problems == []
+    page.close()

@@ -453,7 +453,7 @@
       fill(detail, el("div", { class: "card" },
         el("h3", { text: `Build #${c.seq}: “${c.query}”` }),
         el("p", { class: "muted", text: c.output ? `${c.output.cited.length} of ${c.lines.length} memories cited` + (c.output.success === null ? "" : c.output.success ? " · task succeeded" : " · task failed") : "no output recorded for this build" }),
-        chart,
+        influenceLegend(!!c.output), chart,
         c.output ? [el("h3", { text: "Output" }), highlight(c.output.text, cited)] : null));
       C.influence(chart, c.lines, !!c.output, inspect);
     };
@@ -462,6 +462,19 @@
     if (first) await pick(state.context && items.some((b) => b.seq === state.context) ? state.context : first.seq);
     else fill(detail, el("p", { class: "muted", text: "No context builds yet." }));
     await renderReverse(reverse);
+  }
+
+  // what the influence diagram's colours say: a bar's colour is the memory's tier when the build took it
+  // (the label names the prompt section), its length the value then; orange is a citation, a link or a
+  // bar's outline (without a legend the orange of a cited link read as the short-term tier's)
+  function influenceLegend(hasOutput) {
+    const item = (cls, color, text) => el("span", { class: cls, "data-color": color }, el("i", { style: `background:${color}` }), text);
+    return el("div", { class: "legend chart-legend", id: "influence-legend" },
+      el("span", { class: "muted", text: "bar colour: tier then" }),
+      Object.entries(C.TIER_COLORS).map(([tier, color]) => item("legend-tier", color, tier.replace("_", " "))),
+      el("span", { class: "muted", text: "· bar length: value then ·" }),
+      hasOutput ? [item("legend-cite line", C.CITE_COLORS.cited, "cited by the output (its bar outlined)"),
+        item("legend-cite line", C.CITE_COLORS.uncited, "not cited")] : el("span", { class: "muted", text: "no links: no output recorded" }));
   }
 
   async function renderReverse(box) {
