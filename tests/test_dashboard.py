@@ -1427,3 +1427,42 @@ def test_the_influence_view_explains_its_colours(
     page.screenshot(path=str(ARTIFACTS / "dashboard-influence-legend.png"))
     assert problems == []
     page.close()
+
+
+def test_a_phone_wide_page_wraps_its_key_bar_and_keeps_charts_and_tables_readable(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """At 390 px the key bar's 60-character field pushed "Use key" off screen (the page 657 px wide), the
+    heatmap fitted to the screen drew 3 px labels, and a table's text column shrank to a character a line."""
+    base, _h, keys = served
+    page, problems = _open(browser, base, keys["read-only"], "#view=sessions", width=390)
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.click("#key-button")
+    assert page.locator("#keybar").is_visible()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    for control in ("#key", "#key-save"):
+        box = page.locator(control).bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, control
+    page.screenshot(path=str(ARTIFACTS / "dashboard-phone-keybar.png"))
+    page.click("#key-button")
+
+    page.evaluate("location.hash = '#view=heatmap&session=run-cutover'")
+    _wait_view(page, "heatmap")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390  # the chart scrolls in its box
+    label = page.locator("#heatmap-chart g.hm-row text").first.bounding_box()
+    cell = page.locator("#heatmap-chart g.hm-row rect").first.bounding_box()
+    assert label is not None and cell is not None
+    assert label["height"] >= 10 and cell["width"] >= 12, (label, cell)  # drawn full size, not fitted
+    assert cell["x"] + cell["width"] <= 390  # the first columns beside the labels, on screen
+    page.locator("#heatmap-chart").screenshot(path=str(ARTIFACTS / "dashboard-phone-heatmap.png"))
+
+    page.evaluate("location.hash = '#view=contexts&session=run-cutover'")
+    _wait_view(page, "contexts")
+    page.wait_for_selector("#context-lines tr.clickable")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    heights = page.locator("#context-lines tr.clickable").evaluate_all(
+        "rows => rows.map((r) => r.getBoundingClientRect().height)"
+    )
+    assert heights and max(heights) < 160, heights  # a few lines of text, not one character a line
+    assert problems == []
+    page.close()

@@ -310,9 +310,15 @@
     C.stackedArea(chart, data.edges, data.series, ["working", "short_term", "long_term", "archive"], C.TIER_COLORS);
   }
 
+  // a phone (style.css's breakpoint): the heatmap draws fewer, full-size columns there
+  const isPhone = () => window.matchMedia("(max-width: 600px)").matches;
+
   async function viewHeatmap(main) {
     const h = state.heat;
-    const data = await api("heatmap" + qs(Object.assign(filterParams(), { group: h.group, offset: h.offset, limit: 40, cols: 48 })));
+    // on a phone 12 columns and a narrower label: the 48 columns fitted to the screen drew 3 px text and
+    // 5 px cells, and at full size they took three screens of sideways scrolling
+    const phone = isPhone();
+    const data = await api("heatmap" + qs(Object.assign(filterParams(), { group: h.group, offset: h.offset, limit: 40, cols: phone ? 12 : 48 })));
     const chart = el("div", { id: "heatmap-chart" });
     const group = el("select", { onchange: (e) => { h.group = e.target.value; h.offset = 0; show("heatmap"); } },
       el("option", { value: "memory", selected: h.group === "memory" || null, text: "one row per memory (by value)" }),
@@ -323,7 +329,7 @@
       el("div", { class: "toolbar" }, group,
         h.group === "memory" ? pager({ total: data.total, offset: h.offset, limit: 40 }, (o) => { h.offset = o; show("heatmap"); }) : null),
       el("div", { class: "card" }, chart));
-    C.heatmap(chart, data.edges, data.rows, inspect);
+    C.heatmap(chart, data.edges, data.rows, inspect, phone ? { labelW: 150, chars: 22 } : null);
   }
 
   async function viewGraph(main) {

@@ -28,10 +28,14 @@
     svg("title", {}, node).textContent = s;
   }
 
+  // a chart fits its box (width 100%); its drawn width is kept in --natural-w for the phone layout, which
+  // draws a wide chart at that size in a box that scrolls (fitted to 360 px, its text came out 3 px tall)
   function frame(container, width, height) {
     container.innerHTML = "";
-    return svg("svg", { viewBox: `0 0 ${width} ${height}`, width: "100%", role: "img",
+    const s = svg("svg", { viewBox: `0 0 ${width} ${height}`, width: "100%", role: "img",
       preserveAspectRatio: "xMinYMin meet" }, container);
+    s.style.setProperty("--natural-w", `${width}px`);
+    return s;
   }
 
   function fmtTime(ms) {
@@ -89,13 +93,15 @@
   }
 
   // Heatmap: rows [{id, label, values}] x edges; cells coloured by value; click -> onRow(id).
-  function heatmap(container, edges, rows, onRow) {
-    const labelW = 330, cell = 14, H = rows.length * cell + 40, W = labelW + edges.length * cell + 70;
+  // opts.labelW, opts.chars: the label column's width and the characters a label keeps (narrower on a phone)
+  function heatmap(container, edges, rows, onRow, opts) {
+    const { labelW, chars } = Object.assign({ labelW: 330, chars: 50 }, opts || {});
+    const cell = 14, H = rows.length * cell + 40, W = labelW + edges.length * cell + 70;
     const s = frame(container, W, Math.max(H, 60));
     rows.forEach((r, i) => {
       const g = svg("g", { class: r.id ? "hm-row clickable" : "hm-row", "data-id": r.id || "" }, s);
       // cut to what fits left of the cells (10 px text: ~6 px a character), the whole label on hover
-      const label = text(g, labelW - 6, i * cell + 11, r.label.length > 50 ? r.label.slice(0, 49) + "…" : r.label,
+      const label = text(g, labelW - 6, i * cell + 11, r.label.length > chars ? r.label.slice(0, chars - 1) + "…" : r.label,
         { "text-anchor": "end", "font-size": 10 });
       title(label, r.label);
       r.values.forEach((v, j) => {
