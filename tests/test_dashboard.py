@@ -1368,3 +1368,101 @@ def test_rows_that_open_something_take_the_focus_and_open_on_enter_or_space(
     assert shown == 40 < total and heading == f"Tier moves: the latest 40 of {total}", heading
     assert problems == []
     page.close()
+
+
+def test_set_value_says_the_value_reached_when_it_is_not_the_one_asked(browser: Any, tmp_path: Path) -> None:
+    """Set value sets the feedback votes whose value comes nearest the one asked, and votes move a value
+    only so far: the toast said "value set" over a value the memory never took (1.0 asked, 0.70 kept)."""
+    h = Harness.open(tmp_path / "valued.db", embedder=None)
+    memory = h.record("deploys go through the EU host", session_id="s1")
+    h.close()
+    app = create_app(tmp_path / "valued.db", embedder=None)
+    with serve_app(app) as base:
+        deep_link = f"#view=sessions&session=s1&memory={memory.id}"
+        page, problems = _open(browser, base, _keys(app)["agent"], deep_link)
+
+        def set_value(asked: str) -> tuple[float, str]:
+            page.wait_for_selector('#inspector[data-ready="1"] #value-button')
+            page.fill("#value-input", asked)
+            page.evaluate("document.querySelector('#toast').hidden = true")
+            with page.expect_response(lambda r: r.url.endswith(f"{memory.id}/value")) as answer:
+                page.click("#value-button")
+            page.wait_for_selector("#toast:not([hidden])")
+            return answer.value.json()["after"]["value"], page.inner_text("#toast")
+
+        reached, said = set_value("1")
+        assert reached < 0.99  # out of the votes' reach
+        assert said.startswith(f"value set to {reached:.2f} (asked 1.00: the nearest"), said
+        asked = f"{reached:.2f}"  # reachable: the votes that gave it give it again
+        reached, said = set_value(asked)
+        if abs(reached - float(asked)) < 0.005:
+            assert said.startswith(f"value set to {reached:.2f} · was") and "asked" not in said, said
+        else:
+            assert f"(asked {asked}:" in said, said
+        assert problems == []
+        page.close()
+
+
+def test_the_influence_view_explains_its_colours(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """The influence diagram colours each bar by its memory's tier and each link by whether the output
+    cited it, with no legend: the orange of a citation read as the short-term tier's."""
+    base, _h, keys = served
+    page, problems = _open(browser, base, keys["read-only"], "#view=influence&session=run-cutover")
+    page.wait_for_selector("#influence-chart path.cited")
+    legend = page.locator("#influence-legend")
+    assert legend.is_visible()
+    explained = {
+        item.get_attribute("data-color"): item.inner_text() for item in legend.locator("[data-color]").all()
+    }
+    bars = {r.get_attribute("fill") for r in page.locator("#influence-chart .infl-line rect").all()}
+    links = {p.get_attribute("stroke") for p in page.locator("#influence-chart path.cite").all()}
+    assert bars and links and bars | links <= explained.keys(), (bars, links, explained)
+    tiers = {"#d9480f": "working", "#f59f00": "short term", "#1c7ed6": "long term", "#868e96": "archive"}
+    assert {color: explained.get(color) for color in tiers} == tiers
+    assert "cited" in explained["#f08c00"] and "bar length: value" in legend.inner_text()
+    swatch = legend.locator('[data-color="#f08c00"] i').evaluate("i => getComputedStyle(i).backgroundColor")
+    assert swatch == "rgb(240, 140, 0)"  # the swatch shows the colour it names
+    page.screenshot(path=str(ARTIFACTS / "dashboard-influence-legend.png"))
+    assert problems == []
+    page.close()
+
+
+def test_a_phone_wide_page_wraps_its_key_bar_and_keeps_charts_and_tables_readable(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """At 390 px the key bar's 60-character field pushed "Use key" off screen (the page 657 px wide), the
+    heatmap fitted to the screen drew 3 px labels, and a table's text column shrank to a character a line."""
+    base, _h, keys = served
+    page, problems = _open(browser, base, keys["read-only"], "#view=sessions", width=390)
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.click("#key-button")
+    assert page.locator("#keybar").is_visible()
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    for control in ("#key", "#key-save"):
+        box = page.locator(control).bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, control
+    page.screenshot(path=str(ARTIFACTS / "dashboard-phone-keybar.png"))
+    page.click("#key-button")
+
+    page.evaluate("location.hash = '#view=heatmap&session=run-cutover'")
+    _wait_view(page, "heatmap")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390  # the chart scrolls in its box
+    label = page.locator("#heatmap-chart g.hm-row text").first.bounding_box()
+    cell = page.locator("#heatmap-chart g.hm-row rect").first.bounding_box()
+    assert label is not None and cell is not None
+    assert label["height"] >= 10 and cell["width"] >= 12, (label, cell)  # drawn full size, not fitted
+    assert cell["x"] + cell["width"] <= 390  # the first columns beside the labels, on screen
+    page.locator("#heatmap-chart").screenshot(path=str(ARTIFACTS / "dashboard-phone-heatmap.png"))
+
+    page.evaluate("location.hash = '#view=contexts&session=run-cutover'")
+    _wait_view(page, "contexts")
+    page.wait_for_selector("#context-lines tr.clickable")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    heights = page.locator("#context-lines tr.clickable").evaluate_all(
+        "rows => rows.map((r) => r.getBoundingClientRect().height)"
+    )
+    assert heights and max(heights) < 160, heights  # a few lines of text, not one character a line
+    assert problems == []
+    page.close()

@@ -310,9 +310,15 @@
     C.stackedArea(chart, data.edges, data.series, ["working", "short_term", "long_term", "archive"], C.TIER_COLORS);
   }
 
+  // a phone (style.css's breakpoint): the heatmap draws fewer, full-size columns there
+  const isPhone = () => window.matchMedia("(max-width: 600px)").matches;
+
   async function viewHeatmap(main) {
     const h = state.heat;
-    const data = await api("heatmap" + qs(Object.assign(filterParams(), { group: h.group, offset: h.offset, limit: 40, cols: 48 })));
+    // on a phone 12 columns and a narrower label: the 48 columns fitted to the screen drew 3 px text and
+    // 5 px cells, and at full size they took three screens of sideways scrolling
+    const phone = isPhone();
+    const data = await api("heatmap" + qs(Object.assign(filterParams(), { group: h.group, offset: h.offset, limit: 40, cols: phone ? 12 : 48 })));
     const chart = el("div", { id: "heatmap-chart" });
     const group = el("select", { onchange: (e) => { h.group = e.target.value; h.offset = 0; show("heatmap"); } },
       el("option", { value: "memory", selected: h.group === "memory" || null, text: "one row per memory (by value)" }),
@@ -323,7 +329,7 @@
       el("div", { class: "toolbar" }, group,
         h.group === "memory" ? pager({ total: data.total, offset: h.offset, limit: 40 }, (o) => { h.offset = o; show("heatmap"); }) : null),
       el("div", { class: "card" }, chart));
-    C.heatmap(chart, data.edges, data.rows, inspect);
+    C.heatmap(chart, data.edges, data.rows, inspect, phone ? { labelW: 150, chars: 22 } : null);
   }
 
   async function viewGraph(main) {
@@ -453,7 +459,7 @@
       fill(detail, el("div", { class: "card" },
         el("h3", { text: `Build #${c.seq}: “${c.query}”` }),
         el("p", { class: "muted", text: c.output ? `${c.output.cited.length} of ${c.lines.length} memories cited` + (c.output.success === null ? "" : c.output.success ? " · task succeeded" : " · task failed") : "no output recorded for this build" }),
-        chart,
+        influenceLegend(!!c.output), chart,
         c.output ? [el("h3", { text: "Output" }), highlight(c.output.text, cited)] : null));
       C.influence(chart, c.lines, !!c.output, inspect);
     };
@@ -462,6 +468,19 @@
     if (first) await pick(state.context && items.some((b) => b.seq === state.context) ? state.context : first.seq);
     else fill(detail, el("p", { class: "muted", text: "No context builds yet." }));
     await renderReverse(reverse);
+  }
+
+  // what the influence diagram's colours say: a bar's colour is the memory's tier when the build took it
+  // (the label names the prompt section), its length the value then; orange is a citation, a link or a
+  // bar's outline (without a legend the orange of a cited link read as the short-term tier's)
+  function influenceLegend(hasOutput) {
+    const item = (cls, color, text) => el("span", { class: cls, "data-color": color }, el("i", { style: `background:${color}` }), text);
+    return el("div", { class: "legend chart-legend", id: "influence-legend" },
+      el("span", { class: "muted", text: "bar colour: tier then" }),
+      Object.entries(C.TIER_COLORS).map(([tier, color]) => item("legend-tier", color, tier.replace("_", " "))),
+      el("span", { class: "muted", text: "· bar length: value then ·" }),
+      hasOutput ? [item("legend-cite line", C.CITE_COLORS.cited, "cited by the output (its bar outlined)"),
+        item("legend-cite line", C.CITE_COLORS.uncited, "not cited")] : el("span", { class: "muted", text: "no links: no output recorded" }));
   }
 
   async function renderReverse(box) {
@@ -644,6 +663,22 @@
   }
 
   // ---- inspector ----------------------------------------------------------------------------------
+  // the toast after a manual action: what the server answered it did (the value and tier after it)
+  function acted(label, r) {
+    return `${label}: value ${num(r.before.value, 2)} → ${num(r.after.value, 2)}, tier ${r.after.tier}` + learnedNote(r);
+  }
+
+  const learnedNote = (r) => { const n = Object.keys(r.learned || {}).length; return n ? ` · ${n} scorer weights adjusted` : ""; };
+
+  // Set value cannot write a value: the server sets the feedback votes whose value comes nearest the one
+  // asked, and votes move a value in steps and only so far from what the scorer's other terms give. The
+  // toast says the value reached, and the one asked where they differ ("value set" alone claimed it was)
+  function valueSet(asked, r) {
+    const reached = r.after.value, missed = Math.abs(reached - asked) >= 0.005;
+    return `value set to ${num(reached, 2)}` + (missed ? ` (asked ${num(asked, 2)}: the nearest the scorer's feedback votes reach;`
+      + " they move a value in steps and only so far)" : "") + ` · was ${num(r.before.value, 2)}, tier ${r.after.tier}` + learnedNote(r);
+  }
+
   // closed by its ✕, by Escape, when its memory is forgotten or the key is refused: out of the address
   // too, so a reload does not open it again
   function closeInspector() {
@@ -675,11 +710,11 @@
     const spark = el("div", { id: "value-spark" });
     const value = el("input", { type: "number", min: 0, max: 1, step: 0.05, value: Number(m.value).toFixed(2), id: "value-input" });
     const note = el("input", { type: "text", placeholder: "note…", id: "note-input" });
+    // ``label``: what the action did, or a function of the server's answer that says it (Set value)
     const act = async (path, body, label) => {
       try {
         const r = await post(`memories/${id}/${path}`, body);
-        const learned = Object.keys(r.learned || {}).length;
-        toast(`${label}: value ${num(r.before.value, 2)} → ${num(r.after.value, 2)}, tier ${r.after.tier}` + (learned ? ` · ${learned} scorer weights adjusted` : ""));
+        toast(typeof label === "function" ? label(r) : acted(label, r));
         await inspect(id);
         await show(state.view);
       } catch (e) {
@@ -733,7 +768,7 @@
           value, el("button", { id: "value-button", onclick: () => {
             const given = value.value.trim();  // Number("") is 0: an empty box set the value to 0
             if (given === "" || !Number.isFinite(Number(given))) { toast("value: enter a number from 0 to 1", true); return; }
-            act("value", { value: Number(given) }, "value set");
+            act("value", { value: Number(given) }, (r) => valueSet(Number(given), r));
           }, text: "Set value" })) : null,
         el("div", { class: "actions" }, m.status === "active" ? [tier,
           el("button", { id: "tier-button", onclick: () => { draft.tier = null; act("tier", { tier: tier.value }, `moved to ${tier.value}`); }, text: m.tier === "archive" ? "Un-archive to tier" : "Move to tier" })] : null,

@@ -6,6 +6,8 @@
   const NS = "http://www.w3.org/2000/svg";
   const TIER_COLORS = { working: "#d9480f", short_term: "#f59f00", long_term: "#1c7ed6", archive: "#868e96" };
   const SECTION_COLORS = { warnings: "#c92a2a", pinned: "#7048e8", working: "#d9480f", retrieved: "#1c7ed6", free: "#e9ecef" };
+  // the influence diagram's links (and the outline of a cited memory's bar): cited by the output or not
+  const CITE_COLORS = { cited: "#f08c00", uncited: "#dee2e6" };
   const EDGE_COLORS = { parent: "#495057", entity: "#74c0fc", caused_by: "#e03131", revises: "#f08c00",
     summarizes: "#2f9e44", derived_from: "#9c36b5", refers_to: "#1098ad" };
 
@@ -26,10 +28,14 @@
     svg("title", {}, node).textContent = s;
   }
 
+  // a chart fits its box (width 100%); its drawn width is kept in --natural-w for the phone layout, which
+  // draws a wide chart at that size in a box that scrolls (fitted to 360 px, its text came out 3 px tall)
   function frame(container, width, height) {
     container.innerHTML = "";
-    return svg("svg", { viewBox: `0 0 ${width} ${height}`, width: "100%", role: "img",
+    const s = svg("svg", { viewBox: `0 0 ${width} ${height}`, width: "100%", role: "img",
       preserveAspectRatio: "xMinYMin meet" }, container);
+    s.style.setProperty("--natural-w", `${width}px`);
+    return s;
   }
 
   function fmtTime(ms) {
@@ -87,13 +93,15 @@
   }
 
   // Heatmap: rows [{id, label, values}] x edges; cells coloured by value; click -> onRow(id).
-  function heatmap(container, edges, rows, onRow) {
-    const labelW = 330, cell = 14, H = rows.length * cell + 40, W = labelW + edges.length * cell + 70;
+  // opts.labelW, opts.chars: the label column's width and the characters a label keeps (narrower on a phone)
+  function heatmap(container, edges, rows, onRow, opts) {
+    const { labelW, chars } = Object.assign({ labelW: 330, chars: 50 }, opts || {});
+    const cell = 14, H = rows.length * cell + 40, W = labelW + edges.length * cell + 70;
     const s = frame(container, W, Math.max(H, 60));
     rows.forEach((r, i) => {
       const g = svg("g", { class: r.id ? "hm-row clickable" : "hm-row", "data-id": r.id || "" }, s);
       // cut to what fits left of the cells (10 px text: ~6 px a character), the whole label on hover
-      const label = text(g, labelW - 6, i * cell + 11, r.label.length > 50 ? r.label.slice(0, 49) + "…" : r.label,
+      const label = text(g, labelW - 6, i * cell + 11, r.label.length > chars ? r.label.slice(0, chars - 1) + "…" : r.label,
         { "text-anchor": "end", "font-size": 10 });
       title(label, r.label);
       r.values.forEach((v, j) => {
@@ -299,21 +307,21 @@
     const rowH = 20, W = 900, H = Math.max(lines.length * rowH + 30, 120);
     const s = frame(container, W, H);
     const outX = 640, outY = H / 2 - 40;
-    svg("rect", { x: outX, y: outY, width: 240, height: 80, rx: 8, fill: hasOutput ? "#fff4e6" : "#f1f3f5", stroke: "#f08c00" }, s);
+    svg("rect", { x: outX, y: outY, width: 240, height: 80, rx: 8, fill: hasOutput ? "#fff4e6" : "#f1f3f5", stroke: CITE_COLORS.cited }, s);
     text(s, outX + 120, outY + 44, hasOutput ? "agent output" : "no output recorded", { "text-anchor": "middle", "font-size": 13 });
     lines.forEach((l, i) => {
       const y = 12 + i * rowH;
       const w = 40 + 200 * (l.value || 0);
       if (l.cited !== null) {
         const p = svg("path", { d: `M${w + 210},${y + 8} C${outX - 120},${y + 8} ${outX - 120},${outY + 40} ${outX},${outY + 40}`,
-          fill: "none", stroke: l.cited ? "#f08c00" : "#dee2e6", "stroke-width": l.cited ? 2.5 : 1,
+          fill: "none", stroke: l.cited ? CITE_COLORS.cited : CITE_COLORS.uncited, "stroke-width": l.cited ? 2.5 : 1,
           class: l.cited ? "cite cited" : "cite" }, s);
         title(p, l.cited ? "cited by the output" : "not cited");
       }
       const g = svg("g", { class: "clickable infl-line", "data-id": l.id }, s);
       text(g, 0, y + 12, `${l.short_id} ${l.section}`, { "font-size": 10 });
       const r = svg("rect", { x: 110, y: y + 1, width: w, height: rowH - 6, rx: 3, fill: TIER_COLORS[l.tier] || "#adb5bd",
-        stroke: l.cited ? "#f08c00" : "none", "stroke-width": 2 }, g);
+        stroke: l.cited ? CITE_COLORS.cited : "none", "stroke-width": 2 }, g);
       title(r, `${l.short_id}: tier ${l.tier}, value ${l.value} then, ${l.tokens} tokens\n${l.preview}`);
       text(g, 114 + w, y + 12, `${l.value}`, { "font-size": 10 });
       g.addEventListener("click", () => onNode(l.id));
@@ -331,5 +339,5 @@
   }
 
   window.Charts = { stackedArea, heatmap, lineChart, bars, stackedBar, forceGraph, influence, sparkline,
-    valueColor, TIER_COLORS, SECTION_COLORS };
+    valueColor, TIER_COLORS, SECTION_COLORS, CITE_COLORS };
 })();
