@@ -156,7 +156,9 @@
     t.className = isError ? "error" : "";
     t.hidden = false;
     clearTimeout(toast.timer);
-    toast.timer = setTimeout(() => { t.hidden = true; }, 4000);
+    // long enough to read: 4 s, and a second more for every 60 characters past the first 80 (a "set value"
+    // that fell short explains why in ~150)
+    toast.timer = setTimeout(() => { t.hidden = true; }, 4000 + Math.max(0, msg.length - 80) / 60 * 1000);
   }
 
   const pct = (x) => (x === null || x === undefined ? "–" : (100 * x).toFixed(1) + "%");
