@@ -341,6 +341,10 @@ def test_a_retry_that_reaches_another_worker_finds_the_memory_instead_of_writing
         again = second_worker.post("/v1/memories", json=body, headers=headers)
         assert again.status_code == 201, again.text
         assert again.json()["id"] == first.json()["id"]
+        # a replay like any other (it said nothing: the client could not tell it from a first write)
+        assert again.headers["Idempotent-Replayed"] == "true"
+        kept = second_worker.post("/v1/memories", json=body, headers=headers)  # now kept by this worker
+        assert kept.headers["Idempotent-Replayed"] == "true" and kept.content == again.content
         assert store.count() == 1 and len(store.read_events(limit=1000)) == events
         # the retry taught the second worker the key's body: another body under it is a 409 there too
         changed = second_worker.post("/v1/memories", json={**body, "content": "disk fine"}, headers=headers)
