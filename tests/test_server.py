@@ -1361,6 +1361,43 @@ BAD_INPUT: list[tuple[str, str, str, dict[str, Any], int, str, str]] = [
         "content",
     ),
     ("over-long path id", "GET", "/v1/memories/" + "a" * 200, {}, 422, "validation_error", "memory_id"),
+    # a key given twice: the last value was read and the first dropped unseen
+    (
+        "a key given twice",
+        "POST",
+        "/v1/memories",
+        {"content": b'{"content": "a", "content": "b"}'},
+        422,
+        "validation_error",
+        "content",
+    ),
+    (
+        "a key given twice in metadata",
+        "POST",
+        "/v1/memories",
+        {"content": b'{"content": "a", "metadata": {"k": 1, "k": 2}}'},
+        422,
+        "validation_error",
+        "metadata.k",
+    ),
+    (
+        "a key given twice in a list's object",
+        "POST",
+        "/v1/memories/import",
+        {"content": b'{"memories": [{"content": "a"}, {"content": "b", "tags": [], "tags": ["x"]}]}'},
+        422,
+        "validation_error",
+        "memories.1.tags",
+    ),
+    (
+        "a key given twice in the dashboard's API",
+        "POST",
+        "/dashboard/api/memories/m1/annotate",
+        {"content": b'{"note": "a", "note": "b"}'},
+        422,
+        "validation_error",
+        "note",
+    ),
 ]
 
 
@@ -1388,6 +1425,17 @@ def test_a_json_object_sent_without_its_content_type_is_told_to_send_the_header(
     err = assert_error(r, 422, "validation_error", "body")
     assert "Content-Type: application/json" in err["fix"]
     assert env.store.count() == 0
+
+
+def test_a_key_given_twice_is_refused_only_within_one_object(env: Env) -> None:
+    body = b'{"content": "a", "metadata": {"content": "b", "deep": {"content": "c"}}, "tags": ["a", "a"]}'
+    json_type = {"content-type": "application/json"}
+    r = env.client.post("/v1/memories", content=body, headers={**env.auth(), **json_type})
+    assert r.status_code == 201, r.text
+    twice = b'{"content": "a", "content": "b"}'
+    r = env.client.post("/v1/memories", content=twice, headers={"content-type": "application/merge+json"})
+    err = assert_error(r, 422, "validation_error", "content")  # every JSON type, before the key is asked
+    assert "once" in err["fix"] and env.store.count() == 1
 
 
 # ---- end to end over a real socket --------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """:class:`Guard`, the ASGI middleware in front of every route: it gives each request an id (the client's
 ``X-Request-ID`` when well formed), bounds the body size (413), rejects bodies and path parameters that are
-not UTF-8 (400, naming the parameter: the server would otherwise read them with U+FFFD in place), turns any
-unexpected exception into a 500 of the one error schema, and writes one JSON log line per request (never
-bodies or keys)."""
+not UTF-8 (400, naming the parameter: the server would otherwise read them with U+FFFD in place) and JSON
+bodies that give a key twice in one object (422, naming it: the last value was read, the others dropped),
+turns any unexpected exception into a 500 of the one error schema, and writes one JSON log line per
+request (never bodies or keys)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from starlette.datastructures import Headers, MutableHeaders
 
 from clawvm.core.redact import redact
 from clawvm.server.errors import error_response
+from clawvm.server.jsonkeys import repeated_key
 from clawvm.server.service import RequestGauge
 from clawvm.store.keys import Principal
 
@@ -74,6 +76,7 @@ class Guard:
             _check_path(scope)
             _check_query(scope)
             body = await self._body(scope, receive)
+            _check_json(scope, body)
             await self.app(scope, _replay(body, receive), send_with_id)
         except _Rejected as rejected:
             await rejected.response(scope, receive, send_with_id)
@@ -151,6 +154,30 @@ class Guard:
         if isinstance(principal, Principal):
             fields.update(tenant=principal.tenant, key_id=principal.key_id, role=principal.role.value)
         log.log(level, "request", extra={"fields": fields})
+
+
+def _check_json(scope: MutableMapping[str, Any], body: bytes) -> None:
+    """Reject a JSON body that gives a key twice in one object (422 naming it): read, the last value won
+    and the others were dropped unseen. Here, once for every route, the dashboard's and mounted ones too."""
+    if not body or not _is_json(Headers(scope=scope).get("content-type", "")):
+        return
+    key = repeated_key(body)
+    if key is not None:
+        raise _Rejected(
+            error_response(
+                422,
+                "validation_error",
+                "is given more than once in one JSON object",
+                key,
+                "give each key once (only one of the values would be read)",
+            )
+        )
+
+
+def _is_json(content_type: str) -> bool:
+    """Whether FastAPI reads a body of this content type as JSON (``application/json``, ``*+json``)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 def _check_path(scope: MutableMapping[str, Any]) -> None:
