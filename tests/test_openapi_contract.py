@@ -79,10 +79,14 @@ def test_what_the_spec_states_is_what_the_server_does(tmp_path: Path) -> None:
     auth = {"Authorization": f"Bearer {app.state.service.keyring.create('acme', 'admin')[1]}"}
     with TestClient(app) as client:
         m = client.post("/v1/memories", json={"content": "the deploy failed"}, headers=auth).json()
-        # a 405 names every method of the path (Starlette's names only the first route's)
-        assert client.options("/v1/keys", headers=auth).headers["allow"] == "GET, POST"
-        assert client.put(f"/v1/memories/{m['id']}", headers=auth).headers["allow"] == "DELETE, GET, PATCH"
-        assert client.options("/v1/memories/import", headers=auth).headers["allow"] == "POST"
+        # a 405 names every method of the path (Starlette's names only the first route's), OPTIONS included
+        r = client.put(f"/v1/memories/{m['id']}", headers=auth)
+        assert r.status_code == 405 and r.headers["allow"] == "DELETE, GET, OPTIONS, PATCH"
+        assert client.put("/healthz").headers["allow"] == "GET, HEAD, OPTIONS"
+        # an OPTIONS is a 204 naming them (it was a 405), the most literal route's for an overlapping path
+        for path, allow in (("/v1/keys", "GET, OPTIONS, POST"), ("/v1/memories/import", "OPTIONS, POST")):
+            r = client.options(path, headers=auth)
+            assert (r.status_code, r.headers["allow"], r.content) == (204, allow, b""), r.text
         # strict bodies: no text for numbers, no numbers for booleans or datetimes; 3.0 is an integer
         for body in ({"track": 0}, {"k": "3"}, {"k": True}, {"filters": {"created_before": 0}}):
             r = client.post("/v1/recall", json={"query": "deploy", **body}, headers=auth)

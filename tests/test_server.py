@@ -925,6 +925,33 @@ def test_health_and_readiness(env: Env) -> None:
     assert ready["status"] == "ready" and ready["checks"]["store"] == "ok"
 
 
+def test_options_answers_the_routes_methods_without_a_key_or_a_rate_limit_token(tmp_path: Path) -> None:
+    """OPTIONS was a 405 on every route; it reveals only what /openapi.json publishes, so it is answered
+    ahead of the key check, as HEAD of a health probe is."""
+    hourly = 1 / 3600  # one request an hour, per key and per unauthenticated address
+    settings = ServerSettings(
+        rate_per_s=hourly, burst=1, unauthenticated_rate_per_s=hourly, unauthenticated_burst=1
+    )
+    app, store, keys = open_app(tmp_path, settings)
+    with TestClient(app) as client:
+        agent = {"Authorization": f"Bearer {keys['agent']}"}
+        for headers in ({}, agent, {"Authorization": "Bearer nonsense"}):
+            for path, allow in (
+                ("/v1/memories/m1", "DELETE, GET, OPTIONS, PATCH"),
+                ("/healthz", "GET, HEAD, OPTIONS"),
+            ):
+                r = client.options(path, headers=headers)
+                assert (r.status_code, r.headers["allow"], r.content) == (204, allow, b""), r.text
+                assert "access-control-allow-origin" not in r.headers  # no CORS: the server has no settings
+        assert client.get("/v1/whoami", headers=agent).status_code == 200  # the key's one token was left
+        assert client.get("/v1/whoami").status_code == 401  # and the address's one unauthenticated request
+        assert_error(client.get("/v1/whoami"), 429, "rate_limited")
+        assert_error(client.options("/v1/nothing"), 404, "not_found")  # no route: nothing to allow
+        spec = client.get("/openapi.json").json()
+        assert not [p for p, ops in spec["paths"].items() if "options" in ops]  # kept out of the schema
+    store.close()
+
+
 def test_unknown_routes_and_methods_use_the_error_schema(env: Env) -> None:
     assert_error(env.client.get("/v1/nothing", headers=env.auth()), 404, "not_found")
     r = env.client.put("/v1/recall", headers=env.auth())
