@@ -103,8 +103,16 @@ _MESSAGES_5XX = {
     "internal_error": "unexpected server error",
 }
 
+#: The header of every 429 (:func:`response_for`), as the OpenAPI document declares it.
+RETRY_AFTER_HEADER: dict[str, Any] = {
+    "description": "whole seconds to wait before the limit takes this request",
+    "required": True,
+    "schema": {"type": "integer", "minimum": 1},
+}
+
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description}
+    | ({"headers": {"Retry-After": RETRY_AFTER_HEADER}} if status == 429 else {})
     for status, description in (
         (400, "Malformed request: not JSON, or not UTF-8"),
         (401, "Missing, unknown, revoked (`unauthorized`) or expired (`key_expired`) API key"),

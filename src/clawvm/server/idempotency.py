@@ -24,7 +24,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Header
 from fastapi.responses import Response
@@ -46,6 +46,19 @@ IdempotencyKey = Annotated[
     ),
 ]
 REPLAYED_HEADER = "Idempotent-Replayed"
+#: The OpenAPI ``responses`` of a route that takes an Idempotency-Key: its success may be a replay.
+REPLAYED_RESPONSES: dict[int | str, dict[str, Any]] = {
+    201: {
+        "headers": {
+            REPLAYED_HEADER: {
+                "description": "`true` when this answers an earlier request with the same key (nothing was "
+                "written); absent on a first answer",
+                "required": False,
+                "schema": {"type": "string", "enum": ["true"]},
+            }
+        }
+    }
+}
 
 
 @dataclass

@@ -32,6 +32,13 @@ Send = Callable[..., Awaitable[None]]
 ASGIApp = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+#: The header on every response (:class:`Guard` adds it), as the OpenAPI document declares it.
+REQUEST_ID_HEADER: dict[str, Any] = {
+    "description": "the request's id, in its log line: the client's `X-Request-ID` when it is 1 to 64 "
+    "letters, digits, `.`, `_` or `-`, else a new one",
+    "required": True,
+    "schema": {"type": "string", "pattern": f"^{_REQUEST_ID.pattern}$"},
+}
 
 
 class _Rejected(Exception):

@@ -13,7 +13,7 @@ from clawvm.core.errors import ConflictError, StateConflictError
 from clawvm.core.model import Memory, moved_on
 from clawvm.harness import Harness
 from clawvm.server.auth import Admin, Reader, Writer
-from clawvm.server.idempotency import Found, IdempotencyKey, keyed_id, once
+from clawvm.server.idempotency import REPLAYED_RESPONSES, Found, IdempotencyKey, keyed_id, once
 from clawvm.server.routes.params import ExpectedVersion, MemoryId
 from clawvm.server.schemas.requests import (
     CURSOR_PATTERN,
@@ -31,7 +31,7 @@ from clawvm.server.service import service_of
 router = APIRouter(tags=["memories"])
 
 
-@router.post("/memories", status_code=201, response_model=Memory)
+@router.post("/memories", status_code=201, response_model=Memory, responses=REPLAYED_RESPONSES)
 def record(
     request: Request, body: RecordRequest, caller: Writer, idempotency_key: IdempotencyKey = None
 ) -> Response:
