@@ -2,8 +2,9 @@
 ``X-Request-ID`` when well formed), bounds the body size (413), rejects bodies and path parameters that are
 not UTF-8 (400, naming the parameter: the server would otherwise read them with U+FFFD in place) and JSON
 bodies that give a key twice in one object (422, naming it: the last value was read, the others dropped),
-turns any unexpected exception into a 500 of the one error schema, and writes one JSON log line per
-request (never bodies or keys)."""
+answers ``OPTIONS`` of a route's path (204 with ``Allow``, ahead of the key check), turns any unexpected
+exception into a 500 of the one error schema, and writes one JSON log line per request (never bodies or
+keys)."""
 
 from __future__ import annotations
 
