@@ -1,7 +1,8 @@
 """The OpenAPI spec matches the server's behaviour: schemathesis's engine (its examples, coverage and
 fuzzing phases) with every check over the ASGI app, authenticated with an admin key,
 finds no failure: strict request types, the errors each operation answers documented, ``Allow`` on a 405
-listing exactly the path's methods, schema-valid requests accepted and schema-violating ones refused."""
+listing exactly the path's methods, the response headers declared (``X-Request-ID`` on every response),
+schema-valid requests accepted and schema-violating ones refused."""
 
 from __future__ import annotations
 
@@ -79,10 +80,14 @@ def test_what_the_spec_states_is_what_the_server_does(tmp_path: Path) -> None:
     auth = {"Authorization": f"Bearer {app.state.service.keyring.create('acme', 'admin')[1]}"}
     with TestClient(app) as client:
         m = client.post("/v1/memories", json={"content": "the deploy failed"}, headers=auth).json()
-        # a 405 names every method of the path (Starlette's names only the first route's)
-        assert client.options("/v1/keys", headers=auth).headers["allow"] == "GET, POST"
-        assert client.put(f"/v1/memories/{m['id']}", headers=auth).headers["allow"] == "DELETE, GET, PATCH"
-        assert client.options("/v1/memories/import", headers=auth).headers["allow"] == "POST"
+        # a 405 names every method of the path (Starlette's names only the first route's), OPTIONS included
+        r = client.put(f"/v1/memories/{m['id']}", headers=auth)
+        assert r.status_code == 405 and r.headers["allow"] == "DELETE, GET, OPTIONS, PATCH"
+        assert client.put("/healthz").headers["allow"] == "GET, HEAD, OPTIONS"
+        # an OPTIONS is a 204 naming them (it was a 405), the most literal route's for an overlapping path
+        for path, allow in (("/v1/keys", "GET, OPTIONS, POST"), ("/v1/memories/import", "OPTIONS, POST")):
+            r = client.options(path, headers=auth)
+            assert (r.status_code, r.headers["allow"], r.content) == (204, allow, b""), r.text
         # strict bodies: no text for numbers, no numbers for booleans or datetimes; 3.0 is an integer
         for body in ({"track": 0}, {"k": "3"}, {"k": True}, {"filters": {"created_before": 0}}):
             r = client.post("/v1/recall", json={"query": "deploy", **body}, headers=auth)
@@ -94,8 +99,23 @@ def test_what_the_spec_states_is_what_the_server_does(tmp_path: Path) -> None:
         assert client.patch(f"/v1/memories/{m['id']}", json={"status": "obsolete"}, headers=auth).is_success
         r = client.post(f"/v1/memories/{m['id']}/pin", headers=auth)
         assert r.status_code == 409 and r.json()["error"]["code"] == "invalid_state", r.text
+        # the headers the server sends are declared where it sends them (none were): X-Request-ID on every
+        # response, Retry-After on a 429, Idempotent-Replayed on a keyed create's 201
+        document = client.get("/openapi.json").json()
+        for path, operations in document["paths"].items():
+            for method, operation in operations.items():
+                for status, response in operation["responses"].items():
+                    headers = response.get("headers", {})
+                    assert "X-Request-ID" in headers, (method, path, status)
+                    assert ("Retry-After" in headers) == (status == "429"), (method, path, status)
+                    keyed = status == "201" and "Idempotency-Key" in str(operation.get("parameters"))
+                    assert ("Idempotent-Replayed" in headers) == keyed, (method, path, status)
+        assert document["components"]["headers"]["X-Request-ID"]["required"] is True
+        assert document["paths"]["/v1/sessions/{session_id}/checkpoints"]["post"]["responses"]["201"][
+            "headers"
+        ]["Idempotent-Replayed"]["schema"] == {"type": "string", "enum": ["true"]}
         # the schema says what the checks refuse: ids, non-blank content, presets, the vector's length
-        spec = client.get("/openapi.json").json()["components"]["schemas"]
+        spec = document["components"]["schemas"]
         assert spec["RecordRequest"]["properties"]["embedding"]["anyOf"][0]["maxItems"] == store.dim
         assert "pattern" in spec["Link"]["properties"]["target"]
         assert "internal" not in spec["UpdateRequest"]["properties"]["status"]["anyOf"][0]["enum"]

@@ -341,6 +341,10 @@ def test_a_retry_that_reaches_another_worker_finds_the_memory_instead_of_writing
         again = second_worker.post("/v1/memories", json=body, headers=headers)
         assert again.status_code == 201, again.text
         assert again.json()["id"] == first.json()["id"]
+        # a replay like any other (it said nothing: the client could not tell it from a first write)
+        assert again.headers["Idempotent-Replayed"] == "true"
+        kept = second_worker.post("/v1/memories", json=body, headers=headers)  # now kept by this worker
+        assert kept.headers["Idempotent-Replayed"] == "true" and kept.content == again.content
         assert store.count() == 1 and len(store.read_events(limit=1000)) == events
         # the retry taught the second worker the key's body: another body under it is a 409 there too
         changed = second_worker.post("/v1/memories", json={**body, "content": "disk fine"}, headers=headers)
@@ -921,6 +925,33 @@ def test_health_and_readiness(env: Env) -> None:
     assert ready["status"] == "ready" and ready["checks"]["store"] == "ok"
 
 
+def test_options_answers_the_routes_methods_without_a_key_or_a_rate_limit_token(tmp_path: Path) -> None:
+    """OPTIONS was a 405 on every route; it reveals only what /openapi.json publishes, so it is answered
+    ahead of the key check, as HEAD of a health probe is."""
+    hourly = 1 / 3600  # one request an hour, per key and per unauthenticated address
+    settings = ServerSettings(
+        rate_per_s=hourly, burst=1, unauthenticated_rate_per_s=hourly, unauthenticated_burst=1
+    )
+    app, store, keys = open_app(tmp_path, settings)
+    with TestClient(app) as client:
+        agent = {"Authorization": f"Bearer {keys['agent']}"}
+        for headers in ({}, agent, {"Authorization": "Bearer nonsense"}):
+            for path, allow in (
+                ("/v1/memories/m1", "DELETE, GET, OPTIONS, PATCH"),
+                ("/healthz", "GET, HEAD, OPTIONS"),
+            ):
+                r = client.options(path, headers=headers)
+                assert (r.status_code, r.headers["allow"], r.content) == (204, allow, b""), r.text
+                assert "access-control-allow-origin" not in r.headers  # no CORS: the server has no settings
+        assert client.get("/v1/whoami", headers=agent).status_code == 200  # the key's one token was left
+        assert client.get("/v1/whoami").status_code == 401  # and the address's one unauthenticated request
+        assert_error(client.get("/v1/whoami"), 429, "rate_limited")
+        assert_error(client.options("/v1/nothing"), 404, "not_found")  # no route: nothing to allow
+        spec = client.get("/openapi.json").json()
+        assert not [p for p, ops in spec["paths"].items() if "options" in ops]  # kept out of the schema
+    store.close()
+
+
 def test_unknown_routes_and_methods_use_the_error_schema(env: Env) -> None:
     assert_error(env.client.get("/v1/nothing", headers=env.auth()), 404, "not_found")
     r = env.client.put("/v1/recall", headers=env.auth())
@@ -1357,6 +1388,43 @@ BAD_INPUT: list[tuple[str, str, str, dict[str, Any], int, str, str]] = [
         "content",
     ),
     ("over-long path id", "GET", "/v1/memories/" + "a" * 200, {}, 422, "validation_error", "memory_id"),
+    # a key given twice: the last value was read and the first dropped unseen
+    (
+        "a key given twice",
+        "POST",
+        "/v1/memories",
+        {"content": b'{"content": "a", "content": "b"}'},
+        422,
+        "validation_error",
+        "content",
+    ),
+    (
+        "a key given twice in metadata",
+        "POST",
+        "/v1/memories",
+        {"content": b'{"content": "a", "metadata": {"k": 1, "k": 2}}'},
+        422,
+        "validation_error",
+        "metadata.k",
+    ),
+    (
+        "a key given twice in a list's object",
+        "POST",
+        "/v1/memories/import",
+        {"content": b'{"memories": [{"content": "a"}, {"content": "b", "tags": [], "tags": ["x"]}]}'},
+        422,
+        "validation_error",
+        "memories.1.tags",
+    ),
+    (
+        "a key given twice in the dashboard's API",
+        "POST",
+        "/dashboard/api/memories/m1/annotate",
+        {"content": b'{"note": "a", "note": "b"}'},
+        422,
+        "validation_error",
+        "note",
+    ),
 ]
 
 
@@ -1384,6 +1452,17 @@ def test_a_json_object_sent_without_its_content_type_is_told_to_send_the_header(
     err = assert_error(r, 422, "validation_error", "body")
     assert "Content-Type: application/json" in err["fix"]
     assert env.store.count() == 0
+
+
+def test_a_key_given_twice_is_refused_only_within_one_object(env: Env) -> None:
+    body = b'{"content": "a", "metadata": {"content": "b", "deep": {"content": "c"}}, "tags": ["a", "a"]}'
+    json_type = {"content-type": "application/json"}
+    r = env.client.post("/v1/memories", content=body, headers={**env.auth(), **json_type})
+    assert r.status_code == 201, r.text
+    twice = b'{"content": "a", "content": "b"}'
+    r = env.client.post("/v1/memories", content=twice, headers={"content-type": "application/merge+json"})
+    err = assert_error(r, 422, "validation_error", "content")  # every JSON type, before the key is asked
+    assert "once" in err["fix"] and env.store.count() == 1
 
 
 # ---- end to end over a real socket --------------------------------------------------------------------

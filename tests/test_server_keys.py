@@ -201,6 +201,35 @@ def test_a_tenants_keys_share_its_rate_limit(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_request_the_tenants_limit_refuses_spends_nothing_of_its_keys(tmp_path: Path) -> None:
+    """The key's bucket was taken from before the tenant's was asked: a key of a busy tenant ran out of its
+    own limit on requests that were never served."""
+    hourly = 1 / 3600  # no refill within the test
+    settings = ServerSettings(
+        rate_per_s=hourly, burst=3, tenant_rate_per_s=hourly, tenant_burst=2, unauthenticated_rate_per_s=0
+    )
+    app, store, keys = _app(tmp_path, settings)
+    with TestClient(app) as client:
+        agent = _auth(keys["agent"])
+        assert [client.get("/v1/whoami", headers=agent).status_code for _ in range(2)] == [200, 200]
+        assert "tenant" in _error(client.get("/v1/whoami", headers=agent), 429, "rate_limited")["message"]
+        app.state.service.limiter.peek(_key_id(keys["agent"]))  # its third token is still there
+    store.close()
+
+
+def test_rate_limiters_checked_together_take_from_all_or_none() -> None:
+    per_key = RateLimiter(1 / 3600, 1, limit="API key")
+    per_tenant = RateLimiter(1 / 3600, 2, limit="tenant")
+    off = RateLimiter(0, 1, limit="off")
+    RateLimiter.check_all((per_key, "a"), (per_tenant, "t"), (off, "x"))
+    with pytest.raises(RateLimitError, match="API key"):
+        RateLimiter.check_all((per_key, "a"), (per_tenant, "t"))
+    per_tenant.check("t")  # the key's refusal took nothing from the tenant: its second token is there
+    with pytest.raises(RateLimitError, match="tenant"):
+        RateLimiter.check_all((per_key, "b"), (per_tenant, "t"))
+    per_key.check("b")  # ... and the tenant's refusal nothing from key b
+
+
 def test_minting_keys_is_rate_limited_per_tenant(tmp_path: Path) -> None:
     settings = ServerSettings(rate_per_s=0, tenant_rate_per_s=0, mint_burst=2, mint_rate_per_s=1 / 3600)
     app, store, keys = _app(tmp_path, settings)

@@ -5,9 +5,11 @@ Where things are, in the order a request meets them:
 
 =====================  ===================================================================================
 :mod:`.settings`       :class:`ServerSettings` (limits) and :func:`redaction_options` (``serve``'s flags)
-:mod:`.middleware`     :class:`Guard`: request id, body limit, UTF-8, last-resort 500, one log line each
+:mod:`.middleware`     :class:`Guard`: request id, body limit, UTF-8, JSON keys given twice, OPTIONS, 500, log
+:mod:`.jsonkeys`       the first key a JSON body gives twice in one object (:class:`Guard` refuses it)
+:mod:`.paths`          the route templates a path fits: the parameter a segment is, ``Allow``'s methods
 :mod:`.auth`           API key -> principal; :data:`Reader` / :data:`Writer` / :data:`Admin` per route
-:mod:`.ratelimit`      the per-key token bucket (429)
+:mod:`.ratelimit`      token buckets per key, tenant, client address (429), taken together or not at all
 :mod:`.idempotency`    ``Idempotency-Key``: a retried create answers its first response, bounded per tenant
 :mod:`.service`        :class:`Service`: the engine, the embedding worker, keys, one harness per tenant
 :mod:`.routes`         one module per resource (memories, recall, sessions, events, keys, health, dashboard)

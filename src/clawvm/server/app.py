@@ -15,7 +15,7 @@ from starlette.routing import Route
 from clawvm.core.embed import Embedder
 from clawvm.core.version import __version__
 from clawvm.server.errors import ERROR_RESPONSES, install_error_handlers
-from clawvm.server.middleware import Guard
+from clawvm.server.middleware import REQUEST_ID_HEADER, Guard
 from clawvm.server.routes import events, health, keys, memories, recall, sessions
 from clawvm.server.routes.dashboard import dashboard_router
 from clawvm.server.schemas.requests import state_embedding_dim
@@ -31,6 +31,32 @@ V1_ROUTERS: tuple[APIRouter, ...] = (
     sessions.router,
     events.router,
 )
+
+
+class ClawVMApp(FastAPI):
+    """The FastAPI app whose OpenAPI document declares ``X-Request-ID`` on every response of every
+    operation: :class:`Guard` adds it to all of them, a place no route's ``responses`` reaches."""
+
+    _declared_in: dict[str, Any] | None = None
+
+    def openapi(self) -> dict[str, Any]:
+        schema = super().openapi()
+        if schema is not self._declared_in:  # FastAPI builds it again when routes are added
+            _declare_request_id(schema)
+            self._declared_in = schema
+        return schema
+
+
+def _declare_request_id(schema: dict[str, Any]) -> None:
+    """``X-Request-ID`` in each response of ``schema``'s operations, by reference to one definition."""
+    schema.setdefault("components", {}).setdefault("headers", {})["X-Request-ID"] = REQUEST_ID_HEADER
+    ref = {"$ref": "#/components/headers/X-Request-ID"}
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            if not isinstance(operation, dict):  # a path item's summary or shared parameters
+                continue
+            for response in operation.get("responses", {}).values():
+                response.setdefault("headers", {})["X-Request-ID"] = ref
 
 
 def create_app(
@@ -79,7 +105,7 @@ def create_app(
         finally:
             service.close()
 
-    app = FastAPI(
+    app = ClawVMApp(
         title="ClawVM",
         version=__version__,
         description="Harness-managed memory for LLM agents. Every error is "

@@ -25,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 
 from clawvm.core.errors import AuthenticationError
 from clawvm.harness import Harness
+from clawvm.server.ratelimit import RateLimiter
 from clawvm.server.routes.params import known_query_only
 from clawvm.server.service import Service, service_of
 from clawvm.store.keys import Permission, Principal
@@ -73,8 +74,7 @@ def _authenticate(request: Request, service: Service, token: str | None) -> Prin
         service.unauthenticated.spend(client)
         raise
     request.state.principal = principal  # for the access log
-    service.limiter.check(principal.key_id)
-    service.tenant_limiter.check(principal.tenant)
+    RateLimiter.check_all((service.limiter, principal.key_id), (service.tenant_limiter, principal.tenant))
     service.usage.note(principal.key_id)
     return principal
 

@@ -35,6 +35,7 @@ from clawvm.core.errors import (
     ValidationError,
 )
 from clawvm.core.model import DEPTH_FIX, fix_for, pattern_in_words
+from clawvm.server.paths import allowed_methods
 from clawvm.server.schemas.responses import ErrorBody
 
 log = logging.getLogger(__name__)
@@ -102,8 +103,16 @@ _MESSAGES_5XX = {
     "internal_error": "unexpected server error",
 }
 
+#: The header of every 429 (:func:`response_for`), as the OpenAPI document declares it.
+RETRY_AFTER_HEADER: dict[str, Any] = {
+    "description": "whole seconds to wait before the limit takes this request",
+    "required": True,
+    "schema": {"type": "integer", "minimum": 1},
+}
+
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description}
+    | ({"headers": {"Retry-After": RETRY_AFTER_HEADER}} if status == 429 else {})
     for status, description in (
         (400, "Malformed request: not JSON, or not UTF-8"),
         (401, "Missing, unknown, revoked (`unauthorized`) or expired (`key_expired`) API key"),
@@ -218,8 +227,9 @@ def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     message = str(exc.detail)
     if exc.status_code == 400 and (why := _unparsed(exc.__cause__)) is not None:
         message, fix = why  # FastAPI's "There was an error parsing the body", of a body that is valid JSON
-    if exc.status_code == 405:
-        headers["Allow"] = ", ".join(sorted(_methods_of_path(request))) or headers.get("Allow", "")
+    if exc.status_code == 405:  # every method of the path (Starlette's names the first route's only)
+        allowed = allowed_methods(request.app, request.scope["path"])
+        headers["Allow"] = ", ".join(allowed) or headers.get("Allow", "")
     return error_response(exc.status_code, code, message, field, fix, headers or None)
 
 
@@ -230,28 +240,6 @@ def _unparsed(cause: BaseException | None) -> tuple[str, str] | None:
     if isinstance(cause, ValueError) and "digits" in str(cause):
         return "holds an integer of more digits than the JSON reader takes", "send at most 4,300 digits"
     return None
-
-
-_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
-
-
-def _methods_of_path(request: Request) -> set[str]:
-    """Every method the OpenAPI document lists for the path template the request's path fits (the most
-    literal one: ``/v1/memories/import`` over ``/v1/memories/{memory_id}``). Starlette's 405 names only
-    the methods of the first route that matched the path, while several routes (GET and POST /v1/keys)
-    may share it."""
-    openapi = getattr(request.app, "openapi", None)
-    paths: dict[str, Any] = openapi().get("paths", {}) if callable(openapi) else {}
-    segments = request.url.path.split("/")
-    fits: dict[int, set[str]] = {}  # by how many parameters the template has: the fewest is the route
-    for template, operations in paths.items():
-        parts = str(template).split("/")
-        if len(parts) == len(segments) and all(
-            p == s or (p.startswith("{") and p.endswith("}")) for p, s in zip(parts, segments, strict=True)
-        ):
-            params = sum(p.startswith("{") for p in parts)
-            fits.setdefault(params, set()).update(m.upper() for m in operations if m in _METHODS)
-    return fits[min(fits)] if fits else set()
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -10,8 +10,9 @@ expires ``idempotency_ttl_s`` after its first use (24 h), and a tenant holds at 
 that is an error is not kept (nothing was written: a retry runs again). Keys do not survive a restart and
 are not shared between server processes. What is: a memory recorded with a key is stored under an id made
 from the tenant, the key and the body (:func:`keyed_id`), so a retry that reaches another worker, or comes
-after a restart or after the key expired here, finds that memory and answers it (as it is now) instead of
-recording it twice. The same key with another body is a 409 only in the process that saw the first body.
+after a restart or after the key expired here, finds that memory and answers it (as it is now, marked
+``Idempotent-Replayed`` like every replay) instead of recording it twice. The same key with another body
+is a 409 only in the process that saw the first body.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Header
 from fastapi.responses import Response
@@ -45,6 +46,19 @@ IdempotencyKey = Annotated[
     ),
 ]
 REPLAYED_HEADER = "Idempotent-Replayed"
+#: The OpenAPI ``responses`` of a route that takes an Idempotency-Key: its success may be a replay.
+REPLAYED_RESPONSES: dict[int | str, dict[str, Any]] = {
+    201: {
+        "headers": {
+            REPLAYED_HEADER: {
+                "description": "`true` when this answers an earlier request with the same key (nothing was "
+                "written); absent on a first answer",
+                "required": False,
+                "schema": {"type": "string", "enum": ["true"]},
+            }
+        }
+    }
+}
 
 
 @dataclass
@@ -108,7 +122,7 @@ class IdempotencyKeys:
                 HEADER,
                 "retry after it has finished",
             )
-        return Response(body, status, media_type="application/json", headers={REPLAYED_HEADER: "true"})
+        return replayed(Response(body, status, media_type="application/json"))
 
     def finish(self, tenant: str, key: str, status: int, body: bytes) -> None:
         """Keep the first successful response of ``key``."""
@@ -166,6 +180,21 @@ def keyed_id(tenant: str, key: str, route: str, body: BaseModel) -> str:
     return str(uuid.uuid5(_KEYED_IDS, f"{tenant}\n{key}\n{fingerprint(route, body)}"))
 
 
+@dataclass(frozen=True)
+class Found:
+    """What ``run()`` of :func:`once` returns when the store already holds what an earlier request with the
+    same key made (another worker, or this process before a restart, ran it): the answer is a replay."""
+
+    result: BaseModel
+
+
+def replayed(response: Response) -> Response:
+    """``response`` marked as the answer of an earlier request: every replay carries the header, whether
+    this process kept the key's response or the store held what the key made."""
+    response.headers[REPLAYED_HEADER] = "true"
+    return response
+
+
 def once(
     keys: IdempotencyKeys,
     tenant: str,
@@ -173,7 +202,7 @@ def once(
     route: str,
     body: BaseModel,
     status: int,
-    run: Callable[[], BaseModel],
+    run: Callable[[], BaseModel | Found],
 ) -> Response:
     """``run()`` once per ``key``, answered as JSON bytes with ``status``; with a key, a retry with the same
     body gets the same bytes again.
@@ -182,7 +211,7 @@ def once(
     result against it again and encode it in one more trip to the thread pool (a third of the HTTP
     overhead of a record); ``run()`` already returns that model, and pydantic dumps it to JSON directly."""
     if key is None:
-        return json_response(run(), status)
+        return _answer(run(), status)
     replay = keys.begin(tenant, key, fingerprint(route, body))
     if replay is not None:
         return replay
@@ -191,9 +220,15 @@ def once(
     except BaseException:
         keys.abandon(tenant, key)
         raise
-    response = json_response(result, status)
+    response = _answer(result, status)
     keys.finish(tenant, key, status, bytes(response.body))
     return response
+
+
+def _answer(result: BaseModel | Found, status: int) -> Response:
+    if isinstance(result, Found):
+        return replayed(json_response(result.result, status))
+    return json_response(result, status)
 
 
 def json_response(result: BaseModel, status: int = 200) -> Response:

@@ -1,8 +1,10 @@
 """:class:`Guard`, the ASGI middleware in front of every route: it gives each request an id (the client's
 ``X-Request-ID`` when well formed), bounds the body size (413), rejects bodies and path parameters that are
-not UTF-8 (400, naming the parameter: the server would otherwise read them with U+FFFD in place), turns any
-unexpected exception into a 500 of the one error schema, and writes one JSON log line per request (never
-bodies or keys)."""
+not UTF-8 (400, naming the parameter: the server would otherwise read them with U+FFFD in place) and JSON
+bodies that give a key twice in one object (422, naming it: the last value was read, the others dropped),
+answers ``OPTIONS`` of a route's path (204 with ``Allow``, ahead of the key check), turns any unexpected
+exception into a 500 of the one error schema, and writes one JSON log line per request (never bodies or
+keys)."""
 
 from __future__ import annotations
 
@@ -14,11 +16,13 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import Headers, MutableHeaders
 
 from clawvm.core.redact import redact
 from clawvm.server.errors import error_response
+from clawvm.server.jsonkeys import repeated_key
+from clawvm.server.paths import allowed_methods, declared_methods, parameter_at
 from clawvm.server.service import RequestGauge
 from clawvm.store.keys import Principal
 
@@ -29,6 +33,13 @@ Send = Callable[..., Awaitable[None]]
 ASGIApp = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+#: The header on every response (:class:`Guard` adds it), as the OpenAPI document declares it.
+REQUEST_ID_HEADER: dict[str, Any] = {
+    "description": "the request's id, in its log line: the client's `X-Request-ID` when it is 1 to 64 "
+    "letters, digits, `.`, `_` or `-`, else a new one",
+    "required": True,
+    "schema": {"type": "string", "pattern": f"^{_REQUEST_ID.pattern}$"},
+}
 
 
 class _Rejected(Exception):
@@ -73,7 +84,11 @@ class Guard:
         try:
             _check_path(scope)
             _check_query(scope)
+            if scope["method"] == "OPTIONS" and (allow := _options_allow(scope)):
+                await Response(status_code=204, headers={"Allow": allow})(scope, receive, send_with_id)
+                return
             body = await self._body(scope, receive)
+            _check_json(scope, body)
             await self.app(scope, _replay(body, receive), send_with_id)
         except _Rejected as rejected:
             await rejected.response(scope, receive, send_with_id)
@@ -153,6 +168,40 @@ class Guard:
         log.log(level, "request", extra={"fields": fields})
 
 
+def _options_allow(scope: MutableMapping[str, Any]) -> str:
+    """``Allow`` for an ``OPTIONS`` of a route path that declares no OPTIONS of its own, or "" (the app then
+    answers: 404 for no route, a mounted route's own OPTIONS). Answered here, ahead of the routes: it
+    reveals only what /openapi.json publishes, so it takes no key and spends no rate-limit token (as HEAD
+    of a health probe). No CORS headers: the server has no CORS settings."""
+    app, path = scope.get("app"), str(scope.get("path", ""))
+    declared = declared_methods(app, path)
+    return ", ".join(allowed_methods(app, path)) if declared and "OPTIONS" not in declared else ""
+
+
+def _check_json(scope: MutableMapping[str, Any], body: bytes) -> None:
+    """Reject a JSON body that gives a key twice in one object (422 naming it): read, the last value won
+    and the others were dropped unseen. Here, once for every route, the dashboard's and mounted ones too."""
+    if not body or not _is_json(Headers(scope=scope).get("content-type", "")):
+        return
+    key = repeated_key(body)
+    if key is not None:
+        raise _Rejected(
+            error_response(
+                422,
+                "validation_error",
+                "is given more than once in one JSON object",
+                key,
+                "give each key once (only one of the values would be read)",
+            )
+        )
+
+
+def _is_json(content_type: str) -> bool:
+    """Whether FastAPI reads a body of this content type as JSON (``application/json``, ``*+json``)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 def _check_path(scope: MutableMapping[str, Any]) -> None:
     """Reject a path whose percent-decoded bytes are not UTF-8 (``/v1/memories/%FF``), naming the path
     parameter they fall in (``path`` when no route takes one there)."""
@@ -168,7 +217,7 @@ def _check_path(scope: MutableMapping[str, Any]) -> None:
                     400,
                     "invalid_utf8",
                     f"is not valid UTF-8 once percent-decoded (byte {exc.start})",
-                    _parameter_at(scope, index),
+                    parameter_at(scope.get("app"), str(scope.get("path", "")), index),
                     "percent-encode the UTF-8 bytes of the text (e.g. %C3%A9 for é)",
                 )
             ) from None
@@ -204,22 +253,6 @@ def _check_query(scope: MutableMapping[str, Any]) -> None:
 def _query_text(part: bytes) -> str:
     """One name or value of a query string as text (``+`` is a space there); UnicodeDecodeError if none."""
     return unquote_to_bytes(part.replace(b"+", b" ")).decode("utf-8")
-
-
-def _parameter_at(scope: MutableMapping[str, Any], index: int) -> str:
-    """The name of the path parameter at segment ``index`` of the route template (from the app's OpenAPI
-    paths, built once and cached by FastAPI) that ``scope``'s path fits, or ``path``."""
-    app = scope.get("app")
-    openapi = getattr(app, "openapi", None)
-    segments = str(scope.get("path", "")).split("/")
-    for template in openapi().get("paths", {}) if callable(openapi) else ():
-        parts = str(template).split("/")
-        fits = len(parts) == len(segments) and all(
-            p == s or (p.startswith("{") and p.endswith("}")) for p, s in zip(parts, segments, strict=True)
-        )
-        if fits and parts[index].startswith("{"):
-            return parts[index][1:-1].split(":", 1)[0]
-    return "path"
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -13,7 +13,7 @@ from clawvm.core.errors import ConflictError, StateConflictError
 from clawvm.core.model import Memory, moved_on
 from clawvm.harness import Harness
 from clawvm.server.auth import Admin, Reader, Writer
-from clawvm.server.idempotency import IdempotencyKey, keyed_id, once
+from clawvm.server.idempotency import REPLAYED_RESPONSES, Found, IdempotencyKey, keyed_id, once
 from clawvm.server.routes.params import ExpectedVersion, MemoryId
 from clawvm.server.schemas.requests import (
     CURSOR_PATTERN,
@@ -31,7 +31,7 @@ from clawvm.server.service import service_of
 router = APIRouter(tags=["memories"])
 
 
-@router.post("/memories", status_code=201, response_model=Memory)
+@router.post("/memories", status_code=201, response_model=Memory, responses=REPLAYED_RESPONSES)
 def record(
     request: Request, body: RecordRequest, caller: Writer, idempotency_key: IdempotencyKey = None
 ) -> Response:
@@ -39,7 +39,7 @@ def record(
     ``Idempotency-Key``, a retry of the same body returns the first response and records nothing more."""
     route, tenant = "POST /v1/memories", caller.principal.tenant
 
-    def run() -> Memory:
+    def run() -> Memory | Found:
         fields = body.fields()
         if idempotency_key is not None:
             fields["id"] = keyed_id(tenant, idempotency_key, route, body)
@@ -49,8 +49,9 @@ def record(
         except ConflictError:
             if idempotency_key is None:
                 raise
-            # recorded already under this key and body, by another worker or before a restart: that one
-            recorded = caller.harness.get(fields["id"])
+            # recorded already under this key and body, by another worker or before a restart: that one,
+            # answered as the replay it is
+            return Found(shown(caller.principal, caller.harness.get(fields["id"])))
         return shown(caller.principal, recorded)
 
     return once(service_of(request).idempotency, tenant, idempotency_key, route, body, 201, run)

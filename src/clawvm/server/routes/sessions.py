@@ -8,7 +8,7 @@ from fastapi.responses import Response
 
 from clawvm.core.model import Memory
 from clawvm.server.auth import Reader, Writer
-from clawvm.server.idempotency import IdempotencyKey, once
+from clawvm.server.idempotency import REPLAYED_RESPONSES, IdempotencyKey, once
 from clawvm.server.routes.params import MemoryId, ScopeId
 from clawvm.server.schemas.requests import CheckpointRequest, StartSessionRequest
 from clawvm.server.schemas.responses import (
@@ -24,7 +24,12 @@ from clawvm.server.service import service_of
 router = APIRouter(tags=["sessions"])
 
 
-@router.post("/sessions/{session_id:path}/checkpoints", status_code=201, response_model=CheckpointOut)
+@router.post(
+    "/sessions/{session_id:path}/checkpoints",
+    status_code=201,
+    response_model=CheckpointOut,
+    responses=REPLAYED_RESPONSES,
+)
 def checkpoint(
     request: Request,
     session_id: ScopeId,
