@@ -43,6 +43,7 @@ from clawvm.server import (
     create_app,
     redaction_options,
 )
+from clawvm.server.middleware import JSON_INLINE_BYTES
 from clawvm.store import SQLiteStore, Store
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey
 from clawvm.teams.shared import can_write
@@ -1463,6 +1464,12 @@ def test_a_key_given_twice_is_refused_only_within_one_object(env: Env) -> None:
     r = env.client.post("/v1/memories", content=twice, headers={"content-type": "application/merge+json"})
     err = assert_error(r, 422, "validation_error", "content")  # every JSON type, before the key is asked
     assert "once" in err["fix"] and env.store.count() == 1
+    # a body past the inline size is read on a worker thread: refused all the same, naming the key
+    padding = "x" * JSON_INLINE_BYTES
+    big = f'{{"content": "{padding}", "metadata": {{"k": 1, "k": 2}}}}'.encode()
+    r = env.client.post("/v1/memories", content=big, headers={**env.auth(), **json_type})
+    assert_error(r, 422, "validation_error", "metadata.k")
+    assert env.store.count() == 1
 
 
 # ---- end to end over a real socket --------------------------------------------------------------------
