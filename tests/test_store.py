@@ -438,6 +438,32 @@ def test_bad_vectors_are_rejected_and_change_nothing(engine: Store, bad: Any) ->
     assert exc.value.field == "vector"
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [np.zeros(DIM), np.full(DIM, 1e-30), np.full(DIM, 1e30)],
+    ids=["zero", "underflowing", "overflowing"],
+)
+def test_a_vector_without_a_direction_is_refused_before_anything_is_written(engine: Store, bad: Any) -> None:
+    """A zero vector (or one whose length float32 cannot hold) scores 0 against every query: stored, it
+    was never found and counted as a real score wherever it was a candidate."""
+    a, b = mem("a"), mem("b")
+    engine.put_many([a, b])
+    with pytest.raises(ValidationError) as exc:
+        engine.set_vectors([a.id, b.id], np.stack([unit_vectors(1)[0], bad]))
+    assert exc.value.field == "vectors" and "row 1" in exc.value.problem and exc.value.fix
+    assert [u.id for u in engine.unembedded(10)] == [a.id, b.id]  # the good row was not written either
+    c = mem("c")
+    with pytest.raises(ValidationError) as exc:
+        engine.write([c], bad.reshape(1, DIM), [Event("add", c.id)])
+    assert exc.value.field == "vectors"
+    assert engine.get_many([c.id]) == {} and engine.read_events(0, 10, c.id) == []
+    with pytest.raises(ValidationError):
+        TenantStore(engine, "default").set_vectors([a.id], bad.reshape(1, DIM))
+    assert engine.vectors_of([a.id, b.id]) == {}
+    # a query vector is not held to it: a zero query finds nothing better than anything else
+    engine.query(Query(vector=np.zeros(DIM)))
+
+
 def test_filter_only_query_lists_newest_first_with_limit(engine: Store) -> None:
     docs = [mem(f"m{i}", created_at=T0 + timedelta(minutes=i)) for i in (3, 0, 4, 1, 2)]
     engine.put_many(docs)

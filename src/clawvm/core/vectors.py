@@ -39,6 +39,17 @@ def normalize(v: np.ndarray) -> np.ndarray:
     return v / np.where(n == 0, 1.0, n)
 
 
+def undirected_rows(v: np.ndarray) -> np.ndarray:
+    """The indices of the rows of ``v`` (2-D, finite) that :func:`normalize` cannot make unit length: zero
+    rows, and rows whose length under- or overflows float32. Such a row has no direction: its cosine with
+    every query is 0, so a search never finds it, and a fusion that normalises scores counts it as a
+    real score."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # what is being looked for
+        lengths = np.linalg.norm(normalize(v), axis=-1).reshape(-1)
+    # a unit row is within float32 rounding of 1; NaN (from an overflowed length) compares false too
+    return np.flatnonzero(~(np.abs(lengths - 1.0) < 1e-3))
+
+
 def matvec(m: np.ndarray, v: np.ndarray) -> np.ndarray:
     """``m @ v`` for a (rows, dim) float32 matrix, on the calling thread (see the module docstring)."""
     out: np.ndarray = np.einsum("ij,j->i", m, v)
