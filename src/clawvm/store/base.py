@@ -46,6 +46,13 @@ class Query:
     ``around`` nor ``expand``, the newest memories matching the filters are returned in
     ``QueryResult.filtered``.
 
+    Ties: of equal scores (the same text twice, identical vectors, an equal cosine) every scored channel
+    (``lexical``, ``context``, ``dense``) ranks the later stored memory first and, where the limit cuts a
+    run of equal scores, keeps the later stored ones: the engine's insertion order (the in-process
+    index's row, PostgreSQL's ``seq``), newest first, as ``filtered`` orders memories created at the same
+    instant. (Recall's fusion then breaks its own ties by id, newer first too.) An approximate dense
+    search (PostgreSQL's HNSW) keeps the rule among the rows it returns, reading a few past the limit.
+
     Optional channels (all off by default; every engine implements them, see ``store/index.py``):
 
     - ``lexical``: with ``text``, BM25 over each memory's own text (``QueryResult.lexical``);
