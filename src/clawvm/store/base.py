@@ -395,7 +395,7 @@ def check_stored_vectors(
         raise ValidationError(
             field,
             f"{which} (or too small or large to normalise): cosine can never find it",
-            "pass a vector with a nonzero value, or none (the memory then waits for the embedder)",
+            "pass a vector with a nonzero value, or none: the memory then waits for the embedder",
         )
     return v
 
