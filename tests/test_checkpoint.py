@@ -17,8 +17,11 @@ from hypothesis import strategies as st
 
 import clawvm
 from clawvm import Filters, Harness, NotFoundError, StateConflictError, Status, Tier, ValidationError
+from clawvm.teams import shared as teams
+from clawvm.teams.merge import merge_team
 from clawvm.vm import checkpoint as checkpoints
 from clawvm.vm.tiers import PagerConfig, TierBudgets
+from engines import harness_target
 
 T0 = datetime(2030, 7, 1, 9, 0, tzinfo=UTC)
 BUDGETS = TierBudgets(working_tokens=120, working_items=4, short_term_items=4, long_term_items=4)
@@ -515,3 +518,33 @@ def test_a_memory_decompressed_since_the_checkpoint_stays_whole_and_points_at_no
         back = h.get(m.id)
         assert back.content == text and "compression" not in back.metadata
         assert raw_id not in [link.target for link in back.links]
+
+
+def test_a_rollback_that_undoes_a_revision_and_a_merge_leaves_no_memory_claiming_a_successor(
+    engine_name: str, tmp_path: Path
+) -> None:
+    """Revised and merged after the checkpoint, then rolled back: the old head and the merge's sources
+    are active again, and none still names the revision or the merge (obsoleted by the rollback) as what
+    replaced it; the chain's head is the old head again, and it can be revised."""
+    h, now = open_clocked(harness_target(engine_name, tmp_path))
+    with h:
+        head = h.record("the ledger service uses mysql", session_id="s1", created_at=now[0])
+        dupes = [h.record("the billing api returns amounts in cents", session_id="s1", kind="observation",
+                          created_at=now[0]) for _ in range(2)]
+        cp = h.checkpoint("s1", "before")
+        now[0] += timedelta(minutes=5)
+        revision = h.revise(head.id, content="the ledger service uses postgres")
+        assert teams.latest(h, head.id).id == revision.id  # (a reader that walked the chain once)
+        assert merge_team(h).merged
+        sources = h.store.get_many([d.id for d in dupes]).values()
+        assert {m.metadata.get("merged_into") for m in sources} - {None}  # one went into the other's revision
+        report = h.rollback(cp)
+        assert revision.id in report.obsoleted
+        for m in h.store.get_many([head.id, *(d.id for d in dupes)]).values():
+            assert m.status is Status.ACTIVE
+            assert "superseded_by" not in m.metadata and "merged_into" not in m.metadata, m.metadata
+        assert teams.latest(h, head.id).id == head.id
+        assert [m.id for m in h.history(head.id)] == [head.id]
+        again = h.revise(head.id, content="the ledger service uses sqlite")
+        assert teams.latest(h, head.id).id == again.id
+        assert h.get(head.id).metadata["superseded_by"] == again.id

@@ -207,3 +207,45 @@ def test_an_embeddings_endpoints_bad_setting_is_refused_where_it_is_made(
     with pytest.raises(ValidationError) as exc:
         OpenAIEmbedder(**given)
     assert exc.value.field == field
+
+
+class _NoDirectionFor:
+    """A model that answers one text with a zero vector (and another with NaN): stores refuse both."""
+
+    name = "no-direction"
+    dim = 384
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.seen += texts
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        out[:, 0] = 1.0
+        for n, text in enumerate(texts):
+            if text == "nothing":
+                out[n] = 0.0
+            elif text == "broken":
+                out[n] = np.nan
+        return out
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.embed([text])[0]
+
+
+def test_a_text_the_model_gives_no_direction_is_left_unembedded_and_the_backlog_goes_on() -> None:
+    """A batch holding a zero (or NaN) vector was refused whole by set_vectors, read again as pending
+    on every pass: the backlog stopped at that memory for good. It is left out, and embedded once."""
+    model = _NoDirectionFor()
+    with Harness.open("memory://", embedder=None) as h:
+        ms = [h.record(text) for text in ("before", "nothing", "broken", "after")]
+        worker = EmbedWorker(model, h.store.unembedded, h.writer.attach_vectors, batch_size=2)
+        worker.start()
+        try:
+            worker.flush(timeout=30)
+            worker.flush(timeout=30)  # a second pass embeds neither again
+            assert set(h.store.vectors_of([m.id for m in ms])) == {ms[0].id, ms[3].id}
+            assert {u.id for u in h.store.unembedded(10)} == {ms[1].id, ms[2].id}
+            assert sorted(model.seen) == ["after", "before", "broken", "nothing"]
+        finally:
+            worker.stop()

@@ -200,3 +200,23 @@ def test_cli_refuses_a_source_that_does_not_exist_or_holds_nothing(tmp_path: Pat
     nothing = runner.invoke(main, ["migrate", "--from", empty, "--to", str(target)])
     assert nothing.exit_code == 2 and "holds no memories, events or keys" in nothing.output, nothing.output
     assert not target.exists()
+
+
+def test_a_zero_vector_an_older_version_stored_is_left_behind_and_the_rest_copied(tmp_path: Path) -> None:
+    """Stores refuse a vector without a direction now; one written before would halt a copy half done
+    (the target refuses it): it stays behind, uncounted, and the target embeds that memory from its text."""
+    source, target = make_store("memory", tmp_path), make_store("sqlite", tmp_path, "dst.db")
+    source.setup()
+    target.setup()
+    try:
+        ms = fill(source)
+        zero = np.zeros(384, dtype=np.float32)
+        source._vectors[ms[3].id] = zero  # type: ignore[attr-defined]  # as an older version stored it
+        source.index.set_vector(ms[3].id, zero)  # type: ignore[attr-defined]
+        report = migrate(source, target, batch=5)
+        assert report.vectors == len(ms) - 3 and report.source == report.target
+        assert ms[3].id not in target.vectors_of([ms[3].id])
+        assert {u.id for u in target.unembedded(len(ms))} == {m.id for m in ms[:2]} | {ms[3].id}
+    finally:
+        source.close()
+        target.close()

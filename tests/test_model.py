@@ -115,6 +115,9 @@ def test_precomputed_embedding_of_the_wrong_size_is_rejected(harness: Harness) -
     assert exc.value.field == "embedding"
     with pytest.raises(ValidationError):
         harness.record("x", embedding=[float("nan")] * 384)
+    with pytest.raises(ValidationError) as exc:  # as set_vectors refuses it: cosine never finds it
+        harness.record("x", embedding=[0.0] * 384)
+    assert exc.value.field == "embedding" and "zero vector" in exc.value.problem
     assert harness.store.count() == 0
 
 

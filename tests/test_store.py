@@ -407,6 +407,31 @@ def test_dense_limit_sets_the_dense_channels_own_depth(engine: Store) -> None:
     assert len(engine.query(Query(vector=vecs[0], limit=2)).dense) == 2  # no dense_limit: ``limit``
 
 
+def test_equal_scores_rank_the_later_stored_memory_first_on_every_channel(engine: Store) -> None:
+    """Identical vectors, an equal cosine, the same text: each channel ranks the later stored memory
+    first, and a limit that cuts a run of equal scores keeps the later stored ones (the contract's tie
+    rule, :class:`Query`), on every engine alike."""
+    best, *same = [mem("the backup job failed again") for _ in range(5)]
+    engine.put_many([best, *same[:2]])
+    engine.put_many(same[2:])  # a later write: its memories are the later stored
+    e = np.eye(DIM, dtype=np.float32)
+    tied = e[0] + e[1]
+    rows = [e[0] + 0.01 * e[3], tied, tied, e[0] + e[2], tied]  # row 3: an equal cosine, another vector
+    engine.set_vectors([m.id for m in [best, *same]], np.stack(rows))
+    newest_first = [m.id for m in reversed(same)]
+    hits = engine.query(Query(vector=e[0], lexical=False, limit=10)).dense
+    assert [i for i, _ in hits] == [best.id, *newest_first]
+    assert len({s for _, s in hits[1:]}) == 1  # the four tie exactly
+    for limit in (2, 3, 4):  # the cut falls inside the run: the later stored stay
+        cut = engine.query(Query(vector=e[0], lexical=False, limit=limit)).dense
+        assert [i for i, _ in cut] == [best.id, *newest_first][:limit]
+    words = engine.query(Query(text="backup job failed", limit=3)).lexical
+    assert [i for i, _ in words] == [m.id for m in reversed([best, *same])][:3]
+    engine.put(bump(same[0], tags=["moved"]))  # a change is not a new memory: the order stays
+    hits = engine.query(Query(vector=e[0], lexical=False, limit=10, filters=Filters.of(tags_any=None))).dense
+    assert [i for i, _ in hits] == [best.id, *newest_first]
+
+
 def test_set_vectors_ignores_unknown_ids(engine: Store) -> None:
     a = mem("a")
     engine.put(a)
@@ -436,6 +461,32 @@ def test_bad_vectors_are_rejected_and_change_nothing(engine: Store, bad: Any) ->
     with pytest.raises(ValidationError) as exc:
         engine.query(Query(vector=np.zeros(DIM // 2)))
     assert exc.value.field == "vector"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [np.zeros(DIM), np.full(DIM, 1e-30), np.full(DIM, 1e30)],
+    ids=["zero", "underflowing", "overflowing"],
+)
+def test_a_vector_without_a_direction_is_refused_before_anything_is_written(engine: Store, bad: Any) -> None:
+    """A zero vector (or one whose length float32 cannot hold) scores 0 against every query: stored, it
+    was never found and counted as a real score wherever it was a candidate."""
+    a, b = mem("a"), mem("b")
+    engine.put_many([a, b])
+    with pytest.raises(ValidationError) as exc:
+        engine.set_vectors([a.id, b.id], np.stack([unit_vectors(1)[0], bad]))
+    assert exc.value.field == "vectors" and "row 1" in exc.value.problem and exc.value.fix
+    assert [u.id for u in engine.unembedded(10)] == [a.id, b.id]  # the good row was not written either
+    c = mem("c")
+    with pytest.raises(ValidationError) as exc:
+        engine.write([c], bad.reshape(1, DIM), [Event("add", c.id)])
+    assert exc.value.field == "vectors"
+    assert engine.get_many([c.id]) == {} and engine.read_events(0, 10, c.id) == []
+    with pytest.raises(ValidationError):
+        TenantStore(engine, "default").set_vectors([a.id], bad.reshape(1, DIM))
+    assert engine.vectors_of([a.id, b.id]) == {}
+    # a query vector is not held to it: a zero query finds nothing better than anything else
+    engine.query(Query(vector=np.zeros(DIM)))
 
 
 def test_filter_only_query_lists_newest_first_with_limit(engine: Store) -> None:

@@ -267,3 +267,24 @@ def test_codes_stay_current_through_adds_removals_growth_and_a_refit() -> None:
     keep = max(int(0.1 * len(idx)), 4 * 10)  # 4 x n_cand (40) is more than the share (13)
     cut = np.sort(same)[::-1][keep - 1]  # brute force: every valid row as good as the keep-th best
     assert set(near.tolist()) == set(np.flatnonzero(same >= cut).tolist())
+
+
+@pytest.mark.parametrize("exact_below", [20_000, 500], ids=["exact", "projected"])
+def test_equal_scores_keep_and_rank_the_highest_rows_first(exact_below: int) -> None:
+    """Copies of one vector scattered among others: the exact scan and the projected screen both rank the
+    highest rows (the later stored) first, and a limit that cuts the copies keeps the highest ones."""
+    rng = np.random.default_rng(11)
+    x = unit(rng, 3000)
+    copies = np.sort(rng.choice(3000, 12, replace=False))
+    x[copies] = x[copies[0]]
+    idx = VectorIndex(DIM, exact_below=exact_below)
+    idx.add(np.arange(3000), x)
+    allowed = np.ones(3000, dtype=bool)
+    allowed[copies[-1]] = False  # a masked copy is not a candidate at all
+    for limit, mask in ((5, None), (12, None), (20, None), (5, allowed)):
+        hits = idx.search(x[copies[0]], limit, mask)
+        kept = copies if mask is None else copies[:-1]
+        want = [int(r) for r in kept[::-1][:limit]]
+        assert [r for r, _ in hits[: len(want)]] == want
+        assert len({s for _, s in hits[: len(want)]}) == 1
+    assert exact_below > 3000 or idx._proj is not None  # the projected screen did the search

@@ -15,6 +15,7 @@ Apache-2.0: ``core/minilm/NOTICE``) and held to the model's ``tokenizer.json`` b
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import re
 import statistics
@@ -33,7 +34,7 @@ import numpy as np
 
 from clawvm.core.errors import EmbedderError, ValidationError
 from clawvm.core.openai_http import FAILURES, check_endpoint_settings, post_json
-from clawvm.core.vectors import normalize
+from clawvm.core.vectors import normalize, undirected_rows
 
 
 @runtime_checkable
@@ -49,6 +50,8 @@ class Embedder(Protocol):
 
 
 #: the model's special tokens: matched whole in any text, as the model's tokenizer.json declares them
+_log = logging.getLogger(__name__)
+
 _SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _MAX_WORD_CHARS = 100  # BERT's WordPiece: a longer word is one [UNK]
 
@@ -358,6 +361,7 @@ class EmbedWorker:
         self._stopped = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._undirected: set[tuple[str, str]] = set()  # (id, text) the model gave no direction
 
     def start(self) -> None:
         with self._wake:
@@ -402,7 +406,7 @@ class EmbedWorker:
             # at a time: a batch holds texts of like length, which the model pads little. On the ingest
             # texts of bench/limits.py, batches of the oldest 64 fed the model 9.7% more tokens (padding)
             # than one sort of all 500; four batches sorted together, 1.2% more
-            pending = sorted(self._pending(self.batch_size * LOOKAHEAD), key=lambda item: len(item[1]))
+            pending = sorted(self._waiting(), key=lambda item: len(item[1]))
             if not pending:
                 return
             for start in range(0, len(pending), self.batch_size):
@@ -413,8 +417,9 @@ class EmbedWorker:
                 batch = pending[start : start + self.batch_size]
                 ids, texts = [i for i, _ in batch], [text for _, text in batch]
                 try:
-                    # passing the texts makes the write conditional: a newer text or vector wins
-                    self._write(ids, self.embedder.embed(texts), texts)
+                    ids, vectors, texts = self._with_direction(ids, self.embedder.embed(texts), texts)
+                    if ids:  # passing the texts makes the write conditional: a newer text or vector wins
+                        self._write(ids, vectors, texts)
                 finally:
                     if until_stopped and not self._niced:
                         # after the first batch, not before: the model is loaded by then, and the threads
@@ -422,6 +427,36 @@ class EmbedWorker:
                         # inherit the priority of the thread that loads it
                         self._niced = True
                         lower_thread_priority(self.nice)
+
+    def _waiting(self) -> list[tuple[str, str]]:
+        """Up to ``LOOKAHEAD`` batches of (id, text) to embed, oldest first, but those the model gave no
+        direction (:meth:`_with_direction`)."""
+        want = self.batch_size * LOOKAHEAD
+        found = self._pending(want + len(self._undirected))
+        return [(i, t) for i, t in found if (i, t) not in self._undirected][:want]
+
+    def _with_direction(
+        self, ids: list[str], vectors: np.ndarray, texts: list[str]
+    ) -> tuple[list[str], np.ndarray, list[str]]:
+        """The rows of a batch that a store takes: one without a direction (the model's zero or NaN vector
+        for some text) is refused by ``set_vectors`` with the whole batch, and read again as pending on the
+        next pass, so it would stop the backlog there for good. Its memory is left unembedded (lexical
+        search finds it) and this worker does not embed that text again; a warning names it."""
+        v = np.asarray(vectors, dtype=np.float32)
+        if v.ndim != 2 or len(v) != len(ids):
+            return ids, v, texts  # set_vectors names what is wrong with the model's answer
+        bad = set(undirected_rows(v).tolist())
+        if not bad:
+            return ids, v, texts
+        for n in sorted(bad):
+            self._undirected.add((ids[n], texts[n]))
+            _log.warning(
+                "the embedding model gave memory %s no direction (a zero or NaN vector): left unembedded, "
+                "lexical search still finds it",
+                ids[n],
+            )
+        keep = [n for n in range(len(ids)) if n not in bad]
+        return [ids[n] for n in keep], v[keep], [texts[n] for n in keep]
 
     def _defer_while_busy(self) -> None:
         """Wait while requests are busy (see ``busy``), at most ``max_defer_s``: under steady load the

@@ -601,6 +601,11 @@ def build_memory(fields: Mapping[str, Any]) -> Memory:
 #: them as identifiers (and event data keys of these names).
 SCOPE_IDS = ("session_id", "task_id", "agent_id", "tool_name", "team_id")
 
+#: The metadata keys that name what replaced an obsolete memory: the next revision of its chain
+#: (``superseded_by``) or the merge it went into (``merged_into``). Only an obsolete memory names one: a
+#: memory made active again (a rollback undoing the revision) drops it.
+REPLACED_BY = ("superseded_by", "merged_into")
+
 #: Fields a caller's change (an update, a revision) may not set, each with what sets it instead (the
 #: REST API does not take them either).
 SET_BY_HARNESS = {

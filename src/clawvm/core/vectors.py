@@ -39,6 +39,17 @@ def normalize(v: np.ndarray) -> np.ndarray:
     return v / np.where(n == 0, 1.0, n)
 
 
+def undirected_rows(v: np.ndarray) -> np.ndarray:
+    """The indices of the rows of ``v`` (2-D, finite) that :func:`normalize` cannot make unit length: zero
+    rows, and rows whose length under- or overflows float32. Such a row has no direction: its cosine with
+    every query is 0, so a search never finds it, and a fusion that normalises scores counts it as a
+    real score."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # what is being looked for
+        lengths = np.linalg.norm(normalize(v), axis=-1).reshape(-1)
+    # a unit row is within float32 rounding of 1; NaN (from an overflowed length) compares false too
+    return np.flatnonzero(~(np.abs(lengths - 1.0) < 1e-3))
+
+
 def matvec(m: np.ndarray, v: np.ndarray) -> np.ndarray:
     """``m @ v`` for a (rows, dim) float32 matrix, on the calling thread (see the module docstring)."""
     out: np.ndarray = np.einsum("ij,j->i", m, v)
@@ -199,11 +210,8 @@ class VectorIndex:
             else:
                 rows = near[top_indices(self._screen_of(near, q @ self._proj), n_cand)]
             scores = matvec(self._x[rows], q)
-        if len(rows) > limit:
-            top = np.argpartition(-scores, limit - 1)[:limit]
-            rows, scores = rows[top], scores[top]
-        order = np.argsort(-scores, kind="stable")
-        return list(zip(rows[order].tolist(), scores[order].tolist(), strict=True))
+        rows, scores = best_rows(rows, scores, limit)
+        return list(zip(rows.tolist(), scores.tolist(), strict=True))
 
     def _nearest_codes(
         self, q: np.ndarray, valid: np.ndarray, n_valid: int, n_cand: int
@@ -246,6 +254,28 @@ class VectorIndex:
             got = np.take(self._xp, part, axis=0, out=block[: len(part)], mode="clip")
             out[start : start + len(part)] = matvec(got, qp)
         return out
+
+
+def best_rows(rows: np.ndarray, scores: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``limit`` best of ``rows`` by ``scores``, best first; of equal scores the highest rows (the later
+    stored) are kept and come first: the tie rule of every search channel and engine (see
+    :class:`clawvm.store.base.Query`). Only the candidates are touched, never the index, and ties (rare)
+    cost only when there are some: one count at the cut, one look at the sorted scores."""
+    if len(rows) > limit:
+        top = np.argpartition(-scores, limit - 1)[:limit]
+        floor = scores[top].min()
+        if np.count_nonzero(scores == floor) > np.count_nonzero(scores[top] == floor):
+            # the cut falls inside a run of equal scores: of that run, the highest rows stay
+            sure, tied = top[scores[top] > floor], np.flatnonzero(scores == floor)
+            tied = tied[np.argsort(rows[tied])[len(tied) - (limit - len(sure)) :]]
+            top = np.concatenate([sure, tied])
+        rows, scores = rows[top], scores[top]
+    order = np.argsort(-scores, kind="stable")
+    rows, scores = rows[order], scores[order]
+    if len(scores) > 1 and (scores[1:] == scores[:-1]).any():  # equal scores: the highest row first
+        order = np.lexsort((-rows, -scores))
+        rows, scores = rows[order], scores[order]
+    return rows, scores
 
 
 def code_words(dim: int) -> int:

@@ -84,7 +84,7 @@ from clawvm.recall.retrieval import (
     run_recall,
 )
 from clawvm.store import Event, Store, store_from_url
-from clawvm.store.base import PageKey, ReadOnlyStore, StoreReader, check_vectors, while_open
+from clawvm.store.base import PageKey, ReadOnlyStore, StoreReader, check_stored_vectors, while_open
 from clawvm.store.crypto import DataKeys
 from clawvm.store.kinds import EventKind
 from clawvm.store.tenant import TenantStore
@@ -1381,7 +1381,7 @@ class Harness:
 
     def _check_vector(self, embedding: Sequence[float] | np.ndarray) -> np.ndarray:
         dim = self.embedder.dim if self.embedder else self._store.dim
-        vector: np.ndarray = check_vectors(1, embedding, dim, field="embedding")[0]
+        vector: np.ndarray = check_stored_vectors(1, embedding, dim, field="embedding")[0]
         return vector
 
     def _refuse_frozen(self, memory: Memory) -> None:

@@ -34,6 +34,7 @@ import numpy as np
 
 from clawvm.core.errors import ConflictError, NotFoundError, StoreError, ValidationError
 from clawvm.core.model import Filters, LinkType, Memory, utcnow
+from clawvm.core.vectors import undirected_rows
 from clawvm.store.kinds import EventKind, kind_of
 
 
@@ -44,6 +45,13 @@ class Query:
     ``limit`` is per channel (``dense_limit``, when given, for the dense channel). With neither text, vector,
     ``around`` nor ``expand``, the newest memories matching the filters are returned in
     ``QueryResult.filtered``.
+
+    Ties: of equal scores (the same text twice, identical vectors, an equal cosine) every scored channel
+    (``lexical``, ``context``, ``dense``) ranks the later stored memory first and, where the limit cuts a
+    run of equal scores, keeps the later stored ones: the engine's insertion order (the in-process
+    index's row, PostgreSQL's ``seq``), newest first, as ``filtered`` orders memories created at the same
+    instant. (Recall's fusion then breaks its own ties by id, newer first too.) An approximate dense
+    search (PostgreSQL's HNSW) keeps the rule among the rows it returns, reading a few past the limit.
 
     Optional channels (all off by default; every engine implements them, see ``store/index.py``):
 
@@ -373,6 +381,25 @@ def check_vectors(
     return v.reshape(n, dim)
 
 
+def check_stored_vectors(
+    n: int, vectors: np.ndarray | Sequence[Any], dim: int, field: str = "vectors"
+) -> np.ndarray:
+    """:func:`check_vectors` for vectors to store (:meth:`Store.set_vectors`, :meth:`Store.write`, an
+    embedding given to ``record``): each row must also have a direction. A zero row (or one too small or
+    large to normalise in float32) is never found by cosine and scores 0 against every query, so it is
+    refused before anything is written (:class:`ValidationError`); a query vector is not held to this."""
+    v = check_vectors(n, vectors, dim, field)
+    bad = undirected_rows(v)
+    if len(bad):
+        which = "is a zero vector" if n == 1 else f"row {int(bad[0])} is a zero vector"
+        raise ValidationError(
+            field,
+            f"{which} (or too small or large to normalise): cosine can never find it",
+            "pass a vector with a nonzero value, or none: the memory then waits for the embedder",
+        )
+    return v
+
+
 def leading_vectors(
     memories: Sequence[Memory], vectors: np.ndarray | Sequence[Any], dim: int
 ) -> tuple[list[str], np.ndarray]:
@@ -384,7 +411,7 @@ def leading_vectors(
         raise ValidationError(
             "vectors", f"has {rows} rows for {len(memories)} memories", "pass at most one row per memory"
         )
-    return [m.id for m in memories[:rows]], check_vectors(rows, v, dim)
+    return [m.id for m in memories[:rows]], check_stored_vectors(rows, v, dim)
 
 
 class Store(ABC):
@@ -438,7 +465,9 @@ class Store(ABC):
     def set_vectors(
         self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None
     ) -> None:
-        """Attach embeddings (unit-normalised here) to stored memories; unknown ids are ignored.
+        """Attach embeddings (unit-normalised here) to stored memories; unknown ids are ignored. Every row
+        is checked before anything is written (:func:`check_stored_vectors`: shape, finite values, a
+        direction).
 
         With ``contents`` (what the background worker embedded), a vector is written only where the memory
         still has exactly that content and no vector yet: a caller-supplied vector, or an update of the

@@ -27,7 +27,7 @@ from clawvm.store.base import (
     check_credential_version,
     check_import,
     check_stored,
-    check_vectors,
+    check_stored_vectors,
     check_versions,
     credential_json,
     credential_order,
@@ -133,7 +133,7 @@ class MemoryStore(Store):
     def set_vectors(
         self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None
     ) -> None:
-        vecs = check_vectors(len(ids), vectors, self.dim)
+        vecs = check_stored_vectors(len(ids), vectors, self.dim)
         with self._lock:
             for n, (i, v) in enumerate(zip(ids, vecs, strict=True)):
                 stored = self._memories.get(i)

@@ -5,7 +5,9 @@ the version it carries), its vector when it has one (in the same write as its me
 order with its sequence numbers, the log's and each tenant's (:meth:`Store.import_events`: outputs and
 context builds refer to events by number, so ``Lens.influence`` of a copied output still finds its
 build) and every credential (API keys: :meth:`clawvm.store.Store.put_credential`, versions kept).
-Links travel inside their memories; the search indexes are the target's own.
+Links travel inside their memories; the search indexes are the target's own. A vector without a direction
+(a zero vector, which stores refuse since, written by an older version) is left behind, and not counted
+on either side: the target embeds that memory from its text.
 
 The target must be empty: a copy into a store that already holds memories, events or credentials could not
 be told apart from them afterwards. Then the copy is verified: counts and order-independent checksums of
@@ -32,6 +34,7 @@ import numpy as np
 
 from clawvm.core.errors import StoreError, ValidationError
 from clawvm.core.model import Memory, counted
+from clawvm.core.vectors import undirected_rows
 from clawvm.store.base import Credential, Event, Store
 from clawvm.store.eventlog import event_pages
 
@@ -132,6 +135,18 @@ def _batches(store: Store, size: int) -> Iterator[list[Memory]]:
         yield batch
 
 
+def copied_vectors(store: Store, ids: list[str]) -> dict[str, np.ndarray]:
+    """The vectors of ``ids`` that a copy carries: those with a direction. A zero vector stored by an older
+    version would be refused by the target's write (:func:`clawvm.store.base.check_stored_vectors`) and
+    halt the copy half done; left behind, its memory is embedded from its text in the target."""
+    found = store.vectors_of(ids)
+    if not found:
+        return found
+    keys = list(found)
+    bad = {keys[i] for i in undirected_rows(np.stack([found[k] for k in keys])).tolist()}
+    return {k: v for k, v in found.items() if k not in bad} if bad else found
+
+
 def summarize(store: Store, batch: int = 500) -> Summary:
     """Counts and checksums of ``store``'s memories, vectors and events."""
     n = vectors = 0
@@ -139,7 +154,7 @@ def summarize(store: Store, batch: int = 500) -> Summary:
     for memories in _batches(store, batch):
         n += len(memories)
         total = (total + sum(_digest(m.to_json()) for m in memories)) % _MOD
-        vectors += len(store.vectors_of([m.id for m in memories]))
+        vectors += len(copied_vectors(store, [m.id for m in memories]))
     events = 0
     etotal = 0
     for page in event_pages(store, batch=1000):
@@ -177,7 +192,7 @@ def migrate(
         bulk.drop_vector_index()
     try:
         for memories in _batches(source, batch):
-            found = source.vectors_of([m.id for m in memories])
+            found = copied_vectors(source, [m.id for m in memories])
             # the embedded memories first: Store.write takes vectors for its leading memories
             ordered = sorted(memories, key=lambda m: m.id not in found)
             copies = {m.id for m in memories}  # new in the target at the versions they carry
@@ -223,7 +238,7 @@ def check(source: Store, target: Store, batch: int = 500) -> Verified:
     worst = 0.0
     for memories in _batches(source, batch):
         ids = [m.id for m in memories]
-        want, got = source.vectors_of(ids), target.vectors_of(ids)
+        want, got = copied_vectors(source, ids), copied_vectors(target, ids)
         if want.keys() != got.keys():
             raise StoreError(f"vectors differ: {len(want)} in the source batch, {len(got)} in the target")
         for i, v in want.items():

@@ -87,7 +87,7 @@ from clawvm.store.base import (
     check_credential_version,
     check_removable,
     check_stored,
-    check_vectors,
+    check_stored_vectors,
     check_versions,
     credential_json,
     credentials_page_sql,
@@ -605,7 +605,7 @@ class PostgresStore(Store):
     def set_vectors(
         self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None
     ) -> None:
-        vecs = normalize(check_vectors(len(ids), vectors, self.dim))
+        vecs = normalize(check_stored_vectors(len(ids), vectors, self.dim))
         if any(is_valid_id(i) for i in ids):
             self._write("set_vectors", lambda conn: self._set_vectors(conn, ids, vecs, contents))
 

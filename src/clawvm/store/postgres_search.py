@@ -19,7 +19,8 @@ data (see ``store/base.py`` :class:`Query`), computed from the tables instead of
   the order differs from the exact one in process (six memories in two sessions: another top 5);
 - ``dense``: pgvector's HNSW index (inner product of unit vectors = cosine) with iterative scans, so
   filtered queries still fill their limit; an exact scan of the filtered rows when the index comes back
-  short (few rows pass the filters, or the limit is beyond what HNSW serves);
+  short (few rows pass the filters, or the limit is beyond what HNSW serves). Equal scores: the later
+  stored row (higher ``seq``) first, as in process (``TIE_MARGIN`` rows past the limit are read for it);
 - ``info``/``around``: creation time, session and same-session neighbours from the session index;
 - ``related``: the write-time entity graph (``entities`` table), weighted and ordered as in process.
 
@@ -400,7 +401,10 @@ class Searcher:
         first)."""
         if limit <= 0 or limit > 1000:  # HNSW's candidate list (ef_search) tops out at 1000
             return None
-        sql, args = self.dense_sql(self._unit(vector), limit, where, wargs, exact=False)
+        # a few rows past the limit: the index orders by distance alone, and rows tied at the cut are
+        # kept by the tie rule (the later stored), sorted here (:meth:`_read_dense`)
+        fetch = min(limit + TIE_MARGIN, 1000)
+        sql, args = self.dense_sql(self._unit(vector), fetch, where, wargs, exact=False)
         set_dense_scan(conn, limit)
         return conn.execute(sql, args)
 
@@ -417,7 +421,8 @@ class Searcher:
             return []
         if cur is not None:
             found = [Hit(int(s), str(i), -float(d)) for s, i, d in cur.fetchall()]
-            hits = sorted(found, key=lambda h: (-h.score, h.seq))
+            # equal scores: the later stored (the higher seq) first, as every channel and engine ranks them
+            hits = sorted(found, key=lambda h: (-h.score, -h.seq))[:limit]
             if len(hits) == limit or len(hits) == self._passing(conn, limit, where, wargs):
                 return hits
         sql, args = self.dense_sql(self._unit(vector), limit, where, wargs, exact=True)
@@ -447,7 +452,7 @@ class Searcher:
         select = f"""SELECT m.seq, m.id, v.embedding <#> %b AS d
                      FROM vectors v JOIN memories m ON m.tenant = v.tenant AND m.seq = v.seq WHERE {where}"""
         if exact:  # a materialised set cannot be read through the index: an exact sort
-            sql = f"WITH c AS MATERIALIZED ({select}) SELECT seq, id, d FROM c ORDER BY d, seq LIMIT %s"
+            sql = f"WITH c AS MATERIALIZED ({select}) SELECT seq, id, d FROM c ORDER BY d, seq DESC LIMIT %s"
             return sql, [v, *wargs, min(limit, MAX_COUNT)]
         return f"{select} ORDER BY v.embedding <#> %b LIMIT %s", [v, *wargs, v, limit]
 
@@ -539,6 +544,10 @@ class Searcher:
 #: Rows an iterative index scan may visit per query before it gives up (pgvector's default is 20,000):
 #: enough for a filter that passes 1 row in 100 to fill a limit of 100 twice over.
 MAX_SCAN_TUPLES = 20_000
+#: Rows the HNSW statement reads past the dense limit, so that rows tied at the cut are ranked by the tie
+#: rule (the index orders by distance alone); a run of equal scores longer than this across the cut is
+#: ranked among the rows the index returned, as the rest of an approximate search is.
+TIE_MARGIN = 8
 
 
 def set_dense_scan(conn: psycopg.Connection[Any], limit: int) -> None:

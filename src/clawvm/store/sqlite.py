@@ -43,7 +43,7 @@ from clawvm.store.base import (
     check_credential_version,
     check_removable,
     check_stored,
-    check_vectors,
+    check_stored_vectors,
     check_versions,
     credential_json,
     credentials_page_sql,
@@ -742,7 +742,7 @@ class SQLiteStore(IndexSnapshots, Store):
     def set_vectors(
         self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None
     ) -> None:
-        vecs = normalize(check_vectors(len(ids), vectors, self.dim))
+        vecs = normalize(check_stored_vectors(len(ids), vectors, self.dim))
         with self._write("set_vectors") as (db, rev, _counted):
             self._set_vector_rows(db, rev, ids, vecs, contents)
 

@@ -49,7 +49,7 @@ from clawvm.store.base import (
     QueryResult,
     Store,
     Unembedded,
-    check_vectors,
+    check_stored_vectors,
 )
 
 #: Namespace of the ids an import derives (uuid5 of the tenant and the imported id): fixed, so that a
@@ -143,7 +143,7 @@ class TenantStore(Store):
     def set_vectors(
         self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None
     ) -> None:
-        vecs = check_vectors(len(ids), vectors, self.dim)
+        vecs = check_stored_vectors(len(ids), vectors, self.dim)
         own = self._owned(ids)
         keep = [n for n, i in enumerate(ids) if i in own]
         if keep:

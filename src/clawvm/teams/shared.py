@@ -59,6 +59,7 @@ from clawvm.core.errors import (
 )
 from clawvm.core.ids import new_id
 from clawvm.core.model import (
+    REPLACED_BY,
     Filters,
     Kind,
     Link,
@@ -335,7 +336,7 @@ def record(
 # ---- revisions --------------------------------------------------------------------------------------------
 def successor(m: Memory) -> str | None:
     """The memory that replaced ``m`` (a newer revision, or the merge it went into), if any."""
-    nxt = m.metadata.get("superseded_by") or m.metadata.get("merged_into")
+    nxt = next((m.metadata[k] for k in REPLACED_BY if m.metadata.get(k)), None)
     return str(nxt) if nxt and m.status is Status.OBSOLETE else None
 
 
@@ -355,6 +356,12 @@ def latest(h: TeamHost, memory_id: str) -> Memory:
     if m is None:  # ...but a forgotten one is possible: start from the id itself
         m = h.store.get(memory_id)
     m = (_walk(h, m, successor) or [m])[-1]
+    if hint is not None and m.id != memory_id and m.status is Status.OBSOLETE:
+        # the hint may be past the head: a rollback obsoletes the revisions made since its checkpoint and
+        # makes an older one the head again, so a chain can shrink; the walk from the id itself is exact
+        start = h.store.get_many([memory_id]).get(memory_id)
+        if start is not None:
+            m = (_walk(h, start, successor) or [start])[-1]
     if m.id != memory_id:
         with _HEADS_LOCK:
             if len(heads) > _HEADS_SIZE:
@@ -473,7 +480,7 @@ def build_revision(
         metadata.pop("compression", None)  # the new text is not a summary of the old raw copy
         if text != current.content:  # a review approved the old text, not this one: it waits for its own
             metadata.pop(REVIEW_FIELD, None)
-    for key in ("superseded_by", "merged_into"):
+    for key in REPLACED_BY:
         metadata.pop(key, None)
     info = current.metadata.get("revision", {})
     metadata["revision"] = {

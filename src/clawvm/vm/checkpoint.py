@@ -11,8 +11,8 @@ checkpoint recorded, not a recomputation), pin, status, usage counters, access c
 the result it got later) and its links (a link to a memory made later goes). A memory compressed after
 the checkpoint gets its raw text back. Memories created after the checkpoint become ``obsolete`` (not
 deleted: analytics can still show what was undone). What it does not restore: content edited after the
-checkpoint other than by compression (revisions are new memories, and those are obsoleted; a memory
-decompressed since stays whole), memories
+checkpoint other than by compression (revisions are new memories, and those are obsoleted: the memory
+revised, or merged, since names no successor any more; a memory decompressed since stays whole), memories
 forgotten for good, memories expired since (their TTL passed: they stay expired), memories moved to
 another session since (they are that session's now), and the event log, which records the rollback (a
 ``rollback`` event lists all of it). The changes and that event are one write: a rollback is whole or not
@@ -31,6 +31,7 @@ from pydantic import ValidationError as ShapeError
 
 from clawvm.core.errors import ConflictError, NotFoundError, ValidationError
 from clawvm.core.model import (
+    REPLACED_BY,
     Filters,
     Kind,
     Link,
@@ -490,7 +491,22 @@ def _restored_fields(m: Memory, old: SnapshotLine) -> dict[str, Any]:
         fields["links"] = [
             link for link in old.links if not (link.type is LinkType.DERIVED_FROM and link.target == raw)
         ]
-    if "tool_call" in given and m.metadata.get("tool_call") != old.tool_call:
-        rest = {k: v for k, v in m.metadata.items() if k != "tool_call"}
-        fields["metadata"] = rest if old.tool_call is None else {**rest, "tool_call": old.tool_call}
+    metadata = _restored_metadata(m, old)
+    if metadata != m.metadata:
+        fields["metadata"] = metadata
     return fields
+
+
+def _restored_metadata(m: Memory, old: SnapshotLine) -> dict[str, Any]:
+    """``m``'s metadata as the rollback leaves it: its tool-call outcome as the snapshot saw it, and no
+    successor (:data:`REPLACED_BY`) unless it was obsolete then: one named since is a revision or a merge
+    made after the checkpoint, which the rollback obsoletes, and ``m`` is the head of its chain again."""
+    metadata = dict(m.metadata)
+    if "tool_call" in old.model_fields_set and metadata.get("tool_call") != old.tool_call:
+        metadata.pop("tool_call", None)
+        if old.tool_call is not None:
+            metadata["tool_call"] = old.tool_call
+    if old.status is not Status.OBSOLETE:
+        for key in REPLACED_BY:
+            metadata.pop(key, None)
+    return metadata
