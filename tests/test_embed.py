@@ -249,3 +249,23 @@ def test_a_text_the_model_gives_no_direction_is_left_unembedded_and_the_backlog_
             assert sorted(model.seen) == ["after", "before", "broken", "nothing"]
         finally:
             worker.stop()
+
+
+def test_the_texts_left_unembedded_are_remembered_up_to_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's memory of texts the model gave no direction is bounded: past it the oldest is
+    forgotten, and tried again on a later pass (a model that gave many grew the set without end)."""
+    monkeypatch.setattr("clawvm.core.embed.UNDIRECTED_KEPT", 1)
+    model = _NoDirectionFor()
+    with Harness.open("memory://", embedder=None) as h:
+        for text in ("nothing", "broken", "after"):
+            h.record(text)
+        worker = EmbedWorker(model, h.store.unembedded, h.writer.attach_vectors, batch_size=4)
+        worker.start()
+        try:
+            worker.flush(timeout=30)  # the one forgotten is tried once more, then the pass ends
+            assert sorted(model.seen[:3]) == ["after", "broken", "nothing"] and len(model.seen) == 4
+            worker.flush(timeout=30)  # each later pass tries one of the two again, not round and round
+            assert len(model.seen) == 5 and model.seen[4] in {"nothing", "broken"}
+            assert len(h.store.unembedded(10)) == 2
+        finally:
+            worker.stop()

@@ -49,9 +49,9 @@ class Embedder(Protocol):
     def embed_query(self, text: str) -> np.ndarray: ...
 
 
-#: the model's special tokens: matched whole in any text, as the model's tokenizer.json declares them
 _log = logging.getLogger(__name__)
 
+#: the model's special tokens: matched whole in any text, as the model's tokenizer.json declares them
 _SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _MAX_WORD_CHARS = 100  # BERT's WordPiece: a longer word is one [UNK]
 
@@ -315,6 +315,11 @@ class OpenAIEmbedder:
 LOOKAHEAD = 4
 
 
+#: How many texts the model gave no direction an embedding worker remembers not to embed again (bounded:
+#: a model that gave many would otherwise grow the set without end; one forgotten is tried again).
+UNDIRECTED_KEPT = 4096
+
+
 class EmbedWorker:
     """Background thread that embeds un-embedded memories in batches.
 
@@ -361,7 +366,8 @@ class EmbedWorker:
         self._stopped = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._undirected: set[tuple[str, str]] = set()  # (id, text) the model gave no direction
+        # (id, text) the model gave no direction, oldest first, at most UNDIRECTED_KEPT (see _with_direction)
+        self._undirected: dict[tuple[str, str], None] = {}
 
     def start(self) -> None:
         with self._wake:
@@ -409,6 +415,7 @@ class EmbedWorker:
             pending = sorted(self._waiting(), key=lambda item: len(item[1]))
             if not pending:
                 return
+            stored = 0
             for start in range(0, len(pending), self.batch_size):
                 if until_stopped:
                     if self._stopped:
@@ -420,6 +427,7 @@ class EmbedWorker:
                     ids, vectors, texts = self._with_direction(ids, self.embedder.embed(texts), texts)
                     if ids:  # passing the texts makes the write conditional: a newer text or vector wins
                         self._write(ids, vectors, texts)
+                        stored += len(ids)
                 finally:
                     if until_stopped and not self._niced:
                         # after the first batch, not before: the model is loaded by then, and the threads
@@ -427,6 +435,8 @@ class EmbedWorker:
                         # inherit the priority of the thread that loads it
                         self._niced = True
                         lower_thread_priority(self.nice)
+            if not stored:  # all without a direction, more than the worker remembers: the next pass
+                return  # tries again, or the worker would embed the same texts round and round
 
     def _waiting(self) -> list[tuple[str, str]]:
         """Up to ``LOOKAHEAD`` batches of (id, text) to embed, oldest first, but those the model gave no
@@ -449,7 +459,9 @@ class EmbedWorker:
         if not bad:
             return ids, v, texts
         for n in sorted(bad):
-            self._undirected.add((ids[n], texts[n]))
+            self._undirected[(ids[n], texts[n])] = None
+            if len(self._undirected) > UNDIRECTED_KEPT:  # the oldest is tried again on a later pass
+                del self._undirected[next(iter(self._undirected))]
             _log.warning(
                 "the embedding model gave memory %s no direction (a zero or NaN vector): left unembedded, "
                 "lexical search still finds it",
