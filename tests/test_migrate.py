@@ -121,6 +121,7 @@ def test_a_store_that_is_not_empty_is_refused_and_differences_are_found(tmp_path
         with pytest.raises(ValidationError) as exc:
             migrate(source, target)
         assert exc.value.field == "to" and summarize(target) == before  # nothing written
+        assert target.held_claim() is None  # nor left claimed: it opens as it did
         verified = check(source, target)
         assert verified.source == verified.target == before and verified.worst_vector_error <= 1e-5
         m = target.list(limit=1)[0]

@@ -171,7 +171,11 @@ def migrate(
     """
     batch = counted("batch", batch)  # 0 failed halfway with an IndexError, the target set up and empty
     claim = _claim(target)
-    _refuse_unless_empty(target, claim)
+    try:  # asked once the claim is held: no other migration can begin to write after this look
+        _refuse_unless_empty(target)
+    except BaseException:
+        target.release(claim)  # nothing was written: the target is as it was
+        raise
     report = _copy(source, target, batch, progress)
     if verify:
         verified = check(source, target, batch)
@@ -195,13 +199,11 @@ def _claim(target: Store) -> Claim:
     return claim
 
 
-def _refuse_unless_empty(target: Store, claim: Claim) -> None:
-    """:class:`ValidationError` when ``target`` holds anything, its claim released (nothing was written).
-    Asked once the claim is held: no other migration can begin to write into the target after this look."""
+def _refuse_unless_empty(target: Store) -> None:
+    """:class:`ValidationError` when ``target`` holds memories, events or credentials."""
     held, logged = target.count(), len(target.read_events(limit=1))
     keyed = len(target.list_credentials(limit=1))
     if held or logged or keyed:
-        target.release(claim)
         raise ValidationError(
             "to",
             f"already holds {held} memories, {'some' if logged else 'no'} events and "
