@@ -113,14 +113,15 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE events ADD COLUMN tenant_seq INTEGER;
     CREATE UNIQUE INDEX events_tenant ON events(tenant, tenant_seq);
     """,
-    # facts about the file as a whole, by key: 'claim' is the job that holds it (Store.claim)
+    # facts about the file as a whole, by key: 'claim' is the job that holds it (Store.claim); IF NOT
+    # EXISTS: a file set back to an earlier version, keeping its data, runs it again
     """
-    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
     """,
 )
 
 #: The schema version from which a file has a place for a claim (``meta``).
-_CLAIMS_SINCE = 1 + next(n for n, sql in enumerate(MIGRATIONS) if "CREATE TABLE meta" in sql)
+_CLAIMS_SINCE = 1 + next(n for n, sql in enumerate(MIGRATIONS) if "EXISTS meta" in sql)
 
 # Insert a credential, or replace the stored one only when it is the next version (the compare-and-set of
 # Store.put_credential, in one statement); no row comes back when the check fails.
