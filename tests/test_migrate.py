@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -9,12 +14,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+import clawvm
 import pg_server
-from clawvm import Harness, Link, LinkType, Memory, Status, StoreError, ValidationError
+from clawvm import ClaimedError, Harness, Link, LinkType, Memory, Status, StoreError, ValidationError
 from clawvm.cli import main
 from clawvm.observe.lens import Lens, record_output
-from clawvm.store import Event, Query, Store, store_from_url
-from clawvm.store.migrate import check, migrate, summarize
+from clawvm.store import Event, MemoryStore, Query, Store, store_from_url
+from clawvm.store.migrate import Report, check, migrate, summarize
 from engines import engine_of, harness_target, make_store
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
@@ -115,6 +121,7 @@ def test_a_store_that_is_not_empty_is_refused_and_differences_are_found(tmp_path
         with pytest.raises(ValidationError) as exc:
             migrate(source, target)
         assert exc.value.field == "to" and summarize(target) == before  # nothing written
+        assert target.held_claim() is None  # nor left claimed: it opens as it did
         verified = check(source, target)
         assert verified.source == verified.target == before and verified.worst_vector_error <= 1e-5
         m = target.list(limit=1)[0]
@@ -220,3 +227,138 @@ def test_a_zero_vector_an_older_version_stored_is_left_behind_and_the_rest_copie
     finally:
         source.close()
         target.close()
+
+
+class BothLook:
+    """Holds each migration in its look at whether the target is empty until the other has looked too, or
+    has ended: without a claim both then find it empty, the race two runs of ``clawvm migrate`` lose."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+        self.looked = 0
+        self.ended = 0
+
+    def count_of(self, target: Store) -> Callable[..., int]:
+        count = target.count
+
+        def waiting_count(*args: object, **kwargs: object) -> int:
+            found = count(*args, **kwargs)  # type: ignore[arg-type]
+            with self.changed:
+                self.looked += 1
+                self.changed.notify_all()
+                self.changed.wait_for(lambda: self.looked >= 2 or self.ended > 0, timeout=60)
+            return found
+
+        return waiting_count
+
+    def end(self) -> None:
+        with self.changed:
+            self.ended += 1
+            self.changed.notify_all()
+
+
+@pytest.mark.parametrize("target_engine", ["sqlite", "postgres"])
+def test_two_migrations_into_one_target_at_once_one_is_refused(
+    target_engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two stores migrated at once into one empty target (each with a connection of its own): one copies
+    and verifies, the other is refused with ClaimedError before it writes anything, and the target holds
+    exactly the first one's memories (their rows mixed, and neither copy verified)."""
+    sources: list[Store] = [MemoryStore(), MemoryStore()]
+    targets = [make_store(target_engine, tmp_path, "dst.db") for _ in sources]
+    race = BothLook()
+    outcomes: list[Report | clawvm.ClawVMError | None] = [None, None]
+    for source, target in zip(sources, targets, strict=True):
+        source.setup()
+        fill(source)
+        target.setup()
+        monkeypatch.setattr(target, "count", race.count_of(target))
+
+    def run(n: int) -> None:
+        try:
+            outcomes[n] = migrate(sources[n], targets[n], batch=5)
+        except clawvm.ClawVMError as exc:
+            outcomes[n] = exc
+        finally:
+            race.end()
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        won = [n for n, o in enumerate(outcomes) if isinstance(o, Report)]
+        refused = [o for o in outcomes if isinstance(o, ClaimedError)]
+        assert len(won) == 1 and len(refused) == 1, outcomes
+        assert refused[0].field == "to" and "held by a migration" in refused[0].problem
+        assert summarize(targets[0]) == summarize(sources[won[0]])
+        check(sources[won[0]], targets[1])
+        assert targets[0].held_claim() is None  # released once verified
+    finally:
+        for store in [*sources, *targets]:
+            store.close()
+
+
+KILLED_MIGRATION = """
+import sys, time
+from clawvm.store import store_from_url
+from clawvm.store.migrate import migrate
+source, target = store_from_url(sys.argv[1]), store_from_url(sys.argv[2])
+source.setup()
+target.setup()
+copied = 0
+def progress(what, n):
+    global copied
+    copied += n
+    if copied >= 6:
+        print("copied", copied, flush=True)
+        time.sleep(300)  # killed here, with a part of the memories copied
+migrate(source, target, batch=2, progress=progress)
+"""
+
+
+@pytest.mark.parametrize("target_engine", ["sqlite", "postgres"])
+def test_a_migration_killed_midway_leaves_a_target_known_as_interrupted(
+    target_engine: str, tmp_path: Path
+) -> None:
+    """kill -9 after three batches: the target holds a part of the memories and must not pass for the
+    copy. Opening it (engine or harness) is refused; migrating into it again says it was interrupted and
+    how to recover, through the CLI and the library alike."""
+    source_url = f"sqlite:///{tmp_path / 'src.db'}"
+    target_url = harness_target(target_engine, tmp_path, "dst.db")
+    source = store_from_url(source_url)
+    source.setup()
+    ms = fill(source)
+    source.close()
+    opened_before = store_from_url(target_url)  # as a caller of migrate() holds its target
+    opened_before.setup()
+    src = Path(clawvm.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_MIGRATION, source_url, target_url],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().startswith("copied 6")
+    finally:
+        child.kill()  # SIGKILL: nothing of the migration runs after it
+        child.wait(timeout=60)
+    try:
+        assert 0 < opened_before.count() < len(ms)  # a part, which opened as it is would pass for all
+        with pytest.raises(ClaimedError) as refused:
+            migrate(store_from_url(source_url), opened_before)
+        assert refused.value.field == "to" and "interrupted" in refused.value.problem
+        assert "run the migration again" in refused.value.fix
+    finally:
+        opened_before.close()
+    with pytest.raises(ClaimedError, match="held by a migration that has not finished"):
+        store_from_url(target_url).setup()
+    with pytest.raises(ClaimedError, match="interrupted"):
+        Harness.open(target_url, embedder=None)
+    again = CliRunner().invoke(main, ["migrate", "--from", source_url, "--to", target_url])
+    assert again.exit_code == 2, again.output
+    assert "to: " in again.output and "interrupted" in again.output and "again" in again.output

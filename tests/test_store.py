@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clawvm import (
+    ClaimedError,
     ConfigError,
     ConflictError,
     DimensionError,
@@ -41,7 +42,7 @@ from clawvm import (
     ValidationError,
 )
 from clawvm.core.model import revalidate
-from clawvm.store import Edge, Event, PageKey, Query, SQLiteStore, Store, store_from_url
+from clawvm.store import Claim, Edge, Event, PageKey, Query, SQLiteStore, Store, store_from_url
 from clawvm.store.tenant import TenantStore
 from engines import make_store
 from strategies import at, memories
@@ -291,6 +292,71 @@ def test_racing_creates_of_one_id_store_it_once(engine: Store, engine_name: str,
     finally:
         for other in others:
             other.close()
+
+
+def race_to_claim(stores: list[Store], claims: list[Claim]) -> tuple[list[int], list[ClaimedError]]:
+    """Claimant ``n`` claims the store through ``stores[n]`` with ``claims[n]``, all at once; returns who
+    took it and the errors of the others."""
+    start = threading.Barrier(len(stores))
+    won: list[int] = []
+    refused: list[ClaimedError] = []
+
+    def take(n: int) -> None:
+        start.wait()
+        try:
+            stores[n].claim(claims[n])
+            won.append(n)
+        except ClaimedError as exc:
+            refused.append(exc)
+
+    threads = [threading.Thread(target=take, args=(n,)) for n in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return won, refused
+
+
+def test_a_claim_holds_the_whole_store_once_until_released(
+    engine: Store, engine_name: str, tmp_path: Path
+) -> None:
+    """Store.claim (``clawvm migrate`` holds its target by it): of several claimants at once, on one store
+    object or each with a connection of its own, exactly one takes it and the others get ClaimedError
+    naming the holder; a release of another claim is ignored; a store still claimed refuses to open (what
+    its job wrote may be a part only); once released it opens, and can be claimed again."""
+    others = [] if engine_name == "memory" else [make_store(engine_name, tmp_path, "t.db") for _ in range(3)]
+    for other in others:
+        other.setup()
+    stores = [engine, *others] if others else [engine] * 4
+    claims = [Claim("migration", f"claimant {n}", T0 + timedelta(seconds=n)) for n in range(4)]
+    try:
+        won, refused = race_to_claim(stores, claims)
+        assert len(won) == 1 and len(refused) == 3, (won, refused)
+        holder = claims[won[0]]
+        assert all("claimant" in exc.problem and "interrupted" in exc.problem for exc in refused)
+        assert {s.held_claim() for s in stores} == {holder}
+        other = claims[(won[0] + 1) % 4]
+        stores[1].release(other)  # not the one held: ignored
+        assert engine.held_claim() == holder
+        if engine_name != "memory":  # the in-memory engine has nothing to reopen
+            reopened = make_store(engine_name, tmp_path, "t.db")
+            with pytest.raises(ClaimedError, match="held by a migration that has not finished"):
+                reopened.setup()
+        stores[2].release(holder)  # any connection may release the claim it names
+        stores[2].release(holder)  # twice: a no-op
+        assert all(s.held_claim() is None for s in stores)
+        if engine_name != "memory":
+            with make_store(engine_name, tmp_path, "t.db") as reopened:
+                assert reopened.held_claim() is None
+        engine.claim(other)
+        assert engine.held_claim() == other
+        view = TenantStore(engine, "a")
+        assert view.held_claim() == other  # a claim holds every tenant ...
+        with pytest.raises(StoreError, match="cannot be claimed"):  # ... and is not one tenant's to take
+            view.claim(holder)
+    finally:
+        for o in others:
+            o.close()
 
 
 @pytest.mark.parametrize("stale_first", [True, False])

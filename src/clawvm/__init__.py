@@ -6,6 +6,7 @@ from clawvm.core.embed import Embedder, MiniLMEmbedder, OpenAIEmbedder
 from clawvm.core.errors import (
     AccessDeniedError,
     AuthenticationError,
+    ClaimedError,
     ClawVMError,
     ConfigError,
     ConflictError,
@@ -39,6 +40,7 @@ __all__ = [
     "AccessDeniedError",
     "AgentWithMemory",
     "AuthenticationError",
+    "ClaimedError",
     "ClawVMError",
     "ConfigError",
     "ConflictError",

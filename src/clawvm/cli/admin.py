@@ -13,7 +13,7 @@ import click
 from click.core import ParameterSource
 
 from clawvm.cli.common import CliGroup, opened_harness, opened_keyring, opened_store
-from clawvm.core.errors import ConfigError, DimensionError, ValidationError
+from clawvm.core.errors import ClaimedError, ConfigError, DimensionError, ValidationError
 from clawvm.core.model import DEFAULT_TENANT, utcnow
 from clawvm.store import Store, store_from_url
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey, DataKeys, rotate_data_key
@@ -301,6 +301,15 @@ def _dimension_named(option: str) -> Iterator[None]:
         ) from None
 
 
+@contextmanager
+def _claim_named(option: str) -> Iterator[None]:
+    """A store held by an unfinished job (a migration killed midway) refused as ``option``'s, not ``db``'s."""
+    try:
+        yield
+    except ClaimedError as exc:
+        raise ClaimedError(option, exc.problem, exc.fix) from None
+
+
 def _empty(store: Store) -> bool:
     return store.count() == 0 and not store.read_events(0, 1) and not store.list_credentials(limit=1)
 
@@ -328,12 +337,12 @@ def migrate_command(source: str, target: str, batch: int, dim: int, no_verify: b
     src, dst = store_from_url(source, dim=dim), store_from_url(target, dim=dim)
     if isinstance(src, SQLiteStore) and not Path(src.path).exists():  # opening it would make an empty one
         raise click.UsageError(f"--from: there is no store file at {src.path}: check the path")
-    with _dimension_named("--from"):
+    with _dimension_named("--from"), _claim_named("from"):
         src.setup()
     try:
         if _empty(src):  # a mistyped schema or file name: nothing to copy
             raise click.UsageError(f"--from: {source} holds no memories, events or keys: check the store URL")
-        with _dimension_named("--to"):
+        with _dimension_named("--to"), _claim_named("to"):
             dst.setup()
         try:
             if not sys.stderr.isatty():  # a bar drawn into a log or a pipe is noise

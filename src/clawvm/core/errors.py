@@ -85,6 +85,19 @@ class DimensionError(SchemaError):
         self.dim = dim
 
 
+class ClaimedError(StoreError):
+    """The store is held by a job that has not finished (:class:`clawvm.store.base.Claim`: a migration into
+    it still copying, or killed midway): what it holds may be a part only, so it is neither opened nor
+    claimed again. ``field`` names the store (``to`` for ``clawvm migrate``'s target), like
+    :class:`ValidationError`."""
+
+    def __init__(self, field: str, problem: str, fix: str) -> None:
+        super().__init__(f"{field}: {problem} ({fix})")
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+
+
 class EmbedderError(ClawVMError):
     """The embedding model could not be loaded or failed to encode."""
 

@@ -13,6 +13,7 @@ from urllib.parse import parse_qs, urlparse
 from clawvm.core.errors import ConfigError
 from clawvm.store.base import (
     CandidateInfo,
+    Claim,
     Credential,
     CredentialConflictError,
     Edge,
@@ -30,6 +31,7 @@ from clawvm.store.sqlite import SQLiteStore
 
 __all__ = [
     "CandidateInfo",
+    "Claim",
     "Credential",
     "CredentialConflictError",
     "Edge",

@@ -17,6 +17,11 @@ table of their own, apart from the event log, so that event retention never reac
 ``put_credential`` (compare-and-set on ``version``, the same rule as memories), ``find_credentials`` (by
 kind and name across tenants: a key id is all a caller presents) and ``list_credentials`` (one page, in
 (tenant, kind, name) order). A credential is keyed by (tenant, kind, name): the tenant is part of every key.
+
+Claims (:class:`Claim`): one job at a time may hold the whole store while it leaves it incomplete
+(``clawvm migrate`` its target): ``claim`` (atomic across processes; refused while one is held),
+``held_claim`` and ``release``. A claim is stored with the data, so it outlives a killed job, and ``setup()``
+refuses a store that still carries one (:class:`ClaimedError`).
 """
 
 from __future__ import annotations
@@ -27,12 +32,12 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
-from clawvm.core.errors import ConflictError, NotFoundError, StoreError, ValidationError
+from clawvm.core.errors import ClaimedError, ConflictError, NotFoundError, StoreError, ValidationError
 from clawvm.core.model import Filters, LinkType, Memory, utcnow
 from clawvm.core.vectors import undirected_rows
 from clawvm.store.kinds import EventKind, kind_of
@@ -200,6 +205,42 @@ class CredentialConflictError(ConflictError):
         super().__init__(ident, credential.version - 1, actual)
         # ConflictError's message speaks of a memory: say what it is
         self.args = (f"credential {ident!r} is at version {actual}, not {credential.version - 1}: re-read",)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A hold on a whole store by one job that leaves it incomplete until it finishes (``clawvm migrate``
+    holds its target from before the first row it copies until the copy is verified): taken with
+    :meth:`Store.claim`, it outlives the process, so a store whose job was killed midway still carries it,
+    and engines refuse to open such a store (:func:`claimed`) rather than serve a part as the whole.
+
+    ``job`` says what holds it ("migration"), ``holder`` who (a process on a host), ``since`` when."""
+
+    job: str
+    holder: str
+    since: datetime
+
+    def to_json(self) -> str:
+        """The text engines store (equal claims give equal text: :meth:`Store.release` compares it)."""
+        return json.dumps({"job": self.job, "holder": self.holder, "since": self.since.isoformat()})
+
+    @classmethod
+    def from_json(cls, text: str) -> Claim:
+        found = json.loads(text)
+        return cls(str(found["job"]), str(found["holder"]), datetime.fromisoformat(found["since"]))
+
+
+def claimed(claim: Claim, store: str, drop: str, field: str = "db") -> ClaimedError:
+    """The error of a store held by ``claim``: ``store`` names it in words (``SQLite file x.db``) and
+    ``drop`` says how to drop it (what an interrupted job leaves is thrown away, then the job is run
+    again: a part copied cannot be told apart from the whole)."""
+    started = claim.since.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return ClaimedError(
+        field,
+        f"{store} is held by a {claim.job} that has not finished (started {started} by {claim.holder}): "
+        f"it is still running, or it was interrupted and the store holds part of the data",
+        f"wait for the {claim.job} to end; if it was interrupted, {drop} and run the {claim.job} again",
+    )
 
 
 def credential_json(credential: Credential) -> str:
@@ -730,6 +771,23 @@ class Store(ABC):
 
         Not abstract, like ``delete_events_upto``: an engine that cannot export them refuses here."""
         raise StoreError(f"{type(self).__name__} cannot export vectors")
+
+    # Not abstract, like delete_events_upto: an engine without a place for a claim refuses to be claimed
+    # (a tenant's view among them: a claim holds the whole store, not one tenant of it).
+    def claim(self, claim: Claim) -> None:
+        """Hold the whole store for ``claim`` (:class:`Claim`), unless a claim is held already: then nothing
+        is written and :class:`ClaimedError` (:func:`claimed`) is raised. Atomic across processes: of
+        several claims at once exactly one is taken. Engines refuse to ``setup()`` while a claim is held;
+        the claimant's own store, set up before, goes on working."""
+        raise StoreError(f"{type(self).__name__} cannot be claimed")
+
+    def held_claim(self) -> Claim | None:
+        """The claim that holds the store, or None."""
+        return None
+
+    def release(self, claim: Claim) -> None:
+        """Drop ``claim`` if it is the one held (another's stays); releasing twice is a no-op."""
+        raise StoreError(f"{type(self).__name__} cannot be claimed")
 
     def __enter__(self) -> Store:
         self.setup()

@@ -16,6 +16,7 @@ from clawvm.core.errors import StoreError
 from clawvm.core.model import STORED, Filters, Memory
 from clawvm.core.vectors import normalize
 from clawvm.store.base import (
+    Claim,
     Credential,
     Edge,
     Event,
@@ -29,6 +30,7 @@ from clawvm.store.base import (
     check_stored,
     check_stored_vectors,
     check_versions,
+    claimed,
     credential_json,
     credential_order,
 )
@@ -51,6 +53,7 @@ class MemoryStore(Store):
         self._tenant_last: dict[str, int] = {}
         self._index: SearchIndex | None = None
         self._credentials: dict[tuple[str, str, str], Credential] = {}  # by credential_order
+        self._claim: Claim | None = None
 
     def setup(self) -> None:
         with self._lock:
@@ -255,6 +258,21 @@ class MemoryStore(Store):
             )
             page = [self._credentials[key] for key in keys[:limit]]
         return [replace(c, data=_json_copy(c.data)) for c in page]
+
+    # ---- the claim: nothing persists here, so it only ever holds this object (there is nothing to reopen)
+    def claim(self, claim: Claim) -> None:
+        with self._lock:
+            if self._claim is not None:
+                raise claimed(self._claim, "this in-memory store", "drop it")
+            self._claim = claim
+
+    def held_claim(self) -> Claim | None:
+        return self._claim
+
+    def release(self, claim: Claim) -> None:
+        with self._lock:
+            if self._claim == claim:
+                self._claim = None
 
 
 def private_copy(m: Memory) -> Memory:

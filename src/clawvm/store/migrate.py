@@ -10,7 +10,12 @@ Links travel inside their memories; the search indexes are the target's own. A v
 on either side: the target embeds that memory from its text.
 
 The target must be empty: a copy into a store that already holds memories, events or credentials could not
-be told apart from them afterwards. Then the copy is verified: counts and order-independent checksums of
+be told apart from them afterwards. Before it looks, the migration claims the target (:meth:`Store.claim`,
+atomic on every engine): of two migrations into one target at once, the second is refused
+(:class:`ClaimedError`) instead of mixing its rows into the first's. The claim is released once the copy is
+verified, and only then: a migration killed midway leaves it behind, so the part it copied is not taken for
+the whole (engines refuse to open a claimed store, and a migration into it names it as interrupted; drop
+the target and run again). Then the copy is verified: counts and order-independent checksums of
 the memories (their exact JSON), of the events (kind, memory, tenant, time and data) and of the credentials
 (key, version and data) computed on each side independently, and every vector compared with its source
 (engines normalise on write, so the last bits may differ: equal within 1e-5).
@@ -25,6 +30,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import socket
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -32,10 +39,10 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from clawvm.core.errors import StoreError, ValidationError
-from clawvm.core.model import Memory, counted
+from clawvm.core.errors import ClaimedError, StoreError, ValidationError
+from clawvm.core.model import Memory, counted, utcnow
 from clawvm.core.vectors import undirected_rows
-from clawvm.store.base import Credential, Event, Store
+from clawvm.store.base import Claim, Credential, Event, Store
 from clawvm.store.eventlog import event_pages
 
 Progress = Callable[[str, int], None]  # (what: "memories" | "events", how many more were copied)
@@ -173,10 +180,42 @@ def migrate(
 ) -> Report:
     """Copy ``source`` into the empty ``target`` (both set up), then verify unless ``verify=False``.
 
-    Raises :class:`ValidationError` when the target is not empty and :class:`StoreError` when the
-    verification finds a difference.
+    Raises :class:`ClaimedError` when another migration holds the target (running, or killed midway),
+    :class:`ValidationError` when the target is not empty and :class:`StoreError` when the verification
+    finds a difference. The target stays claimed unless the copy was verified (or ``verify=False``).
     """
     batch = counted("batch", batch)  # 0 failed halfway with an IndexError, the target set up and empty
+    claim = _claim(target)
+    try:  # asked once the claim is held: no other migration can begin to write after this look
+        _refuse_unless_empty(target)
+    except BaseException:
+        target.release(claim)  # nothing was written: the target is as it was
+        raise
+    report = _copy(source, target, batch, progress)
+    if verify:
+        verified = check(source, target, batch)
+        report = replace(
+            report,
+            source=verified.source,
+            target=verified.target,
+            worst_vector_error=verified.worst_vector_error,
+        )
+    target.release(claim)  # the copy is whole: the target may be opened
+    return report
+
+
+def _claim(target: Store) -> Claim:
+    """Claim ``target`` for this migration, or :class:`ClaimedError` naming ``to`` (the CLI's option)."""
+    claim = Claim("migration", f"process {os.getpid()} on {socket.gethostname()}", utcnow())
+    try:
+        target.claim(claim)
+    except ClaimedError as exc:
+        raise ClaimedError("to", exc.problem, exc.fix) from None
+    return claim
+
+
+def _refuse_unless_empty(target: Store) -> None:
+    """:class:`ValidationError` when ``target`` holds memories, events or credentials."""
     held, logged = target.count(), len(target.read_events(limit=1))
     keyed = len(target.list_credentials(limit=1))
     if held or logged or keyed:
@@ -186,6 +225,10 @@ def migrate(
             f"{'some' if keyed else 'no'} credentials",
             "migrate into an empty store (a new database schema or file)",
         )
+
+
+def _copy(source: Store, target: Store, batch: int, progress: Progress | None) -> Report:
+    """Copy memories with their vectors, then events, then credentials (see the module docstring)."""
     copied = vectors = events = 0
     bulk = target if isinstance(target, BulkLoading) else None
     if bulk is not None:
@@ -217,16 +260,7 @@ def migrate(
     for credential in source.iter_credentials():
         target.put_credential(credential)  # new to the target: stored at its own version
         credentials += 1
-    report = Report(copied, vectors, events, credentials=credentials)
-    if not verify:
-        return report
-    verified = check(source, target, batch)
-    return replace(
-        report,
-        source=verified.source,
-        target=verified.target,
-        worst_vector_error=verified.worst_vector_error,
-    )
+    return Report(copied, vectors, events, credentials=credentials)
 
 
 def check(source: Store, target: Store, batch: int = 500) -> Verified:

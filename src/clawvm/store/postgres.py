@@ -4,7 +4,8 @@
 libpq). Many processes may share one database: PostgreSQL is the only state, so nothing is rebuilt on open
 and nothing has to be kept in step between processes.
 
-Tables (created by :data:`MIGRATIONS`, an append-only list; ``meta`` records how many ran):
+Tables (created by :data:`MIGRATIONS`, an append-only list; ``meta`` records how many ran, the vector
+dimension and the claim of a job that holds the schema, see :meth:`Store.claim`):
 
 - ``memories``: one row per memory: its exact JSON (``body``, the source of truth for ``get``), the
   filterable fields as columns (``expires_at`` among them, indexed for the pager's expiry), ``tags
@@ -76,6 +77,7 @@ from clawvm.core.model import MAX_COUNT, Filters, LinkType, Memory
 from clawvm.core.vectors import normalize
 from clawvm.store import postgres_rows as pgrows
 from clawvm.store.base import (
+    Claim,
     Credential,
     Edge,
     Event,
@@ -89,6 +91,7 @@ from clawvm.store.base import (
     check_stored,
     check_stored_vectors,
     check_versions,
+    claimed,
     credential_json,
     credentials_page_sql,
     leading_vectors,
@@ -295,6 +298,8 @@ class PostgresStore(Store):
                 )
             if dim != self.dim:
                 raise DimensionError(f"schema {self.schema!r}", dim, self.dim)
+            if applied and "claim" in stored:  # a job holds it (a migration into it unfinished): a part only
+                raise claimed(Claim.from_json(stored["claim"]), self._named, self._drop_hint)
             for number in range(applied, len(MIGRATIONS)):
                 conn.execute(MIGRATIONS[number].replace("{dim}", str(self.dim)))
                 if number in DATA_MIGRATIONS:
@@ -308,6 +313,14 @@ class PostgresStore(Store):
                 [str(len(MIGRATIONS)), str(self.dim)],
             )
         return ext_schema
+
+    @property
+    def _named(self) -> str:
+        return f"the PostgreSQL schema {self.schema}"
+
+    @property
+    def _drop_hint(self) -> str:
+        return f"drop it (DROP SCHEMA {self.schema} CASCADE)"
 
     def close(self) -> None:
         with self._lock:
@@ -834,6 +847,29 @@ class PostgresStore(Store):
             ).fetchone()
         check_credential_version(credential, None if stored is None else int(stored[0]))
         raise AssertionError("the upsert refused a credential the version rule accepts")  # pragma: no cover
+
+    # ---- the claim: one row of meta, taken by one statement (atomic across sessions) -----------------
+    def claim(self, claim: Claim) -> None:
+        while True:
+            with self._conn("claim") as conn:
+                taken = conn.execute(
+                    "INSERT INTO meta VALUES ('claim', %s) ON CONFLICT (key) DO NOTHING RETURNING key",
+                    [claim.to_json()],
+                ).fetchone()
+            if taken is not None:
+                return
+            held = self.held_claim()
+            if held is not None:  # else released in between: try again
+                raise claimed(held, self._named, self._drop_hint)
+
+    def held_claim(self) -> Claim | None:
+        with self._conn("held_claim") as conn:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'claim'").fetchone()
+        return None if row is None else Claim.from_json(row[0])
+
+    def release(self, claim: Claim) -> None:
+        with self._conn("release") as conn:
+            conn.execute("DELETE FROM meta WHERE key = 'claim' AND value = %s", [claim.to_json()])
 
     def find_credentials(self, kind: str, name: str) -> list[Credential]:
         if "\x00" in kind + name:  # no stored key holds NUL (credential_json refuses it); libpq would fail

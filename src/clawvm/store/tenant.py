@@ -41,6 +41,7 @@ import numpy as np
 from clawvm.core.errors import AccessDeniedError
 from clawvm.core.model import Filters, Memory, check_tenant_name
 from clawvm.store.base import (
+    Claim,
     Credential,
     Edge,
     Event,
@@ -81,6 +82,10 @@ class TenantStore(Store):
 
     def close(self) -> None:
         """Nothing to release: the shared engine stays open for the other tenants."""
+
+    def held_claim(self) -> Claim | None:
+        """The engine's (a claim holds every tenant); taking or releasing one is not a tenant's to do."""
+        return self.inner.held_claim()
 
     # ---- helpers ------------------------------------------------------------------------------------
     def _owned(self, ids: Iterable[str]) -> set[str]:
