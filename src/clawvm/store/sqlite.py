@@ -123,6 +123,12 @@ MIGRATIONS: tuple[str, ...] = (
 #: The schema version from which a file has a place for a claim (``meta``).
 _CLAIMS_SINCE = 1 + next(n for n, sql in enumerate(MIGRATIONS) if "EXISTS meta" in sql)
 
+#: The last schema version that changed what the search index is built from (the memories' rows and
+#: tombstones): an index snapshot names this, not the file's version, so a migration that adds a table
+#: of its own (``meta``) leaves the snapshots of a file valid (a 100k-memory file rebuilt its index for
+#: ~15 s on its first open after such an upgrade). A migration that touches those rows raises it.
+INDEXED_SCHEMA = _CLAIMS_SINCE - 1
+
 # Insert a credential, or replace the stored one only when it is the next version (the compare-and-set of
 # Store.put_credential, in one statement); no row comes back when the check fails.
 _PUT_CREDENTIAL = """INSERT INTO credentials (tenant, kind, name, version, data) VALUES (?,?,?,?,?)
@@ -259,6 +265,7 @@ DURABILITY = {"normal": "NORMAL", "full": "FULL"}
 
 class SQLiteStore(IndexSnapshots, Store):
     schemes = ("sqlite", "file")
+    indexed_schema = INDEXED_SCHEMA
 
     def __init__(
         self,

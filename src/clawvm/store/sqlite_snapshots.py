@@ -72,6 +72,7 @@ class IndexSnapshots(ABC):
     snapshot_mode: str  # one of SNAPSHOT_MODES
     close_delta_share: float  # see CLOSE_DELTA_SHARE
     index_source: str  # how open got its index: "snapshot", or "rows" and why (diagnostics)
+    indexed_schema: int  # the last schema version that changed what the index is built from
     _lock: threading.RLock
     _index: SearchIndex | None
     _rev: int
@@ -162,7 +163,7 @@ class IndexSnapshots(ABC):
         ``seq``: ``deleted`` when this file deleted a memory of that id after ``since_rev`` (a snapshot
         whose newest memory was deleted since is still this file's), else None."""
         db = self._db
-        schema = int(db.execute("PRAGMA user_version").fetchone()[0])
+        schema = min(int(db.execute("PRAGMA user_version").fetchone()[0]), self.indexed_schema)
         found = db.execute("SELECT value FROM counters WHERE name = 'file_id'").fetchone()
         file_id = int(found[0]) if found else 0
         if seq is None:
