@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from clawvm.core.vectors import VectorIndex, normalize, sign_codes
+from clawvm.core.vectors import VectorIndex, normalize, sign_codes, undirected_rows
 
 DIM = 384
 
@@ -288,3 +290,24 @@ def test_equal_scores_keep_and_rank_the_highest_rows_first(exact_below: int) -> 
         assert [r for r, _ in hits[: len(want)]] == want
         assert len({s for _, s in hits[: len(want)]}) == 1
     assert exact_below > 3000 or idx._proj is not None  # the projected screen did the search
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    scales=st.lists(st.floats(min_value=-48, max_value=37), min_size=1, max_size=6),
+    seed=st.integers(0, 2**16),
+    zero_row=st.booleans(),
+)
+def test_the_quick_direction_check_agrees_with_normalising(
+    scales: list[float], seed: int, zero_row: bool
+) -> None:
+    """undirected_rows settles most rows by their squared length alone: it finds exactly the rows that
+    normalising leaves short of unit length, at every scale float32 holds (zero rows included)."""
+    rng = np.random.default_rng(seed)
+    v = np.stack([rng.normal(size=8) * 10.0**e for e in scales]).astype(np.float32)
+    if zero_row:
+        v[0] = 0.0
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        lengths = np.linalg.norm(normalize(v), axis=-1)
+    expected = np.flatnonzero(~(np.abs(lengths - 1.0) < 1e-3))
+    assert undirected_rows(v).tolist() == expected.tolist()

@@ -39,12 +39,26 @@ def normalize(v: np.ndarray) -> np.ndarray:
     return v / np.where(n == 0, 1.0, n)
 
 
+#: Squared lengths between which a float32 row normalises to unit length for certain: far from the
+#: squares' underflow (1e-38) and overflow (3e38), whatever the spread of the row's values.
+_SAFE_SQUARED = (1e-30, 1e30)
+
+
 def undirected_rows(v: np.ndarray) -> np.ndarray:
     """The indices of the rows of ``v`` (2-D, finite) that :func:`normalize` cannot make unit length: zero
     rows, and rows whose length under- or overflows float32. Such a row has no direction: its cosine with
     every query is 0, so a search never finds it, and a fusion that normalises scores counts it as a
-    real score."""
+    real score.
+
+    Every record with a vector asks (twice: the write path and the engine), so rows whose squared length
+    lies well inside float32's range, where normalising cannot fail, are settled by one dot product per
+    row (~4 us for one row, against ~30 us for normalising and measuring it)."""
+    v = np.asarray(v, dtype=np.float32)
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):  # what is being looked for
+        squared = np.einsum("ij,ij->i", v, v)
+        # (a NaN length passes neither comparison, and is looked at below)
+        if not len(squared) or (_SAFE_SQUARED[0] < squared.min() and squared.max() < _SAFE_SQUARED[1]):
+            return np.empty(0, dtype=np.intp)
         lengths = np.linalg.norm(normalize(v), axis=-1).reshape(-1)
     # a unit row is within float32 rounding of 1; NaN (from an overflowed length) compares false too
     return np.flatnonzero(~(np.abs(lengths - 1.0) < 1e-3))
