@@ -110,6 +110,37 @@ def test_migrate_copies_everything_and_verifies(
         target.close()
 
 
+def test_a_copy_that_fails_its_verification_is_left_unclaimed_to_be_looked_into(tmp_path: Path) -> None:
+    """A write to the source during the copy makes the verification fail. The target holds the whole copy
+    as read: it is unclaimed (a claim left there could only be dropped with the copy), opens, and can be
+    checked again; the error says so."""
+    source, target = make_store("sqlite", tmp_path, "a.db"), make_store("sqlite", tmp_path, "b.db")
+    source.setup()
+    target.setup()
+    try:
+        fill(source)
+        late = Memory(content="written while the copy ran", session_id="s9", created_at=T0)
+        written: list[str] = []
+
+        def meanwhile(what: str, n: int) -> None:
+            if what == "events" and not written:  # the memories are copied: a late one is not
+                source.put(late)
+                written.append(late.id)
+
+        with pytest.raises(StoreError, match="check it again") as exc:
+            migrate(source, target, batch=5, progress=meanwhile)
+        assert "differs" in str(exc.value) and written
+        assert target.held_claim() is None
+        with pytest.raises(StoreError, match="differs"):
+            check(source, target)
+        assert target.get_many([late.id]) == {}  # read after the memories were: not in the copy
+    finally:
+        source.close()
+        target.close()
+    with Harness.open(tmp_path / "b.db", embedder=None) as h:  # it opens, to be looked into
+        assert h.count(status="any") > 0
+
+
 def test_a_store_that_is_not_empty_is_refused_and_differences_are_found(tmp_path: Path) -> None:
     source, target = make_store("sqlite", tmp_path, "a.db"), make_store("postgres", tmp_path, "b")
     source.setup()

@@ -182,7 +182,10 @@ def migrate(
 
     Raises :class:`ClaimedError` when another migration holds the target (running, or killed midway),
     :class:`ValidationError` when the target is not empty and :class:`StoreError` when the verification
-    finds a difference. The target stays claimed unless the copy was verified (or ``verify=False``).
+    finds a difference. The target stays claimed while it may hold a part only: until the copy is whole.
+    Verifying reads both stores and writes nothing, so it runs on an unclaimed target: one that fails it
+    (or whose verification was interrupted) can be opened, looked into and checked again
+    (:func:`check`), where a claim left on it could only be dropped with the copy.
     """
     batch = counted("batch", batch)  # 0 failed halfway with an IndexError, the target set up and empty
     claim = _claim(target)
@@ -192,16 +195,28 @@ def migrate(
         target.release(claim)  # nothing was written: the target is as it was
         raise
     report = _copy(source, target, batch, progress)
+    target.release(claim)  # the copy is whole: the target may be opened
     if verify:
-        verified = check(source, target, batch)
+        verified = _verified(source, target, batch)
         report = replace(
             report,
             source=verified.source,
             target=verified.target,
             worst_vector_error=verified.worst_vector_error,
         )
-    target.release(claim)  # the copy is whole: the target may be opened
     return report
+
+
+def _verified(source: Store, target: Store, batch: int) -> Verified:
+    """:func:`check` of a finished copy; a difference says what the target now is and what to do."""
+    try:
+        return check(source, target, batch)
+    except StoreError as exc:
+        raise StoreError(
+            f"{exc}. The target holds the whole copy as it was read; the usual cause is a write to the "
+            "source during the copy: check it again with clawvm.store.migrate.check, or drop it and "
+            "migrate again while nothing writes to the source"
+        ) from exc
 
 
 def _claim(target: Store) -> Claim:
