@@ -520,6 +520,39 @@ def test_a_memory_decompressed_since_the_checkpoint_stays_whole_and_points_at_no
         assert raw_id not in [link.target for link in back.links]
 
 
+@pytest.mark.parametrize("rolled_back", ["s1", "s2"])
+def test_a_rollback_keeps_the_name_of_a_merge_output_that_stays_active(rolled_back: str) -> None:
+    """A merge takes duplicates of two sessions into a revision of s2's. Rolling s1 back leaves that
+    output active (it is s2's): s1's memory, active again, still names it (dropping the name lost where
+    the memory went). Rolling s2 back obsoletes the output: s2's memory names no successor."""
+    h, now = open_clocked()
+    with h:
+        dupes = {
+            s: h.record(
+                "the billing api returns amounts in cents",
+                session_id=s,
+                kind="observation",
+                created_at=now[0],
+            )
+            for s in ("s1", "s2")
+        }
+        cp = h.checkpoint(rolled_back, "before")
+        now[0] += timedelta(minutes=5)
+        assert merge_team(h).merged
+        output_id = h.get(dupes["s2"].id).metadata["superseded_by"]
+        assert h.get(dupes["s1"].id).metadata["merged_into"] == output_id
+        assert h.get(output_id).session_id == "s2"
+        report = h.rollback(cp)
+        after = h.get(dupes[rolled_back].id)
+        assert after.status is Status.ACTIVE
+        if rolled_back == "s1":
+            assert output_id not in report.obsoleted and h.get(output_id).status is Status.ACTIVE
+            assert after.metadata["merged_into"] == output_id
+        else:
+            assert output_id in report.obsoleted
+            assert "superseded_by" not in after.metadata and "merged_into" not in after.metadata
+
+
 def test_a_rollback_that_undoes_a_revision_and_a_merge_leaves_no_memory_claiming_a_successor(
     engine_name: str, tmp_path: Path
 ) -> None:

@@ -21,7 +21,7 @@ at all, whenever its process dies.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -281,8 +281,8 @@ def _plan(
         changed = revalidate(m, {**fields, "version": m.version + 1})
         return changed if keep_value else revalidate(changed, {"value": pager.value_now(changed, now)})
 
-    for m in session_memories(store, snap.tenant, data.session_id):
-        step = _step(store, m, snap, data, taken, now)
+    steps = _steps(store, snap, data, taken, now)
+    for m, step in steps.members:
         if step == "obsolete":
             fields = {"status": Status.OBSOLETE, "tier": Tier.ARCHIVE, "pinned": False}
             written[m.id] = change(m, fields, keep_value=False)
@@ -294,7 +294,7 @@ def _plan(
         since = "compression" in m.metadata and data.memories[m.id].compressed is False
         if since:
             compressed_since.append(m)
-        target = _restored_fields(m, data.memories[m.id])
+        target = _restored_fields(m, data.memories[m.id], steps.surviving)
         if target["pinned"] and not m.pinned and m.session_id is not None:
             # after the unpins: whether a pin fits does not depend on the order of the rows
             repins.append((m, target))
@@ -341,14 +341,14 @@ def would_change(
     data = read_snapshot(snap, tenant)
     taken = _first_seq(store, snap)
     out = []
-    for m in session_memories(store, snap.tenant, data.session_id):
-        step = _step(store, m, snap, data, taken, now)
+    steps = _steps(store, snap, data, taken, now)
+    for m, step in steps.members:
         if step == "obsolete":
             out.append(m)
         elif step == "restore":
             old = data.memories[m.id]
             decompressed = "compression" in m.metadata and old.compressed is False
-            target = _restored_fields(m, old)
+            target = _restored_fields(m, old, steps.surviving)
             seen = m
             if decompressed and "compressed" in ignore:  # its pointer to the raw copy is the pager's too
                 seen = _without_raw_pointer(m)
@@ -467,9 +467,10 @@ def read_snapshot(snap: Memory, tenant: str | None = None) -> Snapshot:
     return data
 
 
-def _restored_fields(m: Memory, old: SnapshotLine) -> dict[str, Any]:
+def _restored_fields(m: Memory, old: SnapshotLine, surviving: Collection[str]) -> dict[str, Any]:
     """The fields a rollback writes back to ``m`` from its line of the snapshot (snapshots taken before
-    ``state``, ``links`` and tool-call outcomes were recorded restore the rest)."""
+    ``state``, ``links`` and tool-call outcomes were recorded restore the rest); ``surviving``: see
+    :func:`_surviving_successors`."""
     fields: dict[str, Any] = {
         "tier": old.tier,
         "value": old.value,
@@ -491,16 +492,17 @@ def _restored_fields(m: Memory, old: SnapshotLine) -> dict[str, Any]:
         fields["links"] = [
             link for link in old.links if not (link.type is LinkType.DERIVED_FROM and link.target == raw)
         ]
-    metadata = _restored_metadata(m, old)
+    metadata = _restored_metadata(m, old, surviving)
     if metadata != m.metadata:
         fields["metadata"] = metadata
     return fields
 
 
-def _restored_metadata(m: Memory, old: SnapshotLine) -> dict[str, Any]:
+def _restored_metadata(m: Memory, old: SnapshotLine, surviving: Collection[str]) -> dict[str, Any]:
     """``m``'s metadata as the rollback leaves it: its tool-call outcome as the snapshot saw it, and no
     successor (:data:`REPLACED_BY`) unless it was obsolete then: one named since is a revision or a merge
-    made after the checkpoint, which the rollback obsoletes, and ``m`` is the head of its chain again."""
+    made after the checkpoint, which the rollback obsoletes, and ``m`` is the head of its chain again;
+    but a successor in ``surviving`` (in another session, which this rollback leaves as it is) is kept."""
     metadata = dict(m.metadata)
     if "tool_call" in old.model_fields_set and metadata.get("tool_call") != old.tool_call:
         metadata.pop("tool_call", None)
@@ -508,5 +510,36 @@ def _restored_metadata(m: Memory, old: SnapshotLine) -> dict[str, Any]:
             metadata["tool_call"] = old.tool_call
     if old.status is not Status.OBSOLETE:
         for key in REPLACED_BY:
-            metadata.pop(key, None)
+            if metadata.get(key) not in surviving:
+                metadata.pop(key, None)
     return metadata
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """What a rollback does to each memory of the snapshot's session, and the successors it leaves named."""
+
+    members: list[tuple[Memory, Step]]
+    surviving: set[str]  # see _surviving_successors
+
+
+def _steps(store: StoreReader, snap: Memory, data: Snapshot, taken: int | None, now: datetime) -> _Steps:
+    members = [
+        (m, _step(store, m, snap, data, taken, now))
+        for m in session_memories(store, snap.tenant, data.session_id)
+    ]
+    obsoleting = {m.id for m, step in members if step == "obsolete"}
+    restoring = (m for m, step in members if step == "restore")
+    return _Steps(members, _surviving_successors(store, restoring, obsoleting))
+
+
+def _surviving_successors(
+    store: StoreReader, named_by: Iterable[Memory], obsoleting: Collection[str]
+) -> set[str]:
+    """The successors (:data:`REPLACED_BY`) that ``named_by`` name which the rollback does not obsolete
+    and which are still active: a revision or a merge output in another session. A rollback restores one
+    session; a merge takes members of several, and dropping the name of an output that stays active lost
+    where the memory went."""
+    named = {str(m.metadata[k]) for m in named_by for k in REPLACED_BY if isinstance(m.metadata.get(k), str)}
+    outside = [i for i in named if i not in obsoleting]
+    return {i for i, found in store.get_many(outside).items() if found.status is Status.ACTIVE}
