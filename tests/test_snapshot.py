@@ -31,7 +31,7 @@ from clawvm.store import Query, SQLiteStore, mapped, sqlite_snapshots
 from clawvm.store import snapshot as snap
 from clawvm.store.index import SearchIndex
 from clawvm.store.mapped import Appended, Overlay, Strings
-from clawvm.store.sqlite import INDEXED_SCHEMA, MIGRATIONS
+from clawvm.store.sqlite import INDEX_NEUTRAL_MIGRATIONS, INDEXED_SCHEMA, MIGRATIONS
 from engines import engine_of
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -185,7 +185,9 @@ def test_a_migration_that_leaves_the_rows_alone_keeps_the_snapshot(
     """A file from before the ``meta`` table (a claim's place) is upgraded on open; its snapshot names the
     schema of the rows it was built from, which that migration leaves as they were, so it is still used
     (the upgrade made every file rebuild its index from the rows once, ~15 s at 100k)."""
-    assert len(MIGRATIONS) > INDEXED_SCHEMA  # a later migration exists that the index does not depend on
+    # every migration past the indexed schema says why the index does not depend on it (a new one that
+    # changes the rows must raise INDEXED_SCHEMA instead, or old snapshots would be taken for current)
+    assert sorted(INDEX_NEUTRAL_MIGRATIONS) == list(range(INDEXED_SCHEMA + 1, len(MIGRATIONS) + 1))
     path, same, vecs = tmp_path / "older.db", memories(40), vectors(40, 3)
     with monkeypatch.context() as older:  # the file and its snapshot as the version before wrote them
         older.setattr("clawvm.store.sqlite.MIGRATIONS", MIGRATIONS[:INDEXED_SCHEMA])

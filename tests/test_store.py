@@ -352,8 +352,9 @@ def test_a_claim_holds_the_whole_store_once_until_released(
         assert engine.held_claim() == other
         view = TenantStore(engine, "a")
         assert view.held_claim() == other  # a claim holds every tenant ...
-        with pytest.raises(StoreError, match="cannot be claimed"):  # ... and is not one tenant's to take
+        with pytest.raises(ValidationError, match="cannot be claimed") as refused:  # ... nor one tenant's
             view.claim(holder)
+        assert refused.value.field == "store" and "engine itself" in refused.value.fix
     finally:
         for o in others:
             o.close()

@@ -157,8 +157,8 @@
     t.hidden = false;
     clearTimeout(toast.timer);
     // long enough to read: 4 s, and a second more for every 60 characters past the first 80 (a "set value"
-    // that fell short explains why in ~150)
-    toast.timer = setTimeout(() => { t.hidden = true; }, 4000 + Math.max(0, msg.length - 80) / 60 * 1000);
+    // that fell short explains why in ~150), at most 15 s (a long server error would stay for minutes)
+    toast.timer = setTimeout(() => { t.hidden = true; }, Math.min(15000, 4000 + Math.max(0, msg.length - 80) / 60 * 1000));
   }
 
   const pct = (x) => (x === null || x === undefined ? "–" : (100 * x).toFixed(1) + "%");

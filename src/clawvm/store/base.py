@@ -243,6 +243,15 @@ def claimed(claim: Claim, store: str, drop: str, field: str = "db") -> ClaimedEr
     )
 
 
+def _unclaimable(store: object) -> ValidationError:
+    """The error of a store that keeps no claim (a view of an engine, or an engine of another package)."""
+    return ValidationError(
+        "store",
+        f"is a {type(store).__name__}, which cannot be claimed",
+        "claim the engine itself (a SQLite file, a PostgreSQL schema, the in-memory engine), not a view",
+    )
+
+
 def credential_json(credential: Credential) -> str:
     """``credential.data`` as the JSON text engines store, after checking the credential's key and version
     (:class:`ValidationError` when a part of its key is empty or holds NUL, its version is below 1 or its
@@ -779,7 +788,7 @@ class Store(ABC):
         is written and :class:`ClaimedError` (:func:`claimed`) is raised. Atomic across processes: of
         several claims at once exactly one is taken. Engines refuse to ``setup()`` while a claim is held;
         the claimant's own store, set up before, goes on working."""
-        raise StoreError(f"{type(self).__name__} cannot be claimed")
+        raise _unclaimable(self)
 
     def held_claim(self) -> Claim | None:
         """The claim that holds the store, or None."""
@@ -787,7 +796,7 @@ class Store(ABC):
 
     def release(self, claim: Claim) -> None:
         """Drop ``claim`` if it is the one held (another's stays); releasing twice is a no-op."""
-        raise StoreError(f"{type(self).__name__} cannot be claimed")
+        raise _unclaimable(self)
 
     def __enter__(self) -> Store:
         self.setup()

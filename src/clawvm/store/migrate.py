@@ -226,6 +226,8 @@ def _claim(target: Store) -> Claim:
         target.claim(claim)
     except ClaimedError as exc:
         raise ClaimedError("to", exc.problem, exc.fix) from None
+    except ValidationError as exc:  # a store that keeps no claim (a tenant's view)
+        raise ValidationError("to", exc.problem, exc.fix) from None
     return claim
 
 
