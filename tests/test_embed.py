@@ -4,6 +4,7 @@ embedding worker's stop."""
 from __future__ import annotations
 
 import concurrent.futures.thread
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -223,7 +224,7 @@ class _NoDirectionFor:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         out[:, 0] = 1.0
         for n, text in enumerate(texts):
-            if text == "nothing":
+            if text.startswith("nothing"):
                 out[n] = 0.0
             elif text == "broken":
                 out[n] = np.nan
@@ -251,21 +252,55 @@ def test_a_text_the_model_gives_no_direction_is_left_unembedded_and_the_backlog_
             worker.stop()
 
 
-def test_the_texts_left_unembedded_are_remembered_up_to_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The worker's memory of texts the model gave no direction is bounded: past it the oldest is
-    forgotten, and tried again on a later pass (a model that gave many grew the set without end)."""
-    monkeypatch.setattr("clawvm.core.embed.UNDIRECTED_KEPT", 1)
+def test_a_pass_goes_past_a_window_of_texts_without_a_direction(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A look-ahead window whose texts all came back without a direction ended the pass: flush returned
+    with the memories behind it unembedded. Below the bound the pass goes on to them, and a later pass
+    feeds the model none of those texts again."""
+    monkeypatch.setattr("clawvm.core.embed.UNDIRECTED_KEPT", 16)
     model = _NoDirectionFor()
     with Harness.open("memory://", embedder=None) as h:
-        for text in ("nothing", "broken", "after"):
-            h.record(text)
-        worker = EmbedWorker(model, h.store.unembedded, h.writer.attach_vectors, batch_size=4)
+        for n in range(10):
+            h.record(f"nothing {n}")
+        good = [h.record(f"good {n}").id for n in range(3)]
+        worker = EmbedWorker(model, h.store.unembedded, h.writer.attach_vectors, batch_size=2)
         worker.start()
         try:
-            worker.flush(timeout=30)  # the one forgotten is tried once more, then the pass ends
-            assert sorted(model.seen[:3]) == ["after", "broken", "nothing"] and len(model.seen) == 4
-            worker.flush(timeout=30)  # each later pass tries one of the two again, not round and round
-            assert len(model.seen) == 5 and model.seen[4] in {"nothing", "broken"}
-            assert len(h.store.unembedded(10)) == 2
+            worker.flush(timeout=30)  # the first window (2 x LOOKAHEAD) holds only texts without one
+            assert set(h.store.vectors_of(good)) == set(good) and len(model.seen) == 13
+            worker.flush(timeout=30)
+            assert len(model.seen) == 13 and len(h.store.unembedded(20)) == 10
         finally:
             worker.stop()
+
+
+def test_a_model_that_gives_too_many_texts_no_direction_is_taken_for_broken(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past the texts it remembers, the worker forgot some and embedded them again on every pass: they filled
+    the look-ahead window, the model was fed them over and over and the memories behind were never reached.
+    Now it concludes the model is broken: it embeds nothing more (a pass returns at once), every flush raises
+    saying so and what to do, an error is logged once; the backlog stays, and lexical search finds it."""
+    monkeypatch.setattr("clawvm.core.embed.UNDIRECTED_KEPT", 4)
+    model = _NoDirectionFor()
+    h = Harness.open("memory://", embedder=model)
+    try:
+        with caplog.at_level(logging.ERROR, logger="clawvm.core.embed"):
+            for n in range(150):
+                h.record(f"nothing {n}")
+            good = [h.record(f"good {n}").id for n in range(3)]
+            with pytest.raises(EmbedderError, match="looks broken") as exc:
+                h.flush(timeout=30)
+            assert "Fix the model or its endpoint and restart" in str(exc.value)
+            fed = len(model.seen)
+            assert fed <= 4 + 64  # the texts remembered and the batch (64) that found one more: not all 150
+            for _ in range(3):  # no pass embeds again, and every flush says why
+                h.record("nothing more")
+                with pytest.raises(EmbedderError, match="looks broken"):
+                    h.flush(timeout=30)
+            assert len(model.seen) == fed
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [str(exc.value)]
+        assert not h.store.vectors_of(good) and len(h.store.unembedded(200)) == 156
+        assert h.recall("good 2", k=1)[0].memory.id == good[2]  # lexically: no memory has a vector
+    finally:
+        with pytest.raises(EmbedderError, match="looks broken"):
+            h.close()

@@ -506,6 +506,25 @@ def test_index_config_chooses_the_embedder_and_the_fields(mem_harness: Harness) 
     assert caught.value.field == "index.dims"
 
 
+def test_a_text_the_model_gives_no_direction_is_stored_without_a_vector() -> None:
+    """The bag-of-words model answers a blank text with zeros, which the store refuses: the whole put (and
+    every other item of its batch) was lost. Such an item is stored lexical-only, as a zero query ranks
+    lexically; the others of its batch keep their vectors, sync and async."""
+    with Harness.open("memory://", embedder=None) as h:
+        store = ClawVMStore(h, index={"dims": 384, "embed": WordEmbeddings(), "fields": ["text"]})
+        store.put(("u",), "blank", {"text": ""})
+        store.batch([PutOp(("u",), "cats", {"text": "cats purr"}), PutOp(("u",), "spaces", {"text": "   "})])
+        asyncio.run(
+            store.abatch([PutOp(("u",), "dogs", {"text": "dogs bark"}), PutOp(("u",), "tab", {"text": "\t"})])
+        )
+        ids = {key: item_id(h.tenant, ("u",), key) for key in ("blank", "cats", "spaces", "dogs", "tab")}
+        assert sorted(store.get(("u",), key).key for key in ids) == sorted(ids)  # type: ignore[union-attr]
+        assert set(h.store.vectors_of(list(ids.values()))) == {ids["cats"], ids["dogs"]}
+        ranked = store.search(("u",), query="cats")
+        assert ranked[0].key == "cats" and ranked[0].score == pytest.approx(1 / np.sqrt(2), abs=1e-5)
+        assert {i.key for i in ranked if i.score is None} == {"blank", "spaces", "tab"}  # after the ranked
+
+
 # ---- LangGraph's own store tests, re-written against the adapter -----------------------------------------
 @pytest.fixture
 def words(mem_harness: Harness) -> ClawVMStore:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import sqlite3
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -168,6 +171,38 @@ def test_cli_replay_prints_the_comparison_and_writes_json(tmp_path: Path) -> Non
         assert bad.exit_code == 2 and "budget" in bad.output and "positive" in bad.output, bad.output
     same = runner.invoke(main, ["--db", str(db), "--no-embed", "replay", "s1"])
     assert same.exit_code == 0 and "B is the current policy" in same.output
+
+
+def test_a_zero_vector_an_older_version_stored_replays_lexical_only(tmp_path: Path) -> None:
+    """An older version stored zero vectors; record and attach_vectors refuse them now, so replaying such a
+    store (`clawvm replay`, the dashboard's what-if) failed with a ValidationError on ``embedding``. Those
+    memories, recorded or imported, replay without a vector: lexical search still puts them in a build."""
+    db = tmp_path / "old.db"
+    rng = np.random.default_rng(0)
+    clock = Clock()
+    with Harness.open(db, embedder=None, clock=clock, pager=PagerConfig(background=False)) as h:
+        for n in range(5):
+            clock.advance(1)
+            h.record(f"fact {n} about lunch plans", session_id="s1", embedding=rng.standard_normal(384))
+        zero = h.record("the staging database host", session_id="s1", embedding=rng.standard_normal(384)).id
+        with Harness.open("memory://", embedder=None) as other:  # a backup from elsewhere, restored here
+            exported = other.record("the staging database region is eu-west", session_id="s1")
+        h.import_memories([exported])
+        clock.advance(5)
+        h.context("where is the staging database?", budget_tokens=400, session_id="s1")
+    with closing(sqlite3.connect(db)) as con, con:  # as the older version, which took zeros, stored them
+        blank = np.zeros(384, dtype="<f4").tobytes()
+        con.executemany(
+            "UPDATE memories SET embedding = ? WHERE id = ?", [(blank, zero), (blank, exported.id)]
+        )
+    result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", "replay", "s1", "--budget", "100"])
+    assert result.exit_code == 0 and "session s1: 1 context builds replayed" in result.output, result.output
+    with Harness.open(db, embedder=None, pager=PagerConfig(background=False)) as h:
+        assert len(h.store.vectors_of([zero, exported.id])) == 2  # the live store is only read
+        report = whatif.replay(
+            h, "s1", whatif.Policy("a", h.pager.config), whatif.Policy("b", h.pager.config)
+        )
+    assert {zero, exported.id} <= set(report.a.builds[0].ids)
 
 
 def test_cli_replays_the_demo(tmp_path: Path) -> None:

@@ -7,7 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawvm.core.vectors import VectorIndex, normalize, sign_codes, undirected_rows
+from clawvm.core.vectors import (
+    VectorIndex,
+    directed_only,
+    normalize,
+    sign_codes,
+    split_directed,
+    undirected_rows,
+)
 
 DIM = 384
 
@@ -311,3 +318,15 @@ def test_the_quick_direction_check_agrees_with_normalising(
         lengths = np.linalg.norm(normalize(v), axis=-1)
     expected = np.flatnonzero(~(np.abs(lengths - 1.0) < 1e-3))
     assert undirected_rows(v).tolist() == expected.tolist()
+
+
+def test_split_directed_keeps_the_rows_with_a_direction_in_order() -> None:
+    """The one split the writers of vectors they did not make share (LangGraph puts, replay, migrate, the
+    embed worker): zero, NaN and overflowing rows apart, the rest in order with their ids."""
+    v = np.ones((5, 4), dtype=np.float32)
+    v[1], v[3, 0], v[4] = 0.0, np.nan, 1e30
+    kept, rows, without = split_directed(["a", "b", "c", "d", "e"], v)
+    assert kept == ["a", "c"] and rows.tolist() == [[1.0] * 4] * 2 and without == ["b", "d", "e"]
+    assert directed_only({"a": v[0], "b": v[1]}).keys() == {"a"} and directed_only({}) == {}
+    nothing, empty, none = split_directed([], np.zeros((0, 4), dtype=np.float32))
+    assert nothing == [] and empty.shape == (0, 4) and none == []

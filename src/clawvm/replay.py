@@ -44,6 +44,7 @@ import numpy as np
 from clawvm.core.embed import Embedder
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import Memory, Status, Tier
+from clawvm.core.vectors import directed_only
 from clawvm.harness import Harness
 from clawvm.observe.learning import intervene
 from clawvm.observe.lens import record_output
@@ -252,7 +253,10 @@ def read_session(
     events = tuple(
         e for e in log if e.seq is not None and e.seq <= last and _belongs(e, session_id, memories, recorded)
     )
-    vectors = live.store.vectors_of(list(memories))
+    # the vectors the offline store takes: one without a direction (a zero vector an older version stored)
+    # is refused by record and attach_vectors, failing the whole replay; its memory replays lexical-only,
+    # as live search (which cosine never finds it by) treats it
+    vectors = directed_only(live.store.vectors_of(list(memories)))
     return SessionLog(session_id, memories, vectors, events, needed, recorded)
 
 

@@ -15,6 +15,7 @@ Apache-2.0: ``core/minilm/NOTICE``) and held to the model's ``tokenizer.json`` b
 from __future__ import annotations
 
 import atexit
+import hashlib
 import logging
 import os
 import re
@@ -34,7 +35,7 @@ import numpy as np
 
 from clawvm.core.errors import EmbedderError, ValidationError
 from clawvm.core.openai_http import FAILURES, check_endpoint_settings, post_json
-from clawvm.core.vectors import normalize, undirected_rows
+from clawvm.core.vectors import normalize, split_directed
 
 
 @runtime_checkable
@@ -315,8 +316,10 @@ class OpenAIEmbedder:
 LOOKAHEAD = 4
 
 
-#: How many texts the model gave no direction an embedding worker remembers not to embed again (bounded:
-#: a model that gave many would otherwise grow the set without end; one forgotten is tried again).
+#: How many texts the model may give no direction before an embedding worker concludes that the model is
+#: broken and stops embedding (see ``EmbedWorker._with_direction``). Below it, each such text is remembered
+#: (a 16-byte digest) and not embedded again; a bound, because forgetting one would put it back in the
+#: look-ahead window, where enough of them were re-embedded on every pass and blocked the memories behind.
 UNDIRECTED_KEPT = 4096
 
 
@@ -366,8 +369,10 @@ class EmbedWorker:
         self._stopped = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        # (id, text) the model gave no direction, oldest first, at most UNDIRECTED_KEPT (see _with_direction)
-        self._undirected: dict[tuple[str, str], None] = {}
+        # digests of the (id, text) pairs the model gave no direction, at most UNDIRECTED_KEPT, never
+        # forgotten (see _with_direction); past the bound the model is taken for broken: _broken says why
+        self._undirected: set[bytes] = set()
+        self._broken: str | None = None
 
     def start(self) -> None:
         with self._wake:
@@ -407,7 +412,9 @@ class EmbedWorker:
                 time.sleep(0.05)
 
     def _embed_pending(self, until_stopped: bool) -> None:
-        while not (until_stopped and self._stopped):
+        # each window either stores a vector or adds to the remembered texts, which are never forgotten and
+        # past their bound stop the worker: so the loop ends, and a pass returns only once the backlog is done
+        while not (until_stopped and self._stopped) and self._broken is None:
             # LOOKAHEAD batches' worth read at once and sorted by length, then embedded and written a batch
             # at a time: a batch holds texts of like length, which the model pads little. On the ingest
             # texts of bench/limits.py, batches of the oldest 64 fed the model 9.7% more tokens (padding)
@@ -415,8 +422,9 @@ class EmbedWorker:
             pending = sorted(self._waiting(), key=lambda item: len(item[1]))
             if not pending:
                 return
-            stored = 0
             for start in range(0, len(pending), self.batch_size):
+                if self._broken is not None:  # the model was found broken: embed nothing more
+                    return
                 if until_stopped:
                     if self._stopped:
                         return
@@ -427,7 +435,6 @@ class EmbedWorker:
                     ids, vectors, texts = self._with_direction(ids, self.embedder.embed(texts), texts)
                     if ids:  # passing the texts makes the write conditional: a newer text or vector wins
                         self._write(ids, vectors, texts)
-                        stored += len(ids)
                 finally:
                     if until_stopped and not self._niced:
                         # after the first batch, not before: the model is loaded by then, and the threads
@@ -435,15 +442,13 @@ class EmbedWorker:
                         # inherit the priority of the thread that loads it
                         self._niced = True
                         lower_thread_priority(self.nice)
-            if not stored:  # all without a direction, more than the worker remembers: the next pass
-                return  # tries again, or the worker would embed the same texts round and round
 
     def _waiting(self) -> list[tuple[str, str]]:
         """Up to ``LOOKAHEAD`` batches of (id, text) to embed, oldest first, but those the model gave no
         direction (:meth:`_with_direction`)."""
         want = self.batch_size * LOOKAHEAD
         found = self._pending(want + len(self._undirected))
-        return [(i, t) for i, t in found if (i, t) not in self._undirected][:want]
+        return [(i, t) for i, t in found if _digest(i, t) not in self._undirected][:want]
 
     def _with_direction(
         self, ids: list[str], vectors: np.ndarray, texts: list[str]
@@ -451,24 +456,39 @@ class EmbedWorker:
         """The rows of a batch that a store takes: one without a direction (the model's zero or NaN vector
         for some text) is refused by ``set_vectors`` with the whole batch, and read again as pending on the
         next pass, so it would stop the backlog there for good. Its memory is left unembedded (lexical
-        search finds it) and this worker does not embed that text again; a warning names it."""
+        search finds it) and this worker does not embed that text again; a warning names it.
+
+        Remembering is bounded (``UNDIRECTED_KEPT``): one more such text and the model is taken for broken
+        (an endpoint answering zeros, a model that lost its weights), and the worker stops (:meth:`_give_up`)
+        rather than forget some and embed them again on every pass, which fed the model the same useless
+        texts and never reached the memories queued behind them."""
         v = np.asarray(vectors, dtype=np.float32)
         if v.ndim != 2 or len(v) != len(ids):
             return ids, v, texts  # set_vectors names what is wrong with the model's answer
-        bad = set(undirected_rows(v).tolist())
-        if not bad:
-            return ids, v, texts
-        for n in sorted(bad):
-            self._undirected[(ids[n], texts[n])] = None
-            if len(self._undirected) > UNDIRECTED_KEPT:  # the oldest is tried again on a later pass
-                del self._undirected[next(iter(self._undirected))]
+        pairs, v, without = split_directed(list(zip(ids, texts, strict=True)), v)
+        for memory_id, text in without:
+            if len(self._undirected) >= UNDIRECTED_KEPT:
+                self._give_up()
+                break
+            self._undirected.add(_digest(memory_id, text))
             _log.warning(
                 "the embedding model gave memory %s no direction (a zero or NaN vector): left unembedded, "
                 "lexical search still finds it",
-                ids[n],
+                memory_id,
             )
-        keep = [n for n in range(len(ids)) if n not in bad]
-        return [ids[n] for n in keep], v[keep], [texts[n] for n in keep]
+        return [i for i, _ in pairs], v, [t for _, t in pairs]
+
+    def _give_up(self) -> None:
+        """Stop embedding for good in this process: passes return at once, :meth:`flush` raises why, and
+        the error is logged once. The backlog stays in the store, unembedded (lexical search finds it), for
+        a process whose model works."""
+        self._broken = (
+            f"the embedding model {getattr(self.embedder, 'name', type(self.embedder).__name__)!r} gave more "
+            f"than {UNDIRECTED_KEPT} texts no direction (zero or NaN vectors): it looks broken, so this "
+            "process embeds nothing more. Fix the model or its endpoint and restart: the memories left "
+            "unembedded are embedded then; lexical search finds them meanwhile"
+        )
+        _log.error("%s", self._broken)
 
     def _defer_while_busy(self) -> None:
         """Wait while requests are busy (see ``busy``), at most ``max_defer_s``: under steady load the
@@ -496,6 +516,8 @@ class EmbedWorker:
                 self._embed_pending(until_stopped=False)
             except Exception as exc:
                 raise EmbedderError(f"embedding failed: {exc}") from exc
+        if self._broken is not None:  # every time: the backlog will not drain in this process
+            raise EmbedderError(self._broken)
 
     def stop(self) -> None:
         """Stop the thread: it finishes the batch it is embedding (if any) and embeds no more. Idempotent."""
@@ -506,6 +528,14 @@ class EmbedWorker:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=_STOP_WAIT_S)
         _LIVE_WORKERS.discard(self)
+
+
+def _digest(memory_id: str, text: str) -> bytes:
+    """What the worker remembers of a text the model gave no direction: 16 bytes, not the text (4,096
+    texts of up to a model's input each would be megabytes). Its memory's id is in it: another memory of
+    the same text is embedded (once) too; the length prefix keeps ("a", "bc") apart from ("ab", "c")."""
+    key = f"{len(memory_id)}:{memory_id}{text}".encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(key, digest_size=16).digest()
 
 
 def lower_thread_priority(levels: int) -> bool:

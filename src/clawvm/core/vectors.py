@@ -26,8 +26,12 @@ busy. On this 2-core machine under load, 100k x 96 took 13.5 ms with ``@`` and 3
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
+
+_K = TypeVar("_K")
 
 
 def normalize(v: np.ndarray) -> np.ndarray:
@@ -62,6 +66,30 @@ def undirected_rows(v: np.ndarray) -> np.ndarray:
         lengths = np.linalg.norm(normalize(v), axis=-1).reshape(-1)
     # a unit row is within float32 rounding of 1; NaN (from an overflowed length) compares false too
     return np.flatnonzero(~(np.abs(lengths - 1.0) < 1e-3))
+
+
+def split_directed(ids: Sequence[_K], vectors: np.ndarray) -> tuple[list[_K], np.ndarray, list[_K]]:
+    """``ids`` (one per row of the 2-D ``vectors``) split by :func:`undirected_rows`: the ids whose row has
+    a direction, those rows (in order), and the ids whose row has none (a zero, NaN or out-of-range row).
+
+    A store refuses a whole write for one such row (:func:`clawvm.store.base.check_stored_vectors`), so a
+    writer that takes vectors it did not make (a model's answer, an older store's rows) stores the first
+    part and leaves the rest without a vector: lexical search finds those memories, cosine never would."""
+    v = np.asarray(vectors, dtype=np.float32)
+    bad = undirected_rows(v) if len(ids) else np.empty(0, dtype=np.intp)
+    if not len(bad):  # the usual case: nothing copied
+        return list(ids), v, []
+    keep = np.ones(len(ids), dtype=bool)
+    keep[bad] = False
+    return [i for i, k in zip(ids, keep, strict=True) if k], v[keep], [ids[int(n)] for n in bad]
+
+
+def directed_only(found: Mapping[_K, np.ndarray]) -> dict[_K, np.ndarray]:
+    """The vectors of ``found`` (rows of one length, by id) that have a direction (:func:`split_directed`)."""
+    if not found:
+        return {}
+    kept, vectors, _ = split_directed(list(found), np.stack(list(found.values())))
+    return dict(zip(kept, vectors, strict=True))
 
 
 def matvec(m: np.ndarray, v: np.ndarray) -> np.ndarray:

@@ -105,6 +105,7 @@ from clawvm.core.model import (
     normalize_content,
     revalidate,
 )
+from clawvm.core.vectors import directed_only
 from clawvm.harness import Harness
 from clawvm.store import Event, PageKey, Query
 from clawvm.store.kinds import EventKind
@@ -140,8 +141,9 @@ class _Plan:
 
 @dataclass(frozen=True)
 class _Vectors:
-    """A plan's embeddings: its indexed texts' by the put's position, its queries' (unit length; None for
-    a zero vector) by query. Computed before the batch runs, so the sync and async paths share it."""
+    """A plan's embeddings: its indexed texts' by the put's position (none for a text the model gave no
+    direction), its queries' (unit length; None for a zero vector) by query. Computed before the batch
+    runs, so the sync and async paths share it."""
 
     documents: dict[int, np.ndarray]
     queries: dict[str, np.ndarray | None]
@@ -150,7 +152,18 @@ class _Vectors:
     def of(cls, plan: _Plan, rows: Sequence[Any], asked: Sequence[Any]) -> _Vectors:
         positions = [n for n, t in enumerate(plan.texts) if t is not None]
         documents = {n: np.asarray(rows[i], dtype=np.float32) for i, n in enumerate(positions)}
-        return cls(documents, {q: _unit(v) for q, v in zip(plan.queries, asked, strict=True)})
+        return cls(_directed(documents), {q: _unit(v) for q, v in zip(plan.queries, asked, strict=True)})
+
+
+def _directed(documents: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """``documents`` without the vectors that have no direction: a model may answer a text (a blank one,
+    for a bag-of-words model) with zeros, which the store refuses with the whole batch. Such an item is
+    stored without a vector, as a query's zero vector ranks lexically: searches return it after the
+    ranked items. Rows of the wrong shape stay, for the write to refuse by name (the model's fault)."""
+    shapes = {v.shape for v in documents.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 1:
+        return documents
+    return directed_only(documents)
 
 
 def _unit(vector: Any) -> np.ndarray | None:

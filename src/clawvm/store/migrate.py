@@ -41,7 +41,7 @@ import numpy as np
 
 from clawvm.core.errors import ClaimedError, StoreError, ValidationError
 from clawvm.core.model import Memory, counted, utcnow
-from clawvm.core.vectors import undirected_rows
+from clawvm.core.vectors import directed_only
 from clawvm.store.base import Claim, Credential, Event, Store
 from clawvm.store.eventlog import event_pages
 
@@ -146,12 +146,7 @@ def copied_vectors(store: Store, ids: list[str]) -> dict[str, np.ndarray]:
     """The vectors of ``ids`` that a copy carries: those with a direction. A zero vector stored by an older
     version would be refused by the target's write (:func:`clawvm.store.base.check_stored_vectors`) and
     halt the copy half done; left behind, its memory is embedded from its text in the target."""
-    found = store.vectors_of(ids)
-    if not found:
-        return found
-    keys = list(found)
-    bad = {keys[i] for i in undirected_rows(np.stack([found[k] for k in keys])).tolist()}
-    return {k: v for k, v in found.items() if k not in bad} if bad else found
+    return directed_only(store.vectors_of(ids))
 
 
 def summarize(store: Store, batch: int = 500) -> Summary:
