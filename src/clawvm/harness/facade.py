@@ -748,9 +748,8 @@ class Harness:
         if memory.pinned and memory.tier is Tier.WORKING:
             return memory  # pinned already: no new version, no event
         now = self.now()
-        self.pager.check_pin(memory, now)
         before = self.pager.value_now(memory, now)
-        pinned = self.pager.mutate(memory, lambda _m: {"pinned": True, "tier": Tier.WORKING}, now)
+        pinned = self.pager.pin(memory, now)  # within the session's pinned budget, across processes
         self._after_move(
             pinned,
             EventKind.PIN,
