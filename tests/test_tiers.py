@@ -1386,3 +1386,33 @@ def test_threads_pinning_at_once_keep_the_pinned_budget(engine_name: str, tmp_pa
         for t in threads:
             t.join(timeout=120)
         _check_pin_race(target, ids, [results.get_nowait() for _ in threads])
+
+
+class _RowsReadAfterTheIndex(MemoryStore):
+    """An engine that matches a filter in its index and reads the rows after (as SQLite does), with another
+    process's move landing in between: the memory comes back as a member of the tier it has left."""
+
+    def __init__(self, left: Memory) -> None:
+        super().__init__()
+        self.left = left
+
+    def iter_all(
+        self, filters: Filters | None = None, batch: int = 500, newest_first: bool = False
+    ) -> Iterator[Memory]:
+        yield from super().iter_all(filters, batch, newest_first)
+        yield self.left
+
+
+def test_a_member_that_left_its_tier_between_index_and_rows_is_not_paged() -> None:
+    """Such a memory (a refused pin undone back to long-term by another process) was demoted by the next
+    pass as a working member: from long-term to short-term."""
+    left = build_memory({"content": "undone pin", "session_id": "s", "tier": Tier.LONG_TERM})
+    store = _RowsReadAfterTheIndex(left)
+    store.setup()
+    pager = Pager(store, CommitPath(store, Redactor()), CFG)
+    store.put(left)
+    for i in range(6):
+        store.put(build_memory({"content": f"working {i}", "session_id": "s", "tier": Tier.WORKING}))
+    assert left.id not in {m.id for m in pager.tier_members("default", "s", Tier.WORKING)}
+    assert left.id not in {m.id for m in pager.enforce("default", "s", T0)}
+    assert store.get(left.id).tier is Tier.LONG_TERM
