@@ -705,8 +705,11 @@ class Pager:
                 attempt += 1
                 if attempt == PIN_RACE_TRIES:
                     raise
-            time.sleep(random.uniform(0, PIN_RACE_PAUSE_S * 2**attempt))  # apart from the racing pins
-            current = self.store.get(memory.id)
+                time.sleep(random.uniform(0, PIN_RACE_PAUSE_S * 2**attempt))  # apart from the racing pins
+                current = self.store.get(memory.id)
+                due = current.expires_at is not None and current.expires_at <= now
+                if current.status is not Status.ACTIVE or due:  # archived or expired meanwhile: not pinnable
+                    raise
 
     def _undo_pin(self, pinned: Memory, tier_before: Tier, now: datetime) -> None:
         """Unpin a pin refused after its write, back to the tier it was pinned from: version-checked, from
