@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import click
 import httpx
@@ -454,6 +455,41 @@ def test_stats_counts_each_kind_status_and_tier_and_what_waits_for_a_vector(tmp_
     # as reads show them (the due one is expired, swept or not), as the server's stats: they add up
     assert stats["by_status"] == {"active": 2, "archived": 2, "expired": 1}
     assert sum(stats["by_tier"].values()) == 5 and stats["events"] >= 5
+
+
+def test_stats_totals_agree_while_another_process_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer commits before each of stats' reads of the file: the total, the sums by kind, status
+    and tier came from one count each, saw different files, and disagreed (4 of 10 outputs in a trial with a
+    writer process); they come from one read now."""
+    db = tmp_path / "busy.db"
+    writer = Harness.open(db, embedder=None)
+    writing = False
+
+    def committed_first(read: Any) -> Any:
+        def then_read(store: SQLiteStore, *args: Any, **kwargs: Any) -> Any:
+            nonlocal writing
+            if not writing and store is not engine_of(writer):  # the writer's own reads write nothing
+                writing = True
+                try:
+                    writer.record("meanwhile, in another process", kind="observation", tier="long_term")
+                finally:
+                    writing = False
+            return read(store, *args, **kwargs)
+
+        return then_read
+
+    try:
+        writer.record("first", kind="error")
+        for name in ("count", "group_counts", "page", "query"):  # each read the engine has
+            if hasattr(SQLiteStore, name):
+                monkeypatch.setattr(SQLiteStore, name, committed_first(getattr(SQLiteStore, name)))
+        stats = json.loads(run(db, "stats"))
+    finally:
+        writer.close()
+    totals = [sum(stats[by].values()) for by in ("by_kind", "by_status", "by_tier")]
+    assert totals == [stats["memories"]] * 3, stats
 
 
 # ---- serve: redaction on by default, kept originals for admins ---------------------------------------------

@@ -32,7 +32,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from clawvm import Harness
+from clawvm import Harness, Memory
 from clawvm.core.errors import ConfigError, NotFoundError, RateLimitError, ValidationError
 from clawvm.core.redact import RedactionPolicy
 from clawvm.server import (
@@ -521,6 +521,32 @@ def test_checkpoint_rollback_session_start_collapse_tick(env: Env) -> None:
     assert set(env.client.post("/v1/tick", headers=env.auth()).json()) == {"expired", "refreshed", "moved"}
     stats = env.client.get("/v1/stats", headers=env.auth()).json()
     assert stats["memories"] == sum(stats["by_status"].values()) and stats["by_status"]["obsolete"] == 1
+
+
+def test_stats_totals_agree_while_another_process_writes(env: Env, tmp_path: Path) -> None:
+    """Another process commits before each of the route's reads: counted one status and one tier at a time,
+    the total and the sum by tier disagreed; they come from one read now."""
+    env.record("first")
+    other = SQLiteStore(tmp_path / "server.db")  # what another process writing to the file is
+    other.setup()
+
+    def committed_first(read: Any) -> Any:
+        def then_read(*args: Any, **kwargs: Any) -> Any:
+            other.put(Memory(content="meanwhile", tenant="acme", tier="long_term"))
+            return read(*args, **kwargs)
+
+        return then_read
+
+    try:
+        for name in ("count", "group_counts"):  # each read the engine has
+            if hasattr(env.store, name):
+                setattr(env.store, name, committed_first(getattr(env.store, name)))
+        stats = env.client.get("/v1/stats", headers=env.auth()).json()
+    finally:
+        for name in ("count", "group_counts"):
+            vars(env.store).pop(name, None)
+        other.close()
+    assert stats["memories"] == sum(stats["by_status"].values()) == sum(stats["by_tier"].values()), stats
 
 
 #: Memories that only look like checkpoints (kind agent_state, tag checkpoint) -> their content; ``{m}`` is

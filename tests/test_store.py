@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ from clawvm import (
     ValidationError,
 )
 from clawvm.core.model import revalidate
-from clawvm.store import Claim, Edge, Event, PageKey, Query, SQLiteStore, Store, store_from_url
+from clawvm.store import Claim, Edge, Event, GroupKey, PageKey, Query, SQLiteStore, Store, store_from_url
 from clawvm.store.tenant import TenantStore
 from engines import make_store
 from strategies import at, memories
@@ -101,6 +102,38 @@ def test_tenants_of_names_each_stored_ids_tenant_as_get_many_would(engine: Store
     assert engine.tenants_of(asked) == {ours.id: "acme", theirs.id: "globex"}
     assert engine.tenants_of([]) == {}
     assert TenantStore(engine, "acme").tenants_of(asked) == {ours.id: "acme"}
+
+
+def test_group_counts_count_each_kind_status_and_tier_in_one_read(engine: Store) -> None:
+    """What ``clawvm stats`` and ``GET /v1/stats`` derive every total from; the contract's default (one pass
+    of iter_all) answers the same as each engine's own."""
+    now = datetime.now(UTC)
+    engine.put_many(
+        [
+            mem("a", kind="error", tier="working"),
+            mem("b", kind="error", tier="working"),
+            mem("c", kind="decision", status="archived", tier="archive"),
+            mem("due", expires_at=now - timedelta(minutes=1), tier="short_term"),
+            mem("later", expires_at=now + timedelta(hours=1), tier="short_term"),
+            mem("theirs", tenant="globex", kind="error", tier="working"),
+        ]
+    )
+    ours = Filters.of(tenant="default")
+    stored = {
+        GroupKey("error", "active", "working"): 2,
+        GroupKey("decision", "archived", "archive"): 1,
+        GroupKey("note", "active", "short_term"): 2,
+    }
+    due = {GroupKey("note", "active", "short_term"): 1, GroupKey("note", "expired", "short_term"): 1}
+    archived = {GroupKey("decision", "archived", "archive"): 1}
+    for counts in (engine.group_counts, partial(Store.group_counts, engine)):
+        assert counts(ours) == stored
+        assert counts(ours, now) == {**stored, **due}  # one due to expire counts as expired, as reads show it
+        assert counts(Filters.of(tenant="default", status="archived")) == archived
+        assert counts(Filters.of(tenant="nobody")) == {}
+    assert sum(engine.group_counts().values()) == engine.count() == 6
+    assert TenantStore(engine, "globex").group_counts() == {GroupKey("error", "active", "working"): 1}
+    assert TenantStore(engine, "globex").group_counts(ours) == {}
 
 
 def test_a_naive_time_in_a_filter_reads_as_utc_on_every_engine(engine: Store) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import queue
 import sqlite3
 import threading
 import time
@@ -24,6 +25,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+import pin_race
 from clawvm import (
     ConflictError,
     Filters,
@@ -39,12 +41,12 @@ from clawvm import (
 from clawvm.core.embed import count_tokens
 from clawvm.core.model import build_memory
 from clawvm.observe.learning import intervene
-from clawvm.store import MemoryStore
+from clawvm.store import MemoryStore, Store
 from clawvm.vm import working as working_module
 from clawvm.vm.tiers import ORDER, Pager, PagerConfig, TierBudgets, value_per_token
 from clawvm.write.commit import CommitPath
 from clawvm.write.redaction import Redactor
-from engines import engine_of, harness_target
+from engines import engine_of, harness_target, make_store
 
 BUDGETS = TierBudgets(working_tokens=120, working_items=5, short_term_items=6, long_term_items=8)
 CFG = PagerConfig(budgets=BUDGETS, background=False)
@@ -1310,3 +1312,107 @@ def test_a_memory_forgotten_during_a_maintenance_pass_is_skipped_not_fatal() -> 
         moved = h.pager.page_out_idle(h.tenant, "s", now[0])
         assert len(moved) == 1 and forgotten == [pair[moved[0].id]]
         assert h.get(moved[0].id).tier is Tier.SHORT_TERM and h.store.get_many(forgotten) == {}
+
+
+def _pin_race_setup(target: str | Path | Store, workers: int) -> list[str]:
+    """A session with ``workers`` unpinned long-term memories (one for each racing worker to pin)."""
+    with Harness.open(target, embedder=None, pager=pin_race.pager_config()) as h:
+        return [h.record(f"pin candidate {i}", session_id="p", tier="long_term").id for i in range(workers)]
+
+
+def _check_pin_race(target: str | Path | Store, ids: list[str], said: list[tuple[Any, ...]]) -> None:
+    """The pinned budget held however the race went: the pins kept are the ones that said ok, at most the
+    budget; each refused pin got the error a pin over the budget always gets, and left its memory unpinned in
+    its tier."""
+    assert sorted(s[1] for s in said) == sorted(ids)
+    assert [s for s in said if s[0] == "error"] == []
+    with Harness.open(target, embedder=None, pager=pin_race.pager_config()) as h:
+        kept = {m.id for m in h.list(limit=100, session_id="p", pinned=True)}
+        assert kept == {s[1] for s in said if s[0] == "ok"}
+        assert len(kept) <= pin_race.PIN_ITEMS
+        for _, mid, field, problem in (s for s in said if s[0] == "refused"):
+            assert (field, problem) == ("pinned", OVER_PIN_BUDGET)
+            assert not h.get(mid).pinned and h.get(mid).tier is Tier.LONG_TERM
+        h.page()
+        assert h.count(session_id="p", tier="working") <= pin_race.PIN_ITEMS
+
+
+OVER_PIN_BUDGET = "would put the pinned memories of this session over the working-tier budget"
+
+
+@pytest.mark.engines("sqlite", "postgres")
+def test_processes_pinning_at_once_keep_the_pinned_budget(engine_name: str, tmp_path: Path) -> None:
+    """Four processes pin a memory each, every one reading the session's pins before any writes: each used
+    to see room and write, leaving twice the budget pinned, which the pager cannot page out."""
+    import multiprocessing
+
+    target = harness_target(engine_name, tmp_path, "pins.db")
+    ids = _pin_race_setup(target, 4)
+    # a fork server, as in test_store.py: a plain fork of this multithreaded process can copy a held lock
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["clawvm.harness"])
+    start, results = ctx.Barrier(len(ids)), ctx.Queue()
+    procs = [
+        ctx.Process(target=pin_race.pin_when_told, args=(target, i, start, results), daemon=True) for i in ids
+    ]
+    try:
+        for p in procs:
+            p.start()
+        said = [results.get(timeout=120) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    _check_pin_race(target, ids, said)
+
+
+def test_threads_pinning_at_once_keep_the_pinned_budget(engine_name: str, tmp_path: Path) -> None:
+    """The same race between harnesses of one process (threads), on every engine, a few rounds over."""
+    for round_ in range(3):
+        # memory:// is a new store at each open: the harnesses share one engine instead
+        target: str | Store = (
+            make_store("memory", tmp_path)
+            if engine_name == "memory"
+            else harness_target(engine_name, tmp_path, f"threads{round_}.db")
+        )
+        ids = _pin_race_setup(target, 4)
+        start, results = threading.Barrier(len(ids)), queue.Queue[tuple[Any, ...]]()
+        threads = [
+            threading.Thread(target=pin_race.pin_when_told, args=(target, i, start, results)) for i in ids
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        _check_pin_race(target, ids, [results.get_nowait() for _ in threads])
+
+
+class _RowsReadAfterTheIndex(MemoryStore):
+    """An engine that matches a filter in its index and reads the rows after (as SQLite does), with another
+    process's move landing in between: the memory comes back as a member of the tier it has left."""
+
+    def __init__(self, left: Memory) -> None:
+        super().__init__()
+        self.left = left
+
+    def iter_all(
+        self, filters: Filters | None = None, batch: int = 500, newest_first: bool = False
+    ) -> Iterator[Memory]:
+        yield from super().iter_all(filters, batch, newest_first)
+        yield self.left
+
+
+def test_a_member_that_left_its_tier_between_index_and_rows_is_not_paged() -> None:
+    """Such a memory (a refused pin undone back to long-term by another process) was demoted by the next
+    pass as a working member: from long-term to short-term."""
+    left = build_memory({"content": "undone pin", "session_id": "s", "tier": Tier.LONG_TERM})
+    store = _RowsReadAfterTheIndex(left)
+    store.setup()
+    pager = Pager(store, CommitPath(store, Redactor()), CFG)
+    store.put(left)
+    for i in range(6):
+        store.put(build_memory({"content": f"working {i}", "session_id": "s", "tier": Tier.WORKING}))
+    assert left.id not in {m.id for m in pager.tier_members("default", "s", Tier.WORKING)}
+    assert left.id not in {m.id for m in pager.enforce("default", "s", T0)}
+    assert store.get(left.id).tier is Tier.LONG_TERM

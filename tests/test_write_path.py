@@ -486,6 +486,7 @@ SDK_READS: dict[str, str] = {
     "list": "memories by filters",
     "list_page": "memories by filters, a keyset page",
     "count": "a count by filters",
+    "group_counts": "counts by kind, status and tier, from one read",
     "checkpoints": "a session's checkpoint memories, listed",
     "events": "the event log",
     "history": "a revision chain",

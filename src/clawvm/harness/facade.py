@@ -84,7 +84,14 @@ from clawvm.recall.retrieval import (
     run_recall,
 )
 from clawvm.store import Event, Store, store_from_url
-from clawvm.store.base import PageKey, ReadOnlyStore, StoreReader, check_stored_vectors, while_open
+from clawvm.store.base import (
+    GroupKey,
+    PageKey,
+    ReadOnlyStore,
+    StoreReader,
+    check_stored_vectors,
+    while_open,
+)
 from clawvm.store.crypto import DataKeys
 from clawvm.store.kinds import EventKind
 from clawvm.store.tenant import TenantStore
@@ -708,6 +715,13 @@ class Harness:
     def count(self, **filters: Any) -> int:
         return self._store.count(self.filters(filters))
 
+    def group_counts(self, **filters: Any) -> dict[GroupKey, int]:
+        """How many memories matching ``filters`` (as for :meth:`count`) hold each (kind, status, tier), in
+        one read: totals by kind, status and tier derived from it agree with each other while others write
+        (separate counts each saw another moment). A memory past its expiry counts as expired, as reads
+        show it."""
+        return self._store.group_counts(self.filters(filters), self.now())
+
     def iter_all(self, *, newest_first: bool = False, batch: int = 500, **filters: Any) -> Iterator[Memory]:
         """Every memory matching ``filters`` (as for :meth:`list`), oldest first (newest first with
         ``newest_first``), read in keyset pages of ``batch``: what callers use instead of a "no limit"."""
@@ -748,9 +762,8 @@ class Harness:
         if memory.pinned and memory.tier is Tier.WORKING:
             return memory  # pinned already: no new version, no event
         now = self.now()
-        self.pager.check_pin(memory, now)
         before = self.pager.value_now(memory, now)
-        pinned = self.pager.mutate(memory, lambda _m: {"pinned": True, "tier": Tier.WORKING}, now)
+        pinned = self.pager.pin(memory, now)  # within the session's pinned budget, across processes
         self._after_move(
             pinned,
             EventKind.PIN,

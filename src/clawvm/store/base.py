@@ -38,7 +38,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 import numpy as np
 
 from clawvm.core.errors import ClaimedError, ConflictError, NotFoundError, StoreError, ValidationError
-from clawvm.core.model import Filters, LinkType, Memory, utcnow
+from clawvm.core.model import Filters, LinkType, Memory, Status, utcnow
 from clawvm.core.vectors import undirected_rows
 from clawvm.store.kinds import EventKind, kind_of
 
@@ -135,6 +135,24 @@ class QueryResult:
     context: list[tuple[str, float]] = field(default_factory=list)
     info: dict[str, CandidateInfo] = field(default_factory=dict)
     related: list[Related] = field(default_factory=list)
+
+
+class GroupKey(NamedTuple):
+    """One group of :meth:`Store.group_counts`: the memories of one kind, status and tier."""
+
+    kind: str
+    status: str
+    tier: str
+
+
+def group_of(memory: Memory, expired_at: datetime | None) -> GroupKey:
+    """``memory``'s group in :meth:`Store.group_counts`: an active memory due to expire by ``expired_at``
+    counts as expired, as reads show it before the expiry sweep marks it."""
+    status = memory.status.value
+    due = expired_at is not None and memory.expires_at is not None and memory.expires_at <= expired_at
+    if status == Status.ACTIVE.value and due:
+        status = Status.EXPIRED.value
+    return GroupKey(memory.kind.value, status, memory.tier.value)
 
 
 @dataclass(frozen=True)
@@ -327,6 +345,10 @@ class StoreReader(Protocol):
     def list(self, filters: Filters | None = None, limit: int = 100) -> builtins.list[Memory]: ...
 
     def count(self, filters: Filters | None = None) -> int: ...
+
+    def group_counts(
+        self, filters: Filters | None = None, expired_at: datetime | None = None
+    ) -> dict[GroupKey, int]: ...
 
     def iter_all(
         self, filters: Filters | None = None, batch: int = 500, newest_first: bool = False
@@ -692,6 +714,20 @@ class Store(ABC):
         """How many memories match ``filters``; engines count in their indexes. This default pages."""
         return sum(1 for _ in self.iter_all(filters))
 
+    def group_counts(
+        self, filters: Filters | None = None, expired_at: datetime | None = None
+    ) -> dict[GroupKey, int]:
+        """How many memories matching ``filters`` hold each (kind, status, tier), from one read: every total
+        derived from it (all, by kind, by status, by tier) agrees with the others while writers go on,
+        which separate counts did not. With ``expired_at``, an active memory whose ``expires_at`` is at or
+        before it counts as expired (:func:`group_of`). Engines count in one query or index pass; this
+        default makes one pass of :meth:`iter_all`, which sees each memory once."""
+        counts: dict[GroupKey, int] = {}
+        for m in self.iter_all(filters):
+            key = group_of(m, expired_at)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
     def iter_all(
         self, filters: Filters | None = None, batch: int = 500, newest_first: bool = False
     ) -> Iterator[Memory]:
@@ -843,6 +879,11 @@ class ReadOnlyStore:
 
     def count(self, filters: Filters | None = None) -> int:
         return self._open_store.count(filters)
+
+    def group_counts(
+        self, filters: Filters | None = None, expired_at: datetime | None = None
+    ) -> dict[GroupKey, int]:
+        return self._open_store.group_counts(filters, expired_at)
 
     def iter_all(
         self, filters: Filters | None = None, batch: int = 500, newest_first: bool = False

@@ -7,6 +7,7 @@ import json
 from bisect import bisect_right
 from collections.abc import Collection, Sequence
 from dataclasses import replace
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
@@ -20,6 +21,7 @@ from clawvm.store.base import (
     Credential,
     Edge,
     Event,
+    GroupKey,
     PageKey,
     Query,
     QueryResult,
@@ -106,6 +108,12 @@ class MemoryStore(Store):
     def count(self, filters: Filters | None = None) -> int:
         with self._lock:
             return self.index.count(filters or Filters())
+
+    def group_counts(
+        self, filters: Filters | None = None, expired_at: datetime | None = None
+    ) -> dict[GroupKey, int]:
+        with self._lock:
+            return self.index.group_counts(filters or Filters(), expired_at)
 
     def query(self, query: Query) -> QueryResult:
         with self._lock:

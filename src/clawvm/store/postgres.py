@@ -54,6 +54,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, TypeVar
 
 import numpy as np
@@ -73,7 +74,7 @@ from clawvm.core.errors import (
 )
 from clawvm.core.ids import is_valid_id
 from clawvm.core.lexical import Analyzer, BM25Params
-from clawvm.core.model import MAX_COUNT, Filters, LinkType, Memory
+from clawvm.core.model import MAX_COUNT, Filters, LinkType, Memory, Status
 from clawvm.core.vectors import normalize
 from clawvm.store import postgres_rows as pgrows
 from clawvm.store.base import (
@@ -81,6 +82,7 @@ from clawvm.store.base import (
     Credential,
     Edge,
     Event,
+    GroupKey,
     PageKey,
     Query,
     QueryResult,
@@ -714,6 +716,20 @@ class PostgresStore(Store):
                 where, args = compile_filters(f)
                 row = conn.execute(f"SELECT count(*) FROM memories m WHERE {where}", args).fetchone()
         return int(row[0]) if row else 0
+
+    def group_counts(
+        self, filters: Filters | None = None, expired_at: datetime | None = None
+    ) -> dict[GroupKey, int]:
+        """One grouped count: one statement reads one snapshot, so the groups agree with each other."""
+        where, args = compile_filters(filters or Filters())
+        status = "m.status"
+        if expired_at is not None:  # due counts as expired, as reads show it
+            status = "CASE WHEN m.status = %s AND m.expires_at <= %s THEN %s ELSE m.status END"
+            args = [Status.ACTIVE.value, expired_at, Status.EXPIRED.value, *args]
+        sql = f"SELECT m.kind, {status}, m.tier, count(*) FROM memories m WHERE {where} GROUP BY 1, 2, 3"
+        with self._conn("count") as conn:
+            rows = conn.execute(sql, args).fetchall()
+        return {GroupKey(unesc(k) or "", unesc(s) or "", unesc(t) or ""): int(n) for k, s, t, n in rows}
 
     def page(
         self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False

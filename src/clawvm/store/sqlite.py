@@ -36,6 +36,7 @@ from clawvm.store.base import (
     Credential,
     Edge,
     Event,
+    GroupKey,
     PageKey,
     Query,
     QueryResult,
@@ -736,6 +737,12 @@ class SQLiteStore(IndexSnapshots, Store):
     def count(self, filters: Filters | None = None) -> int:
         with self._read("count"):
             return self.index.count(filters or Filters())
+
+    def group_counts(
+        self, filters: Filters | None = None, expired_at: datetime | None = None
+    ) -> dict[GroupKey, int]:
+        with self._read("count"):  # the index caught up once: every group from the same state of the file
+            return self.index.group_counts(filters or Filters(), expired_at)
 
     def query(self, query: Query) -> QueryResult:
         with self._read("query"):

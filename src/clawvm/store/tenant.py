@@ -34,6 +34,7 @@ import threading
 import uuid
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,7 @@ from clawvm.store.base import (
     Credential,
     Edge,
     Event,
+    GroupKey,
     PageKey,
     Query,
     QueryResult,
@@ -220,6 +222,12 @@ class TenantStore(Store):
     def count(self, filters: Filters | None = None) -> int:
         confined = self._confined(filters or Filters())
         return 0 if confined is None else self.inner.count(confined)
+
+    def group_counts(
+        self, filters: Filters | None = None, expired_at: datetime | None = None
+    ) -> dict[GroupKey, int]:
+        confined = self._confined(filters or Filters())
+        return {} if confined is None else self.inner.group_counts(confined, expired_at)
 
     def page(
         self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False

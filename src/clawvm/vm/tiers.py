@@ -29,7 +29,8 @@ Invariants (property-tested): a built context never exceeds its budget; after a 
 session it covered is over budget, and every session over its working budget is due for the next pass;
 the tiers below working are within budget after any operation but a record made straight into one of
 them, which makes its session due; a pinned memory stays in
-``working`` until unpinned (pinning refuses when pinned memories alone would exceed the working budget);
+``working`` until unpinned (pinning refuses when pinned memories alone would exceed the working budget,
+across processes too: :meth:`Pager.pin`);
 moves never change content except through reversible compression; ids and links stay valid.
 Every move is an :class:`~clawvm.store.Event` with kind, memory, from/to tier, value before/after, reason.
 """
@@ -38,6 +39,8 @@ from __future__ import annotations
 
 import functools
 import math
+import random
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -56,6 +59,10 @@ from clawvm.vm.scoring import DEFAULT_SCORING, ScoringConfig, value
 from clawvm.write.commit import Writer
 
 ORDER = (Tier.WORKING, Tier.SHORT_TERM, Tier.LONG_TERM, Tier.ARCHIVE)
+#: Tries of a pin that racing pins of its session pushed over the pinned budget (see :meth:`Pager.pin`),
+#: and the longest pause before the second (doubling before each later one).
+PIN_RACE_TRIES = 4
+PIN_RACE_PAUSE_S = 0.02
 
 
 def _whole(x: object) -> bool:
@@ -393,7 +400,7 @@ class Pager:
         """The active members of one session's tier, newest first: a tier's budget bounds them, and they
         are read in keyset pages (the budget check ranks every member, so all of them are returned)."""
         f = Filters.of(tenant=tenant, session_id=session_id, tier=tier, status="active")
-        return list(self.store.iter_all(f, newest_first=True))
+        return [m for m in self.store.iter_all(f, newest_first=True) if _still_in(m, tier)]
 
     @_one_pass
     def enforce(
@@ -633,7 +640,7 @@ class Pager:
         out: dict[str, list[Memory]] = {s: [] for s in sessions}
         f = Filters.of(tenant=tenant, session_id=list(sessions), tier=Tier.WORKING, status="active")
         for m in self.store.iter_all(f, newest_first=True):
-            if m.session_id in out:
+            if m.session_id in out and _still_in(m, Tier.WORKING):
                 out[m.session_id].append(m)
         return out
 
@@ -675,6 +682,55 @@ class Pager:
         so the cost follows what is due, not the tenant's size."""
         return self.store.page(Filters.of(tenant=tenant, status="active", expires_by=now), None, limit)
 
+    def pin(self, memory: Memory, now: datetime) -> Memory:
+        """Pin ``memory`` (into the working tier) within its session's pinned budget, across processes.
+
+        :meth:`check_pin` before the write refuses what is visibly over budget and writes nothing. Two
+        processes (or harnesses) may both pass it on the same read, so the pins are counted again after the
+        write: that read sees every pin committed before this one, so of any set of pins kept, the last one
+        committed saw all the others and would have been refused past the budget. No event order is relied
+        on (on PostgreSQL, event numbers commit out of order). A pin found over the budget then is undone
+        through the commit path; racing pins may all have counted each other, so it is tried again after a
+        random pause (:data:`PIN_RACE_TRIES` in all), and refused with the error a sequential pin over the
+        budget gets once the check before the write refuses it or the tries are spent."""
+        attempt, current = 0, memory
+        while True:
+            self.check_pin(current, now)
+            pinned = self.mutate(current, lambda _m: {"pinned": True, "tier": Tier.WORKING}, now)
+            try:
+                self.check_pin(pinned, now)
+                return pinned
+            except ValidationError:
+                self._undo_pin(pinned, current.tier, now)
+                attempt += 1
+                if attempt == PIN_RACE_TRIES:
+                    raise
+                time.sleep(random.uniform(0, PIN_RACE_PAUSE_S * 2**attempt))  # apart from the racing pins
+                current = self.store.get(memory.id)
+                due = current.expires_at is not None and current.expires_at <= now
+                if current.status is not Status.ACTIVE or due:  # archived or expired meanwhile: not pinnable
+                    raise
+
+    def _undo_pin(self, pinned: Memory, tier_before: Tier, now: datetime) -> None:
+        """Unpin a pin refused after its write, back to the tier it was pinned from: version-checked, from
+        the stored version (a recall's bookkeeping may have written since); nothing to undo once someone
+        else unpinned or forgot it."""
+        current: Memory | None = pinned
+        for _ in range(20):
+            if current is None or not current.pinned:
+                return
+            change: dict[str, Any] = {"pinned": False, "version": current.version + 1}
+            if current.tier is Tier.WORKING:  # pinning moved it there: it goes back
+                change["tier"] = tier_before
+            undone = revalidate(current, change)
+            undone = revalidate(undone, {"value": value(undone, now, self.config.scoring)})
+            try:
+                self.writer.write([undone], None, [])
+                return
+            except ConflictError:
+                current = self.store.get_many([pinned.id]).get(pinned.id)
+        raise ConflictError(pinned.id, pinned.version, None)
+
     def check_pin(
         self,
         memory: Memory,
@@ -705,6 +761,13 @@ class Pager:
                 "would put the pinned memories of this session over the working-tier budget",
                 "unpin another memory first or raise TierBudgets.working_tokens / working_items",
             )
+
+
+def _still_in(memory: Memory, tier: Tier) -> bool:
+    """Whether ``memory``, read as a member of an active tier, still is one: SQLite matches the filter in
+    its index and reads the rows after, so a memory another process moved out in between (a refused pin
+    undone back to long-term) came back as a working member, and a pass demoted it from where it was."""
+    return memory.tier is tier and memory.status is Status.ACTIVE
 
 
 def unless_forgotten(step: Callable[[], Memory]) -> Memory | None:

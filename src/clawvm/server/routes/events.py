@@ -90,7 +90,11 @@ async def _sse(service: Service, caller: Caller, after_seq: int, max_s: float | 
 
 @router.get("/stats", response_model=StatsOut)
 def stats(caller: Reader) -> StatsOut:
-    h = caller.harness
-    by_status = {s.value: h.count(status=s) for s in Status if s in VISIBLE_STATUSES}  # not INTERNAL
-    by_tier = {t.value: h.count(status="any", tier=t) for t in Tier}
-    return StatsOut(memories=sum(by_status.values()), by_status=by_status, by_tier=by_tier)
+    # one grouped count: counts read one by one each saw another moment while others wrote, and disagreed
+    groups = caller.harness.group_counts(status="any")
+    by_status = {s.value: 0 for s in Status if s in VISIBLE_STATUSES}  # not INTERNAL
+    by_tier = {t.value: 0 for t in Tier}
+    for key, n in groups.items():
+        by_status[key.status] += n
+        by_tier[key.tier] += n
+    return StatsOut(memories=sum(groups.values()), by_status=by_status, by_tier=by_tier)
