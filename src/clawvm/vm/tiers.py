@@ -59,6 +59,8 @@ from clawvm.vm.scoring import DEFAULT_SCORING, ScoringConfig, value
 from clawvm.write.commit import Writer
 
 ORDER = (Tier.WORKING, Tier.SHORT_TERM, Tier.LONG_TERM, Tier.ARCHIVE)
+#: How often a move re-reads its memory and writes again when another writer changed it in between.
+WRITE_RETRIES = 20
 #: Tries of a pin that racing pins of its session pushed over the pinned budget (see :meth:`Pager.pin`),
 #: and the longest pause before the second (doubling before each later one).
 PIN_RACE_TRIES = 4
@@ -340,7 +342,7 @@ class Pager:
         The value is recomputed as of ``now``, unless ``keep_value`` (a rollback restores the value the
         checkpoint saw, exactly: ``change`` then sets it). ``event(before, after)`` is written with the
         change, in the same step. ``bookkeeping``: the harness's own (see :meth:`CommitPath.write`)."""
-        for _ in range(20):
+        for _ in range(WRITE_RETRIES):
             changed = revalidate(memory, {**change(memory), "version": memory.version + 1})
             if not keep_value:
                 changed = revalidate(changed, {"value": value(changed, now, self.config.scoring)})
@@ -716,7 +718,7 @@ class Pager:
         the stored version (a recall's bookkeeping may have written since); nothing to undo once someone
         else unpinned or forgot it."""
         current: Memory | None = pinned
-        for _ in range(20):
+        for _ in range(WRITE_RETRIES):
             if current is None or not current.pinned:
                 return
             change: dict[str, Any] = {"pinned": False, "version": current.version + 1}
