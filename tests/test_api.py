@@ -22,6 +22,7 @@ PUBLIC = [
     "AccessDeniedError",
     "AgentWithMemory",
     "AuthenticationError",
+    "ClaimedError",
     "ClawVMError",
     "ConfigError",
     "ConflictError",

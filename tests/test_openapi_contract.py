@@ -116,7 +116,8 @@ def test_what_the_spec_states_is_what_the_server_does(tmp_path: Path) -> None:
         ]["Idempotent-Replayed"]["schema"] == {"type": "string", "enum": ["true"]}
         # the schema says what the checks refuse: ids, non-blank content, presets, the vector's length
         spec = document["components"]["schemas"]
-        assert spec["RecordRequest"]["properties"]["embedding"]["anyOf"][0]["maxItems"] == store.dim
+        embedding = spec["RecordRequest"]["properties"]["embedding"]["anyOf"][0]
+        assert embedding["maxItems"] == store.dim and "contains" in embedding  # a direction: not all 0
         assert "pattern" in spec["Link"]["properties"]["target"]
         assert "internal" not in spec["UpdateRequest"]["properties"]["status"]["anyOf"][0]["enum"]
     store.close()

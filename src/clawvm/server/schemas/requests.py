@@ -431,9 +431,16 @@ class KeyRequest(RequestBody):
     ttl_s: float | None = Field(default=None, gt=0, le=MAX_KEY_TTL_S, description="seconds from now")
 
 
+#: A precomputed ``embedding`` needs one value at least this far from 0: one whose square float32 holds
+#: (from ~1e-19 down, all of them square to nothing), so that it has a direction (stores refuse a vector
+#: without one: ``clawvm.store.base.check_stored_vectors``).
+DIRECTED_VALUE = 1e-18
+
+
 def state_embedding_dim(app: FastAPI, dim: int) -> None:
-    """Make ``app``'s OpenAPI document say how long a precomputed ``embedding`` must be: the store's
-    dimension, which the request models cannot know (it is the server's)."""
+    """Make ``app``'s OpenAPI document say what a precomputed ``embedding`` must be: the store's dimension,
+    which the request models cannot know (it is the server's), and a value away from 0 (a zero vector is
+    refused: a client that reads the schema learns it there, not from a 422)."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -445,6 +452,9 @@ def state_embedding_dim(app: FastAPI, dim: int) -> None:
             for branch in embedding.get("anyOf", [embedding]):
                 if branch.get("type") == "array":
                     branch["minItems"] = branch["maxItems"] = dim
+                    branch["contains"] = {
+                        "anyOf": [{"minimum": DIRECTED_VALUE}, {"maximum": -DIRECTED_VALUE}]
+                    }
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
