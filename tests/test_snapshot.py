@@ -1117,3 +1117,22 @@ def test_a_projected_index_with_sign_codes_reads_back_and_grows_as_the_original(
         v.add([9000], x[7:8])  # past them: the matrices and the codes grow
     assert searches(read) == searches(written.vectors)
     assert read.search(x[7], 2)[0][0] in (7, 9000)
+
+
+def test_a_fifo_where_the_snapshot_belongs_is_no_snapshot_and_open_does_not_wait_on_it(built: Path) -> None:
+    """A FIFO at ``<db>.index`` made every open wait for a writer to the pipe, forever."""
+    index = snap.path_for(str(built))
+    index.unlink()
+    os.mkfifo(index)
+    opened_store: list[SQLiteStore] = []
+    opener = threading.Thread(target=lambda: opened_store.append(opened(built)), daemon=True)
+    opener.start()
+    opener.join(20)
+    assert opened_store, "open waited on the FIFO"
+    store = opened_store[0]
+    try:
+        assert store.index_source == "rows (not a regular file)", store.index_source
+        assert store.count(Filters()) == 198
+    finally:
+        store.close()  # replaces the FIFO with a snapshot (renamed over it)
+    assert index.is_file() and opened(built).index_source == "snapshot"

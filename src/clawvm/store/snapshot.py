@@ -46,6 +46,7 @@ import math
 import mmap
 import os
 import pickle
+import stat
 import threading
 import time
 import zlib
@@ -386,8 +387,23 @@ class StaleSnapshotError(SnapshotError):
 
 
 def read_header(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as f:
+    with os.fdopen(open_regular(path), "rb") as f:
         return _header(f.read(_PAGE), f)
+
+
+def open_regular(path: Path) -> int:
+    """A read-only descriptor of the regular file at ``path``. Opened without blocking and checked: a FIFO
+    put where a snapshot belongs made a plain open wait for a writer forever (every open of the store hung),
+    and a device or a directory is no snapshot either; all are refused as one that cannot be used."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SnapshotError("not a regular file")
+        os.set_blocking(fd, True)  # a regular file never blocks; the flag is dropped for what reads it later
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _header(head: bytes, f: BinaryIO) -> dict[str, Any]:
@@ -537,7 +553,7 @@ def load(
     rev)`` says whether the file holds the snapshot's newest changes, or moved them on after ``rev``).
     Raises :class:`SnapshotError` (or ``FileNotFoundError``) when it cannot be used."""
     path = path_for(db_path)
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_regular(path)
     try:
         loaded = _load(fd, dim, fingerprint_of, current_rev, same_history)
     except (KeyError, TypeError, IndexError, OverflowError, MemoryError) as exc:
