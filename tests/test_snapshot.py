@@ -473,6 +473,33 @@ def test_a_copy_that_changed_other_memories_and_then_the_named_ones_is_not_taken
         store.close()
 
 
+def test_a_copy_that_changed_the_same_memory_at_the_same_rev_is_not_taken_for_this_file(
+    tmp_path: Path,
+) -> None:
+    """Each copy updated one memory once: the same id at the same rev, other text. The check named ids and
+    revs only, so the first copy's snapshot mapped over the second: its search found the other text."""
+    first, second, ids = _two_copies(tmp_path, 50)
+    with clawvm.Harness.open(first, embedder=None) as h:
+        h.update(ids[10], content="zebratoken, written in the first copy")
+    with clawvm.Harness.open(second, embedder=None) as h:
+        h.update(ids[10], content="giraffetoken, written in the second copy")
+    shutil.copy(f"{first}.index", f"{second}.index")
+    store = opened(second)
+    try:
+        assert store.index_source.startswith("rows (another history"), store.index_source
+        assert [
+            i for i, _ in store.query(Query(text="giraffetoken", limit=5, filters=Filters())).lexical
+        ] == [ids[10]]
+        assert not store.query(Query(text="zebratoken", limit=5, filters=Filters())).lexical
+    finally:
+        store.close()
+    again = opened(first)  # the same file's own snapshot, the row unchanged since: still mapped
+    try:
+        assert again.index_source == "snapshot"
+    finally:
+        again.close()
+
+
 @pytest.mark.parametrize("damage", ["length", "missing rev", "rev as text", "offset as text", "no parts"])
 def test_a_snapshot_header_of_the_wrong_shape_is_rebuilt(built: Path, tmp_path: Path, damage: str) -> None:
     """A damaged header length asked for exabytes (MemoryError), and valid JSON missing a field or of

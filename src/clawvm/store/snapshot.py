@@ -100,6 +100,9 @@ class Change:
     memory_id: str
     rev: int
     alive: bool
+    #: a written row's stored bytes, digested: a copy that went on apart and changed the same memory at the
+    #: same rev holds other bytes there (None: a delete, or a snapshot written before digests were kept)
+    digest: str | None = None
 
 
 @dataclass
@@ -295,6 +298,8 @@ def write(db_path: str, index: SearchIndex, rev: int, fingerprint: Fingerprint) 
         "last_seq": fingerprint.last_seq,
         "last_id": fingerprint.last_id,
         "recent": [[c.memory_id, c.rev, c.alive] for c in fingerprint.recent],
+        # apart from "recent": a version that reads three fields a change still reads this header
+        "recent_digests": [c.digest for c in fingerprint.recent],
     }
     # room for every field, the parts with their checksums and absolute offsets, and the size
     sketch = len(json.dumps(fields)) + len(json.dumps(parts)) + 24 * len(parts) + 1024
@@ -452,6 +457,8 @@ def _check_header(header: dict[str, Any]) -> None:
         for c in recent
     ):
         bad.append("recent")
+    if not _digests_ok(header.get("recent_digests"), recent):
+        bad.append("recent_digests")
     parts = header.get("parts")
     if not isinstance(parts, dict) or not isinstance(parts.get("state"), dict):
         bad.append("parts")
@@ -459,6 +466,18 @@ def _check_header(header: dict[str, Any]) -> None:
         bad += [f"parts.{name}" for name, part in parts.items() if not _part_ok(name, part, whole)]
     if bad:
         raise SnapshotError(f"corrupt: header field {bad[0]}")
+
+
+def _digests_ok(digests: object, recent: object) -> bool:
+    """One digest (or None) per named change, or none at all (a snapshot written before they were kept)."""
+    if digests is None:
+        return True
+    return (
+        isinstance(digests, list)
+        and isinstance(recent, list)
+        and len(digests) == len(recent)
+        and all(isinstance(d, str | None) for d in digests)
+    )
 
 
 def _part_ok(name: str, part: object, whole: Callable[[object], bool]) -> bool:
@@ -587,7 +606,9 @@ def _load(
         header["last_id"],
     ):
         raise SnapshotError("another file's snapshot (or the schema changed)")
-    recent = [Change(str(c[0]), int(c[1]), bool(c[2])) for c in header.get("recent", [])]
+    named = header.get("recent", [])
+    digests = header.get("recent_digests") or [None] * len(named)
+    recent = [Change(str(c[0]), int(c[1]), bool(c[2]), d) for c, d in zip(named, digests, strict=True)]
     if recent and same_history is not None and not same_history(recent, header["rev"]):
         raise SnapshotError("another history's snapshot (a copy of the file that went on apart, or a backup)")
     parts: dict[str, dict[str, Any]] = header["parts"]

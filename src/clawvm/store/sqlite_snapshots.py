@@ -10,6 +10,7 @@ or lacks what this engine fitted is owed to the next close.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import secrets
 import sqlite3
@@ -60,6 +61,14 @@ OWN_RUNS = 256
 #: How long ``close()`` waits for a child still writing a snapshot before killing it (~30 s is expected
 #: at 1M memories); the snapshot it was writing is then written by ``close()`` itself.
 SNAPSHOT_CHILD_TIMEOUT_S = 600.0
+
+
+def row_digest(body: str, embedding: bytes | None) -> str:
+    """A digest of a memory's stored bytes (its body and vector), as a snapshot names its newest changes:
+    two copies of a file that changed one memory at one rev tell apart by it, where id and rev match."""
+    digest = hashlib.blake2b(body.encode(), digest_size=16)
+    digest.update(b"\0" if embedding is None else b"\1" + embedding)
+    return digest.hexdigest()
 
 
 class IndexSnapshots(ABC):
@@ -205,14 +214,19 @@ class IndexSnapshots(ABC):
     def _recent_changes(db: sqlite3.Connection) -> tuple[snapshot.Change, ...]:
         """The file's newest changes (:data:`RECENT_CHANGES` of them, writes and deletes), through the rev
         indexes: what a snapshot names so that a later open can tell this history from another."""
-        written = db.execute(
-            "SELECT id, rev, 1 FROM memories ORDER BY rev DESC LIMIT ?", (RECENT_CHANGES,)
-        ).fetchall()
-        deleted = db.execute(
-            "SELECT id, rev, 0 FROM tombstones ORDER BY rev DESC LIMIT ?", (RECENT_CHANGES,)
-        ).fetchall()
-        newest = sorted(written + deleted, key=lambda c: -c[1])[:RECENT_CHANGES]
-        return tuple(snapshot.Change(i, rev, bool(alive)) for i, rev, alive in newest)
+        written = [
+            snapshot.Change(i, rev, True, row_digest(body, embedding))
+            for i, rev, body, embedding in db.execute(
+                "SELECT id, rev, body, embedding FROM memories ORDER BY rev DESC LIMIT ?", (RECENT_CHANGES,)
+            )
+        ]
+        deleted = [
+            snapshot.Change(i, rev, False)
+            for i, rev in db.execute(
+                "SELECT id, rev FROM tombstones ORDER BY rev DESC LIMIT ?", (RECENT_CHANGES,)
+            )
+        ]
+        return tuple(sorted(written + deleted, key=lambda c: -c.rev)[:RECENT_CHANGES])
 
     def _same_history(self, recent: Sequence[snapshot.Change], rev: int) -> bool:
         """Whether the file holds each of a snapshot's newest changes (current to ``rev``), or moved it on
@@ -221,18 +235,20 @@ class IndexSnapshots(ABC):
         those revs (updates and deletes leave the newest row, the other check, as it was)."""
         db = self._db
         alive = [c for c in recent if c.alive]
-        rows = (
-            dict(
-                db.execute(
-                    f"SELECT id, rev FROM memories WHERE id IN ({','.join('?' * len(alive))})",
-                    [c.memory_id for c in alive],
-                ).fetchall()
-            )
+        found = (
+            db.execute(
+                f"SELECT id, rev, body, embedding FROM memories WHERE id IN ({','.join('?' * len(alive))})",
+                [c.memory_id for c in alive],
+            ).fetchall()
             if alive
-            else {}
+            else []
         )
+        rows = {i: r for i, r, _, _ in found}
+        digests = {i: (body, embedding) for i, _, body, embedding in found}
         for c in alive:
             now = rows.get(c.memory_id)
+            if now == c.rev and c.digest is not None and row_digest(*digests[c.memory_id]) != c.digest:
+                return False  # the same memory changed at the same rev, to other bytes: another copy's
             if now == c.rev or (now is not None and now > rev):
                 continue
             deleted_since = db.execute(
