@@ -382,6 +382,11 @@ class SnapshotError(Exception):
     """Why a snapshot cannot be used (the caller rebuilds from the rows)."""
 
 
+class DamagedSnapshotError(SnapshotError):
+    """An array fails its checksum (damage from outside: a disk, a hand); the file has been removed, so that
+    no other process maps it again (see :meth:`Verifier.check`)."""
+
+
 class StaleSnapshotError(SnapshotError):
     """The snapshot is current to a newer ``rev`` than the file holds: the file went back in time (restored
     from a backup), so its history from that rev on is another one than the snapshot's."""
@@ -495,6 +500,7 @@ class Verifier:
     fd: int
     parts: dict[str, dict[str, Any]]
     delay_s: float = VERIFY_DELAY_S
+    path: Path | None = None  # the file's name: a damaged one is removed (see discard)
     error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)  # ends the delay: stop() or hurry()
@@ -509,6 +515,7 @@ class Verifier:
                     chunk = os.pread(self.fd, min(left, 1 << 22), at)
                     if not chunk:
                         self.error = f"torn: {name} runs past the end of the file"
+                        self.discard()
                         return self.error
                     crc = zlib.crc32(chunk, crc)
                     at, left = at + len(chunk), left - len(chunk)
@@ -516,10 +523,24 @@ class Verifier:
                     return None
                 if crc != part["crc32"]:
                     self.error = f"corrupt: {name} fails its checksum"
+                    self.discard()
                     return self.error
             return None
         finally:
             self.done.set()
+
+    def discard(self) -> None:
+        """Remove the damaged file from its name, unless another file has been renamed there since (a sound
+        snapshot, written by a process that found the damage first): left in place, every other process
+        mapped it again, and each short-lived one failed on it or answered from it. The name is compared
+        with the descriptor just before the unlink; a snapshot renamed in between is lost, which costs the
+        next open a rebuild from the rows, never an answer."""
+        if self.path is None:
+            return
+        with contextlib.suppress(OSError):
+            mine, named = os.fstat(self.fd), os.stat(self.path)
+            if (mine.st_dev, mine.st_ino) == (named.st_dev, named.st_ino):
+                os.unlink(self.path)
 
     def start(self) -> None:
         def run() -> None:
@@ -574,7 +595,7 @@ def load(
     path = path_for(db_path)
     fd = open_regular(path)
     try:
-        loaded = _load(fd, dim, fingerprint_of, current_rev, same_history)
+        loaded = _load(fd, path, dim, fingerprint_of, current_rev, same_history)
     except (KeyError, TypeError, IndexError, OverflowError, MemoryError) as exc:
         os.close(fd)  # a damaged field that the header's checks let through: a rebuild, not a crash
         raise SnapshotError(f"corrupt: {exc!r}") from exc
@@ -588,6 +609,7 @@ def load(
 
 def _load(
     fd: int,
+    path: Path,
     dim: int,
     fingerprint_of: Any,
     current_rev: int,
@@ -629,12 +651,12 @@ def _load(
     except Exception as exc:  # a checksum that matches but a pickle this version cannot read
         raise SnapshotError(f"unreadable state: {exc!r}") from exc
     arrays = {name: part for name, part in parts.items() if name != "state"}
-    verifier = Verifier(fd, arrays, VERIFY_DELAY_S)
+    verifier = Verifier(fd, arrays, VERIFY_DELAY_S, path)
     eager = sum(p["length"] for p in arrays.values()) <= EAGER_VERIFY_BYTES
     if eager:
         error = verifier.check()
         if error:
-            raise SnapshotError(error)
+            raise DamagedSnapshotError(error)
     mm = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)  # private: a write in this process copies its page
 
     def view(name: str) -> np.ndarray:

@@ -10,15 +10,18 @@ or lacks what this engine fitted is owed to the next close.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import secrets
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Concatenate, ParamSpec, TypeVar
 
+from clawvm.core.errors import ClawVMError
 from clawvm.store import forked, snapshot
 from clawvm.store.index import SearchIndex
 from clawvm.store.sqlite_support import translated
@@ -71,6 +74,30 @@ def row_digest(body: str, embedding: bytes | None) -> str:
     return digest.hexdigest()
 
 
+R = TypeVar("R")
+P = ParamSpec("P")
+Engine = TypeVar("Engine", bound="IndexSnapshots")
+
+
+def heals(method: Callable[Concatenate[Engine, P], R]) -> Callable[Concatenate[Engine, P], R]:
+    """An engine call that a damaged index snapshot does not fail (see :meth:`IndexSnapshots._run_healed`):
+    the outermost call heals, under the engine's lock; a call made inside it runs in its state (its
+    transaction, the index it read from) and leaves its failure to it."""
+
+    @functools.wraps(method)
+    def call(self: Engine, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self._lock:
+            if self._in_call:
+                return method(self, *args, **kwargs)
+            self._in_call = True
+            try:
+                return self._run_healed(lambda: method(self, *args, **kwargs))
+            finally:
+                self._in_call = False
+
+    return call
+
+
 class IndexSnapshots(ABC):
     """The snapshot half of :class:`clawvm.store.sqlite.SQLiteStore` (a base class of it): the engine's
     state that this reads (declared below) and the connection and catch-up the engine provides."""
@@ -90,6 +117,9 @@ class IndexSnapshots(ABC):
     _snapshot_rev: int  # the rev the newest snapshot this engine wrote or loaded is current to
     _snapshot_owed: bool  # close writes one whatever the delta (one failed, or lacks a fit)
     _verifier: snapshot.Verifier | None  # the mapped snapshot's checksums, checked after open
+    _in_call: bool  # a call of the engine is running (see heals): one inside it leaves healing to it
+    _heals: int  # how many times a damaged snapshot's index was dropped for the rows
+    _replace_snapshot: bool  # a damaged snapshot was found: a sound one is written at the end of the call
     _own_runs: list[tuple[int, int]]  # the revs of this engine's own writes (see _note_own_write)
 
     @property
@@ -127,6 +157,8 @@ class IndexSnapshots(ABC):
         except (OSError, ValueError, snapshot.SnapshotError) as exc:
             log.warning("index snapshot of %s not used, rebuilding from the rows: %s", self.path, exc)
             self.index_source = f"rows ({exc})"
+            # removed as damaged: written again once rebuilt, not at close (others would rebuild meanwhile)
+            self._replace_snapshot = isinstance(exc, snapshot.DamagedSnapshotError)
             return SearchIndex(self.dim), 0
         self.index_source = "snapshot"
         self._verifier = loaded.verifier
@@ -141,29 +173,70 @@ class IndexSnapshots(ABC):
         verifier.hurry()  # asked for: no need to wait out the delay after open
         return verifier.wait(timeout)
 
-    def _snapshot_found_damaged(self) -> bool:
-        """Check the mapped snapshot now if its background check has not run (a read failed on it): True
-        when it is damaged, and then dropped for the rows (the next operation rebuilds the index)."""
+    def _run_healed(self, call: Callable[[], R]) -> R:
+        """Run ``call`` (the caller holds the lock); when it fails on an index mapped from a damaged snapshot
+        (the arrays are checked in the background after open, so a call can reach the damage first: numpy's
+        IndexError, a KeyError, an AttributeError on a garbled string), drop that index for the rows and
+        run it once more: the caller gets the answer the rows give, and the damaged file is replaced."""
+        heals = self._heals
+        try:
+            result = call()
+        except Exception as exc:
+            # a failed write may have healed already (it rolls back and drops the index it half changed)
+            if self._heals == heals and (isinstance(exc, ClawVMError) or not self._healed()):
+                raise
+            log.warning("%s: a call failed on the damaged index snapshot (%r): run again", self.path, exc)
+            result = call()
+        self._replace_damaged_snapshot()
+        return result
+
+    def _healed(self) -> bool:
+        """A call failed on the index: when it is mapped from a snapshot whose checksums are not known to
+        hold yet, check them now. True when they fail, and the index is then dropped for the rows."""
         verifier = self._verifier
         if verifier is None:
             return False
         verifier.hurry()
-        if verifier.wait() is None:
+        error = verifier.wait()
+        if error is None:
             return False
-        self._drop_damaged_snapshot()
+        self._drop_index(f"rows ({error}, found when a call failed on it)", damaged=True)
         return True
 
     def _drop_damaged_snapshot(self) -> None:
-        """The background check found the mapped snapshot damaged: rebuild the index from the rows (the
-        next snapshot replaces the file)."""
+        """The background check found the mapped snapshot damaged: drop its index for the rows (before the
+        next operation, which replays them)."""
         verifier = self._verifier
-        if verifier is None or verifier.error is None:
-            return
-        log.warning("index snapshot of %s damaged, rebuilding from the rows: %s", self.path, verifier.error)
-        self._verifier = None
-        self.index_source = f"rows ({verifier.error}, found after open)"
+        if verifier is not None and verifier.error is not None:
+            self._drop_index(f"rows ({verifier.error}, found after open)", damaged=True)
+
+    def _drop_index(self, source: str, damaged: bool) -> None:
+        """Replace the in-process index by an empty one that the next catch-up fills from the rows
+        (``source``: why, for :attr:`index_source`); ``damaged``: the snapshot failed its checksums (the
+        check removed the file): a sound one is written at the end of the call, so that other processes
+        map it instead of rebuilding from the rows each (17 s at 100k memories)."""
+        if damaged:
+            log.warning("index snapshot of %s damaged, rebuilding from the rows: %s", self.path, source)
+            self._heals += 1
+            self._replace_snapshot = True
+            self._snapshot_rev = -1  # no snapshot holds this index's rows: due at close if not written now
+        if self._verifier is not None:  # nothing left to check: the mapped index is gone
+            self._verifier.stop()
+            self._verifier = None
+        self.index_source = source
         self._index = SearchIndex(self.dim)
-        self._rev, self._data_version, self._snapshot_rev = 0, -1, -1
+        self._rev, self._data_version = 0, -1
+
+    def _replace_damaged_snapshot(self) -> None:
+        """Write the snapshot a damaged one left owed (the caller holds the lock, outside a transaction):
+        in a forked child by default, as the periodic one; a failure leaves it to close."""
+        if not self._replace_snapshot:
+            return
+        self._replace_snapshot = False
+        try:
+            self._periodic_snapshot()
+        except Exception as exc:  # the call's answer stands; close tries again (_snapshot_rev is -1)
+            log.warning("index snapshot of %s not written: %s", self.path, exc)
 
     def _fingerprint_at(
         self, seq: int | None = None, deleted: str | None = None, since_rev: int = 0
@@ -307,6 +380,7 @@ class IndexSnapshots(ABC):
         assert self._index is not None
         written = snapshot.write(self.path, self._index, self._rev, fingerprint)
         self._snapshot_rev, self._snapshots.lost, self._snapshot_owed = self._rev, False, False
+        self._replace_snapshot = False
         return written
 
     def _snapshot_view(self) -> snapshot.Fingerprint:
@@ -345,7 +419,7 @@ class IndexSnapshots(ABC):
                 self._write_snapshot(fingerprint)
                 return
         # the child's snapshot pays what was owed (it fails: then it is lost, which close honours too)
-        self._snapshot_rev, self._snapshot_owed = rev, False
+        self._snapshot_rev, self._snapshot_owed, self._replace_snapshot = rev, False, False
 
     def snapshot_wait(self, timeout: float | None = None) -> bool | None:
         """Wait for the periodic snapshot a child is writing, if any: True when written, False when the
