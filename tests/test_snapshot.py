@@ -22,13 +22,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import clawvm
 from clawvm import Memory
+from clawvm.cli import main
 from clawvm.core.model import Filters
 from clawvm.core.vectors import VectorIndex
 from clawvm.store import Query, SQLiteStore, mapped, sqlite_snapshots
 from clawvm.store import snapshot as snap
+from clawvm.store.base import short_lived
 from clawvm.store.index import SearchIndex
 from clawvm.store.mapped import Appended, Overlay, Strings
 from clawvm.store.sqlite import INDEX_NEUTRAL_MIGRATIONS, INDEXED_SCHEMA, MIGRATIONS
@@ -1332,3 +1335,26 @@ def test_a_cli_call_after_another_process_found_the_damage_succeeds(
         assert server.count(Filters.of(session_id="s3")) == 9  # the server sees the CLI's writes
     finally:
         server.close()
+
+
+def test_a_short_lived_process_checks_the_snapshot_before_it_answers(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CLI call exits before the background check: on a damaged big snapshot its searches with
+    --session found nothing and count(session_id=) was 0, call after call, with no error. A process that
+    says it is short-lived (the CLI does) checks every checksum at open."""
+    index = _damaged_unchecked(built, "sess.s.off", monkeypatch)
+    with short_lived():
+        store = opened(built)
+    try:
+        assert store.index_source.startswith("rows (corrupt: sess.s.off"), store.index_source
+        assert store.count(Filters.of(session_id="s3")) == 7
+        assert store.snapshot_wait(60) is not False  # the damaged file replaced at once
+        assert snap.read_header(index)["rev"] == store._rev
+    finally:
+        store.close()
+    _fill(index, "sess.s.off")  # and the CLI says it is short-lived
+    result = CliRunner().invoke(
+        main, ["--db", str(built), "--no-embed", "search", "note 23", "--session", "s3"]
+    )
+    assert result.exit_code == 0 and "note 23" in result.output, result.output

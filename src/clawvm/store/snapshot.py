@@ -586,16 +586,19 @@ def load(
     fingerprint_of: Any,
     current_rev: int,
     same_history: Callable[[Sequence[Change], int], bool] | None = None,
+    verify_now: bool = False,
 ) -> Loaded:
     """The snapshot beside ``db_path``, checked against the file (``fingerprint_of(last_seq, last_id, rev)``
     gives the file's :class:`Fingerprint` for the snapshot's ``last_seq``, naming ``last_id`` when that row
     was deleted after the snapshot's ``rev``; ``current_rev`` is the file's ``rev``; ``same_history(recent,
     rev)`` says whether the file holds the snapshot's newest changes, or moved them on after ``rev``).
+    ``verify_now``: check the arrays' checksums before mapping, whatever their size (a process that exits
+    before the background pass would answer from a damaged file unchecked).
     Raises :class:`SnapshotError` (or ``FileNotFoundError``) when it cannot be used."""
     path = path_for(db_path)
     fd = open_regular(path)
     try:
-        loaded = _load(fd, path, dim, fingerprint_of, current_rev, same_history)
+        loaded = _load(fd, path, dim, fingerprint_of, current_rev, same_history, verify_now)
     except (KeyError, TypeError, IndexError, OverflowError, MemoryError) as exc:
         os.close(fd)  # a damaged field that the header's checks let through: a rebuild, not a crash
         raise SnapshotError(f"corrupt: {exc!r}") from exc
@@ -614,6 +617,7 @@ def _load(
     fingerprint_of: Any,
     current_rev: int,
     same_history: Callable[[Sequence[Change], int], bool] | None,
+    verify_now: bool,
 ) -> Loaded:
     with os.fdopen(os.dup(fd), "rb") as f:
         header = _header(f.read(_PAGE), f)
@@ -652,7 +656,7 @@ def _load(
         raise SnapshotError(f"unreadable state: {exc!r}") from exc
     arrays = {name: part for name, part in parts.items() if name != "state"}
     verifier = Verifier(fd, arrays, VERIFY_DELAY_S, path)
-    eager = sum(p["length"] for p in arrays.values()) <= EAGER_VERIFY_BYTES
+    eager = verify_now or sum(p["length"] for p in arrays.values()) <= EAGER_VERIFY_BYTES
     if eager:
         error = verifier.check()
         if error:

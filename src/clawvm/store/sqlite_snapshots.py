@@ -23,6 +23,7 @@ from typing import Concatenate, ParamSpec, TypeVar
 
 from clawvm.core.errors import ClawVMError
 from clawvm.store import forked, snapshot
+from clawvm.store.base import set_up_short_lived
 from clawvm.store.index import SearchIndex
 from clawvm.store.sqlite_support import translated
 
@@ -145,7 +146,14 @@ class IndexSnapshots(ABC):
             log.warning("removed %s, left by a snapshot writer that died", tmp)
         try:
             current = self._file_rev(db)
-            loaded = snapshot.load(self.path, self.dim, self._fingerprint_at, current, self._same_history)
+            loaded = snapshot.load(
+                self.path,
+                self.dim,
+                self._fingerprint_at,
+                current,
+                self._same_history,
+                verify_now=set_up_short_lived(),
+            )
         except FileNotFoundError:
             self.index_source = "rows (no snapshot)"
             return SearchIndex(self.dim), 0
