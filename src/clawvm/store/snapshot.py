@@ -28,11 +28,13 @@ copies only its page); the next snapshot folds them into a new file.
 Checks: the header, the fingerprint (file id, schema, the newest row's id, the newest changes: a copy that
 went on apart changed other rows at those revs) and the parts' bounds against the
 file's size at open; the state's CRC at open; the arrays' CRCs at open when they total at most
-``EAGER_VERIFY_BYTES``, else by a low-priority background pass right after open (reading through its own
-descriptor, so it fills no mapping) — the engine rebuilds from the rows when that pass finds damage. Reading
-every byte at open would cost what mapping saves (~200 MB at 100k memories); the snapshot is written whole
-and renamed into place, so only damage from outside (a disk, a hand) can fail a CRC, and a process that
-lives past the pass (under a second at 100k) notices it.
+``EAGER_VERIFY_BYTES`` (or when the caller asks, ``verify_now``: a short-lived process), else by a
+low-priority background pass right after open (reading through its own descriptor, so it fills no mapping).
+A check that fails removes the file (:meth:`Verifier.discard`), so no other process maps it again; the
+engine rebuilds from the rows. Reading every byte at open would cost what mapping saves (~300 MB at 100k
+memories); the snapshot is written whole and renamed into place, so only damage from outside (a disk, a
+hand) can fail a CRC, and a process that lives past the pass (under a second at 100k) notices it. A path
+that is not a regular file (a FIFO) is opened without blocking and refused.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ and owed (:class:`IndexSnapshots`, a part of :class:`clawvm.store.sqlite.SQLiteS
 What a snapshot holds and how it is mapped is :mod:`clawvm.store.snapshot`; how a child process writes one
 is :mod:`clawvm.store.forked`. Here: open maps the snapshot (or rebuilds from the rows when there is none
 usable), the engine writes one every ``snapshot_every`` changes (in a forked child by default) and on
-close past a small delta, a snapshot found damaged after open is dropped for the rows, and one that failed
-or lacks what this engine fitted is owed to the next close.
+close past a small delta, a snapshot found damaged after open (by the background check, or by a call that
+failed on it: :func:`heals`) is dropped for the rows, the call run again and a sound one written at once,
+and one that failed or lacks what this engine fitted is owed to the next close.
 """
 
 from __future__ import annotations
