@@ -21,6 +21,7 @@ from clawvm.core.errors import ClawVMError, ValidationError
 from clawvm.core.model import DEFAULT_TENANT
 from clawvm.harness import Harness
 from clawvm.store import SQLiteStore, Store, store_from_url
+from clawvm.store.base import short_lived
 from clawvm.store.keys import Keyring
 from clawvm.store.snapshot import path_for as snapshot_path
 
@@ -41,7 +42,8 @@ def opened_harness(ctx: click.Context, embed: bool = True, existing: bool = Fals
     embedder = "default" if embed and not ctx.obj["no_embed"] else None
     with _unless_left_empty(db):
         tenant = ctx.obj.get("tenant", DEFAULT_TENANT)
-        harness = Harness.open(db, embedder=embedder, tenant=tenant, embed_backlog=not existing)
+        with short_lived():  # the command exits before any check left for after open would run
+            harness = Harness.open(db, embedder=embedder, tenant=tenant, embed_backlog=not existing)
         try:
             yield harness
         finally:
@@ -213,7 +215,8 @@ def opened_store(ctx: click.Context, dim: int = 384, existing: bool = False) -> 
         _require_store(ctx.obj["db"])
     with _unless_left_empty(ctx.obj["db"]):
         store = store_from_url(ctx.obj["db"], dim=dim)
-        store.setup()
+        with short_lived():
+            store.setup()
         try:
             yield store
         finally:

@@ -31,6 +31,8 @@ import json
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
@@ -484,6 +486,27 @@ def leading_vectors(
             "vectors", f"has {rows} rows for {len(memories)} memories", "pass at most one row per memory"
         )
     return [m.id for m in memories[:rows]], check_stored_vectors(rows, v, dim)
+
+
+_SHORT_LIVED: ContextVar[bool] = ContextVar("clawvm_short_lived", default=False)
+
+
+@contextmanager
+def short_lived() -> Iterator[None]:
+    """Stores set up inside serve a process that exits soon after a few calls (a command line call): an
+    engine does at open the checks it would otherwise leave to a background pass after open, which such a
+    process never lives to see (the SQLite engine checks its index snapshot's every checksum: ~0.14 s at
+    100k memories, against milliseconds to map it unchecked)."""
+    token = _SHORT_LIVED.set(True)
+    try:
+        yield
+    finally:
+        _SHORT_LIVED.reset(token)
+
+
+def set_up_short_lived() -> bool:
+    """Whether the store being set up serves a short-lived process (see :func:`short_lived`)."""
+    return _SHORT_LIVED.get()
 
 
 class Store(ABC):

@@ -880,6 +880,8 @@ def _live(ids: Sequence[str | None], row: int) -> str:
 def _named(ids: Sequence[str | None], hits: list[tuple[int, float]]) -> list[tuple[str, float]]:
     """(id, score) for (row, score) hits, the ids read in one batch."""
     names = take(ids, [r for r, _ in hits])
+    if None in names:  # a search reaches live rows only: the index contradicts itself (a damaged snapshot)
+        raise LookupError(f"a hit on row {hits[names.index(None)][0]}, which holds no memory")
     return list(zip(names, [s for _, s in hits], strict=True))  # type: ignore[arg-type]
 
 

@@ -28,11 +28,13 @@ copies only its page); the next snapshot folds them into a new file.
 Checks: the header, the fingerprint (file id, schema, the newest row's id, the newest changes: a copy that
 went on apart changed other rows at those revs) and the parts' bounds against the
 file's size at open; the state's CRC at open; the arrays' CRCs at open when they total at most
-``EAGER_VERIFY_BYTES``, else by a low-priority background pass right after open (reading through its own
-descriptor, so it fills no mapping) — the engine rebuilds from the rows when that pass finds damage. Reading
-every byte at open would cost what mapping saves (~200 MB at 100k memories); the snapshot is written whole
-and renamed into place, so only damage from outside (a disk, a hand) can fail a CRC, and a process that
-lives past the pass (under a second at 100k) notices it.
+``EAGER_VERIFY_BYTES`` (or when the caller asks, ``verify_now``: a short-lived process), else by a
+low-priority background pass right after open (reading through its own descriptor, so it fills no mapping).
+A check that fails removes the file (:meth:`Verifier.discard`), so no other process maps it again; the
+engine rebuilds from the rows. Reading every byte at open would cost what mapping saves (~300 MB at 100k
+memories); the snapshot is written whole and renamed into place, so only damage from outside (a disk, a
+hand) can fail a CRC, and a process that lives past the pass (under a second at 100k) notices it. A path
+that is not a regular file (a FIFO) is opened without blocking and refused.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import math
 import mmap
 import os
 import pickle
+import stat
 import threading
 import time
 import zlib
@@ -99,6 +102,9 @@ class Change:
     memory_id: str
     rev: int
     alive: bool
+    #: a written row's stored bytes, digested: a copy that went on apart and changed the same memory at the
+    #: same rev holds other bytes there (None: a delete, or a snapshot written before digests were kept)
+    digest: str | None = None
 
 
 @dataclass
@@ -294,6 +300,8 @@ def write(db_path: str, index: SearchIndex, rev: int, fingerprint: Fingerprint) 
         "last_seq": fingerprint.last_seq,
         "last_id": fingerprint.last_id,
         "recent": [[c.memory_id, c.rev, c.alive] for c in fingerprint.recent],
+        # apart from "recent": a version that reads three fields a change still reads this header
+        "recent_digests": [c.digest for c in fingerprint.recent],
     }
     # room for every field, the parts with their checksums and absolute offsets, and the size
     sketch = len(json.dumps(fields)) + len(json.dumps(parts)) + 24 * len(parts) + 1024
@@ -376,6 +384,11 @@ class SnapshotError(Exception):
     """Why a snapshot cannot be used (the caller rebuilds from the rows)."""
 
 
+class DamagedSnapshotError(SnapshotError):
+    """An array fails its checksum (damage from outside: a disk, a hand); the file has been removed, so that
+    no other process maps it again (see :meth:`Verifier.check`)."""
+
+
 class StaleSnapshotError(SnapshotError):
     """The snapshot is current to a newer ``rev`` than the file holds: the file went back in time (restored
     from a backup), so its history from that rev on is another one than the snapshot's."""
@@ -386,8 +399,23 @@ class StaleSnapshotError(SnapshotError):
 
 
 def read_header(path: Path) -> dict[str, Any]:
-    with open(path, "rb") as f:
+    with os.fdopen(open_regular(path), "rb") as f:
         return _header(f.read(_PAGE), f)
+
+
+def open_regular(path: Path) -> int:
+    """A read-only descriptor of the regular file at ``path``. Opened without blocking and checked: a FIFO
+    put where a snapshot belongs made a plain open wait for a writer forever (every open of the store hung),
+    and a device or a directory is no snapshot either; all are refused as one that cannot be used."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SnapshotError("not a regular file")
+        os.set_blocking(fd, True)  # a regular file never blocks; the flag is dropped for what reads it later
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _header(head: bytes, f: BinaryIO) -> dict[str, Any]:
@@ -436,6 +464,8 @@ def _check_header(header: dict[str, Any]) -> None:
         for c in recent
     ):
         bad.append("recent")
+    if not _digests_ok(header.get("recent_digests"), recent):
+        bad.append("recent_digests")
     parts = header.get("parts")
     if not isinstance(parts, dict) or not isinstance(parts.get("state"), dict):
         bad.append("parts")
@@ -443,6 +473,18 @@ def _check_header(header: dict[str, Any]) -> None:
         bad += [f"parts.{name}" for name, part in parts.items() if not _part_ok(name, part, whole)]
     if bad:
         raise SnapshotError(f"corrupt: header field {bad[0]}")
+
+
+def _digests_ok(digests: object, recent: object) -> bool:
+    """One digest (or None) per named change, or none at all (a snapshot written before they were kept)."""
+    if digests is None:
+        return True
+    return (
+        isinstance(digests, list)
+        and isinstance(recent, list)
+        and len(digests) == len(recent)
+        and all(isinstance(d, str | None) for d in digests)
+    )
 
 
 def _part_ok(name: str, part: object, whole: Callable[[object], bool]) -> bool:
@@ -460,6 +502,7 @@ class Verifier:
     fd: int
     parts: dict[str, dict[str, Any]]
     delay_s: float = VERIFY_DELAY_S
+    path: Path | None = None  # the file's name: a damaged one is removed (see discard)
     error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)  # ends the delay: stop() or hurry()
@@ -474,6 +517,7 @@ class Verifier:
                     chunk = os.pread(self.fd, min(left, 1 << 22), at)
                     if not chunk:
                         self.error = f"torn: {name} runs past the end of the file"
+                        self.discard()
                         return self.error
                     crc = zlib.crc32(chunk, crc)
                     at, left = at + len(chunk), left - len(chunk)
@@ -481,10 +525,24 @@ class Verifier:
                     return None
                 if crc != part["crc32"]:
                     self.error = f"corrupt: {name} fails its checksum"
+                    self.discard()
                     return self.error
             return None
         finally:
             self.done.set()
+
+    def discard(self) -> None:
+        """Remove the damaged file from its name, unless another file has been renamed there since (a sound
+        snapshot, written by a process that found the damage first): left in place, every other process
+        mapped it again, and each short-lived one failed on it or answered from it. The name is compared
+        with the descriptor just before the unlink; a snapshot renamed in between is lost, which costs the
+        next open a rebuild from the rows, never an answer."""
+        if self.path is None:
+            return
+        with contextlib.suppress(OSError):
+            mine, named = os.fstat(self.fd), os.stat(self.path)
+            if (mine.st_dev, mine.st_ino) == (named.st_dev, named.st_ino):
+                os.unlink(self.path)
 
     def start(self) -> None:
         def run() -> None:
@@ -530,16 +588,19 @@ def load(
     fingerprint_of: Any,
     current_rev: int,
     same_history: Callable[[Sequence[Change], int], bool] | None = None,
+    verify_now: bool = False,
 ) -> Loaded:
     """The snapshot beside ``db_path``, checked against the file (``fingerprint_of(last_seq, last_id, rev)``
     gives the file's :class:`Fingerprint` for the snapshot's ``last_seq``, naming ``last_id`` when that row
     was deleted after the snapshot's ``rev``; ``current_rev`` is the file's ``rev``; ``same_history(recent,
     rev)`` says whether the file holds the snapshot's newest changes, or moved them on after ``rev``).
+    ``verify_now``: check the arrays' checksums before mapping, whatever their size (a process that exits
+    before the background pass would answer from a damaged file unchecked).
     Raises :class:`SnapshotError` (or ``FileNotFoundError``) when it cannot be used."""
     path = path_for(db_path)
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_regular(path)
     try:
-        loaded = _load(fd, dim, fingerprint_of, current_rev, same_history)
+        loaded = _load(fd, path, dim, fingerprint_of, current_rev, same_history, verify_now)
     except (KeyError, TypeError, IndexError, OverflowError, MemoryError) as exc:
         os.close(fd)  # a damaged field that the header's checks let through: a rebuild, not a crash
         raise SnapshotError(f"corrupt: {exc!r}") from exc
@@ -553,10 +614,12 @@ def load(
 
 def _load(
     fd: int,
+    path: Path,
     dim: int,
     fingerprint_of: Any,
     current_rev: int,
     same_history: Callable[[Sequence[Change], int], bool] | None,
+    verify_now: bool,
 ) -> Loaded:
     with os.fdopen(os.dup(fd), "rb") as f:
         header = _header(f.read(_PAGE), f)
@@ -571,7 +634,9 @@ def _load(
         header["last_id"],
     ):
         raise SnapshotError("another file's snapshot (or the schema changed)")
-    recent = [Change(str(c[0]), int(c[1]), bool(c[2])) for c in header.get("recent", [])]
+    named = header.get("recent", [])
+    digests = header.get("recent_digests") or [None] * len(named)
+    recent = [Change(str(c[0]), int(c[1]), bool(c[2]), d) for c, d in zip(named, digests, strict=True)]
     if recent and same_history is not None and not same_history(recent, header["rev"]):
         raise SnapshotError("another history's snapshot (a copy of the file that went on apart, or a backup)")
     parts: dict[str, dict[str, Any]] = header["parts"]
@@ -592,12 +657,12 @@ def _load(
     except Exception as exc:  # a checksum that matches but a pickle this version cannot read
         raise SnapshotError(f"unreadable state: {exc!r}") from exc
     arrays = {name: part for name, part in parts.items() if name != "state"}
-    verifier = Verifier(fd, arrays, VERIFY_DELAY_S)
-    eager = sum(p["length"] for p in arrays.values()) <= EAGER_VERIFY_BYTES
+    verifier = Verifier(fd, arrays, VERIFY_DELAY_S, path)
+    eager = verify_now or sum(p["length"] for p in arrays.values()) <= EAGER_VERIFY_BYTES
     if eager:
         error = verifier.check()
         if error:
-            raise SnapshotError(error)
+            raise DamagedSnapshotError(error)
     mm = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)  # private: a write in this process copies its page
 
     def view(name: str) -> np.ndarray:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from clawvm.core.errors import ClawVMError, ConfigError, DimensionError, SchemaError, StoreError
+from clawvm.core.errors import ConfigError, DimensionError, SchemaError
 from clawvm.core.model import Filters, LinkType, Memory
 from clawvm.core.vectors import normalize
 from clawvm.store import forked, snapshot, sqlite_events
@@ -60,6 +60,7 @@ from clawvm.store.sqlite_snapshots import (
     SNAPSHOT_EVERY,
     SNAPSHOT_MODES,
     IndexSnapshots,
+    heals,
 )
 from clawvm.store.sqlite_support import Checkpointer, is_locked, translated
 
@@ -318,6 +319,9 @@ class SQLiteStore(IndexSnapshots, Store):
         self.index_source = ""  # how open got its index: "snapshot", or "rows" and why (diagnostics)
         self._verifier: snapshot.Verifier | None = None  # the mapped snapshot's checksums, checked after open
         self._own_runs: list[tuple[int, int]] = []  # the revs of this engine's own writes
+        self._in_call = False  # a call of the engine is running (see sqlite_snapshots.heals)
+        self._heals = 0  # how many times a damaged snapshot's index was dropped for the rows
+        self._replace_snapshot = False  # a damaged snapshot was found: a sound one is written after the call
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -335,7 +339,9 @@ class SQLiteStore(IndexSnapshots, Store):
             try:
                 self._index, self._rev = self._open_index()
                 self._snapshot_rev = self._rev
-                self._catch_up()  # the rows changed since the snapshot (all of them without one)
+                # the rows changed since the snapshot (all of them without one); replayed into a damaged one,
+                # they fail on it before its background check: the rows' index then, not a failed open
+                self._run_healed(self._catch_up)
             except (
                 BaseException
             ):  # vectors of another dimension: closed, with no snapshot of a part-built index
@@ -474,7 +480,6 @@ class SQLiteStore(IndexSnapshots, Store):
         version = db.execute("PRAGMA data_version").fetchone()[0]
         if version == self._data_version:
             return
-        self._data_version = version
         newest = self._rev
         pending_ids: list[str] = []
         pending_vecs: list[np.ndarray] = []
@@ -502,7 +507,9 @@ class SQLiteStore(IndexSnapshots, Store):
             if revived.fetchone() is None:
                 index.remove(memory_id)
             newest = max(newest, rev)
-        self._rev = newest
+        # taken as replayed only now: a replay that failed half way (on a damaged snapshot) was skipped by the
+        # next catch-up, which found data_version unchanged, and the index lacked those rows for good
+        self._rev, self._data_version = newest, version
 
     @contextmanager
     def _write(
@@ -523,11 +530,8 @@ class SQLiteStore(IndexSnapshots, Store):
             except BaseException:
                 db.execute("ROLLBACK")
                 if self._index_dirty:  # the index may hold half of this batch: rebuild it from the file
-                    if self._verifier is not None:  # nothing left to check: the mapped index is dropped
-                        self._verifier.stop()
-                        self._verifier = None
-                    self._rev, self._data_version = 0, -1
-                    self._index = SearchIndex(self.dim)
+                    if not self._healed():  # a damaged snapshot first: its rebuild is the one due, and why
+                        self._drop_index("rows (rebuilt: a write failed half way through the index)", False)
                     self._catch_up()
                 raise
             finally:
@@ -546,27 +550,21 @@ class SQLiteStore(IndexSnapshots, Store):
 
     @contextmanager
     def _read(self, action: str) -> Iterator[sqlite3.Connection]:
+        """The engine's connection, the index caught up with the file (a call that fails on a damaged
+        snapshot is run again by :func:`heals`, which every public call of the engine wears)."""
         with self._lock, translated(action):
             self._catch_up()
-            try:
-                yield self._db
-            except (IndexError, KeyError, OverflowError, ValueError) as exc:
-                # a mapped snapshot's arrays are checked in the background after open: a read that fails
-                # on them before that check ran (a CLI call exits sooner) raised numpy's IndexError
-                if isinstance(exc, ClawVMError) or not self._snapshot_found_damaged():
-                    raise
-                raise StoreError(
-                    f"the index snapshot of {self.path} is damaged ({exc!r}): the index is rebuilt from the "
-                    "rows, which are intact; run the call again"
-                ) from exc
+            yield self._db
 
     # ---- contract -----------------------------------------------------------------------------------
+    @heals
     def put_many(self, memories: Sequence[Memory], *, imported: Collection[str] = ()) -> None:
         if not memories:
             return
         with self._write("put") as (db, rev, _counted):
             self._put_rows(db, rev, memories, imported=imported)
 
+    @heals
     def write(
         self,
         memories: Sequence[Memory],
@@ -676,6 +674,7 @@ class SQLiteStore(IndexSnapshots, Store):
             for i, version, links, extracted, with_nul in rows
         }
 
+    @heals
     def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
         if not ids:
             return {}
@@ -690,10 +689,12 @@ class SQLiteStore(IndexSnapshots, Store):
                     out[m.id] = m
         return out
 
+    @heals
     def tenants_of(self, ids: Sequence[str]) -> dict[str, str]:
         with self._read("get"):  # caught up: the index holds every stored row
             return self.index.tenants_of(ids)
 
+    @heals
     def delete_many(self, ids: Sequence[str]) -> int:
         unique = list(dict.fromkeys(ids))
         if not unique:
@@ -701,6 +702,7 @@ class SQLiteStore(IndexSnapshots, Store):
         with self._write("delete") as (db, rev, _counted):
             return self._delete_rows(db, rev, unique)
 
+    @heals
     def remove(self, memories: Sequence[Memory], events: Sequence[Event] = ()) -> int:
         """The versions checked, the rows deleted and the events logged in one transaction."""
         if not memories:
@@ -734,24 +736,29 @@ class SQLiteStore(IndexSnapshots, Store):
             self.index.remove(memory_id)
         return n
 
+    @heals
     def count(self, filters: Filters | None = None) -> int:
         with self._read("count"):
             return self.index.count(filters or Filters())
 
+    @heals
     def group_counts(
         self, filters: Filters | None = None, expired_at: datetime | None = None
     ) -> dict[GroupKey, int]:
         with self._read("count"):  # the index caught up once: every group from the same state of the file
             return self.index.group_counts(filters or Filters(), expired_at)
 
+    @heals
     def query(self, query: Query) -> QueryResult:
         with self._read("query"):
             return self.index.query(query)
 
+    @heals
     def agents(self, filters: Filters) -> frozenset[str]:
         with self._read("agents"):
             return self.index.agents(filters)
 
+    @heals
     def page(
         self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False
     ) -> list[Memory]:
@@ -761,6 +768,7 @@ class SQLiteStore(IndexSnapshots, Store):
             found = self.get_many(ids)
         return [found[i] for i in ids if i in found]
 
+    @heals
     def page_json(
         self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False
     ) -> list[dict[str, Any]]:
@@ -774,16 +782,19 @@ class SQLiteStore(IndexSnapshots, Store):
                 bodies.update(db.execute(f"SELECT id, body FROM memories WHERE id IN ({marks})", chunk))
         return [json.loads(bodies[i]) for i in ids if i in bodies]
 
+    @heals
     def session_ids(self, filters: Filters, after: str | None = None, limit: int = 500) -> list[str]:
         with self._read("session_ids"):
             return self.index.session_ids(filters, after, limit)
 
+    @heals
     def tag_names(
         self, filters: Filters, prefix: str = "", after: str | None = None, limit: int = 500
     ) -> list[str]:
         with self._read("tag_names"):
             return self.index.tag_names(filters, prefix, after, limit)
 
+    @heals
     def set_vectors(
         self, ids: Sequence[str], vectors: np.ndarray, contents: Sequence[str] | None = None
     ) -> None:
@@ -832,6 +843,7 @@ class SQLiteStore(IndexSnapshots, Store):
                 out[i] = _content_of(extracted, with_nul)
         return out
 
+    @heals
     def vectors_of(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         with self._read("vectors") as db:
@@ -845,6 +857,7 @@ class SQLiteStore(IndexSnapshots, Store):
                     out[i] = np.frombuffer(emb, dtype="<f4").copy()
         return out
 
+    @heals
     def unembedded(self, limit: int) -> list[Unembedded]:
         with self._read("unembedded") as db:
             return [
@@ -854,6 +867,7 @@ class SQLiteStore(IndexSnapshots, Store):
                 )
             ]
 
+    @heals
     def edges(self, ids: Sequence[str]) -> list[Edge]:
         out: list[Edge] = []
         with self._read("edges") as db:
@@ -868,21 +882,25 @@ class SQLiteStore(IndexSnapshots, Store):
                     out.append(Edge(s, LinkType(t), d))
         return list(dict.fromkeys(out))
 
+    @heals
     def append_events(self, events: Sequence[Event], *, tenant_numbers: bool = False) -> list[int]:
         with self._write("append_events", events) as (db, _rev, counted):
             seqs, numbers = sqlite_events.insert_events(db, events, counted)
             return numbers if tenant_numbers else seqs
 
+    @heals
     def import_events(self, events: Sequence[Event], tenant_numbers: Sequence[int] | None = None) -> None:
         if not events:
             return
         with self._write("import_events") as (db, _rev, _counted):
             sqlite_events.insert_imported(db, events, tenant_numbers)
 
+    @heals
     def delete_events_upto(self, seq: int) -> int:
         with self._write("delete_events") as (db, _rev, _counted):
             return sqlite_events.delete_upto(db, seq)
 
+    @heals
     def read_events(
         self,
         after_seq: int = 0,

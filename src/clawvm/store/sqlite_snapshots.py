@@ -4,21 +4,27 @@ and owed (:class:`IndexSnapshots`, a part of :class:`clawvm.store.sqlite.SQLiteS
 What a snapshot holds and how it is mapped is :mod:`clawvm.store.snapshot`; how a child process writes one
 is :mod:`clawvm.store.forked`. Here: open maps the snapshot (or rebuilds from the rows when there is none
 usable), the engine writes one every ``snapshot_every`` changes (in a forked child by default) and on
-close past a small delta, a snapshot found damaged after open is dropped for the rows, and one that failed
-or lacks what this engine fitted is owed to the next close.
+close past a small delta, a snapshot found damaged after open (by the background check, or by a call that
+failed on it: :func:`heals`) is dropped for the rows, the call run again and a sound one written at once,
+and one that failed or lacks what this engine fitted is owed to the next close.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import secrets
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Concatenate, ParamSpec, TypeVar
 
+from clawvm.core.errors import ClawVMError
 from clawvm.store import forked, snapshot
+from clawvm.store.base import set_up_short_lived
 from clawvm.store.index import SearchIndex
 from clawvm.store.sqlite_support import translated
 
@@ -62,6 +68,38 @@ OWN_RUNS = 256
 SNAPSHOT_CHILD_TIMEOUT_S = 600.0
 
 
+def row_digest(body: str, embedding: bytes | None) -> str:
+    """A digest of a memory's stored bytes (its body and vector), as a snapshot names its newest changes:
+    two copies of a file that changed one memory at one rev tell apart by it, where id and rev match."""
+    digest = hashlib.blake2b(body.encode(), digest_size=16)
+    digest.update(b"\0" if embedding is None else b"\1" + embedding)
+    return digest.hexdigest()
+
+
+R = TypeVar("R")
+P = ParamSpec("P")
+Engine = TypeVar("Engine", bound="IndexSnapshots")
+
+
+def heals(method: Callable[Concatenate[Engine, P], R]) -> Callable[Concatenate[Engine, P], R]:
+    """An engine call that a damaged index snapshot does not fail (see :meth:`IndexSnapshots._run_healed`):
+    the outermost call heals, under the engine's lock; a call made inside it runs in its state (its
+    transaction, the index it read from) and leaves its failure to it."""
+
+    @functools.wraps(method)
+    def call(self: Engine, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with self._lock:
+            if self._in_call:
+                return method(self, *args, **kwargs)
+            self._in_call = True
+            try:
+                return self._run_healed(lambda: method(self, *args, **kwargs))
+            finally:
+                self._in_call = False
+
+    return call
+
+
 class IndexSnapshots(ABC):
     """The snapshot half of :class:`clawvm.store.sqlite.SQLiteStore` (a base class of it): the engine's
     state that this reads (declared below) and the connection and catch-up the engine provides."""
@@ -81,6 +119,9 @@ class IndexSnapshots(ABC):
     _snapshot_rev: int  # the rev the newest snapshot this engine wrote or loaded is current to
     _snapshot_owed: bool  # close writes one whatever the delta (one failed, or lacks a fit)
     _verifier: snapshot.Verifier | None  # the mapped snapshot's checksums, checked after open
+    _in_call: bool  # a call of the engine is running (see heals): one inside it leaves healing to it
+    _heals: int  # how many times a damaged snapshot's index was dropped for the rows
+    _replace_snapshot: bool  # a damaged snapshot was found: a sound one is written at the end of the call
     _own_runs: list[tuple[int, int]]  # the revs of this engine's own writes (see _note_own_write)
 
     @property
@@ -106,7 +147,14 @@ class IndexSnapshots(ABC):
             log.warning("removed %s, left by a snapshot writer that died", tmp)
         try:
             current = self._file_rev(db)
-            loaded = snapshot.load(self.path, self.dim, self._fingerprint_at, current, self._same_history)
+            loaded = snapshot.load(
+                self.path,
+                self.dim,
+                self._fingerprint_at,
+                current,
+                self._same_history,
+                verify_now=set_up_short_lived(),
+            )
         except FileNotFoundError:
             self.index_source = "rows (no snapshot)"
             return SearchIndex(self.dim), 0
@@ -118,6 +166,8 @@ class IndexSnapshots(ABC):
         except (OSError, ValueError, snapshot.SnapshotError) as exc:
             log.warning("index snapshot of %s not used, rebuilding from the rows: %s", self.path, exc)
             self.index_source = f"rows ({exc})"
+            # removed as damaged: written again once rebuilt, not at close (others would rebuild meanwhile)
+            self._replace_snapshot = isinstance(exc, snapshot.DamagedSnapshotError)
             return SearchIndex(self.dim), 0
         self.index_source = "snapshot"
         self._verifier = loaded.verifier
@@ -132,29 +182,70 @@ class IndexSnapshots(ABC):
         verifier.hurry()  # asked for: no need to wait out the delay after open
         return verifier.wait(timeout)
 
-    def _snapshot_found_damaged(self) -> bool:
-        """Check the mapped snapshot now if its background check has not run (a read failed on it): True
-        when it is damaged, and then dropped for the rows (the next operation rebuilds the index)."""
+    def _run_healed(self, call: Callable[[], R]) -> R:
+        """Run ``call`` (the caller holds the lock); when it fails on an index mapped from a damaged snapshot
+        (the arrays are checked in the background after open, so a call can reach the damage first: numpy's
+        IndexError, a KeyError, an AttributeError on a garbled string), drop that index for the rows and
+        run it once more: the caller gets the answer the rows give, and the damaged file is replaced."""
+        heals = self._heals
+        try:
+            result = call()
+        except Exception as exc:
+            # a failed write may have healed already (it rolls back and drops the index it half changed)
+            if self._heals == heals and (isinstance(exc, ClawVMError) or not self._healed()):
+                raise
+            log.warning("%s: a call failed on the damaged index snapshot (%r): run again", self.path, exc)
+            result = call()
+        self._replace_damaged_snapshot()
+        return result
+
+    def _healed(self) -> bool:
+        """A call failed on the index: when it is mapped from a snapshot whose checksums are not known to
+        hold yet, check them now. True when they fail, and the index is then dropped for the rows."""
         verifier = self._verifier
         if verifier is None:
             return False
         verifier.hurry()
-        if verifier.wait() is None:
+        error = verifier.wait()
+        if error is None:
             return False
-        self._drop_damaged_snapshot()
+        self._drop_index(f"rows ({error}, found when a call failed on it)", damaged=True)
         return True
 
     def _drop_damaged_snapshot(self) -> None:
-        """The background check found the mapped snapshot damaged: rebuild the index from the rows (the
-        next snapshot replaces the file)."""
+        """The background check found the mapped snapshot damaged: drop its index for the rows (before the
+        next operation, which replays them)."""
         verifier = self._verifier
-        if verifier is None or verifier.error is None:
-            return
-        log.warning("index snapshot of %s damaged, rebuilding from the rows: %s", self.path, verifier.error)
-        self._verifier = None
-        self.index_source = f"rows ({verifier.error}, found after open)"
+        if verifier is not None and verifier.error is not None:
+            self._drop_index(f"rows ({verifier.error}, found after open)", damaged=True)
+
+    def _drop_index(self, source: str, damaged: bool) -> None:
+        """Replace the in-process index by an empty one that the next catch-up fills from the rows
+        (``source``: why, for :attr:`index_source`); ``damaged``: the snapshot failed its checksums (the
+        check removed the file): a sound one is written at the end of the call, so that other processes
+        map it instead of rebuilding from the rows each (17 s at 100k memories)."""
+        if damaged:
+            log.warning("index snapshot of %s damaged, rebuilding from the rows: %s", self.path, source)
+            self._heals += 1
+            self._replace_snapshot = True
+            self._snapshot_rev = -1  # no snapshot holds this index's rows: due at close if not written now
+        if self._verifier is not None:  # nothing left to check: the mapped index is gone
+            self._verifier.stop()
+            self._verifier = None
+        self.index_source = source
         self._index = SearchIndex(self.dim)
-        self._rev, self._data_version, self._snapshot_rev = 0, -1, -1
+        self._rev, self._data_version = 0, -1
+
+    def _replace_damaged_snapshot(self) -> None:
+        """Write the snapshot a damaged one left owed (the caller holds the lock, outside a transaction):
+        in a forked child by default, as the periodic one; a failure leaves it to close."""
+        if not self._replace_snapshot:
+            return
+        self._replace_snapshot = False
+        try:
+            self._periodic_snapshot()
+        except Exception as exc:  # the call's answer stands; close tries again (_snapshot_rev is -1)
+            log.warning("index snapshot of %s not written: %s", self.path, exc)
 
     def _fingerprint_at(
         self, seq: int | None = None, deleted: str | None = None, since_rev: int = 0
@@ -205,14 +296,19 @@ class IndexSnapshots(ABC):
     def _recent_changes(db: sqlite3.Connection) -> tuple[snapshot.Change, ...]:
         """The file's newest changes (:data:`RECENT_CHANGES` of them, writes and deletes), through the rev
         indexes: what a snapshot names so that a later open can tell this history from another."""
-        written = db.execute(
-            "SELECT id, rev, 1 FROM memories ORDER BY rev DESC LIMIT ?", (RECENT_CHANGES,)
-        ).fetchall()
-        deleted = db.execute(
-            "SELECT id, rev, 0 FROM tombstones ORDER BY rev DESC LIMIT ?", (RECENT_CHANGES,)
-        ).fetchall()
-        newest = sorted(written + deleted, key=lambda c: -c[1])[:RECENT_CHANGES]
-        return tuple(snapshot.Change(i, rev, bool(alive)) for i, rev, alive in newest)
+        written = [
+            snapshot.Change(i, rev, True, row_digest(body, embedding))
+            for i, rev, body, embedding in db.execute(
+                "SELECT id, rev, body, embedding FROM memories ORDER BY rev DESC LIMIT ?", (RECENT_CHANGES,)
+            )
+        ]
+        deleted = [
+            snapshot.Change(i, rev, False)
+            for i, rev in db.execute(
+                "SELECT id, rev FROM tombstones ORDER BY rev DESC LIMIT ?", (RECENT_CHANGES,)
+            )
+        ]
+        return tuple(sorted(written + deleted, key=lambda c: -c.rev)[:RECENT_CHANGES])
 
     def _same_history(self, recent: Sequence[snapshot.Change], rev: int) -> bool:
         """Whether the file holds each of a snapshot's newest changes (current to ``rev``), or moved it on
@@ -221,18 +317,20 @@ class IndexSnapshots(ABC):
         those revs (updates and deletes leave the newest row, the other check, as it was)."""
         db = self._db
         alive = [c for c in recent if c.alive]
-        rows = (
-            dict(
-                db.execute(
-                    f"SELECT id, rev FROM memories WHERE id IN ({','.join('?' * len(alive))})",
-                    [c.memory_id for c in alive],
-                ).fetchall()
-            )
+        found = (
+            db.execute(
+                f"SELECT id, rev, body, embedding FROM memories WHERE id IN ({','.join('?' * len(alive))})",
+                [c.memory_id for c in alive],
+            ).fetchall()
             if alive
-            else {}
+            else []
         )
+        rows = {i: r for i, r, _, _ in found}
+        digests = {i: (body, embedding) for i, _, body, embedding in found}
         for c in alive:
             now = rows.get(c.memory_id)
+            if now == c.rev and c.digest is not None and row_digest(*digests[c.memory_id]) != c.digest:
+                return False  # the same memory changed at the same rev, to other bytes: another copy's
             if now == c.rev or (now is not None and now > rev):
                 continue
             deleted_since = db.execute(
@@ -291,6 +389,7 @@ class IndexSnapshots(ABC):
         assert self._index is not None
         written = snapshot.write(self.path, self._index, self._rev, fingerprint)
         self._snapshot_rev, self._snapshots.lost, self._snapshot_owed = self._rev, False, False
+        self._replace_snapshot = False
         return written
 
     def _snapshot_view(self) -> snapshot.Fingerprint:
@@ -329,7 +428,7 @@ class IndexSnapshots(ABC):
                 self._write_snapshot(fingerprint)
                 return
         # the child's snapshot pays what was owed (it fails: then it is lost, which close honours too)
-        self._snapshot_rev, self._snapshot_owed = rev, False
+        self._snapshot_rev, self._snapshot_owed, self._replace_snapshot = rev, False, False
 
     def snapshot_wait(self, timeout: float | None = None) -> bool | None:
         """Wait for the periodic snapshot a child is writing, if any: True when written, False when the
