@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from fastapi import APIRouter
+from fastapi import APIRouter, FastAPI
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -448,6 +448,41 @@ def test_a_session_or_task_id_holding_a_slash_is_reachable(env: Env) -> None:
     listed = env.client.get("/v1/sessions/team/a/checkpoints", headers=env.auth()).json()
     assert [c["name"] for c in listed] == ["cp"]
     assert env.client.post("/v1/tasks/t%2F1/collapse", headers=env.auth()).status_code == 200
+
+
+def test_allow_names_the_methods_the_router_takes_at_the_path(env: Env) -> None:
+    """``Allow`` was read from the OpenAPI templates split on ``/``: a trailing slash answered 204 with the
+    memory routes' methods (GET there is a redirect), and a session id holding a slash a 405 naming POST
+    only (GET there is a 200)."""
+    slash = env.client.options("/v1/memories/", follow_redirects=False)
+    assert (slash.status_code, slash.headers.get("location")) == (307, "http://testserver/v1/memories")
+    for path in ("/v1/sessions/team/a/checkpoints", "/v1/sessions/a/checkpoints"):
+        r = env.client.options(path)
+        assert (r.status_code, r.headers["allow"]) == (204, "GET, OPTIONS, POST"), (path, r.text)
+        put = env.client.put(path, headers=env.auth())
+        assert_error(put, 405, "method_not_allowed")
+        assert put.headers["allow"] == "GET, OPTIONS, POST"
+    assert env.client.options("/v1/nothing").status_code == 404
+
+
+def test_a_mounted_app_answers_allow_and_names_path_parameters_under_its_prefix(tmp_path: Path) -> None:
+    """Mounted under a prefix (or run with a root_path), the templates were matched against the full path:
+    ``OPTIONS /clawvm/v1/keys`` was a 405 naming GET only, and a bad byte in a memory id named ``path``."""
+    app, store, keys = open_app(tmp_path)
+    outer = FastAPI()
+    outer.mount("/clawvm", app)
+    admin = {"Authorization": f"Bearer {keys['admin']}"}
+    with TestClient(outer) as client:
+        r = client.options("/clawvm/v1/keys")
+        assert (r.status_code, r.headers["allow"]) == (204, "GET, OPTIONS, POST"), r.text
+        put = client.put("/clawvm/v1/keys", headers=admin)
+        assert_error(put, 405, "method_not_allowed")
+        assert put.headers["allow"] == "GET, OPTIONS, POST"
+        assert client.get("/clawvm/v1/keys", headers=admin).status_code == 200
+        assert_error(client.get("/clawvm/v1/memories/%FF", headers=admin), 400, "invalid_utf8", "memory_id")
+        bad = client.get("/clawvm/v1/sessions/team/a%FF/checkpoints", headers=admin)
+        assert_error(bad, 400, "invalid_utf8", "session_id")
+    store.close()
 
 
 def test_a_body_sent_to_a_route_that_takes_none_is_refused(env: Env) -> None:

@@ -23,7 +23,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from clawvm.core.redact import redact
 from clawvm.server.errors import error_response
 from clawvm.server.jsonkeys import repeated_key
-from clawvm.server.paths import allowed_methods, declared_methods, parameter_at
+from clawvm.server.paths import answered_methods, parameter_at
 from clawvm.server.service import RequestGauge
 from clawvm.store.keys import Principal
 
@@ -173,13 +173,12 @@ class Guard:
 
 
 def _options_allow(scope: MutableMapping[str, Any]) -> str:
-    """``Allow`` for an ``OPTIONS`` of a route path that declares no OPTIONS of its own, or "" (the app then
-    answers: 404 for no route, a mounted route's own OPTIONS). Answered here, ahead of the routes: it
-    reveals only what /openapi.json publishes, so it takes no key and spends no rate-limit token (as HEAD
-    of a health probe). No CORS headers: the server has no CORS settings."""
-    app, path = scope.get("app"), str(scope.get("path", ""))
-    declared = declared_methods(app, path)
-    return ", ".join(allowed_methods(app, path)) if declared and "OPTIONS" not in declared else ""
+    """``Allow`` for an ``OPTIONS`` of a path that routes answer but none for OPTIONS, or "" (the app then
+    answers: 404 for no route, a redirect for a trailing slash, a mounted app its own OPTIONS). Answered
+    here, ahead of the routes: it reveals only which methods the path takes, so it takes no key and spends
+    no rate-limit token (as HEAD of a health probe). No CORS headers: the server has no CORS settings."""
+    answered = answered_methods(scope)
+    return ", ".join(sorted(answered | {"OPTIONS"})) if answered and "OPTIONS" not in answered else ""
 
 
 async def _check_json(scope: MutableMapping[str, Any], body: bytes) -> None:
@@ -217,19 +216,22 @@ def _check_path(scope: MutableMapping[str, Any]) -> None:
     raw = scope.get("raw_path")
     if not isinstance(raw, bytes):
         return
-    for index, segment in enumerate(raw.split(b"?", 1)[0].split(b"/")):
+    offset = 0  # where the segment starts in the decoded path (each bad byte is one U+FFFD there)
+    for segment in raw.split(b"?", 1)[0].split(b"/"):
+        decoded = unquote_to_bytes(segment)
         try:
-            unquote_to_bytes(segment).decode("utf-8")
+            decoded.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise _Rejected(
                 error_response(
                     400,
                     "invalid_utf8",
                     f"is not valid UTF-8 once percent-decoded (byte {exc.start})",
-                    parameter_at(scope.get("app"), str(scope.get("path", "")), index),
+                    parameter_at(scope, offset),
                     "percent-encode the UTF-8 bytes of the text (e.g. %C3%A9 for é)",
                 )
             ) from None
+        offset += len(decoded.decode("utf-8")) + 1
 
 
 def _check_query(scope: MutableMapping[str, Any]) -> None:
