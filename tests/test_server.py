@@ -8,6 +8,7 @@ OpenAPI spec (bounded) for 5xx and for 4xx outside the error schema.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import io
 import json
 import logging
@@ -1505,6 +1506,35 @@ def test_a_key_given_twice_is_refused_only_within_one_object(env: Env) -> None:
     r = env.client.post("/v1/memories", content=big, headers={**env.auth(), **json_type})
     assert_error(r, 422, "validation_error", "metadata.k")
     assert env.store.count() == 1
+
+
+def test_a_key_given_twice_is_refused_in_a_body_sent_without_a_content_type(tmp_path: Path) -> None:
+    """The check ran only for a JSON content type, but FastAPI before 0.132 (which the project allows), or a
+    router made with ``strict_content_type=False``, reads a body without one as JSON: the last value won."""
+    lax = APIRouter(**_lax_content_type())
+
+    @lax.post("/echo")
+    def echo(body: dict[str, Any]) -> dict[str, Any]:
+        return body
+
+    app, store, keys = open_app(tmp_path, routers=(lax,))
+    auth = {"Authorization": f"Bearer {keys['agent']}"}
+    with TestClient(app) as client:
+        assert client.post("/echo", content=b'{"a": 1}').json() == {"a": 1}  # read as JSON, no type given
+        assert_error(client.post("/echo", content=b'{"a": 1, "a": 2}'), 422, "validation_error", "a")
+        twice = client.post("/v1/memories", content=b'{"content": "a", "content": "b"}', headers=auth)
+        assert_error(twice, 422, "validation_error", "content")
+        # a body that is no JSON is left to the route: its own 422, with how to send JSON
+        err = assert_error(client.post("/v1/memories", content=b"content=a", headers=auth), 422, field="body")
+        assert "Content-Type" in (err["fix"] or "")
+        assert store.count() == 0
+    store.close()
+
+
+def _lax_content_type() -> dict[str, Any]:
+    """An APIRouter's keyword reading a body without a content type as JSON (the default before 0.132)."""
+    takes = "strict_content_type" in inspect.signature(APIRouter).parameters
+    return {"strict_content_type": False} if takes else {}
 
 
 # ---- end to end over a real socket --------------------------------------------------------------------

@@ -186,7 +186,7 @@ async def _check_json(scope: MutableMapping[str, Any], body: bytes) -> None:
     and the others were dropped unseen. Here, once for every route, the dashboard's and mounted ones too.
     A large body is read on a worker thread: parsed on the event loop, a 10 MB import would hold every
     other request for ~50 ms."""
-    if not body or not _is_json(Headers(scope=scope).get("content-type", "")):
+    if not body or not _read_as_json(Headers(scope=scope).get("content-type", "")):
         return
     if len(body) > JSON_INLINE_BYTES:
         key = await anyio.to_thread.run_sync(repeated_key, body)
@@ -204,8 +204,12 @@ async def _check_json(scope: MutableMapping[str, Any], body: bytes) -> None:
         )
 
 
-def _is_json(content_type: str) -> bool:
-    """Whether FastAPI reads a body of this content type as JSON (``application/json``, ``*+json``)."""
+def _read_as_json(content_type: str) -> bool:
+    """Whether FastAPI may read a body of this content type as JSON: ``application/json``, ``*+json``, or
+    none at all (FastAPI before 0.132, which the project allows, reads a body without one as JSON; a body
+    that is no JSON is then the route's to refuse)."""
+    if not content_type:
+        return True
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
