@@ -2,9 +2,10 @@
 :mod:`clawvm.integrations.mcp_server` over streamable HTTP at ``/mcp``, behind the same API keys as ``/v1``.
 
 Every HTTP request is authenticated as a REST request is (``Authorization: Bearer <key>`` or ``X-API-Key``:
-401 without a valid key, 429 over its rate limit, in the one error shape), and each MCP request then works
-on the harness of the key's tenant. A read-only key may call the read-only tools (their ``readOnlyHint``)
-and read resources, recording no usage; a tool that changes memory answers it a ``forbidden`` tool error.
+401 without a valid key, 429 over its key's or its tenant's rate limit, in the one error shape), and each
+MCP request then works on the harness of the key's tenant. A read-only key may call the read-only tools
+(their ``readOnlyHint``) and read resources, recording no usage; a tool that changes memory answers it a
+``forbidden`` tool error.
 An MCP session opened with one key does not carry it over: each request is its own caller.
 """
 
@@ -61,7 +62,7 @@ class McpEndpoint:
         scheme, _, token = bearer.partition(" ")
         given = token.strip() if scheme.lower() == "bearer" else headers.get("x-api-key")
         principal = self.service.keyring.authenticate(given)
-        self.service.limiter.check(principal.key_id)
+        self.service.admit(principal)  # the key's and the tenant's limits, as over REST
         return principal
 
     def access(self, ctx: ServerRequestContext[Any]) -> Access:
