@@ -347,6 +347,23 @@ def test_http_requests_take_the_tenants_rate_limit_too(tmp_path: Path) -> None:
         store.close()
 
 
+def test_http_bad_keys_take_the_unauthenticated_limit(tmp_path: Path) -> None:
+    """Over /mcp a bad key was a 401 without end, each one looked up: the client address's limit on failed
+    keys (REST's) did not apply there."""
+    store = store_from_url(str(tmp_path / "flood.db"))
+    settings = ServerSettings(rate_per_s=0, unauthenticated_burst=2, unauthenticated_rate_per_s=1 / 3600)
+    app = create_app(store, embedder=None, settings=settings, mcp=True)
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    accept = {"Accept": "application/json, text/event-stream", "X-API-Key": "cvm_nope_nope"}
+    try:
+        with serve_app(app) as url:
+            codes = [httpx.post(f"{url}/mcp", json=hello, headers=accept, timeout=30) for _ in range(3)]
+            assert [r.status_code for r in codes] == [401, 401, 429], [r.text for r in codes]
+            assert codes[2].json()["error"]["code"] == "rate_limited" and codes[2].headers["retry-after"]
+    finally:
+        store.close()
+
+
 def test_http_tenants_roles_and_per_call_session(mounted: Mounted) -> None:
     tenant_a = mounted.app.state.service.harness_for("a")
 

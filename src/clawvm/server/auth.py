@@ -77,19 +77,26 @@ authenticate_minting = _authenticator(mints=True)
 
 def _authenticate(request: Request, service: Service, token: str | None, mints: bool) -> Principal:
     client = request.client.host if request.client is not None else "unknown"
-    service.unauthenticated.peek(client)
-    try:
-        if token is None and (sent := request.headers.get("authorization")):
-            _refuse_scheme(sent)
-        principal = service.keyring.authenticate(token)
-    except AuthenticationError:
-        service.unauthenticated.spend(client)
-        raise
+    principal = identify(service, client, token, request.headers.get("authorization"))
     request.state.principal = principal  # for the access log
     # a key that may not mint gets its 403 without spending the tenant's minting tokens
     minting = [(service.mint_limiter, principal.tenant)] if mints and principal.can(Permission.ADMIN) else []
     service.admit(principal, *minting)
     return principal
+
+
+def identify(service: Service, client: str, token: str | None, authorization: str | None) -> Principal:
+    """The principal of API key ``token`` (REST and MCP): 401 without a valid one (``authorization``, the
+    header, says why when it held no ``Bearer <key>``); 429 for a ``client`` address whose failures are
+    over the unauthenticated limit, refused before any key lookup (a failure spends one of its tokens)."""
+    service.unauthenticated.peek(client)
+    try:
+        if token is None and authorization:
+            _refuse_scheme(authorization)
+        return service.keyring.authenticate(token)
+    except AuthenticationError:
+        service.unauthenticated.spend(client)
+        raise
 
 
 def _refuse_scheme(sent: str) -> None:
