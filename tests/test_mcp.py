@@ -316,6 +316,54 @@ def test_http_refuses_a_missing_or_wrong_key(mounted: Mounted) -> None:
         run(without_key)
 
 
+def test_http_requests_take_the_tenants_rate_limit_too(tmp_path: Path) -> None:
+    """MCP charged only the key's bucket: a tenant over its limit on /v1 went on unlimited over /mcp."""
+    store = store_from_url(str(tmp_path / "limited.db"))
+    settings = ServerSettings(
+        rate_per_s=0, tenant_rate_per_s=1 / 3600, tenant_burst=2, unauthenticated_rate_per_s=0
+    )
+    app = create_app(store, embedder=None, settings=settings, mcp=True)
+    ring = app.state.service.keyring
+    rest, agent = ring.create("a", "agent", "rest")[1], ring.create("a", "agent", "mcp")[1]
+    try:
+        with serve_app(app) as url:
+            limited = Mounted(url, {"a": agent}, app)
+            for _ in range(2):  # the tenant's two tokens, spent over REST by its other key
+                assert httpx.get(f"{url}/v1/whoami", headers={"X-API-Key": rest}, timeout=30).is_success
+            hello = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+            accept = {"Accept": "application/json, text/event-stream", "X-API-Key": agent}
+            r = httpx.post(f"{url}/mcp", json=hello, headers=accept, timeout=30)
+            assert r.status_code == 429 and r.headers["retry-after"], r.text
+            error = r.json()["error"]
+            assert error["code"] == "rate_limited" and "tenant" in error["message"], error
+
+            async def listing() -> None:
+                async with limited.client("a") as client:
+                    await client.list_tools()
+
+            with pytest.raises(Exception):  # noqa: B017 - the SDK's transport error for a 429
+                run(listing)
+    finally:
+        store.close()
+
+
+def test_http_bad_keys_take_the_unauthenticated_limit(tmp_path: Path) -> None:
+    """Over /mcp a bad key was a 401 without end, each one looked up: the client address's limit on failed
+    keys (REST's) did not apply there."""
+    store = store_from_url(str(tmp_path / "flood.db"))
+    settings = ServerSettings(rate_per_s=0, unauthenticated_burst=2, unauthenticated_rate_per_s=1 / 3600)
+    app = create_app(store, embedder=None, settings=settings, mcp=True)
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    accept = {"Accept": "application/json, text/event-stream", "X-API-Key": "cvm_nope_nope"}
+    try:
+        with serve_app(app) as url:
+            codes = [httpx.post(f"{url}/mcp", json=hello, headers=accept, timeout=30) for _ in range(3)]
+            assert [r.status_code for r in codes] == [401, 401, 429], [r.text for r in codes]
+            assert codes[2].json()["error"]["code"] == "rate_limited" and codes[2].headers["retry-after"]
+    finally:
+        store.close()
+
+
 def test_http_tenants_roles_and_per_call_session(mounted: Mounted) -> None:
     tenant_a = mounted.app.state.service.harness_for("a")
 

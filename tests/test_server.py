@@ -8,6 +8,7 @@ OpenAPI spec (bounded) for 5xx and for 4xx outside the error schema.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import io
 import json
 import logging
@@ -21,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from fastapi import APIRouter
+from fastapi import APIRouter, FastAPI
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -448,6 +449,41 @@ def test_a_session_or_task_id_holding_a_slash_is_reachable(env: Env) -> None:
     listed = env.client.get("/v1/sessions/team/a/checkpoints", headers=env.auth()).json()
     assert [c["name"] for c in listed] == ["cp"]
     assert env.client.post("/v1/tasks/t%2F1/collapse", headers=env.auth()).status_code == 200
+
+
+def test_allow_names_the_methods_the_router_takes_at_the_path(env: Env) -> None:
+    """``Allow`` was read from the OpenAPI templates split on ``/``: a trailing slash answered 204 with the
+    memory routes' methods (GET there is a redirect), and a session id holding a slash a 405 naming POST
+    only (GET there is a 200)."""
+    slash = env.client.options("/v1/memories/", follow_redirects=False)
+    assert (slash.status_code, slash.headers.get("location")) == (307, "http://testserver/v1/memories")
+    for path in ("/v1/sessions/team/a/checkpoints", "/v1/sessions/a/checkpoints"):
+        r = env.client.options(path)
+        assert (r.status_code, r.headers["allow"]) == (204, "GET, OPTIONS, POST"), (path, r.text)
+        put = env.client.put(path, headers=env.auth())
+        assert_error(put, 405, "method_not_allowed")
+        assert put.headers["allow"] == "GET, OPTIONS, POST"
+    assert env.client.options("/v1/nothing").status_code == 404
+
+
+def test_a_mounted_app_answers_allow_and_names_path_parameters_under_its_prefix(tmp_path: Path) -> None:
+    """Mounted under a prefix (or run with a root_path), the templates were matched against the full path:
+    ``OPTIONS /clawvm/v1/keys`` was a 405 naming GET only, and a bad byte in a memory id named ``path``."""
+    app, store, keys = open_app(tmp_path)
+    outer = FastAPI()
+    outer.mount("/clawvm", app)
+    admin = {"Authorization": f"Bearer {keys['admin']}"}
+    with TestClient(outer) as client:
+        r = client.options("/clawvm/v1/keys")
+        assert (r.status_code, r.headers["allow"]) == (204, "GET, OPTIONS, POST"), r.text
+        put = client.put("/clawvm/v1/keys", headers=admin)
+        assert_error(put, 405, "method_not_allowed")
+        assert put.headers["allow"] == "GET, OPTIONS, POST"
+        assert client.get("/clawvm/v1/keys", headers=admin).status_code == 200
+        assert_error(client.get("/clawvm/v1/memories/%FF", headers=admin), 400, "invalid_utf8", "memory_id")
+        bad = client.get("/clawvm/v1/sessions/team/a%FF/checkpoints", headers=admin)
+        assert_error(bad, 400, "invalid_utf8", "session_id")
+    store.close()
 
 
 def test_a_body_sent_to_a_route_that_takes_none_is_refused(env: Env) -> None:
@@ -1496,6 +1532,35 @@ def test_a_key_given_twice_is_refused_only_within_one_object(env: Env) -> None:
     r = env.client.post("/v1/memories", content=big, headers={**env.auth(), **json_type})
     assert_error(r, 422, "validation_error", "metadata.k")
     assert env.store.count() == 1
+
+
+def test_a_key_given_twice_is_refused_in_a_body_sent_without_a_content_type(tmp_path: Path) -> None:
+    """The check ran only for a JSON content type, but FastAPI before 0.132 (which the project allows), or a
+    router made with ``strict_content_type=False``, reads a body without one as JSON: the last value won."""
+    lax = APIRouter(**_lax_content_type())
+
+    @lax.post("/echo")
+    def echo(body: dict[str, Any]) -> dict[str, Any]:
+        return body
+
+    app, store, keys = open_app(tmp_path, routers=(lax,))
+    auth = {"Authorization": f"Bearer {keys['agent']}"}
+    with TestClient(app) as client:
+        assert client.post("/echo", content=b'{"a": 1}').json() == {"a": 1}  # read as JSON, no type given
+        assert_error(client.post("/echo", content=b'{"a": 1, "a": 2}'), 422, "validation_error", "a")
+        twice = client.post("/v1/memories", content=b'{"content": "a", "content": "b"}', headers=auth)
+        assert_error(twice, 422, "validation_error", "content")
+        # a body that is no JSON is left to the route: its own 422, with how to send JSON
+        err = assert_error(client.post("/v1/memories", content=b"content=a", headers=auth), 422, field="body")
+        assert "Content-Type" in (err["fix"] or "")
+        assert store.count() == 0
+    store.close()
+
+
+def _lax_content_type() -> dict[str, Any]:
+    """An APIRouter's keyword reading a body without a content type as JSON (the default before 0.132)."""
+    takes = "strict_content_type" in inspect.signature(APIRouter).parameters
+    return {"strict_content_type": False} if takes else {}
 
 
 # ---- end to end over a real socket --------------------------------------------------------------------

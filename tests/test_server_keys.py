@@ -245,6 +245,36 @@ def test_minting_keys_is_rate_limited_per_tenant(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_mint_its_limit_refuses_spends_nothing_of_the_keys_or_the_tenants(tmp_path: Path) -> None:
+    """The minting limit was asked in the route, after the key's and the tenant's tokens were taken: every
+    refused mint still spent one of each. Now they are taken together (and a key that may not mint spends
+    none of its tenant's minting tokens on its 403)."""
+    hourly = 1 / 3600  # no refill within the test
+    settings = ServerSettings(
+        rate_per_s=hourly,
+        burst=3,
+        tenant_rate_per_s=hourly,
+        tenant_burst=6,
+        mint_rate_per_s=hourly,
+        mint_burst=1,
+        unauthenticated_rate_per_s=0,
+    )
+    app, store, keys = _app(tmp_path, settings)
+    admin, agent = _auth(keys["admin"]), _auth(keys["agent"])
+    with TestClient(app) as client:
+        _error(client.post("/v1/keys", json={}, headers=agent), 403, "forbidden")  # agent 2 left, tenant 5
+        assert client.post("/v1/keys", json={}, headers=admin).status_code == 201  # admin 2, tenant 4
+        refused = client.post("/v1/keys", json={}, headers=admin)
+        assert "minting" in _error(refused, 429, "rate_limited")["message"]
+        # the refused mint took nothing: the admin key's two tokens and the tenant's four are all there
+        assert [client.get("/v1/whoami", headers=admin).status_code for _ in range(2)] == [200, 200]
+        assert "API key" in _error(client.get("/v1/whoami", headers=admin), 429, "rate_limited")["message"]
+        assert [client.get("/v1/whoami", headers=agent).status_code for _ in range(2)] == [200, 200]
+        reader = client.get("/v1/whoami", headers=_auth(keys["reader"]))
+        assert "tenant" in _error(reader, 429, "rate_limited")["message"]
+    store.close()
+
+
 def test_a_client_flooding_bad_keys_gets_429_before_any_lookup(tmp_path: Path) -> None:
     settings = ServerSettings(
         rate_per_s=0, tenant_rate_per_s=0, unauthenticated_burst=3, unauthenticated_rate_per_s=0.1

@@ -228,7 +228,7 @@ def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     if exc.status_code == 400 and (why := _unparsed(exc.__cause__)) is not None:
         message, fix = why  # FastAPI's "There was an error parsing the body", of a body that is valid JSON
     if exc.status_code == 405:  # every method of the path (Starlette's names the first route's only)
-        allowed = allowed_methods(request.app, request.scope["path"])
+        allowed = allowed_methods(request.scope)
         headers["Allow"] = ", ".join(allowed) or headers.get("Allow", "")
     return error_response(exc.status_code, code, message, field, fix, headers or None)
 

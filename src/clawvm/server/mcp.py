@@ -2,9 +2,10 @@
 :mod:`clawvm.integrations.mcp_server` over streamable HTTP at ``/mcp``, behind the same API keys as ``/v1``.
 
 Every HTTP request is authenticated as a REST request is (``Authorization: Bearer <key>`` or ``X-API-Key``:
-401 without a valid key, 429 over its rate limit, in the one error shape), and each MCP request then works
-on the harness of the key's tenant. A read-only key may call the read-only tools (their ``readOnlyHint``)
-and read resources, recording no usage; a tool that changes memory answers it a ``forbidden`` tool error.
+401 without a valid key, 429 over its key's or its tenant's rate limit or from an address over the
+unauthenticated one, in the one error shape), and each MCP request then works on the harness of the key's
+tenant. A read-only key may call the read-only tools (their ``readOnlyHint``) and read resources, recording
+no usage; a tool that changes memory answers it a ``forbidden`` tool error.
 An MCP session opened with one key does not carry it over: each request is its own caller.
 """
 
@@ -21,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from clawvm.core.errors import AuthenticationError, ClawVMError
 from clawvm.integrations.mcp_server import Access, build_server
+from clawvm.server.auth import identify
 from clawvm.server.errors import response_for
 from clawvm.server.service import Service
 from clawvm.store.keys import Permission, Principal
@@ -47,7 +49,7 @@ class McpEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             try:
-                principal = self.authenticate(Headers(scope=scope))
+                principal = self.authenticate(scope)
             except ClawVMError as exc:
                 await response_for(exc)(scope, receive, send)
                 return
@@ -56,12 +58,17 @@ class McpEndpoint:
             )
         await self.app(scope, receive, send)
 
-    def authenticate(self, headers: Headers) -> Principal:
+    def authenticate(self, scope: Scope) -> Principal:
+        """The caller, checked and charged as over REST: the unauthenticated limit of its address (bad keys
+        over /mcp were looked up without end), then the key's and the tenant's limits."""
+        headers = Headers(scope=scope)
         bearer = headers.get("authorization", "")
         scheme, _, token = bearer.partition(" ")
         given = token.strip() if scheme.lower() == "bearer" else headers.get("x-api-key")
-        principal = self.service.keyring.authenticate(given)
-        self.service.limiter.check(principal.key_id)
+        client = scope.get("client")
+        address = str(client[0]) if client else "unknown"
+        principal = identify(self.service, address, given, bearer or None)
+        self.service.admit(principal)
         return principal
 
     def access(self, ctx: ServerRequestContext[Any]) -> Access:

@@ -23,7 +23,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from clawvm.core.redact import redact
 from clawvm.server.errors import error_response
 from clawvm.server.jsonkeys import repeated_key
-from clawvm.server.paths import allowed_methods, declared_methods, parameter_at
+from clawvm.server.paths import answered_methods, parameter_at
 from clawvm.server.service import RequestGauge
 from clawvm.store.keys import Principal
 
@@ -173,13 +173,12 @@ class Guard:
 
 
 def _options_allow(scope: MutableMapping[str, Any]) -> str:
-    """``Allow`` for an ``OPTIONS`` of a route path that declares no OPTIONS of its own, or "" (the app then
-    answers: 404 for no route, a mounted route's own OPTIONS). Answered here, ahead of the routes: it
-    reveals only what /openapi.json publishes, so it takes no key and spends no rate-limit token (as HEAD
-    of a health probe). No CORS headers: the server has no CORS settings."""
-    app, path = scope.get("app"), str(scope.get("path", ""))
-    declared = declared_methods(app, path)
-    return ", ".join(allowed_methods(app, path)) if declared and "OPTIONS" not in declared else ""
+    """``Allow`` for an ``OPTIONS`` of a path that routes answer but none for OPTIONS, or "" (the app then
+    answers: 404 for no route, a redirect for a trailing slash, a mounted app its own OPTIONS). Answered
+    here, ahead of the routes: it reveals only which methods the path takes, so it takes no key and spends
+    no rate-limit token (as HEAD of a health probe). No CORS headers: the server has no CORS settings."""
+    answered = answered_methods(scope)
+    return ", ".join(sorted(answered | {"OPTIONS"})) if answered and "OPTIONS" not in answered else ""
 
 
 async def _check_json(scope: MutableMapping[str, Any], body: bytes) -> None:
@@ -187,7 +186,7 @@ async def _check_json(scope: MutableMapping[str, Any], body: bytes) -> None:
     and the others were dropped unseen. Here, once for every route, the dashboard's and mounted ones too.
     A large body is read on a worker thread: parsed on the event loop, a 10 MB import would hold every
     other request for ~50 ms."""
-    if not body or not _is_json(Headers(scope=scope).get("content-type", "")):
+    if not body or not _read_as_json(Headers(scope=scope).get("content-type", "")):
         return
     if len(body) > JSON_INLINE_BYTES:
         key = await anyio.to_thread.run_sync(repeated_key, body)
@@ -205,8 +204,12 @@ async def _check_json(scope: MutableMapping[str, Any], body: bytes) -> None:
         )
 
 
-def _is_json(content_type: str) -> bool:
-    """Whether FastAPI reads a body of this content type as JSON (``application/json``, ``*+json``)."""
+def _read_as_json(content_type: str) -> bool:
+    """Whether FastAPI may read a body of this content type as JSON: ``application/json``, ``*+json``, or
+    none at all (FastAPI before 0.132, which the project allows, reads a body without one as JSON; a body
+    that is no JSON is then the route's to refuse)."""
+    if not content_type:
+        return True
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
@@ -217,19 +220,22 @@ def _check_path(scope: MutableMapping[str, Any]) -> None:
     raw = scope.get("raw_path")
     if not isinstance(raw, bytes):
         return
-    for index, segment in enumerate(raw.split(b"?", 1)[0].split(b"/")):
+    offset = 0  # where the segment starts in the decoded path (each bad byte is one U+FFFD there)
+    for segment in raw.split(b"?", 1)[0].split(b"/"):
+        decoded = unquote_to_bytes(segment)
         try:
-            unquote_to_bytes(segment).decode("utf-8")
+            decoded.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise _Rejected(
                 error_response(
                     400,
                     "invalid_utf8",
                     f"is not valid UTF-8 once percent-decoded (byte {exc.start})",
-                    parameter_at(scope.get("app"), str(scope.get("path", "")), index),
+                    parameter_at(scope, offset),
                     "percent-encode the UTF-8 bytes of the text (e.g. %C3%A9 for é)",
                 )
             ) from None
+        offset += len(decoded.decode("utf-8")) + 1
 
 
 def _check_query(scope: MutableMapping[str, Any]) -> None:

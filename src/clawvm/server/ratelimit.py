@@ -1,7 +1,7 @@
 """Rate limits as token buckets (:class:`RateLimiter`), one bucket per key of the limit: an API key, a
-tenant, a tenant minting keys, a client address failing to authenticate. :func:`clawvm.server.auth.
-authenticate` and the key routes apply them (:class:`clawvm.server.service.Service` holds one limiter per
-kind); over a limit, a request is a 429 with ``Retry-After``."""
+tenant, a tenant minting keys, a client address failing to authenticate. :meth:`clawvm.server.service.
+Service.admit` charges a request the key's, the tenant's and a minting route's together (the Service holds
+one limiter per kind); over a limit, a request is a 429 with ``Retry-After``."""
 
 from __future__ import annotations
 

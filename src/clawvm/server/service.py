@@ -94,6 +94,17 @@ class Service:
         self._lock = threading.Lock()  # taken only to make a tenant's harness, never to use one
         self.live = EventTail(store, poll_s=settings.events_poll_s)  # what event streams wait on
 
+    def admit(self, principal: Principal, *more: tuple[RateLimiter, str]) -> None:
+        """Charge one request of ``principal`` (REST, MCP, a key minted): a token of its key's bucket, of
+        its tenant's and of ``more`` (a route's own limit), all together or none (a 429 naming the first
+        empty one), then note the key's use. One function for every caller: charged one limiter after
+        another, or only the key's (MCP did), a request one limit refused had spent the others' tokens,
+        or escaped the tenant's limit."""
+        RateLimiter.check_all(
+            (self.limiter, principal.key_id), (self.tenant_limiter, principal.tenant), *more
+        )
+        self.usage.note(principal.key_id)
+
     def harness_made(self, tenant: str) -> Harness | None:
         """The tenant's harness if it is made already (a dict read: no lock, no I/O), else None."""
         return self._harnesses.get(tenant)
