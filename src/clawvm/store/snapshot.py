@@ -507,6 +507,7 @@ class Verifier:
     done: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)  # ends the delay: stop() or hurry()
     _stopped: bool = False
+    _hurried: bool = False  # someone waits for the check: it runs at the thread's own priority
     _thread: threading.Thread | None = None
 
     def check(self) -> str | None:
@@ -550,8 +551,9 @@ class Verifier:
                 self._wake.wait(self.delay_s)
                 if self._stopped:
                     return
-                with contextlib.suppress(OSError, AttributeError):  # below the threads that answer queries
-                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+                if not self._hurried:  # a call waiting on it holds its engine's lock: at full priority
+                    with contextlib.suppress(OSError, AttributeError):  # below the threads that answer
+                        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
                 self.check()
             finally:
                 self.done.set()
@@ -562,7 +564,8 @@ class Verifier:
 
     def hurry(self) -> None:
         """Start the check now (before a snapshot is written from the mapped index: a damaged base must not
-        be copied into a new file under a good checksum)."""
+        be copied into a new file under a good checksum, or a call that failed waits on it)."""
+        self._hurried = True
         self._wake.set()
 
     def stop(self) -> None:

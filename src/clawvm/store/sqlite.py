@@ -320,7 +320,7 @@ class SQLiteStore(IndexSnapshots, Store):
         self._verifier: snapshot.Verifier | None = None  # the mapped snapshot's checksums, checked after open
         self._own_runs: list[tuple[int, int]] = []  # the revs of this engine's own writes
         self._in_call = False  # a call of the engine is running (see sqlite_snapshots.heals)
-        self._heals = 0  # how many times a damaged snapshot's index was dropped for the rows
+        self._failed_on_damage = False  # the running call failed on a damaged snapshot (see _run_healed)
         self._replace_snapshot = False  # a damaged snapshot was found: a sound one is written after the call
 
     # ---- lifecycle ----------------------------------------------------------------------------------
@@ -519,6 +519,10 @@ class SQLiteStore(IndexSnapshots, Store):
         ``events`` (the ones it will insert), each tenant's event counter after taking their numbers."""
         with self._lock, translated(action):
             db = self._db
+            if self._rev == 0 or self._snapshot_found_damaged_after_open():
+                # an index to build from the rows (dropped for a damaged snapshot) is built first, in a read
+                # transaction: under the write lock every other process's writer would wait out the rebuild
+                self._catch_up()
             db.execute("BEGIN IMMEDIATE")
             try:
                 self._catch_up()

@@ -120,7 +120,7 @@ class IndexSnapshots(ABC):
     _snapshot_owed: bool  # close writes one whatever the delta (one failed, or lacks a fit)
     _verifier: snapshot.Verifier | None  # the mapped snapshot's checksums, checked after open
     _in_call: bool  # a call of the engine is running (see heals): one inside it leaves healing to it
-    _heals: int  # how many times a damaged snapshot's index was dropped for the rows
+    _failed_on_damage: bool  # the running call failed on a damaged snapshot (see _run_healed)
     _replace_snapshot: bool  # a damaged snapshot was found: a sound one is written at the end of the call
     _own_runs: list[tuple[int, int]]  # the revs of this engine's own writes (see _note_own_write)
 
@@ -187,14 +187,19 @@ class IndexSnapshots(ABC):
         (the arrays are checked in the background after open, so a call can reach the damage first: numpy's
         IndexError, a KeyError, an AttributeError on a garbled string), drop that index for the rows and
         run it once more: the caller gets the answer the rows give, and the damaged file is replaced."""
-        heals = self._heals
+        self._failed_on_damage = False
         try:
             result = call()
         except Exception as exc:
-            # a failed write may have healed already (it rolls back and drops the index it half changed)
-            if self._heals == heals and (isinstance(exc, ClawVMError) or not self._healed()):
+            # a failed write may have healed already (it rolls back and drops the index it half changed);
+            # an index dropped at the call's start (the background check had found the damage) is no
+            # reason to run a call again that then failed on its own (a version conflict, say)
+            if not self._failed_on_damage and (isinstance(exc, ClawVMError) or not self._healed()):
                 raise
             log.warning("%s: a call failed on the damaged index snapshot (%r): run again", self.path, exc)
+            # the rows' index is built now, in a read transaction: inside the write the call runs again in,
+            # every other process's writer would wait out the rebuild (~20 s at 100k memories)
+            self._catch_up()
             result = call()
         self._replace_damaged_snapshot()
         return result
@@ -210,14 +215,19 @@ class IndexSnapshots(ABC):
         if error is None:
             return False
         self._drop_index(f"rows ({error}, found when a call failed on it)", damaged=True)
+        self._failed_on_damage = True
         return True
+
+    def _snapshot_found_damaged_after_open(self) -> bool:
+        """Whether the background check found the mapped snapshot damaged (the next catch-up rebuilds)."""
+        return self._verifier is not None and self._verifier.error is not None
 
     def _drop_damaged_snapshot(self) -> None:
         """The background check found the mapped snapshot damaged: drop its index for the rows (before the
         next operation, which replays them)."""
-        verifier = self._verifier
-        if verifier is not None and verifier.error is not None:
-            self._drop_index(f"rows ({verifier.error}, found after open)", damaged=True)
+        if self._snapshot_found_damaged_after_open():
+            assert self._verifier is not None
+            self._drop_index(f"rows ({self._verifier.error}, found after open)", damaged=True)
 
     def _drop_index(self, source: str, damaged: bool) -> None:
         """Replace the in-process index by an empty one that the next catch-up fills from the rows
@@ -226,7 +236,6 @@ class IndexSnapshots(ABC):
         map it instead of rebuilding from the rows each (17 s at 100k memories)."""
         if damaged:
             log.warning("index snapshot of %s damaged, rebuilding from the rows: %s", self.path, source)
-            self._heals += 1
             self._replace_snapshot = True
             self._snapshot_rev = -1  # no snapshot holds this index's rows: due at close if not written now
         if self._verifier is not None:  # nothing left to check: the mapped index is gone
