@@ -1333,6 +1333,10 @@ def _check_pin_race(target: str | Path | Store, ids: list[str], said: list[tuple
         for _, mid, field, problem in (s for s in said if s[0] == "refused"):
             assert (field, problem) == ("pinned", OVER_PIN_BUDGET)
             assert not h.get(mid).pinned and h.get(mid).tier is Tier.LONG_TERM
+            # each pin written and undone moved the memory twice (two versions): both moves are events
+            undone = (h.get(mid).version - 1) // 2
+            moves = [e.kind for e in h.store.read_events(memory_id=mid) if e.kind in ("pin", "unpin")]
+            assert moves == ["pin", "unpin"] * undone, (moves, h.get(mid).version)
         h.page()
         assert h.count(session_id="p", tier="working") <= pin_race.PIN_ITEMS
 

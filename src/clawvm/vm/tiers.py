@@ -703,7 +703,9 @@ class Pager:
                 self.check_pin(pinned, now)
                 return pinned
             except ValidationError:
-                self._undo_pin(pinned, current.tier, now)
+                kept = self._undo_pin(pinned, current.tier, now)
+                if kept is not None:  # another writer's pin of it stands, within the budget
+                    return kept
                 attempt += 1
                 if attempt == PIN_RACE_TRIES:
                     raise
@@ -713,22 +715,34 @@ class Pager:
                 if current.status is not Status.ACTIVE or due:  # archived or expired meanwhile: not pinnable
                     raise
 
-    def _undo_pin(self, pinned: Memory, tier_before: Tier, now: datetime) -> None:
-        """Unpin a pin refused after its write, back to the tier it was pinned from: version-checked, from
-        the stored version (a recall's bookkeeping may have written since); nothing to undo once someone
-        else unpinned or forgot it."""
+    def _undo_pin(self, pinned: Memory, tier_before: Tier, now: datetime) -> Memory | None:
+        """Unpin a pin refused after its write, back to the tier it was pinned from, with the events of both
+        moves (the pin was seen by others meanwhile: every move is an event). Version-checked against the
+        pin's own write: when someone wrote the memory since, the stored memory is looked at instead; still
+        pinned and within the budget, it is someone else's pin that stands (unpinning it unpinned a pin its
+        caller was told had been made), and it is returned; None once undone, unpinned or forgotten."""
         current: Memory | None = pinned
         for _ in range(WRITE_RETRIES):
             if current is None or not current.pinned:
-                return
+                return None
+            if current.version != pinned.version:
+                try:
+                    self.check_pin(current, now)
+                    return current
+                except ValidationError:
+                    pass  # still over: undone from the stored version
             change: dict[str, Any] = {"pinned": False, "version": current.version + 1}
             if current.tier is Tier.WORKING:  # pinning moved it there: it goes back
                 change["tier"] = tier_before
             undone = revalidate(current, change)
             undone = revalidate(undone, {"value": value(undone, now, self.config.scoring)})
             try:
-                self.writer.write([undone], None, [])
-                return
+                self.writer.write(
+                    [undone],
+                    None,
+                    [_pin_event(EventKind.PIN, pinned, now), _pin_event(EventKind.UNPIN, undone, now)],
+                )
+                return None
             except ConflictError:
                 current = self.store.get_many([pinned.id]).get(pinned.id)
         raise ConflictError(pinned.id, pinned.version, None)
@@ -763,6 +777,12 @@ class Pager:
                 "would put the pinned memories of this session over the working-tier budget",
                 "unpin another memory first or raise TierBudgets.working_tokens / working_items",
             )
+
+
+def _pin_event(kind: EventKind, memory: Memory, now: datetime) -> Event:
+    """A pin's or unpin's event, as the harness logs one (the tier and value after it)."""
+    data = {"tier": memory.tier.value, "value": memory.value}
+    return Event(kind=kind, memory_id=memory.id, tenant=memory.tenant, at=now, data=data)
 
 
 def _still_in(memory: Memory, tier: Tier) -> bool:
