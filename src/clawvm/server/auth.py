@@ -2,8 +2,8 @@
 :class:`Principal` (a tenant and a role); a route declares the permission it needs by taking a
 :data:`Reader`, :data:`Writer` or :data:`Admin` argument. That dependency authenticates the key (401),
 applies the rate limits of the key, of its tenant and of unauthenticated clients (429), checks the role
-(403) and hands over the :class:`Caller`: the principal and the harness of its tenant. :data:`Minter` is
-:data:`Admin` charged a token of its tenant's key-minting limit too.
+(403) and hands over the :class:`Caller`: the principal and the harness of its tenant. Minting a key takes
+a token of its tenant's minting limit too, in the route once the body is valid (:meth:`Service.mint`).
 
 ==========  ==================  ==============================================================
 argument    the key's role      routes
@@ -43,45 +43,31 @@ _bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <API k
 _api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="X-API-Key: <API key>")
 
 
-def _authenticator(*, mints: bool) -> Callable[..., Awaitable[Principal]]:
-    """The dependency that authenticates a request and charges it (:meth:`Service.admit`). ``mints``: the
-    route makes a key, so an admin's request takes a token of its tenant's minting bucket too, together
-    with the others: taken in the route after them, a mint its limit refused had spent the key's and the
-    tenant's tokens."""
+async def authenticate(
+    request: Request,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)] = None,
+    header_key: Annotated[str | None, Security(_api_key_header)] = None,
+) -> Principal:
+    """The caller of this request: 401 without a valid key (``key_expired`` past its expiry); 429 over the
+    key's or the tenant's rate limit, or from a client address whose unauthenticated requests are over
+    theirs (refused before the key is even looked up).
 
-    async def authenticate(
-        request: Request,
-        bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)] = None,
-        header_key: Annotated[str | None, Security(_api_key_header)] = None,
-    ) -> Principal:
-        """The caller of this request: 401 without a valid key (``key_expired`` past its expiry); 429 over
-        the key's or the tenant's rate limit (or the minting one), or from a client address whose
-        unauthenticated requests are over theirs (refused before the key is even looked up).
-
-        Why async: a sync dependency costs a hop to the thread pool and back on every request (FastAPI
-        runs each one there), and a cached key is checked in microseconds from memory. Only a key that
-        must be read from the store (not cached, or cached more than ``keys_refresh_s`` ago) goes to a
-        thread, so the event loop never waits on the store."""
-        service = service_of(request)
-        token = bearer.credentials if bearer is not None else header_key
-        if service.keyring.needs_lookup(token):
-            return await run_in_threadpool(_authenticate, request, service, token, mints)
-        return _authenticate(request, service, token, mints)
-
-    return authenticate
+    Why async: a sync dependency costs a hop to the thread pool and back on every request (FastAPI runs
+    each one there), and a cached key is checked in microseconds from memory. Only a key that must be
+    read from the store (not cached, or cached more than ``keys_refresh_s`` ago) goes to a thread, so the
+    event loop never waits on the store."""
+    service = service_of(request)
+    token = bearer.credentials if bearer is not None else header_key
+    if service.keyring.needs_lookup(token):
+        return await run_in_threadpool(_authenticate, request, service, token)
+    return _authenticate(request, service, token)
 
 
-authenticate = _authenticator(mints=False)
-authenticate_minting = _authenticator(mints=True)
-
-
-def _authenticate(request: Request, service: Service, token: str | None, mints: bool) -> Principal:
+def _authenticate(request: Request, service: Service, token: str | None) -> Principal:
     client = request.client.host if request.client is not None else "unknown"
     principal = identify(service, client, token, request.headers.get("authorization"))
     request.state.principal = principal  # for the access log
-    # a key that may not mint gets its 403 without spending the tenant's minting tokens
-    minting = [(service.mint_limiter, principal.tenant)] if mints and principal.can(Permission.ADMIN) else []
-    service.admit(principal, *minting)
+    service.admit(principal)
     return principal
 
 
@@ -126,12 +112,6 @@ def caller_with(permission: Permission) -> Callable[..., Awaitable[Caller]]:
     return dependency
 
 
-async def _minting_caller(
-    request: Request, principal: Annotated[Principal, Depends(authenticate_minting)]
-) -> Caller:
-    return await _caller(request, principal, Permission.ADMIN)
-
-
 async def _caller(request: Request, principal: Principal, permission: Permission) -> Caller:
     principal.require(permission)
     await known_query_only(request)  # after the key: a caller without one learns no parameter names
@@ -145,8 +125,6 @@ async def _caller(request: Request, principal: Principal, permission: Permission
 Reader = Annotated[Caller, Depends(caller_with(Permission.READ))]
 Writer = Annotated[Caller, Depends(caller_with(Permission.WRITE))]
 Admin = Annotated[Caller, Depends(caller_with(Permission.ADMIN))]
-#: An admin minting a key: charged its tenant's minting token with the key's and the tenant's.
-Minter = Annotated[Caller, Depends(_minting_caller)]
 
 
 def records_usage(requested: bool | None, caller: Caller) -> bool:

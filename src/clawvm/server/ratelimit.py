@@ -59,6 +59,15 @@ class RateLimiter:
         with contextlib.suppress(RateLimitError):
             self._take(key, spend=True)
 
+    def refund(self, key: str) -> None:
+        """Give back the token a request took from ``key``'s bucket (up to its burst): the request was
+        refused by a later limit, and a refused request spends nothing."""
+        if self.rate <= 0:
+            return
+        with self._lock:
+            bucket = self._bucket(key, self._clock())
+            bucket.tokens = min(float(self.burst), bucket.tokens + 1.0)
+
     def _take(self, key: str, *, spend: bool) -> None:
         if self.rate <= 0:
             return

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import Request
 
 from clawvm.core.embed import Embedder, EmbedWorker, MiniLMEmbedder, QueryEmbeddings
-from clawvm.core.errors import ValidationError
+from clawvm.core.errors import RateLimitError, ValidationError
 from clawvm.harness import Harness
 from clawvm.server.idempotency import IdempotencyKeys
 from clawvm.server.ratelimit import RateLimiter
@@ -94,16 +94,25 @@ class Service:
         self._lock = threading.Lock()  # taken only to make a tenant's harness, never to use one
         self.live = EventTail(store, poll_s=settings.events_poll_s)  # what event streams wait on
 
-    def admit(self, principal: Principal, *more: tuple[RateLimiter, str]) -> None:
-        """Charge one request of ``principal`` (REST, MCP, a key minted): a token of its key's bucket, of
-        its tenant's and of ``more`` (a route's own limit), all together or none (a 429 naming the first
-        empty one), then note the key's use. One function for every caller: charged one limiter after
-        another, or only the key's (MCP did), a request one limit refused had spent the others' tokens,
-        or escaped the tenant's limit."""
-        RateLimiter.check_all(
-            (self.limiter, principal.key_id), (self.tenant_limiter, principal.tenant), *more
-        )
+    def admit(self, principal: Principal) -> None:
+        """Charge one request of ``principal`` (REST, MCP): a token of its key's bucket and of its tenant's,
+        both or neither (a 429 naming the first empty one), then note the key's use. One function for
+        every caller: charged one limiter after the other, or only the key's (MCP did), a request one limit
+        refused had spent the other's token, or escaped the tenant's limit."""
+        RateLimiter.check_all((self.limiter, principal.key_id), (self.tenant_limiter, principal.tenant))
         self.usage.note(principal.key_id)
+
+    def mint(self, principal: Principal) -> None:
+        """Charge a key about to be minted: a token of the tenant's minting bucket, taken in the route, once
+        the request is valid (a dependency runs before the body is validated, and malformed requests spent
+        the tenant's minting allowance: 20 of them locked its admins out for an hour); refused, the request
+        gets back the key's and the tenant's tokens :meth:`admit` took, so it spends nothing."""
+        try:
+            self.mint_limiter.check(principal.tenant)
+        except RateLimitError:
+            self.limiter.refund(principal.key_id)
+            self.tenant_limiter.refund(principal.tenant)
+            raise
 
     def harness_made(self, tenant: str) -> Harness | None:
         """The tenant's harness if it is made already (a dict read: no lock, no I/O), else None."""

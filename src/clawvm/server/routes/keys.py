@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 
-from clawvm.server.auth import Admin, Minter, Reader
+from clawvm.server.auth import Admin, Reader
 from clawvm.server.schemas.requests import KeyRequest
 from clawvm.server.schemas.responses import KeyCreated, KeyOut
 from clawvm.server.service import service_of
@@ -34,10 +34,11 @@ def list_keys(
 
 
 @router.post("/keys", status_code=201, response_model=KeyCreated)
-def create_key(request: Request, body: KeyRequest, caller: Minter) -> KeyCreated:
+def create_key(request: Request, body: KeyRequest, caller: Admin) -> KeyCreated:
     """A new key of the caller's tenant; the response holds the key, shown this once. With ``expires_at``
     or ``ttl_s`` it stops working then (401 ``key_expired``). Minting is rate limited per tenant (429)."""
     service = service_of(request)
+    service.mint(caller.principal)  # here, once the body is valid
     key, token = service.keyring.create(
         caller.principal.tenant, body.role, body.name, expires_at=body.expires_at, ttl_s=body.ttl_s
     )
