@@ -38,6 +38,7 @@ import multiprocessing
 import os
 import platform
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -473,7 +474,15 @@ def print_ratios(ratios: dict[str, Any]) -> None:
         print(f"{name:<34} {value!s:>7} {sense + str(goal):>7}  {'yes' if met else 'no'}")
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    """A SIGTERM (a timeout's, a CI job's cancel) ends the bench through its ``finally`` blocks: the server
+    it started runs in a session of its own, which a signal to the bench's group does not reach, and it
+    outlived the bench."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=4, help="concurrent clients (processes), mixed load")
     ap.add_argument("--seconds", type=float, default=10.0, help="measured duration of each load phase")
