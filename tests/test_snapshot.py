@@ -28,7 +28,7 @@ import clawvm
 from clawvm import ConflictError, Memory
 from clawvm.cli import main
 from clawvm.core.model import Filters
-from clawvm.core.vectors import VectorIndex
+from clawvm.core.vectors import CODE_SHARE, RESCORE, VectorIndex
 from clawvm.store import Query, SQLiteStore, mapped, sqlite_snapshots
 from clawvm.store import snapshot as snap
 from clawvm.store.base import short_lived
@@ -1136,7 +1136,11 @@ def test_a_projected_index_with_sign_codes_reads_back_and_grows_as_the_original(
     mark = snap.Fingerprint(file_id=1, schema=1, last_seq=0, last_id=None)
     snap.write(str(tmp_path / "v.db"), written, 1, mark)
     read = snap.load(str(tmp_path / "v.db"), 384, lambda _seq, *_: mark, 1).index.vectors
-    assert read._codes is not None and read.code_share == 0.1
+    assert read._codes is not None and read.exact_below == 50
+    # the search settings are the running code's, whatever the writer used: a mapped index searches as a
+    # rebuilt one would
+    assert (read.rescore, read.code_share) == (RESCORE, CODE_SHARE)
+    read.rescore, read.code_share = written.vectors.rescore, written.vectors.code_share
     assert np.array_equal(read._codes[:, :1500], written.vectors._codes[:, :1500])
 
     def searches(v: VectorIndex) -> list[list[tuple[int, float]]]:

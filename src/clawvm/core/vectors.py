@@ -103,16 +103,26 @@ def matvec(m: np.ndarray, v: np.ndarray) -> np.ndarray:
     return out
 
 
+#: How many candidates the projected screen passes on to be scored exactly (at least 4x the hits asked).
+RESCORE = 400
+#: The share of the valid rows whose sign codes are nearest the query's, the only rows the screen reads.
+CODE_SHARE = 0.08
+
+
 class VectorIndex:
-    """Rows are the engine's dense row numbers; a row without a vector never matches."""
+    """Rows are the engine's dense row numbers; a row without a vector never matches.
+
+    ``rescore`` and ``code_share`` are search settings, not part of what is indexed: an index read back
+    from a snapshot searches with the running code's (:data:`RESCORE`, :data:`CODE_SHARE`), so that a file
+    answers alike whether its index was mapped or rebuilt."""
 
     def __init__(
         self,
         dim: int,
         exact_below: int = 20_000,
         proj_dim: int = 96,
-        rescore: int = 400,
-        code_share: float = 0.08,
+        rescore: int = RESCORE,
+        code_share: float = CODE_SHARE,
     ) -> None:
         self.dim = dim
         self.exact_below = exact_below

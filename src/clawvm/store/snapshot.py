@@ -62,7 +62,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from clawvm.core.lexical import Analyzer, BM25Params, LexicalIndex, _Postings
-from clawvm.core.vectors import VectorIndex
+from clawvm.core.vectors import CODE_SHARE, RESCORE, VectorIndex
 from clawvm.store.index import _COLUMNS, SearchIndex, _Column
 from clawvm.store.mapped import Appended, Overlay, Strings, csr, items, pack_runs, transpose
 
@@ -944,7 +944,8 @@ def _lexical(view: Callable[[str], np.ndarray], state: dict[str, Any]) -> Lexica
 def _vectors(view: Callable[[str], np.ndarray], state: dict[str, Any], projected: bool) -> VectorIndex:
     v = VectorIndex.__new__(VectorIndex)
     v.dim, v.exact_below = state["dim"], state["exact_below"]
-    v.proj_dim, v.rescore, v.code_share = state["proj_dim"], state["rescore"], state["code_share"]
+    # the search settings are the running code's, not the writer's (the state keeps them for older readers)
+    v.proj_dim, v.rescore, v.code_share = state["proj_dim"], RESCORE, CODE_SHARE
     v._x, v._has = view("vectors"), view("vec.has")
     v._n, v._hi, v._fitted_at = state["n"], state["hi"], state["fitted_at"]
     v._proj = np.array(view("vec.proj")) if projected else None
