@@ -1154,10 +1154,12 @@ def test_a_bookkeeping_write_that_fails_part_way_counts_nothing_twice() -> None:
         real_write, real_mutate = h.writer.write, h.pager.mutate
         calls = itertools.count()
 
-        def write(ms: Any, v: Any = None, ev: Any = (), *, bookkeeping: bool = False) -> list[Memory]:
+        def write(
+            ms: Any, v: Any = None, ev: Any = (), *, bookkeeping: bool = False, **options: Any
+        ) -> list[Memory]:
             if bookkeeping and len(ms) > 1:
                 raise ConflictError(ms[0].id, 0, 0)  # someone else wrote one of them meanwhile
-            return real_write(ms, v, ev, bookkeeping=bookkeeping)
+            return real_write(ms, v, ev, bookkeeping=bookkeeping, **options)
 
         def mutate(*args: Any, **kwargs: Any) -> Memory:
             if next(calls) == 1:
