@@ -1394,6 +1394,33 @@ def test_threads_pinning_at_once_keep_the_pinned_budget(engine_name: str, tmp_pa
         _check_pin_race(target, ids, [results.get_nowait() for _ in threads])
 
 
+def test_a_pin_told_made_is_never_undone_by_a_racing_pin_of_the_same_memory(
+    engine_name: str, tmp_path: Path
+) -> None:
+    """Two harnesses pin one memory while two others pin one each, past the budget: a pin found over it after
+    its write used to be undone, and the undo of the second pin of that memory (a version on, the same pin
+    to look at) unpinned the pin its first caller had been told was made."""
+    for round_ in range(3):
+        target: str | Store = (
+            make_store("memory", tmp_path)
+            if engine_name == "memory"
+            else harness_target(engine_name, tmp_path, f"same{round_}.db")
+        )
+        first, *rest = _pin_race_setup(target, 3)
+        ids = [first, first, *rest]
+        start, results = threading.Barrier(len(ids)), queue.Queue[tuple[Any, ...]]()
+        threads = [
+            threading.Thread(target=pin_race.pin_when_told, args=(target, i, start, results)) for i in ids
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        said = [results.get_nowait() for _ in threads]
+        assert len({s[0] for s in said if s[1] == first}) == 1  # both of its callers told the same
+        _check_pin_race(target, ids, said)
+
+
 def _check_record_race(target: str | Path | Store, said: list[tuple[Any, ...]]) -> None:
     """Pinned records racing past the budget: as many recorded as it holds, each still pinned; the rest got
     the error of a record over the budget and stored nothing (the session holds the recorded ones only)."""
