@@ -700,7 +700,7 @@ class Pager:
     def pin_budget(self, memory: Memory, now: datetime) -> tuple[PinBudget, ...]:
         """The precondition of a write that leaves ``memory`` pinned (a pin, a record, an update, a
         revision): the pinned memories of its session, the batch's as written, within the working tier's
-        budget as :meth:`check_pin` counts them. None for a memory of no session, or an unbounded tier."""
+        budget as :meth:`check_pin` counts them. Empty for a memory of no session, or an unbounded tier."""
         items, tokens = self.config.budgets.limits(Tier.WORKING)
         if memory.session_id is None or (items is None and tokens is None):
             return ()
