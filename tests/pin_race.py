@@ -40,19 +40,30 @@ def first_check_waits(check: Callable[..., None], start: Any) -> Callable[..., N
 def pin_when_told(target: str | Path | Store, memory_id: str, start: Any, results: Any) -> None:
     """Open a harness on ``target`` and pin ``memory_id`` in the race; put ``("ok", id)``, or the refusal's
     ``("refused", id, field, problem)``, or any other error on ``results``."""
+    _race(target, memory_id, start, results, lambda h: h.pin(memory_id).id)
+
+
+def record_when_told(target: str | Path | Store, content: str, start: Any, results: Any) -> None:
+    """As :func:`pin_when_told`, recording ``content`` pinned (``record(pinned=True)``) in session "p":
+    ``("ok", content, id)`` when recorded."""
+    _race(target, content, start, results, lambda h: h.record(content, session_id="p", pinned=True).id)
+
+
+def _race(
+    target: str | Path | Store, name: str, start: Any, results: Any, step: Callable[[Harness], str]
+) -> None:
     try:
         h = Harness.open(target, embedder=None, pager=pager_config())
     except Exception as exc:  # reported to the test, which names it
         start.abort()
-        results.put(("error", memory_id, f"{type(exc).__name__}: {exc}"))
+        results.put(("error", name, f"{type(exc).__name__}: {exc}"))
         return
     h.pager.check_pin = first_check_waits(h.pager.check_pin, start)  # type: ignore[method-assign]
     try:
-        h.pin(memory_id)
-        results.put(("ok", memory_id))
+        results.put(("ok", name, step(h)))
     except ValidationError as exc:
-        results.put(("refused", memory_id, exc.field, exc.problem))
+        results.put(("refused", name, exc.field, exc.problem))
     except Exception as exc:
-        results.put(("error", memory_id, f"{type(exc).__name__}: {exc}"))
+        results.put(("error", name, f"{type(exc).__name__}: {exc}"))
     finally:
         h.close()  # a shared MemoryStore's close releases nothing: its memories stay for the test to read

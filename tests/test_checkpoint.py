@@ -417,6 +417,32 @@ def test_a_rollback_restores_a_pin_only_within_the_pin_budget() -> None:
         assert h.context("alpha", session_id="s", budget_tokens=1000).tokens <= 1000
 
 
+def test_a_rollback_whose_pin_another_process_outran_stays_within_the_pin_budget(tmp_path: Path) -> None:
+    """Another harness on the file pins a memory of the session after the rollback checked that its pin
+    fits, before it writes: the rollback checked before its write only and left two pins where one fits.
+    Its write now carries the budget: refused, the rollback plans again from what is stored."""
+    target = harness_target("sqlite", tmp_path, "rollback.db")
+    with (
+        Harness.open(target, embedder=None, pager=tight(1, 100)) as h,
+        Harness.open(target, embedder=None, pager=tight(1, 100)) as other,
+    ):
+        a = h.record("alpha", session_id="s", pinned=True)
+        b = h.record("bravo", session_id="s")
+        cp = h.checkpoint("s", "cp")
+        h.unpin(a.id)
+        check = h.pager.check_pin
+
+        def outran(memory: Any, now: Any, *args: Any, **kwargs: Any) -> None:
+            check(memory, now, *args, **kwargs)
+            if memory.id == a.id and not other.get(b.id).pinned:
+                other.pin(b.id)  # between the rollback's check and its write
+
+        h.pager.check_pin = outran  # type: ignore[method-assign]
+        h.rollback(cp)
+        pinned = h.list(session_id="s", pinned=True, status="active")
+        assert len(pinned) <= 1, [m.content for m in pinned]
+
+
 def test_a_rollback_leaves_a_memory_older_than_the_checkpoint_that_moved_in() -> None:
     """Not in the snapshot is not "made since": a memory moved into the session after the checkpoint was
     made obsolete by the rollback."""

@@ -643,6 +643,33 @@ def test_an_import_holds_pinned_memories_to_what_pin_does(engine_name: str, tmp_
         assert h.import_memories(three[:2]) == 2 and h.count(session_id="s", pinned=True) == 2
 
 
+def test_an_import_whose_pin_another_process_outran_imports_nothing(tmp_path: Path) -> None:
+    """Another harness on the file pins a memory of the session after the import checked that its pins fit,
+    before it writes: the import checked before its write only and left three pins where two fit. Its write
+    now carries the budget: refused, with the error of an import over it, and nothing imported."""
+    pager = PagerConfig(budgets=TierBudgets(working_items=2), background=False)
+    target = harness_target("sqlite", tmp_path)
+    with (
+        Harness.open(target, embedder=None, pager=pager) as h,
+        Harness.open(target, embedder=None, pager=pager) as other,
+    ):
+        waiting = other.record("waiting to be pinned", session_id="s", tier="long_term")
+        two = [Memory(content=f"pin {i}", pinned=True, tier="working", session_id="s") for i in range(2)]
+        check = h.pager.check_pin
+
+        def outran(memory: Any, now: Any, *args: Any, **kwargs: Any) -> None:
+            check(memory, now, *args, **kwargs)
+            if memory.id == two[-1].id:
+                other.pin(waiting.id)  # between the import's check and its write
+
+        h.pager.check_pin = outran  # type: ignore[method-assign]
+        with pytest.raises(ValidationError) as exc:
+            h.import_memories(two)
+        assert exc.value.field == "memories.0.pinned" and "over the working-tier budget" in exc.value.problem
+        assert h.store.get_many([m.id for m in two]) == {}
+        assert [m.id for m in h.list(session_id="s", pinned=True)] == [waiting.id]
+
+
 def test_an_import_makes_the_sessions_it_fills_due_for_the_pager(engine_name: str, tmp_path: Path) -> None:
     """No pass knew of them: a hundred imported working memories stayed over the budget through flush()
     and page()."""

@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clawvm import (
+    AccessDeniedError,
     ClaimedError,
     ConfigError,
     ConflictError,
@@ -43,7 +44,19 @@ from clawvm import (
     ValidationError,
 )
 from clawvm.core.model import revalidate
-from clawvm.store import Claim, Edge, Event, GroupKey, PageKey, Query, SQLiteStore, Store, store_from_url
+from clawvm.store import (
+    Claim,
+    Edge,
+    Event,
+    GroupKey,
+    PageKey,
+    PinBudget,
+    PinBudgetError,
+    Query,
+    SQLiteStore,
+    Store,
+    store_from_url,
+)
 from clawvm.store.tenant import TenantStore
 from engines import make_store
 from strategies import at, memories
@@ -447,6 +460,73 @@ def test_stale_write_stores_no_memory_vector_or_event(engine: Store) -> None:
     assert engine.get_many([fresh.id]) == {} and engine.get(a.id).content == "alpha second"
     assert [e.kind for e in engine.read_events()] == ["add"]
     assert engine.unembedded(10) == [(a.id, "alpha second")]
+
+
+# ---- preconditions ------------------------------------------------------------------------------------
+OVER_PIN_BUDGET = "would put the pinned memories of this session over the working-tier budget"
+
+
+def pin_budget(items: int | None = None, tokens: int | None = None, tenant: str = "default") -> PinBudget:
+    """Session "s"'s pinned budget, as of T0."""
+    return PinBudget(tenant, "s", T0, items, tokens)
+
+
+def pin(content: str, tokens: int, **fields: Any) -> Memory:
+    """A memory pinned in session "s" (its working tier), of ``tokens`` tokens."""
+    pinned = {"session_id": "s", "tier": Tier.WORKING, "pinned": True, "created_at": T0 - timedelta(hours=2)}
+    return mem(content, token_count=tokens, **{**pinned, **fields})
+
+
+def test_a_write_past_its_pin_budget_writes_no_memory_vector_or_event(engine: Store) -> None:
+    held, budget = pin("held pin", 30), [pin_budget(tokens=50)]
+    engine.write([held], None, [Event("pin", held.id, {})], requires=budget)
+    over = pin("one pin too many", 30)
+    with pytest.raises(PinBudgetError) as exc:
+        engine.write([over], unit_vectors(1, seed=6), [Event("add", over.id, {})], requires=budget)
+    assert isinstance(exc.value, ValidationError)  # what a sequential pin over the budget raises
+    assert (exc.value.field, exc.value.problem) == ("pinned", OVER_PIN_BUDGET)
+    assert engine.get_many([over.id]) == {} and engine.vectors_of([over.id]) == {}
+    assert [e.memory_id for e in engine.read_events()] == [held.id]
+    fits = pin("fits beside it", 20)
+    engine.write([fits], unit_vectors(1, seed=7), [Event("add", fits.id, {})], requires=budget)
+    assert engine.get(fits.id).pinned and set(engine.vectors_of([fits.id])) == {fits.id}
+    with pytest.raises(PinBudgetError):  # by items too
+        engine.write([pin("third", 0)], requires=[pin_budget(items=2)])
+    assert engine.count(Filters.of(session_id="s")) == 2
+
+
+def test_a_pin_budget_counts_the_batch_as_written_and_only_live_pins_of_its_session(engine: Store) -> None:
+    held = pin("held pin", 40)
+    others = [
+        pin("expired by the budget's instant", 40, expires_at=T0 - timedelta(minutes=1)),
+        pin("another session's", 40, session_id="t"),
+        pin("another tenant's", 40, tenant="globex"),
+        pin("archived", 40, status=Status.ARCHIVED),
+        mem("working, not pinned", session_id="s", tier=Tier.WORKING, token_count=40),
+    ]
+    engine.put_many([held, *others])
+    budget = [pin_budget(items=2, tokens=50)]
+    grown = bump(held, token_count=50)
+    engine.write([grown], requires=budget)  # counted once, as written
+    with pytest.raises(PinBudgetError):
+        engine.write([bump(grown, token_count=51)], requires=budget)
+    swapped = pin("takes its place", 45)
+    engine.write([bump(grown, pinned=False), swapped], requires=budget)  # the unpin frees the room
+    live = Filters.of(tenant="default", session_id="s", pinned=True, status="active", live_at=T0)
+    assert [m.id for m in engine.list(live)] == [swapped.id]
+
+
+def test_a_tenant_view_passes_on_its_own_pin_budget_only(engine: Store) -> None:
+    view = TenantStore(engine, "acme")
+    a = pin("acme's pin", 30, tenant="acme")
+    with pytest.raises(AccessDeniedError):
+        view.write([a], requires=[pin_budget(tokens=100)])  # the default tenant's session
+    assert engine.get_many([a.id]) == {}
+    engine.put(pin("acme's held pin", 30, tenant="acme"))
+    with pytest.raises(PinBudgetError):
+        view.write([a], requires=[pin_budget(tokens=50, tenant="acme")])
+    view.write([a], requires=[pin_budget(tokens=60, tenant="acme")])
+    assert engine.get(a.id).pinned
 
 
 def test_duplicate_ids_in_one_batch_are_rejected(engine: Store) -> None:

@@ -28,6 +28,7 @@ from clawvm.demo.scenario import ReplayClock
 from clawvm.observe.learning import intervene
 from clawvm.store import Query, Store
 from clawvm.teams import shared as teams
+from clawvm.vm.tiers import PagerConfig, TierBudgets
 from engines import harness_target, make_store
 
 T0 = datetime(2030, 3, 1, 9, 0, tzinfo=UTC)
@@ -165,6 +166,35 @@ def test_revise_with_retry_refuses_what_revise_refuses(engine_name: str, lexical
     lexical.reject(c.id, by="lead")
     with pytest.raises(ConflictError, match="obsolete"):
         teams.revise_with_retry(lexical, c.id, lambda head: {"content": "again"})
+
+
+def test_a_revision_that_grows_a_pin_another_process_outran_is_refused(tmp_path: Path) -> None:
+    """Another harness on the file pins a memory of the session after a revision checked that its grown pin
+    fits, before it writes: the revision checked before its write only and left the pins over the budget.
+    Its write now carries the budget: refused as a pin over it, and nothing revised."""
+    grown, waiting = "the audit table holds every change for seven years", "never drop the audit table"
+    budget = TierBudgets(working_tokens=count_tokens(grown) + count_tokens(waiting) - 1, working_items=None)
+    pager = PagerConfig(budgets=budget, background=False)
+    target = harness_target("sqlite", tmp_path)
+    with (
+        Harness.open(target, embedder=None, pager=pager) as h,
+        Harness.open(target, embedder=None, pager=pager) as other,
+    ):
+        pin = h.record("audit", session_id="s", pinned=True)
+        later = other.record(waiting, session_id="s", tier="long_term")
+        check = h.pager.check_pin
+
+        def outran(memory: Any, now: Any, *args: Any, **kwargs: Any) -> None:
+            check(memory, now, *args, **kwargs)
+            if memory.content == grown and not other.get(later.id).pinned:
+                other.pin(later.id)  # between the revision's check and its write
+
+        h.pager.check_pin = outran  # type: ignore[method-assign]
+        with pytest.raises(ValidationError) as err:
+            h.revise(pin.id, content=grown)
+        assert err.value.field == "pinned"
+        assert h.get(pin.id).status is Status.ACTIVE and h.get(pin.id).version == pin.version
+        assert sorted(m.id for m in h.list(session_id="s", pinned=True)) == sorted([pin.id, later.id])
 
 
 def test_a_revision_is_checked_as_its_writer_would_write_it(engine_name: str, lexical: Harness) -> None:

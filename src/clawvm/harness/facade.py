@@ -87,6 +87,7 @@ from clawvm.store import Event, Store, store_from_url
 from clawvm.store.base import (
     GroupKey,
     PageKey,
+    PinBudget,
     ReadOnlyStore,
     StoreReader,
     check_stored_vectors,
@@ -509,13 +510,15 @@ class Harness:
         if updated.model_copy(update={"version": current.version}) == current:
             return current  # nothing changes: no new version (that made holders of the old one conflict)
         moved = updated.session_id != current.session_id  # into another session's pinned budget
+        requires: tuple[PinBudget, ...] = ()
         if updated.pinned and (moved or updated.token_count > current.token_count):
             self.pager.check_pin(updated, self.now())
+            requires = self.pager.pin_budget(updated, self.now())  # checked again in the write, atomically
         updated = updated.model_copy(update={"value": self.pager.value_now(updated, self.now())})
         event = self._make_event(
             EventKind.UPDATE, updated, {"fields": sorted(changes), "version": updated.version}
         )
-        return self.writer.write([updated], None, [event])[0]
+        return self.writer.write([updated], None, [event], requires=requires)[0]
 
     @_exclusive
     def forget(self, memory_id: str, *, expected_version: int | None = None) -> None:
@@ -955,10 +958,12 @@ class Harness:
         current = self._callers(memory_id)
         self._refuse_expired(current)  # decompressing would bring back the text its TTL promised to forget
         info = current.metadata.get("compression")
+        requires: tuple[PinBudget, ...] = ()
         if current.pinned and info:  # a pinned memory cannot be demoted: refuse to grow it past the budget
             raw = self._store.get(info["raw_id"])
             self.pager.check_pin(current.model_copy(update={"token_count": raw.token_count}), self.now())
-        restored = decompress_memory(self._store, self.writer, current, self.now())
+            requires = self.pager.pin_budget(current, self.now())  # checked again in the write, atomically
+        restored = decompress_memory(self._store, self.writer, current, self.now(), requires)
         self._rebalance(restored)
         return restored
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from clawvm.core.embed import count_tokens
 from clawvm.core.errors import ConflictError, StateConflictError, ValidationError
 from clawvm.core.model import Link, Memory, Status, Tier, canonical_json
-from clawvm.store import Event, Store
+from clawvm.store import Event, PinBudgetError, Store
 from clawvm.store.kinds import EventKind
 from clawvm.store.tenant import TenantStore
 from clawvm.teams import shared as teams
@@ -113,8 +113,20 @@ def _write_new(
     sessions: frozenset[tuple[str, str]] = frozenset()
     if fresh:
         events = [Event(kind=EventKind.IMPORT, memory_id=m.id, tenant=m.tenant, at=h.now()) for m in fresh]
-        # redacted like every write; new at the versions they carry
-        stored = h.writer.write(fresh, None, events, restored=as_exported, imported={m.id for m in fresh})
+        # redacted like every write; new at the versions they carry; the pinned budgets checked above hold
+        # in the write too (another process's pins may have landed since)
+        imported = {m.id for m in fresh}
+        try:
+            stored = h.writer.write(
+                fresh,
+                None,
+                events,
+                restored=as_exported,
+                imported=imported,
+                requires=h.pager.pin_budgets(fresh, h.now()),
+            )
+        except PinBudgetError as exc:
+            raise _refused_pin(memories, exc) from None
         sessions = frozenset((m.tenant, m.session_id) for m in stored if m.session_id is not None)
         h.notify_embedder()
     differing = [m.id for m in memories if m.id in existing and _differs(h, existing[m.id], m)]
@@ -187,6 +199,17 @@ def _check_pins(h: ImportHost, pinned: list[tuple[int, Memory]]) -> None:
         except ValidationError as exc:  # the session's state, not the memory's: a conflict (409 on the API)
             raise StateConflictError(f"memories.{index}.pinned", exc.problem, exc.fix) from None
         before.append(memory)
+
+
+def _refused_pin(memories: list[Memory], exc: PinBudgetError) -> StateConflictError:
+    """The error :func:`_check_pins` gives, for a pinned budget the write itself found exceeded: it names
+    the first pinned memory of the import in that session (else the first pinned one: the session as the
+    write names it is its stored, redacted, form)."""
+    pinned = [(i, m) for i, m in enumerate(memories) if m.pinned]
+    budget = exc.budget
+    in_session = [i for i, m in pinned if budget is not None and budget.counts(m)]
+    index = (in_session or [i for i, _ in pinned] or [0])[0]
+    return StateConflictError(f"memories.{index}.pinned", exc.problem, exc.fix)
 
 
 def _check_sealed(h: ImportHost, index: int, memory: Memory, moved: bool) -> None:

@@ -22,6 +22,12 @@ Claims (:class:`Claim`): one job at a time may hold the whole store while it lea
 (``clawvm migrate`` its target): ``claim`` (atomic across processes; refused while one is held),
 ``held_claim`` and ``release``. A claim is stored with the data, so it outlives a killed job, and ``setup()``
 refuses a store that still carries one (:class:`ClaimedError`).
+
+Preconditions (``write(..., requires=...)``): conditions on what is stored that must hold, with the batch
+written, for the write to happen, checked atomically with it (each engine in its own write transaction or
+lock), so that two processes cannot both pass a check made before their writes. :class:`PinBudget`, the one
+kind, keeps a session's pinned memories within their budget; a write it refuses writes nothing and raises
+:class:`PinBudgetError` (a :class:`ValidationError`, the one a pin over the budget always gets).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 import numpy as np
 
 from clawvm.core.errors import ClaimedError, ConflictError, NotFoundError, StoreError, ValidationError
-from clawvm.core.model import Filters, LinkType, Memory, Status, utcnow
+from clawvm.core.model import Filters, LinkType, Memory, Status, Tier, utcnow
 from clawvm.core.vectors import undirected_rows
 from clawvm.store.kinds import EventKind, kind_of
 
@@ -198,6 +204,90 @@ class Event:
         # writer's) stays a string so that reading an old or newer log never fails
         if not isinstance(self.kind, EventKind):
             object.__setattr__(self, "kind", kind_of(self.kind))
+
+
+@dataclass(frozen=True)
+class PinBudget:
+    """A write's precondition: with the batch written, the pinned memories of session ``session_id`` of
+    ``tenant`` (pinned, active, in the working tier, and not expired by ``at``) number at most
+    ``max_items`` and hold at most ``max_tokens`` tokens (None: that one is unbounded).
+
+    The batch's memories count as the write leaves them, their stored versions not at all: a pin counts
+    once, an unpin or a replaced revision frees its room, a memory moved out of the session leaves it. The
+    engine evaluates it atomically with its write (see the module docstring); the pager builds it from its
+    working-tier budget (:meth:`clawvm.vm.tiers.Pager.pin_budget`)."""
+
+    tenant: str
+    session_id: str
+    at: datetime
+    max_items: int | None
+    max_tokens: int | None
+
+    def members(self) -> Filters:
+        """The stored memories that count: the filter an engine reads them with."""
+        return Filters.of(
+            tenant=self.tenant,
+            session_id=self.session_id,
+            tier=Tier.WORKING,
+            status=Status.ACTIVE,
+            pinned=True,
+            live_at=self.at,
+        )
+
+    def counts(self, memory: Memory) -> bool:
+        """Whether ``memory``, as a batch writes it, is one of the pins this budget holds."""
+        return (
+            memory.pinned
+            and memory.tenant == self.tenant
+            and memory.session_id == self.session_id
+            and memory.tier is Tier.WORKING
+            and memory.status is Status.ACTIVE
+            and (memory.expires_at is None or memory.expires_at > self.at)
+        )
+
+    def check(self, stored: Mapping[str, int], batch: Sequence[Memory]) -> None:
+        """Refuse (:class:`PinBudgetError`) the write of ``batch`` when ``stored`` (the token count of each
+        stored member, read in the write's transaction) and the batch's own pins exceed the budget."""
+        written = {m.id for m in batch}
+        tokens = [n for i, n in stored.items() if i not in written]
+        tokens += [m.token_count for m in batch if self.counts(m)]
+        if self.exceeded(len(tokens), sum(tokens)):
+            raise PinBudgetError(self)
+
+    def exceeded(self, items: int, tokens: int) -> bool:
+        """Whether ``items`` pins of ``tokens`` tokens in all are past this budget."""
+        return (self.max_items is not None and items > self.max_items) or (
+            self.max_tokens is not None and tokens > self.max_tokens
+        )
+
+
+class PinBudgetError(ValidationError):
+    """A pin (or a write that leaves memories pinned) refused: the session's pinned memories would exceed
+    the working-tier budget. The same error whether the pager's check before the write refused it or the
+    engine's :class:`PinBudget` inside the write (``budget``: the one the engine found exceeded)."""
+
+    def __init__(self, budget: PinBudget | None = None) -> None:
+        self.budget = budget
+        super().__init__(
+            "pinned",
+            "would put the pinned memories of this session over the working-tier budget",
+            "unpin another memory first or raise TierBudgets.working_tokens / working_items",
+        )
+
+
+#: The preconditions a write may carry (see the module docstring); one kind so far.
+Requirement = PinBudget
+
+
+def check_requirements(
+    requires: Sequence[Requirement],
+    batch: Sequence[Memory],
+    stored_pins: Callable[[PinBudget], Mapping[str, int]],
+) -> None:
+    """Evaluate ``requires`` against ``batch``: ``stored_pins(budget)`` reads, inside the engine's write
+    transaction (or under its lock), the token count of each stored member of ``budget``."""
+    for budget in requires:
+        budget.check(stored_pins(budget), batch)
 
 
 @dataclass(frozen=True)
@@ -671,20 +761,29 @@ class Store(ABC):
         events: Sequence[Event] = (),
         *,
         imported: Collection[str] = (),
+        requires: Sequence[Requirement] = (),
     ) -> None:
         """``put_many`` (``imported`` as there) + ``set_vectors`` (when given, one row for each of the first
-        memories: see :func:`leading_vectors`) + ``append_events`` as one step.
+        memories: see :func:`leading_vectors`) + ``append_events`` as one step, done only if every
+        precondition of ``requires`` holds with the batch written (see the module docstring).
 
         The record path writes all three for every memory; engines with transactions override this to
         commit once (a third of the commits). This default is correct for any engine, one call after the
-        other: the version check of ``put_many`` still guards the whole step.
+        other: the version check of ``put_many`` still guards the whole step. It holds :attr:`write_lock`
+        across the preconditions and the write, which makes them atomic within this process only.
         """
         embedded = None if vectors is None else leading_vectors(memories, vectors, self.dim)
-        self.put_many(memories, imported=imported)
-        if embedded is not None:
-            self.set_vectors(*embedded)
-        if events:
-            self.append_events(events)
+        with self.write_lock:
+            check_requirements(requires, memories, self._stored_pins)
+            self.put_many(memories, imported=imported)
+            if embedded is not None:
+                self.set_vectors(*embedded)
+            if events:
+                self.append_events(events)
+
+    def _stored_pins(self, budget: PinBudget) -> dict[str, int]:
+        """The token count of each stored member of ``budget`` (engines read them in their transaction)."""
+        return {m.id: m.token_count for m in self.iter_all(budget.members())}
 
     def remove(self, memories: Sequence[Memory], events: Sequence[Event] = ()) -> int:
         """Delete ``memories`` (their vectors and outgoing links) where each is still stored at its

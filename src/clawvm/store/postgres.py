@@ -84,12 +84,15 @@ from clawvm.store.base import (
     Event,
     GroupKey,
     PageKey,
+    PinBudget,
     Query,
     QueryResult,
+    Requirement,
     Store,
     Unembedded,
     check_credential_version,
     check_removable,
+    check_requirements,
     check_stored,
     check_stored_vectors,
     check_versions,
@@ -113,6 +116,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _MIGRATION_LOCK = 0x636C6177  # advisory lock key for migrations ("claw"), database-wide
+_PIN_LOCK = 0x636C617A  # advisory lock class: the writes of one session's pins (see PostgresStore._require)
 #: Seconds a pooled connection may sit unused before it is checked as it is handed out (a restart of the
 #: database, or a connection killed on the server, leaves idle ones dead)
 IDLE_CHECK_S = 2.0
@@ -646,8 +650,11 @@ class PostgresStore(Store):
         events: Sequence[Event] = (),
         *,
         imported: Collection[str] = (),
+        requires: Sequence[Requirement] = (),
     ) -> None:
-        """Memories, their vectors and their events in one transaction (one commit per record)."""
+        """Memories, their vectors and their events in one transaction (one commit per record), written only
+        if the preconditions of ``requires`` hold: they are evaluated first in that transaction (see
+        :meth:`_require`)."""
         if not memories:
             if events:
                 self.append_events(events)
@@ -659,7 +666,22 @@ class PostgresStore(Store):
             for r, v in zip(rows, normalize(vecs), strict=False):
                 r.vector = v
 
-        self._write("write", lambda conn: self._put(conn, rows, events, imported))
+        def body(conn: psycopg.Connection[Any]) -> None:
+            self._require(conn, requires, memories)
+            self._put(conn, rows, events, imported)
+
+        self._write("write", body)
+
+    def _require(
+        self, conn: psycopg.Connection[Any], requires: Sequence[Requirement], memories: Sequence[Memory]
+    ) -> None:
+        """Evaluate ``requires`` in ``conn``'s transaction, before the write. Each budget's session is locked
+        first (a transaction-scoped advisory lock on its schema, tenant and session, taken in one order so
+        that two writers never wait on each other's): the writers of one session's pins follow one another,
+        and each statement after the lock (read committed) sees every pin committed before it was granted."""
+        for key in sorted({_pin_lock_key(self.schema, budget) for budget in requires}):
+            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [_PIN_LOCK, key])
+        check_requirements(requires, memories, lambda budget: _pins_in(conn, budget))
 
     # ---- reads --------------------------------------------------------------------------------------
     def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
@@ -1019,3 +1041,18 @@ class EntityGraphView:
         for e, i in self._all():
             out.setdefault(i, []).append(e)
         return {i: tuple(sorted(es)) for i, es in out.items()}
+
+
+def _pin_lock_key(schema: str, budget: PinBudget) -> str:
+    """The text an advisory lock on ``budget``'s session hashes: schema, tenant and session (as JSON, which
+    keeps them apart whatever they hold, a NUL included)."""
+    return json.dumps([schema, budget.tenant, budget.session_id])
+
+
+def _pins_in(conn: psycopg.Connection[Any], budget: PinBudget) -> dict[str, int]:
+    """The token count of each stored member of ``budget``, read in ``conn``'s transaction."""
+    where, args = compile_filters(budget.members(), "m")
+    rows = conn.execute(
+        f"SELECT m.id::text, (m.body::json ->> 'token_count')::bigint FROM memories m WHERE {where}", args
+    ).fetchall()
+    return {str(i): int(n or 0) for i, n in rows}

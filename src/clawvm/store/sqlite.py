@@ -38,12 +38,15 @@ from clawvm.store.base import (
     Event,
     GroupKey,
     PageKey,
+    PinBudget,
     Query,
     QueryResult,
+    Requirement,
     Store,
     Unembedded,
     check_credential_version,
     check_removable,
+    check_requirements,
     check_stored,
     check_stored_vectors,
     check_versions,
@@ -576,8 +579,12 @@ class SQLiteStore(IndexSnapshots, Store):
         events: Sequence[Event] = (),
         *,
         imported: Collection[str] = (),
+        requires: Sequence[Requirement] = (),
     ) -> None:
-        """One transaction for the memories, their vectors and their events (one commit per record)."""
+        """One transaction for the memories, their vectors and their events (one commit per record). The
+        preconditions of ``requires`` are evaluated in it, before anything is written: ``BEGIN IMMEDIATE``
+        holds the file's write lock, and the catch-up under it brought the index up to every commit, so no
+        other process's write lands between the check and this one."""
         if not memories:
             if events:
                 self.append_events(events)
@@ -587,8 +594,22 @@ class SQLiteStore(IndexSnapshots, Store):
             ids, rows = leading_vectors(memories, vectors, self.dim)
             vectors_of = dict(zip(ids, normalize(rows), strict=True))
         with self._write("write", events) as (db, rev, counted):
+            check_requirements(requires, memories, lambda budget: self._pins_in(db, budget))
             self._put_rows(db, rev, memories, vectors_of, imported)
             sqlite_events.insert_events(db, events, counted)
+
+    def _pins_in(self, db: sqlite3.Connection, budget: PinBudget) -> dict[str, int]:
+        """The token count of each stored member of ``budget``: found in the (caught up) index, which keeps
+        pins and expiry, and counted from their rows (a session holds few pins)."""
+        members = budget.members()
+        ids = self.index.page(members, None, max(1, self.index.count(members)), False)
+        counted: dict[str, int] = {}
+        for start in range(0, len(ids), 500):  # within SQLite's limit of bound parameters
+            chunk = ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            sql = f"SELECT id, json_extract(body, '$.token_count') FROM memories WHERE id IN ({marks})"
+            counted.update((str(i), int(n or 0)) for i, n in db.execute(sql, chunk))
+        return counted
 
     def _put_rows(
         self,

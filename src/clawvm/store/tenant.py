@@ -14,7 +14,8 @@ a filter. The rules, each enforced here and nowhere else:
   (1, 2, 3 ... over its events, read through the engine's (tenant, number) index), so neither what a
   tenant reads nor what it pays for a read depends on what other tenants log;
 - writes: ``put_many``/``write`` refuse a memory of another tenant, or one whose id is another tenant's
-  memory (:class:`AccessDeniedError`, nothing written). Imports do not get there: ``import_ids`` gives
+  memory, and ``write`` a precondition (``requires``) on another tenant's memories
+  (:class:`AccessDeniedError`, nothing written). Imports do not get there: ``import_ids`` gives
   an imported id that another tenant holds a fresh id of this tenant's own, derived from (tenant, id), so
   an import is neither refused (a 403 would tell that the id is in use) nor mixed with the other
   tenant's memory, and importing the same file again maps it the same way; ``delete_many`` and
@@ -50,6 +51,7 @@ from clawvm.store.base import (
     PageKey,
     Query,
     QueryResult,
+    Requirement,
     Store,
     Unembedded,
     check_stored_vectors,
@@ -129,12 +131,24 @@ class TenantStore(Store):
         events: Sequence[Event] = (),
         *,
         imported: Collection[str] = (),
+        requires: Sequence[Requirement] = (),
     ) -> None:
         self._check_tenants(memories)  # before the events: the memory's tenant is what the caller named
         self._check_events(events)
+        self._check_requirements(requires)
         with self.inner.write_lock:
             self._check_writable(memories)
-            self.inner.write(memories, vectors, events, imported=imported)
+            self.inner.write(memories, vectors, events, imported=imported, requires=requires)
+
+    def _check_requirements(self, requires: Sequence[Requirement]) -> None:
+        """A precondition reads stored memories: only this tenant's may be asked about."""
+        for budget in requires:
+            if budget.tenant != self.tenant:
+                raise AccessDeniedError(
+                    "tenant",
+                    f"is {budget.tenant!r} in a precondition, not the caller's tenant",
+                    "name your own tenant's sessions",
+                )
 
     def delete_many(self, ids: Sequence[str]) -> int:
         with self.inner.write_lock:

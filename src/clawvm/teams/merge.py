@@ -74,6 +74,7 @@ from clawvm.teams.shared import (
     build_revision,
     lineage,
     partition_key,
+    revision_pins,
     root_id,
     stored_id,
 )
@@ -464,7 +465,7 @@ def _merge(
         data={"sources": [m.id for m in members]},
     )
     try:
-        h.writer.write([old, new, *gone], None, [event, *notes])
+        h.writer.write([old, new, *gone], None, [event, *notes], requires=revision_pins(h, old, new))
     except ConflictError:
         report.skipped += 1
         return None
@@ -626,7 +627,8 @@ def _extend_pitfall(
     )
     notes = [] if result is None else _fallback_events(result, new.tenant, new.id, h.now())
     try:
-        h.writer.write([old, new, *_archived_errors(errors, new.id)], None, [event, *notes])
+        archived = _archived_errors(errors, new.id)
+        h.writer.write([old, new, *archived], None, [event, *notes], requires=revision_pins(h, old, new))
     except ConflictError:
         report.skipped += 1
         return

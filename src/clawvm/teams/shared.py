@@ -82,7 +82,7 @@ from clawvm.core.model import (
     within,
 )
 from clawvm.store import Event
-from clawvm.store.base import StoreReader
+from clawvm.store.base import PinBudget, StoreReader
 from clawvm.store.crypto import REDACTION_FIELD
 from clawvm.store.kinds import EventKind
 from clawvm.vm.compress import referenced_raw
@@ -499,7 +499,7 @@ def build_revision(
     # reopened the conflict, or counted the error again
     own = {"id": new_id(), "version": 1, "created_at": h.now(), "status": current.status}
     new = derived(current, {**changes, **own, "links": links, "metadata": metadata})
-    if new.pinned and new.token_count > current.token_count:  # as update() checks a pinned memory growing
+    if grows_a_pin(current, new):  # as update() checks a pinned memory growing
         h.pager.check_pin(new, h.now(), replacing=current.id)
     new = new.model_copy(update={"value": h.pager.value_now(new, h.now())})
     old = current.model_copy(
@@ -511,6 +511,19 @@ def build_revision(
         }
     )
     return old, new
+
+
+def grows_a_pin(current: Memory, new: Memory) -> bool:
+    """Whether revision ``new`` of ``current`` is a pinned memory grown: it must fit its session's pinned
+    budget, as update() holds a pinned memory that grows to it."""
+    return new.pinned and new.token_count > current.token_count
+
+
+def revision_pins(h: TeamHost, old: Memory, new: Memory) -> tuple[PinBudget, ...]:
+    """The precondition of writing revision ``new`` with ``old`` (from :func:`build_revision`) obsoleted:
+    a pinned memory grown stays within its session's pinned budget, checked in the write itself, where
+    two processes cannot both pass it (the check in :func:`build_revision` reads before the write)."""
+    return h.pager.pin_budget(new, h.now()) if grows_a_pin(old, new) else ()
 
 
 def _link_type(link: object) -> object:
@@ -609,7 +622,8 @@ def _append_revision(
         at=h.now(),
         data={"revises": old.id, "number": new.metadata["revision"]["number"], "agent_id": agent_id},
     )
-    written = h.writer.write([old, new], None, [event])  # compare-and-set on old: one revision per head
+    # compare-and-set on old: one revision per head
+    written = h.writer.write([old, new], None, [event], requires=revision_pins(h, old, new))
     h.notify_embedder()
     return written[1]
 

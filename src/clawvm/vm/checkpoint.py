@@ -46,7 +46,7 @@ from clawvm.core.model import (
     revalidate,
 )
 from clawvm.store import Event
-from clawvm.store.base import StoreReader
+from clawvm.store.base import PinBudget, PinBudgetError, StoreReader
 from clawvm.store.kinds import EventKind
 from clawvm.vm.compress import decompress_memory
 from clawvm.vm.context import CHECKPOINT_TAG, is_snapshot
@@ -234,9 +234,11 @@ def rollback(
             },
         )
         try:
-            pager.writer.write(plan.written, None, [event])
+            pager.writer.write(plan.written, None, [event], requires=plan.pins)
         except ConflictError:  # one of them changed since it was read: read and decide again
             continue
+        except PinBudgetError:  # another writer's pins took the room a restored pin was to take: again,
+            continue  # and the plan, seeing them, restores that memory unpinned
         return RollbackReport(snap.id, plan.restored, plan.obsoleted)
     raise ConflictError(
         snap.id,
@@ -258,6 +260,7 @@ class _Plan:
     tiers: dict[str, str]  # restored id -> the tier it is back in (MemLens's timeline replays it)
     touched: list[Memory]  # as read: those it obsoletes or changes beyond BOOKKEEPING (a rollback's guard)
     compressed_since: list[Memory]  # to restore, and compressed since the checkpoint: decompressed first
+    pins: tuple[PinBudget, ...] = ()  # the pinned budgets of the pins it restores, checked in its write
 
 
 def _plan(
@@ -307,6 +310,7 @@ def _plan(
         if m.id in written or m.id in decompressed:
             restored.append(m.id)
             tiers[m.id] = Tier(target["tier"]).value
+    repinned: list[Memory] = []
     for m, target in repins:
         pinned = [w for w in written.values() if w.pinned and w.session_id == m.session_id]
         target = _pin_if_it_fits(pager, m, target, now, pinned, written.keys())
@@ -316,7 +320,17 @@ def _plan(
             if m.id not in tiers:
                 restored.append(m.id)
             tiers[m.id] = Tier(target["tier"]).value
-    return _Plan(list(written.values()), restored, obsoleted, tiers, list(touched.values()), compressed_since)
+        if target["pinned"]:
+            repinned.append(written[m.id])
+    return _Plan(
+        list(written.values()),
+        restored,
+        obsoleted,
+        tiers,
+        list(touched.values()),
+        compressed_since,
+        pager.pin_budgets(repinned, now),
+    )
 
 
 #: What a rollback restores that the harness itself keeps moving (tiers, values, usage and access

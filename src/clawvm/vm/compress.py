@@ -29,6 +29,7 @@ never any text). A placeholder ("None", "") is never stored.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -39,7 +40,7 @@ from clawvm.core.errors import UpstreamError, ValidationError
 from clawvm.core.model import JSON, Link, LinkType, Memory, Status, Tier, derived, revalidate
 from clawvm.core.openai_http import ChatEndpoint, EndpointFailure, FailureReason
 from clawvm.store import Event
-from clawvm.store.base import StoreReader
+from clawvm.store.base import Requirement, StoreReader
 from clawvm.store.kinds import EventKind
 from clawvm.write.commit import Writer
 
@@ -330,8 +331,15 @@ def compress_memory(
     return writer.write([raw, compressed], None, [event, *notes])[1]
 
 
-def decompress_memory(store: StoreReader, writer: Writer, memory: Memory, now: datetime) -> Memory:
-    """Bring back the raw text of a compressed memory (the archived raw copy is kept for history)."""
+def decompress_memory(
+    store: StoreReader,
+    writer: Writer,
+    memory: Memory,
+    now: datetime,
+    requires: Sequence[Requirement] = (),
+) -> Memory:
+    """Bring back the raw text of a compressed memory (the archived raw copy is kept for history).
+    ``requires``: the write's preconditions (a pinned memory's budget, which its raw text may not pass)."""
     info = memory.metadata.get("compression")
     if not info:
         return memory
@@ -357,7 +365,7 @@ def decompress_memory(store: StoreReader, writer: Writer, memory: Memory, now: d
     event = Event(
         kind=EventKind.DECOMPRESS, memory_id=memory.id, tenant=memory.tenant, at=now, data={"raw_id": raw.id}
     )
-    return writer.write([restored], None, [event])[0]
+    return writer.write([restored], None, [event], requires=requires)[0]
 
 
 def raw_copies(store: StoreReader, memory: Memory, page: int = 500) -> list[Memory]:

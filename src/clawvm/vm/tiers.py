@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import functools
 import math
-import random
-import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -52,7 +50,7 @@ from clawvm.core.errors import ConflictError, NotFoundError, StoreError, Validat
 from clawvm.core.model import Filters, Memory, Status, Tier, as_utc, moved_on, revalidate
 from clawvm.core.openai_http import EndpointBudget, endpoint_budget
 from clawvm.store import Event
-from clawvm.store.base import StoreReader
+from clawvm.store.base import PinBudget, PinBudgetError, StoreReader
 from clawvm.store.kinds import EventKind
 from clawvm.vm.compress import SummarizerError, raw_copies
 from clawvm.vm.scoring import DEFAULT_SCORING, ScoringConfig, value
@@ -61,10 +59,6 @@ from clawvm.write.commit import Writer
 ORDER = (Tier.WORKING, Tier.SHORT_TERM, Tier.LONG_TERM, Tier.ARCHIVE)
 #: How often a move re-reads its memory and writes again when another writer changed it in between.
 WRITE_RETRIES = 20
-#: Tries of a pin that racing pins of its session pushed over the pinned budget (see :meth:`Pager.pin`),
-#: and the longest pause before the second (doubling before each later one).
-PIN_RACE_TRIES = 4
-PIN_RACE_PAUSE_S = 0.02
 
 
 def _whole(x: object) -> bool:
@@ -336,19 +330,26 @@ class Pager:
         keep_value: bool = False,
         event: Callable[[Memory, Memory], Event] | None = None,
         bookkeeping: bool = False,
+        within_pin_budget: bool = False,
     ) -> Memory:
         """Apply ``change(current)`` as a new version, re-reading and retrying when someone else wrote.
 
         The value is recomputed as of ``now``, unless ``keep_value`` (a rollback restores the value the
         checkpoint saw, exactly: ``change`` then sets it). ``event(before, after)`` is written with the
-        change, in the same step. ``bookkeeping``: the harness's own (see :meth:`CommitPath.write`)."""
+        change, in the same step. ``bookkeeping``: the harness's own (see :meth:`CommitPath.write`).
+        ``within_pin_budget``: the change pins; the write holds the session's pinned budget
+        (:meth:`pin_budget`, of the memory as changed) or raises its error, nothing written."""
         for _ in range(WRITE_RETRIES):
             changed = revalidate(memory, {**change(memory), "version": memory.version + 1})
             if not keep_value:
                 changed = revalidate(changed, {"value": value(changed, now, self.config.scoring)})
+            requires = self.pin_budget(changed, now) if within_pin_budget else ()
             try:
                 events = [] if event is None else [event(memory, changed)]
-                return self.writer.write([changed], None, events, bookkeeping=bookkeeping)[0]
+                written = self.writer.write(
+                    [changed], None, events, bookkeeping=bookkeeping, requires=requires
+                )
+                return written[0]
             except ConflictError:
                 memory = self.store.get(memory.id)
         raise ConflictError(memory.id, memory.version, None)
@@ -687,65 +688,32 @@ class Pager:
     def pin(self, memory: Memory, now: datetime) -> Memory:
         """Pin ``memory`` (into the working tier) within its session's pinned budget, across processes.
 
-        :meth:`check_pin` before the write refuses what is visibly over budget and writes nothing. Two
-        processes (or harnesses) may both pass it on the same read, so the pins are counted again after the
-        write: that read sees every pin committed before this one, so of any set of pins kept, the last one
-        committed saw all the others and would have been refused past the budget. No event order is relied
-        on (on PostgreSQL, event numbers commit out of order). A pin found over the budget then is undone
-        through the commit path; racing pins may all have counted each other, so it is tried again after a
-        random pause (:data:`PIN_RACE_TRIES` in all), and refused with the error a sequential pin over the
-        budget gets once the check before the write refuses it or the tries are spent."""
-        attempt, current = 0, memory
-        while True:
-            self.check_pin(current, now)
-            pinned = self.mutate(current, lambda _m: {"pinned": True, "tier": Tier.WORKING}, now)
-            try:
-                self.check_pin(pinned, now)
-                return pinned
-            except ValidationError:
-                kept = self._undo_pin(pinned, current.tier, now)
-                if kept is not None:  # another writer's pin of it stands, within the budget
-                    return kept
-                attempt += 1
-                if attempt == PIN_RACE_TRIES:
-                    raise
-                time.sleep(random.uniform(0, PIN_RACE_PAUSE_S * 2**attempt))  # apart from the racing pins
-                current = self.store.get(memory.id)
-                due = current.expires_at is not None and current.expires_at <= now
-                if current.status is not Status.ACTIVE or due:  # archived or expired meanwhile: not pinnable
-                    raise
+        :meth:`check_pin` before the write refuses what is visibly over budget, cheaply and with nothing
+        written. Two processes (or harnesses) may both pass it on the same read, so the write carries the
+        budget as its precondition (:meth:`pin_budget`), which the engine evaluates atomically with it: of
+        pins racing past the budget the later ones are refused with the error a sequential pin over the
+        budget gets, and nothing of them is written. A pin that returned stays pinned: nothing undoes it."""
+        self.check_pin(memory, now)
+        pinning: dict[str, Any] = {"pinned": True, "tier": Tier.WORKING}
+        return self.mutate(memory, lambda _m: pinning, now, within_pin_budget=True)
 
-    def _undo_pin(self, pinned: Memory, tier_before: Tier, now: datetime) -> Memory | None:
-        """Unpin a pin refused after its write, back to the tier it was pinned from, with the events of both
-        moves (the pin was seen by others meanwhile: every move is an event). Version-checked against the
-        pin's own write: when someone wrote the memory since, the stored memory is looked at instead; still
-        pinned and within the budget, it is someone else's pin that stands (unpinning it unpinned a pin its
-        caller was told had been made), and it is returned; None once undone, unpinned or forgotten."""
-        current: Memory | None = pinned
-        for _ in range(WRITE_RETRIES):
-            if current is None or not current.pinned:
-                return None
-            if current.version != pinned.version:
-                try:
-                    self.check_pin(current, now)
-                    return current
-                except ValidationError:
-                    pass  # still over: undone from the stored version
-            change: dict[str, Any] = {"pinned": False, "version": current.version + 1}
-            if current.tier is Tier.WORKING:  # pinning moved it there: it goes back
-                change["tier"] = tier_before
-            undone = revalidate(current, change)
-            undone = revalidate(undone, {"value": value(undone, now, self.config.scoring)})
-            try:
-                self.writer.write(
-                    [undone],
-                    None,
-                    [_pin_event(EventKind.PIN, pinned, now), _pin_event(EventKind.UNPIN, undone, now)],
-                )
-                return None
-            except ConflictError:
-                current = self.store.get_many([pinned.id]).get(pinned.id)
-        raise ConflictError(pinned.id, pinned.version, None)
+    def pin_budget(self, memory: Memory, now: datetime) -> tuple[PinBudget, ...]:
+        """The precondition of a write that leaves ``memory`` pinned (a pin, a record, an update, a
+        revision): the pinned memories of its session, the batch's as written, within the working tier's
+        budget as :meth:`check_pin` counts them. Empty for a memory of no session, or an unbounded tier."""
+        items, tokens = self.config.budgets.limits(Tier.WORKING)
+        if memory.session_id is None or (items is None and tokens is None):
+            return ()
+        return (PinBudget(memory.tenant, memory.session_id, now, items, tokens),)
+
+    def pin_budgets(self, memories: Sequence[Memory], now: datetime) -> tuple[PinBudget, ...]:
+        """:meth:`pin_budget` for each session that pinned memories among ``memories`` belong to (an
+        import's, a rollback's), once each."""
+        budgets: dict[tuple[str, str], PinBudget] = {}
+        for m in memories:
+            for budget in self.pin_budget(m, now) if m.pinned else ():
+                budgets.setdefault((budget.tenant, budget.session_id), budget)
+        return tuple(budgets.values())
 
     def check_pin(
         self,
@@ -772,23 +740,13 @@ class Pager:
         batch = {memory.id, replacing, *(m.id for m in alongside), *written}
         pinned = [m for m in pinned if m.id not in batch] + [*alongside, memory]
         if over(pinned, items, tokens):
-            raise ValidationError(
-                "pinned",
-                "would put the pinned memories of this session over the working-tier budget",
-                "unpin another memory first or raise TierBudgets.working_tokens / working_items",
-            )
-
-
-def _pin_event(kind: EventKind, memory: Memory, now: datetime) -> Event:
-    """A pin's or unpin's event, as the harness logs one (the tier and value after it)."""
-    data = {"tier": memory.tier.value, "value": memory.value}
-    return Event(kind=kind, memory_id=memory.id, tenant=memory.tenant, at=now, data=data)
+            raise PinBudgetError()
 
 
 def _still_in(memory: Memory, tier: Tier) -> bool:
     """Whether ``memory``, read as a member of an active tier, still is one: SQLite matches the filter in
-    its index and reads the rows after, so a memory another process moved out in between (a refused pin
-    undone back to long-term) came back as a working member, and a pass demoted it from where it was."""
+    its index and reads the rows after, so a memory another process moved out in between (a pin undone back
+    to long-term) came back as a working member, and a pass demoted it from where it was."""
     return memory.tier is tier and memory.status is Status.ACTIVE
 
 

@@ -151,10 +151,12 @@ class WorkingTiers:
 
     def admit(self, memory: Memory, vectors: np.ndarray | None, added: Event, now: datetime) -> Memory:
         """Write the new ``memory`` (its vector, its event) alone: one write, never a demotion. Its session
-        comes due for the pager when its working tier passes the high watermark. Returns it as stored."""
+        comes due for the pager when its working tier passes the high watermark. Returns it as stored. A
+        pinned one is written within its session's pinned budget (:meth:`Pager.pin_budget`), or refused."""
         writer = self.pager.writer
+        requires = self.pager.pin_budget(memory, now) if memory.pinned else ()
         if memory.session_id is None or memory.tier is not Tier.WORKING:
-            stored = writer.write([memory], vectors, [added])[0]
+            stored = writer.write([memory], vectors, [added], requires=requires)[0]
             if (
                 stored.session_id is not None
                 and stored.tier in _BUDGETED_BELOW
@@ -164,7 +166,8 @@ class WorkingTiers:
                     self._mark((stored.tenant, stored.session_id), lower_grew=True)
             return stored
         with self._lock:
-            stored = writer.write([memory], vectors, [added])[0]  # the listener adds it to a session held
+            # the listener adds it to a session held
+            stored = writer.write([memory], vectors, [added], requires=requires)[0]
             if stored.session_id is None:
                 return stored
             # the stored session id: redaction may have changed a secret-looking one

@@ -52,6 +52,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
@@ -61,7 +62,7 @@ from clawvm.core.embed import count_tokens
 from clawvm.core.errors import ConflictError, StateConflictError, ValidationError
 from clawvm.core.model import DEFAULT_MAX_CONTENT_BYTES, JSON, MAX_COUNT, SCOPE_IDS, Memory, moved_on
 from clawvm.core.redact import RedactionPolicy, redact_identifier, redact_json
-from clawvm.store.base import Event, Store, StoreReader
+from clawvm.store.base import Event, Requirement, Store, StoreReader
 from clawvm.store.crypto import REDACTION_FIELD
 from clawvm.write.redaction import Redactor
 
@@ -91,6 +92,7 @@ class Writer(Protocol):
         scrubbed_vectors: bool = False,
         restored: Collection[str] = (),
         imported: Collection[str] = (),
+        requires: Sequence[Requirement] = (),
     ) -> list[Memory]: ...
 
     def delete(self, memories: Sequence[Memory], events: Sequence[Event] = ()) -> int: ...
@@ -263,6 +265,7 @@ class CommitPath:
         scrubbed_vectors: bool = False,
         restored: Collection[str] = (),
         imported: Collection[str] = (),
+        requires: Sequence[Requirement] = (),
     ) -> list[Memory]:
         """Store ``memories`` (new ones at version 1, changed ones at stored version + 1), the vectors of
         the first ones (``vectors``: one row each, in order) and ``events``, atomically. Returns the
@@ -280,7 +283,10 @@ class CommitPath:
         ``restored``: ids of memories a backup of this store gives back as they were; each keeps the
         ``changed_version`` it was exported with (a caller's ``expected_version`` holds as it did).
 
-        ``imported``: ids an import creates at the version it carries (new at any version)."""
+        ``imported``: ids an import creates at the version it carries (new at any version).
+
+        ``requires``: preconditions the engine checks atomically with the write (a :class:`PinBudget`: the
+        pins of a session within its budget); one that fails raises its error, and nothing is written."""
         if not bookkeeping:
             self._open()
         elif vectors is None and any(_past_counts(m) for m in memories):
@@ -294,7 +300,8 @@ class CommitPath:
         rows = stored
         if not scrubbed_vectors:
             rows, vectors = _vectors_of_stored_text(memories, stored, vectors)
-        self._store.write(rows, vectors, [self._scrubbed(e) for e in events], imported=imported)
+        scrubbed = [self._scrubbed(e) for e in events]
+        self._store.write(rows, vectors, scrubbed, imported=imported, requires=self._as_stored(requires))
         self._notify(stored, ())
         return stored
 
@@ -365,6 +372,10 @@ class CommitPath:
         stored = redact_identifier(value, policy, salt=tenant)
         self._clean.add(tenant, _IDENTIFIER, stored)  # the stored form maps to itself
         return stored
+
+    def _as_stored(self, requires: Sequence[Requirement]) -> list[Requirement]:
+        """``requires`` naming sessions as their tenant's policy stores them, as the memories written do."""
+        return [replace(r, session_id=self.identifier(r.session_id, r.tenant)) for r in requires]
 
     def _redacted(self, memory: Memory) -> Memory:
         """``memory`` as its tenant's policy stores it (unchanged when nothing is found)."""
