@@ -8,8 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clawvm.core.vectors import (
+    SAMPLED_CUT_ROWS,
+    SPLIT_ROWS,
     VectorIndex,
     directed_only,
+    highest_rows,
     normalize,
     sign_codes,
     split_directed,
@@ -330,3 +333,51 @@ def test_split_directed_keeps_the_rows_with_a_direction_in_order() -> None:
     assert directed_only({"a": v[0], "b": v[1]}).keys() == {"a"} and directed_only({}) == {}
     nothing, empty, none = split_directed([], np.zeros((0, 4), dtype=np.float32))
     assert nothing == [] and empty.shape == (0, 4) and none == []
+
+
+def _highest_by_counting_all(values: np.ndarray, keep: int) -> np.ndarray:
+    """The rule :func:`highest_rows` keeps, by brute force: the value of the keep-th highest (1 at least),
+    then every row at or above it."""
+    ordered = np.sort(values)[::-1]
+    cut = max(int(ordered[min(keep, len(values)) - 1]), 1)
+    return np.flatnonzero(values >= cut)
+
+
+@pytest.mark.parametrize("n", [1_000, SAMPLED_CUT_ROWS, 3 * SAMPLED_CUT_ROWS + 7])
+@pytest.mark.parametrize("shape", ["binomial", "few values", "mostly zero", "one spike"])
+def test_highest_rows_keeps_the_same_rows_whether_it_samples_or_counts_all(n: int, shape: str) -> None:
+    """From ``SAMPLED_CUT_ROWS`` rows the cut is found from a sample first: the rows kept are exactly the
+    ones a count of every value keeps, ties at the cut included, for any spread of the values."""
+    rng = np.random.default_rng(n)
+    top = 384
+    if shape == "binomial":  # agreements of sign codes with a query: clustered around half the bits
+        values = rng.binomial(top, 0.5, n)
+    elif shape == "few values":  # long runs of ties
+        values = rng.integers(190, 194, n)
+    elif shape == "mostly zero":  # rows masked out are 0 and never kept
+        values = np.where(rng.random(n) < 0.97, 0, rng.integers(1, top, n))
+    else:  # a few rows far above the rest: a sample may miss them all
+        values = rng.binomial(top, 0.5, n)
+        values[rng.choice(n, 5, replace=False)] = top
+    values = values.astype(np.uint16)
+    for keep in (1, 5, 400, n // 12, n):
+        assert np.array_equal(highest_rows(values, keep, top), _highest_by_counting_all(values, keep)), keep
+
+
+def test_a_large_code_pass_split_over_two_threads_agrees_with_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From ``SPLIT_ROWS`` rows a search's code pass runs half on another thread: the rows it keeps and the
+    hits are those of the pass on one thread."""
+    rng = np.random.default_rng(5)
+    n = SPLIT_ROWS + 1_000
+    idx = VectorIndex(64, exact_below=1_000, rescore=40, code_share=0.01)
+    idx.add(np.arange(n), rng.standard_normal((n, 64)).astype(np.float32))
+    idx.prepare()
+    queries = rng.standard_normal((5, 64)).astype(np.float32)
+    split = [idx.search(q, 10) for q in queries]
+    valid = idx._has[: idx._hi]
+    kept_split = [idx._nearest_codes(normalize(q), valid, n, 40) for q in queries]
+    monkeypatch.setattr("clawvm.core.vectors.SPLIT_ROWS", n + 1)  # the same index, one thread
+    assert [idx.search(q, 10) for q in queries] == split
+    for q, kept in zip(queries, kept_split, strict=True):
+        one = idx._nearest_codes(normalize(q), valid, n, 40)
+        assert kept is not None and one is not None and np.array_equal(kept, one)

@@ -20,13 +20,15 @@ cut off.
 The scans are single-threaded (:func:`matvec`, NumPy's own SIMD loop) rather than BLAS ``@``: a BLAS
 matrix-vector product splits over its thread pool, whose threads spin and wait on a machine whose cores are
 busy. On this 2-core machine under load, 100k x 96 took 13.5 ms with ``@`` and 3.1 ms single-threaded;
-20k x 384 (the exact scan), 15.4 vs 1.9 ms.
+20k x 384 (the exact scan), 15.4 vs 1.9 ms. The one exception is the code pass of a large index (from
+:data:`SPLIT_ROWS`), split in two halves, the second on one thread kept for it.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import numpy as np
@@ -107,6 +109,10 @@ def matvec(m: np.ndarray, v: np.ndarray) -> np.ndarray:
 RESCORE = 400
 #: The share of the valid rows whose sign codes are nearest the query's, the only rows the screen reads.
 CODE_SHARE = 0.08
+#: From this many rows a search's code pass is split over two threads (at 1M rows it reads 48 MB).
+SPLIT_ROWS = 262_144
+#: From this many rows the code cut is found from a sample first (see :func:`highest_rows`).
+SAMPLED_CUT_ROWS = 65_536
 
 
 class VectorIndex:
@@ -284,20 +290,16 @@ class VectorIndex:
         code = sign_codes(q.reshape(1, self.dim), self._mean)[0]
         words = len(code)
         same = np.full(hi, 64 * words, dtype=np.uint16)  # bits the row's code shares with the query's
-        differ, count = _scratch("differ", (_BLOCK,), np.uint64), _scratch("count", (_BLOCK,), np.uint8)
-        for start in range(0, hi, _BLOCK):
-            stop = min(hi, start + _BLOCK)
-            d, c = differ[: stop - start], count[: stop - start]
-            for word in range(words):
-                np.bitwise_xor(self._codes[word, start:stop], code[word], out=d)
-                np.bitwise_count(d, out=c)
-                np.subtract(same[start:stop], c, out=same[start:stop])
+        if hi >= SPLIT_ROWS:  # the second half on the other core: NumPy's loops let go of the GIL
+            half = (hi // 2 // _BLOCK) * _BLOCK
+            other = _second_core().submit(_agreement, self._codes, code, same, half, hi)
+            _agreement(self._codes, code, same, 0, half)
+            other.result()
+        else:
+            _agreement(self._codes, code, same, 0, hi)
         if n_valid < hi:
             same[~valid] = 0
-        # the cut from the counts of each agreement (0..bits), not a partition: the values are few and tied
-        at_least = np.cumsum(np.bincount(same, minlength=64 * words + 1)[::-1])
-        cut = 64 * words - int(np.searchsorted(at_least, keep))
-        near = np.flatnonzero(same >= max(cut, 1))
+        near = highest_rows(same, keep, 64 * words)
         return near if len(near) >= n_cand else None  # (only codes opposite the query's in every bit)
 
     def _screen_of(self, rows: np.ndarray, qp: np.ndarray) -> np.ndarray:
@@ -311,6 +313,53 @@ class VectorIndex:
             got = np.take(self._xp, part, axis=0, out=block[: len(part)], mode="clip")
             out[start : start + len(part)] = matvec(got, qp)
         return out
+
+
+def highest_rows(values: np.ndarray, keep: int, top: int) -> np.ndarray:
+    """The rows, in order, of the ``keep`` highest of ``values`` (integers in 0..``top``) and of every row
+    tied with the last of those; never a row at 0. The cut comes from the counts of each value, not a
+    partition (the values are few and tied). From :data:`SAMPLED_CUT_ROWS` rows the counts of a 1-in-16
+    sample first give a cut safely below the true one, and only the rows above it are counted: the same
+    rows, for a count over a fraction of them."""
+    if len(values) >= SAMPLED_CUT_ROWS:
+        sample = values[::16]
+        low = _cut(sample, min(len(sample), keep // 8 + 64), top)  # ~2x the rows wanted, and some
+        above = np.flatnonzero(values >= low)
+        if len(above) >= keep:  # the true cut is at or above ``low``: every row it keeps is here
+            return above[values[above] >= _cut(values[above], keep, top)]
+    return np.flatnonzero(values >= _cut(values, keep, top))
+
+
+def _cut(values: np.ndarray, keep: int, top: int) -> int:
+    """The highest value that at least ``keep`` of ``values`` reach (1 at the least)."""
+    at_least = np.cumsum(np.bincount(values, minlength=top + 1)[::-1])
+    return max(top - int(np.searchsorted(at_least, keep)), 1)
+
+
+def _agreement(codes: np.ndarray, code: np.ndarray, same: np.ndarray, start: int, stop: int) -> None:
+    """Subtract from ``same[start:stop]`` the bits in which each row's code differs from ``code``, a block
+    at a time through this thread's buffers."""
+    differ, count = _scratch("differ", (_BLOCK,), np.uint64), _scratch("count", (_BLOCK,), np.uint8)
+    for first in range(start, stop, _BLOCK):
+        last = min(stop, first + _BLOCK)
+        d, c = differ[: last - first], count[: last - first]
+        for word in range(len(code)):
+            np.bitwise_xor(codes[word, first:last], code[word], out=d)
+            np.bitwise_count(d, out=c)
+            np.subtract(same[first:last], c, out=same[first:last])
+
+
+_SECOND_CORE: ThreadPoolExecutor | None = None
+_SECOND_CORE_LOCK = threading.Lock()
+
+
+def _second_core() -> ThreadPoolExecutor:
+    """One thread that takes half of a large code pass (made on first use; concurrent searches queue)."""
+    global _SECOND_CORE
+    with _SECOND_CORE_LOCK:
+        if _SECOND_CORE is None:
+            _SECOND_CORE = ThreadPoolExecutor(1, thread_name_prefix="clawvm-code-pass")
+        return _SECOND_CORE
 
 
 def best_rows(rows: np.ndarray, scores: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
