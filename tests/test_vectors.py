@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -364,20 +368,64 @@ def test_highest_rows_keeps_the_same_rows_whether_it_samples_or_counts_all(n: in
         assert np.array_equal(highest_rows(values, keep, top), _highest_by_counting_all(values, keep)), keep
 
 
-def test_a_large_code_pass_split_over_two_threads_agrees_with_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    """From ``SPLIT_ROWS`` rows a search's code pass runs half on another thread: the rows it keeps and the
-    hits are those of the pass on one thread."""
+@pytest.fixture(scope="module")
+def large() -> VectorIndex:
+    """An index past ``SPLIT_ROWS``, its code pass split over two threads."""
     rng = np.random.default_rng(5)
     n = SPLIT_ROWS + 1_000
     idx = VectorIndex(64, exact_below=1_000, rescore=40, code_share=0.01)
     idx.add(np.arange(n), rng.standard_normal((n, 64)).astype(np.float32))
     idx.prepare()
-    queries = rng.standard_normal((5, 64)).astype(np.float32)
-    split = [idx.search(q, 10) for q in queries]
-    valid = idx._has[: idx._hi]
-    kept_split = [idx._nearest_codes(normalize(q), valid, n, 40) for q in queries]
+    return idx
+
+
+def _queries(count: int = 5) -> np.ndarray:
+    return np.random.default_rng(6).standard_normal((count, 64)).astype(np.float32)
+
+
+def test_a_large_code_pass_split_over_two_threads_agrees_with_one(
+    large: VectorIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From ``SPLIT_ROWS`` rows a search's code pass runs half on another thread: the rows it keeps and the
+    hits are those of the pass on one thread."""
+    n = large._n
+    split = [large.search(q, 10) for q in _queries()]
+    valid = large._has[: large._hi]
+    kept_split = [large._nearest_codes(normalize(q), valid, n, 40) for q in _queries()]
     monkeypatch.setattr("clawvm.core.vectors.SPLIT_ROWS", n + 1)  # the same index, one thread
-    assert [idx.search(q, 10) for q in queries] == split
-    for q, kept in zip(queries, kept_split, strict=True):
-        one = idx._nearest_codes(normalize(q), valid, n, 40)
+    assert [large.search(q, 10) for q in _queries()] == split
+    for q, kept in zip(_queries(), kept_split, strict=True):
+        one = large._nearest_codes(normalize(q), valid, n, 40)
         assert kept is not None and one is not None and np.array_equal(kept, one)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
+def test_a_forked_child_searches_a_large_index_the_parent_searched(large: VectorIndex) -> None:
+    """The parent's second thread is not in a forked child: the child's search makes its own instead of
+    handing half its pass to a thread that is not there (it waited for ever)."""
+    expected = [large.search(q, 10) for q in _queries(2)]  # the parent's thread exists now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answer within 60 s or die by the alarm
+        signal.alarm(60)
+        ok = [large.search(q, 10) for q in _queries(2)] == expected
+        os.write(write, b"same" if ok else b"differ")
+        os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    answer = os.read(read, 16)
+    os.close(read)
+    assert os.WIFEXITED(status), "the child's search never finished"
+    assert answer == b"same"
+
+
+def test_a_large_search_after_the_second_thread_shut_down_does_its_pass_alone(
+    large: VectorIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At interpreter exit the thread pools take no more work (a search from a thread still running, or
+    from an exit handler): the search does the whole pass itself and answers the same."""
+    expected = [large.search(q, 10) for q in _queries(2)]
+    closed = ThreadPoolExecutor(1)
+    closed.shutdown()
+    monkeypatch.setattr("clawvm.core.vectors._SECOND_CORE", closed)
+    assert [large.search(q, 10) for q in _queries(2)] == expected

@@ -28,10 +28,11 @@ busy. On this 2-core machine under load, 100k x 96 took 13.5 ms with ``@`` and 3
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -295,13 +296,13 @@ class VectorIndex:
         code = sign_codes(q.reshape(1, self.dim), self._mean)[0]
         words = len(code)
         same = np.full(hi, 64 * words, dtype=np.uint16)  # bits the row's code shares with the query's
+        other = None
         if hi >= SPLIT_ROWS:  # the second half on the other core: NumPy's loops let go of the GIL
             half = (hi // 2 // _BLOCK) * _BLOCK
-            other = _second_core().submit(_agreement, self._codes, code, same, half, hi)
-            _agreement(self._codes, code, same, 0, half)
+            other = _on_second_core(_agreement, self._codes, code, same, half, hi)
+        _agreement(self._codes, code, same, 0, hi if other is None else half)
+        if other is not None:
             other.result()
-        else:
-            _agreement(self._codes, code, same, 0, hi)
         if n_valid < hi:
             same[~valid] = 0
         near = highest_rows(same, keep, 64 * words)
@@ -358,13 +359,28 @@ _SECOND_CORE: ThreadPoolExecutor | None = None
 _SECOND_CORE_LOCK = threading.Lock()
 
 
-def _second_core() -> ThreadPoolExecutor:
-    """One thread that takes half of a large code pass (made on first use; concurrent searches queue)."""
+def _on_second_core(fn: Callable[..., None], *args: Any) -> Future[None] | None:
+    """``fn(*args)`` begun on the one thread that takes half of a large code pass (made on first use;
+    concurrent searches queue for it), or None when it cannot take work (the interpreter is exiting):
+    the caller then does it all."""
     global _SECOND_CORE
     with _SECOND_CORE_LOCK:
         if _SECOND_CORE is None:
             _SECOND_CORE = ThreadPoolExecutor(1, thread_name_prefix="clawvm-code-pass")
-        return _SECOND_CORE
+        try:
+            return _SECOND_CORE.submit(fn, *args)
+        except RuntimeError:  # shut down at exit: a search from a thread still running does its pass alone
+            return None
+
+
+def _forget_second_core() -> None:
+    """In a forked child: the parent's thread is not there, and a pool that lists it would never run the
+    half handed to it (the search would wait for ever); the child makes its own on first use."""
+    global _SECOND_CORE, _SECOND_CORE_LOCK
+    _SECOND_CORE, _SECOND_CORE_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_second_core)
 
 
 def best_rows(rows: np.ndarray, scores: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
