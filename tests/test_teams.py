@@ -197,6 +197,27 @@ def test_a_revision_that_grows_a_pin_another_process_outran_is_refused(tmp_path:
         assert sorted(m.id for m in h.list(session_id="s", pinned=True)) == sorted([pin.id, later.id])
 
 
+def test_a_revision_cannot_carry_a_pin_into_a_full_session_or_out_of_the_working_tier(
+    engine_name: str, tmp_path: Path
+) -> None:
+    """Only a pin that grew was checked: revise(pinned, session_id=...) carried the pin into a session whose
+    one pinned place was taken (two pins there), and revise(pinned, tier="long_term") stored a pinned memory
+    outside the working tier. Both refused now, as update() refuses them, and nothing is revised."""
+    pager = PagerConfig(budgets=TierBudgets(working_items=1, working_tokens=None), background=False)
+    target = harness_target(engine_name, tmp_path, "pins.db")
+    with Harness.open(target, embedder=None, pager=pager, clock=ReplayClock(T0)) as h:
+        mine = h.record("keep the audit table", session_id="s1", pinned=True)
+        h.record("the other session's one pin", session_id="s2", pinned=True)
+        with pytest.raises(ValidationError) as moved:
+            h.revise(mine.id, session_id="s2")
+        assert moved.value.field == "pinned"
+        with pytest.raises(ValidationError) as demoted:
+            h.revise(mine.id, tier="long_term")
+        assert demoted.value.field == "tier"
+        assert h.get(mine.id).status is Status.ACTIVE and h.get(mine.id).version == mine.version
+        assert len(h.list(session_id="s2", pinned=True)) == 1
+
+
 def test_a_revision_is_checked_as_its_writer_would_write_it(engine_name: str, lexical: Harness) -> None:
     """Only the old head was checked: a change of agent_id planted a's text as b's private memory."""
     mine = lexical.record("a's note", agent_id="a", scope="private")

@@ -499,7 +499,13 @@ def build_revision(
     # reopened the conflict, or counted the error again
     own = {"id": new_id(), "version": 1, "created_at": h.now(), "status": current.status}
     new = derived(current, {**changes, **own, "links": links, "metadata": metadata})
-    if grows_a_pin(current, new):  # as update() checks a pinned memory growing
+    if new.pinned and new.tier is not Tier.WORKING:  # a pin lives in the prompt (as record() refuses it)
+        raise ValidationError(
+            "tier",
+            f"is {new.tier.value!r} on a pinned memory",
+            "leave tier out, or unpin the memory first: a pinned memory is working",
+        )
+    if takes_pin_room(current, new):  # as update() checks a pinned memory growing or moving
         h.pager.check_pin(new, h.now(), replacing=current.id)
     new = new.model_copy(update={"value": h.pager.value_now(new, h.now())})
     old = current.model_copy(
@@ -513,17 +519,18 @@ def build_revision(
     return old, new
 
 
-def grows_a_pin(current: Memory, new: Memory) -> bool:
-    """Whether revision ``new`` of ``current`` is a pinned memory grown: it must fit its session's pinned
-    budget, as update() holds a pinned memory that grows to it."""
-    return new.pinned and new.token_count > current.token_count
+def takes_pin_room(current: Memory, new: Memory) -> bool:
+    """Whether revision ``new`` of ``current`` is a pinned memory grown or moved to another session: it must
+    fit its session's pinned budget, as update() holds a pinned memory that grows or moves to it."""
+    moved = new.session_id != current.session_id
+    return new.pinned and (moved or new.token_count > current.token_count)
 
 
 def revision_pins(h: TeamHost, old: Memory, new: Memory) -> tuple[PinBudget, ...]:
     """The precondition of writing revision ``new`` with ``old`` (from :func:`build_revision`) obsoleted:
-    a pinned memory grown stays within its session's pinned budget, checked in the write itself, where
-    two processes cannot both pass it (the check in :func:`build_revision` reads before the write)."""
-    return h.pager.pin_budget(new, h.now()) if grows_a_pin(old, new) else ()
+    a pinned memory grown or moved stays within its session's pinned budget, checked in the write itself,
+    where two processes cannot both pass it (the check in :func:`build_revision` reads before the write)."""
+    return h.pager.pin_budget(new, h.now()) if takes_pin_room(old, new) else ()
 
 
 def _link_type(link: object) -> object:
