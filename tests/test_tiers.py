@@ -1509,3 +1509,34 @@ def test_a_member_that_left_its_tier_between_index_and_rows_is_not_paged() -> No
     assert left.id not in {m.id for m in pager.tier_members("default", "s", Tier.WORKING)}
     assert left.id not in {m.id for m in pager.enforce("default", "s", T0)}
     assert store.get(left.id).tier is Tier.LONG_TERM
+
+
+def test_a_pin_outrun_by_an_archive_leaves_the_memory_archived_and_unpinned(
+    engine_name: str, tmp_path: Path
+) -> None:
+    """Another harness archives the memory after the pin's check, before its write: the pin's retry read it
+    again and pinned it whatever its status (an archived memory counts for none of the budget), leaving it
+    pinned, archived and in the working tier. The retry now refuses a memory no longer active."""
+    target: str | Store = (
+        make_store("memory", tmp_path)
+        if engine_name == "memory"
+        else harness_target(engine_name, tmp_path, "archive.db")
+    )
+    with (
+        Harness.open(target, embedder=None) as h,
+        Harness.open(target, embedder=None) as other,
+    ):
+        m = h.record("the deploy key rotates on fridays", session_id="s", tier="long_term")
+        check = h.pager.check_pin
+
+        def outrun(memory: Any, now: Any, *args: Any, **kwargs: Any) -> None:
+            check(memory, now, *args, **kwargs)
+            if other.get(m.id).status is Status.ACTIVE:
+                other.update(m.id, status="archived")  # between the pin's check and its write
+
+        h.pager.check_pin = outrun  # type: ignore[method-assign]
+        with pytest.raises(StateConflictError) as err:
+            h.pin(m.id)
+        assert err.value.field == "memory_id"
+        stored = other.get(m.id)
+        assert stored.status is Status.ARCHIVED and not stored.pinned and stored.tier is not Tier.WORKING

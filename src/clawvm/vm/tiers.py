@@ -46,7 +46,7 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
-from clawvm.core.errors import ConflictError, NotFoundError, StoreError, ValidationError
+from clawvm.core.errors import ConflictError, NotFoundError, StateConflictError, StoreError, ValidationError
 from clawvm.core.model import Filters, Memory, Status, Tier, as_utc, moved_on, revalidate
 from clawvm.core.openai_http import EndpointBudget, endpoint_budget
 from clawvm.store import Event
@@ -694,8 +694,19 @@ class Pager:
         pins racing past the budget the later ones are refused with the error a sequential pin over the
         budget gets, and nothing of them is written. A pin that returned stays pinned: nothing undoes it."""
         self.check_pin(memory, now)
-        pinning: dict[str, Any] = {"pinned": True, "tier": Tier.WORKING}
-        return self.mutate(memory, lambda _m: pinning, now, within_pin_budget=True)
+
+        def pinning(current: Memory) -> dict[str, Any]:
+            # read again after another writer's change: archived or expired meanwhile, it is not pinnable
+            # (the budget would not stop it: such a memory counts for none of it)
+            if current.status is not Status.ACTIVE:
+                raise StateConflictError(
+                    "memory_id", f"is {current.status.value}", "only active memories can be pinned"
+                )
+            if current.expires_at is not None and current.expires_at <= now:
+                raise StateConflictError("memory_id", "has expired", "only active memories can be pinned")
+            return {"pinned": True, "tier": Tier.WORKING}
+
+        return self.mutate(memory, pinning, now, within_pin_budget=True)
 
     def pin_budget(self, memory: Memory, now: datetime) -> tuple[PinBudget, ...]:
         """The precondition of a write that leaves ``memory`` pinned (a pin, a record, an update, a
