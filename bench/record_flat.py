@@ -32,12 +32,13 @@ from _synthetic import Corpus
 from limits import build, ms_of, pct
 
 
-def measure(stores: dict[int, clawvm.Harness], records: int) -> dict[int, list[float]]:
+def measure(stores: dict[int, clawvm.Harness], records: int, seed: int) -> dict[int, list[float]]:
     """ms of each record, per store size, the sizes taking turns."""
     took: dict[int, list[float]] = {n: [] for n in stores}
     sizes = list(stores)
-    extra = next(Corpus(seed=99).batches(records))
-    for i, (text, session, v) in enumerate(zip(extra.texts, extra.sessions, extra.vectors, strict=True)):
+    batches = list(Corpus(seed=seed).batches(records))  # (a batch holds 1,000 at most)
+    rows = [row for b in batches for row in zip(b.texts, b.sessions, b.vectors, strict=True)]
+    for i, (text, session, v) in enumerate(rows):
         for n in sizes[i % len(sizes) :] + sizes[: i % len(sizes)]:
             took[n].append(
                 ms_of(
@@ -74,14 +75,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for name in ("store.db", "store.db.index"):  # not the bare FTS5 file: no use here
                     shutil.copy(built / name, work / name)
                 stores[n] = clawvm.Harness.open(work / "store.db", embedder=None)
-            measure(stores, args.warmup)  # first reads of each store's pages, the pager's first passes
-            took = measure(stores, args.records)
+            measure(stores, args.warmup, seed=98)  # first reads of each store's pages, the first passes
+            took = measure(stores, args.records, seed=99)
         finally:
             for h in stores.values():
                 h.close()
     res: dict[str, Any] = {
         "sizes": sizes,
         "records": args.records,
+        "timed": len(took[sizes[0]]),
         "record_p50_ms": {n: pct(took[n], 50) for n in sizes},
         "record_p95_ms": {n: pct(took[n], 95) for n in sizes},
         "record_p99_ms": {n: pct(took[n], 99) for n in sizes},
