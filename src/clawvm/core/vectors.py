@@ -112,8 +112,8 @@ def matvec(m: np.ndarray, v: np.ndarray) -> np.ndarray:
 RESCORE = 1600
 #: The share of the valid rows whose sign codes are nearest the query's, the only rows the screen reads
 #: (at least 4x ``RESCORE``). Measured on both kinds of vectors (exact top 10 found among 100 hits): at 100k
-#: MiniLM vectors 99.8% (8% and 400 before: 99.4%), synthetic near-uniform ones 93.5% (72.9%), in the same
-#: time; at 1M synthetic 84.6% (54.7%) in 9.6 ms instead of 16.1.
+#: MiniLM vectors 99.8% (8% and 400 before: 99.4%), synthetic near-uniform ones 93.5% (72.9%), for ~7% more
+#: time; at 1M synthetic 84.6% (54.7%) in 0.64x the time (14.7 ms p50 against 23.1, order rotated).
 CODE_SHARE = 0.02
 #: From this many rows a search's code pass is split over two threads (at 1M rows it reads 48 MB).
 SPLIT_ROWS = 262_144
