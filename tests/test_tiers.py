@@ -7,7 +7,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -1316,6 +1316,39 @@ def test_a_memory_forgotten_during_a_maintenance_pass_is_skipped_not_fatal() -> 
         assert h.get(moved[0].id).tier is Tier.SHORT_TERM and h.store.get_many(forgotten) == {}
 
 
+def _race_in_threads(
+    worker: Callable[..., None], target: str | Store, args: list[str]
+) -> list[tuple[Any, ...]]:
+    """``worker(target, arg, start, results)`` on a thread per arg, let go at once; what each said."""
+    start, results = threading.Barrier(len(args)), queue.Queue[tuple[Any, ...]]()
+    threads = [threading.Thread(target=worker, args=(target, a, start, results)) for a in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return [results.get_nowait() for _ in threads]
+
+
+def _race_in_processes(worker: Callable[..., None], target: str, args: list[str]) -> list[tuple[Any, ...]]:
+    """The same on a process per arg, each with its own connection to the store."""
+    import multiprocessing
+
+    # a fork server, as in test_store.py: a plain fork of this multithreaded process can copy a held lock
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["clawvm.harness"])
+    start, results = ctx.Barrier(len(args)), ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(target, a, start, results), daemon=True) for a in args]
+    try:
+        for p in procs:
+            p.start()
+        return [results.get(timeout=120) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+
+
 def _pin_race_setup(target: str | Path | Store, workers: int) -> list[str]:
     """A session with ``workers`` unpinned long-term memories (one for each racing worker to pin)."""
     with Harness.open(target, embedder=None, pager=pin_race.pager_config()) as h:
@@ -1350,27 +1383,9 @@ OVER_PIN_BUDGET = "would put the pinned memories of this session over the workin
 def test_processes_pinning_at_once_keep_the_pinned_budget(engine_name: str, tmp_path: Path) -> None:
     """Four processes pin a memory each, every one reading the session's pins before any writes: each used
     to see room and write, leaving twice the budget pinned, which the pager cannot page out."""
-    import multiprocessing
-
     target = harness_target(engine_name, tmp_path, "pins.db")
     ids = _pin_race_setup(target, 4)
-    # a fork server, as in test_store.py: a plain fork of this multithreaded process can copy a held lock
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["clawvm.harness"])
-    start, results = ctx.Barrier(len(ids)), ctx.Queue()
-    procs = [
-        ctx.Process(target=pin_race.pin_when_told, args=(target, i, start, results), daemon=True) for i in ids
-    ]
-    try:
-        for p in procs:
-            p.start()
-        said = [results.get(timeout=120) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    _check_pin_race(target, ids, said)
+    _check_pin_race(target, ids, _race_in_processes(pin_race.pin_when_told, target, ids))
 
 
 def test_threads_pinning_at_once_keep_the_pinned_budget(engine_name: str, tmp_path: Path) -> None:
@@ -1383,15 +1398,7 @@ def test_threads_pinning_at_once_keep_the_pinned_budget(engine_name: str, tmp_pa
             else harness_target(engine_name, tmp_path, f"threads{round_}.db")
         )
         ids = _pin_race_setup(target, 4)
-        start, results = threading.Barrier(len(ids)), queue.Queue[tuple[Any, ...]]()
-        threads = [
-            threading.Thread(target=pin_race.pin_when_told, args=(target, i, start, results)) for i in ids
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        _check_pin_race(target, ids, [results.get_nowait() for _ in threads])
+        _check_pin_race(target, ids, _race_in_threads(pin_race.pin_when_told, target, ids))
 
 
 def test_a_pin_told_made_is_never_undone_by_a_racing_pin_of_the_same_memory(
@@ -1408,15 +1415,7 @@ def test_a_pin_told_made_is_never_undone_by_a_racing_pin_of_the_same_memory(
         )
         first, *rest = _pin_race_setup(target, 3)
         ids = [first, first, *rest]
-        start, results = threading.Barrier(len(ids)), queue.Queue[tuple[Any, ...]]()
-        threads = [
-            threading.Thread(target=pin_race.pin_when_told, args=(target, i, start, results)) for i in ids
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        said = [results.get_nowait() for _ in threads]
+        said = _race_in_threads(pin_race.pin_when_told, target, ids)
         assert len({s[0] for s in said if s[1] == first}) == 1  # both of its callers told the same
         _check_pin_race(target, ids, said)
 
@@ -1442,43 +1441,17 @@ def test_threads_recording_pinned_at_once_keep_the_pinned_budget(engine_name: st
         make_store("memory", tmp_path) if engine_name == "memory" else harness_target(engine_name, tmp_path)
     )
     texts = [f"pinned note {i}" for i in range(4)]
-    start, results = threading.Barrier(len(texts)), queue.Queue[tuple[Any, ...]]()
-    threads = [
-        threading.Thread(target=pin_race.record_when_told, args=(target, t, start, results)) for t in texts
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    _check_record_race(target, [results.get_nowait() for _ in threads])
+    _check_record_race(target, _race_in_threads(pin_race.record_when_told, target, texts))
 
 
 @pytest.mark.engines("sqlite", "postgres")
 def test_processes_recording_pinned_at_once_keep_the_pinned_budget(engine_name: str, tmp_path: Path) -> None:
     """The same race between processes, each with its own connection to the one store."""
-    import multiprocessing
-
     target = harness_target(engine_name, tmp_path, "records.db")
     with Harness.open(target, embedder=None, pager=pin_race.pager_config()):
         pass  # the store made once, before the race
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["clawvm.harness"])
     texts = [f"pinned note {i}" for i in range(4)]
-    start, results = ctx.Barrier(len(texts)), ctx.Queue()
-    procs = [
-        ctx.Process(target=pin_race.record_when_told, args=(target, t, start, results), daemon=True)
-        for t in texts
-    ]
-    try:
-        for p in procs:
-            p.start()
-        said = [results.get(timeout=120) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    _check_record_race(target, said)
+    _check_record_race(target, _race_in_processes(pin_race.record_when_told, target, texts))
 
 
 class _RowsReadAfterTheIndex(MemoryStore):
