@@ -429,3 +429,13 @@ def test_a_large_search_after_the_second_thread_shut_down_does_its_pass_alone(
     closed.shutdown()
     monkeypatch.setattr("clawvm.core.vectors._SECOND_CORE", closed)
     assert [large.search(q, 10) for q in _queries(2)] == expected
+
+
+def test_large_searches_from_several_threads_at_once_answer_as_one_at_a_time(large: VectorIndex) -> None:
+    """Searches that split their code pass queue for the one second thread; each keeps its own buffers
+    (per thread) and its own agreement counts, so searches at once answer as they do alone."""
+    queries = _queries(8)
+    alone = [large.search(q, 10) for q in queries]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda q: large.search(q, 10), queries))
+    assert together == alone
