@@ -1286,8 +1286,8 @@ class Harness:
         if parent is None:
             return
         fix = "name a stored memory (the step this one follows from), or leave parent_id out"
-        if parent == memory.id:
-            raise ValidationError("parent_id", "is the memory's own id", fix)
+        if parent == memory.id:  # a cycle of one: refused as the longer ones below are (a 409 over HTTP)
+            raise StateConflictError("parent_id", "is the memory's own id (a cycle)", fix)
         found = self._store.get_many([parent]).get(parent)
         # (the owner's view reads every tenant's memories: a parent is one of the memory's own tenant)
         if found is None or found.tenant != memory.tenant:  # well formed, but not what the store holds
