@@ -1513,3 +1513,36 @@ def test_a_pin_outrun_by_an_archive_leaves_the_memory_archived_and_unpinned(
         assert err.value.field == "memory_id"
         stored = other.get(m.id)
         assert stored.status is Status.ARCHIVED and not stored.pinned and stored.tier is not Tier.WORKING
+
+
+def test_harnesses_pinning_one_memory_at_once_write_one_pin(engine_name: str, tmp_path: Path) -> None:
+    """Four harnesses pin the same memory at once: each conflict's retry read the memory pinned by another
+    and pinned it again, a version and a pin event each (events add, pin, pin, pin, pin). A pin that finds
+    the memory pinned already writes nothing, as pinning a pinned memory one call after another does."""
+    target: str | Store = (
+        make_store("memory", tmp_path) if engine_name == "memory" else harness_target(engine_name, tmp_path)
+    )
+    (mid,) = _pin_race_setup(target, 1)
+    said = _race_in_threads(pin_race.pin_when_told, target, [mid] * 4)
+    assert said == [("ok", mid, mid)] * 4
+    with Harness.open(target, embedder=None, pager=pin_race.pager_config()) as h:
+        assert [e.kind for e in h.store.read_events(memory_id=mid)] == ["add", "pin"]
+        assert h.get(mid).pinned and h.get(mid).version == 2
+
+
+def test_a_pin_and_an_unpin_are_written_with_their_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The move was written, then its event on its own: a process killed in between left the memory
+    pinned with no pin event. Each is now one write with its event (no separate event write happens)."""
+    with Harness.open("memory://", embedder=None) as h:
+        m = h.record("rotate the deploy key on fridays", session_id="s", tier="long_term")
+
+        def no_separate_event(events: Any) -> list[int]:
+            raise AssertionError(f"an event written apart from its move: {events}")
+
+        monkeypatch.setattr(h.writer, "log", no_separate_event)
+        pinned = h.pin(m.id)
+        unpinned = h.unpin(m.id)
+        monkeypatch.undo()
+        kinds = [(e.kind, e.data["tier"]) for e in h.store.read_events(memory_id=m.id)]
+        assert kinds == [("add", "long_term"), ("pin", "working"), ("unpin", "working")]
+        assert (pinned.version, unpinned.version) == (2, 3) and not h.get(m.id).pinned

@@ -116,7 +116,7 @@ from clawvm.vm.context import Context, Quotas
 from clawvm.vm.scoring import ValueBreakdown
 from clawvm.vm.scoring import explain as explain_value
 from clawvm.vm.sweep import Sweep
-from clawvm.vm.tiers import Pager, PagerConfig, one_pager_pass, unless_forgotten
+from clawvm.vm.tiers import Pager, PagerConfig, Unchanged, one_pager_pass, unless_forgotten
 from clawvm.vm.working import PagerThread, Turns, WorkingTiers
 from clawvm.write.commit import CommitPath, closed_harness, past_bookkeeping
 from clawvm.write.redaction import Redactor
@@ -766,18 +766,20 @@ class Harness:
             return memory  # pinned already: no new version, no event
         now = self.now()
         before = self.pager.value_now(memory, now)
-        pinned = self.pager.pin(memory, now)  # within the session's pinned budget, across processes
-        self._after_move(
-            pinned,
-            EventKind.PIN,
-            {
-                "from": memory.tier.value,
+
+        def pin_event(read: Memory, pinned: Memory) -> Event:
+            data = {
+                "from": read.tier.value,
                 "to": Tier.WORKING.value,
                 "value_before": round(before, 4),
                 "value_after": round(pinned.value, 4),
                 "reason": "pinned by user",
-            },
-        )
+            }
+            return self._move_event(EventKind.PIN, pinned, data)
+
+        # within the session's pinned budget, across processes; its event in the same write
+        pinned = self.pager.pin(memory, now, event=pin_event)
+        self._after_move(pinned)
         return pinned
 
     @_exclusive
@@ -785,8 +787,16 @@ class Harness:
         memory = self._callers(memory_id)
         if not memory.pinned:
             return memory  # nothing to undo: no new version, no event
-        unpinned = self.pager.mutate(memory, lambda _m: {"pinned": False}, self.now())
-        self._after_move(unpinned, EventKind.UNPIN, {})
+
+        def unpinning(current: Memory) -> dict[str, Any]:
+            if not current.pinned:  # another caller's unpin landed first
+                raise Unchanged
+            return {"pinned": False}
+
+        unpinned = self.pager.mutate(
+            memory, unpinning, self.now(), event=lambda _read, m: self._move_event(EventKind.UNPIN, m, {})
+        )
+        self._after_move(unpinned)
         return unpinned
 
     @_exclusive
@@ -925,10 +935,14 @@ class Harness:
         if memory.session_id is not None:
             self.pager.enforce(memory.tenant, memory.session_id, self.now())
 
-    def _after_move(self, memory: Memory, kind: EventKind, data: dict[str, Any]) -> None:
+    def _after_move(self, memory: Memory) -> None:
+        """A pin or unpin written: its session's tiers back within their budgets."""
         if memory.session_id is not None:
             self.pager.enforce(memory.tenant, memory.session_id, self.now())
-        self._event(kind, memory, {**data, "tier": memory.tier.value, "value": memory.value})
+
+    def _move_event(self, kind: EventKind, memory: Memory, data: dict[str, Any]) -> Event:
+        """A pin's or an unpin's event: ``data`` and where the move left the memory."""
+        return self._make_event(kind, memory, {**data, "tier": memory.tier.value, "value": memory.value})
 
     # ---- compression ----------------------------------------------------------------------------------
     def compress(self, memory_id: str) -> Memory:

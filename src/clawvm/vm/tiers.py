@@ -293,6 +293,11 @@ def _no_wait() -> None:
     return None
 
 
+class Unchanged(Exception):
+    """Raised by a change given to :meth:`Pager.mutate` when the memory, as read, needs no write (a pin
+    that another caller's pin already made, read again after the conflict)."""
+
+
 class Pager:
     """Applies :class:`PagerConfig` to a store. Stateless between calls: the store is the truth."""
 
@@ -336,11 +341,17 @@ class Pager:
 
         The value is recomputed as of ``now``, unless ``keep_value`` (a rollback restores the value the
         checkpoint saw, exactly: ``change`` then sets it). ``event(before, after)`` is written with the
-        change, in the same step. ``bookkeeping``: the harness's own (see :meth:`CommitPath.write`).
+        change, in the same step; ``change`` raises :class:`Unchanged` when the memory as read needs no
+        write (then nothing is written, no event either, and the memory is returned as read).
+        ``bookkeeping``: the harness's own (see :meth:`CommitPath.write`).
         ``within_pin_budget``: the change pins; the write holds the session's pinned budget
         (:meth:`pin_budget`, of the memory as changed) or raises its error, nothing written."""
         for _ in range(WRITE_RETRIES):
-            changed = revalidate(memory, {**change(memory), "version": memory.version + 1})
+            try:
+                changes = change(memory)
+            except Unchanged:  # as read (again, after another writer's change) there is nothing to do
+                return memory
+            changed = revalidate(memory, {**changes, "version": memory.version + 1})
             if not keep_value:
                 changed = revalidate(changed, {"value": value(changed, now, self.config.scoring)})
             requires = self.pin_budget(changed, now) if within_pin_budget else ()
@@ -685,14 +696,18 @@ class Pager:
         so the cost follows what is due, not the tenant's size."""
         return self.store.page(Filters.of(tenant=tenant, status="active", expires_by=now), None, limit)
 
-    def pin(self, memory: Memory, now: datetime) -> Memory:
+    def pin(
+        self, memory: Memory, now: datetime, event: Callable[[Memory, Memory], Event] | None = None
+    ) -> Memory:
         """Pin ``memory`` (into the working tier) within its session's pinned budget, across processes.
 
         :meth:`check_pin` before the write refuses what is visibly over budget, cheaply and with nothing
         written. Two processes (or harnesses) may both pass it on the same read, so the write carries the
         budget as its precondition (:meth:`pin_budget`), which the engine evaluates atomically with it: of
         pins racing past the budget the later ones are refused with the error a sequential pin over the
-        budget gets, and nothing of them is written. A pin that returned stays pinned: nothing undoes it."""
+        budget gets, and nothing of them is written. A pin that returned stays pinned: nothing undoes it.
+        ``event(read, pinned)``: the pin's event, written in the same write. A memory found pinned already
+        (another caller's pin landed first) is returned as it is, with no new version and no event."""
         self.check_pin(memory, now)
 
         def pinning(current: Memory) -> dict[str, Any]:
@@ -704,9 +719,11 @@ class Pager:
                 )
             if current.expires_at is not None and current.expires_at <= now:
                 raise StateConflictError("memory_id", "has expired", "only active memories can be pinned")
+            if current.pinned and current.tier is Tier.WORKING:
+                raise Unchanged
             return {"pinned": True, "tier": Tier.WORKING}
 
-        return self.mutate(memory, pinning, now, within_pin_budget=True)
+        return self.mutate(memory, pinning, now, event=event, within_pin_budget=True)
 
     def pin_budget(self, memory: Memory, now: datetime) -> tuple[PinBudget, ...]:
         """The precondition of a write that leaves ``memory`` pinned (a pin, a record, an update, a
