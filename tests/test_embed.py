@@ -287,7 +287,10 @@ def test_a_model_that_gives_too_many_texts_no_direction_is_taken_for_broken(
         with caplog.at_level(logging.ERROR, logger="clawvm.core.embed"):
             for n in range(150):
                 h.record(f"nothing {n}")
-            good = [h.record(f"good {n}").id for n in range(3)]
+            # longer than every text before them: the worker, which embeds a window's texts shortest first,
+            # reaches them last however far the records had got when its first pass began (as "good n",
+            # the shortest, they were embedded first whenever that pass read them all at once)
+            good = [h.record(f"good memory number {n}").id for n in range(3)]
             with pytest.raises(EmbedderError, match="looks broken") as exc:
                 h.flush(timeout=30)
             assert "Fix the model or its endpoint and restart" in str(exc.value)
@@ -300,7 +303,7 @@ def test_a_model_that_gives_too_many_texts_no_direction_is_taken_for_broken(
             assert len(model.seen) == fed
         assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [str(exc.value)]
         assert not h.store.vectors_of(good) and len(h.store.unembedded(200)) == 156
-        assert h.recall("good 2", k=1)[0].memory.id == good[2]  # lexically: no memory has a vector
+        assert h.recall("good memory number 2", k=1)[0].memory.id == good[2]  # lexically: none has a vector
     finally:
         with pytest.raises(EmbedderError, match="looks broken"):
             h.close()
