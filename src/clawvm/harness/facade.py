@@ -779,7 +779,7 @@ class Harness:
 
         # within the session's pinned budget, across processes; its event in the same write
         pinned = self.pager.pin(memory, now, event=pin_event)
-        self._after_move(pinned)
+        self._rebalance(pinned)
         return pinned
 
     @_exclusive
@@ -796,7 +796,7 @@ class Harness:
         unpinned = self.pager.mutate(
             memory, unpinning, self.now(), event=lambda _read, m: self._move_event(EventKind.UNPIN, m, {})
         )
-        self._after_move(unpinned)
+        self._rebalance(unpinned)
         return unpinned
 
     @_exclusive
@@ -931,12 +931,8 @@ class Harness:
             )
 
     def _rebalance(self, memory: Memory) -> None:
-        """After a change that may grow a tier (an update, a decompress): re-enforce the session's budgets."""
-        if memory.session_id is not None:
-            self.pager.enforce(memory.tenant, memory.session_id, self.now())
-
-    def _after_move(self, memory: Memory) -> None:
-        """A pin or unpin written: its session's tiers back within their budgets."""
+        """After a change that may grow a tier (an update, a decompress, a pin or unpin): re-enforce the
+        session's budgets."""
         if memory.session_id is not None:
             self.pager.enforce(memory.tenant, memory.session_id, self.now())
 
