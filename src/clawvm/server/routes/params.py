@@ -12,12 +12,14 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
 from clawvm.core.errors import ValidationError
-from clawvm.core.model import MAX_COUNT
+from clawvm.core.model import MAX_COUNT, NON_BLANK
 
 MemoryId = Annotated[str, Path(min_length=1, max_length=100, description="a memory id")]
 # a session or task id, in routes as {session_id:path}: an id may hold "/" (record takes it), and a plain
 # segment left such a session unreachable (its checkpoints a 404, even with the slash encoded)
-ScopeId = Annotated[str, Path(min_length=1, max_length=256)]
+# (not blank: the store refuses an id of only white space, so the spec says so and a fuzzer's "\x1e" is
+# a schema error, not a schema-valid request refused)
+ScopeId = Annotated[str, Path(min_length=1, max_length=256, pattern=NON_BLANK)]
 #: The version a caller read, on a route that changes or deletes one memory: a newer one is a 409
 ExpectedVersion = Annotated[
     int | None, Query(ge=1, le=MAX_COUNT, description="the version you read; a newer one is a 409")
