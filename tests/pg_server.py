@@ -26,12 +26,14 @@ from urllib.parse import urlencode, urlparse, urlunparse
 
 import psycopg
 import pytest
+from psycopg import sql
 
 _server: Any = None
 _data_dir: str | None = None
 _base_url: str | None = None
 _module: str = "session"
 _databases: dict[str, str] = {}  # module -> database name
+_configured: dict[str, list[str]] = {}  # module -> databases of database_with (dropped with the module's)
 _counter = itertools.count()
 
 
@@ -74,12 +76,13 @@ def begin_module(name: str) -> None:
 
 
 def end_module(name: str) -> None:
-    """Drop the module's database, if it made one (and any connection a test left open with it)."""
-    database = _databases.pop(name, None)
-    if database is None or _base_url is None:
+    """Drop the module's databases, if it made any (and any connection a test left open with them)."""
+    databases = [d for d in (_databases.pop(name, None), *_configured.pop(name, [])) if d is not None]
+    if not databases or _base_url is None:
         return
     with psycopg.connect(_base_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        for database in databases:
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
 _replica: tuple[str, str] | None = None  # (data directory, URL) of the hot standby, once started
@@ -178,14 +181,37 @@ def module_database_url() -> str:
     return _with_database(base, database)
 
 
-def store_url(directory: Path, filename: str | None) -> str:
-    """A store URL whose schema is named after ``directory/filename`` (a fresh one when no file name)."""
+def database_with(settings: dict[str, str]) -> str:
+    """The URL of a new database (dropped with the module's) whose sessions start with ``settings``, as a
+    DBA's ``ALTER DATABASE ... SET name = value`` gives every connection that does not set its own."""
+    base = _start()
+    database = f"t_set_{os.getpid()}_{next(_counter)}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{database}"')
+        _configured.setdefault(_module, []).append(database)
+        with psycopg.connect(_with_database(base, database), autocommit=True) as db:
+            db.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        for name, value in settings.items():
+            conn.execute(
+                sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                    sql.Identifier(database), sql.Identifier(name), sql.Literal(value)
+                )
+            )
+    return _with_database(base, database)
+
+
+def schema_url(database_url: str, directory: Path, filename: str | None) -> str:
+    """:func:`store_url` in the database at ``database_url``."""
     key = f"{directory}/{filename}" if filename else f"{directory}/#{next(_counter)}"
     schema = "t_" + hashlib.sha1(key.encode()).hexdigest()[:24]
-    url = module_database_url()
-    parts = urlparse(url)
+    parts = urlparse(database_url)
     query = parts.query + ("&" if parts.query else "") + urlencode({"schema": schema})
     return urlunparse(parts._replace(query=query))
+
+
+def store_url(directory: Path, filename: str | None) -> str:
+    """A store URL whose schema is named after ``directory/filename`` (a fresh one when no file name)."""
+    return schema_url(module_database_url(), directory, filename)
 
 
 # what the migration that moved vectors into their own table undoes, keeping the data: each vector back in
