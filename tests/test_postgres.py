@@ -8,11 +8,12 @@ The contract itself runs on PostgreSQL through the ``engine``/``harness`` fixtur
 from __future__ import annotations
 
 import multiprocessing
+import queue
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -309,12 +310,18 @@ def test_events_from_another_process_reach_every_subscriber(url: str, opened: li
     assert got[2:] == [("two", seq)]
 
 
+@pytest.mark.parametrize("isolation", [None, "repeatable read"], ids=["default", "repeatable-read-db"])
 @pytest.mark.parametrize("tenant", [None, "t1"], ids=["log", "tenant"])
 def test_event_readers_following_seq_never_skip_a_late_commit(
-    url: str, opened: list[PostgresStore], tenant: str | None
+    url: str, opened: list[PostgresStore], tenant: str | None, isolation: str | None, tmp_path: Path
 ) -> None:
     """The log's numbers and each tenant's own are taken with no lock between writers, so they may commit
-    out of order; a reader following either never skips one that commits late."""
+    out of order; a reader following either never skips one that commits late. Also in a database whose
+    default isolation is repeatable read, where the read after waiting at a hole saw the snapshot taken
+    before the wait, the late commit missing, and the reader went on past it."""
+    if isolation is not None:
+        database = pg_server.database_with({"default_transaction_isolation": isolation})
+        url = pg_server.schema_url(database, tmp_path, "events")
     s = open_store(opened, url)
     writers, per_writer = 4, 40
     seen: list[int] = []
@@ -520,3 +527,129 @@ def test_bm25_scores_match_the_in_process_engine(
         assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-5)
     finally:
         lite.close()
+
+
+# ---- a DBA's default isolation level --------------------------------------------------------------------
+# The engine's transactions are written for READ COMMITTED: each statement sees what committed before it
+# began, so a statement after an advisory lock sees what its holder wrote. A database (or role) whose
+# default_transaction_isolation is stricter takes a transaction's snapshot at its first statement, the lock.
+STRICTER = ["repeatable read", "serializable"]
+
+
+@pytest.fixture(params=STRICTER)
+def strict_database(request: pytest.FixtureRequest) -> str:
+    """A database whose DBA made every transaction ``request.param`` unless the session says otherwise."""
+    return pg_server.database_with({"default_transaction_isolation": request.param})
+
+
+def _in_threads(n: int, step: Callable[[int], Any]) -> list[str]:
+    """``step(i)`` on ``n`` threads let go at once; the errors they raised (type and message)."""
+    start, errors = threading.Barrier(n), []
+
+    def run(i: int) -> None:
+        start.wait(30)
+        try:
+            step(i)
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return errors
+
+
+def test_stores_opening_a_new_schema_at_once_all_succeed_whatever_the_default_isolation(
+    strict_database: str, tmp_path: Path
+) -> None:
+    """Under repeatable read the migration's snapshot was taken at its lock, before the first opener's
+    tables committed: the others found no meta table, ran every migration again and failed ("relation
+    already exists"), or were aborted for serialization."""
+    errors = []
+    for round_ in range(4):
+        url = pg_server.schema_url(strict_database, tmp_path, f"open{round_}")
+
+        def open_and_close(_: int, url: str = url) -> None:
+            s = store_from_url(url)
+            s.setup()
+            s.close()
+
+        errors += _in_threads(4, open_and_close)
+    assert errors == []
+
+
+def test_the_engines_transactions_are_read_committed_whatever_the_default_isolation(
+    strict_database: str, tmp_path: Path, opened: list[PostgresStore]
+) -> None:
+    s = open_store(opened, pg_server.schema_url(strict_database, tmp_path, "levels"))
+    with s._conn("test") as conn, conn.transaction():
+        assert conn.execute("SHOW transaction_isolation").fetchone() == ("read committed",)
+
+
+def test_a_default_isolation_in_the_urls_options_or_pgoptions_gives_way_to_the_engines(
+    url: str, opened: list[PostgresStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's own isolation level comes after the URL's options= (or PGOPTIONS), whose other settings
+    still apply."""
+    strict = "-c%20default_transaction_isolation%3Drepeatable%5C%20read%20-c%20work_mem%3D7MB"
+    s = open_store(opened, f"{url}&options={strict}")
+    with s._conn("test") as conn, conn.transaction():
+        assert conn.execute("SHOW transaction_isolation").fetchone() == ("read committed",)
+        assert conn.execute("SHOW work_mem").fetchone() == ("7MB",)
+    monkeypatch.setenv("PGOPTIONS", r"-c default_transaction_isolation=serializable")
+    s = open_store(opened, url)
+    with s._conn("test") as conn, conn.transaction():
+        assert conn.execute("SHOW transaction_isolation").fetchone() == ("read committed",)
+
+
+def test_pins_at_once_keep_the_budget_whatever_the_default_isolation(
+    strict_database: str, tmp_path: Path
+) -> None:
+    """Each pin reads the session's pins after the session's lock; under repeatable read that read saw the
+    snapshot taken at the lock, before the pins committed while it waited, and the budget overflowed."""
+    import pin_race
+
+    url = pg_server.schema_url(strict_database, tmp_path, "pins")
+    with Harness.open(url, embedder=None, pager=pin_race.pager_config()) as h:
+        ids = [h.record(f"pin candidate {i}", session_id="p", tier="long_term").id for i in range(4)]
+    start, results = threading.Barrier(len(ids)), queue.Queue[tuple[Any, ...]]()
+    threads = [threading.Thread(target=pin_race.pin_when_told, args=(url, i, start, results)) for i in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    said = [results.get_nowait() for _ in threads]
+    assert [s for s in said if s[0] == "error"] == []
+    with Harness.open(url, embedder=None, pager=pin_race.pager_config()) as h:
+        pinned = {m.id for m in h.list(limit=100, session_id="p", pinned=True)}
+    assert pinned == {s[1] for s in said if s[0] == "ok"}
+    assert len(pinned) == pin_race.PIN_ITEMS
+
+
+def test_writers_of_one_memory_at_once_conflict_not_fail_whatever_the_default_isolation(
+    strict_database: str, tmp_path: Path, opened: list[PostgresStore]
+) -> None:
+    """Read-modify-write from several stores at once: each lost race is a ConflictError (the caller merges
+    and writes again), never a serialization failure surfacing as a StoreError once the retries ran out."""
+    url = pg_server.schema_url(strict_database, tmp_path, "counters")
+    stores = [open_store(opened, url) for _ in range(4)]
+    counter = Memory(content="counter at 0", metadata={"n": 0})
+    stores[0].put(counter)
+    conflicts = [0]
+
+    def increment(w: int) -> None:
+        s = stores[w]
+        for _ in range(INCREMENTS):
+            while True:
+                cur = s.get(counter.id)
+                n = int(cur.metadata["n"]) + 1
+                try:
+                    s.put(cur.model_copy(update={"version": cur.version + 1, "metadata": {"n": n}}))
+                    break
+                except ConflictError:
+                    conflicts[0] += 1
+
+    assert _in_threads(len(stores), increment) == []
+    assert int(stores[0].get(counter.id).metadata["n"]) == len(stores) * INCREMENTS

@@ -262,6 +262,22 @@ def test_a_replica_serves_searches_and_reads_our_writes_on_request(tmp_path: Pat
         store.close()
 
 
+def test_a_replica_serves_searches_when_the_database_defaults_to_serializable(tmp_path: Path) -> None:
+    """A hot standby refuses serializable transactions ("cannot use serializable mode in a hot standby"):
+    with the database's default_transaction_isolation so set by its DBA, every search failed."""
+    database = pg_server.database_with({"default_transaction_isolation": "serializable"})
+    primary = pg_server.schema_url(database, tmp_path, "strict")
+    store = store_from_url(f"{primary}&replica={quote(pg_server.replica_of(primary), safe='')}", dim=DIM)
+    store.setup()
+    try:
+        m = Memory(content="the canary deploy failed in zone b")
+        store.put(m)
+        assert store.wait_for_replica(timeout_s=30)
+        assert [i for i, _ in store.query(Query(text="canary deploy")).lexical] == [m.id]
+    finally:
+        store.close()
+
+
 def test_read_your_writes_falls_back_to_the_primary_when_the_replica_lags(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

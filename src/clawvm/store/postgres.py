@@ -34,6 +34,9 @@ Optimistic locking holds across processes: ``put_many`` locks the stored rows th
 (``SELECT ... FOR UPDATE``, in id order, so concurrent batches cannot deadlock on them), checks
 versions, and inserts new ids with their own sequence numbers; a concurrent insert of the same new id
 surfaces as :class:`ConflictError`.
+Every statement and transaction is written for READ COMMITTED, so the engine sets that level itself on
+every connection it opens (:data:`ISOLATION_OPTION`, after the URL's ``options=`` or ``PGOPTIONS``): a
+DBA's stricter ``default_transaction_isolation`` does not change its semantics.
 The store URL (libpq's parameters and the engine's own) is taken apart in :mod:`clawvm.store.postgres_url`.
 The event log (numbers per tenant with no lock shared between writers, reads that never skip an event
 still in flight, ``NOTIFY`` to every process) lives in :mod:`clawvm.store.postgres_events`.
@@ -123,6 +126,14 @@ IDLE_CHECK_S = 2.0
 #: How long a search with read_your_writes waits for the replica before the primary answers it
 READ_YOUR_WRITES_WAIT_S = 5.0
 
+#: libpq's option that every connection of the engine starts with: its statements and transactions are
+#: written for READ COMMITTED (a statement after an advisory lock sees what the lock's holder committed;
+#: a row locked or updated after a concurrent update is re-read, not refused), so a stricter
+#: ``default_transaction_isolation`` of the server, database or role (or the URL's own options=) is
+#: overridden for its sessions. Under REPEATABLE READ the snapshot taken at the lock missed those commits:
+#: concurrent opens failed, pins overflowed their budget and event readers skipped late commits.
+ISOLATION_OPTION = r"-c default_transaction_isolation=read\ committed"
+
 _REPLICA_POLL_S = 0.002  # how often a read-your-writes search checks the replica's replay
 _AGENTS_TTL_S = 2.0  # how soon recall sees an agent another process added (Store.agents)
 _RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
@@ -205,14 +216,15 @@ class PostgresStore(Store):
             if self._pool is not None:
                 return
             with _translated("open"):
-                with psycopg.connect(self.conninfo, autocommit=True) as conn:
+                pinned = " ".join(o for o in (self._libpq_options, ISOLATION_OPTION) if o)
+                with psycopg.connect(self.conninfo, autocommit=True, options=pinned) as conn:
                     ext_schema = self._migrate(conn)
                     conn.execute(f"SET search_path TO {self.schema}, {ext_schema}")
                     self._vector_info = TypeInfo.fetch(conn, "vector")
                 options = " ".join(
                     o
                     for o in (
-                        self._libpq_options,
+                        pinned,
                         f"-c search_path={self.schema},{ext_schema} -c TimeZone=UTC",
                         f"-c statement_timeout={self.statement_timeout_ms}"
                         if self.statement_timeout_ms
