@@ -652,4 +652,5 @@ def test_writers_of_one_memory_at_once_conflict_not_fail_whatever_the_default_is
                     conflicts[0] += 1
 
     assert _in_threads(len(stores), increment) == []
-    assert int(stores[0].get(counter.id).metadata["n"]) == len(stores) * INCREMENTS
+    assert conflicts[0] > 0, "the writers never raced; the test proves nothing"
+    assert int(stores[0].get(counter.id).metadata["n"]) == len(stores) * INCREMENTS  # no update lost
