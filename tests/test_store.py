@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -1362,6 +1362,88 @@ def test_a_second_process_writing_is_seen(engine_name: str, db_path: Path, opene
     assert [e.kind for e in s.read_events()] == ["child"]
     with pytest.raises(ConflictError):
         s.put(bump(keep, content="stale write from the parent"))
+
+
+def _between_match_and_rows(store: SQLiteStore, method: str, step: Callable[[list[str]], None]) -> None:
+    """Run ``step(ids)`` once, right after ``store``'s in-process index has matched ``ids`` (its ``method``:
+    ``page``, or ``query`` for ``list``) and before the rows are read: where another process's write lands
+    when it commits in between."""
+    index = store.index
+    matched = getattr(index, method)
+    done = False
+
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        nonlocal done
+        found = matched(*args, **kwargs)
+        if not done:
+            done = True
+            step(found.filtered if method == "query" else found)
+        return found
+
+    setattr(index, method, hooked)
+
+
+@sqlite_only
+@pytest.mark.parametrize("read", ["page", "page_json", "list", "iter_all"])
+def test_a_filtered_read_answers_from_one_state_while_another_process_writes(
+    engine_name: str, two_connections: Pair, read: str
+) -> None:
+    """The engine matches a filter in its index and reads the rows after: another process moving a matched
+    memory out of the filter in between came back as it is now (a working member read in short-term), and
+    one deleting a matched memory shortened the page (which ended ``iter_all``'s walk early). Both come
+    from one read snapshot of the file now: the memories as they were when matched."""
+    reader, writer = two_connections
+    docs = [
+        mem(f"working {i}", session_id="s", created_at=T0 + timedelta(minutes=i), tier=Tier.WORKING)
+        for i in range(3)
+    ]
+    reader.put_many(docs)
+    working = Filters.of(session_id="s", tier="working")
+
+    def another_process(ids: list[str]) -> None:
+        writer.put(bump(writer.get(ids[0]), tier=Tier.SHORT_TERM))
+        writer.delete(ids[1])
+
+    _between_match_and_rows(reader, "query" if read == "list" else "page", another_process)
+    if read == "page":
+        got = [(m.id, m.tier.value) for m in reader.page(working, None, 2, newest_first=True)]
+    elif read == "page_json":
+        got = [(d["id"], d["tier"]) for d in reader.page_json(working, None, 2, newest_first=True)]
+    elif read == "list":
+        got = [(m.id, m.tier.value) for m in reader.list(working, limit=2)]
+    else:
+        got = [(m.id, m.tier.value) for m in reader.iter_all(working, batch=2, newest_first=True)]
+    newest = [docs[2].id, docs[1].id] if read != "iter_all" else [m.id for m in reversed(docs)]
+    assert got == [(i, "working") for i in newest]
+    assert [m.id for m in reader.page(working)] == [docs[0].id]  # the next read: the writes are seen
+
+
+@sqlite_only
+def test_get_many_of_more_ids_than_a_statement_reads_them_from_one_state(
+    engine_name: str, two_connections: Pair
+) -> None:
+    """Past 500 ids the rows are read a chunk a statement: another process's write of two memories at once,
+    committed between two chunks, came back half applied (the first chunk's memory as it was, the second
+    one's as written)."""
+    reader, writer = two_connections
+    docs = [mem(f"memory {i}") for i in range(501)]
+    reader.put_many(docs)
+    first, last = docs[0], docs[-1]
+    chunks = 0
+
+    def between_chunks(statement: str) -> None:
+        nonlocal chunks
+        if "FROM memories WHERE id IN" in statement:  # a chunk of ids read
+            chunks += 1
+            if chunks == 2:
+                writer.put_many([bump(first, content="both changed"), bump(last, content="both changed")])
+
+    reader._db.set_trace_callback(between_chunks)
+    found = reader.get_many([m.id for m in docs])
+    reader._db.set_trace_callback(None)
+    assert chunks == 2
+    assert (found[first.id].content, found[last.id].content) == (first.content, last.content)
+    assert reader.get(last.id).content == "both changed"
 
 
 @sqlite_only

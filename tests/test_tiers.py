@@ -41,7 +41,7 @@ from clawvm import (
 from clawvm.core.embed import count_tokens
 from clawvm.core.model import build_memory
 from clawvm.observe.learning import intervene
-from clawvm.store import MemoryStore, Store
+from clawvm.store import MemoryStore, SQLiteStore, Store
 from clawvm.vm import working as working_module
 from clawvm.vm.tiers import ORDER, Pager, PagerConfig, TierBudgets, value_per_token
 from clawvm.write.commit import CommitPath
@@ -1454,34 +1454,38 @@ def test_processes_recording_pinned_at_once_keep_the_pinned_budget(engine_name: 
     _check_record_race(target, _race_in_processes(pin_race.record_when_told, target, texts))
 
 
-class _RowsReadAfterTheIndex(MemoryStore):
-    """An engine that matches a filter in its index and reads the rows after (as SQLite does), with another
-    process's move landing in between: the memory comes back as a member of the tier it has left."""
-
-    def __init__(self, left: Memory) -> None:
-        super().__init__()
-        self.left = left
-
-    def iter_all(
-        self, filters: Filters | None = None, batch: int = 500, newest_first: bool = False
-    ) -> Iterator[Memory]:
-        yield from super().iter_all(filters, batch, newest_first)
-        yield self.left
-
-
-def test_a_member_that_left_its_tier_between_index_and_rows_is_not_paged() -> None:
-    """Such a memory (a refused pin undone back to long-term by another process) was demoted by the next
-    pass as a working member: from long-term to short-term."""
-    left = build_memory({"content": "undone pin", "session_id": "s", "tier": Tier.LONG_TERM})
-    store = _RowsReadAfterTheIndex(left)
+def test_a_member_that_left_its_tier_while_the_pager_read_it_is_not_paged(tmp_path: Path) -> None:
+    """Another process moves a working member back to long-term (a refused pin undone) while a pass reads
+    the tier: SQLite matched the filter in its index and read the rows after, so the member came back as it
+    was by then, in long-term, and the pass demoted it from there. The tier is read from one state of the
+    file: the member comes back as it was when matched, and the pass's write of it meets the newer version
+    and leaves it where it went."""
+    path = tmp_path / "pager.db"
+    store, other = SQLiteStore(path), SQLiteStore(path)
     store.setup()
-    pager = Pager(store, CommitPath(store, Redactor()), CFG)
-    store.put(left)
-    for i in range(6):
-        store.put(build_memory({"content": f"working {i}", "session_id": "s", "tier": Tier.WORKING}))
-    assert left.id not in {m.id for m in pager.tier_members("default", "s", Tier.WORKING)}
-    assert left.id not in {m.id for m in pager.enforce("default", "s", T0)}
-    assert store.get(left.id).tier is Tier.LONG_TERM
+    other.setup()
+    try:
+        pager = Pager(store, CommitPath(store, Redactor()), CFG)
+        for i in range(6):  # one past the working budget: the pass demotes its least valuable member
+            store.put(build_memory({"content": f"working {i}", "session_id": "s", "tier": Tier.WORKING}))
+        matched, left = store.index.page, []
+
+        def undone_meanwhile(*args: Any, **kwargs: Any) -> list[str]:
+            ids: list[str] = matched(*args, **kwargs)
+            if not left:  # the member the pass will choose leaves, once the index has matched it
+                members = other.get_many(ids)
+                victim = min((members[i] for i in ids), key=lambda m: value_per_token(m, T0, CFG.scoring))
+                other.put(victim.model_copy(update={"tier": Tier.LONG_TERM, "version": victim.version + 1}))
+                left.append(victim.id)
+            return ids
+
+        store.index.page = undone_meanwhile  # type: ignore[method-assign]
+        pager.enforce("default", "s", T0)
+        assert left and other.get(left[0]).tier is Tier.LONG_TERM
+        assert other.count(Filters.of(session_id="s", tier="working")) == 5
+    finally:
+        store.close()
+        other.close()
 
 
 def test_a_pin_outrun_by_an_archive_leaves_the_memory_archived_and_unpinned(

@@ -644,7 +644,9 @@ class Store(ABC):
     ) -> list[Memory]:
         """Up to ``limit`` memories matching ``filters`` in (created_at, id) order (descending with
         ``newest_first``), strictly beyond ``after``: a keyset page. Pass the last memory's
-        :meth:`PageKey.of` for the next page; a page shorter than ``limit`` is the last."""
+        :meth:`PageKey.of` for the next page; a page shorter than ``limit`` is the last. A page is read from
+        one state of the store: every memory on it matches ``filters`` as it is returned, whatever another
+        process writes meanwhile (the pager counts a tier's members as they come)."""
 
     @abstractmethod
     def set_vectors(

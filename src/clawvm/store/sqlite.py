@@ -14,6 +14,7 @@ that knows about the driver.
 
 from __future__ import annotations
 
+import builtins
 import json
 import logging
 import sqlite3
@@ -262,6 +263,8 @@ class _StoredState:
 
 
 log = logging.getLogger("clawvm.store.sqlite")
+
+_CHUNK = 500  # ids a statement reads rows of (SQLite's bound parameters are limited)
 
 
 #: ``durability`` -> SQLite's ``synchronous`` setting. ``normal`` (the default, WAL + synchronous=NORMAL): a
@@ -563,6 +566,38 @@ class SQLiteStore(IndexSnapshots, Store):
             self._catch_up()
             yield self._db
 
+    @contextmanager
+    def _snapshot(self, action: str) -> Iterator[sqlite3.Connection]:
+        """:meth:`_read` in one read transaction, for a call that reads rows: the index is caught up to the
+        snapshot of the file that the rows are then read from, so the memories it matched are read as they
+        were when it matched them. Read apart, another process's write committed in between came back: a
+        memory matched as a working member read as it is now, in short-term, and one deleted in between
+        shortened a keyset page (which ended :meth:`iter_all`'s walk early)."""
+        with self._lock, translated(action):
+            db = self._db
+            if db.in_transaction:  # called inside a write: its transaction is the snapshot
+                self._catch_up()
+                yield db
+                return
+            # the catch-up's first read (PRAGMA data_version) takes the snapshot the statements after see
+            db.execute("BEGIN")
+            try:
+                self._catch_up()
+                yield db
+            finally:
+                db.execute("COMMIT")  # read-only: nothing to undo
+
+    @staticmethod
+    def _bodies(db: sqlite3.Connection, ids: Sequence[str]) -> dict[str, str]:
+        """The stored JSON of each of ``ids`` that is stored (read a chunk a query, in the caller's
+        transaction)."""
+        out: dict[str, str] = {}
+        for start in range(0, len(ids), _CHUNK):
+            chunk = list(ids[start : start + _CHUNK])
+            marks = ",".join("?" * len(chunk))
+            out.update(db.execute(f"SELECT id, body FROM memories WHERE id IN ({marks})", chunk))
+        return out
+
     # ---- contract -----------------------------------------------------------------------------------
     @heals
     def put_many(self, memories: Sequence[Memory], *, imported: Collection[str] = ()) -> None:
@@ -703,16 +738,11 @@ class SQLiteStore(IndexSnapshots, Store):
     def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
         if not ids:
             return {}
-        out: dict[str, Memory] = {}
-        with self._read("get") as db:
-            for start in range(0, len(ids), 500):
-                chunk = list(ids[start : start + 500])
-                for (body,) in db.execute(
-                    f"SELECT body FROM memories WHERE id IN ({','.join('?' * len(chunk))})", chunk
-                ):
-                    m = from_stored(body)
-                    out[m.id] = m
-        return out
+        # one chunk is one statement, one state of the file already: no transaction around it (~5 us a
+        # recall); the chunks of more ids are read in one
+        with (self._read if len(ids) <= _CHUNK else self._snapshot)("get") as db:
+            bodies = self._bodies(db, ids)
+        return {i: from_stored(body) for i, body in bodies.items()}
 
     @heals
     def tenants_of(self, ids: Sequence[str]) -> dict[str, str]:
@@ -788,23 +818,19 @@ class SQLiteStore(IndexSnapshots, Store):
         self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False
     ) -> list[Memory]:
         key = None if after is None else (micros(after.created_at), after.id)
-        with self._read("page"):  # one lock: the ids and their rows come from the same state
+        with self._snapshot("page") as db:  # the ids and their rows from one state of the file
             ids = self.index.page(filters, key, limit, newest_first)
-            found = self.get_many(ids)
-        return [found[i] for i in ids if i in found]
+            bodies = self._bodies(db, ids)
+        return [from_stored(bodies[i]) for i in ids if i in bodies]
 
     @heals
     def page_json(
         self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False
     ) -> list[dict[str, Any]]:
         key = None if after is None else (micros(after.created_at), after.id)
-        bodies: dict[str, str] = {}
-        with self._read("page") as db:  # one lock: the ids and their rows come from the same state
+        with self._snapshot("page") as db:  # the ids and their rows from one state of the file
             ids = self.index.page(filters, key, limit, newest_first)
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
-                marks = ",".join("?" * len(chunk))
-                bodies.update(db.execute(f"SELECT id, body FROM memories WHERE id IN ({marks})", chunk))
+            bodies = self._bodies(db, ids)
         return [json.loads(bodies[i]) for i in ids if i in bodies]
 
     @heals
@@ -993,3 +1019,11 @@ class SQLiteStore(IndexSnapshots, Store):
         with self._lock, translated("list_credentials"):
             rows = self._db.execute(sql, args).fetchall()
         return [Credential(t, k, n, json.loads(d), int(v)) for t, k, n, v, d in rows]
+
+    # ---- last in the class: its name would shadow the builtin in the annotations of the methods after it
+    @heals
+    def list(self, filters: Filters | None = None, limit: int = 100) -> builtins.list[Memory]:
+        with self._snapshot("list") as db:  # the ids and their rows from one state of the file
+            ids = self.index.query(Query(filters=filters or Filters(), limit=limit)).filtered
+            bodies = self._bodies(db, ids)
+        return [from_stored(bodies[i]) for i in ids if i in bodies]

@@ -414,7 +414,7 @@ class Pager:
         """The active members of one session's tier, newest first: a tier's budget bounds them, and they
         are read in keyset pages (the budget check ranks every member, so all of them are returned)."""
         f = Filters.of(tenant=tenant, session_id=session_id, tier=tier, status="active")
-        return [m for m in self.store.iter_all(f, newest_first=True) if _still_in(m, tier)]
+        return list(self.store.iter_all(f, newest_first=True))
 
     @_one_pass
     def enforce(
@@ -654,7 +654,7 @@ class Pager:
         out: dict[str, list[Memory]] = {s: [] for s in sessions}
         f = Filters.of(tenant=tenant, session_id=list(sessions), tier=Tier.WORKING, status="active")
         for m in self.store.iter_all(f, newest_first=True):
-            if m.session_id in out and _still_in(m, Tier.WORKING):
+            if m.session_id in out:
                 out[m.session_id].append(m)
         return out
 
@@ -769,13 +769,6 @@ class Pager:
         pinned = [m for m in pinned if m.id not in batch] + [*alongside, memory]
         if over(pinned, items, tokens):
             raise PinBudgetError()
-
-
-def _still_in(memory: Memory, tier: Tier) -> bool:
-    """Whether ``memory``, read as a member of an active tier, still is one: SQLite matches the filter in
-    its index and reads the rows after, so a memory another process moved out in between (a pin undone back
-    to long-term) came back as a working member, and a pass demoted it from where it was."""
-    return memory.tier is tier and memory.status is Status.ACTIVE
 
 
 def unless_forgotten(step: Callable[[], Memory]) -> Memory | None:
