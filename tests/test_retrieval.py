@@ -4,7 +4,7 @@ through a Harness (and the storage contract) on every engine."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,6 +26,7 @@ from clawvm.recall.retrieval import (
     length_factors,
     named_authors,
     preset,
+    run_recall,
     strip_authors,
     time_expressions,
     time_match,
@@ -525,3 +526,33 @@ def test_store_knows_its_agents_per_tenant_and_candidates_carry_theirs(engine: S
     assert {i: x.agent_id for i, x in info.items()} == {a.id: "Nate", b.id: "Joanna", c.id: "Amy"}
     terms = Analyzer().terms
     assert {i: x.length for i, x in info.items()} == {m.id: len(terms(m.content)) for m in (a, b, c)}
+
+
+class _ArchivesBeforeFetch:
+    """The store a recall reads, with another caller's write landing between the recall's match and its
+    fetch of the memories: the first one it fetches is archived first."""
+
+    def __init__(self, h: Harness) -> None:
+        self._h, self.archived = h, ""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._h.store, name)
+
+    def get_many(self, ids: Sequence[str]) -> dict[str, Memory]:
+        if not self.archived:
+            self.archived = ids[0]
+            self._h.update(ids[0], status=Status.ARCHIVED)
+        return self._h.store.get_many(ids)
+
+
+def test_a_memory_that_left_the_filter_between_match_and_fetch_is_not_returned(
+    lexical_harness: Harness,
+) -> None:
+    """A recall matches its candidates, then fetches them: a memory archived (moved out of the filter) in
+    between was returned as it is now, an archived memory among the active results."""
+    h = lexical_harness
+    conversation(h)
+    racing = _ArchivesBeforeFetch(h)
+    hits = run_recall(racing, "pottery class", None, 3, LEXICAL_ONLY, h.filters({}))  # type: ignore[arg-type]
+    assert racing.archived and racing.archived not in {x.id for x in hits}
+    assert hits and all(x.memory.status is Status.ACTIVE for x in hits)

@@ -554,7 +554,9 @@ def run_recall(
     explains = _explain(parts, [i for i, _ in best])
     out = []
     for i, s in best:
-        if i not in found:
+        # matched, then fetched: another caller's write in between (archived, moved out of the session)
+        # leaves a memory the filters no longer take, which the recall does not return as a match
+        if i not in found or not filters.matches(found[i]):
             continue
         explain = explains[i]
         if cfg.smoothing > 0 and (spot := info.get(i)) is not None:
