@@ -632,6 +632,12 @@ def test_a_rollback_brings_back_a_pinned_memorys_raw_text_only_within_the_pin_bu
         assert h.compress(m.id).token_count < 150 - 60 < m.token_count
         h.update(moved.id, session_id="s")
         h.pin(moved.id)  # fits beside the summary, not beside the raw text
+        told = checkpoints.would_change(h.store, cp, h.now(), h.tenant, ignore=checkpoints.BOOKKEEPING)
+        assert m.id not in {x.id for x in told}  # without the budget, its pin looks restored
+        told = checkpoints.would_change(
+            h.store, cp, h.now(), h.tenant, ignore=checkpoints.BOOKKEEPING, pager=h.pager
+        )
+        assert m.id in {x.id for x in told}  # decided as the rollback decides: its pin goes
         shown: list[str] = []
         report = h.rollback(cp, guard=lambda ms: shown.extend(x.id for x in ms))
         assert m.id in shown  # asked before anything is written

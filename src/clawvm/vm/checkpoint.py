@@ -371,14 +371,19 @@ def would_change(
     tenant: str | None = None,
     *,
     ignore: frozenset[str] = frozenset(),
+    pager: Pager | None = None,
 ) -> list[Memory]:
     """The memories a rollback to ``checkpoint_id`` would change if run at ``now``: the ones it would
     obsolete, and the ones it would restore whose fields (but ``ignore``'s) differ from the snapshot's, or
     that it would decompress; decided as :func:`rollback` decides them. Nothing is written. (What the
-    store holds: recalls' access bookkeeping that a harness still holds is written by its rollback first.)"""
+    store holds: recalls' access bookkeeping that a harness still holds is written by its rollback first.)
+    ``pager``: the rollback's, whose working budget decides which of the snapshot's pins still fit (a pin
+    that no longer does is restored unpinned: a pinned memory that grew since, or whose raw text comes
+    back, loses its pin); without it every pin of the snapshot counts as restored."""
     snap = _checkpoint(store, checkpoint_id)
     data = read_snapshot(snap, tenant)
     taken = _first_seq(store, snap)
+    dropped = set() if pager is None else set(_plan(store, pager, snap, data, taken, now, set()).unpinned)
     out = []
     steps = _steps(store, snap, data, taken, now)
     for m, step in steps.members:
@@ -388,6 +393,8 @@ def would_change(
             old = data.memories[m.id]
             decompressed = "compression" in m.metadata and old.compressed is False
             target = _restored_fields(m, old, steps.surviving)
+            if m.id in dropped:
+                target["pinned"] = False
             seen = m
             if decompressed and "compressed" in ignore:  # its pointer to the raw copy is the pager's too
                 seen = _without_raw_pointer(m)
