@@ -607,3 +607,72 @@ def test_a_rollback_that_undoes_a_revision_and_a_merge_leaves_no_memory_claiming
         again = h.revise(head.id, content="the ledger service uses sqlite")
         assert teams.latest(h, head.id).id == again.id
         assert h.get(head.id).metadata["superseded_by"] == again.id
+
+
+# 108 tokens whole, 36 compressed (extractive)
+WALKS = " ".join(
+    f"We talked about the {w} and the long walk home afterwards."
+    for w in ("weather", "queue", "coffee", "train", "garden", "concert", "library", "market", "harbour")
+)
+
+
+def pinned_tokens(h: Harness, session_id: str) -> int:
+    return sum(m.token_count for m in h.list(session_id=session_id, pinned=True, tier="working", limit=100))
+
+
+def test_a_rollback_brings_back_a_pinned_memorys_raw_text_only_within_the_pin_budget() -> None:
+    """A pinned memory compressed since the checkpoint got its raw text back in a write that carried no
+    pinned budget: with a pin taken meanwhile that the rollback keeps (a memory that moved into the session),
+    the session's pins stayed over the working budget, where no pager pass can page them out. Its text comes
+    back, its pin only if it fits."""
+    with Harness.open("memory://", embedder=None, pager=tight(5, 150)) as h:
+        m = h.record(WALKS, session_id="s", pinned=True)
+        moved = h.record("the runbook for the ledger " * 10, session_id="t")  # 60 tokens
+        cp = h.checkpoint("s", "cp")
+        assert h.compress(m.id).token_count < 150 - 60 < m.token_count
+        h.update(moved.id, session_id="s")
+        h.pin(moved.id)  # fits beside the summary, not beside the raw text
+        told = checkpoints.would_change(h.store, cp, h.now(), h.tenant, ignore=checkpoints.BOOKKEEPING)
+        assert m.id not in {x.id for x in told}  # without the budget, its pin looks restored
+        told = checkpoints.would_change(
+            h.store, cp, h.now(), h.tenant, ignore=checkpoints.BOOKKEEPING, pager=h.pager
+        )
+        assert m.id in {x.id for x in told}  # decided as the rollback decides: its pin goes
+        shown: list[str] = []
+        report = h.rollback(cp, guard=lambda ms: shown.extend(x.id for x in ms))
+        assert m.id in shown  # asked before anything is written
+        back = h.get(m.id)
+        assert back.content == WALKS and "compression" not in back.metadata
+        assert not back.pinned and back.tier is Tier.WORKING and h.get(moved.id).pinned
+        assert pinned_tokens(h, "s") <= 150
+        assert m.id in report.restored
+        (event,) = [e for e in h.events(limit=100) if e.kind == "rollback"]
+        assert event.data["unpinned"] == [m.id]
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_a_rollback_never_puts_the_pins_over_budget_on_its_way(refused: bool) -> None:
+    """The raw text came back in a write of its own before the rollback undid a pin taken since: between the
+    two writes (for good, when the rollback's guard refused after the first) the pins were over the budget.
+    It now comes back in the rollback's write, which undoes that pin: the memory keeps its own."""
+    with Harness.open("memory://", embedder=None, pager=tight(5, 150)) as h:
+        m = h.record(WALKS, session_id="s", pinned=True)
+        later = h.record("the runbook for the ledger " * 10, session_id="s")  # 60 tokens
+        cp = h.checkpoint("s", "cp")
+        h.compress(m.id)
+        h.pin(later.id)
+        seen: list[int] = []
+        h.writer.on_commit(lambda _written, _deleted: seen.append(pinned_tokens(h, "s")))
+        calls: list[int] = []
+
+        def guard(_touched: Any) -> None:
+            calls.append(1)
+            if refused and len(calls) > 1:
+                raise ValidationError("checkpoint_id", "is refused", "roll back from the harness")
+
+        with contextlib.suppress(ValidationError):
+            h.rollback(cp, guard=guard)
+        assert max(seen, default=0) <= 150 and pinned_tokens(h, "s") <= 150, seen
+        if not refused:
+            back = h.get(m.id)
+            assert back.content == WALKS and back.pinned and not h.get(later.id).pinned

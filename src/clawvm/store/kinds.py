@@ -151,6 +151,7 @@ class RollbackData(TypedDict):
     restored: list[str]
     obsoleted: list[str]
     tiers: NotRequired[dict[str, str]]  # restored id -> its tier now (rollbacks logged before it lack it)
+    unpinned: NotRequired[list[str]]  # pinned at the checkpoint, restored unpinned (no room): when any
 
 
 class RetrieveData(TypedDict):

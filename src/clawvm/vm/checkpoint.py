@@ -6,17 +6,19 @@ same store, survives restarts and is exported with everything else; the context 
 prompt.
 
 What a rollback restores, exactly, for every memory the checkpoint saw: its tier, value (the number the
-checkpoint recorded, not a recomputation), pin, status, usage counters, access count and time, its
-``state`` and tool-call outcome (a call PENDING at the checkpoint is PENDING again, no longer pointing at
-the result it got later) and its links (a link to a memory made later goes). A memory compressed after
-the checkpoint gets its raw text back. Memories created after the checkpoint become ``obsolete`` (not
+checkpoint recorded, not a recomputation), pin, status, usage counters, access count and time, its ``state``
+and tool-call outcome (a call PENDING at the checkpoint is PENDING again, no longer pointing at the result it
+got later) and its links (a link to a memory made later goes). A memory compressed after the checkpoint gets
+its raw text back. A pin comes back only if the session's pinned memories then fit the working budget: a
+memory that grew since, or whose raw text comes back, may not keep it (it is restored unpinned, and the
+``rollback`` event's ``unpinned`` lists it). Memories created after the checkpoint become ``obsolete`` (not
 deleted: analytics can still show what was undone). What it does not restore: content edited after the
-checkpoint other than by compression (revisions are new memories, and those are obsoleted: the memory
-revised, or merged, since names no successor any more; a memory decompressed since stays whole), memories
-forgotten for good, memories expired since (their TTL passed: they stay expired), memories moved to
-another session since (they are that session's now), and the event log, which records the rollback (a
-``rollback`` event lists all of it). The changes and that event are one write: a rollback is whole or not
-at all, whenever its process dies.
+checkpoint other than by compression (revisions are new memories, and those are obsoleted: the memory revised,
+or merged, since names no successor any more; a memory decompressed since stays whole), memories forgotten for
+good, memories expired since (their TTL passed: they stay expired), memories moved to another session since
+(they are that session's now), and the event log, which records the rollback (a ``rollback`` event lists all
+of it). The changes and that event are one write: a rollback is whole or not at all, whenever its process
+dies.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from clawvm.core.model import (
 from clawvm.store import Event
 from clawvm.store.base import PinBudget, PinBudgetError, StoreReader
 from clawvm.store.kinds import EventKind
-from clawvm.vm.compress import decompress_memory
+from clawvm.vm.compress import decompress_memory, raw_text_back
 from clawvm.vm.context import CHECKPOINT_TAG, is_snapshot
 from clawvm.vm.tiers import Pager
 from clawvm.write.commit import Writer
@@ -207,7 +209,10 @@ def rollback(
     Every change and the ``rollback`` event are one write: a process killed during a rollback leaves the
     session as it was or rolled back, never half (each memory written on its own left 755 of 3,000 undone,
     and no event said so). Only the raw text of a memory compressed since comes back first, each in a
-    write of its own: a decompressed memory is the same memory, whole."""
+    write of its own: a decompressed memory is the same memory, whole. But a memory pinned now or at the
+    checkpoint gets its raw text back in the rollback's write, where the pins it undoes are counted: its
+    pin stays (or comes back) only if the session's pinned memories then fit the working budget, and no
+    write of the rollback ever leaves them past it."""
     snap = _checkpoint(store, checkpoint_id)
     data = read_snapshot(snap, tenant)
     taken = _first_seq(store, snap)
@@ -231,10 +236,11 @@ def rollback(
                 "restored": plan.restored,
                 "obsoleted": plan.obsoleted,
                 "tiers": plan.tiers,
+                **({"unpinned": plan.unpinned} if plan.unpinned else {}),
             },
         )
         try:
-            pager.writer.write(plan.written, None, [event], requires=plan.pins)
+            pager.writer.write(plan.written, None, [*plan.notes, event], requires=plan.pins)
         except ConflictError:  # one of them changed since it was read: read and decide again
             continue
         except PinBudgetError:  # another writer's pins took the room a restored pin was to take: again,
@@ -259,8 +265,10 @@ class _Plan:
     obsoleted: list[str]
     tiers: dict[str, str]  # restored id -> the tier it is back in (MemLens's timeline replays it)
     touched: list[Memory]  # as read: those it obsoletes or changes beyond BOOKKEEPING (a rollback's guard)
-    compressed_since: list[Memory]  # to restore, and compressed since the checkpoint: decompressed first
-    pins: tuple[PinBudget, ...] = ()  # the pinned budgets of the pins it restores, checked in its write
+    compressed_since: list[Memory]  # to restore, compressed since, never pinned: decompressed first
+    pins: tuple[PinBudget, ...]  # the pinned budgets of the pins it restores, checked in its write
+    notes: list[Event]  # the decompress events of the raw text it brings back itself (of pinned ones)
+    unpinned: list[str]  # pinned at the checkpoint, restored unpinned: their pins no longer fit
 
 
 def _plan(
@@ -278,7 +286,9 @@ def _plan(
     tiers: dict[str, str] = {}
     touched: dict[str, Memory] = {}
     compressed_since: list[Memory] = []
-    repins: list[tuple[Memory, dict[str, Any]]] = []  # pins restored once every unpin is counted
+    notes: list[Event] = []  # the decompress events of the raw text this write brings back
+    repins: list[tuple[Memory, Memory, dict[str, Any]]] = []  # pins restored once every unpin is counted
+    unpinned: list[str] = []  # pinned at the checkpoint, and left unpinned: the pin no longer fits
 
     def change(m: Memory, fields: dict[str, Any], keep_value: bool) -> Memory:
         changed = revalidate(m, {**fields, "version": m.version + 1})
@@ -295,26 +305,39 @@ def _plan(
         if step == "keep":
             continue
         since = "compression" in m.metadata and data.memories[m.id].compressed is False
-        if since:
+        whole = m  # m with the raw text this write brings back, at its stored version
+        if since and (m.pinned or data.memories[m.id].pinned):
+            # pinned, its raw text may not fit beside the session's pins: it comes back in this write,
+            # where the pins it undoes are counted, pinned only if the pinned memories then fit
+            whole, note = raw_text_back(store, m, now)
+            notes.append(note)
+        elif since:
             compressed_since.append(m)
-        target = _restored_fields(m, data.memories[m.id], steps.surviving)
-        if target["pinned"] and not m.pinned and m.session_id is not None:
-            # after the unpins: whether a pin fits does not depend on the order of the rows
-            repins.append((m, target))
-            target = {**target, "pinned": False}
-        if any(getattr(m, k) != v for k, v in target.items()):
-            written[m.id] = change(m, target, keep_value=True)
-        seen = _without_raw_pointer(m) if since else m  # the pointer is the compression's: bookkeeping
-        if any(getattr(seen, k) != v for k, v in target.items() if k not in BOOKKEEPING):
+        target = _restored_fields(whole, data.memories[m.id], steps.surviving)
+        repin = target["pinned"] and (not m.pinned or whole is not m) and m.session_id is not None
+        if repin:  # after the unpins: whether a pin fits does not depend on the order of the rows
+            repins.append((m, whole, target))
+            target = {**target, "pinned": False}  # its pin is decided below
+        if any(getattr(whole, k) != v for k, v in target.items()) or whole is not m:
+            written[m.id] = change(whole, target, keep_value=True)
+        seen = _without_raw_pointer(m) if since and whole is m else whole  # the pointer is bookkeeping
+        kept = (k for k in target if k not in BOOKKEEPING and not (repin and k == "pinned"))
+        if any(getattr(seen, k) != target[k] for k in kept):
             touched[m.id] = m
         if m.id in written or m.id in decompressed:
             restored.append(m.id)
             tiers[m.id] = Tier(target["tier"]).value
     repinned: list[Memory] = []
-    for m, target in repins:
+    for m, whole, target in repins:
         pinned = [w for w in written.values() if w.pinned and w.session_id == m.session_id]
-        target = _pin_if_it_fits(pager, m, target, now, pinned, written.keys())
-        if any(getattr(m, k) != v for k, v in target.items()):
+        target = _pin_if_it_fits(pager, whole, target, now, pinned, written.keys())
+        if not target["pinned"]:
+            unpinned.append(m.id)
+        if whole is not m:  # its raw text comes back in this write (restored already), pinned or not
+            written[m.id] = change(whole, target, keep_value=True)
+            if target["pinned"] != m.pinned:
+                touched[m.id] = m  # its pin comes back, or goes
+        elif any(getattr(m, k) != v for k, v in target.items()):
             written[m.id] = change(m, target, keep_value=True)
             touched[m.id] = m  # its pin comes back
             if m.id not in tiers:
@@ -330,6 +353,8 @@ def _plan(
         list(touched.values()),
         compressed_since,
         pager.pin_budgets(repinned, now),
+        notes,
+        unpinned,
     )
 
 
@@ -346,14 +371,19 @@ def would_change(
     tenant: str | None = None,
     *,
     ignore: frozenset[str] = frozenset(),
+    pager: Pager | None = None,
 ) -> list[Memory]:
     """The memories a rollback to ``checkpoint_id`` would change if run at ``now``: the ones it would
     obsolete, and the ones it would restore whose fields (but ``ignore``'s) differ from the snapshot's, or
     that it would decompress; decided as :func:`rollback` decides them. Nothing is written. (What the
-    store holds: recalls' access bookkeeping that a harness still holds is written by its rollback first.)"""
+    store holds: recalls' access bookkeeping that a harness still holds is written by its rollback first.)
+    ``pager``: the rollback's, whose working budget decides which of the snapshot's pins still fit (a pin
+    that no longer does is restored unpinned: a pinned memory that grew since, or whose raw text comes
+    back, loses its pin); without it every pin of the snapshot counts as restored."""
     snap = _checkpoint(store, checkpoint_id)
     data = read_snapshot(snap, tenant)
     taken = _first_seq(store, snap)
+    dropped = set() if pager is None else set(_plan(store, pager, snap, data, taken, now, set()).unpinned)
     out = []
     steps = _steps(store, snap, data, taken, now)
     for m, step in steps.members:
@@ -363,6 +393,8 @@ def would_change(
             old = data.memories[m.id]
             decompressed = "compression" in m.metadata and old.compressed is False
             target = _restored_fields(m, old, steps.surviving)
+            if m.id in dropped:
+                target["pinned"] = False
             seen = m
             if decompressed and "compressed" in ignore:  # its pointer to the raw copy is the pager's too
                 seen = _without_raw_pointer(m)

@@ -340,9 +340,18 @@ def decompress_memory(
 ) -> Memory:
     """Bring back the raw text of a compressed memory (the archived raw copy is kept for history).
     ``requires``: the write's preconditions (a pinned memory's budget, which its raw text may not pass)."""
-    info = memory.metadata.get("compression")
-    if not info:
+    if not memory.metadata.get("compression"):
         return memory
+    restored, event = raw_text_back(store, memory, now)
+    written = revalidate(restored, {"version": memory.version + 1})
+    return writer.write([written], None, [event], requires=requires)[0]
+
+
+def raw_text_back(store: StoreReader, memory: Memory, now: datetime) -> tuple[Memory, Event]:
+    """Compressed ``memory`` with its raw text back, still at its version (the write that stores it
+    numbers it), and the ``decompress`` event to write with it: what :func:`decompress_memory` writes,
+    for a caller whose write changes more (a rollback's)."""
+    info = memory.metadata["compression"]
     raw = store.get(info["raw_id"])
     if raw.metadata.get("raw_of") != memory.id:  # a pointer compress() did not write (an import's)
         raise ValidationError(
@@ -357,7 +366,6 @@ def decompress_memory(
         {
             "content": raw.content,
             "token_count": raw.token_count,
-            "version": memory.version + 1,
             "metadata": metadata,
             "links": [link for link in memory.links if link.target != raw.id],
         },
@@ -365,7 +373,7 @@ def decompress_memory(
     event = Event(
         kind=EventKind.DECOMPRESS, memory_id=memory.id, tenant=memory.tenant, at=now, data={"raw_id": raw.id}
     )
-    return writer.write([restored], None, [event], requires=requires)[0]
+    return restored, event
 
 
 def raw_copies(store: StoreReader, memory: Memory, page: int = 500) -> list[Memory]:
