@@ -1316,6 +1316,34 @@ def test_a_memory_forgotten_during_a_maintenance_pass_is_skipped_not_fatal() -> 
         assert h.get(moved[0].id).tier is Tier.SHORT_TERM and h.store.get_many(forgotten) == {}
 
 
+def test_a_member_pinned_or_archived_during_an_idle_page_out_stays_where_its_caller_left_it() -> None:
+    """The pass reads an idle session's working members, then moves them one by one: a member another
+    caller pinned (or archived) in between met the pass's write as a newer version, and the retry moved
+    it to short-term from wherever it was then: a pinned memory out of the working tier, an archived one
+    in short-term. The pager's own move now leaves a memory that changed tier, status or pin since."""
+    now = [datetime(2030, 1, 1, tzinfo=UTC)]
+    pager = PagerConfig(background=False)
+    with Harness.open("memory://", embedder=None, pager=pager, clock=lambda: now[0]) as h:
+        a, b, c = (h.record(f"note {i} about the build farm", session_id="s") for i in range(3))
+        changed: list[str] = []
+
+        def meanwhile(written: Any, deleted: Any) -> None:  # another caller, after the pass's first move
+            if not changed and any(m.tier is Tier.SHORT_TERM for m in written):
+                moved = next(m.id for m in written)
+                pin, archive = (m.id for m in (a, b, c) if m.id != moved)
+                changed.extend([pin, archive])
+                h.pin(pin)
+                h.update(archive, status=Status.ARCHIVED)
+
+        h.writer.on_commit(meanwhile)
+        now[0] += timedelta(hours=3)  # the session is idle: its working tier is paged out
+        moved = h.pager.page_out_idle(h.tenant, "s", now[0])
+        pinned, archived = h.get(changed[0]), h.get(changed[1])
+        assert (pinned.tier, pinned.pinned) == (Tier.WORKING, True)
+        assert (archived.tier, archived.status) == (Tier.WORKING, Status.ARCHIVED)
+        assert [m.id for m in moved] == [m.id for m in (a, b, c) if m.id not in changed]
+
+
 def _race_in_threads(
     worker: Callable[..., None], target: str | Store, args: list[str]
 ) -> list[tuple[Any, ...]]:

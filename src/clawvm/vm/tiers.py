@@ -377,7 +377,16 @@ class Pager:
         **changes: Any,
     ) -> Memory:
         """Store ``memory`` in tier ``to`` and log the move (kind promote/demote/archive). ``bookkeeping``:
-        the pager's own move (paging, a recall's promotion), not a caller's (see ``CommitPath.write``)."""
+        the pager's own move (paging, a recall's promotion), not a caller's (see ``CommitPath.write``).
+        The pager chose ``memory`` as read: a memory that another caller moved, pinned, unpinned or gave
+        another status since is left as that caller left it (the pager's reason no longer holds), where a
+        caller's own move is retried on the newer version."""
+        chosen = (memory.tier, memory.status, memory.pinned)
+
+        def tier_to(current: Memory) -> dict[str, Any]:
+            if bookkeeping and (current.tier, current.status, current.pinned) != chosen:
+                raise Unchanged
+            return {**changes, "tier": to}
 
         def moved_event(current: Memory, after: Memory) -> Event:
             kind = (
@@ -389,9 +398,9 @@ class Pager:
             return _move_event(kind, current, to, before, after.value, reason, now, current.tier)
 
         self.give_way()
-        moved = self.mutate(
-            memory, lambda _m: {**changes, "tier": to}, now, event=moved_event, bookkeeping=bookkeeping
-        )
+        moved = self.mutate(memory, tier_to, now, event=moved_event, bookkeeping=bookkeeping)
+        if moved.tier is not to:  # left as another caller left it (see above): nothing to compress
+            return moved
         if to is Tier.ARCHIVE and self._compress is not None:
             try:
                 moved = self._compress(moved, reason)
@@ -560,7 +569,8 @@ class Pager:
         """The pager's own moves of ``memories`` one by one, as stored after; one forgotten meanwhile is
         skipped (:func:`unless_forgotten`)."""
         steps = [functools.partial(self.move, m, to, reason, now, bookkeeping=True) for m in memories]
-        return [done for step in steps if (done := unless_forgotten(step)) is not None]
+        # (one another caller changed meanwhile is left where it is: not among those moved)
+        return [done for step in steps if (done := unless_forgotten(step)) is not None and done.tier is to]
 
     def warm(
         self,
