@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -1416,6 +1416,29 @@ def test_a_filtered_read_answers_from_one_state_while_another_process_writes(
     newest = [docs[2].id, docs[1].id] if read != "iter_all" else [m.id for m in reversed(docs)]
     assert got == [(i, "working") for i in newest]
     assert [m.id for m in reader.page(working)] == [docs[0].id]  # the next read: the writes are seen
+
+
+@pytest.mark.engines("memory", "postgres")
+def test_list_returns_no_memory_that_left_its_filter_between_match_and_fetch(engine: Store) -> None:
+    """``list`` matches ids, then fetches their rows (on an engine without one read state across both):
+    a memory moved out of the filter in between came back as it now is, a short-term memory listed as a
+    working one. A fetched memory is checked against the filter again."""
+    docs = [
+        mem(f"working {i}", session_id="s", created_at=T0 + timedelta(minutes=i), tier=Tier.WORKING)
+        for i in range(3)
+    ]
+    engine.put_many(docs)
+    fetch, moved = engine.get_many, []
+
+    def moved_first(ids: Sequence[str]) -> dict[str, Memory]:  # another caller's write, then the fetch
+        if not moved:
+            moved.append(ids[0])
+            engine.put(bump(engine.get(ids[0]), tier=Tier.SHORT_TERM))
+        return fetch(ids)
+
+    engine.get_many = moved_first  # type: ignore[method-assign]
+    got = engine.list(Filters.of(session_id="s", tier="working"), limit=3)
+    assert moved == [docs[2].id] and [m.id for m in got] == [docs[1].id, docs[0].id]
 
 
 @sqlite_only

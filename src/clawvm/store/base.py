@@ -808,10 +808,13 @@ class Store(ABC):
             raise NotFoundError("memory", memory_id)
 
     def list(self, filters: Filters | None = None, limit: int = 100) -> list[Memory]:
-        """Newest memories matching ``filters``."""
-        ids = self.query(Query(filters=filters or Filters(), limit=limit)).filtered
+        """Newest memories matching ``filters``. Matched, then fetched: one that another caller's write
+        took out of the filters in between is left out (an engine that reads both from one state of the
+        store may say so by overriding this)."""
+        f = filters or Filters()
+        ids = self.query(Query(filters=f, limit=limit)).filtered
         found = self.get_many(ids)
-        return [found[i] for i in ids if i in found]
+        return [m for i in ids if (m := found.get(i)) is not None and f.matches(m)]
 
     def page_json(
         self, filters: Filters, after: PageKey | None = None, limit: int = 500, newest_first: bool = False
