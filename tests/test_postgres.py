@@ -250,6 +250,23 @@ def test_processes_migrating_at_once_all_succeed(url: str, opened: list[Postgres
     assert open_store(opened, url).count() == 0
 
 
+def test_opening_a_schema_up_to_date_writes_nothing(url: str, opened: list[PostgresStore]) -> None:
+    """Every open rewrote the schema's version and dimension (an upsert): a write per CLI call or worker
+    start, and under a stricter default isolation, a serialization failure between processes opening at
+    once. A schema already at this version is only read."""
+    s = open_store(opened, url)
+
+    def meta_versions() -> list[tuple[str, str]]:  # each row's xmin: the transaction that last wrote it
+        with s._conn("test") as conn:
+            rows = conn.execute("SELECT key, xmin::text FROM meta ORDER BY key").fetchall()
+        return [(str(k), str(x)) for k, x in rows]
+
+    written = meta_versions()
+    assert {k for k, _ in written} >= {"version", "dim"}
+    open_store(opened, url)
+    assert meta_versions() == written
+
+
 def test_a_killed_connection_is_a_store_error_and_the_store_recovers(
     url: str, opened: list[PostgresStore]
 ) -> None:

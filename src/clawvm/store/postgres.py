@@ -325,11 +325,12 @@ class PostgresStore(Store):
             if applied == 0 and self.hnsw != HnswParams():  # a new schema: its graph as asked for
                 conn.execute("DROP INDEX vectors_embedding")
                 conn.execute(self.hnsw.sql())
-            conn.execute(
-                "INSERT INTO meta VALUES ('version', %s), ('dim', %s) ON CONFLICT (key) DO UPDATE"
-                " SET value = excluded.value",
-                [str(len(MIGRATIONS)), str(self.dim)],
-            )
+            if applied < len(MIGRATIONS):  # an open of a schema up to date writes nothing
+                conn.execute(
+                    "INSERT INTO meta VALUES ('version', %s), ('dim', %s) ON CONFLICT (key) DO UPDATE"
+                    " SET value = excluded.value",
+                    [str(len(MIGRATIONS)), str(self.dim)],
+                )
         return ext_schema
 
     @property
