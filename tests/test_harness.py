@@ -42,6 +42,7 @@ from clawvm.core.redact import RedactionPolicy
 from clawvm.observe.learning import intervene
 from clawvm.observe.lens import record_output
 from clawvm.store import MemoryStore, Query, QueryResult, SQLiteStore
+from clawvm.teams import shared as teams
 from clawvm.vm.working import ACCESS_BUFFER
 from engines import engine_of, harness_target
 
@@ -273,6 +274,78 @@ def test_an_update_goes_past_bookkeeping_written_between_its_read_and_its_write(
                 now = h.get(m.id)
                 assert now.tags == theirs and now.state is not State.SUCCESS
                 assert now.version == before.version + 1
+
+
+def test_an_update_that_loses_a_race_says_what_happened_not_a_version_never_passed(tmp_path: Path) -> None:
+    """Another writer's change landing between an update's read and its write failed it with "is at version
+    2, not 1", naming expected_version, when the caller passed none: it names the memory and says to retry.
+    With an expected version, the conflict is of the version the caller passed, not of the harness's read
+    (the memory read at version 2 after bookkeeping, the caller's 1 was named 2)."""
+    h, store, other = _raced_pair(tmp_path / "raced.db")
+    with h, other:
+        m = h.record("the cache hit rate dropped to ten percent", session_id="s1")
+        store.race = lambda: other.update(m.id, tags=["theirs"])
+        with pytest.raises(ConflictError) as exc:
+            h.update(m.id, state="success")
+        assert exc.value.field == "memory_id" and exc.value.expected is None and exc.value.actual == 2
+        assert "changed while this update was being written" in exc.value.problem
+        assert "version 2, not" not in exc.value.problem and "retry the update" in exc.value.fix
+        assert h.get(m.id).state is not State.SUCCESS
+        assert h.update(m.id, state="success").version == 3  # the retry the fix names
+        h.recall("cache hit rate")
+        h.flush()  # bookkeeping: version 4, and an update expecting 3 still goes ahead
+        assert h.get(m.id).version == 4
+        store.race = lambda: other.update(m.id, tags=["theirs again"])
+        with pytest.raises(ConflictError) as exc:
+            h.update(m.id, expected_version=3, state="error")
+        assert exc.value.field == "expected_version" and (exc.value.expected, exc.value.actual) == (3, 5)
+        assert "is at version 5, not 3" in exc.value.problem
+
+
+def test_a_forget_that_keeps_losing_races_names_the_memory_when_no_version_was_passed(tmp_path: Path) -> None:
+    """A forget without expected_version whose memory kept changing under each try failed naming
+    expected_version (of the harness's own read)."""
+    h, store, other = _raced_pair(tmp_path / "raced.db")
+    with h, other:
+        m = h.record("the runbook", session_id="s1")
+        tries = iter(range(100))
+
+        def race() -> None:
+            other.update(m.id, tags=[f"theirs-{next(tries)}"])
+            store.race = race  # each read, again
+
+        store.race = race
+        with pytest.raises(ConflictError) as exc:
+            h.forget(m.id)
+        store.race = None
+        assert exc.value.field == "memory_id" and exc.value.expected is None
+        assert "changed while this forget was being written" in exc.value.problem
+        assert "retry the forget" in exc.value.fix and "expected_version" in exc.value.fix
+        assert h.get(m.id).tags[0].startswith("theirs")
+
+
+def test_retries_that_run_out_name_the_memory_not_a_version_never_passed() -> None:
+    """A pin's or a revise_with_retry's tries, each lost to another writer, ran out with "memory ... is at
+    version None, not 3", naming expected_version, which neither takes."""
+    with Harness.open("memory://", embedder=None, pager=PagerConfig(background=False)) as h:
+        m = h.record("the ledger uses mysql", session_id="s1")
+
+        def theirs(head: Memory) -> dict[str, Any]:
+            h.update(head.id, tags=[f"v{head.version}"])  # another writer, first
+            return {"content": f"the ledger uses postgres {head.version}"}
+
+        with pytest.raises(ConflictError) as exc:
+            teams.revise_with_retry(h, m.id, theirs, attempts=1)
+        assert exc.value.field == "memory_id" and "version None" not in exc.value.problem
+        assert exc.value.actual == h.get(m.id).version
+        def lost(cur: Memory) -> dict[str, Any]:
+            theirs(cur)
+            return {"state": "success"}
+
+        with pytest.raises(ConflictError) as exc:
+            h.pager.mutate(h.get(m.id), lost, h.now())
+        assert exc.value.field == "memory_id" and exc.value.expected is None
+        assert "version None" not in exc.value.problem and exc.value.fix.startswith("retry")
 
 
 def test_a_revision_goes_past_bookkeeping_written_between_its_read_and_its_write(tmp_path: Path) -> None:

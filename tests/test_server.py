@@ -159,6 +159,41 @@ def test_a_query_parameter_given_twice_or_not_utf8_is_refused(env: Env) -> None:
     assert spaced.status_code == 200 and spaced.json() == []
 
 
+class _RacedAfterRead(SQLiteStore):
+    """A SQLite store that runs ``race`` once, right after its next read of memories once armed: what
+    another process writes between a request's read and its write."""
+
+    race: Any = None
+
+    def get_many(self, ids: Any) -> dict[str, Memory]:
+        found = super().get_many(ids)
+        race, self.race = self.race, None
+        if race is not None:
+            race()
+        return found
+
+
+def test_a_patch_without_expected_version_that_loses_a_race_names_the_memory(tmp_path: Path) -> None:
+    """Another process's change landing between a PATCH's read and its write was a 409 naming
+    expected_version ("is at version 2, not 1"), which the body did not hold: it names the memory, says it
+    changed meanwhile, and that a retry (or an expected_version) is the way on."""
+    store = _RacedAfterRead(tmp_path / "server.db")
+    app = create_app(store, embedder=None, settings=ServerSettings(rate_per_s=0))
+    key = app.state.service.keyring.create("acme", "agent", "bot")[1]
+    auth = {"Authorization": f"Bearer {key}"}
+    other = Harness.open(tmp_path / "server.db", embedder=None, tenant="acme")  # another process's
+    with TestClient(app) as client, other:
+        m = client.post("/v1/memories", json={"content": "the deploy failed"}, headers=auth).json()
+        store.race = lambda: other.update(m["id"], tags=["theirs"])
+        lost = client.patch(f"/v1/memories/{m['id']}", json={"state": "success"}, headers=auth)
+        err = assert_error(lost, 409, "conflict", "memory_id")
+        assert "changed while this update was being written" in err["message"]
+        assert "retry the update" in err["fix"] and "expected_version" in err["fix"]
+        again = client.patch(f"/v1/memories/{m['id']}", json={"state": "success"}, headers=auth)
+        assert again.status_code == 200 and again.json()["tags"] == ["theirs"]
+    store.close()
+
+
 def test_memory_crud_with_versions(env: Env) -> None:
     m = env.record(tags=["ci"], session_id="s1", kind="error", state="error")
     assert m["tenant"] == "acme" and m["version"] == 1 and m["tier"] == "working"

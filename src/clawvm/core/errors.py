@@ -26,7 +26,11 @@ class NotFoundError(ClawVMError, LookupError):
 
 
 class ConflictError(ClawVMError):
-    """An optimistic-locking check failed: the stored version is not the one the writer expected."""
+    """An optimistic-locking check failed: the stored version is not the one the writer expected.
+
+    ``expected`` is the version the caller passed (``expected_version``), or None when it passed none and
+    the memory changed between the call's own read and its write (another writer's change landed first):
+    then ``field`` is ``memory_id`` and ``fix`` says to retry, as the caller named no version to re-read."""
 
     def __init__(
         self,
@@ -35,14 +39,25 @@ class ConflictError(ClawVMError):
         actual: int | None,
         reason: str | None = None,
         *,
-        field: str = "expected_version",
-        fix: str = "re-read the memory and retry with its current version",
+        field: str | None = None,
+        fix: str | None = None,
     ) -> None:
         """``reason``: what moved on, when it is not a version the caller expected (a chain's head);
         ``field`` and ``fix``: what the caller sent that conflicts (an ``id`` a stored memory has)."""
-        if reason is None:
-            now = f"is at version {actual}, not {expected}" if expected is not None else "changed"
+        if reason is None and expected is not None and actual is not None:
+            now = f"is at version {actual}, not {expected}"
             reason = f"memory {ident!r} {now}: re-read it and retry the update"
+        elif reason is None:  # no version of the caller's: another change landed between its read and write
+            now = f" (it is at version {actual} now)" if actual is not None else ""
+            reason = f"memory {ident!r} changed while this change was being written{now}: nothing was written"
+        if field is None:
+            field = "expected_version" if expected is not None else "memory_id"
+        if fix is None:
+            fix = (
+                "re-read the memory and retry with its current version"
+                if expected is not None
+                else "retry: the change applies to the memory as it is then"
+            )
         super().__init__(reason)
         self.ident = ident
         self.expected = expected

@@ -155,6 +155,24 @@ class _MovedOn(Exception):
         self.conflict = conflict
 
 
+def _raced(conflict: ConflictError, memory_id: str, expected_version: int | None, call: str) -> ConflictError:
+    """The caller's conflict for the store's ``conflict``, which another writer's change won between the
+    call's own read and its write: said of the version the caller passed, or (it passed none) as a change
+    made meanwhile, naming ``memory_id``, not an ``expected_version`` it never sent. Any other conflict (a
+    memory forgotten since it was read) is as raised."""
+    if conflict.field != "expected_version":
+        return conflict
+    if expected_version is not None:
+        return ConflictError(memory_id, expected_version, conflict.actual)
+    now = f" (it is at version {conflict.actual} now)" if conflict.actual is not None else ""
+    reason = f"memory {memory_id!r} changed while this {call} was being written{now}: nothing was written"
+    fix = (
+        f"retry the {call}: it applies to the memory as it is then (or pass the version you read as "
+        f"expected_version, to {call} that version only)"
+    )
+    return ConflictError(memory_id, None, conflict.actual, reason, fix=fix)
+
+
 _IMMUTABLE = frozenset({"id", "created_at", "version", "changed_version", "tenant"})
 
 
@@ -450,7 +468,10 @@ class Harness:
         memory as stored, same version, and logs nothing).
 
         With ``expected_version``, a memory that has moved on raises :class:`ConflictError`; in every case
-        the write itself is compare-and-set, so two concurrent updates never silently overwrite each other.
+        the write itself is compare-and-set, so two concurrent updates never silently overwrite each other:
+        without it, another writer's change landing between this call's read and its write (not the
+        harness's bookkeeping, which the update goes past) raises :class:`ConflictError` too, naming
+        ``memory_id`` (a retry applies the changes to the memory as it is then).
         ``as_agent``: the agent making the change. It (by default: the memory's own agent, before and after
         the change) must be allowed to write the memory, as for ``record``; else :class:`AccessDeniedError`
         and nothing is written (see :mod:`clawvm.teams.shared`).
@@ -464,11 +485,14 @@ class Harness:
         current = self._store.get(memory_id)
         if expected_version is not None and moved_on(current, expected_version):
             raise ConflictError(memory_id, expected_version, current.version)
-        updated = past_bookkeeping(
-            current,
-            lambda: self._store.get(memory_id),
-            lambda read: self._write_update(read, changes, as_agent),
-        )
+        try:
+            updated = past_bookkeeping(
+                current,
+                lambda: self._store.get(memory_id),
+                lambda read: self._write_update(read, changes, as_agent),
+            )
+        except ConflictError as exc:
+            raise _raced(exc, memory_id, expected_version, "update") from None
         if "content" in changes and self._worker is not None:
             self._worker.notify()
         self._rebalance(updated)
@@ -538,6 +562,8 @@ class Harness:
             return self._forget(memory_id, expected_version)
         except _MovedOn as stale:
             raise stale.conflict from None
+        except ConflictError as exc:  # it kept changing, each try
+            raise _raced(exc, memory_id, expected_version, "forget") from None
 
     def _forget(self, memory_id: str, expected_version: int | None = None) -> None:
         """One try at :meth:`forget`, deleting the memory and its raw copies as read."""

@@ -677,7 +677,7 @@ def revise_with_retry(
         except ConflictError:
             time.sleep(random.uniform(0, min(0.02, 0.0005 * 2 ** min(attempt, 8))))  # jitter breaks lockstep
             head = latest(h, head.id)
-    raise ConflictError(head.id, head.version, None)
+    raise ConflictError(head.id, None, head.version)  # it kept changing: the caller passed no version
 
 
 # ---- retention --------------------------------------------------------------------------------------------

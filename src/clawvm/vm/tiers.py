@@ -363,7 +363,8 @@ class Pager:
                 return written[0]
             except ConflictError:
                 memory = self.store.get(memory.id)
-        raise ConflictError(memory.id, memory.version, None)
+        # it kept changing, each try: no version of the caller's (its actual None: unless_forgotten skips it)
+        raise ConflictError(memory.id, None, None)
 
     @_one_pass
     def move(
