@@ -708,6 +708,71 @@ def test_memories_are_edited_like_blocks_through_the_sdk_write_path(
     page.close()
 
 
+# Counts, per path, the JSON bodies the page has read, a task after each is read: by then the code that
+# awaited it has run as far as its next wait for the network (so a test knows a late answer was handled).
+JSON_READS = """
+window.__jsonReads = {};
+const readJson = Response.prototype.json;
+Response.prototype.json = function () {
+  const path = new URL(this.url).pathname;
+  const count = () => setTimeout(() => { window.__jsonReads[path] = (window.__jsonReads[path] || 0) + 1; });
+  return readJson.call(this).finally(count);
+};
+"""
+
+
+def test_a_live_refresh_answered_after_a_revision_leaves_the_new_revision_shown(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """Saving a revision moves the inspector to the new head; the revision's own event asks for a live
+    refresh, and one that began before the move asked for the old memory. On a loaded machine that answer
+    came after the new head's panel was drawn and replaced it: the old memory, marked ready, without its
+    revisions (the selection had moved on), and nothing asked again (the scale test waited 30 s for the
+    diff in CI). Here the answers come in that order on purpose: the save's answer is held until the
+    refresh has asked for the old memory, and that read until the new head's panel is drawn."""
+    base, h, keys = served
+    old = h.record("The payments queue drains through worker-3.", session_id="s1").id  # before the page
+    page, problems = _watched_page(browser, height=1000)
+    page.add_init_script(JSON_READS)
+    page.goto(f"{base}/dashboard/#key={keys['agent']}")
+    _wait_view(page, "sessions")
+    page.evaluate("(f) => { location.hash = f; }", f"#view=sessions&session=s1&memory={old}")
+    page.wait_for_selector('#inspector[data-ready="1"] #edit-box')
+    page.wait_for_selector('#live[data-state="on"]')
+
+    detail = f"/dashboard/api/memories/{old}"
+    saves: list[tuple[Any, Any]] = []
+    stale: list[Any] = []
+    page.route(f"**/api/memories/{old}/revise", lambda route: saves.append((route, route.fetch())))
+    page.route(lambda url: url.endswith(detail), lambda route: stale.append(route))
+    page.click("#edit-box summary")
+    page.fill("#edit-content", "The payments queue drains through worker-4.")
+    page.click("#revise-button")  # stored at once (fetched); the page hears so once the refresh asked
+    for _ in range(3000):  # the handlers run while Playwright is called: until the live refresh asks
+        if stale:
+            break
+        page.wait_for_timeout(10)
+    assert len(saves) == 1 and len(stale) == 1
+    reads = page.evaluate("(p) => window.__jsonReads[p]", detail)  # the first opening's
+    route, answer = saves[0]
+    route.fulfill(response=answer)
+    page.wait_for_function("(old) => MemLens.state.selected !== old", arg=old)
+    page.wait_for_selector('#inspector[data-ready="1"] #revisions-table .diff-add')
+    head = page.evaluate("MemLens.state.selected")
+    assert [m.id for m in h.history(head)] == [old, head]
+
+    stale[0].continue_()  # the refresh's read of the old memory, answered last
+    page.wait_for_function("([p, n]) => window.__jsonReads[p] > n", arg=[detail, reads])
+    assert page.evaluate("MemLens.state.selected") == head
+    fields = page.inner_text("#inspector-fields")
+    assert head in fields and old not in fields  # still the new head's panel, not the old memory's
+    assert page.locator('#inspector[data-ready="1"] #revisions-table .diff-add').count() >= 1
+    assert "worker-4" in page.inner_text("#revisions-table")
+    page.unroute_all()
+    assert problems == []
+    page.close()
+
+
 def test_a_read_only_key_is_offered_no_action(
     served: tuple[str, Harness, dict[str, str]], browser: Any
 ) -> None:

@@ -684,6 +684,7 @@
   // closed by its ✕, by Escape, when its memory is forgotten or the key is refused: out of the address
   // too, so a reload does not open it again
   function closeInspector() {
+    inspector.ticket++;  // an opening still reading must not fill the closed panel
     const box = $("#inspector");
     box.hidden = true;
     fill(box);
@@ -692,8 +693,15 @@
     writeHash();
   }
 
+  // The latest opening owns the panel: a live refresh that began while the edited memory was selected
+  // asks for that memory, and under load its answer came after the new revision's panel was drawn and
+  // replaced it (the old memory, ready, without its revisions: the selection had moved on).
+  const inspector = { ticket: 0 };
+
   async function inspect(id) {
     if (!id) return;
+    const ticket = ++inspector.ticket;
+    const current = () => ticket === inspector.ticket;
     state.selected = id;
     writeHash();
     document.querySelectorAll("[data-id]").forEach((n) => n.classList && n.classList.toggle("selected", n.dataset.id === id));
@@ -704,10 +712,12 @@
     try {
       d = await api(`memories/${id}`);
     } catch (e) {
+      if (!current()) return;
       fill(box, el("p", { text: String(e.message || e) }));
       box.dataset.ready = "1";
       return;
     }
+    if (!current()) return;  // a newer opening (another memory, or this one again) draws the panel
     const m = d.memory, x = d.explain;
     const spark = el("div", { id: "value-spark" });
     const value = el("input", { type: "number", min: 0, max: 1, step: 0.05, value: Number(m.value).toFixed(2), id: "value-input" });
@@ -810,6 +820,7 @@
     // ready once the revisions are in too: a live refresh rebuilds the inspector, and a table filled only
     // after "ready" could be thrown away by the next rebuild before anyone saw it
     await renderRevisions(history, id);
+    if (!current()) return;  // the newer opening says when the panel is ready
     box.dataset.ready = "1";
     // the influence view lists this memory's contexts, once that view is on the page (while it is still
     // loading, its own render lists them)
