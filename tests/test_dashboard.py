@@ -721,6 +721,35 @@ Response.prototype.json = function () {
 """
 
 
+def test_a_value_and_a_note_being_typed_survive_a_live_refresh_of_the_inspector(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """A live refresh redraws the inspector (as the edit box already kept its text through): the value and
+    note boxes came back empty or with the stored value, so "Set value" set the stored value again, or
+    said to enter a number, and the note typed so far was lost. What is typed stays until it is sent."""
+    base, h, keys = served
+    memory = h.record("The deploy window is Tuesday 14:00 UTC.", session_id="s1")
+    page, problems = _open(browser, base, keys["agent"], f"#view=sessions&session=s1&memory={memory.id}")
+    page.wait_for_selector('#inspector[data-ready="1"] #value-input')
+    page.fill("#value-input", "0.35")
+    page.fill("#note-input", "checked with the release team")
+    page.evaluate("(id) => MemLens.inspect(id)", memory.id)  # what a live refresh does
+    page.wait_for_selector('#inspector[data-ready="1"] #value-input')
+    assert page.input_value("#value-input") == "0.35"
+    assert page.input_value("#note-input") == "checked with the release team"
+    page.click("#value-button")
+    page.wait_for_function("() => document.querySelector('#toast').textContent.startsWith('value set')")
+    assert "asked 0.35" in page.inner_text("#toast") or "value set to 0.35" in page.inner_text("#toast")
+    asked = [e.data for e in h.events(memory_id=memory.id, limit=100) if e.kind == "manual"]
+    assert [(d["action"], d.get("target")) for d in asked] == [("set_value", 0.35)]
+    page.click("#annotate-button")
+    page.wait_for_function("() => document.querySelector('#toast').textContent.startsWith('annotated')")
+    page.wait_for_selector('#inspector[data-ready="1"] #note-input')
+    assert page.input_value("#note-input") == ""  # sent: the box is empty again
+    assert problems == []
+    page.close()
+
+
 def test_a_live_refresh_answered_after_a_revision_leaves_the_new_revision_shown(
     served: tuple[str, Harness, dict[str, str]], browser: Any
 ) -> None:

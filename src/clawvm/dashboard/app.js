@@ -720,8 +720,12 @@
     if (!current()) return;  // a newer opening (another memory, or this one again) draws the panel
     const m = d.memory, x = d.explain;
     const spark = el("div", { id: "value-spark" });
-    const value = el("input", { type: "number", min: 0, max: 1, step: 0.05, value: Number(m.value).toFixed(2), id: "value-input" });
-    const note = el("input", { type: "text", placeholder: "note…", id: "note-input" });
+    // the edit box, the value and the note survive a live re-render: what was typed so far, until it is sent
+    const draft = state.draft && state.draft.id === id ? state.draft : (state.draft = { id, open: false, text: m.content });
+    const value = el("input", { type: "number", min: 0, max: 1, step: 0.05, id: "value-input", oninput: (e) => { draft.value = e.target.value; } });
+    value.value = draft.value ?? Number(m.value).toFixed(2);
+    const note = el("input", { type: "text", placeholder: "note…", id: "note-input", oninput: (e) => { draft.note = e.target.value; } });
+    note.value = draft.note ?? "";
     // ``label``: what the action did, or a function of the server's answer that says it (Set value)
     const act = async (path, body, label) => {
       try {
@@ -733,8 +737,6 @@
         toast(String(e.message || e), true);
       }
     };
-    // the edit box survives a live re-render: open or not, and the text typed so far
-    const draft = state.draft && state.draft.id === id ? state.draft : (state.draft = { id, open: false, text: m.content });
     const editor = el("textarea", { id: "edit-content", rows: 4, oninput: (e) => { draft.text = e.target.value; } });
     editor.value = draft.text;
     const chosen = draft.tier || m.tier;
@@ -780,6 +782,7 @@
           value, el("button", { id: "value-button", onclick: () => {
             const given = value.value.trim();  // Number("") is 0: an empty box set the value to 0
             if (given === "" || !Number.isFinite(Number(given))) { toast("value: enter a number from 0 to 1", true); return; }
+            draft.value = undefined;  // sent: the box shows the stored value again
             act("value", { value: Number(given) }, (r) => valueSet(Number(given), r));
           }, text: "Set value" })) : null,
         el("div", { class: "actions" }, m.status === "active" ? [tier,
@@ -792,7 +795,7 @@
               return show(state.view);
             }).catch((e) => toast(String(e.message || e), true));
           } })),
-        el("div", { class: "actions" }, note, el("button", { id: "annotate-button", onclick: () => { if (note.value.trim()) act("annotate", { text: note.value }, "annotated"); }, text: "Annotate" }))] : null,
+        el("div", { class: "actions" }, note, el("button", { id: "annotate-button", onclick: () => { if (note.value.trim()) { draft.note = undefined; act("annotate", { text: note.value }, "annotated"); } }, text: "Annotate" }))] : null,
       el("div", { class: "actions" },
         el("button", { onclick: () => { state.focus = id; show("graph"); }, text: "Graph around it" }),
         el("button", { onclick: () => show("influence"), text: "Influence" }),
