@@ -625,6 +625,29 @@ def test_start_session_preloads_relevant_memories_into_working() -> None:
         assert h.start_session("s2") == []  # no task: nothing to preload
 
 
+def test_a_memory_archived_while_it_is_preloaded_is_not_reported_preloaded() -> None:
+    """Another caller archives a memory after ``start_session`` found it, before its move: the move leaves
+    it as that caller left it, and the session's answer and its ``preload`` event listed it anyway, as if
+    it were in the new session's working tier."""
+    h, _ = clocked()
+    with h:
+        kept = h.record("payment API refunds need an idempotency key", session_id="s0", tier="long_term")
+        gone = h.record("refund for the Payment API failed with a timeout", session_id="s0", tier="long_term")
+        moving = h.pager.give_way  # called by each move just before its write
+
+        def archived_meanwhile() -> None:
+            if h.get(gone.id).status is Status.ACTIVE:
+                h.update(gone.id, status=Status.ARCHIVED)
+            moving()
+
+        h.pager.give_way = archived_meanwhile  # type: ignore[method-assign]
+        loaded = h.start_session("s1", task="payment API refund", k=2)
+        assert [m.id for m in loaded] == [kept.id] and h.get(kept.id).tier is Tier.WORKING
+        assert (h.get(gone.id).tier, h.get(gone.id).status) == (Tier.LONG_TERM, Status.ARCHIVED)
+        pre = [e for e in h.events(limit=100) if e.kind == "preload"][-1]
+        assert pre.data["ids"] == [kept.id]
+
+
 def test_preloaded_memories_are_in_the_new_sessions_working_set() -> None:
     h, now = clocked()
     with h:
@@ -1342,6 +1365,21 @@ def test_a_member_pinned_or_archived_during_an_idle_page_out_stays_where_its_cal
         assert (pinned.tier, pinned.pinned) == (Tier.WORKING, True)
         assert (archived.tier, archived.status) == (Tier.WORKING, Status.ARCHIVED)
         assert [m.id for m in moved] == [m.id for m in (a, b, c) if m.id not in changed]
+
+
+def test_a_batch_demotion_that_meets_a_pin_or_an_archive_leaves_that_memory_where_it_was_left() -> None:
+    """The pass's batch demotion (``move_many``) meets a newer version of one of its members and falls back
+    to one by one: it passed the members as re-read, so a memory pinned or archived meanwhile, still in the
+    working tier, was demoted anyway (pinned, out of the working tier; archived, into short-term)."""
+    with Harness.open("memory://", embedder=None, pager=PagerConfig(background=False)) as h:
+        chosen = [h.record(f"note {i} about the build farm", session_id="s") for i in range(3)]
+        pinned, archived, plain = (m.id for m in chosen)
+        h.pin(pinned)  # after the pass read them: its versions are older now
+        h.update(archived, status=Status.ARCHIVED)
+        moved = h.pager.move_many(chosen, Tier.SHORT_TERM, "over budget", h.now())
+        assert [m.id for m in moved] == [plain] and h.get(plain).tier is Tier.SHORT_TERM
+        assert (h.get(pinned).tier, h.get(pinned).pinned) == (Tier.WORKING, True)
+        assert (h.get(archived).tier, h.get(archived).status) == (Tier.WORKING, Status.ARCHIVED)
 
 
 def _race_in_threads(

@@ -915,7 +915,8 @@ class Harness:
                     now,
                     bookkeeping=True,
                 )
-                if (done := unless_forgotten(step)) is not None:
+                # (left where it was when another caller changed it meanwhile: not preloaded)
+                if (done := unless_forgotten(step)) is not None and done.tier is Tier.WORKING:
                     loaded.append(done)
         protect = frozenset(m.id for m in loaded)
         for sid in {m.session_id for m in loaded if m.session_id}:

@@ -550,10 +550,9 @@ class Pager:
         self.give_way()
         try:
             return self.writer.write(changed, None, events, bookkeeping=True)
-        except ConflictError:  # each from its stored version, if it is still in the tier it was chosen from
+        except ConflictError:  # one by one, each as chosen: move() leaves one another caller changed since
             stored = self.store.get_many([m.id for m in memories])
-            current = [c for m in memories if (c := stored.get(m.id)) is not None and c.tier is m.tier]
-            return self._move_each(current, to, reason, now)
+            return self._move_each([m for m in memories if m.id in stored], to, reason, now)
 
     def page_out_idle(self, tenant: str, session_id: str, now: datetime) -> list[Memory]:
         """A session nobody touched for ``session_idle_hours`` gives its working tier back (pins stay)."""
@@ -654,7 +653,8 @@ class Pager:
             # judged on the stored version: it may have moved since the read
             if self._promotable(touched, now) and seen.may_promote(touched):
                 touched = self.move(touched, Tier.WORKING, "warmed by retrieval", now, bookkeeping=True)
-                promoted.add(touched.id)
+                if touched.tier is Tier.WORKING:  # (not when another caller changed it meanwhile)
+                    promoted.add(touched.id)
             out.append(touched)
         return Warmed(out, _sessions_of(out, promoted))
 
