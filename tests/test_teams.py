@@ -164,8 +164,9 @@ def test_revise_with_retry_refuses_what_revise_refuses(engine_name: str, lexical
     with pytest.raises(StateConflictError):
         teams.revise_with_retry(lexical, snapshot, lambda head: {"content": "{}"})
     lexical.reject(c.id, by="lead")
-    with pytest.raises(ConflictError, match="obsolete"):
+    with pytest.raises(ConflictError, match="obsolete") as obsolete:
         teams.revise_with_retry(lexical, c.id, lambda head: {"content": "again"})
+    assert obsolete.value.field == "memory_id" and "active first" in obsolete.value.fix
 
 
 def test_a_revision_that_grows_a_pin_another_process_outran_is_refused(tmp_path: Path) -> None:
@@ -450,8 +451,10 @@ def test_a_revision_appends_and_recall_sees_only_the_latest(engine_name: str, le
     assert [link.target for link in third.links] == [second.id]
     assert [hit.id for hit in h.recall("cache sessions", k=5, track=False)] == [third.id]
     assert teams.latest(h, first.id).id == third.id
-    with pytest.raises(ConflictError):  # an old revision is not the head any more
+    with pytest.raises(ConflictError) as old:  # an old revision is not the head any more
         h.revise(first.id, agent_id="planner", content="cache sessions in files")
+    # what to do is revise the head (a retry of the same call fails again, whatever the caller re-reads)
+    assert old.value.field == "memory_id" and third.id in old.value.fix and "retry:" not in old.value.fix
     with pytest.raises(ConflictError):  # the head moved on since this writer read it
         h.revise(third.id, agent_id="planner", expected_version=7, content="cache sessions in files")
     assert len(h.history(first.id)) == 3

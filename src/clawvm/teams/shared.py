@@ -559,10 +559,13 @@ def revise(
             memory_id,
             expected_version,
             current.version,
-            f"memory {memory_id!r} is not the head of its revision chain any more (the head is {head!r}):"
-            " revise the head, or use revise_with_retry"
+            f"memory {memory_id!r} is not the head of its revision chain any more (the head is {head!r})"
             if head != memory_id
-            else f"memory {memory_id!r} is obsolete (rejected, or rolled back): make it active first",
+            else f"memory {memory_id!r} is obsolete (rejected, or rolled back)",
+            field="memory_id",
+            fix=f"revise the head, {head!r}, or use revise_with_retry"
+            if head != memory_id
+            else "make it active first (update its status), or revise another memory",
         )
     if expected_version is not None and moved_on(current, expected_version):
         raise ConflictError(memory_id, expected_version, current.version)
@@ -665,7 +668,9 @@ def revise_with_retry(
                 head.id,
                 None,
                 head.version,
-                f"memory {head.id!r} is obsolete (rejected, or rolled back): make it active first",
+                f"memory {head.id!r} is obsolete (rejected, or rolled back)",
+                field="memory_id",
+                fix="make it active first (update its status), or revise another memory",
             )
         asked = change(head)
         if not isinstance(asked, Mapping):
