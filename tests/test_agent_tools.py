@@ -631,6 +631,25 @@ def test_an_agents_rollback_is_not_refused_for_the_pagers_own_moves() -> None:
         assert ok(a1.dispatch("rollback", {"checkpoint_id": cp}))["restored"] >= 1
 
 
+def test_an_agents_rollback_is_not_refused_for_a_pin_of_anothers_that_no_longer_fits() -> None:
+    """Another agent's memory was pinned at the checkpoint, unpinned since, and grew past the pin budget: the
+    rollback restores it unpinned (its pin no longer fits) and changes only the harness's bookkeeping of it
+    (tier, value), yet the agent's rollback was refused as changing another agent's memory: the tools'
+    check counted the pin as restored, and the rollback's guard was shown the memory."""
+    budgets = TierBudgets(working_items=5, working_tokens=150)
+    with Harness.open("memory://", embedder=None, pager=PagerConfig(budgets=budgets, background=False)) as h:
+        a = AgentTools(h, session_id="s", agent_id="a")
+        theirs = h.record("b's short note", session_id="s", agent_id="b", pinned=True)
+        cp = ok(a.dispatch("checkpoint", {"name": "before"}))["checkpoint_id"]
+        h.unpin(theirs.id)
+        h.update(theirs.id, content="b's long note about the ledger export " * 40)  # past the pin budget
+        ok(a.dispatch("rollback", {"checkpoint_id": cp}))
+        back = h.get(theirs.id)
+        assert not back.pinned and back.content.startswith("b's long note")
+        rolled = [e for e in h.events(limit=100) if e.kind == "rollback"][-1]
+        assert rolled.data["unpinned"] == [theirs.id]
+
+
 class _AnotherAgentBetween:
     """The harness, with agent a2 recording into the session just as a1's rollback begins: the window
     between the tools' check of what the rollback would change and the rollback itself."""

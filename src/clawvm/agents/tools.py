@@ -88,6 +88,7 @@ from clawvm.store.base import StoreReader
 from clawvm.vm import checkpoint as checkpoints
 from clawvm.vm.checkpoint import RollbackReport
 from clawvm.vm.context import Context, is_snapshot, short_id
+from clawvm.vm.tiers import Pager
 
 log = logging.getLogger("clawvm.agents.tools")
 
@@ -121,6 +122,9 @@ class ToolsHost(Protocol):
     ) -> Context: ...
 
     def checkpoint(self, session_id: str, name: str) -> str: ...
+
+    @property
+    def pager(self) -> Pager: ...
 
     def update(self, memory_id: str, *, expected_version: int | None = None, **changes: Any) -> Memory: ...
 
@@ -368,7 +372,10 @@ class AgentTools:
             # nothing either), and again by the rollback itself as it writes (guard): another agent's
             # memory made in between would have been obsoleted
             ignore = checkpoints.BOOKKEEPING
-            own_only(checkpoints.would_change(h.store, snap.id, h.now(), h.tenant, ignore=ignore))
+            # (with the pager: a pin of the checkpoint's that no longer fits is not restored, as the rollback
+            # decides it)
+            now = h.now()
+            own_only(checkpoints.would_change(h.store, snap.id, now, h.tenant, ignore=ignore, pager=h.pager))
         report = self.harness.rollback(snap.id, guard=None if agent is None else own_only)
         return RollbackResult(
             checkpoint_id=report.checkpoint_id,

@@ -339,7 +339,8 @@ def _plan(
                 touched[m.id] = m  # its pin comes back, or goes
         elif any(getattr(m, k) != v for k, v in target.items()):
             written[m.id] = change(m, target, keep_value=True)
-            touched[m.id] = m  # its pin comes back
+            if target["pinned"] != m.pinned:
+                touched[m.id] = m  # its pin comes back (one that does not fit: bookkeeping alone changes)
             if m.id not in tiers:
                 restored.append(m.id)
             tiers[m.id] = Tier(target["tier"]).value
