@@ -1418,6 +1418,19 @@ def test_a_filtered_read_answers_from_one_state_while_another_process_writes(
     assert [m.id for m in reader.page(working)] == [docs[0].id]  # the next read: the writes are seen
 
 
+@sqlite_only
+def test_a_read_whose_transaction_sqlite_rolled_back_raises_its_own_error(engine: Store) -> None:
+    """SQLite rolls a transaction back itself on some errors (I/O, out of memory, a busy read): the read's
+    COMMIT after it then raised "cannot commit - no transaction is active", which took the place of the
+    error that happened. The read's own error comes out."""
+    assert isinstance(engine, SQLiteStore)
+    engine.put(mem("a memory"))
+    with pytest.raises(StoreError, match="disk I/O error"), engine._snapshot("page") as db:
+        db.execute("ROLLBACK")  # as SQLite does on such an error
+        raise sqlite3.OperationalError("disk I/O error")
+    assert [m.content for m in engine.page(Filters())] == ["a memory"]  # and the engine reads on
+
+
 @pytest.mark.engines("memory", "postgres")
 def test_list_returns_no_memory_that_left_its_filter_between_match_and_fetch(engine: Store) -> None:
     """``list`` matches ids, then fetches their rows (on an engine without one read state across both):

@@ -267,6 +267,13 @@ log = logging.getLogger("clawvm.store.sqlite")
 _CHUNK = 500  # ids a statement reads rows of (SQLite's bound parameters are limited)
 
 
+def _end_read(db: sqlite3.Connection) -> None:
+    """End a read transaction (nothing to undo). SQLite rolls a transaction back itself on some errors (I/O,
+    out of memory): a COMMIT then fails, and its error would take the place of the one that happened."""
+    if db.in_transaction:
+        db.execute("COMMIT")
+
+
 #: ``durability`` -> SQLite's ``synchronous`` setting. ``normal`` (the default, WAL + synchronous=NORMAL): a
 #: crash of the process loses nothing acknowledged; a power loss or OS crash may lose the last transactions
 #: (never corrupts the file). ``full`` (synchronous=FULL): every acknowledged write survives a power loss,
@@ -478,7 +485,7 @@ class SQLiteStore(IndexSnapshots, Store):
         try:
             self._replay(db)
         finally:
-            db.execute("COMMIT")  # read-only: nothing to undo
+            _end_read(db)
 
     def _replay(self, db: sqlite3.Connection) -> None:
         index = self.index
@@ -585,7 +592,7 @@ class SQLiteStore(IndexSnapshots, Store):
                 self._catch_up()
                 yield db
             finally:
-                db.execute("COMMIT")  # read-only: nothing to undo
+                _end_read(db)
 
     @staticmethod
     def _bodies(db: sqlite3.Connection, ids: Sequence[str]) -> dict[str, str]:
