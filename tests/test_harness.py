@@ -39,6 +39,7 @@ from clawvm.core.embed import count_tokens
 from clawvm.core.errors import StoreError
 from clawvm.core.model import Memory, build_memory, moved_on
 from clawvm.core.redact import RedactionPolicy
+from clawvm.harness.facade import _raced
 from clawvm.observe.learning import intervene
 from clawvm.observe.lens import record_output
 from clawvm.store import MemoryStore, Query, QueryResult, SQLiteStore
@@ -322,6 +323,16 @@ def test_a_forget_that_keeps_losing_races_names_the_memory_when_no_version_was_p
         assert "changed while this forget was being written" in exc.value.problem
         assert "retry the forget" in exc.value.fix and "expected_version" in exc.value.fix
         assert h.get(m.id).tags[0].startswith("theirs")
+
+
+@pytest.mark.parametrize("expected_version", [None, 2])
+def test_a_conflict_on_a_raw_copy_is_said_of_the_raw_copy(expected_version: int | None) -> None:
+    """A forget deletes a memory with its raw copies: a conflict on a raw copy was reported as the memory's
+    own, with the raw copy's version ("is at version 7, not 2")."""
+    on_raw_copy = ConflictError("raw-1", 6, 7)  # as the store raises it: the version the forget read
+    said = _raced(on_raw_copy, "memory-1", expected_version, "forget")
+    assert said.field == "memory_id" and said.ident == "memory-1"
+    assert "'raw-1'" in said.problem and "version 7" not in said.problem and "retry the forget" in said.fix
 
 
 def test_retries_that_run_out_name_the_memory_not_a_version_never_passed() -> None:

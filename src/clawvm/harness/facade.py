@@ -159,13 +159,20 @@ def _raced(conflict: ConflictError, memory_id: str, expected_version: int | None
     """The caller's conflict for the store's ``conflict``, which another writer's change won between the
     call's own read and its write: said of the version the caller passed, or (it passed none) as a change
     made meanwhile, naming ``memory_id``, not an ``expected_version`` it never sent. Any other conflict (a
-    memory forgotten since it was read) is as raised."""
+    memory forgotten since it was read) is as raised. A conflict on another memory the call writes with it
+    (a forget's raw copy) is said of that one, whose version the caller never saw."""
     if conflict.field != "expected_version":
         return conflict
-    if expected_version is not None:
+    if conflict.ident != memory_id:
+        reason = (
+            f"memory {conflict.ident!r}, which this {call} of {memory_id!r} writes too (its raw copy), "
+            "changed while it was being written: nothing was written"
+        )
+    elif expected_version is not None:
         return ConflictError(memory_id, expected_version, conflict.actual)
-    now = f" (it is at version {conflict.actual} now)" if conflict.actual is not None else ""
-    reason = f"memory {memory_id!r} changed while this {call} was being written{now}: nothing was written"
+    else:
+        now = f" (it is at version {conflict.actual} now)" if conflict.actual is not None else ""
+        reason = f"memory {memory_id!r} changed while this {call} was being written{now}: nothing was written"
     fix = (
         f"retry the {call}: it applies to the memory as it is then (or pass the version you read as "
         f"expected_version, to {call} that version only)"
