@@ -559,9 +559,10 @@ def revise(
             memory_id,
             expected_version,
             current.version,
-            f"memory {memory_id!r} is not the head of its revision chain any more (the head is {head!r})"
+            f"memory {memory_id!r} is not the head of its revision chain any more (the head is {head!r}):"
+            " revise the head, or use revise_with_retry"
             if head != memory_id
-            else f"memory {memory_id!r} is obsolete (rejected, or rolled back)",
+            else f"memory {memory_id!r} is obsolete (rejected, or rolled back): make it active first",
             field="memory_id",
             fix=f"revise the head, {head!r}, or use revise_with_retry"
             if head != memory_id
@@ -668,7 +669,7 @@ def revise_with_retry(
                 head.id,
                 None,
                 head.version,
-                f"memory {head.id!r} is obsolete (rejected, or rolled back)",
+                f"memory {head.id!r} is obsolete (rejected, or rolled back): make it active first",
                 field="memory_id",
                 fix="make it active first (update its status), or revise another memory",
             )
