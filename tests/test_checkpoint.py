@@ -388,6 +388,29 @@ def test_rollback_undoes_a_later_compression_and_restores_values_exactly() -> No
         assert back.usage.feedback == 1
 
 
+def test_a_rollback_whose_decompression_meets_another_write_plans_again() -> None:
+    """Another caller changed a memory compressed since the checkpoint after the rollback planned, before
+    it brought the raw text back: that write's conflict ended the rollback at once (naming an
+    expected_version the caller never passed), where a conflict of the rollback's own write is planned
+    again. The rollback now plans again there too, and finishes."""
+    h, _ = open_clocked()
+    with h:
+        text = "Drain the node, migrate its shards, then verify the checksums of every copy. " * 6
+        m = h.record(text, session_id="s1")
+        cp = h.checkpoint("s1", "before")
+        h.compress(m.id)
+        raced: list[int] = []
+
+        def another_writer(_touched: object) -> None:  # the guard runs after the plan, before any write
+            if not raced:
+                raced.append(h.update(m.id, tags=["theirs"]).version)
+
+        h.rollback(cp, guard=another_writer)
+        back = h.get(m.id)
+        assert raced and back.content == text and "compression" not in back.metadata
+        assert back.tags == ["theirs"]  # the other write is kept (tags are not what a rollback restores)
+
+
 def tight(items: int, tokens: int) -> PagerConfig:
     return PagerConfig(budgets=TierBudgets(working_items=items, working_tokens=tokens), background=False)
 

@@ -223,7 +223,10 @@ def rollback(
             guard(plan.touched)
         if plan.compressed_since:  # their raw text comes back first, then the plan is made again
             for m in plan.compressed_since:
-                decompress_memory(store, pager.writer, m, now)
+                try:
+                    decompress_memory(store, pager.writer, m, now)
+                except ConflictError:  # it changed since the plan read it: the next plan reads it again
+                    break
                 decompressed.add(m.id)
             continue
         event = Event(
