@@ -233,6 +233,31 @@ def _raced_pair(path: Path, **options: Any) -> tuple[Harness, _RacedAfterRead, H
     return Harness.open(store, embedder=None, preset="bm25", pager=pager), store, racer
 
 
+@pytest.mark.parametrize("call", ["compress", "decompress"])
+def test_a_compression_that_another_process_beat_to_the_memory_is_done_again(
+    tmp_path: Path, call: str
+) -> None:
+    """Another process's write lands between compress()'s (or decompress()'s) read and its write: the
+    caller got a ConflictError naming expected_version, which neither takes, and nothing was compressed.
+    It is done again on the memory as it is now."""
+    h, store, other = _raced_pair(tmp_path / "raced.db")
+    with h, other:
+        text = "Drain the node, migrate its shards, then verify the checksums of every copy. " * 6
+        m = h.record(text, session_id="s1")
+        if call == "decompress":
+            h.compress(m.id)
+
+        def their_write() -> None:
+            other.update(m.id, tags=["theirs"])
+
+        # armed at the call's first read, it writes after the second (compress reads before summarizing,
+        # then in its turn): between the last read and the write either way
+        store.race = lambda: setattr(store, "race", their_write)
+        done = h.compress(m.id) if call == "compress" else h.decompress(m.id)
+        assert done.tags == ["theirs"] and ("compression" in done.metadata) == (call == "compress")
+        assert (done.content == text) == (call == "decompress")
+
+
 def test_a_change_that_changes_nothing_writes_nothing(harness: Harness) -> None:
     """update() with no field, or with the stored values, and pin() of a pinned memory each made a new
     version: whoever held the memory's version got a ConflictError for nothing."""

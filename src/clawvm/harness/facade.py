@@ -143,8 +143,9 @@ log = logging.getLogger("clawvm.harness")
 
 #: Sessions whose start_session preload a harness remembers (the oldest is forgotten first).
 PRELOADED_SESSIONS = 8192
-#: Tries of a forget whose memory keeps changing under it (each a pager pass or another writer racing it).
-FORGET_RETRIES = 5
+#: Tries of a forget, compress or decompress whose memory keeps changing under it (each a pager pass or
+#: another writer racing it).
+RACE_RETRIES = 5
 
 
 class _MovedOn(Exception):
@@ -178,6 +179,22 @@ def _raced(conflict: ConflictError, memory_id: str, expected_version: int | None
         f"expected_version, to {call} that version only)"
     )
     return ConflictError(memory_id, None, conflict.actual, reason, fix=fix)
+
+
+def _again_past_races(memory_id: str, call: str, attempt: Callable[[], Memory]) -> Memory:
+    """``attempt()``, which reads the memory and writes it, tried again while another writer's change lands
+    between its read and its write (a recall's bookkeeping, another process's update): the caller passed
+    no version, so the change applies to the memory as it is then. The last try's conflict is the caller's
+    (:func:`_raced`)."""
+    for _ in range(RACE_RETRIES - 1):
+        try:
+            return attempt()
+        except ConflictError:
+            continue
+    try:
+        return attempt()
+    except ConflictError as exc:
+        raise _raced(exc, memory_id, None, call) from None
 
 
 _IMMUTABLE = frozenset({"id", "created_at", "version", "changed_version", "tenant"})
@@ -558,7 +575,7 @@ class Harness:
         kept, as :meth:`update` does: a delete decided on an old version must not take a newer one."""
         if expected_version is not None:
             expected_version = counted("expected_version", expected_version)
-        for _ in range(FORGET_RETRIES - 1):
+        for _ in range(RACE_RETRIES - 1):
             try:
                 return self._forget(memory_id, expected_version)
             except _MovedOn as stale:  # the caller's version is old: theirs to decide again
@@ -981,13 +998,17 @@ class Harness:
         # summarized before taking the turn of the calls that rewrite a memory: an LLM summarizer waits on
         # its endpoint (up to its timeout), and context() and every update would have waited with it
         summarized = summarize_memory(self.summarizer, memory) if is_compressible(memory) else None
-        with self._exclusive:
-            current = self._compressible(memory_id)
-            if current.content != memory.content:  # rewritten meanwhile: summarized again, in the turn
-                summarized = None
-            return compress_memory(
-                self.writer, current, self.summarizer, self.now(), reason="manual", summarized=summarized
-            )
+
+        def attempt() -> Memory:
+            with self._exclusive:
+                current = self._compressible(memory_id)
+                # rewritten meanwhile: summarized again, in the turn
+                ready = summarized if current.content == memory.content else None
+                return compress_memory(
+                    self.writer, current, self.summarizer, self.now(), reason="manual", summarized=ready
+                )
+
+        return _again_past_races(memory_id, "compress", attempt)
 
     def _compressible(self, memory_id: str) -> Memory:
         """The caller's memory, refused as update() refuses it: expired (its text is due to be forgotten,
@@ -999,6 +1020,12 @@ class Harness:
 
     @_exclusive
     def decompress(self, memory_id: str) -> Memory:
+        restored = _again_past_races(memory_id, "decompress", lambda: self._decompress(memory_id))
+        self._rebalance(restored)
+        return restored
+
+    def _decompress(self, memory_id: str) -> Memory:
+        """One try at :meth:`decompress`, on the memory as read now."""
         current = self._callers(memory_id)
         self._refuse_expired(current)  # decompressing would bring back the text its TTL promised to forget
         info = current.metadata.get("compression")
@@ -1007,9 +1034,7 @@ class Harness:
             raw = self._store.get(info["raw_id"])
             self.pager.check_pin(current.model_copy(update={"token_count": raw.token_count}), self.now())
             requires = self.pager.pin_budget(current, self.now())  # checked again in the write, atomically
-        restored = decompress_memory(self._store, self.writer, current, self.now(), requires)
-        self._rebalance(restored)
-        return restored
+        return decompress_memory(self._store, self.writer, current, self.now(), requires)
 
     def _compress_on_archive(self, memory: Memory, reason: str) -> Memory:
         if memory.token_count <= self.pager.config.compress_over_tokens or not is_compressible(memory):
