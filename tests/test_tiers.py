@@ -1382,6 +1382,43 @@ def test_a_batch_demotion_that_meets_a_pin_or_an_archive_leaves_that_memory_wher
         assert (h.get(archived).tier, h.get(archived).status) == (Tier.WORKING, Status.ARCHIVED)
 
 
+def test_a_pass_leaves_a_memory_another_caller_archived_or_took_to_another_session_uncompressed() -> None:
+    """Two more ways another caller changes a memory after a pass chose it: moved to the archive tier
+    itself (the pass, bound there too, compressed it, a rewrite of content it did not move, and counted the
+    move as its own), or taken to another session (the first session's budget demoted it out of the second
+    one's working tier)."""
+    with Harness.open("memory://", embedder=None, pager=PagerConfig(background=False)) as h:
+        text = "Drain the node, migrate its shards, then verify the checksums of every copy. " * 8
+        archived = h.record(text, session_id="s1", tier="long_term")
+        elsewhere = h.record("the runbook for the s1 deploy", session_id="s1")
+        h.update(archived.id, tier=Tier.ARCHIVE)  # by hand: no compression
+        h.update(elsewhere.id, session_id="s2")
+        assert h.pager.move_many([archived], Tier.ARCHIVE, "over budget", h.now()) == []
+        assert h.pager.move_many([elsewhere], Tier.SHORT_TERM, "over budget", h.now()) == []
+        kept = h.get(archived.id)
+        assert kept.content == text and "compression" not in kept.metadata
+        assert (h.get(elsewhere.id).session_id, h.get(elsewhere.id).tier) == ("s2", Tier.WORKING)
+
+
+def test_a_promotion_another_caller_beat_makes_no_session_due() -> None:
+    """A recall's promotion (one by one) that finds the memory archived meanwhile leaves it: its session
+    was still reported grown (and made due for a pass) by a promotion that never happened."""
+    pager = PagerConfig(background=False, promote_value=0.0)  # any recalled memory is promoted
+    with Harness.open("memory://", embedder=None, pager=pager) as h:
+        m = h.record("the ledger export plan", session_id="s0", tier="long_term")
+        moving = h.pager.give_way  # called by each move just before its write
+
+        def archived_meanwhile() -> None:
+            if h.get(m.id).status is Status.ACTIVE:
+                h.update(m.id, status=Status.ARCHIVED)
+            moving()
+
+        h.pager.give_way = archived_meanwhile  # type: ignore[method-assign]
+        # the one-by-one path (warm() takes it when its batch write meets a newer version)
+        warmed = h.pager._warm_each([m], h.now(), None)
+        assert warmed.grown == {} and h.get(m.id).tier is Tier.LONG_TERM
+
+
 def _race_in_threads(
     worker: Callable[..., None], target: str | Store, args: list[str]
 ) -> list[tuple[Any, ...]]:

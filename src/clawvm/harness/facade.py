@@ -932,7 +932,7 @@ class Harness:
             if h.memory.tier is not Tier.WORKING:
                 # the harness's own paging, as a recall's promotion is (one forgotten meanwhile: skipped)
                 step = functools.partial(
-                    self.pager.move,
+                    self.pager.moved,
                     h.memory,
                     Tier.WORKING,
                     f"preloaded for session {session_id}",
@@ -940,8 +940,8 @@ class Harness:
                     bookkeeping=True,
                 )
                 # (left where it was when another caller changed it meanwhile: not preloaded)
-                if (done := unless_forgotten(step)) is not None and done.tier is Tier.WORKING:
-                    loaded.append(done)
+                if (done := unless_forgotten(step)) is not None and done.moved:
+                    loaded.append(done.memory)
         protect = frozenset(m.id for m in loaded)
         for sid in {m.session_id for m in loaded if m.session_id}:
             self.pager.enforce(self.tenant, sid, now, protect=protect)

@@ -207,6 +207,20 @@ def _one_pass(method: Callable[_P, _R]) -> Callable[_P, _R]:
 
 
 @dataclass(frozen=True)
+class Moved:
+    """What :meth:`Pager.moved` did: the memory as stored after, and whether this move put it there."""
+
+    memory: Memory
+    moved: bool
+
+
+def _chosen_as(memory: Memory) -> tuple[Tier, Status, bool, str | None]:
+    """What a pager pass chose a memory by (its tier, status, pin and session): changed by another caller
+    since, the pass's reason to move it no longer holds."""
+    return memory.tier, memory.status, memory.pinned, memory.session_id
+
+
+@dataclass(frozen=True)
 class Access:
     """How often a memory was accessed since its bookkeeping was last written, when last, and the latest
     version those accesses read (None: the memory as given): what a pager pass writes for the recalls it
@@ -379,13 +393,31 @@ class Pager:
     ) -> Memory:
         """Store ``memory`` in tier ``to`` and log the move (kind promote/demote/archive). ``bookkeeping``:
         the pager's own move (paging, a recall's promotion), not a caller's (see ``CommitPath.write``).
-        The pager chose ``memory`` as read: a memory that another caller moved, pinned, unpinned or gave
-        another status since is left as that caller left it (the pager's reason no longer holds), where a
-        caller's own move is retried on the newer version."""
-        chosen = (memory.tier, memory.status, memory.pinned)
+        The pager chose ``memory`` as read: a memory that another caller moved, pinned, unpinned, gave
+        another status or took to another session since is left as that caller left it (the pager's
+        reason no longer holds; :meth:`moved` says which), where a caller's own move is retried on the
+        newer version."""
+        return self.moved(memory, to, reason, now, bookkeeping=bookkeeping, **changes).memory
+
+    @_one_pass
+    def moved(
+        self,
+        memory: Memory,
+        to: Tier,
+        reason: str,
+        now: datetime,
+        *,
+        bookkeeping: bool = False,
+        **changes: Any,
+    ) -> Moved:
+        """:meth:`move`, saying whether it moved the memory (not when it left one another caller changed)."""
+        chosen = _chosen_as(memory)
+        left = False
 
         def tier_to(current: Memory) -> dict[str, Any]:
-            if bookkeeping and (current.tier, current.status, current.pinned) != chosen:
+            nonlocal left
+            if bookkeeping and _chosen_as(current) != chosen:
+                left = True
                 raise Unchanged
             return {**changes, "tier": to}
 
@@ -399,12 +431,12 @@ class Pager:
             return _move_event(kind, current, to, before, after.value, reason, now, current.tier)
 
         self.give_way()
-        moved = self.mutate(memory, tier_to, now, event=moved_event, bookkeeping=bookkeeping)
-        if moved.tier is not to:  # left as another caller left it (see above): nothing to compress
-            return moved
+        stored = self.mutate(memory, tier_to, now, event=moved_event, bookkeeping=bookkeeping)
+        if left:  # as another caller left it: not this move's to compress either
+            return Moved(stored, False)
         if to is Tier.ARCHIVE and self._compress is not None:
             try:
-                moved = self._compress(moved, reason)
+                stored = self._compress(stored, reason)
             except SummarizerError as exc:  # a policy move must not fail the caller: stay uncompressed
                 self.writer.log(
                     [
@@ -417,7 +449,7 @@ class Pager:
                         )
                     ]
                 )
-        return moved
+        return Moved(stored, True)
 
     # ---- policies ----------------------------------------------------------------------------------------
     def tier_members(self, tenant: str, session_id: str, tier: Tier) -> list[Memory]:
@@ -445,8 +477,9 @@ class Pager:
         only if short-term gave it anything. ``to_low``: a pager pass, which pages an over-budget working
         tier out to its low watermark (``working_low``) rather than to the budget itself. ``working``: the
         working tier's members as the caller holds them (the record path's view, kept current by every
-        commit), so the pass need not read and parse the tier back; a member another process moved
-        meanwhile fails the version check and is moved one by one from its stored version.
+        commit), so the pass need not read and parse the tier back; a member another process changed
+        meanwhile fails the version check, and the members are then moved one by one as the pass chose them
+        (one whose tier, status, pin or session changed is left where it is: :meth:`move`).
         ``working_grew``: only the working tier grew (records, and promotions, which take from the tiers
         below): a lower tier is checked only if the tiers above it shed something into it.
         """
@@ -568,9 +601,9 @@ class Pager:
     def _move_each(self, memories: Sequence[Memory], to: Tier, reason: str, now: datetime) -> list[Memory]:
         """The pager's own moves of ``memories`` one by one, as stored after; one forgotten meanwhile is
         skipped (:func:`unless_forgotten`)."""
-        steps = [functools.partial(self.move, m, to, reason, now, bookkeeping=True) for m in memories]
+        steps = [functools.partial(self.moved, m, to, reason, now, bookkeeping=True) for m in memories]
         # (one another caller changed meanwhile is left where it is: not among those moved)
-        return [done for step in steps if (done := unless_forgotten(step)) is not None and done.tier is to]
+        return [done.memory for step in steps if (done := unless_forgotten(step)) is not None and done.moved]
 
     def warm(
         self,
@@ -652,8 +685,9 @@ class Pager:
                 continue
             # judged on the stored version: it may have moved since the read
             if self._promotable(touched, now) and seen.may_promote(touched):
-                touched = self.move(touched, Tier.WORKING, "warmed by retrieval", now, bookkeeping=True)
-                if touched.tier is Tier.WORKING:  # (not when another caller changed it meanwhile)
+                warmed = self.moved(touched, Tier.WORKING, "warmed by retrieval", now, bookkeeping=True)
+                touched = warmed.memory
+                if warmed.moved:  # (not when another caller changed it meanwhile)
                     promoted.add(touched.id)
             out.append(touched)
         return Warmed(out, _sessions_of(out, promoted))
@@ -782,7 +816,7 @@ class Pager:
             raise PinBudgetError()
 
 
-def unless_forgotten(step: Callable[[], Memory]) -> Memory | None:
+def unless_forgotten(step: Callable[[], _R]) -> _R | None:
     """``step()``, a maintenance step's change of one memory, or None when the memory was forgotten
     meanwhile (by another caller or process): the step skips it, the rest of the pass goes on (the write
     of a memory no longer stored is refused, as :func:`clawvm.store.base.check_stored` says)."""
