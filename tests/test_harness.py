@@ -44,6 +44,7 @@ from clawvm.observe.learning import intervene
 from clawvm.observe.lens import record_output
 from clawvm.store import MemoryStore, Query, QueryResult, SQLiteStore
 from clawvm.teams import shared as teams
+from clawvm.vm.compress import ExtractiveSummarizer
 from clawvm.vm.working import ACCESS_BUFFER
 from engines import engine_of, harness_target
 
@@ -256,6 +257,49 @@ def test_a_compression_that_another_process_beat_to_the_memory_is_done_again(
         done = h.compress(m.id) if call == "compress" else h.decompress(m.id)
         assert done.tags == ["theirs"] and ("compression" in done.metadata) == (call == "compress")
         assert (done.content == text) == (call == "decompress")
+
+
+class _CountingSummarizer(ExtractiveSummarizer):
+    """The extractive summarizer, counting the texts it is asked to summarize (an LLM's would each cost)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[str] = []
+
+    def summarize(self, text: str, max_chars: int) -> str:
+        self.texts.append(text)
+        return super().summarize(text, max_chars)
+
+
+def test_a_compression_tried_again_summarizes_a_text_once(tmp_path: Path) -> None:
+    """compress() tried again after another writer's change summarized the text again on every try once
+    its content had changed once, inside the harness's turn (an LLM summarizer's wait on each): a text is
+    summarized once, however often the tries meet another writer's bookkeeping."""
+    path = tmp_path / "raced.db"
+    store, counting = _RacedAfterRead(path), _CountingSummarizer()
+    pager = PagerConfig(background=False)
+    with (
+        Harness.open(store, embedder=None, pager=pager, summarizer=counting) as h,
+        Harness.open(path, embedder=None, pager=pager) as other,
+    ):
+        first = "Drain the node, migrate its shards, then verify the checksums of every copy. " * 6
+        m = h.record(first, session_id="s1")
+        second = first.replace("Drain", "Cordon")
+        races = iter(
+            [lambda: other.update(m.id, content=second)]
+            + [(lambda n=n: other.update(m.id, tags=[f"theirs-{n}"])) for n in range(3)]
+        )
+
+        def next_race() -> None:  # after each read: the content once, then the tags at each try
+            race = next(races, None)
+            if race is not None:
+                race()
+                store.race = next_race
+
+        store.race = next_race
+        done = h.compress(m.id)
+        assert "compression" in done.metadata and done.tags == ["theirs-2"]
+        assert counting.texts == [first, second]
 
 
 def test_a_change_that_changes_nothing_writes_nothing(harness: Harness) -> None:

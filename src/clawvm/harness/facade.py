@@ -998,14 +998,17 @@ class Harness:
         # summarized before taking the turn of the calls that rewrite a memory: an LLM summarizer waits on
         # its endpoint (up to its timeout), and context() and every update would have waited with it
         summarized = summarize_memory(self.summarizer, memory) if is_compressible(memory) else None
+        made_of = memory.content  # the text ``summarized`` summarizes: a retry summarizes only a new one
 
         def attempt() -> Memory:
+            nonlocal summarized, made_of
             with self._exclusive:
                 current = self._compressible(memory_id)
-                # rewritten meanwhile: summarized again, in the turn
-                ready = summarized if current.content == memory.content else None
+                if current.content != made_of:  # rewritten meanwhile: summarized again, in the turn
+                    made_of, compressible = current.content, is_compressible(current)
+                    summarized = summarize_memory(self.summarizer, current) if compressible else None
                 return compress_memory(
-                    self.writer, current, self.summarizer, self.now(), reason="manual", summarized=ready
+                    self.writer, current, self.summarizer, self.now(), reason="manual", summarized=summarized
                 )
 
         return _again_past_races(memory_id, "compress", attempt)
