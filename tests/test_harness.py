@@ -259,6 +259,26 @@ def test_a_compression_that_another_process_beat_to_the_memory_is_done_again(
         assert (done.content == text) == (call == "decompress")
 
 
+def test_a_compression_that_keeps_losing_races_names_the_memory_and_offers_no_version(tmp_path: Path) -> None:
+    """Past its tries, compress() fails naming the memory; its fix offered an expected_version, which
+    compress does not take."""
+    h, store, other = _raced_pair(tmp_path / "raced.db")
+    with h, other:
+        m = h.record("Drain the node, migrate its shards, then verify the checksums of every copy. " * 6)
+        tries = iter(range(100))
+
+        def race() -> None:
+            other.update(m.id, tags=[f"theirs-{next(tries)}"])
+            store.race = race  # after every read, again
+
+        store.race = race
+        with pytest.raises(ConflictError) as exc:
+            h.compress(m.id)
+        store.race = None
+        assert exc.value.field == "memory_id" and "retry the compress" in exc.value.fix
+        assert "expected_version" not in exc.value.fix and "compression" not in h.get(m.id).metadata
+
+
 class _CountingSummarizer(ExtractiveSummarizer):
     """The extractive summarizer, counting the texts it is asked to summarize (an LLM's would each cost)."""
 

@@ -156,12 +156,15 @@ class _MovedOn(Exception):
         self.conflict = conflict
 
 
-def _raced(conflict: ConflictError, memory_id: str, expected_version: int | None, call: str) -> ConflictError:
+def _raced(
+    conflict: ConflictError, memory_id: str, expected_version: int | None, call: str, versioned: bool = True
+) -> ConflictError:
     """The caller's conflict for the store's ``conflict``, which another writer's change won between the
     call's own read and its write: said of the version the caller passed, or (it passed none) as a change
     made meanwhile, naming ``memory_id``, not an ``expected_version`` it never sent. Any other conflict (a
     memory forgotten since it was read) is as raised. A conflict on another memory the call writes with it
-    (a forget's raw copy) is said of that one, whose version the caller never saw."""
+    (a forget's raw copy) is said of that one, whose version the caller never saw. ``versioned``: the call
+    takes an ``expected_version`` (the fix may offer it)."""
     if conflict.field != "expected_version":
         return conflict
     if conflict.ident != memory_id:
@@ -174,17 +177,15 @@ def _raced(conflict: ConflictError, memory_id: str, expected_version: int | None
     else:
         now = f" (it is at version {conflict.actual} now)" if conflict.actual is not None else ""
         reason = f"memory {memory_id!r} changed while this {call} was being written{now}: nothing was written"
-    fix = (
-        f"retry the {call}: it applies to the memory as it is then (or pass the version you read as "
-        f"expected_version, to {call} that version only)"
-    )
+    offer = f" (or pass the version you read as expected_version, to {call} that version only)"
+    fix = f"retry the {call}: it applies to the memory as it is then" + (offer if versioned else "")
     return ConflictError(memory_id, None, conflict.actual, reason, fix=fix)
 
 
 def _again_past_races(memory_id: str, call: str, attempt: Callable[[], Memory]) -> Memory:
     """``attempt()``, which reads the memory and writes it, tried again while another writer's change lands
-    between its read and its write (a recall's bookkeeping, another process's update): the caller passed
-    no version, so the change applies to the memory as it is then. The last try's conflict is the caller's
+    between its read and its write (a recall's bookkeeping, another process's update): the call takes no
+    version, so the change applies to the memory as it is then. The last try's conflict is the caller's
     (:func:`_raced`)."""
     for _ in range(RACE_RETRIES - 1):
         try:
@@ -194,7 +195,7 @@ def _again_past_races(memory_id: str, call: str, attempt: Callable[[], Memory]) 
     try:
         return attempt()
     except ConflictError as exc:
-        raise _raced(exc, memory_id, None, call) from None
+        raise _raced(exc, memory_id, None, call, versioned=False) from None
 
 
 _IMMUTABLE = frozenset({"id", "created_at", "version", "changed_version", "tenant"})
