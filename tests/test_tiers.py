@@ -625,6 +625,19 @@ def test_start_session_preloads_relevant_memories_into_working() -> None:
         assert h.start_session("s2") == []  # no task: nothing to preload
 
 
+def _archived_before_its_move(h: Harness, memory_id: str) -> None:
+    """Another caller archives ``memory_id`` just before the pager's next move writes (``give_way`` is
+    called by each move right before its write)."""
+    moving = h.pager.give_way
+
+    def archived_meanwhile() -> None:
+        if h.get(memory_id).status is Status.ACTIVE:
+            h.update(memory_id, status=Status.ARCHIVED)
+        moving()
+
+    h.pager.give_way = archived_meanwhile  # type: ignore[method-assign]
+
+
 def test_a_memory_archived_while_it_is_preloaded_is_not_reported_preloaded() -> None:
     """Another caller archives a memory after ``start_session`` found it, before its move: the move leaves
     it as that caller left it, and the session's answer and its ``preload`` event listed it anyway, as if
@@ -633,14 +646,7 @@ def test_a_memory_archived_while_it_is_preloaded_is_not_reported_preloaded() -> 
     with h:
         kept = h.record("payment API refunds need an idempotency key", session_id="s0", tier="long_term")
         gone = h.record("refund for the Payment API failed with a timeout", session_id="s0", tier="long_term")
-        moving = h.pager.give_way  # called by each move just before its write
-
-        def archived_meanwhile() -> None:
-            if h.get(gone.id).status is Status.ACTIVE:
-                h.update(gone.id, status=Status.ARCHIVED)
-            moving()
-
-        h.pager.give_way = archived_meanwhile  # type: ignore[method-assign]
+        _archived_before_its_move(h, gone.id)
         loaded = h.start_session("s1", task="payment API refund", k=2)
         assert [m.id for m in loaded] == [kept.id] and h.get(kept.id).tier is Tier.WORKING
         assert (h.get(gone.id).tier, h.get(gone.id).status) == (Tier.LONG_TERM, Status.ARCHIVED)
@@ -1406,14 +1412,7 @@ def test_a_promotion_another_caller_beat_makes_no_session_due() -> None:
     pager = PagerConfig(background=False, promote_value=0.0)  # any recalled memory is promoted
     with Harness.open("memory://", embedder=None, pager=pager) as h:
         m = h.record("the ledger export plan", session_id="s0", tier="long_term")
-        moving = h.pager.give_way  # called by each move just before its write
-
-        def archived_meanwhile() -> None:
-            if h.get(m.id).status is Status.ACTIVE:
-                h.update(m.id, status=Status.ARCHIVED)
-            moving()
-
-        h.pager.give_way = archived_meanwhile  # type: ignore[method-assign]
+        _archived_before_its_move(h, m.id)
         # the one-by-one path (warm() takes it when its batch write meets a newer version)
         warmed = h.pager._warm_each([m], h.now(), None)
         assert warmed.grown == {} and h.get(m.id).tier is Tier.LONG_TERM

@@ -380,7 +380,6 @@ class Pager:
         # it kept changing, each try: no version of the caller's (its actual None: unless_forgotten skips it)
         raise ConflictError(memory.id, None, None)
 
-    @_one_pass
     def move(
         self,
         memory: Memory,
