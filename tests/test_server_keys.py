@@ -324,19 +324,25 @@ def test_rate_limiter_keeps_a_bounded_number_of_buckets() -> None:
 # ---- keys that expire ------------------------------------------------------------------------------------
 def test_a_key_minted_with_a_ttl_expires_with_a_clear_code(tmp_path: Path) -> None:
     app, store, keys = _app(tmp_path)
+    # the key ring's wall clock, stopped and moved by hand while the key lives: a loaded machine took
+    # longer than the key's half second between its minting and its first use (a 401 where a 200 was due)
+    stopped: list[datetime | None] = [datetime.now(UTC)]
+    app.state.service.keyring._now = lambda: stopped[0] or datetime.now(UTC)
     with TestClient(app) as client:
         admin = _auth(keys["admin"])
         made = client.post("/v1/keys", json={"role": "read-only", "ttl_s": 0.5}, headers=admin)
         assert made.status_code == 201, made.text
         body = made.json()
         expires = datetime.fromisoformat(body["expires_at"])
-        assert timedelta(0) < expires - datetime.fromisoformat(body["created_at"]) <= timedelta(seconds=1)
+        assert expires == stopped[0] + timedelta(seconds=0.5)
+        stopped[0] = expires - timedelta(seconds=0.01)
         assert client.get("/v1/whoami", headers=_auth(body["key"])).status_code == 200
-        time.sleep(max(0.0, (expires - datetime.now(UTC)).total_seconds()) + 0.05)
+        stopped[0] = expires
         err = _error(client.get("/v1/whoami", headers=_auth(body["key"])), 401, "key_expired")
         assert err["field"] == "Authorization" and "expired" in err["message"]
         listed = {k["key_id"]: k for k in client.get("/v1/keys", headers=admin).json()}
         assert listed[body["key_id"]]["expires_at"] == body["expires_at"]  # still listed, as revoked keys are
+        stopped[0] = None  # the clock runs again
 
         later = (datetime.now(UTC) + timedelta(days=30)).isoformat()
         dated = client.post("/v1/keys", json={"expires_at": later}, headers=admin).json()
