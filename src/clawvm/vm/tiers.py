@@ -380,23 +380,15 @@ class Pager:
         # it kept changing, each try: no version of the caller's (its actual None: unless_forgotten skips it)
         raise ConflictError(memory.id, None, None)
 
-    def move(
-        self,
-        memory: Memory,
-        to: Tier,
-        reason: str,
-        now: datetime,
-        *,
-        bookkeeping: bool = False,
-        **changes: Any,
-    ) -> Memory:
-        """Store ``memory`` in tier ``to`` and log the move (kind promote/demote/archive). ``bookkeeping``:
+    def move(self, memory: Memory, to: Tier, reason: str, now: datetime, **options: Any) -> Memory:
+        """Store ``memory`` in tier ``to`` and log the move (kind promote/demote/archive); ``options`` as
+        :meth:`moved` takes them (``bookkeeping``, and fields to change with the move). ``bookkeeping``:
         the pager's own move (paging, a recall's promotion), not a caller's (see ``CommitPath.write``).
         The pager chose ``memory`` as read: a memory that another caller moved, pinned, unpinned, gave
         another status or took to another session since is left as that caller left it (the pager's
         reason no longer holds; :meth:`moved` says which), where a caller's own move is retried on the
         newer version."""
-        return self.moved(memory, to, reason, now, bookkeeping=bookkeeping, **changes).memory
+        return self.moved(memory, to, reason, now, **options).memory
 
     @_one_pass
     def moved(
