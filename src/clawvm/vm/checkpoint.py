@@ -336,14 +336,11 @@ def _plan(
         target = _pin_if_it_fits(pager, whole, target, now, pinned, written.keys())
         if not target["pinned"]:
             unpinned.append(m.id)
-        if whole is not m:  # its raw text comes back in this write (restored already), pinned or not
+        # (one whose raw text comes back is written whatever its pin, and is counted restored already)
+        if whole is not m or any(getattr(m, k) != v for k, v in target.items()):
             written[m.id] = change(whole, target, keep_value=True)
             if target["pinned"] != m.pinned:
-                touched[m.id] = m  # its pin comes back, or goes
-        elif any(getattr(m, k) != v for k, v in target.items()):
-            written[m.id] = change(m, target, keep_value=True)
-            if target["pinned"] != m.pinned:
-                touched[m.id] = m  # its pin comes back (one that does not fit: bookkeeping alone changes)
+                touched[m.id] = m  # its pin comes back, or goes (one that does not fit: bookkeeping alone)
             if m.id not in tiers:
                 restored.append(m.id)
             tiers[m.id] = Tier(target["tier"]).value
