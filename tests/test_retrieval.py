@@ -556,3 +556,18 @@ def test_a_memory_that_left_the_filter_between_match_and_fetch_is_not_returned(
     hits = run_recall(racing, "pottery class", None, 3, LEXICAL_ONLY, h.filters({}))  # type: ignore[arg-type]
     assert racing.archived and racing.archived not in {x.id for x in hits}
     assert hits and all(x.memory.status is Status.ACTIVE for x in hits)
+
+
+def test_a_memory_that_left_the_filter_between_match_and_fetch_gives_way_to_the_next_best(
+    lexical_harness: Harness,
+) -> None:
+    """The archived memory's place goes to the next best match: the race costs a second fetch, not a
+    shorter answer (asked for 3 with more than 3 matches, the recall returned 2)."""
+    h = lexical_harness
+    conversation(h)
+    calm = run_recall(h.store, "pottery class", None, 4, LEXICAL_ONLY, h.filters({}))
+    assert len(calm) == 4
+    racing = _ArchivesBeforeFetch(h)
+    hits = run_recall(racing, "pottery class", None, 3, LEXICAL_ONLY, h.filters({}))  # type: ignore[arg-type]
+    assert racing.archived == calm[0].id
+    assert [x.id for x in hits] == [x.id for x in calm[1:]]

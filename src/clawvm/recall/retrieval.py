@@ -476,6 +476,29 @@ def _channel_hits(
     return hits
 
 
+@dataclass(frozen=True)
+class _Fetched:
+    id: str
+    score: float
+    memory: Memory
+
+
+def _fetch_best(store: StoreReader, scores: dict[str, float], k: int, filters: Filters) -> list[_Fetched]:
+    """The ``k`` best of ``scores`` that the filters still take once fetched, best first. Matched, then
+    fetched: another caller's write in between (archived, moved out of the session, forgotten) leaves a
+    memory the filters no longer take, which is not returned as a match; the next best takes its place,
+    so such a race costs one more fetch, not a shorter answer."""
+    kept: list[_Fetched] = []
+    asked = 0  # the best ``asked`` ids have been fetched
+    while len(kept) < k and asked < len(scores):
+        ranked = _best_first(scores, asked + k - len(kept))
+        batch = ranked[asked:]
+        found = store.get_many([i for i, _ in batch])
+        kept += [_Fetched(i, s, found[i]) for i, s in batch if i in found and filters.matches(found[i])]
+        asked = len(ranked)
+    return kept
+
+
 def run_recall(
     store: StoreReader,
     query: str,
@@ -549,15 +572,11 @@ def run_recall(
         for i, b in bonus.items():
             scores[i] = scores.get(i, 0.0) + wg * b
 
-    best = _best_first(scores, k)
-    found = store.get_many([i for i, _ in best])
-    explains = _explain(parts, [i for i, _ in best])
+    best = _fetch_best(store, scores, k, filters)
+    explains = _explain(parts, [hit.id for hit in best])
     out = []
-    for i, s in best:
-        # matched, then fetched: another caller's write in between (archived, moved out of the session)
-        # leaves a memory the filters no longer take, which the recall does not return as a match
-        if i not in found or not filters.matches(found[i]):
-            continue
+    for hit in best:
+        i, s = hit.id, hit.score
         explain = explains[i]
         if cfg.smoothing > 0 and (spot := info.get(i)) is not None:
             near = fused.get(spot.previous or "", 0.0) + fused.get(spot.next or "", 0.0)
@@ -571,5 +590,5 @@ def run_recall(
             explain["author"] = ChannelScore(1.0, 1.0, 0, prior)
         if i in bonus:
             explain["graph"] = ChannelScore(bonus[i], bonus[i], 0, cfg.weights["graph"])
-        out.append(Recalled(found[i], s, explain))
+        out.append(Recalled(hit.memory, s, explain))
     return out
