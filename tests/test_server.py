@@ -1131,6 +1131,42 @@ BIG_TAGS = [f"t{i}" for i in range(10_000)]
 DEEP = b'{"content": "x", "metadata": {"a": ' + b"[" * 50_000 + b"]" * 50_000 + b"}}"  # past the parser
 
 
+UNREADABLE_BODIES = [
+    pytest.param(b'{"content": ', "invalid_json", id="not JSON"),
+    pytest.param(DEEP, "bad_request", id="nested past the parser"),
+]
+
+
+@pytest.mark.parametrize(("body", "code"), UNREADABLE_BODIES)
+def test_a_body_that_cannot_be_read_is_answered_after_the_key_check(env: Env, body: bytes, code: str) -> None:
+    """FastAPI reads the body before a route's dependencies run: a request with no key (or a key whose
+    role may not write) and a body that is not JSON got the 400 that tells how its body fared, where any
+    other request of theirs gets 401 (403)."""
+
+    def post(path: str, **headers: str) -> httpx.Response:
+        return env.client.post(path, content=body, headers={"Content-Type": "application/json", **headers})
+
+    assert_error(post("/v1/memories"), 401, "unauthorized")
+    assert_error(post("/v1/memories", Authorization="Bearer cvm_nothing_nothing"), 401, "unauthorized")
+    assert_error(post("/v1/memories", **env.auth("reader")), 403, "forbidden")
+    assert_error(post("/v1/memories", **env.auth("agent")), 400, code, "body")
+    assert_error(post("/v1/recall", **env.auth("reader")), 400, code, "body")
+    assert env.store.count() == 0
+
+
+def test_unreadable_bodies_without_a_key_spend_the_unauthenticated_limit(tmp_path: Path) -> None:
+    """Refused for their body alone, requests without a key were never counted: a client could send them
+    without end, and learn how each body fared."""
+    settings = ServerSettings(rate_per_s=0, unauthenticated_rate_per_s=1 / 3600, unauthenticated_burst=2)
+    app, store, _ = open_app(tmp_path, settings)
+    as_json = {"Content-Type": "application/json"}
+    with TestClient(app) as client:
+        for _ in range(2):
+            assert_error(client.post("/v1/memories", content=b"{", headers=as_json), 401, "unauthorized")
+        assert_error(client.post("/v1/memories", content=b"{", headers=as_json), 429, "rate_limited")
+    store.close()
+
+
 def nested(depth: int) -> Any:
     value: Any = "leaf"
     for _ in range(depth):

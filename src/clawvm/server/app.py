@@ -14,6 +14,7 @@ from starlette.routing import Route
 
 from clawvm.core.embed import Embedder
 from clawvm.core.version import __version__
+from clawvm.server.auth import refusal_before_the_body
 from clawvm.server.errors import ERROR_RESPONSES, install_error_handlers
 from clawvm.server.middleware import REQUEST_ID_HEADER, Guard
 from clawvm.server.routes import events, health, keys, memories, recall, sessions
@@ -114,7 +115,7 @@ def create_app(
     )
     app.state.service = service
     app.add_middleware(Guard, max_body_bytes=settings.max_body_bytes, gauge=service.requests)
-    install_error_handlers(app)
+    install_error_handlers(app, key_check=refusal_before_the_body)
     app.include_router(health.router)
     v1 = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
     for router in V1_ROUTERS:

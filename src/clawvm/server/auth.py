@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request, Security
+from fastapi.dependencies.models import Dependant
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
-from clawvm.core.errors import AuthenticationError
+from clawvm.core.errors import AuthenticationError, ClawVMError
 from clawvm.harness import Harness
 from clawvm.server.routes.params import known_query_only
 from clawvm.server.service import Service, service_of
@@ -102,6 +103,10 @@ def _refuse_scheme(sent: str) -> None:
     )
 
 
+#: each dependency :func:`caller_with` made -> the permission it checks
+_PERMISSION_OF: dict[Callable[..., Awaitable[Caller]], Permission] = {}
+
+
 def caller_with(permission: Permission) -> Callable[..., Awaitable[Caller]]:
     """A dependency: the caller, if its role grants ``permission`` (else 403). Async for the reason
     :func:`authenticate` is: only a tenant's first request, which makes its harness, goes to a thread."""
@@ -109,7 +114,44 @@ def caller_with(permission: Permission) -> Callable[..., Awaitable[Caller]]:
     async def dependency(request: Request, principal: Annotated[Principal, Depends(authenticate)]) -> Caller:
         return await _caller(request, principal, permission)
 
+    _PERMISSION_OF[dependency] = permission
     return dependency
+
+
+@dataclass(frozen=True)
+class KeyCheck:
+    """What a route asks of its caller's key: to be valid, and to grant ``permission`` when it names one."""
+
+    permission: Permission | None
+
+
+def key_check_of(dependant: Dependant) -> KeyCheck | None:
+    """What the route of ``dependant`` asks of the caller's key (None: nothing, a public route)."""
+    if dependant.call in _PERMISSION_OF:
+        return KeyCheck(_PERMISSION_OF[dependant.call])
+    if dependant.call is authenticate:
+        return KeyCheck(None)
+    return next(filter(None, map(key_check_of, dependant.dependencies)), None)
+
+
+async def refusal_before_the_body(request: Request) -> ClawVMError | None:
+    """The 401, 403 or 429 that a request whose body could not be read (not JSON, nested too deep) is due
+    from its route's key check. FastAPI reads the body before the route's dependencies run, so such a
+    request was answered 400 before its key was looked at: a caller without a key learnt how its body
+    fared, and its failures spent none of the unauthenticated clients' limit. None when the key passes
+    (charged, as for any request) or the route takes none."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    check = key_check_of(dependant) if isinstance(dependant, Dependant) else None
+    if check is None or getattr(request.state, "principal", None) is not None:
+        return None  # a public route, or the key was checked already
+    try:
+        principal = await authenticate(request, await _bearer(request), await _api_key_header(request))
+        if check.permission is not None:
+            principal.require(check.permission)
+    except ClawVMError as refused:
+        return refused
+    return None
 
 
 async def _caller(request: Request, principal: Principal, permission: Permission) -> Caller:

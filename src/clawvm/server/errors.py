@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -242,7 +243,12 @@ def _unparsed(cause: BaseException | None) -> tuple[str, str] | None:
     return None
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(
+    app: FastAPI, key_check: Callable[[Request], Awaitable[ClawVMError | None]] | None = None
+) -> None:
+    """Every error as one JSON shape. ``key_check``: the refusal, if any, that a request whose body could
+    not be read is due from its route's key check (which had not run yet), answered in its place."""
+
     async def library(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ClawVMError)
         response = response_for(exc)
@@ -250,12 +256,18 @@ def install_error_handlers(app: FastAPI) -> None:
             log.error("library error", exc_info=exc)
         return response
 
-    async def request_shape(_request: Request, exc: Exception) -> Response:
+    async def refused(request: Request) -> Response | None:
+        refusal = None if key_check is None else await key_check(request)
+        return None if refusal is None else response_for(refusal)
+
+    async def request_shape(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
-        return _request_error(exc)
+        return await refused(request) or _request_error(exc)
 
     async def http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 400:  # a body FastAPI could not parse (too deep, too many digits)
+            return await refused(request) or _http_error(request, exc)
         return _http_error(request, exc)
 
     app.add_exception_handler(ClawVMError, library)
