@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clawvm import Harness, Kind, Memory, NotFoundError, Tier, ValidationError
+from clawvm import ConflictError, Harness, Kind, Memory, NotFoundError, Tier, ValidationError
 from clawvm.core.model import Cost, Usage
 from clawvm.demo.scenario import ReplayClock
 from clawvm.observe.learning import (
@@ -26,6 +26,8 @@ from clawvm.observe.learning import (
     learn,
     raw_value,
     restore_weights,
+    stored_weights,
+    weights_id,
     weights_of,
 )
 from clawvm.observe.lens import Lens, record_output
@@ -632,6 +634,51 @@ def test_learned_weights_load_when_the_harness_opens(h: Harness, clock: ReplayCl
     # the weights memory is the harness's own bookkeeping: never listed, counted or recalled
     assert all(m.kind is not Kind.AGENT_STATE for m in reopened.list(limit=100, status="any"))
     assert reopened.count(status="any") == h.count(status="any")
+
+
+def test_two_harnesses_on_one_store_never_lose_each_others_learned_step(
+    h: Harness, clock: ReplayClock
+) -> None:
+    """Each teacher learns from the weights stored now: one that learned from its own (loaded at open)
+    wrote over the other's step, and two archives of notes stored one step."""
+    other = Harness(engine_of(h), None, clock=clock)
+    a = h.record("Note: the staging deploy uses blue-green", kind="note", session_id="s1")
+    b = h.record("Note: the billing job retries three times", kind="note", session_id="s2")
+    first = intervene(h, "archive", a.id)["learned"]
+    second = intervene(other, "archive", b.id)["learned"]
+    assert first["base:note"] < 0 and second["base:note"] < 0
+    stored = stored_weights(h.store, a.tenant)
+    assert stored is not None
+    both = DEFAULT_SCORING.base["note"] + first["base:note"] + second["base:note"]
+    assert stored["base"]["note"] == pytest.approx(both, abs=1e-5)
+    assert weights_of(other.pager.config.scoring) == stored  # the teacher's scorer takes what it stored
+
+
+class _WeightsAlwaysRaced:
+    """A harness whose every write of the learned weights loses to another teacher's."""
+
+    def __init__(self, h: Harness) -> None:
+        self._h = h
+        self.writer = self
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._h, name)
+
+    def write(self, memories: list[Memory], *args: object, **kwargs: object) -> object:
+        if any(m.id == weights_id(m.tenant) for m in memories):
+            raise ConflictError(memories[0].id, None, None)
+        return self._h.writer.write(memories, *args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_step_that_keeps_losing_to_other_teachers_is_refused_not_dropped(h: Harness) -> None:
+    """After its tries the step was dropped without a word, and the action went on as if taught."""
+    note = h.record("Note: the staging deploy uses blue-green", kind="note", session_id="s1")
+    weights = weights_of(h.pager.config.scoring)
+    with pytest.raises(ConflictError) as refused:
+        intervene(_WeightsAlwaysRaced(h), "archive", note.id)  # type: ignore[arg-type]
+    assert refused.value.field == "action" and "retry" in str(refused.value.fix)
+    assert h.get(note.id).tier is note.tier and h.get(note.id).status is note.status  # not archived
+    assert weights_of(h.pager.config.scoring) == weights and stored_weights(h.store, note.tenant) is None
 
 
 def test_a_collapsed_task_moves_its_steps_to_the_archive_on_the_timeline(

@@ -316,14 +316,27 @@ def intervene(
     return {"memory": after, "before": before, "after": data["after"], "learned": delta}
 
 
+#: tries of :func:`_teach`'s compare-and-set before it gives up with a ConflictError
+TEACH_RETRIES = 20
+
+
 def _teach(
     harness: LearningHost, memory: Memory, now: datetime, target: float, action: str, rate: float
 ) -> dict[str, float]:
-    cfg, delta = learn(
-        harness.pager.config.scoring, memory, now, target, rate, direction=DIRECTIONS.get(action)
-    )
-    if delta:
-        harness.pager.config = replace(harness.pager.config, scoring=cfg)
+    """Teach the scorer one step towards ``target`` for ``memory``, stored and then taken by this
+    harness's scorer. A compare-and-set on the tenant's weights memory: each try learns from the weights
+    stored now (the steps of other processes on the same store included) and writes under the version it
+    read, so two teachers never lose a step. (Learning from this process's own weights overwrote another
+    process's step: two archives of notes in two harnesses stored one step.) A step that keeps losing to
+    other writers is refused, not dropped."""
+    wid = weights_id(memory.tenant)
+    for _ in range(TEACH_RETRIES):
+        current = harness.store.get_many([wid]).get(wid)
+        ours = harness.pager.config.scoring
+        start = ours if current is None else with_weights(ours, current.metadata.get("weights", {}))
+        cfg, delta = learn(start, memory, now, target, rate, direction=DIRECTIONS.get(action))
+        if not delta:
+            return delta
         weights = weights_of(cfg)
         event = Event(
             kind=WEIGHTS_KIND,
@@ -332,15 +345,20 @@ def _teach(
             at=now,
             data={"weights": weights, "delta": delta, "action": action, "target": target},
         )
-        for _ in range(20):  # compare-and-set on the weights memory: two teachers never lose a step
-            wid = weights_id(memory.tenant)
-            current = harness.store.get_many([wid]).get(wid)
-            try:
-                harness.writer.write([_weights_memory(memory.tenant, weights, now, current)], None, [event])
-                break
-            except ConflictError:
-                continue
-    return delta
+        try:
+            harness.writer.write([_weights_memory(memory.tenant, weights, now, current)], None, [event])
+        except ConflictError:
+            continue  # another teacher's step landed first: learn again from it
+        harness.pager.config = replace(harness.pager.config, scoring=cfg)
+        return delta
+    raise ConflictError(
+        wid,
+        None,
+        None,
+        f"the learned weights changed under each of {TEACH_RETRIES} tries: this {action} taught nothing",
+        field="action",
+        fix="retry the action",
+    )
 
 
 def _perform(
