@@ -112,6 +112,23 @@ def test_duplicates_merge_into_one_revision_keeping_every_source(engine_name: st
     assert merge_team(h, team_id="pay").merged == []  # nothing left to merge
 
 
+def test_forgetting_a_merge_brings_its_sources_back(engine_name: str, lexical: Harness) -> None:
+    """The sources named the forgotten merge as what they went into: obsolete for good, never recalled."""
+    h = lexical
+    crew(h)
+    shared = dict(team_id="pay", kind="observation")
+    a = teams.record(h, "The billing API returns amounts in cents", agent_id="planner", **shared)
+    b = teams.record(h, "the billing api returns amounts in cents!", agent_id="writer", **shared)
+    ((merged_id, sources),) = merge_team(h, team_id="pay").merged
+    assert set(sources) == {a.id, b.id}
+    h.forget(merged_id)
+    for source in (a, b):
+        back = h.get(source.id)
+        assert back.status is Status.ACTIVE and teams.successor(back) is None
+        assert [m.id for m in h.history(source.id)] == [source.id]
+    assert {m.id for m in h.list(kind=Kind.OBSERVATION, team_id="pay")} == {a.id, b.id}
+
+
 def test_dense_similarity_alone_finds_paraphrases(engine_name: str, harness: Harness) -> None:
     crew(harness)
     a = teams.record(

@@ -857,6 +857,46 @@ def test_guidance_validates_its_input(lexical: Harness, engine_name: str) -> Non
     assert lexical.guidance("writer", "nothing recorded yet", 100).text == ""
 
 
+# ---- forgetting a revision ----------------------------------------------------------------------------
+def test_forgetting_the_head_of_a_chain_makes_the_revision_before_it_the_head(lexical: Harness) -> None:
+    """The older revision named the forgotten one as its successor: it stayed obsolete, out of every
+    recall, and both ways to change it were refused, each sending the caller to the other."""
+    h = lexical
+    a = h.record("Refund limit is 500 euros", kind="decision", session_id="s")
+    b = h.revise(a.id, content="Refund limit is 800 euros")
+    h.forget(b.id)
+    back = h.get(a.id)
+    assert back.status is Status.ACTIVE and teams.successor(back) is None
+    assert not {"superseded_by", "merged_into"} & set(back.metadata)
+    assert [r.id for r in h.recall("refund limit")] == [a.id]
+    assert [m.id for m in h.history(a.id)] == [a.id]
+    assert h.update(a.id, content="Refund limit is 600 euros").content == "Refund limit is 600 euros"
+
+
+def test_forgetting_an_archived_head_gives_the_revision_before_it_that_status(lexical: Harness) -> None:
+    h = lexical
+    a = h.record("Deploys freeze on Fridays", kind="decision", session_id="s")
+    b = h.revise(a.id, content="Deploys freeze on Fridays after noon")
+    h.update(b.id, status="archived")
+    h.forget(b.id)
+    assert h.get(a.id).status is Status.ARCHIVED and teams.successor(h.get(a.id)) is None
+
+
+def test_forgetting_a_revision_inside_a_chain_joins_the_revisions_around_it(lexical: Harness) -> None:
+    """history() of the head stopped at the forgotten revision, and the root's led nowhere."""
+    h = lexical
+    a = h.record("Refund limit is 500 euros", kind="decision", session_id="s")
+    b = h.revise(a.id, content="Refund limit is 800 euros")
+    c = h.revise(b.id, content="Refund limit is 900 euros")
+    h.forget(b.id)
+    assert [m.id for m in h.history(c.id)] == [a.id, c.id]
+    assert [m.id for m in h.history(a.id)] == [a.id, c.id]
+    head = h.get(c.id)
+    assert head.status is Status.ACTIVE and head.metadata["revision"]["previous"] == a.id
+    assert teams.previous(head) == a.id and b.id not in {link.target for link in head.links}
+    assert h.get(a.id).status is Status.OBSOLETE and teams.latest(h, a.id).id == c.id
+
+
 # ---- reviews and conflicts after forgets and rejections --------------------------------------------------
 def _conflicted(h: Harness) -> tuple[Memory, Memory, Memory]:
     """Two decisions of a team on one subject, and the conflict note merge_team flags between them."""

@@ -611,6 +611,10 @@ class Harness:
             teams.close_conflicts_of_forgotten(self, memory)
         except ClawVMError as exc:  # the forget stands (a retry would say "not found"); guidance skips it
             log.warning("a conflict of forgotten memory %s was left open: %s", memory.id, exc)
+        try:
+            teams.mend_chain_of_forgotten(self, memory)
+        except ClawVMError as exc:  # the forget stands; the chain's earlier revisions stay obsolete
+            log.warning("the chain of forgotten memory %s was left as it was: %s", memory.id, exc)
 
     def import_memories(self, memories: Sequence[Memory], *, restore: bool = False) -> int:
         """:meth:`import_renamed`, returning how many memories were written."""

@@ -390,6 +390,96 @@ def close_conflicts_of_forgotten(h: TeamHost, memory: Memory) -> list[Memory]:
     ]
 
 
+#: the link types by which a memory names those it replaced (its previous revision, a merge's sources)
+CHAIN_LINKS = (LinkType.REVISES, LinkType.DERIVED_FROM)
+#: tries of :func:`mend_chain_of_forgotten` when its memories keep changing under it
+MEND_RETRIES = 5
+
+
+def mend_chain_of_forgotten(h: TeamHost, gone: Memory) -> list[Memory]:
+    """Keep the chain of ``gone`` (as it was before it was forgotten) whole; returns what it rewrote.
+    The memories ``gone`` replaced (its previous revision, a merge's sources) named it as their successor:
+    left so, they were obsolete for good, out of every recall, and each change of theirs was refused with
+    "change the head of its chain", a head that no longer was. Forgotten as the head, they are the head
+    again, with its status (as a revision took theirs). Forgotten inside the chain, they name its
+    successor instead, which names them in its place, so that :func:`history` walks through. A memory
+    that changes meanwhile is read again (:class:`ConflictError` after :data:`MEND_RETRIES` tries)."""
+    for attempt in range(MEND_RETRIES):
+        mended = _mended_chain(h, gone)
+        if not mended:
+            return []
+        at = h.now()
+        changed = {"fields": ["links", "metadata", "status"]}
+        events = [
+            Event(
+                kind=EventKind.UPDATE,
+                memory_id=m.id,
+                data={**changed, "version": m.version},
+                tenant=m.tenant,
+                at=at,
+            )
+            for m in mended
+        ]
+        try:
+            h.writer.write(mended, None, events)
+            return mended
+        except ConflictError:
+            if attempt == MEND_RETRIES - 1:
+                raise
+    return []
+
+
+def _mended_chain(h: TeamHost, gone: Memory) -> list[Memory]:
+    """The rewrites :func:`mend_chain_of_forgotten` makes, read now (none when nothing names ``gone``)."""
+    targets = [link.target for link in gone.links if link.type in CHAIN_LINKS]
+    replaced = [m for m in h.store.get_many(targets).values() if _named_key(m, gone.id) is not None]
+    if not replaced:
+        return []
+    heir_id = successor(gone)
+    heir = None if heir_id is None else h.store.get_many([heir_id]).get(heir_id)
+    out = []
+    for m in replaced:
+        key = _named_key(m, gone.id)
+        assert key is not None
+        metadata = {k: v for k, v in m.metadata.items() if k != key}
+        update: dict[str, Any] = {"version": m.version + 1, "metadata": metadata}
+        if heir is None:  # the head again, as the revision or merge had never been
+            update["status"] = gone.status
+        else:
+            metadata[key] = heir.id
+        out.append(m.model_copy(update=update))
+    if heir is not None:
+        out.append(_in_place_of(heir, gone))
+    return out
+
+
+def _named_key(m: Memory, successor_id: str) -> str | None:
+    """The :data:`REPLACED_BY` key by which obsolete ``m`` names ``successor_id``, if it does."""
+    if m.status is not Status.OBSOLETE:
+        return None
+    return next((k for k in REPLACED_BY if m.metadata.get(k) == successor_id), None)
+
+
+def _in_place_of(heir: Memory, gone: Memory) -> Memory:
+    """``heir`` (the successor of forgotten ``gone``) naming what ``gone`` replaced where it named
+    ``gone``: its chain links to ``gone`` become ``gone``'s own, of the same type."""
+    kept = [link for link in heir.links if not (link.type in CHAIN_LINKS and link.target == gone.id)]
+    taken = [
+        Link(type=link.type, target=earlier.target)
+        for link in heir.links
+        if link.type in CHAIN_LINKS and link.target == gone.id
+        for earlier in gone.links
+        if earlier.type in CHAIN_LINKS
+    ]
+    metadata = dict(heir.metadata)
+    info = metadata.get("revision")
+    if isinstance(info, dict) and info.get("previous") == gone.id:
+        metadata["revision"] = {**info, "previous": gone.metadata.get("revision", {}).get("previous")}
+    return heir.model_copy(
+        update={"links": [*kept, *dict.fromkeys(taken)], "metadata": metadata, "version": heir.version + 1}
+    )
+
+
 def root_id(m: Memory) -> str:
     """The first revision of ``m``'s chain (stable across revisions)."""
     return str(m.metadata.get("revision", {}).get("root", m.id))
