@@ -21,6 +21,7 @@ from clawvm.core.model import Cost, Usage
 from clawvm.demo.scenario import ReplayClock
 from clawvm.observe.learning import (
     MAX_WEIGHT_STEP,
+    NOTE_MAX_CHARS,
     features,
     intervene,
     learn,
@@ -804,6 +805,19 @@ def test_a_bad_learning_rate_or_target_writes_nothing(h: Harness) -> None:
         with pytest.raises(ValidationError) as exc:
             learn(h.pager.config.scoring, m, h.now(), target)  # type: ignore[arg-type]
         assert exc.value.field == "target"
+
+
+def test_a_note_past_the_limit_is_refused_not_cut(h: Harness) -> None:
+    """The SDK cut a 300,000-character annotation to 2,000 without a word (the dashboard's API refused it)."""
+    m = h.record("the refund job runs nightly", session_id="s1")
+    events = len(h.events(limit=1000))
+    for action, note in (("annotate", "a" * (NOTE_MAX_CHARS + 1)), ("pin", "b" * 300_000), ("pin", 7)):
+        with pytest.raises(ValidationError) as exc:
+            intervene(h, action, m.id, note=note)  # type: ignore[arg-type]
+        assert exc.value.field == "note" and f"{NOTE_MAX_CHARS:,}" in str(exc.value.fix)
+    assert h.get(m.id) == m and len(h.events(limit=1000)) == events
+    kept = intervene(h, "annotate", m.id, note="c" * NOTE_MAX_CHARS)["memory"]
+    assert kept.metadata["annotations"][0]["text"] == "c" * NOTE_MAX_CHARS
 
 
 def test_an_export_refuses_a_path_it_cannot_or_should_not_write(h: Harness, tmp_path: Path) -> None:

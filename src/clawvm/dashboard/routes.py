@@ -43,7 +43,7 @@ from clawvm.core.model import (
 )
 from clawvm.dashboard import debug, views
 from clawvm.harness import Harness
-from clawvm.observe.learning import intervene, weights_of
+from clawvm.observe.learning import NOTE_MAX_CHARS, intervene, weights_of
 from clawvm.observe.lens import Lens
 from clawvm.store.crypto import without_sealed
 from clawvm.vm.scoring import ScoringConfig
@@ -100,7 +100,7 @@ describe_pattern(
 
 class NoteBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    text: str = Field(min_length=1, max_length=2000, pattern=NON_BLANK)
+    text: str = Field(min_length=1, max_length=NOTE_MAX_CHARS, pattern=NON_BLANK)
 
 
 def _blank_is_none(v: Any) -> Any:

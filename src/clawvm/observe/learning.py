@@ -48,6 +48,8 @@ class LearningHost(Recorder, Protocol):
 
 
 LEARNING_RATE = 0.1
+#: the longest note a manual action takes (an annotation, or the note logged with any action), in characters
+NOTE_MAX_CHARS = 2000
 # The most one action moves any one weight (a kind's base weight included): one person's click on one
 # memory must not re-value every memory of its kind. A step of 0.05 on base:<kind> moves each memory of
 # that kind by at most 0.05 (the base is multiplied by the recency factor, at most 1).
@@ -286,6 +288,10 @@ def intervene(
         raise ValidationError("tier", f"is {tier!r}", f"use one of {', '.join(t.value for t in Tier)}")
     if action == "annotate" and (not isinstance(note, str) or not note.strip()):
         raise ValidationError("note", "is empty", "pass the annotation text")
+    if note is not None and (not isinstance(note, str) or len(note) > NOTE_MAX_CHARS):
+        # (cut to the limit without a word, where the dashboard's API refused it)
+        got = f"{len(note):,} characters" if isinstance(note, str) else f"a {type(note).__name__}"
+        raise ValidationError("note", f"is {got}", f"pass text of at most {NOTE_MAX_CHARS:,} characters")
     if action == "set_value" and memory.pinned:
         raise StateConflictError("memory_id", "is pinned (worth 1.0 while pinned)", "unpin it first")
     # the value the memory has now, under the current weights (the stored one dates from its last write,
@@ -309,7 +315,7 @@ def intervene(
     if target is not None:
         data.update(target=target, learned=delta)
     if note:
-        data["note"] = harness.writer.scrub(note, memory.tenant)[:2000]
+        data["note"] = harness.writer.scrub(note, memory.tenant)
     harness.writer.log(
         [Event(kind=EventKind.MANUAL, memory_id=memory_id, tenant=memory.tenant, at=now, data=data)]
     )
@@ -389,7 +395,7 @@ def _perform(
             return harness.pager.move(memory, to, f"moved to {to.value} by {by}, unpinned", now, pinned=False)
         return harness.pager.move(memory, to, f"moved to {to.value} by {by}", now)
     if action == "annotate":
-        text = harness.writer.scrub(str(note), memory.tenant)[:2000]
+        text = harness.writer.scrub(str(note), memory.tenant)
         return _annotated(harness, memory, {"at": now.isoformat(), "by": by, "text": text})
     assert target is not None  # set_value
     votes = _votes_for(harness, memory, now, target)
