@@ -687,6 +687,13 @@ def test_memories_are_edited_like_blocks_through_the_sdk_write_path(
     page.click("#value-button")
     page.wait_for_function("() => document.querySelector('#toast').textContent.startsWith('value: enter')")
 
+    # the revised one is history: annotated or forgotten, never pinned, valued or moved
+    old, _ = _open(browser, base, keys["agent"], f"#view=sessions&session=s1&memory={first}")
+    old.wait_for_selector('#inspector[data-ready="1"] #value-formula')
+    for absent in ("#pin-button", "#value-button", "#tier-button", "#edit-box"):
+        assert old.locator(absent).count() == 0, absent
+    assert old.locator("#forget-button").count() == 1
+    old.close()
     page.on("dialog", lambda dialog: dialog.accept())
     assert problems == []
     page.click("#forget-button")
@@ -695,13 +702,7 @@ def test_memories_are_edited_like_blocks_through_the_sdk_write_path(
     assert h.store.get_many([head]) == {}
     manual = [e.data["action"] for e in h.events(memory_id=head, limit=100) if e.kind == "manual"]
     assert manual == ["set_tier", "set_tier"]
-    # the revised one is history: annotated or forgotten, never pinned, valued or moved
-    old, _ = _open(browser, base, keys["agent"], f"#view=sessions&session=s1&memory={first}")
-    old.wait_for_selector('#inspector[data-ready="1"] #value-formula')
-    for absent in ("#pin-button", "#value-button", "#tier-button", "#edit-box"):
-        assert old.locator(absent).count() == 0, absent
-    assert old.locator("#forget-button").count() == 1
-    old.close()
+    assert h.get(first).status.value == "active"  # the head forgotten, the revision before it is the head
     # a live refresh already in flight when the memory was forgotten may still ask for it: the browser logs
     # that read's 404 (the page handles it); anything else is a problem
     assert [p for p in problems if "status of 404" not in p] == []
