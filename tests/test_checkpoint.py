@@ -113,10 +113,13 @@ def test_a_checkpoint_has_a_name_and_its_snapshot_stays_as_taken() -> None:
     h, _now = open_clocked()
     with h:
         m = h.record("plain memory", session_id="s1")
-        for name in ("", "   ", None):
+        # the REST API's rule: 5,000 characters, a NUL (PostgreSQL cannot store it) and a newline were taken
+        for name in ("", "   ", None, "N" * 201, "bad\x00name", "two\nlines"):
             with pytest.raises(ValidationError) as err:
                 h.checkpoint("s1", name)  # type: ignore[arg-type]
             assert err.value.field == "name"
+        assert h.checkpoints("s1") == [] and h.checkpoint("s1", "N" * 200)
+        h.forget(h.checkpoints("s1")[0].id)
         cp = h.checkpoint("s1", "before")
         for change in ({"content": "{}"}, {"tags": []}, {"kind": "note"}):
             with pytest.raises(StateConflictError) as conflict:

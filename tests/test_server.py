@@ -342,7 +342,11 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_response_and_wr
     # in words, not the regex: "String should match pattern '[^\\u0009\\u000a...'"
     unnamed = env.client.post("/v1/sessions/s1/checkpoints", json={"name": "   "}, headers=env.auth())
     assert_error(unnamed, 422, field="name")
-    assert unnamed.json()["error"]["message"] == "is blank" and "\\u" not in unnamed.text
+    assert unnamed.json()["error"]["message"] == "is blank or holds a control character"
+    assert "\\u" not in unnamed.text
+    for name in ("a\nb", "N" * 201):  # the SDK's rule (clawvm.vm.checkpoint.checked_name)
+        refused = env.client.post("/v1/sessions/s1/checkpoints", json={"name": name}, headers=env.auth())
+        assert_error(refused, 422, field="name")
     assert env.client.post("/v1/memories", json=body, headers=fixed).status_code == 201
     # checkpoints too
     take = {**env.auth(), "Idempotency-Key": "cp-1"}

@@ -1211,8 +1211,7 @@ class Harness:
     @_exclusive
     def checkpoint(self, session_id: str, name: str) -> str:
         """Snapshot the session's tiers and value state; returns the checkpoint id."""
-        if not isinstance(name, str) or not name.strip():
-            raise ValidationError("name", f"is {name!r}", "name the checkpoint (a non-empty string)")
+        name = checkpoints.checked_name(name)
         # None or a blank id snapshotted every memory of the tenant into a checkpoint rollback refused
         named = named_id("session_id", session_id, "name the session (a non-empty string)")
         session_id = self._stored_id(named, "session_id")

@@ -23,6 +23,7 @@ dies.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -45,6 +46,7 @@ from clawvm.core.model import (
     Usage,
     build_memory,
     canonical_json,
+    describe_pattern,
     revalidate,
 )
 from clawvm.store import Event
@@ -136,6 +138,29 @@ def listed(store: StoreReader, tenant: str, session_id: str) -> list[CheckpointI
         if is_snapshot(m)
     ]
     return sorted(infos, key=lambda c: (c.taken_at, c.id), reverse=True)
+
+
+#: the longest checkpoint name, in characters (the SDK took 5,000, the REST API 200)
+CHECKPOINT_NAME_MAX = 200
+#: a checkpoint name: text besides spaces, on one line, with no control character (a NUL, which
+#: PostgreSQL cannot store; a newline, which broke the CLI's listing of checkpoints)
+CHECKPOINT_NAME_PATTERN = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"
+_NAME_FIX = "name the checkpoint in text on one line, without control characters"
+describe_pattern(CHECKPOINT_NAME_PATTERN, "is blank or holds a control character", _NAME_FIX)
+
+
+def checked_name(name: object) -> str:
+    """``name`` as a checkpoint's name, or a ValidationError naming ``name``: the same rule as the REST
+    API's (:data:`CHECKPOINT_NAME_MAX`, :data:`CHECKPOINT_NAME_PATTERN`)."""
+    if not isinstance(name, str):
+        raise ValidationError("name", f"is {name!r}", "name the checkpoint (a non-empty string)")
+    if len(name) > CHECKPOINT_NAME_MAX:
+        raise ValidationError(
+            "name", f"is {len(name):,} characters", f"use at most {CHECKPOINT_NAME_MAX} characters"
+        )
+    if not re.fullmatch(CHECKPOINT_NAME_PATTERN, name):
+        raise ValidationError("name", f"is {name!r}: blank, or it holds a control character", _NAME_FIX)
+    return name
 
 
 def take(

@@ -49,6 +49,7 @@ from clawvm.core.model import (
 from clawvm.recall.retrieval import PRESETS
 from clawvm.store.base import PageKey
 from clawvm.store.keys import MAX_KEY_TTL_S, Role
+from clawvm.vm.checkpoint import CHECKPOINT_NAME_MAX, CHECKPOINT_NAME_PATTERN
 
 MAX_LINKS = 256
 MAX_QUERY_CHARS = 10_000
@@ -335,7 +336,9 @@ class FeedbackRequest(RequestBody):
 
 
 class CheckpointRequest(RequestBody):
-    name: Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=NON_BLANK)]
+    name: Annotated[
+        str, StringConstraints(min_length=1, max_length=CHECKPOINT_NAME_MAX, pattern=CHECKPOINT_NAME_PATTERN)
+    ]
 
 
 class StartSessionRequest(RequestBody):
