@@ -145,9 +145,11 @@ def test_presets() -> None:
     with pytest.raises(ConfigError) as exc:
         preset("nope")
     assert exc.value.field == "preset" and "hybrid" in str(exc.value)
+    # problem and fix apart, as a ValidationError has them (both were missing)
+    assert exc.value.problem == "unknown recall preset 'nope'" and "hybrid" in str(exc.value.fix)
     with pytest.raises(ConfigError) as exc:
         RecallConfig("bad", {"lexicon": 1.0})
-    assert exc.value.field == "weights"
+    assert exc.value.field == "weights" and "lexical" in str(exc.value.fix)
     with pytest.raises(ConfigError) as exc:
         RecallConfig("bad", {"lexical": -1.0})
     assert exc.value.field == "weights"

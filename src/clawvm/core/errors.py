@@ -124,11 +124,15 @@ class StateConflictError(ValidationError):
 
 class ConfigError(ClawVMError, ValueError):
     """An option, preset name or store URL is not valid. The message says what to use instead; ``field``
-    names the option when one is to blame (``preset``, ``weights``, a store URL parameter), else None."""
+    names the option when one is to blame (``preset``, ``weights``, a store URL parameter), else None;
+    ``problem`` is the message, and ``fix`` what to use instead where it is said apart from it (as
+    :class:`ValidationError` has them, so that a caller reads one shape of any bad input)."""
 
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, field: str | None = None, *, fix: str | None = None) -> None:
+        super().__init__(message if fix is None else f"{message} ({fix})")
         self.field = field
+        self.problem = message
+        self.fix = fix
 
 
 class AuthenticationError(ClawVMError):

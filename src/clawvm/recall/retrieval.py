@@ -95,7 +95,9 @@ class RecallConfig:
     def __post_init__(self) -> None:
         unknown = set(self.weights) - set(CHANNELS)
         if unknown:
-            raise ConfigError(f"unknown recall channel(s) {sorted(unknown)}: use {list(CHANNELS)}", "weights")
+            raise ConfigError(
+                f"unknown recall channel(s) {sorted(unknown)}", "weights", fix=f"use {list(CHANNELS)}"
+            )
         numbers = {"smoothing": self.smoothing, "author_prior": self.author_prior}
         numbers.update(length_prior=self.length_prior, weights=min(self.weights.values(), default=0.0))
         for name, n in numbers.items():
@@ -178,7 +180,7 @@ def preset(name: str | RecallConfig | None) -> RecallConfig:
         return name
     key = name or DEFAULT_PRESET
     if key not in PRESETS:
-        raise ConfigError(f"unknown recall preset {key!r}: use one of {sorted(PRESETS)}", "preset")
+        raise ConfigError(f"unknown recall preset {key!r}", "preset", fix=f"use one of {sorted(PRESETS)}")
     return PRESETS[key]
 
 

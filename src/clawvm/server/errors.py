@@ -159,8 +159,9 @@ def response_for(exc: ClawVMError) -> JSONResponse:
     headers: dict[str, str] = {}
     if isinstance(exc, ValidationError | AccessDeniedError):
         field, message, fix = exc.field, exc.problem, exc.fix
-    elif isinstance(exc, ConfigError):  # its message says what to use instead
-        field = exc.field
+    elif isinstance(exc, ConfigError):  # its message says what to use instead, or its fix does
+        field, fix = exc.field, exc.fix
+        message = message if fix is None else exc.problem
     elif isinstance(exc, NotFoundError | ConflictError):  # the message as it was, the field and fix named
         field, fix = exc.field, exc.fix
     elif isinstance(exc, KeyExpiredError):
