@@ -623,6 +623,11 @@ def test_start_session_preloads_relevant_memories_into_working() -> None:
         pre = [e for e in h.events(limit=10**6) if e.kind == "preload"][-1]
         assert pre.data["session_id"] == "s1" and set(pre.data["ids"]) == {refund.id, key.id}
         assert h.start_session("s2") == []  # no task: nothing to preload
+        for bad in ("", "   ", 123, None):  # refused with or without a task (they answered [] unrefused)
+            for task in (None, "payment API refund"):
+                with pytest.raises(ValidationError) as err:
+                    h.start_session(bad, task=task)  # type: ignore[arg-type]
+                assert err.value.field == "session_id"
 
 
 def _archived_before_its_move(h: Harness, memory_id: str) -> None:

@@ -924,11 +924,13 @@ class Harness:
         self, session_id: str, task: str | None = None, *, task_id: str | None = None, k: int = 8
     ) -> builtins.list[Memory]:
         """Preload the working tier with the memories most relevant to ``task`` (of this task, if given)."""
+        # checked with or without a task: start_session("") and start_session(123) answered [] unrefused
+        named = named_id("session_id", session_id, "name the session (a non-empty string)")
         if task is not None and not isinstance(task, str):
             raise ValidationError("task", f"has type {type(task).__name__}", "pass the task as a string")
         if not task:
             return []
-        session_id, task_id = self._stored_id(session_id, "session_id"), self._stored_id(task_id, "task_id")
+        session_id, task_id = self._stored_id(named, "session_id"), self._stored_id(task_id, "task_id")
         scope = {"task_id": task_id} if task_id else {}
         hits = self.recall(task, k=k, track=False, **scope)
         now = self.now()
