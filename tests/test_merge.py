@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawvm import Harness, Kind, LinkType, Memory, StateConflictError, Status, ValidationError
+from clawvm import Harness, Kind, LinkType, Memory, NotFoundError, StateConflictError, Status, ValidationError
 from clawvm.store import Event
 from clawvm.store.kinds import EventKind
 from clawvm.teams import merge
@@ -450,6 +450,11 @@ def test_a_conflict_is_resolved_by_the_short_id_its_note_shows(lexical: Harness)
         with pytest.raises(ValidationError) as wrong:
             teams.resolve_conflict(h, note_id, keep=wrong_keep, by="lead")  # type: ignore[arg-type]
         assert wrong.value.field == "keep" and h.get(note_id).status is Status.ACTIVE
+    # a wrong note id is said of conflict_id (it named memory_id, which the caller never passed)
+    for wrong_note, error in (("01900000-0000-7000-8000-000000000000", NotFoundError), (7, ValidationError)):
+        with pytest.raises(error) as refused:
+            h.resolve_conflict(wrong_note, keep=shown)  # type: ignore[arg-type]
+        assert refused.value.field == "conflict_id"  # type: ignore[attr-defined]
     kept = teams.resolve_conflict(h, note_id, keep=shown, by="lead")
     assert kept.id == sides[1].id and h.get(sides[0].id).status is Status.OBSOLETE
 

@@ -46,7 +46,7 @@ class ConflictError(ClawVMError):
         ``field`` and ``fix``: what the caller sent that conflicts (an ``id`` a stored memory has)."""
         if reason is None and expected is not None and actual is not None:
             now = f"is at version {actual}, not {expected}"
-            reason = f"memory {ident!r} {now}: re-read it and retry the update"
+            reason = f"memory {ident!r} {now}: re-read it and retry"  # (an update, a forget ...)
         elif reason is None:  # no version of the caller's: another change landed between its read and write
             now = f" (it is at version {actual} now)" if actual is not None else ""
             reason = f"memory {ident!r} changed while this change was being written{now}: nothing was written"

@@ -999,7 +999,14 @@ def _refuse_unreviewable(m: Memory) -> None:
 
 def resolve_conflict(h: TeamHost, conflict_id: str, *, keep: str, by: str | None = None) -> Memory:
     """Keep one side of a conflict (approved) and reject the others; returns the kept memory."""
-    note = h.store.get(conflict_id)
+    # the errors name conflict_id, the argument the caller got wrong (they named memory_id)
+    if not isinstance(conflict_id, str):
+        raise ValidationError(
+            "conflict_id", f"is a {type(conflict_id).__name__}", "pass a conflict note's id"
+        )
+    note = h.store.get_many([conflict_id]).get(conflict_id)
+    if note is None:
+        raise NotFoundError("conflict note", conflict_id, field="conflict_id")
     if CONFLICT_TAG not in note.tags or note.kind is not Kind.NOTE:  # it said "keep ... is not a side"
         raise ValidationError(
             "conflict_id",
