@@ -7,6 +7,7 @@ it. A 5xx never shows the library's message: the client gets a generic one and t
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -239,7 +240,9 @@ def _unparsed(cause: BaseException | None) -> tuple[str, str] | None:
     """Why Python's JSON reader refused a body that is valid JSON, in words, with the fix."""
     if isinstance(cause, RecursionError):
         return "nests arrays or objects deeper than the JSON reader takes", "nest less than 1,000 levels deep"
-    if isinstance(cause, ValueError) and "digits" in str(cause):
+    # the one ValueError of json.loads that is neither about the text (JSONDecodeError) nor its bytes:
+    # Python's cap on an integer's digits (sys.set_int_max_str_digits), known by its type, not its words
+    if isinstance(cause, ValueError) and not isinstance(cause, json.JSONDecodeError | UnicodeDecodeError):
         return "holds an integer of more digits than the JSON reader takes", "send at most 4,300 digits"
     return None
 
