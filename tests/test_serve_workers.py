@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from clawvm.core.embed import EmbedWorker
+from clawvm.core.errors import StateConflictError
 from clawvm.core.model import Filters, Memory
 from clawvm.server.service import RequestGauge, Service
 from clawvm.server.settings import ServerSettings
@@ -366,6 +367,24 @@ def test_every_tenant_embeds_its_queries_in_one_pool_which_closes_with_the_servi
     finally:
         service.close()
     assert _query_embed_threads() == []
+
+
+def test_the_services_embedding_worker_attaches_through_the_write_path() -> None:
+    """It attached vectors on the engine itself, past the write path's checks: a batch that finished after
+    the service closed was still written."""
+    store = MemoryStore(dim=8)
+    service = Service(store, CountingEmbedder(), ServerSettings(embed_batch=4))
+    try:
+        h = service.harness_for("acme")
+        m = h.record("the deploy failed on a full disk")
+        h.flush()
+        assert m.id in store.vectors_of([m.id])
+        assert service.worker is not None
+        attach = service.worker._write  # what the worker calls with each batch it embedded
+    finally:
+        service.close()
+    with pytest.raises(StateConflictError):  # a batch in flight at close is not written
+        attach([m.id], np.ones((1, 8), dtype=np.float32), [m.content])
 
 
 class SlowBatchEmbedder(CountingEmbedder):

@@ -24,6 +24,7 @@ from clawvm.store import Store
 from clawvm.store.eventlog import EventTail
 from clawvm.store.keys import Keyring, Principal
 from clawvm.store.tenant import TenantStore
+from clawvm.write.commit import CommitPath
 from clawvm.write.redaction import Redactor
 
 log = logging.getLogger(__name__)
@@ -74,14 +75,16 @@ class Service:
             settings.idempotency_ttl_s, settings.idempotency_max_keys, settings.idempotency_max_bytes
         )
         self.requests = requests or RequestGauge()
-        # one worker embeds for every tenant, straight on the engine (a worker per tenant view would
-        # scan the others' backlog); it embeds in the gaps between requests (busy), in small batches
+        # one worker embeds for every tenant, over the whole engine (a worker per tenant view would scan
+        # the others' backlog), and attaches through the write path, which takes nothing once closed; it
+        # embeds in the gaps between requests (busy), in small batches
+        self._vectors = CommitPath(store, Redactor(None))
         self.worker: EmbedWorker | None = None
         if embedder is not None and settings.embed_in_background:
             self.worker = EmbedWorker(
                 embedder,
                 store.unembedded,
-                store.set_vectors,
+                self._vectors.attach_vectors,
                 batch_size=settings.embed_batch,
                 poll_s=settings.embed_poll_s,
                 busy=self.requests.busy,
@@ -163,6 +166,7 @@ class Service:
         if self.worker is not None:
             self.worker.stop()
             self.worker = None
+        self._vectors.close()
         if self.owns_store:
             self.store.close()
 
