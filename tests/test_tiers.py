@@ -494,6 +494,38 @@ def test_tick_refreshes_one_page_of_values_and_its_cursor_walks_the_tenant_over_
         assert h.tick()["refreshed"] == 3
 
 
+class _FailsOnWrite:
+    """The pager's commit path, failing its ``fail_at``-th write (a full disk)."""
+
+    def __init__(self, real: Any, fail_at: int) -> None:
+        self.real, self.fail_at, self.writes = real, fail_at, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def write(self, *args: Any, **kwargs: Any) -> Any:
+        self.writes += 1
+        if self.writes == self.fail_at:
+            raise StoreError("disk full")
+        return self.real.write(*args, **kwargs)
+
+
+def test_a_refresh_that_fails_half_way_leaves_no_value_moved_without_its_event() -> None:
+    """The page's refresh events were logged after all its writes: the write that failed took the events
+    of the values written before it."""
+    h, now = clocked()
+    with h:
+        ids = [h.record(f"fact {i}", created_at=T0 + timedelta(seconds=i)).id for i in range(3)]
+        values = {i: h.get(i).value for i in ids}
+        now[0] = T0 + timedelta(days=30)
+        h.pager.writer = _FailsOnWrite(h.pager.writer, fail_at=2)
+        with pytest.raises(StoreError):
+            h.tick()
+        moved = {i for i in ids if h.get(i).value != values[i]}
+        logged = {e.memory_id for e in h.events(limit=1000) if e.kind == "refresh"}
+        assert moved and moved == logged
+
+
 def test_tick_pages_out_idle_sessions_a_page_at_a_time_and_leaves_pins_and_busy_sessions() -> None:
     h, now = clocked()
     with h:

@@ -100,19 +100,23 @@ class Sweep:
         active = Filters.of(tenant=self.tenant, status="active")
         page = self.store.page(active, self._refresh_after, self.refresh_limit)
         self._refresh_after = PageKey.of(page[-1]) if len(page) == self.refresh_limit else None
-        refreshed = [event for m in page if (event := self._refreshed(m, now)) is not None]
-        if refreshed:  # one batch: value drift over time is what MemLens's heatmap shows
-            self.pager.writer.log(refreshed)
-        return len(refreshed)
+        # each refresh with its event, in one write (value drift over time is what MemLens's heatmap shows):
+        # logged as a batch after the page's writes, a pass that failed half way left values moved unlogged
+        return sum(self._refreshed(m, now) for m in page)
 
-    def _refreshed(self, m: Memory, now: datetime) -> Event | None:
-        fresh = self.pager.value_now(m, now)
-        if abs(fresh - m.value) <= 0.01:
-            return None
-        if unless_forgotten(lambda: self.pager.mutate(m, lambda _m: {}, now, bookkeeping=True)) is None:
-            return None
-        data = {"value_before": round(m.value, 4), "value_after": round(fresh, 4)}
-        return Event(kind=EventKind.REFRESH, memory_id=m.id, data=data, tenant=m.tenant, at=now)
+    def _refreshed(self, m: Memory, now: datetime) -> bool:
+        """Whether ``m``'s value had drifted and was written again, with its ``refresh`` event."""
+        if abs(self.pager.value_now(m, now) - m.value) <= 0.01:
+            return False
+
+        def refresh(before: Memory, after: Memory) -> Event:
+            data = {"value_before": round(before.value, 4), "value_after": round(after.value, 4)}
+            return Event(kind=EventKind.REFRESH, memory_id=m.id, data=data, tenant=m.tenant, at=now)
+
+        written = unless_forgotten(
+            lambda: self.pager.mutate(m, lambda _m: {}, now, event=refresh, bookkeeping=True)
+        )
+        return written is not None
 
     def _idle_candidates(self, now: datetime) -> list[str]:
         """The next page of sessions that may be idle: only a session with an unpinned working-tier memory
