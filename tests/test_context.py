@@ -114,7 +114,9 @@ def test_never_over_budget_and_exactly_counted(
         included = set(ctx.ids)
         pinned_lines = sum(count_tokens(render(m)) for m in pinned.values())
         if pinned_lines <= budget:  # pinned memories are always in the context when they fit
-            assert set(pinned) <= included
+            # (the words of each: a memory whose text another line says already adds no second line)
+            said = {" ".join(h.get(i).content.split()) for i in included}
+            assert {" ".join(m.content.split()) for m in pinned.values()} <= said
         for e in ctx.manifest:
             if e.section == "pinned":
                 assert e.id in pinned
@@ -189,6 +191,23 @@ def test_pinned_memories_are_included_whenever_they_fit() -> None:
             check_shape(ctx, budget)
             assert {p.id for p in pins} <= set(ctx.ids), budget
             assert all(e.section == "pinned" for e in ctx.manifest[:4])
+
+
+def test_the_same_words_recorded_again_take_one_line() -> None:
+    """A tool result recorded on each run of an agent filled the prompt with copies of itself, and pushed
+    out what else was known."""
+    h, _ = open_harness()
+    with h:
+        again = [
+            h.record("payments API: US host timed out twice", session_id=s, kind="tool_result", created_at=T0)
+            for s in ("s1", "s1", "s0", "s0", "s0")
+        ]
+        eu = h.record("payments API: EU host answers in 80 ms", session_id="s0", created_at=T0)
+        h.pin(again[0].id)
+        ctx = h.context("payments API host", budget_tokens=400, session_id="s1")
+        check_shape(ctx, 400)
+        assert ctx.text.count("US host timed out twice") == 1 and again[0].id in ctx.ids
+        assert eu.id in ctx.ids and not {m.id for m in again[1:]} & set(ctx.ids)
 
 
 def test_neighbours_of_retrieved_turns_are_included() -> None:
