@@ -534,6 +534,19 @@ def test_serve_no_redact_stores_content_as_sent(tmp_path: Path) -> None:
         assert m["content"] == SECRET
 
 
+def test_the_command_line_redacts_what_it_writes_as_serve_does(tmp_path: Path) -> None:
+    """`add` and `import` stored a mail address and a card number in clear in a store whose server
+    redacts the same tenant's writes."""
+    db, plain = tmp_path / "shared.db", tmp_path / "plain.db"
+    added = json.loads(run(db, "show", run(db, "add", SECRET).strip()))["content"]
+    assert "ann@example.org" not in added and "4111" not in added and "[EMAIL]" in added
+    kept = json.loads(run(plain, "--no-redact", "show", run(plain, "--no-redact", "add", SECRET).strip()))
+    assert kept["content"] == SECRET
+    imported = tmp_path / "imported.db"
+    assert run(imported, "import", "-", stdin=run(plain, "export")).startswith("imported 1 memories")
+    assert "ann@example.org" not in run(imported, "export") and "4111" not in run(imported, "export")
+
+
 def test_serve_refuses_to_keep_originals_without_a_data_key(tmp_path: Path) -> None:
     runner = CliRunner(env={KEY_ENV: None, KEY_FILE_ENV: None})
     args = ["--db", str(tmp_path / "s.db"), "--no-embed", "serve", "--keep-originals"]

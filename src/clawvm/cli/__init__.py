@@ -34,6 +34,13 @@ DEFAULT_DB = "clawvm.db"
     help="The tenant whose memories commands read and write (a server's tenants share one store).",
 )
 @click.option(
+    "--redact/--no-redact",
+    default=True,
+    show_default=True,
+    help="Redact personal data and secrets in what commands write (add, import ...), as serve and mcp do: "
+    "a store that a redacting server shares gets none in clear through the command line.",
+)
+@click.option(
     "--pool-size", type=click.IntRange(min=1), default=None, help="PostgreSQL: connections per process."
 )
 @click.option(
@@ -46,6 +53,7 @@ def main(
     db: str,
     no_embed: bool,
     tenant: str,
+    redact: bool,
     pool_size: int | None,
     statement_timeout_ms: int | None,
 ) -> None:
@@ -65,6 +73,7 @@ def main(
         "db": _with_url_params(db, {k: v for k, v in given.items() if v is not None}),
         "no_embed": no_embed,
         "tenant": tenant,
+        "redact": redact,
         # where the tenant came from: `keys create` mints for it when not told otherwise
         "tenant_source": ctx.get_parameter_source("tenant"),
     }

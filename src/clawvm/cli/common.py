@@ -24,6 +24,7 @@ from clawvm.store import SQLiteStore, Store, store_from_url
 from clawvm.store.base import short_lived
 from clawvm.store.keys import Keyring
 from clawvm.store.snapshot import path_for as snapshot_path
+from clawvm.write.redaction import redaction_options
 
 #: What SQLite keeps beside a database file (its write-ahead log and shared memory, a rollback journal)
 _SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
@@ -43,7 +44,10 @@ def opened_harness(ctx: click.Context, embed: bool = True, existing: bool = Fals
     with _unless_left_empty(db):
         tenant = ctx.obj.get("tenant", DEFAULT_TENANT)
         with short_lived():  # the command exits before any check left for after open would run
-            harness = Harness.open(db, embedder=embedder, tenant=tenant, embed_backlog=not existing)
+            redaction = redaction_options(redact=ctx.obj.get("redact", True))
+            harness = Harness.open(
+                db, embedder=embedder, tenant=tenant, embed_backlog=not existing, **redaction
+            )
         try:
             yield harness
         finally:
