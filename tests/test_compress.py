@@ -125,6 +125,8 @@ def test_extractive_shortens_plain_prose(sentences: list[str]) -> None:
     summary = ExtractiveSummarizer().summarize(text, budget)
     assert len(summary) <= budget < len(text)
     assert all(line in PROSE for line in summary.splitlines())
+    # a sentence said again is kept once (a plan that repeated one kept it three times in its summary)
+    assert len(set(summary.splitlines())) == len(summary.splitlines())
 
 
 def test_extractive_keeps_short_text_whole() -> None:

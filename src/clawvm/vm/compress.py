@@ -162,22 +162,27 @@ def entities(text: str, limit: int = 20) -> list[str]:
 class ExtractiveSummarizer:
     """Keeps the sentences that carry the most information, in their original order.
 
-    Lines that look like code and sentences with digits are always kept verbatim (exact values survive);
-    the others are ranked by how many of the text's frequent content words they contain, and the best
-    are added while the summary stays under ``max_chars``.
+    Lines that look like code and sentences with digits are always kept verbatim (exact values survive),
+    a sentence said again only once; the others are ranked by how many of the text's frequent content
+    words they contain, and the best are added while the summary stays under ``max_chars``.
     """
 
     name: str = "extractive"
 
     def summarize(self, text: str, max_chars: int) -> str:
         units: list[str] = []
+        said: set[str] = set()  # the sentences taken, as words: a sentence said again adds nothing
         for line in text.splitlines():
             if not line.strip():
                 continue
             if _CODE_LINE.search(line):
-                units.append(line)
-            else:
-                units.extend(s for s in _SENTENCE.split(line.strip()) if s)
+                units.append(line)  # code as it is: a repeated line (a closing brace) is part of it
+                continue
+            for sentence in filter(None, _SENTENCE.split(line.strip())):
+                words = " ".join(sentence.lower().split())
+                if words not in said:
+                    said.add(words)
+                    units.append(sentence)
         if sum(len(u) + 1 for u in units) <= max_chars:
             return "\n".join(units)
         freq: dict[str, int] = {}
