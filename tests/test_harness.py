@@ -69,6 +69,20 @@ def fill(h: Harness) -> list[clawvm.Memory]:
     return [h.record(text, **fields) for text, fields in CORPUS]
 
 
+def test_a_memory_made_in_the_future_is_refused(tmp_path: Path) -> None:
+    """created_at="2999-01-01" was stored, the newest memory and at full recency for good."""
+    now = datetime(2026, 5, 1, 12, tzinfo=UTC)
+    with Harness.open("memory://", embedder=None, clock=lambda: now) as h:
+        for when in ("2999-01-01", now + timedelta(days=1, minutes=1), "2062-05-01T00:00:00Z"):
+            with pytest.raises(ValidationError) as refused:
+                h.record("the deploy failed", created_at=when)
+            assert refused.value.field == "created_at" and "2026-05-01" in refused.value.problem
+        assert h.count() == 0
+        skewed = h.record("another machine's clock runs ahead", created_at=now + timedelta(hours=3))
+        assert skewed.created_at == now + timedelta(hours=3)
+        assert h.record("from the past", created_at="2024-02-29").created_at.year == 2024
+
+
 def test_record_is_lexically_recallable_at_once(harness: Harness) -> None:
     ms = fill(harness)
     hits = harness.recall("why did the deploy fail? disk full", k=3, preset="bm25")

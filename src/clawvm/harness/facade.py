@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
@@ -146,6 +146,8 @@ PRELOADED_SESSIONS = 8192
 #: Tries of a forget, compress or decompress whose memory keeps changing under it (each a pager pass or
 #: another writer racing it).
 RACE_RETRIES = 5
+#: how far after the harness's clock a new memory's ``created_at`` may be (another machine's clock)
+CLOCK_SKEW = timedelta(days=1)
 
 
 class _MovedOn(Exception):
@@ -439,6 +441,7 @@ class Harness:
                 "version": 1,
             }
         )
+        self._refuse_future(memory.created_at)
         teams.check_write(self, memory, as_agent)  # a team memory needs its writer's write grant
         self._check_parent(memory, ancestors=False)  # new: no stored memory descends from it
         if memory.expires_at is not None and memory.expires_at <= self.now():
@@ -1491,6 +1494,16 @@ class Harness:
                 "memory_id",
                 f"{memory.id} was replaced by {replaced_by} (a revision or a merge)",
                 "change the head of its chain (see history(id)), or revise it",
+            )
+
+    def _refuse_future(self, created_at: datetime) -> None:
+        """A new memory made after the harness's clock by more than :data:`CLOCK_SKEW` is refused: taken,
+        2999-01-01 (or 2062 typed for 2026) stayed the newest memory and at full recency for good."""
+        if created_at > self.now() + CLOCK_SKEW:
+            raise ValidationError(
+                "created_at",
+                f"is {created_at:%Y-%m-%d %H:%M} UTC, after the harness's clock ({self.now():%Y-%m-%d})",
+                "pass when it happened, or leave it out for now (clocks a day apart are taken)",
             )
 
     def _refuse_expired(self, memory: Memory) -> None:
