@@ -564,7 +564,7 @@ INTERVENE: dict[str, tuple[Case, ...]] = {
     "set_value": (Case(_intervene("set_value", value=0.2), ("scoring_weights", "manual")),),
     "annotate": (
         Case(_intervene("annotate", note=PLANTED), ("update", "manual")),
-        # the longest note taken (2,000 characters; a longer one is refused, no longer cut), secrets at its end
+        # the longest note taken (2,000 characters: a longer one is refused, not cut), secrets at its end
         Case(_intervene("annotate", note=straddling(1940)), ("update", "manual"), "note near the limit"),
     ),
     "archive": (Case(_intervene("archive"), ("archive", "scoring_weights", "manual")),),
