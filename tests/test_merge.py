@@ -129,6 +129,27 @@ def test_forgetting_a_merge_brings_its_sources_back(engine_name: str, lexical: H
     assert {m.id for m in h.list(kind=Kind.OBSERVATION, team_id="pay")} == {a.id, b.id}
 
 
+def test_forgetting_a_revision_of_a_merge_keeps_the_chain_through_it(
+    engine_name: str, lexical: Harness
+) -> None:
+    """The merge's source links came along as `revises`: history of the head skipped the merge."""
+    h = lexical
+    crew(h)
+    shared = dict(team_id="pay", kind="observation")
+    teams.record(h, "The billing API returns amounts in cents", agent_id="planner", **shared)
+    teams.record(h, "the billing api returns amounts in cents!", agent_id="writer", **shared)
+    ((merged_id, _sources),) = merge_team(h, team_id="pay").merged
+    merged = h.get(merged_id)
+    survivor = teams.previous(merged)
+    second = h.revise(merged_id, content="The billing API returns amounts in integer cents")
+    third = h.revise(second.id, content="The billing API returns integer cents")
+    h.forget(second.id)
+    head = h.get(third.id)
+    assert teams.previous(head) == merged_id
+    assert [m.id for m in h.history(third.id)] == [survivor, merged_id, third.id]
+    assert teams.successor(h.get(merged_id)) == third.id
+
+
 def test_dense_similarity_alone_finds_paraphrases(engine_name: str, harness: Harness) -> None:
     crew(harness)
     a = teams.record(

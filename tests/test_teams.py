@@ -897,6 +897,69 @@ def test_forgetting_a_revision_inside_a_chain_joins_the_revisions_around_it(lexi
     assert h.get(a.id).status is Status.OBSOLETE and teams.latest(h, a.id).id == c.id
 
 
+def test_forgetting_a_revision_keeps_the_other_links_of_the_one_after_it(lexical: Harness) -> None:
+    """Every link of the forgotten revision went to the next one as `revises`: a link the first revision
+    was given (derived from a policy page) became the chain's previous revision, and history jumped to it."""
+    h = lexical
+    page = h.record("Refund policy page", kind="decision", session_id="s")
+    a = h.record(
+        "Refund limit is 500 euros",
+        kind="decision",
+        session_id="s",
+        links=[{"type": "derived_from", "target": page.id}],
+    )
+    b = h.revise(a.id, content="Refund limit is 800 euros")
+    c = h.revise(b.id, content="Refund limit is 900 euros")
+    h.forget(b.id)
+    head = h.get(c.id)
+    assert teams.previous(head) == a.id == head.metadata["revision"]["previous"]
+    assert {(link.type.value, link.target) for link in head.links} == {
+        ("derived_from", page.id),
+        ("revises", a.id),
+    }
+    assert [m.id for m in h.history(c.id)] == [a.id, c.id]
+    fields = [e.data["fields"] for e in h.events(limit=100) if e.kind == "update" and e.memory_id == c.id]
+    assert fields[-1:] == [["links", "metadata"]]  # what the mending changed, no more
+
+
+def test_forgetting_a_rejected_head_makes_the_revision_before_it_active(lexical: Harness) -> None:
+    """It took the head's obsolete status: a memory no successor named, refused by approve() and revise()."""
+    h = lexical
+    a = h.record("Deploys freeze on Fridays", kind="decision", session_id="s")
+    b = h.revise(a.id, content="Deploys never freeze")
+    h.update(b.id, status="obsolete")  # rejected by hand
+    h.forget(b.id)
+    assert h.get(a.id).status is Status.ACTIVE and [r.id for r in h.recall("deploys freeze")] == [a.id]
+
+
+def test_a_rollback_past_a_forgotten_revision_leaves_its_chain_whole(lexical: Harness) -> None:
+    """The checkpoint saw the first revision obsolete, replaced by the second; the second forgotten since,
+    the rollback restored it obsolete with no head, and the one after the forgotten one revising it."""
+    h = lexical
+    a = h.record("Refund limit is 500 euros", kind="decision", session_id="s")
+    b = h.revise(a.id, content="Refund limit is 800 euros")
+    c = h.revise(b.id, content="Refund limit is 900 euros")
+    early = h.checkpoint("s", "three revisions")
+    h.forget(b.id)  # inside the chain: a and c name each other
+    h.rollback(early)
+    assert [m.id for m in h.history(c.id)] == [a.id, c.id] and teams.previous(h.get(c.id)) == a.id
+    h.forget(c.id)  # the head: a is the head again
+    later = h.checkpoint("s", "after the forget")
+    h.rollback(later)
+    assert h.get(a.id).status is Status.ACTIVE
+    d = h.revise(a.id, content="Refund limit is 600 euros")
+    h.forget(d.id)
+    h.rollback(later)  # it saw a active: so it stays
+    assert h.get(a.id).status is Status.ACTIVE and [r.id for r in h.recall("refund limit")] == [a.id]
+    x = h.record("Deploys freeze on Fridays", kind="decision", session_id="s")
+    y = h.revise(x.id, content="Deploys freeze on Fridays after noon")
+    revised = h.checkpoint("s", "x replaced by y")
+    h.forget(y.id)  # x is the head again
+    h.rollback(revised)  # it saw x obsolete, replaced by y: y is not brought back, so x stays the head
+    assert h.get(x.id).status is Status.ACTIVE and teams.successor(h.get(x.id)) is None
+    assert h.revise(x.id, content="Deploys freeze on Fridays from 3 pm").status is Status.ACTIVE
+
+
 # ---- reviews and conflicts after forgets and rejections --------------------------------------------------
 def _conflicted(h: Harness) -> tuple[Memory, Memory, Memory]:
     """Two decisions of a team on one subject, and the conflict note merge_team flags between them."""

@@ -605,6 +605,9 @@ SCOPE_IDS = ("session_id", "task_id", "agent_id", "tool_name", "team_id")
 #: (``superseded_by``) or the merge it went into (``merged_into``). Only an obsolete memory names one: a
 #: memory made active again (a rollback undoing the revision) drops it.
 REPLACED_BY = ("superseded_by", "merged_into")
+#: The link types by which a memory names those it replaced: its previous revision (``revises``), a
+#: merge's sources (``derived_from``)
+CHAIN_LINKS = (LinkType.REVISES, LinkType.DERIVED_FROM)
 
 #: Fields a caller's change (an update, a revision) may not set, each with what sets it instead (the
 #: REST API does not take them either).

@@ -34,6 +34,7 @@ from pydantic import ValidationError as ShapeError
 
 from clawvm.core.errors import ConflictError, NotFoundError, ValidationError
 from clawvm.core.model import (
+    CHAIN_LINKS,
     REPLACED_BY,
     Filters,
     Kind,
@@ -78,6 +79,7 @@ class SnapshotLine(BaseModel):
     links: list[Link] = Field(default_factory=list)
     compressed: bool | None = None
     tool_call: Any = None
+    replaced_by: str | None = None  # what replaced it then, when obsolete (a revision, a merge)
 
 
 class Snapshot(BaseModel):
@@ -163,6 +165,13 @@ def checked_name(name: object) -> str:
     return name
 
 
+def _replaced_by(m: Memory) -> str | None:
+    """The memory that replaced obsolete ``m`` (:data:`REPLACED_BY`), if any."""
+    if m.status is not Status.OBSOLETE:
+        return None
+    return next((str(m.metadata[k]) for k in REPLACED_BY if m.metadata.get(k)), None)
+
+
 def take(
     store: StoreReader, writer: Writer, tenant: str, session_id: str, name: str, now: datetime
 ) -> Memory:
@@ -180,6 +189,7 @@ def take(
             "links": [link.model_dump(mode="json") for link in m.links],
             "compressed": "compression" in m.metadata,
             "tool_call": m.metadata.get("tool_call"),  # a call's outcome and the result it points to
+            "replaced_by": _replaced_by(m),
         }
         for m in session_memories(store, tenant, session_id)
     }
@@ -341,7 +351,7 @@ def _plan(
             notes.append(note)
         elif since:
             compressed_since.append(m)
-        target = _restored_fields(whole, data.memories[m.id], steps.surviving)
+        target = _restored_fields(whole, data.memories[m.id], steps)
         repin = target["pinned"] and (not m.pinned or whole is not m) and m.session_id is not None
         if repin:  # after the unpins: whether a pin fits does not depend on the order of the rows
             repins.append((m, whole, target))
@@ -418,7 +428,7 @@ def would_change(
         elif step == "restore":
             old = data.memories[m.id]
             decompressed = "compression" in m.metadata and old.compressed is False
-            target = _restored_fields(m, old, steps.surviving)
+            target = _restored_fields(m, old, steps)
             if m.id in dropped:
                 target["pinned"] = False
             seen = m
@@ -539,15 +549,20 @@ def read_snapshot(snap: Memory, tenant: str | None = None) -> Snapshot:
     return data
 
 
-def _restored_fields(m: Memory, old: SnapshotLine, surviving: Collection[str]) -> dict[str, Any]:
+def _restored_fields(m: Memory, old: SnapshotLine, steps: _Steps) -> dict[str, Any]:
     """The fields a rollback writes back to ``m`` from its line of the snapshot (snapshots taken before
-    ``state``, ``links`` and tool-call outcomes were recorded restore the rest); ``surviving``: see
-    :func:`_surviving_successors`."""
+    ``state``, ``links`` and tool-call outcomes were recorded restore the rest).
+
+    A memory forgotten since is not brought back, so neither is what named it: a memory obsolete then
+    because a revision replaced it that has been forgotten since keeps the status the forget left it
+    (the head again: restored obsolete, its chain had no head), and a chain link to a forgotten memory
+    gives way to the memory's own links of that kind now (the forget linked it past the gap)."""
+    replaced_then = old.status is Status.OBSOLETE and old.replaced_by in steps.forgotten
     fields: dict[str, Any] = {
         "tier": old.tier,
         "value": old.value,
         "pinned": old.pinned,
-        "status": old.status,
+        "status": m.status if replaced_then else old.status,
         "usage": old.usage,
         "access_count": old.access_count,
         "last_accessed_at": old.last_accessed_at,
@@ -561,13 +576,27 @@ def _restored_fields(m: Memory, old: SnapshotLine, surviving: Collection[str]) -
         raw = (
             m.metadata.get("decompressed_from", {}).get("raw_id") if "compression" not in m.metadata else None
         )
-        fields["links"] = [
+        links = [
             link for link in old.links if not (link.type is LinkType.DERIVED_FROM and link.target == raw)
         ]
-    metadata = _restored_metadata(m, old, surviving)
+        fields["links"] = _past_the_forgotten(links, m, steps.forgotten)
+    metadata = _restored_metadata(m, old, steps.surviving)
     if metadata != m.metadata:
         fields["metadata"] = metadata
     return fields
+
+
+def _past_the_forgotten(links: list[Link], m: Memory, forgotten: Collection[str]) -> list[Link]:
+    """``links`` (a snapshot's) without the chain links to ``forgotten`` memories, each kind of which
+    that it lost taking ``m``'s own chain links of that kind now."""
+    lost = {link.type for link in links if link.type in CHAIN_LINKS and link.target in forgotten}
+    if not lost:
+        return links
+    kept = [link for link in links if not (link.type in CHAIN_LINKS and link.target in forgotten)]
+    now = [
+        link for link in m.links if link.type in lost and link.target not in forgotten and link not in kept
+    ]
+    return [*kept, *now]
 
 
 def _restored_metadata(m: Memory, old: SnapshotLine, surviving: Collection[str]) -> dict[str, Any]:
@@ -593,6 +622,7 @@ class _Steps:
 
     members: list[tuple[Memory, Step]]
     surviving: set[str]  # see _surviving_successors
+    forgotten: set[str]  # what the restored lines name (a successor, a chain link) that is no longer stored
 
 
 def _steps(store: StoreReader, snap: Memory, data: Snapshot, taken: int | None, now: datetime) -> _Steps:
@@ -601,8 +631,16 @@ def _steps(store: StoreReader, snap: Memory, data: Snapshot, taken: int | None, 
         for m in session_memories(store, snap.tenant, data.session_id)
     ]
     obsoleting = {m.id for m, step in members if step == "obsolete"}
-    restoring = (m for m, step in members if step == "restore")
-    return _Steps(members, _surviving_successors(store, restoring, obsoleting))
+    restoring = [m for m, step in members if step == "restore"]
+    surviving = _surviving_successors(store, restoring, obsoleting)
+    return _Steps(members, surviving, _forgotten_names(store, [data.memories[m.id] for m in restoring]))
+
+
+def _forgotten_names(store: StoreReader, lines: Iterable[SnapshotLine]) -> set[str]:
+    """The memories that ``lines`` name as a successor or by a chain link which are no longer stored."""
+    named = {link.target for line in lines for link in line.links if link.type in CHAIN_LINKS}
+    named |= {line.replaced_by for line in lines if line.replaced_by is not None}
+    return named - set(store.get_many(sorted(named)))
 
 
 def _surviving_successors(
