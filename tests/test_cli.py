@@ -534,16 +534,21 @@ def test_serve_no_redact_stores_content_as_sent(tmp_path: Path) -> None:
         assert m["content"] == SECRET
 
 
-def test_the_command_line_redacts_what_it_writes_as_serve_does(tmp_path: Path) -> None:
-    """`add` and `import` stored a mail address and a card number in clear in a store whose server
-    redacts the same tenant's writes."""
+def test_the_command_line_redacts_what_it_writes_when_asked_as_serve_does(tmp_path: Path) -> None:
+    """`add` and `import` could only store a mail address and a card number in clear, in a store whose
+    server redacts the same tenant's writes. Asked (--redact, or CLAWVM_REDACT=1), they redact; unasked,
+    a command leaves stored text as it is (a tracked search wrote redacted text over the SDK's)."""
     db, plain = tmp_path / "shared.db", tmp_path / "plain.db"
-    added = json.loads(run(db, "show", run(db, "add", SECRET).strip()))["content"]
+    added = json.loads(run(db, "show", run(db, "--redact", "add", SECRET).strip()))["content"]
     assert "ann@example.org" not in added and "4111" not in added and "[EMAIL]" in added
-    kept = json.loads(run(plain, "--no-redact", "show", run(plain, "--no-redact", "add", SECRET).strip()))
-    assert kept["content"] == SECRET
+    mid = run(plain, "add", SECRET).strip()
+    run(plain, "search", "--track", "mail card")
+    assert json.loads(run(plain, "show", mid))["content"] == SECRET
     imported = tmp_path / "imported.db"
-    assert run(imported, "import", "-", stdin=run(plain, "export")).startswith("imported 1 memories")
+    result = CliRunner(env={"CLAWVM_REDACT": "1"}).invoke(
+        main, ["--db", str(imported), "--no-embed", "import", "-"], input=run(plain, "export")
+    )
+    assert result.exit_code == 0 and result.output.startswith("imported 1 memories"), result.output
     assert "ann@example.org" not in run(imported, "export") and "4111" not in run(imported, "export")
 
 

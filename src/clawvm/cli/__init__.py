@@ -35,10 +35,12 @@ DEFAULT_DB = "clawvm.db"
 )
 @click.option(
     "--redact/--no-redact",
-    default=True,
+    envvar="CLAWVM_REDACT",
+    default=False,
     show_default=True,
-    help="Redact personal data and secrets in what commands write (add, import ...), as serve and mcp do: "
-    "a store that a redacting server shares gets none in clear through the command line.",
+    help="Redact personal data and secrets in what commands write, as serve and mcp do (env "
+    "CLAWVM_REDACT=1): for a store a redacting server shares. Every write is redacted, so a command "
+    "that writes a stored memory's bookkeeping (search --track, review) redacts it too.",
 )
 @click.option(
     "--pool-size", type=click.IntRange(min=1), default=None, help="PostgreSQL: connections per process."

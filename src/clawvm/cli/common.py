@@ -44,7 +44,7 @@ def opened_harness(ctx: click.Context, embed: bool = True, existing: bool = Fals
     with _unless_left_empty(db):
         tenant = ctx.obj.get("tenant", DEFAULT_TENANT)
         with short_lived():  # the command exits before any check left for after open would run
-            redaction = redaction_options(redact=ctx.obj.get("redact", True))
+            redaction = redaction_options(redact=ctx.obj.get("redact", False))
             harness = Harness.open(
                 db, embedder=embedder, tenant=tenant, embed_backlog=not existing, **redaction
             )
