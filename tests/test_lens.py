@@ -660,10 +660,18 @@ class _WeightsAlwaysRaced:
 
     def __init__(self, h: Harness) -> None:
         self._h = h
-        self.writer = self
+        self.writer = _RacedWriter(h)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._h, name)
+
+
+class _RacedWriter:
+    def __init__(self, h: Harness) -> None:
+        self._h = h
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._h.writer, name)
 
     def write(self, memories: list[Memory], *args: object, **kwargs: object) -> object:
         if any(m.id == weights_id(m.tenant) for m in memories):
@@ -680,6 +688,13 @@ def test_a_step_that_keeps_losing_to_other_teachers_is_refused_not_dropped(h: Ha
     assert refused.value.field == "action" and "retry" in str(refused.value.fix)
     assert h.get(note.id).tier is note.tier and h.get(note.id).status is note.status  # not archived
     assert weights_of(h.pager.config.scoring) == weights and stored_weights(h.store, note.tenant) is None
+    # a pin teaches once it took place: the pin stands, logged as taught nothing (it was left unlogged,
+    # with an error that asked to retry an action already done)
+    pinned = intervene(_WeightsAlwaysRaced(h), "pin", note.id)  # type: ignore[arg-type]
+    assert pinned["learned"] == {} and h.get(note.id).pinned
+    (manual,) = [e for e in h.events(memory_id=note.id, limit=100) if e.kind == "manual"]
+    assert manual.data["action"] == "pin" and "changed under each" in manual.data["untaught"]
+    assert weights_of(h.pager.config.scoring) == weights
 
 
 def test_a_collapsed_task_moves_its_steps_to_the_archive_on_the_timeline(

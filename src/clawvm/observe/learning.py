@@ -307,9 +307,15 @@ def intervene(
     # what follows is logged after the action, which may have read the clock itself (pin does): at ``now``
     # its events came out of time order with the action's
     now = max(now, harness.now())
+    untaught = None
     if target is not None and not learn_first:  # a pin teaches only once it took place
-        delta = _teach(harness, memory, now, target, action, learn_rate)
+        try:
+            delta = _teach(harness, memory, now, target, action, learn_rate)
+        except ConflictError as lost:  # the action took place: logged, saying it taught nothing (not raised)
+            untaught = lost.problem
     data: dict[str, Any] = {"action": action, "by": by, "before": before, "after": _state(after)}
+    if untaught is not None:
+        data["untaught"] = untaught
     if tier is not None:
         data["tier"] = tier
     if target is not None:
