@@ -4,8 +4,9 @@
 its manifest. Sections are packed in order — pinned, working tier, retrieved — each within its quota of
 the budget (unused quota flows to the next section); retrieved memories go by priority = relevance ×
 (0.5 + value), then the conversational neighbours of the packed hits (the question before, the answer
-after) fill what is left. A memory whose words are already in the prompt (the same text recorded
-again) adds no second line. The text lists each section chronologically, one line per memory:
+after) fill what is left. A memory whose kind and words a line already says (the same tool result
+recorded again) adds no second line, when they are three words or more: a short answer said again ("yes")
+answers another question. The text lists each section chronologically, one line per memory:
 ``[<short id> <date>] <kind>: <content>``. Token counts use the embedding model's tokenizer, and the
 manifest's counts add up to exactly the text's count (lines are joined by newlines, which that tokenizer
 treats as plain whitespace). Nothing ever goes over the budget.
@@ -28,6 +29,9 @@ from datetime import datetime
 from clawvm.core.model import Kind, Memory, Status, within
 
 SECTIONS = ("pinned", "working", "retrieved")
+#: the fewest words a memory's text repeats for the repeat to add no line: a short answer said again
+#: ("yes", "ok") answers another question
+REPEAT_MIN_WORDS = 3
 
 
 @dataclass(frozen=True)
@@ -167,7 +171,7 @@ def pack(
 ) -> Context:
     """The context of ``candidates`` under ``budget`` tokens, as of ``now`` (what is admissible then)."""
     chosen: dict[str, _Line] = {}
-    said: set[str] = set()  # the texts of the lines chosen, as rendered
+    said: set[tuple[str, str]] = set()  # (kind, words) of each line chosen
     used = 0
     by_section = dict.fromkeys(SECTIONS, 0)
 
@@ -177,14 +181,14 @@ def pack(
             return True
         if not admissible(m, now):
             return False
-        text = " ".join(m.content.split())
-        if text in said:  # the same words again (a tool result recorded on each run): the first stands
-            return True
+        said_as = (m.kind.value, " ".join(m.content.split()))
+        if said_as in said and len(said_as[1].split()) >= REPEAT_MIN_WORDS:
+            return True  # the same words again (a tool result recorded on each run): the first stands
         tokens = line_tokens(m, count_tokens)
         if by_section[section] + tokens > limit or used + tokens > budget:
             return False
         chosen[m.id] = _Line(m, section, score, reason, tokens)
-        said.add(text)
+        said.add(said_as)
         by_section[section] += tokens
         used += tokens
         return True
