@@ -97,6 +97,7 @@ from clawvm.store.crypto import DataKeys
 from clawvm.store.kinds import EventKind
 from clawvm.store.tenant import TenantStore
 from clawvm.teams import shared as teams
+from clawvm.teams.chain import mend_chain_of_forgotten
 from clawvm.teams.guidance import Guidance, build_guidance
 from clawvm.vm import checkpoint as checkpoints
 from clawvm.vm.checkpoint import CheckpointInfo, RollbackReport
@@ -615,7 +616,7 @@ class Harness:
         except ClawVMError as exc:  # the forget stands (a retry would say "not found"); guidance skips it
             log.warning("a conflict of forgotten memory %s was left open: %s", memory.id, exc)
         try:
-            teams.mend_chain_of_forgotten(self, memory)
+            mend_chain_of_forgotten(self, memory)
         except ClawVMError as exc:  # the forget stands; the chain's earlier revisions stay obsolete
             log.warning("the chain of forgotten memory %s was left as it was: %s", memory.id, exc)
 
