@@ -151,16 +151,21 @@ def _imported(s: Secrets) -> dict[str, Any]:
     return memory.model_dump(mode="json")
 
 
+def _checkpoint_name(s: Secrets) -> str:
+    """The three secrets in a checkpoint name, which is one line: the key block with spaces for breaks."""
+    return f"before {s.aws} {s.email} {s.pem.replace(chr(10), ' ')}"
+
+
 def _sdk_checkpoint(h: Harness, s: Secrets) -> None:
     h.record("a step of the checkpointed session", session_id="cp-session")
-    h.checkpoint("cp-session", f"before {s.aws} {s.email} {s.pem}")
+    h.checkpoint("cp-session", _checkpoint_name(s))
 
 
 def _rest_checkpoint(rest: Rest, s: Secrets) -> None:
     rest.call(
         "POST", "/v1/memories", {"content": "a step of the checkpointed session", "session_id": "cp-rest"}
     )
-    rest.call("POST", "/v1/sessions/cp-rest/checkpoints", {"name": f"before {s.aws} {s.email} {s.pem}"})
+    rest.call("POST", "/v1/sessions/cp-rest/checkpoints", {"name": _checkpoint_name(s)})
 
 
 def _sdk_annotation(h: Harness, s: Secrets) -> None:
