@@ -42,6 +42,7 @@ from clawvm.core.openai_http import ChatEndpoint, EndpointFailure, FailureReason
 from clawvm.store import Event
 from clawvm.store.base import Requirement, StoreReader
 from clawvm.store.kinds import EventKind
+from clawvm.vm.context import one_line
 from clawvm.write.commit import Writer
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
@@ -179,7 +180,7 @@ class ExtractiveSummarizer:
                 units.append(line)  # code as it is: a repeated line (a closing brace) is part of it
                 continue
             for sentence in filter(None, _SENTENCE.split(line.strip())):
-                words = " ".join(sentence.lower().split())
+                words = one_line(sentence).lower()
                 if words not in said:
                     said.add(words)
                     units.append(sentence)

@@ -92,9 +92,14 @@ class Context:
         return [e.id for e in self.manifest]
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line: its whitespace runs collapsed to single spaces, none at either end."""
+    return " ".join(text.split())
+
+
 def clip(text: str, limit: int) -> str:
-    """``text`` on one line (whitespace runs collapsed), cut to ``limit`` characters with "…"."""
-    flat = " ".join(text.split())
+    """``text`` on one line (:func:`one_line`), cut to ``limit`` characters with "…"."""
+    flat = one_line(text)
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
@@ -108,8 +113,7 @@ def label(memory: Memory) -> str:
 
 
 def render(memory: Memory) -> str:
-    text = " ".join(memory.content.split())  # one line per memory
-    return f"{label(memory)} {text}"
+    return f"{label(memory)} {one_line(memory.content)}"  # one line per memory
 
 
 def line_tokens(memory: Memory, count_tokens: Callable[[str], int]) -> int:
@@ -118,7 +122,7 @@ def line_tokens(memory: Memory, count_tokens: Callable[[str], int]) -> int:
 
     That holds only when rendering leaves the content as it is: where ``str.split`` sees whitespace that
     the tokenizer does not (e.g. ``\\x1f``, which it drops), the line is counted as rendered."""
-    if " ".join(memory.content.split()) != memory.content:
+    if one_line(memory.content) != memory.content:
         return count_tokens(render(memory))
     return count_tokens(label(memory)) + memory.token_count
 
@@ -181,8 +185,8 @@ def pack(
             return True
         if not admissible(m, now):
             return False
-        said_as = (m.kind.value, " ".join(m.content.split()))
-        if said_as in said and len(said_as[1].split()) >= REPEAT_MIN_WORDS:
+        said_as = (m.kind.value, one_line(m.content))
+        if said_as in said and said_as[1].count(" ") + 1 >= REPEAT_MIN_WORDS:
             return True  # the same words again (a tool result recorded on each run): the first stands
         tokens = line_tokens(m, count_tokens)
         if by_section[section] + tokens > limit or used + tokens > budget:
