@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sqlite3
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clawvm import Harness, Kind, Memory, Status, Tier, ValidationError
+from clawvm import Harness, Kind, Memory, Status, StoreError, Tier, ValidationError
 from clawvm.core.embed import count_tokens
 from clawvm.core.model import build_memory
 from clawvm.vm.context import (
@@ -392,3 +394,27 @@ def test_pack_is_pure_and_within_budget(cands: list[Candidate], budget: int, q: 
 def test_pack_with_nothing() -> None:
     ctx = pack([], 100, count_tokens, now=T0)
     assert ctx.text == "" and ctx.manifest == [] and ctx.tokens == 0
+
+
+def test_a_build_whose_event_cannot_be_logged_counts_no_injection(tmp_path: Path) -> None:
+    """The usage counts and the build's event are one write: a disk that refuses the event (a trigger
+    stands in for it) leaves the counts as they were. They were written apart, the counts first, so a
+    failure between them counted injections of a build the log never had."""
+    with Harness.open(tmp_path / "h.db", embedder=None) as h:
+        m = h.record("the refund payment failed twice", session_id="s1")
+        with contextlib.closing(sqlite3.connect(tmp_path / "h.db")) as side:
+            side.execute(
+                "CREATE TRIGGER no_builds BEFORE INSERT ON events WHEN NEW.kind = 'context'"
+                " BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+            )
+            side.commit()
+        with pytest.raises(StoreError):
+            h.context("refund payment", budget_tokens=200, session_id="s1")
+        assert h.get(m.id).usage.injected == 0 and h.get(m.id).access_count == 0
+        assert [e.kind for e in h.events()] == ["add"]
+        with contextlib.closing(sqlite3.connect(tmp_path / "h.db")) as side:
+            side.execute("DROP TRIGGER no_builds")
+            side.commit()
+        ctx = h.context("refund payment", budget_tokens=200, session_id="s1")
+        assert ctx.ids == [m.id] and h.get(m.id).usage.injected == 1
+        assert h.events()[-1].seq == ctx.event_seq

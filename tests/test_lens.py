@@ -3,9 +3,11 @@ retention. Storage-touching tests run on every engine (``engine_name``)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
+import sqlite3
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
@@ -16,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clawvm import ConflictError, Harness, Kind, Memory, NotFoundError, Tier, ValidationError
+from clawvm import ConflictError, Harness, Kind, Memory, NotFoundError, StoreError, Tier, ValidationError
 from clawvm.core.model import Cost, Usage
 from clawvm.demo.scenario import ReplayClock
 from clawvm.observe.learning import (
@@ -202,6 +204,32 @@ def test_influence_marks_cited_and_feeds_value(h: Harness) -> None:
     lines = {x["id"]: x for x in Lens(h).influence(ctx.event_seq)["lines"]}
     assert lines[cited.id]["cited"] is True and lines[other.id]["cited"] is True
     assert (h.get(cited.id).usage.cited, h.get(other.id).usage.cited) == (1, 1)
+
+
+def test_an_output_whose_event_cannot_be_logged_credits_no_citation(tmp_path: Path) -> None:
+    """The citations' credit and the ``output`` event are one write: a disk that refuses the event (a
+    trigger stands in for it) leaves the cited memory's counts as they were. They were written apart,
+    the credit first, so a failure between them fed the value a citation the log never had; the caller's
+    retry then credited it twice."""
+    with Harness.open(tmp_path / "h.db", embedder=None) as h:
+        m = h.record("the EU regional host works for tessera charges", session_id="s1")
+        ctx = h.context("tessera charges host", budget_tokens=400, session_id="s1")
+        output = f"Use the EU regional host [{ctx.manifest[0].short_id}]."
+        with contextlib.closing(sqlite3.connect(tmp_path / "h.db")) as side:
+            side.execute(
+                "CREATE TRIGGER no_outputs BEFORE INSERT ON events WHEN NEW.kind = 'output'"
+                " BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+            )
+            side.commit()
+        with pytest.raises(StoreError):
+            record_output(h, ctx, output, success=True)
+        assert (h.get(m.id).usage.cited, h.get(m.id).usage.successes) == (0, 0)
+        with contextlib.closing(sqlite3.connect(tmp_path / "h.db")) as side:
+            side.execute("DROP TRIGGER no_outputs")
+            side.commit()
+        out = record_output(h, ctx, output, success=True)  # the caller's retry counts once
+        assert out.cited == [m.id] and (h.get(m.id).usage.cited, h.get(m.id).usage.successes) == (1, 1)
+        assert h.events()[-1].seq == out.event_seq and h.events()[-1].kind == "output"
 
 
 def test_record_output_rejects_what_is_not_a_context_build(h: Harness) -> None:

@@ -437,6 +437,22 @@ def test_write_stores_memories_vectors_and_events_together(engine: Store) -> Non
     assert engine.unembedded(10) == []
 
 
+def test_write_returns_its_events_numbers_as_the_log_and_a_tenants_view_number_them(engine: Store) -> None:
+    """A writer that hands an event's number out (a context build) writes the event with its memories and
+    must still know the number: the write returns them, as the log reads them, or behind a tenant's view
+    as that view reads them (the tenant's own sequence)."""
+    engine.append_events([Event("note", None, {}, tenant="other")] * 3)  # the log runs ahead of acme's
+    a = mem("alpha lake", tenant="acme")
+    seqs = engine.write([a], None, [Event("add", a.id, {}, tenant="acme"), Event("note", a.id, {}, "acme")])
+    assert seqs == [e.seq for e in engine.read_events()][-2:] == [4, 5]
+    view = TenantStore(engine, "acme")
+    b = mem("beta hill", tenant="acme")
+    numbers = view.write([b], None, [Event("add", b.id, {}, tenant="acme")])
+    assert numbers == [e.seq for e in view.read_events() if e.memory_id == b.id] == [3]
+    assert view.write([], None, [Event("note", None, {}, tenant="acme")]) == [4]  # an event alone
+    assert engine.write([mem("gamma")], None, []) == []
+
+
 def test_write_takes_vectors_for_the_leading_memories_only(engine: Store) -> None:
     a, b = mem("alpha lake"), mem("beta hill")  # a record with a vector, and a memory it demotes
     vec = unit_vectors(1, seed=4)

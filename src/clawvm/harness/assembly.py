@@ -121,10 +121,12 @@ def build(h: AssemblyHost, req: Request) -> Context:
     warned.apply(ctx, req.budget_tokens)
     if req.read_only:
         return ctx
-    if req.record_usage and ctx.manifest:
-        _record_injection(h, ctx, {hit.id for hit in hits}, now)
     ms = round((time.perf_counter() - started) * 1000, 3)
-    [ctx.event_seq] = h.writer.log([_context_event(h, req, ctx, now, ms)])
+    event = _context_event(h, req, ctx, now, ms)
+    if req.record_usage and ctx.manifest:
+        ctx.event_seq = _logged_with_usage(h, ctx, {hit.id for hit in hits}, now, event)
+    else:
+        [ctx.event_seq] = h.writer.log([event])
     return ctx
 
 
@@ -185,10 +187,14 @@ def _neighbours(h: AssemblyHost, memory: Memory) -> tuple[Memory, ...]:
     return (*before, *after)
 
 
-def _record_injection(h: AssemblyHost, ctx: Context, retrieved: set[str], now: datetime) -> None:
-    """Usage bookkeeping of a built context, in one batch: injected+1, retrieved ones accessed. The
+def _logged_with_usage(
+    h: AssemblyHost, ctx: Context, retrieved: set[str], now: datetime, event: Event
+) -> int:
+    """The build's ``event`` logged with its usage bookkeeping in one write (injected+1, retrieved ones
+    accessed: a build never counted without its event, or the reverse); returns the event's number. The
     harness's own bookkeeping: no caller's update conflicts with it, and a memory that moved on meanwhile
-    is read again (after ``USAGE_RETRIES`` tries the counts are left as they are)."""
+    is read again (after ``USAGE_RETRIES`` tries the event is logged alone and the counts left as they
+    are)."""
     for _ in range(USAGE_RETRIES):
         current = h.store.get_many(ctx.ids)
         batch = []
@@ -203,7 +209,9 @@ def _record_injection(h: AssemblyHost, ctx: Context, retrieved: set[str], now: d
             changed = m.model_copy(update=change)
             batch.append(changed.model_copy(update={"value": h.pager.value_now(changed, now)}))
         try:
-            h.writer.write(batch, bookkeeping=True)
-            return
+            [seq] = h.writer.commit(batch, [event], bookkeeping=True).event_seqs
+            return seq
         except ConflictError:
             continue
+    [seq] = h.writer.log([event])
+    return seq

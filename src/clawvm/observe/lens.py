@@ -56,7 +56,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from clawvm.agents.reliability import ReliabilityPolicy, ToolStats
-from clawvm.core.errors import ClawVMError, NotFoundError, ValidationError
+from clawvm.core.errors import ClawVMError, ConflictError, NotFoundError, ValidationError
 from clawvm.core.model import VISIBLE_STATUSES, Filters, Memory, Status, Tier, Usage
 from clawvm.observe.learning import LearningHost
 from clawvm.store import Event
@@ -64,6 +64,7 @@ from clawvm.store.eventlog import WEIGHTS_KIND, iter_events
 from clawvm.store.kinds import EventKind
 from clawvm.vm.context import Context, short_id
 from clawvm.vm.scoring import ScoringConfig, ValueBreakdown
+from clawvm.vm.tiers import WRITE_RETRIES
 
 
 class LensHost(LearningHost, Protocol):
@@ -853,28 +854,43 @@ def record_output(
     cited = [str(x["id"]) for x in manifest if x["short_id"] in said]
     uncited = [str(x["id"]) for x in manifest if x["short_id"] not in said]
     now = harness.now()
-    for memory in harness.store.get_many(cited).values():
-        # the harness's own usage stats, as access counts are: no change a reader of the memory must see
-        harness.pager.mutate(
-            memory, lambda cur: {"usage": _credited(cur.usage, success)}, now, bookkeeping=True
-        )
-    [event_seq] = harness.writer.log(
-        [
-            Event(
-                kind=EventKind.OUTPUT,
-                tenant=harness.tenant,
-                at=now,
-                data={
-                    "context_seq": seq,
-                    "cited": cited,
-                    "uncited": uncited,
-                    "text": harness.writer.scrub(output, harness.tenant)[:4000],
-                    "success": success,
-                },
-            )
-        ]
+    event = Event(
+        kind=EventKind.OUTPUT,
+        tenant=harness.tenant,
+        at=now,
+        data={
+            "context_seq": seq,
+            "cited": cited,
+            "uncited": uncited,
+            "text": harness.writer.scrub(output, harness.tenant)[:4000],
+            "success": success,
+        },
     )
+    event_seq = _logged_with_credit(harness, cited, success, now, event)
     return Citation(seq, cited, uncited, event_seq)
+
+
+def _logged_with_credit(
+    harness: LensHost, cited: list[str], success: bool | None, now: datetime, event: Event
+) -> int:
+    """The ``output`` event logged with the credit of its cited memories in one write (an output never
+    counted without its event, or the reverse); returns the event's number. The harness's own usage
+    stats, as access counts are (no change a reader of a memory must see): a memory that moved on
+    meanwhile is read again, and after ``WRITE_RETRIES`` tries :class:`ConflictError`, nothing written."""
+    for _ in range(WRITE_RETRIES):
+        credited = []
+        for memory in harness.store.get_many(cited).values():
+            # plain copies, no re-validation: the changed values are counters we built
+            changed = memory.model_copy(
+                update={"usage": _credited(memory.usage, success), "version": memory.version + 1}
+            )
+            credited.append(changed.model_copy(update={"value": harness.pager.value_now(changed, now)}))
+        try:
+            [event_seq] = harness.writer.commit(credited, [event], bookkeeping=True).event_seqs
+            return event_seq
+        except ConflictError:
+            continue
+    raise ConflictError(cited[0], None, None)  # (no cited memory: no write that can conflict)
 
 
 def _credited(u: Usage, success: bool | None) -> Usage:

@@ -764,10 +764,13 @@ class Store(ABC):
         *,
         imported: Collection[str] = (),
         requires: Sequence[Requirement] = (),
-    ) -> None:
+        tenant_numbers: bool = False,
+    ) -> list[int]:
         """``put_many`` (``imported`` as there) + ``set_vectors`` (when given, one row for each of the first
         memories: see :func:`leading_vectors`) + ``append_events`` as one step, done only if every
-        precondition of ``requires`` holds with the batch written (see the module docstring).
+        precondition of ``requires`` holds with the batch written (see the module docstring). Returns the
+        events' numbers as :meth:`append_events` does (``tenant_numbers`` as there): a caller that hands
+        out an event's number (a context build's) writes it with its memories and still knows it.
 
         The record path writes all three for every memory; engines with transactions override this to
         commit once (a third of the commits). This default is correct for any engine, one call after the
@@ -780,8 +783,7 @@ class Store(ABC):
             self.put_many(memories, imported=imported)
             if embedded is not None:
                 self.set_vectors(*embedded)
-            if events:
-                self.append_events(events)
+            return self.append_events(events, tenant_numbers=tenant_numbers) if events else []
 
     def _stored_pins(self, budget: PinBudget) -> dict[str, int]:
         """The token count of each stored member of ``budget`` (engines read them in their transaction)."""

@@ -664,14 +664,13 @@ class PostgresStore(Store):
         *,
         imported: Collection[str] = (),
         requires: Sequence[Requirement] = (),
-    ) -> None:
+        tenant_numbers: bool = False,
+    ) -> list[int]:
         """Memories, their vectors and their events in one transaction (one commit per record), written only
         if the preconditions of ``requires`` hold: they are evaluated first in that transaction (see
         :meth:`_require`)."""
         if not memories:
-            if events:
-                self.append_events(events)
-            return
+            return self.append_events(events, tenant_numbers=tenant_numbers) if events else []
         check_versions(memories, {})
         rows = [pgrows.prepare(m) for m in memories]
         if vectors is not None:
@@ -679,11 +678,11 @@ class PostgresStore(Store):
             for r, v in zip(rows, normalize(vecs), strict=False):
                 r.vector = v
 
-        def body(conn: psycopg.Connection[Any]) -> None:
+        def body(conn: psycopg.Connection[Any]) -> list[tuple[int, int]]:
             self._require(conn, requires, memories)
-            self._put(conn, rows, events, imported)
+            return self._put(conn, rows, events, imported)
 
-        self._write("write", body)
+        return [n if tenant_numbers else s for s, n in self._write("write", body)]
 
     def _require(
         self, conn: psycopg.Connection[Any], requires: Sequence[Requirement], memories: Sequence[Memory]

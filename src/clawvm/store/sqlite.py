@@ -622,15 +622,14 @@ class SQLiteStore(IndexSnapshots, Store):
         *,
         imported: Collection[str] = (),
         requires: Sequence[Requirement] = (),
-    ) -> None:
+        tenant_numbers: bool = False,
+    ) -> list[int]:
         """One transaction for the memories, their vectors and their events (one commit per record). The
         preconditions of ``requires`` are evaluated in it, before anything is written: ``BEGIN IMMEDIATE``
         holds the file's write lock, and the catch-up under it brought the index up to every commit, so no
         other process's write lands between the check and this one."""
         if not memories:
-            if events:
-                self.append_events(events)
-            return
+            return self.append_events(events, tenant_numbers=tenant_numbers) if events else []
         vectors_of = {}
         if vectors is not None:
             ids, rows = leading_vectors(memories, vectors, self.dim)
@@ -638,7 +637,8 @@ class SQLiteStore(IndexSnapshots, Store):
         with self._write("write", events) as (db, rev, counted):
             check_requirements(requires, memories, lambda budget: self._pins_in(db, budget))
             self._put_rows(db, rev, memories, vectors_of, imported)
-            sqlite_events.insert_events(db, events, counted)
+            seqs, numbers = sqlite_events.insert_events(db, events, counted)
+            return numbers if tenant_numbers else seqs
 
     def _pins_in(self, db: sqlite3.Connection, budget: PinBudget) -> dict[str, int]:
         """The token count of each stored member of ``budget``: found in the (caught up) index, which keeps

@@ -132,13 +132,17 @@ class TenantStore(Store):
         *,
         imported: Collection[str] = (),
         requires: Sequence[Requirement] = (),
-    ) -> None:
+        tenant_numbers: bool = True,
+    ) -> list[int]:
         self._check_tenants(memories)  # before the events: the memory's tenant is what the caller named
         self._check_events(events)
         self._check_requirements(requires)
         with self.inner.write_lock:
             self._check_writable(memories)
-            self.inner.write(memories, vectors, events, imported=imported, requires=requires)
+            # this tenant's own numbers, as its event reads give them (append_events)
+            return self.inner.write(
+                memories, vectors, events, imported=imported, requires=requires, tenant_numbers=True
+            )
 
     def _check_requirements(self, requires: Sequence[Requirement]) -> None:
         """A precondition reads stored memories: only this tenant's may be asked about."""

@@ -52,7 +52,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
@@ -78,6 +78,15 @@ Rederive = Callable[[Memory], Memory]
 _TEXT, _JSON, _METADATA, _IDENTIFIER = "text", "json", "metadata", "identifier"
 
 
+@dataclass(frozen=True)
+class Committed:
+    """What one commit stored: the memories as stored, and the numbers of its events (in order, as the
+    caller's store numbers them: its tenant's own sequence behind a tenant's view)."""
+
+    memories: list[Memory]
+    event_seqs: list[int]
+
+
 class Writer(Protocol):
     """What a feature module may do to stored state: write memories (with their vectors and events),
     delete them, or log events that accompany no memory. Implemented by :class:`CommitPath`."""
@@ -94,6 +103,10 @@ class Writer(Protocol):
         imported: Collection[str] = (),
         requires: Sequence[Requirement] = (),
     ) -> list[Memory]: ...
+
+    def commit(
+        self, memories: Sequence[Memory], events: Sequence[Event], *, bookkeeping: bool = False
+    ) -> Committed: ...
 
     def delete(self, memories: Sequence[Memory], events: Sequence[Event] = ()) -> int: ...
 
@@ -287,6 +300,37 @@ class CommitPath:
 
         ``requires``: preconditions the engine checks atomically with the write (a :class:`PinBudget`: the
         pins of a session within its budget); one that fails raises its error, and nothing is written."""
+        return self._commit(
+            memories,
+            vectors,
+            events,
+            bookkeeping=bookkeeping,
+            scrubbed_vectors=scrubbed_vectors,
+            restored=restored,
+            imported=imported,
+            requires=requires,
+        ).memories
+
+    def commit(
+        self, memories: Sequence[Memory], events: Sequence[Event], *, bookkeeping: bool = False
+    ) -> Committed:
+        """:meth:`write` of ``memories`` and ``events`` (no vectors), returning the events' numbers too: for
+        a writer that hands an event's number out (a context build, an agent's output) and writes the
+        changes that go with it in the same step, so that neither is ever stored without the other."""
+        return self._commit(memories, None, events, bookkeeping=bookkeeping)
+
+    def _commit(
+        self,
+        memories: Sequence[Memory],
+        vectors: np.ndarray | None,
+        events: Sequence[Event],
+        *,
+        bookkeeping: bool,
+        scrubbed_vectors: bool = False,
+        restored: Collection[str] = (),
+        imported: Collection[str] = (),
+        requires: Sequence[Requirement] = (),
+    ) -> Committed:
         if not bookkeeping:
             self._open()
         elif vectors is None and any(_past_counts(m) for m in memories):
@@ -301,9 +345,10 @@ class CommitPath:
         if not scrubbed_vectors:
             rows, vectors = _vectors_of_stored_text(memories, stored, vectors)
         scrubbed = [self._scrubbed(e) for e in events]
-        self._store.write(rows, vectors, scrubbed, imported=imported, requires=self._as_stored(requires))
+        required = self._as_stored(requires)
+        seqs = self._store.write(rows, vectors, scrubbed, imported=imported, requires=required)
         self._notify(stored, ())
-        return stored
+        return Committed(stored, seqs)
 
     def delete(self, memories: Sequence[Memory], events: Sequence[Event] = ()) -> int:
         """Delete ``memories`` for good (their vectors and links too) and log ``events``, atomically, if
