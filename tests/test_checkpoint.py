@@ -17,11 +17,13 @@ from hypothesis import strategies as st
 
 import clawvm
 from clawvm import Filters, Harness, NotFoundError, StateConflictError, Status, Tier, ValidationError
+from clawvm.core.model import utcnow
+from clawvm.store.eventlog import Retention, prune
 from clawvm.teams import shared as teams
 from clawvm.teams.merge import merge_team
 from clawvm.vm import checkpoint as checkpoints
 from clawvm.vm.tiers import PagerConfig, TierBudgets
-from engines import harness_target
+from engines import engine_of, harness_target
 
 T0 = datetime(2030, 7, 1, 9, 0, tzinfo=UTC)
 BUDGETS = TierBudgets(working_tokens=120, working_items=4, short_term_items=4, long_term_items=4)
@@ -702,3 +704,19 @@ def test_a_rollback_never_puts_the_pins_over_budget_on_its_way(refused: bool) ->
         if not refused:
             back = h.get(m.id)
             assert back.content == WALKS and back.pinned and not h.get(later.id).pinned
+
+
+def test_a_memory_older_than_the_checkpoint_whose_add_was_pruned_is_kept_by_the_rollback() -> None:
+    """Retention pruned the memory's ``add``; its first event left is the later move into the session.
+    That move dated it after the checkpoint, and the rollback obsoleted a memory it promises to keep."""
+    with Harness.open("memory://", embedder=None) as h:
+        old = h.record("a fact recorded long ago in session A", session_id="A")
+        h.record("a fact of session B", session_id="B")
+        prune(engine_of(h), Retention(None, 1), utcnow())  # the operator keeps the newest event only
+        assert not h.events(memory_id=old.id)
+        cp = h.checkpoint("B", "before the move")
+        h.update(old.id, session_id="B")
+        new = h.record("a fact recorded in B after the checkpoint", session_id="B")
+        report = h.rollback(cp)
+        assert report.obsoleted == [new.id]
+        assert h.get(old.id).status is Status.ACTIVE

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from clawvm import (
     State,
     StateConflictError,
     Status,
+    StoreError,
     Tier,
     ValidationError,
 )
@@ -42,6 +44,7 @@ from clawvm.vm.compress import (
 from clawvm.vm.tiers import PagerConfig, TierBudgets
 from engines import engine_of
 from loopback import DIGITLESS_REPLY, MISBEHAVIOURS, ChatReplay, Fault, Misbehaviour
+from refusals import events_refused
 
 T0 = datetime(2030, 5, 1, 9, 0, tzinfo=UTC)
 
@@ -404,6 +407,29 @@ def test_collapse_task_summarizes_intermediates_into_one_success() -> None:
             (summary.id, LinkType.SUMMARIZES, m.id) for m in steps
         }
         assert h.store.list(Filters.of(task_id="t1", state="intermediate", status="active")) == []
+
+
+def test_a_collapse_that_fails_part_way_archives_no_step_and_its_retry_keeps_one_summary(
+    tmp_path: Path,
+) -> None:
+    """The steps are archived together, with the ``collapse`` event: a failure leaves every step active
+    (it left some archived, and a retry summarised only the rest). The summary stored before the failure
+    is the one the retry archives them under: one summary of the task, not two."""
+    with Harness.open(tmp_path / "h.db", embedder=None, clock=lambda: T0) as h:
+        steps = [
+            h.record(text, task_id="t1", session_id="s1", state="intermediate", created_at=T0)
+            for text in ("Build 7 failed at step 3.", "Exit code 137: out of memory.", "Raise the limit.")
+        ]
+        with events_refused(tmp_path / "h.db", "collapse"), pytest.raises(StoreError):
+            h.collapse_task("t1")
+        assert {h.get(m.id).status for m in steps} == {Status.ACTIVE}
+        [first] = h.list(task_id="t1", kind="summary")
+        summary = h.collapse_task("t1")
+        assert summary is not None and summary.id == first.id
+        assert h.list(task_id="t1", kind="summary", status="any") == [summary]
+        assert {h.get(m.id).status for m in steps} == {Status.ARCHIVED}
+        [collapsed] = [e for e in h.events() if e.kind == "collapse"]
+        assert collapsed.memory_id == summary.id and collapsed.data["steps"] == [m.id for m in steps]
 
 
 # ---- the LLM summarizer against a real server -------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from clawvm.vm.context import (
     short_id,
 )
 from clawvm.vm.tiers import PagerConfig, TierBudgets
+from refusals import events_refused
 
 T0 = datetime(2030, 3, 1, 9, 0, tzinfo=UTC)
 LINE = re.compile(r"^\[([0-9a-f]{8}) (\d{4}-\d{2}-\d{2})\] (\w+): ")
@@ -402,19 +402,10 @@ def test_a_build_whose_event_cannot_be_logged_counts_no_injection(tmp_path: Path
     failure between them counted injections of a build the log never had."""
     with Harness.open(tmp_path / "h.db", embedder=None) as h:
         m = h.record("the refund payment failed twice", session_id="s1")
-        with contextlib.closing(sqlite3.connect(tmp_path / "h.db")) as side:
-            side.execute(
-                "CREATE TRIGGER no_builds BEFORE INSERT ON events WHEN NEW.kind = 'context'"
-                " BEGIN SELECT RAISE(ABORT, 'disk full'); END"
-            )
-            side.commit()
-        with pytest.raises(StoreError):
+        with events_refused(tmp_path / "h.db", "context"), pytest.raises(StoreError):
             h.context("refund payment", budget_tokens=200, session_id="s1")
         assert h.get(m.id).usage.injected == 0 and h.get(m.id).access_count == 0
         assert [e.kind for e in h.events()] == ["add"]
-        with contextlib.closing(sqlite3.connect(tmp_path / "h.db")) as side:
-            side.execute("DROP TRIGGER no_builds")
-            side.commit()
         ctx = h.context("refund payment", budget_tokens=200, session_id="s1")
         assert ctx.ids == [m.id] and h.get(m.id).usage.injected == 1
         assert h.events()[-1].seq == ctx.event_seq

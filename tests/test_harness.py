@@ -47,6 +47,7 @@ from clawvm.teams import shared as teams
 from clawvm.vm.compress import ExtractiveSummarizer
 from clawvm.vm.working import ACCESS_BUFFER
 from engines import engine_of, harness_target
+from refusals import events_refused
 
 CORPUS = [
     (
@@ -452,6 +453,7 @@ def test_retries_that_run_out_name_the_memory_not_a_version_never_passed() -> No
             teams.revise_with_retry(h, m.id, theirs, attempts=1)
         assert exc.value.field == "memory_id" and "version None" not in exc.value.problem
         assert exc.value.actual == h.get(m.id).version
+
         def lost(cur: Memory) -> dict[str, Any]:
             theirs(cur)
             return {"state": "success"}
@@ -1551,3 +1553,15 @@ def test_a_change_written_after_another_process_forgot_the_memory_never_brings_i
         with pytest.raises(ConflictError):
             h.writer.write([read.model_copy(update={"version": read.version + 1})], bookkeeping=True)
         assert h.store.get_many([m.id]) == {}
+
+
+def test_feedback_whose_event_cannot_be_logged_counts_nothing(tmp_path: Path) -> None:
+    """The vote and its ``feedback`` event are one write. Written apart, a failure between them kept the
+    vote without its event, and the caller's retry (a 503 from the server says retry) counted it twice."""
+    with Harness.open(tmp_path / "h.db", embedder=None) as h:
+        m = h.record("the deploy key lives in the vault", session_id="s1")
+        with events_refused(tmp_path / "h.db", "feedback"), pytest.raises(StoreError):
+            h.rate(m.id, 1)
+        assert h.get(m.id).usage.feedback == 0 and h.get(m.id).version == m.version
+        rated = h.rate(m.id, 1)  # the retry
+        assert rated.usage.feedback == 1 and [e.kind for e in h.events()] == ["add", "feedback"]

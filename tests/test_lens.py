@@ -3,11 +3,9 @@ retention. Storage-touching tests run on every engine (``engine_name``)."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import math
-import sqlite3
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
@@ -38,6 +36,7 @@ from clawvm.store import Event
 from clawvm.store.eventlog import DUCKDB_QUERIES, Retention, export_jsonl, export_parquet, prune, run_query
 from clawvm.vm.scoring import DEFAULT_SCORING
 from engines import engine_of, harness_target
+from refusals import events_refused
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
@@ -215,18 +214,9 @@ def test_an_output_whose_event_cannot_be_logged_credits_no_citation(tmp_path: Pa
         m = h.record("the EU regional host works for tessera charges", session_id="s1")
         ctx = h.context("tessera charges host", budget_tokens=400, session_id="s1")
         output = f"Use the EU regional host [{ctx.manifest[0].short_id}]."
-        with contextlib.closing(sqlite3.connect(tmp_path / "h.db")) as side:
-            side.execute(
-                "CREATE TRIGGER no_outputs BEFORE INSERT ON events WHEN NEW.kind = 'output'"
-                " BEGIN SELECT RAISE(ABORT, 'disk full'); END"
-            )
-            side.commit()
-        with pytest.raises(StoreError):
+        with events_refused(tmp_path / "h.db", "output"), pytest.raises(StoreError):
             record_output(h, ctx, output, success=True)
         assert (h.get(m.id).usage.cited, h.get(m.id).usage.successes) == (0, 0)
-        with contextlib.closing(sqlite3.connect(tmp_path / "h.db")) as side:
-            side.execute("DROP TRIGGER no_outputs")
-            side.commit()
         out = record_output(h, ctx, output, success=True)  # the caller's retry counts once
         assert out.cited == [m.id] and (h.get(m.id).usage.cited, h.get(m.id).usage.successes) == (1, 1)
         assert h.events()[-1].seq == out.event_seq and h.events()[-1].kind == "output"

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from clawvm import ConflictError, Filters, Harness, Kind, Status, ValidationError
 from clawvm.cli import main as cli
 from clawvm.core.embed import count_tokens
-from clawvm.core.errors import AccessDeniedError, StateConflictError
+from clawvm.core.errors import AccessDeniedError, StateConflictError, StoreError
 from clawvm.core.model import Memory, Scope, Visibility
 from clawvm.demo.scenario import ReplayClock
 from clawvm.observe.learning import intervene
@@ -30,6 +30,7 @@ from clawvm.store import Query, Store
 from clawvm.teams import shared as teams
 from clawvm.vm.tiers import PagerConfig, TierBudgets
 from engines import harness_target, make_store
+from refusals import events_refused
 
 T0 = datetime(2030, 3, 1, 9, 0, tzinfo=UTC)
 
@@ -1070,3 +1071,38 @@ def test_a_merged_duplicate_of_a_conflict_side_is_shown_only_with_its_conflict(l
     for budget in (30, 40, 60, 300):
         shown = lexical.guidance("writer", "refund method original card store credit", budget).ids
         assert not shown or note.id in shown, budget
+
+
+def test_a_review_whose_event_cannot_be_logged_is_not_stored(tmp_path: Path) -> None:
+    """An approval and its ``review.approved`` event are one write: written apart, a failure between them
+    stored the approval with no trace of who approved it in the log that MemLens reads."""
+    with Harness.open(tmp_path / "h.db", embedder=None) as h:
+        h.grant("pay", "planner", write=True)
+        unsure = teams.record(
+            h,
+            "refunds may need three approvals",
+            agent_id="planner",
+            team_id="pay",
+            kind="knowledge",
+            confidence=0.3,
+        )
+        with events_refused(tmp_path / "h.db", "review.approved"), pytest.raises(StoreError):
+            h.approve(unsure.id, by="lead")
+        assert teams.review_state(h.get(unsure.id)) is None and h.get(unsure.id).version == unsure.version
+        approved = h.approve(unsure.id, by="lead")
+        [review] = [e for e in h.events(memory_id=unsure.id) if e.kind == "review.approved"]
+        assert review.data == approved.metadata["review"] and review.data["by"] == "lead"
+
+
+def test_retention_whose_event_cannot_be_logged_archives_nothing(tmp_path: Path) -> None:
+    """A memory archived by retention and its ``retention`` event (the reason) are one write."""
+    clock = ReplayClock(T0)
+    with Harness.open(tmp_path / "h.db", embedder=None, clock=clock) as h:
+        old = h.record("the staging cluster was slow on monday", kind=Kind.OBSERVATION)
+        clock.now = T0 + timedelta(days=40)
+        policy = teams.RetentionPolicy(max_age={"observation": timedelta(days=30)})
+        with events_refused(tmp_path / "h.db", "retention"), pytest.raises(StoreError):
+            teams.apply_retention(h, policy)
+        assert h.get(old.id).status is Status.ACTIVE
+        assert ids(teams.apply_retention(h, policy)) == {old.id}
+        assert [e.kind for e in h.events(memory_id=old.id)] == ["add", "retention"]

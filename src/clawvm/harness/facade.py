@@ -106,6 +106,7 @@ from clawvm.vm.compress import (
     Summarizer,
     compress_memory,
     decompress_memory,
+    earlier_collapse,
     fallback_event,
     is_compressible,
     raw_copies,
@@ -571,7 +572,8 @@ class Harness:
         event = self._make_event(
             EventKind.UPDATE, updated, {"fields": sorted(changes), "version": updated.version}
         )
-        return self.writer.write([updated], None, [event], requires=requires)[0]
+        events = [event, *teams.review_events(current, updated, event.at)]
+        return self.writer.write([updated], None, events, requires=requires)[0]
 
     @_exclusive
     def forget(self, memory_id: str, *, expected_version: int | None = None) -> None:
@@ -866,13 +868,14 @@ class Harness:
         memory = self._callers(memory_id)
         self._refuse_expired(memory)  # as pin and update do: its value no longer matters to any prompt
         teams.refuse_frozen(self, memory)  # a checkpoint's snapshot or a raw copy: only the harness writes it
-        rated = self.pager.mutate(
+        return self.pager.mutate(  # the feedback and its event in one write: a retry never counts twice
             memory,
             lambda m: {"usage": m.usage.model_copy(update={"feedback": m.usage.feedback + delta})},
             self.now(),
+            event=lambda _read, m: self._make_event(
+                EventKind.FEEDBACK, m, {"delta": delta, "value": m.value}
+            ),
         )
-        self._event(EventKind.FEEDBACK, rated, {"delta": delta, "value": rated.value})
-        return rated
 
     @one_pager_pass  # one budget of time on LLM endpoints for the whole pass
     def tick(self) -> dict[str, int]:
@@ -1070,28 +1073,30 @@ class Harness:
         steps = builtins.list(self._store.iter_all(intermediate))
         if not steps:
             return None
-        text = "\n".join(m.content for m in steps)
-        summarized = summary_of(self.summarizer, text, max(200, len(text) // 3))
-        first = steps[0]
-        summary = self.record(
-            f"Task {task_id} summary ({len(steps)} steps): {summarized.text}",
-            kind=Kind.SUMMARY,
-            state=State.SUCCESS,
-            task_id=task_id,
-            session_id=first.session_id,
-            agent_id=first.agent_id,
-            links=[{"type": LinkType.SUMMARIZES, "target": m.id} for m in steps],
-            metadata={"collapsed": len(steps)},
-        )
+        summary = earlier_collapse(self._store, self.tenant, task_id, steps)
+        fallback = None
+        if summary is None:
+            text = "\n".join(m.content for m in steps)
+            summarized = summary_of(self.summarizer, text, max(200, len(text) // 3))
+            fallback, first = summarized.fallback, steps[0]
+            summary = self.record(
+                f"Task {task_id} summary ({len(steps)} steps): {summarized.text}",
+                kind=Kind.SUMMARY,
+                state=State.SUCCESS,
+                task_id=task_id,
+                session_id=first.session_id,
+                agent_id=first.agent_id,
+                links=[{"type": LinkType.SUMMARIZES, "target": m.id} for m in steps],
+                metadata={"collapsed": len(steps)},
+            )
         now = self.now()
-        # archived steps leave the prompt: a pinned one is unpinned (pinned means working and active)
-        archived = {"status": Status.ARCHIVED, "tier": Tier.ARCHIVE, "pinned": False}
-        for m in steps:  # a step forgotten meanwhile has nothing left to archive
-            unless_forgotten(functools.partial(self.pager.mutate, m, lambda _m: archived, now))
-        self._event(EventKind.COLLAPSE, summary, {"task_id": task_id, "steps": [m.id for m in steps]})
-        if summarized.fallback is not None:  # the LLM gave no usable summary: say why it is extractive
+        collapsed = self._make_event(
+            EventKind.COLLAPSE, summary, {"task_id": task_id, "steps": [m.id for m in steps]}
+        )
+        self.pager.archive_together(steps, now, collapsed)  # all of them or none, with the event
+        if fallback is not None:  # the LLM gave no usable summary: say why it is extractive
             kind = EventKind.SUMMARIZER_FALLBACK
-            self.writer.log([fallback_event(kind, summarized.fallback, summary.tenant, summary.id, now)])
+            self.writer.log([fallback_event(kind, fallback, summary.tenant, summary.id, now)])
         return summary
 
     # ---- tool calls (clawvm.agents.toolcalls, clawvm.agents.reliability) -----------------------------------

@@ -68,6 +68,20 @@ class EventKind(StrEnum):
     EVENTS_PRUNED = "events_pruned"  # retention deleted a tenant's oldest events (how many)
 
 
+#: The kinds of event that a memory's life starts with: each is logged by the write that creates the
+#: memory it names (a record, an import, a checkpoint's snapshot, a revision, a merge or a synthesis).
+CREATING_KINDS = frozenset(
+    {
+        EventKind.ADD,
+        EventKind.IMPORT,
+        EventKind.CHECKPOINT,
+        EventKind.REVISE,
+        EventKind.MERGE,
+        EventKind.SYNTHESIZE,
+    }
+)
+
+
 def kind_of(text: str) -> EventKind | str:
     """The member for a known kind; the string itself for one this version does not know."""
     try:

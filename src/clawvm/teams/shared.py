@@ -46,7 +46,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from clawvm.core.embed import count_tokens
@@ -87,7 +87,7 @@ from clawvm.store.crypto import REDACTION_FIELD
 from clawvm.store.kinds import EventKind
 from clawvm.vm.compress import referenced_raw
 from clawvm.vm.context import is_snapshot, short_id
-from clawvm.vm.tiers import Pager
+from clawvm.vm.tiers import Pager, Unchanged
 from clawvm.write.commit import Recorder, past_bookkeeping
 
 
@@ -738,16 +738,24 @@ def apply_retention(h: TeamHost, policy: RetentionPolicy, *, team_id: str | None
             reason = f"value {v:.3f} under {policy.min_value}"
         if reason is None:
             continue
-        moved = h.pager.mutate(m, lambda _m: {"status": Status.ARCHIVED, "tier": Tier.ARCHIVE}, now)
-        h.writer.log(
-            [
-                Event(
-                    kind=EventKind.RETENTION, memory_id=m.id, tenant=m.tenant, at=now, data={"reason": reason}
-                )
-            ]
-        )
-        archived.append(moved)
+        event = Event(EventKind.RETENTION, m.id, {"reason": reason}, tenant=m.tenant, at=now)
+        # the archive and its event in one write; re-read after another writer's change, a memory pinned or
+        # settled meanwhile is left as it is
+        moved = h.pager.mutate(m, _archived_by_retention, now, event=_logging(event))
+        if moved.status is Status.ARCHIVED:
+            archived.append(moved)
     return archived
+
+
+def _logging(event: Event) -> Callable[[Memory, Memory], Event]:
+    """A :meth:`Pager.mutate` event that is ``event`` whatever the change."""
+    return lambda _before, _after: event
+
+
+def _archived_by_retention(current: Memory) -> dict[str, Any]:
+    if current.pinned or current.status is not Status.ACTIVE:
+        raise Unchanged
+    return {"status": Status.ARCHIVED, "tier": Tier.ARCHIVE}
 
 
 # ---- adoption feedback ------------------------------------------------------------------------------------
@@ -846,10 +854,18 @@ def _set_review(
         metadata={**m.metadata, REVIEW_FIELD: review},
         **changes,
     )
-    h.writer.log(
-        [Event(kind=EventKind(f"review.{state}"), memory_id=m.id, tenant=m.tenant, at=h.now(), data=review)]
-    )
-    return updated
+    return updated  # its review's event was written with it (review_events)
+
+
+def review_events(before: Memory, after: Memory, at: datetime) -> list[Event]:
+    """The ``review.*`` event of a write that gives ``after`` a new review (:func:`approve`,
+    :func:`reject`, a conflict's resolution), to be written with it: a review stored without its event, or
+    logged for a change that never landed, is what writing them apart could leave."""
+    review = after.metadata.get(REVIEW_FIELD)
+    if not isinstance(review, dict) or review == before.metadata.get(REVIEW_FIELD):
+        return []
+    kind = EventKind(f"review.{review['status']}")
+    return [Event(kind=kind, memory_id=after.id, tenant=after.tenant, at=at, data=dict(review))]
 
 
 def approve(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str | None = None) -> Memory:

@@ -52,7 +52,7 @@ from clawvm.core.model import (
 )
 from clawvm.store import Event
 from clawvm.store.base import PinBudget, PinBudgetError, StoreReader
-from clawvm.store.kinds import EventKind
+from clawvm.store.kinds import CREATING_KINDS, EventKind
 from clawvm.vm.compress import decompress_memory, raw_text_back
 from clawvm.vm.context import CHECKPOINT_TAG, is_snapshot
 from clawvm.vm.tiers import Pager
@@ -483,10 +483,12 @@ def _step(
 
 
 def _first_seq(store: StoreReader, m: Memory) -> int | None:
-    """The sequence number of ``m``'s first event (its ``add``, ``import`` or ``checkpoint``); None when
-    the log no longer holds it (retention)."""
+    """The sequence number of the event that made ``m`` (its ``add``, ``import``, ``checkpoint`` ...: one
+    of :data:`CREATING_KINDS`); None when the log no longer holds it (retention). Its first event left is
+    not that one when retention pruned it: a later change's (a move into the session) would date an old
+    memory after a checkpoint it is older than."""
     first = store.read_events(0, 1, memory_id=m.id)
-    return first[0].seq if first else None
+    return first[0].seq if first and first[0].kind in CREATING_KINDS else None
 
 
 def _made_since(store: StoreReader, m: Memory, snap: Memory, taken: int | None) -> bool:

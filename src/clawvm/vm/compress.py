@@ -37,7 +37,7 @@ from typing import Protocol, runtime_checkable
 from clawvm.core.embed import count_tokens
 from clawvm.core.entities import entities as named_entities
 from clawvm.core.errors import UpstreamError, ValidationError
-from clawvm.core.model import JSON, Link, LinkType, Memory, Status, Tier, derived, revalidate
+from clawvm.core.model import JSON, Filters, Link, LinkType, Memory, Status, Tier, derived, revalidate
 from clawvm.core.openai_http import ChatEndpoint, EndpointFailure, FailureReason
 from clawvm.store import Event
 from clawvm.store.base import Requirement, StoreReader
@@ -335,6 +335,19 @@ def compress_memory(
     )
     # one transaction: never a summary without its raw, nor either without the event
     return writer.write([raw, compressed], None, [event, *notes])[1]
+
+
+def earlier_collapse(store: StoreReader, tenant: str, task_id: str, steps: Sequence[Memory]) -> Memory | None:
+    """The summary an earlier collapse of ``steps`` recorded but could not archive them under (it failed
+    between the two writes): an active summary of the task that ``summarizes`` every one of them. A
+    collapse tried again archives them under it rather than record a second summary of the same steps."""
+    wanted = {m.id for m in steps}
+    f = Filters.of(tenant=tenant, task_id=task_id, kind="summary", status="active")
+    for m in store.iter_all(f, newest_first=True):
+        summarized = {link.target for link in m.links if link.type is LinkType.SUMMARIZES}
+        if "collapsed" in m.metadata and wanted <= summarized:
+            return m
+    return None
 
 
 def decompress_memory(

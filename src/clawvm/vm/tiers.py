@@ -380,6 +380,34 @@ class Pager:
         # it kept changing, each try: no version of the caller's (its actual None: unless_forgotten skips it)
         raise ConflictError(memory.id, None, None)
 
+    def archive_together(self, memories: Sequence[Memory], now: datetime, event: Event) -> list[Memory]:
+        """Archive ``memories`` (those still active, as read again: pinned ones unpinned, since archived
+        means out of the prompt) and log ``event``, in one write: never some of them archived and the
+        rest not (a collapsed task's steps). When one moved on meanwhile, all are read again and the write
+        retried; a forgotten one has nothing left to archive. Returns the archived memories."""
+        for _ in range(WRITE_RETRIES):
+            archived = []
+            for m in self.store.get_many([m.id for m in memories]).values():
+                if m.status is not Status.ACTIVE:  # archived or settled by another writer meanwhile
+                    continue
+                changed = revalidate(
+                    m,
+                    {
+                        "status": Status.ARCHIVED,
+                        "tier": Tier.ARCHIVE,
+                        "pinned": False,
+                        "version": m.version + 1,
+                    },
+                )
+                archived.append(
+                    changed.model_copy(update={"value": value(changed, now, self.config.scoring)})
+                )
+            try:
+                return self.writer.write(archived, None, [event])
+            except ConflictError:
+                continue
+        raise ConflictError(memories[0].id, None, None)  # they kept changing, each try
+
     def move(self, memory: Memory, to: Tier, reason: str, now: datetime, **options: Any) -> Memory:
         """Store ``memory`` in tier ``to`` and log the move (kind promote/demote/archive); ``options`` as
         :meth:`moved` takes them (``bookkeeping``, and fields to change with the move). ``bookkeeping``:
