@@ -1596,6 +1596,30 @@ def test_a_store_target_that_names_no_file_is_refused(target: object) -> None:
         SQLiteStore("")
 
 
+@pytest.mark.parametrize(
+    ("target", "wanted"),
+    [
+        ("memory:/", "memory://"),
+        ("memory:", "memory://"),
+        ("Memory:", "memory://"),
+        ("sqlite:/var/x.db", "sqlite:///var/x.db"),
+        ("sqlite:x.db", "sqlite://x.db"),
+        ("postgresql:/db", "postgresql://"),
+    ],
+)
+def test_a_url_with_too_few_slashes_is_refused_not_made_a_file(
+    target: str, wanted: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``memory:/`` read as a path made a file called ``memory:`` in the working folder: the caller who
+    meant a store that vanishes on close got one that persists."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as exc:
+        store_from_url(target)
+    assert exc.value.field == "db" and wanted in str(exc.value.fix)
+    assert list(tmp_path.iterdir()) == []
+    assert isinstance(store_from_url("memory_notes.db"), SQLiteStore)  # a name that only starts like one
+
+
 @sqlite_only
 def test_locked_database_is_a_store_error_and_the_store_recovers(
     engine_name: str, db_path: Path, opened: list[SQLiteStore]

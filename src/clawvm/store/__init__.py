@@ -7,6 +7,7 @@ extra). Opening by URL does no I/O: call ``setup()`` (the Harness does).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
@@ -77,6 +78,7 @@ def store_from_url(target: str | Path, dim: int = 384) -> Store:
             "db",
         )
     if "://" not in target:
+        _refuse_mistyped_url(target)
         return SQLiteStore(target, dim=dim)
     url = urlparse(target)
     if url.scheme == "memory":
@@ -110,3 +112,23 @@ def store_from_url(target: str | Path, dim: int = 384) -> Store:
     raise ConfigError(
         f"unknown store URL scheme {url.scheme!r} in {target!r}: use memory://, sqlite:///PATH or postgresql://..."
     )
+
+
+#: A path that starts with one of these and a colon is a URL typed with too few slashes, not a file name.
+_MISTYPED_URL = re.compile(r"(?i)^(memory|sqlite|file|postgres|postgresql):(?!//)")
+
+
+def _refuse_mistyped_url(target: str) -> None:
+    """``memory:/`` or ``sqlite:/x.db`` read as a path made a file called ``memory:`` (or ``sqlite:``) that
+    outlived the process: the caller who meant a store that vanishes on close got one that persists."""
+    match = _MISTYPED_URL.match(target)
+    if match is None:
+        return
+    scheme, rest = match.group(1).lower(), target[match.end() :]
+    if scheme == "memory":
+        wanted = "memory://"
+    elif scheme in ("sqlite", "file"):
+        wanted = f"sqlite://{rest}"  # sqlite:/abs/x.db -> sqlite:///abs/x.db; sqlite:x.db -> sqlite://x.db
+    else:
+        wanted = "postgresql://USER@HOST/DATABASE"
+    raise ConfigError(f"store target {target!r} reads as a file name, not a URL", "db", fix=f"write {wanted}")
