@@ -1565,3 +1565,20 @@ def test_feedback_whose_event_cannot_be_logged_counts_nothing(tmp_path: Path) ->
         assert h.get(m.id).usage.feedback == 0 and h.get(m.id).version == m.version
         rated = h.rate(m.id, 1)  # the retry
         assert rated.usage.feedback == 1 and [e.kind for e in h.events()] == ["add", "feedback"]
+
+
+@pytest.mark.parametrize("status", ["expired", " Expired", Status.EXPIRED])
+def test_status_expired_is_refused_by_hand_since_nothing_undoes_it(status: object) -> None:
+    """One mistaken ``update(status="expired")`` hid a memory for good: an expired memory may not be
+    changed again (its TTL promised to forget it). Expiring is what ``expires_at`` is for."""
+    with Harness.open("memory://", embedder=None) as h:
+        m = h.record("the staging password rotates on fridays", session_id="s1")
+        with pytest.raises(ValidationError) as exc:
+            h.update(m.id, status=status)
+        assert exc.value.field == "status" and "expires_at" in exc.value.fix
+        assert h.get(m.id) == m
+        with pytest.raises(ValidationError):
+            h.record("a memory born expired", status=status)
+        assert h.count(status="any") == 1
+        assert h.update(m.id, status="archived").status is Status.ARCHIVED  # the reversible way
+        assert h.update(m.id, status="active").status is Status.ACTIVE

@@ -66,6 +66,7 @@ from clawvm.harness.fields import (
     keeping_harness_metadata,
     leaves_the_prompt,
     named_id,
+    refuse_expiring_by_hand,
     refuse_harness_metadata,
     refuse_unpinnable,
     review_dropped,
@@ -420,6 +421,7 @@ class Harness:
         # as update() refuses them (the value, access counts and usage would otherwise start inflated, or be
         # dropped without a word); pinned is the exception: record(pinned=True) pins, within the budget
         refuse_set_by_harness({name: v for name, v in fields.items() if name != "pinned"})
+        refuse_expiring_by_hand(fields)
         fields = blank_scopes_as_none(fields)
         if isinstance(fields.get("metadata"), Mapping):
             refuse_harness_metadata(fields["metadata"])
@@ -511,6 +513,7 @@ class Harness:
             name = sorted(bad)[0]
             raise ValidationError(name, "cannot be changed", "record a new memory that revises this one")
         refuse_set_by_harness(changes)
+        refuse_expiring_by_hand(changes)
         changes = blank_scopes_as_none(changes)
         current = self._store.get(memory_id)
         if expected_version is not None and moved_on(current, expected_version):

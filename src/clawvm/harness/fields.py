@@ -51,6 +51,19 @@ def review_dropped(current: Memory, changes: dict[str, Any], *, reviewing: bool)
     return {**changes, "metadata": {k: v for k, v in metadata.items() if k != teams.REVIEW_FIELD}}
 
 
+def refuse_expiring_by_hand(changes: Mapping[str, Any]) -> None:
+    """A caller's ``status="expired"`` is refused: expired is the end of a TTL, which no change undoes (it
+    would bring back text the TTL promised to forget), so one mistaken update hid a memory for good. A
+    caller who means it sets ``expires_at``; one who wants it out of the way archives it (reversible)."""
+    status = changes.get("status")
+    if isinstance(status, str) and status.strip().lower() == Status.EXPIRED.value:  # (a Status is a str)
+        raise ValidationError(
+            "status",
+            "cannot be set to expired: only a TTL ends that way, and an expired memory never comes back",
+            "set expires_at to expire it for good, or status='archived' to put it away reversibly",
+        )
+
+
 def named_id(field: str, value: object, fix: str) -> str:
     """``value``, a caller's id that must name something: a non-blank string, else a ValidationError."""
     if not isinstance(value, str) or not value.strip():
