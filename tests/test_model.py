@@ -459,3 +459,27 @@ def test_a_union_of_tags_keeps_the_harness_marks_within_the_limit() -> None:
     union = capped_tags(["interrupted"], [f"t{i}" for i in range(MAX_TAGS)])
     assert len(union) == MAX_TAGS and union[0] == "interrupted"
     assert capped_tags(["a", "b"], ["b", "c"]) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"pinned": "no"}, "pinned"),  # a non-empty string is true: "no" pinned
+        ({"pinned": "yes"}, "pinned"),
+        ({"pinned": 1}, "pinned"),
+        ({"confidence": True}, "confidence"),  # a flag for a number
+        ({"confidence": "0.3"}, "confidence"),  # REST refuses "0.3" for a number: so does the library
+    ],
+)
+def test_pinned_and_confidence_take_their_own_types_only(fields: dict[str, Any], field: str) -> None:
+    with Harness.open("memory://", embedder=None) as h:
+        with pytest.raises(ValidationError) as exc:
+            h.record("the cache is warm", session_id="s1", **fields)
+        assert exc.value.field == field and h.count(status="any") == 0
+        m = h.record("the cache is warm", session_id="s1", confidence=1)  # an int is a number
+        with pytest.raises(ValidationError) as exc:
+            h.update(m.id, **fields)
+        assert exc.value.field == field and h.get(m.id) == m
+        with pytest.raises(ValidationError) as exc:
+            h.rate(m.id, True)  # type: ignore[arg-type]
+        assert exc.value.field == "delta"

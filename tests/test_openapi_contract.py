@@ -97,6 +97,11 @@ def test_what_the_spec_states_is_what_the_server_does(tmp_path: Path) -> None:
         assert client.get("/v1/memories", params={"pinned": "false"}, headers=auth).status_code == 200
         # a memory's state forbidding a change is a conflict, not a malformed request
         assert client.patch(f"/v1/memories/{m['id']}", json={"status": "obsolete"}, headers=auth).is_success
+        # expired is the end of a TTL, which nothing undoes: the spec leaves it out of what a change may set
+        r = client.patch(f"/v1/memories/{m['id']}", json={"status": "expired"}, headers=auth)
+        assert r.status_code == 422 and r.json()["error"]["field"] == "status", r.text
+        patch = client.get("/openapi.json").json()["components"]["schemas"]["UpdateRequest"]
+        assert "expired" not in str(patch["properties"]["status"]) and "archived" in str(patch)
         r = client.post(f"/v1/memories/{m['id']}/pin", headers=auth)
         assert r.status_code == 409 and r.json()["error"]["code"] == "invalid_state", r.text
         # so is a parent that is the memory itself (a cycle of one, as a longer cycle is): schema-valid, it

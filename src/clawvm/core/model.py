@@ -267,7 +267,8 @@ class Memory(BaseModel):
     parent_id: str | None = Field(default=None, json_schema_extra={"anyOf": [_ID_SCHEMA, {"type": "null"}]})
     links: list[Link] = Field(default_factory=list)
     value: float = Field(default=0.5, ge=0.0, le=1.0)
-    pinned: bool = False
+    # strict: pinned="no" pinned (a non-empty string is true) and confidence="0.3" or True passed unnoticed
+    pinned: bool = Field(default=False, strict=True)
     access_count: int = Field(default=0, ge=0, le=MAX_COUNT)
     last_accessed_at: datetime | None = None
     created_at: datetime = Field(default_factory=utcnow)
@@ -279,7 +280,7 @@ class Memory(BaseModel):
     # the commit path on every write (what a caller passes is not kept).
     changed_version: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     tier: Tier = Tier.SHORT_TERM
-    confidence: float = Field(default=1.0, ge=0.0, le=1.0)
+    confidence: float = Field(default=1.0, ge=0.0, le=1.0, strict=True)
     cost: Cost = Field(default_factory=Cost)
     usage: Usage = Field(default_factory=Usage)
     token_count: int = Field(default=0, ge=0, le=MAX_COUNT)

@@ -866,7 +866,7 @@ class Harness:
     @_exclusive
     def rate(self, memory_id: str, delta: int) -> Memory:
         """User feedback: +1 (useful) or -1 (not useful); feeds the value score."""
-        if delta not in (-1, 1):
+        if isinstance(delta, bool) or delta not in (-1, 1):  # (True == 1: a flag passed for a vote)
             raise ValidationError("delta", f"is {delta!r}", "pass +1 or -1")
         memory = self._callers(memory_id)
         self._refuse_expired(memory)  # as pin and update do: its value no longer matters to any prompt

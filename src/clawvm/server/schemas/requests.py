@@ -103,9 +103,11 @@ KindName = Annotated[Kind, Strict(False)]
 StateName = Annotated[State, Strict(False)]
 TierName = Annotated[Tier, Strict(False)]
 RoleName = Annotated[Role, Strict(False)]
-# internal is the harness's own records' status (team grants): no request may set it
+# internal is the harness's own records' status (team grants), expired the end of a TTL (a memory expires
+# by its expires_at): no request may set either
+_UNWRITABLE = (Status.INTERNAL, Status.EXPIRED)
 WritableStatus = Annotated[
-    Status, Strict(False), WithJsonSchema({"enum": [s.value for s in Status if s is not Status.INTERNAL]})
+    Status, Strict(False), WithJsonSchema({"enum": [s.value for s in Status if s not in _UNWRITABLE]})
 ]
 # what a filter may ask for: a status callers see, or "any" (all of those), as the SDK takes them
 _STATUS_FILTERS = list(STATUS_CHOICES)
