@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawvm import Harness, InvalidToolResultError, Kind, Memory, State, ValidationError
+from clawvm import Harness, InvalidToolResultError, Kind, Memory, RedactionPolicy, State, ValidationError
 from clawvm.agents.toolcalls import INTERRUPTED, is_timeout, scope
 from clawvm.demo.scenario import ReplayClock
 from engines import harness_target
@@ -603,3 +603,41 @@ def test_a_call_forgotten_while_it_runs_still_returns_the_tools_value(harness: H
         return "deployed v2"
 
     assert deploy() == "deployed v2"
+
+
+def test_a_call_with_arguments_over_the_content_limit_runs_and_records_them_cut() -> None:
+    """An upload's 1.1 MB body made the PENDING call's record fail (content over the store's 1 MB limit):
+    the tool never ran and nothing was recorded. The arguments are cut as a result is, scrubbed first."""
+    body = "x" * 7990 + " ann@example.org " + "y" * 1_100_000  # an address across the cut
+    pending: list[Memory] = []
+    with Harness.open("memory://", embedder=None, redaction=RedactionPolicy()) as h:
+
+        @h.tool(session_id="s1")
+        def upload(name: str, data: str, parts: list[str]) -> int:
+            pending.extend(h.list(kind="tool_call", state="pending", tool_name="upload"))
+            return len(data)
+
+        @h.tool(session_id="s1")
+        async def upload_async(data: str) -> int:
+            await asyncio.sleep(0)
+            pending.extend(h.list(kind="tool_call", state="pending", tool_name="upload_async"))
+            return len(data)
+
+        assert upload("a.bin", body, [body]) == len(body)
+        assert asyncio.run(upload_async(body)) == len(body)
+        assert [m.tool_name for m in pending] == ["upload", "upload_async"]  # recorded before each ran
+        for tool in ("upload", "upload_async"):
+            ((call, result),) = trail(h, tool)
+            assert (call.state, result.state, result.content) == (
+                State.SUCCESS,
+                State.SUCCESS,
+                str(len(body)),
+            )
+            args = call.content_json()["args"]
+            assert call.metadata["tool_call"]["args"] == args
+            # (the count is the scrubbed text's, as for a result)
+            assert args["data"].startswith("x" * 7990 + " [EMAIL] y") and len(args["data"]) < 8100
+            assert args["data"].endswith(f"… (truncated, {len(body) - 8} characters in all)")
+        ((call, _),) = trail(h, "upload")  # small arguments stay as they are; a large list is cut as a result
+        args = call.content_json()["args"]
+        assert args["name"] == "a.bin" and "(truncated, " in args["parts"] and "ann@" not in args["parts"]

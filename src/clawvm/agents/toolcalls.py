@@ -5,7 +5,9 @@ Every call of a recorded tool (``@harness.tool(...)`` on any sync or async calla
 
 1. before the tool runs, a ``tool_call`` memory in state PENDING whose content is the call in the tool's
    standard format (default: ``{"tool": name, "args": {...}}``, arguments bound to parameter names,
-   defaults applied, ``redact``-ed names replaced by ``"***"``);
+   defaults applied, ``redact``-ed names replaced by ``"***"``, an argument longer than a result may be
+   (``MAX_RESULT_CHARS``) cut as a result is: ``… (truncated, N characters in all)``, so that one over the
+   store's content limit still lets the tool run);
 2. when it returns, a ``tool_result`` memory in state SUCCESS, ``parent_id`` = the call, content formatted
    by the tool's template (one standard format per tool), ``cost.seconds`` = the call's duration (plus
    tokens/money from the tool's ``cost`` function or :meth:`ToolCall.add_cost`). When it raises — or its
@@ -194,7 +196,7 @@ class ToolCall:
                 "args", f"is a {type(args).__name__}", "pass the call's arguments as a dict of name -> value"
             )
         given = {k: ("***" if k in spec.redact else _jsonable(v)) for k, v in (args or {}).items()}
-        self.args: dict[str, Any] = _well_formed(given)
+        self.args: dict[str, Any] = {k: self._recorded_arg(v) for k, v in _well_formed(given).items()}
         resolved = _resolve_scope(spec, scope_fields)
         scoped_parent = resolved.pop("parent_id", None)
         # the LLM turn that asked, if known; one given that is no id is refused by the record's check
@@ -431,6 +433,16 @@ class ToolCall:
         if len(text) > MAX_RESULT_CHARS:
             text = self.harness.writer.scrub(text, self.harness.tenant)
         return _truncate(text)
+
+    def _recorded_arg(self, value: Any) -> Any:
+        """One argument as the call records it: one over the result limit is cut as a result is (scrubbed,
+        then cut, with the marker). Recording must not stop the tool: an argument over the store's content
+        limit (an upload's body) failed the PENDING call's record, and the tool never ran."""
+        if isinstance(value, str):
+            return self._cut(value) if len(value) > MAX_RESULT_CHARS else value
+        if isinstance(value, Mapping | list) and value:  # (an empty one is no "(empty result)")
+            return _truncate_json(value, self._cut)
+        return value
 
     def _cost(self, value: Any, duration: float) -> Cost:
         extra = dict(self._extra_cost)
