@@ -714,3 +714,61 @@ def test_a_rollback_guard_that_refuses_leaves_a_memory_compressed_since_compress
         with pytest.raises(ValueError):
             h.rollback(cp, guard=refuse)
         assert h.get(m.id).version == compressed.version and "compression" in h.get(m.id).metadata
+
+
+def test_a_key_given_twice_in_the_arguments_is_refused_naming_it() -> None:
+    """``{"content": "x", "content": "y"}`` recorded "y" without a word (Python's decoder keeps the last
+    value); the REST API refuses such a body with a 422 naming the key."""
+    with Harness.open("memory://", embedder=None) as h:
+        tools = AgentTools(h, session_id="ana")
+        twice = err(tools.dispatch("record_memory", '{"content": "x", "content": "y"}'), "invalid_json")
+        assert twice["field"] == "content" and "content" in twice["message"] and "once" in twice["fix"]
+        assert h.count() == 0
+        call = {
+            "id": "c1",
+            "function": {"name": "recall_memory", "arguments": '{"query": "a", "k": 1, "k": 9}'},
+        }
+        assert json.loads(tools.tool_message(call)["content"])["error"]["field"] == "k"
+        assert ok(
+            tools.dispatch("record_memory", '{"content": "x", "tags": ["a", "a"]}')
+        )  # values may repeat
+
+
+def test_a_write_to_another_sessions_memory_says_it_belongs_there() -> None:
+    """get_memory opens another session's memory (as the context shows it), while its description said
+    "of this session"; forget/update/pin on that id answered not_found with the fix "use an id from
+    recall_memory or the context", though the id came from the context."""
+    with Harness.open("memory://", embedder=None) as h:
+        ana, bob = AgentTools(h, session_id="ana"), AgentTools(h, session_id="bob")
+        assert "of this session" not in ana.description("get_memory")
+        assert "another session" in ana.description("get_memory")
+        theirs = ok(bob.dispatch("record_memory", {"content": "the vault code is 7731", "tags": ["vault"]}))
+        ctx = ok(ana.dispatch("build_context", {"query": "vault code"}))
+        assert theirs["id"] in ctx["ids"] and theirs["short_id"] in ctx["text"]
+        assert ok(ana.dispatch("get_memory", {"memory_id": theirs["short_id"]}))["session_id"] == "bob"
+        before = h.get(theirs["id"]).version  # (the context counted its use)
+        writes = [
+            ("forget_memory", {}),
+            ("update_memory", {"content": "the vault code is 0000"}),
+            ("pin_memory", {}),
+        ]
+        for tool, extra in writes:
+            for given in (theirs["id"], theirs["short_id"]):
+                refused = err(ana.dispatch(tool, {"memory_id": given, **extra}), "not_found")
+                assert refused["field"] == "memory_id"
+                assert "belongs to another session and cannot be changed from this one" in refused["message"]
+                assert "context" not in refused["fix"] and "this session" in refused["fix"]
+        kept = h.get(theirs["id"])
+        assert (kept.content, kept.version, kept.pinned, kept.status) == (
+            "the vault code is 7731",
+            before,
+            False,
+            Status.ACTIVE,
+        )
+        # what the tools cannot show at all is still simply not found (another agent's: not even named)
+        agents = AgentTools(h, session_id="ana", agent_id="a1")
+        hidden = h.record("a2's note", session_id="bob", agent_id="a2")
+        gone = err(agents.dispatch("forget_memory", {"memory_id": hidden.id}), "not_found")
+        assert (
+            "another" not in gone["message"] and gone["fix"] == "use an id from recall_memory or the context"
+        )

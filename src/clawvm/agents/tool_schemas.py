@@ -92,7 +92,8 @@ class ListMemoriesArgs(ToolArgs):
 
 
 class GetMemoryArgs(ToolArgs):
-    """One memory of this session in full: content, tags, version, scope."""
+    """One memory in full: content, tags, version, scope. Any memory the tools show you: this session's, or
+    another session's from recall_memory (scope "all") or a context; those can be read, not changed."""
 
     memory_id: str = Field(min_length=1, description="Id or short id of the memory.")
 
@@ -159,7 +160,7 @@ class RollbackArgs(ToolArgs):
 
 
 class PinMemoryArgs(ToolArgs):
-    """Keep a memory in every context of this session."""
+    """Keep one of this session's memories in every context of this session."""
 
     memory_id: str = Field(min_length=1, description="Id or short id of the memory.")
 

@@ -238,9 +238,11 @@ class AgentTools:
             args = tool.args.model_validate(_parse(arguments))
             return {"ok": True, "result": tool.run(args).model_dump(mode="json")}
         except _BadJSON as exc:
-            return error_reply("invalid_json", str(exc), fix="send the arguments as a JSON object")
+            return error_reply("invalid_json", str(exc), field=exc.field, fix=exc.fix)
         except pydantic.ValidationError as exc:
             return _validation_error(exc)
+        except _OutOfScope as exc:  # found, but not in scope: "use an id from the context" would mislead
+            return error_reply("not_found", str(exc), field=exc.field, fix=exc.fix)
         except NotFoundError as exc:
             fix = "use an id from recall_memory or the context"
             return error_reply("not_found", str(exc), field=exc.field, fix=fix)
@@ -326,7 +328,7 @@ class AgentTools:
         changes = a.model_dump(include={"content", "tags", "state"}, exclude_none=True)
         if not changes:
             raise ValidationError("arguments", "change nothing", "pass content, tags or state")
-        current = self._resolve(a.memory_id)
+        current = self._writable(a.memory_id)
         m = self.harness.update(current.id, expected_version=a.expected_version, **changes)
         return UpdateResult(id=m.id, short_id=short_id(m.id), version=m.version, fields=sorted(changes))
 
@@ -384,11 +386,11 @@ class AgentTools:
         )
 
     def _pin(self, a: PinMemoryArgs) -> PinResult:
-        m = self.harness.pin(self._resolve(a.memory_id).id)
+        m = self.harness.pin(self._writable(a.memory_id).id)
         return PinResult(id=m.id, short_id=short_id(m.id), pinned=m.pinned)
 
     def _forget(self, a: ForgetMemoryArgs) -> ForgetResult:
-        m = self._resolve(a.memory_id)
+        m = self._writable(a.memory_id)
         self.harness.forget(m.id, expected_version=a.expected_version)
         return ForgetResult(id=m.id, short_id=short_id(m.id), forgotten=True)
 
@@ -432,6 +434,16 @@ class AgentTools:
         scope "all" and the context's retrieved lines show them)."""
         return {k: v for k, v in self.scope.items() if k == "agent_id"}
 
+    def _writable(self, memory_id: str) -> Memory:
+        """A memory the writes may change: one of the bound scope. One the tools can show but not change
+        (another session's, from a context's recalled lines or recall_memory's scope "all") is refused
+        saying so: "not found, use an id from the context" sent the model back to the id it had used."""
+        m = self._resolve(memory_id, self._readable)
+        for name, bound in self.scope.items():
+            if getattr(m, name) != bound:
+                raise _OutOfScope(memory_id, name.removesuffix("_id"), getattr(m, name))
+        return m
+
     def _resolve(
         self, memory_id: str, within: Mapping[str, Any] | None = None, field: str = "memory_id"
     ) -> Memory:
@@ -467,8 +479,32 @@ class AgentTools:
         return found[0]
 
 
+class _OutOfScope(NotFoundError):
+    """A memory the tools may read but not change: its session (or task) is not the bound one. The writes'
+    ``not_found`` (no such memory in their scope), with the reason and a fix that fits it."""
+
+    def __init__(self, memory_id: str, where: str, owner: str | None) -> None:
+        super().__init__("memory", memory_id, field="memory_id")
+        self.problem = (
+            f"belongs to {'no' if owner is None else 'another'} {where} and cannot be changed from this one"
+        )
+        self.fix = (
+            f"change only this {where}'s memories; to correct one here, record a memory (record_memory)"
+        )
+
+    def __str__(self) -> str:
+        return f"memory {self.ident!r} {self.problem}"
+
+
 class _BadJSON(Exception):
-    pass
+    """Arguments that are no JSON object (``field``: the key at fault, where one is)."""
+
+    def __init__(
+        self, message: str, field: str | None = None, fix: str = "send the arguments as a JSON object"
+    ) -> None:
+        super().__init__(message)
+        self.field = field
+        self.fix = fix
 
 
 def _parse(arguments: str | Mapping[str, Any] | None) -> dict[str, Any]:
@@ -477,7 +513,7 @@ def _parse(arguments: str | Mapping[str, Any] | None) -> dict[str, Any]:
     parsed: Any = arguments
     if isinstance(arguments, str):
         try:
-            parsed = json.loads(arguments, parse_constant=_not_json)
+            parsed = json.loads(arguments, parse_constant=_not_json, object_pairs_hook=_once_each)
         except json.JSONDecodeError as exc:
             raise _BadJSON(f"arguments are not valid JSON ({exc.msg} at {exc.pos})") from None
         except RecursionError:  # "[[[[..." deeper than the decoder's stack: no tool takes such arguments
@@ -485,6 +521,25 @@ def _parse(arguments: str | Mapping[str, Any] | None) -> dict[str, Any]:
     if not isinstance(parsed, Mapping):
         raise _BadJSON(f"arguments are {_json_type(parsed)}, not an object")
     return dict(parsed)
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A decoded JSON object whose keys are given once each. Python's decoder keeps a repeated key's last
+    value without a word (``{"content": "x", "content": "y"}`` recorded "y"), and model-written JSON is
+    where that happens; refused naming the key, as the REST API refuses such a body."""
+    obj = dict(pairs)
+    if len(obj) == len(pairs):  # the usual case: one dict, one length comparison
+        return obj
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _BadJSON(
+                f"{key}: is given more than once in one JSON object",
+                field=key,
+                fix="give each key once (only one of the values would be read)",
+            )
+        seen.add(key)
+    raise AssertionError("no key is repeated")  # called only when the dict came out shorter
 
 
 def _not_json(name: str) -> Any:
