@@ -282,6 +282,10 @@ def test_add_reads_content_from_stdin_or_a_file(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert json.loads(json.loads(run(db, "show", result.output.strip()))["content"]) == json.loads(piped_json)
+    for source, args in (("stdin", ["add", "-"]), (str(note), ["add", "--file", str(note)])):
+        note.write_bytes(b"\xff\xfe not text")  # said "contains unpaired surrogates" from stdin
+        result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", *args], input=note.read_bytes())
+        assert result.exit_code == 2 and f"{source} is not UTF-8 text" in result.output, result.output
     for wrong in (["add"], ["add", "both", "--file", str(note)]):  # no content, or two sources
         result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", *wrong])
         assert result.exit_code == 2 and "content" in result.output and "Traceback" not in result.output

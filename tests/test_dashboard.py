@@ -297,6 +297,12 @@ def test_manual_actions_through_the_api(small: tuple[TestClient, Harness, dict[s
     assert bad.status_code == 409 and bad.json()["error"]["field"] == "memory_id"  # its state: invalid_state
     assert client.post(f"{url}/unpin", headers=writer).status_code == 200
     assert client.post(f"{url}/value", json={"value": 2}, headers=writer).status_code == 422
+    nan = client.post(
+        f"{url}/value", content=b'{"value": NaN}', headers={**writer, "content-type": "application/json"}
+    )
+    assert nan.status_code == 422 and "finite" in nan.json()["error"]["message"], nan.text  # not "<= 1"
+    unknown = client.get("/dashboard/api/graph", params={"focus": "nope"}, headers=writer)
+    assert unknown.status_code == 404 and unknown.json()["error"]["field"] == "focus", unknown.text
     assert client.post(f"{url}/value", json={"value": 0.2}, headers=writer).status_code == 200
     assert client.post(f"{url}/annotate", json={"text": "checked"}, headers=writer).status_code == 200
     assert client.post(f"{url}/archive", headers=writer).json()["after"]["tier"] == "archive"

@@ -95,15 +95,18 @@ def _content(content: str | None, content_file: Path | None) -> str:
             "content", "must come from exactly one place", 'give CONTENT, "-" for stdin, or --file PATH'
         )
     if content_file is not None:
-        try:
-            return _last_line_ended(content_file.read_text(encoding="utf-8-sig"))  # without an editor's BOM
-        except UnicodeDecodeError as exc:
-            raise ValidationError(
-                "--file", f"{content_file} is not UTF-8 text ({exc.reason})", "record a text file"
-            ) from None
-    if content == "-":
-        return _last_line_ended(sys.stdin.read())
+        return _utf8_text(content_file.read_bytes(), "--file", str(content_file), "record a text file")
+    if content == "-":  # read as bytes: decoded by the locale, bad bytes came out as "unpaired surrogates"
+        return _utf8_text(sys.stdin.buffer.read(), "content", "stdin", "pipe UTF-8 text")
     return str(content)
+
+
+def _utf8_text(data: bytes, field: str, source: str, fix: str) -> str:
+    """``data`` as UTF-8 text, without an editor's byte-order mark or the break that ends its last line."""
+    try:
+        return _last_line_ended(data.decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        raise ValidationError(field, f"{source} is not UTF-8 text ({exc.reason})", fix) from None
 
 
 def _last_line_ended(text: str) -> str:

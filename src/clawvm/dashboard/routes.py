@@ -70,7 +70,8 @@ def lens_for(harness: Harness) -> Lens:
 
 
 class ValueBody(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)  # a number, not "0.5" (as the spec says)
+    # a number, not "0.5" (as the spec says); NaN said "should be less than or equal to 1"
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     value: float = Field(ge=0.0, le=1.0)
 
 

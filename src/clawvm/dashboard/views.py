@@ -19,7 +19,7 @@ from itertools import accumulate, pairwise
 from typing import Any, Literal
 
 from clawvm.core.entities import entities
-from clawvm.core.errors import ValidationError
+from clawvm.core.errors import NotFoundError, ValidationError
 from clawvm.core.model import Tier, counted
 from clawvm.observe.lens import ContextBuild, Lens, Move, Row, clip
 from clawvm.store import Event
@@ -600,7 +600,10 @@ def graph(
 def _neighbourhood(lens: Lens, focus: str, scope: set[str]) -> list[str]:
     """``focus`` and the memories of ``scope`` it reaches, nearest first (one pass over the rows, as the
     edges take anyway). The focus itself is first even when the filter bar leaves it out."""
-    lens.memory(focus)  # NotFoundError for an unknown id
+    try:
+        lens.memory(focus)
+    except NotFoundError:  # named as the request names it: the graph's focus, not a memory_id it never sent
+        raise NotFoundError("memory", focus, field="focus") from None
     children: dict[str, list[str]] = defaultdict(list)
     for r in lens.rows.values():
         if r.parent_id:
