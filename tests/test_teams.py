@@ -1073,6 +1073,26 @@ def test_a_merged_duplicate_of_a_conflict_side_is_shown_only_with_its_conflict(l
         assert not shown or note.id in shown, budget
 
 
+def test_a_second_approval_keeps_the_first_and_a_blank_reviewer_is_refused(lexical: Harness) -> None:
+    """Approving an approved memory replaced its reviewer (with None when the second click named none);
+    ``by=""`` stored a reviewer no view could show; a grant to an agent id no memory can hold succeeded."""
+    low = lexical.record("refunds may need three approvals", kind="knowledge", confidence=0.3)
+    first = lexical.approve(low.id, by="lead", reason="checked with finance")
+    again = lexical.approve(low.id)
+    assert again.version == first.version and again.metadata["review"]["by"] == "lead"
+    assert len([e for e in lexical.events(memory_id=low.id) if e.kind == "review.approved"]) == 1
+    other = lexical.record("refunds need no approval", kind="knowledge", confidence=0.2)
+    for review in (lexical.approve, lexical.reject):
+        for by in ("", "  ", "x" * 300, 7):
+            with pytest.raises(ValidationError) as exc:
+                review(other.id, by=by)  # type: ignore[arg-type]
+            assert exc.value.field == "by"
+    assert lexical.get(other.id) == other
+    with pytest.raises(ValidationError) as exc:
+        lexical.grant("pay", "a" * 300, write=True)
+    assert exc.value.field == "agent_id" and teams.grants(lexical) == []
+
+
 def test_a_review_whose_event_cannot_be_logged_is_not_stored(tmp_path: Path) -> None:
     """An approval and its ``review.approved`` event are one write: written apart, a failure between them
     stored the approval with no trace of who approved it in the log that MemLens reads."""

@@ -59,6 +59,7 @@ from clawvm.core.errors import (
 )
 from clawvm.core.ids import new_id
 from clawvm.core.model import (
+    MAX_SCOPE_ID_CHARS,
     REPLACED_BY,
     Filters,
     Kind,
@@ -156,6 +157,10 @@ def grant(h: TeamHost, team_id: str, agent_id: str, *, read: bool = True, write:
             raise ValidationError(name, f"is {v!r}", "pass a non-empty string")
         if "\x00" in v:  # the grant's id joins the two with NUL: ("t", "x\0y") would be ("t\0x", "y")'s
             raise ValidationError(name, "holds a NUL character", "name teams and agents without one")
+        if len(v) > MAX_SCOPE_ID_CHARS:  # granted, no memory could name that agent or team: unusable
+            raise ValidationError(
+                name, f"is {len(v)} characters long", f"use at most {MAX_SCOPE_ID_CHARS}, as memories do"
+            )
     read, write = flag("read", read), flag("write", write)  # "no" is truthy: it granted write access
     if write and not read:
         raise ValidationError("read", "is False while write is True", "writers must be able to read")
@@ -870,13 +875,17 @@ def review_events(before: Memory, after: Memory, at: datetime) -> list[Event]:
 
 def approve(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str | None = None) -> Memory:
     """Approve a memory (guidance stops down-weighting it). Approving an open conflict note closes it as
-    "not a conflict": both sides are kept."""
+    "not a conflict": both sides are kept. Approving an approved memory again changes nothing: the first
+    approval, its reviewer and reason, stand (a second replaced them, its reviewer None when unnamed)."""
+    _check_reviewer(by, reason)
     m = latest(h, memory_id)
     if CONFLICT_TAG in m.tags and m.kind is Kind.NOTE:
         _refuse_closed(m)
         return _close_conflict(h, m, "approved", by, reason or "both sides kept")
     if m.status is Status.OBSOLETE and review_state(m) == "rejected":  # the rejection overturned
         return _set_review(h, m, "approved", by, reason, status=Status.ACTIVE)
+    if m.status is Status.ACTIVE and review_state(m) == "approved":
+        return m
     _refuse_unreviewable(m)
     return _set_review(h, m, "approved", by, reason)
 
@@ -884,6 +893,7 @@ def approve(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str |
 def reject(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str | None = None) -> Memory:
     """Reject a memory: it becomes OBSOLETE (kept for history, never recalled) and any open conflict it
     is a side of is closed."""
+    _check_reviewer(by, reason)
     m = latest(h, memory_id)
     if CONFLICT_TAG in m.tags and m.kind is Kind.NOTE:
         _refuse_closed(m)
@@ -895,6 +905,14 @@ def reject(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str | 
     for note in open_conflicts(h, involving=lineage(m)):  # a side's revision or merge stands for it
         _close_conflict(h, note, "resolved", by, f"{m.id} rejected")
     return rejected
+
+
+def _check_reviewer(by: str | None, reason: str | None) -> None:
+    """A review's reviewer is None (unnamed) or a name; ``by=""`` stored a reviewer no view could show."""
+    if by is not None and (not isinstance(by, str) or not by.strip() or len(by) > MAX_SCOPE_ID_CHARS):
+        raise ValidationError("by", f"is {by!r:.80}", "name the reviewer (a non-blank name), or leave it out")
+    if reason is not None and not isinstance(reason, str):
+        raise ValidationError("reason", f"has type {type(reason).__name__}", "give the reason as text")
 
 
 def _refuse_closed(note: Memory, field: str = "memory_id") -> None:
@@ -925,6 +943,7 @@ def _refuse_unreviewable(m: Memory) -> None:
 
 def resolve_conflict(h: TeamHost, conflict_id: str, *, keep: str, by: str | None = None) -> Memory:
     """Keep one side of a conflict (approved) and reject the others; returns the kept memory."""
+    _check_reviewer(by, None)
     # the errors name conflict_id, the argument the caller got wrong (they named memory_id)
     if not isinstance(conflict_id, str):
         raise ValidationError(
