@@ -409,3 +409,23 @@ def test_a_build_whose_event_cannot_be_logged_counts_no_injection(tmp_path: Path
         ctx = h.context("refund payment", budget_tokens=200, session_id="s1")
         assert ctx.ids == [m.id] and h.get(m.id).usage.injected == 1
         assert h.events()[-1].seq == ctx.event_seq
+
+
+def test_a_session_whose_contexts_are_built_is_not_paged_out_as_idle() -> None:
+    """Its working lines are in every prompt: in use. Only a recall's hits counted as used, so a session
+    whose context was built every half hour had its working tier paged out as idle after two hours."""
+    now = [T0]
+    with Harness.open(
+        "memory://", embedder=None, clock=lambda: now[0], pager=PagerConfig(background=False)
+    ) as h:
+        ms = [h.record(f"the user prefers option {i} for deploys", session_id="s1") for i in range(3)]
+        for _ in range(8):
+            now[0] += timedelta(minutes=30)
+            ctx = h.context("what next?", session_id="s1")
+            assert set(ctx.ids) == {m.id for m in ms}
+            assert h.tick()["moved"] == 0
+        assert {h.get(m.id).tier for m in ms} == {Tier.WORKING}
+        assert {h.get(m.id).access_count for m in ms} == {0}  # in the prompt, not recalled
+        now[0] += timedelta(hours=3)  # then nobody builds one
+        h.tick()
+        assert {h.get(m.id).tier for m in ms} == {Tier.SHORT_TERM}

@@ -190,11 +190,11 @@ def _neighbours(h: AssemblyHost, memory: Memory) -> tuple[Memory, ...]:
 def _logged_with_usage(
     h: AssemblyHost, ctx: Context, retrieved: set[str], now: datetime, event: Event
 ) -> int:
-    """The build's ``event`` logged with its usage bookkeeping in one write (injected+1, retrieved ones
-    accessed: a build never counted without its event, or the reverse); returns the event's number. The
-    harness's own bookkeeping: no caller's update conflicts with it, and a memory that moved on meanwhile
-    is read again (after ``USAGE_RETRIES`` tries the event is logged alone and the counts left as they
-    are)."""
+    """The build's ``event`` logged with its usage bookkeeping in one write (injected+1 and used now,
+    retrieved ones accessed: a build never counted without its event, or the reverse); returns the event's
+    number. The harness's own bookkeeping: no caller's update conflicts with it, and a memory that moved
+    on meanwhile is read again (after ``USAGE_RETRIES`` tries the event is logged alone and the counts
+    left as they are)."""
     for _ in range(USAGE_RETRIES):
         current = h.store.get_many(ctx.ids)
         batch = []
@@ -203,9 +203,12 @@ def _logged_with_usage(
             change: dict[str, Any] = {
                 "usage": m.usage.model_copy(update={"injected": m.usage.injected + 1}),
                 "version": m.version + 1,
+                # in the prompt is in use (an OS pager's referenced bit): a session whose contexts are built
+                # every half hour was paged out as idle, its working lines never "accessed" otherwise
+                "last_accessed_at": now if m.last_accessed_at is None else max(m.last_accessed_at, now),
             }
             if m.id in retrieved:
-                change.update(access_count=m.access_count + 1, last_accessed_at=now)
+                change.update(access_count=m.access_count + 1)
             changed = m.model_copy(update=change)
             batch.append(changed.model_copy(update={"value": h.pager.value_now(changed, now)}))
         try:
