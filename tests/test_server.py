@@ -7,6 +7,7 @@ OpenAPI spec (bounded) for 5xx and for 4xx outside the error schema.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import inspect
 import io
@@ -44,7 +45,8 @@ from clawvm.server import (
     create_app,
     redaction_options,
 )
-from clawvm.server.middleware import JSON_INLINE_BYTES
+from clawvm.server.middleware import JSON_INLINE_BYTES, Guard
+from clawvm.server.service import RequestGauge
 from clawvm.store import SQLiteStore, Store
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey
 from clawvm.teams.shared import can_write
@@ -1858,3 +1860,44 @@ def test_the_request_log_keeps_no_secret_a_path_names(env: Env, caplog: pytest.L
     lines = [rec for rec in caplog.records if rec.getMessage() == "request"]
     assert lines and all(secret not in str(getattr(rec, "fields", "")) for rec in lines)
     assert any("/v1/sessions/[EMAIL]/checkpoints" in str(getattr(rec, "fields", "")) for rec in lines)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "accept", "counted"),
+    [
+        ("GET", "/mcp", "text/event-stream", False),  # an MCP client's standing stream: held for its session
+        ("GET", "/v1/events/stream", "*/*", False),
+        ("POST", "/mcp", "application/json, text/event-stream", True),  # a tool call: work
+        ("GET", "/v1/memories", "application/json", True),
+    ],
+)
+def test_the_request_gauge_leaves_out_event_streams_only(
+    method: str, path: str, accept: str, counted: bool
+) -> None:
+    """The embedding worker yields while a request is in flight; an MCP client's GET stream stayed in flight
+    for its whole session, so the worker waited before every batch as long as any MCP client was
+    connected."""
+    gauge = RequestGauge()
+    seen: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(gauge.in_flight)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        pass
+
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [(b"accept", accept.encode())],
+    }
+    asyncio.run(Guard(app, 1024, gauge)(scope, receive, send))
+    assert seen == [1 if counted else 0] and gauge.in_flight == 0

@@ -72,7 +72,7 @@ class Guard:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        gauge = None if str(scope.get("path", "")).endswith("/stream") else self.gauge
+        gauge = None if _event_stream(scope) else self.gauge
         if gauge is not None:
             gauge.enter()  # on the event loop's thread only: no lock needed
         given = Headers(scope=scope).get("x-request-id", "")
@@ -170,6 +170,15 @@ class Guard:
         if isinstance(principal, Principal):
             fields.update(tenant=principal.tenant, key_id=principal.key_id, role=principal.role.value)
         log.log(level, "request", extra={"fields": fields})
+
+
+def _event_stream(scope: MutableMapping[str, Any]) -> bool:
+    """Whether the request opens an event stream, which waits rather than works: ``/v1/events/stream``,
+    or any GET that asks for ``text/event-stream`` (an MCP client's standing stream on ``/mcp``, held for
+    its whole session, kept the embedding worker yielding to a request that never ends)."""
+    if str(scope.get("path", "")).endswith("/stream"):
+        return True
+    return scope["method"] == "GET" and "text/event-stream" in Headers(scope=scope).get("accept", "")
 
 
 def _options_allow(scope: MutableMapping[str, Any]) -> str:
