@@ -185,7 +185,9 @@ def test_a_zero_vector_an_older_version_stored_replays_lexical_only(tmp_path: Pa
             clock.advance(1)
             h.record(f"fact {n} about lunch plans", session_id="s1", embedding=rng.standard_normal(384))
         zero = h.record("the staging database host", session_id="s1", embedding=rng.standard_normal(384)).id
-        with Harness.open("memory://", embedder=None) as other:  # a backup from elsewhere, restored here
+        # a backup from elsewhere, restored here (on the same clock: an import refuses a memory created
+        # after the harness's clock, as record does)
+        with Harness.open("memory://", embedder=None, clock=clock) as other:
             exported = other.record("the staging database region is eu-west", session_id="s1")
         h.import_memories([exported])
         clock.advance(5)
@@ -326,3 +328,85 @@ def test_shares_round_a_tie_up_as_the_dashboard_does() -> None:
         "100.0%",
         "–",
     ]
+
+
+def _open(clock: Clock) -> Harness:
+    return Harness.open("memory://", embedder=None, clock=clock, pager=PagerConfig(background=False))
+
+
+def test_memories_compressed_approved_or_rejected_replay(recorded: tuple[Harness, list[str]]) -> None:
+    # their compression pointers and reviews are the harness's to set: a replayed record carrying them
+    # was refused, and the whole replay failed
+    h, _ = recorded
+    long_text = " ".join(
+        f"Sentence {n} says the staging database runs on db-stage-3 in the eu-west region."
+        if n % 2
+        else "The team discussed several matters regarding the roadmap and the hiring plans here."
+        for n in range(20)
+    )
+    long = h.record(long_text, session_id="s1")
+    low = [
+        h.record(f"unsure note {n} about the staging database", session_id="s1", confidence=0.2) for n in "ab"
+    ]
+    h.compress(long.id)
+    h.approve(low[0].id, by="alice")
+    h.reject(low[1].id, by="alice")
+    h.context("Where does the staging database live?", budget_tokens=400, session_id="s1")
+    assert "compression" in h.get(long.id).metadata
+    assert all("review" in h.get(m.id).metadata for m in low)
+
+    report = whatif.replay(h, "s1", whatif.Policy("a"), whatif.Policy("b", context_budget=60))
+
+    assert len(report.builds) == len(QUESTIONS) + 1
+    assert report.a.recorded_kept is not None and report.a.recorded_kept > 0.9
+
+
+def test_a_pin_made_at_record_time_and_a_ttl_replay() -> None:
+    clock = Clock()
+    h = _open(clock)
+    pinned = h.record("deploy rule: always use blue-green", session_id="s", pinned=True)
+    h.record("deploy checklist: deploy, verify the deploy, then announce the deploy", session_id="s")
+    code = h.record("one-time deploy code 123456", session_id="s", expires_at=START + timedelta(minutes=10))
+    clock.advance(30)
+    live = h.context("deploy", session_id="s")
+    assert [e.section for e in live.manifest if e.id == pinned.id] == ["pinned"] and code.id not in live.ids
+
+    # a budget for one line: the pin takes it, as it did live
+    report = whatif.replay(h, "s", whatif.Policy("a"), whatif.Policy("one line", context_budget=30))
+
+    assert report.a.recorded_kept == pytest.approx(1.0)
+    for build in (report.a.builds[0], report.b.builds[0]):
+        assert pinned.id in build.ids and pinned.id in build.working_ids
+        assert code.id not in build.ids  # its TTL ended before the build, live and replayed
+    h.close()
+
+
+def test_a_tracked_recall_replays_its_hits_not_a_recall_without_its_filters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = Clock()
+    h = _open(clock)
+    other = h.record("apple pie recipe", session_id="s1")
+    found = h.record("apple stock price", session_id="s2")
+    clock.advance(1)
+    assert [r.id for r in h.recall("apple", k=5, session_id="s2")] == [found.id]
+    clock.advance(1)
+    h.context("apple", session_id="s2")
+    offline: list[Harness] = []
+
+    class Offline(Harness):  # the replay's own harnesses, kept to read their access counts
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            offline.append(self)
+
+    monkeypatch.setattr(whatif, "Harness", Offline)
+    whatif.replay(h, "s2", whatif.Policy("a"), whatif.Policy("b"))
+
+    assert len(offline) == 2
+    for replayed in offline:
+        held = replayed.store.get_many([other.id, found.id])
+        # the live recall returned the s2 memory alone (the build accessed both): the replay counts the
+        # same accesses, not those of a recall without the session filter
+        assert held[found.id].access_count == h.store.get(found.id).access_count == 2
+        assert held[other.id].access_count == h.store.get(other.id).access_count == 1
+    h.close()

@@ -4,12 +4,14 @@ A user tuning the policy asks "what would my agent have seen?". :func:`replay` a
 traffic: it reads one session's log from a harness (never writing to it), and re-runs it through the real
 pager and context builder of a fresh in-memory harness, once per :class:`Policy`, on the recorded clock:
 
-- each ``add`` is recorded again at its recorded time (its content and scope as they are now, its vector
-  copied when the live store holds one, so no model runs for it): every memory of the tenant recorded up to
-  the session's last build (a build recalls across sessions), or with ``reach="session"`` the session's own;
+- each ``add`` is recorded again at its recorded time (its content, scope and TTL as they are now, pinned
+  when it was recorded pinned, its vector copied when the live store holds one, so no model runs for it):
+  every memory of the tenant recorded up to the session's last build (a build recalls across sessions), or
+  with ``reach="session"`` the session's own;
 - ``pin`` / ``unpin`` / ``forget`` of those memories, a person's archive / set value / tier move (the
-  scorer learns from them as it did live), and tracked recalls (``retrieve``: access counts and
-  promotions), are applied again; where the recorded clock jumps by the pager's idle time, a ``tick()`` runs;
+  scorer learns from them as it did live), and tracked recalls (``retrieve``: the recorded hits' access
+  counts and promotions), are applied again; where the recorded clock jumps by the pager's idle time, a
+  ``tick()`` runs;
 - each ``context`` build of the session is built again (same query, scope and budget unless the policy sets
   another budget), and each ``output`` that cited a build credits the replayed build's lines it cites, so
   values learn from citations as they did live.
@@ -33,6 +35,7 @@ shared-scope writes, compression by an LLM summarizer (the replay compresses ext
 from __future__ import annotations
 
 import builtins
+import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta
@@ -46,9 +49,10 @@ from clawvm.core.errors import ValidationError
 from clawvm.core.model import Memory, Status, Tier
 from clawvm.core.vectors import directed_only
 from clawvm.harness import Harness
+from clawvm.harness.fields import HARNESS_METADATA
 from clawvm.observe.learning import intervene
 from clawvm.observe.lens import record_output
-from clawvm.store import Event
+from clawvm.store import Event, PinBudgetError
 from clawvm.store.crypto import REDACTION_FIELD
 from clawvm.store.kinds import EventKind
 from clawvm.store.memory import MemoryStore
@@ -56,7 +60,21 @@ from clawvm.vm.context import Context, clip, short_id
 from clawvm.vm.tiers import PagerConfig
 
 #: fields of a live memory that a replayed record keeps (the harness sets the rest: tier, value, version)
-_RECORDED_FIELDS = ("kind", "state", "session_id", "task_id", "agent_id", "tool_name", "tags", "metadata")
+_RECORDED_FIELDS = (
+    "kind",
+    "state",
+    "session_id",
+    "task_id",
+    "agent_id",
+    "tool_name",
+    "tags",
+    "metadata",
+    "expires_at",  # a one-time code expires in the replay as it did live, and leaves its prompts
+)
+#: metadata only the live harness sets (the redaction mark, compression pointers, a review): a record
+#: carrying one is refused, and the offline harness sets its own (a compressed memory replays with its
+#: compressed text; its raw copy, internal, is not replayed)
+_HARNESS_ONLY = frozenset({REDACTION_FIELD, *HARNESS_METADATA})
 _EVENT_PAGE = 1000
 _WORKING_SECTIONS = frozenset({"pinned", "working"})
 Reach = Literal["tenant", "session"]
@@ -215,6 +233,7 @@ class SessionLog:
     events: tuple[Event, ...]
     needed: Mapping[int, frozenset[str]]  # context seq -> what that build needed
     recorded: Mapping[int, frozenset[str]]  # context seq -> what that build held
+    pinned: frozenset[str] = frozenset()  # the memories recorded pinned (``record(pinned=True)``)
 
 
 def read_session(
@@ -257,7 +276,23 @@ def read_session(
     # is refused by record and attach_vectors, failing the whole replay; its memory replays lexical-only,
     # as live search (which cosine never finds it by) treats it
     vectors = directed_only(live.store.vectors_of(list(memories)))
-    return SessionLog(session_id, memories, vectors, events, needed, recorded)
+    return SessionLog(
+        session_id, memories, vectors, events, needed, recorded, _recorded_pinned(log, memories)
+    )
+
+
+def _recorded_pinned(log: Sequence[Event], memories: Mapping[str, Memory]) -> frozenset[str]:
+    """The memories recorded pinned, read from the whole log (a pin logs no event of its own when it is
+    made by ``record``, and its ``add`` event does not say so): one whose first pin or unpin is an unpin
+    was pinned before it; one with neither is pinned now only if it was recorded so. Not seen: a pin made
+    by record and dropped with no unpin event (the memory archived, expired or rolled back since)."""
+    first: dict[str, EventKind | str] = {}
+    for e in log:
+        if e.kind in (EventKind.PIN, EventKind.UNPIN) and e.memory_id is not None and e.memory_id in memories:
+            first.setdefault(e.memory_id, e.kind)
+    unpinned_first = {i for i, kind in first.items() if kind == EventKind.UNPIN}
+    never_moved = {i for i, m in memories.items() if m.pinned and i not in first}
+    return frozenset(unpinned_first | never_moved)
 
 
 def _no_build(session_id: str) -> ValidationError:
@@ -318,13 +353,13 @@ def run_policy(log: SessionLog, policy: Policy, embedder: Embedder | None, live:
         clock.at = event.at
         added = log.memories.get(event.memory_id or "") if event.kind == EventKind.ADD else None
         if added is not None:
-            _record(offline, added, log.vectors.get(added.id))
+            _record(offline, added, log.vectors.get(added.id), pinned=added.id in log.pinned)
         elif event.kind in (EventKind.PIN, EventKind.UNPIN, EventKind.FORGET):
             _apply_manual(offline, event)
         elif event.kind == EventKind.MANUAL and event.data.get("action") in _PERSON_ACTIONS:
             _apply_person(offline, event)
         elif event.kind == EventKind.RETRIEVE:
-            offline.recall(str(event.data.get("query", "")), k=int(event.data.get("k", 10)))
+            _access(offline, event)
         elif event.kind == EventKind.CONTEXT and event.seq is not None:
             ctx = _build(offline, event, policy)
             contexts[event.seq] = ctx
@@ -397,11 +432,18 @@ class _MemoEmbedder:
         return self._queries[text]
 
 
-def _record(offline: Harness, memory: Memory, vector: np.ndarray | None) -> None:
+def _record(offline: Harness, memory: Memory, vector: np.ndarray | None, *, pinned: bool) -> None:
     fields = {name: getattr(memory, name) for name in _RECORDED_FIELDS}
-    # the live write path's redaction mark is its own to set: the replay records the redacted text as is
-    fields["metadata"] = {k: v for k, v in memory.metadata.items() if k != REDACTION_FIELD}
-    offline.record(memory.content, id=memory.id, embedding=vector, **fields)
+    # the redaction mark is the live write path's: the replay records the redacted text as is
+    fields["metadata"] = _recordable(memory.metadata)
+    try:
+        offline.record(memory.content, id=memory.id, embedding=vector, pinned=pinned, **fields)
+    except PinBudgetError:  # the policy's working budget holds fewer pins: this one stays unpinned in it
+        offline.record(memory.content, id=memory.id, embedding=vector, **fields)
+
+
+def _recordable(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in metadata.items() if k not in _HARNESS_ONLY}
 
 
 def _import(offline: Harness, memories: builtins.list[Memory], vectors: Mapping[str, np.ndarray]) -> None:
@@ -409,10 +451,7 @@ def _import(offline: Harness, memories: builtins.list[Memory], vectors: Mapping[
     with their live vectors; ``memories`` is emptied."""
     if not memories:
         return
-    copies = [
-        m.model_copy(update={"metadata": {k: v for k, v in m.metadata.items() if k != REDACTION_FIELD}})
-        for m in memories
-    ]
+    copies = [m.model_copy(update={"metadata": _recordable(m.metadata)}) for m in memories]
     offline.import_memories(copies, restore=True)  # the live store's own memories: a restore, not an upload
     with_vector = [m.id for m in memories if m.id in vectors]
     if with_vector:
@@ -425,11 +464,29 @@ def _apply_manual(offline: Harness, event: Event) -> None:
     if not offline.store.get_many([memory_id]):
         return  # a manual action on a memory recorded before the session's first event
     if event.kind == EventKind.PIN:
-        offline.pin(memory_id)
+        with contextlib.suppress(PinBudgetError):  # the policy's working budget holds fewer pins
+            offline.pin(memory_id)
     elif event.kind == EventKind.UNPIN:
         offline.unpin(memory_id)
     else:
         offline.forget(memory_id)
+
+
+def _access(offline: Harness, event: Event) -> None:
+    """A tracked recall, as the live harness took it: its recorded hits (those the offline harness holds
+    active, as a recall finds them) accessed at its recorded time, promotions included, with its event.
+    Its hits, not a new recall: the event keeps no filters nor preset, and a recall without them counted
+    (and promoted) memories the live one never returned."""
+    now = offline.now()
+    ids = [str(hit.get("id")) for hit in event.data.get("hits", [])]
+    held = offline.store.get_many(ids)
+    hits = [held[i] for i in ids if i in held and _recallable(held[i], now)]
+    retrieved = Event(kind=EventKind.RETRIEVE, tenant=offline.tenant, at=now, data=dict(event.data))
+    offline.working.warm(hits, now, [retrieved])  # written now: the replay's passes run at its builds
+
+
+def _recallable(memory: Memory, now: datetime) -> bool:
+    return memory.status is Status.ACTIVE and (memory.expires_at is None or memory.expires_at > now)
 
 
 #: a person's dashboard actions replayed as such (pins and unpins come as their own events)
