@@ -11,8 +11,10 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -360,6 +362,103 @@ def test_http_bad_keys_take_the_unauthenticated_limit(tmp_path: Path) -> None:
             codes = [httpx.post(f"{url}/mcp", json=hello, headers=accept, timeout=30) for _ in range(3)]
             assert [r.status_code for r in codes] == [401, 401, 429], [r.text for r in codes]
             assert codes[2].json()["error"]["code"] == "rate_limited" and codes[2].headers["retry-after"]
+    finally:
+        store.close()
+
+
+@contextmanager
+def engine_held(store: Any, limit_s: float = 30.0) -> Iterator[threading.Event]:
+    """The store engine's lock held by a thread of its own (a stand-in for a long store call: an import, a
+    long recall) until the block ends, or ``limit_s`` at most; the event yielded is set as it lets go, so a
+    reply seen while it is unset came while the lock was held."""
+    held, release, released = threading.Event(), threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with store._lock:
+            held.set()
+            release.wait(limit_s)
+            released.set()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert held.wait(30)
+    try:
+        yield released
+    finally:
+        release.set()
+        holder.join(30)
+
+
+def test_http_an_unknown_key_is_looked_up_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An MCP request's key, not cached, was read from the store on the event loop: while a long store call
+    held the engine's lock, /healthz (and every other request of the server) waited for it too."""
+    store = store_from_url(str(tmp_path / "busy.db"))
+    app = create_app(store, embedder=None, settings=ServerSettings(rate_per_s=0), mcp=True)
+    looking_up = threading.Event()
+    find = store.find_credentials
+
+    def noted_find(*args: Any, **kwargs: Any) -> Any:
+        looking_up.set()
+        return find(*args, **kwargs)
+
+    monkeypatch.setattr(store, "find_credentials", noted_find)
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    unknown = "cvm_0123456789ab_" + "x" * 32  # well-formed: looked up, never cached
+    headers = {"Accept": "application/json, text/event-stream", "X-API-Key": unknown}
+    answers: dict[str, httpx.Response] = {}
+    try:
+        with serve_app(app) as url:
+            with engine_held(store) as released:
+                asking = threading.Thread(
+                    target=lambda: answers.update(mcp=httpx.post(f"{url}/mcp", json=hello, headers=headers)),
+                    daemon=True,
+                )
+                asking.start()
+                assert looking_up.wait(30)
+                health = httpx.get(f"{url}/healthz", timeout=60)
+                assert health.status_code == 200 and not released.is_set()  # answered while still held
+            asking.join(30)
+            assert answers["mcp"].status_code == 401, answers["mcp"].text
+    finally:
+        store.close()
+
+
+def test_http_a_new_tenants_harness_is_made_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tenant's first MCP call made its harness (which reads the store) on the event loop: while a long
+    store call held the engine's lock, /healthz waited for it too."""
+    store = store_from_url(str(tmp_path / "busy.db"))
+    app = create_app(store, embedder=None, settings=ServerSettings(rate_per_s=0), mcp=True)
+    service = app.state.service
+    agent = service.keyring.create("new", "agent", "first call")[1]  # cached: checked from memory
+    making = threading.Event()
+    make = service.harness_for
+
+    def noted_make(tenant: str) -> Any:
+        making.set()
+        return make(tenant)
+
+    monkeypatch.setattr(service, "harness_for", noted_make)
+    listed: dict[str, Any] = {}
+    try:
+        with serve_app(app) as url:
+            newcomer = Mounted(url, {"new": agent}, app)
+
+            async def first_call() -> None:
+                async with newcomer.client("new") as client:
+                    listed.update(ok(await client.call_tool("list_memories", {})))
+
+            with engine_held(store) as released:
+                calling = threading.Thread(target=lambda: run(first_call), daemon=True)
+                calling.start()
+                assert making.wait(30)
+                health = httpx.get(f"{url}/healthz", timeout=60)
+                assert health.status_code == 200 and not released.is_set()  # answered while still held
+            calling.join(60)
+            assert listed == {"memories": [], "total": 0}
     finally:
         store.close()
 
