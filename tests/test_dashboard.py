@@ -132,6 +132,53 @@ def test_a_what_if_is_bounded_in_size_and_runs_one_at_a_time(tmp_path: Path) -> 
         assert client.get("/dashboard/api/whatif", params=own, headers=auth).status_code == 200
 
 
+def test_one_tenants_first_lens_build_holds_up_no_other_tenants_dashboard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lens was built under the module's lock, which every dashboard request takes: a large tenant's
+    first dashboard request (its whole event log and rows read) stopped every other tenant's until done."""
+    from clawvm.dashboard import routes
+
+    go, building, built = threading.Event(), threading.Event(), threading.Event()
+    made: list[str] = []
+
+    class HeldLens(Lens):
+        """Tenant a's build waits for ``go`` (60 s at most): a stand-in for a long one."""
+
+        def __init__(self, harness: Any) -> None:
+            made.append(harness.tenant)
+            if harness.tenant == "a":
+                building.set()
+                go.wait(60)
+                built.set()
+            super().__init__(harness)
+
+    monkeypatch.setattr(routes, "Lens", HeldLens)
+    app = create_app(tmp_path / "t.db", embedder=None)
+    with TestClient(app) as client:
+        ring = app.state.service.keyring
+        auth = {t: _auth(ring.create(t, "read-only", f"reader of {t}")[1]) for t in ("a", "b")}
+        assert client.get("/dashboard/api/sessions", headers=auth["b"]).status_code == 200  # b's lens built
+        answers: list[httpx.Response] = []
+
+        def ask_as_a() -> None:
+            answers.append(client.get("/dashboard/api/sessions", headers=auth["a"]))
+
+        tenant_a = [threading.Thread(target=ask_as_a) for _ in range(2)]
+        for thread in tenant_a:
+            thread.start()
+        try:
+            assert building.wait(60)
+            assert client.get("/dashboard/api/sessions", headers=auth["b"]).status_code == 200
+            assert not built.is_set()  # b answered while a's build was still held
+        finally:
+            go.set()
+            for thread in tenant_a:
+                thread.join(60)
+    assert [r.status_code for r in answers] == [200, 200]
+    assert made == ["b", "a"]  # each tenant's lens built once, a's two requests sharing one build
+
+
 def test_api_serves_every_view(small: tuple[TestClient, Harness, dict[str, str]]) -> None:
     client, _, keys = small
     auth = _auth(keys["read-only"])

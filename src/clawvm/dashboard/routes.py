@@ -57,16 +57,36 @@ STATIC = {
 }
 
 _lenses: weakref.WeakKeyDictionary[Harness, Lens] = weakref.WeakKeyDictionary()
-_lenses_lock = threading.Lock()
+#: a harness whose lens is being built -> the lock its builder holds (its other requests wait on it)
+_builds: weakref.WeakKeyDictionary[Harness, threading.Lock] = weakref.WeakKeyDictionary()
+_lenses_lock = threading.Lock()  # guards the two dicts, never a build
 
 
 def lens_for(harness: Harness) -> Lens:
-    """One :class:`Lens` per open harness, built on first use and then kept up to date incrementally."""
+    """One :class:`Lens` per open harness, built on first use and then kept up to date incrementally.
+
+    A build reads the tenant's whole event log and rows: it holds its harness's own lock (a tenant's
+    lens is built once), not the module's, which every dashboard request of every tenant takes (held
+    through a large tenant's first build, it stopped all the others' dashboards)."""
     with _lenses_lock:
         lens = _lenses.get(harness)
-        if lens is None:
-            lens = _lenses[harness] = Lens(harness)
-        return lens
+        if lens is not None:
+            return lens
+        build = _builds.setdefault(harness, threading.Lock())
+    with build:
+        return _built(harness)
+
+
+def _built(harness: Harness) -> Lens:
+    """The lens of ``harness``, built unless a request that held its build lock first built it."""
+    with _lenses_lock:
+        lens = _lenses.get(harness)
+    if lens is None:
+        lens = Lens(harness)
+        with _lenses_lock:
+            _lenses[harness] = lens
+            _builds.pop(harness, None)  # later requests find the lens: the lock is no longer needed
+    return lens
 
 
 class ValueBody(BaseModel):
