@@ -742,7 +742,7 @@ def _rest_collapse(w: RestWorld) -> tuple[str, Any]:
 
 
 def _rest_import(w: RestWorld) -> tuple[str, Any]:
-    memory = build_memory({"content": PLANTED, "tenant": "acme"})
+    memory = build_memory({"content": PLANTED, "tenant": "acme", "created_at": w.clock()})  # the server's now
     return "/v1/memories/import", {"memories": [memory.model_dump(mode="json")]}
 
 

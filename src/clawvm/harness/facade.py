@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
@@ -63,6 +63,8 @@ from clawvm.core.model import (
 from clawvm.core.redact import RedactionPolicy
 from clawvm.harness import assembly, importing
 from clawvm.harness.fields import (
+    AHEAD_OF_CLOCK_FIX,
+    ahead_of_clock,
     keeping_harness_metadata,
     leaves_the_prompt,
     named_id,
@@ -149,8 +151,6 @@ PRELOADED_SESSIONS = 8192
 #: Tries of a forget, compress or decompress whose memory keeps changing under it (each a pager pass or
 #: another writer racing it).
 RACE_RETRIES = 5
-#: how far after the harness's clock a new memory's ``created_at`` may be (another machine's clock)
-CLOCK_SKEW = timedelta(days=1)
 
 
 class _MovedOn(Exception):
@@ -1506,14 +1506,10 @@ class Harness:
             )
 
     def _refuse_future(self, created_at: datetime) -> None:
-        """A new memory made after the harness's clock by more than :data:`CLOCK_SKEW` is refused: taken,
-        2999-01-01 (or 2062 typed for 2026) stayed the newest memory and at full recency for good."""
-        if created_at > self.now() + CLOCK_SKEW:
-            raise ValidationError(
-                "created_at",
-                f"is {created_at:%Y-%m-%d %H:%M} UTC, after the harness's clock ({self.now():%Y-%m-%d})",
-                "pass when it happened, or leave it out for now (clocks a day apart are taken)",
-            )
+        """A new memory made after the harness's clock (by more than :data:`CLOCK_SKEW`) is refused."""
+        problem = ahead_of_clock(created_at, self.now())
+        if problem is not None:
+            raise ValidationError("created_at", problem, AHEAD_OF_CLOCK_FIX)
 
     def _refuse_expired(self, memory: Memory) -> None:
         """A memory whose TTL ran out stays out: a change would bring back text it promised to forget."""

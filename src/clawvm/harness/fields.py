@@ -5,6 +5,7 @@ text drops, a pin's tier and status, and the ids a caller must name."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
 from clawvm.core.errors import ValidationError
@@ -62,6 +63,20 @@ def refuse_expiring_by_hand(changes: Mapping[str, Any]) -> None:
             "cannot be set to expired: only a TTL ends that way, and an expired memory never comes back",
             "set expires_at to expire it for good, or status='archived' to put it away reversibly",
         )
+
+
+#: how far after the harness's clock a new memory's ``created_at`` may be (another machine's clock)
+CLOCK_SKEW = timedelta(days=1)
+#: what to do about a ``created_at`` after the clock
+AHEAD_OF_CLOCK_FIX = "pass when it happened, or leave it out for now (clocks a day apart are taken)"
+
+
+def ahead_of_clock(created_at: datetime, now: datetime) -> str | None:
+    """What is wrong with a new memory's ``created_at`` after ``now`` by more than :data:`CLOCK_SKEW`, else
+    None: taken, 2999-01-01 (or 2062 typed for 2026) stayed the newest memory, at full recency, for good."""
+    if created_at > now + CLOCK_SKEW:
+        return f"is {created_at:%Y-%m-%d %H:%M} UTC, after the harness's clock ({now:%Y-%m-%d})"
+    return None
 
 
 def named_id(field: str, value: object, fix: str) -> str:

@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from clawvm.core.embed import count_tokens
 from clawvm.core.errors import ConflictError, StateConflictError, ValidationError
 from clawvm.core.model import Link, Memory, Status, Tier, canonical_json
+from clawvm.harness.fields import AHEAD_OF_CLOCK_FIX, ahead_of_clock
 from clawvm.store import Event, PinBudgetError, Store
 from clawvm.store.kinds import EventKind
 from clawvm.store.tenant import TenantStore
@@ -26,6 +28,8 @@ from clawvm.write.redaction import Redactor
 #: How often an import reads which of its ids are stored and writes the rest, when another writer stored
 #: some of them in between (two imports of one file, side by side)
 IMPORT_RETRIES = 5
+#: How many ids of a parent loop an import's refusal shows (a loop of a whole run trace is long)
+LOOP_SHOWN = 6
 
 
 class ImportHost(teams.TeamHost, Protocol):
@@ -65,6 +69,8 @@ def import_memories(h: ImportHost, engine: Store, given: Iterable[Memory], resto
             raise ValidationError(
                 f"memories.{i}", f"is a {type(m).__name__}", "pass Memory objects (Memory.model_validate)"
             )
+    now = h.now()  # one instant: the memories of one import given no created_at are made together
+    given = [_dated(m, now) for m in given]
     memories = given
     if isinstance(engine, TenantStore):  # a tenant imports into its own tenant, whoever exported
         memories = [
@@ -81,11 +87,14 @@ def import_memories(h: ImportHost, engine: Store, given: Iterable[Memory], resto
     # this tenant or renamed would never open again
     written_as_new: set[int] = set()  # a restore keeps what did not move as it was; what moved is a write
     for i, (m, was) in enumerate(zip(memories, given, strict=True)):
+        _check_created(h, i, m)  # a restore too: a backup's 2099 topped every listing all the same
         moved = (m.tenant, m.id) != (was.tenant, was.id)
         if not restore or moved:
             check(h, i, m, moved)
             written_as_new.add(i)
     _check_parents(h, memories, written_as_new)
+    _check_loops(h, memories)
+    memories = _expired_as_recorded(memories, written_as_new, now)
     # what a restore gives back unmoved is this store's own, as it was (the version of its last change,
     # which a caller's expected_version is checked against; the token counts of the harness's records);
     # anything else is a write
@@ -162,6 +171,53 @@ def check(h: ImportHost, index: int, memory: Memory, moved: bool = False) -> Non
     _check_sealed(h, index, memory, moved)
 
 
+def _dated(memory: Memory, now: datetime) -> Memory:
+    """``memory``, made ``now`` (the harness's clock) where the caller gave no ``created_at``, as record()
+    dates a new memory: the model's default, the machine's clock, was taken for a date ahead of the
+    harness's clock (one set to the past: a replay, a test) and refused."""
+    return (
+        memory if "created_at" in memory.model_fields_set else memory.model_copy(update={"created_at": now})
+    )
+
+
+def _check_created(h: ImportHost, index: int, memory: Memory) -> None:
+    """``memory``'s ``created_at`` is not after the harness's clock (by more than the skew record() takes):
+    imported, 2099-01-01 stayed the newest memory of every listing and context for good. Refused as the
+    clock's state (a 409 over REST): the same import is taken once the clock has passed that time, and a
+    request the spec describes is not malformed for a date no schema can bound."""
+    problem = ahead_of_clock(memory.created_at, h.now())
+    if problem is not None:
+        raise StateConflictError(f"memories.{index}.created_at", problem, AHEAD_OF_CLOCK_FIX)
+
+
+def _expired_as_recorded(memories: list[Memory], writes: set[int], now: datetime) -> list[Memory]:
+    """``memories`` with each active one of ``writes`` (indices) past its ``expires_at`` (one that expired
+    before it was made among them) stored expired, in the archive tier and unpinned, as record() stores
+    such a memory: imported active and pinned, it held its session's pinned budget until a sweep. The
+    archived raw copies of its earlier texts among ``writes`` expire with it, as tick() expires them (a
+    memory stored expired is never swept: they stayed in reads of archived memories for good). A restore
+    keeps what did not move as it was: the backup's round trip is exact, and tick() sweeps it."""
+    due = {
+        (m.tenant, m.id)
+        for i, m in enumerate(memories)
+        if i in writes and m.status is Status.ACTIVE and m.expires_at is not None and m.expires_at <= now
+    }
+    if not due:
+        return memories
+    return [_expired(m, due) if i in writes else m for i, m in enumerate(memories)]
+
+
+def _expired(memory: Memory, due: set[tuple[str, str]]) -> Memory:
+    """``memory`` as stored when the memories ``due`` (tenant, id) expire: expired itself, or a raw copy
+    of one of them."""
+    if (memory.tenant, memory.id) in due:
+        return memory.model_copy(update={"status": Status.EXPIRED, "tier": Tier.ARCHIVE, "pinned": False})
+    raw_of = memory.metadata.get("raw_of")
+    if memory.status is Status.ARCHIVED and isinstance(raw_of, str) and (memory.tenant, raw_of) in due:
+        return memory.model_copy(update={"status": Status.EXPIRED})
+    return memory
+
+
 def _check_parents(h: ImportHost, memories: list[Memory], checked: set[int]) -> None:
     """Each ``checked`` memory's parent is in the import or stored in its tenant, as record() requires (an
     import stored dangling parents that a write refuses, and the run trace lost their children)."""
@@ -180,6 +236,67 @@ def _check_parents(h: ImportHost, memories: list[Memory], checked: set[int]) -> 
                 f"names no memory of the import or of tenant {m.tenant!r} ({m.parent_id})",
                 "import the parent with it, or leave parent_id out",
             )
+
+
+def _check_loops(h: ImportHost, memories: list[Memory]) -> None:
+    """No parent chain of the import comes back to a memory it writes: none is its own parent, and none
+    descends from itself through others of the import or stored ones (record() and update() refuse both;
+    an import stored them, and a run trace walking up from such a memory never reached its root). A loop
+    of the file alone is a bad file (a 422); one through stored memories, the store's state (a 409).
+
+    A memory already stored is skipped by the import: its stored parent is the one that holds. Each chain
+    is walked once: one that reached a root, or a loop of stored memories only, is not walked again."""
+    stored = h.store.get_many([m.id for m in memories])
+    written = {(m.tenant, m.id): i for i, m in enumerate(memories) if m.id not in stored}
+    parents: dict[tuple[str, str], str | None] = {
+        (m.tenant, m.id): m.parent_id for m in memories if (m.tenant, m.id) in written
+    }
+    parents.update({(m.tenant, m.id): m.parent_id for m in stored.values()})
+    settled: set[tuple[str, str]] = set()
+    for start in written:
+        path: list[tuple[str, str]] = []
+        step: tuple[str, str] | None = start
+        while step is not None and step not in settled and step not in path:
+            path.append(step)
+            step = _parent_of(h, step, parents)
+        if step is not None and step in path:
+            _refuse_loop(memories, written, path[path.index(step) :])
+        settled.update(path)
+
+
+def _parent_of(
+    h: ImportHost, key: tuple[str, str], parents: dict[tuple[str, str], str | None]
+) -> tuple[str, str] | None:
+    """The (tenant, id) of the parent of memory ``key`` (tenant, id), of the import or stored (read once
+    into ``parents``); None for a root, or a parent neither holds (:func:`_check_parents` judges those)."""
+    if key not in parents:
+        found = h.store.get_many([key[1]]).get(key[1])
+        parents[key] = found.parent_id if found is not None and found.tenant == key[0] else None
+    parent = parents[key]
+    return None if parent is None else (key[0], parent)
+
+
+def _refuse_loop(
+    memories: list[Memory], written: dict[tuple[str, str], int], loop: list[tuple[str, str]]
+) -> None:
+    """Refuse the import for ``loop`` (each memory's parent is the next, the last's the first), naming its
+    first memory in the import's order; a loop of stored memories alone is the store's (the import writes
+    none of it), left as it is."""
+    mine = sorted(written[key] for key in loop if key in written)
+    if not mine:
+        return
+    index = mine[0]
+    fix = "name the memory it follows from (not itself or one of its descendants), or leave parent_id out"
+    if len(loop) == 1:
+        raise ValidationError(f"memories.{index}.parent_id", "is the memory's own id (a cycle)", fix)
+    memory = memories[index]
+    first = loop.index((memory.tenant, memory.id))
+    chain = [key[1] for key in loop[first:] + loop[:first]]
+    shown = " -> ".join([*chain, chain[0]] if len(chain) <= LOOP_SHOWN else [*chain[:LOOP_SHOWN], "..."])
+    problem = f"{memory.parent_id} descends from this memory (a cycle: {shown})"
+    if len(mine) < len(loop):  # through stored memories: the store's state, as update() refuses it
+        raise StateConflictError(f"memories.{index}.parent_id", problem, fix)
+    raise ValidationError(f"memories.{index}.parent_id", problem, fix)
 
 
 def _check_pins(h: ImportHost, pinned: list[tuple[int, Memory]]) -> None:
