@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawvm import ConfigError, Filters, Harness, Memory, Status
+from clawvm import ConfigError, Filters, Harness, Kind, Memory, Status
 from clawvm.core.lexical import Analyzer
 from clawvm.recall.retrieval import (
     CHANNELS,
@@ -197,6 +197,24 @@ def test_equal_scores_rank_the_newest_first_on_every_engine(lexical_harness: Har
         theirs = [same.index(i) for i, _ in reference.store.query(ask).context]
         ours = [ids.index(i) for i, _ in h.store.query(replace(ask, filters=h.filters({}))).context]
         assert ours == theirs and theirs[0] > 250
+
+
+def test_a_checkpoint_snapshot_answers_a_recall_only_when_agent_state_is_asked_for(
+    lexical_harness: Harness,
+) -> None:
+    """A snapshot holds the JSON of a whole session: a recall of archived (or any) status matched it by
+    the words of any memory in it, and answered raw snapshot JSON as a hit."""
+    h = lexical_harness
+    m = h.record("the apple orchard ships on mondays", session_id="s1")
+    h.update(m.id, status="archived")
+    h.checkpoint("s1", "before the harvest")
+    for status in ("archived", "any"):
+        hits = h.recall("apple orchard mondays", k=5, status=status, track=False)
+        assert [hit.id for hit in hits] == [m.id], status
+    hits = h.recall("memories", k=5, status="any", track=False)  # a word of its JSON
+    assert [hit.memory.kind for hit in hits] in ([], [Kind.NOTE])  # (the note: the session's neighbour)
+    [snapshot] = h.recall("memories", k=5, status="any", kind="agent_state", track=False)  # asked for
+    assert snapshot.memory.content_type == "application/json"
 
 
 def conversation(h: Harness) -> dict[str, Memory]:

@@ -82,12 +82,12 @@ from clawvm.core.errors import (
     ValidationError,
 )
 from clawvm.core.ids import is_valid_id
-from clawvm.core.model import Memory
+from clawvm.core.model import Memory, is_snapshot
 from clawvm.recall.retrieval import Recalled
 from clawvm.store.base import StoreReader
 from clawvm.vm import checkpoint as checkpoints
 from clawvm.vm.checkpoint import RollbackReport
-from clawvm.vm.context import Context, is_snapshot, short_id
+from clawvm.vm.context import Context, short_id
 from clawvm.vm.tiers import Pager
 
 log = logging.getLogger("clawvm.agents.tools")

@@ -959,3 +959,19 @@ def flag(name: str, v: Any) -> bool:
     if not isinstance(v, bool):
         raise ValidationError(name, f"is {v!r}", "pass True or False")
     return v
+
+
+#: The tag of checkpoint snapshots (:mod:`clawvm.vm.checkpoint`), which no prompt and no recall shows.
+CHECKPOINT_TAG = "checkpoint"
+
+
+def is_snapshot(memory: Memory) -> bool:
+    """Whether ``memory`` is a checkpoint's snapshot (:mod:`clawvm.vm.checkpoint`): its kind and tag, and
+    the JSON content and metadata that ``take`` writes. Kind and tag alone also matched an agent's own
+    state tagged "checkpoint", which then refused every change and never reached a prompt."""
+    return (
+        memory.kind is Kind.AGENT_STATE
+        and CHECKPOINT_TAG in memory.tags
+        and memory.content_type == "application/json"
+        and {"checkpoint", "memories"} <= memory.metadata.keys()
+    )

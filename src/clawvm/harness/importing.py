@@ -16,13 +16,12 @@ from typing import Any, Protocol
 
 from clawvm.core.embed import count_tokens
 from clawvm.core.errors import ConflictError, StateConflictError, ValidationError
-from clawvm.core.model import Link, Memory, Status, Tier, canonical_json
+from clawvm.core.model import Link, Memory, Status, Tier, canonical_json, is_snapshot
 from clawvm.harness.fields import AHEAD_OF_CLOCK_FIX, ahead_of_clock
 from clawvm.store import Event, PinBudgetError, Store
 from clawvm.store.kinds import EventKind
 from clawvm.store.tenant import TenantStore
 from clawvm.teams import shared as teams
-from clawvm.vm.context import is_snapshot
 from clawvm.write.redaction import Redactor
 
 #: How often an import reads which of its ids are stored and writes the rest, when another writer stored

@@ -40,7 +40,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from clawvm.core.errors import ConfigError
-from clawvm.core.model import Filters, Memory
+from clawvm.core.model import Filters, Kind, Memory, is_snapshot
 from clawvm.store import CandidateInfo, Query, QueryResult
 from clawvm.store.base import StoreReader
 
@@ -496,9 +496,18 @@ def _fetch_best(store: StoreReader, scores: dict[str, float], k: int, filters: F
         ranked = _best_first(scores, asked + k - len(kept))
         batch = ranked[asked:]
         found = store.get_many([i for i, _ in batch])
-        kept += [_Fetched(i, s, found[i]) for i, s in batch if i in found and filters.matches(found[i])]
+        kept += [_Fetched(i, s, found[i]) for i, s in batch if i in found and _answers(found[i], filters)]
         asked = len(ranked)
     return kept
+
+
+def _answers(memory: Memory, filters: Filters) -> bool:
+    """Whether a fetched match may answer: the filters still take it, and it is no checkpoint's snapshot
+    unless they ask for agent state by kind. A snapshot holds the JSON of a whole session, so the words
+    of any of its memories matched it: recalls of archived (or any) status answered raw snapshot JSON."""
+    if not filters.matches(memory):
+        return False
+    return not is_snapshot(memory) or (filters.kind is not None and Kind.AGENT_STATE.value in filters.kind)
 
 
 def run_recall(

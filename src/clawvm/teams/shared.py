@@ -75,6 +75,7 @@ from clawvm.core.model import (
     counted,
     derived,
     flag,
+    is_snapshot,
     moved_on,
     normalize_content,
     refuse_internal,
@@ -87,7 +88,7 @@ from clawvm.store.base import PinBudget, StoreReader
 from clawvm.store.crypto import REDACTION_FIELD
 from clawvm.store.kinds import EventKind
 from clawvm.vm.compress import referenced_raw
-from clawvm.vm.context import is_snapshot, short_id
+from clawvm.vm.context import short_id
 from clawvm.vm.tiers import Pager, Unchanged
 from clawvm.write.commit import Recorder, past_bookkeeping
 

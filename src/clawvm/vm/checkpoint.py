@@ -35,6 +35,7 @@ from pydantic import ValidationError as ShapeError
 from clawvm.core.errors import ConflictError, NotFoundError, ValidationError
 from clawvm.core.model import (
     CHAIN_LINKS,
+    CHECKPOINT_TAG,
     REPLACED_BY,
     Filters,
     Kind,
@@ -48,13 +49,13 @@ from clawvm.core.model import (
     build_memory,
     canonical_json,
     describe_pattern,
+    is_snapshot,
     revalidate,
 )
 from clawvm.store import Event
 from clawvm.store.base import PinBudget, PinBudgetError, StoreReader
 from clawvm.store.kinds import CREATING_KINDS, EventKind
 from clawvm.vm.compress import decompress_memory, raw_text_back
-from clawvm.vm.context import CHECKPOINT_TAG, is_snapshot
 from clawvm.vm.tiers import Pager
 from clawvm.write.commit import Writer
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from clawvm.core.model import Kind, Memory, Status, within
+from clawvm.core.model import Memory, Status, is_snapshot, within
 
 SECTIONS = ("pinned", "working", "retrieved")
 #: the fewest words a memory's text repeats for the repeat to add no line: a short answer said again
@@ -127,10 +127,6 @@ def line_tokens(memory: Memory, count_tokens: Callable[[str], int]) -> int:
     return count_tokens(label(memory)) + memory.token_count
 
 
-#: The tag of checkpoint snapshots (:mod:`clawvm.vm.checkpoint`).
-CHECKPOINT_TAG = "checkpoint"
-
-
 def admissible(memory: Memory, now: datetime) -> bool:
     """Whether ``memory`` may be in a prompt built at ``now`` (see the module docstring)."""
     if memory.status is not Status.ACTIVE:
@@ -142,16 +138,6 @@ def admissible(memory: Memory, now: datetime) -> bool:
     return not is_snapshot(memory)
 
 
-def is_snapshot(memory: Memory) -> bool:
-    """Whether ``memory`` is a checkpoint's snapshot (:mod:`clawvm.vm.checkpoint`): its kind and tag, and
-    the JSON content and metadata that ``take`` writes. Kind and tag alone also matched an agent's own
-    state tagged "checkpoint", which then refused every change and never reached a prompt."""
-    return (
-        memory.kind is Kind.AGENT_STATE
-        and CHECKPOINT_TAG in memory.tags
-        and memory.content_type == "application/json"
-        and {"checkpoint", "memories"} <= memory.metadata.keys()
-    )
 
 
 @dataclass(frozen=True, slots=True)
