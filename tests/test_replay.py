@@ -381,6 +381,24 @@ def test_a_pin_made_at_record_time_and_a_ttl_replay() -> None:
     h.close()
 
 
+def test_a_pin_made_by_record_and_dropped_since_without_an_unpin_still_replays_pinned() -> None:
+    """Archiving unpins in the same write, with no unpin event: read from the pins alone, a memory
+    recorded pinned and archived since looked never pinned, and its build replayed without it pinned.
+    The add event says it was recorded pinned."""
+    clock = Clock()
+    h = _open(clock)
+    rule = h.record("deploy rule: always use blue-green", session_id="s", pinned=True)
+    assert h.events(memory_id=rule.id)[0].data["pinned"] is True
+    clock.advance(1)
+    assert [e.section for e in h.context("deploy", session_id="s").manifest] == ["pinned"]
+    clock.advance(1)
+    h.update(rule.id, status="archived")  # unpinned with it
+    assert not h.get(rule.id).pinned and [e.kind for e in h.events(memory_id=rule.id)] == ["add", "update"]
+    report = whatif.replay(h, "s", whatif.Policy("a"), whatif.Policy("b"))
+    assert rule.id in report.a.builds[0].working_ids and report.a.recorded_kept == pytest.approx(1.0)
+    h.close()
+
+
 def test_a_tracked_recall_replays_its_hits_not_a_recall_without_its_filters(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

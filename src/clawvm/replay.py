@@ -282,17 +282,18 @@ def read_session(
 
 
 def _recorded_pinned(log: Sequence[Event], memories: Mapping[str, Memory]) -> frozenset[str]:
-    """The memories recorded pinned, read from the whole log (a pin logs no event of its own when it is
-    made by ``record``, and its ``add`` event does not say so): one whose first pin or unpin is an unpin
-    was pinned before it; one with neither is pinned now only if it was recorded so. Not seen: a pin made
-    by record and dropped with no unpin event (the memory archived, expired or rolled back since)."""
+    """The memories recorded pinned (a pin made by ``record`` logs no pin event): their ``add`` says so.
+    A log written before adds said it is read from the pins: one whose first pin or unpin is an unpin
+    was pinned before it; one with neither is pinned now only if it was recorded so (not seen there: a
+    pin made by record and dropped with no unpin event, the memory archived, expired or rolled back)."""
+    said = {e.memory_id or "" for e in log if e.kind == EventKind.ADD and e.data.get("pinned") is True}
     first: dict[str, EventKind | str] = {}
     for e in log:
         if e.kind in (EventKind.PIN, EventKind.UNPIN) and e.memory_id is not None and e.memory_id in memories:
             first.setdefault(e.memory_id, e.kind)
     unpinned_first = {i for i, kind in first.items() if kind == EventKind.UNPIN}
     never_moved = {i for i, m in memories.items() if m.pinned and i not in first}
-    return frozenset(unpinned_first | never_moved)
+    return frozenset(i for i in said | unpinned_first | never_moved if i in memories)
 
 
 def _no_build(session_id: str) -> ValidationError:

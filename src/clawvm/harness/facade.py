@@ -463,9 +463,10 @@ class Harness:
         as_agent: str | None = None,
     ) -> Memory:
         memory, vector, text = self._new_memory(content, embedding, fields, as_agent)
-        added = self._make_event(
-            EventKind.ADD, memory, {"kind": memory.kind.value, "tier": memory.tier.value}
-        )
+        data: dict[str, Any] = {"kind": memory.kind.value, "tier": memory.tier.value}
+        if memory.pinned:  # a replay pins it from the start, as it was (no pin event says so)
+            data["pinned"] = True
+        added = self._make_event(EventKind.ADD, memory, data)
         rows = None if vector is None else vector[None, :]
         try:
             memory = self.working.admit(memory, rows, added, self.now())

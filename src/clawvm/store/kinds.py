@@ -93,6 +93,7 @@ def kind_of(text: str) -> EventKind | str:
 class AddData(TypedDict):
     kind: str
     tier: str
+    pinned: NotRequired[bool]  # recorded pinned (a pin made by record logs no pin event); absent: not
 
 
 class UpdateData(TypedDict):
@@ -298,6 +299,16 @@ def missing_keys(kind: EventKind | str, data: dict[str, Any]) -> list[str]:
     """The required keys of ``kind``'s payload that ``data`` lacks (empty for an unknown kind)."""
     if not isinstance(kind, EventKind):
         return []
-    payload = PAYLOADS[kind]
-    required: frozenset[str] = getattr(payload, "__required_keys__", frozenset())
-    return sorted(k for k in required if k not in data)
+    return sorted(k for k in _required_keys(PAYLOADS[kind]) if k not in data)
+
+
+def _required_keys(payload: Any) -> list[str]:
+    """The keys of a payload not marked ``NotRequired``. Its ``__required_keys__`` cannot say: under
+    ``from __future__ import annotations`` the marks are text, which Python 3.11's TypedDict does not
+    read (every key counted as required)."""
+    hints: dict[str, Any] = getattr(payload, "__annotations__", {})
+    return [
+        k
+        for k, hint in hints.items()
+        if not getattr(hint, "__forward_arg__", str(hint)).startswith("NotRequired[")
+    ]
