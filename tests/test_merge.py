@@ -582,10 +582,37 @@ def test_merge_options_are_checked_by_name(lexical: Harness) -> None:
         ("Timeout is 30 s", "Timeout is 60 s", True),
         ("Use the blue button", "Use the blue button please", False),
         ("Do not cache tokens", "Tokens must not be cached", False),
+        # each of these was taken for one statement, and merged into whichever was newest
+        ("Never disable TLS verification", "Disable TLS verification", True),  # two negations, not one
+        ("Refunds can't exceed 500 EUR", "Refunds can exceed 500 EUR", True),
+        ("The payment API isn\u2019t idempotent", "The payment API is idempotent", True),
+        ("Set the retry offset to -5 seconds", "Set the retry offset to 5 seconds", True),
+        ("Refund limit 500 EUR and fee 20 EUR", "Refund limit 20 EUR and fee 500 EUR", True),
+        ("Stop the worker before the migration", "Don't stop the worker before the migration", True),
+        ("Enable TLS on the gateway", "Disable TLS on the gateway", True),
+        # and the same statement said twice still is one
+        ("Don't deploy on fridays", "Do not deploy on fridays", False),
+        ("Released on 2026-01-05 after review", "Released 2026-01-05 after the review", False),
+        ("Retry 3 times, wait 3 seconds", "Wait 3 seconds, retry 3 times", False),
     ],
 )
 def test_contradiction_signal(a: str, b: str, expected: bool) -> None:
     assert contradicts(a, b) is expected
+
+
+def test_near_duplicates_that_say_the_opposite_are_never_merged(lexical: Harness) -> None:
+    """The newest member of a merge survives: "Disable TLS verification" became the team's memory in place
+    of "Never disable TLS verification"."""
+    lexical.grant("pay", "planner", write=True)
+    said = [
+        "Never disable TLS verification on the payment gateway",
+        "Disable TLS verification on the payment gateway",
+    ]
+    made = [
+        teams.record(lexical, text, agent_id="planner", team_id="pay", kind="knowledge") for text in said
+    ]
+    assert merge_team(lexical, team_id="pay").merged == []
+    assert [lexical.get(m.id).content for m in made] == said
 
 
 @settings(max_examples=200, deadline=None)

@@ -90,10 +90,17 @@ class MergeHost(TeamHost, Protocol):
 
 
 _ANALYZER = Analyzer()
-_NEGATION = re.compile(
-    r"\b(not|no|never|don't|dont|avoid|without|instead|disable[ds]?|stop|forbid\w*)\b", re.I
+#: Words that turn a statement around; what counts is their parity ("never disable X" turns twice).
+_NEGATORS = re.compile(
+    r"\b(?:not|no|never|none|nothing|nobody|neither|nor|cannot|dont|without)\b|n['\u2019]t\b", re.I
 )
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+#: Words that ask for one thing rather than its opposite: two texts with different ones of these ("enable
+#: X" and "disable X", "avoid X" and "use X instead") say different things.
+_STANCES = re.compile(
+    r"\b(?:avoid\w*|instead|disabl\w*|enabl\w*|stop\w*|start\w*|forbid\w*|allow\w*|deny\w*)\b", re.I
+)
+#: A number with its sign (a minus that is no hyphen: "-5 seconds", not "2026-01-05").
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?|\d+(?:\.\d+)?")
 #: Namespace of the conflict notes' ids (see conflict_note_id).
 _CONFLICT_NAMESPACE = uuid.UUID("9b7e1f3c-2a64-4d0b-8f51-6c3e2d1a7b90")
 
@@ -643,11 +650,20 @@ def _subject(m: Memory) -> str | None:
 
 
 def contradicts(a: str, b: str) -> bool:
-    """A cheap contradiction signal: a negation in one text only, or different numbers in both."""
-    if bool(_NEGATION.search(a)) != bool(_NEGATION.search(b)):
+    """A cheap contradiction signal: one text negated and the other not (by the parity of their negations:
+    "can't", "isn't" and "never disable" count), different stances ("enable" and "disable"), or different
+    numbers in both, in order and with their signs ("-5" is not "5"; "limit 500, fee 20" is not "limit 20,
+    fee 500")."""
+    if len(_NEGATORS.findall(a)) % 2 != len(_NEGATORS.findall(b)) % 2:
         return True
-    na, nb = set(_NUMBER.findall(a)), set(_NUMBER.findall(b))
+    if _stances(a) != _stances(b):
+        return True
+    na, nb = _NUMBER.findall(a), _NUMBER.findall(b)
     return bool(na and nb and na != nb)
+
+
+def _stances(text: str) -> set[str]:
+    return {word.lower()[:5] for word in _STANCES.findall(text)}  # "disables", "disabled": one stance
 
 
 def flag_conflicts(h: MergeHost, cfg: MergeConfig, report: MergeReport, team_id: str | None = None) -> None:
