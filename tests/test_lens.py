@@ -930,3 +930,20 @@ def test_a_lens_of_no_harness_or_of_no_memory_is_refused_by_name() -> None:
             with pytest.raises(ValidationError) as exc:
                 Lens(h).contexts_of(bad)  # type: ignore[arg-type]
             assert exc.value.field == "memory_id"
+
+
+def test_a_tier_set_by_update_is_a_move_the_lens_counts(h: Harness, clock: ReplayClock) -> None:
+    """update(tier="archive") logged only its update: the eviction, its regret once the memory was
+    recalled, and the tier timeline all missed it, while the same move by the pager or the dashboard
+    counted."""
+    m = h.record("alpha database migration checklist for the payments service", session_id="s1")
+    h.update(m.id, tier="archive")
+    [move] = [e for e in h.events(memory_id=m.id) if e.kind == "archive"]
+    assert (move.data["from"], move.data["to"], move.data["reason"]) == ("working", "archive", "update")
+    h.update(m.id, tags=["checked"])  # no tier change: no move
+    assert [e.kind for e in h.events(memory_id=m.id)] == ["add", "update", "archive", "update"]
+    clock.now = clock.now + timedelta(minutes=5)
+    h.recall("alpha database migration checklist", k=1)
+    h.flush()
+    metrics = Lens(h).metrics()
+    assert metrics["evictions"] == 1 and [r["id"] for r in metrics["regretted"]] == [m.id]

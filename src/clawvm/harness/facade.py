@@ -576,7 +576,8 @@ class Harness:
         event = self._make_event(
             EventKind.UPDATE, updated, {"fields": sorted(changes), "version": updated.version}
         )
-        events = [event, *teams.review_events(current, updated, event.at)]
+        tier_moved = self.pager.move_events(current, updated, "update", event.at)
+        events = [event, *teams.review_events(current, updated, event.at), *tier_moved]
         return self.writer.write([updated], None, events, requires=requires)[0]
 
     @_exclusive

@@ -408,6 +408,19 @@ class Pager:
                 continue
         raise ConflictError(memories[0].id, None, None)  # they kept changing, each try
 
+    def move_events(self, before: Memory, after: Memory, reason: str, now: datetime) -> list[Event]:
+        """The tier move of a change that sets the tier itself (``update(tier=...)``), as the pager logs its
+        own moves, to be written with the change: MemLens counts evictions, their regret and the tier
+        timeline from these, and an update's move was missing from all three. None when the tier stays."""
+        if after.tier is before.tier:
+            return []
+        was = value(before, now, self.config.scoring)
+        return [
+            _move_event(
+                _move_kind(before.tier, after.tier), before, after.tier, was, after.value, reason, now
+            )
+        ]
+
     def move(self, memory: Memory, to: Tier, reason: str, now: datetime, **options: Any) -> Memory:
         """Store ``memory`` in tier ``to`` and log the move (kind promote/demote/archive); ``options`` as
         :meth:`moved` takes them (``bookkeeping``, and fields to change with the move). ``bookkeeping``:
@@ -441,13 +454,8 @@ class Pager:
             return {**changes, "tier": to}
 
         def moved_event(current: Memory, after: Memory) -> Event:
-            kind = (
-                EventKind.ARCHIVE
-                if to is Tier.ARCHIVE
-                else (EventKind.PROMOTE if ORDER.index(to) < ORDER.index(current.tier) else EventKind.DEMOTE)
-            )
             before = value(current, now, self.config.scoring)
-            return _move_event(kind, current, to, before, after.value, reason, now, current.tier)
+            return _move_event(_move_kind(current.tier, to), current, to, before, after.value, reason, now)
 
         self.give_way()
         stored = self.mutate(memory, tier_to, now, event=moved_event, bookkeeping=bookkeeping)
@@ -847,6 +855,12 @@ def unless_forgotten(step: Callable[[], _R]) -> _R | None:
         if exc.actual is None:  # no longer stored
             return None
         raise
+
+
+def _move_kind(from_tier: Tier, to: Tier) -> EventKind:
+    if to is Tier.ARCHIVE:
+        return EventKind.ARCHIVE
+    return EventKind.PROMOTE if ORDER.index(to) < ORDER.index(from_tier) else EventKind.DEMOTE
 
 
 def _move_event(
