@@ -26,6 +26,7 @@ from clawvm.teams.merge import (
     MergeConfig,
     components,
     contradicts,
+    failure_groups,
     merge_team,
 )
 from clawvm.vm.context import short_id
@@ -613,6 +614,32 @@ def test_near_duplicates_that_say_the_opposite_are_never_merged(lexical: Harness
     ]
     assert merge_team(lexical, team_id="pay").merged == []
     assert [lexical.get(m.id).content for m in made] == said
+
+
+def test_an_error_alike_to_two_pitfalls_fuses_neither(lexical: Harness) -> None:
+    """A payment timeout, alike to a ledger timeout and to a stripe failure, linked the two pitfalls and
+    fused them: the ledger lesson left guidance, and its count went to the stripe failure. It joins the
+    one it is most alike to; each pitfall keeps its own failure."""
+    lexical.grant("pay", "planner", write=True)
+    ledger = "Payment request to ledger service failed: connection timeout after 30 seconds"
+    stripe = "Payment request to stripe service failed: webhook signature invalid"
+    for n, text in enumerate([ledger, ledger, stripe, stripe]):
+        teams.record(lexical, text, agent_id="planner", team_id="pay", kind="error", task_id=f"t{n}")
+    assert len(merge_team(lexical, team_id="pay").knowledge) == 2
+    bridge = "Payment request to stripe service failed: connection timeout"
+    teams.record(lexical, bridge, agent_id="planner", team_id="pay", kind="error", task_id="t9")
+    assert merge_team(lexical, team_id="pay").merged == []
+    pitfalls = {m.metadata["samples"][0]: m for m in lexical.list(team_id="pay", kind="knowledge")}
+    assert set(pitfalls) == {ledger, stripe}
+    assert pitfalls[ledger].metadata["samples"] == [ledger, bridge]  # joined the timeout it is most like
+    assert pitfalls[stripe].metadata["synthesized"]["occurrences"] == 2
+
+
+def test_failure_groups_join_an_error_to_one_pitfall_group_only() -> None:
+    # items: 0, 1 pitfalls (unrelated); 2 an error alike to both; 3 an error alike to 2; 4 a lone error
+    is_error = [False, False, True, True, True]
+    assert failure_groups(is_error, [(0, 2), (1, 2), (1, 3), (2, 3)]) == [[0], [1, 2, 3], [4]]
+    assert failure_groups(is_error, [(0, 1), (0, 2)]) == [[0, 1, 2], [3], [4]]  # pitfalls alike: merged
 
 
 @settings(max_examples=200, deadline=None)

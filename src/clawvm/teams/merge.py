@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import re
 import uuid
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -489,12 +489,13 @@ def synthesize_errors(
         items = [m for m in group if m.kind is Kind.ERROR or PITFALL_TAG in m.tags]
         if not any(m.kind is Kind.ERROR for m in items):
             continue
-        # a pitfall is compared through every error text it keeps as a sample, not only its summary
+        # a pitfall is compared through the error texts it keeps as samples, not its summary: summaries share
+        # their wording ("Recurring error (seen 2 times): ..."), which made two unrelated pitfalls alike
         views: list[str] = []
         owner: list[int] = []  # view -> item (views are in item order)
         first_view: dict[int, int] = {}  # item -> its own text's view
         for n, m in enumerate(items):
-            own = [m.content, *(m.metadata.get("samples", []) if m.kind is Kind.KNOWLEDGE else [])]
+            own = [m.content] if m.kind is Kind.ERROR else (m.metadata.get("samples") or [m.content])
             first_view[n] = len(views)
             for text in dict.fromkeys(own):
                 views.append(text)
@@ -502,10 +503,7 @@ def synthesize_errors(
         sim = Similarity(h, views)
         linked = sim.pairs(cfg.cluster_lexical, cfg.cluster_dense)
         pairs = sorted({(owner[i], owner[j]) for i, j in linked if owner[i] != owner[j]})
-        singles = [[i] for i, m in enumerate(items) if m.kind is Kind.ERROR]
-        comps = components(len(items), pairs)
-        clustered = {i for comp in comps for i in comp}
-        for comp in comps + [s for s in singles if s[0] not in clustered]:
+        for comp in failure_groups([m.kind is Kind.ERROR for m in items], pairs):
             errors = [items[i] for i in comp if items[i].kind is Kind.ERROR]
             pitfalls = [items[i] for i in comp if items[i].kind is Kind.KNOWLEDGE]
             if len(pitfalls) > 1:  # one failure, worded apart until now: one pitfall from here on
@@ -521,6 +519,32 @@ def synthesize_errors(
                 central = owner[_central(sim, [first_view[i] for i in comp if items[i].kind is Kind.ERROR])]
                 ordered = [items[central]] + [e for e in errors if e is not items[central]]
                 _new_pitfall(h, ordered, synth, report)
+
+
+def failure_groups(is_error: Sequence[bool], pairs: Sequence[tuple[int, int]]) -> list[list[int]]:
+    """The groups of items (errors and pitfalls, by index) that each stand for one failure: pitfalls alike by
+    their own texts (one failure worded apart, to be merged), with the errors alike to them; errors alike to
+    no pitfall, among themselves. An error, with the errors alike to it, joins one pitfall group only, the
+    one it has most links to: an error alike to two unrelated pitfalls (a payment timeout, like both a
+    ledger timeout and a stripe failure) linked them, and the two lessons were fused into one."""
+    alike = [(i, j) for i, j in pairs if is_error[i] == is_error[j]]
+    group_of = {i: tuple(g) for g in components(len(is_error), alike) for i in g}
+    for i in range(len(is_error)):
+        group_of.setdefault(i, (i,))
+    joined = {group_of[i]: list(group_of[i]) for i in range(len(is_error)) if not is_error[i]}
+    apart: list[list[int]] = []
+    for errors in sorted({group_of[i] for i in range(len(is_error)) if is_error[i]}):
+        links: Counter[tuple[int, ...]] = Counter()
+        for i, j in pairs:
+            for e, p in ((i, j), (j, i)):
+                if e in errors and not is_error[p]:
+                    links[group_of[p]] += 1
+        if links:
+            best = max(links, key=lambda g: (links[g], -g[0]))
+            joined[best] += errors
+        else:
+            apart.append(list(errors))
+    return sorted([sorted(g) for g in joined.values()] + apart)
 
 
 def _occurrences(errors: Iterable[Memory]) -> int:
