@@ -29,7 +29,7 @@ from clawvm.observe.learning import intervene
 from clawvm.store import Query, Store
 from clawvm.teams import shared as teams
 from clawvm.vm.tiers import PagerConfig, TierBudgets
-from engines import harness_target, make_store
+from engines import engine_of, harness_target, make_store
 from refusals import events_refused
 
 T0 = datetime(2030, 3, 1, 9, 0, tzinfo=UTC)
@@ -1071,6 +1071,104 @@ def test_a_merged_duplicate_of_a_conflict_side_is_shown_only_with_its_conflict(l
     for budget in (30, 40, 60, 300):
         shown = lexical.guidance("writer", "refund method original card store credit", budget).ids
         assert not shown or note.id in shown, budget
+
+
+# ---- the conflict mark is the harness's --------------------------------------------------------------------
+def _two_teams(h: Harness) -> tuple[Memory, Memory]:
+    """Mallory may write team ``t`` only; alice's decision in team ``secret`` and mallory's own in ``t``."""
+    h.grant("t", "mallory", write=True)
+    h.grant("secret", "alice", write=True)
+    decision = {"kind": "decision", "scope": "team"}
+    victim = h.record("Secret team decision: freeze payouts", agent_id="alice", team_id="secret", **decision)
+    mine = h.record("Payouts continue", agent_id="mallory", team_id="t", **decision)
+    return victim, mine
+
+
+def _sides(*sides: Memory) -> dict[str, Any]:
+    return {"ids": [m.id for m in sides], "roots": [m.id for m in sides], "subject": "payouts"}
+
+
+def test_only_the_harness_marks_a_conflict_and_merge_team_still_flags_one(lexical: Harness) -> None:
+    """An agent with a write grant on one team recorded a note tagged ``conflict`` naming another team's
+    decision as a side: it waited in the review queue, and the lead who resolved it rejected that decision.
+    The mark is set by merge_team() (as the application) only: a record, update or revision setting or
+    changing it is refused; merge_team's own notes are flagged and resolved as before."""
+    victim, mine = _two_teams(lexical)
+    forged = dict(kind="note", agent_id="mallory", team_id="t", scope="team")
+    attempts = (
+        ("metadata.conflict", dict(tags=["conflict"], metadata={"conflict": _sides(mine, victim)})),
+        ("metadata.conflict", dict(metadata={"conflict": _sides(mine, victim)})),
+        ("tags", dict(tags=["conflict"])),
+    )
+    for field, extra in attempts:
+        with pytest.raises(ValidationError) as exc:
+            lexical.record("Conflict on 'payouts': pick one", **{**forged, **extra})  # type: ignore[arg-type]
+        assert exc.value.field == field and "merge_team()" in exc.value.problem
+        with pytest.raises(ValidationError):  # nor through the teams helper
+            teams.record(lexical, "Conflict on 'payouts'", **{**forged, **extra})  # type: ignore[arg-type]
+    with pytest.raises(ValidationError) as exc:  # a tenant-wide note without agent is no harness either
+        lexical.record("Conflict on 'payouts'", kind="note", tags=["conflict"])
+    assert exc.value.field == "tags"
+    plain = lexical.record("Payouts: pick one", **forged)  # type: ignore[arg-type]
+    for field, change in (
+        ("metadata.conflict", {"metadata": {"conflict": _sides(mine, victim)}}),
+        ("tags", {"tags": ["conflict"]}),
+    ):
+        with pytest.raises(ValidationError) as exc:
+            lexical.update(plain.id, as_agent="mallory", **change)
+        assert exc.value.field == field
+        with pytest.raises(ValidationError) as exc:
+            lexical.revise(plain.id, agent_id="mallory", **change)
+        assert exc.value.field == field
+    assert lexical.review_queue(agent_id="mallory") == [] and teams.open_conflicts(lexical) == []
+
+    from clawvm.teams.merge import merge_team
+
+    lexical.grant("t", "bob", write=True)
+    about = {"metadata": {"subject": "payouts"}, "team_id": "t", "scope": "team"}
+    theirs = lexical.record("Payouts stop on Fridays", kind="decision", agent_id="bob", **about)
+    lexical.update(mine.id, as_agent="mallory", metadata={"subject": "payouts"})
+    assert merge_team(lexical, team_id="t").conflicts
+    (note,) = teams.open_conflicts(lexical)
+    assert set(teams.conflict_choices(note)) == {mine.id, theirs.id}
+    # no writer re-points the harness's note at another team's memory (an update, a revision)
+    repointed = {"metadata": {**note.metadata, "conflict": _sides(mine, victim)}}
+    for change in (lexical.update, lexical.revise):
+        with pytest.raises(ValidationError) as exc:
+            change(note.id, **repointed)
+        assert exc.value.field == "metadata.conflict"
+    assert lexical.store.get(note.id) == note
+    assert lexical.resolve_conflict(note.id, keep=mine.id, by="lead").id == mine.id
+    assert lexical.get(theirs.id).status is Status.OBSOLETE and teams.open_conflicts(lexical) == []
+    assert lexical.get(victim.id) == victim
+
+
+def test_a_conflict_note_forged_below_the_write_path_rejects_nothing(lexical: Harness) -> None:
+    """A note written past the write path (an older version, a backup edited by hand) naming another team's
+    memory as a side: resolving, approving or rejecting it is refused before anything is written, as it
+    is no note merge_team() flags (those share their sides' readers), which still resolve."""
+    victim, mine = _two_teams(lexical)
+    mallorys = {"kind": "note", "agent_id": "mallory", "team_id": "t", "scope": "team"}  # mine's readers
+    plain = lexical.record("Conflict on 'payouts': pick one", **mallorys)
+    note = plain.model_copy(
+        update={"tags": ["conflict"], "metadata": {"conflict": _sides(mine, victim)}, "version": 2}
+    )
+    engine_of(lexical).put(note)
+    assert note.id in ids(lexical.review_queue(agent_id="mallory"))
+    for keep in (mine.id, victim.id):
+        with pytest.raises(StateConflictError) as exc:
+            lexical.resolve_conflict(note.id, keep=keep, by="lead")
+        assert exc.value.field == "conflict_id" and victim.id in exc.value.problem
+    for review in (lexical.approve, lexical.reject):
+        with pytest.raises(StateConflictError) as exc:
+            review(note.id, by="lead")
+        assert exc.value.field == "memory_id" and victim.id in exc.value.problem
+    assert lexical.get(victim.id) == victim and lexical.get(mine.id) == mine
+    assert lexical.store.get(note.id) == note
+    lexical.forget(note.id)  # what the refusal's fix says
+    a, b, real = _conflicted(lexical)
+    assert lexical.resolve_conflict(real.id, keep=b.id, by="lead").id == b.id
+    assert lexical.get(a.id).status is Status.OBSOLETE
 
 
 def test_a_second_approval_keeps_the_first_and_a_blank_reviewer_is_refused(lexical: Harness) -> None:

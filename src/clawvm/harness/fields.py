@@ -20,18 +20,25 @@ HARNESS_METADATA = {
     **dict.fromkeys(COMPRESSION_METADATA, "compress()"),
     teams.REVIEW_FIELD: "approve() or reject()",
 }
+#: Metadata only the harness's own writes (as the application) set: a conflict's sides, flagged by
+#: merge_team() through record(as_agent=APPLICATION), so record() refuses it in teams.check_write, which
+#: knows the acting agent (refuse_harness_metadata does not).
+APPLICATION_METADATA = {teams.CONFLICT_FIELD: "merge_team()"}
 
 
 def keeping_harness_metadata(current: Memory, changes: dict[str, Any], *, reviewing: bool) -> dict[str, Any]:
     """``changes`` with new ``metadata`` keeping the marks of ``current`` that only the harness sets: the
     compression pointers (compress() and decompress(); dropped, they were the way back to the original
-    text) and the review (approve() and reject(), or the application acting as itself: ``reviewing``;
-    forged by an agent, its low-confidence memory left the review queue). Setting one to another value is
-    a ValidationError."""
+    text), the review (approve() and reject(), or the application acting as itself: ``reviewing``;
+    forged by an agent, its low-confidence memory left the review queue) and a conflict's sides (the
+    application's too: forged, a lead's resolution rejected another team's memory). Setting one to another
+    value is a ValidationError."""
     given = changes.get("metadata")
     if not isinstance(given, Mapping):
         return changes  # no new metadata (or none valid: the validation that follows says so)
     guarded = {k: by for k, by in HARNESS_METADATA.items() if not (reviewing and k == teams.REVIEW_FIELD)}
+    if not reviewing:
+        guarded.update(APPLICATION_METADATA)
     for key, by in guarded.items():
         if key in given and given[key] != current.metadata.get(key):
             raise ValidationError(f"metadata.{key}", f"is set by {by}", "leave it out: the harness keeps it")

@@ -115,7 +115,10 @@ TEAM_KINDS = (Kind.OBSERVATION, Kind.DECISION, Kind.ERROR, Kind.KNOWLEDGE)
 GRANT_TAG = "clawvm:grant"
 #: The acting "agent" of the application's own writes (moderation): checked like a write without agent.
 APPLICATION = "clawvm:application"
+#: The tag of a conflict note (a NOTE): merge_team() sets it, as APPLICATION; no caller may.
 CONFLICT_TAG = "conflict"
+#: The metadata key of a conflict's sides: merge_team() sets it, as APPLICATION; no caller may.
+CONFLICT_FIELD = "conflict"
 PITFALL_TAG = "pitfall"
 RULE_TAG = "rule"
 _GRANT_OWNER = "clawvm:acl"  # the agent grant memories are private to: no real agent reads them
@@ -250,7 +253,17 @@ def check_scope(memory: Memory) -> None:
         raise ValidationError(name, f"is missing for a {memory.scope.value} memory", f"pass {name}=...")
 
 
-def check_write(h: TeamHost, memory: Memory, agent_id: str | None = None) -> None:
+def check_write(
+    h: TeamHost, memory: Memory, agent_id: str | None = None, *, was: Memory | None = None
+) -> None:
+    """Raise :class:`AccessDeniedError` unless ``agent_id`` (default: the memory's own agent) may write
+    ``memory``, as it will be stored (``was``: the stored memory it replaces or revises; None for a new
+    one): :func:`check_access`, and a conflict mark only the harness sets (:func:`refuse_forged_conflict`)."""
+    check_access(h, memory, agent_id)
+    refuse_forged_conflict(memory, agent_id, was)
+
+
+def check_access(h: TeamHost, memory: Memory, agent_id: str | None = None) -> None:
     """Raise :class:`AccessDeniedError` unless ``agent_id`` (default: the memory's own agent) may write
     ``memory``. Writes without an agent, or by :data:`APPLICATION`, are the application's own (seeds,
     fusion, moderation) and allowed. INTERNAL memories are written by this module only."""
@@ -285,8 +298,36 @@ def check_write(h: TeamHost, memory: Memory, agent_id: str | None = None) -> Non
 def check_update(h: TeamHost, before: Memory, after: Memory, agent_id: str | None = None) -> None:
     """An update may go ahead: its writer may write ``before`` and ``after`` (see the module's rule)."""
     refuse_internal(before)
-    check_write(h, before, agent_id)
-    check_write(h, after, agent_id)
+    check_access(h, before, agent_id)
+    check_write(h, after, agent_id, was=before)
+
+
+def _flagged(m: Memory) -> bool:
+    """Whether ``m`` is a conflict note (as open_conflicts(), review queue, resolve_conflict() read it)."""
+    return m.kind is Kind.NOTE and CONFLICT_TAG in m.tags
+
+
+def refuse_forged_conflict(memory: Memory, agent_id: str | None, was: Memory | None = None) -> None:
+    """A conflict mark (the ``conflict`` tag on a note, ``metadata.conflict``) set or changed by any writer
+    but the harness (merge_team() flags as :data:`APPLICATION`) is a :class:`ValidationError`: a note an
+    agent forged naming another team's memory as a side was queued for review, and a lead who resolved it
+    rejected that memory. ``was``: the stored memory ``memory`` replaces or revises, whose mark it may
+    keep as it is (or drop: that closes nothing of another team's, as archiving the note would not)."""
+    if agent_id == APPLICATION:
+        return
+    given = memory.metadata.get(CONFLICT_FIELD, _ABSENT)
+    if given is not _ABSENT and (was is None or given != was.metadata.get(CONFLICT_FIELD, _ABSENT)):
+        raise ValidationError(
+            f"metadata.{CONFLICT_FIELD}",
+            "is set by merge_team() when it flags a conflict",
+            "leave it out: the harness sets it",
+        )
+    if _flagged(memory) and (was is None or not _flagged(was)):
+        raise ValidationError(
+            "tags",
+            f"hold {CONFLICT_TAG!r} on a note: merge_team() flags conflicts",
+            f"leave the {CONFLICT_TAG!r} tag out, or record another kind of memory",
+        )
 
 
 def record(
@@ -577,7 +618,7 @@ def revise(
     if expected_version is not None and moved_on(current, expected_version):
         raise ConflictError(memory_id, expected_version, current.version)
     changes = _revision_changes(h, current, changes)
-    check_write(h, current, agent_id or current.agent_id)
+    check_access(h, current, agent_id or current.agent_id)
     # a revision is kept for good: one that changes nothing would be noise in the chain, so the head is
     # answered as it is (as a PATCH that changes nothing is); after the access checks, so that the answer
     # tells one who may not write nothing of the content
@@ -631,7 +672,9 @@ def _append_revision(
     old, new = build_revision(h, current, changes)
     # the writer must be able to write the revision too: a change of its agent made another agent's
     # private memory (revise_with_retry's change returned agent_id)
-    check_write(h, new, agent_id or current.agent_id)
+    check_access(h, new, agent_id or current.agent_id)
+    # the harness is only the acting agent a caller names, never a memory's own agent_id (as check_access)
+    refuse_forged_conflict(new, agent_id, current)
     event = Event(
         kind=EventKind.REVISE,
         memory_id=new.id,
@@ -667,7 +710,7 @@ def revise_with_retry(
     for attempt in range(attempts):
         # each try: a revision never changes scope or team, but a grant revoked while the tries go on
         # must stop the next one (checked once, a revoked writer's retry landed seconds later)
-        check_write(h, head, agent_id or head.agent_id)
+        check_access(h, head, agent_id or head.agent_id)
         # what revise() refuses, this refuses too (it pinned past the budget, revised a checkpoint's
         # snapshot, and retried a rejected head for seconds before a bare conflict)
         if head.status is Status.OBSOLETE:  # the newest of its chain: rejected or rolled back
@@ -882,6 +925,7 @@ def approve(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str |
     m = latest(h, memory_id)
     if CONFLICT_TAG in m.tags and m.kind is Kind.NOTE:
         _refuse_closed(m)
+        _refuse_foreign_sides(m, side_heads(h, m).values())
         return _close_conflict(h, m, "approved", by, reason or "both sides kept")
     if m.status is Status.OBSOLETE and review_state(m) == "rejected":  # the rejection overturned
         return _set_review(h, m, "approved", by, reason, status=Status.ACTIVE)
@@ -898,6 +942,7 @@ def reject(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str | 
     m = latest(h, memory_id)
     if CONFLICT_TAG in m.tags and m.kind is Kind.NOTE:
         _refuse_closed(m)
+        _refuse_foreign_sides(m, side_heads(h, m).values())
         return _close_conflict(h, m, "rejected", by, reason or "not a conflict")
     if m.status is Status.OBSOLETE and review_state(m) == "rejected":
         return m  # a double click: the first rejection, its reviewer and reason, stand
@@ -962,11 +1007,11 @@ def resolve_conflict(h: TeamHost, conflict_id: str, *, keep: str, by: str | None
     _refuse_closed(note, "conflict_id")
     if not isinstance(keep, str):
         raise ValidationError("keep", f"is a {type(keep).__name__}", "pass the id of the side to keep")
-    sides = conflict_choices(note)
     # a side revised since the conflict was flagged is named by its head too (what the views show now); a
     # forgotten one is no choice
-    kept_heads = {side: latest_if_kept(h, side) for side in sides}
-    sides = [side for side in sides if kept_heads[side] is not None]
+    kept_heads = side_heads(h, note)
+    _refuse_foreign_sides(note, kept_heads.values(), "conflict_id")
+    sides = [side for side, head in kept_heads.items() if head is not None]
     heads = {head.id: side for side, head in kept_heads.items() if head is not None}
     keep = heads.get(keep, keep)
     if keep not in sides:  # the short id the note's text shows (``[1a2b3c4d]``), of a side or its head
@@ -985,6 +1030,28 @@ def resolve_conflict(h: TeamHost, conflict_id: str, *, keep: str, by: str | None
     if (still := h.store.get(conflict_id)).status is Status.ACTIVE:  # no rejection closed it
         _close_conflict(h, still, "resolved", by, f"{keep} kept")
     return kept
+
+
+def side_heads(h: TeamHost, note: Memory) -> dict[str, Memory | None]:
+    """Each side a person can keep of conflict ``note`` -> its chain's head (None: forgotten), which a
+    resolution approves or rejects."""
+    return {side: latest_if_kept(h, side) for side in conflict_choices(note)}
+
+
+def _refuse_foreign_sides(note: Memory, heads: Iterable[Memory | None], field: str = "memory_id") -> None:
+    """:class:`StateConflictError` for a conflict note with a side (``heads``) not shared with the note's
+    readers (:func:`partition_key`): merge_team() flags only memories fused together, in their partition,
+    so such a note was written past the write path (an agent forged one naming another team's memory, and
+    the lead who resolved it rejected that memory). Checked before anything is written. The note's state
+    is what is wrong, not the reviewer's rights: no review of it is sound."""
+    readers = partition_key(note)
+    foreign = next((m for m in heads if m is not None and partition_key(m) != readers), None)
+    if foreign is not None:
+        raise StateConflictError(
+            field,
+            f"conflict {note.id} names {foreign.id}, which its readers do not share (not merge_team()'s)",
+            f"forget the note (harness.forget({note.id!r})); review {foreign.id} on its own if needed",
+        )
 
 
 def _side_of_short_id(given: str, heads: Mapping[str, str]) -> str | None:
