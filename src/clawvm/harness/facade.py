@@ -101,6 +101,7 @@ from clawvm.store.kinds import EventKind
 from clawvm.store.tenant import TenantStore
 from clawvm.teams import shared as teams
 from clawvm.teams.chain import mend_chain_of_forgotten
+from clawvm.teams.forgotten import unquote_forgotten
 from clawvm.teams.guidance import Guidance, build_guidance
 from clawvm.vm import checkpoint as checkpoints
 from clawvm.vm.checkpoint import CheckpointInfo, RollbackReport
@@ -626,6 +627,10 @@ class Harness:
             mend_chain_of_forgotten(self, memory)
         except ClawVMError as exc:  # the forget stands; the chain's earlier revisions stay obsolete
             log.warning("the chain of forgotten memory %s was left as it was: %s", memory.id, exc)
+        try:
+            unquote_forgotten(self, memory)
+        except ClawVMError as exc:  # the forget stands; a note or pitfall still quotes it (logged)
+            log.warning("a team memory still quotes forgotten memory %s: %s", memory.id, exc)
 
     def import_memories(self, memories: Sequence[Memory], *, restore: bool = False) -> int:
         """:meth:`import_renamed`, returning how many memories were written."""

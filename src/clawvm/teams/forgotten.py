@@ -1,0 +1,74 @@
+"""What a forgotten memory leaves in the team memories made from it, taken out so that ``forget`` keeps its
+promise ("delete a memory for good"): a conflict note quotes each side's text, and a pitfall keeps each
+error it was made from as a sample (and quotes the first in its extractive text). Both stayed readable
+after the side or the error was forgotten, the pitfall in every guidance prompt.
+
+The note and the pitfall's head are rewritten through the harness's update (the application's own write,
+with its event); the pitfall's earlier revisions, obsolete, keep what they held when they were replaced.
+"""
+
+from __future__ import annotations
+
+from clawvm.core.model import VISIBLE_STATUSES, Filters, Kind, Memory
+from clawvm.teams.shared import APPLICATION, CONFLICT_FIELD, CONFLICT_TAG, TeamHost, latest_if_kept
+from clawvm.vm.context import short_id
+
+#: What a forgotten memory's text is replaced with.
+FORGOTTEN = "(forgotten)"
+
+
+def unquote_forgotten(h: TeamHost, memory: Memory) -> list[Memory]:
+    """Take ``memory``'s text (as it was before it was forgotten) out of the conflict notes naming it and
+    of the pitfall made from it; returns the memories rewritten."""
+    rewritten = [_unquoted_note(h, note, memory) for note in _notes_naming(h, memory)]
+    pitfall = _pitfall_of(h, memory)
+    if pitfall is not None:
+        rewritten.append(_without_sample(h, pitfall, memory))
+    return [m for m in rewritten if m is not None]
+
+
+def _notes_naming(h: TeamHost, memory: Memory) -> list[Memory]:
+    notes = Filters.of(tenant=h.tenant, kind=Kind.NOTE, tags=[CONFLICT_TAG], status=list(VISIBLE_STATUSES))
+    return [
+        note
+        for note in h.store.iter_all(notes)
+        if memory.id in (note.metadata.get(CONFLICT_FIELD) or {}).get("ids", [])
+    ]
+
+
+def _unquoted_note(h: TeamHost, note: Memory, memory: Memory) -> Memory | None:
+    """``note`` with ``memory``'s excerpt replaced: the note reads "[short id] excerpt <> [short id]
+    excerpt", one side for each of its conflict's ids, in order."""
+    ids = list(note.metadata[CONFLICT_FIELD]["ids"])
+    mark = f"[{short_id(memory.id)}] "
+    start = note.content.find(mark)
+    if start < 0:
+        return None
+    start += len(mark)
+    later = [f" <> [{short_id(i)}] " for i in ids[ids.index(memory.id) + 1 :]]
+    ends = [at for at in (note.content.find(m, start) for m in later) if at >= 0]
+    end = min(ends, default=len(note.content))
+    if note.content[start:end] == FORGOTTEN:
+        return None
+    text = note.content[:start] + FORGOTTEN + note.content[end:]
+    # the review (who closed it, and why) is kept as it is: only the text changes
+    return h.update(note.id, as_agent=APPLICATION, content=text, metadata=note.metadata)
+
+
+def _pitfall_of(h: TeamHost, error: Memory) -> Memory | None:
+    """The head of the pitfall ``error`` was folded into (its ``knowledge_id``), if any is kept."""
+    made_into = error.metadata.get("knowledge_id") if error.kind is Kind.ERROR else None
+    return latest_if_kept(h, made_into) if isinstance(made_into, str) else None
+
+
+def _without_sample(h: TeamHost, pitfall: Memory, error: Memory) -> Memory | None:
+    """``pitfall`` without ``error``'s text among its samples, nor in its text (an extractive pitfall
+    quotes its first sample; one an LLM wrote is left as written)."""
+    said = " ".join(error.content.split())
+    samples = list(pitfall.metadata.get("samples", []))
+    if said not in samples and said not in pitfall.content:
+        return None
+    kept = [s for s in samples if s != said]
+    content = pitfall.content.replace(said, kept[0] if kept else FORGOTTEN)
+    metadata = {**pitfall.metadata, "samples": kept}
+    return h.update(pitfall.id, as_agent=APPLICATION, content=content, metadata=metadata)
