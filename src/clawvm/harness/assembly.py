@@ -25,14 +25,13 @@ import numpy as np
 
 from clawvm.agents import reliability
 from clawvm.core.embed import count_tokens
-from clawvm.core.errors import ConflictError
 from clawvm.core.model import Filters, Memory, Status
 from clawvm.recall.retrieval import RecallConfig, Recalled
 from clawvm.store import Event, PageKey
 from clawvm.store.kinds import EventKind
 from clawvm.vm.context import Candidate, Context, Quotas, pack
 from clawvm.vm.tiers import Pager
-from clawvm.write.commit import Host
+from clawvm.write.commit import Host, logged_with_counts
 
 #: No context line costs fewer tokens than this (its label alone, ``[<short id> <date>] <kind>:``, is
 #: 14-19): how many pinned or working memories one context could hold at most (see :func:`_packable`).
@@ -195,26 +194,25 @@ def _logged_with_usage(
     number. The harness's own bookkeeping: no caller's update conflicts with it, and a memory that moved
     on meanwhile is read again (after ``USAGE_RETRIES`` tries the event is logged alone and the counts
     left as they are)."""
-    for _ in range(USAGE_RETRIES):
-        current = h.store.get_many(ctx.ids)
-        batch = []
-        for m in current.values():
-            # plain copies, no re-validation: the changed values are counters and a timestamp we built
-            change: dict[str, Any] = {
-                "usage": m.usage.model_copy(update={"injected": m.usage.injected + 1}),
-                "version": m.version + 1,
-                # in the prompt is in use (an OS pager's referenced bit): a session whose contexts are built
-                # every half hour was paged out as idle, its working lines never "accessed" otherwise
-                "last_accessed_at": now if m.last_accessed_at is None else max(m.last_accessed_at, now),
-            }
-            if m.id in retrieved:
-                change.update(access_count=m.access_count + 1)
-            changed = m.model_copy(update=change)
-            batch.append(changed.model_copy(update={"value": h.pager.value_now(changed, now)}))
-        try:
-            [seq] = h.writer.commit(batch, [event], bookkeeping=True).event_seqs
-            return seq
-        except ConflictError:
-            continue
-    [seq] = h.writer.log([event])
+    seq = logged_with_counts(h.writer, lambda: _usage_counted(h, ctx, retrieved, now), event, USAGE_RETRIES)
+    if seq is None:
+        [seq] = h.writer.log([event])
     return seq
+
+
+def _usage_counted(h: AssemblyHost, ctx: Context, retrieved: set[str], now: datetime) -> list[Memory]:
+    batch = []
+    for m in h.store.get_many(ctx.ids).values():
+        # plain copies, no re-validation: the changed values are counters and a timestamp we built
+        change: dict[str, Any] = {
+            "usage": m.usage.model_copy(update={"injected": m.usage.injected + 1}),
+            "version": m.version + 1,
+            # in the prompt is in use (an OS pager's referenced bit): a session whose contexts are built
+            # every half hour was paged out as idle, its working lines never "accessed" otherwise
+            "last_accessed_at": now if m.last_accessed_at is None else max(m.last_accessed_at, now),
+        }
+        if m.id in retrieved:
+            change.update(access_count=m.access_count + 1)
+        changed = m.model_copy(update=change)
+        batch.append(changed.model_copy(update={"value": h.pager.value_now(changed, now)}))
+    return batch

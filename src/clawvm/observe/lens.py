@@ -65,6 +65,7 @@ from clawvm.store.kinds import EventKind
 from clawvm.vm.context import Context, short_id
 from clawvm.vm.scoring import ScoringConfig, ValueBreakdown
 from clawvm.vm.tiers import WRITE_RETRIES
+from clawvm.write.commit import logged_with_counts
 
 
 class LensHost(LearningHost, Protocol):
@@ -877,20 +878,21 @@ def _logged_with_credit(
     counted without its event, or the reverse); returns the event's number. The harness's own usage
     stats, as access counts are (no change a reader of a memory must see): a memory that moved on
     meanwhile is read again, and after ``WRITE_RETRIES`` tries :class:`ConflictError`, nothing written."""
-    for _ in range(WRITE_RETRIES):
-        credited = []
+
+    def credited() -> list[Memory]:
+        out = []
         for memory in harness.store.get_many(cited).values():
             # plain copies, no re-validation: the changed values are counters we built
             changed = memory.model_copy(
                 update={"usage": _credited(memory.usage, success), "version": memory.version + 1}
             )
-            credited.append(changed.model_copy(update={"value": harness.pager.value_now(changed, now)}))
-        try:
-            [event_seq] = harness.writer.commit(credited, [event], bookkeeping=True).event_seqs
-            return event_seq
-        except ConflictError:
-            continue
-    raise ConflictError(cited[0], None, None)  # (no cited memory: no write that can conflict)
+            out.append(changed.model_copy(update={"value": harness.pager.value_now(changed, now)}))
+        return out
+
+    event_seq = logged_with_counts(harness.writer, credited, event, WRITE_RETRIES)
+    if event_seq is None:
+        raise ConflictError(cited[0], None, None)  # (no cited memory: no write that can conflict)
+    return event_seq
 
 
 def _credited(u: Usage, success: bool | None) -> Usage:

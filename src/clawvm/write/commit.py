@@ -121,6 +121,22 @@ class Writer(Protocol):
     def identifier(self, value: str, tenant: str) -> str: ...
 
 
+def logged_with_counts(
+    writer: Writer, counted: Callable[[], Sequence[Memory]], event: Event, tries: int
+) -> int | None:
+    """``event`` written with the harness's own counts it makes (``counted()``: the memories as read
+    again, changed), in one commit, so that neither is stored without the other; returns the event's
+    number. A memory that moved on meanwhile makes the counts be read and made again; after ``tries``
+    such conflicts, None and nothing written (the caller logs the event alone, or refuses)."""
+    for _ in range(tries):
+        try:
+            [seq] = writer.commit(counted(), [event], bookkeeping=True).event_seqs
+            return seq
+        except ConflictError:
+            continue
+    return None
+
+
 def _versioned(memory: Memory, bookkeeping: bool, restored: bool = False) -> Memory:
     """``memory`` with the ``changed_version`` its write gives it (see :meth:`CommitPath.write`): a change
     clears it (None: this version), bookkeeping keeps the last change's (the version before this one, when
