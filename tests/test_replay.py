@@ -428,3 +428,19 @@ def test_a_tracked_recall_replays_its_hits_not_a_recall_without_its_filters(
         assert held[found.id].access_count == h.store.get(found.id).access_count == 2
         assert held[other.id].access_count == h.store.get(other.id).access_count == 1
     h.close()
+
+
+def test_an_import_days_after_the_event_before_it_replays_at_its_own_time() -> None:
+    """The replay wrote an import at the previous event's time, and a memory made at the import's time
+    (three days later) was refused as one from the future."""
+    clock = Clock()
+    h = _open(clock)
+    h.record("we ship on fridays only", session_id="s1")
+    clock.advance(72 * 60)
+    with Harness.open("memory://", embedder=None, clock=clock) as other:
+        exported = other.record("the staging database region is eu-west", session_id="s1")
+    h.import_memories([exported])
+    live = h.context("where is the staging database?", budget_tokens=400, session_id="s1")
+    report = whatif.replay(h, "s1", whatif.Policy("a"), whatif.Policy("b"))
+    assert exported.id in live.ids and exported.id in report.a.builds[0].ids
+    h.close()

@@ -341,17 +341,18 @@ def run_policy(log: SessionLog, policy: Policy, embedder: Embedder | None, live:
     builds: list[Build] = []
     idle = timedelta(hours=policy.pager.session_idle_hours)
     imported: list[Memory] = []  # a run of import events, written as the live import wrote it: in one batch
+    imported_at = clock.at
     for event in log.events:
         if event.kind == EventKind.IMPORT:
             found = log.memories.get(event.memory_id or "")
             if found is not None:
                 imported.append(found)
+                imported_at = event.at
             continue
-        _import(offline, imported, log.vectors)
-        if event.at - clock.at >= idle:  # the recorded clock crossed an idle gap: the periodic pass ran
-            clock.at = event.at
-            offline.tick()
-        clock.at = event.at
+        if imported:  # at the import's own time: a memory made after the event before it is no future one
+            _advance(offline, clock, imported_at, idle)
+            _import(offline, imported, log.vectors)
+        _advance(offline, clock, event.at, idle)
         added = log.memories.get(event.memory_id or "") if event.kind == EventKind.ADD else None
         if added is not None:
             _record(offline, added, log.vectors.get(added.id), pinned=added.id in log.pinned)
@@ -431,6 +432,14 @@ class _MemoEmbedder:
         if text not in self._queries:
             self._queries[text] = self.inner.embed_query(text)
         return self._queries[text]
+
+
+def _advance(offline: Harness, clock: _ReplayClock, at: datetime, idle: timedelta) -> None:
+    """The replay's clock set to ``at``; where it crosses an idle gap, the periodic pass runs there."""
+    if at - clock.at >= idle:
+        clock.at = at
+        offline.tick()
+    clock.at = at
 
 
 def _record(offline: Harness, memory: Memory, vector: np.ndarray | None, *, pinned: bool) -> None:
