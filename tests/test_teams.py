@@ -1224,3 +1224,15 @@ def test_retention_whose_event_cannot_be_logged_archives_nothing(tmp_path: Path)
         assert h.get(old.id).status is Status.ACTIVE
         assert ids(teams.apply_retention(h, policy)) == {old.id}
         assert [e.kind for e in h.events(memory_id=old.id)] == ["add", "retention"]
+
+
+def test_a_review_the_application_sets_in_another_state_is_stored_without_a_review_event(
+    lexical: Harness,
+) -> None:
+    """Only approved, rejected and resolved have a review event: a "pending" review set by the
+    application itself (or one with no status) failed the update with an unknown event kind."""
+    m = lexical.record("the deploy key rotates weekly", session_id="s1")
+    for review in ({"status": "pending", "by": "lead"}, {"by": "lead"}):
+        updated = lexical.update(m.id, as_agent=teams.APPLICATION, metadata={"review": review})
+        assert updated.metadata["review"] == review
+    assert [e.kind for e in lexical.events(memory_id=m.id)] == ["add", "update", "update"]

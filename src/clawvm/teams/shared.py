@@ -913,8 +913,18 @@ def review_events(before: Memory, after: Memory, at: datetime) -> list[Event]:
     review = after.metadata.get(REVIEW_FIELD)
     if not isinstance(review, dict) or review == before.metadata.get(REVIEW_FIELD):
         return []
-    kind = EventKind(f"review.{review['status']}")
+    kind = _REVIEW_KINDS.get(str(review.get("status")))
+    if kind is None:  # a review the application set itself in another state ("pending"): no such event
+        return []
     return [Event(kind=kind, memory_id=after.id, tenant=after.tenant, at=at, data=dict(review))]
+
+
+#: The review states that have their own event (approve(), reject(), a conflict's resolution).
+_REVIEW_KINDS = {
+    "approved": EventKind.REVIEW_APPROVED,
+    "rejected": EventKind.REVIEW_REJECTED,
+    "resolved": EventKind.REVIEW_RESOLVED,
+}
 
 
 def approve(h: TeamHost, memory_id: str, *, by: str | None = None, reason: str | None = None) -> Memory:
