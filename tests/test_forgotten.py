@@ -63,3 +63,29 @@ def test_a_forgotten_error_leaves_the_pitfall_made_from_it(h: Harness) -> None:
     [pitfall] = h.list(team_id="pay", kind="knowledge")
     assert pitfall.metadata["samples"] == [OTHER_ERROR] and OTHER_ERROR in pitfall.content
     assert pitfall_id in {pitfall.id, teams.root_id(pitfall)}
+
+
+def test_a_forgotten_error_whose_text_another_error_holds_or_contains_leaves_the_pitfall_whole(
+    h: Harness,
+) -> None:
+    """The text was taken out by string replacement: a kept sample that contains the forgotten one was
+    cut ("..., retry, retry"), and of two errors saying the same, forgetting one removed the sample the
+    other still holds."""
+    texts = [OTHER_ERROR, OTHER_ERROR + ", retry"]
+    made = [
+        teams.record(h, text, agent_id="planner", team_id="pay", kind="error", task_id=f"t{n}")
+        for n, text in enumerate(texts)
+    ]
+    merge_team(h, team_id="pay")
+    [pitfall] = h.list(team_id="pay", kind="knowledge")
+    h.forget(made[0].id)
+    [after] = h.list(team_id="pay", kind="knowledge")
+    assert after.metadata["samples"] == [t for t in pitfall.metadata["samples"] if t != OTHER_ERROR]
+    assert after.content.endswith(texts[1]) and ", retry, retry" not in after.content
+    same = [
+        teams.record(h, SECRET_ERROR, agent_id="planner", team_id="pay", kind="error", task_id=f"s{n}")
+        for n in range(2)
+    ]
+    merge_team(h, team_id="pay")
+    h.forget(same[0].id)
+    assert SECRET_ERROR in str(h.list(team_id="pay", kind="knowledge")[0].metadata["samples"])

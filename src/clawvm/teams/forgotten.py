@@ -10,6 +10,7 @@ with its event); the pitfall's earlier revisions, obsolete, keep what they held 
 from __future__ import annotations
 
 from clawvm.core.model import VISIBLE_STATUSES, Filters, Kind, Memory
+from clawvm.teams.merge import ExtractiveSynthesizer
 from clawvm.teams.shared import APPLICATION, CONFLICT_FIELD, CONFLICT_TAG, TeamHost, latest_if_kept
 from clawvm.vm.context import short_id
 
@@ -62,13 +63,28 @@ def _pitfall_of(h: TeamHost, error: Memory) -> Memory | None:
 
 
 def _without_sample(h: TeamHost, pitfall: Memory, error: Memory) -> Memory | None:
-    """``pitfall`` without ``error``'s text among its samples, nor in its text (an extractive pitfall
-    quotes its first sample; one an LLM wrote is left as written)."""
+    """``pitfall`` without ``error``'s text among its samples, nor in its text, unless another error of
+    the team still stored says the same (samples are kept once each). An extractive pitfall's text is made
+    again from the samples left (it quotes the first); an LLM's is left as written, but for a verbatim
+    quote of the error."""
     said = " ".join(error.content.split())
     samples = list(pitfall.metadata.get("samples", []))
-    if said not in samples and said not in pitfall.content:
+    if (said not in samples and said not in pitfall.content) or _still_said(h, pitfall, error, said):
         return None
     kept = [s for s in samples if s != said]
-    content = pitfall.content.replace(said, kept[0] if kept else FORGOTTEN)
+    synthesized = pitfall.metadata.get("synthesized") or {}
+    if synthesized.get("method") == ExtractiveSynthesizer.name:
+        occurrences = int(synthesized.get("occurrences", len(samples)))
+        content = ExtractiveSynthesizer().synthesize(kept or [FORGOTTEN], occurrences)
+    else:
+        content = pitfall.content.replace(said, FORGOTTEN)
     metadata = {**pitfall.metadata, "samples": kept}
     return h.update(pitfall.id, as_agent=APPLICATION, content=content, metadata=metadata)
+
+
+def _still_said(h: TeamHost, pitfall: Memory, error: Memory, said: str) -> bool:
+    """Whether an error of ``pitfall``'s team other than ``error``, still stored, has the text ``said``."""
+    errors = Filters.of(
+        tenant=h.tenant, kind=Kind.ERROR, team_id=pitfall.team_id, status=list(VISIBLE_STATUSES)
+    )
+    return any(m.id != error.id and " ".join(m.content.split()) == said for m in h.store.iter_all(errors))
