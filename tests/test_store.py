@@ -1604,6 +1604,7 @@ def test_a_store_target_that_names_no_file_is_refused(target: object) -> None:
         ("Memory:", "memory://"),
         ("sqlite:/var/x.db", "sqlite:///var/x.db"),
         ("sqlite:x.db", "sqlite://x.db"),
+        ("sqlite:", "sqlite:///path/to/memories.db"),  # not sqlite://, which names no file either
         ("postgresql:/db", "postgresql://"),
     ],
 )

@@ -127,8 +127,10 @@ def _refuse_mistyped_url(target: str) -> None:
     scheme, rest = match.group(1).lower(), target[match.end() :]
     if scheme == "memory":
         wanted = "memory://"
-    elif scheme in ("sqlite", "file"):
+    elif scheme in ("sqlite", "file") and rest:
         wanted = f"sqlite://{rest}"  # sqlite:/abs/x.db -> sqlite:///abs/x.db; sqlite:x.db -> sqlite://x.db
+    elif scheme in ("sqlite", "file"):
+        wanted = "sqlite:///path/to/memories.db"
     else:
         wanted = "postgresql://USER@HOST/DATABASE"
     raise ConfigError(f"store target {target!r} reads as a file name, not a URL", "db", fix=f"write {wanted}")
