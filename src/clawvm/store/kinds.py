@@ -307,8 +307,7 @@ def _required_keys(payload: Any) -> list[str]:
     ``from __future__ import annotations`` the marks are text, which Python 3.11's TypedDict does not
     read (every key counted as required)."""
     hints: dict[str, Any] = getattr(payload, "__annotations__", {})
+    marked = ("NotRequired[", "typing.NotRequired[")  # as text (a forward reference), or evaluated
     return [
-        k
-        for k, hint in hints.items()
-        if not getattr(hint, "__forward_arg__", str(hint)).startswith("NotRequired[")
+        k for k, hint in hints.items() if not getattr(hint, "__forward_arg__", str(hint)).startswith(marked)
     ]
