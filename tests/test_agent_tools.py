@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clawvm import Harness, Kind, PagerConfig, State, Status, TierBudgets
+from clawvm import Harness, Kind, PagerConfig, State, Status, TierBudgets, ValidationError
 from clawvm.agents.tool_schemas import KindName, StateName
 from clawvm.agents.tools import AgentTools
 from clawvm.vm.compress import SummarizerError
@@ -514,18 +514,6 @@ def test_the_tools_kind_and_state_names_are_the_models() -> None:
     assert set(get_args(StateName)) == {s.value for s in State}
 
 
-def test_a_blank_scope_is_no_scope_for_reads_as_for_writes() -> None:
-    """AgentTools(session_id="   ") recorded memories with no session (a blank scope id is none), then
-    listed session "   " and found none of them."""
-    with Harness.open("memory://", embedder=None) as h:
-        tools = AgentTools(h, session_id="   ")
-        made = tools.dispatch("record_memory", {"content": "the cutover is on Sunday"})
-        assert made["ok"]
-        listed = tools.dispatch("list_memories", {})
-        assert [m["id"] for m in listed["result"]["memories"]] == [made["result"]["id"]]
-        assert tools.dispatch("get_memory", {"memory_id": made["result"]["id"]})["ok"]
-
-
 def test_a_bound_agent_opens_its_own_memories_of_every_session_and_no_other_agents(harness: Harness) -> None:
     """get_memory reaches what build_context recalls (the agent's memories of every session), as
     recall_memory's scope "all" does, and not another agent's memories."""
@@ -772,3 +760,23 @@ def test_a_write_to_another_sessions_memory_says_it_belongs_there() -> None:
         assert (
             "another" not in gone["message"] and gone["fix"] == "use an id from recall_memory or the context"
         )
+
+
+@pytest.mark.parametrize(("field", "value"), [("session_id", ""), ("session_id", "  "), ("task_id", 5)])
+def test_a_blank_or_non_text_scope_is_refused_not_left_out(field: str, value: object) -> None:
+    """``AgentTools(h, session_id="")`` (an empty environment variable) left the session out: the tools
+    were bound to no session, and read and forgot every session's memories."""
+    with Harness.open("memory://", embedder=None) as h:
+        other = h.record("a secret of session B", session_id="B")
+        with pytest.raises(ValidationError) as exc:
+            AgentTools(h, **{field: value})  # type: ignore[arg-type]
+        assert exc.value.field == field and h.get(other.id) == other
+
+
+def test_an_integer_past_the_digit_limit_is_bad_json_not_an_internal_failure() -> None:
+    """Python refuses to read an integer of over 4,300 digits: the tools answered "internal ... retry",
+    which a model follows into a loop."""
+    with Harness.open("memory://", embedder=None) as h:
+        tools = AgentTools(h, session_id="ana")
+        huge = '{"query": "x", "k": 1' + "0" * 5000 + "}"
+        assert "digits" in err(tools.dispatch("recall_memory", huge), "invalid_json")["message"]

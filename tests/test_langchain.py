@@ -291,3 +291,16 @@ def test_a_history_without_agent_or_task_is_the_whole_sessions() -> None:
         assert [m.content for m in ClawVMChatMessageHistory(h, "other", agent_id="A").messages] == [
             "elsewhere"
         ]
+
+
+def test_a_callback_handler_refuses_no_harness_and_a_blank_scope() -> None:
+    """ClawVMCallbackHandler(None) was taken and every callback then failed in a log line, the tools
+    running unrecorded; session_id="" recorded every call under no session."""
+    with pytest.raises(ValidationError) as exc:
+        ClawVMCallbackHandler(None)  # type: ignore[arg-type]
+    assert exc.value.field == "harness"
+    with Harness.open("memory://", embedder=None) as h:
+        for value in ("", 5):
+            with pytest.raises(ValidationError) as exc:
+                ClawVMCallbackHandler(h, session_id=value)  # type: ignore[arg-type]
+            assert exc.value.field == "session_id"

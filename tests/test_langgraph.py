@@ -475,6 +475,17 @@ def test_search_without_query_is_newest_update_first(mem_harness: Harness, clock
     assert [i.key for i in store.search(("n",), limit=1, offset=1)] == ["c"]
 
 
+@pytest.mark.parametrize("value", [["ab", "cd"], [("x", 1)], "text"])
+def test_a_value_that_is_no_dict_is_refused_not_stored_altered(value: object) -> None:
+    """dict(value) read ["ab", "cd"] as {"a": "b", "c": "d"} and stored that; a string failed with a raw
+    ValueError."""
+    with Harness.open("memory://", embedder=None) as h:
+        store = ClawVMStore(h)
+        with pytest.raises(ValidationError) as exc:
+            store.put(("notes",), "k", value)  # type: ignore[arg-type]
+        assert exc.value.field == "value" and store.get(("notes",), "k") is None
+
+
 def test_put_index_false_and_index_fields(mem_harness: Harness) -> None:
     store = ClawVMStore(mem_harness)
     store.put(("i",), "ranked", {"text": "quarterly revenue grew by twelve percent", "note": "zebra"})

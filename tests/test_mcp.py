@@ -29,7 +29,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 import clawvm
-from clawvm import Harness, Kind, Status
+from clawvm import Harness, Kind, Status, ValidationError
 from clawvm.agents.tools import AgentTools
 from clawvm.integrations.mcp_server import SCOPE_ARGUMENTS, build_server
 from clawvm.server import ServerSettings, create_app
@@ -604,3 +604,11 @@ def test_a_server_whose_harness_closed_says_so() -> None:
     for message in run(talk):
         assert "harness: is closed" in message and "not found" not in message, message
         assert message.count("harness") == 1, message  # said once, not wrapped in itself
+
+
+def test_a_blank_default_scope_is_refused_when_the_server_is_built() -> None:
+    """``clawvm mcp --session ""`` (an empty variable) served tools bound to no session at all."""
+    with Harness.open("memory://", embedder=None) as h:
+        with pytest.raises(ValidationError) as exc:
+            build_server(h, session_id="  ")
+        assert exc.value.field == "session_id"

@@ -156,6 +156,18 @@ def scope_fields(
     return {name: value for name, value in given.items() if value and value.strip()}
 
 
+def bound_scope(
+    session_id: str | None = None, task_id: str | None = None, agent_id: str | None = None
+) -> dict[str, Any]:
+    """:func:`scope_fields` for a binding that confines what it reads and writes to its scope (agent tools,
+    a callback handler): a blank or non-text id is refused. Left out as blank, ``session_id=""`` (an empty
+    environment variable) unbound the agent tools, which then read and forgot every session's memories."""
+    for name, value in (("session_id", session_id), ("task_id", task_id), ("agent_id", agent_id)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ValidationError(name, f"is {value!r}", f"pass a non-empty {name}, or None for none")
+    return scope_fields(session_id, task_id, agent_id)
+
+
 @contextmanager
 def scope(**fields: Any) -> Iterator[None]:
     """Record every tool call made inside this block (this thread/task) with these scope fields.

@@ -71,7 +71,7 @@ from clawvm.agents.tool_schemas import (
     json_schema,
     tidy_schema,
 )
-from clawvm.agents.toolcalls import scope_fields
+from clawvm.agents.toolcalls import bound_scope
 from clawvm.core.errors import (
     AccessDeniedError,
     ConflictError,
@@ -170,7 +170,7 @@ class AgentTools:
         record_usage: bool = True,
     ) -> None:
         self.harness = harness
-        self.scope = scope_fields(session_id, task_id, agent_id)
+        self.scope = bound_scope(session_id, task_id, agent_id)
         self.record_usage = record_usage  # False: recall and context write nothing (a read-only caller)
         self._tools: dict[str, _Tool] = {
             "record_memory": _Tool(RecordMemoryArgs, RecordResult, self._record, ADDS),
@@ -518,6 +518,8 @@ def _parse(arguments: str | Mapping[str, Any] | None) -> dict[str, Any]:
             raise _BadJSON(f"arguments are not valid JSON ({exc.msg} at {exc.pos})") from None
         except RecursionError:  # "[[[[..." deeper than the decoder's stack: no tool takes such arguments
             raise _BadJSON("arguments are nested too deeply to decode") from None
+        except ValueError:  # an integer past Python's digit limit: it answered "internal, retry"
+            raise _BadJSON("arguments hold a number with more digits than any argument takes") from None
     if not isinstance(parsed, Mapping):
         raise _BadJSON(f"arguments are {_json_type(parsed)}, not an object")
     return dict(parsed)

@@ -55,7 +55,7 @@ from langchain_core.outputs import LLMResult
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
-from clawvm.agents.toolcalls import ToolCall, ToolSpec, scope_fields
+from clawvm.agents.toolcalls import ToolCall, ToolSpec, bound_scope, scope_fields
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import Cost, Kind, Memory, State, Status
 from clawvm.harness import Harness
@@ -94,8 +94,10 @@ class ClawVMCallbackHandler(BaseCallbackHandler):
         record_llm: bool = True,
         record_prompts: bool = False,
     ) -> None:
+        if not isinstance(harness, Harness):  # None was taken, and every callback then failed in a log line
+            raise ValidationError("harness", f"is a {type(harness).__name__}", "pass an open clawvm.Harness")
         self.harness = harness
-        self.scope = scope_fields(session_id, task_id, agent_id)
+        self.scope = bound_scope(session_id, task_id, agent_id)
         self.record_llm = record_llm
         self.record_prompts = record_prompts
         self._calls: dict[UUID, ToolCall] = {}

@@ -266,6 +266,10 @@ class ClawVMStore(BaseStore):
         puts = {(op.namespace, op.key): op for op in ops if isinstance(op, PutOp)}
         for op in puts.values():
             if op.value is not None:
+                if not isinstance(op.value, Mapping):  # dict() read ["ab", "cd"] as {"a": "b", "c": "d"}
+                    raise ValidationError(
+                        "value", f"is a {type(op.value).__name__}", "pass a dict (an item's value is one)"
+                    )
                 normalize_content(dict(op.value), self.harness.max_content_bytes)
                 _check_ttl(op.ttl)
         queries = [

@@ -48,6 +48,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from clawvm.agents.tool_schemas import CONTEXT_BUDGET
+from clawvm.agents.toolcalls import bound_scope
 from clawvm.agents.tools import AgentTools, ToolsHost, error_reply
 from clawvm.core.errors import (
     AccessDeniedError,
@@ -119,7 +120,7 @@ def build_server(
         defaults = Defaults(**{k: bound.scope.get(k) for k in SCOPE_ARGUMENTS})
         access_of: AccessOf = lambda _ctx: Access(bound.harness, bound.record_usage)  # noqa: E731
     else:
-        defaults = Defaults(session_id, task_id, agent_id)
+        defaults = Defaults(**bound_scope(session_id, task_id, agent_id))  # a blank one: refused here
         if isinstance(target, Harness) or hasattr(target, "record"):
             host: ToolsHost = target  # type: ignore[assignment]
             access_of = lambda _ctx: Access(host)  # noqa: E731
@@ -208,10 +209,9 @@ class _MemoryServer:
             access = self.access_of(ctx)
             arguments = dict(params.arguments or {})
             own = self.own_arguments(params.name)  # summarize_task's task_id is its own argument
-            scope = {
-                k: (None if k in own else arguments.pop(k, None)) or getattr(self.defaults, k)
-                for k in SCOPE_ARGUMENTS
-            }
+            given = {k: None if k in own else arguments.pop(k, None) for k in SCOPE_ARGUMENTS}
+            # a blank one from the model is none given: the default scope holds (the tools refuse a blank)
+            scope = {k: _given(v) or getattr(self.defaults, k) for k, v in given.items()}
             tools = AgentTools(access.harness, record_usage=access.may_write, **scope)
             reply = await anyio.to_thread.run_sync(tools.dispatch, params.name, arguments)
         return types.CallToolResult(
@@ -468,3 +468,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _given(value: Any) -> Any:
+    """A scope argument as given, or None for a blank one."""
+    return None if isinstance(value, str) and not value.strip() else value
