@@ -353,6 +353,11 @@ class _NoHarness:
 
 
 # ---- transports --------------------------------------------------------------------------------------------
+def _given(value: Any) -> Any:
+    """A scope argument as given, or None for a blank one."""
+    return None if isinstance(value, str) and not value.strip() else value
+
+
 async def serve_stdio(server: Server[Any]) -> None:
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
@@ -468,8 +473,3 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-
-
-def _given(value: Any) -> Any:
-    """A scope argument as given, or None for a blank one."""
-    return None if isinstance(value, str) and not value.strip() else value
