@@ -10,7 +10,7 @@ with its event); the pitfall's earlier revisions, obsolete, keep what they held 
 from __future__ import annotations
 
 from clawvm.core.model import VISIBLE_STATUSES, Filters, Kind, Memory
-from clawvm.teams.merge import ExtractiveSynthesizer
+from clawvm.teams.merge import CONFLICT_KINDS, ExtractiveSynthesizer
 from clawvm.teams.shared import APPLICATION, CONFLICT_FIELD, CONFLICT_TAG, TeamHost, latest_if_kept
 from clawvm.vm.context import short_id
 
@@ -21,7 +21,9 @@ FORGOTTEN = "(forgotten)"
 def unquote_forgotten(h: TeamHost, memory: Memory) -> list[Memory]:
     """Take ``memory``'s text (as it was before it was forgotten) out of the conflict notes naming it and
     of the pitfall made from it; returns the memories rewritten."""
-    rewritten = [_unquoted_note(h, note, memory) for note in _notes_naming(h, memory)]
+    # only decisions and knowledge are sides of a conflict: the forget of any other memory reads no note
+    notes = _notes_naming(h, memory) if memory.kind in CONFLICT_KINDS else []
+    rewritten = [_unquoted_note(h, note, memory) for note in notes]
     pitfall = _pitfall_of(h, memory)
     if pitfall is not None:
         rewritten.append(_without_sample(h, pitfall, memory))

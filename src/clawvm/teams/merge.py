@@ -101,6 +101,8 @@ _STANCES = re.compile(
 )
 #: A number with its sign (a minus that is no hyphen: "-5 seconds", not "2026-01-05").
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?|\d+(?:\.\d+)?")
+#: The kinds whose memories fusion flags conflicts between.
+CONFLICT_KINDS = (Kind.DECISION, Kind.KNOWLEDGE)
 #: Namespace of the conflict notes' ids (see conflict_note_id).
 _CONFLICT_NAMESPACE = uuid.UUID("9b7e1f3c-2a64-4d0b-8f51-6c3e2d1a7b90")
 
@@ -692,7 +694,7 @@ def _stances(text: str) -> set[str]:
 
 def flag_conflicts(h: MergeHost, cfg: MergeConfig, report: MergeReport, team_id: str | None = None) -> None:
     known = _KnownConflicts.read(h)
-    for group in _active(h, (Kind.DECISION, Kind.KNOWLEDGE), team_id).values():
+    for group in _active(h, tuple(CONFLICT_KINDS), team_id).values():
         items = [m for m in group if PITFALL_TAG not in m.tags]
         if len(items) < 2:
             continue
