@@ -39,6 +39,22 @@ def test_analyzer_keeps_non_ascii_words(analyzer: Analyzer) -> None:
     assert analyzer.terms("東京") != []
 
 
+def test_cjk_runs_become_overlapping_bigrams_so_a_word_inside_a_sentence_matches(analyzer: Analyzer) -> None:
+    assert analyzer.terms("我喜欢吃苹果") == ["我喜", "喜欢", "欢吃", "吃苹", "苹果"]
+    assert analyzer.terms("猫") == ["猫"]  # a lone letter is its own term
+    assert set(analyzer.terms("苹果")) <= set(analyzer.terms("我喜欢吃苹果"))
+    assert set(analyzer.terms("タワー")) <= set(analyzer.terms("東京タワーに行きました"))
+    assert set(analyzer.terms("사과")) <= set(analyzer.terms("나는 사과를 좋아한다"))
+    # other scripts around them keep their words, stop words and stems
+    assert analyzer.terms("I love running in 北京") == ["love", "run", "北京"]
+    assert analyzer.terms("Python编程") == ["python", "编程"]
+    index = LexicalIndex(analyzer)
+    index.add(0, "我喜欢吃苹果")
+    index.add(1, "我喜欢喝茶")
+    index.add(2, "apples are red")
+    assert [row for row, _ in index.search("苹果", 3)] == [0]
+
+
 def test_analyzer_is_thread_safe(analyzer: Analyzer) -> None:
     from concurrent.futures import ThreadPoolExecutor
 

@@ -25,7 +25,9 @@ import pytest
 
 import pg_server
 from clawvm import ConflictError, Filters, Harness, Memory, StoreError, Tier
+from clawvm.core import lexical
 from clawvm.core.errors import ConfigError, SchemaError
+from clawvm.core.lexical import Analyzer
 from clawvm.store import Event, EventFeed, MemoryStore, Query, SQLiteStore, store_from_url
 from clawvm.store import postgres as postgres_engine
 from clawvm.store.postgres import PostgresStore
@@ -220,6 +222,39 @@ def test_upgrading_moves_the_vectors_out_of_the_rows_and_searches_alike(
     assert again.query(query).dense == before and before[0][0] == ms[4].id
     assert sorted(i for i, _ in again.unembedded(10)) == sorted(m.id for m in ms[9:])
     assert sorted(again.vectors_of([m.id for m in ms])) == sorted(m.id for m in ms[:9])
+
+
+class WholeRuns(Analyzer):
+    """The analyzer before CJK bigrams: a run of CJK letters was one term."""
+
+    def terms(self, text: str) -> list[str]:
+        return self._stemmed([w for w in lexical._TOKEN.findall(text.lower()) if w not in lexical.STOP_WORDS])
+
+
+def test_upgrading_re_analyzes_cjk_texts_as_a_new_schema_indexes_them(
+    url: str, tmp_path: Path, opened: list[PostgresStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ms = [
+        Memory(content="我喜欢吃苹果和香蕉"),
+        Memory(content="東京タワーに行きました with Alice"),
+        Memory(content="apples and bananas, no CJK here"),
+        Memory(content="苹果派 recipe", tenant="acme"),
+    ]
+    with monkeypatch.context() as older:
+        older.setattr(postgres_engine, "MIGRATIONS", MIGRATIONS[:-1])
+        before = store_from_url(url)
+        assert isinstance(before, PostgresStore)
+        before.analyzer = WholeRuns()
+        before.setup()
+        before.write(ms)
+        assert before.query(Query(text="苹果", limit=5)).lexical == []  # a word inside a sentence: missed
+        before.close()
+    upgraded, new = open_store(opened, url), open_store(opened, pg_server.store_url(tmp_path, "new"))
+    new.write(ms)
+    for text, tenant in [("苹果", None), ("タワー alice", None), ("apples", None), ("苹果", "acme")]:
+        query = Query(text=text, limit=5, filters=Filters.of(tenant=tenant) if tenant else Filters())
+        found = upgraded.query(query).lexical
+        assert found == new.query(query).lexical and found, text  # same scores: lengths and totals too
 
 
 def test_bookkeeping_and_promotions_leave_the_vector_alone_and_a_new_text_drops_it(

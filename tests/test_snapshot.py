@@ -210,6 +210,34 @@ def test_a_migration_that_leaves_the_rows_alone_keeps_the_snapshot(
         rebuilt.close()
 
 
+def test_a_snapshot_of_an_earlier_analyzer_is_rebuilt_with_this_ones_terms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot holds the terms its version's analyzer made; read with this version's queries, terms of
+    another analyzer would miss (a CJK sentence stored as one term, a query asking for its bigrams). So a
+    snapshot of another analyzer is not used: the index is rebuilt from the rows and written again."""
+    path = tmp_path / "cjk.db"
+    cjk = Memory(content="我喜欢吃苹果 and green tea", session_id="s1")
+    with monkeypatch.context() as older:
+        older.setattr(snap, "ANALYZER_VERSION", 1)
+        first = opened(path)
+        first.write([cjk, *memories(20)], vectors(21, 4), [])
+        first.close()
+    reopened = opened(path)
+    try:
+        assert reopened.index_source.startswith("rows (terms of analyzer 1"), reopened.index_source
+        hits = reopened.query(Query(text="苹果", limit=3)).lexical
+        assert [hit[0] for hit in hits][:1] == [cjk.id]
+    finally:
+        reopened.close()
+    again = opened(path)
+    try:
+        assert again.index_source == "snapshot"
+        assert [hit[0] for hit in again.query(Query(text="苹果", limit=3)).lexical][:1] == [cjk.id]
+    finally:
+        again.close()
+
+
 def test_writes_after_the_snapshot_are_replayed_on_open(built: Path) -> None:
     a = opened(built, snapshot_every=10**6)
     later = memories(30, start=300)

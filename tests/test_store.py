@@ -577,6 +577,19 @@ def test_lexical_index_covers_tags_and_tool_name(engine: Store) -> None:
     assert [i for i, _ in engine.query(Query(text="psql_runner")).lexical] == [a.id]
 
 
+def test_a_cjk_word_inside_a_sentence_is_found_lexically(engine: Store) -> None:
+    """Chinese, Japanese and Korean put no spaces between words: a stored sentence must still match a
+    query of one of its words, and not a sentence that only shares a letter with it."""
+    apples = mem("我喜欢吃苹果，不喜欢香蕉")
+    tower = mem("昨日は東京タワーに行きました")
+    korean = mem("나는 사과를 좋아한다")
+    other = mem("我喜欢喝茶")  # shares 我喜欢 with the first, not 苹果
+    engine.put_many([apples, tower, korean, other])
+    assert [i for i, _ in engine.query(Query(text="苹果")).lexical] == [apples.id]
+    assert [i for i, _ in engine.query(Query(text="東京タワー")).lexical] == [tower.id]
+    assert [i for i, _ in engine.query(Query(text="사과")).lexical] == [korean.id]
+
+
 def test_dense_query_returns_nearest_first(engine: Store) -> None:
     docs = [mem(f"doc {i}") for i in range(6)]
     engine.put_many(docs)

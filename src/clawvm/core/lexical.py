@@ -40,8 +40,33 @@ STOP_WORDS = frozenset(
 )
 
 # Words are runs of letters/digits in any script ([^\W_]); an ASCII-only class would drop Cyrillic, Greek,
-# CJK ... text entirely and cut accented words apart ("café" -> "caf"). For ASCII text nothing changes.
+# ... text entirely and cut accented words apart ("café" -> "caf"). For ASCII text nothing changes.
 _TOKEN = re.compile(r"[^\W_]+(?:'[^\W\d_]+)?")
+
+# Chinese, Japanese and Korean write words without spaces between them, so a run of their letters is a
+# phrase or a sentence, not a word: as one term, "苹果" would never match "我喜欢吃苹果". Such runs become
+# overlapping two-letter terms instead (the bigrams of Lucene's CJK analyzer; a lone letter stays itself).
+# Han ideographs, kana, Hangul syllables and jamo, and their compatibility and half-width forms:
+CJK_RANGES = (
+    (0x1100, 0x11FF),
+    (0x3040, 0x30FF),
+    (0x3130, 0x318F),
+    (0x31F0, 0x31FF),
+    (0x3400, 0x4DBF),
+    (0x4E00, 0x9FFF),
+    (0xAC00, 0xD7AF),
+    (0xF900, 0xFAFF),
+    (0xFF66, 0xFFDC),
+)
+#: The CJK letters as the inside of a regular expression's [...] (Python's and PostgreSQL's alike)
+CJK_CLASS = "".join(f"{chr(first)}-{chr(last)}" for first, last in CJK_RANGES)
+_HAS_CJK = re.compile(f"[{CJK_CLASS}]")
+# a CJK run, or a word of the other scripts as _TOKEN reads it with the CJK letters left out
+_TOKEN_OR_CJK_RUN = re.compile(f"[{CJK_CLASS}]+|[^\\W_{CJK_CLASS}]+(?:'[^\\W\\d_{CJK_CLASS}]+)?")
+
+#: What the analyzer's terms are; stored beside terms computed by it (a snapshot, PostgreSQL's postings),
+#: so that terms of another version are recomputed rather than searched with this one's queries.
+ANALYZER_VERSION = 2  # 2: CJK runs as bigrams (1: a run of CJK letters was one term)
 
 
 class Analyzer:
@@ -59,18 +84,35 @@ class Analyzer:
         return st
 
     def terms(self, text: str) -> list[str]:
-        words = [w for w in _TOKEN.findall(text.lower()) if w not in STOP_WORDS]
-        cache = self._cache
+        lowered = text.lower()
+        if lowered.isascii() or not _HAS_CJK.search(lowered):  # the common case pays one scan at most
+            return self._stemmed([w for w in _TOKEN.findall(lowered) if w not in STOP_WORDS])
         out: list[str] = []
+        words: list[str] = []
+        for token in _TOKEN_OR_CJK_RUN.findall(lowered):
+            if _HAS_CJK.match(token):
+                out += cjk_bigrams(token)
+            elif token not in STOP_WORDS:
+                words.append(token)
+        return self._stemmed(words) + out
+
+    def _stemmed(self, words: list[str]) -> list[str]:
+        cache = self._cache
         missing = [w for w in words if w not in cache]
         if missing:
             stems = self._stemmer().stemWords(missing)
             if len(cache) > 500_000:  # bound memory on adversarial vocabularies
                 cache.clear()
             cache.update(zip(missing, stems, strict=True))
-        for w in words:
-            out.append(cache[w].replace("'", ""))
-        return out
+        return [cache[w].replace("'", "") for w in words]
+
+
+def cjk_bigrams(run: str) -> list[str]:
+    """The overlapping two-letter terms of a run of CJK letters ("吃苹果" -> "吃苹", "苹果"); a lone
+    letter is its own term."""
+    if len(run) == 1:
+        return [run]
+    return [run[i : i + 2] for i in range(len(run) - 1)]
 
 
 @dataclass(frozen=True)

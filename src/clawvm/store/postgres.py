@@ -321,7 +321,7 @@ class PostgresStore(Store):
             for number in range(applied, len(MIGRATIONS)):
                 conn.execute(MIGRATIONS[number].replace("{dim}", str(self.dim)))
                 if number in DATA_MIGRATIONS:
-                    DATA_MIGRATIONS[number](conn)
+                    DATA_MIGRATIONS[number](conn, self.analyzer)
             if applied == 0 and self.hnsw != HnswParams():  # a new schema: its graph as asked for
                 conn.execute("DROP INDEX vectors_embedding")
                 conn.execute(self.hnsw.sql())

@@ -5,14 +5,19 @@ share with the engine."""
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
+from clawvm.core.lexical import CJK_CLASS, Analyzer
 from clawvm.store.base import Event, credential_json
+from clawvm.store.index import index_text
 from clawvm.store.keys import AUTH_TENANT, KEYS_STREAM, credentials_from_key_events
-from clawvm.store.postgres_search import unesc
+from clawvm.store.memory import from_stored
+from clawvm.store.postgres_rows import ADD_TENANT_STATS, TenantStats
+from clawvm.store.postgres_search import term_key, unesc
 
 # Append-only: never edit a shipped entry, add a new one. ``{dim}`` is the store's vector dimension.
 MIGRATIONS: tuple[str, ...] = (
@@ -206,6 +211,11 @@ MIGRATIONS: tuple[str, ...] = (
         LOOP EXECUTE format('DROP SEQUENCE %I', s.relname); END LOOP;
     END $$;
     """,
+    # the analyzer's terms for a run of CJK letters: its overlapping bigrams, where it was one term (a CJK
+    # word inside a sentence never matched); DATA_MIGRATIONS re-analyzes the texts that have such letters
+    """
+    SELECT 1;
+    """,
 )
 
 
@@ -239,5 +249,43 @@ def copy_key_events(conn: psycopg.Connection[Any]) -> None:
         conn.execute(PUT_CREDENTIAL, [c.tenant, c.kind, c.name, c.version, credential_json(c)])
 
 
-#: Python steps of a migration, run after its SQL, in the same transaction (migration number -> step).
-DATA_MIGRATIONS: dict[int, Callable[[psycopg.Connection[Any]], None]] = {2: copy_key_events}
+def reanalyze_cjk(conn: psycopg.Connection[Any], analyzer: Analyzer) -> None:
+    """Recompute the postings of the memories whose text has CJK letters, with their lengths (each
+    posting's, the row's and its tenant's total): only those, the terms of any other text are the same.
+    Page by page in the migration's transaction, so a failure leaves the schema as it was."""
+    after: tuple[str, int] = ("", -1)
+    while True:
+        rows = conn.execute(
+            "SELECT tenant, seq, body, doc_len FROM memories WHERE (tenant, seq) > (%s, %s) AND body ~ %s"
+            " ORDER BY tenant, seq LIMIT %s",
+            [*after, f"[{CJK_CLASS}]", _REANALYZED_PAGE],
+        ).fetchall()
+        if not rows:
+            return
+        stats = TenantStats()
+        for tenant, seq, body, old_len in rows:
+            terms = Counter(term_key(t) for t in analyzer.terms(index_text(from_stored(body))))
+            new_len = sum(terms.values())
+            conn.execute("DELETE FROM postings WHERE tenant = %s AND seq = %s", [tenant, seq])
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO postings (tenant, term, seq, tf, dl) VALUES (%s, %s, %s, %s, %s)",
+                    [(tenant, term, seq, tf, new_len) for term, tf in terms.items()],
+                )
+            conn.execute(
+                "UPDATE memories SET doc_len = %s WHERE tenant = %s AND seq = %s", [new_len, tenant, seq]
+            )
+            stats.add(tenant, 0, new_len - old_len, 0)
+        if stats.changed():
+            conn.execute(ADD_TENANT_STATS, stats.arrays())
+        after = (rows[-1][0], rows[-1][1])
+
+
+_REANALYZED_PAGE = 500
+
+#: Python steps of a migration, run after its SQL, in the same transaction (migration number -> step); each
+#: gets the store's analyzer.
+DATA_MIGRATIONS: dict[int, Callable[[psycopg.Connection[Any], Analyzer], None]] = {
+    2: lambda conn, _analyzer: copy_key_events(conn),
+    len(MIGRATIONS) - 1: reanalyze_cjk,
+}

@@ -61,7 +61,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from clawvm.core.lexical import Analyzer, BM25Params, LexicalIndex, _Postings
+from clawvm.core.lexical import ANALYZER_VERSION, Analyzer, BM25Params, LexicalIndex, _Postings
 from clawvm.core.vectors import CODE_SHARE, RESCORE, VectorIndex
 from clawvm.store.index import _COLUMNS, SearchIndex, _Column
 from clawvm.store.mapped import Appended, Overlay, Strings, csr, items, pack_runs, transpose
@@ -293,6 +293,7 @@ def write(db_path: str, index: SearchIndex, rev: int, fingerprint: Fingerprint) 
     }
     fields = {
         "format": FORMAT,
+        "analyzer": ANALYZER_VERSION,
         "rev": rev,
         "dim": index.vectors.dim,
         "file_id": fingerprint.file_id,
@@ -628,6 +629,9 @@ def _load(
         header = _header(f.read(_PAGE), f)
     if header["dim"] != dim:
         raise SnapshotError(f"dimension {header['dim']}, the store's is {dim}")
+    analyzer = header.get("analyzer", 1)  # absent: written before CJK bigrams
+    if analyzer != ANALYZER_VERSION:  # its terms are not what this version's queries ask for
+        raise SnapshotError(f"terms of analyzer {analyzer}, this version's are of {ANALYZER_VERSION}")
     if header["rev"] > current_rev:
         raise StaleSnapshotError(header["rev"], current_rev)
     found: Fingerprint = fingerprint_of(header["last_seq"], header["last_id"], header["rev"])
