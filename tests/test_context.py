@@ -429,3 +429,17 @@ def test_a_session_whose_contexts_are_built_is_not_paged_out_as_idle() -> None:
         now[0] += timedelta(hours=3)  # then nobody builds one
         h.tick()
         assert {h.get(m.id).tier for m in ms} == {Tier.SHORT_TERM}
+
+
+def test_a_memory_the_model_cannot_read_counts_its_characters_against_the_budget() -> None:
+    """A hex dump and a run of emoji were one unknown token each to the counter: a context of budget 40
+    held 19,000 characters."""
+    h, _ = open_harness()
+    with h:
+        h.record("sha dump " + "deadbeef" * 2000, kind="tool_result", session_id="s")
+        h.record("🚀" * 3000, session_id="s")
+        h.record("sha dump is in the build log", session_id="s")
+        ctx = h.context("sha dump", budget_tokens=40, session_id="s")
+        check_shape(ctx, 40)
+        assert "deadbeef" * 10 not in ctx.text and "🚀" * 10 not in ctx.text
+        assert len(ctx.text) < 400

@@ -24,13 +24,20 @@ from clawvm.core.embed import (
     OpenAIEmbedder,
     QueryEmbeddings,
     count_tokens,
+    unreadable_tokens,
     wordpiece,
 )
 from loopback import EmbeddingsReplay
 
 
 def tokenizer_count(text: str) -> int:
-    return len(wordpiece().encode(text, add_special_tokens=False).ids)
+    """The model tokenizer's count, where a word it reads as one unknown token counts as prompt budgets
+    count it: a token per three ASCII characters and one per other character."""
+    encoding = wordpiece().encode(text, add_special_tokens=False)
+    return sum(
+        unreadable_tokens(text[a:b]) if token == "[UNK]" and text[a:b] != "[UNK]" else 1
+        for token, (a, b) in zip(encoding.tokens, encoding.offsets, strict=True)
+    )
 
 
 ascii_text = st.text(alphabet=st.characters(max_codepoint=127), max_size=400)
@@ -62,6 +69,18 @@ def test_edge_cases_of_the_ascii_path() -> None:
         "special tokens are one token each: [CLS] x[MASK]y [SEP][PAD] [UNK], but not [cls] or [ MASK ]",
     ]:
         assert count_tokens(text) == tokenizer_count(text), repr(text)
+
+
+def test_a_word_the_model_cannot_read_counts_by_its_characters_not_as_one_token() -> None:
+    """A budget counted in the embedding model's tokens would take a hex dump, a run of emoji or a Thai
+    sentence (one unknown token each to WordPiece) as one token: a 40-token context held 19,000
+    characters."""
+    assert count_tokens("deadbeef" * 2000) == 16_000 // 3 + 1
+    assert count_tokens("🚀" * 300) == 300
+    thai = "เมื่อวานเซิร์ฟเวอร์ล่ม"  # "yesterday the server went down", no spaces
+    assert count_tokens(thai * 50) == len(thai) * 50
+    assert count_tokens("🎉") == count_tokens("[UNK]") == 1
+    assert count_tokens("ok " + "🚀" * 4 + " ok") == 2 + 4
 
 
 def test_other_text_takes_the_tokenizer_path() -> None:

@@ -115,7 +115,12 @@ _ASCII_WORDS = re.compile(r"[a-z0-9]+|[!-/:-@\[-`{-~]")
 
 
 def count_tokens(text: str) -> int:
-    """Tokens of ``text`` under the embedding model's tokenizer, without special tokens. Offline.
+    """Tokens of ``text`` under the embedding model's tokenizer, without special tokens, except that a word
+    it reads as one unknown token counts as :func:`unreadable_tokens` says. Offline.
+
+    Prompt budgets are counted with it, so a word the model cannot read must not count as one token: a
+    hex dump, a run of emoji or a Thai sentence (no spaces) is one ``[UNK]`` to WordPiece (over 100
+    characters, or letters its vocabulary lacks), and was one token of budget for 19,000 characters.
 
     Every record counts its text. The tokenizer's ``encode`` takes ~0.1 ms for one sentence (most of it
     normalising and splitting across the Rust boundary, not WordPiece), so ASCII text is cleaned and split
@@ -124,12 +129,29 @@ def count_tokens(text: str) -> int:
     text naming a special token (``[MASK]`` is one token to the model, three to the split here). A
     property test holds the two to the same count on any ASCII text."""
     if not text.isascii() or ("[" in text and any(token in text for token in _SPECIAL_TOKENS)):
-        return len(wordpiece().encode(text, add_special_tokens=False).ids)
+        encoding = wordpiece().encode(text, add_special_tokens=False)
+        unknown = [text[a:b] for i, (a, b) in zip(encoding.ids, encoding.offsets, strict=True) if i == _unk_id()]
+        return len(encoding.ids) + sum(unreadable_tokens(word) - 1 for word in unknown if word != "[UNK]")
     return sum(map(_word_pieces, _ASCII_WORDS.findall(text.translate(_ASCII_CLEAN).lower())))
+
+
+def unreadable_tokens(word: str) -> int:
+    """What a word the model reads as one unknown token counts in a budget: what an LLM's byte-level
+    vocabulary makes of it, about one token per three ASCII characters (hex, base64) and one per other
+    character (emoji, Thai letters), and never less than one."""
+    ascii_chars = sum(c.isascii() for c in word)
+    return max(1, -(-ascii_chars // 3) + len(word) - ascii_chars)
+
+
+@lru_cache(maxsize=1)
+def _unk_id() -> int:
+    return int(wordpiece().token_to_id("[UNK]"))
 
 
 @lru_cache(maxsize=1 << 16)
 def _word_pieces(word: str) -> int:
+    if len(word) > _MAX_WORD_CHARS:  # one [UNK] to the model
+        return unreadable_tokens(word)
     return len(wordpiece().model.tokenize(word))
 
 
