@@ -55,6 +55,24 @@ def test_cjk_runs_become_overlapping_bigrams_so_a_word_inside_a_sentence_matches
     assert [row for row, _ in index.search("苹果", 3)] == [0]
 
 
+def test_words_keep_their_marks_and_read_the_same_however_they_are_typed(analyzer: Analyzer) -> None:
+    # a vowel sign or virama is part of its word (\w has no combining marks: words fell apart at each one)
+    assert analyzer.terms("सर्वर") == ["सर्वर"]
+    assert analyzer.terms("मुंबई में भारी वर्षा") == ["मुंबई", "में", "भारी", "वर्षा"]
+    assert len(analyzer.terms("เมื่อวาน")) == 1
+    # marks that writers add or leave out: the unmarked spelling is the same term
+    assert analyzer.terms("مُحَمَّد") == analyzer.terms("محمد") == ["محمد"]
+    assert analyzer.terms("שָׁלוֹם") == analyzer.terms("שלום")
+    # full-width forms (CJK keyboards), ligatures, a dotted capital I
+    assert analyzer.terms("ＡＰＩ ｓｅｒｖｅｒ returned ５０３") == analyzer.terms("API server returned 503")
+    assert analyzer.terms("ﬁnance") == analyzer.terms("finance")
+    assert analyzer.terms("İstanbul") == analyzer.terms("istanbul") == ["istanbul"]
+    # each pictograph is a term; variation selectors and skin tones are not
+    assert analyzer.terms("deploy ✅ done 🚀🚀") == ["deploy", "✅", "done", "🚀", "🚀"]
+    assert analyzer.terms("✔️ 👍🏽") == analyzer.terms("✔ 👍")
+    assert analyzer.terms("café") != analyzer.terms("cafe")  # Latin accents still tell words apart
+
+
 def test_analyzer_is_thread_safe(analyzer: Analyzer) -> None:
     from concurrent.futures import ThreadPoolExecutor
 

@@ -231,7 +231,7 @@ class WholeRuns(Analyzer):
         return self._stemmed([w for w in lexical._TOKEN.findall(text.lower()) if w not in lexical.STOP_WORDS])
 
 
-def test_upgrading_re_analyzes_cjk_texts_as_a_new_schema_indexes_them(
+def test_upgrading_re_analyzes_non_ascii_texts_as_a_new_schema_indexes_them(
     url: str, tmp_path: Path, opened: list[PostgresStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ms = [
@@ -239,6 +239,8 @@ def test_upgrading_re_analyzes_cjk_texts_as_a_new_schema_indexes_them(
         Memory(content="東京タワーに行きました with Alice"),
         Memory(content="apples and bananas, no CJK here"),
         Memory(content="苹果派 recipe", tenant="acme"),
+        Memory(content="Ahmed: مُحَمَّد سيصل غدًا"),  # Arabic short vowels: the name unmarked matches
+        Memory(content="ＡＰＩ ｓｅｒｖｅｒ returned ５０３"),  # full-width forms
     ]
     with monkeypatch.context() as older:
         older.setattr(postgres_engine, "MIGRATIONS", MIGRATIONS[:-1])
@@ -251,7 +253,14 @@ def test_upgrading_re_analyzes_cjk_texts_as_a_new_schema_indexes_them(
         before.close()
     upgraded, new = open_store(opened, url), open_store(opened, pg_server.store_url(tmp_path, "new"))
     new.write(ms)
-    for text, tenant in [("苹果", None), ("タワー alice", None), ("apples", None), ("苹果", "acme")]:
+    for text, tenant in [
+        ("苹果", None),
+        ("タワー alice", None),
+        ("apples", None),
+        ("苹果", "acme"),
+        ("محمد", None),
+        ("api 503", None),
+    ]:
         query = Query(text=text, limit=5, filters=Filters.of(tenant=tenant) if tenant else Filters())
         found = upgraded.query(query).lexical
         assert found == new.query(query).lexical and found, text  # same scores: lengths and totals too

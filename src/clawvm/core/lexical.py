@@ -13,8 +13,11 @@ from __future__ import annotations
 import math
 import re
 import threading
+import unicodedata
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import Stemmer
@@ -40,7 +43,7 @@ STOP_WORDS = frozenset(
 )
 
 # Words are runs of letters/digits in any script ([^\W_]); an ASCII-only class would drop Cyrillic, Greek,
-# ... text entirely and cut accented words apart ("café" -> "caf"). For ASCII text nothing changes.
+# ... text entirely and cut accented words apart ("café" -> "caf"). ASCII text is read with this alone.
 _TOKEN = re.compile(r"[^\W_]+(?:'[^\W\d_]+)?")
 
 # Chinese, Japanese and Korean write words without spaces between them, so a run of their letters is a
@@ -61,12 +64,55 @@ CJK_RANGES = (
 #: The CJK letters as the inside of a regular expression's [...] (Python's and PostgreSQL's alike)
 CJK_CLASS = "".join(f"{chr(first)}-{chr(last)}" for first, last in CJK_RANGES)
 _HAS_CJK = re.compile(f"[{CJK_CLASS}]")
-# a CJK run, or a word of the other scripts as _TOKEN reads it with the CJK letters left out
-_TOKEN_OR_CJK_RUN = re.compile(f"[{CJK_CLASS}]+|[^\\W_{CJK_CLASS}]+(?:'[^\\W\\d_{CJK_CLASS}]+)?")
+# Pictographs (emoji, dingbats, the weather and arrows of U+2600..U+27BF): each one is a term of its own
+_SYMBOLS = "\u2600-\u27bf\U0001f000-\U0001faff"
+
+# Marks that writers add or leave out (Arabic short vowels and tatweel, Hebrew points), emoji variation
+# selectors and skin tones: "مُحَمَّد" and "محمد" are one name.
+_OPTIONAL_RANGES = (
+    (0x0591, 0x05BD),  # Hebrew points and cantillation
+    (0x05BF, 0x05BF),
+    (0x05C1, 0x05C2),
+    (0x05C4, 0x05C5),
+    (0x05C7, 0x05C7),
+    (0x0640, 0x0640),  # Arabic tatweel
+    (0x064B, 0x065F),  # Arabic short vowels, shadda, sukun
+    (0x0670, 0x0670),
+    (0xFE00, 0xFE0F),  # variation selectors
+    (0x1F3FB, 0x1F3FF),  # skin tones
+)
+_OPTIONAL = dict.fromkeys(p for first, last in _OPTIONAL_RANGES for p in range(first, last + 1))
+
+
+@lru_cache(maxsize=1)
+def _words_of_any_script() -> re.Pattern[str]:
+    """A CJK run, a pictograph, or a word: a letter or digit then letters, digits and combining marks.
+    ``\\w`` has no combining marks, so without them a Devanagari, Thai or marked Arabic word fell apart
+    at each vowel sign ("सर्वर" -> "सर", "वर"). Built on first use (a scan of the Basic Multilingual Plane,
+    ~14 ms): ASCII text never needs it."""
+    marks = "".join(f"{chr(a)}-{chr(b)}" for a, b in _ranges(lambda c: unicodedata.category(c)[0] == "M"))
+    letter = f"[^\\W_{CJK_CLASS}{_SYMBOLS}]"
+    word = f"{letter}(?:{letter}|[{marks}])*(?:'[^\\W\\d_{CJK_CLASS}{_SYMBOLS}](?:{letter}|[{marks}])*)?"
+    return re.compile(f"[{CJK_CLASS}]+|[{_SYMBOLS}]|{word}")
+
+
+def _ranges(keep: Callable[[str], bool]) -> list[tuple[int, int]]:
+    """The runs of Basic Multilingual Plane code points that ``keep`` holds for (past ASCII)."""
+    out: list[tuple[int, int]] = []
+    for point in range(0x80, 0x10000):
+        if keep(chr(point)):
+            if out and out[-1][1] == point - 1:
+                out[-1] = (out[-1][0], point)
+            else:
+                out.append((point, point))
+    return out
+
 
 #: What the analyzer's terms are; stored beside terms computed by it (a snapshot, PostgreSQL's postings),
 #: so that terms of another version are recomputed rather than searched with this one's queries.
-ANALYZER_VERSION = 2  # 2: CJK runs as bigrams (1: a run of CJK letters was one term)
+#: 2: CJK runs as bigrams, combining marks inside words, NFKC (full-width forms), optional marks dropped,
+#: pictographs as terms (1: a CJK run was one term, a mark split its word, "ＡＰＩ" was not "api").
+ANALYZER_VERSION = 2
 
 
 class Analyzer:
@@ -85,16 +131,19 @@ class Analyzer:
 
     def terms(self, text: str) -> list[str]:
         lowered = text.lower()
-        if lowered.isascii() or not _HAS_CJK.search(lowered):  # the common case pays one scan at most
+        if lowered.isascii():  # the common case
             return self._stemmed([w for w in _TOKEN.findall(lowered) if w not in STOP_WORDS])
-        out: list[str] = []
+        # full-width letters and digits, ligatures and the like as their plain forms ("ＡＰＩ" is "api"),
+        # a dotted capital I lowered as "i" (Python makes it "i" and a combining dot), optional marks gone
+        lowered = unicodedata.normalize("NFKC", lowered).replace("i\u0307", "i").translate(_OPTIONAL)
+        cjk: list[str] = []
         words: list[str] = []
-        for token in _TOKEN_OR_CJK_RUN.findall(lowered):
+        for token in _words_of_any_script().findall(lowered):
             if _HAS_CJK.match(token):
-                out += cjk_bigrams(token)
+                cjk += cjk_bigrams(token)
             elif token not in STOP_WORDS:
                 words.append(token)
-        return self._stemmed(words) + out
+        return self._stemmed(words) + cjk
 
     def _stemmed(self, words: list[str]) -> list[str]:
         cache = self._cache

@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from clawvm.core.lexical import CJK_CLASS, Analyzer
+from clawvm.core.lexical import Analyzer
 from clawvm.store.base import Event, credential_json
 from clawvm.store.index import index_text
 from clawvm.store.keys import AUTH_TENANT, KEYS_STREAM, credentials_from_key_events
@@ -211,8 +211,8 @@ MIGRATIONS: tuple[str, ...] = (
         LOOP EXECUTE format('DROP SEQUENCE %I', s.relname); END LOOP;
     END $$;
     """,
-    # the analyzer's terms for a run of CJK letters: its overlapping bigrams, where it was one term (a CJK
-    # word inside a sentence never matched); DATA_MIGRATIONS re-analyzes the texts that have such letters
+    # the analyzer's version 2 (CJK bigrams, combining marks inside words, NFKC, ...: see ANALYZER_VERSION)
+    # reads only non-ASCII text differently; DATA_MIGRATIONS re-analyzes the memories that have any
     """
     SELECT 1;
     """,
@@ -249,16 +249,16 @@ def copy_key_events(conn: psycopg.Connection[Any]) -> None:
         conn.execute(PUT_CREDENTIAL, [c.tenant, c.kind, c.name, c.version, credential_json(c)])
 
 
-def reanalyze_cjk(conn: psycopg.Connection[Any], analyzer: Analyzer) -> None:
-    """Recompute the postings of the memories whose text has CJK letters, with their lengths (each
-    posting's, the row's and its tenant's total): only those, the terms of any other text are the same.
-    Page by page in the migration's transaction, so a failure leaves the schema as it was."""
+def reanalyze_non_ascii(conn: psycopg.Connection[Any], analyzer: Analyzer) -> None:
+    """Recompute the postings of the memories whose stored JSON has a non-ASCII character, with their
+    lengths (each posting's, the row's and its tenant's total): the analyzer's versions differ only on such
+    text. Page by page in the migration's transaction, so a failure leaves the schema as it was."""
     after: tuple[str, int] = ("", -1)
     while True:
         rows = conn.execute(
             "SELECT tenant, seq, body, doc_len FROM memories WHERE (tenant, seq) > (%s, %s) AND body ~ %s"
             " ORDER BY tenant, seq LIMIT %s",
-            [*after, f"[{CJK_CLASS}]", _REANALYZED_PAGE],
+            [*after, r"[^\x01-\x7f]", _REANALYZED_PAGE],
         ).fetchall()
         if not rows:
             return
@@ -287,5 +287,5 @@ _REANALYZED_PAGE = 500
 #: gets the store's analyzer.
 DATA_MIGRATIONS: dict[int, Callable[[psycopg.Connection[Any], Analyzer], None]] = {
     2: lambda conn, _analyzer: copy_key_events(conn),
-    len(MIGRATIONS) - 1: reanalyze_cjk,
+    len(MIGRATIONS) - 1: reanalyze_non_ascii,
 }
