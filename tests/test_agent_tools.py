@@ -773,6 +773,25 @@ def test_a_blank_or_non_text_scope_is_refused_not_left_out(field: str, value: ob
         assert exc.value.field == field and h.get(other.id) == other
 
 
+def test_recall_of_scope_task_with_no_task_bound_is_refused_not_widened() -> None:
+    """Scope "task" with no task bound left the task out of the filter: it searched every session, as
+    scope "all" does. Refused as checkpoint is with no session bound; with a task bound it searches it."""
+    with Harness.open("memory://", embedder=None) as h:
+        h.record("alpha s1", session_id="s1")
+        h.record("alpha s2", session_id="s2")
+        h.record("alpha none")
+        h.record("alpha task", session_id="s2", task_id="t1")
+        refused = err(
+            AgentTools(h, session_id="s1").dispatch("recall_memory", {"query": "alpha", "scope": "task"}),
+            "invalid_request",
+        )
+        assert refused["field"] == "task_id" and "not bound" in refused["message"]
+        assert 'scope "session"' in refused["fix"]
+        bound = AgentTools(h, session_id="s1", task_id="t1")
+        found = ok(bound.dispatch("recall_memory", {"query": "alpha", "scope": "task", "k": 10}))
+        assert [m["content"] for m in found["memories"]] == ["alpha task"]
+
+
 def test_an_integer_past_the_digit_limit_is_bad_json_not_an_internal_failure() -> None:
     """Python refuses to read an integer of over 4,300 digits: the tools answered "internal ... retry",
     which a model follows into a loop."""

@@ -606,6 +606,29 @@ def test_a_server_whose_harness_closed_says_so() -> None:
         assert message.count("harness") == 1, message  # said once, not wrapped in itself
 
 
+def test_recall_of_scope_task_with_no_task_is_refused_not_every_session() -> None:
+    """``clawvm mcp --session s1`` (no ``--task``): recall_memory with scope "task" searched every
+    session's memories. Refused naming task_id; a task given with the call is searched."""
+    with Harness.open("memory://", embedder=None) as h:
+        h.record("alpha s1", session_id="s1")
+        h.record("alpha s2", session_id="s2")
+        h.record("alpha t1", session_id="s2", task_id="t1")
+        server = build_server(h, session_id="s1")
+
+        async def talk() -> tuple[Any, Any]:
+            async with Client(server, read_timeout_seconds=60) as client:
+                ask = {"query": "alpha", "scope": "task", "k": 10}
+                return (
+                    await client.call_tool("recall_memory", ask),
+                    await client.call_tool("recall_memory", {**ask, "task_id": "t1"}),
+                )
+
+        refused, given = run(talk)
+    error = failed(refused, "invalid_request")
+    assert error["field"] == "task_id" and "not bound" in error["message"]
+    assert [m["content"] for m in ok(given)["memories"]] == ["alpha t1"]
+
+
 def test_a_blank_default_scope_is_refused_when_the_server_is_built() -> None:
     """``clawvm mcp --session ""`` (an empty variable) served tools bound to no session at all."""
     with Harness.open("memory://", embedder=None) as h:

@@ -303,6 +303,10 @@ class AgentTools:
         return RecordResult(id=m.id, short_id=short_id(m.id), kind=m.kind.value)
 
     def _recall(self, a: RecallMemoryArgs) -> RecallResult:
+        if a.scope == "task":  # no task bound: the filter below left the task out and searched every session
+            self._bound(
+                "task_id", 'recall_memory\'s scope "task" searches a task', 'bind one, or use scope "session"'
+            )
         scope = {
             "session": self.scope,
             "task": {k: v for k, v in self.scope.items() if k != "session_id"},
@@ -423,10 +427,15 @@ class AgentTools:
         return bool(bound) and self.harness.count(**filters) != self.harness.count(**filters, **bound)
 
     def _session(self, tool: str) -> str:
-        session = self.scope.get("session_id")
-        if not session:
-            raise ValidationError("session_id", f"is not bound, and {tool} works on a session", "bind one")
-        return str(session)
+        return self._bound("session_id", f"{tool} works on a session")
+
+    def _bound(self, field: str, needed: str, fix: str = "bind one") -> str:
+        """The bound ``field`` (session_id, task_id), refused saying ``needed`` (why the call needs it)
+        when none is bound."""
+        value = self.scope.get(field)
+        if not value:
+            raise ValidationError(field, f"is not bound, and {needed}", fix)
+        return str(value)
 
     @property
     def _readable(self) -> dict[str, Any]:
