@@ -973,6 +973,31 @@ def test_forget(harness: Harness) -> None:
     assert harness.count() == 1
 
 
+def test_a_forgotten_memorys_children_take_its_parent_so_an_export_imports_again(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """parent_id names a stored memory: a child left naming a forgotten one made the tenant's export
+    refused by an import (its parent named no memory), and the run trace lost a link."""
+    turn = harness.record("user: deploy the payments service", session_id="s1")
+    call = harness.record("deploy(payments)", kind="tool_call", session_id="s1", parent_id=turn.id)
+    results = [
+        harness.record(f"deploy step {i} ok", kind="tool_result", session_id="s1", parent_id=call.id)
+        for i in range(3)
+    ]
+    root_child = harness.record("a note under the turn", session_id="s1", parent_id=turn.id)
+    harness.forget(call.id)
+    assert {harness.get(r.id).parent_id for r in results} == {turn.id}  # the call's parent adopts them
+    assert all(harness.get(r.id).version == 2 for r in results)
+    update = harness.events(memory_id=results[0].id)[-1]
+    assert (update.kind, update.data) == ("update", {"fields": ["parent_id"], "version": 2})
+    harness.forget(turn.id)  # a root: its children become roots
+    assert harness.get(root_child.id).parent_id is None
+    assert {harness.get(r.id).parent_id for r in results} == {None}
+    exported = list(harness.iter_all())
+    with Harness.open(str(tmp_path / "again.db"), embedder=None) as again:
+        assert again.import_memories(exported) == len(exported) == 4
+
+
 def test_events_are_recorded(harness: Harness) -> None:
     m = harness.record("event source", kind="observation")
     harness.update(m.id, tags=["x"])

@@ -74,6 +74,7 @@ from clawvm.harness.fields import (
     review_dropped,
 )
 from clawvm.harness.importing import Imported
+from clawvm.harness.orphans import adopt_children_of_forgotten
 from clawvm.harness.seen import as_seen, instant_of, seen_hits
 from clawvm.observe.learning import stored_weights, with_weights
 from clawvm.recall.retrieval import (
@@ -619,6 +620,10 @@ class Harness:
         events = [self._make_event(EventKind.FORGET, m, {"kind": m.kind.value}) for m in doomed]
         if not self.writer.delete(doomed, events):
             raise NotFoundError("memory", memory_id)
+        try:
+            adopt_children_of_forgotten(self, memory, frozenset(m.id for m in doomed))
+        except ClawVMError as exc:  # the forget stands; a child still names it as its parent (logged)
+            log.warning("a child of forgotten memory %s still names it as its parent: %s", memory.id, exc)
         try:
             teams.close_conflicts_of_forgotten(self, memory)
         except ClawVMError as exc:  # the forget stands (a retry would say "not found"); guidance skips it
