@@ -293,6 +293,20 @@ def test_a_history_without_agent_or_task_is_the_whole_sessions() -> None:
         ]
 
 
+@pytest.mark.parametrize(("field", "value"), [("agent_id", " "), ("agent_id", ""), ("task_id", "  ")])
+def test_a_history_refuses_a_blank_agent_or_task_rather_than_reading_the_whole_session(
+    field: str, value: str
+) -> None:
+    """agent_id=" " was read as no agent: the history read the whole session's chat, and clear() forgot
+    the other agents' messages."""
+    with Harness.open("memory://", embedder=None) as h:
+        ClawVMChatMessageHistory(h, "c", agent_id="A").add_message(HumanMessage("from A"))
+        with pytest.raises(ValidationError) as refused:
+            ClawVMChatMessageHistory(h, "c", **{field: value})
+        assert refused.value.field == field
+        assert [m.content for m in ClawVMChatMessageHistory(h, "c", agent_id="A").messages] == ["from A"]
+
+
 def test_a_callback_handler_refuses_no_harness_and_a_blank_scope() -> None:
     """ClawVMCallbackHandler(None) was taken and every callback then failed in a log line, the tools
     running unrecorded; session_id="" recorded every call under no session."""

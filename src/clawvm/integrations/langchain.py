@@ -34,8 +34,9 @@ message is a memory of that session (human: ``user_input``, AI: ``llm_thought``,
 other: ``observation``), tagged ``chat``, its text as content (so recall finds it) and the whole message
 in ``metadata.langchain_message``; ``add_messages`` stores all it is given or none; ``messages`` reads them
 back oldest first; ``clear()`` forgets them (the session's other memories stay). A history given an
-``agent_id`` or ``task_id`` reads and clears only the messages written with them; one given neither is the
-whole session's: it reads and clears every agent's and task's messages of that session.
+``agent_id`` or ``task_id`` reads and clears only the messages written with them (a blank one is refused,
+not read as none); one given neither is the whole session's: it reads and clears every agent's and
+task's messages of that session.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from langchain_core.outputs import LLMResult
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
-from clawvm.agents.toolcalls import ToolCall, ToolSpec, bound_scope, scope_fields
+from clawvm.agents.toolcalls import ToolCall, ToolSpec, bound_scope
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import Cost, Kind, Memory, State, Status
 from clawvm.harness import Harness
@@ -362,7 +363,9 @@ class ClawVMChatMessageHistory(BaseChatMessageHistory):
             )
         self.harness = harness
         self.session_id = session_id
-        self.scope = scope_fields(session_id, task_id, agent_id)
+        # a blank agent_id or task_id was read as none: the history read the whole session, and clear()
+        # forgot every other agent's (or task's) messages
+        self.scope = bound_scope(session_id, task_id, agent_id)
 
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]  # a property, as LangChain reads it
