@@ -96,6 +96,21 @@ def test_errors_langchain_handles_are_recorded_as_errors(harness: Harness) -> No
     assert (ok.state, ok.content) == (State.SUCCESS, "sunny in Oslo")
 
 
+def test_a_tool_result_reaches_the_run_ids_through_its_call() -> None:
+    """As documented: metadata.langchain is on the tool_call; its tool_result keeps metadata.tool_result
+    (the docs said every record kept metadata.langchain) and names the call as parent and call_id."""
+    with Harness.open("memory://", embedder=None) as h:
+        weather.invoke(
+            tool_call("weather", {"city": "Oslo"}, "w1"),
+            config={"callbacks": [ClawVMCallbackHandler(h, session_id="s")]},
+        )
+        (call,) = h.list(kind="tool_call")
+        (result,) = h.list(kind="tool_result")
+        assert call.metadata["langchain"]["tool_call_id"] == "w1" and call.metadata["langchain"]["run_id"]
+        assert result.parent_id == call.id and result.metadata["tool_result"]["call_id"] == call.id
+        assert set(result.metadata) == {"tool_result"}
+
+
 @pytest.mark.engines("sqlite")
 def test_each_tool_call_links_to_the_model_turn_that_asked_for_it(harness: Harness) -> None:
     handler = ClawVMCallbackHandler(harness, session_id="agent")

@@ -19,11 +19,13 @@ runnable's ``callbacks`` (or ``config={"callbacks": [...]}``) records:
 - ``on_llm_end``: an ``llm_thought`` (SUCCESS) with the generated text and any tool calls the model
   asked for (name, arguments, id), token usage as cost; ``on_llm_error``: an ``error`` memory.
 
-Every record carries ``metadata.langchain``: the LangChain ``run_id``, ``parent_run_id`` and, for tools,
-``tool_call_id``. Prompts are recorded only when asked (``record_prompts=True``): the messages a chat
-model was given (``on_chat_model_start``) or a completion model's prompts (``on_llm_start``) go into the
-thought's (or the error's) ``metadata.langchain.prompt``, through the write path like any metadata (so
-redaction applies), never as memories of their own (a prompt repeats the conversation it carries).
+Every ``tool_call``, ``llm_thought`` and ``error`` record carries ``metadata.langchain``: the LangChain
+``run_id``, ``parent_run_id`` and, for a tool call, ``tool_call_id``; a ``tool_result`` reaches them through
+its call (its ``parent_id``, and ``metadata.tool_result.call_id``). Prompts are recorded only when asked
+(``record_prompts=True``): the messages a chat model was given (``on_chat_model_start``) or a completion
+model's prompts (``on_llm_start``) go into the thought's (or the error's) ``metadata.langchain.prompt``,
+through the write path like any metadata (so redaction applies), never as memories of their own (a prompt
+repeats the conversation it carries).
 
 **Retriever.** ``ClawVMRetriever(harness=h, k=4, filters={...})`` is a ``BaseRetriever``: ``invoke(query)``
 gives the ``k`` best memories of :meth:`Harness.recall` as ``Document`` objects, with ``id``, ``score``,
