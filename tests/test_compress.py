@@ -749,3 +749,21 @@ def test_a_reply_trickled_past_the_timeout_is_hung_up_on(llm: ChatReplay, fault:
     summary = summarizer_for(llm, timeout_s=1.0).summary(LONG, 200)
     assert summary.fallback is not None and summary.fallback.reason == "timeout"
     assert llm.hung_up_on.wait(10)  # the client shut the connection while the server was still sending
+
+
+def test_chinese_and_japanese_text_is_cut_at_its_own_sentence_marks() -> None:
+    """。！？ end a sentence with no space after them: a Chinese or Japanese memory was one sentence to
+    the summary, and compress() gave it back whole (the pager archived it at full size)."""
+    zh = "".join(f"团队审查了{w}模块，没有发现异常情况。" for w in "甲乙丙丁戊己庚辛壬癸子丑")
+    zh += "结论：可以发布！"
+    ja = "".join(f"チームは{w}モジュールを確認しました。" for w in "ABCDEFGHIJ") + "結論：リリースできます？"
+    for text in (zh, ja):
+        summary = ExtractiveSummarizer().summarize(text, len(text) // 3)
+        sentences = summary.split("\n")
+        assert len(sentences) > 1 and len(summary) <= len(text) // 3
+        assert all(s in text and s[-1] in "。！？" for s in sentences)  # whole sentences, as written
+    with Harness.open("memory://", embedder=None) as h:
+        m = h.record(zh)
+        short = h.compress(m.id)
+        assert short.token_count < m.token_count // 2
+        assert h.decompress(m.id).content == zh

@@ -29,6 +29,7 @@ never any text). A placeholder ("None", "") is never stored.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,6 +38,7 @@ from typing import Protocol, runtime_checkable
 from clawvm.core.embed import count_tokens
 from clawvm.core.entities import entities as named_entities
 from clawvm.core.errors import UpstreamError, ValidationError
+from clawvm.core.lexical import CJK_CLASS, cjk_bigrams
 from clawvm.core.model import JSON, Filters, Link, LinkType, Memory, Status, Tier, derived, revalidate
 from clawvm.core.openai_http import ChatEndpoint, EndpointFailure, FailureReason
 from clawvm.store import Event
@@ -45,7 +47,10 @@ from clawvm.store.kinds import EventKind
 from clawvm.vm.context import one_line
 from clawvm.write.commit import Writer
 
-_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
+# a sentence ends at . ! ? before a space and a capital (or digit, quote, bracket), or at the full-width
+# marks of Chinese and Japanese, which no space follows
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])|(?<=[。！？])\s*")
+_CJK_RUN = re.compile(f"[{CJK_CLASS}]+")
 _NUMBER = re.compile(r"\d")
 _NUMBER_TOKEN = re.compile(r"\d+(?:[.,:]\d+)*")
 _CODE_LINE = re.compile(r"^\s{2,}\S|[{};]\s*$|^\s*(def|class|return|import|from|SELECT|UPDATE|INSERT)\b|`")
@@ -186,16 +191,11 @@ class ExtractiveSummarizer:
                     units.append(sentence)
         if sum(len(u) + 1 for u in units) <= max_chars:
             return "\n".join(units)
-        freq: dict[str, int] = {}
-        for w in _WORD.findall(text.lower()):
-            if len(w) > 3:
-                freq[w] = freq.get(w, 0) + 1
+        freq = Counter(_content_words(text))
         must = {i for i, u in enumerate(units) if _NUMBER.search(u) or _CODE_LINE.search(u)}
         rank = sorted(
             (i for i in range(len(units)) if i not in must),
-            key=lambda i: (
-                -sum(freq.get(w, 0) for w in set(_WORD.findall(units[i].lower()))) / (1 + len(units[i]) / 80)
-            ),
+            key=lambda i: -sum(freq[w] for w in set(_content_words(units[i]))) / (1 + len(units[i]) / 80),
         )
         keep = set(must)
         size = sum(len(units[i]) + 1 for i in keep)
@@ -205,6 +205,15 @@ class ExtractiveSummarizer:
             keep.add(i)
             size += len(units[i]) + 1
         return "\n".join(units[i] for i in sorted(keep))
+
+
+def _content_words(text: str) -> list[str]:
+    """The words a sentence is ranked by: Latin words of four letters or more, and the two-letter terms of
+    its CJK runs (which have no spaces to split words at)."""
+    words = [w for w in _WORD.findall(text.lower()) if len(w) > 3]
+    for run in _CJK_RUN.findall(text):
+        words += cjk_bigrams(run)
+    return words
 
 
 @dataclass(frozen=True)
