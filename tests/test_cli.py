@@ -777,3 +777,35 @@ def test_only_a_broken_stdout_is_a_reader_gone(monkeypatch: pytest.MonkeyPatch) 
         assert not _stdout_closed()  # its reader is there: another pipe broke
         os.close(read_end)
         assert _stdout_closed()
+
+
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_a_blank_id_option_is_refused_by_name_and_writes_nothing(tmp_path: Path, blank: str) -> None:
+    """`clawvm add t --session "$S"` with S unset printed an id and filed the memory under no session (the
+    REST API answers 422, and `--tag ""` was refused); `keys list --tenant ""` listed nothing. Every id
+    option refuses a blank value, naming the option and the fix, before any store opens."""
+    fresh = tmp_path / "fresh.db"
+    result = CliRunner().invoke(main, ["--db", str(fresh), "--no-embed", "add", "t", "--session", blank])
+    assert result.exit_code == 2 and "--session: is blank" in result.output, result.output
+    assert not fresh.exists()
+    db = tmp_path / "c.db"
+    run(db, "add", "keep me")
+    for args in (
+        ["add", "t", "--session"],
+        ["add", "t", "--task"],
+        ["add", "t", "--agent"],
+        ["add", "t", "--tool"],
+        ["search", "q", "--session"],
+        ["export", "--session"],
+        ["review", "list", "--team"],
+        ["review", "list", "--agent"],
+        ["review", "reject", "x", "--by"],
+        ["keys", "list", "--tenant"],
+        ["keys", "create", "--tenant"],
+    ):
+        result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", *args, blank])
+        option = args[-1]
+        assert result.exit_code == 2, (args, result.output)
+        assert f"{option}: is blank" in result.output, result.output
+        assert f"leave {option} out" in result.output, result.output
+    assert json.loads(run(db, "stats"))["memories"] == 1

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from clawvm.cli.common import CliGroup, opened_harness, opened_keyring, opened_store
+from clawvm.cli.common import CliGroup, named, opened_harness, opened_keyring, opened_store, tenant_named
 from clawvm.core.errors import ClaimedError, ConfigError, DimensionError, ValidationError
 from clawvm.core.model import DEFAULT_TENANT, utcnow
 from clawvm.store import Store, store_from_url
@@ -31,6 +31,7 @@ def keys() -> None:
 @click.option(
     "--tenant",
     default=None,
+    callback=tenant_named,
     help="Tenant the key reads and writes (letters, digits, . _ -; default: --tenant of clawvm).",
 )
 @click.option(
@@ -75,7 +76,10 @@ def _key_tenant(ctx: click.Context, given: str | None) -> str:
 
 @keys.command("list")
 @click.option(
-    "--tenant", default=None, help="Only this tenant's keys (default: clawvm's --tenant, if given)."
+    "--tenant",
+    default=None,
+    callback=tenant_named,
+    help="Only this tenant's keys (default: clawvm's --tenant, if given).",
 )
 @click.option("--all", "include_revoked", is_flag=True, help="Include revoked keys.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON Lines instead of a table.")
@@ -201,8 +205,10 @@ def review() -> None:
 @click.option(
     "--below", default=0.5, show_default=True, type=float, help="Confidence under which a memory waits."
 )
-@click.option("--team", "team_id", default=None, help="Only this team's memories.")
-@click.option("--agent", "agent_id", default=None, help="Only what this agent may read.")
+@click.option("--team", "team_id", default=None, callback=named("team"), help="Only this team's memories.")
+@click.option(
+    "--agent", "agent_id", default=None, callback=named("agent"), help="Only what this agent may read."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON Lines (whole memories).")
 @click.pass_context
 def review_list(
@@ -220,7 +226,7 @@ def review_list(
 
 @review.command("approve")
 @click.argument("memory_id")
-@click.option("--by", default=None, help="Who approves (kept with the review).")
+@click.option("--by", default=None, callback=named("reviewer"), help="Who approves (kept with the review).")
 @click.option("--reason", default=None, help="Why (kept with the review).")
 @click.pass_context
 def review_approve(ctx: click.Context, memory_id: str, by: str | None, reason: str | None) -> None:
@@ -232,7 +238,7 @@ def review_approve(ctx: click.Context, memory_id: str, by: str | None, reason: s
 
 @review.command("reject")
 @click.argument("memory_id")
-@click.option("--by", default=None, help="Who rejects (kept with the review).")
+@click.option("--by", default=None, callback=named("reviewer"), help="Who rejects (kept with the review).")
 @click.option("--reason", default=None, help="Why (kept with the review).")
 @click.pass_context
 def review_reject(ctx: click.Context, memory_id: str, by: str | None, reason: str | None) -> None:

@@ -10,7 +10,7 @@ import re
 import select
 import sqlite3
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from clawvm.core.errors import ClawVMError, ValidationError
-from clawvm.core.model import DEFAULT_TENANT
+from clawvm.core.model import DEFAULT_TENANT, TENANT_FIX, is_tenant_name
 from clawvm.harness import Harness
 from clawvm.store import SQLiteStore, Store, store_from_url
 from clawvm.store.base import short_lived
@@ -28,6 +28,48 @@ from clawvm.write.redaction import redaction_options
 
 #: What SQLite keeps beside a database file (its write-ahead log and shared memory, a rollback journal)
 _SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
+
+
+#: A click callback: (context, parameter, value) -> the value, or a ClawVM error naming the parameter
+Check = Callable[[click.Context, click.Parameter, Any], Any]
+
+
+def _option_name(param: click.Parameter) -> str:
+    """How the command line names ``param``: ``--session``, or ``SESSION_ID`` for an argument."""
+    if isinstance(param, click.Option):
+        return param.opts[0]
+    return param.human_readable_name
+
+
+def named(what: str) -> Check:
+    """A callback refusing a blank value of an id option (``--session ""``, or ``--session "$S"`` with S
+    unset): the library takes a blank id for none, so the memory was filed under no session and the command
+    said nothing, where the REST API refuses it (422). Refused before any store opens: nothing written."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            name = _option_name(param)
+            raise ValidationError(
+                name,
+                f"is blank ({value!r})",
+                f"name the {what}, or leave {name} out; an unset shell variable expands to nothing",
+            )
+        return value
+
+    return check
+
+
+def tenant_named(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A callback refusing a blank or invalid tenant of a command's own ``--tenant`` (a blank one listed no
+    key, or served clawvm's tenant instead), as clawvm's own ``--tenant`` is refused."""
+    if value is None:
+        return value
+    name = _option_name(param)
+    if not value.strip():
+        raise ValidationError(name, f"is blank ({value!r})", f"name a tenant, or leave {name} out")
+    if not is_tenant_name(value):
+        raise ValidationError(name, f"{value!r} is not a valid tenant name", TENANT_FIX)
+    return value
 
 
 @contextmanager

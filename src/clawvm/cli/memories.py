@@ -12,7 +12,7 @@ from typing import IO, Any
 
 import click
 
-from clawvm.cli.common import opened_harness, opened_store, refuse_store_as_output
+from clawvm.cli.common import named, opened_harness, opened_store, refuse_store_as_output
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import (
     DEFAULT_TENANT,
@@ -44,10 +44,10 @@ from clawvm.store.eventlog import MAX_AGE_DAYS
     "--kind", default="note", show_default=True, help="Memory kind, e.g. user_input, tool_result, decision."
 )
 @click.option("--state", default=None, help="pending, success, error or intermediate.")
-@click.option("--session", "session_id", default=None, help="Session id.")
-@click.option("--task", "task_id", default=None, help="Task id.")
-@click.option("--agent", "agent_id", default=None, help="Agent id.")
-@click.option("--tool", "tool_name", default=None, help="Tool name.")
+@click.option("--session", "session_id", default=None, callback=named("session"), help="Session id.")
+@click.option("--task", "task_id", default=None, callback=named("task"), help="Task id.")
+@click.option("--agent", "agent_id", default=None, callback=named("agent"), help="Agent id.")
+@click.option("--tool", "tool_name", default=None, callback=named("tool"), help="Tool name.")
 @click.option("--tag", "tags", multiple=True, help="Tag (repeatable).")
 @click.option("--json-content", is_flag=True, help="Parse CONTENT as JSON and store it as canonical JSON.")
 @click.pass_context
@@ -135,7 +135,7 @@ def _kind(value: str | None) -> Kind | None:
     default=None,
     help="Recall preset (default: hybrid; docs/recall.md compares them).",
 )
-@click.option("--session", "session_id", default=None, help="Only this session.")
+@click.option("--session", "session_id", default=None, callback=named("session"), help="Only this session.")
 @click.option("--kind", default=None, help="Only this kind.")
 @click.option(
     "--tag", "tags", multiple=True, help="Only memories with this tag (repeatable: all must match)."
@@ -226,7 +226,7 @@ def forget(ctx: click.Context, memory_id: str, expected_version: int | None) -> 
     default=None,
     help="Write to this file instead of standard output.",
 )
-@click.option("--session", "session_id", default=None, help="Only this session.")
+@click.option("--session", "session_id", default=None, callback=named("session"), help="Only this session.")
 @click.option("--events", is_flag=True, help="Export the event log instead of the memories (MemLens).")
 @click.option(
     "--format",

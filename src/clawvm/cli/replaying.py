@@ -9,14 +9,14 @@ from pathlib import Path
 
 import click
 
-from clawvm.cli.common import opened_harness, refuse_store_as_output
+from clawvm.cli.common import named, opened_harness, refuse_store_as_output
 from clawvm.core.errors import ValidationError
 from clawvm.harness import Harness
 from clawvm.store import store_from_url
 
 
 @click.command()
-@click.argument("session_id", required=False)
+@click.argument("session_id", required=False, callback=named("session"))
 @click.option("--demo", is_flag=True, help="Replay the demo workload (built in memory) instead of --db.")
 @click.option(
     "--locomo",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from clawvm.cli.common import opened_harness, opened_keyring
+from clawvm.cli.common import named, opened_harness, opened_keyring, tenant_named
 from clawvm.core.errors import ConfigError
 from clawvm.core.model import DEFAULT_TENANT
 from clawvm.store.keys import Keyring
@@ -217,11 +217,20 @@ def _require_mcp() -> None:
 
 @click.command(name="mcp")
 @click.option(
-    "--session", "session_id", default=None, help="Default session of the tools (a call may pass its own)."
+    "--session",
+    "session_id",
+    default=None,
+    callback=named("session"),
+    help="Default session of the tools (a call may pass its own).",
 )
-@click.option("--task", "task_id", default=None, help="Default task.")
-@click.option("--agent", "agent_id", default=None, help="Default agent.")
-@click.option("--tenant", default=None, help="Tenant of the memories (default: clawvm's --tenant).")
+@click.option("--task", "task_id", default=None, callback=named("task"), help="Default task.")
+@click.option("--agent", "agent_id", default=None, callback=named("agent"), help="Default agent.")
+@click.option(
+    "--tenant",
+    default=None,
+    callback=tenant_named,
+    help="Tenant of the memories (default: clawvm's --tenant).",
+)
 @click.option("--http", is_flag=True, help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="With --http: the address to listen on.")
 @click.option("--port", default=8765, show_default=True, type=_PORT, help="With --http: the port.")
