@@ -19,6 +19,7 @@ from clawvm.core.lexical import Analyzer
 from clawvm.recall.retrieval import (
     CHANNELS,
     DEFAULT_PRESET,
+    MAX_LENGTH_RATIO,
     PRESETS,
     RecallConfig,
     _best_first,
@@ -502,9 +503,25 @@ def test_length_factors_rise_with_length_around_the_pools_median(lengths: list[i
     assert all(a[1] <= b[1] + 1e-12 for a, b in itertools.pairwise(kept))  # longer never loses to shorter
     median = float(np.median([n for n, _ in kept]))
     for n, f in kept:
-        assert f == pytest.approx((n / median) ** g)
+        assert f == pytest.approx(min(n / median, MAX_LENGTH_RATIO) ** g)
     if g == 0.0:
         assert set(factors.values()) == {1.0}
+
+
+def test_a_huge_memory_does_not_outrank_an_exact_short_match(lexical_harness: Harness) -> None:
+    """The prior's ratio stops at ten times the pool's median: a 300 KB log's factor was 19, above
+    the short memory that says exactly what was asked."""
+    h = lexical_harness
+    exact = h.record("deploy failed on ci-3: disk full", session_id="s1", created_at=T0)
+    filler = " ".join(f"line {i} of the nightly build log, nothing happened" for i in range(6000))
+    huge = h.record(f"{filler} deploy {filler} failed", session_id="s2", created_at=T0)
+    for i in range(8):
+        h.record(f"deploy note {i}: the rollout of service {i} went fine", session_id="s3", created_at=T0)
+    hits = h.recall("deploy failed", k=3, preset=LEXICAL_ONLY.with_("length", length_prior=0.3), track=False)
+    assert hits[0].id == exact.id
+    by_id = {x.id: x for x in hits}
+    if huge.id in by_id:
+        assert by_id[huge.id].explain["length"].raw == pytest.approx(MAX_LENGTH_RATIO**0.3)
 
 
 def test_length_prior_lifts_the_memory_that_says_more(lexical_harness: Harness) -> None:

@@ -427,13 +427,19 @@ class Recalled:
 
 def length_factors(info: dict[str, CandidateInfo], scored: dict[str, float], g: float) -> dict[str, float]:
     """The length prior's factor for each pool member in ``scored``: (length / median length) ** g, a
-    length of 0 counting as 1. Relative to the pool's median, so a typical memory keeps its score whatever
-    the corpus's usual length."""
+    length of 0 counting as 1, the ratio at most :data:`MAX_LENGTH_RATIO`. Relative to the pool's median,
+    so a typical memory keeps its score whatever the corpus's usual length."""
     lengths = {i: x.length or 1 for i, x in info.items() if i in scored}
     if not lengths:
         return {}
     median = statistics.median(lengths.values())  # on the ~100-200 ints of a pool: a third of np.median
-    return {i: (n / median) ** g for i, n in lengths.items()}
+    return {i: min(n / median, MAX_LENGTH_RATIO) ** g for i, n in lengths.items()}
+
+
+#: Where the length prior stops growing: a memory ten times the pool's median length says more than a
+#: typical one, a 300 KB log does not say 2,000 times more (uncapped, its factor of 19 put it above exact
+#: short matches). At the default prior (0.3) the factor is at most 2.0.
+MAX_LENGTH_RATIO = 10.0
 
 
 @runtime_checkable
