@@ -629,6 +629,37 @@ def test_recall_of_scope_task_with_no_task_is_refused_not_every_session() -> Non
     assert [m["content"] for m in ok(given)["memories"]] == ["alpha t1"]
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["-m", "clawvm.integrations.mcp_server", "--db", "x.db", "--session", ""],
+        ["-m", "clawvm.integrations.mcp_server", "--db", "x.db", "--agent", "  "],
+        ["-c", "from clawvm.cli import main; main()", "--db", "x.db", "mcp", "--session", "  "],
+        ["-c", "from clawvm.cli import main; main()", "--db", "x.db", "mcp", "--task", ""],
+    ],
+)
+def test_a_blank_launch_flag_is_one_line_of_error_and_no_store(command: list[str], tmp_path: Path) -> None:
+    """``python -m clawvm.integrations.mcp_server --session ""`` printed a traceback, after creating the
+    store; both launchers now say one line and open (create) nothing."""
+    env = {**os.environ, "PYTHONPATH": SRC}
+    done = subprocess.run(
+        [sys.executable, *command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    said = done.stderr.strip()
+    flag = command[-2]
+    assert done.returncode == 2 and "Traceback" not in said and said.splitlines() == [said], said
+    assert said.startswith(f"error: {flag}: is blank") and f"leave {flag} out" in said, said
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_refuses_a_blank_scope_before_it_opens_the_store(tmp_path: Path) -> None:
+    from clawvm.integrations.mcp_server import run as serve
+
+    with pytest.raises(ValidationError) as exc:
+        serve(str(tmp_path / "new.db"), session_id="s1", task_id=" ")
+    assert exc.value.field == "task_id" and list(tmp_path.iterdir()) == []
+
+
 def test_a_blank_default_scope_is_refused_when_the_server_is_built() -> None:
     """``clawvm mcp --session ""`` (an empty variable) served tools bound to no session at all."""
     with Harness.open("memory://", embedder=None) as h:

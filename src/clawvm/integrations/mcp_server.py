@@ -421,7 +421,9 @@ def run(
     port: int = 8765,
     api_key: str | None = None,
 ) -> None:
-    """Open the store and serve until the client leaves (stdio) or the process is stopped (HTTP)."""
+    """Open the store and serve until the client leaves (stdio) or the process is stopped (HTTP). A blank
+    scope is refused before the store is opened (a path that did not exist was created first)."""
+    bound_scope(session_id, task_id, agent_id)
     options = redaction_options(redact=redact, keep_originals=keep_originals)
     with Harness.open(db, embedder=embedder, tenant=tenant, **options) as harness:
         server = build_server(harness, session_id=session_id, task_id=task_id, agent_id=agent_id)
@@ -455,6 +457,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--api-key", help="with --http: the Bearer key every request must send")
     args = parser.parse_args(argv)
+    for what, value in (("session", args.session), ("task", args.task), ("agent", args.agent)):
+        if value is not None and not value.strip():  # as clawvm mcp says it: one line, before any store
+            flag = f"--{what}"
+            fix = f"name the {what}, or leave {flag} out (is a variable unset?)"
+            parser.exit(2, f"error: {ValidationError(flag, f'is blank ({value!r})', fix)}\n")
     run(
         args.db,
         session_id=args.session,
