@@ -809,3 +809,29 @@ def test_a_blank_id_option_is_refused_by_name_and_writes_nothing(tmp_path: Path,
         assert f"{option}: is blank" in result.output, result.output
         assert f"leave {option} out" in result.output, result.output
     assert json.loads(run(db, "stats"))["memories"] == 1
+
+
+def test_a_json_key_given_twice_is_refused_naming_it_as_the_rest_api_does(tmp_path: Path) -> None:
+    """`import` of `{"content": "first", "content": "second"}` stored "second" and `add '{"a": 1, "a": 2}'
+    --json-content` stored {"a": 2}: Python's JSON reader keeps the last value without a word, where the
+    REST API refuses a key given twice (422). Both refuse it, naming the key (and line), writing nothing."""
+    db = tmp_path / "c.db"
+    src = tmp_path / "a.db"
+    run(src, "add", "a note")
+    good = run(src, "export").strip()
+    memory = json.loads(good)
+    twice = good.replace('"content":', '"content":"first","content":', 1)
+    assert json.loads(twice)["content"] == memory["content"]  # the last value is the one that was kept
+    result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", "import", "-"], input=f"\n{twice}\n")
+    assert result.exit_code == 2, result.output
+    assert "<stdin>:2: content: is given more than once in one JSON object" in result.output
+    assert "give each key once" in result.output and not db.exists()
+    nested = good.replace('"metadata":{}', '"metadata":{"a":1,"a":2}')
+    result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", "import", "-"], input=nested)
+    assert result.exit_code == 2 and "<stdin>:1: a: is given more than once" in result.output, result.output
+    for content in ('{"a": 1, "a": 2}', '[{"b": {"a": 1, "a": 2}}]'):
+        result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", "add", content, "--json-content"])
+        assert result.exit_code == 2, result.output
+        assert "content: gives the key 'a' more than once" in result.output, result.output
+    assert not db.exists()
+    assert run(db, "import", "-", stdin=good).startswith("imported 1")  # once each: imported

@@ -12,7 +12,14 @@ from typing import IO, Any
 
 import click
 
-from clawvm.cli.common import named, opened_harness, opened_store, refuse_store_as_output
+from clawvm.cli.common import (
+    REPEATED_KEY,
+    named,
+    opened_harness,
+    opened_store,
+    refuse_store_as_output,
+    repeated_key,
+)
 from clawvm.core.errors import ValidationError
 from clawvm.core.model import (
     DEFAULT_TENANT,
@@ -76,6 +83,10 @@ def add(
                 f"is nested deeper than {MAX_JSON_DEPTH} levels",
                 f"{DEPTH_FIX}, or pass it as text",
             ) from None
+        if (key := repeated_key(text)) is not None:  # {"a": 1, "a": 2} was stored as {"a": 2}
+            raise ValidationError(
+                "content", f"gives the key {key!r} more than once in one object", REPEATED_KEY[1]
+            )
         if not isinstance(payload, dict | list):  # a JSON string was stored as text, a number refused oddly
             kind = "string" if isinstance(payload, str) else type(payload).__name__
             raise ValidationError(
@@ -333,6 +344,8 @@ def import_(ctx: click.Context, path: Path) -> None:
         for lineno, raw in enumerate(fh, start=1):
             if not raw.strip():
                 continue
+            if (key := repeated_key(raw)) is not None:  # the last value was imported, the others dropped
+                raise ValidationError(f"{path}:{lineno}: {key}", *REPEATED_KEY)
             try:
                 memory = Memory.from_json(raw)
             except ValidationError as exc:
