@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -534,6 +535,30 @@ def test_a_text_the_model_gives_no_direction_is_stored_without_a_vector() -> Non
         ranked = store.search(("u",), query="cats")
         assert ranked[0].key == "cats" and ranked[0].score == pytest.approx(1 / np.sqrt(2), abs=1e-5)
         assert {i.key for i in ranked if i.score is None} == {"blank", "spaces", "tab"}  # after the ranked
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 1e300], ids=["nan", "inf", "past-float32"])
+def test_a_model_that_returns_non_finite_vectors_is_refused_by_name_and_nothing_stored(bad: float) -> None:
+    """An embed returning NaN: put stored the item (a numpy RuntimeWarning aside) and search refused it
+    naming an internal field ("vector"). Both refuse it naming index.embed, sync and async, as a vector
+    of the wrong size is refused, and store nothing."""
+    with Harness.open("memory://", embedder=None) as h:
+        store = ClawVMStore(h, index={"dims": 384, "embed": lambda xs: [[bad] * 384 for _ in xs]})
+        short = ClawVMStore(h, index={"dims": 384, "embed": lambda xs: [[1.0] * 3 for _ in xs]})
+        for call in (
+            lambda: store.put(("n",), "k", {"text": "hello"}),
+            lambda: store.search(("n",), query="hello"),
+            lambda: asyncio.run(store.aput(("n",), "k", {"text": "hello"})),
+            lambda: asyncio.run(store.asearch(("n",), query="hello")),
+            lambda: short.put(("n",), "k", {"text": "hello"}),
+            lambda: short.search(("n",), query="hello"),
+        ):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # no numpy RuntimeWarning on the way
+                with pytest.raises(ValidationError) as exc:
+                    call()
+            assert exc.value.field == "index.embed", exc.value
+        assert h.count(status="any") == 0
 
 
 # ---- LangGraph's own store tests, re-written against the adapter -----------------------------------------

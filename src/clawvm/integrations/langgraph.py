@@ -28,7 +28,8 @@ Mapping:
   :class:`IndexConfig` or of ``put(index=[...])``, joined by newlines) is embedded when it is put, with
   the ``IndexConfig``'s ``embed`` or else the harness's embedder (the async methods await the model's
   ``aembed_documents``/``aembed_query`` before the batch runs, so an async-only model works there; the
-  sync ones refuse it by name); ``put(index=False)`` leaves the item
+  sync ones refuse it by name; a vector that is not the store's size in finite numbers is refused naming
+  ``index.embed``, before anything is written); ``put(index=False)`` leaves the item
   out of ranked results (as in LangGraph's stores it is still returned, without a score, after them).
   ``search(query=...)`` ranks the namespace's items by the engine's vector search, and **the score is the
   cosine similarity between the query's embedding and the item's, in [-1, 1]** (with the default MiniLM
@@ -149,17 +150,43 @@ class _Vectors:
     queries: dict[str, np.ndarray | None]
 
     @classmethod
-    def of(cls, plan: _Plan, rows: Sequence[Any], asked: Sequence[Any]) -> _Vectors:
+    def of(cls, plan: _Plan, rows: Sequence[Any], asked: Sequence[Any], model: str, dim: int) -> _Vectors:
+        """``rows`` (the indexed texts') and ``asked`` (the queries') as ``model`` (the field naming it:
+        ``index.embed``, or the harness's ``embedder``) returned them, each checked to be ``dim`` finite
+        floats: a NaN vector was stored (a put) or refused naming an internal field (a search)."""
         positions = [n for n, t in enumerate(plan.texts) if t is not None]
-        documents = {n: np.asarray(rows[i], dtype=np.float32) for i, n in enumerate(positions)}
-        return cls(_directed(documents), {q: _unit(v) for q, v in zip(plan.queries, asked, strict=True)})
+        if len(rows) != len(positions):
+            raise ValidationError(
+                model, f"returned {len(rows)} vectors for {len(positions)} texts", "return one per text"
+            )
+        documents = {n: _model_vector(rows[i], model, dim, "a text") for i, n in enumerate(positions)}
+        queries = {
+            q: _unit(_model_vector(v, model, dim, "a query"))
+            for q, v in zip(plan.queries, asked, strict=True)
+        }
+        return cls(_directed(documents), queries)
+
+
+def _model_vector(vector: Any, model: str, dim: int, what: str) -> np.ndarray:
+    """One embedding as the model gave it, refused naming ``model`` unless it is ``dim`` finite floats."""
+    fix = f"use an embedding model that returns {dim} finite numbers for each text"
+    try:
+        with np.errstate(over="ignore"):  # a float64 past float32's range: infinite, refused below
+            v = np.asarray(vector, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise ValidationError(model, f"returned no vector of numbers for {what}", fix) from None
+    if v.shape != (dim,):
+        raise ValidationError(model, f"returned a vector of shape {v.shape} for {what}, not ({dim},)", fix)
+    if not np.isfinite(v).all():
+        raise ValidationError(model, f"returned NaN or infinite values for {what}", fix)
+    return v
 
 
 def _directed(documents: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
     """``documents`` without the vectors that have no direction: a model may answer a text (a blank one,
     for a bag-of-words model) with zeros, which the store refuses with the whole batch. Such an item is
     stored without a vector, as a query's zero vector ranks lexically: searches return it after the
-    ranked items. Rows of the wrong shape stay, for the write to refuse by name (the model's fault)."""
+    ranked items. (Rows of the wrong shape were refused before, naming the model: :func:`_model_vector`.)"""
     shapes = {v.shape for v in documents.values()}
     if len(shapes) != 1 or len(next(iter(shapes))) != 1:
         return documents
@@ -239,7 +266,8 @@ class ClawVMStore(BaseStore):
         if self.embeddings is None:  # the harness's embedder is synchronous: the whole batch in a thread
             return await asyncio.to_thread(self.batch, list(ops))
         plan = await asyncio.to_thread(self._plan, list(ops))
-        return await asyncio.to_thread(self._run, plan, await self._avectors(plan, self.embeddings))
+        vectors = await self._avectors(plan, self.embeddings, self.harness.store.dim)
+        return await asyncio.to_thread(self._run, plan, vectors)
 
     def _plan(self, ops: Iterable[Op]) -> _Plan:
         """``ops`` checked (a put's value as the write path would: a value it would refuse costs no
@@ -661,15 +689,16 @@ class ClawVMStore(BaseStore):
             asked = [embedder.embed_query(q) for q in plan.queries]
         else:
             return _Vectors({}, {})
-        return _Vectors.of(plan, rows, asked)
+        model = "index.embed" if self.embeddings is not None else "embedder"
+        return _Vectors.of(plan, rows, asked, model, self.harness.store.dim)
 
     @staticmethod
-    async def _avectors(plan: _Plan, embeddings: Embeddings) -> _Vectors:
+    async def _avectors(plan: _Plan, embeddings: Embeddings, dim: int) -> _Vectors:
         """:meth:`_vectors` from the model's async methods."""
         texts = [t for t in plan.texts if t is not None]
         rows = await embeddings.aembed_documents(texts) if texts else []
         asked = [await embeddings.aembed_query(q) for q in plan.queries]
-        return _Vectors.of(plan, rows, asked)
+        return _Vectors.of(plan, rows, asked, "index.embed", dim)
 
     def _refresh(self, memories: Sequence[Memory]) -> None:
         """Move the expiry of items a read returned forward by their TTL (``refresh_ttl``). One that a
