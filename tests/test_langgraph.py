@@ -561,6 +561,27 @@ def test_a_model_that_returns_non_finite_vectors_is_refused_by_name_and_nothing_
         assert h.count(status="any") == 0
 
 
+def test_no_harness_an_unknown_kind_and_a_filter_that_is_no_dict_are_refused_by_name() -> None:
+    """ClawVMStore(None) was taken (ClawVMCallbackHandler(None) is refused), kind="bogus" raised a bare
+    ValueError, and search(filter=[1]) answered [] as though nothing matched."""
+    with pytest.raises(ValidationError) as exc:
+        ClawVMStore(None)  # type: ignore[arg-type]
+    assert exc.value.field == "harness"
+    with Harness.open("memory://", embedder=None) as h:
+        with pytest.raises(ValidationError) as exc:
+            ClawVMStore(h, kind="bogus")
+        assert exc.value.field == "kind" and "knowledge" in exc.value.fix
+        store = ClawVMStore(h)
+        store.put(("f",), "k", {"n": 1})
+        for bad in ([1], [], "n"):
+            with pytest.raises(ValidationError) as exc:
+                store.search(("f",), filter=bad)  # type: ignore[arg-type]
+            assert exc.value.field == "filter"
+            with pytest.raises(ValidationError):
+                asyncio.run(store.asearch(("f",), filter=bad))  # type: ignore[arg-type]
+        assert [i.key for i in store.search(("f",), filter={"n": 1})] == ["k"]
+
+
 # ---- LangGraph's own store tests, re-written against the adapter -----------------------------------------
 @pytest.fixture
 def words(mem_harness: Harness) -> ClawVMStore:

@@ -234,8 +234,14 @@ class ClawVMStore(BaseStore):
         index: IndexConfig | None = None,
         ttl: TTLConfig | None = None,
     ) -> None:
+        if not isinstance(harness, Harness):  # None was taken: the first put failed far from the cause
+            raise ValidationError("harness", f"is a {type(harness).__name__}", "pass an open clawvm.Harness")
         self.harness = harness
-        self.kind = Kind(kind)
+        try:
+            self.kind = Kind(kind)
+        except ValueError:  # a bare ValueError, unlike every other bad argument
+            kinds = [k.value for k in Kind]
+            raise ValidationError("kind", f"is {kind!r}", f"use one of {kinds}") from None
         self.agent_id = agent_id
         self.index_config = index
         self.embeddings = ensure_embeddings(index["embed"]) if index and index.get("embed") else None
@@ -286,6 +292,11 @@ class ClawVMStore(BaseStore):
             if not isinstance(op, GetOp | PutOp | SearchOp | ListNamespacesOp):
                 raise ValidationError(
                     "op", f"is a {type(op).__name__}", "pass GetOp, PutOp, SearchOp or ListNamespacesOp"
+                )
+            if isinstance(op, SearchOp) and op.filter is not None and not isinstance(op.filter, Mapping):
+                # a list matched no value: search answered [] as if nothing were stored
+                raise ValidationError(
+                    "filter", f"is a {type(op.filter).__name__}", "pass a dict of field -> value or condition"
                 )
             if isinstance(op, SearchOp | ListNamespacesOp):  # a negative one sliced from the end
                 counted("limit", op.limit, 0)
