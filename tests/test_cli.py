@@ -552,7 +552,7 @@ def test_the_command_line_redacts_what_it_writes_when_asked_as_serve_does(tmp_pa
     result = CliRunner(env={"CLAWVM_REDACT": "1"}).invoke(
         main, ["--db", str(imported), "--no-embed", "import", "-"], input=run(plain, "export")
     )
-    assert result.exit_code == 0 and result.output.startswith("imported 1 memories"), result.output
+    assert result.exit_code == 0 and result.output.startswith("imported 1 memory "), result.output
     assert "ann@example.org" not in run(imported, "export") and "4111" not in run(imported, "export")
 
 
@@ -761,7 +761,7 @@ def test_import_reads_stdin_for_a_dash_as_add_does(tmp_path: Path) -> None:
     source, copy = tmp_path / "a.db", tmp_path / "b.db"
     mid = run(source, "add", "the deploy failed").strip()
     dump = run(source, "export")
-    assert run(copy, "import", "-", stdin=dump).startswith("imported 1 memories")
+    assert run(copy, "import", "-", stdin=dump).startswith("imported 1 memory ")
     assert json.loads(run(copy, "show", mid))["content"] == "the deploy failed"
     result = CliRunner().invoke(main, ["--db", str(copy), "--no-embed", "import", "-"], input=dump + "oops\n")
     assert result.exit_code == 2 and result.output.startswith("error: <stdin>:2: ")
@@ -835,3 +835,31 @@ def test_a_json_key_given_twice_is_refused_naming_it_as_the_rest_api_does(tmp_pa
         assert "content: gives the key 'a' more than once" in result.output, result.output
     assert not db.exists()
     assert run(db, "import", "-", stdin=good).startswith("imported 1")  # once each: imported
+
+
+def test_counts_are_in_the_singular_for_one_and_a_second_revoke_says_it_changed_nothing(
+    tmp_path: Path,
+) -> None:
+    """"imported 1 memories"; `keys revoke` of a revoked key printed "revoked ..." again as if it had; and a
+    memory or key not found was told without what to do, unlike the REST API."""
+    src, dst = tmp_path / "a.db", tmp_path / "b.db"
+    run(src, "add", "one note")
+    dump = tmp_path / "dump.jsonl"
+    assert CliRunner().invoke(main, ["--db", str(src), "export", "-o", str(dump)]).stderr.startswith(
+        "exported 1 memory to"
+    )
+    assert run(dst, "import", str(dump)).startswith("imported 1 memory (0 already present)")
+    assert run(dst, "import", str(dump)).startswith("imported 0 memories (1 already present)")
+    token = run(dst, "keys", "create", "--tenant", "acme").splitlines()[0]
+    key_id = token.split("_")[1]
+    assert run(dst, "keys", "revoke", key_id) == f"revoked {key_id}\n"
+    again = run(dst, "keys", "revoke", key_id)  # idempotent: exit 0, and says so
+    assert again.startswith(f"{key_id} was already revoked at ") and "nothing changed" in again
+    for args, fix in (
+        (["show", str(uuid.uuid4())], "`clawvm export` or `clawvm search QUERY` show the ids"),
+        (["review", "reject", str(uuid.uuid4())], "`clawvm export` or `clawvm search QUERY` show the ids"),
+        (["keys", "revoke", "0123456789ab"], "`clawvm keys list --all` lists every key"),
+    ):
+        result = CliRunner().invoke(main, ["--db", str(dst), "--no-embed", *args])
+        assert result.exit_code == 2 and "not found (check the" in result.output, result.output
+        assert fix in result.output, result.output

@@ -116,8 +116,14 @@ def keys_list(ctx: click.Context, tenant: str | None, include_revoked: bool, as_
 def keys_revoke(ctx: click.Context, key_id: str) -> None:
     """Revoke KEY_ID: running servers refuse it within a few seconds."""
     with opened_keyring(ctx, existing=True) as ring:
-        ring.revoke(key_id)
-    click.echo(f"revoked {key_id}")
+        # read first: revoking a revoked key changes nothing, and said "revoked" again as if it had
+        was_active = any(k.active for k in ring.list(include_revoked=True) if k.key_id == key_id)
+        record = ring.revoke(key_id)
+    if was_active:
+        click.echo(f"revoked {key_id}")
+    else:
+        at = f" at {record.revoked_at.isoformat()}" if record.revoked_at else ""
+        click.echo(f"{key_id} was already revoked{at}: nothing changed")
 
 
 @keys.command("rotate")

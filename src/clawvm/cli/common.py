@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from clawvm.core.errors import ClawVMError, ValidationError
+from clawvm.core.errors import ClawVMError, NotFoundError, ValidationError
 from clawvm.core.model import DEFAULT_TENANT, TENANT_FIX, is_tenant_name
 from clawvm.harness import Harness
 from clawvm.store import SQLiteStore, Store, store_from_url
@@ -261,6 +261,9 @@ class CliGroup(click.Group):
             if near and not exc.possibilities:
                 raise click.NoSuchOption(exc.option_name, possibilities=near, ctx=exc.ctx) from None
             raise
+        except NotFoundError as exc:  # "memory 'x' not found" and nothing more: the REST API says what to do
+            click.echo(f"error: {exc} ({not_found_fix(exc)})", err=True)
+            sys.exit(2)
         except ClawVMError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
@@ -269,6 +272,21 @@ class CliGroup(click.Group):
                 raise
             click.echo(f"error: {exc.filename}: {exc.strerror or exc}", err=True)
             sys.exit(2)
+
+
+def not_found_fix(exc: NotFoundError) -> str:
+    """What to do about ``exc``, as the REST API says it: the library's fix, and the command that lists
+    such ids (a key is never deleted, only revoked: a key id not found was mistyped)."""
+    if exc.what == "key":
+        return "check the key id: `clawvm keys list --all` lists every key, revoked ones too"
+    if exc.what == "memory":
+        return f"{exc.fix}; `clawvm export` or `clawvm search QUERY` show the ids"
+    return exc.fix
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``1 memory``, ``2 memories``: ``n`` and ``word`` (``words`` for other counts, else ``word`` + s)."""
+    return f"{n} {word if n == 1 else words or word + 's'}"
 
 
 def _stdout_closed() -> bool:

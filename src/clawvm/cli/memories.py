@@ -17,6 +17,7 @@ from clawvm.cli.common import (
     named,
     opened_harness,
     opened_store,
+    plural,
     refuse_store_as_output,
     repeated_key,
 )
@@ -268,7 +269,7 @@ def export(ctx: click.Context, out: Path | None, session_id: str | None, events:
             if out:
                 stream.close()
         if out:
-            click.echo(f"exported {n} memories to {out}", err=True)
+            click.echo(f"exported {plural(n, 'memory', 'memories')} to {out}", err=True)
 
 
 def _export_events(
@@ -292,7 +293,7 @@ def _export_events(
                 if out:
                     stream.close()
     if out:
-        click.echo(f"exported {n} events to {out}", err=True)
+        click.echo(f"exported {plural(n, 'event')} to {out}", err=True)
 
 
 @click.command(name="prune-events")
@@ -324,7 +325,7 @@ def prune_events(ctx: click.Context, max_age_days: float | None, max_events: int
         raise ValidationError(f"--{exc.field.replace('_', '-')}", exc.problem, exc.fix) from None
     with opened_store(ctx, existing=True) as store:  # retention works below the write path, on the log
         n = prune(store, retention, utcnow())
-    click.echo(f"deleted {n} events")
+    click.echo(f"deleted {plural(n, 'event')}")
 
 
 @click.command(name="import")
@@ -362,7 +363,7 @@ def import_(ctx: click.Context, path: Path) -> None:
         except ValidationError as exc:  # memories.<i>.<field>: say which line of the file
             raise _at_line(exc, path, [line_of[m.id] for m in memories]) from None
     n = done.imported
-    click.echo(f"imported {n} memories ({len(memories) - n} already present)")
+    click.echo(f"imported {plural(n, 'memory', 'memories')} ({len(memories) - n} already present)")
     others = Counter(m.tenant for m in memories if m.tenant != h.tenant)
     names = ", ".join(map(repr, sorted(others)))
     if others and h.tenant != DEFAULT_TENANT:  # a tenant's import takes them into its own tenant
