@@ -564,11 +564,25 @@ def test_a_blank_scope_id_is_no_scope(harness: Harness, field: str) -> None:
     assert getattr(harness.update(n.id, **{field: "  "}), field) is None
 
 
+def test_content_of_only_invisible_characters_is_refused_as_blank() -> None:
+    """A zero-width space is not whitespace to str.strip: such a memory was stored, an empty line in
+    prompts; the same characters inside visible text stay as written."""
+    with Harness.open("memory://", embedder=None) as h:
+        for blank in ["\u200b", " \ufeff\u200c ", "\u2060\n\u200d"]:
+            with pytest.raises(ValidationError) as exc:
+                h.record(blank)
+            assert exc.value.field == "content"
+        kept = h.record("zero\u200bwidth")
+        assert h.get(kept.id).content == "zero\u200bwidth" and h.count() == 1
+
+
 def test_imported_content_is_checked_as_recorded_content() -> None:
     """A blank memory was imported and reached prompts as an empty line; unparsable JSON content made every
     content_json() and, in a redacting store, the import itself raise a raw JSONDecodeError."""
     with pytest.raises(pydantic.ValidationError, match="content"):
         Memory(content="   ")
+    with pytest.raises(pydantic.ValidationError, match="content"):
+        Memory(content="\u200b\u2060 \u200d")  # invisible: nothing a prompt shows
     labelled = Memory(content="not json { mail alice@example.com", content_type="application/json")
     with Harness.open("memory://", embedder=None, redaction=RedactionPolicy()) as h:
         assert h.import_memories([labelled]) == 1

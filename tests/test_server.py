@@ -1527,6 +1527,15 @@ BAD_INPUT: list[tuple[str, str, str, dict[str, Any], int, str, str]] = [
         "validation_error",
         "content",
     ),
+    (
+        "content of only a zero-width space and a byte order mark",
+        "POST",
+        "/v1/memories",
+        {"json": {"content": "\u200b \ufeff"}},
+        422,
+        "validation_error",
+        "content",
+    ),
     ("over-long path id", "GET", "/v1/memories/" + "a" * 200, {}, 422, "validation_error", "memory_id"),
     # a key given twice: the last value was read and the first dropped unseen
     (

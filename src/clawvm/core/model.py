@@ -55,6 +55,20 @@ def _not_whitespace() -> str:
 
 #: JSON Schema pattern of a text with something besides whitespace (what ``strip()`` leaves non-empty).
 NON_BLANK = _not_whitespace()
+
+#: Characters that show nothing and are not whitespace to ``str.strip``: zero-width space, non-joiner and
+#: joiner, word joiner, byte order mark. Content of only these (and spaces) is blank to a reader.
+INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff"
+_DROP_INVISIBLE = dict.fromkeys(map(ord, INVISIBLE))
+#: JSON Schema pattern of content that shows something: a character neither whitespace nor invisible.
+VISIBLE = NON_BLANK[:-1] + "".join(f"\\u{ord(c):04x}" for c in INVISIBLE) + "]"
+
+
+def shows_nothing(text: str) -> bool:
+    """Whether ``text`` is only whitespace and :data:`INVISIBLE` characters (nothing a prompt shows)."""
+    return not text.translate(_DROP_INVISIBLE).strip()
+
+
 _SCOPE_ID_SCHEMA: dict[str, JsonValue] = {"maxLength": MAX_SCOPE_ID_CHARS}
 _ID_SCHEMA: dict[str, JsonValue] = {"type": "string", "pattern": ID_PATTERN}
 
@@ -320,7 +334,7 @@ class Memory(BaseModel):
     @field_validator("content")
     @classmethod
     def _not_blank(cls, v: str, info: ValidationInfo) -> str:
-        if not _as_stored(info) and not v.strip():  # as its schema says: a blank line reached prompts
+        if not _as_stored(info) and shows_nothing(v):  # as its schema says: a blank line reached prompts
             raise ValueError("is blank: give the memory content")
         return v
 
@@ -504,7 +518,7 @@ def normalize_content(content: Any, max_bytes: int = DEFAULT_MAX_CONTENT_BYTES) 
         raise ValidationError(
             "content", "contains unpaired surrogates (not valid UTF-8)", "remove or replace them"
         ) from None
-    if not text.strip():
+    if shows_nothing(text):
         raise ValidationError("content", "is empty", "record something non-blank")
     if size > max_bytes:
         raise ValidationError(

@@ -33,6 +33,7 @@ from clawvm.core.model import (
     MAX_TAGS,
     NON_BLANK,
     STATUS_CHOICES,
+    VISIBLE,
     Kind,
     Status,
     Tier,
@@ -196,7 +197,7 @@ class NewMemoryBody(BaseModel):
     """A memory written from the dashboard (through the harness, as the SDK's ``record``)."""
 
     model_config = ConfigDict(extra="forbid")
-    content: str = Field(min_length=1, max_length=100_000, pattern=NON_BLANK)
+    content: str = Field(min_length=1, max_length=100_000, pattern=VISIBLE)
     kind: Kind = Kind.NOTE
     session_id: str | None = Field(default=None, max_length=MAX_SCOPE_ID_CHARS)
     tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
@@ -204,7 +205,7 @@ class NewMemoryBody(BaseModel):
 
 class ReviseBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    content: str = Field(min_length=1, max_length=100_000, pattern=NON_BLANK)
+    content: str = Field(min_length=1, max_length=100_000, pattern=VISIBLE)
     expected_version: int | None = Field(default=None, ge=1)
 
 

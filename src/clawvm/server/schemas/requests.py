@@ -35,6 +35,7 @@ from clawvm.core.model import (
     MAX_TAGS,
     NON_BLANK,
     STATUS_CHOICES,
+    VISIBLE,
     Cost,
     Kind,
     Link,
@@ -127,7 +128,7 @@ Content = Annotated[
     Any,
     AfterValidator(_payload),
     WithJsonSchema(
-        {"anyOf": [{"type": "string", "pattern": NON_BLANK}, {"type": "object"}, {"type": "array"}]}
+        {"anyOf": [{"type": "string", "pattern": VISIBLE}, {"type": "object"}, {"type": "array"}]}
     ),
 ]
 Ident = Annotated[
