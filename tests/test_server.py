@@ -1257,6 +1257,15 @@ BAD_INPUT: list[tuple[str, str, str, dict[str, Any], int, str, str]] = [
     ),
     ("invalid UTF-8 outside a parameter", "GET", "/v1/mem%FFories", {}, 400, "invalid_utf8", "path"),
     ("not JSON", "POST", "/v1/memories", {"content": b'{"content": '}, 400, "invalid_json", "body"),
+    (
+        "an export's JSON Lines sent to import as they are",
+        "POST",
+        "/v1/memories/import",
+        {"content": b'{"content": "a"}\n{"content": "b"}\n'},
+        400,
+        "invalid_json",
+        "body",
+    ),
     ("deeply nested JSON", "POST", "/v1/memories", {"content": DEEP}, 400, "bad_request", "body"),
     # parsable, but deeper than the store could serialize
     (
@@ -1601,6 +1610,22 @@ def test_a_json_object_sent_without_its_content_type_is_told_to_send_the_header(
     err = assert_error(r, 422, "validation_error", "body")
     assert "Content-Type: application/json" in err["fix"]
     assert env.store.count() == 0
+
+
+def test_an_export_sent_to_import_as_it_is_is_told_the_body_import_takes(env: Env) -> None:
+    """``GET /v1/export`` answers JSON Lines; sent to the import as they are, the second line was
+    "Extra data" and the fix "send JSON", which the caller thought they had."""
+    env.client.post("/v1/memories", json={"content": "first"}, headers=env.auth())
+    env.client.post("/v1/memories", json={"content": "second"}, headers=env.auth())
+    exported = env.client.get("/v1/export", headers=env.auth()).content
+    headers = {**env.auth("admin"), "content-type": "application/json"}
+    sent = env.client.post("/v1/memories/import", content=exported, headers=headers)
+    err = assert_error(sent, 400, "invalid_json", "body")
+    assert '{"memories": [...]}' in err["fix"] and "/v1/export" in err["fix"]
+    lines = [json.loads(line) for line in exported.splitlines()]
+    r = env.client.post("/v1/memories/import", json={"memories": lines}, headers=env.auth("admin"))
+    assert r.status_code == 200, r.text  # the fix, followed, restores the export
+    assert env.store.count() == 2
 
 
 def test_a_key_given_twice_is_refused_only_within_one_object(env: Env) -> None:

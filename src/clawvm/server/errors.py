@@ -38,6 +38,7 @@ from clawvm.core.errors import (
 )
 from clawvm.core.model import DEPTH_FIX, fix_for, pattern_in_words
 from clawvm.server.paths import allowed_methods
+from clawvm.server.schemas.requests import MAX_IMPORT
 from clawvm.server.schemas.responses import ErrorBody
 
 log = logging.getLogger(__name__)
@@ -198,7 +199,15 @@ _SET_BY_HARNESS = {
 _NOT_AN_OBJECT = frozenset({"dict_type", "model_type", "model_attributes_type"})
 
 
-def _request_error(exc: RequestValidationError) -> JSONResponse:
+#: The fix of a body that is not JSON, on a route whose body is easy to mistake for another's.
+_JSON_FIX_BY_ROUTE = {
+    # an export is JSON Lines: sent as it is, its second line was "Extra data"
+    "/v1/memories/import": 'send one JSON object, {"memories": [...]}, with the lines of an export (GET '
+    f"/v1/export) as the items of its list, at most {MAX_IMPORT} a request",
+}
+
+
+def _request_error(exc: RequestValidationError, route: str) -> JSONResponse:
     first = exc.errors()[0]
     loc = [str(p) for p in first.get("loc", ())]
     where = loc[0] if loc else "body"
@@ -206,7 +215,8 @@ def _request_error(exc: RequestValidationError) -> JSONResponse:
     kind = str(first.get("type", ""))
     if kind == "json_invalid":
         reason = first.get("ctx", {}).get("error", "invalid JSON")
-        return error_response(400, "invalid_json", f"is not valid JSON ({reason})", "body", "send JSON")
+        fix = _JSON_FIX_BY_ROUTE.get(route, "send JSON")
+        return error_response(400, "invalid_json", f"is not valid JSON ({reason})", "body", fix)
     message = str(first.get("msg", "is invalid")).removeprefix("Value error, ")
     field = ".".join(path) or where
     fix = fix_for(kind, field) if kind == "value_error" else _FIXES.get(kind, "correct the value")
@@ -266,7 +276,7 @@ def install_error_handlers(
 
     async def request_shape(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
-        return await refused(request) or _request_error(exc)
+        return await refused(request) or _request_error(exc, request.url.path)
 
     async def http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
