@@ -1634,6 +1634,29 @@ def test_a_url_with_too_few_slashes_is_refused_not_made_a_file(
     assert isinstance(store_from_url("memory_notes.db"), SQLiteStore)  # a name that only starts like one
 
 
+@pytest.mark.parametrize(
+    ("target", "wanted"),
+    [
+        ("agent.db?durability=full", "sqlite://agent.db?durability=full"),
+        ("sub/agent.db?snapshot=inline", "sqlite://sub/agent.db?snapshot=inline"),
+    ],
+)
+def test_a_path_with_a_urls_options_is_refused_not_made_a_file_of_that_name(
+    target: str, wanted: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``agent.db?durability=full`` made a file of that very name and applied nothing."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as exc:
+        store_from_url(target)
+    assert exc.value.field == "db" and wanted in str(exc.value.fix)
+    assert list(tmp_path.iterdir()) == []
+    absolute = store_from_url(f"{tmp_path}/odd?name.db")  # a "?" that names no option is a file name
+    assert isinstance(absolute, SQLiteStore)
+    with pytest.raises(ConfigError) as exc:
+        store_from_url(f"{tmp_path}/x.db?durability=full")
+    assert f"sqlite://{tmp_path}/x.db?durability=full" in str(exc.value.fix)  # sqlite:///abs/...
+
+
 @sqlite_only
 def test_locked_database_is_a_store_error_and_the_store_recovers(
     engine_name: str, db_path: Path, opened: list[SQLiteStore]
@@ -1741,8 +1764,9 @@ def test_an_unknown_sqlite_option_names_the_fix(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="durability=full"):
         store_from_url(f"sqlite:///{tmp_path}/d.db?durability=paranoid")
-    with pytest.raises(ConfigError, match="unknown option 'sync'"):
+    with pytest.raises(ConfigError, match="unknown option 'sync'") as exc:
         store_from_url(f"sqlite:///{tmp_path}/d.db?sync=full")
+    assert exc.value.field == "db" and "durability=full" in str(exc.value.fix)
     with pytest.raises(ConfigError, match=r"snapshot mode 'later'.*\?snapshot=inline"):
         store_from_url(f"sqlite:///{tmp_path}/d.db?snapshot=later")
 

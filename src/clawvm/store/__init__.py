@@ -79,6 +79,7 @@ def store_from_url(target: str | Path, dim: int = 384) -> Store:
         )
     if "://" not in target:
         _refuse_mistyped_url(target)
+        _refuse_options_in_a_path(target)
         return SQLiteStore(target, dim=dim)
     url = urlparse(target)
     if url.scheme == "memory":
@@ -86,13 +87,14 @@ def store_from_url(target: str | Path, dim: int = 384) -> Store:
     if url.scheme in ("sqlite", "file"):
         path = url.netloc + url.path
         if not path:
-            raise ConfigError(f"store URL {target!r} names no file: use sqlite:///path/to/memories.db")
+            raise ConfigError(f"store URL {target!r} names no file", "db", fix="write sqlite:///path/to/memories.db")
         options = parse_qs(url.query)
         unknown = sorted(set(options) - {"durability", "snapshot"})
         if unknown:
             raise ConfigError(
-                f"unknown option {unknown[0]!r} in {target!r}: "
-                "SQLite takes ?durability=full|normal and ?snapshot=background|inline"
+                f"unknown option {unknown[0]!r} in {target!r}",
+                "db",
+                fix="SQLite takes ?durability=full|normal and ?snapshot=background|inline",
             )
         return SQLiteStore(
             path,
@@ -134,3 +136,15 @@ def _refuse_mistyped_url(target: str) -> None:
     else:
         wanted = "postgresql://USER@HOST/DATABASE"
     raise ConfigError(f"store target {target!r} reads as a file name, not a URL", "db", fix=f"write {wanted}")
+
+
+def _refuse_options_in_a_path(target: str) -> None:
+    """``agent.db?durability=full`` read as a path made a file of that name and applied nothing: options
+    are a URL's (``sqlite:///agent.db?durability=full``)."""
+    path, mark, query = target.partition("?")
+    if mark and set(parse_qs(query)) & {"durability", "snapshot"}:
+        raise ConfigError(
+            f"store target {target!r} is a file name with options, which only a URL takes",
+            "db",
+            fix=f"write sqlite://{path}?{query}",  # sqlite:///abs/x.db, sqlite://rel/x.db
+        )
