@@ -337,6 +337,10 @@ def test_a_retry_with_the_same_idempotency_key_returns_the_first_response_and_wr
     assert theirs.status_code == 201 and theirs.json()["id"] != first.json()["id"]
     # a first attempt that failed wrote nothing and is not kept: the retry runs
     fixed = {**env.auth(), "Idempotency-Key": "retry-after-a-422"}
+    spaced = {**env.auth(), "Idempotency-Key": "two words"}
+    spaced_key = env.client.post("/v1/memories", json=body, headers=spaced)
+    err = assert_error(spaced_key, 422, field="Idempotency-Key")
+    assert "visible ASCII" in err["fix"] and "x21" not in err["message"]  # words, not the regex
     assert_error(env.client.post("/v1/memories", json={"content": " "}, headers=fixed), 422, field="content")
     # a blank scope id is refused (stored as none, it was not the session a read of "  " then asked for)
     blank = env.client.post("/v1/memories", json={"content": "x", "session_id": "  "}, headers=env.auth())
@@ -568,9 +572,10 @@ def test_a_list_pages_by_cursor_without_repeating_or_skipping(env: Env) -> None:
         env.client.delete(f"/v1/memories/{seen[-1]['id']}", headers=env.auth())
     assert sorted(m["content"] for m in seen) == sorted(m["content"] for m in made)
     for bad in ("x", "12~nope", "01a00000-0000-7000-8000-000000000000"):
-        assert_error(
+        err = assert_error(
             env.client.get("/v1/memories", params={"after": bad}, headers=env.auth()), 422, field="after"
         )
+        assert "X-Next-Cursor" in err["fix"] and "[0-9]" not in err["message"]  # words, not the regex
     far = "-99999999999999999~01a00000-0000-7000-8000-000000000000"  # before the calendar: an empty page
     assert env.client.get("/v1/memories", params={"after": far}, headers=env.auth()).json() == []
 

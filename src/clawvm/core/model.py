@@ -581,6 +581,7 @@ def pattern_in_words(error: Mapping[str, Any]) -> tuple[str, str] | None:
 
 _PATTERN_WORDS = {
     NON_BLANK: ("is blank", "give it some text besides spaces"),
+    VISIBLE: ("is blank", "give it some text besides spaces and invisible characters"),
     ID_PATTERN: ("is not a memory id", "pass an id as record() returned it"),
     f"^{TENANT_PATTERN}$": ("is not a valid tenant name", TENANT_FIX),
 }

@@ -30,17 +30,24 @@ from fastapi import Header
 from fastapi.responses import Response
 from pydantic import BaseModel
 
+from clawvm.core.model import describe_pattern
 from clawvm.server.errors import error_response
 
 HEADER = "Idempotency-Key"
 #: The header's value: 1 to 255 visible ASCII characters (a UUID is the usual choice).
+KEY_PATTERN = r"^[\x21-\x7e]+$"
+describe_pattern(
+    KEY_PATTERN,
+    "holds a space or a character outside visible ASCII",
+    "send 1 to 255 visible ASCII characters, e.g. a UUID",
+)
 IdempotencyKey = Annotated[
     str | None,
     Header(
         alias=HEADER,
         min_length=1,
         max_length=255,
-        pattern=r"^[\x21-\x7e]+$",
+        pattern=KEY_PATTERN,
         description="retry safely: the same key and body within 24 h returns the first response, writing "
         "nothing more",
     ),

@@ -45,6 +45,7 @@ from clawvm.core.model import (
     Status,
     Tier,
     as_utc,
+    describe_pattern,
     iso_datetime,
 )
 from clawvm.recall.retrieval import PRESETS
@@ -201,6 +202,11 @@ class ExportQuery(FilterSpec):
 #: A list page's position: the microseconds since the epoch of its last memory's creation, "~", its id
 #: (every string of this shape is a position: one of a memory forgotten since still pages on)
 CURSOR_PATTERN = r"^-?[0-9]{1,17}~" + ID_PATTERN.removeprefix("^")
+describe_pattern(
+    CURSOR_PATTERN,
+    "is not a page position",
+    "pass the X-Next-Cursor header of the page before as it was, or leave after out for the first page",
+)
 
 
 class ListQuery(ExportQuery):
