@@ -205,3 +205,91 @@ def test_generated_ibans_are_found(country: str, rnd: random.Random) -> None:
 def test_ipv4_addresses_are_found(octets: tuple[int, int, int, int]) -> None:
     ip = ".".join(map(str, octets))
     assert _kinds(f"request from {ip} blocked") == [("ip", ip)]
+
+
+# ---- values glued to non-ASCII text ----------------------------------------------------------------------
+# Chinese and Japanese put no space between words: a value right next to a non-ASCII letter is still a value
+# (only ASCII letters, digits and "_" are "inside a word" for the detectors' boundaries)
+GLUED_VALUES = [
+    ("card", "4111111111111111", "4111111111111111"),
+    ("card", "4111 1111 1111 1111", "4111 1111 1111 1111"),
+    ("secret", "AKIAIOSFODNN7EXAMPLE", "AKIAIOSFODNN7EXAMPLE"),
+    ("secret", "ghp_abcdefghijklmnopqrstuvwxyz0123456789", "ghp_abcdefghijklmnopqrstuvwxyz0123456789"),
+    ("secret", "sk-proj-Zq8vN3kR7tYw2LmX5pQe9HsB", "sk-proj-Zq8vN3kR7tYw2LmX5pQe9HsB"),
+    ("email", "taro@example.jp", "taro@example.jp"),
+    ("phone", "+86 138 0013 8000", "+86 138 0013 8000"),
+    ("phone", "03-1234-5678", "03-1234-5678"),
+    ("ip", "10.0.0.7", "10.0.0.7"),
+    ("ip", "fe80::1ff:fe23:4567:890a", "fe80::1ff:fe23:4567:890a"),
+    ("iban", "GB82WEST12345698765432", "GB82WEST12345698765432"),
+    ("credentials", "https://bob:s3cret@db.example.com/x", "bob:s3cret"),
+]
+GLUED_TEXTS = [("卡号", "谢谢"), ("カード", "です"), ("البطاقة", "شكرا"), ("éé", "ça"), ("번호", "입니다")]
+
+
+@pytest.mark.parametrize(("before", "after"), GLUED_TEXTS)
+@pytest.mark.parametrize(("kind", "value", "span"), GLUED_VALUES)
+def test_a_value_glued_to_non_ascii_letters_is_found(
+    before: str, after: str, kind: str, value: str, span: str
+) -> None:
+    for text in (before + value, value + after, before + value + after):
+        assert _kinds(text) == [(kind, span)], text
+        assert span not in clawvm.redact(text).text
+
+
+@pytest.mark.parametrize("mark", list("，。：「」"))
+@pytest.mark.parametrize(("kind", "value", "span"), GLUED_VALUES)
+def test_a_value_next_to_cjk_punctuation_is_found(mark: str, kind: str, value: str, span: str) -> None:
+    for text in (mark + value, value + mark, f"数据{mark}{value}{mark}谢谢", f"「{value}」"):
+        assert _kinds(text) == [(kind, span)], text
+
+
+@pytest.mark.parametrize(
+    ("text", "redacted"),
+    [
+        ("卡号4111111111111111", "卡号[CARD]"),
+        ("密钥AKIAIOSFODNN7EXAMPLE", "密钥[SECRET]"),
+        ("令牌ghp_abcdefghijklmnopqrstuvwxyz0123456789", "令牌[SECRET]"),
+        ("メールはtaro@example.jpです", "メールは[EMAIL]です"),
+        ("电话+86 138 0013 8000谢谢", "电话[PHONE]谢谢"),
+        ("カード4111111111111111です", "カード[CARD]です"),
+        ("البطاقة4111111111111111", "البطاقة[CARD]"),
+        # a local part may hold ASCII letters, not accented ones: those stay outside the address
+        ("éétaro@example.jp", "éé[EMAIL]"),
+        ("emailtaro@example.jp", "[EMAIL]"),
+        ("令牌Bearer Zq8vN3kR7tYw2LmX5pQe", "令牌Bearer [SECRET]"),
+        # full-width punctuation ends an assigned value and assigns like ":" and "="
+        ("password=hunter22，谢谢", "password=[SECRET]，谢谢"),
+        ("api_key=ab12cd34ef。", "api_key=[SECRET]。"),
+        ("password：hunter22", "password：[SECRET]"),
+        ("tel：4155550132", "tel：[PHONE]"),
+        # ... and the context words still read through it
+        ("order：415-555-0132", "order：415-555-0132"),
+        ("version：1.2.3.4", "version：1.2.3.4"),
+        ("版本1.2.3.4", "版本1.2.3.4"),
+        ("バージョン：1.2.3.4", "バージョン：1.2.3.4"),
+        ("服务器10.0.0.7", "服务器[IP]"),
+    ],
+)
+def test_text_without_spaces_is_redacted(text: str, redacted: str) -> None:
+    assert clawvm.redact(text).text == redacted
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x4111111111111111",
+        "4111111111111111x",
+        "ref_4111111111111111",
+        "abcAKIAIOSFODNN7EXAMPLE",
+        "AKIAIOSFODNN7EXAMPLEZ",
+        "xghp_abcdefghijklmnopqrstuvwxyz0123456789",
+        "id_10.0.0.7",
+        "10.0.0.7x",
+        "ab415-555-0132",
+        "415-555-0132ab",
+        "gb82WEST12345698765432x",
+    ],
+)
+def test_digits_and_tokens_inside_longer_ascii_words_are_still_not_values(text: str) -> None:
+    assert _kinds(text) == []

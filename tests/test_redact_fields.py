@@ -470,6 +470,22 @@ def test_a_card_or_phone_number_given_as_a_number_in_metadata_is_redacted_as_in_
         assert h.get(in_metadata.id).metadata == in_metadata.metadata  # as stored
 
 
+def test_secrets_glued_to_cjk_text_are_redacted_in_every_field() -> None:
+    """Chinese and Japanese put no space before a value: "密钥AKIA..." was stored in clear in content,
+    metadata, tags and ids, since a CJK letter counted as part of the word (no boundary before the key)."""
+    s = Secrets.of("cjk", "sdk")
+    glued = f"密钥{s.aws}，邮箱{s.email}です"
+    with Harness.open("memory://", embedder=None, redaction=RedactionPolicy()) as h:
+        m = h.record(
+            glued, metadata={"备注": glued, "nested": [f"卡号4111111111111111，{s.aws}"]}, tags=[glued]
+        )
+        task = h.record("task note", session_id=f"会话{s.aws}", task_id=f"任务{s.email}")
+        assert m.content == "密钥[SECRET]，邮箱[EMAIL]です"
+        assert m.metadata["备注"] == m.content and m.metadata["nested"] == ["卡号[CARD]，[SECRET]"]
+        for memory in (h.get(m.id), h.get(task.id)):  # as stored: content, metadata, tags and scope ids
+            assert not s.leaks(repr(memory)), memory
+
+
 def test_grants_of_secret_looking_team_and_agent_ids_govern_their_memories(tmp_path: Path) -> None:
     """Grants are kept and checked in the stored form of the ids, like the memories they govern."""
     s = Secrets.of("grants", "sdk")

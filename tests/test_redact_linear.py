@@ -73,7 +73,8 @@ TOKEN_PREFIXES = {
 def _token_families() -> list[Family]:
     """From every known-secret rule's own prefix: the prefix over and over, joined by a character its body
     accepts, so that each may start a token inside one long run, which ends in a character the rule
-    rejects; the same with a short body after each prefix; near misses (a body and a separator)."""
+    rejects; the same with a short body after each prefix; near misses (a body and a separator); prefixes
+    glued to a CJK letter (each may start a token: a non-ASCII letter is no word character for boundaries)."""
     known = _all(redact._known_secrets)
     out = []
     for name, prefix in TOKEN_PREFIXES.items():
@@ -81,6 +82,7 @@ def _token_families() -> list[Family]:
             Family(f"{name}: repeated prefix", known, prefix + "-", "_"),
             Family(f"{name}: prefixes and bodies in one run", known, prefix + "aZ9-", "_"),
             Family(f"{name}: near misses", known, prefix + "aZ9" * 4 + "._"),
+            Family(f"{name}: glued to CJK", known, "密" + prefix + "aZ9-", "_"),
         ]
     return out
 
@@ -144,6 +146,15 @@ FAMILIES = [
     Family("phone: plus", _all(redact._phones), "+1 "),
     Family("phone: phone words", _all(redact._phones), "call "),
     Family("phone: numbers", _all(redact._phones), "call 415-555-0132 "),
+    # values glued to non-ASCII letters: every letter is a place a value may start
+    Family("glued: emails after CJK", _all(redact._emails), "邮a.", "@b.cd"),
+    Family("glued: cards between CJK", _all(redact._cards), "卡4111111111111111"),
+    Family("glued: digit runs after accents", _all(redact._cards), "é1111111111111111111111"),
+    Family("glued: phones after CJK", _all(redact._phones), "电1 "),
+    Family("glued: ipv4 after CJK", _all(redact._ips), "址1."),
+    Family("glued: ipv6 after CJK", _all(redact._ips), "址a:"),
+    Family("glued: url schemes after CJK", _all(redact._url_credentials), "链ab://"),
+    Family("glued: everything", clawvm.redact, "卡4111111111111111密AKIAIOSFODNN7EXAMPLE邮a@b.cd址10.0.0.1"),
     # the whole redaction: overlap resolution with many spans of interleaved priorities
     Family("redact: email and ip", clawvm.redact, "a@b.cd 10.0.0.1 "),
     Family("redact: credentials over a phone", clawvm.redact, "https://u:4155550132x@h.example/ "),

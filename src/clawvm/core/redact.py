@@ -24,6 +24,11 @@ kind            what counts, and what is checked
 ``ip``          IPv4 and IPv6 addresses (checked with :mod:`ipaddress`); not versions, nor code (``a::b``)
 =============== ===============================================================================
 
+A value is found where it stands on its own, and only ASCII letters, digits and ``_`` count as inside a word
+around it: a value glued to Chinese, Japanese, Arabic or accented letters (``卡号4111111111111111``) is
+found, since those languages put no space between words; digits or a token inside a longer ASCII word are
+not a value (``x4111111111111111``).
+
 When candidates overlap, the more specific detector wins (a JWT is a secret, not a high-entropy string).
 ``RedactionPolicy`` says which kinds are on (per tenant: the harness takes one policy per tenant) and
 whether the original is kept, sealed with the data key (:mod:`clawvm.store.crypto`). JSON payloads are
@@ -129,10 +134,34 @@ class _Found:
     rule: str
 
 
+# -- word boundaries, shared by the detectors
+# A value stands on its own when what is right before and after it is not "inside a word", and only ASCII
+# letters, ASCII digits and "_" count as inside a word. Python's \b and \w count every Unicode letter, so a
+# value glued to Chinese, Japanese, Arabic or accented text ("卡号4111111111111111", "密钥AKIA...",
+# "メールはtaro@example.jpです") had no boundary and was not found: Chinese and Japanese put no space
+# between words. On ASCII text the boundaries are those of \b and \w: a value still does not start or end
+# inside a longer ASCII token ("x4111111111111111", "abcAKIA..."). Each detector adds the characters that
+# also bind its values (the "." of "1.2.3.4.5", the "-" of a host name); none uses \b or \w for a boundary.
+_WORD_CHARS = "A-Za-z0-9_"
+
+
+def _not_after(extra: str = "") -> str:
+    """A look-behind: what follows does not come right after a word character, nor after one of ``extra``
+    (characters of a class, ``-`` last). Case-sensitive even in a ``(?i)`` pattern, where ``[A-Za-z]`` would
+    also take four non-ASCII letters (the dotless i, the long s, the dotted I, the Kelvin sign)."""
+    return f"(?-i:(?<![{_WORD_CHARS}{extra}]))"
+
+
+def _not_before(extra: str = "") -> str:
+    """A look-ahead: what precedes is not followed by a word character, nor by one of ``extra``."""
+    return f"(?-i:(?![{_WORD_CHARS}{extra}]))"
+
+
 # -- email
+# a non-ASCII letter before the local part is not part of it: "éétaro@example.jp" redacts to "éé[EMAIL]"
 _EMAIL = re.compile(
-    r"(?<![\w.%+'-])[A-Za-z0-9][A-Za-z0-9._%+'-]{0,63}@"
-    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+([A-Za-z]{2,24})(?![\w-])"
+    _not_after(".%+'-") + r"[A-Za-z0-9][A-Za-z0-9._%+'-]{0,63}@"
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+([A-Za-z]{2,24})" + _not_before("-")
 )
 # file extensions that follow an "@" in asset names (icon@2x.png), never real top-level domains here
 _FILE_TLDS = _words(
@@ -153,7 +182,9 @@ def _emails(text: str) -> Iterator[_Found]:
 
 # -- URL credentials
 # the userinfo ends at the authority's last "@" (a raw "@" in a password is sent as is by many clients)
-_URL_USERINFO = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]{1,20}://([^\s/:@?#]*:[^\s/?#]+)@(?=[\w\[])")
+_URL_USERINFO = re.compile(
+    _not_after() + r"[A-Za-z][A-Za-z0-9+.-]{1,20}://([^\s/:@?#]*:[^\s/?#]+)@(?=[\w\[])"
+)
 
 
 def _url_credentials(text: str) -> Iterator[_Found]:
@@ -163,11 +194,12 @@ def _url_credentials(text: str) -> Iterator[_Found]:
 
 # -- secrets with a known shape
 # Every detector here runs in time linear in the text (a request must not stall the server through
-# redaction). A token pattern ``\bPREFIX[class]{n,}`` is linear when a long scan always ends in a match
-# (the match then consumes the run) or when no other start can sit inside the run it scans (its class has
-# no non-word character, so ``\b`` cannot occur there). Where neither holds, the rule names its start and
-# its run, and _token_matches skips the starts that would rescan a run already known to fail.
-_TOKEN_END = r"(?![A-Za-z0-9_-])"
+# redaction). A token pattern ``_START + PREFIX[class]{n,}`` is linear when a long scan always ends in a
+# match (the match then consumes the run) or when no other start can sit inside the run it scans (its class
+# has only word characters, after which _START cannot hold). Where neither holds, the rule names its start
+# and its run, and _token_matches skips the starts that would rescan a run already known to fail.
+_START = _not_after()  # a token starts after no ASCII word character: "密钥AKIA..." is a key
+_TOKEN_END = _not_before("-")
 
 
 @dataclass(frozen=True)
@@ -194,46 +226,46 @@ _KNOWN_SECRETS: tuple[_TokenRule, ...] = (
     _rule(
         "jwt",
         ("eyJ",),
-        r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}" + _TOKEN_END,
-        start=r"\beyJ",
+        _START + r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}" + _TOKEN_END,
+        start=_START + r"eyJ",
         run=r"[A-Za-z0-9_-]*",
     ),
     _rule(
         "openai-anthropic",
         ("sk-",),
-        r"\bsk-(?:proj-|ant-(?:api\d\d-)?|svcacct-|admin-)?[A-Za-z0-9_-]{20,}" + _TOKEN_END,
+        _START + r"sk-(?:proj-|ant-(?:api\d\d-)?|svcacct-|admin-)?[A-Za-z0-9_-]{20,}" + _TOKEN_END,
     ),
-    _rule("stripe", ("k_live_", "k_test_"), r"\b[rsp]k_(?:live|test)_[A-Za-z0-9]{16,}" + _TOKEN_END),
+    _rule("stripe", ("k_live_", "k_test_"), _START + r"[rsp]k_(?:live|test)_[A-Za-z0-9]{16,}" + _TOKEN_END),
     _rule(
         "github",
         ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
-        r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})" + _TOKEN_END,
+        _START + r"(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})" + _TOKEN_END,
     ),
-    _rule("gitlab", ("glpat-",), r"\bglpat-[A-Za-z0-9_-]{20,}" + _TOKEN_END),
+    _rule("gitlab", ("glpat-",), _START + r"glpat-[A-Za-z0-9_-]{20,}" + _TOKEN_END),
     # "xoxb-xoxb-...-x_": the run ends in "_", which fails the token from every start inside the run
     _rule(
         "slack",
         ("xox",),
-        r"\bxox[abposre]-[A-Za-z0-9-]{10,}" + _TOKEN_END,
-        start=r"\bxox[abposre]-",
+        _START + r"xox[abposre]-[A-Za-z0-9-]{10,}" + _TOKEN_END,
+        start=_START + r"xox[abposre]-",
         run=r"[A-Za-z0-9-]*",
     ),
     _rule("slack-webhook", ("hooks.slack.com",), r"https://hooks\.slack\.com/services/[A-Za-z0-9/]{20,}"),
     _rule(
         "aws-access-key",
         ("AKIA", "ASIA", "AGPA", "AIDA", "AROA", "ANPA", "ANVA", "AIPA"),
-        r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}\b",
+        _START + r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}" + _not_before(),
     ),
-    _rule("google-api-key", ("AIza",), r"\bAIza[0-9A-Za-z_-]{35}" + _TOKEN_END),
-    _rule("npm", ("npm_",), r"\bnpm_[A-Za-z0-9]{36}" + _TOKEN_END),
-    _rule("huggingface", ("hf_",), r"\bhf_[A-Za-z0-9]{30,}" + _TOKEN_END),
-    _rule("sendgrid", ("SG.",), r"\bSG\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{16,}" + _TOKEN_END),
-    _rule("clawvm-key", ("cvm_",), r"\bcvm_[0-9a-f]{12}_[A-Za-z0-9_-]{20,100}" + _TOKEN_END),
+    _rule("google-api-key", ("AIza",), _START + r"AIza[0-9A-Za-z_-]{35}" + _TOKEN_END),
+    _rule("npm", ("npm_",), _START + r"npm_[A-Za-z0-9]{36}" + _TOKEN_END),
+    _rule("huggingface", ("hf_",), _START + r"hf_[A-Za-z0-9]{30,}" + _TOKEN_END),
+    _rule("sendgrid", ("SG.",), _START + r"SG\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{16,}" + _TOKEN_END),
+    _rule("clawvm-key", ("cvm_",), _START + r"cvm_[0-9a-f]{12}_[A-Za-z0-9_-]{20,100}" + _TOKEN_END),
 )
 # any hint of any rule: one search instead of a test per hint, for the many short strings of a JSON payload
 _ANY_HINT = re.compile("|".join(re.escape(hint) for rule in _KNOWN_SECRETS for hint in rule.hints))
 _AUTH_HEADER = re.compile(
-    r"(?i)(?:\bbearer\s+(?P<bearer>[A-Za-z0-9._~+/-]{16,}=*)|authorization\s*:\s*basic\s+"
+    r"(?i)(?:" + _not_after() + r"bearer\s+(?P<bearer>[A-Za-z0-9._~+/-]{16,}=*)|authorization\s*:\s*basic\s+"
     r"(?P<basic>[A-Za-z0-9+/]{12,}={0,2}))(?![A-Za-z0-9._~+/=-])"
 )
 
@@ -325,11 +357,15 @@ def _known_secrets(text: str) -> Iterator[_Found]:
 
 
 # -- secrets assigned to a telling name: password=..., "api_key": "...", token: ...
+# Chinese and Japanese text puts its full-width punctuation right after a value ("password=hunter22，谢谢"):
+# it ends the value as "," and ";" do, and a full-width "：" or "＝" assigns as ":" and "=" do.
+_CJK_PUNCTUATION = "，。、；：！？「」『』（）【】《》〈〉"
 _SECRET_NAME = re.compile(
     r"(?i)(?<![A-Za-z0-9])(?P<name>pass(?:word|wd|phrase)|(?<=[_-])pass|pwd|secret(?:[_.-]?(?:access[_.-]?)?key)?|"
     r"api[_.-]?key|apikey|access[_.-]?key|auth[_.-]?token|access[_.-]?token|refresh[_.-]?token|token|"
     r"client[_.-]?secret|private[_.-]?key|credentials?)(?![A-Za-z0-9])"
-    r"(?P<sep>[\"']?\s*(?:=>|[:=])\s*|\s+(?:(?:is|was|to)\s+)?)(?P<quote>[\"']?)(?P<value>[^\s\"'`,;<>]{4,200})"
+    r"(?P<sep>[\"']?\s*(?:=>|[:=：＝])\s*|\s+(?:(?:is|was|to)\s+)?)(?P<quote>[\"']?)"
+    r"(?P<value>[^\s\"'`,;<>" + _CJK_PUNCTUATION + r"]{4,200})"
 )
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
 _REFERENCE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
@@ -350,7 +386,7 @@ def _assigned_secrets(text: str) -> Iterator[_Found]:
         while value and value[-1] in ".,)]}" and not m.group("quote"):  # sentence punctuation, not "!"
             value, end = value[:-1], end - 1
         if not _plausible_secret_value(
-            value, m.group("name").lower(), "=" not in m.group("sep") and ":" not in m.group("sep")
+            value, m.group("name").lower(), not any(c in m.group("sep") for c in ":=：＝")
         ):
             continue
         yield _Found(PiiKind.SECRET, m.start("value"), end, 85, "assignment")
@@ -377,7 +413,7 @@ def _plausible_secret_value(value: str, name: str, prose: bool) -> bool:
 
 
 # -- high-entropy strings (tokens without a known prefix: AWS secret keys, random API keys)
-_BLOB = re.compile(r"(?<![A-Za-z0-9+/_=.-])[A-Za-z0-9+/_=-]{20,}(?![A-Za-z0-9+/_=-])")
+_BLOB = re.compile(_not_after("+/=.-") + r"[A-Za-z0-9+/_=-]{20,}" + _not_before("+/=-"))
 _RUN = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 _HEXISH = re.compile(r"[0-9a-fA-F-]+")
 _WORDISH = re.compile(r"[a-z]{4,}|[A-Z][a-z]{3,}")  # word-like runs, which random keys rarely have
@@ -427,8 +463,10 @@ def _random_blobs(text: str) -> Iterator[_Found]:
 
 # -- payment cards
 _CARD = re.compile(
-    r"(?<![\w.,+-])(?:\d{4}([ -])\d{4}\1\d{4}\1\d{1,4}(?:\1\d{1,3})?|\d{4}([ -])\d{6}\2\d{4,5}|\d{13,19})"
-    r"(?![\w]|[.,-]\d)"
+    _not_after(".,+-")
+    + r"(?:\d{4}([ -])\d{4}\1\d{4}\1\d{1,4}(?:\1\d{1,3})?|\d{4}([ -])\d{6}\2\d{4,5}|\d{13,19})"
+    + _not_before()
+    + r"(?![.,-]\d)"
 )
 
 
@@ -571,10 +609,12 @@ def _ibans(text: str) -> Iterator[_Found]:
 
 # -- IP addresses
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
-_IPV4 = re.compile(rf"(?<![\w.])(?:{_OCTET}\.){{3}}{_OCTET}(?![\w]|\.\d)")
+_IPV4 = re.compile(_not_after(".") + rf"(?:{_OCTET}\.){{3}}{_OCTET}" + _not_before() + r"(?!\.\d)")
 _IPV6 = re.compile(
-    r"(?<![\w:.])(?=[0-9A-Fa-f]{0,4}:[0-9A-Fa-f]{0,4}:)[0-9A-Fa-f:]{2,39}"
-    r"(?:(?<=:)(?:\d{1,3}\.){3}\d{1,3})?(?![\w:]|\.\d)"
+    _not_after(":.")
+    + r"(?=[0-9A-Fa-f]{0,4}:[0-9A-Fa-f]{0,4}:)[0-9A-Fa-f:]{2,39}(?:(?<=:)(?:\d{1,3}\.){3}\d{1,3})?"
+    + _not_before(":")
+    + r"(?!\.\d)"
 )
 # "version 1.2.3.4", "section 4.2.1.3", "pkg>=1.2.3.4": numbering, not an address
 _NUMBERING_WORDS = _words(
@@ -583,11 +623,17 @@ _NUMBERING_WORDS = _words(
 )
 
 
+# "version" in Chinese, Japanese and Korean, written right before the number (no space to split words on)
+_CJK_VERSION_WORDS = ("版本", "版本号", "バージョン", "버전")
+
+
 def _numbering(before: str) -> bool:
     if before.rstrip().endswith(("==", ">=", "<=", "~=")):
         return True
     words = before.lower().split()
-    return bool(words) and words[-1].strip(":.#(=") in _NUMBERING_WORDS  # "version=1.2.3.4" too
+    if before.rstrip(" :=：").endswith(_CJK_VERSION_WORDS):  # "版本1.2.3.4", "版本号：1.2.3.4": no space
+        return True
+    return bool(words) and words[-1].strip(":.#(=：") in _NUMBERING_WORDS  # "version=1.2.3.4" too
 
 
 def _ips(text: str) -> Iterator[_Found]:
@@ -615,7 +661,10 @@ def _address_like(candidate: str) -> bool:
 
 # -- phone numbers
 _PHONE = re.compile(
-    r"(?<![\w+#/.:$€£¥,@=-])(?P<plus>\+\s?)?(?:\(\d{1,5}\)|\d)[\d ().-]{4,24}\d(?![\w%/]|[.:,-]\d)"
+    _not_after("+#/.:$€£¥,@=-")
+    + r"(?P<plus>\+\s?)?(?:\(\d{1,5}\)|\d)[\d ().-]{4,24}\d"
+    + _not_before("%/")
+    + r"(?![.:,-]\d)"
 )
 _GROUP = re.compile(r"\(\d{1,5}\)|\d+")
 # the words right before a number that say what it is (compared after lower-casing and stripping ":.#")
@@ -634,7 +683,7 @@ _FILLER_WORDS = _words("no no. number nr nr. # at on me us is - + :")
 def _number_context(before: str) -> str | None:
     """``"phone"``, ``"id"`` or None: what the last words before a number say it is."""
     for word in reversed(before.lower().split()[-4:]):
-        word = word.strip(":#(-")
+        word = word.strip(":#(-：")
         if word in _FILLER_WORDS or not word:
             continue
         if word.rstrip(".") in _PHONE_WORDS or word in _PHONE_WORDS:
