@@ -65,6 +65,26 @@ def test_a_forgotten_error_leaves_the_pitfall_made_from_it(h: Harness) -> None:
     assert pitfall_id in {pitfall.id, teams.root_id(pitfall)}
 
 
+def test_a_forgotten_error_leaves_the_pitfalls_earlier_revisions_too(h: Harness) -> None:
+    """A later merge revises the pitfall: its obsolete revision kept the forgotten error as a sample, read
+    by history() and any listing of obsolete memories after the forget."""
+    for n, text in enumerate([SECRET_ERROR, OTHER_ERROR]):
+        teams.record(h, text, agent_id="planner", team_id="pay", kind="error", task_id=f"t{n}")
+    [first] = merge_team(h, team_id="pay").knowledge
+    again = OTHER_ERROR + " again today"
+    teams.record(h, again, agent_id="planner", team_id="pay", kind="error", task_id="t9")
+    [head] = merge_team(h, team_id="pay").knowledge
+    assert head != first and h.get(first).status is Status.OBSOLETE
+    secret = next(m for m in h.list(status="any", kind="error") if "hunter2" in m.content)
+    h.forget(secret.id)
+    assert _held_anywhere(h, "hunter2") == []
+    older = h.get(first)
+    assert older.status is Status.OBSOLETE and older.metadata["samples"] == [OTHER_ERROR]
+    assert [m.id for m in h.history(head)] == [first, head]  # the chain as it was
+    update = h.events(memory_id=first)[-1]
+    assert (update.kind, update.data["fields"]) == ("update", ["content", "metadata"])
+
+
 def test_a_forgotten_error_whose_text_another_error_holds_or_contains_leaves_the_pitfall_whole(
     h: Harness,
 ) -> None:

@@ -4,14 +4,20 @@ error it was made from as a sample (and quotes the first in its extractive text)
 after the side or the error was forgotten, the pitfall in every guidance prompt.
 
 The note and the pitfall's head are rewritten through the harness's update (the application's own write,
-with its event); the pitfall's earlier revisions, obsolete, keep what they held when they were replaced.
+with its event). The pitfall's earlier revisions, obsolete, are frozen to every caller's change (their
+chain has one head), so the write path takes their rewrite directly, with an update event each: what
+they held stays but for the forgotten text, which a ``history`` read showed after the forget.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from clawvm.core.model import VISIBLE_STATUSES, Filters, Kind, Memory
+from clawvm.store import Event
+from clawvm.store.kinds import EventKind
 from clawvm.teams.merge import CONFLICT_KINDS, ExtractiveSynthesizer
-from clawvm.teams.shared import APPLICATION, CONFLICT_FIELD, CONFLICT_TAG, TeamHost, latest_if_kept
+from clawvm.teams.shared import APPLICATION, CONFLICT_FIELD, CONFLICT_TAG, TeamHost, history, latest_if_kept
 from clawvm.vm.context import short_id
 
 #: What a forgotten memory's text is replaced with.
@@ -27,6 +33,7 @@ def unquote_forgotten(h: TeamHost, memory: Memory) -> list[Memory]:
     pitfall = _pitfall_of(h, memory)
     if pitfall is not None:
         rewritten.append(_without_sample(h, pitfall, memory))
+        rewritten += _earlier_revisions_without(h, pitfall, memory)
     return [m for m in rewritten if m is not None]
 
 
@@ -66,9 +73,43 @@ def _pitfall_of(h: TeamHost, error: Memory) -> Memory | None:
 
 def _without_sample(h: TeamHost, pitfall: Memory, error: Memory) -> Memory | None:
     """``pitfall`` without ``error``'s text among its samples, nor in its text, unless another error of
-    the team still stored says the same (samples are kept once each). An extractive pitfall's text is made
-    again from the samples left (it quotes the first); an LLM's is left as written, but for a verbatim
-    quote of the error."""
+    the team still stored says the same (samples are kept once each)."""
+    unsaid = _unsaid(h, pitfall, error)
+    if unsaid is None:
+        return None
+    content, metadata = unsaid
+    return h.update(pitfall.id, as_agent=APPLICATION, content=content, metadata=metadata)
+
+
+def _earlier_revisions_without(h: TeamHost, head: Memory, error: Memory) -> list[Memory]:
+    """The obsolete revisions of ``head``'s chain that quote ``error``, rewritten without it (as
+    :func:`_without_sample` rewrites the head), through the write path with an update event each."""
+    earlier = [m for m in history(h, head.id) if m.id != head.id]
+    changed = [(m, unsaid) for m in earlier if (unsaid := _unsaid(h, m, error)) is not None]
+    if not changed:
+        return []
+    after = [
+        m.model_copy(update={"content": content, "metadata": metadata, "version": m.version + 1})
+        for m, (content, metadata) in changed
+    ]
+    at = h.now()
+    events = [
+        Event(
+            kind=EventKind.UPDATE,
+            memory_id=m.id,
+            data={"fields": ["content", "metadata"], "version": m.version},
+            tenant=m.tenant,
+            at=at,
+        )
+        for m in after
+    ]
+    return h.writer.write(after, None, events)
+
+
+def _unsaid(h: TeamHost, pitfall: Memory, error: Memory) -> tuple[str, dict[str, Any]] | None:
+    """(content, metadata) of ``pitfall`` without ``error``'s text, or None when it has none to take out
+    (or another stored error of the team says the same). An extractive pitfall's text is made again from
+    the samples left (it quotes the first); an LLM's is left as written, but for a verbatim quote."""
     said = " ".join(error.content.split())
     samples = list(pitfall.metadata.get("samples", []))
     if (said not in samples and said not in pitfall.content) or _still_said(h, pitfall, error, said):
@@ -80,8 +121,7 @@ def _without_sample(h: TeamHost, pitfall: Memory, error: Memory) -> Memory | Non
         content = ExtractiveSynthesizer().synthesize(kept or [FORGOTTEN], occurrences)
     else:
         content = pitfall.content.replace(said, FORGOTTEN)
-    metadata = {**pitfall.metadata, "samples": kept}
-    return h.update(pitfall.id, as_agent=APPLICATION, content=content, metadata=metadata)
+    return content, {**pitfall.metadata, "samples": kept}
 
 
 def _still_said(h: TeamHost, pitfall: Memory, error: Memory, said: str) -> bool:
