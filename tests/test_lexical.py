@@ -67,6 +67,9 @@ def test_words_keep_their_marks_and_read_the_same_however_they_are_typed(analyze
     assert analyzer.terms("ＡＰＩ ｓｅｒｖｅｒ returned ５０３") == analyzer.terms("API server returned 503")
     assert analyzer.terms("ﬁnance") == analyzer.terms("finance")
     assert analyzer.terms("İstanbul") == analyzer.terms("istanbul") == ["istanbul"]
+    assert analyzer.terms("Straße") == analyzer.terms("strasse")  # case folded, not only lowered
+    assert analyzer.terms("ΣΟΦΟΣ") == analyzer.terms("σοφος")  # a final sigma is a sigma
+    assert analyzer.terms("ℌello") == analyzer.terms("hello")  # folded after NFKC, not before
     # each pictograph is a term; variation selectors and skin tones are not
     assert analyzer.terms("deploy ✅ done 🚀🚀") == ["deploy", "✅", "done", "🚀", "🚀"]
     assert analyzer.terms("✔️ 👍🏽") == analyzer.terms("✔ 👍")

@@ -110,8 +110,9 @@ def _ranges(keep: Callable[[str], bool]) -> list[tuple[int, int]]:
 
 #: What the analyzer's terms are; stored beside terms computed by it (a snapshot, PostgreSQL's postings),
 #: so that terms of another version are recomputed rather than searched with this one's queries.
-#: 2: CJK runs as bigrams, combining marks inside words, NFKC (full-width forms), optional marks dropped,
-#: pictographs as terms (1: a CJK run was one term, a mark split its word, "ＡＰＩ" was not "api").
+#: 2: CJK runs as bigrams, combining marks inside words, NFKC (full-width forms) and case folding, optional
+#: marks dropped, pictographs as terms (1: a CJK run was one term, a mark split its word, "ＡＰＩ" was
+#: not "api").
 ANALYZER_VERSION = 2
 
 
@@ -130,12 +131,12 @@ class Analyzer:
         return st
 
     def terms(self, text: str) -> list[str]:
-        lowered = text.lower()
-        if lowered.isascii():  # the common case
-            return self._stemmed([w for w in _TOKEN.findall(lowered) if w not in STOP_WORDS])
+        if text.isascii():  # the common case
+            return self._stemmed([w for w in _TOKEN.findall(text.lower()) if w not in STOP_WORDS])
         # full-width letters and digits, ligatures and the like as their plain forms ("ＡＰＩ" is "api"),
-        # a dotted capital I lowered as "i" (Python makes it "i" and a combining dot), optional marks gone
-        lowered = unicodedata.normalize("NFKC", lowered).replace("i\u0307", "i").translate(_OPTIONAL)
+        # case folded ("Straße" is "strasse"), a dotted capital I as "i" (folded, it is "i" and a combining
+        # dot), optional marks gone
+        lowered = unicodedata.normalize("NFKC", text).casefold().replace("i\u0307", "i").translate(_OPTIONAL)
         cjk: list[str] = []
         words: list[str] = []
         for token in _words_of_any_script().findall(lowered):
