@@ -51,6 +51,8 @@ def run(db: Path, *args: str, ok: bool = True, stdin: str | None = None) -> str:
 
 def test_expected_commands_exist() -> None:
     assert {"add", "search", "show", "forget", "export", "import", "stats", "demo"} <= set(COMMANDS)
+    # what the SDK, REST and MCP do to one memory, a session's checkpoints, and listing without a query
+    assert {"edit", "pin", "unpin", "list"} <= set(COMMANDS)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -146,6 +148,10 @@ def test_clawvm_s_own_options_work_after_the_command_too(tmp_path: Path) -> None
         ["keys", "revoke", "x"],
         ["review", "list"],
         ["replay", "s1"],
+        ["list"],
+        ["edit", "x", "--kind", "note"],
+        ["pin", "x"],
+        ["unpin", "x"],
     ],
 )
 def test_a_command_that_reads_refuses_a_store_that_is_not_there(tmp_path: Path, command: list[str]) -> None:
@@ -856,10 +862,106 @@ def test_counts_are_in_the_singular_for_one_and_a_second_revoke_says_it_changed_
     again = run(dst, "keys", "revoke", key_id)  # idempotent: exit 0, and says so
     assert again.startswith(f"{key_id} was already revoked at ") and "nothing changed" in again
     for args, fix in (
-        (["show", str(uuid.uuid4())], "`clawvm export` or `clawvm search QUERY` show the ids"),
-        (["review", "reject", str(uuid.uuid4())], "`clawvm export` or `clawvm search QUERY` show the ids"),
+        (["show", str(uuid.uuid4())], "`clawvm list`, `clawvm export` or `clawvm search QUERY` show the ids"),
+        (["review", "reject", str(uuid.uuid4())], "`clawvm list`, `clawvm export` or `clawvm search QUERY`"),
         (["keys", "revoke", "0123456789ab"], "`clawvm keys list --all` lists every key"),
     ):
         result = CliRunner().invoke(main, ["--db", str(dst), "--no-embed", *args])
         assert result.exit_code == 2 and "not found (check the" in result.output, result.output
         assert fix in result.output, result.output
+
+
+def fails(db: Path, *args: str, stdin: str | None = None) -> str:
+    """The one line a command that must fail prints (exit 2, no traceback)."""
+    result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", *args], input=stdin)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    return result.output
+
+
+def test_edit_changes_only_the_given_fields_and_a_stale_version_changes_nothing(tmp_path: Path) -> None:
+    """Editing a memory was only possible through REST, the SDK or MCP: `edit` changes the fields given
+    (as a PATCH does), its version grows by one, and bad input is one line naming the field and the fix."""
+    db = tmp_path / "c.db"
+    mid = run(db, "add", "deploy failed", "--kind", "error", "--session", "ops", "--tag", "ci").strip()
+    assert run(db, "edit", mid, "--content", "deploy failed: disk full", "--tag", "ci", "--tag", "disk") == (
+        f"updated {mid} (version 2)\n"
+    )
+    shown = json.loads(run(db, "show", mid))
+    assert (shown["content"], shown["tags"], shown["version"]) == (
+        "deploy failed: disk full",
+        ["ci", "disk"],
+        2,
+    )
+    assert (shown["kind"], shown["session_id"]) == ("error", "ops")  # not given: as they were
+    assert "nothing changed (version 2)" in run(db, "edit", mid, "--kind", "error")
+    run(db, "edit", mid, "--content", "-", "--json-content", "--status", "archived", stdin='{"disk": 0}')
+    shown = json.loads(run(db, "show", mid))
+    assert (shown["content_type"], shown["status"], shown["version"]) == ("application/json", "archived", 3)
+    run(db, "edit", mid, "--no-tags", "--expected-version", "3")
+    assert json.loads(run(db, "show", mid))["tags"] == []
+
+    stale = fails(db, "edit", mid, "--kind", "decision", "--expected-version", "1")
+    assert f"error: memory '{mid}' is at version 4, not 1" in stale
+    unknown = fails(db, "edit", str(uuid.uuid4()), "--kind", "note")
+    assert "not found" in unknown and "`clawvm list`" in unknown
+    assert "edit: changes nothing" in fails(db, "edit", mid)
+    assert "--status: is 'internal' (use one of active, archived, obsolete)" in fails(
+        db, "edit", mid, "--status", "internal"
+    )
+    assert "kind:" in fails(db, "edit", mid, "--kind", "bogus")
+    assert "give --content or --file, not both" in fails(
+        db, "edit", mid, "--content", "x", "--file", str(Path(__file__))
+    )
+    assert "ID: is blank" in fails(db, "edit", " ", "--kind", "note")
+    assert "--session: is blank" in fails(db, "edit", mid, "--session", "")
+    assert json.loads(run(db, "show", mid))["version"] == 4  # none of them wrote
+
+
+def test_pin_and_unpin_say_when_they_changed_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    mid = run(db, "add", "the on-call rota", "--session", "ops").strip()
+    assert run(db, "pin", mid) == f"pinned {mid}\n"
+    shown = json.loads(run(db, "show", mid))
+    assert shown["pinned"] is True and shown["tier"] == "working"
+    assert run(db, "pin", mid) == f"{mid} was already pinned: nothing changed\n"
+    assert run(db, "unpin", mid) == f"unpinned {mid}\n"
+    assert run(db, "unpin", mid) == f"{mid} was not pinned: nothing changed\n"
+    assert json.loads(run(db, "show", mid))["pinned"] is False
+    run(db, "edit", mid, "--status", "archived")
+    assert "memory_id: is archived (only active memories can be pinned)" in fails(db, "pin", mid)
+    assert "not found" in fails(db, "unpin", str(uuid.uuid4()))
+    assert "ID: is blank" in fails(db, "pin", "")
+    shown = json.loads(run(db, "show", mid))
+    assert (shown["pinned"], shown["version"]) == (
+        False,
+        4,
+    )  # pin, unpin, archive: the refusals wrote nothing
+
+
+def test_list_prints_the_newest_memories_that_match(tmp_path: Path) -> None:
+    """Listing without a query: `search` needs one, `export` writes every memory of every status."""
+    db = tmp_path / "c.db"
+    first = run(db, "add", "first note", "--session", "ops", "--tag", "ci").strip()
+    second = run(db, "add", "a decision", "--kind", "decision", "--session", "ops").strip()
+    other = run(db, "add", "elsewhere", "--session", "lunch").strip()
+    lines = run(db, "list").splitlines()
+    assert [line.split()[0] for line in lines] == [other, second, first]
+    assert "[decision] a decision" in lines[1]
+    assert [line.split()[0] for line in run(db, "list", "--session", "ops", "--limit", "1").splitlines()] == [
+        second
+    ]
+    assert run(db, "list", "--kind", "decision").split()[0] == second
+    assert run(db, "list", "--tag", "ci").split()[0] == first
+    run(db, "pin", first)
+    assert run(db, "list", "--pinned").split()[0] == first
+    run(db, "edit", other, "--status", "archived")
+    assert other not in run(db, "list")
+    assert "[note, archived] elsewhere" in run(db, "list", "--status", "archived")
+    assert len(run(db, "list", "--status", "any").splitlines()) == 3
+    listed = [json.loads(line) for line in run(db, "list", "--json", "--session", "ops").splitlines()]
+    assert [m["id"] for m in listed] == [second, first] and listed[1]["pinned"] is True
+    assert "kind: is 'bogus' (use one of" in fails(db, "list", "--kind", "bogus")
+    assert "status: has the unknown value 'bogus'" in fails(db, "list", "--status", "bogus")
+    assert "--session: is blank" in fails(db, "list", "--session", "")
+

@@ -94,7 +94,11 @@ def _with_url_params(db: str, params: dict[str, int]) -> str:
 COMMANDS = (
     memories.add,
     memories.search,
+    memories.list_,
     memories.show,
+    memories.edit,
+    memories.pin,
+    memories.unpin,
     memories.forget,
     memories.export,
     memories.prune_events,

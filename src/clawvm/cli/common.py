@@ -50,10 +50,11 @@ def named(what: str) -> Check:
     def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
         if value is not None and not value.strip():
             name = _option_name(param)
+            out = "" if param.required else f", or leave {name} out"  # `checkpoint SESSION NAME` needs it
             raise ValidationError(
                 name,
                 f"is blank ({value!r})",
-                f"name the {what}, or leave {name} out; an unset shell variable expands to nothing",
+                f"name the {what}{out}; an unset shell variable expands to nothing",
             )
         return value
 
@@ -114,13 +115,17 @@ def repeated_key(text: str | bytes) -> str | None:
 
 
 @contextmanager
-def opened_harness(ctx: click.Context, embed: bool = True, existing: bool = False) -> Iterator[Harness]:
+def opened_harness(
+    ctx: click.Context, embed: bool = True, existing: bool = False, backlog: bool | None = None
+) -> Iterator[Harness]:
     """A harness on ``--db``, with the embedding model unless ``--no-embed`` or ``embed=False``.
     ``existing``: a command that only reads (or removes) refuses a SQLite file that is not there, rather
     than making an empty store of a mistyped path and answering from it; it embeds its queries only, not
     the store's backlog (`clawvm search` embedded and wrote 3,000 waiting memories, ~10 s, before exiting).
-    A command that writes embeds what it wrote, and the backlog with it, before it exits."""
+    A command that writes embeds what it wrote, and the backlog with it, before it exits; ``backlog=True``
+    asks that of a command that changes what is there (`edit --content`)."""
     db: str = ctx.obj["db"]
+    embed_backlog = not existing if backlog is None else backlog
     if existing:
         _require_store(db)
     embedder = "default" if embed and not ctx.obj["no_embed"] else None
@@ -129,7 +134,7 @@ def opened_harness(ctx: click.Context, embed: bool = True, existing: bool = Fals
         with short_lived():  # the command exits before any check left for after open would run
             redaction = redaction_options(redact=ctx.obj.get("redact", False))
             harness = Harness.open(
-                db, embedder=embedder, tenant=tenant, embed_backlog=not existing, **redaction
+                db, embedder=embedder, tenant=tenant, embed_backlog=embed_backlog, **redaction
             )
         try:
             yield harness
@@ -280,7 +285,7 @@ def not_found_fix(exc: NotFoundError) -> str:
     if exc.what == "key":
         return "check the key id: `clawvm keys list --all` lists every key, revoked ones too"
     if exc.what == "memory":
-        return f"{exc.fix}; `clawvm export` or `clawvm search QUERY` show the ids"
+        return f"{exc.fix}; `clawvm list`, `clawvm export` or `clawvm search QUERY` show the ids"
     return exc.fix
 
 

@@ -1,4 +1,5 @@
-"""Commands over the memories themselves: add, search, show, forget, export, import, prune-events, stats."""
+"""Commands over the memories themselves: add, search, list, show, edit, pin, unpin, forget, export, import,
+prune-events, stats."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from clawvm.core.model import (
     DEFAULT_TENANT,
     DEPTH_FIX,
     MAX_JSON_DEPTH,
+    STATUS_CHOICES,
     VISIBLE_STATUSES,
     Kind,
     Memory,
@@ -69,7 +71,14 @@ def add(
     **fields: Any,
 ) -> None:
     """Record CONTENT as a new memory and print its id (CONTENT "-" reads it from stdin)."""
-    text = _content(content, content_file)
+    payload = _payload(_content(content, content_file), json_content)
+    with opened_harness(ctx) as h:
+        m = h.record(payload, tags=list(tags), **{k: v for k, v in fields.items() if v is not None})
+        click.echo(m.id)
+
+
+def _payload(text: str, json_content: bool) -> Any:
+    """What to store for ``text``: itself, or with ``--json-content`` the JSON object or array it holds."""
     payload: Any = text
     if json_content:
         try:
@@ -95,9 +104,7 @@ def add(
                 f"is a JSON {kind}, not an object or array",
                 "drop --json-content to store it as text, or wrap it in an object or array",
             )
-    with opened_harness(ctx) as h:
-        m = h.record(payload, tags=list(tags), **{k: v for k, v in fields.items() if v is not None})
-        click.echo(m.id)
+    return payload
 
 
 def _content(content: str | None, content_file: Path | None) -> str:
@@ -228,6 +235,159 @@ def forget(ctx: click.Context, memory_id: str, expected_version: int | None) -> 
     with opened_harness(ctx, embed=False, existing=True) as h:
         h.forget(memory_id, expected_version=expected_version)
         click.echo(f"forgot {memory_id}")
+
+
+#: The statuses an edit may set (expired only a TTL sets, internal only the harness)
+_WRITABLE_STATUSES = (Status.ACTIVE.value, Status.ARCHIVED.value, Status.OBSOLETE.value)
+
+
+@click.command()
+@click.argument("memory_id", metavar="ID", callback=named("memory"))
+@click.option("--content", default=None, help='The new content ("-" reads it from stdin).')
+@click.option(
+    "--file",
+    "content_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Read the new content from this file (UTF-8) instead of --content.",
+)
+@click.option("--json-content", is_flag=True, help="Parse the new content as JSON (an object or array).")
+@click.option("--kind", default=None, help="The new kind, e.g. decision, error, knowledge.")
+@click.option("--state", default=None, help="The new state: pending, success, error or intermediate.")
+@click.option(
+    "--status", default=None, help="The new status: active, archived (put away, reversibly) or obsolete."
+)
+@click.option("--session", "session_id", default=None, callback=named("session"), help="The new session id.")
+@click.option("--task", "task_id", default=None, callback=named("task"), help="The new task id.")
+@click.option("--agent", "agent_id", default=None, callback=named("agent"), help="The new agent id.")
+@click.option("--tool", "tool_name", default=None, callback=named("tool"), help="The new tool name.")
+@click.option("--tag", "tags", multiple=True, help="Tag (repeatable): these replace the memory's tags.")
+@click.option("--no-tags", is_flag=True, help="Remove every tag of the memory.")
+@click.option(
+    "--confidence", type=click.FloatRange(0.0, 1.0), default=None, help="The new confidence, 0 to 1."
+)
+@click.option(
+    "--expected-version",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The version you read (show): a memory changed since is kept as it is, and the command fails.",
+)
+@click.pass_context
+def edit(
+    ctx: click.Context,
+    /,
+    memory_id: str,
+    content: str | None,
+    content_file: Path | None,
+    json_content: bool,
+    tags: tuple[str, ...],
+    no_tags: bool,
+    expected_version: int | None,
+    **fields: Any,
+) -> None:
+    """Change fields of memory ID: only those given change, and its version grows by one."""
+    changes = {name: v for name, v in fields.items() if v is not None}
+    if "status" in changes and changes["status"] not in (*_WRITABLE_STATUSES, Status.EXPIRED.value):
+        # (expired is the library's to refuse: it says what to do instead)
+        raise ValidationError(
+            "--status", f"is {changes['status']!r}", f"use one of {', '.join(_WRITABLE_STATUSES)}"
+        )
+    if tags and no_tags:
+        raise ValidationError(
+            "--tag", "is given with --no-tags", "give the new tags, or --no-tags to remove all"
+        )
+    if tags or no_tags:
+        changes["tags"] = list(tags)
+    if content is not None and content_file is not None:
+        raise ValidationError("content", "must come from one place", "give --content or --file, not both")
+    if content is not None or content_file is not None:
+        changes["content"] = _payload(_content(content, content_file), json_content)
+    elif json_content:
+        raise ValidationError("--json-content", "is given without new content", "give --content or --file")
+    if not changes:
+        raise ValidationError(
+            "edit",
+            "changes nothing",
+            "give what to change: --content, --kind, --status, --tag ...; `clawvm edit --help` lists them",
+        )
+    with opened_harness(ctx, embed="content" in changes, existing=True, backlog=True) as h:
+        before = h.get(memory_id).version
+        m = h.update(memory_id, expected_version=expected_version, **changes)
+        if m.version == before:
+            click.echo(f"{m.id} already held those values: nothing changed (version {m.version})")
+        else:
+            click.echo(f"updated {m.id} (version {m.version})")
+
+
+@click.command()
+@click.argument("memory_id", metavar="ID", callback=named("memory"))
+@click.pass_context
+def pin(ctx: click.Context, memory_id: str) -> None:
+    """Keep memory ID in the working tier (and in every context of its session) until unpinned."""
+    with opened_harness(ctx, embed=False, existing=True) as h:
+        before = h.get(memory_id).version
+        m = h.pin(memory_id)
+        click.echo(f"pinned {m.id}" if m.version != before else f"{m.id} was already pinned: nothing changed")
+
+
+@click.command()
+@click.argument("memory_id", metavar="ID", callback=named("memory"))
+@click.pass_context
+def unpin(ctx: click.Context, memory_id: str) -> None:
+    """Let memory ID go: the pager moves it between tiers by its value again."""
+    with opened_harness(ctx, embed=False, existing=True) as h:
+        before = h.get(memory_id).version
+        m = h.unpin(memory_id)
+        click.echo(f"unpinned {m.id}" if m.version != before else f"{m.id} was not pinned: nothing changed")
+
+
+@click.command(name="list")
+@click.option("--session", "session_id", default=None, callback=named("session"), help="Only this session.")
+@click.option("--task", "task_id", default=None, callback=named("task"), help="Only this task.")
+@click.option("--agent", "agent_id", default=None, callback=named("agent"), help="Only this agent.")
+@click.option("--kind", default=None, help="Only this kind.")
+@click.option(
+    "--status",
+    default="active",
+    show_default=True,
+    help=f"Only this status: {', '.join(STATUS_CHOICES)} (every status).",
+)
+@click.option(
+    "--tag", "tags", multiple=True, help="Only memories with this tag (repeatable: all must match)."
+)
+@click.option("--pinned", is_flag=True, help="Only pinned memories.")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=20, show_default=True, help="How many to print at most."
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON Lines, one memory per line, as export does."
+)
+@click.pass_context
+def list_(
+    ctx: click.Context,
+    /,
+    limit: int,
+    tags: tuple[str, ...],
+    pinned: bool,
+    as_json: bool,
+    **filters: Any,
+) -> None:
+    """The newest memories, filtered (no query: search ranks by a query, export writes them all)."""
+    filters["kind"] = _kind(filters.get("kind"))
+    given = {name: v for name, v in filters.items() if v is not None}
+    if tags:
+        given["tags"] = list(tags)
+    if pinned:
+        given["pinned"] = True
+    with opened_harness(ctx, embed=False, existing=True) as h:
+        for m in h.list(limit=limit, **given):
+            if as_json:
+                click.echo(m.to_json())
+                continue
+            marks = [m.kind.value, *([m.status.value] if m.status is not Status.ACTIVE else [])]
+            marks += ["pinned"] if m.pinned else []
+            text = m.content.replace("\n", " ")
+            click.echo(f"{m.id}  {m.created_at:%Y-%m-%d %H:%M}  [{', '.join(marks)}] {text[:120]}")
 
 
 @click.command()
