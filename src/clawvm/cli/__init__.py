@@ -1,7 +1,7 @@
 """``clawvm`` command line: a thin shell over :class:`clawvm.Harness` on the embedded default store.
 
-The commands live by group (memories, serving, admin, replaying); this module is the entry point that
-gathers them under one ``clawvm`` group.
+The commands live by group (memories, checkpointing, serving, admin, replaying); this module is the entry
+point that gathers them under one ``clawvm`` group.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 from click.core import ParameterSource
 
-from clawvm.cli import admin, memories, replaying, serving
+from clawvm.cli import admin, checkpointing, memories, replaying, serving
 from clawvm.cli.common import CliGroup
 from clawvm.core.model import DEFAULT_TENANT, TENANT_FIX, is_tenant_name
 
@@ -104,6 +104,9 @@ COMMANDS = (
     memories.prune_events,
     memories.import_,
     memories.stats,
+    checkpointing.checkpoint,
+    checkpointing.checkpoints,
+    checkpointing.rollback,
     serving.demo,
     serving.serve,
     serving.mcp_command,

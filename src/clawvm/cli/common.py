@@ -286,6 +286,8 @@ def not_found_fix(exc: NotFoundError) -> str:
         return "check the key id: `clawvm keys list --all` lists every key, revoked ones too"
     if exc.what == "memory":
         return f"{exc.fix}; `clawvm list`, `clawvm export` or `clawvm search QUERY` show the ids"
+    if exc.what == "checkpoint":
+        return f"{exc.fix}; `clawvm checkpoints SESSION` lists a session's checkpoints"
     return exc.fix
 
 
