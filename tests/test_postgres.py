@@ -121,6 +121,12 @@ def test_url_schema_parameter_is_ours_and_the_rest_goes_to_libpq() -> None:
         parse_url("postgresql://u@h/db?pool_size=0")
     assert exc.value.field == "pool_size"
     assert split_url("postgres://u@h/db")[1] == "clawvm"
+    # an empty host (the local socket, or $PGHOST) keeps its "//": "postgresql:/db" is refused by libpq
+    assert split_url("postgresql:///db?host=/tmp/x&schema=s")[0] == "postgresql:///db?host=/tmp/x"
+    assert split_url("postgresql:///db")[0] == "postgresql:///db"
+    with pytest.raises(ConfigError, match="schema is given twice") as exc:  # which store was meant?
+        split_url("postgresql://u@h/db?schema=a&schema=b")
+    assert exc.value.field == "db"
     with pytest.raises(ConfigError):
         split_url("postgresql://u@h/db?schema=Robert');DROP")
 
@@ -161,6 +167,26 @@ def test_schemas_isolate_stores_in_one_database(tmp_path: Path, opened: list[Pos
     a.put(m)
     assert b.get_many([m.id]) == {} and b.count() == 0
     assert a.get(m.id) == m
+
+
+def test_a_store_in_pgvectors_own_schema_does_not_take_over_a_new_schema(
+    tmp_path: Path, opened: list[PostgresStore]
+) -> None:
+    """The search path is the store's schema, then pgvector's (public, often): a new schema's open found
+    public's meta table, created nothing, and read and wrote the public store's tables."""
+    database = pg_server.database_with({})
+    in_public = open_store(opened, database + ("&" if "?" in database else "?") + "schema=public")
+    in_public.put(Memory(content="the public store's secret"))
+    fresh = open_store(opened, pg_server.schema_url(database, tmp_path, "fresh"))
+    assert fresh.count() == 0
+    mine = Memory(content="only in the fresh schema")
+    fresh.put(mine)
+    assert in_public.get_many([mine.id]) == {} and in_public.count() == 1
+    with fresh._conn("test") as conn:
+        tables = conn.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s", [fresh.schema]
+        ).fetchone()
+    assert tables is not None and tables[0] > 5
 
 
 def test_newer_schema_or_other_dimension_is_a_schema_error(url: str, opened: list[PostgresStore]) -> None:

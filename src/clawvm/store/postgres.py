@@ -306,7 +306,10 @@ class PostgresStore(Store):
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
             conn.execute(f"SET LOCAL search_path TO {self.schema}, {ext_schema}")
             applied, dim = 0, self.dim
-            if conn.execute("SELECT to_regclass('meta')").fetchone() != (None,):
+            # this schema's meta, not one found further along the search path: with pgvector's schema
+            # there (public, often), a store in public made every new schema read and write its tables
+            meta = conn.execute("SELECT to_regclass(format('%%I.meta', %s::text))", [self.schema]).fetchone()
+            if meta != (None,):
                 stored = dict(conn.execute("SELECT key, value FROM meta").fetchall())
                 applied, dim = int(stored.get("version", 0)), int(stored.get("dim", self.dim))
             if applied > len(MIGRATIONS):

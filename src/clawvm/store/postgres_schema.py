@@ -177,7 +177,7 @@ MIGRATIONS: tuple[str, ...] = (
     # ``embedded`` says which rows have one (the embed worker's backlog comes from its partial index)
     """
     DO $$ BEGIN
-    IF to_regclass('vectors') IS NULL THEN
+    IF to_regclass(format('%I.vectors', current_schema())) IS NULL THEN
         CREATE TABLE vectors (tenant text NOT NULL, seq bigint NOT NULL, embedding vector({dim}) NOT NULL,
                               PRIMARY KEY (tenant, seq));
         ALTER TABLE vectors ALTER COLUMN embedding SET STORAGE PLAIN;

@@ -11,7 +11,7 @@ import difflib
 import functools
 import re
 from dataclasses import dataclass
-from urllib.parse import unquote, urlparse, urlunparse
+from urllib.parse import unquote, urlparse
 
 from psycopg import pq
 
@@ -96,6 +96,12 @@ def parse_url(url: str) -> PgUrl:
         key = unquote(raw.split("=", 1)[0])
         value = unquote(raw.split("=", 1)[1]) if "=" in raw else ""
         if key in _OURS:
+            if key in ours:  # last-wins would pick a schema (a store) the caller may not have meant
+                raise ConfigError(
+                    f"{key} is given twice in the store URL ({ours[key]!r}, then {value!r})",
+                    "db",
+                    fix=f"give {key} once",
+                )
             ours[key] = value
             continue
         _check_libpq_parameter(key)
@@ -122,7 +128,9 @@ def parse_url(url: str) -> PgUrl:
         )
     scheme = "postgresql" if parts.scheme in ("postgresql", "postgres") else parts.scheme
     return PgUrl(
-        conninfo=urlunparse(parts._replace(scheme=scheme, query="&".join(rest))),
+        # not urlunparse: it drops an empty host's "//" (postgresql:///db, libpq's way to name a database
+        # on the local socket or $PGHOST, became postgresql:/db, which libpq refuses)
+        conninfo=f"{scheme}://{parts.netloc}{parts.path}" + (f"?{'&'.join(rest)}" if rest else ""),
         schema=schema,
         pool_size=numbers.get("pool_size"),
         statement_timeout_ms=numbers.get("statement_timeout_ms"),
