@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import quote
 
@@ -309,6 +310,31 @@ def test_read_your_writes_falls_back_to_the_primary_when_the_replica_lags(
             standby.execute("SELECT pg_wal_replay_resume()")
         store.close()
         control.close()
+
+
+def test_read_your_writes_with_a_replica_that_is_no_standby_does_not_wait_at_each_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica= naming a server that replays no WAL (the primary itself, a logical subscriber) has no
+    replay position: every search after a write waited the full READ_YOUR_WRITES_WAIT_S for it."""
+    from clawvm.store import postgres as postgres_engine
+
+    def no_waiting(seconds: float) -> None:
+        raise AssertionError(f"waited {seconds} s for a replay that a server replaying no WAL never makes")
+
+    monkeypatch.setattr(postgres_engine, "time", SimpleNamespace(monotonic=time.monotonic, sleep=no_waiting))
+    primary = pg_server.store_url(tmp_path, "no_standby")
+    store = store_from_url(f"{primary}&replica={quote(primary, safe='')}&read_your_writes=1", dim=DIM)
+    assert isinstance(store, PostgresStore)
+    store.setup()
+    try:
+        for i in range(3):
+            note = Memory(content=f"note about walrus{i}")
+            store.put(note)
+            assert [h for h, _ in store.query(Query(text=f"walrus{i}")).lexical] == [note.id]
+        assert store.wait_for_replica(timeout_s=30) is False
+    finally:
+        store.close()
 
 
 def test_a_reader_waits_at_a_number_still_in_flight_instead_of_skipping_it(tmp_path: Path) -> None:

@@ -196,6 +196,7 @@ class PostgresStore(Store):
         self._replica_pool: psycopg_pool.ConnectionPool | None = None
         self._written_lsn: str | None = None  # WAL position after this process's last write (replica only)
         self._lagged_at: str | None = None  # the last write the replica failed to replay in time
+        self._said_not_a_standby = False
         self.analyzer = analyzer or Analyzer()
         self.params = params or BM25Params()
         self._search = Searcher(self.analyzer, self.params, dim)
@@ -409,9 +410,21 @@ class PostgresStore(Store):
                 row = conn.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", [lsn]).fetchone()
                 if row is not None and row[0]:
                     return True
+                if row is None or row[0] is None:  # it replays no WAL (not a standby): no wait will do
+                    self._warn_not_a_standby()
+                    return False
                 if time.monotonic() >= deadline:
                     return False
                 time.sleep(_REPLICA_POLL_S)
+
+    def _warn_not_a_standby(self) -> None:
+        if not self._said_not_a_standby:
+            self._said_not_a_standby = True
+            log.warning(
+                "the replica of %s replays no WAL (not a streaming standby): read_your_writes cannot tell"
+                " when it has a write, so the primary answers the searches after one",
+                self._named,
+            )
 
     def _write(self, action: str, body: Callable[[psycopg.Connection[Any]], T]) -> T:
         """Run ``body`` in one transaction, retrying it when PostgreSQL aborted it for a deadlock."""
