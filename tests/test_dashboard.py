@@ -5,6 +5,8 @@ Playwright) against a real uvicorn server on loopback with the demo workload loa
 
 from __future__ import annotations
 
+import csv
+import io
 import threading
 import typing
 from collections.abc import Iterator
@@ -329,6 +331,31 @@ def test_text_cut_for_a_list_ends_with_an_ellipsis(small: tuple[TestClient, Harn
     ]
     for text, limit in zip(cut, (100, 160, 200), strict=True):
         assert text.endswith("…") and len(text) <= limit and words.startswith(text[:-1]), text
+
+
+FORMULAS = ['=HYPERLINK("http://evil.example","click")', "+1+2", "-2+3 rounds", "@SUM(A1)"]
+
+
+def test_csv_exports_keep_formulas_as_text(small: tuple[TestClient, Harness, dict[str, str]]) -> None:
+    """A memory's content starting with ``=HYPERLINK(...)`` was exported as a formula cell: a spreadsheet
+    opening the CSV ran it (OWASP: CSV injection). Such a cell starts with a single quote now."""
+    client, h, keys = small
+    for text in FORMULAS:
+        h.record(text, kind="note", session_id="s3")
+    h.context(FORMULAS[0], budget_tokens=200, session_id="s3")
+    auth = _auth(keys["read-only"])
+    got = client.get("/dashboard/api/export", params={"session": "s3", "format": "csv"}, headers=auth)
+    rows = list(csv.DictReader(io.StringIO(got.text)))
+    previews = sorted(r["preview"] for r in rows)
+    assert previews == sorted("'" + t for t in FORMULAS), previews
+    assert all(not r["value"].startswith("'") for r in rows)  # numbers stay numbers
+    builds = client.get(
+        "/dashboard/api/contexts/export", params={"session": "s3", "format": "csv"}, headers=auth
+    )
+    assert [r["query"] for r in csv.DictReader(io.StringIO(builds.text))] == ["'" + FORMULAS[0]]
+    # a preview starts at its first word; a tab or CR first is a formula start too (another column's)
+    kept = [views.csv_cell(v) for v in ("\tx", "\rx", "a=b", -1.5, None)]
+    assert kept == ["'\tx", "'\rx", "a=b", -1.5, None]
 
 
 def test_manual_actions_through_the_api(small: tuple[TestClient, Harness, dict[str, str]]) -> None:
@@ -1514,6 +1541,22 @@ def test_rows_that_open_something_take_the_focus_and_open_on_enter_or_space(
     heading = page.inner_text("#moves-heading")
     total = int(heading.rsplit(" ", 1)[-1])
     assert shown == 40 < total and heading == f"Tier moves: the latest 40 of {total}", heading
+    assert problems == []
+    page.close()
+
+
+def test_the_exports_made_in_the_page_keep_formula_like_text_as_text(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """The run trace's and the what-if's CSV are made in the page: a step's text "=HYPERLINK(...)" was a
+    formula cell there too."""
+    base, _h, keys = served
+    page, problems = _open(browser, base, keys["read-only"], "#view=sessions")
+    rows = [{"text": t, "n": -2} for t in [*FORMULAS, "\tcmd", "plain"]]
+    made = page.evaluate("(rows) => MemLens.toCsv(rows, ['text', 'n'])", rows)
+    parsed = list(csv.DictReader(io.StringIO(made)))
+    assert [r["text"] for r in parsed] == ["'" + t for t in [*FORMULAS, "\tcmd"]] + ["plain"], parsed
+    assert all(r["n"] == "-2" for r in parsed)  # a negative number stays a number
     assert problems == []
     page.close()
 

@@ -126,10 +126,13 @@
     setTimeout(() => URL.revokeObjectURL(url), 1000);
   }
 
-  // rows (objects) as CSV: the columns given, quoted where needed
+  // rows (objects) as CSV: the columns given, quoted where needed; text that a spreadsheet would read as a
+  // formula (starting =, +, -, @, tab or CR: OWASP's CSV injection list) gets a leading ' as the server's
+  // exports do, so a memory's "=HYPERLINK(...)" opens as text (a number, even a negative one, stays a number)
   function toCsv(rows, columns) {
     const cell = (v) => {
-      const t = v === null || v === undefined ? "" : Array.isArray(v) ? v.join(" ") : typeof v === "object" ? JSON.stringify(v) : String(v);
+      let t = v === null || v === undefined ? "" : Array.isArray(v) ? v.join(" ") : typeof v === "object" ? JSON.stringify(v) : String(v);
+      if (typeof v !== "number" && /^[=+\-@\t\r]/.test(t)) t = "'" + t;
       return /[",\n\r]/.test(t) ? `"${t.replace(/"/g, '""')}"` : t;
     };
     return [columns.join(","), ...rows.map((r) => columns.map((c) => cell(r[c])).join(","))].join("\n") + "\n";

@@ -210,7 +210,7 @@ def export(lens: Lens, flt: RowFilter, fmt: str) -> tuple[str, str]:
                 if row is not None:
                     d = row.as_dict()
                     d["tags"] = " ".join(row.tags)
-                    writer.writerow([d[c] for c in EXPORT_COLUMNS])
+                    writer.writerow([csv_cell(d[c]) for c in EXPORT_COLUMNS])
         return out.getvalue(), "text/csv; charset=utf-8"
     lines = []
     for start in range(0, len(ids), EXPORT_PAGE):
@@ -220,6 +220,19 @@ def export(lens: Lens, flt: RowFilter, fmt: str) -> tuple[str, str]:
 
 
 EXPORT_PAGE = 500
+#: What a spreadsheet reads as the start of a formula (OWASP's CSV injection list): a cell starting with one
+#: of these is exported with a ``'`` before it, so ``=HYPERLINK(...)`` in a memory stays text when opened.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """A value as a CSV cell that a spreadsheet shows as text: a string starting like a formula gets a
+    leading single quote; numbers, booleans and ``None`` pass unchanged (a negative number is no formula)."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 CONTEXT_COLUMNS = (
     "seq", "at", "session_id", "task_id", "agent_id", "query", "tokens", "budget", "lines", "cited",
 )  # fmt: skip
@@ -237,7 +250,7 @@ def export_contexts(lens: Lens, flt: RowFilter, fmt: str) -> tuple[str, str]:
             writer.writerow(CONTEXT_COLUMNS)
             for b in builds:
                 d = {**b.summary(), **{k: b.scope.get(k) for k in ("session_id", "task_id", "agent_id")}}
-                writer.writerow([d[c] for c in CONTEXT_COLUMNS])
+                writer.writerow([csv_cell(d[c]) for c in CONTEXT_COLUMNS])
             return out.getvalue(), "text/csv; charset=utf-8"
         lines = [
             json.dumps(
