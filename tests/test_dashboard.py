@@ -1657,3 +1657,27 @@ def test_a_phone_wide_page_wraps_its_key_bar_and_keeps_charts_and_tables_readabl
     assert heights and max(heights) < 160, heights  # a few lines of text, not one character a line
     assert problems == []
     page.close()
+
+
+def test_a_memory_tapped_on_a_phone_opens_its_inspector_on_screen(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """At 390 px the inspector sits under the lists: a tapped memory opened it ~930 px below the screen,
+    and the page stayed where it was."""
+    base, _h, keys = served
+    page, problems = _open(browser, base, keys["read-only"], "#view=sessions&session=s5", width=390)
+    page.set_viewport_size({"width": 390, "height": 844})
+    row = page.locator("#memories-table tr.memory-row").first
+    row.click()
+    page.wait_for_selector('#inspector[data-ready="1"]')
+    top = page.evaluate("document.querySelector('#inspector').getBoundingClientRect().top")
+    assert -2 <= top < 100, top  # its heading at the top of the screen
+    assert page.evaluate("window.scrollY") > 0
+    page.screenshot(path=str(ARTIFACTS / "dashboard-phone-inspector.png"))
+    # a redraw of the memory shown (a live refresh, an action) leaves the page where the user put it
+    page.evaluate("window.scrollTo(0, 0)")
+    page.evaluate("(id) => MemLens.inspect(id)", row.get_attribute("data-id"))
+    page.wait_for_selector('#inspector[data-ready="1"]')
+    assert page.evaluate("window.scrollY") == 0
+    assert problems == []
+    page.close()

@@ -709,8 +709,13 @@
     writeHash();
     document.querySelectorAll("[data-id]").forEach((n) => n.classList && n.classList.toggle("selected", n.dataset.id === id));
     const box = $("#inspector");
+    // a new opening (not a live refresh or an action's redraw of the memory shown) on a phone, where the
+    // inspector sits under the lists: brought into view (a tapped row opened it ~930 px below the screen)
+    const opening = box.hidden || box.dataset.memory !== id;
     box.hidden = false;
     box.dataset.ready = "0";
+    box.dataset.memory = id;
+    if (opening && isPhone()) box.scrollIntoView({ block: "start" });
     let d;
     try {
       d = await api(`memories/${id}`);
