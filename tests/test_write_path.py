@@ -89,11 +89,11 @@ KINDS = ("email", "card", "secret")
 SESSION, TASK, AGENT, TEAM = "s1", "t1", "a1", "team1"
 
 
-def straddling(limit: int) -> str:
+def straddling(limit: int, filler: str = "x") -> str:
     """Planted text whose token straddles character ``limit`` (where some writers cut text to log it)."""
     head = f"Context for {EMAIL}: "
     token_at = limit - 20  # a cut at ``limit`` keeps the token's prefix and its first 16 characters
-    return head + "x" * (token_at - len(head) - 1) + f" {TOKEN} and the card {CARD}."
+    return head + filler * (token_at - len(head) - 1) + f" {TOKEN} and the card {CARD}."
 
 
 def test_the_planted_secrets_are_what_the_detectors_catch() -> None:
@@ -358,7 +358,9 @@ def _failing_tool(w: World) -> None:
 def _long_result_tool(w: World) -> Any:
     @w.harness.tool("fetch_log", session_id=SESSION)
     def fetch_log() -> str:
-        return straddling(toolcalls.MAX_RESULT_CHARS)
+        # spaces: 8,000 characters of one unreadable word count ~2,600 tokens, over the session's working
+        # budget, and the pager's demote of the result would join this write's events
+        return straddling(toolcalls.MAX_RESULT_CHARS, filler=" ")
 
     return fetch_log()
 
