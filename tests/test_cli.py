@@ -837,11 +837,12 @@ def test_a_json_key_given_twice_is_refused_naming_it_as_the_rest_api_does(tmp_pa
     assert "give each key once" in result.output and not db.exists()
     nested = good.replace('"metadata":{}', '"metadata":{"a":1,"a":2}')
     result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", "import", "-"], input=nested)
-    assert result.exit_code == 2 and "<stdin>:1: a: is given more than once" in result.output, result.output
-    for content in ('{"a": 1, "a": 2}', '[{"b": {"a": 1, "a": 2}}]'):
+    assert result.exit_code == 2, result.output
+    assert "<stdin>:1: metadata.a: is given more than once" in result.output, result.output  # its path
+    for content, path in [('{"a": 1, "a": 2}', "a"), ('[{"b": {"a": 1, "a": 2}}]', "0.b.a")]:
         result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", "add", content, "--json-content"])
         assert result.exit_code == 2, result.output
-        assert "content: gives the key 'a' more than once" in result.output, result.output
+        assert f"content.{path}: is given more than once" in result.output, result.output
     assert not db.exists()
     assert run(db, "import", "-", stdin=good).startswith("imported 1")  # once each: imported
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import json
 import os
 import re
 import select
@@ -79,39 +78,6 @@ REPEATED_KEY = (
     "is given more than once in one JSON object",
     "give each key once: only one value would be read",
 )
-
-
-class _Repeated(Exception):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) == len(pairs):  # the usual case: one dict, one length comparison
-        return obj
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen:
-            raise _Repeated(key)
-        seen.add(key)
-    raise AssertionError("no key is repeated")  # called only when the dict came out shorter
-
-
-def repeated_key(text: str | bytes) -> str | None:
-    """The first key JSON ``text`` gives twice in one object (the innermost object's first), or None: none
-    is, or ``text`` is no JSON (the caller's own parsing says why). Python's JSON reader, and pydantic's,
-    keep the last value without a word: ``{"content": "a", "content": "b"}`` imported "b". The REST API
-    refuses such a body (:mod:`clawvm.server.jsonkeys`, which the CLI cannot import without the server
-    extra)."""
-    try:
-        json.loads(text, object_pairs_hook=_once_each)
-    except _Repeated as exc:
-        return exc.key
-    except (ValueError, RecursionError):  # not JSON, too deep, or too many digits: not ours to say
-        return None
-    return None
 
 
 @contextmanager

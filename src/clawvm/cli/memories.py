@@ -20,9 +20,9 @@ from clawvm.cli.common import (
     opened_store,
     plural,
     refuse_store_as_output,
-    repeated_key,
 )
 from clawvm.core.errors import ValidationError
+from clawvm.core.jsonkeys import repeated_key
 from clawvm.core.model import (
     DEFAULT_TENANT,
     DEPTH_FIX,
@@ -94,9 +94,7 @@ def _payload(text: str, json_content: bool) -> Any:
                 f"{DEPTH_FIX}, or pass it as text",
             ) from None
         if (key := repeated_key(text)) is not None:  # {"a": 1, "a": 2} was stored as {"a": 2}
-            raise ValidationError(
-                "content", f"gives the key {key!r} more than once in one object", REPEATED_KEY[1]
-            )
+            raise ValidationError(f"content.{key}", *REPEATED_KEY)
         if not isinstance(payload, dict | list):  # a JSON string was stored as text, a number refused oddly
             kind = "string" if isinstance(payload, str) else type(payload).__name__
             raise ValidationError(

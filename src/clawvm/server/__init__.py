@@ -6,7 +6,6 @@ Where things are, in the order a request meets them:
 =====================  ===================================================================================
 :mod:`.settings`       :class:`ServerSettings` (limits) and :func:`redaction_options` (``serve``'s flags)
 :mod:`.middleware`     :class:`Guard`: request id, body limit, UTF-8, JSON keys given twice, OPTIONS, 500, log
-:mod:`.jsonkeys`       the first key a JSON body gives twice in one object (:class:`Guard` refuses it)
 :mod:`.paths`          the route templates a path fits: the parameter a segment is, ``Allow``'s methods
 :mod:`.auth`           API key -> principal; :data:`Reader` / :data:`Writer` / :data:`Admin` per route
 :mod:`.ratelimit`      token buckets per key, tenant, client address (429), taken together or not at all

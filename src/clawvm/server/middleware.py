@@ -20,9 +20,9 @@ import anyio
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import Headers, MutableHeaders
 
+from clawvm.core.jsonkeys import repeated_key
 from clawvm.core.redact import redact
 from clawvm.server.errors import error_response
-from clawvm.server.jsonkeys import repeated_key
 from clawvm.server.paths import answered_methods, parameter_at
 from clawvm.server.service import RequestGauge
 from clawvm.store.keys import Principal

@@ -1,7 +1,8 @@
 """:func:`repeated_key`: the first key a JSON document gives twice in one object. Python's JSON reader (and
 so FastAPI) keeps the last value of a repeated key and drops the others without a word:
-``{"content": "a", "content": "b"}`` recorded "b". :class:`clawvm.server.middleware.Guard` refuses such a
-body, once for every route, naming the key."""
+``{"content": "a", "content": "b"}`` recorded "b". Every edge that reads JSON refuses such a document with
+it, naming the key: the REST API's guard (once for every route), the CLI's import and ``--json-content``,
+the agent tools' arguments."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ class _Repeated(dict[str, Any]):
         self.key = key
 
 
-def repeated_key(body: bytes) -> str | None:
+def repeated_key(body: str | bytes) -> str | None:
     """The path of the first repeated key of JSON ``body`` (``content``, ``metadata.a``,
     ``memories.3.content``, as a 422 names a field), or None: none is repeated, or the body is no JSON
     Python reads (the route's own parsing then says why)."""
