@@ -1681,3 +1681,59 @@ def test_a_memory_tapped_on_a_phone_opens_its_inspector_on_screen(
     assert page.evaluate("window.scrollY") == 0
     assert problems == []
     page.close()
+
+
+def _shown(page: Any, view: str, hash_has: str, hash_lacks: str = "\0") -> None:
+    """Wait until the page shows ``view``, rendered, for an address with ``hash_has``, not ``hash_lacks``."""
+    page.wait_for_function(
+        """([v, has, lacks]) => MemLens.state.view === v && location.hash.includes(has)
+             && !location.hash.includes(lacks)
+             && document.querySelector(`main[data-view="${v}"][data-ready="1"]`)""",
+        arg=[view, hash_has, hash_lacks],
+        timeout=30_000,
+    )
+
+
+def test_back_and_forward_step_through_views_sessions_and_memories(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """Switching a tab, a session or a memory replaced the address: Back left the dashboard. And an
+    address without ``memory=`` left the inspector open, so the address no longer said what was shown."""
+    base, _h, keys = served
+    page, problems = _open(browser, base, keys["read-only"], "#view=sessions&session=s1")
+    row = page.locator("#memories-table tr.memory-row").first
+    memory = row.get_attribute("data-id")
+    row.click()
+    page.wait_for_selector('#inspector[data-ready="1"]')
+    page.click('#tabs a[data-view="timeline"]')
+    _wait_view(page, "timeline")
+    page.select_option("#session", "s5")
+    _shown(page, "timeline", "session=s5")
+    page.fill("#memory-filters input[data-filter='q'], .filters input[data-filter='q']", "deploy")
+    page.press(".filters input[data-filter='q']", "Enter")  # a filter is no step of its own
+    page.wait_for_function("location.hash.includes('f.q=deploy')")
+
+    page.go_back()  # the session
+    _shown(page, "timeline", "session=s1", "f.q=")
+    assert page.eval_on_selector("#session", "(s) => s.value") == "s1"
+    page.go_back()  # the view
+    _shown(page, "sessions", f"memory={memory}")
+    page.wait_for_selector('#inspector[data-ready="1"]')
+    page.go_back()  # the memory: the address without it closes the inspector
+    _shown(page, "sessions", "session=s1", "memory=")
+    assert page.locator("#inspector").is_hidden()
+    assert page.locator("#memories-table tr.selected").count() == 0
+    page.screenshot(path=str(ARTIFACTS / "dashboard-back-inspector-closed.png"))
+    page.go_forward()
+    _shown(page, "sessions", f"memory={memory}")
+    page.wait_for_selector('#inspector[data-ready="1"]')
+    page.go_forward()
+    _shown(page, "timeline", f"memory={memory}")
+    assert page.url.startswith(f"{base}/dashboard/")
+
+    page.evaluate("location.hash = '#metrics'")  # an old link: shown, written over, Back not trapped on it
+    _shown(page, "metrics", "view=metrics")
+    page.go_back()
+    _shown(page, "timeline", f"memory={memory}")
+    assert problems == []
+    page.close()

@@ -565,7 +565,7 @@
     contexts: viewContexts, influence: viewInfluence, metrics: viewMetrics };
 
   // ---- deep links: the fragment holds the view, the session, the selected memory and build, the filters ----
-  function writeHash() {
+  function writeHash(replace) {
     const p = new URLSearchParams();
     p.set("view", state.view);
     if (state.session) p.set("session", state.session);
@@ -577,7 +577,15 @@
     if (state.view === "sessions") for (const [k, v] of Object.entries(state.sessFilters)) if (v) p.set("s." + k, v);
     if (state.view === "whatif") for (const [k, v] of Object.entries(state.whatif)) if (v) p.set("wi." + k, v);
     const hash = "#" + p.toString();
-    if (location.hash !== hash) history.replaceState(null, "", hash);
+    // the address moved to a link the page has not read yet (a click, a pasted link, Back): its hashchange
+    // is on its way and says what to show; a render in between must not write the old state over it
+    if (writeHash.last !== undefined && location.hash !== writeHash.last) return;
+    if (location.hash !== hash) {
+      // another view, session or memory is a step Back returns from; a filter, a build or a page is not
+      const before = new URLSearchParams(location.hash.slice(1));
+      const moved = !replace && writeHash.last !== undefined && ["view", "session", "memory"].some((k) => before.get(k) !== p.get(k));
+      if (moved) history.pushState(null, "", hash); else history.replaceState(null, "", hash);
+    }
     writeHash.last = hash;
   }
 
@@ -986,17 +994,25 @@
       e.preventDefault();
       show(a.dataset.view);
     }));
-    window.addEventListener("hashchange", (e) => {  // a pasted deep link, or back/forward
-      // the address navigated to, not location.hash: a render or inspector opening between the navigation
-      // and this event rewrote the address to the old view's (replaceState), and the link was lost
-      const target = new URL(e.newURL).hash;
+    // a pasted deep link, or Back/Forward (popstate for the entries the page pushed, then hashchange; the
+    // first one shows it): the page shows what the address says, the inspector closed where it has no memory
+    const navigate = (target) => {
       if (target === writeHash.last) return;  // the page shows it already
       readHash(target);
+      if (!VIEWS[state.view]) state.view = "sessions";
+      // read: the address, as the page writes it, in place of the one navigated to (an old "#metrics" link,
+      // a view that no longer exists): a step of its own there would bring Back here again, and again
+      writeHash.last = target;
+      writeHash(true);
       state.memPage.offset = 0;
       $("#session").value = state.session;
       show(state.view);
       if (state.selected) inspect(state.selected);
-    });
+      else if (!$("#inspector").hidden) closeInspector();
+    };
+    // the address navigated to, not location.hash: a later navigation may have moved it on already
+    window.addEventListener("hashchange", (e) => navigate(new URL(e.newURL).hash));
+    window.addEventListener("popstate", () => navigate(location.hash));
     const selected = state.selected;
     await connect();
     $("#session").value = state.session;
