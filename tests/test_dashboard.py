@@ -1737,3 +1737,28 @@ def test_back_and_forward_step_through_views_sessions_and_memories(
     _shown(page, "timeline", f"memory={memory}")
     assert problems == []
     page.close()
+
+
+def test_the_build_lists_keep_their_queries_readable_without_the_inspector(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """At 1440 px with no inspector the context viewer's and the influence view's 340 px build list sat
+    beside the build and cut each query to 3-4 characters ("Why …")."""
+    base, _h, keys = served
+    for width in (1440, 1800):
+        for view in ("contexts", "influence"):
+            page, problems = _open(browser, base, keys["read-only"], f"#view={view}&session=s5", width=width)
+            page.wait_for_selector("#contexts-table tr.context-row")
+            cells = page.locator("#contexts-table tr.context-row td:nth-child(2)").evaluate_all(
+                "(tds) => tds.map((td) => td.getBoundingClientRect().width)"
+            )
+            assert cells and min(cells) >= 180, (width, view, cells)
+            assert page.evaluate("document.documentElement.scrollWidth") <= width
+            if view == "contexts":
+                content = page.locator("#context-lines td.content-cell").evaluate_all(
+                    "(tds) => tds.map((td) => td.offsetWidth)"
+                )
+                assert content and min(content) >= 200, (width, content)
+            page.screenshot(path=str(ARTIFACTS / f"dashboard-{view}-{width}.png"))
+            assert problems == []
+            page.close()
