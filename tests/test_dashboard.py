@@ -1762,3 +1762,29 @@ def test_the_build_lists_keep_their_queries_readable_without_the_inspector(
             page.screenshot(path=str(ARTIFACTS / f"dashboard-{view}-{width}.png"))
             assert problems == []
             page.close()
+
+
+def test_a_phone_wide_memories_table_wraps_its_content_column(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """At 390 px the memories table was 1780 px wide: its content column kept each preview on one line."""
+    base, _h, keys = served
+    page, problems = _open(browser, base, keys["read-only"], "#view=sessions&session=s1", width=390)
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.wait_for_timeout(300)
+    width = page.evaluate("document.querySelector('#memories-table').scrollWidth")
+    assert width <= 600, width
+    cells = page.locator("#memories-table td.content-cell").evaluate_all(
+        """(tds) => tds.map((td) => [td.getBoundingClientRect().width, td.getBoundingClientRect().height,
+             parseFloat(getComputedStyle(td.firstElementChild).lineHeight), td.title, td.textContent])"""
+    )
+    assert cells
+    for cell_width, height, line, title, text in cells:
+        assert cell_width >= 180 and height <= 3 * line + 12, (cell_width, height, line)  # at most 3 lines
+        assert title == text  # the whole preview on hover
+    assert any(height > 2 * line for _w, height, line, _t, _x in cells)  # long ones do wrap
+    page.locator("#memories-table tr.memory-row").nth(2).scroll_into_view_if_needed()
+    page.evaluate("document.querySelector('#memories-table').parentElement.scrollLeft = 400")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-phone-memories.png"))
+    assert problems == []
+    page.close()

@@ -268,7 +268,8 @@
             el("td", { class: "clip", title: `${kind} · ${who}` }, el("div", { class: "clip kind", text: kind }), el("div", { class: "clip muted small", text: who })),
             el("td", {}, tierPill(m.tier), m.pinned ? [" ", el("span", { class: "pill pinned", text: "pinned" })] : null, m.status !== "active" ? [" ", el("span", { class: "muted", text: m.status })] : null),
             el("td", { text: num(m.value, 2) }), el("td", { class: "wide-only", text: m.tokens }), el("td", { class: "wide-only", title: "contexts entered / citations", text: `${m.injected} / ${m.cited}` }),
-            el("td", { class: "clip content-cell", title: m.preview, text: m.preview })); }))),
+            // one line cut with "…" where the table has room; on a phone a few wrapped lines (style.css)
+            el("td", { class: "clip content-cell", title: m.preview }, el("div", { class: "clip clamp", text: m.preview }))); }))),
       pager(data, (o) => { p.offset = o; renderMemories(box); }));
   }
 
