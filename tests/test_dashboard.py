@@ -1788,3 +1788,21 @@ def test_a_phone_wide_memories_table_wraps_its_content_column(
     page.screenshot(path=str(ARTIFACTS / "dashboard-phone-memories.png"))
     assert problems == []
     page.close()
+
+
+def test_value_over_time_rounds_a_single_value(browser: Any, tmp_path: Path) -> None:
+    """A memory with one recorded value: "Value over time" printed the raw float ("value 0.4468270059")."""
+    h = Harness.open(tmp_path / "one.db", embedder=None)
+    memory = h.record("the tessera sandbox token endpoint timed out twice", session_id="s1")
+    h.close()
+    app = create_app(tmp_path / "one.db", embedder=None)
+    with serve_app(app) as base:
+        deep_link = f"#view=sessions&session=s1&memory={memory.id}"
+        page, problems = _open(browser, base, _keys(app)["read-only"], deep_link)
+        page.wait_for_selector('#inspector[data-ready="1"] #value-spark text')
+        said = page.text_content("#value-spark text")
+        stored = page.evaluate("(id) => MemLens.api('memories/' + id).then((d) => d.memory.value)", memory.id)
+        assert said == f"value {stored:.3f}", (said, stored)
+        page.locator("#value-spark").screenshot(path=str(ARTIFACTS / "dashboard-value-one.png"))
+        assert problems == []
+        page.close()

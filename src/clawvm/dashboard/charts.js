@@ -328,11 +328,12 @@
     });
   }
 
-  // Small sparkline for a memory's value history
+  // Small sparkline for a memory's value history; a single value is written out, to 3 places as the
+  // inspector writes values (it printed the raw float, "value 0.446827005940697")
   function sparkline(container, values) {
     const W = 300, H = 50;
     const s = frame(container, W, H);
-    if (values.length < 2) { text(s, 0, 30, values.length ? `value ${values[0]}` : "no history yet"); return; }
+    if (values.length < 2) { text(s, 0, 30, values.length ? `value ${Number(values[0]).toFixed(3)}` : "no history yet"); return; }
     const x = (i) => (W * i) / (values.length - 1);
     const y = (v) => H - 4 - (H - 8) * v;
     svg("path", { d: values.map((v, i) => `${i ? "L" : "M"}${x(i)},${y(v)}`).join(" "), fill: "none", stroke: "#1c7ed6", "stroke-width": 2 }, s);
