@@ -170,14 +170,17 @@ def test_schemas_isolate_stores_in_one_database(tmp_path: Path, opened: list[Pos
 
 
 def test_a_store_in_pgvectors_own_schema_does_not_take_over_a_new_schema(
-    tmp_path: Path, opened: list[PostgresStore]
+    tmp_path: Path, opened: list[PostgresStore], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The search path is the store's schema, then pgvector's (public, often): a new schema's open found
-    public's meta table, created nothing, and read and wrote the public store's tables."""
+    public's meta table, created nothing, and read and wrote the public store's tables. An application
+    that did so is told where its data is (the new schema opens empty)."""
     database = pg_server.database_with({})
     in_public = open_store(opened, database + ("&" if "?" in database else "?") + "schema=public")
     in_public.put(Memory(content="the public store's secret"))
-    fresh = open_store(opened, pg_server.schema_url(database, tmp_path, "fresh"))
+    with caplog.at_level("WARNING"):
+        fresh = open_store(opened, pg_server.schema_url(database, tmp_path, "fresh"))
+    assert "holds its data in public" in caplog.text and "clawvm migrate" in caplog.text
     assert fresh.count() == 0
     mine = Memory(content="only in the fresh schema")
     fresh.put(mine)
@@ -290,6 +293,34 @@ def test_upgrading_re_analyzes_non_ascii_texts_as_a_new_schema_indexes_them(
         query = Query(text=text, limit=5, filters=Filters.of(tenant=tenant) if tenant else Filters())
         found = upgraded.query(query).lexical
         assert found == new.query(query).lexical and found, text  # same scores: lengths and totals too
+
+
+def test_a_row_whose_body_does_not_read_keeps_its_postings_and_the_upgrade_goes_on(
+    url: str, opened: list[PostgresStore], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One body edited by hand must not keep the whole store from opening: its old postings stay."""
+    ms = [Memory(content="我喜欢吃苹果"), Memory(content="東京タワーに行きました")]
+    with monkeypatch.context() as older:
+        older.setattr(postgres_engine, "MIGRATIONS", MIGRATIONS[:-1])
+        before = store_from_url(url)
+        assert isinstance(before, PostgresStore)
+        before.analyzer = WholeRuns()
+        before.setup()
+        before.write(ms)
+        with before._conn("test") as conn:
+            conn.execute("UPDATE memories SET body = 'édité à la main' WHERE id = %s", [ms[1].id])
+        before.close()
+    with caplog.at_level("WARNING"):
+        upgraded = open_store(opened, url)
+    assert [i for i, _ in upgraded.query(Query(text="苹果", limit=5)).lexical] == [ms[0].id]
+    with upgraded._conn("test") as conn:
+        kept = conn.execute(
+            "SELECT p.term FROM postings p JOIN memories m ON m.tenant = p.tenant AND m.seq = p.seq"
+            " WHERE m.id = %s",
+            [ms[1].id],
+        ).fetchall()
+    assert kept == [("東京タワーに行きました",)]  # the term its version made, as it was
+    assert "keeps its postings" in caplog.text
 
 
 def test_bookkeeping_and_promotions_leave_the_vector_alone_and_a_new_text_drops_it(

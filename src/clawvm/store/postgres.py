@@ -309,10 +309,16 @@ class PostgresStore(Store):
             applied, dim = 0, self.dim
             # this schema's meta, not one found further along the search path: with pgvector's schema
             # there (public, often), a store in public made every new schema read and write its tables
-            meta = conn.execute("SELECT to_regclass(format('%%I.meta', %s::text))", [self.schema]).fetchone()
-            if meta != (None,):
+            if self._store_in(conn, self.schema):
                 stored = dict(conn.execute("SELECT key, value FROM meta").fetchall())
                 applied, dim = int(stored.get("version", 0)), int(stored.get("dim", self.dim))
+            elif self._store_in(conn, ext_schema):
+                log.warning(
+                    "%s is new, and a store is in pgvector's schema %s: earlier versions opened a new schema"
+                    " on that store's tables, so an application that used %s before holds its data in %s"
+                    " (copy it with clawvm migrate --from '...&schema=%s' --to '...&schema=%s')",
+                    self._named, ext_schema, self.schema, ext_schema, ext_schema, self.schema,
+                )  # fmt: skip
             if applied > len(MIGRATIONS):
                 raise SchemaError(
                     f"database schema version {applied} is newer than this ClawVM knows ({len(MIGRATIONS)}): "
@@ -336,6 +342,12 @@ class PostgresStore(Store):
                     [str(len(MIGRATIONS)), str(self.dim)],
                 )
         return ext_schema
+
+    @staticmethod
+    def _store_in(conn: psycopg.Connection[Any], schema: str) -> bool:
+        """Whether ``schema`` holds a store (its own ``meta``, not one further along the search path)."""
+        found = conn.execute("SELECT to_regclass(format('%%I.meta', %s::text))", [schema]).fetchone()
+        return found is not None and found[0] is not None
 
     @property
     def _named(self) -> str:
@@ -400,7 +412,8 @@ class PostgresStore(Store):
 
     def wait_for_replica(self, timeout_s: float = 5.0) -> bool:
         """Wait until the replica has replayed this process's last write (read-your-writes on request);
-        False when ``timeout_s`` passed first (reads may then miss it). True at once without a replica."""
+        False when ``timeout_s`` passed first (reads may then miss it), or at once when the replica replays
+        no WAL (not a streaming standby). True at once without a replica."""
         lsn, pool = self._written_lsn, self._replica_pool
         if lsn is None or pool is None:
             return True

@@ -5,8 +5,10 @@ share with the engine."""
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -18,6 +20,8 @@ from clawvm.store.keys import AUTH_TENANT, KEYS_STREAM, credentials_from_key_eve
 from clawvm.store.memory import from_stored
 from clawvm.store.postgres_rows import ADD_TENANT_STATS, TenantStats
 from clawvm.store.postgres_search import term_key, unesc
+
+log = logging.getLogger(__name__)
 
 # Append-only: never edit a shipped entry, add a new one. ``{dim}`` is the store's vector dimension.
 MIGRATIONS: tuple[str, ...] = (
@@ -224,6 +228,7 @@ def tenant_sequence(tenant: str) -> str:
     so any tenant name makes a valid, fixed-length identifier that quotes nothing."""
     return "tenant_events_" + hashlib.md5(tenant.encode(), usedforsecurity=False).hexdigest()
 
+
 # Insert a credential, or replace the stored one only when it is the next version (the compare-and-set of
 # Store.put_credential, in one statement: concurrent writers cannot both pass); no row when it fails.
 PUT_CREDENTIAL = """INSERT INTO credentials (tenant, kind, name, version, data)
@@ -252,33 +257,63 @@ def copy_key_events(conn: psycopg.Connection[Any]) -> None:
 def reanalyze_non_ascii(conn: psycopg.Connection[Any], analyzer: Analyzer) -> None:
     """Recompute the postings of the memories whose stored JSON has a non-ASCII character, with their
     lengths (each posting's, the row's and its tenant's total): the analyzer's versions differ only on such
-    text. Page by page in the migration's transaction, so a failure leaves the schema as it was."""
+    text. Page by page in the migration's transaction, so a failure leaves the schema as it was; each page
+    locked (a process of the older version writing meanwhile waits, its write then re-indexed by itself).
+    A row whose body this version cannot read keeps its postings, logged."""
     after: tuple[str, int] = ("", -1)
     while True:
         rows = conn.execute(
             "SELECT tenant, seq, body, doc_len FROM memories WHERE (tenant, seq) > (%s, %s) AND body ~ %s"
-            " ORDER BY tenant, seq LIMIT %s",
+            " ORDER BY tenant, seq LIMIT %s FOR UPDATE",
             [*after, r"[^\x01-\x7f]", _REANALYZED_PAGE],
         ).fetchall()
         if not rows:
             return
-        stats = TenantStats()
-        for tenant, seq, body, old_len in rows:
-            terms = Counter(term_key(t) for t in analyzer.terms(index_text(from_stored(body))))
-            new_len = sum(terms.values())
-            conn.execute("DELETE FROM postings WHERE tenant = %s AND seq = %s", [tenant, seq])
-            with conn.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO postings (tenant, term, seq, tf, dl) VALUES (%s, %s, %s, %s, %s)",
-                    [(tenant, term, seq, tf, new_len) for term, tf in terms.items()],
-                )
-            conn.execute(
-                "UPDATE memories SET doc_len = %s WHERE tenant = %s AND seq = %s", [new_len, tenant, seq]
+        after = (rows[-1][0], rows[-1][1])
+        redone = [r for r in (_reanalyzed(analyzer, *row) for row in rows) if r is not None]
+        if not redone:
+            continue
+        keys = [[r.tenant for r in redone], [r.seq for r in redone]]
+        conn.execute(
+            "DELETE FROM postings WHERE (tenant, seq) IN (SELECT * FROM unnest(%s::text[], %s::bigint[]))",
+            keys,
+        )
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO postings (tenant, term, seq, tf, dl) VALUES (%s, %s, %s, %s, %s)",
+                [(r.tenant, term, r.seq, tf, r.length) for r in redone for term, tf in r.terms.items()],
             )
-            stats.add(tenant, 0, new_len - old_len, 0)
+        conn.execute(
+            "UPDATE memories m SET doc_len = t.length FROM unnest(%s::text[], %s::bigint[], %s::int[])"
+            " AS t(tenant, seq, length) WHERE m.tenant = t.tenant AND m.seq = t.seq",
+            [*keys, [r.length for r in redone]],
+        )
+        stats = TenantStats()
+        for r in redone:
+            stats.add(r.tenant, 0, r.length - r.old_length, 0)
         if stats.changed():
             conn.execute(ADD_TENANT_STATS, stats.arrays())
-        after = (rows[-1][0], rows[-1][1])
+
+
+@dataclass(frozen=True)
+class _Reanalyzed:
+    tenant: str
+    seq: int
+    terms: Counter[str]
+    length: int
+    old_length: int
+
+
+def _reanalyzed(analyzer: Analyzer, tenant: str, seq: int, body: str, old_length: int) -> _Reanalyzed | None:
+    try:
+        memory = from_stored(body)
+    except ValueError as exc:  # a body edited by hand, say: its old postings are better than no open
+        log.warning(
+            "memory %s of tenant %r keeps its postings: its body does not read (%s)", seq, tenant, exc
+        )
+        return None
+    terms = Counter(term_key(t) for t in analyzer.terms(index_text(memory)))
+    return _Reanalyzed(tenant, seq, terms, sum(terms.values()), old_length)
 
 
 _REANALYZED_PAGE = 500
@@ -287,5 +322,5 @@ _REANALYZED_PAGE = 500
 #: gets the store's analyzer.
 DATA_MIGRATIONS: dict[int, Callable[[psycopg.Connection[Any], Analyzer], None]] = {
     2: lambda conn, _analyzer: copy_key_events(conn),
-    len(MIGRATIONS) - 1: reanalyze_non_ascii,
+    12: reanalyze_non_ascii,  # a literal: the list grows, this step stays with the migration it belongs to
 }

@@ -130,7 +130,9 @@ def parse_url(url: str) -> PgUrl:
     return PgUrl(
         # not urlunparse: it drops an empty host's "//" (postgresql:///db, libpq's way to name a database
         # on the local socket or $PGHOST, became postgresql:/db, which libpq refuses)
-        conninfo=f"{scheme}://{parts.netloc}{parts.path}" + (f"?{'&'.join(rest)}" if rest else ""),
+        conninfo=f"{scheme}://{parts.netloc}{parts.path}"
+        + (f";{parts.params}" if parts.params else "")
+        + (f"?{'&'.join(rest)}" if rest else ""),
         schema=schema,
         pool_size=numbers.get("pool_size"),
         statement_timeout_ms=numbers.get("statement_timeout_ms"),
