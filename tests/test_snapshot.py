@@ -27,6 +27,8 @@ from click.testing import CliRunner
 import clawvm
 from clawvm import ConflictError, Memory
 from clawvm.cli import main
+from clawvm.core import lexical
+from clawvm.core.lexical import Analyzer
 from clawvm.core.model import Filters
 from clawvm.core.vectors import CODE_SHARE, RESCORE, VectorIndex
 from clawvm.store import Query, SQLiteStore, mapped, sqlite_snapshots
@@ -218,10 +220,16 @@ def test_a_snapshot_of_an_earlier_analyzer_is_rebuilt_with_this_ones_terms(
     snapshot of another analyzer is not used: the index is rebuilt from the rows and written again."""
     path = tmp_path / "cjk.db"
     cjk = Memory(content="我喜欢吃苹果 and green tea", session_id="s1")
+
+    def whole_runs(self: Analyzer, text: str) -> list[str]:  # version 1: a CJK run was one term
+        return self._stemmed([w for w in lexical._TOKEN.findall(text.lower()) if w not in lexical.STOP_WORDS])
+
     with monkeypatch.context() as older:
         older.setattr(snap, "ANALYZER_VERSION", 1)
+        older.setattr(Analyzer, "terms", whole_runs)
         first = opened(path)
         first.write([cjk, *memories(20)], vectors(21, 4), [])
+        assert first.query(Query(text="苹果", limit=3)).lexical == []  # its terms missed the word
         first.close()
     reopened = opened(path)
     try:

@@ -130,9 +130,11 @@ def count_tokens(text: str) -> int:
     property test holds the two to the same count on any ASCII text."""
     if not text.isascii() or ("[" in text and any(token in text for token in _SPECIAL_TOKENS)):
         encoding = wordpiece().encode(text, add_special_tokens=False)
-        unk = _unk_id()
-        unknown = [text[a:b] for i, (a, b) in zip(encoding.ids, encoding.offsets, strict=True) if i == unk]
-        return len(encoding.ids) + sum(unreadable_tokens(word) - 1 for word in unknown if word != "[UNK]")
+        ids, unk = encoding.ids, _unk_id()
+        if unk not in ids:  # the usual case: no offsets built
+            return len(ids)
+        unknown = [text[a:b] for i, (a, b) in zip(ids, encoding.offsets, strict=True) if i == unk]
+        return len(ids) + sum(unreadable_tokens(word) - 1 for word in unknown if word != "[UNK]")
     return sum(map(_word_pieces, _ASCII_WORDS.findall(text.translate(_ASCII_CLEAN).lower())))
 
 

@@ -59,14 +59,14 @@ NON_BLANK = _not_whitespace()
 #: Characters that show nothing and are not whitespace to ``str.strip``: zero-width space, non-joiner and
 #: joiner, word joiner, byte order mark. Content of only these (and spaces) is blank to a reader.
 INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff"
-_DROP_INVISIBLE = dict.fromkeys(map(ord, INVISIBLE))
+_SHOWN = re.compile(f"[^\\s{INVISIBLE}]")  # \s is str.isspace's whitespace
 #: JSON Schema pattern of content that shows something: a character neither whitespace nor invisible.
 VISIBLE = NON_BLANK[:-1] + "".join(f"\\u{ord(c):04x}" for c in INVISIBLE) + "]"
 
 
 def shows_nothing(text: str) -> bool:
     """Whether ``text`` is only whitespace and :data:`INVISIBLE` characters (nothing a prompt shows)."""
-    return not text.translate(_DROP_INVISIBLE).strip()
+    return _SHOWN.search(text) is None  # stops at the first visible character
 
 
 _SCOPE_ID_SCHEMA: dict[str, JsonValue] = {"maxLength": MAX_SCOPE_ID_CHARS}
