@@ -1806,3 +1806,29 @@ def test_value_over_time_rounds_a_single_value(browser: Any, tmp_path: Path) -> 
         page.locator("#value-spark").screenshot(path=str(ARTIFACTS / "dashboard-value-one.png"))
         assert problems == []
         page.close()
+
+
+def test_chart_labels_stay_inside_their_charts(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """The per-tool reliability chart's last note ran past its right edge, and graph node labels near
+    the right edge were cut off."""
+    base, _h, keys = served
+    right_edges = """(sel) => [...document.querySelectorAll(sel)].map((t) => {
+        const b = t.getBBox(), w = t.ownerSVGElement.viewBox.baseVal.width;
+        return [t.textContent, b.x, b.x + b.width, w]; })"""
+    page, problems = _open(browser, base, keys["read-only"], "#view=graph")
+    page.locator("#view select").filter(has_text="300 nodes").select_option("40")  # labels: up to 60 nodes
+    _wait_view(page, "graph")
+    labels = page.evaluate(right_edges, "#graph-chart text.node-label")
+    assert labels and page.locator("#graph-chart text.node-label").first.is_visible()
+    outside = [(t, left, right) for t, left, right, width in labels if left < 0 or right > width]
+    assert outside == [], outside
+    page.locator("#graph-chart").screenshot(path=str(ARTIFACTS / "dashboard-graph-labels.png"))
+    page.evaluate("location.hash = '#view=metrics'")
+    _wait_view(page, "metrics")
+    notes = page.evaluate(right_edges, "#tools-chart svg text")
+    assert notes and all(left >= 0 and right <= width for _t, left, right, width in notes), notes
+    page.locator("#tools-chart").screenshot(path=str(ARTIFACTS / "dashboard-tools-chart.png"))
+    assert problems == []
+    page.close()

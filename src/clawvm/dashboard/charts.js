@@ -154,8 +154,22 @@
       const w = ((W - L - 120) * Math.max(0, it.value)) / max;
       const r = svg("rect", { x: L, y, width: Math.max(w, 1), height: rowH - 6, fill: it.color || opts.color || "#1c7ed6" }, s);
       title(r, `${it.label}: ${it.value}`);
-      text(s, L + w + 6, y + 13, it.note !== undefined ? it.note : String(it.value));
+      const note = text(s, L + w + 6, y + 13, it.note !== undefined ? it.note : String(it.value));
+      // a note past the chart's right edge (a long bar's "100.0% errors · … · 5 calls" ran off it) goes
+      // inside its bar's end, in white
+      if (L + w + 6 + textWidth(note) > W - 2) {
+        note.setAttribute("x", L + w - 6);
+        note.setAttribute("text-anchor", "end");
+        note.setAttribute("fill", "#fff");
+      }
     });
+  }
+
+  // a drawn text's width in the chart's units (an estimate where the chart is not on screen yet)
+  function textWidth(t) {
+    let w = 0;
+    try { w = t.getComputedTextLength(); } catch (e) { w = 0; }
+    return w || t.textContent.length * 0.6 * Number(t.getAttribute("font-size") || 11);
   }
 
   // One stacked bar: parts [{name, value}] of a total (the context window inspector)
@@ -246,7 +260,12 @@
         class: "node clickable", "data-id": n.id, opacity: n.status === "active" ? 1 : 0.45 }, view);
       title(c, `${n.short_id} ${n.kind} (${n.tier}, value ${n.value})\n${n.preview}`);
       c.addEventListener("click", () => onNode(n.id));
-      text(labels, pos[i].x + r + 2, pos[i].y + 3, `${n.short_id} ${n.kind}`, { "font-size": 9, class: "node-label", "pointer-events": "none" });
+      const label = text(labels, pos[i].x + r + 2, pos[i].y + 3, `${n.short_id} ${n.kind}`, { "font-size": 9, class: "node-label", "pointer-events": "none" });
+      // a node near the right edge has its label on its left (it was cut off by the edge)
+      if (pos[i].x + r + 2 + textWidth(label) > W - 2) {
+        label.setAttribute("x", pos[i].x - r - 2);
+        label.setAttribute("text-anchor", "end");
+      }
     });
     // legends: tiers (node colour) and the edge types present
     Object.entries(TIER_COLORS).forEach(([k, col]) => {
