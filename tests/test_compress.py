@@ -767,3 +767,23 @@ def test_chinese_and_japanese_text_is_cut_at_its_own_sentence_marks() -> None:
         short = h.compress(m.id)
         assert short.token_count < m.token_count // 2
         assert h.decompress(m.id).content == zh
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Сервер платежей отвечает быстро. Нужно перенести шарды до полуночи. " * 8,  # Cyrillic
+        "Ölpläne sind fertig. " + "Überprüfen Sie die Knoten. Äpfel sind grün. " * 8,  # capitals past ASCII
+        "ok so the plan is simple. " + "drain the node and migrate the shards. then verify. " * 8,  # chat
+        "सर्वर धीमा है। हमें शार्ड्स को स्थानांतरित करना होगा। " * 8,  # the Devanagari full stop
+    ],
+)
+def test_text_whose_sentences_do_not_start_with_an_ascii_capital_is_compressed(text: str) -> None:
+    """A sentence ended only before an ASCII capital: such text was one sentence, longer than any summary,
+    so the summary was empty and compress() (and the pager's archive moves) kept it whole."""
+    summary = ExtractiveSummarizer().summarize(text, len(text) // 3)
+    assert summary and all(line in text for line in summary.split("\n"))
+    with Harness.open("memory://", embedder=None) as h:
+        m = h.record(text)
+        assert h.compress(m.id).token_count < m.token_count // 2
+        assert h.decompress(m.id).content == text

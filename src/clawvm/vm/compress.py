@@ -47,15 +47,17 @@ from clawvm.store.kinds import EventKind
 from clawvm.vm.context import one_line
 from clawvm.write.commit import Writer
 
-# a sentence ends at . ! ? before a space and a capital (or digit, quote, bracket), or at the full-width
-# marks of Chinese and Japanese, which no space follows
-_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])|(?<=[。！？])\s*")
+# a sentence ends at . ! ? (and the Arabic question mark, the Devanagari and Urdu full stops) before a
+# space and a letter or digit of any script, a quote or a bracket; or at the full-width marks of Chinese
+# and Japanese, which no space follows. (An ASCII capital only: Russian, Greek, Arabic, Hindi, "Über..."
+# and lower-case chat were one sentence, too long for any summary, and compress() kept them whole.)
+_SENTENCE = re.compile(r"(?<=[.!?؟।۔])\s+(?=[^\W_]|[\"'(\[«„“¿¡])|(?<=[。！？])\s*")
 _CJK_RUN = re.compile(f"[{CJK_CLASS}]+")
 _NUMBER = re.compile(r"\d")
 _NUMBER_TOKEN = re.compile(r"\d+(?:[.,:]\d+)*")
 _CODE_LINE = re.compile(r"^\s{2,}\S|[{};]\s*$|^\s*(def|class|return|import|from|SELECT|UPDATE|INSERT)\b|`")
 _ENTITY = re.compile(r"\b[A-Z][a-zA-Z0-9_-]+(?:\s+[A-Z][a-zA-Z0-9_-]+)*")
-_WORD = re.compile(r"[A-Za-z][a-z]+")
+_WORD = re.compile(r"[^\W\d_]+")  # letters of any script
 _IDENTIFIER = re.compile(r"[0-9_-]|[a-z][A-Z]")  # "ERR_42", "api-v2", "LeBron": never a sentence word
 
 
@@ -208,9 +210,9 @@ class ExtractiveSummarizer:
 
 
 def _content_words(text: str) -> list[str]:
-    """The words a sentence is ranked by: Latin words of four letters or more, and the two-letter terms of
-    its CJK runs (which have no spaces to split words at)."""
-    words = [w for w in _WORD.findall(text.lower()) if len(w) > 3]
+    """The words a sentence is ranked by: words of four letters or more, and the two-letter terms of its
+    CJK runs (which have no spaces to split words at)."""
+    words = [w for w in _WORD.findall(text.lower()) if len(w) > 3 and not _CJK_RUN.match(w)]
     for run in _CJK_RUN.findall(text):
         words += cjk_bigrams(run)
     return words
