@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -641,3 +642,22 @@ def test_a_call_with_arguments_over_the_content_limit_runs_and_records_them_cut(
         ((call, _),) = trail(h, "upload")  # small arguments stay as they are; a large list is cut as a result
         args = call.content_json()["args"]
         assert args["name"] == "a.bin" and "(truncated, " in args["parts"] and "ann@" not in args["parts"]
+
+
+def test_a_generator_tool_is_refused_at_its_decorator() -> None:
+    """A generator returns before its body runs: its result was recorded as SUCCESS (the generator's repr)
+    and an error raised while iterating it never reached the record or the tool's reliability."""
+    with Harness.open("memory://", embedder=None) as h:
+
+        def stream(n: int) -> Iterator[str]:
+            yield "chunk"
+            raise ConnectionError("stream dropped")
+
+        async def astream(n: int) -> AsyncIterator[str]:
+            yield "chunk"
+
+        for fn in (stream, astream):
+            with pytest.raises(ValidationError) as exc:
+                h.tool(session_id="g")(fn)
+            assert exc.value.field == "tool" and "generator" in exc.value.problem
+        assert h.count() == 0

@@ -503,6 +503,18 @@ def fallback_tag(tool: str) -> str:
     return f"fallback-for:{tool}"
 
 
+def _refuse_generator(fn: Callable[..., Any]) -> None:
+    """A generator tool returns before its body runs: its result was recorded at once as SUCCESS, the
+    generator's repr (with a memory address), and an error raised while it was iterated never reached the
+    record (nor the tool's reliability)."""
+    if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise ValidationError(
+            "tool",
+            f"{getattr(fn, '__name__', fn)!r} is a generator function (recorded before it ran)",
+            "collect what it yields in the tool (return a list, or a joined string), and decorate that",
+        )
+
+
 def tool(
     harness: ToolHost,
     name: str | None = None,
@@ -524,6 +536,7 @@ def tool(
     _check_scope_fields(defaults)  # fail at the decorator line, not at the first call
 
     def decorate(fn: F) -> F:
+        _refuse_generator(fn)
         spec = ToolSpec(
             fn.__name__ if name is None else name,  # a name given blank is refused, not replaced
             template=template,
