@@ -1832,3 +1832,38 @@ def test_chart_labels_stay_inside_their_charts(
     page.locator("#tools-chart").screenshot(path=str(ARTIFACTS / "dashboard-tools-chart.png"))
     assert problems == []
     page.close()
+
+
+ARABIC = "فشل النشر بسبب امتلاء القرص على الخادم: 5xx"
+
+
+def test_right_to_left_previews_are_isolated_from_the_text_around_them(browser: Any, tmp_path: Path) -> None:
+    """An Arabic preview ran into the LTR text around it: its ellipsis and punctuation landed on the wrong
+    side of the heatmap label's id and kind, and a table cell laid it out left to right."""
+    h = Harness.open(tmp_path / "rtl.db", embedder=None)
+    rtl = h.record(ARABIC, kind="error", session_id="s1")
+    ltr = h.record("deploys go through the EU host", session_id="s1")
+    h.close()
+    app = create_app(tmp_path / "rtl.db", embedder=None)
+    with serve_app(app) as base:
+        page, problems = _open(browser, base, _keys(app)["read-only"], "#view=sessions&session=s1")
+        isolated = (
+            "(n) => [n.getAttribute('dir'), getComputedStyle(n).unicodeBidi, getComputedStyle(n).direction]"
+        )
+        cell = f'#memories-table tr[data-id="{rtl.id}"] td.content-cell div'
+        assert page.eval_on_selector(cell, isolated) == ["auto", "isolate", "rtl"]
+        other = f'#memories-table tr[data-id="{ltr.id}"] td.content-cell div'
+        assert page.eval_on_selector(other, isolated)[0] is None  # left-to-right text: as it was
+        page.locator("#memories-table").screenshot(path=str(ARTIFACTS / "dashboard-rtl-table.png"))
+        page.click(f'#memories-table tr[data-id="{rtl.id}"]')
+        page.wait_for_selector('#inspector[data-ready="1"]')
+        assert page.eval_on_selector("#inspector-content", isolated) == ["auto", "isolate", "rtl"]
+        page.evaluate("location.hash = '#view=heatmap&session=s1'")
+        _wait_view(page, "heatmap")
+        label = page.eval_on_selector(
+            f'#heatmap-chart g.hm-row[data-id="{rtl.id}"] text', "(t) => t.firstChild.data"
+        )
+        assert label is not None and "\u2068" + ARABIC[:10] in label and label.endswith("\u2069"), label
+        page.locator("#heatmap-chart").screenshot(path=str(ARTIFACTS / "dashboard-rtl-heatmap.png"))
+        assert problems == []
+        page.close()

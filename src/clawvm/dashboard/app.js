@@ -31,12 +31,20 @@
   const realSession = () => (state.session === NO_SESSION ? "" : state.session);
   const $ = (sel) => document.querySelector(sel);
 
+  // text in a right-to-left script (Hebrew, Arabic, Syriac, Thaana…): an element holding it takes its
+  // direction from its own first strong character and is isolated from the text around it (dir="auto"):
+  // an Arabic preview ran into the LTR text beside it, its ellipsis and punctuation on the wrong side
+  const RTL = /[\u0590-\u08ff\ufb1d-\ufdff\ufe70-\ufefc]/;
+
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) {
       if (k === "onclick" || k === "onchange" || k === "oninput" || k === "ontoggle") node.addEventListener(k.slice(2), v);
       else if (k === "onopen") opens(node, v);
-      else if (k === "text") node.textContent = v;
+      else if (k === "text") {
+        node.textContent = v;
+        if (RTL.test(String(v)) && !(attrs && attrs.dir)) node.dir = "auto";
+      }
       else if (v !== null && v !== undefined && v !== false) node.setAttribute(k, v === true ? "" : v);
     }
     node.append(...nodes(children));
@@ -54,6 +62,9 @@
       open(e);
     });
   }
+
+  // a user's text (a preview, a query) inside a line of the page's own: isolated, in its own direction
+  const bidi = (text) => el("bdi", { text: text || "" });
 
   // children as DOM nodes: nested arrays flattened, null/undefined/false dropped, text and numbers as text
   function nodes(children) {
@@ -398,8 +409,8 @@
         fill(diffBox, el("div", { class: "card" },
           el("h3", { text: `Build #${d.a.seq} → #${d.b.seq}: ${d.a.tokens} → ${d.b.tokens} tokens, ${d.kept} lines kept` }),
           el("div", { class: "kv" },
-            el("div", { text: `in (${d.lines_in.length})` }), el("div", { id: "diff-in" }, d.lines_in.map((l) => el("div", { class: "diff-add clickable", onopen: () => inspect(l.id) }, `+ ${l.short_id} ${l.section} · ${l.preview}`))),
-            el("div", { text: `out (${d.lines_out.length})` }), el("div", { id: "diff-out" }, d.lines_out.map((l) => el("div", { class: "diff-del clickable", onopen: () => inspect(l.id) }, `− ${l.short_id} ${l.section} · ${l.preview}`)))),
+            el("div", { text: `in (${d.lines_in.length})` }), el("div", { id: "diff-in" }, d.lines_in.map((l) => el("div", { class: "diff-add clickable", onopen: () => inspect(l.id) }, `+ ${l.short_id} ${l.section} · `, bidi(l.preview)))),
+            el("div", { text: `out (${d.lines_out.length})` }), el("div", { id: "diff-out" }, d.lines_out.map((l) => el("div", { class: "diff-del clickable", onopen: () => inspect(l.id) }, `− ${l.short_id} ${l.section} · `, bidi(l.preview))))),
           el("div", { class: "toolbar" }, el("h3", { text: "Prompt text diff" }),
             el("span", { class: "muted", id: "prompt-diff-size", text: `${d.text_diff.length} lines` }),
             el("button", { id: "prompt-diff-expand", text: "show all", title: "show the whole diff here, without the box's scroll", onclick: (e) => {
@@ -463,7 +474,7 @@
       const chart = el("div", { id: "influence-chart" });
       const cited = c.lines.filter((l) => l.cited).map((l) => l.short_id);
       fill(detail, el("div", { class: "card" },
-        el("h3", { text: `Build #${c.seq}: “${c.query}”` }),
+        el("h3", {}, `Build #${c.seq}: “`, bidi(c.query), "”"),
         el("p", { class: "muted", text: c.output ? `${c.output.cited.length} of ${c.lines.length} memories cited` + (c.output.success === null ? "" : c.output.success ? " · task succeeded" : " · task failed") : "no output recorded for this build" }),
         influenceLegend(!!c.output), chart,
         c.output ? [el("h3", { text: "Output" }), highlight(c.output.text, cited)] : null));
@@ -1021,7 +1032,7 @@
     if (selected) await inspect(selected);
   }
 
-  const ML = { state, realSession, show, inspect, api, post, qs, el, fill, toast, pct, num, when, tierPill, secPill, pager, canWrite,
+  const ML = { state, realSession, bidi, show, inspect, api, post, qs, el, fill, toast, pct, num, when, tierPill, secPill, pager, canWrite,
     setSession, writeHash, highlight, metricCard, filterBar, filterParams, download, saveText, toCsv, toJsonl, exportButtons, clipCell,
     HIT_RATE_REPLAY, Charts: C };
   Object.assign(VIEWS, window.MemLensViews ? window.MemLensViews(ML) : {});

@@ -100,8 +100,12 @@
     const s = frame(container, W, Math.max(H, 60));
     rows.forEach((r, i) => {
       const g = svg("g", { class: r.id ? "hm-row clickable" : "hm-row", "data-id": r.id || "" }, s);
-      // cut to what fits left of the cells (10 px text: ~6 px a character), the whole label on hover
-      const label = text(g, labelW - 6, i * cell + 11, r.label.length > chars ? r.label.slice(0, chars - 1) + "…" : r.label,
+      // cut to what fits left of the cells (10 px text: ~6 px a character), the whole label on hover; the
+      // preview after "<id> <kind>: " between first-strong isolate marks (FSI … PDI), so an Arabic one keeps
+      // its own direction and its "…" without mixing into the id and kind
+      const cut = r.label.length > chars ? r.label.slice(0, chars - 1) + "…" : r.label;
+      const at = r.id ? cut.indexOf(": ") : -1;
+      const label = text(g, labelW - 6, i * cell + 11, at < 0 ? cut : `${cut.slice(0, at + 2)}\u2068${cut.slice(at + 2)}\u2069`,
         { "text-anchor": "end", "font-size": 10 });
       title(label, r.label);
       r.values.forEach((v, j) => {

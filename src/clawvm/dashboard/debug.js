@@ -114,7 +114,7 @@ window.MemLensViews = function (ML) {
           : el("p", { class: "muted", text: "Nothing waits for review." })),
       el("div", { class: "card" }, el("h3", { text: `Flagged conflicts (${t.conflicts.length})` }),
         t.conflicts.length ? t.conflicts.map((c) => el("div", { class: "conflict", "data-id": c.id },
-          el("p", {}, el("b", { text: "Conflict " }), el("code", { text: c.short_id }), " ", c.preview),
+          el("p", {}, el("b", { text: "Conflict " }), el("code", { text: c.short_id }), " ", ML.bidi(c.preview)),
           el("div", { class: "sides" }, c.sides.map((m) => el("div", { class: "side card" },
             el("div", {}, el("code", { text: m.short_id }), ` ${m.kind} · ${m.agent_id || "?"} · confidence ${num(m.confidence, 2)}`),
             el("p", { text: m.preview }),
