@@ -39,20 +39,28 @@ def test_analyzer_keeps_non_ascii_words(analyzer: Analyzer) -> None:
     assert analyzer.terms("東京") != []
 
 
-def test_cjk_runs_become_overlapping_bigrams_so_a_word_inside_a_sentence_matches(analyzer: Analyzer) -> None:
-    assert analyzer.terms("我喜欢吃苹果") == ["我喜", "喜欢", "欢吃", "吃苹", "苹果"]
+def test_cjk_runs_become_letters_and_pairs_so_a_word_inside_a_sentence_matches(analyzer: Analyzer) -> None:
+    assert analyzer.terms("吃苹果") == ["吃", "苹", "果", "吃苹", "苹果"]
     assert analyzer.terms("猫") == ["猫"]  # a lone letter is its own term
     assert set(analyzer.terms("苹果")) <= set(analyzer.terms("我喜欢吃苹果"))
     assert set(analyzer.terms("タワー")) <= set(analyzer.terms("東京タワーに行きました"))
     assert set(analyzer.terms("사과")) <= set(analyzer.terms("나는 사과를 좋아한다"))
     # other scripts around them keep their words, stop words and stems
-    assert analyzer.terms("I love running in 北京") == ["love", "run", "北京"]
-    assert analyzer.terms("Python编程") == ["python", "编程"]
+    assert analyzer.terms("I love running in 北京") == ["love", "run", "北", "京", "北京"]
+    assert analyzer.terms("Python编程") == ["python", "编", "程", "编程"]
     index = LexicalIndex(analyzer)
     index.add(0, "我喜欢吃苹果")
     index.add(1, "我喜欢喝茶")
     index.add(2, "apples are red")
-    assert [row for row, _ in index.search("苹果", 3)] == [0]
+    index.add(3, "苹果派和果汁")  # both letters of 苹果, and the pair: the word itself
+    index.add(4, "果汁很好喝")  # one letter of it only
+    assert [row for row, _ in index.search("苹果", 5)][:2] in ([0, 3], [3, 0])  # the pair ranks first
+    assert [row for row, _ in index.search("苹果", 5)][-1] == 4
+    # a one-letter word, and a word next to another particle than the query's (Japanese: no spaces)
+    index.add(5, "猫が好きです")
+    index.add(6, "犬が好きです")
+    assert [row for row, _ in index.search("猫", 3)] == [5]
+    assert [row for row, _ in index.search("猫はどこ", 3)] == [5]
 
 
 def test_words_keep_their_marks_and_read_the_same_however_they_are_typed(analyzer: Analyzer) -> None:

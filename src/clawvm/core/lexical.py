@@ -48,7 +48,7 @@ _TOKEN = re.compile(r"[^\W_]+(?:'[^\W\d_]+)?")
 
 # Chinese, Japanese and Korean write words without spaces between them, so a run of their letters is a
 # phrase or a sentence, not a word: as one term, "苹果" would never match "我喜欢吃苹果". Such runs become
-# overlapping two-letter terms instead (the bigrams of Lucene's CJK analyzer; a lone letter stays itself).
+# their letters and overlapping pairs of letters instead (Lucene's CJK bigrams with unigrams, cjk_terms).
 # Han ideographs, kana, Hangul syllables and jamo, and their compatibility and half-width forms:
 CJK_RANGES = (
     (0x1100, 0x11FF),
@@ -124,9 +124,9 @@ def _ranges(keep: Callable[[str], bool]) -> list[tuple[int, int]]:
 
 #: What the analyzer's terms are; stored beside terms computed by it (a snapshot, PostgreSQL's postings),
 #: so that terms of another version are recomputed rather than searched with this one's queries.
-#: 2: CJK runs as bigrams, combining marks inside words, NFKC (full-width forms) and case folding, optional
-#: marks dropped, pictographs as terms (1: a CJK run was one term, a mark split its word, "ＡＰＩ" was
-#: not "api").
+#: 2: CJK runs as letters and bigrams, combining marks inside words, NFKC (full-width forms) and case
+#: folding, optional marks dropped, pictographs as terms (1: a CJK run was one term, a mark split its word,
+#: "ＡＰＩ" was not "api").
 ANALYZER_VERSION = 2
 
 
@@ -159,7 +159,7 @@ class Analyzer:
         words: list[str] = []
         for token in _words_of_any_script().findall(lowered):
             if _HAS_CJK.match(token):
-                cjk += cjk_bigrams(token)
+                cjk += cjk_terms(token)
             elif token not in STOP_WORDS:
                 words.append(token)
         return self._stemmed(words) + cjk
@@ -175,12 +175,15 @@ class Analyzer:
         return [cache[w].replace("'", "") for w in words]
 
 
-def cjk_bigrams(run: str) -> list[str]:
-    """The overlapping two-letter terms of a run of CJK letters ("吃苹果" -> "吃苹", "苹果"); a lone
-    letter is its own term."""
+def cjk_terms(run: str) -> list[str]:
+    """The terms of a run of CJK letters: each letter, and each overlapping pair ("吃苹果" -> "吃", "苹",
+    "果", "吃苹", "苹果"). The pairs rank a word of two or more letters (most Chinese words) above its
+    letters found apart; the letters match a one-letter word (猫, 車) and a word next to other particles
+    than the query's ("猫は" against "猫が": Japanese attaches them without a space), which pairs alone
+    never matched."""
     if len(run) == 1:
         return [run]
-    return [run[i : i + 2] for i in range(len(run) - 1)]
+    return [*run, *(run[i : i + 2] for i in range(len(run) - 1))]
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from typing import Protocol, runtime_checkable
 from clawvm.core.embed import count_tokens
 from clawvm.core.entities import entities as named_entities
 from clawvm.core.errors import UpstreamError, ValidationError
-from clawvm.core.lexical import CJK_CLASS, cjk_bigrams
+from clawvm.core.lexical import CJK_CLASS, cjk_terms
 from clawvm.core.model import JSON, Filters, Link, LinkType, Memory, Status, Tier, derived, revalidate
 from clawvm.core.openai_http import ChatEndpoint, EndpointFailure, FailureReason
 from clawvm.store import Event
@@ -210,11 +210,11 @@ class ExtractiveSummarizer:
 
 
 def _content_words(text: str) -> list[str]:
-    """The words a sentence is ranked by: words of four letters or more, and the two-letter terms of its
-    CJK runs (which have no spaces to split words at)."""
+    """The words a sentence is ranked by: words of four letters or more, and the terms of its CJK runs
+    (letters and pairs: they have no spaces to split words at)."""
     words = [w for w in _WORD.findall(text.lower()) if len(w) > 3 and not _CJK_RUN.match(w)]
     for run in _CJK_RUN.findall(text):
-        words += cjk_bigrams(run)
+        words += cjk_terms(run)
     return words
 
 
