@@ -1867,3 +1867,28 @@ def test_right_to_left_previews_are_isolated_from_the_text_around_them(browser: 
         page.locator("#heatmap-chart").screenshot(path=str(ARTIFACTS / "dashboard-rtl-heatmap.png"))
         assert problems == []
         page.close()
+
+
+def test_an_empty_build_list_says_whether_the_store_has_builds_elsewhere(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """The context viewer said "No context builds yet (Harness.context records one per call)" for a
+    session without builds while the store held 22."""
+    base, _h, keys = served
+    total = httpx.get(
+        f"{base}/dashboard/api/contexts", params={"limit": 1}, headers=_auth(keys["read-only"]), timeout=30
+    ).json()["total"]
+    assert total > 0
+    for view in ("contexts", "influence"):
+        page, problems = _open(browser, base, keys["read-only"], f"#view={view}&session=s1")
+        said = page.inner_text("#context-detail" if view == "contexts" else "#influence-detail")
+        assert said.startswith(f"Session s1 has no context builds; the store has {total}"), said
+        assert "yet" not in said
+        page.screenshot(path=str(ARTIFACTS / f"dashboard-no-builds-{view}.png"))
+        page.evaluate("(f) => { location.hash = f; }", f"#view={view}&session=s5&f.q=zzzz-no-such-query")
+        page.wait_for_function(
+            "document.querySelector('#no-builds')?.textContent.startsWith('No context build matches')"
+        )
+        assert "clear the filters" in page.inner_text("#no-builds")
+        assert problems == []
+        page.close()

@@ -450,7 +450,18 @@
     };
     items = await contextList(list, pick, false);
     if (items.length) await pick(state.context && items.some((b) => b.seq === state.context) ? state.context : items[0].seq, true);
-    else fill(detail, el("p", { class: "muted", text: "No context builds yet (Harness.context records one per call)." }));
+    else fill(detail, el("p", { class: "muted", id: "no-builds", text: await noBuilds() }));
+  }
+
+  // why a build list is empty: the tenant has no build yet, or this session or filter selects none of its
+  // builds ("No context builds yet" over a session without any, while the store held 22, read as a bug)
+  async function noBuilds() {
+    const all = (await api("contexts" + qs({ limit: 1 }))).total;
+    if (!all) return "No context builds yet (Harness.context records one per call).";
+    const filtered = BUILD_FILTERS.some((k) => state.filters[k]);
+    const where = state.session === NO_SESSION ? "The builds without a session include none"
+      : state.session && !filtered ? `Session ${state.session} has no context builds` : "No context build matches this selection";
+    return `${where}; the store has ${all} (choose all sessions${filtered ? " or clear the filters" : ""} to see them).`;
   }
 
   function highlight(text, shortIds, id) {
@@ -483,7 +494,7 @@
     const items = await contextList(list, pick, true);
     const first = items.find((b) => b.has_output) || items[0];
     if (first) await pick(state.context && items.some((b) => b.seq === state.context) ? state.context : first.seq);
-    else fill(detail, el("p", { class: "muted", text: "No context builds yet." }));
+    else fill(detail, el("p", { class: "muted", id: "no-builds", text: await noBuilds() }));
     await renderReverse(reverse);
   }
 
