@@ -161,7 +161,7 @@ def test_a_command_that_reads_refuses_a_store_that_is_not_there(tmp_path: Path, 
     """A mistyped --db made an empty store (and its directory) and answered from it, as if it were empty."""
     db = tmp_path / "no" / "such.db"
     result = CliRunner().invoke(main, ["--db", str(db), "--no-embed", *command])
-    assert result.exit_code == 2 and f"no store at {db}" in result.output
+    assert result.exit_code == 2 and f"no ClawVM store at {db}" in result.output
     assert not db.parent.exists()
 
 

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
+import psycopg
 import pytest
 from click.testing import CliRunner
 
@@ -21,6 +22,7 @@ from clawvm.cli import main
 from clawvm.observe.lens import Lens, record_output
 from clawvm.store import Event, MemoryStore, Query, Store, store_from_url
 from clawvm.store.migrate import Report, check, migrate, summarize
+from clawvm.store.postgres_url import split_url
 from engines import engine_of, harness_target, make_store
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
@@ -232,10 +234,19 @@ def test_cli_refuses_a_source_that_does_not_exist_or_holds_nothing(tmp_path: Pat
     target = tmp_path / "target.db"
     runner = CliRunner()
     missing = runner.invoke(main, ["migrate", "--from", str(tmp_path / "srcc.db"), "--to", str(target)])
-    assert missing.exit_code == 2 and "no store file" in missing.output, missing.output
+    assert missing.exit_code == 2 and "there is no store at" in missing.output, missing.output
     assert not (tmp_path / "srcc.db").exists() and not target.exists()
-    empty = pg_server.store_url(tmp_path, "nosuch")
-    nothing = runner.invoke(main, ["migrate", "--from", empty, "--to", str(target)])
+    mistyped = pg_server.store_url(tmp_path, "nosuch")  # a schema no store was ever made in
+    nothing = runner.invoke(main, ["migrate", "--from", mistyped, "--to", str(target)])
+    assert nothing.exit_code == 2 and "there is no store at" in nothing.output, nothing.output
+    assert not target.exists()
+    with psycopg.connect(split_url(mistyped)[0]) as conn:  # asking made nothing: the schema is not there
+        schema = split_url(mistyped)[1]
+        assert conn.execute("SELECT to_regnamespace(%s)", [schema]).fetchone() == (None,)
+    made = store_from_url(mistyped)
+    made.setup()  # a store set up there and left empty: there, and holding nothing
+    made.close()
+    nothing = runner.invoke(main, ["migrate", "--from", mistyped, "--to", str(target)])
     assert nothing.exit_code == 2 and "holds no memories, events or keys" in nothing.output, nothing.output
     assert not target.exists()
 

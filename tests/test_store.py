@@ -84,6 +84,25 @@ def all_ids(store: Store) -> list[str]:
 
 
 # ---- put / get / delete -------------------------------------------------------------------------------
+def test_exists_says_whether_a_store_is_set_up_there_and_asking_makes_none(
+    engine_name: str, tmp_path: Path
+) -> None:
+    """A command that only reads asks first: a mistyped file or schema name was made into an empty store
+    by the open, and answered from as if the store were empty."""
+    fresh = make_store(engine_name, tmp_path, "exists.db")
+    if engine_name == "memory":  # no location: a store in memory is there from the start
+        assert fresh.exists()
+        return
+    assert not fresh.exists() and not fresh.exists()  # asking twice: the first made nothing
+    again = make_store(engine_name, tmp_path, "exists.db")
+    again.setup()
+    try:
+        assert fresh.exists() and again.exists()
+    finally:
+        again.close()
+        fresh.close()
+
+
 def test_put_then_get_returns_an_equal_memory(engine: Store) -> None:
     m = mem(
         "the build broke on step three",

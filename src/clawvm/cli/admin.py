@@ -15,10 +15,10 @@ from click.core import ParameterSource
 from clawvm.cli.common import CliGroup, named, opened_harness, opened_keyring, opened_store, tenant_named
 from clawvm.core.errors import ClaimedError, ConfigError, DimensionError, ValidationError
 from clawvm.core.model import DEFAULT_TENANT, utcnow
+from clawvm.core.redact import redact
 from clawvm.store import Store, store_from_url
 from clawvm.store.crypto import KEY_ENV, KEY_FILE_ENV, DataKey, DataKeys, rotate_data_key
 from clawvm.store.keys import Role
-from clawvm.store.sqlite import SQLiteStore
 
 
 @click.group(cls=CliGroup)
@@ -347,8 +347,8 @@ def migrate_command(source: str, target: str, batch: int, dim: int, no_verify: b
     from clawvm.store.migrate import migrate
 
     src, dst = store_from_url(source, dim=dim), store_from_url(target, dim=dim)
-    if isinstance(src, SQLiteStore) and not Path(src.path).exists():  # opening it would make an empty one
-        raise click.UsageError(f"--from: there is no store file at {src.path}: check the path")
+    if not src.exists():  # opening it would make an empty one (a file, a PostgreSQL schema)
+        raise click.UsageError(f"--from: there is no store at {redact(source).text}: check the URL or path")
     with _dimension_named("--from"), _claim_named("from"):
         src.setup()
     try:

@@ -19,6 +19,7 @@ import click
 
 from clawvm.core.errors import ClawVMError, NotFoundError, ValidationError
 from clawvm.core.model import DEFAULT_TENANT, TENANT_FIX, is_tenant_name
+from clawvm.core.redact import redact
 from clawvm.harness import Harness
 from clawvm.store import SQLiteStore, Store, store_from_url
 from clawvm.store.base import short_lived
@@ -177,27 +178,15 @@ def _keeps(db: Path, out: Path) -> bool:
 
 
 def _require_store(db: str) -> None:
-    store = store_from_url(db)  # no connection yet: only the engine and its file name
-    if not isinstance(store, SQLiteStore):
-        return
-    path = Path(store.path)
-    if not path.exists() or _holds_no_table(path):  # an empty file would have been made into a store
-        what = "no store" if not path.exists() else "no ClawVM store (an empty database)"
+    """A command that reads or changes stored memories refuses a store that is not there (a missing or
+    empty SQLite file, a PostgreSQL schema without one): opening it would make an empty one, and the
+    command would answer from it as if the store were empty."""
+    store = store_from_url(db)  # no connection yet: only the engine and its location
+    if not store.exists():
+        where = redact(db).text  # a URL's password is not echoed
         raise click.UsageError(
-            f"{what} at {store.path}: check --db (or CLAWVM_DB); `clawvm add` or `clawvm import` make one"
+            f"no ClawVM store at {where}: check --db (or CLAWVM_DB); `clawvm add` or `clawvm import` make one"
         )
-
-
-def _holds_no_table(path: Path) -> bool:
-    """Whether the SQLite file at ``path`` is empty (no table at all), read without writing to it."""
-    if path.is_dir() or path.stat().st_size == 0:
-        return not path.is_dir()
-    try:
-        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
-            tables: int = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            return tables == 0
-    except sqlite3.DatabaseError:  # not SQLite at all: the store's own open says so, naming the file
-        return False
 
 
 class CliGroup(click.Group):

@@ -616,6 +616,13 @@ class Store(ABC):
     def close(self) -> None:
         """Release resources. Idempotent."""
 
+    def exists(self) -> bool:
+        """Whether a store is set up at this engine's location (a SQLite file with its tables, a PostgreSQL
+        schema with its own), asked without creating or changing anything: :meth:`setup` makes one where
+        there is none, so a command that only reads (or a migration's source) asks first, and a mistyped
+        file or schema name is told rather than made. Engines without a location (in memory) are there."""
+        return True
+
     @abstractmethod
     def put_many(self, memories: Sequence[Memory], *, imported: Collection[str] = ()) -> None:
         """Insert or replace memories atomically, with the optimistic version check (:func:`check_versions`)

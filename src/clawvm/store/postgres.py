@@ -343,6 +343,12 @@ class PostgresStore(Store):
                 )
         return ext_schema
 
+    def exists(self) -> bool:
+        """Whether this URL's schema holds a store, asked on a connection of its own (the pool is opened
+        by :meth:`setup`, which makes the schema): a mistyped schema name is not made by asking."""
+        with _translated("exists"), psycopg.connect(self.conninfo, autocommit=True) as conn:
+            return self._store_in(conn, self.schema)
+
     @staticmethod
     def _store_in(conn: psycopg.Connection[Any], schema: str) -> bool:
         """Whether ``schema`` holds a store (its own ``meta``, not one further along the search path)."""

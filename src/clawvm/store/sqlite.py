@@ -66,7 +66,7 @@ from clawvm.store.sqlite_snapshots import (
     IndexSnapshots,
     heals,
 )
-from clawvm.store.sqlite_support import Checkpointer, is_locked, translated
+from clawvm.store.sqlite_support import Checkpointer, holds_no_table, is_locked, translated
 
 # Append-only: never edit a shipped entry, add a new one. PRAGMA user_version = number applied.
 MIGRATIONS: tuple[str, ...] = (
@@ -337,6 +337,14 @@ class SQLiteStore(IndexSnapshots, Store):
         self._replace_snapshot = False  # a damaged snapshot was found: a sound one is written after the call
 
     # ---- lifecycle ----------------------------------------------------------------------------------
+    def exists(self) -> bool:
+        """A file at the path with at least one table (an empty file is what an open of a missing one
+        made). ``:memory:`` is always there."""
+        if self.path == ":memory:":
+            return True
+        path = Path(self.path)
+        return path.exists() and not holds_no_table(path)
+
     def setup(self) -> None:
         with self._lock:
             if self._conn is not None:

@@ -3,6 +3,7 @@ driver's errors into ClawVM's, and the thread that checkpoints the write-ahead l
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import threading
@@ -90,3 +91,16 @@ class Checkpointer:
                     log.debug("checkpoint skipped: %s", exc)
         finally:
             conn.close()
+
+
+def holds_no_table(path: Path) -> bool:
+    """Whether the SQLite file at ``path`` is empty (no table at all), read without writing to it. A
+    directory, or a file that is not SQLite, is not judged here (the store's own open says what it is)."""
+    if path.is_dir() or path.stat().st_size == 0:
+        return not path.is_dir()
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            tables: int = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            return tables == 0
+    except sqlite3.DatabaseError:
+        return False

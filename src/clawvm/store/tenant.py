@@ -87,6 +87,9 @@ class TenantStore(Store):
     def close(self) -> None:
         """Nothing to release: the shared engine stays open for the other tenants."""
 
+    def exists(self) -> bool:
+        return self.inner.exists()
+
     def held_claim(self) -> Claim | None:
         """The engine's (a claim holds every tenant); taking or releasing one is not a tenant's to do."""
         return self.inner.held_claim()
