@@ -595,10 +595,35 @@ def test_merge_options_are_checked_by_name(lexical: Harness) -> None:
         ("Don't deploy on fridays", "Do not deploy on fridays", False),
         ("Released on 2026-01-05 after review", "Released 2026-01-05 after the review", False),
         ("Retry 3 times, wait 3 seconds", "Wait 3 seconds, retry 3 times", False),
+        # other languages: each pair was taken for one statement, the newer kept and the other dropped
+        ("允许周五部署", "不允许周五部署", True),
+        ("金曜日のデプロイは許可する", "金曜日のデプロイは許可しない", True),
+        ("يسمح بالنشر يوم الجمعة", "لا يسمح بالنشر يوم الجمعة", True),
+        ("금요일 배포를 허용한다", "금요일 배포를 허용하지 않는다", True),
+        ("Freitags deployen ist erlaubt", "Freitags deployen ist nicht erlaubt", True),
+        # where the letter does not negate: "but", "very", "future"
+        ("部署很顺利，不过有点慢", "部署很顺利，有点慢", False),
+        ("非常重要的决定", "重要的决定", False),
+        ("未来的部署计划", "部署计划", False),
     ],
 )
 def test_contradiction_signal(a: str, b: str, expected: bool) -> None:
     assert contradicts(a, b) is expected
+
+
+def test_opposite_decisions_in_other_languages_are_a_conflict_not_a_duplicate(lexical: Harness) -> None:
+    """The merge took "不允许周五部署" (Friday deploys not allowed) for a duplicate of "允许周五部署" and
+    kept only the newer: the team's other decision was gone, with no conflict to review."""
+    h = lexical
+    crew(h)
+    pairs = [("允许周五部署", "不允许周五部署"), ("يسمح بالنشر يوم الجمعة", "لا يسمح بالنشر يوم الجمعة")]
+    for n, (yes, no) in enumerate(pairs):
+        decide(h, yes, "planner", f"friday {n}")
+        decide(h, no, "writer", f"friday {n}")
+    report = merge_team(h, team_id="pay")
+    assert report.merged == [] and len(report.conflicts) == 2
+    kept = sorted(m.content for m in h.list(kind="decision", team_id="pay"))
+    assert kept == sorted(text for pair in pairs for text in pair)
 
 
 def test_near_duplicates_that_say_the_opposite_are_never_merged(lexical: Harness) -> None:

@@ -90,9 +90,19 @@ class MergeHost(TeamHost, Protocol):
 
 
 _ANALYZER = Analyzer()
-#: Words that turn a statement around; what counts is their parity ("never disable X" turns twice).
+#: Words that turn a statement around; what counts is their parity ("never disable X" turns twice). Beside
+#: English, the negations of the languages a team writes in most: German, French, Spanish, Portuguese,
+#: Italian and Arabic words, and the Chinese, Japanese and Korean negating letters and endings, which no
+#: space sets apart ("不允许" is "允许" turned around; the words where the letter does not negate, such
+#: as 不过 "but", 非常 "very", 未来 "future", are left out). Without them opposite decisions in those
+#: languages read as duplicates, and the merge kept one and dropped the other.
 _NEGATORS = re.compile(
-    r"\b(?:not|no|never|none|nothing|nobody|neither|nor|cannot|dont|without)\b|n['\u2019]t\b", re.I
+    r"\b(?:not|no|never|none|nothing|nobody|neither|nor|cannot|dont|without"
+    r"|nicht|kein\w*|nie|niemals|pas|jamais|nunca|não|nem|non|لا|لم|لن|ليس|ليست|غير)\b"
+    r"|n['\u2019]t\b"
+    r"|不(?![过過断斷仅僅但管论論久])|[没沒](?!落)|未(?![来來必])|[别別](?![人的])|勿|非(?!常)|[无無](?![论論])"
+    r"|ない|ません|[않못없]",
+    re.I,
 )
 #: Words that ask for one thing rather than its opposite: two texts with different ones of these ("enable
 #: X" and "disable X", "avoid X" and "use X instead") say different things.
