@@ -611,6 +611,24 @@ def test_contradiction_signal(a: str, b: str, expected: bool) -> None:
     assert contradicts(a, b) is expected
 
 
+def test_the_same_words_on_two_subjects_are_two_decisions(lexical: Harness) -> None:
+    """Merged, the orders database's decision was gone (the survivor named the billing database), and a
+    later decision against it on the orders database was never flagged."""
+    h = lexical
+    crew(h)
+    orders = decide(h, "Use PostgreSQL 16 as the primary database", "planner", "orders database")
+    billing = decide(h, "Use PostgreSQL 16 as the primary database", "writer", "billing database")
+    same = decide(h, "Use PostgreSQL 16 as the primary database.", "reviewer", "orders database")
+    report = merge_team(h, team_id="pay")
+    assert len(report.merged) == 1  # the two on the orders database
+    assert h.get(billing.id).status is Status.ACTIVE
+    subjects = sorted(m.metadata["subject"] for m in h.list(kind="decision", team_id="pay"))
+    assert subjects == ["billing database", "orders database"]
+    decisions = h.list(kind="decision", team_id="pay")
+    [merged] = [m for m in decisions if m.metadata["subject"] == "orders database"]
+    assert {p["id"] for p in merged.metadata["provenance"]} == {orders.id, same.id}
+
+
 def test_opposite_decisions_in_other_languages_are_a_conflict_not_a_duplicate(lexical: Harness) -> None:
     """The merge took "不允许周五部署" (Friday deploys not allowed) for a duplicate of "允许周五部署" and
     kept only the newer: the team's other decision was gone, with no conflict to review."""

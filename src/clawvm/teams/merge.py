@@ -405,9 +405,12 @@ def merge_duplicates(
     synth: Synthesizer | None = None,
 ) -> None:
     for group in _active(h, TEAM_KINDS, team_id).values():
-        by_kind: dict[Kind, list[Memory]] = defaultdict(list)
+        # duplicates share a kind and a subject: "Use PostgreSQL 16" on the orders database and on the
+        # billing database are two decisions (merged, one subject was gone and a later decision against it
+        # was never flagged); a memory with no subject merges with those with none
+        by_kind: dict[tuple[Kind, str | None], list[Memory]] = defaultdict(list)
         for m in group:
-            by_kind[m.kind].append(m)
+            by_kind[m.kind, _subject(m)].append(m)
         for members in by_kind.values():
             if len(members) < 2:
                 continue
