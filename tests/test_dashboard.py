@@ -269,6 +269,20 @@ def test_the_memories_without_a_session_are_a_selection_of_their_own(
     assert client.get("/dashboard/api/contexts", headers=auth).json()["total"] == 2
 
 
+def test_a_time_that_leaves_the_calendar_in_utc_is_a_422_naming_it(
+    small: tuple[TestClient, Harness, dict[str, str]],
+) -> None:
+    """Converted to UTC in the route, 9999-12-31T23:59:59-23:00 was a 500 (and a traceback in the log)
+    on every list, from any key; the REST API's own filter said 422."""
+    client, _h, keys = small
+    for path in ("memories", "sessions", "timeline", "heatmap", "trace"):
+        for name in ("since", "until"):
+            params = {name: "9999-12-31T23:59:59-23:00", "session": "s1"}
+            r = client.get(f"/dashboard/api/{path}", params=params, headers=_auth(keys["read-only"]))
+            assert r.status_code == 422, (path, name, r.text)
+            assert r.json()["error"]["field"] == name
+
+
 def test_every_list_takes_the_same_filters(small: tuple[TestClient, Harness, dict[str, str]]) -> None:
     client, h, keys = small
     auth = _auth(keys["read-only"])

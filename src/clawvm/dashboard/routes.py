@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import RedirectResponse, Response
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from clawvm.core.errors import NotFoundError, RateLimitError, ValidationError
 from clawvm.core.model import (
@@ -167,22 +167,20 @@ class FilterQuery(BaseModel):
             {"anyOf": [{"type": "string", "enum": ["", "any", *_STATUS_CHOICES]}, {"type": "null"}]}
         ),
     ] = None
-    since: Annotated[datetime, BeforeValidator(iso_date_or_datetime)] | None = None
-    until: Annotated[datetime, BeforeValidator(iso_date_or_datetime)] | None = None
+    # in UTC when read: a time that leaves the calendar once converted is a 422 naming it (converted in the
+    # route, it was a 500 with a traceback in the log, from any key)
+    since: Annotated[datetime, BeforeValidator(iso_date_or_datetime), AfterValidator(as_utc)] | None = None
+    until: Annotated[datetime, BeforeValidator(iso_date_or_datetime), AfterValidator(as_utc)] | None = None
 
     def as_filter(self) -> views.RowFilter:
         given = {k: v for k, v in self.model_dump().items() if v not in (None, "")}
-        return views.RowFilter(**{**given, "since": _utc(self.since), "until": _utc(self.until)})
+        return views.RowFilter(**{**given, "since": self.since, "until": self.until})
 
 
 class TraceQuery(FilterQuery):
     """A trace's query: its session (required), the filter bar for its steps."""
 
     session: str = Field(min_length=1, max_length=500)  # required here
-
-
-def _utc(t: datetime | None) -> datetime | None:
-    return None if t is None else as_utc(t)
 
 
 class TierBody(BaseModel):
@@ -291,7 +289,7 @@ def create_router(
     def sessions(
         h: Reader, flt: Annotated[FilterQuery, Query()], offset: Offset = 0, limit: Limit = 50
     ) -> dict[str, Any]:
-        only = views.SessionFilter(q=flt.q, agent=flt.agent, since=_utc(flt.since), until=_utc(flt.until))
+        only = views.SessionFilter(q=flt.q, agent=flt.agent, since=flt.since, until=flt.until)
         return views.sessions(lens_for(h), offset, limit, flt=only)
 
     @router.get("/api/memories")
