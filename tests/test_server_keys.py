@@ -365,6 +365,26 @@ def test_a_key_minted_with_a_ttl_expires_with_a_clear_code(tmp_path: Path) -> No
     store.close()
 
 
+def test_a_key_may_not_outlive_the_key_that_mints_it(tmp_path: Path) -> None:
+    """An admin key given an hour minted admin keys that never expire: the tenant kept for good by whoever
+    held it for that hour."""
+    app, store, keys = _app(tmp_path)
+    with TestClient(app) as client:
+        admin = _auth(keys["admin"])
+        hour = client.post("/v1/keys", json={"role": "admin", "ttl_s": 3600}, headers=admin).json()
+        short = _auth(hour["key"])
+        minted = len(client.get("/v1/keys", headers=admin).json())
+        forever = _error(client.post("/v1/keys", json={"role": "admin"}, headers=short), 409, "invalid_state")
+        assert forever["field"] == "expires_at" and hour["expires_at"][:19] in forever["fix"]
+        longer = client.post("/v1/keys", json={"role": "agent", "ttl_s": 7200}, headers=short)
+        assert _error(longer, 409, "invalid_state")["field"] == "ttl_s"
+        assert len(client.get("/v1/keys", headers=admin).json()) == minted  # nothing was made
+        within = client.post("/v1/keys", json={"role": "agent", "ttl_s": 600}, headers=short)
+        assert within.status_code == 201, within.text
+        assert client.post("/v1/keys", json={"role": "admin"}, headers=admin).status_code == 201  # no end
+    store.close()
+
+
 def test_keyring_expiry_is_stored_and_checked_on_its_clock(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "ring.db")
     store.setup()

@@ -229,15 +229,36 @@ class Keyring:
         *,
         expires_at: datetime | None = None,
         ttl_s: float | None = None,
+        minted_by: str | None = None,
     ) -> tuple[ApiKey, str]:
         """A new key for ``tenant``: returns its record and the key itself (shown this once, never stored).
         ``expires_at`` (aware datetime) and/or ``ttl_s`` (seconds from now): when it stops working (the
-        earlier of the two; a time already past mints a key that is already expired)."""
+        earlier of the two; a time already past mints a key that is already expired). ``minted_by``: the
+        id of the key asking (the API's caller), which the new key may not outlive: an admin key given an
+        hour could otherwise mint admin keys that never expire, and keep the tenant for good."""
         check_tenant_name(tenant)
         role = role if isinstance(role, Role) else role_of(role)
         if len(name) > 200:
             raise ValidationError("name", f"is {len(name)} characters long", "use at most 200")
-        return self._create(tenant, role, name, {}, self._expiry(expires_at, ttl_s))
+        ends = self._expiry(expires_at, ttl_s)
+        self._refuse_outliving(minted_by, ends)
+        return self._create(tenant, role, name, {}, ends)
+
+    def _refuse_outliving(self, minted_by: str | None, ends: datetime | None) -> None:
+        """:class:`StateConflictError` when a key ending at ``ends`` (None: never) would outlive the key
+        ``minted_by`` (an expiring one)."""
+        own = [k.expires_at for k in self._current(minted_by)] if minted_by else []
+        limit = min((e for e in own if e is not None), default=None)
+        if limit is None or (ends is not None and ends <= limit):
+            return
+        field = "ttl_s" if ends is not None else "expires_at"
+        seconds = max(0, int((limit - self._now()).total_seconds()))
+        raise StateConflictError(
+            field,
+            f"would make the key outlive the key that mints it (that one expires at {limit.isoformat()})",
+            f"give an expiry at or before {limit.isoformat()} (expires_at, or ttl_s of at most {seconds} s), "
+            "or mint it with a key that does not expire",
+        )
 
     def _expiry(self, expires_at: datetime | None, ttl_s: float | None) -> datetime | None:
         """When a new key expires: the earlier of ``expires_at`` and ``ttl_s`` from now (None: never)."""

@@ -36,11 +36,17 @@ def list_keys(
 @router.post("/keys", status_code=201, response_model=KeyCreated)
 def create_key(request: Request, body: KeyRequest, caller: Admin) -> KeyCreated:
     """A new key of the caller's tenant; the response holds the key, shown this once. With ``expires_at``
-    or ``ttl_s`` it stops working then (401 ``key_expired``). Minting is rate limited per tenant (429)."""
+    or ``ttl_s`` it stops working then (401 ``key_expired``); it may not outlive the caller's own key (409).
+    Minting is rate limited per tenant (429)."""
     service = service_of(request)
     service.mint(caller.principal)  # here, once the body is valid
     key, token = service.keyring.create(
-        caller.principal.tenant, body.role, body.name, expires_at=body.expires_at, ttl_s=body.ttl_s
+        caller.principal.tenant,
+        body.role,
+        body.name,
+        expires_at=body.expires_at,
+        ttl_s=body.ttl_s,
+        minted_by=caller.principal.key_id,
     )
     return KeyCreated(**KeyOut.of(key).model_dump(), key=token)
 
