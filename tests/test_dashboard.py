@@ -1906,3 +1906,27 @@ def test_an_empty_build_list_says_whether_the_store_has_builds_elsewhere(
         assert "clear the filters" in page.inner_text("#no-builds")
         assert problems == []
         page.close()
+
+
+def test_a_link_with_a_key_does_not_replace_the_key_saved_in_the_browser(
+    served: tuple[str, Harness, dict[str, str]], browser: Any
+) -> None:
+    """A link's key replaced the saved one without a word: a link someone sent with another tenant's key
+    made every later visit read and write that tenant. It holds for its tab; a first key is saved."""
+    base, _h, keys = served
+    context = browser.new_context()
+    try:
+        first = context.new_page()
+        first.goto(f"{base}/dashboard/#key={keys['agent']}")  # the first key this browser sees: saved
+        _wait_view(first, "sessions")
+        sent = context.new_page()
+        sent.goto(f"{base}/dashboard/#key={keys['read-only']}")  # a link with another key
+        _wait_view(sent, "sessions")
+        assert sent.evaluate("MemLens.state.key") == keys["read-only"]  # its tab uses it
+        assert sent.evaluate("localStorage.getItem('clawvm_key')") == keys["agent"]  # the saved key stays
+        later = context.new_page()
+        later.goto(f"{base}/dashboard/")
+        _wait_view(later, "sessions")
+        assert later.evaluate("MemLens.state.key") == keys["agent"]
+    finally:
+        context.close()

@@ -10,7 +10,8 @@
     selected: null,
     context: null,
     diffWith: null,
-    key: localStorage.getItem("clawvm_key") || "",
+    // this tab's key (a link's), else the one saved in the browser
+    key: sessionStorage.getItem("clawvm_key") || localStorage.getItem("clawvm_key") || "",
     memPage: { offset: 0, sort: "newest" },
     filters: { q: "", kind: "", agent: "", tool: "", tag: "", tier: "", status: "", since: "", until: "" },
     sessFilters: { q: "", agent: "", since: "", until: "" },  // the sessions list's own bar
@@ -994,7 +995,10 @@
   async function start() {
     if (location.hash.startsWith("#key=")) {  // a link with the key in its fragment (never sent to servers)
       state.key = decodeURIComponent(location.hash.slice(5));
-      localStorage.setItem("clawvm_key", state.key);
+      // saved for the browser only when none is: a link someone sent (another tenant's key) replaced the
+      // saved key without a word, and every later visit wrote into that tenant; it holds for this tab
+      if (!localStorage.getItem("clawvm_key")) localStorage.setItem("clawvm_key", state.key);
+      else sessionStorage.setItem("clawvm_key", state.key);
       history.replaceState(null, "", "#view=sessions");
     }
     readHash();
@@ -1009,7 +1013,8 @@
     $("#keybar").addEventListener("submit", (e) => {
       e.preventDefault();
       state.key = $("#key").value.trim();
-      localStorage.setItem("clawvm_key", state.key);
+      localStorage.setItem("clawvm_key", state.key);  // typed in: the browser's key, this tab's too
+      sessionStorage.removeItem("clawvm_key");
       $("#keybar").hidden = true;
       connect().then(() => show(state.view));
     });
