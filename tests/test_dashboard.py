@@ -368,8 +368,8 @@ def test_csv_exports_keep_formulas_as_text(small: tuple[TestClient, Harness, dic
     )
     assert [r["query"] for r in csv.DictReader(io.StringIO(builds.text))] == ["'" + FORMULAS[0]]
     # a preview starts at its first word; a tab or CR first is a formula start too (another column's)
-    kept = [views.csv_cell(v) for v in ("\tx", "\rx", "a=b", -1.5, None)]
-    assert kept == ["'\tx", "'\rx", "a=b", -1.5, None]
+    kept = [views.csv_cell(v) for v in ("\tx", "\rx", "a=b", -1.5, None, " =1+1", "  @SUM(A1)", " a = b")]
+    assert kept == ["'\tx", "'\rx", "a=b", -1.5, None, "' =1+1", "'  @SUM(A1)", " a = b"]  # spaces first too
 
 
 def test_manual_actions_through_the_api(small: tuple[TestClient, Harness, dict[str, str]]) -> None:
@@ -1566,10 +1566,10 @@ def test_the_exports_made_in_the_page_keep_formula_like_text_as_text(
     formula cell there too."""
     base, _h, keys = served
     page, problems = _open(browser, base, keys["read-only"], "#view=sessions")
-    rows = [{"text": t, "n": -2} for t in [*FORMULAS, "\tcmd", "plain"]]
+    rows = [{"text": t, "n": -2} for t in [*FORMULAS, "\tcmd", " =1+1", "plain"]]
     made = page.evaluate("(rows) => MemLens.toCsv(rows, ['text', 'n'])", rows)
     parsed = list(csv.DictReader(io.StringIO(made)))
-    assert [r["text"] for r in parsed] == ["'" + t for t in [*FORMULAS, "\tcmd"]] + ["plain"], parsed
+    assert [r["text"] for r in parsed] == ["'" + t for t in [*FORMULAS, "\tcmd", " =1+1"]] + ["plain"], parsed
     assert all(r["n"] == "-2" for r in parsed)  # a negative number stays a number
     assert problems == []
     page.close()

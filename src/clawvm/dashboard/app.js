@@ -144,7 +144,7 @@
   function toCsv(rows, columns) {
     const cell = (v) => {
       let t = v === null || v === undefined ? "" : Array.isArray(v) ? v.join(" ") : typeof v === "object" ? JSON.stringify(v) : String(v);
-      if (typeof v !== "number" && /^[=+\-@\t\r]/.test(t)) t = "'" + t;
+      if (typeof v !== "number" && /^ *[=+\-@\t\r]/.test(t)) t = "'" + t;  // spaces first too
       return /[",\n\r]/.test(t) ? `"${t.replace(/"/g, '""')}"` : t;
     };
     return [columns.join(","), ...rows.map((r) => columns.map((c) => cell(r[c])).join(","))].join("\n") + "\n";

@@ -228,7 +228,8 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 def csv_cell(value: Any) -> Any:
     """A value as a CSV cell that a spreadsheet shows as text: a string starting like a formula gets a
     leading single quote; numbers, booleans and ``None`` pass unchanged (a negative number is no formula)."""
-    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+    # spaces first too: a spreadsheet may trim them and read " =1+1" as a formula
+    if isinstance(value, str) and value.lstrip(" ").startswith(FORMULA_STARTS):
         return "'" + value
     return value
 
