@@ -293,3 +293,121 @@ def test_text_without_spaces_is_redacted(text: str, redacted: str) -> None:
 )
 def test_digits_and_tokens_inside_longer_ascii_words_are_still_not_values(text: str) -> None:
     assert _kinds(text) == []
+
+
+# ---- what a security probe found stored in clear ----------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "redacted"),
+    [
+        # an environment variable whose name ends in a secret word, glued or not
+        ("export PGPASSWORD=hunter2pg", "export PGPASSWORD=[SECRET]"),
+        ("MYSQL_PWD=hunter2my mysql -u root", "MYSQL_PWD=[SECRET] mysql -u root"),
+        ("DB_PASSWORD=hunter2db", "DB_PASSWORD=[SECRET]"),
+        ("env REDISPASSWD=s3cr3tpw ./run", "env REDISPASSWD=[SECRET] ./run"),
+        ("GITLABTOKEN=Zq8vN3kR7tYw2LmX", "GITLABTOKEN=[SECRET]"),
+        ("OPENAIAPIKEY=Zq8vN3kR7tYw2LmX", "OPENAIAPIKEY=[SECRET]"),
+        # a quoted value is the secret whole, spaces and all
+        ("password: 'my pass phrase'", "password: '[SECRET]'"),
+        ('password="hunter 2 with spaces"', 'password="[SECRET]"'),
+        (
+            '{"passphrase": "correct horse battery staple", "user": "ann"}',
+            '{"passphrase": "[SECRET]", "user": "ann"}',
+        ),
+        ("export PGPASSWORD='pg pass 42'", "export PGPASSWORD='[SECRET]'"),
+        # an unquoted value is one token: the words after it are the sentence's
+        ("passphrase=open sesame now", "passphrase=[SECRET] sesame now"),
+        # a quote that does not close on its line starts a one-token value, as before
+        ('password="hunter22\nnext line"', 'password="[SECRET]\nnext line"'),
+        # card groups separated by no-break spaces, narrow no-break spaces or dots
+        ("card 4111\u00a01111\u00a01111\u00a01111", "card [CARD]"),
+        ("card 4111\u202f1111\u202f1111\u202f1111", "card [CARD]"),
+        ("card 4111.1111.1111.1111.", "card [CARD]."),
+        ("amex 3782\u00a0822463\u00a010005", "amex [CARD]"),
+        # zero-width characters inside a value do not hide it; the span covers them
+        ("mail bob\u200b@example.com today", "mail [EMAIL] today"),
+        ("mail bob@exa\u2060mple.com", "mail [EMAIL]"),
+        ("card 4111\u200d1111\u200c1111\ufeff1111", "card [CARD]"),
+        ("key AKIA\u200bIOSFODNN7EXAMPLE", "key [SECRET]"),
+        ("pass\u200bword=hunter22", "pass\u200bword=[SECRET]"),
+        # ... and one that separates words still does: the value next to it is found as before
+        ("card\u200b4111111111111111", "card\u200b[CARD]"),
+        ("\u200bbob@example.com\u200b", "\u200b[EMAIL]\u200b"),
+        # the mysql clients' password glued to -p
+        ("mysql -u root -phunter2 shop", "mysql -u root -p[SECRET] shop"),
+        (
+            "/usr/bin/mysqldump -uroot -p'my pw 1' shop | gzip",
+            "/usr/bin/mysqldump -uroot -p'[SECRET]' shop | gzip",
+        ),
+        ("mariadb -h db -pS3cret! -e 'select 1'", "mariadb -h db -p[SECRET] -e 'select 1'"),
+    ],
+)
+def test_secrets_the_probe_found_in_clear_are_redacted(text: str, redacted: str) -> None:
+    r = clawvm.redact(text)
+    assert r.text == redacted
+    assert all(text[s.start : s.end].strip() == text[s.start : s.end] for s in r.spans)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # a name that goes on past the secret word is a setting about secrets, not one
+        "PASSWORD_MIN_LENGTH=12",
+        "TOKEN_TTL_SECONDS=3600",
+        "password_min_length: 12",
+        "password policy: at least 12 characters",
+        "MAX_TOKENS=4096",
+        "MAX_TOKEN=4096",
+        "ALLOW_EMPTY_PASSWORD=yes",
+        "pgpassword=hunter2pg is lower case",  # glued names are upper case, as environments write them
+        "PGPASSWORD=$PGPASS",  # a reference
+        "PWD=/home/ann/src OLDPWD=~/work",  # the shell's working directory
+        'the password "is required"',  # prose: a quoted phrase of words
+        'token: "not set yet"',  # a token value with spaces and nothing random
+        # dotted numbers that are not cards
+        "version 4111.1111.1111.1111",
+        "release 1.2.3.4 and 2024.01.15",
+        "pkg==4111.1111.1111.1111",
+        "4111.1111.1111.1111.5",
+        # -p outside the mysql clients, and the mysql clients' other flags
+        "rsync -phunter2 a b",
+        "mkdir -pv build",
+        "mysql -p -u root shop",
+        "mysql -P3306 -h db shop",
+        "mysql -p$MYSQL_PWD shop",
+        "mysql -u root shop; tar -pxf backup.tar",
+    ],
+)
+def test_what_only_looks_like_the_probe_s_secrets_is_kept(text: str) -> None:
+    assert clawvm.redact(text).spans == ()
+
+
+def test_a_metadata_key_that_names_a_password_makes_its_whole_value_secret() -> None:
+    """``{"pass": "hunter2meta"}`` was kept: "pass" alone is no secret name in text (too common a word)."""
+    payload = {
+        "pass": "hunter2meta",
+        "pw": "hunter2meta",
+        "PWD": "hunter2meta",
+        "passwd": "my pass phrase",
+        "db.password": "two words",
+        "smtp_pw": 12345678,
+        "nested": {"passphrase": "open sesame now"},
+        "PGPASSWORD": "pg secret",
+        # not a password: other words ending in "pass", a length, a reference, nothing
+        "bypass": "hunter2meta",
+        "max_pw_length": "twelve",
+        "password_env": "$DB_PASSWORD",
+        "pw_hint": "",
+    }
+    out, counts = redact_json(payload)
+    secret = ("pass", "pw", "PWD", "passwd", "db.password", "smtp_pw", "PGPASSWORD")
+    assert {k: out[k] for k in secret} == dict.fromkeys(secret, "[SECRET]")
+    assert out["nested"] == {"passphrase": "[SECRET]"}
+    assert {k: out[k] for k in ("bypass", "max_pw_length", "password_env", "pw_hint")} == {
+        "bypass": "hunter2meta",
+        "max_pw_length": "twelve",
+        "password_env": "$DB_PASSWORD",
+        "pw_hint": "",
+    }
+    assert counts == {"secret": 8}
+    # a policy without secrets keeps them
+    assert redact_json({"pass": "hunter2meta"}, RedactionPolicy.of(["email"]))[0] == {"pass": "hunter2meta"}

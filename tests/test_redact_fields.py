@@ -536,3 +536,48 @@ def test_the_dashboard_traces_and_replays_a_session_by_the_id_it_was_recorded_wi
         assert rest.call("GET", "/dashboard/api/metrics", session=session)["memories"]
         rest.call("GET", "/dashboard/api/whatif", session=session, budget=100)
     store.close()
+
+
+# ---- what a security probe found stored in clear -----------------------------------------------------------
+PROBE_SECRETS = {
+    "pg env": ("export PGPASSWORD=hunter2pg", "hunter2pg"),
+    "mysql env": ("MYSQL_PWD=hunter2my", "hunter2my"),
+    "quoted phrase": ("password: 'my pass phrase 7'", "pass phrase 7"),
+    "double-quoted phrase": ('password="hunter 2 with spaces"', "2 with spaces"),
+    "card, no-break spaces": ("card 4111\u00a01111\u00a01111\u00a01111", "1111\u00a01111"),
+    "card, narrow no-break spaces": ("card 5555\u202f5555\u202f5555\u202f4444", "5555\u202f5555"),
+    "card, dots": ("card 4012.8888.8888.1881", "8888.8888"),
+    "email, zero-width space": ("mail bob\u200b@example.com", "@example.com"),
+    "mysql -p": ("mysql -u root -phunter2mysql shop", "hunter2mysql"),
+}
+
+
+def test_the_probe_s_secrets_are_stored_redacted_through_the_server(tmp_path: Path) -> None:
+    """Written through REST as ``clawvm serve`` runs (every kind redacted, originals sealed): in content,
+    in metadata values, and as the values of metadata keys that name a password ("pass", "pw")."""
+    db = tmp_path / "probe.db"
+    store = SQLiteStore(db)
+    app = create_app(store, embedder=None, settings=ServerSettings(rate_per_s=0), harness_options=_options())
+    agent = app.state.service.keyring.create(TENANT, "agent", "agent")[1]
+    shown: list[str] = []
+    with TestClient(app) as client:
+
+        def post(body: dict[str, Any]) -> None:
+            r = client.post("/v1/memories", json=body, headers={"Authorization": f"Bearer {agent}"})
+            assert r.is_success, r.text
+            shown.append(r.text)
+
+        for what, (text, _) in PROBE_SECRETS.items():
+            post({"content": f"{what}: {text}", "metadata": {"note": text}})
+        post({"content": "login", "metadata": {"pass": "hunter2meta", "db": {"pw": "hunter2nested"}}})
+        r = client.get("/v1/memories", headers={"Authorization": f"Bearer {agent}"})
+        shown.append(r.text)
+    telltales = [telltale for _, telltale in PROBE_SECRETS.values()] + ["hunter2meta", "hunter2nested"]
+    raw = b"".join(p.read_bytes() for p in (db, db.with_name(db.name + "-wal")) if p.exists())
+    for telltale in telltales:
+        assert telltale.encode() not in raw, f"{telltale!r} rests in the SQLite file"
+        for body in shown:  # as sent, and with the JSON escapes of non-ASCII characters read back
+            assert telltale not in body and telltale not in json.dumps(json.loads(body), ensure_ascii=False)
+    stored = {m.content: m for m in store.iter_all(Filters())}
+    assert stored["login"].metadata["pass"] == "[SECRET]"
+    assert stored["login"].metadata["db"] == {"pw": "[SECRET]"}

@@ -111,6 +111,16 @@ FAMILIES = [
     Family("assigned: value run", _ASSIGNED, "x", head="token="),
     Family("assigned: long separator", _ASSIGNED, " ", "is", head="secret"),
     Family("assigned: -pass", _ASSIGNED, "_pass:"),
+    # environment names glued to a secret word: long upper-case runs, with and without "_", near misses
+    Family("assigned: env name run", _ASSIGNED, "A", "PASSWORD="),
+    Family("assigned: env name words", _ASSIGNED, "AB_", "TOKEN"),
+    Family("assigned: env names, no value", _ASSIGNED, "PGPASSWORD= "),
+    Family("assigned: env names glued", _ASSIGNED, "PGPASSWORDMYSQL_PWD"),
+    # quoted values: unterminated quotes, quotes closing on the next line, many short quoted values
+    Family("assigned: unterminated quote", _ASSIGNED, "x y ", head='password="'),
+    Family("assigned: quotes and names", _ASSIGNED, "password='"),
+    Family("assigned: quote closes too late", _ASSIGNED, 'password="' + "a " * 150 + '\n"'),
+    Family("assigned: quoted values", _ASSIGNED, "password: 'my pass phrase' "),
     # high-entropy strings: one huge token, many tokens, runs of one class
     Family("entropy: one random run", _all(redact._random_blobs), "Zq8vN3kR7tYw2LmX5pQe-"),
     Family("entropy: one run of padding", _all(redact._random_blobs), "=", "a"),
@@ -131,6 +141,10 @@ FAMILIES = [
     Family("card: one digit run", _all(redact._cards), "1"),
     Family("card: groups", _all(redact._cards), "4111 "),
     Family("card: valid cards", _all(redact._cards), "4111 1111 1111 1111 "),
+    Family("card: dotted groups", _all(redact._cards), "4111."),
+    Family("card: no-break groups", _all(redact._cards), "4111\u00a0"),
+    Family("card: narrow no-break groups", _all(redact._cards), "4111\u202f1111\u202f"),
+    Family("card: dotted versions", _all(redact._cards), "version 4111.1111.1111.1111 "),
     Family("iban: country and check", _all(redact._ibans), "GB82 "),
     Family("iban: glued", _all(redact._ibans), "GB82"),
     Family("iban: valid ibans", _all(redact._ibans), "GB82 WEST 1234 5698 7654 32 "),
@@ -155,6 +169,15 @@ FAMILIES = [
     Family("glued: ipv6 after CJK", _all(redact._ips), "址a:"),
     Family("glued: url schemes after CJK", _all(redact._url_credentials), "链ab://"),
     Family("glued: everything", clawvm.redact, "卡4111111111111111密AKIAIOSFODNN7EXAMPLE邮a@b.cd址10.0.0.1"),
+    # the mysql clients' -p: command names over and over, a command without an end, many -p words
+    Family("mysql: command names", _all(redact._mysql_passwords), "mysql "),
+    Family("mysql: one long command", _all(redact._mysql_passwords), "-x ", head="mysql "),
+    Family("mysql: -p words", _all(redact._mysql_passwords), "mysql -phunter2 -p'a b' "),
+    Family("mysql: unterminated quote", _all(redact._mysql_passwords), "mysql -p'x "),
+    # zero-width characters: the text is read a second time without them
+    Family("zero-width: inside e-mails", clawvm.redact, "bob\u200b@example.com "),
+    Family("zero-width: every other character", clawvm.redact, "a\u200b"),
+    Family("zero-width: inside cards", clawvm.redact, "4111\u200b1111\u200d1111\u2060"),
     # the whole redaction: overlap resolution with many spans of interleaved priorities
     Family("redact: email and ip", clawvm.redact, "a@b.cd 10.0.0.1 "),
     Family("redact: credentials over a phone", clawvm.redact, "https://u:4155550132x@h.example/ "),

@@ -13,13 +13,20 @@ kind            what counts, and what is checked
                 ``(415) 555-0132`` / ``415-555-0132``, a trunk ``0`` (``020 7946 0958``, ``01 23 45 67
                 89``, ``03-1234-5678``), a parenthesised area code; any 7-15 digits right after a phone
                 word (tel, phone, call ...). Never right after an id word (order, invoice, ISBN ...)
-``card``        13-19 digits, compact or grouped like a card (4-4-4-4, 4-6-5), Luhn-valid, with a known
-                issuer prefix (Visa, Mastercard, Amex, Discover, Diners, JCB, UnionPay, Maestro)
+``card``        13-19 digits, compact or grouped like a card (4-4-4-4, 4-6-5) by one kind of separator
+                (space, no-break space U+00A0, narrow no-break space U+202F, ``-`` or ``.``; not dotted
+                numbering: ``version 4111.1111.1111.1111``), Luhn-valid, with a known issuer prefix (Visa,
+                Mastercard, Amex, Discover, Diners, JCB, UnionPay, Maestro)
 ``iban``        country code + check digits + the country's exact length, mod-97 checksum
 ``secret``      known token formats (``sk-``, ``ghp_``, ``xoxb-``, ``AKIA``, JWTs, PEM private keys,
                 ``cvm_`` keys ...), ``Bearer``/``Basic`` credentials, the value of ``password=``/
-                ``api_key:``/``token=`` assignments, and high-entropy strings (random-looking: short runs
-                of one character class; hex-only strings -- git hashes, sha256, UUIDs -- are not secrets)
+                ``api_key:``/``token=`` assignments (an upper-case environment name ending in the word
+                counts: ``PGPASSWORD=``, ``MYSQL_PWD=``; a quoted value is the secret whole, spaces and all,
+                an unquoted one is one token), the password glued to ``-p`` in a ``mysql``/``mysqldump``/
+                ``mariadb`` command, the whole value of a JSON key naming a password (``pass``, ``pw``,
+                ``pwd``, ``passwd``, ``password``, ``passphrase``), and high-entropy strings (random-looking:
+                short runs of one character class; hex-only strings -- git hashes, sha256, UUIDs -- are not
+                secrets)
 ``credentials`` the ``user:password`` of a URL (``https://user:pass@host``)
 ``ip``          IPv4 and IPv6 addresses (checked with :mod:`ipaddress`); not versions, nor code (``a::b``)
 =============== ===============================================================================
@@ -27,7 +34,9 @@ kind            what counts, and what is checked
 A value is found where it stands on its own, and only ASCII letters, digits and ``_`` count as inside a word
 around it: a value glued to Chinese, Japanese, Arabic or accented letters (``卡号4111111111111111``) is
 found, since those languages put no space between words; digits or a token inside a longer ASCII word are
-not a value (``x4111111111111111``).
+not a value (``x4111111111111111``). Zero-width characters (U+200B, U+200C, U+200D, U+2060, U+FEFF) inside
+a value do not hide it (``bob\u200b@example.com``): text holding any is also read without them, and the
+spans found so are mapped back onto the original, the zero-width characters inside included.
 
 When candidates overlap, the more specific detector wins (a JWT is a secret, not a high-entropy string).
 ``RedactionPolicy`` says which kinds are on (per tenant: the harness takes one policy per tenant) and
@@ -360,12 +369,22 @@ def _known_secrets(text: str) -> Iterator[_Found]:
 # Chinese and Japanese text puts its full-width punctuation right after a value ("password=hunter22，谢谢"):
 # it ends the value as "," and ";" do, and a full-width "：" or "＝" assigns as ":" and "=" do.
 _CJK_PUNCTUATION = "，。、；：！？「」『』（）【】《》〈〉"
+# An environment variable's name that ends in a secret word is a secret's name, even with the word glued to
+# what comes before (PGPASSWORD, MYSQL_PWD, GITHUB_TOKEN): upper case, as environments write them. It starts
+# after no word character and its runs are of word characters, so no other start lies inside the run one
+# start scans (linear). A name that goes on past the word (PASSWORD_MIN_LENGTH) is a setting about secrets.
+_ENV_SECRET_NAME = r"(?-i:(?<![A-Za-z0-9_])[A-Z][A-Z0-9_]*(?:PASSWORD|PASSWD|PWD|SECRET|TOKEN|API_?KEY))"
+# A quoted value is the whole of what is between the quotes, spaces included ("my pass phrase"), up to 200
+# characters on one line; an unquoted value is one token ("passphrase=open sesame now": "open"), and a
+# quote that does not close on the line starts a one-token value as before.
 _SECRET_NAME = re.compile(
-    r"(?i)(?<![A-Za-z0-9])(?P<name>pass(?:word|wd|phrase)|(?<=[_-])pass|pwd|secret(?:[_.-]?(?:access[_.-]?)?key)?|"
+    r"(?i)(?P<name>" + _ENV_SECRET_NAME + r"|(?<![A-Za-z0-9])(?:pass(?:word|wd|phrase)|(?<=[_-])pass|pwd|"
+    r"secret(?:[_.-]?(?:access[_.-]?)?key)?|"
     r"api[_.-]?key|apikey|access[_.-]?key|auth[_.-]?token|access[_.-]?token|refresh[_.-]?token|token|"
-    r"client[_.-]?secret|private[_.-]?key|credentials?)(?![A-Za-z0-9])"
-    r"(?P<sep>[\"']?\s*(?:=>|[:=：＝])\s*|\s+(?:(?:is|was|to)\s+)?)(?P<quote>[\"']?)"
-    r"(?P<value>[^\s\"'`,;<>" + _CJK_PUNCTUATION + r"]{4,200})"
+    r"client[_.-]?secret|private[_.-]?key|credentials?))(?![A-Za-z0-9])"
+    r"(?P<sep>[\"']?\s*(?:=>|[:=：＝])\s*|\s+(?:(?:is|was|to)\s+)?)"
+    r"(?:\"(?P<dquoted>[^\"\r\n]{1,200})\"|'(?P<squoted>[^'\r\n]{1,200})'|(?P<quote>[\"']?)"
+    r"(?P<value>[^\s\"'`,;<>" + _CJK_PUNCTUATION + r"]{4,200}))"
 )
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
 _REFERENCE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
@@ -378,18 +397,32 @@ _PLACEHOLDER_VALUES = _words(
 
 def _assigned_secrets(text: str) -> Iterator[_Found]:
     for m in _SECRET_NAME.finditer(text):
+        prose = not any(c in m.group("sep") for c in ":=：＝")
+        name = m.group("name").lower()
+        quoted = "dquoted" if m.group("dquoted") is not None else "squoted"
+        if m.group(quoted) is not None:  # password: 'my pass phrase': all of it, spaces and all
+            value = m.group(quoted)
+            if value.strip() and _plausible_secret_value(value, name, prose):
+                yield _Found(PiiKind.SECRET, m.start(quoted), m.end(quoted), 85, "assignment")
+            continue
         value = m.group("value")
         next_param = _NEXT_PARAM.search(value)  # token=abc&user=x: the value ends at the next parameter
         if next_param:
             value = value[: next_param.start()]
         end = m.start("value") + len(value)
-        while value and value[-1] in ".,)]}" and not m.group("quote"):  # sentence punctuation, not "!"
+        # sentence punctuation, not "!"; in prose a ":" too ("password policy: at least 12 characters")
+        trailing = ".,)]}:" if prose else ".,)]}"
+        while value and value[-1] in trailing and not m.group("quote"):
             value, end = value[:-1], end - 1
-        if not _plausible_secret_value(
-            value, m.group("name").lower(), not any(c in m.group("sep") for c in ":=：＝")
-        ):
+        if not _plausible_secret_value(value, name, prose):
             continue
         yield _Found(PiiKind.SECRET, m.start("value"), end, 85, "assignment")
+
+
+def _password_name(name: str) -> bool:
+    """Whether a (lower-cased) secret name is a password's (any value of 4 characters or more is one), not
+    an api key's or a token's (which must look like one): password, passwd, pass, pwd, PGPASSWORD ..."""
+    return name.startswith(("pass", "pwd", "pw")) or name.endswith(("password", "passwd", "pwd"))
 
 
 def _plausible_secret_value(value: str, name: str, prose: bool) -> bool:
@@ -403,13 +436,44 @@ def _plausible_secret_value(value: str, name: str, prose: bool) -> bool:
         return False  # YOUR_API_KEY, settings.SECRET_KEY, config.db.password: a name, not the value
     has_digit = any(c.isdigit() for c in value)
     mixed = any(c.isupper() for c in value) and any(c.islower() for c in value)
-    symbol = any(not c.isalnum() for c in value)
+    symbol = any(not c.isalnum() and not c.isspace() for c in value)  # a quoted value's spaces are none
     if prose:  # "the password is hunter2", "password P@55w0rd!"; not "the token is expired"
         return len(value) >= 6 and any(c.isalpha() for c in value) and (has_digit or symbol)
-    if name.startswith(("pass", "pwd")):
+    if name.endswith("pwd") and value.startswith(("/", "~")):
+        return False  # PWD=/home/ann, OLDPWD=~/src: the shell's working directory, not a password
+    if _password_name(name):
         return True
     # api keys and tokens: long enough and not a plain word or a small number
     return len(value) >= 8 and (has_digit or mixed or symbol) and not value.isdigit()
+
+
+# -- the password glued to the -p flag of the MySQL and MariaDB clients: mysql -u root -phunter2
+# Only in a command of those clients (elsewhere "-pfoo" is any other tool's flag): from the command's name to
+# the end of the command (a new line, ";", "|" or "&", at most 500 characters), every word "-p..." is the
+# password ("-P3306" is the port; "-p" alone prompts for it). Each command's words are read once: a
+# command's name inside the part already read does not start another (linear).
+_MYSQL_COMMAND = re.compile(
+    _not_after(".-") + r"(?:mysql(?:dump|admin|import|check|show|slap)?|mariadb(?:-dump|-admin)?)(?=[ \t])"
+)
+_COMMAND_END = re.compile(r"[\r\n;|&]")
+_MYSQL_PASSWORD_FLAG = re.compile(r"(?<!\S)-p(?:'(?P<sq>[^'\n]+)'|\"(?P<dq>[^\"\n]+)\"|(?P<bare>[^\s'\"]+))")
+_COMMAND_MAX = 500
+
+
+def _mysql_passwords(text: str) -> Iterator[_Found]:
+    if "mysql" not in text and "mariadb" not in text:
+        return
+    resume = 0
+    for command in _MYSQL_COMMAND.finditer(text):
+        if command.start() < resume:
+            continue
+        limit = min(len(text), command.end() + _COMMAND_MAX)
+        end_mark = _COMMAND_END.search(text, command.end(), limit)
+        resume = end_mark.start() if end_mark else limit
+        for flag in _MYSQL_PASSWORD_FLAG.finditer(text, command.end(), resume):
+            group = next(g for g in ("sq", "dq", "bare") if flag.group(g) is not None)
+            if _plausible_secret_value(flag.group(group), "password", False):
+                yield _Found(PiiKind.SECRET, flag.start(group), flag.end(group), 85, "mysql-password")
 
 
 # -- high-entropy strings (tokens without a known prefix: AWS secret keys, random API keys)
@@ -462,9 +526,13 @@ def _random_blobs(text: str) -> Iterator[_Found]:
 
 
 # -- payment cards
+# Groups are separated by one kind of separator throughout: a space, a no-break space (U+00A0, what word
+# processors and some locales put between groups), a narrow no-break space (U+202F), "-" or ".".
+_CARD_SEPARATORS = " \u00a0\u202f.-"
 _CARD = re.compile(
     _not_after(".,+-")
-    + r"(?:\d{4}([ -])\d{4}\1\d{4}\1\d{1,4}(?:\1\d{1,3})?|\d{4}([ -])\d{6}\2\d{4,5}|\d{13,19})"
+    + rf"(?:\d{{4}}([{_CARD_SEPARATORS}])\d{{4}}\1\d{{4}}\1\d{{1,4}}(?:\1\d{{1,3}})?"
+    + rf"|\d{{4}}([{_CARD_SEPARATORS}])\d{{6}}\2\d{{4,5}}|\d{{13,19}})"
     + _not_before()
     + r"(?![.,-]\d)"
 )
@@ -499,8 +567,11 @@ def _issuer_known(d: str) -> bool:
 def _cards(text: str) -> Iterator[_Found]:
     for m in _CARD.finditer(text):
         digits = re.sub(r"\D", "", m.group(0))
-        if 13 <= len(digits) <= 19 and _issuer_known(digits) and luhn_valid(digits):
-            yield _Found(PiiKind.CARD, m.start(), m.end(), 70, "card")
+        if not (13 <= len(digits) <= 19 and _issuer_known(digits) and luhn_valid(digits)):
+            continue
+        if "." in m.group(0) and _numbering(text[max(0, m.start() - 16) : m.start()]):
+            continue  # "version 4111.1111.1111.1111": dotted numbering, as for IP addresses
+        yield _Found(PiiKind.CARD, m.start(), m.end(), 70, "card")
 
 
 # -- IBANs
@@ -767,11 +838,32 @@ _DETECTORS: dict[PiiKind, tuple[Callable[[str], Iterator[_Found]], ...]] = {
     PiiKind.PHONE: (_phones,),
     PiiKind.CARD: (_cards,),
     PiiKind.IBAN: (_ibans,),
-    PiiKind.SECRET: (_known_secrets, _assigned_secrets, _random_blobs),
+    PiiKind.SECRET: (_known_secrets, _assigned_secrets, _mysql_passwords, _random_blobs),
     PiiKind.CREDENTIALS: (_url_credentials,),
     PiiKind.IP: (_ips,),
 }
 _ALL_DETECTORS = tuple(detect for kind in PiiKind for detect in _DETECTORS[kind])
+
+
+# Zero-width characters (zero-width space, non-joiner, joiner, word joiner, BOM) show as nothing: inside a
+# value ("bob\u200b@example.com", "4111\u200b1111...") they hid it from every detector. Text that has any
+# is read twice: as it is (a zero-width space may be all that separates two words, "card\u200b4111..."),
+# and without them, each span of that reading mapped back onto the original (the zero-width characters
+# inside a value are part of its span). Both readings' spans then compete as any others do.
+_INVISIBLE_CHARS = frozenset("\u200b\u200c\u200d\u2060\ufeff")
+_INVISIBLE = re.compile("[" + "".join(sorted(_INVISIBLE_CHARS)) + "]")
+
+
+def _found_through_invisible(text: str) -> list[_Found]:
+    """The spans of ``text`` read without its zero-width characters, as offsets into ``text``."""
+    visible = [i for i, c in enumerate(text) if c not in _INVISIBLE_CHARS]
+    clean = _INVISIBLE.sub("", text)
+    return [
+        _Found(f.kind, visible[f.start], visible[f.end - 1] + 1, f.priority, f.rule)
+        for detect in _ALL_DETECTORS
+        for f in detect(clean)
+        if f.end > f.start
+    ]
 
 
 def find(text: str, kinds: Iterable[PiiKind] = ALL_KINDS) -> list[Span]:
@@ -782,10 +874,12 @@ def find(text: str, kinds: Iterable[PiiKind] = ALL_KINDS) -> list[Span]:
     """
     enabled = frozenset(kinds)
     found = [f for detect in _ALL_DETECTORS for f in detect(text)]
+    if _INVISIBLE.search(text):
+        found += _found_through_invisible(text)
     found.sort(key=lambda f: (-f.priority, -(f.end - f.start), f.start))
     # one byte per character: 1 where a kept span lies. Each detector's candidates are disjoint, so checking
-    # and marking them costs at most the text's length per detector (a sorted list with inserts in the
-    # middle was quadratic in the number of spans).
+    # and marking them costs at most the text's length per detector and pass (a sorted list with inserts in
+    # the middle was quadratic in the number of spans).
     taken = bytearray(len(text))
     kept: list[_Found] = []
     for f in found:
@@ -897,7 +991,27 @@ def _unique_key(key: str, out: Mapping[str, Any], repeats: dict[str, int]) -> st
             return candidate
 
 
+# A key that names a password makes its whole string value the secret ({"password": "my pass phrase"}, as
+# a quoted value in text), short forms included ({"pass": ...}, {"pw": ...}: too common as words to be
+# names in free text). The key's last part counts (db_pass, smtp.pw) or a glued PASSWORD/PASSWD/PASSPHRASE.
+_PASSWORD_KEYS = _words("pass pw pwd passwd password passphrase")
+_KEY_PARTS = re.compile(r"[_.\s-]")
+
+
+def _password_key(key: str) -> bool:
+    low = key.lower()
+    return _KEY_PARTS.split(low)[-1] in _PASSWORD_KEYS or low.endswith(("password", "passwd", "passphrase"))
+
+
 def _redact_scalar(text: str, key: str | None, policy: RedactionPolicy, tally: Counter[str]) -> str:
+    if (
+        key
+        and PiiKind.SECRET in policy.kinds
+        and _password_key(key)
+        and _plausible_secret_value(text.strip(), "password", False)
+    ):
+        tally[PiiKind.SECRET.value] += 1
+        return PiiKind.SECRET.placeholder
     prefix = f"{key}: " if key else ""
     spans = [s for s in find(prefix + text, policy.kinds) if s.start >= len(prefix)]
     tally.update(s.kind.value for s in spans)
