@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -260,6 +261,25 @@ class WholeRuns(Analyzer):
         return self._stemmed([w for w in lexical._TOKEN.findall(text.lower()) if w not in lexical.STOP_WORDS])
 
 
+@contextmanager
+def _as_analyzer_1_wrote(
+    url: str, memories: list[Memory], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[PostgresStore]:
+    """A schema of the version before the re-analysis, holding ``memories`` with the terms its analyzer
+    made; closed on leaving."""
+    with monkeypatch.context() as older:
+        older.setattr(postgres_engine, "MIGRATIONS", MIGRATIONS[:-1])
+        before = store_from_url(url)
+        assert isinstance(before, PostgresStore)
+        before.analyzer = WholeRuns()
+        before.setup()
+        try:
+            before.write(memories)
+            yield before
+        finally:
+            before.close()
+
+
 def test_upgrading_re_analyzes_non_ascii_texts_as_a_new_schema_indexes_them(
     url: str, tmp_path: Path, opened: list[PostgresStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -271,15 +291,8 @@ def test_upgrading_re_analyzes_non_ascii_texts_as_a_new_schema_indexes_them(
         Memory(content="Ahmed: مُحَمَّد سيصل غدًا"),  # Arabic short vowels: the name unmarked matches
         Memory(content="ＡＰＩ ｓｅｒｖｅｒ returned ５０３"),  # full-width forms
     ]
-    with monkeypatch.context() as older:
-        older.setattr(postgres_engine, "MIGRATIONS", MIGRATIONS[:-1])
-        before = store_from_url(url)
-        assert isinstance(before, PostgresStore)
-        before.analyzer = WholeRuns()
-        before.setup()
-        before.write(ms)
+    with _as_analyzer_1_wrote(url, ms, monkeypatch) as before:
         assert before.query(Query(text="苹果", limit=5)).lexical == []  # a word inside a sentence: missed
-        before.close()
     upgraded, new = open_store(opened, url), open_store(opened, pg_server.store_url(tmp_path, "new"))
     new.write(ms)
     for text, tenant in [
@@ -300,16 +313,8 @@ def test_a_row_whose_body_does_not_read_keeps_its_postings_and_the_upgrade_goes_
 ) -> None:
     """One body edited by hand must not keep the whole store from opening: its old postings stay."""
     ms = [Memory(content="我喜欢吃苹果"), Memory(content="東京タワーに行きました")]
-    with monkeypatch.context() as older:
-        older.setattr(postgres_engine, "MIGRATIONS", MIGRATIONS[:-1])
-        before = store_from_url(url)
-        assert isinstance(before, PostgresStore)
-        before.analyzer = WholeRuns()
-        before.setup()
-        before.write(ms)
-        with before._conn("test") as conn:
-            conn.execute("UPDATE memories SET body = 'édité à la main' WHERE id = %s", [ms[1].id])
-        before.close()
+    with _as_analyzer_1_wrote(url, ms, monkeypatch) as before, before._conn("test") as conn:
+        conn.execute("UPDATE memories SET body = 'édité à la main' WHERE id = %s", [ms[1].id])
     with caplog.at_level("WARNING"):
         upgraded = open_store(opened, url)
     assert [i for i, _ in upgraded.query(Query(text="苹果", limit=5)).lexical] == [ms[0].id]
