@@ -538,11 +538,12 @@ def test_rejecting_one_side_closes_its_conflicts(engine_name: str, lexical: Harn
     assert lexical.get(conflict).metadata["review"]["status"] == "resolved"
 
 
-def test_rejecting_or_forgetting_the_revision_of_a_side_closes_its_conflicts(
+def test_a_rejected_revision_of_a_side_closes_its_conflicts_and_a_forgotten_one_does_not(
     engine_name: str, lexical: Harness
 ) -> None:
-    """Only the note's own ids and roots were compared: a side's later revision, rejected or forgotten,
-    left the conflict open, in the review queue and in guidance."""
+    """Only the note's own ids and roots were compared: a side's later revision, rejected, left the
+    conflict open, in the review queue and in guidance. Forgotten instead, the revision before it is the
+    head again (the chain is mended), still a side: that conflict stays open."""
     crew(lexical)
     conflicts = []
     for end in ("reject", "forget"):
@@ -552,8 +553,8 @@ def test_rejecting_or_forgetting_the_revision_of_a_side_closes_its_conflicts(
         head = lexical.revise(a.id, agent_id="planner", content=f"Ship on Friday mornings ({end})")
         lexical.reject(head.id) if end == "reject" else lexical.forget(head.id)
         conflicts.append(conflict)
-    assert [lexical.get(c).status for c in conflicts] == [Status.ARCHIVED, Status.ARCHIVED]
-    assert teams.open_conflicts(lexical) == []
+    assert [lexical.get(c).status for c in conflicts] == [Status.ARCHIVED, Status.ACTIVE]
+    assert [n.id for n in teams.open_conflicts(lexical)] == [conflicts[1]]
     with pytest.raises(ValidationError) as err:  # one id read as its characters matched nothing
         teams.open_conflicts(lexical, involving=conflicts[0])  # type: ignore[arg-type]
     assert err.value.field == "involving"

@@ -989,6 +989,20 @@ def test_forgetting_a_side_of_a_conflict_closes_it_and_guidance_still_answers(le
         lexical.resolve_conflict(note.id, keep=b.id)
 
 
+def test_forgetting_a_sides_newest_revision_leaves_its_conflict_open(lexical: Harness) -> None:
+    """The revision before a forgotten head is the head again, so both contradicting decisions were active:
+    closing the conflict (as if a side were gone) left them unreviewed, and merge_team never flagged the
+    pair again."""
+    a, b, note = _conflicted(lexical)
+    revised = lexical.revise(a.id, agent_id="planner", content="Refunds go to the original card, in 5 days")
+    lexical.forget(revised.id)
+    assert lexical.get(a.id).status is Status.ACTIVE
+    assert [n.id for n in teams.open_conflicts(lexical)] == [note.id]
+    assert note.id in {m.id for m in lexical.review_queue()}
+    assert lexical.resolve_conflict(note.id, keep=a.id, by="lead").id == a.id
+    assert lexical.get(b.id).status is Status.OBSOLETE and teams.open_conflicts(lexical) == []
+
+
 def test_a_conflict_with_a_side_forgotten_before_the_close_can_be_resolved(lexical: Harness) -> None:
     """A note left open by an older version (or a forget that failed to close it) names a side no read
     finds: resolving it for the other side works, and guidance skips the forgotten one."""

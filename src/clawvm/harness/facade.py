@@ -624,14 +624,14 @@ class Harness:
             adopt_children_of_forgotten(self, memory, frozenset(m.id for m in doomed))
         except ClawVMError as exc:  # the forget stands; a child still names it as its parent (logged)
             log.warning("a child of forgotten memory %s still names it as its parent: %s", memory.id, exc)
+        try:  # before the conflicts: a side whose earlier revision is head again is still a side
+            mend_chain_of_forgotten(self, memory)
+        except ClawVMError as exc:  # the forget stands; the chain's earlier revisions stay obsolete
+            log.warning("the chain of forgotten memory %s was left as it was: %s", memory.id, exc)
         try:
             teams.close_conflicts_of_forgotten(self, memory)
         except ClawVMError as exc:  # the forget stands (a retry would say "not found"); guidance skips it
             log.warning("a conflict of forgotten memory %s was left open: %s", memory.id, exc)
-        try:
-            mend_chain_of_forgotten(self, memory)
-        except ClawVMError as exc:  # the forget stands; the chain's earlier revisions stay obsolete
-            log.warning("the chain of forgotten memory %s was left as it was: %s", memory.id, exc)
         try:
             unquote_forgotten(self, memory)
         except ClawVMError as exc:  # the forget stands; a note or pitfall still quotes it (logged)

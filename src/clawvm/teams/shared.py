@@ -426,14 +426,16 @@ def latest_if_kept(h: TeamHost, memory_id: str) -> Memory | None:
 
 
 def close_conflicts_of_forgotten(h: TeamHost, memory: Memory) -> list[Memory]:
-    """Close the open conflicts ``memory`` (as it was before it was forgotten) was a side of: nothing is
-    left to keep or reject (left open, each was offered for review and named a side no read could find).
-    A live head stands for its chain and its merge's sources (:func:`lineage`): the revision of a side
-    forgotten takes its conflicts with it."""
+    """Close the open conflicts ``memory`` (as it was before it was forgotten) was a side of, once a side
+    has no head left to keep or reject (left open, each was offered for review and named a side no read
+    could find). A live head stands for its chain and its merge's sources (:func:`lineage`). Called after
+    the chain is mended: a side whose newest revision was forgotten has its earlier one as head again, and
+    its conflict stays open (closed, both contradicting decisions were active and never flagged again)."""
     sides = lineage(memory) if memory.status is Status.ACTIVE else {memory.id}
     return [
         _close_conflict(h, note, "resolved", APPLICATION, f"{memory.id} forgotten")
         for note in open_conflicts(h, involving=sides)
+        if None in side_heads(h, note).values()
     ]
 
 
