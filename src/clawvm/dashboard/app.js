@@ -975,10 +975,7 @@
     live.dirty = false;
     live.last = Date.now();
     try {
-      // an inspector whose edit box is open is left as it is: drawn again, its buttons were replaced under
-      // the pointer (a press on "Save as revision" then clicked nothing) while the person was editing
-      const editing = $("#inspector details#edit-box[open]");
-      const inspecting = state.selected && !$("#inspector").hidden && !editing;
+      const inspecting = state.selected && !$("#inspector").hidden;
       await Promise.all([loadChrome(), show(state.view), inspecting ? inspect(state.selected) : null]);
     } catch (e) {
       toast(String(e.message || e), true);
